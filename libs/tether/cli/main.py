@@ -1,0 +1,174 @@
+"""The `tether` command.
+
+Every subcommand accepts `--stack <data-dir>/stack.json` (before or after its arguments) or
+reads TETHER_GATEWAY / TETHER_API_KEY. `--json` prints one JSON object per line. A refused
+command exits 1 with the gRPC status code and message on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from tether.client import TetherClient, disposition_name, run_to_dict
+
+Command = Callable[[argparse.Namespace], Awaitable[int]]
+
+
+def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
+    print(json.dumps(data, sort_keys=True) if args.json else text, flush=True)
+
+
+def _client(args: argparse.Namespace) -> TetherClient:
+    return TetherClient.from_env(getattr(args, "stack", None))
+
+
+async def cmd_up(args: argparse.Namespace) -> int:
+    """Start the whole stack in the foreground."""
+    from tether.stack.up import run_until_signalled
+
+    data_dir = Path(args.data_dir or os.environ.get("TETHER_DATA_DIR") or ".tether").resolve()
+    await run_until_signalled(data_dir)
+    return 0
+
+
+async def cmd_send(args: argparse.Namespace) -> int:
+    """Send a chat message."""
+    async with _client(args) as client:
+        response = await client.send(
+            args.text,
+            conversation_id=args.conversation,
+            event_id=args.event_id or f"cli-{uuid.uuid4().hex}",
+            channel=args.channel,
+        )
+    run = run_to_dict(response.run)
+    disposition = disposition_name(response.disposition)
+    _emit(
+        args,
+        {**run, "disposition": disposition},
+        f"run {run['run_id']} {disposition} status={run['status']}",
+    )
+    return 0
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    """Show one run."""
+    async with _client(args) as client:
+        response = await client.get_run(args.run_id)
+    run = run_to_dict(response.run)
+    text = f"run {run['run_id']} status={run['status']} attempt={run.get('attempt', 0)}"
+    if response.run.result_text:
+        text += f"\n{response.run.result_text}"
+    _emit(args, {**run, "part_count": len(response.parts)}, text)
+    return 0
+
+
+async def cmd_runs(args: argparse.Namespace) -> int:
+    """List runs, newest first."""
+    async with _client(args) as client:
+        response = await client.list_runs(
+            page_size=args.limit, conversation_id=args.conversation or ""
+        )
+    for run in response.runs:
+        data = run_to_dict(run)
+        _emit(
+            args,
+            data,
+            f"{data['run_id']}  {data['status']:<24} {run.conversation_id}  "
+            f"{run.input_text[:40]!r}",
+        )
+    return 0
+
+
+async def cmd_keys_create(args: argparse.Namespace) -> int:
+    """Issue an API key for a tenant's principal."""
+    async with _client(args) as client:
+        response = await client.create_key(args.tenant, args.principal, args.scope or None)
+    _emit(
+        args,
+        {
+            "api_key": response.api_key,
+            "key_id": response.key_id,
+            "tenant_id": response.tenant_id,
+            "principal_id": response.principal_id,
+            "scopes": list(response.scopes),
+        },
+        f"{response.api_key}\n(key {response.key_id} for {response.tenant_id}/"
+        f"{response.principal_id}; shown once)",
+    )
+    return 0
+
+
+def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    default = None if top else argparse.SUPPRESS
+    parser.add_argument("--stack", default=default, help="path to <data-dir>/stack.json")
+    parser.add_argument(
+        "--json", action="store_true", default=False if top else argparse.SUPPRESS,
+        help="one JSON object per line",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="tether", description="Drive a Tether stack.")
+    _common(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start the whole stack (embedded PostgreSQL and Redis)")
+    up.add_argument("--data-dir", help="data folder (default TETHER_DATA_DIR or .tether)")
+    _common(up, top=False)
+    up.set_defaults(func=cmd_up)
+
+    send = sub.add_parser("send", help="send a chat message; prints the run")
+    send.add_argument("text")
+    send.add_argument("--conversation", default="default", help="conversation id")
+    send.add_argument("--event-id", help="idempotency key (default: a new unique id)")
+    send.add_argument("--channel", default="", help="channel (default chat)")
+    _common(send, top=False)
+    send.set_defaults(func=cmd_send)
+
+    run = sub.add_parser("run", help="show one run")
+    run.add_argument("run_id")
+    _common(run, top=False)
+    run.set_defaults(func=cmd_run)
+
+    runs = sub.add_parser("runs", help="list runs, newest first")
+    runs.add_argument("--limit", type=int, default=50)
+    runs.add_argument("--conversation", help="only this conversation")
+    _common(runs, top=False)
+    runs.set_defaults(func=cmd_runs)
+
+    keys = sub.add_parser("keys", help="manage API keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="issue a key (needs an admin key)")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--principal", required=True)
+    create.add_argument("--scope", action="append", help="scope (repeatable)")
+    _common(create, top=False)
+    create.set_defaults(func=cmd_keys_create)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `tether` script."""
+    args = build_parser().parse_args(argv)
+    try:
+        code = asyncio.run(args.func(args))
+    except grpc.aio.AioRpcError as exc:
+        print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        code = 1
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

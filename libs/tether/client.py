@@ -1,0 +1,119 @@
+"""`tether.client`: a small async Python client for the gateway."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import grpc
+from google.protobuf import json_format
+
+from tether.convert import status_from_proto
+from tether.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+_DISPOSITION_NAMES = {
+    common_pb2.DISPOSITION_CREATED: "created",
+    common_pb2.DISPOSITION_ATTACHED: "attached",
+    common_pb2.DISPOSITION_REPLAYED: "replayed",
+    common_pb2.DISPOSITION_RETRIED: "retried",
+}
+
+
+def disposition_name(value: int) -> str:
+    """The lower-case name of a Disposition."""
+    return _DISPOSITION_NAMES.get(value, "unspecified")  # type: ignore[call-overload]
+
+
+def run_to_dict(run: common_pb2.Run) -> dict[str, Any]:
+    """A run as stable JSON: ids, `status` spelled as in the state machine, times as RFC 3339."""
+    data = json_format.MessageToDict(run, preserving_proto_field_name=True)
+    status = status_from_proto(run.status)
+    data["status"] = status.value if status else "unspecified"
+    return data
+
+
+def load_stack(path: str | Path) -> tuple[str, str]:
+    """(gateway address, API key) from a stack.json."""
+    info = json.loads(Path(path).read_text())
+    return str(info["gateway"]), str(info["api_key"])
+
+
+class TetherClient:
+    """Async client of tether.v1.GatewayService.
+
+    Build it with an address and key, or `TetherClient.from_env(stack=...)`, which reads a
+    stack.json or TETHER_GATEWAY / TETHER_API_KEY.
+    """
+
+    def __init__(self, gateway: str, api_key: str) -> None:
+        self._channel = grpc.aio.insecure_channel(gateway)
+        self._metadata = (("authorization", f"Bearer {api_key}"),)
+        self.stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
+
+    @classmethod
+    def from_env(cls, stack: str | None = None) -> TetherClient:
+        """From `stack` (a stack.json path), else TETHER_GATEWAY and TETHER_API_KEY."""
+        if stack:
+            return cls(*load_stack(stack))
+        gateway, key = os.environ.get("TETHER_GATEWAY"), os.environ.get("TETHER_API_KEY")
+        if not gateway or not key:
+            raise ValueError(
+                "no gateway: pass --stack <data-dir>/stack.json or set TETHER_GATEWAY and "
+                "TETHER_API_KEY"
+            )
+        return cls(gateway, key)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the channel."""
+        await self._channel.close()
+
+    async def send(
+        self, text: str, *, conversation_id: str, event_id: str, channel: str = ""
+    ) -> gateway_pb2.SendMessageResponse:
+        """Send a chat message; returns the disposition and the run."""
+        return await self.stub.SendMessage(
+            gateway_pb2.SendMessageRequest(
+                text=text, conversation_id=conversation_id, event_id=event_id, channel=channel
+            ),
+            metadata=self._metadata,
+        )
+
+    async def get_run(self, run_id: str) -> gateway_pb2.GetRunResponse:
+        """A run and its parts."""
+        return await self.stub.GetRun(
+            gateway_pb2.GetRunRequest(run_id=run_id), metadata=self._metadata
+        )
+
+    async def list_runs(self, **filters: Any) -> gateway_pb2.ListRunsResponse:
+        """One page of runs, newest first."""
+        return await self.stub.ListRuns(
+            gateway_pb2.ListRunsRequest(**filters), metadata=self._metadata
+        )
+
+    async def cancel(self, run_id: str, reason: str = "") -> gateway_pb2.CancelRunResponse:
+        """Cancel a run."""
+        return await self.stub.CancelRun(
+            gateway_pb2.CancelRunRequest(run_id=run_id, reason=reason), metadata=self._metadata
+        )
+
+    async def create_key(
+        self, tenant_id: str, principal_id: str, scopes: list[str] | None = None
+    ) -> gateway_pb2.CreateApiKeyResponse:
+        """Issue an API key (needs the admin scope)."""
+        return await self.stub.CreateApiKey(
+            gateway_pb2.CreateApiKeyRequest(
+                tenant_id=tenant_id, principal_id=principal_id, scopes=scopes or []
+            ),
+            metadata=self._metadata,
+        )

@@ -1,0 +1,1 @@
+"""PostgreSQL access: schema, engine, migrations and the guarded run transitions."""

@@ -1,0 +1,263 @@
+"""The whole schema as SQLAlchemy Core tables, each beside its indexes.
+
+Ownership (which service writes which table) follows DESIGN.md: the gateway owns tenants and API
+keys; admission owns claims, sessions and messages and creates the queued run; the orchestrator owns
+runs after creation, their events, parts, attempts, effects, usage and audit.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+
+from tether.states import RunStatus
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+def _now() -> Column[object]:
+    return Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+tenants = Table(
+    "tenants",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("name", Text, nullable=False),
+    # Agent routing overrides (model, persona, tools, limits); merged over the defaults.
+    Column("agent", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # Tenant policy, e.g. which approval decisions are permitted.
+    Column("policy", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    _now(),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("key_id", Text, primary_key=True),
+    Column("tenant_id", Text, ForeignKey("tenants.tenant_id"), nullable=False),
+    Column("principal_id", Text, nullable=False),
+    # SHA-256 of the whole secret; keys are 256-bit random so a slow hash adds nothing.
+    Column("key_hash", LargeBinary, nullable=False, unique=True),
+    Column("scopes", ARRAY(Text), nullable=False),
+    _now(),
+    Column("revoked_at", DateTime(timezone=True)),
+)
+
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("session_id", Text, primary_key=True),
+    Column("tenant_id", Text, ForeignKey("tenants.tenant_id"), nullable=False),
+    Column("channel", Text, nullable=False),
+    Column("conversation_id", Text, nullable=False),
+    # Who may share state within the conversation: a principal, or the whole thread.
+    Column("actor_scope", Text, nullable=False),
+    # The run currently holding the session (set by the claim's compare-and-set).
+    Column("active_run_id", Text),
+    _now(),
+    UniqueConstraint("tenant_id", "channel", "conversation_id", "actor_scope"),
+)
+
+messages = Table(
+    "messages",
+    metadata,
+    Column("message_id", Text, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("session_id", Text, ForeignKey("sessions.session_id"), nullable=False),
+    Column("source", Text, nullable=False),
+    Column("event_id", Text, nullable=False),
+    Column("actor_type", Text, nullable=False),
+    Column("actor_id", Text, nullable=False),
+    Column("text", Text, nullable=False),
+    Column("context", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    _now(),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("run_id", Text, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("session_id", Text, ForeignKey("sessions.session_id"), nullable=False),
+    Column("message_id", Text, ForeignKey("messages.message_id"), nullable=False),
+    Column("conversation_id", Text, nullable=False),
+    Column("channel", Text, nullable=False),
+    Column("input_text", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("attempt", Integer, nullable=False, server_default=text("1")),
+    Column("max_attempts", Integer, nullable=False),
+    Column("lease_owner", Text),
+    Column("lease_epoch", BigInteger, nullable=False, server_default=text("0")),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    Column("next_attempt_at", DateTime(timezone=True)),
+    Column("cancel_requested_at", DateTime(timezone=True)),
+    Column("waiting_interaction_id", Text),
+    # Lineage: the run a retried delivery replaces, and the first run of the chain.
+    Column("parent_run_id", Text, ForeignKey("runs.run_id")),
+    Column("root_run_id", Text, nullable=False),
+    Column("result_text", Text),
+    Column("task_outcome", Text),
+    Column("warnings", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    Column("error", JSONB),
+    Column("usage", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # Routing decision of the current attempt, resolved before the loop.
+    Column("config", JSONB),
+    Column("traceparent", Text),
+    Column("last_seq", BigInteger, nullable=False, server_default=text("0")),
+    _now(),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    CheckConstraint(
+        "status IN (" + ", ".join(f"'{s.value}'" for s in RunStatus) + ")", name="status"
+    ),
+)
+Index("ix_runs_tenant_created", runs.c.tenant_id, runs.c.created_at.desc(), runs.c.run_id.desc())
+Index("ix_runs_session_created", runs.c.session_id, runs.c.created_at)
+Index("ix_runs_queued", runs.c.created_at, postgresql_where=runs.c.status == "queued")
+Index(
+    "ix_runs_lease_expiry", runs.c.lease_expires_at, postgresql_where=runs.c.status == "running"
+)
+Index(
+    "ix_runs_retry_due",
+    runs.c.next_attempt_at,
+    postgresql_where=runs.c.status == "retry-pending",
+)
+
+event_claims = Table(
+    "event_claims",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("scope", Text, nullable=False),
+    Column("key", Text, nullable=False),
+    Column("request_hash", LargeBinary, nullable=False),
+    Column("run_id", Text, nullable=False),
+    # Refreshed whenever ownership moves to a new run, so a retried claim is not born stale.
+    Column("claimed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    _now(),
+    PrimaryKeyConstraint("tenant_id", "scope", "key"),
+    # Deferred: the claim is inserted first (a duplicate then costs one statement), the run
+    # it points to later in the same transaction.
+    ForeignKeyConstraint(
+        ["run_id"], ["runs.run_id"], deferrable=True, initially="DEFERRED"
+    ),
+)
+
+run_events = Table(
+    "run_events",
+    metadata,
+    Column("run_id", Text, ForeignKey("runs.run_id"), nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    _now(),
+    PrimaryKeyConstraint("run_id", "seq"),
+)
+
+run_parts = Table(
+    "run_parts",
+    metadata,
+    Column("run_id", Text, ForeignKey("runs.run_id"), nullable=False),
+    Column("part_index", Integer, nullable=False),
+    Column("role", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("final", Boolean, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("run_id", "part_index"),
+)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("run_id", Text, ForeignKey("runs.run_id"), nullable=False),
+    Column("lease_epoch", BigInteger, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("worker_id", Text, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("ended_at", DateTime(timezone=True)),
+    Column("outcome", Text),
+    Column("error", JSONB),
+    # Stage durations in ms: routing, context, attempt, finalisation, total.
+    Column("stages", JSONB),
+    PrimaryKeyConstraint("run_id", "lease_epoch"),
+)
+
+effects = Table(
+    "effects",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("key", Text, nullable=False),
+    Column("run_id", Text, ForeignKey("runs.run_id"), nullable=False),
+    Column("tool_name", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("result", JSONB),
+    _now(),
+    Column("finished_at", DateTime(timezone=True)),
+    PrimaryKeyConstraint("tenant_id", "key"),
+    CheckConstraint("state IN ('in-progress', 'done')", name="state"),
+)
+
+usage_turns = Table(
+    "usage_turns",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("run_id", Text, ForeignKey("runs.run_id"), nullable=False),
+    Column("model", Text, nullable=False),
+    Column("input_tokens", BigInteger, nullable=False),
+    Column("output_tokens", BigInteger, nullable=False),
+    Column("cache_creation_input_tokens", BigInteger, nullable=False),
+    Column("cache_read_input_tokens", BigInteger, nullable=False),
+    Column("cost_micros", BigInteger, nullable=False),
+    _now(),
+)
+Index("ix_usage_turns_run", usage_turns.c.run_id)
+
+tool_outputs = Table(
+    "tool_outputs",
+    metadata,
+    Column("output_ref", Text, primary_key=True),
+    Column("run_id", Text, ForeignKey("runs.run_id"), nullable=False),
+    Column("content", Text, nullable=False),
+    _now(),
+)
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("run_id", Text),
+    Column("action", Text, nullable=False),
+    Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    _now(),
+)
+Index("ix_audit_log_run", audit_log.c.run_id)

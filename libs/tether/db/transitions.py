@@ -1,0 +1,82 @@
+"""Applies the state machine's transitions: one guarded UPDATE plus its events, one transaction.
+
+Callers pass an open connection inside a transaction; the event rows are appended with
+consecutive `seq` values taken from the same UPDATE that moved the run, so the log and the status
+can never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import insert, update
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql import func
+
+from tether.db.schema import run_events, runs
+from tether.states import Transition
+
+
+@dataclass(frozen=True)
+class Event:
+    """A durable event to append: its stable type name and JSON payload."""
+
+    type: str
+    payload: Mapping[str, Any]
+
+
+async def apply(
+    conn: AsyncConnection,
+    transition: Transition,
+    run_id: str,
+    *,
+    events: Sequence[Event],
+    epoch: int | None = None,
+    tenant_id: str | None = None,
+    values: Mapping[str, Any] | None = None,
+) -> Row[Any] | None:
+    """Move `run_id` along `transition`, appending `events`; None means it had already moved.
+
+    A fenced transition also requires `lease_epoch = epoch`, so a worker whose lease was reaped
+    cannot write. `tenant_id`, when given, scopes the move to the caller's tenant.
+    """
+    if transition.fenced and epoch is None:
+        raise ValueError(f"transition {transition.name} needs the lease epoch")
+    stmt = (
+        update(runs)
+        .where(runs.c.run_id == run_id, runs.c.status.in_([s.value for s in transition.sources]))
+        .values(
+            status=transition.target.value,
+            updated_at=func.now(),
+            last_seq=runs.c.last_seq + len(events),
+            **dict(values or {}),
+        )
+        .returning(*runs.c)
+    )
+    if transition.fenced:
+        stmt = stmt.where(runs.c.lease_epoch == epoch)
+    if tenant_id is not None:
+        stmt = stmt.where(runs.c.tenant_id == tenant_id)
+    row = (await conn.execute(stmt)).first()
+    if row is None:
+        return None
+    await insert_events(conn, run_id, row.last_seq - len(events), events)
+    return row
+
+
+async def insert_events(
+    conn: AsyncConnection, run_id: str, after_seq: int, events: Sequence[Event]
+) -> None:
+    """Insert `events` with seq after_seq+1, after_seq+2, ...; the caller reserved the range."""
+    if not events:
+        return
+    await conn.execute(
+        insert(run_events),
+        [
+            {"run_id": run_id, "seq": after_seq + i, "type": e.type, "payload": dict(e.payload)}
+            for i, e in enumerate(events, start=1)
+        ],
+    )

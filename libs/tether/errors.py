@@ -1,0 +1,125 @@
+"""One small error hierarchy with stable codes.
+
+Adapters translate foreign exceptions (asyncpg, redis, anthropic, grpc) into these where they meet
+them; one server interceptor (`tether.grpcutil.server`) maps them to gRPC status codes, so a
+caller's mistake is never reported as INTERNAL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import grpc
+
+
+class TetherError(Exception):
+    """Base of every error Tether reports to a caller.
+
+    `code` is stable and machine-readable; `message` is for a person; `details` carries
+    structured context (never secrets) that travels in the gRPC trailing metadata.
+    """
+
+    status: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
+    default_code: ClassVar[str] = "internal"
+
+    def __init__(
+        self, message: str, *, code: str | None = None, details: Mapping[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+        self.details: dict[str, Any] = dict(details or {})
+
+
+class InvalidArgument(TetherError):
+    """The request is malformed; sending it again unchanged will fail again."""
+
+    status = grpc.StatusCode.INVALID_ARGUMENT
+    default_code = "invalid_argument"
+
+
+class NotFound(TetherError):
+    """The thing does not exist, or belongs to another tenant (the two are indistinguishable)."""
+
+    status = grpc.StatusCode.NOT_FOUND
+    default_code = "not_found"
+
+
+class AlreadyExists(TetherError):
+    """The request conflicts with something already stored (e.g. same key, different content)."""
+
+    status = grpc.StatusCode.ALREADY_EXISTS
+    default_code = "already_exists"
+
+
+class FailedPrecondition(TetherError):
+    """The system is not in a state that allows this (e.g. a stale lease epoch)."""
+
+    status = grpc.StatusCode.FAILED_PRECONDITION
+    default_code = "failed_precondition"
+
+
+class PermissionDenied(TetherError):
+    """The caller is known but may not do this."""
+
+    status = grpc.StatusCode.PERMISSION_DENIED
+    default_code = "permission_denied"
+
+
+class Unauthenticated(TetherError):
+    """The caller did not prove who it is."""
+
+    status = grpc.StatusCode.UNAUTHENTICATED
+    default_code = "unauthenticated"
+
+
+class ResourceExhausted(TetherError):
+    """A quota or limit was reached."""
+
+    status = grpc.StatusCode.RESOURCE_EXHAUSTED
+    default_code = "resource_exhausted"
+
+
+class Unavailable(TetherError):
+    """A dependency is down; retrying later may succeed."""
+
+    status = grpc.StatusCode.UNAVAILABLE
+    default_code = "unavailable"
+
+
+class StaleLease(FailedPrecondition):
+    """A worker wrote with a lease epoch that is no longer current; it must abandon the attempt."""
+
+    default_code = "stale_lease"
+
+
+_BY_STATUS: dict[grpc.StatusCode, type[TetherError]] = {
+    cls.status: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        AlreadyExists,
+        FailedPrecondition,
+        PermissionDenied,
+        Unauthenticated,
+        ResourceExhausted,
+        Unavailable,
+    )
+}
+
+CODE_METADATA_KEY = "tether-error-code"
+
+
+def from_rpc_error(exc: grpc.aio.AioRpcError) -> TetherError:
+    """Rebuild a TetherError from a failed call to another Tether service."""
+    code = ""
+    for key, value in exc.trailing_metadata() or ():
+        if key == CODE_METADATA_KEY and isinstance(value, str):
+            code = value
+    if code == StaleLease.default_code:
+        return StaleLease(exc.details() or "stale lease", code=code)
+    cls = _BY_STATUS.get(exc.code(), TetherError)
+    if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+        cls = Unavailable
+    return cls(exc.details() or exc.code().name, code=code or None)

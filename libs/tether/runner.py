@@ -1,0 +1,57 @@
+"""Process lifecycle for every service: logging, signals, the ready file and graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+
+def configure_logging(service: str, level: str) -> None:
+    """Structured-enough logs on stderr: time, service, logger, message."""
+    logging.basicConfig(
+        level=level.upper(),
+        stream=sys.stderr,
+        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def write_ready_file(path: str, port: int) -> None:
+    """Atomically publish the bound port, so a supervisor learns it without parsing logs."""
+    if not path:
+        return
+    target = Path(path)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(str(port))
+    os.replace(tmp, target)
+
+
+async def wait_for_signal() -> None:
+    """Return on SIGTERM or SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def serve(
+    server: grpc.aio.Server,
+    *,
+    grace: float,
+    cleanups: list[Callable[[], Awaitable[None]]],
+) -> None:
+    """Serve until signalled, then stop accepting, drain for `grace` seconds and clean up."""
+    await wait_for_signal()
+    log.info("stopping (grace %.1fs)", grace)
+    await server.stop(grace)
+    for cleanup in reversed(cleanups):
+        await cleanup()

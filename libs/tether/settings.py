@@ -1,0 +1,47 @@
+"""Settings shared by every service: where PostgreSQL, Redis and the other services are.
+
+Each service's own settings class extends `PlatformSettings` with its env prefix; the shared
+fields keep their global names (TETHER_DATABASE_URL, ...) so one environment serves the stack.
+"""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _env(name: str) -> AliasChoices:
+    return AliasChoices(name)
+
+
+class PlatformSettings(BaseSettings):
+    """Connection settings every service reads."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="ignore")
+
+    database_url: str = Field(
+        "", validation_alias=_env("TETHER_DATABASE_URL"), description="PostgreSQL URL."
+    )
+    redis_url: str = Field("", validation_alias=_env("TETHER_REDIS_URL"), description="Redis URL.")
+    service_token: str = Field(
+        "",
+        validation_alias=_env("TETHER_SERVICE_TOKEN"),
+        description="Shared platform credential internal services require; empty disables it.",
+    )
+    host: str = Field("127.0.0.1", description="Interface the gRPC server binds.")
+    port: int = Field(0, description="gRPC port; 0 picks a free one.")
+    admission_addr: str = Field(
+        "", validation_alias=_env("TETHER_ADMISSION_ADDR"), description="Admission host:port."
+    )
+    orchestrator_addr: str = Field(
+        "", validation_alias=_env("TETHER_ORCHESTRATOR_ADDR"), description="Orchestrator host:port."
+    )
+    interactions_addr: str = Field(
+        "", validation_alias=_env("TETHER_INTERACTIONS_ADDR"), description="Interactions host:port."
+    )
+    ready_file: str = Field(
+        "",
+        validation_alias=_env("TETHER_READY_FILE"),
+        description="When set, the bound port is written here once the server serves.",
+    )
+    log_level: str = Field("INFO", validation_alias=_env("TETHER_LOG_LEVEL"))

@@ -1,0 +1,1 @@
+"""The embedded stack: a real PostgreSQL and Redis from wheels, and the services as processes."""

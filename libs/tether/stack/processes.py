@@ -1,0 +1,136 @@
+"""Starts the five services as separate processes talking gRPC on loopback, and stops them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+# Start order: each service after those it calls.
+SERVICES = ("orchestrator", "admission", "interactions", "worker", "gateway")
+
+
+@dataclass
+class ServiceProcess:
+    """One running service."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def address(self) -> str:
+        """host:port of its gRPC server."""
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass
+class ServiceSet:
+    """The running services of one stack, started and stopped together."""
+
+    run_dir: Path
+    env: Mapping[str, str]
+    procs: dict[str, ServiceProcess] = field(default_factory=dict)
+
+    def addresses(self) -> dict[str, str]:
+        """Service name -> host:port."""
+        return {name: p.address for name, p in self.procs.items()}
+
+    async def start_all(self, names: tuple[str, ...] = SERVICES, timeout: float = 60.0) -> None:
+        """Start `names` in order, each once the services it depends on serve."""
+        for name in names:
+            await self.start(name, timeout=timeout)
+
+    def _env_for(self, name: str, extra: Mapping[str, str]) -> dict[str, str]:
+        env = {**os.environ, **self.env, **extra}
+        for dep, addr in self.addresses().items():
+            env[f"TETHER_{dep.upper()}_ADDR"] = addr
+        env[f"TETHER_{name.upper()}_HOST"] = "127.0.0.1"
+        return env
+
+    async def start(
+        self, name: str, *, timeout: float = 60.0, extra_env: Mapping[str, str] | None = None
+    ) -> ServiceProcess:
+        """Start one service (a second instance gets a numbered name) and wait until it serves."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        instance = name
+        n = 1
+        while instance in self.procs and self.procs[instance].process.poll() is None:
+            n += 1
+            instance = f"{name}-{n}"
+        ready = self.run_dir / f"{instance}.port"
+        ready.unlink(missing_ok=True)
+        log_path = self.run_dir / f"{instance}.log"
+        env = self._env_for(name, {"TETHER_READY_FILE": str(ready), **(extra_env or {})})
+        with log_path.open("ab") as log_file:
+            process = subprocess.Popen(
+                [sys.executable, "-m", f"services.{name}"],
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C in a terminal reaches the supervisor only
+            )
+        port = await _wait_ready(ready, process, log_path, timeout)
+        proc = ServiceProcess(instance, process, port, log_path)
+        await wait_serving(proc.address, timeout=timeout)
+        self.procs[instance] = proc
+        return proc
+
+    def kill(self, instance: str) -> None:
+        """SIGKILL one service, as a crash would."""
+        proc = self.procs[instance]
+        proc.process.send_signal(signal.SIGKILL)
+        proc.process.wait()
+
+    async def stop(self, instance: str, *, grace: float = 15.0) -> int:
+        """SIGTERM one service and wait for it to exit; returns its exit code."""
+        proc = self.procs[instance]
+        if proc.process.poll() is None:
+            proc.process.send_signal(signal.SIGTERM)
+        try:
+            return await asyncio.to_thread(proc.process.wait, grace)
+        except subprocess.TimeoutExpired:
+            proc.process.kill()
+            return await asyncio.to_thread(proc.process.wait)
+
+    async def stop_all(self, *, grace: float = 15.0) -> None:
+        """Stop every service, in reverse start order."""
+        for instance in reversed(list(self.procs)):
+            await self.stop(instance, grace=grace)
+        self.procs.clear()
+
+
+async def _wait_ready(
+    ready: Path, process: subprocess.Popen[bytes], log_path: Path, timeout: float
+) -> int:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not ready.exists():
+        if process.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{log_path.stem} exited with {process.returncode}:\n{tail}")
+        if loop.time() > deadline:
+            process.kill()
+            raise TimeoutError(f"{log_path.stem} did not start within {timeout}s")
+        await asyncio.sleep(0.02)  # the ready file is written once; nothing to subscribe to
+    return int(ready.read_text())
+
+
+async def wait_serving(address: str, *, timeout: float = 30.0, service: str = "") -> None:
+    """Wait until the gRPC health check at `address` reports SERVING."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        response = await stub.Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout, wait_for_ready=True
+        )
+        if response.status != health_pb2.HealthCheckResponse.SERVING:
+            raise RuntimeError(f"{address} reports {response.status}")

@@ -1,0 +1,180 @@
+"""`tether up`: the whole stack on embedded defaults, until Ctrl-C.
+
+Data lives in one folder (TETHER_DATA_DIR, default `.tether/`): PostgreSQL's data, Redis's
+working dir, service logs, the platform service token and `stack.json`, which tells clients
+where the gateway is and which development key to use. Starting again on the same folder keeps
+every run, key and event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from tether import apikeys
+from tether.db.engine import create_engine
+from tether.db.migrate import upgrade
+from tether.runner import wait_for_signal
+from tether.stack.embedded import EmbeddedPostgres, EmbeddedRedis, database_url
+from tether.stack.processes import ServiceSet
+
+log = logging.getLogger(__name__)
+
+DEV_TENANT = "dev"
+DEV_PRINCIPAL = "dev"
+DATABASE = "tether"
+
+
+async def ensure_database(server_url: str, name: str) -> str:
+    """Create database `name` on the server when missing; returns its URL."""
+    conn = await asyncpg.connect(server_url)
+    try:
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        if not exists:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return database_url(server_url, name)
+
+
+def _read_secret(path: Path) -> str:
+    if path.exists():
+        return path.read_text().strip()
+    value = secrets.token_urlsafe(32)
+    path.write_text(value)
+    path.chmod(0o600)
+    return value
+
+
+async def dev_key(db_url: str, previous: dict[str, Any]) -> str:
+    """The development tenant's admin key: the previous one if still valid, else a new one."""
+    engine = create_engine(db_url, pool_size=1)
+    try:
+        async with engine.begin() as conn:
+            old = previous.get("api_key")
+            if isinstance(old, str) and await apikeys.find_key(conn, old) is not None:
+                return old
+            await apikeys.ensure_tenant(conn, DEV_TENANT)
+            key, _ = await apikeys.create_key(conn, DEV_TENANT, DEV_PRINCIPAL, apikeys.ALL_SCOPES)
+            return key
+    finally:
+        await engine.dispose()
+
+
+async def start_model_server(log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Start the local Anthropic-compatible server; returns the process and its base URL."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tether.testing.model_server", "--host", "127.0.0.1", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=log_path.open("ab"),
+        start_new_session=True,
+    )
+    assert process.stdout is not None
+    line = (await asyncio.to_thread(process.stdout.readline)).decode().strip()
+    if "listening" not in line:
+        process.kill()
+        raise RuntimeError(f"model server did not start: {line!r}; see {log_path}")
+    return process, line.rsplit(" ", 1)[-1]
+
+
+@dataclass
+class Stack:
+    """A running stack; `start()` then `stop()`."""
+
+    data_dir: Path
+    database_url: str = ""
+    redis_url: str = ""
+    extra_env: dict[str, str] = field(default_factory=dict)
+    services: ServiceSet | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    _pg: EmbeddedPostgres | None = None
+    _redis: EmbeddedRedis | None = None
+    _model: subprocess.Popen[bytes] | None = None
+
+    async def start(self) -> dict[str, Any]:
+        """Bring everything up; returns what is written to stack.json."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = self.data_dir / "run"
+        run_dir.mkdir(exist_ok=True)
+        db_url = self.database_url
+        if not db_url:
+            self._pg = EmbeddedPostgres(self.data_dir / "postgres")
+            server_url = await asyncio.to_thread(self._pg.start)
+            db_url = await ensure_database(server_url, DATABASE)
+        await upgrade(db_url)
+        redis_url = self.redis_url
+        if not redis_url:
+            self._redis = EmbeddedRedis(self.data_dir / "redis")
+            redis_url = await self._redis.start()
+        env = {
+            "TETHER_DATABASE_URL": db_url,
+            "TETHER_REDIS_URL": redis_url,
+            "TETHER_SERVICE_TOKEN": _read_secret(self.data_dir / "service_token"),
+            **self.extra_env,
+        }
+        model_url = ""
+        if not os.environ.get("ANTHROPIC_API_KEY"):
+            self._model, model_url = await start_model_server(run_dir / "model-server.log")
+            env["TETHER_WORKER_ANTHROPIC_BASE_URL"] = model_url
+            env["TETHER_WORKER_ANTHROPIC_API_KEY"] = "local-model-server"
+        stack_file = self.data_dir / "stack.json"
+        previous = json.loads(stack_file.read_text()) if stack_file.exists() else {}
+        api_key = await dev_key(db_url, previous)
+        self.services = ServiceSet(run_dir, env)
+        await self.services.start_all()
+        addresses = self.services.addresses()
+        self.info = {
+            "gateway": addresses["gateway"],
+            "tenant_id": DEV_TENANT,
+            "principal_id": DEV_PRINCIPAL,
+            "api_key": api_key,
+            "services": addresses,
+            "database_url": db_url,
+            "redis_url": redis_url,
+            "model_base_url": model_url,
+            "pid": os.getpid(),
+        }
+        tmp = stack_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.info, indent=2) + "\n")
+        tmp.chmod(0o600)
+        os.replace(tmp, stack_file)
+        return self.info
+
+    async def stop(self) -> None:
+        """Stop services, then the model server, Redis and PostgreSQL."""
+        if self.services is not None:
+            await self.services.stop_all()
+        if self._model is not None:
+            self._model.terminate()
+            await asyncio.to_thread(self._model.wait)
+        if self._redis is not None:
+            self._redis.stop()
+        if self._pg is not None:
+            await asyncio.to_thread(self._pg.stop)
+
+
+async def run_until_signalled(data_dir: Path) -> None:
+    """`tether up`: start, announce readiness, wait for Ctrl-C or SIGTERM, stop cleanly."""
+    stack = Stack(
+        data_dir,
+        database_url=os.environ.get("TETHER_DATABASE_URL", ""),
+        redis_url=os.environ.get("TETHER_REDIS_URL", ""),
+    )
+    try:
+        info = await stack.start()
+        print(f"stack file: {data_dir / 'stack.json'}", flush=True)  # noqa: T201
+        print(f"tether ready gateway={info['gateway']}", flush=True)  # noqa: T201
+        await wait_for_signal()
+    finally:
+        await stack.stop()
+        print("tether stopped", flush=True)  # noqa: T201

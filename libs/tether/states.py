@@ -1,0 +1,105 @@
+"""The run state machine: every status and every allowed transition, in one place.
+
+Each transition is applied by `tether.db.transitions.apply` as one guarded UPDATE
+(`WHERE status = ANY(:from) [AND lease_epoch = :epoch]`) with its event appended in the same
+transaction; a miss means the run had already moved and is reported, never raised into a second
+side effect.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class RunStatus(enum.StrEnum):
+    """Where a run stands; the spelling is the one clients see."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    RETRY_PENDING = "retry-pending"
+    WAITING_FOR_QUESTION = "waiting-for-question"
+    WAITING_FOR_APPROVAL = "waiting-for-approval"
+    WAITING_FOR_CONNECTION = "waiting-for-connection"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the run can never move again."""
+        return self in TERMINAL
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the run is parked for a person."""
+        return self in WAITING
+
+
+TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+WAITING = frozenset(
+    {
+        RunStatus.WAITING_FOR_QUESTION,
+        RunStatus.WAITING_FOR_APPROVAL,
+        RunStatus.WAITING_FOR_CONNECTION,
+    }
+)
+ACTIVE = frozenset(RunStatus) - TERMINAL
+
+
+@dataclass(frozen=True)
+class Transition:
+    """An allowed move: from any of `sources` to `target`, guarded by the lease when `fenced`."""
+
+    name: str
+    sources: frozenset[RunStatus]
+    target: RunStatus
+    fenced: bool
+    event_type: str
+
+
+def _t(
+    name: str, sources: set[RunStatus], target: RunStatus, *, fenced: bool, event: str
+) -> Transition:
+    return Transition(name, frozenset(sources), target, fenced, event)
+
+
+S = RunStatus
+CLAIM = _t("claim", {S.QUEUED}, S.RUNNING, fenced=False, event="run.started")
+COMPLETE = _t("complete", {S.RUNNING}, S.COMPLETED, fenced=True, event="run.completed")
+FAIL = _t("fail", {S.RUNNING}, S.FAILED, fenced=True, event="run.failed")
+CANCEL_BY_WORKER = _t("cancel_by_worker", {S.RUNNING}, S.CANCELLED, fenced=True,
+                      event="run.cancelled")
+SCHEDULE_RETRY = _t("schedule_retry", {S.RUNNING}, S.RETRY_PENDING, fenced=True,
+                    event="run.retry-pending")
+RETRY_DUE = _t("retry_due", {S.RETRY_PENDING}, S.QUEUED, fenced=False, event="run.queued")
+PARK_QUESTION = _t("park_question", {S.RUNNING}, S.WAITING_FOR_QUESTION, fenced=True,
+                   event="question.requested")
+PARK_APPROVAL = _t("park_approval", {S.RUNNING}, S.WAITING_FOR_APPROVAL, fenced=True,
+                   event="approval.requested")
+PARK_CONNECTION = _t("park_connection", {S.RUNNING}, S.WAITING_FOR_CONNECTION, fenced=True,
+                     event="connection.requested")
+RESUME = _t("resume", set(WAITING), S.QUEUED, fenced=False, event="run.queued")
+CONSENT_EXPIRED = _t("consent_expired", {S.WAITING_FOR_CONNECTION}, S.FAILED, fenced=False,
+                     event="run.failed")
+RELEASE = _t("release", {S.RUNNING}, S.QUEUED, fenced=True, event="run.queued")
+REAP_REQUEUE = _t("reap_requeue", {S.RUNNING}, S.QUEUED, fenced=True, event="run.queued")
+REAP_FAIL = _t("reap_fail", {S.RUNNING}, S.FAILED, fenced=True, event="run.failed")
+CANCEL = _t("cancel", set(ACTIVE - {S.RUNNING}), S.CANCELLED, fenced=False,
+            event="run.cancelled")
+# A routing or context failure before any lease was taken (a run must never be left running).
+FAIL_UNLEASED = _t("fail_unleased", {S.QUEUED}, S.FAILED, fenced=False, event="run.failed")
+
+TRANSITIONS: dict[str, Transition] = {
+    t.name: t
+    for t in (
+        CLAIM, COMPLETE, FAIL, CANCEL_BY_WORKER, SCHEDULE_RETRY, RETRY_DUE, PARK_QUESTION,
+        PARK_APPROVAL, PARK_CONNECTION, RESUME, CONSENT_EXPIRED, RELEASE, REAP_REQUEUE,
+        REAP_FAIL, CANCEL, FAIL_UNLEASED,
+    )
+}
+
+
+def allowed(source: RunStatus, target: RunStatus) -> bool:
+    """Whether any transition moves a run from `source` to `target`."""
+    return any(source in t.sources and t.target == target for t in TRANSITIONS.values())

@@ -1,0 +1,554 @@
+"""A local Anthropic-compatible server: `POST /v1/messages` as the real API speaks it.
+
+Point the real SDK at it (`AsyncAnthropic(base_url=server.base_url, api_key="test")`) and
+script what it answers per test; with nothing scripted it runs the demo agent. In process::
+
+    async with ModelServer() as server:
+        server.script("say hi", [ErrorTurn(529), TextTurn("hi")])
+        ...  # the first request whose first user text is "say hi" gets a 529, the next "hi"
+        assert [r.headers["x-stainless-retry-count"] for r in server.requests] == ["0", "1"]
+
+Out of process: `python -m tether.testing.model_server --port 0` prints
+`model-server listening http://HOST:PORT`; script it with `POST /_script`
+(`{"key": ..., "turns": [...]}`, format in `model_script.turn_from_json`), read the request log
+with `GET /_requests`, clear both with `POST /_reset`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+from tether.testing.demo_agent import demo_turn
+from tether.testing.model_script import (
+    DEFAULT_KEY,
+    KEY_HEADER,
+    BlocksTurn,
+    Cut,
+    ErrorTurn,
+    Fault,
+    MidStreamError,
+    ScriptBook,
+    ScriptFormatError,
+    Stall,
+    TextBlock,
+    TextTurn,
+    ThinkingBlock,
+    ToolUseBlock,
+    ToolUseTurn,
+    Truncated,
+    Turn,
+    Usage,
+    as_message_turn,
+    script_key,
+    turn_from_json,
+)
+from tether.testing.model_wire import (
+    STATUS_BY_ERROR_TYPE,
+    RenderedTurn,
+    error_body,
+    error_type_for_status,
+    frame,
+    input_tokens_for,
+    message_json,
+    new_request_id,
+    request_problem,
+    resolve_turn,
+    stream_events,
+)
+
+__all__ = [
+    "DEFAULT_KEY",
+    "KEY_HEADER",
+    "BlocksTurn",
+    "Cut",
+    "ErrorTurn",
+    "MidStreamError",
+    "ModelServer",
+    "RecordedRequest",
+    "Stall",
+    "TextBlock",
+    "TextTurn",
+    "ThinkingBlock",
+    "ToolUseBlock",
+    "ToolUseTurn",
+    "Truncated",
+    "Turn",
+    "Usage",
+    "main",
+]
+
+LOGGED_HEADERS = (
+    "anthropic-version",
+    "anthropic-beta",
+    "content-type",
+    "idempotency-key",
+    "user-agent",
+    "x-stainless-retry-count",
+    "x-stainless-timeout",
+    "x-stainless-read-timeout",
+    "x-stainless-helper-method",
+    "x-stainless-stream-helper",
+    KEY_HEADER,
+)
+"""Request headers kept in the log. Credentials are never logged, only which scheme was used."""
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+"""The real Messages API accepts request bodies up to 32 MB."""
+
+
+@dataclass
+class RecordedRequest:
+    """One request to `/v1/messages`, as the server saw it.
+
+    `served` says what answered (`script`, `demo`, or the rejection such as `auth_error`);
+    `outcome` how the response ended: `pending` while it is being sent, then `ok`,
+    `error_status`, `mid_stream_error`, `truncated`, `cut`, `disconnected` (the client went
+    away first) or `server_stopped`.
+    """
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    auth: str | None
+    body: Any
+    timestamp: float
+    script_key: str
+    served: str = "pending"
+    outcome: str = "pending"
+    request_id: str = ""
+    stream: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form served by `GET /_requests`."""
+        return {
+            "method": self.method,
+            "path": self.path,
+            "headers": self.headers,
+            "auth": self.auth,
+            "body": self.body,
+            "timestamp": self.timestamp,
+            "script_key": self.script_key,
+            "served": self.served,
+            "outcome": self.outcome,
+            "request_id": self.request_id,
+            "stream": self.stream,
+        }
+
+
+class ModelServer:
+    """The server. `start()` binds (port 0 picks a free one); `stop()` ends every response.
+
+    Scripted turns and the request log live on the event loop that called `start()`.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        shutdown_grace: float = 1.0,
+        access_log: bool = False,
+    ) -> None:
+        self._host = host
+        self._port = port
+        self._shutdown_grace = shutdown_grace
+        self._access_log = access_log
+        self._book = ScriptBook()
+        self._requests: list[RecordedRequest] = []
+        self._changed = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+
+    # Lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind and begin serving."""
+        # handler_cancellation: a client that disconnects cancels its handler, which is how a
+        # stall "until the client goes away" ends and how `outcome="disconnected"` is observed.
+        runner = web.AppRunner(
+            self.build_app(),
+            handler_cancellation=True,
+            access_log=logging.getLogger("aiohttp.access") if self._access_log else None,
+            shutdown_timeout=self._shutdown_grace,
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._port)
+        await site.start()
+        self._runner = runner
+        sockets = runner.addresses
+        self._port = int(sockets[0][1])
+
+    async def stop(self) -> None:
+        """Stop: end stalls at once, give responses `shutdown_grace` seconds, then cancel them."""
+        self._closing.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> ModelServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def base_url(self) -> str:
+        """`http://HOST:PORT`, the SDK's `base_url`."""
+        return f"http://{self._host}:{self._port}"
+
+    @property
+    def port(self) -> int:
+        """The bound port (the real one once started with port 0)."""
+        return self._port
+
+    # Scripting -------------------------------------------------------------------------------
+
+    def script(self, key: str | None, turns: Iterable[Turn]) -> int:
+        """Queue turns for requests that select `key` (None: the default queue); returns its length.
+
+        A turn is taken by exactly one request, so an SDK retry takes the next one.
+        """
+        return self._book.add(key, turns)
+
+    def pending(self, key: str | None = None) -> int:
+        """Turns still queued under `key`."""
+        return self._book.pending(key)
+
+    def reset(self) -> None:
+        """Forget every scripted turn and the request log."""
+        self._book.clear()
+        self._requests.clear()
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """A copy of the request log, oldest first."""
+        return list(self._requests)
+
+    async def wait_until(self, predicate: Callable[[Sequence[RecordedRequest]], bool]) -> None:
+        """Wait until `predicate(log)` holds; re-checked on every new request or outcome.
+
+        Has no timeout of its own: wrap it in `asyncio.timeout(...)`.
+        """
+        while not predicate(self._requests):
+            await self._changed.wait()
+
+    async def wait_for_requests(self, count: int) -> list[RecordedRequest]:
+        """Wait until at least `count` requests have arrived; returns the log."""
+        await self.wait_until(lambda log: len(log) >= count)
+        return self.requests
+
+    def _notify(self) -> None:
+        # Synchronous on purpose: a handler being cancelled must still be able to report.
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    # The app ---------------------------------------------------------------------------------
+
+    def build_app(self) -> web.Application:
+        """The aiohttp application (exposed for embedding in another app or runner)."""
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
+        app.router.add_post("/_script", self._control_script)
+        app.router.add_get("/_requests", self._control_requests)
+        app.router.add_post("/_reset", self._control_reset)
+        app.router.add_get("/_health", self._control_health)
+        app.router.add_route("*", "/{tail:.*}", self._not_found)
+        return app
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        request_id = new_request_id()
+        raw = await request.read()
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        record = RecordedRequest(
+            method=request.method,
+            path=request.path,
+            headers={
+                name: request.headers[name] for name in LOGGED_HEADERS if name in request.headers
+            },
+            auth=_auth_scheme(request),
+            body=body if body is not None else raw.decode("utf-8", "replace"),
+            timestamp=time.time(),
+            script_key=script_key(request.headers, body) if isinstance(body, dict) else DEFAULT_KEY,
+            request_id=request_id,
+            stream=isinstance(body, dict) and body.get("stream") is True,
+        )
+        self._requests.append(record)
+        self._notify()
+        try:
+            return await self._answer(request, record, body)
+        except asyncio.CancelledError:
+            # The client disconnected (handler cancellation) or the server is stopping; a
+            # scripted cut also lands here, having already recorded its outcome.
+            if record.outcome == "pending":
+                record.outcome = "server_stopped" if self._closing.is_set() else "disconnected"
+            raise
+        except ConnectionResetError:
+            # A write raced the disconnect. aiohttp ignores connection errors while finishing a
+            # response, so handing it a placeholder keeps its error log quiet.
+            if record.outcome == "pending":
+                record.outcome = "disconnected"
+            return web.Response(status=499)
+        finally:
+            self._notify()
+
+    async def _answer(
+        self, request: web.Request, record: RecordedRequest, body: Any
+    ) -> web.StreamResponse:
+        rid = record.request_id
+        if record.auth is None:
+            record.served = "auth_error"
+            return _error(401, "authentication_error", "x-api-key header is required", rid, record)
+        if "anthropic-version" not in request.headers:
+            record.served = "invalid_request"
+            return _error(
+                400, "invalid_request_error", "anthropic-version: header is required", rid, record
+            )
+        problem = request_problem(body)
+        if problem is not None:
+            record.served = "invalid_request"
+            return _error(400, "invalid_request_error", problem, rid, record)
+
+        scripted = self._book.take(record.script_key)
+        record.served = "script" if scripted is not None else "demo"
+        turn = scripted if scripted is not None else demo_turn(body)
+        if isinstance(turn, ErrorTurn):
+            return _scripted_error(turn, rid, record)
+        rendered = resolve_turn(as_message_turn(turn), body, _tool_id_seed(body))
+        if record.stream:
+            return await self._stream(request, record, rendered)
+        return await self._whole(request, record, rendered)
+
+    async def _stream(
+        self, request: web.Request, record: RecordedRequest, rendered: RenderedTurn
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=200, headers={"request-id": record.request_id, "cache-control": "no-cache"}
+        )
+        response.content_type = "text/event-stream"
+        response.charset = "utf-8"
+        # Chunked framing is what lets a cut be seen as an incomplete body rather than an end.
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        events = stream_events(rendered)
+        fault = rendered.turn.fault
+        delay = rendered.turn.delay_ms / 1000
+        for sent in range(len(events) + 1):
+            if fault is not None and sent == min(fault.after_events, len(events)):
+                finished = await self._inject(request, response, record, fault)
+                if finished:
+                    return response
+            if sent == len(events):
+                break
+            name, data = events[sent]
+            if delay > 0 and name == "content_block_delta":
+                await asyncio.sleep(delay)
+            await response.write(frame(name, data))
+        record.outcome = "ok"
+        await response.write_eof()
+        return response
+
+    async def _inject(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        record: RecordedRequest,
+        fault: Fault,
+    ) -> bool:
+        """Apply a fault to a started stream; True when the response is finished."""
+        if isinstance(fault, MidStreamError):
+            error = {"type": "error", "error": {"type": fault.error_type, "message": fault.message}}
+            await response.write(frame("error", error))
+            record.outcome = "mid_stream_error"
+            await response.write_eof()
+            return True
+        if isinstance(fault, Truncated):
+            record.outcome = "truncated"
+            await response.write_eof()
+            return True
+        if isinstance(fault, Cut):
+            record.outcome = "cut"
+            _abort(request)
+            return True
+        if await self._stall(fault):
+            return False
+        record.outcome = "server_stopped"
+        _abort(request)
+        return True
+
+    async def _stall(self, stall: Stall) -> bool:
+        """Wait out a stall; False when the server began stopping first."""
+        try:
+            async with asyncio.timeout(stall.seconds):
+                await self._closing.wait()
+        except TimeoutError:
+            return True
+        return False
+
+    async def _whole(
+        self, request: web.Request, record: RecordedRequest, rendered: RenderedTurn
+    ) -> web.StreamResponse:
+        """A non-streaming answer. Faults map to their nearest non-streaming equivalent."""
+        fault = rendered.turn.fault
+        if isinstance(fault, MidStreamError):
+            status = STATUS_BY_ERROR_TYPE.get(fault.error_type, 500)
+            return _error(status, fault.error_type, fault.message, record.request_id, record)
+        if isinstance(fault, Cut | Truncated):
+            # Without a stream there is nothing to truncate: the connection drops instead.
+            record.outcome = "cut"
+            _abort(request)
+            return web.Response(status=499)
+        if isinstance(fault, Stall) and not await self._stall(fault):
+            record.outcome = "server_stopped"
+            _abort(request)
+            return web.Response(status=499)
+        record.outcome = "ok"
+        return web.json_response(message_json(rendered), headers={"request-id": record.request_id})
+
+    async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        return web.json_response({"input_tokens": input_tokens_for(body)})
+
+    async def _control_script(self, request: web.Request) -> web.StreamResponse:
+        try:
+            payload = await request.json()
+            key = payload.get("key")
+            turns = [turn_from_json(raw) for raw in payload["turns"]]
+        except (ValueError, KeyError, TypeError, AttributeError, ScriptFormatError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        pending = self.script(None if key is None else str(key), turns)
+        return web.json_response(
+            {"key": key or DEFAULT_KEY, "queued": len(turns), "pending": pending}
+        )
+
+    async def _control_requests(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"requests": [r.to_json() for r in self._requests]})
+
+    async def _control_reset(self, request: web.Request) -> web.StreamResponse:
+        self.reset()
+        return web.json_response({"ok": True})
+
+    async def _control_health(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"ok": True})
+
+    async def _not_found(self, request: web.Request) -> web.StreamResponse:
+        rid = new_request_id()
+        body = error_body("not_found_error", f"Not found: {request.method} {request.path}", rid)
+        return web.json_response(body, status=404, headers={"request-id": rid})
+
+
+def _auth_scheme(request: web.Request) -> str | None:
+    if request.headers.get("x-api-key"):
+        return "x-api-key"
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return "bearer"
+    return None
+
+
+def _tool_id_seed(body: Any) -> str:
+    """Tool ids derive from the conversation so a replayed request gets the same ids."""
+    digest = hashlib.sha256(json.dumps(body.get("messages"), sort_keys=True).encode())
+    return digest.hexdigest()[:20]
+
+
+def _abort(request: web.Request) -> None:
+    """Drop the TCP connection without finishing the body (no final zero-length chunk)."""
+    if request.transport is not None:
+        request.transport.abort()
+
+
+def _error(
+    status: int,
+    error_type: str,
+    message: str | None,
+    request_id: str,
+    record: RecordedRequest,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    record.outcome = "error_status"
+    return web.json_response(
+        error_body(error_type, message, request_id),
+        status=status,
+        headers={"request-id": request_id, **(headers or {})},
+    )
+
+
+def _scripted_error(turn: ErrorTurn, request_id: str, record: RecordedRequest) -> web.Response:
+    headers = dict(turn.headers)
+    if turn.retry_after is not None:
+        headers["retry-after"] = _header_number(turn.retry_after)
+    if turn.retry_after_ms is not None:
+        headers["retry-after-ms"] = _header_number(turn.retry_after_ms)
+    if turn.should_retry is not None:
+        headers["x-should-retry"] = "true" if turn.should_retry else "false"
+    error_type = turn.error_type or error_type_for_status(turn.status)
+    return _error(turn.status, error_type, turn.message, request_id, record, headers)
+
+
+def _header_number(value: float | str) -> str:
+    """`2` rather than `2.0`, as a server would write it; strings (HTTP dates) pass through."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+# Command line ---------------------------------------------------------------------------------
+
+
+async def serve(host: str, port: int, *, access_log: bool = False) -> None:
+    """Serve until SIGTERM or SIGINT, announcing the address on stdout."""
+    server = ModelServer(host, port, access_log=access_log)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    # One parseable line: callers that start this as a subprocess read the port from it.
+    sys.stdout.write(f"model-server listening {server.base_url}\n")
+    sys.stdout.flush()
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m tether.testing.model_server [--host H] [--port P] [--access-log]`."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--access-log", action="store_true", help="log each request to stderr")
+    args = parser.parse_args(argv)
+    if args.access_log:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args.host, args.port, access_log=args.access_log))
+
+
+if __name__ == "__main__":
+    main()

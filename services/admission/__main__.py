@@ -1,0 +1,3 @@
+from services.admission.main import main
+
+main()

@@ -1,0 +1,64 @@
+"""The normalised inbound event and the rules that identify it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+INBOUND_SCOPE = "inbound"
+
+
+@dataclass(frozen=True)
+class InboundEvent:
+    """One admitted event, whatever adapter it came through.
+
+    `tenant_id` and `principal_id` are the authenticated caller's; the payload never chooses them.
+    The session is identified by (tenant, channel, conversation, actor scope): two tenants using
+    the same external thread id never share state.
+    """
+
+    tenant_id: str
+    principal_id: str
+    source: str
+    event_id: str
+    idempotency_key: str
+    actor_type: str
+    actor_id: str
+    actor_scope: str
+    channel: str
+    conversation_id: str
+    text: str
+    context: dict[str, Any] = field(default_factory=dict)
+    idempotency_scope: str = INBOUND_SCOPE
+
+    def request_hash(self) -> bytes:
+        """SHA-256 of what the event says (not how it was delivered).
+
+        Same key with a different hash is a conflict, never a replay.
+        """
+        content = {
+            "source": self.source,
+            "channel": self.channel,
+            "conversation_id": self.conversation_id,
+            "actor_type": self.actor_type,
+            "actor_id": self.actor_id,
+            "text": self.text,
+            "context": self.context,
+        }
+        canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(canonical.encode()).digest()
+
+
+@dataclass(frozen=True)
+class FreshnessPolicy:
+    """What to do with a duplicate of a completed event.
+
+    Inside `replay_window_s` the stored outcome is replayed. Outside it, `stale` decides: "refuse"
+    (FAILED_PRECONDITION: an old answer is never replayed into a new conversation turn) or
+    "reprocess" (a fresh run with lineage to the old one).
+    """
+
+    replay_window_s: float = 86_400.0
+    stale: str = "refuse"

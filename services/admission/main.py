@@ -1,0 +1,48 @@
+"""Admission process entry point: `python -m services.admission`."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.admission.domain import FreshnessPolicy
+from services.admission.service import Admitter
+from services.admission.servicer import AdmissionServicer
+from services.admission.settings import AdmissionSettings
+from tether.bus import Bus
+from tether.db.engine import create_engine
+from tether.grpcutil import start_server
+from tether.runner import configure_logging, serve, write_ready_file
+from tether.v1 import admission_pb2, admission_pb2_grpc
+
+
+async def amain(settings: AdmissionSettings) -> None:
+    """Run the admission service until signalled."""
+    engine = create_engine(settings.database_url, pool_size=settings.pool_size)
+    bus = Bus(settings.redis_url)
+    admitter = Admitter(
+        engine,
+        max_attempts=settings.max_attempts,
+        freshness=FreshnessPolicy(settings.replay_window_s, settings.stale_replay),
+        bus=bus,
+    )
+    servicer = AdmissionServicer(admitter)
+    server, port, _ = await start_server(
+        host=settings.host,
+        port=settings.port,
+        register=[lambda s: admission_pb2_grpc.add_AdmissionServiceServicer_to_server(servicer, s)],
+        service_names=[admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name],
+        service_token=settings.service_token or None,
+    )
+    write_ready_file(settings.ready_file, port)
+    await serve(server, grace=settings.grace_s, cleanups=[engine.dispose, bus.close])
+
+
+def main() -> None:
+    """Read settings from the environment and serve."""
+    settings = AdmissionSettings()
+    configure_logging("admission", settings.log_level)
+    asyncio.run(amain(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Admission: the idempotency gate and the duplicate decision table, before any paid work."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from services.admission import repository as repo
+from services.admission.domain import FreshnessPolicy, InboundEvent
+from tether.errors import AlreadyExists, FailedPrecondition
+from tether.bus import Bus
+from tether.ids import new_id
+from tether.states import TERMINAL, RunStatus
+
+
+class Disposition(enum.StrEnum):
+    """What admission did with an event."""
+
+    CREATED = "created"
+    ATTACHED = "attached"
+    REPLAYED = "replayed"
+    RETRIED = "retried"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The outcome: the run that handles the event and how it was reached."""
+
+    disposition: Disposition
+    run: Row[Any]
+
+
+class Admitter:
+    """Admits events: claim, session, message and queued run in one transaction."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        max_attempts: int,
+        freshness: FreshnessPolicy,
+        bus: Bus | None = None,
+    ) -> None:
+        self._engine = engine
+        self._max_attempts = max_attempts
+        self._freshness = freshness
+        self._bus = bus
+
+    async def admit(self, event: InboundEvent, *, traceparent: str | None = None) -> Admission:
+        """Admit `event`, or apply the duplicate decision table to it."""
+        request_hash = event.request_hash()
+        async with self._engine.begin() as conn:
+            run_id = new_id("run")
+            if await repo.insert_claim(conn, event, request_hash, run_id):
+                session_id = await repo.upsert_session(conn, event, new_id("ses"))
+                message_id = new_id("msg")
+                await repo.insert_message(conn, event, session_id, message_id)
+                run = await repo.insert_queued_run(
+                    conn,
+                    run_id=run_id,
+                    event=event,
+                    session_id=session_id,
+                    message_id=message_id,
+                    max_attempts=self._max_attempts,
+                    parent_run_id=None,
+                    root_run_id=run_id,
+                    reason="admitted",
+                    traceparent=traceparent,
+                )
+                outcome = Admission(Disposition.CREATED, run)
+            else:
+                outcome = await self._duplicate(conn, event, request_hash, traceparent)
+        if outcome.disposition in (Disposition.CREATED, Disposition.RETRIED) and self._bus:
+            await self._bus.notify_queued(outcome.run.run_id)
+        return outcome
+
+    async def _duplicate(
+        self,
+        conn: AsyncConnection,
+        event: InboundEvent,
+        request_hash: bytes,
+        traceparent: str | None,
+    ) -> Admission:
+        claim = await repo.find_claim(conn, event)
+        if claim.request_hash != request_hash:
+            raise AlreadyExists(
+                f"event {event.idempotency_key!r} was already admitted with different content; "
+                "a changed message needs a new event id",
+                code="idempotency_conflict",
+                details={"idempotency_key": event.idempotency_key},
+            )
+        status = RunStatus(claim.status)
+        if status not in TERMINAL:
+            return Admission(Disposition.ATTACHED, claim)
+        if status is RunStatus.COMPLETED:
+            if claim.claim_age.total_seconds() <= self._freshness.replay_window_s:
+                return Admission(Disposition.REPLAYED, claim)
+            if self._freshness.stale != "reprocess":
+                raise FailedPrecondition(
+                    f"event {event.idempotency_key!r} completed "
+                    f"{int(claim.claim_age.total_seconds())} s ago, outside the "
+                    f"{int(self._freshness.replay_window_s)} s replay window; "
+                    "send it with a new event id to process it again",
+                    code="stale_replay",
+                    details={"run_id": claim.run_id},
+                )
+        elif not (claim.error or {}).get("retryable", True):
+            # A deterministic failure would fail again: report it rather than spend again.
+            return Admission(Disposition.REPLAYED, claim)
+        return await self._reclaim(conn, event, claim, traceparent)
+
+    async def _reclaim(
+        self, conn: AsyncConnection, event: InboundEvent, previous: Row[Any], traceparent: str | None
+    ) -> Admission:
+        """Rebind the claim to a fresh run with lineage; a losing racer attaches to the winner."""
+        run_id = new_id("run")
+        if not await repo.rebind_claim(conn, event, previous.run_id, run_id):
+            return Admission(Disposition.ATTACHED, await repo.find_claim(conn, event))
+        run = await repo.insert_queued_run(
+            conn,
+            run_id=run_id,
+            event=event,
+            session_id=previous.session_id,
+            message_id=previous.message_id,
+            max_attempts=self._max_attempts,
+            parent_run_id=previous.run_id,
+            root_run_id=previous.root_run_id,
+            reason="redelivered",
+            traceparent=traceparent,
+        )
+        return Admission(Disposition.RETRIED, run)

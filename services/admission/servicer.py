@@ -1,0 +1,38 @@
+"""Admission's gRPC edge: protobuf in, domain calls, protobuf out."""
+
+from __future__ import annotations
+
+import grpc
+
+from services.admission.adapters import event_to_proto, normalise
+from services.admission.service import Admitter, Disposition
+from tether.convert import run_to_proto
+from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2
+
+_DISPOSITIONS = {
+    Disposition.CREATED: common_pb2.DISPOSITION_CREATED,
+    Disposition.ATTACHED: common_pb2.DISPOSITION_ATTACHED,
+    Disposition.REPLAYED: common_pb2.DISPOSITION_REPLAYED,
+    Disposition.RETRIED: common_pb2.DISPOSITION_RETRIED,
+}
+
+
+class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
+    """Implements tether.v1.AdmissionService."""
+
+    def __init__(self, admitter: Admitter) -> None:
+        self._admitter = admitter
+
+    async def Admit(  # noqa: N802  # gRPC method name
+        self, request: admission_pb2.AdmitRequest, context: grpc.aio.ServicerContext
+    ) -> admission_pb2.AdmitResponse:
+        event = normalise(request)
+        traceparent = dict(context.invocation_metadata() or ()).get("traceparent")
+        outcome = await self._admitter.admit(
+            event, traceparent=traceparent if isinstance(traceparent, str) else None
+        )
+        return admission_pb2.AdmitResponse(
+            disposition=_DISPOSITIONS[outcome.disposition],
+            run=run_to_proto(outcome.run),
+            event=event_to_proto(event),
+        )

@@ -1,0 +1,24 @@
+"""Admission settings (env prefix TETHER_ADMISSION_)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from tether.settings import PlatformSettings
+
+
+class AdmissionSettings(PlatformSettings):
+    """Admission's settings; shared connection fields come from PlatformSettings."""
+
+    model_config = SettingsConfigDict(env_prefix="TETHER_ADMISSION_", frozen=True, extra="ignore")
+
+    max_attempts: int = Field(3, description="Attempt budget a new run starts with.")
+    replay_window_s: float = Field(
+        86_400.0, description="How long a completed event's outcome may be replayed."
+    )
+    stale_replay: str = Field(
+        "refuse", description='Outside the window: "refuse" or "reprocess" (a new run).'
+    )
+    pool_size: int = Field(10, description="Database connections.")
+    grace_s: float = Field(5.0, description="Drain period on SIGTERM.")

@@ -1,0 +1,3 @@
+from services.interactions.main import main
+
+main()

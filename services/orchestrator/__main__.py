@@ -1,0 +1,3 @@
+from services.orchestrator.main import main
+
+main()

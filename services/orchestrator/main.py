@@ -1,0 +1,45 @@
+"""Orchestrator process entry point: `python -m services.orchestrator`."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.orchestrator.service import Runs
+from services.orchestrator.servicer import OrchestratorServicer
+from services.orchestrator.settings import OrchestratorSettings
+from tether.bus import Bus
+from tether.db.engine import create_engine
+from tether.grpcutil import start_server
+from tether.runner import configure_logging, serve, write_ready_file
+from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+
+
+async def amain(settings: OrchestratorSettings) -> None:
+    """Run the orchestrator until signalled."""
+    engine = create_engine(settings.database_url, pool_size=settings.pool_size)
+    bus = Bus(settings.redis_url)
+    servicer = OrchestratorServicer(Runs(engine, bus))
+    server, port, _ = await start_server(
+        host=settings.host,
+        port=settings.port,
+        register=[
+            lambda s: orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server(servicer, s)
+        ],
+        service_names=[
+            orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"].full_name
+        ],
+        service_token=settings.service_token or None,
+    )
+    write_ready_file(settings.ready_file, port)
+    await serve(server, grace=settings.grace_s, cleanups=[engine.dispose, bus.close])
+
+
+def main() -> None:
+    """Read settings from the environment and serve."""
+    settings = OrchestratorSettings()
+    configure_logging("orchestrator", settings.log_level)
+    asyncio.run(amain(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Reads of runs, their parts and their event log; all SQL for the runs aggregate's read side."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from tether.db.schema import run_events, run_parts, runs
+from tether.errors import InvalidArgument, NotFound
+from tether.states import RunStatus
+
+
+async def get_run(conn: AsyncConnection, tenant_id: str, run_id: str) -> Row[Any]:
+    """The run, or NotFound when it is absent or another tenant's (the same answer)."""
+    row = (
+        await conn.execute(
+            select(runs).where(runs.c.run_id == run_id, runs.c.tenant_id == tenant_id)
+        )
+    ).first()
+    if row is None:
+        raise NotFound(f"run {run_id!r} not found")
+    return row
+
+
+async def list_parts(conn: AsyncConnection, run_id: str) -> Sequence[Row[Any]]:
+    """The run's persisted parts in order."""
+    stmt = select(run_parts).where(run_parts.c.run_id == run_id).order_by(run_parts.c.part_index)
+    return (await conn.execute(stmt)).all()
+
+
+async def read_events(
+    conn: AsyncConnection, run_id: str, after_seq: int, limit: int
+) -> Sequence[Row[Any]]:
+    """Up to `limit` events with seq > after_seq, in order."""
+    stmt = (
+        select(run_events)
+        .where(run_events.c.run_id == run_id, run_events.c.seq > after_seq)
+        .order_by(run_events.c.seq)
+        .limit(limit)
+    )
+    return (await conn.execute(stmt)).all()
+
+
+def encode_page_token(created_at: datetime, run_id: str) -> str:
+    """An opaque cursor after (created_at, run_id)."""
+    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{run_id}".encode()).decode()
+
+
+def _decode_page_token(token: str) -> tuple[datetime, str]:
+    try:
+        created, run_id = base64.urlsafe_b64decode(token.encode()).decode().split("|", 1)
+        return datetime.fromisoformat(created), run_id
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise InvalidArgument("page_token is not one this service issued") from exc
+
+
+async def search_runs(
+    conn: AsyncConnection,
+    tenant_id: str,
+    *,
+    statuses: Sequence[RunStatus],
+    conversation_id: str,
+    page_size: int,
+    page_token: str,
+) -> tuple[Sequence[Row[Any]], str]:
+    """One page of the tenant's runs, newest first, and the cursor of the next page."""
+    stmt = select(runs).where(runs.c.tenant_id == tenant_id)
+    if statuses:
+        stmt = stmt.where(runs.c.status.in_([s.value for s in statuses]))
+    if conversation_id:
+        stmt = stmt.where(runs.c.conversation_id == conversation_id)
+    if page_token:
+        created_at, run_id = _decode_page_token(page_token)
+        stmt = stmt.where(
+            or_(
+                runs.c.created_at < created_at,
+                and_(runs.c.created_at == created_at, runs.c.run_id < run_id),
+            )
+        )
+    stmt = stmt.order_by(runs.c.created_at.desc(), runs.c.run_id.desc()).limit(page_size + 1)
+    rows = (await conn.execute(stmt)).all()
+    if len(rows) <= page_size:
+        return rows, ""
+    last = rows[page_size - 1]
+    return rows[:page_size], encode_page_token(last.created_at, last.run_id)
+
+

@@ -1,0 +1,136 @@
+"""Orchestrator domain: run queries and cancellation (leases and completion live beside it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, update
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.orchestrator.repositories import runs as runs_repo
+from tether import states
+from tether.bus import Bus, cancel_channel
+from tether.db.schema import runs
+from tether.db.transitions import Event, apply
+from tether.states import RunStatus
+
+MAX_PAGE = 200
+DEFAULT_PAGE = 50
+MAX_EVENTS = 5000
+DEFAULT_EVENTS = 1000
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A run with its persisted parts."""
+
+    run: Row[Any]
+    parts: Sequence[Row[Any]]
+
+
+@dataclass(frozen=True)
+class EventSlice:
+    """Events after a cursor, optionally with the run's state."""
+
+    events: Sequence[Row[Any]]
+    has_more: bool
+    view: RunView | None
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    """The run after a cancel request, and whether the request changed it."""
+
+    run: Row[Any]
+    changed: bool
+
+
+class Runs:
+    """Queries over runs and the cancel request."""
+
+    def __init__(self, engine: AsyncEngine, bus: Bus | None) -> None:
+        self._engine = engine
+        self._bus = bus
+
+    async def lookup(self, tenant_id: str, run_id: str) -> RunView:
+        """The run and its parts; NotFound for absent or another tenant's."""
+        async with self._engine.connect() as conn:
+            run = await runs_repo.get_run(conn, tenant_id, run_id)
+            return RunView(run, await runs_repo.list_parts(conn, run_id))
+
+    async def search(
+        self,
+        tenant_id: str,
+        *,
+        statuses: Sequence[RunStatus],
+        conversation_id: str,
+        page_size: int,
+        page_token: str,
+    ) -> tuple[Sequence[Row[Any]], str]:
+        """One page of runs, newest first."""
+        size = min(page_size, MAX_PAGE) if page_size > 0 else DEFAULT_PAGE
+        async with self._engine.connect() as conn:
+            return await runs_repo.search_runs(
+                conn,
+                tenant_id,
+                statuses=statuses,
+                conversation_id=conversation_id,
+                page_size=size,
+                page_token=page_token,
+            )
+
+    async def read_events(
+        self, tenant_id: str, run_id: str, after_seq: int, limit: int, include_state: bool
+    ) -> EventSlice:
+        """Events after `after_seq`; the state, when asked, is read in the same snapshot."""
+        size = min(limit, MAX_EVENTS) if limit > 0 else DEFAULT_EVENTS
+        async with self._engine.connect() as conn, conn.begin():
+            await conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            run = await runs_repo.get_run(conn, tenant_id, run_id)
+            rows = await runs_repo.read_events(conn, run_id, max(after_seq, 0), size + 1)
+            view = RunView(run, await runs_repo.list_parts(conn, run_id)) if include_state else None
+        return EventSlice(rows[:size], len(rows) > size, view)
+
+    async def request_cancellation(self, tenant_id: str, run_id: str, reason: str) -> CancelOutcome:
+        """Cancel a run that holds no worker at once; flag a running one for its worker.
+
+        A finished run is reported unchanged.
+        """
+        async with self._engine.begin() as conn:
+            run = await runs_repo.get_run(conn, tenant_id, run_id)
+            if RunStatus(run.status).terminal:
+                return CancelOutcome(run, changed=False)
+            moved = await apply(
+                conn,
+                states.CANCEL,
+                run_id,
+                tenant_id=tenant_id,
+                events=[Event("run.cancelled", {"reason": reason})],
+                values={
+                    "finished_at": func.now(),
+                    "error": {"code": "cancelled", "message": reason or "cancelled by caller"},
+                },
+            )
+            if moved is not None:
+                return CancelOutcome(moved, changed=True)
+            # Running: the worker holding the lease sees the flag on its next heartbeat, or
+            # at once through the Redis signal below.
+            flagged = (
+                await conn.execute(
+                    update(runs)
+                    .where(
+                        runs.c.run_id == run_id,
+                        runs.c.status == RunStatus.RUNNING.value,
+                        runs.c.cancel_requested_at.is_(None),
+                    )
+                    .values(cancel_requested_at=func.now())
+                    .returning(*runs.c)
+                )
+            ).first()
+            current = flagged or await runs_repo.get_run(conn, tenant_id, run_id)
+        if flagged is not None and self._bus is not None:
+            await self._bus.publish(cancel_channel(run_id), reason or "cancelled")
+        return CancelOutcome(current, changed=flagged is not None)

@@ -1,0 +1,3 @@
+from services.worker.main import main
+
+main()
