@@ -89,9 +89,10 @@ class StreamIncomplete(Exception):
 class ProviderFailure:
     """What went wrong with a model call, in Tether's terms.
 
-    `status` is the HTTP status (200 for an error event inside a started stream, 0 when no
-    response arrived). `retry_after` is the server's requested wait in seconds, present only
-    when it asked for a positive one. `error_type` is the API's `error.type`, if any.
+    `status` is the HTTP status: 200 for a failure inside a started stream (an error event, a
+    cut or an incomplete body), 0 when no status applies (connection failures, timeouts).
+    `retry_after` is the server's requested wait in seconds, present only when positive.
+    `error_type` is the API's `error.type`, if any.
     """
 
     code: ProviderCode
@@ -141,7 +142,7 @@ class RetryPolicy:
         """Jittered exponential backoff before retry number `retries_taken + 1`.
 
         `min(initial * 2**n, max) * (1 - jitter * rand())`; with `rand()` in [0, 1) the
-        factor lies in (1 - jitter, 1].
+        factor lies in (1 - jitter, 1] (float rounding can land exactly on 1 - jitter).
         """
         exponent = min(max(retries_taken, 0), MAX_EXPONENT)
         nominal = min(self.initial_delay * 2.0**exponent, self.max_delay)

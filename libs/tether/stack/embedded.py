@@ -8,6 +8,7 @@ import contextlib
 import logging
 import socket
 import subprocess
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -31,7 +32,11 @@ class EmbeddedPostgres:
 
     def start(self) -> str:
         """Start (or adopt the already running) server; returns a URL to its `postgres` db."""
-        import pgserver  # deferred: importing it probes the machine
+        with warnings.catch_warnings():
+            # pgserver asks platformdirs for a runtime dir at import; without XDG_RUNTIME_DIR
+            # (containers, CI) it falls back to /tmp with a warning that says nothing useful.
+            warnings.simplefilter("ignore")
+            import pgserver
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         server = pgserver.get_server(str(self.data_dir), cleanup_mode="stop")

@@ -1,0 +1,42 @@
+# Tether: `make run` starts the whole stack; `make test` runs the suite. Both bootstrap .venv.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+BENCH ?=
+
+.PHONY: run test lint gen bench venv clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+run: venv
+	$(BIN)/tether up
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+lint: venv node_modules/.bin/buf
+	$(BIN)/ruff check services libs tests bench
+	$(BIN)/ruff format --check services libs tests bench
+	MYPYPATH=libs $(BIN)/mypy --strict services libs
+	node_modules/.bin/buf lint
+
+node_modules/.bin/buf: package.json package-lock.json
+	npm ci --silent --no-fund --no-audit
+
+gen: venv
+	PATH=$(BIN):$$PATH ./scripts/gen_protos.sh
+
+bench: venv
+	$(BIN)/python -m bench $(BENCH)
+
+clean:
+	rm -rf $(VENV) .tether node_modules

@@ -1,0 +1,3 @@
+from tether.cli.main import main
+
+main()

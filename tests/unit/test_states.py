@@ -1,0 +1,43 @@
+"""The state machine's table is coherent."""
+
+from __future__ import annotations
+
+from tether import states
+from tether.states import TERMINAL, TRANSITIONS, WAITING, RunStatus
+
+
+def test_terminal_statuses_have_no_way_out() -> None:
+    for transition in TRANSITIONS.values():
+        assert not (transition.sources & TERMINAL), transition.name
+
+
+def test_every_status_is_reachable_from_queued() -> None:
+    seen = {RunStatus.QUEUED}
+    frontier = [RunStatus.QUEUED]
+    while frontier:
+        current = frontier.pop()
+        for t in TRANSITIONS.values():
+            if current in t.sources and t.target not in seen:
+                seen.add(t.target)
+                frontier.append(t.target)
+    assert seen == set(RunStatus)
+
+
+def test_worker_writes_are_fenced_and_person_driven_moves_are_not() -> None:
+    for t in TRANSITIONS.values():
+        if RunStatus.RUNNING in t.sources and t.name != "claim":
+            assert t.fenced or t.name == "cancel", t.name
+    assert not states.RESUME.fenced
+    assert states.RESUME.sources == WAITING
+
+
+def test_every_non_terminal_status_can_be_cancelled() -> None:
+    for status in set(RunStatus) - TERMINAL:
+        assert states.allowed(status, RunStatus.CANCELLED), status
+
+
+def test_cancel_by_caller_does_not_take_a_running_run_away_from_its_worker() -> None:
+    # A running run is cancelled by the worker holding the lease (fenced), so the provider
+    # stream and tool tasks are stopped by whoever owns them.
+    assert RunStatus.RUNNING not in states.CANCEL.sources
+    assert states.CANCEL_BY_WORKER.fenced
