@@ -4,53 +4,180 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    LargeBinary,
+    Select,
+    Text,
+    bindparam,
+    exists,
+    func,
+    insert,
+    literal,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.admission.domain import InboundEvent
-from tether.db.schema import event_claims, messages, runs, sessions
+from tether.db.schema import event_claims, messages, run_events, runs, sessions
 from tether.db.transitions import Event, insert_events
 from tether.states import RunStatus
 
 
-async def insert_claim(
-    conn: AsyncConnection, event: InboundEvent, request_hash: bytes, run_id: str
-) -> bool:
-    """Claim the event's key for `run_id`; False when the key was already claimed."""
-    stmt = (
+def _build_admit_new() -> Select[Any]:
+    """The admission statement, built once with bind parameters (building it costs more CPU
+    than PostgreSQL spends running it)."""
+
+    def p(name: str, type_: Any = Text) -> Any:
+        return bindparam(name, type_=type_)
+
+    claim = (
         pg_insert(event_claims)
         .values(
-            tenant_id=event.tenant_id,
-            scope=event.idempotency_scope,
-            key=event.idempotency_key,
-            request_hash=request_hash,
-            run_id=run_id,
+            tenant_id=p("tenant_id"),
+            scope=p("scope"),
+            key=p("key"),
+            request_hash=p("request_hash", LargeBinary),
+            run_id=p("run_id"),
         )
         .on_conflict_do_nothing()
         .returning(event_claims.c.run_id)
+        .cte("claim")
     )
-    return (await conn.execute(stmt)).first() is not None
+    session = (
+        pg_insert(sessions)
+        .from_select(
+            ["session_id", "tenant_id", "channel", "conversation_id", "actor_scope"],
+            select(
+                p("session_id"), p("tenant_id"), p("channel"), p("conversation_id"),
+                p("actor_scope"),
+            ).where(exists(select(claim.c.run_id))),
+        )
+        .on_conflict_do_update(
+            index_elements=["tenant_id", "channel", "conversation_id", "actor_scope"],
+            # A no-op update so RETURNING yields the existing session.
+            set_={"tenant_id": sessions.c.tenant_id},
+        )
+        .returning(sessions.c.session_id)
+        .cte("session")
+    )
+    message = (
+        insert(messages)
+        .from_select(
+            ["message_id", "tenant_id", "session_id", "source", "event_id", "actor_type",
+             "actor_id", "text", "context"],
+            select(
+                p("message_id"), p("tenant_id"), session.c.session_id, p("source"),
+                p("event_id"), p("actor_type"), p("actor_id"), p("text"), p("context", JSONB),
+            ),
+        )
+        .returning(messages.c.message_id, messages.c.session_id)
+        .cte("message")
+    )
+    run = (
+        insert(runs)
+        .from_select(
+            ["run_id", "tenant_id", "session_id", "message_id", "conversation_id", "channel",
+             "input_text", "status", "attempt", "max_attempts", "root_run_id", "traceparent",
+             "last_seq"],
+            select(
+                p("run_id"), p("tenant_id"), message.c.session_id, message.c.message_id,
+                p("conversation_id"), p("channel"), p("text"),
+                literal(RunStatus.QUEUED.value, Text), literal(1, Integer),
+                p("max_attempts", Integer), p("run_id"), p("traceparent"),
+                literal(1, BigInteger),
+            ),
+        )
+        .returning(*runs.c)
+        .cte("run")
+    )
+    queued_event = (
+        insert(run_events)
+        .from_select(
+            ["run_id", "seq", "type", "payload"],
+            select(
+                run.c.run_id, literal(1, BigInteger), literal("run.queued", Text),
+                p("queued_payload", JSONB),
+            ),
+        )
+        .cte("queued_event")
+    )
+    return select(run).add_cte(queued_event)
+
+
+_ADMIT_NEW = _build_admit_new()
+
+
+async def admit_new(
+    conn: AsyncConnection,
+    *,
+    event: InboundEvent,
+    request_hash: bytes,
+    run_id: str,
+    session_id: str,
+    message_id: str,
+    max_attempts: int,
+    traceparent: str | None,
+) -> Row[Any] | None:
+    """Claim the key, resolve the session, store the message and queue the run, in ONE statement.
+
+    Each step is a data-modifying CTE fed by the previous one, so when the claim conflicts
+    nothing else is written and no row comes back (the caller then applies the duplicate
+    table); otherwise the queued run comes back. One round trip, atomic by construction.
+    """
+    params = {
+        "tenant_id": event.tenant_id,
+        "scope": event.idempotency_scope,
+        "key": event.idempotency_key,
+        "request_hash": request_hash,
+        "run_id": run_id,
+        "session_id": session_id,
+        "channel": event.channel,
+        "conversation_id": event.conversation_id,
+        "actor_scope": event.actor_scope,
+        "message_id": message_id,
+        "source": event.source,
+        "event_id": event.event_id,
+        "actor_type": event.actor_type,
+        "actor_id": event.actor_id,
+        "text": event.text,
+        "context": event.context,
+        "max_attempts": max_attempts,
+        "traceparent": traceparent,
+        "queued_payload": {"attempt": 1, "reason": "admitted"},
+    }
+    return (await conn.execute(_ADMIT_NEW, params)).first()
+
+
+_FIND_CLAIM = (
+    select(
+        event_claims.c.request_hash,
+        event_claims.c.claimed_at,
+        (func.now() - event_claims.c.claimed_at).label("claim_age"),
+        *runs.c,
+    )
+    .join(runs, runs.c.run_id == event_claims.c.run_id)
+    .where(
+        event_claims.c.tenant_id == bindparam("tenant_id"),
+        event_claims.c.scope == bindparam("scope"),
+        event_claims.c.key == bindparam("key"),
+    )
+)
 
 
 async def find_claim(conn: AsyncConnection, event: InboundEvent) -> Row[Any]:
-    """The claim of the event's key joined with its current run (claim columns prefixed)."""
-    stmt = (
-        select(
-            event_claims.c.request_hash,
-            event_claims.c.claimed_at,
-            (func.now() - event_claims.c.claimed_at).label("claim_age"),
-            *runs.c,
-        )
-        .join(runs, runs.c.run_id == event_claims.c.run_id)
-        .where(
-            event_claims.c.tenant_id == event.tenant_id,
-            event_claims.c.scope == event.idempotency_scope,
-            event_claims.c.key == event.idempotency_key,
-        )
-    )
-    return (await conn.execute(stmt)).one()
+    """The claim of the event's key joined with its current run."""
+    params = {
+        "tenant_id": event.tenant_id,
+        "scope": event.idempotency_scope,
+        "key": event.idempotency_key,
+    }
+    return (await conn.execute(_FIND_CLAIM, params)).one()
 
 
 async def rebind_claim(
@@ -69,46 +196,6 @@ async def rebind_claim(
         .returning(event_claims.c.run_id)
     )
     return (await conn.execute(stmt)).first() is not None
-
-
-async def upsert_session(conn: AsyncConnection, event: InboundEvent, session_id: str) -> str:
-    """The session id for the event's identity, creating the session on first contact."""
-    stmt = (
-        pg_insert(sessions)
-        .values(
-            session_id=session_id,
-            tenant_id=event.tenant_id,
-            channel=event.channel,
-            conversation_id=event.conversation_id,
-            actor_scope=event.actor_scope,
-        )
-        .on_conflict_do_update(
-            index_elements=["tenant_id", "channel", "conversation_id", "actor_scope"],
-            # A no-op update so RETURNING yields the existing row.
-            set_={"tenant_id": sessions.c.tenant_id},
-        )
-        .returning(sessions.c.session_id)
-    )
-    return str((await conn.execute(stmt)).scalar_one())
-
-
-async def insert_message(
-    conn: AsyncConnection, event: InboundEvent, session_id: str, message_id: str
-) -> None:
-    """Store the user message the run answers."""
-    await conn.execute(
-        insert(messages).values(
-            message_id=message_id,
-            tenant_id=event.tenant_id,
-            session_id=session_id,
-            source=event.source,
-            event_id=event.event_id,
-            actor_type=event.actor_type,
-            actor_id=event.actor_id,
-            text=event.text,
-            context=event.context,
-        )
-    )
 
 
 async def insert_queued_run(

@@ -46,6 +46,8 @@ class Admitter:
         bus: Bus | None = None,
     ) -> None:
         self._engine = engine
+        # Single-statement work needs no BEGIN/COMMIT round trips.
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._max_attempts = max_attempts
         self._freshness = freshness
         self._bus = bus
@@ -53,24 +55,19 @@ class Admitter:
     async def admit(self, event: InboundEvent, *, traceparent: str | None = None) -> Admission:
         """Admit `event`, or apply the duplicate decision table to it."""
         request_hash = event.request_hash()
-        async with self._engine.begin() as conn:
-            run_id = new_id("run")
-            if await repo.insert_claim(conn, event, request_hash, run_id):
-                session_id = await repo.upsert_session(conn, event, new_id("ses"))
-                message_id = new_id("msg")
-                await repo.insert_message(conn, event, session_id, message_id)
-                run = await repo.insert_queued_run(
-                    conn,
-                    run_id=run_id,
-                    event=event,
-                    session_id=session_id,
-                    message_id=message_id,
-                    max_attempts=self._max_attempts,
-                    parent_run_id=None,
-                    root_run_id=run_id,
-                    reason="admitted",
-                    traceparent=traceparent,
-                )
+        run_id = new_id("run")
+        async with self._autocommit.connect() as conn:
+            run = await repo.admit_new(
+                conn,
+                event=event,
+                request_hash=request_hash,
+                run_id=run_id,
+                session_id=new_id("ses"),
+                message_id=new_id("msg"),
+                max_attempts=self._max_attempts,
+                traceparent=traceparent,
+            )
+            if run is not None:
                 outcome = Admission(Disposition.CREATED, run)
             else:
                 outcome = await self._duplicate(conn, event, request_hash, traceparent)
@@ -111,25 +108,26 @@ class Admitter:
         elif not (claim.error or {}).get("retryable", True):
             # A deterministic failure would fail again: report it rather than spend again.
             return Admission(Disposition.REPLAYED, claim)
-        return await self._reclaim(conn, event, claim, traceparent)
+        return await self._reclaim(event, claim, traceparent)
 
     async def _reclaim(
-        self, conn: AsyncConnection, event: InboundEvent, previous: Row[Any], traceparent: str | None
+        self, event: InboundEvent, previous: Row[Any], traceparent: str | None
     ) -> Admission:
         """Rebind the claim to a fresh run with lineage; a losing racer attaches to the winner."""
         run_id = new_id("run")
-        if not await repo.rebind_claim(conn, event, previous.run_id, run_id):
-            return Admission(Disposition.ATTACHED, await repo.find_claim(conn, event))
-        run = await repo.insert_queued_run(
-            conn,
-            run_id=run_id,
-            event=event,
-            session_id=previous.session_id,
-            message_id=previous.message_id,
-            max_attempts=self._max_attempts,
-            parent_run_id=previous.run_id,
-            root_run_id=previous.root_run_id,
-            reason="redelivered",
-            traceparent=traceparent,
-        )
+        async with self._engine.begin() as conn:
+            if not await repo.rebind_claim(conn, event, previous.run_id, run_id):
+                return Admission(Disposition.ATTACHED, await repo.find_claim(conn, event))
+            run = await repo.insert_queued_run(
+                conn,
+                run_id=run_id,
+                event=event,
+                session_id=previous.session_id,
+                message_id=previous.message_id,
+                max_attempts=self._max_attempts,
+                parent_run_id=previous.run_id,
+                root_run_id=previous.root_run_id,
+                reason="redelivered",
+                traceparent=traceparent,
+            )
         return Admission(Disposition.RETRIED, run)

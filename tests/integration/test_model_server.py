@@ -643,6 +643,7 @@ async def test_malformed_script_is_rejected(server: ModelServer, http: httpx2.As
         {"turns": [{"kind": "nonsense"}]},
         {"turns": [{"kind": "text"}]},
         {"turns": [{"kind": "error", "status": "soon"}]},
+        {"turns": [{"kind": "text", "text": "abc", "chunks": ["ab"]}]},
         {"key": "k"},
     ):
         response = await http.post("/_script", json=payload)

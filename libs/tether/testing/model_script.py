@@ -51,6 +51,9 @@ class TextBlock:
     text: str
     chunks: Sequence[str] | None = None
 
+    def __post_init__(self) -> None:
+        _check_chunks(self.chunks, self.text)
+
 
 @dataclass(frozen=True)
 class ThinkingBlock:
@@ -59,6 +62,9 @@ class ThinkingBlock:
     thinking: str
     signature: str = "sig_tether_demo"
     chunks: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        _check_chunks(self.chunks, self.thinking)
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,12 @@ class ToolUseBlock:
 
 
 Block = TextBlock | ThinkingBlock | ToolUseBlock
+
+
+def _check_chunks(chunks: Sequence[str] | None, whole: str) -> None:
+    # Tool-input fragments are left unchecked on purpose: invalid JSON is a legitimate script.
+    if chunks is not None and "".join(chunks) != whole:
+        raise ValueError(f"chunks {list(chunks)!r} do not join to {whole!r}")
 
 
 @dataclass(frozen=True)
@@ -138,8 +150,8 @@ class MessageTurn:
 
     `stop_reason` defaults to `tool_use` when the content has a tool call, else `end_turn`.
     `model` defaults to the model the request named. `delay_ms` is slept before every
-    content delta so tests can stream slowly. `ping` sends one `ping` event after the first
-    `content_block_start`, as the real API does.
+    content delta so tests can stream slowly (streaming requests only). `ping` sends one
+    `ping` event after the first `content_block_start`, as the real API does.
     """
 
     fault: Fault | None = None
@@ -161,6 +173,9 @@ class TextTurn(MessageTurn):
 
     text: str
     chunks: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        _check_chunks(self.chunks, self.text)
 
     def content(self) -> tuple[Block, ...]:
         """One text block."""
@@ -263,7 +278,7 @@ def turn_from_json(raw: Mapping[str, Any]) -> Turn:
             blocks = [_block_from_json(block) for block in raw["blocks"]]
             return BlocksTurn(blocks=blocks, **_message_options(raw))
     except (KeyError, TypeError, ValueError) as exc:
-        raise ScriptFormatError(f"bad turn {dict(raw)!r}: {exc!r}") from exc
+        raise ScriptFormatError(f"bad turn {raw!r}: {exc!r}") from exc
     raise ScriptFormatError(f"unknown turn kind {raw.get('kind')!r}")
 
 

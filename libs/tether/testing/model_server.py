@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -131,7 +131,6 @@ class RecordedRequest:
     outcome: str = "pending"
     request_id: str = ""
     stream: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form served by `GET /_requests`."""
@@ -178,6 +177,7 @@ class ModelServer:
 
     async def start(self) -> None:
         """Bind and begin serving."""
+        self._closing.clear()
         # handler_cancellation: a client that disconnects cancels its handler, which is how a
         # stall "until the client goes away" ends and how `outcome="disconnected"` is observed.
         runner = web.AppRunner(
@@ -215,7 +215,8 @@ class ModelServer:
     @property
     def base_url(self) -> str:
         """`http://HOST:PORT`, the SDK's `base_url`."""
-        return f"http://{self._host}:{self._port}"
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"http://{host}:{self._port}"
 
     @property
     def port(self) -> int:
@@ -338,13 +339,23 @@ class ModelServer:
         turn = scripted if scripted is not None else demo_turn(body)
         if isinstance(turn, ErrorTurn):
             return _scripted_error(turn, rid, record)
-        rendered = resolve_turn(as_message_turn(turn), body, _tool_id_seed(body))
+        try:
+            rendered = resolve_turn(as_message_turn(turn), body, _tool_id_seed(body))
+            events = stream_events(rendered)
+        except ValueError as exc:
+            # A broken script is the test's bug: say so in the response rather than a bare 500.
+            record.served = "script_error"
+            return _error(500, "api_error", f"invalid scripted turn: {exc}", rid, record)
         if record.stream:
-            return await self._stream(request, record, rendered)
+            return await self._stream(request, record, rendered, events)
         return await self._whole(request, record, rendered)
 
     async def _stream(
-        self, request: web.Request, record: RecordedRequest, rendered: RenderedTurn
+        self,
+        request: web.Request,
+        record: RecordedRequest,
+        rendered: RenderedTurn,
+        events: Sequence[tuple[str, dict[str, Any]]],
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             status=200, headers={"request-id": record.request_id, "cache-control": "no-cache"}
@@ -354,11 +365,11 @@ class ModelServer:
         # Chunked framing is what lets a cut be seen as an incomplete body rather than an end.
         response.enable_chunked_encoding()
         await response.prepare(request)
-        events = stream_events(rendered)
         fault = rendered.turn.fault
+        fault_at = -1 if fault is None else max(0, min(fault.after_events, len(events)))
         delay = rendered.turn.delay_ms / 1000
         for sent in range(len(events) + 1):
-            if fault is not None and sent == min(fault.after_events, len(events)):
+            if fault is not None and sent == fault_at:
                 finished = await self._inject(request, response, record, fault)
                 if finished:
                     return response
@@ -368,8 +379,8 @@ class ModelServer:
             if delay > 0 and name == "content_block_delta":
                 await asyncio.sleep(delay)
             await response.write(frame(name, data))
-        record.outcome = "ok"
         await response.write_eof()
+        record.outcome = "ok"
         return response
 
     async def _inject(
@@ -430,7 +441,14 @@ class ModelServer:
         return web.json_response(message_json(rendered), headers={"request-id": record.request_id})
 
     async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            rid = new_request_id()
+            problem = error_body("invalid_request_error", "request body must be a JSON object", rid)
+            return web.json_response(problem, status=400, headers={"request-id": rid})
         return web.json_response({"input_tokens": input_tokens_for(body)})
 
     async def _control_script(self, request: web.Request) -> web.StreamResponse:

@@ -11,7 +11,7 @@ import json
 import math
 import re
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -284,10 +284,10 @@ def _start(block: Block, tool_id: str | None) -> dict[str, Any]:
 
 def _deltas(block: Block) -> list[dict[str, Any]]:
     if isinstance(block, TextBlock):
-        pieces = _pinned(block.chunks, block.text) or chunk_text(block.text)
+        pieces = list(block.chunks) if block.chunks is not None else chunk_text(block.text)
         return [{"type": "text_delta", "text": piece} for piece in pieces]
     if isinstance(block, ThinkingBlock):
-        pieces = _pinned(block.chunks, block.thinking) or chunk_text(block.thinking)
+        pieces = list(block.chunks) if block.chunks is not None else chunk_text(block.thinking)
         return [
             *({"type": "thinking_delta", "thinking": piece} for piece in pieces),
             {"type": "signature_delta", "signature": block.signature},
@@ -296,14 +296,6 @@ def _deltas(block: Block) -> list[dict[str, Any]]:
         list(block.json_chunks) if block.json_chunks is not None else chunk_json(block.input)
     )
     return [{"type": "input_json_delta", "partial_json": piece} for piece in fragments]
-
-
-def _pinned(chunks: Sequence[str] | None, whole: str) -> list[str] | None:
-    if chunks is None:
-        return None
-    if "".join(chunks) != whole:
-        raise ValueError(f"chunks {list(chunks)!r} do not join to {whole!r}")
-    return list(chunks)
 
 
 # Checking a request ---------------------------------------------------------------------------

@@ -1,0 +1,24 @@
+"""`make bench [BENCH=group]`: prints one JSON object per line per figure."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from bench import admission
+
+GROUPS = {"admission": admission.run}
+
+
+def main() -> None:
+    """Run the named groups, or all."""
+    names = sys.argv[1:] or list(GROUPS)
+    unknown = [n for n in names if n not in GROUPS]
+    if unknown:
+        sys.exit(f"unknown bench group(s) {unknown}; known: {sorted(GROUPS)}")
+    for name in names:
+        asyncio.run(GROUPS[name]())
+
+
+if __name__ == "__main__":
+    main()
