@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-
 from tether import apikeys
 from tether.db.engine import create_engine
 from tether.db.migrate import upgrade
@@ -27,7 +26,7 @@ from tether.stack.processes import ServiceSet
 
 def emit(figure: str, value: float, unit: str, **config: Any) -> None:
     """Print one figure as a JSON line."""
-    print(  # noqa: T201
+    print(
         json.dumps({"figure": figure, "value": round(value, 3), "unit": unit, "config": config}),
         flush=True,
     )
@@ -122,8 +121,13 @@ async def bench_stack(
         token = secrets.token_urlsafe(16)
         services = ServiceSet(
             scratch / "run",
-            {"TETHER_DATABASE_URL": db_url, "TETHER_REDIS_URL": redis_url,
-             "TETHER_SERVICE_TOKEN": token, "TETHER_LOG_LEVEL": "WARNING", **(extra_env or {})},
+            {
+                "TETHER_DATABASE_URL": db_url,
+                "TETHER_REDIS_URL": redis_url,
+                "TETHER_SERVICE_TOKEN": token,
+                "TETHER_LOG_LEVEL": "WARNING",
+                **(extra_env or {}),
+            },
         )
         await services.start_all(names)
         yield BenchStack(services, db_url, redis_url, token, key)

@@ -14,7 +14,7 @@ from google.protobuf import json_format
 from tether.convert import status_from_proto
 from tether.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-_DISPOSITION_NAMES = {
+_DISPOSITION_NAMES: dict[int, str] = {
     common_pb2.DISPOSITION_CREATED: "created",
     common_pb2.DISPOSITION_ATTACHED: "attached",
     common_pb2.DISPOSITION_REPLAYED: "replayed",
@@ -24,7 +24,7 @@ _DISPOSITION_NAMES = {
 
 def disposition_name(value: int) -> str:
     """The lower-case name of a Disposition."""
-    return _DISPOSITION_NAMES.get(value, "unspecified")  # type: ignore[call-overload]
+    return _DISPOSITION_NAMES.get(value, "unspecified")
 
 
 def run_to_dict(run: common_pb2.Run) -> dict[str, Any]:
@@ -82,38 +82,43 @@ class TetherClient:
         self, text: str, *, conversation_id: str, event_id: str, channel: str = ""
     ) -> gateway_pb2.SendMessageResponse:
         """Send a chat message; returns the disposition and the run."""
-        return await self.stub.SendMessage(
+        response: gateway_pb2.SendMessageResponse = await self.stub.SendMessage(
             gateway_pb2.SendMessageRequest(
                 text=text, conversation_id=conversation_id, event_id=event_id, channel=channel
             ),
             metadata=self._metadata,
         )
+        return response
 
     async def get_run(self, run_id: str) -> gateway_pb2.GetRunResponse:
         """A run and its parts."""
-        return await self.stub.GetRun(
+        response: gateway_pb2.GetRunResponse = await self.stub.GetRun(
             gateway_pb2.GetRunRequest(run_id=run_id), metadata=self._metadata
         )
+        return response
 
     async def list_runs(self, **filters: Any) -> gateway_pb2.ListRunsResponse:
         """One page of runs, newest first."""
-        return await self.stub.ListRuns(
+        response: gateway_pb2.ListRunsResponse = await self.stub.ListRuns(
             gateway_pb2.ListRunsRequest(**filters), metadata=self._metadata
         )
+        return response
 
     async def cancel(self, run_id: str, reason: str = "") -> gateway_pb2.CancelRunResponse:
         """Cancel a run."""
-        return await self.stub.CancelRun(
+        response: gateway_pb2.CancelRunResponse = await self.stub.CancelRun(
             gateway_pb2.CancelRunRequest(run_id=run_id, reason=reason), metadata=self._metadata
         )
+        return response
 
     async def create_key(
         self, tenant_id: str, principal_id: str, scopes: list[str] | None = None
     ) -> gateway_pb2.CreateApiKeyResponse:
         """Issue an API key (needs the admin scope)."""
-        return await self.stub.CreateApiKey(
+        response: gateway_pb2.CreateApiKeyResponse = await self.stub.CreateApiKey(
             gateway_pb2.CreateApiKeyRequest(
                 tenant_id=tenant_id, principal_id=principal_id, scopes=scopes or []
             ),
             metadata=self._metadata,
         )
+        return response

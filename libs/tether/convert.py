@@ -12,8 +12,10 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from tether.states import RunStatus
 from tether.v1 import common_pb2, events_pb2
 
-_STATUS_TO_PROTO = {s: getattr(common_pb2, "RUN_STATUS_" + s.name) for s in RunStatus}
-_STATUS_FROM_PROTO = {v: k for k, v in _STATUS_TO_PROTO.items()}
+_STATUS_TO_PROTO: dict[RunStatus, common_pb2.RunStatus.ValueType] = {
+    s: getattr(common_pb2, "RUN_STATUS_" + s.name) for s in RunStatus
+}
+_STATUS_FROM_PROTO: dict[int, RunStatus] = {v: k for k, v in _STATUS_TO_PROTO.items()}
 
 
 def status_to_proto(status: str) -> common_pb2.RunStatus.ValueType:
@@ -23,7 +25,7 @@ def status_to_proto(status: str) -> common_pb2.RunStatus.ValueType:
 
 def status_from_proto(value: int) -> RunStatus | None:
     """The status of a proto enum value, None for UNSPECIFIED or unknown."""
-    return _STATUS_FROM_PROTO.get(value)  # type: ignore[call-overload]
+    return _STATUS_FROM_PROTO.get(value)
 
 
 def timestamp(value: datetime | None) -> Timestamp | None:
@@ -72,7 +74,9 @@ def event_to_proto(
     run_id: str, seq: int, type_: str, payload: Mapping[str, Any], created_at: datetime | None
 ) -> events_pb2.RunEvent:
     """A RunEvent from its stored form (the payload is the oneof member's JSON)."""
-    event = events_pb2.RunEvent(run_id=run_id, seq=seq, type=type_, created_at=timestamp(created_at))
+    event = events_pb2.RunEvent(
+        run_id=run_id, seq=seq, type=type_, created_at=timestamp(created_at)
+    )
     field = EVENT_FIELDS[type_]
     json_format.ParseDict(dict(payload), getattr(event, field), ignore_unknown_fields=True)
     return event

@@ -68,34 +68,56 @@ S = RunStatus
 CLAIM = _t("claim", {S.QUEUED}, S.RUNNING, fenced=False, event="run.started")
 COMPLETE = _t("complete", {S.RUNNING}, S.COMPLETED, fenced=True, event="run.completed")
 FAIL = _t("fail", {S.RUNNING}, S.FAILED, fenced=True, event="run.failed")
-CANCEL_BY_WORKER = _t("cancel_by_worker", {S.RUNNING}, S.CANCELLED, fenced=True,
-                      event="run.cancelled")
-SCHEDULE_RETRY = _t("schedule_retry", {S.RUNNING}, S.RETRY_PENDING, fenced=True,
-                    event="run.retry-pending")
+CANCEL_BY_WORKER = _t(
+    "cancel_by_worker", {S.RUNNING}, S.CANCELLED, fenced=True, event="run.cancelled"
+)
+SCHEDULE_RETRY = _t(
+    "schedule_retry", {S.RUNNING}, S.RETRY_PENDING, fenced=True, event="run.retry-pending"
+)
 RETRY_DUE = _t("retry_due", {S.RETRY_PENDING}, S.QUEUED, fenced=False, event="run.queued")
-PARK_QUESTION = _t("park_question", {S.RUNNING}, S.WAITING_FOR_QUESTION, fenced=True,
-                   event="question.requested")
-PARK_APPROVAL = _t("park_approval", {S.RUNNING}, S.WAITING_FOR_APPROVAL, fenced=True,
-                   event="approval.requested")
-PARK_CONNECTION = _t("park_connection", {S.RUNNING}, S.WAITING_FOR_CONNECTION, fenced=True,
-                     event="connection.requested")
+PARK_QUESTION = _t(
+    "park_question", {S.RUNNING}, S.WAITING_FOR_QUESTION, fenced=True, event="question.requested"
+)
+PARK_APPROVAL = _t(
+    "park_approval", {S.RUNNING}, S.WAITING_FOR_APPROVAL, fenced=True, event="approval.requested"
+)
+PARK_CONNECTION = _t(
+    "park_connection",
+    {S.RUNNING},
+    S.WAITING_FOR_CONNECTION,
+    fenced=True,
+    event="connection.requested",
+)
 RESUME = _t("resume", set(WAITING), S.QUEUED, fenced=False, event="run.queued")
-CONSENT_EXPIRED = _t("consent_expired", {S.WAITING_FOR_CONNECTION}, S.FAILED, fenced=False,
-                     event="run.failed")
+CONSENT_EXPIRED = _t(
+    "consent_expired", {S.WAITING_FOR_CONNECTION}, S.FAILED, fenced=False, event="run.failed"
+)
 RELEASE = _t("release", {S.RUNNING}, S.QUEUED, fenced=True, event="run.queued")
 REAP_REQUEUE = _t("reap_requeue", {S.RUNNING}, S.QUEUED, fenced=True, event="run.queued")
 REAP_FAIL = _t("reap_fail", {S.RUNNING}, S.FAILED, fenced=True, event="run.failed")
-CANCEL = _t("cancel", set(ACTIVE - {S.RUNNING}), S.CANCELLED, fenced=False,
-            event="run.cancelled")
+CANCEL = _t("cancel", set(ACTIVE - {S.RUNNING}), S.CANCELLED, fenced=False, event="run.cancelled")
 # A routing or context failure before any lease was taken (a run must never be left running).
 FAIL_UNLEASED = _t("fail_unleased", {S.QUEUED}, S.FAILED, fenced=False, event="run.failed")
 
 TRANSITIONS: dict[str, Transition] = {
     t.name: t
     for t in (
-        CLAIM, COMPLETE, FAIL, CANCEL_BY_WORKER, SCHEDULE_RETRY, RETRY_DUE, PARK_QUESTION,
-        PARK_APPROVAL, PARK_CONNECTION, RESUME, CONSENT_EXPIRED, RELEASE, REAP_REQUEUE,
-        REAP_FAIL, CANCEL, FAIL_UNLEASED,
+        CLAIM,
+        COMPLETE,
+        FAIL,
+        CANCEL_BY_WORKER,
+        SCHEDULE_RETRY,
+        RETRY_DUE,
+        PARK_QUESTION,
+        PARK_APPROVAL,
+        PARK_CONNECTION,
+        RESUME,
+        CONSENT_EXPIRED,
+        RELEASE,
+        REAP_REQUEUE,
+        REAP_FAIL,
+        CANCEL,
+        FAIL_UNLEASED,
     )
 }
 

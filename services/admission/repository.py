@@ -22,11 +22,11 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
-
-from services.admission.domain import InboundEvent
 from tether.db.schema import event_claims, messages, run_events, runs, sessions
 from tether.db.transitions import Event, insert_events
 from tether.states import RunStatus
+
+from services.admission.domain import InboundEvent
 
 
 def _build_admit_new() -> Select[Any]:
@@ -54,7 +54,10 @@ def _build_admit_new() -> Select[Any]:
         .from_select(
             ["session_id", "tenant_id", "channel", "conversation_id", "actor_scope"],
             select(
-                p("session_id"), p("tenant_id"), p("channel"), p("conversation_id"),
+                p("session_id"),
+                p("tenant_id"),
+                p("channel"),
+                p("conversation_id"),
                 p("actor_scope"),
             ).where(exists(select(claim.c.run_id))),
         )
@@ -69,11 +72,27 @@ def _build_admit_new() -> Select[Any]:
     message = (
         insert(messages)
         .from_select(
-            ["message_id", "tenant_id", "session_id", "source", "event_id", "actor_type",
-             "actor_id", "text", "context"],
+            [
+                "message_id",
+                "tenant_id",
+                "session_id",
+                "source",
+                "event_id",
+                "actor_type",
+                "actor_id",
+                "text",
+                "context",
+            ],
             select(
-                p("message_id"), p("tenant_id"), session.c.session_id, p("source"),
-                p("event_id"), p("actor_type"), p("actor_id"), p("text"), p("context", JSONB),
+                p("message_id"),
+                p("tenant_id"),
+                session.c.session_id,
+                p("source"),
+                p("event_id"),
+                p("actor_type"),
+                p("actor_id"),
+                p("text"),
+                p("context", JSONB),
             ),
         )
         .returning(messages.c.message_id, messages.c.session_id)
@@ -82,14 +101,34 @@ def _build_admit_new() -> Select[Any]:
     run = (
         insert(runs)
         .from_select(
-            ["run_id", "tenant_id", "session_id", "message_id", "conversation_id", "channel",
-             "input_text", "status", "attempt", "max_attempts", "root_run_id", "traceparent",
-             "last_seq"],
+            [
+                "run_id",
+                "tenant_id",
+                "session_id",
+                "message_id",
+                "conversation_id",
+                "channel",
+                "input_text",
+                "status",
+                "attempt",
+                "max_attempts",
+                "root_run_id",
+                "traceparent",
+                "last_seq",
+            ],
             select(
-                p("run_id"), p("tenant_id"), message.c.session_id, message.c.message_id,
-                p("conversation_id"), p("channel"), p("text"),
-                literal(RunStatus.QUEUED.value, Text), literal(1, Integer),
-                p("max_attempts", Integer), p("run_id"), p("traceparent"),
+                p("run_id"),
+                p("tenant_id"),
+                message.c.session_id,
+                message.c.message_id,
+                p("conversation_id"),
+                p("channel"),
+                p("text"),
+                literal(RunStatus.QUEUED.value, Text),
+                literal(1, Integer),
+                p("max_attempts", Integer),
+                p("run_id"),
+                p("traceparent"),
                 literal(1, BigInteger),
             ),
         )
@@ -101,7 +140,9 @@ def _build_admit_new() -> Select[Any]:
         .from_select(
             ["run_id", "seq", "type", "payload"],
             select(
-                run.c.run_id, literal(1, BigInteger), literal("run.queued", Text),
+                run.c.run_id,
+                literal(1, BigInteger),
+                literal("run.queued", Text),
                 p("queued_payload", JSONB),
             ),
         )
@@ -151,7 +192,8 @@ async def admit_new(
         "traceparent": traceparent,
         "queued_payload": {"attempt": 1, "reason": "admitted"},
     }
-    return (await conn.execute(_ADMIT_NEW, params)).first()
+    row: Row[Any] | None = (await conn.execute(_ADMIT_NEW, params)).first()
+    return row
 
 
 _FIND_CLAIM = (

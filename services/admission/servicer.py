@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import grpc
+from tether.convert import run_to_proto
+from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2
 
 from services.admission.adapters import event_to_proto, normalise
 from services.admission.service import Admitter, Disposition
-from tether.convert import run_to_proto
-from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2
 
 _DISPOSITIONS = {
     Disposition.CREATED: common_pb2.DISPOSITION_CREATED,
@@ -23,7 +23,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     def __init__(self, admitter: Admitter) -> None:
         self._admitter = admitter
 
-    async def Admit(  # noqa: N802  # gRPC method name
+    async def Admit(  # gRPC method name
         self, request: admission_pb2.AdmitRequest, context: grpc.aio.ServicerContext
     ) -> admission_pb2.AdmitResponse:
         event = normalise(request)

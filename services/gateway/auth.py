@@ -6,7 +6,6 @@ import time
 from collections.abc import Mapping
 
 from sqlalchemy.ext.asyncio import AsyncEngine
-
 from tether.apikeys import KEY_PREFIX, Principal, find_key
 from tether.errors import PermissionDenied, Unauthenticated
 
@@ -45,9 +44,7 @@ class Authenticator:
         """The caller's principal, with the scope `method` needs; raises otherwise."""
         header = metadata.get("authorization", "")
         if not isinstance(header, str) or not header.startswith("Bearer "):
-            raise Unauthenticated(
-                'missing API key: send metadata "authorization: Bearer <key>"'
-            )
+            raise Unauthenticated('missing API key: send metadata "authorization: Bearer <key>"')
         api_key = header.removeprefix("Bearer ").strip()
         principal = await self._verify(api_key)
         needed = SCOPES.get(method)

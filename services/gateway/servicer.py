@@ -11,8 +11,6 @@ from typing import TypeVar
 
 import grpc
 from sqlalchemy.ext.asyncio import AsyncEngine
-
-from services.gateway.auth import Authenticator
 from tether import apikeys
 from tether.apikeys import Principal
 from tether.errors import InvalidArgument, from_rpc_error
@@ -25,6 +23,8 @@ from tether.v1 import (
     orchestrator_pb2,
     orchestrator_pb2_grpc,
 )
+
+from services.gateway.auth import Authenticator
 
 T = TypeVar("T")
 
@@ -66,7 +66,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         )
         return await forward(self._admission.Admit(request))
 
-    async def SendMessage(  # noqa: N802
+    async def SendMessage(
         self, request: gateway_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SendMessageResponse:
         principal = await self._caller(context, "SendMessage")
@@ -80,11 +80,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 tenant_id=request.tenant_id,
             ),
         )
-        return gateway_pb2.SendMessageResponse(
-            disposition=admitted.disposition, run=admitted.run
-        )
+        return gateway_pb2.SendMessageResponse(disposition=admitted.disposition, run=admitted.run)
 
-    async def SubmitEvent(  # noqa: N802
+    async def SubmitEvent(
         self, request: gateway_pb2.SubmitEventRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SubmitEventResponse:
         principal = await self._caller(context, "SubmitEvent")
@@ -92,11 +90,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if kind is None:
             raise InvalidArgument("exactly one of messaging, task_status or decision is required")
         admitted = await self._admit(principal, **{kind: getattr(request, kind)})
-        return gateway_pb2.SubmitEventResponse(
-            disposition=admitted.disposition, run=admitted.run
-        )
+        return gateway_pb2.SubmitEventResponse(disposition=admitted.disposition, run=admitted.run)
 
-    async def GetRun(  # noqa: N802
+    async def GetRun(
         self, request: gateway_pb2.GetRunRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.GetRunResponse:
         principal = await self._caller(context, "GetRun")
@@ -109,7 +105,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         )
         return gateway_pb2.GetRunResponse(run=found.run, parts=found.parts)
 
-    async def ListRuns(  # noqa: N802
+    async def ListRuns(
         self, request: gateway_pb2.ListRunsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.ListRunsResponse:
         principal = await self._caller(context, "ListRuns")
@@ -126,7 +122,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         )
         return gateway_pb2.ListRunsResponse(runs=page.runs, next_page_token=page.next_page_token)
 
-    async def CancelRun(  # noqa: N802
+    async def CancelRun(
         self, request: gateway_pb2.CancelRunRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CancelRunResponse:
         principal = await self._caller(context, "CancelRun")
@@ -139,7 +135,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         )
         return gateway_pb2.CancelRunResponse(run=outcome.run, changed=outcome.changed)
 
-    async def CreateApiKey(  # noqa: N802
+    async def CreateApiKey(
         self, request: gateway_pb2.CreateApiKeyRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CreateApiKeyResponse:
         await self._caller(context, "CreateApiKey")
@@ -166,5 +162,3 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             principal_id=principal.principal_id,
             scopes=sorted(principal.scopes),
         )
-
-

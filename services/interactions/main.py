@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 
 from pydantic_settings import SettingsConfigDict
-
 from tether.grpcutil import start_server
 from tether.runner import configure_logging, serve, write_ready_file
 from tether.settings import PlatformSettings
@@ -27,7 +26,7 @@ class InteractionsSettings(PlatformSettings):
 
 async def amain(settings: InteractionsSettings) -> None:
     """Run the interactions service until signalled."""
-    servicer = interactions_pb2_grpc.InteractionsServiceServicer()
+    servicer = interactions_pb2_grpc.InteractionsServiceServicer()  # type: ignore[abstract]
     server, port, _ = await start_server(
         host=settings.host,
         port=settings.port,

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import grpc
-
-from services.orchestrator.service import Runs
 from tether.convert import event_to_proto, part_to_proto, run_to_proto, status_from_proto
 from tether.errors import InvalidArgument
 from tether.states import RunStatus
 from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+
+from services.orchestrator.service import Runs
 
 
 def _statuses(values: list[int]) -> list[RunStatus]:
@@ -27,7 +27,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
     def __init__(self, runs: Runs) -> None:
         self._runs = runs
 
-    async def LookupRun(  # noqa: N802
+    async def LookupRun(
         self, request: orchestrator_pb2.LookupRunRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.LookupRunResponse:
         view = await self._runs.lookup(request.tenant_id, request.run_id)
@@ -35,7 +35,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
             run=run_to_proto(view.run), parts=[part_to_proto(p) for p in view.parts]
         )
 
-    async def SearchRuns(  # noqa: N802
+    async def SearchRuns(
         self, request: orchestrator_pb2.SearchRunsRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.SearchRunsResponse:
         if request.page_size < 0:
@@ -51,13 +51,16 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
             runs=[run_to_proto(r) for r in rows], next_page_token=token
         )
 
-    async def ReadEvents(  # noqa: N802
+    async def ReadEvents(
         self, request: orchestrator_pb2.ReadEventsRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.ReadEventsResponse:
         if request.after_seq < 0 or request.limit < 0:
             raise InvalidArgument("after_seq and limit must not be negative")
         sliced = await self._runs.read_events(
-            request.tenant_id, request.run_id, request.after_seq, request.limit,
+            request.tenant_id,
+            request.run_id,
+            request.after_seq,
+            request.limit,
             request.include_state,
         )
         response = orchestrator_pb2.ReadEventsResponse(
@@ -72,7 +75,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
             response.parts.extend(part_to_proto(p) for p in sliced.view.parts)
         return response
 
-    async def RequestCancellation(  # noqa: N802
+    async def RequestCancellation(
         self,
         request: orchestrator_pb2.RequestCancellationRequest,
         context: grpc.aio.ServicerContext,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 
 from pydantic_settings import SettingsConfigDict
-
 from tether.grpcutil import start_server
 from tether.runner import configure_logging, serve, write_ready_file
 from tether.settings import PlatformSettings
@@ -26,7 +25,10 @@ class WorkerSettings(PlatformSettings):
 async def amain(settings: WorkerSettings) -> None:
     """Serve health until signalled."""
     server, port, _ = await start_server(
-        host=settings.host, port=settings.port, register=[], service_names=[],
+        host=settings.host,
+        port=settings.port,
+        register=[],
+        service_names=[],
         service_token=settings.service_token or None,
     )
     write_ready_file(settings.ready_file, port)

@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
-
-from services.admission.adapters import normalise
-from services.admission.domain import FreshnessPolicy, InboundEvent
-from services.admission.service import Admitter, Disposition
 from tether import apikeys
 from tether.db.schema import event_claims, messages, run_events, runs, sessions
 from tether.errors import AlreadyExists, FailedPrecondition
 from tether.states import RunStatus
 from tether.v1 import admission_pb2
+
+from services.admission.adapters import normalise
+from services.admission.domain import FreshnessPolicy, InboundEvent
+from services.admission.service import Admitter, Disposition
 
 
 async def _tenant(engine: AsyncEngine, *tenant_ids: str) -> None:
@@ -43,7 +43,9 @@ def chat(
     )
 
 
-def messaging(event_id: str, thread: str, *, tenant: str, text: str = "any update?") -> InboundEvent:
+def messaging(
+    event_id: str, thread: str, *, tenant: str, text: str = "any update?"
+) -> InboundEvent:
     return normalise(
         admission_pb2.AdmitRequest(
             caller=admission_pb2.Caller(tenant_id=tenant, principal_id="whatsapp-bridge"),
@@ -90,7 +92,11 @@ async def test_first_delivery_writes_claim_session_message_and_queued_run(
     assert outcome.run.status == "queued"
     assert outcome.run.root_run_id == outcome.run.run_id
     assert await counts(engine) == {
-        "event_claims": 1, "sessions": 1, "messages": 1, "runs": 1, "run_events": 1
+        "event_claims": 1,
+        "sessions": 1,
+        "messages": 1,
+        "runs": 1,
+        "run_events": 1,
     }
     async with engine.connect() as conn:
         event = (await conn.execute(select(run_events))).one()
@@ -138,9 +144,7 @@ async def test_completed_duplicate_replays_the_stored_outcome(
     assert await counts(engine) == before
 
 
-async def test_stale_replay_is_refused_by_default_and_writes_nothing(
-    engine: AsyncEngine
-) -> None:
+async def test_stale_replay_is_refused_by_default_and_writes_nothing(engine: AsyncEngine) -> None:
     await _tenant(engine, "t1")
     admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy(replay_window_s=0))
     first = await admitter.admit(chat("evt-yes", "yes"))
@@ -153,7 +157,7 @@ async def test_stale_replay_is_refused_by_default_and_writes_nothing(
 
 
 async def test_stale_replay_reprocess_policy_creates_a_run_with_lineage(
-    engine: AsyncEngine
+    engine: AsyncEngine,
 ) -> None:
     await _tenant(engine, "t1")
     policy = FreshnessPolicy(replay_window_s=0, stale="reprocess")
@@ -173,9 +177,9 @@ async def test_running_duplicate_attaches_without_a_new_owner(
     first = await admitter.admit(chat())
     async with engine.begin() as conn:
         await conn.execute(
-            update(runs).where(runs.c.run_id == first.run.run_id).values(
-                status="running", lease_owner="w1", lease_epoch=1
-            )
+            update(runs)
+            .where(runs.c.run_id == first.run.run_id)
+            .values(status="running", lease_owner="w1", lease_epoch=1)
         )
     again = await admitter.admit(chat())
     assert again.disposition is Disposition.ATTACHED
@@ -190,7 +194,9 @@ async def test_concurrent_retries_of_a_failed_run_produce_one_new_run_with_linea
     await _tenant(engine, "t1")
     first = await admitter.admit(chat())
     await finish(
-        engine, first.run.run_id, RunStatus.FAILED,
+        engine,
+        first.run.run_id,
+        RunStatus.FAILED,
         error={"code": "provider_overloaded", "message": "529", "retryable": True},
     )
     outcomes = await asyncio.gather(*(admitter.admit(chat()) for _ in range(20)))
@@ -217,7 +223,9 @@ async def test_non_retryable_failure_is_reported_not_rerun(
     await _tenant(engine, "t1")
     first = await admitter.admit(chat())
     await finish(
-        engine, first.run.run_id, RunStatus.FAILED,
+        engine,
+        first.run.run_id,
+        RunStatus.FAILED,
         error={"code": "provider_bad_request", "message": "400", "retryable": False},
     )
     again = await admitter.admit(chat())

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import grpc
 import pytest_asyncio
-
-from tests.conftest import clone_database, drop_database
 from tether import apikeys
 from tether.db.engine import create_engine
 from tether.stack.embedded import database_url
 from tether.stack.processes import ServiceSet
+
+from tests.conftest import clone_database, drop_database
 
 
 @dataclass
@@ -56,8 +56,11 @@ async def stack(
     run_dir = Path(tmp_path_factory.mktemp("run"))  # type: ignore[attr-defined]
     services = ServiceSet(
         run_dir,
-        {"TETHER_DATABASE_URL": db_url, "TETHER_REDIS_URL": redis_url,
-         "TETHER_SERVICE_TOKEN": token},
+        {
+            "TETHER_DATABASE_URL": db_url,
+            "TETHER_REDIS_URL": redis_url,
+            "TETHER_SERVICE_TOKEN": token,
+        },
     )
     try:
         await services.start_all()

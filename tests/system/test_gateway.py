@@ -15,8 +15,6 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from sqlalchemy import func, select
-
-from tests.system.conftest import RunningStack
 from tether.db.engine import create_engine
 from tether.db.schema import event_claims, messages, runs, sessions
 from tether.grpcutil import internal_channel
@@ -29,6 +27,8 @@ from tether.v1 import (
     orchestrator_pb2,
     orchestrator_pb2_grpc,
 )
+
+from tests.system.conftest import RunningStack
 
 
 def uid() -> str:
@@ -54,8 +54,10 @@ async def send(
 ) -> gateway_pb2.SendMessageResponse:
     stub = gateway_pb2_grpc.GatewayServiceStub(gateway)
     request = gateway_pb2.SendMessageRequest(
-        text=text, conversation_id=fields.pop("conversation_id", "conv-1"),
-        event_id=fields.pop("event_id", f"e-{uid()}"), **fields,
+        text=text,
+        conversation_id=fields.pop("conversation_id", "conv-1"),
+        event_id=fields.pop("event_id", f"e-{uid()}"),
+        **fields,
     )
     return await stub.SendMessage(request, metadata=(("authorization", f"Bearer {key}"),))
 
@@ -108,17 +110,18 @@ async def test_another_tenants_run_is_indistinguishable_from_a_missing_one(
     theirs = await send(gateway_channel, stack.key_b, "private")
     stub = gateway_pb2_grpc.GatewayServiceStub(gateway_channel)
     meta = stack.metadata(stack.key_a)
-    other = await refused(stub.GetRun(gateway_pb2.GetRunRequest(run_id=theirs.run.run_id),
-                                      metadata=meta))
+    other = await refused(
+        stub.GetRun(gateway_pb2.GetRunRequest(run_id=theirs.run.run_id), metadata=meta)
+    )
     absent_id = "run_" + "0" * 32
-    absent = await refused(stub.GetRun(gateway_pb2.GetRunRequest(run_id=absent_id),
-                                       metadata=meta))
+    absent = await refused(stub.GetRun(gateway_pb2.GetRunRequest(run_id=absent_id), metadata=meta))
     assert other.code() == absent.code() == grpc.StatusCode.NOT_FOUND
     assert (other.details() or "").replace(theirs.run.run_id, "ID") == (
         absent.details() or ""
     ).replace(absent_id, "ID")
-    cancel = await refused(stub.CancelRun(gateway_pb2.CancelRunRequest(run_id=theirs.run.run_id),
-                                          metadata=meta))
+    cancel = await refused(
+        stub.CancelRun(gateway_pb2.CancelRunRequest(run_id=theirs.run.run_id), metadata=meta)
+    )
     assert cancel.code() == grpc.StatusCode.NOT_FOUND
     listed = await stub.ListRuns(gateway_pb2.ListRunsRequest(page_size=200), metadata=meta)
     assert theirs.run.run_id not in {r.run_id for r in listed.runs}
@@ -137,7 +140,9 @@ async def test_another_tenants_run_is_indistinguishable_from_a_missing_one(
     ],
 )
 async def test_bad_input_gets_its_status_and_writes_nothing(
-    stack: RunningStack, gateway_channel: grpc.aio.Channel, fields: dict[str, str],
+    stack: RunningStack,
+    gateway_channel: grpc.aio.Channel,
+    fields: dict[str, str],
     code: grpc.StatusCode,
 ) -> None:
     before = await row_counts(stack)
@@ -177,8 +182,9 @@ async def test_list_runs_is_newest_first_filtered_and_paged(
     token = ""
     while True:
         page = await stub.ListRuns(
-            gateway_pb2.ListRunsRequest(conversation_id=conversation, page_size=2,
-                                        page_token=token),
+            gateway_pb2.ListRunsRequest(
+                conversation_id=conversation, page_size=2, page_token=token
+            ),
             metadata=meta,
         )
         seen += [r.run_id for r in page.runs]
@@ -186,12 +192,14 @@ async def test_list_runs_is_newest_first_filtered_and_paged(
         if not token:
             break
     assert seen == list(reversed(sent))
-    bad = await refused(stub.ListRuns(gateway_pb2.ListRunsRequest(page_token="garbage!"),
-                                      metadata=meta))
+    bad = await refused(
+        stub.ListRuns(gateway_pb2.ListRunsRequest(page_token="garbage!"), metadata=meta)
+    )
     assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT
     queued = await stub.ListRuns(
-        gateway_pb2.ListRunsRequest(conversation_id=conversation,
-                                    statuses=[common_pb2.RUN_STATUS_COMPLETED]),
+        gateway_pb2.ListRunsRequest(
+            conversation_id=conversation, statuses=[common_pb2.RUN_STATUS_COMPLETED]
+        ),
         metadata=meta,
     )
     assert list(queued.runs) == []
@@ -203,12 +211,14 @@ async def test_cancel_a_queued_run_then_cancel_again_reports_it_unchanged(
     sent = await send(gateway_channel, stack.key_a, "cancel me")
     stub = gateway_pb2_grpc.GatewayServiceStub(gateway_channel)
     meta = stack.metadata(stack.key_a)
-    first = await stub.CancelRun(gateway_pb2.CancelRunRequest(run_id=sent.run.run_id,
-                                                              reason="changed my mind"),
-                                 metadata=meta)
+    first = await stub.CancelRun(
+        gateway_pb2.CancelRunRequest(run_id=sent.run.run_id, reason="changed my mind"),
+        metadata=meta,
+    )
     assert first.changed and first.run.status == common_pb2.RUN_STATUS_CANCELLED
-    second = await stub.CancelRun(gateway_pb2.CancelRunRequest(run_id=sent.run.run_id),
-                                  metadata=meta)
+    second = await stub.CancelRun(
+        gateway_pb2.CancelRunRequest(run_id=sent.run.run_id), metadata=meta
+    )
     assert not second.changed and second.run.status == common_pb2.RUN_STATUS_CANCELLED
     assert second.run.updated_at == first.run.updated_at
 
@@ -255,10 +265,7 @@ async def test_every_service_serves_health_and_reflection(stack: RunningStack) -
                 assert any(s.startswith("tether.v1.") for s in listed), name
 
 
-
-async def test_cli_send_run_runs_and_refusals(
-    stack: RunningStack, tmp_path: Path
-) -> None:
+async def test_cli_send_run_runs_and_refusals(stack: RunningStack, tmp_path: Path) -> None:
     stack_file = tmp_path / "stack.json"
     stack_file.write_text(json.dumps({"gateway": stack.gateway, "api_key": stack.key_a}))
     conversation = f"cli-{uid()}"
@@ -266,12 +273,21 @@ async def test_cli_send_run_runs_and_refusals(
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "tether.cli", *args],
-            capture_output=True, text=True, timeout=60, check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
 
     sent = await asyncio.to_thread(
-        cli, "send", "hello from the cli", "--conversation", conversation, "--json",
-        "--stack", str(stack_file),
+        cli,
+        "send",
+        "hello from the cli",
+        "--conversation",
+        conversation,
+        "--json",
+        "--stack",
+        str(stack_file),
     )
     assert sent.returncode == 0, sent.stderr
     created = json.loads(sent.stdout)
@@ -280,9 +296,20 @@ async def test_cli_send_run_runs_and_refusals(
         cli, "--stack", str(stack_file), "run", created["run_id"], "--json"
     )
     assert json.loads(shown.stdout)["run_id"] == created["run_id"]
-    second = json.loads((await asyncio.to_thread(
-        cli, "send", "again", "--conversation", conversation, "--json", "--stack",
-        str(stack_file))).stdout)
+    second = json.loads(
+        (
+            await asyncio.to_thread(
+                cli,
+                "send",
+                "again",
+                "--conversation",
+                conversation,
+                "--json",
+                "--stack",
+                str(stack_file),
+            )
+        ).stdout
+    )
     listed = await asyncio.to_thread(
         cli, "runs", "--conversation", conversation, "--json", "--stack", str(stack_file)
     )

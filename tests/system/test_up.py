@@ -11,16 +11,21 @@ import sys
 from pathlib import Path
 
 import psutil
-
 from tether.client import TetherClient, run_to_dict
 
 
 async def start_up(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TETHER_DATABASE_URL", "TETHER_REDIS_URL", "ANTHROPIC_API_KEY")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TETHER_DATABASE_URL", "TETHER_REDIS_URL", "ANTHROPIC_API_KEY")
+    }
     process = subprocess.Popen(
         [sys.executable, "-m", "tether.cli", "up", "--data-dir", str(data_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     assert process.stdout is not None
     while True:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
-from services.admission.adapters import normalise
 from tether.errors import InvalidArgument, PermissionDenied
 from tether.ids import is_identifier, new_id
 from tether.v1 import admission_pb2
+
+from services.admission.adapters import normalise
 
 CALLER = admission_pb2.Caller(tenant_id="acme", principal_id="alice")
 
@@ -20,30 +20,44 @@ def test_messaging_event_keys_on_the_provider_event_id() -> None:
     event = normalise(
         req(
             messaging=admission_pb2.MessagingWebhookInput(
-                provider="whatsapp", provider_event_id="message-104", thread_id="thread-example",
-                sender_id="guest-example", sender_type="guest", text="Is there any update?",
+                provider="whatsapp",
+                provider_event_id="message-104",
+                thread_id="thread-example",
+                sender_id="guest-example",
+                sender_type="guest",
+                text="Is there any update?",
             )
         )
     )
     assert event.idempotency_key == "messaging:whatsapp:message-104"
     assert (event.tenant_id, event.channel, event.conversation_id) == (
-        "acme", "whatsapp", "thread-example"
+        "acme",
+        "whatsapp",
+        "thread-example",
     )
     assert (event.actor_type, event.actor_id, event.actor_scope) == (
-        "guest", "guest-example", "thread"
+        "guest",
+        "guest-example",
+        "thread",
     )
 
 
 def test_task_and_decision_inputs_become_events_with_context() -> None:
     task = normalise(
-        req(task_status=admission_pb2.TaskStatusInput(
-            task_id="T-9", status_event_id="ev-1", status="done", detail="shipped"))
+        req(
+            task_status=admission_pb2.TaskStatusInput(
+                task_id="T-9", status_event_id="ev-1", status="done", detail="shipped"
+            )
+        )
     )
     assert task.context == {"task_id": "T-9", "status": "done", "detail": "shipped"}
     assert task.text == "Task T-9 is now done. shipped"
     decision = normalise(
-        req(decision=admission_pb2.DecisionInput(
-            decision_id="d-1", conversation_id="c1", decision="refund approved"))
+        req(
+            decision=admission_pb2.DecisionInput(
+                decision_id="d-1", conversation_id="c1", decision="refund approved"
+            )
+        )
     )
     assert decision.idempotency_key == "decision:d-1"
     assert decision.actor_scope == "principal:alice"
@@ -62,14 +76,17 @@ def test_request_hash_covers_content_not_delivery() -> None:
 @pytest.mark.parametrize(
     ("chat", "field"),
     [
-        (dict(event_id="", conversation_id="c", text="hi"), "event_id"),
-        (dict(event_id="has space", conversation_id="c", text="hi"), "event_id"),
-        (dict(event_id="x" * 129, conversation_id="c", text="hi"), "event_id"),
-        (dict(event_id="e", conversation_id="", text="hi"), "conversation_id"),
-        (dict(event_id="e", conversation_id="c/../d", text="hi"), "conversation_id"),
-        (dict(event_id="e", conversation_id="c", text="   "), "text"),
-        (dict(event_id="e", conversation_id="c", text="x" * 32_001), "text"),
-        (dict(event_id="e", conversation_id="c", text="hi", channel="bad channel"), "channel"),
+        ({"event_id": "", "conversation_id": "c", "text": "hi"}, "event_id"),
+        ({"event_id": "has space", "conversation_id": "c", "text": "hi"}, "event_id"),
+        ({"event_id": "x" * 129, "conversation_id": "c", "text": "hi"}, "event_id"),
+        ({"event_id": "e", "conversation_id": "", "text": "hi"}, "conversation_id"),
+        ({"event_id": "e", "conversation_id": "c/../d", "text": "hi"}, "conversation_id"),
+        ({"event_id": "e", "conversation_id": "c", "text": "   "}, "text"),
+        ({"event_id": "e", "conversation_id": "c", "text": "x" * 32_001}, "text"),
+        (
+            {"event_id": "e", "conversation_id": "c", "text": "hi", "channel": "bad channel"},
+            "channel",
+        ),
     ],
 )
 def test_bad_identifiers_and_text_are_invalid_arguments(chat: dict[str, str], field: str) -> None:
@@ -81,8 +98,11 @@ def test_bad_identifiers_and_text_are_invalid_arguments(chat: dict[str, str], fi
 def test_a_payload_naming_another_tenant_is_permission_denied() -> None:
     with pytest.raises(PermissionDenied):
         normalise(
-            req(chat=admission_pb2.ChatInput(
-                event_id="e", conversation_id="c", text="hi", tenant_id="globex"))
+            req(
+                chat=admission_pb2.ChatInput(
+                    event_id="e", conversation_id="c", text="hi", tenant_id="globex"
+                )
+            )
         )
 
 
@@ -90,8 +110,11 @@ def test_a_request_without_input_or_caller_is_invalid() -> None:
     with pytest.raises(InvalidArgument):
         normalise(req())
     with pytest.raises(InvalidArgument):
-        normalise(admission_pb2.AdmitRequest(
-            chat=admission_pb2.ChatInput(event_id="e", conversation_id="c", text="hi")))
+        normalise(
+            admission_pb2.AdmitRequest(
+                chat=admission_pb2.ChatInput(event_id="e", conversation_id="c", text="hi")
+            )
+        )
 
 
 def test_ids_are_time_ordered_and_valid_identifiers() -> None:

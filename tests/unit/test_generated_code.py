@@ -14,9 +14,14 @@ def test_generated_code_is_current(tmp_path: Path) -> None:
     protos = sorted((ROOT / "protos/tether/v1").glob("*.proto"))
     subprocess.run(
         [
-            sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'protos'}",
-            f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}",
-            f"--mypy_out={tmp_path}", f"--mypy_grpc_out={tmp_path}",
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{ROOT / 'protos'}",
+            f"--python_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            f"--mypy_out={tmp_path}",
+            f"--mypy_grpc_out={tmp_path}",
             *map(str, protos),
         ],
         check=True,

@@ -112,7 +112,9 @@ def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
     default = None if top else argparse.SUPPRESS
     parser.add_argument("--stack", default=default, help="path to <data-dir>/stack.json")
     parser.add_argument(
-        "--json", action="store_true", default=False if top else argparse.SUPPRESS,
+        "--json",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
         help="one JSON object per line",
     )
 

@@ -143,9 +143,7 @@ runs = Table(
 Index("ix_runs_tenant_created", runs.c.tenant_id, runs.c.created_at.desc(), runs.c.run_id.desc())
 Index("ix_runs_session_created", runs.c.session_id, runs.c.created_at)
 Index("ix_runs_queued", runs.c.created_at, postgresql_where=runs.c.status == "queued")
-Index(
-    "ix_runs_lease_expiry", runs.c.lease_expires_at, postgresql_where=runs.c.status == "running"
-)
+Index("ix_runs_lease_expiry", runs.c.lease_expires_at, postgresql_where=runs.c.status == "running")
 Index(
     "ix_runs_retry_due",
     runs.c.next_attempt_at,
@@ -166,9 +164,7 @@ event_claims = Table(
     PrimaryKeyConstraint("tenant_id", "scope", "key"),
     # Deferred: the claim is inserted first (a duplicate then costs one statement), the run
     # it points to later in the same transaction.
-    ForeignKeyConstraint(
-        ["run_id"], ["runs.run_id"], deferrable=True, initially="DEFERRED"
-    ),
+    ForeignKeyConstraint(["run_id"], ["runs.run_id"], deferrable=True, initially="DEFERRED"),
 )
 
 run_events = Table(

@@ -11,7 +11,6 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
-
 from tether.db.schema import run_events, run_parts, runs
 from tether.errors import InvalidArgument, NotFound
 from tether.states import RunStatus
@@ -90,5 +89,3 @@ async def search_runs(
         return rows, ""
     last = rows[page_size - 1]
     return rows[:page_size], encode_page_token(last.created_at, last.run_id)
-
-
