@@ -6,10 +6,10 @@ from __future__ import annotations
 import uuid
 
 import grpc
-from tether.grpcutil import internal_channel
-from tether.v1 import admission_pb2, admission_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 
 from bench.common import BenchStack, bench_stack, closed_loop, emit
+from tether.grpcutil import internal_channel
+from tether.v1 import admission_pb2, admission_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 
 CALLERS = (1, 16, 64)
 OPS_TOTAL = 1600  # per configuration: enough for a stable p99 in a few seconds

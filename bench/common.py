@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+
 from tether import apikeys
 from tether.db.engine import create_engine
 from tether.db.migrate import upgrade

@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
+
 from tether.db.engine import create_engine
 from tether.db.migrate import upgrade
 from tether.stack.embedded import EmbeddedPostgres, EmbeddedRedis, database_url

@@ -37,7 +37,8 @@ def _wrap_unary(behavior: Handler) -> Handler:
             if context.code() not in (None, grpc.StatusCode.OK):
                 raise  # context.abort() already chose the status
             log.exception("unhandled error in %s", getattr(behavior, "__qualname__", behavior))
-            raise
+            # Never leak internals (SQL, stack frames) to a caller; the log has the detail.
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the service log")
 
     return wrapper
 

@@ -22,6 +22,8 @@ def configure_logging(service: str, level: str) -> None:
         stream=sys.stderr,
         format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
     )
+    # One line per provider request drowns the service's own story; keep warnings only.
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 
 def write_ready_file(path: str, port: int) -> None:
@@ -34,9 +36,9 @@ def write_ready_file(path: str, port: int) -> None:
     os.replace(tmp, target)
 
 
-async def wait_for_signal() -> None:
-    """Return on SIGTERM or SIGINT."""
-    stop = asyncio.Event()
+async def wait_for_signal(failed: asyncio.Event | None = None) -> None:
+    """Return on SIGTERM or SIGINT, or when `failed` is set (a supervised task died)."""
+    stop = failed or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -48,9 +50,11 @@ async def serve(
     *,
     grace: float,
     cleanups: list[Callable[[], Awaitable[None]]],
+    failed: asyncio.Event | None = None,
 ) -> None:
-    """Serve until signalled, then stop accepting, drain for `grace` seconds and clean up."""
-    await wait_for_signal()
+    """Serve until signalled (or a supervised task dies), then stop accepting, drain for
+    `grace` seconds and clean up."""
+    await wait_for_signal(failed)
     log.info("stopping (grace %.1fs)", grace)
     await server.stop(grace)
     for cleanup in reversed(cleanups):

@@ -7,11 +7,11 @@ Identifiers are validated here, at ingress, and a payload naming another tenant 
 from __future__ import annotations
 
 from google.protobuf import json_format
+
+from services.admission.domain import InboundEvent
 from tether.errors import InvalidArgument, PermissionDenied
 from tether.ids import is_identifier
 from tether.v1 import admission_pb2
-
-from services.admission.domain import InboundEvent
 
 MAX_TEXT_CHARS = 32_000
 MAX_ID_CHARS = 128

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import asyncio
 
+from services.admission.domain import FreshnessPolicy
+from services.admission.service import Admitter
+from services.admission.servicer import AdmissionServicer
+from services.admission.settings import AdmissionSettings
 from tether.bus import Bus
 from tether.db.engine import create_engine
 from tether.grpcutil import start_server
 from tether.runner import configure_logging, serve, write_ready_file
 from tether.v1 import admission_pb2, admission_pb2_grpc
-
-from services.admission.domain import FreshnessPolicy
-from services.admission.service import Admitter
-from services.admission.servicer import AdmissionServicer
-from services.admission.settings import AdmissionSettings
 
 
 async def amain(settings: AdmissionSettings) -> None:

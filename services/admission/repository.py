@@ -22,11 +22,11 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
+
+from services.admission.domain import InboundEvent
 from tether.db.schema import event_claims, messages, run_events, runs, sessions
 from tether.db.transitions import Event, insert_events
 from tether.states import RunStatus
-
-from services.admission.domain import InboundEvent
 
 
 def _build_admit_new() -> Select[Any]:

@@ -8,13 +8,13 @@ from typing import Any
 
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from services.admission import repository as repo
+from services.admission.domain import FreshnessPolicy, InboundEvent
 from tether.bus import Bus
 from tether.errors import AlreadyExists, FailedPrecondition
 from tether.ids import new_id
 from tether.states import TERMINAL, RunStatus
-
-from services.admission import repository as repo
-from services.admission.domain import FreshnessPolicy, InboundEvent
 
 
 class Disposition(enum.StrEnum):

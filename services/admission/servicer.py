@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import grpc
-from tether.convert import run_to_proto
-from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2
 
 from services.admission.adapters import event_to_proto, normalise
 from services.admission.service import Admitter, Disposition
+from tether.convert import run_to_proto
+from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2
 
 _DISPOSITIONS = {
     Disposition.CREATED: common_pb2.DISPOSITION_CREATED,

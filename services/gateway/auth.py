@@ -6,6 +6,7 @@ import time
 from collections.abc import Mapping
 
 from sqlalchemy.ext.asyncio import AsyncEngine
+
 from tether.apikeys import KEY_PREFIX, Principal, find_key
 from tether.errors import PermissionDenied, Unauthenticated
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+from services.gateway.auth import Authenticator
+from services.gateway.servicer import GatewayServicer
+from services.gateway.settings import GatewaySettings
 from tether.db.engine import create_engine
 from tether.grpcutil import internal_channel, start_server
 from tether.runner import configure_logging, serve, write_ready_file
 from tether.v1 import admission_pb2_grpc, gateway_pb2, gateway_pb2_grpc, orchestrator_pb2_grpc
-
-from services.gateway.auth import Authenticator
-from services.gateway.servicer import GatewayServicer
-from services.gateway.settings import GatewaySettings
 
 
 async def amain(settings: GatewaySettings) -> None:

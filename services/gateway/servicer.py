@@ -11,6 +11,8 @@ from typing import TypeVar
 
 import grpc
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.gateway.auth import Authenticator
 from tether import apikeys
 from tether.apikeys import Principal
 from tether.errors import InvalidArgument, from_rpc_error
@@ -23,8 +25,6 @@ from tether.v1 import (
     orchestrator_pb2,
     orchestrator_pb2_grpc,
 )
-
-from services.gateway.auth import Authenticator
 
 T = TypeVar("T")
 

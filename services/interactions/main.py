@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from pydantic_settings import SettingsConfigDict
+
 from tether.grpcutil import start_server
 from tether.runner import configure_logging, serve, write_ready_file
 from tether.settings import PlatformSettings

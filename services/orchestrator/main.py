@@ -4,23 +4,33 @@ from __future__ import annotations
 
 import asyncio
 
+from services.orchestrator.execution import Execution
+from services.orchestrator.maintenance import Supervisor, every, listen_for_wakeups
+from services.orchestrator.service import Runs
+from services.orchestrator.servicer import OrchestratorServicer
+from services.orchestrator.settings import OrchestratorSettings
 from tether.bus import Bus
 from tether.db.engine import create_engine
 from tether.grpcutil import start_server
 from tether.runner import configure_logging, serve, write_ready_file
 from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
-from services.orchestrator.service import Runs
-from services.orchestrator.servicer import OrchestratorServicer
-from services.orchestrator.settings import OrchestratorSettings
-
 
 async def amain(settings: OrchestratorSettings) -> None:
     """Run the orchestrator until signalled."""
     engine = create_engine(settings.database_url, pool_size=settings.pool_size)
     bus = Bus(settings.redis_url)
-    # Lease, checkpoint and completion RPCs answer UNIMPLEMENTED until the worker issue.
-    servicer = OrchestratorServicer(Runs(engine, bus))  # type: ignore[abstract]
+    execution = Execution(
+        engine, bus, lease_ttl_s=settings.lease_ttl_s, claim_poll_s=settings.claim_poll_s
+    )
+    servicer = OrchestratorServicer(Runs(engine, bus), execution)
+    supervisor = Supervisor()
+    supervisor.start("reaper", every(settings.reap_interval_s, execution.reap_expired, "reaper"))
+    supervisor.start(
+        "retry-scheduler",
+        every(settings.retry_poll_s, execution.queue_due_retries, "retry scheduler"),
+    )
+    supervisor.start("wake-listener", listen_for_wakeups(bus, execution))
     server, port, _ = await start_server(
         host=settings.host,
         port=settings.port,
@@ -33,7 +43,12 @@ async def amain(settings: OrchestratorSettings) -> None:
         service_token=settings.service_token or None,
     )
     write_ready_file(settings.ready_file, port)
-    await serve(server, grace=settings.grace_s, cleanups=[engine.dispose, bus.close])
+    await serve(
+        server,
+        grace=settings.grace_s,
+        cleanups=[engine.dispose, bus.close, supervisor.stop],
+        failed=supervisor.failed,
+    )
 
 
 def main() -> None:

@@ -9,13 +9,13 @@ from typing import Any
 from sqlalchemy import func, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.orchestrator.repositories import runs as runs_repo
 from tether import states
 from tether.bus import Bus, cancel_channel
 from tether.db.schema import runs
 from tether.db.transitions import Event, apply
 from tether.states import RunStatus
-
-from services.orchestrator.repositories import runs as runs_repo
 
 MAX_PAGE = 200
 DEFAULT_PAGE = 50

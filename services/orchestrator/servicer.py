@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
-import grpc
-from tether.convert import event_to_proto, part_to_proto, run_to_proto, status_from_proto
-from tether.errors import InvalidArgument
-from tether.states import RunStatus
-from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from collections.abc import Iterable
+from dataclasses import asdict
+from typing import Any
 
+import grpc
+from google.protobuf import json_format
+
+from services.orchestrator.execution import Completion, Execution
+from services.orchestrator.repositories.progress import PartRow
+from services.orchestrator.routing import AgentConfig
 from services.orchestrator.service import Runs
+from tether.convert import (
+    event_payload,
+    event_to_proto,
+    part_payload,
+    part_to_proto,
+    run_to_proto,
+    status_from_proto,
+    status_to_proto,
+    timestamp,
+)
+from tether.db.transitions import Event
+from tether.errors import InvalidArgument
+from tether.pricing import TOKEN_FIELDS
+from tether.states import RunStatus
+from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
 
 def _statuses(values: list[int]) -> list[RunStatus]:
@@ -21,11 +40,235 @@ def _statuses(values: list[int]) -> list[RunStatus]:
     return out
 
 
-class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
+def _part_row(part: common_pb2.Part) -> PartRow:
+    kind, payload = part_payload(part)
+    return PartRow(part.index, part.role or "assistant", kind, payload, part.final)
+
+
+def _part_proto(row: PartRow) -> common_pb2.Part:
+    part = common_pb2.Part(index=row.index, role=row.role, final=row.final)
+    json_format.ParseDict(row.payload, getattr(part, row.kind), ignore_unknown_fields=True)
+    return part
+
+
+def _events(events: Iterable[events_pb2.RunEvent]) -> list[Event]:
+    out = []
+    for event in events:
+        type_, payload = event_payload(event)
+        if type_ in ("text.delta", "keepalive"):
+            raise InvalidArgument(f"{type_} is ephemeral and is never persisted")
+        out.append(Event(type_, payload))
+    return out
+
+
+def _turns(turns: Iterable[common_pb2.Usage]) -> list[dict[str, Any]]:
+    return [{"model": t.model, **{k: getattr(t, k) for k in TOKEN_FIELDS}} for t in turns]
+
+
+def _error(info: common_pb2.ErrorInfo) -> dict[str, Any]:
+    return {
+        "code": info.code or "error",
+        "message": info.message,
+        "retryable": info.retryable,
+        "provider_status": info.provider_status,
+    }
+
+
+def _config_proto(config: AgentConfig) -> orchestrator_pb2.AgentConfig:
+    limits = orchestrator_pb2.Limits(**asdict(config.limits))
+    return orchestrator_pb2.AgentConfig(
+        agent=config.agent,
+        model=config.model,
+        system_prompt=config.system_prompt,
+        system_blocks=[
+            orchestrator_pb2.SystemBlock(text=b.text, cache_control=b.cache_control)
+            for b in config.system_blocks
+        ],
+        tool_allowlist=list(config.tool_allowlist),
+        limits=limits,
+        prices=[orchestrator_pb2.ModelPrice(model=m, **dict(p)) for m, p in config.prices.items()],
+    )
+
+
+class ExecutionServicer:
+    """The lease side of tether.v1.OrchestratorService, mixed into OrchestratorServicer."""
+
+    _execution: Execution
+
+    async def ClaimRun(
+        self, request: orchestrator_pb2.ClaimRunRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.ClaimRunResponse:
+        if not request.worker_id:
+            raise InvalidArgument("worker_id is required")
+        wait_s = min(max(request.wait_ms, 0), 60_000) / 1000
+        claimed = await self._execution.claim(request.worker_id, wait_s)
+        if claimed is None:
+            return orchestrator_pb2.ClaimRunResponse(claimed=False)
+        run = claimed.run
+        history = [_part_proto(p) for p in claimed.history]
+        # Earlier runs' inputs are user turns in the history, marked by role "user".
+        for position, text in reversed(claimed.prior_inputs):
+            history.insert(
+                position,
+                common_pb2.Part(
+                    index=-1, role="user", final=True, text=common_pb2.TextPart(text=text)
+                ),
+            )
+        return orchestrator_pb2.ClaimRunResponse(
+            claimed=True,
+            lease=orchestrator_pb2.Lease(
+                run_id=run.run_id,
+                epoch=run.lease_epoch,
+                attempt=run.attempt,
+                expires_at=timestamp(run.lease_expires_at),
+            ),
+            run=run_to_proto(run),
+            config=_config_proto(claimed.config),
+            history=history,
+            prior_part_count=claimed.prior_part_count + len(claimed.prior_inputs),
+            last_seq=run.last_seq,
+            traceparent=run.traceparent or "",
+        )
+
+    async def Heartbeat(
+        self, request: orchestrator_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.HeartbeatResponse:
+        row = await self._execution.heartbeat(request.run_id, request.epoch)
+        return orchestrator_pb2.HeartbeatResponse(
+            expires_at=timestamp(row.lease_expires_at),
+            cancel_requested=row.cancel_requested_at is not None,
+        )
+
+    async def Checkpoint(
+        self, request: orchestrator_pb2.CheckpointRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.CheckpointResponse:
+        row = await self._execution.checkpoint(
+            request.run_id,
+            request.epoch,
+            [_part_row(w.part) for w in request.parts],
+            _events(request.events),
+            _turns(request.turns),
+        )
+        return orchestrator_pb2.CheckpointResponse(
+            last_seq=row.last_seq, cancel_requested=row.cancel_requested_at is not None
+        )
+
+    async def ParkRun(
+        self, request: orchestrator_pb2.ParkRunRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.ParkRunResponse:
+        status = status_from_proto(request.status)
+        if status is None or not status.waiting:
+            raise InvalidArgument("status must be one of the waiting-for-* statuses")
+        moved = await self._execution.park(
+            request.run_id, request.epoch, status, request.interaction_id
+        )
+        return orchestrator_pb2.ParkRunResponse(moved=moved)
+
+    async def ResumeRun(
+        self, request: orchestrator_pb2.ResumeRunRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.ResumeRunResponse:
+        status = status_from_proto(request.from_status)
+        if status is None or not status.waiting:
+            raise InvalidArgument("from_status must be one of the waiting-for-* statuses")
+        event = _events([request.event])[0] if request.HasField("event") else None
+        resumed = await self._execution.resume(request.tenant_id, request.run_id, status, event)
+        return orchestrator_pb2.ResumeRunResponse(resumed=resumed)
+
+    async def ScheduleRetry(
+        self, request: orchestrator_pb2.ScheduleRetryRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.ScheduleRetryResponse:
+        row = await self._execution.schedule_retry(
+            request.run_id,
+            request.epoch,
+            _error(request.error),
+            max(request.retry_after_seconds, 0.0),
+        )
+        return orchestrator_pb2.ScheduleRetryResponse(
+            status=status_to_proto(row.status), next_attempt_at=timestamp(row.next_attempt_at)
+        )
+
+    async def CompleteRun(
+        self, request: orchestrator_pb2.CompleteRunRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.CompleteRunResponse:
+        status = status_from_proto(request.status)
+        if status is None or not status.terminal:
+            raise InvalidArgument("status must be COMPLETED, FAILED or CANCELLED")
+        stages = json_format.MessageToDict(
+            request.stages,
+            preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True,
+        )
+        row = await self._execution.complete(
+            request.run_id,
+            request.epoch,
+            Completion(
+                status=status,
+                result_text=request.result_text,
+                task_outcome=request.task_outcome,
+                warnings=list(request.warnings),
+                error=_error(request.error) if request.HasField("error") else None,
+                parts=[_part_row(w.part) for w in request.parts],
+                turns=_turns(request.turns),
+                stages=stages,
+                audit=json_format.MessageToDict(request.audit),
+            ),
+        )
+        return orchestrator_pb2.CompleteRunResponse(moved=True, run=run_to_proto(row))
+
+    async def ReleaseRun(
+        self, request: orchestrator_pb2.ReleaseRunRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.ReleaseRunResponse:
+        moved = await self._execution.release(request.run_id, request.epoch)
+        return orchestrator_pb2.ReleaseRunResponse(moved=moved)
+
+    async def BeginEffect(
+        self, request: orchestrator_pb2.BeginEffectRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.BeginEffectResponse:
+        if not request.key:
+            raise InvalidArgument("key is required")
+        state, result = await self._execution.begin_effect(
+            request.run_id, request.epoch, request.key, request.tool_name
+        )
+        response = orchestrator_pb2.BeginEffectResponse(state=_EFFECT_STATES[state])
+        if result is not None:
+            json_format.ParseDict(result, response.result)
+        return response
+
+    async def FinishEffect(
+        self, request: orchestrator_pb2.FinishEffectRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.FinishEffectResponse:
+        await self._execution.finish_effect(
+            request.run_id, request.epoch, request.key, json_format.MessageToDict(request.result)
+        )
+        return orchestrator_pb2.FinishEffectResponse()
+
+
+    async def StoreToolOutput(  # noqa: N802
+        self,
+        request: orchestrator_pb2.StoreToolOutputRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> orchestrator_pb2.StoreToolOutputResponse:
+        if not request.output_ref:
+            raise InvalidArgument("output_ref is required")
+        await self._execution.store_tool_output(
+            request.run_id, request.epoch, request.output_ref, request.content
+        )
+        return orchestrator_pb2.StoreToolOutputResponse()
+
+
+_EFFECT_STATES = {
+    "begun": orchestrator_pb2.EFFECT_STATE_BEGUN,
+    "in-progress": orchestrator_pb2.EFFECT_STATE_IN_PROGRESS,
+    "done": orchestrator_pb2.EFFECT_STATE_DONE,
+}
+
+
+class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.OrchestratorServiceServicer):
     """Implements tether.v1.OrchestratorService."""
 
-    def __init__(self, runs: Runs) -> None:
+    def __init__(self, runs: Runs, execution: Execution) -> None:
         self._runs = runs
+        self._execution = execution
 
     async def LookupRun(
         self, request: orchestrator_pb2.LookupRunRequest, context: grpc.aio.ServicerContext

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
+
 from tether.settings import PlatformSettings
 
 
@@ -15,4 +16,8 @@ class OrchestratorSettings(PlatformSettings):
     )
 
     pool_size: int = Field(10, description="Database connections.")
+    lease_ttl_s: float = Field(10.0, description="Lease lifetime; workers heartbeat well within.")
+    claim_poll_s: float = Field(0.5, description="Re-check for work when no wake-up arrives.")
+    reap_interval_s: float = Field(1.0, description="How often expired leases are reaped.")
+    retry_poll_s: float = Field(0.05, description="How often due retries are queued.")
     grace_s: float = Field(5.0, description="Drain period on SIGTERM.")

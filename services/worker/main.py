@@ -1,29 +1,66 @@
 """Worker process entry point: `python -m services.worker`.
 
-The worker holds no database credentials; it talks to the orchestrator over gRPC. Its attempt
-loop arrives with the durable-execution issue; until then it serves health checks so the
-stack and Kubernetes can supervise it.
+A stateless process with no database credentials: it talks to the orchestrator over gRPC,
+streams the provider with the runtime's own retry policy (the SDK's retries are off), and
+serves gRPC health checks so the platform can supervise it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 
-from pydantic_settings import SettingsConfigDict
-from tether.grpcutil import start_server
-from tether.runner import configure_logging, serve, write_ready_file
-from tether.settings import PlatformSettings
+import httpx2
+from anthropic import AsyncAnthropic
+
+from services.worker.attempt import Attempt
+from services.worker.orchestrator_client import Orchestrator
+from services.worker.pool import WorkerPool
+from services.worker.settings import WorkerSettings
+from services.worker.tools.registry import ToolRegistry
+from tether.bus import Bus
+from tether.grpcutil import internal_channel, start_server
+from tether.runner import configure_logging, wait_for_signal, write_ready_file
+from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
 
-class WorkerSettings(PlatformSettings):
-    """Worker settings (env prefix TETHER_WORKER_)."""
-
-    model_config = SettingsConfigDict(env_prefix="TETHER_WORKER_", frozen=True, extra="ignore")
-    grace_s: float = 10.0
+def provider_client(settings: WorkerSettings) -> AsyncAnthropic:
+    """The Messages API client: runtime-owned retries, explicit base URL and key."""
+    return AsyncAnthropic(
+        api_key=settings.anthropic_api_key or os.environ.get("ANTHROPIC_API_KEY", ""),
+        base_url=settings.anthropic_base_url or None,
+        max_retries=0,
+        timeout=httpx2.Timeout(settings.provider_timeout_s, connect=5.0),
+    )
 
 
 async def amain(settings: WorkerSettings) -> None:
-    """Serve health until signalled."""
+    """Run the pool until signalled."""
+    channel = internal_channel(settings.orchestrator_addr, settings.service_token or None)
+    orchestrator = Orchestrator(orchestrator_pb2_grpc.OrchestratorServiceStub(channel))
+    bus = Bus(settings.redis_url) if settings.redis_url else None
+    client = provider_client(settings)
+    registry = ToolRegistry.from_entry_points(settings=dict(os.environ))
+
+    def make_attempt(claim: orchestrator_pb2.ClaimRunResponse) -> Attempt:
+        return Attempt(
+            claim,
+            orchestrator=orchestrator,
+            client=client,
+            registry=registry,
+            bus=bus,
+            checkpoint_interval_s=settings.checkpoint_interval_s,
+        )
+
+    pool = WorkerPool(
+        worker_id=settings.worker_id,
+        orchestrator=orchestrator,
+        make_attempt=make_attempt,
+        bus=bus,
+        concurrency=settings.concurrency,
+        heartbeat_interval_s=settings.heartbeat_interval_s,
+        claim_wait_ms=settings.claim_wait_ms,
+    )
     server, port, _ = await start_server(
         host=settings.host,
         port=settings.port,
@@ -32,11 +69,22 @@ async def amain(settings: WorkerSettings) -> None:
         service_token=settings.service_token or None,
     )
     write_ready_file(settings.ready_file, port)
-    await serve(server, grace=settings.grace_s, cleanups=[])
+    pool_task = asyncio.create_task(pool.run(), name="worker-pool")
+    failed = asyncio.Event()
+    pool_task.add_done_callback(lambda _: failed.set())
+    await wait_for_signal(failed)
+    await pool.stop(settings.grace_s)
+    pool_task.cancel()
+    await asyncio.gather(pool_task, return_exceptions=True)
+    await server.stop(1.0)
+    await client.close()
+    if bus is not None:
+        await bus.close()
+    await channel.close()
 
 
 def main() -> None:
-    """Read settings from the environment and serve."""
+    """Read settings from the environment and run."""
     settings = WorkerSettings()
     configure_logging("worker", settings.log_level)
     asyncio.run(amain(settings))

@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.admission.adapters import normalise
+from services.admission.domain import FreshnessPolicy, InboundEvent
+from services.admission.service import Admitter, Disposition
 from tether import apikeys
 from tether.db.schema import event_claims, messages, run_events, runs, sessions
 from tether.errors import AlreadyExists, FailedPrecondition
 from tether.states import RunStatus
 from tether.v1 import admission_pb2
-
-from services.admission.adapters import normalise
-from services.admission.domain import FreshnessPolicy, InboundEvent
-from services.admission.service import Admitter, Disposition
 
 
 async def _tenant(engine: AsyncEngine, *tenant_ids: str) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import anthropic
 import httpx2
 import pytest
+
 import tether.testing.model_server as model_server_module
 from tether.retry import ProviderCode, StreamIncomplete, classify_exception
 from tether.testing.model_script import FAULT_BODY_TEXT

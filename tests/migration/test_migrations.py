@@ -11,12 +11,12 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
+
+from tests.conftest import drop_database
 from tether.db.engine import create_engine
 from tether.db.migrate import alembic_config, upgrade
 from tether.db.schema import metadata
 from tether.stack.embedded import database_url
-
-from tests.conftest import drop_database
 
 
 @pytest_asyncio.fixture(loop_scope="session")

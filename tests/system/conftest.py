@@ -9,12 +9,12 @@ from pathlib import Path
 
 import grpc
 import pytest_asyncio
+
+from tests.conftest import clone_database, drop_database
 from tether import apikeys
 from tether.db.engine import create_engine
 from tether.stack.embedded import database_url
 from tether.stack.processes import ServiceSet
-
-from tests.conftest import clone_database, drop_database
 
 
 @dataclass
@@ -63,7 +63,8 @@ async def stack(
         },
     )
     try:
-        await services.start_all()
+        # No worker here: these tests look at admission and the API, with runs left queued.
+        await services.start_all(("orchestrator", "admission", "interactions", "gateway"))
         yield RunningStack(services, db_url, token, admin_key, key_a, key_b, read_only)
     finally:
         await services.stop_all()

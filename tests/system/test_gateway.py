@@ -15,6 +15,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from sqlalchemy import func, select
+
+from tests.system.conftest import RunningStack
 from tether.db.engine import create_engine
 from tether.db.schema import event_claims, messages, runs, sessions
 from tether.grpcutil import internal_channel
@@ -27,8 +29,6 @@ from tether.v1 import (
     orchestrator_pb2,
     orchestrator_pb2_grpc,
 )
-
-from tests.system.conftest import RunningStack
 
 
 def uid() -> str:
@@ -261,8 +261,7 @@ async def test_every_service_serves_health_and_reflection(stack: RunningStack) -
             )
             listed = [s.name async for r in responses for s in r.list_services_response.service]
             assert "grpc.health.v1.Health" in listed, name
-            if name != "worker":
-                assert any(s.startswith("tether.v1.") for s in listed), name
+            assert any(s.startswith("tether.v1.") for s in listed), name
 
 
 async def test_cli_send_run_runs_and_refusals(stack: RunningStack, tmp_path: Path) -> None:

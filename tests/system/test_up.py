@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import psutil
+
 from tether.client import TetherClient, run_to_dict
 
 

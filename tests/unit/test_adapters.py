@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+
+from services.admission.adapters import normalise
 from tether.errors import InvalidArgument, PermissionDenied
 from tether.ids import is_identifier, new_id
 from tether.v1 import admission_pb2
-
-from services.admission.adapters import normalise
 
 CALLER = admission_pb2.Caller(tenant_id="acme", principal_id="alice")
 

@@ -11,6 +11,7 @@ import httpx2
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from tether.retry import (
     MAX_DELAY,
     SLEEP_LIMIT,

@@ -213,6 +213,9 @@ effects = Table(
     Column("tenant_id", Text, nullable=False),
     Column("key", Text, nullable=False),
     Column("run_id", Text, ForeignKey("runs.run_id"), nullable=False),
+    # Lease epoch of the holder that began it; another epoch finding it in progress knows the
+    # holder lost its lease (fencing allows one live epoch per run) and re-fires with the key.
+    Column("owner_epoch", BigInteger, nullable=False, server_default=text("0")),
     Column("tool_name", Text, nullable=False),
     Column("state", Text, nullable=False),
     Column("result", JSONB),

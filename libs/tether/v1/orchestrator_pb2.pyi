@@ -1239,3 +1239,54 @@ class FinishEffectResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FinishEffectResponse: _TypeAlias = FinishEffectResponse  # noqa: Y015
+
+@_typing.final
+class StoreToolOutputRequest(_message.Message):
+    """StoreToolOutputRequest stores a whole tool output under the lease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    OUTPUT_REF_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    epoch: _builtins.int
+    """Fencing epoch."""
+    output_ref: _builtins.str
+    """Reference named in the truncated inline content."""
+    content: _builtins.str
+    """The whole output."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        output_ref: _builtins.str = ...,
+        content: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "epoch", b"epoch", "output_ref", b"output_ref", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoreToolOutputRequest: _TypeAlias = StoreToolOutputRequest  # noqa: Y015
+
+@_typing.final
+class StoreToolOutputResponse(_message.Message):
+    """StoreToolOutputResponse acknowledges."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoreToolOutputResponse: _TypeAlias = StoreToolOutputResponse  # noqa: Y015

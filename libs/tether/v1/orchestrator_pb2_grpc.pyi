@@ -63,6 +63,8 @@ class OrchestratorServiceStub:
     """BeginEffect opens (or finds) the effects record of an external side effect."""
     FinishEffect: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.FinishEffectRequest, _orchestrator_pb2.FinishEffectResponse]
     """FinishEffect stores the result of an external side effect."""
+    StoreToolOutput: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.StoreToolOutputRequest, _orchestrator_pb2.StoreToolOutputResponse]
+    """StoreToolOutput keeps a tool's whole output when its inline copy was truncated."""
 
 @_typing.type_check_only
 class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
@@ -99,6 +101,8 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     """BeginEffect opens (or finds) the effects record of an external side effect."""
     FinishEffect: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.FinishEffectRequest, _orchestrator_pb2.FinishEffectResponse]  # type: ignore[assignment]
     """FinishEffect stores the result of an external side effect."""
+    StoreToolOutput: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.StoreToolOutputRequest, _orchestrator_pb2.StoreToolOutputResponse]  # type: ignore[assignment]
+    """StoreToolOutput keeps a tool's whole output when its inline copy was truncated."""
 
 class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
     """OrchestratorService owns runs after admission: routing, leases, checkpoints, retries,
@@ -216,5 +220,13 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_orchestrator_pb2.FinishEffectResponse, _abc.Awaitable[_orchestrator_pb2.FinishEffectResponse]]:
         """FinishEffect stores the result of an external side effect."""
+
+    @_abc_1.abstractmethod
+    def StoreToolOutput(
+        self,
+        request: _orchestrator_pb2.StoreToolOutputRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.StoreToolOutputResponse, _abc.Awaitable[_orchestrator_pb2.StoreToolOutputResponse]]:
+        """StoreToolOutput keeps a tool's whole output when its inline copy was truncated."""
 
 def add_OrchestratorServiceServicer_to_server(servicer: OrchestratorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
+
 from tether.db.schema import run_events, run_parts, runs
 from tether.errors import InvalidArgument, NotFound
 from tether.states import RunStatus

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
+
 from tether.db.schema import metadata
 
 connection = context.config.attributes.get("connection")

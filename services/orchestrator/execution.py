@@ -1,0 +1,620 @@
+"""Execution: what workers call under a lease (claim, heartbeat, checkpoint, park, retry,
+complete, release, effects) and what the interactions service calls to resume a run.
+
+Every worker write is fenced by the lease epoch; a stale epoch is StaleLease
+(FAILED_PRECONDITION) and the worker abandons the attempt. Events are published to Redis only
+after their transaction commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from services.orchestrator import routing
+from services.orchestrator.repositories import leases as lease_repo
+from services.orchestrator.repositories import progress as repo
+from services.orchestrator.repositories.progress import PartRow
+from services.orchestrator.repositories.runs import get_run
+from tether import states
+from tether.bus import Bus, events_channel
+from tether.db.schema import audit_log, runs
+from tether.db.transitions import Event, apply
+from tether.errors import FailedPrecondition, InvalidArgument, StaleLease, TetherError
+from tether.pricing import Price, cost_micros
+from tether.retry import RetryPolicy
+from tether.states import RunStatus, Transition
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A leased run with the attempt's explicit inputs."""
+
+    run: Row[Any]
+    config: routing.AgentConfig
+    history: list[PartRow]
+    prior_part_count: int
+    prior_inputs: list[tuple[int, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a worker reports when an attempt ends."""
+
+    status: RunStatus
+    result_text: str = ""
+    task_outcome: str = ""
+    warnings: Sequence[str] = ()
+    error: dict[str, Any] | None = None
+    parts: Sequence[PartRow] = ()
+    turns: Sequence[dict[str, Any]] = ()
+    stages: dict[str, float] | None = None
+    audit: dict[str, Any] | None = None
+
+
+_FINISH = {
+    RunStatus.COMPLETED: states.COMPLETE,
+    RunStatus.FAILED: states.FAIL,
+    RunStatus.CANCELLED: states.CANCEL_BY_WORKER,
+}
+_PARK = {
+    RunStatus.WAITING_FOR_QUESTION: states.PARK_QUESTION,
+    RunStatus.WAITING_FOR_APPROVAL: states.PARK_APPROVAL,
+    RunStatus.WAITING_FOR_CONNECTION: states.PARK_CONNECTION,
+}
+_TERMINAL_EVENT = {
+    RunStatus.COMPLETED: "run.completed",
+    RunStatus.FAILED: "run.failed",
+    RunStatus.CANCELLED: "run.cancelled",
+}
+
+
+class Execution:
+    """The orchestrator's write side for runs under (or between) leases."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        bus: Bus | None,
+        *,
+        lease_ttl_s: float,
+        claim_poll_s: float,
+        history_runs: int = 50,
+    ) -> None:
+        self._engine = engine
+        self._bus = bus
+        self._ttl = lease_ttl_s
+        self._claim_poll = claim_poll_s
+        self._history_runs = history_runs
+        self.wake = asyncio.Event()
+
+    # -- publishing -------------------------------------------------------------------------
+
+    async def _publish(self, run_id: str, first_seq: int, events: Sequence[Event]) -> None:
+        if self._bus is None or not events:
+            return
+        now = datetime.now(UTC).isoformat()
+        for i, event in enumerate(events):
+            message = {
+                "run_id": run_id,
+                "seq": first_seq + i,
+                "type": event.type,
+                "payload": event.payload,
+                "created_at": now,
+            }
+            await self._bus.publish(events_channel(run_id), json.dumps(message))
+
+    async def _wake_workers(self) -> None:
+        self.wake.set()
+        if self._bus is not None:
+            await self._bus.notify_queued("")
+
+    # -- claim --------------------------------------------------------------------------------
+
+    async def claim(self, worker_id: str, wait_s: float) -> Claimed | None:
+        """Lease the oldest claimable run, waiting up to `wait_s` for one to appear."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            self.wake.clear()
+            claimed = await self._claim_once(worker_id)
+            if claimed is not None or loop.time() >= deadline:
+                return claimed
+            # Woken by Redis (admission, resumption) or locally; the poll is the fallback for
+            # a lost wake-up (Redis flushed or down).
+            timeout = min(self._claim_poll, deadline - loop.time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout)
+
+    async def _claim_once(self, worker_id: str) -> Claimed | None:
+        broken: tuple[str, TetherError] | None = None
+        async with self._engine.begin() as conn:
+            for candidate in await lease_repo.pick_candidates(conn, limit=4):
+                if not await lease_repo.take_session(conn, candidate.session_id, candidate.run_id):
+                    continue
+                try:
+                    config = routing.resolve(
+                        await lease_repo.tenant_agent(conn, candidate.tenant_id)
+                    )
+                except TetherError as exc:
+                    broken = (candidate.run_id, exc)
+                    break
+                return await self._lease(conn, candidate.run_id, worker_id, config)
+        if broken is not None:
+            # Routing failed after admission: finalise the run rather than leave it queued
+            # for every worker to trip over.
+            run_id, failure = broken
+            log.warning("routing failed for %s: %s", run_id, failure.message)
+            await self.fail_unleased(
+                run_id, {"code": "routing_failed", "message": failure.message, "retryable": False}
+            )
+        return None
+
+    async def _lease(
+        self, conn: AsyncConnection, run_id: str, worker_id: str, config: routing.AgentConfig
+    ) -> Claimed:
+        leased = await lease_repo.lease(
+            conn,
+            run_id,
+            worker_id=worker_id,
+            ttl_s=self._ttl,
+            config=config.to_json(),
+            max_attempts=config.limits.max_attempts,
+        )
+        if leased is None:  # the row is locked by us; a miss means a bug, not a race
+            raise FailedPrecondition(f"run {run_id} could not be leased")
+        prior, prior_inputs = await self._session_history(conn, leased)
+        own = await repo.list_parts(conn, run_id)
+        return Claimed(leased, config, prior + own, len(prior), prior_inputs)
+
+    async def _session_history(
+        self, conn: AsyncConnection, run: Row[Any]
+    ) -> tuple[list[PartRow], list[tuple[int, str]]]:
+        """Parts of the session's earlier completed runs, with where each run's input goes."""
+        earlier = (
+            await conn.execute(
+                select(runs.c.run_id, runs.c.input_text)
+                .where(
+                    runs.c.session_id == run.session_id,
+                    runs.c.status == RunStatus.COMPLETED.value,
+                    runs.c.created_at < run.created_at,
+                )
+                .order_by(runs.c.created_at.desc())
+                .limit(self._history_runs)
+            )
+        ).all()
+        parts: list[PartRow] = []
+        inputs: list[tuple[int, str]] = []
+        for prior in reversed(earlier):
+            inputs.append((len(parts), prior.input_text))
+            parts.extend(await repo.list_parts(conn, prior.run_id))
+        return parts, inputs
+
+    # -- under the lease ----------------------------------------------------------------------
+
+    async def heartbeat(self, run_id: str, epoch: int) -> Row[Any]:
+        """Extend the lease; StaleLease when it is gone."""
+        async with self._engine.begin() as conn:
+            row = await lease_repo.heartbeat(conn, run_id, epoch, self._ttl)
+        if row is None:
+            raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+        return row
+
+    async def checkpoint(
+        self,
+        run_id: str,
+        epoch: int,
+        parts: Sequence[PartRow],
+        events: Sequence[Event],
+        turns: Sequence[dict[str, Any]],
+    ) -> Row[Any]:
+        """Persist parts, events and priced turns under the lease, in one transaction."""
+        async with self._engine.begin() as conn:
+            fenced = await repo.fence(conn, run_id, epoch, len(events), self._ttl)
+            if fenced is None:
+                raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+            await repo.upsert_parts(conn, run_id, parts)
+            await repo.append_events(conn, run_id, fenced.last_seq, events)
+            await repo.insert_turns(conn, run_id, await self._priced(conn, run_id, turns))
+        await self._publish(run_id, fenced.last_seq - len(events) + 1, events)
+        return fenced
+
+    async def _priced(
+        self, conn: AsyncConnection, run_id: str, turns: Sequence[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        if not turns:
+            return []
+        config = (await conn.execute(select(runs.c.config).where(runs.c.run_id == run_id))).one()
+        prices = (config.config or {}).get("prices", {})
+        out = []
+        for turn in turns:
+            row = prices.get(turn.get("model", ""))
+            price = Price(**row) if row else None
+            out.append({**turn, "cost_micros": cost_micros(turn, price)})
+        return out
+
+    async def store_tool_output(self, run_id: str, epoch: int, ref: str, content: str) -> None:
+        """Keep a whole tool output under the lease."""
+        async with self._engine.begin() as conn:
+            if await repo.fence(conn, run_id, epoch, 0, self._ttl) is None:
+                raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+            await repo.store_tool_output(conn, run_id, ref, content)
+
+    async def _finish_fenced(
+        self,
+        conn: AsyncConnection,
+        transition: Transition,
+        run_id: str,
+        epoch: int,
+        *,
+        parts: Sequence[PartRow],
+        turns: Sequence[dict[str, Any]],
+        events: Sequence[Event],
+        values: dict[str, Any],
+    ) -> Row[Any] | None:
+        """Final parts and turns, then the guarded transition with its events."""
+        current = (
+            await conn.execute(
+                select(runs.c.status, runs.c.lease_epoch).where(runs.c.run_id == run_id)
+            )
+        ).first()
+        if current is None or current.status != "running" or current.lease_epoch != epoch:
+            return None
+        await repo.upsert_parts(conn, run_id, parts)
+        await repo.insert_turns(conn, run_id, await self._priced(conn, run_id, turns))
+        return await apply(
+            conn,
+            transition,
+            run_id,
+            epoch=epoch,
+            events=events,
+            values={**lease_repo.lease_cleared(), **values},
+        )
+
+    async def complete(self, run_id: str, epoch: int, done: Completion) -> Row[Any]:
+        """The completion transaction: final state, usage per turn, audit, stage durations."""
+        transition = _FINISH.get(done.status)
+        if transition is None:
+            raise InvalidArgument("status must be COMPLETED, FAILED or CANCELLED")
+        async with self._engine.begin() as conn:
+            parts = list(done.parts)
+            extra: list[Event] = []
+            if done.status is not RunStatus.COMPLETED:
+                # Whatever the worker could not finish is closed as interrupted, so the
+                # history stays well-formed for the model and for people.
+                known = await repo.list_parts(conn, run_id)
+                merged = {p.index: p for p in [*known, *parts]}
+                closing, extra = repo.interrupted_results(
+                    sorted(merged.values(), key=lambda p: p.index),
+                    "the run was cancelled"
+                    if done.status is RunStatus.CANCELLED
+                    else "the run failed",
+                )
+                parts += closing
+            await repo.upsert_parts(conn, run_id, parts)
+            await repo.insert_turns(conn, run_id, await self._priced(conn, run_id, done.turns))
+            usage = await repo.usage_total(conn, run_id)
+            payload = self._terminal_payload(done, usage)
+            events = [*extra, Event(_TERMINAL_EVENT[done.status], payload)]
+            row = await apply(
+                conn,
+                transition,
+                run_id,
+                epoch=epoch,
+                events=events,
+                values={
+                    **lease_repo.lease_cleared(),
+                    "finished_at": func.now(),
+                    "result_text": done.result_text or None,
+                    "task_outcome": done.task_outcome or None,
+                    "warnings": list(done.warnings),
+                    "error": done.error,
+                    "usage": usage,
+                },
+            )
+            if row is None:
+                raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+            await lease_repo.release_session(conn, row.session_id, run_id)
+            await lease_repo.end_attempt(
+                conn, run_id, epoch, done.status.value, error=done.error, stages=done.stages
+            )
+            await conn.execute(
+                audit_log.insert().values(
+                    tenant_id=row.tenant_id,
+                    run_id=run_id,
+                    action=f"run.{done.status.value}",
+                    detail={
+                        **(done.audit or {}),
+                        "stages": done.stages or {},
+                        "usage": usage,
+                        "warnings": list(done.warnings),
+                    },
+                )
+            )
+        await self._publish(run_id, row.last_seq - len(events) + 1, events)
+        await self._wake_workers()  # the session's next message may now run
+        return row
+
+    @staticmethod
+    def _terminal_payload(done: Completion, usage: dict[str, Any]) -> dict[str, Any]:
+        if done.status is RunStatus.COMPLETED:
+            return {
+                "resultText": done.result_text,
+                "taskOutcome": done.task_outcome,
+                "warnings": list(done.warnings),
+                "usage": {k: v for k, v in _camel(usage).items() if v},
+            }
+        if done.status is RunStatus.FAILED:
+            return {"error": _camel(done.error or {})}
+        return {"reason": (done.error or {}).get("message", "cancelled")}
+
+    async def schedule_retry(
+        self, run_id: str, epoch: int, error: dict[str, Any], retry_after_s: float
+    ) -> Row[Any]:
+        """Retry-pending with a backoff (at least the server's retry-after), or failed when the
+        attempt budget is spent (the last error preserved)."""
+        async with self._engine.begin() as conn:
+            run = (await conn.execute(select(runs).where(runs.c.run_id == run_id))).one()
+            if run.status != "running" or run.lease_epoch != epoch:
+                raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+            limits = (run.config or {}).get("limits", {})
+            policy = RetryPolicy(
+                max_attempts=int(limits.get("max_attempts", run.max_attempts)),
+                initial_delay=float(limits.get("backoff_initial_seconds", 0.5)),
+                max_delay=float(limits.get("backoff_max_seconds", 8.0)),
+            )
+            if run.attempt >= policy.max_attempts:
+                failed = Event("run.failed", {"error": _camel(error)})
+                row = await self._fail_exhausted(conn, run, epoch, error, failed)
+                published = [failed]
+            else:
+                delay = max(policy.backoff(run.attempt - 1), retry_after_s)
+                next_at = datetime.now(UTC) + timedelta(seconds=delay)
+                pending = Event(
+                    "run.retry-pending",
+                    {
+                        "attempt": run.attempt,
+                        "maxAttempts": policy.max_attempts,
+                        "nextAttemptAt": next_at.isoformat().replace("+00:00", "Z"),
+                        "error": _camel(error),
+                    },
+                )
+                moved = await apply(
+                    conn,
+                    states.SCHEDULE_RETRY,
+                    run_id,
+                    epoch=epoch,
+                    events=[pending],
+                    values={
+                        **lease_repo.lease_cleared(),
+                        "next_attempt_at": next_at,
+                        "error": error,
+                    },
+                )
+                if moved is None:
+                    raise StaleLease(f"run {run_id} moved before its retry was scheduled")
+                await lease_repo.end_attempt(conn, run_id, epoch, "retry-pending", error=error)
+                row = moved
+                published = [pending]
+        await self._publish(run_id, row.last_seq, published)
+        if row.status == RunStatus.FAILED.value:
+            await self._wake_workers()
+        return row
+
+    async def _fail_exhausted(
+        self,
+        conn: AsyncConnection,
+        run: Row[Any],
+        epoch: int,
+        error: dict[str, Any],
+        event: Event,
+    ) -> Row[Any]:
+        row = await apply(
+            conn,
+            states.FAIL,
+            run.run_id,
+            epoch=epoch,
+            events=[event],
+            values={
+                **lease_repo.lease_cleared(),
+                "finished_at": func.now(),
+                "error": error,
+                "usage": await repo.usage_total(conn, run.run_id),
+            },
+        )
+        if row is None:
+            raise StaleLease(f"run {run.run_id} moved before it could fail")
+        await lease_repo.release_session(conn, row.session_id, run.run_id)
+        await lease_repo.end_attempt(conn, run.run_id, epoch, "failed", error=error)
+        return row
+
+    async def release(self, run_id: str, epoch: int) -> bool:
+        """Give the lease back without spending an attempt (graceful worker shutdown)."""
+        async with self._engine.begin() as conn:
+            row = await apply(
+                conn,
+                states.RELEASE,
+                run_id,
+                epoch=epoch,
+                events=[Event("run.queued", {"reason": "released"})],
+                values=lease_repo.lease_cleared(),
+            )
+            if row is not None:
+                await lease_repo.end_attempt(conn, run_id, epoch, "released")
+        if row is not None:
+            await self._publish(run_id, row.last_seq, [Event("run.queued", {"reason": "released"})])
+            await self._wake_workers()
+        return row is not None
+
+    async def park(self, run_id: str, epoch: int, status: RunStatus, interaction_id: str) -> bool:
+        """Park a run for a person: lease released, session kept, no worker held."""
+        transition = _PARK.get(status)
+        if transition is None:
+            raise InvalidArgument("status must be one of the waiting-for-* statuses")
+        event = Event(transition.event_type, {"interactionId": interaction_id})
+        async with self._engine.begin() as conn:
+            row = await apply(
+                conn,
+                transition,
+                run_id,
+                epoch=epoch,
+                events=[event],
+                values={**lease_repo.lease_cleared(), "waiting_interaction_id": interaction_id},
+            )
+            if row is None:
+                raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+            await lease_repo.end_attempt(conn, run_id, epoch, status.value)
+        await self._publish(run_id, row.last_seq, [event])
+        return True
+
+    async def resume(
+        self, tenant_id: str, run_id: str, from_status: RunStatus, event: Event | None
+    ) -> bool:
+        """Queue a parked run once; False when it had already moved (a repeat)."""
+        if not from_status.waiting:
+            raise InvalidArgument("from_status must be a waiting-for-* status")
+        events = [event] if event else []
+        queued = Event("run.queued", {"reason": "resumed"})
+        async with self._engine.begin() as conn:
+            await get_run(conn, tenant_id, run_id)
+            row = await apply(
+                conn,
+                states.RESUME,
+                run_id,
+                tenant_id=tenant_id,
+                events=[*events, queued],
+                values={"waiting_interaction_id": None},
+            )
+        if row is None:
+            return False
+        await self._publish(run_id, row.last_seq - len(events), [*events, queued])
+        await self._wake_workers()
+        return True
+
+    # -- effects ------------------------------------------------------------------------------
+
+    async def begin_effect(
+        self, run_id: str, epoch: int, key: str, tool_name: str
+    ) -> tuple[str, dict[str, Any] | None]:
+        """Open (or find) the effects record of a side effect, under the lease."""
+        async with self._engine.begin() as conn:
+            fenced = await repo.fence(conn, run_id, epoch, 0, self._ttl)
+            if fenced is None:
+                raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+            return await repo.begin_effect(conn, fenced.tenant_id, key, run_id, epoch, tool_name)
+
+    async def finish_effect(
+        self, run_id: str, epoch: int, key: str, result: dict[str, Any]
+    ) -> None:
+        """Store an effect's result, under the lease."""
+        async with self._engine.begin() as conn:
+            fenced = await repo.fence(conn, run_id, epoch, 0, self._ttl)
+            if fenced is None:
+                raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+            await repo.finish_effect(conn, fenced.tenant_id, key, result)
+
+    # -- maintenance ---------------------------------------------------------------------------
+
+    async def reap_expired(self, limit: int = 100) -> int:
+        """Requeue (attempt + 1) or fail runs whose worker stopped heartbeating."""
+        published: list[tuple[str, int, list[Event]]] = []
+        async with self._engine.begin() as conn:
+            for run in await lease_repo.expired_leases(conn, limit):
+                parts = await repo.list_parts(conn, run.run_id)
+                closing, events = repo.interrupted_results(parts, "the worker lost its lease")
+                await repo.upsert_parts(conn, run.run_id, closing)
+                error = {
+                    "code": "lease_expired",
+                    "retryable": True,
+                    "message": f"worker {run.lease_owner} stopped heartbeating",
+                }
+                if run.attempt < run.max_attempts:
+                    events.append(lease_repo.queued_event(run.attempt + 1, "lease_expired"))
+                    row = await apply(
+                        conn,
+                        states.REAP_REQUEUE,
+                        run.run_id,
+                        epoch=run.lease_epoch,
+                        events=events,
+                        values={**lease_repo.lease_cleared(), "attempt": run.attempt + 1},
+                    )
+                else:
+                    events.append(Event("run.failed", {"error": _camel(error)}))
+                    row = await apply(
+                        conn,
+                        states.REAP_FAIL,
+                        run.run_id,
+                        epoch=run.lease_epoch,
+                        events=events,
+                        values={
+                            **lease_repo.lease_cleared(),
+                            "error": error,
+                            "finished_at": func.now(),
+                        },
+                    )
+                    if row is not None:
+                        await lease_repo.release_session(conn, row.session_id, run.run_id)
+                if row is not None:
+                    await lease_repo.end_attempt(
+                        conn, run.run_id, run.lease_epoch, "lease_expired", error=error
+                    )
+                    published.append((run.run_id, row.last_seq - len(events) + 1, events))
+        for run_id, first, events in published:
+            await self._publish(run_id, first, events)
+        if published:
+            await self._wake_workers()
+        return len(published)
+
+    async def queue_due_retries(self, limit: int = 100) -> int:
+        """Move retry-pending runs whose backoff elapsed back to queued (attempt + 1)."""
+        published: list[tuple[str, int, Event]] = []
+        async with self._engine.begin() as conn:
+            for run in await lease_repo.due_retries(conn, limit):
+                event = lease_repo.queued_event(run.attempt + 1, "retry")
+                row = await apply(
+                    conn,
+                    states.RETRY_DUE,
+                    run.run_id,
+                    events=[event],
+                    values={"attempt": run.attempt + 1, "next_attempt_at": None},
+                )
+                if row is not None:
+                    published.append((run.run_id, row.last_seq, event))
+        for run_id, seq, event in published:
+            await self._publish(run_id, seq, [event])
+        if published:
+            await self._wake_workers()
+        return len(published)
+
+    async def fail_unleased(self, run_id: str, error: dict[str, Any]) -> None:
+        """Fail a queued run that cannot even start (routing or context broken)."""
+        async with self._engine.begin() as conn:
+            row = await apply(
+                conn,
+                states.FAIL_UNLEASED,
+                run_id,
+                events=[Event("run.failed", {"error": _camel(error)})],
+                values={"error": error, "finished_at": func.now()},
+            )
+            if row is not None:
+                await lease_repo.release_session(conn, row.session_id, run_id)
+
+
+def _camel(data: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in data.items():
+        head, *rest = key.split("_")
+        out[head + "".join(w.capitalize() for w in rest)] = value
+    return out

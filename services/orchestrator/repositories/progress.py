@@ -1,0 +1,245 @@
+"""Writes of an attempt's progress: parts, events, usage turns and effects records.
+
+Every write here is fenced: it starts with an UPDATE of the run row guarded by the lease epoch
+(which also reserves the event seq range), so a worker whose lease was reaped cannot write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Interval, bindparam, func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from tether.db.schema import effects, run_parts, runs, tool_outputs, usage_turns
+from tether.db.transitions import Event, insert_events
+from tether.pricing import TOKEN_FIELDS
+from tether.states import RunStatus
+
+
+@dataclass(frozen=True)
+class PartRow:
+    """A part in its stored form."""
+
+    index: int
+    role: str
+    kind: str
+    payload: dict[str, Any]
+    final: bool
+
+
+_FENCE = (
+    update(runs)
+    .where(
+        runs.c.run_id == bindparam("r_id"),
+        runs.c.status == RunStatus.RUNNING.value,
+        runs.c.lease_epoch == bindparam("epoch"),
+    )
+    .values(
+        last_seq=runs.c.last_seq + bindparam("n_events"),
+        lease_expires_at=func.now() + bindparam("ttl", type_=Interval),
+    )
+    .returning(runs.c.last_seq, runs.c.cancel_requested_at, runs.c.tenant_id)
+)
+
+
+async def fence(
+    conn: AsyncConnection, run_id: str, epoch: int, n_events: int, ttl_s: float
+) -> Row[Any] | None:
+    """Check the lease, reserve `n_events` seqs and extend the lease; None when stale."""
+    params = {"r_id": run_id, "epoch": epoch, "n_events": n_events, "ttl": timedelta(seconds=ttl_s)}
+    return (await conn.execute(_FENCE, params)).first()
+
+
+_UPSERT_PART = pg_insert(run_parts).values(
+    run_id=bindparam("run_id"),
+    part_index=bindparam("part_index"),
+    role=bindparam("role"),
+    kind=bindparam("kind"),
+    payload=bindparam("payload"),
+    final=bindparam("final"),
+)
+_UPSERT_PART = _UPSERT_PART.on_conflict_do_update(
+    index_elements=["run_id", "part_index"],
+    set_={
+        "role": _UPSERT_PART.excluded.role,
+        "kind": _UPSERT_PART.excluded.kind,
+        "payload": _UPSERT_PART.excluded.payload,
+        "final": _UPSERT_PART.excluded.final,
+        "updated_at": func.now(),
+    },
+)
+
+
+async def upsert_parts(conn: AsyncConnection, run_id: str, parts: Sequence[PartRow]) -> None:
+    """Insert or replace parts by index (writes proportional to the new parts only)."""
+    if not parts:
+        return
+    await conn.execute(
+        _UPSERT_PART,
+        [
+            {
+                "run_id": run_id,
+                "part_index": p.index,
+                "role": p.role,
+                "kind": p.kind,
+                "payload": p.payload,
+                "final": p.final,
+            }
+            for p in parts
+        ],
+    )
+
+
+async def append_events(
+    conn: AsyncConnection, run_id: str, last_seq: int, events: Sequence[Event]
+) -> None:
+    """Insert events into the range the fence reserved (ending at last_seq)."""
+    await insert_events(conn, run_id, last_seq - len(events), events)
+
+
+async def insert_turns(conn: AsyncConnection, run_id: str, turns: Sequence[dict[str, Any]]) -> None:
+    """Record priced model turns."""
+    if turns:
+        await conn.execute(
+            insert(usage_turns),
+            [
+                {
+                    "run_id": run_id,
+                    "model": t["model"],
+                    "cost_micros": t["cost_micros"],
+                    **{k: t.get(k, 0) for k in TOKEN_FIELDS},
+                }
+                for t in turns
+            ],
+        )
+
+
+async def usage_total(conn: AsyncConnection, run_id: str) -> dict[str, Any]:
+    """Sum of the run's priced turns."""
+    cols = [func.coalesce(func.sum(getattr(usage_turns.c, k)), 0) for k in TOKEN_FIELDS]
+    row = (
+        await conn.execute(
+            select(*cols, func.coalesce(func.sum(usage_turns.c.cost_micros), 0)).where(
+                usage_turns.c.run_id == run_id
+            )
+        )
+    ).one()
+    total = {k: int(v) for k, v in zip(TOKEN_FIELDS, row[:-1], strict=True)}
+    total["cost_micros"] = int(row[-1])
+    return total
+
+
+async def list_parts(conn: AsyncConnection, run_id: str) -> list[PartRow]:
+    """The run's parts in order."""
+    stmt = select(run_parts).where(run_parts.c.run_id == run_id).order_by(run_parts.c.part_index)
+    rows = (await conn.execute(stmt)).all()
+    return [PartRow(r.part_index, r.role, r.kind, dict(r.payload), r.final) for r in rows]
+
+
+def dangling_tool_calls(parts: Sequence[PartRow]) -> list[PartRow]:
+    """Tool calls without a result: left behind by a crash or a cancellation."""
+    answered = {p.payload.get("toolCallId") for p in parts if p.kind == "tool_result"}
+    return [
+        p for p in parts if p.kind == "tool_call" and p.payload.get("toolCallId") not in answered
+    ]
+
+
+def interrupted_results(parts: Sequence[PartRow], reason: str) -> tuple[list[PartRow], list[Event]]:
+    """Error results (and their events) closing every dangling tool call of `parts`."""
+    new_parts: list[PartRow] = []
+    events: list[Event] = []
+    next_index = max((p.index for p in parts), default=-1) + 1
+    for call in dangling_tool_calls(parts):
+        call_id = call.payload.get("toolCallId", "")
+        payload = {"toolCallId": call_id, "content": f"interrupted: {reason}", "isError": True}
+        part = PartRow(next_index, "tool", "tool_result", payload, True)
+        next_index += 1
+        new_parts.append(part)
+        events.append(Event("part.added", {"part": part_json(part)}))
+        events.append(
+            Event(
+                "tool.failed",
+                {
+                    "toolCallId": call_id,
+                    "name": call.payload.get("name", ""),
+                    "error": {"code": "tool_interrupted", "message": reason, "retryable": True},
+                },
+            )
+        )
+    return new_parts, events
+
+
+def part_json(part: PartRow) -> dict[str, Any]:
+    """The JSON form of a Part message (as json_format writes it)."""
+    kind = "".join(w.capitalize() if i else w for i, w in enumerate(part.kind.split("_")))
+    data: dict[str, Any] = {"index": part.index, "role": part.role, kind: part.payload}
+    if part.final:
+        data["final"] = True
+    return data
+
+
+async def store_tool_output(conn: AsyncConnection, run_id: str, ref: str, content: str) -> None:
+    """Keep a tool's whole output when its inline copy was truncated."""
+    await conn.execute(
+        pg_insert(tool_outputs)
+        .values(output_ref=ref, run_id=run_id, content=content)
+        .on_conflict_do_nothing()
+    )
+
+
+async def begin_effect(
+    conn: AsyncConnection, tenant_id: str, key: str, run_id: str, epoch: int, tool_name: str
+) -> tuple[str, dict[str, Any] | None]:
+    """Open the effects record: ("begun"|"in-progress"|"done", stored result)."""
+    inserted = (
+        await conn.execute(
+            pg_insert(effects)
+            .values(
+                tenant_id=tenant_id,
+                key=key,
+                run_id=run_id,
+                owner_epoch=epoch,
+                tool_name=tool_name,
+                state="in-progress",
+            )
+            .on_conflict_do_nothing()
+            .returning(effects.c.key)
+        )
+    ).first()
+    if inserted is not None:
+        return "begun", None
+    row = (
+        await conn.execute(
+            select(effects)
+            .where(effects.c.tenant_id == tenant_id, effects.c.key == key)
+            .with_for_update()
+        )
+    ).one()
+    if row.state == "done":
+        return "done", dict(row.result or {})
+    # In progress under another lease: its holder lost that lease (one live epoch per run, and
+    # a lineage's runs never overlap), so this holder takes it over and fires again with the
+    # same key, which the external system deduplicates on.
+    await conn.execute(
+        update(effects)
+        .where(effects.c.tenant_id == tenant_id, effects.c.key == key)
+        .values(run_id=run_id, owner_epoch=epoch)
+    )
+    return "in-progress", None
+
+
+async def finish_effect(
+    conn: AsyncConnection, tenant_id: str, key: str, result: dict[str, Any]
+) -> None:
+    """Store an effect's result; later calls with the key replay it."""
+    await conn.execute(
+        update(effects)
+        .where(effects.c.tenant_id == tenant_id, effects.c.key == key)
+        .values(state="done", result=result, finished_at=func.now())
+    )

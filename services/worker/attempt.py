@@ -1,0 +1,411 @@
+"""One attempt of one run, under a lease: the agent loop with its limits.
+
+prepare (context) -> model turn -> tools -> ... -> outcome. The outcome is classified, never
+left to chance: completed (maybe with a budget warning), failed with a reason, retry-pending for
+a transient provider failure, or cancelled. A stale lease ends the attempt silently: another
+worker owns the run now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from anthropic import AsyncAnthropic
+from google.protobuf import json_format
+
+from services.worker.context import build_messages, system_param
+from services.worker.model import stream_turn
+from services.worker.orchestrator_client import LeasedEffects, Orchestrator
+from services.worker.orchestrator_client import call as rpc
+from services.worker.tools.base import CallContext
+from services.worker.tools.registry import ToolRegistry
+from services.worker.transcript import Transcript, event, tool_result_part
+from tether.bus import Bus, events_channel
+from tether.errors import TetherError
+from tether.ids import new_id
+from tether.pricing import Price, add_usage, cost_micros
+from tether.retry import ProviderFailure, classify_exception
+from tether.v1 import common_pb2, orchestrator_pb2
+
+log = logging.getLogger(__name__)
+
+
+class LimitReached(Exception):
+    """A per-run limit ended the loop; `code` names which."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class AttemptState:
+    """Counters the limits are checked against."""
+
+    steps: int = 0
+    tool_calls: int = 0
+    usage: dict[str, int] = field(default_factory=dict)
+    cost_micros: int = 0
+
+
+class Attempt:
+    """Runs one leased attempt to its outcome."""
+
+    def __init__(
+        self,
+        claim: orchestrator_pb2.ClaimRunResponse,
+        *,
+        orchestrator: Orchestrator,
+        client: AsyncAnthropic,
+        registry: ToolRegistry,
+        bus: Bus | None,
+        checkpoint_interval_s: float,
+    ) -> None:
+        self.claim = claim
+        self.run = claim.run
+        self.run_id = claim.lease.run_id
+        self.epoch = claim.lease.epoch
+        self.config = claim.config
+        self.limits = claim.config.limits
+        self._orchestrator = orchestrator
+        self._client = client
+        self._registry = registry
+        self._bus = bus
+        self._interval = checkpoint_interval_s
+        own = list(claim.history[claim.prior_part_count :])
+        self.transcript = Transcript(own)
+        self.state = AttemptState(
+            tool_calls=sum(1 for p in own if p.WhichOneof("kind") == "tool_call")
+        )
+        self.started = time.monotonic()
+        self.stages: dict[str, float] = {}
+        self.cancel_reason: str | None = None
+        self._prices = {
+            p.model: Price(p.input, p.output, p.cache_write, p.cache_read)
+            for p in self.config.prices
+        }
+
+    # -- checkpointing ------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Send what changed since the last checkpoint (no-op when nothing did)."""
+        if not self.transcript.pending:
+            return
+        parts, events, turns = self.transcript.take()
+        response = await self._orchestrator.checkpoint(
+            self.run_id, self.epoch, parts, events, turns
+        )
+        if response.cancel_requested and self.cancel_reason is None:
+            self.cancel_reason = "cancelled by caller"
+            raise asyncio.CancelledError
+
+    async def publish_delta(self, part_index: int, text: str, offset: int) -> None:
+        """Live token delta for subscribers (ephemeral, seq 0)."""
+        if self._bus is None:
+            return
+        await self._bus.publish(
+            events_channel(self.run_id),
+            _delta_json(self.run_id, part_index, text, offset),
+        )
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    async def execute(self) -> None:
+        """Run to an outcome and report it to the orchestrator."""
+        context_start = time.monotonic()
+        tools = self._registry.specs(list(self.config.tool_allowlist))
+        self.stages["context_ms"] = (time.monotonic() - context_start) * 1000
+        loop_start = time.monotonic()
+        try:
+            async with asyncio.timeout(self.limits.wall_clock_seconds or None):
+                outcome = await self._loop(tools)
+        except TimeoutError:
+            outcome = (
+                "failed",
+                {
+                    "code": "wall_clock_exceeded",
+                    "retryable": False,
+                    "message": f"the run exceeded its wall-clock budget of "
+                    f"{self.limits.wall_clock_seconds:g} s",
+                },
+            )
+        except LimitReached as limit:
+            outcome = ("limit", {"code": limit.code, "message": limit.message})
+        except ProviderError as failure:
+            await self._provider_failed(failure.failure)
+            return
+        self.stages["attempt_ms"] = (time.monotonic() - loop_start) * 1000
+        await self._finish(*outcome)
+
+    async def _loop(self, tools: list[dict[str, Any]]) -> tuple[str, dict[str, Any] | None]:
+        turn_start_index = self.transcript.next_index
+        while True:
+            if self.state.steps >= self.limits.max_steps:
+                raise LimitReached(
+                    "max_steps_exceeded", f"the run used its {self.limits.max_steps} model turns"
+                )
+            request = {
+                "model": self.config.model,
+                "max_tokens": self.limits.max_tokens_per_turn or 1024,
+                "system": system_param(self.config),
+                "messages": build_messages(
+                    [*self.claim.history[: self.claim.prior_part_count], *self.transcript.parts],
+                    self.claim.prior_part_count,
+                    self.run.input_text,
+                ),
+            }
+            if tools:
+                request["tools"] = tools
+            turn_start_index = self.transcript.next_index
+            try:
+                turn = await stream_turn(
+                    self._client,
+                    request=request,
+                    transcript=self.transcript,
+                    flush=self.flush,
+                    publish_delta=self.publish_delta,
+                    checkpoint_interval_s=self._interval,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if isinstance(exc, TetherError):
+                    raise  # our own (e.g. StaleLease from a checkpoint), not the provider's
+                raise ProviderError(classify_exception(exc)) from exc
+            self.state.steps += 1
+            self._account(turn.usage)
+            if turn.stop_reason != "tool_use" or not turn.tool_calls:
+                await self.flush()
+                warnings = ["max_tokens"] if turn.stop_reason == "max_tokens" else []
+                return "completed", {"warnings": warnings, "since": turn_start_index}
+            for call in turn.tool_calls:
+                await self._run_tool(call)
+            await self.flush()
+
+    def _account(self, usage: dict[str, int]) -> None:
+        turn = {**usage, "model": self.config.model}
+        self.transcript.turns.append(common_pb2.Usage(model=self.config.model, **usage))
+        cost = cost_micros(usage, self._prices.get(self.config.model))
+        self.state.usage = add_usage(self.state.usage, {**turn, "cost_micros": cost})
+        self.state.cost_micros += cost
+        self.transcript.events.append(
+            event(
+                "usage.updated",
+                turn={**_camel(usage), "model": self.config.model, "costMicros": cost},
+                total={**_camel(self.state.usage)},
+            )
+        )
+        limits = self.limits
+        if (
+            limits.max_input_tokens
+            and self.state.usage.get("input_tokens", 0) > limits.max_input_tokens
+        ):
+            raise LimitReached(
+                "input_tokens_exceeded",
+                f"input tokens passed the ceiling of {limits.max_input_tokens}",
+            )
+        if (
+            limits.max_output_tokens
+            and self.state.usage.get("output_tokens", 0) > limits.max_output_tokens
+        ):
+            raise LimitReached(
+                "output_tokens_exceeded",
+                f"output tokens passed the ceiling of {limits.max_output_tokens}",
+            )
+        if limits.max_cost_micros and self.state.cost_micros > limits.max_cost_micros:
+            raise LimitReached(
+                "cost_exceeded", f"cost passed the ceiling of {limits.max_cost_micros} micro-USD"
+            )
+
+    async def _run_tool(self, call: common_pb2.Part) -> None:
+        tool_call = call.tool_call
+        if self.state.tool_calls >= self.limits.max_tool_calls:
+            self.transcript.add(
+                tool_result_part(
+                    tool_call.tool_call_id,
+                    "not run: the run reached its tool-call limit",
+                    is_error=True,
+                )
+            )
+            raise LimitReached(
+                "max_tool_calls_exceeded",
+                f"the run used its {self.limits.max_tool_calls} tool calls",
+            )
+        self.state.tool_calls += 1
+        self.transcript.events.append(
+            event("tool.started", toolCallId=tool_call.tool_call_id, name=tool_call.name)
+        )
+        await self.flush()
+        output_ref = new_id("out")
+        result = await self._registry.execute(
+            tool_call.name,
+            json_format.MessageToDict(tool_call.input),
+            CallContext(
+                tenant_id=self.run.tenant_id,
+                run_id=self.run_id,
+                root_run_id=self.run.root_run_id or self.run_id,
+                tool_call_id=tool_call.tool_call_id,
+            ),
+            effects=LeasedEffects(self._orchestrator, self.run_id, self.epoch),
+            allowlist=list(self.config.tool_allowlist),
+            max_inline_bytes=self.limits.max_inline_tool_output_bytes or 16_384,
+            output_ref=output_ref,
+        )
+        if result.full_content is not None:
+            await self._store_output(output_ref, result.full_content)
+        self.transcript.add(
+            tool_result_part(
+                tool_call.tool_call_id,
+                result.content,
+                is_error=result.is_error,
+                output_ref=output_ref if result.truncated else "",
+                truncated=result.truncated,
+            )
+        )
+        if result.is_error:
+            self.transcript.events.append(
+                event(
+                    "tool.failed",
+                    toolCallId=tool_call.tool_call_id,
+                    name=tool_call.name,
+                    error={"code": result.error_code or "tool_error", "message": result.content},
+                )
+            )
+        else:
+            self.transcript.events.append(
+                event(
+                    "tool.completed",
+                    toolCallId=tool_call.tool_call_id,
+                    name=tool_call.name,
+                    replayed=result.replayed,
+                )
+            )
+
+    async def _store_output(self, ref: str, content: str) -> None:
+        await rpc(
+            self._orchestrator.stub.StoreToolOutput(
+                orchestrator_pb2.StoreToolOutputRequest(
+                    run_id=self.run_id, epoch=self.epoch, output_ref=ref, content=content
+                )
+            )
+        )
+
+    # -- outcomes -----------------------------------------------------------------------------
+
+    async def _finish(self, kind: str, detail: dict[str, Any] | None) -> None:
+        final_start = time.monotonic()
+        request = orchestrator_pb2.CompleteRunRequest(run_id=self.run_id, epoch=self.epoch)
+        detail = detail or {}
+        if kind == "completed":
+            request.status = common_pb2.RUN_STATUS_COMPLETED
+            request.result_text = self.transcript.final_text(detail.get("since", 0))
+            request.task_outcome = "resolved"
+            request.warnings.extend(detail.get("warnings", []))
+        elif kind == "limit":
+            # Runtime completion is not business completion: the runtime answered, the task
+            # may not be done.
+            self.transcript.close_dangling("the run reached a limit")
+            request.status = common_pb2.RUN_STATUS_COMPLETED
+            request.result_text = self.transcript.final_text(0)
+            request.task_outcome = "unresolved"
+            request.warnings.extend([detail["code"], "budget_exhausted"])
+        else:
+            self.transcript.close_dangling("the run failed")
+            request.status = common_pb2.RUN_STATUS_FAILED
+            request.error.CopyFrom(
+                common_pb2.ErrorInfo(
+                    code=detail.get("code", "error"),
+                    message=detail.get("message", ""),
+                    retryable=bool(detail.get("retryable", False)),
+                )
+            )
+        await self._complete(request, final_start)
+
+    async def cancelled(self) -> None:
+        """Finalise as cancelled: dangling calls closed as interrupted."""
+        final_start = time.monotonic()
+        self.transcript.close_dangling("the run was cancelled")
+        request = orchestrator_pb2.CompleteRunRequest(
+            run_id=self.run_id,
+            epoch=self.epoch,
+            status=common_pb2.RUN_STATUS_CANCELLED,
+            error=common_pb2.ErrorInfo(code="cancelled", message=self.cancel_reason or ""),
+        )
+        await self._complete(request, final_start)
+
+    async def released(self) -> None:
+        """Graceful shutdown: persist progress, close open calls, hand the lease back."""
+        self.transcript.close_dangling("the worker shut down")
+        await self.flush()
+        await self._orchestrator.release(self.run_id, self.epoch)
+
+    async def _complete(self, request: orchestrator_pb2.CompleteRunRequest, start: float) -> None:
+        parts, events, turns = self.transcript.take()
+        request.parts.extend(orchestrator_pb2.PartWrite(part=p) for p in parts)
+        request.turns.extend(turns)
+        if events:
+            await self._orchestrator.checkpoint(self.run_id, self.epoch, [], events, [])
+        self.stages["finalisation_ms"] = (time.monotonic() - start) * 1000
+        self.stages["total_ms"] = (time.monotonic() - self.started) * 1000
+        request.stages.CopyFrom(
+            orchestrator_pb2.StageDurations(
+                **{
+                    k: v
+                    for k, v in self.stages.items()
+                    if k
+                    in ("routing_ms", "context_ms", "attempt_ms", "finalisation_ms", "total_ms")
+                }
+            )
+        )
+        await self._orchestrator.complete(request)
+
+    async def _provider_failed(self, failure: ProviderFailure) -> None:
+        error = common_pb2.ErrorInfo(
+            code=str(failure.code),
+            message=failure.message,
+            retryable=failure.retryable,
+            provider_status=failure.status or 0,
+        )
+        if failure.retryable:
+            await self.flush()
+            await self._orchestrator.schedule_retry(
+                self.run_id, self.epoch, error, failure.retry_after or 0.0
+            )
+            return
+        self.transcript.close_dangling("the model call failed")
+        request = orchestrator_pb2.CompleteRunRequest(
+            run_id=self.run_id, epoch=self.epoch, status=common_pb2.RUN_STATUS_FAILED, error=error
+        )
+        await self._complete(request, time.monotonic())
+
+
+class ProviderError(Exception):
+    """A classified provider failure escaping the loop."""
+
+    def __init__(self, failure: ProviderFailure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+def _camel(data: dict[str, int]) -> dict[str, int]:
+    return {
+        k.split("_")[0] + "".join(w.capitalize() for w in k.split("_")[1:]): v
+        for k, v in data.items()
+    }
+
+
+def _delta_json(run_id: str, part_index: int, text: str, offset: int) -> str:
+    return json.dumps(
+        {
+            "run_id": run_id,
+            "seq": 0,
+            "type": "text.delta",
+            "payload": {"partIndex": part_index, "text": text, "offset": offset},
+        }
+    )

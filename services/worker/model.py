@@ -1,0 +1,136 @@
+"""One model turn: stream the Messages API into typed parts, checkpointing as it goes.
+
+Text and thinking arrive as deltas (published live, never persisted one by one); tool input
+arrives as partial JSON and is parsed at its block's end. Parts are checkpointed at every block
+boundary and at least every `checkpoint_interval_s` while streaming.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from anthropic import AsyncAnthropic
+
+from services.worker.transcript import Transcript, struct
+from tether.retry import StreamIncomplete
+from tether.v1 import common_pb2
+
+Flush = Callable[[], Awaitable[None]]
+Delta = Callable[[int, str, int], Awaitable[None]]
+
+
+@dataclass
+class TurnResult:
+    """What one model turn produced."""
+
+    stop_reason: str | None
+    usage: dict[str, int] = field(default_factory=dict)
+    tool_calls: list[common_pb2.Part] = field(default_factory=list)
+
+
+async def stream_turn(
+    client: AsyncAnthropic,
+    *,
+    request: dict[str, Any],
+    transcript: Transcript,
+    flush: Flush,
+    publish_delta: Delta,
+    checkpoint_interval_s: float,
+) -> TurnResult:
+    """Run one streamed model call, writing its blocks into `transcript`."""
+    result = TurnResult(stop_reason=None)
+    by_index: dict[int, common_pb2.Part] = {}
+    json_buffers: dict[int, str] = {}
+    stream = await client.messages.create(**request, stream=True)
+    async with stream:
+        async for event in stream:
+            kind = event.type
+            if kind == "message_start":
+                result.usage = _usage(event.message.usage)
+            elif kind == "content_block_start":
+                part = _start_part(event.content_block)
+                if part is not None:
+                    by_index[event.index] = transcript.add(part)
+                    json_buffers[event.index] = ""
+            elif kind == "content_block_delta":
+                part = by_index.get(event.index)
+                if part is not None:
+                    await _apply_delta(part, event.delta, json_buffers, event.index, publish_delta)
+                    transcript.touch(part, announce=False)
+                    if time.monotonic() - transcript.last_flush >= checkpoint_interval_s:
+                        await flush()
+            elif kind == "content_block_stop":
+                part = by_index.get(event.index)
+                if part is not None:
+                    _finish_part(part, json_buffers.get(event.index, ""))
+                    transcript.touch(part, announce=True)
+                    if part.WhichOneof("kind") == "tool_call":
+                        result.tool_calls.append(part)
+                    await flush()
+            elif kind == "message_delta":
+                result.stop_reason = event.delta.stop_reason
+                result.usage.update({k: v for k, v in _usage(event.usage).items() if v})
+    if result.stop_reason is None:
+        # The body ended cleanly without message_stop: the SDK raises nothing, we must.
+        raise StreamIncomplete("the model stream ended before message_stop")
+    return result
+
+
+def _usage(usage: Any) -> dict[str, int]:
+    out = {}
+    for key in (
+        "input_tokens",
+        "output_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+    ):
+        value = getattr(usage, key, None)
+        if value is not None:
+            out[key] = int(value)
+    return out
+
+
+def _start_part(block: Any) -> common_pb2.Part | None:
+    if block.type == "text":
+        return common_pb2.Part(role="assistant", text=common_pb2.TextPart(text=block.text or ""))
+    if block.type == "thinking":
+        return common_pb2.Part(
+            role="assistant",
+            thinking=common_pb2.ThinkingPart(
+                thinking=block.thinking or "", signature=block.signature or ""
+            ),
+        )
+    if block.type == "tool_use":
+        return common_pb2.Part(
+            role="assistant",
+            tool_call=common_pb2.ToolCallPart(
+                tool_call_id=block.id, name=block.name, input=struct(dict(block.input or {}))
+            ),
+        )
+    return None  # block kinds this runtime does not model (server tools) are skipped
+
+
+async def _apply_delta(
+    part: common_pb2.Part, delta: Any, buffers: dict[int, str], index: int, publish: Delta
+) -> None:
+    if delta.type == "text_delta":
+        offset = len(part.text.text)
+        part.text.text += delta.text
+        await publish(part.index, delta.text, offset)
+    elif delta.type == "thinking_delta":
+        part.thinking.thinking += delta.thinking
+    elif delta.type == "signature_delta":
+        part.thinking.signature += delta.signature
+    elif delta.type == "input_json_delta":
+        buffers[index] += delta.partial_json
+
+
+def _finish_part(part: common_pb2.Part, json_buffer: str) -> None:
+    if part.WhichOneof("kind") == "tool_call" and json_buffer.strip():
+        part.tool_call.input.Clear()
+        part.tool_call.input.update(json.loads(json_buffer))
+    part.final = True

@@ -1,0 +1,128 @@
+"""The worker's only authority: calls to the orchestrator under a lease, errors translated."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import json_format
+
+from services.worker.tools.effects import EffectState
+from tether.errors import from_rpc_error
+from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+
+T = TypeVar("T")
+
+_EFFECT_STATES = {
+    orchestrator_pb2.EFFECT_STATE_BEGUN: EffectState.BEGUN,
+    orchestrator_pb2.EFFECT_STATE_IN_PROGRESS: EffectState.IN_PROGRESS,
+    orchestrator_pb2.EFFECT_STATE_DONE: EffectState.DONE,
+}
+
+
+async def call(awaitable: Awaitable[T]) -> T:
+    """Await an RPC, translating its failure (StaleLease for a refused epoch)."""
+    try:
+        return await awaitable
+    except grpc.aio.AioRpcError as exc:
+        raise from_rpc_error(exc) from exc
+
+
+class Orchestrator:
+    """Typed calls to tether.v1.OrchestratorService."""
+
+    def __init__(self, stub: orchestrator_pb2_grpc.OrchestratorServiceStub) -> None:
+        self.stub = stub
+
+    async def claim(self, worker_id: str, wait_ms: int) -> orchestrator_pb2.ClaimRunResponse:
+        """Long-poll for a run."""
+        response: orchestrator_pb2.ClaimRunResponse = await call(
+            self.stub.ClaimRun(
+                orchestrator_pb2.ClaimRunRequest(worker_id=worker_id, wait_ms=wait_ms),
+                timeout=wait_ms / 1000 + 30,
+            )
+        )
+        return response
+
+    async def heartbeat(self, run_id: str, epoch: int) -> orchestrator_pb2.HeartbeatResponse:
+        """Extend the lease."""
+        response: orchestrator_pb2.HeartbeatResponse = await call(
+            self.stub.Heartbeat(orchestrator_pb2.HeartbeatRequest(run_id=run_id, epoch=epoch))
+        )
+        return response
+
+    async def checkpoint(
+        self,
+        run_id: str,
+        epoch: int,
+        parts: Sequence[common_pb2.Part],
+        events: Sequence[events_pb2.RunEvent],
+        turns: Sequence[common_pb2.Usage],
+    ) -> orchestrator_pb2.CheckpointResponse:
+        """Persist progress."""
+        response: orchestrator_pb2.CheckpointResponse = await call(
+            self.stub.Checkpoint(
+                orchestrator_pb2.CheckpointRequest(
+                    run_id=run_id,
+                    epoch=epoch,
+                    parts=[orchestrator_pb2.PartWrite(part=p) for p in parts],
+                    events=events,
+                    turns=turns,
+                )
+            )
+        )
+        return response
+
+    async def complete(self, request: orchestrator_pb2.CompleteRunRequest) -> None:
+        """Finalise the run."""
+        await call(self.stub.CompleteRun(request))
+
+    async def schedule_retry(
+        self, run_id: str, epoch: int, error: common_pb2.ErrorInfo, retry_after_s: float
+    ) -> orchestrator_pb2.ScheduleRetryResponse:
+        """Report a transient failure."""
+        response: orchestrator_pb2.ScheduleRetryResponse = await call(
+            self.stub.ScheduleRetry(
+                orchestrator_pb2.ScheduleRetryRequest(
+                    run_id=run_id, epoch=epoch, error=error, retry_after_seconds=retry_after_s
+                )
+            )
+        )
+        return response
+
+    async def release(self, run_id: str, epoch: int) -> None:
+        """Hand the lease back."""
+        await call(
+            self.stub.ReleaseRun(orchestrator_pb2.ReleaseRunRequest(run_id=run_id, epoch=epoch))
+        )
+
+
+class LeasedEffects:
+    """The effects record over gRPC, fenced by one lease (implements EffectsPort)."""
+
+    def __init__(self, orchestrator: Orchestrator, run_id: str, epoch: int) -> None:
+        self._orchestrator = orchestrator
+        self._run_id = run_id
+        self._epoch = epoch
+
+    async def begin(self, key: str, tool_name: str) -> tuple[EffectState, dict[str, Any] | None]:
+        """Open the record."""
+        response: orchestrator_pb2.BeginEffectResponse = await call(
+            self._orchestrator.stub.BeginEffect(
+                orchestrator_pb2.BeginEffectRequest(
+                    run_id=self._run_id, epoch=self._epoch, key=key, tool_name=tool_name
+                )
+            )
+        )
+        state = _EFFECT_STATES[response.state]
+        result = json_format.MessageToDict(response.result) if state is EffectState.DONE else None
+        return state, result
+
+    async def finish(self, key: str, result: dict[str, Any]) -> None:
+        """Store the result."""
+        request = orchestrator_pb2.FinishEffectRequest(
+            run_id=self._run_id, epoch=self._epoch, key=key
+        )
+        json_format.ParseDict(result, request.result)
+        await call(self._orchestrator.stub.FinishEffect(request))

@@ -1,0 +1,211 @@
+"""The worker pool: claims runs (long-poll), runs attempts with bounded concurrency, keeps their
+leases alive, delivers cancel signals, and shuts down gracefully.
+
+Cancellation reaches an attempt within a heartbeat: through the Redis signal at once, or
+through the lease (the heartbeat and checkpoint responses carry the flag) when Redis lost it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from redis.exceptions import RedisError
+
+from services.worker.attempt import Attempt
+from services.worker.orchestrator_client import Orchestrator
+from tether.bus import Bus
+from tether.errors import StaleLease, TetherError, Unavailable
+from tether.v1 import orchestrator_pb2
+
+log = logging.getLogger(__name__)
+
+CANCEL_PATTERN = "tether:cancel:*"
+
+
+class WorkerPool:
+    """Claims and runs attempts until stopped."""
+
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        orchestrator: Orchestrator,
+        make_attempt: Callable[[orchestrator_pb2.ClaimRunResponse], Attempt],
+        bus: Bus | None,
+        concurrency: int,
+        heartbeat_interval_s: float,
+        claim_wait_ms: int,
+    ) -> None:
+        self._worker_id = worker_id
+        self._orchestrator = orchestrator
+        self._make_attempt = make_attempt
+        self._bus = bus
+        self._slots = asyncio.Semaphore(concurrency)
+        self._heartbeat_interval = heartbeat_interval_s
+        self._claim_wait_ms = claim_wait_ms
+        self._running: dict[str, tuple[Attempt, asyncio.Task[None]]] = {}
+        self._stopping = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Future[None]] = set()
+
+    async def run(self) -> None:
+        """Claim and run attempts until `stop()`."""
+        listener = asyncio.create_task(self._listen_for_cancels(), name="cancel-listener")
+        try:
+            while not self._stopping.is_set():
+                await self._slots.acquire()
+                if self._stopping.is_set():
+                    self._slots.release()
+                    break
+                try:
+                    claim = await self._claim()
+                except BaseException:
+                    self._slots.release()
+                    raise
+                if claim is None:
+                    self._slots.release()
+                    continue
+                task = asyncio.create_task(
+                    self._supervise(claim), name=f"attempt-{claim.lease.run_id}"
+                )
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+
+    async def _claim(self) -> orchestrator_pb2.ClaimRunResponse | None:
+        claim_task = asyncio.ensure_future(
+            self._orchestrator.claim(self._worker_id, self._claim_wait_ms)
+        )
+        stop_task = asyncio.ensure_future(self._stopping.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {claim_task, stop_task}, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            stop_task.cancel()
+        if claim_task not in done:
+            # Stopping: a claim that still lands is handed back untouched.
+            claim_task.add_done_callback(self._release_late_claim)
+            claim_task.cancel()
+            return None
+        try:
+            response = claim_task.result()
+        except (Unavailable, TetherError) as exc:
+            log.warning("claim failed (%s); retrying", exc)
+            await asyncio.sleep(0.5)  # orchestrator briefly unreachable; back off a little
+            return None
+        return response if response.claimed else None
+
+    def _release_late_claim(self, task: asyncio.Future[orchestrator_pb2.ClaimRunResponse]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        response = task.result()
+        if response.claimed:
+            release = asyncio.ensure_future(
+                self._orchestrator.release(response.lease.run_id, response.lease.epoch)
+            )
+            self._background.add(release)
+            release.add_done_callback(self._background.discard)
+
+    async def _supervise(self, claim: orchestrator_pb2.ClaimRunResponse) -> None:
+        attempt = self._make_attempt(claim)
+        run_id = claim.lease.run_id
+        task = asyncio.create_task(attempt.execute(), name=f"execute-{run_id}")
+        self._running[run_id] = (attempt, task)
+        heartbeat = asyncio.create_task(self._heartbeat(attempt, task), name=f"hb-{run_id}")
+        try:
+            await task
+        except asyncio.CancelledError:
+            if attempt.cancel_reason is None and not task.cancelled():
+                raise
+            await self._after_cancel(attempt)
+        except StaleLease:
+            log.info("run %s: lease lost; another worker owns it now", run_id)
+        except Exception:
+            log.exception("run %s: attempt crashed", run_id)
+            await self._crashed(attempt)
+        finally:
+            heartbeat.cancel()
+            self._running.pop(run_id, None)
+            self._slots.release()
+
+    async def _after_cancel(self, attempt: Attempt) -> None:
+        try:
+            if attempt.cancel_reason == "shutdown":
+                await attempt.released()
+            else:
+                await attempt.cancelled()
+        except StaleLease:
+            pass
+
+    async def _crashed(self, attempt: Attempt) -> None:
+        # An unexpected exception is still an outcome: finalise as failed rather than leave
+        # the run running until its lease expires.
+        with contextlib.suppress(TetherError):
+            await attempt._finish(
+                "failed",
+                {
+                    "code": "worker_error",
+                    "retryable": True,
+                    "message": "the worker hit an unexpected error",
+                },
+            )
+
+    async def _heartbeat(self, attempt: Attempt, task: asyncio.Task[None]) -> None:
+        while not task.done():
+            await asyncio.sleep(self._heartbeat_interval)
+            try:
+                response = await self._orchestrator.heartbeat(attempt.run_id, attempt.epoch)
+            except StaleLease:
+                task.cancel()  # fenced out: stop spending on a run we no longer own
+                return
+            except TetherError as exc:
+                log.warning("heartbeat for %s failed: %s", attempt.run_id, exc)
+                continue
+            if response.cancel_requested:
+                self.cancel(attempt.run_id, "cancelled by caller")
+
+    def cancel(self, run_id: str, reason: str) -> None:
+        """Cancel a running attempt (provider stream and tool tasks go with it)."""
+        entry = self._running.get(run_id)
+        if entry is None:
+            return
+        attempt, task = entry
+        if attempt.cancel_reason is None:
+            attempt.cancel_reason = reason
+            task.cancel()
+
+    async def _listen_for_cancels(self) -> None:
+        if self._bus is None:
+            return
+        while True:
+            try:
+                async with self._bus.client.pubsub() as pubsub:
+                    await pubsub.psubscribe(CANCEL_PATTERN)
+                    async for message in pubsub.listen():
+                        if message.get("type") != "pmessage":
+                            continue
+                        channel = message["channel"]
+                        if isinstance(channel, bytes):
+                            channel = channel.decode()
+                        self.cancel(channel.removeprefix("tether:cancel:"), "cancelled by caller")
+            except (RedisError, OSError) as exc:
+                # Heartbeats still carry the cancel flag; only the fast path is lost.
+                log.warning("cancel listener lost Redis (%s); reconnecting", exc)
+                await asyncio.sleep(0.5)
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop claiming; give attempts `grace_s` to finish, then release their leases."""
+        self._stopping.set()
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=grace_s)
+            if pending:
+                for run_id in list(self._running):
+                    self.cancel(run_id, "shutdown")
+                await asyncio.wait(pending, timeout=max(grace_s / 2, 1.0))

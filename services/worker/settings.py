@@ -1,0 +1,34 @@
+"""Worker settings (env prefix TETHER_WORKER_). The worker has no database credentials."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from tether.settings import PlatformSettings
+
+
+class WorkerSettings(PlatformSettings):
+    """The worker's settings."""
+
+    model_config = SettingsConfigDict(env_prefix="TETHER_WORKER_", frozen=True, extra="ignore")
+
+    worker_id: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
+        description="Lease owner name; unique per process.",
+    )
+    concurrency: int = Field(8, description="Attempts this process runs at once.")
+    heartbeat_interval_s: float = Field(3.0, description="Lease keepalive period (< lease TTL).")
+    checkpoint_interval_s: float = Field(
+        0.25, description="Longest time streamed progress stays unpersisted."
+    )
+    claim_wait_ms: int = Field(5000, description="Long-poll duration of one claim call.")
+    grace_s: float = Field(10.0, description="On SIGTERM: time for in-flight attempts to end.")
+    anthropic_base_url: str = Field("", description="Messages API base URL; empty = the SDK's.")
+    anthropic_api_key: str = Field("", description="API key; empty = ANTHROPIC_API_KEY.")
+    provider_timeout_s: float = Field(
+        600.0, description="Read timeout of one model call (the longest gap between bytes)."
+    )
