@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import admission
+from bench import admission, runs
 
-GROUPS = {"admission": admission.run}
+GROUPS = {"admission": admission.run, "runs": runs.run}
 
 
 def main() -> None:

@@ -242,8 +242,7 @@ class ExecutionServicer:
         )
         return orchestrator_pb2.FinishEffectResponse()
 
-
-    async def StoreToolOutput(  # noqa: N802
+    async def StoreToolOutput(
         self,
         request: orchestrator_pb2.StoreToolOutputRequest,
         context: grpc.aio.ServicerContext,

@@ -58,6 +58,11 @@ class Ledger:
         self._by_key: dict[str, LedgerRecord] = {}
         self._deliveries: Counter[str] = Counter()
         self._runner: web.AppRunner | None = None
+        # Cleared by a test to hold responses after recording: the effect has happened but
+        # the caller has not heard back (the moment a crash makes a duplicate likely).
+        self.respond = asyncio.Event()
+        self.respond.set()
+        self.recorded = asyncio.Event()
 
     async def start(self) -> None:
         """Bind and begin serving."""
@@ -132,6 +137,8 @@ class Ledger:
         self._records.append(record)
         if key is not None:
             self._by_key[key] = record
+        self.recorded.set()
+        await self.respond.wait()
         return web.json_response({"id": record.id, "replayed": False}, status=201)
 
     async def _get_effects(self, request: web.Request) -> web.Response:

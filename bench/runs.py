@@ -1,0 +1,489 @@
+"""Run figures: end-to-end throughput and latency of runs against a local model, the runtime's
+per-turn overhead over a bare SDK call, and the checkpoint cost deep into a conversation.
+
+One stack (orchestrator, admission, interactions, gateway) on a fresh database. The checkpoint
+figure comes first, with no worker running (the bench holds the leases itself); then two workers
+start against a local model server (a separate process, so the bench's own load does not slow
+its answers) for the latency figures at light load and, last, the saturated throughput.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import asyncpg
+import redis.asyncio as redis
+from anthropic import AsyncAnthropic
+from sqlalchemy import Table
+
+from bench.common import BenchStack, bench_stack, emit, percentile
+from tether.client import TetherClient
+from tether.db import schema
+from tether.grpcutil import internal_channel
+from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+
+SERVICES = ("orchestrator", "admission", "interactions", "gateway")
+WORKERS = 2
+WORKER_CONCURRENCY = 8  # the worker default
+
+THROUGHPUT_RUNS = 2000
+SUBMITTERS = 16
+POLL_S = 0.02
+THROUGHPUT_TIMEOUT_S = 150.0
+
+LATENCY_RUNS = 200
+BARE_CALLS = 200
+MULTI_TURN_K = 8  # model turns per run: K - 1 tool turns, then the answer (default max_steps)
+MULTI_TURN_PAIRS = 30
+RUN_TIMEOUT_S = 30.0
+
+HISTORY_TURNS = 500  # the measured run is this turn of its conversation
+CHECKPOINTS = 200
+CHECKPOINT_WARMUP = 20
+
+MODEL = "claude-sonnet-5-5"  # the routing default, so bare calls name the same model
+PROMPT = "bench: reply in one short sentence"  # no tool intent: the demo agent answers at once
+TERMINAL = {"run.completed": "completed", "run.failed": "failed", "run.cancelled": "cancelled"}
+
+
+# -- the local model, out of process ------------------------------------------------------------
+
+
+@dataclass
+class Model:
+    """A model server process: its base URL and its scripting endpoint."""
+
+    base_url: str
+    http: aiohttp.ClientSession
+
+    async def script(self, key: str, turns: list[dict[str, Any]]) -> None:
+        """Queue turns for requests whose script key is `key`."""
+        async with self.http.post(
+            f"{self.base_url}/_script", json={"key": key, "turns": turns}
+        ) as response:
+            response.raise_for_status()
+
+
+@contextlib.asynccontextmanager
+async def model_server() -> AsyncIterator[Model]:
+    """`python -m tether.testing.model_server --port 0`, stopped on exit."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tether.testing.model_server",
+        "--port",
+        "0",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
+        if not line.startswith("model-server listening "):
+            raise RuntimeError(f"model server did not start: {line!r}")
+        async with aiohttp.ClientSession() as http:
+            yield Model(line.split()[-1], http)
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            await process.wait()
+
+
+# -- completion as clients observe it: the terminal event on Redis ------------------------------
+
+
+@dataclass
+class Completions:
+    """Terminal events of every run, from one pattern subscription (`tether:events:*`)."""
+
+    seen: dict[str, tuple[float, str]] = field(default_factory=dict)
+    waiters: dict[str, asyncio.Future[tuple[float, str]]] = field(default_factory=dict)
+
+    def record(self, raw: bytes) -> None:
+        message = json.loads(raw)
+        outcome = TERMINAL.get(message.get("type", ""))
+        if outcome is None:
+            return
+        run_id = message["run_id"]
+        self.seen[run_id] = (time.perf_counter(), outcome)
+        waiter = self.waiters.pop(run_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(self.seen[run_id])
+
+    async def wait(self, run_id: str) -> tuple[float, str]:
+        """(perf_counter when the terminal event arrived, outcome) of `run_id`."""
+        if run_id in self.seen:
+            return self.seen[run_id]
+        waiter = self.waiters[run_id] = asyncio.get_running_loop().create_future()
+        return await asyncio.wait_for(waiter, RUN_TIMEOUT_S)
+
+
+@contextlib.asynccontextmanager
+async def completions(redis_url: str) -> AsyncIterator[Completions]:
+    """Subscribed (confirmed) before yielding, so no terminal event can be missed."""
+    client = redis.Redis.from_url(redis_url)
+    pubsub = client.pubsub()
+    await pubsub.psubscribe("tether:events:*")
+    while (await pubsub.get_message(timeout=5.0)) is None:
+        pass  # the psubscribe confirmation
+    state = Completions()
+
+    async def listen() -> None:
+        async for message in pubsub.listen():
+            if message["type"] == "pmessage":
+                state.record(message["data"])
+
+    listener = asyncio.create_task(listen())
+    try:
+        yield state
+    finally:
+        listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listener
+        await pubsub.aclose()
+        await client.aclose()
+
+
+# -- checkpoint cost at turn 1 and deep into a conversation -------------------------------------
+
+
+def _clone_sql(table: Table, key: str, overrides: dict[str, str]) -> str:
+    """INSERT ... SELECT copying `table`'s rows where `key` = $1 once per g in 1..$2."""
+    columns = [c.name for c in table.columns if c.identity is None]
+    exprs = [overrides.get(c, f"t.{c}") for c in columns]
+    return (
+        f"INSERT INTO {table.name} ({', '.join(columns)}) "
+        f"SELECT {', '.join(exprs)} FROM {table.name} t, generate_series(1, $2::int) g "
+        f"WHERE t.{key} = $1"
+    )
+
+
+async def _clone_turns(db_url: str, run_id: str, copies: int) -> None:
+    """Give the run's conversation `copies` more earlier completed turns, copies of `run_id`
+    (its message, run row, parts, events, usage and attempts) with older timestamps."""
+    new_run = "t.run_id || '-h' || g"
+    conn = await asyncpg.connect(db_url)
+    try:
+        async with conn.transaction():
+            message_id = await conn.fetchval(
+                "SELECT message_id FROM runs WHERE run_id = $1", run_id
+            )
+            await conn.execute(
+                _clone_sql(
+                    schema.messages,
+                    "message_id",
+                    {
+                        "message_id": "t.message_id || '-h' || g",
+                        "event_id": "t.event_id || '-h' || g",
+                        "created_at": "t.created_at - g * interval '1 second'",
+                    },
+                ),
+                message_id,
+                copies,
+            )
+            await conn.execute(
+                _clone_sql(
+                    schema.runs,
+                    "run_id",
+                    {
+                        "run_id": new_run,
+                        "root_run_id": new_run,
+                        "message_id": "t.message_id || '-h' || g",
+                        "created_at": "t.created_at - g * interval '1 second'",
+                    },
+                ),
+                run_id,
+                copies,
+            )
+            for table in (schema.run_parts, schema.run_events, schema.usage_turns, schema.attempts):
+                await conn.execute(_clone_sql(table, "run_id", {"run_id": new_run}), run_id, copies)
+        await conn.execute("ANALYZE")
+    finally:
+        await conn.close()
+
+
+def _text_batch(
+    run_id: str, epoch: int, index: int, text: str
+) -> orchestrator_pb2.CheckpointRequest:
+    """A typical checkpoint: a finished text block (part.added, part.updated) and its turn."""
+    part = common_pb2.Part(index=index, role="assistant", final=True)
+    part.text.text = text
+    added = events_pb2.RunEvent(type="part.added")
+    added.part_added.part.CopyFrom(part)
+    updated = events_pb2.RunEvent(type="part.updated")
+    updated.part_updated.part.CopyFrom(part)
+    return orchestrator_pb2.CheckpointRequest(
+        run_id=run_id,
+        epoch=epoch,
+        parts=[orchestrator_pb2.PartWrite(part=part)],
+        events=[added, updated],
+        turns=[common_pb2.Usage(model=MODEL, input_tokens=1200, output_tokens=40)],
+    )
+
+
+async def _claim(
+    stub: orchestrator_pb2_grpc.OrchestratorServiceStub,
+) -> tuple[orchestrator_pb2.ClaimRunResponse, float]:
+    start = time.perf_counter()
+    claim = await stub.ClaimRun(
+        orchestrator_pb2.ClaimRunRequest(worker_id="bench-checkpoints", wait_ms=5000)
+    )
+    if not claim.claimed:
+        raise RuntimeError("nothing to claim")
+    return claim, (time.perf_counter() - start) * 1000
+
+
+async def _complete(
+    stub: orchestrator_pb2_grpc.OrchestratorServiceStub, lease: orchestrator_pb2.Lease
+) -> None:
+    await stub.CompleteRun(
+        orchestrator_pb2.CompleteRunRequest(
+            run_id=lease.run_id,
+            epoch=lease.epoch,
+            status=common_pb2.RUN_STATUS_COMPLETED,
+            result_text="done",
+        )
+    )
+
+
+async def checkpoint_cost(stack: BenchStack, client: TetherClient) -> None:
+    """Checkpoint RPC latency on a conversation's first turn and on its HISTORY_TURNS-th."""
+    tag = uuid.uuid4().hex[:8]
+    channel = internal_channel(stack.services.addresses()["orchestrator"], stack.service_token)
+    stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
+    deep, fresh = f"ckpt-deep-{tag}", f"ckpt-fresh-{tag}"
+    try:
+        # One real earlier turn (claimed, checkpointed, completed), copied into the history.
+        await client.send(PROMPT, conversation_id=deep, event_id=f"{deep}-0")
+        first, _ = await _claim(stub)
+        for i in range(3):
+            await stub.Checkpoint(
+                _text_batch(first.lease.run_id, first.lease.epoch, i, f"earlier answer {i}")
+            )
+        await _complete(stub, first.lease)
+        await _clone_turns(stack.db_url, first.lease.run_id, HISTORY_TURNS - 2)
+
+        sent = {
+            conv: (await client.send(PROMPT, conversation_id=conv, event_id=f"{conv}-x")).run.run_id
+            for conv in (deep, fresh)
+        }
+        claims: dict[str, orchestrator_pb2.ClaimRunResponse] = {}
+        claim_ms: dict[str, float] = {}
+        for _ in sent:
+            claim, ms = await _claim(stub)
+            conv = next(c for c, r in sent.items() if r == claim.lease.run_id)
+            claims[conv], claim_ms[conv] = claim, ms
+        samples: dict[str, list[float]] = {deep: [], fresh: []}
+        for i in range(CHECKPOINT_WARMUP + CHECKPOINTS):
+            for conv in (fresh, deep):  # interleaved, so drift hits both alike
+                lease = claims[conv].lease
+                request = _text_batch(lease.run_id, lease.epoch, i, f"answer {i} " * 20)
+                start = time.perf_counter()
+                await stub.Checkpoint(request)
+                if i >= CHECKPOINT_WARMUP:
+                    samples[conv].append((time.perf_counter() - start) * 1000)
+        for claim in claims.values():
+            await _complete(stub, claim.lease)
+    finally:
+        await channel.close()
+    t1, t500 = statistics.median(samples[fresh]), statistics.median(samples[deep])
+    emit(
+        "checkpoint_cost_ratio_t500_t1",
+        t500 / t1,
+        "ratio",
+        median_ms_t1=round(t1, 3),
+        median_ms_t500=round(t500, 3),
+        p99_ms_t1=round(percentile(samples[fresh], 99), 3),
+        p99_ms_t500=round(percentile(samples[deep], 99), 3),
+        checkpoints=CHECKPOINTS,
+        batch="1 final text part + part.added + part.updated + 1 usage turn",
+        prior_turns_t500=HISTORY_TURNS - 1,
+        history="1 real completed run (3 parts) + SQL copies of it",
+        claim_ms_t1=round(claim_ms[fresh], 3),
+        claim_ms_t500=round(claim_ms[deep], 3),
+        goal="<= 1.5",
+    )
+
+
+# -- latency at light load ----------------------------------------------------------------------
+
+
+async def _one_run(
+    client: TetherClient, done: Completions, text: str, conversation: str
+) -> tuple[float, str]:
+    """(ms from just before SendMessage to the terminal event, outcome) of one run."""
+    start = time.perf_counter()
+    response = await client.send(text, conversation_id=conversation, event_id=conversation)
+    finished, outcome = await done.wait(response.run.run_id)
+    return (finished - start) * 1000, outcome
+
+
+async def _bare_calls(model: Model, count: int, *, tool_use: bool) -> list[float]:
+    """Latency of a streamed call made straight with the SDK, fully consumed."""
+    sdk = AsyncAnthropic(base_url=model.base_url, api_key="x", max_retries=0)
+    key = f"bare-{uuid.uuid4().hex[:8]}"
+    headers = {}
+    if tool_use:
+        await model.script(key, [{"kind": "tool_use", "name": "get_time", "input": {}}] * count)
+        headers = {"x-tether-script": key}
+    samples = []
+    try:
+        for _ in range(count):
+            start = time.perf_counter()
+            stream = await sdk.messages.create(
+                model=MODEL,
+                max_tokens=4096,
+                messages=[{"role": "user", "content": PROMPT}],
+                stream=True,
+                extra_headers=headers,
+            )
+            async for _event in stream:
+                pass
+            samples.append((time.perf_counter() - start) * 1000)
+    finally:
+        await sdk.close()
+    return samples
+
+
+async def latency(client: TetherClient, done: Completions, model: Model) -> None:
+    """e2e p50/p99 of one-turn runs, one at a time, and the per-turn overhead."""
+    tag = uuid.uuid4().hex[:8]
+    outcomes: dict[str, int] = {}
+
+    async def run_one(text: str, conversation: str) -> float:
+        ms, outcome = await _one_run(client, done, text, conversation)
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        return ms
+
+    for i in range(10):  # warm-up: connections, caches, both workers' code paths
+        await run_one(PROMPT, f"lat-warm-{tag}-{i}")
+    outcomes.clear()
+    e2e = [await run_one(PROMPT, f"lat-{tag}-{i}") for i in range(LATENCY_RUNS)]
+    light = {"runs": LATENCY_RUNS, "workers": WORKERS, "outcomes": dict(outcomes)}
+    emit("e2e_p50_ms", statistics.median(e2e), "ms", **light)
+    emit("e2e_p99_ms", percentile(e2e, 99), "ms", **light)
+
+    await _bare_calls(model, 20, tool_use=False)  # warm-up
+    bare_text = statistics.median(await _bare_calls(model, BARE_CALLS, tool_use=False))
+    bare_tool = statistics.median(await _bare_calls(model, BARE_CALLS, tool_use=True))
+
+    # K-turn runs (K - 1 scripted get_time turns, then the answer) against one-turn runs of the
+    # same scripted shape, interleaved: the difference over K - 1 is the cost of one tool turn.
+    tool_turn = {"kind": "tool_use", "name": "get_time", "input": {}}
+    answer = {"kind": "text", "text": "All done."}
+    one: list[float] = []
+    many: list[float] = []
+    outcomes.clear()
+    for i in range(MULTI_TURN_PAIRS):
+        for k, sink in ((1, one), (MULTI_TURN_K, many)):
+            text = f"bench {k}-turn run {tag} {i}"
+            await model.script(text, [tool_turn] * (k - 1) + [answer])
+            sink.append(await run_one(text, f"turns-{k}-{tag}-{i}"))
+    per_turn = (statistics.median(many) - statistics.median(one)) / (MULTI_TURN_K - 1)
+    emit(
+        "turn_overhead_ms",
+        per_turn - bare_tool,
+        "ms",
+        method=f"(median e2e of a {MULTI_TURN_K}-turn run - median e2e of a 1-turn run) / "
+        f"{MULTI_TURN_K - 1} - median bare SDK call answering the same tool_use turn",
+        includes="per tool turn: model call, tool.started/result checkpoints, get_time, "
+        "context rebuild; excludes admission, claim and completion",
+        pairs=MULTI_TURN_PAIRS,
+        median_e2e_ms_1_turn=round(statistics.median(one), 3),
+        median_e2e_ms_k_turns=round(statistics.median(many), 3),
+        per_turn_ms=round(per_turn, 3),
+        bare_call_ms_tool_use=round(bare_tool, 3),
+        bare_call_ms_text=round(bare_text, 3),
+        bare_calls=BARE_CALLS,
+        one_turn_upper_bound_ms=round(statistics.median(e2e) - bare_text, 3),
+        one_turn_upper_bound_note="e2e_p50 - bare text call: admission + claim + one turn + "
+        "completion, an upper bound of the per-turn overhead",
+        outcomes=dict(outcomes),
+    )
+
+
+# -- throughput at saturation -------------------------------------------------------------------
+
+
+async def throughput(stack: BenchStack, client: TetherClient) -> None:
+    """Completed runs per second, first admit to last completion, with THROUGHPUT_RUNS runs each
+    in its own conversation; completion counted straight from the database."""
+    tag = uuid.uuid4().hex[:8]
+    db = await asyncpg.connect(stack.db_url)
+    since = await db.fetchval("SELECT clock_timestamp()")
+    count_sql = (
+        "SELECT status, count(*) FROM runs WHERE tenant_id = 'bench' AND created_at >= $1 "
+        "GROUP BY status"
+    )
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(THROUGHPUT_RUNS):
+        queue.put_nowait(i)
+    admitted_at = 0.0
+
+    async def submitter() -> None:
+        nonlocal admitted_at
+        while not queue.empty():
+            i = queue.get_nowait()
+            conversation = f"tput-{tag}-{i}"
+            await client.send(PROMPT, conversation_id=conversation, event_id=conversation)
+        admitted_at = time.perf_counter()
+
+    start = time.perf_counter()
+    submitters = asyncio.gather(*(submitter() for _ in range(SUBMITTERS)))
+    counts: dict[str, int] = {}
+    try:
+        while time.perf_counter() - start < THROUGHPUT_TIMEOUT_S:
+            counts = dict(await db.fetch(count_sql, since))
+            if sum(counts.get(s, 0) for s in TERMINAL.values()) >= THROUGHPUT_RUNS:
+                break
+            await asyncio.sleep(POLL_S)
+        elapsed = time.perf_counter() - start
+        await submitters
+    finally:
+        await db.close()
+    completed = counts.get("completed", 0)
+    failed = counts.get("failed", 0)
+    config: dict[str, Any] = {
+        "runs": THROUGHPUT_RUNS,
+        "completed": completed,
+        "failed": failed,
+        "statuses": counts,
+        "workers": WORKERS,
+        "worker_concurrency": WORKER_CONCURRENCY,
+        "submitters": SUBMITTERS,
+        "seconds": round(elapsed, 3),
+        "admit_seconds": round(admitted_at - start, 3),
+        "poll_ms": POLL_S * 1000,
+    }
+    if completed != THROUGHPUT_RUNS:
+        config["warning"] = f"{THROUGHPUT_RUNS - completed} runs did not complete"
+    emit("e2e_runs_per_s", completed / elapsed, "runs/s", **config)
+
+
+async def run() -> None:
+    """Run the runs group."""
+    async with (
+        model_server() as model,
+        bench_stack(SERVICES) as stack,
+        TetherClient(stack.services.addresses()["gateway"], stack.api_key) as client,
+    ):
+        await checkpoint_cost(stack, client)
+        worker_env = {
+            "TETHER_WORKER_ANTHROPIC_BASE_URL": model.base_url,
+            "TETHER_WORKER_ANTHROPIC_API_KEY": "bench",
+            "TETHER_WORKER_CONCURRENCY": str(WORKER_CONCURRENCY),
+        }
+        for _ in range(WORKERS):
+            await stack.services.start("worker", extra_env=worker_env)
+        async with completions(stack.redis_url) as done:
+            await latency(client, done, model)
+        await throughput(stack, client)

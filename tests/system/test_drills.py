@@ -1,0 +1,172 @@
+"""Failure drills done for real: SIGKILL a worker mid-stream and mid-tool, race two claimers,
+write with a stale epoch, SIGTERM a worker mid-run. Each drill gets its own stack."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+import pytest_asyncio
+
+from tests.system.execution_support import (
+    ExecStack,
+    events_of,
+    exec_stack,
+    parts_of,
+    run_row,
+    wait_for_status,
+)
+from tether.grpcutil import internal_channel
+from tether.testing.eventually import eventually
+from tether.testing.model_server import TextTurn, ToolUseTurn
+from tether.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def drill(
+    pg_server_url: str, template_db: str, redis_url: str, tmp_path: Path
+) -> AsyncIterator[ExecStack]:
+    async with exec_stack(pg_server_url, template_db, redis_url, tmp_path, workers=0) as stack:
+        yield stack
+
+
+def prompt(label: str) -> str:
+    return f"{label} {uuid.uuid4().hex}"
+
+
+async def test_sigkill_mid_stream_resumes_on_another_worker_losing_no_persisted_part(
+    drill: ExecStack,
+) -> None:
+    tenant = await drill.tenant()
+    text = prompt("kill me while streaming")
+    words = [f"w{i} " for i in range(300)]
+    drill.model.script(
+        text,
+        [TextTurn("".join(words), chunks=words, delay_ms=30), TextTurn("Recovered answer.")],
+    )
+    first = await drill.start_worker()
+    run_id = await tenant.send(text)
+
+    async def checkpointed_text() -> str | None:
+        parts = await parts_of(drill.db_url, run_id)
+        value = parts[0].payload.get("text", "") if parts else ""
+        return value if len(value) > 20 else None
+
+    persisted = await eventually(checkpointed_text, what="a checkpoint of streamed text")
+    drill.services.kill(first)
+    await drill.start_worker()
+    run = await wait_for_status(drill.db_url, run_id, "completed", timeout=30)
+    assert run.attempt == 2
+    assert run.result_text == "Recovered answer."
+    parts = await parts_of(drill.db_url, run_id)
+    assert parts[0].payload["text"].startswith(persisted), "the persisted part survived"
+    assert parts[-1].payload["text"] == "Recovered answer."
+    queued = [p for _, t, p in await events_of(drill.db_url, run_id) if t == "run.queued"]
+    assert queued[-1] == {"attempt": 2, "reason": "lease_expired"}
+
+
+async def test_sigkill_mid_tool_fires_the_external_side_effect_exactly_once(
+    drill: ExecStack,
+) -> None:
+    tenant = await drill.tenant()
+    text = prompt("publish launch post")
+    drill.model.script(
+        text,
+        [
+            ToolUseTurn("publish_post", {"text": "We launch today"}),
+            # Attempt 2: the model sees the interrupted call and asks again, same arguments.
+            ToolUseTurn("publish_post", {"text": "We launch today"}),
+            # And once more, in the same run: the done record answers, nothing fires.
+            ToolUseTurn("publish_post", {"text": "We launch today"}),
+            TextTurn("Published."),
+        ],
+    )
+    drill.ledger.respond.clear()  # the post lands, the worker never hears back
+    first = await drill.start_worker()
+    run_id = await tenant.send(text)
+    await asyncio.wait_for(drill.ledger.recorded.wait(), 20)
+    drill.services.kill(first)
+    drill.ledger.respond.set()
+    await drill.start_worker()
+    run = await wait_for_status(drill.db_url, run_id, "completed", timeout=30)
+    assert run.result_text == "Published."
+    records = drill.ledger.records
+    assert len(records) == 1, "the post was published exactly once"
+    key = records[0].key
+    assert key is not None and drill.ledger.deliveries(key) == 2, "re-fired once, deduplicated"
+    results = [p.payload for p in await parts_of(drill.db_url, run_id) if p.kind == "tool_result"]
+    assert results[0]["isError"] and results[0]["content"].startswith("interrupted")
+    assert [r.get("isError", False) for r in results[1:]] == [False, False]
+    completed = [p for _, t, p in await events_of(drill.db_url, run_id) if t == "tool.completed"]
+    assert [c.get("replayed", False) for c in completed] == [False, True]
+
+
+async def test_two_claimers_race_for_one_run_and_a_stale_epoch_is_refused(
+    drill: ExecStack,
+) -> None:
+    tenant = await drill.tenant()
+    run_id = await tenant.send(prompt("contested"))
+    async with internal_channel(drill.addr("orchestrator"), drill.token) as channel:
+        stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
+        claims = await asyncio.gather(
+            *(
+                stub.ClaimRun(orchestrator_pb2.ClaimRunRequest(worker_id=f"w{i}", wait_ms=0))
+                for i in range(8)
+            )
+        )
+        winners = [c for c in claims if c.claimed]
+        assert len(winners) == 1 and winners[0].lease.run_id == run_id
+        epoch = winners[0].lease.epoch
+        with pytest.raises(grpc.aio.AioRpcError) as stale:
+            await stub.Checkpoint(
+                orchestrator_pb2.CheckpointRequest(run_id=run_id, epoch=epoch - 1)
+            )
+        assert stale.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        # Let the lease lapse: the reaper requeues the run and a new claim gets a new epoch.
+        await wait_for_status(drill.db_url, run_id, "queued", timeout=10)
+        again = await stub.ClaimRun(orchestrator_pb2.ClaimRunRequest(worker_id="w9", wait_ms=2000))
+        assert again.claimed and again.lease.epoch == epoch + 1 and again.lease.attempt == 2
+        part = common_pb2.Part(
+            index=0, role="assistant", final=True, text=common_pb2.TextPart(text="from a zombie")
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as zombie:
+            await stub.Checkpoint(
+                orchestrator_pb2.CheckpointRequest(
+                    run_id=run_id, epoch=epoch, parts=[orchestrator_pb2.PartWrite(part=part)]
+                )
+            )
+        assert zombie.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert await parts_of(drill.db_url, run_id) == [], "the zombie wrote nothing"
+
+
+async def test_sigterm_releases_the_lease_and_another_worker_finishes(drill: ExecStack) -> None:
+    tenant = await drill.tenant()
+    text = prompt("graceful")
+    words = [f"g{i} " for i in range(400)]
+    drill.model.script(
+        text, [TextTurn("".join(words), chunks=words, delay_ms=30), TextTurn("Second worker.")]
+    )
+    first = await drill.start_worker(TETHER_WORKER_GRACE_S="0.5")
+    run_id = await tenant.send(text)
+    await wait_for_status(drill.db_url, run_id, "running")
+
+    async def streaming() -> bool:
+        parts = await parts_of(drill.db_url, run_id)
+        return bool(parts and parts[0].payload.get("text"))
+
+    await eventually(streaming, what="streaming to start")
+    exit_code = await drill.services.stop(first, grace=15)
+    assert exit_code == 0
+    row = await run_row(drill.db_url, run_id)
+    assert row.status == "queued" and row.attempt == 1, "released, not reaped"
+    await drill.start_worker()
+    run = await wait_for_status(drill.db_url, run_id, "completed", timeout=20)
+    assert run.result_text == "Second worker."
+    reasons = [
+        p.get("reason") for _, t, p in await events_of(drill.db_url, run_id) if t == "run.queued"
+    ]
+    assert reasons == ["admitted", "released"]
