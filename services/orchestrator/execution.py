@@ -540,7 +540,30 @@ class Execution:
                     "retryable": True,
                     "message": f"worker {run.lease_owner} stopped heartbeating",
                 }
-                if run.attempt < run.max_attempts:
+                if run.cancel_requested_at is not None:
+                    # Cancelled while its worker was dying: nobody is left to stop, so the
+                    # orchestrator finalises the cancellation itself.
+                    error = {
+                        "code": "cancelled",
+                        "message": "cancelled by caller",
+                        "retryable": True,
+                    }
+                    events.append(Event("run.cancelled", {"reason": "cancelled by caller"}))
+                    row = await apply(
+                        conn,
+                        states.CANCEL_BY_WORKER,
+                        run.run_id,
+                        epoch=run.lease_epoch,
+                        events=events,
+                        values={
+                            **lease_repo.lease_cleared(),
+                            "error": error,
+                            "finished_at": func.now(),
+                        },
+                    )
+                    if row is not None:
+                        await lease_repo.release_session(conn, row.session_id, run.run_id)
+                elif run.attempt < run.max_attempts:
                     events.append(lease_repo.queued_event(run.attempt + 1, "lease_expired"))
                     row = await apply(
                         conn,

@@ -170,3 +170,21 @@ async def test_sigterm_releases_the_lease_and_another_worker_finishes(drill: Exe
         p.get("reason") for _, t, p in await events_of(drill.db_url, run_id) if t == "run.queued"
     ]
     assert reasons == ["admitted", "released"]
+
+
+async def test_a_cancelled_run_whose_worker_died_is_finalised_by_the_orchestrator(
+    drill: ExecStack,
+) -> None:
+    tenant = await drill.tenant()
+    text = prompt("cancel an orphan")
+    words = [f"o{i} " for i in range(300)]
+    drill.model.script(text, [TextTurn("".join(words), chunks=words, delay_ms=30)])
+    worker = await drill.start_worker()
+    run_id = await tenant.send(text)
+    await wait_for_status(drill.db_url, run_id, "running")
+    drill.services.kill(worker)
+    response = await tenant.cancel(run_id)
+    assert response.changed, "the cancel request was recorded on the running run"
+    run = await wait_for_status(drill.db_url, run_id, "cancelled", timeout=10)
+    assert run.error["code"] == "cancelled"
+    assert run.attempt == 1, "not requeued"
