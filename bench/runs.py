@@ -310,6 +310,7 @@ async def checkpoint_cost(stack: BenchStack, client: TetherClient) -> None:
         history="1 real completed run (3 parts) + SQL copies of it",
         claim_ms_t1=round(claim_ms[fresh], 3),
         claim_ms_t500=round(claim_ms[deep], 3),
+        claimed_history_parts_t500=len(claims[deep].history),
         goal="<= 1.5",
     )
 
@@ -395,8 +396,9 @@ async def latency(client: TetherClient, done: Completions, model: Model) -> None
         "ms",
         method=f"(median e2e of a {MULTI_TURN_K}-turn run - median e2e of a 1-turn run) / "
         f"{MULTI_TURN_K - 1} - median bare SDK call answering the same tool_use turn",
-        includes="per tool turn: model call, tool.started/result checkpoints, get_time, "
-        "context rebuild; excludes admission, claim and completion",
+        includes="per tool turn, beyond the model call: the worker's streaming, its "
+        "checkpoints (tool call, tool.started, tool result), get_time and the context rebuild; "
+        "admission, claim and completion cancel out",
         pairs=MULTI_TURN_PAIRS,
         median_e2e_ms_1_turn=round(statistics.median(one), 3),
         median_e2e_ms_k_turns=round(statistics.median(many), 3),
@@ -442,6 +444,8 @@ async def throughput(stack: BenchStack, client: TetherClient) -> None:
     counts: dict[str, int] = {}
     try:
         while time.perf_counter() - start < THROUGHPUT_TIMEOUT_S:
+            if submitters.done():
+                submitters.result()  # a failed submission fails the bench here, not later
             counts = dict(await db.fetch(count_sql, since))
             if sum(counts.get(s, 0) for s in TERMINAL.values()) >= THROUGHPUT_RUNS:
                 break

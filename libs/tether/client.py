@@ -13,6 +13,7 @@ from google.protobuf import json_format
 
 from tether.convert import status_from_proto
 from tether.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tether.watch import ConversationWatch, RunWatch
 
 _DISPOSITION_NAMES: dict[int, str] = {
     common_pb2.DISPOSITION_CREATED: "created",
@@ -111,6 +112,33 @@ class TetherClient:
         )
         return response
 
+    def watch(
+        self,
+        run_id: str,
+        *,
+        after_seq: int = 0,
+        include_deltas: bool = False,
+        give_up_after_s: float | None = 60.0,
+    ) -> RunWatch:
+        """The run's stream (`async for item in ...`), reconnecting by itself from its cursor
+        until the run's terminal event; see `tether.watch`."""
+        return RunWatch(
+            self.stub,
+            self._metadata,
+            run_id,
+            after_seq=after_seq,
+            include_deltas=include_deltas,
+            give_up_after_s=give_up_after_s,
+        )
+
+    def watch_conversation(
+        self, conversation_id: str, *, cursor: str = "", include_deltas: bool = False
+    ) -> ConversationWatch:
+        """Every run of a conversation (`async for item in ...`), reconnecting by itself."""
+        return ConversationWatch(
+            self.stub, self._metadata, conversation_id, cursor=cursor, include_deltas=include_deltas
+        )
+
     async def create_key(
         self, tenant_id: str, principal_id: str, scopes: list[str] | None = None
     ) -> gateway_pb2.CreateApiKeyResponse:
@@ -119,6 +147,61 @@ class TetherClient:
             gateway_pb2.CreateApiKeyRequest(
                 tenant_id=tenant_id, principal_id=principal_id, scopes=scopes or []
             ),
+            metadata=self._metadata,
+        )
+        return response
+
+    async def pending_question(self, run_id: str) -> gateway_pb2.GetPendingQuestionResponse:
+        """The run's open question (unset once answered)."""
+        response: gateway_pb2.GetPendingQuestionResponse = await self.stub.GetPendingQuestion(
+            gateway_pb2.GetPendingQuestionRequest(run_id=run_id), metadata=self._metadata
+        )
+        return response
+
+    async def answer(
+        self, run_id: str, answers: dict[str, list[str]]
+    ) -> gateway_pb2.AnswerQuestionResponse:
+        """Answer the run's open question (values per question key)."""
+        request = gateway_pb2.AnswerQuestionRequest(run_id=run_id)
+        for key, values in answers.items():
+            request.answers[key].values.extend(values)
+        response: gateway_pb2.AnswerQuestionResponse = await self.stub.AnswerQuestion(
+            request, metadata=self._metadata
+        )
+        return response
+
+    async def pending_approval(self, run_id: str) -> gateway_pb2.GetPendingApprovalResponse:
+        """The run's open approval (unset once decided)."""
+        response: gateway_pb2.GetPendingApprovalResponse = await self.stub.GetPendingApproval(
+            gateway_pb2.GetPendingApprovalRequest(run_id=run_id), metadata=self._metadata
+        )
+        return response
+
+    async def decide(
+        self, run_id: str, decision: str, always_scope: str = ""
+    ) -> gateway_pb2.DecideApprovalResponse:
+        """Decide the run's open approval."""
+        response: gateway_pb2.DecideApprovalResponse = await self.stub.DecideApproval(
+            gateway_pb2.DecideApprovalRequest(
+                run_id=run_id, decision=decision, always_scope=always_scope
+            ),
+            metadata=self._metadata,
+        )
+        return response
+
+    async def pending_connection(self, run_id: str) -> gateway_pb2.GetPendingConnectionResponse:
+        """The run's open consent offer (unset once completed)."""
+        response: gateway_pb2.GetPendingConnectionResponse = await self.stub.GetPendingConnection(
+            gateway_pb2.GetPendingConnectionRequest(run_id=run_id), metadata=self._metadata
+        )
+        return response
+
+    async def complete_connection(
+        self, run_id: str, state: str, code: str
+    ) -> gateway_pb2.CompleteConnectionResponse:
+        """Complete consent with the state and code the provider redirected back with."""
+        response: gateway_pb2.CompleteConnectionResponse = await self.stub.CompleteConnection(
+            gateway_pb2.CompleteConnectionRequest(run_id=run_id, state=state, code=code),
             metadata=self._metadata,
         )
         return response

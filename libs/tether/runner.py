@@ -36,6 +36,15 @@ def write_ready_file(path: str, port: int) -> None:
     os.replace(tmp, target)
 
 
+def companion_ready_file(path: str, name: str) -> str:
+    """Where a process publishes a second port beside its ready file (`gateway.port` ->
+    `gateway.http.port`); empty when there is no ready file."""
+    if not path:
+        return ""
+    target = Path(path)
+    return str(target.with_name(f"{target.stem}.{name}{target.suffix}"))
+
+
 async def wait_for_signal(failed: asyncio.Event | None = None) -> None:
     """Return on SIGTERM or SIGINT, or when `failed` is set (a supervised task died)."""
     stop = failed or asyncio.Event()

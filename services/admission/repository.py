@@ -52,21 +52,34 @@ def _build_admit_new() -> Select[Any]:
     session = (
         pg_insert(sessions)
         .from_select(
-            ["session_id", "tenant_id", "channel", "conversation_id", "actor_scope"],
+            [
+                "session_id",
+                "tenant_id",
+                "channel",
+                "conversation_id",
+                "actor_scope",
+                "active_run_id",
+            ],
             select(
                 p("session_id"),
                 p("tenant_id"),
                 p("channel"),
                 p("conversation_id"),
                 p("actor_scope"),
+                p("run_id"),
             ).where(exists(select(claim.c.run_id))),
         )
         .on_conflict_do_update(
             index_elements=["tenant_id", "channel", "conversation_id", "actor_scope"],
-            # A no-op update so RETURNING yields the existing session.
-            set_={"tenant_id": sessions.c.tenant_id},
+            # An idle session makes this run its head; a busy one keeps its head and this
+            # message queues behind it.
+            set_={
+                "active_run_id": func.coalesce(
+                    sessions.c.active_run_id, bindparam("run_id", type_=Text)
+                )
+            },
         )
-        .returning(sessions.c.session_id)
+        .returning(sessions.c.session_id, sessions.c.active_run_id)
         .cte("session")
     )
     message = (
@@ -115,6 +128,7 @@ def _build_admit_new() -> Select[Any]:
                 "root_run_id",
                 "traceparent",
                 "last_seq",
+                "session_head",
             ],
             select(
                 p("run_id"),
@@ -130,7 +144,8 @@ def _build_admit_new() -> Select[Any]:
                 p("run_id"),
                 p("traceparent"),
                 literal(1, BigInteger),
-            ),
+                session.c.active_run_id == p("run_id"),
+            ).select_from(message.join(session, literal(True))),
         )
         .returning(*runs.c)
         .cte("run")
@@ -253,7 +268,16 @@ async def insert_queued_run(
     reason: str,
     traceparent: str | None,
 ) -> Row[Any]:
-    """Create a queued run with its `run.queued` event (seq 1)."""
+    """Create a queued run with its `run.queued` event (seq 1); it heads its session when
+    the session is idle."""
+    head = (
+        await conn.execute(
+            update(sessions)
+            .where(sessions.c.session_id == session_id)
+            .values(active_run_id=func.coalesce(sessions.c.active_run_id, run_id))
+            .returning(sessions.c.active_run_id)
+        )
+    ).scalar_one()
     stmt = (
         insert(runs)
         .values(
@@ -271,6 +295,7 @@ async def insert_queued_run(
             root_run_id=root_run_id,
             traceparent=traceparent,
             last_seq=1,
+            session_head=head == run_id,
         )
         .returning(*runs.c)
     )

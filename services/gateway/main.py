@@ -5,12 +5,20 @@ from __future__ import annotations
 import asyncio
 
 from services.gateway.auth import Authenticator
+from services.gateway.http_bridge import HttpBridge, start_http
 from services.gateway.servicer import GatewayServicer
 from services.gateway.settings import GatewaySettings
+from services.gateway.streams import build_streams
 from tether.db.engine import create_engine
 from tether.grpcutil import internal_channel, start_server
-from tether.runner import configure_logging, serve, write_ready_file
-from tether.v1 import admission_pb2_grpc, gateway_pb2, gateway_pb2_grpc, orchestrator_pb2_grpc
+from tether.runner import companion_ready_file, configure_logging, serve, write_ready_file
+from tether.v1 import (
+    admission_pb2_grpc,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    interactions_pb2_grpc,
+    orchestrator_pb2_grpc,
+)
 
 
 async def amain(settings: GatewaySettings) -> None:
@@ -19,12 +27,20 @@ async def amain(settings: GatewaySettings) -> None:
     token = settings.service_token or None
     admission = internal_channel(settings.admission_addr, token)
     orchestrator = internal_channel(settings.orchestrator_addr, token)
-    # Streaming and interaction RPCs answer UNIMPLEMENTED until their issues land.
-    servicer = GatewayServicer(  # type: ignore[abstract]
-        auth=Authenticator(engine, cache_ttl_s=settings.key_cache_ttl_s),
+    interactions = internal_channel(settings.interactions_addr, token)
+    auth = Authenticator(engine, cache_ttl_s=settings.key_cache_ttl_s)
+    orchestrator_stub = orchestrator_pb2_grpc.OrchestratorServiceStub(orchestrator)
+    # Set by SIGTERM/SIGINT (through `serve`) or by the event hub dying.
+    stopping = asyncio.Event()
+    streams = build_streams(settings, orchestrator_stub)
+    streams.hub.start(on_death=stopping.set)
+    servicer = GatewayServicer(
+        auth=auth,
         engine=engine,
         admission=admission_pb2_grpc.AdmissionServiceStub(admission),
-        orchestrator=orchestrator_pb2_grpc.OrchestratorServiceStub(orchestrator),
+        orchestrator=orchestrator_stub,
+        interactions=interactions_pb2_grpc.InteractionsServiceStub(interactions),
+        streams=streams,
     )
     server, port, _ = await start_server(
         host=settings.host,
@@ -34,13 +50,31 @@ async def amain(settings: GatewaySettings) -> None:
         # The gateway is the public edge: callers authenticate with API keys instead.
         service_token=None,
     )
+    http, http_port = await start_http(
+        HttpBridge(servicer, streams, auth), settings.host, settings.http_port, settings.grace_s
+    )
+    write_ready_file(companion_ready_file(settings.ready_file, "http"), http_port)
     write_ready_file(settings.ready_file, port)
+
+    async def end_streams_when_stopping() -> None:
+        # Open streams end at once with their resume cursor instead of holding the drain.
+        await stopping.wait()
+        streams.hub.close_feeds()
+
+    ender = asyncio.create_task(end_streams_when_stopping(), name="end-streams")
 
     async def close_channels() -> None:
         await admission.close()
         await orchestrator.close()
+        await interactions.close()
 
-    await serve(server, grace=settings.grace_s, cleanups=[engine.dispose, close_channels])
+    await serve(
+        server,
+        grace=settings.grace_s,
+        cleanups=[engine.dispose, close_channels, streams.hub.stop, http.cleanup],
+        failed=stopping,
+    )
+    ender.cancel()
 
 
 def main() -> None:

@@ -6,22 +6,26 @@ as TetherError so the caller sees the same status and message the owner chose.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from typing import TypeVar
 
 import grpc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.gateway.auth import Authenticator
+from services.gateway.forward import forward
+from services.gateway.interactions import InteractionRpcs
+from services.gateway.streaming import StreamingServicer
+from services.gateway.streams import Streams
 from tether import apikeys
 from tether.apikeys import Principal
-from tether.errors import InvalidArgument, from_rpc_error
+from tether.errors import InvalidArgument
 from tether.ids import is_identifier
 from tether.v1 import (
     admission_pb2,
     admission_pb2_grpc,
     gateway_pb2,
     gateway_pb2_grpc,
+    interactions_pb2_grpc,
     orchestrator_pb2,
     orchestrator_pb2_grpc,
 )
@@ -29,15 +33,7 @@ from tether.v1 import (
 T = TypeVar("T")
 
 
-async def forward(call: Awaitable[T]) -> T:
-    """Await an internal call, translating its failure into the same TetherError."""
-    try:
-        return await call
-    except grpc.aio.AioRpcError as exc:
-        raise from_rpc_error(exc) from exc
-
-
-class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
+class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.GatewayServiceServicer):
     """Implements tether.v1.GatewayService."""
 
     def __init__(
@@ -47,11 +43,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         engine: AsyncEngine,
         admission: admission_pb2_grpc.AdmissionServiceStub,
         orchestrator: orchestrator_pb2_grpc.OrchestratorServiceStub,
+        interactions: interactions_pb2_grpc.InteractionsServiceStub,
+        streams: Streams,
     ) -> None:
         self._auth = auth
+        self._streams = streams
         self._engine = engine
         self._admission = admission
         self._orchestrator = orchestrator
+        self._interactions = interactions
 
     async def _caller(self, context: grpc.aio.ServicerContext, method: str) -> Principal:
         metadata = dict(context.invocation_metadata() or ())

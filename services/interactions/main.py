@@ -1,33 +1,43 @@
-"""Interactions process entry point: `python -m services.interactions`.
-
-The questions/approvals/connections servicer arrives with its issue; until then the service
-answers health checks and reports UNIMPLEMENTED for its RPCs.
-"""
+"""Interactions process entry point: `python -m services.interactions`."""
 
 from __future__ import annotations
 
 import asyncio
 
-from pydantic_settings import SettingsConfigDict
-
-from tether.grpcutil import start_server
+from services.interactions.clients import GrpcResumer, HttpTokenExchange
+from services.interactions.service import Interactions, OAuthProvider, Policy
+from services.interactions.servicer import InteractionsServicer
+from services.interactions.settings import InteractionsSettings
+from services.orchestrator.maintenance import Supervisor, every
+from tether.db.engine import create_engine
+from tether.grpcutil import internal_channel, start_server
 from tether.runner import configure_logging, serve, write_ready_file
-from tether.settings import PlatformSettings
-from tether.v1 import interactions_pb2, interactions_pb2_grpc
+from tether.v1 import interactions_pb2, interactions_pb2_grpc, orchestrator_pb2_grpc
 
-
-class InteractionsSettings(PlatformSettings):
-    """Interactions' settings (env prefix TETHER_INTERACTIONS_)."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="TETHER_INTERACTIONS_", frozen=True, extra="ignore"
-    )
-    grace_s: float = 5.0
+DEMO_PROVIDER = "democal"
 
 
 async def amain(settings: InteractionsSettings) -> None:
     """Run the interactions service until signalled."""
-    servicer = interactions_pb2_grpc.InteractionsServiceServicer()  # type: ignore[abstract]
+    engine = create_engine(settings.database_url, pool_size=settings.pool_size)
+    channel = internal_channel(settings.orchestrator_addr, settings.service_token or None)
+    providers = {}
+    token_urls = {}
+    if settings.oauth_base_url:
+        providers[DEMO_PROVIDER] = OAuthProvider(
+            DEMO_PROVIDER,
+            f"{settings.oauth_base_url}/authorize",
+            settings.oauth_client_id,
+            settings.oauth_redirect_uri,
+        )
+        token_urls[DEMO_PROVIDER] = f"{settings.oauth_base_url}/token"
+    interactions = Interactions(
+        engine,
+        GrpcResumer(orchestrator_pb2_grpc.OrchestratorServiceStub(channel)),
+        Policy(settings.approval_ttl_s, settings.consent_ttl_s, providers),
+        HttpTokenExchange(token_urls, settings.oauth_client_id),
+    )
+    servicer = InteractionsServicer(interactions)
     server, port, _ = await start_server(
         host=settings.host,
         port=settings.port,
@@ -39,8 +49,24 @@ async def amain(settings: InteractionsSettings) -> None:
         ],
         service_token=settings.service_token or None,
     )
+    supervisor = Supervisor()
+    supervisor.start(
+        "expiry", every(settings.sweep_interval_s, interactions.expire_stale, "expiry sweep")
+    )
+    supervisor.start(
+        "redelivery", every(settings.sweep_interval_s, interactions.redeliver, "redelivery sweep")
+    )
     write_ready_file(settings.ready_file, port)
-    await serve(server, grace=settings.grace_s, cleanups=[])
+
+    async def close() -> None:
+        await channel.close()
+
+    await serve(
+        server,
+        grace=settings.grace_s,
+        cleanups=[engine.dispose, close, supervisor.stop],
+        failed=supervisor.failed,
+    )
 
 
 def main() -> None:

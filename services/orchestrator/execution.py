@@ -141,16 +141,14 @@ class Execution:
     async def _claim_once(self, worker_id: str) -> Claimed | None:
         broken: tuple[str, TetherError] | None = None
         async with self._engine.begin() as conn:
-            for candidate in await lease_repo.pick_candidates(conn, limit=4):
-                if not await lease_repo.take_session(conn, candidate.session_id, candidate.run_id):
-                    continue
-                try:
-                    config = routing.resolve(
-                        await lease_repo.tenant_agent(conn, candidate.tenant_id)
-                    )
-                except TetherError as exc:
-                    broken = (candidate.run_id, exc)
-                    break
+            candidate = await lease_repo.pick_candidate(conn)
+            if candidate is None:
+                return None
+            try:
+                config = routing.resolve(await lease_repo.tenant_agent(conn, candidate.tenant_id))
+            except TetherError as exc:
+                broken = (candidate.run_id, exc)
+            else:
                 return await self._lease(conn, candidate.run_id, worker_id, config)
         if broken is not None:
             # Routing failed after admission: finalise the run rather than leave it queued
@@ -326,7 +324,6 @@ class Execution:
             )
             if row is None:
                 raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
-            await lease_repo.release_session(conn, row.session_id, run_id)
             await lease_repo.end_attempt(
                 conn, run_id, epoch, done.status.value, error=done.error, stages=done.stages
             )
@@ -436,7 +433,6 @@ class Execution:
         )
         if row is None:
             raise StaleLease(f"run {run.run_id} moved before it could fail")
-        await lease_repo.release_session(conn, row.session_id, run.run_id)
         await lease_repo.end_attempt(conn, run.run_id, epoch, "failed", error=error)
         return row
 
@@ -503,6 +499,36 @@ class Execution:
         await self._wake_workers()
         return True
 
+    async def expire_waiting(
+        self,
+        tenant_id: str,
+        run_id: str,
+        from_status: RunStatus,
+        error: dict[str, Any],
+        event: Event | None,
+    ) -> bool:
+        """Fail a paused run whose pause outlived its TTL; False when it had already moved."""
+        if from_status is not RunStatus.WAITING_FOR_CONNECTION:
+            raise InvalidArgument("only a waiting-for-connection run expires")
+        failed = Event("run.failed", {"error": _camel(error)})
+        events = [*([event] if event else []), failed]
+        async with self._engine.begin() as conn:
+            row = await apply(
+                conn,
+                states.CONSENT_EXPIRED,
+                run_id,
+                tenant_id=tenant_id,
+                events=events,
+                values={"error": error, "finished_at": func.now(), "waiting_interaction_id": None},
+            )
+            if row is not None:
+                await repo.close_dangling(conn, run_id, "the connection was never completed")
+        if row is None:
+            return False
+        await self._publish(run_id, row.last_seq - len(events) + 1, events)
+        await self._wake_workers()
+        return True
+
     # -- effects ------------------------------------------------------------------------------
 
     async def begin_effect(
@@ -561,8 +587,6 @@ class Execution:
                             "finished_at": func.now(),
                         },
                     )
-                    if row is not None:
-                        await lease_repo.release_session(conn, row.session_id, run.run_id)
                 elif run.attempt < run.max_attempts:
                     events.append(lease_repo.queued_event(run.attempt + 1, "lease_expired"))
                     row = await apply(
@@ -587,8 +611,6 @@ class Execution:
                             "finished_at": func.now(),
                         },
                     )
-                    if row is not None:
-                        await lease_repo.release_session(conn, row.session_id, run.run_id)
                 if row is not None:
                     await lease_repo.end_attempt(
                         conn, run.run_id, run.lease_epoch, "lease_expired", error=error
@@ -624,15 +646,13 @@ class Execution:
     async def fail_unleased(self, run_id: str, error: dict[str, Any]) -> None:
         """Fail a queued run that cannot even start (routing or context broken)."""
         async with self._engine.begin() as conn:
-            row = await apply(
+            await apply(
                 conn,
                 states.FAIL_UNLEASED,
                 run_id,
                 events=[Event("run.failed", {"error": _camel(error)})],
                 values={"error": error, "finished_at": func.now()},
             )
-            if row is not None:
-                await lease_repo.release_session(conn, row.session_id, run_id)
 
 
 def _camel(data: dict[str, Any]) -> dict[str, Any]:

@@ -53,7 +53,13 @@ class AgentConfig:
     model: str = "claude-sonnet-5-5"
     system_prompt: str = DEFAULT_PERSONA
     system_blocks: tuple[SystemBlock, ...] = (SystemBlock(DEFAULT_PERSONA, "ephemeral"),)
-    tool_allowlist: tuple[str, ...] = ("get_time", "publish_post", "slow_task", "big_output")
+    tool_allowlist: tuple[str, ...] = (
+        "get_time",
+        "publish_post",
+        "calendar_list_events",
+        "ask_questions",
+        "request_approval",
+    )
     limits: Limits = field(default_factory=Limits)
     prices: Mapping[str, Mapping[str, float]] = field(
         default_factory=lambda: {m: asdict(p) for m, p in DEFAULT_PRICES.items()}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, update
@@ -12,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator.repositories import runs as runs_repo
 from tether import states
-from tether.bus import Bus, cancel_channel
+from tether.bus import Bus, cancel_channel, events_channel
 from tether.db.schema import runs
 from tether.db.transitions import Event, apply
 from tether.states import RunStatus
@@ -114,23 +116,35 @@ class Runs:
                     "error": {"code": "cancelled", "message": reason or "cancelled by caller"},
                 },
             )
-            if moved is not None:
-                return CancelOutcome(moved, changed=True)
-            # Running: the worker holding the lease sees the flag on its next heartbeat, or
-            # at once through the Redis signal below.
-            flagged = (
-                await conn.execute(
-                    update(runs)
-                    .where(
-                        runs.c.run_id == run_id,
-                        runs.c.status == RunStatus.RUNNING.value,
-                        runs.c.cancel_requested_at.is_(None),
+            flagged = None
+            if moved is None:
+                # Running: the worker holding the lease sees the flag on its next heartbeat, or
+                # at once through the Redis signal below.
+                flagged = (
+                    await conn.execute(
+                        update(runs)
+                        .where(
+                            runs.c.run_id == run_id,
+                            runs.c.status == RunStatus.RUNNING.value,
+                            runs.c.cancel_requested_at.is_(None),
+                        )
+                        .values(cancel_requested_at=func.now())
+                        .returning(*runs.c)
                     )
-                    .values(cancel_requested_at=func.now())
-                    .returning(*runs.c)
-                )
-            ).first()
-            current = flagged or await runs_repo.get_run(conn, tenant_id, run_id)
+                ).first()
+            current = moved or flagged or await runs_repo.get_run(conn, tenant_id, run_id)
+        if moved is not None:
+            if self._bus is not None:
+                # Streams learn at once (they would find it in PostgreSQL a little later).
+                event = {
+                    "run_id": run_id,
+                    "seq": moved.last_seq,
+                    "type": "run.cancelled",
+                    "payload": {"reason": reason},
+                    "created_at": datetime.now(UTC).isoformat(),
+                }
+                await self._bus.publish(events_channel(run_id), json.dumps(event))
+            return CancelOutcome(moved, changed=True)
         if flagged is not None and self._bus is not None:
             await self._bus.publish(cancel_channel(run_id), reason or "cancelled")
         return CancelOutcome(current, changed=flagged is not None)

@@ -242,6 +242,20 @@ class ExecutionServicer:
         )
         return orchestrator_pb2.FinishEffectResponse()
 
+    async def ExpireWaitingRun(
+        self,
+        request: orchestrator_pb2.ExpireWaitingRunRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> orchestrator_pb2.ExpireWaitingRunResponse:
+        status = status_from_proto(request.from_status)
+        if status is None:
+            raise InvalidArgument("from_status is required")
+        event = _events([request.event])[0] if request.HasField("event") else None
+        expired = await self._execution.expire_waiting(
+            request.tenant_id, request.run_id, status, _error(request.error), event
+        )
+        return orchestrator_pb2.ExpireWaitingRunResponse(expired=expired)
+
     async def StoreToolOutput(
         self,
         request: orchestrator_pb2.StoreToolOutputRequest,

@@ -19,14 +19,23 @@ from anthropic import AsyncAnthropic
 from google.protobuf import json_format
 
 from services.worker.context import build_messages, system_param
+from services.worker.interactions import (
+    ASK_QUESTIONS,
+    BUILTIN_SPECS,
+    REQUEST_APPROVAL,
+    LeasedInteractions,
+    Parked,
+    answers_text,
+)
 from services.worker.model import stream_turn
 from services.worker.orchestrator_client import LeasedEffects, Orchestrator
 from services.worker.orchestrator_client import call as rpc
-from services.worker.tools.base import CallContext
+from services.worker.tools.base import GATED_RISKS, Authorization, CallContext, ConnectionGap
+from services.worker.tools.effects import idempotency_key
 from services.worker.tools.registry import ToolRegistry
 from services.worker.transcript import Transcript, event, tool_result_part
 from tether.bus import Bus, events_channel
-from tether.errors import TetherError
+from tether.errors import InvalidArgument, TetherError
 from tether.ids import new_id
 from tether.pricing import Price, add_usage, cost_micros
 from tether.retry import ProviderFailure, classify_exception
@@ -66,8 +75,10 @@ class Attempt:
         registry: ToolRegistry,
         bus: Bus | None,
         checkpoint_interval_s: float,
+        interactions: LeasedInteractions | None = None,
     ) -> None:
         self.claim = claim
+        self._interactions = interactions
         self.run = claim.run
         self.run_id = claim.lease.run_id
         self.epoch = claim.lease.epoch
@@ -119,11 +130,16 @@ class Attempt:
     async def execute(self) -> None:
         """Run to an outcome and report it to the orchestrator."""
         context_start = time.monotonic()
-        tools = self._registry.specs(list(self.config.tool_allowlist))
+        allowlist = list(self.config.tool_allowlist)
+        tools = [
+            *self._registry.specs(allowlist),
+            *(BUILTIN_SPECS[n] for n in allowlist if n in BUILTIN_SPECS),
+        ]
         self.stages["context_ms"] = (time.monotonic() - context_start) * 1000
         loop_start = time.monotonic()
         try:
             async with asyncio.timeout(self.limits.wall_clock_seconds or None):
+                await self._resume_paused()
                 outcome = await self._loop(tools)
         except TimeoutError:
             outcome = (
@@ -137,6 +153,17 @@ class Attempt:
             )
         except LimitReached as limit:
             outcome = ("limit", {"code": limit.code, "message": limit.message})
+        except RunFailed as failure:
+            outcome = (
+                "failed",
+                {"code": failure.code, "message": failure.message, "retryable": False},
+            )
+        except Parked as parked:
+            await self.flush()
+            await self._orchestrator.park(
+                self.run_id, self.epoch, parked.status, parked.interaction_id
+            )
+            return
         except ProviderError as failure:
             await self._provider_failed(failure.failure)
             return
@@ -242,50 +269,229 @@ class Attempt:
             event("tool.started", toolCallId=tool_call.tool_call_id, name=tool_call.name)
         )
         await self.flush()
-        output_ref = new_id("out")
-        result = await self._registry.execute(
-            tool_call.name,
-            json_format.MessageToDict(tool_call.input),
-            CallContext(
-                tenant_id=self.run.tenant_id,
-                run_id=self.run_id,
-                root_run_id=self.run.root_run_id or self.run_id,
-                tool_call_id=tool_call.tool_call_id,
-            ),
-            effects=LeasedEffects(self._orchestrator, self.run_id, self.epoch),
-            allowlist=list(self.config.tool_allowlist),
-            max_inline_bytes=self.limits.max_inline_tool_output_bytes or 16_384,
-            output_ref=output_ref,
-        )
-        if result.full_content is not None:
-            await self._store_output(output_ref, result.full_content)
+        name, input = tool_call.name, json_format.MessageToDict(tool_call.input)
+        if name == ASK_QUESTIONS and name in self.config.tool_allowlist:
+            await self._ask(tool_call.tool_call_id, input)
+        if name == REQUEST_APPROVAL and name in self.config.tool_allowlist:
+            name, input = str(input.get("tool_name", "")), dict(input.get("input") or {})
+        authorization = await self._gate(tool_call.tool_call_id, name, input)
+        await self._execute(tool_call.tool_call_id, name, input, authorization)
+
+    async def _ask(self, tool_call_id: str, input: dict[str, Any]) -> None:
+        """Store the questions and park (never returns normally)."""
+        questions = input.get("questions")
+        if self._interactions is None or not isinstance(questions, list) or not questions:
+            self._result(
+                tool_call_id,
+                ASK_QUESTIONS,
+                "ask_questions needs a list of questions",
+                is_error=True,
+                code="tool_invalid_input",
+            )
+            return
+        try:
+            interaction_id = await self._interactions.ask(tool_call_id, questions)
+        except InvalidArgument as exc:
+            self._result(
+                tool_call_id, ASK_QUESTIONS, exc.message, is_error=True, code="tool_invalid_input"
+            )
+            return
         self.transcript.add(
-            tool_result_part(
-                tool_call.tool_call_id,
-                result.content,
-                is_error=result.is_error,
-                output_ref=output_ref if result.truncated else "",
-                truncated=result.truncated,
+            common_pb2.Part(
+                role="assistant",
+                final=True,
+                question=common_pb2.QuestionPart(interaction_id=interaction_id),
             )
         )
-        if result.is_error:
+        raise Parked(common_pb2.RUN_STATUS_WAITING_FOR_QUESTION, interaction_id)
+
+    async def _gate(
+        self, tool_call_id: str, name: str, input: dict[str, Any]
+    ) -> Authorization | None:
+        """The approval gate: a standing grant authorises a gated call; otherwise the call
+        becomes a pending approval with its normalised input and the run parks."""
+        tool = self._registry.get(name)
+        if tool is None or tool.spec.risk not in GATED_RISKS or self._interactions is None:
+            return None  # ungated, unknown (the registry refuses it) or no store: fail closed
+        risk = str(tool.spec.risk)
+        grant = await self._interactions.check_grant(name, risk)
+        if grant is not None:
+            return Authorization("grant", grant, name, self.run_id)
+        normalised, problem = self._registry.validate_input(name, input)
+        if problem:
+            return None  # nobody is asked to authorise a call that cannot succeed
+        interaction_id = await self._interactions.request_approval(
+            tool_call_id=tool_call_id,
+            tool_name=name,
+            input=normalised,
+            risk=risk,
+            summary=_summary(name, normalised),
+            idempotency_key=idempotency_key(self.run.tenant_id, self.run_id, name, normalised),
+        )
+        self.transcript.add(
+            common_pb2.Part(
+                role="assistant",
+                final=True,
+                approval=common_pb2.ApprovalPart(interaction_id=interaction_id, tool_name=name),
+            )
+        )
+        raise Parked(common_pb2.RUN_STATUS_WAITING_FOR_APPROVAL, interaction_id)
+
+    async def _execute(
+        self,
+        tool_call_id: str,
+        name: str,
+        input: dict[str, Any],
+        authorization: Authorization | None,
+    ) -> None:
+        output_ref = new_id("out")
+        try:
+            result = await self._registry.execute(
+                name,
+                input,
+                CallContext(
+                    tenant_id=self.run.tenant_id,
+                    run_id=self.run_id,
+                    root_run_id=self.run.root_run_id or self.run_id,
+                    tool_call_id=tool_call_id,
+                    connections=self._interactions,
+                ),
+                effects=LeasedEffects(self._orchestrator, self.run_id, self.epoch),
+                allowlist=list(self.config.tool_allowlist),
+                max_inline_bytes=self.limits.max_inline_tool_output_bytes or 16_384,
+                output_ref=output_ref,
+                authorization=authorization,
+            )
+        except ConnectionGap as gap:
+            await self._connection_gap(tool_call_id, gap)
+            return
+        if result.full_content is not None:
+            await self._store_output(output_ref, result.full_content)
+        self._result(
+            tool_call_id,
+            name,
+            result.content,
+            is_error=result.is_error,
+            code=result.error_code,
+            replayed=result.replayed,
+            output_ref=output_ref if result.truncated else "",
+            truncated=result.truncated,
+        )
+
+    async def _connection_gap(self, tool_call_id: str, gap: ConnectionGap) -> None:
+        """Pause for consent only when all three hold: a marked gap, a consent callback wired
+        (the interactions service), and an offer it made (the provider has a login URL).
+        Otherwise fail: failing is recoverable, hanging on a screen nobody can reach is not."""
+        offer = None
+        if self._interactions is not None and "oauth" in gap.login_modes:
+            offer = await self._interactions.offer_connection(tool_call_id, gap)
+        if offer is None:
+            self._result(tool_call_id, "", str(gap), is_error=True, code=f"connection_{gap.gap}")
+            raise RunFailed(f"connection_{gap.gap}", str(gap))
+        interaction_id, _ = offer
+        self.transcript.add(
+            common_pb2.Part(
+                role="assistant",
+                final=True,
+                connection=common_pb2.ConnectionPart(
+                    interaction_id=interaction_id, provider=gap.provider
+                ),
+            )
+        )
+        raise Parked(common_pb2.RUN_STATUS_WAITING_FOR_CONNECTION, interaction_id)
+
+    def _result(
+        self,
+        tool_call_id: str,
+        name: str,
+        content: str,
+        *,
+        is_error: bool,
+        code: str | None = None,
+        replayed: bool = False,
+        output_ref: str = "",
+        truncated: bool = False,
+    ) -> None:
+        self.transcript.add(
+            tool_result_part(
+                tool_call_id, content, is_error=is_error, output_ref=output_ref, truncated=truncated
+            )
+        )
+        if is_error:
             self.transcript.events.append(
                 event(
                     "tool.failed",
-                    toolCallId=tool_call.tool_call_id,
-                    name=tool_call.name,
-                    error={"code": result.error_code or "tool_error", "message": result.content},
+                    toolCallId=tool_call_id,
+                    name=name,
+                    error={"code": code or "tool_error", "message": content},
                 )
             )
         else:
             self.transcript.events.append(
-                event(
-                    "tool.completed",
-                    toolCallId=tool_call.tool_call_id,
-                    name=tool_call.name,
-                    replayed=result.replayed,
-                )
+                event("tool.completed", toolCallId=tool_call_id, name=name, replayed=replayed)
             )
+
+    async def _resume_paused(self) -> None:
+        """Finish the calls a pause left open: answers become the call's result (a user-role
+        line in the history), a claimed approval runs its stored input, a completed consent
+        runs the call again."""
+        for call in self.transcript.dangling_tool_calls():
+            tool_call = call.tool_call
+            name, input = tool_call.name, json_format.MessageToDict(tool_call.input)
+            if name == ASK_QUESTIONS:
+                await self._deliver_answers(tool_call.tool_call_id)
+                continue
+            if name == REQUEST_APPROVAL:
+                name = str(input.get("tool_name", ""))
+            tool = self._registry.get(name)
+            if tool is not None and tool.spec.risk in GATED_RISKS:
+                await self._run_claimed(tool_call.tool_call_id, name)
+            else:
+                await self._execute(tool_call.tool_call_id, name, input, None)
+
+    async def _deliver_answers(self, tool_call_id: str) -> None:
+        answered = [] if self._interactions is None else await self._interactions.answered()
+        for question in answered:
+            if question.tool_call_id == tool_call_id:
+                self._result(tool_call_id, ASK_QUESTIONS, answers_text(question), is_error=False)
+                return
+        self._result(
+            tool_call_id,
+            ASK_QUESTIONS,
+            "the question was not answered",
+            is_error=True,
+            code="question_unanswered",
+        )
+
+    async def _run_claimed(self, tool_call_id: str, name: str) -> None:
+        claim = None if self._interactions is None else await self._interactions.claim(name)
+        if claim is None:
+            # Fail closed: nothing decided could be claimed, so nothing runs.
+            self._result(
+                tool_call_id,
+                name,
+                f"approval for {name} could not be claimed",
+                is_error=True,
+                code="approval_unclaimed",
+            )
+            return
+        if claim.decision in ("deny", "expired"):
+            verdict = "denied" if claim.decision == "deny" else "expired before anyone decided"
+            self._result(
+                tool_call_id,
+                name,
+                f"the approval for {name} was {verdict}; it did not run",
+                is_error=True,
+                code=f"approval_{claim.decision}",
+            )
+            return
+        # What runs is what was shown: the stored, normalised input, not a regenerated call.
+        await self._execute(
+            tool_call_id,
+            claim.tool_name,
+            json_format.MessageToDict(claim.input),
+            Authorization("approval", claim.interaction_id, claim.tool_name, self.run_id),
+        )
 
     async def _store_output(self, ref: str, content: str) -> None:
         await rpc(
@@ -383,6 +589,20 @@ class Attempt:
             run_id=self.run_id, epoch=self.epoch, status=common_pb2.RUN_STATUS_FAILED, error=error
         )
         await self._complete(request, time.monotonic())
+
+
+class RunFailed(Exception):
+    """A classified failure that ends the run (e.g. a connection gap with no way to consent)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _summary(name: str, input: dict[str, Any]) -> str:
+    shown = ", ".join(f"{k}={str(v)[:80]!r}" for k, v in sorted(input.items()))
+    return f"Run {name}({shown})"
 
 
 class ProviderError(Exception):

@@ -14,6 +14,7 @@ import httpx2
 from anthropic import AsyncAnthropic
 
 from services.worker.attempt import Attempt
+from services.worker.interactions import LeasedInteractions
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.pool import WorkerPool
 from services.worker.settings import WorkerSettings
@@ -21,7 +22,7 @@ from services.worker.tools.registry import ToolRegistry
 from tether.bus import Bus
 from tether.grpcutil import internal_channel, start_server
 from tether.runner import configure_logging, wait_for_signal, write_ready_file
-from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from tether.v1 import interactions_pb2_grpc, orchestrator_pb2, orchestrator_pb2_grpc
 
 
 def provider_client(settings: WorkerSettings) -> AsyncAnthropic:
@@ -42,7 +43,23 @@ async def amain(settings: WorkerSettings) -> None:
     client = provider_client(settings)
     registry = ToolRegistry.from_entry_points(settings=dict(os.environ))
 
+    interactions_channel = (
+        internal_channel(settings.interactions_addr, settings.service_token or None)
+        if settings.interactions_addr
+        else None
+    )
+    interactions_stub = (
+        interactions_pb2_grpc.InteractionsServiceStub(interactions_channel)
+        if interactions_channel is not None
+        else None
+    )
+
     def make_attempt(claim: orchestrator_pb2.ClaimRunResponse) -> Attempt:
+        leased = (
+            LeasedInteractions(interactions_stub, claim.lease.run_id, claim.lease.epoch)
+            if interactions_stub is not None
+            else None
+        )
         return Attempt(
             claim,
             orchestrator=orchestrator,
@@ -50,6 +67,7 @@ async def amain(settings: WorkerSettings) -> None:
             registry=registry,
             bus=bus,
             checkpoint_interval_s=settings.checkpoint_interval_s,
+            interactions=leased,
         )
 
     pool = WorkerPool(
@@ -81,6 +99,8 @@ async def amain(settings: WorkerSettings) -> None:
     if bus is not None:
         await bus.close()
     await channel.close()
+    if interactions_channel is not None:
+        await interactions_channel.close()
 
 
 def main() -> None:

@@ -91,6 +91,22 @@ class Orchestrator:
         )
         return response
 
+    async def park(
+        self,
+        run_id: str,
+        epoch: int,
+        status: common_pb2.RunStatus.ValueType,
+        interaction_id: str,
+    ) -> None:
+        """Park the run for a person; the lease is released."""
+        await call(
+            self.stub.ParkRun(
+                orchestrator_pb2.ParkRunRequest(
+                    run_id=run_id, epoch=epoch, status=status, interaction_id=interaction_id
+                )
+            )
+        )
+
     async def release(self, run_id: str, epoch: int) -> None:
         """Hand the lease back."""
         await call(

@@ -22,6 +22,7 @@ from services.worker.tools import (
     ToolResult,
     idempotency_key,
 )
+from services.worker.tools.base import Authorization
 from services.worker.tools.demo import DemoProvider
 from tests.unit.test_tool_registry import MemoryEffects
 from tether.testing.ledger import Ledger
@@ -149,6 +150,8 @@ async def publish(registry: ToolRegistry, effects: MemoryEffects, text: str) -> 
         allowlist=["publish_post"],
         max_inline_bytes=10_000,
         output_ref="out_1",
+        # The approval gate has its own tests; here a standing grant stands in for it.
+        authorization=Authorization("grant", "grt_test", "publish_post", CALL.run_id),
     )
 
 

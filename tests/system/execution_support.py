@@ -6,24 +6,25 @@ from __future__ import annotations
 import json
 import secrets
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 
 from tests.conftest import clone_database, drop_database
 from tether import apikeys
 from tether.db.engine import create_engine
-from tether.db.schema import run_events, run_parts, runs, tenants
+from tether.db.schema import grants, run_events, run_parts, runs, tenants
 from tether.stack.embedded import database_url
 from tether.stack.processes import ServiceSet
 from tether.testing.eventually import eventually
 from tether.testing.ledger import Ledger
 from tether.testing.model_server import ModelServer
+from tether.testing.oauth import OAuthServer
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
 
 FAST = {
@@ -39,7 +40,16 @@ FAST = {
     "TETHER_LOG_LEVEL": "INFO",
 }
 
-TOOLS = ["get_time", "publish_post", "slow_task", "big_output", "fail_tool"]
+TOOLS = [
+    "get_time",
+    "publish_post",
+    "slow_task",
+    "big_output",
+    "fail_tool",
+    "calendar_list_events",
+    "ask_questions",
+    "request_approval",
+]
 
 
 @dataclass
@@ -51,6 +61,7 @@ class ExecStack:
     model: ModelServer
     ledger: Ledger
     token: str
+    oauth: OAuthServer
 
     def addr(self, name: str) -> str:
         return self.services.addresses()[name]
@@ -59,8 +70,11 @@ class ExecStack:
         proc = await self.services.start("worker", extra_env=env)
         return proc.name
 
-    async def tenant(self, **limits: Any) -> Tenant:
-        """A fresh tenant whose agent has `limits` (over fast-retry test defaults)."""
+    async def tenant(
+        self, *, grant: Sequence[str] = (), policy: dict[str, Any] | None = None, **limits: Any
+    ) -> Tenant:
+        """A fresh tenant whose agent has `limits` (over fast-retry test defaults), with
+        tenant-wide standing grants for the tools in `grant`."""
         tenant_id = f"t-{uuid.uuid4().hex[:10]}"
         agent = {
             "tool_allowlist": TOOLS,
@@ -71,8 +85,20 @@ class ExecStack:
             async with engine.begin() as conn:
                 await apikeys.ensure_tenant(conn, tenant_id)
                 await conn.execute(
-                    update(tenants).where(tenants.c.tenant_id == tenant_id).values(agent=agent)
+                    update(tenants)
+                    .where(tenants.c.tenant_id == tenant_id)
+                    .values(agent=agent, policy=policy or {})
                 )
+                for tool in grant:
+                    await conn.execute(
+                        insert(grants).values(
+                            grant_id=f"grt_{uuid.uuid4().hex}",
+                            tenant_id=tenant_id,
+                            scope="tenant",
+                            tool_name=tool,
+                            granted_by="test-admin",
+                        )
+                    )
                 key, _ = await apikeys.create_key(conn, tenant_id, "tester", apikeys.CLIENT_SCOPES)
         finally:
             await engine.dispose()
@@ -169,7 +195,13 @@ async def wait_for_status(db_url: str, run_id: str, *statuses: str, timeout: flo
 
 @asynccontextmanager
 async def exec_stack(
-    pg_server_url: str, template_db: str, redis_url: str, run_dir: Path, *, workers: int
+    pg_server_url: str,
+    template_db: str,
+    redis_url: str,
+    run_dir: Path,
+    *,
+    workers: int,
+    extra_env: dict[str, str] | None = None,
 ) -> AsyncIterator[ExecStack]:
     """A fresh database and services, with `workers` workers started."""
     name = await clone_database(pg_server_url, template_db)
@@ -177,20 +209,26 @@ async def exec_stack(
     token = secrets.token_urlsafe(16)
     model = ModelServer()
     ledger = Ledger()
+    oauth = OAuthServer()
     await model.start()
     await ledger.start()
+    await oauth.start()
     env = {
         "TETHER_DATABASE_URL": db_url,
         "TETHER_REDIS_URL": redis_url,
         "TETHER_SERVICE_TOKEN": token,
         "TETHER_WORKER_ANTHROPIC_BASE_URL": model.base_url,
         "TETHER_LEDGER_URL": ledger.base_url,
+        "TETHER_INTERACTIONS_OAUTH_BASE_URL": oauth.base_url,
+        "TETHER_INTERACTIONS_OAUTH_REDIRECT_URI": "http://127.0.0.1/v1/oauth/callback",
+        "TETHER_INTERACTIONS_SWEEP_INTERVAL_S": "0.2",
         **FAST,
+        **(extra_env or {}),
     }
     services = ServiceSet(run_dir, env)
     try:
         await services.start_all(("orchestrator", "admission", "interactions", "gateway"))
-        stack = ExecStack(services, db_url, model, ledger, token)
+        stack = ExecStack(services, db_url, model, ledger, token, oauth)
         for _ in range(workers):
             await stack.start_worker()
         yield stack
@@ -198,6 +236,7 @@ async def exec_stack(
         await services.stop_all(grace=5)
         await model.stop()
         await ledger.stop()
+        await oauth.stop()
         await drop_database(pg_server_url, name)
 
 

@@ -72,7 +72,7 @@ async def test_sigkill_mid_stream_resumes_on_another_worker_losing_no_persisted_
 async def test_sigkill_mid_tool_fires_the_external_side_effect_exactly_once(
     drill: ExecStack,
 ) -> None:
-    tenant = await drill.tenant()
+    tenant = await drill.tenant(grant=["publish_post"])
     text = prompt("publish launch post")
     drill.model.script(
         text,

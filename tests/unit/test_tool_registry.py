@@ -41,13 +41,21 @@ from services.worker.tools import (
     truncate_inline,
     validate,
 )
+from services.worker.tools.base import Authorization
 from services.worker.tools.demo import DemoProvider, big_text
 from tether.testing.eventually import eventually
 
 CALL = CallContext(tenant_id="ten_1", run_id="run_2", root_run_id="run_1", tool_call_id="toolu_1")
 REF = "out_0123"
 OBJECT: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
-DEMO_NAMES = ["get_time", "publish_post", "slow_task", "big_output", "fail_tool"]
+DEMO_NAMES = [
+    "get_time",
+    "publish_post",
+    "slow_task",
+    "big_output",
+    "fail_tool",
+    "calendar_list_events",
+]
 
 
 class MemoryEffects:
@@ -169,6 +177,8 @@ async def execute(
         allowlist=registry.names if allowlist is None else allowlist,
         max_inline_bytes=max_inline_bytes,
         output_ref=REF,
+        # These tests are about effects and limits; the approval gate has its own tests.
+        authorization=Authorization("grant", "grt_test", name, call.run_id),
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from tether.cli import interactions, watch
 from tether.client import TetherClient, disposition_name, run_to_dict
 
 Command = Callable[[argparse.Namespace], Awaitable[int]]
@@ -57,6 +58,9 @@ async def cmd_send(args: argparse.Namespace) -> int:
         {**run, "disposition": disposition},
         f"run {run['run_id']} {disposition} status={run['status']}",
     )
+    if args.follow:
+        async with _client(args) as client:
+            return await watch.follow(client, run["run_id"], as_json=args.json)
     return 0
 
 
@@ -135,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--conversation", default="default", help="conversation id")
     send.add_argument("--event-id", help="idempotency key (default: a new unique id)")
     send.add_argument("--channel", default="", help="channel (default chat)")
+    watch.add_follow_flag(send)
     _common(send, top=False)
     send.set_defaults(func=cmd_send)
 
@@ -157,6 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--scope", action="append", help="scope (repeatable)")
     _common(create, top=False)
     create.set_defaults(func=cmd_keys_create)
+
+    def wrap(command: Callable[[argparse.Namespace, Any], Awaitable[int]]) -> Command:
+        async def run(args: argparse.Namespace) -> int:
+            return await command(args, _emit)
+
+        return run
+
+    interactions.register(sub, lambda p: _common(p, top=False), wrap)
+    watch.register(sub, lambda p: _common(p, top=False), wrap)
     return parser
 
 

@@ -80,7 +80,8 @@ sessions = Table(
     Column("conversation_id", Text, nullable=False),
     # Who may share state within the conversation: a principal, or the whole thread.
     Column("actor_scope", Text, nullable=False),
-    # The run currently holding the session (set by the claim's compare-and-set).
+    # The session's head: the run that may execute (set at admission when the session is free,
+    # handed to the next queued message when the head finishes). NULL when idle.
     Column("active_run_id", Text),
     _now(),
     UniqueConstraint("tenant_id", "channel", "conversation_id", "actor_scope"),
@@ -132,6 +133,9 @@ runs = Table(
     Column("config", JSONB),
     Column("traceparent", Text),
     Column("last_seq", BigInteger, nullable=False, server_default=text("0")),
+    # Whether the run is its session's head (sessions.active_run_id): only a head runs, so
+    # a conversation's messages run one at a time, in order.
+    Column("session_head", Boolean, nullable=False, server_default=text("false")),
     _now(),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("started_at", DateTime(timezone=True)),
@@ -143,6 +147,21 @@ runs = Table(
 Index("ix_runs_tenant_created", runs.c.tenant_id, runs.c.created_at.desc(), runs.c.run_id.desc())
 Index("ix_runs_session_created", runs.c.session_id, runs.c.created_at)
 Index("ix_runs_queued", runs.c.created_at, postgresql_where=runs.c.status == "queued")
+# The claim's whole search: claimable runs in arrival order, one index, no join.
+Index(
+    "ix_runs_claimable",
+    runs.c.created_at,
+    runs.c.run_id,
+    postgresql_where=(runs.c.status == "queued") & runs.c.session_head,
+)
+# Finding a session's next message when its head finishes.
+Index(
+    "ix_runs_session_queued",
+    runs.c.session_id,
+    runs.c.created_at,
+    runs.c.run_id,
+    postgresql_where=runs.c.status == "queued",
+)
 Index("ix_runs_lease_expiry", runs.c.lease_expires_at, postgresql_where=runs.c.status == "running")
 Index(
     "ix_runs_retry_due",
@@ -260,3 +279,87 @@ audit_log = Table(
     _now(),
 )
 Index("ix_audit_log_run", audit_log.c.run_id)
+
+# -- interactions (owned by the interactions service) ------------------------------------------
+
+interactions = Table(
+    "interactions",
+    metadata,
+    Column("interaction_id", Text, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("run_id", Text, ForeignKey("runs.run_id"), nullable=False),
+    Column("session_id", Text, nullable=False),
+    # question | approval | connection
+    Column("kind", Text, nullable=False),
+    # pending -> answered | decided | completed | expired; decided|expired -> claimed (approvals)
+    Column("status", Text, nullable=False),
+    Column("tool_call_id", Text, nullable=False),
+    # Questions: the specs and the answers.
+    Column("questions", JSONB),
+    Column("answers", JSONB),
+    # Approvals: what runs is what was shown.
+    Column("tool_name", Text),
+    Column("input", JSONB),
+    Column("risk_category", Text),
+    Column("summary", Text),
+    Column("estimated_cost_micros", BigInteger),
+    Column("idempotency_key", Text),
+    Column("decision", Text),
+    Column("decided_by", Text),
+    Column("claimed_epoch", BigInteger),
+    # Connections: the consent offer, bound to the tenant and the principal who must complete it.
+    Column("provider", Text),
+    Column("gap", Text),
+    Column("scopes", ARRAY(Text)),
+    Column("principal_id", Text),
+    Column("oauth_state_hash", LargeBinary, unique=True),
+    Column("login_url", Text),
+    Column("expires_at", DateTime(timezone=True)),
+    _now(),
+    Column("resolved_at", DateTime(timezone=True)),
+    Column("claimed_at", DateTime(timezone=True)),
+    CheckConstraint("kind IN ('question', 'approval', 'connection')", name="kind"),
+    CheckConstraint(
+        "status IN ('pending', 'answered', 'decided', 'completed', 'expired', 'claimed')",
+        name="status",
+    ),
+)
+Index("ix_interactions_run", interactions.c.run_id, interactions.c.created_at)
+Index(
+    "ix_interactions_open_expiry",
+    interactions.c.expires_at,
+    postgresql_where=interactions.c.status == "pending",
+)
+
+grants = Table(
+    "grants",
+    metadata,
+    Column("grant_id", Text, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    # conversation | principal | tenant | category
+    Column("scope", Text, nullable=False),
+    Column("session_id", Text),
+    Column("principal_id", Text),
+    Column("tool_name", Text),
+    Column("risk_category", Text),
+    Column("granted_by", Text, nullable=False),
+    # The decision that minted it; empty for grants an administrator provisioned.
+    Column("interaction_id", Text, ForeignKey("interactions.interaction_id")),
+    _now(),
+    CheckConstraint("scope IN ('conversation', 'principal', 'tenant', 'category')", name="scope"),
+)
+Index("ix_grants_tenant", grants.c.tenant_id)
+
+connections = Table(
+    "connections",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("principal_id", Text, nullable=False),
+    Column("provider", Text, nullable=False),
+    Column("scopes", ARRAY(Text), nullable=False),
+    # The provider's access token; a production deployment keeps it in a secret store.
+    Column("access_token", Text, nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    _now(),
+    PrimaryKeyConstraint("tenant_id", "principal_id", "provider"),
+)

@@ -11,12 +11,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import func
 
-from tether.db.schema import run_events, runs
+from tether.db.schema import run_events, runs, sessions
 from tether.states import Transition
 
 
@@ -64,7 +64,43 @@ async def apply(
     if row is None:
         return None
     await insert_events(conn, run_id, row.last_seq - len(events), events)
+    if transition.target.terminal:
+        await hand_over_session(conn, row.session_id, run_id)
     return row
+
+
+async def hand_over_session(conn: AsyncConnection, session_id: str, run_id: str) -> str | None:
+    """If `run_id` heads its session, make the oldest queued message the head (or none).
+
+    The session row is locked first, in its own statement, so the search for the next run
+    sees every run admitted before the lock was granted (admission takes the same lock): no
+    message is ever left queued behind a head that is gone.
+    """
+    locked = (
+        await conn.execute(
+            select(sessions.c.active_run_id)
+            .where(sessions.c.session_id == session_id)
+            .with_for_update()
+        )
+    ).first()
+    if locked is None or locked.active_run_id != run_id:
+        return None
+    next_run = (
+        await conn.execute(
+            select(runs.c.run_id)
+            .where(
+                runs.c.session_id == session_id, runs.c.status == "queued", runs.c.run_id != run_id
+            )
+            .order_by(runs.c.created_at, runs.c.run_id)
+            .limit(1)
+        )
+    ).scalar()
+    await conn.execute(
+        update(sessions).where(sessions.c.session_id == session_id).values(active_run_id=next_run)
+    )
+    if next_run is not None:
+        await conn.execute(update(runs).where(runs.c.run_id == next_run).values(session_head=True))
+    return next_run
 
 
 async def insert_events(

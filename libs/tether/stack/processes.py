@@ -14,8 +14,11 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tether.runner import companion_ready_file
+
 # Start order: each service after those it calls.
 SERVICES = ("orchestrator", "admission", "interactions", "worker", "gateway")
+WAVES = (("orchestrator", "admission"), ("interactions",), ("worker", "gateway"))
 
 
 @dataclass
@@ -26,11 +29,17 @@ class ServiceProcess:
     process: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    http_port: int | None = None
 
     @property
     def address(self) -> str:
         """host:port of its gRPC server."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def http_address(self) -> str | None:
+        """host:port of its HTTP server, for a service that has one (the gateway's bridge)."""
+        return f"127.0.0.1:{self.http_port}" if self.http_port else None
 
 
 @dataclass
@@ -45,10 +54,15 @@ class ServiceSet:
         """Service name -> host:port."""
         return {name: p.address for name, p in self.procs.items()}
 
+    def http_addresses(self) -> dict[str, str]:
+        """Service name -> host:port of the services that also serve HTTP."""
+        return {n: p.http_address for n, p in self.procs.items() if p.http_address is not None}
+
     async def start_all(self, names: tuple[str, ...] = SERVICES, timeout: float = 60.0) -> None:
-        """Start `names` in order, each once the services it depends on serve."""
-        for name in names:
-            await self.start(name, timeout=timeout)
+        """Start `names`, each wave once the services it calls serve (a wave starts at once)."""
+        for wave in WAVES:
+            batch = [name for name in wave if name in names]
+            await asyncio.gather(*(self.start(name, timeout=timeout) for name in batch))
 
     def _env_for(self, name: str, extra: Mapping[str, str]) -> dict[str, str]:
         env = {**os.environ, **self.env, **extra}
@@ -69,6 +83,8 @@ class ServiceSet:
             instance = f"{name}-{n}"
         ready = self.run_dir / f"{instance}.port"
         ready.unlink(missing_ok=True)
+        http_ready = Path(companion_ready_file(str(ready), "http"))
+        http_ready.unlink(missing_ok=True)
         log_path = self.run_dir / f"{instance}.log"
         env = self._env_for(name, {"TETHER_READY_FILE": str(ready), **(extra_env or {})})
         with log_path.open("ab") as log_file:
@@ -80,7 +96,9 @@ class ServiceSet:
                 start_new_session=True,  # Ctrl-C in a terminal reaches the supervisor only
             )
         port = await _wait_ready(ready, process, log_path, timeout)
-        proc = ServiceProcess(instance, process, port, log_path)
+        # Written before the main ready file by a service that serves HTTP too.
+        http_port = int(http_ready.read_text()) if http_ready.exists() else None
+        proc = ServiceProcess(instance, process, port, log_path, http_port)
         await wait_serving(proc.address, timeout=timeout)
         self.procs[instance] = proc
         return proc

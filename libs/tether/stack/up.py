@@ -71,10 +71,11 @@ async def dev_key(db_url: str, previous: dict[str, Any]) -> str:
         await engine.dispose()
 
 
-async def start_model_server(log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """Start the local Anthropic-compatible server; returns the process and its base URL."""
+async def start_local_server(module: str, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Start a local helper server (`module` prints "... listening URL"); returns it and its
+    base URL."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "tether.testing.model_server", "--host", "127.0.0.1", "--port", "0"],
+        [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=log_path.open("ab"),
         start_new_session=True,
@@ -83,7 +84,7 @@ async def start_model_server(log_path: Path) -> tuple[subprocess.Popen[bytes], s
     line = (await asyncio.to_thread(process.stdout.readline)).decode().strip()
     if "listening" not in line:
         process.kill()
-        raise RuntimeError(f"model server did not start: {line!r}; see {log_path}")
+        raise RuntimeError(f"{module} did not start: {line!r}; see {log_path}")
     return process, line.rsplit(" ", 1)[-1]
 
 
@@ -99,7 +100,7 @@ class Stack:
     info: dict[str, Any] = field(default_factory=dict)
     _pg: EmbeddedPostgres | None = None
     _redis: EmbeddedRedis | None = None
-    _model: subprocess.Popen[bytes] | None = None
+    _helpers: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     async def start(self) -> dict[str, Any]:
         """Bring everything up; returns what is written to stack.json."""
@@ -124,9 +125,17 @@ class Stack:
         }
         model_url = ""
         if not os.environ.get("ANTHROPIC_API_KEY"):
-            self._model, model_url = await start_model_server(run_dir / "model-server.log")
+            model, model_url = await start_local_server(
+                "tether.testing.model_server", run_dir / "model-server.log"
+            )
+            self._helpers.append(model)
             env["TETHER_WORKER_ANTHROPIC_BASE_URL"] = model_url
             env["TETHER_WORKER_ANTHROPIC_API_KEY"] = "local-model-server"
+        # The demo toolkit's OAuth provider, so a connection pause can be tried end to end.
+        oauth, oauth_url = await start_local_server("tether.testing.oauth", run_dir / "oauth.log")
+        self._helpers.append(oauth)
+        env["TETHER_INTERACTIONS_OAUTH_BASE_URL"] = oauth_url
+        env["TETHER_INTERACTIONS_OAUTH_REDIRECT_URI"] = "http://127.0.0.1/v1/oauth/callback"
         stack_file = self.data_dir / "stack.json"
         previous = json.loads(stack_file.read_text()) if stack_file.exists() else {}
         api_key = await dev_key(db_url, previous)
@@ -135,6 +144,7 @@ class Stack:
         addresses = self.services.addresses()
         self.info = {
             "gateway": addresses["gateway"],
+            "http": self.services.http_addresses().get("gateway", ""),
             "tenant_id": DEV_TENANT,
             "principal_id": DEV_PRINCIPAL,
             "api_key": api_key,
@@ -154,9 +164,9 @@ class Stack:
         """Stop services, then the model server, Redis and PostgreSQL."""
         if self.services is not None:
             await self.services.stop_all()
-        if self._model is not None:
-            self._model.terminate()
-            await asyncio.to_thread(self._model.wait)
+        for helper in self._helpers:
+            helper.terminate()
+            await asyncio.to_thread(helper.wait)
         if self._redis is not None:
             self._redis.stop()
         if self._pg is not None:
@@ -173,6 +183,7 @@ async def run_until_signalled(data_dir: Path) -> None:
     try:
         info = await stack.start()
         print(f"stack file: {data_dir / 'stack.json'}", flush=True)  # noqa: T201
+        print(f"http bridge: http://{info['http']}", flush=True)  # noqa: T201
         print(f"tether ready gateway={info['gateway']}", flush=True)  # noqa: T201
         await wait_for_signal()
     finally:

@@ -425,19 +425,23 @@ class StreamConversationRequest(_message.Message):
 
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     CURSOR_FIELD_NUMBER: _builtins.int
+    INCLUDE_DELTAS_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """Conversation id."""
     cursor: _builtins.str
-    """Resume after this cursor, as returned in events' conversation_cursor; empty for all."""
+    """Resume after this cursor, as returned with every event; empty for all."""
+    include_deltas: _builtins.bool
+    """Include live text deltas (ephemeral, seq 0)."""
     def __init__(
         self,
         *,
         conversation_id: _builtins.str = ...,
         cursor: _builtins.str = ...,
+        include_deltas: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "cursor", b"cursor"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "cursor", b"cursor", "include_deltas", b"include_deltas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -50,6 +50,72 @@ CONNECTION_GAP_INSUFFICIENT_SCOPE: ConnectionGap.ValueType  # 3
 Global___ConnectionGap: _TypeAlias = ConnectionGap  # noqa: Y015
 
 @_typing.final
+class ResolveConnectionRequest(_message.Message):
+    """ResolveConnectionRequest asks for a usable connection under a lease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    SCOPES_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    epoch: _builtins.int
+    """Fencing epoch of the caller's lease."""
+    provider: _builtins.str
+    """Provider."""
+    @_builtins.property
+    def scopes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Scopes the call needs."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        provider: _builtins.str = ...,
+        scopes: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "provider", b"provider", "run_id", b"run_id", "scopes", b"scopes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolveConnectionRequest: _TypeAlias = ResolveConnectionRequest  # noqa: Y015
+
+@_typing.final
+class ResolveConnectionResponse(_message.Message):
+    """ResolveConnectionResponse carries the credential or the gap."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GAP_FIELD_NUMBER: _builtins.int
+    ACCESS_TOKEN_FIELD_NUMBER: _builtins.int
+    CREDENTIAL_REF_FIELD_NUMBER: _builtins.int
+    gap: Global___ConnectionGap.ValueType
+    """UNSPECIFIED when usable; otherwise why not."""
+    access_token: _builtins.str
+    """Access token, when usable."""
+    credential_ref: _builtins.str
+    """Reference naming the credential (for messages; never the secret)."""
+    def __init__(
+        self,
+        *,
+        gap: Global___ConnectionGap.ValueType = ...,
+        access_token: _builtins.str = ...,
+        credential_ref: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access_token", b"access_token", "credential_ref", b"credential_ref", "gap", b"gap"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolveConnectionResponse: _TypeAlias = ResolveConnectionResponse  # noqa: Y015
+
+@_typing.final
 class QuestionSpec(_message.Message):
     """QuestionSpec is one question within an interaction."""
 

@@ -96,6 +96,11 @@ class InteractionsServiceStub:
                 request_serializer=tether_dot_v1_dot_interactions__pb2.FindPendingConnectionRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_interactions__pb2.FindPendingConnectionResponse.FromString,
                 _registered_method=True)
+        self.ResolveConnection = channel.unary_unary(
+                '/tether.v1.InteractionsService/ResolveConnection',
+                request_serializer=tether_dot_v1_dot_interactions__pb2.ResolveConnectionRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.ResolveConnectionResponse.FromString,
+                _registered_method=True)
 
 
 class InteractionsServiceServicer:
@@ -187,6 +192,13 @@ class InteractionsServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResolveConnection(self, request, context):
+        """ResolveConnection gives a running tool the credential of the run's principal, or its gap.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InteractionsServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -249,6 +261,11 @@ def add_InteractionsServiceServicer_to_server(servicer, server):
                     servicer.FindPendingConnection,
                     request_deserializer=tether_dot_v1_dot_interactions__pb2.FindPendingConnectionRequest.FromString,
                     response_serializer=tether_dot_v1_dot_interactions__pb2.FindPendingConnectionResponse.SerializeToString,
+            ),
+            'ResolveConnection': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveConnection,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.ResolveConnectionRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.ResolveConnectionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -577,6 +594,33 @@ class InteractionsService:
             '/tether.v1.InteractionsService/FindPendingConnection',
             tether_dot_v1_dot_interactions__pb2.FindPendingConnectionRequest.SerializeToString,
             tether_dot_v1_dot_interactions__pb2.FindPendingConnectionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveConnection(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.InteractionsService/ResolveConnection',
+            tether_dot_v1_dot_interactions__pb2.ResolveConnectionRequest.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.ResolveConnectionResponse.FromString,
             options,
             channel_credentials,
             insecure,

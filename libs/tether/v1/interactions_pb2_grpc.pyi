@@ -59,6 +59,8 @@ class InteractionsServiceStub:
     """ConfirmConnection completes an OAuth consent bound to tenant and principal."""
     FindPendingConnection: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.FindPendingConnectionRequest, _interactions_pb2.FindPendingConnectionResponse]
     """FindPendingConnection returns the run's open connection offer, or nothing once completed."""
+    ResolveConnection: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.ResolveConnectionRequest, _interactions_pb2.ResolveConnectionResponse]
+    """ResolveConnection gives a running tool the credential of the run's principal, or its gap."""
 
 @_typing.type_check_only
 class InteractionsServiceAsyncStub(InteractionsServiceStub):
@@ -91,6 +93,8 @@ class InteractionsServiceAsyncStub(InteractionsServiceStub):
     """ConfirmConnection completes an OAuth consent bound to tenant and principal."""
     FindPendingConnection: _aio.UnaryUnaryMultiCallable[_interactions_pb2.FindPendingConnectionRequest, _interactions_pb2.FindPendingConnectionResponse]  # type: ignore[assignment]
     """FindPendingConnection returns the run's open connection offer, or nothing once completed."""
+    ResolveConnection: _aio.UnaryUnaryMultiCallable[_interactions_pb2.ResolveConnectionRequest, _interactions_pb2.ResolveConnectionResponse]  # type: ignore[assignment]
+    """ResolveConnection gives a running tool the credential of the run's principal, or its gap."""
 
 class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
     """InteractionsService owns questions, approvals (with grants) and connections: the three ways a
@@ -192,5 +196,13 @@ class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_interactions_pb2.FindPendingConnectionResponse, _abc.Awaitable[_interactions_pb2.FindPendingConnectionResponse]]:
         """FindPendingConnection returns the run's open connection offer, or nothing once completed."""
+
+    @_abc_1.abstractmethod
+    def ResolveConnection(
+        self,
+        request: _interactions_pb2.ResolveConnectionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_interactions_pb2.ResolveConnectionResponse, _abc.Awaitable[_interactions_pb2.ResolveConnectionResponse]]:
+        """ResolveConnection gives a running tool the credential of the run's principal, or its gap."""
 
 def add_InteractionsServiceServicer_to_server(servicer: InteractionsServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1290,3 +1290,67 @@ class StoreToolOutputResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StoreToolOutputResponse: _TypeAlias = StoreToolOutputResponse  # noqa: Y015
+
+@_typing.final
+class ExpireWaitingRunRequest(_message.Message):
+    """ExpireWaitingRunRequest names a paused run and why its pause ended."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    FROM_STATUS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    EVENT_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant of the run."""
+    run_id: _builtins.str
+    """Run id."""
+    from_status: _common_pb2.RunStatus.ValueType
+    """The waiting status it must currently be in."""
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorInfo:
+        """Why it failed."""
+
+    @_builtins.property
+    def event(self) -> _events_pb2.RunEvent:
+        """Durable event recording the expiry (e.g. connection.completed with outcome "expired")."""
+
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        from_status: _common_pb2.RunStatus.ValueType = ...,
+        error: _common_pb2.ErrorInfo | None = ...,
+        event: _events_pb2.RunEvent | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "event", b"event"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "event", b"event", "from_status", b"from_status", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExpireWaitingRunRequest: _TypeAlias = ExpireWaitingRunRequest  # noqa: Y015
+
+@_typing.final
+class ExpireWaitingRunResponse(_message.Message):
+    """ExpireWaitingRunResponse reports whether this call failed the run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXPIRED_FIELD_NUMBER: _builtins.int
+    expired: _builtins.bool
+    """False when the run had already moved."""
+    def __init__(
+        self,
+        *,
+        expired: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expired", b"expired"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExpireWaitingRunResponse: _TypeAlias = ExpireWaitingRunResponse  # noqa: Y015

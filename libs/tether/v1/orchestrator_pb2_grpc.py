@@ -106,6 +106,11 @@ class OrchestratorServiceStub:
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.FinishEffectRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_orchestrator__pb2.FinishEffectResponse.FromString,
                 _registered_method=True)
+        self.ExpireWaitingRun = channel.unary_unary(
+                '/tether.v1.OrchestratorService/ExpireWaitingRun',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.ExpireWaitingRunRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.ExpireWaitingRunResponse.FromString,
+                _registered_method=True)
         self.StoreToolOutput = channel.unary_unary(
                 '/tether.v1.OrchestratorService/StoreToolOutput',
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.StoreToolOutputRequest.SerializeToString,
@@ -216,6 +221,13 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExpireWaitingRun(self, request, context):
+        """ExpireWaitingRun fails a run whose pause outlived its TTL (e.g. an abandoned consent).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def StoreToolOutput(self, request, context):
         """StoreToolOutput keeps a tool's whole output when its inline copy was truncated.
         """
@@ -295,6 +307,11 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.FinishEffect,
                     request_deserializer=tether_dot_v1_dot_orchestrator__pb2.FinishEffectRequest.FromString,
                     response_serializer=tether_dot_v1_dot_orchestrator__pb2.FinishEffectResponse.SerializeToString,
+            ),
+            'ExpireWaitingRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExpireWaitingRun,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.ExpireWaitingRunRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.ExpireWaitingRunResponse.SerializeToString,
             ),
             'StoreToolOutput': grpc.unary_unary_rpc_method_handler(
                     servicer.StoreToolOutput,
@@ -682,6 +699,33 @@ class OrchestratorService:
             '/tether.v1.OrchestratorService/FinishEffect',
             tether_dot_v1_dot_orchestrator__pb2.FinishEffectRequest.SerializeToString,
             tether_dot_v1_dot_orchestrator__pb2.FinishEffectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExpireWaitingRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/ExpireWaitingRun',
+            tether_dot_v1_dot_orchestrator__pb2.ExpireWaitingRunRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.ExpireWaitingRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -63,6 +63,8 @@ class OrchestratorServiceStub:
     """BeginEffect opens (or finds) the effects record of an external side effect."""
     FinishEffect: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.FinishEffectRequest, _orchestrator_pb2.FinishEffectResponse]
     """FinishEffect stores the result of an external side effect."""
+    ExpireWaitingRun: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ExpireWaitingRunRequest, _orchestrator_pb2.ExpireWaitingRunResponse]
+    """ExpireWaitingRun fails a run whose pause outlived its TTL (e.g. an abandoned consent)."""
     StoreToolOutput: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.StoreToolOutputRequest, _orchestrator_pb2.StoreToolOutputResponse]
     """StoreToolOutput keeps a tool's whole output when its inline copy was truncated."""
 
@@ -101,6 +103,8 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     """BeginEffect opens (or finds) the effects record of an external side effect."""
     FinishEffect: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.FinishEffectRequest, _orchestrator_pb2.FinishEffectResponse]  # type: ignore[assignment]
     """FinishEffect stores the result of an external side effect."""
+    ExpireWaitingRun: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ExpireWaitingRunRequest, _orchestrator_pb2.ExpireWaitingRunResponse]  # type: ignore[assignment]
+    """ExpireWaitingRun fails a run whose pause outlived its TTL (e.g. an abandoned consent)."""
     StoreToolOutput: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.StoreToolOutputRequest, _orchestrator_pb2.StoreToolOutputResponse]  # type: ignore[assignment]
     """StoreToolOutput keeps a tool's whole output when its inline copy was truncated."""
 
@@ -220,6 +224,14 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_orchestrator_pb2.FinishEffectResponse, _abc.Awaitable[_orchestrator_pb2.FinishEffectResponse]]:
         """FinishEffect stores the result of an external side effect."""
+
+    @_abc_1.abstractmethod
+    def ExpireWaitingRun(
+        self,
+        request: _orchestrator_pb2.ExpireWaitingRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.ExpireWaitingRunResponse, _abc.Awaitable[_orchestrator_pb2.ExpireWaitingRunResponse]]:
+        """ExpireWaitingRun fails a run whose pause outlived its TTL (e.g. an abandoned consent)."""
 
     @_abc_1.abstractmethod
     def StoreToolOutput(

@@ -1,9 +1,9 @@
 """Leases: the claim (PostgreSQL as the queue), heartbeats, release and the reaper's reads.
 
-The claim takes the oldest claimable run with FOR UPDATE SKIP LOCKED, where claimable means
-queued AND its session is free or already held by this run AND no older queued run of the same
-session waits (FIFO within a session). The session row's compare-and-set is the second guard:
-two workers can never start two runs of one conversation.
+The claim takes the oldest claimable run with FOR UPDATE SKIP LOCKED. Claimable means queued
+AND its session's head: admission makes a run the head of an idle session, and a finishing
+head hands the session to the oldest queued message (tether.db.transitions), so a conversation
+runs one message at a time, in order, and the claim is one indexed scan of one table.
 """
 
 from __future__ import annotations
@@ -11,61 +11,28 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, text, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tether import states
-from tether.db.schema import attempts, runs, sessions, tenants
+from tether.db.schema import attempts, runs, tenants
 from tether.db.transitions import Event, apply
 from tether.states import RunStatus
 
-_CANDIDATES = text(
-    """
-    SELECT r.run_id, r.session_id, r.tenant_id
-    FROM runs r
-    JOIN sessions s ON s.session_id = r.session_id
-    WHERE r.status = 'queued'
-      AND (s.active_run_id IS NULL OR s.active_run_id = r.run_id)
-      AND (s.active_run_id = r.run_id OR NOT EXISTS (
-            SELECT 1 FROM runs o
-            WHERE o.session_id = r.session_id AND o.status = 'queued'
-              AND (o.created_at, o.run_id) < (r.created_at, r.run_id)))
-    ORDER BY r.created_at, r.run_id
-    LIMIT :limit
-    FOR UPDATE OF r SKIP LOCKED
-    """
-)
-
-_TAKE_SESSION = (
-    update(sessions)
-    .where(
-        sessions.c.session_id == bindparam("s_id"),
-        (sessions.c.active_run_id.is_(None)) | (sessions.c.active_run_id == bindparam("r_id")),
-    )
-    .values(active_run_id=bindparam("r_id"))
-    .returning(sessions.c.session_id)
+_CANDIDATES = (
+    select(runs.c.run_id, runs.c.session_id, runs.c.tenant_id)
+    .where(runs.c.status == RunStatus.QUEUED.value, runs.c.session_head)
+    .order_by(runs.c.created_at, runs.c.run_id)
+    .limit(bindparam("limit"))
+    .with_for_update(skip_locked=True)
 )
 
 
-async def pick_candidates(conn: AsyncConnection, limit: int) -> list[Row[Any]]:
-    """Lock up to `limit` claimable runs (skipping those other claimers hold)."""
-    return list((await conn.execute(_CANDIDATES, {"limit": limit})).all())
-
-
-async def take_session(conn: AsyncConnection, session_id: str, run_id: str) -> bool:
-    """Compare-and-set the session's active run; False when another run holds it."""
-    params = {"s_id": session_id, "r_id": run_id}
-    return (await conn.execute(_TAKE_SESSION, params)).first() is not None
-
-
-async def release_session(conn: AsyncConnection, session_id: str, run_id: str) -> None:
-    """Free the session if `run_id` holds it (a finished run lets its follow-ups go)."""
-    await conn.execute(
-        update(sessions)
-        .where(sessions.c.session_id == session_id, sessions.c.active_run_id == run_id)
-        .values(active_run_id=None)
-    )
+async def pick_candidate(conn: AsyncConnection) -> Any:
+    """Lock the oldest claimable run (a queued session head), skipping those other claimers
+    hold; None when there is none."""
+    return (await conn.execute(_CANDIDATES, {"limit": 1})).first()
 
 
 async def tenant_agent(conn: AsyncConnection, tenant_id: str) -> dict[str, Any]:

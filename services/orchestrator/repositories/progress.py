@@ -184,6 +184,12 @@ def part_json(part: PartRow) -> dict[str, Any]:
     return data
 
 
+async def close_dangling(conn: AsyncConnection, run_id: str, reason: str) -> None:
+    """Close a finished run's open tool calls (their events are not needed: the run is over)."""
+    closing, _ = interrupted_results(await list_parts(conn, run_id), reason)
+    await upsert_parts(conn, run_id, closing)
+
+
 async def store_tool_output(conn: AsyncConnection, run_id: str, ref: str, content: str) -> None:
     """Keep a tool's whole output when its inline copy was truncated."""
     await conn.execute(

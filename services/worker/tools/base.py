@@ -59,6 +59,7 @@ class CallContext:
     run_id: str
     root_run_id: str
     tool_call_id: str
+    connections: ConnectionResolver | None = None
 
     def with_key(self, idempotency_key: str | None) -> ToolContext:
         """The context a tool receives, carrying the key the registry derived (or None)."""
@@ -68,6 +69,7 @@ class CallContext:
             root_run_id=self.root_run_id,
             tool_call_id=self.tool_call_id,
             idempotency_key=idempotency_key,
+            connections=self.connections,
         )
 
 
@@ -84,6 +86,14 @@ class ToolContext:
     root_run_id: str
     tool_call_id: str
     idempotency_key: str | None
+    connections: ConnectionResolver | None = None
+
+
+class ConnectionResolver(Protocol):
+    """Gives a tool the run principal's credential for a provider, or raises ConnectionGap."""
+
+    async def token(self, provider: str, scopes: Sequence[str]) -> str:
+        """An access token with `scopes`; ConnectionGap when there is none usable."""
 
 
 @dataclass(frozen=True)
@@ -126,3 +136,62 @@ class ToolProvider(Protocol):
     def tools(self, settings: Mapping[str, str]) -> Sequence[Tool]:
         """Build the tools; `settings` is env-like configuration (e.g. `TETHER_LEDGER_URL`)."""
         ...
+
+
+# Policy-classified actions: a call in one of these runs only with an approval or a grant.
+GATED_RISKS = frozenset(
+    {
+        RiskCategory.PUBLISH,
+        RiskCategory.SCHEDULE,
+        RiskCategory.SEND_REPLY,
+        RiskCategory.DELETE,
+        RiskCategory.EXTERNAL_SHARE,
+        RiskCategory.PAID_MARKETING,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Authorization:
+    """What lets a gated call run: a standing grant, or a claimed approval, for one tool of one
+    run."""
+
+    kind: str  # "grant" | "approval"
+    ref: str
+    tool_name: str
+    run_id: str
+
+
+class ConnectionGap(ToolError):
+    """A tool lacks a usable connection. The marker is structural (`gap`, `provider`), so
+    rewording a message never turns a pausable failure into a fatal one or back."""
+
+    def __init__(
+        self,
+        *,
+        provider: str,
+        gap: str,
+        scopes: Sequence[str],
+        credential_ref: str,
+        login_modes: Sequence[str] = ("oauth",),
+    ) -> None:
+        self.provider = provider
+        self.gap = gap
+        self.scopes = tuple(scopes)
+        self.credential_ref = credential_ref
+        # How the toolkit authenticates: only "oauth" has a login URL to send a person to.
+        self.login_modes = tuple(login_modes)
+        super().__init__(
+            GAP_MESSAGES[gap].format(
+                provider=provider, ref=credential_ref, scopes=", ".join(scopes)
+            )
+        )
+
+
+# Three gaps, three sentences: a person told the wrong one looks in the wrong place.
+GAP_MESSAGES = {
+    "absent": "no {provider} connection exists ({ref}); connect your {provider} account",
+    "expired": "the {provider} connection expired ({ref}); sign in to {provider} again",
+    "insufficient_scope": "the {provider} connection ({ref}) lacks the scope(s) {scopes}; "
+    "grant them when reconnecting",
+}

@@ -215,6 +215,27 @@ def big_text(size: int) -> str:
     return (_BIG_OUTPUT_LINE * repeats)[:size]
 
 
+class CalendarListEvents:
+    """`calendar_list_events`: reads the person's calendar through the OAuth-connected
+    `democal` provider; without a usable connection it raises a ConnectionGap."""
+
+    spec = ToolSpec(
+        name="calendar_list_events",
+        description="Lists the user's upcoming calendar events (needs a connected calendar).",
+        input_schema=_NO_INPUT,
+    )
+
+    async def run(self, ctx: ToolContext, input: dict[str, Any]) -> ToolOutput:
+        """The events, as the provider would answer with the token."""
+        if ctx.connections is None:
+            raise ToolError("calendar_list_events needs a connection resolver; none is wired")
+        token = await ctx.connections.token("democal", ["calendar.read"])
+        return ToolOutput(
+            f"Upcoming events (read with token {token[:8]}...): 10:00 stand-up; 14:00 review.",
+            data={"events": ["stand-up", "review"]},
+        )
+
+
 class DemoProvider:
     """The demo tools, configured from env-like settings (see the module docstring)."""
 
@@ -228,6 +249,7 @@ class DemoProvider:
             SlowTask(timeout_s=slow_timeout),
             BigOutput(),
             FailTool(),
+            CalendarListEvents(),
         ]
 
 

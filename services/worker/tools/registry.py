@@ -17,7 +17,17 @@ from enum import StrEnum
 from importlib.metadata import entry_points
 from typing import Any
 
-from services.worker.tools.base import CallContext, Tool, ToolContext, ToolError, ToolProvider
+from services.worker.tools.base import (
+    GATED_RISKS,
+    Authorization,
+    CallContext,
+    ConnectionGap,
+    RiskCategory,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolProvider,
+)
 from services.worker.tools.effects import EffectsPort, EffectState, idempotency_key
 from services.worker.tools.schema import check_schema, normalize, validate
 
@@ -40,6 +50,7 @@ class ToolErrorCode(StrEnum):
     ERROR = "tool_error"
     CRASHED = "tool_crashed"
     EFFECT_RECORD_INVALID = "tool_effect_record_invalid"
+    APPROVAL_REQUIRED = "approval_required"
 
 
 @dataclass(frozen=True)
@@ -166,8 +177,13 @@ class ToolRegistry:
         allowlist: Collection[str],
         max_inline_bytes: int,
         output_ref: str,
+        authorization: Authorization | None = None,
     ) -> ToolResult:
         """Run one tool call; see the module docstring for the order of checks.
+
+        A tool in a gated risk category runs only with an `authorization` for this tool and
+        this run (a standing grant, or a claimed approval); without one it is refused, so the
+        approval gate cannot be bypassed by executing the tool directly.
 
         For a tool that writes externally the result is recorded with `effects.finish` whenever
         the tool returned or raised ToolError. It is not recorded when the tool timed out or
@@ -199,6 +215,10 @@ class ToolRegistry:
                 ToolErrorCode.INVALID_INPUT, f"invalid input for tool {name}: {reasons}"
             )
 
+        refusal = _check_authorization(spec.name, spec.risk, call, authorization)
+        if refusal is not None:
+            return refusal
+
         key: str | None = None
         if spec.writes_externally:
             key = idempotency_key(call.tenant_id, call.root_run_id, name, input)
@@ -221,6 +241,15 @@ class ToolRegistry:
             await asyncio.shield(effects.finish(key, outcome.as_record()))
         return _result(outcome, max_inline_bytes, output_ref, replayed=False, key=key)
 
+    def validate_input(self, name: str, input: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """(normalised input, problem or ""): checked before a person is asked to approve it."""
+        tool = self._tools.get(name)
+        if tool is None:
+            return input, f"tool {name} is not registered"
+        normalised = normalize(tool.spec.input_schema, input)
+        violations = validate(tool.spec.input_schema, normalised)
+        return normalised, "; ".join(str(v) for v in violations[:MAX_REPORTED_VIOLATIONS])
+
     def _replay(
         self,
         name: str,
@@ -240,6 +269,24 @@ class ToolRegistry:
                 error_code=ToolErrorCode.EFFECT_RECORD_INVALID,
             )
         return _result(outcome, max_inline_bytes, output_ref, replayed=True, key=key)
+
+
+def _check_authorization(
+    name: str, risk: RiskCategory, call: CallContext, authorization: Authorization | None
+) -> ToolResult | None:
+    if risk not in GATED_RISKS:
+        return None
+    # Fail closed: no authorization, one for another tool, or one from another run.
+    if authorization is None or authorization.tool_name != name:
+        return _refusal(
+            ToolErrorCode.APPROVAL_REQUIRED,
+            f"tool {name} ({risk}) needs an approval before it can run",
+        )
+    if authorization.run_id != call.run_id:
+        return _refusal(
+            ToolErrorCode.APPROVAL_REQUIRED, f"the approval for tool {name} belongs to another run"
+        )
+    return None
 
 
 def truncate_inline(content: str, max_inline_bytes: int, output_ref: str) -> tuple[str, bool]:
@@ -268,6 +315,8 @@ async def _run(tool: Tool, ctx: ToolContext, input: dict[str, Any]) -> tuple[_Ou
     try:
         async with deadline:
             output = await tool.run(ctx, input)
+    except ConnectionGap:
+        raise  # structural: the caller decides whether the run pauses for consent
     except ToolError as exc:
         return _Outcome(str(exc) or f"tool {spec.name} failed", True, ToolErrorCode.ERROR), True
     except TimeoutError:

@@ -1,0 +1,334 @@
+"""The HTTP/SSE bridge for browsers: the gateway's calls and events over plain HTTP.
+
+Nothing here decides anything: every request goes through the same servicer methods and the
+same streams as gRPC, so authentication, tenancy and errors mean the same. Routes::
+
+    GET  /v1/runs/{run_id}/events              SSE (Last-Event-ID or ?after=SEQ; ?deltas=0)
+    GET  /v1/conversations/{conversation_id}/events   SSE (Last-Event-ID or ?cursor=)
+    POST /v1/messages                          SendMessage (Idempotency-Key may give event_id)
+    GET  /v1/runs                              ListRuns (?status=&conversation_id=&page_size=
+                                               &page_token=)
+    GET  /v1/runs/{run_id}                     GetRun
+    POST /v1/runs/{run_id}/cancel              CancelRun
+    GET  /v1/runs/{run_id}/pending-question    GetPendingQuestion (and -approval, -connection)
+    POST /v1/runs/{run_id}/answer              AnswerQuestion (and /decision, /connection)
+
+SSE frames: `event:` is the stable type name, `data:` the event as JSON (`tether.transport`),
+and every durable event has `id:` (its seq; for a conversation, the cursor), so a reconnecting
+EventSource resumes with Last-Event-ID. The first frame is `event: snapshot`. A stream ended
+early (slow client, gateway stopping) sends `event: error` with the cursor to resume from.
+Callers authenticate with `Authorization: Bearer <key>`; errors are JSON
+`{"error": {"status", "code", "message"}}` with the HTTP status of the gRPC code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from contextlib import aclosing
+from typing import Any, TypeVar
+
+import grpc
+from aiohttp import web
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from services.gateway.auth import Authenticator
+from services.gateway.conversation import ConversationCursor, conversation_items
+from services.gateway.streams import Streams
+from tether.apikeys import Principal
+from tether.client import disposition_name
+from tether.convert import status_to_proto
+from tether.errors import InvalidArgument, TetherError
+from tether.states import RunStatus
+from tether.transport import event_to_json, run_to_json, snapshot_to_json
+from tether.v1 import events_pb2, gateway_pb2
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+HTTP_STATUS: Mapping[grpc.StatusCode, int] = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.FAILED_PRECONDITION: 412,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+# EventSource waits this long before reconnecting after the stream ends or breaks.
+SSE_RETRY_MS = 1000
+_INTERACTIONS: tuple[tuple[str, str, str, type[Message]], ...] = (
+    ("GET", "pending-question", "GetPendingQuestion", gateway_pb2.GetPendingQuestionRequest),
+    ("GET", "pending-approval", "GetPendingApproval", gateway_pb2.GetPendingApprovalRequest),
+    ("GET", "pending-connection", "GetPendingConnection", gateway_pb2.GetPendingConnectionRequest),
+    ("POST", "answer", "AnswerQuestion", gateway_pb2.AnswerQuestionRequest),
+    ("POST", "decision", "DecideApproval", gateway_pb2.DecideApprovalRequest),
+    ("POST", "connection", "CompleteConnection", gateway_pb2.CompleteConnectionRequest),
+)
+
+
+class _CallContext:
+    """What the servicer's unary methods read from a gRPC context: the caller's metadata."""
+
+    def __init__(self, request: web.Request) -> None:
+        self._metadata = (("authorization", request.headers.get("Authorization", "")),)
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+
+def error_body(exc: TetherError, **extra: Any) -> dict[str, Any]:
+    """The JSON of an error."""
+    return {"error": {"status": exc.status.name, "code": exc.code, "message": exc.message, **extra}}
+
+
+def error_response(exc: TetherError) -> web.Response:
+    """An error as the HTTP status of its gRPC code, with the same code and message."""
+    headers = (
+        {"WWW-Authenticate": "Bearer"} if exc.status == grpc.StatusCode.UNAUTHENTICATED else {}
+    )
+    return web.json_response(
+        error_body(exc), status=HTTP_STATUS.get(exc.status, 500), headers=headers
+    )
+
+
+@web.middleware
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except TetherError as exc:
+        return error_response(exc)
+    except web.HTTPException:
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return web.json_response(
+            {"error": {"status": "INTERNAL", "code": "internal", "message": "internal error"}},
+            status=500,
+        )
+
+
+def _message_json(message: Message) -> dict[str, Any]:
+    data: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    return data
+
+
+async def _body(request: web.Request, into: Message) -> Any:
+    """The JSON body parsed into `into` (an empty body leaves it empty)."""
+    raw = await request.read()
+    if raw.strip():
+        try:
+            json_format.Parse(raw, into)
+        except json_format.ParseError as exc:
+            raise InvalidArgument(f"request body: {exc}") from exc
+    return into
+
+
+def _non_negative(value: str, name: str) -> int:
+    try:
+        number = int(value)
+    except ValueError as exc:
+        raise InvalidArgument(f"{name} must be an integer") from exc
+    if number < 0:
+        raise InvalidArgument(f"{name} must not be negative")
+    return number
+
+
+def _frame(event: str, data: dict[str, Any], event_id: str | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    body = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return f"{head}event: {event}\ndata: {body}\n\n".encode()
+
+
+def _event_frame(event: events_pb2.RunEvent, event_id: str | None = None) -> bytes:
+    durable_id = event_id if event_id is not None else str(event.seq)
+    return _frame(event.type, event_to_json(event), durable_id if event.seq else None)
+
+
+def _run_frame(item: gateway_pb2.StreamRunResponse) -> bytes:
+    if item.HasField("snapshot"):
+        return _frame("snapshot", snapshot_to_json(item.snapshot.run, list(item.snapshot.parts)))
+    return _event_frame(item.event)
+
+
+def _conversation_frame(item: gateway_pb2.StreamConversationResponse) -> bytes:
+    data = event_to_json(item.event)
+    data["cursor"] = item.cursor
+    return _frame(item.event.type, data, item.cursor if item.event.seq else None)
+
+
+class HttpBridge:
+    """Routes HTTP requests to the gateway's servicer and streams."""
+
+    def __init__(self, servicer: Any, streams: Streams, auth: Authenticator) -> None:
+        self._servicer = servicer
+        self._streams = streams
+        self._auth = auth
+
+    def app(self) -> web.Application:
+        """The aiohttp application."""
+        app = web.Application(middlewares=[_errors])
+        app.router.add_get("/v1/runs/{run_id}/events", self.run_events)
+        app.router.add_get("/v1/conversations/{conversation_id}/events", self.conversation_events)
+        app.router.add_post("/v1/messages", self.send_message)
+        app.router.add_get("/v1/runs", self.list_runs)
+        app.router.add_get("/v1/runs/{run_id}", self.get_run)
+        app.router.add_post("/v1/runs/{run_id}/cancel", self.cancel_run)
+        for method, path, rpc, request_type in _INTERACTIONS:
+            app.router.add_route(
+                method, f"/v1/runs/{{run_id}}/{path}", self._interaction(rpc, request_type)
+            )
+        return app
+
+    async def _principal(self, request: web.Request, method: str) -> Principal:
+        return await self._auth.authenticate(
+            {"authorization": request.headers.get("Authorization", "")}, method
+        )
+
+    # -- unary ----------------------------------------------------------------------------------
+
+    async def send_message(self, request: web.Request) -> web.Response:
+        message = await _body(request, gateway_pb2.SendMessageRequest())
+        if not message.event_id:
+            message.event_id = request.headers.get("Idempotency-Key", "")
+        response = await self._servicer.SendMessage(message, _CallContext(request))
+        return web.json_response(
+            {
+                "disposition": disposition_name(response.disposition),
+                "run": run_to_json(response.run),
+            }
+        )
+
+    async def get_run(self, request: web.Request) -> web.Response:
+        response = await self._servicer.GetRun(
+            gateway_pb2.GetRunRequest(run_id=request.match_info["run_id"]), _CallContext(request)
+        )
+        return web.json_response(snapshot_to_json(response.run, list(response.parts)))
+
+    async def list_runs(self, request: web.Request) -> web.Response:
+        query = request.query
+        statuses = []
+        for name in query.getall("status", []):
+            try:
+                statuses.append(status_to_proto(RunStatus(name)))
+            except ValueError as exc:
+                raise InvalidArgument(f"unknown status {name!r}") from exc
+        response = await self._servicer.ListRuns(
+            gateway_pb2.ListRunsRequest(
+                statuses=statuses,
+                conversation_id=query.get("conversation_id", ""),
+                page_size=_non_negative(query.get("page_size", "0"), "page_size"),
+                page_token=query.get("page_token", ""),
+            ),
+            _CallContext(request),
+        )
+        return web.json_response(
+            {
+                "runs": [run_to_json(run) for run in response.runs],
+                "next_page_token": response.next_page_token,
+            }
+        )
+
+    async def cancel_run(self, request: web.Request) -> web.Response:
+        message = await _body(request, gateway_pb2.CancelRunRequest())
+        message.run_id = request.match_info["run_id"]
+        response = await self._servicer.CancelRun(message, _CallContext(request))
+        return web.json_response({"run": run_to_json(response.run), "changed": response.changed})
+
+    def _interaction(
+        self, rpc: str, request_type: type[Message]
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
+            message = await _body(request, request_type())
+            message.run_id = request.match_info["run_id"]
+            response = await getattr(self._servicer, rpc)(message, _CallContext(request))
+            return web.json_response(_message_json(response))
+
+        return handle
+
+    # -- streams --------------------------------------------------------------------------------
+
+    async def run_events(self, request: web.Request) -> web.StreamResponse:
+        principal = await self._principal(request, "StreamRun")
+        cursor = request.headers.get("Last-Event-ID") or request.query.get("after", "0")
+        items = self._streams.run_items(
+            principal.tenant_id,
+            request.match_info["run_id"],
+            _non_negative(cursor or "0", "Last-Event-ID / after"),
+            include_deltas=request.query.get("deltas", "1") not in ("0", "false"),
+        )
+        return await _serve_sse(request, items, _run_frame, wait_for_first=True)
+
+    async def conversation_events(self, request: web.Request) -> web.StreamResponse:
+        principal = await self._principal(request, "StreamConversation")
+        cursor = request.headers.get("Last-Event-ID") or request.query.get("cursor", "")
+        ConversationCursor.decode(cursor)  # refuse a bad cursor before the stream starts
+        items = conversation_items(
+            self._streams,
+            principal.tenant_id,
+            request.match_info["conversation_id"],
+            cursor,
+            include_deltas=request.query.get("deltas", "1") not in ("0", "false"),
+        )
+        return await _serve_sse(request, items, _conversation_frame, wait_for_first=False)
+
+
+async def _serve_sse(
+    request: web.Request,
+    items: AsyncGenerator[T, None],
+    frame: Callable[[T], bytes],
+    *,
+    wait_for_first: bool,
+) -> web.StreamResponse:
+    """Send `items` as server-sent events. With `wait_for_first`, a failure before the first
+    item (not found, bad cursor) is still an ordinary HTTP error."""
+    async with aclosing(items) as stream:
+        first = [await anext(stream)] if wait_for_first else []
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",  # a proxy must not buffer a live stream
+            }
+        )
+        await response.prepare(request)
+        # The first frame also tells EventSource how soon to reconnect.
+        prefix = f"retry: {SSE_RETRY_MS}\n".encode()
+        try:
+            for item in first:
+                await response.write(prefix + frame(item))
+                prefix = b""
+            async for item in stream:
+                await response.write(prefix + frame(item))
+                prefix = b""
+        except TetherError as exc:
+            resume = exc.details.get("resume")
+            body = error_body(exc, **({"resume": resume} if resume is not None else {}))
+            await response.write(_frame("error", body))
+        except ConnectionResetError:
+            pass  # the client went away
+        except Exception:
+            log.exception("stream %s failed", request.path)
+            await response.write(_frame("error", {"error": {"status": "INTERNAL"}}))
+        return response
+
+
+async def start_http(
+    bridge: HttpBridge, host: str, port: int, grace_s: float
+) -> tuple[web.AppRunner, int]:
+    """Serve the bridge; returns the runner (clean it up to stop) and the bound port."""
+    runner = web.AppRunner(bridge.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, shutdown_timeout=grace_s)
+    await site.start()
+    address = runner.addresses[0]
+    return runner, int(address[1])

@@ -1,0 +1,131 @@
+"""The gateway's interaction RPCs: read a pending question, approval or connection, and
+resolve it. Mixed into GatewayServicer; every call authenticates first and carries the
+caller's tenant and principal, never the body's."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from services.gateway.forward import forward
+from tether.apikeys import Principal
+from tether.errors import InvalidArgument
+from tether.v1 import gateway_pb2, interactions_pb2, interactions_pb2_grpc
+
+
+class InteractionRpcs:
+    """Implements the interaction part of tether.v1.GatewayService."""
+
+    _interactions: interactions_pb2_grpc.InteractionsServiceStub
+    _caller: Callable[[grpc.aio.ServicerContext, str], Awaitable[Principal]]
+
+    async def GetPendingQuestion(
+        self, request: gateway_pb2.GetPendingQuestionRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GetPendingQuestionResponse:
+        principal = await self._caller(context, "GetPendingQuestion")
+        found = await forward(
+            self._interactions.FindPendingQuestion(
+                interactions_pb2.FindPendingQuestionRequest(
+                    tenant_id=principal.tenant_id, run_id=request.run_id
+                )
+            )
+        )
+        response = gateway_pb2.GetPendingQuestionResponse()
+        if found.HasField("question"):
+            response.question.CopyFrom(found.question)
+        return response
+
+    async def AnswerQuestion(
+        self, request: gateway_pb2.AnswerQuestionRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.AnswerQuestionResponse:
+        principal = await self._caller(context, "AnswerQuestion")
+        if not request.answers:
+            raise InvalidArgument("answers are required, keyed by question key")
+        recorded = await forward(
+            self._interactions.RecordAnswers(
+                interactions_pb2.RecordAnswersRequest(
+                    tenant_id=principal.tenant_id,
+                    principal_id=principal.principal_id,
+                    run_id=request.run_id,
+                    answers=request.answers,
+                )
+            )
+        )
+        return gateway_pb2.AnswerQuestionResponse(
+            interaction_id=recorded.interaction_id, resumed=recorded.resumed
+        )
+
+    async def GetPendingApproval(
+        self, request: gateway_pb2.GetPendingApprovalRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GetPendingApprovalResponse:
+        principal = await self._caller(context, "GetPendingApproval")
+        found = await forward(
+            self._interactions.FindPendingApproval(
+                interactions_pb2.FindPendingApprovalRequest(
+                    tenant_id=principal.tenant_id, run_id=request.run_id
+                )
+            )
+        )
+        response = gateway_pb2.GetPendingApprovalResponse()
+        if found.HasField("approval"):
+            response.approval.CopyFrom(found.approval)
+        return response
+
+    async def DecideApproval(
+        self, request: gateway_pb2.DecideApprovalRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.DecideApprovalResponse:
+        principal = await self._caller(context, "DecideApproval")
+        decided = await forward(
+            self._interactions.RecordDecision(
+                interactions_pb2.RecordDecisionRequest(
+                    tenant_id=principal.tenant_id,
+                    principal_id=principal.principal_id,
+                    run_id=request.run_id,
+                    decision=request.decision,
+                    always_scope=request.always_scope,
+                )
+            )
+        )
+        return gateway_pb2.DecideApprovalResponse(
+            interaction_id=decided.interaction_id,
+            resumed=decided.resumed,
+            grant_id=decided.grant_id,
+        )
+
+    async def GetPendingConnection(
+        self,
+        request: gateway_pb2.GetPendingConnectionRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> gateway_pb2.GetPendingConnectionResponse:
+        principal = await self._caller(context, "GetPendingConnection")
+        found = await forward(
+            self._interactions.FindPendingConnection(
+                interactions_pb2.FindPendingConnectionRequest(
+                    tenant_id=principal.tenant_id, run_id=request.run_id
+                )
+            )
+        )
+        response = gateway_pb2.GetPendingConnectionResponse()
+        if found.HasField("connection"):
+            response.connection.CopyFrom(found.connection)
+        return response
+
+    async def CompleteConnection(
+        self,
+        request: gateway_pb2.CompleteConnectionRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> gateway_pb2.CompleteConnectionResponse:
+        principal = await self._caller(context, "CompleteConnection")
+        done = await forward(
+            self._interactions.ConfirmConnection(
+                interactions_pb2.ConfirmConnectionRequest(
+                    tenant_id=principal.tenant_id,
+                    principal_id=principal.principal_id,
+                    run_id=request.run_id,
+                    state=request.state,
+                    code=request.code,
+                )
+            )
+        )
+        return gateway_pb2.CompleteConnectionResponse(resumed=done.resumed)

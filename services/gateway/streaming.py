@@ -1,0 +1,66 @@
+"""StreamRun and StreamConversation, mixed into GatewayServicer: authenticate, then hand over to
+the streams (services.gateway.streams, services.gateway.conversation)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+
+import grpc
+
+from services.gateway.conversation import conversation_items
+from services.gateway.streams import Streams
+from tether.apikeys import Principal
+from tether.errors import CODE_METADATA_KEY, TetherError
+from tether.v1 import gateway_pb2
+
+
+async def end_resumably(context: grpc.aio.ServicerContext, exc: TetherError) -> None:
+    """Abort with `exc`'s status, its stable code and, when it has one, the resume cursor."""
+    metadata = [(CODE_METADATA_KEY, exc.code)]
+    if "resume_key" in exc.details:
+        metadata.append((str(exc.details["resume_key"]), str(exc.details["resume"])))
+    context.set_trailing_metadata(tuple(metadata))
+    await context.abort(exc.status, exc.message)
+
+
+class StreamingServicer:
+    """The streaming side of tether.v1.GatewayService, mixed into GatewayServicer."""
+
+    _streams: Streams
+    _caller: Callable[[grpc.aio.ServicerContext, str], Awaitable[Principal]]
+
+    async def StreamRun(
+        self, request: gateway_pb2.StreamRunRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[gateway_pb2.StreamRunResponse]:
+        principal = await self._caller(context, "StreamRun")
+        items = self._streams.run_items(
+            principal.tenant_id,
+            request.run_id,
+            request.after_seq,
+            include_deltas=request.include_deltas,
+        )
+        try:
+            async with aclosing(items) as stream:
+                async for item in stream:
+                    yield item
+        except TetherError as exc:
+            await end_resumably(context, exc)
+
+    async def StreamConversation(
+        self, request: gateway_pb2.StreamConversationRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[gateway_pb2.StreamConversationResponse]:
+        principal = await self._caller(context, "StreamConversation")
+        items = conversation_items(
+            self._streams,
+            principal.tenant_id,
+            request.conversation_id,
+            request.cursor,
+            include_deltas=request.include_deltas,
+        )
+        try:
+            async with aclosing(items) as stream:
+                async for item in stream:
+                    yield item
+        except TetherError as exc:
+            await end_resumably(context, exc)

@@ -1,0 +1,297 @@
+"""All SQL of the interactions service: interactions, grants, connections, and the read-only
+lease check against the orchestrator's runs table."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, func, insert, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from tether.db.schema import connections, grants, interactions, messages, runs, tenants
+from tether.errors import NotFound, StaleLease
+
+
+async def leased_run(conn: AsyncConnection, run_id: str, epoch: int) -> Any:
+    """The run, if `epoch` is its live lease; StaleLease otherwise (fail closed)."""
+    row = (
+        await conn.execute(
+            select(
+                runs.c.run_id,
+                runs.c.tenant_id,
+                runs.c.session_id,
+                runs.c.root_run_id,
+                runs.c.status,
+                runs.c.lease_epoch,
+                messages.c.actor_id,
+            )
+            .join(messages, messages.c.message_id == runs.c.message_id)
+            .where(runs.c.run_id == run_id)
+        )
+    ).first()
+    if row is None or row.status != "running" or row.lease_epoch != epoch:
+        raise StaleLease(f"lease epoch {epoch} of run {run_id} is not current")
+    return row
+
+
+async def leased_run_any(conn: AsyncConnection, run_id: str) -> Any:
+    """The run with its principal, whatever its lease (grants are read-only)."""
+    row = (
+        await conn.execute(
+            select(runs.c.run_id, runs.c.tenant_id, runs.c.session_id, messages.c.actor_id)
+            .join(messages, messages.c.message_id == runs.c.message_id)
+            .where(runs.c.run_id == run_id)
+        )
+    ).first()
+    if row is None:
+        raise NotFound(f"run {run_id!r} not found")
+    return row
+
+
+async def tenant_run(conn: AsyncConnection, tenant_id: str, run_id: str) -> Any:
+    """The caller's run; NotFound for absent and for another tenant's (the same answer)."""
+    row = (
+        await conn.execute(
+            select(
+                runs.c.run_id,
+                runs.c.tenant_id,
+                runs.c.session_id,
+                runs.c.status,
+                messages.c.actor_id,
+            )
+            .join(messages, messages.c.message_id == runs.c.message_id)
+            .where(runs.c.run_id == run_id, runs.c.tenant_id == tenant_id)
+        )
+    ).first()
+    if row is None:
+        raise NotFound(f"run {run_id!r} not found")
+    return row
+
+
+async def insert_interaction(conn: AsyncConnection, **values: Any) -> None:
+    """Store a new pending interaction."""
+    await conn.execute(insert(interactions).values(status="pending", **values))
+
+
+async def open_interaction(
+    conn: AsyncConnection, run_id: str, kind: str, *, lock: bool = False
+) -> Row[Any] | None:
+    """The run's newest pending interaction of `kind`."""
+    stmt = (
+        select(interactions)
+        .where(
+            interactions.c.run_id == run_id,
+            interactions.c.kind == kind,
+            interactions.c.status == "pending",
+        )
+        .order_by(interactions.c.created_at.desc())
+        .limit(1)
+    )
+    if lock:
+        stmt = stmt.with_for_update()
+    return (await conn.execute(stmt)).first()
+
+
+async def resolve(
+    conn: AsyncConnection, interaction_id: str, status: str, **values: Any
+) -> Row[Any] | None:
+    """Move a pending interaction to `status`; None when someone resolved it first."""
+    return (
+        await conn.execute(
+            update(interactions)
+            .where(
+                interactions.c.interaction_id == interaction_id, interactions.c.status == "pending"
+            )
+            .values(status=status, resolved_at=func.now(), **values)
+            .returning(*interactions.c)
+        )
+    ).first()
+
+
+async def answered_questions(conn: AsyncConnection, run_id: str) -> Sequence[Row[Any]]:
+    """The run's answered questions, oldest first."""
+    return (
+        await conn.execute(
+            select(interactions)
+            .where(
+                interactions.c.run_id == run_id,
+                interactions.c.kind == "question",
+                interactions.c.status == "answered",
+            )
+            .order_by(interactions.c.created_at)
+        )
+    ).all()
+
+
+async def claim_approval(
+    conn: AsyncConnection, run_id: str, tool_name: str, epoch: int
+) -> Row[Any] | None:
+    """Compare-and-set the run's decided (or expired) approval for `tool_name` to claimed."""
+    target = (
+        select(interactions.c.interaction_id)
+        .where(
+            interactions.c.run_id == run_id,
+            interactions.c.kind == "approval",
+            interactions.c.tool_name == tool_name,
+            interactions.c.status.in_(("decided", "expired")),
+        )
+        .order_by(interactions.c.created_at)
+        .limit(1)
+        .scalar_subquery()
+    )
+    return (
+        await conn.execute(
+            update(interactions)
+            .where(
+                interactions.c.interaction_id == target,
+                interactions.c.status.in_(("decided", "expired")),
+            )
+            .values(status="claimed", claimed_at=func.now(), claimed_epoch=epoch)
+            .returning(*interactions.c)
+        )
+    ).first()
+
+
+async def insert_grant(conn: AsyncConnection, **values: Any) -> None:
+    """Store a standing grant."""
+    await conn.execute(insert(grants).values(**values))
+
+
+async def find_grant(
+    conn: AsyncConnection,
+    *,
+    tenant_id: str,
+    session_id: str,
+    principal_id: str,
+    tool_name: str,
+    risk_category: str,
+) -> Row[Any] | None:
+    """A standing grant covering this call, if any."""
+    stmt = (
+        select(grants)
+        .where(
+            grants.c.tenant_id == tenant_id,
+            or_(
+                and_(
+                    grants.c.scope == "conversation",
+                    grants.c.session_id == session_id,
+                    grants.c.tool_name == tool_name,
+                ),
+                and_(
+                    grants.c.scope == "principal",
+                    grants.c.principal_id == principal_id,
+                    grants.c.tool_name == tool_name,
+                ),
+                and_(grants.c.scope == "tenant", grants.c.tool_name == tool_name),
+                and_(grants.c.scope == "category", grants.c.risk_category == risk_category),
+            ),
+        )
+        .limit(1)
+    )
+    return (await conn.execute(stmt)).first()
+
+
+async def tenant_policy(conn: AsyncConnection, tenant_id: str) -> dict[str, Any]:
+    """The tenant's policy JSON."""
+    row = (
+        await conn.execute(select(tenants.c.policy).where(tenants.c.tenant_id == tenant_id))
+    ).first()
+    return dict(row.policy) if row is not None else {}
+
+
+async def interaction_by_state(conn: AsyncConnection, state_hash: bytes) -> Row[Any] | None:
+    """The connection interaction an OAuth state was issued for."""
+    return (
+        await conn.execute(
+            select(interactions)
+            .where(interactions.c.oauth_state_hash == state_hash)
+            .with_for_update()
+        )
+    ).first()
+
+
+async def upsert_connection(
+    conn: AsyncConnection,
+    *,
+    tenant_id: str,
+    principal_id: str,
+    provider: str,
+    scopes: Sequence[str],
+    access_token: str,
+    expires_at: datetime,
+) -> None:
+    """Store (or replace) a principal's connection to a provider."""
+    stmt = pg_insert(connections).values(
+        tenant_id=tenant_id,
+        principal_id=principal_id,
+        provider=provider,
+        scopes=list(scopes),
+        access_token=access_token,
+        expires_at=expires_at,
+    )
+    await conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["tenant_id", "principal_id", "provider"],
+            set_={
+                "scopes": stmt.excluded.scopes,
+                "access_token": stmt.excluded.access_token,
+                "expires_at": stmt.excluded.expires_at,
+            },
+        )
+    )
+
+
+async def find_connection(
+    conn: AsyncConnection, tenant_id: str, principal_id: str, provider: str
+) -> Row[Any] | None:
+    """A principal's connection to a provider."""
+    return (
+        await conn.execute(
+            select(connections).where(
+                connections.c.tenant_id == tenant_id,
+                connections.c.principal_id == principal_id,
+                connections.c.provider == provider,
+            )
+        )
+    ).first()
+
+
+async def expired_pending(conn: AsyncConnection, limit: int) -> Sequence[Row[Any]]:
+    """Pending interactions past their expiry, locked for the sweep."""
+    return (
+        await conn.execute(
+            select(interactions)
+            .where(interactions.c.status == "pending", interactions.c.expires_at < func.now())
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+    ).all()
+
+
+async def unresumed(conn: AsyncConnection, limit: int) -> Sequence[Any]:
+    """Resolved interactions whose run still waits: a resume that did not reach the
+    orchestrator (it was down); the sweep delivers it, and the guarded resume makes it once."""
+    return (
+        await conn.execute(
+            select(
+                interactions.c.interaction_id,
+                interactions.c.kind,
+                interactions.c.run_id,
+                interactions.c.tenant_id,
+                interactions.c.status,
+                interactions.c.decision,
+            )
+            .join(runs, runs.c.run_id == interactions.c.run_id)
+            .where(
+                runs.c.waiting_interaction_id == interactions.c.interaction_id,
+                runs.c.status.like("waiting-for-%"),
+                interactions.c.status.in_(("answered", "decided", "completed", "expired")),
+                interactions.c.resolved_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, 1),
+            )
+            .limit(limit)
+        )
+    ).all()

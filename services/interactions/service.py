@@ -1,0 +1,584 @@
+"""Interactions: questions, approvals and connections, one pause-and-resume lifecycle.
+
+Each kind is stored (pending), resolved once by a person (a guarded update), and resumes its
+run to queued once through the orchestrator (a guarded transition there). A resolution whose
+resume did not get through is delivered by the sweep; the orchestrator's guard keeps it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+from urllib.parse import urlencode
+
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.interactions import repository as repo
+from tether.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
+from tether.ids import new_id
+
+log = logging.getLogger(__name__)
+
+DECISIONS = ("allow-once", "allow-conversation", "allow-always", "deny")
+ALWAYS_SCOPES = ("principal", "tenant", "category")
+GAPS = ("absent", "expired", "insufficient_scope")
+
+
+@dataclass(frozen=True)
+class QuestionSpec:
+    """One question; optional fields resolved to real values."""
+
+    key: str
+    prompt: str
+    options: tuple[str, ...] = ()
+    multiple: bool = False
+    allow_other: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form."""
+        return {
+            "key": self.key,
+            "prompt": self.prompt,
+            "options": list(self.options),
+            "multiple": self.multiple,
+            "allow_other": self.allow_other,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> QuestionSpec:
+        """From the stored form."""
+        return cls(
+            data["key"],
+            data["prompt"],
+            tuple(data.get("options", ())),
+            bool(data.get("multiple", False)),
+            bool(data.get("allow_other", False)),
+        )
+
+
+class Resumer(Protocol):
+    """The orchestrator, as far as interactions need it."""
+
+    async def resume(
+        self, tenant_id: str, run_id: str, from_status: str, event: tuple[str, dict[str, Any]]
+    ) -> bool:
+        """Queue a waiting run once; False when it had already moved."""
+
+    async def expire(
+        self,
+        tenant_id: str,
+        run_id: str,
+        from_status: str,
+        error: dict[str, Any],
+        event: tuple[str, dict[str, Any]],
+    ) -> bool:
+        """Fail a waiting run whose pause expired; False when it had already moved."""
+
+
+class TokenExchange(Protocol):
+    """The OAuth provider's token endpoint."""
+
+    async def exchange(self, provider: str, code: str) -> tuple[str, float, list[str]]:
+        """(access token, lifetime in seconds, granted scopes) for an authorisation code."""
+
+
+@dataclass(frozen=True)
+class OAuthProvider:
+    """How to send a person to a provider's consent screen."""
+
+    name: str
+    authorize_url: str
+    client_id: str
+    redirect_uri: str
+
+
+@dataclass
+class Policy:
+    """Interaction settings (per deployment; tenants refine some in their policy JSON)."""
+
+    approval_ttl_s: float = 86_400.0
+    consent_ttl_s: float = 900.0
+    providers: dict[str, OAuthProvider] = field(default_factory=dict)
+
+
+def _hash_state(state: str) -> bytes:
+    return hashlib.sha256(state.encode()).digest()
+
+
+def validate_specs(specs: Sequence[QuestionSpec]) -> None:
+    """Refuse a malformed question before anyone is asked it."""
+    if not specs:
+        raise InvalidArgument("at least one question is required")
+    keys = [s.key for s in specs]
+    if len(set(keys)) != len(keys):
+        raise InvalidArgument("question keys must be unique")
+    for spec in specs:
+        if not spec.key or not spec.prompt.strip():
+            raise InvalidArgument("every question needs a key and a prompt")
+        if spec.multiple and not spec.options:
+            raise InvalidArgument(f"question {spec.key!r}: multiple needs options")
+
+
+def validate_answers(
+    specs: Sequence[QuestionSpec], answers: Mapping[str, Sequence[str]]
+) -> dict[str, list[str]]:
+    """Answers checked against their specs; INVALID_ARGUMENT naming the first problem."""
+    by_key = {s.key: s for s in specs}
+    unknown = sorted(set(answers) - set(by_key))
+    if unknown:
+        raise InvalidArgument(f"no question has the key(s) {unknown}; keys are {list(by_key)}")
+    out: dict[str, list[str]] = {}
+    for spec in specs:
+        values = [v for v in answers.get(spec.key, ()) if v.strip()]
+        if not values:
+            raise InvalidArgument(f"question {spec.key!r} ({spec.prompt}) needs an answer")
+        if len(values) > 1 and not spec.multiple:
+            raise InvalidArgument(f"question {spec.key!r} takes one answer, got {len(values)}")
+        if spec.options and not spec.allow_other:
+            offered = set(spec.options)
+            bad = [v for v in values if v not in offered]
+            if bad:
+                raise InvalidArgument(
+                    f"question {spec.key!r}: {bad[0]!r} is not one of the options "
+                    f"{list(spec.options)}"
+                )
+        out[spec.key] = values
+    return out
+
+
+class Interactions:
+    """The interactions service's domain."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        resumer: Resumer,
+        policy: Policy,
+        exchange: TokenExchange | None = None,
+    ) -> None:
+        self._engine = engine
+        self._resumer = resumer
+        self._policy = policy
+        self._exchange = exchange
+
+    # -- questions ----------------------------------------------------------------------------
+
+    async def ask(
+        self, run_id: str, epoch: int, tool_call_id: str, specs: Sequence[QuestionSpec]
+    ) -> str:
+        """Store one interaction carrying every question; the run parks on it."""
+        validate_specs(specs)
+        interaction_id = new_id("int")
+        async with self._engine.begin() as conn:
+            run = await repo.leased_run(conn, run_id, epoch)
+            await repo.insert_interaction(
+                conn,
+                interaction_id=interaction_id,
+                tenant_id=run.tenant_id,
+                run_id=run_id,
+                session_id=run.session_id,
+                kind="question",
+                tool_call_id=tool_call_id,
+                questions=[s.to_json() for s in specs],
+                principal_id=run.actor_id,
+            )
+        return interaction_id
+
+    async def answer(
+        self,
+        tenant_id: str,
+        principal_id: str,
+        run_id: str,
+        answers: Mapping[str, Sequence[str]],
+    ) -> tuple[str, bool]:
+        """Record the answers once and resume the run once."""
+        async with self._engine.begin() as conn:
+            await repo.tenant_run(conn, tenant_id, run_id)
+            pending = await repo.open_interaction(conn, run_id, "question", lock=True)
+            if pending is None:
+                raise FailedPrecondition(f"run {run_id!r} has no open question to answer")
+            specs = [QuestionSpec.from_json(s) for s in pending.questions]
+            checked = validate_answers(specs, answers)
+            resolved = await repo.resolve(
+                conn, pending.interaction_id, "answered", answers=checked, decided_by=principal_id
+            )
+            if resolved is None:
+                raise FailedPrecondition("the question was answered meanwhile")
+        resumed = await self._resumer.resume(
+            tenant_id,
+            run_id,
+            "waiting-for-question",
+            ("question.answered", {"interactionId": pending.interaction_id}),
+        )
+        return pending.interaction_id, resumed
+
+    async def pending_question(self, tenant_id: str, run_id: str) -> Row[Any] | None:
+        """The run's open question, or None once answered."""
+        async with self._engine.connect() as conn:
+            await repo.tenant_run(conn, tenant_id, run_id)
+            return await repo.open_interaction(conn, run_id, "question")
+
+    async def answered(self, run_id: str, epoch: int) -> Sequence[Row[Any]]:
+        """The run's answered questions, for the resumed attempt (no claim: answers are
+        history, and history is idempotent)."""
+        async with self._engine.connect() as conn:
+            await repo.leased_run(conn, run_id, epoch)
+            return await repo.answered_questions(conn, run_id)
+
+    # -- approvals ----------------------------------------------------------------------------
+
+    async def check_grant(self, run_id: str, tool_name: str, risk_category: str) -> str | None:
+        """The id of a standing grant covering this call, or None."""
+        async with self._engine.connect() as conn:
+            run = await repo.leased_run_any(conn, run_id)
+            grant = await repo.find_grant(
+                conn,
+                tenant_id=run.tenant_id,
+                session_id=run.session_id,
+                principal_id=run.actor_id,
+                tool_name=tool_name,
+                risk_category=risk_category,
+            )
+        return None if grant is None else str(grant.grant_id)
+
+    async def request_approval(
+        self,
+        run_id: str,
+        epoch: int,
+        *,
+        tool_call_id: str,
+        tool_name: str,
+        input: dict[str, Any],
+        risk_category: str,
+        summary: str,
+        estimated_cost_micros: int,
+        idempotency_key: str,
+    ) -> str:
+        """Store a pending approval with the normalised input that will run if allowed."""
+        if not tool_name or not risk_category:
+            raise InvalidArgument("tool_name and risk_category are required")
+        interaction_id = new_id("int")
+        expires = datetime.now(UTC) + timedelta(seconds=self._policy.approval_ttl_s)
+        async with self._engine.begin() as conn:
+            run = await repo.leased_run(conn, run_id, epoch)
+            await repo.insert_interaction(
+                conn,
+                interaction_id=interaction_id,
+                tenant_id=run.tenant_id,
+                run_id=run_id,
+                session_id=run.session_id,
+                kind="approval",
+                tool_call_id=tool_call_id,
+                tool_name=tool_name,
+                input=input,
+                risk_category=risk_category,
+                summary=summary or f"Run {tool_name}",
+                estimated_cost_micros=estimated_cost_micros,
+                idempotency_key=idempotency_key,
+                expires_at=expires,
+                principal_id=run.actor_id,
+            )
+        return interaction_id
+
+    async def allowed_decisions(self, tenant_id: str) -> list[str]:
+        """Decisions the tenant's policy permits."""
+        async with self._engine.connect() as conn:
+            policy = await repo.tenant_policy(conn, tenant_id)
+        scopes = policy.get("always_allow_scopes", ["principal"])
+        return [d for d in DECISIONS if d != "allow-always" or scopes]
+
+    async def decide(
+        self, tenant_id: str, principal_id: str, run_id: str, decision: str, always_scope: str
+    ) -> tuple[str, bool, str]:
+        """Record a decision once (minting a grant for standing ones) and resume once."""
+        if decision not in DECISIONS:
+            raise InvalidArgument(f"decision must be one of {list(DECISIONS)}")
+        grant_id = ""
+        async with self._engine.begin() as conn:
+            run = await repo.tenant_run(conn, tenant_id, run_id)
+            pending = await repo.open_interaction(conn, run_id, "approval", lock=True)
+            if pending is None:
+                raise FailedPrecondition(f"run {run_id!r} has no open approval to decide")
+            if decision == "allow-always":
+                scope = always_scope or "principal"
+                permitted = (await repo.tenant_policy(conn, tenant_id)).get(
+                    "always_allow_scopes", ["principal"]
+                )
+                if scope not in ALWAYS_SCOPES:
+                    raise InvalidArgument(f"always_scope must be one of {list(ALWAYS_SCOPES)}")
+                if scope not in permitted:
+                    raise PermissionDenied(
+                        f"tenant policy does not permit always-allow for the {scope} scope; "
+                        f"permitted: {permitted}"
+                    )
+            resolved = await repo.resolve(
+                conn, pending.interaction_id, "decided", decision=decision, decided_by=principal_id
+            )
+            if resolved is None:
+                raise FailedPrecondition("the approval was decided meanwhile")
+            if decision in ("allow-conversation", "allow-always"):
+                # Standing permissions only: allow-once mints no grant, by definition.
+                grant_id = new_id("grt")
+                scope = (
+                    "conversation"
+                    if decision == "allow-conversation"
+                    else (always_scope or "principal")
+                )
+                await repo.insert_grant(
+                    conn,
+                    grant_id=grant_id,
+                    tenant_id=tenant_id,
+                    scope=scope,
+                    session_id=run.session_id if scope == "conversation" else None,
+                    principal_id=run.actor_id if scope == "principal" else None,
+                    tool_name=pending.tool_name if scope != "category" else None,
+                    risk_category=pending.risk_category if scope == "category" else None,
+                    granted_by=principal_id,
+                    interaction_id=pending.interaction_id,
+                )
+        resumed = await self._resumer.resume(
+            tenant_id,
+            run_id,
+            "waiting-for-approval",
+            ("approval.decided", {"interactionId": pending.interaction_id, "decision": decision}),
+        )
+        return pending.interaction_id, resumed, grant_id
+
+    async def claim_approval(self, run_id: str, epoch: int, tool_name: str) -> Row[Any] | None:
+        """Claim the run's decided approval for `tool_name` for exactly one execution.
+
+        Fails closed: an undecided approval cannot be claimed, a claim names one tool and one
+        run, and two racing claimers get one claim.
+        """
+        async with self._engine.begin() as conn:
+            await repo.leased_run(conn, run_id, epoch)
+            return await repo.claim_approval(conn, run_id, tool_name, epoch)
+
+    async def pending_approval(self, tenant_id: str, run_id: str) -> Row[Any] | None:
+        """The run's open approval, or None once decided."""
+        async with self._engine.connect() as conn:
+            await repo.tenant_run(conn, tenant_id, run_id)
+            return await repo.open_interaction(conn, run_id, "approval")
+
+    # -- connections --------------------------------------------------------------------------
+
+    async def resolve_connection(
+        self, run_id: str, epoch: int, provider: str, scopes: Sequence[str]
+    ) -> tuple[str | None, str, str]:
+        """(gap or None, access token, credential ref) for the run's principal."""
+        async with self._engine.connect() as conn:
+            run = await repo.leased_run(conn, run_id, epoch)
+            row = await repo.find_connection(conn, run.tenant_id, run.actor_id, provider)
+        ref = f"connection:{provider}/{run.actor_id}"
+        if row is None:
+            return "absent", "", ref
+        if row.expires_at <= datetime.now(UTC):
+            return "expired", "", ref
+        if not set(scopes) <= set(row.scopes):
+            return "insufficient_scope", "", ref
+        return None, str(row.access_token), ref
+
+    async def request_connection(
+        self,
+        run_id: str,
+        epoch: int,
+        *,
+        tool_call_id: str,
+        provider: str,
+        gap: str,
+        scopes: Sequence[str],
+    ) -> tuple[str, str] | None:
+        """A consent offer (interaction id, login URL), or None when the provider has no login
+        URL (a token integration: the caller fails the run instead of pausing for ever)."""
+        offer = self._policy.providers.get(provider)
+        if offer is None:
+            return None
+        if gap not in GAPS:
+            raise InvalidArgument(f"gap must be one of {list(GAPS)}")
+        state = secrets.token_urlsafe(24)
+        url = (
+            offer.authorize_url
+            + "?"
+            + urlencode(
+                {
+                    "client_id": offer.client_id,
+                    "state": state,
+                    "redirect_uri": offer.redirect_uri,
+                    "scope": " ".join(scopes),
+                    "response_type": "code",
+                }
+            )
+        )
+        interaction_id = new_id("int")
+        expires = datetime.now(UTC) + timedelta(seconds=self._policy.consent_ttl_s)
+        async with self._engine.begin() as conn:
+            run = await repo.leased_run(conn, run_id, epoch)
+            await repo.insert_interaction(
+                conn,
+                interaction_id=interaction_id,
+                tenant_id=run.tenant_id,
+                run_id=run_id,
+                session_id=run.session_id,
+                kind="connection",
+                tool_call_id=tool_call_id,
+                provider=provider,
+                gap=gap,
+                scopes=list(scopes),
+                principal_id=run.actor_id,
+                oauth_state_hash=_hash_state(state),
+                login_url=url,
+                expires_at=expires,
+            )
+        return interaction_id, url
+
+    async def complete_connection(
+        self, tenant_id: str, principal_id: str, run_id: str, state: str, code: str
+    ) -> bool:
+        """Complete consent: the state is single-use and bound to the tenant and principal the
+        offer was made for, and the run must be the caller's tenant's. Absent and not-yours
+        give the same answer; a repeat resumes nothing (`False`)."""
+        not_found = NotFound(f"run {run_id!r} has no connection to complete")
+        if not state:
+            raise InvalidArgument("state is required")
+        async with self._engine.begin() as conn:
+            try:
+                await repo.tenant_run(conn, tenant_id, run_id)
+            except NotFound:
+                raise not_found from None
+            offer = await repo.interaction_by_state(conn, _hash_state(state))
+            if (
+                offer is None
+                or offer.run_id != run_id
+                or offer.tenant_id != tenant_id
+                or offer.principal_id != principal_id
+            ):
+                raise not_found
+            if offer.status != "pending":
+                return False  # double click, retried redirect, prefetch: queued once already
+            if offer.expires_at <= datetime.now(UTC):
+                raise FailedPrecondition("this consent link expired; the run was failed")
+            if self._exchange is None:
+                raise FailedPrecondition("no OAuth token exchange is configured")
+            token, lifetime, granted = await self._exchange.exchange(offer.provider, code)
+            await repo.upsert_connection(
+                conn,
+                tenant_id=tenant_id,
+                principal_id=principal_id,
+                provider=offer.provider,
+                scopes=granted or offer.scopes,
+                access_token=token,
+                expires_at=datetime.now(UTC) + timedelta(seconds=lifetime),
+            )
+            if await repo.resolve(conn, offer.interaction_id, "completed") is None:
+                return False
+        return await self._resumer.resume(
+            tenant_id,
+            run_id,
+            "waiting-for-connection",
+            (
+                "connection.completed",
+                {"interactionId": offer.interaction_id, "outcome": "connected"},
+            ),
+        )
+
+    async def pending_connection(self, tenant_id: str, run_id: str) -> Row[Any] | None:
+        """The run's open consent offer, or None once completed."""
+        async with self._engine.connect() as conn:
+            await repo.tenant_run(conn, tenant_id, run_id)
+            return await repo.open_interaction(conn, run_id, "connection")
+
+    async def _try_resume(
+        self, tenant_id: str, run_id: str, from_status: str, event: tuple[str, dict[str, Any]]
+    ) -> bool:
+        """Resume now; if the orchestrator is unreachable the resolution is already stored and
+        the redelivery sweep resumes the run (once) when it is back."""
+        try:
+            return await self._resumer.resume(tenant_id, run_id, from_status, event)
+        except Unavailable as exc:
+            log.warning("resume of %s deferred to the sweep: %s", run_id, exc.message)
+            return False
+
+    # -- sweeps -------------------------------------------------------------------------------
+
+    async def expire_stale(self, limit: int = 100) -> int:
+        """Expire pauses past their TTL: a consent fails its run with a reason (the reaper does
+        not cover a run waiting for a person); an approval becomes an expired decision the
+        resumed run claims, so it never loops."""
+        async with self._engine.begin() as conn:
+            stale = await repo.expired_pending(conn, limit)
+            for row in stale:
+                await repo.resolve(conn, row.interaction_id, "expired", decision="expired")
+        for row in stale:
+            await self._deliver(
+                row.kind, row.tenant_id, row.run_id, row.interaction_id, "expired", row
+            )
+        return len(stale)
+
+    async def redeliver(self, limit: int = 100) -> int:
+        """Deliver resolutions whose resume did not reach the orchestrator."""
+        async with self._engine.connect() as conn:
+            rows = await repo.unresumed(conn, limit)
+        for row in rows:
+            await self._deliver(
+                row.kind, row.tenant_id, row.run_id, row.interaction_id, row.status, row
+            )
+        return len(rows)
+
+    async def _deliver(
+        self,
+        kind: str,
+        tenant_id: str,
+        run_id: str,
+        interaction_id: str,
+        status: str,
+        row: Row[Any],
+    ) -> None:
+        if kind == "connection" and status == "expired":
+            await self._resumer.expire(
+                tenant_id,
+                run_id,
+                "waiting-for-connection",
+                {
+                    "code": "connection_expired",
+                    "retryable": True,
+                    "message": f"the {row.provider} consent was not completed within "
+                    f"{int(self._policy.consent_ttl_s)} s",
+                },
+                ("connection.completed", {"interactionId": interaction_id, "outcome": "expired"}),
+            )
+        elif kind == "question":
+            await self._resumer.resume(
+                tenant_id,
+                run_id,
+                "waiting-for-question",
+                ("question.answered", {"interactionId": interaction_id}),
+            )
+        elif kind == "approval":
+            await self._resumer.resume(
+                tenant_id,
+                run_id,
+                "waiting-for-approval",
+                (
+                    "approval.decided",
+                    {"interactionId": interaction_id, "decision": row.decision or status},
+                ),
+            )
+        elif kind == "connection":
+            await self._resumer.resume(
+                tenant_id,
+                run_id,
+                "waiting-for-connection",
+                ("connection.completed", {"interactionId": interaction_id, "outcome": "connected"}),
+            )

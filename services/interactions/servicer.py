@@ -1,0 +1,263 @@
+"""Interactions' gRPC edge."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from services.interactions.service import Interactions, QuestionSpec
+from tether.convert import timestamp
+from tether.errors import InvalidArgument
+from tether.v1 import interactions_pb2, interactions_pb2_grpc
+
+_GAPS = {
+    "absent": interactions_pb2.CONNECTION_GAP_ABSENT,
+    "expired": interactions_pb2.CONNECTION_GAP_EXPIRED,
+    "insufficient_scope": interactions_pb2.CONNECTION_GAP_INSUFFICIENT_SCOPE,
+}
+_GAP_NAMES = {v: k for k, v in _GAPS.items()}
+
+
+def _spec(spec: interactions_pb2.QuestionSpec) -> QuestionSpec:
+    return QuestionSpec(spec.key, spec.prompt, tuple(spec.options), spec.multiple, spec.allow_other)
+
+
+def _spec_proto(data: dict[str, Any]) -> interactions_pb2.QuestionSpec:
+    spec = QuestionSpec.from_json(data)
+    return interactions_pb2.QuestionSpec(
+        key=spec.key,
+        prompt=spec.prompt,
+        options=list(spec.options),
+        multiple=spec.multiple,
+        allow_other=spec.allow_other,
+    )
+
+
+def pending_question(row: Any) -> interactions_pb2.PendingQuestion:
+    """The read model of an open question."""
+    return interactions_pb2.PendingQuestion(
+        interaction_id=row.interaction_id,
+        run_id=row.run_id,
+        questions=[_spec_proto(q) for q in row.questions],
+        created_at=timestamp(row.created_at),
+    )
+
+
+def pending_approval(row: Any, allowed: list[str]) -> interactions_pb2.PendingApproval:
+    """The read model of an open approval: what runs is what is shown."""
+    approval = interactions_pb2.PendingApproval(
+        interaction_id=row.interaction_id,
+        run_id=row.run_id,
+        tool_name=row.tool_name,
+        summary=row.summary or "",
+        risk_category=row.risk_category or "",
+        estimated_cost_micros=row.estimated_cost_micros or 0,
+        expires_at=timestamp(row.expires_at),
+        allowed_decisions=allowed,
+    )
+    json_format.ParseDict(row.input or {}, approval.input)
+    return approval
+
+
+def pending_connection(row: Any) -> interactions_pb2.PendingConnection:
+    """The read model of an open consent offer."""
+    return interactions_pb2.PendingConnection(
+        interaction_id=row.interaction_id,
+        run_id=row.run_id,
+        provider=row.provider,
+        gap=_GAPS.get(row.gap, interactions_pb2.CONNECTION_GAP_UNSPECIFIED),
+        login_url=row.login_url,
+        expires_at=timestamp(row.expires_at),
+        scopes=row.scopes or [],
+    )
+
+
+class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
+    """Implements tether.v1.InteractionsService."""
+
+    def __init__(self, interactions: Interactions) -> None:
+        self._i = interactions
+
+    async def AskQuestions(
+        self, request: interactions_pb2.AskQuestionsRequest, context: grpc.aio.ServicerContext
+    ) -> interactions_pb2.AskQuestionsResponse:
+        interaction_id = await self._i.ask(
+            request.run_id,
+            request.epoch,
+            request.tool_call_id,
+            [_spec(q) for q in request.questions],
+        )
+        return interactions_pb2.AskQuestionsResponse(interaction_id=interaction_id)
+
+    async def RecordAnswers(
+        self, request: interactions_pb2.RecordAnswersRequest, context: grpc.aio.ServicerContext
+    ) -> interactions_pb2.RecordAnswersResponse:
+        interaction_id, resumed = await self._i.answer(
+            request.tenant_id,
+            request.principal_id,
+            request.run_id,
+            {k: list(v.values) for k, v in request.answers.items()},
+        )
+        return interactions_pb2.RecordAnswersResponse(
+            interaction_id=interaction_id, resumed=resumed
+        )
+
+    async def FindPendingQuestion(
+        self,
+        request: interactions_pb2.FindPendingQuestionRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.FindPendingQuestionResponse:
+        row = await self._i.pending_question(request.tenant_id, request.run_id)
+        response = interactions_pb2.FindPendingQuestionResponse()
+        if row is not None:
+            response.question.CopyFrom(pending_question(row))
+        return response
+
+    async def FindAnsweredQuestions(
+        self,
+        request: interactions_pb2.FindAnsweredQuestionsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.FindAnsweredQuestionsResponse:
+        rows = await self._i.answered(request.run_id, request.epoch)
+        return interactions_pb2.FindAnsweredQuestionsResponse(
+            answered=[
+                interactions_pb2.AnsweredQuestion(
+                    interaction_id=r.interaction_id,
+                    tool_call_id=r.tool_call_id,
+                    questions=[_spec_proto(q) for q in r.questions],
+                    answers={
+                        k: interactions_pb2.QuestionAnswer(values=v)
+                        for k, v in (r.answers or {}).items()
+                    },
+                )
+                for r in rows
+            ]
+        )
+
+    async def CheckGrant(
+        self, request: interactions_pb2.CheckGrantRequest, context: grpc.aio.ServicerContext
+    ) -> interactions_pb2.CheckGrantResponse:
+        grant = await self._i.check_grant(request.run_id, request.tool_name, request.risk_category)
+        return interactions_pb2.CheckGrantResponse(allowed=grant is not None, grant_id=grant or "")
+
+    async def RequestApproval(
+        self,
+        request: interactions_pb2.RequestApprovalRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.RequestApprovalResponse:
+        interaction_id = await self._i.request_approval(
+            request.run_id,
+            request.epoch,
+            tool_call_id=request.tool_call_id,
+            tool_name=request.tool_name,
+            input=json_format.MessageToDict(request.input),
+            risk_category=request.risk_category,
+            summary=request.summary,
+            estimated_cost_micros=request.estimated_cost_micros,
+            idempotency_key=request.idempotency_key,
+        )
+        return interactions_pb2.RequestApprovalResponse(interaction_id=interaction_id)
+
+    async def RecordDecision(
+        self, request: interactions_pb2.RecordDecisionRequest, context: grpc.aio.ServicerContext
+    ) -> interactions_pb2.RecordDecisionResponse:
+        interaction_id, resumed, grant = await self._i.decide(
+            request.tenant_id,
+            request.principal_id,
+            request.run_id,
+            request.decision,
+            request.always_scope,
+        )
+        return interactions_pb2.RecordDecisionResponse(
+            interaction_id=interaction_id, resumed=resumed, grant_id=grant
+        )
+
+    async def ClaimApproval(
+        self, request: interactions_pb2.ClaimApprovalRequest, context: grpc.aio.ServicerContext
+    ) -> interactions_pb2.ClaimApprovalResponse:
+        if not request.tool_name:
+            raise InvalidArgument("tool_name is required: a claim authorises one tool")
+        row = await self._i.claim_approval(request.run_id, request.epoch, request.tool_name)
+        if row is None:
+            return interactions_pb2.ClaimApprovalResponse(claimed=False)
+        response = interactions_pb2.ClaimApprovalResponse(
+            claimed=True,
+            interaction_id=row.interaction_id,
+            decision=row.decision or "expired",
+            tool_call_id=row.tool_call_id,
+            tool_name=row.tool_name,
+            idempotency_key=row.idempotency_key or "",
+        )
+        json_format.ParseDict(row.input or {}, response.input)
+        return response
+
+    async def FindPendingApproval(
+        self,
+        request: interactions_pb2.FindPendingApprovalRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.FindPendingApprovalResponse:
+        row = await self._i.pending_approval(request.tenant_id, request.run_id)
+        response = interactions_pb2.FindPendingApprovalResponse()
+        if row is not None:
+            allowed = await self._i.allowed_decisions(request.tenant_id)
+            response.approval.CopyFrom(pending_approval(row, allowed))
+        return response
+
+    async def RequestConnection(
+        self,
+        request: interactions_pb2.RequestConnectionRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.RequestConnectionResponse:
+        gap = _GAP_NAMES.get(request.gap)
+        if gap is None:
+            raise InvalidArgument("gap is required")
+        offer = await self._i.request_connection(
+            request.run_id,
+            request.epoch,
+            tool_call_id=request.tool_call_id,
+            provider=request.provider,
+            gap=gap,
+            scopes=list(request.scopes),
+        )
+        if offer is None:
+            return interactions_pb2.RequestConnectionResponse()
+        return interactions_pb2.RequestConnectionResponse(
+            interaction_id=offer[0], login_url=offer[1]
+        )
+
+    async def ConfirmConnection(
+        self,
+        request: interactions_pb2.ConfirmConnectionRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.ConfirmConnectionResponse:
+        resumed = await self._i.complete_connection(
+            request.tenant_id, request.principal_id, request.run_id, request.state, request.code
+        )
+        return interactions_pb2.ConfirmConnectionResponse(resumed=resumed)
+
+    async def FindPendingConnection(
+        self,
+        request: interactions_pb2.FindPendingConnectionRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.FindPendingConnectionResponse:
+        row = await self._i.pending_connection(request.tenant_id, request.run_id)
+        response = interactions_pb2.FindPendingConnectionResponse()
+        if row is not None:
+            response.connection.CopyFrom(pending_connection(row))
+        return response
+
+    async def ResolveConnection(
+        self,
+        request: interactions_pb2.ResolveConnectionRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.ResolveConnectionResponse:
+        gap, token, ref = await self._i.resolve_connection(
+            request.run_id, request.epoch, request.provider, list(request.scopes)
+        )
+        return interactions_pb2.ResolveConnectionResponse(
+            gap=_GAPS[gap] if gap else interactions_pb2.CONNECTION_GAP_UNSPECIFIED,
+            access_token=token,
+            credential_ref=ref,
+        )

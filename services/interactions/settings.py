@@ -1,0 +1,27 @@
+"""Interactions settings (env prefix TETHER_INTERACTIONS_)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from tether.settings import PlatformSettings
+
+
+class InteractionsSettings(PlatformSettings):
+    """The interactions service's settings."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TETHER_INTERACTIONS_", frozen=True, extra="ignore"
+    )
+
+    pool_size: int = Field(5, description="Database connections.")
+    grace_s: float = Field(5.0, description="Drain period on SIGTERM.")
+    approval_ttl_s: float = Field(86_400.0, description="How long an approval may wait.")
+    consent_ttl_s: float = Field(900.0, description="How long a consent pause may wait.")
+    sweep_interval_s: float = Field(1.0, description="Expiry and redelivery sweep period.")
+    oauth_base_url: str = Field(
+        "", description="Base URL of the demo OAuth provider ('democal'); empty: none."
+    )
+    oauth_redirect_uri: str = Field("", description="Where the provider sends the person back.")
+    oauth_client_id: str = Field("tether-demo", description="OAuth client id.")
