@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import admission, runs
+from bench import admission, runs, stream
 
-GROUPS = {"admission": admission.run, "runs": runs.run}
+GROUPS = {"admission": admission.run, "runs": runs.run, "stream": stream.run}
 
 
 def main() -> None:

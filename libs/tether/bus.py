@@ -7,6 +7,9 @@ and swallowed on the publishing side, never allowed to fail a committed transact
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import logging
 
 import redis.asyncio as redis
@@ -27,13 +30,57 @@ def events_channel(run_id: str) -> str:
     return f"tether:events:{run_id}"
 
 
+# Hints waiting to be sent; past this the oldest are dropped (subscribers re-read PostgreSQL).
+MAX_PENDING = 100_000
+
+
 class Bus:
-    """Best-effort publishing of hints over Redis."""
+    """Best-effort publishing of hints over Redis.
+
+    `post` never waits: messages go to one background sender that pipelines whatever has
+    accumulated, in order, so a hot path (a checkpoint, a token delta) pays no Redis round trip.
+    """
 
     def __init__(self, url: str) -> None:
         self.client: redis.Redis = redis.Redis.from_url(
             url, socket_connect_timeout=1.0, socket_timeout=2.0, health_check_interval=10
         )
+        self._pending: collections.deque[tuple[str, bytes | str]] = collections.deque(
+            maxlen=MAX_PENDING
+        )
+        self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._sender: asyncio.Task[None] | None = None
+
+    def post(self, channel: str, message: bytes | str) -> None:
+        """Queue a message for the background sender (in order, never blocking)."""
+        self._pending.append((channel, message))
+        self._idle.clear()
+        self._ready.set()
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.get_running_loop().create_task(self._send(), name="bus-sender")
+
+    async def _send(self) -> None:
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            while self._pending:
+                batch = [self._pending.popleft() for _ in range(min(len(self._pending), 512))]
+                try:
+                    pipe = self.client.pipeline(transaction=False)
+                    for channel, message in batch:
+                        pipe.publish(channel, message)
+                    await pipe.execute()
+                except (RedisError, OSError) as exc:
+                    log.warning("redis publish of %d hint(s) failed: %s", len(batch), exc)
+            self._idle.set()
+
+    async def flush(self) -> None:
+        """Send everything queued so far (used before closing)."""
+        if self._sender is not None and not self._sender.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), 5.0)
 
     async def publish(self, channel: str, message: bytes | str) -> None:
         """Publish, logging (not raising) when Redis is unavailable."""
@@ -44,8 +91,11 @@ class Bus:
 
     async def notify_queued(self, run_id: str) -> None:
         """Wake an idle worker: a run became claimable."""
-        await self.publish(WAKE_CHANNEL, run_id)
+        self.post(WAKE_CHANNEL, run_id)
 
     async def close(self) -> None:
-        """Close the connection pool."""
+        """Send what is queued, then close the connection pool."""
+        await self.flush()
+        if self._sender is not None:
+            self._sender.cancel()
         await self.client.aclose()

@@ -62,6 +62,7 @@ class Completion:
     turns: Sequence[dict[str, Any]] = ()
     stages: dict[str, float] | None = None
     audit: dict[str, Any] | None = None
+    events: Sequence[Event] = ()
 
 
 _FINISH = {
@@ -98,7 +99,11 @@ class Execution:
         self._ttl = lease_ttl_s
         self._claim_poll = claim_poll_s
         self._history_runs = history_runs
-        self.wake = asyncio.Event()
+        # Set (and replaced) whenever a run may have become claimable. A claim takes the
+        # current one before it looks, so a wake-up between its look and its wait still counts.
+        self._wake = asyncio.Event()
+        # Prices of the runs this replica leased, so pricing a turn costs no query.
+        self._prices: dict[str, dict[str, Any]] = {}
 
     # -- publishing -------------------------------------------------------------------------
 
@@ -114,10 +119,15 @@ class Execution:
                 "payload": event.payload,
                 "created_at": now,
             }
-            await self._bus.publish(events_channel(run_id), json.dumps(message))
+            self._bus.post(events_channel(run_id), json.dumps(message))
+
+    def notify(self) -> None:
+        """A run may have become claimable: wake the claims waiting here."""
+        fired, self._wake = self._wake, asyncio.Event()
+        fired.set()
 
     async def _wake_workers(self) -> None:
-        self.wake.set()
+        self.notify()
         if self._bus is not None:
             await self._bus.notify_queued("")
 
@@ -128,15 +138,15 @@ class Execution:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:
-            self.wake.clear()
+            wake = self._wake
             claimed = await self._claim_once(worker_id)
             if claimed is not None or loop.time() >= deadline:
                 return claimed
             # Woken by Redis (admission, resumption) or locally; the poll is the fallback for
-            # a lost wake-up (Redis flushed or down).
+            # a wake-up Redis lost (flushed or down).
             timeout = min(self._claim_poll, deadline - loop.time())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout)
+                await asyncio.wait_for(wake.wait(), timeout)
 
     async def _claim_once(self, worker_id: str) -> Claimed | None:
         broken: tuple[str, TetherError] | None = None
@@ -173,6 +183,9 @@ class Execution:
         )
         if leased is None:  # the row is locked by us; a miss means a bug, not a race
             raise FailedPrecondition(f"run {run_id} could not be leased")
+        if len(self._prices) > 10_000:  # runs finished elsewhere leave entries behind
+            self._prices.clear()
+        self._prices[run_id] = {m: dict(p) for m, p in config.prices.items()}
         prior, prior_inputs = await self._session_history(conn, leased)
         own = await repo.list_parts(conn, run_id)
         return Claimed(leased, config, prior + own, len(prior), prior_inputs)
@@ -180,24 +193,22 @@ class Execution:
     async def _session_history(
         self, conn: AsyncConnection, run: Row[Any]
     ) -> tuple[list[PartRow], list[tuple[int, str]]]:
-        """Parts of the session's earlier completed runs, with where each run's input goes."""
-        earlier = (
-            await conn.execute(
-                select(runs.c.run_id, runs.c.input_text)
-                .where(
-                    runs.c.session_id == run.session_id,
-                    runs.c.status == RunStatus.COMPLETED.value,
-                    runs.c.created_at < run.created_at,
-                )
-                .order_by(runs.c.created_at.desc())
-                .limit(self._history_runs)
-            )
-        ).all()
+        """Parts of the session's earlier completed runs (one query), with where each run's
+        input goes."""
+        rows = await repo.session_history(
+            conn, run.session_id, run.created_at, limit_runs=self._history_runs
+        )
         parts: list[PartRow] = []
         inputs: list[tuple[int, str]] = []
-        for prior in reversed(earlier):
-            inputs.append((len(parts), prior.input_text))
-            parts.extend(await repo.list_parts(conn, prior.run_id))
+        current = None
+        for row in rows:
+            if row.run_id != current:
+                current = row.run_id
+                inputs.append((len(parts), row.input_text))
+            if row.part_index is not None:
+                parts.append(
+                    PartRow(row.part_index, row.role, row.kind, dict(row.payload), row.final)
+                )
         return parts, inputs
 
     # -- under the lease ----------------------------------------------------------------------
@@ -234,12 +245,14 @@ class Execution:
     ) -> list[dict[str, Any]]:
         if not turns:
             return []
-        config = (await conn.execute(select(runs.c.config).where(runs.c.run_id == run_id))).one()
-        prices = (config.config or {}).get("prices", {})
+        prices = self._prices.get(run_id)
+        if prices is None:  # leased by another replica, or before a restart
+            row = (await conn.execute(select(runs.c.config).where(runs.c.run_id == run_id))).one()
+            prices = dict((row.config or {}).get("prices", {}))
         out = []
         for turn in turns:
-            row = prices.get(turn.get("model", ""))
-            price = Price(**row) if row else None
+            price_row = prices.get(turn.get("model", ""))
+            price = Price(**price_row) if price_row else None
             out.append({**turn, "cost_micros": cost_micros(turn, price)})
         return out
 
@@ -305,7 +318,7 @@ class Execution:
             await repo.insert_turns(conn, run_id, await self._priced(conn, run_id, done.turns))
             usage = await repo.usage_total(conn, run_id)
             payload = self._terminal_payload(done, usage)
-            events = [*extra, Event(_TERMINAL_EVENT[done.status], payload)]
+            events = [*done.events, *extra, Event(_TERMINAL_EVENT[done.status], payload)]
             row = await apply(
                 conn,
                 transition,
@@ -340,6 +353,7 @@ class Execution:
                     },
                 )
             )
+        self._prices.pop(run_id, None)
         await self._publish(run_id, row.last_seq - len(events) + 1, events)
         await self._wake_workers()  # the session's next message may now run
         return row

@@ -36,13 +36,13 @@ async def listen_for_wakeups(bus: Bus, execution: Execution) -> None:
                 await pubsub.subscribe(WAKE_CHANNEL)
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
-                        execution.wake.set()
+                        execution.notify()
         except asyncio.CancelledError:
             raise
         except (RedisError, OSError) as exc:
             # Claims fall back to polling meanwhile; nothing is lost, only slower.
             log.warning("wake-up listener lost Redis (%s); reconnecting", exc)
-            execution.wake.set()
+            execution.notify()
             await asyncio.sleep(0.5)
 
 

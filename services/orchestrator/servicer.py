@@ -211,6 +211,7 @@ class ExecutionServicer:
                 turns=_turns(request.turns),
                 stages=stages,
                 audit=json_format.MessageToDict(request.audit),
+                events=_events(request.events),
             ),
         )
         return orchestrator_pb2.CompleteRunResponse(moved=True, run=run_to_proto(row))

@@ -120,9 +120,8 @@ class Attempt:
         """Live token delta for subscribers (ephemeral, seq 0)."""
         if self._bus is None:
             return
-        await self._bus.publish(
-            events_channel(self.run_id),
-            _delta_json(self.run_id, part_index, text, offset),
+        self._bus.post(
+            events_channel(self.run_id), _delta_json(self.run_id, part_index, text, offset)
         )
 
     # -- the loop -------------------------------------------------------------------------------
@@ -208,7 +207,7 @@ class Attempt:
             self.state.steps += 1
             self._account(turn.usage)
             if turn.stop_reason != "tool_use" or not turn.tool_calls:
-                await self.flush()
+                # No flush: what is left goes with the completion, in the same transaction.
                 warnings = ["max_tokens"] if turn.stop_reason == "max_tokens" else []
                 return "completed", {"warnings": warnings, "since": turn_start_index}
             for call in turn.tool_calls:
@@ -555,8 +554,8 @@ class Attempt:
         parts, events, turns = self.transcript.take()
         request.parts.extend(orchestrator_pb2.PartWrite(part=p) for p in parts)
         request.turns.extend(turns)
-        if events:
-            await self._orchestrator.checkpoint(self.run_id, self.epoch, [], events, [])
+        # One round trip: the last events ride with the completion transaction.
+        request.events.extend(events)
         self.stages["finalisation_ms"] = (time.monotonic() - start) * 1000
         self.stages["total_ms"] = (time.monotonic() - self.started) * 1000
         request.stages.CopyFrom(

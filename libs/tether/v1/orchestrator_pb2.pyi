@@ -934,6 +934,7 @@ class CompleteRunRequest(_message.Message):
     TURNS_FIELD_NUMBER: _builtins.int
     STAGES_FIELD_NUMBER: _builtins.int
     AUDIT_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     epoch: _builtins.int
@@ -968,6 +969,10 @@ class CompleteRunRequest(_message.Message):
     def audit(self) -> _struct_pb2.Struct:
         """Structured audit detail."""
 
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[_events_pb2.RunEvent]:
+        """Durable events not yet checkpointed; appended before the terminal event."""
+
     def __init__(
         self,
         *,
@@ -982,10 +987,11 @@ class CompleteRunRequest(_message.Message):
         turns: _abc.Iterable[_common_pb2.Usage] | None = ...,
         stages: Global___StageDurations | None = ...,
         audit: _struct_pb2.Struct | None = ...,
+        events: _abc.Iterable[_events_pb2.RunEvent] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["audit", b"audit", "error", b"error", "stages", b"stages"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit", b"audit", "epoch", b"epoch", "error", b"error", "parts", b"parts", "result_text", b"result_text", "run_id", b"run_id", "stages", b"stages", "status", b"status", "task_outcome", b"task_outcome", "turns", b"turns", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit", b"audit", "epoch", b"epoch", "error", b"error", "events", b"events", "parts", b"parts", "result_text", b"result_text", "run_id", b"run_id", "stages", b"stages", "status", b"status", "task_outcome", b"task_outcome", "turns", b"turns", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Interval, bindparam, func, insert, select, update
@@ -140,6 +140,38 @@ async def list_parts(conn: AsyncConnection, run_id: str) -> list[PartRow]:
     stmt = select(run_parts).where(run_parts.c.run_id == run_id).order_by(run_parts.c.part_index)
     rows = (await conn.execute(stmt)).all()
     return [PartRow(r.part_index, r.role, r.kind, dict(r.payload), r.final) for r in rows]
+
+
+async def session_history(
+    conn: AsyncConnection, session_id: str, before: datetime, *, limit_runs: int
+) -> Sequence[Any]:
+    """The last `limit_runs` completed runs of a session before `before`, oldest first, each
+    with its parts (a run without parts appears once with NULL part columns)."""
+    recent = (
+        select(runs.c.run_id, runs.c.input_text, runs.c.created_at)
+        .where(
+            runs.c.session_id == session_id,
+            runs.c.status == RunStatus.COMPLETED.value,
+            runs.c.created_at < before,
+        )
+        .order_by(runs.c.created_at.desc())
+        .limit(limit_runs)
+        .subquery()
+    )
+    stmt = (
+        select(
+            recent.c.run_id,
+            recent.c.input_text,
+            run_parts.c.part_index,
+            run_parts.c.role,
+            run_parts.c.kind,
+            run_parts.c.payload,
+            run_parts.c.final,
+        )
+        .select_from(recent.outerjoin(run_parts, run_parts.c.run_id == recent.c.run_id))
+        .order_by(recent.c.created_at, recent.c.run_id, run_parts.c.part_index)
+    )
+    return (await conn.execute(stmt)).all()
 
 
 def dangling_tool_calls(parts: Sequence[PartRow]) -> list[PartRow]:
