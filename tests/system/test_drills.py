@@ -188,3 +188,44 @@ async def test_a_cancelled_run_whose_worker_died_is_finalised_by_the_orchestrato
     run = await wait_for_status(drill.db_url, run_id, "cancelled", timeout=10)
     assert run.error["code"] == "cancelled"
     assert run.attempt == 1, "not requeued"
+
+
+async def test_a_killed_and_restarted_orchestrator_loses_no_run(drill: ExecStack) -> None:
+    tenant = await drill.tenant()
+    text = prompt("survive the orchestrator")
+    words = [f"k{i} " for i in range(100)]
+    drill.model.script(
+        text, [TextTurn("".join(words), chunks=words, delay_ms=30), TextTurn("Still here.")]
+    )
+    await drill.start_worker()
+    run_id = await tenant.send(text)
+    await wait_for_status(drill.db_url, run_id, "running")
+    drill.services.kill("orchestrator")
+    # Same port, as a Kubernetes Service would give the replacement.
+    port = drill.services.procs["orchestrator"].port
+    await drill.services.start("orchestrator", extra_env={"TETHER_ORCHESTRATOR_PORT": str(port)})
+    run = await wait_for_status(drill.db_url, run_id, "completed", timeout=60)
+    assert run.result_text in ("Still here.", "".join(words))
+
+
+async def test_redis_pubsub_connections_killed_mid_flight_lose_no_run(
+    drill: ExecStack, redis_url: str
+) -> None:
+    import redis.asyncio as redis
+
+    tenant = await drill.tenant()
+    await drill.start_worker()
+    texts = [prompt(f"flush {i}") for i in range(5)]
+    for text in texts:
+        drill.model.script(text, [TextTurn("ok")])
+    client = redis.Redis.from_url(redis_url)
+    try:
+        run_ids = [await tenant.send(texts[0])]
+        # Wake-up and cancel listeners lose their connections; claims fall back to polling.
+        await client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        await client.flushall()
+        run_ids += [await tenant.send(text) for text in texts[1:]]
+    finally:
+        await client.aclose()
+    for run_id in run_ids:
+        await wait_for_status(drill.db_url, run_id, "completed", timeout=30)

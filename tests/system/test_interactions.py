@@ -465,3 +465,38 @@ async def test_without_a_login_url_a_connection_gap_fails_naming_the_credential(
         run = await wait_for_status(stack.db_url, run_id, "failed")
         assert run.error["code"] == "connection_absent"
         assert "connection:democal/" in run.error["message"], "names the credential reference"
+
+
+async def test_an_expired_approval_is_claimed_and_the_run_moves_on(
+    pg_server_url: str, template_db: str, redis_url: str, tmp_path: Path
+) -> None:
+    async with exec_stack(
+        pg_server_url,
+        template_db,
+        redis_url,
+        tmp_path,
+        workers=1,
+        extra_env={"TETHER_INTERACTIONS_APPROVAL_TTL_S": "1"},
+    ) as stack:
+        tenant = await stack.tenant()
+        text = prompt("publish, then nobody decides")
+        stack.model.script(
+            text,
+            [
+                ToolUseTurn("publish_post", {"text": "late"}),
+                TextTurn("Nobody approved; I did not publish."),
+            ],
+        )
+        run_id = await tenant.send(text)
+        await wait_for_status(stack.db_url, run_id, "waiting-for-approval")
+        run = await wait_for_status(stack.db_url, run_id, "completed", timeout=20)
+        assert run.result_text == "Nobody approved; I did not publish."
+        assert stack.ledger.records == []
+        (result,) = [p for p in await parts_of(stack.db_url, run_id) if p.kind == "tool_result"]
+        assert result.payload["isError"] and "expired" in result.payload["content"]
+        decided = [
+            p["decision"]
+            for _, t, p in await events_of(stack.db_url, run_id)
+            if t == "approval.decided"
+        ]
+        assert decided == ["expired"]
