@@ -13,7 +13,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,6 +37,9 @@ from tether.states import RunStatus, Transition
 
 log = logging.getLogger(__name__)
 
+# How long a tenant's routing is reused; a changed agent configuration applies within this.
+ROUTING_CACHE_S = 5.0
+
 
 @dataclass(frozen=True)
 class Claimed:
@@ -46,7 +49,8 @@ class Claimed:
     config: routing.AgentConfig
     history: list[PartRow]
     prior_part_count: int
-    prior_inputs: list[tuple[int, str]] = field(default_factory=list)
+    prior_inputs: list[tuple[int, str]]
+    started: Event
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,7 @@ class Execution:
         self._wake = asyncio.Event()
         # Prices of the runs this replica leased, so pricing a turn costs no query.
         self._prices: dict[str, dict[str, Any]] = {}
+        self._routes: dict[str, tuple[float, routing.AgentConfig]] = {}
 
     # -- publishing -------------------------------------------------------------------------
 
@@ -155,11 +160,14 @@ class Execution:
             if candidate is None:
                 return None
             try:
-                config = routing.resolve(await lease_repo.tenant_agent(conn, candidate.tenant_id))
+                config = await self._routing(conn, candidate.tenant_id)
             except TetherError as exc:
                 broken = (candidate.run_id, exc)
             else:
-                return await self._lease(conn, candidate.run_id, worker_id, config)
+                claimed = await self._lease(conn, candidate, worker_id, config)
+        if broken is None:
+            await self._publish(claimed.run.run_id, claimed.run.last_seq, [claimed.started])
+            return claimed
         if broken is not None:
             # Routing failed after admission: finalise the run rather than leave it queued
             # for every worker to trip over.
@@ -170,12 +178,25 @@ class Execution:
             )
         return None
 
+    async def _routing(self, conn: AsyncConnection, tenant_id: str) -> routing.AgentConfig:
+        """The tenant's agent configuration, cached briefly (a claim should not re-read it)."""
+        now = asyncio.get_running_loop().time()
+        cached = self._routes.get(tenant_id)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        config = routing.resolve(await lease_repo.tenant_agent(conn, tenant_id))
+        if len(self._routes) > 10_000:
+            self._routes.clear()
+        self._routes[tenant_id] = (now + ROUTING_CACHE_S, config)
+        return config
+
     async def _lease(
-        self, conn: AsyncConnection, run_id: str, worker_id: str, config: routing.AgentConfig
+        self, conn: AsyncConnection, candidate: Any, worker_id: str, config: routing.AgentConfig
     ) -> Claimed:
+        run_id = candidate.run_id
         leased = await lease_repo.lease(
             conn,
-            run_id,
+            candidate,
             worker_id=worker_id,
             ttl_s=self._ttl,
             config=config.to_json(),
@@ -188,7 +209,11 @@ class Execution:
         self._prices[run_id] = {m: dict(p) for m, p in config.prices.items()}
         prior, prior_inputs = await self._session_history(conn, leased)
         own = await repo.list_parts(conn, run_id)
-        return Claimed(leased, config, prior + own, len(prior), prior_inputs)
+        started = Event(
+            "run.started",
+            {"attempt": leased.attempt, "workerId": worker_id, "leaseEpoch": leased.lease_epoch},
+        )
+        return Claimed(leased, config, prior + own, len(prior), prior_inputs, started)
 
     async def _session_history(
         self, conn: AsyncConnection, run: Row[Any]

@@ -77,7 +77,7 @@ async def test_a_run_streams_text_calls_a_tool_and_completes(stack: ExecStack) -
     ]
     seen = types(await events_of(stack.db_url, run_id))
     assert seen[0] == "run.queued" and seen[-1] == "run.completed"
-    for expected in ("tool.started", "tool.completed", "usage.updated"):
+    for expected in ("run.started", "tool.started", "tool.completed", "usage.updated"):
         assert expected in seen
     seqs = [s for s, _, _ in await events_of(stack.db_url, run_id)]
     assert seqs == list(range(1, len(seqs) + 1)), "the log has no gap"

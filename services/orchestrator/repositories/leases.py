@@ -21,7 +21,7 @@ from tether.db.transitions import Event, apply
 from tether.states import RunStatus
 
 _CANDIDATES = (
-    select(runs.c.run_id, runs.c.session_id, runs.c.tenant_id)
+    select(runs.c.run_id, runs.c.session_id, runs.c.tenant_id, runs.c.attempt, runs.c.lease_epoch)
     .where(runs.c.status == RunStatus.QUEUED.value, runs.c.session_head)
     .order_by(runs.c.created_at, runs.c.run_id)
     .limit(bindparam("limit"))
@@ -45,19 +45,29 @@ async def tenant_agent(conn: AsyncConnection, tenant_id: str) -> dict[str, Any]:
 
 async def lease(
     conn: AsyncConnection,
-    run_id: str,
+    candidate: Any,
     *,
     worker_id: str,
     ttl_s: float,
     config: dict[str, Any],
     max_attempts: int,
 ) -> Row[Any] | None:
-    """Move the locked queued run to running under a new lease epoch; records the attempt."""
+    """Move the locked queued run to running under a new lease epoch (with its run.started
+    event); records the attempt."""
+    run_id = candidate.run_id
+    started = Event(
+        "run.started",
+        {
+            "attempt": candidate.attempt,
+            "workerId": worker_id,
+            "leaseEpoch": candidate.lease_epoch + 1,
+        },
+    )
     row = await apply(
         conn,
         states.CLAIM,
         run_id,
-        events=[],
+        events=[started],
         values={
             "lease_owner": worker_id,
             "lease_epoch": runs.c.lease_epoch + 1,
