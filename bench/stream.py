@@ -1,6 +1,7 @@
 """Stream figures: how long a committed event takes to reach StreamRun subscribers (p50/p99
 with 1, 100 and 1000 subscribers on one run), and how fast a reconnect at seq 0 replays a
-10,000-event run.
+10,000-event run through the Python client (which asks for the catch-up in batches; the
+one-event-per-message rate is reported beside it).
 
 No worker runs: the bench claims each run itself and drives Checkpoint RPCs, each appending one
 event. Latency is the subscriber's receipt time minus the event's `created_at` as published,
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from bench.common import BenchStack, bench_stack, emit, percentile
+from tether.client import TetherClient
 from tether.grpcutil import internal_channel
 from tether.v1 import (
     events_pb2,
@@ -167,20 +169,10 @@ async def _replay(
     for _ in range(REPLAY_EVENTS // REPLAY_BATCH):
         response = await orchestrator.Checkpoint(_checkpoint(run_id, epoch, REPLAY_BATCH))
         last_seq = response.last_seq
-    rates = []
-    metadata = (("authorization", f"Bearer {stack.api_key}"),)
-    for _ in range(REPLAY_ROUNDS):
-        received = 0
-        started = time.perf_counter()
-        call = gateway.StreamRun(gateway_pb2.StreamRunRequest(run_id=run_id), metadata=metadata)
-        async for response in call:
-            if response.HasField("event") and response.event.seq:
-                received += 1
-                if response.event.seq == last_seq:
-                    break
-        elapsed = time.perf_counter() - started
-        call.cancel()
-        rates.append(received / elapsed)
+    rates = [await _replay_once(stack, run_id, last_seq) for _ in range(REPLAY_ROUNDS)]
+    unbatched = [
+        await _replay_once(stack, run_id, last_seq, batched=False) for _ in range(REPLAY_ROUNDS)
+    ]
     emit(
         "replay_events_per_s",
         statistics.median(rates),
@@ -188,28 +180,59 @@ async def _replay(
         events=last_seq,
         rounds=REPLAY_ROUNDS,
         rates=[round(r) for r in rates],
+        client="tether.client watch (batched catch-up)",
+        unbatched_events_per_s=round(statistics.median(unbatched)),
         cpus=os.cpu_count(),
     )
 
 
+async def _replay_once(
+    stack: BenchStack, run_id: str, last_seq: int, batched: bool = True
+) -> float:
+    """Events/s of one reconnect at seq 0, until the run's last event arrived."""
+    gateway = stack.services.addresses()["gateway"]
+    received = 0
+    async with TetherClient(gateway, stack.api_key) as client:
+        started = time.perf_counter()
+        if batched:
+            async for item in client.watch(run_id):
+                if item.HasField("event") and item.event.seq:
+                    received += 1
+                    if item.event.seq == last_seq:
+                        break
+        else:
+            call = client.stub.StreamRun(
+                gateway_pb2.StreamRunRequest(run_id=run_id),
+                metadata=(("authorization", f"Bearer {stack.api_key}"),),
+            )
+            async for response in call:
+                if response.HasField("event") and response.event.seq:
+                    received += 1
+                    if response.event.seq == last_seq:
+                        break
+            call.cancel()
+        return received / (time.perf_counter() - started)
+
+
+async def _measure(stack: BenchStack) -> None:
+    addresses = stack.services.addresses()
+    async with (
+        grpc.aio.insecure_channel(addresses["gateway"]) as gateway_channel,
+        internal_channel(addresses["orchestrator"], stack.service_token) as orchestrator_channel,
+    ):
+        gateway = gateway_pb2_grpc.GatewayServiceStub(gateway_channel)
+        orchestrator = orchestrator_pb2_grpc.OrchestratorServiceStub(orchestrator_channel)
+        for count in SUBSCRIBERS:
+            await _latency(stack, gateway, orchestrator, count)
+        await _replay(stack, gateway, orchestrator)
+
+
 async def run() -> None:
     """Run the stream group."""
-    async with bench_stack(
-        SERVICES,
-        extra_env={
-            # The bench holds its leases without heartbeats; none may lapse mid-measurement.
-            "TETHER_ORCHESTRATOR_LEASE_TTL_S": "600",
-            "TETHER_ORCHESTRATOR_POOL_SIZE": "20",
-        },
-    ) as stack:
-        async with (
-            grpc.aio.insecure_channel(stack.services.addresses()["gateway"]) as gateway_channel,
-            internal_channel(
-                stack.services.addresses()["orchestrator"], stack.service_token
-            ) as orchestrator_channel,
-        ):
-            gateway = gateway_pb2_grpc.GatewayServiceStub(gateway_channel)
-            orchestrator = orchestrator_pb2_grpc.OrchestratorServiceStub(orchestrator_channel)
-            for count in SUBSCRIBERS:
-                await _latency(stack, gateway, orchestrator, count)
-            await _replay(stack, gateway, orchestrator)
+    extra_env = {
+        # The bench holds its leases without heartbeats; none may lapse mid-measurement.
+        "TETHER_ORCHESTRATOR_LEASE_TTL_S": "600",
+        "TETHER_ORCHESTRATOR_POOL_SIZE": "20",
+    }
+    async with bench_stack(SERVICES, extra_env=extra_env) as stack:
+        await _measure(stack)

@@ -8,7 +8,8 @@ A watch keeps the cursor of what it delivered. When the stream breaks (the gatew
 is unreachable for a while, or ends the stream because the consumer fell behind) it reconnects
 with that cursor, so every durable event is yielded exactly once and in seq order. A snapshot
 starts every connection, the first and each reconnect: it is the persisted state as of
-`snapshot.run.last_seq`.
+`snapshot.run.last_seq`. The catch-up after the cursor is fetched in batches
+(`batch_catch_up`) and handed out one event per item.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from tether.transport import TERMINAL_TYPES
-from tether.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tether.v1 import common_pb2, events_pb2, gateway_pb2, gateway_pb2_grpc
 
 # Worth reconnecting after: the gateway is restarting or unreachable, or it ended the stream
 # and named the cursor to resume from (a slow consumer, a gateway shutting down).
@@ -38,6 +39,12 @@ _TERMINAL = frozenset(
     {common_pb2.RUN_STATUS_COMPLETED, common_pb2.RUN_STATUS_FAILED, common_pb2.RUN_STATUS_CANCELLED}
 )
 Metadata = Sequence[tuple[str, str]]
+
+
+def _single(event: events_pb2.RunEvent) -> gateway_pb2.StreamRunResponse:
+    item = gateway_pb2.StreamRunResponse()
+    item.event.CopyFrom(event)
+    return item
 
 
 class _Backoff:
@@ -72,9 +79,9 @@ class RunWatch:
     """A run's stream across reconnects; iteration ends after the run's terminal event.
 
     `cursor` is the seq of the last durable event delivered; `reconnects` counts attempts to
-    reconnect (each failed try during an outage included). Errors that reconnecting cannot fix (NOT_FOUND, PERMISSION_DENIED,
-    UNAUTHENTICATED, INVALID_ARGUMENT) are raised, as is the last error of an outage longer
-    than `give_up_after_s` (None: never give up).
+    reconnect (each failed try during an outage included). Errors that reconnecting cannot fix
+    (NOT_FOUND, PERMISSION_DENIED, UNAUTHENTICATED, INVALID_ARGUMENT) are raised, as is the
+    last error of an outage longer than `give_up_after_s` (None: never give up).
     """
 
     def __init__(
@@ -103,7 +110,10 @@ class RunWatch:
         while True:
             call = self._stub.StreamRun(
                 gateway_pb2.StreamRunRequest(
-                    run_id=self.run_id, after_seq=self.cursor, include_deltas=self.include_deltas
+                    run_id=self.run_id,
+                    after_seq=self.cursor,
+                    include_deltas=self.include_deltas,
+                    batch_catch_up=True,
                 ),
                 metadata=self._metadata,
             )
@@ -111,19 +121,22 @@ class RunWatch:
             try:
                 async for response in call:
                     backoff.progressed()
-                    if response.HasField("snapshot"):
+                    kind = response.WhichOneof("item")
+                    if kind == "snapshot":
                         run = response.snapshot.run
                         finished = run.status in _TERMINAL and self.cursor >= run.last_seq
                         yield response
                         continue
-                    event = response.event
-                    if event.seq:
-                        if event.seq <= self.cursor:
-                            continue  # already delivered before a reconnect
-                        self.cursor = event.seq
-                    yield response
-                    if event.type in TERMINAL_TYPES:
-                        return
+                    # The catch-up may come in batches; the consumer sees one event per item.
+                    events = response.batch.events if kind == "batch" else (response.event,)
+                    for event in events:
+                        if event.seq:
+                            if event.seq <= self.cursor:
+                                continue  # already delivered before a reconnect
+                            self.cursor = event.seq
+                        yield response if kind == "event" else _single(event)
+                        if event.type in TERMINAL_TYPES:
+                            return
                 if finished:
                     return  # the run had ended before this cursor
             except grpc.aio.AioRpcError as exc:

@@ -39,6 +39,7 @@ class StreamingServicer:
             request.run_id,
             request.after_seq,
             include_deltas=request.include_deltas,
+            batch_catch_up=request.batch_catch_up,
         )
         try:
             async with aclosing(items) as stream:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 
 from google.protobuf import json_format
 
 from services.gateway.forward import forward
-from services.gateway.hub import EventHub, Feed, LiveEvent, Signal
+from services.gateway.hub import EventHub, LiveEvent, Signal
 from services.gateway.settings import GatewaySettings
 from tether.errors import (
     InvalidArgument,
@@ -157,31 +157,40 @@ class Streams:
         )
         return response
 
-    async def log_after(
+    async def log_pages(
         self,
         tenant_id: str,
         run_id: str,
         after_seq: int,
         first: orchestrator_pb2.ReadEventsResponse | None = None,
-    ) -> AsyncIterator[events_pb2.RunEvent]:
-        """Every durable event after `after_seq`, page by page; the next page is read while the
-        current one is being sent."""
+    ) -> AsyncIterator[Sequence[events_pb2.RunEvent]]:
+        """Every durable event after `after_seq`, a page at a time; the next page is read while
+        the current one is being sent."""
         page = first if first is not None else await self.read(tenant_id, run_id, after_seq)
         while True:
             ahead: asyncio.Future[orchestrator_pb2.ReadEventsResponse] | None = None
             if page.has_more and page.events:
                 ahead = asyncio.ensure_future(self.read(tenant_id, run_id, page.events[-1].seq))
             try:
-                for event in page.events:
-                    yield event
-            finally:
-                if ahead is not None and not ahead.done():
+                yield page.events
+            except BaseException:
+                # The stream ended early (client gone, generator closed): drop the read ahead.
+                if ahead is not None:
                     ahead.cancel()
                     with contextlib.suppress(asyncio.CancelledError, TetherError):
                         await ahead
+                raise
             if ahead is None:
                 return
             page = await ahead
+
+    async def log_after(
+        self, tenant_id: str, run_id: str, after_seq: int
+    ) -> AsyncIterator[events_pb2.RunEvent]:
+        """Every durable event after `after_seq`, one at a time."""
+        async for page in self.log_pages(tenant_id, run_id, after_seq):
+            for event in page:
+                yield event
 
     def wait_time(self, live: bool, quiet_since: float, checked_at: float, now: float) -> float:
         """How long a stream waits for its feed before it polls, re-checks or keeps alive."""
@@ -191,7 +200,13 @@ class Streams:
         return max(min(keepalive - (now - quiet_since), keepalive - (now - checked_at)), 0.01)
 
     async def run_items(
-        self, tenant_id: str, run_id: str, after_seq: int, *, include_deltas: bool
+        self,
+        tenant_id: str,
+        run_id: str,
+        after_seq: int,
+        *,
+        include_deltas: bool,
+        batch_catch_up: bool = False,
     ) -> AsyncGenerator[gateway_pb2.StreamRunResponse, None]:
         """A run's stream: snapshot, log after `after_seq`, live tail; ends after a terminal
         event. Raises NotFound for an absent or another tenant's run (the same answer)."""
@@ -200,75 +215,86 @@ class Streams:
         if not is_identifier(run_id, max_length=128):
             raise NotFound(f"run {run_id!r} not found")
         feed = self.hub.open(deltas=include_deltas)
-        try:
-            async with contextlib.aclosing(
-                self._run_items(feed, tenant_id, run_id, after_seq)
-            ) as items:
-                async for item in items:
-                    yield item
+        batched = batch_catch_up
+        try:  # one generator, not two: every layer costs each message of every stream
+            loop = asyncio.get_running_loop()
+            await self.hub.follow(feed, run_id)
+            first = await self.read(tenant_id, run_id, after_seq, include_state=True)
+            if after_seq > first.run.last_seq:
+                raise InvalidArgument(
+                    f"after_seq {after_seq} is beyond the run's last event ({first.run.last_seq})"
+                )
+            yield gateway_pb2.StreamRunResponse(
+                snapshot=gateway_pb2.RunSnapshot(run=first.run, parts=first.parts)
+            )
+            cursor = RunCursor(run_id, after_seq, first.run.status)
+            async for page in self.log_pages(tenant_id, run_id, after_seq, first):
+                for response in _catch_up_responses(page, cursor, batched):
+                    yield response
+            if cursor.ended or first.run.status in TERMINAL_STATUSES:
+                return
+            quiet_since = checked_at = loop.time()
+            while True:
+                now = loop.time()
+                live = self.hub.is_live(run_id)
+                item = await feed.next(self.wait_time(live, quiet_since, checked_at, now))
+                if item in (Signal.OVERFLOWED, Signal.CLOSED):
+                    error = SlowConsumer if item is Signal.OVERFLOWED else StreamInterrupted
+                    resume = str(cursor.seq)
+                    raise resumable(error, RESUME_SEQ_KEY, resume, f"after_seq={resume}")
+                reread = item is Signal.RESYNC
+                if item is None:
+                    now = loop.time()
+                    reread = not live or now - checked_at >= self.timing.keepalive_s
+                elif not isinstance(item, LiveEvent):
+                    pass
+                elif item.seq and item.seq <= cursor.seq:
+                    pass  # already delivered (from PostgreSQL, or published twice)
+                elif item.seq in (0, cursor.seq + 1) and live_proto(item) is not None:
+                    cursor.accept(item.seq, item.type)
+                    yield item.memo(_GRPC_RUN, _run_response)
+                    quiet_since = loop.time()
+                else:
+                    reread = True  # a gap: Redis lost what came between
+                if reread:
+                    checked_at = loop.time()
+                    async for page in self.log_pages(tenant_id, run_id, cursor.seq):
+                        for response in _catch_up_responses(page, cursor, batched):
+                            yield response
+                            quiet_since = loop.time()
+                if cursor.ended:
+                    return
+                if loop.time() - quiet_since >= self.timing.keepalive_s:
+                    yield gateway_pb2.StreamRunResponse(event=keepalive(run_id, cursor.status))
+                    quiet_since = loop.time()
         finally:
             self.hub.close(feed)
 
-    async def _run_items(
-        self, feed: Feed, tenant_id: str, run_id: str, after_seq: int
-    ) -> AsyncGenerator[gateway_pb2.StreamRunResponse, None]:
-        loop = asyncio.get_running_loop()
-        await self.hub.follow(feed, run_id)
-        first = await self.read(tenant_id, run_id, after_seq, include_state=True)
-        if after_seq > first.run.last_seq:
-            raise InvalidArgument(
-                f"after_seq {after_seq} is beyond the run's last event ({first.run.last_seq})"
-            )
-        yield gateway_pb2.StreamRunResponse(
-            snapshot=gateway_pb2.RunSnapshot(run=first.run, parts=first.parts)
-        )
-        cursor = RunCursor(run_id, after_seq, first.run.status)
-        async for event in self.log_after(tenant_id, run_id, after_seq, first):
-            if cursor.accept(event.seq, event.type):
-                yield gateway_pb2.StreamRunResponse(event=event)
-        if cursor.ended or first.run.status in TERMINAL_STATUSES:
-            return
-        quiet_since = checked_at = loop.time()
-        while True:
-            now = loop.time()
-            live = self.hub.is_live(run_id)
-            item = await feed.next(self.wait_time(live, quiet_since, checked_at, now))
-            if item is Signal.OVERFLOWED:
-                raise resumable(
-                    SlowConsumer, RESUME_SEQ_KEY, str(cursor.seq), f"after_seq={cursor.seq}"
-                )
-            if item is Signal.CLOSED:
-                raise resumable(
-                    StreamInterrupted, RESUME_SEQ_KEY, str(cursor.seq), f"after_seq={cursor.seq}"
-                )
-            reread = item is Signal.RESYNC
-            if item is None:
-                now = loop.time()
-                reread = not live or now - checked_at >= self.timing.keepalive_s
-            elif not isinstance(item, LiveEvent):
-                pass
-            elif item.seq and item.seq <= cursor.seq:
-                pass  # already delivered (from PostgreSQL, or published twice)
-            elif item.seq in (0, cursor.seq + 1) and live_proto(item) is not None:
-                cursor.accept(item.seq, item.type)
-                yield item.memo(_GRPC_RUN, _run_response)
-                quiet_since = loop.time()
-            else:
-                reread = True  # a gap: Redis lost what came between
-            if reread:
-                checked_at = loop.time()
-                async for event in self.log_after(tenant_id, run_id, cursor.seq):
-                    if cursor.accept(event.seq, event.type):
-                        yield gateway_pb2.StreamRunResponse(event=event)
-                        quiet_since = loop.time()
-            if cursor.ended:
-                return
-            if loop.time() - quiet_since >= self.timing.keepalive_s:
-                yield gateway_pb2.StreamRunResponse(event=keepalive(run_id, cursor.status))
-                quiet_since = loop.time()
-
 
 _GRPC_RUN = "grpc-run"
+# A batch stays well under the 4 MiB a gRPC client accepts by default.
+MAX_BATCH_BYTES = 1 << 20
+
+
+def _catch_up_responses(
+    page: Sequence[events_pb2.RunEvent], cursor: RunCursor, batched: bool
+) -> Iterator[gateway_pb2.StreamRunResponse]:
+    """The responses carrying a page's new events: one each, or batches of consecutive ones."""
+    fresh = [event for event in page if cursor.accept(event.seq, event.type)]
+    if not batched:
+        for event in fresh:
+            yield gateway_pb2.StreamRunResponse(event=event)
+        return
+    start, size = 0, 0
+    for i, event in enumerate(fresh):
+        size += event.ByteSize()
+        if size > MAX_BATCH_BYTES and i > start:
+            yield gateway_pb2.StreamRunResponse(
+                batch=gateway_pb2.RunEventBatch(events=fresh[start:i])
+            )
+            start, size = i, event.ByteSize()
+    if start < len(fresh):
+        yield gateway_pb2.StreamRunResponse(batch=gateway_pb2.RunEventBatch(events=fresh[start:]))
 
 
 def _run_response(live: LiveEvent) -> gateway_pb2.StreamRunResponse:

@@ -71,8 +71,11 @@ class Stream:
         return any(e.type in TERMINAL_TYPES for e in self.durable)
 
     def take(self, response: gateway_pb2.StreamRunResponse) -> None:
-        if response.HasField("snapshot"):
+        kind = response.WhichOneof("item")
+        if kind == "snapshot":
             self.snapshots.append(response.snapshot)
+        elif kind == "batch":
+            self.events.extend(response.batch.events)
         else:
             self.events.append(response.event)
 
@@ -95,6 +98,7 @@ async def read_run(
     *,
     after_seq: int = 0,
     include_deltas: bool = False,
+    batch_catch_up: bool = False,
     key: str | None = None,
 ) -> Stream:
     """One connection read to its end (a terminal event)."""
@@ -102,7 +106,10 @@ async def read_run(
     async with grpc.aio.insecure_channel(tenant.stack.addr("gateway")) as channel:
         call = gateway_pb2_grpc.GatewayServiceStub(channel).StreamRun(
             gateway_pb2.StreamRunRequest(
-                run_id=run_id, after_seq=after_seq, include_deltas=include_deltas
+                run_id=run_id,
+                after_seq=after_seq,
+                include_deltas=include_deltas,
+                batch_catch_up=batch_catch_up,
             ),
             metadata=metadata(key or tenant.api_key),
         )

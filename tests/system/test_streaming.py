@@ -63,6 +63,8 @@ async def stack(
             "TETHER_GATEWAY_KEEPALIVE_INTERVAL_S": "0.3",
             "TETHER_GATEWAY_POLL_INTERVAL_S": "0.1",
             "TETHER_GATEWAY_CONVERSATION_POLL_S": "0.2",
+            # Tiny pages: every catch-up reads several, through the read-ahead.
+            "TETHER_GATEWAY_STREAM_PAGE_SIZE": "7",
         },
     ) as running:
         yield running
@@ -85,6 +87,8 @@ async def test_a_stream_sends_the_snapshot_then_every_event_and_ends(stack: Exec
     again = await read_run(tenant, run_id, after_seq=3)
     assert again.seqs == list(range(4, final.run.last_seq + 1))
     assert as_json(again.snapshots[0].parts) == as_json(final.parts)
+    batched = await read_run(tenant, run_id, after_seq=2, batch_catch_up=True)
+    assert batched.seqs == list(range(3, final.run.last_seq + 1))
 
 
 async def test_refresh_at_100_random_points_loses_nothing(stack: ExecStack) -> None:

@@ -52,6 +52,7 @@ async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path:
     try:
         info = json.loads((data_dir / "stack.json").read_text())
         assert info["gateway"] == gateway
+        assert info["http"].startswith("127.0.0.1:"), "stack.json names the HTTP bridge"
         assert info["tenant_id"] and info["api_key"].startswith("tk_")
         async with TetherClient.from_env(str(data_dir / "stack.json")) as client:
             sent = await client.send("hello", conversation_id="first", event_id="evt-hello")

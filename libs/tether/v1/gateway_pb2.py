@@ -29,7 +29,7 @@ from tether.v1 import events_pb2 as tether_dot_v1_dot_events__pb2
 from tether.v1 import interactions_pb2 as tether_dot_v1_dot_interactions__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tether/v1/gateway.proto\x12\ttether.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x19tether/v1/admission.proto\x1a\x16tether/v1/common.proto\x1a\x16tether/v1/events.proto\x1a\x1ctether/v1/interactions.proto\"q\n\x12SendMessageRequest\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x04 \x01(\t\x12\x11\n\ttenant_id\x18\x05 \x01(\t\"_\n\x13SendMessageResponse\x12+\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32\x16.tether.v1.Disposition\x12\x1b\n\x03run\x18\x02 \x01(\x0b\x32\x0e.tether.v1.Run\"\xb5\x01\n\x12SubmitEventRequest\x12\x35\n\tmessaging\x18\x01 \x01(\x0b\x32 .tether.v1.MessagingWebhookInputH\x00\x12\x31\n\x0btask_status\x18\x02 \x01(\x0b\x32\x1a.tether.v1.TaskStatusInputH\x00\x12,\n\x08\x64\x65\x63ision\x18\x03 \x01(\x0b\x32\x18.tether.v1.DecisionInputH\x00\x42\x07\n\x05input\"_\n\x13SubmitEventResponse\x12+\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32\x16.tether.v1.Disposition\x12\x1b\n\x03run\x18\x02 \x01(\x0b\x32\x0e.tether.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"M\n\x0eGetRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.tether.v1.Run\x12\x1e\n\x05parts\x18\x02 \x03(\x0b\x32\x0f.tether.v1.Part\"y\n\x0fListRunsRequest\x12&\n\x08statuses\x18\x01 \x03(\x0e\x32\x14.tether.v1.RunStatus\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.tether.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"A\n\x11\x43\x61ncelRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.tether.v1.Run\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\"M\n\x10StreamRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\x16\n\x0einclude_deltas\x18\x03 \x01(\x08\"m\n\x11StreamRunResponse\x12*\n\x08snapshot\x18\x01 \x01(\x0b\x32\x16.tether.v1.RunSnapshotH\x00\x12$\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x13.tether.v1.RunEventH\x00\x42\x06\n\x04item\"J\n\x0bRunSnapshot\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.tether.v1.Run\x12\x1e\n\x05parts\x18\x02 \x03(\x0b\x32\x0f.tether.v1.Part\"\\\n\x19StreamConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x0e\n\x06\x63ursor\x18\x02 \x01(\t\x12\x16\n\x0einclude_deltas\x18\x03 \x01(\x08\"P\n\x1aStreamConversationResponse\x12\"\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x13.tether.v1.RunEvent\x12\x0e\n\x06\x63ursor\x18\x02 \x01(\t\"+\n\x19GetPendingQuestionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"J\n\x1aGetPendingQuestionResponse\x12,\n\x08question\x18\x01 \x01(\x0b\x32\x1a.tether.v1.PendingQuestion\"\xb2\x01\n\x15\x41nswerQuestionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12>\n\x07\x61nswers\x18\x02 \x03(\x0b\x32-.tether.v1.AnswerQuestionRequest.AnswersEntry\x1aI\n\x0c\x41nswersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.tether.v1.QuestionAnswer:\x02\x38\x01\"A\n\x16\x41nswerQuestionResponse\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x0f\n\x07resumed\x18\x02 \x01(\x08\"+\n\x19GetPendingApprovalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"J\n\x1aGetPendingApprovalResponse\x12,\n\x08\x61pproval\x18\x01 \x01(\x0b\x32\x1a.tether.v1.PendingApproval\"O\n\x15\x44\x65\x63ideApprovalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x64\x65\x63ision\x18\x02 \x01(\t\x12\x14\n\x0c\x61lways_scope\x18\x03 \x01(\t\"S\n\x16\x44\x65\x63ideApprovalResponse\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x0f\n\x07resumed\x18\x02 \x01(\x08\x12\x10\n\x08grant_id\x18\x03 \x01(\t\"-\n\x1bGetPendingConnectionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"P\n\x1cGetPendingConnectionResponse\x12\x30\n\nconnection\x18\x01 \x01(\x0b\x32\x1c.tether.v1.PendingConnection\"H\n\x19\x43ompleteConnectionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\"-\n\x1a\x43ompleteConnectionResponse\x12\x0f\n\x07resumed\x18\x01 \x01(\x08\"w\n\x13\x43reateApiKeyRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0cprincipal_id\x18\x02 \x01(\t\x12\x0e\n\x06scopes\x18\x03 \x03(\t\x12\'\n\x06labels\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"p\n\x14\x43reateApiKeyResponse\x12\x0f\n\x07\x61pi_key\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12\x11\n\ttenant_id\x18\x03 \x01(\t\x12\x14\n\x0cprincipal_id\x18\x04 \x01(\t\x12\x0e\n\x06scopes\x18\x05 \x03(\t2\xb8\t\n\x0eGatewayService\x12L\n\x0bSendMessage\x12\x1d.tether.v1.SendMessageRequest\x1a\x1e.tether.v1.SendMessageResponse\x12L\n\x0bSubmitEvent\x12\x1d.tether.v1.SubmitEventRequest\x1a\x1e.tether.v1.SubmitEventResponse\x12=\n\x06GetRun\x12\x18.tether.v1.GetRunRequest\x1a\x19.tether.v1.GetRunResponse\x12\x43\n\x08ListRuns\x12\x1a.tether.v1.ListRunsRequest\x1a\x1b.tether.v1.ListRunsResponse\x12\x46\n\tCancelRun\x12\x1b.tether.v1.CancelRunRequest\x1a\x1c.tether.v1.CancelRunResponse\x12H\n\tStreamRun\x12\x1b.tether.v1.StreamRunRequest\x1a\x1c.tether.v1.StreamRunResponse0\x01\x12\x63\n\x12StreamConversation\x12$.tether.v1.StreamConversationRequest\x1a%.tether.v1.StreamConversationResponse0\x01\x12\x61\n\x12GetPendingQuestion\x12$.tether.v1.GetPendingQuestionRequest\x1a%.tether.v1.GetPendingQuestionResponse\x12U\n\x0e\x41nswerQuestion\x12 .tether.v1.AnswerQuestionRequest\x1a!.tether.v1.AnswerQuestionResponse\x12\x61\n\x12GetPendingApproval\x12$.tether.v1.GetPendingApprovalRequest\x1a%.tether.v1.GetPendingApprovalResponse\x12U\n\x0e\x44\x65\x63ideApproval\x12 .tether.v1.DecideApprovalRequest\x1a!.tether.v1.DecideApprovalResponse\x12g\n\x14GetPendingConnection\x12&.tether.v1.GetPendingConnectionRequest\x1a\'.tether.v1.GetPendingConnectionResponse\x12\x61\n\x12\x43ompleteConnection\x12$.tether.v1.CompleteConnectionRequest\x1a%.tether.v1.CompleteConnectionResponse\x12O\n\x0c\x43reateApiKey\x12\x1e.tether.v1.CreateApiKeyRequest\x1a\x1f.tether.v1.CreateApiKeyResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tether/v1/gateway.proto\x12\ttether.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x19tether/v1/admission.proto\x1a\x16tether/v1/common.proto\x1a\x16tether/v1/events.proto\x1a\x1ctether/v1/interactions.proto\"q\n\x12SendMessageRequest\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x04 \x01(\t\x12\x11\n\ttenant_id\x18\x05 \x01(\t\"_\n\x13SendMessageResponse\x12+\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32\x16.tether.v1.Disposition\x12\x1b\n\x03run\x18\x02 \x01(\x0b\x32\x0e.tether.v1.Run\"\xb5\x01\n\x12SubmitEventRequest\x12\x35\n\tmessaging\x18\x01 \x01(\x0b\x32 .tether.v1.MessagingWebhookInputH\x00\x12\x31\n\x0btask_status\x18\x02 \x01(\x0b\x32\x1a.tether.v1.TaskStatusInputH\x00\x12,\n\x08\x64\x65\x63ision\x18\x03 \x01(\x0b\x32\x18.tether.v1.DecisionInputH\x00\x42\x07\n\x05input\"_\n\x13SubmitEventResponse\x12+\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32\x16.tether.v1.Disposition\x12\x1b\n\x03run\x18\x02 \x01(\x0b\x32\x0e.tether.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"M\n\x0eGetRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.tether.v1.Run\x12\x1e\n\x05parts\x18\x02 \x03(\x0b\x32\x0f.tether.v1.Part\"y\n\x0fListRunsRequest\x12&\n\x08statuses\x18\x01 \x03(\x0e\x32\x14.tether.v1.RunStatus\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.tether.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"A\n\x11\x43\x61ncelRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.tether.v1.Run\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\"e\n\x10StreamRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\x16\n\x0einclude_deltas\x18\x03 \x01(\x08\x12\x16\n\x0e\x62\x61tch_catch_up\x18\x04 \x01(\x08\"\x98\x01\n\x11StreamRunResponse\x12*\n\x08snapshot\x18\x01 \x01(\x0b\x32\x16.tether.v1.RunSnapshotH\x00\x12$\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x13.tether.v1.RunEventH\x00\x12)\n\x05\x62\x61tch\x18\x03 \x01(\x0b\x32\x18.tether.v1.RunEventBatchH\x00\x42\x06\n\x04item\"4\n\rRunEventBatch\x12#\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x13.tether.v1.RunEvent\"J\n\x0bRunSnapshot\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.tether.v1.Run\x12\x1e\n\x05parts\x18\x02 \x03(\x0b\x32\x0f.tether.v1.Part\"\\\n\x19StreamConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x0e\n\x06\x63ursor\x18\x02 \x01(\t\x12\x16\n\x0einclude_deltas\x18\x03 \x01(\x08\"P\n\x1aStreamConversationResponse\x12\"\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x13.tether.v1.RunEvent\x12\x0e\n\x06\x63ursor\x18\x02 \x01(\t\"+\n\x19GetPendingQuestionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"J\n\x1aGetPendingQuestionResponse\x12,\n\x08question\x18\x01 \x01(\x0b\x32\x1a.tether.v1.PendingQuestion\"\xb2\x01\n\x15\x41nswerQuestionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12>\n\x07\x61nswers\x18\x02 \x03(\x0b\x32-.tether.v1.AnswerQuestionRequest.AnswersEntry\x1aI\n\x0c\x41nswersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.tether.v1.QuestionAnswer:\x02\x38\x01\"A\n\x16\x41nswerQuestionResponse\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x0f\n\x07resumed\x18\x02 \x01(\x08\"+\n\x19GetPendingApprovalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"J\n\x1aGetPendingApprovalResponse\x12,\n\x08\x61pproval\x18\x01 \x01(\x0b\x32\x1a.tether.v1.PendingApproval\"O\n\x15\x44\x65\x63ideApprovalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x64\x65\x63ision\x18\x02 \x01(\t\x12\x14\n\x0c\x61lways_scope\x18\x03 \x01(\t\"S\n\x16\x44\x65\x63ideApprovalResponse\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x0f\n\x07resumed\x18\x02 \x01(\x08\x12\x10\n\x08grant_id\x18\x03 \x01(\t\"-\n\x1bGetPendingConnectionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"P\n\x1cGetPendingConnectionResponse\x12\x30\n\nconnection\x18\x01 \x01(\x0b\x32\x1c.tether.v1.PendingConnection\"H\n\x19\x43ompleteConnectionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\"-\n\x1a\x43ompleteConnectionResponse\x12\x0f\n\x07resumed\x18\x01 \x01(\x08\"w\n\x13\x43reateApiKeyRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0cprincipal_id\x18\x02 \x01(\t\x12\x0e\n\x06scopes\x18\x03 \x03(\t\x12\'\n\x06labels\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"p\n\x14\x43reateApiKeyResponse\x12\x0f\n\x07\x61pi_key\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12\x11\n\ttenant_id\x18\x03 \x01(\t\x12\x14\n\x0cprincipal_id\x18\x04 \x01(\t\x12\x0e\n\x06scopes\x18\x05 \x03(\t2\xb8\t\n\x0eGatewayService\x12L\n\x0bSendMessage\x12\x1d.tether.v1.SendMessageRequest\x1a\x1e.tether.v1.SendMessageResponse\x12L\n\x0bSubmitEvent\x12\x1d.tether.v1.SubmitEventRequest\x1a\x1e.tether.v1.SubmitEventResponse\x12=\n\x06GetRun\x12\x18.tether.v1.GetRunRequest\x1a\x19.tether.v1.GetRunResponse\x12\x43\n\x08ListRuns\x12\x1a.tether.v1.ListRunsRequest\x1a\x1b.tether.v1.ListRunsResponse\x12\x46\n\tCancelRun\x12\x1b.tether.v1.CancelRunRequest\x1a\x1c.tether.v1.CancelRunResponse\x12H\n\tStreamRun\x12\x1b.tether.v1.StreamRunRequest\x1a\x1c.tether.v1.StreamRunResponse0\x01\x12\x63\n\x12StreamConversation\x12$.tether.v1.StreamConversationRequest\x1a%.tether.v1.StreamConversationResponse0\x01\x12\x61\n\x12GetPendingQuestion\x12$.tether.v1.GetPendingQuestionRequest\x1a%.tether.v1.GetPendingQuestionResponse\x12U\n\x0e\x41nswerQuestion\x12 .tether.v1.AnswerQuestionRequest\x1a!.tether.v1.AnswerQuestionResponse\x12\x61\n\x12GetPendingApproval\x12$.tether.v1.GetPendingApprovalRequest\x1a%.tether.v1.GetPendingApprovalResponse\x12U\n\x0e\x44\x65\x63ideApproval\x12 .tether.v1.DecideApprovalRequest\x1a!.tether.v1.DecideApprovalResponse\x12g\n\x14GetPendingConnection\x12&.tether.v1.GetPendingConnectionRequest\x1a\'.tether.v1.GetPendingConnectionResponse\x12\x61\n\x12\x43ompleteConnection\x12$.tether.v1.CompleteConnectionRequest\x1a%.tether.v1.CompleteConnectionResponse\x12O\n\x0c\x43reateApiKey\x12\x1e.tether.v1.CreateApiKeyRequest\x1a\x1f.tether.v1.CreateApiKeyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -59,45 +59,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CANCELRUNRESPONSE']._serialized_start=1028
   _globals['_CANCELRUNRESPONSE']._serialized_end=1093
   _globals['_STREAMRUNREQUEST']._serialized_start=1095
-  _globals['_STREAMRUNREQUEST']._serialized_end=1172
-  _globals['_STREAMRUNRESPONSE']._serialized_start=1174
-  _globals['_STREAMRUNRESPONSE']._serialized_end=1283
-  _globals['_RUNSNAPSHOT']._serialized_start=1285
-  _globals['_RUNSNAPSHOT']._serialized_end=1359
-  _globals['_STREAMCONVERSATIONREQUEST']._serialized_start=1361
-  _globals['_STREAMCONVERSATIONREQUEST']._serialized_end=1453
-  _globals['_STREAMCONVERSATIONRESPONSE']._serialized_start=1455
-  _globals['_STREAMCONVERSATIONRESPONSE']._serialized_end=1535
-  _globals['_GETPENDINGQUESTIONREQUEST']._serialized_start=1537
-  _globals['_GETPENDINGQUESTIONREQUEST']._serialized_end=1580
-  _globals['_GETPENDINGQUESTIONRESPONSE']._serialized_start=1582
-  _globals['_GETPENDINGQUESTIONRESPONSE']._serialized_end=1656
-  _globals['_ANSWERQUESTIONREQUEST']._serialized_start=1659
-  _globals['_ANSWERQUESTIONREQUEST']._serialized_end=1837
-  _globals['_ANSWERQUESTIONREQUEST_ANSWERSENTRY']._serialized_start=1764
-  _globals['_ANSWERQUESTIONREQUEST_ANSWERSENTRY']._serialized_end=1837
-  _globals['_ANSWERQUESTIONRESPONSE']._serialized_start=1839
-  _globals['_ANSWERQUESTIONRESPONSE']._serialized_end=1904
-  _globals['_GETPENDINGAPPROVALREQUEST']._serialized_start=1906
-  _globals['_GETPENDINGAPPROVALREQUEST']._serialized_end=1949
-  _globals['_GETPENDINGAPPROVALRESPONSE']._serialized_start=1951
-  _globals['_GETPENDINGAPPROVALRESPONSE']._serialized_end=2025
-  _globals['_DECIDEAPPROVALREQUEST']._serialized_start=2027
-  _globals['_DECIDEAPPROVALREQUEST']._serialized_end=2106
-  _globals['_DECIDEAPPROVALRESPONSE']._serialized_start=2108
-  _globals['_DECIDEAPPROVALRESPONSE']._serialized_end=2191
-  _globals['_GETPENDINGCONNECTIONREQUEST']._serialized_start=2193
-  _globals['_GETPENDINGCONNECTIONREQUEST']._serialized_end=2238
-  _globals['_GETPENDINGCONNECTIONRESPONSE']._serialized_start=2240
-  _globals['_GETPENDINGCONNECTIONRESPONSE']._serialized_end=2320
-  _globals['_COMPLETECONNECTIONREQUEST']._serialized_start=2322
-  _globals['_COMPLETECONNECTIONREQUEST']._serialized_end=2394
-  _globals['_COMPLETECONNECTIONRESPONSE']._serialized_start=2396
-  _globals['_COMPLETECONNECTIONRESPONSE']._serialized_end=2441
-  _globals['_CREATEAPIKEYREQUEST']._serialized_start=2443
-  _globals['_CREATEAPIKEYREQUEST']._serialized_end=2562
-  _globals['_CREATEAPIKEYRESPONSE']._serialized_start=2564
-  _globals['_CREATEAPIKEYRESPONSE']._serialized_end=2676
-  _globals['_GATEWAYSERVICE']._serialized_start=2679
-  _globals['_GATEWAYSERVICE']._serialized_end=3887
+  _globals['_STREAMRUNREQUEST']._serialized_end=1196
+  _globals['_STREAMRUNRESPONSE']._serialized_start=1199
+  _globals['_STREAMRUNRESPONSE']._serialized_end=1351
+  _globals['_RUNEVENTBATCH']._serialized_start=1353
+  _globals['_RUNEVENTBATCH']._serialized_end=1405
+  _globals['_RUNSNAPSHOT']._serialized_start=1407
+  _globals['_RUNSNAPSHOT']._serialized_end=1481
+  _globals['_STREAMCONVERSATIONREQUEST']._serialized_start=1483
+  _globals['_STREAMCONVERSATIONREQUEST']._serialized_end=1575
+  _globals['_STREAMCONVERSATIONRESPONSE']._serialized_start=1577
+  _globals['_STREAMCONVERSATIONRESPONSE']._serialized_end=1657
+  _globals['_GETPENDINGQUESTIONREQUEST']._serialized_start=1659
+  _globals['_GETPENDINGQUESTIONREQUEST']._serialized_end=1702
+  _globals['_GETPENDINGQUESTIONRESPONSE']._serialized_start=1704
+  _globals['_GETPENDINGQUESTIONRESPONSE']._serialized_end=1778
+  _globals['_ANSWERQUESTIONREQUEST']._serialized_start=1781
+  _globals['_ANSWERQUESTIONREQUEST']._serialized_end=1959
+  _globals['_ANSWERQUESTIONREQUEST_ANSWERSENTRY']._serialized_start=1886
+  _globals['_ANSWERQUESTIONREQUEST_ANSWERSENTRY']._serialized_end=1959
+  _globals['_ANSWERQUESTIONRESPONSE']._serialized_start=1961
+  _globals['_ANSWERQUESTIONRESPONSE']._serialized_end=2026
+  _globals['_GETPENDINGAPPROVALREQUEST']._serialized_start=2028
+  _globals['_GETPENDINGAPPROVALREQUEST']._serialized_end=2071
+  _globals['_GETPENDINGAPPROVALRESPONSE']._serialized_start=2073
+  _globals['_GETPENDINGAPPROVALRESPONSE']._serialized_end=2147
+  _globals['_DECIDEAPPROVALREQUEST']._serialized_start=2149
+  _globals['_DECIDEAPPROVALREQUEST']._serialized_end=2228
+  _globals['_DECIDEAPPROVALRESPONSE']._serialized_start=2230
+  _globals['_DECIDEAPPROVALRESPONSE']._serialized_end=2313
+  _globals['_GETPENDINGCONNECTIONREQUEST']._serialized_start=2315
+  _globals['_GETPENDINGCONNECTIONREQUEST']._serialized_end=2360
+  _globals['_GETPENDINGCONNECTIONRESPONSE']._serialized_start=2362
+  _globals['_GETPENDINGCONNECTIONRESPONSE']._serialized_end=2442
+  _globals['_COMPLETECONNECTIONREQUEST']._serialized_start=2444
+  _globals['_COMPLETECONNECTIONREQUEST']._serialized_end=2516
+  _globals['_COMPLETECONNECTIONRESPONSE']._serialized_start=2518
+  _globals['_COMPLETECONNECTIONRESPONSE']._serialized_end=2563
+  _globals['_CREATEAPIKEYREQUEST']._serialized_start=2565
+  _globals['_CREATEAPIKEYREQUEST']._serialized_end=2684
+  _globals['_CREATEAPIKEYRESPONSE']._serialized_start=2686
+  _globals['_CREATEAPIKEYRESPONSE']._serialized_end=2798
+  _globals['_GATEWAYSERVICE']._serialized_start=2801
+  _globals['_GATEWAYSERVICE']._serialized_end=4009
 # @@protoc_insertion_point(module_scope)

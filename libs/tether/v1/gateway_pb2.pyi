@@ -334,22 +334,28 @@ class StreamRunRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     AFTER_SEQ_FIELD_NUMBER: _builtins.int
     INCLUDE_DELTAS_FIELD_NUMBER: _builtins.int
+    BATCH_CATCH_UP_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     after_seq: _builtins.int
     """Resume after this durable seq; 0 for the whole log."""
     include_deltas: _builtins.bool
     """Include live text deltas (ephemeral, seq 0)."""
+    batch_catch_up: _builtins.bool
+    """Send the events read from the log (the catch-up after the cursor) several to a message, as
+    `batch`, instead of one per message; live events still come one by one.
+    """
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         after_seq: _builtins.int = ...,
         include_deltas: _builtins.bool = ...,
+        batch_catch_up: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "include_deltas", b"include_deltas", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "batch_catch_up", b"batch_catch_up", "include_deltas", b"include_deltas", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -363,6 +369,7 @@ class StreamRunResponse(_message.Message):
 
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     EVENT_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def snapshot(self) -> Global___RunSnapshot:
         """Persisted state as of the last checkpoint."""
@@ -371,21 +378,50 @@ class StreamRunResponse(_message.Message):
     def event(self) -> _events_pb2.RunEvent:
         """An event."""
 
+    @_builtins.property
+    def batch(self) -> Global___RunEventBatch:
+        """Consecutive durable events in seq order (only when the request asked for batches)."""
+
     def __init__(
         self,
         *,
         snapshot: Global___RunSnapshot | None = ...,
         event: _events_pb2.RunEvent | None = ...,
+        batch: Global___RunEventBatch | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "item", b"item", "snapshot", b"snapshot"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "event", b"event", "item", b"item", "snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "item", b"item", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "event", b"event", "item", b"item", "snapshot", b"snapshot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["snapshot", "event"]  # noqa: Y015
+    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["snapshot", "event", "batch"]  # noqa: Y015
     _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
 
 Global___StreamRunResponse: _TypeAlias = StreamRunResponse  # noqa: Y015
+
+@_typing.final
+class RunEventBatch(_message.Message):
+    """RunEventBatch is several consecutive durable events."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[_events_pb2.RunEvent]:
+        """Events in seq order."""
+
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[_events_pb2.RunEvent] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunEventBatch: _TypeAlias = RunEventBatch  # noqa: Y015
 
 @_typing.final
 class RunSnapshot(_message.Message):
