@@ -11,11 +11,12 @@ venv: $(STAMP)
 
 $(STAMP): requirements.lock pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.lock
-	$(BIN)/python -m pip install --quiet --no-deps -e .
-	touch $(STAMP)
+	@echo "installing into $(VENV) from requirements.lock" >&2
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --upgrade pip >&2
+	@$(BIN)/python -m pip install --quiet -r requirements.lock >&2
+	@$(BIN)/python -m pip install --quiet --no-deps -e . >&2
+	@touch $(STAMP)
 
 run: venv
 	$(BIN)/tether up
@@ -35,8 +36,9 @@ node_modules/.bin/buf: package.json package-lock.json
 gen: venv
 	PATH=$(BIN):$$PATH ./scripts/gen_protos.sh
 
+# Figures only on stdout: one JSON object per line.
 bench: venv
-	$(BIN)/python -m bench $(BENCH)
+	@$(BIN)/python -m bench $(BENCH)
 
 clean:
 	rm -rf $(VENV) .tether node_modules

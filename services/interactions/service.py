@@ -180,21 +180,9 @@ class Interactions:
     ) -> str:
         """Store one interaction carrying every question; the run parks on it."""
         validate_specs(specs)
-        interaction_id = new_id("int")
-        async with self._engine.begin() as conn:
-            run = await repo.leased_run(conn, run_id, epoch)
-            await repo.insert_interaction(
-                conn,
-                interaction_id=interaction_id,
-                tenant_id=run.tenant_id,
-                run_id=run_id,
-                session_id=run.session_id,
-                kind="question",
-                tool_call_id=tool_call_id,
-                questions=[s.to_json() for s in specs],
-                principal_id=run.actor_id,
-            )
-        return interaction_id
+        return await self._store(
+            run_id, epoch, "question", tool_call_id, questions=[s.to_json() for s in specs]
+        )
 
     async def answer(
         self,
@@ -269,8 +257,25 @@ class Interactions:
         """Store a pending approval with the normalised input that will run if allowed."""
         if not tool_name or not risk_category:
             raise InvalidArgument("tool_name and risk_category are required")
+        return await self._store(
+            run_id,
+            epoch,
+            "approval",
+            tool_call_id,
+            tool_name=tool_name,
+            input=input,
+            risk_category=risk_category,
+            summary=summary or f"Run {tool_name}",
+            estimated_cost_micros=estimated_cost_micros,
+            idempotency_key=idempotency_key,
+            expires_at=datetime.now(UTC) + timedelta(seconds=self._policy.approval_ttl_s),
+        )
+
+    async def _store(
+        self, run_id: str, epoch: int, kind: str, tool_call_id: str, **fields: Any
+    ) -> str:
+        """Store a pending interaction of a run whose lease `epoch` is live; returns its id."""
         interaction_id = new_id("int")
-        expires = datetime.now(UTC) + timedelta(seconds=self._policy.approval_ttl_s)
         async with self._engine.begin() as conn:
             run = await repo.leased_run(conn, run_id, epoch)
             await repo.insert_interaction(
@@ -279,16 +284,10 @@ class Interactions:
                 tenant_id=run.tenant_id,
                 run_id=run_id,
                 session_id=run.session_id,
-                kind="approval",
-                tool_call_id=tool_call_id,
-                tool_name=tool_name,
-                input=input,
-                risk_category=risk_category,
-                summary=summary or f"Run {tool_name}",
-                estimated_cost_micros=estimated_cost_micros,
-                idempotency_key=idempotency_key,
-                expires_at=expires,
                 principal_id=run.actor_id,
+                kind=kind,
+                tool_call_id=tool_call_id,
+                **fields,
             )
         return interaction_id
 
@@ -421,26 +420,18 @@ class Interactions:
                 }
             )
         )
-        interaction_id = new_id("int")
-        expires = datetime.now(UTC) + timedelta(seconds=self._policy.consent_ttl_s)
-        async with self._engine.begin() as conn:
-            run = await repo.leased_run(conn, run_id, epoch)
-            await repo.insert_interaction(
-                conn,
-                interaction_id=interaction_id,
-                tenant_id=run.tenant_id,
-                run_id=run_id,
-                session_id=run.session_id,
-                kind="connection",
-                tool_call_id=tool_call_id,
-                provider=provider,
-                gap=gap,
-                scopes=list(scopes),
-                principal_id=run.actor_id,
-                oauth_state_hash=_hash_state(state),
-                login_url=url,
-                expires_at=expires,
-            )
+        interaction_id = await self._store(
+            run_id,
+            epoch,
+            "connection",
+            tool_call_id,
+            provider=provider,
+            gap=gap,
+            scopes=list(scopes),
+            oauth_state_hash=_hash_state(state),
+            login_url=url,
+            expires_at=datetime.now(UTC) + timedelta(seconds=self._policy.consent_ttl_s),
+        )
         return interaction_id, url
 
     async def complete_connection(

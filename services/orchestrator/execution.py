@@ -605,6 +605,11 @@ class Execution:
                     "retryable": True,
                     "message": f"worker {run.lease_owner} stopped heartbeating",
                 }
+                values: dict[str, Any] = {
+                    **lease_repo.lease_cleared(),
+                    "error": error,
+                    "finished_at": func.now(),
+                }
                 if run.cancel_requested_at is not None:
                     # Cancelled while its worker was dying: nobody is left to stop, so the
                     # orchestrator finalises the cancellation itself.
@@ -613,43 +618,24 @@ class Execution:
                         "message": "cancelled by caller",
                         "retryable": True,
                     }
+                    values["error"] = error
+                    transition = states.CANCEL_BY_WORKER
                     events.append(Event("run.cancelled", {"reason": "cancelled by caller"}))
-                    row = await apply(
-                        conn,
-                        states.CANCEL_BY_WORKER,
-                        run.run_id,
-                        epoch=run.lease_epoch,
-                        events=events,
-                        values={
-                            **lease_repo.lease_cleared(),
-                            "error": error,
-                            "finished_at": func.now(),
-                        },
-                    )
                 elif run.attempt < run.max_attempts:
+                    transition = states.REAP_REQUEUE
+                    values = {**lease_repo.lease_cleared(), "attempt": run.attempt + 1}
                     events.append(lease_repo.queued_event(run.attempt + 1, "lease_expired"))
-                    row = await apply(
-                        conn,
-                        states.REAP_REQUEUE,
-                        run.run_id,
-                        epoch=run.lease_epoch,
-                        events=events,
-                        values={**lease_repo.lease_cleared(), "attempt": run.attempt + 1},
-                    )
                 else:
+                    transition = states.REAP_FAIL
                     events.append(Event("run.failed", {"error": _camel(error)}))
-                    row = await apply(
-                        conn,
-                        states.REAP_FAIL,
-                        run.run_id,
-                        epoch=run.lease_epoch,
-                        events=events,
-                        values={
-                            **lease_repo.lease_cleared(),
-                            "error": error,
-                            "finished_at": func.now(),
-                        },
-                    )
+                row = await apply(
+                    conn,
+                    transition,
+                    run.run_id,
+                    epoch=run.lease_epoch,
+                    events=events,
+                    values=values,
+                )
                 if row is not None:
                     await lease_repo.end_attempt(
                         conn, run.run_id, run.lease_epoch, "lease_expired", error=error
