@@ -19,6 +19,8 @@ K8S = ROOT / "deploy" / "k8s"
 NAMESPACE = "tether"
 IMAGE = "ghcr.io/tether/tether"
 PORT = 7000
+# The gateway alone also serves the HTTP/SSE bridge.
+HTTP_PORT = 8080
 
 SERVICES = ("gateway", "admission", "orchestrator", "interactions", "worker")
 INTERNAL = ("admission", "orchestrator", "interactions", "worker")
@@ -174,7 +176,8 @@ def test_service_has_a_clusterip_service_on_grpc_port(service: str) -> None:
     assert service in services, f"no Service for {service}"
     spec = services[service]["spec"]
     assert spec.get("type", "ClusterIP") == "ClusterIP"
-    assert [(p["name"], p["port"]) for p in spec["ports"]] == [("grpc", PORT)]
+    expected = [("grpc", PORT), *([("http", HTTP_PORT)] if service == "gateway" else [])]
+    assert [(p["name"], p["port"]) for p in spec["ports"]] == expected
     assert _selects(spec["selector"], _pod_labels(_deployment(service)))
 
 
@@ -349,7 +352,10 @@ def _ingress_callers(labels: dict[str, str]) -> set[str]:
             continue
         for rule in spec.get("ingress", []):
             ports = [(p.get("protocol", "TCP"), p["port"]) for p in rule.get("ports", [])]
-            assert ports == [("TCP", PORT)], f"{policy['metadata']['name']}: only the gRPC port"
+            allowed = [("TCP", PORT)]
+            if labels.get("app.kubernetes.io/component") == "gateway":
+                allowed.append(("TCP", HTTP_PORT))
+            assert ports == allowed, f"{policy['metadata']['name']}: only the service's ports"
             if "from" not in rule:
                 callers.add("*")
             for peer in rule.get("from", []):
