@@ -99,6 +99,8 @@ class Execution:
         history_runs: int = 50,
     ) -> None:
         self._engine = engine
+        # Single-statement writes need no BEGIN/COMMIT round trips.
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._bus = bus
         self._ttl = lease_ttl_s
         self._claim_poll = claim_poll_s
@@ -255,13 +257,11 @@ class Execution:
         turns: Sequence[dict[str, Any]],
     ) -> Row[Any]:
         """Persist parts, events and priced turns under the lease, in one transaction."""
-        async with self._engine.begin() as conn:
-            fenced = await repo.fence(conn, run_id, epoch, len(events), self._ttl)
-            if fenced is None:
-                raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
-            await repo.upsert_parts(conn, run_id, parts)
-            await repo.append_events(conn, run_id, fenced.last_seq, events)
-            await repo.insert_turns(conn, run_id, await self._priced(conn, run_id, turns))
+        async with self._autocommit.connect() as conn:
+            priced = await self._priced(conn, run_id, turns)
+            fenced = await repo.checkpoint(conn, run_id, epoch, self._ttl, parts, events, priced)
+        if fenced is None:
+            raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
         await self._publish(run_id, fenced.last_seq - len(events) + 1, events)
         return fenced
 

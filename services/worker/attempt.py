@@ -12,8 +12,9 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from anthropic import AsyncAnthropic
 from google.protobuf import json_format
@@ -42,6 +43,10 @@ from tether.retry import ProviderFailure, classify_exception
 from tether.v1 import common_pb2, orchestrator_pb2
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# A tool that returns within this is announced in the same checkpoint as its result.
+ANNOUNCE_AFTER_S = 0.05
 
 
 class LimitReached(Exception):
@@ -267,7 +272,6 @@ class Attempt:
         self.transcript.events.append(
             event("tool.started", toolCallId=tool_call.tool_call_id, name=tool_call.name)
         )
-        await self.flush()
         name, input = tool_call.name, json_format.MessageToDict(tool_call.input)
         if name == ASK_QUESTIONS and name in self.config.tool_allowlist:
             await self._ask(tool_call.tool_call_id, input)
@@ -345,21 +349,23 @@ class Attempt:
     ) -> None:
         output_ref = new_id("out")
         try:
-            result = await self._registry.execute(
-                name,
-                input,
-                CallContext(
-                    tenant_id=self.run.tenant_id,
-                    run_id=self.run_id,
-                    root_run_id=self.run.root_run_id or self.run_id,
-                    tool_call_id=tool_call_id,
-                    connections=self._interactions,
-                ),
-                effects=LeasedEffects(self._orchestrator, self.run_id, self.epoch),
-                allowlist=list(self.config.tool_allowlist),
-                max_inline_bytes=self.limits.max_inline_tool_output_bytes or 16_384,
-                output_ref=output_ref,
-                authorization=authorization,
+            result = await self._while_announced(
+                self._registry.execute(
+                    name,
+                    input,
+                    CallContext(
+                        tenant_id=self.run.tenant_id,
+                        run_id=self.run_id,
+                        root_run_id=self.run.root_run_id or self.run_id,
+                        tool_call_id=tool_call_id,
+                        connections=self._interactions,
+                    ),
+                    effects=LeasedEffects(self._orchestrator, self.run_id, self.epoch),
+                    allowlist=list(self.config.tool_allowlist),
+                    max_inline_bytes=self.limits.max_inline_tool_output_bytes or 16_384,
+                    output_ref=output_ref,
+                    authorization=authorization,
+                )
             )
         except ConnectionGap as gap:
             await self._connection_gap(tool_call_id, gap)
@@ -376,6 +382,19 @@ class Attempt:
             output_ref=output_ref if result.truncated else "",
             truncated=result.truncated,
         )
+
+    async def _while_announced(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run a tool; a quick one shares its checkpoint with tool.started, a slower one gets
+        tool.started persisted (and streamed) while it runs."""
+        task = asyncio.ensure_future(work)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=ANNOUNCE_AFTER_S)
+            if not done:
+                await self.flush()
+            return await task
+        except BaseException:
+            task.cancel()  # cancellation of the run cancels the tool with it
+            raise
 
     async def _connection_gap(self, tool_call_id: str, gap: ConnectionGap) -> None:
         """Pause for consent only when all three hold: a marked gap, a consent callback wired

@@ -6,12 +6,13 @@ Every write here is fenced: it starts with an UPDATE of the run row guarded by t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Interval, bindparam, func, insert, select, update
+from sqlalchemy import Interval, bindparam, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -46,6 +47,76 @@ _FENCE = (
     )
     .returning(runs.c.last_seq, runs.c.cancel_requested_at, runs.c.tenant_id)
 )
+
+
+_CHECKPOINT = text(
+    """
+    WITH fence AS (
+        UPDATE runs
+        SET last_seq = last_seq + cardinality(CAST(:e_types AS text[])),
+            lease_expires_at = now() + CAST(:ttl AS interval)
+        WHERE run_id = :run_id AND status = 'running' AND lease_epoch = :epoch
+        RETURNING last_seq, cancel_requested_at, tenant_id
+    ), new_parts AS (
+        INSERT INTO run_parts (run_id, part_index, role, kind, payload, final, updated_at)
+        SELECT :run_id, p.idx, p.role, p.kind, CAST(p.payload AS jsonb), p.final, now()
+        FROM fence, unnest(CAST(:p_idx AS int[]), CAST(:p_role AS text[]),
+                           CAST(:p_kind AS text[]), CAST(:p_payload AS text[]),
+                           CAST(:p_final AS bool[])) AS p(idx, role, kind, payload, final)
+        ON CONFLICT (run_id, part_index) DO UPDATE
+        SET role = EXCLUDED.role, kind = EXCLUDED.kind, payload = EXCLUDED.payload,
+            final = EXCLUDED.final, updated_at = now()
+    ), new_events AS (
+        INSERT INTO run_events (run_id, seq, type, payload)
+        SELECT :run_id, fence.last_seq - cardinality(CAST(:e_types AS text[])) + e.ord,
+               e.type, CAST(e.payload AS jsonb)
+        FROM fence, unnest(CAST(:e_types AS text[]), CAST(:e_payloads AS text[]))
+             WITH ORDINALITY AS e(type, payload, ord)
+    ), new_turns AS (
+        INSERT INTO usage_turns (run_id, model, input_tokens, output_tokens,
+                                 cache_creation_input_tokens, cache_read_input_tokens,
+                                 cost_micros)
+        SELECT :run_id, t.model, t.i, t.o, t.cc, t.cr, t.cost
+        FROM fence, unnest(CAST(:t_model AS text[]), CAST(:t_in AS bigint[]),
+                           CAST(:t_out AS bigint[]), CAST(:t_cc AS bigint[]),
+                           CAST(:t_cr AS bigint[]), CAST(:t_cost AS bigint[]))
+             AS t(model, i, o, cc, cr, cost)
+    )
+    SELECT last_seq, cancel_requested_at, tenant_id FROM fence
+    """
+)
+
+
+async def checkpoint(
+    conn: AsyncConnection,
+    run_id: str,
+    epoch: int,
+    ttl_s: float,
+    parts: Sequence[PartRow],
+    events: Sequence[Event],
+    turns: Sequence[dict[str, Any]],
+) -> Row[Any] | None:
+    """Fence, parts, events and priced turns in ONE statement (one round trip, atomic);
+    None when the lease epoch is stale, in which case nothing was written."""
+    params = {
+        "run_id": run_id,
+        "epoch": epoch,
+        "ttl": timedelta(seconds=ttl_s),
+        "p_idx": [p.index for p in parts],
+        "p_role": [p.role for p in parts],
+        "p_kind": [p.kind for p in parts],
+        "p_payload": [json.dumps(p.payload) for p in parts],
+        "p_final": [p.final for p in parts],
+        "e_types": [e.type for e in events],
+        "e_payloads": [json.dumps(dict(e.payload)) for e in events],
+        "t_model": [t["model"] for t in turns],
+        "t_in": [int(t.get("input_tokens", 0)) for t in turns],
+        "t_out": [int(t.get("output_tokens", 0)) for t in turns],
+        "t_cc": [int(t.get("cache_creation_input_tokens", 0)) for t in turns],
+        "t_cr": [int(t.get("cache_read_input_tokens", 0)) for t in turns],
+        "t_cost": [int(t["cost_micros"]) for t in turns],
+    }
+    return (await conn.execute(_CHECKPOINT, params)).first()
 
 
 async def fence(
