@@ -14,6 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tether.db.schema import connections, grants, interactions, messages, runs, tenants
 from tether.errors import NotFound, StaleLease
+from tether.states import TERMINAL
+
+FINISHED = [s.value for s in TERMINAL]
 
 
 async def leased_run(conn: AsyncConnection, run_id: str, epoch: int) -> Any:
@@ -80,13 +83,16 @@ async def insert_interaction(conn: AsyncConnection, **values: Any) -> None:
 async def open_interaction(
     conn: AsyncConnection, run_id: str, kind: str, *, lock: bool = False
 ) -> Row[Any] | None:
-    """The run's newest pending interaction of `kind`."""
+    """The run's newest pending interaction of `kind`, while the run still waits on it (a run
+    cancelled while parked has nothing left to answer)."""
     stmt = (
         select(interactions)
+        .join(runs, runs.c.run_id == interactions.c.run_id)
         .where(
             interactions.c.run_id == run_id,
             interactions.c.kind == kind,
             interactions.c.status == "pending",
+            runs.c.status.not_in(FINISHED),
         )
         .order_by(interactions.c.created_at.desc())
         .limit(1)

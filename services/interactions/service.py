@@ -28,6 +28,7 @@ from tether.errors import (
     Unavailable,
 )
 from tether.ids import new_id
+from tether.states import RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -445,9 +446,11 @@ class Interactions:
             raise InvalidArgument("state is required")
         async with self._engine.begin() as conn:
             try:
-                await repo.tenant_run(conn, tenant_id, run_id)
+                run = await repo.tenant_run(conn, tenant_id, run_id)
             except NotFound:
                 raise not_found from None
+            if RunStatus(run.status).terminal:
+                raise FailedPrecondition(f"run {run_id!r} already finished ({run.status})")
             offer = await repo.interaction_by_state(conn, _hash_state(state))
             if (
                 offer is None

@@ -12,6 +12,7 @@ from sqlalchemy import func, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.orchestrator.repositories import progress
 from services.orchestrator.repositories import runs as runs_repo
 from tether import states
 from tether.bus import Bus, cancel_channel, events_channel
@@ -116,6 +117,9 @@ class Runs:
                     "error": {"code": "cancelled", "message": reason or "cancelled by caller"},
                 },
             )
+            if moved is not None:
+                # A run cancelled while parked leaves the call that paused it open; close it.
+                await progress.close_dangling(conn, run_id, "the run was cancelled")
             flagged = None
             if moved is None:
                 # Running: the worker holding the lease sees the flag on its next heartbeat, or

@@ -500,3 +500,23 @@ async def test_an_expired_approval_is_claimed_and_the_run_moves_on(
             if t == "approval.decided"
         ]
         assert decided == ["expired"]
+
+
+async def test_cancelling_a_parked_run_closes_its_pause(stack: ExecStack) -> None:
+    tenant = await stack.tenant()
+    text = prompt("publish then cancel")
+    stack.model.script(text, [ToolUseTurn("publish_post", {"text": "never"})])
+    run_id = await tenant.send(text)
+    await wait_for_status(stack.db_url, run_id, "waiting-for-approval")
+    assert (await tenant.cancel(run_id)).changed
+    await wait_for_status(stack.db_url, run_id, "cancelled")
+    async with client(stack, tenant) as tc:
+        assert not (await tc.pending_approval(run_id)).HasField("approval")
+        with pytest.raises(grpc.aio.AioRpcError) as late:
+            await tc.decide(run_id, "allow-once")
+    assert late.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    (result,) = [p for p in await parts_of(stack.db_url, run_id) if p.kind == "tool_result"]
+    assert result.payload["isError"] and "cancelled" in result.payload["content"]
+    assert stack.ledger.records == [] or all(
+        r.body["text"] != "never" for r in stack.ledger.records
+    )
