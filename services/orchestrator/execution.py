@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -161,12 +162,14 @@ class Execution:
             candidate = await lease_repo.pick_candidate(conn)
             if candidate is None:
                 return None
+            routing_start = time.perf_counter()
             try:
                 config = await self._routing(conn, candidate.tenant_id)
             except TetherError as exc:
                 broken = (candidate.run_id, exc)
             else:
-                claimed = await self._lease(conn, candidate, worker_id, config)
+                routing_ms = (time.perf_counter() - routing_start) * 1000
+                claimed = await self._lease(conn, candidate, worker_id, config, routing_ms)
         if broken is None:
             await self._publish(claimed.run.run_id, claimed.run.last_seq, [claimed.started])
             return claimed
@@ -193,7 +196,12 @@ class Execution:
         return config
 
     async def _lease(
-        self, conn: AsyncConnection, candidate: Any, worker_id: str, config: routing.AgentConfig
+        self,
+        conn: AsyncConnection,
+        candidate: Any,
+        worker_id: str,
+        config: routing.AgentConfig,
+        routing_ms: float,
     ) -> Claimed:
         run_id = candidate.run_id
         leased = await lease_repo.lease(
@@ -203,6 +211,7 @@ class Execution:
             ttl_s=self._ttl,
             config=config.to_json(),
             max_attempts=config.limits.max_attempts,
+            routing_ms=routing_ms,
         )
         if leased is None:  # the row is locked by us; a miss means a bug, not a race
             raise FailedPrecondition(f"run {run_id} could not be leased")
@@ -324,6 +333,8 @@ class Execution:
         transition = _FINISH.get(done.status)
         if transition is None:
             raise InvalidArgument("status must be COMPLETED, FAILED or CANCELLED")
+        # Routing happened here at claim time and is already on the attempt row.
+        worker_stages = {k: v for k, v in (done.stages or {}).items() if k != "routing_ms"}
         async with self._engine.begin() as conn:
             parts = list(done.parts)
             extra: list[Event] = []
@@ -363,7 +374,7 @@ class Execution:
             if row is None:
                 raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
             await lease_repo.end_attempt(
-                conn, run_id, epoch, done.status.value, error=done.error, stages=done.stages
+                conn, run_id, epoch, done.status.value, error=done.error, stages=worker_stages
             )
             await conn.execute(
                 audit_log.insert().values(

@@ -24,7 +24,7 @@ from tests.system.execution_support import (
     wait_for_status,
 )
 from tether.db.engine import create_engine
-from tether.db.schema import tool_outputs
+from tether.db.schema import attempts, tool_outputs
 from tether.testing.eventually import eventually
 from tether.testing.model_server import (
     ErrorTurn,
@@ -82,6 +82,23 @@ async def test_a_run_streams_text_calls_a_tool_and_completes(stack: ExecStack) -
     seqs = [s for s, _, _ in await events_of(stack.db_url, run_id)]
     assert seqs == list(range(1, len(seqs) + 1)), "the log has no gap"
     assert run.usage["input_tokens"] > 0 and run.usage["cost_micros"] > 0
+    engine = create_engine(stack.db_url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            (attempt,) = (
+                await conn.execute(select(attempts).where(attempts.c.run_id == run_id))
+            ).all()
+    finally:
+        await engine.dispose()
+    assert attempt.outcome == "completed"
+    assert set(attempt.stages) == {
+        "routing_ms",
+        "context_ms",
+        "attempt_ms",
+        "finalisation_ms",
+        "total_ms",
+    }
+    assert attempt.stages["total_ms"] >= attempt.stages["attempt_ms"] > 0
 
 
 async def test_429_with_retry_after_ms_waits_at_least_that_long(stack: ExecStack) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import bindparam, cast, func, insert, select, text, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -51,6 +52,7 @@ async def lease(
     ttl_s: float,
     config: dict[str, Any],
     max_attempts: int,
+    routing_ms: float = 0.0,
 ) -> Row[Any] | None:
     """Move the locked queued run to running under a new lease epoch (with its run.started
     event); records the attempt."""
@@ -82,7 +84,11 @@ async def lease(
         return None
     await conn.execute(
         insert(attempts).values(
-            run_id=run_id, lease_epoch=row.lease_epoch, attempt=row.attempt, worker_id=worker_id
+            run_id=run_id,
+            lease_epoch=row.lease_epoch,
+            attempt=row.attempt,
+            worker_id=worker_id,
+            stages={"routing_ms": routing_ms},
         )
     )
     return row
@@ -141,11 +147,16 @@ async def end_attempt(
     error: dict[str, Any] | None = None,
     stages: dict[str, Any] | None = None,
 ) -> None:
-    """Close the attempt row of a lease epoch."""
+    """Close the attempt row of a lease epoch, adding `stages` to those recorded at claim."""
+    values: dict[str, Any] = {"ended_at": func.now(), "outcome": outcome, "error": error}
+    if stages:
+        values["stages"] = func.coalesce(attempts.c.stages, text("'{}'::jsonb")).op("||")(
+            cast(stages, JSONB)
+        )
     await conn.execute(
         update(attempts)
         .where(attempts.c.run_id == run_id, attempts.c.lease_epoch == epoch)
-        .values(ended_at=func.now(), outcome=outcome, error=error, stages=stages)
+        .values(**values)
     )
 
 
