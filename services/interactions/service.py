@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -114,6 +114,23 @@ class Policy:
     providers: dict[str, OAuthProvider] = field(default_factory=dict)
 
 
+Event = tuple[str, dict[str, Any]]
+
+# What each kind of resolution resumes from, and the event that records it (once, with the
+# run.queued that follows).
+RESOLUTIONS: dict[str, Callable[[str, str], tuple[str, Event]]] = {
+    "question": lambda i, _: ("waiting-for-question", ("question.answered", {"interactionId": i})),
+    "approval": lambda i, decision: (
+        "waiting-for-approval",
+        ("approval.decided", {"interactionId": i, "decision": decision}),
+    ),
+    "connection": lambda i, _: (
+        "waiting-for-connection",
+        ("connection.completed", {"interactionId": i, "outcome": "connected"}),
+    ),
+}
+
+
 def _hash_state(state: str) -> bytes:
     return hashlib.sha256(state.encode()).digest()
 
@@ -205,12 +222,7 @@ class Interactions:
             )
             if resolved is None:
                 raise FailedPrecondition("the question was answered meanwhile")
-        resumed = await self._resumer.resume(
-            tenant_id,
-            run_id,
-            "waiting-for-question",
-            ("question.answered", {"interactionId": pending.interaction_id}),
-        )
+        resumed = await self._try_resume(tenant_id, run_id, "question", pending.interaction_id)
         return pending.interaction_id, resumed
 
     async def pending_question(self, tenant_id: str, run_id: str) -> Row[Any] | None:
@@ -348,11 +360,8 @@ class Interactions:
                     granted_by=principal_id,
                     interaction_id=pending.interaction_id,
                 )
-        resumed = await self._resumer.resume(
-            tenant_id,
-            run_id,
-            "waiting-for-approval",
-            ("approval.decided", {"interactionId": pending.interaction_id, "decision": decision}),
+        resumed = await self._try_resume(
+            tenant_id, run_id, "approval", pending.interaction_id, decision
         )
         return pending.interaction_id, resumed, grant_id
 
@@ -477,15 +486,7 @@ class Interactions:
             )
             if await repo.resolve(conn, offer.interaction_id, "completed") is None:
                 return False
-        return await self._resumer.resume(
-            tenant_id,
-            run_id,
-            "waiting-for-connection",
-            (
-                "connection.completed",
-                {"interactionId": offer.interaction_id, "outcome": "connected"},
-            ),
-        )
+        return await self._try_resume(tenant_id, run_id, "connection", offer.interaction_id)
 
     async def pending_connection(self, tenant_id: str, run_id: str) -> Row[Any] | None:
         """The run's open consent offer, or None once completed."""
@@ -494,10 +495,11 @@ class Interactions:
             return await repo.open_interaction(conn, run_id, "connection")
 
     async def _try_resume(
-        self, tenant_id: str, run_id: str, from_status: str, event: tuple[str, dict[str, Any]]
+        self, tenant_id: str, run_id: str, kind: str, interaction_id: str, decision: str = ""
     ) -> bool:
-        """Resume now; if the orchestrator is unreachable the resolution is already stored and
-        the redelivery sweep resumes the run (once) when it is back."""
+        """Resume the run a resolution unblocks. If the orchestrator is unreachable the
+        resolution is already stored and the redelivery sweep resumes the run (once) later."""
+        from_status, event = RESOLUTIONS[kind](interaction_id, decision)
         try:
             return await self._resumer.resume(tenant_id, run_id, from_status, event)
         except Unavailable as exc:
@@ -539,7 +541,10 @@ class Interactions:
         status: str,
         row: Row[Any],
     ) -> None:
-        if kind == "connection" and status == "expired":
+        if kind != "connection" or status != "expired":
+            await self._try_resume(tenant_id, run_id, kind, interaction_id, row.decision or status)
+            return
+        try:
             await self._resumer.expire(
                 tenant_id,
                 run_id,
@@ -552,27 +557,5 @@ class Interactions:
                 },
                 ("connection.completed", {"interactionId": interaction_id, "outcome": "expired"}),
             )
-        elif kind == "question":
-            await self._resumer.resume(
-                tenant_id,
-                run_id,
-                "waiting-for-question",
-                ("question.answered", {"interactionId": interaction_id}),
-            )
-        elif kind == "approval":
-            await self._resumer.resume(
-                tenant_id,
-                run_id,
-                "waiting-for-approval",
-                (
-                    "approval.decided",
-                    {"interactionId": interaction_id, "decision": row.decision or status},
-                ),
-            )
-        elif kind == "connection":
-            await self._resumer.resume(
-                tenant_id,
-                run_id,
-                "waiting-for-connection",
-                ("connection.completed", {"interactionId": interaction_id, "outcome": "connected"}),
-            )
+        except Unavailable as exc:
+            log.warning("expiry of %s deferred to the next sweep: %s", run_id, exc.message)

@@ -520,3 +520,34 @@ async def test_cancelling_a_parked_run_closes_its_pause(stack: ExecStack) -> Non
     assert stack.ledger.records == [] or all(
         r.body["text"] != "never" for r in stack.ledger.records
     )
+
+
+async def test_an_answer_given_while_the_orchestrator_is_down_resumes_the_run_later(
+    stack: ExecStack,
+) -> None:
+    tenant = await stack.tenant()
+    text = prompt("answer during an outage")
+    stack.model.script(
+        text,
+        [
+            ToolUseTurn("ask_questions", {"questions": [{"key": "ok", "prompt": "Proceed?"}]}),
+            TextTurn("Proceeding."),
+        ],
+    )
+    run_id = await tenant.send(text)
+    await wait_for_status(stack.db_url, run_id, "waiting-for-question")
+    port = stack.services.procs["orchestrator"].port
+    await stack.services.stop("orchestrator")
+    try:
+        async with client(stack, tenant) as tc:
+            answered = await tc.answer(run_id, {"ok": ["yes"]})
+        assert not answered.resumed, "recorded, to be resumed once the orchestrator is back"
+        assert (await run_row(stack.db_url, run_id)).status == "waiting-for-question"
+    finally:
+        await stack.services.start(
+            "orchestrator", extra_env={"TETHER_ORCHESTRATOR_PORT": str(port)}
+        )
+    run = await wait_for_status(stack.db_url, run_id, "completed", timeout=30)
+    assert run.result_text == "Proceeding."
+    seen = [t for _, t, _ in await events_of(stack.db_url, run_id)]
+    assert seen.count("question.answered") == 1, "the sweep resumed it exactly once"
