@@ -34,7 +34,7 @@ from tether.db.transitions import Event, apply
 from tether.errors import FailedPrecondition, InvalidArgument, StaleLease, TetherError
 from tether.pricing import Price, cost_micros
 from tether.retry import RetryPolicy
-from tether.states import RunStatus, Transition
+from tether.states import RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -296,37 +296,6 @@ class Execution:
             if await repo.fence(conn, run_id, epoch, 0, self._ttl) is None:
                 raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
             await repo.store_tool_output(conn, run_id, ref, content)
-
-    async def _finish_fenced(
-        self,
-        conn: AsyncConnection,
-        transition: Transition,
-        run_id: str,
-        epoch: int,
-        *,
-        parts: Sequence[PartRow],
-        turns: Sequence[dict[str, Any]],
-        events: Sequence[Event],
-        values: dict[str, Any],
-    ) -> Row[Any] | None:
-        """Final parts and turns, then the guarded transition with its events."""
-        current = (
-            await conn.execute(
-                select(runs.c.status, runs.c.lease_epoch).where(runs.c.run_id == run_id)
-            )
-        ).first()
-        if current is None or current.status != "running" or current.lease_epoch != epoch:
-            return None
-        await repo.upsert_parts(conn, run_id, parts)
-        await repo.insert_turns(conn, run_id, await self._priced(conn, run_id, turns))
-        return await apply(
-            conn,
-            transition,
-            run_id,
-            epoch=epoch,
-            events=events,
-            values={**lease_repo.lease_cleared(), **values},
-        )
 
     async def complete(self, run_id: str, epoch: int, done: Completion) -> Row[Any]:
         """The completion transaction: final state, usage per turn, audit, stage durations."""

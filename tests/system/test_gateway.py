@@ -321,3 +321,58 @@ async def test_cli_send_run_runs_and_refusals(stack: RunningStack, tmp_path: Pat
         cli, "send", "x", "--event-id", "not valid", "--stack", str(stack_file)
     )
     assert bad.returncode != 0 and "INVALID_ARGUMENT" in bad.stderr
+
+
+async def test_submit_event_admits_webhook_task_and_decision_inputs(
+    stack: RunningStack, gateway_channel: grpc.aio.Channel
+) -> None:
+    stub = gateway_pb2_grpc.GatewayServiceStub(gateway_channel)
+    meta = stack.metadata(stack.key_a)
+    webhook = admission_pb2.MessagingWebhookInput(
+        provider="whatsapp",
+        provider_event_id=f"m-{uid()}",
+        thread_id="thread-1",
+        sender_id="guest-1",
+        sender_type="guest",
+        text="Any update on the repair?",
+    )
+    first = await stub.SubmitEvent(gateway_pb2.SubmitEventRequest(messaging=webhook), metadata=meta)
+    again = await stub.SubmitEvent(gateway_pb2.SubmitEventRequest(messaging=webhook), metadata=meta)
+    assert first.disposition == common_pb2.DISPOSITION_CREATED
+    assert again.disposition == common_pb2.DISPOSITION_ATTACHED
+    assert again.run.run_id == first.run.run_id
+    assert first.run.channel == "whatsapp" and first.run.conversation_id == "thread-1"
+    task = await stub.SubmitEvent(
+        gateway_pb2.SubmitEventRequest(
+            task_status=admission_pb2.TaskStatusInput(
+                task_id="T-7", status_event_id=f"s-{uid()}", status="done"
+            )
+        ),
+        metadata=meta,
+    )
+    assert task.run.input_text == "Task T-7 is now done."
+    decision = await stub.SubmitEvent(
+        gateway_pb2.SubmitEventRequest(
+            decision=admission_pb2.DecisionInput(
+                decision_id=f"d-{uid()}", conversation_id="conv-1", decision="refund approved"
+            )
+        ),
+        metadata=meta,
+    )
+    assert decision.disposition == common_pb2.DISPOSITION_CREATED
+    before = await row_counts(stack)
+    foreign = admission_pb2.MessagingWebhookInput(
+        provider="whatsapp",
+        provider_event_id=f"m-{uid()}",
+        thread_id="t",
+        sender_id="g",
+        text="hi",
+        tenant_id="tenant-b",
+    )
+    error = await refused(
+        stub.SubmitEvent(gateway_pb2.SubmitEventRequest(messaging=foreign), metadata=meta)
+    )
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    empty = await refused(stub.SubmitEvent(gateway_pb2.SubmitEventRequest(), metadata=meta))
+    assert empty.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert await row_counts(stack) == before

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tether.db.schema import effects, run_parts, runs, tool_outputs, usage_turns
-from tether.db.transitions import Event, insert_events
+from tether.db.transitions import Event
 from tether.pricing import TOKEN_FIELDS
 from tether.states import RunStatus
 
@@ -165,13 +165,6 @@ async def upsert_parts(conn: AsyncConnection, run_id: str, parts: Sequence[PartR
             for p in parts
         ],
     )
-
-
-async def append_events(
-    conn: AsyncConnection, run_id: str, last_seq: int, events: Sequence[Event]
-) -> None:
-    """Insert events into the range the fence reserved (ending at last_seq)."""
-    await insert_events(conn, run_id, last_seq - len(events), events)
 
 
 async def insert_turns(conn: AsyncConnection, run_id: str, turns: Sequence[dict[str, Any]]) -> None:
