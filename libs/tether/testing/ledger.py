@@ -20,20 +20,17 @@ Out of process: `python -m tether.testing.ledger --port 0` prints
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import signal
-import sys
 import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+
+from tether.testing.local_server import LocalServer, run_cli
 
 KEY_HEADER = "Idempotency-Key"
 
@@ -48,57 +45,29 @@ class LedgerRecord:
     received_at: str
 
 
-class Ledger:
+class Ledger(LocalServer):
     """The server. `start()` binds (port 0 picks a free one); `stop()` closes it."""
 
+    name = "ledger"
+
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._host = host
-        self._port = port
+        super().__init__(host, port)
         self._records: list[LedgerRecord] = []
         self._by_key: dict[str, LedgerRecord] = {}
         self._deliveries: Counter[str] = Counter()
-        self._runner: web.AppRunner | None = None
         # Cleared by a test to hold responses after recording: the effect has happened but
         # the caller has not heard back (the moment a crash makes a duplicate likely).
         self.respond = asyncio.Event()
         self.respond.set()
         self.recorded = asyncio.Event()
 
-    async def start(self) -> None:
-        """Bind and begin serving."""
+    def build_app(self) -> web.Application:
+        """The routes."""
         app = web.Application()
         app.router.add_post("/effects", self._post_effect)
         app.router.add_get("/effects", self._get_effects)
         app.router.add_post("/_reset", self._post_reset)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, self._host, self._port).start()
-        self._runner = runner
-        self._port = int(runner.addresses[0][1])
-
-    async def stop(self) -> None:
-        """Stop serving; the records stay readable."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> Ledger:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
-    @property
-    def base_url(self) -> str:
-        """`http://HOST:PORT`."""
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"http://{host}:{self._port}"
+        return app
 
     @property
     def records(self) -> list[LedgerRecord]:
@@ -154,31 +123,9 @@ class Ledger:
         return web.json_response({"ok": True})
 
 
-async def serve(host: str, port: int) -> None:
-    """Serve until SIGTERM or SIGINT, announcing the address on stdout."""
-    ledger = Ledger(host, port)
-    await ledger.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    # One parseable line: callers that start this as a subprocess read the port from it.
-    sys.stdout.write(f"ledger listening {ledger.base_url}\n")
-    sys.stdout.flush()
-    try:
-        await stop.wait()
-    finally:
-        await ledger.stop()
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """`python -m tether.testing.ledger [--host H] [--port P]`."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    args = parser.parse_args(argv)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.host, args.port))
+    run_cli(__doc__, lambda args: Ledger(args.host, args.port), argv)
 
 
 if __name__ == "__main__":

@@ -18,21 +18,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
 
 from tether.testing.demo_agent import demo_turn
+from tether.testing.local_server import LocalServer, run_cli
 from tether.testing.model_script import (
     DEFAULT_KEY,
     KEY_HEADER,
@@ -149,11 +147,13 @@ class RecordedRequest:
         }
 
 
-class ModelServer:
+class ModelServer(LocalServer):
     """The server. `start()` binds (port 0 picks a free one); `stop()` ends every response.
 
     Scripted turns and the request log live on the event loop that called `start()`.
     """
+
+    name = "model-server"
 
     def __init__(
         self,
@@ -163,65 +163,34 @@ class ModelServer:
         shutdown_grace: float = 1.0,
         access_log: bool = False,
     ) -> None:
-        self._host = host
-        self._port = port
+        super().__init__(host, port)
         self._shutdown_grace = shutdown_grace
         self._access_log = access_log
         self._book = ScriptBook()
         self._requests: list[RecordedRequest] = []
         self._changed = asyncio.Event()
         self._closing = asyncio.Event()
-        self._runner: web.AppRunner | None = None
 
     # Lifecycle -------------------------------------------------------------------------------
+
+    def runner_options(self) -> dict[str, Any]:
+        """Handler cancellation: a client that disconnects cancels its handler, which is how a
+        stall "until the client goes away" ends and how `outcome="disconnected"` is observed."""
+        return {
+            "handler_cancellation": True,
+            "access_log": logging.getLogger("aiohttp.access") if self._access_log else None,
+            "shutdown_timeout": self._shutdown_grace,
+        }
 
     async def start(self) -> None:
         """Bind and begin serving."""
         self._closing.clear()
-        # handler_cancellation: a client that disconnects cancels its handler, which is how a
-        # stall "until the client goes away" ends and how `outcome="disconnected"` is observed.
-        runner = web.AppRunner(
-            self.build_app(),
-            handler_cancellation=True,
-            access_log=logging.getLogger("aiohttp.access") if self._access_log else None,
-            shutdown_timeout=self._shutdown_grace,
-        )
-        await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port)
-        await site.start()
-        self._runner = runner
-        sockets = runner.addresses
-        self._port = int(sockets[0][1])
+        await super().start()
 
     async def stop(self) -> None:
         """Stop: end stalls at once, give responses `shutdown_grace` seconds, then cancel them."""
         self._closing.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> ModelServer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
-    @property
-    def base_url(self) -> str:
-        """`http://HOST:PORT`, the SDK's `base_url`."""
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"http://{host}:{self._port}"
-
-    @property
-    def port(self) -> int:
-        """The bound port (the real one once started with port 0)."""
-        return self._port
+        await super().stop()
 
     # Scripting -------------------------------------------------------------------------------
 
@@ -538,34 +507,22 @@ def _header_number(value: float | str) -> str:
 # Command line ---------------------------------------------------------------------------------
 
 
-async def serve(host: str, port: int, *, access_log: bool = False) -> None:
-    """Serve until SIGTERM or SIGINT, announcing the address on stdout."""
-    server = ModelServer(host, port, access_log=access_log)
-    await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    # One parseable line: callers that start this as a subprocess read the port from it.
-    sys.stdout.write(f"model-server listening {server.base_url}\n")
-    sys.stdout.flush()
-    try:
-        await stop.wait()
-    finally:
-        await server.stop()
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """`python -m tether.testing.model_server [--host H] [--port P] [--access-log]`."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    parser.add_argument("--access-log", action="store_true", help="log each request to stderr")
-    args = parser.parse_args(argv)
-    if args.access_log:
-        logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.host, args.port, access_log=args.access_log))
+
+    def make(args: argparse.Namespace) -> ModelServer:
+        if args.access_log:
+            logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+        return ModelServer(args.host, args.port, access_log=args.access_log)
+
+    run_cli(
+        __doc__,
+        make,
+        argv,
+        extra=lambda parser: parser.add_argument(
+            "--access-log", action="store_true", help="log each request to stderr"
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -10,46 +10,30 @@ Out of process: `python -m tether.testing.oauth --port 0` prints
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import secrets
-import signal
 from urllib.parse import urlencode
 
 from aiohttp import web
 
+from tether.testing.local_server import LocalServer, run_cli
 
-class OAuthServer:
+
+class OAuthServer(LocalServer):
     """Issues codes and tokens; `expires_in` is settable so tests can make tokens lapse."""
 
+    name = "oauth"
+
     def __init__(self, host: str = "127.0.0.1", port: int = 0, expires_in: int = 3600) -> None:
-        self._host, self._port = host, port
+        super().__init__(host, port)
         self.expires_in = expires_in
         self._codes: dict[str, str] = {}
-        self._runner: web.AppRunner | None = None
 
-    @property
-    def base_url(self) -> str:
-        """Where it listens."""
-        return f"http://{self._host}:{self._port}"
-
-    async def start(self) -> None:
-        """Bind and serve."""
+    def build_app(self) -> web.Application:
+        """The routes."""
         app = web.Application()
         app.router.add_get("/authorize", self._authorize)
         app.router.add_post("/token", self._token)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
-        await site.start()
-        server = site._server
-        assert server is not None
-        self._port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-
-    async def stop(self) -> None:
-        """Stop serving."""
-        if self._runner is not None:
-            await self._runner.cleanup()
+        return app
 
     def code_for(self, scope: str) -> str:
         """Issue a code directly (what a person's browser would carry back)."""
@@ -80,25 +64,9 @@ class OAuthServer:
         )
 
 
-async def _serve(host: str, port: int) -> None:
-    server = OAuthServer(host, port)
-    await server.start()
-    print(f"oauth listening {server.base_url}", flush=True)  # noqa: T201
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await server.stop()
-
-
 def main() -> None:
-    """CLI entry."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    args = parser.parse_args()
-    asyncio.run(_serve(args.host, args.port))
+    """`python -m tether.testing.oauth [--host H] [--port P]`."""
+    run_cli(__doc__, lambda args: OAuthServer(args.host, args.port))
 
 
 if __name__ == "__main__":
