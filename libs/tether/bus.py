@@ -82,14 +82,7 @@ class Bus:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), 5.0)
 
-    async def publish(self, channel: str, message: bytes | str) -> None:
-        """Publish, logging (not raising) when Redis is unavailable."""
-        try:
-            await self.client.publish(channel, message)
-        except (RedisError, OSError) as exc:
-            log.warning("redis publish to %s failed: %s", channel, exc)
-
-    async def notify_queued(self, run_id: str) -> None:
+    def notify_queued(self, run_id: str) -> None:
         """Wake an idle worker: a run became claimable."""
         self.post(WAKE_CHANNEL, run_id)
 

@@ -72,7 +72,7 @@ class Admitter:
             else:
                 outcome = await self._duplicate(conn, event, request_hash, traceparent)
         if outcome.disposition in (Disposition.CREATED, Disposition.RETRIED) and self._bus:
-            await self._bus.notify_queued(outcome.run.run_id)
+            self._bus.notify_queued(outcome.run.run_id)
         return outcome
 
     async def _duplicate(

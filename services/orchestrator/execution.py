@@ -134,10 +134,10 @@ class Execution:
         fired, self._wake = self._wake, asyncio.Event()
         fired.set()
 
-    async def _wake_workers(self) -> None:
+    def _wake_workers(self) -> None:
         self.notify()
         if self._bus is not None:
-            await self._bus.notify_queued("")
+            self._bus.notify_queued("")
 
     # -- claim --------------------------------------------------------------------------------
 
@@ -360,7 +360,7 @@ class Execution:
             )
         self._prices.pop(run_id, None)
         await self._publish(run_id, row.last_seq - len(events) + 1, events)
-        await self._wake_workers()  # the session's next message may now run
+        self._wake_workers()  # the session's next message may now run
         return row
 
     @staticmethod
@@ -426,7 +426,7 @@ class Execution:
                 published = [pending]
         await self._publish(run_id, row.last_seq, published)
         if row.status == RunStatus.FAILED.value:
-            await self._wake_workers()
+            self._wake_workers()
         return row
 
     async def _fail_exhausted(
@@ -470,7 +470,7 @@ class Execution:
                 await lease_repo.end_attempt(conn, run_id, epoch, "released")
         if row is not None:
             await self._publish(run_id, row.last_seq, [Event("run.queued", {"reason": "released"})])
-            await self._wake_workers()
+            self._wake_workers()
         return row is not None
 
     async def park(self, run_id: str, epoch: int, status: RunStatus, interaction_id: str) -> bool:
@@ -515,7 +515,7 @@ class Execution:
         if row is None:
             return False
         await self._publish(run_id, row.last_seq - len(events), [*events, queued])
-        await self._wake_workers()
+        self._wake_workers()
         return True
 
     async def expire_waiting(
@@ -545,7 +545,7 @@ class Execution:
         if row is None:
             return False
         await self._publish(run_id, row.last_seq - len(events) + 1, events)
-        await self._wake_workers()
+        self._wake_workers()
         return True
 
     # -- effects ------------------------------------------------------------------------------
@@ -624,7 +624,7 @@ class Execution:
         for run_id, first, events in published:
             await self._publish(run_id, first, events)
         if published:
-            await self._wake_workers()
+            self._wake_workers()
         return len(published)
 
     async def queue_due_retries(self, limit: int = 100) -> int:
@@ -645,7 +645,7 @@ class Execution:
         for run_id, seq, event in published:
             await self._publish(run_id, seq, [event])
         if published:
-            await self._wake_workers()
+            self._wake_workers()
         return len(published)
 
     async def fail_unleased(self, run_id: str, error: dict[str, Any]) -> None:

@@ -147,8 +147,8 @@ class Runs:
                     "payload": {"reason": reason},
                     "created_at": datetime.now(UTC).isoformat(),
                 }
-                await self._bus.publish(events_channel(run_id), json.dumps(event))
+                self._bus.post(events_channel(run_id), json.dumps(event))
             return CancelOutcome(moved, changed=True)
         if flagged is not None and self._bus is not None:
-            await self._bus.publish(cancel_channel(run_id), reason or "cancelled")
+            self._bus.post(cancel_channel(run_id), reason or "cancelled")
         return CancelOutcome(current, changed=flagged is not None)
