@@ -142,8 +142,11 @@ class _Conversation:
     # -- the cursor -----------------------------------------------------------------------------
 
     def cursor(self) -> str:
-        """The resumable cursor as of what was delivered."""
-        seqs = {rid: t.cursor.seq for rid, t in self._tracks.items() if t.cursor.seq}
+        """The resumable cursor as of what was delivered, including the positions this
+        connection was given for runs it has not reached yet (dropping those would replay them
+        from the start after the next reconnect)."""
+        seqs = dict(self._initial)
+        seqs.update({rid: t.cursor.seq for rid, t in self._tracks.items() if t.cursor.seq})
         return ConversationCursor(self._watermark, seqs).encode()
 
     def _response(self, event: events_pb2.RunEvent) -> gateway_pb2.StreamConversationResponse:
