@@ -32,6 +32,8 @@ def events_channel(run_id: str) -> str:
 
 # Hints waiting to be sent; past this the oldest are dropped (subscribers re-read PostgreSQL).
 MAX_PENDING = 100_000
+# How long `delivered` waits for Redis before giving up (a hint is never worth a stall).
+DELIVERY_WAIT_S = 1.0
 
 
 class Bus:
@@ -52,10 +54,16 @@ class Bus:
         self._idle = asyncio.Event()
         self._idle.set()
         self._sender: asyncio.Task[None] | None = None
+        self._posted = 0  # messages ever queued
+        self._settled = 0  # of those, how many were sent or given up on
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     def post(self, channel: str, message: bytes | str) -> None:
         """Queue a message for the background sender (in order, never blocking)."""
+        if len(self._pending) == self._pending.maxlen:
+            self._settled += 1  # the oldest falls off the full queue, unsent
         self._pending.append((channel, message))
+        self._posted += 1
         self._idle.clear()
         self._ready.set()
         if self._sender is None or self._sender.done():
@@ -74,7 +82,29 @@ class Bus:
                     await pipe.execute()
                 except (RedisError, OSError) as exc:
                     log.warning("redis publish of %d hint(s) failed: %s", len(batch), exc)
+                self._settled += len(batch)
+                self._wake_waiters()
             self._idle.set()
+
+    def _wake_waiters(self) -> None:
+        waiting = []
+        for target, future in self._waiters:
+            if self._settled >= target:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                waiting.append((target, future))
+        self._waiters = waiting
+
+    async def delivered(self) -> None:
+        """Wait until what was posted so far has gone to Redis (or failed to), at most
+        DELIVERY_WAIT_S: for a caller whose next step must not overtake these messages."""
+        if self._settled >= self._posted:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.append((self._posted, future))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(future, DELIVERY_WAIT_S)
 
     async def flush(self) -> None:
         """Send everything queued so far (used before closing)."""

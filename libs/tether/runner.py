@@ -7,8 +7,9 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -24,6 +25,20 @@ def configure_logging(service: str, level: str) -> None:
     )
     # One line per provider request drowns the service's own story; keep warnings only.
     logging.getLogger("httpx2").setLevel(logging.WARNING)
+
+
+def run(main: Coroutine[Any, Any, None]) -> None:
+    """Run a service's main coroutine on uvloop (libuv's loop: cheaper socket I/O and
+    callbacks than the pure-Python selector loop), or on asyncio's own where it is missing."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    if os.environ.get("TETHER_EVENT_LOOP") == "asyncio":
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
 
 
 def write_ready_file(path: str, port: int) -> None:

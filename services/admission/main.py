@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
 from services.admission.servicer import AdmissionServicer
@@ -11,7 +9,7 @@ from services.admission.settings import AdmissionSettings
 from tether.bus import Bus
 from tether.db.engine import create_engine
 from tether.grpcutil import start_server
-from tether.runner import configure_logging, serve, write_ready_file
+from tether.runner import configure_logging, run, serve, write_ready_file
 from tether.v1 import admission_pb2, admission_pb2_grpc
 
 
@@ -41,7 +39,7 @@ def main() -> None:
     """Read settings from the environment and serve."""
     settings = AdmissionSettings()
     configure_logging("admission", settings.log_level)
-    asyncio.run(amain(settings))
+    run(amain(settings))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from services.gateway.settings import GatewaySettings
 from services.gateway.streams import build_streams
 from tether.db.engine import create_engine
 from tether.grpcutil import internal_channel, start_server
-from tether.runner import companion_ready_file, configure_logging, serve, write_ready_file
+from tether.runner import companion_ready_file, configure_logging, run, serve, write_ready_file
 from tether.v1 import (
     admission_pb2_grpc,
     gateway_pb2,
@@ -81,7 +81,7 @@ def main() -> None:
     """Read settings from the environment and serve."""
     settings = GatewaySettings()
     configure_logging("gateway", settings.log_level)
-    asyncio.run(amain(settings))
+    run(amain(settings))
 
 
 if __name__ == "__main__":

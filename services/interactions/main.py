@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from services.interactions.clients import GrpcResumer, HttpTokenExchange
 from services.interactions.service import Interactions, OAuthProvider, Policy
 from services.interactions.servicer import InteractionsServicer
@@ -11,7 +9,7 @@ from services.interactions.settings import InteractionsSettings
 from services.orchestrator.maintenance import Supervisor, every
 from tether.db.engine import create_engine
 from tether.grpcutil import internal_channel, start_server
-from tether.runner import configure_logging, serve, write_ready_file
+from tether.runner import configure_logging, run, serve, write_ready_file
 from tether.v1 import interactions_pb2, interactions_pb2_grpc, orchestrator_pb2_grpc
 
 DEMO_PROVIDER = "democal"
@@ -73,7 +71,7 @@ def main() -> None:
     """Read settings from the environment and serve."""
     settings = InteractionsSettings()
     configure_logging("interactions", settings.log_level)
-    asyncio.run(amain(settings))
+    run(amain(settings))
 
 
 if __name__ == "__main__":

@@ -115,7 +115,10 @@ class Execution:
 
     # -- publishing -------------------------------------------------------------------------
 
-    async def _publish(self, run_id: str, first_seq: int, events: Sequence[Event]) -> None:
+    async def _publish(
+        self, run_id: str, first_seq: int, events: Sequence[Event], *, delivered: bool = False
+    ) -> None:
+        """Post committed events; with `delivered`, return once they reached Redis."""
         if self._bus is None or not events:
             return
         now = datetime.now(UTC).isoformat()
@@ -128,6 +131,8 @@ class Execution:
                 "created_at": now,
             }
             self._bus.post(events_channel(run_id), json.dumps(message))
+        if delivered:
+            await self._bus.delivered()
 
     def notify(self) -> None:
         """A run may have become claimable: wake the claims waiting here."""
@@ -271,7 +276,8 @@ class Execution:
             fenced = await repo.checkpoint(conn, run_id, epoch, self._ttl, parts, events, priced)
         if fenced is None:
             raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
-        await self._publish(run_id, fenced.last_seq - len(events) + 1, events)
+        # The worker's next live deltas go out when this returns: they must not overtake these.
+        await self._publish(run_id, fenced.last_seq - len(events) + 1, events, delivered=True)
         return fenced
 
     async def _priced(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from services.orchestrator.execution import Execution
 from services.orchestrator.maintenance import Supervisor, every, listen_for_wakeups
 from services.orchestrator.service import Runs
@@ -12,7 +10,7 @@ from services.orchestrator.settings import OrchestratorSettings
 from tether.bus import Bus
 from tether.db.engine import create_engine
 from tether.grpcutil import start_server
-from tether.runner import configure_logging, serve, write_ready_file
+from tether.runner import configure_logging, run, serve, write_ready_file
 from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
 
@@ -55,7 +53,7 @@ def main() -> None:
     """Read settings from the environment and serve."""
     settings = OrchestratorSettings()
     configure_logging("orchestrator", settings.log_level)
-    asyncio.run(amain(settings))
+    run(amain(settings))
 
 
 if __name__ == "__main__":

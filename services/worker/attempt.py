@@ -94,6 +94,12 @@ class Attempt:
         self._registry = registry
         self._bus = bus
         self._interval = checkpoint_interval_s
+        self._writer: asyncio.Task[None] | None = None
+        self._write_wanted = False
+        self._write_error: TetherError | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._completing = False
+        self._held_deltas: list[str] = []
         own = list(claim.history[claim.prior_part_count :])
         self.transcript = Transcript(own)
         self.state = AttemptState(
@@ -109,30 +115,87 @@ class Attempt:
 
     # -- checkpointing ------------------------------------------------------------------------
 
-    async def flush(self) -> None:
-        """Send what changed since the last checkpoint (no-op when nothing did)."""
-        if not self.transcript.pending:
-            return
-        parts, events, turns = self.transcript.take()
-        response = await self._orchestrator.checkpoint(
-            self.run_id, self.epoch, parts, events, turns
-        )
-        if response.cancel_requested and self.cancel_reason is None:
-            self.cancel_reason = "cancelled by caller"
-            raise asyncio.CancelledError
+    # Write-behind: a checkpoint is sent by one background writer per attempt while the attempt
+    # streams and runs tools, so a turn never waits on the database; one writer keeps them in
+    # order, and what piles up while one is in flight goes in the next. The barriers are
+    # `sync()` (before parking, a retry, a release, and an external side effect: nothing fires
+    # before its call is durable) and the completion, which carries whatever is left.
+
+    def checkpoint(self) -> None:
+        """Send what changed since the last checkpoint, behind the attempt's back."""
+        self._write_wanted = True
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write(), name=f"checkpoint-{self.run_id}")
+
+    async def _write(self) -> None:
+        while self._write_wanted and self._write_error is None:
+            self._write_wanted = False
+            if not self.transcript.pending:
+                continue
+            parts, events, turns = self.transcript.take()
+            try:
+                response = await self._orchestrator.checkpoint(
+                    self.run_id, self.epoch, parts, events, turns
+                )
+            except TetherError as exc:
+                # Fenced out or the orchestrator is gone: the attempt must stop where it is.
+                self._write_error = exc
+                self._stop_task()
+                return
+            if response.cancel_requested and self.cancel_reason is None:
+                self.cancel_reason = "cancelled by caller"
+                self._stop_task()
+        self._release_deltas()  # idle: every event recorded before them has landed
+
+    def _stop_task(self) -> None:
+        if self._completing:
+            return  # the outcome is on its way; let it land (a stale one is refused there)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    async def settle(self) -> None:
+        """Wait until every requested checkpoint has landed; raise what stopped the writer."""
+        if self._writer is not None:
+            await asyncio.shield(self._writer)
+        if self._write_error is not None:
+            raise self._write_error
+
+    async def sync(self) -> None:
+        """Checkpoint what changed and wait until it has landed."""
+        if self.transcript.pending:
+            self.checkpoint()
+        await self.settle()
 
     async def publish_delta(self, part_index: int, text: str, offset: int) -> None:
-        """Live token delta for subscribers (ephemeral, seq 0)."""
+        """Live token delta for subscribers (ephemeral, seq 0). While a checkpoint is in flight
+        it waits for it: a delta never overtakes an event recorded before it."""
         if self._bus is None:
             return
-        self._bus.post(
-            events_channel(self.run_id), _delta_json(self.run_id, part_index, text, offset)
-        )
+        message = _delta_json(self.run_id, part_index, text, offset)
+        if self._writer is not None and not self._writer.done():
+            self._held_deltas.append(message)
+        else:
+            self._bus.post(events_channel(self.run_id), message)
+
+    def _release_deltas(self) -> None:
+        if self._bus is not None:
+            for message in self._held_deltas:
+                self._bus.post(events_channel(self.run_id), message)
+        self._held_deltas.clear()
 
     # -- the loop -------------------------------------------------------------------------------
 
     async def execute(self) -> None:
         """Run to an outcome and report it to the orchestrator."""
+        self._task = asyncio.current_task()
+        try:
+            await self._execute_attempt()
+        except asyncio.CancelledError:
+            if self._write_error is not None and self.cancel_reason is None:
+                raise self._write_error from None  # the writer stopped us, not a caller
+            raise
+
+    async def _execute_attempt(self) -> None:
         context_start = time.monotonic()
         allowlist = list(self.config.tool_allowlist)
         tools = [
@@ -163,7 +226,7 @@ class Attempt:
                 {"code": failure.code, "message": failure.message, "retryable": False},
             )
         except Parked as parked:
-            await self.flush()
+            await self.sync()
             await self._orchestrator.park(
                 self.run_id, self.epoch, parked.status, parked.interaction_id
             )
@@ -199,7 +262,7 @@ class Attempt:
                     self._client,
                     request=request,
                     transcript=self.transcript,
-                    flush=self.flush,
+                    checkpoint=self.checkpoint,
                     publish_delta=self.publish_delta,
                     checkpoint_interval_s=self._interval,
                 )
@@ -217,7 +280,7 @@ class Attempt:
                 return "completed", {"warnings": warnings, "since": turn_start_index}
             for call in turn.tool_calls:
                 await self._run_tool(call)
-            await self.flush()
+            self.checkpoint()
 
     def _account(self, usage: dict[str, int]) -> None:
         turn = {**usage, "model": self.config.model}
@@ -348,6 +411,9 @@ class Attempt:
         authorization: Authorization | None,
     ) -> None:
         output_ref = new_id("out")
+        tool = self._registry.get(name)
+        if tool is not None and tool.spec.writes_externally:
+            await self.sync()  # the call is durable before its side effect can fire
         try:
             result = await self._while_announced(
                 self._registry.execute(
@@ -390,7 +456,7 @@ class Attempt:
         try:
             done, _ = await asyncio.wait({task}, timeout=ANNOUNCE_AFTER_S)
             if not done:
-                await self.flush()
+                self.checkpoint()
             return await task
         except BaseException:
             task.cancel()  # cancellation of the run cancels the tool with it
@@ -566,10 +632,12 @@ class Attempt:
     async def released(self) -> None:
         """Graceful shutdown: persist progress, close open calls, hand the lease back."""
         self.transcript.close_dangling("the worker shut down")
-        await self.flush()
+        await self.sync()
         await self._orchestrator.release(self.run_id, self.epoch)
 
     async def _complete(self, request: orchestrator_pb2.CompleteRunRequest, start: float) -> None:
+        await self.settle()
+        self._completing = True
         parts, events, turns = self.transcript.take()
         request.parts.extend(orchestrator_pb2.PartWrite(part=p) for p in parts)
         request.turns.extend(turns)
@@ -597,7 +665,7 @@ class Attempt:
             provider_status=failure.status or 0,
         )
         if failure.retryable:
-            await self.flush()
+            await self.sync()
             await self._orchestrator.schedule_retry(
                 self.run_id, self.epoch, error, failure.retry_after or 0.0
             )

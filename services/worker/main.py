@@ -21,7 +21,7 @@ from services.worker.settings import WorkerSettings
 from services.worker.tools.registry import ToolRegistry
 from tether.bus import Bus
 from tether.grpcutil import internal_channel, start_server
-from tether.runner import configure_logging, wait_for_signal, write_ready_file
+from tether.runner import configure_logging, run, wait_for_signal, write_ready_file
 from tether.v1 import interactions_pb2_grpc, orchestrator_pb2, orchestrator_pb2_grpc
 
 
@@ -107,7 +107,7 @@ def main() -> None:
     """Read settings from the environment and run."""
     settings = WorkerSettings()
     configure_logging("worker", settings.log_level)
-    asyncio.run(amain(settings))
+    run(amain(settings))
 
 
 if __name__ == "__main__":

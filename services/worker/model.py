@@ -1,8 +1,9 @@
 """One model turn: stream the Messages API into typed parts, checkpointing as it goes.
 
 Text and thinking arrive as deltas (published live, never persisted one by one); tool input
-arrives as partial JSON and is parsed at its block's end. Parts are checkpointed at every block
-boundary and at least every `checkpoint_interval_s` while streaming.
+arrives as partial JSON and is parsed at its block's end. A checkpoint is requested at every
+block boundary and at least every `checkpoint_interval_s` while streaming; it is written behind
+the stream (see `Attempt.checkpoint`), so the stream never waits for the database.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from services.worker.transcript import Transcript, struct
 from tether.retry import StreamIncomplete
 from tether.v1 import common_pb2
 
-Flush = Callable[[], Awaitable[None]]
+Checkpoint = Callable[[], None]
 Delta = Callable[[int, str, int], Awaitable[None]]
 
 
@@ -37,7 +38,7 @@ async def stream_turn(
     *,
     request: dict[str, Any],
     transcript: Transcript,
-    flush: Flush,
+    checkpoint: Checkpoint,
     publish_delta: Delta,
     checkpoint_interval_s: float,
 ) -> TurnResult:
@@ -62,7 +63,7 @@ async def stream_turn(
                     await _apply_delta(part, event.delta, json_buffers, event.index, publish_delta)
                     transcript.touch(part, announce=False)
                     if time.monotonic() - transcript.last_flush >= checkpoint_interval_s:
-                        await flush()
+                        checkpoint()
             elif kind == "content_block_stop":
                 part = by_index.get(event.index)
                 if part is not None:
@@ -70,7 +71,7 @@ async def stream_turn(
                     transcript.touch(part, announce=True)
                     if part.WhichOneof("kind") == "tool_call":
                         result.tool_calls.append(part)
-                    await flush()
+                    checkpoint()
             elif kind == "message_delta":
                 result.stop_reason = event.delta.stop_reason
                 result.usage.update({k: v for k, v in _usage(event.usage).items() if v})

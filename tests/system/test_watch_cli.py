@@ -74,7 +74,7 @@ async def test_send_follow_renders_text_tools_and_the_retry_indicator(
     assert "Let me look." in lines
     assert "[tool] get_time {}" in lines
     assert any(line.startswith("[tool] get_time -> ") for line in lines)
-    assert "It is late." in lines
+    assert "It is late." in lines, "\n".join(lines)  # deltas never overtake tool events
     assert lines[-1].startswith("[completed]")
 
 

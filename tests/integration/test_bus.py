@@ -1,0 +1,50 @@
+"""The hint bus against the real Redis: `delivered` returns only once posted messages are out."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+import redis.asyncio as redis
+
+from tether.bus import Bus
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+async def test_delivered_returns_after_every_posted_message_reached_subscribers(
+    redis_url: str,
+) -> None:
+    channel = f"test:bus:{uuid.uuid4().hex}"
+    listener = redis.Redis.from_url(redis_url)
+    bus = Bus(redis_url)
+    try:
+        async with listener.pubsub() as pubsub:
+            await pubsub.subscribe(channel)
+            await pubsub.get_message(timeout=1.0)  # the subscribe confirmation
+            for i in range(300):
+                bus.post(channel, str(i))
+            await bus.delivered()
+            # A marker sent on another connection after `delivered` returned reaches the
+            # subscriber after all of them (Redis delivers in the order it received).
+            await listener.publish(channel, "marker")
+            received = []
+            while (message := await pubsub.get_message(timeout=5.0)) is not None:
+                if message["data"] == b"marker":
+                    break
+                received.append(int(message["data"]))
+            assert received == list(range(300))
+    finally:
+        await bus.close()
+        await listener.aclose()
+
+
+async def test_delivered_gives_up_when_redis_is_unreachable() -> None:
+    bus = Bus("redis://127.0.0.1:1/0")  # nothing listens on port 1
+    try:
+        bus.post("test:bus:nowhere", "lost")
+        # A failed publish settles the message: the caller is not held hostage by a hint.
+        await asyncio.wait_for(bus.delivered(), 5.0)
+    finally:
+        await bus.close()
