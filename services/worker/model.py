@@ -3,11 +3,14 @@
 Text and thinking arrive as deltas (published live, never persisted one by one); tool input
 arrives as partial JSON and is parsed at its block's end. A checkpoint is requested at every
 block boundary and at least every `checkpoint_interval_s` while streaming; it is written behind
-the stream (see `Attempt.checkpoint`), so the stream never waits for the database.
+the stream (see `Attempt.checkpoint`), so the stream never waits for the database. A block's end
+is checkpointed when the next block starts, or BLOCK_END_GRACE_S later: when the message ends
+first instead, with its answer, the completion carries the block (one write, not two).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -21,6 +24,9 @@ from tether.retry import StreamIncomplete
 from tether.v1 import common_pb2
 
 Checkpoint = Callable[[], None]
+
+# How long a finished block may wait for the message's end before it is checkpointed alone.
+BLOCK_END_GRACE_S = 0.05
 Delta = Callable[[int, str, int], Awaitable[None]]
 
 
@@ -46,35 +52,56 @@ async def stream_turn(
     result = TurnResult(stop_reason=None)
     by_index: dict[int, common_pb2.Part] = {}
     json_buffers: dict[int, str] = {}
+    loop = asyncio.get_running_loop()
+    block_ended: asyncio.TimerHandle | None = None
+
+    def checkpoint_ended_block() -> None:
+        nonlocal block_ended
+        if block_ended is not None:
+            block_ended.cancel()
+            block_ended = None
+            checkpoint()
+
     stream = await client.messages.create(**request, stream=True)
-    async with stream:
-        async for event in stream:
-            kind = event.type
-            if kind == "message_start":
-                result.usage = _usage(event.message.usage)
-            elif kind == "content_block_start":
-                part = _start_part(event.content_block)
-                if part is not None:
-                    by_index[event.index] = transcript.add(part)
-                    json_buffers[event.index] = ""
-            elif kind == "content_block_delta":
-                part = by_index.get(event.index)
-                if part is not None:
-                    await _apply_delta(part, event.delta, json_buffers, event.index, publish_delta)
-                    transcript.touch(part, announce=False)
-                    if time.monotonic() - transcript.last_flush >= checkpoint_interval_s:
-                        checkpoint()
-            elif kind == "content_block_stop":
-                part = by_index.get(event.index)
-                if part is not None:
-                    _finish_part(part, json_buffers.get(event.index, ""))
-                    transcript.touch(part, announce=True)
-                    if part.WhichOneof("kind") == "tool_call":
-                        result.tool_calls.append(part)
-                    checkpoint()
-            elif kind == "message_delta":
-                result.stop_reason = event.delta.stop_reason
-                result.usage.update({k: v for k, v in _usage(event.usage).items() if v})
+    try:
+        async with stream:
+            async for event in stream:
+                kind = event.type
+                if kind == "message_start":
+                    result.usage = _usage(event.message.usage)
+                elif kind == "content_block_start":
+                    checkpoint_ended_block()
+                    part = _start_part(event.content_block)
+                    if part is not None:
+                        by_index[event.index] = transcript.add(part)
+                        json_buffers[event.index] = ""
+                elif kind == "content_block_delta":
+                    part = by_index.get(event.index)
+                    if part is not None:
+                        await _apply_delta(
+                            part, event.delta, json_buffers, event.index, publish_delta
+                        )
+                        transcript.touch(part, announce=False)
+                        if time.monotonic() - transcript.last_flush >= checkpoint_interval_s:
+                            checkpoint()
+                elif kind == "content_block_stop":
+                    part = by_index.get(event.index)
+                    if part is not None:
+                        _finish_part(part, json_buffers.get(event.index, ""))
+                        transcript.touch(part, announce=True)
+                        if part.WhichOneof("kind") == "tool_call":
+                            result.tool_calls.append(part)
+                        if block_ended is None:
+                            block_ended = loop.call_later(BLOCK_END_GRACE_S, checkpoint_ended_block)
+                elif kind == "message_delta":
+                    result.stop_reason = event.delta.stop_reason
+                    result.usage.update({k: v for k, v in _usage(event.usage).items() if v})
+                if kind == "message_stop" and result.stop_reason != "tool_use" and block_ended:
+                    block_ended.cancel()  # the run's answer: it goes with the completion
+                    block_ended = None
+    finally:
+        # Tool calls follow (or the stream broke): what finished is checkpointed now.
+        checkpoint_ended_block()
     if result.stop_reason is None:
         # The body ended cleanly without message_stop: the SDK raises nothing, we must.
         raise StreamIncomplete("the model stream ended before message_stop")
