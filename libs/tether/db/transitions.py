@@ -7,11 +7,13 @@ can never disagree.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Select, Text, Update, cast, insert, select, true, update
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import func
@@ -37,11 +39,13 @@ async def apply(
     epoch: int | None = None,
     tenant_id: str | None = None,
     values: Mapping[str, Any] | None = None,
+    handed_over: list[str] | None = None,
 ) -> Row[Any] | None:
     """Move `run_id` along `transition`, appending `events`; None means it had already moved.
 
     A fenced transition also requires `lease_epoch = epoch`, so a worker whose lease was reaped
-    cannot write. `tenant_id`, when given, scopes the move to the caller's tenant.
+    cannot write. `tenant_id`, when given, scopes the move to the caller's tenant. A terminal
+    move hands the session to its next queued message, whose run id goes into `handed_over`.
     """
     if transition.fenced and epoch is None:
         raise ValueError(f"transition {transition.name} needs the lease epoch")
@@ -60,13 +64,36 @@ async def apply(
         stmt = stmt.where(runs.c.lease_epoch == epoch)
     if tenant_id is not None:
         stmt = stmt.where(runs.c.tenant_id == tenant_id)
-    row = (await conn.execute(stmt)).first()
+    row = (await conn.execute(_with_events(stmt, events) if events else stmt)).first()
     if row is None:
         return None
-    await insert_events(conn, run_id, row.last_seq - len(events), events)
     if transition.target.terminal:
-        await hand_over_session(conn, row.session_id, run_id)
+        next_run = await hand_over_session(conn, row.session_id, run_id)
+        if next_run is not None and handed_over is not None:
+            handed_over.append(next_run)
     return row
+
+
+def _with_events(move: Update, events: Sequence[Event]) -> Select[Any]:
+    """`move` and the insert of its events as ONE statement (one round trip): the events take
+    the seqs the move reserved, and are written only if the move matched."""
+    moved = move.cte("moved")
+    batch = (
+        func.unnest(
+            cast([e.type for e in events], ARRAY(Text)),
+            cast([json.dumps(dict(e.payload)) for e in events], ARRAY(Text)),
+        )
+        .table_valued("type", "payload", with_ordinality="ord")
+        .render_derived("e", with_types=False)
+    )
+    rows = select(
+        moved.c.run_id,
+        moved.c.last_seq - len(events) + batch.c.ord,
+        batch.c.type,
+        cast(batch.c.payload, JSONB),
+    ).select_from(moved.join(batch, true()))
+    appended = insert(run_events).from_select(["run_id", "seq", "type", "payload"], rows)
+    return select(moved).add_cte(appended.cte("appended"))
 
 
 async def hand_over_session(conn: AsyncConnection, session_id: str, run_id: str) -> str | None:
