@@ -325,17 +325,22 @@ class Execution:
                     else "the run failed",
                 )
                 parts += closing
-            await repo.upsert_parts(conn, run_id, parts)
-            await repo.insert_turns(conn, run_id, await self._priced(conn, run_id, done.turns))
+            # Parts and turns in one fenced statement: a stale lease writes nothing, here.
+            priced = await self._priced(conn, run_id, done.turns)
+            fenced = await repo.checkpoint(conn, run_id, epoch, self._ttl, parts, [], priced)
+            if fenced is None:
+                raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
             usage = await repo.usage_total(conn, run_id)
             payload = self._terminal_payload(done, usage)
             events = [*done.events, *extra, Event(_TERMINAL_EVENT[done.status], payload)]
+            handed_over: list[str] = []
             row = await apply(
                 conn,
                 transition,
                 run_id,
                 epoch=epoch,
                 events=events,
+                handed_over=handed_over,
                 values={
                     **lease_repo.lease_cleared(),
                     "finished_at": func.now(),
@@ -366,7 +371,8 @@ class Execution:
             )
         self._prices.pop(run_id, None)
         await self._publish(run_id, row.last_seq - len(events) + 1, events)
-        self._wake_workers()  # the session's next message may now run
+        if handed_over:
+            self._wake_workers()  # the session's next message may now run
         return row
 
     @staticmethod

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Interval, bindparam, func, insert, select, text, update
+from sqlalchemy import Interval, bindparam, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -165,23 +165,6 @@ async def upsert_parts(conn: AsyncConnection, run_id: str, parts: Sequence[PartR
             for p in parts
         ],
     )
-
-
-async def insert_turns(conn: AsyncConnection, run_id: str, turns: Sequence[dict[str, Any]]) -> None:
-    """Record priced model turns."""
-    if turns:
-        await conn.execute(
-            insert(usage_turns),
-            [
-                {
-                    "run_id": run_id,
-                    "model": t["model"],
-                    "cost_micros": t["cost_micros"],
-                    **{k: t.get(k, 0) for k in TOKEN_FIELDS},
-                }
-                for t in turns
-            ],
-        )
 
 
 async def usage_total(conn: AsyncConnection, run_id: str) -> dict[str, Any]:
