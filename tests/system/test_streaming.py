@@ -33,6 +33,7 @@ from tests.system.streaming_support import (
 )
 from tether.client import TetherClient
 from tether.stack.embedded import EmbeddedRedis
+from tether.testing.eventually import eventually
 from tether.testing.model_server import ErrorTurn, TextTurn, ToolUseTurn
 from tether.transport import RESUME_SEQ_KEY, TERMINAL_TYPES
 from tether.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -185,6 +186,11 @@ async def test_redis_flushed_and_its_subscribers_killed_mid_stream_lose_nothing(
                 lambda round_=round_: all(len(s.events) >= 8 * round_ for s in streams),
                 what="live progress on every subscriber",
             )
+            # The gateway re-subscribes after each kill; catch-up from PostgreSQL may have
+            # delivered this round's progress before it did.
+            await eventually(
+                lambda: _pubsub_clients(admin), what="the gateway's subscription back on Redis"
+            )
             await admin.flushall()
             killed = await admin.client_kill_filter(_type="pubsub")
             assert killed >= 1, "the gateway's subscription was killed"
@@ -197,6 +203,10 @@ async def test_redis_flushed_and_its_subscribers_killed_mid_stream_lose_nothing(
     for stream in streams:
         assert stream.seqs == list(range(1, final.run.last_seq + 1))
         assert transcript(stream.durable) == as_json(final.parts)
+
+
+async def _pubsub_clients(admin: redis.Redis) -> int | None:
+    return len(await admin.client_list(_type="pubsub")) or None
 
 
 async def test_streams_catch_up_from_postgres_while_redis_is_down(
