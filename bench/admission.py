@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.common import BenchStack, bench_stack, closed_loop, emit
 from tether.grpcutil import internal_channel
@@ -67,9 +68,29 @@ async def _measure(stack: BenchStack, path: str, delivery: str, callers: int) ->
     emit(f"{name}_p99_ms_c{callers}{suffix}", result.p99, "ms", **config)
 
 
+async def _rpc_floor(stack: BenchStack, callers: int = 16) -> None:
+    """The ceiling under every admission figure: a unary RPC that does no work (the health
+    check of the admission service, through the same server and interceptors), at 16 callers.
+    An admission through the gateway is two such hops plus its transaction."""
+    channel = grpc.aio.insecure_channel(stack.services.addresses()["admission"])
+    health = health_pb2_grpc.HealthStub(channel)
+
+    async def op(c: int, i: int) -> None:
+        await health.Check(health_pb2.HealthCheckRequest())
+
+    await closed_loop(op, callers=callers, ops_per_caller=20)  # warm-up
+    result = await closed_loop(op, callers=callers, ops_per_caller=OPS_TOTAL // callers * 2)
+    await channel.close()
+    config = {"rpc": "grpc.health.v1.Health/Check", "callers": callers, "ops": result.ops}
+    emit(f"rpc_floor_per_s_c{callers}", result.per_s, "ops/s", **config)
+    emit(f"rpc_floor_p50_ms_c{callers}", result.p50, "ms", **config)
+    emit(f"rpc_floor_p99_ms_c{callers}", result.p99, "ms", **config)
+
+
 async def run() -> None:
     """Run the admission group."""
     async with bench_stack() as stack:
+        await _rpc_floor(stack)
         for path in ("gateway", "direct"):
             for delivery in ("unique", "duplicate"):
                 for callers in CALLERS:
