@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -30,7 +30,7 @@ from services.orchestrator.repositories.runs import get_run
 from tether import states
 from tether.bus import Bus, events_channel
 from tether.db.schema import audit_log, runs
-from tether.db.transitions import Event, apply
+from tether.db.transitions import NOW, Event, apply
 from tether.errors import FailedPrecondition, InvalidArgument, StaleLease, TetherError
 from tether.pricing import Price, cost_micros
 from tether.retry import RetryPolicy
@@ -343,7 +343,7 @@ class Execution:
                 handed_over=handed_over,
                 values={
                     **lease_repo.lease_cleared(),
-                    "finished_at": func.now(),
+                    "finished_at": NOW,
                     "result_text": done.result_text or None,
                     "task_outcome": done.task_outcome or None,
                     "warnings": list(done.warnings),
@@ -457,7 +457,7 @@ class Execution:
             events=[event],
             values={
                 **lease_repo.lease_cleared(),
-                "finished_at": func.now(),
+                "finished_at": NOW,
                 "error": error,
                 "usage": await repo.usage_total(conn, run.run_id),
             },
@@ -550,7 +550,7 @@ class Execution:
                 run_id,
                 tenant_id=tenant_id,
                 events=events,
-                values={"error": error, "finished_at": func.now(), "waiting_interaction_id": None},
+                values={"error": error, "finished_at": NOW, "waiting_interaction_id": None},
             )
             if row is not None:
                 await repo.close_dangling(conn, run_id, "the connection was never completed")
@@ -600,7 +600,7 @@ class Execution:
                 values: dict[str, Any] = {
                     **lease_repo.lease_cleared(),
                     "error": error,
-                    "finished_at": func.now(),
+                    "finished_at": NOW,
                 }
                 if run.cancel_requested_at is not None:
                     # Cancelled while its worker was dying: nobody is left to stop, so the
@@ -668,7 +668,7 @@ class Execution:
                 states.FAIL_UNLEASED,
                 run_id,
                 events=[Event("run.failed", {"error": _camel(error)})],
-                values={"error": error, "finished_at": func.now()},
+                values={"error": error, "finished_at": NOW},
             )
 
 

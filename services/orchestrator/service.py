@@ -17,7 +17,7 @@ from services.orchestrator.repositories import runs as runs_repo
 from tether import states
 from tether.bus import Bus, cancel_channel, events_channel
 from tether.db.schema import runs
-from tether.db.transitions import Event, apply
+from tether.db.transitions import NOW, Event, apply
 from tether.states import RunStatus
 
 MAX_PAGE = 200
@@ -113,7 +113,7 @@ class Runs:
                 tenant_id=tenant_id,
                 events=[Event("run.cancelled", {"reason": reason})],
                 values={
-                    "finished_at": func.now(),
+                    "finished_at": NOW,
                     "error": {"code": "cancelled", "message": reason or "cancelled by caller"},
                 },
             )

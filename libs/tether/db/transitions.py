@@ -7,16 +7,31 @@ can never disagree.
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, Text, Update, cast, insert, select, true, update
+from sqlalchemy import (
+    Executable,
+    Integer,
+    Interval,
+    Select,
+    Text,
+    Update,
+    bindparam,
+    cast,
+    insert,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import func
+from sqlalchemy.sql.elements import ClauseElement
 
 from tether.db.schema import run_events, runs, sessions
 from tether.states import Transition
@@ -30,6 +45,24 @@ class Event:
     payload: Mapping[str, Any]
 
 
+# Statements are built once per shape and reused: building and cache-keying a CTE per call cost
+# more CPU than running it. The shape is the transition, which guards apply, whether events are
+# appended, and the set columns; a value that is a SQL expression is part of the shape by
+# identity (so pass module-level expressions such as NOW on hot paths), a plain value is bound.
+_SHAPES: collections.OrderedDict[tuple[Any, ...], tuple[Executable, list[Any]]] = (
+    collections.OrderedDict()
+)
+_MAX_SHAPES = 512
+
+NOW = func.now()
+NEXT_EPOCH = runs.c.lease_epoch + 1
+STARTED_ONCE = func.coalesce(runs.c.started_at, func.now())
+
+
+# now() + the bound `lease_ttl` interval (pass it in `params`).
+LEASE_UNTIL = func.now() + bindparam("lease_ttl", type_=Interval)
+
+
 async def apply(
     conn: AsyncConnection,
     transition: Transition,
@@ -39,32 +72,32 @@ async def apply(
     epoch: int | None = None,
     tenant_id: str | None = None,
     values: Mapping[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None,
     handed_over: list[str] | None = None,
 ) -> Row[Any] | None:
     """Move `run_id` along `transition`, appending `events`; None means it had already moved.
 
     A fenced transition also requires `lease_epoch = epoch`, so a worker whose lease was reaped
-    cannot write. `tenant_id`, when given, scopes the move to the caller's tenant. A terminal
-    move hands the session to its next queued message, whose run id goes into `handed_over`.
+    cannot write. `tenant_id`, when given, scopes the move to the caller's tenant. `params` binds
+    what expressions among `values` leave open (e.g. `lease_ttl`). A terminal move hands the
+    session to its next queued message, whose run id goes into `handed_over`.
     """
     if transition.fenced and epoch is None:
         raise ValueError(f"transition {transition.name} needs the lease epoch")
-    stmt = (
-        update(runs)
-        .where(runs.c.run_id == run_id, runs.c.status.in_([s.value for s in transition.sources]))
-        .values(
-            status=transition.target.value,
-            updated_at=func.now(),
-            last_seq=runs.c.last_seq + len(events),
-            **dict(values or {}),
-        )
-        .returning(*runs.c)
-    )
-    if transition.fenced:
-        stmt = stmt.where(runs.c.lease_epoch == epoch)
-    if tenant_id is not None:
-        stmt = stmt.where(runs.c.tenant_id == tenant_id)
-    row = (await conn.execute(_with_events(stmt, events) if events else stmt)).first()
+    values = dict(values or {})
+    stmt = _shape(transition, tenant_id is not None, bool(events), values)
+    bound: dict[str, Any] = {
+        "t_run_id": run_id,
+        "t_epoch": epoch,
+        "t_tenant_id": tenant_id,
+        "t_n_events": len(events),
+        **{f"v_{k}": v for k, v in values.items() if not isinstance(v, ClauseElement)},
+        **dict(params or {}),
+    }
+    if events:
+        bound["t_e_types"] = [e.type for e in events]
+        bound["t_e_payloads"] = [json.dumps(dict(e.payload)) for e in events]
+    row = (await conn.execute(stmt, bound)).first()
     if row is None:
         return None
     if transition.target.terminal:
@@ -74,21 +107,66 @@ async def apply(
     return row
 
 
-def _with_events(move: Update, events: Sequence[Event]) -> Select[Any]:
+def _shape(
+    transition: Transition, scoped: bool, with_events: bool, values: Mapping[str, Any]
+) -> Executable:
+    expressions = [v for v in values.values() if isinstance(v, ClauseElement)]
+    key = (
+        transition.name,
+        scoped,
+        with_events,
+        tuple(
+            (k, id(v) if isinstance(v, ClauseElement) else None) for k, v in sorted(values.items())
+        ),
+    )
+    cached = _SHAPES.get(key)
+    if cached is not None:
+        _SHAPES.move_to_end(key)
+        return cached[0]
+    stmt = (
+        update(runs)
+        .where(
+            runs.c.run_id == bindparam("t_run_id"),
+            runs.c.status.in_([s.value for s in transition.sources]),
+        )
+        .values(
+            status=transition.target.value,
+            updated_at=NOW,
+            last_seq=runs.c.last_seq + bindparam("t_n_events", type_=Integer),
+            **{
+                k: v if isinstance(v, ClauseElement) else bindparam(f"v_{k}", type_=runs.c[k].type)
+                for k, v in values.items()
+            },
+        )
+        .returning(*runs.c)
+    )
+    if transition.fenced:
+        stmt = stmt.where(runs.c.lease_epoch == bindparam("t_epoch"))
+    if scoped:
+        stmt = stmt.where(runs.c.tenant_id == bindparam("t_tenant_id"))
+    built: Executable = _with_events(stmt) if with_events else stmt
+    # The expressions stay referenced with the entry, so their ids cannot be reused meanwhile.
+    _SHAPES[key] = (built, expressions)
+    if len(_SHAPES) > _MAX_SHAPES:
+        _SHAPES.popitem(last=False)
+    return built
+
+
+def _with_events(move: Update) -> Select[Any]:
     """`move` and the insert of its events as ONE statement (one round trip): the events take
     the seqs the move reserved, and are written only if the move matched."""
     moved = move.cte("moved")
     batch = (
         func.unnest(
-            cast([e.type for e in events], ARRAY(Text)),
-            cast([json.dumps(dict(e.payload)) for e in events], ARRAY(Text)),
+            bindparam("t_e_types", type_=ARRAY(Text)),
+            bindparam("t_e_payloads", type_=ARRAY(Text)),
         )
         .table_valued("type", "payload", with_ordinality="ord")
         .render_derived("e", with_types=False)
     )
     rows = select(
         moved.c.run_id,
-        moved.c.last_seq - len(events) + batch.c.ord,
+        moved.c.last_seq - bindparam("t_n_events", type_=Integer) + batch.c.ord,
         batch.c.type,
         cast(batch.c.payload, JSONB),
     ).select_from(moved.join(batch, true()))

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tether import states
 from tether.db.schema import attempts, runs, tenants
-from tether.db.transitions import Event, apply
+from tether.db.transitions import LEASE_UNTIL, NEXT_EPOCH, STARTED_ONCE, Event, apply
 from tether.states import RunStatus
 
 _CANDIDATES = (
@@ -72,13 +72,14 @@ async def lease(
         events=[started],
         values={
             "lease_owner": worker_id,
-            "lease_epoch": runs.c.lease_epoch + 1,
-            "lease_expires_at": func.now() + timedelta(seconds=ttl_s),
-            "started_at": func.coalesce(runs.c.started_at, func.now()),
+            "lease_epoch": NEXT_EPOCH,
+            "lease_expires_at": LEASE_UNTIL,
+            "started_at": STARTED_ONCE,
             "next_attempt_at": None,
             "config": config,
             "max_attempts": max_attempts,
         },
+        params={"lease_ttl": timedelta(seconds=ttl_s)},
     )
     if row is None:
         return None
