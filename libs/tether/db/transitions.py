@@ -23,6 +23,7 @@ from sqlalchemy import (
     bindparam,
     cast,
     insert,
+    null,
     select,
     true,
     update,
@@ -91,7 +92,7 @@ async def apply(
         "t_epoch": epoch,
         "t_tenant_id": tenant_id,
         "t_n_events": len(events),
-        **{f"v_{k}": v for k, v in values.items() if not isinstance(v, ClauseElement)},
+        **{f"v_{k}": v for k, v in values.items() if _bound(v)},
         **dict(params or {}),
     }
     if events:
@@ -110,14 +111,13 @@ async def apply(
 def _shape(
     transition: Transition, scoped: bool, with_events: bool, values: Mapping[str, Any]
 ) -> Executable:
-    expressions = [v for v in values.values() if isinstance(v, ClauseElement)]
+    values = {k: null() if v is None else v for k, v in values.items()}
+    expressions = [v for v in values.values() if not _bound(v)]
     key = (
         transition.name,
         scoped,
         with_events,
-        tuple(
-            (k, id(v) if isinstance(v, ClauseElement) else None) for k, v in sorted(values.items())
-        ),
+        tuple((k, None if _bound(v) else id(v)) for k, v in sorted(values.items())),
     )
     cached = _SHAPES.get(key)
     if cached is not None:
@@ -134,7 +134,7 @@ def _shape(
             updated_at=NOW,
             last_seq=runs.c.last_seq + bindparam("t_n_events", type_=Integer),
             **{
-                k: v if isinstance(v, ClauseElement) else bindparam(f"v_{k}", type_=runs.c[k].type)
+                k: bindparam(f"v_{k}", type_=runs.c[k].type) if _bound(v) else v
                 for k, v in values.items()
             },
         )
@@ -150,6 +150,12 @@ def _shape(
     if len(_SHAPES) > _MAX_SHAPES:
         _SHAPES.popitem(last=False)
     return built
+
+
+def _bound(value: Any) -> bool:
+    """Whether a set value is bound as a parameter: not SQL, and not None (SQL NULL, never a
+    JSON null)."""
+    return value is not None and not isinstance(value, ClauseElement)
 
 
 def _with_events(move: Update) -> Select[Any]:
@@ -174,6 +180,29 @@ def _with_events(move: Update) -> Select[Any]:
     return select(moved).add_cte(appended.cte("appended"))
 
 
+_LOCK_SESSION = (
+    select(sessions.c.active_run_id)
+    .where(sessions.c.session_id == bindparam("h_session_id"))
+    .with_for_update()
+)
+_NEXT_QUEUED = (
+    select(runs.c.run_id)
+    .where(
+        runs.c.session_id == bindparam("h_session_id"),
+        runs.c.status == "queued",
+        runs.c.run_id != bindparam("h_run_id"),
+    )
+    .order_by(runs.c.created_at, runs.c.run_id)
+    .limit(1)
+)
+_SET_ACTIVE = (
+    update(sessions)
+    .where(sessions.c.session_id == bindparam("h_session_id"))
+    .values(active_run_id=bindparam("h_next_run"))
+)
+_MAKE_HEAD = update(runs).where(runs.c.run_id == bindparam("h_next_run")).values(session_head=True)
+
+
 async def hand_over_session(conn: AsyncConnection, session_id: str, run_id: str) -> str | None:
     """If `run_id` heads its session, make the oldest queued message the head (or none).
 
@@ -181,30 +210,14 @@ async def hand_over_session(conn: AsyncConnection, session_id: str, run_id: str)
     sees every run admitted before the lock was granted (admission takes the same lock): no
     message is ever left queued behind a head that is gone.
     """
-    locked = (
-        await conn.execute(
-            select(sessions.c.active_run_id)
-            .where(sessions.c.session_id == session_id)
-            .with_for_update()
-        )
-    ).first()
+    locked = (await conn.execute(_LOCK_SESSION, {"h_session_id": session_id})).first()
     if locked is None or locked.active_run_id != run_id:
         return None
-    next_run = (
-        await conn.execute(
-            select(runs.c.run_id)
-            .where(
-                runs.c.session_id == session_id, runs.c.status == "queued", runs.c.run_id != run_id
-            )
-            .order_by(runs.c.created_at, runs.c.run_id)
-            .limit(1)
-        )
-    ).scalar()
-    await conn.execute(
-        update(sessions).where(sessions.c.session_id == session_id).values(active_run_id=next_run)
-    )
+    params = {"h_session_id": session_id, "h_run_id": run_id}
+    next_run: str | None = (await conn.execute(_NEXT_QUEUED, params)).scalar()
+    await conn.execute(_SET_ACTIVE, {"h_session_id": session_id, "h_next_run": next_run})
     if next_run is not None:
-        await conn.execute(update(runs).where(runs.c.run_id == next_run).values(session_head=True))
+        await conn.execute(_MAKE_HEAD, {"h_next_run": next_run})
     return next_run
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, cast, func, insert, select, text, update
+from sqlalchemy import bindparam, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -84,15 +84,25 @@ async def lease(
     if row is None:
         return None
     await conn.execute(
-        insert(attempts).values(
-            run_id=run_id,
-            lease_epoch=row.lease_epoch,
-            attempt=row.attempt,
-            worker_id=worker_id,
-            stages={"routing_ms": routing_ms},
-        )
+        _NEW_ATTEMPT,
+        {
+            "n_run_id": run_id,
+            "n_lease_epoch": row.lease_epoch,
+            "n_attempt": row.attempt,
+            "n_worker_id": worker_id,
+            "n_stages": {"routing_ms": routing_ms},
+        },
     )
     return row
+
+
+_NEW_ATTEMPT = insert(attempts).values(
+    run_id=bindparam("n_run_id"),
+    lease_epoch=bindparam("n_lease_epoch"),
+    attempt=bindparam("n_attempt"),
+    worker_id=bindparam("n_worker_id"),
+    stages=bindparam("n_stages", type_=JSONB),
+)
 
 
 async def heartbeat(
@@ -139,6 +149,23 @@ async def due_retries(conn: AsyncConnection, limit: int) -> list[Any]:
     return list((await conn.execute(stmt)).all())
 
 
+_END_ATTEMPT = (
+    update(attempts)
+    .where(
+        attempts.c.run_id == bindparam("a_run_id"), attempts.c.lease_epoch == bindparam("a_epoch")
+    )
+    .values(
+        ended_at=func.now(),
+        outcome=bindparam("a_outcome"),
+        error=bindparam("a_error", type_=JSONB(none_as_null=True)),
+        # Stages recorded at claim (routing) keep theirs; the worker's are added.
+        stages=func.coalesce(attempts.c.stages, text("'{}'::jsonb")).op("||")(
+            bindparam("a_stages", type_=JSONB)
+        ),
+    )
+)
+
+
 async def end_attempt(
     conn: AsyncConnection,
     run_id: str,
@@ -149,16 +176,14 @@ async def end_attempt(
     stages: dict[str, Any] | None = None,
 ) -> None:
     """Close the attempt row of a lease epoch, adding `stages` to those recorded at claim."""
-    values: dict[str, Any] = {"ended_at": func.now(), "outcome": outcome, "error": error}
-    if stages:
-        values["stages"] = func.coalesce(attempts.c.stages, text("'{}'::jsonb")).op("||")(
-            cast(stages, JSONB)
-        )
-    await conn.execute(
-        update(attempts)
-        .where(attempts.c.run_id == run_id, attempts.c.lease_epoch == epoch)
-        .values(**values)
-    )
+    params = {
+        "a_run_id": run_id,
+        "a_epoch": epoch,
+        "a_outcome": outcome,
+        "a_error": error,
+        "a_stages": stages or {},
+    }
+    await conn.execute(_END_ATTEMPT, params)
 
 
 def lease_cleared() -> dict[str, Any]:

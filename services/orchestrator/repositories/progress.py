@@ -167,26 +167,57 @@ async def upsert_parts(conn: AsyncConnection, run_id: str, parts: Sequence[PartR
     )
 
 
+_USAGE_TOTAL = select(
+    *[func.coalesce(func.sum(getattr(usage_turns.c, k)), 0) for k in TOKEN_FIELDS],
+    func.coalesce(func.sum(usage_turns.c.cost_micros), 0),
+).where(usage_turns.c.run_id == bindparam("run_id"))
+
+
 async def usage_total(conn: AsyncConnection, run_id: str) -> dict[str, Any]:
     """Sum of the run's priced turns."""
-    cols = [func.coalesce(func.sum(getattr(usage_turns.c, k)), 0) for k in TOKEN_FIELDS]
-    row = (
-        await conn.execute(
-            select(*cols, func.coalesce(func.sum(usage_turns.c.cost_micros), 0)).where(
-                usage_turns.c.run_id == run_id
-            )
-        )
-    ).one()
+    row = (await conn.execute(_USAGE_TOTAL, {"run_id": run_id})).one()
     total = {k: int(v) for k, v in zip(TOKEN_FIELDS, row[:-1], strict=True)}
     total["cost_micros"] = int(row[-1])
     return total
 
 
+_LIST_PARTS = (
+    select(run_parts)
+    .where(run_parts.c.run_id == bindparam("run_id"))
+    .order_by(run_parts.c.part_index)
+)
+
+
 async def list_parts(conn: AsyncConnection, run_id: str) -> list[PartRow]:
     """The run's parts in order."""
-    stmt = select(run_parts).where(run_parts.c.run_id == run_id).order_by(run_parts.c.part_index)
-    rows = (await conn.execute(stmt)).all()
+    rows = (await conn.execute(_LIST_PARTS, {"run_id": run_id})).all()
     return [PartRow(r.part_index, r.role, r.kind, dict(r.payload), r.final) for r in rows]
+
+
+_RECENT_RUNS = (
+    select(runs.c.run_id, runs.c.input_text, runs.c.created_at)
+    .where(
+        runs.c.session_id == bindparam("session_id"),
+        runs.c.status == RunStatus.COMPLETED.value,
+        runs.c.created_at < bindparam("before"),
+    )
+    .order_by(runs.c.created_at.desc())
+    .limit(bindparam("limit_runs"))
+    .subquery()
+)
+_SESSION_HISTORY = (
+    select(
+        _RECENT_RUNS.c.run_id,
+        _RECENT_RUNS.c.input_text,
+        run_parts.c.part_index,
+        run_parts.c.role,
+        run_parts.c.kind,
+        run_parts.c.payload,
+        run_parts.c.final,
+    )
+    .select_from(_RECENT_RUNS.outerjoin(run_parts, run_parts.c.run_id == _RECENT_RUNS.c.run_id))
+    .order_by(_RECENT_RUNS.c.created_at, _RECENT_RUNS.c.run_id, run_parts.c.part_index)
+)
 
 
 async def session_history(
@@ -194,31 +225,8 @@ async def session_history(
 ) -> Sequence[Any]:
     """The last `limit_runs` completed runs of a session before `before`, oldest first, each
     with its parts (a run without parts appears once with NULL part columns)."""
-    recent = (
-        select(runs.c.run_id, runs.c.input_text, runs.c.created_at)
-        .where(
-            runs.c.session_id == session_id,
-            runs.c.status == RunStatus.COMPLETED.value,
-            runs.c.created_at < before,
-        )
-        .order_by(runs.c.created_at.desc())
-        .limit(limit_runs)
-        .subquery()
-    )
-    stmt = (
-        select(
-            recent.c.run_id,
-            recent.c.input_text,
-            run_parts.c.part_index,
-            run_parts.c.role,
-            run_parts.c.kind,
-            run_parts.c.payload,
-            run_parts.c.final,
-        )
-        .select_from(recent.outerjoin(run_parts, run_parts.c.run_id == recent.c.run_id))
-        .order_by(recent.c.created_at, recent.c.run_id, run_parts.c.part_index)
-    )
-    return (await conn.execute(stmt)).all()
+    params = {"session_id": session_id, "before": before, "limit_runs": limit_runs}
+    return (await conn.execute(_SESSION_HISTORY, params)).all()
 
 
 def dangling_tool_calls(parts: Sequence[PartRow]) -> list[PartRow]:
