@@ -99,7 +99,8 @@ class Attempt:
         self._write_error: TetherError | None = None
         self._task: asyncio.Task[Any] | None = None
         self._completing = False
-        self._held_deltas: list[str] = []
+        self._held_deltas: list[tuple[int, str, int]] = []  # (part index, text, offset)
+        self._deltas_due = False
         own = list(claim.history[claim.prior_part_count :])
         self.transcript = Transcript(own)
         self.state = AttemptState(
@@ -167,20 +168,33 @@ class Attempt:
         await self.settle()
 
     async def publish_delta(self, part_index: int, text: str, offset: int) -> None:
-        """Live token delta for subscribers (ephemeral, seq 0). While a checkpoint is in flight
-        it waits for it: a delta never overtakes an event recorded before it."""
+        """Live token delta for subscribers (ephemeral, seq 0). Deltas are posted once the
+        loop comes round (what arrived in one read goes out as one message), and while a
+        checkpoint is in flight they wait for it: a delta never overtakes an event recorded
+        before it."""
         if self._bus is None:
             return
-        message = _delta_json(self.run_id, part_index, text, offset)
-        if self._writer is not None and not self._writer.done():
-            self._held_deltas.append(message)
+        held = self._held_deltas
+        if held and held[-1][0] == part_index and held[-1][2] + len(held[-1][1]) == offset:
+            held[-1] = (part_index, held[-1][1] + text, held[-1][2])
         else:
-            self._bus.post(events_channel(self.run_id), message)
+            held.append((part_index, text, offset))
+        if not self._deltas_due:
+            self._deltas_due = True
+            asyncio.get_running_loop().call_soon(self._post_deltas)
+
+    def _post_deltas(self) -> None:
+        self._deltas_due = False
+        if self._writer is None or self._writer.done():
+            self._release_deltas()
+        # else the writer posts them when it goes idle
 
     def _release_deltas(self) -> None:
         if self._bus is not None:
-            for message in self._held_deltas:
-                self._bus.post(events_channel(self.run_id), message)
+            for part_index, text, offset in self._held_deltas:
+                self._bus.post(
+                    events_channel(self.run_id), _delta_json(self.run_id, part_index, text, offset)
+                )
         self._held_deltas.clear()
 
     # -- the loop -------------------------------------------------------------------------------
