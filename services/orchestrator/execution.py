@@ -29,7 +29,7 @@ from services.orchestrator.repositories.progress import PartRow
 from services.orchestrator.repositories.runs import get_run
 from tether import states
 from tether.bus import Bus, events_channel
-from tether.db.schema import audit_log, runs
+from tether.db.schema import runs
 from tether.db.transitions import NOW, Event, apply
 from tether.errors import FailedPrecondition, InvalidArgument, StaleLease, TetherError
 from tether.pricing import Price, cost_micros
@@ -85,6 +85,10 @@ _TERMINAL_EVENT = {
     RunStatus.FAILED: "run.failed",
     RunStatus.CANCELLED: "run.cancelled",
 }
+
+
+# The last seq of a run claimed for the first time: run.queued, then run.started.
+FRESH_RUN_SEQ = 2
 
 
 class Execution:
@@ -224,7 +228,8 @@ class Execution:
             self._prices.clear()
         self._prices[run_id] = {m: dict(p) for m, p in config.prices.items()}
         prior, prior_inputs = await self._session_history(conn, leased)
-        own = await repo.list_parts(conn, run_id)
+        # A log of only run.queued and this run.started means nothing was written yet.
+        own = await repo.list_parts(conn, run_id) if leased.last_seq > FRESH_RUN_SEQ else []
         started = Event(
             "run.started",
             {"attempt": leased.attempt, "workerId": worker_id, "leaseEpoch": leased.lease_epoch},
@@ -354,20 +359,22 @@ class Execution:
             if row is None:
                 raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
             await lease_repo.end_attempt(
-                conn, run_id, epoch, done.status.value, error=done.error, stages=worker_stages
-            )
-            await conn.execute(
-                audit_log.insert().values(
-                    tenant_id=row.tenant_id,
-                    run_id=run_id,
-                    action=f"run.{done.status.value}",
-                    detail={
+                conn,
+                run_id,
+                epoch,
+                done.status.value,
+                error=done.error,
+                stages=worker_stages,
+                audit=lease_repo.Audit(
+                    row.tenant_id,
+                    f"run.{done.status.value}",
+                    {
                         **(done.audit or {}),
                         "stages": done.stages or {},
                         "usage": usage,
                         "warnings": list(done.warnings),
                     },
-                )
+                ),
             )
         self._prices.pop(run_id, None)
         await self._publish(run_id, row.last_seq - len(events) + 1, events)

@@ -194,13 +194,25 @@ _NEXT_QUEUED = (
     )
     .order_by(runs.c.created_at, runs.c.run_id)
     .limit(1)
+    .cte("next_run")
 )
-_SET_ACTIVE = (
-    update(sessions)
-    .where(sessions.c.session_id == bindparam("h_session_id"))
-    .values(active_run_id=bindparam("h_next_run"))
+# The oldest queued message becomes the session's active run and its head, in one statement;
+# with none, the session goes idle (active_run_id NULL) and no run is touched.
+_HAND_OVER = (
+    select(_NEXT_QUEUED.c.run_id)
+    .add_cte(
+        update(sessions)
+        .where(sessions.c.session_id == bindparam("h_session_id"))
+        .values(active_run_id=select(_NEXT_QUEUED.c.run_id).scalar_subquery())
+        .cte("set_active")
+    )
+    .add_cte(
+        update(runs)
+        .where(runs.c.run_id == select(_NEXT_QUEUED.c.run_id).scalar_subquery())
+        .values(session_head=True)
+        .cte("made_head")
+    )
 )
-_MAKE_HEAD = update(runs).where(runs.c.run_id == bindparam("h_next_run")).values(session_head=True)
 
 
 async def hand_over_session(conn: AsyncConnection, session_id: str, run_id: str) -> str | None:
@@ -214,10 +226,8 @@ async def hand_over_session(conn: AsyncConnection, session_id: str, run_id: str)
     if locked is None or locked.active_run_id != run_id:
         return None
     params = {"h_session_id": session_id, "h_run_id": run_id}
-    next_run: str | None = (await conn.execute(_NEXT_QUEUED, params)).scalar()
-    await conn.execute(_SET_ACTIVE, {"h_session_id": session_id, "h_next_run": next_run})
-    if next_run is not None:
-        await conn.execute(_MAKE_HEAD, {"h_next_run": next_run})
+    # A statement of its own, after the lock: its snapshot sees every run admitted before.
+    next_run: str | None = (await conn.execute(_HAND_OVER, params)).scalar()
     return next_run
 
 

@@ -8,6 +8,7 @@ runs one message at a time, in order, and the claim is one indexed scan of one t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -17,7 +18,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tether import states
-from tether.db.schema import attempts, runs, tenants
+from tether.db.schema import attempts, audit_log, runs, tenants
 from tether.db.transitions import LEASE_UNTIL, NEXT_EPOCH, STARTED_ONCE, Event, apply
 from tether.states import RunStatus
 
@@ -166,6 +167,27 @@ _END_ATTEMPT = (
 )
 
 
+_AUDITED_END_ATTEMPT = (
+    insert(audit_log)
+    .values(
+        tenant_id=bindparam("au_tenant_id"),
+        run_id=bindparam("a_run_id"),
+        action=bindparam("au_action"),
+        detail=bindparam("au_detail", type_=JSONB),
+    )
+    .add_cte(_END_ATTEMPT.cte("closed"))
+)
+
+
+@dataclass(frozen=True)
+class Audit:
+    """An audit record written with the attempt's close, in the same statement."""
+
+    tenant_id: str
+    action: str
+    detail: dict[str, Any]
+
+
 async def end_attempt(
     conn: AsyncConnection,
     run_id: str,
@@ -174,8 +196,10 @@ async def end_attempt(
     *,
     error: dict[str, Any] | None = None,
     stages: dict[str, Any] | None = None,
+    audit: Audit | None = None,
 ) -> None:
-    """Close the attempt row of a lease epoch, adding `stages` to those recorded at claim."""
+    """Close the attempt row of a lease epoch, adding `stages` to those recorded at claim, and
+    write `audit` with it (one round trip)."""
     params = {
         "a_run_id": run_id,
         "a_epoch": epoch,
@@ -183,7 +207,15 @@ async def end_attempt(
         "a_error": error,
         "a_stages": stages or {},
     }
-    await conn.execute(_END_ATTEMPT, params)
+    if audit is None:
+        await conn.execute(_END_ATTEMPT, params)
+        return
+    params |= {
+        "au_tenant_id": audit.tenant_id,
+        "au_action": audit.action,
+        "au_detail": audit.detail,
+    }
+    await conn.execute(_AUDITED_END_ATTEMPT, params)
 
 
 def lease_cleared() -> dict[str, Any]:
