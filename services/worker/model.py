@@ -4,8 +4,9 @@ Text and thinking arrive as deltas (published live, never persisted one by one);
 arrives as partial JSON and is parsed at its block's end. A checkpoint is requested at every
 block boundary and at least every `checkpoint_interval_s` while streaming; it is written behind
 the stream (see `Attempt.checkpoint`), so the stream never waits for the database. A block's end
-is checkpointed when the next block starts, or BLOCK_END_GRACE_S later: when the message ends
-first instead, with its answer, the completion carries the block (one write, not two).
+is checkpointed when the next block starts, or BLOCK_END_GRACE_S later; when the message ends
+first, the completion carries an answer block and the tool's checkpoint a tool-call block (one
+write, not two).
 """
 
 from __future__ import annotations
@@ -96,11 +97,13 @@ async def stream_turn(
                 elif kind == "message_delta":
                     result.stop_reason = event.delta.stop_reason
                     result.usage.update({k: v for k, v in _usage(event.usage).items() if v})
-                if kind == "message_stop" and result.stop_reason != "tool_use" and block_ended:
-                    block_ended.cancel()  # the run's answer: it goes with the completion
+                if kind == "message_stop" and block_ended:
+                    # The run's answer goes with the completion; tool calls go with their
+                    # results or their announcement (Attempt._while_announced).
+                    block_ended.cancel()
                     block_ended = None
     finally:
-        # Tool calls follow (or the stream broke): what finished is checkpointed now.
+        # The stream broke: what finished is checkpointed now.
         checkpoint_ended_block()
     if result.stop_reason is None:
         # The body ended cleanly without message_stop: the SDK raises nothing, we must.
