@@ -396,9 +396,9 @@ async def latency(client: TetherClient, done: Completions, model: Model) -> None
         "ms",
         method=f"(median e2e of a {MULTI_TURN_K}-turn run - median e2e of a 1-turn run) / "
         f"{MULTI_TURN_K - 1} - median bare SDK call answering the same tool_use turn",
-        includes="per tool turn, beyond the model call: the worker's streaming, its "
-        "checkpoints (tool call, tool.started, tool result), get_time and the context rebuild; "
-        "admission, claim and completion cancel out",
+        includes="per tool turn, beyond the model call: the worker's streaming, its one "
+        "write-behind checkpoint (tool call, tool.started and tool result together), get_time "
+        "and the context rebuild; admission, claim and completion cancel out",
         pairs=MULTI_TURN_PAIRS,
         median_e2e_ms_1_turn=round(statistics.median(one), 3),
         median_e2e_ms_k_turns=round(statistics.median(many), 3),
