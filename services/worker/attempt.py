@@ -96,7 +96,7 @@ class Attempt:
         self._interval = checkpoint_interval_s
         self._writer: asyncio.Task[None] | None = None
         self._write_wanted = False
-        self._write_error: TetherError | None = None
+        self._write_error: Exception | None = None
         self._task: asyncio.Task[Any] | None = None
         self._completing = False
         self._held_deltas: list[tuple[int, str, int]] = []  # (part index, text, offset)
@@ -138,15 +138,21 @@ class Attempt:
                 response = await self._orchestrator.checkpoint(
                     self.run_id, self.epoch, parts, events, turns
                 )
-            except TetherError as exc:
-                # Fenced out or the orchestrator is gone: the attempt must stop where it is.
-                self._write_error = exc
-                self._stop_task()
+            except Exception as exc:
+                # Fenced out, the orchestrator gone, or a bug: the attempt stops where it is.
+                self.stop_with(exc)
                 return
             if response.cancel_requested and self.cancel_reason is None:
                 self.cancel_reason = "cancelled by caller"
                 self._stop_task()
         self._release_deltas()  # idle: every event recorded before them has landed
+
+    def stop_with(self, error: Exception) -> None:
+        """Stop the attempt where it is, ending with `error` (e.g. StaleLease from a heartbeat:
+        nothing more may be written under this lease)."""
+        if self._write_error is None:
+            self._write_error = error
+        self._stop_task()
 
     def _stop_task(self) -> None:
         if self._completing:

@@ -126,7 +126,7 @@ class WorkerPool:
                 raise
             await self._after_cancel(attempt)
         except StaleLease:
-            log.info("run %s: lease lost; another worker owns it now", run_id)
+            log.warning("run %s: lease lost; another worker owns it now", run_id)
         except Exception:
             log.exception("run %s: attempt crashed", run_id)
             await self._crashed(attempt)
@@ -147,7 +147,7 @@ class WorkerPool:
     async def _crashed(self, attempt: Attempt) -> None:
         # An unexpected exception is still an outcome: finalise as failed rather than leave
         # the run running until its lease expires.
-        with contextlib.suppress(TetherError):
+        try:
             await attempt._finish(
                 "failed",
                 {
@@ -156,14 +156,16 @@ class WorkerPool:
                     "message": "the worker hit an unexpected error",
                 },
             )
+        except Exception as exc:  # the lease is gone or the orchestrator too: the reaper ends it
+            log.warning("run %s: could not record the crash (%s)", attempt.run_id, exc)
 
     async def _heartbeat(self, attempt: Attempt, task: asyncio.Task[None]) -> None:
         while not task.done():
             await asyncio.sleep(self._heartbeat_interval)
             try:
                 response = await self._orchestrator.heartbeat(attempt.run_id, attempt.epoch)
-            except StaleLease:
-                task.cancel()  # fenced out: stop spending on a run we no longer own
+            except StaleLease as exc:
+                attempt.stop_with(exc)  # fenced out: stop spending on a run we no longer own
                 return
             except TetherError as exc:
                 log.warning("heartbeat for %s failed: %s", attempt.run_id, exc)

@@ -4,6 +4,7 @@ write with a stale epoch, SIGTERM a worker mid-run. Each drill gets its own stac
 from __future__ import annotations
 
 import asyncio
+import signal
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -229,3 +230,48 @@ async def test_redis_pubsub_connections_killed_mid_flight_lose_no_run(
         await client.aclose()
     for run_id in run_ids:
         await wait_for_status(drill.db_url, run_id, "completed", timeout=30)
+
+
+async def test_a_frozen_worker_that_wakes_after_its_lease_was_reaped_writes_nothing(
+    drill: ExecStack,
+) -> None:
+    """The network-cut drill: SIGSTOP a worker mid-stream until its lease is reaped and another
+    worker finishes the run, then SIGCONT it: its next checkpoint is fenced out and it stops."""
+    tenant = await drill.tenant()
+    text = prompt("freeze me while streaming")
+    words = [f"f{i} " for i in range(200)]
+    drill.model.script(
+        text,
+        [TextTurn("".join(words), chunks=words, delay_ms=20), TextTurn("Second worker's answer.")],
+    )
+    first = await drill.start_worker()
+    run_id = await tenant.send(text)
+
+    async def streamed() -> bool | None:
+        parts = await parts_of(drill.db_url, run_id)
+        return True if parts and len(parts[0].payload.get("text", "")) > 20 else None
+
+    await eventually(streamed, what="a checkpoint of streamed text")
+    frozen = drill.services.procs[first].process
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        await drill.start_worker()
+        run = await wait_for_status(drill.db_url, run_id, "completed", timeout=30)
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    assert run.attempt == 2 and run.result_text == "Second worker's answer."
+    log = drill.services.procs[first].log_path
+
+    async def fenced_out() -> bool | None:
+        return True if f"run {run_id}: lease lost" in log.read_text() else None
+
+    await eventually(fenced_out, timeout=20, what="the woken worker to find its lease gone")
+    after = await run_row(drill.db_url, run_id)
+    assert (after.status, after.last_seq, after.result_text) == (
+        "completed",
+        run.last_seq,
+        "Second worker's answer.",
+    ), "the woken worker wrote nothing"
+    terminal = [t for _, t, _ in await events_of(drill.db_url, run_id) if t == "run.completed"]
+    assert terminal == ["run.completed"]
+    assert frozen.poll() is None, "the woken worker is still serving"
