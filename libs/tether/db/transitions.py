@@ -55,13 +55,11 @@ _SHAPES: collections.OrderedDict[tuple[Any, ...], tuple[Executable, list[Any]]] 
 )
 _MAX_SHAPES = 512
 
+# Set values for hot paths, shared so their statements are reused.
 NOW = func.now()
 NEXT_EPOCH = runs.c.lease_epoch + 1
 STARTED_ONCE = func.coalesce(runs.c.started_at, func.now())
-
-
-# now() + the bound `lease_ttl` interval (pass it in `params`).
-LEASE_UNTIL = func.now() + bindparam("lease_ttl", type_=Interval)
+LEASE_UNTIL = func.now() + bindparam("lease_ttl", type_=Interval)  # bind lease_ttl in `params`
 
 
 async def apply(
