@@ -39,15 +39,16 @@ def prompt(label: str) -> str:
     return f"{label} {uuid.uuid4().hex}"
 
 
-async def test_sigkill_mid_stream_resumes_on_another_worker_losing_no_persisted_part(
-    drill: ExecStack,
-) -> None:
+async def streaming_on_first_worker(
+    drill: ExecStack, label: str, *, words: int, delay_ms: int, then: str
+) -> tuple[str, str, str]:
+    """A run streaming a long answer on a first worker (the next attempt answers `then`), once
+    more than 20 characters of it are checkpointed: (worker, run id, the persisted text)."""
     tenant = await drill.tenant()
-    text = prompt("kill me while streaming")
-    words = [f"w{i} " for i in range(300)]
+    text = prompt(label)
+    chunks = [f"{label[0]}{i} " for i in range(words)]
     drill.model.script(
-        text,
-        [TextTurn("".join(words), chunks=words, delay_ms=30), TextTurn("Recovered answer.")],
+        text, [TextTurn("".join(chunks), chunks=chunks, delay_ms=delay_ms), TextTurn(then)]
     )
     first = await drill.start_worker()
     run_id = await tenant.send(text)
@@ -58,6 +59,15 @@ async def test_sigkill_mid_stream_resumes_on_another_worker_losing_no_persisted_
         return value if len(value) > 20 else None
 
     persisted = await eventually(checkpointed_text, what="a checkpoint of streamed text")
+    return first, run_id, persisted
+
+
+async def test_sigkill_mid_stream_resumes_on_another_worker_losing_no_persisted_part(
+    drill: ExecStack,
+) -> None:
+    first, run_id, persisted = await streaming_on_first_worker(
+        drill, "kill me while streaming", words=300, delay_ms=30, then="Recovered answer."
+    )
     drill.services.kill(first)
     await drill.start_worker()
     run = await wait_for_status(drill.db_url, run_id, "completed", timeout=30)
@@ -237,21 +247,9 @@ async def test_a_frozen_worker_that_wakes_after_its_lease_was_reaped_writes_noth
 ) -> None:
     """The network-cut drill: SIGSTOP a worker mid-stream until its lease is reaped and another
     worker finishes the run, then SIGCONT it: its next checkpoint is fenced out and it stops."""
-    tenant = await drill.tenant()
-    text = prompt("freeze me while streaming")
-    words = [f"f{i} " for i in range(200)]
-    drill.model.script(
-        text,
-        [TextTurn("".join(words), chunks=words, delay_ms=20), TextTurn("Second worker's answer.")],
+    first, run_id, _ = await streaming_on_first_worker(
+        drill, "freeze me while streaming", words=200, delay_ms=20, then="Second worker's answer."
     )
-    first = await drill.start_worker()
-    run_id = await tenant.send(text)
-
-    async def streamed() -> bool | None:
-        parts = await parts_of(drill.db_url, run_id)
-        return True if parts and len(parts[0].payload.get("text", "")) > 20 else None
-
-    await eventually(streamed, what="a checkpoint of streamed text")
     frozen = drill.services.procs[first].process
     frozen.send_signal(signal.SIGSTOP)
     try:

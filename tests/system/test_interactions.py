@@ -65,6 +65,19 @@ def prompt(label: str) -> str:
     return f"{label} {uuid.uuid4().hex}"
 
 
+async def parked_on_question(
+    stack: ExecStack, label: str, questions: dict[str, Any], answer: str
+) -> tuple[Tenant, str, str]:
+    """A run that asks `questions`, then answers `answer`, parked on its question:
+    (tenant, its text, run id)."""
+    tenant = await stack.tenant()
+    text = prompt(label)
+    stack.model.script(text, [ToolUseTurn("ask_questions", questions), TextTurn(answer)])
+    run_id = await tenant.send(text)
+    await wait_for_status(stack.db_url, run_id, "waiting-for-question")
+    return tenant, text, run_id
+
+
 def client(stack: ExecStack, tenant: Tenant) -> TetherClient:
     return TetherClient(stack.addr("gateway"), tenant.api_key)
 
@@ -84,17 +97,9 @@ async def count(stack: ExecStack, table: Any, **where: Any) -> int:
 async def test_three_questions_resume_once_and_the_model_is_not_asked_again(
     stack: ExecStack,
 ) -> None:
-    tenant = await stack.tenant()
-    text = prompt("order a shirt")
-    stack.model.script(
-        text,
-        [
-            ToolUseTurn("ask_questions", THREE_QUESTIONS),
-            TextTurn("Ordering a M shirt in red and blue."),
-        ],
+    tenant, text, run_id = await parked_on_question(
+        stack, "order a shirt", THREE_QUESTIONS, "Ordering a M shirt in red and blue."
     )
-    run_id = await tenant.send(text)
-    await wait_for_status(stack.db_url, run_id, "waiting-for-question")
     async with client(stack, tenant) as tc:
         pending = (await tc.pending_question(run_id)).question
         assert [q.key for q in pending.questions] == ["size", "colours", "note"]
@@ -313,17 +318,12 @@ async def test_two_claimers_racing_for_one_approval_get_one_claim(stack: ExecSta
 async def test_pending_interactions_survive_a_restart_of_every_service(
     stack: ExecStack,
 ) -> None:
-    tenant = await stack.tenant()
-    text = prompt("ask then restart")
-    stack.model.script(
-        text,
-        [
-            ToolUseTurn("ask_questions", {"questions": [{"key": "city", "prompt": "Which city?"}]}),
-            TextTurn("Booked in Lisbon."),
-        ],
+    tenant, _, run_id = await parked_on_question(
+        stack,
+        "ask then restart",
+        {"questions": [{"key": "city", "prompt": "Which city?"}]},
+        "Booked in Lisbon.",
     )
-    run_id = await tenant.send(text)
-    await wait_for_status(stack.db_url, run_id, "waiting-for-question")
     await stack.services.stop_all()
     await stack.services.start_all()
     async with client(stack, tenant) as tc:
@@ -525,17 +525,12 @@ async def test_cancelling_a_parked_run_closes_its_pause(stack: ExecStack) -> Non
 async def test_an_answer_given_while_the_orchestrator_is_down_resumes_the_run_later(
     stack: ExecStack,
 ) -> None:
-    tenant = await stack.tenant()
-    text = prompt("answer during an outage")
-    stack.model.script(
-        text,
-        [
-            ToolUseTurn("ask_questions", {"questions": [{"key": "ok", "prompt": "Proceed?"}]}),
-            TextTurn("Proceeding."),
-        ],
+    tenant, _, run_id = await parked_on_question(
+        stack,
+        "answer during an outage",
+        {"questions": [{"key": "ok", "prompt": "Proceed?"}]},
+        "Proceeding.",
     )
-    run_id = await tenant.send(text)
-    await wait_for_status(stack.db_url, run_id, "waiting-for-question")
     port = stack.services.procs["orchestrator"].port
     await stack.services.stop("orchestrator")
     try:
