@@ -68,6 +68,17 @@ class Completion:
     stages: dict[str, float] | None = None
     audit: dict[str, Any] | None = None
     events: Sequence[Event] = ()
+    in_flight: Batch | None = None
+
+
+@dataclass
+class Batch:
+    """A numbered checkpoint batch of the current lease (see CheckpointRequest.batch)."""
+
+    number: int
+    parts: Sequence[PartRow] = ()
+    events: Sequence[Event] = ()
+    turns: Sequence[dict[str, Any]] = ()
 
 
 _FINISH = {
@@ -113,6 +124,8 @@ class Execution:
         # Set (and replaced) whenever a run may have become claimable. A claim takes the
         # current one before it looks, so a wake-up between its look and its wait still counts.
         self._wake = asyncio.Event()
+        # Set (and replaced) when this replica schedules a retry: the scheduler looks again.
+        self._retry_scheduled = asyncio.Event()
         # Prices of the runs this replica leased, so pricing a turn costs no query.
         self._prices: dict[str, dict[str, Any]] = {}
         self._routes: dict[str, tuple[float, routing.AgentConfig]] = {}
@@ -274,12 +287,18 @@ class Execution:
         parts: Sequence[PartRow],
         events: Sequence[Event],
         turns: Sequence[dict[str, Any]],
+        *,
+        batch: int = 0,
     ) -> Row[Any]:
         """Persist parts, events and priced turns under the lease, in one transaction."""
         async with self._autocommit.connect() as conn:
             priced = await self._priced(conn, run_id, turns)
-            fenced = await repo.checkpoint(conn, run_id, epoch, self._ttl, parts, events, priced)
+            fenced = await repo.checkpoint(
+                conn, run_id, epoch, self._ttl, parts, events, priced, batch=batch
+            )
         if fenced is None:
+            # A numbered batch that landed already came with the completion, which ended the
+            # lease: from here both cases are the same refusal.
             raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
         # The worker's next live deltas go out when this returns: they must not overtake these.
         await self._publish(run_id, fenced.last_seq - len(events) + 1, events, delivered=True)
@@ -316,6 +335,7 @@ class Execution:
         # Routing happened here at claim time and is already on the attempt row.
         worker_stages = {k: v for k, v in (done.stages or {}).items() if k != "routing_ms"}
         async with self._engine.begin() as conn:
+            landed = await self._land_in_flight(conn, run_id, epoch, done.in_flight)
             parts = list(done.parts)
             extra: list[Event] = []
             if done.status is not RunStatus.COMPLETED:
@@ -377,10 +397,26 @@ class Execution:
                 ),
             )
         self._prices.pop(run_id, None)
+        if landed is not None and done.in_flight is not None:
+            early = done.in_flight.events
+            await self._publish(run_id, landed.last_seq - len(early) + 1, early)
         await self._publish(run_id, row.last_seq - len(events) + 1, events)
         if handed_over:
             self._wake_workers()  # the session's next message may now run
         return row
+
+    async def _land_in_flight(
+        self, conn: AsyncConnection, run_id: str, epoch: int, batch: Batch | None
+    ) -> Row[Any] | None:
+        """Write the checkpoint the worker sent but had no answer for, unless it landed
+        already; the fenced row when this wrote it. A stale lease writes nothing here, and the
+        completion's own fenced statement refuses it next."""
+        if batch is None:
+            return None
+        priced = await self._priced(conn, run_id, batch.turns)
+        return await repo.checkpoint(
+            conn, run_id, epoch, self._ttl, batch.parts, batch.events, priced, batch=batch.number
+        )
 
     @staticmethod
     def _terminal_payload(done: Completion, usage: dict[str, Any]) -> dict[str, Any]:
@@ -446,6 +482,9 @@ class Execution:
         await self._publish(run_id, row.last_seq, published)
         if row.status == RunStatus.FAILED.value:
             self._wake_workers()
+        else:
+            fired, self._retry_scheduled = self._retry_scheduled, asyncio.Event()
+            fired.set()
         return row
 
     async def _fail_exhausted(
@@ -645,6 +684,26 @@ class Execution:
         if published:
             self._wake_workers()
         return len(published)
+
+    async def schedule_retries(self, max_wait_s: float) -> None:
+        """Queue each retry-pending run when its backoff ends: sleep until the earliest one is
+        due, woken early when this replica schedules one; at most `max_wait_s` between looks
+        (retries scheduled by another replica, if that one is gone)."""
+        while True:
+            scheduled = self._retry_scheduled  # taken before looking: a later one still wakes
+            wait_s = max_wait_s
+            try:
+                await self.queue_due_retries()
+                async with self._autocommit.connect() as conn:
+                    due_in = await lease_repo.next_retry_in(conn)
+                if due_in is not None:
+                    wait_s = min(max(due_in, 0.0), max_wait_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("retry scheduling round failed; looking again in %.1f s", wait_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(scheduled.wait(), wait_s)
 
     async def queue_due_retries(self, limit: int = 100) -> int:
         """Move retry-pending runs whose backoff elapsed back to queued (attempt + 1)."""

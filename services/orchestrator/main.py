@@ -24,10 +24,7 @@ async def amain(settings: OrchestratorSettings) -> None:
     servicer = OrchestratorServicer(Runs(engine, bus), execution)
     supervisor = Supervisor()
     supervisor.start("reaper", every(settings.reap_interval_s, execution.reap_expired, "reaper"))
-    supervisor.start(
-        "retry-scheduler",
-        every(settings.retry_poll_s, execution.queue_due_retries, "retry scheduler"),
-    )
+    supervisor.start("retry-scheduler", execution.schedule_retries(settings.retry_poll_s))
     supervisor.start("wake-listener", listen_for_wakeups(bus, execution))
     server, port, _ = await start_server(
         host=settings.host,

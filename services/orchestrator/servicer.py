@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from services.orchestrator.execution import Completion, Execution
+from services.orchestrator.execution import Batch, Completion, Execution
 from services.orchestrator.repositories.progress import PartRow
 from services.orchestrator.routing import AgentConfig
 from services.orchestrator.service import Runs
@@ -59,6 +59,20 @@ def _events(events: Iterable[events_pb2.RunEvent]) -> list[Event]:
             raise InvalidArgument(f"{type_} is ephemeral and is never persisted")
         out.append(Event(type_, payload))
     return out
+
+
+def _in_flight(request: orchestrator_pb2.CompleteRunRequest) -> Batch:
+    batch = request.in_flight
+    if batch.run_id != request.run_id or batch.epoch != request.epoch:
+        raise InvalidArgument("in_flight must be a checkpoint of the same run and lease epoch")
+    if batch.batch <= 0:
+        raise InvalidArgument("in_flight needs its batch number (> 0)")
+    return Batch(
+        batch.batch,
+        [_part_row(w.part) for w in batch.parts],
+        _events(batch.events),
+        _turns(batch.turns),
+    )
 
 
 def _turns(turns: Iterable[common_pb2.Usage]) -> list[dict[str, Any]]:
@@ -142,12 +156,15 @@ class ExecutionServicer:
     async def Checkpoint(
         self, request: orchestrator_pb2.CheckpointRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.CheckpointResponse:
+        if request.batch < 0:
+            raise InvalidArgument("batch must not be negative")
         row = await self._execution.checkpoint(
             request.run_id,
             request.epoch,
             [_part_row(w.part) for w in request.parts],
             _events(request.events),
             _turns(request.turns),
+            batch=request.batch,
         )
         return orchestrator_pb2.CheckpointResponse(
             last_seq=row.last_seq, cancel_requested=row.cancel_requested_at is not None
@@ -212,6 +229,7 @@ class ExecutionServicer:
                 stages=stages,
                 audit=json_format.MessageToDict(request.audit),
                 events=_events(request.events),
+                in_flight=_in_flight(request) if request.HasField("in_flight") else None,
             ),
         )
         return orchestrator_pb2.CompleteRunResponse(moved=True, run=run_to_proto(row))

@@ -19,5 +19,9 @@ class OrchestratorSettings(PlatformSettings):
     lease_ttl_s: float = Field(10.0, description="Lease lifetime; workers heartbeat well within.")
     claim_poll_s: float = Field(0.5, description="Re-check for work when no wake-up arrives.")
     reap_interval_s: float = Field(1.0, description="How often expired leases are reaped.")
-    retry_poll_s: float = Field(0.05, description="How often due retries are queued.")
+    retry_poll_s: float = Field(
+        1.0,
+        description="Longest wait between looks for due retries; a retry this replica "
+        "schedules is queued when due, not at the next look.",
+    )
     grace_s: float = Field(5.0, description="Drain period on SIGTERM.")

@@ -95,6 +95,8 @@ class Attempt:
         self._bus = bus
         self._interval = checkpoint_interval_s
         self._writer: asyncio.Task[None] | None = None
+        self._batches = 0  # checkpoints sent under this lease
+        self._in_flight: orchestrator_pb2.CheckpointRequest | None = None
         self._write_wanted = False
         self._write_error: Exception | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -120,7 +122,8 @@ class Attempt:
     # streams and runs tools, so a turn never waits on the database; one writer keeps them in
     # order, and what piles up while one is in flight goes in the next. The barriers are
     # `sync()` (before parking, a retry, a release, and an external side effect: nothing fires
-    # before its call is durable) and the completion, which carries whatever is left.
+    # before its call is durable). The completion does not wait: it carries whatever is left
+    # and the checkpoint still in flight (numbered, so it lands once whichever comes first).
 
     def checkpoint(self) -> None:
         """Send what changed since the last checkpoint, behind the attempt's back."""
@@ -129,23 +132,38 @@ class Attempt:
             self._writer = asyncio.create_task(self._write(), name=f"checkpoint-{self.run_id}")
 
     async def _write(self) -> None:
-        while self._write_wanted and self._write_error is None:
+        while self._write_wanted and self._write_error is None and not self._completing:
             self._write_wanted = False
             if not self.transcript.pending:
                 continue
-            parts, events, turns = self.transcript.take()
+            self._batches += 1
+            self._in_flight = self._pending_request(batch=self._batches)
             try:
-                response = await self._orchestrator.checkpoint(
-                    self.run_id, self.epoch, parts, events, turns
-                )
+                response = await self._orchestrator.checkpoint(self._in_flight)
             except Exception as exc:
+                if self._completing:
+                    return  # the completion carried this batch; its answer decides
                 # Fenced out, the orchestrator gone, or a bug: the attempt stops where it is.
                 self.stop_with(exc)
                 return
+            finally:
+                self._in_flight = None
             if response.cancel_requested and self.cancel_reason is None:
                 self.cancel_reason = "cancelled by caller"
                 self._stop_task()
         self._release_deltas()  # idle: every event recorded before them has landed
+
+    def _pending_request(self, *, batch: int) -> orchestrator_pb2.CheckpointRequest:
+        """What changed since the last checkpoint, as batch number `batch`."""
+        parts, events, turns = self.transcript.take()
+        return orchestrator_pb2.CheckpointRequest(
+            run_id=self.run_id,
+            epoch=self.epoch,
+            parts=[orchestrator_pb2.PartWrite(part=p) for p in parts],
+            events=events,
+            turns=turns,
+            batch=batch,
+        )
 
     def stop_with(self, error: Exception) -> None:
         """Stop the attempt where it is, ending with `error` (e.g. StaleLease from a heartbeat:
@@ -311,8 +329,8 @@ class Attempt:
         self.transcript.events.append(
             event(
                 "usage.updated",
-                turn={**_camel(usage), "model": self.config.model, "costMicros": cost},
-                total={**_camel(self.state.usage)},
+                turn={**usage, "model": self.config.model, "cost_micros": cost},
+                total=self.state.usage,
             )
         )
         limits = self.limits
@@ -353,7 +371,7 @@ class Attempt:
             )
         self.state.tool_calls += 1
         self.transcript.events.append(
-            event("tool.started", toolCallId=tool_call.tool_call_id, name=tool_call.name)
+            event("tool.started", tool_call_id=tool_call.tool_call_id, name=tool_call.name)
         )
         name, input = tool_call.name, json_format.MessageToDict(tool_call.input)
         if name == ASK_QUESTIONS and name in self.config.tool_allowlist:
@@ -525,14 +543,14 @@ class Attempt:
             self.transcript.events.append(
                 event(
                     "tool.failed",
-                    toolCallId=tool_call_id,
+                    tool_call_id=tool_call_id,
                     name=name,
                     error={"code": code or "tool_error", "message": content},
                 )
             )
         else:
             self.transcript.events.append(
-                event("tool.completed", toolCallId=tool_call_id, name=name, replayed=replayed)
+                event("tool.completed", tool_call_id=tool_call_id, name=name, replayed=replayed)
             )
 
     async def _resume_paused(self) -> None:
@@ -656,13 +674,23 @@ class Attempt:
         await self._orchestrator.release(self.run_id, self.epoch)
 
     async def _complete(self, request: orchestrator_pb2.CompleteRunRequest, start: float) -> None:
-        await self.settle()
+        if self._write_error is not None:
+            raise self._write_error
+        # From here the writer sends nothing more: one round trip carries the rest, and the
+        # checkpoint still in flight rides along instead of being waited for.
         self._completing = True
-        parts, events, turns = self.transcript.take()
-        request.parts.extend(orchestrator_pb2.PartWrite(part=p) for p in parts)
-        request.turns.extend(turns)
-        # One round trip: the last events ride with the completion transaction.
-        request.events.extend(events)
+        if self._in_flight is not None:
+            request.in_flight.CopyFrom(self._in_flight)
+        if self._writer is None or self._writer.done():
+            self._release_deltas()
+        else:
+            # Held behind the checkpoint in flight, they could only go out after the terminal
+            # event now; their parts go whole with the completion instead.
+            self._held_deltas.clear()
+        rest = self._pending_request(batch=0)
+        request.parts.extend(rest.parts)
+        request.turns.extend(rest.turns)
+        request.events.extend(rest.events)
         self.stages["finalisation_ms"] = (time.monotonic() - start) * 1000
         self.stages["total_ms"] = (time.monotonic() - self.started) * 1000
         request.stages.CopyFrom(
@@ -717,13 +745,6 @@ class ProviderError(Exception):
     def __init__(self, failure: ProviderFailure) -> None:
         super().__init__(failure.message)
         self.failure = failure
-
-
-def _camel(data: dict[str, int]) -> dict[str, int]:
-    return {
-        k.split("_")[0] + "".join(w.capitalize() for w in k.split("_")[1:]): v
-        for k, v in data.items()
-    }
 
 
 def _delta_json(run_id: str, part_index: int, text: str, offset: int) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import grpc
@@ -10,7 +10,7 @@ from google.protobuf import json_format
 
 from services.worker.tools.effects import EffectState
 from tether.errors import from_rpc_error
-from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+from tether.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
 T = TypeVar("T")
 
@@ -53,25 +53,10 @@ class Orchestrator:
         return response
 
     async def checkpoint(
-        self,
-        run_id: str,
-        epoch: int,
-        parts: Sequence[common_pb2.Part],
-        events: Sequence[events_pb2.RunEvent],
-        turns: Sequence[common_pb2.Usage],
+        self, request: orchestrator_pb2.CheckpointRequest
     ) -> orchestrator_pb2.CheckpointResponse:
         """Persist progress."""
-        response: orchestrator_pb2.CheckpointResponse = await call(
-            self.stub.Checkpoint(
-                orchestrator_pb2.CheckpointRequest(
-                    run_id=run_id,
-                    epoch=epoch,
-                    parts=[orchestrator_pb2.PartWrite(part=p) for p in parts],
-                    events=events,
-                    turns=turns,
-                )
-            )
-        )
+        response: orchestrator_pb2.CheckpointResponse = await call(self.stub.Checkpoint(request))
         return response
 
     async def complete(self, request: orchestrator_pb2.CompleteRunRequest) -> None:

@@ -11,31 +11,24 @@ import json
 import time
 from collections.abc import Sequence
 
-from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct
 
 from tether.v1 import common_pb2, events_pb2
 
 
-def event(type_: str, **payload: object) -> events_pb2.RunEvent:
-    """A durable event of the transport union."""
+def event(type_: str, **fields: object) -> events_pb2.RunEvent:
+    """A durable event of the transport union; `fields` are the payload's (snake_case) fields,
+    a dict standing for a nested message. Built directly: json_format.ParseDict cost more than
+    the rest of a tool turn's bookkeeping together."""
     message = events_pb2.RunEvent(type=type_)
-    field = type_.replace(".", "_").replace("-", "_")
-    getattr(message, field).CopyFrom(
-        json_format.ParseDict(payload, getattr(events_pb2, _MESSAGE[field])())
-    )
+    payload = getattr(message, type_.replace(".", "_").replace("-", "_"))
+    payload.SetInParent()  # an event with no fields still names its kind
+    for name, value in fields.items():
+        if isinstance(value, dict):
+            getattr(payload, name).MergeFrom(type(getattr(payload, name))(**value))
+        else:
+            setattr(payload, name, value)
     return message
-
-
-_MESSAGE = {
-    "part_added": "PartAdded",
-    "part_updated": "PartUpdated",
-    "tool_started": "ToolStarted",
-    "tool_completed": "ToolCompleted",
-    "tool_failed": "ToolFailed",
-    "usage_updated": "UsageUpdated",
-    "run_checkpointed": "RunCheckpointed",
-}
 
 
 class Transcript:
@@ -111,7 +104,7 @@ class Transcript:
             self.events.append(
                 event(
                     "tool.failed",
-                    toolCallId=call.tool_call.tool_call_id,
+                    tool_call_id=call.tool_call.tool_call_id,
                     name=call.tool_call.name,
                     error={"code": "tool_interrupted", "message": reason},
                 )

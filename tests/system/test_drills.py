@@ -24,7 +24,7 @@ from tests.system.execution_support import (
 from tether.grpcutil import internal_channel
 from tether.testing.eventually import eventually
 from tether.testing.model_server import TextTurn, ToolUseTurn
-from tether.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -152,6 +152,85 @@ async def test_two_claimers_race_for_one_run_and_a_stale_epoch_is_refused(
             )
         assert zombie.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert await parts_of(drill.db_url, run_id) == [], "the zombie wrote nothing"
+
+
+def _batch(run_id: str, epoch: int, number: int, text: str) -> orchestrator_pb2.CheckpointRequest:
+    """Checkpoint batch `number`: a final text part 0 announced, and one priced model turn."""
+    part = common_pb2.Part(
+        index=0, role="assistant", final=True, text=common_pb2.TextPart(text=text)
+    )
+    added = events_pb2.RunEvent(type="part.added")
+    added.part_added.part.CopyFrom(part)
+    return orchestrator_pb2.CheckpointRequest(
+        run_id=run_id,
+        epoch=epoch,
+        parts=[orchestrator_pb2.PartWrite(part=part)],
+        events=[added],
+        turns=[common_pb2.Usage(model="claude-sonnet-5-5", input_tokens=100, output_tokens=7)],
+        batch=number,
+    )
+
+
+def _completion(
+    lease: orchestrator_pb2.Lease, in_flight: orchestrator_pb2.CheckpointRequest
+) -> orchestrator_pb2.CompleteRunRequest:
+    return orchestrator_pb2.CompleteRunRequest(
+        run_id=lease.run_id,
+        epoch=lease.epoch,
+        status=common_pb2.RUN_STATUS_COMPLETED,
+        result_text="done",
+        in_flight=in_flight,
+    )
+
+
+@pytest.mark.parametrize(
+    "landed_first", [True, False], ids=["checkpoint-first", "completion-first"]
+)
+async def test_a_checkpoint_in_flight_at_completion_lands_exactly_once(
+    drill: ExecStack, landed_first: bool
+) -> None:
+    tenant = await drill.tenant()
+    run_id = await tenant.send(prompt("in flight"))
+    async with internal_channel(drill.addr("orchestrator"), drill.token) as channel:
+        stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
+        claim = await stub.ClaimRun(orchestrator_pb2.ClaimRunRequest(worker_id="w", wait_ms=5000))
+        assert claim.claimed and claim.lease.run_id == run_id
+        lease = claim.lease
+        batch = _batch(run_id, lease.epoch, 1, "the answer so far")
+
+        # A completion whose in-flight batch is not this lease's changes nothing.
+        for wrong in (
+            _batch(run_id, lease.epoch + 1, 1, "x"),
+            _batch(run_id, lease.epoch, 0, "x"),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.CompleteRun(_completion(lease, wrong))
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (await run_row(drill.db_url, run_id)).status == "running"
+        assert await parts_of(drill.db_url, run_id) == []
+
+        if landed_first:
+            await stub.Checkpoint(batch)
+        done = await stub.CompleteRun(_completion(lease, batch))
+        assert done.run.status == common_pb2.RUN_STATUS_COMPLETED
+
+        # The late copy of the batch (the worker's checkpoint answered after the completion,
+        # or sent again) is refused and writes nothing.
+        before = await events_of(drill.db_url, run_id)
+        with pytest.raises(grpc.aio.AioRpcError) as late:
+            await stub.Checkpoint(batch)
+        assert late.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    events = await events_of(drill.db_url, run_id)
+    assert events == before
+    types = [t for _, t, _ in events]
+    assert types.count("part.added") == 1, "the batch's events were written once"
+    assert types.index("part.added") < types.index("run.completed")
+    assert [s for s, _, _ in events] == list(range(1, len(events) + 1))
+    row = await run_row(drill.db_url, run_id)
+    assert (row.usage["input_tokens"], row.usage["output_tokens"]) == (100, 7), "one turn, once"
+    assert [p.payload["text"] for p in await parts_of(drill.db_url, run_id)] == [
+        "the answer so far"
+    ]
 
 
 async def test_sigterm_releases_the_lease_and_another_worker_finishes(drill: ExecStack) -> None:

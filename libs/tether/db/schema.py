@@ -136,6 +136,8 @@ runs = Table(
     # Whether the run is its session's head (sessions.active_run_id): only a head runs, so
     # a conversation's messages run one at a time, in order.
     Column("session_head", Boolean, nullable=False, server_default=text("false")),
+    # The last checkpoint batch of the current lease that landed (see Checkpoint.batch).
+    Column("checkpoint_batch", BigInteger, nullable=False, server_default=text("0")),
     _now(),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("started_at", DateTime(timezone=True)),

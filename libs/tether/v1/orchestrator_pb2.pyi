@@ -642,10 +642,16 @@ class CheckpointRequest(_message.Message):
     PARTS_FIELD_NUMBER: _builtins.int
     EVENTS_FIELD_NUMBER: _builtins.int
     TURNS_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     epoch: _builtins.int
     """Fencing epoch."""
+    batch: _builtins.int
+    """This batch's place among the attempt's checkpoints (1, 2, ...): a batch that already
+    landed is not written again (see CompleteRunRequest.in_flight). 0 has no place and is
+    always written.
+    """
     @_builtins.property
     def parts(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartWrite]:
         """Parts to upsert."""
@@ -666,10 +672,11 @@ class CheckpointRequest(_message.Message):
         parts: _abc.Iterable[Global___PartWrite] | None = ...,
         events: _abc.Iterable[_events_pb2.RunEvent] | None = ...,
         turns: _abc.Iterable[_common_pb2.Usage] | None = ...,
+        batch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "events", b"events", "parts", b"parts", "run_id", b"run_id", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "epoch", b"epoch", "events", b"events", "parts", b"parts", "run_id", b"run_id", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -935,6 +942,7 @@ class CompleteRunRequest(_message.Message):
     STAGES_FIELD_NUMBER: _builtins.int
     AUDIT_FIELD_NUMBER: _builtins.int
     EVENTS_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     epoch: _builtins.int
@@ -973,6 +981,13 @@ class CompleteRunRequest(_message.Message):
     def events(self) -> _containers.RepeatedCompositeFieldContainer[_events_pb2.RunEvent]:
         """Durable events not yet checkpointed; appended before the terminal event."""
 
+    @_builtins.property
+    def in_flight(self) -> Global___CheckpointRequest:
+        """A checkpoint sent but not yet answered when the attempt ended (same run, epoch and a
+        batch > 0): written first, unless it landed already, so the completion need not wait for
+        it. Once the run is finished the late checkpoint itself is refused (FAILED_PRECONDITION).
+        """
+
     def __init__(
         self,
         *,
@@ -988,10 +1003,11 @@ class CompleteRunRequest(_message.Message):
         stages: Global___StageDurations | None = ...,
         audit: _struct_pb2.Struct | None = ...,
         events: _abc.Iterable[_events_pb2.RunEvent] | None = ...,
+        in_flight: Global___CheckpointRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["audit", b"audit", "error", b"error", "stages", b"stages"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["audit", b"audit", "error", b"error", "in_flight", b"in_flight", "stages", b"stages"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit", b"audit", "epoch", b"epoch", "error", b"error", "events", b"events", "parts", b"parts", "result_text", b"result_text", "run_id", b"run_id", "stages", b"stages", "status", b"status", "task_outcome", b"task_outcome", "turns", b"turns", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit", b"audit", "epoch", b"epoch", "error", b"error", "events", b"events", "in_flight", b"in_flight", "parts", b"parts", "result_text", b"result_text", "run_id", b"run_id", "stages", b"stages", "status", b"status", "task_outcome", b"task_outcome", "turns", b"turns", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

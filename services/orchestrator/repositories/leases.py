@@ -75,6 +75,7 @@ async def lease(
             "lease_owner": worker_id,
             "lease_epoch": NEXT_EPOCH,
             "lease_expires_at": LEASE_UNTIL,
+            "checkpoint_batch": 0,
             "started_at": STARTED_ONCE,
             "next_attempt_at": None,
             "config": config,
@@ -148,6 +149,17 @@ async def due_retries(conn: AsyncConnection, limit: int) -> list[Any]:
         .with_for_update(skip_locked=True)
     )
     return list((await conn.execute(stmt)).all())
+
+
+_NEXT_RETRY_IN = select(func.extract("epoch", func.min(runs.c.next_attempt_at) - func.now())).where(
+    runs.c.status == RunStatus.RETRY_PENDING.value
+)
+
+
+async def next_retry_in(conn: AsyncConnection) -> float | None:
+    """Seconds until the earliest retry-pending run is due (negative: overdue), or None."""
+    value = (await conn.execute(_NEXT_RETRY_IN)).scalar()
+    return None if value is None else float(value)
 
 
 _END_ATTEMPT = (

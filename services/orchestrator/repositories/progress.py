@@ -54,8 +54,10 @@ _CHECKPOINT = text(
     WITH fence AS (
         UPDATE runs
         SET last_seq = last_seq + cardinality(CAST(:e_types AS text[])),
-            lease_expires_at = now() + CAST(:ttl AS interval)
+            lease_expires_at = now() + CAST(:ttl AS interval),
+            checkpoint_batch = GREATEST(checkpoint_batch, CAST(:batch AS bigint))
         WHERE run_id = :run_id AND status = 'running' AND lease_epoch = :epoch
+          AND (CAST(:batch AS bigint) = 0 OR checkpoint_batch < CAST(:batch AS bigint))
         RETURNING last_seq, cancel_requested_at, tenant_id
     ), new_parts AS (
         INSERT INTO run_parts (run_id, part_index, role, kind, payload, final, updated_at)
@@ -95,12 +97,16 @@ async def checkpoint(
     parts: Sequence[PartRow],
     events: Sequence[Event],
     turns: Sequence[dict[str, Any]],
+    *,
+    batch: int = 0,
 ) -> Row[Any] | None:
     """Fence, parts, events and priced turns in ONE statement (one round trip, atomic);
-    None when the lease epoch is stale, in which case nothing was written."""
+    None when the lease epoch is stale or batch `batch` (> 0) of this lease already landed,
+    in which case nothing was written."""
     params = {
         "run_id": run_id,
         "epoch": epoch,
+        "batch": batch,
         "ttl": timedelta(seconds=ttl_s),
         "p_idx": [p.index for p in parts],
         "p_role": [p.role for p in parts],
