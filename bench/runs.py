@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -328,31 +329,45 @@ async def _one_run(
     return (finished - start) * 1000, outcome
 
 
-async def _bare_calls(model: Model, count: int, *, tool_use: bool) -> list[float]:
-    """Latency of a streamed call made straight with the SDK, fully consumed."""
+async def _bare_calls(
+    model: Model,
+    count: int,
+    *,
+    tool_use: bool,
+    body: dict[str, Any] | None = None,
+) -> list[float]:
+    """Latency of a streamed call made straight with the SDK, fully consumed: the bench prompt
+    alone, or `body` (a request a run sent, replayed as it was)."""
     sdk = AsyncAnthropic(base_url=model.base_url, api_key="x", max_retries=0)
     key = f"bare-{uuid.uuid4().hex[:8]}"
     headers = {}
     if tool_use:
         await model.script(key, [{"kind": "tool_use", "name": "get_time", "input": {}}] * count)
         headers = {"x-tether-script": key}
+    request = {k: v for k, v in (body or {}).items() if k != "stream"} or {
+        "model": MODEL,
+        "max_tokens": 4096,
+        "messages": [{"role": "user", "content": PROMPT}],
+    }
     samples = []
     try:
         for _ in range(count):
             start = time.perf_counter()
-            stream = await sdk.messages.create(
-                model=MODEL,
-                max_tokens=4096,
-                messages=[{"role": "user", "content": PROMPT}],
-                stream=True,
-                extra_headers=headers,
-            )
+            stream = await sdk.messages.create(**request, stream=True, extra_headers=headers)
             async for _event in stream:
                 pass
             samples.append((time.perf_counter() - start) * 1000)
     finally:
         await sdk.close()
     return samples
+
+
+async def _requests_of(model: Model, key: str) -> list[dict[str, Any]]:
+    """Bodies of the requests the model server saw under script key `key`, in order."""
+    async with model.http.get(f"{model.base_url}/_requests") as response:
+        response.raise_for_status()
+        log = (await response.json())["requests"]
+    return [r["body"] for r in log if r["script_key"] == key]
 
 
 async def latency(client: TetherClient, done: Completions, model: Model) -> None:
@@ -390,26 +405,106 @@ async def latency(client: TetherClient, done: Completions, model: Model) -> None
             await model.script(text, [tool_turn] * (k - 1) + [answer])
             sink.append(await run_one(text, f"turns-{k}-{tag}-{i}"))
     per_turn = (statistics.median(many) - statistics.median(one)) / (MULTI_TURN_K - 1)
+    # The same calls without the runtime: the requests the last K-turn run sent for its turns
+    # 2..K (the K - 1 turns a K-turn run has beyond a 1-turn run: the history and tool
+    # definitions it carries), each replayed straight with the SDK and answered the same way.
+    bodies = (await _requests_of(model, text))[1:]
+    if len(bodies) != MULTI_TURN_K - 1:
+        raise RuntimeError(f"expected {MULTI_TURN_K - 1} later turns, found {len(bodies)}")
+    bare_same = statistics.mean(
+        [
+            statistics.median(
+                await _bare_calls(model, BARE_CALLS // len(bodies), tool_use=True, body=body)
+            )
+            for body in bodies
+        ]
+    )
     emit(
         "turn_overhead_ms",
-        per_turn - bare_tool,
+        per_turn - bare_same,
         "ms",
         method=f"(median e2e of a {MULTI_TURN_K}-turn run - median e2e of a 1-turn run) / "
-        f"{MULTI_TURN_K - 1} - median bare SDK call answering the same tool_use turn",
-        includes="per tool turn, beyond the model call: the worker's streaming, its one "
-        "write-behind checkpoint (tool call, tool.started and tool result together), get_time "
-        "and the context rebuild; admission, claim and completion cancel out",
+        f"{MULTI_TURN_K - 1} - the same turns' requests (the run's own, captured by the model "
+        "server) sent straight with the SDK: mean over turns of the median bare call",
+        includes="per tool turn, beyond the model call with its context: the worker's "
+        "streaming, its one write-behind checkpoint (tool call, tool.started and tool result "
+        "together), get_time and the context rebuild; admission, claim and completion cancel out",
+        bare_call_ms_same_requests=round(bare_same, 3),
         pairs=MULTI_TURN_PAIRS,
         median_e2e_ms_1_turn=round(statistics.median(one), 3),
         median_e2e_ms_k_turns=round(statistics.median(many), 3),
         per_turn_ms=round(per_turn, 3),
-        bare_call_ms_tool_use=round(bare_tool, 3),
+        bare_call_ms_tool_use_minimal_request=round(bare_tool, 3),
+        overhead_ms_vs_minimal_request=round(per_turn - bare_tool, 3),
         bare_call_ms_text=round(bare_text, 3),
         bare_calls=BARE_CALLS,
         one_turn_upper_bound_ms=round(statistics.median(e2e) - bare_text, 3),
         one_turn_upper_bound_note="e2e_p50 - bare text call: admission + claim + one turn + "
         "completion, an upper bound of the per-turn overhead",
         outcomes=dict(outcomes),
+    )
+
+
+# -- the floor under throughput -----------------------------------------------------------------
+
+FLOOR_ITERATIONS = 1600  # per process
+
+
+async def floor(stack: BenchStack, model: Model) -> None:
+    """Runs per second that nothing of Tether's could exceed: WORKERS processes, each with
+    WORKER_CONCURRENCY loops of one no-op RPC to the gateway and one bare streamed SDK call (see
+    bench.floor_load), the two things every run costs whatever the design. No database, no
+    Redis, no logic: what this reaches, on this machine, bounds e2e_runs_per_s from above."""
+    gateway = stack.services.addresses()["gateway"]
+    processes = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.floor_load",
+            model.base_url,
+            gateway,
+            str(FLOOR_ITERATIONS),
+            str(WORKER_CONCURRENCY),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for _ in range(WORKERS)
+    ]
+    try:
+        for process in processes:
+            assert process.stdout is not None
+            ready = await asyncio.wait_for(process.stdout.readline(), 60)
+            if ready.strip() != b"ready":
+                raise RuntimeError(f"floor load did not start: {ready!r}")
+        for process in processes:
+            assert process.stdin is not None
+            process.stdin.write(b"go\n")
+            await process.stdin.drain()
+        spans = []
+        for process in processes:
+            assert process.stdout is not None
+            spans.append(json.loads(await asyncio.wait_for(process.stdout.readline(), 120)))
+    finally:
+        for process in processes:
+            if process.returncode is None:
+                process.kill()
+            await process.wait()
+    seconds = max(s["end"] for s in spans) - min(s["start"] for s in spans)
+    iterations = WORKERS * (FLOOR_ITERATIONS // WORKER_CONCURRENCY * WORKER_CONCURRENCY)
+    per_s = iterations / seconds
+    emit(
+        "e2e_floor_runs_per_s",
+        per_s,
+        "runs/s",
+        each_run="1 no-op unary RPC to the gateway (grpc.health.v1.Health/Check) + 1 bare "
+        "streamed SDK call to the local model, fully consumed",
+        processes=WORKERS,
+        concurrency=WORKER_CONCURRENCY,
+        iterations=iterations,
+        seconds=round(seconds, 3),
+        cpu_ms_per_run=round((os.cpu_count() or 1) * 1000 / per_s, 3),
+        note="an upper bound on e2e_runs_per_s on this machine: a run also needs admission, "
+        "a claim and a completion (commits, RPCs, Redis), none of which is in this loop",
     )
 
 
@@ -491,3 +586,4 @@ async def run() -> None:
         async with completions(stack.redis_url) as done:
             await latency(client, done, model)
         await throughput(stack, client)
+        await floor(stack, model)

@@ -1,0 +1,56 @@
+"""One process of the run floor: loops that each do, per iteration, what no run can skip and
+no design can batch away: one unary RPC to the edge (the gateway's health check, through its
+real server and interceptors) and one streamed SDK call to the model, fully consumed.
+
+`python -m bench.floor_load MODEL_URL GATEWAY_ADDR ITERATIONS CONCURRENCY` warms up, prints
+`ready`, waits for a line on stdin, runs, then prints `{"start": ..., "end": ...}` (monotonic
+clock, comparable across processes), so several processes can be timed as one load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import grpc
+from anthropic import AsyncAnthropic
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench.runs import MODEL, PROMPT
+from tether.runner import run
+
+
+async def _load(model_url: str, gateway: str, iterations: int, concurrency: int) -> None:
+    sdk = AsyncAnthropic(base_url=model_url, api_key="bench", max_retries=0)
+    channel = grpc.aio.insecure_channel(gateway)
+    health = health_pb2_grpc.HealthStub(channel)
+
+    async def loop(count: int) -> None:
+        for _ in range(count):
+            await health.Check(health_pb2.HealthCheckRequest())
+            stream = await sdk.messages.create(
+                model=MODEL,
+                max_tokens=4096,
+                messages=[{"role": "user", "content": PROMPT}],
+                stream=True,
+            )
+            async for _event in stream:
+                pass
+
+    try:
+        await asyncio.gather(*(loop(10) for _ in range(concurrency)))  # warm-up
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        start = time.monotonic()
+        await asyncio.gather(*(loop(iterations // concurrency) for _ in range(concurrency)))
+        print(json.dumps({"start": start, "end": time.monotonic()}), flush=True)
+    finally:
+        await sdk.close()
+        await channel.close()
+
+
+if __name__ == "__main__":
+    url, address, total, callers = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    run(_load(url, address, total, callers))
