@@ -330,6 +330,7 @@ async def _one_run(
 
 
 async def _bare_calls(
+    sdk: AsyncAnthropic,
     model: Model,
     count: int,
     *,
@@ -338,7 +339,6 @@ async def _bare_calls(
 ) -> list[float]:
     """Latency of a streamed call made straight with the SDK, fully consumed: the bench prompt
     alone, or `body` (a request a run sent, replayed as it was)."""
-    sdk = AsyncAnthropic(base_url=model.base_url, api_key="x", max_retries=0)
     key = f"bare-{uuid.uuid4().hex[:8]}"
     headers = {}
     if tool_use:
@@ -350,15 +350,12 @@ async def _bare_calls(
         "messages": [{"role": "user", "content": PROMPT}],
     }
     samples = []
-    try:
-        for _ in range(count):
-            start = time.perf_counter()
-            stream = await sdk.messages.create(**request, stream=True, extra_headers=headers)
-            async for _event in stream:
-                pass
-            samples.append((time.perf_counter() - start) * 1000)
-    finally:
-        await sdk.close()
+    for _ in range(count):
+        start = time.perf_counter()
+        stream = await sdk.messages.create(**request, stream=True, extra_headers=headers)
+        async for _event in stream:
+            pass
+        samples.append((time.perf_counter() - start) * 1000)
     return samples
 
 
@@ -388,47 +385,59 @@ async def latency(client: TetherClient, done: Completions, model: Model) -> None
     emit("e2e_p50_ms", statistics.median(e2e), "ms", **light)
     emit("e2e_p99_ms", percentile(e2e, 99), "ms", **light)
 
-    await _bare_calls(model, 20, tool_use=False)  # warm-up
-    bare_text = statistics.median(await _bare_calls(model, BARE_CALLS, tool_use=False))
-    bare_tool = statistics.median(await _bare_calls(model, BARE_CALLS, tool_use=True))
+    # One client for every bare call, as a worker keeps one: its connection stays open.
+    sdk = AsyncAnthropic(base_url=model.base_url, api_key="x", max_retries=0)
+    await _bare_calls(sdk, model, 20, tool_use=False)  # warm-up
+    bare_text = statistics.median(await _bare_calls(sdk, model, BARE_CALLS, tool_use=False))
+    bare_tool = statistics.median(await _bare_calls(sdk, model, BARE_CALLS, tool_use=True))
 
     # K-turn runs (K - 1 scripted get_time turns, then the answer) against one-turn runs of the
-    # same scripted shape, interleaved: the difference over K - 1 is the cost of one tool turn.
+    # same scripted shape: the difference over K - 1 is the cost of one tool turn. The same
+    # turns without the runtime: the requests a K-turn run sends for its turns 2..K (the K - 1
+    # turns it has beyond a 1-turn run, with the history and tool definitions they carry),
+    # captured by the model server from a warm-up run and replayed straight with the SDK,
+    # answered the same way. Each pair is followed by its replay, so drift in the machine's
+    # speed hits all three alike; the figure is the median over pairs.
     tool_turn = {"kind": "tool_use", "name": "get_time", "input": {}}
     answer = {"kind": "text", "text": "All done."}
-    one: list[float] = []
-    many: list[float] = []
-    outcomes.clear()
-    for i in range(MULTI_TURN_PAIRS):
-        for k, sink in ((1, one), (MULTI_TURN_K, many)):
-            text = f"bench {k}-turn run {tag} {i}"
-            await model.script(text, [tool_turn] * (k - 1) + [answer])
-            sink.append(await run_one(text, f"turns-{k}-{tag}-{i}"))
-    per_turn = (statistics.median(many) - statistics.median(one)) / (MULTI_TURN_K - 1)
-    # The same calls without the runtime: the requests the last K-turn run sent for its turns
-    # 2..K (the K - 1 turns a K-turn run has beyond a 1-turn run: the history and tool
-    # definitions it carries), each replayed straight with the SDK and answered the same way.
-    bodies = (await _requests_of(model, text))[1:]
+
+    async def k_turn_run(k: int, label: str) -> tuple[str, float]:
+        text = f"bench {k}-turn run {tag} {label}"
+        await model.script(text, [tool_turn] * (k - 1) + [answer])
+        return text, await run_one(text, f"turns-{k}-{tag}-{label}")
+
+    sample_text, _ = await k_turn_run(MULTI_TURN_K, "capture")
+    bodies = (await _requests_of(model, sample_text))[1:]
     if len(bodies) != MULTI_TURN_K - 1:
         raise RuntimeError(f"expected {MULTI_TURN_K - 1} later turns, found {len(bodies)}")
-    bare_same = statistics.mean(
-        [
-            statistics.median(
-                await _bare_calls(model, BARE_CALLS // len(bodies), tool_use=True, body=body)
-            )
-            for body in bodies
-        ]
-    )
+    one: list[float] = []
+    many: list[float] = []
+    bare_sums: list[float] = []
+    overheads: list[float] = []
+    outcomes.clear()
+    for i in range(MULTI_TURN_PAIRS):
+        _, single = await k_turn_run(1, str(i))
+        _, multi = await k_turn_run(MULTI_TURN_K, str(i))
+        bare = sum([(await _bare_calls(sdk, model, 1, tool_use=True, body=b))[0] for b in bodies])
+        one.append(single)
+        many.append(multi)
+        bare_sums.append(bare)
+        overheads.append((multi - single - bare) / (MULTI_TURN_K - 1))
+    await sdk.close()
+    per_turn = (statistics.median(many) - statistics.median(one)) / (MULTI_TURN_K - 1)
+    bare_same = statistics.median(bare_sums) / (MULTI_TURN_K - 1)
     emit(
         "turn_overhead_ms",
-        per_turn - bare_same,
+        statistics.median(overheads),
         "ms",
-        method=f"(median e2e of a {MULTI_TURN_K}-turn run - median e2e of a 1-turn run) / "
-        f"{MULTI_TURN_K - 1} - the same turns' requests (the run's own, captured by the model "
-        "server) sent straight with the SDK: mean over turns of the median bare call",
+        method=f"median over {MULTI_TURN_PAIRS} pairs of (e2e of a {MULTI_TURN_K}-turn run - "
+        f"e2e of a 1-turn run - the {MULTI_TURN_K - 1} later turns' own requests sent straight "
+        f"with the SDK right after) / {MULTI_TURN_K - 1}",
         includes="per tool turn, beyond the model call with its context: the worker's "
         "streaming, its one write-behind checkpoint (tool call, tool.started and tool result "
         "together), get_time and the context rebuild; admission, claim and completion cancel out",
+        p25_ms=round(percentile(overheads, 25), 3),
+        p75_ms=round(percentile(overheads, 75), 3),
         bare_call_ms_same_requests=round(bare_same, 3),
         pairs=MULTI_TURN_PAIRS,
         median_e2e_ms_1_turn=round(statistics.median(one), 3),
