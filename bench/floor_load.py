@@ -1,10 +1,12 @@
-"""One process of the run floor: loops that each do, per iteration, what no run can skip and
-no design can batch away: one unary RPC to the edge (the gateway's health check, through its
-real server and interceptors) and one streamed SDK call to the model, fully consumed.
+"""One process of the run floor: loops that each do, per iteration, the least a durable run
+costs in any design: one unary RPC to the edge (the gateway's health check, through its real
+server and interceptors), three durable commits (the smallest there is: one single-row insert
+each, in autocommit, as admission, the claim's lease and the completion each need at least)
+and one streamed SDK call to the model, fully consumed.
 
-`python -m bench.floor_load MODEL_URL GATEWAY_ADDR ITERATIONS CONCURRENCY` warms up, prints
-`ready`, waits for a line on stdin, runs, then prints `{"start": ..., "end": ...}` (monotonic
-clock, comparable across processes), so several processes can be timed as one load.
+`python -m bench.floor_load MODEL_URL GATEWAY_ADDR DB_URL ITERATIONS CONCURRENCY` warms up,
+prints `ready`, waits for a line on stdin, runs, then prints `{"start": ..., "end": ...}`
+(monotonic clock, comparable across processes), so several processes can be timed as one load.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import sys
 import time
 
+import asyncpg
 import grpc
 from anthropic import AsyncAnthropic
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -21,15 +24,24 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench.runs import MODEL, PROMPT
 from tether.runner import run
 
+COMMITS = 3
+INSERT = "INSERT INTO floor_probe DEFAULT VALUES"
 
-async def _load(model_url: str, gateway: str, iterations: int, concurrency: int) -> None:
+
+async def _load(
+    model_url: str, gateway: str, db_url: str, iterations: int, concurrency: int
+) -> None:
     sdk = AsyncAnthropic(base_url=model_url, api_key="bench", max_retries=0)
     channel = grpc.aio.insecure_channel(gateway)
     health = health_pb2_grpc.HealthStub(channel)
+    pool = await asyncpg.create_pool(db_url, min_size=concurrency, max_size=concurrency)
 
     async def loop(count: int) -> None:
         for _ in range(count):
             await health.Check(health_pb2.HealthCheckRequest())
+            async with pool.acquire() as conn:
+                for _ in range(COMMITS):
+                    await conn.execute(INSERT)
             stream = await sdk.messages.create(
                 model=MODEL,
                 max_tokens=4096,
@@ -49,8 +61,9 @@ async def _load(model_url: str, gateway: str, iterations: int, concurrency: int)
     finally:
         await sdk.close()
         await channel.close()
+        await pool.close()
 
 
 if __name__ == "__main__":
-    url, address, total, callers = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    run(_load(url, address, total, callers))
+    url, address, db, total, callers = sys.argv[1:6]
+    run(_load(url, address, db, int(total), int(callers)))

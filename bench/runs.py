@@ -461,10 +461,19 @@ FLOOR_ITERATIONS = 1600  # per process
 
 async def floor(stack: BenchStack, model: Model) -> None:
     """Runs per second that nothing of Tether's could exceed: WORKERS processes, each with
-    WORKER_CONCURRENCY loops of one no-op RPC to the gateway and one bare streamed SDK call (see
-    bench.floor_load), the two things every run costs whatever the design. No database, no
-    Redis, no logic: what this reaches, on this machine, bounds e2e_runs_per_s from above."""
+    WORKER_CONCURRENCY loops of one no-op RPC to the gateway, three minimal durable commits and
+    one bare streamed SDK call (see bench.floor_load), what every durable run costs whatever
+    the design. No Redis, no logic: what this reaches, on this machine, bounds
+    e2e_runs_per_s from above."""
     gateway = stack.services.addresses()["gateway"]
+    db = await asyncpg.connect(stack.db_url)
+    try:
+        await db.execute(
+            "CREATE TABLE IF NOT EXISTS floor_probe "
+            "(id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())"
+        )
+    finally:
+        await db.close()
     processes = [
         await asyncio.create_subprocess_exec(
             sys.executable,
@@ -472,6 +481,7 @@ async def floor(stack: BenchStack, model: Model) -> None:
             "bench.floor_load",
             model.base_url,
             gateway,
+            stack.db_url,
             str(FLOOR_ITERATIONS),
             str(WORKER_CONCURRENCY),
             stdin=asyncio.subprocess.PIPE,
@@ -505,15 +515,17 @@ async def floor(stack: BenchStack, model: Model) -> None:
         "e2e_floor_runs_per_s",
         per_s,
         "runs/s",
-        each_run="1 no-op unary RPC to the gateway (grpc.health.v1.Health/Check) + 1 bare "
-        "streamed SDK call to the local model, fully consumed",
+        each_run="1 no-op unary RPC to the gateway (grpc.health.v1.Health/Check) + "
+        "3 single-row durable commits (autocommit inserts: admission, lease, completion) + "
+        "1 bare streamed SDK call to the local model, fully consumed",
         processes=WORKERS,
         concurrency=WORKER_CONCURRENCY,
         iterations=iterations,
         seconds=round(seconds, 3),
         cpu_ms_per_run=round((os.cpu_count() or 1) * 1000 / per_s, 3),
-        note="an upper bound on e2e_runs_per_s on this machine: a run also needs admission, "
-        "a claim and a completion (commits, RPCs, Redis), none of which is in this loop",
+        note="an upper bound on e2e_runs_per_s on this machine: a run also needs the "
+        "internal RPCs, queries, events, Redis and the logic of admission, claim and "
+        "completion, none of which is in this loop",
     )
 
 
