@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -27,6 +28,7 @@ from services.orchestrator.repositories import leases as lease_repo
 from services.orchestrator.repositories import progress as repo
 from services.orchestrator.repositories.progress import PartRow
 from services.orchestrator.repositories.runs import get_run
+from services.orchestrator.wakeups import Wakeups
 from tether import states
 from tether.bus import Bus, events_channel
 from tether.db.schema import runs
@@ -121,9 +123,11 @@ class Execution:
         self._ttl = lease_ttl_s
         self._claim_poll = claim_poll_s
         self._history_runs = history_runs
-        # Set (and replaced) whenever a run may have become claimable. A claim takes the
-        # current one before it looks, so a wake-up between its look and its wait still counts.
-        self._wake = asyncio.Event()
+        # Waiting claims, woken one per run that may have become claimable.
+        self.wakeups = Wakeups()
+        # Marks this replica's own wake-up messages, which come back to it through Redis.
+        self.wake_marker = f"orchestrator-{uuid.uuid4().hex}"
+        self._empty_as_of = -1  # wakeups.generation when the last look that found nothing began
         # Set (and replaced) when this replica schedules a retry: the scheduler looks again.
         self._retry_scheduled = asyncio.Event()
         # Prices of the runs this replica leased, so pricing a turn costs no query.
@@ -151,15 +155,13 @@ class Execution:
         if delivered:
             await self._bus.delivered()
 
-    def notify(self) -> None:
-        """A run may have become claimable: wake the claims waiting here."""
-        fired, self._wake = self._wake, asyncio.Event()
-        fired.set()
-
-    def _wake_workers(self) -> None:
-        self.notify()
+    def _wake_workers(self, run_ids: Sequence[str] = ("",)) -> None:
+        """These runs ("" for one not known by id) may have become claimable: wake a claim
+        for each here and, through Redis, on every other replica."""
+        self.wakeups.wake(run_ids)
         if self._bus is not None:
-            self._bus.notify_queued("")
+            for run_id in run_ids:
+                self._bus.notify_queued(f"{run_id}@{self.wake_marker}")
 
     # -- claim --------------------------------------------------------------------------------
 
@@ -167,16 +169,31 @@ class Execution:
         """Lease the oldest claimable run, waiting up to `wait_s` for one to appear."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
+        first = True
         while True:
-            wake = self._wake
-            claimed = await self._claim_once(worker_id)
-            if claimed is not None or loop.time() >= deadline:
-                return claimed
-            # Woken by Redis (admission, resumption) or locally; the poll is the fallback for
-            # a wake-up Redis lost (flushed or down).
-            timeout = min(self._claim_poll, deadline - loop.time())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout)
+            ticket = self.wakeups.ticket()  # before looking: a wake-up during the look counts
+            claimed = None
+            try:
+                generation = self.wakeups.generation
+                # A new claim skips the look while nothing woke since one found nothing.
+                if not (first and generation == self._empty_as_of):
+                    claimed = await self._claim_once(worker_id)
+                    if claimed is None:
+                        self._empty_as_of = max(self._empty_as_of, generation)
+                first = False
+                if claimed is not None or loop.time() >= deadline:
+                    taken = None if claimed is None else str(claimed.run.run_id)
+                    self.wakeups.leave(ticket, claimed=taken)
+                    return claimed
+                # Woken by Redis (admission, resumption) or locally; the poll is the fallback
+                # for a wake-up Redis lost (flushed or down).
+                timeout = min(self._claim_poll, deadline - loop.time())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ticket, timeout)
+            except BaseException:
+                self.wakeups.leave(ticket, claimed=None)  # failed, or the caller went away
+                raise
+            self.wakeups.leave(ticket, claimed=None, looking_again=True)
 
     async def _claim_once(self, worker_id: str) -> Claimed | None:
         broken: tuple[str, TetherError] | None = None
@@ -402,7 +419,7 @@ class Execution:
             await self._publish(run_id, landed.last_seq - len(early) + 1, early)
         await self._publish(run_id, row.last_seq - len(events) + 1, events)
         if handed_over:
-            self._wake_workers()  # the session's next message may now run
+            self._wake_workers(handed_over)  # the session's next message may now run
         return row
 
     async def _land_in_flight(
@@ -528,7 +545,7 @@ class Execution:
                 await lease_repo.end_attempt(conn, run_id, epoch, "released")
         if row is not None:
             await self._publish(run_id, row.last_seq, [Event("run.queued", {"reason": "released"})])
-            self._wake_workers()
+            self._wake_workers([run_id])
         return row is not None
 
     async def park(self, run_id: str, epoch: int, status: RunStatus, interaction_id: str) -> bool:
@@ -573,7 +590,7 @@ class Execution:
         if row is None:
             return False
         await self._publish(run_id, row.last_seq - len(events), [*events, queued])
-        self._wake_workers()
+        self._wake_workers([run_id])
         return True
 
     async def expire_waiting(
@@ -682,7 +699,7 @@ class Execution:
         for run_id, first, events in published:
             await self._publish(run_id, first, events)
         if published:
-            self._wake_workers()
+            self._wake_workers([run_id for run_id, _, _ in published])
         return len(published)
 
     async def schedule_retries(self, max_wait_s: float) -> None:
@@ -723,19 +740,26 @@ class Execution:
         for run_id, seq, event in published:
             await self._publish(run_id, seq, [event])
         if published:
-            self._wake_workers()
+            self._wake_workers([run_id for run_id, _, _ in published])
         return len(published)
 
     async def fail_unleased(self, run_id: str, error: dict[str, Any]) -> None:
         """Fail a queued run that cannot even start (routing or context broken)."""
+        failed = Event("run.failed", {"error": _camel(error)})
+        handed_over: list[str] = []
         async with self._engine.begin() as conn:
-            await apply(
+            row = await apply(
                 conn,
                 states.FAIL_UNLEASED,
                 run_id,
-                events=[Event("run.failed", {"error": _camel(error)})],
+                events=[failed],
                 values={"error": error, "finished_at": NOW},
+                handed_over=handed_over,
             )
+        if row is not None:
+            await self._publish(run_id, row.last_seq, [failed])
+        if handed_over:
+            self._wake_workers(handed_over)  # the session's next message may now run
 
 
 def _camel(data: dict[str, Any]) -> dict[str, Any]:

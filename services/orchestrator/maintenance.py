@@ -35,14 +35,21 @@ async def listen_for_wakeups(bus: Bus, execution: Execution) -> None:
             async with bus.client.pubsub() as pubsub:
                 await pubsub.subscribe(WAKE_CHANNEL)
                 async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        execution.notify()
+                    if message.get("type") != "message":
+                        continue
+                    data = message.get("data")
+                    if isinstance(data, bytes):
+                        data = data.decode()
+                    # "RUN_ID" from admission, "RUN_ID@REPLICA" from an orchestrator replica.
+                    run_id, _, origin = str(data).partition("@")
+                    if origin != execution.wake_marker:  # this replica woke its own already
+                        execution.wakeups.wake([run_id])
         except asyncio.CancelledError:
             raise
         except (RedisError, OSError) as exc:
             # Claims fall back to polling meanwhile; nothing is lost, only slower.
             log.warning("wake-up listener lost Redis (%s); reconnecting", exc)
-            execution.notify()
+            execution.wakeups.wake_all()
             await asyncio.sleep(0.5)
 
 
