@@ -175,8 +175,9 @@ class Execution:
             claimed = None
             try:
                 generation = self.wakeups.generation
-                # A new claim skips the look while nothing woke since one found nothing.
-                if not (first and generation == self._empty_as_of):
+                # A new claim that will wait skips the look while nothing woke since one found
+                # nothing: its ticket is in line, so the next wake-up (or the poll) is its own.
+                if not (first and wait_s > 0 and generation == self._empty_as_of):
                     claimed = await self._claim_once(worker_id)
                     if claimed is None:
                         self._empty_as_of = max(self._empty_as_of, generation)
@@ -185,15 +186,32 @@ class Execution:
                     taken = None if claimed is None else str(claimed.run.run_id)
                     self.wakeups.leave(ticket, claimed=taken)
                     return claimed
-                # Woken by Redis (admission, resumption) or locally; the poll is the fallback
-                # for a wake-up Redis lost (flushed or down).
-                timeout = min(self._claim_poll, deadline - loop.time())
+                # Woken by Redis (admission, resumption), locally, or by the replica's poll
+                # (poll_claimable) when a wake-up was lost.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(ticket, timeout)
+                    await asyncio.wait_for(ticket, deadline - loop.time())
             except BaseException:
                 self.wakeups.leave(ticket, claimed=None)  # failed, or the caller went away
                 raise
             self.wakeups.leave(ticket, claimed=None, looking_again=True)
+
+    async def poll_claimable(self) -> None:
+        """The fallback for wake-ups lost on the way: every claim poll interval, while claims
+        wait here, count the claimable runs and wake that many. One cheap query per replica,
+        however many claims wait (each polling for itself cost a transaction per claim)."""
+        while True:
+            await asyncio.sleep(self._claim_poll)
+            waiting = self.wakeups.waiting
+            if not waiting:
+                continue
+            try:
+                async with self._autocommit.connect() as conn:
+                    claimable = await lease_repo.count_claimable(conn, waiting)
+            except Exception:
+                log.exception("claim poll failed; trying again in %.1f s", self._claim_poll)
+                continue
+            if claimable:
+                self.wakeups.wake([""] * claimable)
 
     async def _claim_once(self, worker_id: str) -> Claimed | None:
         broken: tuple[str, TetherError] | None = None

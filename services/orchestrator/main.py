@@ -26,6 +26,7 @@ async def amain(settings: OrchestratorSettings) -> None:
     supervisor.start("reaper", every(settings.reap_interval_s, execution.reap_expired, "reaper"))
     supervisor.start("retry-scheduler", execution.schedule_retries(settings.retry_poll_s))
     supervisor.start("wake-listener", listen_for_wakeups(bus, execution))
+    supervisor.start("claim-poll", execution.poll_claimable())
     server, port, _ = await start_server(
         host=settings.host,
         port=settings.port,

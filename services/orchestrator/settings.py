@@ -17,7 +17,9 @@ class OrchestratorSettings(PlatformSettings):
 
     pool_size: int = Field(10, description="Database connections.")
     lease_ttl_s: float = Field(10.0, description="Lease lifetime; workers heartbeat well within.")
-    claim_poll_s: float = Field(0.5, description="Re-check for work when no wake-up arrives.")
+    claim_poll_s: float = Field(
+        0.5, description="How often waiting claims are checked for work no wake-up announced."
+    )
     reap_interval_s: float = Field(1.0, description="How often expired leases are reaped.")
     retry_poll_s: float = Field(
         1.0,

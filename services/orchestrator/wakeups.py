@@ -7,7 +7,8 @@ wake-up that arrives during the look is not lost; a wake-up its holder did not u
 another run, gave up, or went away) is passed on to the next in line. A wake-up names its run
 when it is known ("" when not), so a claim that took that very run passes nothing on.
 `generation` counts wake-ups: a new claim need not look while nothing woke since a look that
-found nothing began. The claim's poll interval stays the fallback for a wake-up never sent.
+found nothing began. For a wake-up lost on the way (Redis flushed or down) one poll per
+replica looks on the waiting claims' behalf (`Execution.poll_claimable`), not each claim.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ class Wakeups:
         ticket: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._waiting.append(ticket)
         return ticket
+
+    @property
+    def waiting(self) -> int:
+        """Claims waiting in line now."""
+        return sum(1 for ticket in self._waiting if not ticket.done())
 
     def wake(self, run_ids: Sequence[str] = ("",)) -> None:
         """One claim per run that may have become claimable, the longest-waiting first."""

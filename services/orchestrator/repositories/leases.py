@@ -37,6 +37,19 @@ async def pick_candidate(conn: AsyncConnection) -> Any:
     return (await conn.execute(_CANDIDATES, {"limit": 1})).first()
 
 
+_CLAIMABLE = select(func.count()).select_from(
+    select(runs.c.run_id)
+    .where(runs.c.status == RunStatus.QUEUED.value, runs.c.session_head)
+    .limit(bindparam("limit"))
+    .subquery()
+)
+
+
+async def count_claimable(conn: AsyncConnection, limit: int) -> int:
+    """How many claimable runs there are, counting at most `limit` (locked ones too)."""
+    return int((await conn.execute(_CLAIMABLE, {"limit": limit})).scalar_one())
+
+
 async def tenant_agent(conn: AsyncConnection, tenant_id: str) -> dict[str, Any]:
     """The tenant's agent overrides."""
     row = (
