@@ -1,8 +1,8 @@
 """Claims waiting for work, woken one per run that became claimable, oldest first.
 
 Waking every waiting claim for each queued run made all of them look (a transaction each) and
-all but one find nothing: with two workers of eight slots that was sixteen transactions per
-run at light load, on the run's critical path. A claim takes its ticket before it looks, so a
+all but one find nothing: each worker process with a free slot keeps one claim waiting, so a
+fleet of N idle workers paid N transactions per run, N - 1 of them for nothing. A claim takes its ticket before it looks, so a
 wake-up that arrives during the look is not lost; a wake-up its holder did not use (it claimed
 another run, gave up, or went away) is passed on to the next in line. A wake-up names its run
 when it is known ("" when not), so a claim that took that very run passes nothing on.
