@@ -2,13 +2,14 @@
 
 Waking every waiting claim for each queued run made all of them look (a transaction each) and
 all but one find nothing: each worker process with a free slot keeps one claim waiting, so a
-fleet of N idle workers paid N transactions per run, N - 1 of them for nothing. A claim takes its ticket before it looks, so a
-wake-up that arrives during the look is not lost; a wake-up its holder did not use (it claimed
-another run, gave up, or went away) is passed on to the next in line. A wake-up names its run
-when it is known ("" when not), so a claim that took that very run passes nothing on.
-`generation` counts wake-ups: a new claim need not look while nothing woke since a look that
-found nothing began. For a wake-up lost on the way (Redis flushed or down) one poll per
-replica looks on the waiting claims' behalf (`Execution.poll_claimable`), not each claim.
+fleet of N idle workers paid N transactions per run, N - 1 of them for nothing. A claim takes
+its ticket before it looks, so a wake-up that arrives during the look is not lost; a wake-up
+its holder did not use (it claimed another run, gave up, or went away) is passed on to the
+next in line. A wake-up names its run when it is known ("" when not), so a claim that took
+that very run passes nothing on. `generation` counts wake-ups: a new claim need not look
+while nothing woke since a look that found nothing began. For a wake-up lost on the way
+(Redis flushed or down) one poll per replica looks on the waiting claims' behalf
+(`Execution.poll_claimable`), not each claim.
 """
 
 from __future__ import annotations
