@@ -21,7 +21,7 @@ import grpc
 from anthropic import AsyncAnthropic
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.runs import MODEL, PROMPT
+from bench.runs import BENCH_REQUEST, streamed_call
 from tether.runner import run
 
 COMMITS = 3
@@ -42,14 +42,7 @@ async def _load(
             async with pool.acquire() as conn:
                 for _ in range(COMMITS):
                     await conn.execute(INSERT)
-            stream = await sdk.messages.create(
-                model=MODEL,
-                max_tokens=4096,
-                messages=[{"role": "user", "content": PROMPT}],
-                stream=True,
-            )
-            async for _event in stream:
-                pass
+            await streamed_call(sdk, BENCH_REQUEST)
 
     try:
         await asyncio.gather(*(loop(10) for _ in range(concurrency)))  # warm-up

@@ -54,6 +54,11 @@ CHECKPOINT_WARMUP = 20
 
 MODEL = "claude-sonnet-5-5"  # the routing default, so bare calls name the same model
 PROMPT = "bench: reply in one short sentence"  # no tool intent: the demo agent answers at once
+BENCH_REQUEST: dict[str, Any] = {
+    "model": MODEL,
+    "max_tokens": 4096,
+    "messages": [{"role": "user", "content": PROMPT}],
+}
 TERMINAL = {"run.completed": "completed", "run.failed": "failed", "run.cancelled": "cancelled"}
 
 
@@ -344,19 +349,22 @@ async def _bare_calls(
     if tool_use:
         await model.script(key, [{"kind": "tool_use", "name": "get_time", "input": {}}] * count)
         headers = {"x-tether-script": key}
-    request = {k: v for k, v in (body or {}).items() if k != "stream"} or {
-        "model": MODEL,
-        "max_tokens": 4096,
-        "messages": [{"role": "user", "content": PROMPT}],
-    }
+    request = {k: v for k, v in (body or {}).items() if k != "stream"} or BENCH_REQUEST
     samples = []
     for _ in range(count):
         start = time.perf_counter()
-        stream = await sdk.messages.create(**request, stream=True, extra_headers=headers)
-        async for _event in stream:
-            pass
+        await streamed_call(sdk, request, headers)
         samples.append((time.perf_counter() - start) * 1000)
     return samples
+
+
+async def streamed_call(
+    sdk: AsyncAnthropic, request: dict[str, Any], headers: dict[str, str] | None = None
+) -> None:
+    """One streamed Messages call made straight with the SDK, every event consumed."""
+    stream = await sdk.messages.create(**request, stream=True, extra_headers=headers or {})
+    async for _event in stream:
+        pass
 
 
 async def _requests_of(model: Model, key: str) -> list[dict[str, Any]]:

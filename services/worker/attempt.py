@@ -128,7 +128,7 @@ class Attempt:
     def checkpoint(self) -> None:
         """Send what changed since the last checkpoint, behind the attempt's back."""
         self._write_wanted = True
-        if self._writer is None or self._writer.done():
+        if self._writer_idle():
             self._writer = asyncio.create_task(self._write(), name=f"checkpoint-{self.run_id}")
 
     async def _write(self) -> None:
@@ -178,18 +178,18 @@ class Attempt:
         if self._task is not None and not self._task.done():
             self._task.cancel()
 
-    async def settle(self) -> None:
-        """Wait until every requested checkpoint has landed; raise what stopped the writer."""
+    def _writer_idle(self) -> bool:
+        return self._writer is None or self._writer.done()
+
+    async def sync(self) -> None:
+        """Checkpoint what changed and wait until every requested checkpoint has landed;
+        raise what stopped the writer."""
+        if self.transcript.pending:
+            self.checkpoint()
         if self._writer is not None:
             await asyncio.shield(self._writer)
         if self._write_error is not None:
             raise self._write_error
-
-    async def sync(self) -> None:
-        """Checkpoint what changed and wait until it has landed."""
-        if self.transcript.pending:
-            self.checkpoint()
-        await self.settle()
 
     async def publish_delta(self, part_index: int, text: str, offset: int) -> None:
         """Live token delta for subscribers (ephemeral, seq 0). Deltas are posted once the
@@ -209,7 +209,7 @@ class Attempt:
 
     def _post_deltas(self) -> None:
         self._deltas_due = False
-        if self._writer is None or self._writer.done():
+        if self._writer_idle():
             self._release_deltas()
         # else the writer posts them when it goes idle
 
@@ -681,7 +681,7 @@ class Attempt:
         self._completing = True
         if self._in_flight is not None:
             request.in_flight.CopyFrom(self._in_flight)
-        if self._writer is None or self._writer.done():
+        if self._writer_idle():
             self._release_deltas()
         else:
             # Held behind the checkpoint in flight, they could only go out after the terminal
