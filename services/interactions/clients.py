@@ -1,5 +1,5 @@
-"""The interactions service's outbound adapters: the orchestrator (resume, expire) over gRPC
-and an OAuth token endpoint over HTTP."""
+"""The interactions service's outbound adapters: the orchestrator (bindings, resume, expire)
+over gRPC and an OAuth token endpoint over HTTP."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import grpc
 import httpx2
 from google.protobuf import json_format
 
-from tether.convert import EVENT_FIELDS, status_to_proto
+from services.interactions.service import Binding
+from tether.convert import EVENT_FIELDS, status_from_proto, status_to_proto
 from tether.errors import FailedPrecondition, Unavailable, from_rpc_error
 from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
@@ -21,15 +22,42 @@ def _event(type_: str, payload: dict[str, Any]) -> events_pb2.RunEvent:
 
 
 class GrpcResumer:
-    """Resumes and expires runs through the orchestrator."""
+    """Learns what runs wait on, and resumes and expires them, through the orchestrator."""
 
     def __init__(self, stub: orchestrator_pb2_grpc.OrchestratorServiceStub) -> None:
         self._stub = stub
 
+    async def binding(self, tenant_id: str, run_id: str) -> Binding:
+        """What the run is parked on, and its lease."""
+        try:
+            response = await self._stub.LookupBinding(
+                orchestrator_pb2.LookupBindingRequest(tenant_id=tenant_id, run_id=run_id)
+            )
+        except grpc.aio.AioRpcError as exc:
+            error = from_rpc_error(exc)
+            if isinstance(error, Unavailable):
+                # Nothing was resolved: which pause the run is on is the orchestrator's to say.
+                raise Unavailable(
+                    "the orchestrator is unreachable, so the run's pause cannot be resolved "
+                    "now; nothing was recorded, try again shortly"
+                ) from exc
+            raise error from exc
+        status = status_from_proto(response.status)
+        return Binding(
+            status.value if status is not None else "",
+            response.waiting_interaction_id,
+            response.lease_epoch,
+        )
+
     async def resume(
-        self, tenant_id: str, run_id: str, from_status: str, event: tuple[str, dict[str, Any]]
+        self,
+        tenant_id: str,
+        run_id: str,
+        from_status: str,
+        event: tuple[str, dict[str, Any]],
+        interaction_id: str,
     ) -> bool:
-        """Queue a waiting run once."""
+        """Queue a run parked on `interaction_id` once."""
         try:
             response = await self._stub.ResumeRun(
                 orchestrator_pb2.ResumeRunRequest(
@@ -37,6 +65,7 @@ class GrpcResumer:
                     run_id=run_id,
                     from_status=status_to_proto(from_status),
                     event=_event(*event),
+                    interaction_id=interaction_id,
                 )
             )
         except grpc.aio.AioRpcError as exc:
@@ -51,8 +80,9 @@ class GrpcResumer:
         from_status: str,
         error: dict[str, Any],
         event: tuple[str, dict[str, Any]],
+        interaction_id: str,
     ) -> bool:
-        """Fail a waiting run whose pause expired."""
+        """Fail a run whose pause on `interaction_id` expired."""
         try:
             response = await self._stub.ExpireWaitingRun(
                 orchestrator_pb2.ExpireWaitingRunRequest(
@@ -65,6 +95,7 @@ class GrpcResumer:
                         retryable=bool(error.get("retryable")),
                     ),
                     event=_event(*event),
+                    interaction_id=interaction_id,
                 )
             )
         except grpc.aio.AioRpcError as exc:

@@ -1,5 +1,6 @@
 """All SQL of the interactions service: interactions, grants, connections, and the read-only
-lease check against the orchestrator's runs table."""
+lease check against the orchestrator's runs table (for storing an interaction and reading
+grants and connections; which interaction a run is parked on is the orchestrator's to say)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tether.db.schema import connections, grants, interactions, messages, runs, tenants
 from tether.errors import NotFound, StaleLease
-from tether.states import TERMINAL
-
-FINISHED = [s.value for s in TERMINAL]
 
 
 async def leased_run(conn: AsyncConnection, run_id: str, epoch: int) -> Any:
@@ -80,22 +78,16 @@ async def insert_interaction(conn: AsyncConnection, **values: Any) -> None:
     await conn.execute(insert(interactions).values(status="pending", **values))
 
 
-async def open_interaction(
-    conn: AsyncConnection, run_id: str, kind: str, *, lock: bool = False
+async def bound_interaction(
+    conn: AsyncConnection, run_id: str, interaction_id: str, kind: str, *, lock: bool = False
 ) -> Row[Any] | None:
-    """The run's newest pending interaction of `kind`, while the run still waits on it (a run
-    cancelled while parked has nothing left to answer)."""
-    stmt = (
-        select(interactions)
-        .join(runs, runs.c.run_id == interactions.c.run_id)
-        .where(
-            interactions.c.run_id == run_id,
-            interactions.c.kind == kind,
-            interactions.c.status == "pending",
-            runs.c.status.not_in(FINISHED),
-        )
-        .order_by(interactions.c.created_at.desc())
-        .limit(1)
+    """The pending interaction of `kind` the run is parked on (the orchestrator named it);
+    None once it was resolved."""
+    stmt = select(interactions).where(
+        interactions.c.interaction_id == interaction_id,
+        interactions.c.run_id == run_id,
+        interactions.c.kind == kind,
+        interactions.c.status == "pending",
     )
     if lock:
         stmt = stmt.with_for_update()
@@ -118,6 +110,17 @@ async def resolve(
     ).first()
 
 
+async def close_unresolved(
+    conn: AsyncConnection, interaction_id: str, status: str, reason: str
+) -> None:
+    """Close a pending interaction nobody resolved, with why; nothing is left to deliver."""
+    await conn.execute(
+        update(interactions)
+        .where(interactions.c.interaction_id == interaction_id, interactions.c.status == "pending")
+        .values(status=status, reason=reason, resolved_at=func.now(), delivered_at=func.now())
+    )
+
+
 async def answered_questions(conn: AsyncConnection, run_id: str) -> Sequence[Row[Any]]:
     """The run's answered questions, oldest first."""
     return (
@@ -133,19 +136,33 @@ async def answered_questions(conn: AsyncConnection, run_id: str) -> Sequence[Row
     ).all()
 
 
+async def run_tenant(conn: AsyncConnection, run_id: str) -> str | None:
+    """The tenant of a run that has interactions; None when it has none."""
+    tenant_id: str | None = (
+        await conn.execute(
+            select(interactions.c.tenant_id).where(interactions.c.run_id == run_id).limit(1)
+        )
+    ).scalar()
+    return tenant_id
+
+
 async def claim_approval(
-    conn: AsyncConnection, run_id: str, tool_name: str, epoch: int
+    conn: AsyncConnection, run_id: str, tool_call_id: str, tool_name: str, epoch: int
 ) -> Row[Any] | None:
-    """Compare-and-set the run's decided (or expired) approval for `tool_name` to claimed."""
+    """Compare-and-set the decided (or expired) approval of this tool call to claimed; None
+    when there is none to claim (undecided, claimed already, another tool or another call).
+    Only an interaction the run was parked on is ever decided or expired, so an orphan is
+    never claimable."""
     target = (
         select(interactions.c.interaction_id)
         .where(
             interactions.c.run_id == run_id,
+            interactions.c.tool_call_id == tool_call_id,
             interactions.c.kind == "approval",
             interactions.c.tool_name == tool_name,
             interactions.c.status.in_(("decided", "expired")),
         )
-        .order_by(interactions.c.created_at)
+        .order_by(interactions.c.created_at.desc())
         .limit(1)
         .scalar_subquery()
     )
@@ -267,37 +284,39 @@ async def find_connection(
 
 
 async def expired_pending(conn: AsyncConnection, limit: int) -> Sequence[Row[Any]]:
-    """Pending interactions past their expiry, locked for the sweep."""
+    """Pending interactions past their expiry, oldest first (each is then resolved by a
+    guarded update, so two sweeps never resolve one twice)."""
     return (
         await conn.execute(
             select(interactions)
             .where(interactions.c.status == "pending", interactions.c.expires_at < func.now())
+            .order_by(interactions.c.expires_at)
             .limit(limit)
-            .with_for_update(skip_locked=True)
         )
     ).all()
 
 
-async def unresumed(conn: AsyncConnection, limit: int) -> Sequence[Any]:
-    """Resolved interactions whose run still waits: a resume that did not reach the
-    orchestrator (it was down); the sweep delivers it, and the guarded resume makes it once."""
+async def undelivered(conn: AsyncConnection, limit: int) -> Sequence[Row[Any]]:
+    """Resolutions the orchestrator has not taken yet: a resume that did not reach it (it was
+    down); the sweep delivers them, and the guarded resume makes each count once."""
     return (
         await conn.execute(
-            select(
-                interactions.c.interaction_id,
-                interactions.c.kind,
-                interactions.c.run_id,
-                interactions.c.tenant_id,
-                interactions.c.status,
-                interactions.c.decision,
-            )
-            .join(runs, runs.c.run_id == interactions.c.run_id)
+            select(interactions)
             .where(
-                runs.c.waiting_interaction_id == interactions.c.interaction_id,
-                runs.c.status.like("waiting-for-%"),
                 interactions.c.status.in_(("answered", "decided", "completed", "expired")),
+                interactions.c.delivered_at.is_(None),
                 interactions.c.resolved_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, 1),
             )
+            .order_by(interactions.c.resolved_at)
             .limit(limit)
         )
     ).all()
+
+
+async def mark_delivered(conn: AsyncConnection, interaction_id: str) -> None:
+    """The orchestrator took this resolution (resumed the run, or it had moved on)."""
+    await conn.execute(
+        update(interactions)
+        .where(interactions.c.interaction_id == interaction_id)
+        .values(delivered_at=func.now())
+    )

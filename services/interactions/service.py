@@ -3,6 +3,11 @@
 Each kind is stored (pending), resolved once by a person (a guarded update), and resumes its
 run to queued once through the orchestrator (a guarded transition there). A resolution whose
 resume did not get through is delivered by the sweep; the orchestrator's guard keeps it once.
+
+An interaction is inert until its run is parked on it: the orchestrator's fenced park binds the
+run to one interaction id, and only that one can be answered, decided, completed, expired or
+claimed (the orchestrator says which, and its resume and expiry apply only to it). One stored
+by a worker that died before parking stays unbound and is swept as orphaned.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any, Protocol
 from urllib.parse import urlencode
 
 from sqlalchemy.engine import Row
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.interactions import repository as repo
 from tether.errors import (
@@ -25,6 +30,7 @@ from tether.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    StaleLease,
     Unavailable,
 )
 from tether.ids import new_id
@@ -69,13 +75,45 @@ class QuestionSpec:
         )
 
 
+@dataclass(frozen=True)
+class Binding:
+    """The run's side of a pause, as the orchestrator tells it."""
+
+    status: str
+    waiting_interaction_id: str
+    lease_epoch: int
+
+    def parked_on(self, kind: str, interaction_id: str) -> bool:
+        """Whether the run waits on exactly this interaction, of this kind."""
+        return self.status == WAITING_FOR[kind] and self.waiting_interaction_id == interaction_id
+
+    def bound(self, kind: str) -> str | None:
+        """The interaction of `kind` the run is parked on, if it is parked on one."""
+        if self.status != WAITING_FOR[kind] or not self.waiting_interaction_id:
+            return None
+        return self.waiting_interaction_id
+
+    def leased(self, epoch: int) -> bool:
+        """Whether `epoch` is the run's live lease."""
+        return self.status == RunStatus.RUNNING.value and self.lease_epoch == epoch
+
+
 class Resumer(Protocol):
-    """The orchestrator, as far as interactions need it."""
+    """The orchestrator, as far as interactions need it: the one authority over runs."""
+
+    async def binding(self, tenant_id: str, run_id: str) -> Binding:
+        """What the run waits on; NotFound when it is absent or another tenant's."""
 
     async def resume(
-        self, tenant_id: str, run_id: str, from_status: str, event: tuple[str, dict[str, Any]]
+        self,
+        tenant_id: str,
+        run_id: str,
+        from_status: str,
+        event: tuple[str, dict[str, Any]],
+        interaction_id: str,
     ) -> bool:
-        """Queue a waiting run once; False when it had already moved."""
+        """Queue a run parked on `interaction_id` once; False when it had already moved or
+        waits on another one."""
 
     async def expire(
         self,
@@ -84,8 +122,10 @@ class Resumer(Protocol):
         from_status: str,
         error: dict[str, Any],
         event: tuple[str, dict[str, Any]],
+        interaction_id: str,
     ) -> bool:
-        """Fail a waiting run whose pause expired; False when it had already moved."""
+        """Fail a run whose pause on `interaction_id` expired; False when it had already moved
+        or waits on another one."""
 
 
 class TokenExchange(Protocol):
@@ -115,6 +155,13 @@ class Policy:
 
 
 Event = tuple[str, dict[str, Any]]
+
+WAITING_FOR = {
+    "question": RunStatus.WAITING_FOR_QUESTION.value,
+    "approval": RunStatus.WAITING_FOR_APPROVAL.value,
+    "connection": RunStatus.WAITING_FOR_CONNECTION.value,
+}
+ORPHANED = "the run never parked on it"
 
 # What each kind of resolution resumes from, and the event that records it (once, with the
 # run.queued that follows).
@@ -210,9 +257,10 @@ class Interactions:
         answers: Mapping[str, Sequence[str]],
     ) -> tuple[str, bool]:
         """Record the answers once and resume the run once."""
+        bound = await self._bound(tenant_id, run_id, "question")
         async with self._engine.begin() as conn:
             await repo.tenant_run(conn, tenant_id, run_id)
-            pending = await repo.open_interaction(conn, run_id, "question", lock=True)
+            pending = await self._open(conn, run_id, "question", bound, lock=True)
             if pending is None:
                 raise FailedPrecondition(f"run {run_id!r} has no open question to answer")
             specs = [QuestionSpec.from_json(s) for s in pending.questions]
@@ -227,9 +275,10 @@ class Interactions:
 
     async def pending_question(self, tenant_id: str, run_id: str) -> Row[Any] | None:
         """The run's open question, or None once answered."""
+        bound = await self._bound(tenant_id, run_id, "question")
         async with self._engine.connect() as conn:
             await repo.tenant_run(conn, tenant_id, run_id)
-            return await repo.open_interaction(conn, run_id, "question")
+            return await self._open(conn, run_id, "question", bound)
 
     async def answered(self, run_id: str, epoch: int) -> Sequence[Row[Any]]:
         """The run's answered questions, for the resumed attempt (no claim: answers are
@@ -300,6 +349,7 @@ class Interactions:
                 principal_id=run.actor_id,
                 kind=kind,
                 tool_call_id=tool_call_id,
+                lease_epoch=epoch,
                 **fields,
             )
         return interaction_id
@@ -318,9 +368,10 @@ class Interactions:
         if decision not in DECISIONS:
             raise InvalidArgument(f"decision must be one of {list(DECISIONS)}")
         grant_id = ""
+        bound = await self._bound(tenant_id, run_id, "approval")
         async with self._engine.begin() as conn:
             run = await repo.tenant_run(conn, tenant_id, run_id)
-            pending = await repo.open_interaction(conn, run_id, "approval", lock=True)
+            pending = await self._open(conn, run_id, "approval", bound, lock=True)
             if pending is None:
                 raise FailedPrecondition(f"run {run_id!r} has no open approval to decide")
             if decision == "allow-always":
@@ -365,21 +416,30 @@ class Interactions:
         )
         return pending.interaction_id, resumed, grant_id
 
-    async def claim_approval(self, run_id: str, epoch: int, tool_name: str) -> Row[Any] | None:
-        """Claim the run's decided approval for `tool_name` for exactly one execution.
+    async def claim_approval(
+        self, run_id: str, epoch: int, tool_name: str, tool_call_id: str
+    ) -> Row[Any] | None:
+        """Claim the decided approval of this tool call for exactly one execution.
 
-        Fails closed: an undecided approval cannot be claimed, a claim names one tool and one
-        run, and two racing claimers get one claim.
+        Fails closed: an undecided approval cannot be claimed, a claim names one tool, one call
+        and one run, an orphan (never parked on, so never decided) cannot be claimed, and two
+        racing claimers get one claim.
         """
+        async with self._engine.connect() as conn:
+            tenant_id = await repo.run_tenant(conn, run_id)
+        if tenant_id is None:
+            return None  # nothing was ever requested for this run
+        if not (await self._resumer.binding(tenant_id, run_id)).leased(epoch):
+            raise StaleLease(f"lease epoch {epoch} of run {run_id} is not current")
         async with self._engine.begin() as conn:
-            await repo.leased_run(conn, run_id, epoch)
-            return await repo.claim_approval(conn, run_id, tool_name, epoch)
+            return await repo.claim_approval(conn, run_id, tool_call_id, tool_name, epoch)
 
     async def pending_approval(self, tenant_id: str, run_id: str) -> Row[Any] | None:
         """The run's open approval, or None once decided."""
+        bound = await self._bound(tenant_id, run_id, "approval")
         async with self._engine.connect() as conn:
             await repo.tenant_run(conn, tenant_id, run_id)
-            return await repo.open_interaction(conn, run_id, "approval")
+            return await self._open(conn, run_id, "approval", bound)
 
     # -- connections --------------------------------------------------------------------------
 
@@ -472,6 +532,12 @@ class Interactions:
                 return False  # double click, retried redirect, prefetch: queued once already
             if offer.expires_at <= datetime.now(UTC):
                 raise FailedPrecondition("this consent link expired; the run was failed")
+            binding = await self._resumer.binding(tenant_id, run_id)
+            if not binding.parked_on("connection", offer.interaction_id):
+                raise FailedPrecondition(
+                    f"run {run_id!r} is not waiting for this consent; use the link of its "
+                    "pending connection"
+                )
             if self._exchange is None:
                 raise FailedPrecondition("no OAuth token exchange is configured")
             token, lifetime, granted = await self._exchange.exchange(offer.provider, code)
@@ -490,9 +556,24 @@ class Interactions:
 
     async def pending_connection(self, tenant_id: str, run_id: str) -> Row[Any] | None:
         """The run's open consent offer, or None once completed."""
+        bound = await self._bound(tenant_id, run_id, "connection")
         async with self._engine.connect() as conn:
             await repo.tenant_run(conn, tenant_id, run_id)
-            return await repo.open_interaction(conn, run_id, "connection")
+            return await self._open(conn, run_id, "connection", bound)
+
+    async def _bound(self, tenant_id: str, run_id: str, kind: str) -> str | None:
+        """The interaction of `kind` the run is parked on, as the orchestrator says (it is the
+        one authority over runs); NotFound for an absent run and another tenant's alike."""
+        return (await self._resumer.binding(tenant_id, run_id)).bound(kind)
+
+    @staticmethod
+    async def _open(
+        conn: AsyncConnection, run_id: str, kind: str, bound: str | None, *, lock: bool = False
+    ) -> Row[Any] | None:
+        """The pending interaction the run is parked on; None when it waits on no `kind`."""
+        if bound is None:
+            return None
+        return await repo.bound_interaction(conn, run_id, bound, kind, lock=lock)
 
     async def _try_resume(
         self, tenant_id: str, run_id: str, kind: str, interaction_id: str, decision: str = ""
@@ -501,31 +582,63 @@ class Interactions:
         resolution is already stored and the redelivery sweep resumes the run (once) later."""
         from_status, event = RESOLUTIONS[kind](interaction_id, decision)
         try:
-            return await self._resumer.resume(tenant_id, run_id, from_status, event)
+            resumed = await self._resumer.resume(
+                tenant_id, run_id, from_status, event, interaction_id
+            )
         except Unavailable as exc:
             log.warning("resume of %s deferred to the sweep: %s", run_id, exc.message)
             return False
+        await self._delivered(interaction_id)
+        return resumed
+
+    async def _delivered(self, interaction_id: str) -> None:
+        async with self._engine.begin() as conn:
+            await repo.mark_delivered(conn, interaction_id)
 
     # -- sweeps -------------------------------------------------------------------------------
 
     async def expire_stale(self, limit: int = 100) -> int:
-        """Expire pauses past their TTL: a consent fails its run with a reason (the reaper does
-        not cover a run waiting for a person); an approval becomes an expired decision the
-        resumed run claims, so it never loops."""
-        async with self._engine.begin() as conn:
+        """Close pauses past their TTL. One the run is parked on expires: a consent fails its
+        run with a reason (the reaper does not cover a run waiting for a person); an approval
+        becomes an expired decision the resumed run claims, so it never loops. One the run was
+        never parked on (its worker died first) is orphaned, touching no run; one whose
+        storing lease is still live is left for the next sweep (its worker may yet park)."""
+        async with self._engine.connect() as conn:
             stale = await repo.expired_pending(conn, limit)
-            for row in stale:
-                await repo.resolve(conn, row.interaction_id, "expired", decision="expired")
+        closed = 0
         for row in stale:
-            await self._deliver(
-                row.kind, row.tenant_id, row.run_id, row.interaction_id, "expired", row
-            )
-        return len(stale)
+            try:
+                binding = await self._resumer.binding(row.tenant_id, row.run_id)
+            except Unavailable as exc:
+                log.warning("expiry sweep deferred: %s", exc.message)
+                return closed
+            if binding.parked_on(row.kind, row.interaction_id):
+                async with self._engine.begin() as conn:
+                    resolved = await repo.resolve(
+                        conn, row.interaction_id, "expired", decision="expired"
+                    )
+                if resolved is not None:
+                    await self._deliver(
+                        row.kind, row.tenant_id, row.run_id, row.interaction_id, "expired", row
+                    )
+            elif binding.waiting_interaction_id == row.interaction_id:
+                # The run was parked on it and moved on (cancelled): nothing left to wake.
+                await self._close(row.interaction_id, "expired", "the run had already finished")
+            elif row.lease_epoch is not None and binding.leased(row.lease_epoch):
+                continue
+            else:
+                await self._close(row.interaction_id, "orphaned", ORPHANED)
+            closed += 1
+        return closed
+
+    async def _close(self, interaction_id: str, status: str, reason: str) -> None:
+        async with self._engine.begin() as conn:
+            await repo.close_unresolved(conn, interaction_id, status, reason)
 
     async def redeliver(self, limit: int = 100) -> int:
         """Deliver resolutions whose resume did not reach the orchestrator."""
         async with self._engine.connect() as conn:
-            rows = await repo.unresumed(conn, limit)
+            rows = await repo.undelivered(conn, limit)
         for row in rows:
             await self._deliver(
                 row.kind, row.tenant_id, row.run_id, row.interaction_id, row.status, row
@@ -556,6 +669,9 @@ class Interactions:
                     f"{int(self._policy.consent_ttl_s)} s",
                 },
                 ("connection.completed", {"interactionId": interaction_id, "outcome": "expired"}),
+                interaction_id,
             )
         except Unavailable as exc:
             log.warning("expiry of %s deferred to the next sweep: %s", run_id, exc.message)
+            return
+        await self._delivered(interaction_id)

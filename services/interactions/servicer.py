@@ -179,7 +179,11 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
     ) -> interactions_pb2.ClaimApprovalResponse:
         if not request.tool_name:
             raise InvalidArgument("tool_name is required: a claim authorises one tool")
-        row = await self._i.claim_approval(request.run_id, request.epoch, request.tool_name)
+        if not request.tool_call_id:
+            raise InvalidArgument("tool_call_id is required: a claim authorises one tool call")
+        row = await self._i.claim_approval(
+            request.run_id, request.epoch, request.tool_name, request.tool_call_id
+        )
         if row is None:
             return interactions_pb2.ClaimApprovalResponse(claimed=False)
         response = interactions_pb2.ClaimApprovalResponse(

@@ -587,12 +587,27 @@ class Execution:
         await self._publish(run_id, row.last_seq, [event])
         return True
 
+    async def binding(self, tenant_id: str, run_id: str) -> Row[Any]:
+        """The run's status, the interaction it is parked on and its lease epoch: the only
+        interaction that may resolve the run is the one it is parked on."""
+        async with self._autocommit.connect() as conn:
+            return await get_run(conn, tenant_id, run_id)
+
     async def resume(
-        self, tenant_id: str, run_id: str, from_status: RunStatus, event: Event | None
+        self,
+        tenant_id: str,
+        run_id: str,
+        from_status: RunStatus,
+        event: Event | None,
+        interaction_id: str,
     ) -> bool:
-        """Queue a parked run once; False when it had already moved (a repeat)."""
+        """Queue a run parked on `interaction_id` once; False when it had already moved or
+        waits on another interaction (an orphan, stored by a worker that died before parking
+        on it, wakes nothing)."""
         if not from_status.waiting:
             raise InvalidArgument("from_status must be a waiting-for-* status")
+        if not interaction_id:
+            raise InvalidArgument("interaction_id is required: a resume names the pause it ends")
         events = [event] if event else []
         queued = Event("run.queued", {"reason": "resumed"})
         async with self._engine.begin() as conn:
@@ -602,6 +617,7 @@ class Execution:
                 states.RESUME,
                 run_id,
                 tenant_id=tenant_id,
+                waiting_on=interaction_id,
                 events=[*events, queued],
                 values={"waiting_interaction_id": None},
             )
@@ -618,10 +634,14 @@ class Execution:
         from_status: RunStatus,
         error: dict[str, Any],
         event: Event | None,
+        interaction_id: str,
     ) -> bool:
-        """Fail a paused run whose pause outlived its TTL; False when it had already moved."""
+        """Fail a run whose pause on `interaction_id` outlived its TTL; False when it had
+        already moved or waits on another interaction."""
         if from_status is not RunStatus.WAITING_FOR_CONNECTION:
             raise InvalidArgument("only a waiting-for-connection run expires")
+        if not interaction_id:
+            raise InvalidArgument("interaction_id is required: an expiry names the pause it ends")
         failed = Event("run.failed", {"error": _camel(error)})
         events = [*([event] if event else []), failed]
         async with self._engine.begin() as conn:
@@ -630,6 +650,7 @@ class Execution:
                 states.CONSENT_EXPIRED,
                 run_id,
                 tenant_id=tenant_id,
+                waiting_on=interaction_id,
                 events=events,
                 values={"error": error, "finished_at": NOW, "waiting_interaction_id": None},
             )

@@ -188,8 +188,20 @@ class ExecutionServicer:
         if status is None or not status.waiting:
             raise InvalidArgument("from_status must be one of the waiting-for-* statuses")
         event = _events([request.event])[0] if request.HasField("event") else None
-        resumed = await self._execution.resume(request.tenant_id, request.run_id, status, event)
+        resumed = await self._execution.resume(
+            request.tenant_id, request.run_id, status, event, request.interaction_id
+        )
         return orchestrator_pb2.ResumeRunResponse(resumed=resumed)
+
+    async def LookupBinding(
+        self, request: orchestrator_pb2.LookupBindingRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.LookupBindingResponse:
+        row = await self._execution.binding(request.tenant_id, request.run_id)
+        return orchestrator_pb2.LookupBindingResponse(
+            status=status_to_proto(row.status),
+            waiting_interaction_id=row.waiting_interaction_id or "",
+            lease_epoch=row.lease_epoch,
+        )
 
     async def ScheduleRetry(
         self, request: orchestrator_pb2.ScheduleRetryRequest, context: grpc.aio.ServicerContext
@@ -271,7 +283,12 @@ class ExecutionServicer:
             raise InvalidArgument("from_status is required")
         event = _events([request.event])[0] if request.HasField("event") else None
         expired = await self._execution.expire_waiting(
-            request.tenant_id, request.run_id, status, _error(request.error), event
+            request.tenant_id,
+            request.run_id,
+            status,
+            _error(request.error),
+            event,
+            request.interaction_id,
         )
         return orchestrator_pb2.ExpireWaitingRunResponse(expired=expired)
 

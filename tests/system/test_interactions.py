@@ -29,6 +29,7 @@ from tether.client import TetherClient
 from tether.db.engine import create_engine
 from tether.db.schema import grants, interactions
 from tether.grpcutil import internal_channel
+from tether.testing.eventually import eventually
 from tether.testing.model_server import TextTurn, ToolUseTurn
 from tether.v1 import (
     common_pb2,
@@ -268,7 +269,10 @@ async def test_two_claimers_racing_for_one_approval_get_one_claim(stack: ExecSta
             approval = await store.RequestApproval(request)
             undecided = await store.ClaimApproval(
                 interactions_pb2.ClaimApprovalRequest(
-                    run_id=run_id, epoch=lease.epoch, tool_name="publish_post"
+                    run_id=run_id,
+                    epoch=lease.epoch,
+                    tool_name="publish_post",
+                    tool_call_id="toolu_x",
                 )
             )
             assert not undecided.claimed, "an undecided approval cannot be claimed"
@@ -289,7 +293,7 @@ async def test_two_claimers_racing_for_one_approval_get_one_claim(stack: ExecSta
             ).lease
             other_tool = await store.ClaimApproval(
                 interactions_pb2.ClaimApprovalRequest(
-                    run_id=run_id, epoch=lease.epoch, tool_name="get_time"
+                    run_id=run_id, epoch=lease.epoch, tool_name="get_time", tool_call_id="toolu_x"
                 )
             )
             assert not other_tool.claimed, "a claim for one tool does not authorise another"
@@ -297,7 +301,10 @@ async def test_two_claimers_racing_for_one_approval_get_one_claim(stack: ExecSta
                 *(
                     store.ClaimApproval(
                         interactions_pb2.ClaimApprovalRequest(
-                            run_id=run_id, epoch=lease.epoch, tool_name="publish_post"
+                            run_id=run_id,
+                            epoch=lease.epoch,
+                            tool_name="publish_post",
+                            tool_call_id="toolu_x",
                         )
                     )
                     for _ in range(10)
@@ -307,7 +314,10 @@ async def test_two_claimers_racing_for_one_approval_get_one_claim(stack: ExecSta
             with pytest.raises(grpc.aio.AioRpcError) as stale:
                 await store.ClaimApproval(
                     interactions_pb2.ClaimApprovalRequest(
-                        run_id=run_id, epoch=lease.epoch - 1, tool_name="publish_post"
+                        run_id=run_id,
+                        epoch=lease.epoch - 1,
+                        tool_name="publish_post",
+                        tool_call_id="toolu_x",
                     )
                 )
             assert stale.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -522,9 +532,11 @@ async def test_cancelling_a_parked_run_closes_its_pause(stack: ExecStack) -> Non
     )
 
 
-async def test_an_answer_given_while_the_orchestrator_is_down_resumes_the_run_later(
+async def test_an_answer_given_while_the_orchestrator_is_down_is_unavailable_then_resumes_once(
     stack: ExecStack,
 ) -> None:
+    # Which pause a run is parked on is the orchestrator's to say: while it is down an answer
+    # is refused as retryable (nothing recorded), and the same answer resumes the run later.
     tenant, _, run_id = await parked_on_question(
         stack,
         "answer during an outage",
@@ -535,14 +547,28 @@ async def test_an_answer_given_while_the_orchestrator_is_down_resumes_the_run_la
     await stack.services.stop("orchestrator")
     try:
         async with client(stack, tenant) as tc:
-            answered = await tc.answer(run_id, {"ok": ["yes"]})
-        assert not answered.resumed, "recorded, to be resumed once the orchestrator is back"
-        assert (await run_row(stack.db_url, run_id)).status == "waiting-for-question"
+            with pytest.raises(grpc.aio.AioRpcError) as down:
+                await tc.answer(run_id, {"ok": ["yes"]})
+        assert down.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "orchestrator is unreachable" in (down.value.details() or "")
+        assert await count(stack, interactions, run_id=run_id, status="pending") == 1
     finally:
         await stack.services.start(
             "orchestrator", extra_env={"TETHER_ORCHESTRATOR_PORT": str(port)}
         )
+
+    async def answered_once_back() -> bool | None:
+        # The caller retries UNAVAILABLE, as a client does, until the orchestrator is back.
+        async with client(stack, tenant) as tc:
+            try:
+                return bool((await tc.answer(run_id, {"ok": ["yes"]})).resumed)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                return None
+
+    assert await eventually(answered_once_back, timeout=30, interval=0.2, what="the answer")
     run = await wait_for_status(stack.db_url, run_id, "completed", timeout=30)
     assert run.result_text == "Proceeding."
     seen = [t for _, t, _ in await events_of(stack.db_url, run_id)]
-    assert seen.count("question.answered") == 1, "the sweep resumed it exactly once"
+    assert seen.count("question.answered") == 1

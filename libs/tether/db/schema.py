@@ -293,8 +293,13 @@ interactions = Table(
     Column("session_id", Text, nullable=False),
     # question | approval | connection
     Column("kind", Text, nullable=False),
-    # pending -> answered | decided | completed | expired; decided|expired -> claimed (approvals)
+    # pending -> answered | decided | completed | expired; decided|expired -> claimed (approvals);
+    # pending -> orphaned when its run never parked on it (the storing worker died first)
     Column("status", Text, nullable=False),
+    # The lease epoch it was stored under: only that lease can still park the run on it.
+    Column("lease_epoch", BigInteger),
+    # Why it was closed without a person (e.g. orphaned).
+    Column("reason", Text),
     Column("tool_call_id", Text, nullable=False),
     # Questions: the specs and the answers.
     Column("questions", JSONB),
@@ -320,9 +325,12 @@ interactions = Table(
     _now(),
     Column("resolved_at", DateTime(timezone=True)),
     Column("claimed_at", DateTime(timezone=True)),
+    # When the orchestrator took the resolution (resumed the run, or had moved on).
+    Column("delivered_at", DateTime(timezone=True)),
     CheckConstraint("kind IN ('question', 'approval', 'connection')", name="kind"),
     CheckConstraint(
-        "status IN ('pending', 'answered', 'decided', 'completed', 'expired', 'claimed')",
+        "status IN ('pending', 'answered', 'decided', 'completed', 'expired', 'claimed', "
+        "'orphaned')",
         name="status",
     ),
 )
@@ -331,6 +339,13 @@ Index(
     "ix_interactions_open_expiry",
     interactions.c.expires_at,
     postgresql_where=interactions.c.status == "pending",
+)
+Index(
+    "ix_interactions_undelivered",
+    interactions.c.resolved_at,
+    postgresql_where=text(
+        "status IN ('answered', 'decided', 'completed', 'expired') AND delivered_at IS NULL"
+    ),
 )
 
 grants = Table(

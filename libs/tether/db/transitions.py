@@ -70,6 +70,7 @@ async def apply(
     events: Sequence[Event],
     epoch: int | None = None,
     tenant_id: str | None = None,
+    waiting_on: str | None = None,
     values: Mapping[str, Any] | None = None,
     params: Mapping[str, Any] | None = None,
     handed_over: list[str] | None = None,
@@ -77,18 +78,20 @@ async def apply(
     """Move `run_id` along `transition`, appending `events`; None means it had already moved.
 
     A fenced transition also requires `lease_epoch = epoch`, so a worker whose lease was reaped
-    cannot write. `tenant_id`, when given, scopes the move to the caller's tenant. `params` binds
+    cannot write. `tenant_id`, when given, scopes the move to the caller's tenant; `waiting_on`
+    to a run parked on that interaction (no other one may move it). `params` binds
     what expressions among `values` leave open (e.g. `lease_ttl`). A terminal move hands the
     session to its next queued message, whose run id goes into `handed_over`.
     """
     if transition.fenced and epoch is None:
         raise ValueError(f"transition {transition.name} needs the lease epoch")
     values = dict(values or {})
-    stmt = _shape(transition, tenant_id is not None, bool(events), values)
+    stmt = _shape(transition, tenant_id is not None, bool(events), values, waiting_on is not None)
     bound: dict[str, Any] = {
         "t_run_id": run_id,
         "t_epoch": epoch,
         "t_tenant_id": tenant_id,
+        "t_waiting_on": waiting_on,
         "t_n_events": len(events),
         **{f"v_{k}": v for k, v in values.items() if _bound(v)},
         **dict(params or {}),
@@ -107,7 +110,11 @@ async def apply(
 
 
 def _shape(
-    transition: Transition, scoped: bool, with_events: bool, values: Mapping[str, Any]
+    transition: Transition,
+    scoped: bool,
+    with_events: bool,
+    values: Mapping[str, Any],
+    bound_to_interaction: bool = False,
 ) -> Executable:
     values = {k: null() if v is None else v for k, v in values.items()}
     expressions = [v for v in values.values() if not _bound(v)]
@@ -116,6 +123,7 @@ def _shape(
         scoped,
         with_events,
         tuple((k, None if _bound(v) else id(v)) for k, v in sorted(values.items())),
+        bound_to_interaction,
     )
     cached = _SHAPES.get(key)
     if cached is not None:
@@ -142,6 +150,8 @@ def _shape(
         stmt = stmt.where(runs.c.lease_epoch == bindparam("t_epoch"))
     if scoped:
         stmt = stmt.where(runs.c.tenant_id == bindparam("t_tenant_id"))
+    if bound_to_interaction:
+        stmt = stmt.where(runs.c.waiting_interaction_id == bindparam("t_waiting_on"))
     built: Executable = _with_events(stmt) if with_events else stmt
     # The expressions stay referenced with the entry, so their ids cannot be reused meanwhile.
     _SHAPES[key] = (built, expressions)

@@ -788,22 +788,26 @@ class ClaimApprovalRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     TOOL_NAME_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id; a claim never travels to another run."""
     epoch: _builtins.int
     """Fencing epoch of the caller's lease."""
     tool_name: _builtins.str
     """Tool the caller is about to execute; must match the stored tool."""
+    tool_call_id: _builtins.str
+    """Tool call the approval was requested for; a claim never travels to another call."""
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         epoch: _builtins.int = ...,
         tool_name: _builtins.str = ...,
+        tool_call_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "run_id", b"run_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "run_id", b"run_id", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -158,7 +158,7 @@ class InteractionsServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ClaimApproval(self, request, context):
-        """ClaimApproval compare-and-sets a decided approval to claimed, for exactly one execution.
+        """ClaimApproval compare-and-sets the decided approval of one tool call to claimed, for exactly one execution.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

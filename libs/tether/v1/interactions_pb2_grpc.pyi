@@ -50,7 +50,7 @@ class InteractionsServiceStub:
     RecordDecision: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.RecordDecisionRequest, _interactions_pb2.RecordDecisionResponse]
     """RecordDecision records one of the four decisions, then resumes the run once."""
     ClaimApproval: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.ClaimApprovalRequest, _interactions_pb2.ClaimApprovalResponse]
-    """ClaimApproval compare-and-sets a decided approval to claimed, for exactly one execution."""
+    """ClaimApproval compare-and-sets the decided approval of one tool call to claimed, for exactly one execution."""
     FindPendingApproval: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.FindPendingApprovalRequest, _interactions_pb2.FindPendingApprovalResponse]
     """FindPendingApproval returns the run's open approval, or nothing once decided."""
     RequestConnection: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.RequestConnectionRequest, _interactions_pb2.RequestConnectionResponse]
@@ -84,7 +84,7 @@ class InteractionsServiceAsyncStub(InteractionsServiceStub):
     RecordDecision: _aio.UnaryUnaryMultiCallable[_interactions_pb2.RecordDecisionRequest, _interactions_pb2.RecordDecisionResponse]  # type: ignore[assignment]
     """RecordDecision records one of the four decisions, then resumes the run once."""
     ClaimApproval: _aio.UnaryUnaryMultiCallable[_interactions_pb2.ClaimApprovalRequest, _interactions_pb2.ClaimApprovalResponse]  # type: ignore[assignment]
-    """ClaimApproval compare-and-sets a decided approval to claimed, for exactly one execution."""
+    """ClaimApproval compare-and-sets the decided approval of one tool call to claimed, for exactly one execution."""
     FindPendingApproval: _aio.UnaryUnaryMultiCallable[_interactions_pb2.FindPendingApprovalRequest, _interactions_pb2.FindPendingApprovalResponse]  # type: ignore[assignment]
     """FindPendingApproval returns the run's open approval, or nothing once decided."""
     RequestConnection: _aio.UnaryUnaryMultiCallable[_interactions_pb2.RequestConnectionRequest, _interactions_pb2.RequestConnectionResponse]  # type: ignore[assignment]
@@ -163,7 +163,7 @@ class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _interactions_pb2.ClaimApprovalRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_interactions_pb2.ClaimApprovalResponse, _abc.Awaitable[_interactions_pb2.ClaimApprovalResponse]]:
-        """ClaimApproval compare-and-sets a decided approval to claimed, for exactly one execution."""
+        """ClaimApproval compare-and-sets the decided approval of one tool call to claimed, for exactly one execution."""
 
     @_abc_1.abstractmethod
     def FindPendingApproval(

@@ -50,7 +50,9 @@ class OrchestratorServiceStub:
     ParkRun: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ParkRunRequest, _orchestrator_pb2.ParkRunResponse]
     """ParkRun moves a running run to a waiting status and releases its lease."""
     ResumeRun: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ResumeRunRequest, _orchestrator_pb2.ResumeRunResponse]
-    """ResumeRun moves a waiting run back to queued, once."""
+    """ResumeRun moves a waiting run back to queued, once, only while it waits on the named interaction."""
+    LookupBinding: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupBindingRequest, _orchestrator_pb2.LookupBindingResponse]
+    """LookupBinding tells which interaction a run is parked on (the only one that may resolve it)."""
     ScheduleRetry: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ScheduleRetryRequest, _orchestrator_pb2.ScheduleRetryResponse]
     """ScheduleRetry moves a running run to retry-pending after a transient failure."""
     CompleteRun: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.CompleteRunRequest, _orchestrator_pb2.CompleteRunResponse]
@@ -90,7 +92,9 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     ParkRun: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ParkRunRequest, _orchestrator_pb2.ParkRunResponse]  # type: ignore[assignment]
     """ParkRun moves a running run to a waiting status and releases its lease."""
     ResumeRun: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ResumeRunRequest, _orchestrator_pb2.ResumeRunResponse]  # type: ignore[assignment]
-    """ResumeRun moves a waiting run back to queued, once."""
+    """ResumeRun moves a waiting run back to queued, once, only while it waits on the named interaction."""
+    LookupBinding: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupBindingRequest, _orchestrator_pb2.LookupBindingResponse]  # type: ignore[assignment]
+    """LookupBinding tells which interaction a run is parked on (the only one that may resolve it)."""
     ScheduleRetry: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ScheduleRetryRequest, _orchestrator_pb2.ScheduleRetryResponse]  # type: ignore[assignment]
     """ScheduleRetry moves a running run to retry-pending after a transient failure."""
     CompleteRun: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.CompleteRunRequest, _orchestrator_pb2.CompleteRunResponse]  # type: ignore[assignment]
@@ -175,7 +179,15 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _orchestrator_pb2.ResumeRunRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_orchestrator_pb2.ResumeRunResponse, _abc.Awaitable[_orchestrator_pb2.ResumeRunResponse]]:
-        """ResumeRun moves a waiting run back to queued, once."""
+        """ResumeRun moves a waiting run back to queued, once, only while it waits on the named interaction."""
+
+    @_abc_1.abstractmethod
+    def LookupBinding(
+        self,
+        request: _orchestrator_pb2.LookupBindingRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.LookupBindingResponse, _abc.Awaitable[_orchestrator_pb2.LookupBindingResponse]]:
+        """LookupBinding tells which interaction a run is parked on (the only one that may resolve it)."""
 
     @_abc_1.abstractmethod
     def ScheduleRetry(
