@@ -33,7 +33,7 @@ from services.worker.orchestrator_client import LeasedEffects, Orchestrator
 from services.worker.orchestrator_client import call as rpc
 from services.worker.tools.base import GATED_RISKS, Authorization, CallContext, ConnectionGap
 from services.worker.tools.effects import idempotency_key
-from services.worker.tools.registry import ToolRegistry
+from services.worker.tools.registry import ToolErrorCode, ToolRegistry
 from services.worker.transcript import Transcript, event, tool_result_part
 from tether.bus import Bus, events_channel
 from tether.errors import InvalidArgument, TetherError
@@ -376,8 +376,19 @@ class Attempt:
         name, input = tool_call.name, json_format.MessageToDict(tool_call.input)
         if name == ASK_QUESTIONS and name in self.config.tool_allowlist:
             await self._ask(tool_call.tool_call_id, input)
+            return  # it parked, or it gave the call its one (error) result
         if name == REQUEST_APPROVAL and name in self.config.tool_allowlist:
             name, input = str(input.get("tool_name", "")), dict(input.get("input") or {})
+        if name not in self.config.tool_allowlist:
+            # Refused before the gate: nobody is asked to approve a tool this agent lacks.
+            self._result(
+                tool_call.tool_call_id,
+                name,
+                f"tool {name} is not available to this agent",
+                is_error=True,
+                code=ToolErrorCode.NOT_ALLOWED,
+            )
+            return
         authorization = await self._gate(tool_call.tool_call_id, name, input)
         await self._execute(tool_call.tool_call_id, name, input, authorization)
 
@@ -586,7 +597,11 @@ class Attempt:
         )
 
     async def _run_claimed(self, tool_call_id: str, name: str) -> None:
-        claim = None if self._interactions is None else await self._interactions.claim(name)
+        claim = (
+            None
+            if self._interactions is None
+            else await self._interactions.claim(name, tool_call_id)
+        )
         if claim is None:
             # Fail closed: nothing decided could be claimed, so nothing runs.
             self._result(

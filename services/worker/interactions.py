@@ -164,12 +164,17 @@ class LeasedInteractions:
         response = await call(self._stub.RequestApproval(request))
         return str(response.interaction_id)
 
-    async def claim(self, tool_name: str) -> interactions_pb2.ClaimApprovalResponse | None:
-        """Claim the run's decided approval for `tool_name`, or None."""
+    async def claim(
+        self, tool_name: str, tool_call_id: str
+    ) -> interactions_pb2.ClaimApprovalResponse | None:
+        """Claim the decided approval of this tool call, or None."""
         response: interactions_pb2.ClaimApprovalResponse = await call(
             self._stub.ClaimApproval(
                 interactions_pb2.ClaimApprovalRequest(
-                    run_id=self._run_id, epoch=self._epoch, tool_name=tool_name
+                    run_id=self._run_id,
+                    epoch=self._epoch,
+                    tool_name=tool_name,
+                    tool_call_id=tool_call_id,
                 )
             )
         )
