@@ -32,7 +32,7 @@ async def amain(settings: InteractionsSettings) -> None:
     interactions = Interactions(
         engine,
         GrpcResumer(orchestrator_pb2_grpc.OrchestratorServiceStub(channel)),
-        Policy(settings.approval_ttl_s, settings.consent_ttl_s, providers),
+        Policy(settings.approval_ttl_s, settings.consent_ttl_s, providers, settings.orphan_grace_s),
         HttpTokenExchange(token_urls, settings.oauth_client_id),
     )
     servicer = InteractionsServicer(interactions)
@@ -53,6 +53,9 @@ async def amain(settings: InteractionsSettings) -> None:
     )
     supervisor.start(
         "redelivery", every(settings.sweep_interval_s, interactions.redeliver, "redelivery sweep")
+    )
+    supervisor.start(
+        "orphans", every(settings.sweep_interval_s, interactions.sweep_orphans, "orphan sweep")
     )
     write_ready_file(settings.ready_file, port)
 

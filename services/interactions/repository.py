@@ -313,6 +313,35 @@ async def undelivered(conn: AsyncConnection, limit: int) -> Sequence[Row[Any]]:
     ).all()
 
 
+async def unconfirmed_pending(
+    conn: AsyncConnection, older_than_s: float, limit: int
+) -> Sequence[Row[Any]]:
+    """Pending interactions older than `older_than_s` whose binding was not confirmed yet,
+    oldest first."""
+    return (
+        await conn.execute(
+            select(interactions)
+            .where(
+                interactions.c.status == "pending",
+                interactions.c.bound_at.is_(None),
+                interactions.c.created_at
+                < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, older_than_s),
+            )
+            .order_by(interactions.c.created_at)
+            .limit(limit)
+        )
+    ).all()
+
+
+async def mark_bound(conn: AsyncConnection, interaction_id: str) -> None:
+    """The orchestrator named this interaction as the one its run is parked on."""
+    await conn.execute(
+        update(interactions)
+        .where(interactions.c.interaction_id == interaction_id)
+        .values(bound_at=func.now())
+    )
+
+
 async def mark_delivered(conn: AsyncConnection, interaction_id: str) -> None:
     """The orchestrator took this resolution (resumed the run, or it had moved on)."""
     await conn.execute(

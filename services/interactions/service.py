@@ -152,6 +152,7 @@ class Policy:
     approval_ttl_s: float = 86_400.0
     consent_ttl_s: float = 900.0
     providers: dict[str, OAuthProvider] = field(default_factory=dict)
+    orphan_grace_s: float = 10.0
 
 
 Event = tuple[str, dict[str, Any]]
@@ -528,12 +529,14 @@ class Interactions:
                 or offer.principal_id != principal_id
             ):
                 raise not_found
-            if offer.status != "pending":
+            if offer.status == "completed":
                 return False  # double click, retried redirect, prefetch: queued once already
-            if offer.expires_at <= datetime.now(UTC):
+            if offer.status == "expired" or offer.expires_at <= datetime.now(UTC):
                 raise FailedPrecondition("this consent link expired; the run was failed")
             binding = await self._resumer.binding(tenant_id, run_id)
-            if not binding.parked_on("connection", offer.interaction_id):
+            if offer.status != "pending" or not binding.parked_on(
+                "connection", offer.interaction_id
+            ):
                 raise FailedPrecondition(
                     f"run {run_id!r} is not waiting for this consent; use the link of its "
                     "pending connection"
@@ -630,6 +633,29 @@ class Interactions:
                 await self._close(row.interaction_id, "orphaned", ORPHANED)
             closed += 1
         return closed
+
+    async def sweep_orphans(self, limit: int = 100) -> int:
+        """Check each pending interaction once, after a grace: one its run is parked on (or
+        was, before it was cancelled) is confirmed and never checked again; one whose storing
+        lease is still live is checked again later (its worker may yet park); any other was
+        stored by a worker that died before parking, and is orphaned. Questions have no TTL,
+        so without this an orphan question would stay pending for ever."""
+        async with self._engine.connect() as conn:
+            rows = await repo.unconfirmed_pending(conn, self._policy.orphan_grace_s, limit)
+        orphaned = 0
+        for row in rows:
+            try:
+                binding = await self._resumer.binding(row.tenant_id, row.run_id)
+            except Unavailable as exc:
+                log.warning("orphan sweep deferred: %s", exc.message)
+                break
+            if binding.waiting_interaction_id == row.interaction_id:
+                async with self._engine.begin() as conn:
+                    await repo.mark_bound(conn, row.interaction_id)
+            elif row.lease_epoch is None or not binding.leased(row.lease_epoch):
+                await self._close(row.interaction_id, "orphaned", ORPHANED)
+                orphaned += 1
+        return orphaned
 
     async def _close(self, interaction_id: str, status: str, reason: str) -> None:
         async with self._engine.begin() as conn:

@@ -48,8 +48,20 @@ async def stack(
     pg_server_url: str, template_db: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[ExecStack]:
     run_dir = Path(tmp_path_factory.mktemp("binding"))
-    async with exec_stack(pg_server_url, template_db, redis_url, run_dir, workers=1) as running:
+    # Pending interactions are checked for their binding from 2 s on (an orphan question has
+    # no TTL: only that check sweeps it).
+    async with exec_stack(
+        pg_server_url,
+        template_db,
+        redis_url,
+        run_dir,
+        workers=1,
+        extra_env={"TETHER_INTERACTIONS_ORPHAN_GRACE_S": "2"},
+    ) as running:
         yield running
+
+
+ORPHANED = "the run never parked on it"
 
 
 def prompt(label: str) -> str:
@@ -71,6 +83,12 @@ async def interaction(stack: ExecStack, interaction_id: str) -> Any:
             ).one()
     finally:
         await engine.dispose()
+
+
+async def swept_row(stack: ExecStack, interaction_id: str) -> Any:
+    """The interaction once it is no longer pending, else None."""
+    row = await interaction(stack, interaction_id)
+    return row if row.status != "pending" else None
 
 
 async def run_interactions(stack: ExecStack, run_id: str) -> list[Any]:
@@ -195,6 +213,14 @@ async def test_an_orphan_approval_neither_wakes_nor_expires_a_run_parked_on_a_qu
         async with DeadWorker(stack) as dead:
             epoch = await dead.lease(run_id)
             orphan = await dead.approval(run_id, epoch, "toolu_orphan", "orphaned text")
+            orphan_question = await dead.store.AskQuestions(
+                interactions_pb2.AskQuestionsRequest(
+                    run_id=run_id,
+                    epoch=epoch,
+                    tool_call_id="toolu_orphan_question",
+                    questions=[interactions_pb2.QuestionSpec(key="city", prompt="Orphaned?")],
+                )
+            )
         # The dead worker's lease runs out; the reaper requeues the run for a live worker.
     finally:
         await stack.start_worker()
@@ -208,14 +234,23 @@ async def test_an_orphan_approval_neither_wakes_nor_expires_a_run_parked_on_a_qu
         )
         await make_overdue(stack, orphan)
 
-        async def swept() -> Any:
-            row = await interaction(stack, orphan)
-            return row if row.status != "pending" else None
-
-        row = await eventually(swept, timeout=10, interval=0.1, what="the orphan to be swept")
-        assert (row.status, row.reason) == ("orphaned", "the run never parked on it")
+        row = await eventually(
+            lambda: swept_row(stack, orphan), timeout=10, interval=0.1, what="the orphan swept"
+        )
+        assert (row.status, row.reason) == ("orphaned", ORPHANED)
         assert (await run_row(stack.db_url, run_id)).status == "waiting-for-question"
-        await tc.answer(run_id, {"city": ["Lisbon"]})
+        question = (await tc.pending_question(run_id)).question
+        assert question.interaction_id != orphan_question.interaction_id
+        question_row = await eventually(
+            lambda: swept_row(stack, orphan_question.interaction_id),
+            timeout=10,
+            interval=0.1,
+            what="the orphan question to be swept",
+        )
+        assert (question_row.status, question_row.reason) == ("orphaned", ORPHANED)
+        assert (await tc.answer(run_id, {"city": ["Lisbon"]})).interaction_id == (
+            question.interaction_id
+        )
     run = await wait_for_status(stack.db_url, run_id, "completed")
     assert run.result_text == "Lisbon it is."
     assert row.decision is None and row.decided_by is None
@@ -260,12 +295,13 @@ async def test_an_orphan_consent_neither_completes_nor_fails_a_run_parked_on_its
         )
         await make_overdue(stack, offer.interaction_id)
 
-        async def swept() -> Any:
-            row = await interaction(stack, offer.interaction_id)
-            return row if row.status != "pending" else None
-
-        row = await eventually(swept, timeout=10, interval=0.1, what="the orphan to be swept")
-        assert row.status == "orphaned"
+        row = await eventually(
+            lambda: swept_row(stack, offer.interaction_id),
+            timeout=10,
+            interval=0.1,
+            what="the orphan swept",
+        )
+        assert (row.status, row.reason) == ("orphaned", ORPHANED)
         assert (await run_row(stack.db_url, run_id)).status == "waiting-for-connection"
         state = bound.login_url.split("state=")[1].split("&")[0]
         assert (

@@ -327,6 +327,8 @@ interactions = Table(
     Column("claimed_at", DateTime(timezone=True)),
     # When the orchestrator took the resolution (resumed the run, or had moved on).
     Column("delivered_at", DateTime(timezone=True)),
+    # When the orchestrator named it as the one its run is parked on (checked once).
+    Column("bound_at", DateTime(timezone=True)),
     CheckConstraint("kind IN ('question', 'approval', 'connection')", name="kind"),
     CheckConstraint(
         "status IN ('pending', 'answered', 'decided', 'completed', 'expired', 'claimed', "
@@ -339,6 +341,11 @@ Index(
     "ix_interactions_open_expiry",
     interactions.c.expires_at,
     postgresql_where=interactions.c.status == "pending",
+)
+Index(
+    "ix_interactions_unconfirmed",
+    interactions.c.created_at,
+    postgresql_where=text("status = 'pending' AND bound_at IS NULL"),
 )
 Index(
     "ix_interactions_undelivered",

@@ -21,6 +21,7 @@ def upgrade() -> None:
     op.add_column(
         "interactions", sa.Column("delivered_at", sa.DateTime(timezone=True), nullable=True)
     )
+    op.add_column("interactions", sa.Column("bound_at", sa.DateTime(timezone=True), nullable=True))
     op.drop_constraint(op.f("ck_interactions_status"), "interactions", type_="check")
     op.create_check_constraint(
         op.f("ck_interactions_status"),
@@ -37,6 +38,13 @@ def upgrade() -> None:
         "AND runs.status LIKE 'waiting-for-%')"
     )
     op.create_index(
+        "ix_interactions_unconfirmed",
+        "interactions",
+        ["created_at"],
+        unique=False,
+        postgresql_where=sa.text("status = 'pending' AND bound_at IS NULL"),
+    )
+    op.create_index(
         "ix_interactions_undelivered",
         "interactions",
         ["resolved_at"],
@@ -47,6 +55,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_index("ix_interactions_undelivered", table_name="interactions")
+    op.drop_index("ix_interactions_unconfirmed", table_name="interactions")
     op.execute("UPDATE interactions SET status = 'expired' WHERE status = 'orphaned'")
     op.drop_constraint(op.f("ck_interactions_status"), "interactions", type_="check")
     op.create_check_constraint(
@@ -54,6 +63,7 @@ def downgrade() -> None:
         "interactions",
         "status IN ('pending', 'answered', 'decided', 'completed', 'expired', 'claimed')",
     )
+    op.drop_column("interactions", "bound_at")
     op.drop_column("interactions", "delivered_at")
     op.drop_column("interactions", "reason")
     op.drop_column("interactions", "lease_epoch")
