@@ -32,7 +32,9 @@ async def _measure(stack: BenchStack, path: str, delivery: str, callers: int) ->
                 metadata=meta,
             )
     else:
-        channel = internal_channel(stack.services.addresses()["admission"], stack.service_token)
+        channel = internal_channel(
+            stack.services.addresses()["admission"], stack.credentials["gateway"]
+        )
         admission = admission_pb2_grpc.AdmissionServiceStub(channel)
         caller = admission_pb2.Caller(tenant_id="bench", principal_id="bench")
 

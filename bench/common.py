@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 import statistics
 import tempfile
 import time
@@ -18,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from tether import apikeys
+from tether import apikeys, credentials
 from tether.db.engine import create_engine
 from tether.db.migrate import upgrade
 from tether.stack.embedded import EmbeddedPostgres, EmbeddedRedis, database_url
@@ -87,7 +86,7 @@ class BenchStack:
     services: ServiceSet
     db_url: str
     redis_url: str
-    service_token: str
+    credentials: dict[str, str]
     api_key: str
 
 
@@ -119,19 +118,19 @@ async def bench_stack(
             await apikeys.ensure_tenant(conn, "bench")
             key, _ = await apikeys.create_key(conn, "bench", "bench", apikeys.CLIENT_SCOPES)
         await engine.dispose()
-        token = secrets.token_urlsafe(16)
+        service_credentials = credentials.generate()
         services = ServiceSet(
             scratch / "run",
             {
                 "TETHER_DATABASE_URL": db_url,
                 "TETHER_REDIS_URL": redis_url,
-                "TETHER_SERVICE_TOKEN": token,
                 "TETHER_LOG_LEVEL": "WARNING",
                 **(extra_env or {}),
             },
+            service_credentials,
         )
         await services.start_all(names)
-        yield BenchStack(services, db_url, redis_url, token, key)
+        yield BenchStack(services, db_url, redis_url, service_credentials, key)
     finally:
         if services is not None:
             await services.stop_all()

@@ -264,7 +264,9 @@ async def _complete(
 async def checkpoint_cost(stack: BenchStack, client: TetherClient) -> None:
     """Checkpoint RPC latency on a conversation's first turn and on its HISTORY_TURNS-th."""
     tag = uuid.uuid4().hex[:8]
-    channel = internal_channel(stack.services.addresses()["orchestrator"], stack.service_token)
+    channel = internal_channel(
+        stack.services.addresses()["orchestrator"], stack.credentials["worker"]
+    )
     stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
     deep, fresh = f"ckpt-deep-{tag}", f"ckpt-fresh-{tag}"
     try:

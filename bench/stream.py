@@ -218,7 +218,9 @@ async def _measure(stack: BenchStack) -> None:
     addresses = stack.services.addresses()
     async with (
         grpc.aio.insecure_channel(addresses["gateway"]) as gateway_channel,
-        internal_channel(addresses["orchestrator"], stack.service_token) as orchestrator_channel,
+        internal_channel(
+            addresses["orchestrator"], stack.credentials["worker"]
+        ) as orchestrator_channel,
     ):
         gateway = gateway_pb2_grpc.GatewayServiceStub(gateway_channel)
         orchestrator = orchestrator_pb2_grpc.OrchestratorServiceStub(orchestrator_channel)

@@ -1,7 +1,9 @@
-"""API keys: generation, hashing and the two statements that store them.
+"""API keys: generation, hashing and the statements that store, find and revoke them.
 
 The gateway owns the `api_keys` table; the embedded stack's bootstrap uses the same functions to
-create the development tenant's first key.
+create the development tenant's first key. A key of a tenant manages keys of that tenant only;
+the platform operator (a credential configured into the gateway, never a key) manages tenants
+and keys everywhere.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ import hashlib
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -20,8 +23,11 @@ from tether.db.schema import api_keys, tenants
 from tether.ids import new_id
 
 KEY_PREFIX = "tk_"
+# Creates and revokes keys of the key's own tenant, never with scopes wider than its own.
+KEYS_ADMIN = "keys:admin"
 CLIENT_SCOPES = ("runs:read", "runs:write", "interactions:write")
-ALL_SCOPES = (*CLIENT_SCOPES, "admin")
+ALL_SCOPES = (*CLIENT_SCOPES, KEYS_ADMIN)
+OPERATOR_ID = "operator"
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,16 @@ class Principal:
     tenant_id: str
     principal_id: str
     scopes: frozenset[str]
+    expires_at: datetime | None = None
+
+    @property
+    def is_operator(self) -> bool:
+        """Whether this is the platform operator (no tenant, manages every tenant's keys)."""
+        return self.key_id == OPERATOR_ID
+
+
+# The platform operator, as the gateway sees it once its credential verified.
+OPERATOR = Principal(OPERATOR_ID, "", OPERATOR_ID, frozenset())
 
 
 def hash_key(api_key: str) -> bytes:
@@ -47,7 +63,12 @@ async def ensure_tenant(conn: AsyncConnection, tenant_id: str) -> None:
 
 
 async def create_key(
-    conn: AsyncConnection, tenant_id: str, principal_id: str, scopes: Sequence[str]
+    conn: AsyncConnection,
+    tenant_id: str,
+    principal_id: str,
+    scopes: Sequence[str],
+    *,
+    expires_at: datetime | None = None,
 ) -> tuple[str, Principal]:
     """Store a new key's hash; returns the secret (shown once) and what it grants."""
     api_key = KEY_PREFIX + secrets.token_urlsafe(32)
@@ -59,20 +80,50 @@ async def create_key(
             principal_id=principal_id,
             key_hash=hash_key(api_key),
             scopes=list(scopes),
+            expires_at=expires_at,
         )
     )
-    return api_key, Principal(key_id, tenant_id, principal_id, frozenset(scopes))
+    return api_key, Principal(key_id, tenant_id, principal_id, frozenset(scopes), expires_at)
+
+
+def _principal(row: Any) -> Principal:
+    return Principal(
+        row.key_id, row.tenant_id, row.principal_id, frozenset(row.scopes), row.expires_at
+    )
 
 
 async def find_key(conn: AsyncConnection, api_key: str) -> Principal | None:
-    """The principal of an unrevoked key, or None."""
+    """The principal of a key neither revoked nor expired, or None."""
     row: Any = (
         await conn.execute(
             select(api_keys).where(
-                api_keys.c.key_hash == hash_key(api_key), api_keys.c.revoked_at.is_(None)
+                api_keys.c.key_hash == hash_key(api_key),
+                api_keys.c.revoked_at.is_(None),
+                or_(api_keys.c.expires_at.is_(None), api_keys.c.expires_at > func.now()),
             )
         )
     ).first()
-    if row is None:
-        return None
-    return Principal(row.key_id, row.tenant_id, row.principal_id, frozenset(row.scopes))
+    return None if row is None else _principal(row)
+
+
+async def revoke_key(
+    conn: AsyncConnection, key_id: str, tenant_id: str | None
+) -> tuple[Principal, bool] | None:
+    """Revoke a key (of `tenant_id`, or of any tenant when None): the key and whether this
+    call revoked it (False: it was already). None when no such key (in that tenant)."""
+    scope = [api_keys.c.key_id == key_id]
+    if tenant_id is not None:
+        scope.append(api_keys.c.tenant_id == tenant_id)
+    # A miss means absent, another tenant's, or revoked already; the read below tells which.
+    revoked: Any = (
+        await conn.execute(
+            update(api_keys)
+            .where(*scope, api_keys.c.revoked_at.is_(None))
+            .values(revoked_at=func.now())
+            .returning(api_keys)
+        )
+    ).first()
+    if revoked is not None:
+        return _principal(revoked), True
+    row: Any = (await conn.execute(select(api_keys).where(*scope))).first()
+    return None if row is None else (_principal(row), False)

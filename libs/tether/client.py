@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -42,6 +43,21 @@ def load_stack(path: str | Path) -> tuple[str, str]:
     return str(info["gateway"]), str(info["api_key"])
 
 
+def _operator_from_env(stack: str | None) -> tuple[str, str]:
+    """(gateway address, operator credential) from a stack.json or the environment."""
+    gateway = os.environ.get("TETHER_GATEWAY", "")
+    secret = os.environ.get("TETHER_OPERATOR_CREDENTIAL", "")
+    if stack:
+        info = json.loads(Path(stack).read_text())
+        gateway, secret = str(info["gateway"]), str(info.get("operator_credential", ""))
+    if not gateway or not secret:
+        raise ValueError(
+            "no operator credential: pass --stack <data-dir>/stack.json or set "
+            "TETHER_GATEWAY and TETHER_OPERATOR_CREDENTIAL"
+        )
+    return gateway, secret
+
+
 class TetherClient:
     """Async client of tether.v1.GatewayService.
 
@@ -55,8 +71,12 @@ class TetherClient:
         self.stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
 
     @classmethod
-    def from_env(cls, stack: str | None = None) -> TetherClient:
-        """From `stack` (a stack.json path), else TETHER_GATEWAY and TETHER_API_KEY."""
+    def from_env(cls, stack: str | None = None, *, operator: bool = False) -> TetherClient:
+        """From `stack` (a stack.json path), else TETHER_GATEWAY and TETHER_API_KEY. With
+        `operator`, it speaks with the platform operator's credential instead of a key (the
+        stack's `operator_credential`, else TETHER_OPERATOR_CREDENTIAL)."""
+        if operator:
+            return cls(*_operator_from_env(stack))
         if stack:
             return cls(*load_stack(stack))
         gateway, key = os.environ.get("TETHER_GATEWAY"), os.environ.get("TETHER_API_KEY")
@@ -140,14 +160,29 @@ class TetherClient:
         )
 
     async def create_key(
-        self, tenant_id: str, principal_id: str, scopes: list[str] | None = None
+        self,
+        tenant_id: str,
+        principal_id: str,
+        scopes: list[str] | None = None,
+        *,
+        expires_at: datetime | None = None,
     ) -> gateway_pb2.CreateApiKeyResponse:
-        """Issue an API key (needs the admin scope)."""
+        """Issue an API key (a keys:admin key: in its own tenant, with scopes it holds; the
+        operator: anywhere). An empty `tenant_id` means the caller's own."""
+        request = gateway_pb2.CreateApiKeyRequest(
+            tenant_id=tenant_id, principal_id=principal_id, scopes=scopes or []
+        )
+        if expires_at is not None:
+            request.expires_at.FromDatetime(expires_at)
         response: gateway_pb2.CreateApiKeyResponse = await self.stub.CreateApiKey(
-            gateway_pb2.CreateApiKeyRequest(
-                tenant_id=tenant_id, principal_id=principal_id, scopes=scopes or []
-            ),
-            metadata=self._metadata,
+            request, metadata=self._metadata
+        )
+        return response
+
+    async def revoke_key(self, key_id: str) -> gateway_pb2.RevokeApiKeyResponse:
+        """Revoke an API key; it stops working within 5 seconds, open streams included."""
+        response: gateway_pb2.RevokeApiKeyResponse = await self.stub.RevokeApiKey(
+            gateway_pb2.RevokeApiKeyRequest(key_id=key_id), metadata=self._metadata
         )
         return response
 

@@ -1,22 +1,21 @@
 """gRPC plumbing shared by every service: the server (health, reflection, error mapping,
-service-credential check) and client channels that present the service credential."""
+the caller check) and client channels that present the calling service's credential."""
 
 from __future__ import annotations
 
-import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from tether.credentials import CREDENTIAL_KEY, POWERS, verifier
 from tether.errors import CODE_METADATA_KEY, TetherError
 
 log = logging.getLogger(__name__)
 
-SERVICE_TOKEN_KEY = "x-tether-service-token"
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 Handler = Callable[[Any, grpc.aio.ServicerContext], Any]
@@ -80,15 +79,16 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grp
         return handler
 
 
-class ServiceTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Admits only callers presenting the platform's shared service credential.
+class CallerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Admits a call only from a service whose credential it can verify, and only to a method
+    `POWERS` grants that service.
 
     Health and reflection stay open so probes work; everything else of an internal service is
-    reachable only from inside the platform.
+    reachable only from inside the platform, each caller within its own powers.
     """
 
-    def __init__(self, token: str) -> None:
-        self._token = token.encode()
+    def __init__(self, verifiers: Mapping[str, str]) -> None:
+        self._callers = dict(verifiers)
 
     async def intercept_service(
         self,
@@ -97,15 +97,21 @@ class ServiceTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     ) -> grpc.RpcMethodHandler:
         if details.method.startswith(_OPEN_PREFIXES):
             return await continuation(details)
-        presented = dict(details.invocation_metadata or ()).get(SERVICE_TOKEN_KEY, "")
-        if isinstance(presented, str) and hmac.compare_digest(presented.encode(), self._token):
+        presented = dict(details.invocation_metadata or ()).get(CREDENTIAL_KEY, "")
+        # A lookup by digest: the digest of a 256-bit secret leaks nothing through its timing.
+        caller = self._callers.get(verifier(presented)) if isinstance(presented, str) else None
+        service, _, method = details.method.lstrip("/").partition("/")
+        if caller is None:
+            status = grpc.StatusCode.UNAUTHENTICATED
+            message = "internal service: calls must present a service credential it knows"
+        elif method in POWERS.get(service, {}).get(caller, frozenset()):
             return await continuation(details)
+        else:
+            status = grpc.StatusCode.PERMISSION_DENIED
+            message = f"the {caller} service may not call {service}/{method}"
 
         async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "internal service: calls must present the platform service credential",
-            )
+            await context.abort(status, message)
 
         return grpc.unary_unary_rpc_method_handler(refuse)
 
@@ -116,17 +122,19 @@ async def start_server(
     port: int,
     register: Sequence[Callable[[grpc.aio.Server], None]],
     service_names: Sequence[str],
-    service_token: str | None,
+    verifiers: Mapping[str, str] | None,
+    reflection_on: bool = True,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Start a gRPC server with health checking, reflection and error mapping.
 
-    `register` adds the service's servicers; `service_token`, when set, requires the platform
-    credential on every call but health and reflection. Returns the server, the bound port and
-    the health servicer (already SERVING).
+    `register` adds the service's servicers; `verifiers` (credential digest -> caller), when
+    given, admits only those callers, each to its powers, on every call but health and
+    reflection; `reflection_on` serves reflection. Returns the server, the bound port and the
+    health servicer (already SERVING).
     """
     interceptors: list[grpc.aio.ServerInterceptor] = []
-    if service_token:
-        interceptors.append(ServiceTokenInterceptor(service_token))
+    if verifiers is not None:
+        interceptors.append(CallerInterceptor(verifiers))
     interceptors.append(ErrorInterceptor())
     server = grpc.aio.server(
         interceptors=interceptors,
@@ -136,14 +144,15 @@ async def start_server(
         add(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        [
-            *service_names,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ],
-        server,
-    )
+    if reflection_on:
+        reflection.enable_server_reflection(
+            [
+                *service_names,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
+            server,
+        )
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
     for name in ("", *service_names):
@@ -151,12 +160,12 @@ async def start_server(
     return server, bound, health_servicer
 
 
-class _TokenClientInterceptor(
+class _CredentialClientInterceptor(
     grpc.aio.UnaryUnaryClientInterceptor,  # type: ignore[misc]
     grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[misc]
 ):
-    def __init__(self, token: str) -> None:
-        self._pair = (SERVICE_TOKEN_KEY, token)
+    def __init__(self, credential: str) -> None:
+        self._pair = (CREDENTIAL_KEY, credential)
 
     def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
         metadata = grpc.aio.Metadata(*(details.metadata or ()))
@@ -172,9 +181,9 @@ class _TokenClientInterceptor(
         return await continuation(self._details(details), request)
 
 
-def internal_channel(address: str, service_token: str | None) -> grpc.aio.Channel:
-    """A channel to another Tether service, presenting the service credential when set."""
-    interceptors = [_TokenClientInterceptor(service_token)] if service_token else None
+def internal_channel(address: str, credential: str | None) -> grpc.aio.Channel:
+    """A channel to another Tether service, presenting this service's credential when set."""
+    interceptors = [_CredentialClientInterceptor(credential)] if credential else None
     return grpc.aio.insecure_channel(
         address,
         interceptors=interceptors,

@@ -23,10 +23,17 @@ class PlatformSettings(BaseSettings):
         "", validation_alias=_env("TETHER_DATABASE_URL"), description="PostgreSQL URL."
     )
     redis_url: str = Field("", validation_alias=_env("TETHER_REDIS_URL"), description="Redis URL.")
-    service_token: str = Field(
+    service_credential: str = Field(
         "",
-        validation_alias=_env("TETHER_SERVICE_TOKEN"),
-        description="Shared platform credential internal services require; empty disables it.",
+        validation_alias=_env("TETHER_SERVICE_CREDENTIAL"),
+        description="This service's own secret, presented when it calls another service "
+        "(required by the services that call others).",
+    )
+    service_verifiers: str = Field(
+        "",
+        validation_alias=_env("TETHER_SERVICE_VERIFIERS"),
+        description="name=<sha256 hex of that caller's credential>,... for every service "
+        "that may call this one (required by the services that serve internal calls).",
     )
     host: str = Field("127.0.0.1", description="Interface the gRPC server binds.")
     port: int = Field(0, description="gRPC port; 0 picks a free one.")

@@ -7,13 +7,14 @@ from services.admission.service import Admitter
 from services.admission.servicer import AdmissionServicer
 from services.admission.settings import AdmissionSettings
 from tether.bus import Bus
+from tether.credentials import require_verifiers
 from tether.db.engine import create_engine
 from tether.grpcutil import start_server
 from tether.runner import configure_logging, run, serve, write_ready_file
 from tether.v1 import admission_pb2, admission_pb2_grpc
 
 
-async def amain(settings: AdmissionSettings) -> None:
+async def amain(settings: AdmissionSettings, verifiers: dict[str, str]) -> None:
     """Run the admission service until signalled."""
     engine = create_engine(settings.database_url, pool_size=settings.pool_size)
     bus = Bus(settings.redis_url)
@@ -29,7 +30,7 @@ async def amain(settings: AdmissionSettings) -> None:
         port=settings.port,
         register=[lambda s: admission_pb2_grpc.add_AdmissionServiceServicer_to_server(servicer, s)],
         service_names=[admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name],
-        service_token=settings.service_token or None,
+        verifiers=verifiers,
     )
     write_ready_file(settings.ready_file, port)
     await serve(server, grace=settings.grace_s, cleanups=[engine.dispose, bus.close])
@@ -39,7 +40,8 @@ def main() -> None:
     """Read settings from the environment and serve."""
     settings = AdmissionSettings()
     configure_logging("admission", settings.log_level)
-    run(amain(settings))
+    verifiers = require_verifiers("admission", settings.service_verifiers)
+    run(amain(settings, verifiers))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,17 @@
-"""Authenticates callers by API key and checks the scope each RPC needs."""
+"""Authenticates callers by API key (or the operator credential) and checks the scope each RPC
+needs."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tether.apikeys import KEY_PREFIX, Principal, find_key
+from tether.apikeys import KEY_PREFIX, KEYS_ADMIN, OPERATOR, Principal, find_key
 from tether.errors import PermissionDenied, Unauthenticated
 
 # Method name -> scope it requires.
@@ -25,20 +29,33 @@ SCOPES: Mapping[str, str] = {
     "DecideApproval": "interactions:write",
     "GetPendingConnection": "runs:read",
     "CompleteConnection": "interactions:write",
-    "CreateApiKey": "admin",
+    "CreateApiKey": KEYS_ADMIN,
+    "RevokeApiKey": KEYS_ADMIN,
 }
+# What the platform operator's credential may call: it manages tenants and keys, nothing else.
+OPERATOR_METHODS = frozenset({"CreateApiKey", "RevokeApiKey"})
 
 
 class Authenticator:
     """Verifies keys against their stored hashes, caching verified keys briefly.
 
     The cache makes a hot key cost no database round trip; a revoked key stops working within
-    `cache_ttl_s`.
+    `cache_ttl_s` (an expired one at its expiry), and an open stream that re-verifies every
+    `recheck_s` ends within their sum.
     """
 
-    def __init__(self, engine: AsyncEngine, *, cache_ttl_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        cache_ttl_s: float = 4.0,
+        recheck_s: float = 1.0,
+        operator_sha256: str = "",
+    ) -> None:
         self._engine = engine
         self._ttl = cache_ttl_s
+        self.recheck_s = recheck_s
+        self._operator = bytes.fromhex(operator_sha256) if operator_sha256 else None
         self._cache: dict[str, tuple[float, Principal]] = {}
 
     async def authenticate(self, metadata: Mapping[str, str | bytes], method: str) -> Principal:
@@ -46,12 +63,30 @@ class Authenticator:
         header = metadata.get("authorization", "")
         if not isinstance(header, str) or not header.startswith("Bearer "):
             raise Unauthenticated('missing API key: send metadata "authorization: Bearer <key>"')
-        api_key = header.removeprefix("Bearer ").strip()
-        principal = await self._verify(api_key)
+        secret = header.removeprefix("Bearer ").strip()
+        if self._is_operator(secret):
+            if method not in OPERATOR_METHODS:
+                raise PermissionDenied(
+                    f"the operator credential manages tenants and keys only; call {method} "
+                    "with a tenant's API key"
+                )
+            return OPERATOR
+        principal = await self._verify(secret)
         needed = SCOPES.get(method)
         if needed is None or needed not in principal.scopes:
             raise PermissionDenied(f"this API key lacks the scope {needed!r} that {method} needs")
         return principal
+
+    def forget(self, key_id: str) -> None:
+        """Drop a key from this replica's cache (it was just revoked here)."""
+        for secret, (_, principal) in list(self._cache.items()):
+            if principal.key_id == key_id:
+                self._cache.pop(secret, None)
+
+    def _is_operator(self, secret: str) -> bool:
+        if self._operator is None or secret.startswith(KEY_PREFIX):
+            return False
+        return hmac.compare_digest(hashlib.sha256(secret.encode()).digest(), self._operator)
 
     async def _verify(self, api_key: str) -> Principal:
         now = time.monotonic()
@@ -63,8 +98,40 @@ class Authenticator:
             async with self._engine.connect() as conn:
                 principal = await find_key(conn, api_key)
         if principal is None:
-            raise Unauthenticated("the API key is not valid")
+            raise Unauthenticated("the API key is not valid (unknown, revoked or expired)")
         if len(self._cache) > 10_000:
             self._cache.clear()
-        self._cache[api_key] = (now + self._ttl, principal)
+        trusted_for = self._ttl
+        if principal.expires_at is not None:
+            trusted_for = min(
+                trusted_for, (principal.expires_at - datetime.now(UTC)).total_seconds()
+            )
+        self._cache[api_key] = (now + trusted_for, principal)
         return principal
+
+
+class KeyWatch:
+    """Re-verifies the key an open stream was opened with, every `recheck_s` at most: the
+    stream calls `verify_if_due()` whenever it wakes and bounds its waits with `bound()`, so a
+    revoked or expired key ends it UNAUTHENTICATED within the cache TTL plus `recheck_s`."""
+
+    def __init__(
+        self, auth: Authenticator, metadata: Mapping[str, str | bytes], method: str
+    ) -> None:
+        self._auth = auth
+        self._metadata = dict(metadata)
+        self._method = method
+        self._due = time.monotonic() + auth.recheck_s
+
+    def bound(self, wait: float) -> float:
+        """`wait`, shortened so the stream wakes for its next re-verification."""
+        return max(min(wait, self._due - time.monotonic()), 0.01)
+
+    async def verify_if_due(self) -> None:
+        """Re-verify when the interval has passed; raises Unauthenticated (or PermissionDenied)
+        once the key no longer holds."""
+        now = time.monotonic()
+        if now < self._due:
+            return
+        self._due = now + self._auth.recheck_s
+        await self._auth.authenticate(self._metadata, self._method)

@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from services.gateway.forward import forward
 from services.gateway.hub import Feed, LiveEvent, Signal
@@ -37,6 +38,9 @@ from services.gateway.streams import (
 from tether.errors import InvalidArgument
 from tether.transport import RESUME_CURSOR_KEY
 from tether.v1 import common_pb2, events_pb2, gateway_pb2, orchestrator_pb2
+
+if TYPE_CHECKING:
+    from services.gateway.auth import KeyWatch
 
 CURSOR_VERSION = 1
 # Admission stamps created_at when its transaction starts, so two runs of one conversation can
@@ -102,17 +106,19 @@ async def conversation_items(
     cursor: str,
     *,
     include_deltas: bool,
+    key_watch: KeyWatch | None = None,
 ) -> AsyncGenerator[gateway_pb2.StreamConversationResponse, None]:
     """Every event of every run of the conversation after `cursor`, then the live tail.
 
-    The stream never ends by itself: a conversation can always take another message. Another
+    The stream never ends by itself (but with Unauthenticated once `key_watch` finds the
+    caller's key revoked or expired): a conversation can always take another message. Another
     tenant's conversation looks like one with no runs yet.
     """
     if not conversation_id:
         raise InvalidArgument("conversation_id is required")
     position = ConversationCursor.decode(cursor)
     feed = streams.hub.open(deltas=include_deltas)
-    conversation = _Conversation(streams, tenant_id, conversation_id, position, feed)
+    conversation = _Conversation(streams, tenant_id, conversation_id, position, feed, key_watch)
     try:
         async with aclosing(conversation.items()) as items:
             async for item in items:
@@ -129,6 +135,7 @@ class _Conversation:
         conversation_id: str,
         position: ConversationCursor,
         feed: Feed,
+        key_watch: KeyWatch | None = None,
     ) -> None:
         self._streams = streams
         self._hub = streams.hub
@@ -138,6 +145,7 @@ class _Conversation:
         self._initial = dict(position.seqs)
         self._feed = feed
         self._tracks: dict[str, _Track] = {}
+        self._key_watch = key_watch
 
     # -- the cursor -----------------------------------------------------------------------------
 
@@ -240,7 +248,10 @@ class _Conversation:
                 self._streams.wait_time(live, quiet_since, checked_at, now),
                 max(timing.conversation_poll_s - (now - discovered_at), 0.01),
             )
-            signal = await self._feed.next(wait)
+            watch = self._key_watch
+            signal = await self._feed.next(watch.bound(wait) if watch else wait)
+            if watch is not None:
+                await watch.verify_if_due()
             if signal in (Signal.OVERFLOWED, Signal.CLOSED):
                 error = SlowConsumer if signal is Signal.OVERFLOWED else StreamInterrupted
                 raise resumable(error, RESUME_CURSOR_KEY, self.cursor(), "the last cursor")

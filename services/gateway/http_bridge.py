@@ -12,6 +12,8 @@ same streams as gRPC, so authentication, tenancy and errors mean the same. Route
     POST /v1/runs/{run_id}/cancel              CancelRun
     GET  /v1/runs/{run_id}/pending-question    GetPendingQuestion (and -approval, -connection)
     POST /v1/runs/{run_id}/answer              AnswerQuestion (and /decision, /connection)
+    POST /v1/keys                              CreateApiKey (JSON body as the gRPC request)
+    POST /v1/keys/{key_id}/revoke              RevokeApiKey
 
 SSE frames: `event:` is the stable type name, `data:` the event as JSON (`tether.transport`),
 and every durable event has `id:` (its seq; for a conversation, the cursor), so a reconnecting
@@ -34,7 +36,7 @@ from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from services.gateway.auth import Authenticator
+from services.gateway.auth import Authenticator, KeyWatch
 from services.gateway.conversation import ConversationCursor, conversation_items
 from services.gateway.streams import Streams
 from tether.apikeys import Principal
@@ -183,11 +185,18 @@ class HttpBridge:
         app.router.add_get("/v1/runs", self.list_runs)
         app.router.add_get("/v1/runs/{run_id}", self.get_run)
         app.router.add_post("/v1/runs/{run_id}/cancel", self.cancel_run)
+        app.router.add_post("/v1/keys", self.create_key)
+        app.router.add_post("/v1/keys/{key_id}/revoke", self.revoke_key)
         for method, path, rpc, request_type in _INTERACTIONS:
             app.router.add_route(
                 method, f"/v1/runs/{{run_id}}/{path}", self._interaction(rpc, request_type)
             )
         return app
+
+    def _key_watch(self, request: web.Request, method: str) -> KeyWatch:
+        return KeyWatch(
+            self._auth, {"authorization": request.headers.get("Authorization", "")}, method
+        )
 
     async def _principal(self, request: web.Request, method: str) -> Principal:
         return await self._auth.authenticate(
@@ -244,6 +253,16 @@ class HttpBridge:
         response = await self._servicer.CancelRun(message, _CallContext(request))
         return web.json_response({"run": run_to_json(response.run), "changed": response.changed})
 
+    async def create_key(self, request: web.Request) -> web.Response:
+        message = await _body(request, gateway_pb2.CreateApiKeyRequest())
+        response = await self._servicer.CreateApiKey(message, _CallContext(request))
+        return web.json_response(_message_json(response))
+
+    async def revoke_key(self, request: web.Request) -> web.Response:
+        message = gateway_pb2.RevokeApiKeyRequest(key_id=request.match_info["key_id"])
+        response = await self._servicer.RevokeApiKey(message, _CallContext(request))
+        return web.json_response({"key_id": response.key_id, "revoked": response.revoked})
+
     def _interaction(
         self, rpc: str, request_type: type[Message]
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -265,6 +284,7 @@ class HttpBridge:
             request.match_info["run_id"],
             _non_negative(cursor or "0", "Last-Event-ID / after"),
             include_deltas=request.query.get("deltas", "1") not in ("0", "false"),
+            key_watch=self._key_watch(request, "StreamRun"),
         )
         return await _serve_sse(request, items, _run_frame, wait_for_first=True)
 
@@ -278,6 +298,7 @@ class HttpBridge:
             request.match_info["conversation_id"],
             cursor,
             include_deltas=request.query.get("deltas", "1") not in ("0", "false"),
+            key_watch=self._key_watch(request, "StreamConversation"),
         )
         return await _serve_sse(request, items, _conversation_frame, wait_for_first=False)
 

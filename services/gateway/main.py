@@ -9,6 +9,7 @@ from services.gateway.http_bridge import HttpBridge, start_http
 from services.gateway.servicer import GatewayServicer
 from services.gateway.settings import GatewaySettings
 from services.gateway.streams import build_streams
+from tether.credentials import require_credential
 from tether.db.engine import create_engine
 from tether.grpcutil import internal_channel, start_server
 from tether.runner import companion_ready_file, configure_logging, run, serve, write_ready_file
@@ -21,14 +22,18 @@ from tether.v1 import (
 )
 
 
-async def amain(settings: GatewaySettings) -> None:
+async def amain(settings: GatewaySettings, credential: str) -> None:
     """Run the gateway until signalled."""
     engine = create_engine(settings.database_url, pool_size=settings.pool_size)
-    token = settings.service_token or None
-    admission = internal_channel(settings.admission_addr, token)
-    orchestrator = internal_channel(settings.orchestrator_addr, token)
-    interactions = internal_channel(settings.interactions_addr, token)
-    auth = Authenticator(engine, cache_ttl_s=settings.key_cache_ttl_s)
+    admission = internal_channel(settings.admission_addr, credential)
+    orchestrator = internal_channel(settings.orchestrator_addr, credential)
+    interactions = internal_channel(settings.interactions_addr, credential)
+    auth = Authenticator(
+        engine,
+        cache_ttl_s=settings.key_cache_ttl_s,
+        recheck_s=settings.key_recheck_s,
+        operator_sha256=settings.operator_credential_sha256,
+    )
     orchestrator_stub = orchestrator_pb2_grpc.OrchestratorServiceStub(orchestrator)
     # Set by SIGTERM/SIGINT (through `serve`) or by the event hub dying.
     stopping = asyncio.Event()
@@ -48,7 +53,8 @@ async def amain(settings: GatewaySettings) -> None:
         register=[lambda s: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, s)],
         service_names=[gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name],
         # The gateway is the public edge: callers authenticate with API keys instead.
-        service_token=None,
+        verifiers=None,
+        reflection_on=settings.reflection,
     )
     http, http_port = await start_http(
         HttpBridge(servicer, streams, auth), settings.host, settings.http_port, settings.grace_s
@@ -81,7 +87,8 @@ def main() -> None:
     """Read settings from the environment and serve."""
     settings = GatewaySettings()
     configure_logging("gateway", settings.log_level)
-    run(amain(settings))
+    credential = require_credential("gateway", settings.service_credential)
+    run(amain(settings, credential))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ as TetherError so the caller sees the same status and message the owner chose.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import TypeVar
 
 import grpc
@@ -16,9 +17,9 @@ from services.gateway.forward import forward
 from services.gateway.interactions import InteractionRpcs
 from services.gateway.streaming import StreamingServicer
 from services.gateway.streams import Streams
-from tether import apikeys
+from tether import apikeys, audit
 from tether.apikeys import Principal
-from tether.errors import InvalidArgument
+from tether.errors import InvalidArgument, NotFound, PermissionDenied
 from tether.ids import is_identifier
 from tether.v1 import (
     admission_pb2,
@@ -138,27 +139,88 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
     async def CreateApiKey(
         self, request: gateway_pb2.CreateApiKeyRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CreateApiKeyResponse:
-        await self._caller(context, "CreateApiKey")
-        for name in ("tenant_id", "principal_id"):
-            if not is_identifier(getattr(request, name), max_length=128):
+        caller = await self._caller(context, "CreateApiKey")
+        tenant_id = request.tenant_id or ("" if caller.is_operator else caller.tenant_id)
+        for name, value in (("tenant_id", tenant_id), ("principal_id", request.principal_id)):
+            if not is_identifier(value, max_length=128):
                 raise InvalidArgument(
                     f"{name} must be 1-128 characters of letters, digits and . _ : @ -"
                 )
+        if not caller.is_operator and tenant_id != caller.tenant_id:
+            # The same answer whether that tenant exists or not.
+            raise PermissionDenied("a tenant's key creates keys only in its own tenant")
         scopes = list(request.scopes) or list(apikeys.CLIENT_SCOPES)
         unknown = sorted(set(scopes) - set(apikeys.ALL_SCOPES))
         if unknown:
             raise InvalidArgument(
                 f"unknown scopes {unknown}; known scopes are {list(apikeys.ALL_SCOPES)}"
             )
+        wider = sorted(set(scopes) - caller.scopes)
+        if wider and not caller.is_operator:
+            raise PermissionDenied(f"a key cannot grant scopes it does not hold: {wider}")
+        expires_at = None
+        if request.HasField("expires_at"):
+            expires_at = request.expires_at.ToDatetime(tzinfo=UTC)
+            if expires_at <= datetime.now(UTC):
+                raise InvalidArgument("expires_at must be in the future")
         async with self._engine.begin() as conn:
-            await apikeys.ensure_tenant(conn, request.tenant_id)
-            secret, principal = await apikeys.create_key(
-                conn, request.tenant_id, request.principal_id, scopes
+            if caller.is_operator:
+                await apikeys.ensure_tenant(conn, tenant_id)
+            secret, created = await apikeys.create_key(
+                conn, tenant_id, request.principal_id, scopes, expires_at=expires_at
             )
-        return gateway_pb2.CreateApiKeyResponse(
+            await audit.record(
+                conn,
+                tenant_id=tenant_id,
+                action="key.created",
+                actor=_actor(caller),
+                key_id=created.key_id,
+                principal_id=created.principal_id,
+                scopes=sorted(created.scopes),
+                expires_at=None if expires_at is None else expires_at.isoformat(),
+            )
+        response = gateway_pb2.CreateApiKeyResponse(
             api_key=secret,
-            key_id=principal.key_id,
-            tenant_id=principal.tenant_id,
-            principal_id=principal.principal_id,
-            scopes=sorted(principal.scopes),
+            key_id=created.key_id,
+            tenant_id=created.tenant_id,
+            principal_id=created.principal_id,
+            scopes=sorted(created.scopes),
         )
+        if request.HasField("expires_at"):
+            response.expires_at.CopyFrom(request.expires_at)
+        return response
+
+    async def RevokeApiKey(
+        self, request: gateway_pb2.RevokeApiKeyRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.RevokeApiKeyResponse:
+        caller = await self._caller(context, "RevokeApiKey")
+        absent = NotFound(f"API key {request.key_id!r} not found")
+        if not is_identifier(request.key_id, max_length=128):
+            raise absent
+        async with self._engine.begin() as conn:
+            found = await apikeys.revoke_key(
+                conn, request.key_id, None if caller.is_operator else caller.tenant_id
+            )
+            if found is None:
+                raise absent  # another tenant's key gets the same answer as an absent one
+            key, revoked = found
+            if revoked:
+                await audit.record(
+                    conn,
+                    tenant_id=key.tenant_id,
+                    action="key.revoked",
+                    actor=_actor(caller),
+                    key_id=key.key_id,
+                    principal_id=key.principal_id,
+                    scopes=sorted(key.scopes),
+                )
+        # This replica stops at once; the others within their cache TTL.
+        self._auth.forget(key.key_id)
+        return gateway_pb2.RevokeApiKeyResponse(key_id=key.key_id, revoked=revoked)
+
+
+def _actor(caller: Principal) -> dict[str, str]:
+    """Who acted, for the audit trail."""
+    if caller.is_operator:
+        return {"kind": "operator"}
+    return {"kind": "key", "key_id": caller.key_id, "principal_id": caller.principal_id}

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from tether.settings import PlatformSettings
+
+# The promise: a revoked or expired key stops working, streams included, within this.
+REVOCATION_BOUND_S = 5.0
 
 
 class GatewaySettings(PlatformSettings):
@@ -14,7 +17,26 @@ class GatewaySettings(PlatformSettings):
     model_config = SettingsConfigDict(env_prefix="TETHER_GATEWAY_", frozen=True, extra="ignore")
 
     pool_size: int = Field(5, description="Database connections (API key lookups).")
-    key_cache_ttl_s: float = Field(10.0, description="How long a verified key is trusted.")
+    key_cache_ttl_s: float = Field(
+        4.0,
+        gt=0,
+        description="How long a verified key is trusted without asking PostgreSQL again: a "
+        "revoked or expired key stops working within this on every replica.",
+    )
+    key_recheck_s: float = Field(
+        1.0,
+        gt=0,
+        description="How often an open stream re-verifies its key (through the cache): a "
+        "stream of a revoked key ends within key_cache_ttl_s + key_recheck_s.",
+    )
+    operator_credential_sha256: str = Field(
+        "",
+        description="SHA-256 (hex) of the platform operator's credential, the only caller "
+        "that creates tenants and keys across tenants; empty: no operator.",
+    )
+    reflection: bool = Field(
+        False, description="Serve gRPC server reflection on the public port (off by default)."
+    )
     grace_s: float = Field(5.0, description="Drain period on SIGTERM.")
     http_port: int = Field(
         0, description="Port of the HTTP/SSE bridge for browsers; 0 picks a free one."
@@ -42,3 +64,15 @@ class GatewaySettings(PlatformSettings):
         description="A run's Redis subscription outlives its last stream this long, so a "
         "refreshing client finds it live.",
     )
+
+    @model_validator(mode="after")
+    def _revocation_within_five_seconds(self) -> GatewaySettings:
+        if self.key_cache_ttl_s + self.key_recheck_s > REVOCATION_BOUND_S:
+            raise ValueError(
+                "key_cache_ttl_s + key_recheck_s must not exceed "
+                f"{REVOCATION_BOUND_S:g} s: a revoked key must stop working within that"
+            )
+        digest = self.operator_credential_sha256
+        if digest and (len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest)):
+            raise ValueError("operator_credential_sha256 must be 64 lowercase hex digits")
+        return self

@@ -8,6 +8,7 @@ from contextlib import aclosing
 
 import grpc
 
+from services.gateway.auth import Authenticator, KeyWatch
 from services.gateway.conversation import conversation_items
 from services.gateway.streams import Streams
 from tether.apikeys import Principal
@@ -28,7 +29,11 @@ class StreamingServicer:
     """The streaming side of tether.v1.GatewayService, mixed into GatewayServicer."""
 
     _streams: Streams
+    _auth: Authenticator
     _caller: Callable[[grpc.aio.ServicerContext, str], Awaitable[Principal]]
+
+    def _key_watch(self, context: grpc.aio.ServicerContext, method: str) -> KeyWatch:
+        return KeyWatch(self._auth, dict(context.invocation_metadata() or ()), method)
 
     async def StreamRun(
         self, request: gateway_pb2.StreamRunRequest, context: grpc.aio.ServicerContext
@@ -40,6 +45,7 @@ class StreamingServicer:
             request.after_seq,
             include_deltas=request.include_deltas,
             batch_catch_up=request.batch_catch_up,
+            key_watch=self._key_watch(context, "StreamRun"),
         )
         try:
             async with aclosing(items) as stream:
@@ -58,6 +64,7 @@ class StreamingServicer:
             request.conversation_id,
             request.cursor,
             include_deltas=request.include_deltas,
+            key_watch=self._key_watch(context, "StreamConversation"),
         )
         try:
             async with aclosing(items) as stream:

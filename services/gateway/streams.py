@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from google.protobuf import json_format
 
@@ -40,6 +41,9 @@ from tether.v1 import (
     orchestrator_pb2,
     orchestrator_pb2_grpc,
 )
+
+if TYPE_CHECKING:
+    from services.gateway.auth import KeyWatch
 
 
 class SlowConsumer(ResourceExhausted):
@@ -207,9 +211,11 @@ class Streams:
         *,
         include_deltas: bool,
         batch_catch_up: bool = False,
+        key_watch: KeyWatch | None = None,
     ) -> AsyncGenerator[gateway_pb2.StreamRunResponse, None]:
         """A run's stream: snapshot, log after `after_seq`, live tail; ends after a terminal
-        event. Raises NotFound for an absent or another tenant's run (the same answer)."""
+        event. Raises NotFound for an absent or another tenant's run (the same answer), and
+        Unauthenticated once `key_watch` finds the caller's key revoked or expired."""
         if after_seq < 0:
             raise InvalidArgument("after_seq must not be negative")
         if not is_identifier(run_id, max_length=128):
@@ -237,7 +243,10 @@ class Streams:
             while True:
                 now = loop.time()
                 live = self.hub.is_live(run_id)
-                item = await feed.next(self.wait_time(live, quiet_since, checked_at, now))
+                wait = self.wait_time(live, quiet_since, checked_at, now)
+                item = await feed.next(key_watch.bound(wait) if key_watch else wait)
+                if key_watch is not None:
+                    await key_watch.verify_if_due()
                 if item in (Signal.OVERFLOWED, Signal.CLOSED):
                     error = SlowConsumer if item is Signal.OVERFLOWED else StreamInterrupted
                     resume = str(cursor.seq)

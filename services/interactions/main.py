@@ -7,6 +7,7 @@ from services.interactions.service import Interactions, OAuthProvider, Policy
 from services.interactions.servicer import InteractionsServicer
 from services.interactions.settings import InteractionsSettings
 from services.orchestrator.maintenance import Supervisor, every
+from tether.credentials import require_credential, require_verifiers
 from tether.db.engine import create_engine
 from tether.grpcutil import internal_channel, start_server
 from tether.runner import configure_logging, run, serve, write_ready_file
@@ -15,10 +16,10 @@ from tether.v1 import interactions_pb2, interactions_pb2_grpc, orchestrator_pb2_
 DEMO_PROVIDER = "democal"
 
 
-async def amain(settings: InteractionsSettings) -> None:
+async def amain(settings: InteractionsSettings, credential: str, verifiers: dict[str, str]) -> None:
     """Run the interactions service until signalled."""
     engine = create_engine(settings.database_url, pool_size=settings.pool_size)
-    channel = internal_channel(settings.orchestrator_addr, settings.service_token or None)
+    channel = internal_channel(settings.orchestrator_addr, credential)
     providers = {}
     token_urls = {}
     if settings.oauth_base_url:
@@ -45,7 +46,7 @@ async def amain(settings: InteractionsSettings) -> None:
         service_names=[
             interactions_pb2.DESCRIPTOR.services_by_name["InteractionsService"].full_name
         ],
-        service_token=settings.service_token or None,
+        verifiers=verifiers,
     )
     supervisor = Supervisor()
     supervisor.start(
@@ -74,7 +75,9 @@ def main() -> None:
     """Read settings from the environment and serve."""
     settings = InteractionsSettings()
     configure_logging("interactions", settings.log_level)
-    run(amain(settings))
+    credential = require_credential("interactions", settings.service_credential)
+    verifiers = require_verifiers("interactions", settings.service_verifiers)
+    run(amain(settings, credential, verifiers))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.interactions import repository as repo
+from tether import audit
 from tether.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -271,6 +272,14 @@ class Interactions:
             )
             if resolved is None:
                 raise FailedPrecondition("the question was answered meanwhile")
+            await audit.record(
+                conn,
+                tenant_id=tenant_id,
+                run_id=run_id,
+                action="question.answered",
+                actor={"kind": "principal", "principal_id": principal_id},
+                interaction_id=pending.interaction_id,
+            )
         resumed = await self._try_resume(tenant_id, run_id, "question", pending.interaction_id)
         return pending.interaction_id, resumed
 
@@ -290,10 +299,12 @@ class Interactions:
 
     # -- approvals ----------------------------------------------------------------------------
 
-    async def check_grant(self, run_id: str, tool_name: str, risk_category: str) -> str | None:
-        """The id of a standing grant covering this call, or None."""
+    async def check_grant(
+        self, run_id: str, epoch: int, tool_name: str, risk_category: str
+    ) -> str | None:
+        """The id of a standing grant covering this call of the lease holder, or None."""
         async with self._engine.connect() as conn:
-            run = await repo.leased_run_any(conn, run_id)
+            run = await repo.leased_run(conn, run_id, epoch)
             grant = await repo.find_grant(
                 conn,
                 tenant_id=run.tenant_id,
@@ -392,6 +403,15 @@ class Interactions:
             )
             if resolved is None:
                 raise FailedPrecondition("the approval was decided meanwhile")
+            await audit.record(
+                conn,
+                tenant_id=tenant_id,
+                run_id=run_id,
+                action="approval.decided",
+                actor={"kind": "principal", "principal_id": principal_id},
+                interaction_id=pending.interaction_id,
+                decision=decision,
+            )
             if decision in ("allow-conversation", "allow-always"):
                 # Standing permissions only: allow-once mints no grant, by definition.
                 grant_id = new_id("grt")
@@ -555,6 +575,15 @@ class Interactions:
             )
             if await repo.resolve(conn, offer.interaction_id, "completed") is None:
                 return False
+            await audit.record(
+                conn,
+                tenant_id=tenant_id,
+                run_id=run_id,
+                action="connection.completed",
+                actor={"kind": "principal", "principal_id": principal_id},
+                interaction_id=offer.interaction_id,
+                provider=offer.provider,
+            )
         return await self._try_resume(tenant_id, run_id, "connection", offer.interaction_id)
 
     async def pending_connection(self, tenant_id: str, run_id: str) -> Row[Any] | None:

@@ -139,7 +139,9 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
     async def CheckGrant(
         self, request: interactions_pb2.CheckGrantRequest, context: grpc.aio.ServicerContext
     ) -> interactions_pb2.CheckGrantResponse:
-        grant = await self._i.check_grant(request.run_id, request.tool_name, request.risk_category)
+        grant = await self._i.check_grant(
+            request.run_id, request.epoch, request.tool_name, request.risk_category
+        )
         return interactions_pb2.CheckGrantResponse(allowed=grant is not None, grant_id=grant or "")
 
     async def RequestApproval(

@@ -8,13 +8,14 @@ from services.orchestrator.service import Runs
 from services.orchestrator.servicer import OrchestratorServicer
 from services.orchestrator.settings import OrchestratorSettings
 from tether.bus import Bus
+from tether.credentials import require_verifiers
 from tether.db.engine import create_engine
 from tether.grpcutil import start_server
 from tether.runner import configure_logging, run, serve, write_ready_file
 from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
 
-async def amain(settings: OrchestratorSettings) -> None:
+async def amain(settings: OrchestratorSettings, verifiers: dict[str, str]) -> None:
     """Run the orchestrator until signalled."""
     engine = create_engine(settings.database_url, pool_size=settings.pool_size)
     bus = Bus(settings.redis_url)
@@ -36,7 +37,7 @@ async def amain(settings: OrchestratorSettings) -> None:
         service_names=[
             orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"].full_name
         ],
-        service_token=settings.service_token or None,
+        verifiers=verifiers,
     )
     write_ready_file(settings.ready_file, port)
     await serve(
@@ -51,7 +52,8 @@ def main() -> None:
     """Read settings from the environment and serve."""
     settings = OrchestratorSettings()
     configure_logging("orchestrator", settings.log_level)
-    run(amain(settings))
+    verifiers = require_verifiers("orchestrator", settings.service_verifiers)
+    run(amain(settings, verifiers))
 
 
 if __name__ == "__main__":

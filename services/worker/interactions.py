@@ -134,7 +134,7 @@ class LeasedInteractions:
         response = await call(
             self._stub.CheckGrant(
                 interactions_pb2.CheckGrantRequest(
-                    run_id=self._run_id, tool_name=tool_name, risk_category=risk
+                    run_id=self._run_id, epoch=self._epoch, tool_name=tool_name, risk_category=risk
                 )
             )
         )

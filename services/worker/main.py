@@ -20,6 +20,7 @@ from services.worker.pool import WorkerPool
 from services.worker.settings import WorkerSettings
 from services.worker.tools.registry import ToolRegistry
 from tether.bus import Bus
+from tether.credentials import require_credential
 from tether.grpcutil import internal_channel, start_server
 from tether.runner import configure_logging, run, wait_for_signal, write_ready_file
 from tether.v1 import interactions_pb2_grpc, orchestrator_pb2, orchestrator_pb2_grpc
@@ -35,16 +36,16 @@ def provider_client(settings: WorkerSettings) -> AsyncAnthropic:
     )
 
 
-async def amain(settings: WorkerSettings) -> None:
+async def amain(settings: WorkerSettings, credential: str) -> None:
     """Run the pool until signalled."""
-    channel = internal_channel(settings.orchestrator_addr, settings.service_token or None)
+    channel = internal_channel(settings.orchestrator_addr, credential)
     orchestrator = Orchestrator(orchestrator_pb2_grpc.OrchestratorServiceStub(channel))
     bus = Bus(settings.redis_url) if settings.redis_url else None
     client = provider_client(settings)
     registry = ToolRegistry.from_entry_points(settings=dict(os.environ))
 
     interactions_channel = (
-        internal_channel(settings.interactions_addr, settings.service_token or None)
+        internal_channel(settings.interactions_addr, credential)
         if settings.interactions_addr
         else None
     )
@@ -84,7 +85,8 @@ async def amain(settings: WorkerSettings) -> None:
         port=settings.port,
         register=[],
         service_names=[],
-        service_token=settings.service_token or None,
+        # Serves only health checks; nothing else is registered, and no one calls a worker.
+        verifiers={},
     )
     write_ready_file(settings.ready_file, port)
     pool_task = asyncio.create_task(pool.run(), name="worker-pool")
@@ -107,7 +109,8 @@ def main() -> None:
     """Read settings from the environment and run."""
     settings = WorkerSettings()
     configure_logging("worker", settings.log_level)
-    run(amain(settings))
+    credential = require_credential("worker", settings.service_credential)
+    run(amain(settings, credential))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import grpc
 import pytest_asyncio
 
 from tests.conftest import clone_database, drop_database
-from tether import apikeys
+from tether import apikeys, credentials
 from tether.db.engine import create_engine
 from tether.stack.embedded import database_url
 from tether.stack.processes import ServiceSet
@@ -23,7 +23,8 @@ class RunningStack:
 
     services: ServiceSet
     db_url: str
-    service_token: str
+    credentials: dict[str, str]
+    operator_credential: str
     admin_key: str
     key_a: str
     key_b: str
@@ -52,20 +53,24 @@ async def stack(
         key_b, _ = await apikeys.create_key(conn, "tenant-b", "bob", apikeys.CLIENT_SCOPES)
         read_only, _ = await apikeys.create_key(conn, "tenant-a", "auditor", ["runs:read"])
     await engine.dispose()
-    token = secrets.token_urlsafe(16)
+    service_credentials = credentials.generate()
+    operator = "top_" + secrets.token_urlsafe(32)
     run_dir = Path(tmp_path_factory.mktemp("run"))  # type: ignore[attr-defined]
     services = ServiceSet(
         run_dir,
         {
             "TETHER_DATABASE_URL": db_url,
             "TETHER_REDIS_URL": redis_url,
-            "TETHER_SERVICE_TOKEN": token,
+            "TETHER_GATEWAY_OPERATOR_CREDENTIAL_SHA256": credentials.verifier(operator),
         },
+        service_credentials,
     )
     try:
         # No worker here: these tests look at admission and the API, with runs left queued.
         await services.start_all(("orchestrator", "admission", "interactions", "gateway"))
-        yield RunningStack(services, db_url, token, admin_key, key_a, key_b, read_only)
+        yield RunningStack(
+            services, db_url, service_credentials, operator, admin_key, key_a, key_b, read_only
+        )
     finally:
         await services.stop_all()
         await drop_database(pg_server_url, name)

@@ -4,7 +4,6 @@ a ledger, plus helpers to create tenants with their own agent limits and to obse
 from __future__ import annotations
 
 import json
-import secrets
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -16,7 +15,7 @@ import grpc
 from sqlalchemy import insert, select, update
 
 from tests.conftest import clone_database, drop_database
-from tether import apikeys
+from tether import apikeys, credentials
 from tether.db.engine import create_engine
 from tether.db.schema import grants, run_events, run_parts, runs, tenants
 from tether.stack.embedded import database_url
@@ -60,7 +59,7 @@ class ExecStack:
     db_url: str
     model: ModelServer
     ledger: Ledger
-    token: str
+    credentials: dict[str, str]
     oauth: OAuthServer
 
     def addr(self, name: str) -> str:
@@ -206,7 +205,7 @@ async def exec_stack(
     """A fresh database and services, with `workers` workers started."""
     name = await clone_database(pg_server_url, template_db)
     db_url = database_url(pg_server_url, name)
-    token = secrets.token_urlsafe(16)
+    service_credentials = credentials.generate()
     model = ModelServer()
     ledger = Ledger()
     oauth = OAuthServer()
@@ -216,7 +215,6 @@ async def exec_stack(
     env = {
         "TETHER_DATABASE_URL": db_url,
         "TETHER_REDIS_URL": redis_url,
-        "TETHER_SERVICE_TOKEN": token,
         "TETHER_WORKER_ANTHROPIC_BASE_URL": model.base_url,
         "TETHER_LEDGER_URL": ledger.base_url,
         "TETHER_INTERACTIONS_OAUTH_BASE_URL": oauth.base_url,
@@ -225,10 +223,10 @@ async def exec_stack(
         **FAST,
         **(extra_env or {}),
     }
-    services = ServiceSet(run_dir, env)
+    services = ServiceSet(run_dir, env, service_credentials)
     try:
         await services.start_all(("orchestrator", "admission", "interactions", "gateway"))
-        stack = ExecStack(services, db_url, model, ledger, token, oauth)
+        stack = ExecStack(services, db_url, model, ledger, service_credentials, oauth)
         for _ in range(workers):
             await stack.start_worker()
         yield stack

@@ -121,7 +121,7 @@ async def test_two_claimers_race_for_one_run_and_a_stale_epoch_is_refused(
 ) -> None:
     tenant = await drill.tenant()
     run_id = await tenant.send(prompt("contested"))
-    async with internal_channel(drill.addr("orchestrator"), drill.token) as channel:
+    async with internal_channel(drill.addr("orchestrator"), drill.credentials["worker"]) as channel:
         stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
         claims = await asyncio.gather(
             *(
@@ -191,7 +191,7 @@ async def test_a_checkpoint_in_flight_at_completion_lands_exactly_once(
 ) -> None:
     tenant = await drill.tenant()
     run_id = await tenant.send(prompt("in flight"))
-    async with internal_channel(drill.addr("orchestrator"), drill.token) as channel:
+    async with internal_channel(drill.addr("orchestrator"), drill.credentials["worker"]) as channel:
         stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
         claim = await stub.ClaimRun(orchestrator_pb2.ClaimRunRequest(worker_id="w", wait_ms=5000))
         assert claim.claimed and claim.lease.run_id == run_id

@@ -241,7 +241,7 @@ async def test_internal_services_refuse_callers_without_the_platform_credential(
             )
         )
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED
-    async with internal_channel(addresses["orchestrator"], stack.service_token) as channel:
+    async with internal_channel(addresses["orchestrator"], stack.credentials["gateway"]) as channel:
         ok = await orchestrator_pb2_grpc.OrchestratorServiceStub(channel).SearchRuns(
             orchestrator_pb2.SearchRunsRequest(tenant_id="tenant-a")
         )
@@ -255,6 +255,8 @@ async def test_every_service_serves_health_and_reflection(stack: RunningStack) -
                 health_pb2.HealthCheckRequest()
             )
             assert health.status == health_pb2.HealthCheckResponse.SERVING, name
+            if name == "gateway":
+                continue  # the public edge serves reflection only when asked to
             stub = reflection_pb2_grpc.ServerReflectionStub(channel)
             responses = stub.ServerReflectionInfo(
                 iter([reflection_pb2.ServerReflectionRequest(list_services="")])

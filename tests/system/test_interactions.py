@@ -27,7 +27,7 @@ from tests.system.execution_support import (
 )
 from tether.client import TetherClient
 from tether.db.engine import create_engine
-from tether.db.schema import grants, interactions
+from tether.db.schema import audit_log, grants, interactions
 from tether.grpcutil import internal_channel
 from tether.testing.eventually import eventually
 from tether.testing.model_server import TextTurn, ToolUseTurn
@@ -114,6 +114,7 @@ async def test_three_questions_resume_once_and_the_model_is_not_asked_again(
             run_id, {"size": ["M"], "colours": ["red", "blue"], "note": ["gift wrap"]}
         )
         assert answered.resumed
+        assert await count(stack, audit_log, run_id=run_id, action="question.answered") == 1
         with pytest.raises(grpc.aio.AioRpcError) as again:
             await tc.answer(run_id, {"size": ["L"], "colours": ["red"], "note": ["x"]})
         assert again.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -197,6 +198,9 @@ async def test_a_denied_approval_is_claimed_and_never_retried(stack: ExecStack) 
     (result,) = [p for p in await parts_of(stack.db_url, run_id) if p.kind == "tool_result"]
     assert result.payload["isError"] and "denied" in result.payload["content"]
     assert await count(stack, interactions, run_id=run_id, status="claimed") == 1
+    # The decision is on the audit trail: who decided which interaction, how.
+    audited = await count(stack, audit_log, run_id=run_id, action="approval.decided")
+    assert audited == 1, "a decision leaves one audit row"
 
 
 async def test_allow_conversation_mints_a_grant_for_later_calls(stack: ExecStack) -> None:
@@ -246,8 +250,12 @@ async def test_two_claimers_racing_for_one_approval_get_one_claim(stack: ExecSta
     try:
         run_id = await tenant.send(text)
         async with (
-            internal_channel(stack.addr("orchestrator"), stack.token) as orch_channel,
-            internal_channel(stack.addr("interactions"), stack.token) as int_channel,
+            internal_channel(
+                stack.addr("orchestrator"), stack.credentials["worker"]
+            ) as orch_channel,
+            internal_channel(
+                stack.addr("interactions"), stack.credentials["worker"]
+            ) as int_channel,
         ):
             orchestrator = orchestrator_pb2_grpc.OrchestratorServiceStub(orch_channel)
             store = interactions_pb2_grpc.InteractionsServiceStub(int_channel)
@@ -372,6 +380,7 @@ async def test_consent_completes_once_and_a_leaked_url_is_useless_to_another_ten
         first = await tc.complete_connection(run_id, state, code)
         second = await tc.complete_connection(run_id, state, stack.oauth.code_for("x"))
     assert (first.resumed, second.resumed) == (True, False)
+    assert await count(stack, audit_log, run_id=run_id, action="connection.completed") == 1
     run = await wait_for_status(stack.db_url, run_id, "completed")
     assert run.result_text == "You have two."
     assert [t for _, t, _ in await events_of(stack.db_url, run_id)].count("run.queued") == 2

@@ -57,6 +57,11 @@ async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path:
         async with TetherClient.from_env(str(data_dir / "stack.json")) as client:
             sent = await client.send("hello", conversation_id="first", event_id="evt-hello")
             assert run_to_dict(sent.run)["status"] == "queued"
+        # The generated operator credential creates a tenant and a key there.
+        stack_file = str(data_dir / "stack.json")
+        async with TetherClient.from_env(stack_file, operator=True) as operator:
+            founded = await operator.create_key("acme", "founder")
+        assert founded.tenant_id == "acme"
     finally:
         out = await interrupt(process)
     assert "tether stopped" in out

@@ -37,10 +37,21 @@ DATABASE_USERS = {"gateway", "admission", "orchestrator", "interactions"}
 SECRET_ENV = {
     "TETHER_DATABASE_URL": "tether-database",
     "TETHER_REDIS_URL": "tether-redis",
-    "TETHER_SERVICE_TOKEN": "tether-service-token",
+    "TETHER_SERVICE_VERIFIERS": "tether-service-verifiers",
+    "TETHER_GATEWAY_OPERATOR_CREDENTIAL_SHA256": "tether-operator",
     "TETHER_WORKER_ANTHROPIC_API_KEY": "tether-anthropic",
     "TETHER_WORKER_ANTHROPIC_BASE_URL": "tether-anthropic",
 }
+# Each calling service's own credential, from a Secret no other service reads.
+CREDENTIAL_ENV = "TETHER_SERVICE_CREDENTIAL"
+CREDENTIAL_HOLDERS = ("gateway", "worker", "interactions")
+VERIFIER_HOLDERS = ("admission", "orchestrator", "interactions")
+
+
+def _credential_secret(service: str) -> str:
+    return f"tether-{service}-credential"
+
+
 MIGRATE = (
     "import asyncio,os; from tether.db.migrate import upgrade; "
     "asyncio.run(upgrade(os.environ['TETHER_DATABASE_URL']))"
@@ -141,12 +152,19 @@ def test_no_secret_object_is_applied() -> None:
 
 def test_example_secrets_hold_only_placeholders() -> None:
     docs = _load(K8S / "secrets.example.yaml")
-    assert {doc["metadata"]["name"] for doc in docs} == set(SECRET_ENV.values())
+    credential_secrets = {_credential_secret(s): s for s in CREDENTIAL_HOLDERS}
+    assert {doc["metadata"]["name"] for doc in docs} == {
+        *SECRET_ENV.values(),
+        *credential_secrets,
+    }
     for doc in docs:
         assert doc["kind"] == "Secret"
         assert "data" not in doc
         for key, value in doc["stringData"].items():
-            assert key in SECRET_ENV and SECRET_ENV[key] == doc["metadata"]["name"]
+            if doc["metadata"]["name"] in credential_secrets:
+                assert key == CREDENTIAL_ENV
+            else:
+                assert key in SECRET_ENV and SECRET_ENV[key] == doc["metadata"]["name"]
             assert "CHANGE-ME" in value, f"{key} looks like a real value"
 
 
@@ -280,7 +298,11 @@ def test_credentials_arrive_only_through_secret_key_refs() -> None:
             for source in container.get("envFrom", []):
                 assert "secretRef" not in source, f"{name}: whole-Secret envFrom hides what it gets"
             for entry in container.get("env", []):
-                if entry["name"] in SECRET_ENV:
+                if entry["name"] == CREDENTIAL_ENV:
+                    ref = entry["valueFrom"]["secretKeyRef"]
+                    assert ref["name"] == _credential_secret(name), f"{name}: another's credential"
+                    assert ref["key"] == CREDENTIAL_ENV, name
+                elif entry["name"] in SECRET_ENV:
                     assert "value" not in entry, f"{name}: literal {entry['name']}"
                     ref = entry["valueFrom"]["secretKeyRef"]
                     assert ref["name"] == SECRET_ENV[entry["name"]], name
@@ -311,10 +333,24 @@ def test_database_and_model_credentials_go_where_they_are_needed() -> None:
 
 
 @pytest.mark.parametrize("service", SERVICES)
-def test_every_service_carries_the_service_token(service: str) -> None:
-    ref = _secret_refs(_deployment(service))["TETHER_SERVICE_TOKEN"]
-    assert ref["name"] == "tether-service-token"
-    assert not ref.get("optional", False), "an internal service must not start without it"
+def test_each_service_carries_only_its_own_credential_and_its_callers_verifiers(
+    service: str,
+) -> None:
+    refs = _secret_refs(_deployment(service))
+    credential = refs.get(CREDENTIAL_ENV)
+    assert (credential is not None) == (service in CREDENTIAL_HOLDERS), service
+    if credential is not None:
+        assert credential["name"] == _credential_secret(service)
+        assert not credential.get("optional", False), "a caller must not start without it"
+    names = {ref["name"] for ref in refs.values()}
+    others = {_credential_secret(s) for s in CREDENTIAL_HOLDERS if s != service}
+    assert not names & others, f"{service} can read another service's credential"
+    verifiers = refs.get("TETHER_SERVICE_VERIFIERS")
+    assert (verifiers is not None) == (service in VERIFIER_HOLDERS), service
+    if verifiers is not None:
+        assert not verifiers.get("optional", False), "a server must not start without them"
+    operator = refs.get("TETHER_GATEWAY_OPERATOR_CREDENTIAL_SHA256")
+    assert (operator is not None) == (service == "gateway"), service
 
 
 def test_migrations_job() -> None:

@@ -14,6 +14,7 @@ import os
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -93,10 +94,22 @@ async def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keys_client(args: argparse.Namespace) -> TetherClient:
+    return TetherClient.from_env(getattr(args, "stack", None), operator=args.operator)
+
+
 async def cmd_keys_create(args: argparse.Namespace) -> int:
     """Issue an API key for a tenant's principal."""
-    async with _client(args) as client:
-        response = await client.create_key(args.tenant, args.principal, args.scope or None)
+    expires_at = None
+    if args.expires_in is not None:
+        if args.expires_in <= 0:
+            raise ValueError("--expires-in must be a positive number of seconds")
+        expires_at = datetime.now(UTC) + timedelta(seconds=args.expires_in)
+    async with _keys_client(args) as client:
+        response = await client.create_key(
+            args.tenant, args.principal, args.scope or None, expires_at=expires_at
+        )
+    expiry = response.expires_at.ToJsonString() if response.HasField("expires_at") else None
     _emit(
         args,
         {
@@ -105,9 +118,23 @@ async def cmd_keys_create(args: argparse.Namespace) -> int:
             "tenant_id": response.tenant_id,
             "principal_id": response.principal_id,
             "scopes": list(response.scopes),
+            "expires_at": expiry,
         },
         f"{response.api_key}\n(key {response.key_id} for {response.tenant_id}/"
-        f"{response.principal_id}; shown once)",
+        f"{response.principal_id}; shown once" + (f"; expires {expiry})" if expiry else ")"),
+    )
+    return 0
+
+
+async def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    """Revoke an API key by its id."""
+    async with _keys_client(args) as client:
+        response = await client.revoke_key(args.key_id)
+    what = "revoked" if response.revoked else "was already revoked"
+    _emit(
+        args,
+        {"key_id": response.key_id, "revoked": response.revoked},
+        f"key {response.key_id} {what}",
     )
     return 0
 
@@ -156,12 +183,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     keys = sub.add_parser("keys", help="manage API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
-    create = keys_sub.add_parser("create", help="issue a key (needs an admin key)")
-    create.add_argument("--tenant", required=True)
+    create = keys_sub.add_parser(
+        "create", help="issue a key (a keys:admin key: its own tenant; --operator: any)"
+    )
+    create.add_argument("--tenant", default="", help="tenant (default: the caller's own)")
     create.add_argument("--principal", required=True)
     create.add_argument("--scope", action="append", help="scope (repeatable)")
-    _common(create, top=False)
-    create.set_defaults(func=cmd_keys_create)
+    create.add_argument("--expires-in", type=float, help="seconds until the key expires")
+    revoke = keys_sub.add_parser("revoke", help="revoke a key by its id")
+    revoke.add_argument("key_id")
+    for command, func in ((create, cmd_keys_create), (revoke, cmd_keys_revoke)):
+        command.add_argument(
+            "--operator",
+            action="store_true",
+            help="act as the platform operator (the stack's operator_credential or "
+            "TETHER_OPERATOR_CREDENTIAL)",
+        )
+        _common(command, top=False)
+        command.set_defaults(func=func)
 
     def wrap(command: Callable[[argparse.Namespace, Any], Awaitable[int]]) -> Command:
         async def run(args: argparse.Namespace) -> int:

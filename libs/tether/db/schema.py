@@ -69,6 +69,8 @@ api_keys = Table(
     Column("scopes", ARRAY(Text), nullable=False),
     _now(),
     Column("revoked_at", DateTime(timezone=True)),
+    # Set at creation; an expired key is refused like a revoked one.
+    Column("expires_at", DateTime(timezone=True)),
 )
 
 sessions = Table(

@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tether.credentials import service_env
 from tether.runner import companion_ready_file
 
 # Start order: each service after those it calls.
@@ -48,6 +49,9 @@ class ServiceSet:
 
     run_dir: Path
     env: Mapping[str, str]
+    # Service name -> its own credential (`tether.credentials.generate()`); each process gets
+    # its own and every caller's verifier, never another service's secret.
+    credentials: Mapping[str, str] = field(default_factory=dict)
     procs: dict[str, ServiceProcess] = field(default_factory=dict)
 
     def addresses(self) -> dict[str, str]:
@@ -65,7 +69,7 @@ class ServiceSet:
             await asyncio.gather(*(self.start(name, timeout=timeout) for name in batch))
 
     def _env_for(self, name: str, extra: Mapping[str, str]) -> dict[str, str]:
-        env = {**os.environ, **self.env, **extra}
+        env = {**os.environ, **self.env, **service_env(self.credentials, name), **extra}
         for dep, addr in self.addresses().items():
             env[f"TETHER_{dep.upper()}_ADDR"] = addr
         env[f"TETHER_{name.upper()}_HOST"] = "127.0.0.1"

@@ -1,9 +1,10 @@
 """`tether up`: the whole stack on embedded defaults, until Ctrl-C.
 
 Data lives in one folder (TETHER_DATA_DIR, default `.tether/`): PostgreSQL's data, Redis's
-working dir, service logs, the platform service token and `stack.json`, which tells clients
-where the gateway is and which development key to use. Starting again on the same folder keeps
-every run, key and event.
+working dir, service logs, the platform operator's credential and `stack.json`, which tells
+clients where the gateway is and which development key (and operator credential) to use. Each
+service gets a credential of its own, new at every start. Starting again on the same folder
+keeps every run, key and event.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import asyncpg
 
-from tether import apikeys
+from tether import apikeys, credentials
 from tether.db.engine import create_engine
 from tether.db.migrate import upgrade
 from tether.runner import wait_for_signal
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 DEV_TENANT = "dev"
 DEV_PRINCIPAL = "dev"
 DATABASE = "tether"
+# Marks the operator's credential apart from API keys (tk_) at a glance.
+OPERATOR_PREFIX = "top_"
 
 
 async def ensure_database(server_url: str, name: str) -> str:
@@ -47,10 +50,10 @@ async def ensure_database(server_url: str, name: str) -> str:
     return database_url(server_url, name)
 
 
-def _read_secret(path: Path) -> str:
+def _read_secret(path: Path, prefix: str = "") -> str:
     if path.exists():
         return path.read_text().strip()
-    value = secrets.token_urlsafe(32)
+    value = prefix + secrets.token_urlsafe(32)
     path.write_text(value)
     path.chmod(0o600)
     return value
@@ -117,10 +120,11 @@ class Stack:
         if not redis_url:
             self._redis = EmbeddedRedis(self.data_dir / "redis")
             redis_url = await self._redis.start()
+        operator = _read_secret(self.data_dir / "operator_credential", OPERATOR_PREFIX)
         env = {
             "TETHER_DATABASE_URL": db_url,
             "TETHER_REDIS_URL": redis_url,
-            "TETHER_SERVICE_TOKEN": _read_secret(self.data_dir / "service_token"),
+            "TETHER_GATEWAY_OPERATOR_CREDENTIAL_SHA256": credentials.verifier(operator),
             **self.extra_env,
         }
         model_url = ""
@@ -139,7 +143,7 @@ class Stack:
         stack_file = self.data_dir / "stack.json"
         previous = json.loads(stack_file.read_text()) if stack_file.exists() else {}
         api_key = await dev_key(db_url, previous)
-        self.services = ServiceSet(run_dir, env)
+        self.services = ServiceSet(run_dir, env, credentials.generate())
         await self.services.start_all()
         addresses = self.services.addresses()
         self.info = {
@@ -148,6 +152,7 @@ class Stack:
             "tenant_id": DEV_TENANT,
             "principal_id": DEV_PRINCIPAL,
             "api_key": api_key,
+            "operator_credential": operator,
             "services": addresses,
             "database_url": db_url,
             "redis_url": redis_url,
@@ -184,6 +189,8 @@ async def run_until_signalled(data_dir: Path) -> None:
         info = await stack.start()
         print(f"stack file: {data_dir / 'stack.json'}", flush=True)  # noqa: T201
         print(f"http bridge: http://{info['http']}", flush=True)  # noqa: T201
+        print(f"dev API key ({DEV_TENANT}/{DEV_PRINCIPAL}): {info['api_key']}", flush=True)  # noqa: T201
+        print(f"operator credential: {info['operator_credential']}", flush=True)  # noqa: T201
         print(f"tether ready gateway={info['gateway']}", flush=True)  # noqa: T201
         await wait_for_signal()
     finally:

@@ -23,13 +23,14 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from tether.v1 import admission_pb2 as tether_dot_v1_dot_admission__pb2
 from tether.v1 import common_pb2 as tether_dot_v1_dot_common__pb2
 from tether.v1 import events_pb2 as tether_dot_v1_dot_events__pb2
 from tether.v1 import interactions_pb2 as tether_dot_v1_dot_interactions__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tether/v1/gateway.proto\x12\ttether.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x19tether/v1/admission.proto\x1a\x16tether/v1/common.proto\x1a\x16tether/v1/events.proto\x1a\x1ctether/v1/interactions.proto\"q\n\x12SendMessageRequest\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x04 \x01(\t\x12\x11\n\ttenant_id\x18\x05 \x01(\t\"_\n\x13SendMessageResponse\x12+\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32\x16.tether.v1.Disposition\x12\x1b\n\x03run\x18\x02 \x01(\x0b\x32\x0e.tether.v1.Run\"\xb5\x01\n\x12SubmitEventRequest\x12\x35\n\tmessaging\x18\x01 \x01(\x0b\x32 .tether.v1.MessagingWebhookInputH\x00\x12\x31\n\x0btask_status\x18\x02 \x01(\x0b\x32\x1a.tether.v1.TaskStatusInputH\x00\x12,\n\x08\x64\x65\x63ision\x18\x03 \x01(\x0b\x32\x18.tether.v1.DecisionInputH\x00\x42\x07\n\x05input\"_\n\x13SubmitEventResponse\x12+\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32\x16.tether.v1.Disposition\x12\x1b\n\x03run\x18\x02 \x01(\x0b\x32\x0e.tether.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"M\n\x0eGetRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.tether.v1.Run\x12\x1e\n\x05parts\x18\x02 \x03(\x0b\x32\x0f.tether.v1.Part\"y\n\x0fListRunsRequest\x12&\n\x08statuses\x18\x01 \x03(\x0e\x32\x14.tether.v1.RunStatus\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.tether.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"A\n\x11\x43\x61ncelRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.tether.v1.Run\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\"e\n\x10StreamRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\x16\n\x0einclude_deltas\x18\x03 \x01(\x08\x12\x16\n\x0e\x62\x61tch_catch_up\x18\x04 \x01(\x08\"\x98\x01\n\x11StreamRunResponse\x12*\n\x08snapshot\x18\x01 \x01(\x0b\x32\x16.tether.v1.RunSnapshotH\x00\x12$\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x13.tether.v1.RunEventH\x00\x12)\n\x05\x62\x61tch\x18\x03 \x01(\x0b\x32\x18.tether.v1.RunEventBatchH\x00\x42\x06\n\x04item\"4\n\rRunEventBatch\x12#\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x13.tether.v1.RunEvent\"J\n\x0bRunSnapshot\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.tether.v1.Run\x12\x1e\n\x05parts\x18\x02 \x03(\x0b\x32\x0f.tether.v1.Part\"\\\n\x19StreamConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x0e\n\x06\x63ursor\x18\x02 \x01(\t\x12\x16\n\x0einclude_deltas\x18\x03 \x01(\x08\"P\n\x1aStreamConversationResponse\x12\"\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x13.tether.v1.RunEvent\x12\x0e\n\x06\x63ursor\x18\x02 \x01(\t\"+\n\x19GetPendingQuestionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"J\n\x1aGetPendingQuestionResponse\x12,\n\x08question\x18\x01 \x01(\x0b\x32\x1a.tether.v1.PendingQuestion\"\xb2\x01\n\x15\x41nswerQuestionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12>\n\x07\x61nswers\x18\x02 \x03(\x0b\x32-.tether.v1.AnswerQuestionRequest.AnswersEntry\x1aI\n\x0c\x41nswersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.tether.v1.QuestionAnswer:\x02\x38\x01\"A\n\x16\x41nswerQuestionResponse\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x0f\n\x07resumed\x18\x02 \x01(\x08\"+\n\x19GetPendingApprovalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"J\n\x1aGetPendingApprovalResponse\x12,\n\x08\x61pproval\x18\x01 \x01(\x0b\x32\x1a.tether.v1.PendingApproval\"O\n\x15\x44\x65\x63ideApprovalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x64\x65\x63ision\x18\x02 \x01(\t\x12\x14\n\x0c\x61lways_scope\x18\x03 \x01(\t\"S\n\x16\x44\x65\x63ideApprovalResponse\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x0f\n\x07resumed\x18\x02 \x01(\x08\x12\x10\n\x08grant_id\x18\x03 \x01(\t\"-\n\x1bGetPendingConnectionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"P\n\x1cGetPendingConnectionResponse\x12\x30\n\nconnection\x18\x01 \x01(\x0b\x32\x1c.tether.v1.PendingConnection\"H\n\x19\x43ompleteConnectionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\"-\n\x1a\x43ompleteConnectionResponse\x12\x0f\n\x07resumed\x18\x01 \x01(\x08\"w\n\x13\x43reateApiKeyRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0cprincipal_id\x18\x02 \x01(\t\x12\x0e\n\x06scopes\x18\x03 \x03(\t\x12\'\n\x06labels\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"p\n\x14\x43reateApiKeyResponse\x12\x0f\n\x07\x61pi_key\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12\x11\n\ttenant_id\x18\x03 \x01(\t\x12\x14\n\x0cprincipal_id\x18\x04 \x01(\t\x12\x0e\n\x06scopes\x18\x05 \x03(\t2\xb8\t\n\x0eGatewayService\x12L\n\x0bSendMessage\x12\x1d.tether.v1.SendMessageRequest\x1a\x1e.tether.v1.SendMessageResponse\x12L\n\x0bSubmitEvent\x12\x1d.tether.v1.SubmitEventRequest\x1a\x1e.tether.v1.SubmitEventResponse\x12=\n\x06GetRun\x12\x18.tether.v1.GetRunRequest\x1a\x19.tether.v1.GetRunResponse\x12\x43\n\x08ListRuns\x12\x1a.tether.v1.ListRunsRequest\x1a\x1b.tether.v1.ListRunsResponse\x12\x46\n\tCancelRun\x12\x1b.tether.v1.CancelRunRequest\x1a\x1c.tether.v1.CancelRunResponse\x12H\n\tStreamRun\x12\x1b.tether.v1.StreamRunRequest\x1a\x1c.tether.v1.StreamRunResponse0\x01\x12\x63\n\x12StreamConversation\x12$.tether.v1.StreamConversationRequest\x1a%.tether.v1.StreamConversationResponse0\x01\x12\x61\n\x12GetPendingQuestion\x12$.tether.v1.GetPendingQuestionRequest\x1a%.tether.v1.GetPendingQuestionResponse\x12U\n\x0e\x41nswerQuestion\x12 .tether.v1.AnswerQuestionRequest\x1a!.tether.v1.AnswerQuestionResponse\x12\x61\n\x12GetPendingApproval\x12$.tether.v1.GetPendingApprovalRequest\x1a%.tether.v1.GetPendingApprovalResponse\x12U\n\x0e\x44\x65\x63ideApproval\x12 .tether.v1.DecideApprovalRequest\x1a!.tether.v1.DecideApprovalResponse\x12g\n\x14GetPendingConnection\x12&.tether.v1.GetPendingConnectionRequest\x1a\'.tether.v1.GetPendingConnectionResponse\x12\x61\n\x12\x43ompleteConnection\x12$.tether.v1.CompleteConnectionRequest\x1a%.tether.v1.CompleteConnectionResponse\x12O\n\x0c\x43reateApiKey\x12\x1e.tether.v1.CreateApiKeyRequest\x1a\x1f.tether.v1.CreateApiKeyResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tether/v1/gateway.proto\x12\ttether.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19tether/v1/admission.proto\x1a\x16tether/v1/common.proto\x1a\x16tether/v1/events.proto\x1a\x1ctether/v1/interactions.proto\"q\n\x12SendMessageRequest\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x04 \x01(\t\x12\x11\n\ttenant_id\x18\x05 \x01(\t\"_\n\x13SendMessageResponse\x12+\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32\x16.tether.v1.Disposition\x12\x1b\n\x03run\x18\x02 \x01(\x0b\x32\x0e.tether.v1.Run\"\xb5\x01\n\x12SubmitEventRequest\x12\x35\n\tmessaging\x18\x01 \x01(\x0b\x32 .tether.v1.MessagingWebhookInputH\x00\x12\x31\n\x0btask_status\x18\x02 \x01(\x0b\x32\x1a.tether.v1.TaskStatusInputH\x00\x12,\n\x08\x64\x65\x63ision\x18\x03 \x01(\x0b\x32\x18.tether.v1.DecisionInputH\x00\x42\x07\n\x05input\"_\n\x13SubmitEventResponse\x12+\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32\x16.tether.v1.Disposition\x12\x1b\n\x03run\x18\x02 \x01(\x0b\x32\x0e.tether.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"M\n\x0eGetRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.tether.v1.Run\x12\x1e\n\x05parts\x18\x02 \x03(\x0b\x32\x0f.tether.v1.Part\"y\n\x0fListRunsRequest\x12&\n\x08statuses\x18\x01 \x03(\x0e\x32\x14.tether.v1.RunStatus\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.tether.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"A\n\x11\x43\x61ncelRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.tether.v1.Run\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\"e\n\x10StreamRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\x16\n\x0einclude_deltas\x18\x03 \x01(\x08\x12\x16\n\x0e\x62\x61tch_catch_up\x18\x04 \x01(\x08\"\x98\x01\n\x11StreamRunResponse\x12*\n\x08snapshot\x18\x01 \x01(\x0b\x32\x16.tether.v1.RunSnapshotH\x00\x12$\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x13.tether.v1.RunEventH\x00\x12)\n\x05\x62\x61tch\x18\x03 \x01(\x0b\x32\x18.tether.v1.RunEventBatchH\x00\x42\x06\n\x04item\"4\n\rRunEventBatch\x12#\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x13.tether.v1.RunEvent\"J\n\x0bRunSnapshot\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.tether.v1.Run\x12\x1e\n\x05parts\x18\x02 \x03(\x0b\x32\x0f.tether.v1.Part\"\\\n\x19StreamConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x0e\n\x06\x63ursor\x18\x02 \x01(\t\x12\x16\n\x0einclude_deltas\x18\x03 \x01(\x08\"P\n\x1aStreamConversationResponse\x12\"\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x13.tether.v1.RunEvent\x12\x0e\n\x06\x63ursor\x18\x02 \x01(\t\"+\n\x19GetPendingQuestionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"J\n\x1aGetPendingQuestionResponse\x12,\n\x08question\x18\x01 \x01(\x0b\x32\x1a.tether.v1.PendingQuestion\"\xb2\x01\n\x15\x41nswerQuestionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12>\n\x07\x61nswers\x18\x02 \x03(\x0b\x32-.tether.v1.AnswerQuestionRequest.AnswersEntry\x1aI\n\x0c\x41nswersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.tether.v1.QuestionAnswer:\x02\x38\x01\"A\n\x16\x41nswerQuestionResponse\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x0f\n\x07resumed\x18\x02 \x01(\x08\"+\n\x19GetPendingApprovalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"J\n\x1aGetPendingApprovalResponse\x12,\n\x08\x61pproval\x18\x01 \x01(\x0b\x32\x1a.tether.v1.PendingApproval\"O\n\x15\x44\x65\x63ideApprovalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08\x64\x65\x63ision\x18\x02 \x01(\t\x12\x14\n\x0c\x61lways_scope\x18\x03 \x01(\t\"S\n\x16\x44\x65\x63ideApprovalResponse\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x0f\n\x07resumed\x18\x02 \x01(\x08\x12\x10\n\x08grant_id\x18\x03 \x01(\t\"-\n\x1bGetPendingConnectionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"P\n\x1cGetPendingConnectionResponse\x12\x30\n\nconnection\x18\x01 \x01(\x0b\x32\x1c.tether.v1.PendingConnection\"H\n\x19\x43ompleteConnectionRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\"-\n\x1a\x43ompleteConnectionResponse\x12\x0f\n\x07resumed\x18\x01 \x01(\x08\"\xa7\x01\n\x13\x43reateApiKeyRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0cprincipal_id\x18\x02 \x01(\t\x12\x0e\n\x06scopes\x18\x03 \x03(\t\x12\'\n\x06labels\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12.\n\nexpires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa0\x01\n\x14\x43reateApiKeyResponse\x12\x0f\n\x07\x61pi_key\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12\x11\n\ttenant_id\x18\x03 \x01(\t\x12\x14\n\x0cprincipal_id\x18\x04 \x01(\t\x12\x0e\n\x06scopes\x18\x05 \x03(\t\x12.\n\nexpires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"%\n\x13RevokeApiKeyRequest\x12\x0e\n\x06key_id\x18\x01 \x01(\t\"7\n\x14RevokeApiKeyResponse\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x0f\n\x07revoked\x18\x02 \x01(\x08\x32\x89\n\n\x0eGatewayService\x12L\n\x0bSendMessage\x12\x1d.tether.v1.SendMessageRequest\x1a\x1e.tether.v1.SendMessageResponse\x12L\n\x0bSubmitEvent\x12\x1d.tether.v1.SubmitEventRequest\x1a\x1e.tether.v1.SubmitEventResponse\x12=\n\x06GetRun\x12\x18.tether.v1.GetRunRequest\x1a\x19.tether.v1.GetRunResponse\x12\x43\n\x08ListRuns\x12\x1a.tether.v1.ListRunsRequest\x1a\x1b.tether.v1.ListRunsResponse\x12\x46\n\tCancelRun\x12\x1b.tether.v1.CancelRunRequest\x1a\x1c.tether.v1.CancelRunResponse\x12H\n\tStreamRun\x12\x1b.tether.v1.StreamRunRequest\x1a\x1c.tether.v1.StreamRunResponse0\x01\x12\x63\n\x12StreamConversation\x12$.tether.v1.StreamConversationRequest\x1a%.tether.v1.StreamConversationResponse0\x01\x12\x61\n\x12GetPendingQuestion\x12$.tether.v1.GetPendingQuestionRequest\x1a%.tether.v1.GetPendingQuestionResponse\x12U\n\x0e\x41nswerQuestion\x12 .tether.v1.AnswerQuestionRequest\x1a!.tether.v1.AnswerQuestionResponse\x12\x61\n\x12GetPendingApproval\x12$.tether.v1.GetPendingApprovalRequest\x1a%.tether.v1.GetPendingApprovalResponse\x12U\n\x0e\x44\x65\x63ideApproval\x12 .tether.v1.DecideApprovalRequest\x1a!.tether.v1.DecideApprovalResponse\x12g\n\x14GetPendingConnection\x12&.tether.v1.GetPendingConnectionRequest\x1a\'.tether.v1.GetPendingConnectionResponse\x12\x61\n\x12\x43ompleteConnection\x12$.tether.v1.CompleteConnectionRequest\x1a%.tether.v1.CompleteConnectionResponse\x12O\n\x0c\x43reateApiKey\x12\x1e.tether.v1.CreateApiKeyRequest\x1a\x1f.tether.v1.CreateApiKeyResponse\x12O\n\x0cRevokeApiKey\x12\x1e.tether.v1.RevokeApiKeyRequest\x1a\x1f.tether.v1.RevokeApiKeyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,68 +39,72 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ANSWERQUESTIONREQUEST_ANSWERSENTRY']._loaded_options = None
   _globals['_ANSWERQUESTIONREQUEST_ANSWERSENTRY']._serialized_options = b'8\001'
-  _globals['_SENDMESSAGEREQUEST']._serialized_start=173
-  _globals['_SENDMESSAGEREQUEST']._serialized_end=286
-  _globals['_SENDMESSAGERESPONSE']._serialized_start=288
-  _globals['_SENDMESSAGERESPONSE']._serialized_end=383
-  _globals['_SUBMITEVENTREQUEST']._serialized_start=386
-  _globals['_SUBMITEVENTREQUEST']._serialized_end=567
-  _globals['_SUBMITEVENTRESPONSE']._serialized_start=569
-  _globals['_SUBMITEVENTRESPONSE']._serialized_end=664
-  _globals['_GETRUNREQUEST']._serialized_start=666
-  _globals['_GETRUNREQUEST']._serialized_end=697
-  _globals['_GETRUNRESPONSE']._serialized_start=699
-  _globals['_GETRUNRESPONSE']._serialized_end=776
-  _globals['_LISTRUNSREQUEST']._serialized_start=778
-  _globals['_LISTRUNSREQUEST']._serialized_end=899
-  _globals['_LISTRUNSRESPONSE']._serialized_start=901
-  _globals['_LISTRUNSRESPONSE']._serialized_end=974
-  _globals['_CANCELRUNREQUEST']._serialized_start=976
-  _globals['_CANCELRUNREQUEST']._serialized_end=1026
-  _globals['_CANCELRUNRESPONSE']._serialized_start=1028
-  _globals['_CANCELRUNRESPONSE']._serialized_end=1093
-  _globals['_STREAMRUNREQUEST']._serialized_start=1095
-  _globals['_STREAMRUNREQUEST']._serialized_end=1196
-  _globals['_STREAMRUNRESPONSE']._serialized_start=1199
-  _globals['_STREAMRUNRESPONSE']._serialized_end=1351
-  _globals['_RUNEVENTBATCH']._serialized_start=1353
-  _globals['_RUNEVENTBATCH']._serialized_end=1405
-  _globals['_RUNSNAPSHOT']._serialized_start=1407
-  _globals['_RUNSNAPSHOT']._serialized_end=1481
-  _globals['_STREAMCONVERSATIONREQUEST']._serialized_start=1483
-  _globals['_STREAMCONVERSATIONREQUEST']._serialized_end=1575
-  _globals['_STREAMCONVERSATIONRESPONSE']._serialized_start=1577
-  _globals['_STREAMCONVERSATIONRESPONSE']._serialized_end=1657
-  _globals['_GETPENDINGQUESTIONREQUEST']._serialized_start=1659
-  _globals['_GETPENDINGQUESTIONREQUEST']._serialized_end=1702
-  _globals['_GETPENDINGQUESTIONRESPONSE']._serialized_start=1704
-  _globals['_GETPENDINGQUESTIONRESPONSE']._serialized_end=1778
-  _globals['_ANSWERQUESTIONREQUEST']._serialized_start=1781
-  _globals['_ANSWERQUESTIONREQUEST']._serialized_end=1959
-  _globals['_ANSWERQUESTIONREQUEST_ANSWERSENTRY']._serialized_start=1886
-  _globals['_ANSWERQUESTIONREQUEST_ANSWERSENTRY']._serialized_end=1959
-  _globals['_ANSWERQUESTIONRESPONSE']._serialized_start=1961
-  _globals['_ANSWERQUESTIONRESPONSE']._serialized_end=2026
-  _globals['_GETPENDINGAPPROVALREQUEST']._serialized_start=2028
-  _globals['_GETPENDINGAPPROVALREQUEST']._serialized_end=2071
-  _globals['_GETPENDINGAPPROVALRESPONSE']._serialized_start=2073
-  _globals['_GETPENDINGAPPROVALRESPONSE']._serialized_end=2147
-  _globals['_DECIDEAPPROVALREQUEST']._serialized_start=2149
-  _globals['_DECIDEAPPROVALREQUEST']._serialized_end=2228
-  _globals['_DECIDEAPPROVALRESPONSE']._serialized_start=2230
-  _globals['_DECIDEAPPROVALRESPONSE']._serialized_end=2313
-  _globals['_GETPENDINGCONNECTIONREQUEST']._serialized_start=2315
-  _globals['_GETPENDINGCONNECTIONREQUEST']._serialized_end=2360
-  _globals['_GETPENDINGCONNECTIONRESPONSE']._serialized_start=2362
-  _globals['_GETPENDINGCONNECTIONRESPONSE']._serialized_end=2442
-  _globals['_COMPLETECONNECTIONREQUEST']._serialized_start=2444
-  _globals['_COMPLETECONNECTIONREQUEST']._serialized_end=2516
-  _globals['_COMPLETECONNECTIONRESPONSE']._serialized_start=2518
-  _globals['_COMPLETECONNECTIONRESPONSE']._serialized_end=2563
-  _globals['_CREATEAPIKEYREQUEST']._serialized_start=2565
-  _globals['_CREATEAPIKEYREQUEST']._serialized_end=2684
-  _globals['_CREATEAPIKEYRESPONSE']._serialized_start=2686
-  _globals['_CREATEAPIKEYRESPONSE']._serialized_end=2798
-  _globals['_GATEWAYSERVICE']._serialized_start=2801
-  _globals['_GATEWAYSERVICE']._serialized_end=4009
+  _globals['_SENDMESSAGEREQUEST']._serialized_start=206
+  _globals['_SENDMESSAGEREQUEST']._serialized_end=319
+  _globals['_SENDMESSAGERESPONSE']._serialized_start=321
+  _globals['_SENDMESSAGERESPONSE']._serialized_end=416
+  _globals['_SUBMITEVENTREQUEST']._serialized_start=419
+  _globals['_SUBMITEVENTREQUEST']._serialized_end=600
+  _globals['_SUBMITEVENTRESPONSE']._serialized_start=602
+  _globals['_SUBMITEVENTRESPONSE']._serialized_end=697
+  _globals['_GETRUNREQUEST']._serialized_start=699
+  _globals['_GETRUNREQUEST']._serialized_end=730
+  _globals['_GETRUNRESPONSE']._serialized_start=732
+  _globals['_GETRUNRESPONSE']._serialized_end=809
+  _globals['_LISTRUNSREQUEST']._serialized_start=811
+  _globals['_LISTRUNSREQUEST']._serialized_end=932
+  _globals['_LISTRUNSRESPONSE']._serialized_start=934
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1007
+  _globals['_CANCELRUNREQUEST']._serialized_start=1009
+  _globals['_CANCELRUNREQUEST']._serialized_end=1059
+  _globals['_CANCELRUNRESPONSE']._serialized_start=1061
+  _globals['_CANCELRUNRESPONSE']._serialized_end=1126
+  _globals['_STREAMRUNREQUEST']._serialized_start=1128
+  _globals['_STREAMRUNREQUEST']._serialized_end=1229
+  _globals['_STREAMRUNRESPONSE']._serialized_start=1232
+  _globals['_STREAMRUNRESPONSE']._serialized_end=1384
+  _globals['_RUNEVENTBATCH']._serialized_start=1386
+  _globals['_RUNEVENTBATCH']._serialized_end=1438
+  _globals['_RUNSNAPSHOT']._serialized_start=1440
+  _globals['_RUNSNAPSHOT']._serialized_end=1514
+  _globals['_STREAMCONVERSATIONREQUEST']._serialized_start=1516
+  _globals['_STREAMCONVERSATIONREQUEST']._serialized_end=1608
+  _globals['_STREAMCONVERSATIONRESPONSE']._serialized_start=1610
+  _globals['_STREAMCONVERSATIONRESPONSE']._serialized_end=1690
+  _globals['_GETPENDINGQUESTIONREQUEST']._serialized_start=1692
+  _globals['_GETPENDINGQUESTIONREQUEST']._serialized_end=1735
+  _globals['_GETPENDINGQUESTIONRESPONSE']._serialized_start=1737
+  _globals['_GETPENDINGQUESTIONRESPONSE']._serialized_end=1811
+  _globals['_ANSWERQUESTIONREQUEST']._serialized_start=1814
+  _globals['_ANSWERQUESTIONREQUEST']._serialized_end=1992
+  _globals['_ANSWERQUESTIONREQUEST_ANSWERSENTRY']._serialized_start=1919
+  _globals['_ANSWERQUESTIONREQUEST_ANSWERSENTRY']._serialized_end=1992
+  _globals['_ANSWERQUESTIONRESPONSE']._serialized_start=1994
+  _globals['_ANSWERQUESTIONRESPONSE']._serialized_end=2059
+  _globals['_GETPENDINGAPPROVALREQUEST']._serialized_start=2061
+  _globals['_GETPENDINGAPPROVALREQUEST']._serialized_end=2104
+  _globals['_GETPENDINGAPPROVALRESPONSE']._serialized_start=2106
+  _globals['_GETPENDINGAPPROVALRESPONSE']._serialized_end=2180
+  _globals['_DECIDEAPPROVALREQUEST']._serialized_start=2182
+  _globals['_DECIDEAPPROVALREQUEST']._serialized_end=2261
+  _globals['_DECIDEAPPROVALRESPONSE']._serialized_start=2263
+  _globals['_DECIDEAPPROVALRESPONSE']._serialized_end=2346
+  _globals['_GETPENDINGCONNECTIONREQUEST']._serialized_start=2348
+  _globals['_GETPENDINGCONNECTIONREQUEST']._serialized_end=2393
+  _globals['_GETPENDINGCONNECTIONRESPONSE']._serialized_start=2395
+  _globals['_GETPENDINGCONNECTIONRESPONSE']._serialized_end=2475
+  _globals['_COMPLETECONNECTIONREQUEST']._serialized_start=2477
+  _globals['_COMPLETECONNECTIONREQUEST']._serialized_end=2549
+  _globals['_COMPLETECONNECTIONRESPONSE']._serialized_start=2551
+  _globals['_COMPLETECONNECTIONRESPONSE']._serialized_end=2596
+  _globals['_CREATEAPIKEYREQUEST']._serialized_start=2599
+  _globals['_CREATEAPIKEYREQUEST']._serialized_end=2766
+  _globals['_CREATEAPIKEYRESPONSE']._serialized_start=2769
+  _globals['_CREATEAPIKEYRESPONSE']._serialized_end=2929
+  _globals['_REVOKEAPIKEYREQUEST']._serialized_start=2931
+  _globals['_REVOKEAPIKEYREQUEST']._serialized_end=2968
+  _globals['_REVOKEAPIKEYRESPONSE']._serialized_start=2970
+  _globals['_REVOKEAPIKEYRESPONSE']._serialized_end=3025
+  _globals['_GATEWAYSERVICE']._serialized_start=3028
+  _globals['_GATEWAYSERVICE']._serialized_end=4317
 # @@protoc_insertion_point(module_scope)

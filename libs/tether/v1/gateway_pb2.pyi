@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from tether.v1 import admission_pb2 as _admission_pb2
 from tether.v1 import common_pb2 as _common_pb2
@@ -846,17 +847,24 @@ class CreateApiKeyRequest(_message.Message):
     PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
     SCOPES_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
-    """Tenant; created when it does not exist."""
+    """Tenant: for a tenant's key its own (empty means its own; another is refused); for the
+    operator any, created when it does not exist.
+    """
     principal_id: _builtins.str
     """Principal the key acts as."""
     @_builtins.property
     def scopes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Scopes; the default client scopes when empty."""
+        """Scopes; the default client scopes when empty. A tenant's key grants only scopes it holds."""
 
     @_builtins.property
     def labels(self) -> _struct_pb2.Struct:
         """Free-form label."""
+
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """Optional: when the key stops working (in the future); unset means it does not expire."""
 
     def __init__(
         self,
@@ -865,10 +873,11 @@ class CreateApiKeyRequest(_message.Message):
         principal_id: _builtins.str = ...,
         scopes: _abc.Iterable[_builtins.str] | None = ...,
         labels: _struct_pb2.Struct | None = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "labels", b"labels"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels", "principal_id", b"principal_id", "scopes", b"scopes", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "labels", b"labels", "principal_id", b"principal_id", "scopes", b"scopes", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -885,6 +894,7 @@ class CreateApiKeyResponse(_message.Message):
     TENANT_ID_FIELD_NUMBER: _builtins.int
     PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
     SCOPES_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
     api_key: _builtins.str
     """The key, shown once."""
     key_id: _builtins.str
@@ -897,6 +907,10 @@ class CreateApiKeyResponse(_message.Message):
     def scopes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Granted scopes."""
 
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """Expiry, when the key has one."""
+
     def __init__(
         self,
         *,
@@ -905,11 +919,60 @@ class CreateApiKeyResponse(_message.Message):
         tenant_id: _builtins.str = ...,
         principal_id: _builtins.str = ...,
         scopes: _abc.Iterable[_builtins.str] | None = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "key_id", b"key_id", "principal_id", b"principal_id", "scopes", b"scopes", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "expires_at", b"expires_at", "key_id", b"key_id", "principal_id", b"principal_id", "scopes", b"scopes", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CreateApiKeyResponse: _TypeAlias = CreateApiKeyResponse  # noqa: Y015
+
+@_typing.final
+class RevokeApiKeyRequest(_message.Message):
+    """RevokeApiKeyRequest names the key to revoke."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    key_id: _builtins.str
+    """Key id (as CreateApiKey returned it)."""
+    def __init__(
+        self,
+        *,
+        key_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_id", b"key_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeApiKeyRequest: _TypeAlias = RevokeApiKeyRequest  # noqa: Y015
+
+@_typing.final
+class RevokeApiKeyResponse(_message.Message):
+    """RevokeApiKeyResponse says what happened."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    REVOKED_FIELD_NUMBER: _builtins.int
+    key_id: _builtins.str
+    """Key id."""
+    revoked: _builtins.bool
+    """Whether this call revoked it (false: it was revoked already)."""
+    def __init__(
+        self,
+        *,
+        key_id: _builtins.str = ...,
+        revoked: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_id", b"key_id", "revoked", b"revoked"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeApiKeyResponse: _TypeAlias = RevokeApiKeyResponse  # noqa: Y015

@@ -106,6 +106,11 @@ class GatewayServiceStub:
                 request_serializer=tether_dot_v1_dot_gateway__pb2.CreateApiKeyRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_gateway__pb2.CreateApiKeyResponse.FromString,
                 _registered_method=True)
+        self.RevokeApiKey = channel.unary_unary(
+                '/tether.v1.GatewayService/RevokeApiKey',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.RevokeApiKeyRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.RevokeApiKeyResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServiceServicer:
@@ -206,7 +211,17 @@ class GatewayServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CreateApiKey(self, request, context):
-        """CreateApiKey issues a key for a principal of a tenant (scope "admin").
+        """CreateApiKey issues a key for a principal (scope "keys:admin": in the caller's own tenant,
+        with scopes the caller holds; the platform operator's credential: any tenant, created when
+        new).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeApiKey(self, request, context):
+        """RevokeApiKey revokes a key of the caller's tenant (scope "keys:admin"; the operator: any);
+        it stops working within 5 seconds everywhere, streams it opened included.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -284,6 +299,11 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.CreateApiKey,
                     request_deserializer=tether_dot_v1_dot_gateway__pb2.CreateApiKeyRequest.FromString,
                     response_serializer=tether_dot_v1_dot_gateway__pb2.CreateApiKeyResponse.SerializeToString,
+            ),
+            'RevokeApiKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeApiKey,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.RevokeApiKeyRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.RevokeApiKeyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -666,6 +686,33 @@ class GatewayService:
             '/tether.v1.GatewayService/CreateApiKey',
             tether_dot_v1_dot_gateway__pb2.CreateApiKeyRequest.SerializeToString,
             tether_dot_v1_dot_gateway__pb2.CreateApiKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeApiKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/RevokeApiKey',
+            tether_dot_v1_dot_gateway__pb2.RevokeApiKeyRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.RevokeApiKeyResponse.FromString,
             options,
             channel_credentials,
             insecure,

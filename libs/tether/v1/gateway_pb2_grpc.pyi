@@ -64,7 +64,14 @@ class GatewayServiceStub:
     CompleteConnection: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CompleteConnectionRequest, _gateway_pb2.CompleteConnectionResponse]
     """CompleteConnection completes consent (scope "interactions:write")."""
     CreateApiKey: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CreateApiKeyRequest, _gateway_pb2.CreateApiKeyResponse]
-    """CreateApiKey issues a key for a principal of a tenant (scope "admin")."""
+    """CreateApiKey issues a key for a principal (scope "keys:admin": in the caller's own tenant,
+    with scopes the caller holds; the platform operator's credential: any tenant, created when
+    new).
+    """
+    RevokeApiKey: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RevokeApiKeyRequest, _gateway_pb2.RevokeApiKeyResponse]
+    """RevokeApiKey revokes a key of the caller's tenant (scope "keys:admin"; the operator: any);
+    it stops working within 5 seconds everywhere, streams it opened included.
+    """
 
 @_typing.type_check_only
 class GatewayServiceAsyncStub(GatewayServiceStub):
@@ -102,7 +109,14 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     CompleteConnection: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CompleteConnectionRequest, _gateway_pb2.CompleteConnectionResponse]  # type: ignore[assignment]
     """CompleteConnection completes consent (scope "interactions:write")."""
     CreateApiKey: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CreateApiKeyRequest, _gateway_pb2.CreateApiKeyResponse]  # type: ignore[assignment]
-    """CreateApiKey issues a key for a principal of a tenant (scope "admin")."""
+    """CreateApiKey issues a key for a principal (scope "keys:admin": in the caller's own tenant,
+    with scopes the caller holds; the platform operator's credential: any tenant, created when
+    new).
+    """
+    RevokeApiKey: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RevokeApiKeyRequest, _gateway_pb2.RevokeApiKeyResponse]  # type: ignore[assignment]
+    """RevokeApiKey revokes a key of the caller's tenant (scope "keys:admin"; the operator: any);
+    it stops working within 5 seconds everywhere, streams it opened included.
+    """
 
 class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
     """GatewayService is the public client API. Callers authenticate with an API key in the
@@ -221,6 +235,19 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.CreateApiKeyRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.CreateApiKeyResponse, _abc.Awaitable[_gateway_pb2.CreateApiKeyResponse]]:
-        """CreateApiKey issues a key for a principal of a tenant (scope "admin")."""
+        """CreateApiKey issues a key for a principal (scope "keys:admin": in the caller's own tenant,
+        with scopes the caller holds; the platform operator's credential: any tenant, created when
+        new).
+        """
+
+    @_abc_1.abstractmethod
+    def RevokeApiKey(
+        self,
+        request: _gateway_pb2.RevokeApiKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.RevokeApiKeyResponse, _abc.Awaitable[_gateway_pb2.RevokeApiKeyResponse]]:
+        """RevokeApiKey revokes a key of the caller's tenant (scope "keys:admin"; the operator: any);
+        it stops working within 5 seconds everywhere, streams it opened included.
+        """
 
 def add_GatewayServiceServicer_to_server(servicer: GatewayServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

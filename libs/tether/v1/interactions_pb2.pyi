@@ -526,22 +526,26 @@ class CheckGrantRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     RISK_CATEGORY_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id (tenant, principal and conversation come from it)."""
     tool_name: _builtins.str
     """Tool name."""
     risk_category: _builtins.str
     """Risk category."""
+    epoch: _builtins.int
+    """Fencing epoch of the caller's lease: only the lease holder may ask."""
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         tool_name: _builtins.str = ...,
         risk_category: _builtins.str = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["risk_category", b"risk_category", "run_id", b"run_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "risk_category", b"risk_category", "run_id", b"run_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
