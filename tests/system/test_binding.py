@@ -145,8 +145,12 @@ class DeadWorker:
         self._stack = stack
 
     async def __aenter__(self) -> DeadWorker:
-        self._orch_channel = internal_channel(self._stack.addr("orchestrator"), self._stack.token)
-        self._int_channel = internal_channel(self._stack.addr("interactions"), self._stack.token)
+        self._orch_channel = internal_channel(
+            self._stack.addr("orchestrator"), self._stack.credentials["worker"]
+        )
+        self._int_channel = internal_channel(
+            self._stack.addr("interactions"), self._stack.credentials["worker"]
+        )
         self.orchestrator = orchestrator_pb2_grpc.OrchestratorServiceStub(self._orch_channel)
         self.store = interactions_pb2_grpc.InteractionsServiceStub(self._int_channel)
         return self
