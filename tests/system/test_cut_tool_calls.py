@@ -45,15 +45,15 @@ async def assert_cut_and_never_run(drill: ExecStack, key: str, run_id: str, call
     """The cut call is stored marked cut, never ran, and the next model request left it out."""
     assert drill.ledger.records == [], "the cut call never ran"
     parts = await parts_of(drill.db_url, run_id)
-    calls = [p for p in parts if p.kind == "tool_call"]
-    assert [(c.payload["toolCallId"], c.payload.get("cut"), c.final) for c in calls] == [
-        (call_id, True, True)
-    ], "kept, marked cut, for audit"
     results = [p.payload for p in parts if p.kind == "tool_result"]
     assert results == [], "a cut call gets no tool_result"
     events = await events_of(drill.db_url, run_id)
     started = [p for _, t, p in events if t in ("tool.started", "tool.completed", "tool.failed")]
     assert started == [], "nothing about it ran"
+    calls = [p for p in parts if p.kind == "tool_call"]
+    assert [(c.payload["toolCallId"], c.payload.get("cut"), c.final) for c in calls] == [
+        (call_id, True, True)
+    ], "kept, marked cut, for audit"
     retried = [r for r in drill.model.requests if r.script_key == key][-1]
     sent = [b for m in retried.body["messages"] for b in m["content"] if isinstance(b, dict)]
     assert [b for b in sent if b.get("type") in ("tool_use", "tool_result")] == []
