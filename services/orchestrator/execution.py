@@ -422,7 +422,7 @@ class Execution:
                 # Refused: a cancel was accepted before this outcome (or the lease is gone,
                 # and the same fence refuses this too).
                 cancelled = await self._cancel_instead(
-                    conn, run_id, epoch, before=done.events, handed_over=handed_over
+                    conn, run_id, epoch, before=[*done.events, *extra], handed_over=handed_over
                 )
                 if cancelled is None:
                     raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
