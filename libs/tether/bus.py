@@ -1,4 +1,4 @@
-"""Redis as a carrier of hints: wake-ups, live fan-out and cancel signals.
+"""Redis as a carrier of hints: wake-ups, live fan-out and cancel hints.
 
 Nothing here is a source of truth. Every message can be lost (Redis flushed, restarted, a
 subscriber slow) and the system still converges from PostgreSQL; so a Redis failure is logged
@@ -21,7 +21,8 @@ WAKE_CHANNEL = "tether:wake"
 
 
 def cancel_channel(run_id: str) -> str:
-    """Channel a run's cancel signal is published on."""
+    """Channel a run's cancel hint is published on: it makes the worker holding the run ask the
+    orchestrator, which alone says whether a cancel was requested."""
     return f"tether:cancel:{run_id}"
 
 

@@ -1,9 +1,10 @@
 """The run state machine: every status and every allowed transition, in one place.
 
 Each transition is applied by `tether.db.transitions.apply` as one guarded UPDATE
-(`WHERE status = ANY(:from) [AND lease_epoch = :epoch]`) with its event appended in the same
-transaction; a miss means the run had already moved and is reported, never raised into a second
-side effect.
+(`WHERE status = ANY(:from) [AND lease_epoch = :epoch] [AND cancel_requested_at IS NULL]`) with
+its event appended in the same transaction; a miss means the run had already moved (or, for a
+move that yields to a cancel, that a cancel was accepted and the run must end cancelled) and is
+reported, never raised into a second side effect.
 """
 
 from __future__ import annotations
@@ -56,30 +57,54 @@ class Transition:
     target: RunStatus
     fenced: bool
     event_type: str
+    # Refused while a cancel is requested (`cancel_requested_at` set): an accepted cancel ends
+    # the run cancelled, so every other way out of running yields to it in the statement.
+    yields_to_cancel: bool = False
 
 
 def _t(
-    name: str, sources: set[RunStatus], target: RunStatus, *, fenced: bool, event: str
+    name: str,
+    sources: set[RunStatus],
+    target: RunStatus,
+    *,
+    fenced: bool,
+    event: str,
+    yields: bool = False,
 ) -> Transition:
-    return Transition(name, frozenset(sources), target, fenced, event)
+    return Transition(name, frozenset(sources), target, fenced, event, yields)
 
 
 S = RunStatus
 CLAIM = _t("claim", {S.QUEUED}, S.RUNNING, fenced=False, event="run.started")
-COMPLETE = _t("complete", {S.RUNNING}, S.COMPLETED, fenced=True, event="run.completed")
-FAIL = _t("fail", {S.RUNNING}, S.FAILED, fenced=True, event="run.failed")
+COMPLETE = _t("complete", {S.RUNNING}, S.COMPLETED, fenced=True, event="run.completed", yields=True)
+FAIL = _t("fail", {S.RUNNING}, S.FAILED, fenced=True, event="run.failed", yields=True)
 CANCEL_BY_WORKER = _t(
     "cancel_by_worker", {S.RUNNING}, S.CANCELLED, fenced=True, event="run.cancelled"
 )
 SCHEDULE_RETRY = _t(
-    "schedule_retry", {S.RUNNING}, S.RETRY_PENDING, fenced=True, event="run.retry-pending"
+    "schedule_retry",
+    {S.RUNNING},
+    S.RETRY_PENDING,
+    fenced=True,
+    event="run.retry-pending",
+    yields=True,
 )
 RETRY_DUE = _t("retry_due", {S.RETRY_PENDING}, S.QUEUED, fenced=False, event="run.queued")
 PARK_QUESTION = _t(
-    "park_question", {S.RUNNING}, S.WAITING_FOR_QUESTION, fenced=True, event="question.requested"
+    "park_question",
+    {S.RUNNING},
+    S.WAITING_FOR_QUESTION,
+    fenced=True,
+    event="question.requested",
+    yields=True,
 )
 PARK_APPROVAL = _t(
-    "park_approval", {S.RUNNING}, S.WAITING_FOR_APPROVAL, fenced=True, event="approval.requested"
+    "park_approval",
+    {S.RUNNING},
+    S.WAITING_FOR_APPROVAL,
+    fenced=True,
+    event="approval.requested",
+    yields=True,
 )
 PARK_CONNECTION = _t(
     "park_connection",
@@ -87,14 +112,17 @@ PARK_CONNECTION = _t(
     S.WAITING_FOR_CONNECTION,
     fenced=True,
     event="connection.requested",
+    yields=True,
 )
 RESUME = _t("resume", set(WAITING), S.QUEUED, fenced=False, event="run.queued")
 CONSENT_EXPIRED = _t(
     "consent_expired", {S.WAITING_FOR_CONNECTION}, S.FAILED, fenced=False, event="run.failed"
 )
-RELEASE = _t("release", {S.RUNNING}, S.QUEUED, fenced=True, event="run.queued")
-REAP_REQUEUE = _t("reap_requeue", {S.RUNNING}, S.QUEUED, fenced=True, event="run.queued")
-REAP_FAIL = _t("reap_fail", {S.RUNNING}, S.FAILED, fenced=True, event="run.failed")
+RELEASE = _t("release", {S.RUNNING}, S.QUEUED, fenced=True, event="run.queued", yields=True)
+REAP_REQUEUE = _t(
+    "reap_requeue", {S.RUNNING}, S.QUEUED, fenced=True, event="run.queued", yields=True
+)
+REAP_FAIL = _t("reap_fail", {S.RUNNING}, S.FAILED, fenced=True, event="run.failed", yields=True)
 CANCEL = _t("cancel", set(ACTIVE - {S.RUNNING}), S.CANCELLED, fenced=False, event="run.cancelled")
 # A routing or context failure before any lease was taken (a run must never be left running).
 FAIL_UNLEASED = _t("fail_unleased", {S.QUEUED}, S.FAILED, fenced=False, event="run.failed")

@@ -103,6 +103,9 @@ _TERMINAL_EVENT = {
 # The last seq of a run claimed for the first time: run.queued, then run.started.
 FRESH_RUN_SEQ = 2
 
+# The error of a run that ended cancelled because a caller asked.
+CANCELLED = {"code": "cancelled", "message": "cancelled by caller"}
+
 
 class Execution:
     """The orchestrator's write side for runs under (or between) leases."""
@@ -363,7 +366,10 @@ class Execution:
             await repo.store_tool_output(conn, run_id, ref, content)
 
     async def complete(self, run_id: str, epoch: int, done: Completion) -> Row[Any]:
-        """The completion transaction: final state, usage per turn, audit, stage durations."""
+        """The completion transaction: final state, usage per turn, audit, stage durations.
+
+        A cancel accepted before it landed wins: the run ends cancelled instead (the worker's
+        parts kept), whatever outcome the worker reported."""
         transition = _FINISH.get(done.status)
         if transition is None:
             raise InvalidArgument("status must be COMPLETED, FAILED or CANCELLED")
@@ -374,8 +380,9 @@ class Execution:
             parts = list(done.parts)
             extra: list[Event] = []
             if done.status is not RunStatus.COMPLETED:
-                # Whatever the worker could not finish is closed as interrupted, so the
-                # history stays well-formed for the model and for people.
+                # Whatever the worker could not finish is closed as interrupted (and a call cut
+                # mid-stream marked cut), so the history stays well-formed for the model and
+                # for people.
                 known = await repo.list_parts(conn, run_id)
                 merged = {p.index: p for p in [*known, *parts]}
                 closing, extra = repo.interrupted_results(
@@ -384,7 +391,7 @@ class Execution:
                     if done.status is RunStatus.CANCELLED
                     else "the run failed",
                 )
-                parts += closing
+                parts = sorted({p.index: p for p in [*parts, *closing]}.values(), key=_index)
             # Parts and turns in one fenced statement: a stale lease writes nothing, here.
             priced = await self._priced(conn, run_id, done.turns)
             fenced = await repo.checkpoint(conn, run_id, epoch, self._ttl, parts, [], priced)
@@ -411,26 +418,36 @@ class Execution:
                     "usage": usage,
                 },
             )
-            if row is None:
+            if row is None and transition.yields_to_cancel:
+                # Refused: a cancel was accepted before this outcome (or the lease is gone,
+                # and the same fence refuses this too).
+                cancelled = await self._cancel_instead(
+                    conn, run_id, epoch, before=[*done.events, *extra], handed_over=handed_over
+                )
+                if cancelled is None:
+                    raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+                row, events = cancelled
+            elif row is None:
                 raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
-            await lease_repo.end_attempt(
-                conn,
-                run_id,
-                epoch,
-                done.status.value,
-                error=done.error,
-                stages=worker_stages,
-                audit=lease_repo.Audit(
-                    row.tenant_id,
-                    f"run.{done.status.value}",
-                    {
-                        **(done.audit or {}),
-                        "stages": done.stages or {},
-                        "usage": usage,
-                        "warnings": list(done.warnings),
-                    },
-                ),
-            )
+            else:
+                await lease_repo.end_attempt(
+                    conn,
+                    run_id,
+                    epoch,
+                    done.status.value,
+                    error=done.error,
+                    stages=worker_stages,
+                    audit=lease_repo.Audit(
+                        row.tenant_id,
+                        f"run.{done.status.value}",
+                        {
+                            **(done.audit or {}),
+                            "stages": done.stages or {},
+                            "usage": usage,
+                            "warnings": list(done.warnings),
+                        },
+                    ),
+                )
         self._prices.pop(run_id, None)
         if landed is not None and done.in_flight is not None:
             early = done.in_flight.events
@@ -439,6 +456,42 @@ class Execution:
         if handed_over:
             self._wake_workers(handed_over)  # the session's next message may now run
         return row
+
+    async def _cancel_instead(
+        self,
+        conn: AsyncConnection,
+        run_id: str,
+        epoch: int,
+        *,
+        before: Sequence[Event] = (),
+        handed_over: list[str] | None = None,
+    ) -> tuple[Row[Any], list[Event]] | None:
+        """End cancelled, under the lease, a run whose move yielded to an accepted cancel: open
+        calls closed as interrupted, the attempt closed as cancelled; the row and the events
+        appended (`before` first). None when the lease is stale instead: the same fence (status
+        and epoch, without the cancel guard) refuses this move too."""
+        parts = await repo.list_parts(conn, run_id)
+        closing, closed = repo.interrupted_results(parts, "the run was cancelled")
+        events = [*before, *closed, Event("run.cancelled", {"reason": CANCELLED["message"]})]
+        row = await apply(
+            conn,
+            states.CANCEL_BY_WORKER,
+            run_id,
+            epoch=epoch,
+            events=events,
+            handed_over=handed_over,
+            values={
+                **lease_repo.lease_cleared(),
+                "finished_at": NOW,
+                "error": CANCELLED,
+                "usage": await repo.usage_total(conn, run_id),
+            },
+        )
+        if row is None:
+            return None
+        await repo.upsert_parts(conn, run_id, closing)
+        await lease_repo.end_attempt(conn, run_id, epoch, "cancelled", error=CANCELLED)
+        return row, events
 
     async def _land_in_flight(
         self, conn: AsyncConnection, run_id: str, epoch: int, batch: Batch | None
@@ -470,7 +523,9 @@ class Execution:
         self, run_id: str, epoch: int, error: dict[str, Any], retry_after_s: float
     ) -> Row[Any]:
         """Retry-pending with a backoff (at least the server's retry-after), or failed when the
-        attempt budget is spent (the last error preserved)."""
+        attempt budget is spent (the last error preserved); cancelled when a cancel was
+        accepted first."""
+        handed_over: list[str] = []
         async with self._engine.begin() as conn:
             run = (await conn.execute(select(runs).where(runs.c.run_id == run_id))).one()
             if run.status != "running" or run.lease_epoch != epoch:
@@ -483,8 +538,9 @@ class Execution:
             )
             if run.attempt >= policy.max_attempts:
                 failed = Event("run.failed", {"error": _camel(error)})
-                row = await self._fail_exhausted(conn, run, epoch, error, failed)
-                published = [failed]
+                row, published = await self._fail_exhausted(
+                    conn, run, epoch, error, failed, handed_over
+                )
             else:
                 delay = max(policy.backoff(run.attempt - 1), retry_after_s)
                 next_at = datetime.now(UTC) + timedelta(seconds=delay)
@@ -510,13 +566,18 @@ class Execution:
                     },
                 )
                 if moved is None:
-                    raise StaleLease(f"run {run_id} moved before its retry was scheduled")
-                await lease_repo.end_attempt(conn, run_id, epoch, "retry-pending", error=error)
-                row = moved
-                published = [pending]
-        await self._publish(run_id, row.last_seq, published)
-        if row.status == RunStatus.FAILED.value:
-            self._wake_workers()
+                    cancelled = await self._cancel_instead(
+                        conn, run_id, epoch, handed_over=handed_over
+                    )
+                    if cancelled is None:
+                        raise StaleLease(f"run {run_id} moved before its retry was scheduled")
+                    row, published = cancelled
+                else:
+                    await lease_repo.end_attempt(conn, run_id, epoch, "retry-pending", error=error)
+                    row, published = moved, [pending]
+        await self._publish(run_id, row.last_seq - len(published) + 1, published)
+        if row.status != RunStatus.RETRY_PENDING.value:
+            self._wake_workers(handed_over or ("",))
         else:
             fired, self._retry_scheduled = self._retry_scheduled, asyncio.Event()
             fired.set()
@@ -529,13 +590,15 @@ class Execution:
         epoch: int,
         error: dict[str, Any],
         event: Event,
-    ) -> Row[Any]:
+        handed_over: list[str],
+    ) -> tuple[Row[Any], list[Event]]:
         row = await apply(
             conn,
             states.FAIL,
             run.run_id,
             epoch=epoch,
             events=[event],
+            handed_over=handed_over,
             values={
                 **lease_repo.lease_cleared(),
                 "finished_at": NOW,
@@ -544,34 +607,48 @@ class Execution:
             },
         )
         if row is None:
-            raise StaleLease(f"run {run.run_id} moved before it could fail")
+            cancelled = await self._cancel_instead(conn, run.run_id, epoch, handed_over=handed_over)
+            if cancelled is None:
+                raise StaleLease(f"run {run.run_id} moved before it could fail")
+            return cancelled
         await lease_repo.end_attempt(conn, run.run_id, epoch, "failed", error=error)
-        return row
+        return row, [event]
 
     async def release(self, run_id: str, epoch: int) -> bool:
-        """Give the lease back without spending an attempt (graceful worker shutdown)."""
+        """Give the lease back without spending an attempt (graceful worker shutdown); a run
+        whose cancel was accepted ends cancelled instead of going back to the queue."""
+        queued = [Event("run.queued", {"reason": "released"})]
+        handed_over: list[str] = []
         async with self._engine.begin() as conn:
             row = await apply(
                 conn,
                 states.RELEASE,
                 run_id,
                 epoch=epoch,
-                events=[Event("run.queued", {"reason": "released"})],
+                events=queued,
                 values=lease_repo.lease_cleared(),
             )
             if row is not None:
                 await lease_repo.end_attempt(conn, run_id, epoch, "released")
-        if row is not None:
-            await self._publish(run_id, row.last_seq, [Event("run.queued", {"reason": "released"})])
-            self._wake_workers([run_id])
-        return row is not None
+                published, woken = queued, [run_id]
+            else:
+                cancelled = await self._cancel_instead(conn, run_id, epoch, handed_over=handed_over)
+                if cancelled is None:
+                    return False
+                (row, published), woken = cancelled, handed_over
+        await self._publish(run_id, row.last_seq - len(published) + 1, published)
+        if woken:
+            self._wake_workers(woken)
+        return True
 
     async def park(self, run_id: str, epoch: int, status: RunStatus, interaction_id: str) -> bool:
-        """Park a run for a person: lease released, session kept, no worker held."""
+        """Park a run for a person: lease released, session kept, no worker held. A run whose
+        cancel was accepted ends cancelled instead of waiting for anyone."""
         transition = _PARK.get(status)
         if transition is None:
             raise InvalidArgument("status must be one of the waiting-for-* statuses")
         event = Event(transition.event_type, {"interactionId": interaction_id})
+        handed_over: list[str] = []
         async with self._engine.begin() as conn:
             row = await apply(
                 conn,
@@ -581,10 +658,17 @@ class Execution:
                 events=[event],
                 values={**lease_repo.lease_cleared(), "waiting_interaction_id": interaction_id},
             )
-            if row is None:
-                raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
-            await lease_repo.end_attempt(conn, run_id, epoch, status.value)
-        await self._publish(run_id, row.last_seq, [event])
+            if row is not None:
+                await lease_repo.end_attempt(conn, run_id, epoch, status.value)
+                published = [event]
+            else:
+                cancelled = await self._cancel_instead(conn, run_id, epoch, handed_over=handed_over)
+                if cancelled is None:
+                    raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+                row, published = cancelled
+        await self._publish(run_id, row.last_seq - len(published) + 1, published)
+        if handed_over:
+            self._wake_workers(handed_over)  # the session's next message may now run
         return True
 
     async def binding(self, tenant_id: str, run_id: str) -> Row[Any]:
@@ -799,6 +883,10 @@ class Execution:
             await self._publish(run_id, row.last_seq, [failed])
         if handed_over:
             self._wake_workers(handed_over)  # the session's next message may now run
+
+
+def _index(part: PartRow) -> int:
+    return part.index
 
 
 def _camel(data: dict[str, Any]) -> dict[str, Any]:

@@ -46,8 +46,8 @@ def _block(part: common_pb2.Part) -> tuple[str, dict[str, Any]] | None:
             "signature": part.thinking.signature,
         }
     if kind == "tool_call":
-        if not part.final:
-            return None
+        if not part.final or part.tool_call.cut:
+            return None  # cut mid-stream: not a valid call; the retry regenerates the turn
         return "assistant", {
             "type": "tool_use",
             "id": part.tool_call.tool_call_id,

@@ -1,8 +1,9 @@
 """The worker pool: claims runs (long-poll), runs attempts with bounded concurrency, keeps their
 leases alive, delivers cancel signals, and shuts down gracefully.
 
-Cancellation reaches an attempt within a heartbeat: through the Redis signal at once, or
-through the lease (the heartbeat and checkpoint responses carry the flag) when Redis lost it.
+Cancellation reaches an attempt within a heartbeat: the heartbeat and checkpoint responses carry
+the durable cancel request. A cancel hint on Redis only makes the pool ask at once (a heartbeat
+out of turn); the hint itself never stops anything, so a forged or stale one is harmless.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -49,7 +51,7 @@ class WorkerPool:
         self._running: dict[str, tuple[Attempt, asyncio.Task[None]]] = {}
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._background: set[asyncio.Future[None]] = set()
+        self._background: set[asyncio.Future[Any]] = set()
 
     async def run(self) -> None:
         """Claim and run attempts until `stop()`."""
@@ -162,16 +164,32 @@ class WorkerPool:
     async def _heartbeat(self, attempt: Attempt, task: asyncio.Task[None]) -> None:
         while not task.done():
             await asyncio.sleep(self._heartbeat_interval)
-            try:
-                response = await self._orchestrator.heartbeat(attempt.run_id, attempt.epoch)
-            except StaleLease as exc:
-                attempt.stop_with(exc)  # fenced out: stop spending on a run we no longer own
+            if not await self._beat(attempt):
                 return
-            except TetherError as exc:
-                log.warning("heartbeat for %s failed: %s", attempt.run_id, exc)
-                continue
-            if response.cancel_requested:
-                self.cancel(attempt.run_id, "cancelled by caller")
+
+    async def _beat(self, attempt: Attempt) -> bool:
+        """One heartbeat; the cancel it reports (the durable request) stops the attempt.
+        False once the lease is gone."""
+        try:
+            response = await self._orchestrator.heartbeat(attempt.run_id, attempt.epoch)
+        except StaleLease as exc:
+            attempt.stop_with(exc)  # fenced out: stop spending on a run we no longer own
+            return False
+        except TetherError as exc:
+            log.warning("heartbeat for %s failed: %s", attempt.run_id, exc)
+            return True
+        if response.cancel_requested:
+            self.cancel(attempt.run_id, "cancelled by caller")
+        return True
+
+    def _cancel_hinted(self, run_id: str) -> None:
+        """A cancel hint came through Redis: ask the orchestrator now, and act on its answer."""
+        entry = self._running.get(run_id)
+        if entry is None or entry[0].cancel_reason is not None:
+            return
+        check = asyncio.ensure_future(self._beat(entry[0]))
+        self._background.add(check)
+        check.add_done_callback(self._background.discard)
 
     def cancel(self, run_id: str, reason: str) -> None:
         """Cancel a running attempt (provider stream and tool tasks go with it)."""
@@ -196,7 +214,7 @@ class WorkerPool:
                         channel = message["channel"]
                         if isinstance(channel, bytes):
                             channel = channel.decode()
-                        self.cancel(channel.removeprefix("tether:cancel:"), "cancelled by caller")
+                        self._cancel_hinted(channel.removeprefix("tether:cancel:"))
             except (RedisError, OSError) as exc:
                 # Heartbeats still carry the cancel flag; only the fast path is lost.
                 log.warning("cancel listener lost Redis (%s); reconnecting", exc)

@@ -78,9 +78,10 @@ async def apply(
     """Move `run_id` along `transition`, appending `events`; None means it had already moved.
 
     A fenced transition also requires `lease_epoch = epoch`, so a worker whose lease was reaped
-    cannot write. `tenant_id`, when given, scopes the move to the caller's tenant; `waiting_on`
-    to a run parked on that interaction (no other one may move it). `params` binds
-    what expressions among `values` leave open (e.g. `lease_ttl`). A terminal move hands the
+    cannot write; one that yields to a cancel also requires that none was requested.
+    `tenant_id`, when given, scopes the move to the caller's tenant; `waiting_on` to a run
+    parked on that interaction (no other one may move it). `params` binds what expressions
+    among `values` leave open (e.g. `lease_ttl`). A terminal move hands the
     session to its next queued message, whose run id goes into `handed_over`.
     """
     if transition.fenced and epoch is None:
@@ -148,6 +149,9 @@ def _shape(
     )
     if transition.fenced:
         stmt = stmt.where(runs.c.lease_epoch == bindparam("t_epoch"))
+    if transition.yields_to_cancel:
+        # An accepted cancel is never dropped: this move is refused, and the run ends cancelled.
+        stmt = stmt.where(runs.c.cancel_requested_at.is_(None))
     if scoped:
         stmt = stmt.where(runs.c.tenant_id == bindparam("t_tenant_id"))
     if bound_to_interaction:

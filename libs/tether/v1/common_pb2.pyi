@@ -238,10 +238,15 @@ class ToolCallPart(_message.Message):
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     INPUT_FIELD_NUMBER: _builtins.int
+    CUT_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """Provider tool-use id (toolu_...)."""
     name: _builtins.str
     """Tool name as registered."""
+    cut: _builtins.bool
+    """The stream ended before this call was whole (a provider error, a cut connection, a killed
+    worker): kept for audit, never run, never sent back to the model.
+    """
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
         """Arguments, assembled from the streamed partial JSON."""
@@ -252,10 +257,11 @@ class ToolCallPart(_message.Message):
         tool_call_id: _builtins.str = ...,
         name: _builtins.str = ...,
         input: _struct_pb2.Struct | None = ...,
+        cut: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "name", b"name", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cut", b"cut", "input", b"input", "name", b"name", "tool_call_id", b"tool_call_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

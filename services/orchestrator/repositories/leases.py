@@ -244,8 +244,9 @@ async def end_attempt(
 
 
 def lease_cleared() -> dict[str, Any]:
-    """Column values that drop a lease."""
-    return {"lease_owner": None, "lease_expires_at": None, "cancel_requested_at": None}
+    """Column values that drop a lease. A cancel request stays: only a run that ends cancelled
+    ever leaves running with one (the moves elsewhere yield to it), and it records when."""
+    return {"lease_owner": None, "lease_expires_at": None}
 
 
 def queued_event(attempt: int, reason: str) -> Event:

@@ -236,17 +236,39 @@ async def session_history(
 
 
 def dangling_tool_calls(parts: Sequence[PartRow]) -> list[PartRow]:
-    """Tool calls without a result: left behind by a crash or a cancellation."""
+    """Whole tool calls without a result: left behind by a crash or a cancellation. A call cut
+    mid-stream is not one: its input never arrived whole, so it never runs and never gets a
+    result (see `cut_calls`)."""
     answered = {p.payload.get("toolCallId") for p in parts if p.kind == "tool_result"}
     return [
-        p for p in parts if p.kind == "tool_call" and p.payload.get("toolCallId") not in answered
+        p
+        for p in parts
+        if p.kind == "tool_call"
+        and p.final
+        and not p.payload.get("cut")
+        and p.payload.get("toolCallId") not in answered
+    ]
+
+
+def cut_calls(parts: Sequence[PartRow]) -> list[PartRow]:
+    """Tool calls whose stream ended before the call was whole (the worker died or the
+    connection broke mid-input), marked cut and final: kept for audit, never run, never sent
+    back to the model; the retry regenerates the turn."""
+    return [
+        PartRow(p.index, p.role, p.kind, {**p.payload, "cut": True}, True)
+        for p in parts
+        if p.kind == "tool_call" and not p.final
     ]
 
 
 def interrupted_results(parts: Sequence[PartRow], reason: str) -> tuple[list[PartRow], list[Event]]:
-    """Error results (and their events) closing every dangling tool call of `parts`."""
+    """Parts (and their events) that settle an attempt that is over: calls cut mid-stream
+    marked cut, and an error result closing every dangling whole call."""
     new_parts: list[PartRow] = []
     events: list[Event] = []
+    for cut in cut_calls(parts):
+        new_parts.append(cut)
+        events.append(Event("part.updated", {"part": part_json(cut)}))
     next_index = max((p.index for p in parts), default=-1) + 1
     for call in dangling_tool_calls(parts):
         call_id = call.payload.get("toolCallId", "")
