@@ -153,7 +153,8 @@ class Streams:
                     limit=self.timing.page_size,
                     include_state=include_state,
                 )
-            )
+            ),
+            "orchestrator",
         )
         return response
 
