@@ -25,11 +25,18 @@ import pytest_asyncio
 from sqlalchemy import func, select
 
 from tests.system.conftest import DurablePostgres
-from tests.system.execution_support import ExecStack, Tenant, exec_stack, wait_for_status
+from tests.system.execution_support import (
+    ExecStack,
+    Tenant,
+    exec_stack,
+    parts_of,
+    wait_for_status,
+)
 from tether.client import TetherClient
 from tether.db.engine import create_engine
 from tether.db.schema import messages, runs
 from tether.stack.embedded import EmbeddedRedis
+from tether.testing.eventually import eventually
 from tether.testing.model_server import TextTurn
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -277,3 +284,36 @@ async def test_a_killed_internal_service_is_named_and_a_retried_send_makes_one_r
     assert await runs_for_event(outage.db_url, tenant.tenant_id, event) == 1
     run = await wait_for_status(outage.db_url, response.run.run_id, "completed", timeout=30)
     assert run.result_text == "Admitted once."
+
+
+async def test_a_dropped_database_connection_does_not_fail_a_streaming_run(
+    outage: ExecStack,
+) -> None:
+    """Every service's PostgreSQL connections are cut (as a proxy failover or an idle-timeout
+    would) while a run streams: the orchestrator's next statement meets the dead connection and
+    answers UNAVAILABLE, but the database is up, so a worker that took that for a crash and
+    finalised the run would fail it for good. It must complete."""
+    tenant = await outage.tenant()
+    text = f"stream past a cut connection {uuid.uuid4().hex}"
+    words = [f"d{n} " for n in range(150)]
+    outage.model.script(
+        text, [TextTurn("".join(words), chunks=words, delay_ms=20), TextTurn("Recovered.")]
+    )
+    run_id = await tenant.send(text)
+
+    async def streaming() -> bool:
+        parts = await parts_of(outage.db_url, run_id)
+        return bool(parts and parts[0].payload.get("text"))
+
+    await eventually(streaming, timeout=30, what="a checkpoint of streamed text")
+    admin = await asyncpg.connect(outage.db_url)
+    try:
+        cut = await admin.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    finally:
+        await admin.close()
+    assert cut > 0
+    run = await wait_for_status(outage.db_url, run_id, "completed", "failed", timeout=60)
+    assert (run.status, run.error) == ("completed", None)
