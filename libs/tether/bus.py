@@ -57,12 +57,15 @@ class Bus:
         self._sender: asyncio.Task[None] | None = None
         self._posted = 0  # messages ever queued
         self._settled = 0  # of those, how many were sent or given up on
+        self._last_lost = 0  # the settled count just after the latest message given up on
+        self._reported = 0  # the settled count up to which `delivered` has answered
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     def post(self, channel: str, message: bytes | str) -> None:
         """Queue a message for the background sender (in order, never blocking)."""
         if len(self._pending) == self._pending.maxlen:
             self._settled += 1  # the oldest falls off the full queue, unsent
+            self._last_lost = self._settled
         self._pending.append((channel, message))
         self._posted += 1
         self._idle.clear()
@@ -81,9 +84,11 @@ class Bus:
                     for channel, message in batch:
                         pipe.publish(channel, message)
                     await pipe.execute()
+                    self._settled += len(batch)
                 except (RedisError, OSError) as exc:
                     log.warning("redis publish of %d hint(s) failed: %s", len(batch), exc)
-                self._settled += len(batch)
+                    self._settled += len(batch)
+                    self._last_lost = self._settled
                 self._wake_waiters()
             self._idle.set()
 
@@ -97,15 +102,23 @@ class Bus:
                 waiting.append((target, future))
         self._waiters = waiting
 
-    async def delivered(self) -> None:
-        """Wait until what was posted so far has gone to Redis (or failed to), at most
-        DELIVERY_WAIT_S: for a caller whose next step must not overtake these messages."""
-        if self._settled >= self._posted:
-            return
-        future = asyncio.get_running_loop().create_future()
-        self._waiters.append((self._posted, future))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(future, DELIVERY_WAIT_S)
+    async def delivered(self) -> bool:
+        """Wait until what was posted so far has gone to Redis or been given up on, at most
+        DELIVERY_WAIT_S: for a caller whose next step must not overtake these messages.
+
+        True when Redis took every message posted since the previous answer; False when one
+        was given up on (Redis unreachable, the queue full) or the wait ran out. A caller may
+        go on either way: hints are best effort, and subscribers re-read PostgreSQL."""
+        target = self._posted
+        if self._settled < target:
+            future = asyncio.get_running_loop().create_future()
+            self._waiters.append((target, future))
+            try:
+                await asyncio.wait_for(future, DELIVERY_WAIT_S)
+            except TimeoutError:
+                return False
+        reported, self._reported = self._reported, max(self._reported, target)
+        return self._last_lost <= reported
 
     async def flush(self) -> None:
         """Send everything queued so far (used before closing)."""

@@ -1,20 +1,42 @@
-"""`tether.client`: a small async Python client for the gateway."""
+"""`tether.client`: a small async Python client for the gateway.
+
+A call that is safe to repeat (a send with its event id, a read, a cancel) is retried with
+bounded backoff while the gateway answers UNAVAILABLE (a dependency outage, a restart),
+for up to `retry_for_s`; the same event id is sent every time, so one logical send makes one
+run. A call that is not safe to repeat (issuing a key, answering, deciding, completing a
+connection) is never retried: its UNAVAILABLE reaches the caller.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import grpc
 from google.protobuf import json_format
 
 from tether.convert import status_from_proto
+from tether.retry import RetryPolicy
 from tether.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tether.watch import ConversationWatch, RunWatch
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RETRY_FOR_S = 30.0
+"""How long an idempotent call keeps retrying UNAVAILABLE by default: past a restart or a
+short outage, not forever."""
+
+# 0.2 s doubling to 2 s (jittered): an outage of a few seconds costs at most ~2 s more.
+OUTAGE_BACKOFF = RetryPolicy(initial_delay=0.2, max_delay=2.0)
 
 _DISPOSITION_NAMES: dict[int, str] = {
     common_pb2.DISPOSITION_CREATED: "created",
@@ -65,10 +87,28 @@ class TetherClient:
     stack.json or TETHER_GATEWAY / TETHER_API_KEY.
     """
 
-    def __init__(self, gateway: str, api_key: str) -> None:
+    def __init__(self, gateway: str, api_key: str, *, retry_for_s: float = RETRY_FOR_S) -> None:
         self._channel = grpc.aio.insecure_channel(gateway)
         self._metadata = (("authorization", f"Bearer {api_key}"),)
+        self._retry_for_s = retry_for_s
         self.stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
+
+    async def _idempotent(self, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()`, made again with backoff while it answers UNAVAILABLE, until
+        `retry_for_s` would be exceeded (then its last UNAVAILABLE is raised)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._retry_for_s
+        retries = 0
+        while True:
+            try:
+                return await call()
+            except grpc.aio.AioRpcError as exc:
+                delay = OUTAGE_BACKOFF.backoff(retries)
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or loop.time() + delay > deadline:
+                    raise
+                log.info("%s: %s (retrying in %.1f s)", exc.code().name, exc.details(), delay)
+            await asyncio.sleep(delay)
+            retries += 1
 
     @classmethod
     def from_env(cls, stack: str | None = None, *, operator: bool = False) -> TetherClient:
@@ -102,33 +142,46 @@ class TetherClient:
     async def send(
         self, text: str, *, conversation_id: str, event_id: str, channel: str = ""
     ) -> gateway_pb2.SendMessageResponse:
-        """Send a chat message; returns the disposition and the run."""
-        response: gateway_pb2.SendMessageResponse = await self.stub.SendMessage(
-            gateway_pb2.SendMessageRequest(
-                text=text, conversation_id=conversation_id, event_id=event_id, channel=channel
-            ),
-            metadata=self._metadata,
+        """Send a chat message; returns the disposition and the run. `event_id` names this
+        logical send: retried through an outage with it, and sent again later with it, the
+        message makes one run."""
+        request = gateway_pb2.SendMessageRequest(
+            text=text, conversation_id=conversation_id, event_id=event_id, channel=channel
         )
-        return response
+
+        async def send_once() -> gateway_pb2.SendMessageResponse:
+            response: gateway_pb2.SendMessageResponse = await self.stub.SendMessage(
+                request, metadata=self._metadata
+            )
+            return response
+
+        # Without an event id a repeat is a second message, not the same one.
+        return await (self._idempotent(send_once) if event_id else send_once())
 
     async def get_run(self, run_id: str) -> gateway_pb2.GetRunResponse:
         """A run and its parts."""
-        response: gateway_pb2.GetRunResponse = await self.stub.GetRun(
-            gateway_pb2.GetRunRequest(run_id=run_id), metadata=self._metadata
+        response: gateway_pb2.GetRunResponse = await self._idempotent(
+            lambda: self.stub.GetRun(
+                gateway_pb2.GetRunRequest(run_id=run_id), metadata=self._metadata
+            )
         )
         return response
 
     async def list_runs(self, **filters: Any) -> gateway_pb2.ListRunsResponse:
         """One page of runs, newest first."""
-        response: gateway_pb2.ListRunsResponse = await self.stub.ListRuns(
-            gateway_pb2.ListRunsRequest(**filters), metadata=self._metadata
+        response: gateway_pb2.ListRunsResponse = await self._idempotent(
+            lambda: self.stub.ListRuns(
+                gateway_pb2.ListRunsRequest(**filters), metadata=self._metadata
+            )
         )
         return response
 
     async def cancel(self, run_id: str, reason: str = "") -> gateway_pb2.CancelRunResponse:
-        """Cancel a run."""
-        response: gateway_pb2.CancelRunResponse = await self.stub.CancelRun(
-            gateway_pb2.CancelRunRequest(run_id=run_id, reason=reason), metadata=self._metadata
+        """Cancel a run (retried through an outage: a repeated cancel changes nothing more)."""
+        response: gateway_pb2.CancelRunResponse = await self._idempotent(
+            lambda: self.stub.CancelRun(
+                gateway_pb2.CancelRunRequest(run_id=run_id, reason=reason), metadata=self._metadata
+            )
         )
         return response
 
@@ -188,8 +241,10 @@ class TetherClient:
 
     async def pending_question(self, run_id: str) -> gateway_pb2.GetPendingQuestionResponse:
         """The run's open question (unset once answered)."""
-        response: gateway_pb2.GetPendingQuestionResponse = await self.stub.GetPendingQuestion(
-            gateway_pb2.GetPendingQuestionRequest(run_id=run_id), metadata=self._metadata
+        response: gateway_pb2.GetPendingQuestionResponse = await self._idempotent(
+            lambda: self.stub.GetPendingQuestion(
+                gateway_pb2.GetPendingQuestionRequest(run_id=run_id), metadata=self._metadata
+            )
         )
         return response
 
@@ -207,8 +262,10 @@ class TetherClient:
 
     async def pending_approval(self, run_id: str) -> gateway_pb2.GetPendingApprovalResponse:
         """The run's open approval (unset once decided)."""
-        response: gateway_pb2.GetPendingApprovalResponse = await self.stub.GetPendingApproval(
-            gateway_pb2.GetPendingApprovalRequest(run_id=run_id), metadata=self._metadata
+        response: gateway_pb2.GetPendingApprovalResponse = await self._idempotent(
+            lambda: self.stub.GetPendingApproval(
+                gateway_pb2.GetPendingApprovalRequest(run_id=run_id), metadata=self._metadata
+            )
         )
         return response
 
@@ -226,8 +283,10 @@ class TetherClient:
 
     async def pending_connection(self, run_id: str) -> gateway_pb2.GetPendingConnectionResponse:
         """The run's open consent offer (unset once completed)."""
-        response: gateway_pb2.GetPendingConnectionResponse = await self.stub.GetPendingConnection(
-            gateway_pb2.GetPendingConnectionRequest(run_id=run_id), metadata=self._metadata
+        response: gateway_pb2.GetPendingConnectionResponse = await self._idempotent(
+            lambda: self.stub.GetPendingConnection(
+                gateway_pb2.GetPendingConnectionRequest(run_id=run_id), metadata=self._metadata
+            )
         )
         return response
 

@@ -87,6 +87,16 @@ class Unavailable(TetherError):
     status = grpc.StatusCode.UNAVAILABLE
     default_code = "unavailable"
 
+    @classmethod
+    def outage(cls, dependency: str) -> Unavailable:
+        """A dependency outage, in words a caller can act on: what is down, and that the same
+        call may be retried (an idempotent one, with the same event id, makes one run)."""
+        return cls(
+            f"{dependency} is unreachable right now; the call may be retried once it is back",
+            code="dependency_unavailable",
+            details={"dependency": dependency},
+        )
+
 
 class StaleLease(FailedPrecondition):
     """A worker wrote with a lease epoch that is no longer current; it must abandon the attempt."""
@@ -111,14 +121,19 @@ _BY_STATUS: dict[grpc.StatusCode, type[TetherError]] = {
 CODE_METADATA_KEY = "tether-error-code"
 
 
-def from_rpc_error(exc: grpc.aio.AioRpcError) -> TetherError:
-    """Rebuild a TetherError from a failed call to another Tether service."""
+def from_rpc_error(exc: grpc.aio.AioRpcError, service: str = "") -> TetherError:
+    """Rebuild a TetherError from a failed call to another Tether service (named `service`,
+    e.g. "admission": an UNAVAILABLE that service did not choose itself, such as a refused
+    connection, means the service itself is unreachable)."""
     code = ""
     for key, value in exc.trailing_metadata() or ():
         if key == CODE_METADATA_KEY and isinstance(value, str):
             code = value
     if code == StaleLease.default_code:
         return StaleLease(exc.details() or "stale lease", code=code)
+    unanswered = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    if service and not code and exc.code() in unanswered:
+        return Unavailable.outage(f"the {service} service")
     cls = _BY_STATUS.get(exc.code(), TetherError)
     if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
         cls = Unavailable

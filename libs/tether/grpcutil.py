@@ -49,6 +49,11 @@ def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., A
                 yield item
         except TetherError as exc:
             await _abort(context, exc)
+        except Exception:
+            if context.code() not in (None, grpc.StatusCode.OK):
+                raise  # context.abort() already chose the status
+            log.exception("unhandled error in %s", getattr(behavior, "__qualname__", behavior))
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the service log")
 
     return wrapper
 

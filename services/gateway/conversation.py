@@ -185,7 +185,8 @@ class _Conversation:
                         page_size=_SEARCH_PAGE,
                         page_token=token,
                     )
-                )
+                ),
+                "orchestrator",
             )
             for run in page.runs:
                 key = _key(run)

@@ -29,7 +29,8 @@ class InteractionRpcs:
                 interactions_pb2.FindPendingQuestionRequest(
                     tenant_id=principal.tenant_id, run_id=request.run_id
                 )
-            )
+            ),
+            "interactions",
         )
         response = gateway_pb2.GetPendingQuestionResponse()
         if found.HasField("question"):
@@ -50,7 +51,8 @@ class InteractionRpcs:
                     run_id=request.run_id,
                     answers=request.answers,
                 )
-            )
+            ),
+            "interactions",
         )
         return gateway_pb2.AnswerQuestionResponse(
             interaction_id=recorded.interaction_id, resumed=recorded.resumed
@@ -65,7 +67,8 @@ class InteractionRpcs:
                 interactions_pb2.FindPendingApprovalRequest(
                     tenant_id=principal.tenant_id, run_id=request.run_id
                 )
-            )
+            ),
+            "interactions",
         )
         response = gateway_pb2.GetPendingApprovalResponse()
         if found.HasField("approval"):
@@ -85,7 +88,8 @@ class InteractionRpcs:
                     decision=request.decision,
                     always_scope=request.always_scope,
                 )
-            )
+            ),
+            "interactions",
         )
         return gateway_pb2.DecideApprovalResponse(
             interaction_id=decided.interaction_id,
@@ -104,7 +108,8 @@ class InteractionRpcs:
                 interactions_pb2.FindPendingConnectionRequest(
                     tenant_id=principal.tenant_id, run_id=request.run_id
                 )
-            )
+            ),
+            "interactions",
         )
         response = gateway_pb2.GetPendingConnectionResponse()
         if found.HasField("connection"):
@@ -126,6 +131,7 @@ class InteractionRpcs:
                     state=request.state,
                     code=request.code,
                 )
-            )
+            ),
+            "interactions",
         )
         return gateway_pb2.CompleteConnectionResponse(resumed=done.resumed)

@@ -65,7 +65,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
             ),
             **input_,  # type: ignore[arg-type]
         )
-        return await forward(self._admission.Admit(request))
+        return await forward(self._admission.Admit(request), "admission")
 
     async def SendMessage(
         self, request: gateway_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
@@ -102,7 +102,8 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
                 orchestrator_pb2.LookupRunRequest(
                     tenant_id=principal.tenant_id, run_id=request.run_id
                 )
-            )
+            ),
+            "orchestrator",
         )
         return gateway_pb2.GetRunResponse(run=found.run, parts=found.parts)
 
@@ -119,7 +120,8 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
                     page_size=request.page_size,
                     page_token=request.page_token,
                 )
-            )
+            ),
+            "orchestrator",
         )
         return gateway_pb2.ListRunsResponse(runs=page.runs, next_page_token=page.next_page_token)
 
@@ -132,7 +134,8 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
                 orchestrator_pb2.RequestCancellationRequest(
                     tenant_id=principal.tenant_id, run_id=request.run_id, reason=request.reason
                 )
-            )
+            ),
+            "orchestrator",
         )
         return gateway_pb2.CancelRunResponse(run=outcome.run, changed=outcome.changed)
 

@@ -157,7 +157,8 @@ class Streams:
                     limit=self.timing.page_size,
                     include_state=include_state,
                 )
-            )
+            ),
+            "orchestrator",
         )
         return response
 

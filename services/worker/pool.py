@@ -129,6 +129,13 @@ class WorkerPool:
             await self._after_cancel(attempt)
         except StaleLease:
             log.warning("run %s: lease lost; another worker owns it now", run_id)
+        except Unavailable as exc:
+            # Not a crash of the run: finalising it as failed could succeed a moment later
+            # (the orchestrator or its database back) and fail it for good. Stop here; the
+            # lease lapses and the reaper requeues the run, as if this worker had died.
+            log.warning(
+                "run %s: stopped, %s; the run is requeued when its lease lapses", run_id, exc
+            )
         except Exception:
             log.exception("run %s: attempt crashed", run_id)
             await self._crashed(attempt)

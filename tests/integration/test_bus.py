@@ -8,7 +8,7 @@ import uuid
 import pytest
 import redis.asyncio as redis
 
-from tether.bus import Bus
+from tether.bus import DELIVERY_WAIT_S, Bus
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -41,10 +41,25 @@ async def test_delivered_returns_after_every_posted_message_reached_subscribers(
 
 
 async def test_delivered_gives_up_when_redis_is_unreachable() -> None:
-    bus = Bus("redis://127.0.0.1:1/0")  # nothing listens on port 1
+    bus = Bus("redis://127.0.0.1:1/0")  # nothing listens on port 1: every connect is refused
     try:
         bus.post("test:bus:nowhere", "lost")
-        # A failed publish settles the message: the caller is not held hostage by a hint.
-        await asyncio.wait_for(bus.delivered(), 5.0)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        delivered = await bus.delivered()
+        waited = loop.time() - started
+        # A refused publish settles its message at once: the caller is not held for the whole
+        # DELIVERY_WAIT_S by a hint that can never go out, and is told it did not go out.
+        assert (delivered, waited < DELIVERY_WAIT_S) == (False, True), f"waited {waited:.2f}s"
+    finally:
+        await bus.close()
+
+
+async def test_delivered_reports_each_loss_once(redis_url: str) -> None:
+    bus = Bus(redis_url)
+    try:
+        bus.post("test:bus:fine", "sent")
+        assert await bus.delivered() is True
+        assert await bus.delivered() is True, "nothing new posted, nothing lost"
     finally:
         await bus.close()

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+import shutil
+import subprocess
+import tempfile
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
+import asyncpg
 import grpc
 import pytest_asyncio
 
 from tests.conftest import clone_database, drop_database
 from tether import apikeys, credentials
 from tether.db.engine import create_engine
-from tether.stack.embedded import database_url
+from tether.db.migrate import upgrade
+from tether.stack.embedded import EmbeddedPostgres, database_url
 from tether.stack.processes import ServiceSet
 
 
@@ -80,3 +88,66 @@ async def stack(
 async def gateway_channel(stack: RunningStack) -> AsyncIterator[grpc.aio.Channel]:
     async with grpc.aio.insecure_channel(stack.gateway) as channel:
         yield channel
+
+
+@dataclass
+class DurablePostgres:
+    """A PostgreSQL server of its own, with the defaults (fsync and synchronous commit on), for
+    drills that kill it: a durability claim needs durable storage, and the suite's shared test
+    server trades crash safety for speed. Never the server named by TETHER_DATABASE_URL."""
+
+    server: EmbeddedPostgres
+    url: str
+    template_db: str
+
+    def _pg_ctl(self, *args: str) -> None:
+        from pgserver._commands import pg_ctl
+
+        handle = self.server._server
+        pg_ctl(list(args), pgdata=handle.pgdata, user=handle.system_user, timeout=60)  # type: ignore[attr-defined]
+
+    def kill(self) -> None:
+        """Immediate shutdown: every backend dies at once, nothing is flushed (crash recovery
+        runs on the next start)."""
+        self._pg_ctl("-w", "-m", "immediate", "stop")
+
+    def restart(self) -> None:
+        """Start it again on the same socket, so every client's URL still works."""
+        socket_dir = parse_qs(urlsplit(self.url).query)["host"][0]
+        handle = self.server._server
+        self._pg_ctl(
+            "-w",
+            "-o",
+            '-h ""',
+            "-o",
+            f"-k {socket_dir}",
+            "-l",
+            str(handle.pgdata / "log"),  # type: ignore[attr-defined]
+            "start",
+        )
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def durable_pg() -> AsyncIterator[DurablePostgres]:
+    """A separate embedded PostgreSQL (fsync and synchronous commit on) with a migrated
+    template database, for one module's drills."""
+    # Not under pytest's tmp_path: the server runs as another user, who must reach the folder.
+    data_dir = Path(tempfile.mkdtemp(prefix="tether-durable-pg-"))
+    server = EmbeddedPostgres(data_dir)
+    url = server.start()
+    template = f"tether_tpl_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{template}"')
+    finally:
+        await admin.close()
+    await upgrade(database_url(url, template))
+    durable = DurablePostgres(server, url, template)
+    try:
+        yield durable
+    finally:
+        # After a kill and restart pgserver's handle knows only the dead postmaster.
+        with contextlib.suppress(subprocess.CalledProcessError):
+            durable._pg_ctl("-w", "-m", "fast", "stop")
+        server.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 import pytest_asyncio
+from sqlalchemy import func, select
 
 from tests.system.execution_support import (
     ExecStack,
@@ -21,6 +22,8 @@ from tests.system.execution_support import (
     run_row,
     wait_for_status,
 )
+from tether.db.engine import create_engine
+from tether.db.schema import runs
 from tether.grpcutil import internal_channel
 from tether.testing.eventually import eventually
 from tether.testing.model_server import TextTurn, ToolUseTurn
@@ -281,21 +284,41 @@ async def test_a_cancelled_run_whose_worker_died_is_finalised_by_the_orchestrato
 
 
 async def test_a_killed_and_restarted_orchestrator_loses_no_run(drill: ExecStack) -> None:
-    tenant = await drill.tenant()
-    text = prompt("survive the orchestrator")
-    words = [f"k{i} " for i in range(100)]
-    drill.model.script(
-        text, [TextTurn("".join(words), chunks=words, delay_ms=30), TextTurn("Still here.")]
+    """SIGKILL the orchestrator mid-stream and bring it back once the lease has lapsed: the
+    first attempt cannot finish (its next checkpoint finds no orchestrator, and a worker with
+    no orchestrator holds no lease), so the new orchestrator's reaper requeues the run and a
+    second attempt completes it, keeping what the first persisted."""
+    _, run_id, persisted = await streaming_on_first_worker(
+        drill, "survive the orchestrator", words=300, delay_ms=30, then="Still here."
     )
-    await drill.start_worker()
-    run_id = await tenant.send(text)
-    await wait_for_status(drill.db_url, run_id, "running")
     drill.services.kill("orchestrator")
+    await eventually(
+        lambda: lease_lapsed(drill.db_url, run_id), timeout=20, what="the lease to lapse"
+    )
     # Same port, as a Kubernetes Service would give the replacement.
     port = drill.services.procs["orchestrator"].port
     await drill.services.start("orchestrator", extra_env={"TETHER_ORCHESTRATOR_PORT": str(port)})
-    run = await wait_for_status(drill.db_url, run_id, "completed", timeout=60)
-    assert run.result_text in ("Still here.", "".join(words))
+    run = await wait_for_status(drill.db_url, run_id, "completed", "failed", timeout=60)
+    assert (run.status, run.attempt, run.result_text) == ("completed", 2, "Still here.")
+    parts = await parts_of(drill.db_url, run_id)
+    assert parts[0].payload["text"].startswith(persisted), "the persisted part survived"
+    reasons = [
+        p.get("reason") for _, t, p in await events_of(drill.db_url, run_id) if t == "run.queued"
+    ]
+    assert reasons == ["admitted", "lease_expired"]
+
+
+async def lease_lapsed(db_url: str, run_id: str) -> bool:
+    """Whether the run's lease has expired by the database's clock."""
+    engine = create_engine(db_url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            expired = await conn.scalar(
+                select(runs.c.lease_expires_at < func.now()).where(runs.c.run_id == run_id)
+            )
+    finally:
+        await engine.dispose()
+    return bool(expired)
 
 
 async def test_redis_pubsub_connections_killed_mid_flight_lose_no_run(

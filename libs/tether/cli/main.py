@@ -2,7 +2,9 @@
 
 Every subcommand accepts `--stack <data-dir>/stack.json` (before or after its arguments) or
 reads TETHER_GATEWAY / TETHER_API_KEY. `--json` prints one JSON object per line. A refused
-command exits 1 with the gRPC status code and message on stderr.
+command exits 1 with the gRPC status code and message on stderr. A command that is safe to
+repeat (send, with the event id it chose once; reads; cancel) rides out an outage: the client
+retries UNAVAILABLE with backoff for a while, saying so on stderr.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
 import uuid
@@ -216,6 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `tether` script."""
     args = build_parser().parse_args(argv)
+    retries = logging.StreamHandler(sys.stderr)
+    retries.setFormatter(logging.Formatter("%(message)s"))
+    client_log = logging.getLogger("tether.client")
+    client_log.addHandler(retries)
+    client_log.setLevel(logging.INFO)
     try:
         code = asyncio.run(args.func(args))
     except grpc.aio.AioRpcError as exc:

@@ -1,8 +1,65 @@
-"""Async engine construction; the only place a database URL is interpreted."""
+"""Async engine construction; the only place a database URL is interpreted, and the one place
+a PostgreSQL outage becomes `tether.errors.Unavailable`."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import asyncpg
+from sqlalchemy import event
+from sqlalchemy.engine import Dialect, ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import ConnectionPoolEntry
+
+from tether.errors import Unavailable
+
+# What PostgreSQL being down, restarting or cut off looks like from here: no socket or a
+# refused or reset connection (OSError, TimeoutError among them), the server ending sessions
+# as it shuts down or crashes (57P01-57P03), and a connection already gone.
+_OUTAGES: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+)
+
+
+def is_outage(exc: BaseException | None) -> bool:
+    """Whether `exc` (or what it was raised from) says the database is unreachable, rather
+    than that a statement was refused."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, _OUTAGES):
+            return True
+        if isinstance(exc, asyncpg.InterfaceError) and "connection is closed" in str(exc):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def _outage() -> Unavailable:
+    return Unavailable.outage("PostgreSQL")
+
+
+def _connect(dialect: Dialect, _record: ConnectionPoolEntry, cargs: Any, cparams: Any) -> Any:
+    """Open a connection as SQLAlchemy would, translating a refused one."""
+    try:
+        return dialect.connect(*cargs, **cparams)
+    except Exception as exc:
+        if is_outage(exc):
+            raise _outage() from exc
+        raise
+
+
+def _translate(context: ExceptionContext) -> BaseException | None:
+    """A statement, commit or rollback that failed because the server went away."""
+    if not (context.is_disconnect or is_outage(context.original_exception)):
+        return None
+    context.is_disconnect = True  # so the pool drops this connection and the ones beside it
+    return _outage()
 
 
 def async_url(url: str) -> str:
@@ -14,8 +71,11 @@ def async_url(url: str) -> str:
 
 
 def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
-    """An engine with a bounded pool; statements are prepared and cached per connection."""
-    return create_async_engine(
+    """An engine with a bounded pool; statements are prepared and cached per connection.
+
+    A database outage raises `Unavailable` from every use of it (connecting, executing,
+    committing), never the driver's own exception."""
+    engine = create_async_engine(
         async_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
@@ -23,3 +83,6 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
         # Every transaction here is short; a stuck one should fail, not hold locks for minutes.
         connect_args={"command_timeout": 30, "server_settings": {"application_name": "tether"}},
     )
+    event.listen(engine.sync_engine, "do_connect", _connect)
+    event.listen(engine.sync_engine, "handle_error", _translate)
+    return engine
