@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 import grpc
+from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.gateway.auth import Authenticator
@@ -20,6 +21,7 @@ from tether import apikeys
 from tether.apikeys import Principal
 from tether.errors import InvalidArgument
 from tether.ids import is_identifier
+from tether.limits import check_request
 from tether.v1 import (
     admission_pb2,
     admission_pb2_grpc,
@@ -53,9 +55,14 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
         self._orchestrator = orchestrator
         self._interactions = interactions
 
-    async def _caller(self, context: grpc.aio.ServicerContext, method: str) -> Principal:
+    async def _caller(
+        self, context: grpc.aio.ServicerContext, method: str, request: Message
+    ) -> Principal:
+        """The authenticated caller, once `request` is within every field's limit."""
         metadata = dict(context.invocation_metadata() or ())
-        return await self._auth.authenticate(metadata, method)
+        principal = await self._auth.authenticate(metadata, method)
+        check_request(request)
+        return principal
 
     async def _admit(self, principal: Principal, **input_: object) -> admission_pb2.AdmitResponse:
         request = admission_pb2.AdmitRequest(
@@ -69,7 +76,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
     async def SendMessage(
         self, request: gateway_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SendMessageResponse:
-        principal = await self._caller(context, "SendMessage")
+        principal = await self._caller(context, "SendMessage", request)
         admitted = await self._admit(
             principal,
             chat=admission_pb2.ChatInput(
@@ -85,7 +92,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
     async def SubmitEvent(
         self, request: gateway_pb2.SubmitEventRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SubmitEventResponse:
-        principal = await self._caller(context, "SubmitEvent")
+        principal = await self._caller(context, "SubmitEvent", request)
         kind = request.WhichOneof("input")
         if kind is None:
             raise InvalidArgument("exactly one of messaging, task_status or decision is required")
@@ -95,7 +102,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
     async def GetRun(
         self, request: gateway_pb2.GetRunRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.GetRunResponse:
-        principal = await self._caller(context, "GetRun")
+        principal = await self._caller(context, "GetRun", request)
         found = await forward(
             self._orchestrator.LookupRun(
                 orchestrator_pb2.LookupRunRequest(
@@ -108,7 +115,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
     async def ListRuns(
         self, request: gateway_pb2.ListRunsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.ListRunsResponse:
-        principal = await self._caller(context, "ListRuns")
+        principal = await self._caller(context, "ListRuns", request)
         page = await forward(
             self._orchestrator.SearchRuns(
                 orchestrator_pb2.SearchRunsRequest(
@@ -125,7 +132,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
     async def CancelRun(
         self, request: gateway_pb2.CancelRunRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CancelRunResponse:
-        principal = await self._caller(context, "CancelRun")
+        principal = await self._caller(context, "CancelRun", request)
         outcome = await forward(
             self._orchestrator.RequestCancellation(
                 orchestrator_pb2.RequestCancellationRequest(
@@ -138,7 +145,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
     async def CreateApiKey(
         self, request: gateway_pb2.CreateApiKeyRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CreateApiKeyResponse:
-        await self._caller(context, "CreateApiKey")
+        await self._caller(context, "CreateApiKey", request)
         for name in ("tenant_id", "principal_id"):
             if not is_identifier(getattr(request, name), max_length=128):
                 raise InvalidArgument(

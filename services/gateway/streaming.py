@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 
 import grpc
+from google.protobuf.message import Message
 
 from services.gateway.conversation import conversation_items
 from services.gateway.streams import Streams
@@ -28,12 +29,12 @@ class StreamingServicer:
     """The streaming side of tether.v1.GatewayService, mixed into GatewayServicer."""
 
     _streams: Streams
-    _caller: Callable[[grpc.aio.ServicerContext, str], Awaitable[Principal]]
+    _caller: Callable[[grpc.aio.ServicerContext, str, Message], Awaitable[Principal]]
 
     async def StreamRun(
         self, request: gateway_pb2.StreamRunRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[gateway_pb2.StreamRunResponse]:
-        principal = await self._caller(context, "StreamRun")
+        principal = await self._caller(context, "StreamRun", request)
         items = self._streams.run_items(
             principal.tenant_id,
             request.run_id,
@@ -51,7 +52,7 @@ class StreamingServicer:
     async def StreamConversation(
         self, request: gateway_pb2.StreamConversationRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[gateway_pb2.StreamConversationResponse]:
-        principal = await self._caller(context, "StreamConversation")
+        principal = await self._caller(context, "StreamConversation", request)
         items = conversation_items(
             self._streams,
             principal.tenant_id,

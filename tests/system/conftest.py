@@ -11,6 +11,7 @@ import grpc
 import pytest_asyncio
 
 from tests.conftest import clone_database, drop_database
+from tests.system.bad_input_support import hostile_stack  # noqa: F401  # bad-input modules' stack
 from tether import apikeys
 from tether.db.engine import create_engine
 from tether.stack.embedded import database_url
