@@ -14,15 +14,14 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
-from google.protobuf.message_factory import GetMessageClass
 from hypothesis import strategies as st
 
 from tests.system.bad_input_support import (
     GATEWAY_SERVICE,
-    HOSTILE_STRINGS,
     REQUESTS,
+    WORDS,
     Answer,
+    Generator,
     HostileStack,
     fuzz,
 )
@@ -37,151 +36,6 @@ NEVER = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 # A stream that was accepted sends its snapshot or its first keepalive (0.2 s here) well inside
 # this; one that sends nothing was left hanging.
 FIRST_MESSAGE_S = 5.0
-
-# Identifier-shaped (the first character may still be a mark: the shape's edge is fuzzed too).
-IDENTIFIERS = st.text(
-    alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:@-",
-    min_size=1,
-    max_size=24,
-)
-WORDS = (
-    "allow-once",
-    "allow-conversation",
-    "allow-always",
-    "deny",
-    "principal",
-    "tenant",
-    "category",
-    "runs:read",
-    "runs:write",
-    "admin",
-    "chat",
-    "whatsapp",
-    "done",
-)
-
-
-def strings(seeds: tuple[str, ...]) -> st.SearchStrategy[str]:
-    """Mostly well-shaped values (so validation past the first check runs), often hostile."""
-    return st.one_of(
-        st.sampled_from(seeds),
-        IDENTIFIERS,
-        st.sampled_from(HOSTILE_STRINGS),
-        st.text(max_size=40),
-        st.text(st.characters(codec="ascii"), max_size=60),
-    )
-
-
-_INTEGERS = (
-    FieldDescriptor.TYPE_INT32,
-    FieldDescriptor.TYPE_SINT32,
-    FieldDescriptor.TYPE_INT64,
-    FieldDescriptor.TYPE_SINT64,
-)
-
-
-class Generator:
-    """Strategies for every message type a request can carry, built once per type."""
-
-    def __init__(self, seeds: tuple[str, ...], *, hostile: bool) -> None:
-        self.hostile = hostile
-        # Well-shaped requests carry real ids, known words and plain identifiers, so they get
-        # past validation to the services behind (where other tenants' ids are the hostility).
-        plain = st.one_of(
-            st.sampled_from(seeds), st.from_regex(r"[a-z][a-z0-9-]{0,11}", fullmatch=True)
-        )
-        self.strings = strings(seeds) if hostile else plain
-        scalars = st.one_of(st.none(), st.booleans(), st.integers(-9, 9), self.strings)
-        self._struct = st.dictionaries(self.strings, scalars, max_size=6)
-        self._messages: dict[str, st.SearchStrategy[Message]] = {}
-
-    def value(self, field: Any) -> st.SearchStrategy[Any]:
-        """Values for one field, whatever its type."""
-        kind = field.type
-        if kind == FieldDescriptor.TYPE_STRING:
-            return self.strings
-        if kind == FieldDescriptor.TYPE_BOOL:
-            return st.booleans()
-        if kind == FieldDescriptor.TYPE_ENUM:
-            known = st.sampled_from([v.number for v in field.enum_type.values])
-            return st.integers(-3, 20) if self.hostile else known
-        if not self.hostile and kind in _INTEGERS:
-            return st.integers(0, 300)
-        if kind in (FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_SINT32):
-            return st.one_of(st.integers(-5, 300), st.integers(-(2**31), 2**31 - 1))
-        if kind in (FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_SINT64):
-            return st.one_of(st.integers(-5, 50), st.integers(-(2**63), 2**63 - 1))
-        if kind == FieldDescriptor.TYPE_MESSAGE:
-            if field.message_type.full_name == "google.protobuf.Struct":
-                return self._struct
-            return self.messages(field.message_type)
-        return st.nothing()
-
-    def messages(self, descriptor: Any) -> st.SearchStrategy[Message]:
-        """Messages of the type with any subset of fields set (one member per oneof)."""
-        if descriptor.full_name not in self._messages:
-            self._messages[descriptor.full_name] = self._build(descriptor)
-        return self._messages[descriptor.full_name]
-
-    def _build(self, descriptor: Any) -> st.SearchStrategy[Message]:
-        cls = GetMessageClass(descriptor)
-        setters = {f.name: self._setter(f) for f in descriptor.fields}
-        oneofs = {
-            o.name: st.sampled_from([None, *[f.name for f in o.fields]]) for o in descriptor.oneofs
-        }
-
-        @st.composite
-        def build(draw: st.DrawFn) -> Message:
-            message = cls()
-            chosen = {name: draw(strategy) for name, strategy in oneofs.items()}
-            for field in descriptor.fields:
-                oneof = field.containing_oneof
-                if oneof is not None and chosen[oneof.name] != field.name:
-                    continue
-                if oneof is None and not draw(st.integers(0, 3)):
-                    continue  # a quarter of the fields left unset
-                setters[field.name](draw, message)
-            return message
-
-        return build()
-
-    def _setter(self, field: Any) -> Any:
-        entry = field.message_type
-        if entry is not None and entry.GetOptions().map_entry:
-            items = st.lists(
-                st.tuples(self.strings, self.value(entry.fields_by_name["value"])), max_size=4
-            )
-
-            def set_map(draw: st.DrawFn, message: Any) -> None:
-                for key, item in draw(items):
-                    getattr(message, field.name)[key].CopyFrom(item)
-
-            return set_map
-        if field.is_repeated:
-            values = st.lists(self.value(field), max_size=20)
-
-            def set_repeated(draw: st.DrawFn, message: Any) -> None:
-                target = getattr(message, field.name)
-                for item in draw(values):
-                    if field.type == FieldDescriptor.TYPE_MESSAGE:
-                        target.add().CopyFrom(item)
-                    else:
-                        target.append(item)
-
-            return set_repeated
-        one = self.value(field)
-
-        def set_one(draw: st.DrawFn, message: Any) -> None:
-            value = draw(one)
-            if field.type != FieldDescriptor.TYPE_MESSAGE:
-                setattr(message, field.name, value)
-            elif isinstance(value, dict):
-                getattr(message, field.name).update(value)
-            else:
-                getattr(message, field.name).CopyFrom(value)
-
-        return set_one
-
 
 # -- raw bytes ----------------------------------------------------------------------------------
 
