@@ -8,11 +8,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tether.credentials import CREDENTIAL_KEY, POWERS, verifier
-from tether.errors import CODE_METADATA_KEY, TetherError
+from tether.errors import CODE_METADATA_KEY, InvalidArgument, TetherError
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +27,48 @@ async def _abort(context: grpc.aio.ServicerContext, exc: TetherError) -> None:
     await context.abort(exc.status, exc.message)
 
 
+class Undecodable:
+    """A request whose bytes did not decode; the handler's wrapper refuses it as the caller's
+    mistake (grpc would answer UNKNOWN for an exception raised while deserializing)."""
+
+    def __init__(self, error: InvalidArgument) -> None:
+        self.error = error
+
+
+def tolerant_deserializer(
+    deserialize: Callable[[bytes], Any] | None,
+) -> Callable[[bytes], Any] | None:
+    """`deserialize`, returning an `Undecodable` instead of raising on malformed bytes
+    (invalid UTF-8 in a string field, a truncated message)."""
+    if deserialize is None:
+        return None
+
+    def decode(raw: bytes) -> Any:
+        try:
+            return deserialize(raw)
+        except DecodeError as exc:
+            # upb's message names the type and the problem ("String field had bad UTF-8").
+            detail = str(exc).replace("Error parsing message with type", "could not decode")
+            return Undecodable(
+                InvalidArgument(
+                    f"the request is not valid protobuf: {detail}; every string field must be "
+                    "valid UTF-8",
+                    code="undecodable_request",
+                )
+            )
+
+    return decode
+
+
+def _refuse_undecodable(request: Any) -> None:
+    if isinstance(request, Undecodable):
+        raise request.error
+
+
 def _wrap_unary(behavior: Handler) -> Handler:
     async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            _refuse_undecodable(request)
             return await behavior(request, context)
         except TetherError as exc:
             await _abort(context, exc)
@@ -45,6 +85,7 @@ def _wrap_unary(behavior: Handler) -> Handler:
 def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
     async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         try:
+            _refuse_undecodable(request)
             async for item in behavior(request, context):
                 yield item
         except TetherError as exc:
@@ -59,7 +100,8 @@ def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., A
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no stubs
-    """Maps TetherError to its gRPC status, with the stable code in trailing metadata."""
+    """Maps TetherError to its gRPC status, with the stable code in trailing metadata; a request
+    that does not decode is INVALID_ARGUMENT (`tolerant_deserializer`)."""
 
     async def intercept_service(
         self,
@@ -72,13 +114,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grp
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 _wrap_unary(handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=tolerant_deserializer(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
                 _wrap_stream(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=tolerant_deserializer(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         return handler

@@ -7,7 +7,8 @@ import re
 import time
 import uuid
 
-_IDENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
+# Matched with fullmatch: a `$` anchor would also match before a trailing newline.
+_IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]*")
 
 
 def uuid7() -> uuid.UUID:
@@ -27,4 +28,4 @@ def new_id(prefix: str) -> str:
 
 def is_identifier(value: str, *, max_length: int = 128) -> bool:
     """Whether `value` is a safe external identifier: 1..max_length of [A-Za-z0-9._:@-]."""
-    return 0 < len(value) <= max_length and _IDENT.match(value) is not None
+    return 0 < len(value) <= max_length and _IDENT.fullmatch(value) is not None

@@ -1,7 +1,8 @@
 """Adapters: each wire input (chat, messaging webhook, task status, decision) becomes one
 normalised InboundEvent. This is the service's edge, so it reads protobuf; nothing past it does.
 
-Identifiers are validated here, at ingress, and a payload naming another tenant is refused.
+Identifiers are validated here, at ingress, and a payload naming another tenant is refused;
+every field's size and characters were checked before (`tether.limits`, in the servicer).
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from google.protobuf import json_format
 from services.admission.domain import InboundEvent
 from tether.errors import InvalidArgument, PermissionDenied
 from tether.ids import is_identifier
+from tether.limits import ID_CHARS, TEXT_CHARS
 from tether.v1 import admission_pb2
 
-MAX_TEXT_CHARS = 32_000
-MAX_ID_CHARS = 128
+MAX_TEXT_CHARS = TEXT_CHARS
+MAX_ID_CHARS = ID_CHARS
 
 
 def _identifier(name: str, value: str, *, required: bool = True) -> str:

@@ -7,6 +7,7 @@ import grpc
 from services.admission.adapters import event_to_proto, normalise
 from services.admission.service import Admitter, Disposition
 from tether.convert import run_to_proto
+from tether.limits import check_request
 from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2
 
 _DISPOSITIONS = {
@@ -26,6 +27,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     async def Admit(  # gRPC method name
         self, request: admission_pb2.AdmitRequest, context: grpc.aio.ServicerContext
     ) -> admission_pb2.AdmitResponse:
+        check_request(request)
         event = normalise(request)
         traceparent = dict(context.invocation_metadata() or ()).get("traceparent")
         outcome = await self._admitter.admit(

@@ -36,6 +36,8 @@ from services.gateway.streams import (
     resumable,
 )
 from tether.errors import InvalidArgument
+from tether.ids import is_identifier
+from tether.limits import INT64_MAX
 from tether.transport import RESUME_CURSOR_KEY
 from tether.v1 import common_pb2, events_pb2, gateway_pb2, orchestrator_pb2
 
@@ -82,9 +84,24 @@ class ConversationCursor:
             mark = data.get("w")
             watermark = (int(mark[0]), str(mark[1])) if mark else None
             seqs = {str(k): int(v) for k, v in dict(data.get("r") or {}).items()}
-        except (ValueError, TypeError, KeyError, IndexError, binascii.Error, AttributeError) as exc:
+        except (
+            ValueError,
+            TypeError,
+            KeyError,
+            IndexError,
+            binascii.Error,
+            AttributeError,
+            RecursionError,
+        ) as exc:
             raise InvalidArgument("cursor is not one this service issued") from exc
-        if any(seq < 0 for seq in seqs.values()):
+        # A hand-made cursor could name ids or seqs no issued one holds (and PostgreSQL or
+        # protobuf refuses): out of range is as forged as undecodable.
+        run_ids = [*seqs, *([watermark[1]] if watermark else [])]
+        if any(not 0 <= seq <= INT64_MAX for seq in seqs.values()) or not all(
+            is_identifier(run_id) for run_id in run_ids
+        ):
+            raise InvalidArgument("cursor is not one this service issued")
+        if watermark is not None and not 0 <= watermark[0] <= INT64_MAX:
             raise InvalidArgument("cursor is not one this service issued")
         return cls(watermark, seqs)
 

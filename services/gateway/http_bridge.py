@@ -43,6 +43,7 @@ from tether.apikeys import Principal
 from tether.client import disposition_name
 from tether.convert import status_to_proto
 from tether.errors import InvalidArgument, TetherError
+from tether.limits import INT32_MAX, INT64_MAX, check_request
 from tether.states import RunStatus
 from tether.transport import event_to_json, run_to_json, snapshot_to_json
 from tether.v1 import events_pb2, gateway_pb2
@@ -64,6 +65,8 @@ HTTP_STATUS: Mapping[grpc.StatusCode, int] = {
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
 
+# The largest JSON body (aiohttp's default): a text at its 32,000-character limit, escaped, fits.
+MAX_BODY_BYTES = 1 << 20
 # EventSource waits this long before reconnecting after the stream ends or breaks.
 SSE_RETRY_MS = 1000
 _INTERACTIONS: tuple[tuple[str, str, str, type[Message]], ...] = (
@@ -80,7 +83,7 @@ class _CallContext:
     """What the servicer's unary methods read from a gRPC context: the caller's metadata."""
 
     def __init__(self, request: web.Request) -> None:
-        self._metadata = (("authorization", request.headers.get("Authorization", "")),)
+        self._metadata = (("authorization", _header(request, "Authorization")),)
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self._metadata
@@ -109,8 +112,10 @@ async def _errors(
         return await handler(request)
     except TetherError as exc:
         return error_response(exc)
-    except web.HTTPException:
-        raise
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _http_error(request, exc)
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return web.json_response(
@@ -119,30 +124,68 @@ async def _errors(
         )
 
 
+# aiohttp's own refusals (no such route, wrong method, body too large), in the same JSON shape.
+_HTTP_ERRORS: Mapping[int, tuple[str, str]] = {
+    404: ("NOT_FOUND", "not_found"),
+    405: ("UNIMPLEMENTED", "method_not_allowed"),
+    413: ("INVALID_ARGUMENT", "body_too_large"),
+}
+
+
+def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
+    status, code = _HTTP_ERRORS.get(exc.status, ("INVALID_ARGUMENT", "bad_request"))
+    message = {
+        404: f"no route {request.method} {request.path}; see the routes in the README",
+        405: f"{request.method} is not allowed on {request.path}",
+        413: f"the request body is larger than {MAX_BODY_BYTES} bytes",
+    }.get(exc.status, exc.reason)
+    return web.json_response(
+        {"error": {"status": status, "code": code, "message": message}},
+        status=exc.status,
+        headers={k: v for k, v in exc.headers.items() if k == "Allow"},
+    )
+
+
 def _message_json(message: Message) -> dict[str, Any]:
     data: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
     return data
 
 
 async def _body(request: web.Request, into: Message) -> Any:
-    """The JSON body parsed into `into` (an empty body leaves it empty)."""
+    """The JSON object of the body parsed into `into` (an empty body leaves it empty)."""
     raw = await request.read()
-    if raw.strip():
-        try:
-            json_format.Parse(raw, into)
-        except json_format.ParseError as exc:
-            raise InvalidArgument(f"request body: {exc}") from exc
+    if not raw.strip():
+        return into
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument("the request body is not valid UTF-8") from exc
+    except (ValueError, RecursionError) as exc:
+        raise InvalidArgument(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"the request body must be a JSON object, not {type(data).__name__}")
+    try:
+        json_format.ParseDict(data, into)
+    except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
+        raise InvalidArgument(f"request body: {exc}") from exc
     return into
 
 
-def _non_negative(value: str, name: str) -> int:
+def _header(request: web.Request, name: str) -> str:
+    """A header's value; aiohttp keeps bytes that are not UTF-8 as lone surrogates."""
+    value = request.headers.get(name, "")
     try:
-        number = int(value)
-    except ValueError as exc:
-        raise InvalidArgument(f"{name} must be an integer") from exc
-    if number < 0:
-        raise InvalidArgument(f"{name} must not be negative")
-    return number
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"the {name} header is not valid UTF-8") from exc
+    return value
+
+
+def _non_negative(value: str, name: str, maximum: int) -> int:
+    """A query or header integer: ASCII digits only (int() also takes "+1", "1_0", non-ASCII)."""
+    if not (value.isascii() and value.isdigit()) or int(value) > maximum:
+        raise InvalidArgument(f"{name} must be an integer from 0 to {maximum}; got {value[:40]!r}")
+    return int(value)
 
 
 def _frame(event: str, data: dict[str, Any], event_id: str | None = None) -> bytes:
@@ -178,7 +221,7 @@ class HttpBridge:
 
     def app(self) -> web.Application:
         """The aiohttp application."""
-        app = web.Application(middlewares=[_errors])
+        app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/v1/runs/{run_id}/events", self.run_events)
         app.router.add_get("/v1/conversations/{conversation_id}/events", self.conversation_events)
         app.router.add_post("/v1/messages", self.send_message)
@@ -200,7 +243,7 @@ class HttpBridge:
 
     async def _principal(self, request: web.Request, method: str) -> Principal:
         return await self._auth.authenticate(
-            {"authorization": request.headers.get("Authorization", "")}, method
+            {"authorization": _header(request, "Authorization")}, method
         )
 
     # -- unary ----------------------------------------------------------------------------------
@@ -208,7 +251,7 @@ class HttpBridge:
     async def send_message(self, request: web.Request) -> web.Response:
         message = await _body(request, gateway_pb2.SendMessageRequest())
         if not message.event_id:
-            message.event_id = request.headers.get("Idempotency-Key", "")
+            message.event_id = _header(request, "Idempotency-Key")
         response = await self._servicer.SendMessage(message, _CallContext(request))
         return web.json_response(
             {
@@ -235,7 +278,7 @@ class HttpBridge:
             gateway_pb2.ListRunsRequest(
                 statuses=statuses,
                 conversation_id=query.get("conversation_id", ""),
-                page_size=_non_negative(query.get("page_size", "0"), "page_size"),
+                page_size=_non_negative(query.get("page_size", "0"), "page_size", INT32_MAX),
                 page_token=query.get("page_token", ""),
             ),
             _CallContext(request),
@@ -278,26 +321,37 @@ class HttpBridge:
 
     async def run_events(self, request: web.Request) -> web.StreamResponse:
         principal = await self._principal(request, "StreamRun")
-        cursor = request.headers.get("Last-Event-ID") or request.query.get("after", "0")
+        cursor = _header(request, "Last-Event-ID") or request.query.get("after", "0")
+        opened = gateway_pb2.StreamRunRequest(
+            run_id=request.match_info["run_id"],
+            after_seq=_non_negative(cursor or "0", "Last-Event-ID / after", INT64_MAX),
+            include_deltas=request.query.get("deltas", "1") not in ("0", "false"),
+        )
+        check_request(opened)
         items = self._streams.run_items(
             principal.tenant_id,
-            request.match_info["run_id"],
-            _non_negative(cursor or "0", "Last-Event-ID / after"),
-            include_deltas=request.query.get("deltas", "1") not in ("0", "false"),
+            opened.run_id,
+            opened.after_seq,
+            include_deltas=opened.include_deltas,
             key_watch=self._key_watch(request, "StreamRun"),
         )
         return await _serve_sse(request, items, _run_frame, wait_for_first=True)
 
     async def conversation_events(self, request: web.Request) -> web.StreamResponse:
         principal = await self._principal(request, "StreamConversation")
-        cursor = request.headers.get("Last-Event-ID") or request.query.get("cursor", "")
-        ConversationCursor.decode(cursor)  # refuse a bad cursor before the stream starts
+        opened = gateway_pb2.StreamConversationRequest(
+            conversation_id=request.match_info["conversation_id"],
+            cursor=_header(request, "Last-Event-ID") or request.query.get("cursor", ""),
+            include_deltas=request.query.get("deltas", "1") not in ("0", "false"),
+        )
+        check_request(opened)
+        ConversationCursor.decode(opened.cursor)  # refuse a bad cursor before the stream starts
         items = conversation_items(
             self._streams,
             principal.tenant_id,
-            request.match_info["conversation_id"],
-            cursor,
-            include_deltas=request.query.get("deltas", "1") not in ("0", "false"),
+            opened.conversation_id,
+            opened.cursor,
+            include_deltas=opened.include_deltas,
             key_watch=self._key_watch(request, "StreamConversation"),
         )
         return await _serve_sse(request, items, _conversation_frame, wait_for_first=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import grpc
+from google.protobuf.message import Message
 
 from services.gateway.forward import forward
 from tether.apikeys import Principal
@@ -18,12 +19,12 @@ class InteractionRpcs:
     """Implements the interaction part of tether.v1.GatewayService."""
 
     _interactions: interactions_pb2_grpc.InteractionsServiceStub
-    _caller: Callable[[grpc.aio.ServicerContext, str], Awaitable[Principal]]
+    _caller: Callable[[grpc.aio.ServicerContext, str, Message], Awaitable[Principal]]
 
     async def GetPendingQuestion(
         self, request: gateway_pb2.GetPendingQuestionRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.GetPendingQuestionResponse:
-        principal = await self._caller(context, "GetPendingQuestion")
+        principal = await self._caller(context, "GetPendingQuestion", request)
         found = await forward(
             self._interactions.FindPendingQuestion(
                 interactions_pb2.FindPendingQuestionRequest(
@@ -40,7 +41,7 @@ class InteractionRpcs:
     async def AnswerQuestion(
         self, request: gateway_pb2.AnswerQuestionRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.AnswerQuestionResponse:
-        principal = await self._caller(context, "AnswerQuestion")
+        principal = await self._caller(context, "AnswerQuestion", request)
         if not request.answers:
             raise InvalidArgument("answers are required, keyed by question key")
         recorded = await forward(
@@ -61,7 +62,7 @@ class InteractionRpcs:
     async def GetPendingApproval(
         self, request: gateway_pb2.GetPendingApprovalRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.GetPendingApprovalResponse:
-        principal = await self._caller(context, "GetPendingApproval")
+        principal = await self._caller(context, "GetPendingApproval", request)
         found = await forward(
             self._interactions.FindPendingApproval(
                 interactions_pb2.FindPendingApprovalRequest(
@@ -78,7 +79,7 @@ class InteractionRpcs:
     async def DecideApproval(
         self, request: gateway_pb2.DecideApprovalRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.DecideApprovalResponse:
-        principal = await self._caller(context, "DecideApproval")
+        principal = await self._caller(context, "DecideApproval", request)
         decided = await forward(
             self._interactions.RecordDecision(
                 interactions_pb2.RecordDecisionRequest(
@@ -102,7 +103,7 @@ class InteractionRpcs:
         request: gateway_pb2.GetPendingConnectionRequest,
         context: grpc.aio.ServicerContext,
     ) -> gateway_pb2.GetPendingConnectionResponse:
-        principal = await self._caller(context, "GetPendingConnection")
+        principal = await self._caller(context, "GetPendingConnection", request)
         found = await forward(
             self._interactions.FindPendingConnection(
                 interactions_pb2.FindPendingConnectionRequest(
@@ -121,7 +122,7 @@ class InteractionRpcs:
         request: gateway_pb2.CompleteConnectionRequest,
         context: grpc.aio.ServicerContext,
     ) -> gateway_pb2.CompleteConnectionResponse:
-        principal = await self._caller(context, "CompleteConnection")
+        principal = await self._caller(context, "CompleteConnection", request)
         done = await forward(
             self._interactions.ConfirmConnection(
                 interactions_pb2.ConfirmConnectionRequest(

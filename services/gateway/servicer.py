@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 import grpc
+from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.gateway.auth import Authenticator
@@ -21,6 +22,7 @@ from tether import apikeys, audit
 from tether.apikeys import Principal
 from tether.errors import InvalidArgument, NotFound, PermissionDenied
 from tether.ids import is_identifier
+from tether.limits import check_request
 from tether.v1 import (
     admission_pb2,
     admission_pb2_grpc,
@@ -54,9 +56,14 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
         self._orchestrator = orchestrator
         self._interactions = interactions
 
-    async def _caller(self, context: grpc.aio.ServicerContext, method: str) -> Principal:
+    async def _caller(
+        self, context: grpc.aio.ServicerContext, method: str, request: Message
+    ) -> Principal:
+        """The authenticated caller, once `request` is within every field's limit."""
         metadata = dict(context.invocation_metadata() or ())
-        return await self._auth.authenticate(metadata, method)
+        principal = await self._auth.authenticate(metadata, method)
+        check_request(request)
+        return principal
 
     async def _admit(self, principal: Principal, **input_: object) -> admission_pb2.AdmitResponse:
         request = admission_pb2.AdmitRequest(
@@ -70,7 +77,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
     async def SendMessage(
         self, request: gateway_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SendMessageResponse:
-        principal = await self._caller(context, "SendMessage")
+        principal = await self._caller(context, "SendMessage", request)
         admitted = await self._admit(
             principal,
             chat=admission_pb2.ChatInput(
@@ -86,7 +93,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
     async def SubmitEvent(
         self, request: gateway_pb2.SubmitEventRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SubmitEventResponse:
-        principal = await self._caller(context, "SubmitEvent")
+        principal = await self._caller(context, "SubmitEvent", request)
         kind = request.WhichOneof("input")
         if kind is None:
             raise InvalidArgument("exactly one of messaging, task_status or decision is required")
@@ -96,7 +103,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
     async def GetRun(
         self, request: gateway_pb2.GetRunRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.GetRunResponse:
-        principal = await self._caller(context, "GetRun")
+        principal = await self._caller(context, "GetRun", request)
         found = await forward(
             self._orchestrator.LookupRun(
                 orchestrator_pb2.LookupRunRequest(
@@ -110,7 +117,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
     async def ListRuns(
         self, request: gateway_pb2.ListRunsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.ListRunsResponse:
-        principal = await self._caller(context, "ListRuns")
+        principal = await self._caller(context, "ListRuns", request)
         page = await forward(
             self._orchestrator.SearchRuns(
                 orchestrator_pb2.SearchRunsRequest(
@@ -128,7 +135,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
     async def CancelRun(
         self, request: gateway_pb2.CancelRunRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CancelRunResponse:
-        principal = await self._caller(context, "CancelRun")
+        principal = await self._caller(context, "CancelRun", request)
         outcome = await forward(
             self._orchestrator.RequestCancellation(
                 orchestrator_pb2.RequestCancellationRequest(
@@ -142,7 +149,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
     async def CreateApiKey(
         self, request: gateway_pb2.CreateApiKeyRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CreateApiKeyResponse:
-        caller = await self._caller(context, "CreateApiKey")
+        caller = await self._caller(context, "CreateApiKey", request)
         tenant_id = request.tenant_id or ("" if caller.is_operator else caller.tenant_id)
         for name, value in (("tenant_id", tenant_id), ("principal_id", request.principal_id)):
             if not is_identifier(value, max_length=128):
@@ -196,7 +203,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
     async def RevokeApiKey(
         self, request: gateway_pb2.RevokeApiKeyRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.RevokeApiKeyResponse:
-        caller = await self._caller(context, "RevokeApiKey")
+        caller = await self._caller(context, "RevokeApiKey", request)
         absent = NotFound(f"API key {request.key_id!r} not found")
         if not is_identifier(request.key_id, max_length=128):
             raise absent

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 
 import grpc
+from google.protobuf.message import Message
 
 from services.gateway.auth import Authenticator, KeyWatch
 from services.gateway.conversation import conversation_items
@@ -30,7 +31,7 @@ class StreamingServicer:
 
     _streams: Streams
     _auth: Authenticator
-    _caller: Callable[[grpc.aio.ServicerContext, str], Awaitable[Principal]]
+    _caller: Callable[[grpc.aio.ServicerContext, str, Message], Awaitable[Principal]]
 
     def _key_watch(self, context: grpc.aio.ServicerContext, method: str) -> KeyWatch:
         return KeyWatch(self._auth, dict(context.invocation_metadata() or ()), method)
@@ -38,7 +39,7 @@ class StreamingServicer:
     async def StreamRun(
         self, request: gateway_pb2.StreamRunRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[gateway_pb2.StreamRunResponse]:
-        principal = await self._caller(context, "StreamRun")
+        principal = await self._caller(context, "StreamRun", request)
         items = self._streams.run_items(
             principal.tenant_id,
             request.run_id,
@@ -57,7 +58,7 @@ class StreamingServicer:
     async def StreamConversation(
         self, request: gateway_pb2.StreamConversationRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[gateway_pb2.StreamConversationResponse]:
-        principal = await self._caller(context, "StreamConversation")
+        principal = await self._caller(context, "StreamConversation", request)
         items = conversation_items(
             self._streams,
             principal.tenant_id,

@@ -18,6 +18,7 @@ import grpc
 import pytest_asyncio
 
 from tests.conftest import clone_database, drop_database
+from tests.system.bad_input_support import hostile_stack  # noqa: F401  # bad-input modules' stack
 from tether import apikeys, credentials
 from tether.db.engine import create_engine
 from tether.db.migrate import upgrade

@@ -27,9 +27,13 @@ class Caller(_message.Message):
     TENANT_ID_FIELD_NUMBER: _builtins.int
     PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
-    """Tenant the key belongs to."""
+    """Tenant the key belongs to.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     principal_id: _builtins.str
-    """Principal (user or integration) the key was issued to."""
+    """Principal (user or integration) the key was issued to.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     def __init__(
         self,
         *,
@@ -56,15 +60,25 @@ class ChatInput(_message.Message):
     CHANNEL_FIELD_NUMBER: _builtins.int
     TENANT_ID_FIELD_NUMBER: _builtins.int
     event_id: _builtins.str
-    """Client-generated unique id of this message; the idempotency key."""
+    """Client-generated unique id of this message; the idempotency key.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     conversation_id: _builtins.str
-    """Conversation the message belongs to."""
+    """Conversation the message belongs to.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     text: _builtins.str
-    """The message text."""
+    """The message text.
+    Limit: 32000 characters, no NUL.
+    """
     channel: _builtins.str
-    """Channel name, "chat" when empty."""
+    """Channel name, "chat" when empty.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    """
     tenant_id: _builtins.str
-    """Tenant the payload claims; must equal the caller's tenant when set."""
+    """Tenant the payload claims; must equal the caller's tenant when set.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    """
     def __init__(
         self,
         *,
@@ -96,19 +110,33 @@ class MessagingWebhookInput(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     TENANT_ID_FIELD_NUMBER: _builtins.int
     provider: _builtins.str
-    """Provider name, used as the channel ("whatsapp")."""
+    """Provider name, used as the channel ("whatsapp").
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     provider_event_id: _builtins.str
-    """The provider's own message id; the idempotency key."""
+    """The provider's own message id; the idempotency key.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     thread_id: _builtins.str
-    """The provider's thread id; a correlation value, never an authorization boundary."""
+    """The provider's thread id; a correlation value, never an authorization boundary.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     sender_id: _builtins.str
-    """Sender id at the provider."""
+    """Sender id at the provider.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     sender_type: _builtins.str
-    """Sender kind: "guest", "staff", "bot"."""
+    """Sender kind: "guest", "staff", "bot".
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    """
     text: _builtins.str
-    """The message text."""
+    """The message text.
+    Limit: 32000 characters, no NUL.
+    """
     tenant_id: _builtins.str
-    """Tenant the payload claims; must equal the caller's tenant when set."""
+    """Tenant the payload claims; must equal the caller's tenant when set.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    """
     def __init__(
         self,
         *,
@@ -140,15 +168,25 @@ class TaskStatusInput(_message.Message):
     DETAIL_FIELD_NUMBER: _builtins.int
     TENANT_ID_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
-    """Task id in the other system."""
+    """Task id in the other system.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     status_event_id: _builtins.str
-    """Unique id of this status event; the idempotency key."""
+    """Unique id of this status event; the idempotency key.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     status: _builtins.str
-    """New status, e.g. "done"."""
+    """New status, e.g. "done".
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     detail: _builtins.str
-    """Free-form detail shown to the agent."""
+    """Free-form detail shown to the agent.
+    Limit: 32000 characters, no NUL.
+    """
     tenant_id: _builtins.str
-    """Tenant the payload claims; must equal the caller's tenant when set."""
+    """Tenant the payload claims; must equal the caller's tenant when set.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    """
     def __init__(
         self,
         *,
@@ -178,15 +216,25 @@ class DecisionInput(_message.Message):
     NOTE_FIELD_NUMBER: _builtins.int
     TENANT_ID_FIELD_NUMBER: _builtins.int
     decision_id: _builtins.str
-    """Unique id of the decision; the idempotency key."""
+    """Unique id of the decision; the idempotency key.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     conversation_id: _builtins.str
-    """Conversation the decision concerns."""
+    """Conversation the decision concerns.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     decision: _builtins.str
-    """What was decided, e.g. "refund approved"."""
+    """What was decided, e.g. "refund approved".
+    Limit: 4000 characters, no NUL.
+    """
     note: _builtins.str
-    """Optional note from the person who decided."""
+    """Optional note from the person who decided.
+    Limit: 32000 characters, no NUL.
+    """
     tenant_id: _builtins.str
-    """Tenant the payload claims; must equal the caller's tenant when set."""
+    """Tenant the payload claims; must equal the caller's tenant when set.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    """
     def __init__(
         self,
         *,

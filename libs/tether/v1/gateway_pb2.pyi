@@ -36,15 +36,25 @@ class SendMessageRequest(_message.Message):
     CHANNEL_FIELD_NUMBER: _builtins.int
     TENANT_ID_FIELD_NUMBER: _builtins.int
     event_id: _builtins.str
-    """Unique id of the message; the idempotency key. Clients generate one per message."""
+    """Unique id of the message; the idempotency key. Clients generate one per message.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     conversation_id: _builtins.str
-    """Conversation id; messages of one conversation run in order."""
+    """Conversation id; messages of one conversation run in order.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     text: _builtins.str
-    """Text."""
+    """Text.
+    Limit: 32000 characters, no NUL.
+    """
     channel: _builtins.str
-    """Channel, "chat" when empty."""
+    """Channel, "chat" when empty.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    """
     tenant_id: _builtins.str
-    """Optional: the tenant the caller believes it is; refused when it differs from the key's."""
+    """Optional: the tenant the caller believes it is; refused when it differs from the key's.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    """
     def __init__(
         self,
         *,
@@ -164,7 +174,9 @@ class GetRunRequest(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
-    """Run id."""
+    """Run id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     def __init__(
         self,
         *,
@@ -219,14 +231,22 @@ class ListRunsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
-    """Only this conversation; all when empty."""
+    """Only this conversation; all when empty.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    """
     page_size: _builtins.int
-    """Page size, 1..200; 50 when 0."""
+    """Page size: 50 when 0, at most 200 (a larger one is served as 200).
+    Limit: 0 to 2147483647.
+    """
     page_token: _builtins.str
-    """Cursor from a previous response."""
+    """Cursor from a previous response.
+    Limit: 512 printable ASCII characters.
+    """
     @_builtins.property
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.RunStatus.ValueType]:
-        """Only these statuses; all when empty."""
+        """Only these statuses; all when empty.
+        Limit: 16 items.
+        """
 
     def __init__(
         self,
@@ -281,9 +301,13 @@ class CancelRunRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
-    """Run id."""
+    """Run id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     reason: _builtins.str
-    """Why."""
+    """Why.
+    Limit: 1000 characters, no NUL.
+    """
     def __init__(
         self,
         *,
@@ -337,9 +361,13 @@ class StreamRunRequest(_message.Message):
     INCLUDE_DELTAS_FIELD_NUMBER: _builtins.int
     BATCH_CATCH_UP_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
-    """Run id."""
+    """Run id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     after_seq: _builtins.int
-    """Resume after this durable seq; 0 for the whole log."""
+    """Resume after this durable seq; 0 for the whole log.
+    Limit: 0 to 9223372036854775807.
+    """
     include_deltas: _builtins.bool
     """Include live text deltas (ephemeral, seq 0)."""
     batch_catch_up: _builtins.bool
@@ -464,9 +492,13 @@ class StreamConversationRequest(_message.Message):
     CURSOR_FIELD_NUMBER: _builtins.int
     INCLUDE_DELTAS_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
-    """Conversation id."""
+    """Conversation id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     cursor: _builtins.str
-    """Resume after this cursor, as returned with every event; empty for all."""
+    """Resume after this cursor, as returned with every event; empty for all.
+    Limit: 65536 printable ASCII characters.
+    """
     include_deltas: _builtins.bool
     """Include live text deltas (ephemeral, seq 0)."""
     def __init__(
@@ -520,7 +552,9 @@ class GetPendingQuestionRequest(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
-    """Run id."""
+    """Run id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     def __init__(
         self,
         *,
@@ -588,10 +622,14 @@ class AnswerQuestionRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     ANSWERS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
-    """Run id."""
+    """Run id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     @_builtins.property
     def answers(self) -> _containers.MessageMap[_builtins.str, _interactions_pb2.QuestionAnswer]:
-        """Answers keyed by spec key."""
+        """Answers keyed by spec key.
+        Limit: 64 items, each 128 characters, no control characters.
+        """
 
     def __init__(
         self,
@@ -641,7 +679,9 @@ class GetPendingApprovalRequest(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
-    """Run id."""
+    """Run id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     def __init__(
         self,
         *,
@@ -689,11 +729,17 @@ class DecideApprovalRequest(_message.Message):
     DECISION_FIELD_NUMBER: _builtins.int
     ALWAYS_SCOPE_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
-    """Run id."""
+    """Run id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     decision: _builtins.str
-    """"allow-once", "allow-conversation", "allow-always" or "deny"."""
+    """"allow-once", "allow-conversation", "allow-always" or "deny".
+    Limit: 32 printable ASCII characters.
+    """
     always_scope: _builtins.str
-    """Scope of allow-always: "principal", "tenant" or "category"."""
+    """Scope of allow-always: "principal", "tenant" or "category".
+    Limit: 32 printable ASCII characters.
+    """
     def __init__(
         self,
         *,
@@ -747,7 +793,9 @@ class GetPendingConnectionRequest(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
-    """Run id."""
+    """Run id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     def __init__(
         self,
         *,
@@ -795,11 +843,17 @@ class CompleteConnectionRequest(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     CODE_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
-    """Run id."""
+    """Run id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     state: _builtins.str
-    """OAuth state."""
+    """OAuth state.
+    Limit: 512 printable ASCII characters.
+    """
     code: _builtins.str
-    """OAuth code."""
+    """OAuth code.
+    Limit: 2048 printable ASCII characters.
+    """
     def __init__(
         self,
         *,
@@ -851,16 +905,23 @@ class CreateApiKeyRequest(_message.Message):
     tenant_id: _builtins.str
     """Tenant: for a tenant's key its own (empty means its own; another is refused); for the
     operator any, created when it does not exist.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required from the operator).
     """
     principal_id: _builtins.str
-    """Principal the key acts as."""
+    """Principal the key acts as.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     @_builtins.property
     def scopes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Scopes; the default client scopes when empty. A tenant's key grants only scopes it holds."""
+        """Scopes; the default client scopes when empty. A tenant's key grants only scopes it holds.
+        Limit: 16 items, each 64 printable ASCII characters.
+        """
 
     @_builtins.property
     def labels(self) -> _struct_pb2.Struct:
-        """Free-form label."""
+        """Free-form label.
+        Limit: 4096 bytes encoded.
+        """
 
     @_builtins.property
     def expires_at(self) -> _timestamp_pb2.Timestamp:

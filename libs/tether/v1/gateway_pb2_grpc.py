@@ -28,6 +28,8 @@ if _version_not_supported:
 class GatewayServiceStub:
     """GatewayService is the public client API. Callers authenticate with an API key in the
     "authorization: Bearer <key>" metadata; tenant and principal come from the key, never the body.
+    Every request field states its limit ("Limit: ..."); a request outside one, or one that is not
+    valid protobuf (a string that is not UTF-8), is INVALID_ARGUMENT naming the problem.
     """
 
     def __init__(self, channel):
@@ -116,6 +118,8 @@ class GatewayServiceStub:
 class GatewayServiceServicer:
     """GatewayService is the public client API. Callers authenticate with an API key in the
     "authorization: Bearer <key>" metadata; tenant and principal come from the key, never the body.
+    Every request field states its limit ("Limit: ..."); a request outside one, or one that is not
+    valid protobuf (a string that is not UTF-8), is INVALID_ARGUMENT naming the problem.
     """
 
     def SendMessage(self, request, context):
@@ -316,6 +320,8 @@ def add_GatewayServiceServicer_to_server(servicer, server):
 class GatewayService:
     """GatewayService is the public client API. Callers authenticate with an API key in the
     "authorization: Bearer <key>" metadata; tenant and principal come from the key, never the body.
+    Every request field states its limit ("Limit: ..."); a request outside one, or one that is not
+    valid protobuf (a string that is not UTF-8), is INVALID_ARGUMENT naming the problem.
     """
 
     @staticmethod

@@ -29,6 +29,8 @@ GRPC_VERSION: str
 class GatewayServiceStub:
     """GatewayService is the public client API. Callers authenticate with an API key in the
     "authorization: Bearer <key>" metadata; tenant and principal come from the key, never the body.
+    Every request field states its limit ("Limit: ..."); a request outside one, or one that is not
+    valid protobuf (a string that is not UTF-8), is INVALID_ARGUMENT naming the problem.
     """
 
     @_typing.overload
@@ -77,6 +79,8 @@ class GatewayServiceStub:
 class GatewayServiceAsyncStub(GatewayServiceStub):
     """GatewayService is the public client API. Callers authenticate with an API key in the
     "authorization: Bearer <key>" metadata; tenant and principal come from the key, never the body.
+    Every request field states its limit ("Limit: ..."); a request outside one, or one that is not
+    valid protobuf (a string that is not UTF-8), is INVALID_ARGUMENT naming the problem.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -121,6 +125,8 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
 class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
     """GatewayService is the public client API. Callers authenticate with an API key in the
     "authorization: Bearer <key>" metadata; tenant and principal come from the key, never the body.
+    Every request field states its limit ("Limit: ..."); a request outside one, or one that is not
+    valid protobuf (a string that is not UTF-8), is INVALID_ARGUMENT naming the problem.
     """
 
     @_abc_1.abstractmethod

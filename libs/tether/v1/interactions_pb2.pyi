@@ -164,7 +164,9 @@ class QuestionAnswer(_message.Message):
     VALUES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Chosen or written values."""
+        """Chosen or written values.
+        Limit: 64 items, each 4000 characters, no NUL.
+        """
 
     def __init__(
         self,

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tether.db.schema import run_events, run_parts, runs
 from tether.errors import InvalidArgument, NotFound
+from tether.ids import is_identifier
 from tether.states import RunStatus
 
 
@@ -54,11 +55,17 @@ def encode_page_token(created_at: datetime, run_id: str) -> str:
 
 
 def _decode_page_token(token: str) -> tuple[datetime, str]:
+    forged = InvalidArgument("page_token is not one this service issued")
     try:
         created, run_id = base64.urlsafe_b64decode(token.encode()).decode().split("|", 1)
-        return datetime.fromisoformat(created), run_id
+        created_at = datetime.fromisoformat(created)
     except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
-        raise InvalidArgument("page_token is not one this service issued") from exc
+        raise forged from exc
+    # Every token this service issues carries an aware time and a real run id; anything else
+    # was made by hand and would reach PostgreSQL as a value it refuses.
+    if created_at.tzinfo is None or not is_identifier(run_id):
+        raise forged
+    return created_at, run_id
 
 
 async def search_runs(

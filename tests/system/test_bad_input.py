@@ -1,0 +1,324 @@
+"""A caller's mistakes, sent for real to the gateway's gRPC service and its HTTP bridge (services
+as processes): each gets its status and a message a person can act on, over HTTP in the JSON
+error shape, and writes nothing. Never INTERNAL, UNKNOWN or a 500."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import httpx2
+import pytest
+import pytest_asyncio
+from google.protobuf.message import Message
+
+from tests.system.bad_input_support import (
+    GATEWAY_SERVICE,
+    HostileStack,
+    assert_json_error,
+)
+from tether.v1 import admission_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc
+
+MARK = "\u2603" * 4  # 12 UTF-8 bytes that nothing else in a request contains
+
+
+def uid() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def with_bytes(message: Message, replacement: bytes) -> bytes:
+    """`message` serialised, with the UTF-8 of MARK (in one of its strings) replaced by
+    `replacement` of the same length: the length prefixes stay right, only the bytes go bad."""
+    raw = message.SerializeToString()
+    mark = MARK.encode()
+    assert len(replacement) == len(mark) and raw.count(mark) == 1
+    return raw.replace(mark, replacement)
+
+
+async def call_raw(
+    channel: grpc.aio.Channel, method: str, body: bytes, key: str
+) -> grpc.aio.AioRpcError:
+    """Send raw bytes as the request of a unary gateway method; returns the refusal."""
+    call = channel.unary_unary(f"/{GATEWAY_SERVICE}/{method}")
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call(body, metadata=(("authorization", f"Bearer {key}"),), timeout=10)
+    return info.value
+
+
+async def refused(call: Any) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    return info.value
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def http(hostile_stack: HostileStack) -> AsyncIterator[httpx2.AsyncClient]:
+    async with httpx2.AsyncClient(base_url=hostile_stack.http_base, timeout=10) as client:
+        yield client
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def channel(hostile_stack: HostileStack) -> AsyncIterator[grpc.aio.Channel]:
+    async with grpc.aio.insecure_channel(hostile_stack.gateway) as opened:
+        yield opened
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+# -- gRPC ---------------------------------------------------------------------------------------
+
+
+async def test_invalid_utf8_in_send_message_text_is_invalid_argument(
+    hostile_stack: HostileStack, channel: grpc.aio.Channel
+) -> None:
+    before = await hostile_stack.row_counts()
+    body = with_bytes(
+        gateway_pb2.SendMessageRequest(event_id=uid(), conversation_id="c", text=MARK),
+        b"\xff\xfe" * 6,
+    )
+    error = await call_raw(channel, "SendMessage", body, hostile_stack.key_a)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+    assert "UTF-8" in (error.details() or "")
+    assert await hostile_stack.row_counts() == before
+
+
+async def test_invalid_utf8_in_a_stream_request_is_invalid_argument(
+    hostile_stack: HostileStack, channel: grpc.aio.Channel
+) -> None:
+    body = with_bytes(gateway_pb2.StreamRunRequest(run_id=MARK), b"\xc3" * 12)
+    call = channel.unary_stream(f"/{GATEWAY_SERVICE}/StreamRun")
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in call(body, metadata=hostile_stack.metadata(hostile_stack.key_a), timeout=10):
+            pass
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+
+
+async def test_a_truncated_message_is_invalid_argument(
+    hostile_stack: HostileStack, channel: grpc.aio.Channel
+) -> None:
+    body = gateway_pb2.GetRunRequest(run_id="run_x").SerializeToString()[:-2]
+    error = await call_raw(channel, "GetRun", body, hostile_stack.key_a)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+
+
+@pytest.mark.parametrize(
+    ("fields", "name"),
+    [
+        ({"conversation_id": "conv-1\n"}, "conversation_id"),
+        ({"event_id": "e-1\n"}, "event_id"),
+        ({"conversation_id": "conv\x00"}, "conversation_id"),
+        ({"channel": "chat\n"}, "channel"),
+        ({"text": "hello\x00world"}, "text"),
+    ],
+)
+async def test_hostile_send_message_fields_are_invalid_argument(
+    hostile_stack: HostileStack, channel: grpc.aio.Channel, fields: dict[str, str], name: str
+) -> None:
+    before = await hostile_stack.row_counts()
+    request = gateway_pb2.SendMessageRequest(
+        **{"event_id": uid(), "conversation_id": "conv-1", "text": "hi", **fields}
+    )
+    stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    error = await refused(
+        stub.SendMessage(request, metadata=hostile_stack.metadata(hostile_stack.key_a))
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+    assert name in (error.details() or "")
+    assert await hostile_stack.row_counts() == before
+
+
+async def test_a_webhook_sender_with_a_trailing_newline_is_invalid_argument(
+    hostile_stack: HostileStack, channel: grpc.aio.Channel
+) -> None:
+    before = await hostile_stack.row_counts()
+    stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    messaging = admission_pb2.MessagingWebhookInput(
+        provider="whatsapp",
+        provider_event_id=uid(),
+        thread_id="thread-1",
+        sender_id="alice\n",
+        text="hi",
+    )
+    error = await refused(
+        stub.SubmitEvent(
+            gateway_pb2.SubmitEventRequest(messaging=messaging),
+            metadata=hostile_stack.metadata(hostile_stack.key_a),
+        )
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+    assert "sender_id" in (error.details() or "")
+    assert await hostile_stack.row_counts() == before
+
+
+async def test_an_api_key_for_a_tenant_with_a_trailing_newline_is_refused(
+    hostile_stack: HostileStack, channel: grpc.aio.Channel
+) -> None:
+    before = await hostile_stack.row_counts()
+    stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    error = await refused(
+        stub.CreateApiKey(
+            gateway_pb2.CreateApiKeyRequest(tenant_id=f"t-{uid()}\n", principal_id="p"),
+            metadata=hostile_stack.metadata(hostile_stack.admin_key),
+        )
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+    assert "tenant_id" in (error.details() or "")
+    assert await hostile_stack.row_counts() == before
+
+
+async def test_a_run_id_with_a_nul_byte_is_invalid_argument(
+    hostile_stack: HostileStack, channel: grpc.aio.Channel
+) -> None:
+    stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    error = await refused(
+        stub.GetRun(
+            gateway_pb2.GetRunRequest(run_id="run_\x00"),
+            metadata=hostile_stack.metadata(hostile_stack.key_a),
+        )
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+    assert "run_id" in (error.details() or "")
+
+
+@pytest.mark.parametrize("reason", ["stop\x00now", "r" * 5000])
+async def test_a_hostile_cancel_reason_is_refused_and_the_run_stays_queued(
+    hostile_stack: HostileStack, channel: grpc.aio.Channel, reason: str
+) -> None:
+    stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    meta = hostile_stack.metadata(hostile_stack.key_a)
+    sent = await stub.SendMessage(
+        gateway_pb2.SendMessageRequest(event_id=uid(), conversation_id=f"c-{uid()}", text="hi"),
+        metadata=meta,
+    )
+    before = await hostile_stack.row_counts()
+    error = await refused(
+        stub.CancelRun(
+            gateway_pb2.CancelRunRequest(run_id=sent.run.run_id, reason=reason), metadata=meta
+        )
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+    assert "reason" in (error.details() or "")
+    assert await hostile_stack.row_counts() == before
+    got = await stub.GetRun(gateway_pb2.GetRunRequest(run_id=sent.run.run_id), metadata=meta)
+    assert got.run.status == common_pb2.RUN_STATUS_QUEUED
+
+
+async def test_a_forged_page_token_is_invalid_argument(
+    hostile_stack: HostileStack, channel: grpc.aio.Channel
+) -> None:
+    stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    meta = hostile_stack.metadata(hostile_stack.key_a)
+    for inside in ("2024-01-01T00:00:00+00:00|run_\x00", "2024-01-01T00:00:00|run_x"):
+        token = base64.urlsafe_b64encode(inside.encode()).decode()
+        error = await refused(
+            stub.ListRuns(gateway_pb2.ListRunsRequest(page_token=token), metadata=meta)
+        )
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (inside, error)
+
+
+async def test_an_unknown_status_number_is_invalid_argument(
+    hostile_stack: HostileStack, channel: grpc.aio.Channel
+) -> None:
+    stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    error = await refused(
+        stub.ListRuns(
+            gateway_pb2.ListRunsRequest(statuses=[99]),  # type: ignore[list-item]
+            metadata=hostile_stack.metadata(hostile_stack.key_a),
+        )
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+
+
+async def test_a_conversation_stream_with_a_nul_byte_is_invalid_argument(
+    hostile_stack: HostileStack, channel: grpc.aio.Channel
+) -> None:
+    stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in stub.StreamConversation(
+            gateway_pb2.StreamConversationRequest(conversation_id="c\x00"),
+            metadata=hostile_stack.metadata(hostile_stack.key_a),
+            timeout=10,
+        ):
+            pass
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+
+
+# -- HTTP ---------------------------------------------------------------------------------------
+
+
+async def test_an_sse_cursor_beyond_int64_is_400_json(
+    hostile_stack: HostileStack, http: httpx2.AsyncClient
+) -> None:
+    response = await http.get(
+        "/v1/runs/run_x/events?after=99999999999999999999", headers=bearer(hostile_stack.key_a)
+    )
+    assert_json_error(response, 400, "INVALID_ARGUMENT")
+    assert "after" in response.json()["error"]["message"]
+
+
+async def test_a_page_size_beyond_int32_is_400_json(
+    hostile_stack: HostileStack, http: httpx2.AsyncClient
+) -> None:
+    response = await http.get("/v1/runs?page_size=99999999999", headers=bearer(hostile_stack.key_a))
+    assert_json_error(response, 400, "INVALID_ARGUMENT")
+    assert "page_size" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{",
+        b"\xff\xfe{}",
+        b"[1, 2]",
+        b'"text"',
+        b"5",
+        b'{"text": 5}',
+        b'{"text": {"a": 1}}',
+        b'{"text": "\\ud800", "event_id": "e1", "conversation_id": "c"}',
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"nope": 1}',
+    ],
+)
+async def test_a_malformed_json_body_is_400_json(
+    hostile_stack: HostileStack, http: httpx2.AsyncClient, body: bytes
+) -> None:
+    before = await hostile_stack.row_counts()
+    response = await http.post(
+        "/v1/messages",
+        content=body,
+        headers={**bearer(hostile_stack.key_a), "Content-Type": "application/json"},
+    )
+    assert_json_error(response, 400, "INVALID_ARGUMENT")
+    assert await hostile_stack.row_counts() == before
+
+
+async def test_a_nul_byte_in_a_path_is_400_json(
+    hostile_stack: HostileStack, http: httpx2.AsyncClient
+) -> None:
+    response = await http.get("/v1/runs/run_%00x", headers=bearer(hostile_stack.key_a))
+    assert_json_error(response, 400, "INVALID_ARGUMENT")
+
+
+async def test_unknown_routes_and_methods_answer_in_the_json_error_shape(
+    hostile_stack: HostileStack, http: httpx2.AsyncClient
+) -> None:
+    assert_json_error(await http.get("/v1/nothing-here"), 404, "NOT_FOUND")
+    assert_json_error(await http.delete("/v1/messages"), 405, "UNIMPLEMENTED")
+
+
+async def test_an_oversized_body_answers_in_the_json_error_shape(
+    hostile_stack: HostileStack, http: httpx2.AsyncClient
+) -> None:
+    body = json.dumps({"text": "x" * (2 << 20)}).encode()
+    response = await http.post(
+        "/v1/messages",
+        content=body,
+        headers={**bearer(hostile_stack.key_a), "Content-Type": "application/json"},
+    )
+    assert_json_error(response, 413, "INVALID_ARGUMENT")
