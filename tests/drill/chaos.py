@@ -31,6 +31,7 @@ OTHER_FAULTS = (
     "freeze_worker",
 )
 PG_DOWN_S = 3.0
+RESTART_BOUND_S = 120.0
 RECOVERY_BOUND_S = 60.0
 # After a fault ends, calls may still meet its after-effects (reconnects) for this long.
 OUTAGE_TAIL_S = 3.0
@@ -43,8 +44,9 @@ def schedule(seed: int, duration_s: float) -> list[tuple[float, str]]:
     kinds = ["kill_worker"] * max(3, round(WORKER_KILLS_PER_MINUTE * minutes))
     kinds += [k for _ in range(max(1, round(minutes))) for k in OTHER_FAULTS]
     rng.shuffle(kinds)
-    # Leave the first seconds for the load to start and the last for nothing new to begin.
-    start, end = 4.0, max(duration_s - 4.0, 5.0)
+    # Leave the first seconds for the load to start, and the last quarter as slack for a
+    # loaded machine (a fault is not begun after the load ends).
+    start, end = 3.0, max(duration_s * 0.75, 5.0)
     step = (end - start) / len(kinds)
     return [
         (round(start + i * step + rng.uniform(0, step * 0.5), 2), kind)
@@ -84,6 +86,7 @@ class Chaos:
         self._log = chaos_log
         self._watchers: list[asyncio.Task[None]] = []
         self._busy: set[str] = set()
+        self._until = float("inf")
         self._engine = create_engine(world.db_url, pool_size=2)
 
     async def run(self, plan: list[tuple[float, str]], t0: float, until: float) -> None:
@@ -91,6 +94,7 @@ class Chaos:
         (a restart can take longer than the gap to the next fault), never on a target another
         fault still holds."""
         tasks: list[asyncio.Task[None]] = []
+        self._until = until
         try:
             for offset, kind in plan:
                 delay = t0 + offset - time.monotonic()
@@ -129,7 +133,7 @@ class Chaos:
                 proc.process.send_signal(signal.SIGCONT)
                 live_workers += name.startswith("worker")
             elif not name.startswith("worker"):
-                await self._world.services.restart(name)
+                await self._world.services.restart(name, timeout=RESTART_BOUND_S)
         for _ in range(self._workers - live_workers):
             await start_worker(self._world.services)
 
@@ -149,19 +153,11 @@ class Chaos:
         return victim
 
     async def _fault(self, kind: str) -> None:
-        services = self._world.services
-        procs = services.procs
-        if kind in ("kill_worker", "freeze_worker"):
-            names = [
-                n for n, p in procs.items() if n.startswith("worker") and p.process.poll() is None
-            ]
-        elif kind == "kill_gateway":
-            names = [n for n in procs if n.startswith("gateway")]
-        elif kind.startswith("kill_"):
-            names = [kind.removeprefix("kill_")]
-        else:
-            names = [kind.removeprefix("restart_")]
+        names = self._targets(kind)
         victim = self._free(names)
+        while victim is None and time.monotonic() < self._until:
+            await asyncio.sleep(0.2)  # every target is held by another fault (or starting)
+            victim = self._free(self._targets(kind))
         if victim is None:
             self._log.skipped.append(kind)
             return
@@ -170,6 +166,18 @@ class Chaos:
         finally:
             if kind != "kill_worker":  # a killed worker stays dead; its replacement is new
                 self._busy.discard(victim)
+
+    def _targets(self, kind: str) -> list[str]:
+        procs = self._world.services.procs
+        if kind in ("kill_worker", "freeze_worker"):
+            return [
+                n for n, p in procs.items() if n.startswith("worker") and p.process.poll() is None
+            ]
+        if kind == "kill_gateway":
+            return [n for n in procs if n.startswith("gateway")]
+        if kind.startswith("kill_"):
+            return [kind.removeprefix("kill_")]
+        return [kind.removeprefix("restart_")]
 
     async def _strike(self, kind: str, victim: str) -> None:
         services = self._world.services
@@ -186,7 +194,9 @@ class Chaos:
         elif kind.startswith("kill_"):
             assert victim.split("-")[0] in (*BACKEND, "gateway")
             outage = self._outage(kind, victim)
-            await services.restart(victim)  # SIGKILL, then the same instance on its ports
+            # SIGKILL, then the same instance on its ports (a start on a loaded machine has
+            # been seen to take over a minute).
+            await services.restart(victim, timeout=RESTART_BOUND_S)
         elif kind == "restart_postgres":
             outage = self._outage(kind, victim)
             await self._world.postgres.kill()

@@ -63,6 +63,8 @@ class Seen:
     calls: Sequence[Any] = ()
     outages: Sequence[tuple[float, float]] = ()
     conflicts_accepted: Sequence[str] = ()
+    # event id -> the run ids SendMessage answered for it (first delivery and duplicates)
+    deliveries: Mapping[str, set[str]] = field(default_factory=dict)
     decisions_accepted_twice: Sequence[str] = ()
     recoveries_s: Sequence[float] = ()
     unrecovered: Sequence[str] = ()
@@ -114,7 +116,7 @@ def evaluate(state: DbState, ledger: Iterable[LedgerRecord], seen: Seen) -> dict
     waiting_on_person = _stuck(state, found["stuck_runs"])
     _duplicate_effects(records, found["duplicate_side_effects"])
     _lost_parts(state, by_id, seen.transcripts, found)
-    _runs_per_event(state, found["runs_per_inbound_event_above_one"])
+    _runs_per_event(state, seen.deliveries, found["runs_per_inbound_event_above_one"])
     _unauthorised(state, by_id, records, found["executions_without_claim_or_grant"])
     found["accepted_cancels_not_cancelled"] = [
         run_id
@@ -233,14 +235,20 @@ def _lost_parts(
         found["lost_persisted_events"].extend(f"{run_id} seq {s}" for s in sorted(missing))
 
 
-def _runs_per_event(state: DbState, out: list[str]) -> None:
+def _runs_per_event(state: DbState, deliveries: Mapping[str, set[str]], out: list[str]) -> None:
     """One message per inbound event, and one live run per message: a run superseded by a
-    redelivery (its child in the lineage) is not counted."""
+    redelivery (its child in the lineage) is not counted; and the runs a client was answered
+    with for one event id are one lineage."""
     events = Counter((m["tenant_id"], m["source"], m["event_id"]) for m in state.messages)
     out.extend(f"{t}/{e}: {n} messages" for (t, _, e), n in events.items() if n > 1)
     parents = {r["parent_run_id"] for r in state.runs if r["parent_run_id"]}
     heads = Counter(r["message_id"] for r in state.runs if r["run_id"] not in parents)
     out.extend(f"{m}: {n} runs" for m, n in heads.items() if n > 1)
+    roots = {r["run_id"]: r["root_run_id"] for r in state.runs}
+    for event_id, run_ids in deliveries.items():
+        lineages = {roots.get(run_id, run_id) for run_id in run_ids}
+        if len(lineages) > 1:
+            out.append(f"{event_id}: answered with {len(lineages)} unrelated runs")
 
 
 def _unauthorised(

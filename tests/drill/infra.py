@@ -9,6 +9,7 @@ import asyncio
 import logging
 import secrets
 import subprocess
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -128,12 +129,22 @@ class DurablePostgres:
         return url
 
     def _pg_ctl(self, args: Sequence[str]) -> None:
-        # pgserver's own pg_ctl runs it as the user it made the data dir for (postgres refuses
-        # to run as root); a non-zero exit raises CalledProcessError.
-        from pgserver._commands import pg_ctl
+        """pg_ctl as the user pgserver made the data dir for (postgres refuses to run as root);
+        a non-zero exit raises CalledProcessError. Through runuser rather than subprocess's
+        `user=`: that forks without vfork, and a plain fork of this process (gRPC threads)
+        has been seen to die of SIGSEGV before exec."""
+        from pgserver._commands import POSTGRES_BIN_PATH
 
         server: Any = self._server._server
-        pg_ctl(list(args), pgdata=self.data_dir, user=server.system_user, timeout=60)
+        command = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.data_dir), *args]
+        if server.system_user is not None:
+            command = ["runuser", "-u", server.system_user, "--", *command]
+        # Files, not pipes: the server pg_ctl starts inherits them and would hold a pipe open.
+        with tempfile.TemporaryFile() as output:
+            done = subprocess.run(command, stdout=output, stderr=output, timeout=60, check=False)
+            if done.returncode != 0:
+                output.seek(0)
+                raise subprocess.CalledProcessError(done.returncode, command, output.read())
 
     async def kill(self) -> None:
         """Immediate shutdown: no checkpoint, every backend gone; crash recovery on start."""
@@ -199,7 +210,7 @@ class World:
                 await client.flushall()
             finally:
                 await client.aclose()
-        self.redis.stop()
+        await asyncio.to_thread(self.redis.stop)
         await self.redis.start()
 
 
@@ -228,14 +239,17 @@ async def world(
             **FAST,
         }
         services = ServiceSet(work_dir / "run", env)
-        await services.start_all(("orchestrator", "admission", "interactions", "gateway"))
-        for _ in range(gateways - 1):
-            await services.start("gateway")
-        for _ in range(workers):
-            await start_worker(services)
-        tenants_list = [
-            await provision_tenant(db_url, i, granted=i % 2 == 0) for i in range(tenants_count)
-        ]
+        await services.start_all(("orchestrator", "admission", "interactions"))
+        # The last wave together: every gateway replica and worker calls only the services up.
+        await asyncio.gather(
+            *(services.start("gateway", instance=gateway_name(i)) for i in range(gateways)),
+            *(start_worker(services) for _ in range(workers)),
+        )
+        tenants_list = list(
+            await asyncio.gather(
+                *(provision_tenant(db_url, i, granted=i % 2 == 0) for i in range(tenants_count))
+            )
+        )
         yield World(services, postgres, redis_server, db_url, model, ledger, oauth, tenants_list)
     finally:
         if services is not None:
@@ -252,11 +266,16 @@ async def world(
 _worker_numbers = iter(range(1, 1_000_000))
 
 
-async def start_worker(services: ServiceSet) -> str:
+def gateway_name(index: int) -> str:
+    """Instance name of gateway replica `index` (from 0), as ServiceSet numbers them."""
+    return "gateway" if index == 0 else f"gateway-{index + 1}"
+
+
+async def start_worker(services: ServiceSet, *, timeout: float = 120.0) -> str:
     """Start one more worker with a lease-owner name the soak can find in `runs.lease_owner`;
     returns its instance name (which is also that lease-owner name)."""
     name = f"worker-w{next(_worker_numbers)}"
     proc = await services.start(
-        "worker", instance=name, extra_env={"TETHER_WORKER_WORKER_ID": name}
+        "worker", instance=name, extra_env={"TETHER_WORKER_WORKER_ID": name}, timeout=timeout
     )
     return proc.name

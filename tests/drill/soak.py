@@ -56,6 +56,8 @@ async def soak(config: SoakConfig, work_dir: Path) -> dict[str, Any]:
             remaining = load_end - time.monotonic()
             if remaining > 0:
                 await asyncio.sleep(remaining)  # the load runs to its end
+            # Settling is counted from the moment the last fault is over.
+            load.settle_until = max(load_end, time.monotonic()) + config.settle_s
             log.info("load stopped; settling for at most %.0f s", config.settle_s)
             await _settle(w, obs, load.settle_until)
         finally:
@@ -71,6 +73,7 @@ async def soak(config: SoakConfig, work_dir: Path) -> dict[str, Any]:
             calls=obs.calls,
             outages=[(o.start, (o.end or o.start) + OUTAGE_TAIL_S) for o in chaos_log.outages],
             conflicts_accepted=obs.conflicts_accepted,
+            deliveries=obs.deliveries,
             decisions_accepted_twice=obs.decisions_accepted_twice,
             recoveries_s=chaos_log.recoveries_s,
             unrecovered=chaos_log.unrecovered,

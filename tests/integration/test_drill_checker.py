@@ -280,6 +280,18 @@ async def test_two_live_runs_for_one_inbound_event_are_counted_and_a_lineage_is_
     assert failing(await world.report()) == {"runs_per_inbound_event_above_one": 1}
 
 
+async def test_a_duplicate_delivery_answered_with_an_unrelated_run_is_counted(
+    world: World,
+) -> None:
+    first = await world.run("failed", error={"code": "x"})
+    message_id = (await world.row(runs, run_id=first))["message_id"]
+    retried = await world.run("completed", message_id=message_id, parent=first)
+    world.seen.deliveries = {"ev-1": {first, retried}}  # one lineage: fine
+    assert failing(await world.report()) == {}
+    world.seen.deliveries = {"ev-1": {retried, "run_unrelated"}}
+    assert failing(await world.report()) == {"runs_per_inbound_event_above_one": 1}
+
+
 async def test_one_event_admitted_as_two_messages_is_counted(world: World) -> None:
     await world.run("completed", event_id="ev-same")
     await world.run("completed", event_id="ev-same")
