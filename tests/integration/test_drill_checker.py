@@ -357,9 +357,7 @@ async def test_internal_and_unknown_answers_are_counted_inside_and_outside_outag
 async def test_what_the_clients_saw_fail_is_counted(world: World) -> None:
     world.seen.conflicts_accepted = ["ev-1"]
     world.seen.decisions_accepted_twice = ["run_1"]
-    world.seen.unrecovered = ["run_2"]
     assert failing(await world.report()) == {
         "conflicting_deliveries_accepted": 1,
         "decisions_accepted_twice": 1,
-        "runs_unrecovered_after_worker_kill": 1,
     }
