@@ -4,8 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BENCH ?=
+MINUTES ?= 5
+SEED ?=
 
-.PHONY: run test lint gen bench venv clean
+.PHONY: run test lint gen bench drill venv clean
 
 venv: $(STAMP)
 
@@ -39,6 +41,11 @@ gen: venv
 # Figures only on stdout: one JSON object per line.
 bench: venv
 	@$(BIN)/python -m bench $(BENCH)
+
+# The chaos soak on its own durable PostgreSQL: progress on stderr, one JSON report last on
+# stdout, non-zero exit when an invariant fails. SEED= replays a run's fault schedule.
+drill: venv
+	@$(BIN)/python -m tests.drill --minutes $(MINUTES) $(if $(SEED),--seed $(SEED))
 
 clean:
 	rm -rf $(VENV) .tether node_modules

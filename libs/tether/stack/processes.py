@@ -31,6 +31,7 @@ class ServiceProcess:
     port: int
     log_path: Path
     http_port: int | None = None
+    extra_env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def address(self) -> str:
@@ -76,15 +77,22 @@ class ServiceSet:
         return env
 
     async def start(
-        self, name: str, *, timeout: float = 60.0, extra_env: Mapping[str, str] | None = None
+        self,
+        name: str,
+        *,
+        timeout: float = 60.0,
+        extra_env: Mapping[str, str] | None = None,
+        instance: str | None = None,
     ) -> ServiceProcess:
-        """Start one service (a second instance gets a numbered name) and wait until it serves."""
+        """Start one service (a second instance gets a numbered name unless `instance` names
+        it) and wait until it serves."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        instance = name
-        n = 1
-        while instance in self.procs and self.procs[instance].process.poll() is None:
-            n += 1
-            instance = f"{name}-{n}"
+        if instance is None:
+            instance = name
+            n = 1
+            while instance in self.procs and self.procs[instance].process.poll() is None:
+                n += 1
+                instance = f"{name}-{n}"
         ready = self.run_dir / f"{instance}.port"
         ready.unlink(missing_ok=True)
         http_ready = Path(companion_ready_file(str(ready), "http"))
@@ -102,7 +110,7 @@ class ServiceSet:
         port = await _wait_ready(ready, process, log_path, timeout)
         # Written before the main ready file by a service that serves HTTP too.
         http_port = int(http_ready.read_text()) if http_ready.exists() else None
-        proc = ServiceProcess(instance, process, port, log_path, http_port)
+        proc = ServiceProcess(instance, process, port, log_path, http_port, dict(extra_env or {}))
         await wait_serving(proc.address, timeout=timeout)
         self.procs[instance] = proc
         return proc
@@ -112,6 +120,21 @@ class ServiceSet:
         proc = self.procs[instance]
         proc.process.send_signal(signal.SIGKILL)
         proc.process.wait()
+
+    async def restart(self, instance: str, *, timeout: float = 60.0) -> ServiceProcess:
+        """SIGKILL `instance` if it still runs, then start it again under the same name, on the
+        same ports and with the same extra settings, as a supervisor behind a fixed address
+        would (the services that call it keep the address they were given)."""
+        old = self.procs[instance]
+        if old.process.poll() is None:
+            self.kill(instance)
+        name = instance.rsplit("-", 1)[0] if instance[-1].isdigit() else instance
+        ports = {f"TETHER_{name.upper()}_PORT": str(old.port)}
+        if old.http_port is not None:
+            ports[f"TETHER_{name.upper()}_HTTP_PORT"] = str(old.http_port)
+        return await self.start(
+            name, timeout=timeout, extra_env={**old.extra_env, **ports}, instance=instance
+        )
 
     async def stop(self, instance: str, *, grace: float = 15.0) -> int:
         """SIGTERM one service and wait for it to exit; returns its exit code."""

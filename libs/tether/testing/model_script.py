@@ -393,6 +393,10 @@ class ScriptBook:
         """How many turns wait under `key` (`None` means the default queue)."""
         return len(self._queues.get(key or DEFAULT_KEY, ()))
 
+    def drop(self, key: str | None) -> int:
+        """Drop the turns queued under `key`; returns how many there were."""
+        return len(self._queues.pop(key or DEFAULT_KEY, ()))
+
     def clear(self) -> None:
         """Drop every queued turn."""
         self._queues.clear()

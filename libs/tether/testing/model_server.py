@@ -205,6 +205,11 @@ class ModelServer(LocalServer):
         """Turns still queued under `key`."""
         return self._book.pending(key)
 
+    def drop_script(self, key: str | None) -> int:
+        """Forget the turns still queued under `key` (a conversation's leftovers); returns how
+        many there were."""
+        return self._book.drop(key)
+
     def reset(self) -> None:
         """Forget every scripted turn and the request log."""
         self._book.clear()

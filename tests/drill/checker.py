@@ -1,0 +1,306 @@
+"""The invariant checker: reads PostgreSQL (`read_state`), then judges it together with the
+ledger's records and what the clients saw (`evaluate`). Each invariant is a count that must
+be 0, with a few example ids beside it so a failure can be looked up."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tether.db.engine import create_engine
+from tether.db.schema import grants, interactions, messages, run_events, run_parts, runs
+from tether.testing.ledger import LedgerRecord
+
+TERMINAL = ("completed", "failed", "cancelled")
+WAITING = ("waiting-for-question", "waiting-for-approval", "waiting-for-connection")
+ALLOWING = ("allow-once", "allow-conversation", "allow-always")
+BAD_CODES = ("INTERNAL", "UNKNOWN")
+EXAMPLES = 5
+# Clocks of this process and PostgreSQL's are the same machine's; this covers rounding only.
+CLOCK_SLACK = timedelta(seconds=1)
+
+INVARIANTS = (
+    "stuck_runs",
+    "duplicate_side_effects",
+    "lost_persisted_parts",
+    "lost_persisted_events",
+    "runs_per_inbound_event_above_one",
+    "executions_without_claim_or_grant",
+    "accepted_cancels_not_cancelled",
+    "internal_or_unknown_during_outage",
+    "internal_or_unknown_outside_outage",
+    "conflicting_deliveries_accepted",
+    "decisions_accepted_twice",
+)
+
+
+@dataclass
+class DbState:
+    """The rows the checker needs, read once after the soak settled."""
+
+    now: datetime
+    runs: list[dict[str, Any]]
+    messages: list[dict[str, Any]]
+    interactions: list[dict[str, Any]]
+    grants: list[dict[str, Any]]
+    parts: dict[str, list[dict[str, Any]]]
+    event_seqs: dict[str, set[int]]
+
+
+@dataclass
+class Seen:
+    """What the clients and the fault injector saw (see tests.drill.load.Observations)."""
+
+    transcripts: Mapping[str, Any] = field(default_factory=dict)
+    accepted_cancels: Sequence[str] = ()
+    calls: Sequence[Any] = ()
+    outages: Sequence[tuple[float, float]] = ()
+    conflicts_accepted: Sequence[str] = ()
+    # event id -> the run ids SendMessage answered for it (first delivery and duplicates)
+    deliveries: Mapping[str, set[str]] = field(default_factory=dict)
+    decisions_accepted_twice: Sequence[str] = ()
+    recoveries_s: Sequence[float] = ()
+    unrecovered: Sequence[str] = ()
+
+
+async def read_state(db_url: str) -> DbState:
+    """Everything `evaluate` judges, from the soak's database."""
+    engine = create_engine(db_url, pool_size=1)
+    try:
+        return await read_state_for(engine)
+    finally:
+        await engine.dispose()
+
+
+async def read_state_for(engine: AsyncEngine) -> DbState:
+    """`read_state` on an engine the caller holds."""
+    async with engine.connect() as conn:
+        now = (await conn.execute(select(func.now()))).scalar_one()
+        run_rows = [dict(r._mapping) for r in await conn.execute(select(runs))]
+        message_rows = [
+            dict(r._mapping)
+            for r in await conn.execute(
+                select(
+                    messages.c.message_id,
+                    messages.c.tenant_id,
+                    messages.c.source,
+                    messages.c.event_id,
+                    messages.c.actor_id,
+                )
+            )
+        ]
+        interaction_rows = [dict(r._mapping) for r in await conn.execute(select(interactions))]
+        grant_rows = [dict(r._mapping) for r in await conn.execute(select(grants))]
+        parts: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in await conn.execute(select(run_parts).order_by(run_parts.c.part_index)):
+            parts[r.run_id].append(dict(r._mapping))
+        seqs: dict[str, set[int]] = defaultdict(set)
+        for r in await conn.execute(select(run_events.c.run_id, run_events.c.seq)):
+            seqs[r.run_id].add(int(r.seq))
+    return DbState(now, run_rows, message_rows, interaction_rows, grant_rows, parts, seqs)
+
+
+def evaluate(state: DbState, ledger: Iterable[LedgerRecord], seen: Seen) -> dict[str, Any]:
+    """The report: run counts, each invariant's count (all must be 0), recovery times."""
+    by_id = {r["run_id"]: r for r in state.runs}
+    found: dict[str, list[str]] = {name: [] for name in INVARIANTS}
+    records = list(ledger)
+
+    waiting_on_person = _stuck(state, found["stuck_runs"])
+    _duplicate_effects(records, found["duplicate_side_effects"])
+    _lost_parts(state, by_id, seen.transcripts, found)
+    _runs_per_event(state, seen.deliveries, found["runs_per_inbound_event_above_one"])
+    _unauthorised(state, by_id, records, found["executions_without_claim_or_grant"])
+    found["accepted_cancels_not_cancelled"] = [
+        run_id
+        for run_id in seen.accepted_cancels
+        if by_id.get(run_id, {}).get("status") != "cancelled"
+    ]
+    for call in seen.calls:
+        if call.code in BAD_CODES:
+            during = any(start <= call.at <= end for start, end in seen.outages)
+            name = (
+                "internal_or_unknown_during_outage"
+                if during
+                else ("internal_or_unknown_outside_outage")
+            )
+            found[name].append(f"{call.method}: {call.code} {call.detail}")
+    found["conflicting_deliveries_accepted"] = list(seen.conflicts_accepted)
+    found["decisions_accepted_twice"] = list(seen.decisions_accepted_twice)
+
+    statuses = Counter(r["status"] for r in state.runs)
+    failed = Counter(
+        str((r["error"] or {}).get("code", "unknown"))
+        for r in state.runs
+        if r["status"] == "failed"
+    )
+    recoveries = list(seen.recoveries_s)
+    invariants = {name: len(items) for name, items in found.items()}
+    return {
+        "runs": {
+            "admitted": len(state.runs),
+            "completed": statuses["completed"],
+            "failed": dict(sorted(failed.items())),
+            "cancelled": statuses["cancelled"],
+            "waiting_on_person": waiting_on_person,
+            "in_flight": sum(statuses[s] for s in ("running", "retry-pending")),
+        },
+        "invariants": invariants,
+        "examples": {name: items[:EXAMPLES] for name, items in found.items() if items},
+        "recovery_after_worker_kill_s": {
+            "runs": len(recoveries),
+            "mean": round(sum(recoveries) / len(recoveries), 3) if recoveries else None,
+            "max": max(recoveries) if recoveries else None,
+            # Not back within the bound (e.g. the orchestrator was being restarted meanwhile);
+            # a run that never moved again is counted as stuck at the end.
+            "not_within_bound": list(seen.unrecovered),
+        },
+        "failed_invariants": sorted(name for name, n in invariants.items() if n),
+    }
+
+
+def _stuck(state: DbState, out: list[str]) -> int:
+    """Runs not terminal that nothing will move: no live lease, no retry due to be taken, no
+    pending interaction. Returns how many wait on a person (counted apart)."""
+    pending_by_run: dict[str, set[str]] = defaultdict(set)
+    for i in state.interactions:
+        if i["status"] == "pending":
+            pending_by_run[i["run_id"]].add(i["interaction_id"])
+    waiting_on_person = 0
+    for run in state.runs:
+        status = run["status"]
+        if status in TERMINAL:
+            continue
+        if status in WAITING:
+            bound = run["waiting_interaction_id"]
+            pending = pending_by_run.get(run["run_id"], set())
+            if (bound in pending) if bound else bool(pending):
+                waiting_on_person += 1
+                continue
+        elif status == "running":
+            expires = run["lease_expires_at"]
+            if run["lease_owner"] and expires is not None and expires > state.now:
+                continue
+        elif status == "retry-pending":
+            due = run["next_attempt_at"]
+            if due is not None and due > state.now:
+                continue
+        out.append(f"{run['run_id']} {status}")
+    return waiting_on_person
+
+
+def _duplicate_effects(records: Sequence[LedgerRecord], out: list[str]) -> None:
+    """One external effect per intent: every scripted post text is unique, so two records of
+    one (tenant, text), or a record without an idempotency key, is a side effect twice."""
+    intents = Counter((str(r.body.get("tenant_id")), str(r.body.get("text"))) for r in records)
+    for (tenant, text), n in intents.items():
+        out.extend([f"{tenant}: {text!r}"] * (n - 1))
+    out.extend(f"{r.id}: no idempotency key" for r in records if r.key is None)
+
+
+def _lost_parts(
+    state: DbState,
+    by_id: Mapping[str, dict[str, Any]],
+    transcripts: Mapping[str, Any],
+    found: dict[str, list[str]],
+) -> None:
+    """For every run a client watched to its end: each stored final part reached it on the
+    durable stream, as stored; nothing it was shown as persisted (a durable event, a stream's
+    snapshot) is missing from storage or shorter there; and every stored event reached it.
+    (The text of a part still streaming is checkpointed without an event: a client has it from
+    deltas or a snapshot, so a non-final part the client never saw is not a loss.)"""
+    for run_id, transcript in transcripts.items():
+        if not transcript.terminal or run_id not in by_id:
+            continue
+        out = found["lost_persisted_parts"]
+        stored = {p["part_index"]: p for p in state.parts.get(run_id, [])}
+        for index, part in stored.items():
+            text = part["payload"].get("text") if part["kind"] == "text" else None
+            streamed = transcript.parts.get(index)
+            shown = [v for v in (streamed, transcript.snapshot_parts.get(index)) if v]
+            if part["final"] and streamed is None:
+                out.append(f"{run_id} part {index}: final, never streamed")
+            elif part["final"] and text is not None and streamed["text"] != text:
+                out.append(f"{run_id} part {index}: final, streamed otherwise")
+            elif any(v["text"] and not (text or "").startswith(v["text"]) for v in shown):
+                out.append(f"{run_id} part {index}: stored text lost what was shown")
+        for index in sorted((set(transcript.parts) | set(transcript.snapshot_parts)) - set(stored)):
+            out.append(f"{run_id} part {index}: shown, not stored")
+        missing = state.event_seqs.get(run_id, set()) - transcript.seqs
+        found["lost_persisted_events"].extend(f"{run_id} seq {s}" for s in sorted(missing))
+
+
+def _runs_per_event(state: DbState, deliveries: Mapping[str, set[str]], out: list[str]) -> None:
+    """One message per inbound event, and one live run per message: a run superseded by a
+    redelivery (its child in the lineage) is not counted; and the runs a client was answered
+    with for one event id are one lineage."""
+    events = Counter((m["tenant_id"], m["source"], m["event_id"]) for m in state.messages)
+    out.extend(f"{t}/{e}: {n} messages" for (t, _, e), n in events.items() if n > 1)
+    parents = {r["parent_run_id"] for r in state.runs if r["parent_run_id"]}
+    heads = Counter(r["message_id"] for r in state.runs if r["run_id"] not in parents)
+    out.extend(f"{m}: {n} runs" for m, n in heads.items() if n > 1)
+    roots = {r["run_id"]: r["root_run_id"] for r in state.runs}
+    for event_id, run_ids in deliveries.items():
+        lineages = {roots.get(run_id, run_id) for run_id in run_ids}
+        if len(lineages) > 1:
+            out.append(f"{event_id}: answered with {len(lineages)} unrelated runs")
+
+
+def _unauthorised(
+    state: DbState,
+    by_id: Mapping[str, dict[str, Any]],
+    records: Sequence[LedgerRecord],
+    out: list[str],
+) -> None:
+    """Every gated effect that reached the ledger has, in its run's lineage, a claimed approval
+    allowing exactly that input, or a standing grant that covers the run made before it."""
+    principals = {m["message_id"]: m for m in state.messages}
+    for record in records:
+        run = by_id.get(str(record.body.get("run_id")))
+        if run is None:
+            out.append(f"{record.id}: run {record.body.get('run_id')!r} unknown")
+            continue
+        lineage = {r["run_id"] for r in state.runs if r["root_run_id"] == run["root_run_id"]}
+        text = record.body.get("text")
+        claimed = any(
+            i["kind"] == "approval"
+            and i["run_id"] in lineage
+            and i["status"] == "claimed"
+            and i["decision"] in ALLOWING
+            and i["tool_name"] == record.body.get("tool")
+            and (i["input"] or {}).get("text") == text
+            for i in state.interactions
+        )
+        received = datetime.fromisoformat(record.received_at)
+        granted = any(
+            _covers(g, run, principals.get(run["message_id"]), str(record.body.get("tool")))
+            and g["created_at"] <= received + CLOCK_SLACK
+            for g in state.grants
+        )
+        if not (claimed or granted):
+            out.append(f"{record.id}: {record.body.get('tool')} {text!r} in {run['run_id']}")
+
+
+def _covers(
+    grant: Mapping[str, Any], run: Mapping[str, Any], message: Mapping[str, Any] | None, tool: str
+) -> bool:
+    if grant["tenant_id"] != run["tenant_id"]:
+        return False
+    scope = grant["scope"]
+    if scope == "category":
+        return bool(grant["risk_category"]) and grant["risk_category"] == "publish"
+    if grant["tool_name"] != tool:
+        return False
+    if scope == "tenant":
+        return True
+    if scope == "conversation":
+        return bool(grant["session_id"] == run["session_id"])
+    if scope == "principal":
+        return message is not None and grant["principal_id"] == message.get("actor_id")
+    return False

@@ -1,0 +1,281 @@
+"""The soak's own world: a fresh PostgreSQL (fsync and synchronous commit on) and Redis in a
+temp dir, the local model server, ledger and OAuth stand-in in this process, and the services
+as real processes; plus the faults that act on the infrastructure itself (PostgreSQL killed
+with an immediate shutdown and started again, Redis flushed and restarted)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import subprocess
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import asyncpg
+from sqlalchemy import insert, update
+
+from tether import apikeys
+from tether.db.engine import create_engine
+from tether.db.migrate import upgrade
+from tether.db.schema import grants, tenants
+from tether.stack.embedded import EmbeddedPostgres, EmbeddedRedis, database_url
+from tether.stack.processes import ServiceSet
+from tether.testing.ledger import Ledger
+from tether.testing.model_server import ModelServer
+from tether.testing.oauth import OAuthServer
+
+log = logging.getLogger("drill")
+
+DATABASE = "tether_drill"
+
+# Fast leases and retries so a 60-second soak sees many recoveries (as tests/system drills do).
+FAST = {
+    "TETHER_ORCHESTRATOR_LEASE_TTL_S": "1.5",
+    "TETHER_ORCHESTRATOR_REAP_INTERVAL_S": "0.2",
+    "TETHER_ORCHESTRATOR_CLAIM_POLL_S": "0.2",
+    "TETHER_ORCHESTRATOR_RETRY_POLL_S": "0.05",
+    "TETHER_WORKER_HEARTBEAT_INTERVAL_S": "0.3",
+    "TETHER_WORKER_CLAIM_WAIT_MS": "500",
+    "TETHER_WORKER_GRACE_S": "3",
+    "TETHER_WORKER_ANTHROPIC_API_KEY": "drill-key",
+    "TETHER_INTERACTIONS_SWEEP_INTERVAL_S": "0.5",
+    "TETHER_LOG_LEVEL": "INFO",
+}
+LEASE_TTL_S = float(FAST["TETHER_ORCHESTRATOR_LEASE_TTL_S"])
+
+TOOLS = ["get_time", "publish_post", "calendar_list_events", "ask_questions"]
+PRINCIPAL = "drill-user"
+BACKEND = ("orchestrator", "admission", "interactions")
+
+
+def service_credentials_env() -> dict[str, str]:
+    """The settings that give the internal services their credential(s): the one place to
+    adapt when the credential changes (e.g. one per service instead of a shared token)."""
+    return {"TETHER_SERVICE_TOKEN": secrets.token_urlsafe(16)}
+
+
+@dataclass(frozen=True)
+class DrillTenant:
+    """A tenant of the soak and its client key; `granted` tenants hold a tenant-wide standing
+    grant for publish_post, the others are asked for approval."""
+
+    tenant_id: str
+    api_key: str
+    granted: bool
+
+
+async def provision_tenant(db_url: str, index: int, *, granted: bool) -> DrillTenant:
+    """Create tenant `index` with the soak's agent and a client key (one place, so a change in
+    how keys and principals are made is adapted here only)."""
+    tenant_id = f"drill-{index}-{uuid.uuid4().hex[:6]}"
+    agent = {
+        "tool_allowlist": TOOLS,
+        "limits": {"backoff_initial_seconds": 0.05, "backoff_max_seconds": 0.5},
+    }
+    engine = create_engine(db_url, pool_size=1)
+    try:
+        async with engine.begin() as conn:
+            await apikeys.ensure_tenant(conn, tenant_id)
+            await conn.execute(
+                update(tenants).where(tenants.c.tenant_id == tenant_id).values(agent=agent)
+            )
+            if granted:
+                await conn.execute(
+                    insert(grants).values(
+                        grant_id=f"grt_{uuid.uuid4().hex}",
+                        tenant_id=tenant_id,
+                        scope="tenant",
+                        tool_name="publish_post",
+                        granted_by="drill-admin",
+                    )
+                )
+            key, _ = await apikeys.create_key(conn, tenant_id, PRINCIPAL, apikeys.CLIENT_SCOPES)
+    finally:
+        await engine.dispose()
+    return DrillTenant(tenant_id, key, granted)
+
+
+class DurablePostgres:
+    """A fresh embedded PostgreSQL with its default durability (fsync, synchronous commit),
+    which the soak kills with an immediate shutdown and starts again."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self._server = EmbeddedPostgres(data_dir)
+        self.server_url = ""
+        self.settings: dict[str, str] = {}
+
+    async def start(self) -> str:
+        """Start it, check it is durable, create and migrate the soak's database."""
+        self.server_url = await asyncio.to_thread(self._server.start)
+        admin = await asyncpg.connect(self.server_url)
+        try:
+            for name in ("fsync", "synchronous_commit", "full_page_writes"):
+                self.settings[name] = str(await admin.fetchval(f"SHOW {name}"))
+            if self.settings["fsync"] != "on" or self.settings["synchronous_commit"] != "on":
+                raise RuntimeError(f"the soak needs a durable server; it has {self.settings}")
+            await admin.execute(f'CREATE DATABASE "{DATABASE}"')
+        finally:
+            await admin.close()
+        url = database_url(self.server_url, DATABASE)
+        await upgrade(url)
+        return url
+
+    def _pg_ctl(self, args: Sequence[str]) -> None:
+        """pg_ctl as the user pgserver made the data dir for (postgres refuses to run as root);
+        a non-zero exit raises CalledProcessError. Through runuser rather than subprocess's
+        `user=`: that forks without vfork, and a plain fork of this process (gRPC threads)
+        has been seen to die of SIGSEGV before exec."""
+        from pgserver._commands import POSTGRES_BIN_PATH
+
+        server: Any = self._server._server
+        command = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.data_dir), *args]
+        if server.system_user is not None:
+            command = ["runuser", "-u", server.system_user, "--", *command]
+        # Files, not pipes: the server pg_ctl starts inherits them and would hold a pipe open.
+        with tempfile.TemporaryFile() as output:
+            done = subprocess.run(command, stdout=output, stderr=output, timeout=60, check=False)
+            if done.returncode != 0:
+                output.seek(0)
+                raise subprocess.CalledProcessError(done.returncode, command, output.read())
+
+    async def kill(self) -> None:
+        """Immediate shutdown: no checkpoint, every backend gone; crash recovery on start."""
+        await asyncio.to_thread(self._pg_ctl, ["-m", "immediate", "-w", "stop"])
+
+    async def restart(self, *, tries: int = 3) -> None:
+        """Start the killed server again on the same socket (what pgserver started it with).
+        pg_ctl itself has been seen to die of a signal on a loaded machine: try again while
+        the server is not up, a bounded number of times."""
+        socket_dir = parse_qs(urlparse(self.server_url).query)["host"][0]
+        log_file = self.data_dir / "log"  # where pgserver has it log
+        args = ["-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(log_file), "start"]
+        for attempt in range(1, tries + 1):
+            try:
+                await asyncio.to_thread(self._pg_ctl, args)
+                return
+            except subprocess.CalledProcessError:
+                if await self.running():
+                    return
+                if attempt == tries:
+                    raise
+                log.warning("pg_ctl start failed (try %d of %d); again", attempt, tries)
+
+    async def running(self) -> bool:
+        """Whether the server is up (`pg_ctl status`)."""
+        try:
+            await asyncio.to_thread(self._pg_ctl, ["status"])
+        except subprocess.CalledProcessError as exc:
+            if exc.returncode == 3:  # "no server running"
+                return False
+            raise
+        return True
+
+    def stop(self) -> None:
+        """Stop it for good."""
+        self._server.stop()
+
+
+@dataclass
+class World:
+    """Everything the soak runs against."""
+
+    services: ServiceSet
+    postgres: DurablePostgres
+    redis: EmbeddedRedis
+    db_url: str
+    model: ModelServer
+    ledger: Ledger
+    oauth: OAuthServer
+    tenants: list[DrillTenant]
+
+    def gateways(self) -> list[str]:
+        """host:port of every gateway replica."""
+        return [p.address for n, p in self.services.procs.items() if n.startswith("gateway")]
+
+    async def restart_redis(self, *, flush: bool) -> None:
+        """FLUSHALL (every hint gone), then stop the server and start it on the same port."""
+        if flush:
+            import redis.asyncio as redis
+
+            client = redis.Redis.from_url(self.redis.url)
+            try:
+                await client.flushall()
+            finally:
+                await client.aclose()
+        await asyncio.to_thread(self.redis.stop)
+        await self.redis.start()
+
+
+@asynccontextmanager
+async def world(
+    work_dir: Path, *, workers: int, tenants_count: int, gateways: int = 2
+) -> AsyncIterator[World]:
+    """Start the soak's world in `work_dir`; stops everything on the way out."""
+    postgres = DurablePostgres(work_dir / "pg")
+    redis_server = EmbeddedRedis(work_dir / "redis")
+    model, ledger, oauth = ModelServer(), Ledger(), OAuthServer()
+    services: ServiceSet | None = None
+    try:
+        db_url = await postgres.start()
+        await redis_server.start()
+        for server in (model, ledger, oauth):
+            await server.start()
+        env: dict[str, Any] = {
+            "TETHER_DATABASE_URL": db_url,
+            "TETHER_REDIS_URL": redis_server.url,
+            **service_credentials_env(),
+            "TETHER_WORKER_ANTHROPIC_BASE_URL": model.base_url,
+            "TETHER_LEDGER_URL": ledger.base_url,
+            "TETHER_INTERACTIONS_OAUTH_BASE_URL": oauth.base_url,
+            "TETHER_INTERACTIONS_OAUTH_REDIRECT_URI": "http://127.0.0.1/v1/oauth/callback",
+            **FAST,
+        }
+        services = ServiceSet(work_dir / "run", env)
+        await services.start_all(("orchestrator", "admission", "interactions"))
+        # The last wave together: every gateway replica and worker calls only the services up.
+        await asyncio.gather(
+            *(services.start("gateway", instance=gateway_name(i)) for i in range(gateways)),
+            *(start_worker(services) for _ in range(workers)),
+        )
+        tenants_list = list(
+            await asyncio.gather(
+                *(provision_tenant(db_url, i, granted=i % 2 == 0) for i in range(tenants_count))
+            )
+        )
+        yield World(services, postgres, redis_server, db_url, model, ledger, oauth, tenants_list)
+    finally:
+        if services is not None:
+            for proc in services.procs.values():
+                if proc.process.poll() is None:
+                    proc.process.send_signal(18)  # SIGCONT: a frozen worker must hear SIGTERM
+            await services.stop_all(grace=5)
+        for server in (model, ledger, oauth):
+            await server.stop()
+        redis_server.stop()
+        postgres.stop()
+
+
+_worker_numbers = iter(range(1, 1_000_000))
+
+
+def gateway_name(index: int) -> str:
+    """Instance name of gateway replica `index` (from 0), as ServiceSet numbers them."""
+    return "gateway" if index == 0 else f"gateway-{index + 1}"
+
+
+async def start_worker(services: ServiceSet, *, timeout: float = 120.0) -> str:
+    """Start one more worker with a lease-owner name the soak can find in `runs.lease_owner`;
+    returns its instance name (which is also that lease-owner name)."""
+    name = f"worker-w{next(_worker_numbers)}"
+    proc = await services.start(
+        "worker", instance=name, extra_env={"TETHER_WORKER_WORKER_ID": name}, timeout=timeout
+    )
+    return proc.name
