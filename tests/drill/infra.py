@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import subprocess
 import tempfile
 import uuid
@@ -21,7 +20,7 @@ from urllib.parse import parse_qs, urlparse
 import asyncpg
 from sqlalchemy import insert, update
 
-from tether import apikeys
+from tether import apikeys, credentials
 from tether.db.engine import create_engine
 from tether.db.migrate import upgrade
 from tether.db.schema import grants, tenants
@@ -53,12 +52,6 @@ LEASE_TTL_S = float(FAST["TETHER_ORCHESTRATOR_LEASE_TTL_S"])
 TOOLS = ["get_time", "publish_post", "calendar_list_events", "ask_questions"]
 PRINCIPAL = "drill-user"
 BACKEND = ("orchestrator", "admission", "interactions")
-
-
-def service_credentials_env() -> dict[str, str]:
-    """The settings that give the internal services their credential(s): the one place to
-    adapt when the credential changes (e.g. one per service instead of a shared token)."""
-    return {"TETHER_SERVICE_TOKEN": secrets.token_urlsafe(16)}
 
 
 @dataclass(frozen=True)
@@ -231,14 +224,13 @@ async def world(
         env: dict[str, Any] = {
             "TETHER_DATABASE_URL": db_url,
             "TETHER_REDIS_URL": redis_server.url,
-            **service_credentials_env(),
             "TETHER_WORKER_ANTHROPIC_BASE_URL": model.base_url,
             "TETHER_LEDGER_URL": ledger.base_url,
             "TETHER_INTERACTIONS_OAUTH_BASE_URL": oauth.base_url,
             "TETHER_INTERACTIONS_OAUTH_REDIRECT_URI": "http://127.0.0.1/v1/oauth/callback",
             **FAST,
         }
-        services = ServiceSet(work_dir / "run", env)
+        services = ServiceSet(work_dir / "run", env, credentials.generate())
         await services.start_all(("orchestrator", "admission", "interactions"))
         # The last wave together: every gateway replica and worker calls only the services up.
         await asyncio.gather(
