@@ -12,6 +12,7 @@ from services.admission.domain import InboundEvent
 from tether.errors import InvalidArgument, PermissionDenied
 from tether.ids import is_identifier
 from tether.v1 import admission_pb2
+from tether.visibility import Visibility
 
 MAX_TEXT_CHARS = 32_000
 MAX_ID_CHARS = 128
@@ -96,6 +97,7 @@ def _messaging(
         source="messaging",
         event_id=event_id,
         idempotency_key=f"messaging:{provider}:{event_id}",
+        # The sender the body names is actor data only: the run is the integration key's.
         actor_type=_identifier("sender_type", msg.sender_type or "guest"),
         actor_id=_identifier("sender_id", msg.sender_id),
         # Everyone in a provider thread shares it, within this tenant only.
@@ -103,6 +105,7 @@ def _messaging(
         channel=provider,
         conversation_id=_identifier("thread_id", msg.thread_id),
         text=_text("text", msg.text),
+        visibility=Visibility.TENANT,
     )
 
 
@@ -125,6 +128,7 @@ def _task(caller: admission_pb2.Caller, task: admission_pb2.TaskStatusInput) -> 
         conversation_id=task_id,
         text=f"Task {task_id} is now {status}." + (f" {detail}" if detail else ""),
         context={"task_id": task_id, "status": status, "detail": detail},
+        visibility=Visibility.TENANT,
     )
 
 

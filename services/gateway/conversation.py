@@ -37,6 +37,7 @@ from services.gateway.streams import (
 from tether.errors import InvalidArgument
 from tether.transport import RESUME_CURSOR_KEY
 from tether.v1 import common_pb2, events_pb2, gateway_pb2, orchestrator_pb2
+from tether.visibility import Viewer
 
 CURSOR_VERSION = 1
 # Admission stamps created_at when its transaction starts, so two runs of one conversation can
@@ -97,7 +98,7 @@ def _key(run: common_pb2.Run) -> RunKey:
 
 async def conversation_items(
     streams: Streams,
-    tenant_id: str,
+    viewer: Viewer,
     conversation_id: str,
     cursor: str,
     *,
@@ -105,14 +106,15 @@ async def conversation_items(
 ) -> AsyncGenerator[gateway_pb2.StreamConversationResponse, None]:
     """Every event of every run of the conversation after `cursor`, then the live tail.
 
-    The stream never ends by itself: a conversation can always take another message. Another
-    tenant's conversation looks like one with no runs yet.
+    The stream never ends by itself: a conversation can always take another message. Runs the
+    viewer may not see (another tenant's, another principal's) are not in it: a conversation
+    of only those looks like one with no runs yet.
     """
     if not conversation_id:
         raise InvalidArgument("conversation_id is required")
     position = ConversationCursor.decode(cursor)
     feed = streams.hub.open(deltas=include_deltas)
-    conversation = _Conversation(streams, tenant_id, conversation_id, position, feed)
+    conversation = _Conversation(streams, viewer, conversation_id, position, feed)
     try:
         async with aclosing(conversation.items()) as items:
             async for item in items:
@@ -125,14 +127,14 @@ class _Conversation:
     def __init__(
         self,
         streams: Streams,
-        tenant_id: str,
+        viewer: Viewer,
         conversation_id: str,
         position: ConversationCursor,
         feed: Feed,
     ) -> None:
         self._streams = streams
         self._hub = streams.hub
-        self._tenant_id = tenant_id
+        self._viewer = viewer
         self._conversation_id = conversation_id
         self._watermark = position.watermark
         self._initial = dict(position.seqs)
@@ -172,7 +174,9 @@ class _Conversation:
             page: orchestrator_pb2.SearchRunsResponse = await forward(
                 self._streams.orchestrator.SearchRuns(
                     orchestrator_pb2.SearchRunsRequest(
-                        tenant_id=self._tenant_id,
+                        tenant_id=self._viewer.tenant_id,
+                        principal_id=self._viewer.principal_id,
+                        all_runs=self._viewer.all_runs,
                         conversation_id=self._conversation_id,
                         page_size=_SEARCH_PAGE,
                         page_token=token,
@@ -209,7 +213,7 @@ class _Conversation:
         self, track: _Track
     ) -> AsyncGenerator[gateway_pb2.StreamConversationResponse, None]:
         cursor = track.cursor
-        async for event in self._streams.log_after(self._tenant_id, cursor.run_id, cursor.seq):
+        async for event in self._streams.log_after(self._viewer, cursor.run_id, cursor.seq):
             if cursor.accept(event.seq, event.type):
                 yield self._response(event)
         if cursor.ended:

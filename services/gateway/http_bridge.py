@@ -44,6 +44,7 @@ from tether.errors import InvalidArgument, TetherError
 from tether.states import RunStatus
 from tether.transport import event_to_json, run_to_json, snapshot_to_json
 from tether.v1 import events_pb2, gateway_pb2
+from tether.visibility import viewer_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -261,7 +262,7 @@ class HttpBridge:
         principal = await self._principal(request, "StreamRun")
         cursor = request.headers.get("Last-Event-ID") or request.query.get("after", "0")
         items = self._streams.run_items(
-            principal.tenant_id,
+            viewer_of(principal),
             request.match_info["run_id"],
             _non_negative(cursor or "0", "Last-Event-ID / after"),
             include_deltas=request.query.get("deltas", "1") not in ("0", "false"),
@@ -274,7 +275,7 @@ class HttpBridge:
         ConversationCursor.decode(cursor)  # refuse a bad cursor before the stream starts
         items = conversation_items(
             self._streams,
-            principal.tenant_id,
+            viewer_of(principal),
             request.match_info["conversation_id"],
             cursor,
             include_deltas=request.query.get("deltas", "1") not in ("0", "false"),

@@ -29,6 +29,7 @@ from tether.v1 import (
     orchestrator_pb2,
     orchestrator_pb2_grpc,
 )
+from tether.visibility import viewer_of
 
 T = TypeVar("T")
 
@@ -99,7 +100,10 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
         found = await forward(
             self._orchestrator.LookupRun(
                 orchestrator_pb2.LookupRunRequest(
-                    tenant_id=principal.tenant_id, run_id=request.run_id
+                    tenant_id=principal.tenant_id,
+                    principal_id=principal.principal_id,
+                    all_runs=viewer_of(principal).all_runs,
+                    run_id=request.run_id,
                 )
             )
         )
@@ -113,6 +117,8 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
             self._orchestrator.SearchRuns(
                 orchestrator_pb2.SearchRunsRequest(
                     tenant_id=principal.tenant_id,
+                    principal_id=principal.principal_id,
+                    all_runs=viewer_of(principal).all_runs,
                     statuses=request.statuses,
                     conversation_id=request.conversation_id,
                     page_size=request.page_size,
@@ -129,7 +135,11 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
         outcome = await forward(
             self._orchestrator.RequestCancellation(
                 orchestrator_pb2.RequestCancellationRequest(
-                    tenant_id=principal.tenant_id, run_id=request.run_id, reason=request.reason
+                    tenant_id=principal.tenant_id,
+                    principal_id=principal.principal_id,
+                    all_runs=viewer_of(principal).all_runs,
+                    run_id=request.run_id,
+                    reason=request.reason,
                 )
             )
         )
