@@ -555,8 +555,9 @@ async def test_another_principals_run_is_not_found_like_an_absent_one_on_every_c
     assert {runs.webhook, runs.approval} <= set(await surface.list_runs(keys.admin, ""))
     followed = await surface.stream_conversation(keys.alice, runs.conversation)
     assert followed.body == {"type": "run.queued", "run_id": runs.question}
-    assert (await surface.pending(keys.admin, "approval", runs.approval)).body is True
-    assert (await surface.pending(keys.admin, "connection", runs.connection)).body is True
+    for key in (keys.alice, keys.admin):
+        assert (await surface.pending(key, "approval", runs.approval)).body is True
+        assert (await surface.pending(key, "connection", runs.connection)).body is True
 
     # Deciding needs approvals:decide, even on one's own run.
     deny = {"decision": "deny"}
