@@ -23,10 +23,19 @@ from tether.db.schema import api_keys, tenants
 from tether.ids import new_id
 
 KEY_PREFIX = "tk_"
+
+# What a key may do. A key acts on its own principal's runs; runs:all widens what it may see and
+# act on to every run of its tenant (other principals' private chats and integration runs).
+RUNS_READ = "runs:read"
+RUNS_WRITE = "runs:write"
+RUNS_ALL = "runs:all"
+INTERACTIONS_WRITE = "interactions:write"  # answer questions, complete connections
+APPROVALS_DECIDE = "approvals:decide"
 # Creates and revokes keys of the key's own tenant, never with scopes wider than its own.
 KEYS_ADMIN = "keys:admin"
-CLIENT_SCOPES = ("runs:read", "runs:write", "interactions:write")
-ALL_SCOPES = (*CLIENT_SCOPES, KEYS_ADMIN)
+
+CLIENT_SCOPES = (RUNS_READ, RUNS_WRITE, INTERACTIONS_WRITE, APPROVALS_DECIDE)
+ALL_SCOPES = (*CLIENT_SCOPES, RUNS_ALL, KEYS_ADMIN)
 OPERATOR_ID = "operator"
 
 

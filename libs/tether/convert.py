@@ -67,6 +67,8 @@ def run_to_proto(row: Any) -> common_pb2.Run:
         updated_at=timestamp(row.updated_at),
         finished_at=timestamp(row.finished_at),
         last_seq=row.last_seq,
+        owner_principal_id=row.owner_principal_id or "",
+        visibility=row.visibility,
     )
 
 

@@ -14,6 +14,7 @@ from tether.errors import InvalidArgument, PermissionDenied
 from tether.ids import is_identifier
 from tether.limits import ID_CHARS, TEXT_CHARS
 from tether.v1 import admission_pb2
+from tether.visibility import Visibility
 
 MAX_TEXT_CHARS = TEXT_CHARS
 MAX_ID_CHARS = ID_CHARS
@@ -98,6 +99,7 @@ def _messaging(
         source="messaging",
         event_id=event_id,
         idempotency_key=f"messaging:{provider}:{event_id}",
+        # The sender the body names is actor data only: the run is the integration key's.
         actor_type=_identifier("sender_type", msg.sender_type or "guest"),
         actor_id=_identifier("sender_id", msg.sender_id),
         # Everyone in a provider thread shares it, within this tenant only.
@@ -105,6 +107,7 @@ def _messaging(
         channel=provider,
         conversation_id=_identifier("thread_id", msg.thread_id),
         text=_text("text", msg.text),
+        visibility=Visibility.TENANT,
     )
 
 
@@ -127,6 +130,7 @@ def _task(caller: admission_pb2.Caller, task: admission_pb2.TaskStatusInput) -> 
         conversation_id=task_id,
         text=f"Task {task_id} is now {status}." + (f" {detail}" if detail else ""),
         context={"task_id": task_id, "status": status, "detail": detail},
+        visibility=Visibility.TENANT,
     )
 
 

@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether.visibility import Visibility
+
 INBOUND_SCOPE = "inbound"
 
 
@@ -15,6 +17,8 @@ class InboundEvent:
     """One admitted event, whatever adapter it came through.
 
     `tenant_id` and `principal_id` are the authenticated caller's; the payload never chooses them.
+    The run belongs to `principal_id` (its grants and connections, who sees it); the actor is who
+    the event says spoke (a webhook's sender), context for the agent and never a principal.
     The session is identified by (tenant, channel, conversation, actor scope): two tenants using
     the same external thread id never share state.
     """
@@ -32,6 +36,8 @@ class InboundEvent:
     text: str
     context: dict[str, Any] = field(default_factory=dict)
     idempotency_scope: str = INBOUND_SCOPE
+    # Who besides runs:all keys sees the run (tether.visibility.Visibility).
+    visibility: Visibility = Visibility.PRIVATE
 
     def request_hash(self) -> bytes:
         """SHA-256 of what the event says (not how it was delivered).

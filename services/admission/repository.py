@@ -129,6 +129,8 @@ def _build_admit_new() -> Select[Any]:
                 "traceparent",
                 "last_seq",
                 "session_head",
+                "owner_principal_id",
+                "visibility",
             ],
             select(
                 p("run_id"),
@@ -145,6 +147,8 @@ def _build_admit_new() -> Select[Any]:
                 p("traceparent"),
                 literal(1, BigInteger),
                 session.c.active_run_id == p("run_id"),
+                p("owner_principal_id"),
+                p("visibility"),
             ).select_from(message.join(session, literal(True))),
         )
         .returning(*runs.c)
@@ -205,6 +209,8 @@ async def admit_new(
         "context": event.context,
         "max_attempts": max_attempts,
         "traceparent": traceparent,
+        "owner_principal_id": event.principal_id,
+        "visibility": event.visibility.value,
         "queued_payload": {"attempt": 1, "reason": "admitted"},
     }
     row: Row[Any] | None = (await conn.execute(_ADMIT_NEW, params)).first()
@@ -296,6 +302,8 @@ async def insert_queued_run(
             traceparent=traceparent,
             last_seq=1,
             session_head=head == run_id,
+            owner_principal_id=event.principal_id,
+            visibility=event.visibility.value,
         )
         .returning(*runs.c)
     )

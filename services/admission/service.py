@@ -83,7 +83,9 @@ class Admitter:
         traceparent: str | None,
     ) -> Admission:
         claim = await repo.find_claim(conn, event)
-        if claim.request_hash != request_hash:
+        # Another principal's run is never attached to, replayed or retried for this caller:
+        # the same key sent by another principal is the conflict it would be with other content.
+        if claim.request_hash != request_hash or claim.owner_principal_id != event.principal_id:
             raise AlreadyExists(
                 f"event {event.idempotency_key!r} was already admitted with different content; "
                 "a changed message needs a new event id",

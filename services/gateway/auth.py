@@ -26,7 +26,7 @@ SCOPES: Mapping[str, str] = {
     "GetPendingQuestion": "runs:read",
     "AnswerQuestion": "interactions:write",
     "GetPendingApproval": "runs:read",
-    "DecideApproval": "interactions:write",
+    "DecideApproval": "approvals:decide",
     "GetPendingConnection": "runs:read",
     "CompleteConnection": "interactions:write",
     "CreateApiKey": KEYS_ADMIN,

@@ -40,6 +40,7 @@ from tether.ids import is_identifier
 from tether.limits import INT64_MAX
 from tether.transport import RESUME_CURSOR_KEY
 from tether.v1 import common_pb2, events_pb2, gateway_pb2, orchestrator_pb2
+from tether.visibility import Viewer
 
 if TYPE_CHECKING:
     from services.gateway.auth import KeyWatch
@@ -118,7 +119,7 @@ def _key(run: common_pb2.Run) -> RunKey:
 
 async def conversation_items(
     streams: Streams,
-    tenant_id: str,
+    viewer: Viewer,
     conversation_id: str,
     cursor: str,
     *,
@@ -128,14 +129,15 @@ async def conversation_items(
     """Every event of every run of the conversation after `cursor`, then the live tail.
 
     The stream never ends by itself (but with Unauthenticated once `key_watch` finds the
-    caller's key revoked or expired): a conversation can always take another message. Another
-    tenant's conversation looks like one with no runs yet.
+    caller's key revoked or expired): a conversation can always take another message. Runs the
+    viewer may not see (another tenant's, another principal's) are not in it: a conversation
+    of only those looks like one with no runs yet.
     """
     if not conversation_id:
         raise InvalidArgument("conversation_id is required")
     position = ConversationCursor.decode(cursor)
     feed = streams.hub.open(deltas=include_deltas)
-    conversation = _Conversation(streams, tenant_id, conversation_id, position, feed, key_watch)
+    conversation = _Conversation(streams, viewer, conversation_id, position, feed, key_watch)
     try:
         async with aclosing(conversation.items()) as items:
             async for item in items:
@@ -148,7 +150,7 @@ class _Conversation:
     def __init__(
         self,
         streams: Streams,
-        tenant_id: str,
+        viewer: Viewer,
         conversation_id: str,
         position: ConversationCursor,
         feed: Feed,
@@ -156,7 +158,7 @@ class _Conversation:
     ) -> None:
         self._streams = streams
         self._hub = streams.hub
-        self._tenant_id = tenant_id
+        self._viewer = viewer
         self._conversation_id = conversation_id
         self._watermark = position.watermark
         self._initial = dict(position.seqs)
@@ -197,7 +199,9 @@ class _Conversation:
             page: orchestrator_pb2.SearchRunsResponse = await forward(
                 self._streams.orchestrator.SearchRuns(
                     orchestrator_pb2.SearchRunsRequest(
-                        tenant_id=self._tenant_id,
+                        tenant_id=self._viewer.tenant_id,
+                        principal_id=self._viewer.principal_id,
+                        all_runs=self._viewer.all_runs,
                         conversation_id=self._conversation_id,
                         page_size=_SEARCH_PAGE,
                         page_token=token,
@@ -235,7 +239,7 @@ class _Conversation:
         self, track: _Track
     ) -> AsyncGenerator[gateway_pb2.StreamConversationResponse, None]:
         cursor = track.cursor
-        async for event in self._streams.log_after(self._tenant_id, cursor.run_id, cursor.seq):
+        async for event in self._streams.log_after(self._viewer, cursor.run_id, cursor.seq):
             if cursor.accept(event.seq, event.type):
                 yield self._response(event)
         if cursor.ended:

@@ -47,6 +47,7 @@ from tether.limits import INT32_MAX, INT64_MAX, check_request
 from tether.states import RunStatus
 from tether.transport import event_to_json, run_to_json, snapshot_to_json
 from tether.v1 import events_pb2, gateway_pb2
+from tether.visibility import viewer_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -329,7 +330,7 @@ class HttpBridge:
         )
         check_request(opened)
         items = self._streams.run_items(
-            principal.tenant_id,
+            viewer_of(principal),
             opened.run_id,
             opened.after_seq,
             include_deltas=opened.include_deltas,
@@ -348,7 +349,7 @@ class HttpBridge:
         ConversationCursor.decode(opened.cursor)  # refuse a bad cursor before the stream starts
         items = conversation_items(
             self._streams,
-            principal.tenant_id,
+            viewer_of(principal),
             opened.conversation_id,
             opened.cursor,
             include_deltas=opened.include_deltas,

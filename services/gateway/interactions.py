@@ -1,6 +1,7 @@
 """The gateway's interaction RPCs: read a pending question, approval or connection, and
 resolve it. Mixed into GatewayServicer; every call authenticates first and carries the
-caller's tenant and principal, never the body's."""
+caller's tenant, principal and whether its key holds runs:all, never the body's: the
+interactions service shows a run only to whom tether.visibility lets see it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from services.gateway.forward import forward
 from tether.apikeys import Principal
 from tether.errors import InvalidArgument
 from tether.v1 import gateway_pb2, interactions_pb2, interactions_pb2_grpc
+from tether.visibility import viewer_of
 
 
 class InteractionRpcs:
@@ -28,7 +30,10 @@ class InteractionRpcs:
         found = await forward(
             self._interactions.FindPendingQuestion(
                 interactions_pb2.FindPendingQuestionRequest(
-                    tenant_id=principal.tenant_id, run_id=request.run_id
+                    tenant_id=principal.tenant_id,
+                    principal_id=principal.principal_id,
+                    all_runs=viewer_of(principal).all_runs,
+                    run_id=request.run_id,
                 )
             ),
             "interactions",
@@ -49,6 +54,7 @@ class InteractionRpcs:
                 interactions_pb2.RecordAnswersRequest(
                     tenant_id=principal.tenant_id,
                     principal_id=principal.principal_id,
+                    all_runs=viewer_of(principal).all_runs,
                     run_id=request.run_id,
                     answers=request.answers,
                 )
@@ -66,7 +72,10 @@ class InteractionRpcs:
         found = await forward(
             self._interactions.FindPendingApproval(
                 interactions_pb2.FindPendingApprovalRequest(
-                    tenant_id=principal.tenant_id, run_id=request.run_id
+                    tenant_id=principal.tenant_id,
+                    principal_id=principal.principal_id,
+                    all_runs=viewer_of(principal).all_runs,
+                    run_id=request.run_id,
                 )
             ),
             "interactions",
@@ -85,6 +94,7 @@ class InteractionRpcs:
                 interactions_pb2.RecordDecisionRequest(
                     tenant_id=principal.tenant_id,
                     principal_id=principal.principal_id,
+                    all_runs=viewer_of(principal).all_runs,
                     run_id=request.run_id,
                     decision=request.decision,
                     always_scope=request.always_scope,
@@ -107,7 +117,10 @@ class InteractionRpcs:
         found = await forward(
             self._interactions.FindPendingConnection(
                 interactions_pb2.FindPendingConnectionRequest(
-                    tenant_id=principal.tenant_id, run_id=request.run_id
+                    tenant_id=principal.tenant_id,
+                    principal_id=principal.principal_id,
+                    all_runs=viewer_of(principal).all_runs,
+                    run_id=request.run_id,
                 )
             ),
             "interactions",
@@ -128,6 +141,7 @@ class InteractionRpcs:
                 interactions_pb2.ConfirmConnectionRequest(
                     tenant_id=principal.tenant_id,
                     principal_id=principal.principal_id,
+                    all_runs=viewer_of(principal).all_runs,
                     run_id=request.run_id,
                     state=request.state,
                     code=request.code,

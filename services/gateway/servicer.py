@@ -32,6 +32,7 @@ from tether.v1 import (
     orchestrator_pb2,
     orchestrator_pb2_grpc,
 )
+from tether.visibility import viewer_of
 
 T = TypeVar("T")
 
@@ -107,7 +108,10 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
         found = await forward(
             self._orchestrator.LookupRun(
                 orchestrator_pb2.LookupRunRequest(
-                    tenant_id=principal.tenant_id, run_id=request.run_id
+                    tenant_id=principal.tenant_id,
+                    principal_id=principal.principal_id,
+                    all_runs=viewer_of(principal).all_runs,
+                    run_id=request.run_id,
                 )
             ),
             "orchestrator",
@@ -122,6 +126,8 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
             self._orchestrator.SearchRuns(
                 orchestrator_pb2.SearchRunsRequest(
                     tenant_id=principal.tenant_id,
+                    principal_id=principal.principal_id,
+                    all_runs=viewer_of(principal).all_runs,
                     statuses=request.statuses,
                     conversation_id=request.conversation_id,
                     page_size=request.page_size,
@@ -139,7 +145,11 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
         outcome = await forward(
             self._orchestrator.RequestCancellation(
                 orchestrator_pb2.RequestCancellationRequest(
-                    tenant_id=principal.tenant_id, run_id=request.run_id, reason=request.reason
+                    tenant_id=principal.tenant_id,
+                    principal_id=principal.principal_id,
+                    all_runs=viewer_of(principal).all_runs,
+                    run_id=request.run_id,
+                    reason=request.reason,
                 )
             ),
             "orchestrator",

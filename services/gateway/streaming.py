@@ -15,6 +15,7 @@ from services.gateway.streams import Streams
 from tether.apikeys import Principal
 from tether.errors import CODE_METADATA_KEY, TetherError
 from tether.v1 import gateway_pb2
+from tether.visibility import viewer_of
 
 
 async def end_resumably(context: grpc.aio.ServicerContext, exc: TetherError) -> None:
@@ -41,7 +42,7 @@ class StreamingServicer:
     ) -> AsyncIterator[gateway_pb2.StreamRunResponse]:
         principal = await self._caller(context, "StreamRun", request)
         items = self._streams.run_items(
-            principal.tenant_id,
+            viewer_of(principal),
             request.run_id,
             request.after_seq,
             include_deltas=request.include_deltas,
@@ -61,7 +62,7 @@ class StreamingServicer:
         principal = await self._caller(context, "StreamConversation", request)
         items = conversation_items(
             self._streams,
-            principal.tenant_id,
+            viewer_of(principal),
             request.conversation_id,
             request.cursor,
             include_deltas=request.include_deltas,

@@ -41,6 +41,7 @@ from tether.v1 import (
     orchestrator_pb2,
     orchestrator_pb2_grpc,
 )
+from tether.visibility import Viewer
 
 if TYPE_CHECKING:
     from services.gateway.auth import KeyWatch
@@ -145,13 +146,15 @@ class Streams:
         self.timing = timing
 
     async def read(
-        self, tenant_id: str, run_id: str, after_seq: int, *, include_state: bool = False
+        self, viewer: Viewer, run_id: str, after_seq: int, *, include_state: bool = False
     ) -> orchestrator_pb2.ReadEventsResponse:
         """One page of the run's log after `after_seq` (with its state, in the same snapshot)."""
         response: orchestrator_pb2.ReadEventsResponse = await forward(
             self.orchestrator.ReadEvents(
                 orchestrator_pb2.ReadEventsRequest(
-                    tenant_id=tenant_id,
+                    tenant_id=viewer.tenant_id,
+                    principal_id=viewer.principal_id,
+                    all_runs=viewer.all_runs,
                     run_id=run_id,
                     after_seq=after_seq,
                     limit=self.timing.page_size,
@@ -164,18 +167,18 @@ class Streams:
 
     async def log_pages(
         self,
-        tenant_id: str,
+        viewer: Viewer,
         run_id: str,
         after_seq: int,
         first: orchestrator_pb2.ReadEventsResponse | None = None,
     ) -> AsyncIterator[Sequence[events_pb2.RunEvent]]:
         """Every durable event after `after_seq`, a page at a time; the next page is read while
         the current one is being sent."""
-        page = first if first is not None else await self.read(tenant_id, run_id, after_seq)
+        page = first if first is not None else await self.read(viewer, run_id, after_seq)
         while True:
             ahead: asyncio.Future[orchestrator_pb2.ReadEventsResponse] | None = None
             if page.has_more and page.events:
-                ahead = asyncio.ensure_future(self.read(tenant_id, run_id, page.events[-1].seq))
+                ahead = asyncio.ensure_future(self.read(viewer, run_id, page.events[-1].seq))
             try:
                 yield page.events
             except BaseException:
@@ -190,10 +193,10 @@ class Streams:
             page = await ahead
 
     async def log_after(
-        self, tenant_id: str, run_id: str, after_seq: int
+        self, viewer: Viewer, run_id: str, after_seq: int
     ) -> AsyncIterator[events_pb2.RunEvent]:
         """Every durable event after `after_seq`, one at a time."""
-        async for page in self.log_pages(tenant_id, run_id, after_seq):
+        async for page in self.log_pages(viewer, run_id, after_seq):
             for event in page:
                 yield event
 
@@ -206,7 +209,7 @@ class Streams:
 
     async def run_items(
         self,
-        tenant_id: str,
+        viewer: Viewer,
         run_id: str,
         after_seq: int,
         *,
@@ -215,8 +218,8 @@ class Streams:
         key_watch: KeyWatch | None = None,
     ) -> AsyncGenerator[gateway_pb2.StreamRunResponse, None]:
         """A run's stream: snapshot, log after `after_seq`, live tail; ends after a terminal
-        event. Raises NotFound for an absent or another tenant's run (the same answer), and
-        Unauthenticated once `key_watch` finds the caller's key revoked or expired."""
+        event. Raises NotFound for an absent run and for one the viewer may not see (the same
+        answer), and Unauthenticated once `key_watch` finds the caller's key revoked or expired."""
         if after_seq < 0:
             raise InvalidArgument("after_seq must not be negative")
         if not is_identifier(run_id, max_length=128):
@@ -226,7 +229,7 @@ class Streams:
         try:  # one generator, not two: every layer costs each message of every stream
             loop = asyncio.get_running_loop()
             await self.hub.follow(feed, run_id)
-            first = await self.read(tenant_id, run_id, after_seq, include_state=True)
+            first = await self.read(viewer, run_id, after_seq, include_state=True)
             if after_seq > first.run.last_seq:
                 raise InvalidArgument(
                     f"after_seq {after_seq} is beyond the run's last event ({first.run.last_seq})"
@@ -235,7 +238,7 @@ class Streams:
                 snapshot=gateway_pb2.RunSnapshot(run=first.run, parts=first.parts)
             )
             cursor = RunCursor(run_id, after_seq, first.run.status)
-            async for page in self.log_pages(tenant_id, run_id, after_seq, first):
+            async for page in self.log_pages(viewer, run_id, after_seq, first):
                 for response in _catch_up_responses(page, cursor, batched):
                     yield response
             if cursor.ended or first.run.status in TERMINAL_STATUSES:
@@ -268,7 +271,7 @@ class Streams:
                     reread = True  # a gap: Redis lost what came between
                 if reread:
                     checked_at = loop.time()
-                    async for page in self.log_pages(tenant_id, run_id, cursor.seq):
+                    async for page in self.log_pages(viewer, run_id, cursor.seq):
                         for response in _catch_up_responses(page, cursor, batched):
                             yield response
                             quiet_since = loop.time()

@@ -13,8 +13,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tether.db.schema import connections, grants, interactions, messages, runs, tenants
+from tether.db.schema import connections, grants, interactions, runs, tenants
 from tether.errors import NotFound, StaleLease
+from tether.visibility import Viewer
 
 
 async def leased_run(conn: AsyncConnection, run_id: str, epoch: int) -> Any:
@@ -28,10 +29,8 @@ async def leased_run(conn: AsyncConnection, run_id: str, epoch: int) -> Any:
                 runs.c.root_run_id,
                 runs.c.status,
                 runs.c.lease_epoch,
-                messages.c.actor_id,
-            )
-            .join(messages, messages.c.message_id == runs.c.message_id)
-            .where(runs.c.run_id == run_id)
+                runs.c.owner_principal_id,
+            ).where(runs.c.run_id == run_id)
         )
     ).first()
     if row is None or row.status != "running" or row.lease_epoch != epoch:
@@ -40,12 +39,12 @@ async def leased_run(conn: AsyncConnection, run_id: str, epoch: int) -> Any:
 
 
 async def leased_run_any(conn: AsyncConnection, run_id: str) -> Any:
-    """The run with its principal, whatever its lease (grants are read-only)."""
+    """The run with its owner principal, whatever its lease (grants are read-only)."""
     row = (
         await conn.execute(
-            select(runs.c.run_id, runs.c.tenant_id, runs.c.session_id, messages.c.actor_id)
-            .join(messages, messages.c.message_id == runs.c.message_id)
-            .where(runs.c.run_id == run_id)
+            select(
+                runs.c.run_id, runs.c.tenant_id, runs.c.session_id, runs.c.owner_principal_id
+            ).where(runs.c.run_id == run_id)
         )
     ).first()
     if row is None:
@@ -53,8 +52,9 @@ async def leased_run_any(conn: AsyncConnection, run_id: str) -> Any:
     return row
 
 
-async def tenant_run(conn: AsyncConnection, tenant_id: str, run_id: str) -> Any:
-    """The caller's run; NotFound for absent and for another tenant's (the same answer)."""
+async def visible_run(conn: AsyncConnection, viewer: Viewer, run_id: str) -> Any:
+    """The run, if the viewer may see it; NotFound for absent, another tenant's and another
+    principal's (the same answer)."""
     row = (
         await conn.execute(
             select(
@@ -62,10 +62,8 @@ async def tenant_run(conn: AsyncConnection, tenant_id: str, run_id: str) -> Any:
                 runs.c.tenant_id,
                 runs.c.session_id,
                 runs.c.status,
-                messages.c.actor_id,
-            )
-            .join(messages, messages.c.message_id == runs.c.message_id)
-            .where(runs.c.run_id == run_id, runs.c.tenant_id == tenant_id)
+                runs.c.owner_principal_id,
+            ).where(runs.c.run_id == run_id, viewer.sees())
         )
     ).first()
     if row is None:
@@ -189,32 +187,30 @@ async def find_grant(
     *,
     tenant_id: str,
     session_id: str,
-    principal_id: str,
+    principal_id: str | None,
     tool_name: str,
     risk_category: str,
 ) -> Row[Any] | None:
-    """A standing grant covering this call, if any."""
-    stmt = (
-        select(grants)
-        .where(
-            grants.c.tenant_id == tenant_id,
-            or_(
-                and_(
-                    grants.c.scope == "conversation",
-                    grants.c.session_id == session_id,
-                    grants.c.tool_name == tool_name,
-                ),
-                and_(
-                    grants.c.scope == "principal",
-                    grants.c.principal_id == principal_id,
-                    grants.c.tool_name == tool_name,
-                ),
-                and_(grants.c.scope == "tenant", grants.c.tool_name == tool_name),
-                and_(grants.c.scope == "category", grants.c.risk_category == risk_category),
-            ),
+    """A standing grant covering this call, if any; a principal grant only for the run's
+    owner principal (None, an unknown owner, has none)."""
+    covering = [
+        and_(
+            grants.c.scope == "conversation",
+            grants.c.session_id == session_id,
+            grants.c.tool_name == tool_name,
+        ),
+        and_(grants.c.scope == "tenant", grants.c.tool_name == tool_name),
+        and_(grants.c.scope == "category", grants.c.risk_category == risk_category),
+    ]
+    if principal_id is not None:  # `== None` would compile to IS NULL
+        covering.append(
+            and_(
+                grants.c.scope == "principal",
+                grants.c.principal_id == principal_id,
+                grants.c.tool_name == tool_name,
+            )
         )
-        .limit(1)
-    )
+    stmt = select(grants).where(grants.c.tenant_id == tenant_id, or_(*covering)).limit(1)
     return (await conn.execute(stmt)).first()
 
 

@@ -36,6 +36,7 @@ from tether.errors import (
 )
 from tether.ids import new_id
 from tether.states import RunStatus
+from tether.visibility import Viewer
 
 log = logging.getLogger(__name__)
 
@@ -252,42 +253,44 @@ class Interactions:
         )
 
     async def answer(
-        self,
-        tenant_id: str,
-        principal_id: str,
-        run_id: str,
-        answers: Mapping[str, Sequence[str]],
+        self, viewer: Viewer, run_id: str, answers: Mapping[str, Sequence[str]]
     ) -> tuple[str, bool]:
         """Record the answers once and resume the run once."""
-        bound = await self._bound(tenant_id, run_id, "question")
+        bound = await self._bound(viewer.tenant_id, run_id, "question")
         async with self._engine.begin() as conn:
-            await repo.tenant_run(conn, tenant_id, run_id)
+            await repo.visible_run(conn, viewer, run_id)
             pending = await self._open(conn, run_id, "question", bound, lock=True)
             if pending is None:
                 raise FailedPrecondition(f"run {run_id!r} has no open question to answer")
             specs = [QuestionSpec.from_json(s) for s in pending.questions]
             checked = validate_answers(specs, answers)
             resolved = await repo.resolve(
-                conn, pending.interaction_id, "answered", answers=checked, decided_by=principal_id
+                conn,
+                pending.interaction_id,
+                "answered",
+                answers=checked,
+                decided_by=viewer.principal_id,
             )
             if resolved is None:
                 raise FailedPrecondition("the question was answered meanwhile")
             await audit.record(
                 conn,
-                tenant_id=tenant_id,
+                tenant_id=viewer.tenant_id,
                 run_id=run_id,
                 action="question.answered",
-                actor={"kind": "principal", "principal_id": principal_id},
+                actor={"kind": "principal", "principal_id": viewer.principal_id},
                 interaction_id=pending.interaction_id,
             )
-        resumed = await self._try_resume(tenant_id, run_id, "question", pending.interaction_id)
+        resumed = await self._try_resume(
+            viewer.tenant_id, run_id, "question", pending.interaction_id
+        )
         return pending.interaction_id, resumed
 
-    async def pending_question(self, tenant_id: str, run_id: str) -> Row[Any] | None:
+    async def pending_question(self, viewer: Viewer, run_id: str) -> Row[Any] | None:
         """The run's open question, or None once answered."""
-        bound = await self._bound(tenant_id, run_id, "question")
+        bound = await self._bound(viewer.tenant_id, run_id, "question")
         async with self._engine.connect() as conn:
-            await repo.tenant_run(conn, tenant_id, run_id)
+            await repo.visible_run(conn, viewer, run_id)
             return await self._open(conn, run_id, "question", bound)
 
     async def answered(self, run_id: str, epoch: int) -> Sequence[Row[Any]]:
@@ -302,14 +305,16 @@ class Interactions:
     async def check_grant(
         self, run_id: str, epoch: int, tool_name: str, risk_category: str
     ) -> str | None:
-        """The id of a standing grant covering this call of the lease holder, or None."""
+        """The id of a standing grant covering this call of the lease holder, or None. A
+        principal grant covers only runs its principal owns: never one whose body names them
+        as its sender."""
         async with self._engine.connect() as conn:
             run = await repo.leased_run(conn, run_id, epoch)
             grant = await repo.find_grant(
                 conn,
                 tenant_id=run.tenant_id,
                 session_id=run.session_id,
-                principal_id=run.actor_id,
+                principal_id=run.owner_principal_id,
                 tool_name=tool_name,
                 risk_category=risk_category,
             )
@@ -358,7 +363,8 @@ class Interactions:
                 tenant_id=run.tenant_id,
                 run_id=run_id,
                 session_id=run.session_id,
-                principal_id=run.actor_id,
+                # Who may complete a consent: the run's owner, whose account it connects.
+                principal_id=run.owner_principal_id,
                 kind=kind,
                 tool_call_id=tool_call_id,
                 lease_epoch=epoch,
@@ -374,15 +380,19 @@ class Interactions:
         return [d for d in DECISIONS if d != "allow-always" or scopes]
 
     async def decide(
-        self, tenant_id: str, principal_id: str, run_id: str, decision: str, always_scope: str
+        self, viewer: Viewer, run_id: str, decision: str, always_scope: str
     ) -> tuple[str, bool, str]:
-        """Record a decision once (minting a grant for standing ones) and resume once."""
+        """Record a decision once (minting a grant for standing ones) and resume once.
+
+        A principal-scoped grant is the decider's: it covers the runs the deciding principal
+        owns, whoever's run it was decided on."""
         if decision not in DECISIONS:
             raise InvalidArgument(f"decision must be one of {list(DECISIONS)}")
+        tenant_id, principal_id = viewer.tenant_id, viewer.principal_id
         grant_id = ""
         bound = await self._bound(tenant_id, run_id, "approval")
         async with self._engine.begin() as conn:
-            run = await repo.tenant_run(conn, tenant_id, run_id)
+            run = await repo.visible_run(conn, viewer, run_id)
             pending = await self._open(conn, run_id, "approval", bound, lock=True)
             if pending is None:
                 raise FailedPrecondition(f"run {run_id!r} has no open approval to decide")
@@ -426,7 +436,7 @@ class Interactions:
                     tenant_id=tenant_id,
                     scope=scope,
                     session_id=run.session_id if scope == "conversation" else None,
-                    principal_id=run.actor_id if scope == "principal" else None,
+                    principal_id=principal_id if scope == "principal" else None,
                     tool_name=pending.tool_name if scope != "category" else None,
                     risk_category=pending.risk_category if scope == "category" else None,
                     granted_by=principal_id,
@@ -455,11 +465,11 @@ class Interactions:
         async with self._engine.begin() as conn:
             return await repo.claim_approval(conn, run_id, tool_call_id, tool_name, epoch)
 
-    async def pending_approval(self, tenant_id: str, run_id: str) -> Row[Any] | None:
+    async def pending_approval(self, viewer: Viewer, run_id: str) -> Row[Any] | None:
         """The run's open approval, or None once decided."""
-        bound = await self._bound(tenant_id, run_id, "approval")
+        bound = await self._bound(viewer.tenant_id, run_id, "approval")
         async with self._engine.connect() as conn:
-            await repo.tenant_run(conn, tenant_id, run_id)
+            await repo.visible_run(conn, viewer, run_id)
             return await self._open(conn, run_id, "approval", bound)
 
     # -- connections --------------------------------------------------------------------------
@@ -467,11 +477,17 @@ class Interactions:
     async def resolve_connection(
         self, run_id: str, epoch: int, provider: str, scopes: Sequence[str]
     ) -> tuple[str | None, str, str]:
-        """(gap or None, access token, credential ref) for the run's principal."""
+        """(gap or None, access token, credential ref) for the run's owner principal: a
+        connection serves only runs its principal owns."""
         async with self._engine.connect() as conn:
             run = await repo.leased_run(conn, run_id, epoch)
-            row = await repo.find_connection(conn, run.tenant_id, run.actor_id, provider)
-        ref = f"connection:{provider}/{run.actor_id}"
+            owner = run.owner_principal_id
+            row = (
+                None
+                if owner is None
+                else await repo.find_connection(conn, run.tenant_id, owner, provider)
+            )
+        ref = f"connection:{provider}/{owner or '(unknown owner)'}"
         if row is None:
             return "absent", "", ref
         if row.expires_at <= datetime.now(UTC):
@@ -525,18 +541,18 @@ class Interactions:
         )
         return interaction_id, url
 
-    async def complete_connection(
-        self, tenant_id: str, principal_id: str, run_id: str, state: str, code: str
-    ) -> bool:
-        """Complete consent: the state is single-use and bound to the tenant and principal the
-        offer was made for, and the run must be the caller's tenant's. Absent and not-yours
-        give the same answer; a repeat resumes nothing (`False`)."""
+    async def complete_connection(self, viewer: Viewer, run_id: str, state: str, code: str) -> bool:
+        """Complete consent: the state is single-use and bound to the tenant and the principal
+        the offer was made for (the run's owner: the account connected becomes theirs, so not
+        even a runs:all key completes it for them), and the run must be visible to the caller.
+        Absent and not-yours give the same answer; a repeat resumes nothing (`False`)."""
+        tenant_id, principal_id = viewer.tenant_id, viewer.principal_id
         not_found = NotFound(f"run {run_id!r} has no connection to complete")
         if not state:
             raise InvalidArgument("state is required")
         async with self._engine.begin() as conn:
             try:
-                run = await repo.tenant_run(conn, tenant_id, run_id)
+                run = await repo.visible_run(conn, viewer, run_id)
             except NotFound:
                 raise not_found from None
             if RunStatus(run.status).terminal:
@@ -586,11 +602,11 @@ class Interactions:
             )
         return await self._try_resume(tenant_id, run_id, "connection", offer.interaction_id)
 
-    async def pending_connection(self, tenant_id: str, run_id: str) -> Row[Any] | None:
+    async def pending_connection(self, viewer: Viewer, run_id: str) -> Row[Any] | None:
         """The run's open consent offer, or None once completed."""
-        bound = await self._bound(tenant_id, run_id, "connection")
+        bound = await self._bound(viewer.tenant_id, run_id, "connection")
         async with self._engine.connect() as conn:
-            await repo.tenant_run(conn, tenant_id, run_id)
+            await repo.visible_run(conn, viewer, run_id)
             return await self._open(conn, run_id, "connection", bound)
 
     async def _bound(self, tenant_id: str, run_id: str, kind: str) -> str | None:

@@ -11,6 +11,7 @@ from services.interactions.service import Interactions, QuestionSpec
 from tether.convert import timestamp
 from tether.errors import InvalidArgument
 from tether.v1 import interactions_pb2, interactions_pb2_grpc
+from tether.visibility import Viewer
 
 _GAPS = {
     "absent": interactions_pb2.CONNECTION_GAP_ABSENT,
@@ -95,8 +96,7 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         self, request: interactions_pb2.RecordAnswersRequest, context: grpc.aio.ServicerContext
     ) -> interactions_pb2.RecordAnswersResponse:
         interaction_id, resumed = await self._i.answer(
-            request.tenant_id,
-            request.principal_id,
+            Viewer(request.tenant_id, request.principal_id, request.all_runs),
             request.run_id,
             {k: list(v.values) for k, v in request.answers.items()},
         )
@@ -109,7 +109,9 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         request: interactions_pb2.FindPendingQuestionRequest,
         context: grpc.aio.ServicerContext,
     ) -> interactions_pb2.FindPendingQuestionResponse:
-        row = await self._i.pending_question(request.tenant_id, request.run_id)
+        row = await self._i.pending_question(
+            Viewer(request.tenant_id, request.principal_id, request.all_runs), request.run_id
+        )
         response = interactions_pb2.FindPendingQuestionResponse()
         if row is not None:
             response.question.CopyFrom(pending_question(row))
@@ -166,8 +168,7 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         self, request: interactions_pb2.RecordDecisionRequest, context: grpc.aio.ServicerContext
     ) -> interactions_pb2.RecordDecisionResponse:
         interaction_id, resumed, grant = await self._i.decide(
-            request.tenant_id,
-            request.principal_id,
+            Viewer(request.tenant_id, request.principal_id, request.all_runs),
             request.run_id,
             request.decision,
             request.always_scope,
@@ -204,7 +205,9 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         request: interactions_pb2.FindPendingApprovalRequest,
         context: grpc.aio.ServicerContext,
     ) -> interactions_pb2.FindPendingApprovalResponse:
-        row = await self._i.pending_approval(request.tenant_id, request.run_id)
+        row = await self._i.pending_approval(
+            Viewer(request.tenant_id, request.principal_id, request.all_runs), request.run_id
+        )
         response = interactions_pb2.FindPendingApprovalResponse()
         if row is not None:
             allowed = await self._i.allowed_decisions(request.tenant_id)
@@ -239,7 +242,10 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> interactions_pb2.ConfirmConnectionResponse:
         resumed = await self._i.complete_connection(
-            request.tenant_id, request.principal_id, request.run_id, request.state, request.code
+            Viewer(request.tenant_id, request.principal_id, request.all_runs),
+            request.run_id,
+            request.state,
+            request.code,
         )
         return interactions_pb2.ConfirmConnectionResponse(resumed=resumed)
 
@@ -248,7 +254,9 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         request: interactions_pb2.FindPendingConnectionRequest,
         context: grpc.aio.ServicerContext,
     ) -> interactions_pb2.FindPendingConnectionResponse:
-        row = await self._i.pending_connection(request.tenant_id, request.run_id)
+        row = await self._i.pending_connection(
+            Viewer(request.tenant_id, request.principal_id, request.all_runs), request.run_id
+        )
         response = interactions_pb2.FindPendingConnectionResponse()
         if row is not None:
             response.connection.CopyFrom(pending_connection(row))

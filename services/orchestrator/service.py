@@ -19,6 +19,7 @@ from tether.bus import Bus, cancel_channel, events_channel
 from tether.db.schema import runs
 from tether.db.transitions import NOW, Event, apply
 from tether.states import RunStatus
+from tether.visibility import Viewer
 
 MAX_PAGE = 200
 DEFAULT_PAGE = 50
@@ -58,15 +59,15 @@ class Runs:
         self._engine = engine
         self._bus = bus
 
-    async def lookup(self, tenant_id: str, run_id: str) -> RunView:
-        """The run and its parts; NotFound for absent or another tenant's."""
+    async def lookup(self, viewer: Viewer, run_id: str) -> RunView:
+        """The run and its parts; NotFound for absent or not the viewer's to see."""
         async with self._engine.connect() as conn:
-            run = await runs_repo.get_run(conn, tenant_id, run_id)
+            run = await runs_repo.visible_run(conn, viewer, run_id)
             return RunView(run, await runs_repo.list_parts(conn, run_id))
 
     async def search(
         self,
-        tenant_id: str,
+        viewer: Viewer,
         *,
         statuses: Sequence[RunStatus],
         conversation_id: str,
@@ -78,7 +79,7 @@ class Runs:
         async with self._engine.connect() as conn:
             return await runs_repo.search_runs(
                 conn,
-                tenant_id,
+                viewer,
                 statuses=statuses,
                 conversation_id=conversation_id,
                 page_size=size,
@@ -86,24 +87,25 @@ class Runs:
             )
 
     async def read_events(
-        self, tenant_id: str, run_id: str, after_seq: int, limit: int, include_state: bool
+        self, viewer: Viewer, run_id: str, after_seq: int, limit: int, include_state: bool
     ) -> EventSlice:
         """Events after `after_seq`; the state, when asked, is read in the same snapshot."""
         size = min(limit, MAX_EVENTS) if limit > 0 else DEFAULT_EVENTS
         async with self._engine.connect() as conn, conn.begin():
             await conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            run = await runs_repo.get_run(conn, tenant_id, run_id)
+            run = await runs_repo.visible_run(conn, viewer, run_id)
             rows = await runs_repo.read_events(conn, run_id, max(after_seq, 0), size + 1)
             view = RunView(run, await runs_repo.list_parts(conn, run_id)) if include_state else None
         return EventSlice(rows[:size], len(rows) > size, view)
 
-    async def request_cancellation(self, tenant_id: str, run_id: str, reason: str) -> CancelOutcome:
+    async def request_cancellation(self, viewer: Viewer, run_id: str, reason: str) -> CancelOutcome:
         """Cancel a run that holds no worker at once; flag a running one for its worker.
 
-        A finished run is reported unchanged.
+        A finished run is reported unchanged; a run the viewer may not see is NotFound.
         """
+        tenant_id = viewer.tenant_id
         async with self._engine.begin() as conn:
-            run = await runs_repo.get_run(conn, tenant_id, run_id)
+            run = await runs_repo.visible_run(conn, viewer, run_id)
             if RunStatus(run.status).terminal:
                 return CancelOutcome(run, changed=False)
             moved = await apply(
@@ -136,7 +138,7 @@ class Runs:
                         .returning(*runs.c)
                     )
                 ).first()
-            current = moved or flagged or await runs_repo.get_run(conn, tenant_id, run_id)
+            current = moved or flagged or await runs_repo.visible_run(conn, viewer, run_id)
         if moved is not None:
             if self._bus is not None:
                 # Streams learn at once (they would find it in PostgreSQL a little later).

@@ -28,6 +28,7 @@ from tether.errors import InvalidArgument
 from tether.pricing import TOKEN_FIELDS
 from tether.states import RunStatus
 from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+from tether.visibility import Viewer
 
 
 def _statuses(values: list[int]) -> list[RunStatus]:
@@ -38,6 +39,15 @@ def _statuses(values: list[int]) -> list[RunStatus]:
             raise InvalidArgument(f"unknown run status filter {value}")
         out.append(status)
     return out
+
+
+def _viewer(
+    request: orchestrator_pb2.LookupRunRequest
+    | orchestrator_pb2.SearchRunsRequest
+    | orchestrator_pb2.ReadEventsRequest
+    | orchestrator_pb2.RequestCancellationRequest,
+) -> Viewer:
+    return Viewer(request.tenant_id, request.principal_id, request.all_runs)
 
 
 def _part_row(part: common_pb2.Part) -> PartRow:
@@ -322,7 +332,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
     async def LookupRun(
         self, request: orchestrator_pb2.LookupRunRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.LookupRunResponse:
-        view = await self._runs.lookup(request.tenant_id, request.run_id)
+        view = await self._runs.lookup(_viewer(request), request.run_id)
         return orchestrator_pb2.LookupRunResponse(
             run=run_to_proto(view.run), parts=[part_to_proto(p) for p in view.parts]
         )
@@ -333,7 +343,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         if request.page_size < 0:
             raise InvalidArgument("page_size must not be negative")
         rows, token = await self._runs.search(
-            request.tenant_id,
+            _viewer(request),
             statuses=_statuses(list(request.statuses)),
             conversation_id=request.conversation_id,
             page_size=request.page_size,
@@ -349,7 +359,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         if request.after_seq < 0 or request.limit < 0:
             raise InvalidArgument("after_seq and limit must not be negative")
         sliced = await self._runs.read_events(
-            request.tenant_id,
+            _viewer(request),
             request.run_id,
             request.after_seq,
             request.limit,
@@ -373,7 +383,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         context: grpc.aio.ServicerContext,
     ) -> orchestrator_pb2.RequestCancellationResponse:
         outcome = await self._runs.request_cancellation(
-            request.tenant_id, request.run_id, request.reason
+            _viewer(request), request.run_id, request.reason
         )
         return orchestrator_pb2.RequestCancellationResponse(
             run=run_to_proto(outcome.run), changed=outcome.changed

@@ -140,6 +140,12 @@ runs = Table(
     Column("session_head", Boolean, nullable=False, server_default=text("false")),
     # The last checkpoint batch of the current lease that landed (see Checkpoint.batch).
     Column("checkpoint_batch", BigInteger, nullable=False, server_default=text("0")),
+    # The principal of the authenticated key that admitted the run (tether.visibility): whose
+    # standing grants and connected accounts it may use, and who sees it. NULL only for runs
+    # admitted before owners were recorded whose owner is unknown (runs:all keys see them).
+    Column("owner_principal_id", Text),
+    # private (a chat run) | tenant (admitted by an integration key).
+    Column("visibility", Text, nullable=False),
     _now(),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("started_at", DateTime(timezone=True)),
@@ -147,8 +153,17 @@ runs = Table(
     CheckConstraint(
         "status IN (" + ", ".join(f"'{s.value}'" for s in RunStatus) + ")", name="status"
     ),
+    CheckConstraint("visibility IN ('private', 'tenant')", name="visibility"),
 )
 Index("ix_runs_tenant_created", runs.c.tenant_id, runs.c.created_at.desc(), runs.c.run_id.desc())
+# A principal's runs, newest first (ListRuns of a key without runs:all).
+Index(
+    "ix_runs_tenant_owner_created",
+    runs.c.tenant_id,
+    runs.c.owner_principal_id,
+    runs.c.created_at.desc(),
+    runs.c.run_id.desc(),
+)
 Index("ix_runs_session_created", runs.c.session_id, runs.c.created_at)
 Index("ix_runs_queued", runs.c.created_at, postgresql_where=runs.c.status == "queued")
 # The claim's whole search: claimable runs in arrival order, one index, no join.

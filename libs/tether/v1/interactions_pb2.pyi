@@ -308,12 +308,15 @@ class RecordAnswersRequest(_message.Message):
     PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
     ANSWERS_FIELD_NUMBER: _builtins.int
+    ALL_RUNS_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Caller's tenant."""
     principal_id: _builtins.str
     """Caller's principal."""
     run_id: _builtins.str
     """Run id."""
+    all_runs: _builtins.bool
+    """Whether the caller's key holds runs:all (every run of its tenant is visible)."""
     @_builtins.property
     def answers(self) -> _containers.MessageMap[_builtins.str, Global___QuestionAnswer]:
         """Answers keyed by spec key."""
@@ -325,10 +328,11 @@ class RecordAnswersRequest(_message.Message):
         principal_id: _builtins.str = ...,
         run_id: _builtins.str = ...,
         answers: _abc.Mapping[_builtins.str, Global___QuestionAnswer] | None = ...,
+        all_runs: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers", "principal_id", b"principal_id", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "answers", b"answers", "principal_id", b"principal_id", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -368,19 +372,27 @@ class FindPendingQuestionRequest(_message.Message):
 
     TENANT_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    ALL_RUNS_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Caller's tenant."""
     run_id: _builtins.str
     """Run id."""
+    principal_id: _builtins.str
+    """Caller's principal: only its own runs are visible unless all_runs is set."""
+    all_runs: _builtins.bool
+    """Whether the caller's key holds runs:all (every run of its tenant is visible)."""
     def __init__(
         self,
         *,
         tenant_id: _builtins.str = ...,
         run_id: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        all_runs: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "principal_id", b"principal_id", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -728,6 +740,7 @@ class RecordDecisionRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     DECISION_FIELD_NUMBER: _builtins.int
     ALWAYS_SCOPE_FIELD_NUMBER: _builtins.int
+    ALL_RUNS_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Caller's tenant."""
     principal_id: _builtins.str
@@ -738,6 +751,8 @@ class RecordDecisionRequest(_message.Message):
     """"allow-once", "allow-conversation", "allow-always" or "deny"."""
     always_scope: _builtins.str
     """Scope of allow-always: "principal", "tenant" or "category"."""
+    all_runs: _builtins.bool
+    """Whether the caller's key holds runs:all (every run of its tenant is visible)."""
     def __init__(
         self,
         *,
@@ -746,10 +761,11 @@ class RecordDecisionRequest(_message.Message):
         run_id: _builtins.str = ...,
         decision: _builtins.str = ...,
         always_scope: _builtins.str = ...,
+        all_runs: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["always_scope", b"always_scope", "decision", b"decision", "principal_id", b"principal_id", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "always_scope", b"always_scope", "decision", b"decision", "principal_id", b"principal_id", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -875,19 +891,27 @@ class FindPendingApprovalRequest(_message.Message):
 
     TENANT_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    ALL_RUNS_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Caller's tenant."""
     run_id: _builtins.str
     """Run id."""
+    principal_id: _builtins.str
+    """Caller's principal: only its own runs are visible unless all_runs is set."""
+    all_runs: _builtins.bool
+    """Whether the caller's key holds runs:all (every run of its tenant is visible)."""
     def __init__(
         self,
         *,
         tenant_id: _builtins.str = ...,
         run_id: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        all_runs: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "principal_id", b"principal_id", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1052,6 +1076,7 @@ class ConfirmConnectionRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     CODE_FIELD_NUMBER: _builtins.int
+    ALL_RUNS_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Caller's tenant."""
     principal_id: _builtins.str
@@ -1062,6 +1087,8 @@ class ConfirmConnectionRequest(_message.Message):
     """OAuth state from the redirect."""
     code: _builtins.str
     """OAuth authorisation code from the redirect."""
+    all_runs: _builtins.bool
+    """Whether the caller's key holds runs:all (every run of its tenant is visible)."""
     def __init__(
         self,
         *,
@@ -1070,10 +1097,11 @@ class ConfirmConnectionRequest(_message.Message):
         run_id: _builtins.str = ...,
         state: _builtins.str = ...,
         code: _builtins.str = ...,
+        all_runs: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "principal_id", b"principal_id", "run_id", b"run_id", "state", b"state", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "code", b"code", "principal_id", b"principal_id", "run_id", b"run_id", "state", b"state", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1109,19 +1137,27 @@ class FindPendingConnectionRequest(_message.Message):
 
     TENANT_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    ALL_RUNS_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Caller's tenant."""
     run_id: _builtins.str
     """Run id."""
+    principal_id: _builtins.str
+    """Caller's principal: only its own runs are visible unless all_runs is set."""
+    all_runs: _builtins.bool
+    """Whether the caller's key holds runs:all (every run of its tenant is visible)."""
     def __init__(
         self,
         *,
         tenant_id: _builtins.str = ...,
         run_id: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        all_runs: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "principal_id", b"principal_id", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

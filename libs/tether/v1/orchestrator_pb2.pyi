@@ -59,19 +59,27 @@ class LookupRunRequest(_message.Message):
 
     TENANT_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    ALL_RUNS_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Caller's tenant."""
     run_id: _builtins.str
     """Run id."""
+    principal_id: _builtins.str
+    """Caller's principal: only its own runs are visible unless all_runs is set."""
+    all_runs: _builtins.bool
+    """Whether the caller's key holds runs:all (every run of its tenant is visible)."""
     def __init__(
         self,
         *,
         tenant_id: _builtins.str = ...,
         run_id: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        all_runs: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "principal_id", b"principal_id", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -118,6 +126,8 @@ class SearchRunsRequest(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    ALL_RUNS_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Caller's tenant."""
     conversation_id: _builtins.str
@@ -126,6 +136,10 @@ class SearchRunsRequest(_message.Message):
     """Page size, 1..200; 50 when 0."""
     page_token: _builtins.str
     """Opaque cursor from a previous response."""
+    principal_id: _builtins.str
+    """Caller's principal: only its own runs are visible unless all_runs is set."""
+    all_runs: _builtins.bool
+    """Whether the caller's key holds runs:all (every run of its tenant is visible)."""
     @_builtins.property
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.RunStatus.ValueType]:
         """Only runs in these statuses; all when empty."""
@@ -138,10 +152,12 @@ class SearchRunsRequest(_message.Message):
         conversation_id: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        all_runs: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "page_size", b"page_size", "page_token", b"page_token", "statuses", b"statuses", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "conversation_id", b"conversation_id", "page_size", b"page_size", "page_token", b"page_token", "principal_id", b"principal_id", "statuses", b"statuses", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -186,6 +202,8 @@ class ReadEventsRequest(_message.Message):
     AFTER_SEQ_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
     INCLUDE_STATE_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    ALL_RUNS_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Caller's tenant."""
     run_id: _builtins.str
@@ -196,6 +214,10 @@ class ReadEventsRequest(_message.Message):
     """At most this many events, 1..5000; 1000 when 0."""
     include_state: _builtins.bool
     """Also return the run and its persisted parts."""
+    principal_id: _builtins.str
+    """Caller's principal: only its own runs are visible unless all_runs is set."""
+    all_runs: _builtins.bool
+    """Whether the caller's key holds runs:all (every run of its tenant is visible)."""
     def __init__(
         self,
         *,
@@ -204,10 +226,12 @@ class ReadEventsRequest(_message.Message):
         after_seq: _builtins.int = ...,
         limit: _builtins.int = ...,
         include_state: _builtins.bool = ...,
+        principal_id: _builtins.str = ...,
+        all_runs: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "include_state", b"include_state", "limit", b"limit", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "all_runs", b"all_runs", "include_state", b"include_state", "limit", b"limit", "principal_id", b"principal_id", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1158,22 +1182,30 @@ class RequestCancellationRequest(_message.Message):
     TENANT_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    ALL_RUNS_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Caller's tenant."""
     run_id: _builtins.str
     """Run id."""
     reason: _builtins.str
     """Why."""
+    principal_id: _builtins.str
+    """Caller's principal: only its own runs are visible unless all_runs is set."""
+    all_runs: _builtins.bool
+    """Whether the caller's key holds runs:all (every run of its tenant is visible)."""
     def __init__(
         self,
         *,
         tenant_id: _builtins.str = ...,
         run_id: _builtins.str = ...,
         reason: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        all_runs: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "principal_id", b"principal_id", "reason", b"reason", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

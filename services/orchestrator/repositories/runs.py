@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import ColumnElement, and_, or_, select
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -16,18 +16,24 @@ from tether.db.schema import run_events, run_parts, runs
 from tether.errors import InvalidArgument, NotFound
 from tether.ids import is_identifier
 from tether.states import RunStatus
+from tether.visibility import Viewer
+
+
+async def _find_run(conn: AsyncConnection, run_id: str, where: ColumnElement[bool]) -> Row[Any]:
+    row = (await conn.execute(select(runs).where(runs.c.run_id == run_id, where))).first()
+    if row is None:
+        raise NotFound(f"run {run_id!r} not found")
+    return row
 
 
 async def get_run(conn: AsyncConnection, tenant_id: str, run_id: str) -> Row[Any]:
     """The run, or NotFound when it is absent or another tenant's (the same answer)."""
-    row = (
-        await conn.execute(
-            select(runs).where(runs.c.run_id == run_id, runs.c.tenant_id == tenant_id)
-        )
-    ).first()
-    if row is None:
-        raise NotFound(f"run {run_id!r} not found")
-    return row
+    return await _find_run(conn, run_id, runs.c.tenant_id == tenant_id)
+
+
+async def visible_run(conn: AsyncConnection, viewer: Viewer, run_id: str) -> Row[Any]:
+    """The run, or NotFound when it is absent or not the viewer's to see (the same answer)."""
+    return await _find_run(conn, run_id, viewer.sees())
 
 
 async def list_parts(conn: AsyncConnection, run_id: str) -> Sequence[Row[Any]]:
@@ -70,15 +76,15 @@ def _decode_page_token(token: str) -> tuple[datetime, str]:
 
 async def search_runs(
     conn: AsyncConnection,
-    tenant_id: str,
+    viewer: Viewer,
     *,
     statuses: Sequence[RunStatus],
     conversation_id: str,
     page_size: int,
     page_token: str,
 ) -> tuple[Sequence[Row[Any]], str]:
-    """One page of the tenant's runs, newest first, and the cursor of the next page."""
-    stmt = select(runs).where(runs.c.tenant_id == tenant_id)
+    """One page of the runs the viewer may see, newest first, and the next page's cursor."""
+    stmt = select(runs).where(viewer.sees())
     if statuses:
         stmt = stmt.where(runs.c.status.in_([s.value for s in statuses]))
     if conversation_id:
