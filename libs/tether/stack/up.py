@@ -65,7 +65,9 @@ async def dev_key(db_url: str, previous: dict[str, Any]) -> str:
     try:
         async with engine.begin() as conn:
             old = previous.get("api_key")
-            if isinstance(old, str) and await apikeys.find_key(conn, old) is not None:
+            found = await apikeys.find_key(conn, old) if isinstance(old, str) else None
+            # A key from before the scope was named keys:admin cannot manage keys: replace it.
+            if isinstance(old, str) and found is not None and apikeys.KEYS_ADMIN in found.scopes:
                 return old
             await apikeys.ensure_tenant(conn, DEV_TENANT)
             key, _ = await apikeys.create_key(conn, DEV_TENANT, DEV_PRINCIPAL, apikeys.ALL_SCOPES)
