@@ -123,6 +123,7 @@ async def answer(channel: grpc.aio.Channel, method: str, body: bytes, key: str |
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.filterwarnings("ignore:Generating overly large repr")  # requests past size limits
 async def test_no_request_is_answered_internal_or_writes_when_refused(
     hostile_stack: HostileStack,
 ) -> None:
@@ -166,6 +167,6 @@ async def test_no_request_is_answered_internal_or_writes_when_refused(
     )
     # Past authentication, refused for the request itself; and accepted.
     assert codes["INVALID_ARGUMENT"] >= REQUESTS // 5, seen
-    assert codes["OK"] >= 20, seen
-    assert codes["NOT_FOUND"] >= 20, seen
-    assert codes["UNAUTHENTICATED"] >= 20, seen
+    assert codes["OK"] >= REQUESTS // 100, seen
+    assert codes["NOT_FOUND"] >= REQUESTS // 100, seen
+    assert codes["UNAUTHENTICATED"] >= REQUESTS // 100, seen

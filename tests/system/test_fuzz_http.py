@@ -116,11 +116,16 @@ def query_value(hostile: Generator) -> Any:
     )
 
 
+# aiohttp's parser refuses a header line past 8190 bytes before any route sees it.
+_HEADER_BYTES = 4096
+
+
 def _header_bytes(value: str) -> bytes:
-    # Control characters (and edge whitespace) make it not HTTP: the client refuses to send it,
-    # or aiohttp's parser answers before any route (a plain 400). Every other byte is sent.
+    # Control characters (and edge whitespace) or an over-long line make it not HTTP: the
+    # client refuses to send it, or aiohttp's parser answers before any route (a plain 400).
+    # Every other byte is sent.
     kept = bytes(b for b in value.encode() if b >= 0x20 and b != 0x7F)
-    return kept.strip()
+    return kept.strip()[:_HEADER_BYTES].strip()
 
 
 def header_value(strings: Any) -> Any:
@@ -169,6 +174,7 @@ def _error_problem(status: int, response: httpx2.Response, content: bytes) -> st
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.filterwarnings("ignore:Generating overly large repr")  # requests past size limits
 async def test_no_http_request_is_a_5xx_or_writes_when_refused(
     hostile_stack: HostileStack,
 ) -> None:
@@ -224,4 +230,4 @@ async def test_no_http_request_is_a_5xx_or_writes_when_refused(
         for code in (200, 400, 401, 404)
     }
     assert statuses[400] >= REQUESTS // 5, seen
-    assert statuses[200] >= 20 and statuses[401] >= 20 and statuses[404] >= 20, seen
+    assert min(statuses[200], statuses[401], statuses[404]) >= REQUESTS // 100, seen
