@@ -25,18 +25,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SOAK_BOUND_S = 540
 TENANTS, CONVERSATIONS = SoakConfig(0, 0).tenants, SoakConfig(0, 0).conversations
 
-# Invariants the runtime on 48ff162 breaks, each with the hole and the piece of issue 10 that
-# closes it. Remove an entry once that piece is merged: the test then guards it (strict: an
-# entry left behind after its fix fails as XPASS).
-KNOWN_HOLES: dict[str, str] = {
-    "internal_or_unknown_during_outage": (
-        "issue 10 'Outages are UNAVAILABLE, not INTERNAL': with PostgreSQL down or restarting the "
-        "gateway answers SendMessage, CancelRun, StreamRun and GetPending* with INTERNAL "
-        "('internal error; see the service log') or UNKNOWN (asyncpg/sqlalchemy errors, "
-        "FileNotFoundError for the socket)"
-    ),
-}
-
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
@@ -76,14 +64,6 @@ def test_the_soak_ran_on_durable_storage_under_every_fault(report: dict[str, Any
 
 
 @pytest.mark.timeout(SOAK_BOUND_S + 120)
-@pytest.mark.parametrize(
-    "invariant",
-    [
-        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_HOLES[name]))
-        if name in KNOWN_HOLES
-        else name
-        for name in INVARIANTS
-    ],
-)
+@pytest.mark.parametrize("invariant", INVARIANTS)
 def test_invariant_holds(report: dict[str, Any], invariant: str) -> None:
     assert report["invariants"][invariant] == 0, report["examples"].get(invariant)
