@@ -186,10 +186,12 @@ LIMITS: Mapping[str, Limit] = {
     "tether.v1.CompleteConnectionRequest.run_id": RUN_ID,
     "tether.v1.CompleteConnectionRequest.state": token(512),
     "tether.v1.CompleteConnectionRequest.code": token(2048),
-    "tether.v1.CreateApiKeyRequest.tenant_id": identifier(required=True),
+    # Empty for a tenant's key (its own tenant); the operator names one.
+    "tether.v1.CreateApiKeyRequest.tenant_id": identifier(),
     "tether.v1.CreateApiKeyRequest.principal_id": identifier(required=True),
     "tether.v1.CreateApiKeyRequest.scopes": Limit("items", 16, each=token(64)),
     "tether.v1.CreateApiKeyRequest.labels": Limit("struct", 4096),
+    "tether.v1.RevokeApiKeyRequest.key_id": identifier(required=True),
 }
 
 

@@ -87,6 +87,7 @@ class World:
                     conversation_id="c",
                     channel="chat",
                     input_text="hi",
+                    visibility="private",
                     status=status,
                     max_attempts=3,
                     parent_run_id=parent,

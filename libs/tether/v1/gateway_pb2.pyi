@@ -905,7 +905,7 @@ class CreateApiKeyRequest(_message.Message):
     tenant_id: _builtins.str
     """Tenant: for a tenant's key its own (empty means its own; another is refused); for the
     operator any, created when it does not exist.
-    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required from the operator).
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
     """
     principal_id: _builtins.str
     """Principal the key acts as.
@@ -998,7 +998,9 @@ class RevokeApiKeyRequest(_message.Message):
 
     KEY_ID_FIELD_NUMBER: _builtins.int
     key_id: _builtins.str
-    """Key id (as CreateApiKey returned it)."""
+    """Key id (as CreateApiKey returned it).
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     def __init__(
         self,
         *,
