@@ -26,7 +26,7 @@ TEXT_CHARS = 32_000
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
 
-Kind = Literal["identifier", "text", "label", "token", "integer", "struct", "items"]
+Kind = Literal["identifier", "text", "label", "token", "integer", "struct", "timestamp", "items"]
 
 _NOT_UNICODE = re.compile("[\x00\ud800-\udfff]")
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
@@ -40,7 +40,8 @@ class Limit:
     identifier: `tether.ids.is_identifier` of at most `size` (empty only when not `required`);
     text: at most `size` characters, any but NUL; label: at most `size` characters, no control
     characters; token: at most `size` printable ASCII characters; integer: 0..`size`; struct: at
-    most `size` bytes encoded; items: a repeated or map field of at most `size` elements, each
+    most `size` bytes encoded; timestamp: a google.protobuf.Timestamp that names a real instant
+    (years 1 to 9999, nanos below a second); items: a repeated or map field of at most `size` elements, each
     (each key, for a map) within `each`.
     """
 
@@ -67,6 +68,8 @@ class Limit:
             return f"0 to {self.size}"
         if self.kind == "struct":
             return f"{self.size} bytes encoded"
+        if self.kind == "timestamp":
+            return "a time in the years 1 to 9999"
         each = f", each {self.each._words()}" if self.each is not None else ""
         return f"{self.size} items{each}"
 
@@ -83,6 +86,11 @@ class Limit:
                 if size > self.size
                 else None
             )
+        if self.kind == "timestamp":
+            in_range = _FIRST_SECOND <= value.seconds <= _LAST_SECOND
+            if not (in_range and 0 <= value.nanos < 1_000_000_000):
+                return f"{path} must be a time in the years 1 to 9999"
+            return None
         if self.kind == "items":
             count = len(value)
             return (
@@ -109,6 +117,10 @@ class Limit:
         if _NOT_UNICODE.search(value):
             return f"{path} must be Unicode text without NUL characters"
         return None
+
+
+# What datetime can hold: 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z as Unix seconds.
+_FIRST_SECOND, _LAST_SECOND = -62_135_596_800, 253_402_300_799
 
 
 def identifier(*, required: bool = False) -> Limit:
@@ -191,6 +203,7 @@ LIMITS: Mapping[str, Limit] = {
     "tether.v1.CreateApiKeyRequest.principal_id": identifier(required=True),
     "tether.v1.CreateApiKeyRequest.scopes": Limit("items", 16, each=token(64)),
     "tether.v1.CreateApiKeyRequest.labels": Limit("struct", 4096),
+    "tether.v1.CreateApiKeyRequest.expires_at": Limit("timestamp", 0),
     "tether.v1.RevokeApiKeyRequest.key_id": identifier(required=True),
 }
 

@@ -925,7 +925,9 @@ class CreateApiKeyRequest(_message.Message):
 
     @_builtins.property
     def expires_at(self) -> _timestamp_pb2.Timestamp:
-        """Optional: when the key stops working (in the future); unset means it does not expire."""
+        """Optional: when the key stops working (in the future); unset means it does not expire.
+        Limit: a time in the years 1 to 9999.
+        """
 
     def __init__(
         self,
