@@ -62,7 +62,7 @@ async def tenant_admin(stack: RunningStack, tenant_id: str = "tenant-a") -> str:
     engine = create_engine(stack.db_url, pool_size=1)
     try:
         async with engine.begin() as conn:
-            scopes = ["runs:read", "runs:write", "interactions:write", "keys:admin"]
+            scopes = [*apikeys.CLIENT_SCOPES, apikeys.KEYS_ADMIN]
             key, _ = await apikeys.create_key(conn, tenant_id, f"admin-{uid()}", scopes)
     finally:
         await engine.dispose()
@@ -209,7 +209,7 @@ async def test_a_revoked_key_stops_within_five_seconds_on_every_replica_streams_
     (created,) = await audit_rows(stack, "key.created", doomed.key_id)
     (revoked_row,) = await audit_rows(stack, "key.revoked", doomed.key_id)
     assert created.tenant_id == revoked_row.tenant_id == "tenant-a"
-    assert created.detail["scopes"] == ["interactions:write", "runs:read", "runs:write"]
+    assert created.detail["scopes"] == sorted(apikeys.CLIENT_SCOPES), "the default scopes"
     assert revoked_row.detail["actor"]["kind"] == "key"
     assert revoked_row.detail["actor"]["principal_id"].startswith("admin-")
     assert revoked_row.created_at >= created.created_at

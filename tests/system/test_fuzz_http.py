@@ -97,11 +97,24 @@ def body_strategy(generator: Generator, plain: Generator, message_type: Any) -> 
     )
 
 
+# aiohttp's parser refuses a request line past 8190 bytes before any route sees it (a plain 400:
+# not HTTP, like an over-long header): the path segment and the (at most four) query values are
+# kept within it, still far past every field's limit.
+_SEGMENT_BYTES, _QUERY_VALUE_BYTES = 4096, 700
+
+
+def _within(value: str, size: int) -> str:
+    """`value`, shortened until its percent-encoding takes at most `size` bytes."""
+    while len(quote(value, safe="")) > size:
+        value = value[: len(value) * 3 // 4]
+    return value
+
+
 def segments(plain: Generator, hostile: Generator) -> Any:
     """A path segment, percent-encoded, or raw escapes of bytes that are not UTF-8."""
     return st.one_of(
-        plain.strings.map(lambda s: quote(s, safe="")),
-        hostile.strings.map(lambda s: quote(s, safe="")),
+        plain.strings.map(lambda s: quote(_within(s, _SEGMENT_BYTES), safe="")),
+        hostile.strings.map(lambda s: quote(_within(s, _SEGMENT_BYTES), safe="")),
         st.binary(min_size=1, max_size=8).map(lambda b: "".join(f"%{c:02X}" for c in b)),
     )
 
@@ -112,7 +125,7 @@ def query_value(hostile: Generator) -> Any:
         st.integers(-(10**25), 10**25).map(str),
         st.sampled_from([v.value for v in RunStatus]),
         st.sampled_from(["0", "false", "+1", "1_0", "\u0661", " 1", "0x10", "1e3"]),
-        hostile.strings,
+        hostile.strings.map(lambda s: _within(s, _QUERY_VALUE_BYTES)),
     )
 
 
@@ -229,5 +242,7 @@ async def test_no_http_request_is_a_5xx_or_writes_when_refused(
         code: sum(n for k, n in seen.items() if k.endswith(f" {code}"))
         for code in (200, 400, 401, 404)
     }
-    assert statuses[400] >= REQUESTS // 5, seen
+    # Most requests reach validation: a sixth at least is refused by it (a 400), not only by
+    # authentication or routing.
+    assert statuses[400] >= REQUESTS // 6, seen
     assert min(statuses[200], statuses[401], statuses[404]) >= REQUESTS // 100, seen
