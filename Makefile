@@ -7,7 +7,7 @@ BENCH ?=
 MINUTES ?= 5
 SEED ?=
 
-.PHONY: run test lint gen bench drill venv clean
+.PHONY: run test fuzz lint gen bench drill venv clean
 
 venv: $(STAMP)
 
@@ -25,6 +25,10 @@ run: venv
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+# The hostile-input suites at full size: 2,000 generated requests per surface.
+fuzz: venv
+	TETHER_FUZZ_REQUESTS=2000 $(BIN)/python -m pytest -q tests/system/test_fuzz_grpc.py tests/system/test_fuzz_http.py
 
 lint: venv node_modules/.bin/buf
 	$(BIN)/ruff check services libs tests bench

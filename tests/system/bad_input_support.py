@@ -192,7 +192,9 @@ class Answer:
     problem: str | None = None  # why the answer itself is wrong (INTERNAL, a 500, no JSON, ...)
 
 
-REQUESTS = int(os.environ.get("TETHER_FUZZ_REQUESTS", "2000"))
+# Generated requests per surface: 500 in `make test` (sized to its 15 minutes); `make fuzz`
+# (run by .ci/run after it) sends the 2,000 per surface the issue asks for.
+REQUESTS = int(os.environ.get("TETHER_FUZZ_REQUESTS", "500"))
 
 
 def fuzz(
