@@ -41,8 +41,8 @@ class Limit:
     text: at most `size` characters, any but NUL; label: at most `size` characters, no control
     characters; token: at most `size` printable ASCII characters; integer: 0..`size`; struct: at
     most `size` bytes encoded; timestamp: a google.protobuf.Timestamp that names a real instant
-    (years 1 to 9999, nanos below a second); items: a repeated or map field of at most `size` elements, each
-    (each key, for a map) within `each`.
+    (years 1 to 9999, nanos below a second); items: a repeated or map field of at most `size`
+    elements, each (each key, for a map) within `each`.
     """
 
     kind: Kind
