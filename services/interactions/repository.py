@@ -38,20 +38,6 @@ async def leased_run(conn: AsyncConnection, run_id: str, epoch: int) -> Any:
     return row
 
 
-async def leased_run_any(conn: AsyncConnection, run_id: str) -> Any:
-    """The run with its owner principal, whatever its lease (grants are read-only)."""
-    row = (
-        await conn.execute(
-            select(
-                runs.c.run_id, runs.c.tenant_id, runs.c.session_id, runs.c.owner_principal_id
-            ).where(runs.c.run_id == run_id)
-        )
-    ).first()
-    if row is None:
-        raise NotFound(f"run {run_id!r} not found")
-    return row
-
-
 async def visible_run(conn: AsyncConnection, viewer: Viewer, run_id: str) -> Any:
     """The run, if the viewer may see it; NotFound for absent, another tenant's and another
     principal's (the same answer)."""
