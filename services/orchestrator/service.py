@@ -105,7 +105,9 @@ class Runs:
         """
         tenant_id = viewer.tenant_id
         async with self._engine.begin() as conn:
-            run = await runs_repo.visible_run(conn, viewer, run_id)
+            # Locked: a park, retry or completion landing between this read and the writes
+            # below would otherwise leave a live run answered "unchanged".
+            run = await runs_repo.visible_run(conn, viewer, run_id, lock=True)
             if RunStatus(run.status).terminal:
                 return CancelOutcome(run, changed=False)
             moved = await apply(
@@ -116,6 +118,7 @@ class Runs:
                 events=[Event("run.cancelled", {"reason": reason})],
                 values={
                     "finished_at": NOW,
+                    "cancel_requested_at": NOW,  # kept on every cancelled run: when it was asked
                     "error": {"code": "cancelled", "message": reason or "cancelled by caller"},
                 },
             )

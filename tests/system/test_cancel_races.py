@@ -49,7 +49,10 @@ RACE_WORKER = {
 }
 # What the queued statements look like (pg_stat_activity.query).
 CHECKPOINT = "WITH fence AS"
-CANCEL_FLAG = "SET cancel_requested_at"
+# The cancel request reads the run under a row lock before it writes anything.
+CANCEL = "SELECT runs.run_id, runs.tenant_id"
+PARK = "waiting_interaction_id="  # the park sets it
+HOLD = "FOR NO KEY UPDATE"
 SETTLED = ("cancelled", "completed", "failed", "queued", "retry-pending", "waiting-for-approval")
 
 
@@ -75,12 +78,19 @@ def prompt(label: str) -> str:
 class RowHold:
     """The run row locked by an open transaction: updates of it queue, in arrival order."""
 
-    def __init__(self, db_url: str, run_id: str) -> None:
+    def __init__(self, db_url: str, run_id: str, *, take: bool = True) -> None:
         self._engine: AsyncEngine = create_engine(db_url, pool_size=2)
         self._run_id = run_id
+        self._take_on_enter = take
         self._conn: AsyncConnection | None = None
 
     async def __aenter__(self) -> RowHold:
+        if self._take_on_enter:
+            await self.take()
+        return self
+
+    async def take(self) -> None:
+        """Lock the row (waiting, in line, while another transaction holds it)."""
         self._conn = await self._engine.connect()
         await self._conn.begin()
         # FOR NO KEY UPDATE: every UPDATE of the row waits, foreign-key checks (an
@@ -90,7 +100,6 @@ class RowHold:
             .where(runs.c.run_id == self._run_id)
             .with_for_update(key_share=True)
         )
-        return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.release()
@@ -189,13 +198,47 @@ async def test_a_cancel_accepted_just_before_a_park_ends_the_run_cancelled(
             # The approval is stored; the checkpoint before the park waits on the row.
             await hold.lined_up(CHECKPOINT)
             cancel = await cancel_in_line(tenant, run_id)
-            await hold.lined_up(CHECKPOINT, CANCEL_FLAG)
+            await hold.lined_up(CHECKPOINT, CANCEL)
         # The checkpoint answers "no cancel", the flag commits, then the worker parks.
         await accepted_cancel_ended_cancelled(stack, run_id, cancel)
         types = [t for _, t, _ in await events_of(stack.db_url, run_id)]
         assert types[-1] == "run.cancelled"
         results = [p for p in await parts_of(stack.db_url, run_id) if p.kind == "tool_result"]
         assert len(results) == 1 and results[0].payload["content"].startswith("interrupted")
+    finally:
+        stack.services.kill(worker)
+
+
+async def test_a_cancel_requested_just_after_a_park_ends_the_run_cancelled(
+    stack: ExecStack,
+) -> None:
+    """The park lands between the cancel's first read (the run still running) and its write: the
+    cancel must see the parked run, not answer "unchanged" and leave it waiting."""
+    tenant = await stack.tenant()
+    text_ = prompt("park first")
+    call = ToolUseTurn("publish_post", {"text": "We launch today"}, delay_ms=300)
+    stack.model.script(text_, [call])
+    worker = await stack.start_worker(**RACE_WORKER)
+    try:
+        run_id = await tenant.send(text_)
+        await model_called(stack, text_)
+        async with (
+            RowHold(stack.db_url, run_id) as first,
+            RowHold(stack.db_url, run_id, take=False) as second,
+        ):
+            # The checkpoint before the park waits on the first hold, the second hold behind it:
+            # once the checkpoint lands the second hold has the row before the park arrives.
+            await first.lined_up(CHECKPOINT)
+            taking = asyncio.create_task(second.take())
+            await first.lined_up(CHECKPOINT, HOLD)
+            await first.release()
+            await taking
+            await second.lined_up(PARK)
+            cancel = await cancel_in_line(tenant, run_id)
+            await second.lined_up(PARK, CANCEL)
+        await accepted_cancel_ended_cancelled(stack, run_id, cancel)
+        types = [t for _, t, _ in await events_of(stack.db_url, run_id)]
+        assert types[-2:] == ["approval.requested", "run.cancelled"], "parked, then cancelled"
     finally:
         stack.services.kill(worker)
 
@@ -223,7 +266,7 @@ async def test_a_cancel_accepted_just_before_a_retry_ends_the_run_cancelled(
             # The stream broke; the checkpoint before the retry waits on the row.
             await hold.lined_up(CHECKPOINT)
             cancel = await cancel_in_line(tenant, run_id)
-            await hold.lined_up(CHECKPOINT, CANCEL_FLAG)
+            await hold.lined_up(CHECKPOINT, CANCEL)
         run = await accepted_cancel_ended_cancelled(stack, run_id, cancel)
         assert run.attempt == 1, "never retried"
         assert len([r for r in stack.model.requests if r.script_key == text_]) == 1
@@ -247,7 +290,7 @@ async def test_a_cancel_accepted_just_before_a_graceful_release_ends_the_run_can
         stopping = asyncio.create_task(stack.services.stop(worker, grace=15))
         await hold.lined_up(CHECKPOINT)
         cancel = await cancel_in_line(tenant, run_id)
-        await hold.lined_up(CHECKPOINT, CANCEL_FLAG)
+        await hold.lined_up(CHECKPOINT, CANCEL)
     assert await stopping == 0
     await accepted_cancel_ended_cancelled(stack, run_id, cancel)
     released = [p for _, t, p in await events_of(stack.db_url, run_id) if t == "run.queued"]
@@ -268,8 +311,8 @@ async def test_a_cancel_accepted_before_a_completion_lands_ends_the_run_cancelle
         async with RowHold(stack.db_url, run_id) as hold:
             # The cancel queues first, while the answer still streams; the completion after it.
             cancel = await cancel_in_line(tenant, run_id)
-            await hold.lined_up(CANCEL_FLAG)
-            await hold.lined_up(CANCEL_FLAG, CHECKPOINT)
+            await hold.lined_up(CANCEL)
+            await hold.lined_up(CANCEL, CHECKPOINT)
         run = await accepted_cancel_ended_cancelled(stack, run_id, cancel)
         assert run.result_text is None, "the completion did not land"
         parts = await parts_of(stack.db_url, run_id)

@@ -19,8 +19,15 @@ from tether.states import RunStatus
 from tether.visibility import Viewer
 
 
-async def _find_run(conn: AsyncConnection, run_id: str, where: ColumnElement[bool]) -> Row[Any]:
-    row = (await conn.execute(select(runs).where(runs.c.run_id == run_id, where))).first()
+async def _find_run(
+    conn: AsyncConnection, run_id: str, where: ColumnElement[bool], *, lock: bool = False
+) -> Row[Any]:
+    stmt = select(runs).where(runs.c.run_id == run_id, where)
+    if lock:
+        # FOR NO KEY UPDATE: writers of the run wait; inserts referencing it (parts,
+        # interactions) do not.
+        stmt = stmt.with_for_update(key_share=True)
+    row = (await conn.execute(stmt)).first()
     if row is None:
         raise NotFound(f"run {run_id!r} not found")
     return row
@@ -31,9 +38,13 @@ async def get_run(conn: AsyncConnection, tenant_id: str, run_id: str) -> Row[Any
     return await _find_run(conn, run_id, runs.c.tenant_id == tenant_id)
 
 
-async def visible_run(conn: AsyncConnection, viewer: Viewer, run_id: str) -> Row[Any]:
-    """The run, or NotFound when it is absent or not the viewer's to see (the same answer)."""
-    return await _find_run(conn, run_id, viewer.sees())
+async def visible_run(
+    conn: AsyncConnection, viewer: Viewer, run_id: str, *, lock: bool = False
+) -> Row[Any]:
+    """The run, or NotFound when it is absent or not the viewer's to see (the same answer).
+    `lock` holds the row until the transaction ends, so its status cannot move under a
+    read-then-write."""
+    return await _find_run(conn, run_id, viewer.sees(), lock=lock)
 
 
 async def list_parts(conn: AsyncConnection, run_id: str) -> Sequence[Row[Any]]:
