@@ -1,7 +1,9 @@
 """The provider retry policy: which model-call failures to retry, and how long to wait first.
 
-Pure logic, no I/O: the worker's provider adapter catches an exception, asks
-`classify_exception` what it was, and asks `RetryPolicy.decide` whether and when to try again.
+Pure logic, no I/O and no SDK: the worker's provider adapter catches an exception, asks
+`services.worker.provider_errors.classify_exception` what it was, and asks `RetryPolicy.decide`
+whether and when to try again. The orchestrator and the client use the policy alone, so neither
+imports the provider SDK.
 
 The numbers and rules mirror the Anthropic SDK's own retry loop (`_base_client.py`: initial
 0.5 s, cap 8 s, jitter factor in (0.75, 1.0], `retry-after-ms` before `retry-after`,
@@ -32,9 +34,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-import anthropic
-import httpx2
-
 INITIAL_DELAY = 0.5
 """Seconds before the first retry (SDK `INITIAL_RETRY_DELAY`)."""
 
@@ -56,9 +55,6 @@ MAX_EXPONENT = 1000
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
 """Retryable below 500: request timeout, lock conflict, rate limit. Every status >= 500 is too."""
 
-RETRYABLE_STREAM_ERRORS = frozenset({"overloaded_error", "api_error", "rate_limit_error"})
-"""Mid-stream `error` event types that are transient on the provider's side."""
-
 
 class ProviderCode(StrEnum):
     """Stable codes for provider failures; they appear in run events and metrics."""
@@ -75,14 +71,6 @@ class ProviderCode(StrEnum):
     BILLING = "provider_billing"
     CONFLICT = "provider_conflict"
     ERROR = "provider_error"
-
-
-class StreamIncomplete(Exception):
-    """A stream ended cleanly before `message_stop`.
-
-    The SDK raises nothing in this case (its final message just has `stop_reason=None`), so
-    the provider adapter raises this itself; `classify_exception` treats it as retryable.
-    """
 
 
 @dataclass(frozen=True)
@@ -228,105 +216,6 @@ def should_retry_status(status: int, headers: Mapping[str, str] | None = None) -
     return status in RETRYABLE_STATUSES or status >= 500
 
 
-def classify_exception(
-    exc: BaseException, *, now: Callable[[], float] = time.time
-) -> ProviderFailure:
-    """Translate an exception from a model call into a `ProviderFailure`.
-
-    Walks the `__cause__` chain (as the SDK does), so an adapter's `raise X from exc` keeps
-    the classification. Do not classify `asyncio.CancelledError`: re-raise it instead.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        failure = _classify_one(current, now)
-        if failure is not None:
-            return failure
-        current = current.__cause__
-    return ProviderFailure(ProviderCode.ERROR, _describe(exc), retryable=False, status=0)
-
-
-def _classify_one(exc: BaseException, now: Callable[[], float]) -> ProviderFailure | None:
-    if isinstance(exc, StreamIncomplete):
-        message = str(exc) or "stream ended before message_stop"
-        return ProviderFailure(ProviderCode.STREAM_INCOMPLETE, message, True, 200)
-    if isinstance(exc, anthropic.APIStatusError):
-        return _classify_status(exc, now)
-    # Order matters below: APITimeoutError is an APIConnectionError, and every httpx2 case
-    # is a TransportError.
-    if isinstance(exc, anthropic.APITimeoutError | httpx2.TimeoutException):
-        # A raw httpx2.ReadTimeout comes from a stream that stalled after it started.
-        return ProviderFailure(ProviderCode.TIMEOUT, _describe(exc), True, 0)
-    if isinstance(exc, anthropic.APIConnectionError):
-        return ProviderFailure(ProviderCode.CONNECTION, _describe(exc), True, 0)
-    if isinstance(exc, httpx2.RemoteProtocolError | httpx2.ReadError):
-        # Raised raw by the SDK only once a stream has started: the body was cut off.
-        return ProviderFailure(ProviderCode.STREAM_CUT, _describe(exc), True, 200)
-    if isinstance(exc, httpx2.TransportError):
-        return ProviderFailure(ProviderCode.CONNECTION, _describe(exc), True, 0)
-    return None
-
-
-_CODE_BY_STATUS: Mapping[int, ProviderCode] = {
-    400: ProviderCode.BAD_REQUEST,
-    401: ProviderCode.AUTH,
-    402: ProviderCode.BILLING,
-    403: ProviderCode.AUTH,
-    404: ProviderCode.BAD_REQUEST,
-    408: ProviderCode.TIMEOUT,
-    409: ProviderCode.CONFLICT,
-    413: ProviderCode.BAD_REQUEST,
-    422: ProviderCode.BAD_REQUEST,
-    429: ProviderCode.RATE_LIMITED,
-    504: ProviderCode.TIMEOUT,
-    529: ProviderCode.OVERLOADED,
-}
-
-_CODE_BY_ERROR_TYPE: Mapping[str, ProviderCode] = {
-    "invalid_request_error": ProviderCode.BAD_REQUEST,
-    "request_too_large": ProviderCode.BAD_REQUEST,
-    "not_found_error": ProviderCode.BAD_REQUEST,
-    "authentication_error": ProviderCode.AUTH,
-    "permission_error": ProviderCode.AUTH,
-    "billing_error": ProviderCode.BILLING,
-    "conflict_error": ProviderCode.CONFLICT,
-    "rate_limit_error": ProviderCode.RATE_LIMITED,
-    "api_error": ProviderCode.SERVER_ERROR,
-    "timeout_error": ProviderCode.TIMEOUT,
-    "overloaded_error": ProviderCode.OVERLOADED,
-}
-
-
-def _classify_status(exc: anthropic.APIStatusError, now: Callable[[], float]) -> ProviderFailure:
-    status = exc.status_code
-    error_type = exc.type if isinstance(exc.type, str) else None
-    message = exc.api_message or exc.message
-    if status == 200:
-        # An `error` event inside a started stream: only its type says what happened, and the
-        # 200 response's headers carry no retry advice for it.
-        code = _CODE_BY_ERROR_TYPE.get(error_type or "", ProviderCode.ERROR)
-        retryable = error_type in RETRYABLE_STREAM_ERRORS
-        return ProviderFailure(code, message, retryable, 200, None, error_type, exc.request_id)
-    headers = exc.response.headers
-    if error_type == "overloaded_error":
-        code = ProviderCode.OVERLOADED
-    elif status in _CODE_BY_STATUS:
-        code = _CODE_BY_STATUS[status]
-    else:
-        code = ProviderCode.SERVER_ERROR if status >= 500 else ProviderCode.ERROR
-    server_wait = parse_retry_after(headers, now=now)
-    return ProviderFailure(
-        code=code,
-        message=message,
-        retryable=should_retry_status(status, headers),
-        status=status,
-        retry_after=server_wait if server_wait is not None and server_wait > 0 else None,
-        error_type=error_type,
-        request_id=exc.request_id,
-    )
-
-
 def _header(headers: Mapping[str, str], name: str) -> str | None:
     """Case-insensitive lookup that also works for a plain dict."""
     value = headers.get(name)
@@ -345,8 +234,3 @@ def _float(value: str | None) -> float | None:
         return float(value)
     except ValueError:
         return None
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -31,6 +31,7 @@ from services.worker.interactions import (
 from services.worker.model import stream_turn
 from services.worker.orchestrator_client import LeasedEffects, Orchestrator
 from services.worker.orchestrator_client import call as rpc
+from services.worker.provider_errors import classify_exception
 from services.worker.tools.base import GATED_RISKS, Authorization, CallContext, ConnectionGap
 from services.worker.tools.effects import idempotency_key
 from services.worker.tools.registry import ToolErrorCode, ToolRegistry
@@ -39,7 +40,7 @@ from tether.bus import Bus, events_channel
 from tether.errors import InvalidArgument, TetherError
 from tether.ids import new_id
 from tether.pricing import Price, add_usage, cost_micros
-from tether.retry import ProviderFailure, classify_exception
+from tether.retry import ProviderFailure
 from tether.v1 import common_pb2, orchestrator_pb2
 
 log = logging.getLogger(__name__)

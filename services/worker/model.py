@@ -21,8 +21,8 @@ from typing import Any
 
 from anthropic import AsyncAnthropic
 
+from services.worker.provider_errors import StreamIncomplete
 from services.worker.transcript import Transcript, struct
-from tether.retry import StreamIncomplete
 from tether.v1 import common_pb2
 
 Checkpoint = Callable[[], None]

@@ -22,7 +22,8 @@ import httpx2
 import pytest
 
 import tether.testing.model_server as model_server_module
-from tether.retry import ProviderCode, StreamIncomplete, classify_exception
+from services.worker.provider_errors import StreamIncomplete, classify_exception
+from tether.retry import ProviderCode
 from tether.testing.model_script import FAULT_BODY_TEXT
 from tether.testing.model_server import (
     BlocksTurn,

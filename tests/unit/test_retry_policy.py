@@ -12,14 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.worker.provider_errors import StreamIncomplete, classify_exception
 from tether.retry import (
     MAX_DELAY,
     SLEEP_LIMIT,
     ProviderCode,
     ProviderFailure,
     RetryPolicy,
-    StreamIncomplete,
-    classify_exception,
     parse_retry_after,
     should_retry_status,
 )
