@@ -1,9 +1,11 @@
 """Every interaction is bound to the pause it belongs to, with the services as real processes.
 
 An orphan is an interaction a worker stored before it died, without parking the run on it: it
-can neither wake, fail nor be claimed by a later pause of the same run. The dead worker is
-played by the test itself, with the worker's credential: it takes the lease, stores the
-interaction and never parks (the lease then expires and the reaper requeues the run).
+can neither wake, fail nor be claimed by a later pause of the same run. One test SIGKILLs a real
+worker between storing its approval and parking on it (the run row held by the test, so the
+worker's last checkpoint before the park waits while it dies); the others play the dead worker
+themselves, with the worker's credential, to place orphans of every kind: it takes the lease,
+stores the interaction and never parks (the lease then expires and the reaper requeues the run).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tests.system.execution_support import (
     run_row,
     wait_for_status,
 )
+from tests.system.row_hold import CHECKPOINT, RowHold
 from tether.client import TetherClient
 from tether.db.engine import create_engine
 from tether.db.schema import interactions, tenants
@@ -197,6 +200,47 @@ class DeadWorker:
                 run_id=run_id, epoch=epoch, tool_name="publish_post", tool_call_id=call_id
             )
         )
+
+
+async def test_an_approval_stored_by_a_worker_killed_before_it_parked_stays_inert(
+    stack: ExecStack,
+) -> None:
+    tenant = await stack.tenant()
+    text = prompt("killed before the park")
+    stack.model.script(
+        text,
+        [
+            ToolUseTurn("publish_post", {"text": "We launch today"}),
+            ToolUseTurn("ask_questions", {"questions": [{"key": "city", "prompt": "Which?"}]}),
+            TextTurn("Lisbon it is."),
+        ],
+    )
+    await stack.services.stop("worker")
+    doomed = await stack.start_worker()
+    run_id = await tenant.send(text)
+    async with RowHold(stack.db_url, run_id) as hold:
+        # The approval is stored; the checkpoint before the park waits on the row.
+        await hold.lined_up(CHECKPOINT)
+        [orphan] = [row.interaction_id for row in await run_interactions(stack, run_id)]
+        stack.services.kill(doomed)
+    # The lease runs out, the reaper requeues the run, and a live worker takes it.
+    await stack.start_worker()
+    await wait_for_status(stack.db_url, run_id, "waiting-for-question", timeout=30)
+    async with client(stack, tenant) as tc:
+        decided = await outcome(tc.decide(run_id, "allow-once"))
+        after = (await run_row(stack.db_url, run_id)).status
+        assert (decided, after) == (grpc.StatusCode.FAILED_PRECONDITION, "waiting-for-question")
+        await make_overdue(stack, orphan)
+        row = await eventually(
+            lambda: swept_row(stack, orphan), timeout=10, interval=0.1, what="the orphan swept"
+        )
+        assert (row.status, row.reason) == ("orphaned", ORPHANED)
+        assert (await run_row(stack.db_url, run_id)).status == "waiting-for-question"
+        await tc.answer(run_id, {"city": ["Lisbon"]})
+    run = await wait_for_status(stack.db_url, run_id, "completed")
+    assert run.result_text == "Lisbon it is."
+    assert row.decision is None and row.decided_by is None
+    await one_result_per_call(stack, run_id)
 
 
 async def test_an_orphan_approval_neither_wakes_nor_expires_a_run_parked_on_a_question(
