@@ -31,6 +31,7 @@ from bench.common import BenchStack, bench_stack, emit, percentile
 from tether.client import TetherClient
 from tether.db import schema
 from tether.grpcutil import internal_channel
+from tether.hints import EVENTS_PATTERN
 from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
 SERVICES = ("orchestrator", "admission", "interactions", "gateway")
@@ -138,7 +139,7 @@ async def completions(redis_url: str) -> AsyncIterator[Completions]:
     """Subscribed (confirmed) before yielding, so no terminal event can be missed."""
     client = redis.Redis.from_url(redis_url)
     pubsub = client.pubsub()
-    await pubsub.psubscribe("tether:events:*")
+    await pubsub.psubscribe(EVENTS_PATTERN)
     while (await pubsub.get_message(timeout=5.0)) is None:
         pass  # the psubscribe confirmation
     state = Completions()

@@ -15,21 +15,9 @@ import logging
 import redis.asyncio as redis
 from redis.exceptions import RedisError
 
+from tether.hints import WAKE_CHANNEL, encode_wake
+
 log = logging.getLogger(__name__)
-
-WAKE_CHANNEL = "tether:wake"
-
-
-def cancel_channel(run_id: str) -> str:
-    """Channel a run's cancel hint is published on: it makes the worker holding the run ask the
-    orchestrator, which alone says whether a cancel was requested."""
-    return f"tether:cancel:{run_id}"
-
-
-def events_channel(run_id: str) -> str:
-    """Channel a run's committed events and live deltas are published on."""
-    return f"tether:events:{run_id}"
-
 
 # Hints waiting to be sent; past this the oldest are dropped (subscribers re-read PostgreSQL).
 MAX_PENDING = 100_000
@@ -126,9 +114,10 @@ class Bus:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), 5.0)
 
-    def notify_queued(self, run_id: str) -> None:
-        """Wake an idle worker: a run became claimable."""
-        self.post(WAKE_CHANNEL, run_id)
+    def notify_queued(self, run_id: str, origin: str = "") -> None:
+        """Wake an idle worker: a run became claimable (`origin`: the replica that woke its own
+        waiting claims already)."""
+        self.post(WAKE_CHANNEL, encode_wake(run_id, origin))
 
     async def close(self) -> None:
         """Send what is queued, then close the connection pool."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import json
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -29,8 +28,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from tether.bus import events_channel
 from tether.convert import event_to_proto
+from tether.hints import LiveMessage, decode_event, events_channel
 from tether.v1 import events_pb2
 
 log = logging.getLogger(__name__)
@@ -55,13 +54,13 @@ class LiveEvent:
     gRPC response, the SSE frame) so a fan-out to many streams encodes once.
     """
 
-    __slots__ = ("_event", "_raw", "encoded", "run_id", "seq", "type")
+    __slots__ = ("_event", "_message", "encoded", "run_id", "seq", "type")
 
-    def __init__(self, raw: dict[str, Any]) -> None:
-        self._raw = raw
-        self.run_id = str(raw["run_id"])
-        self.seq = int(raw["seq"])
-        self.type = str(raw["type"])
+    def __init__(self, message: LiveMessage) -> None:
+        self._message = message
+        self.run_id = message.run_id
+        self.seq = message.seq
+        self.type = message.type
         self._event: events_pb2.RunEvent | None = None
         self.encoded: dict[str, Any] = {}
 
@@ -69,10 +68,10 @@ class LiveEvent:
     def event(self) -> events_pb2.RunEvent:
         """The transport event."""
         if self._event is None:
-            created = self._raw.get("created_at")
+            created = self._message.created_at
             when = datetime.fromisoformat(created) if created else datetime.now(UTC)
             self._event = event_to_proto(
-                self.run_id, self.seq, self.type, self._raw.get("payload") or {}, when
+                self.run_id, self.seq, self.type, self._message.payload, when
             )
         return self._event
 
@@ -375,8 +374,8 @@ class EventHub:
         if not feeds:
             return
         try:
-            live = LiveEvent(json.loads(data))
-        except (ValueError, KeyError, TypeError) as exc:
+            live = LiveEvent(decode_event(data))
+        except ValueError as exc:
             log.warning("dropping an undecodable message on %s: %s", channel, exc)
             return
         delta = live.type == _DELTA

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -30,10 +29,11 @@ from services.orchestrator.repositories.progress import PartRow
 from services.orchestrator.repositories.runs import get_run
 from services.orchestrator.wakeups import Wakeups
 from tether import states
-from tether.bus import Bus, events_channel
+from tether.bus import Bus
 from tether.db.schema import runs
 from tether.db.transitions import NOW, Event, apply
 from tether.errors import FailedPrecondition, InvalidArgument, StaleLease, TetherError
+from tether.hints import LiveMessage, encode_event, events_channel
 from tether.pricing import Price, cost_micros
 from tether.retry import RetryPolicy
 from tether.states import RunStatus
@@ -147,14 +147,8 @@ class Execution:
             return
         now = datetime.now(UTC).isoformat()
         for i, event in enumerate(events):
-            message = {
-                "run_id": run_id,
-                "seq": first_seq + i,
-                "type": event.type,
-                "payload": event.payload,
-                "created_at": now,
-            }
-            self._bus.post(events_channel(run_id), json.dumps(message))
+            message = LiveMessage(run_id, first_seq + i, event.type, event.payload, now)
+            self._bus.post(events_channel(run_id), encode_event(message))
         if delivered:
             await self._bus.delivered()
 
@@ -164,7 +158,7 @@ class Execution:
         self.wakeups.wake(run_ids)
         if self._bus is not None:
             for run_id in run_ids:
-                self._bus.notify_queued(f"{run_id}@{self.wake_marker}")
+                self._bus.notify_queued(run_id, self.wake_marker)
 
     # -- claim --------------------------------------------------------------------------------
 

@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Callable
 from redis.exceptions import RedisError
 
 from services.orchestrator.execution import Execution
-from tether.bus import WAKE_CHANNEL, Bus
+from tether.bus import Bus
+from tether.hints import WAKE_CHANNEL, decode_wake
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +38,7 @@ async def listen_for_wakeups(bus: Bus, execution: Execution) -> None:
                 async for message in pubsub.listen():
                     if message.get("type") != "message":
                         continue
-                    data = message.get("data")
-                    if isinstance(data, bytes):
-                        data = data.decode()
-                    # "RUN_ID" from admission, "RUN_ID@REPLICA" from an orchestrator replica.
-                    run_id, _, origin = str(data).partition("@")
+                    run_id, origin = decode_wake(message.get("data") or "")
                     if origin != execution.wake_marker:  # this replica woke its own already
                         execution.wakeups.wake([run_id])
         except asyncio.CancelledError:

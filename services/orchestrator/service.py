@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,9 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.orchestrator.repositories import progress
 from services.orchestrator.repositories import runs as runs_repo
 from tether import states
-from tether.bus import Bus, cancel_channel, events_channel
+from tether.bus import Bus
 from tether.db.schema import runs
 from tether.db.transitions import NOW, Event, apply
+from tether.hints import LiveMessage, cancel_channel, encode_event, events_channel
 from tether.states import RunStatus
 from tether.visibility import Viewer
 
@@ -145,14 +145,14 @@ class Runs:
         if moved is not None:
             if self._bus is not None:
                 # Streams learn at once (they would find it in PostgreSQL a little later).
-                event = {
-                    "run_id": run_id,
-                    "seq": moved.last_seq,
-                    "type": "run.cancelled",
-                    "payload": {"reason": reason},
-                    "created_at": datetime.now(UTC).isoformat(),
-                }
-                self._bus.post(events_channel(run_id), json.dumps(event))
+                event = LiveMessage(
+                    run_id,
+                    moved.last_seq,
+                    "run.cancelled",
+                    {"reason": reason},
+                    datetime.now(UTC).isoformat(),
+                )
+                self._bus.post(events_channel(run_id), encode_event(event))
             return CancelOutcome(moved, changed=True)
         if flagged is not None and self._bus is not None:
             self._bus.post(cancel_channel(run_id), reason or "cancelled")

@@ -9,7 +9,6 @@ worker owns the run now.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Coroutine
@@ -36,8 +35,9 @@ from services.worker.tools.base import GATED_RISKS, Authorization, CallContext, 
 from services.worker.tools.effects import idempotency_key
 from services.worker.tools.registry import ToolErrorCode, ToolRegistry
 from services.worker.transcript import Transcript, event, tool_result_part
-from tether.bus import Bus, events_channel
+from tether.bus import Bus
 from tether.errors import InvalidArgument, TetherError
+from tether.hints import LiveMessage, encode_event, events_channel
 from tether.ids import new_id
 from tether.pricing import Price, add_usage, cost_micros
 from tether.retry import ProviderFailure
@@ -764,11 +764,5 @@ class ProviderError(Exception):
 
 
 def _delta_json(run_id: str, part_index: int, text: str, offset: int) -> str:
-    return json.dumps(
-        {
-            "run_id": run_id,
-            "seq": 0,
-            "type": "text.delta",
-            "payload": {"partIndex": part_index, "text": text, "offset": offset},
-        }
-    )
+    payload = {"partIndex": part_index, "text": text, "offset": offset}
+    return encode_event(LiveMessage(run_id, 0, "text.delta", payload))

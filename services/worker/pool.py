@@ -20,11 +20,10 @@ from services.worker.attempt import Attempt
 from services.worker.orchestrator_client import Orchestrator
 from tether.bus import Bus
 from tether.errors import StaleLease, TetherError, Unavailable
+from tether.hints import CANCEL_PATTERN, run_of_cancel_channel
 from tether.v1 import orchestrator_pb2
 
 log = logging.getLogger(__name__)
-
-CANCEL_PATTERN = "tether:cancel:*"
 
 
 class WorkerPool:
@@ -218,10 +217,7 @@ class WorkerPool:
                     async for message in pubsub.listen():
                         if message.get("type") != "pmessage":
                             continue
-                        channel = message["channel"]
-                        if isinstance(channel, bytes):
-                            channel = channel.decode()
-                        self._cancel_hinted(channel.removeprefix("tether:cancel:"))
+                        self._cancel_hinted(run_of_cancel_channel(message["channel"]))
             except (RedisError, OSError) as exc:
                 # Heartbeats still carry the cancel flag; only the fast path is lost.
                 log.warning("cancel listener lost Redis (%s); reconnecting", exc)

@@ -33,7 +33,7 @@ from tests.system.execution_support import (
     wait_for_status,
 )
 from tests.system.row_hold import CHECKPOINT, RowHold
-from tether.bus import cancel_channel
+from tether.hints import cancel_channel
 from tether.testing.eventually import eventually
 from tether.testing.model_server import MidStreamError, TextTurn, ToolUseTurn
 

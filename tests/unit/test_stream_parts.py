@@ -10,11 +10,12 @@ from services.gateway.conversation import ConversationCursor
 from services.gateway.hub import Feed, LiveEvent, Signal
 from services.gateway.streams import MAX_BATCH_BYTES, RunCursor, _catch_up_responses
 from tether.errors import InvalidArgument
+from tether.hints import LiveMessage
 from tether.v1 import common_pb2, events_pb2
 
 
 def live(seq: int) -> LiveEvent:
-    return LiveEvent({"run_id": "run_1", "seq": seq, "type": "run.checkpointed", "payload": {}})
+    return LiveEvent(LiveMessage("run_1", seq, "run.checkpointed", {}))
 
 
 def checkpointed(seq: int, padding: int = 0) -> events_pb2.RunEvent:

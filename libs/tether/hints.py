@@ -1,0 +1,102 @@
+"""Every message Tether carries on Redis: its channel and its encoding, in one place.
+
+Publishers and subscribers in different services use these functions, never their own string
+formats, so a change to a message is made once. Every message is a hint (see `tether.bus`):
+a subscriber that cannot decode one drops it and re-reads PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# -- wake-ups: "a run may have become claimable" ------------------------------------------------
+
+WAKE_CHANNEL = "tether:wake"
+
+
+def encode_wake(run_id: str, origin: str = "") -> str:
+    """`RUN_ID` ("" for a run not known by id), or `RUN_ID@ORIGIN` from an orchestrator replica
+    that already woke its own waiting claims."""
+    return f"{run_id}@{origin}" if origin else run_id
+
+
+def decode_wake(data: bytes | str) -> tuple[str, str]:
+    """(run id, origin replica or "")."""
+    run_id, _, origin = _text(data).partition("@")
+    return run_id, origin
+
+
+# -- cancel hints: "ask the orchestrator whether this run was cancelled" ------------------------
+
+_CANCEL_PREFIX = "tether:cancel:"
+CANCEL_PATTERN = _CANCEL_PREFIX + "*"
+
+
+def cancel_channel(run_id: str) -> str:
+    """Channel a run's cancel hint is published on: it makes the worker holding the run ask the
+    orchestrator, which alone says whether a cancel was requested."""
+    return _CANCEL_PREFIX + run_id
+
+
+def run_of_cancel_channel(channel: bytes | str) -> str:
+    """The run a cancel hint names (its channel is the message; the body is only a reason)."""
+    return _text(channel).removeprefix(_CANCEL_PREFIX)
+
+
+# -- live events: committed events and uncommitted text deltas, for the gateway's streams -------
+
+
+_EVENTS_PREFIX = "tether:events:"
+EVENTS_PATTERN = _EVENTS_PREFIX + "*"
+
+
+def events_channel(run_id: str) -> str:
+    """Channel a run's committed events and live deltas are published on."""
+    return _EVENTS_PREFIX + run_id
+
+
+@dataclass(frozen=True)
+class LiveMessage:
+    """One live event as published: `seq` 0 for an uncommitted delta; `created_at` is an ISO
+    time, or "" when the publisher did not stamp it."""
+
+    run_id: str
+    seq: int
+    type: str
+    payload: Mapping[str, Any]
+    created_at: str = ""
+
+
+def encode_event(message: LiveMessage) -> str:
+    """The JSON form published on `events_channel(message.run_id)`."""
+    body: dict[str, Any] = {
+        "run_id": message.run_id,
+        "seq": message.seq,
+        "type": message.type,
+        "payload": dict(message.payload),
+    }
+    if message.created_at:
+        body["created_at"] = message.created_at
+    return json.dumps(body)
+
+
+def decode_event(data: bytes | str) -> LiveMessage:
+    """The message `encode_event` wrote; ValueError when it is not one."""
+    try:
+        raw = json.loads(data)
+        return LiveMessage(
+            str(raw["run_id"]),
+            int(raw["seq"]),
+            str(raw["type"]),
+            raw.get("payload") or {},
+            str(raw.get("created_at") or ""),
+        )
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not a live event: {exc}") from exc
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
