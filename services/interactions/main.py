@@ -6,11 +6,11 @@ from services.interactions.clients import GrpcResumer, HttpTokenExchange
 from services.interactions.service import Interactions, OAuthProvider, Policy
 from services.interactions.servicer import InteractionsServicer
 from services.interactions.settings import InteractionsSettings
-from services.orchestrator.maintenance import Supervisor, every
 from tether.credentials import require_credential, require_verifiers
 from tether.db.engine import create_engine
 from tether.grpcutil import internal_channel, start_server
 from tether.runner import configure_logging, run, serve, write_ready_file
+from tether.runtime import Supervisor, every
 from tether.v1 import interactions_pb2, interactions_pb2_grpc, orchestrator_pb2_grpc
 
 DEMO_PROVIDER = "democal"

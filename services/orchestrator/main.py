@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.orchestrator.execution import Execution
-from services.orchestrator.maintenance import Supervisor, every, listen_for_wakeups
+from services.orchestrator.maintenance import listen_for_wakeups
 from services.orchestrator.service import Runs
 from services.orchestrator.servicer import OrchestratorServicer
 from services.orchestrator.settings import OrchestratorSettings
@@ -12,6 +12,7 @@ from tether.credentials import require_verifiers
 from tether.db.engine import create_engine
 from tether.grpcutil import start_server
 from tether.runner import configure_logging, run, serve, write_ready_file
+from tether.runtime import Supervisor, every
 from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
 

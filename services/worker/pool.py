@@ -14,13 +14,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from services.worker.attempt import Attempt
 from services.worker.orchestrator_client import Orchestrator
 from tether.bus import Bus
 from tether.errors import StaleLease, TetherError, Unavailable
 from tether.hints import CANCEL_PATTERN, run_of_cancel_channel
+from tether.runtime import listen_forever
 from tether.v1 import orchestrator_pb2
 
 log = logging.getLogger(__name__)
@@ -210,18 +209,13 @@ class WorkerPool:
     async def _listen_for_cancels(self) -> None:
         if self._bus is None:
             return
-        while True:
-            try:
-                async with self._bus.client.pubsub() as pubsub:
-                    await pubsub.psubscribe(CANCEL_PATTERN)
-                    async for message in pubsub.listen():
-                        if message.get("type") != "pmessage":
-                            continue
-                        self._cancel_hinted(run_of_cancel_channel(message["channel"]))
-            except (RedisError, OSError) as exc:
-                # Heartbeats still carry the cancel flag; only the fast path is lost.
-                log.warning("cancel listener lost Redis (%s); reconnecting", exc)
-                await asyncio.sleep(0.5)
+        # Heartbeats still carry the cancel flag while Redis is away; only the fast path is lost.
+        await listen_forever(
+            self._bus,
+            "cancel listener",
+            lambda pubsub: pubsub.psubscribe(CANCEL_PATTERN),
+            lambda message: self._cancel_hinted(run_of_cancel_channel(message["channel"])),
+        )
 
     async def stop(self, grace_s: float) -> None:
         """Stop claiming; give attempts `grace_s` to finish, then release their leases."""
