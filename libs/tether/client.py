@@ -38,18 +38,6 @@ short outage, not forever."""
 # 0.2 s doubling to 2 s (jittered): an outage of a few seconds costs at most ~2 s more.
 OUTAGE_BACKOFF = RetryPolicy(initial_delay=0.2, max_delay=2.0)
 
-_DISPOSITION_NAMES: dict[int, str] = {
-    common_pb2.DISPOSITION_CREATED: "created",
-    common_pb2.DISPOSITION_ATTACHED: "attached",
-    common_pb2.DISPOSITION_REPLAYED: "replayed",
-    common_pb2.DISPOSITION_RETRIED: "retried",
-}
-
-
-def disposition_name(value: int) -> str:
-    """The lower-case name of a Disposition."""
-    return _DISPOSITION_NAMES.get(value, "unspecified")
-
 
 def run_to_dict(run: common_pb2.Run) -> dict[str, Any]:
     """A run as stable JSON: ids, `status` spelled as in the state machine, times as RFC 3339."""

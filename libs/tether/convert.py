@@ -133,3 +133,16 @@ def part_payload(part: common_pb2.Part) -> tuple[str, dict[str, Any]]:
     if kind is None:
         raise ValueError("part has no content")
     return kind, json_format.MessageToDict(getattr(part, kind))
+
+
+_DISPOSITION_NAMES: dict[int, str] = {
+    common_pb2.DISPOSITION_CREATED: "created",
+    common_pb2.DISPOSITION_ATTACHED: "attached",
+    common_pb2.DISPOSITION_REPLAYED: "replayed",
+    common_pb2.DISPOSITION_RETRIED: "retried",
+}
+
+
+def disposition_name(value: int) -> str:
+    """The lower-case name of a Disposition."""
+    return _DISPOSITION_NAMES.get(value, "unspecified")

@@ -40,8 +40,7 @@ from services.gateway.auth import Authenticator, KeyWatch
 from services.gateway.conversation import ConversationCursor, conversation_items
 from services.gateway.streams import Streams
 from tether.apikeys import Principal
-from tether.client import disposition_name
-from tether.convert import status_to_proto
+from tether.convert import disposition_name, status_to_proto
 from tether.errors import InvalidArgument, TetherError
 from tether.limits import INT32_MAX, INT64_MAX, check_request
 from tether.states import RunStatus

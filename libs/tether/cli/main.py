@@ -24,7 +24,8 @@ from typing import Any
 import grpc
 
 from tether.cli import interactions, watch
-from tether.client import TetherClient, disposition_name, run_to_dict
+from tether.client import TetherClient, run_to_dict
+from tether.convert import disposition_name
 
 Command = Callable[[argparse.Namespace], Awaitable[int]]
 
