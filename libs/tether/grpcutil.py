@@ -13,7 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tether.credentials import CREDENTIAL_KEY, POWERS, verifier
-from tether.errors import CODE_METADATA_KEY, InvalidArgument, TetherError
+from tether.errors import CODE_METADATA_KEY, InvalidArgument, TetherError, from_rpc_error
 
 log = logging.getLogger(__name__)
 
@@ -207,14 +207,20 @@ async def start_server(
     return server, bound, health_servicer
 
 
-class _CredentialClientInterceptor(
+class _InternalClientInterceptor(
     grpc.aio.UnaryUnaryClientInterceptor,  # type: ignore[misc]
     grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[misc]
 ):
-    def __init__(self, credential: str) -> None:
-        self._pair = (CREDENTIAL_KEY, credential)
+    """Presents the caller's credential and, for a named callee, raises a unary call's failure
+    as the TetherError the callee raised (one interceptor: each costs a task per call)."""
+
+    def __init__(self, credential: str | None, service: str | None) -> None:
+        self._pair = (CREDENTIAL_KEY, credential) if credential else None
+        self._service = service
 
     def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        if self._pair is None:
+            return details
         metadata = grpc.aio.Metadata(*(details.metadata or ()))
         metadata.add(*self._pair)
         return grpc.aio.ClientCallDetails(
@@ -222,15 +228,30 @@ class _CredentialClientInterceptor(
         )
 
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
+        call = await continuation(self._details(details), request)
+        if self._service is None:
+            return call
+        try:
+            await call
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, self._service) from exc
+        return call
 
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._details(details), request)
 
 
-def internal_channel(address: str, credential: str | None) -> grpc.aio.Channel:
-    """A channel to another Tether service, presenting this service's credential when set."""
-    interceptors = [_CredentialClientInterceptor(credential)] if credential else None
+def internal_channel(
+    address: str, credential: str | None, *, service: str | None = None
+) -> grpc.aio.Channel:
+    """A channel to another Tether service, presenting this service's credential when set.
+
+    With `service` (the callee's name) a unary call's failure is raised as the same TetherError
+    the callee raised, and the callee being unreachable as UNAVAILABLE naming it; without it
+    (tests that look at status codes) the raw grpc.aio.AioRpcError is raised."""
+    interceptors = (
+        [_InternalClientInterceptor(credential, service)] if credential or service else None
+    )
     return grpc.aio.insecure_channel(
         address,
         interceptors=interceptors,

@@ -23,7 +23,6 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from services.gateway.forward import forward
 from services.gateway.hub import Feed, LiveEvent, Signal
 from services.gateway.streams import (
     TERMINAL_STATUSES,
@@ -196,18 +195,15 @@ class _Conversation:
         horizon = int((time.time() - WATERMARK_HORIZON_S) * 1_000_000)
         token = ""
         while True:
-            page: orchestrator_pb2.SearchRunsResponse = await forward(
-                self._streams.orchestrator.SearchRuns(
-                    orchestrator_pb2.SearchRunsRequest(
-                        tenant_id=self._viewer.tenant_id,
-                        principal_id=self._viewer.principal_id,
-                        all_runs=self._viewer.all_runs,
-                        conversation_id=self._conversation_id,
-                        page_size=_SEARCH_PAGE,
-                        page_token=token,
-                    )
-                ),
-                "orchestrator",
+            page: orchestrator_pb2.SearchRunsResponse = await self._streams.orchestrator.SearchRuns(
+                orchestrator_pb2.SearchRunsRequest(
+                    tenant_id=self._viewer.tenant_id,
+                    principal_id=self._viewer.principal_id,
+                    all_runs=self._viewer.all_runs,
+                    conversation_id=self._conversation_id,
+                    page_size=_SEARCH_PAGE,
+                    page_token=token,
+                )
             )
             for run in page.runs:
                 key = _key(run)

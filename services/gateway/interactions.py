@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable
 import grpc
 from google.protobuf.message import Message
 
-from services.gateway.forward import forward
 from tether.apikeys import Principal
 from tether.errors import InvalidArgument
 from tether.v1 import gateway_pb2, interactions_pb2, interactions_pb2_grpc
@@ -27,16 +26,13 @@ class InteractionRpcs:
         self, request: gateway_pb2.GetPendingQuestionRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.GetPendingQuestionResponse:
         principal = await self._caller(context, "GetPendingQuestion", request)
-        found = await forward(
-            self._interactions.FindPendingQuestion(
-                interactions_pb2.FindPendingQuestionRequest(
-                    tenant_id=principal.tenant_id,
-                    principal_id=principal.principal_id,
-                    all_runs=viewer_of(principal).all_runs,
-                    run_id=request.run_id,
-                )
-            ),
-            "interactions",
+        found = await self._interactions.FindPendingQuestion(
+            interactions_pb2.FindPendingQuestionRequest(
+                tenant_id=principal.tenant_id,
+                principal_id=principal.principal_id,
+                all_runs=viewer_of(principal).all_runs,
+                run_id=request.run_id,
+            )
         )
         response = gateway_pb2.GetPendingQuestionResponse()
         if found.HasField("question"):
@@ -49,17 +45,14 @@ class InteractionRpcs:
         principal = await self._caller(context, "AnswerQuestion", request)
         if not request.answers:
             raise InvalidArgument("answers are required, keyed by question key")
-        recorded = await forward(
-            self._interactions.RecordAnswers(
-                interactions_pb2.RecordAnswersRequest(
-                    tenant_id=principal.tenant_id,
-                    principal_id=principal.principal_id,
-                    all_runs=viewer_of(principal).all_runs,
-                    run_id=request.run_id,
-                    answers=request.answers,
-                )
-            ),
-            "interactions",
+        recorded = await self._interactions.RecordAnswers(
+            interactions_pb2.RecordAnswersRequest(
+                tenant_id=principal.tenant_id,
+                principal_id=principal.principal_id,
+                all_runs=viewer_of(principal).all_runs,
+                run_id=request.run_id,
+                answers=request.answers,
+            )
         )
         return gateway_pb2.AnswerQuestionResponse(
             interaction_id=recorded.interaction_id, resumed=recorded.resumed
@@ -69,16 +62,13 @@ class InteractionRpcs:
         self, request: gateway_pb2.GetPendingApprovalRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.GetPendingApprovalResponse:
         principal = await self._caller(context, "GetPendingApproval", request)
-        found = await forward(
-            self._interactions.FindPendingApproval(
-                interactions_pb2.FindPendingApprovalRequest(
-                    tenant_id=principal.tenant_id,
-                    principal_id=principal.principal_id,
-                    all_runs=viewer_of(principal).all_runs,
-                    run_id=request.run_id,
-                )
-            ),
-            "interactions",
+        found = await self._interactions.FindPendingApproval(
+            interactions_pb2.FindPendingApprovalRequest(
+                tenant_id=principal.tenant_id,
+                principal_id=principal.principal_id,
+                all_runs=viewer_of(principal).all_runs,
+                run_id=request.run_id,
+            )
         )
         response = gateway_pb2.GetPendingApprovalResponse()
         if found.HasField("approval"):
@@ -89,18 +79,15 @@ class InteractionRpcs:
         self, request: gateway_pb2.DecideApprovalRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.DecideApprovalResponse:
         principal = await self._caller(context, "DecideApproval", request)
-        decided = await forward(
-            self._interactions.RecordDecision(
-                interactions_pb2.RecordDecisionRequest(
-                    tenant_id=principal.tenant_id,
-                    principal_id=principal.principal_id,
-                    all_runs=viewer_of(principal).all_runs,
-                    run_id=request.run_id,
-                    decision=request.decision,
-                    always_scope=request.always_scope,
-                )
-            ),
-            "interactions",
+        decided = await self._interactions.RecordDecision(
+            interactions_pb2.RecordDecisionRequest(
+                tenant_id=principal.tenant_id,
+                principal_id=principal.principal_id,
+                all_runs=viewer_of(principal).all_runs,
+                run_id=request.run_id,
+                decision=request.decision,
+                always_scope=request.always_scope,
+            )
         )
         return gateway_pb2.DecideApprovalResponse(
             interaction_id=decided.interaction_id,
@@ -114,16 +101,13 @@ class InteractionRpcs:
         context: grpc.aio.ServicerContext,
     ) -> gateway_pb2.GetPendingConnectionResponse:
         principal = await self._caller(context, "GetPendingConnection", request)
-        found = await forward(
-            self._interactions.FindPendingConnection(
-                interactions_pb2.FindPendingConnectionRequest(
-                    tenant_id=principal.tenant_id,
-                    principal_id=principal.principal_id,
-                    all_runs=viewer_of(principal).all_runs,
-                    run_id=request.run_id,
-                )
-            ),
-            "interactions",
+        found = await self._interactions.FindPendingConnection(
+            interactions_pb2.FindPendingConnectionRequest(
+                tenant_id=principal.tenant_id,
+                principal_id=principal.principal_id,
+                all_runs=viewer_of(principal).all_runs,
+                run_id=request.run_id,
+            )
         )
         response = gateway_pb2.GetPendingConnectionResponse()
         if found.HasField("connection"):
@@ -136,17 +120,14 @@ class InteractionRpcs:
         context: grpc.aio.ServicerContext,
     ) -> gateway_pb2.CompleteConnectionResponse:
         principal = await self._caller(context, "CompleteConnection", request)
-        done = await forward(
-            self._interactions.ConfirmConnection(
-                interactions_pb2.ConfirmConnectionRequest(
-                    tenant_id=principal.tenant_id,
-                    principal_id=principal.principal_id,
-                    all_runs=viewer_of(principal).all_runs,
-                    run_id=request.run_id,
-                    state=request.state,
-                    code=request.code,
-                )
-            ),
-            "interactions",
+        done = await self._interactions.ConfirmConnection(
+            interactions_pb2.ConfirmConnectionRequest(
+                tenant_id=principal.tenant_id,
+                principal_id=principal.principal_id,
+                all_runs=viewer_of(principal).all_runs,
+                run_id=request.run_id,
+                state=request.state,
+                code=request.code,
+            )
         )
         return gateway_pb2.CompleteConnectionResponse(resumed=done.resumed)

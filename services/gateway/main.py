@@ -25,9 +25,9 @@ from tether.v1 import (
 async def amain(settings: GatewaySettings, credential: str) -> None:
     """Run the gateway until signalled."""
     engine = create_engine(settings.database_url, pool_size=settings.pool_size)
-    admission = internal_channel(settings.admission_addr, credential)
-    orchestrator = internal_channel(settings.orchestrator_addr, credential)
-    interactions = internal_channel(settings.interactions_addr, credential)
+    admission = internal_channel(settings.admission_addr, credential, service="admission")
+    orchestrator = internal_channel(settings.orchestrator_addr, credential, service="orchestrator")
+    interactions = internal_channel(settings.interactions_addr, credential, service="interactions")
     auth = Authenticator(
         engine,
         cache_ttl_s=settings.key_cache_ttl_s,

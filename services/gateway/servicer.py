@@ -14,7 +14,6 @@ from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.gateway.auth import Authenticator
-from services.gateway.forward import forward
 from services.gateway.interactions import InteractionRpcs
 from services.gateway.streaming import StreamingServicer
 from services.gateway.streams import Streams
@@ -73,7 +72,8 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
             ),
             **input_,  # type: ignore[arg-type]
         )
-        return await forward(self._admission.Admit(request), "admission")
+        response: admission_pb2.AdmitResponse = await self._admission.Admit(request)
+        return response
 
     async def SendMessage(
         self, request: gateway_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
@@ -105,16 +105,13 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
         self, request: gateway_pb2.GetRunRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.GetRunResponse:
         principal = await self._caller(context, "GetRun", request)
-        found = await forward(
-            self._orchestrator.LookupRun(
-                orchestrator_pb2.LookupRunRequest(
-                    tenant_id=principal.tenant_id,
-                    principal_id=principal.principal_id,
-                    all_runs=viewer_of(principal).all_runs,
-                    run_id=request.run_id,
-                )
-            ),
-            "orchestrator",
+        found = await self._orchestrator.LookupRun(
+            orchestrator_pb2.LookupRunRequest(
+                tenant_id=principal.tenant_id,
+                principal_id=principal.principal_id,
+                all_runs=viewer_of(principal).all_runs,
+                run_id=request.run_id,
+            )
         )
         return gateway_pb2.GetRunResponse(run=found.run, parts=found.parts)
 
@@ -122,19 +119,16 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
         self, request: gateway_pb2.ListRunsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.ListRunsResponse:
         principal = await self._caller(context, "ListRuns", request)
-        page = await forward(
-            self._orchestrator.SearchRuns(
-                orchestrator_pb2.SearchRunsRequest(
-                    tenant_id=principal.tenant_id,
-                    principal_id=principal.principal_id,
-                    all_runs=viewer_of(principal).all_runs,
-                    statuses=request.statuses,
-                    conversation_id=request.conversation_id,
-                    page_size=request.page_size,
-                    page_token=request.page_token,
-                )
-            ),
-            "orchestrator",
+        page = await self._orchestrator.SearchRuns(
+            orchestrator_pb2.SearchRunsRequest(
+                tenant_id=principal.tenant_id,
+                principal_id=principal.principal_id,
+                all_runs=viewer_of(principal).all_runs,
+                statuses=request.statuses,
+                conversation_id=request.conversation_id,
+                page_size=request.page_size,
+                page_token=request.page_token,
+            )
         )
         return gateway_pb2.ListRunsResponse(runs=page.runs, next_page_token=page.next_page_token)
 
@@ -142,17 +136,14 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
         self, request: gateway_pb2.CancelRunRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CancelRunResponse:
         principal = await self._caller(context, "CancelRun", request)
-        outcome = await forward(
-            self._orchestrator.RequestCancellation(
-                orchestrator_pb2.RequestCancellationRequest(
-                    tenant_id=principal.tenant_id,
-                    principal_id=principal.principal_id,
-                    all_runs=viewer_of(principal).all_runs,
-                    run_id=request.run_id,
-                    reason=request.reason,
-                )
-            ),
-            "orchestrator",
+        outcome = await self._orchestrator.RequestCancellation(
+            orchestrator_pb2.RequestCancellationRequest(
+                tenant_id=principal.tenant_id,
+                principal_id=principal.principal_id,
+                all_runs=viewer_of(principal).all_runs,
+                run_id=request.run_id,
+                reason=request.reason,
+            )
         )
         return gateway_pb2.CancelRunResponse(run=outcome.run, changed=outcome.changed)
 

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 from google.protobuf import json_format
 
-from services.gateway.forward import forward
 from services.gateway.hub import EventHub, LiveEvent, Signal
 from services.gateway.settings import GatewaySettings
 from tether.errors import (
@@ -149,19 +148,16 @@ class Streams:
         self, viewer: Viewer, run_id: str, after_seq: int, *, include_state: bool = False
     ) -> orchestrator_pb2.ReadEventsResponse:
         """One page of the run's log after `after_seq` (with its state, in the same snapshot)."""
-        response: orchestrator_pb2.ReadEventsResponse = await forward(
-            self.orchestrator.ReadEvents(
-                orchestrator_pb2.ReadEventsRequest(
-                    tenant_id=viewer.tenant_id,
-                    principal_id=viewer.principal_id,
-                    all_runs=viewer.all_runs,
-                    run_id=run_id,
-                    after_seq=after_seq,
-                    limit=self.timing.page_size,
-                    include_state=include_state,
-                )
-            ),
-            "orchestrator",
+        response: orchestrator_pb2.ReadEventsResponse = await self.orchestrator.ReadEvents(
+            orchestrator_pb2.ReadEventsRequest(
+                tenant_id=viewer.tenant_id,
+                principal_id=viewer.principal_id,
+                all_runs=viewer.all_runs,
+                run_id=run_id,
+                after_seq=after_seq,
+                limit=self.timing.page_size,
+                include_state=include_state,
+            )
         )
         return response
 

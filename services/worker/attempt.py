@@ -29,7 +29,6 @@ from services.worker.interactions import (
 )
 from services.worker.model import stream_turn
 from services.worker.orchestrator_client import LeasedEffects, Orchestrator
-from services.worker.orchestrator_client import call as rpc
 from services.worker.provider_errors import classify_exception
 from services.worker.tools.base import GATED_RISKS, Authorization, CallContext, ConnectionGap
 from services.worker.tools.effects import idempotency_key
@@ -632,11 +631,9 @@ class Attempt:
         )
 
     async def _store_output(self, ref: str, content: str) -> None:
-        await rpc(
-            self._orchestrator.stub.StoreToolOutput(
-                orchestrator_pb2.StoreToolOutputRequest(
-                    run_id=self.run_id, epoch=self.epoch, output_ref=ref, content=content
-                )
+        await self._orchestrator.stub.StoreToolOutput(
+            orchestrator_pb2.StoreToolOutputRequest(
+                run_id=self.run_id, epoch=self.epoch, output_ref=ref, content=content
             )
         )
 

@@ -13,7 +13,6 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from services.worker.orchestrator_client import call
 from services.worker.tools.base import ConnectionGap
 from tether.v1 import common_pb2, interactions_pb2, interactions_pb2_grpc
 
@@ -106,36 +105,28 @@ class LeasedInteractions:
             )
             for q in questions
         ]
-        response = await call(
-            self._stub.AskQuestions(
-                interactions_pb2.AskQuestionsRequest(
-                    run_id=self._run_id,
-                    epoch=self._epoch,
-                    tool_call_id=tool_call_id,
-                    questions=specs,
-                )
+        response = await self._stub.AskQuestions(
+            interactions_pb2.AskQuestionsRequest(
+                run_id=self._run_id,
+                epoch=self._epoch,
+                tool_call_id=tool_call_id,
+                questions=specs,
             )
         )
         return str(response.interaction_id)
 
     async def answered(self) -> list[interactions_pb2.AnsweredQuestion]:
         """The run's answered questions."""
-        response = await call(
-            self._stub.FindAnsweredQuestions(
-                interactions_pb2.FindAnsweredQuestionsRequest(
-                    run_id=self._run_id, epoch=self._epoch
-                )
-            )
+        response = await self._stub.FindAnsweredQuestions(
+            interactions_pb2.FindAnsweredQuestionsRequest(run_id=self._run_id, epoch=self._epoch)
         )
         return list(response.answered)
 
     async def check_grant(self, tool_name: str, risk: str) -> str | None:
         """A standing grant's id, or None."""
-        response = await call(
-            self._stub.CheckGrant(
-                interactions_pb2.CheckGrantRequest(
-                    run_id=self._run_id, epoch=self._epoch, tool_name=tool_name, risk_category=risk
-                )
+        response = await self._stub.CheckGrant(
+            interactions_pb2.CheckGrantRequest(
+                run_id=self._run_id, epoch=self._epoch, tool_name=tool_name, risk_category=risk
             )
         )
         return str(response.grant_id) if response.allowed else None
@@ -161,21 +152,19 @@ class LeasedInteractions:
             idempotency_key=idempotency_key,
         )
         json_format.ParseDict(input, request.input)
-        response = await call(self._stub.RequestApproval(request))
+        response = await self._stub.RequestApproval(request)
         return str(response.interaction_id)
 
     async def claim(
         self, tool_name: str, tool_call_id: str
     ) -> interactions_pb2.ClaimApprovalResponse | None:
         """Claim the decided approval of this tool call, or None."""
-        response: interactions_pb2.ClaimApprovalResponse = await call(
-            self._stub.ClaimApproval(
-                interactions_pb2.ClaimApprovalRequest(
-                    run_id=self._run_id,
-                    epoch=self._epoch,
-                    tool_name=tool_name,
-                    tool_call_id=tool_call_id,
-                )
+        response: interactions_pb2.ClaimApprovalResponse = await self._stub.ClaimApproval(
+            interactions_pb2.ClaimApprovalRequest(
+                run_id=self._run_id,
+                epoch=self._epoch,
+                tool_name=tool_name,
+                tool_call_id=tool_call_id,
             )
         )
         return response if response.claimed else None
@@ -184,17 +173,15 @@ class LeasedInteractions:
         self, tool_call_id: str, gap: ConnectionGap
     ) -> tuple[str, str] | None:
         """A consent offer (interaction id, login URL), or None when none can be made."""
-        response = await call(
-            self._stub.RequestConnection(
-                interactions_pb2.RequestConnectionRequest(
-                    run_id=self._run_id,
-                    epoch=self._epoch,
-                    tool_call_id=tool_call_id,
-                    provider=gap.provider,
-                    gap=_GAP_PROTO[gap.gap],
-                    scopes=list(gap.scopes),
-                    credential_ref=gap.credential_ref,
-                )
+        response = await self._stub.RequestConnection(
+            interactions_pb2.RequestConnectionRequest(
+                run_id=self._run_id,
+                epoch=self._epoch,
+                tool_call_id=tool_call_id,
+                provider=gap.provider,
+                gap=_GAP_PROTO[gap.gap],
+                scopes=list(gap.scopes),
+                credential_ref=gap.credential_ref,
             )
         )
         if not response.interaction_id:
@@ -203,11 +190,9 @@ class LeasedInteractions:
 
     async def token(self, provider: str, scopes: Sequence[str]) -> str:
         """The run principal's token for `provider`, or ConnectionGap."""
-        response = await call(
-            self._stub.ResolveConnection(
-                interactions_pb2.ResolveConnectionRequest(
-                    run_id=self._run_id, epoch=self._epoch, provider=provider, scopes=list(scopes)
-                )
+        response = await self._stub.ResolveConnection(
+            interactions_pb2.ResolveConnectionRequest(
+                run_id=self._run_id, epoch=self._epoch, provider=provider, scopes=list(scopes)
             )
         )
         gap = _GAP_NAME.get(response.gap)

@@ -38,14 +38,14 @@ def provider_client(settings: WorkerSettings) -> AsyncAnthropic:
 
 async def amain(settings: WorkerSettings, credential: str) -> None:
     """Run the pool until signalled."""
-    channel = internal_channel(settings.orchestrator_addr, credential)
+    channel = internal_channel(settings.orchestrator_addr, credential, service="orchestrator")
     orchestrator = Orchestrator(orchestrator_pb2_grpc.OrchestratorServiceStub(channel))
     bus = Bus(settings.redis_url) if settings.redis_url else None
     client = provider_client(settings)
     registry = ToolRegistry.from_entry_points(settings=dict(os.environ))
 
     interactions_channel = (
-        internal_channel(settings.interactions_addr, credential)
+        internal_channel(settings.interactions_addr, credential, service="interactions")
         if settings.interactions_addr
         else None
     )

@@ -1,15 +1,13 @@
-"""The worker's only authority: calls to the orchestrator under a lease, errors translated."""
+"""The worker's only authority: calls to the orchestrator under a lease. Failures arrive as
+TetherErrors (StaleLease for a refused epoch): the channel translates them."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-import grpc
 from google.protobuf import json_format
 
 from services.worker.tools.effects import EffectState
-from tether.errors import from_rpc_error
 from tether.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
 T = TypeVar("T")
@@ -21,14 +19,6 @@ _EFFECT_STATES = {
 }
 
 
-async def call(awaitable: Awaitable[T]) -> T:
-    """Await an RPC, translating its failure (StaleLease for a refused epoch)."""
-    try:
-        return await awaitable
-    except grpc.aio.AioRpcError as exc:
-        raise from_rpc_error(exc) from exc
-
-
 class Orchestrator:
     """Typed calls to tether.v1.OrchestratorService."""
 
@@ -37,18 +27,16 @@ class Orchestrator:
 
     async def claim(self, worker_id: str, wait_ms: int) -> orchestrator_pb2.ClaimRunResponse:
         """Long-poll for a run."""
-        response: orchestrator_pb2.ClaimRunResponse = await call(
-            self.stub.ClaimRun(
-                orchestrator_pb2.ClaimRunRequest(worker_id=worker_id, wait_ms=wait_ms),
-                timeout=wait_ms / 1000 + 30,
-            )
+        response: orchestrator_pb2.ClaimRunResponse = await self.stub.ClaimRun(
+            orchestrator_pb2.ClaimRunRequest(worker_id=worker_id, wait_ms=wait_ms),
+            timeout=wait_ms / 1000 + 30,
         )
         return response
 
     async def heartbeat(self, run_id: str, epoch: int) -> orchestrator_pb2.HeartbeatResponse:
         """Extend the lease."""
-        response: orchestrator_pb2.HeartbeatResponse = await call(
-            self.stub.Heartbeat(orchestrator_pb2.HeartbeatRequest(run_id=run_id, epoch=epoch))
+        response: orchestrator_pb2.HeartbeatResponse = await self.stub.Heartbeat(
+            orchestrator_pb2.HeartbeatRequest(run_id=run_id, epoch=epoch)
         )
         return response
 
@@ -56,22 +44,20 @@ class Orchestrator:
         self, request: orchestrator_pb2.CheckpointRequest
     ) -> orchestrator_pb2.CheckpointResponse:
         """Persist progress."""
-        response: orchestrator_pb2.CheckpointResponse = await call(self.stub.Checkpoint(request))
+        response: orchestrator_pb2.CheckpointResponse = await self.stub.Checkpoint(request)
         return response
 
     async def complete(self, request: orchestrator_pb2.CompleteRunRequest) -> None:
         """Finalise the run."""
-        await call(self.stub.CompleteRun(request))
+        await self.stub.CompleteRun(request)
 
     async def schedule_retry(
         self, run_id: str, epoch: int, error: common_pb2.ErrorInfo, retry_after_s: float
     ) -> orchestrator_pb2.ScheduleRetryResponse:
         """Report a transient failure."""
-        response: orchestrator_pb2.ScheduleRetryResponse = await call(
-            self.stub.ScheduleRetry(
-                orchestrator_pb2.ScheduleRetryRequest(
-                    run_id=run_id, epoch=epoch, error=error, retry_after_seconds=retry_after_s
-                )
+        response: orchestrator_pb2.ScheduleRetryResponse = await self.stub.ScheduleRetry(
+            orchestrator_pb2.ScheduleRetryRequest(
+                run_id=run_id, epoch=epoch, error=error, retry_after_seconds=retry_after_s
             )
         )
         return response
@@ -84,19 +70,15 @@ class Orchestrator:
         interaction_id: str,
     ) -> None:
         """Park the run for a person; the lease is released."""
-        await call(
-            self.stub.ParkRun(
-                orchestrator_pb2.ParkRunRequest(
-                    run_id=run_id, epoch=epoch, status=status, interaction_id=interaction_id
-                )
+        await self.stub.ParkRun(
+            orchestrator_pb2.ParkRunRequest(
+                run_id=run_id, epoch=epoch, status=status, interaction_id=interaction_id
             )
         )
 
     async def release(self, run_id: str, epoch: int) -> None:
         """Hand the lease back."""
-        await call(
-            self.stub.ReleaseRun(orchestrator_pb2.ReleaseRunRequest(run_id=run_id, epoch=epoch))
-        )
+        await self.stub.ReleaseRun(orchestrator_pb2.ReleaseRunRequest(run_id=run_id, epoch=epoch))
 
 
 class LeasedEffects:
@@ -109,11 +91,9 @@ class LeasedEffects:
 
     async def begin(self, key: str, tool_name: str) -> tuple[EffectState, dict[str, Any] | None]:
         """Open the record."""
-        response: orchestrator_pb2.BeginEffectResponse = await call(
-            self._orchestrator.stub.BeginEffect(
-                orchestrator_pb2.BeginEffectRequest(
-                    run_id=self._run_id, epoch=self._epoch, key=key, tool_name=tool_name
-                )
+        response: orchestrator_pb2.BeginEffectResponse = await self._orchestrator.stub.BeginEffect(
+            orchestrator_pb2.BeginEffectRequest(
+                run_id=self._run_id, epoch=self._epoch, key=key, tool_name=tool_name
             )
         )
         state = _EFFECT_STATES[response.state]
@@ -126,4 +106,4 @@ class LeasedEffects:
             run_id=self._run_id, epoch=self._epoch, key=key
         )
         json_format.ParseDict(result, request.result)
-        await call(self._orchestrator.stub.FinishEffect(request))
+        await self._orchestrator.stub.FinishEffect(request)
