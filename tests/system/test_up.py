@@ -2,53 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
-import psutil
-
+from tests.system.up_support import UpProcess
 from tether.client import TetherClient, run_to_dict
-
-
-async def start_up(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("TETHER_DATABASE_URL", "TETHER_REDIS_URL", "ANTHROPIC_API_KEY")
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tether.cli", "up", "--data-dir", str(data_dir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    assert process.stdout is not None
-    while True:
-        line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), 120)
-        assert line, f"tether up exited with {process.poll()} before it was ready"
-        if line.startswith("tether ready gateway="):
-            return process, line.strip().removeprefix("tether ready gateway=")
-
-
-async def interrupt(process: subprocess.Popen[str]) -> str:
-    children = psutil.Process(process.pid).children(recursive=True)
-    process.send_signal(signal.SIGINT)
-    out, _ = await asyncio.to_thread(process.communicate, timeout=60)
-    assert process.returncode == 0, out
-    _, alive = psutil.wait_procs(children, timeout=10)
-    assert not alive, f"left running after Ctrl-C: {[p.cmdline() for p in alive]}"
-    return out
 
 
 async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
-    process, gateway = await start_up(data_dir)
+    up = UpProcess(data_dir)
+    gateway = await up.ready()
     try:
         info = json.loads((data_dir / "stack.json").read_text())
         assert info["gateway"] == gateway
@@ -63,10 +27,11 @@ async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path:
             founded = await operator.create_key("acme", "founder")
         assert founded.tenant_id == "acme"
     finally:
-        out = await interrupt(process)
+        out = await up.interrupt()
     assert "tether stopped" in out
 
-    process, gateway = await start_up(data_dir)
+    up = UpProcess(data_dir)
+    await up.ready()
     try:
         async with TetherClient.from_env(str(data_dir / "stack.json")) as client:
             again = await client.get_run(sent.run.run_id)
@@ -74,4 +39,4 @@ async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path:
             replay = await client.send("hello", conversation_id="first", event_id="evt-hello")
             assert replay.run.run_id == sent.run.run_id, "the claim survived the restart"
     finally:
-        await interrupt(process)
+        await up.interrupt()

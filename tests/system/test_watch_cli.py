@@ -14,6 +14,7 @@ import pytest_asyncio
 from tests.system.execution_support import ExecStack, Tenant, exec_stack, wait_for_status
 from tests.system.streaming_support import get_run, prompt
 from tether.testing.model_server import ErrorTurn, TextTurn, ToolUseTurn
+from tether.transport import part_to_json
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -130,3 +131,39 @@ async def test_watch_shows_a_pause_with_its_command_and_cancel_ends_it(
     assert rest.decode().splitlines()[-1] == "[cancelled] not today"
     code, out = await tether("cancel", run_id, "--json", "--stack", file)
     assert json.loads(out)["changed"] is False
+
+
+async def test_run_json_shows_the_persisted_parts_and_parts_limits_them(
+    stack: ExecStack, tmp_path: Path
+) -> None:
+    tenant = await stack.tenant()
+    text = prompt("read back")
+    stack.model.script(
+        text, [ToolUseTurn("get_time", {}, text="Let me look."), TextTurn("It is late.")]
+    )
+    run_id = await tenant.send(text)
+    await wait_for_status(stack.db_url, run_id, "completed")
+    file = stack_file(stack, tenant, tmp_path)
+    code, out = await tether("run", run_id, "--json", "--stack", file)
+    assert code == 0, out
+    shown = json.loads(out)
+    assert shown["status"] == "completed" and shown["result_text"] == "It is late."
+    persisted = (await get_run(tenant, run_id)).parts
+    assert shown["parts"] == [part_to_json(part) for part in persisted]
+    kinds = [next(k for k in ("text", "toolCall", "toolResult") if k in p) for p in shown["parts"]]
+    assert kinds == ["text", "toolCall", "toolResult", "text"], shown["parts"]
+    assert shown["parts"][0]["text"]["text"] == "Let me look."
+    assert shown["parts"][1]["toolCall"]["name"] == "get_time"
+    assert shown["parts"][3]["text"]["text"] == "It is late."
+    assert shown["part_count"] == 4
+
+    code, out = await tether("run", run_id, "--json", "--parts", "1", "--stack", file)
+    assert code == 0, out
+    last = json.loads(out)
+    assert last["parts"] == shown["parts"][-1:] and last["part_count"] == 4
+    code, out = await tether("run", run_id, "--json", "--parts", "9", "--stack", file)
+    assert json.loads(out)["parts"] == shown["parts"]
+    code, out = await tether("run", run_id, "--json", "--parts", "0", "--stack", file)
+    assert json.loads(out)["parts"] == []
+    code, out = await tether("run", run_id, "--json", "--parts", "-1", "--stack", file)
+    assert code == 2 and "--parts: must be 0 or more, not -1" in out, out

@@ -26,6 +26,7 @@ import grpc
 from tether.cli import interactions, watch
 from tether.client import TetherClient, run_to_dict
 from tether.convert import disposition_name
+from tether.transport import part_to_json
 
 Command = Callable[[argparse.Namespace], Awaitable[int]]
 
@@ -70,15 +71,28 @@ async def cmd_send(args: argparse.Namespace) -> int:
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
-    """Show one run."""
+    """Show one run; with --json, its persisted parts too (the last --parts N of them)."""
     async with _client(args) as client:
         response = await client.get_run(args.run_id)
     run = run_to_dict(response.run)
     text = f"run {run['run_id']} status={run['status']} attempt={run.get('attempt', 0)}"
     if response.run.result_text:
         text += f"\n{response.run.result_text}"
-    _emit(args, {**run, "part_count": len(response.parts)}, text)
+    parts = list(response.parts)
+    shown = parts if args.parts is None else parts[max(len(parts) - args.parts, 0) :]
+    data = {**run, "part_count": len(parts), "parts": [part_to_json(p) for p in shown]}
+    _emit(args, data, text)
     return 0
+
+
+def _part_limit(value: str) -> int:
+    try:
+        limit = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {value!r}") from None
+    if limit < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {limit}")
+    return limit
 
 
 async def cmd_runs(args: argparse.Namespace) -> int:
@@ -174,8 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     _common(send, top=False)
     send.set_defaults(func=cmd_send)
 
-    run = sub.add_parser("run", help="show one run")
+    run = sub.add_parser("run", help="show one run (with --json, its parts too)")
     run.add_argument("run_id")
+    run.add_argument(
+        "--parts",
+        type=_part_limit,
+        metavar="N",
+        help="with --json: only the last N parts (0: none; part_count still counts them all)",
+    )
     _common(run, top=False)
     run.set_defaults(func=cmd_run)
 

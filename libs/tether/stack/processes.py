@@ -63,11 +63,27 @@ class ServiceSet:
         """Service name -> host:port of the services that also serve HTTP."""
         return {n: p.http_address for n, p in self.procs.items() if p.http_address is not None}
 
-    async def start_all(self, names: tuple[str, ...] = SERVICES, timeout: float = 60.0) -> None:
-        """Start `names`, each wave once the services it calls serve (a wave starts at once)."""
+    async def start_all(
+        self,
+        names: tuple[str, ...] = SERVICES,
+        timeout: float = 60.0,
+        *,
+        replicas: Mapping[str, int] | None = None,
+    ) -> None:
+        """Start `names`, each wave once the services it calls serve (a wave starts at once);
+        `replicas` says how many processes of a service to start (default one: `worker`,
+        then `worker-2`, ...)."""
+        counts = replicas or {}
         for wave in WAVES:
-            batch = [name for name in wave if name in names]
-            await asyncio.gather(*(self.start(name, timeout=timeout) for name in batch))
+            batch = [
+                (name, instance_name(name, n))
+                for name in wave
+                if name in names
+                for n in range(1, counts.get(name, 1) + 1)
+            ]
+            await asyncio.gather(
+                *(self.start(name, timeout=timeout, instance=instance) for name, instance in batch)
+            )
 
     def _env_for(self, name: str, extra: Mapping[str, str]) -> dict[str, str]:
         env = {**os.environ, **self.env, **service_env(self.credentials, name), **extra}
@@ -88,11 +104,11 @@ class ServiceSet:
         it) and wait until it serves."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if instance is None:
-            instance = name
             n = 1
+            instance = name
             while instance in self.procs and self.procs[instance].process.poll() is None:
                 n += 1
-                instance = f"{name}-{n}"
+                instance = instance_name(name, n)
         ready = self.run_dir / f"{instance}.port"
         ready.unlink(missing_ok=True)
         http_ready = Path(companion_ready_file(str(ready), "http"))
@@ -107,11 +123,20 @@ class ServiceSet:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C in a terminal reaches the supervisor only
             )
-        port = await _wait_ready(ready, process, log_path, timeout)
-        # Written before the main ready file by a service that serves HTTP too.
-        http_port = int(http_ready.read_text()) if http_ready.exists() else None
-        proc = ServiceProcess(instance, process, port, log_path, http_port, dict(extra_env or {}))
-        await wait_serving(proc.address, timeout=timeout)
+        try:
+            port = await _wait_ready(ready, process, log_path, timeout)
+            # Written before the main ready file by a service that serves HTTP too.
+            http_port = int(http_ready.read_text()) if http_ready.exists() else None
+            proc = ServiceProcess(
+                instance, process, port, log_path, http_port, dict(extra_env or {})
+            )
+            await wait_serving(proc.address, timeout=timeout)
+        except BaseException:
+            # Not recorded yet, so no stop would reach it: a start that fails or is cancelled
+            # (Ctrl-C during a supervisor's restart) leaves no process behind.
+            process.kill()
+            process.wait()
+            raise
         self.procs[instance] = proc
         return proc
 
@@ -128,7 +153,7 @@ class ServiceSet:
         old = self.procs[instance]
         if old.process.poll() is None:
             self.kill(instance)
-        name = instance.rsplit("-", 1)[0] if instance[-1].isdigit() else instance
+        name = service_of(instance)
         ports = {f"TETHER_{name.upper()}_PORT": str(old.port)}
         if old.http_port is not None:
             ports[f"TETHER_{name.upper()}_HTTP_PORT"] = str(old.http_port)
@@ -152,6 +177,17 @@ class ServiceSet:
         for instance in reversed(list(self.procs)):
             await self.stop(instance, grace=grace)
         self.procs.clear()
+
+
+def instance_name(service: str, n: int) -> str:
+    """The name of the n-th process of `service` (1-based): `worker`, `worker-2`, ..."""
+    return service if n == 1 else f"{service}-{n}"
+
+
+def service_of(instance: str) -> str:
+    """The service an instance name belongs to (`worker-2` -> `worker`)."""
+    head, _, tail = instance.rpartition("-")
+    return head if head and tail.isdigit() else instance
 
 
 async def _wait_ready(

@@ -2,9 +2,11 @@
 
 Data lives in one folder (TETHER_DATA_DIR, default `.tether/`): PostgreSQL's data, Redis's
 working dir, service logs, the platform operator's credential and `stack.json`, which tells
-clients where the gateway is and which development key (and operator credential) to use. Each
-service gets a credential of its own, new at every start. Starting again on the same folder
-keeps every run, key and event.
+clients where the gateway is and which development key (and operator credential) to use, and
+names every service's address and pid. Each service gets a credential of its own, new at every
+start. `TETHER_WORKERS` worker processes (default 2) run; a service that dies is restarted on
+its own ports (`tether.stack.supervisor`). Starting again on the same folder keeps every run,
+key and event.
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ import asyncpg
 from tether import apikeys, credentials
 from tether.db.engine import create_engine
 from tether.db.migrate import upgrade
+from tether.retry import RetryPolicy
 from tether.runner import wait_for_signal
 from tether.stack.embedded import EmbeddedPostgres, EmbeddedRedis, database_url
-from tether.stack.processes import ServiceSet
+from tether.stack.processes import ServiceProcess, ServiceSet
+from tether.stack.settings import UpSettings
+from tether.stack.supervisor import ServiceSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +103,10 @@ class Stack:
     """A running stack; `start()` then `stop()`."""
 
     data_dir: Path
-    database_url: str = ""
-    redis_url: str = ""
+    settings: UpSettings = field(default_factory=UpSettings)
     extra_env: dict[str, str] = field(default_factory=dict)
     services: ServiceSet | None = None
+    supervisor: ServiceSupervisor | None = None
     info: dict[str, Any] = field(default_factory=dict)
     _pg: EmbeddedPostgres | None = None
     _redis: EmbeddedRedis | None = None
@@ -112,13 +117,13 @@ class Stack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         run_dir = self.data_dir / "run"
         run_dir.mkdir(exist_ok=True)
-        db_url = self.database_url
+        db_url = self.settings.database_url
         if not db_url:
             self._pg = EmbeddedPostgres(self.data_dir / "postgres")
             server_url = await asyncio.to_thread(self._pg.start)
             db_url = await ensure_database(server_url, DATABASE)
         await upgrade(db_url)
-        redis_url = self.redis_url
+        redis_url = self.settings.redis_url
         if not redis_url:
             self._redis = EmbeddedRedis(self.data_dir / "redis")
             redis_url = await self._redis.start()
@@ -146,7 +151,7 @@ class Stack:
         previous = json.loads(stack_file.read_text()) if stack_file.exists() else {}
         api_key = await dev_key(db_url, previous)
         self.services = ServiceSet(run_dir, env, credentials.generate())
-        await self.services.start_all()
+        await self.services.start_all(replicas={"worker": self.settings.workers})
         addresses = self.services.addresses()
         self.info = {
             "gateway": addresses["gateway"],
@@ -160,15 +165,38 @@ class Stack:
             "redis_url": redis_url,
             "model_base_url": model_url,
             "pid": os.getpid(),
+            "pids": {name: p.process.pid for name, p in self.services.procs.items()},
         }
+        self._write_info()
+        self.supervisor = ServiceSupervisor(
+            self.services,
+            backoff=RetryPolicy(
+                initial_delay=self.settings.restart_delay_s,
+                max_delay=self.settings.restart_max_delay_s,
+                jitter=0.0,  # one supervisor per machine: nothing to spread out
+            ),
+            stable_after_s=self.settings.restart_stable_s,
+            on_restart=self._restarted,
+        )
+        self.supervisor.start()
+        return self.info
+
+    def _write_info(self) -> None:
+        stack_file = self.data_dir / "stack.json"
         tmp = stack_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.info, indent=2) + "\n")
         tmp.chmod(0o600)
         os.replace(tmp, stack_file)
-        return self.info
+
+    def _restarted(self, proc: ServiceProcess) -> None:
+        self.info["pids"][proc.name] = proc.process.pid
+        self._write_info()
 
     async def stop(self) -> None:
-        """Stop services, then the model server, Redis and PostgreSQL."""
+        """Stop supervising, stop the services in reverse start order, then the helper
+        servers, Redis and PostgreSQL."""
+        if self.supervisor is not None:
+            await self.supervisor.stop()
         if self.services is not None:
             await self.services.stop_all()
         for helper in self._helpers:
@@ -180,13 +208,19 @@ class Stack:
             await asyncio.to_thread(self._pg.stop)
 
 
+def log_to_stderr() -> None:
+    """The stack's own story (a service died, when it restarts) on the terminal."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s tether up: %(message)s"))
+    stack_log = logging.getLogger("tether.stack")
+    stack_log.addHandler(handler)
+    stack_log.setLevel(logging.INFO)
+
+
 async def run_until_signalled(data_dir: Path) -> None:
     """`tether up`: start, announce readiness, wait for Ctrl-C or SIGTERM, stop cleanly."""
-    stack = Stack(
-        data_dir,
-        database_url=os.environ.get("TETHER_DATABASE_URL", ""),
-        redis_url=os.environ.get("TETHER_REDIS_URL", ""),
-    )
+    log_to_stderr()
+    stack = Stack(data_dir, UpSettings())
     try:
         info = await stack.start()
         print(f"stack file: {data_dir / 'stack.json'}", flush=True)  # noqa: T201
@@ -194,7 +228,10 @@ async def run_until_signalled(data_dir: Path) -> None:
         print(f"dev API key ({DEV_TENANT}/{DEV_PRINCIPAL}): {info['api_key']}", flush=True)  # noqa: T201
         print(f"operator credential: {info['operator_credential']}", flush=True)  # noqa: T201
         print(f"tether ready gateway={info['gateway']}", flush=True)  # noqa: T201
-        await wait_for_signal()
+        assert stack.supervisor is not None
+        await wait_for_signal(stack.supervisor.failed)  # a signal sets it too
+        if stack.supervisor.error is not None:
+            raise RuntimeError("the supervisor broke; stack stopped") from stack.supervisor.error
     finally:
         await stack.stop()
         print("tether stopped", flush=True)  # noqa: T201

@@ -1,0 +1,51 @@
+"""`tether up`'s settings: which servers to use, how many workers, how crashed services restart."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import AliasChoices, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class UpSettings(BaseSettings):
+    """The embedded stack's settings (env prefix TETHER_UP_ unless a field names its own)."""
+
+    model_config = SettingsConfigDict(env_prefix="TETHER_UP_", frozen=True, extra="ignore")
+
+    database_url: str = Field(
+        "",
+        validation_alias=AliasChoices("TETHER_DATABASE_URL"),
+        description="A PostgreSQL to use instead of the embedded one.",
+    )
+    redis_url: str = Field(
+        "",
+        validation_alias=AliasChoices("TETHER_REDIS_URL"),
+        description="A Redis to use instead of the embedded one.",
+    )
+    workers: int = Field(
+        2,
+        ge=1,
+        validation_alias=AliasChoices("TETHER_WORKERS"),
+        description="Worker processes (two, so a crashed one never leaves runs unserved).",
+    )
+    restart_delay_s: float = Field(
+        0.5, gt=0, description="Wait before restarting a service that died; doubles each time."
+    )
+    restart_max_delay_s: float = Field(
+        10.0, gt=0, description="Longest wait before a restart, however often it died."
+    )
+    restart_stable_s: float = Field(
+        30.0,
+        ge=0,
+        description="A service that stayed up this long before dying restarts after the "
+        "shortest wait again.",
+    )
+
+    @model_validator(mode="after")
+    def _delays_in_order(self) -> Self:
+        if self.restart_delay_s > self.restart_max_delay_s:
+            raise ValueError(
+                "TETHER_UP_RESTART_DELAY_S must not exceed TETHER_UP_RESTART_MAX_DELAY_S"
+            )
+        return self

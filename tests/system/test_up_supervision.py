@@ -1,0 +1,160 @@
+"""`tether up` supervises its services: a SIGKILLed worker is restarted on its own port (with a
+line saying so) and its run completes; `TETHER_WORKERS` workers serve; Ctrl-C during a restart's
+backoff still stops everything cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+
+from tests.system.streaming_support import prompt
+from tests.system.up_support import UpProcess
+from tether.client import TetherClient, run_to_dict
+from tether.testing.eventually import eventually
+
+# Short leases so a run held by a killed worker is reaped within a couple of seconds.
+FAST_LEASES = {
+    "TETHER_ORCHESTRATOR_LEASE_TTL_S": "1.5",
+    "TETHER_ORCHESTRATOR_REAP_INTERVAL_S": "0.2",
+    "TETHER_ORCHESTRATOR_CLAIM_POLL_S": "0.2",
+    "TETHER_WORKER_HEARTBEAT_INTERVAL_S": "0.3",
+    "TETHER_WORKER_CLAIM_WAIT_MS": "500",
+}
+
+
+@asynccontextmanager
+async def running_up(data_dir: Path, **env: str) -> AsyncIterator[UpProcess]:
+    """`tether up` until the block ends, then Ctrl-C with the clean-exit checks (skipped when
+    the block failed: then it is only stopped, so the block's own failure is what is shown)."""
+    up = UpProcess(data_dir, **env)
+    try:
+        await up.ready()
+        yield up
+    except BaseException as exc:
+        await up.abandon()
+        exc.add_note(f"tether up printed:\n{up.output}")
+        raise
+    if up.process.poll() is None:
+        await up.interrupt()
+
+
+async def script(model_url: str, key: str, turns: list[dict[str, Any]]) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{model_url}/_script", json={"key": key, "turns": turns}) as response,
+    ):
+        assert response.status == 200, await response.text()
+
+
+async def model_requests(model_url: str, key: str) -> list[dict[str, Any]]:
+    async with aiohttp.ClientSession() as session, session.get(f"{model_url}/_requests") as got:
+        body = await got.json()
+    return [r for r in body["requests"] if r["script_key"] == key]
+
+
+async def worker_pids(db_url: str, run_id: str) -> list[int]:
+    """The pid of each worker that held the run, in attempt order (worker ids are HOST-PID)."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT worker_id FROM attempts WHERE run_id = $1 ORDER BY lease_epoch", run_id
+        )
+    finally:
+        await conn.close()
+    return [int(row["worker_id"].rsplit("-", 1)[1]) for row in rows]
+
+
+async def finished(client: TetherClient, run_id: str, *, timeout: float = 30.0) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        run = run_to_dict((await client.get_run(run_id)).run)
+        return run if run["status"] in ("completed", "failed", "cancelled") else None
+
+    return await eventually(probe, timeout=timeout, interval=0.1, what=f"run {run_id} to end")
+
+
+async def test_a_killed_worker_is_restarted_on_its_port_and_its_run_completes(
+    tmp_path: Path,
+) -> None:
+    # One attempt per worker process, so a second run in flight needs the second worker.
+    env = {**FAST_LEASES, "TETHER_WORKERS": "2", "TETHER_WORKER_CONCURRENCY": "1"}
+    async with running_up(tmp_path / "data", **env) as up:
+        info = up.info()
+        model, db_url = info["model_base_url"], info["database_url"]
+        workers = {p.pid for p in up.children("services.worker")}
+        assert len(workers) == 2, f"TETHER_WORKERS=2 started {len(workers)} workers"
+        async with TetherClient.from_env(str(up.data_dir / "stack.json")) as client:
+            held = prompt("held")
+            # Stalls mid-stream until its worker goes away; the next attempt gets the answer.
+            stall = {"kind": "stall", "after_events": 3}
+            await script(model, held, [stall, {"kind": "text", "text": "Done."}])
+            held_run = (await client.send(held, conversation_id="held", event_id="held")).run.run_id
+
+            async def streaming() -> list[dict[str, Any]]:
+                return await model_requests(model, held)
+
+            await eventually(streaming, timeout=30, what="the held run's model call")
+            [holder] = await worker_pids(db_url, held_run)
+
+            other = prompt("other")
+            await script(model, other, [{"kind": "text", "text": "Served elsewhere."}])
+            other_run = (
+                await client.send(other, conversation_id="other", event_id="other")
+            ).run.run_id
+            assert (await finished(client, other_run))["status"] == "completed"
+            [server] = await worker_pids(db_url, other_run)
+            assert {holder, server} == workers, "both worker processes serve"
+
+            os.kill(holder, signal.SIGKILL)
+            died = await up.line(
+                lambda line: f"pid {holder}" in line and "SIGKILL" in line,
+                timeout=30,
+                what="the supervisor's line about the killed worker",
+            )
+            assert "restarting in" in died, died
+            done = await finished(client, held_run)
+            assert done["status"] == "completed" and done["result_text"] == "Done.", done
+
+            async def replaced() -> set[int] | None:
+                now = {p.pid for p in up.children("services.worker")}
+                return now if len(now) == 2 and holder not in now else None
+
+            now = await eventually(replaced, timeout=30, what="a replacement worker")
+            await up.line(lambda line: "restarted" in line, timeout=30, what="the restart line")
+            after = up.info()
+            assert after["services"] == info["services"], "a restarted service keeps its port"
+            assert {pid for name, pid in after["pids"].items() if name.startswith("worker")} == now
+
+            later = prompt("later")
+            await script(model, later, [{"kind": "text", "text": "Still served."}])
+            later_run = (
+                await client.send(later, conversation_id="later", event_id="later")
+            ).run.run_id
+            assert (await finished(client, later_run))["result_text"] == "Still served."
+
+
+async def test_ctrl_c_during_a_restart_backoff_exits_cleanly(tmp_path: Path) -> None:
+    # A backoff far longer than the test, so Ctrl-C surely lands inside it.
+    env = {
+        "TETHER_WORKERS": "1",
+        "TETHER_UP_RESTART_DELAY_S": "600",
+        "TETHER_UP_RESTART_MAX_DELAY_S": "600",
+    }
+    async with running_up(tmp_path / "data", **env) as up:
+        [worker] = up.children("services.worker")
+        worker.kill()
+        died = await up.line(
+            lambda line: f"pid {worker.pid}" in line,
+            timeout=30,
+            what="the supervisor's line about the killed worker",
+        )
+        assert "restarting in 600.0 s" in died, died
+        out = await up.interrupt()  # exit code 0, nothing left running
+    assert "restarted" not in out, out
+    assert out.splitlines()[-1] == "tether stopped", out
