@@ -24,13 +24,20 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from tether.testing.demo_agent import demo_turn
 from tether.testing.local_server import LocalServer, run_cli
+from tether.testing.model_log import (
+    LOGGED_HEADERS,
+    RecordedRequest,
+    abort_connection,
+    auth_scheme,
+    error_response,
+    scripted_error,
+)
 from tether.testing.model_script import (
     DEFAULT_KEY,
     KEY_HEADER,
@@ -58,7 +65,6 @@ from tether.testing.model_wire import (
     STATUS_BY_ERROR_TYPE,
     RenderedTurn,
     error_body,
-    error_type_for_status,
     frame,
     input_tokens_for,
     message_json,
@@ -89,62 +95,8 @@ __all__ = [
     "main",
 ]
 
-LOGGED_HEADERS = (
-    "anthropic-version",
-    "anthropic-beta",
-    "content-type",
-    "idempotency-key",
-    "user-agent",
-    "x-stainless-retry-count",
-    "x-stainless-timeout",
-    "x-stainless-read-timeout",
-    "x-stainless-helper-method",
-    "x-stainless-stream-helper",
-    KEY_HEADER,
-)
-"""Request headers kept in the log. Credentials are never logged, only which scheme was used."""
-
 MAX_BODY_BYTES = 32 * 1024 * 1024
 """The real Messages API accepts request bodies up to 32 MB."""
-
-
-@dataclass
-class RecordedRequest:
-    """One request to `/v1/messages`, as the server saw it.
-
-    `served` says what answered (`script`, `demo`, or the rejection such as `auth_error`);
-    `outcome` how the response ended: `pending` while it is being sent, then `ok`,
-    `error_status`, `mid_stream_error`, `truncated`, `cut`, `disconnected` (the client went
-    away first) or `server_stopped`.
-    """
-
-    method: str
-    path: str
-    headers: dict[str, str]
-    auth: str | None
-    body: Any
-    timestamp: float
-    script_key: str
-    served: str = "pending"
-    outcome: str = "pending"
-    request_id: str = ""
-    stream: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON form served by `GET /_requests`."""
-        return {
-            "method": self.method,
-            "path": self.path,
-            "headers": self.headers,
-            "auth": self.auth,
-            "body": self.body,
-            "timestamp": self.timestamp,
-            "script_key": self.script_key,
-            "served": self.served,
-            "outcome": self.outcome,
-            "request_id": self.request_id,
-            "stream": self.stream,
-        }
 
 
 class ModelServer(LocalServer):
@@ -265,7 +217,7 @@ class ModelServer(LocalServer):
             headers={
                 name: request.headers[name] for name in LOGGED_HEADERS if name in request.headers
             },
-            auth=_auth_scheme(request),
+            auth=auth_scheme(request),
             body=body if body is not None else raw.decode("utf-8", "replace"),
             timestamp=time.time(),
             script_key=script_key(request.headers, body) if isinstance(body, dict) else DEFAULT_KEY,
@@ -297,29 +249,31 @@ class ModelServer(LocalServer):
         rid = record.request_id
         if record.auth is None:
             record.served = "auth_error"
-            return _error(401, "authentication_error", "x-api-key header is required", rid, record)
+            return error_response(
+                401, "authentication_error", "x-api-key header is required", rid, record
+            )
         if "anthropic-version" not in request.headers:
             record.served = "invalid_request"
-            return _error(
+            return error_response(
                 400, "invalid_request_error", "anthropic-version: header is required", rid, record
             )
         problem = request_problem(body)
         if problem is not None:
             record.served = "invalid_request"
-            return _error(400, "invalid_request_error", problem, rid, record)
+            return error_response(400, "invalid_request_error", problem, rid, record)
 
         scripted = self._book.take(record.script_key)
         record.served = "script" if scripted is not None else "demo"
         turn = scripted if scripted is not None else demo_turn(body)
         if isinstance(turn, ErrorTurn):
-            return _scripted_error(turn, rid, record)
+            return scripted_error(turn, rid, record)
         try:
             rendered = resolve_turn(as_message_turn(turn), body, _tool_id_seed(body))
             events = stream_events(rendered)
         except ValueError as exc:
             # A broken script is the test's bug: say so in the response rather than a bare 500.
             record.served = "script_error"
-            return _error(500, "api_error", f"invalid scripted turn: {exc}", rid, record)
+            return error_response(500, "api_error", f"invalid scripted turn: {exc}", rid, record)
         if record.stream:
             return await self._stream(request, record, rendered, events)
         return await self._whole(request, record, rendered)
@@ -383,12 +337,12 @@ class ModelServer(LocalServer):
             return True
         if isinstance(fault, Cut):
             record.outcome = "cut"
-            _abort(request)
+            abort_connection(request)
             return True
         if await self._stall(fault):
             return False
         record.outcome = "server_stopped"
-        _abort(request)
+        abort_connection(request)
         return True
 
     async def _stall(self, stall: Stall) -> bool:
@@ -407,15 +361,17 @@ class ModelServer(LocalServer):
         fault = rendered.turn.fault
         if isinstance(fault, MidStreamError):
             status = STATUS_BY_ERROR_TYPE.get(fault.error_type, 500)
-            return _error(status, fault.error_type, fault.message, record.request_id, record)
+            return error_response(
+                status, fault.error_type, fault.message, record.request_id, record
+            )
         if isinstance(fault, Cut | Truncated):
             # Without a stream there is nothing to truncate: the connection drops instead.
             record.outcome = "cut"
-            _abort(request)
+            abort_connection(request)
             return web.Response(status=499)
         if isinstance(fault, Stall) and not await self._stall(fault):
             record.outcome = "server_stopped"
-            _abort(request)
+            abort_connection(request)
             return web.Response(status=499)
         record.outcome = "ok"
         return web.json_response(message_json(rendered), headers={"request-id": record.request_id})
@@ -459,60 +415,10 @@ class ModelServer(LocalServer):
         return web.json_response(body, status=404, headers={"request-id": rid})
 
 
-def _auth_scheme(request: web.Request) -> str | None:
-    if request.headers.get("x-api-key"):
-        return "x-api-key"
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return "bearer"
-    return None
-
-
 def _tool_id_seed(body: Any) -> str:
     """Tool ids derive from the conversation so a replayed request gets the same ids."""
     digest = hashlib.sha256(json.dumps(body.get("messages"), sort_keys=True).encode())
     return digest.hexdigest()[:20]
-
-
-def _abort(request: web.Request) -> None:
-    """Drop the TCP connection without finishing the body (no final zero-length chunk)."""
-    if request.transport is not None:
-        request.transport.abort()
-
-
-def _error(
-    status: int,
-    error_type: str,
-    message: str | None,
-    request_id: str,
-    record: RecordedRequest,
-    headers: dict[str, str] | None = None,
-) -> web.Response:
-    record.outcome = "error_status"
-    return web.json_response(
-        error_body(error_type, message, request_id),
-        status=status,
-        headers={"request-id": request_id, **(headers or {})},
-    )
-
-
-def _scripted_error(turn: ErrorTurn, request_id: str, record: RecordedRequest) -> web.Response:
-    headers = dict(turn.headers)
-    if turn.retry_after is not None:
-        headers["retry-after"] = _header_number(turn.retry_after)
-    if turn.retry_after_ms is not None:
-        headers["retry-after-ms"] = _header_number(turn.retry_after_ms)
-    if turn.should_retry is not None:
-        headers["x-should-retry"] = "true" if turn.should_retry else "false"
-    error_type = turn.error_type or error_type_for_status(turn.status)
-    return _error(turn.status, error_type, turn.message, request_id, record, headers)
-
-
-def _header_number(value: float | str) -> str:
-    """`2` rather than `2.0`, as a server would write it; strings (HTTP dates) pass through."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
 # Command line ---------------------------------------------------------------------------------
