@@ -17,10 +17,10 @@ import asyncpg
 import grpc
 import pytest_asyncio
 
-from tests.conftest import clone_database, drop_database
+from tests.conftest import drop_database
 from tests.system.bad_input_support import hostile_stack  # noqa: F401  # bad-input modules' stack
-from tether import apikeys, credentials
-from tether.db.engine import create_engine
+from tests.system.stack_support import seeded_database
+from tether import credentials
 from tether.db.migrate import upgrade
 from tether.stack.embedded import EmbeddedPostgres, database_url
 from tether.stack.processes import ServiceSet
@@ -51,24 +51,14 @@ class RunningStack:
 async def stack(
     pg_server_url: str, template_db: str, redis_url: str, tmp_path_factory: object
 ) -> AsyncIterator[RunningStack]:
-    name = await clone_database(pg_server_url, template_db)
-    db_url = database_url(pg_server_url, name)
-    engine = create_engine(db_url, pool_size=1)
-    async with engine.begin() as conn:
-        for tenant in ("tenant-a", "tenant-b", "ops"):
-            await apikeys.ensure_tenant(conn, tenant)
-        admin_key, _ = await apikeys.create_key(conn, "ops", "root", apikeys.ALL_SCOPES)
-        key_a, _ = await apikeys.create_key(conn, "tenant-a", "alice", apikeys.CLIENT_SCOPES)
-        key_b, _ = await apikeys.create_key(conn, "tenant-b", "bob", apikeys.CLIENT_SCOPES)
-        read_only, _ = await apikeys.create_key(conn, "tenant-a", "auditor", ["runs:read"])
-    await engine.dispose()
+    seeded = await seeded_database(pg_server_url, template_db)
     service_credentials = credentials.generate()
     operator = "top_" + secrets.token_urlsafe(32)
     run_dir = Path(tmp_path_factory.mktemp("run"))  # type: ignore[attr-defined]
     services = ServiceSet(
         run_dir,
         {
-            "TETHER_DATABASE_URL": db_url,
+            "TETHER_DATABASE_URL": seeded.url,
             "TETHER_REDIS_URL": redis_url,
             "TETHER_GATEWAY_OPERATOR_CREDENTIAL_SHA256": credentials.verifier(operator),
         },
@@ -78,11 +68,18 @@ async def stack(
         # No worker here: these tests look at admission and the API, with runs left queued.
         await services.start_all(("orchestrator", "admission", "interactions", "gateway"))
         yield RunningStack(
-            services, db_url, service_credentials, operator, admin_key, key_a, key_b, read_only
+            services,
+            seeded.url,
+            service_credentials,
+            operator,
+            seeded.admin_key,
+            seeded.key_a,
+            seeded.key_b,
+            seeded.read_only_key,
         )
     finally:
         await services.stop_all()
-        await drop_database(pg_server_url, name)
+        await drop_database(pg_server_url, seeded.name)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
