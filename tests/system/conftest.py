@@ -2,27 +2,22 @@
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import shutil
-import subprocess
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
-import asyncpg
 import grpc
 import pytest_asyncio
 
 from tests.conftest import drop_database
+from tests.durable_postgres import DurablePostgres
 from tests.system.bad_input_support import hostile_stack  # noqa: F401  # bad-input modules' stack
 from tests.system.stack_support import seeded_database
 from tether import credentials
-from tether.db.migrate import upgrade
-from tether.stack.embedded import EmbeddedPostgres, database_url
 from tether.stack.processes import ServiceSet
 
 
@@ -88,64 +83,32 @@ async def gateway_channel(stack: RunningStack) -> AsyncIterator[grpc.aio.Channel
         yield channel
 
 
-@dataclass
-class DurablePostgres:
-    """A PostgreSQL server of its own, with the defaults (fsync and synchronous commit on), for
-    drills that kill it: a durability claim needs durable storage, and the suite's shared test
-    server trades crash safety for speed. Never the server named by TETHER_DATABASE_URL."""
+@dataclass(frozen=True)
+class DurableServer:
+    """A PostgreSQL server of one module's own, durable (tests.durable_postgres), with a
+    migrated template database to clone."""
 
-    server: EmbeddedPostgres
-    url: str
+    postgres: DurablePostgres
     template_db: str
 
-    def _pg_ctl(self, *args: str) -> None:
-        from pgserver._commands import pg_ctl
-
-        handle = self.server._server
-        pg_ctl(list(args), pgdata=handle.pgdata, user=handle.system_user, timeout=60)  # type: ignore[attr-defined]
-
-    def kill(self) -> None:
-        """Immediate shutdown: every backend dies at once, nothing is flushed (crash recovery
-        runs on the next start)."""
-        self._pg_ctl("-w", "-m", "immediate", "stop")
-
-    def restart(self) -> None:
-        """Start it again on the same socket, so every client's URL still works."""
-        socket_dir = parse_qs(urlsplit(self.url).query)["host"][0]
-        handle = self.server._server
-        self._pg_ctl(
-            "-w",
-            "-o",
-            '-h ""',
-            "-o",
-            f"-k {socket_dir}",
-            "-l",
-            str(handle.pgdata / "log"),  # type: ignore[attr-defined]
-            "start",
-        )
+    @property
+    def url(self) -> str:
+        """The URL of its `postgres` database."""
+        return self.postgres.server_url
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def durable_pg() -> AsyncIterator[DurablePostgres]:
+async def durable_pg() -> AsyncIterator[DurableServer]:
     """A separate embedded PostgreSQL (fsync and synchronous commit on) with a migrated
     template database, for one module's drills."""
     # Not under pytest's tmp_path: the server runs as another user, who must reach the folder.
     data_dir = Path(tempfile.mkdtemp(prefix="tether-durable-pg-"))
-    server = EmbeddedPostgres(data_dir)
-    url = server.start()
-    template = f"tether_tpl_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(url)
+    postgres = DurablePostgres(data_dir)
     try:
-        await admin.execute(f'CREATE DATABASE "{template}"')
+        await postgres.start()
+        template = f"tether_tpl_{uuid.uuid4().hex[:12]}"
+        await postgres.create_database(template)
+        yield DurableServer(postgres, template)
     finally:
-        await admin.close()
-    await upgrade(database_url(url, template))
-    durable = DurablePostgres(server, url, template)
-    try:
-        yield durable
-    finally:
-        # After a kill and restart pgserver's handle knows only the dead postmaster.
-        with contextlib.suppress(subprocess.CalledProcessError):
-            durable._pg_ctl("-w", "-m", "fast", "stop")
-        server.stop()
+        postgres.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
