@@ -20,24 +20,25 @@ and every durable event has `id:` (its seq; for a conversation, the cursor), so 
 EventSource resumes with Last-Event-ID. The first frame is `event: snapshot`. A stream ended
 early (slow client, gateway stopping) sends `event: error` with the cursor to resume from.
 Callers authenticate with `Authorization: Bearer <key>`; errors are JSON
-`{"error": {"status", "code", "message"}}` with the HTTP status of the gRPC code.
+`{"error": {"status", "code", "message"}}` with the HTTP status of the gRPC code, malformed HTTP
+included (`http_errors`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
-import grpc
 from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from services.gateway.auth import Authenticator, KeyWatch
 from services.gateway.conversation import ConversationCursor, conversation_items
+from services.gateway.http_errors import MAX_BODY_BYTES, BridgeRunner, error_body, errors
 from services.gateway.streams import Streams
 from tether.apikeys import Principal
 from tether.convert import disposition_name, status_to_proto
@@ -51,22 +52,6 @@ from tether.visibility import viewer_of
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-HTTP_STATUS: Mapping[grpc.StatusCode, int] = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.ALREADY_EXISTS: 409,
-    grpc.StatusCode.ABORTED: 409,
-    grpc.StatusCode.FAILED_PRECONDITION: 412,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.UNIMPLEMENTED: 501,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-}
-
-# The largest JSON body (aiohttp's default): a text at its 32,000-character limit, escaped, fits.
-MAX_BODY_BYTES = 1 << 20
 # EventSource waits this long before reconnecting after the stream ends or breaks.
 SSE_RETRY_MS = 1000
 _INTERACTIONS: tuple[tuple[str, str, str, type[Message]], ...] = (
@@ -87,63 +72,6 @@ class _CallContext:
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self._metadata
-
-
-def error_body(exc: TetherError, **extra: Any) -> dict[str, Any]:
-    """The JSON of an error."""
-    return {"error": {"status": exc.status.name, "code": exc.code, "message": exc.message, **extra}}
-
-
-def error_response(exc: TetherError) -> web.Response:
-    """An error as the HTTP status of its gRPC code, with the same code and message."""
-    headers = (
-        {"WWW-Authenticate": "Bearer"} if exc.status == grpc.StatusCode.UNAUTHENTICATED else {}
-    )
-    return web.json_response(
-        error_body(exc), status=HTTP_STATUS.get(exc.status, 500), headers=headers
-    )
-
-
-@web.middleware
-async def _errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except TetherError as exc:
-        return error_response(exc)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return _http_error(request, exc)
-    except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        return web.json_response(
-            {"error": {"status": "INTERNAL", "code": "internal", "message": "internal error"}},
-            status=500,
-        )
-
-
-# aiohttp's own refusals (no such route, wrong method, body too large), in the same JSON shape.
-_HTTP_ERRORS: Mapping[int, tuple[str, str]] = {
-    404: ("NOT_FOUND", "not_found"),
-    405: ("UNIMPLEMENTED", "method_not_allowed"),
-    413: ("INVALID_ARGUMENT", "body_too_large"),
-}
-
-
-def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
-    status, code = _HTTP_ERRORS.get(exc.status, ("INVALID_ARGUMENT", "bad_request"))
-    message = {
-        404: f"no route {request.method} {request.path}; see the routes in the README",
-        405: f"{request.method} is not allowed on {request.path}",
-        413: f"the request body is larger than {MAX_BODY_BYTES} bytes",
-    }.get(exc.status, exc.reason)
-    return web.json_response(
-        {"error": {"status": status, "code": code, "message": message}},
-        status=exc.status,
-        headers={k: v for k, v in exc.headers.items() if k == "Allow"},
-    )
 
 
 def _message_json(message: Message) -> dict[str, Any]:
@@ -221,7 +149,7 @@ class HttpBridge:
 
     def app(self) -> web.Application:
         """The aiohttp application."""
-        app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
+        app = web.Application(middlewares=[errors], client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/v1/runs/{run_id}/events", self.run_events)
         app.router.add_get("/v1/conversations/{conversation_id}/events", self.conversation_events)
         app.router.add_post("/v1/messages", self.send_message)
@@ -401,7 +329,7 @@ async def start_http(
     bridge: HttpBridge, host: str, port: int, grace_s: float
 ) -> tuple[web.AppRunner, int]:
     """Serve the bridge; returns the runner (clean it up to stop) and the bound port."""
-    runner = web.AppRunner(bridge.app(), access_log=None)
+    runner = BridgeRunner(bridge.app())
     await runner.setup()
     site = web.TCPSite(runner, host, port, shutdown_timeout=grace_s)
     await site.start()

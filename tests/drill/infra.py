@@ -6,31 +6,24 @@ with an immediate shutdown and started again, Redis flushed and restarted)."""
 from __future__ import annotations
 
 import asyncio
-import logging
-import subprocess
-import tempfile
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
-import asyncpg
 from sqlalchemy import insert, update
 
+from tests.durable_postgres import DurablePostgres
 from tether import apikeys, credentials
 from tether.db.engine import create_engine
-from tether.db.migrate import upgrade
 from tether.db.schema import grants, tenants
-from tether.stack.embedded import EmbeddedPostgres, EmbeddedRedis, database_url
+from tether.stack.embedded import EmbeddedRedis
 from tether.stack.processes import ServiceSet
 from tether.testing.ledger import Ledger
 from tether.testing.model_server import ModelServer
 from tether.testing.oauth import OAuthServer
-
-log = logging.getLogger("drill")
 
 DATABASE = "tether_drill"
 
@@ -95,87 +88,6 @@ async def provision_tenant(db_url: str, index: int, *, granted: bool) -> DrillTe
     return DrillTenant(tenant_id, key, granted)
 
 
-class DurablePostgres:
-    """A fresh embedded PostgreSQL with its default durability (fsync, synchronous commit),
-    which the soak kills with an immediate shutdown and starts again."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self._server = EmbeddedPostgres(data_dir)
-        self.server_url = ""
-        self.settings: dict[str, str] = {}
-
-    async def start(self) -> str:
-        """Start it, check it is durable, create and migrate the soak's database."""
-        self.server_url = await asyncio.to_thread(self._server.start)
-        admin = await asyncpg.connect(self.server_url)
-        try:
-            for name in ("fsync", "synchronous_commit", "full_page_writes"):
-                self.settings[name] = str(await admin.fetchval(f"SHOW {name}"))
-            if self.settings["fsync"] != "on" or self.settings["synchronous_commit"] != "on":
-                raise RuntimeError(f"the soak needs a durable server; it has {self.settings}")
-            await admin.execute(f'CREATE DATABASE "{DATABASE}"')
-        finally:
-            await admin.close()
-        url = database_url(self.server_url, DATABASE)
-        await upgrade(url)
-        return url
-
-    def _pg_ctl(self, args: Sequence[str]) -> None:
-        """pg_ctl as the user pgserver made the data dir for (postgres refuses to run as root);
-        a non-zero exit raises CalledProcessError. Through runuser rather than subprocess's
-        `user=`: that forks without vfork, and a plain fork of this process (gRPC threads)
-        has been seen to die of SIGSEGV before exec."""
-        from pgserver._commands import POSTGRES_BIN_PATH
-
-        server: Any = self._server._server
-        command = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.data_dir), *args]
-        if server.system_user is not None:
-            command = ["runuser", "-u", server.system_user, "--", *command]
-        # Files, not pipes: the server pg_ctl starts inherits them and would hold a pipe open.
-        with tempfile.TemporaryFile() as output:
-            done = subprocess.run(command, stdout=output, stderr=output, timeout=60, check=False)
-            if done.returncode != 0:
-                output.seek(0)
-                raise subprocess.CalledProcessError(done.returncode, command, output.read())
-
-    async def kill(self) -> None:
-        """Immediate shutdown: no checkpoint, every backend gone; crash recovery on start."""
-        await asyncio.to_thread(self._pg_ctl, ["-m", "immediate", "-w", "stop"])
-
-    async def restart(self, *, tries: int = 3) -> None:
-        """Start the killed server again on the same socket (what pgserver started it with).
-        pg_ctl itself has been seen to die of a signal on a loaded machine: try again while
-        the server is not up, a bounded number of times."""
-        socket_dir = parse_qs(urlparse(self.server_url).query)["host"][0]
-        log_file = self.data_dir / "log"  # where pgserver has it log
-        args = ["-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(log_file), "start"]
-        for attempt in range(1, tries + 1):
-            try:
-                await asyncio.to_thread(self._pg_ctl, args)
-                return
-            except subprocess.CalledProcessError:
-                if await self.running():
-                    return
-                if attempt == tries:
-                    raise
-                log.warning("pg_ctl start failed (try %d of %d); again", attempt, tries)
-
-    async def running(self) -> bool:
-        """Whether the server is up (`pg_ctl status`)."""
-        try:
-            await asyncio.to_thread(self._pg_ctl, ["status"])
-        except subprocess.CalledProcessError as exc:
-            if exc.returncode == 3:  # "no server running"
-                return False
-            raise
-        return True
-
-    def stop(self) -> None:
-        """Stop it for good."""
-        self._server.stop()
-
-
 @dataclass
 class World:
     """Everything the soak runs against."""
@@ -217,7 +129,8 @@ async def world(
     model, ledger, oauth = ModelServer(), Ledger(), OAuthServer()
     services: ServiceSet | None = None
     try:
-        db_url = await postgres.start()
+        await postgres.start()
+        db_url = await postgres.create_database(DATABASE)
         await redis_server.start()
         for server in (model, ledger, oauth):
             await server.start()

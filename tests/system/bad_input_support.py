@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import clone_database, drop_database
-from tether import apikeys, credentials
+from tests.conftest import drop_database
+from tests.system.stack_support import seeded_database
+from tether import credentials
 from tether.db.engine import create_engine
 from tether.db.schema import metadata
-from tether.stack.embedded import database_url
 from tether.stack.processes import ServiceSet
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -78,20 +78,12 @@ async def hostile_stack(
     pg_server_url: str, template_db: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[HostileStack]:
     """One stack for every bad-input module (starting one costs more than all their calls)."""
-    name = await clone_database(pg_server_url, template_db)
-    db_url = database_url(pg_server_url, name)
-    engine = create_engine(db_url, pool_size=1)
-    async with engine.begin() as conn:
-        for tenant in ("tenant-a", "tenant-b", "ops"):
-            await apikeys.ensure_tenant(conn, tenant)
-        admin_key, _ = await apikeys.create_key(conn, "ops", "root", apikeys.ALL_SCOPES)
-        key_a, _ = await apikeys.create_key(conn, "tenant-a", "alice", apikeys.CLIENT_SCOPES)
-        key_b, _ = await apikeys.create_key(conn, "tenant-b", "bob", apikeys.CLIENT_SCOPES)
-        read_only, _ = await apikeys.create_key(conn, "tenant-a", "auditor", ["runs:read"])
+    seeded = await seeded_database(pg_server_url, template_db)
+    engine = create_engine(seeded.url, pool_size=1)
     services = ServiceSet(
         Path(tmp_path_factory.mktemp("hostile")),
         {
-            "TETHER_DATABASE_URL": db_url,
+            "TETHER_DATABASE_URL": seeded.url,
             "TETHER_REDIS_URL": redis_url,
             # A quiet stream that was accepted says so soon (its first keepalive).
             "TETHER_GATEWAY_KEEPALIVE_INTERVAL_S": "0.2",
@@ -104,7 +96,7 @@ async def hostile_stack(
         async with grpc.aio.insecure_channel(services.addresses()["gateway"]) as channel:
             stub = gateway_pb2_grpc.GatewayServiceStub(channel)
             for i, (key, conversation) in enumerate(
-                [(key_a, "conv-1"), (key_a, "conv-2"), (key_b, "conv-1")]
+                [(seeded.key_a, "conv-1"), (seeded.key_a, "conv-2"), (seeded.key_b, "conv-1")]
             ):
                 sent = await stub.SendMessage(
                     gateway_pb2.SendMessageRequest(
@@ -116,17 +108,17 @@ async def hostile_stack(
         yield HostileStack(
             services,
             engine,
-            key_a,
-            key_b,
-            admin_key,
-            read_only,
+            seeded.key_a,
+            seeded.key_b,
+            seeded.admin_key,
+            seeded.read_only_key,
             tuple(runs),
             ("conv-1", "conv-2"),
         )
     finally:
         await services.stop_all()
         await engine.dispose()
-        await drop_database(pg_server_url, name)
+        await drop_database(pg_server_url, seeded.name)
 
 
 def assert_json_error(response: httpx2.Response, status: int, grpc_status: str) -> None:

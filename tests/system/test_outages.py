@@ -24,7 +24,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import func, select
 
-from tests.system.conftest import DurablePostgres
+from tests.system.conftest import DurableServer
 from tests.system.execution_support import (
     ExecStack,
     Tenant,
@@ -57,7 +57,7 @@ async def own_redis(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[E
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def outage(
-    durable_pg: DurablePostgres,
+    durable_pg: DurableServer,
     own_redis: EmbeddedRedis,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[ExecStack]:
@@ -135,7 +135,7 @@ def cli_send(stack: ExecStack, tenant: Tenant, text: str, event: str) -> asyncio
 
 
 async def test_postgres_killed_under_streaming_runs_answers_unavailable_and_loses_nothing(
-    outage: ExecStack, durable_pg: DurablePostgres
+    outage: ExecStack, durable_pg: DurableServer
 ) -> None:
     admin = await asyncpg.connect(durable_pg.url)
     try:
@@ -166,7 +166,7 @@ async def test_postgres_killed_under_streaming_runs_answers_unavailable_and_lose
         aiohttp.ClientSession(headers={"Authorization": f"Bearer {tenant.api_key}"}) as web,
     ):
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
-        durable_pg.kill()
+        await durable_pg.postgres.kill()
         try:
             sent = await refusal(
                 stub.SendMessage(
@@ -199,7 +199,7 @@ async def test_postgres_killed_under_streaming_runs_answers_unavailable_and_lose
             await asyncio.sleep(OUTAGE_S)  # the outage itself, not a wait for anything
             assert not retried.done() and not by_cli.done(), "still retrying while it is down"
         finally:
-            durable_pg.restart()
+            await durable_pg.postgres.restart()
 
         response = await asyncio.wait_for(retried, 30)
         cli_run = json.loads((await asyncio.wait_for(by_cli, 30)).splitlines()[0])["run_id"]
