@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TypedDict
 
 from sqlalchemy import ColumnElement, and_
 
@@ -25,6 +26,14 @@ class Visibility(enum.StrEnum):
     PRIVATE = "private"
     # Admitted by an integration key (webhooks, task events): the integration's principal.
     TENANT = "tenant"
+
+
+class ViewerFields(TypedDict):
+    """A viewer as the fields every internal request about runs carries."""
+
+    tenant_id: str
+    principal_id: str
+    all_runs: bool
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,12 @@ class Viewer:
             return same_tenant
         # NULL owners (runs admitted before owners were recorded) match no principal.
         return and_(same_tenant, runs.c.owner_principal_id == self.principal_id)
+
+    def fields(self) -> ViewerFields:
+        """The viewer as the fields of an internal request (`Request(**viewer.fields(), ...)`)."""
+        return ViewerFields(
+            tenant_id=self.tenant_id, principal_id=self.principal_id, all_runs=self.all_runs
+        )
 
 
 def viewer_of(principal: Principal) -> Viewer:

@@ -197,9 +197,7 @@ class _Conversation:
         while True:
             page: orchestrator_pb2.SearchRunsResponse = await self._streams.orchestrator.SearchRuns(
                 orchestrator_pb2.SearchRunsRequest(
-                    tenant_id=self._viewer.tenant_id,
-                    principal_id=self._viewer.principal_id,
-                    all_runs=self._viewer.all_runs,
+                    **self._viewer.fields(),
                     conversation_id=self._conversation_id,
                     page_size=_SEARCH_PAGE,
                     page_token=token,

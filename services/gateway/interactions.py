@@ -28,9 +28,7 @@ class InteractionRpcs:
         principal = await self._caller(context, "GetPendingQuestion", request)
         found = await self._interactions.FindPendingQuestion(
             interactions_pb2.FindPendingQuestionRequest(
-                tenant_id=principal.tenant_id,
-                principal_id=principal.principal_id,
-                all_runs=viewer_of(principal).all_runs,
+                **viewer_of(principal).fields(),
                 run_id=request.run_id,
             )
         )
@@ -47,9 +45,7 @@ class InteractionRpcs:
             raise InvalidArgument("answers are required, keyed by question key")
         recorded = await self._interactions.RecordAnswers(
             interactions_pb2.RecordAnswersRequest(
-                tenant_id=principal.tenant_id,
-                principal_id=principal.principal_id,
-                all_runs=viewer_of(principal).all_runs,
+                **viewer_of(principal).fields(),
                 run_id=request.run_id,
                 answers=request.answers,
             )
@@ -64,9 +60,7 @@ class InteractionRpcs:
         principal = await self._caller(context, "GetPendingApproval", request)
         found = await self._interactions.FindPendingApproval(
             interactions_pb2.FindPendingApprovalRequest(
-                tenant_id=principal.tenant_id,
-                principal_id=principal.principal_id,
-                all_runs=viewer_of(principal).all_runs,
+                **viewer_of(principal).fields(),
                 run_id=request.run_id,
             )
         )
@@ -81,9 +75,7 @@ class InteractionRpcs:
         principal = await self._caller(context, "DecideApproval", request)
         decided = await self._interactions.RecordDecision(
             interactions_pb2.RecordDecisionRequest(
-                tenant_id=principal.tenant_id,
-                principal_id=principal.principal_id,
-                all_runs=viewer_of(principal).all_runs,
+                **viewer_of(principal).fields(),
                 run_id=request.run_id,
                 decision=request.decision,
                 always_scope=request.always_scope,
@@ -103,9 +95,7 @@ class InteractionRpcs:
         principal = await self._caller(context, "GetPendingConnection", request)
         found = await self._interactions.FindPendingConnection(
             interactions_pb2.FindPendingConnectionRequest(
-                tenant_id=principal.tenant_id,
-                principal_id=principal.principal_id,
-                all_runs=viewer_of(principal).all_runs,
+                **viewer_of(principal).fields(),
                 run_id=request.run_id,
             )
         )
@@ -122,9 +112,7 @@ class InteractionRpcs:
         principal = await self._caller(context, "CompleteConnection", request)
         done = await self._interactions.ConfirmConnection(
             interactions_pb2.ConfirmConnectionRequest(
-                tenant_id=principal.tenant_id,
-                principal_id=principal.principal_id,
-                all_runs=viewer_of(principal).all_runs,
+                **viewer_of(principal).fields(),
                 run_id=request.run_id,
                 state=request.state,
                 code=request.code,

@@ -107,9 +107,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
         principal = await self._caller(context, "GetRun", request)
         found = await self._orchestrator.LookupRun(
             orchestrator_pb2.LookupRunRequest(
-                tenant_id=principal.tenant_id,
-                principal_id=principal.principal_id,
-                all_runs=viewer_of(principal).all_runs,
+                **viewer_of(principal).fields(),
                 run_id=request.run_id,
             )
         )
@@ -121,9 +119,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
         principal = await self._caller(context, "ListRuns", request)
         page = await self._orchestrator.SearchRuns(
             orchestrator_pb2.SearchRunsRequest(
-                tenant_id=principal.tenant_id,
-                principal_id=principal.principal_id,
-                all_runs=viewer_of(principal).all_runs,
+                **viewer_of(principal).fields(),
                 statuses=request.statuses,
                 conversation_id=request.conversation_id,
                 page_size=request.page_size,
@@ -138,9 +134,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
         principal = await self._caller(context, "CancelRun", request)
         outcome = await self._orchestrator.RequestCancellation(
             orchestrator_pb2.RequestCancellationRequest(
-                tenant_id=principal.tenant_id,
-                principal_id=principal.principal_id,
-                all_runs=viewer_of(principal).all_runs,
+                **viewer_of(principal).fields(),
                 run_id=request.run_id,
                 reason=request.reason,
             )

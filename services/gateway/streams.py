@@ -150,9 +150,7 @@ class Streams:
         """One page of the run's log after `after_seq` (with its state, in the same snapshot)."""
         response: orchestrator_pb2.ReadEventsResponse = await self.orchestrator.ReadEvents(
             orchestrator_pb2.ReadEventsRequest(
-                tenant_id=viewer.tenant_id,
-                principal_id=viewer.principal_id,
-                all_runs=viewer.all_runs,
+                **viewer.fields(),
                 run_id=run_id,
                 after_seq=after_seq,
                 limit=self.timing.page_size,
