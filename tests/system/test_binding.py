@@ -140,6 +140,27 @@ async def one_result_per_call(stack: ExecStack, run_id: str) -> None:
     assert set(results) <= set(calls), "no tool_result without its call"
 
 
+async def orphan_approval_refused_and_swept(
+    stack: ExecStack, tc: TetherClient, run_id: str, orphan: str
+) -> Any:
+    """A run parked on its question: deciding the orphan approval is refused and changes
+    nothing, the run shows no pending approval, and once overdue the orphan is swept (never
+    expiring the run). The swept row."""
+    decided = await outcome(tc.decide(run_id, "allow-once"))
+    after = (await run_row(stack.db_url, run_id)).status
+    assert (decided, after) == (grpc.StatusCode.FAILED_PRECONDITION, "waiting-for-question")
+    assert not (await tc.pending_approval(run_id)).HasField("approval"), (
+        "the run waits on its question, not on the orphan"
+    )
+    await make_overdue(stack, orphan)
+    row = await eventually(
+        lambda: swept_row(stack, orphan), timeout=10, interval=0.1, what="the orphan swept"
+    )
+    assert (row.status, row.reason) == ("orphaned", ORPHANED)
+    assert (await run_row(stack.db_url, run_id)).status == "waiting-for-question"
+    return row
+
+
 class DeadWorker:
     """The worker's credential in the test's hands: a lease, interactions stored under it, and
     no park."""
@@ -227,15 +248,7 @@ async def test_an_approval_stored_by_a_worker_killed_before_it_parked_stays_iner
     await stack.start_worker()
     await wait_for_status(stack.db_url, run_id, "waiting-for-question", timeout=30)
     async with client(stack, tenant) as tc:
-        decided = await outcome(tc.decide(run_id, "allow-once"))
-        after = (await run_row(stack.db_url, run_id)).status
-        assert (decided, after) == (grpc.StatusCode.FAILED_PRECONDITION, "waiting-for-question")
-        await make_overdue(stack, orphan)
-        row = await eventually(
-            lambda: swept_row(stack, orphan), timeout=10, interval=0.1, what="the orphan swept"
-        )
-        assert (row.status, row.reason) == ("orphaned", ORPHANED)
-        assert (await run_row(stack.db_url, run_id)).status == "waiting-for-question"
+        row = await orphan_approval_refused_and_swept(stack, tc, run_id, orphan)
         await tc.answer(run_id, {"city": ["Lisbon"]})
     run = await wait_for_status(stack.db_url, run_id, "completed")
     assert run.result_text == "Lisbon it is."
@@ -274,19 +287,7 @@ async def test_an_orphan_approval_neither_wakes_nor_expires_a_run_parked_on_a_qu
         await stack.start_worker()
     await wait_for_status(stack.db_url, run_id, "waiting-for-question", timeout=30)
     async with client(stack, tenant) as tc:
-        decided = await outcome(tc.decide(run_id, "allow-once"))
-        after = (await run_row(stack.db_url, run_id)).status
-        assert (decided, after) == (grpc.StatusCode.FAILED_PRECONDITION, "waiting-for-question")
-        assert not (await tc.pending_approval(run_id)).HasField("approval"), (
-            "the run waits on its question, not on the orphan"
-        )
-        await make_overdue(stack, orphan)
-
-        row = await eventually(
-            lambda: swept_row(stack, orphan), timeout=10, interval=0.1, what="the orphan swept"
-        )
-        assert (row.status, row.reason) == ("orphaned", ORPHANED)
-        assert (await run_row(stack.db_url, run_id)).status == "waiting-for-question"
+        row = await orphan_approval_refused_and_swept(stack, tc, run_id, orphan)
         question = (await tc.pending_question(run_id)).question
         assert question.interaction_id != orphan_question.interaction_id
         question_row = await eventually(
