@@ -81,6 +81,11 @@ class OrchestratorServiceStub:
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.LookupBindingRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_orchestrator__pb2.LookupBindingResponse.FromString,
                 _registered_method=True)
+        self.LookupRunFacts = channel.unary_unary(
+                '/tether.v1.OrchestratorService/LookupRunFacts',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.LookupRunFactsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.LookupRunFactsResponse.FromString,
+                _registered_method=True)
         self.ScheduleRetry = channel.unary_unary(
                 '/tether.v1.OrchestratorService/ScheduleRetry',
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.ScheduleRetryRequest.SerializeToString,
@@ -191,6 +196,14 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LookupRunFacts(self, request, context):
+        """LookupRunFacts tells the interactions service what it may know of one run (whose it is, its
+        conversation, the interaction it is parked on, its lease), checked for the asker it names.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ScheduleRetry(self, request, context):
         """ScheduleRetry moves a running run to retry-pending after a transient failure.
         """
@@ -294,6 +307,11 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.LookupBinding,
                     request_deserializer=tether_dot_v1_dot_orchestrator__pb2.LookupBindingRequest.FromString,
                     response_serializer=tether_dot_v1_dot_orchestrator__pb2.LookupBindingResponse.SerializeToString,
+            ),
+            'LookupRunFacts': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupRunFacts,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.LookupRunFactsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.LookupRunFactsResponse.SerializeToString,
             ),
             'ScheduleRetry': grpc.unary_unary_rpc_method_handler(
                     servicer.ScheduleRetry,
@@ -581,6 +599,33 @@ class OrchestratorService:
             '/tether.v1.OrchestratorService/LookupBinding',
             tether_dot_v1_dot_orchestrator__pb2.LookupBindingRequest.SerializeToString,
             tether_dot_v1_dot_orchestrator__pb2.LookupBindingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupRunFacts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/LookupRunFacts',
+            tether_dot_v1_dot_orchestrator__pb2.LookupRunFactsRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.LookupRunFactsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -53,6 +53,10 @@ class OrchestratorServiceStub:
     """ResumeRun moves a waiting run back to queued, once, only while it waits on the named interaction."""
     LookupBinding: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupBindingRequest, _orchestrator_pb2.LookupBindingResponse]
     """LookupBinding tells which interaction a run is parked on (the only one that may resolve it)."""
+    LookupRunFacts: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupRunFactsRequest, _orchestrator_pb2.LookupRunFactsResponse]
+    """LookupRunFacts tells the interactions service what it may know of one run (whose it is, its
+    conversation, the interaction it is parked on, its lease), checked for the asker it names.
+    """
     ScheduleRetry: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ScheduleRetryRequest, _orchestrator_pb2.ScheduleRetryResponse]
     """ScheduleRetry moves a running run to retry-pending after a transient failure."""
     CompleteRun: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.CompleteRunRequest, _orchestrator_pb2.CompleteRunResponse]
@@ -95,6 +99,10 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     """ResumeRun moves a waiting run back to queued, once, only while it waits on the named interaction."""
     LookupBinding: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupBindingRequest, _orchestrator_pb2.LookupBindingResponse]  # type: ignore[assignment]
     """LookupBinding tells which interaction a run is parked on (the only one that may resolve it)."""
+    LookupRunFacts: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupRunFactsRequest, _orchestrator_pb2.LookupRunFactsResponse]  # type: ignore[assignment]
+    """LookupRunFacts tells the interactions service what it may know of one run (whose it is, its
+    conversation, the interaction it is parked on, its lease), checked for the asker it names.
+    """
     ScheduleRetry: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ScheduleRetryRequest, _orchestrator_pb2.ScheduleRetryResponse]  # type: ignore[assignment]
     """ScheduleRetry moves a running run to retry-pending after a transient failure."""
     CompleteRun: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.CompleteRunRequest, _orchestrator_pb2.CompleteRunResponse]  # type: ignore[assignment]
@@ -188,6 +196,16 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_orchestrator_pb2.LookupBindingResponse, _abc.Awaitable[_orchestrator_pb2.LookupBindingResponse]]:
         """LookupBinding tells which interaction a run is parked on (the only one that may resolve it)."""
+
+    @_abc_1.abstractmethod
+    def LookupRunFacts(
+        self,
+        request: _orchestrator_pb2.LookupRunFactsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.LookupRunFactsResponse, _abc.Awaitable[_orchestrator_pb2.LookupRunFactsResponse]]:
+        """LookupRunFacts tells the interactions service what it may know of one run (whose it is, its
+        conversation, the interaction it is parked on, its lease), checked for the asker it names.
+        """
 
     @_abc_1.abstractmethod
     def ScheduleRetry(
