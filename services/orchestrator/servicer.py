@@ -203,16 +203,6 @@ class ExecutionServicer:
         )
         return orchestrator_pb2.ResumeRunResponse(resumed=resumed)
 
-    async def LookupBinding(
-        self, request: orchestrator_pb2.LookupBindingRequest, context: grpc.aio.ServicerContext
-    ) -> orchestrator_pb2.LookupBindingResponse:
-        row = await self._execution.binding(request.tenant_id, request.run_id)
-        return orchestrator_pb2.LookupBindingResponse(
-            status=status_to_proto(row.status),
-            waiting_interaction_id=row.waiting_interaction_id or "",
-            lease_epoch=row.lease_epoch,
-        )
-
     async def ScheduleRetry(
         self, request: orchestrator_pb2.ScheduleRetryRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.ScheduleRetryResponse:

@@ -51,8 +51,6 @@ class OrchestratorServiceStub:
     """ParkRun moves a running run to a waiting status and releases its lease."""
     ResumeRun: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ResumeRunRequest, _orchestrator_pb2.ResumeRunResponse]
     """ResumeRun moves a waiting run back to queued, once, only while it waits on the named interaction."""
-    LookupBinding: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupBindingRequest, _orchestrator_pb2.LookupBindingResponse]
-    """LookupBinding tells which interaction a run is parked on (the only one that may resolve it)."""
     LookupRunFacts: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupRunFactsRequest, _orchestrator_pb2.LookupRunFactsResponse]
     """LookupRunFacts tells the interactions service what it may know of one run (whose it is, its
     conversation, the interaction it is parked on, its lease), checked for the asker it names.
@@ -97,8 +95,6 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     """ParkRun moves a running run to a waiting status and releases its lease."""
     ResumeRun: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ResumeRunRequest, _orchestrator_pb2.ResumeRunResponse]  # type: ignore[assignment]
     """ResumeRun moves a waiting run back to queued, once, only while it waits on the named interaction."""
-    LookupBinding: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupBindingRequest, _orchestrator_pb2.LookupBindingResponse]  # type: ignore[assignment]
-    """LookupBinding tells which interaction a run is parked on (the only one that may resolve it)."""
     LookupRunFacts: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupRunFactsRequest, _orchestrator_pb2.LookupRunFactsResponse]  # type: ignore[assignment]
     """LookupRunFacts tells the interactions service what it may know of one run (whose it is, its
     conversation, the interaction it is parked on, its lease), checked for the asker it names.
@@ -188,14 +184,6 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_orchestrator_pb2.ResumeRunResponse, _abc.Awaitable[_orchestrator_pb2.ResumeRunResponse]]:
         """ResumeRun moves a waiting run back to queued, once, only while it waits on the named interaction."""
-
-    @_abc_1.abstractmethod
-    def LookupBinding(
-        self,
-        request: _orchestrator_pb2.LookupBindingRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_orchestrator_pb2.LookupBindingResponse, _abc.Awaitable[_orchestrator_pb2.LookupBindingResponse]]:
-        """LookupBinding tells which interaction a run is parked on (the only one that may resolve it)."""
 
     @_abc_1.abstractmethod
     def LookupRunFacts(
