@@ -59,7 +59,7 @@ class GrpcOrchestrator:
             raise error from exc
         status = status_from_proto(response.status)
         if status is None:
-            raise TetherError(f"the orchestrator told no status for run {request.run_id!r}")
+            raise TetherError(f"the orchestrator gave no status for run {request.run_id!r}")
         return RunFacts(
             tenant_id=response.tenant_id,
             session_id=response.session_id,

@@ -68,7 +68,7 @@ class Runs:
             return RunView(run, await runs_repo.list_parts(conn, run_id))
 
     async def visible(self, viewer: Viewer, run_id: str) -> Row[Any]:
-        """The run alone; NotFound for absent or not the viewer's to see."""
+        """The run (without its parts); NotFound for absent or not the viewer's to see."""
         async with self._autocommit.connect() as conn:
             return await runs_repo.visible_run(conn, viewer, run_id)
 
