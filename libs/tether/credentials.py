@@ -54,7 +54,7 @@ POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
     "tether.v1.OrchestratorService": {
         "gateway": frozenset({"LookupRun", "SearchRuns", "ReadEvents", "RequestCancellation"}),
         "worker": _WORKER_ON_ORCHESTRATOR,
-        "interactions": frozenset({"ResumeRun", "ExpireWaitingRun", "LookupBinding"}),
+        "interactions": frozenset({"ResumeRun", "ExpireWaitingRun", "LookupRunFacts"}),
     },
     "tether.v1.InteractionsService": {
         "gateway": frozenset(

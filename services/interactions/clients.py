@@ -1,5 +1,5 @@
-"""The interactions service's outbound adapters: the orchestrator (bindings, resume, expire)
-over gRPC and an OAuth token endpoint over HTTP."""
+"""The interactions service's outbound adapters: the orchestrator (run lookups, resume,
+expire) over gRPC and an OAuth token endpoint over HTTP."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import grpc
 import httpx2
 from google.protobuf import json_format
 
-from services.interactions.service import Binding
+from services.interactions.service import RunFacts
 from tether.convert import EVENT_FIELDS, status_from_proto, status_to_proto
-from tether.errors import FailedPrecondition, Unavailable, from_rpc_error
+from tether.errors import FailedPrecondition, TetherError, Unavailable, from_rpc_error
 from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+from tether.visibility import Viewer
 
 
 def _event(type_: str, payload: dict[str, Any]) -> events_pb2.RunEvent:
@@ -21,32 +22,51 @@ def _event(type_: str, payload: dict[str, Any]) -> events_pb2.RunEvent:
     return event
 
 
-class GrpcResumer:
-    """Learns what runs wait on, and resumes and expires them, through the orchestrator."""
+class GrpcOrchestrator:
+    """Learns what interactions may know of runs, and resumes and expires them, through the
+    orchestrator (the one authority over runs)."""
 
     def __init__(self, stub: orchestrator_pb2_grpc.OrchestratorServiceStub) -> None:
         self._stub = stub
 
-    async def binding(self, tenant_id: str, run_id: str) -> Binding:
-        """What the run is parked on, and its lease."""
+    async def visible_run(self, viewer: Viewer, run_id: str) -> RunFacts:
+        """The run, if the viewer may see it; NotFound (the same as absent) otherwise."""
+        asker = orchestrator_pb2.RunViewer(
+            tenant_id=viewer.tenant_id, principal_id=viewer.principal_id, all_runs=viewer.all_runs
+        )
+        return await self._lookup(
+            orchestrator_pb2.LookupRunFactsRequest(run_id=run_id, viewer=asker)
+        )
+
+    async def leased_run(self, run_id: str, epoch: int) -> RunFacts:
+        """The run, if `epoch` is its live lease; StaleLease otherwise."""
+        return await self._lookup(
+            orchestrator_pb2.LookupRunFactsRequest(run_id=run_id, lease_epoch=epoch)
+        )
+
+    async def _lookup(self, request: orchestrator_pb2.LookupRunFactsRequest) -> RunFacts:
         try:
-            response = await self._stub.LookupBinding(
-                orchestrator_pb2.LookupBindingRequest(tenant_id=tenant_id, run_id=run_id)
-            )
+            response = await self._stub.LookupRunFacts(request)
         except grpc.aio.AioRpcError as exc:
             error = from_rpc_error(exc)
-            if isinstance(error, Unavailable):
-                # Nothing was resolved: which pause the run is on is the orchestrator's to say.
+            if isinstance(error, Unavailable) and error.code == Unavailable.default_code:
+                # The orchestrator did not answer (one that did names what it lacks, e.g. its
+                # database). Nothing was done: what a run is, is the orchestrator's to say.
                 raise Unavailable(
-                    "the orchestrator is unreachable, so the run's pause cannot be resolved "
-                    "now; nothing was recorded, try again shortly"
+                    f"the orchestrator is unreachable, so run {request.run_id!r} cannot be "
+                    "checked now; nothing was recorded, try again shortly"
                 ) from exc
             raise error from exc
         status = status_from_proto(response.status)
-        return Binding(
-            status.value if status is not None else "",
-            response.waiting_interaction_id,
-            response.lease_epoch,
+        if status is None:
+            raise TetherError(f"the orchestrator gave no status for run {request.run_id!r}")
+        return RunFacts(
+            tenant_id=response.tenant_id,
+            session_id=response.session_id,
+            owner_principal_id=response.owner_principal_id or None,
+            status=status,
+            waiting_interaction_id=response.waiting_interaction_id,
+            lease_epoch=response.lease_epoch,
         )
 
     async def resume(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.interactions.clients import GrpcResumer, HttpTokenExchange
+from services.interactions.clients import GrpcOrchestrator, HttpTokenExchange
 from services.interactions.service import Interactions, OAuthProvider, Policy
 from services.interactions.servicer import InteractionsServicer
 from services.interactions.settings import InteractionsSettings
@@ -32,7 +32,7 @@ async def amain(settings: InteractionsSettings, credential: str, verifiers: dict
         token_urls[DEMO_PROVIDER] = f"{settings.oauth_base_url}/token"
     interactions = Interactions(
         engine,
-        GrpcResumer(orchestrator_pb2_grpc.OrchestratorServiceStub(channel)),
+        GrpcOrchestrator(orchestrator_pb2_grpc.OrchestratorServiceStub(channel)),
         Policy(settings.approval_ttl_s, settings.consent_ttl_s, providers, settings.orphan_grace_s),
         HttpTokenExchange(token_urls, settings.oauth_client_id),
     )

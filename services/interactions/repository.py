@@ -1,6 +1,6 @@
-"""All SQL of the interactions service: interactions, grants, connections, and the read-only
-lease check against the orchestrator's runs table (for storing an interaction and reading
-grants and connections; which interaction a run is parked on is the orchestrator's to say)."""
+"""All SQL of the interactions service: interactions, grants and connections (and the tenant's
+policy). Nothing here reads the run aggregate: whose a run is, its lease and the interaction it
+is parked on are the orchestrator's to say, over gRPC."""
 
 from __future__ import annotations
 
@@ -13,48 +13,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tether.db.schema import connections, grants, interactions, runs, tenants
-from tether.errors import NotFound, StaleLease
-from tether.visibility import Viewer
-
-
-async def leased_run(conn: AsyncConnection, run_id: str, epoch: int) -> Any:
-    """The run, if `epoch` is its live lease; StaleLease otherwise (fail closed)."""
-    row = (
-        await conn.execute(
-            select(
-                runs.c.run_id,
-                runs.c.tenant_id,
-                runs.c.session_id,
-                runs.c.root_run_id,
-                runs.c.status,
-                runs.c.lease_epoch,
-                runs.c.owner_principal_id,
-            ).where(runs.c.run_id == run_id)
-        )
-    ).first()
-    if row is None or row.status != "running" or row.lease_epoch != epoch:
-        raise StaleLease(f"lease epoch {epoch} of run {run_id} is not current")
-    return row
-
-
-async def visible_run(conn: AsyncConnection, viewer: Viewer, run_id: str) -> Any:
-    """The run, if the viewer may see it; NotFound for absent, another tenant's and another
-    principal's (the same answer)."""
-    row = (
-        await conn.execute(
-            select(
-                runs.c.run_id,
-                runs.c.tenant_id,
-                runs.c.session_id,
-                runs.c.status,
-                runs.c.owner_principal_id,
-            ).where(runs.c.run_id == run_id, viewer.sees())
-        )
-    ).first()
-    if row is None:
-        raise NotFound(f"run {run_id!r} not found")
-    return row
+from tether.db.schema import connections, grants, interactions, tenants
 
 
 async def insert_interaction(conn: AsyncConnection, **values: Any) -> None:
@@ -120,14 +79,12 @@ async def answered_questions(conn: AsyncConnection, run_id: str) -> Sequence[Row
     ).all()
 
 
-async def run_tenant(conn: AsyncConnection, run_id: str) -> str | None:
-    """The tenant of a run that has interactions; None when it has none."""
-    tenant_id: str | None = (
-        await conn.execute(
-            select(interactions.c.tenant_id).where(interactions.c.run_id == run_id).limit(1)
-        )
-    ).scalar()
-    return tenant_id
+async def has_interactions(conn: AsyncConnection, run_id: str) -> bool:
+    """Whether anything was ever requested of a person for this run."""
+    found = await conn.execute(
+        select(interactions.c.interaction_id).where(interactions.c.run_id == run_id).limit(1)
+    )
+    return found.first() is not None
 
 
 async def claim_approval(

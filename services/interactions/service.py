@@ -31,7 +31,6 @@ from tether.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
-    StaleLease,
     Unavailable,
 )
 from tether.ids import new_id
@@ -78,10 +77,15 @@ class QuestionSpec:
 
 
 @dataclass(frozen=True)
-class Binding:
-    """The run's side of a pause, as the orchestrator tells it."""
+class RunFacts:
+    """What interactions may know of a run, as the orchestrator (its one authority) tells it:
+    whose it is, its conversation, the interaction it is parked on and its lease."""
 
-    status: str
+    tenant_id: str
+    session_id: str
+    # The principal whose key admitted it; None when unknown (it then owns no grant or account).
+    owner_principal_id: str | None
+    status: RunStatus
     waiting_interaction_id: str
     lease_epoch: int
 
@@ -97,14 +101,18 @@ class Binding:
 
     def leased(self, epoch: int) -> bool:
         """Whether `epoch` is the run's live lease."""
-        return self.status == RunStatus.RUNNING.value and self.lease_epoch == epoch
+        return self.status == RunStatus.RUNNING and self.lease_epoch == epoch
 
 
-class Resumer(Protocol):
+class Orchestrator(Protocol):
     """The orchestrator, as far as interactions need it: the one authority over runs."""
 
-    async def binding(self, tenant_id: str, run_id: str) -> Binding:
-        """What the run waits on; NotFound when it is absent or another tenant's."""
+    async def visible_run(self, viewer: Viewer, run_id: str) -> RunFacts:
+        """The run, if the viewer may see it; NotFound for absent, another tenant's and another
+        principal's alike."""
+
+    async def leased_run(self, run_id: str, epoch: int) -> RunFacts:
+        """The run, if `epoch` is its live lease; StaleLease otherwise (fail closed)."""
 
     async def resume(
         self,
@@ -232,12 +240,12 @@ class Interactions:
     def __init__(
         self,
         engine: AsyncEngine,
-        resumer: Resumer,
+        orchestrator: Orchestrator,
         policy: Policy,
         exchange: TokenExchange | None = None,
     ) -> None:
         self._engine = engine
-        self._resumer = resumer
+        self._orchestrator = orchestrator
         self._policy = policy
         self._exchange = exchange
 
@@ -256,9 +264,8 @@ class Interactions:
         self, viewer: Viewer, run_id: str, answers: Mapping[str, Sequence[str]]
     ) -> tuple[str, bool]:
         """Record the answers once and resume the run once."""
-        bound = await self._bound(viewer.tenant_id, run_id, "question")
+        bound = (await self._orchestrator.visible_run(viewer, run_id)).bound("question")
         async with self._engine.begin() as conn:
-            await repo.visible_run(conn, viewer, run_id)
             pending = await self._open(conn, run_id, "question", bound, lock=True)
             if pending is None:
                 raise FailedPrecondition(f"run {run_id!r} has no open question to answer")
@@ -288,16 +295,15 @@ class Interactions:
 
     async def pending_question(self, viewer: Viewer, run_id: str) -> Row[Any] | None:
         """The run's open question, or None once answered."""
-        bound = await self._bound(viewer.tenant_id, run_id, "question")
+        bound = (await self._orchestrator.visible_run(viewer, run_id)).bound("question")
         async with self._engine.connect() as conn:
-            await repo.visible_run(conn, viewer, run_id)
             return await self._open(conn, run_id, "question", bound)
 
     async def answered(self, run_id: str, epoch: int) -> Sequence[Row[Any]]:
         """The run's answered questions, for the resumed attempt (no claim: answers are
         history, and history is idempotent)."""
+        await self._orchestrator.leased_run(run_id, epoch)
         async with self._engine.connect() as conn:
-            await repo.leased_run(conn, run_id, epoch)
             return await repo.answered_questions(conn, run_id)
 
     # -- approvals ----------------------------------------------------------------------------
@@ -308,8 +314,8 @@ class Interactions:
         """The id of a standing grant covering this call of the lease holder, or None. A
         principal grant covers only runs its principal owns: never one whose body names them
         as its sender."""
+        run = await self._orchestrator.leased_run(run_id, epoch)
         async with self._engine.connect() as conn:
-            run = await repo.leased_run(conn, run_id, epoch)
             grant = await repo.find_grant(
                 conn,
                 tenant_id=run.tenant_id,
@@ -355,8 +361,12 @@ class Interactions:
     ) -> str:
         """Store a pending interaction of a run whose lease `epoch` is live; returns its id."""
         interaction_id = new_id("int")
+        # Checked before the insert, not in its transaction: the lease may end in between, and
+        # that is harmless, for an interaction is inert until the orchestrator's fenced park
+        # (checked by the same lease) binds the run to it. One whose park never lands stays
+        # unbound, can be neither resolved nor claimed, and is swept as orphaned.
+        run = await self._orchestrator.leased_run(run_id, epoch)
         async with self._engine.begin() as conn:
-            run = await repo.leased_run(conn, run_id, epoch)
             await repo.insert_interaction(
                 conn,
                 interaction_id=interaction_id,
@@ -390,10 +400,9 @@ class Interactions:
             raise InvalidArgument(f"decision must be one of {list(DECISIONS)}")
         tenant_id, principal_id = viewer.tenant_id, viewer.principal_id
         grant_id = ""
-        bound = await self._bound(tenant_id, run_id, "approval")
+        run = await self._orchestrator.visible_run(viewer, run_id)
         async with self._engine.begin() as conn:
-            run = await repo.visible_run(conn, viewer, run_id)
-            pending = await self._open(conn, run_id, "approval", bound, lock=True)
+            pending = await self._open(conn, run_id, "approval", run.bound("approval"), lock=True)
             if pending is None:
                 raise FailedPrecondition(f"run {run_id!r} has no open approval to decide")
             if decision == "allow-always":
@@ -457,19 +466,16 @@ class Interactions:
         racing claimers get one claim.
         """
         async with self._engine.connect() as conn:
-            tenant_id = await repo.run_tenant(conn, run_id)
-        if tenant_id is None:
-            return None  # nothing was ever requested for this run
-        if not (await self._resumer.binding(tenant_id, run_id)).leased(epoch):
-            raise StaleLease(f"lease epoch {epoch} of run {run_id} is not current")
+            if not await repo.has_interactions(conn, run_id):
+                return None  # nothing was ever requested for this run
+        await self._orchestrator.leased_run(run_id, epoch)
         async with self._engine.begin() as conn:
             return await repo.claim_approval(conn, run_id, tool_call_id, tool_name, epoch)
 
     async def pending_approval(self, viewer: Viewer, run_id: str) -> Row[Any] | None:
         """The run's open approval, or None once decided."""
-        bound = await self._bound(viewer.tenant_id, run_id, "approval")
+        bound = (await self._orchestrator.visible_run(viewer, run_id)).bound("approval")
         async with self._engine.connect() as conn:
-            await repo.visible_run(conn, viewer, run_id)
             return await self._open(conn, run_id, "approval", bound)
 
     # -- connections --------------------------------------------------------------------------
@@ -479,9 +485,9 @@ class Interactions:
     ) -> tuple[str | None, str, str]:
         """(gap or None, access token, credential ref) for the run's owner principal: a
         connection serves only runs its principal owns."""
+        run = await self._orchestrator.leased_run(run_id, epoch)
+        owner = run.owner_principal_id
         async with self._engine.connect() as conn:
-            run = await repo.leased_run(conn, run_id, epoch)
-            owner = run.owner_principal_id
             row = (
                 None
                 if owner is None
@@ -550,13 +556,13 @@ class Interactions:
         not_found = NotFound(f"run {run_id!r} has no connection to complete")
         if not state:
             raise InvalidArgument("state is required")
+        try:
+            run = await self._orchestrator.visible_run(viewer, run_id)
+        except NotFound:
+            raise not_found from None
+        if run.status.terminal:
+            raise FailedPrecondition(f"run {run_id!r} already finished ({run.status})")
         async with self._engine.begin() as conn:
-            try:
-                run = await repo.visible_run(conn, viewer, run_id)
-            except NotFound:
-                raise not_found from None
-            if RunStatus(run.status).terminal:
-                raise FailedPrecondition(f"run {run_id!r} already finished ({run.status})")
             offer = await repo.interaction_by_state(conn, _hash_state(state))
             if (
                 offer is None
@@ -569,10 +575,7 @@ class Interactions:
                 return False  # double click, retried redirect, prefetch: queued once already
             if offer.status == "expired" or offer.expires_at <= datetime.now(UTC):
                 raise FailedPrecondition("this consent link expired; the run was failed")
-            binding = await self._resumer.binding(tenant_id, run_id)
-            if offer.status != "pending" or not binding.parked_on(
-                "connection", offer.interaction_id
-            ):
+            if offer.status != "pending" or not run.parked_on("connection", offer.interaction_id):
                 raise FailedPrecondition(
                     f"run {run_id!r} is not waiting for this consent; use the link of its "
                     "pending connection"
@@ -604,15 +607,9 @@ class Interactions:
 
     async def pending_connection(self, viewer: Viewer, run_id: str) -> Row[Any] | None:
         """The run's open consent offer, or None once completed."""
-        bound = await self._bound(viewer.tenant_id, run_id, "connection")
+        bound = (await self._orchestrator.visible_run(viewer, run_id)).bound("connection")
         async with self._engine.connect() as conn:
-            await repo.visible_run(conn, viewer, run_id)
             return await self._open(conn, run_id, "connection", bound)
-
-    async def _bound(self, tenant_id: str, run_id: str, kind: str) -> str | None:
-        """The interaction of `kind` the run is parked on, as the orchestrator says (it is the
-        one authority over runs); NotFound for an absent run and another tenant's alike."""
-        return (await self._resumer.binding(tenant_id, run_id)).bound(kind)
 
     @staticmethod
     async def _open(
@@ -630,7 +627,7 @@ class Interactions:
         resolution is already stored and the redelivery sweep resumes the run (once) later."""
         from_status, event = RESOLUTIONS[kind](interaction_id, decision)
         try:
-            resumed = await self._resumer.resume(
+            resumed = await self._orchestrator.resume(
                 tenant_id, run_id, from_status, event, interaction_id
             )
         except Unavailable as exc:
@@ -656,11 +653,11 @@ class Interactions:
         closed = 0
         for row in stale:
             try:
-                binding = await self._resumer.binding(row.tenant_id, row.run_id)
+                run = await self._run_of(row)
             except Unavailable as exc:
                 log.warning("expiry sweep deferred: %s", exc.message)
                 return closed
-            if binding.parked_on(row.kind, row.interaction_id):
+            if run.parked_on(row.kind, row.interaction_id):
                 async with self._engine.begin() as conn:
                     resolved = await repo.resolve(
                         conn, row.interaction_id, "expired", decision="expired"
@@ -669,10 +666,10 @@ class Interactions:
                     await self._deliver(
                         row.kind, row.tenant_id, row.run_id, row.interaction_id, "expired", row
                     )
-            elif binding.waiting_interaction_id == row.interaction_id:
+            elif run.waiting_interaction_id == row.interaction_id:
                 # The run was parked on it and moved on (cancelled): nothing left to wake.
                 await self._close(row.interaction_id, "expired", "the run had already finished")
-            elif row.lease_epoch is not None and binding.leased(row.lease_epoch):
+            elif row.lease_epoch is not None and run.leased(row.lease_epoch):
                 continue
             else:
                 await self._close(row.interaction_id, "orphaned", ORPHANED)
@@ -690,17 +687,24 @@ class Interactions:
         orphaned = 0
         for row in rows:
             try:
-                binding = await self._resumer.binding(row.tenant_id, row.run_id)
+                run = await self._run_of(row)
             except Unavailable as exc:
                 log.warning("orphan sweep deferred: %s", exc.message)
                 break
-            if binding.waiting_interaction_id == row.interaction_id:
+            if run.waiting_interaction_id == row.interaction_id:
                 async with self._engine.begin() as conn:
                     await repo.mark_bound(conn, row.interaction_id)
-            elif row.lease_epoch is None or not binding.leased(row.lease_epoch):
+            elif row.lease_epoch is None or not run.leased(row.lease_epoch):
                 await self._close(row.interaction_id, "orphaned", ORPHANED)
                 orphaned += 1
         return orphaned
+
+    async def _run_of(self, row: Row[Any]) -> RunFacts:
+        """The run of a stored interaction, as this service's own sweeps see it (tenant-wide:
+        no caller is involved)."""
+        return await self._orchestrator.visible_run(
+            Viewer(row.tenant_id, "", all_runs=True), row.run_id
+        )
 
     async def _close(self, interaction_id: str, status: str, reason: str) -> None:
         async with self._engine.begin() as conn:
@@ -729,7 +733,7 @@ class Interactions:
             await self._try_resume(tenant_id, run_id, kind, interaction_id, row.decision or status)
             return
         try:
-            await self._resumer.expire(
+            await self._orchestrator.expire(
                 tenant_id,
                 run_id,
                 "waiting-for-connection",

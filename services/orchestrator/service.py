@@ -57,6 +57,8 @@ class Runs:
 
     def __init__(self, engine: AsyncEngine, bus: Bus | None) -> None:
         self._engine = engine
+        # One-statement reads need no transaction around them.
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._bus = bus
 
     async def lookup(self, viewer: Viewer, run_id: str) -> RunView:
@@ -64,6 +66,16 @@ class Runs:
         async with self._engine.connect() as conn:
             run = await runs_repo.visible_run(conn, viewer, run_id)
             return RunView(run, await runs_repo.list_parts(conn, run_id))
+
+    async def visible(self, viewer: Viewer, run_id: str) -> Row[Any]:
+        """The run (without its parts); NotFound for absent or not the viewer's to see."""
+        async with self._autocommit.connect() as conn:
+            return await runs_repo.visible_run(conn, viewer, run_id)
+
+    async def leased(self, run_id: str, epoch: int) -> Row[Any]:
+        """The run while `epoch` is its live lease; StaleLease otherwise."""
+        async with self._autocommit.connect() as conn:
+            return await runs_repo.leased_run(conn, run_id, epoch)
 
     async def search(
         self,

@@ -203,16 +203,6 @@ class ExecutionServicer:
         )
         return orchestrator_pb2.ResumeRunResponse(resumed=resumed)
 
-    async def LookupBinding(
-        self, request: orchestrator_pb2.LookupBindingRequest, context: grpc.aio.ServicerContext
-    ) -> orchestrator_pb2.LookupBindingResponse:
-        row = await self._execution.binding(request.tenant_id, request.run_id)
-        return orchestrator_pb2.LookupBindingResponse(
-            status=status_to_proto(row.status),
-            waiting_interaction_id=row.waiting_interaction_id or "",
-            lease_epoch=row.lease_epoch,
-        )
-
     async def ScheduleRetry(
         self, request: orchestrator_pb2.ScheduleRetryRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.ScheduleRetryResponse:
@@ -335,6 +325,28 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         view = await self._runs.lookup(_viewer(request), request.run_id)
         return orchestrator_pb2.LookupRunResponse(
             run=run_to_proto(view.run), parts=[part_to_proto(p) for p in view.parts]
+        )
+
+    async def LookupRunFacts(
+        self, request: orchestrator_pb2.LookupRunFactsRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.LookupRunFactsResponse:
+        asker = request.WhichOneof("asker")
+        if asker == "viewer":
+            viewer = request.viewer
+            run = await self._runs.visible(
+                Viewer(viewer.tenant_id, viewer.principal_id, viewer.all_runs), request.run_id
+            )
+        elif asker == "lease_epoch":
+            run = await self._runs.leased(request.run_id, request.lease_epoch)
+        else:
+            raise InvalidArgument("name who asks: a viewer or a lease_epoch")
+        return orchestrator_pb2.LookupRunFactsResponse(
+            tenant_id=run.tenant_id,
+            session_id=run.session_id,
+            owner_principal_id=run.owner_principal_id or "",
+            status=status_to_proto(run.status),
+            lease_epoch=run.lease_epoch,
+            waiting_interaction_id=run.waiting_interaction_id or "",
         )
 
     async def SearchRuns(

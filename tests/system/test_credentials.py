@@ -350,6 +350,38 @@ async def test_each_service_credential_reaches_only_its_own_rpcs(stack: RunningS
         assert forged.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
+async def test_only_the_interactions_service_looks_up_run_facts_and_names_who_asks(
+    stack: RunningStack,
+) -> None:
+    orchestrator = stack.services.addresses()["orchestrator"]
+    absent = "run_" + "0" * 32
+    by_lease = orchestrator_pb2.LookupRunFactsRequest(run_id=absent, lease_epoch=1)
+    for caller in ("worker", "gateway"):
+        async with internal_channel(orchestrator, stack.credentials[caller]) as ch:
+            stub = orchestrator_pb2_grpc.OrchestratorServiceStub(ch)
+            denied = await refused(stub.LookupRunFacts(by_lease))
+        assert denied.code() == grpc.StatusCode.PERMISSION_DENIED, caller
+    async with internal_channel(orchestrator, stack.credentials["interactions"]) as ch:
+        stub = orchestrator_pb2_grpc.OrchestratorServiceStub(ch)
+        stale = await refused(stub.LookupRunFacts(by_lease))
+        unseen = await refused(
+            stub.LookupRunFacts(
+                orchestrator_pb2.LookupRunFactsRequest(
+                    run_id=absent,
+                    viewer=orchestrator_pb2.RunViewer(tenant_id="tenant-a", all_runs=True),
+                )
+            )
+        )
+        nameless = await refused(
+            stub.LookupRunFacts(orchestrator_pb2.LookupRunFactsRequest(run_id=absent))
+        )
+    assert stale.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert dict(stale.trailing_metadata() or ())["tether-error-code"] == "stale_lease"
+    assert unseen.code() == grpc.StatusCode.NOT_FOUND
+    assert nameless.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "viewer or a lease_epoch" in (nameless.details() or "")
+
+
 async def test_a_service_without_its_credential_refuses_to_start(
     stack: RunningStack, tmp_path: Path
 ) -> None:

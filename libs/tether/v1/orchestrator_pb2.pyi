@@ -851,60 +851,116 @@ class ResumeRunResponse(_message.Message):
 Global___ResumeRunResponse: _TypeAlias = ResumeRunResponse  # noqa: Y015
 
 @_typing.final
-class LookupBindingRequest(_message.Message):
-    """LookupBindingRequest names a run within its tenant."""
+class LookupRunFactsRequest(_message.Message):
+    """LookupRunFactsRequest names a run and who asks about it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    VIEWER_FIELD_NUMBER: _builtins.int
+    LEASE_EPOCH_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    lease_epoch: _builtins.int
+    """A worker's lease epoch: FAILED_PRECONDITION (stale_lease) unless the run is running
+    under exactly this epoch.
+    """
+    @_builtins.property
+    def viewer(self) -> Global___RunViewer:
+        """A caller acting for a key: NOT_FOUND when the run is not visible to it, the same answer
+        as for an absent run.
+        """
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        viewer: Global___RunViewer | None = ...,
+        lease_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["asker", b"asker", "lease_epoch", b"lease_epoch", "viewer", b"viewer"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asker", b"asker", "lease_epoch", b"lease_epoch", "run_id", b"run_id", "viewer", b"viewer"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_asker: _TypeAlias = _typing.Literal["viewer", "lease_epoch"]  # noqa: Y015
+    _WhichOneofArgType_asker: _TypeAlias = _typing.Literal["asker", b"asker"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_asker) -> _WhichOneofReturnType_asker | None: ...
+
+Global___LookupRunFactsRequest: _TypeAlias = LookupRunFactsRequest  # noqa: Y015
+
+@_typing.final
+class RunViewer(_message.Message):
+    """RunViewer is who a run must be visible to."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     TENANT_ID_FIELD_NUMBER: _builtins.int
-    RUN_ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    ALL_RUNS_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
-    """Tenant of the run."""
-    run_id: _builtins.str
-    """Run id."""
+    """Tenant."""
+    principal_id: _builtins.str
+    """Principal: only its own runs are visible unless all_runs is set."""
+    all_runs: _builtins.bool
+    """Whether every run of the tenant is visible (a runs:all key; the interactions service's
+    own sweeps).
+    """
     def __init__(
         self,
         *,
         tenant_id: _builtins.str = ...,
-        run_id: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        all_runs: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "principal_id", b"principal_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___LookupBindingRequest: _TypeAlias = LookupBindingRequest  # noqa: Y015
+Global___RunViewer: _TypeAlias = RunViewer  # noqa: Y015
 
 @_typing.final
-class LookupBindingResponse(_message.Message):
-    """LookupBindingResponse is the run's side of its pause: what it waits on, and its lease."""
+class LookupRunFactsResponse(_message.Message):
+    """LookupRunFactsResponse is what the interactions service may know of a run."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    OWNER_PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
-    WAITING_INTERACTION_ID_FIELD_NUMBER: _builtins.int
     LEASE_EPOCH_FIELD_NUMBER: _builtins.int
+    WAITING_INTERACTION_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant of the run."""
+    session_id: _builtins.str
+    """The run's conversation (conversation-scoped grants are keyed by it)."""
+    owner_principal_id: _builtins.str
+    """The principal whose key admitted the run; empty when unknown (an older run)."""
     status: _common_pb2.RunStatus.ValueType
     """Current status."""
-    waiting_interaction_id: _builtins.str
-    """The interaction the run is parked on; empty when it was never parked."""
     lease_epoch: _builtins.int
     """Current lease epoch (a lease is live only while the status is running)."""
+    waiting_interaction_id: _builtins.str
+    """The interaction the run is parked on; empty when it was never parked."""
     def __init__(
         self,
         *,
+        tenant_id: _builtins.str = ...,
+        session_id: _builtins.str = ...,
+        owner_principal_id: _builtins.str = ...,
         status: _common_pb2.RunStatus.ValueType = ...,
-        waiting_interaction_id: _builtins.str = ...,
         lease_epoch: _builtins.int = ...,
+        waiting_interaction_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_epoch", b"lease_epoch", "status", b"status", "waiting_interaction_id", b"waiting_interaction_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_epoch", b"lease_epoch", "owner_principal_id", b"owner_principal_id", "session_id", b"session_id", "status", b"status", "tenant_id", b"tenant_id", "waiting_interaction_id", b"waiting_interaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___LookupBindingResponse: _TypeAlias = LookupBindingResponse  # noqa: Y015
+Global___LookupRunFactsResponse: _TypeAlias = LookupRunFactsResponse  # noqa: Y015
 
 @_typing.final
 class ScheduleRetryRequest(_message.Message):

@@ -76,10 +76,10 @@ class OrchestratorServiceStub:
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.ResumeRunRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_orchestrator__pb2.ResumeRunResponse.FromString,
                 _registered_method=True)
-        self.LookupBinding = channel.unary_unary(
-                '/tether.v1.OrchestratorService/LookupBinding',
-                request_serializer=tether_dot_v1_dot_orchestrator__pb2.LookupBindingRequest.SerializeToString,
-                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.LookupBindingResponse.FromString,
+        self.LookupRunFacts = channel.unary_unary(
+                '/tether.v1.OrchestratorService/LookupRunFacts',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.LookupRunFactsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.LookupRunFactsResponse.FromString,
                 _registered_method=True)
         self.ScheduleRetry = channel.unary_unary(
                 '/tether.v1.OrchestratorService/ScheduleRetry',
@@ -184,8 +184,9 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def LookupBinding(self, request, context):
-        """LookupBinding tells which interaction a run is parked on (the only one that may resolve it).
+    def LookupRunFacts(self, request, context):
+        """LookupRunFacts tells the interactions service what it may know of one run (whose it is, its
+        conversation, the interaction it is parked on, its lease), checked for the asker it names.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -290,10 +291,10 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     request_deserializer=tether_dot_v1_dot_orchestrator__pb2.ResumeRunRequest.FromString,
                     response_serializer=tether_dot_v1_dot_orchestrator__pb2.ResumeRunResponse.SerializeToString,
             ),
-            'LookupBinding': grpc.unary_unary_rpc_method_handler(
-                    servicer.LookupBinding,
-                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.LookupBindingRequest.FromString,
-                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.LookupBindingResponse.SerializeToString,
+            'LookupRunFacts': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupRunFacts,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.LookupRunFactsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.LookupRunFactsResponse.SerializeToString,
             ),
             'ScheduleRetry': grpc.unary_unary_rpc_method_handler(
                     servicer.ScheduleRetry,
@@ -565,7 +566,7 @@ class OrchestratorService:
             _registered_method=True)
 
     @staticmethod
-    def LookupBinding(request,
+    def LookupRunFacts(request,
             target,
             options=(),
             channel_credentials=None,
@@ -578,9 +579,9 @@ class OrchestratorService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/tether.v1.OrchestratorService/LookupBinding',
-            tether_dot_v1_dot_orchestrator__pb2.LookupBindingRequest.SerializeToString,
-            tether_dot_v1_dot_orchestrator__pb2.LookupBindingResponse.FromString,
+            '/tether.v1.OrchestratorService/LookupRunFacts',
+            tether_dot_v1_dot_orchestrator__pb2.LookupRunFactsRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.LookupRunFactsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,8 +51,10 @@ class OrchestratorServiceStub:
     """ParkRun moves a running run to a waiting status and releases its lease."""
     ResumeRun: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ResumeRunRequest, _orchestrator_pb2.ResumeRunResponse]
     """ResumeRun moves a waiting run back to queued, once, only while it waits on the named interaction."""
-    LookupBinding: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupBindingRequest, _orchestrator_pb2.LookupBindingResponse]
-    """LookupBinding tells which interaction a run is parked on (the only one that may resolve it)."""
+    LookupRunFacts: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupRunFactsRequest, _orchestrator_pb2.LookupRunFactsResponse]
+    """LookupRunFacts tells the interactions service what it may know of one run (whose it is, its
+    conversation, the interaction it is parked on, its lease), checked for the asker it names.
+    """
     ScheduleRetry: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ScheduleRetryRequest, _orchestrator_pb2.ScheduleRetryResponse]
     """ScheduleRetry moves a running run to retry-pending after a transient failure."""
     CompleteRun: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.CompleteRunRequest, _orchestrator_pb2.CompleteRunResponse]
@@ -93,8 +95,10 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     """ParkRun moves a running run to a waiting status and releases its lease."""
     ResumeRun: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ResumeRunRequest, _orchestrator_pb2.ResumeRunResponse]  # type: ignore[assignment]
     """ResumeRun moves a waiting run back to queued, once, only while it waits on the named interaction."""
-    LookupBinding: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupBindingRequest, _orchestrator_pb2.LookupBindingResponse]  # type: ignore[assignment]
-    """LookupBinding tells which interaction a run is parked on (the only one that may resolve it)."""
+    LookupRunFacts: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupRunFactsRequest, _orchestrator_pb2.LookupRunFactsResponse]  # type: ignore[assignment]
+    """LookupRunFacts tells the interactions service what it may know of one run (whose it is, its
+    conversation, the interaction it is parked on, its lease), checked for the asker it names.
+    """
     ScheduleRetry: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ScheduleRetryRequest, _orchestrator_pb2.ScheduleRetryResponse]  # type: ignore[assignment]
     """ScheduleRetry moves a running run to retry-pending after a transient failure."""
     CompleteRun: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.CompleteRunRequest, _orchestrator_pb2.CompleteRunResponse]  # type: ignore[assignment]
@@ -182,12 +186,14 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
         """ResumeRun moves a waiting run back to queued, once, only while it waits on the named interaction."""
 
     @_abc_1.abstractmethod
-    def LookupBinding(
+    def LookupRunFacts(
         self,
-        request: _orchestrator_pb2.LookupBindingRequest,
+        request: _orchestrator_pb2.LookupRunFactsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_orchestrator_pb2.LookupBindingResponse, _abc.Awaitable[_orchestrator_pb2.LookupBindingResponse]]:
-        """LookupBinding tells which interaction a run is parked on (the only one that may resolve it)."""
+    ) -> _typing.Union[_orchestrator_pb2.LookupRunFactsResponse, _abc.Awaitable[_orchestrator_pb2.LookupRunFactsResponse]]:
+        """LookupRunFacts tells the interactions service what it may know of one run (whose it is, its
+        conversation, the interaction it is parked on, its lease), checked for the asker it names.
+        """
 
     @_abc_1.abstractmethod
     def ScheduleRetry(

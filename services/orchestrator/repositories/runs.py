@@ -13,7 +13,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tether.db.schema import run_events, run_parts, runs
-from tether.errors import InvalidArgument, NotFound
+from tether.errors import InvalidArgument, NotFound, StaleLease
 from tether.ids import is_identifier
 from tether.states import RunStatus
 from tether.visibility import Viewer
@@ -45,6 +45,16 @@ async def visible_run(
     `lock` holds the row until the transaction ends, so its status cannot move under a
     read-then-write."""
     return await _find_run(conn, run_id, viewer.sees(), lock=lock)
+
+
+async def leased_run(conn: AsyncConnection, run_id: str, epoch: int) -> Row[Any]:
+    """The run while `epoch` is its live lease; StaleLease when it is absent, no longer running
+    or leased again (the holder of `epoch` must stop)."""
+    live = and_(runs.c.status == RunStatus.RUNNING.value, runs.c.lease_epoch == epoch)
+    row = (await conn.execute(select(runs).where(runs.c.run_id == run_id, live))).first()
+    if row is None:
+        raise StaleLease(f"lease epoch {epoch} of run {run_id} is not current")
+    return row
 
 
 async def list_parts(conn: AsyncConnection, run_id: str) -> Sequence[Row[Any]]:
