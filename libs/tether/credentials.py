@@ -54,7 +54,10 @@ POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
     "tether.v1.OrchestratorService": {
         "gateway": frozenset({"LookupRun", "SearchRuns", "ReadEvents", "RequestCancellation"}),
         "worker": _WORKER_ON_ORCHESTRATOR,
-        "interactions": frozenset({"ResumeRun", "ExpireWaitingRun", "LookupRunFacts"}),
+        "interactions": frozenset(
+            # LookupBinding: deprecated, for the previous release's replicas (see the proto).
+            {"ResumeRun", "ExpireWaitingRun", "LookupRunFacts", "LookupBinding"}
+        ),
     },
     "tether.v1.InteractionsService": {
         "gateway": frozenset(

@@ -665,12 +665,6 @@ class Execution:
             self._wake_workers(handed_over)  # the session's next message may now run
         return True
 
-    async def binding(self, tenant_id: str, run_id: str) -> Row[Any]:
-        """The run's status, the interaction it is parked on and its lease epoch: the only
-        interaction that may resolve the run is the one it is parked on."""
-        async with self._autocommit.connect() as conn:
-            return await get_run(conn, tenant_id, run_id)
-
     async def resume(
         self,
         tenant_id: str,

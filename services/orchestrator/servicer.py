@@ -349,6 +349,17 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             waiting_interaction_id=run.waiting_interaction_id or "",
         )
 
+    async def LookupBinding(
+        self, request: orchestrator_pb2.LookupBindingRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.LookupBindingResponse:
+        """Deprecated (see the proto): the previous release's interactions replicas ask this."""
+        run = await self._runs.visible(Viewer(request.tenant_id, "", True), request.run_id)
+        return orchestrator_pb2.LookupBindingResponse(
+            status=status_to_proto(run.status),
+            waiting_interaction_id=run.waiting_interaction_id or "",
+            lease_epoch=run.lease_epoch,
+        )
+
     async def SearchRuns(
         self, request: orchestrator_pb2.SearchRunsRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.SearchRunsResponse:

@@ -231,14 +231,21 @@ async def test_an_approval_stored_by_a_worker_killed_before_it_parked_stays_iner
     stack.model.script(
         text,
         [
-            ToolUseTurn("publish_post", {"text": "We launch today"}),
+            ToolUseTurn("publish_post", {"text": "We launch today"}, delay_ms=300),
             ToolUseTurn("ask_questions", {"questions": [{"key": "city", "prompt": "Which?"}]}),
             TextTurn("Lisbon it is."),
         ],
     )
     await stack.services.stop("worker")
-    doomed = await stack.start_worker()
+    # No checkpoint but the one before the park: the first checkpoint to wait on the held row.
+    doomed = await stack.start_worker(TETHER_WORKER_CHECKPOINT_INTERVAL_S="30")
     run_id = await tenant.send(text)
+
+    # Held only once the worker streams the call: a claim skips a locked row.
+    async def streaming() -> bool:
+        return any(r.script_key == text for r in stack.model.requests)
+
+    await eventually(streaming, what="the model call")
     async with RowHold(stack.db_url, run_id) as hold:
         # The approval is stored; the checkpoint before the park waits on the row.
         await hold.lined_up(CHECKPOINT)

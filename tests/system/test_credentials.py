@@ -26,11 +26,13 @@ from sqlalchemy import select
 
 from tests.system.conftest import RunningStack
 from tether import apikeys
+from tether.client import TetherClient
 from tether.db.engine import create_engine
 from tether.db.schema import audit_log
 from tether.grpcutil import internal_channel
 from tether.testing.eventually import eventually
 from tether.v1 import (
+    common_pb2,
     gateway_pb2,
     gateway_pb2_grpc,
     interactions_pb2,
@@ -380,6 +382,29 @@ async def test_only_the_interactions_service_looks_up_run_facts_and_names_who_as
     assert unseen.code() == grpc.StatusCode.NOT_FOUND
     assert nameless.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "viewer or a lease_epoch" in (nameless.details() or "")
+
+
+async def test_the_deprecated_binding_lookup_still_answers_the_previous_release(
+    stack: RunningStack,
+) -> None:
+    """Interactions replicas of the previous release ask LookupBinding during a rolling deploy."""
+    async with TetherClient(stack.gateway, stack.key_a) as client:
+        uid = uuid.uuid4().hex
+        sent = await client.send(f"binding {uid}", conversation_id=f"c-{uid}", event_id=uid)
+        run_id = sent.run.run_id
+    orchestrator = stack.services.addresses()["orchestrator"]
+    async with internal_channel(orchestrator, stack.credentials["interactions"]) as ch:
+        stub = orchestrator_pb2_grpc.OrchestratorServiceStub(ch)
+        found = await stub.LookupBinding(
+            orchestrator_pb2.LookupBindingRequest(tenant_id="tenant-a", run_id=run_id)
+        )
+        elsewhere = await refused(
+            stub.LookupBinding(
+                orchestrator_pb2.LookupBindingRequest(tenant_id="tenant-b", run_id=run_id)
+            )
+        )
+    assert (found.status, found.waiting_interaction_id) == (common_pb2.RUN_STATUS_QUEUED, "")
+    assert elsewhere.code() == grpc.StatusCode.NOT_FOUND
 
 
 async def test_a_service_without_its_credential_refuses_to_start(

@@ -851,6 +851,62 @@ class ResumeRunResponse(_message.Message):
 Global___ResumeRunResponse: _TypeAlias = ResumeRunResponse  # noqa: Y015
 
 @_typing.final
+class LookupBindingRequest(_message.Message):
+    """LookupBindingRequest names a run within its tenant (deprecated with LookupBinding)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant of the run."""
+    run_id: _builtins.str
+    """Run id."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LookupBindingRequest: _TypeAlias = LookupBindingRequest  # noqa: Y015
+
+@_typing.final
+class LookupBindingResponse(_message.Message):
+    """LookupBindingResponse is the run's side of its pause: what it waits on, and its lease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    WAITING_INTERACTION_ID_FIELD_NUMBER: _builtins.int
+    LEASE_EPOCH_FIELD_NUMBER: _builtins.int
+    status: _common_pb2.RunStatus.ValueType
+    """Current status."""
+    waiting_interaction_id: _builtins.str
+    """The interaction the run is parked on; empty when it was never parked."""
+    lease_epoch: _builtins.int
+    """Current lease epoch (a lease is live only while the status is running)."""
+    def __init__(
+        self,
+        *,
+        status: _common_pb2.RunStatus.ValueType = ...,
+        waiting_interaction_id: _builtins.str = ...,
+        lease_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_epoch", b"lease_epoch", "status", b"status", "waiting_interaction_id", b"waiting_interaction_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LookupBindingResponse: _TypeAlias = LookupBindingResponse  # noqa: Y015
+
+@_typing.final
 class LookupRunFactsRequest(_message.Message):
     """LookupRunFactsRequest names a run and who asks about it."""
 

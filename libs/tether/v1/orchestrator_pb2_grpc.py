@@ -76,6 +76,11 @@ class OrchestratorServiceStub:
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.ResumeRunRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_orchestrator__pb2.ResumeRunResponse.FromString,
                 _registered_method=True)
+        self.LookupBinding = channel.unary_unary(
+                '/tether.v1.OrchestratorService/LookupBinding',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.LookupBindingRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.LookupBindingResponse.FromString,
+                _registered_method=True)
         self.LookupRunFacts = channel.unary_unary(
                 '/tether.v1.OrchestratorService/LookupRunFacts',
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.LookupRunFactsRequest.SerializeToString,
@@ -179,6 +184,15 @@ class OrchestratorServiceServicer:
 
     def ResumeRun(self, request, context):
         """ResumeRun moves a waiting run back to queued, once, only while it waits on the named interaction.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LookupBinding(self, request, context):
+        """LookupBinding tells which interaction a run is parked on. Deprecated: LookupRunFacts answers
+        it; still served so that interactions replicas of the previous release keep working during a
+        rolling deploy. Remove once no deployment runs a release older than LookupRunFacts.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -290,6 +304,11 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.ResumeRun,
                     request_deserializer=tether_dot_v1_dot_orchestrator__pb2.ResumeRunRequest.FromString,
                     response_serializer=tether_dot_v1_dot_orchestrator__pb2.ResumeRunResponse.SerializeToString,
+            ),
+            'LookupBinding': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupBinding,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.LookupBindingRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.LookupBindingResponse.SerializeToString,
             ),
             'LookupRunFacts': grpc.unary_unary_rpc_method_handler(
                     servicer.LookupRunFacts,
@@ -555,6 +574,33 @@ class OrchestratorService:
             '/tether.v1.OrchestratorService/ResumeRun',
             tether_dot_v1_dot_orchestrator__pb2.ResumeRunRequest.SerializeToString,
             tether_dot_v1_dot_orchestrator__pb2.ResumeRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupBinding(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/LookupBinding',
+            tether_dot_v1_dot_orchestrator__pb2.LookupBindingRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.LookupBindingResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,6 +7,7 @@ from collections import abc as _abc
 from grpc import aio as _aio
 from tether.v1 import orchestrator_pb2 as _orchestrator_pb2
 import abc as _abc_1
+import builtins as _builtins
 import grpc as _grpc
 import sys
 import typing as _typing
@@ -15,6 +16,11 @@ if sys.version_info >= (3, 11):
     from typing import Self as _Self
 else:
     from typing_extensions import Self as _Self
+
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
 
 _T = _typing.TypeVar("_T")
 
@@ -51,6 +57,13 @@ class OrchestratorServiceStub:
     """ParkRun moves a running run to a waiting status and releases its lease."""
     ResumeRun: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ResumeRunRequest, _orchestrator_pb2.ResumeRunResponse]
     """ResumeRun moves a waiting run back to queued, once, only while it waits on the named interaction."""
+    @_builtins.property
+    @_deprecated("""This method has been marked as deprecated using proto method options.""")
+    def LookupBinding(self) -> _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupBindingRequest, _orchestrator_pb2.LookupBindingResponse]:
+        """LookupBinding tells which interaction a run is parked on. Deprecated: LookupRunFacts answers
+        it; still served so that interactions replicas of the previous release keep working during a
+        rolling deploy. Remove once no deployment runs a release older than LookupRunFacts.
+        """
     LookupRunFacts: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupRunFactsRequest, _orchestrator_pb2.LookupRunFactsResponse]
     """LookupRunFacts tells the interactions service what it may know of one run (whose it is, its
     conversation, the interaction it is parked on, its lease), checked for the asker it names.
@@ -95,6 +108,13 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     """ParkRun moves a running run to a waiting status and releases its lease."""
     ResumeRun: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ResumeRunRequest, _orchestrator_pb2.ResumeRunResponse]  # type: ignore[assignment]
     """ResumeRun moves a waiting run back to queued, once, only while it waits on the named interaction."""
+    @_builtins.property
+    @_deprecated("""This method has been marked as deprecated using proto method options.""")
+    def LookupBinding(self) -> _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupBindingRequest, _orchestrator_pb2.LookupBindingResponse]:  # type: ignore[override]
+        """LookupBinding tells which interaction a run is parked on. Deprecated: LookupRunFacts answers
+        it; still served so that interactions replicas of the previous release keep working during a
+        rolling deploy. Remove once no deployment runs a release older than LookupRunFacts.
+        """
     LookupRunFacts: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupRunFactsRequest, _orchestrator_pb2.LookupRunFactsResponse]  # type: ignore[assignment]
     """LookupRunFacts tells the interactions service what it may know of one run (whose it is, its
     conversation, the interaction it is parked on, its lease), checked for the asker it names.
@@ -184,6 +204,18 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_orchestrator_pb2.ResumeRunResponse, _abc.Awaitable[_orchestrator_pb2.ResumeRunResponse]]:
         """ResumeRun moves a waiting run back to queued, once, only while it waits on the named interaction."""
+
+    @_deprecated("""LookupBinding tells which interaction a run is parked on. Deprecated: LookupRunFacts answers\nit; still served so that interactions replicas of the previous release keep working during a\nrolling deploy. Remove once no deployment runs a release older than LookupRunFacts.""")
+    @_abc_1.abstractmethod
+    def LookupBinding(
+        self,
+        request: _orchestrator_pb2.LookupBindingRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.LookupBindingResponse, _abc.Awaitable[_orchestrator_pb2.LookupBindingResponse]]:
+        """LookupBinding tells which interaction a run is parked on. Deprecated: LookupRunFacts answers
+        it; still served so that interactions replicas of the previous release keep working during a
+        rolling deploy. Remove once no deployment runs a release older than LookupRunFacts.
+        """
 
     @_abc_1.abstractmethod
     def LookupRunFacts(
