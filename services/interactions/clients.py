@@ -9,7 +9,7 @@ import grpc
 import httpx2
 from google.protobuf import json_format
 
-from services.interactions.service import RunFacts
+from services.interactions.domain import RunFacts
 from tether.convert import EVENT_FIELDS, status_from_proto, status_to_proto
 from tether.errors import FailedPrecondition, TetherError, Unavailable, from_rpc_error
 from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc

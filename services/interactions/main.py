@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from services.interactions.clients import GrpcOrchestrator, HttpTokenExchange
-from services.interactions.service import Interactions, OAuthProvider, Policy
+from services.interactions.domain import OAuthProvider, Policy
+from services.interactions.service import Interactions
 from services.interactions.servicer import InteractionsServicer
 from services.interactions.settings import InteractionsSettings
 from tether.credentials import require_credential, require_verifiers

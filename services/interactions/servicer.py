@@ -7,7 +7,8 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from services.interactions.service import Interactions, QuestionSpec
+from services.interactions.domain import QuestionSpec
+from services.interactions.service import Interactions
 from tether.convert import timestamp
 from tether.errors import InvalidArgument
 from tether.v1 import interactions_pb2, interactions_pb2_grpc
