@@ -1,14 +1,5 @@
-"""Interactions: questions, approvals and connections, one pause-and-resume lifecycle.
-
-Each kind is stored (pending), resolved once by a person (a guarded update), and resumes its
-run to queued once through the orchestrator (a guarded transition there). A resolution whose
-resume did not get through is delivered by the sweep; the orchestrator's guard keeps it once.
-
-An interaction is inert until its run is parked on it: the orchestrator's fenced park binds the
-run to one interaction id, and only that one can be answered, decided, completed, expired or
-claimed (the orchestrator says which, and its resume and expiry apply only to it). One stored
-by a worker that died before parking stays unbound and is swept as orphaned.
-"""
+"""Interactions: questions, approvals and connections (services.interactions.lifecycle says how
+one pauses and resumes its run)."""
 
 from __future__ import annotations
 
@@ -21,14 +12,13 @@ from typing import Any
 from urllib.parse import urlencode
 
 from sqlalchemy.engine import Row
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.interactions import repository as repo
 from services.interactions.domain import (
     ALWAYS_SCOPES,
     DECISIONS,
     GAPS,
-    RESOLUTIONS,
     Orchestrator,
     Policy,
     QuestionSpec,
@@ -37,6 +27,7 @@ from services.interactions.domain import (
     validate_answers,
     validate_specs,
 )
+from services.interactions.lifecycle import Lifecycle
 from tether import audit
 from tether.errors import (
     FailedPrecondition,
@@ -71,6 +62,7 @@ class Interactions:
         self._orchestrator = orchestrator
         self._policy = policy
         self._exchange = exchange
+        self._lifecycle = Lifecycle(engine, orchestrator)
 
     # -- questions ----------------------------------------------------------------------------
 
@@ -79,7 +71,7 @@ class Interactions:
     ) -> str:
         """Store one interaction carrying every question; the run parks on it."""
         validate_specs(specs)
-        return await self._store(
+        return await self._lifecycle.store(
             run_id, epoch, "question", tool_call_id, questions=[s.to_json() for s in specs]
         )
 
@@ -89,7 +81,7 @@ class Interactions:
         """Record the answers once and resume the run once."""
         bound = (await self._orchestrator.visible_run(viewer, run_id)).bound("question")
         async with self._engine.begin() as conn:
-            pending = await self._open(conn, run_id, "question", bound, lock=True)
+            pending = await self._lifecycle.open(conn, run_id, "question", bound, lock=True)
             if pending is None:
                 raise FailedPrecondition(f"run {run_id!r} has no open question to answer")
             specs = [QuestionSpec.from_json(s) for s in pending.questions]
@@ -111,7 +103,7 @@ class Interactions:
                 actor={"kind": "principal", "principal_id": viewer.principal_id},
                 interaction_id=pending.interaction_id,
             )
-        resumed = await self._try_resume(
+        resumed = await self._lifecycle.try_resume(
             viewer.tenant_id, run_id, "question", pending.interaction_id
         )
         return pending.interaction_id, resumed
@@ -120,7 +112,7 @@ class Interactions:
         """The run's open question, or None once answered."""
         bound = (await self._orchestrator.visible_run(viewer, run_id)).bound("question")
         async with self._engine.connect() as conn:
-            return await self._open(conn, run_id, "question", bound)
+            return await self._lifecycle.open(conn, run_id, "question", bound)
 
     async def answered(self, run_id: str, epoch: int) -> Sequence[Row[Any]]:
         """The run's answered questions, for the resumed attempt (no claim: answers are
@@ -165,7 +157,7 @@ class Interactions:
         """Store a pending approval with the normalised input that will run if allowed."""
         if not tool_name or not risk_category:
             raise InvalidArgument("tool_name and risk_category are required")
-        return await self._store(
+        return await self._lifecycle.store(
             run_id,
             epoch,
             "approval",
@@ -178,32 +170,6 @@ class Interactions:
             idempotency_key=idempotency_key,
             expires_at=datetime.now(UTC) + timedelta(seconds=self._policy.approval_ttl_s),
         )
-
-    async def _store(
-        self, run_id: str, epoch: int, kind: str, tool_call_id: str, **fields: Any
-    ) -> str:
-        """Store a pending interaction of a run whose lease `epoch` is live; returns its id."""
-        interaction_id = new_id("int")
-        # Checked before the insert, not in its transaction: the lease may end in between, and
-        # that is harmless, for an interaction is inert until the orchestrator's fenced park
-        # (checked by the same lease) binds the run to it. One whose park never lands stays
-        # unbound, can be neither resolved nor claimed, and is swept as orphaned.
-        run = await self._orchestrator.leased_run(run_id, epoch)
-        async with self._engine.begin() as conn:
-            await repo.insert_interaction(
-                conn,
-                interaction_id=interaction_id,
-                tenant_id=run.tenant_id,
-                run_id=run_id,
-                session_id=run.session_id,
-                # Who may complete a consent: the run's owner, whose account it connects.
-                principal_id=run.owner_principal_id,
-                kind=kind,
-                tool_call_id=tool_call_id,
-                lease_epoch=epoch,
-                **fields,
-            )
-        return interaction_id
 
     async def allowed_decisions(self, tenant_id: str) -> list[str]:
         """Decisions the tenant's policy permits."""
@@ -225,7 +191,9 @@ class Interactions:
         grant_id = ""
         run = await self._orchestrator.visible_run(viewer, run_id)
         async with self._engine.begin() as conn:
-            pending = await self._open(conn, run_id, "approval", run.bound("approval"), lock=True)
+            pending = await self._lifecycle.open(
+                conn, run_id, "approval", run.bound("approval"), lock=True
+            )
             if pending is None:
                 raise FailedPrecondition(f"run {run_id!r} has no open approval to decide")
             if decision == "allow-always":
@@ -274,7 +242,7 @@ class Interactions:
                     granted_by=principal_id,
                     interaction_id=pending.interaction_id,
                 )
-        resumed = await self._try_resume(
+        resumed = await self._lifecycle.try_resume(
             tenant_id, run_id, "approval", pending.interaction_id, decision
         )
         return pending.interaction_id, resumed, grant_id
@@ -299,7 +267,7 @@ class Interactions:
         """The run's open approval, or None once decided."""
         bound = (await self._orchestrator.visible_run(viewer, run_id)).bound("approval")
         async with self._engine.connect() as conn:
-            return await self._open(conn, run_id, "approval", bound)
+            return await self._lifecycle.open(conn, run_id, "approval", bound)
 
     # -- connections --------------------------------------------------------------------------
 
@@ -356,7 +324,7 @@ class Interactions:
                 }
             )
         )
-        interaction_id = await self._store(
+        interaction_id = await self._lifecycle.store(
             run_id,
             epoch,
             "connection",
@@ -426,42 +394,15 @@ class Interactions:
                 interaction_id=offer.interaction_id,
                 provider=offer.provider,
             )
-        return await self._try_resume(tenant_id, run_id, "connection", offer.interaction_id)
+        return await self._lifecycle.try_resume(
+            tenant_id, run_id, "connection", offer.interaction_id
+        )
 
     async def pending_connection(self, viewer: Viewer, run_id: str) -> Row[Any] | None:
         """The run's open consent offer, or None once completed."""
         bound = (await self._orchestrator.visible_run(viewer, run_id)).bound("connection")
         async with self._engine.connect() as conn:
-            return await self._open(conn, run_id, "connection", bound)
-
-    @staticmethod
-    async def _open(
-        conn: AsyncConnection, run_id: str, kind: str, bound: str | None, *, lock: bool = False
-    ) -> Row[Any] | None:
-        """The pending interaction the run is parked on; None when it waits on no `kind`."""
-        if bound is None:
-            return None
-        return await repo.bound_interaction(conn, run_id, bound, kind, lock=lock)
-
-    async def _try_resume(
-        self, tenant_id: str, run_id: str, kind: str, interaction_id: str, decision: str = ""
-    ) -> bool:
-        """Resume the run a resolution unblocks. If the orchestrator is unreachable the
-        resolution is already stored and the redelivery sweep resumes the run (once) later."""
-        from_status, event = RESOLUTIONS[kind](interaction_id, decision)
-        try:
-            resumed = await self._orchestrator.resume(
-                tenant_id, run_id, from_status, event, interaction_id
-            )
-        except Unavailable as exc:
-            log.warning("resume of %s deferred to the sweep: %s", run_id, exc.message)
-            return False
-        await self._delivered(interaction_id)
-        return resumed
-
-    async def _delivered(self, interaction_id: str) -> None:
-        async with self._engine.begin() as conn:
-            await repo.mark_delivered(conn, interaction_id)
+            return await self._lifecycle.open(conn, run_id, "connection", bound)
 
     # -- sweeps -------------------------------------------------------------------------------
 
@@ -553,7 +494,9 @@ class Interactions:
         row: Row[Any],
     ) -> None:
         if kind != "connection" or status != "expired":
-            await self._try_resume(tenant_id, run_id, kind, interaction_id, row.decision or status)
+            await self._lifecycle.try_resume(
+                tenant_id, run_id, kind, interaction_id, row.decision or status
+            )
             return
         try:
             await self._orchestrator.expire(
@@ -572,4 +515,4 @@ class Interactions:
         except Unavailable as exc:
             log.warning("expiry of %s deferred to the next sweep: %s", run_id, exc.message)
             return
-        await self._delivered(interaction_id)
+        await self._lifecycle.mark_delivered(interaction_id)
