@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from services.interactions.clients import GrpcOrchestrator, HttpTokenExchange
 from services.interactions.domain import OAuthProvider, Policy
+from services.interactions.lifecycle import Lifecycle
 from services.interactions.service import Interactions
 from services.interactions.servicer import InteractionsServicer
 from services.interactions.settings import InteractionsSettings
+from services.interactions.upkeep import Upkeep
 from tether.credentials import require_credential, require_verifiers
 from tether.db.engine import create_engine
 from tether.grpcutil import internal_channel, start_server
@@ -31,12 +33,19 @@ async def amain(settings: InteractionsSettings, credential: str, verifiers: dict
             settings.oauth_redirect_uri,
         )
         token_urls[DEMO_PROVIDER] = f"{settings.oauth_base_url}/token"
+    orchestrator = GrpcOrchestrator(orchestrator_pb2_grpc.OrchestratorServiceStub(channel))
+    policy = Policy(
+        settings.approval_ttl_s, settings.consent_ttl_s, providers, settings.orphan_grace_s
+    )
+    lifecycle = Lifecycle(engine, orchestrator)
     interactions = Interactions(
         engine,
-        GrpcOrchestrator(orchestrator_pb2_grpc.OrchestratorServiceStub(channel)),
-        Policy(settings.approval_ttl_s, settings.consent_ttl_s, providers, settings.orphan_grace_s),
+        orchestrator,
+        lifecycle,
+        policy,
         HttpTokenExchange(token_urls, settings.oauth_client_id),
     )
+    upkeep = Upkeep(engine, orchestrator, lifecycle, policy)
     servicer = InteractionsServicer(interactions)
     server, port, _ = await start_server(
         host=settings.host,
@@ -51,13 +60,13 @@ async def amain(settings: InteractionsSettings, credential: str, verifiers: dict
     )
     supervisor = Supervisor()
     supervisor.start(
-        "expiry", every(settings.sweep_interval_s, interactions.expire_stale, "expiry sweep")
+        "expiry", every(settings.sweep_interval_s, upkeep.expire_stale, "expiry sweep")
     )
     supervisor.start(
-        "redelivery", every(settings.sweep_interval_s, interactions.redeliver, "redelivery sweep")
+        "redelivery", every(settings.sweep_interval_s, upkeep.redeliver, "redelivery sweep")
     )
     supervisor.start(
-        "orphans", every(settings.sweep_interval_s, interactions.sweep_orphans, "orphan sweep")
+        "orphans", every(settings.sweep_interval_s, upkeep.sweep_orphans, "orphan sweep")
     )
     write_ready_file(settings.ready_file, port)
 

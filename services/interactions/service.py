@@ -4,7 +4,6 @@ one pauses and resumes its run)."""
 from __future__ import annotations
 
 import hashlib
-import logging
 import secrets
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -22,7 +21,6 @@ from services.interactions.domain import (
     Orchestrator,
     Policy,
     QuestionSpec,
-    RunFacts,
     TokenExchange,
     validate_answers,
     validate_specs,
@@ -34,14 +32,9 @@ from tether.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
-    Unavailable,
 )
 from tether.ids import new_id
 from tether.visibility import Viewer
-
-log = logging.getLogger(__name__)
-
-ORPHANED = "the run never parked on it"
 
 
 def _hash_state(state: str) -> bytes:
@@ -55,14 +48,15 @@ class Interactions:
         self,
         engine: AsyncEngine,
         orchestrator: Orchestrator,
+        lifecycle: Lifecycle,
         policy: Policy,
         exchange: TokenExchange | None = None,
     ) -> None:
         self._engine = engine
         self._orchestrator = orchestrator
+        self._lifecycle = lifecycle
         self._policy = policy
         self._exchange = exchange
-        self._lifecycle = Lifecycle(engine, orchestrator)
 
     # -- questions ----------------------------------------------------------------------------
 
@@ -403,116 +397,3 @@ class Interactions:
         bound = (await self._orchestrator.visible_run(viewer, run_id)).bound("connection")
         async with self._engine.connect() as conn:
             return await self._lifecycle.open(conn, run_id, "connection", bound)
-
-    # -- sweeps -------------------------------------------------------------------------------
-
-    async def expire_stale(self, limit: int = 100) -> int:
-        """Close pauses past their TTL. One the run is parked on expires: a consent fails its
-        run with a reason (the reaper does not cover a run waiting for a person); an approval
-        becomes an expired decision the resumed run claims, so it never loops. One the run was
-        never parked on (its worker died first) is orphaned, touching no run; one whose
-        storing lease is still live is left for the next sweep (its worker may yet park)."""
-        async with self._engine.connect() as conn:
-            stale = await repo.expired_pending(conn, limit)
-        closed = 0
-        for row in stale:
-            try:
-                run = await self._run_of(row)
-            except Unavailable as exc:
-                log.warning("expiry sweep deferred: %s", exc.message)
-                return closed
-            if run.parked_on(row.kind, row.interaction_id):
-                async with self._engine.begin() as conn:
-                    resolved = await repo.resolve(
-                        conn, row.interaction_id, "expired", decision="expired"
-                    )
-                if resolved is not None:
-                    await self._deliver(
-                        row.kind, row.tenant_id, row.run_id, row.interaction_id, "expired", row
-                    )
-            elif run.waiting_interaction_id == row.interaction_id:
-                # The run was parked on it and moved on (cancelled): nothing left to wake.
-                await self._close(row.interaction_id, "expired", "the run had already finished")
-            elif row.lease_epoch is not None and run.leased(row.lease_epoch):
-                continue
-            else:
-                await self._close(row.interaction_id, "orphaned", ORPHANED)
-            closed += 1
-        return closed
-
-    async def sweep_orphans(self, limit: int = 100) -> int:
-        """Check each pending interaction once, after a grace: one its run is parked on (or
-        was, before it was cancelled) is confirmed and never checked again; one whose storing
-        lease is still live is checked again later (its worker may yet park); any other was
-        stored by a worker that died before parking, and is orphaned. Questions have no TTL,
-        so without this an orphan question would stay pending for ever."""
-        async with self._engine.connect() as conn:
-            rows = await repo.unconfirmed_pending(conn, self._policy.orphan_grace_s, limit)
-        orphaned = 0
-        for row in rows:
-            try:
-                run = await self._run_of(row)
-            except Unavailable as exc:
-                log.warning("orphan sweep deferred: %s", exc.message)
-                break
-            if run.waiting_interaction_id == row.interaction_id:
-                async with self._engine.begin() as conn:
-                    await repo.mark_bound(conn, row.interaction_id)
-            elif row.lease_epoch is None or not run.leased(row.lease_epoch):
-                await self._close(row.interaction_id, "orphaned", ORPHANED)
-                orphaned += 1
-        return orphaned
-
-    async def _run_of(self, row: Row[Any]) -> RunFacts:
-        """The run of a stored interaction, as this service's own sweeps see it (tenant-wide:
-        no caller is involved)."""
-        return await self._orchestrator.visible_run(
-            Viewer(row.tenant_id, "", all_runs=True), row.run_id
-        )
-
-    async def _close(self, interaction_id: str, status: str, reason: str) -> None:
-        async with self._engine.begin() as conn:
-            await repo.close_unresolved(conn, interaction_id, status, reason)
-
-    async def redeliver(self, limit: int = 100) -> int:
-        """Deliver resolutions whose resume did not reach the orchestrator."""
-        async with self._engine.connect() as conn:
-            rows = await repo.undelivered(conn, limit)
-        for row in rows:
-            await self._deliver(
-                row.kind, row.tenant_id, row.run_id, row.interaction_id, row.status, row
-            )
-        return len(rows)
-
-    async def _deliver(
-        self,
-        kind: str,
-        tenant_id: str,
-        run_id: str,
-        interaction_id: str,
-        status: str,
-        row: Row[Any],
-    ) -> None:
-        if kind != "connection" or status != "expired":
-            await self._lifecycle.try_resume(
-                tenant_id, run_id, kind, interaction_id, row.decision or status
-            )
-            return
-        try:
-            await self._orchestrator.expire(
-                tenant_id,
-                run_id,
-                "waiting-for-connection",
-                {
-                    "code": "connection_expired",
-                    "retryable": True,
-                    "message": f"the {row.provider} consent was not completed within "
-                    f"{int(self._policy.consent_ttl_s)} s",
-                },
-                ("connection.completed", {"interactionId": interaction_id, "outcome": "expired"}),
-                interaction_id,
-            )
-        except Unavailable as exc:
-            log.warning("expiry of %s deferred to the next sweep: %s", run_id, exc.message)
-            return
-        await self._lifecycle.mark_delivered(interaction_id)
