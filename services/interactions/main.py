@@ -5,6 +5,7 @@ from __future__ import annotations
 from services.interactions.clients import GrpcOrchestrator, HttpTokenExchange
 from services.interactions.domain import OAuthProvider, Policy
 from services.interactions.lifecycle import Lifecycle
+from services.interactions.questions import Questions
 from services.interactions.service import Interactions
 from services.interactions.servicer import InteractionsServicer
 from services.interactions.settings import InteractionsSettings
@@ -46,7 +47,7 @@ async def amain(settings: InteractionsSettings, credential: str, verifiers: dict
         HttpTokenExchange(token_urls, settings.oauth_client_id),
     )
     upkeep = Upkeep(engine, orchestrator, lifecycle, policy)
-    servicer = InteractionsServicer(interactions)
+    servicer = InteractionsServicer(Questions(engine, orchestrator, lifecycle), interactions)
     server, port, _ = await start_server(
         host=settings.host,
         port=settings.port,

@@ -8,6 +8,7 @@ import grpc
 from google.protobuf import json_format
 
 from services.interactions.domain import QuestionSpec
+from services.interactions.questions import Questions
 from services.interactions.service import Interactions
 from tether.convert import timestamp
 from tether.errors import InvalidArgument
@@ -79,13 +80,14 @@ def pending_connection(row: Any) -> interactions_pb2.PendingConnection:
 class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
     """Implements tether.v1.InteractionsService."""
 
-    def __init__(self, interactions: Interactions) -> None:
+    def __init__(self, questions: Questions, interactions: Interactions) -> None:
+        self._questions = questions
         self._i = interactions
 
     async def AskQuestions(
         self, request: interactions_pb2.AskQuestionsRequest, context: grpc.aio.ServicerContext
     ) -> interactions_pb2.AskQuestionsResponse:
-        interaction_id = await self._i.ask(
+        interaction_id = await self._questions.ask(
             request.run_id,
             request.epoch,
             request.tool_call_id,
@@ -96,7 +98,7 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
     async def RecordAnswers(
         self, request: interactions_pb2.RecordAnswersRequest, context: grpc.aio.ServicerContext
     ) -> interactions_pb2.RecordAnswersResponse:
-        interaction_id, resumed = await self._i.answer(
+        interaction_id, resumed = await self._questions.answer(
             Viewer(request.tenant_id, request.principal_id, request.all_runs),
             request.run_id,
             {k: list(v.values) for k, v in request.answers.items()},
@@ -110,7 +112,7 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         request: interactions_pb2.FindPendingQuestionRequest,
         context: grpc.aio.ServicerContext,
     ) -> interactions_pb2.FindPendingQuestionResponse:
-        row = await self._i.pending_question(
+        row = await self._questions.pending_question(
             Viewer(request.tenant_id, request.principal_id, request.all_runs), request.run_id
         )
         response = interactions_pb2.FindPendingQuestionResponse()
@@ -123,7 +125,7 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         request: interactions_pb2.FindAnsweredQuestionsRequest,
         context: grpc.aio.ServicerContext,
     ) -> interactions_pb2.FindAnsweredQuestionsResponse:
-        rows = await self._i.answered(request.run_id, request.epoch)
+        rows = await self._questions.answered(request.run_id, request.epoch)
         return interactions_pb2.FindAnsweredQuestionsResponse(
             answered=[
                 interactions_pb2.AnsweredQuestion(
