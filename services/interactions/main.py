@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from services.interactions.approvals import Approvals
 from services.interactions.clients import GrpcOrchestrator, HttpTokenExchange
 from services.interactions.domain import OAuthProvider, Policy
 from services.interactions.lifecycle import Lifecycle
@@ -47,7 +48,11 @@ async def amain(settings: InteractionsSettings, credential: str, verifiers: dict
         HttpTokenExchange(token_urls, settings.oauth_client_id),
     )
     upkeep = Upkeep(engine, orchestrator, lifecycle, policy)
-    servicer = InteractionsServicer(Questions(engine, orchestrator, lifecycle), interactions)
+    servicer = InteractionsServicer(
+        Questions(engine, orchestrator, lifecycle),
+        Approvals(engine, orchestrator, lifecycle, policy),
+        interactions,
+    )
     server, port, _ = await start_server(
         host=settings.host,
         port=settings.port,

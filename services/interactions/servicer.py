@@ -7,6 +7,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from services.interactions.approvals import Approvals
 from services.interactions.domain import QuestionSpec
 from services.interactions.questions import Questions
 from services.interactions.service import Interactions
@@ -80,8 +81,11 @@ def pending_connection(row: Any) -> interactions_pb2.PendingConnection:
 class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
     """Implements tether.v1.InteractionsService."""
 
-    def __init__(self, questions: Questions, interactions: Interactions) -> None:
+    def __init__(
+        self, questions: Questions, approvals: Approvals, interactions: Interactions
+    ) -> None:
         self._questions = questions
+        self._approvals = approvals
         self._i = interactions
 
     async def AskQuestions(
@@ -144,7 +148,7 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
     async def CheckGrant(
         self, request: interactions_pb2.CheckGrantRequest, context: grpc.aio.ServicerContext
     ) -> interactions_pb2.CheckGrantResponse:
-        grant = await self._i.check_grant(
+        grant = await self._approvals.check_grant(
             request.run_id, request.epoch, request.tool_name, request.risk_category
         )
         return interactions_pb2.CheckGrantResponse(allowed=grant is not None, grant_id=grant or "")
@@ -154,7 +158,7 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         request: interactions_pb2.RequestApprovalRequest,
         context: grpc.aio.ServicerContext,
     ) -> interactions_pb2.RequestApprovalResponse:
-        interaction_id = await self._i.request_approval(
+        interaction_id = await self._approvals.request_approval(
             request.run_id,
             request.epoch,
             tool_call_id=request.tool_call_id,
@@ -170,7 +174,7 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
     async def RecordDecision(
         self, request: interactions_pb2.RecordDecisionRequest, context: grpc.aio.ServicerContext
     ) -> interactions_pb2.RecordDecisionResponse:
-        interaction_id, resumed, grant = await self._i.decide(
+        interaction_id, resumed, grant = await self._approvals.decide(
             Viewer(request.tenant_id, request.principal_id, request.all_runs),
             request.run_id,
             request.decision,
@@ -187,7 +191,7 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
             raise InvalidArgument("tool_name is required: a claim authorises one tool")
         if not request.tool_call_id:
             raise InvalidArgument("tool_call_id is required: a claim authorises one tool call")
-        row = await self._i.claim_approval(
+        row = await self._approvals.claim_approval(
             request.run_id, request.epoch, request.tool_name, request.tool_call_id
         )
         if row is None:
@@ -208,12 +212,12 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         request: interactions_pb2.FindPendingApprovalRequest,
         context: grpc.aio.ServicerContext,
     ) -> interactions_pb2.FindPendingApprovalResponse:
-        row = await self._i.pending_approval(
+        row = await self._approvals.pending_approval(
             Viewer(request.tenant_id, request.principal_id, request.all_runs), request.run_id
         )
         response = interactions_pb2.FindPendingApprovalResponse()
         if row is not None:
-            allowed = await self._i.allowed_decisions(request.tenant_id)
+            allowed = await self._approvals.allowed_decisions(request.tenant_id)
             response.approval.CopyFrom(pending_approval(row, allowed))
         return response
 
