@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from services.interactions.approvals import Approvals
 from services.interactions.clients import GrpcOrchestrator, HttpTokenExchange
+from services.interactions.connections import Connections
 from services.interactions.domain import OAuthProvider, Policy
 from services.interactions.lifecycle import Lifecycle
 from services.interactions.questions import Questions
-from services.interactions.service import Interactions
 from services.interactions.servicer import InteractionsServicer
 from services.interactions.settings import InteractionsSettings
 from services.interactions.upkeep import Upkeep
@@ -40,18 +40,17 @@ async def amain(settings: InteractionsSettings, credential: str, verifiers: dict
         settings.approval_ttl_s, settings.consent_ttl_s, providers, settings.orphan_grace_s
     )
     lifecycle = Lifecycle(engine, orchestrator)
-    interactions = Interactions(
-        engine,
-        orchestrator,
-        lifecycle,
-        policy,
-        HttpTokenExchange(token_urls, settings.oauth_client_id),
-    )
     upkeep = Upkeep(engine, orchestrator, lifecycle, policy)
     servicer = InteractionsServicer(
         Questions(engine, orchestrator, lifecycle),
         Approvals(engine, orchestrator, lifecycle, policy),
-        interactions,
+        Connections(
+            engine,
+            orchestrator,
+            lifecycle,
+            policy,
+            HttpTokenExchange(token_urls, settings.oauth_client_id),
+        ),
     )
     server, port, _ = await start_server(
         host=settings.host,

@@ -8,9 +8,9 @@ import grpc
 from google.protobuf import json_format
 
 from services.interactions.approvals import Approvals
+from services.interactions.connections import Connections
 from services.interactions.domain import QuestionSpec
 from services.interactions.questions import Questions
-from services.interactions.service import Interactions
 from tether.convert import timestamp
 from tether.errors import InvalidArgument
 from tether.v1 import interactions_pb2, interactions_pb2_grpc
@@ -82,11 +82,11 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
     """Implements tether.v1.InteractionsService."""
 
     def __init__(
-        self, questions: Questions, approvals: Approvals, interactions: Interactions
+        self, questions: Questions, approvals: Approvals, connections: Connections
     ) -> None:
         self._questions = questions
         self._approvals = approvals
-        self._i = interactions
+        self._connections = connections
 
     async def AskQuestions(
         self, request: interactions_pb2.AskQuestionsRequest, context: grpc.aio.ServicerContext
@@ -229,7 +229,7 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         gap = _GAP_NAMES.get(request.gap)
         if gap is None:
             raise InvalidArgument("gap is required")
-        offer = await self._i.request_connection(
+        offer = await self._connections.request_connection(
             request.run_id,
             request.epoch,
             tool_call_id=request.tool_call_id,
@@ -248,7 +248,7 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         request: interactions_pb2.ConfirmConnectionRequest,
         context: grpc.aio.ServicerContext,
     ) -> interactions_pb2.ConfirmConnectionResponse:
-        resumed = await self._i.complete_connection(
+        resumed = await self._connections.complete_connection(
             Viewer(request.tenant_id, request.principal_id, request.all_runs),
             request.run_id,
             request.state,
@@ -261,7 +261,7 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         request: interactions_pb2.FindPendingConnectionRequest,
         context: grpc.aio.ServicerContext,
     ) -> interactions_pb2.FindPendingConnectionResponse:
-        row = await self._i.pending_connection(
+        row = await self._connections.pending_connection(
             Viewer(request.tenant_id, request.principal_id, request.all_runs), request.run_id
         )
         response = interactions_pb2.FindPendingConnectionResponse()
@@ -274,7 +274,7 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         request: interactions_pb2.ResolveConnectionRequest,
         context: grpc.aio.ServicerContext,
     ) -> interactions_pb2.ResolveConnectionResponse:
-        gap, token, ref = await self._i.resolve_connection(
+        gap, token, ref = await self._connections.resolve_connection(
             request.run_id, request.epoch, request.provider, list(request.scopes)
         )
         return interactions_pb2.ResolveConnectionResponse(

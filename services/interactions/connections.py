@@ -1,5 +1,5 @@
-"""Interactions: questions, approvals and connections (services.interactions.lifecycle says how
-one pauses and resumes its run)."""
+"""Connections: a worker finds whether the run's owner has a usable account at a provider, offers
+an OAuth consent when not, and the owner completes it once (its state single-use)."""
 
 from __future__ import annotations
 
@@ -14,19 +14,10 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.interactions import repository as repo
-from services.interactions.domain import (
-    GAPS,
-    Orchestrator,
-    Policy,
-    TokenExchange,
-)
+from services.interactions.domain import GAPS, Orchestrator, Policy, TokenExchange
 from services.interactions.lifecycle import Lifecycle
 from tether import audit
-from tether.errors import (
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-)
+from tether.errors import FailedPrecondition, InvalidArgument, NotFound
 from tether.visibility import Viewer
 
 
@@ -34,8 +25,9 @@ def _hash_state(state: str) -> bytes:
     return hashlib.sha256(state.encode()).digest()
 
 
-class Interactions:
-    """The interactions service's domain."""
+class Connections:
+    """The only writer of a consent offer's transitions (offered, completed) and of the
+    accounts a completed consent connects."""
 
     def __init__(
         self,
@@ -50,8 +42,6 @@ class Interactions:
         self._lifecycle = lifecycle
         self._policy = policy
         self._exchange = exchange
-
-    # -- connections --------------------------------------------------------------------------
 
     async def resolve_connection(
         self, run_id: str, epoch: int, provider: str, scopes: Sequence[str]
