@@ -1,4 +1,4 @@
-"""Interactions: questions, approvals and connections, one pause-and-resume lifecycle.
+"""The one pause-and-resume lifecycle that questions, approvals and connections share.
 
 Each kind is stored (pending), resolved once by a person (a guarded update), and resumes its
 run to queued once through the orchestrator (a guarded transition there). A resolution whose
