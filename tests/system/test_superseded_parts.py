@@ -148,12 +148,15 @@ async def tether_watch_json(
     return [json.loads(line) for line in out.decode().splitlines()]
 
 
-async def http_reads(stack: ExecStack, tenant: Tenant, run_id: str) -> tuple[Said, Said]:
-    """The transcript from the HTTP bridge: GET /v1/runs/{id}, and the SSE stream's snapshot."""
+async def http_reads(stack: ExecStack, tenant: Tenant, run_id: str) -> tuple[Said, Said, list[int]]:
+    """The transcript from the HTTP bridge: GET /v1/runs/{id}, and the SSE stream's snapshot;
+    and the parts GET /v1/runs/{id}?superseded=1 flags."""
     base = f"http://{stack.services.http_addresses()['gateway']}"
     headers = {"Authorization": f"Bearer {tenant.api_key}"}
     async with httpx2.AsyncClient(timeout=30) as http:
         run = (await http.get(f"{base}/v1/runs/{run_id}", headers=headers)).json()
+        url = f"{base}/v1/runs/{run_id}?superseded=1"
+        audit = (await http.get(url, headers=headers)).json()
         async with http.stream(
             "GET", f"{base}/v1/runs/{run_id}/events?deltas=0", headers=headers
         ) as response:
@@ -161,7 +164,8 @@ async def http_reads(stack: ExecStack, tenant: Tenant, run_id: str) -> tuple[Sai
                 assert frame.event == "snapshot", frame
                 snapshot = frame.json()
                 break
-    return said(run["parts"]), said(snapshot["parts"])
+    flagged = [p.get("index", 0) for p in audit["parts"] if p.get("superseded")]
+    return said(run["parts"]), said(snapshot["parts"]), flagged
 
 
 async def get_run_audit(tenant: Tenant, run_id: str) -> gateway_pb2.GetRunResponse:
@@ -212,7 +216,7 @@ async def assert_each_answer_once(
     assert said_by(found.parts) == answer, "GetRun"
     later = await read_run(tenant, run_id)
     assert said_by(later.snapshots[0].parts) == answer, "StreamRun snapshot"
-    via_http, via_sse = await http_reads(stack, tenant, run_id)
+    via_http, via_sse, flagged_over_http = await http_reads(stack, tenant, run_id)
     assert via_http == answer, "GET /v1/runs/{id}"
     assert via_sse == answer, "SSE snapshot"
     lines = await tether_watch_json(stack, tenant, run_id, directory)
@@ -230,6 +234,7 @@ async def assert_each_answer_once(
     audit = await get_run_audit(tenant, run_id)
     flagged = [p.index for p in audit.parts if p.superseded]
     assert flagged == [r.part_index for r in superseded], "visible with the flag when asked"
+    assert flagged_over_http == flagged, "GET /v1/runs/{id}?superseded=1"
 
     notices = [e.part_superseded for e in live.stream.durable if e.type == "part.superseded"]
     dropped = [n.part_index for n in notices]
