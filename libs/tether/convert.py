@@ -103,6 +103,7 @@ EVENT_FIELDS: dict[str, str] = {
     "run.retry-pending": "run_retry_pending",
     "part.added": "part_added",
     "part.updated": "part_updated",
+    "part.superseded": "part_superseded",
     "tool.started": "tool_started",
     "tool.completed": "tool_completed",
     "tool.failed": "tool_failed",
@@ -122,7 +123,12 @@ FIELD_TYPES = {v: k for k, v in EVENT_FIELDS.items()}
 
 def part_to_proto(row: Any) -> common_pb2.Part:
     """A Part message from a `run_parts` row (payload is the kind's JSON)."""
-    part = common_pb2.Part(index=row.part_index, role=row.role, final=row.final)
+    part = common_pb2.Part(
+        index=row.part_index,
+        role=row.role,
+        final=row.final,
+        superseded=row.superseded_at is not None,
+    )
     json_format.ParseDict(dict(row.payload), getattr(part, row.kind), ignore_unknown_fields=True)
     return part
 

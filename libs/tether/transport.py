@@ -82,13 +82,17 @@ def snapshot_to_json(run: common_pb2.Run, parts: list[common_pb2.Part]) -> dict[
 
 
 def apply_part_event(parts: dict[int, common_pb2.Part], event: events_pb2.RunEvent) -> bool:
-    """Apply part.added / part.updated to a transcript keyed by part index (idempotent: the
-    event carries the whole part). Returns whether the event was a part event."""
+    """Apply part.added / part.updated / part.superseded to a transcript keyed by part index
+    (idempotent: the event carries the whole part, or drops it). Returns whether the event was
+    a part event."""
     kind = event.WhichOneof("payload")
     if kind == "part_added":
         part = event.part_added.part
     elif kind == "part_updated":
         part = event.part_updated.part
+    elif kind == "part_superseded":
+        parts.pop(event.part_superseded.part_index, None)
+        return True
     else:
         return False
     copy = common_pb2.Part()

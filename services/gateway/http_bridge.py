@@ -8,7 +8,7 @@ same streams as gRPC, so authentication, tenancy and errors mean the same. Route
     POST /v1/messages                          SendMessage (Idempotency-Key may give event_id)
     GET  /v1/runs                              ListRuns (?status=&conversation_id=&page_size=
                                                &page_token=)
-    GET  /v1/runs/{run_id}                     GetRun
+    GET  /v1/runs/{run_id}                     GetRun (?superseded=1: include_superseded)
     POST /v1/runs/{run_id}/cancel              CancelRun
     GET  /v1/runs/{run_id}/pending-question    GetPendingQuestion (and -approval, -connection)
     POST /v1/runs/{run_id}/answer              AnswerQuestion (and /decision, /connection)
@@ -190,7 +190,11 @@ class HttpBridge:
 
     async def get_run(self, request: web.Request) -> web.Response:
         response = await self._servicer.GetRun(
-            gateway_pb2.GetRunRequest(run_id=request.match_info["run_id"]), _CallContext(request)
+            gateway_pb2.GetRunRequest(
+                run_id=request.match_info["run_id"],
+                include_superseded=request.query.get("superseded", "0") not in ("0", "false"),
+            ),
+            _CallContext(request),
         )
         return web.json_response(snapshot_to_json(response.run, list(response.parts)))
 

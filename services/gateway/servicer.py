@@ -109,6 +109,7 @@ class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.Gatew
             orchestrator_pb2.LookupRunRequest(
                 **viewer_of(principal).fields(),
                 run_id=request.run_id,
+                include_superseded=request.include_superseded,
             )
         )
         return gateway_pb2.GetRunResponse(run=found.run, parts=found.parts)

@@ -373,24 +373,29 @@ class Execution:
             landed = await self._land_in_flight(conn, run_id, epoch, done.in_flight)
             parts = list(done.parts)
             extra: list[Event] = []
+            superseded: list[PartRow] = []
             if done.status is not RunStatus.COMPLETED:
                 # Whatever the worker could not finish is closed as interrupted (and a call cut
-                # mid-stream marked cut), so the history stays well-formed for the model and
+                # mid-stream superseded), so the history stays well-formed for the model and
                 # for people.
-                known = await repo.list_parts(conn, run_id)
+                attempt, known = await repo.attempt_and_parts(conn, run_id)
                 merged = {p.index: p for p in [*known, *parts]}
-                closing, extra = repo.interrupted_results(
-                    sorted(merged.values(), key=lambda p: p.index),
-                    "the run was cancelled"
+                closing = repo.close_attempt(
+                    sorted(merged.values(), key=_index),
+                    attempt,
+                    regenerated=False,
+                    interrupted="the run was cancelled"
                     if done.status is RunStatus.CANCELLED
                     else "the run failed",
                 )
-                parts = sorted({p.index: p for p in [*parts, *closing]}.values(), key=_index)
+                parts = sorted({p.index: p for p in [*parts, *closing.parts]}.values(), key=_index)
+                extra, superseded = closing.events, closing.superseded
             # Parts and turns in one fenced statement: a stale lease writes nothing, here.
             priced = await self._priced(conn, run_id, done.turns)
             fenced = await repo.checkpoint(conn, run_id, epoch, self._ttl, parts, [], priced)
             if fenced is None:
                 raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+            await repo.supersede(conn, run_id, superseded)
             usage = await repo.usage_total(conn, run_id)
             payload = self._terminal_payload(done, usage)
             events = [*done.events, *extra, Event(_TERMINAL_EVENT[done.status], payload)]
@@ -464,9 +469,15 @@ class Execution:
         calls closed as interrupted, the attempt closed as cancelled; the row and the events
         appended (`before` first). None when the lease is stale instead: the same fence (status
         and epoch, without the cancel guard) refuses this move too."""
-        parts = await repo.list_parts(conn, run_id)
-        closing, closed = repo.interrupted_results(parts, "the run was cancelled")
-        events = [*before, *closed, Event("run.cancelled", {"reason": CANCELLED["message"]})]
+        attempt, parts = await repo.attempt_and_parts(conn, run_id)
+        closing = repo.close_attempt(
+            parts, attempt, regenerated=False, interrupted="the run was cancelled"
+        )
+        events = [
+            *before,
+            *closing.events,
+            Event("run.cancelled", {"reason": CANCELLED["message"]}),
+        ]
         row = await apply(
             conn,
             states.CANCEL_BY_WORKER,
@@ -483,7 +494,7 @@ class Execution:
         )
         if row is None:
             return None
-        await repo.upsert_parts(conn, run_id, closing)
+        await repo.write_closing(conn, run_id, epoch, closing)
         await lease_repo.end_attempt(conn, run_id, epoch, "cancelled", error=CANCELLED)
         return row, events
 
@@ -547,12 +558,20 @@ class Execution:
                         "error": _camel(error),
                     },
                 )
+                # The next attempt streams the cut-off turn anew; its calls left whole run then.
+                closing = repo.close_attempt(
+                    await repo.list_parts(conn, run_id),
+                    run.attempt,
+                    regenerated=True,
+                    interrupted=None,
+                )
+                events = [*closing.events, pending]
                 moved = await apply(
                     conn,
                     states.SCHEDULE_RETRY,
                     run_id,
                     epoch=epoch,
-                    events=[pending],
+                    events=events,
                     values={
                         **lease_repo.lease_cleared(),
                         "next_attempt_at": next_at,
@@ -567,8 +586,9 @@ class Execution:
                         raise StaleLease(f"run {run_id} moved before its retry was scheduled")
                     row, published = cancelled
                 else:
+                    await repo.write_closing(conn, run_id, epoch, closing)
                     await lease_repo.end_attempt(conn, run_id, epoch, "retry-pending", error=error)
-                    row, published = moved, [pending]
+                    row, published = moved, events
         await self._publish(run_id, row.last_seq - len(published) + 1, published)
         if row.status != RunStatus.RETRY_PENDING.value:
             self._wake_workers(handed_over or ("",))
@@ -586,12 +606,19 @@ class Execution:
         event: Event,
         handed_over: list[str],
     ) -> tuple[Row[Any], list[Event]]:
+        closing = repo.close_attempt(
+            await repo.list_parts(conn, run.run_id),
+            run.attempt,
+            regenerated=False,
+            interrupted="the model call failed",
+        )
+        events = [*closing.events, event]
         row = await apply(
             conn,
             states.FAIL,
             run.run_id,
             epoch=epoch,
-            events=[event],
+            events=events,
             handed_over=handed_over,
             values={
                 **lease_repo.lease_cleared(),
@@ -605,15 +632,19 @@ class Execution:
             if cancelled is None:
                 raise StaleLease(f"run {run.run_id} moved before it could fail")
             return cancelled
+        await repo.write_closing(conn, run.run_id, epoch, closing)
         await lease_repo.end_attempt(conn, run.run_id, epoch, "failed", error=error)
-        return row, [event]
+        return row, events
 
     async def release(self, run_id: str, epoch: int) -> bool:
         """Give the lease back without spending an attempt (graceful worker shutdown); a run
         whose cancel was accepted ends cancelled instead of going back to the queue."""
-        queued = [Event("run.queued", {"reason": "released"})]
         handed_over: list[str] = []
         async with self._engine.begin() as conn:
+            # The worker closed its calls before releasing; the next one streams a cut turn anew.
+            attempt, parts = await repo.attempt_and_parts(conn, run_id)
+            closing = repo.close_attempt(parts, attempt, regenerated=True, interrupted=None)
+            queued = [*closing.events, Event("run.queued", {"reason": "released"})]
             row = await apply(
                 conn,
                 states.RELEASE,
@@ -623,6 +654,7 @@ class Execution:
                 values=lease_repo.lease_cleared(),
             )
             if row is not None:
+                await repo.write_closing(conn, run_id, epoch, closing)
                 await lease_repo.end_attempt(conn, run_id, epoch, "released")
                 published, woken = queued, [run_id]
             else:
@@ -727,7 +759,7 @@ class Execution:
                 values={"error": error, "finished_at": NOW, "waiting_interaction_id": None},
             )
             if row is not None:
-                await repo.close_dangling(conn, run_id, "the connection was never completed")
+                await repo.close_dangling(conn, row, "the connection was never completed")
         if row is None:
             return False
         await self._publish(run_id, row.last_seq - len(events) + 1, events)
@@ -763,9 +795,14 @@ class Execution:
         published: list[tuple[str, int, list[Event]]] = []
         async with self._engine.begin() as conn:
             for run in await lease_repo.expired_leases(conn, limit):
-                parts = await repo.list_parts(conn, run.run_id)
-                closing, events = repo.interrupted_results(parts, "the worker lost its lease")
-                await repo.upsert_parts(conn, run.run_id, closing)
+                requeue = run.cancel_requested_at is None and run.attempt < run.max_attempts
+                closing = repo.close_attempt(
+                    await repo.list_parts(conn, run.run_id),
+                    run.attempt,
+                    regenerated=requeue,
+                    interrupted="the worker lost its lease",
+                )
+                events = list(closing.events)
                 error = {
                     "code": "lease_expired",
                     "retryable": True,
@@ -787,7 +824,7 @@ class Execution:
                     values["error"] = error
                     transition = states.CANCEL_BY_WORKER
                     events.append(Event("run.cancelled", {"reason": "cancelled by caller"}))
-                elif run.attempt < run.max_attempts:
+                elif requeue:
                     transition = states.REAP_REQUEUE
                     values = {**lease_repo.lease_cleared(), "attempt": run.attempt + 1}
                     events.append(lease_repo.queued_event(run.attempt + 1, "lease_expired"))
@@ -803,6 +840,7 @@ class Execution:
                     values=values,
                 )
                 if row is not None:
+                    await repo.write_closing(conn, run.run_id, run.lease_epoch, closing)
                     await lease_repo.end_attempt(
                         conn, run.run_id, run.lease_epoch, "lease_expired", error=error
                     )

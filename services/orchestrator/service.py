@@ -61,11 +61,15 @@ class Runs:
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._bus = bus
 
-    async def lookup(self, viewer: Viewer, run_id: str) -> RunView:
-        """The run and its parts; NotFound for absent or not the viewer's to see."""
+    async def lookup(
+        self, viewer: Viewer, run_id: str, *, include_superseded: bool = False
+    ) -> RunView:
+        """The run and its transcript (with superseded parts when asked); NotFound for absent
+        or not the viewer's to see."""
         async with self._engine.connect() as conn:
             run = await runs_repo.visible_run(conn, viewer, run_id)
-            return RunView(run, await runs_repo.list_parts(conn, run_id))
+            parts = await runs_repo.list_parts(conn, run_id, include_superseded=include_superseded)
+            return RunView(run, parts)
 
     async def visible(self, viewer: Viewer, run_id: str) -> Row[Any]:
         """The run (without its parts); NotFound for absent or not the viewer's to see."""
@@ -136,7 +140,7 @@ class Runs:
             )
             if moved is not None:
                 # A run cancelled while parked leaves the call that paused it open; close it.
-                await progress.close_dangling(conn, run_id, "the run was cancelled")
+                await progress.close_dangling(conn, moved, "the run was cancelled")
             flagged = None
             if moved is None:
                 # Running: the worker holding the lease sees the flag on its next heartbeat, or

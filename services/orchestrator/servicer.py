@@ -56,7 +56,9 @@ def _part_row(part: common_pb2.Part) -> PartRow:
 
 
 def _part_proto(row: PartRow) -> common_pb2.Part:
-    part = common_pb2.Part(index=row.index, role=row.role, final=row.final)
+    part = common_pb2.Part(
+        index=row.index, role=row.role, final=row.final, superseded=row.superseded
+    )
     json_format.ParseDict(row.payload, getattr(part, row.kind), ignore_unknown_fields=True)
     return part
 
@@ -322,7 +324,9 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
     async def LookupRun(
         self, request: orchestrator_pb2.LookupRunRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.LookupRunResponse:
-        view = await self._runs.lookup(_viewer(request), request.run_id)
+        view = await self._runs.lookup(
+            _viewer(request), request.run_id, include_superseded=request.include_superseded
+        )
         return orchestrator_pb2.LookupRunResponse(
             run=run_to_proto(view.run), parts=[part_to_proto(p) for p in view.parts]
         )

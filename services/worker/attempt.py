@@ -106,7 +106,9 @@ class Attempt:
         own = list(claim.history[claim.prior_part_count :])
         self.transcript = Transcript(own)
         self.state = AttemptState(
-            tool_calls=sum(1 for p in own if p.WhichOneof("kind") == "tool_call")
+            tool_calls=sum(
+                1 for p in own if p.WhichOneof("kind") == "tool_call" and not p.superseded
+            )
         )
         self.started = time.monotonic()
         self.stages: dict[str, float] = {}
@@ -212,6 +214,14 @@ class Attempt:
         if self._writer_idle():
             self._release_deltas()
         # else the writer posts them when it goes idle
+
+    async def _deltas_out(self) -> None:
+        """Post the held deltas and wait (bounded) until they reached Redis: the orchestrator
+        may answer the next call with part.superseded for their parts, which must not overtake
+        them. Only when the writer is idle (after `sync`)."""
+        self._release_deltas()
+        if self._bus is not None:
+            await self._bus.delivered()
 
     def _release_deltas(self) -> None:
         if self._bus is not None:
@@ -684,6 +694,7 @@ class Attempt:
         """Graceful shutdown: persist progress, close open calls, hand the lease back."""
         self.transcript.close_dangling("the worker shut down")
         await self.sync()
+        await self._deltas_out()
         await self._orchestrator.release(self.run_id, self.epoch)
 
     async def _complete(self, request: orchestrator_pb2.CompleteRunRequest, start: float) -> None:
@@ -727,6 +738,7 @@ class Attempt:
         )
         if failure.retryable:
             await self.sync()
+            await self._deltas_out()
             await self._orchestrator.schedule_retry(
                 self.run_id, self.epoch, error, failure.retry_after or 0.0
             )

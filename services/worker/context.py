@@ -1,9 +1,9 @@
 """Context building: the conversation so far, as Messages API input.
 
 History parts (earlier runs of the session, then this run's own) become alternating user and
-assistant messages. A part left unfinished by a crash stays in the transcript but is not sent to
-the model; tool results always follow their calls at the start of the next user message, as the
-API requires.
+assistant messages. A part a later attempt superseded (its attempt was cut off before the model's
+turn ended) is kept for audit but never sent to the model; tool results always follow their calls
+at the start of the next user message, as the API requires.
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ def system_param(config: orchestrator_pb2.AgentConfig) -> list[dict[str, Any]]:
 
 def _block(part: common_pb2.Part) -> tuple[str, dict[str, Any]] | None:
     """(role, content block) of a part, or None when the model must not see it."""
+    if part.superseded:
+        return None  # the orchestrator marked it: this attempt regenerates the turn it was in
     kind = part.WhichOneof("kind")
     if kind == "text":
         if part.role == "assistant" and not part.final:
-            return None  # cut off mid-stream; the next attempt regenerates it
+            return None  # unfinished and stored before superseding existed
         role = "user" if part.role == "user" else "assistant"
         return role, {"type": "text", "text": part.text.text}
     if kind == "thinking":
@@ -47,7 +49,7 @@ def _block(part: common_pb2.Part) -> tuple[str, dict[str, Any]] | None:
         }
     if kind == "tool_call":
         if not part.final or part.tool_call.cut:
-            return None  # cut mid-stream: not a valid call; the retry regenerates the turn
+            return None  # never whole (`cut`: how parts stored before superseding said so)
         return "assistant", {
             "type": "tool_use",
             "id": part.tool_call.tool_call_id,

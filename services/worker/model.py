@@ -1,13 +1,14 @@
 """One model turn: stream the Messages API into typed parts, checkpointing as it goes.
 
 Text and thinking arrive as deltas (published live, never persisted one by one); tool input
-arrives as partial JSON and is parsed at its block's end; a tool call the stream breaks off
-before its end is marked cut (never run, never sent back). A checkpoint is requested at every
-block boundary and at least every `checkpoint_interval_s` while streaming; it is written behind
-the stream (see `Attempt.checkpoint`), so the stream never waits for the database. A block's end
-is checkpointed when the next block starts, or BLOCK_END_GRACE_S later; when the message ends
-first, the completion carries an answer block and the tool's checkpoint a tool-call block (one
-write, not two).
+arrives as partial JSON and is parsed at its block's end. A turn the stream breaks off is left
+as it stands: the orchestrator supersedes what the next attempt regenerates (and a tool call
+that never arrived whole in any case), so none of it is run or sent back. A checkpoint is
+requested at every block boundary and at least every `checkpoint_interval_s` while streaming;
+it is written behind the stream (see `Attempt.checkpoint`), so the stream never waits for the
+database. A block's end is checkpointed when the next block starts, or BLOCK_END_GRACE_S
+later; when the message ends first, the completion carries an answer block and the tool's
+checkpoint a tool-call block (one write, not two).
 """
 
 from __future__ import annotations
@@ -65,7 +66,6 @@ async def stream_turn(
             checkpoint()
 
     stream = await client.messages.create(**request, stream=True)
-    whole = False
     try:
         async with stream:
             async for event in stream:
@@ -99,22 +99,12 @@ async def stream_turn(
                 elif kind == "message_delta":
                     result.stop_reason = event.delta.stop_reason
                     result.usage.update({k: v for k, v in _usage(event.usage).items() if v})
-                if kind == "message_stop":
-                    whole = True
                 if kind == "message_stop" and block_ended:
                     # The run's answer goes with the completion; tool calls go with their
                     # results or their announcement (Attempt._while_announced).
                     block_ended.cancel()
                     block_ended = None
     finally:
-        if not whole:
-            # A tool call the stream broke off is not a call: marked cut, it is kept for audit
-            # and never run nor sent back; the retry regenerates the turn.
-            for part in by_index.values():
-                if part.WhichOneof("kind") == "tool_call" and not part.final:
-                    part.tool_call.cut = True
-                    part.final = True
-                    transcript.touch(part, announce=True)
         # The stream broke: what finished is checkpointed now.
         checkpoint_ended_block()
     if result.stop_reason is None:

@@ -83,8 +83,9 @@ class Transcript:
         return bool(self._dirty or self.events or self.turns)
 
     def dangling_tool_calls(self) -> list[common_pb2.Part]:
-        """Whole tool calls of this run with no result yet. A call cut mid-stream (marked cut,
-        or left unfinished by a worker that died) is not one: it never runs and gets no result."""
+        """Whole tool calls of this run with no result yet. A call cut mid-stream (left
+        unfinished, superseded by the orchestrator, or marked `cut` by earlier releases) is not
+        one: it never runs and gets no result."""
         answered = {
             p.tool_result.tool_call_id for p in self.parts if p.WhichOneof("kind") == "tool_result"
         }
@@ -93,6 +94,7 @@ class Transcript:
             for p in self.parts
             if p.WhichOneof("kind") == "tool_call"
             and p.final
+            and not p.superseded
             and not p.tool_call.cut
             and p.tool_call.tool_call_id not in answered
         ]

@@ -51,3 +51,69 @@ async def test_every_migration_applied_yields_the_declared_schema(empty_db: str)
 async def test_migrations_are_idempotent_to_rerun(empty_db: str) -> None:
     await upgrade(empty_db)
     await upgrade(empty_db)  # a restarted stack runs upgrade again; it must be a no-op
+
+
+async def test_parts_stored_before_superseding_are_marked_where_a_retry_replaced_them(
+    empty_db: str,
+) -> None:
+    """0009: a call stored cut, and an unfinished part of a completed run, were replaced by a
+    later attempt; the last words of a failed run and every finished part stay as they were."""
+    await upgrade(empty_db, "0008")
+    engine = create_engine(empty_db, pool_size=1)
+    run = (
+        "INSERT INTO runs (run_id, tenant_id, session_id, message_id, conversation_id, channel, "
+        "input_text, status, max_attempts, root_run_id, visibility) VALUES "
+        "(:r, 't', 's', 'm', 'c', 'chat', 'hi', :status, 3, :r, 'private')"
+    )
+    part = (
+        "INSERT INTO run_parts (run_id, part_index, role, kind, payload, final) VALUES "
+        "(:r, :i, 'assistant', :kind, CAST(:payload AS jsonb), :final)"
+    )
+    stored = [
+        ("run_done", 0, "text", '{"text": "Hel"}', False),  # cut off, answered again
+        ("run_done", 1, "tool_call", '{"toolCallId": "a", "cut": true}', True),
+        ("run_done", 2, "text", '{"text": "Hello."}', True),
+        ("run_failed", 0, "text", '{"text": "Hel"}', False),  # the last thing it said
+    ]
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("INSERT INTO tenants (tenant_id, name) VALUES ('t', 't')"))
+            await conn.execute(
+                text(
+                    "INSERT INTO sessions (session_id, tenant_id, channel, conversation_id, "
+                    "actor_scope) VALUES ('s', 't', 'chat', 'c', 'p')"
+                )
+            )
+            await conn.execute(
+                text(
+                    "INSERT INTO messages (message_id, tenant_id, session_id, source, event_id, "
+                    "actor_type, actor_id, text) VALUES ('m', 't', 's', 'chat', 'e', 'user', "
+                    "'p', 'hi')"
+                )
+            )
+            for run_id, status in (("run_done", "completed"), ("run_failed", "failed")):
+                await conn.execute(text(run), {"r": run_id, "status": status})
+            for run_id, index, kind, payload, final in stored:
+                await conn.execute(
+                    text(part),
+                    {"r": run_id, "i": index, "kind": kind, "payload": payload, "final": final},
+                )
+        await upgrade(empty_db)
+        async with engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    text(
+                        "SELECT run_id, part_index, superseded_at IS NOT NULL AS superseded, "
+                        "lease_epoch FROM run_parts ORDER BY run_id, part_index"
+                    )
+                )
+            ).all()
+    finally:
+        await engine.dispose()
+    assert [(r.run_id, r.part_index, r.superseded) for r in rows] == [
+        ("run_done", 0, True),
+        ("run_done", 1, True),
+        ("run_done", 2, False),
+        ("run_failed", 0, False),
+    ]
+    assert {r.lease_epoch for r in rows} == {None}, "which attempt wrote them is not known"

@@ -1,5 +1,6 @@
 """A tool_use block cut mid-stream is not a call: it never runs and is never sent back to the
-model; it is kept, marked cut, for audit, and the retry regenerates the turn. Services run as
+model; it is kept for audit, superseded (like every part a cut-off attempt leaves, see
+test_superseded_parts), and the retry regenerates the turn. Services run as
 real processes; the local model server breaks the stream inside the call's input_json deltas,
 or the worker is SIGKILLed while the call streams."""
 
@@ -42,7 +43,7 @@ def prompt(label: str) -> str:
 
 
 async def assert_cut_and_never_run(drill: ExecStack, key: str, run_id: str, call_id: str) -> None:
-    """The cut call is stored marked cut, never ran, and the next model request left it out."""
+    """The cut call is stored superseded, never ran, and the next model request left it out."""
     assert drill.ledger.records == [], "the cut call never ran"
     parts = await parts_of(drill.db_url, run_id)
     results = [p.payload for p in parts if p.kind == "tool_result"]
@@ -51,9 +52,9 @@ async def assert_cut_and_never_run(drill: ExecStack, key: str, run_id: str, call
     started = [p for _, t, p in events if t in ("tool.started", "tool.completed", "tool.failed")]
     assert started == [], "nothing about it ran"
     calls = [p for p in parts if p.kind == "tool_call"]
-    assert [(c.payload["toolCallId"], c.payload.get("cut"), c.final) for c in calls] == [
-        (call_id, True, True)
-    ], "kept, marked cut, for audit"
+    assert [(c.payload["toolCallId"], c.superseded_at is not None) for c in calls] == [
+        (call_id, True)
+    ], "kept, superseded, for audit"
     retried = [r for r in drill.model.requests if r.script_key == key][-1]
     sent = [b for m in retried.body["messages"] for b in m["content"] if isinstance(b, dict)]
     assert [b for b in sent if b.get("type") in ("tool_use", "tool_result")] == []

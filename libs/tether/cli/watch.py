@@ -50,6 +50,7 @@ class Renderer:
         self._streaming: int | None = None  # part whose text the cursor sits after
         self._calls: dict[str, str] = {}  # tool call id -> tool name
         self._shown: set[tuple[int, bool]] = set()
+        self._dropped: set[int] = set()  # superseded parts: printed no further
         self._countdown: asyncio.Task[None] | None = None
         self._started = False
 
@@ -104,6 +105,8 @@ class Renderer:
         elif kind in ("part_added", "part_updated"):
             part = event.part_added.part if kind == "part_added" else event.part_updated.part
             self._part(part)
+        elif kind == "part_superseded":
+            self._superseded(event.part_superseded)
         elif kind == "run_retry_pending":
             self._retry(event.run_retry_pending)
         elif kind == "run_started" and event.run_started.attempt > 1:
@@ -132,6 +135,8 @@ class Renderer:
             self._line(f"[cancelled] {event.run_cancelled.reason or 'by request'}")
 
     def _delta(self, delta: events_pb2.TextDelta) -> None:
+        if delta.part_index in self._dropped:
+            return
         current = self._texts.get(delta.part_index, "")
         start, end = delta.offset, delta.offset + len(delta.text)
         if start <= len(current) < end:
@@ -139,6 +144,8 @@ class Renderer:
             self._stream(delta.part_index)
 
     def _part(self, part: Any) -> None:
+        if part.index in self._dropped:
+            return
         kind = part.WhichOneof("kind")
         if kind == "text":
             if len(part.text.text) >= len(self._texts.get(part.index, "")):
@@ -160,6 +167,17 @@ class Renderer:
             verb = "error" if result.is_error else "->"
             first = result.content.strip().splitlines()[0] if result.content.strip() else ""
             self._line(f"[tool] {name} {verb} {_compact(first)[1:-1]}")
+
+    def _superseded(self, superseded: events_pb2.PartSuperseded) -> None:
+        """A terminal cannot take back what it printed: say that the cut-off output does not
+        count, and print nothing more of that part (a late delta included)."""
+        index = superseded.part_index
+        self._dropped.add(index)
+        if self._printed.get(index) or (index, True) in self._shown:
+            self._line(
+                f"[superseded] attempt {superseded.attempt} was cut off: the next attempt "
+                "answers again"
+            )
 
     def _retry(self, pending: events_pb2.RunRetryPending) -> None:
         error = pending.error

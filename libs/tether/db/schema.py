@@ -226,6 +226,13 @@ run_parts = Table(
     Column("payload", JSONB, nullable=False),
     Column("final", Boolean, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # The attempt that wrote the part: its attempts row is (run_id, lease_epoch). NULL for parts
+    # stored before attempts were recorded on them.
+    Column("lease_epoch", BigInteger),
+    # When a later attempt took the part's place (its attempt was cut off before the model's
+    # turn ended, or it is a tool call whose input never arrived whole): kept for audit, left
+    # out of every transcript read and of the history sent to the model.
+    Column("superseded_at", DateTime(timezone=True)),
     PrimaryKeyConstraint("run_id", "part_index"),
 )
 

@@ -26,17 +26,19 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tether/v1/common.proto\x12\ttether.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"V\n\tErrorInfo\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\x12\x17\n\x0fprovider_status\x18\x04 \x01(\x05\"\x9e\x01\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\x12\x15\n\routput_tokens\x18\x02 \x01(\x03\x12#\n\x1b\x63\x61\x63he_creation_input_tokens\x18\x03 \x01(\x03\x12\x1f\n\x17\x63\x61\x63he_read_input_tokens\x18\x04 \x01(\x03\x12\x13\n\x0b\x63ost_micros\x18\x05 \x01(\x03\x12\r\n\x05model\x18\x06 \x01(\t\"\x18\n\x08TextPart\x12\x0c\n\x04text\x18\x01 \x01(\t\"3\n\x0cThinkingPart\x12\x10\n\x08thinking\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\"g\n\x0cToolCallPart\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0b\n\x03\x63ut\x18\x04 \x01(\x08\"p\n\x0eToolResultPart\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\x12\x12\n\noutput_ref\x18\x04 \x01(\t\x12\x11\n\ttruncated\x18\x05 \x01(\x08\"&\n\x0cQuestionPart\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\"9\n\x0c\x41pprovalPart\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\":\n\x0e\x43onnectionPart\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\"\xf7\x02\n\x04Part\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05\x66inal\x18\x03 \x01(\x08\x12#\n\x04text\x18\n \x01(\x0b\x32\x13.tether.v1.TextPartH\x00\x12+\n\x08thinking\x18\x0b \x01(\x0b\x32\x17.tether.v1.ThinkingPartH\x00\x12,\n\ttool_call\x18\x0c \x01(\x0b\x32\x17.tether.v1.ToolCallPartH\x00\x12\x30\n\x0btool_result\x18\r \x01(\x0b\x32\x19.tether.v1.ToolResultPartH\x00\x12+\n\x08question\x18\x0e \x01(\x0b\x32\x17.tether.v1.QuestionPartH\x00\x12+\n\x08\x61pproval\x18\x0f \x01(\x0b\x32\x17.tether.v1.ApprovalPartH\x00\x12/\n\nconnection\x18\x10 \x01(\x0b\x32\x19.tether.v1.ConnectionPartH\x00\x42\x06\n\x04kind\"\xfe\x04\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x04 \x01(\t\x12$\n\x06status\x18\x05 \x01(\x0e\x32\x14.tether.v1.RunStatus\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\x05\x12\x15\n\rparent_run_id\x18\x08 \x01(\t\x12\x13\n\x0broot_run_id\x18\t \x01(\t\x12\x13\n\x0bresult_text\x18\n \x01(\t\x12\x14\n\x0ctask_outcome\x18\x0b \x01(\t\x12\x10\n\x08warnings\x18\x0c \x03(\t\x12#\n\x05\x65rror\x18\r \x01(\x0b\x32\x14.tether.v1.ErrorInfo\x12\x1f\n\x05usage\x18\x0e \x01(\x0b\x32\x10.tether.v1.Usage\x12\x33\n\x0fnext_attempt_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ncreated_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x12 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08last_seq\x18\x13 \x01(\x03\x12\x12\n\ninput_text\x18\x14 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x15 \x01(\t\x12\x1a\n\x12owner_principal_id\x18\x16 \x01(\t\x12\x12\n\nvisibility\x18\x17 \x01(\t*\xb0\x02\n\tRunStatus\x12\x1a\n\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATUS_QUEUED\x10\x01\x12\x16\n\x12RUN_STATUS_RUNNING\x10\x02\x12\x1c\n\x18RUN_STATUS_RETRY_PENDING\x10\x03\x12#\n\x1fRUN_STATUS_WAITING_FOR_QUESTION\x10\x04\x12#\n\x1fRUN_STATUS_WAITING_FOR_APPROVAL\x10\x05\x12%\n!RUN_STATUS_WAITING_FOR_CONNECTION\x10\x06\x12\x18\n\x14RUN_STATUS_COMPLETED\x10\x07\x12\x15\n\x11RUN_STATUS_FAILED\x10\x08\x12\x18\n\x14RUN_STATUS_CANCELLED\x10\t*\x90\x01\n\x0b\x44isposition\x12\x1b\n\x17\x44ISPOSITION_UNSPECIFIED\x10\x00\x12\x17\n\x13\x44ISPOSITION_CREATED\x10\x01\x12\x18\n\x14\x44ISPOSITION_ATTACHED\x10\x02\x12\x18\n\x14\x44ISPOSITION_REPLAYED\x10\x03\x12\x17\n\x13\x44ISPOSITION_RETRIED\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tether/v1/common.proto\x12\ttether.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"V\n\tErrorInfo\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\x12\x17\n\x0fprovider_status\x18\x04 \x01(\x05\"\x9e\x01\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\x12\x15\n\routput_tokens\x18\x02 \x01(\x03\x12#\n\x1b\x63\x61\x63he_creation_input_tokens\x18\x03 \x01(\x03\x12\x1f\n\x17\x63\x61\x63he_read_input_tokens\x18\x04 \x01(\x03\x12\x13\n\x0b\x63ost_micros\x18\x05 \x01(\x03\x12\r\n\x05model\x18\x06 \x01(\t\"\x18\n\x08TextPart\x12\x0c\n\x04text\x18\x01 \x01(\t\"3\n\x0cThinkingPart\x12\x10\n\x08thinking\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\"k\n\x0cToolCallPart\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x03\x63ut\x18\x04 \x01(\x08\x42\x02\x18\x01\"p\n\x0eToolResultPart\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\x12\x12\n\noutput_ref\x18\x04 \x01(\t\x12\x11\n\ttruncated\x18\x05 \x01(\x08\"&\n\x0cQuestionPart\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\"9\n\x0c\x41pprovalPart\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\":\n\x0e\x43onnectionPart\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\"\x8b\x03\n\x04Part\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05\x66inal\x18\x03 \x01(\x08\x12\x12\n\nsuperseded\x18\x04 \x01(\x08\x12#\n\x04text\x18\n \x01(\x0b\x32\x13.tether.v1.TextPartH\x00\x12+\n\x08thinking\x18\x0b \x01(\x0b\x32\x17.tether.v1.ThinkingPartH\x00\x12,\n\ttool_call\x18\x0c \x01(\x0b\x32\x17.tether.v1.ToolCallPartH\x00\x12\x30\n\x0btool_result\x18\r \x01(\x0b\x32\x19.tether.v1.ToolResultPartH\x00\x12+\n\x08question\x18\x0e \x01(\x0b\x32\x17.tether.v1.QuestionPartH\x00\x12+\n\x08\x61pproval\x18\x0f \x01(\x0b\x32\x17.tether.v1.ApprovalPartH\x00\x12/\n\nconnection\x18\x10 \x01(\x0b\x32\x19.tether.v1.ConnectionPartH\x00\x42\x06\n\x04kind\"\xfe\x04\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x04 \x01(\t\x12$\n\x06status\x18\x05 \x01(\x0e\x32\x14.tether.v1.RunStatus\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\x05\x12\x15\n\rparent_run_id\x18\x08 \x01(\t\x12\x13\n\x0broot_run_id\x18\t \x01(\t\x12\x13\n\x0bresult_text\x18\n \x01(\t\x12\x14\n\x0ctask_outcome\x18\x0b \x01(\t\x12\x10\n\x08warnings\x18\x0c \x03(\t\x12#\n\x05\x65rror\x18\r \x01(\x0b\x32\x14.tether.v1.ErrorInfo\x12\x1f\n\x05usage\x18\x0e \x01(\x0b\x32\x10.tether.v1.Usage\x12\x33\n\x0fnext_attempt_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ncreated_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x12 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08last_seq\x18\x13 \x01(\x03\x12\x12\n\ninput_text\x18\x14 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x15 \x01(\t\x12\x1a\n\x12owner_principal_id\x18\x16 \x01(\t\x12\x12\n\nvisibility\x18\x17 \x01(\t*\xb0\x02\n\tRunStatus\x12\x1a\n\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATUS_QUEUED\x10\x01\x12\x16\n\x12RUN_STATUS_RUNNING\x10\x02\x12\x1c\n\x18RUN_STATUS_RETRY_PENDING\x10\x03\x12#\n\x1fRUN_STATUS_WAITING_FOR_QUESTION\x10\x04\x12#\n\x1fRUN_STATUS_WAITING_FOR_APPROVAL\x10\x05\x12%\n!RUN_STATUS_WAITING_FOR_CONNECTION\x10\x06\x12\x18\n\x14RUN_STATUS_COMPLETED\x10\x07\x12\x15\n\x11RUN_STATUS_FAILED\x10\x08\x12\x18\n\x14RUN_STATUS_CANCELLED\x10\t*\x90\x01\n\x0b\x44isposition\x12\x1b\n\x17\x44ISPOSITION_UNSPECIFIED\x10\x00\x12\x17\n\x13\x44ISPOSITION_CREATED\x10\x01\x12\x18\n\x14\x44ISPOSITION_ATTACHED\x10\x02\x12\x18\n\x14\x44ISPOSITION_REPLAYED\x10\x03\x12\x17\n\x13\x44ISPOSITION_RETRIED\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tether.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RUNSTATUS']._serialized_start=1826
-  _globals['_RUNSTATUS']._serialized_end=2130
-  _globals['_DISPOSITION']._serialized_start=2133
-  _globals['_DISPOSITION']._serialized_end=2277
+  _globals['_TOOLCALLPART'].fields_by_name['cut']._loaded_options = None
+  _globals['_TOOLCALLPART'].fields_by_name['cut']._serialized_options = b'\030\001'
+  _globals['_RUNSTATUS']._serialized_start=1850
+  _globals['_RUNSTATUS']._serialized_end=2154
+  _globals['_DISPOSITION']._serialized_start=2157
+  _globals['_DISPOSITION']._serialized_end=2301
   _globals['_ERRORINFO']._serialized_start=100
   _globals['_ERRORINFO']._serialized_end=186
   _globals['_USAGE']._serialized_start=189
@@ -46,17 +48,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_THINKINGPART']._serialized_start=375
   _globals['_THINKINGPART']._serialized_end=426
   _globals['_TOOLCALLPART']._serialized_start=428
-  _globals['_TOOLCALLPART']._serialized_end=531
-  _globals['_TOOLRESULTPART']._serialized_start=533
-  _globals['_TOOLRESULTPART']._serialized_end=645
-  _globals['_QUESTIONPART']._serialized_start=647
-  _globals['_QUESTIONPART']._serialized_end=685
-  _globals['_APPROVALPART']._serialized_start=687
-  _globals['_APPROVALPART']._serialized_end=744
-  _globals['_CONNECTIONPART']._serialized_start=746
-  _globals['_CONNECTIONPART']._serialized_end=804
-  _globals['_PART']._serialized_start=807
-  _globals['_PART']._serialized_end=1182
-  _globals['_RUN']._serialized_start=1185
-  _globals['_RUN']._serialized_end=1823
+  _globals['_TOOLCALLPART']._serialized_end=535
+  _globals['_TOOLRESULTPART']._serialized_start=537
+  _globals['_TOOLRESULTPART']._serialized_end=649
+  _globals['_QUESTIONPART']._serialized_start=651
+  _globals['_QUESTIONPART']._serialized_end=689
+  _globals['_APPROVALPART']._serialized_start=691
+  _globals['_APPROVALPART']._serialized_end=748
+  _globals['_CONNECTIONPART']._serialized_start=750
+  _globals['_CONNECTIONPART']._serialized_end=808
+  _globals['_PART']._serialized_start=811
+  _globals['_PART']._serialized_end=1206
+  _globals['_RUN']._serialized_start=1209
+  _globals['_RUN']._serialized_end=1847
 # @@protoc_insertion_point(module_scope)

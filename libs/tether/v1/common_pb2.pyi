@@ -19,6 +19,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _RunStatus:
@@ -243,10 +248,20 @@ class ToolCallPart(_message.Message):
     """Provider tool-use id (toolu_...)."""
     name: _builtins.str
     """Tool name as registered."""
-    cut: _builtins.bool
-    """The stream ended before this call was whole (a provider error, a cut connection, a killed
-    worker): kept for audit, never run, never sent back to the model.
-    """
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def cut(self) -> _builtins.bool:
+        """Replaced by Part.superseded, which every call cut mid-stream now carries. Parts stored
+        before it have this instead (and were marked superseded when the database was migrated).
+        """
+
+    @cut.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def cut(self, value: _builtins.bool) -> None:
+        """Replaced by Part.superseded, which every call cut mid-stream now carries. Parts stored
+        before it have this instead (and were marked superseded when the database was migrated).
+        """
+
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
         """Arguments, assembled from the streamed partial JSON."""
@@ -388,6 +403,7 @@ class Part(_message.Message):
     INDEX_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     FINAL_FIELD_NUMBER: _builtins.int
+    SUPERSEDED_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
     THINKING_FIELD_NUMBER: _builtins.int
     TOOL_CALL_FIELD_NUMBER: _builtins.int
@@ -401,6 +417,15 @@ class Part(_message.Message):
     """Who produced it: "assistant", "user" or "tool"."""
     final: _builtins.bool
     """Whether the part is complete; a streaming part is updated until then."""
+    superseded: _builtins.bool
+    """A later attempt took this part's place: the attempt that wrote it was cut off (a provider
+    error mid-stream, a worker killed or stopped) before the model's turn ended, so the next
+    attempt regenerated the turn; or it is a tool call whose input never arrived whole (never
+    run). Kept for audit and never sent to the model. Transcript reads (GetRun, the StreamRun
+    snapshot, the HTTP bridge) leave superseded parts out unless asked for them
+    (GetRunRequest.include_superseded); a live client learns of one by `part.superseded`.
+    Set by the orchestrator alone; ignored in a worker's checkpoint.
+    """
     @_builtins.property
     def text(self) -> Global___TextPart:
         """Prose."""
@@ -435,6 +460,7 @@ class Part(_message.Message):
         index: _builtins.int = ...,
         role: _builtins.str = ...,
         final: _builtins.bool = ...,
+        superseded: _builtins.bool = ...,
         text: Global___TextPart | None = ...,
         thinking: Global___ThinkingPart | None = ...,
         tool_call: Global___ToolCallPart | None = ...,
@@ -445,7 +471,7 @@ class Part(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connection", b"connection", "kind", b"kind", "question", b"question", "text", b"text", "thinking", b"thinking", "tool_call", b"tool_call", "tool_result", b"tool_result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connection", b"connection", "final", b"final", "index", b"index", "kind", b"kind", "question", b"question", "role", b"role", "text", b"text", "thinking", b"thinking", "tool_call", b"tool_call", "tool_result", b"tool_result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connection", b"connection", "final", b"final", "index", b"index", "kind", b"kind", "question", b"question", "role", b"role", "superseded", b"superseded", "text", b"text", "thinking", b"thinking", "tool_call", b"tool_call", "tool_result", b"tool_result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text", "thinking", "tool_call", "tool_result", "question", "approval", "connection"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from tether.v1 import common_pb2 as tether_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tether/v1/events.proto\x12\ttether.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16tether/v1/common.proto\",\n\tRunQueued\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\"E\n\nRunStarted\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x05\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x13\n\x0blease_epoch\x18\x03 \x01(\x03\"%\n\x0fRunCheckpointed\x12\x12\n\npart_count\x18\x01 \x01(\x05\"l\n\x0cRunCompleted\x12\x13\n\x0bresult_text\x18\x01 \x01(\t\x12\x14\n\x0ctask_outcome\x18\x02 \x01(\t\x12\x10\n\x08warnings\x18\x03 \x03(\t\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.tether.v1.Usage\"0\n\tRunFailed\x12#\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x14.tether.v1.ErrorInfo\"\x1e\n\x0cRunCancelled\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x92\x01\n\x0fRunRetryPending\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x02 \x01(\x05\x12\x33\n\x0fnext_attempt_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12#\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x14.tether.v1.ErrorInfo\"*\n\tPartAdded\x12\x1d\n\x04part\x18\x01 \x01(\x0b\x32\x0f.tether.v1.Part\",\n\x0bPartUpdated\x12\x1d\n\x04part\x18\x01 \x01(\x0b\x32\x0f.tether.v1.Part\"1\n\x0bToolStarted\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"E\n\rToolCompleted\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x10\n\x08replayed\x18\x03 \x01(\x08\"U\n\nToolFailed\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x14.tether.v1.ErrorInfo\"+\n\x11QuestionRequested\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\"*\n\x10QuestionAnswered\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\"+\n\x11\x41pprovalRequested\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\";\n\x0f\x41pprovalDecided\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x10\n\x08\x64\x65\x63ision\x18\x02 \x01(\t\"-\n\x13\x43onnectionRequested\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\">\n\x13\x43onnectionCompleted\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x0f\n\x07outcome\x18\x02 \x01(\t\"O\n\x0cUsageUpdated\x12\x1e\n\x04turn\x18\x01 \x01(\x0b\x32\x10.tether.v1.Usage\x12\x1f\n\x05total\x18\x02 \x01(\x0b\x32\x10.tether.v1.Usage\"+\n\x10\x43ontextCompacted\x12\x17\n\x0fparts_compacted\x18\x01 \x01(\x05\"=\n\tTextDelta\x12\x12\n\npart_index\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"1\n\tKeepalive\x12$\n\x06status\x18\x01 \x01(\x0e\x32\x14.tether.v1.RunStatus\"\xe6\t\n\x08RunEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12.\n\ncreated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04type\x18\x04 \x01(\t\x12*\n\nrun_queued\x18\n \x01(\x0b\x32\x14.tether.v1.RunQueuedH\x00\x12,\n\x0brun_started\x18\x0b \x01(\x0b\x32\x15.tether.v1.RunStartedH\x00\x12\x36\n\x10run_checkpointed\x18\x0c \x01(\x0b\x32\x1a.tether.v1.RunCheckpointedH\x00\x12\x30\n\rrun_completed\x18\r \x01(\x0b\x32\x17.tether.v1.RunCompletedH\x00\x12*\n\nrun_failed\x18\x0e \x01(\x0b\x32\x14.tether.v1.RunFailedH\x00\x12\x30\n\rrun_cancelled\x18\x0f \x01(\x0b\x32\x17.tether.v1.RunCancelledH\x00\x12\x37\n\x11run_retry_pending\x18\x10 \x01(\x0b\x32\x1a.tether.v1.RunRetryPendingH\x00\x12*\n\npart_added\x18\x11 \x01(\x0b\x32\x14.tether.v1.PartAddedH\x00\x12.\n\x0cpart_updated\x18\x12 \x01(\x0b\x32\x16.tether.v1.PartUpdatedH\x00\x12.\n\x0ctool_started\x18\x13 \x01(\x0b\x32\x16.tether.v1.ToolStartedH\x00\x12\x32\n\x0etool_completed\x18\x14 \x01(\x0b\x32\x18.tether.v1.ToolCompletedH\x00\x12,\n\x0btool_failed\x18\x15 \x01(\x0b\x32\x15.tether.v1.ToolFailedH\x00\x12:\n\x12question_requested\x18\x16 \x01(\x0b\x32\x1c.tether.v1.QuestionRequestedH\x00\x12\x38\n\x11question_answered\x18\x17 \x01(\x0b\x32\x1b.tether.v1.QuestionAnsweredH\x00\x12:\n\x12\x61pproval_requested\x18\x18 \x01(\x0b\x32\x1c.tether.v1.ApprovalRequestedH\x00\x12\x36\n\x10\x61pproval_decided\x18\x19 \x01(\x0b\x32\x1a.tether.v1.ApprovalDecidedH\x00\x12>\n\x14\x63onnection_requested\x18\x1a \x01(\x0b\x32\x1e.tether.v1.ConnectionRequestedH\x00\x12>\n\x14\x63onnection_completed\x18\x1b \x01(\x0b\x32\x1e.tether.v1.ConnectionCompletedH\x00\x12\x30\n\rusage_updated\x18\x1c \x01(\x0b\x32\x17.tether.v1.UsageUpdatedH\x00\x12\x38\n\x11\x63ontext_compacted\x18\x1d \x01(\x0b\x32\x1b.tether.v1.ContextCompactedH\x00\x12*\n\ntext_delta\x18\x1e \x01(\x0b\x32\x14.tether.v1.TextDeltaH\x00\x12)\n\tkeepalive\x18\x1f \x01(\x0b\x32\x14.tether.v1.KeepaliveH\x00\x42\t\n\x07payloadb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tether/v1/events.proto\x12\ttether.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16tether/v1/common.proto\",\n\tRunQueued\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\"E\n\nRunStarted\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x05\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x13\n\x0blease_epoch\x18\x03 \x01(\x03\"%\n\x0fRunCheckpointed\x12\x12\n\npart_count\x18\x01 \x01(\x05\"l\n\x0cRunCompleted\x12\x13\n\x0bresult_text\x18\x01 \x01(\t\x12\x14\n\x0ctask_outcome\x18\x02 \x01(\t\x12\x10\n\x08warnings\x18\x03 \x03(\t\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.tether.v1.Usage\"0\n\tRunFailed\x12#\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x14.tether.v1.ErrorInfo\"\x1e\n\x0cRunCancelled\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x92\x01\n\x0fRunRetryPending\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x02 \x01(\x05\x12\x33\n\x0fnext_attempt_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12#\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x14.tether.v1.ErrorInfo\"*\n\tPartAdded\x12\x1d\n\x04part\x18\x01 \x01(\x0b\x32\x0f.tether.v1.Part\",\n\x0bPartUpdated\x12\x1d\n\x04part\x18\x01 \x01(\x0b\x32\x0f.tether.v1.Part\"5\n\x0ePartSuperseded\x12\x12\n\npart_index\x18\x01 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\"1\n\x0bToolStarted\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"E\n\rToolCompleted\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x10\n\x08replayed\x18\x03 \x01(\x08\"U\n\nToolFailed\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x14.tether.v1.ErrorInfo\"+\n\x11QuestionRequested\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\"*\n\x10QuestionAnswered\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\"+\n\x11\x41pprovalRequested\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\";\n\x0f\x41pprovalDecided\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x10\n\x08\x64\x65\x63ision\x18\x02 \x01(\t\"-\n\x13\x43onnectionRequested\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\">\n\x13\x43onnectionCompleted\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x0f\n\x07outcome\x18\x02 \x01(\t\"O\n\x0cUsageUpdated\x12\x1e\n\x04turn\x18\x01 \x01(\x0b\x32\x10.tether.v1.Usage\x12\x1f\n\x05total\x18\x02 \x01(\x0b\x32\x10.tether.v1.Usage\"+\n\x10\x43ontextCompacted\x12\x17\n\x0fparts_compacted\x18\x01 \x01(\x05\"=\n\tTextDelta\x12\x12\n\npart_index\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"1\n\tKeepalive\x12$\n\x06status\x18\x01 \x01(\x0e\x32\x14.tether.v1.RunStatus\"\x9c\n\n\x08RunEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12.\n\ncreated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04type\x18\x04 \x01(\t\x12*\n\nrun_queued\x18\n \x01(\x0b\x32\x14.tether.v1.RunQueuedH\x00\x12,\n\x0brun_started\x18\x0b \x01(\x0b\x32\x15.tether.v1.RunStartedH\x00\x12\x36\n\x10run_checkpointed\x18\x0c \x01(\x0b\x32\x1a.tether.v1.RunCheckpointedH\x00\x12\x30\n\rrun_completed\x18\r \x01(\x0b\x32\x17.tether.v1.RunCompletedH\x00\x12*\n\nrun_failed\x18\x0e \x01(\x0b\x32\x14.tether.v1.RunFailedH\x00\x12\x30\n\rrun_cancelled\x18\x0f \x01(\x0b\x32\x17.tether.v1.RunCancelledH\x00\x12\x37\n\x11run_retry_pending\x18\x10 \x01(\x0b\x32\x1a.tether.v1.RunRetryPendingH\x00\x12*\n\npart_added\x18\x11 \x01(\x0b\x32\x14.tether.v1.PartAddedH\x00\x12.\n\x0cpart_updated\x18\x12 \x01(\x0b\x32\x16.tether.v1.PartUpdatedH\x00\x12.\n\x0ctool_started\x18\x13 \x01(\x0b\x32\x16.tether.v1.ToolStartedH\x00\x12\x32\n\x0etool_completed\x18\x14 \x01(\x0b\x32\x18.tether.v1.ToolCompletedH\x00\x12,\n\x0btool_failed\x18\x15 \x01(\x0b\x32\x15.tether.v1.ToolFailedH\x00\x12:\n\x12question_requested\x18\x16 \x01(\x0b\x32\x1c.tether.v1.QuestionRequestedH\x00\x12\x38\n\x11question_answered\x18\x17 \x01(\x0b\x32\x1b.tether.v1.QuestionAnsweredH\x00\x12:\n\x12\x61pproval_requested\x18\x18 \x01(\x0b\x32\x1c.tether.v1.ApprovalRequestedH\x00\x12\x36\n\x10\x61pproval_decided\x18\x19 \x01(\x0b\x32\x1a.tether.v1.ApprovalDecidedH\x00\x12>\n\x14\x63onnection_requested\x18\x1a \x01(\x0b\x32\x1e.tether.v1.ConnectionRequestedH\x00\x12>\n\x14\x63onnection_completed\x18\x1b \x01(\x0b\x32\x1e.tether.v1.ConnectionCompletedH\x00\x12\x30\n\rusage_updated\x18\x1c \x01(\x0b\x32\x17.tether.v1.UsageUpdatedH\x00\x12\x38\n\x11\x63ontext_compacted\x18\x1d \x01(\x0b\x32\x1b.tether.v1.ContextCompactedH\x00\x12*\n\ntext_delta\x18\x1e \x01(\x0b\x32\x14.tether.v1.TextDeltaH\x00\x12)\n\tkeepalive\x18\x1f \x01(\x0b\x32\x14.tether.v1.KeepaliveH\x00\x12\x34\n\x0fpart_superseded\x18  \x01(\x0b\x32\x19.tether.v1.PartSupersededH\x00\x42\t\n\x07payloadb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -51,32 +51,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PARTADDED']._serialized_end=633
   _globals['_PARTUPDATED']._serialized_start=635
   _globals['_PARTUPDATED']._serialized_end=679
-  _globals['_TOOLSTARTED']._serialized_start=681
-  _globals['_TOOLSTARTED']._serialized_end=730
-  _globals['_TOOLCOMPLETED']._serialized_start=732
-  _globals['_TOOLCOMPLETED']._serialized_end=801
-  _globals['_TOOLFAILED']._serialized_start=803
-  _globals['_TOOLFAILED']._serialized_end=888
-  _globals['_QUESTIONREQUESTED']._serialized_start=890
-  _globals['_QUESTIONREQUESTED']._serialized_end=933
-  _globals['_QUESTIONANSWERED']._serialized_start=935
-  _globals['_QUESTIONANSWERED']._serialized_end=977
-  _globals['_APPROVALREQUESTED']._serialized_start=979
-  _globals['_APPROVALREQUESTED']._serialized_end=1022
-  _globals['_APPROVALDECIDED']._serialized_start=1024
-  _globals['_APPROVALDECIDED']._serialized_end=1083
-  _globals['_CONNECTIONREQUESTED']._serialized_start=1085
-  _globals['_CONNECTIONREQUESTED']._serialized_end=1130
-  _globals['_CONNECTIONCOMPLETED']._serialized_start=1132
-  _globals['_CONNECTIONCOMPLETED']._serialized_end=1194
-  _globals['_USAGEUPDATED']._serialized_start=1196
-  _globals['_USAGEUPDATED']._serialized_end=1275
-  _globals['_CONTEXTCOMPACTED']._serialized_start=1277
-  _globals['_CONTEXTCOMPACTED']._serialized_end=1320
-  _globals['_TEXTDELTA']._serialized_start=1322
-  _globals['_TEXTDELTA']._serialized_end=1383
-  _globals['_KEEPALIVE']._serialized_start=1385
-  _globals['_KEEPALIVE']._serialized_end=1434
-  _globals['_RUNEVENT']._serialized_start=1437
-  _globals['_RUNEVENT']._serialized_end=2691
+  _globals['_PARTSUPERSEDED']._serialized_start=681
+  _globals['_PARTSUPERSEDED']._serialized_end=734
+  _globals['_TOOLSTARTED']._serialized_start=736
+  _globals['_TOOLSTARTED']._serialized_end=785
+  _globals['_TOOLCOMPLETED']._serialized_start=787
+  _globals['_TOOLCOMPLETED']._serialized_end=856
+  _globals['_TOOLFAILED']._serialized_start=858
+  _globals['_TOOLFAILED']._serialized_end=943
+  _globals['_QUESTIONREQUESTED']._serialized_start=945
+  _globals['_QUESTIONREQUESTED']._serialized_end=988
+  _globals['_QUESTIONANSWERED']._serialized_start=990
+  _globals['_QUESTIONANSWERED']._serialized_end=1032
+  _globals['_APPROVALREQUESTED']._serialized_start=1034
+  _globals['_APPROVALREQUESTED']._serialized_end=1077
+  _globals['_APPROVALDECIDED']._serialized_start=1079
+  _globals['_APPROVALDECIDED']._serialized_end=1138
+  _globals['_CONNECTIONREQUESTED']._serialized_start=1140
+  _globals['_CONNECTIONREQUESTED']._serialized_end=1185
+  _globals['_CONNECTIONCOMPLETED']._serialized_start=1187
+  _globals['_CONNECTIONCOMPLETED']._serialized_end=1249
+  _globals['_USAGEUPDATED']._serialized_start=1251
+  _globals['_USAGEUPDATED']._serialized_end=1330
+  _globals['_CONTEXTCOMPACTED']._serialized_start=1332
+  _globals['_CONTEXTCOMPACTED']._serialized_end=1375
+  _globals['_TEXTDELTA']._serialized_start=1377
+  _globals['_TEXTDELTA']._serialized_end=1438
+  _globals['_KEEPALIVE']._serialized_start=1440
+  _globals['_KEEPALIVE']._serialized_end=1489
+  _globals['_RUNEVENT']._serialized_start=1492
+  _globals['_RUNEVENT']._serialized_end=2800
 # @@protoc_insertion_point(module_scope)

@@ -269,6 +269,35 @@ class PartUpdated(_message.Message):
 Global___PartUpdated: _TypeAlias = PartUpdated  # noqa: Y015
 
 @_typing.final
+class PartSuperseded(_message.Message):
+    """PartSuperseded: a later attempt takes this part's place (see Part.superseded). A client drops
+    the part and ignores any delta for its index that still arrives; the part stays out of every
+    later snapshot. The next attempt's parts take new indexes.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PART_INDEX_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    part_index: _builtins.int
+    """Index of the superseded part."""
+    attempt: _builtins.int
+    """The attempt that wrote it (Run.attempt when it was cut off)."""
+    def __init__(
+        self,
+        *,
+        part_index: _builtins.int = ...,
+        attempt: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "part_index", b"part_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartSuperseded: _TypeAlias = PartSuperseded  # noqa: Y015
+
+@_typing.final
 class ToolStarted(_message.Message):
     """ToolStarted: a tool call began executing."""
 
@@ -632,6 +661,7 @@ class RunEvent(_message.Message):
     CONTEXT_COMPACTED_FIELD_NUMBER: _builtins.int
     TEXT_DELTA_FIELD_NUMBER: _builtins.int
     KEEPALIVE_FIELD_NUMBER: _builtins.int
+    PART_SUPERSEDED_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run the event belongs to."""
     seq: _builtins.int
@@ -730,6 +760,10 @@ class RunEvent(_message.Message):
     def keepalive(self) -> Global___Keepalive:
         """keepalive (ephemeral)"""
 
+    @_builtins.property
+    def part_superseded(self) -> Global___PartSuperseded:
+        """part.superseded"""
+
     def __init__(
         self,
         *,
@@ -759,12 +793,13 @@ class RunEvent(_message.Message):
         context_compacted: Global___ContextCompacted | None = ...,
         text_delta: Global___TextDelta | None = ...,
         keepalive: Global___Keepalive | None = ...,
+        part_superseded: Global___PartSuperseded | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_requested", b"approval_requested", "connection_completed", b"connection_completed", "connection_requested", b"connection_requested", "context_compacted", b"context_compacted", "created_at", b"created_at", "keepalive", b"keepalive", "part_added", b"part_added", "part_updated", b"part_updated", "payload", b"payload", "question_answered", b"question_answered", "question_requested", b"question_requested", "run_cancelled", b"run_cancelled", "run_checkpointed", b"run_checkpointed", "run_completed", b"run_completed", "run_failed", b"run_failed", "run_queued", b"run_queued", "run_retry_pending", b"run_retry_pending", "run_started", b"run_started", "text_delta", b"text_delta", "tool_completed", b"tool_completed", "tool_failed", b"tool_failed", "tool_started", b"tool_started", "usage_updated", b"usage_updated"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_requested", b"approval_requested", "connection_completed", b"connection_completed", "connection_requested", b"connection_requested", "context_compacted", b"context_compacted", "created_at", b"created_at", "keepalive", b"keepalive", "part_added", b"part_added", "part_superseded", b"part_superseded", "part_updated", b"part_updated", "payload", b"payload", "question_answered", b"question_answered", "question_requested", b"question_requested", "run_cancelled", b"run_cancelled", "run_checkpointed", b"run_checkpointed", "run_completed", b"run_completed", "run_failed", b"run_failed", "run_queued", b"run_queued", "run_retry_pending", b"run_retry_pending", "run_started", b"run_started", "text_delta", b"text_delta", "tool_completed", b"tool_completed", "tool_failed", b"tool_failed", "tool_started", b"tool_started", "usage_updated", b"usage_updated"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_requested", b"approval_requested", "connection_completed", b"connection_completed", "connection_requested", b"connection_requested", "context_compacted", b"context_compacted", "created_at", b"created_at", "keepalive", b"keepalive", "part_added", b"part_added", "part_updated", b"part_updated", "payload", b"payload", "question_answered", b"question_answered", "question_requested", b"question_requested", "run_cancelled", b"run_cancelled", "run_checkpointed", b"run_checkpointed", "run_completed", b"run_completed", "run_failed", b"run_failed", "run_id", b"run_id", "run_queued", b"run_queued", "run_retry_pending", b"run_retry_pending", "run_started", b"run_started", "seq", b"seq", "text_delta", b"text_delta", "tool_completed", b"tool_completed", "tool_failed", b"tool_failed", "tool_started", b"tool_started", "type", b"type", "usage_updated", b"usage_updated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_requested", b"approval_requested", "connection_completed", b"connection_completed", "connection_requested", b"connection_requested", "context_compacted", b"context_compacted", "created_at", b"created_at", "keepalive", b"keepalive", "part_added", b"part_added", "part_superseded", b"part_superseded", "part_updated", b"part_updated", "payload", b"payload", "question_answered", b"question_answered", "question_requested", b"question_requested", "run_cancelled", b"run_cancelled", "run_checkpointed", b"run_checkpointed", "run_completed", b"run_completed", "run_failed", b"run_failed", "run_id", b"run_id", "run_queued", b"run_queued", "run_retry_pending", b"run_retry_pending", "run_started", b"run_started", "seq", b"seq", "text_delta", b"text_delta", "tool_completed", b"tool_completed", "tool_failed", b"tool_failed", "tool_started", b"tool_started", "type", b"type", "usage_updated", b"usage_updated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["run_queued", "run_started", "run_checkpointed", "run_completed", "run_failed", "run_cancelled", "run_retry_pending", "part_added", "part_updated", "tool_started", "tool_completed", "tool_failed", "question_requested", "question_answered", "approval_requested", "approval_decided", "connection_requested", "connection_completed", "usage_updated", "context_compacted", "text_delta", "keepalive"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["run_queued", "run_started", "run_checkpointed", "run_completed", "run_failed", "run_cancelled", "run_retry_pending", "part_added", "part_updated", "tool_started", "tool_completed", "tool_failed", "question_requested", "question_answered", "approval_requested", "approval_decided", "connection_requested", "connection_completed", "usage_updated", "context_compacted", "text_delta", "keepalive", "part_superseded"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 

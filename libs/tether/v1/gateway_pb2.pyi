@@ -173,18 +173,22 @@ class GetRunRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RUN_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_SUPERSEDED_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id.
     Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
     """
+    include_superseded: _builtins.bool
+    """Also return the parts later attempts superseded (each with Part.superseded set), for audit."""
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
+        include_superseded: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_superseded", b"include_superseded", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -204,7 +208,7 @@ class GetRunResponse(_message.Message):
 
     @_builtins.property
     def parts(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Part]:
-        """Persisted parts."""
+        """Persisted parts in order: the run's transcript (superseded parts only when asked for)."""
 
     def __init__(
         self,

@@ -61,6 +61,7 @@ class LookupRunRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
     ALL_RUNS_FIELD_NUMBER: _builtins.int
+    INCLUDE_SUPERSEDED_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Caller's tenant."""
     run_id: _builtins.str
@@ -69,6 +70,8 @@ class LookupRunRequest(_message.Message):
     """Caller's principal: only its own runs are visible unless all_runs is set."""
     all_runs: _builtins.bool
     """Whether the caller's key holds runs:all (every run of its tenant is visible)."""
+    include_superseded: _builtins.bool
+    """Also return the parts later attempts superseded (flagged), for audit."""
     def __init__(
         self,
         *,
@@ -76,10 +79,11 @@ class LookupRunRequest(_message.Message):
         run_id: _builtins.str = ...,
         principal_id: _builtins.str = ...,
         all_runs: _builtins.bool = ...,
+        include_superseded: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "principal_id", b"principal_id", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "include_superseded", b"include_superseded", "principal_id", b"principal_id", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -99,7 +103,7 @@ class LookupRunResponse(_message.Message):
 
     @_builtins.property
     def parts(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Part]:
-        """Persisted parts in order."""
+        """Persisted parts in order, superseded ones left out unless asked for."""
 
     def __init__(
         self,
@@ -259,7 +263,7 @@ class ReadEventsResponse(_message.Message):
 
     @_builtins.property
     def parts(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Part]:
-        """Persisted parts, when requested."""
+        """Persisted parts, when requested: the transcript, superseded parts left out."""
 
     def __init__(
         self,

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Interval, bindparam, func, select, text, update
+from sqlalchemy import Integer, Interval, bindparam, func, select, text, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -32,6 +33,8 @@ class PartRow:
     kind: str
     payload: dict[str, Any]
     final: bool
+    # A later attempt took its place (run_parts.superseded_at); set here alone, never by a write.
+    superseded: bool = False
 
 
 _FENCE = (
@@ -60,8 +63,9 @@ _CHECKPOINT = text(
           AND (CAST(:batch AS bigint) = 0 OR checkpoint_batch < CAST(:batch AS bigint))
         RETURNING last_seq, cancel_requested_at, tenant_id
     ), new_parts AS (
-        INSERT INTO run_parts (run_id, part_index, role, kind, payload, final, updated_at)
-        SELECT :run_id, p.idx, p.role, p.kind, CAST(p.payload AS jsonb), p.final, now()
+        INSERT INTO run_parts (run_id, part_index, role, kind, payload, final, updated_at,
+                               lease_epoch)
+        SELECT :run_id, p.idx, p.role, p.kind, CAST(p.payload AS jsonb), p.final, now(), :epoch
         FROM fence, unnest(CAST(:p_idx AS int[]), CAST(:p_role AS text[]),
                            CAST(:p_kind AS text[]), CAST(:p_payload AS text[]),
                            CAST(:p_final AS bool[])) AS p(idx, role, kind, payload, final)
@@ -140,7 +144,9 @@ _UPSERT_PART = pg_insert(run_parts).values(
     kind=bindparam("kind"),
     payload=bindparam("payload"),
     final=bindparam("final"),
+    lease_epoch=bindparam("lease_epoch"),
 )
+# A rewritten part keeps the attempt that first wrote it, and its superseded mark.
 _UPSERT_PART = _UPSERT_PART.on_conflict_do_update(
     index_elements=["run_id", "part_index"],
     set_={
@@ -153,8 +159,11 @@ _UPSERT_PART = _UPSERT_PART.on_conflict_do_update(
 )
 
 
-async def upsert_parts(conn: AsyncConnection, run_id: str, parts: Sequence[PartRow]) -> None:
-    """Insert or replace parts by index (writes proportional to the new parts only)."""
+async def upsert_parts(
+    conn: AsyncConnection, run_id: str, epoch: int, parts: Sequence[PartRow]
+) -> None:
+    """Insert or replace parts by index (writes proportional to the new parts only); a new
+    part belongs to lease `epoch`'s attempt."""
     if not parts:
         return
     await conn.execute(
@@ -167,10 +176,29 @@ async def upsert_parts(conn: AsyncConnection, run_id: str, parts: Sequence[PartR
                 "kind": p.kind,
                 "payload": p.payload,
                 "final": p.final,
+                "lease_epoch": epoch,
             }
             for p in parts
         ],
     )
+
+
+_SUPERSEDE = (
+    update(run_parts)
+    .where(
+        run_parts.c.run_id == bindparam("s_run_id"),
+        run_parts.c.part_index == func.any(bindparam("s_indexes", type_=ARRAY(Integer))),
+        run_parts.c.superseded_at.is_(None),
+    )
+    .values(superseded_at=func.now())
+)
+
+
+async def supersede(conn: AsyncConnection, run_id: str, parts: Sequence[PartRow]) -> None:
+    """Mark `parts` superseded (kept, flagged; a part already marked keeps its time)."""
+    if parts:
+        params = {"s_run_id": run_id, "s_indexes": [p.index for p in parts]}
+        await conn.execute(_SUPERSEDE, params)
 
 
 _USAGE_TOTAL = select(
@@ -194,10 +222,35 @@ _LIST_PARTS = (
 )
 
 
+_ATTEMPT_PARTS = (
+    select(runs.c.attempt, run_parts)
+    .select_from(runs.outerjoin(run_parts, run_parts.c.run_id == runs.c.run_id))
+    .where(runs.c.run_id == bindparam("run_id"))
+    .order_by(run_parts.c.part_index)
+)
+
+
+async def attempt_and_parts(conn: AsyncConnection, run_id: str) -> tuple[int, list[PartRow]]:
+    """The run's current attempt number and its parts (see `list_parts`), in one round trip."""
+    rows = (await conn.execute(_ATTEMPT_PARTS, {"run_id": run_id})).all()
+    return rows[0].attempt, [_stored(r) for r in rows if r.part_index is not None]
+
+
 async def list_parts(conn: AsyncConnection, run_id: str) -> list[PartRow]:
-    """The run's parts in order."""
+    """The run's parts in order, superseded ones included (flagged)."""
     rows = (await conn.execute(_LIST_PARTS, {"run_id": run_id})).all()
-    return [PartRow(r.part_index, r.role, r.kind, dict(r.payload), r.final) for r in rows]
+    return [_stored(r) for r in rows]
+
+
+def _stored(row: Any) -> PartRow:
+    return PartRow(
+        row.part_index,
+        row.role,
+        row.kind,
+        dict(row.payload),
+        row.final,
+        row.superseded_at is not None,
+    )
 
 
 _RECENT_RUNS = (
@@ -221,7 +274,12 @@ _SESSION_HISTORY = (
         run_parts.c.payload,
         run_parts.c.final,
     )
-    .select_from(_RECENT_RUNS.outerjoin(run_parts, run_parts.c.run_id == _RECENT_RUNS.c.run_id))
+    .select_from(
+        _RECENT_RUNS.outerjoin(
+            run_parts,
+            (run_parts.c.run_id == _RECENT_RUNS.c.run_id) & run_parts.c.superseded_at.is_(None),
+        )
+    )
     .order_by(_RECENT_RUNS.c.created_at, _RECENT_RUNS.c.run_id, run_parts.c.part_index)
 )
 
@@ -230,49 +288,82 @@ async def session_history(
     conn: AsyncConnection, session_id: str, before: datetime, *, limit_runs: int
 ) -> Sequence[Any]:
     """The last `limit_runs` completed runs of a session before `before`, oldest first, each
-    with its parts (a run without parts appears once with NULL part columns)."""
+    with its transcript's parts (a run without any appears once with NULL part columns)."""
     params = {"session_id": session_id, "before": before, "limit_runs": limit_runs}
     return (await conn.execute(_SESSION_HISTORY, params)).all()
+
+
+# Parts the model produced in a turn; any other part (a tool result, a pause marker) ends one.
+_MODEL_OUTPUT = frozenset({"text", "thinking", "tool_call"})
+
+
+def _whole_call(part: PartRow) -> bool:
+    # `cut` is how parts stored before superseding marked a call that never arrived whole.
+    return part.kind == "tool_call" and part.final and not part.payload.get("cut")
 
 
 def dangling_tool_calls(parts: Sequence[PartRow]) -> list[PartRow]:
     """Whole tool calls without a result: left behind by a crash or a cancellation. A call cut
     mid-stream is not one: its input never arrived whole, so it never runs and never gets a
-    result (see `cut_calls`)."""
+    result (it is superseded, see `superseded_on_close`)."""
     answered = {p.payload.get("toolCallId") for p in parts if p.kind == "tool_result"}
     return [
         p
         for p in parts
-        if p.kind == "tool_call"
-        and p.final
-        and not p.payload.get("cut")
-        and p.payload.get("toolCallId") not in answered
+        if _whole_call(p) and not p.superseded and p.payload.get("toolCallId") not in answered
     ]
 
 
-def cut_calls(parts: Sequence[PartRow]) -> list[PartRow]:
-    """Tool calls whose stream ended before the call was whole (the worker died or the
-    connection broke mid-input), marked cut and final: kept for audit, never run, never sent
-    back to the model; the retry regenerates the turn."""
-    return [
-        PartRow(p.index, p.role, p.kind, {**p.payload, "cut": True}, True)
-        for p in parts
-        if p.kind == "tool_call" and not p.final
+def superseded_on_close(parts: Sequence[PartRow], *, regenerated: bool) -> list[PartRow]:
+    """The parts an ending attempt leaves superseded (kept for audit, out of every transcript
+    read and of the model's history).
+
+    Always the tool calls whose input never arrived whole: never run, never sent back. And when
+    another attempt follows (`regenerated`: a retry, a reaped or a released lease), every part
+    of the model turn the attempt did not see to its end, because the next attempt asks the
+    model again and streams the turn anew. That turn is the model output after the run's last
+    tool result or pause marker, and it counts as unfinished only while it holds no whole call:
+    a whole call means the model's turn stands (its call is run, or closed as interrupted,
+    and the model answers the result). A terminal end keeps its unfinished text: it is the last
+    thing the model said and nothing will say it again."""
+    live = [p for p in parts if not p.superseded]
+    marked = {p.index: p for p in live if p.kind == "tool_call" and not _whole_call(p)}
+    if regenerated:
+        turn: list[PartRow] = []
+        for part in reversed(live):
+            if part.kind not in _MODEL_OUTPUT:
+                break
+            turn.append(part)
+        if not any(_whole_call(p) for p in turn):
+            marked.update((p.index, p) for p in turn)
+    return [marked[i] for i in sorted(marked)]
+
+
+@dataclass(frozen=True)
+class Closing:
+    """What settles an attempt that is over: new parts, parts superseded, and their events."""
+
+    parts: list[PartRow]
+    superseded: list[PartRow]
+    events: list[Event]
+
+
+def close_attempt(
+    parts: Sequence[PartRow], attempt: int, *, regenerated: bool, interrupted: str | None
+) -> Closing:
+    """Settle attempt number `attempt`, which is over: its superseded parts (see
+    `superseded_on_close`) each announced by part.superseded and, with an `interrupted`
+    reason, an error result closing every dangling whole call (without one, the next attempt
+    runs those calls)."""
+    superseded = superseded_on_close(parts, regenerated=regenerated)
+    events = [
+        Event("part.superseded", {"partIndex": p.index, "attempt": attempt}) for p in superseded
     ]
-
-
-def interrupted_results(parts: Sequence[PartRow], reason: str) -> tuple[list[PartRow], list[Event]]:
-    """Parts (and their events) that settle an attempt that is over: calls cut mid-stream
-    marked cut, and an error result closing every dangling whole call."""
     new_parts: list[PartRow] = []
-    events: list[Event] = []
-    for cut in cut_calls(parts):
-        new_parts.append(cut)
-        events.append(Event("part.updated", {"part": part_json(cut)}))
     next_index = max((p.index for p in parts), default=-1) + 1
-    for call in dangling_tool_calls(parts):
+    for call in dangling_tool_calls(parts) if interrupted is not None else []:
         call_id = call.payload.get("toolCallId", "")
-        payload = {"toolCallId": call_id, "content": f"interrupted: {reason}", "isError": True}
+        payload = {"toolCallId": call_id, "content": f"interrupted: {interrupted}", "isError": True}
         part = PartRow(next_index, "tool", "tool_result", payload, True)
         next_index += 1
         new_parts.append(part)
@@ -283,11 +374,21 @@ def interrupted_results(parts: Sequence[PartRow], reason: str) -> tuple[list[Par
                 {
                     "toolCallId": call_id,
                     "name": call.payload.get("name", ""),
-                    "error": {"code": "tool_interrupted", "message": reason, "retryable": True},
+                    "error": {
+                        "code": "tool_interrupted",
+                        "message": interrupted,
+                        "retryable": True,
+                    },
                 },
             )
         )
-    return new_parts, events
+    return Closing(new_parts, superseded, events)
+
+
+async def write_closing(conn: AsyncConnection, run_id: str, epoch: int, closing: Closing) -> None:
+    """Store what `close_attempt` settled, under the attempt's lease epoch."""
+    await upsert_parts(conn, run_id, epoch, closing.parts)
+    await supersede(conn, run_id, closing.superseded)
 
 
 def part_json(part: PartRow) -> dict[str, Any]:
@@ -296,13 +397,17 @@ def part_json(part: PartRow) -> dict[str, Any]:
     data: dict[str, Any] = {"index": part.index, "role": part.role, kind: part.payload}
     if part.final:
         data["final"] = True
+    if part.superseded:
+        data["superseded"] = True
     return data
 
 
-async def close_dangling(conn: AsyncConnection, run_id: str, reason: str) -> None:
-    """Close a finished run's open tool calls (their events are not needed: the run is over)."""
-    closing, _ = interrupted_results(await list_parts(conn, run_id), reason)
-    await upsert_parts(conn, run_id, closing)
+async def close_dangling(conn: AsyncConnection, run: Row[Any], reason: str) -> None:
+    """Settle a finished run's parts under its last lease (their events are not needed: the
+    run is over)."""
+    parts = await list_parts(conn, run.run_id)
+    closing = close_attempt(parts, run.attempt, regenerated=False, interrupted=reason)
+    await write_closing(conn, run.run_id, run.lease_epoch, closing)
 
 
 async def store_tool_output(conn: AsyncConnection, run_id: str, ref: str, content: str) -> None:

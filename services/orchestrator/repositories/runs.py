@@ -57,10 +57,15 @@ async def leased_run(conn: AsyncConnection, run_id: str, epoch: int) -> Row[Any]
     return row
 
 
-async def list_parts(conn: AsyncConnection, run_id: str) -> Sequence[Row[Any]]:
-    """The run's persisted parts in order."""
-    stmt = select(run_parts).where(run_parts.c.run_id == run_id).order_by(run_parts.c.part_index)
-    return (await conn.execute(stmt)).all()
+async def list_parts(
+    conn: AsyncConnection, run_id: str, *, include_superseded: bool = False
+) -> Sequence[Row[Any]]:
+    """The run's transcript: its persisted parts in order, without those a later attempt
+    superseded unless `include_superseded`."""
+    stmt = select(run_parts).where(run_parts.c.run_id == run_id)
+    if not include_superseded:
+        stmt = stmt.where(run_parts.c.superseded_at.is_(None))
+    return (await conn.execute(stmt.order_by(run_parts.c.part_index))).all()
 
 
 async def read_events(

@@ -1,0 +1,88 @@
+"""Which parts an ending attempt leaves superseded, and how the attempt is settled."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.orchestrator.repositories.progress import (
+    PartRow,
+    close_attempt,
+    superseded_on_close,
+)
+
+
+def text(index: int, words: str, *, final: bool = True) -> PartRow:
+    return PartRow(index, "assistant", "text", {"text": words}, final)
+
+
+def call(index: int, call_id: str, *, final: bool = True, **payload: Any) -> PartRow:
+    return PartRow(index, "assistant", "tool_call", {"toolCallId": call_id, **payload}, final)
+
+
+def result(index: int, call_id: str) -> PartRow:
+    return PartRow(index, "tool", "tool_result", {"toolCallId": call_id, "content": "ok"}, True)
+
+
+def indexes(parts: list[PartRow]) -> list[int]:
+    return [p.index for p in parts]
+
+
+def test_a_regenerated_turn_is_superseded_whole_its_finished_blocks_too() -> None:
+    parts = [
+        call(0, "a"),
+        result(1, "a"),
+        PartRow(2, "assistant", "thinking", {"thinking": "hm", "signature": "s"}, True),
+        text(3, "The short answer: "),
+        text(4, "yes, bec", final=False),
+    ]
+    assert indexes(superseded_on_close(parts, regenerated=True)) == [2, 3, 4]
+
+
+def test_a_terminal_end_keeps_the_last_words_and_supersedes_only_a_cut_call() -> None:
+    parts = [text(0, "Let me post it."), call(1, "a", final=False)]
+    assert indexes(superseded_on_close(parts, regenerated=False)) == [1]
+    assert superseded_on_close([text(0, "Hel", final=False)], regenerated=False) == []
+
+
+def test_a_turn_holding_a_whole_call_stands_and_its_cut_sibling_goes() -> None:
+    parts = [text(0, "Posting both."), call(1, "a"), call(2, "b", final=False)]
+    assert indexes(superseded_on_close(parts, regenerated=True)) == [2]
+
+
+def test_a_turn_ended_by_a_pause_marker_or_a_result_leaves_nothing_to_supersede() -> None:
+    marker = PartRow(2, "assistant", "approval", {"interactionId": "i"}, True)
+    assert superseded_on_close([text(0, "Asking."), call(1, "a"), marker], regenerated=True) == []
+    assert superseded_on_close([call(0, "a"), result(1, "a")], regenerated=True) == []
+
+
+def test_parts_already_superseded_are_neither_marked_again_nor_part_of_the_turn() -> None:
+    earlier = PartRow(0, "assistant", "text", {"text": "Hel"}, False, superseded=True)
+    assert indexes(superseded_on_close([earlier, text(1, "Hello")], regenerated=True)) == [1]
+    assert superseded_on_close([earlier], regenerated=True) == []
+
+
+def test_a_call_stored_cut_by_earlier_releases_counts_as_never_whole() -> None:
+    legacy = call(1, "a", cut=True)
+    assert indexes(superseded_on_close([text(0, "Go."), legacy], regenerated=True)) == [0, 1]
+    assert indexes(superseded_on_close([text(0, "Go."), legacy], regenerated=False)) == [1]
+
+
+def test_closing_announces_each_superseded_part_and_interrupts_only_whole_dangling_calls() -> None:
+    parts = [
+        call(0, "a"),
+        result(1, "a"),
+        text(2, "Now b."),
+        call(3, "b"),
+        call(4, "c", final=False),
+    ]
+    closing = close_attempt(parts, 2, regenerated=True, interrupted="the worker lost its lease")
+    assert indexes(closing.superseded) == [4]
+    assert [(p.index, p.payload["toolCallId"]) for p in closing.parts] == [(5, "b")]
+    announced, *interrupted = closing.events
+    assert (announced.type, dict(announced.payload)) == (
+        "part.superseded",
+        {"partIndex": 4, "attempt": 2},
+    )
+    assert [e.type for e in interrupted] == ["part.added", "tool.failed"]
+    left = close_attempt(parts, 2, regenerated=True, interrupted=None)
+    assert left.parts == [] and [e.type for e in left.events] == ["part.superseded"]
