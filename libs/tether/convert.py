@@ -152,3 +152,14 @@ _DISPOSITION_NAMES: dict[int, str] = {
 def disposition_name(value: int) -> str:
     """The lower-case name of a Disposition."""
     return _DISPOSITION_NAMES.get(value, "unspecified")
+
+
+def camel(name: str) -> str:
+    """A snake_case name as protobuf's JSON mapping spells it (lowerCamelCase)."""
+    head, *rest = name.split("_")
+    return head + "".join(word.capitalize() for word in rest)
+
+
+def camel_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """A dict with its keys renamed as `camel` spells them (values untouched)."""
+    return {camel(key): value for key, value in data.items()}

@@ -20,15 +20,16 @@ async def amain(settings: OrchestratorSettings, verifiers: dict[str, str]) -> No
     """Run the orchestrator until signalled."""
     engine = create_engine(settings.database_url, pool_size=settings.pool_size)
     bus = Bus(settings.redis_url)
-    execution = Execution(
+    execution = Execution.build(
         engine, bus, lease_ttl_s=settings.lease_ttl_s, claim_poll_s=settings.claim_poll_s
     )
     servicer = OrchestratorServicer(Runs(engine, bus), execution)
     supervisor = Supervisor()
-    supervisor.start("reaper", every(settings.reap_interval_s, execution.reap_expired, "reaper"))
-    supervisor.start("retry-scheduler", execution.schedule_retries(settings.retry_poll_s))
-    supervisor.start("wake-listener", listen_for_wakeups(bus, execution))
-    supervisor.start("claim-poll", execution.poll_claimable())
+    recovery = execution.recovery
+    supervisor.start("reaper", every(settings.reap_interval_s, recovery.reap_expired, "reaper"))
+    supervisor.start("retry-scheduler", recovery.schedule_retries(settings.retry_poll_s))
+    supervisor.start("wake-listener", listen_for_wakeups(bus, execution.publisher))
+    supervisor.start("claim-poll", execution.claims.poll_claimable())
     server, port, _ = await start_server(
         host=settings.host,
         port=settings.port,

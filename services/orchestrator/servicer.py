@@ -9,7 +9,8 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from services.orchestrator.execution import Batch, Completion, Execution
+from services.orchestrator.attempts import Batch, Completion
+from services.orchestrator.execution import Execution
 from services.orchestrator.repositories.progress import PartRow
 from services.orchestrator.routing import AgentConfig
 from services.orchestrator.service import Runs
@@ -127,7 +128,7 @@ class ExecutionServicer:
         if not request.worker_id:
             raise InvalidArgument("worker_id is required")
         wait_s = min(max(request.wait_ms, 0), 60_000) / 1000
-        claimed = await self._execution.claim(request.worker_id, wait_s)
+        claimed = await self._execution.claims.claim(request.worker_id, wait_s)
         if claimed is None:
             return orchestrator_pb2.ClaimRunResponse(claimed=False)
         run = claimed.run
@@ -159,7 +160,7 @@ class ExecutionServicer:
     async def Heartbeat(
         self, request: orchestrator_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.HeartbeatResponse:
-        row = await self._execution.heartbeat(request.run_id, request.epoch)
+        row = await self._execution.attempts.heartbeat(request.run_id, request.epoch)
         return orchestrator_pb2.HeartbeatResponse(
             expires_at=timestamp(row.lease_expires_at),
             cancel_requested=row.cancel_requested_at is not None,
@@ -170,7 +171,7 @@ class ExecutionServicer:
     ) -> orchestrator_pb2.CheckpointResponse:
         if request.batch < 0:
             raise InvalidArgument("batch must not be negative")
-        row = await self._execution.checkpoint(
+        row = await self._execution.attempts.checkpoint(
             request.run_id,
             request.epoch,
             [_part_row(w.part) for w in request.parts],
@@ -188,7 +189,7 @@ class ExecutionServicer:
         status = status_from_proto(request.status)
         if status is None or not status.waiting:
             raise InvalidArgument("status must be one of the waiting-for-* statuses")
-        moved = await self._execution.park(
+        moved = await self._execution.pauses.park(
             request.run_id, request.epoch, status, request.interaction_id
         )
         return orchestrator_pb2.ParkRunResponse(moved=moved)
@@ -200,7 +201,7 @@ class ExecutionServicer:
         if status is None or not status.waiting:
             raise InvalidArgument("from_status must be one of the waiting-for-* statuses")
         event = _events([request.event])[0] if request.HasField("event") else None
-        resumed = await self._execution.resume(
+        resumed = await self._execution.pauses.resume(
             request.tenant_id, request.run_id, status, event, request.interaction_id
         )
         return orchestrator_pb2.ResumeRunResponse(resumed=resumed)
@@ -208,7 +209,7 @@ class ExecutionServicer:
     async def ScheduleRetry(
         self, request: orchestrator_pb2.ScheduleRetryRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.ScheduleRetryResponse:
-        row = await self._execution.schedule_retry(
+        row = await self._execution.recovery.schedule_retry(
             request.run_id,
             request.epoch,
             _error(request.error),
@@ -229,7 +230,7 @@ class ExecutionServicer:
             preserving_proto_field_name=True,
             always_print_fields_with_no_presence=True,
         )
-        row = await self._execution.complete(
+        row = await self._execution.attempts.complete(
             request.run_id,
             request.epoch,
             Completion(
@@ -251,7 +252,7 @@ class ExecutionServicer:
     async def ReleaseRun(
         self, request: orchestrator_pb2.ReleaseRunRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.ReleaseRunResponse:
-        moved = await self._execution.release(request.run_id, request.epoch)
+        moved = await self._execution.attempts.release(request.run_id, request.epoch)
         return orchestrator_pb2.ReleaseRunResponse(moved=moved)
 
     async def BeginEffect(
@@ -259,7 +260,7 @@ class ExecutionServicer:
     ) -> orchestrator_pb2.BeginEffectResponse:
         if not request.key:
             raise InvalidArgument("key is required")
-        state, result = await self._execution.begin_effect(
+        state, result = await self._execution.attempts.begin_effect(
             request.run_id, request.epoch, request.key, request.tool_name
         )
         response = orchestrator_pb2.BeginEffectResponse(state=_EFFECT_STATES[state])
@@ -270,7 +271,7 @@ class ExecutionServicer:
     async def FinishEffect(
         self, request: orchestrator_pb2.FinishEffectRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.FinishEffectResponse:
-        await self._execution.finish_effect(
+        await self._execution.attempts.finish_effect(
             request.run_id, request.epoch, request.key, json_format.MessageToDict(request.result)
         )
         return orchestrator_pb2.FinishEffectResponse()
@@ -284,7 +285,7 @@ class ExecutionServicer:
         if status is None:
             raise InvalidArgument("from_status is required")
         event = _events([request.event])[0] if request.HasField("event") else None
-        expired = await self._execution.expire_waiting(
+        expired = await self._execution.pauses.expire_waiting(
             request.tenant_id,
             request.run_id,
             status,
@@ -301,7 +302,7 @@ class ExecutionServicer:
     ) -> orchestrator_pb2.StoreToolOutputResponse:
         if not request.output_ref:
             raise InvalidArgument("output_ref is required")
-        await self._execution.store_tool_output(
+        await self._execution.attempts.store_tool_output(
             request.run_id, request.epoch, request.output_ref, request.content
         )
         return orchestrator_pb2.StoreToolOutputResponse()

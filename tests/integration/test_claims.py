@@ -23,21 +23,21 @@ async def test_a_claim_waiting_when_its_wake_up_is_lost_gets_the_run_from_the_po
 ) -> None:
     await _tenant(engine, "t1")
     # No bus on either side: admission's wake-up never goes out, as when Redis loses it.
-    execution = Execution(engine, None, lease_ttl_s=30, claim_poll_s=0.05)
+    execution = Execution.build(engine, None, lease_ttl_s=30, claim_poll_s=0.05)
     admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
-    poll = asyncio.create_task(execution.poll_claimable())
-    claim = asyncio.create_task(execution.claim("w-1", wait_s=60))
+    poll = asyncio.create_task(execution.claims.poll_claimable())
+    claim = asyncio.create_task(execution.claims.claim("w-1", wait_s=60))
     try:
 
         async def in_line() -> bool | None:
-            return True if execution.wakeups.waiting == 1 else None
+            return True if execution.publisher.wakeups.waiting == 1 else None
 
         await eventually(in_line, what="the claim to find nothing and wait")
         run_id = (await admitter.admit(chat("e-lost", conversation="c-lost"))).run.run_id
         # The claim would otherwise wait out its 60 s; the poll runs every 50 ms.
         claimed = await asyncio.wait_for(claim, 10)
         assert claimed is not None and claimed.run.run_id == run_id
-        assert execution.wakeups.waiting == 0
+        assert execution.publisher.wakeups.waiting == 0
     finally:
         for task in (poll, claim):
             task.cancel()
@@ -47,10 +47,10 @@ async def test_a_claim_waiting_when_its_wake_up_is_lost_gets_the_run_from_the_po
 
 async def test_a_claim_that_will_not_wait_always_looks(engine: AsyncEngine) -> None:
     await _tenant(engine, "t1")
-    execution = Execution(engine, None, lease_ttl_s=30, claim_poll_s=60)
+    execution = Execution.build(engine, None, lease_ttl_s=30, claim_poll_s=60)
     admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
-    assert await execution.claim("w-1", wait_s=0) is None  # the queue is empty
+    assert await execution.claims.claim("w-1", wait_s=0) is None  # the queue is empty
     # Admitted with no wake-up at all (no bus): a claim that waits for nothing still finds it.
     run_id = (await admitter.admit(chat("e-quiet", conversation="c-quiet"))).run.run_id
-    claimed = await execution.claim("w-2", wait_s=0)
+    claimed = await execution.claims.claim("w-2", wait_s=0)
     assert claimed is not None and claimed.run.run_id == run_id

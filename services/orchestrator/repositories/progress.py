@@ -18,6 +18,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from tether.convert import camel
 from tether.db.schema import effects, run_parts, runs, tool_outputs, usage_turns
 from tether.db.transitions import Event
 from tether.pricing import TOKEN_FIELDS
@@ -393,8 +394,7 @@ async def write_closing(conn: AsyncConnection, run_id: str, epoch: int, closing:
 
 def part_json(part: PartRow) -> dict[str, Any]:
     """The JSON form of a Part message (as json_format writes it)."""
-    kind = "".join(w.capitalize() if i else w for i, w in enumerate(part.kind.split("_")))
-    data: dict[str, Any] = {"index": part.index, "role": part.role, kind: part.payload}
+    data: dict[str, Any] = {"index": part.index, "role": part.role, camel(part.kind): part.payload}
     if part.final:
         data["final"] = True
     if part.superseded:

@@ -1,0 +1,46 @@
+"""Publishing from the orchestrator: committed events to the runs' live channels, and wake-ups
+for claims waiting here and on every other replica. Events are posted only after their
+transaction commits; every message is a hint (see `tether.bus`)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from services.orchestrator.wakeups import Wakeups
+from tether.bus import Bus
+from tether.db.transitions import Event
+from tether.hints import LiveMessage, encode_event, events_channel
+
+
+class Publisher:
+    """Posts a replica's committed events and wakes claims."""
+
+    def __init__(self, bus: Bus | None) -> None:
+        self._bus = bus
+        # Waiting claims, woken one per run that may have become claimable.
+        self.wakeups = Wakeups()
+        # Marks this replica's own wake-up messages, which come back to it through Redis.
+        self.wake_marker = f"orchestrator-{uuid.uuid4().hex}"
+
+    async def publish(
+        self, run_id: str, first_seq: int, events: Sequence[Event], *, delivered: bool = False
+    ) -> None:
+        """Post committed events; with `delivered`, return once they reached Redis."""
+        if self._bus is None or not events:
+            return
+        now = datetime.now(UTC).isoformat()
+        for i, event in enumerate(events):
+            message = LiveMessage(run_id, first_seq + i, event.type, event.payload, now)
+            self._bus.post(events_channel(run_id), encode_event(message))
+        if delivered:
+            await self._bus.delivered()
+
+    def wake(self, run_ids: Sequence[str] = ("",)) -> None:
+        """These runs ("" for one not known by id) may have become claimable: wake a claim
+        for each here and, through Redis, on every other replica."""
+        self.wakeups.wake(run_ids)
+        if self._bus is not None:
+            for run_id in run_ids:
+                self._bus.notify_queued(run_id, self.wake_marker)
