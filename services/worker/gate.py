@@ -59,24 +59,24 @@ class Gate:
         checkpoints: CheckpointWriter,
     ) -> None:
         self._run = claim.run
-        self.run_id = claim.lease.run_id
-        self.epoch = claim.lease.epoch
-        self.config = claim.config
+        self._run_id = claim.lease.run_id
+        self._epoch = claim.lease.epoch
+        self._config = claim.config
         self._orchestrator = orchestrator
         self._registry = registry
         self._interactions = interactions
-        self.transcript = transcript
+        self._transcript = transcript
         self._checkpoints = checkpoints
 
     async def run(self, tool_call: common_pb2.ToolCallPart) -> None:
         """Run one call the model made, or give it its (error) result, or park the run."""
         name, input = tool_call.name, json_format.MessageToDict(tool_call.input)
-        if name == ASK_QUESTIONS and name in self.config.tool_allowlist:
+        if name == ASK_QUESTIONS and name in self._config.tool_allowlist:
             await self._ask(tool_call.tool_call_id, input)
             return  # it parked, or it gave the call its one (error) result
-        if name == REQUEST_APPROVAL and name in self.config.tool_allowlist:
+        if name == REQUEST_APPROVAL and name in self._config.tool_allowlist:
             name, input = str(input.get("tool_name", "")), dict(input.get("input") or {})
-        if name not in self.config.tool_allowlist:
+        if name not in self._config.tool_allowlist:
             # Refused before the gate: nobody is asked to approve a tool this agent lacks.
             self._result(
                 tool_call.tool_call_id,
@@ -108,7 +108,7 @@ class Gate:
                 tool_call_id, ASK_QUESTIONS, exc.message, is_error=True, code="tool_invalid_input"
             )
             return
-        self.transcript.add(
+        self._transcript.add(
             common_pb2.Part(
                 role="assistant",
                 final=True,
@@ -128,7 +128,7 @@ class Gate:
         risk = str(tool.spec.risk)
         grant = await self._interactions.check_grant(name, risk)
         if grant is not None:
-            return Authorization("grant", grant, name, self.run_id)
+            return Authorization("grant", grant, name, self._run_id)
         normalised, problem = self._registry.validate_input(name, input)
         if problem:
             return None  # nobody is asked to authorise a call that cannot succeed
@@ -138,9 +138,9 @@ class Gate:
             input=normalised,
             risk=risk,
             summary=_summary(name, normalised),
-            idempotency_key=idempotency_key(self._run.tenant_id, self.run_id, name, normalised),
+            idempotency_key=idempotency_key(self._run.tenant_id, self._run_id, name, normalised),
         )
-        self.transcript.add(
+        self._transcript.add(
             common_pb2.Part(
                 role="assistant",
                 final=True,
@@ -167,14 +167,14 @@ class Gate:
                     input,
                     CallContext(
                         tenant_id=self._run.tenant_id,
-                        run_id=self.run_id,
-                        root_run_id=self._run.root_run_id or self.run_id,
+                        run_id=self._run_id,
+                        root_run_id=self._run.root_run_id or self._run_id,
                         tool_call_id=tool_call_id,
                         connections=self._interactions,
                     ),
-                    effects=LeasedEffects(self._orchestrator, self.run_id, self.epoch),
-                    allowlist=list(self.config.tool_allowlist),
-                    max_inline_bytes=self.config.limits.max_inline_tool_output_bytes or 16_384,
+                    effects=LeasedEffects(self._orchestrator, self._run_id, self._epoch),
+                    allowlist=list(self._config.tool_allowlist),
+                    max_inline_bytes=self._config.limits.max_inline_tool_output_bytes or 16_384,
                     output_ref=output_ref,
                     authorization=authorization,
                 )
@@ -219,7 +219,7 @@ class Gate:
             self._result(tool_call_id, "", str(gap), is_error=True, code=f"connection_{gap.gap}")
             raise RunFailed(f"connection_{gap.gap}", str(gap))
         interaction_id, _ = offer
-        self.transcript.add(
+        self._transcript.add(
             common_pb2.Part(
                 role="assistant",
                 final=True,
@@ -242,13 +242,13 @@ class Gate:
         output_ref: str = "",
         truncated: bool = False,
     ) -> None:
-        self.transcript.add(
+        self._transcript.add(
             tool_result_part(
                 tool_call_id, content, is_error=is_error, output_ref=output_ref, truncated=truncated
             )
         )
         if is_error:
-            self.transcript.events.append(
+            self._transcript.events.append(
                 event(
                     "tool.failed",
                     tool_call_id=tool_call_id,
@@ -257,7 +257,7 @@ class Gate:
                 )
             )
         else:
-            self.transcript.events.append(
+            self._transcript.events.append(
                 event("tool.completed", tool_call_id=tool_call_id, name=name, replayed=replayed)
             )
 
@@ -265,7 +265,7 @@ class Gate:
         """Finish the calls a pause left open: answers become the call's result (a user-role
         line in the history), a claimed approval runs its stored input, a completed consent
         runs the call again."""
-        for call in self.transcript.dangling_tool_calls():
+        for call in self._transcript.dangling_tool_calls():
             tool_call = call.tool_call
             name, input = tool_call.name, json_format.MessageToDict(tool_call.input)
             if name == ASK_QUESTIONS:
@@ -324,13 +324,13 @@ class Gate:
             tool_call_id,
             claim.tool_name,
             json_format.MessageToDict(claim.input),
-            Authorization("approval", claim.interaction_id, claim.tool_name, self.run_id),
+            Authorization("approval", claim.interaction_id, claim.tool_name, self._run_id),
         )
 
     async def _store_output(self, ref: str, content: str) -> None:
         await self._orchestrator.stub.StoreToolOutput(
             orchestrator_pb2.StoreToolOutputRequest(
-                run_id=self.run_id, epoch=self.epoch, output_ref=ref, content=content
+                run_id=self._run_id, epoch=self._epoch, output_ref=ref, content=content
             )
         )
 

@@ -36,9 +36,9 @@ class Outcomes:
         checkpoints: CheckpointWriter,
     ) -> None:
         self._orchestrator = orchestrator
-        self.run_id = run_id
-        self.epoch = epoch
-        self.transcript = transcript
+        self._run_id = run_id
+        self._epoch = epoch
+        self._transcript = transcript
         self._checkpoints = checkpoints
         self.started = time.monotonic()
         self.stages: dict[str, float] = {}
@@ -48,23 +48,23 @@ class Outcomes:
         `code`; completed, the task unresolved), or anything else as failed (detail: `code`,
         `message`, `retryable`)."""
         final_start = time.monotonic()
-        request = orchestrator_pb2.CompleteRunRequest(run_id=self.run_id, epoch=self.epoch)
+        request = orchestrator_pb2.CompleteRunRequest(run_id=self._run_id, epoch=self._epoch)
         detail = detail or {}
         if kind == "completed":
             request.status = common_pb2.RUN_STATUS_COMPLETED
-            request.result_text = self.transcript.final_text(detail.get("since", 0))
+            request.result_text = self._transcript.final_text(detail.get("since", 0))
             request.task_outcome = "resolved"
             request.warnings.extend(detail.get("warnings", []))
         elif kind == "limit":
             # Runtime completion is not business completion: the runtime answered, the task
             # may not be done.
-            self.transcript.close_dangling("the run reached a limit")
+            self._transcript.close_dangling("the run reached a limit")
             request.status = common_pb2.RUN_STATUS_COMPLETED
-            request.result_text = self.transcript.final_text(0)
+            request.result_text = self._transcript.final_text(0)
             request.task_outcome = "unresolved"
             request.warnings.extend([detail["code"], "budget_exhausted"])
         else:
-            self.transcript.close_dangling("the run failed")
+            self._transcript.close_dangling("the run failed")
             request.status = common_pb2.RUN_STATUS_FAILED
             request.error.CopyFrom(
                 common_pb2.ErrorInfo(
@@ -78,10 +78,10 @@ class Outcomes:
     async def cancelled(self, reason: str | None) -> None:
         """Finalise as cancelled: dangling calls closed as interrupted."""
         final_start = time.monotonic()
-        self.transcript.close_dangling("the run was cancelled")
+        self._transcript.close_dangling("the run was cancelled")
         request = orchestrator_pb2.CompleteRunRequest(
-            run_id=self.run_id,
-            epoch=self.epoch,
+            run_id=self._run_id,
+            epoch=self._epoch,
             status=common_pb2.RUN_STATUS_CANCELLED,
             error=common_pb2.ErrorInfo(code="cancelled", message=reason or ""),
         )
@@ -90,14 +90,16 @@ class Outcomes:
     async def parked(self, parked: Parked) -> None:
         """Park the run on its interaction once everything before the pause is durable."""
         await self._checkpoints.sync()
-        await self._orchestrator.park(self.run_id, self.epoch, parked.status, parked.interaction_id)
+        await self._orchestrator.park(
+            self._run_id, self._epoch, parked.status, parked.interaction_id
+        )
 
     async def released(self) -> None:
         """Graceful shutdown: persist progress, close open calls, hand the lease back."""
-        self.transcript.close_dangling("the worker shut down")
+        self._transcript.close_dangling("the worker shut down")
         await self._checkpoints.sync()
         await self._checkpoints.deltas_out()
-        await self._orchestrator.release(self.run_id, self.epoch)
+        await self._orchestrator.release(self._run_id, self._epoch)
 
     async def provider_failed(self, failure: ProviderFailure) -> None:
         """A retryable provider failure hands the run to the retry scheduler; any other
@@ -112,12 +114,12 @@ class Outcomes:
             await self._checkpoints.sync()
             await self._checkpoints.deltas_out()
             await self._orchestrator.schedule_retry(
-                self.run_id, self.epoch, error, failure.retry_after or 0.0
+                self._run_id, self._epoch, error, failure.retry_after or 0.0
             )
             return
-        self.transcript.close_dangling("the model call failed")
+        self._transcript.close_dangling("the model call failed")
         request = orchestrator_pb2.CompleteRunRequest(
-            run_id=self.run_id, epoch=self.epoch, status=common_pb2.RUN_STATUS_FAILED, error=error
+            run_id=self._run_id, epoch=self._epoch, status=common_pb2.RUN_STATUS_FAILED, error=error
         )
         await self._complete(request, time.monotonic())
 
