@@ -5,8 +5,8 @@ arrives as partial JSON and is parsed at its block's end. A turn the stream brea
 as it stands: the orchestrator supersedes what the next attempt regenerates (and a tool call
 that never arrived whole in any case), so none of it is run or sent back. A checkpoint is
 requested at every block boundary and at least every `checkpoint_interval_s` while streaming;
-it is written behind the stream (see `Attempt.checkpoint`), so the stream never waits for the
-database. A block's end is checkpointed when the next block starts, or BLOCK_END_GRACE_S
+it is written behind the stream (see `CheckpointWriter.checkpoint`), so the stream never waits
+for the database. A block's end is checkpointed when the next block starts, or BLOCK_END_GRACE_S
 later; when the message ends first, the completion carries an answer block and the tool's
 checkpoint a tool-call block (one write, not two).
 """
@@ -101,7 +101,7 @@ async def stream_turn(
                     result.usage.update({k: v for k, v in _usage(event.usage).items() if v})
                 if kind == "message_stop" and block_ended:
                     # The run's answer goes with the completion; tool calls go with their
-                    # results or their announcement (Attempt._while_announced).
+                    # results or their announcement (Gate._while_announced).
                     block_ended.cancel()
                     block_ended = None
     finally:

@@ -145,9 +145,9 @@ class WorkerPool:
     async def _after_cancel(self, attempt: Attempt) -> None:
         try:
             if attempt.cancel_reason == "shutdown":
-                await attempt.released()
+                await attempt.outcomes.released()
             else:
-                await attempt.cancelled()
+                await attempt.outcomes.cancelled(attempt.cancel_reason)
         except StaleLease:
             pass
 
@@ -155,7 +155,7 @@ class WorkerPool:
         # An unexpected exception is still an outcome: finalise as failed rather than leave
         # the run running until its lease expires.
         try:
-            await attempt._finish(
+            await attempt.outcomes.finish(
                 "failed",
                 {
                     "code": "worker_error",

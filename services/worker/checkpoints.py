@@ -1,0 +1,179 @@
+"""The attempt's checkpoint writer: progress written behind the loop, live deltas coalesced.
+
+Write-behind: a checkpoint is sent by one background writer per attempt while the attempt
+streams and runs tools, so a turn never waits on the database; one writer keeps them in order,
+and what piles up while one is in flight goes in the next. The barrier is `sync()` (before
+parking, a retry, a release, and an external side effect: nothing fires before its call is
+durable). The completion does not wait: `seal` hands it whatever is left and the checkpoint
+still in flight (numbered, so it lands once whichever comes first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from services.worker.orchestrator_client import Orchestrator
+from services.worker.transcript import Transcript
+from tether.bus import Bus
+from tether.hints import LiveMessage, encode_event, events_channel
+from tether.v1 import orchestrator_pb2
+
+
+class CheckpointWriter:
+    """Writes one attempt's progress under its lease, one checkpoint at a time.
+
+    `stop_attempt` is called with the error when a write fails (fenced out, the orchestrator
+    gone, or a bug): the attempt stops where it is. `cancel_requested` is called when a
+    checkpoint's answer carries the caller's durable cancel request.
+    """
+
+    def __init__(
+        self,
+        *,
+        orchestrator: Orchestrator,
+        transcript: Transcript,
+        run_id: str,
+        epoch: int,
+        bus: Bus | None,
+        stop_attempt: Callable[[Exception], None],
+        cancel_requested: Callable[[], None],
+    ) -> None:
+        self._orchestrator = orchestrator
+        self._transcript = transcript
+        self._run_id = run_id
+        self._epoch = epoch
+        self._bus = bus
+        self._stop_attempt = stop_attempt
+        self._cancel_requested = cancel_requested
+        self._writer: asyncio.Task[None] | None = None
+        self._batches = 0  # checkpoints sent under this lease
+        self._in_flight: orchestrator_pb2.CheckpointRequest | None = None
+        self._write_wanted = False
+        self.error: Exception | None = None
+        """What stopped writing under this lease; `sync` and `seal` raise it."""
+        self.sealed = False
+        """The completion carries the rest: nothing more is written from here."""
+        self._held_deltas: list[tuple[int, str, int]] = []  # (part index, text, offset)
+        self._deltas_due = False
+
+    def checkpoint(self) -> None:
+        """Send what changed since the last checkpoint, behind the attempt's back."""
+        self._write_wanted = True
+        if self._writer_idle():
+            self._writer = asyncio.create_task(self._write(), name=f"checkpoint-{self._run_id}")
+
+    async def _write(self) -> None:
+        while self._write_wanted and self.error is None and not self.sealed:
+            self._write_wanted = False
+            if not self._transcript.pending:
+                continue
+            self._batches += 1
+            self._in_flight = self._pending_request(batch=self._batches)
+            try:
+                response = await self._orchestrator.checkpoint(self._in_flight)
+            except Exception as exc:
+                if self.sealed:
+                    return  # the completion carried this batch; its answer decides
+                self._stop_attempt(exc)
+                return
+            finally:
+                self._in_flight = None
+            if response.cancel_requested:
+                self._cancel_requested()
+        self._release_deltas()  # idle: every event recorded before them has landed
+
+    def _pending_request(self, *, batch: int) -> orchestrator_pb2.CheckpointRequest:
+        """What changed since the last checkpoint, as batch number `batch`."""
+        parts, events, turns = self._transcript.take()
+        return orchestrator_pb2.CheckpointRequest(
+            run_id=self._run_id,
+            epoch=self._epoch,
+            parts=[orchestrator_pb2.PartWrite(part=p) for p in parts],
+            events=events,
+            turns=turns,
+            batch=batch,
+        )
+
+    def stop(self, error: Exception) -> None:
+        """Write nothing more under this lease; `sync` raises `error` (the first one wins)."""
+        if self.error is None:
+            self.error = error
+
+    def _writer_idle(self) -> bool:
+        return self._writer is None or self._writer.done()
+
+    async def sync(self) -> None:
+        """Checkpoint what changed and wait until every requested checkpoint has landed;
+        raise what stopped the writer."""
+        if self._transcript.pending:
+            self.checkpoint()
+        if self._writer is not None:
+            await asyncio.shield(self._writer)
+        if self.error is not None:
+            raise self.error
+
+    def seal(self, request: orchestrator_pb2.CompleteRunRequest) -> None:
+        """Hand the completion everything not yet written (the checkpoint in flight too); from
+        here the writer sends nothing more. Raise what stopped the writer."""
+        if self.error is not None:
+            raise self.error
+        # One round trip carries the rest, and the checkpoint still in flight rides along
+        # instead of being waited for.
+        self.sealed = True
+        if self._in_flight is not None:
+            request.in_flight.CopyFrom(self._in_flight)
+        if self._writer_idle():
+            self._release_deltas()
+        else:
+            # Held behind the checkpoint in flight, they could only go out after the terminal
+            # event now; their parts go whole with the completion instead.
+            self._held_deltas.clear()
+        rest = self._pending_request(batch=0)
+        request.parts.extend(rest.parts)
+        request.turns.extend(rest.turns)
+        request.events.extend(rest.events)
+
+    async def publish_delta(self, part_index: int, text: str, offset: int) -> None:
+        """Live token delta for subscribers (ephemeral, seq 0). Deltas are posted once the
+        loop comes round (what arrived in one read goes out as one message), and while a
+        checkpoint is in flight they wait for it: a delta never overtakes an event recorded
+        before it."""
+        if self._bus is None:
+            return
+        held = self._held_deltas
+        if held and held[-1][0] == part_index and held[-1][2] + len(held[-1][1]) == offset:
+            held[-1] = (part_index, held[-1][1] + text, held[-1][2])
+        else:
+            held.append((part_index, text, offset))
+        if not self._deltas_due:
+            self._deltas_due = True
+            asyncio.get_running_loop().call_soon(self._post_deltas)
+
+    def _post_deltas(self) -> None:
+        self._deltas_due = False
+        if self._writer_idle():
+            self._release_deltas()
+        # else the writer posts them when it goes idle
+
+    async def deltas_out(self) -> None:
+        """Post the held deltas and wait (bounded) until they reached Redis: the orchestrator
+        may answer the next call with part.superseded for their parts, which must not overtake
+        them. Only when the writer is idle (after `sync`)."""
+        self._release_deltas()
+        if self._bus is not None:
+            await self._bus.delivered()
+
+    def _release_deltas(self) -> None:
+        if self._bus is not None:
+            for part_index, text, offset in self._held_deltas:
+                self._bus.post(
+                    events_channel(self._run_id),
+                    _delta_json(self._run_id, part_index, text, offset),
+                )
+        self._held_deltas.clear()
+
+
+def _delta_json(run_id: str, part_index: int, text: str, offset: int) -> str:
+    payload = {"partIndex": part_index, "text": text, "offset": offset}
+    return encode_event(LiveMessage(run_id, 0, "text.delta", payload))
