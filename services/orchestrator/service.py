@@ -1,4 +1,5 @@
-"""Orchestrator domain: run queries and cancellation (leases and completion live beside it)."""
+"""Reading runs (lookup, search, events, the facts interactions may know) and taking cancels.
+The rooms that move runs under leases are wired in `execution.py`."""
 
 from __future__ import annotations
 
