@@ -82,6 +82,18 @@ async def cancel_in_line(tenant: Tenant, run_id: str) -> asyncio.Task[Any]:
     return asyncio.create_task(tenant.cancel(run_id))
 
 
+async def cancel_behind_the_checkpoint(
+    stack: ExecStack, tenant: Tenant, run_id: str
+) -> asyncio.Task[Any]:
+    """Hold the row until the worker's next checkpoint waits on it, queue the cancel behind
+    that checkpoint, and let both go: the checkpoint answers "no cancel", then the flag lands."""
+    async with RowHold(stack.db_url, run_id) as hold:
+        await hold.lined_up(CHECKPOINT)
+        cancel = await cancel_in_line(tenant, run_id)
+        await hold.lined_up(CHECKPOINT, CANCEL)
+    return cancel
+
+
 async def settled(stack: ExecStack, run_id: str, timeout: float = 20.0) -> Any:
     return await wait_for_status(stack.db_url, run_id, *SETTLED, timeout=timeout)
 
@@ -112,11 +124,8 @@ async def test_a_cancel_accepted_just_before_a_park_ends_the_run_cancelled(
     try:
         run_id = await tenant.send(text_)
         await model_called(stack, text_)
-        async with RowHold(stack.db_url, run_id) as hold:
-            # The approval is stored; the checkpoint before the park waits on the row.
-            await hold.lined_up(CHECKPOINT)
-            cancel = await cancel_in_line(tenant, run_id)
-            await hold.lined_up(CHECKPOINT, CANCEL)
+        # The approval is stored; the checkpoint before the park waits on the row.
+        cancel = await cancel_behind_the_checkpoint(stack, tenant, run_id)
         # The checkpoint answers "no cancel", the flag commits, then the worker parks.
         await accepted_cancel_ended_cancelled(stack, run_id, cancel)
         types = [t for _, t, _ in await events_of(stack.db_url, run_id)]
@@ -180,11 +189,8 @@ async def test_a_cancel_accepted_just_before_a_retry_ends_the_run_cancelled(
     try:
         run_id = await tenant.send(text_)
         await model_called(stack, text_)
-        async with RowHold(stack.db_url, run_id) as hold:
-            # The stream broke; the checkpoint before the retry waits on the row.
-            await hold.lined_up(CHECKPOINT)
-            cancel = await cancel_in_line(tenant, run_id)
-            await hold.lined_up(CHECKPOINT, CANCEL)
+        # The stream broke; the checkpoint before the retry waits on the row.
+        cancel = await cancel_behind_the_checkpoint(stack, tenant, run_id)
         run = await accepted_cancel_ended_cancelled(stack, run_id, cancel)
         assert run.attempt == 1, "never retried"
         assert len([r for r in stack.model.requests if r.script_key == text_]) == 1
