@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import grpc
 import httpx2
 from google.protobuf import json_format
 
 from services.interactions.domain import RunFacts
 from tether.convert import EVENT_FIELDS, status_from_proto, status_to_proto
-from tether.errors import FailedPrecondition, TetherError, Unavailable, from_rpc_error
+from tether.errors import FailedPrecondition, TetherError, Unavailable
 from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 from tether.visibility import Viewer
+
+# The name the channel's interceptor gives the orchestrator when it does not answer.
+ORCHESTRATOR = "the orchestrator service"
 
 
 def _event(type_: str, payload: dict[str, Any]) -> events_pb2.RunEvent:
@@ -31,9 +33,7 @@ class GrpcOrchestrator:
 
     async def visible_run(self, viewer: Viewer, run_id: str) -> RunFacts:
         """The run, if the viewer may see it; NotFound (the same as absent) otherwise."""
-        asker = orchestrator_pb2.RunViewer(
-            tenant_id=viewer.tenant_id, principal_id=viewer.principal_id, all_runs=viewer.all_runs
-        )
+        asker = orchestrator_pb2.RunViewer(**viewer.fields())
         return await self._lookup(
             orchestrator_pb2.LookupRunFactsRequest(run_id=run_id, viewer=asker)
         )
@@ -47,16 +47,15 @@ class GrpcOrchestrator:
     async def _lookup(self, request: orchestrator_pb2.LookupRunFactsRequest) -> RunFacts:
         try:
             response = await self._stub.LookupRunFacts(request)
-        except grpc.aio.AioRpcError as exc:
-            error = from_rpc_error(exc)
-            if isinstance(error, Unavailable) and error.code == Unavailable.default_code:
-                # The orchestrator did not answer (one that did names what it lacks, e.g. its
-                # database). Nothing was done: what a run is, is the orchestrator's to say.
-                raise Unavailable(
-                    f"the orchestrator is unreachable, so run {request.run_id!r} cannot be "
-                    "checked now; nothing was recorded, try again shortly"
-                ) from exc
-            raise error from exc
+        except Unavailable as exc:
+            if exc.details.get("dependency") != ORCHESTRATOR:
+                raise  # it answered, naming what it lacks (e.g. its database)
+            # The orchestrator did not answer. Nothing was done: what a run is, is the
+            # orchestrator's to say.
+            raise Unavailable(
+                f"the orchestrator is unreachable, so run {request.run_id!r} cannot be "
+                "checked now; nothing was recorded, try again shortly"
+            ) from exc
         status = status_from_proto(response.status)
         if status is None:
             raise TetherError(f"the orchestrator gave no status for run {request.run_id!r}")
@@ -78,19 +77,17 @@ class GrpcOrchestrator:
         interaction_id: str,
     ) -> bool:
         """Queue a run parked on `interaction_id` once."""
-        try:
-            response = await self._stub.ResumeRun(
-                orchestrator_pb2.ResumeRunRequest(
-                    tenant_id=tenant_id,
-                    run_id=run_id,
-                    from_status=status_to_proto(from_status),
-                    event=_event(*event),
-                    interaction_id=interaction_id,
-                )
+        # A failure leaves the resolution stored; the sweep delivers it once the orchestrator
+        # is back.
+        response = await self._stub.ResumeRun(
+            orchestrator_pb2.ResumeRunRequest(
+                tenant_id=tenant_id,
+                run_id=run_id,
+                from_status=status_to_proto(from_status),
+                event=_event(*event),
+                interaction_id=interaction_id,
             )
-        except grpc.aio.AioRpcError as exc:
-            # The resolution is stored; the sweep delivers it once the orchestrator is back.
-            raise from_rpc_error(exc) from exc
+        )
         return bool(response.resumed)
 
     async def expire(
@@ -103,23 +100,20 @@ class GrpcOrchestrator:
         interaction_id: str,
     ) -> bool:
         """Fail a run whose pause on `interaction_id` expired."""
-        try:
-            response = await self._stub.ExpireWaitingRun(
-                orchestrator_pb2.ExpireWaitingRunRequest(
-                    tenant_id=tenant_id,
-                    run_id=run_id,
-                    from_status=status_to_proto(from_status),
-                    error=common_pb2.ErrorInfo(
-                        code=error["code"],
-                        message=error["message"],
-                        retryable=bool(error.get("retryable")),
-                    ),
-                    event=_event(*event),
-                    interaction_id=interaction_id,
-                )
+        response = await self._stub.ExpireWaitingRun(
+            orchestrator_pb2.ExpireWaitingRunRequest(
+                tenant_id=tenant_id,
+                run_id=run_id,
+                from_status=status_to_proto(from_status),
+                error=common_pb2.ErrorInfo(
+                    code=error["code"],
+                    message=error["message"],
+                    retryable=bool(error.get("retryable")),
+                ),
+                event=_event(*event),
+                interaction_id=interaction_id,
             )
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from exc
+        )
         return bool(response.expired)
 
 

@@ -24,7 +24,7 @@ DEMO_PROVIDER = "democal"
 async def amain(settings: InteractionsSettings, credential: str, verifiers: dict[str, str]) -> None:
     """Run the interactions service until signalled."""
     engine = create_engine(settings.database_url, pool_size=settings.pool_size)
-    channel = internal_channel(settings.orchestrator_addr, credential)
+    channel = internal_channel(settings.orchestrator_addr, credential, service="orchestrator")
     providers = {}
     token_urls = {}
     if settings.oauth_base_url:
