@@ -1,4 +1,5 @@
-"""Row <-> protobuf conversions shared by the services that return runs, parts and events."""
+"""Protobuf at the edges: domain types and stored rows to and from the wire, for the servicers and
+the worker's orchestrator client (nothing between them handles protobuf)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,22 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from tether import formats
+from tether.domain import (
+    ApprovalMarker,
+    ConnectionMarker,
+    Content,
+    Event,
+    EventType,
+    Part,
+    QuestionMarker,
+    Role,
+    Text,
+    Thinking,
+    ToolCall,
+    ToolResult,
+)
+from tether.errors import InvalidArgument, StoredFormatTooNew
 from tether.states import RunStatus
 from tether.v1 import common_pb2, events_pb2
 
@@ -37,14 +54,15 @@ def timestamp(value: datetime | None) -> Timestamp | None:
     return ts
 
 
-def usage_from_dict(data: Mapping[str, Any] | None) -> common_pb2.Usage:
-    """Usage from its stored JSON form."""
-    return json_format.ParseDict(dict(data or {}), common_pb2.Usage(), ignore_unknown_fields=True)
-
-
 def run_to_proto(row: Any) -> common_pb2.Run:
-    """A Run message from a `runs` row."""
-    error = row.error
+    """A Run message from a `runs` row (its JSON columns in the row's stored format)."""
+    what = f"run {row.run_id}"
+    formats.check(row.format, what)
+    try:
+        error = json_format.ParseDict(row.error, common_pb2.ErrorInfo()) if row.error else None
+        usage = json_format.ParseDict(dict(row.usage or {}), common_pb2.Usage())
+    except json_format.ParseError as exc:
+        raise StoredFormatTooNew(f"{what} cannot be read by this release: {exc}") from exc
     return common_pb2.Run(
         run_id=row.run_id,
         tenant_id=row.tenant_id,
@@ -60,8 +78,8 @@ def run_to_proto(row: Any) -> common_pb2.Run:
         result_text=row.result_text or "",
         task_outcome=row.task_outcome or "",
         warnings=list(row.warnings or ()),
-        error=json_format.ParseDict(error, common_pb2.ErrorInfo()) if error else None,
-        usage=usage_from_dict(row.usage),
+        error=error,
+        usage=usage,
         next_attempt_at=timestamp(row.next_attempt_at),
         created_at=timestamp(row.created_at),
         updated_at=timestamp(row.updated_at),
@@ -73,72 +91,128 @@ def run_to_proto(row: Any) -> common_pb2.Run:
 
 
 def event_to_proto(
-    run_id: str, seq: int, type_: str, payload: Mapping[str, Any], created_at: datetime | None
+    run_id: str,
+    seq: int,
+    type_: str,
+    payload: Mapping[str, Any],
+    created_at: datetime | None,
+    *,
+    format: int = formats.CURRENT,
 ) -> events_pb2.RunEvent:
-    """A RunEvent from its stored form (the payload is the oneof member's JSON)."""
+    """A RunEvent from its stored or live form (the payload is the union member's JSON, in
+    stored format `format`). A field this release does not know is refused, never dropped."""
+    what = f"event {seq} of run {run_id}"
+    try:
+        kind = EventType(type_)
+    except ValueError:
+        raise StoredFormatTooNew(
+            f"{what} has a type this release does not know: {type_!r}"
+        ) from None
     event = events_pb2.RunEvent(
         run_id=run_id, seq=seq, type=type_, created_at=timestamp(created_at)
     )
-    field = EVENT_FIELDS[type_]
-    json_format.ParseDict(dict(payload), getattr(event, field), ignore_unknown_fields=True)
+    data = formats.read_event_payload(kind, payload, format, what)
+    member = getattr(event, kind.field)
+    member.SetInParent()  # an event with no fields still names its kind
+    try:
+        json_format.ParseDict(data, member)
+    except json_format.ParseError as exc:
+        raise StoredFormatTooNew(f"{what} cannot be read by this release: {exc}") from exc
     return event
 
 
-def event_payload(event: events_pb2.RunEvent) -> tuple[str, dict[str, Any]]:
-    """The stable type name and JSON payload of an event, for storage."""
-    field = event.WhichOneof("payload")
+def event_to_wire(event: Event) -> events_pb2.RunEvent:
+    """A domain event as the RunEvent a worker sends (no run, seq or time yet)."""
+    message = events_pb2.RunEvent(type=event.type)
+    member = getattr(message, event.type.field)
+    member.SetInParent()
+    json_format.ParseDict(dict(event.payload), member)
+    return message
+
+
+def event_from_wire(message: events_pb2.RunEvent) -> Event:
+    """The domain event a RunEvent carries; InvalidArgument when it carries none."""
+    field = message.WhichOneof("payload")
     if field is None:
-        raise ValueError("event has no payload")
-    return FIELD_TYPES[field], json_format.MessageToDict(getattr(event, field))
+        raise InvalidArgument("an event must carry its payload")
+    payload: dict[str, Any] = json_format.MessageToDict(getattr(message, field))
+    return Event(_BY_FIELD[field], payload)
 
 
-# Stable transport names of the event union's members.
-EVENT_FIELDS: dict[str, str] = {
-    "run.queued": "run_queued",
-    "run.started": "run_started",
-    "run.checkpointed": "run_checkpointed",
-    "run.completed": "run_completed",
-    "run.failed": "run_failed",
-    "run.cancelled": "run_cancelled",
-    "run.retry-pending": "run_retry_pending",
-    "part.added": "part_added",
-    "part.updated": "part_updated",
-    "part.superseded": "part_superseded",
-    "tool.started": "tool_started",
-    "tool.completed": "tool_completed",
-    "tool.failed": "tool_failed",
-    "question.requested": "question_requested",
-    "question.answered": "question_answered",
-    "approval.requested": "approval_requested",
-    "approval.decided": "approval_decided",
-    "connection.requested": "connection_requested",
-    "connection.completed": "connection_completed",
-    "usage.updated": "usage_updated",
-    "context.compacted": "context_compacted",
-    "text.delta": "text_delta",
-    "keepalive": "keepalive",
-}
-FIELD_TYPES = {v: k for k, v in EVENT_FIELDS.items()}
+_BY_FIELD = {t.field: t for t in EventType}
 
 
-def part_to_proto(row: Any) -> common_pb2.Part:
-    """A Part message from a `run_parts` row (payload is the kind's JSON)."""
-    part = common_pb2.Part(
-        index=row.part_index,
-        role=row.role,
-        final=row.final,
-        superseded=row.superseded_at is not None,
+def part_to_proto(part: Part) -> common_pb2.Part:
+    """A Part message from a domain part."""
+    message = common_pb2.Part(
+        index=part.index, role=str(part.role), final=part.final, superseded=part.superseded
     )
-    json_format.ParseDict(dict(row.payload), getattr(part, row.kind), ignore_unknown_fields=True)
-    return part
+    content = part.content
+    if isinstance(content, Text):
+        message.text.text = content.text
+        message.text.SetInParent()
+    elif isinstance(content, Thinking):
+        message.thinking.SetInParent()
+        message.thinking.thinking = content.thinking
+        message.thinking.signature = content.signature
+    elif isinstance(content, ToolCall):
+        call = message.tool_call
+        call.tool_call_id = content.tool_call_id
+        call.name = content.name
+        call.input.update(dict(content.input))
+    elif isinstance(content, ToolResult):
+        message.tool_result.CopyFrom(
+            common_pb2.ToolResultPart(
+                tool_call_id=content.tool_call_id,
+                content=content.content,
+                is_error=content.is_error,
+                output_ref=content.output_ref,
+                truncated=content.truncated,
+            )
+        )
+    elif isinstance(content, QuestionMarker):
+        message.question.interaction_id = content.interaction_id
+    elif isinstance(content, ApprovalMarker):
+        message.approval.interaction_id = content.interaction_id
+        message.approval.tool_name = content.tool_name
+    else:
+        message.connection.interaction_id = content.interaction_id
+        message.connection.provider = content.provider
+    return message
 
 
-def part_payload(part: common_pb2.Part) -> tuple[str, dict[str, Any]]:
-    """The kind and JSON payload of a part, for storage."""
-    kind = part.WhichOneof("kind")
-    if kind is None:
-        raise ValueError("part has no content")
-    return kind, json_format.MessageToDict(getattr(part, kind))
+def part_from_proto(message: common_pb2.Part) -> Part:
+    """The domain part a Part message carries; InvalidArgument when it holds no content. A
+    worker never marks a part superseded (the orchestrator alone does), so the flag is left."""
+    kind = message.WhichOneof("kind")
+    content: Content
+    if kind == "text":
+        content = Text(message.text.text)
+    elif kind == "thinking":
+        content = Thinking(message.thinking.thinking, message.thinking.signature)
+    elif kind == "tool_call":
+        call = message.tool_call
+        content = ToolCall(call.tool_call_id, call.name, json_format.MessageToDict(call.input))
+    elif kind == "tool_result":
+        result = message.tool_result
+        content = ToolResult(
+            result.tool_call_id,
+            result.content,
+            result.is_error,
+            result.output_ref,
+            result.truncated,
+        )
+    elif kind == "question":
+        content = QuestionMarker(message.question.interaction_id)
+    elif kind == "approval":
+        content = ApprovalMarker(message.approval.interaction_id, message.approval.tool_name)
+    elif kind == "connection":
+        content = ConnectionMarker(message.connection.interaction_id, message.connection.provider)
+    else:
+        raise InvalidArgument("a part must hold content")
+    return Part(
+        message.index, message.role or Role.ASSISTANT, content, message.final, message.superseded
+    )
 
 
 _DISPOSITION_NAMES: dict[int, str] = {
@@ -152,14 +226,3 @@ _DISPOSITION_NAMES: dict[int, str] = {
 def disposition_name(value: int) -> str:
     """The lower-case name of a Disposition."""
     return _DISPOSITION_NAMES.get(value, "unspecified")
-
-
-def camel(name: str) -> str:
-    """A snake_case name as protobuf's JSON mapping spells it (lowerCamelCase)."""
-    head, *rest = name.split("_")
-    return head + "".join(word.capitalize() for word in rest)
-
-
-def camel_keys(data: dict[str, Any]) -> dict[str, Any]:
-    """A dict with its keys renamed as `camel` spells them (values untouched)."""
-    return {camel(key): value for key, value in data.items()}

@@ -98,6 +98,14 @@ class Unavailable(TetherError):
         )
 
 
+class StoredFormatTooNew(Unavailable):
+    """Stored data this release cannot read whole: a newer release wrote it (a newer format, or
+    a field this one does not know). Refused rather than read with a field dropped; a replica of
+    the newer release reads it, so the call may be retried once the rollout is through."""
+
+    default_code = "stored_format_too_new"
+
+
 class StaleLease(FailedPrecondition):
     """A worker wrote with a lease epoch that is no longer current; it must abandon the attempt."""
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import httpx2
-from google.protobuf import json_format
 
 from services.interactions.domain import RunFacts
-from tether.convert import EVENT_FIELDS, status_from_proto, status_to_proto
+from tether.convert import event_to_wire, status_from_proto, status_to_proto
+from tether.domain import Event, EventType
 from tether.errors import FailedPrecondition, TetherError, Unavailable
 from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 from tether.visibility import Viewer
@@ -19,9 +19,7 @@ ORCHESTRATOR = "the orchestrator service"
 
 
 def _event(type_: str, payload: dict[str, Any]) -> events_pb2.RunEvent:
-    event = events_pb2.RunEvent(type=type_)
-    json_format.ParseDict(payload, getattr(event, EVENT_FIELDS[type_]))
-    return event
+    return event_to_wire(Event(EventType(type_), payload))
 
 
 class GrpcOrchestrator:

@@ -21,8 +21,8 @@ from services.orchestrator.repositories import leases as lease_repo
 from services.orchestrator.repositories import progress as repo
 from services.orchestrator.repositories.progress import PartRow
 from tether import states
-from tether.convert import camel_keys
 from tether.db.transitions import NOW, Event, apply
+from tether.domain import camel_keys
 from tether.errors import InvalidArgument, StaleLease
 from tether.states import RunStatus
 

@@ -19,9 +19,9 @@ from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import leases as lease_repo
 from services.orchestrator.repositories import progress as repo
 from tether import states
-from tether.convert import camel_keys
 from tether.db.schema import runs
 from tether.db.transitions import NOW, Event, apply
+from tether.domain import camel_keys
 from tether.errors import StaleLease
 from tether.retry import RetryPolicy
 from tether.states import RunStatus

@@ -14,10 +14,11 @@ from services.orchestrator.execution import Execution
 from services.orchestrator.repositories.progress import PartRow
 from services.orchestrator.routing import AgentConfig
 from services.orchestrator.service import Runs
+from tether import formats
 from tether.convert import (
-    event_payload,
+    event_from_wire,
     event_to_proto,
-    part_payload,
+    part_from_proto,
     part_to_proto,
     run_to_proto,
     status_from_proto,
@@ -25,6 +26,7 @@ from tether.convert import (
     timestamp,
 )
 from tether.db.transitions import Event
+from tether.domain import Part, content_from_json, content_json
 from tether.errors import InvalidArgument
 from tether.pricing import TOKEN_FIELDS
 from tether.states import RunStatus
@@ -51,26 +53,38 @@ def _viewer(
     return Viewer(request.tenant_id, request.principal_id, request.all_runs)
 
 
-def _part_row(part: common_pb2.Part) -> PartRow:
-    kind, payload = part_payload(part)
-    return PartRow(part.index, part.role or "assistant", kind, payload, part.final)
+def _part_row(message: common_pb2.Part) -> PartRow:
+    part = part_from_proto(message)
+    return PartRow(part.index, part.role, part.kind, content_json(part.content), part.final)
 
 
 def _part_proto(row: PartRow) -> common_pb2.Part:
-    part = common_pb2.Part(
-        index=row.index, role=row.role, final=row.final, superseded=row.superseded
+    content = content_from_json(row.kind, row.payload)
+    return part_to_proto(Part(row.index, row.role, content, row.final, row.superseded))
+
+
+def _stored_part_proto(row: Any) -> common_pb2.Part:
+    return part_to_proto(
+        formats.read_part(
+            index=row.part_index,
+            role=row.role,
+            kind=row.kind,
+            payload=row.payload,
+            final=row.final,
+            superseded=row.superseded_at is not None,
+            format=row.format,
+            what=f"part {row.part_index} of run {row.run_id}",
+        )
     )
-    json_format.ParseDict(row.payload, getattr(part, row.kind), ignore_unknown_fields=True)
-    return part
 
 
 def _events(events: Iterable[events_pb2.RunEvent]) -> list[Event]:
     out = []
-    for event in events:
-        type_, payload = event_payload(event)
-        if type_ in ("text.delta", "keepalive"):
-            raise InvalidArgument(f"{type_} is ephemeral and is never persisted")
-        out.append(Event(type_, payload))
+    for message in events:
+        event = event_from_wire(message)
+        if event.type.ephemeral:
+            raise InvalidArgument(f"{event.type} is ephemeral and is never persisted")
+        out.append(Event(str(event.type), event.payload))
     return out
 
 
@@ -329,7 +343,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             _viewer(request), request.run_id, include_superseded=request.include_superseded
         )
         return orchestrator_pb2.LookupRunResponse(
-            run=run_to_proto(view.run), parts=[part_to_proto(p) for p in view.parts]
+            run=run_to_proto(view.run), parts=[_stored_part_proto(p) for p in view.parts]
         )
 
     async def LookupRunFacts(
@@ -395,14 +409,14 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         )
         response = orchestrator_pb2.ReadEventsResponse(
             events=[
-                event_to_proto(e.run_id, e.seq, e.type, e.payload, e.created_at)
+                event_to_proto(e.run_id, e.seq, e.type, e.payload, e.created_at, format=e.format)
                 for e in sliced.events
             ],
             has_more=sliced.has_more,
         )
         if sliced.view is not None:
             response.run.CopyFrom(run_to_proto(sliced.view.run))
-            response.parts.extend(part_to_proto(p) for p in sliced.view.parts)
+            response.parts.extend(_stored_part_proto(p) for p in sliced.view.parts)
         return response
 
     async def RequestCancellation(

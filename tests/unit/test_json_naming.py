@@ -1,11 +1,11 @@
-"""`tether.convert.camel` spells every field name as protobuf's JSON mapping does, so the JSON the
+"""`tether.domain.camel` spells every field name as protobuf's JSON mapping does, so the JSON the
 orchestrator builds by hand (event payloads, stored parts) reads back through json_format."""
 
 from __future__ import annotations
 
 from google.protobuf.descriptor import Descriptor
 
-from tether.convert import camel, camel_keys
+from tether.domain import camel, camel_keys
 from tether.v1 import common_pb2, events_pb2, orchestrator_pb2
 
 

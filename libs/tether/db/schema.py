@@ -21,6 +21,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
+    SmallInteger,
     Table,
     Text,
     UniqueConstraint,
@@ -146,6 +147,9 @@ runs = Table(
     Column("owner_principal_id", Text),
     # private (a chat run) | tenant (admitted by an integration key).
     Column("visibility", Text, nullable=False),
+    # The stored format of the row's JSON payloads (tether.formats); 1 for rows stored before
+    # formats were recorded, and for rows a release that does not know them writes.
+    Column("format", SmallInteger, nullable=False, server_default=text("1")),
     _now(),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("started_at", DateTime(timezone=True)),
@@ -212,6 +216,9 @@ run_events = Table(
     Column("seq", BigInteger, nullable=False),
     Column("type", Text, nullable=False),
     Column("payload", JSONB, nullable=False),
+    # The stored format of the row's JSON payloads (tether.formats); 1 for rows stored before
+    # formats were recorded, and for rows a release that does not know them writes.
+    Column("format", SmallInteger, nullable=False, server_default=text("1")),
     _now(),
     PrimaryKeyConstraint("run_id", "seq"),
 )
@@ -233,6 +240,9 @@ run_parts = Table(
     # turn ended, or it is a tool call whose input never arrived whole): kept for audit, left
     # out of every transcript read and of the history sent to the model.
     Column("superseded_at", DateTime(timezone=True)),
+    # The stored format of the row's JSON payloads (tether.formats); 1 for rows stored before
+    # formats were recorded, and for rows a release that does not know them writes.
+    Column("format", SmallInteger, nullable=False, server_default=text("1")),
     PrimaryKeyConstraint("run_id", "part_index"),
 )
 
@@ -353,6 +363,9 @@ interactions = Table(
     Column("delivered_at", DateTime(timezone=True)),
     # When the orchestrator named it as the one its run is parked on (checked once).
     Column("bound_at", DateTime(timezone=True)),
+    # The stored format of the row's JSON payloads (tether.formats); 1 for rows stored before
+    # formats were recorded, and for rows a release that does not know them writes.
+    Column("format", SmallInteger, nullable=False, server_default=text("1")),
     CheckConstraint("kind IN ('question', 'approval', 'connection')", name="kind"),
     CheckConstraint(
         "status IN ('pending', 'answered', 'decided', 'completed', 'expired', 'claimed', "

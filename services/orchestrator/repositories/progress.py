@@ -18,9 +18,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tether.convert import camel
 from tether.db.schema import effects, run_parts, runs, tool_outputs, usage_turns
 from tether.db.transitions import Event
+from tether.domain import camel
 from tether.pricing import TOKEN_FIELDS
 from tether.states import RunStatus
 
