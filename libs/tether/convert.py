@@ -159,6 +159,7 @@ def part_to_proto(part: Part) -> common_pb2.Part:
         call = message.tool_call
         call.tool_call_id = content.tool_call_id
         call.name = content.name
+        call.input.SetInParent()  # a call always has an input, if only an empty one
         call.input.update(dict(content.input))
     elif isinstance(content, ToolResult):
         message.tool_result.CopyFrom(

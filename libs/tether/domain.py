@@ -340,12 +340,14 @@ _CONTENT_FIELDS: dict[type[Any], tuple[tuple[str, str], ...]] = {
 
 def content_json(content: Content) -> dict[str, Any]:
     """A part's content in its JSON form (its Part union member's protobuf JSON: camelCase,
-    defaults left out)."""
+    scalar defaults left out, an object such as a call's input always written)."""
     out: dict[str, Any] = {}
     for name, key in _CONTENT_FIELDS[type(content)]:
         value = getattr(content, name)
-        if value:
-            out[key] = dict(value) if isinstance(value, Mapping) else value
+        if isinstance(value, Mapping):
+            out[key] = dict(value)
+        elif value:
+            out[key] = value
     return out
 
 

@@ -1,16 +1,18 @@
 """The run state machine: every status and every allowed transition, in one place.
 
-Each transition is applied by `tether.db.transitions.apply` as one guarded UPDATE
-(`WHERE status = ANY(:from) [AND lease_epoch = :epoch] [AND cancel_requested_at IS NULL]`) with
-its event appended in the same transaction; a miss means the run had already moved (or, for a
-move that yields to a cancel, that a cancel was accepted and the run must end cancelled) and is
-reported, never raised into a second side effect.
+Each transition is applied by the orchestrator's `repositories/transitions.apply` as one
+guarded UPDATE (`WHERE status = ANY(:from) [AND lease_epoch = :epoch] [AND cancel_requested_at
+IS NULL]`) with its event appended in the same transaction; a miss means the run had already
+moved (or, for a move that yields to a cancel, that a cancel was accepted and the run must end
+cancelled) and is reported, never raised into a second side effect.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+
+from tether.domain import EventType
 
 
 class RunStatus(enum.StrEnum):
@@ -56,7 +58,7 @@ class Transition:
     sources: frozenset[RunStatus]
     target: RunStatus
     fenced: bool
-    event_type: str
+    event_type: EventType
     # Refused while a cancel is requested (`cancel_requested_at` set): an accepted cancel ends
     # the run cancelled, so every other way out of running yields to it in the statement.
     yields_to_cancel: bool = False
@@ -68,34 +70,35 @@ def _t(
     target: RunStatus,
     *,
     fenced: bool,
-    event: str,
+    event: EventType,
     yields: bool = False,
 ) -> Transition:
     return Transition(name, frozenset(sources), target, fenced, event, yields)
 
 
 S = RunStatus
-CLAIM = _t("claim", {S.QUEUED}, S.RUNNING, fenced=False, event="run.started")
-COMPLETE = _t("complete", {S.RUNNING}, S.COMPLETED, fenced=True, event="run.completed", yields=True)
-FAIL = _t("fail", {S.RUNNING}, S.FAILED, fenced=True, event="run.failed", yields=True)
+E = EventType
+CLAIM = _t("claim", {S.QUEUED}, S.RUNNING, fenced=False, event=E.RUN_STARTED)
+COMPLETE = _t("complete", {S.RUNNING}, S.COMPLETED, fenced=True, event=E.RUN_COMPLETED, yields=True)
+FAIL = _t("fail", {S.RUNNING}, S.FAILED, fenced=True, event=E.RUN_FAILED, yields=True)
 CANCEL_BY_WORKER = _t(
-    "cancel_by_worker", {S.RUNNING}, S.CANCELLED, fenced=True, event="run.cancelled"
+    "cancel_by_worker", {S.RUNNING}, S.CANCELLED, fenced=True, event=E.RUN_CANCELLED
 )
 SCHEDULE_RETRY = _t(
     "schedule_retry",
     {S.RUNNING},
     S.RETRY_PENDING,
     fenced=True,
-    event="run.retry-pending",
+    event=E.RUN_RETRY_PENDING,
     yields=True,
 )
-RETRY_DUE = _t("retry_due", {S.RETRY_PENDING}, S.QUEUED, fenced=False, event="run.queued")
+RETRY_DUE = _t("retry_due", {S.RETRY_PENDING}, S.QUEUED, fenced=False, event=E.RUN_QUEUED)
 PARK_QUESTION = _t(
     "park_question",
     {S.RUNNING},
     S.WAITING_FOR_QUESTION,
     fenced=True,
-    event="question.requested",
+    event=E.QUESTION_REQUESTED,
     yields=True,
 )
 PARK_APPROVAL = _t(
@@ -103,7 +106,7 @@ PARK_APPROVAL = _t(
     {S.RUNNING},
     S.WAITING_FOR_APPROVAL,
     fenced=True,
-    event="approval.requested",
+    event=E.APPROVAL_REQUESTED,
     yields=True,
 )
 PARK_CONNECTION = _t(
@@ -111,21 +114,21 @@ PARK_CONNECTION = _t(
     {S.RUNNING},
     S.WAITING_FOR_CONNECTION,
     fenced=True,
-    event="connection.requested",
+    event=E.CONNECTION_REQUESTED,
     yields=True,
 )
-RESUME = _t("resume", set(WAITING), S.QUEUED, fenced=False, event="run.queued")
+RESUME = _t("resume", set(WAITING), S.QUEUED, fenced=False, event=E.RUN_QUEUED)
 CONSENT_EXPIRED = _t(
-    "consent_expired", {S.WAITING_FOR_CONNECTION}, S.FAILED, fenced=False, event="run.failed"
+    "consent_expired", {S.WAITING_FOR_CONNECTION}, S.FAILED, fenced=False, event=E.RUN_FAILED
 )
-RELEASE = _t("release", {S.RUNNING}, S.QUEUED, fenced=True, event="run.queued", yields=True)
+RELEASE = _t("release", {S.RUNNING}, S.QUEUED, fenced=True, event=E.RUN_QUEUED, yields=True)
 REAP_REQUEUE = _t(
-    "reap_requeue", {S.RUNNING}, S.QUEUED, fenced=True, event="run.queued", yields=True
+    "reap_requeue", {S.RUNNING}, S.QUEUED, fenced=True, event=E.RUN_QUEUED, yields=True
 )
-REAP_FAIL = _t("reap_fail", {S.RUNNING}, S.FAILED, fenced=True, event="run.failed", yields=True)
-CANCEL = _t("cancel", set(ACTIVE - {S.RUNNING}), S.CANCELLED, fenced=False, event="run.cancelled")
+REAP_FAIL = _t("reap_fail", {S.RUNNING}, S.FAILED, fenced=True, event=E.RUN_FAILED, yields=True)
+CANCEL = _t("cancel", set(ACTIVE - {S.RUNNING}), S.CANCELLED, fenced=False, event=E.RUN_CANCELLED)
 # A routing or context failure before any lease was taken (a run must never be left running).
-FAIL_UNLEASED = _t("fail_unleased", {S.QUEUED}, S.FAILED, fenced=False, event="run.failed")
+FAIL_UNLEASED = _t("fail_unleased", {S.QUEUED}, S.FAILED, fenced=False, event=E.RUN_FAILED)
 
 TRANSITIONS: dict[str, Transition] = {
     t.name: t

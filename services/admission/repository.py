@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
     Integer,
     LargeBinary,
     Select,
@@ -15,6 +15,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    null,
     select,
     update,
 )
@@ -24,9 +25,8 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.admission.domain import InboundEvent
-from tether.db.schema import event_claims, messages, run_events, runs, sessions
-from tether.db.transitions import Event, insert_events
-from tether.states import RunStatus
+from services.orchestrator.repositories import intake
+from tether.db.schema import event_claims, messages, sessions
 
 
 def _build_admit_new() -> Select[Any]:
@@ -73,11 +73,7 @@ def _build_admit_new() -> Select[Any]:
             index_elements=["tenant_id", "channel", "conversation_id", "actor_scope"],
             # An idle session makes this run its head; a busy one keeps its head and this
             # message queues behind it.
-            set_={
-                "active_run_id": func.coalesce(
-                    sessions.c.active_run_id, bindparam("run_id", type_=Text)
-                )
-            },
+            set_={"active_run_id": intake.head_if_idle(p("run_id"))},
         )
         .returning(sessions.c.session_id, sessions.c.active_run_id)
         .cte("session")
@@ -111,61 +107,23 @@ def _build_admit_new() -> Select[Any]:
         .returning(messages.c.message_id, messages.c.session_id)
         .cte("message")
     )
-    run = (
-        insert(runs)
-        .from_select(
-            [
-                "run_id",
-                "tenant_id",
-                "session_id",
-                "message_id",
-                "conversation_id",
-                "channel",
-                "input_text",
-                "status",
-                "attempt",
-                "max_attempts",
-                "root_run_id",
-                "traceparent",
-                "last_seq",
-                "session_head",
-                "owner_principal_id",
-                "visibility",
-            ],
-            select(
-                p("run_id"),
-                p("tenant_id"),
-                message.c.session_id,
-                message.c.message_id,
-                p("conversation_id"),
-                p("channel"),
-                p("text"),
-                literal(RunStatus.QUEUED.value, Text),
-                literal(1, Integer),
-                p("max_attempts", Integer),
-                p("run_id"),
-                p("traceparent"),
-                literal(1, BigInteger),
-                session.c.active_run_id == p("run_id"),
-                p("owner_principal_id"),
-                p("visibility"),
-            ).select_from(message.join(session, literal(True))),
-        )
-        .returning(*runs.c)
-        .cte("run")
-    )
-    queued_event = (
-        insert(run_events)
-        .from_select(
-            ["run_id", "seq", "type", "payload"],
-            select(
-                run.c.run_id,
-                literal(1, BigInteger),
-                literal("run.queued", Text),
-                p("queued_payload", JSONB),
-            ),
-        )
-        .cte("queued_event")
+    run, queued_event = intake.queued_run(
+        select(
+            p("run_id"),
+            p("tenant_id"),
+            message.c.session_id,
+            message.c.message_id,
+            p("conversation_id"),
+            p("channel"),
+            p("text"),
+            p("max_attempts", Integer),
+            null(),
+            p("run_id"),
+            p("traceparent"),
+            session.c.active_run_id == p("run_id"),
+            p("owner_principal_id"),
+            p("visibility"),
+        ).select_from(message.join(session, literal(True)))
     )
     return select(run).add_cte(queued_event)
 
@@ -211,36 +169,42 @@ async def admit_new(
         "traceparent": traceparent,
         "owner_principal_id": event.principal_id,
         "visibility": event.visibility.value,
-        "queued_payload": {"attempt": 1, "reason": "admitted"},
+        **intake.queued_params("admitted"),
     }
     row: Row[Any] | None = (await conn.execute(_ADMIT_NEW, params)).first()
     return row
 
 
-_FIND_CLAIM = (
-    select(
-        event_claims.c.request_hash,
-        event_claims.c.claimed_at,
-        (func.now() - event_claims.c.claimed_at).label("claim_age"),
-        *runs.c,
-    )
-    .join(runs, runs.c.run_id == event_claims.c.run_id)
-    .where(
-        event_claims.c.tenant_id == bindparam("tenant_id"),
-        event_claims.c.scope == bindparam("scope"),
-        event_claims.c.key == bindparam("key"),
-    )
+@dataclass(frozen=True)
+class Claim:
+    """An inbound event's claim and the run it points at now."""
+
+    request_hash: bytes
+    age_s: float
+    run: Row[Any]
+
+
+_FIND_CLAIM = select(
+    event_claims.c.request_hash,
+    event_claims.c.run_id,
+    func.extract("epoch", func.now() - event_claims.c.claimed_at).label("age_s"),
+).where(
+    event_claims.c.tenant_id == bindparam("tenant_id"),
+    event_claims.c.scope == bindparam("scope"),
+    event_claims.c.key == bindparam("key"),
 )
 
 
-async def find_claim(conn: AsyncConnection, event: InboundEvent) -> Row[Any]:
-    """The claim of the event's key joined with its current run."""
+async def find_claim(conn: AsyncConnection, event: InboundEvent) -> Claim:
+    """The claim of the event's key and its current run."""
     params = {
         "tenant_id": event.tenant_id,
         "scope": event.idempotency_scope,
         "key": event.idempotency_key,
     }
-    return (await conn.execute(_FIND_CLAIM, params)).one()
+    claim = (await conn.execute(_FIND_CLAIM, params)).one()
+    run = await intake.claimed_run(conn, claim.run_id)
+    return Claim(claim.request_hash, float(claim.age_s), run)
 
 
 async def rebind_claim(
@@ -274,39 +238,21 @@ async def insert_queued_run(
     reason: str,
     traceparent: str | None,
 ) -> Row[Any]:
-    """Create a queued run with its `run.queued` event (seq 1); it heads its session when
-    the session is idle."""
-    head = (
-        await conn.execute(
-            update(sessions)
-            .where(sessions.c.session_id == session_id)
-            .values(active_run_id=func.coalesce(sessions.c.active_run_id, run_id))
-            .returning(sessions.c.active_run_id)
-        )
-    ).scalar_one()
-    stmt = (
-        insert(runs)
-        .values(
-            run_id=run_id,
-            tenant_id=event.tenant_id,
-            session_id=session_id,
-            message_id=message_id,
-            conversation_id=event.conversation_id,
-            channel=event.channel,
-            input_text=event.text,
-            status=RunStatus.QUEUED.value,
-            attempt=1,
-            max_attempts=max_attempts,
-            parent_run_id=parent_run_id,
-            root_run_id=root_run_id,
-            traceparent=traceparent,
-            last_seq=1,
-            session_head=head == run_id,
-            owner_principal_id=event.principal_id,
-            visibility=event.visibility.value,
-        )
-        .returning(*runs.c)
-    )
-    row = (await conn.execute(stmt)).one()
-    await insert_events(conn, run_id, 0, [Event("run.queued", {"attempt": 1, "reason": reason})])
-    return row
+    """Create a queued run of an existing session with its run.queued event; it heads its
+    session when the session is idle."""
+    facts = {
+        "run_id": run_id,
+        "tenant_id": event.tenant_id,
+        "session_id": session_id,
+        "message_id": message_id,
+        "conversation_id": event.conversation_id,
+        "channel": event.channel,
+        "input_text": event.text,
+        "max_attempts": max_attempts,
+        "parent_run_id": parent_run_id,
+        "root_run_id": root_run_id,
+        "traceparent": traceparent,
+        "owner_principal_id": event.principal_id,
+        "visibility": event.visibility.value,
+    }
+    return await intake.create_queued_run(conn, facts, reason=reason)

@@ -83,34 +83,35 @@ class Admitter:
         traceparent: str | None,
     ) -> Admission:
         claim = await repo.find_claim(conn, event)
+        run = claim.run
         # Another principal's run is never attached to, replayed or retried for this caller:
         # the same key sent by another principal is the conflict it would be with other content.
-        if claim.request_hash != request_hash or claim.owner_principal_id != event.principal_id:
+        if claim.request_hash != request_hash or run.owner_principal_id != event.principal_id:
             raise AlreadyExists(
                 f"event {event.idempotency_key!r} was already admitted with different content; "
                 "a changed message needs a new event id",
                 code="idempotency_conflict",
                 details={"idempotency_key": event.idempotency_key},
             )
-        status = RunStatus(claim.status)
+        status = RunStatus(run.status)
         if status not in TERMINAL:
-            return Admission(Disposition.ATTACHED, claim)
+            return Admission(Disposition.ATTACHED, run)
         if status is RunStatus.COMPLETED:
-            if claim.claim_age.total_seconds() <= self._freshness.replay_window_s:
-                return Admission(Disposition.REPLAYED, claim)
+            if claim.age_s <= self._freshness.replay_window_s:
+                return Admission(Disposition.REPLAYED, run)
             if self._freshness.stale != "reprocess":
                 raise FailedPrecondition(
                     f"event {event.idempotency_key!r} completed "
-                    f"{int(claim.claim_age.total_seconds())} s ago, outside the "
+                    f"{int(claim.age_s)} s ago, outside the "
                     f"{int(self._freshness.replay_window_s)} s replay window; "
                     "send it with a new event id to process it again",
                     code="stale_replay",
-                    details={"run_id": claim.run_id},
+                    details={"run_id": run.run_id},
                 )
-        elif not (claim.error or {}).get("retryable", True):
+        elif not (run.error or {}).get("retryable", True):
             # A deterministic failure would fail again: report it rather than spend again.
-            return Admission(Disposition.REPLAYED, claim)
-        return await self._reclaim(event, claim, traceparent)
+            return Admission(Disposition.REPLAYED, run)
+        return await self._reclaim(event, run, traceparent)
 
     async def _reclaim(
         self, event: InboundEvent, previous: Row[Any], traceparent: str | None
@@ -119,7 +120,7 @@ class Admitter:
         run_id = new_id("run")
         async with self._engine.begin() as conn:
             if not await repo.rebind_claim(conn, event, previous.run_id, run_id):
-                return Admission(Disposition.ATTACHED, await repo.find_claim(conn, event))
+                return Admission(Disposition.ATTACHED, (await repo.find_claim(conn, event)).run)
             run = await repo.insert_queued_run(
                 conn,
                 run_id=run_id,

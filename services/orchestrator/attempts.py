@@ -8,7 +8,7 @@ the worker abandons the attempt. Events are published only after their transacti
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.engine import Row
@@ -18,52 +18,64 @@ from services.orchestrator.cancellation import cancel_instead
 from services.orchestrator.prices import Prices
 from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import leases as lease_repo
-from services.orchestrator.repositories import progress as repo
-from services.orchestrator.repositories.progress import PartRow
+from services.orchestrator.repositories import parts as parts_repo
+from services.orchestrator.repositories import progress
+from services.orchestrator.repositories.transitions import NOW, Moved, apply
 from tether import states
-from tether.db.transitions import NOW, Event, apply
-from tether.domain import camel_keys
-from tether.errors import InvalidArgument, StaleLease
-from tether.states import RunStatus
+from tether.domain import (
+    Cancelled,
+    Completed,
+    Ending,
+    Event,
+    Failed,
+    ModelTurn,
+    Part,
+    RunError,
+    StoredEvent,
+    close_attempt,
+    run_cancelled,
+    run_completed,
+    run_failed,
+    run_queued,
+)
+from tether.errors import StaleLease
 
 
 @dataclass(frozen=True)
-class Completion:
-    """What a worker reports when an attempt ends."""
-
-    status: RunStatus
-    result_text: str = ""
-    task_outcome: str = ""
-    warnings: Sequence[str] = ()
-    error: dict[str, Any] | None = None
-    parts: Sequence[PartRow] = ()
-    turns: Sequence[dict[str, Any]] = ()
-    stages: dict[str, float] | None = None
-    audit: dict[str, Any] | None = None
-    events: Sequence[Event] = ()
-    in_flight: Batch | None = None
-
-
-@dataclass
 class Batch:
     """A numbered checkpoint batch of the current lease (see CheckpointRequest.batch)."""
 
     number: int
-    parts: Sequence[PartRow] = ()
+    parts: Sequence[Part] = ()
     events: Sequence[Event] = ()
-    turns: Sequence[dict[str, Any]] = ()
+    turns: Sequence[ModelTurn] = ()
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a worker reports when an attempt ends: how it ended, what the checkpoint writer had
+    not yet written (and the batch it had in flight), the stage timings and the audit detail."""
+
+    ending: Ending
+    parts: Sequence[Part] = ()
+    events: Sequence[Event] = ()
+    turns: Sequence[ModelTurn] = ()
+    stages: dict[str, float] = field(default_factory=dict)
+    audit: dict[str, Any] = field(default_factory=dict)
+    in_flight: Batch | None = None
 
 
 _FINISH = {
-    RunStatus.COMPLETED: states.COMPLETE,
-    RunStatus.FAILED: states.FAIL,
-    RunStatus.CANCELLED: states.CANCEL_BY_WORKER,
+    Completed: states.COMPLETE,
+    Failed: states.FAIL,
+    Cancelled: states.CANCEL_BY_WORKER,
 }
-_TERMINAL_EVENT = {
-    RunStatus.COMPLETED: "run.completed",
-    RunStatus.FAILED: "run.failed",
-    RunStatus.CANCELLED: "run.cancelled",
-}
+# What an ending that is not a completion does to the calls the worker left open.
+_INTERRUPTED = {Failed: "the run failed", Cancelled: "the run was cancelled"}
+
+
+def _stale(run_id: str, epoch: int) -> StaleLease:
+    return StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
 
 
 class Attempts:
@@ -79,220 +91,211 @@ class Attempts:
         self._ttl = lease_ttl_s
 
     async def heartbeat(self, run_id: str, epoch: int) -> Row[Any]:
-        """Extend the lease; StaleLease when it is gone."""
+        """Extend the lease (its expiry and the cancel request); StaleLease when it is gone."""
         async with self._engine.begin() as conn:
-            row = await lease_repo.heartbeat(conn, run_id, epoch, self._ttl)
+            row = await progress.hold_lease(conn, run_id, epoch, self._ttl)
         if row is None:
-            raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+            raise _stale(run_id, epoch)
         return row
 
     async def checkpoint(
         self,
         run_id: str,
         epoch: int,
-        parts: Sequence[PartRow],
-        events: Sequence[Event],
-        turns: Sequence[dict[str, Any]],
-        *,
-        batch: int = 0,
+        batch: Batch,
     ) -> Row[Any]:
         """Persist parts, events and priced turns under the lease, in one transaction."""
         async with self._autocommit.connect() as conn:
-            priced = await self._prices.priced(conn, run_id, turns)
-            fenced = await repo.checkpoint(
-                conn, run_id, epoch, self._ttl, parts, events, priced, batch=batch
-            )
-        if fenced is None:
+            written = await self._write(conn, run_id, epoch, batch)
+        if written is None:
             # A numbered batch that landed already came with the completion, which ended the
             # lease: from here both cases are the same refusal.
-            raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+            raise _stale(run_id, epoch)
+        row, events = written
         # The worker's next live deltas go out when this returns: they must not overtake these.
-        await self._publisher.publish(
-            run_id, fenced.last_seq - len(events) + 1, events, delivered=True
+        await self._publisher.publish(run_id, events, delivered=True)
+        return row
+
+    async def _write(
+        self, conn: AsyncConnection, run_id: str, epoch: int, batch: Batch
+    ) -> tuple[Row[Any], list[StoredEvent]] | None:
+        priced = await self._prices.priced(conn, run_id, batch.turns)
+        return await progress.checkpoint(
+            conn, run_id, epoch, self._ttl, batch.parts, batch.events, priced, batch=batch.number
         )
-        return fenced
 
     async def store_tool_output(self, run_id: str, epoch: int, ref: str, content: str) -> None:
         """Keep a whole tool output under the lease."""
         async with self._engine.begin() as conn:
-            if await repo.fence(conn, run_id, epoch, 0, self._ttl) is None:
-                raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
-            await repo.store_tool_output(conn, run_id, ref, content)
+            if await progress.hold_lease(conn, run_id, epoch, self._ttl) is None:
+                raise _stale(run_id, epoch)
+            await progress.store_tool_output(conn, run_id, ref, content)
 
     async def begin_effect(
         self, run_id: str, epoch: int, key: str, tool_name: str
     ) -> tuple[str, dict[str, Any] | None]:
         """Open (or find) the effects record of a side effect, under the lease."""
         async with self._engine.begin() as conn:
-            fenced = await repo.fence(conn, run_id, epoch, 0, self._ttl)
-            if fenced is None:
-                raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
-            return await repo.begin_effect(conn, fenced.tenant_id, key, run_id, epoch, tool_name)
+            held = await progress.hold_lease(conn, run_id, epoch, self._ttl)
+            if held is None:
+                raise _stale(run_id, epoch)
+            return await progress.begin_effect(conn, held.tenant_id, key, run_id, epoch, tool_name)
 
     async def finish_effect(
         self, run_id: str, epoch: int, key: str, result: dict[str, Any]
     ) -> None:
         """Store an effect's result, under the lease."""
         async with self._engine.begin() as conn:
-            fenced = await repo.fence(conn, run_id, epoch, 0, self._ttl)
-            if fenced is None:
-                raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
-            await repo.finish_effect(conn, fenced.tenant_id, key, result)
+            held = await progress.hold_lease(conn, run_id, epoch, self._ttl)
+            if held is None:
+                raise _stale(run_id, epoch)
+            await progress.finish_effect(conn, held.tenant_id, key, result)
 
     async def complete(self, run_id: str, epoch: int, done: Completion) -> Row[Any]:
         """The completion transaction: final state, usage per turn, audit, stage durations.
 
         A cancel accepted before it landed wins: the run ends cancelled instead (the worker's
         parts kept), whatever outcome the worker reported."""
-        transition = _FINISH.get(done.status)
-        if transition is None:
-            raise InvalidArgument("status must be COMPLETED, FAILED or CANCELLED")
+        ending = done.ending
+        transition = _FINISH[type(ending)]
         # Routing happened here at claim time and is already on the attempt row.
-        worker_stages = {k: v for k, v in (done.stages or {}).items() if k != "routing_ms"}
+        worker_stages = {k: v for k, v in done.stages.items() if k != "routing_ms"}
         async with self._engine.begin() as conn:
-            landed = await self._land_in_flight(conn, run_id, epoch, done.in_flight)
+            landed = None
+            if done.in_flight is not None:
+                # The checkpoint the worker sent but had no answer for, unless it landed already
+                # (a stale lease writes nothing here, and the fenced write below refuses it).
+                landed = await self._write(conn, run_id, epoch, done.in_flight)
             parts = list(done.parts)
-            extra: list[Event] = []
-            superseded: list[PartRow] = []
-            if done.status is not RunStatus.COMPLETED:
+            closing_events: list[Event] = []
+            superseded: list[Part] = []
+            interrupted = _INTERRUPTED.get(type(ending))
+            if interrupted is not None:
                 # Whatever the worker could not finish is closed as interrupted (and a call cut
                 # mid-stream superseded), so the history stays well-formed for the model and
                 # for people.
-                attempt, known = await repo.attempt_and_parts(conn, run_id)
+                attempt, known = await parts_repo.attempt_and_parts(conn, run_id)
                 merged = {p.index: p for p in [*known, *parts]}
-                closing = repo.close_attempt(
-                    sorted(merged.values(), key=_index),
+                closing = close_attempt(
+                    [merged[i] for i in sorted(merged)],
                     attempt,
                     regenerated=False,
-                    interrupted="the run was cancelled"
-                    if done.status is RunStatus.CANCELLED
-                    else "the run failed",
+                    interrupted=interrupted,
                 )
-                parts = sorted({p.index: p for p in [*parts, *closing.parts]}.values(), key=_index)
-                extra, superseded = closing.events, closing.superseded
+                parts = [*parts, *closing.parts]
+                closing_events, superseded = closing.events, closing.superseded
             # Parts and turns in one fenced statement: a stale lease writes nothing, here.
-            priced = await self._prices.priced(conn, run_id, done.turns)
-            fenced = await repo.checkpoint(conn, run_id, epoch, self._ttl, parts, [], priced)
-            if fenced is None:
-                raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
-            await repo.supersede(conn, run_id, superseded)
-            usage = await repo.usage_total(conn, run_id)
-            payload = self._terminal_payload(done, usage)
-            events = [*done.events, *extra, Event(_TERMINAL_EVENT[done.status], payload)]
-            handed_over: list[str] = []
-            row = await apply(
+            written = await self._write(conn, run_id, epoch, Batch(0, parts, (), done.turns))
+            if written is None:
+                raise _stale(run_id, epoch)
+            await parts_repo.supersede(conn, run_id, superseded)
+            usage = await progress.usage_total(conn, run_id)
+            before = [*done.events, *closing_events]
+            moved = await apply(
                 conn,
                 transition,
                 run_id,
                 epoch=epoch,
-                events=events,
-                handed_over=handed_over,
+                events=[*before, _terminal_event(ending, usage)],
                 values={
                     **lease_repo.lease_cleared(),
+                    **_ending_values(ending),
                     "finished_at": NOW,
-                    "result_text": done.result_text or None,
-                    "task_outcome": done.task_outcome or None,
-                    "warnings": list(done.warnings),
-                    "error": done.error,
                     "usage": usage,
                 },
             )
-            if row is None and transition.yields_to_cancel:
+            if moved is None and transition.yields_to_cancel:
                 # Refused: a cancel was accepted before this outcome (or the lease is gone,
                 # and the same fence refuses this too).
-                cancelled = await cancel_instead(
-                    conn, run_id, epoch, before=[*done.events, *extra], handed_over=handed_over
-                )
-                if cancelled is None:
-                    raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
-                row, events = cancelled
-            elif row is None:
-                raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+                moved = await cancel_instead(conn, run_id, epoch, before=before)
+                if moved is None:
+                    raise _stale(run_id, epoch)
+            elif moved is None:
+                raise _stale(run_id, epoch)
             else:
                 await lease_repo.end_attempt(
                     conn,
                     run_id,
                     epoch,
-                    done.status.value,
-                    error=done.error,
+                    transition.target.value,
+                    error=_ending_error(ending),
                     stages=worker_stages,
                     audit=lease_repo.Audit(
-                        row.tenant_id,
-                        f"run.{done.status.value}",
+                        moved.row.tenant_id,
+                        f"run.{transition.target.value}",
                         {
-                            **(done.audit or {}),
-                            "stages": done.stages or {},
+                            **done.audit,
+                            "stages": done.stages,
                             "usage": usage,
-                            "warnings": list(done.warnings),
+                            "warnings": list(_ending_warnings(ending)),
                         },
                     ),
                 )
         self._prices.forget(run_id)
-        if landed is not None and done.in_flight is not None:
-            early = done.in_flight.events
-            await self._publisher.publish(run_id, landed.last_seq - len(early) + 1, early)
-        await self._publisher.publish(run_id, row.last_seq - len(events) + 1, events)
-        if handed_over:
-            self._publisher.wake(handed_over)  # the session's next message may now run
-        return row
-
-    async def _land_in_flight(
-        self, conn: AsyncConnection, run_id: str, epoch: int, batch: Batch | None
-    ) -> Row[Any] | None:
-        """Write the checkpoint the worker sent but had no answer for, unless it landed
-        already; the fenced row when this wrote it. A stale lease writes nothing here, and the
-        completion's own fenced statement refuses it next."""
-        if batch is None:
-            return None
-        priced = await self._prices.priced(conn, run_id, batch.turns)
-        return await repo.checkpoint(
-            conn, run_id, epoch, self._ttl, batch.parts, batch.events, priced, batch=batch.number
-        )
-
-    @staticmethod
-    def _terminal_payload(done: Completion, usage: dict[str, Any]) -> dict[str, Any]:
-        if done.status is RunStatus.COMPLETED:
-            return {
-                "resultText": done.result_text,
-                "taskOutcome": done.task_outcome,
-                "warnings": list(done.warnings),
-                "usage": {k: v for k, v in camel_keys(usage).items() if v},
-            }
-        if done.status is RunStatus.FAILED:
-            return {"error": camel_keys(done.error or {})}
-        return {"reason": (done.error or {}).get("message", "cancelled")}
+        if landed is not None:
+            await self._publisher.publish(run_id, landed[1])
+        await self._publisher.publish(run_id, moved.events)
+        self._publisher.wake_next(moved)  # the session's next message may now run
+        return moved.row
 
     async def release(self, run_id: str, epoch: int) -> bool:
         """Give the lease back without spending an attempt (graceful worker shutdown); a run
         whose cancel was accepted ends cancelled instead of going back to the queue."""
-        handed_over: list[str] = []
         async with self._engine.begin() as conn:
             # The worker closed its calls before releasing; the next one streams a cut turn anew.
-            attempt, parts = await repo.attempt_and_parts(conn, run_id)
-            closing = repo.close_attempt(parts, attempt, regenerated=True, interrupted=None)
-            queued = [*closing.events, Event("run.queued", {"reason": "released"})]
-            row = await apply(
+            attempt, parts = await parts_repo.attempt_and_parts(conn, run_id)
+            closing = close_attempt(parts, attempt, regenerated=True, interrupted=None)
+            moved: Moved | None = await apply(
                 conn,
                 states.RELEASE,
                 run_id,
                 epoch=epoch,
-                events=queued,
+                events=[*closing.events, run_queued(0, "released")],
                 values=lease_repo.lease_cleared(),
             )
-            if row is not None:
-                await repo.write_closing(conn, run_id, epoch, closing)
+            if moved is not None:
+                await parts_repo.write_closing(conn, run_id, epoch, closing)
                 await lease_repo.end_attempt(conn, run_id, epoch, "released")
-                published, woken = queued, [run_id]
+                woken = [run_id]
             else:
-                cancelled = await cancel_instead(conn, run_id, epoch, handed_over=handed_over)
-                if cancelled is None:
+                moved = await cancel_instead(conn, run_id, epoch)
+                if moved is None:
                     return False
-                (row, published), woken = cancelled, handed_over
-        await self._publisher.publish(run_id, row.last_seq - len(published) + 1, published)
+                woken = [moved.handed_over] if moved.handed_over else []
+        await self._publisher.publish(run_id, moved.events)
         if woken:
             self._publisher.wake(woken)
         return True
 
 
-def _index(part: PartRow) -> int:
-    return part.index
+def _terminal_event(ending: Ending, usage: dict[str, int]) -> Event:
+    if isinstance(ending, Completed):
+        return run_completed(ending, usage)
+    if isinstance(ending, Failed):
+        return run_failed(ending.error)
+    return run_cancelled(ending.reason)
+
+
+def _ending_error(ending: Ending) -> RunError | None:
+    if isinstance(ending, Failed):
+        return ending.error
+    if isinstance(ending, Cancelled):
+        # Retryable: the same inbound event delivered again makes a new run.
+        return RunError("cancelled", ending.reason, retryable=True)
+    return None
+
+
+def _ending_warnings(ending: Ending) -> tuple[str, ...]:
+    return ending.warnings if isinstance(ending, Completed) else ()
+
+
+def _ending_values(ending: Ending) -> dict[str, Any]:
+    """The run's columns an ending sets."""
+    error = _ending_error(ending)
+    completed = ending if isinstance(ending, Completed) else None
+    return {
+        "result_text": completed.result_text or None if completed else None,
+        "task_outcome": completed.task_outcome or None if completed else None,
+        "warnings": list(_ending_warnings(ending)),
+        "error": None if error is None else error.to_row(),
+    }

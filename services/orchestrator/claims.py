@@ -18,11 +18,10 @@ from services.orchestrator import routing
 from services.orchestrator.prices import Prices
 from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import leases as lease_repo
-from services.orchestrator.repositories import progress as repo
-from services.orchestrator.repositories.progress import PartRow
+from services.orchestrator.repositories import parts as parts_repo
+from services.orchestrator.repositories.transitions import NOW, Moved, apply
 from tether import states
-from tether.db.transitions import NOW, Event, apply
-from tether.domain import camel_keys
+from tether.domain import Part, RunError, run_failed
 from tether.errors import FailedPrecondition, TetherError
 
 log = logging.getLogger(__name__)
@@ -36,14 +35,18 @@ FRESH_RUN_SEQ = 2
 
 @dataclass(frozen=True)
 class Claimed:
-    """A leased run with the attempt's explicit inputs."""
+    """A leased run with the attempt's explicit inputs: the session's earlier completed runs
+    (each input and transcript) and the run's own parts."""
 
-    run: Row[Any]
+    lease: Moved
     config: routing.AgentConfig
-    history: list[PartRow]
-    prior_part_count: int
-    prior_inputs: list[tuple[int, str]]
-    started: Event
+    earlier: list[parts_repo.EarlierRun]
+    own: list[Part]
+
+    @property
+    def run(self) -> Row[Any]:
+        """The run as leased."""
+        return self.lease.row
 
 
 class Claims:
@@ -133,18 +136,13 @@ class Claims:
                 routing_ms = (time.perf_counter() - routing_start) * 1000
                 claimed = await self._lease(conn, candidate, worker_id, config, routing_ms)
         if broken is None:
-            await self._publisher.publish(
-                claimed.run.run_id, claimed.run.last_seq, [claimed.started]
-            )
+            await self._publisher.publish(claimed.run.run_id, claimed.lease.events)
             return claimed
-        if broken is not None:
-            # Routing failed after admission: finalise the run rather than leave it queued
-            # for every worker to trip over.
-            run_id, failure = broken
-            log.warning("routing failed for %s: %s", run_id, failure.message)
-            await self.fail_unleased(
-                run_id, {"code": "routing_failed", "message": failure.message, "retryable": False}
-            )
+        # Routing failed after admission: finalise the run rather than leave it queued for
+        # every worker to trip over.
+        run_id, failure = broken
+        log.warning("routing failed for %s: %s", run_id, failure.message)
+        await self.fail_unleased(run_id, RunError("routing_failed", failure.message))
         return None
 
     async def _routing(self, conn: AsyncConnection, tenant_id: str) -> routing.AgentConfig:
@@ -180,50 +178,24 @@ class Claims:
         if leased is None:  # the row is locked by us; a miss means a bug, not a race
             raise FailedPrecondition(f"run {run_id} could not be leased")
         self._prices.remember(run_id, config.prices)
-        prior, prior_inputs = await self._session_history(conn, leased)
+        earlier = await parts_repo.session_history(
+            conn, leased.row.session_id, leased.row.created_at, limit_runs=self._history_runs
+        )
         # A log of only run.queued and this run.started means nothing was written yet.
-        own = await repo.list_parts(conn, run_id) if leased.last_seq > FRESH_RUN_SEQ else []
-        started = Event(
-            "run.started",
-            {"attempt": leased.attempt, "workerId": worker_id, "leaseEpoch": leased.lease_epoch},
-        )
-        return Claimed(leased, config, prior + own, len(prior), prior_inputs, started)
+        fresh = leased.row.last_seq <= FRESH_RUN_SEQ
+        own = [] if fresh else await parts_repo.list_parts(conn, run_id)
+        return Claimed(leased, config, earlier, own)
 
-    async def _session_history(
-        self, conn: AsyncConnection, run: Row[Any]
-    ) -> tuple[list[PartRow], list[tuple[int, str]]]:
-        """Parts of the session's earlier completed runs (one query), with where each run's
-        input goes."""
-        rows = await repo.session_history(
-            conn, run.session_id, run.created_at, limit_runs=self._history_runs
-        )
-        parts: list[PartRow] = []
-        inputs: list[tuple[int, str]] = []
-        current = None
-        for row in rows:
-            if row.run_id != current:
-                current = row.run_id
-                inputs.append((len(parts), row.input_text))
-            if row.part_index is not None:
-                parts.append(
-                    PartRow(row.part_index, row.role, row.kind, dict(row.payload), row.final)
-                )
-        return parts, inputs
-
-    async def fail_unleased(self, run_id: str, error: dict[str, Any]) -> None:
+    async def fail_unleased(self, run_id: str, error: RunError) -> None:
         """Fail a queued run that cannot even start (routing or context broken)."""
-        failed = Event("run.failed", {"error": camel_keys(error)})
-        handed_over: list[str] = []
         async with self._engine.begin() as conn:
-            row = await apply(
+            moved = await apply(
                 conn,
                 states.FAIL_UNLEASED,
                 run_id,
-                events=[failed],
-                values={"error": error, "finished_at": NOW},
-                handed_over=handed_over,
+                events=[run_failed(error)],
+                values={"error": error.to_row(), "finished_at": NOW},
             )
-        if row is not None:
-            await self._publisher.publish(run_id, row.last_seq, [failed])
-        if handed_over:
-            self._publisher.wake(handed_over)  # the session's next message may now run
+        if moved is not None:
+            await self._publisher.publish(run_id, moved.events)
+            self._publisher.wake_next(moved)

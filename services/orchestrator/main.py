@@ -23,7 +23,7 @@ async def amain(settings: OrchestratorSettings, verifiers: dict[str, str]) -> No
     execution = Execution.build(
         engine, bus, lease_ttl_s=settings.lease_ttl_s, claim_poll_s=settings.claim_poll_s
     )
-    servicer = OrchestratorServicer(Runs(engine, bus), execution)
+    servicer = OrchestratorServicer(Runs(engine, execution.publisher, bus), execution)
     supervisor = Supervisor()
     recovery = execution.recovery
     supervisor.start("reaper", every(settings.reap_interval_s, recovery.reap_expired, "reaper"))

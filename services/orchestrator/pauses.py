@@ -4,18 +4,16 @@ pause outlives its TTL. Only the bound interaction may end a pause."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator.cancellation import cancel_instead
 from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import leases as lease_repo
-from services.orchestrator.repositories import progress as repo
+from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories.runs import get_run
+from services.orchestrator.repositories.transitions import NOW, apply
 from tether import states
-from tether.db.transitions import NOW, Event, apply
-from tether.domain import camel_keys
+from tether.domain import Event, RunError, interaction_event, run_failed, run_queued
 from tether.errors import InvalidArgument, StaleLease
 from tether.states import RunStatus
 
@@ -39,28 +37,23 @@ class Pauses:
         transition = _PARK.get(status)
         if transition is None:
             raise InvalidArgument("status must be one of the waiting-for-* statuses")
-        event = Event(transition.event_type, {"interactionId": interaction_id})
-        handed_over: list[str] = []
         async with self._engine.begin() as conn:
-            row = await apply(
+            moved = await apply(
                 conn,
                 transition,
                 run_id,
                 epoch=epoch,
-                events=[event],
+                events=[interaction_event(transition.event_type, interaction_id)],
                 values={**lease_repo.lease_cleared(), "waiting_interaction_id": interaction_id},
             )
-            if row is not None:
+            if moved is not None:
                 await lease_repo.end_attempt(conn, run_id, epoch, status.value)
-                published = [event]
             else:
-                cancelled = await cancel_instead(conn, run_id, epoch, handed_over=handed_over)
-                if cancelled is None:
+                moved = await cancel_instead(conn, run_id, epoch)
+                if moved is None:
                     raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
-                row, published = cancelled
-        await self._publisher.publish(run_id, row.last_seq - len(published) + 1, published)
-        if handed_over:
-            self._publisher.wake(handed_over)  # the session's next message may now run
+        await self._publisher.publish(run_id, moved.events)
+        self._publisher.wake_next(moved)  # a cancelled run hands its session on
         return True
 
     async def resume(
@@ -78,22 +71,20 @@ class Pauses:
             raise InvalidArgument("from_status must be a waiting-for-* status")
         if not interaction_id:
             raise InvalidArgument("interaction_id is required: a resume names the pause it ends")
-        events = [event] if event else []
-        queued = Event("run.queued", {"reason": "resumed"})
         async with self._engine.begin() as conn:
             await get_run(conn, tenant_id, run_id)
-            row = await apply(
+            moved = await apply(
                 conn,
                 states.RESUME,
                 run_id,
                 tenant_id=tenant_id,
                 waiting_on=interaction_id,
-                events=[*events, queued],
+                events=[*([event] if event else []), run_queued(0, "resumed")],
                 values={"waiting_interaction_id": None},
             )
-        if row is None:
+        if moved is None:
             return False
-        await self._publisher.publish(run_id, row.last_seq - len(events), [*events, queued])
+        await self._publisher.publish(run_id, moved.events)
         self._publisher.wake([run_id])
         return True
 
@@ -102,7 +93,7 @@ class Pauses:
         tenant_id: str,
         run_id: str,
         from_status: RunStatus,
-        error: dict[str, Any],
+        error: RunError,
         event: Event | None,
         interaction_id: str,
     ) -> bool:
@@ -112,22 +103,25 @@ class Pauses:
             raise InvalidArgument("only a waiting-for-connection run expires")
         if not interaction_id:
             raise InvalidArgument("interaction_id is required: an expiry names the pause it ends")
-        failed = Event("run.failed", {"error": camel_keys(error)})
-        events = [*([event] if event else []), failed]
         async with self._engine.begin() as conn:
-            row = await apply(
+            moved = await apply(
                 conn,
                 states.CONSENT_EXPIRED,
                 run_id,
                 tenant_id=tenant_id,
                 waiting_on=interaction_id,
-                events=events,
-                values={"error": error, "finished_at": NOW, "waiting_interaction_id": None},
+                events=[*([event] if event else []), run_failed(error)],
+                values={
+                    "error": error.to_row(),
+                    "finished_at": NOW,
+                    "waiting_interaction_id": None,
+                },
             )
-            if row is not None:
-                await repo.close_dangling(conn, row, "the connection was never completed")
-        if row is None:
+            if moved is not None:
+                reason = "the connection was never completed"
+                await parts_repo.close_dangling(conn, moved.row, reason)
+        if moved is None:
             return False
-        await self._publisher.publish(run_id, row.last_seq - len(events) + 1, events)
-        self._publisher.wake()
+        await self._publisher.publish(run_id, moved.events)
+        self._publisher.wake_next(moved)
         return True

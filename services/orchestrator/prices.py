@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tether.db.schema import runs
+from services.orchestrator.repositories import runs as runs_repo
+from tether.domain import ModelTurn
 from tether.pricing import Price, cost_micros
 
 # Runs finished on another replica leave entries behind; past this many the book starts over.
@@ -32,18 +33,17 @@ class Prices:
         self._by_run.pop(run_id, None)
 
     async def priced(
-        self, conn: AsyncConnection, run_id: str, turns: Sequence[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
+        self, conn: AsyncConnection, run_id: str, turns: Sequence[ModelTurn]
+    ) -> list[ModelTurn]:
         """The turns, each with its cost."""
         if not turns:
             return []
         prices = self._by_run.get(run_id)
         if prices is None:  # leased by another replica, or before a restart
-            row = (await conn.execute(select(runs.c.config).where(runs.c.run_id == run_id))).one()
-            prices = dict((row.config or {}).get("prices", {}))
+            prices = await runs_repo.routed_prices(conn, run_id)
         out = []
         for turn in turns:
-            price_row = prices.get(turn.get("model", ""))
+            price_row = prices.get(turn.model)
             price = Price(**price_row) if price_row else None
-            out.append({**turn, "cost_micros": cost_micros(turn, price)})
+            out.append(replace(turn, cost_micros=cost_micros(turn.tokens(), price)))
         return out

@@ -8,9 +8,10 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from services.orchestrator.repositories.transitions import Moved
 from services.orchestrator.wakeups import Wakeups
 from tether.bus import Bus
-from tether.db.transitions import Event
+from tether.domain import StoredEvent
 from tether.hints import LiveMessage, encode_event, events_channel
 
 
@@ -25,14 +26,15 @@ class Publisher:
         self.wake_marker = f"orchestrator-{uuid.uuid4().hex}"
 
     async def publish(
-        self, run_id: str, first_seq: int, events: Sequence[Event], *, delivered: bool = False
+        self, run_id: str, events: Sequence[StoredEvent], *, delivered: bool = False
     ) -> None:
         """Post committed events; with `delivered`, return once they reached Redis."""
         if self._bus is None or not events:
             return
         now = datetime.now(UTC).isoformat()
-        for i, event in enumerate(events):
-            message = LiveMessage(run_id, first_seq + i, event.type, event.payload, now)
+        for stored in events:
+            event = stored.event
+            message = LiveMessage(run_id, stored.seq, event.type, event.payload, now)
             self._bus.post(events_channel(run_id), encode_event(message))
         if delivered:
             await self._bus.delivered()
@@ -44,3 +46,8 @@ class Publisher:
         if self._bus is not None:
             for run_id in run_ids:
                 self._bus.notify_queued(run_id, self.wake_marker)
+
+    def wake_next(self, moved: Moved) -> None:
+        """A terminal move handed its session to the next message: that run may now run."""
+        if moved.handed_over is not None:
+            self.wake([moved.handed_over])

@@ -5,20 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.orchestrator.repositories import progress
+from services.orchestrator.publisher import Publisher
+from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories import runs as runs_repo
+from services.orchestrator.repositories.transitions import NOW, apply
 from tether import states
 from tether.bus import Bus
-from tether.db.schema import runs
-from tether.db.transitions import NOW, Event, apply
-from tether.hints import LiveMessage, cancel_channel, encode_event, events_channel
+from tether.domain import Part, RunError, run_cancelled
+from tether.hints import cancel_channel
 from tether.states import RunStatus
 from tether.visibility import Viewer
 
@@ -33,7 +32,7 @@ class RunView:
     """A run with its persisted parts."""
 
     run: Row[Any]
-    parts: Sequence[Row[Any]]
+    parts: Sequence[Part]
 
 
 @dataclass(frozen=True)
@@ -56,10 +55,11 @@ class CancelOutcome:
 class Runs:
     """Queries over runs and the cancel request."""
 
-    def __init__(self, engine: AsyncEngine, bus: Bus | None) -> None:
+    def __init__(self, engine: AsyncEngine, publisher: Publisher, bus: Bus | None) -> None:
         self._engine = engine
         # One-statement reads need no transaction around them.
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._publisher = publisher
         self._bus = bus
 
     async def lookup(
@@ -69,7 +69,7 @@ class Runs:
         or not the viewer's to see."""
         async with self._engine.connect() as conn:
             run = await runs_repo.visible_run(conn, viewer, run_id)
-            parts = await runs_repo.list_parts(conn, run_id, include_superseded=include_superseded)
+            parts = await parts_repo.list_parts(conn, run_id, include_superseded=include_superseded)
             return RunView(run, parts)
 
     async def visible(self, viewer: Viewer, run_id: str) -> Row[Any]:
@@ -112,7 +112,11 @@ class Runs:
             await conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             run = await runs_repo.visible_run(conn, viewer, run_id)
             rows = await runs_repo.read_events(conn, run_id, max(after_seq, 0), size + 1)
-            view = RunView(run, await runs_repo.list_parts(conn, run_id)) if include_state else None
+            if include_state:
+                parts = await parts_repo.list_parts(conn, run_id, include_superseded=False)
+                view: RunView | None = RunView(run, parts)
+            else:
+                view = None
         return EventSlice(rows[:size], len(rows) > size, view)
 
     async def request_cancellation(self, viewer: Viewer, run_id: str, reason: str) -> CancelOutcome:
@@ -132,45 +136,29 @@ class Runs:
                 states.CANCEL,
                 run_id,
                 tenant_id=tenant_id,
-                events=[Event("run.cancelled", {"reason": reason})],
+                events=[run_cancelled(reason)],
                 values={
                     "finished_at": NOW,
                     "cancel_requested_at": NOW,  # kept on every cancelled run: when it was asked
-                    "error": {"code": "cancelled", "message": reason or "cancelled by caller"},
+                    "error": RunError("cancelled", reason or "cancelled by caller", True).to_row(),
                 },
             )
+            flagged = None
             if moved is not None:
                 # A run cancelled while parked leaves the call that paused it open; close it.
-                await progress.close_dangling(conn, moved, "the run was cancelled")
-            flagged = None
-            if moved is None:
+                await parts_repo.close_dangling(conn, moved.row, "the run was cancelled")
+            else:
                 # Running: the worker holding the lease sees the flag on its next heartbeat, or
                 # at once through the Redis signal below.
-                flagged = (
-                    await conn.execute(
-                        update(runs)
-                        .where(
-                            runs.c.run_id == run_id,
-                            runs.c.status == RunStatus.RUNNING.value,
-                            runs.c.cancel_requested_at.is_(None),
-                        )
-                        .values(cancel_requested_at=func.now())
-                        .returning(*runs.c)
-                    )
-                ).first()
-            current = moved or flagged or await runs_repo.visible_run(conn, viewer, run_id)
+                flagged = await runs_repo.flag_cancel(conn, run_id)
+            current = (
+                moved.row if moved else flagged or await runs_repo.visible_run(conn, viewer, run_id)
+            )
         if moved is not None:
-            if self._bus is not None:
-                # Streams learn at once (they would find it in PostgreSQL a little later).
-                event = LiveMessage(
-                    run_id,
-                    moved.last_seq,
-                    "run.cancelled",
-                    {"reason": reason},
-                    datetime.now(UTC).isoformat(),
-                )
-                self._bus.post(events_channel(run_id), encode_event(event))
-            return CancelOutcome(moved, changed=True)
+            # Streams learn at once (they would find it in PostgreSQL a little later).
+            await self._publisher.publish(run_id, moved.events)
+            self._publisher.wake_next(moved)
+            return CancelOutcome(moved.row, changed=True)
         if flagged is not None and self._bus is not None:
             self._bus.post(cancel_channel(run_id), reason or "cancelled")
         return CancelOutcome(current, changed=flagged is not None)

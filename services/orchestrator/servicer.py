@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict
-from typing import Any
+from dataclasses import asdict, replace
 
 import grpc
 from google.protobuf import json_format
 
 from services.orchestrator.attempts import Batch, Completion
+from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
-from services.orchestrator.repositories.progress import PartRow
 from services.orchestrator.routing import AgentConfig
 from services.orchestrator.service import Runs
-from tether import formats
 from tether.convert import (
     event_from_wire,
     event_to_proto,
@@ -25,10 +23,19 @@ from tether.convert import (
     status_to_proto,
     timestamp,
 )
-from tether.db.transitions import Event
-from tether.domain import Part, content_from_json, content_json
+from tether.domain import (
+    Cancelled,
+    Completed,
+    Ending,
+    Event,
+    Failed,
+    ModelTurn,
+    Part,
+    Role,
+    RunError,
+    Text,
+)
 from tether.errors import InvalidArgument
-from tether.pricing import TOKEN_FIELDS
 from tether.states import RunStatus
 from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 from tether.visibility import Viewer
@@ -53,29 +60,9 @@ def _viewer(
     return Viewer(request.tenant_id, request.principal_id, request.all_runs)
 
 
-def _part_row(message: common_pb2.Part) -> PartRow:
-    part = part_from_proto(message)
-    return PartRow(part.index, part.role, part.kind, content_json(part.content), part.final)
-
-
-def _part_proto(row: PartRow) -> common_pb2.Part:
-    content = content_from_json(row.kind, row.payload)
-    return part_to_proto(Part(row.index, row.role, content, row.final, row.superseded))
-
-
-def _stored_part_proto(row: Any) -> common_pb2.Part:
-    return part_to_proto(
-        formats.read_part(
-            index=row.part_index,
-            role=row.role,
-            kind=row.kind,
-            payload=row.payload,
-            final=row.final,
-            superseded=row.superseded_at is not None,
-            format=row.format,
-            what=f"part {row.part_index} of run {row.run_id}",
-        )
-    )
+def _parts(writes: Iterable[orchestrator_pb2.PartWrite]) -> list[Part]:
+    # A worker never marks a part superseded: the orchestrator alone decides that.
+    return [replace(part_from_proto(w.part), superseded=False) for w in writes]
 
 
 def _events(events: Iterable[events_pb2.RunEvent]) -> list[Event]:
@@ -84,8 +71,27 @@ def _events(events: Iterable[events_pb2.RunEvent]) -> list[Event]:
         event = event_from_wire(message)
         if event.type.ephemeral:
             raise InvalidArgument(f"{event.type} is ephemeral and is never persisted")
-        out.append(Event(str(event.type), event.payload))
+        out.append(event)
     return out
+
+
+def _turns(turns: Iterable[common_pb2.Usage]) -> list[ModelTurn]:
+    return [
+        ModelTurn(
+            t.model,
+            t.input_tokens,
+            t.output_tokens,
+            t.cache_creation_input_tokens,
+            t.cache_read_input_tokens,
+        )
+        for t in turns
+    ]
+
+
+def _batch(request: orchestrator_pb2.CheckpointRequest) -> Batch:
+    return Batch(
+        request.batch, _parts(request.parts), _events(request.events), _turns(request.turns)
+    )
 
 
 def _in_flight(request: orchestrator_pb2.CompleteRunRequest) -> Batch:
@@ -94,25 +100,33 @@ def _in_flight(request: orchestrator_pb2.CompleteRunRequest) -> Batch:
         raise InvalidArgument("in_flight must be a checkpoint of the same run and lease epoch")
     if batch.batch <= 0:
         raise InvalidArgument("in_flight needs its batch number (> 0)")
-    return Batch(
-        batch.batch,
-        [_part_row(w.part) for w in batch.parts],
-        _events(batch.events),
-        _turns(batch.turns),
-    )
+    return _batch(batch)
 
 
-def _turns(turns: Iterable[common_pb2.Usage]) -> list[dict[str, Any]]:
-    return [{"model": t.model, **{k: getattr(t, k) for k in TOKEN_FIELDS}} for t in turns]
+def _error(info: common_pb2.ErrorInfo) -> RunError:
+    return RunError(info.code or "error", info.message, info.retryable, info.provider_status)
 
 
-def _error(info: common_pb2.ErrorInfo) -> dict[str, Any]:
-    return {
-        "code": info.code or "error",
-        "message": info.message,
-        "retryable": info.retryable,
-        "provider_status": info.provider_status,
-    }
+def _ending(request: orchestrator_pb2.CompleteRunRequest) -> Ending:
+    status = status_from_proto(request.status)
+    if status is RunStatus.COMPLETED:
+        return Completed(request.result_text, request.task_outcome, tuple(request.warnings))
+    if status is RunStatus.FAILED:
+        return Failed(_error(request.error))
+    if status is RunStatus.CANCELLED:
+        return Cancelled(request.error.message or "cancelled by caller")
+    raise InvalidArgument("status must be COMPLETED, FAILED or CANCELLED")
+
+
+def _history(claimed: Claimed) -> list[common_pb2.Part]:
+    """The attempt's history as the wire carries it: each earlier run's input (a user part with
+    index -1) and transcript, then the run's own parts."""
+    history: list[common_pb2.Part] = []
+    for earlier in claimed.earlier:
+        history.append(part_to_proto(Part(-1, Role.USER, Text(earlier.input_text), final=True)))
+        history.extend(part_to_proto(p) for p in earlier.parts)
+    history.extend(part_to_proto(p) for p in claimed.own)
+    return history
 
 
 def _config_proto(config: AgentConfig) -> orchestrator_pb2.AgentConfig:
@@ -146,15 +160,8 @@ class ExecutionServicer:
         if claimed is None:
             return orchestrator_pb2.ClaimRunResponse(claimed=False)
         run = claimed.run
-        history = [_part_proto(p) for p in claimed.history]
-        # Earlier runs' inputs are user turns in the history, marked by role "user".
-        for position, text in reversed(claimed.prior_inputs):
-            history.insert(
-                position,
-                common_pb2.Part(
-                    index=-1, role="user", final=True, text=common_pb2.TextPart(text=text)
-                ),
-            )
+        history = _history(claimed)
+        own = len(claimed.own)
         return orchestrator_pb2.ClaimRunResponse(
             claimed=True,
             lease=orchestrator_pb2.Lease(
@@ -166,7 +173,7 @@ class ExecutionServicer:
             run=run_to_proto(run),
             config=_config_proto(claimed.config),
             history=history,
-            prior_part_count=claimed.prior_part_count + len(claimed.prior_inputs),
+            prior_part_count=len(history) - own,
             last_seq=run.last_seq,
             traceparent=run.traceparent or "",
         )
@@ -186,12 +193,7 @@ class ExecutionServicer:
         if request.batch < 0:
             raise InvalidArgument("batch must not be negative")
         row = await self._execution.attempts.checkpoint(
-            request.run_id,
-            request.epoch,
-            [_part_row(w.part) for w in request.parts],
-            _events(request.events),
-            _turns(request.turns),
-            batch=request.batch,
+            request.run_id, request.epoch, _batch(request)
         )
         return orchestrator_pb2.CheckpointResponse(
             last_seq=row.last_seq, cancel_requested=row.cancel_requested_at is not None
@@ -236,9 +238,7 @@ class ExecutionServicer:
     async def CompleteRun(
         self, request: orchestrator_pb2.CompleteRunRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.CompleteRunResponse:
-        status = status_from_proto(request.status)
-        if status is None or not status.terminal:
-            raise InvalidArgument("status must be COMPLETED, FAILED or CANCELLED")
+        ending = _ending(request)
         stages = json_format.MessageToDict(
             request.stages,
             preserving_proto_field_name=True,
@@ -248,16 +248,12 @@ class ExecutionServicer:
             request.run_id,
             request.epoch,
             Completion(
-                status=status,
-                result_text=request.result_text,
-                task_outcome=request.task_outcome,
-                warnings=list(request.warnings),
-                error=_error(request.error) if request.HasField("error") else None,
-                parts=[_part_row(w.part) for w in request.parts],
+                ending,
+                parts=_parts(request.parts),
+                events=_events(request.events),
                 turns=_turns(request.turns),
                 stages=stages,
                 audit=json_format.MessageToDict(request.audit),
-                events=_events(request.events),
                 in_flight=_in_flight(request) if request.HasField("in_flight") else None,
             ),
         )
@@ -343,7 +339,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             _viewer(request), request.run_id, include_superseded=request.include_superseded
         )
         return orchestrator_pb2.LookupRunResponse(
-            run=run_to_proto(view.run), parts=[_stored_part_proto(p) for p in view.parts]
+            run=run_to_proto(view.run), parts=[part_to_proto(p) for p in view.parts]
         )
 
     async def LookupRunFacts(
@@ -416,7 +412,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         )
         if sliced.view is not None:
             response.run.CopyFrom(run_to_proto(sliced.view.run))
-            response.parts.extend(_stored_part_proto(p) for p in sliced.view.parts)
+            response.parts.extend(part_to_proto(p) for p in sliced.view.parts)
         return response
 
     async def RequestCancellation(

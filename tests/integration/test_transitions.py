@@ -11,21 +11,22 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
+from services.orchestrator.repositories.transitions import LEASE_UNTIL, NEXT_EPOCH, NOW, apply
 from tests.integration.test_admission import _tenant, chat
 from tether import states
 from tether.db.schema import run_events, runs
-from tether.db.transitions import LEASE_UNTIL, NEXT_EPOCH, NOW, Event, apply
+from tether.domain import Event, EventType, run_started
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 async def _claim(engine: AsyncEngine, run_id: str, worker: str, ttl_s: float) -> None:
     async with engine.begin() as conn:
-        row = await apply(
+        moved = await apply(
             conn,
             states.CLAIM,
             run_id,
-            events=[Event("run.started", {"workerId": worker})],
+            events=[run_started(1, worker, 1)],
             values={
                 "lease_owner": worker,
                 "lease_epoch": NEXT_EPOCH,
@@ -33,7 +34,7 @@ async def _claim(engine: AsyncEngine, run_id: str, worker: str, ttl_s: float) ->
             },
             params={"lease_ttl": timedelta(seconds=ttl_s)},
         )
-    assert row is not None and row.lease_owner == worker
+    assert moved is not None and moved.row.lease_owner == worker
 
 
 async def test_one_shape_binds_each_calls_values(engine: AsyncEngine) -> None:
@@ -82,15 +83,15 @@ async def test_a_none_value_is_sql_null_not_json_null(engine: AsyncEngine) -> No
     run_id = (await admitter.admit(chat("e3", conversation="c3"))).run.run_id
     await _claim(engine, run_id, "w-1", 30)
     async with engine.begin() as conn:
-        row = await apply(
+        moved = await apply(
             conn,
             states.FAIL,
             run_id,
             epoch=1,
-            events=[Event("run.failed", {})],
+            events=[Event(EventType.RUN_FAILED, {})],
             values={"error": None, "lease_owner": None, "finished_at": NOW},
         )
-    assert row is not None
+    assert moved is not None
     async with engine.connect() as conn:
         null_error = (
             await conn.execute(

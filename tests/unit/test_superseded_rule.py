@@ -1,29 +1,38 @@
-"""Which parts an ending attempt leaves superseded, and how the attempt is settled."""
+"""Which parts an ending attempt leaves superseded, and how the attempt is settled: the domain's
+one rule, which the orchestrator and the worker both call."""
 
 from __future__ import annotations
 
-from typing import Any
+import pytest
 
-from services.orchestrator.repositories.progress import (
-    PartRow,
+from tether import formats
+from tether.domain import (
+    ApprovalMarker,
+    Part,
+    Text,
+    Thinking,
+    ToolCall,
+    ToolResult,
     close_attempt,
+    dangling_tool_calls,
     superseded_on_close,
 )
+from tether.errors import StoredFormatTooNew
 
 
-def text(index: int, words: str, *, final: bool = True) -> PartRow:
-    return PartRow(index, "assistant", "text", {"text": words}, final)
+def text(index: int, words: str, *, final: bool = True) -> Part:
+    return Part(index, "assistant", Text(words), final)
 
 
-def call(index: int, call_id: str, *, final: bool = True, **payload: Any) -> PartRow:
-    return PartRow(index, "assistant", "tool_call", {"toolCallId": call_id, **payload}, final)
+def call(index: int, call_id: str, *, final: bool = True) -> Part:
+    return Part(index, "assistant", ToolCall(call_id, "post"), final)
 
 
-def result(index: int, call_id: str) -> PartRow:
-    return PartRow(index, "tool", "tool_result", {"toolCallId": call_id, "content": "ok"}, True)
+def result(index: int, call_id: str) -> Part:
+    return Part(index, "tool", ToolResult(call_id, "ok"), True)
 
 
-def indexes(parts: list[PartRow]) -> list[int]:
+def indexes(parts: list[Part]) -> list[int]:
     return [p.index for p in parts]
 
 
@@ -31,7 +40,7 @@ def test_a_regenerated_turn_is_superseded_whole_its_finished_blocks_too() -> Non
     parts = [
         call(0, "a"),
         result(1, "a"),
-        PartRow(2, "assistant", "thinking", {"thinking": "hm", "signature": "s"}, True),
+        Part(2, "assistant", Thinking("hm", "s"), True),
         text(3, "The short answer: "),
         text(4, "yes, bec", final=False),
     ]
@@ -50,21 +59,42 @@ def test_a_turn_holding_a_whole_call_stands_and_its_cut_sibling_goes() -> None:
 
 
 def test_a_turn_ended_by_a_pause_marker_or_a_result_leaves_nothing_to_supersede() -> None:
-    marker = PartRow(2, "assistant", "approval", {"interactionId": "i"}, True)
+    marker = Part(2, "assistant", ApprovalMarker("i"), True)
     assert superseded_on_close([text(0, "Asking."), call(1, "a"), marker], regenerated=True) == []
     assert superseded_on_close([call(0, "a"), result(1, "a")], regenerated=True) == []
 
 
 def test_parts_already_superseded_are_neither_marked_again_nor_part_of_the_turn() -> None:
-    earlier = PartRow(0, "assistant", "text", {"text": "Hel"}, False, superseded=True)
+    earlier = Part(0, "assistant", Text("Hel"), False, superseded=True)
     assert indexes(superseded_on_close([earlier, text(1, "Hello")], regenerated=True)) == [1]
     assert superseded_on_close([earlier], regenerated=True) == []
 
 
-def test_a_call_stored_cut_by_earlier_releases_counts_as_never_whole() -> None:
-    legacy = call(1, "a", cut=True)
-    assert indexes(superseded_on_close([text(0, "Go."), legacy], regenerated=True)) == [0, 1]
-    assert indexes(superseded_on_close([text(0, "Go."), legacy], regenerated=False)) == [1]
+def stored_call(payload: dict[str, object], format: int) -> Part:
+    return formats.read_part(
+        index=1,
+        role="assistant",
+        kind="tool_call",
+        payload=payload,
+        final=True,
+        superseded=False,
+        format=format,
+        what="part 1 of run r",
+    )
+
+
+def test_a_call_stored_cut_by_earlier_releases_reads_as_superseded_and_never_dangles() -> None:
+    legacy = stored_call({"toolCallId": "a", "name": "post", "cut": True}, format=1)
+    assert legacy.superseded and legacy.content == ToolCall("a", "post")
+    assert dangling_tool_calls([text(0, "Go."), legacy]) == []
+    # The turn it cut is regenerated; the call itself is marked already.
+    assert indexes(superseded_on_close([text(0, "Go."), legacy], regenerated=True)) == [0]
+    assert superseded_on_close([text(0, "Go."), legacy], regenerated=False) == []
+
+
+def test_cut_is_no_field_of_the_current_format() -> None:
+    with pytest.raises(StoredFormatTooNew, match="cut"):
+        stored_call({"toolCallId": "a", "name": "post", "cut": True}, format=formats.CURRENT)
 
 
 def test_closing_announces_each_superseded_part_and_interrupts_only_whole_dangling_calls() -> None:
@@ -77,7 +107,9 @@ def test_closing_announces_each_superseded_part_and_interrupts_only_whole_dangli
     ]
     closing = close_attempt(parts, 2, regenerated=True, interrupted="the worker lost its lease")
     assert indexes(closing.superseded) == [4]
-    assert [(p.index, p.payload["toolCallId"]) for p in closing.parts] == [(5, "b")]
+    assert [(p.index, p.content) for p in closing.parts] == [
+        (5, ToolResult("b", "interrupted: the worker lost its lease", is_error=True))
+    ]
     announced, *interrupted = closing.events
     assert (announced.type, dict(announced.payload)) == (
         "part.superseded",

@@ -2,7 +2,7 @@
 
 The claim takes the oldest claimable run with FOR UPDATE SKIP LOCKED. Claimable means queued
 AND its session's head: admission makes a run the head of an idle session, and a finishing
-head hands the session to the oldest queued message (tether.db.transitions), so a conversation
+head hands the session to the oldest queued message (`transitions`), so a conversation
 runs one message at a time, in order, and the claim is one indexed scan of one table.
 """
 
@@ -17,9 +17,16 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tether import states
+from services.orchestrator.repositories.transitions import (
+    LEASE_UNTIL,
+    NEXT_EPOCH,
+    STARTED_ONCE,
+    Moved,
+    apply,
+)
+from tether import formats, states
 from tether.db.schema import attempts, audit_log, runs, tenants
-from tether.db.transitions import LEASE_UNTIL, NEXT_EPOCH, STARTED_ONCE, Event, apply
+from tether.domain import RunError, run_started
 from tether.states import RunStatus
 
 _CANDIDATES = (
@@ -67,23 +74,16 @@ async def lease(
     config: dict[str, Any],
     max_attempts: int,
     routing_ms: float = 0.0,
-) -> Row[Any] | None:
-    """Move the locked queued run to running under a new lease epoch (with its run.started
-    event); records the attempt."""
+) -> Moved | None:
+    """Move the locked queued run to running under a new lease epoch, with its run.started
+    event; records the attempt."""
     run_id = candidate.run_id
-    started = Event(
-        "run.started",
-        {
-            "attempt": candidate.attempt,
-            "workerId": worker_id,
-            "leaseEpoch": candidate.lease_epoch + 1,
-        },
-    )
-    row = await apply(
+    epoch = candidate.lease_epoch + 1
+    moved = await apply(
         conn,
         states.CLAIM,
         run_id,
-        events=[started],
+        events=[run_started(candidate.attempt, worker_id, epoch)],
         values={
             "lease_owner": worker_id,
             "lease_epoch": NEXT_EPOCH,
@@ -93,22 +93,23 @@ async def lease(
             "next_attempt_at": None,
             "config": config,
             "max_attempts": max_attempts,
+            "format": formats.CURRENT,
         },
         params={"lease_ttl": timedelta(seconds=ttl_s)},
     )
-    if row is None:
+    if moved is None:
         return None
     await conn.execute(
         _NEW_ATTEMPT,
         {
             "n_run_id": run_id,
-            "n_lease_epoch": row.lease_epoch,
-            "n_attempt": row.attempt,
+            "n_lease_epoch": moved.row.lease_epoch,
+            "n_attempt": moved.row.attempt,
             "n_worker_id": worker_id,
             "n_stages": {"routing_ms": routing_ms},
         },
     )
-    return row
+    return moved
 
 
 _NEW_ATTEMPT = insert(attempts).values(
@@ -118,23 +119,6 @@ _NEW_ATTEMPT = insert(attempts).values(
     worker_id=bindparam("n_worker_id"),
     stages=bindparam("n_stages", type_=JSONB),
 )
-
-
-async def heartbeat(
-    conn: AsyncConnection, run_id: str, epoch: int, ttl_s: float
-) -> Row[Any] | None:
-    """Extend a live lease; None when the epoch is stale or the run no longer running."""
-    stmt = (
-        update(runs)
-        .where(
-            runs.c.run_id == run_id,
-            runs.c.status == RunStatus.RUNNING.value,
-            runs.c.lease_epoch == epoch,
-        )
-        .values(lease_expires_at=func.now() + timedelta(seconds=ttl_s))
-        .returning(runs.c.lease_expires_at, runs.c.cancel_requested_at)
-    )
-    return (await conn.execute(stmt)).first()
 
 
 async def expired_leases(conn: AsyncConnection, limit: int) -> list[Row[Any]]:
@@ -219,7 +203,7 @@ async def end_attempt(
     epoch: int,
     outcome: str,
     *,
-    error: dict[str, Any] | None = None,
+    error: RunError | None = None,
     stages: dict[str, Any] | None = None,
     audit: Audit | None = None,
 ) -> None:
@@ -229,7 +213,7 @@ async def end_attempt(
         "a_run_id": run_id,
         "a_epoch": epoch,
         "a_outcome": outcome,
-        "a_error": error,
+        "a_error": None if error is None else error.to_row(),
         "a_stages": stages or {},
     }
     if audit is None:
@@ -247,8 +231,3 @@ def lease_cleared() -> dict[str, Any]:
     """Column values that drop a lease. A cancel request stays: only a run that ends cancelled
     ever leaves running with one (the moves elsewhere yield to it), and it records when."""
     return {"lease_owner": None, "lease_expires_at": None}
-
-
-def queued_event(attempt: int, reason: str) -> Event:
-    """A run.queued event."""
-    return Event("run.queued", {"attempt": attempt, "reason": reason})

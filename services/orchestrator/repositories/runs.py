@@ -1,4 +1,4 @@
-"""Reads of runs, their parts and their event log; all SQL for the runs aggregate's read side."""
+"""Reads of runs and their event log (parts: `parts`), and the cancel flag on a running run."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, or_, select
+from sqlalchemy import ColumnElement, and_, bindparam, func, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tether.db.schema import run_events, run_parts, runs
+from services.orchestrator.repositories.transitions import LEASE_HELD
+from tether.db.schema import run_events, runs
 from tether.errors import InvalidArgument, NotFound, StaleLease
 from tether.ids import is_identifier
 from tether.states import RunStatus
@@ -47,25 +48,47 @@ async def visible_run(
     return await _find_run(conn, run_id, viewer.sees(), lock=lock)
 
 
-async def leased_run(conn: AsyncConnection, run_id: str, epoch: int) -> Row[Any]:
+_LEASED = select(runs).where(runs.c.run_id == bindparam("r_run_id"), LEASE_HELD)
+
+
+async def leased_run(
+    conn: AsyncConnection, run_id: str, epoch: int, *, lock: bool = False
+) -> Row[Any]:
     """The run while `epoch` is its live lease; StaleLease when it is absent, no longer running
-    or leased again (the holder of `epoch` must stop)."""
-    live = and_(runs.c.status == RunStatus.RUNNING.value, runs.c.lease_epoch == epoch)
-    row = (await conn.execute(select(runs).where(runs.c.run_id == run_id, live))).first()
+    or leased again (the holder of `epoch` must stop). `lock` holds the row to the end of the
+    transaction, so a decision made on it stands until the move that follows."""
+    stmt = _LEASED.with_for_update() if lock else _LEASED
+    row = (await conn.execute(stmt, {"r_run_id": run_id, "held_epoch": epoch})).first()
     if row is None:
         raise StaleLease(f"lease epoch {epoch} of run {run_id} is not current")
     return row
 
 
-async def list_parts(
-    conn: AsyncConnection, run_id: str, *, include_superseded: bool = False
-) -> Sequence[Row[Any]]:
-    """The run's transcript: its persisted parts in order, without those a later attempt
-    superseded unless `include_superseded`."""
-    stmt = select(run_parts).where(run_parts.c.run_id == run_id)
-    if not include_superseded:
-        stmt = stmt.where(run_parts.c.superseded_at.is_(None))
-    return (await conn.execute(stmt.order_by(run_parts.c.part_index))).all()
+_FLAG_CANCEL = (
+    update(runs)
+    .where(
+        runs.c.run_id == bindparam("r_run_id"),
+        runs.c.status == RunStatus.RUNNING.value,
+        runs.c.cancel_requested_at.is_(None),
+    )
+    .values(cancel_requested_at=func.now())
+    .returning(*runs.c)
+)
+
+
+_ROUTED_PRICES = select(runs.c.config["prices"]).where(runs.c.run_id == bindparam("r_run_id"))
+
+
+async def routed_prices(conn: AsyncConnection, run_id: str) -> dict[str, Any]:
+    """The prices routing resolved for the run's current attempt, by model."""
+    prices = (await conn.execute(_ROUTED_PRICES, {"r_run_id": run_id})).scalar()
+    return dict(prices or {})
+
+
+async def flag_cancel(conn: AsyncConnection, run_id: str) -> Row[Any] | None:
+    """Record a cancel request on a running run, for its worker to act on; None when it is not
+    running or was flagged already."""
+    return (await conn.execute(_FLAG_CANCEL, {"r_run_id": run_id})).first()
 
 
 async def read_events(

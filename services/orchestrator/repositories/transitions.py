@@ -1,4 +1,5 @@
-"""Applies the state machine's transitions: one guarded UPDATE plus its events, one transaction.
+"""The run aggregate's moves: the state machine applied as one guarded UPDATE with its events, and
+the two expressions every write of the aggregate shares, the lease fence and the event append.
 
 Callers pass an open connection inside a transaction; the event rows are appended with
 consecutive `seq` values taken from the same UPDATE that moved the run, so the log and the status
@@ -14,15 +15,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    CTE,
+    BigInteger,
     Executable,
-    Integer,
     Interval,
     Select,
+    SmallInteger,
     Text,
     Update,
+    and_,
     bindparam,
     cast,
     insert,
+    literal,
     null,
     select,
     true,
@@ -34,16 +39,70 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import func
 from sqlalchemy.sql.elements import ClauseElement
 
+from tether import formats
 from tether.db.schema import run_events, runs, sessions
-from tether.states import Transition
+from tether.domain import Event, StoredEvent
+from tether.states import RunStatus, Transition
+
+# -- the lease fence: every write under a lease is refused once the lease has moved on ----------
+
+# Not named like a column: an UPDATE would take a parameter named so as a value to SET.
+LEASE_EPOCH = bindparam("held_epoch", type_=BigInteger)
+# The one lease fence: the run is running under the epoch bound as :held_epoch. A worker
+# whose lease was reaped, released or taken over matches nothing and writes nothing.
+LEASE_HELD = and_(runs.c.status == RunStatus.RUNNING.value, runs.c.lease_epoch == LEASE_EPOCH)
+
+# -- the event append: a run's events take the seqs the statement that moved it reserved --------
+
+_E_TYPES = bindparam("e_types", type_=ARRAY(Text))
+_E_PAYLOADS = bindparam("e_payloads", type_=ARRAY(Text))
+# How many events the statement appends: what `last_seq` advances by.
+EVENT_COUNT = func.coalesce(func.cardinality(_E_TYPES), 0)
+
+
+def event_params(events: Sequence[Event]) -> dict[str, Any]:
+    """The bound values of `appended_events`."""
+    return {
+        "e_types": [str(e.type) for e in events],
+        "e_payloads": [json.dumps(dict(e.payload)) for e in events],
+    }
+
+
+def appended_events(moved: CTE) -> CTE:
+    """The insert of the events bound by `event_params` after `moved`, a CTE that returns the
+    run's `run_id` and its `last_seq` already advanced by EVENT_COUNT: the events take the seqs
+    it reserved, in order, in the current stored format, and none is written when it matched no
+    row. Every append to a run's log goes through here."""
+    batch = (
+        func.unnest(_E_TYPES, _E_PAYLOADS)
+        .table_valued("type", "payload", with_ordinality="ord")
+        .render_derived("e", with_types=False)
+    )
+    rows = select(
+        moved.c.run_id,
+        moved.c.last_seq - EVENT_COUNT + batch.c.ord,
+        batch.c.type,
+        cast(batch.c.payload, JSONB),
+        literal(formats.CURRENT, SmallInteger),
+    ).select_from(moved.join(batch, true()))
+    insert_ = insert(run_events).from_select(["run_id", "seq", "type", "payload", "format"], rows)
+    return insert_.cte(f"{moved.name}_events")
+
+
+def numbered(last_seq: int, events: Sequence[Event]) -> list[StoredEvent]:
+    """`events` as appended by a statement that left the run at `last_seq`."""
+    first = last_seq - len(events) + 1
+    return [StoredEvent(first + i, event) for i, event in enumerate(events)]
 
 
 @dataclass(frozen=True)
-class Event:
-    """A durable event to append: its stable type name and JSON payload."""
+class Moved:
+    """A transition that applied: the run as it now stands, the events appended with their seqs,
+    and the run a terminal move made its session's head (it may now be claimed)."""
 
-    type: str
-    payload: Mapping[str, Any]
+    row: Row[Any]
+    events: list[StoredEvent]
+    handed_over: str | None = None
 
 
 # Statements are built once per shape and reused: building and cache-keying a CTE per call cost
@@ -73,16 +132,15 @@ async def apply(
     waiting_on: str | None = None,
     values: Mapping[str, Any] | None = None,
     params: Mapping[str, Any] | None = None,
-    handed_over: list[str] | None = None,
-) -> Row[Any] | None:
+) -> Moved | None:
     """Move `run_id` along `transition`, appending `events`; None means it had already moved.
 
-    A fenced transition also requires `lease_epoch = epoch`, so a worker whose lease was reaped
-    cannot write; one that yields to a cancel also requires that none was requested.
-    `tenant_id`, when given, scopes the move to the caller's tenant; `waiting_on` to a run
-    parked on that interaction (no other one may move it). `params` binds what expressions
-    among `values` leave open (e.g. `lease_ttl`). A terminal move hands the
-    session to its next queued message, whose run id goes into `handed_over`.
+    A fenced transition also requires the lease (LEASE_HELD with `epoch`), so a worker whose
+    lease was reaped cannot write; one that yields to a cancel also requires that none was
+    requested. `tenant_id`, when given, scopes the move to the caller's tenant; `waiting_on` to
+    a run parked on that interaction (no other one may move it). `params` binds what
+    expressions among `values` leave open (e.g. `lease_ttl`). A terminal move hands the session
+    to its next queued message (`Moved.handed_over`).
     """
     if transition.fenced and epoch is None:
         raise ValueError(f"transition {transition.name} needs the lease epoch")
@@ -90,24 +148,20 @@ async def apply(
     stmt = _shape(transition, tenant_id is not None, bool(events), values, waiting_on is not None)
     bound: dict[str, Any] = {
         "t_run_id": run_id,
-        "t_epoch": epoch,
+        "held_epoch": epoch,
         "t_tenant_id": tenant_id,
         "t_waiting_on": waiting_on,
-        "t_n_events": len(events),
+        **event_params(events),
         **{f"v_{k}": v for k, v in values.items() if _bound(v)},
         **dict(params or {}),
     }
-    if events:
-        bound["t_e_types"] = [e.type for e in events]
-        bound["t_e_payloads"] = [json.dumps(dict(e.payload)) for e in events]
     row = (await conn.execute(stmt, bound)).first()
     if row is None:
         return None
+    handed_over = None
     if transition.target.terminal:
-        next_run = await hand_over_session(conn, row.session_id, run_id)
-        if next_run is not None and handed_over is not None:
-            handed_over.append(next_run)
-    return row
+        handed_over = await hand_over_session(conn, row.session_id, run_id)
+    return Moved(row, numbered(row.last_seq, events), handed_over)
 
 
 def _shape(
@@ -132,14 +186,11 @@ def _shape(
         return cached[0]
     stmt = (
         update(runs)
-        .where(
-            runs.c.run_id == bindparam("t_run_id"),
-            runs.c.status.in_([s.value for s in transition.sources]),
-        )
+        .where(runs.c.run_id == bindparam("t_run_id"))
         .values(
             status=transition.target.value,
             updated_at=NOW,
-            last_seq=runs.c.last_seq + bindparam("t_n_events", type_=Integer),
+            last_seq=runs.c.last_seq + EVENT_COUNT,
             **{
                 k: bindparam(f"v_{k}", type_=runs.c[k].type) if _bound(v) else v
                 for k, v in values.items()
@@ -148,7 +199,9 @@ def _shape(
         .returning(*runs.c)
     )
     if transition.fenced:
-        stmt = stmt.where(runs.c.lease_epoch == bindparam("t_epoch"))
+        stmt = stmt.where(LEASE_HELD)  # every fenced move leaves running (tether.states)
+    else:
+        stmt = stmt.where(runs.c.status.in_([s.value for s in transition.sources]))
     if transition.yields_to_cancel:
         # An accepted cancel is never dropped: this move is refused, and the run ends cancelled.
         stmt = stmt.where(runs.c.cancel_requested_at.is_(None))
@@ -171,25 +224,9 @@ def _bound(value: Any) -> bool:
 
 
 def _with_events(move: Update) -> Select[Any]:
-    """`move` and the insert of its events as ONE statement (one round trip): the events take
-    the seqs the move reserved, and are written only if the move matched."""
+    """`move` and the insert of its events as ONE statement (one round trip)."""
     moved = move.cte("moved")
-    batch = (
-        func.unnest(
-            bindparam("t_e_types", type_=ARRAY(Text)),
-            bindparam("t_e_payloads", type_=ARRAY(Text)),
-        )
-        .table_valued("type", "payload", with_ordinality="ord")
-        .render_derived("e", with_types=False)
-    )
-    rows = select(
-        moved.c.run_id,
-        moved.c.last_seq - bindparam("t_n_events", type_=Integer) + batch.c.ord,
-        batch.c.type,
-        cast(batch.c.payload, JSONB),
-    ).select_from(moved.join(batch, true()))
-    appended = insert(run_events).from_select(["run_id", "seq", "type", "payload"], rows)
-    return select(moved).add_cte(appended.cte("appended"))
+    return select(moved).add_cte(appended_events(moved))
 
 
 _LOCK_SESSION = (
@@ -241,18 +278,3 @@ async def hand_over_session(conn: AsyncConnection, session_id: str, run_id: str)
     # A statement of its own, after the lock: its snapshot sees every run admitted before.
     next_run: str | None = (await conn.execute(_HAND_OVER, params)).scalar()
     return next_run
-
-
-async def insert_events(
-    conn: AsyncConnection, run_id: str, after_seq: int, events: Sequence[Event]
-) -> None:
-    """Insert `events` with seq after_seq+1, after_seq+2, ...; the caller reserved the range."""
-    if not events:
-        return
-    await conn.execute(
-        insert(run_events),
-        [
-            {"run_id": run_id, "seq": after_seq + i, "type": e.type, "payload": dict(e.payload)}
-            for i, e in enumerate(events, start=1)
-        ],
-    )

@@ -1,0 +1,138 @@
+"""The run aggregate's intake: the one way a run enters it (a queued run with its run.queued
+event), and the read admission's duplicate table needs.
+
+This module is the sanctioned exception to "nothing outside the orchestrator writes the run
+aggregate": admission calls it inside its own statement or transaction, because the spec puts
+the inbound claim and the run it creates in one transaction. What a queued run is (its status,
+first attempt, event, stored format, whether it heads its session) is written here alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    CTE,
+    BigInteger,
+    Integer,
+    Select,
+    SmallInteger,
+    Text,
+    bindparam,
+    func,
+    insert,
+    literal,
+    select,
+    update,
+)
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from services.orchestrator.repositories.transitions import (
+    EVENT_COUNT,
+    appended_events,
+    event_params,
+)
+from tether import formats
+from tether.db.schema import runs, sessions
+from tether.domain import run_queued
+from tether.errors import NotFound
+from tether.states import RunStatus
+
+
+def head_if_idle(run_id: Any) -> Any:
+    """The session's head once run `run_id` (a bound parameter) is admitted: an idle session
+    makes it its head (`sessions.active_run_id`); a busy one keeps its head and the run queues
+    behind it."""
+    return func.coalesce(sessions.c.active_run_id, run_id)
+
+
+# The facts a queued run is made of, in this order, as the source of `queued_run` selects them.
+FACTS = (
+    "run_id",
+    "tenant_id",
+    "session_id",
+    "message_id",
+    "conversation_id",
+    "channel",
+    "input_text",
+    "max_attempts",
+    "parent_run_id",
+    "root_run_id",
+    "traceparent",
+    "session_head",
+    "owner_principal_id",
+    "visibility",
+)
+
+
+def queued_run(source: Select[Any]) -> tuple[CTE, CTE]:
+    """The insert of a queued run whose facts `source` selects (FACTS, in order), and the
+    insert of its run.queued event (seq 1): CTEs for one statement. Bind `queued_params`."""
+    run = (
+        insert(runs)
+        .from_select(
+            [*FACTS, "status", "attempt", "last_seq", "format"],
+            source.add_columns(
+                literal(RunStatus.QUEUED.value, Text),
+                literal(1, Integer),
+                EVENT_COUNT.cast(BigInteger),
+                literal(formats.CURRENT, SmallInteger),
+            ),
+        )
+        .returning(*runs.c)
+        .cte("queued_run")
+    )
+    return run, appended_events(run)
+
+
+def queued_params(reason: str) -> dict[str, Any]:
+    """The bound values `queued_run`'s event takes."""
+    return event_params([run_queued(1, reason)])
+
+
+def _bound(name: str, type_: Any = Text) -> Any:
+    # Prefixed: an UPDATE in the statement would take a parameter named like one of its
+    # table's columns (session_id, tenant_id, ...) as a value to SET.
+    return bindparam(f"q_{name}", type_=type_)
+
+
+_SET_HEAD = (
+    update(sessions)
+    .where(sessions.c.session_id == _bound("session_id"))
+    .values(active_run_id=head_if_idle(_bound("run_id")))
+    .returning(sessions.c.active_run_id)
+    .cte("head")
+)
+_RUN, _QUEUED = queued_run(
+    select(
+        *[_bound(name) for name in FACTS[:7]],
+        _bound("max_attempts", Integer),
+        *[_bound(name) for name in FACTS[8:11]],
+        _SET_HEAD.c.active_run_id == _bound("run_id"),
+        *[_bound(name) for name in FACTS[12:]],
+    ).select_from(_SET_HEAD)
+)
+_CREATE = select(_RUN).add_cte(_QUEUED)
+
+
+async def create_queued_run(
+    conn: AsyncConnection, facts: dict[str, Any], *, reason: str
+) -> Row[Any]:
+    """Create a queued run of an existing session (`facts`: FACTS but `session_head`), heading
+    it when the session is idle, with its run.queued event; one statement, in the caller's
+    transaction."""
+    params = {**{f"q_{k}": v for k, v in facts.items()}, **queued_params(reason)}
+    row: Row[Any] = (await conn.execute(_CREATE, params)).one()
+    return row
+
+
+_RUN_BY_ID = select(runs).where(runs.c.run_id == bindparam("run_id"))
+
+
+async def claimed_run(conn: AsyncConnection, run_id: str) -> Row[Any]:
+    """The run an inbound claim points at (the claim and its run commit together)."""
+    row = (await conn.execute(_RUN_BY_ID, {"run_id": run_id})).first()
+    if row is None:
+        raise NotFound(f"run {run_id!r} not found")
+    return row

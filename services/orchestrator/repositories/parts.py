@@ -1,0 +1,188 @@
+"""A run's parts: written under the lease of the attempt that produced them, superseded when a
+later attempt takes their place, read back as domain parts (`tether.domain.Part`) from whichever
+stored format wrote them (`tether.formats`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Integer, bindparam, func, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from tether import formats
+from tether.db.schema import run_parts, runs
+from tether.domain import Closing, Part, close_attempt, content_json
+from tether.states import RunStatus
+
+
+def read(row: Any, run_id: str) -> Part:
+    """A stored part (a row with run_parts' columns) as a domain part."""
+    return formats.read_part(
+        index=row.part_index,
+        role=row.role,
+        kind=row.kind,
+        payload=row.payload,
+        final=row.final,
+        superseded=row.superseded_at is not None,
+        format=row.format,
+        what=f"part {row.part_index} of run {run_id}",
+    )
+
+
+def stored(part: Part) -> dict[str, Any]:
+    """A part's stored columns, in the current format."""
+    return {
+        "part_index": part.index,
+        "role": str(part.role),
+        "kind": str(part.kind),
+        "payload": content_json(part.content),
+        "final": part.final,
+        "format": formats.CURRENT,
+    }
+
+
+_UPSERT = pg_insert(run_parts).values(
+    run_id=bindparam("run_id"),
+    lease_epoch=bindparam("lease_epoch"),
+    part_index=bindparam("part_index"),
+    role=bindparam("role"),
+    kind=bindparam("kind"),
+    payload=bindparam("payload"),
+    final=bindparam("final"),
+    format=bindparam("format"),
+)
+# A rewritten part keeps the attempt that first wrote it, and its superseded mark.
+_UPSERT = _UPSERT.on_conflict_do_update(
+    index_elements=["run_id", "part_index"],
+    set_={
+        "role": _UPSERT.excluded.role,
+        "kind": _UPSERT.excluded.kind,
+        "payload": _UPSERT.excluded.payload,
+        "final": _UPSERT.excluded.final,
+        "format": _UPSERT.excluded.format,
+        "updated_at": func.now(),
+    },
+)
+
+
+async def upsert(conn: AsyncConnection, run_id: str, epoch: int, parts: Sequence[Part]) -> None:
+    """Insert or replace parts by index (writes proportional to the new parts only); a new part
+    belongs to lease `epoch`'s attempt."""
+    if parts:
+        rows = [{"run_id": run_id, "lease_epoch": epoch, **stored(p)} for p in parts]
+        await conn.execute(_UPSERT, rows)
+
+
+_SUPERSEDE = (
+    update(run_parts)
+    .where(
+        run_parts.c.run_id == bindparam("s_run_id"),
+        run_parts.c.part_index == func.any(bindparam("s_indexes", type_=ARRAY(Integer))),
+        run_parts.c.superseded_at.is_(None),
+    )
+    .values(superseded_at=func.now())
+)
+
+
+async def supersede(conn: AsyncConnection, run_id: str, parts: Sequence[Part]) -> None:
+    """Mark `parts` superseded (kept, flagged; a part already marked keeps its time)."""
+    if parts:
+        params = {"s_run_id": run_id, "s_indexes": [p.index for p in parts]}
+        await conn.execute(_SUPERSEDE, params)
+
+
+async def list_parts(
+    conn: AsyncConnection, run_id: str, *, include_superseded: bool = True
+) -> list[Part]:
+    """The run's parts in order; superseded ones (flagged) unless `include_superseded` is off,
+    as every read of the run's transcript asks."""
+    stmt = select(run_parts).where(run_parts.c.run_id == run_id)
+    if not include_superseded:
+        stmt = stmt.where(run_parts.c.superseded_at.is_(None))
+    rows = (await conn.execute(stmt.order_by(run_parts.c.part_index))).all()
+    return [read(r, run_id) for r in rows]
+
+
+_ATTEMPT_PARTS = (
+    select(runs.c.attempt, run_parts)
+    .select_from(runs.outerjoin(run_parts, run_parts.c.run_id == runs.c.run_id))
+    .where(runs.c.run_id == bindparam("run_id"))
+    .order_by(run_parts.c.part_index)
+)
+
+
+async def attempt_and_parts(conn: AsyncConnection, run_id: str) -> tuple[int, list[Part]]:
+    """The run's current attempt number and all its parts, in one round trip."""
+    rows = (await conn.execute(_ATTEMPT_PARTS, {"run_id": run_id})).all()
+    return rows[0].attempt, [read(r, run_id) for r in rows if r.part_index is not None]
+
+
+async def write_closing(conn: AsyncConnection, run_id: str, epoch: int, closing: Closing) -> None:
+    """Store what `tether.domain.close_attempt` settled, under the attempt's lease epoch."""
+    await upsert(conn, run_id, epoch, closing.parts)
+    await supersede(conn, run_id, closing.superseded)
+
+
+async def close_dangling(conn: AsyncConnection, run: Row[Any], reason: str) -> None:
+    """Settle a finished run's parts under its last lease (their events are not needed: the
+    run is over)."""
+    parts = await list_parts(conn, run.run_id)
+    closing = close_attempt(parts, run.attempt, regenerated=False, interrupted=reason)
+    await write_closing(conn, run.run_id, run.lease_epoch, closing)
+
+
+@dataclass(frozen=True)
+class EarlierRun:
+    """A completed run of the same session, as the history of a later one sees it."""
+
+    run_id: str
+    input_text: str
+    parts: list[Part]
+
+
+_RECENT_RUNS = (
+    select(runs.c.run_id, runs.c.input_text, runs.c.created_at)
+    .where(
+        runs.c.session_id == bindparam("session_id"),
+        runs.c.status == RunStatus.COMPLETED.value,
+        runs.c.created_at < bindparam("before"),
+    )
+    .order_by(runs.c.created_at.desc())
+    .limit(bindparam("limit_runs"))
+    .subquery()
+)
+_SESSION_HISTORY = (
+    select(
+        _RECENT_RUNS.c.run_id,
+        _RECENT_RUNS.c.input_text,
+        *[c for c in run_parts.c if c.name != "run_id"],
+    )
+    .select_from(
+        _RECENT_RUNS.outerjoin(
+            run_parts,
+            (run_parts.c.run_id == _RECENT_RUNS.c.run_id) & run_parts.c.superseded_at.is_(None),
+        )
+    )
+    .order_by(_RECENT_RUNS.c.created_at, _RECENT_RUNS.c.run_id, run_parts.c.part_index)
+)
+
+
+async def session_history(
+    conn: AsyncConnection, session_id: str, before: datetime, *, limit_runs: int
+) -> list[EarlierRun]:
+    """The last `limit_runs` completed runs of a session before `before`, oldest first, each
+    with its transcript (one query)."""
+    params = {"session_id": session_id, "before": before, "limit_runs": limit_runs}
+    earlier: list[EarlierRun] = []
+    for row in (await conn.execute(_SESSION_HISTORY, params)).all():
+        if not earlier or earlier[-1].run_id != row.run_id:
+            earlier.append(EarlierRun(row.run_id, row.input_text, []))
+        if row.part_index is not None:
+            earlier[-1].parts.append(read(row, row.run_id))
+    return earlier
