@@ -1,5 +1,5 @@
-"""Shared runtime helpers for every service: supervised background tasks, periodic rounds, and
-a Redis subscription that survives Redis going away."""
+"""Shared runtime helpers for every service: supervised background tasks and periodic rounds
+(the Redis subscription that survives Redis going away is `tether.subscription`)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
-
-from redis.asyncio.client import PubSub
-from redis.exceptions import RedisError
-
-from tether.bus import Bus
 
 log = logging.getLogger(__name__)
-
-# Reconnect backoff of a lost subscription: doubling from the first to the last.
-RECONNECT_FIRST_S = 0.05
-RECONNECT_MAX_S = 2.0
 
 
 async def every(interval_s: float, work: Callable[[], Awaitable[int]], name: str) -> None:
@@ -31,34 +21,6 @@ async def every(interval_s: float, work: Callable[[], Awaitable[int]], name: str
         except Exception:
             log.exception("%s round failed; retrying next interval", name)
         await asyncio.sleep(interval_s)
-
-
-async def listen_forever(
-    bus: Bus,
-    what: str,
-    subscribe: Callable[[PubSub], Awaitable[Any]],
-    handle: Callable[[dict[str, Any]], None],
-    *,
-    on_lost: Callable[[], None] = lambda: None,
-) -> None:
-    """Subscribe with `subscribe` and pass every published message to `handle`, for ever. When
-    Redis goes away the loss is logged, `on_lost` runs (whatever was published meanwhile is
-    gone: a listener catches up from PostgreSQL) and the subscription is made again, with
-    backoff."""
-    delay = RECONNECT_FIRST_S
-    while True:
-        try:
-            async with bus.client.pubsub() as pubsub:
-                await subscribe(pubsub)
-                delay = RECONNECT_FIRST_S
-                async for message in pubsub.listen():
-                    if message.get("type") in ("message", "pmessage"):
-                        handle(message)
-        except (RedisError, OSError) as exc:
-            log.warning("%s lost Redis (%s); reconnecting", what, exc)
-            on_lost()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RECONNECT_MAX_S)
 
 
 class Supervisor:

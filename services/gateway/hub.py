@@ -8,7 +8,8 @@ so a slow client never delays the others or the publisher.
 
 Redis carries hints only. When the connection drops (Redis flushed of clients, restarted,
 unreachable), every feed is told to re-read PostgreSQL (`Signal.RESYNC`) and, until the hub is
-subscribed again, streams poll PostgreSQL instead (`EventHub.is_live` is False).
+subscribed again, streams poll PostgreSQL instead (`EventHub.is_live` is False). The connection
+itself, its liveness and its reconnects are a `tether.subscription.Subscription`.
 """
 
 from __future__ import annotations
@@ -21,21 +22,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-import redis.asyncio as redis
-from redis.asyncio.client import PubSub
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-
 from tether.convert import event_to_proto
 from tether.hints import LiveMessage, decode_event, events_channel
+from tether.subscription import Published, Subscription
 from tether.v1 import events_pb2
 
 log = logging.getLogger(__name__)
 
-# Subscribed last on every connection: its confirmation means every channel before it is live.
-SENTINEL_CHANNEL = "tether:gateway:hub"
 _DELTA = "text.delta"
 
 
@@ -154,35 +147,34 @@ class EventHub:
         confirm_timeout_s: float = 1.0,
         reconnect_max_s: float = 2.0,
     ) -> None:
-        self._url = redis_url
         self._capacity = feed_capacity
         self._linger = linger_s
-        self._ping_interval = ping_interval_s
         self._confirm_timeout = confirm_timeout_s
-        self._reconnect_max = reconnect_max_s
         self._feeds: set[Feed] = set()
         self._by_channel: dict[str, set[Feed]] = {}
-        # Channels the connection should carry (followed, or lingering after their last feed).
-        self._wanted: set[str] = set()
-        self._idle_since: dict[str, float] = {}
-        # What this connection was asked for, and what Redis confirmed.
-        self._requested: set[str] = set()
-        self._confirmed: set[str] = set()
-        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
-        self._changed = asyncio.Event()
-        self._healthy = False
+        # Channels no feed follows any more, still subscribed until their timer ends the linger.
+        self._lingering: dict[str, asyncio.TimerHandle] = {}
+        self._subscription = Subscription(
+            redis_url,
+            "event-hub",
+            self._dispatch,
+            on_live=self._resync_all,
+            on_lost=self._resync_all,
+            on_confirmed=self._confirmed,
+            ping_interval_s=ping_interval_s,
+            reconnect_max_s=reconnect_max_s,
+        )
         self._closed = False
-        self._heard = 0.0
         self._task: asyncio.Task[None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self, on_death: Callable[[], None] | None = None) -> None:
         """Connect in the background; `on_death` runs if the hub's task dies of a bug."""
-        if not self._url:
+        if not self._subscription.url:
             log.warning("no Redis URL: streams follow runs by polling PostgreSQL only")
             return
-        self._task = asyncio.create_task(self._run(), name="event-hub")
+        self._task = asyncio.create_task(self._subscription.run(), name="event-hub")
 
         def done(task: asyncio.Task[None]) -> None:
             if task.cancelled():
@@ -202,6 +194,9 @@ class EventHub:
     async def stop(self) -> None:
         """Close the feeds and the connection."""
         self.close_feeds()
+        for timer in self._lingering.values():
+            timer.cancel()
+        self._lingering.clear()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -225,7 +220,7 @@ class EventHub:
 
     def is_live(self, run_id: str) -> bool:
         """Whether the run's live tail is flowing (else its streams must poll PostgreSQL)."""
-        return self._healthy and events_channel(run_id) in self._confirmed
+        return self._subscription.is_subscribed(events_channel(run_id))
 
     async def follow(self, feed: Feed, run_id: str) -> bool:
         """Feed `feed` the run's live events, once Redis confirms the subscription (so nothing
@@ -233,20 +228,13 @@ class EventHub:
         channel = events_channel(run_id)
         feed.channels.add(channel)
         self._by_channel.setdefault(channel, set()).add(feed)
-        self._idle_since.pop(channel, None)
-        if channel not in self._wanted:
-            self._wanted.add(channel)
-            self._changed.set()
-        if not self._healthy or channel in self._confirmed:
-            return self.is_live(run_id)
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(channel, []).append(waiter)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._confirm_timeout):
-                await waiter
-        if not self.is_live(run_id):
+        lingering = self._lingering.pop(channel, None)
+        if lingering is not None:
+            lingering.cancel()
+        live = await self._subscription.subscribe(channel, wait_s=self._confirm_timeout)
+        if not live and channel in feed.channels:
             feed.unconfirmed.add(channel)
-        return self.is_live(run_id)
+        return live
 
     def unfollow(self, feed: Feed, run_id: str) -> None:
         """Stop feeding `feed` this run's events."""
@@ -261,122 +249,36 @@ class EventHub:
         feeds.discard(feed)
         if not feeds:
             del self._by_channel[channel]
-            self._idle_since[channel] = asyncio.get_running_loop().time()
-
-    # -- the connection -------------------------------------------------------------------------
-
-    async def _run(self) -> None:
-        delay = 0.05
-        while True:
-            # No silent reconnects inside redis-py: a dropped connection must be seen, because
-            # whatever was published meanwhile is lost and the feeds must re-read PostgreSQL.
-            client = redis.Redis.from_url(
-                self._url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=1.0
+            self._lingering[channel] = asyncio.get_running_loop().call_later(
+                self._linger, self._linger_over, channel
             )
-            pubsub = client.pubsub()
-            try:
-                self._heard = asyncio.get_running_loop().time()
-                self._requested = set(self._wanted)
-                await pubsub.subscribe(*sorted(self._requested), SENTINEL_CHANNEL)
-                async with asyncio.TaskGroup() as group:
-                    group.create_task(self._read(pubsub), name="event-hub-reader")
-                    group.create_task(self._write(pubsub), name="event-hub-writer")
-            except* (RedisError, OSError) as failure:
-                if self._healthy:
-                    cause = failure.exceptions[0]
-                    log.warning("event hub lost Redis (%s); streams poll PostgreSQL", cause)
-            finally:
-                if self._healthy:
-                    delay = 0.05
-                self._lost()
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: untyped
-                    await client.aclose()
-            await asyncio.sleep(delay)  # reconnect backoff
-            delay = min(delay * 2, self._reconnect_max)
 
-    def _lost(self) -> None:
-        was_healthy = self._healthy
-        self._healthy = False
-        self._requested.clear()
-        self._confirmed.clear()
-        for waiters in self._waiters.values():
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
-        self._waiters.clear()
-        if was_healthy:
-            for feed in list(self._feeds):
-                feed.signal(Signal.RESYNC)
+    def _linger_over(self, channel: str) -> None:
+        del self._lingering[channel]
+        self._subscription.unsubscribe(channel)
 
-    async def _write(self, pubsub: PubSub) -> None:
-        """Subscribe and unsubscribe as feeds come and go; ping to notice a silent death."""
-        loop = asyncio.get_running_loop()
-        last_ping = loop.time()
-        while True:
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(self._ping_interval, max(self._linger, 0.05))):
-                    await self._changed.wait()
-            now = loop.time()
-            for channel, since in list(self._idle_since.items()):
-                if now - since >= self._linger:
-                    del self._idle_since[channel]
-                    self._wanted.discard(channel)
-            add = self._wanted - self._requested
-            drop = self._requested - self._wanted
-            self._requested = set(self._wanted)
-            if add:
-                await pubsub.subscribe(*sorted(add))
-            if drop:
-                await pubsub.unsubscribe(*sorted(drop))
-            if now - self._heard > 3 * self._ping_interval:
-                raise RedisConnectionError("Redis stopped answering pings")
-            if now - last_ping >= self._ping_interval:
-                await pubsub.ping()
-                last_ping = now
+    # -- what the subscription reports ----------------------------------------------------------
 
-    async def _read(self, pubsub: PubSub) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            message = await pubsub.get_message(timeout=None)
-            self._heard = loop.time()
-            if message is None:
-                continue
-            kind = message["type"]
-            channel = _text(message.get("channel"))
-            if kind == "message":
-                self._dispatch(channel, message["data"])
-            elif kind == "subscribe":
-                self._confirm(channel)
-            elif kind == "unsubscribe":
-                self._confirmed.discard(channel)
+    def _resync_all(self) -> None:
+        # Lost: streams poll PostgreSQL until the hub is back. Live (again): whatever the feeds
+        # missed while the tail was down, they read from PostgreSQL.
+        for feed in list(self._feeds):
+            feed.signal(Signal.RESYNC)
 
-    def _confirm(self, channel: str) -> None:
-        if channel == SENTINEL_CHANNEL:
-            # Every channel of the connection's first SUBSCRIBE is live now: whatever feeds
-            # missed while the tail was down, they read from PostgreSQL.
-            self._healthy = True
-            for feed in list(self._feeds):
-                feed.signal(Signal.RESYNC)
-            log.info("event hub subscribed (%d runs followed)", len(self._requested))
-        self._confirmed.add(channel)
-        for waiter in self._waiters.pop(channel, []):
-            if not waiter.done():
-                waiter.set_result(None)
-        for feed in self._by_channel.get(channel, ()):
+    def _confirmed(self, channel: str) -> None:
+        for feed in list(self._by_channel.get(channel, ())):
             if channel in feed.unconfirmed:
                 feed.unconfirmed.discard(channel)
                 feed.signal(Signal.RESYNC)
 
-    def _dispatch(self, channel: str, data: Any) -> None:
-        feeds = self._by_channel.get(channel)
+    def _dispatch(self, message: Published) -> None:
+        feeds = self._by_channel.get(message.channel)
         if not feeds:
             return
         try:
-            live = LiveEvent(decode_event(data))
+            live = LiveEvent(decode_event(message.data))
         except ValueError as exc:
-            log.warning("dropping an undecodable message on %s: %s", channel, exc)
+            log.warning("dropping an undecodable message on %s: %s", message.channel, exc)
             return
         delta = live.type == _DELTA
         for feed in list(feeds):
@@ -385,7 +287,3 @@ class EventHub:
             if not feed.offer(live):
                 self.close(feed)
                 feed.signal(Signal.OVERFLOWED)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value or "")

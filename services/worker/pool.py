@@ -19,7 +19,7 @@ from services.worker.orchestrator_client import Orchestrator
 from tether.bus import Bus
 from tether.errors import StaleLease, TetherError, Unavailable
 from tether.hints import CANCEL_PATTERN, run_of_cancel_channel
-from tether.runtime import listen_forever
+from tether.subscription import Subscription
 from tether.v1 import orchestrator_pb2
 
 log = logging.getLogger(__name__)
@@ -210,12 +210,13 @@ class WorkerPool:
         if self._bus is None:
             return
         # Heartbeats still carry the cancel flag while Redis is away; only the fast path is lost.
-        await listen_forever(
-            self._bus,
-            "cancel listener",
-            lambda pubsub: pubsub.psubscribe(CANCEL_PATTERN),
-            lambda message: self._cancel_hinted(run_of_cancel_channel(message["channel"])),
+        listener = Subscription(
+            self._bus.url,
+            "cancel-listener",
+            lambda message: self._cancel_hinted(run_of_cancel_channel(message.channel)),
+            patterns=[CANCEL_PATTERN],
         )
+        await listener.run()
 
     async def stop(self, grace_s: float) -> None:
         """Stop claiming; give attempts `grace_s` to finish, then release their leases."""
