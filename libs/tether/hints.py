@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tether import formats
+
 # -- wake-ups: "a run may have become claimable" ------------------------------------------------
 
 WAKE_CHANNEL = "tether:wake"
@@ -61,13 +63,15 @@ def events_channel(run_id: str) -> str:
 @dataclass(frozen=True)
 class LiveMessage:
     """One live event as published: `seq` 0 for an uncommitted delta; `created_at` is an ISO
-    time, or "" when the publisher did not stamp it."""
+    time, or "" when the publisher did not stamp it; `format` the stored format its payload is
+    in (`tether.formats`: a release reads its own and the one before)."""
 
     run_id: str
     seq: int
     type: str
     payload: Mapping[str, Any]
     created_at: str = ""
+    format: int = formats.CURRENT
 
 
 def encode_event(message: LiveMessage) -> str:
@@ -77,6 +81,7 @@ def encode_event(message: LiveMessage) -> str:
         "seq": message.seq,
         "type": message.type,
         "payload": dict(message.payload),
+        "format": message.format,
     }
     if message.created_at:
         body["created_at"] = message.created_at
@@ -84,18 +89,24 @@ def encode_event(message: LiveMessage) -> str:
 
 
 def decode_event(data: bytes | str) -> LiveMessage:
-    """The message `encode_event` wrote; ValueError when it is not one."""
+    """The message `encode_event` wrote; ValueError when it is not one, or when a newer release
+    wrote it in a format this one does not read (the subscriber re-reads PostgreSQL)."""
     try:
         raw = json.loads(data)
-        return LiveMessage(
+        message = LiveMessage(
             str(raw["run_id"]),
             int(raw["seq"]),
             str(raw["type"]),
             raw.get("payload") or {},
             str(raw.get("created_at") or ""),
+            # Releases before formats were recorded published format 1 without saying so.
+            int(raw.get("format", 1)),
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a live event: {exc}") from exc
+    if message.format > formats.CURRENT:
+        raise ValueError(f"a live event in format {message.format}, newer than this release reads")
+    return message
 
 
 def _text(value: bytes | str) -> str:

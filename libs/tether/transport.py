@@ -11,23 +11,18 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from tether.convert import status_from_proto
+from tether.convert import status_from_proto, status_to_proto
+from tether.domain import TERMINAL_EVENTS, EventType
+from tether.states import TRANSITIONS
 from tether.v1 import common_pb2, events_pb2
 
 # A stream ends after delivering one of these.
-TERMINAL_TYPES = frozenset({"run.completed", "run.failed", "run.cancelled"})
+TERMINAL_TYPES = TERMINAL_EVENTS
 
-# Status a run has right after an event of this type was appended (see tether.states).
+# Status a run has right after an event of this type was appended: the target of the
+# transitions that append it (each event type moves a run to one status; tether.states).
 STATUS_AFTER: dict[str, common_pb2.RunStatus.ValueType] = {
-    "run.queued": common_pb2.RUN_STATUS_QUEUED,
-    "run.started": common_pb2.RUN_STATUS_RUNNING,
-    "run.retry-pending": common_pb2.RUN_STATUS_RETRY_PENDING,
-    "question.requested": common_pb2.RUN_STATUS_WAITING_FOR_QUESTION,
-    "approval.requested": common_pb2.RUN_STATUS_WAITING_FOR_APPROVAL,
-    "connection.requested": common_pb2.RUN_STATUS_WAITING_FOR_CONNECTION,
-    "run.completed": common_pb2.RUN_STATUS_COMPLETED,
-    "run.failed": common_pb2.RUN_STATUS_FAILED,
-    "run.cancelled": common_pb2.RUN_STATUS_CANCELLED,
+    t.event_type: status_to_proto(t.target) for t in TRANSITIONS.values()
 }
 
 # Trailing-metadata key naming the last durable seq a stream delivered before it was ended
@@ -49,7 +44,7 @@ def event_payload_json(event: events_pb2.RunEvent) -> dict[str, Any]:
     if field is None:
         return {}
     payload: dict[str, Any] = json_format.MessageToDict(getattr(event, field))
-    if field == "keepalive":
+    if field == EventType.KEEPALIVE.field:
         payload["status"] = status_name(event.keepalive.status)
     return payload
 

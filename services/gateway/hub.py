@@ -23,13 +23,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tether.convert import event_to_proto
+from tether.domain import EventType
 from tether.hints import LiveMessage, decode_event, events_channel
 from tether.subscription import Published, Subscription
 from tether.v1 import events_pb2
 
 log = logging.getLogger(__name__)
-
-_DELTA = "text.delta"
 
 
 class Signal(enum.Enum):
@@ -63,8 +62,9 @@ class LiveEvent:
         if self._event is None:
             created = self._message.created_at
             when = datetime.fromisoformat(created) if created else datetime.now(UTC)
+            message = self._message
             self._event = event_to_proto(
-                self.run_id, self.seq, self.type, self._message.payload, when
+                self.run_id, self.seq, self.type, message.payload, when, format=message.format
             )
         return self._event
 
@@ -280,7 +280,7 @@ class EventHub:
         except ValueError as exc:
             log.warning("dropping an undecodable message on %s: %s", message.channel, exc)
             return
-        delta = live.type == _DELTA
+        delta = live.type == EventType.TEXT_DELTA
         for feed in list(feeds):
             if delta and not feed.deltas:
                 continue

@@ -24,6 +24,7 @@ from google.protobuf import json_format
 
 from services.gateway.hub import EventHub, LiveEvent, Signal
 from services.gateway.settings import GatewaySettings
+from tether.domain import EventType
 from tether.errors import (
     InvalidArgument,
     NotFound,
@@ -116,7 +117,7 @@ class RunCursor:
 
 def keepalive(run_id: str, status: common_pb2.RunStatus.ValueType) -> events_pb2.RunEvent:
     """An ephemeral keepalive carrying the run's status."""
-    event = events_pb2.RunEvent(run_id=run_id, type="keepalive")
+    event = events_pb2.RunEvent(run_id=run_id, type=EventType.KEEPALIVE)
     event.created_at.GetCurrentTime()
     event.keepalive.status = status
     return event

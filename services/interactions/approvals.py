@@ -13,6 +13,7 @@ from services.interactions import repository as repo
 from services.interactions.domain import ALWAYS_SCOPES, DECISIONS, Orchestrator, Policy
 from services.interactions.lifecycle import Lifecycle
 from tether import audit
+from tether.domain import EventType
 from tether.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from tether.ids import new_id
 from tether.visibility import Viewer
@@ -124,7 +125,7 @@ class Approvals:
                 conn,
                 tenant_id=tenant_id,
                 run_id=run_id,
-                action="approval.decided",
+                action=EventType.APPROVAL_DECIDED,
                 actor={"kind": "principal", "principal_id": principal_id},
                 interaction_id=pending.interaction_id,
                 decision=decision,

@@ -3,23 +3,17 @@ expire) over gRPC and an OAuth token endpoint over HTTP."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx2
 
 from services.interactions.domain import RunFacts
 from tether.convert import event_to_wire, status_from_proto, status_to_proto
-from tether.domain import Event, EventType
+from tether.domain import Event, RunError
 from tether.errors import FailedPrecondition, TetherError, Unavailable
-from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+from tether.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 from tether.visibility import Viewer
 
 # The name the channel's interceptor gives the orchestrator when it does not answer.
 ORCHESTRATOR = "the orchestrator service"
-
-
-def _event(type_: str, payload: dict[str, Any]) -> events_pb2.RunEvent:
-    return event_to_wire(Event(EventType(type_), payload))
 
 
 class GrpcOrchestrator:
@@ -71,7 +65,7 @@ class GrpcOrchestrator:
         tenant_id: str,
         run_id: str,
         from_status: str,
-        event: tuple[str, dict[str, Any]],
+        event: Event,
         interaction_id: str,
     ) -> bool:
         """Queue a run parked on `interaction_id` once."""
@@ -82,7 +76,7 @@ class GrpcOrchestrator:
                 tenant_id=tenant_id,
                 run_id=run_id,
                 from_status=status_to_proto(from_status),
-                event=_event(*event),
+                event=event_to_wire(event),
                 interaction_id=interaction_id,
             )
         )
@@ -93,8 +87,8 @@ class GrpcOrchestrator:
         tenant_id: str,
         run_id: str,
         from_status: str,
-        error: dict[str, Any],
-        event: tuple[str, dict[str, Any]],
+        error: RunError,
+        event: Event,
         interaction_id: str,
     ) -> bool:
         """Fail a run whose pause on `interaction_id` expired."""
@@ -104,11 +98,9 @@ class GrpcOrchestrator:
                 run_id=run_id,
                 from_status=status_to_proto(from_status),
                 error=common_pb2.ErrorInfo(
-                    code=error["code"],
-                    message=error["message"],
-                    retryable=bool(error.get("retryable")),
+                    code=error.code, message=error.message, retryable=error.retryable
                 ),
-                event=_event(*event),
+                event=event_to_wire(event),
                 interaction_id=interaction_id,
             )
         )

@@ -17,6 +17,7 @@ from services.interactions import repository as repo
 from services.interactions.domain import GAPS, Orchestrator, Policy, TokenExchange
 from services.interactions.lifecycle import Lifecycle
 from tether import audit
+from tether.domain import EventType
 from tether.errors import FailedPrecondition, InvalidArgument, NotFound
 from tether.visibility import Viewer
 
@@ -161,7 +162,7 @@ class Connections:
                 conn,
                 tenant_id=tenant_id,
                 run_id=run_id,
-                action="connection.completed",
+                action=EventType.CONNECTION_COMPLETED,
                 actor={"kind": "principal", "principal_id": principal_id},
                 interaction_id=offer.interaction_id,
                 provider=offer.provider,

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tether.domain import Event, EventType, RunError, interaction_event
 from tether.errors import InvalidArgument
 from tether.states import RunStatus
 from tether.visibility import Viewer
@@ -91,7 +92,7 @@ class Orchestrator(Protocol):
         tenant_id: str,
         run_id: str,
         from_status: str,
-        event: tuple[str, dict[str, Any]],
+        event: Event,
         interaction_id: str,
     ) -> bool:
         """Queue a run parked on `interaction_id` once; False when it had already moved or
@@ -102,8 +103,8 @@ class Orchestrator(Protocol):
         tenant_id: str,
         run_id: str,
         from_status: str,
-        error: dict[str, Any],
-        event: tuple[str, dict[str, Any]],
+        error: RunError,
+        event: Event,
         interaction_id: str,
     ) -> bool:
         """Fail a run whose pause on `interaction_id` expired; False when it had already moved
@@ -137,8 +138,6 @@ class Policy:
     orphan_grace_s: float = 10.0
 
 
-Event = tuple[str, dict[str, Any]]
-
 WAITING_FOR = {
     "question": RunStatus.WAITING_FOR_QUESTION.value,
     "approval": RunStatus.WAITING_FOR_APPROVAL.value,
@@ -148,14 +147,17 @@ WAITING_FOR = {
 # What each kind of resolution resumes from, and the event that records it (once, with the
 # run.queued that follows).
 RESOLUTIONS: dict[str, Callable[[str, str], tuple[str, Event]]] = {
-    "question": lambda i, _: ("waiting-for-question", ("question.answered", {"interactionId": i})),
+    "question": lambda i, _: (
+        "waiting-for-question",
+        interaction_event(EventType.QUESTION_ANSWERED, i),
+    ),
     "approval": lambda i, decision: (
         "waiting-for-approval",
-        ("approval.decided", {"interactionId": i, "decision": decision}),
+        interaction_event(EventType.APPROVAL_DECIDED, i, decision=decision),
     ),
     "connection": lambda i, _: (
         "waiting-for-connection",
-        ("connection.completed", {"interactionId": i, "outcome": "connected"}),
+        interaction_event(EventType.CONNECTION_COMPLETED, i, outcome="connected"),
     ),
 }
 

@@ -18,6 +18,7 @@ from services.interactions.domain import (
 )
 from services.interactions.lifecycle import Lifecycle
 from tether import audit
+from tether.domain import EventType
 from tether.errors import FailedPrecondition
 from tether.visibility import Viewer
 
@@ -65,7 +66,7 @@ class Questions:
                 conn,
                 tenant_id=viewer.tenant_id,
                 run_id=run_id,
-                action="question.answered",
+                action=EventType.QUESTION_ANSWERED,
                 actor={"kind": "principal", "principal_id": viewer.principal_id},
                 interaction_id=pending.interaction_id,
             )

@@ -13,12 +13,26 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from tether import formats
 from tether.db.schema import connections, grants, interactions, tenants
+
+# The sweeps leave an interaction a newer release stored to that release's replicas.
+_READABLE = interactions.c.format <= formats.CURRENT
+
+
+def _readable(row: Row[Any] | None) -> Row[Any] | None:
+    """`row`, refused (StoredFormatTooNew) when a newer release stored it: its questions,
+    answers and input are never read with a field dropped."""
+    if row is not None:
+        formats.check(row.format, f"interaction {row.interaction_id}")
+    return row
 
 
 async def insert_interaction(conn: AsyncConnection, **values: Any) -> None:
-    """Store a new pending interaction."""
-    await conn.execute(insert(interactions).values(status="pending", **values))
+    """Store a new pending interaction, in the current stored format."""
+    await conn.execute(
+        insert(interactions).values(status="pending", format=formats.CURRENT, **values)
+    )
 
 
 async def bound_interaction(
@@ -34,23 +48,27 @@ async def bound_interaction(
     )
     if lock:
         stmt = stmt.with_for_update()
-    return (await conn.execute(stmt)).first()
+    return _readable((await conn.execute(stmt)).first())
 
 
 async def resolve(
     conn: AsyncConnection, interaction_id: str, status: str, **values: Any
 ) -> Row[Any] | None:
-    """Move a pending interaction to `status`; None when someone resolved it first."""
-    return (
-        await conn.execute(
-            update(interactions)
-            .where(
-                interactions.c.interaction_id == interaction_id, interactions.c.status == "pending"
+    """Move a pending interaction to `status`; None when someone resolved it first. Refused
+    when a newer release stored it (the caller's transaction then writes nothing)."""
+    return _readable(
+        (
+            await conn.execute(
+                update(interactions)
+                .where(
+                    interactions.c.interaction_id == interaction_id,
+                    interactions.c.status == "pending",
+                )
+                .values(status=status, resolved_at=func.now(), **values)
+                .returning(*interactions.c)
             )
-            .values(status=status, resolved_at=func.now(), **values)
-            .returning(*interactions.c)
-        )
-    ).first()
+        ).first()
+    )
 
 
 async def close_unresolved(
@@ -66,7 +84,7 @@ async def close_unresolved(
 
 async def answered_questions(conn: AsyncConnection, run_id: str) -> Sequence[Row[Any]]:
     """The run's answered questions, oldest first."""
-    return (
+    rows = (
         await conn.execute(
             select(interactions)
             .where(
@@ -77,6 +95,9 @@ async def answered_questions(conn: AsyncConnection, run_id: str) -> Sequence[Row
             .order_by(interactions.c.created_at)
         )
     ).all()
+    for row in rows:
+        _readable(row)
+    return rows
 
 
 async def has_interactions(conn: AsyncConnection, run_id: str) -> bool:
@@ -93,7 +114,8 @@ async def claim_approval(
     """Compare-and-set the decided (or expired) approval of this tool call to claimed; None
     when there is none to claim (undecided, claimed already, another tool or another call).
     Only an interaction the run was parked on is ever decided or expired, so an orphan is
-    never claimable."""
+    never claimable. Refused when a newer release stored it (the caller's transaction then
+    writes nothing)."""
     target = (
         select(interactions.c.interaction_id)
         .where(
@@ -107,7 +129,7 @@ async def claim_approval(
         .limit(1)
         .scalar_subquery()
     )
-    return (
+    claimed = (
         await conn.execute(
             update(interactions)
             .where(
@@ -118,6 +140,7 @@ async def claim_approval(
             .returning(*interactions.c)
         )
     ).first()
+    return _readable(claimed)
 
 
 async def insert_grant(conn: AsyncConnection, **values: Any) -> None:
@@ -167,13 +190,15 @@ async def tenant_policy(conn: AsyncConnection, tenant_id: str) -> dict[str, Any]
 
 async def interaction_by_state(conn: AsyncConnection, state_hash: bytes) -> Row[Any] | None:
     """The connection interaction an OAuth state was issued for."""
-    return (
-        await conn.execute(
-            select(interactions)
-            .where(interactions.c.oauth_state_hash == state_hash)
-            .with_for_update()
-        )
-    ).first()
+    return _readable(
+        (
+            await conn.execute(
+                select(interactions)
+                .where(interactions.c.oauth_state_hash == state_hash)
+                .with_for_update()
+            )
+        ).first()
+    )
 
 
 async def upsert_connection(
@@ -228,7 +253,11 @@ async def expired_pending(conn: AsyncConnection, limit: int) -> Sequence[Row[Any
     return (
         await conn.execute(
             select(interactions)
-            .where(interactions.c.status == "pending", interactions.c.expires_at < func.now())
+            .where(
+                interactions.c.status == "pending",
+                interactions.c.expires_at < func.now(),
+                _READABLE,
+            )
             .order_by(interactions.c.expires_at)
             .limit(limit)
         )
@@ -244,6 +273,7 @@ async def undelivered(conn: AsyncConnection, limit: int) -> Sequence[Row[Any]]:
             .where(
                 interactions.c.status.in_(("answered", "decided", "completed", "expired")),
                 interactions.c.delivered_at.is_(None),
+                _READABLE,
                 interactions.c.resolved_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, 1),
             )
             .order_by(interactions.c.resolved_at)
@@ -263,6 +293,7 @@ async def unconfirmed_pending(
             .where(
                 interactions.c.status == "pending",
                 interactions.c.bound_at.is_(None),
+                _READABLE,
                 interactions.c.created_at
                 < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, older_than_s),
             )

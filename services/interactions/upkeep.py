@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.interactions import repository as repo
 from services.interactions.domain import Orchestrator, Policy, RunFacts
 from services.interactions.lifecycle import Lifecycle
+from tether.domain import EventType, RunError, interaction_event
 from tether.errors import Unavailable
 from tether.visibility import Viewer
 
@@ -133,13 +134,15 @@ class Upkeep:
                 tenant_id,
                 run_id,
                 "waiting-for-connection",
-                {
-                    "code": "connection_expired",
-                    "retryable": True,
-                    "message": f"the {row.provider} consent was not completed within "
+                RunError(
+                    "connection_expired",
+                    f"the {row.provider} consent was not completed within "
                     f"{int(self._policy.consent_ttl_s)} s",
-                },
-                ("connection.completed", {"interactionId": interaction_id, "outcome": "expired"}),
+                    retryable=True,
+                ),
+                interaction_event(
+                    EventType.CONNECTION_COMPLETED, interaction_id, outcome="expired"
+                ),
                 interaction_id,
             )
         except Unavailable as exc:

@@ -222,7 +222,7 @@ class Attempts:
                     stages=worker_stages,
                     audit=lease_repo.Audit(
                         moved.row.tenant_id,
-                        f"run.{transition.target.value}",
+                        transition.event_type,  # the audit action is the event it records
                         {
                             **done.audit,
                             "stages": done.stages,

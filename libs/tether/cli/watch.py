@@ -21,6 +21,7 @@ import grpc
 from google.protobuf import json_format
 
 from tether.client import TetherClient, run_to_dict
+from tether.domain import TERMINAL_EVENTS
 from tether.transport import event_to_json, snapshot_to_json, status_name
 from tether.v1 import events_pb2, gateway_pb2
 
@@ -288,7 +289,8 @@ async def follow(
     return 0 if outcome == "completed" else 1
 
 
-_OUTCOMES = {"run.completed": "completed", "run.failed": "failed", "run.cancelled": "cancelled"}
+# The word a terminal event's type ends with: run.completed -> completed.
+_OUTCOMES: dict[str, str] = {t: t.value.removeprefix("run.") for t in TERMINAL_EVENTS}
 
 
 async def cmd_watch(args: argparse.Namespace, emit: Emit) -> int:
