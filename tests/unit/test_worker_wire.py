@@ -226,6 +226,7 @@ async def test_a_calls_key_is_the_same_streamed_stored_or_approved() -> None:
     draft.extend(sdk_json[:20])
     draft.extend(sdk_json[20:])
     streamed = draft.freeze(final=True)
+    assert isinstance(streamed.content, ToolCall)
 
     # Stored: the part as the orchestrator keeps it (JSON), handed back by the next claim.
     row = json.loads(json.dumps(part_json(streamed)))
@@ -235,6 +236,7 @@ async def test_a_calls_key_is_the_same_streamed_stored_or_approved() -> None:
         history=[part_to_proto(part_from_json(row))],
     )
     (stored,) = assignment_from_proto(claim).own
+    assert isinstance(stored.content, ToolCall)
 
     # Approved: the normalised input the person was shown, stored by the interactions service.
     normalised, problem = registry.validate_input("post", dict(streamed.content.input))
@@ -243,7 +245,6 @@ async def test_a_calls_key_is_the_same_streamed_stored_or_approved() -> None:
     json_format.ParseDict(normalised, response.input)
     approved = approval_claim_from_proto(response)
 
-    assert isinstance(streamed.content, ToolCall) and isinstance(stored.content, ToolCall)
     keys = {
         await _key(registry, dict(streamed.content.input)),
         await _key(registry, dict(stored.content.input)),
