@@ -16,6 +16,7 @@ from typing import Any
 
 from anthropic import AsyncAnthropic
 
+from services.worker.assignment import Assignment
 from services.worker.checkpoints import CheckpointWriter
 from services.worker.context import build_messages, system_param
 from services.worker.gate import Gate, RunFailed
@@ -25,12 +26,23 @@ from services.worker.orchestrator_client import Orchestrator
 from services.worker.outcomes import Outcomes
 from services.worker.provider_errors import classify_exception
 from services.worker.tools.registry import ToolRegistry
-from services.worker.transcript import Transcript, event, tool_result_part
+from services.worker.transcript import Transcript
 from tether.bus import Bus
+from tether.domain import (
+    Completed,
+    Ending,
+    Failed,
+    ModelTurn,
+    Role,
+    RunError,
+    ToolCall,
+    ToolResult,
+    tool_started,
+    usage_updated,
+)
 from tether.errors import TetherError
-from tether.pricing import Price, add_usage, cost_micros
+from tether.pricing import add_usage, cost_micros
 from tether.retry import ProviderFailure
-from tether.v1 import common_pb2, orchestrator_pb2
 
 
 class LimitReached(Exception):
@@ -65,7 +77,7 @@ class Attempt:
 
     def __init__(
         self,
-        claim: orchestrator_pb2.ClaimRunResponse,
+        assignment: Assignment,
         *,
         orchestrator: Orchestrator,
         client: AsyncAnthropic,
@@ -74,39 +86,31 @@ class Attempt:
         checkpoint_interval_s: float,
         interactions: LeasedInteractions | None = None,
     ) -> None:
-        self.claim = claim
-        self.run = claim.run
-        self.run_id = claim.lease.run_id
-        self.epoch = claim.lease.epoch
-        self.config = claim.config
-        self.limits = claim.config.limits
+        self.assignment = assignment
+        self.lease = assignment.lease
+        self.run_id = assignment.run_id
+        self.config = assignment.config
+        self.limits = assignment.config.limits
         self._client = client
         self._registry = registry
         self._interval = checkpoint_interval_s
         self._task: asyncio.Task[Any] | None = None
-        own = list(claim.history[claim.prior_part_count :])
+        own = assignment.own
         self.transcript = Transcript(own)
         self.state = AttemptState(
-            tool_calls=sum(
-                1 for p in own if p.WhichOneof("kind") == "tool_call" and not p.superseded
-            )
+            tool_calls=sum(1 for p in own if isinstance(p.content, ToolCall) and not p.superseded)
         )
         self.cancel_reason: str | None = None
-        self._prices = {
-            p.model: Price(p.input, p.output, p.cache_write, p.cache_read)
-            for p in self.config.prices
-        }
         self.checkpoints = CheckpointWriter(
             orchestrator=orchestrator,
             transcript=self.transcript,
-            run_id=self.run_id,
-            epoch=self.epoch,
+            lease=self.lease,
             bus=bus,
             stop_attempt=self.stop_with,
             cancel_requested=self._cancel_requested,
         )
         self._gate = Gate(
-            claim,
+            assignment,
             orchestrator=orchestrator,
             registry=registry,
             interactions=interactions,
@@ -115,8 +119,7 @@ class Attempt:
         )
         self.outcomes = Outcomes(
             orchestrator=orchestrator,
-            run_id=self.run_id,
-            epoch=self.epoch,
+            lease=self.lease,
             transcript=self.transcript,
             checkpoints=self.checkpoints,
         )
@@ -163,27 +166,25 @@ class Attempt:
         ]
         self.stages["context_ms"] = (time.monotonic() - context_start) * 1000
         loop_start = time.monotonic()
+        ending: Ending
         try:
             async with asyncio.timeout(self.limits.wall_clock_seconds or None):
                 await self._gate.resume_paused()
-                outcome = await self._loop(tools)
+                ending = await self._loop(tools)
         except TimeoutError:
-            outcome = (
-                "failed",
-                {
-                    "code": "wall_clock_exceeded",
-                    "retryable": False,
-                    "message": f"the run exceeded its wall-clock budget of "
-                    f"{self.limits.wall_clock_seconds:g} s",
-                },
+            budget = f"{self.limits.wall_clock_seconds:g} s"
+            ending = Failed(
+                RunError(
+                    "wall_clock_exceeded", f"the run exceeded its wall-clock budget of {budget}"
+                )
             )
         except LimitReached as limit:
-            outcome = ("limit", {"code": limit.code, "message": limit.message})
+            # Runtime completion is not business completion: the runtime answered, the task
+            # may not be done.
+            warnings = (limit.code, "budget_exhausted")
+            ending = Completed(self.transcript.final_text(0), "unresolved", warnings)
         except RunFailed as failure:
-            outcome = (
-                "failed",
-                {"code": failure.code, "message": failure.message, "retryable": False},
-            )
+            ending = Failed(RunError(failure.code, failure.message))
         except Parked as parked:
             await self.outcomes.parked(parked)
             return
@@ -191,10 +192,9 @@ class Attempt:
             await self.outcomes.provider_failed(failure.failure)
             return
         self.stages["attempt_ms"] = (time.monotonic() - loop_start) * 1000
-        await self.outcomes.finish(*outcome)
+        await self.outcomes.finish(ending)
 
-    async def _loop(self, tools: list[dict[str, Any]]) -> tuple[str, dict[str, Any] | None]:
-        turn_start_index = self.transcript.next_index
+    async def _loop(self, tools: list[dict[str, Any]]) -> Completed:
         while True:
             if self.state.steps >= self.limits.max_steps:
                 raise LimitReached(
@@ -205,9 +205,7 @@ class Attempt:
                 "max_tokens": self.limits.max_tokens_per_turn or 1024,
                 "system": system_param(self.config),
                 "messages": build_messages(
-                    [*self.claim.history[: self.claim.prior_part_count], *self.transcript.parts],
-                    self.claim.prior_part_count,
-                    self.run.input_text,
+                    self.assignment.prior, self.assignment.input_text, self.transcript.parts
                 ),
             }
             if tools:
@@ -232,25 +230,19 @@ class Attempt:
             self._account(turn.usage)
             if turn.stop_reason != "tool_use" or not turn.tool_calls:
                 # No flush: what is left goes with the completion, in the same transaction.
-                warnings = ["max_tokens"] if turn.stop_reason == "max_tokens" else []
-                return "completed", {"warnings": warnings, "since": turn_start_index}
+                warnings = ("max_tokens",) if turn.stop_reason == "max_tokens" else ()
+                return Completed(self.transcript.final_text(turn_start_index), warnings=warnings)
             for call in turn.tool_calls:
                 await self._run_tool(call)
             self.checkpoints.checkpoint()
 
     def _account(self, usage: dict[str, int]) -> None:
-        turn = {**usage, "model": self.config.model}
-        self.transcript.turns.append(common_pb2.Usage(model=self.config.model, **usage))
-        cost = cost_micros(usage, self._prices.get(self.config.model))
-        self.state.usage = add_usage(self.state.usage, {**turn, "cost_micros": cost})
+        cost = cost_micros(usage, self.config.prices.get(self.config.model))
+        turn = ModelTurn(self.config.model, **usage, cost_micros=cost)
+        self.state.usage = add_usage(self.state.usage, {**usage, "cost_micros": cost})
         self.state.cost_micros += cost
-        self.transcript.events.append(
-            event(
-                "usage.updated",
-                turn={**usage, "model": self.config.model, "cost_micros": cost},
-                total=self.state.usage,
-            )
-        )
+        self.transcript.record_turn(turn)
+        self.transcript.record(usage_updated(turn, self.state.usage))
         limits = self.limits
         if (
             limits.max_input_tokens
@@ -273,22 +265,20 @@ class Attempt:
                 "cost_exceeded", f"cost passed the ceiling of {limits.max_cost_micros} micro-USD"
             )
 
-    async def _run_tool(self, call: common_pb2.Part) -> None:
-        tool_call = call.tool_call
+    async def _run_tool(self, tool_call: ToolCall) -> None:
         if self.state.tool_calls >= self.limits.max_tool_calls:
             self.transcript.add(
-                tool_result_part(
+                Role.TOOL,
+                ToolResult(
                     tool_call.tool_call_id,
                     "not run: the run reached its tool-call limit",
                     is_error=True,
-                )
+                ),
             )
             raise LimitReached(
                 "max_tool_calls_exceeded",
                 f"the run used its {self.limits.max_tool_calls} tool calls",
             )
         self.state.tool_calls += 1
-        self.transcript.events.append(
-            event("tool.started", tool_call_id=tool_call.tool_call_id, name=tool_call.name)
-        )
+        self.transcript.record(tool_started(tool_call.tool_call_id, tool_call.name))
         await self._gate.run(tool_call)

@@ -12,12 +12,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from services.worker.assignment import Lease
 from services.worker.orchestrator_client import Orchestrator
-from services.worker.transcript import Transcript
+from services.worker.transcript import Batch, Transcript
 from tether.bus import Bus
+from tether.domain import text_delta
 from tether.hints import LiveMessage, encode_event, events_channel
-from tether.v1 import orchestrator_pb2
+
+
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """What the completion carries for the writer: the progress never sent (`rest`, batch 0)
+    and the numbered checkpoint still in flight, if one is."""
+
+    rest: Batch
+    in_flight: Batch | None
 
 
 class CheckpointWriter:
@@ -33,22 +44,21 @@ class CheckpointWriter:
         *,
         orchestrator: Orchestrator,
         transcript: Transcript,
-        run_id: str,
-        epoch: int,
+        lease: Lease,
         bus: Bus | None,
         stop_attempt: Callable[[Exception], None],
         cancel_requested: Callable[[], None],
     ) -> None:
         self._orchestrator = orchestrator
         self._transcript = transcript
-        self._run_id = run_id
-        self._epoch = epoch
+        self._lease = lease
+        self._run_id = lease.run_id
         self._bus = bus
         self._stop_attempt = stop_attempt
         self._cancel_requested = cancel_requested
         self._writer: asyncio.Task[None] | None = None
         self._batches = 0  # checkpoints sent under this lease
-        self._in_flight: orchestrator_pb2.CheckpointRequest | None = None
+        self._in_flight: Batch | None = None
         self._write_wanted = False
         self.error: Exception | None = None
         """What stopped writing under this lease; `sync` and `seal` raise it."""
@@ -69,9 +79,9 @@ class CheckpointWriter:
             if not self._transcript.pending:
                 continue
             self._batches += 1
-            self._in_flight = self._pending_request(batch=self._batches)
+            self._in_flight = self._transcript.take(self._batches)
             try:
-                response = await self._orchestrator.checkpoint(self._in_flight)
+                cancel_requested = await self._orchestrator.checkpoint(self._lease, self._in_flight)
             except Exception as exc:
                 if self.sealed:
                     return  # the completion carried this batch; its answer decides
@@ -79,21 +89,9 @@ class CheckpointWriter:
                 return
             finally:
                 self._in_flight = None
-            if response.cancel_requested:
+            if cancel_requested:
                 self._cancel_requested()
         self._release_deltas()  # idle: every event recorded before them has landed
-
-    def _pending_request(self, *, batch: int) -> orchestrator_pb2.CheckpointRequest:
-        """What changed since the last checkpoint, as batch number `batch`."""
-        parts, events, turns = self._transcript.take()
-        return orchestrator_pb2.CheckpointRequest(
-            run_id=self._run_id,
-            epoch=self._epoch,
-            parts=[orchestrator_pb2.PartWrite(part=p) for p in parts],
-            events=events,
-            turns=turns,
-            batch=batch,
-        )
 
     def stop(self, error: Exception) -> None:
         """Write nothing more under this lease; `sync` raises `error` (the first one wins)."""
@@ -113,7 +111,7 @@ class CheckpointWriter:
         if self.error is not None:
             raise self.error
 
-    def seal(self, request: orchestrator_pb2.CompleteRunRequest) -> None:
+    def seal(self) -> Handover:
         """Hand the completion everything not yet written (the checkpoint in flight too); from
         here the writer sends nothing more. Raise what stopped the writer."""
         if self.error is not None:
@@ -121,18 +119,14 @@ class CheckpointWriter:
         # One round trip carries the rest, and the checkpoint still in flight rides along
         # instead of being waited for.
         self.sealed = True
-        if self._in_flight is not None:
-            request.in_flight.CopyFrom(self._in_flight)
+        in_flight = self._in_flight
         if self._writer_idle():
             self._release_deltas()
         else:
             # Held behind the checkpoint in flight, they could only go out after the terminal
             # event now; their parts go whole with the completion instead.
             self._held_deltas.clear()
-        rest = self._pending_request(batch=0)
-        request.parts.extend(rest.parts)
-        request.turns.extend(rest.turns)
-        request.events.extend(rest.events)
+        return Handover(self._transcript.take(0), in_flight)
 
     async def publish_delta(self, part_index: int, text: str, offset: int) -> None:
         """Live token delta for subscribers (ephemeral, seq 0). Deltas are posted once the
@@ -175,5 +169,5 @@ class CheckpointWriter:
 
 
 def _delta_json(run_id: str, part_index: int, text: str, offset: int) -> str:
-    payload = {"partIndex": part_index, "text": text, "offset": offset}
-    return encode_event(LiveMessage(run_id, 0, "text.delta", payload))
+    delta = text_delta(part_index, text, offset)
+    return encode_event(LiveMessage(run_id, 0, delta.type, delta.payload))

@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from google.protobuf import json_format
+from services.worker.assignment import AgentConfig
+from tether.domain import Part, Role, Text, Thinking, ToolCall, ToolResult
 
-from tether.v1 import common_pb2, orchestrator_pb2
 
-
-def system_param(config: orchestrator_pb2.AgentConfig) -> list[dict[str, Any]]:
+def system_param(config: AgentConfig) -> list[dict[str, Any]]:
     """Structured system blocks, with cache control where configured."""
     blocks: list[dict[str, Any]] = []
     for block in config.system_blocks:
@@ -29,54 +28,50 @@ def system_param(config: orchestrator_pb2.AgentConfig) -> list[dict[str, Any]]:
     return blocks
 
 
-def _block(part: common_pb2.Part) -> tuple[str, dict[str, Any]] | None:
+def _block(part: Part) -> tuple[str, dict[str, Any]] | None:
     """(role, content block) of a part, or None when the model must not see it."""
     if part.superseded:
         return None  # the orchestrator marked it: this attempt regenerates the turn it was in
-    kind = part.WhichOneof("kind")
-    if kind == "text":
-        if part.role == "assistant" and not part.final:
+    content = part.content
+    if isinstance(content, Text):
+        if part.role == Role.ASSISTANT and not part.final:
             return None  # unfinished and stored before superseding existed
-        role = "user" if part.role == "user" else "assistant"
-        return role, {"type": "text", "text": part.text.text}
-    if kind == "thinking":
-        if not part.final or not part.thinking.signature:
+        role = "user" if part.role == Role.USER else "assistant"
+        return role, {"type": "text", "text": content.text}
+    if isinstance(content, Thinking):
+        if not part.final or not content.signature:
             return None
         return "assistant", {
             "type": "thinking",
-            "thinking": part.thinking.thinking,
-            "signature": part.thinking.signature,
+            "thinking": content.thinking,
+            "signature": content.signature,
         }
-    if kind == "tool_call":
-        if not part.final or part.tool_call.cut:
-            return None  # never whole (`cut`: how parts stored before superseding said so)
+    if isinstance(content, ToolCall):
+        if not part.final:
+            return None  # its input never arrived whole
         return "assistant", {
             "type": "tool_use",
-            "id": part.tool_call.tool_call_id,
-            "name": part.tool_call.name,
-            "input": json_format.MessageToDict(part.tool_call.input),
+            "id": content.tool_call_id,
+            "name": content.name,
+            "input": dict(content.input),
         }
-    if kind == "tool_result":
+    if isinstance(content, ToolResult):
         block: dict[str, Any] = {
             "type": "tool_result",
-            "tool_use_id": part.tool_result.tool_call_id,
-            "content": part.tool_result.content,
+            "tool_use_id": content.tool_call_id,
+            "content": content.content,
         }
-        if part.tool_result.is_error:
+        if content.is_error:
             block["is_error"] = True
         return "user", block
     return None
 
 
 def build_messages(
-    history: Sequence[common_pb2.Part], prior_count: int, input_text: str
+    prior: Sequence[Part], input_text: str, own: Sequence[Part]
 ) -> list[dict[str, Any]]:
     """Messages for the next model turn: earlier runs, this run's input, this run's parts."""
-    parts = list(history[:prior_count])
-    parts.append(
-        common_pb2.Part(role="user", final=True, text=common_pb2.TextPart(text=input_text))
-    )
-    parts.extend(history[prior_count:])
+    parts = [*prior, Part(-1, Role.USER, Text(input_text), final=True), *own]
     messages: list[dict[str, Any]] = []
     called: set[str] = set()
     for part in parts:

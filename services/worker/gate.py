@@ -12,8 +12,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from google.protobuf import json_format
-
+from services.worker.assignment import Assignment
 from services.worker.checkpoints import CheckpointWriter
 from services.worker.interactions import (
     ASK_QUESTIONS,
@@ -26,10 +25,21 @@ from services.worker.orchestrator_client import LeasedEffects, Orchestrator
 from services.worker.tools.base import GATED_RISKS, Authorization, CallContext, ConnectionGap
 from services.worker.tools.effects import idempotency_key
 from services.worker.tools.registry import ToolErrorCode, ToolRegistry
-from services.worker.transcript import Transcript, event, tool_result_part
+from services.worker.transcript import Transcript
+from tether.domain import (
+    ApprovalMarker,
+    ConnectionMarker,
+    QuestionMarker,
+    Role,
+    RunError,
+    ToolCall,
+    ToolResult,
+    tool_completed,
+    tool_failed,
+)
 from tether.errors import InvalidArgument
 from tether.ids import new_id
-from tether.v1 import common_pb2, orchestrator_pb2
+from tether.states import RunStatus
 
 T = TypeVar("T")
 # A tool that returns within this is announced in the same checkpoint as its result.
@@ -50,7 +60,7 @@ class Gate:
 
     def __init__(
         self,
-        claim: orchestrator_pb2.ClaimRunResponse,
+        assignment: Assignment,
         *,
         orchestrator: Orchestrator,
         registry: ToolRegistry,
@@ -58,19 +68,18 @@ class Gate:
         transcript: Transcript,
         checkpoints: CheckpointWriter,
     ) -> None:
-        self._run = claim.run
-        self._run_id = claim.lease.run_id
-        self._epoch = claim.lease.epoch
-        self._config = claim.config
+        self._assignment = assignment
+        self._run_id = assignment.run_id
+        self._config = assignment.config
         self._orchestrator = orchestrator
         self._registry = registry
         self._interactions = interactions
         self._transcript = transcript
         self._checkpoints = checkpoints
 
-    async def run(self, tool_call: common_pb2.ToolCallPart) -> None:
+    async def run(self, tool_call: ToolCall) -> None:
         """Run one call the model made, or give it its (error) result, or park the run."""
-        name, input = tool_call.name, json_format.MessageToDict(tool_call.input)
+        name, input = tool_call.name, dict(tool_call.input)
         if name == ASK_QUESTIONS and name in self._config.tool_allowlist:
             await self._ask(tool_call.tool_call_id, input)
             return  # it parked, or it gave the call its one (error) result
@@ -108,14 +117,8 @@ class Gate:
                 tool_call_id, ASK_QUESTIONS, exc.message, is_error=True, code="tool_invalid_input"
             )
             return
-        self._transcript.add(
-            common_pb2.Part(
-                role="assistant",
-                final=True,
-                question=common_pb2.QuestionPart(interaction_id=interaction_id),
-            )
-        )
-        raise Parked(common_pb2.RUN_STATUS_WAITING_FOR_QUESTION, interaction_id)
+        self._transcript.add(Role.ASSISTANT, QuestionMarker(interaction_id))
+        raise Parked(RunStatus.WAITING_FOR_QUESTION, interaction_id)
 
     async def _gate(
         self, tool_call_id: str, name: str, input: dict[str, Any]
@@ -138,16 +141,12 @@ class Gate:
             input=normalised,
             risk=risk,
             summary=_summary(name, normalised),
-            idempotency_key=idempotency_key(self._run.tenant_id, self._run_id, name, normalised),
+            idempotency_key=idempotency_key(
+                self._assignment.tenant_id, self._run_id, name, normalised
+            ),
         )
-        self._transcript.add(
-            common_pb2.Part(
-                role="assistant",
-                final=True,
-                approval=common_pb2.ApprovalPart(interaction_id=interaction_id, tool_name=name),
-            )
-        )
-        raise Parked(common_pb2.RUN_STATUS_WAITING_FOR_APPROVAL, interaction_id)
+        self._transcript.add(Role.ASSISTANT, ApprovalMarker(interaction_id, name))
+        raise Parked(RunStatus.WAITING_FOR_APPROVAL, interaction_id)
 
     async def _execute(
         self,
@@ -166,13 +165,13 @@ class Gate:
                     name,
                     input,
                     CallContext(
-                        tenant_id=self._run.tenant_id,
+                        tenant_id=self._assignment.tenant_id,
                         run_id=self._run_id,
-                        root_run_id=self._run.root_run_id or self._run_id,
+                        root_run_id=self._assignment.root_run_id,
                         tool_call_id=tool_call_id,
                         connections=self._interactions,
                     ),
-                    effects=LeasedEffects(self._orchestrator, self._run_id, self._epoch),
+                    effects=LeasedEffects(self._orchestrator, self._assignment.lease),
                     allowlist=list(self._config.tool_allowlist),
                     max_inline_bytes=self._config.limits.max_inline_tool_output_bytes or 16_384,
                     output_ref=output_ref,
@@ -183,7 +182,9 @@ class Gate:
             await self._connection_gap(tool_call_id, gap)
             return
         if result.full_content is not None:
-            await self._store_output(output_ref, result.full_content)
+            await self._orchestrator.store_tool_output(
+                self._assignment.lease, output_ref, result.full_content
+            )
         self._result(
             tool_call_id,
             name,
@@ -218,17 +219,8 @@ class Gate:
         if offer is None:
             self._result(tool_call_id, "", str(gap), is_error=True, code=f"connection_{gap.gap}")
             raise RunFailed(f"connection_{gap.gap}", str(gap))
-        interaction_id, _ = offer
-        self._transcript.add(
-            common_pb2.Part(
-                role="assistant",
-                final=True,
-                connection=common_pb2.ConnectionPart(
-                    interaction_id=interaction_id, provider=gap.provider
-                ),
-            )
-        )
-        raise Parked(common_pb2.RUN_STATUS_WAITING_FOR_CONNECTION, interaction_id)
+        self._transcript.add(Role.ASSISTANT, ConnectionMarker(offer.interaction_id, gap.provider))
+        raise Parked(RunStatus.WAITING_FOR_CONNECTION, offer.interaction_id)
 
     def _result(
         self,
@@ -243,31 +235,21 @@ class Gate:
         truncated: bool = False,
     ) -> None:
         self._transcript.add(
-            tool_result_part(
-                tool_call_id, content, is_error=is_error, output_ref=output_ref, truncated=truncated
-            )
+            Role.TOOL, ToolResult(tool_call_id, content, is_error, output_ref, truncated)
         )
         if is_error:
-            self._transcript.events.append(
-                event(
-                    "tool.failed",
-                    tool_call_id=tool_call_id,
-                    name=name,
-                    error={"code": code or "tool_error", "message": content},
-                )
+            self._transcript.record(
+                tool_failed(tool_call_id, name, RunError(code or "tool_error", content))
             )
         else:
-            self._transcript.events.append(
-                event("tool.completed", tool_call_id=tool_call_id, name=name, replayed=replayed)
-            )
+            self._transcript.record(tool_completed(tool_call_id, name, replayed=replayed))
 
     async def resume_paused(self) -> None:
         """Finish the calls a pause left open: answers become the call's result (a user-role
         line in the history), a claimed approval runs its stored input, a completed consent
         runs the call again."""
-        for call in self._transcript.dangling_tool_calls():
-            tool_call = call.tool_call
-            name, input = tool_call.name, json_format.MessageToDict(tool_call.input)
+        for tool_call in self._transcript.dangling_tool_calls():
+            name, input = tool_call.name, dict(tool_call.input)
             if name == ASK_QUESTIONS:
                 await self._deliver_answers(tool_call.tool_call_id)
                 continue
@@ -323,15 +305,8 @@ class Gate:
         await self._execute(
             tool_call_id,
             claim.tool_name,
-            json_format.MessageToDict(claim.input),
+            dict(claim.input),
             Authorization("approval", claim.interaction_id, claim.tool_name, self._run_id),
-        )
-
-    async def _store_output(self, ref: str, content: str) -> None:
-        await self._orchestrator.stub.StoreToolOutput(
-            orchestrator_pb2.StoreToolOutputRequest(
-                run_id=self._run_id, epoch=self._epoch, output_ref=ref, content=content
-            )
         )
 
 

@@ -3,18 +3,23 @@ service under the lease, and the ways a run parks.
 
 A tool never blocks on a person: it stores the interaction, the attempt raises Parked, and the
 run is parked with its lease released. The resumed attempt finds the resolution and finishes
-the call that paused it.
+the call that paused it. Protobuf stops in `LeasedInteractions`: it answers in the frozen types
+below.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import grpc
 from google.protobuf import json_format
 
+from services.worker.assignment import Lease
 from services.worker.tools.base import ConnectionGap
-from tether.v1 import common_pb2, interactions_pb2, interactions_pb2_grpc
+from tether.states import RunStatus
+from tether.v1 import interactions_pb2, interactions_pb2_grpc
 
 ASK_QUESTIONS = "ask_questions"
 REQUEST_APPROVAL = "request_approval"
@@ -75,23 +80,71 @@ _GAP_NAME = {v: k for k, v in _GAP_PROTO.items()}
 
 
 class Parked(Exception):
-    """The attempt stops here: the run waits for a person."""
+    """The attempt stops here: the run waits for a person (`status`, one of the waiting ones)."""
 
-    def __init__(self, status: common_pb2.RunStatus.ValueType, interaction_id: str) -> None:
+    def __init__(self, status: RunStatus, interaction_id: str) -> None:
         super().__init__(interaction_id)
         self.status = status
         self.interaction_id = interaction_id
 
 
+@dataclass(frozen=True, slots=True)
+class Question:
+    """One question as it was asked."""
+
+    key: str
+    prompt: str
+
+
+@dataclass(frozen=True, slots=True)
+class AnsweredQuestion:
+    """A person's answers to the questions one call asked (values by question key)."""
+
+    interaction_id: str
+    tool_call_id: str
+    questions: tuple[Question, ...]
+    answers: Mapping[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalClaim:
+    """A decided approval this attempt claimed: what a person decided ("approve", "deny",
+    "expired"), and the stored, normalised input they were shown."""
+
+    interaction_id: str
+    decision: str
+    tool_call_id: str
+    tool_name: str
+    input: Mapping[str, Any]
+    idempotency_key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionOffer:
+    """A consent offer: the interaction that waits for it and where a person connects."""
+
+    interaction_id: str
+    login_url: str
+
+
+class Interactions:
+    """The interactions service's client."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._stub = interactions_pb2_grpc.InteractionsServiceStub(channel)
+
+    def under(self, lease: Lease) -> LeasedInteractions:
+        """The calls of one attempt, under its lease."""
+        return LeasedInteractions(self._stub, lease)
+
+
 class LeasedInteractions:
     """The interactions service, called under one lease (every call is fenced there)."""
 
-    def __init__(
-        self, stub: interactions_pb2_grpc.InteractionsServiceStub, run_id: str, epoch: int
-    ) -> None:
+    def __init__(self, stub: interactions_pb2_grpc.InteractionsServiceStub, lease: Lease) -> None:
         self._stub = stub
-        self._run_id = run_id
-        self._epoch = epoch
+        self._run_id = lease.run_id
+        self._epoch = lease.epoch
 
     async def ask(self, tool_call_id: str, questions: Sequence[dict[str, Any]]) -> str:
         """Store the questions; returns the interaction id."""
@@ -115,12 +168,20 @@ class LeasedInteractions:
         )
         return str(response.interaction_id)
 
-    async def answered(self) -> list[interactions_pb2.AnsweredQuestion]:
+    async def answered(self) -> list[AnsweredQuestion]:
         """The run's answered questions."""
         response = await self._stub.FindAnsweredQuestions(
             interactions_pb2.FindAnsweredQuestionsRequest(run_id=self._run_id, epoch=self._epoch)
         )
-        return list(response.answered)
+        return [
+            AnsweredQuestion(
+                interaction_id=a.interaction_id,
+                tool_call_id=a.tool_call_id,
+                questions=tuple(Question(q.key, q.prompt) for q in a.questions),
+                answers={key: tuple(answer.values) for key, answer in a.answers.items()},
+            )
+            for a in response.answered
+        ]
 
     async def check_grant(self, tool_name: str, risk: str) -> str | None:
         """A standing grant's id, or None."""
@@ -155,9 +216,7 @@ class LeasedInteractions:
         response = await self._stub.RequestApproval(request)
         return str(response.interaction_id)
 
-    async def claim(
-        self, tool_name: str, tool_call_id: str
-    ) -> interactions_pb2.ClaimApprovalResponse | None:
+    async def claim(self, tool_name: str, tool_call_id: str) -> ApprovalClaim | None:
         """Claim the decided approval of this tool call, or None."""
         response: interactions_pb2.ClaimApprovalResponse = await self._stub.ClaimApproval(
             interactions_pb2.ClaimApprovalRequest(
@@ -167,12 +226,12 @@ class LeasedInteractions:
                 tool_call_id=tool_call_id,
             )
         )
-        return response if response.claimed else None
+        return approval_claim_from_proto(response) if response.claimed else None
 
     async def offer_connection(
         self, tool_call_id: str, gap: ConnectionGap
-    ) -> tuple[str, str] | None:
-        """A consent offer (interaction id, login URL), or None when none can be made."""
+    ) -> ConnectionOffer | None:
+        """A consent offer, or None when none can be made."""
         response = await self._stub.RequestConnection(
             interactions_pb2.RequestConnectionRequest(
                 run_id=self._run_id,
@@ -186,7 +245,7 @@ class LeasedInteractions:
         )
         if not response.interaction_id:
             return None
-        return str(response.interaction_id), str(response.login_url)
+        return ConnectionOffer(response.interaction_id, response.login_url)
 
     async def token(self, provider: str, scopes: Sequence[str]) -> str:
         """The run principal's token for `provider`, or ConnectionGap."""
@@ -203,10 +262,22 @@ class LeasedInteractions:
         return str(response.access_token)
 
 
-def answers_text(answered: interactions_pb2.AnsweredQuestion) -> str:
+def approval_claim_from_proto(response: interactions_pb2.ClaimApprovalResponse) -> ApprovalClaim:
+    """The claim a ClaimApprovalResponse (claimed) carries."""
+    return ApprovalClaim(
+        interaction_id=response.interaction_id,
+        decision=response.decision,
+        tool_call_id=response.tool_call_id,
+        tool_name=response.tool_name,
+        input=json_format.MessageToDict(response.input),
+        idempotency_key=response.idempotency_key,
+    )
+
+
+def answers_text(answered: AnsweredQuestion) -> str:
     """The user-role line the model reads: each prompt with its answer(s)."""
     lines = ["The user answered:"]
-    for spec in answered.questions:
-        values = list(answered.answers[spec.key].values) if spec.key in answered.answers else []
-        lines.append(f"- {spec.prompt} -> {', '.join(values) or '(no answer)'}")
+    for question in answered.questions:
+        values = answered.answers.get(question.key, ())
+        lines.append(f"- {question.prompt} -> {', '.join(values) or '(no answer)'}")
     return "\n".join(lines)

@@ -13,8 +13,9 @@ import os
 import httpx2
 from anthropic import AsyncAnthropic
 
+from services.worker.assignment import Assignment
 from services.worker.attempt import Attempt
-from services.worker.interactions import LeasedInteractions
+from services.worker.interactions import Interactions
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.pool import WorkerPool
 from services.worker.settings import WorkerSettings
@@ -23,7 +24,6 @@ from tether.bus import Bus
 from tether.credentials import require_credential
 from tether.grpcutil import internal_channel, start_server
 from tether.runner import configure_logging, run, wait_for_signal, write_ready_file
-from tether.v1 import interactions_pb2_grpc, orchestrator_pb2, orchestrator_pb2_grpc
 
 
 def provider_client(settings: WorkerSettings) -> AsyncAnthropic:
@@ -39,7 +39,7 @@ def provider_client(settings: WorkerSettings) -> AsyncAnthropic:
 async def amain(settings: WorkerSettings, credential: str) -> None:
     """Run the pool until signalled."""
     channel = internal_channel(settings.orchestrator_addr, credential, service="orchestrator")
-    orchestrator = Orchestrator(orchestrator_pb2_grpc.OrchestratorServiceStub(channel))
+    orchestrator = Orchestrator(channel)
     bus = Bus(settings.redis_url) if settings.redis_url else None
     client = provider_client(settings)
     registry = ToolRegistry.from_entry_points(settings=dict(os.environ))
@@ -49,20 +49,12 @@ async def amain(settings: WorkerSettings, credential: str) -> None:
         if settings.interactions_addr
         else None
     )
-    interactions_stub = (
-        interactions_pb2_grpc.InteractionsServiceStub(interactions_channel)
-        if interactions_channel is not None
-        else None
-    )
+    interactions = Interactions(interactions_channel) if interactions_channel else None
 
-    def make_attempt(claim: orchestrator_pb2.ClaimRunResponse) -> Attempt:
-        leased = (
-            LeasedInteractions(interactions_stub, claim.lease.run_id, claim.lease.epoch)
-            if interactions_stub is not None
-            else None
-        )
+    def make_attempt(assignment: Assignment) -> Attempt:
+        leased = interactions.under(assignment.lease) if interactions is not None else None
         return Attempt(
-            claim,
+            assignment,
             orchestrator=orchestrator,
             client=client,
             registry=registry,

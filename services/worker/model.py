@@ -1,20 +1,21 @@
-"""One model turn: stream the Messages API into typed parts, checkpointing as it goes.
+"""One model turn: stream the Messages API into parts, checkpointing as it goes.
 
-Text and thinking arrive as deltas (published live, never persisted one by one); tool input
-arrives as partial JSON and is parsed at its block's end. A turn the stream breaks off is left
-as it stands: the orchestrator supersedes what the next attempt regenerates (and a tool call
-that never arrived whole in any case), so none of it is run or sent back. A checkpoint is
-requested at every block boundary and at least every `checkpoint_interval_s` while streaming;
-it is written behind the stream (see `CheckpointWriter.checkpoint`), so the stream never waits
-for the database. A block's end is checkpointed when the next block starts, or BLOCK_END_GRACE_S
-later; when the message ends first, the completion carries an answer block and the tool's
-checkpoint a tool-call block (one write, not two).
+Each block streams into a draft (`services.worker.drafts`) that becomes a part when a checkpoint
+takes it or the block ends. Text and thinking arrive as deltas (published live, never persisted
+one by one); tool input arrives as partial JSON and is parsed at its block's end. A turn the
+stream breaks off is left as it stands: the orchestrator supersedes what the next attempt
+regenerates (and a tool call that never arrived whole in any case), so none of it is run or sent
+back. A checkpoint is requested at every block boundary and at least every
+`checkpoint_interval_s` while streaming; it is written behind the stream (see
+`CheckpointWriter.checkpoint`), so the stream never waits for the database. A block's end is
+checkpointed when the next block starts, or BLOCK_END_GRACE_S later; when the message ends
+first, the completion carries an answer block and the tool's checkpoint a tool-call block (one
+write, not two).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,9 +23,10 @@ from typing import Any
 
 from anthropic import AsyncAnthropic
 
+from services.worker.drafts import Draft, TextDraft, ThinkingDraft, ToolCallDraft
 from services.worker.provider_errors import StreamIncomplete
-from services.worker.transcript import Transcript, struct
-from tether.v1 import common_pb2
+from services.worker.transcript import Transcript
+from tether.domain import TOKEN_FIELDS, ToolCall
 
 Checkpoint = Callable[[], None]
 
@@ -39,7 +41,7 @@ class TurnResult:
 
     stop_reason: str | None
     usage: dict[str, int] = field(default_factory=dict)
-    tool_calls: list[common_pb2.Part] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 async def stream_turn(
@@ -53,8 +55,7 @@ async def stream_turn(
 ) -> TurnResult:
     """Run one streamed model call, writing its blocks into `transcript`."""
     result = TurnResult(stop_reason=None)
-    by_index: dict[int, common_pb2.Part] = {}
-    json_buffers: dict[int, str] = {}
+    drafts: dict[int, Draft] = {}  # by the stream's block index
     loop = asyncio.get_running_loop()
     block_ended: asyncio.TimerHandle | None = None
 
@@ -74,26 +75,22 @@ async def stream_turn(
                     result.usage = _usage(event.message.usage)
                 elif kind == "content_block_start":
                     checkpoint_ended_block()
-                    part = _start_part(event.content_block)
-                    if part is not None:
-                        by_index[event.index] = transcript.add(part)
-                        json_buffers[event.index] = ""
+                    draft = _start_draft(event.content_block)
+                    if draft is not None:
+                        drafts[event.index] = transcript.open(draft)
                 elif kind == "content_block_delta":
-                    part = by_index.get(event.index)
-                    if part is not None:
-                        await _apply_delta(
-                            part, event.delta, json_buffers, event.index, publish_delta
-                        )
-                        transcript.touch(part, announce=False)
+                    draft = drafts.get(event.index)
+                    if draft is not None:
+                        await _apply_delta(draft, event.delta, publish_delta)
+                        transcript.touch(draft)
                         if time.monotonic() - transcript.last_flush >= checkpoint_interval_s:
                             checkpoint()
                 elif kind == "content_block_stop":
-                    part = by_index.get(event.index)
-                    if part is not None:
-                        _finish_part(part, json_buffers.get(event.index, ""))
-                        transcript.touch(part, announce=True)
-                        if part.WhichOneof("kind") == "tool_call":
-                            result.tool_calls.append(part)
+                    draft = drafts.pop(event.index, None)
+                    if draft is not None:
+                        part = transcript.finish(draft)
+                        if isinstance(part.content, ToolCall):
+                            result.tool_calls.append(part.content)
                         if block_ended is None:
                             block_ended = loop.call_later(BLOCK_END_GRACE_S, checkpoint_ended_block)
                 elif kind == "message_delta":
@@ -115,55 +112,30 @@ async def stream_turn(
 
 def _usage(usage: Any) -> dict[str, int]:
     out = {}
-    for key in (
-        "input_tokens",
-        "output_tokens",
-        "cache_creation_input_tokens",
-        "cache_read_input_tokens",
-    ):
+    for key in TOKEN_FIELDS:
         value = getattr(usage, key, None)
         if value is not None:
             out[key] = int(value)
     return out
 
 
-def _start_part(block: Any) -> common_pb2.Part | None:
+def _start_draft(block: Any) -> Draft | None:
     if block.type == "text":
-        return common_pb2.Part(role="assistant", text=common_pb2.TextPart(text=block.text or ""))
+        return TextDraft(block.text or "")
     if block.type == "thinking":
-        return common_pb2.Part(
-            role="assistant",
-            thinking=common_pb2.ThinkingPart(
-                thinking=block.thinking or "", signature=block.signature or ""
-            ),
-        )
+        return ThinkingDraft(block.thinking or "", block.signature or "")
     if block.type == "tool_use":
-        return common_pb2.Part(
-            role="assistant",
-            tool_call=common_pb2.ToolCallPart(
-                tool_call_id=block.id, name=block.name, input=struct(dict(block.input or {}))
-            ),
-        )
+        return ToolCallDraft(block.id, block.name, dict(block.input or {}))
     return None  # block kinds this runtime does not model (server tools) are skipped
 
 
-async def _apply_delta(
-    part: common_pb2.Part, delta: Any, buffers: dict[int, str], index: int, publish: Delta
-) -> None:
-    if delta.type == "text_delta":
-        offset = len(part.text.text)
-        part.text.text += delta.text
-        await publish(part.index, delta.text, offset)
-    elif delta.type == "thinking_delta":
-        part.thinking.thinking += delta.thinking
-    elif delta.type == "signature_delta":
-        part.thinking.signature += delta.signature
-    elif delta.type == "input_json_delta":
-        buffers[index] += delta.partial_json
-
-
-def _finish_part(part: common_pb2.Part, json_buffer: str) -> None:
-    if part.WhichOneof("kind") == "tool_call" and json_buffer.strip():
-        part.tool_call.input.Clear()
-        part.tool_call.input.update(json.loads(json_buffer))
-    part.final = True
+async def _apply_delta(draft: Draft, delta: Any, publish: Delta) -> None:
+    kind = delta.type
+    if kind == "text_delta" and isinstance(draft, TextDraft):
+        await publish(draft.index, delta.text, draft.extend(delta.text))
+    elif kind == "thinking_delta" and isinstance(draft, ThinkingDraft):
+        draft.extend(delta.thinking)
+    elif kind == "signature_delta" and isinstance(draft, ThinkingDraft):
+        draft.sign(delta.signature)
+    elif kind == "input_json_delta" and isinstance(draft, ToolCallDraft):
+        draft.extend(delta.partial_json)

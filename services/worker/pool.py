@@ -14,13 +14,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from services.worker.assignment import Assignment
 from services.worker.attempt import Attempt
 from services.worker.orchestrator_client import Orchestrator
 from tether.bus import Bus
+from tether.domain import Failed, RunError
 from tether.errors import StaleLease, TetherError, Unavailable
 from tether.hints import CANCEL_PATTERN, run_of_cancel_channel
 from tether.subscription import Subscription
-from tether.v1 import orchestrator_pb2
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class WorkerPool:
         *,
         worker_id: str,
         orchestrator: Orchestrator,
-        make_attempt: Callable[[orchestrator_pb2.ClaimRunResponse], Attempt],
+        make_attempt: Callable[[Assignment], Attempt],
         bus: Bus | None,
         concurrency: int,
         heartbeat_interval_s: float,
@@ -61,15 +62,15 @@ class WorkerPool:
                     self._slots.release()
                     break
                 try:
-                    claim = await self._claim()
+                    assignment = await self._claim()
                 except BaseException:
                     self._slots.release()
                     raise
-                if claim is None:
+                if assignment is None:
                     self._slots.release()
                     continue
                 task = asyncio.create_task(
-                    self._supervise(claim), name=f"attempt-{claim.lease.run_id}"
+                    self._supervise(assignment), name=f"attempt-{assignment.run_id}"
                 )
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -78,7 +79,7 @@ class WorkerPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
 
-    async def _claim(self) -> orchestrator_pb2.ClaimRunResponse | None:
+    async def _claim(self) -> Assignment | None:
         claim_task = asyncio.ensure_future(
             self._orchestrator.claim(self._worker_id, self._claim_wait_ms)
         )
@@ -95,27 +96,24 @@ class WorkerPool:
             claim_task.cancel()
             return None
         try:
-            response = claim_task.result()
+            return claim_task.result()
         except (Unavailable, TetherError) as exc:
             log.warning("claim failed (%s); retrying", exc)
             await asyncio.sleep(0.5)  # orchestrator briefly unreachable; back off a little
             return None
-        return response if response.claimed else None
 
-    def _release_late_claim(self, task: asyncio.Future[orchestrator_pb2.ClaimRunResponse]) -> None:
+    def _release_late_claim(self, task: asyncio.Future[Assignment | None]) -> None:
         if task.cancelled() or task.exception() is not None:
             return
-        response = task.result()
-        if response.claimed:
-            release = asyncio.ensure_future(
-                self._orchestrator.release(response.lease.run_id, response.lease.epoch)
-            )
+        assignment = task.result()
+        if assignment is not None:
+            release = asyncio.ensure_future(self._orchestrator.release(assignment.lease))
             self._background.add(release)
             release.add_done_callback(self._background.discard)
 
-    async def _supervise(self, claim: orchestrator_pb2.ClaimRunResponse) -> None:
-        attempt = self._make_attempt(claim)
-        run_id = claim.lease.run_id
+    async def _supervise(self, assignment: Assignment) -> None:
+        attempt = self._make_attempt(assignment)
+        run_id = assignment.run_id
         task = asyncio.create_task(attempt.execute(), name=f"execute-{run_id}")
         self._running[run_id] = (attempt, task)
         heartbeat = asyncio.create_task(self._heartbeat(attempt, task), name=f"hb-{run_id}")
@@ -156,12 +154,7 @@ class WorkerPool:
         # the run running until its lease expires.
         try:
             await attempt.outcomes.finish(
-                "failed",
-                {
-                    "code": "worker_error",
-                    "retryable": True,
-                    "message": "the worker hit an unexpected error",
-                },
+                Failed(RunError("worker_error", "the worker hit an unexpected error", True))
             )
         except Exception as exc:  # the lease is gone or the orchestrator too: the reaper ends it
             log.warning("run %s: could not record the crash (%s)", attempt.run_id, exc)
@@ -176,14 +169,14 @@ class WorkerPool:
         """One heartbeat; the cancel it reports (the durable request) stops the attempt.
         False once the lease is gone."""
         try:
-            response = await self._orchestrator.heartbeat(attempt.run_id, attempt.epoch)
+            cancel_requested = await self._orchestrator.heartbeat(attempt.lease)
         except StaleLease as exc:
             attempt.stop_with(exc)  # fenced out: stop spending on a run we no longer own
             return False
         except TetherError as exc:
             log.warning("heartbeat for %s failed: %s", attempt.run_id, exc)
             return True
-        if response.cancel_requested:
+        if cancel_requested:
             self.cancel(attempt.run_id, "cancelled by caller")
         return True
 

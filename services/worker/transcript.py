@@ -1,155 +1,148 @@
 """The attempt's view of its run's transcript: parts, pending events and unpersisted turns.
 
-Parts are typed protobuf messages (the worker's wire model; it owns no storage). A checkpoint
-sends only what changed since the last one, so its cost follows the new parts, never the
-history.
+Parts are domain Parts (frozen); one still streaming is a draft (`services.worker.drafts`) that
+becomes a Part when a checkpoint takes it or its block ends. A checkpoint sends only what
+changed since the last one, so its cost follows the new parts, never the history.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
-from google.protobuf.struct_pb2 import Struct
+from services.worker.drafts import Draft
+from tether.domain import (
+    Content,
+    Event,
+    ModelTurn,
+    Part,
+    Role,
+    Text,
+    ToolCall,
+    dangling_tool_calls,
+    interrupted_results,
+    part_added,
+    part_updated,
+)
 
-from tether.v1 import common_pb2, events_pb2
+D = TypeVar("D", bound=Draft)
 
 
-def event(type_: str, **fields: object) -> events_pb2.RunEvent:
-    """A durable event of the transport union; `fields` are the payload's (snake_case) fields,
-    a dict standing for a nested message. Built directly: json_format.ParseDict cost more than
-    the rest of a tool turn's bookkeeping together."""
-    message = events_pb2.RunEvent(type=type_)
-    payload = getattr(message, type_.replace(".", "_").replace("-", "_"))
-    payload.SetInParent()  # an event with no fields still names its kind
-    for name, value in fields.items():
-        if isinstance(value, dict):
-            getattr(payload, name).MergeFrom(type(getattr(payload, name))(**value))
-        else:
-            setattr(payload, name, value)
-    return message
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What changed since the previous batch: the parts as they stand now, and the events and
+    model turns in the order they were recorded. `number` counts the checkpoints sent under
+    the lease (0: no checkpoint, the rest a completion carries)."""
+
+    number: int
+    parts: tuple[Part, ...]
+    events: tuple[Event, ...]
+    turns: tuple[ModelTurn, ...]
 
 
 class Transcript:
     """Parts of the current run, and what the next checkpoint must carry."""
 
-    def __init__(self, own_parts: Sequence[common_pb2.Part]) -> None:
-        self.parts: list[common_pb2.Part] = [_copy(p) for p in own_parts]
-        self._dirty: dict[int, common_pb2.Part] = {}
-        self.events: list[events_pb2.RunEvent] = []
-        self.turns: list[common_pb2.Usage] = []
+    def __init__(self, own_parts: Sequence[Part]) -> None:
+        self._parts: list[Part] = list(own_parts)
+        self._open: dict[int, tuple[int, Draft]] = {}  # part index -> (position, draft)
+        self._dirty: dict[int, Part | Draft] = {}
+        self._events: list[Event] = []
+        self._turns: list[ModelTurn] = []
         self.last_flush = time.monotonic()
+
+    @property
+    def parts(self) -> Sequence[Part]:
+        """Every part of the run, one still streaming as it stands."""
+        for _, draft in self._open.values():
+            self._snapshot(draft)
+        return self._parts
 
     @property
     def next_index(self) -> int:
         """Index the next part gets."""
-        return (self.parts[-1].index + 1) if self.parts else 0
+        return (self._parts[-1].index + 1) if self._parts else 0
 
-    def add(self, part: common_pb2.Part) -> common_pb2.Part:
-        """Append a new part (announced with part.added)."""
-        part.index = self.next_index
-        self.parts.append(part)
+    def add(self, role: str, content: Content) -> Part:
+        """Append a whole part (final), announced with part.added."""
+        part = Part(self.next_index, role, content, final=True)
+        self._parts.append(part)
         self._dirty[part.index] = part
-        self.events.append(self._part_event("part.added", part))
+        self._events.append(part_added(part))
         return part
 
-    def touch(self, part: common_pb2.Part, *, announce: bool) -> None:
-        """Mark a part changed; `announce` adds a part.updated event carrying it whole."""
+    def open(self, draft: D) -> D:
+        """Append a part that streams, announced with part.added as it starts."""
+        draft.index = self.next_index
+        part = draft.freeze(final=False)
+        self._open[part.index] = (len(self._parts), draft)
+        self._parts.append(part)
+        self._dirty[part.index] = draft
+        self._events.append(part_added(part))
+        return draft
+
+    def touch(self, draft: Draft) -> None:
+        """The draft grew: the next checkpoint carries it."""
+        self._dirty[draft.index] = draft
+
+    def finish(self, draft: Draft) -> Part:
+        """The draft's block ended: its final part, announced with part.updated."""
+        part = draft.freeze(final=True)
+        position, _ = self._open.pop(draft.index)
+        self._parts[position] = part
         self._dirty[part.index] = part
-        if announce:
-            self.events.append(self._part_event("part.updated", part))
+        self._events.append(part_updated(part))
+        return part
 
-    @staticmethod
-    def _part_event(type_: str, part: common_pb2.Part) -> events_pb2.RunEvent:
-        message = events_pb2.RunEvent(type=type_)
-        target = message.part_added if type_ == "part.added" else message.part_updated
-        target.part.CopyFrom(part)
-        return message
+    def record(self, *events: Event) -> None:
+        """Events for the next checkpoint, in order."""
+        self._events.extend(events)
 
-    def take(
-        self,
-    ) -> tuple[list[common_pb2.Part], list[events_pb2.RunEvent], list[common_pb2.Usage]]:
-        """What changed since the last checkpoint; resets the pending state."""
-        parts = [_copy(p) for p in self._dirty.values()]
-        events, turns = self.events, self.turns
-        self._dirty, self.events, self.turns = {}, [], []
+    def record_turn(self, turn: ModelTurn) -> None:
+        """A model turn's usage, for the next checkpoint."""
+        self._turns.append(turn)
+
+    def take(self, number: int) -> Batch:
+        """What changed since the last checkpoint, as batch `number`; resets the pending
+        state."""
+        parts = tuple(
+            self._snapshot(p) if isinstance(p, Draft) else p for p in self._dirty.values()
+        )
+        batch = Batch(number, parts, tuple(self._events), tuple(self._turns))
+        self._dirty, self._events, self._turns = {}, [], []
         self.last_flush = time.monotonic()
-        return parts, events, turns
+        return batch
+
+    def _snapshot(self, draft: Draft) -> Part:
+        part = draft.freeze(final=False)
+        self._parts[self._open[draft.index][0]] = part
+        return part
 
     @property
     def pending(self) -> bool:
         """Whether anything awaits a checkpoint."""
-        return bool(self._dirty or self.events or self.turns)
+        return bool(self._dirty or self._events or self._turns)
 
-    def dangling_tool_calls(self) -> list[common_pb2.Part]:
-        """Whole tool calls of this run with no result yet. A call cut mid-stream (left
-        unfinished, superseded by the orchestrator, or marked `cut` by earlier releases) is not
-        one: it never runs and gets no result."""
-        answered = {
-            p.tool_result.tool_call_id for p in self.parts if p.WhichOneof("kind") == "tool_result"
-        }
+    def dangling_tool_calls(self) -> list[ToolCall]:
+        """Whole tool calls of this run with no result yet (see `tether.domain`)."""
         return [
-            p
-            for p in self.parts
-            if p.WhichOneof("kind") == "tool_call"
-            and p.final
-            and not p.superseded
-            and not p.tool_call.cut
-            and p.tool_call.tool_call_id not in answered
+            p.content for p in dangling_tool_calls(self.parts) if isinstance(p.content, ToolCall)
         ]
 
     def close_dangling(self, reason: str) -> None:
-        """Close every open tool call with an interrupted error result."""
-        for call in self.dangling_tool_calls():
-            self.add(
-                tool_result_part(
-                    call.tool_call.tool_call_id, f"interrupted: {reason}", is_error=True
-                )
-            )
-            self.events.append(
-                event(
-                    "tool.failed",
-                    tool_call_id=call.tool_call.tool_call_id,
-                    name=call.tool_call.name,
-                    error={"code": "tool_interrupted", "message": reason},
-                )
-            )
+        """Close every open tool call with an interrupted error result saying why."""
+        results, events = interrupted_results(self.parts, reason, self.next_index)
+        for part in results:
+            self._parts.append(part)
+            self._dirty[part.index] = part
+        self._events.extend(events)
 
     def final_text(self, since: int) -> str:
         """Assistant text of the parts from index `since` on."""
         return "".join(
-            p.text.text
+            p.content.text
             for p in self.parts
-            if p.index >= since and p.role == "assistant" and p.WhichOneof("kind") == "text"
+            if p.index >= since and p.role == Role.ASSISTANT and isinstance(p.content, Text)
         )
-
-
-def _copy(part: common_pb2.Part) -> common_pb2.Part:
-    out = common_pb2.Part()
-    out.CopyFrom(part)
-    return out
-
-
-def tool_result_part(
-    call_id: str, content: str, *, is_error: bool, output_ref: str = "", truncated: bool = False
-) -> common_pb2.Part:
-    """A final tool result part."""
-    return common_pb2.Part(
-        role="tool",
-        final=True,
-        tool_result=common_pb2.ToolResultPart(
-            tool_call_id=call_id,
-            content=content,
-            is_error=is_error,
-            output_ref=output_ref,
-            truncated=truncated,
-        ),
-    )
-
-
-def struct(data: dict[str, object]) -> Struct:
-    """A Struct from JSON-compatible data."""
-    out = Struct()
-    out.update(json.loads(json.dumps(data)))
-    return out

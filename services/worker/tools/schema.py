@@ -8,9 +8,10 @@
 `check_schema` when the registry is built, so a constraint is never silently not enforced.
 
 `normalize` runs first: where the schema says `integer`, an integral float (`5.0`) becomes the
-`int` 5. Input often arrives through protobuf `Struct`, which has only floats, and a tool declaring
-an integer should get an `int`; `validate` itself then refuses any float for `integer`. `number`
-refuses NaN and infinities, which have no JSON spelling.
+`int` 5. Input arrives with every number a float (a tool call keeps them as doubles, as protobuf's
+`Struct` carries them, see `tether.domain.ToolCall`), and a tool declaring an integer should get an
+`int`; `validate` itself then refuses any float for `integer`. `number` refuses NaN and
+infinities, which have no JSON spelling.
 """
 
 from __future__ import annotations

@@ -1,0 +1,91 @@
+"""What a claim hands the worker: the lease, the run's facts, its agent's configuration and the
+conversation so far, as frozen types. The orchestrator client builds them from the claim's
+response; nothing else in the worker sees the wire form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tether.domain import Part
+from tether.pricing import Price
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The worker's hold on a run: the orchestrator fences every call under it by `epoch`."""
+
+    run_id: str
+    epoch: int
+    attempt: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-run limits (0: the limit is not set; each use says what stands in for it)."""
+
+    max_steps: int = 0
+    max_tool_calls: int = 0
+    wall_clock_seconds: float = 0.0
+    max_input_tokens: int = 0
+    max_output_tokens: int = 0
+    max_cost_micros: int = 0
+    max_attempts: int = 0
+    backoff_initial_seconds: float = 0.0
+    backoff_max_seconds: float = 0.0
+    max_inline_tool_output_bytes: int = 0
+    max_tokens_per_turn: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SystemBlock:
+    """One structured system block; `cache_control` ("ephemeral") marks a cache breakpoint."""
+
+    text: str
+    cache_control: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """The agent an attempt runs as, resolved by the orchestrator at claim time."""
+
+    model: str
+    system_prompt: str = ""
+    system_blocks: tuple[SystemBlock, ...] = ()
+    tool_allowlist: tuple[str, ...] = ()
+    limits: Limits = Limits()
+    prices: Mapping[str, Price] = field(default_factory=dict)
+    agent: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """A claimed run. `history` is the session's earlier runs (their inputs as user-role text
+    parts) followed by this run's own parts; the first `prior_part_count` are the earlier
+    runs'."""
+
+    lease: Lease
+    tenant_id: str
+    root_run_id: str
+    input_text: str
+    config: AgentConfig
+    history: tuple[Part, ...] = ()
+    prior_part_count: int = 0
+    last_seq: int = 0
+    traceparent: str = ""
+
+    @property
+    def run_id(self) -> str:
+        """The claimed run."""
+        return self.lease.run_id
+
+    @property
+    def prior(self) -> Sequence[Part]:
+        """The earlier runs' parts."""
+        return self.history[: self.prior_part_count]
+
+    @property
+    def own(self) -> Sequence[Part]:
+        """This run's parts, as earlier attempts left them."""
+        return self.history[self.prior_part_count :]
