@@ -3,11 +3,13 @@ the worker's orchestrator client (nothing between them handles protobuf)."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from google.protobuf import json_format
+from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from tether import formats
@@ -122,12 +124,64 @@ def event_to_proto(
 
 
 def event_to_wire(event: Event) -> events_pb2.RunEvent:
-    """A domain event as the RunEvent a worker sends (no run, seq or time yet)."""
+    """A domain event as the RunEvent its sender puts on the wire (no run, seq or time yet).
+
+    Built field by field from the payload's JSON: json_format.ParseDict took 15 to 25 us an
+    event, more than the rest of a tool turn's bookkeeping; this takes 1 to 3 (a unit test holds
+    the two equal for every event the domain builds)."""
     message = events_pb2.RunEvent(type=event.type)
     member = getattr(message, event.type.field)
-    member.SetInParent()
-    json_format.ParseDict(dict(event.payload), member)
+    member.SetInParent()  # an event with no fields still names its kind
+    _fill(member, event.payload)
     return message
+
+
+class _Set(enum.Enum):
+    """How `_fill` sets a field from its JSON."""
+
+    SCALAR = enum.auto()
+    REPEATED = enum.auto()  # of scalars: no event carries a list of messages
+    STRUCT = enum.auto()
+    TIMESTAMP = enum.auto()
+    MESSAGE = enum.auto()
+
+
+_FIELDS: dict[type[Message], dict[str, tuple[str, _Set]]] = {}
+
+
+def _fill(message: Message, data: Mapping[str, Any]) -> None:
+    """Set `message`'s fields from their protobuf JSON (camelCase) in `data`; KeyError on a
+    field the message lacks."""
+    fields = _FIELDS.get(type(message)) or _json_fields(type(message))
+    for key, value in data.items():
+        name, how = fields[key]
+        if how is _Set.SCALAR:
+            setattr(message, name, value)
+        elif how is _Set.REPEATED:
+            getattr(message, name).extend(value)
+        else:
+            member = getattr(message, name)
+            member.SetInParent()  # present though empty: a call's empty input, an empty text
+            if how is _Set.STRUCT:
+                member.update(value)
+            elif how is _Set.TIMESTAMP:
+                member.FromJsonString(value)
+            else:
+                _fill(member, value)
+
+
+def _json_fields(cls: type[Message]) -> dict[str, tuple[str, _Set]]:
+    """A message type's fields by JSON name: (attribute, how it is set)."""
+    special = {"google.protobuf.Struct": _Set.STRUCT, "google.protobuf.Timestamp": _Set.TIMESTAMP}
+    fields: dict[str, tuple[str, _Set]] = {}
+    for field in cls.DESCRIPTOR.fields:
+        if field.message_type is None:
+            how = _Set.REPEATED if field.is_repeated else _Set.SCALAR
+        else:
+            how = special.get(field.message_type.full_name, _Set.MESSAGE)
+        fields[field.json_name] = (field.name, how)
+    _FIELDS[cls] = fields
+    return fields
 
 
 def event_from_wire(message: events_pb2.RunEvent) -> Event:

@@ -7,32 +7,28 @@ into their requests from domain parts, events and turns.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
 import grpc
 from google.protobuf import json_format
-from google.protobuf.message import Message
 
 from services.worker.assignment import AgentConfig, Assignment, Lease, Limits, SystemBlock
 from services.worker.tools.effects import EffectState
 from services.worker.transcript import Batch
-from tether.convert import part_from_proto, part_to_proto, status_to_proto
+from tether.convert import event_to_wire, part_from_proto, part_to_proto, status_to_proto
 from tether.domain import (
     Cancelled,
     Completed,
     Ending,
-    Event,
-    EventType,
     Failed,
     ModelTurn,
     RunError,
 )
 from tether.pricing import Price
 from tether.states import RunStatus
-from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+from tether.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
 _EFFECT_STATES = {
     orchestrator_pb2.EFFECT_STATE_BEGUN: EffectState.BEGUN,
@@ -186,7 +182,7 @@ def checkpoint_request(lease: Lease, batch: Batch) -> orchestrator_pb2.Checkpoin
         run_id=lease.run_id,
         epoch=lease.epoch,
         parts=[orchestrator_pb2.PartWrite(part=part_to_proto(p)) for p in batch.parts],
-        events=[event_message(e) for e in batch.events],
+        events=[event_to_wire(e) for e in batch.events],
         turns=[_usage(t) for t in batch.turns],
         batch=batch.number,
     )
@@ -205,7 +201,7 @@ def completion_request(
         epoch=lease.epoch,
         parts=[orchestrator_pb2.PartWrite(part=part_to_proto(p)) for p in rest.parts],
         turns=[_usage(t) for t in rest.turns],
-        events=[event_message(e) for e in rest.events],
+        events=[event_to_wire(e) for e in rest.events],
         stages=orchestrator_pb2.StageDurations(**{k: v for k, v in stages.items() if k in _STAGES}),
     )
     if isinstance(ending, Completed):
@@ -235,67 +231,3 @@ def _error_info(error: RunError) -> common_pb2.ErrorInfo:
 
 def _usage(turn: ModelTurn) -> common_pb2.Usage:
     return common_pb2.Usage(model=turn.model, cost_micros=turn.cost_micros, **turn.tokens())
-
-
-def event_message(event: Event) -> events_pb2.RunEvent:
-    """A domain event as the RunEvent a worker sends: `tether.convert.event_to_wire`'s message,
-    built field by field. json_format.ParseDict takes 15 to 25 µs an event, more than the rest
-    of a tool turn's bookkeeping; this takes 1 to 3 (a unit test holds the two equal for every
-    event the worker sends)."""
-    message = events_pb2.RunEvent(type=event.type)
-    member = getattr(message, _MEMBERS[event.type])
-    if event.payload:
-        _fill(member, event.payload)
-    else:
-        member.SetInParent()  # an event with no fields still names its kind
-    return message
-
-
-_MEMBERS = {t: t.field for t in EventType}
-
-
-def _fill(message: Message, data: Mapping[str, Any]) -> None:
-    """Set `message`'s fields from their protobuf JSON (camelCase) in `data`. KeyError on a
-    field the message lacks."""
-    fields = _FIELDS.get(type(message)) or _json_fields(type(message))
-    for key, value in data.items():
-        name, how = fields[key]
-        if how is _Set.SCALAR:
-            setattr(message, name, value)
-        elif how is _Set.MESSAGE:
-            member = getattr(message, name)
-            if value:
-                _fill(member, value)
-            else:
-                member.SetInParent()  # present though empty, as a oneof's empty text part
-        elif how is _Set.REPEATED:
-            getattr(message, name).extend(value)
-        else:
-            getattr(message, name).update(value)
-
-
-class _Set(enum.Enum):
-    """How `_fill` sets a field."""
-
-    SCALAR = enum.auto()
-    REPEATED = enum.auto()  # of scalars: no event carries a list of messages
-    STRUCT = enum.auto()
-    MESSAGE = enum.auto()
-
-
-_FIELDS: dict[type[Message], dict[str, tuple[str, _Set]]] = {}
-
-
-def _json_fields(cls: type[Message]) -> dict[str, tuple[str, _Set]]:
-    """A message type's fields by JSON name: (attribute, how it is set)."""
-    fields: dict[str, tuple[str, _Set]] = {}
-    for field in cls.DESCRIPTOR.fields:
-        if field.message_type is None:
-            how = _Set.REPEATED if field.is_repeated else _Set.SCALAR
-        elif field.message_type.full_name == "google.protobuf.Struct":
-            how = _Set.STRUCT
-        else:
-            how = _Set.MESSAGE
-        fields[field.json_name] = (field.name, how)
-    _FIELDS[cls] = fields
-    return fields

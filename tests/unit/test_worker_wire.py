@@ -16,7 +16,6 @@ from services.worker.orchestrator_client import (
     assignment_from_proto,
     checkpoint_request,
     completion_request,
-    event_message,
 )
 from services.worker.tools.base import CallContext, ToolContext, ToolOutput, ToolSpec
 from services.worker.tools.effects import EffectState
@@ -29,6 +28,7 @@ from tether.domain import (
     Completed,
     ConnectionMarker,
     Event,
+    EventType,
     Failed,
     ModelTurn,
     Part,
@@ -39,11 +39,19 @@ from tether.domain import (
     Thinking,
     ToolCall,
     ToolResult,
+    interaction_event,
     interrupted_results,
     part_added,
     part_from_json,
     part_json,
+    part_superseded,
     part_updated,
+    run_cancelled,
+    run_completed,
+    run_failed,
+    run_queued,
+    run_retry_pending,
+    run_started,
     text_delta,
     tool_completed,
     tool_failed,
@@ -51,7 +59,7 @@ from tether.domain import (
     usage_updated,
 )
 from tether.pricing import Price
-from tether.v1 import common_pb2, interactions_pb2, orchestrator_pb2
+from tether.v1 import common_pb2, events_pb2, interactions_pb2, orchestrator_pb2
 
 LEASE = Lease("run_1", 7, 2)
 CALL = Part(
@@ -82,12 +90,27 @@ EVENTS = [
     usage_updated(TURN, {"input_tokens": 100, "output_tokens": 20, "cost_micros": 123}),
     *interrupted_results([CALL], "the run failed", 9)[1],
     text_delta(1, "lo", 3),
+    # What the other senders put on the wire (the interactions service) and the orchestrator
+    # stores: the same encoder must hold for them.
+    interaction_event(EventType.QUESTION_ANSWERED, "int_q"),
+    interaction_event(EventType.APPROVAL_DECIDED, "int_a", decision="allow-once"),
+    interaction_event(EventType.CONNECTION_COMPLETED, "int_c", outcome="expired"),
+    run_queued(2, "retry"),
+    run_started(1, "w-1", 3),
+    run_failed(RunError("x", "y", retryable=True, provider_status=529)),
+    run_retry_pending(1, 3, "2026-12-02T10:00:00.250Z", RunError("overloaded")),
+    run_completed(Completed("done", warnings=("max_tokens",)), {"input_tokens": 5}),
+    run_cancelled("cancelled by caller"),
+    part_superseded(4, 2),
 ]
 
 
 @pytest.mark.parametrize("event", EVENTS, ids=lambda e: str(e.type))
-def test_every_event_the_worker_sends_is_the_message_convert_builds(event: Event) -> None:
-    assert event_message(event) == event_to_wire(event)
+def test_every_event_is_encoded_as_protobuf_parses_it(event: Event) -> None:
+    parsed = events_pb2.RunEvent(type=event.type)
+    getattr(parsed, event.type.field).SetInParent()
+    json_format.ParseDict(dict(event.payload), getattr(parsed, event.type.field))
+    assert event_to_wire(event) == parsed
 
 
 def test_a_claim_becomes_an_assignment_with_domain_history() -> None:
