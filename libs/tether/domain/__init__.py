@@ -1,0 +1,127 @@
+"""The run's domain model: parts, events, errors and endings as frozen types, and the rules on
+them that the orchestrator and the worker both apply. One package, four rooms:
+
+- `outcomes`: run errors, model-turn usage, and the endings of a run (completed, failed, cancelled);
+- `parts`: the transcript's typed parts and their JSON form;
+- `events`: every event type, and the one constructor that builds each event's payload;
+- `rules`: which tool calls dangle, how an interrupted one is closed, what an attempt that is over
+  leaves superseded.
+
+Protobuf stops at the edges: the servicers and the worker's clients convert with `tether.convert`.
+Storage stops at the repositories, which read and write these types through `tether.formats` (the
+stored JSON, versioned). Everything in between speaks these types; import them from here.
+"""
+
+from __future__ import annotations
+
+from tether.domain.events import (
+    TERMINAL_EVENTS,
+    Event,
+    EventType,
+    StoredEvent,
+    interaction_event,
+    part_added,
+    part_superseded,
+    part_updated,
+    run_cancelled,
+    run_completed,
+    run_failed,
+    run_queued,
+    run_retry_pending,
+    run_started,
+    text_delta,
+    tool_completed,
+    tool_failed,
+    tool_started,
+    usage_updated,
+)
+from tether.domain.outcomes import (
+    TOKEN_FIELDS,
+    Cancelled,
+    Completed,
+    Ending,
+    Failed,
+    ModelTurn,
+    RunError,
+)
+from tether.domain.parts import (
+    ApprovalMarker,
+    ConnectionMarker,
+    Content,
+    Part,
+    PartKind,
+    QuestionMarker,
+    Role,
+    Text,
+    Thinking,
+    ToolCall,
+    ToolResult,
+    camel,
+    camel_keys,
+    content_from_json,
+    content_json,
+    json_doubles,
+    part_from_json,
+    part_json,
+)
+from tether.domain.rules import (
+    Closing,
+    close_attempt,
+    dangling_tool_calls,
+    interrupted_results,
+    is_whole_call,
+    superseded_on_close,
+)
+
+__all__ = [
+    "TERMINAL_EVENTS",
+    "TOKEN_FIELDS",
+    "ApprovalMarker",
+    "Cancelled",
+    "Closing",
+    "Completed",
+    "ConnectionMarker",
+    "Content",
+    "Ending",
+    "Event",
+    "EventType",
+    "Failed",
+    "ModelTurn",
+    "Part",
+    "PartKind",
+    "QuestionMarker",
+    "Role",
+    "RunError",
+    "StoredEvent",
+    "Text",
+    "Thinking",
+    "ToolCall",
+    "ToolResult",
+    "camel",
+    "camel_keys",
+    "close_attempt",
+    "content_from_json",
+    "content_json",
+    "dangling_tool_calls",
+    "interaction_event",
+    "interrupted_results",
+    "is_whole_call",
+    "json_doubles",
+    "part_added",
+    "part_from_json",
+    "part_json",
+    "part_superseded",
+    "part_updated",
+    "run_cancelled",
+    "run_completed",
+    "run_failed",
+    "run_queued",
+    "run_retry_pending",
+    "run_started",
+    "superseded_on_close",
+    "text_delta",
+    "tool_completed",
+    "tool_failed",
+    "tool_started",
+    "usage_updated",
+]

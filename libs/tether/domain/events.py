@@ -1,0 +1,197 @@
+"""Every event of a run: its type, and the one constructor that builds each event's payload."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tether.domain.outcomes import Completed, ModelTurn, RunError
+from tether.domain.parts import Part, camel, part_json
+
+
+class EventType(enum.StrEnum):
+    """Every event of a run, by its stable transport name (the event union in events.proto)."""
+
+    RUN_QUEUED = "run.queued"
+    RUN_STARTED = "run.started"
+    RUN_CHECKPOINTED = "run.checkpointed"
+    RUN_COMPLETED = "run.completed"
+    RUN_FAILED = "run.failed"
+    RUN_CANCELLED = "run.cancelled"
+    RUN_RETRY_PENDING = "run.retry-pending"
+    PART_ADDED = "part.added"
+    PART_UPDATED = "part.updated"
+    PART_SUPERSEDED = "part.superseded"
+    TOOL_STARTED = "tool.started"
+    TOOL_COMPLETED = "tool.completed"
+    TOOL_FAILED = "tool.failed"
+    QUESTION_REQUESTED = "question.requested"
+    QUESTION_ANSWERED = "question.answered"
+    APPROVAL_REQUESTED = "approval.requested"
+    APPROVAL_DECIDED = "approval.decided"
+    CONNECTION_REQUESTED = "connection.requested"
+    CONNECTION_COMPLETED = "connection.completed"
+    USAGE_UPDATED = "usage.updated"
+    CONTEXT_COMPACTED = "context.compacted"
+    TEXT_DELTA = "text.delta"
+    KEEPALIVE = "keepalive"
+
+    @property
+    def field(self) -> str:
+        """Its member of the RunEvent union (`run.retry-pending` -> run_retry_pending)."""
+        return self.value.replace(".", "_").replace("-", "_")
+
+    @property
+    def ephemeral(self) -> bool:
+        """Never persisted and carried with seq 0: live token deltas and stream keepalives."""
+        return self in _EPHEMERAL
+
+    @property
+    def terminal(self) -> bool:
+        """The last event of a run: a stream ends after delivering it."""
+        return self in TERMINAL_EVENTS
+
+
+_EPHEMERAL = frozenset({EventType.TEXT_DELTA, EventType.KEEPALIVE})
+TERMINAL_EVENTS = frozenset(
+    {EventType.RUN_COMPLETED, EventType.RUN_FAILED, EventType.RUN_CANCELLED}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A durable event to append: its type and payload, the stored JSON of its union member
+    (protobuf's JSON mapping, camelCase). Build one with the constructors below."""
+
+    type: EventType
+    payload: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """An event appended to a run's log, with the seq it was given."""
+
+    seq: int
+    event: Event
+
+
+# -- event constructors: each event's payload is built here and nowhere else ---------------------
+
+
+def run_queued(attempt: int, reason: str) -> Event:
+    """The run waits for a worker (admitted, resumed, released, requeued or due for a retry)."""
+    payload: dict[str, Any] = {"reason": reason}
+    if attempt:
+        payload["attempt"] = attempt
+    return Event(EventType.RUN_QUEUED, payload)
+
+
+def run_started(attempt: int, worker_id: str, lease_epoch: int) -> Event:
+    """A worker leased the run."""
+    return Event(
+        EventType.RUN_STARTED,
+        {"attempt": attempt, "workerId": worker_id, "leaseEpoch": lease_epoch},
+    )
+
+
+def run_completed(done: Completed, usage: Mapping[str, int]) -> Event:
+    """The runtime answered (see `Completed`)."""
+    return Event(
+        EventType.RUN_COMPLETED,
+        {
+            "resultText": done.result_text,
+            "taskOutcome": done.task_outcome,
+            "warnings": list(done.warnings),
+            "usage": _usage_json(usage),
+        },
+    )
+
+
+def run_failed(error: RunError) -> Event:
+    """The run failed for good."""
+    return Event(EventType.RUN_FAILED, {"error": error.to_json()})
+
+
+def run_cancelled(reason: str) -> Event:
+    """The run ended cancelled."""
+    return Event(EventType.RUN_CANCELLED, {"reason": reason})
+
+
+def run_retry_pending(attempt: int, max_attempts: int, next_at_iso: str, error: RunError) -> Event:
+    """A transient failure: the next attempt starts at `next_at_iso` (RFC 3339, UTC)."""
+    return Event(
+        EventType.RUN_RETRY_PENDING,
+        {
+            "attempt": attempt,
+            "maxAttempts": max_attempts,
+            "nextAttemptAt": next_at_iso,
+            "error": error.to_json(),
+        },
+    )
+
+
+def part_added(part: Part) -> Event:
+    """A new part, whole as it stands."""
+    return Event(EventType.PART_ADDED, {"part": part_json(part)})
+
+
+def part_updated(part: Part) -> Event:
+    """A part rewritten (finished, as a rule), whole as it stands."""
+    return Event(EventType.PART_UPDATED, {"part": part_json(part)})
+
+
+def part_superseded(index: int, attempt: int) -> Event:
+    """A later attempt took the part's place: a client drops what it rendered of it."""
+    return Event(EventType.PART_SUPERSEDED, {"partIndex": index, "attempt": attempt})
+
+
+def tool_started(tool_call_id: str, name: str) -> Event:
+    """A call started running."""
+    return Event(EventType.TOOL_STARTED, {"toolCallId": tool_call_id, "name": name})
+
+
+def tool_completed(tool_call_id: str, name: str, *, replayed: bool = False) -> Event:
+    """A call finished; `replayed` when its stored result stood in for firing it again."""
+    payload: dict[str, Any] = {"toolCallId": tool_call_id, "name": name}
+    if replayed:
+        payload["replayed"] = True
+    return Event(EventType.TOOL_COMPLETED, payload)
+
+
+def tool_failed(tool_call_id: str, name: str, error: RunError) -> Event:
+    """A call failed, was refused or was interrupted."""
+    return Event(
+        EventType.TOOL_FAILED,
+        {"toolCallId": tool_call_id, "name": name, "error": error.to_json()},
+    )
+
+
+def interaction_event(type_: EventType, interaction_id: str, **detail: str) -> Event:
+    """A question, approval or connection was requested or resolved (`detail`: the decision
+    or outcome)."""
+    return Event(type_, {"interactionId": interaction_id, **detail})
+
+
+def usage_updated(turn: ModelTurn, total: Mapping[str, int]) -> Event:
+    """One model turn's usage, and the attempt's total so far."""
+    return Event(
+        EventType.USAGE_UPDATED,
+        {
+            "turn": {
+                "model": turn.model,
+                **_usage_json({**turn.tokens(), "cost_micros": turn.cost_micros}),
+            },
+            "total": _usage_json(total),
+        },
+    )
+
+
+def text_delta(part_index: int, text: str, offset: int) -> Event:
+    """Live tokens of a streaming text part (ephemeral: never stored)."""
+    return Event(EventType.TEXT_DELTA, {"partIndex": part_index, "text": text, "offset": offset})
+
+
+def _usage_json(usage: Mapping[str, int]) -> dict[str, int]:
+    return {camel(k): v for k, v in usage.items() if v}
