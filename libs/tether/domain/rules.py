@@ -10,7 +10,6 @@ from tether.domain.events import Event, part_added, part_superseded, tool_failed
 from tether.domain.outcomes import RunError
 from tether.domain.parts import Part, PartKind, Role, ToolCall, ToolResult
 
-
 # Parts the model produces in a turn; any other part (a tool result, a pause marker) ends one.
 _MODEL_OUTPUT = frozenset({PartKind.TEXT, PartKind.THINKING, PartKind.TOOL_CALL})
 
