@@ -9,7 +9,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.common import BenchStack, bench_stack, closed_loop, emit
-from tether.grpcutil import internal_channel
+from tether.runtime.rpc import internal_channel
 from tether.v1 import admission_pb2, admission_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 
 CALLERS = (1, 16, 64)

@@ -22,7 +22,7 @@ from anthropic import AsyncAnthropic
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.runs import BENCH_REQUEST, streamed_call
-from tether.runner import run
+from tether.runtime.process import run
 
 COMMITS = 3
 INSERT = "INSERT INTO floor_probe DEFAULT VALUES"

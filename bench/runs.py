@@ -30,8 +30,8 @@ from sqlalchemy import Table
 from bench.common import BenchStack, bench_stack, emit, percentile
 from tether.client import TetherClient
 from tether.db import schema
-from tether.grpcutil import internal_channel
 from tether.hints import EVENTS_PATTERN
+from tether.runtime.rpc import internal_channel
 from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
 SERVICES = ("orchestrator", "admission", "interactions", "gateway")

@@ -24,7 +24,7 @@ import grpc
 
 from bench.common import BenchStack, bench_stack, emit, percentile
 from tether.client import TetherClient
-from tether.grpcutil import internal_channel
+from tether.runtime.rpc import internal_channel
 from tether.v1 import (
     events_pb2,
     gateway_pb2,

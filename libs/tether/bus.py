@@ -33,7 +33,7 @@ class Bus:
     """
 
     def __init__(self, url: str) -> None:
-        self.url = url  # for a subscriber beside this publisher (`tether.subscription`)
+        self.url = url  # for a subscriber beside this publisher (`tether.runtime.subscription`)
         self.client: redis.Redis = redis.Redis.from_url(
             url, socket_connect_timeout=1.0, socket_timeout=2.0, health_check_interval=10
         )

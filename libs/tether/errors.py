@@ -1,7 +1,7 @@
 """One small error hierarchy with stable codes.
 
 Adapters translate foreign exceptions (asyncpg, redis, anthropic, grpc) into these where they meet
-them; one server interceptor (`tether.grpcutil.server`) maps them to gRPC status codes, so a
+them; one server interceptor (`tether.runtime.rpc.server`) maps them to gRPC status codes, so a
 caller's mistake is never reported as INTERNAL.
 """
 

@@ -9,8 +9,8 @@ from services.admission.settings import AdmissionSettings
 from tether.bus import Bus
 from tether.credentials import require_verifiers
 from tether.db.engine import create_engine
-from tether.grpcutil import start_server
-from tether.runner import configure_logging, run, serve, write_ready_file
+from tether.runtime.process import configure_logging, run, serve, write_ready_file
+from tether.runtime.rpc import start_server
 from tether.v1 import admission_pb2, admission_pb2_grpc
 
 

@@ -9,7 +9,7 @@ so a slow client never delays the others or the publisher.
 Redis carries hints only. When the connection drops (Redis flushed of clients, restarted,
 unreachable), every feed is told to re-read PostgreSQL (`Signal.RESYNC`) and, until the hub is
 subscribed again, streams poll PostgreSQL instead (`EventHub.is_live` is False). The connection
-itself, its liveness and its reconnects are a `tether.subscription.Subscription`.
+itself, its liveness and its reconnects are a `tether.runtime.subscription.Subscription`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 from tether.convert import event_to_proto
 from tether.domain import EventType
 from tether.hints import LiveMessage, decode_event, events_channel
-from tether.subscription import Published, Subscription
+from tether.runtime.subscription import Published, Subscription
 from tether.v1 import events_pb2
 
 log = logging.getLogger(__name__)

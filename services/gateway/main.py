@@ -11,8 +11,14 @@ from services.gateway.settings import GatewaySettings
 from services.gateway.streams import build_streams
 from tether.credentials import require_credential
 from tether.db.engine import create_engine
-from tether.grpcutil import internal_channel, start_server
-from tether.runner import companion_ready_file, configure_logging, run, serve, write_ready_file
+from tether.runtime.process import (
+    companion_ready_file,
+    configure_logging,
+    run,
+    serve,
+    write_ready_file,
+)
+from tether.runtime.rpc import internal_channel, start_server
 from tether.v1 import (
     admission_pb2_grpc,
     gateway_pb2,

@@ -13,9 +13,9 @@ from services.interactions.settings import InteractionsSettings
 from services.interactions.upkeep import Upkeep
 from tether.credentials import require_credential, require_verifiers
 from tether.db.engine import create_engine
-from tether.grpcutil import internal_channel, start_server
-from tether.runner import configure_logging, run, serve, write_ready_file
-from tether.runtime import Supervisor, every
+from tether.runtime.process import configure_logging, run, serve, write_ready_file
+from tether.runtime.rpc import internal_channel, start_server
+from tether.runtime.tasks import Supervisor, every
 from tether.v1 import interactions_pb2, interactions_pb2_grpc, orchestrator_pb2_grpc
 
 DEMO_PROVIDER = "democal"

@@ -10,9 +10,9 @@ from services.orchestrator.settings import OrchestratorSettings
 from tether.bus import Bus
 from tether.credentials import require_verifiers
 from tether.db.engine import create_engine
-from tether.grpcutil import start_server
-from tether.runner import configure_logging, run, serve, write_ready_file
-from tether.runtime import Supervisor, every
+from tether.runtime.process import configure_logging, run, serve, write_ready_file
+from tether.runtime.rpc import start_server
+from tether.runtime.tasks import Supervisor, every
 from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from services.orchestrator.publisher import Publisher
 from tether.bus import Bus
 from tether.hints import WAKE_CHANNEL, decode_wake
-from tether.subscription import Published, Subscription
+from tether.runtime.subscription import Published, Subscription
 
 
 async def listen_for_wakeups(bus: Bus, publisher: Publisher) -> None:

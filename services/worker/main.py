@@ -22,8 +22,8 @@ from services.worker.settings import WorkerSettings
 from services.worker.tools.registry import ToolRegistry
 from tether.bus import Bus
 from tether.credentials import require_credential
-from tether.grpcutil import internal_channel, start_server
-from tether.runner import configure_logging, run, wait_for_signal, write_ready_file
+from tether.runtime.process import configure_logging, run, wait_for_signal, write_ready_file
+from tether.runtime.rpc import internal_channel, start_server
 
 
 def provider_client(settings: WorkerSettings) -> AsyncAnthropic:

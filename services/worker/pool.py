@@ -21,7 +21,7 @@ from tether.bus import Bus
 from tether.domain import Failed, RunError
 from tether.errors import StaleLease, TetherError, Unavailable
 from tether.hints import CANCEL_PATTERN, run_of_cancel_channel
-from tether.subscription import Subscription
+from tether.runtime.subscription import Subscription
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as redis
 
-from tether.subscription import Published, Subscription
+from tether.runtime.subscription import Published, Subscription
 from tether.testing.eventually import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

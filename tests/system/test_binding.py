@@ -34,7 +34,7 @@ from tests.system.row_hold import CHECKPOINT, RowHold
 from tether.client import TetherClient
 from tether.db.engine import create_engine
 from tether.db.schema import interactions, tenants
-from tether.grpcutil import internal_channel
+from tether.runtime.rpc import internal_channel
 from tether.testing.eventually import eventually
 from tether.testing.model_server import TextTurn, ToolUseTurn
 from tether.v1 import (

@@ -29,7 +29,7 @@ from tether import apikeys
 from tether.client import TetherClient
 from tether.db.engine import create_engine
 from tether.db.schema import audit_log
-from tether.grpcutil import internal_channel
+from tether.runtime.rpc import internal_channel
 from tether.testing.eventually import eventually
 from tether.v1 import (
     common_pb2,

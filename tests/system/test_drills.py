@@ -24,7 +24,7 @@ from tests.system.execution_support import (
 )
 from tether.db.engine import create_engine
 from tether.db.schema import runs
-from tether.grpcutil import internal_channel
+from tether.runtime.rpc import internal_channel
 from tether.testing.eventually import eventually
 from tether.testing.model_server import TextTurn, ToolUseTurn
 from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc

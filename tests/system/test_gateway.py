@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from tests.system.conftest import RunningStack
 from tether.db.engine import create_engine
 from tether.db.schema import event_claims, messages, runs, sessions
-from tether.grpcutil import internal_channel
+from tether.runtime.rpc import internal_channel
 from tether.v1 import (
     admission_pb2,
     admission_pb2_grpc,

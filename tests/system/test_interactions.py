@@ -28,7 +28,7 @@ from tests.system.execution_support import (
 from tether.client import TetherClient
 from tether.db.engine import create_engine
 from tether.db.schema import audit_log, grants, interactions
-from tether.grpcutil import internal_channel
+from tether.runtime.rpc import internal_channel
 from tether.testing.eventually import eventually
 from tether.testing.model_server import TextTurn, ToolUseTurn
 from tether.v1 import (

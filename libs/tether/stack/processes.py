@@ -15,7 +15,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tether.credentials import service_env
-from tether.runner import companion_ready_file
+from tether.runtime.process import companion_ready_file
 
 # Start order: each service after those it calls.
 SERVICES = ("orchestrator", "admission", "interactions", "worker", "gateway")

@@ -28,7 +28,7 @@ from tether import apikeys, credentials
 from tether.db.engine import create_engine
 from tether.db.migrate import upgrade
 from tether.retry import RetryPolicy
-from tether.runner import wait_for_signal
+from tether.runtime.process import wait_for_signal
 from tether.stack.embedded import EmbeddedPostgres, EmbeddedRedis, database_url
 from tether.stack.processes import ServiceProcess, ServiceSet
 from tether.stack.settings import UpSettings

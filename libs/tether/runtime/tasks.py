@@ -1,5 +1,5 @@
 """Shared runtime helpers for every service: supervised background tasks and periodic rounds
-(the Redis subscription that survives Redis going away is `tether.subscription`)."""
+(the Redis subscription that survives Redis going away is `tether.runtime.subscription`)."""
 
 from __future__ import annotations
 
