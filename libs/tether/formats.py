@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tether.domain import EventType, Part, PartKind, content_from_json
+from tether.domain import EventType, Part, PartKind, content_from_json, part_from_json
 from tether.errors import StoredFormatTooNew
 
 CURRENT = 2
@@ -84,4 +84,9 @@ def read_event_payload(
                 part["superseded"] = True
             part["toolCall"] = call
             data["part"] = part
+    if type_ in (EventType.PART_ADDED, EventType.PART_UPDATED):
+        try:
+            part_from_json(data.get("part") or {})  # the part it carries is the domain's
+        except (ValueError, TypeError) as exc:
+            raise StoredFormatTooNew(f"{what} cannot be read by this release: {exc}") from exc
     return data

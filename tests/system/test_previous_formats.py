@@ -1,0 +1,202 @@
+"""A rolling deploy runs two releases side by side, so this release must read what the release
+before it stored: parts, events and pending interactions in format 1, kept as fixtures that
+release (71abcdb) wrote on its own stack through its own CLI (`fixtures/format1_71abcdb.json`).
+Runs it left parked resume here and finish; a payload in a format newer than this release's is
+refused with a clear error, never read with a field dropped."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import pytest_asyncio
+from google.protobuf import json_format
+from sqlalchemy import insert, update
+
+from tests.system.execution_support import ExecStack, exec_stack, wait_for_status
+from tether import apikeys, formats
+from tether.client import TetherClient
+from tether.db import schema
+from tether.db.engine import create_engine
+from tether.v1 import gateway_pb2, interactions_pb2
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "format1_71abcdb.json").read_text())
+# Parents before children (foreign keys).
+TABLES = [
+    "tenants",
+    "sessions",
+    "messages",
+    "runs",
+    "event_claims",
+    "run_parts",
+    "run_events",
+    "interactions",
+    "attempts",
+    "usage_turns",
+]
+RUNS = {run["conversation_id"]: run for run in FIXTURE["runs"]}
+
+
+def _value(value: Any) -> Any:
+    """A dumped column value as the database takes it."""
+    if isinstance(value, dict) and len(value) == 1:
+        (tag, inner), *_ = value.items()
+        if tag == "$json":
+            return inner
+        if tag == "$time":
+            return datetime.fromisoformat(inner)
+        if tag == "$bytes":
+            return base64.b64decode(inner)
+    return value
+
+
+async def load_fixture(db_url: str) -> str:
+    """Store the previous release's rows as it left them (every `format` column takes its
+    default, 1, as rows a release that knows no formats writes do); a key for its tenant and
+    principal."""
+    engine = create_engine(db_url, pool_size=1)
+    try:
+        async with engine.begin() as conn:
+            for name in TABLES:
+                table = schema.metadata.tables[name]
+                rows = [
+                    {
+                        k: _value(v)
+                        for k, v in row.items()
+                        if not (name == "usage_turns" and k == "id")
+                    }
+                    for row in FIXTURE[name]
+                ]
+                await conn.execute(insert(table), rows)
+            scopes = [*apikeys.CLIENT_SCOPES, "approvals:decide"]
+            key, _ = await apikeys.create_key(conn, "dev", "dev", scopes)
+    finally:
+        await engine.dispose()
+    return key
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def stack(
+    pg_server_url: str, template_db: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[ExecStack, TetherClient]]:
+    run_dir = Path(tmp_path_factory.mktemp("previous-formats"))
+    async with exec_stack(pg_server_url, template_db, redis_url, run_dir, workers=1) as running:
+        key = await load_fixture(running.db_url)
+        # No retries: a refusal must be seen as it is answered.
+        async with TetherClient(running.addr("gateway"), key, retry_for_s=0) as client:
+            yield running, client
+
+
+def stored_parts(run_id: str) -> list[dict[str, Any]]:
+    rows = [p for p in FIXTURE["run_parts"] if p["run_id"] == run_id]
+    return [{"index": p["part_index"], p["kind"]: _value(p["payload"])} for p in rows]
+
+
+def read_parts(response: gateway_pb2.GetRunResponse) -> list[dict[str, Any]]:
+    out = []
+    for part in response.parts:
+        kind = str(part.WhichOneof("kind"))
+        out.append({"index": part.index, kind: json_format.MessageToDict(getattr(part, kind))})
+    return out
+
+
+async def test_every_part_the_previous_release_stored_reads_back_whole(
+    stack: tuple[ExecStack, TetherClient],
+) -> None:
+    _, client = stack
+    assert len(RUNS) == 7
+    for run in RUNS.values():
+        response = await client.get_run(run["run_id"])
+        assert response.run.status != 0 and response.run.last_seq == run["last_seq"]
+        assert read_parts(response) == stored_parts(run["run_id"]), run["conversation_id"]
+
+
+async def test_every_event_the_previous_release_stored_streams_whole(
+    stack: tuple[ExecStack, TetherClient],
+) -> None:
+    _, client = stack
+    for run in RUNS.values():
+        stored = [e for e in FIXTURE["run_events"] if e["run_id"] == run["run_id"]]
+        streamed: list[Any] = []
+        watch = client.watch(run["run_id"], give_up_after_s=10)
+        async for item in watch:
+            events = item.batch.events if item.HasField("batch") else [item.event]
+            streamed += [e for e in events if item.WhichOneof("item") != "snapshot" and e.seq]
+            if streamed and streamed[-1].seq == run["last_seq"]:
+                break
+        assert [(e.seq, e.type) for e in streamed] == [(e["seq"], e["type"]) for e in stored]
+        for event, row in zip(streamed, stored, strict=True):
+            member = getattr(event, str(event.WhichOneof("payload")))
+            as_stored = json_format.ParseDict(_value(row["payload"]), type(member)())
+            assert member == as_stored, row["type"]
+
+
+async def test_the_pending_interactions_it_stored_read_back(
+    stack: tuple[ExecStack, TetherClient],
+) -> None:
+    _, client = stack
+    question = (await client.pending_question(RUNS["question"]["run_id"])).question
+    stored = next(i for i in FIXTURE["interactions"] if i["run_id"] == RUNS["question"]["run_id"])
+    assert question.interaction_id == stored["interaction_id"]
+    specs = [
+        json_format.ParseDict(q, interactions_pb2.QuestionSpec())
+        for q in _value(stored["questions"])
+    ]
+    assert list(question.questions) == specs
+    approval = (await client.pending_approval(RUNS["pending-approval"]["run_id"])).approval
+    assert approval.tool_name == "publish_post"
+    assert json_format.MessageToDict(approval.input) == {"text": "still pending"}
+    connection = (await client.pending_connection(RUNS["connection"]["run_id"])).connection
+    assert connection.provider == "democal" and connection.login_url
+
+
+async def test_runs_it_left_parked_resume_and_finish_here(
+    stack: tuple[ExecStack, TetherClient],
+) -> None:
+    running, client = stack
+    approval_run = RUNS["pending-approval"]["run_id"]
+    await client.decide(approval_run, "allow-once")
+    question_run = RUNS["question"]["run_id"]
+    await client.answer(question_run, {"choice": ["Option A"]})
+    for run_id in (approval_run, question_run):
+        await wait_for_status(running.db_url, run_id, "completed")
+    # What runs is what the previous release showed: its stored input, once.
+    posted = [r for r in running.ledger.records if r.body.get("text") == "still pending"]
+    assert len(posted) == 1
+    answered = (await client.get_run(question_run)).run.result_text
+    assert "Option A" in answered
+
+
+async def test_a_part_in_a_newer_format_is_refused_not_read_with_a_field_dropped(
+    stack: tuple[ExecStack, TetherClient],
+) -> None:
+    running, client = stack
+    run_id = RUNS["text"]["run_id"]
+    engine = create_engine(running.db_url, pool_size=1)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                update(schema.run_parts)
+                .where(schema.run_parts.c.run_id == run_id)
+                .values(format=formats.CURRENT + 1)
+            )
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await client.get_run(run_id)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert f"stored in format {formats.CURRENT + 1}, newer than this release reads" in str(
+            refused.value.details()
+        )
+    finally:
+        async with engine.begin() as conn:
+            await conn.execute(
+                update(schema.run_parts).where(schema.run_parts.c.run_id == run_id).values(format=1)
+            )
+        await engine.dispose()
