@@ -22,6 +22,7 @@ from tether.domain import (
     Part,
     QuestionMarker,
     Role,
+    RunError,
     Text,
     Thinking,
     ToolCall,
@@ -90,6 +91,21 @@ def run_to_proto(row: Any) -> common_pb2.Run:
         owner_principal_id=row.owner_principal_id or "",
         visibility=row.visibility,
     )
+
+
+def error_to_proto(error: RunError) -> common_pb2.ErrorInfo:
+    """An ErrorInfo from a run error."""
+    return common_pb2.ErrorInfo(
+        code=error.code,
+        message=error.message,
+        retryable=error.retryable,
+        provider_status=error.provider_status,
+    )
+
+
+def error_from_proto(info: common_pb2.ErrorInfo) -> RunError:
+    """The run error an ErrorInfo carries ("error" when it names no code)."""
+    return RunError(info.code or "error", info.message, info.retryable, info.provider_status)
 
 
 def event_to_proto(

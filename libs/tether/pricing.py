@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tether.domain import TOKEN_FIELDS
+from tether.domain.outcomes import TOKEN_FIELDS
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import httpx2
 
 from services.interactions.domain import RunFacts
-from tether.convert import event_to_wire, status_from_proto, status_to_proto
+from tether.convert import error_to_proto, event_to_wire, status_from_proto, status_to_proto
 from tether.domain import Event, RunError
 from tether.errors import FailedPrecondition, TetherError, Unavailable
-from tether.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from tether.visibility import Viewer
 
 # The name the channel's interceptor gives the orchestrator when it does not answer.
@@ -97,9 +97,7 @@ class GrpcOrchestrator:
                 tenant_id=tenant_id,
                 run_id=run_id,
                 from_status=status_to_proto(from_status),
-                error=common_pb2.ErrorInfo(
-                    code=error.code, message=error.message, retryable=error.retryable
-                ),
+                error=error_to_proto(error),
                 event=event_to_wire(event),
                 interaction_id=interaction_id,
             )

@@ -21,7 +21,7 @@ from services.orchestrator.repositories import leases as lease_repo
 from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories.transitions import NOW, Moved, apply
 from tether import states
-from tether.domain import Part, RunError, run_failed
+from tether.domain import AgentConfig, Part, RunError, run_failed
 from tether.errors import FailedPrecondition, TetherError
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class Claimed:
     (each input and transcript) and the run's own parts."""
 
     lease: Moved
-    config: routing.AgentConfig
+    config: AgentConfig
     earlier: list[parts_repo.EarlierRun]
     own: list[Part]
 
@@ -71,7 +71,7 @@ class Claims:
         self._claim_poll = claim_poll_s
         self._history_runs = history_runs
         self._empty_as_of = -1  # wakeups.generation when the last look that found nothing began
-        self._routes: dict[str, tuple[float, routing.AgentConfig]] = {}
+        self._routes: dict[str, tuple[float, AgentConfig]] = {}
 
     async def claim(self, worker_id: str, wait_s: float) -> Claimed | None:
         """Lease the oldest claimable run, waiting up to `wait_s` for one to appear."""
@@ -145,7 +145,7 @@ class Claims:
         await self.fail_unleased(run_id, RunError("routing_failed", failure.message))
         return None
 
-    async def _routing(self, conn: AsyncConnection, tenant_id: str) -> routing.AgentConfig:
+    async def _routing(self, conn: AsyncConnection, tenant_id: str) -> AgentConfig:
         """The tenant's agent configuration, cached briefly (a claim should not re-read it)."""
         now = asyncio.get_running_loop().time()
         cached = self._routes.get(tenant_id)
@@ -162,7 +162,7 @@ class Claims:
         conn: AsyncConnection,
         candidate: Any,
         worker_id: str,
-        config: routing.AgentConfig,
+        config: AgentConfig,
         routing_ms: float,
     ) -> Claimed:
         run_id = candidate.run_id

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -20,13 +19,13 @@ class Prices:
     """Per run, the price of each model, as routing resolved it when the run was leased."""
 
     def __init__(self) -> None:
-        self._by_run: dict[str, dict[str, Any]] = {}
+        self._by_run: dict[str, Mapping[str, Price]] = {}
 
-    def remember(self, run_id: str, prices: Mapping[str, Mapping[str, Any]]) -> None:
+    def remember(self, run_id: str, prices: Mapping[str, Price]) -> None:
         """Keep a leased run's prices."""
         if len(self._by_run) > MAX_RUNS:
             self._by_run.clear()
-        self._by_run[run_id] = {m: dict(p) for m, p in prices.items()}
+        self._by_run[run_id] = prices
 
     def forget(self, run_id: str) -> None:
         """Drop a finished run's prices."""
@@ -41,9 +40,7 @@ class Prices:
         prices = self._by_run.get(run_id)
         if prices is None:  # leased by another replica, or before a restart
             prices = await runs_repo.routed_prices(conn, run_id)
-        out = []
-        for turn in turns:
-            price_row = prices.get(turn.model)
-            price = Price(**price_row) if price_row else None
-            out.append(replace(turn, cost_micros=cost_micros(turn.tokens(), price)))
-        return out
+        return [
+            replace(turn, cost_micros=cost_micros(turn.tokens(), prices.get(turn.model)))
+            for turn in turns
+        ]

@@ -11,9 +11,9 @@ from google.protobuf import json_format
 from services.orchestrator.attempts import Batch, Completion
 from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
-from services.orchestrator.routing import AgentConfig
 from services.orchestrator.service import Runs
 from tether.convert import (
+    error_from_proto,
     event_from_wire,
     event_to_proto,
     part_from_proto,
@@ -24,6 +24,7 @@ from tether.convert import (
     timestamp,
 )
 from tether.domain import (
+    AgentConfig,
     Cancelled,
     Completed,
     Ending,
@@ -32,7 +33,6 @@ from tether.domain import (
     ModelTurn,
     Part,
     Role,
-    RunError,
     Text,
 )
 from tether.errors import InvalidArgument
@@ -103,16 +103,12 @@ def _in_flight(request: orchestrator_pb2.CompleteRunRequest) -> Batch:
     return _batch(batch)
 
 
-def _error(info: common_pb2.ErrorInfo) -> RunError:
-    return RunError(info.code or "error", info.message, info.retryable, info.provider_status)
-
-
 def _ending(request: orchestrator_pb2.CompleteRunRequest) -> Ending:
     status = status_from_proto(request.status)
     if status is RunStatus.COMPLETED:
         return Completed(request.result_text, request.task_outcome, tuple(request.warnings))
     if status is RunStatus.FAILED:
-        return Failed(_error(request.error))
+        return Failed(error_from_proto(request.error))
     if status is RunStatus.CANCELLED:
         return Cancelled(request.error.message or "cancelled by caller")
     raise InvalidArgument("status must be COMPLETED, FAILED or CANCELLED")
@@ -141,7 +137,9 @@ def _config_proto(config: AgentConfig) -> orchestrator_pb2.AgentConfig:
         ],
         tool_allowlist=list(config.tool_allowlist),
         limits=limits,
-        prices=[orchestrator_pb2.ModelPrice(model=m, **dict(p)) for m, p in config.prices.items()],
+        prices=[
+            orchestrator_pb2.ModelPrice(model=m, **asdict(p)) for m, p in config.prices.items()
+        ],
     )
 
 
@@ -228,7 +226,7 @@ class ExecutionServicer:
         row = await self._execution.recovery.schedule_retry(
             request.run_id,
             request.epoch,
-            _error(request.error),
+            error_from_proto(request.error),
             max(request.retry_after_seconds, 0.0),
         )
         return orchestrator_pb2.ScheduleRetryResponse(
@@ -299,7 +297,7 @@ class ExecutionServicer:
             request.tenant_id,
             request.run_id,
             status,
-            _error(request.error),
+            error_from_proto(request.error),
             event,
             request.interaction_id,
         )

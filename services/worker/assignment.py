@@ -5,11 +5,10 @@ response; nothing else in the worker sees the wire form.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from tether.domain import Part
-from tether.pricing import Price
+from tether.domain import AgentConfig, Part
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,44 +18,6 @@ class Lease:
     run_id: str
     epoch: int
     attempt: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Per-run limits (0: the limit is not set; each use says what stands in for it)."""
-
-    max_steps: int = 0
-    max_tool_calls: int = 0
-    wall_clock_seconds: float = 0.0
-    max_input_tokens: int = 0
-    max_output_tokens: int = 0
-    max_cost_micros: int = 0
-    max_attempts: int = 0
-    backoff_initial_seconds: float = 0.0
-    backoff_max_seconds: float = 0.0
-    max_inline_tool_output_bytes: int = 0
-    max_tokens_per_turn: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class SystemBlock:
-    """One structured system block; `cache_control` ("ephemeral") marks a cache breakpoint."""
-
-    text: str
-    cache_control: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class AgentConfig:
-    """The agent an attempt runs as, resolved by the orchestrator at claim time."""
-
-    model: str
-    system_prompt: str = ""
-    system_blocks: tuple[SystemBlock, ...] = ()
-    tool_allowlist: tuple[str, ...] = ()
-    limits: Limits = Limits()
-    prices: Mapping[str, Price] = field(default_factory=dict)
-    agent: str = ""
 
 
 @dataclass(frozen=True, slots=True)

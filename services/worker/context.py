@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from services.worker.assignment import AgentConfig
-from tether.domain import Part, Role, Text, Thinking, ToolCall, ToolResult
+from tether.domain import AgentConfig, Part, Role, Text, Thinking, ToolCall, ToolResult
 
 
 def system_param(config: AgentConfig) -> list[dict[str, Any]]:

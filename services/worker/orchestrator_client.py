@@ -14,17 +14,26 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from services.worker.assignment import AgentConfig, Assignment, Lease, Limits, SystemBlock
+from services.worker.assignment import Assignment, Lease
 from services.worker.tools.effects import EffectState
 from services.worker.transcript import Batch
-from tether.convert import event_to_wire, part_from_proto, part_to_proto, status_to_proto
+from tether.convert import (
+    error_to_proto,
+    event_to_wire,
+    part_from_proto,
+    part_to_proto,
+    status_to_proto,
+)
 from tether.domain import (
+    AgentConfig,
     Cancelled,
     Completed,
     Ending,
     Failed,
+    Limits,
     ModelTurn,
     RunError,
+    SystemBlock,
 )
 from tether.pricing import Price
 from tether.states import RunStatus
@@ -85,7 +94,7 @@ class Orchestrator:
             orchestrator_pb2.ScheduleRetryRequest(
                 run_id=lease.run_id,
                 epoch=lease.epoch,
-                error=_error_info(error),
+                error=error_to_proto(error),
                 retry_after_seconds=retry_after_s,
             )
         )
@@ -211,22 +220,13 @@ def completion_request(
         request.warnings.extend(ending.warnings)
     elif isinstance(ending, Failed):
         request.status = common_pb2.RUN_STATUS_FAILED
-        request.error.CopyFrom(_error_info(ending.error))
+        request.error.CopyFrom(error_to_proto(ending.error))
     elif isinstance(ending, Cancelled):
         request.status = common_pb2.RUN_STATUS_CANCELLED
         request.error.CopyFrom(common_pb2.ErrorInfo(code="cancelled", message=ending.reason))
     if in_flight is not None:
         request.in_flight.CopyFrom(checkpoint_request(lease, in_flight))
     return request
-
-
-def _error_info(error: RunError) -> common_pb2.ErrorInfo:
-    return common_pb2.ErrorInfo(
-        code=error.code,
-        message=error.message,
-        retryable=error.retryable,
-        provider_status=error.provider_status,
-    )
 
 
 def _usage(turn: ModelTurn) -> common_pb2.Usage:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from google.protobuf import json_format
 
-from services.worker.assignment import Lease, Limits, SystemBlock
+from services.worker.assignment import Lease
 from services.worker.drafts import ToolCallDraft
 from services.worker.interactions import approval_claim_from_proto
 from services.worker.orchestrator_client import (
@@ -30,11 +30,13 @@ from tether.domain import (
     Event,
     EventType,
     Failed,
+    Limits,
     ModelTurn,
     Part,
     QuestionMarker,
     Role,
     RunError,
+    SystemBlock,
     Text,
     Thinking,
     ToolCall,

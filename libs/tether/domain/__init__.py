@@ -1,6 +1,7 @@
 """The run's domain model: parts, events, errors and endings as frozen types, and the rules on
-them that the orchestrator and the worker both apply. One package, four rooms:
+them that the orchestrator and the worker both apply. One package, five rooms:
 
+- `agents`: the agent an attempt runs as (model, system blocks, tools, limits, prices);
 - `outcomes`: run errors, model-turn usage, and the endings of a run (completed, failed, cancelled);
 - `parts`: the transcript's typed parts and their JSON form;
 - `events`: every event type, and the one constructor that builds each event's payload;
@@ -14,6 +15,7 @@ stored JSON, versioned). Everything in between speaks these types; import them f
 
 from __future__ import annotations
 
+from tether.domain.agents import AgentConfig, Limits, SystemBlock
 from tether.domain.events import (
     TERMINAL_EVENTS,
     Event,
@@ -76,6 +78,7 @@ from tether.domain.rules import (
 __all__ = [
     "TERMINAL_EVENTS",
     "TOKEN_FIELDS",
+    "AgentConfig",
     "ApprovalMarker",
     "Cancelled",
     "Closing",
@@ -86,6 +89,7 @@ __all__ = [
     "Event",
     "EventType",
     "Failed",
+    "Limits",
     "ModelTurn",
     "Part",
     "PartKind",
@@ -93,6 +97,7 @@ __all__ = [
     "Role",
     "RunError",
     "StoredEvent",
+    "SystemBlock",
     "Text",
     "Thinking",
     "ToolCall",

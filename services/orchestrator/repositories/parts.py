@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Integer, bindparam, func, select, update
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, Insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -47,27 +47,33 @@ def stored(part: Part) -> dict[str, Any]:
     }
 
 
-_UPSERT = pg_insert(run_parts).values(
-    run_id=bindparam("run_id"),
-    lease_epoch=bindparam("lease_epoch"),
-    part_index=bindparam("part_index"),
-    role=bindparam("role"),
-    kind=bindparam("kind"),
-    payload=bindparam("payload"),
-    final=bindparam("final"),
-    format=bindparam("format"),
-)
-# A rewritten part keeps the attempt that first wrote it, and its superseded mark.
-_UPSERT = _UPSERT.on_conflict_do_update(
-    index_elements=["run_id", "part_index"],
-    set_={
-        "role": _UPSERT.excluded.role,
-        "kind": _UPSERT.excluded.kind,
-        "payload": _UPSERT.excluded.payload,
-        "final": _UPSERT.excluded.final,
-        "format": _UPSERT.excluded.format,
-        "updated_at": func.now(),
-    },
+def rewriting(insert: Insert) -> Insert:
+    """`insert` of parts, replacing a part already at its index: a rewritten part keeps the
+    attempt that first wrote it, and its superseded mark."""
+    return insert.on_conflict_do_update(
+        index_elements=["run_id", "part_index"],
+        set_={
+            "role": insert.excluded.role,
+            "kind": insert.excluded.kind,
+            "payload": insert.excluded.payload,
+            "final": insert.excluded.final,
+            "format": insert.excluded.format,
+            "updated_at": func.now(),
+        },
+    )
+
+
+_UPSERT = rewriting(
+    pg_insert(run_parts).values(
+        run_id=bindparam("run_id"),
+        lease_epoch=bindparam("lease_epoch"),
+        part_index=bindparam("part_index"),
+        role=bindparam("role"),
+        kind=bindparam("kind"),
+        payload=bindparam("payload"),
+        final=bindparam("final"),
+        format=bindparam("format"),
+    )
 )
 
 

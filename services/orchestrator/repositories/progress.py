@@ -33,6 +33,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Boolean
 
+from services.orchestrator.repositories.parts import rewriting
 from services.orchestrator.repositories.transitions import (
     EVENT_COUNT,
     LEASE_EPOCH,
@@ -84,30 +85,20 @@ def _checkpoint_statement() -> Any:
         .table_valued("index", "role", "kind", "payload", "final")
         .render_derived("p", with_types=False)
     )
-    parts = pg_insert(run_parts).from_select(
-        ["run_id", "part_index", "role", "kind", "payload", "final", "lease_epoch", "format"],
-        select(
-            fence.c.run_id,
-            new.c.index,
-            new.c.role,
-            new.c.kind,
-            cast(new.c.payload, JSONB),
-            new.c.final,
-            LEASE_EPOCH,  # a new part belongs to the attempt that wrote it
-            literal(formats.CURRENT, SmallInteger),
-        ).select_from(fence.join(new, true())),
-    )
-    # A rewritten part keeps the attempt that first wrote it, and its superseded mark.
-    parts = parts.on_conflict_do_update(
-        index_elements=["run_id", "part_index"],
-        set_={
-            "role": parts.excluded.role,
-            "kind": parts.excluded.kind,
-            "payload": parts.excluded.payload,
-            "final": parts.excluded.final,
-            "format": parts.excluded.format,
-            "updated_at": func.now(),
-        },
+    parts = rewriting(
+        pg_insert(run_parts).from_select(
+            ["run_id", "part_index", "role", "kind", "payload", "final", "lease_epoch", "format"],
+            select(
+                fence.c.run_id,
+                new.c.index,
+                new.c.role,
+                new.c.kind,
+                cast(new.c.payload, JSONB),
+                new.c.final,
+                LEASE_EPOCH,  # a new part belongs to the attempt that wrote it
+                literal(formats.CURRENT, SmallInteger),
+            ).select_from(fence.join(new, true())),
+        )
     )
     turn = (
         func.unnest(

@@ -16,6 +16,7 @@ from services.orchestrator.repositories.transitions import LEASE_HELD
 from tether.db.schema import run_events, runs
 from tether.errors import InvalidArgument, NotFound, StaleLease
 from tether.ids import is_identifier
+from tether.pricing import Price
 from tether.states import RunStatus
 from tether.visibility import Viewer
 
@@ -79,10 +80,10 @@ _FLAG_CANCEL = (
 _ROUTED_PRICES = select(runs.c.config["prices"]).where(runs.c.run_id == bindparam("r_run_id"))
 
 
-async def routed_prices(conn: AsyncConnection, run_id: str) -> dict[str, Any]:
+async def routed_prices(conn: AsyncConnection, run_id: str) -> dict[str, Price]:
     """The prices routing resolved for the run's current attempt, by model."""
     prices = (await conn.execute(_ROUTED_PRICES, {"r_run_id": run_id})).scalar()
-    return dict(prices or {})
+    return {model: Price(**price) for model, price in (prices or {}).items()}
 
 
 async def flag_cancel(conn: AsyncConnection, run_id: str) -> Row[Any] | None:
