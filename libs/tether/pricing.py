@@ -7,8 +7,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tether.domain.outcomes import TOKEN_FIELDS
-
 
 @dataclass(frozen=True)
 class Price:
@@ -29,6 +27,15 @@ DEFAULT_PRICES: dict[str, Price] = {
     "claude-opus-5": Price(5.0, 25.0, 6.25, 0.50),
     "claude-sonnet-5": Price(2.0, 10.0, 2.50, 0.20),
 }
+
+
+# The token counts a model turn reports, by their stored names.
+TOKEN_FIELDS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+)
 
 
 def cost_micros(usage: Mapping[str, Any], price: Price | None) -> int:

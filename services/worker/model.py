@@ -26,7 +26,8 @@ from anthropic import AsyncAnthropic
 from services.worker.drafts import Draft, TextDraft, ThinkingDraft, ToolCallDraft
 from services.worker.provider_errors import StreamIncomplete
 from services.worker.transcript import Transcript
-from tether.domain import TOKEN_FIELDS, ToolCall
+from tether.domain import ToolCall
+from tether.pricing import TOKEN_FIELDS
 
 Checkpoint = Callable[[], None]
 

@@ -1,1 +1,1 @@
-"""PostgreSQL access: schema, engine, migrations and the guarded run transitions."""
+"""PostgreSQL access: the schema (every table, with its owner), the engine and the migrations."""

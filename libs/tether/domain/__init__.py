@@ -38,7 +38,6 @@ from tether.domain.events import (
     usage_updated,
 )
 from tether.domain.outcomes import (
-    TOKEN_FIELDS,
     Cancelled,
     Completed,
     Ending,
@@ -77,7 +76,6 @@ from tether.domain.rules import (
 
 __all__ = [
     "TERMINAL_EVENTS",
-    "TOKEN_FIELDS",
     "AgentConfig",
     "ApprovalMarker",
     "Cancelled",

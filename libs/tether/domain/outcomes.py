@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tether.pricing import TOKEN_FIELDS
+
 
 @dataclass(frozen=True, slots=True)
 class RunError:
@@ -45,14 +47,6 @@ class RunError:
             bool(row.get("retryable", False)),
             int(row.get("provider_status", row.get("providerStatus", 0)) or 0),
         )
-
-
-TOKEN_FIELDS = (
-    "input_tokens",
-    "output_tokens",
-    "cache_creation_input_tokens",
-    "cache_read_input_tokens",
-)
 
 
 @dataclass(frozen=True, slots=True)

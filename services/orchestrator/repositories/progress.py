@@ -44,7 +44,8 @@ from services.orchestrator.repositories.transitions import (
 )
 from tether import formats
 from tether.db.schema import effects, run_parts, runs, tool_outputs, usage_turns
-from tether.domain import TOKEN_FIELDS, Event, ModelTurn, Part, StoredEvent, content_json
+from tether.domain import Event, ModelTurn, Part, StoredEvent, content_json
+from tether.pricing import TOKEN_FIELDS
 
 
 def _array(name: str, type_: Any) -> Any:
