@@ -23,6 +23,7 @@ from services.orchestrator.repositories import progress
 from services.orchestrator.repositories.transitions import NOW, Moved, apply
 from tether import states
 from tether.domain import (
+    Batch,
     Cancelled,
     Completed,
     Ending,
@@ -39,16 +40,6 @@ from tether.domain import (
     run_queued,
 )
 from tether.errors import StaleLease
-
-
-@dataclass(frozen=True)
-class Batch:
-    """A numbered checkpoint batch of the current lease (see CheckpointRequest.batch)."""
-
-    number: int
-    parts: Sequence[Part] = ()
-    events: Sequence[Event] = ()
-    turns: Sequence[ModelTurn] = ()
 
 
 @dataclass(frozen=True)

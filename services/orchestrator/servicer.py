@@ -8,7 +8,7 @@ from dataclasses import asdict, replace
 import grpc
 from google.protobuf import json_format
 
-from services.orchestrator.attempts import Batch, Completion
+from services.orchestrator.attempts import Completion
 from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
 from services.orchestrator.service import Runs
@@ -25,6 +25,7 @@ from tether.convert import (
 )
 from tether.domain import (
     AgentConfig,
+    Batch,
     Cancelled,
     Completed,
     Ending,

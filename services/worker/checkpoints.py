@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from services.worker.assignment import Lease
 from services.worker.orchestrator_client import Orchestrator
-from services.worker.transcript import Batch, Transcript
+from services.worker.transcript import Transcript
 from tether.bus import Bus
-from tether.domain import text_delta
+from tether.domain import Batch, text_delta
 from tether.hints import LiveMessage, encode_event, events_channel
 
 

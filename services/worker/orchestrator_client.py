@@ -16,7 +16,6 @@ from google.protobuf import json_format
 
 from services.worker.assignment import Assignment, Lease
 from services.worker.tools.effects import EffectState
-from services.worker.transcript import Batch
 from tether.convert import (
     error_to_proto,
     event_to_wire,
@@ -26,6 +25,7 @@ from tether.convert import (
 )
 from tether.domain import (
     AgentConfig,
+    Batch,
     Cancelled,
     Completed,
     Ending,

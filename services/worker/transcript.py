@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
 from services.worker.drafts import Draft
 from tether.domain import (
+    Batch,
     Content,
     Event,
     ModelTurn,
@@ -28,18 +28,6 @@ from tether.domain import (
 )
 
 D = TypeVar("D", bound=Draft)
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """What changed since the previous batch: the parts as they stand now, and the events and
-    model turns in the order they were recorded. `number` counts the checkpoints sent under
-    the lease (0: no checkpoint, the rest a completion carries)."""
-
-    number: int
-    parts: tuple[Part, ...]
-    events: tuple[Event, ...]
-    turns: tuple[ModelTurn, ...]
 
 
 class Transcript:

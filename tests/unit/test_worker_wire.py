@@ -20,10 +20,10 @@ from services.worker.orchestrator_client import (
 from services.worker.tools.base import CallContext, ToolContext, ToolOutput, ToolSpec
 from services.worker.tools.effects import EffectState
 from services.worker.tools.registry import ToolRegistry
-from services.worker.transcript import Batch
 from tether.convert import event_to_wire, part_to_proto
 from tether.domain import (
     ApprovalMarker,
+    Batch,
     Cancelled,
     Completed,
     ConnectionMarker,

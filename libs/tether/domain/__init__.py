@@ -1,10 +1,11 @@
 """The run's domain model: parts, events, errors and endings as frozen types, and the rules on
-them that the orchestrator and the worker both apply. One package, five rooms:
+them that the orchestrator and the worker both apply. One package, six rooms:
 
 - `agents`: the agent an attempt runs as (model, system blocks, tools, limits, prices);
 - `outcomes`: run errors, model-turn usage, and the endings of a run (completed, failed, cancelled);
 - `parts`: the transcript's typed parts and their JSON form;
 - `events`: every event type, and the one constructor that builds each event's payload;
+- `progress`: what an attempt writes under its lease (a numbered batch);
 - `rules`: which tool calls dangle, how an interrupted one is closed, what an attempt that is over
   leaves superseded.
 
@@ -65,6 +66,7 @@ from tether.domain.parts import (
     part_from_json,
     part_json,
 )
+from tether.domain.progress import Batch
 from tether.domain.rules import (
     Closing,
     close_attempt,
@@ -78,6 +80,7 @@ __all__ = [
     "TERMINAL_EVENTS",
     "AgentConfig",
     "ApprovalMarker",
+    "Batch",
     "Cancelled",
     "Closing",
     "Completed",
