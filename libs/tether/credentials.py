@@ -24,6 +24,8 @@ SERVERS = ("admission", "orchestrator", "interactions")
 
 _WORKER_ON_ORCHESTRATOR = frozenset(
     {
+        "Work",
+        # The unary calls: the previous release's workers use them during a rolling deploy.
         "ClaimRun",
         "Heartbeat",
         "Checkpoint",

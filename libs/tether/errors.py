@@ -129,6 +129,16 @@ _BY_STATUS: dict[grpc.StatusCode, type[TetherError]] = {
 CODE_METADATA_KEY = "tether-error-code"
 
 
+def from_status(status: grpc.StatusCode, message: str, code: str = "") -> TetherError:
+    """The TetherError a service answered with: its gRPC status, its words, its stable code."""
+    if code == StaleLease.default_code:
+        return StaleLease(message or "stale lease", code=code)
+    cls = _BY_STATUS.get(status, TetherError)
+    if status in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+        cls = Unavailable
+    return cls(message or status.name, code=code or None)
+
+
 def from_rpc_error(exc: grpc.aio.AioRpcError, service: str = "") -> TetherError:
     """Rebuild a TetherError from a failed call to another Tether service (named `service`,
     e.g. "admission": an UNAVAILABLE that service did not choose itself, such as a refused
@@ -137,12 +147,7 @@ def from_rpc_error(exc: grpc.aio.AioRpcError, service: str = "") -> TetherError:
     for key, value in exc.trailing_metadata() or ():
         if key == CODE_METADATA_KEY and isinstance(value, str):
             code = value
-    if code == StaleLease.default_code:
-        return StaleLease(exc.details() or "stale lease", code=code)
     unanswered = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
     if service and not code and exc.code() in unanswered:
         return Unavailable.outage(f"the {service} service")
-    cls = _BY_STATUS.get(exc.code(), TetherError)
-    if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
-        cls = Unavailable
-    return cls(exc.details() or exc.code().name, code=code or None)
+    return from_status(exc.code(), exc.details() or "", code)

@@ -65,6 +65,7 @@ class Claims:
         self._engine = engine
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._publisher = publisher
+        self.wakeups = publisher.wakeups
         self._wakeups = publisher.wakeups
         self._prices = prices
         self._ttl = lease_ttl_s
@@ -102,6 +103,16 @@ class Claims:
                 self._wakeups.leave(ticket, claimed=None)  # failed, or the caller went away
                 raise
             self._wakeups.leave(ticket, claimed=None, looking_again=True)
+
+    async def claim_many(self, worker_id: str, n: int) -> list[Claimed]:
+        """Lease up to `n` runs now, oldest first (none waited for)."""
+        leased: list[Claimed] = []
+        while len(leased) < n:
+            claimed = await self._claim_once(worker_id)
+            if claimed is None:
+                break
+            leased.append(claimed)
+        return leased
 
     async def poll_claimable(self) -> None:
         """The fallback for wake-ups lost on the way: every claim poll interval, while claims

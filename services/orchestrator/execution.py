@@ -30,6 +30,7 @@ from tether.bus import Bus
 class Execution:
     """The rooms that move runs under (or between) leases, sharing one publisher and price book."""
 
+    engine: AsyncEngine
     publisher: Publisher
     claims: Claims
     attempts: Attempts
@@ -50,6 +51,7 @@ class Execution:
         publisher = Publisher(bus)
         prices = Prices()
         return cls(
+            engine,
             publisher,
             Claims(
                 engine,

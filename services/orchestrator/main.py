@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from services.orchestrator.execution import Execution
-from services.orchestrator.maintenance import listen_for_wakeups
+from services.orchestrator.maintenance import listen_for_hints
 from services.orchestrator.service import Runs
 from services.orchestrator.servicer import OrchestratorServicer
 from services.orchestrator.settings import OrchestratorSettings
+from services.orchestrator.work import WorkSettings
 from tether.bus import Bus
 from tether.credentials import require_verifiers
 from tether.db.engine import create_engine
@@ -23,13 +24,19 @@ async def amain(settings: OrchestratorSettings, verifiers: dict[str, str]) -> No
     execution = Execution.build(
         engine, bus, lease_ttl_s=settings.lease_ttl_s, claim_poll_s=settings.claim_poll_s
     )
-    servicer = OrchestratorServicer(Runs(engine, execution.publisher, bus), execution)
+    work = WorkSettings(
+        lease_ttl_s=settings.lease_ttl_s,
+        keepalive_interval_s=settings.keepalive_interval_s or settings.lease_ttl_s / 4,
+        progress_deadline_s=settings.progress_deadline_s,
+    )
+    servicer = OrchestratorServicer(Runs(engine, execution.publisher, bus), execution, work)
     supervisor = Supervisor()
     recovery = execution.recovery
     supervisor.start("reaper", every(settings.reap_interval_s, recovery.reap_expired, "reaper"))
     supervisor.start("retry-scheduler", recovery.schedule_retries(settings.retry_poll_s))
-    supervisor.start("wake-listener", listen_for_wakeups(bus, execution.publisher))
+    supervisor.start("hint-listener", listen_for_hints(bus, execution.publisher, servicer.work))
     supervisor.start("claim-poll", execution.claims.poll_claimable())
+    supervisor.start("lease-dispatcher", servicer.work.dispatch(settings.claim_poll_s))
     server, port, _ = await start_server(
         host=settings.host,
         port=settings.port,
@@ -40,6 +47,10 @@ async def amain(settings: OrchestratorSettings, verifiers: dict[str, str]) -> No
             orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"].full_name
         ],
         verifiers=verifiers,
+        # Work streams are long-lived: asked to go away now and then, workers rebalance across
+        # replicas (they reconnect and carry on with the leases they hold).
+        max_connection_age_s=settings.max_connection_age_s,
+        max_connection_age_grace_s=settings.max_connection_age_grace_s,
     )
     write_ready_file(settings.ready_file, port)
     await serve(

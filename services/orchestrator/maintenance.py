@@ -1,27 +1,46 @@
-"""The orchestrator's Redis wake-up listener: claims waiting on this replica wake when admission
-or another replica queues a run."""
+"""The orchestrator's Redis hints: wake-ups (a run may have become claimable: admission or another
+replica queued it) wake the claims and the lease dispatcher here; cancel hints (a caller asked
+to cancel a run) make the Work stream holding the run, if it is here, ask PostgreSQL and push
+the cancel. Hints only: nothing is lost while Redis is away, only slower."""
 
 from __future__ import annotations
 
+import asyncio
+
 from services.orchestrator.publisher import Publisher
+from services.orchestrator.work import Work
 from tether.bus import Bus
-from tether.hints import WAKE_CHANNEL, decode_wake
+from tether.hints import CANCEL_PATTERN, WAKE_CHANNEL, decode_wake, run_of_cancel_channel
 from tether.runtime.subscription import Published, Subscription
 
 
-async def listen_for_wakeups(bus: Bus, publisher: Publisher) -> None:
-    """Wake waiting claims when admission or another replica queues a run."""
+async def listen_for_hints(bus: Bus, publisher: Publisher, work: Work) -> None:
+    """Wake claims for queued runs, and push the cancels this replica's streams must carry."""
+    checks: set[asyncio.Task[None]] = set()
 
     def heard(message: Published) -> None:
+        if message.pattern:
+            check = asyncio.ensure_future(
+                work.cancel_hinted(run_of_cancel_channel(message.channel))
+            )
+            checks.add(check)
+            check.add_done_callback(checks.discard)
+            return
         run_id, origin = decode_wake(message.data)
         if origin != publisher.wake_marker:  # this replica woke its own already
             publisher.wakeups.wake([run_id])
 
-    # Claims fall back to polling while Redis is away: nothing is lost, only slower. Every
+    # Claims fall back to polling while Redis is away, and keepalives carry every cancel: every
     # waiting claim looks once when the listener is lost and again when it is back, for the
     # wake-ups published while it was away.
     wake_all = publisher.wakeups.wake_all
     listener = Subscription(
-        bus.url, "wake-listener", heard, channels=[WAKE_CHANNEL], on_lost=wake_all, on_live=wake_all
+        bus.url,
+        "hint-listener",
+        heard,
+        channels=[WAKE_CHANNEL],
+        patterns=[CANCEL_PATTERN],
+        on_lost=wake_all,
+        on_live=wake_all,
     )
     await listener.run()

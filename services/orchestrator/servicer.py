@@ -1,44 +1,24 @@
-"""Orchestrator's gRPC edge."""
+"""The orchestrator's gRPC edge: run reads, the facts interactions may know and cancel requests;
+the worker-facing calls are in `worker_edge.py`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import asdict, replace
-
 import grpc
-from google.protobuf import json_format
 
-from services.orchestrator.attempts import Completion
-from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
 from services.orchestrator.service import Runs
+from services.orchestrator.work import Work, WorkSettings
+from services.orchestrator.worker_edge import ExecutionServicer, lease_response
 from tether.convert import (
-    error_from_proto,
-    event_from_wire,
     event_to_proto,
-    part_from_proto,
     part_to_proto,
     run_to_proto,
     status_from_proto,
     status_to_proto,
-    timestamp,
-)
-from tether.domain import (
-    AgentConfig,
-    Batch,
-    Cancelled,
-    Completed,
-    Ending,
-    Event,
-    Failed,
-    ModelTurn,
-    Part,
-    Role,
-    Text,
 )
 from tether.errors import InvalidArgument
 from tether.states import RunStatus
-from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from tether.visibility import Viewer
 
 
@@ -61,275 +41,23 @@ def _viewer(
     return Viewer(request.tenant_id, request.principal_id, request.all_runs)
 
 
-def _parts(writes: Iterable[orchestrator_pb2.PartWrite]) -> list[Part]:
-    # A worker never marks a part superseded: the orchestrator alone decides that.
-    return [replace(part_from_proto(w.part), superseded=False) for w in writes]
-
-
-def _events(events: Iterable[events_pb2.RunEvent]) -> list[Event]:
-    out = []
-    for message in events:
-        event = event_from_wire(message)
-        if event.type.ephemeral:
-            raise InvalidArgument(f"{event.type} is ephemeral and is never persisted")
-        out.append(event)
-    return out
-
-
-def _turns(turns: Iterable[common_pb2.Usage]) -> list[ModelTurn]:
-    return [
-        ModelTurn(
-            t.model,
-            t.input_tokens,
-            t.output_tokens,
-            t.cache_creation_input_tokens,
-            t.cache_read_input_tokens,
-        )
-        for t in turns
-    ]
-
-
-def _batch(request: orchestrator_pb2.CheckpointRequest) -> Batch:
-    return Batch(
-        request.batch, _parts(request.parts), _events(request.events), _turns(request.turns)
-    )
-
-
-def _in_flight(request: orchestrator_pb2.CompleteRunRequest) -> Batch:
-    batch = request.in_flight
-    if batch.run_id != request.run_id or batch.epoch != request.epoch:
-        raise InvalidArgument("in_flight must be a checkpoint of the same run and lease epoch")
-    if batch.batch <= 0:
-        raise InvalidArgument("in_flight needs its batch number (> 0)")
-    return _batch(batch)
-
-
-def _ending(request: orchestrator_pb2.CompleteRunRequest) -> Ending:
-    status = status_from_proto(request.status)
-    if status is RunStatus.COMPLETED:
-        return Completed(request.result_text, request.task_outcome, tuple(request.warnings))
-    if status is RunStatus.FAILED:
-        return Failed(error_from_proto(request.error))
-    if status is RunStatus.CANCELLED:
-        return Cancelled(request.error.message or "cancelled by caller")
-    raise InvalidArgument("status must be COMPLETED, FAILED or CANCELLED")
-
-
-def _history(claimed: Claimed) -> list[common_pb2.Part]:
-    """The attempt's history as the wire carries it: each earlier run's input (a user part with
-    index -1) and transcript, then the run's own parts."""
-    history: list[common_pb2.Part] = []
-    for earlier in claimed.earlier:
-        history.append(part_to_proto(Part(-1, Role.USER, Text(earlier.input_text), final=True)))
-        history.extend(part_to_proto(p) for p in earlier.parts)
-    history.extend(part_to_proto(p) for p in claimed.own)
-    return history
-
-
-def _config_proto(config: AgentConfig) -> orchestrator_pb2.AgentConfig:
-    limits = orchestrator_pb2.Limits(**asdict(config.limits))
-    return orchestrator_pb2.AgentConfig(
-        agent=config.agent,
-        model=config.model,
-        system_prompt=config.system_prompt,
-        system_blocks=[
-            orchestrator_pb2.SystemBlock(text=b.text, cache_control=b.cache_control)
-            for b in config.system_blocks
-        ],
-        tool_allowlist=list(config.tool_allowlist),
-        limits=limits,
-        prices=[
-            orchestrator_pb2.ModelPrice(model=m, **asdict(p)) for m, p in config.prices.items()
-        ],
-    )
-
-
-class ExecutionServicer:
-    """The lease side of tether.v1.OrchestratorService, mixed into OrchestratorServicer."""
-
-    _execution: Execution
-
-    async def ClaimRun(
-        self, request: orchestrator_pb2.ClaimRunRequest, context: grpc.aio.ServicerContext
-    ) -> orchestrator_pb2.ClaimRunResponse:
-        if not request.worker_id:
-            raise InvalidArgument("worker_id is required")
-        wait_s = min(max(request.wait_ms, 0), 60_000) / 1000
-        claimed = await self._execution.claims.claim(request.worker_id, wait_s)
-        if claimed is None:
-            return orchestrator_pb2.ClaimRunResponse(claimed=False)
-        run = claimed.run
-        history = _history(claimed)
-        own = len(claimed.own)
-        return orchestrator_pb2.ClaimRunResponse(
-            claimed=True,
-            lease=orchestrator_pb2.Lease(
-                run_id=run.run_id,
-                epoch=run.lease_epoch,
-                attempt=run.attempt,
-                expires_at=timestamp(run.lease_expires_at),
-            ),
-            run=run_to_proto(run),
-            config=_config_proto(claimed.config),
-            history=history,
-            prior_part_count=len(history) - own,
-            last_seq=run.last_seq,
-            traceparent=run.traceparent or "",
-        )
-
-    async def Heartbeat(
-        self, request: orchestrator_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext
-    ) -> orchestrator_pb2.HeartbeatResponse:
-        row = await self._execution.attempts.heartbeat(request.run_id, request.epoch)
-        return orchestrator_pb2.HeartbeatResponse(
-            expires_at=timestamp(row.lease_expires_at),
-            cancel_requested=row.cancel_requested_at is not None,
-        )
-
-    async def Checkpoint(
-        self, request: orchestrator_pb2.CheckpointRequest, context: grpc.aio.ServicerContext
-    ) -> orchestrator_pb2.CheckpointResponse:
-        if request.batch < 0:
-            raise InvalidArgument("batch must not be negative")
-        row = await self._execution.attempts.checkpoint(
-            request.run_id, request.epoch, _batch(request)
-        )
-        return orchestrator_pb2.CheckpointResponse(
-            last_seq=row.last_seq, cancel_requested=row.cancel_requested_at is not None
-        )
-
-    async def ParkRun(
-        self, request: orchestrator_pb2.ParkRunRequest, context: grpc.aio.ServicerContext
-    ) -> orchestrator_pb2.ParkRunResponse:
-        status = status_from_proto(request.status)
-        if status is None or not status.waiting:
-            raise InvalidArgument("status must be one of the waiting-for-* statuses")
-        moved = await self._execution.pauses.park(
-            request.run_id, request.epoch, status, request.interaction_id
-        )
-        return orchestrator_pb2.ParkRunResponse(moved=moved)
-
-    async def ResumeRun(
-        self, request: orchestrator_pb2.ResumeRunRequest, context: grpc.aio.ServicerContext
-    ) -> orchestrator_pb2.ResumeRunResponse:
-        status = status_from_proto(request.from_status)
-        if status is None or not status.waiting:
-            raise InvalidArgument("from_status must be one of the waiting-for-* statuses")
-        event = _events([request.event])[0] if request.HasField("event") else None
-        resumed = await self._execution.pauses.resume(
-            request.tenant_id, request.run_id, status, event, request.interaction_id
-        )
-        return orchestrator_pb2.ResumeRunResponse(resumed=resumed)
-
-    async def ScheduleRetry(
-        self, request: orchestrator_pb2.ScheduleRetryRequest, context: grpc.aio.ServicerContext
-    ) -> orchestrator_pb2.ScheduleRetryResponse:
-        row = await self._execution.recovery.schedule_retry(
-            request.run_id,
-            request.epoch,
-            error_from_proto(request.error),
-            max(request.retry_after_seconds, 0.0),
-        )
-        return orchestrator_pb2.ScheduleRetryResponse(
-            status=status_to_proto(row.status), next_attempt_at=timestamp(row.next_attempt_at)
-        )
-
-    async def CompleteRun(
-        self, request: orchestrator_pb2.CompleteRunRequest, context: grpc.aio.ServicerContext
-    ) -> orchestrator_pb2.CompleteRunResponse:
-        ending = _ending(request)
-        stages = json_format.MessageToDict(
-            request.stages,
-            preserving_proto_field_name=True,
-            always_print_fields_with_no_presence=True,
-        )
-        row = await self._execution.attempts.complete(
-            request.run_id,
-            request.epoch,
-            Completion(
-                ending,
-                parts=_parts(request.parts),
-                events=_events(request.events),
-                turns=_turns(request.turns),
-                stages=stages,
-                audit=json_format.MessageToDict(request.audit),
-                in_flight=_in_flight(request) if request.HasField("in_flight") else None,
-            ),
-        )
-        return orchestrator_pb2.CompleteRunResponse(moved=True, run=run_to_proto(row))
-
-    async def ReleaseRun(
-        self, request: orchestrator_pb2.ReleaseRunRequest, context: grpc.aio.ServicerContext
-    ) -> orchestrator_pb2.ReleaseRunResponse:
-        moved = await self._execution.attempts.release(request.run_id, request.epoch)
-        return orchestrator_pb2.ReleaseRunResponse(moved=moved)
-
-    async def BeginEffect(
-        self, request: orchestrator_pb2.BeginEffectRequest, context: grpc.aio.ServicerContext
-    ) -> orchestrator_pb2.BeginEffectResponse:
-        if not request.key:
-            raise InvalidArgument("key is required")
-        state, result = await self._execution.attempts.begin_effect(
-            request.run_id, request.epoch, request.key, request.tool_name
-        )
-        response = orchestrator_pb2.BeginEffectResponse(state=_EFFECT_STATES[state])
-        if result is not None:
-            json_format.ParseDict(result, response.result)
-        return response
-
-    async def FinishEffect(
-        self, request: orchestrator_pb2.FinishEffectRequest, context: grpc.aio.ServicerContext
-    ) -> orchestrator_pb2.FinishEffectResponse:
-        await self._execution.attempts.finish_effect(
-            request.run_id, request.epoch, request.key, json_format.MessageToDict(request.result)
-        )
-        return orchestrator_pb2.FinishEffectResponse()
-
-    async def ExpireWaitingRun(
-        self,
-        request: orchestrator_pb2.ExpireWaitingRunRequest,
-        context: grpc.aio.ServicerContext,
-    ) -> orchestrator_pb2.ExpireWaitingRunResponse:
-        status = status_from_proto(request.from_status)
-        if status is None:
-            raise InvalidArgument("from_status is required")
-        event = _events([request.event])[0] if request.HasField("event") else None
-        expired = await self._execution.pauses.expire_waiting(
-            request.tenant_id,
-            request.run_id,
-            status,
-            error_from_proto(request.error),
-            event,
-            request.interaction_id,
-        )
-        return orchestrator_pb2.ExpireWaitingRunResponse(expired=expired)
-
-    async def StoreToolOutput(
-        self,
-        request: orchestrator_pb2.StoreToolOutputRequest,
-        context: grpc.aio.ServicerContext,
-    ) -> orchestrator_pb2.StoreToolOutputResponse:
-        if not request.output_ref:
-            raise InvalidArgument("output_ref is required")
-        await self._execution.attempts.store_tool_output(
-            request.run_id, request.epoch, request.output_ref, request.content
-        )
-        return orchestrator_pb2.StoreToolOutputResponse()
-
-
-_EFFECT_STATES = {
-    "begun": orchestrator_pb2.EFFECT_STATE_BEGUN,
-    "in-progress": orchestrator_pb2.EFFECT_STATE_IN_PROGRESS,
-    "done": orchestrator_pb2.EFFECT_STATE_DONE,
-}
-
-
 class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.OrchestratorServiceServicer):
     """Implements tether.v1.OrchestratorService."""
 
-    def __init__(self, runs: Runs, execution: Execution) -> None:
+    def __init__(self, runs: Runs, execution: Execution, work: WorkSettings) -> None:
         self._runs = runs
         self._execution = execution
+        self.work = Work(
+            execution.engine,
+            execution.claims,
+            lease_response,
+            execution.attempts.release,
+            self._work_writes(),
+            replica_id=execution.publisher.wake_marker,
+            lease_ttl_s=work.lease_ttl_s,
+            keepalive_interval_s=work.keepalive_interval_s,
+            progress_deadline_s=work.progress_deadline_s,
+        )
 
     async def LookupRun(
         self, request: orchestrator_pb2.LookupRunRequest, context: grpc.aio.ServicerContext

@@ -27,3 +27,22 @@ class OrchestratorSettings(PlatformSettings):
         "schedules is queued when due, not at the next look.",
     )
     grace_s: float = Field(5.0, description="Drain period on SIGTERM.")
+    keepalive_interval_s: float = Field(
+        0.0,
+        description="How often a worker on a Work stream renews its leases; 0: a quarter of "
+        "lease_ttl_s, so that a lost keepalive or two never loses a lease.",
+    )
+    progress_deadline_s: float = Field(
+        120.0,
+        description="How long an attempt may go without progress (a model event or a landed "
+        "write) before its lease is no longer renewed: its worker cancels it and the reaper "
+        "requeues the run. Above the longest tool call a run may make.",
+    )
+    max_connection_age_s: float = Field(
+        600.0,
+        description="A Work stream's connection is asked to go away (GOAWAY) after this long, "
+        "so workers rebalance across replicas; they reconnect and carry on.",
+    )
+    max_connection_age_grace_s: float = Field(
+        30.0, description="How long a connection that was asked to go away may finish."
+    )

@@ -127,6 +127,12 @@ class Attempt:
 
     # -- stopping -------------------------------------------------------------------------------
 
+    @property
+    def progressed_at(self) -> float:
+        """When the attempt last made progress (time.monotonic): a model event or a landed
+        write."""
+        return self.transcript.progressed_at
+
     def stop_with(self, error: Exception) -> None:
         """Stop the attempt where it is, ending with `error` (StaleLease from a heartbeat, or
         a checkpoint that failed: nothing more may be written under this lease)."""

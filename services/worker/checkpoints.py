@@ -11,6 +11,7 @@ still in flight (numbered, so it lands once whichever comes first).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -89,6 +90,7 @@ class CheckpointWriter:
                 return
             finally:
                 self._in_flight = None
+            self._transcript.progressed_at = time.monotonic()
             if cancel_requested:
                 self._cancel_requested()
         self._release_deltas()  # idle: every event recorded before them has landed

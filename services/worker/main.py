@@ -20,6 +20,7 @@ from services.worker.orchestrator_client import Orchestrator
 from services.worker.pool import WorkerPool
 from services.worker.settings import WorkerSettings
 from services.worker.tools.registry import ToolRegistry
+from services.worker.work_stream import WorkStream
 from tether.bus import Bus
 from tether.credentials import require_credential
 from tether.runtime.process import configure_logging, run, wait_for_signal, write_ready_file
@@ -39,7 +40,8 @@ def provider_client(settings: WorkerSettings) -> AsyncAnthropic:
 async def amain(settings: WorkerSettings, credential: str) -> None:
     """Run the pool until signalled."""
     channel = internal_channel(settings.orchestrator_addr, credential, service="orchestrator")
-    orchestrator = Orchestrator(channel)
+    stream = WorkStream(channel, settings.worker_id)
+    orchestrator = Orchestrator(stream)
     bus = Bus(settings.redis_url) if settings.redis_url else None
     client = provider_client(settings)
     registry = ToolRegistry.from_entry_points(settings=dict(os.environ))
@@ -63,15 +65,7 @@ async def amain(settings: WorkerSettings, credential: str) -> None:
             interactions=leased,
         )
 
-    pool = WorkerPool(
-        worker_id=settings.worker_id,
-        orchestrator=orchestrator,
-        make_attempt=make_attempt,
-        bus=bus,
-        concurrency=settings.concurrency,
-        heartbeat_interval_s=settings.heartbeat_interval_s,
-        claim_wait_ms=settings.claim_wait_ms,
-    )
+    pool = WorkerPool(stream=stream, make_attempt=make_attempt, concurrency=settings.concurrency)
     server, port, _ = await start_server(
         host=settings.host,
         port=settings.port,

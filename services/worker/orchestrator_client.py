@@ -1,5 +1,5 @@
-"""The worker's only authority: calls to the orchestrator under a lease. Failures arrive as
-TetherErrors (StaleLease for a refused epoch): the channel translates them.
+"""The worker's only authority: writes to the orchestrator under a lease, on the Work stream.
+Refusals arrive as TetherErrors (StaleLease for a refused epoch).
 
 Protobuf stops here: a claim becomes an `Assignment`, and checkpoints and endings are built
 into their requests from domain parts, events and turns.
@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
-import grpc
 from google.protobuf import json_format
 
 from services.worker.assignment import Assignment, Lease
 from services.worker.tools.effects import EffectState
+from services.worker.work_stream import WorkStream
 from tether.convert import (
     error_to_proto,
     event_to_wire,
@@ -37,7 +37,7 @@ from tether.domain import (
 )
 from tether.pricing import Price
 from tether.states import RunStatus
-from tether.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+from tether.v1 import common_pb2, orchestrator_pb2
 
 _EFFECT_STATES = {
     orchestrator_pb2.EFFECT_STATE_BEGUN: EffectState.BEGUN,
@@ -48,30 +48,15 @@ _STAGES = frozenset(orchestrator_pb2.StageDurations.DESCRIPTOR.fields_by_name)
 
 
 class Orchestrator:
-    """Typed calls to tether.v1.OrchestratorService."""
+    """The writes of attempts, as the orchestrator answers them on this worker's Work stream."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
-        self.stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
-
-    async def claim(self, worker_id: str, wait_ms: int) -> Assignment | None:
-        """Long-poll for a run; None when none came."""
-        response: orchestrator_pb2.ClaimRunResponse = await self.stub.ClaimRun(
-            orchestrator_pb2.ClaimRunRequest(worker_id=worker_id, wait_ms=wait_ms),
-            timeout=wait_ms / 1000 + 30,
-        )
-        return assignment_from_proto(response) if response.claimed else None
-
-    async def heartbeat(self, lease: Lease) -> bool:
-        """Extend the lease; whether the caller asked to cancel the run."""
-        response: orchestrator_pb2.HeartbeatResponse = await self.stub.Heartbeat(
-            orchestrator_pb2.HeartbeatRequest(run_id=lease.run_id, epoch=lease.epoch)
-        )
-        return response.cancel_requested
+    def __init__(self, stream: WorkStream) -> None:
+        self._stream = stream
 
     async def checkpoint(self, lease: Lease, batch: Batch) -> bool:
         """Persist a numbered batch of progress; whether the caller asked to cancel the run."""
-        response: orchestrator_pb2.CheckpointResponse = await self.stub.Checkpoint(
-            checkpoint_request(lease, batch)
+        response: orchestrator_pb2.CheckpointResponse = await self._stream.write(
+            "checkpoint", checkpoint_request(lease, batch)
         )
         return response.cancel_requested
 
@@ -86,70 +71,86 @@ class Orchestrator:
     ) -> None:
         """End the run with `ending`, carrying the progress not yet written: `rest`, and the
         numbered checkpoint still in flight (it lands once, whichever arrives first)."""
-        await self.stub.CompleteRun(completion_request(lease, ending, rest, in_flight, stages))
+        await self._stream.write(
+            "complete", completion_request(lease, ending, rest, in_flight, stages)
+        )
 
     async def schedule_retry(self, lease: Lease, error: RunError, retry_after_s: float) -> None:
         """Report a transient failure."""
-        await self.stub.ScheduleRetry(
+        await self._stream.write(
+            "schedule_retry",
             orchestrator_pb2.ScheduleRetryRequest(
                 run_id=lease.run_id,
                 epoch=lease.epoch,
                 error=error_to_proto(error),
                 retry_after_seconds=retry_after_s,
-            )
+            ),
         )
 
     async def park(self, lease: Lease, status: RunStatus, interaction_id: str) -> None:
         """Park the run for a person; the lease is released."""
-        await self.stub.ParkRun(
+        await self._stream.write(
+            "park",
             orchestrator_pb2.ParkRunRequest(
                 run_id=lease.run_id,
                 epoch=lease.epoch,
                 status=status_to_proto(status),
                 interaction_id=interaction_id,
-            )
+            ),
         )
 
     async def release(self, lease: Lease) -> None:
         """Hand the lease back."""
-        await self.stub.ReleaseRun(
-            orchestrator_pb2.ReleaseRunRequest(run_id=lease.run_id, epoch=lease.epoch)
+        await self._stream.write(
+            "release", orchestrator_pb2.ReleaseRunRequest(run_id=lease.run_id, epoch=lease.epoch)
         )
 
     async def store_tool_output(self, lease: Lease, output_ref: str, content: str) -> None:
         """Store a tool's whole output under `output_ref` (its inline copy was cut)."""
-        await self.stub.StoreToolOutput(
+        await self._stream.write(
+            "store_tool_output",
             orchestrator_pb2.StoreToolOutputRequest(
                 run_id=lease.run_id, epoch=lease.epoch, output_ref=output_ref, content=content
-            )
+            ),
         )
 
-
-class LeasedEffects:
-    """The effects record over gRPC, fenced by one lease (implements EffectsPort)."""
-
-    def __init__(self, orchestrator: Orchestrator, lease: Lease) -> None:
-        self._stub = orchestrator.stub
-        self._lease = lease
-
-    async def begin(self, key: str, tool_name: str) -> tuple[EffectState, dict[str, Any] | None]:
-        """Open the record."""
-        response: orchestrator_pb2.BeginEffectResponse = await self._stub.BeginEffect(
+    async def begin_effect(
+        self, lease: Lease, key: str, tool_name: str
+    ) -> tuple[EffectState, dict[str, Any] | None]:
+        """Open the effects record of a side effect (or find it, with its result when done)."""
+        response: orchestrator_pb2.BeginEffectResponse = await self._stream.write(
+            "begin_effect",
             orchestrator_pb2.BeginEffectRequest(
-                run_id=self._lease.run_id, epoch=self._lease.epoch, key=key, tool_name=tool_name
-            )
+                run_id=lease.run_id, epoch=lease.epoch, key=key, tool_name=tool_name
+            ),
         )
         state = _EFFECT_STATES[response.state]
         result = json_format.MessageToDict(response.result) if state is EffectState.DONE else None
         return state, result
 
-    async def finish(self, key: str, result: dict[str, Any]) -> None:
-        """Store the result."""
+    async def finish_effect(self, lease: Lease, key: str, result: dict[str, Any]) -> None:
+        """Store a side effect's result."""
         request = orchestrator_pb2.FinishEffectRequest(
-            run_id=self._lease.run_id, epoch=self._lease.epoch, key=key
+            run_id=lease.run_id, epoch=lease.epoch, key=key
         )
         json_format.ParseDict(result, request.result)
-        await self._stub.FinishEffect(request)
+        await self._stream.write("finish_effect", request)
+
+
+class LeasedEffects:
+    """The effects record, fenced by one lease (implements EffectsPort)."""
+
+    def __init__(self, orchestrator: Orchestrator, lease: Lease) -> None:
+        self._orchestrator = orchestrator
+        self._lease = lease
+
+    async def begin(self, key: str, tool_name: str) -> tuple[EffectState, dict[str, Any] | None]:
+        """Open the record."""
+        return await self._orchestrator.begin_effect(self._lease, key, tool_name)
+
+    async def finish(self, key: str, result: dict[str, Any]) -> None:
+        """Store the result."""
+        await self._orchestrator.finish_effect(self._lease, key, result)
 
 
 # -- from the wire ------------------------------------------------------------------------------

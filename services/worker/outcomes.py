@@ -87,8 +87,13 @@ class Outcomes:
         fails it."""
         error = RunError(str(failure.code), failure.message, failure.retryable, failure.status or 0)
         if failure.retryable:
-            await self._checkpoints.sync()
-            await self._checkpoints.deltas_out()
-            await self._orchestrator.schedule_retry(self._lease, error, failure.retry_after or 0.0)
+            await self.retry_later(error, failure.retry_after or 0.0)
             return
         await self.finish(Failed(error), interrupted="the model call failed")
+
+    async def retry_later(self, error: RunError, retry_after_s: float = 0.0) -> None:
+        """Hand the run to the retry scheduler once its progress is durable: the next attempt
+        streams the cut-off turn anew."""
+        await self._checkpoints.sync()
+        await self._checkpoints.deltas_out()
+        await self._orchestrator.schedule_retry(self._lease, error, retry_after_s)

@@ -1,122 +1,106 @@
-"""The worker pool: claims runs (long-poll), runs attempts with bounded concurrency, keeps their
-leases alive, delivers cancel signals, and shuts down gracefully.
+"""The worker pool: runs the attempts the orchestrator pushes on the Work stream, with bounded
+concurrency (one credit per free slot), and shuts down gracefully.
 
-Cancellation reaches an attempt within a heartbeat: the heartbeat and checkpoint responses carry
-the durable cancel request. A cancel hint on Redis only makes the pool ask at once (a heartbeat
-out of turn); the hint itself never stops anything, so a forged or stale one is harmless.
+The stream's keepalive renews every lease the pool holds in one statement, with how long each
+attempt has gone without progress; its answer carries the durable cancel requests (pushed as
+cancels) and the leases that are gone (pushed as lost: their attempts stop at once). An attempt
+that makes no progress for the orchestrator's progress deadline is cancelled here and its run
+handed to the retry scheduler; were this worker itself hung, its leases would not be renewed
+and the reaper would requeue its runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable
-from typing import Any
+import time
+from collections.abc import Callable, Sequence
 
 from services.worker.assignment import Assignment
 from services.worker.attempt import Attempt
-from services.worker.orchestrator_client import Orchestrator
-from tether.bus import Bus
+from services.worker.orchestrator_client import assignment_from_proto
+from services.worker.work_stream import Held, WorkStream
 from tether.domain import Failed, RunError
-from tether.errors import StaleLease, TetherError, Unavailable
-from tether.hints import CANCEL_PATTERN, run_of_cancel_channel
-from tether.runtime.subscription import Subscription
+from tether.errors import StaleLease, Unavailable
+from tether.v1 import orchestrator_pb2
 
 log = logging.getLogger(__name__)
 
+# Why the pool cancels an attempt, besides a caller's request.
+SHUTDOWN = "shutdown"
+NO_PROGRESS = "no progress"
+
 
 class WorkerPool:
-    """Claims and runs attempts until stopped."""
+    """Runs the attempts pushed to this worker until stopped."""
 
     def __init__(
         self,
         *,
-        worker_id: str,
-        orchestrator: Orchestrator,
+        stream: WorkStream,
         make_attempt: Callable[[Assignment], Attempt],
-        bus: Bus | None,
         concurrency: int,
-        heartbeat_interval_s: float,
-        claim_wait_ms: int,
     ) -> None:
-        self._worker_id = worker_id
-        self._orchestrator = orchestrator
+        self._stream = stream
         self._make_attempt = make_attempt
-        self._bus = bus
-        self._slots = asyncio.Semaphore(concurrency)
-        self._heartbeat_interval = heartbeat_interval_s
-        self._claim_wait_ms = claim_wait_ms
+        self._concurrency = concurrency
         self._running: dict[str, tuple[Attempt, asyncio.Task[None]]] = {}
-        self._stopping = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._background: set[asyncio.Future[Any]] = set()
+        self._stopping = False
+        # Each attempt's supervisor: it reports how the attempt ended, then frees the slot.
+        self._supervised: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
-        """Claim and run attempts until `stop()`."""
-        listener = asyncio.create_task(self._listen_for_cancels(), name="cancel-listener")
+        """Take the attempts pushed to this worker until `stop()`."""
+        self._stream.grant(self._concurrency)
+        watchdog = asyncio.ensure_future(self._watch_progress())
         try:
-            while not self._stopping.is_set():
-                await self._slots.acquire()
-                if self._stopping.is_set():
-                    self._slots.release()
-                    break
-                try:
-                    assignment = await self._claim()
-                except BaseException:
-                    self._slots.release()
-                    raise
-                if assignment is None:
-                    self._slots.release()
-                    continue
-                task = asyncio.create_task(
-                    self._supervise(assignment), name=f"attempt-{assignment.run_id}"
-                )
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+            await self._stream.run(self)
         finally:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+            watchdog.cancel()
 
-    async def _claim(self) -> Assignment | None:
-        claim_task = asyncio.ensure_future(
-            self._orchestrator.claim(self._worker_id, self._claim_wait_ms)
-        )
-        stop_task = asyncio.ensure_future(self._stopping.wait())
-        try:
-            done, _ = await asyncio.wait(
-                {claim_task, stop_task}, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            stop_task.cancel()
-        if claim_task not in done:
-            # Stopping: a claim that still lands is handed back untouched.
-            claim_task.add_done_callback(self._release_late_claim)
-            claim_task.cancel()
-            return None
-        try:
-            return claim_task.result()
-        except (Unavailable, TetherError) as exc:
-            log.warning("claim failed (%s); retrying", exc)
-            await asyncio.sleep(0.5)  # orchestrator briefly unreachable; back off a little
-            return None
+    # -- what the stream hands the pool ---------------------------------------------------------
 
-    def _release_late_claim(self, task: asyncio.Future[Assignment | None]) -> None:
-        if task.cancelled() or task.exception() is not None:
+    def leased(self, lease: orchestrator_pb2.ClaimRunResponse) -> None:
+        """Run a pushed lease (one credit spent on it)."""
+        assignment = assignment_from_proto(lease)
+        if self._stopping or assignment.run_id in self._running:
+            # Granted before the stop, or pushed again: hand it back untouched.
+            handing = asyncio.ensure_future(self._hand_back(assignment))
+            self._supervised.add(handing)
+            handing.add_done_callback(self._supervised.discard)
             return
-        assignment = task.result()
-        if assignment is not None:
-            release = asyncio.ensure_future(self._orchestrator.release(assignment.lease))
-            self._background.add(release)
-            release.add_done_callback(self._background.discard)
-
-    async def _supervise(self, assignment: Assignment) -> None:
         attempt = self._make_attempt(assignment)
-        run_id = assignment.run_id
-        task = asyncio.create_task(attempt.execute(), name=f"execute-{run_id}")
-        self._running[run_id] = (attempt, task)
-        heartbeat = asyncio.create_task(self._heartbeat(attempt, task), name=f"hb-{run_id}")
+        task = asyncio.ensure_future(attempt.execute())
+        task.set_name(f"attempt-{assignment.run_id}")
+        self._running[assignment.run_id] = (attempt, task)
+        supervised = asyncio.ensure_future(self._supervise(attempt, task))
+        self._supervised.add(supervised)
+        supervised.add_done_callback(self._supervised.discard)
+
+    def cancelled(self, run_id: str, epoch: int) -> None:
+        """A caller asked to cancel a run this worker holds (the durable request)."""
+        entry = self._running.get(run_id)
+        if entry is not None and entry[0].lease.epoch == epoch:
+            self.cancel(run_id, "cancelled by caller")
+
+    def lost(self, run_id: str, epoch: int) -> None:
+        """The lease is gone: stop spending on a run this worker no longer owns."""
+        entry = self._running.get(run_id)
+        if entry is not None and entry[0].lease.epoch == epoch:
+            entry[0].stop_with(StaleLease(f"lease epoch {epoch} of run {run_id} was lost"))
+
+    def held(self) -> Sequence[Held]:
+        """Every lease this worker holds, with how long its attempt has made no progress."""
+        now = time.monotonic()
+        return [
+            Held(attempt.lease.run_id, attempt.lease.epoch, now - attempt.progressed_at)
+            for attempt, _ in self._running.values()
+        ]
+
+    # -- an attempt -----------------------------------------------------------------------------
+
+    async def _supervise(self, attempt: Attempt, task: asyncio.Task[None]) -> None:
+        run_id = attempt.run_id
         try:
             await task
         except asyncio.CancelledError:
@@ -136,14 +120,22 @@ class WorkerPool:
             log.exception("run %s: attempt crashed", run_id)
             await self._crashed(attempt)
         finally:
-            heartbeat.cancel()
             self._running.pop(run_id, None)
-            self._slots.release()
+            if not self._stopping:
+                self._stream.grant(1)
 
     async def _after_cancel(self, attempt: Attempt) -> None:
         try:
-            if attempt.cancel_reason == "shutdown":
+            if attempt.cancel_reason == SHUTDOWN:
                 await attempt.outcomes.released()
+            elif attempt.cancel_reason == NO_PROGRESS:
+                await attempt.outcomes.retry_later(
+                    RunError(
+                        "no_progress",
+                        f"the attempt made no progress for {self._stream.progress_deadline_s:g} s",
+                        retryable=True,
+                    )
+                )
             else:
                 await attempt.outcomes.cancelled(attempt.cancel_reason)
         except StaleLease:
@@ -159,35 +151,23 @@ class WorkerPool:
         except Exception as exc:  # the lease is gone or the orchestrator too: the reaper ends it
             log.warning("run %s: could not record the crash (%s)", attempt.run_id, exc)
 
-    async def _heartbeat(self, attempt: Attempt, task: asyncio.Task[None]) -> None:
-        while not task.done():
-            await asyncio.sleep(self._heartbeat_interval)
-            if not await self._beat(attempt):
-                return
-
-    async def _beat(self, attempt: Attempt) -> bool:
-        """One heartbeat; the cancel it reports (the durable request) stops the attempt.
-        False once the lease is gone."""
+    async def _hand_back(self, assignment: Assignment) -> None:
         try:
-            cancel_requested = await self._orchestrator.heartbeat(attempt.lease)
-        except StaleLease as exc:
-            attempt.stop_with(exc)  # fenced out: stop spending on a run we no longer own
-            return False
-        except TetherError as exc:
-            log.warning("heartbeat for %s failed: %s", attempt.run_id, exc)
-            return True
-        if cancel_requested:
-            self.cancel(attempt.run_id, "cancelled by caller")
-        return True
+            await self._make_attempt(assignment).outcomes.released()
+        except Exception as exc:  # the reaper requeues it when the lease lapses
+            log.warning("run %s: could not hand back its lease (%s)", assignment.run_id, exc)
 
-    def _cancel_hinted(self, run_id: str) -> None:
-        """A cancel hint came through Redis: ask the orchestrator now, and act on its answer."""
-        entry = self._running.get(run_id)
-        if entry is None or entry[0].cancel_reason is not None:
-            return
-        check = asyncio.ensure_future(self._beat(entry[0]))
-        self._background.add(check)
-        check.add_done_callback(self._background.discard)
+    async def _watch_progress(self) -> None:
+        """Cancel an attempt that made no progress for the progress deadline (a hung model
+        stream or tool): its run is retried. Checked at a tenth of the deadline."""
+        while True:
+            deadline = self._stream.progress_deadline_s
+            await asyncio.sleep(deadline / 10)
+            now = time.monotonic()
+            for run_id, (attempt, _) in list(self._running.items()):
+                if now - attempt.progressed_at > deadline:
+                    log.warning("run %s: no progress for %.0f s; cancelling", run_id, deadline)
+                    self.cancel(run_id, NO_PROGRESS)
 
     def cancel(self, run_id: str, reason: str) -> None:
         """Cancel a running attempt (provider stream and tool tasks go with it)."""
@@ -199,24 +179,15 @@ class WorkerPool:
             attempt.cancel_reason = reason
             task.cancel()
 
-    async def _listen_for_cancels(self) -> None:
-        if self._bus is None:
-            return
-        # Heartbeats still carry the cancel flag while Redis is away; only the fast path is lost.
-        listener = Subscription(
-            self._bus.url,
-            "cancel-listener",
-            lambda message: self._cancel_hinted(run_of_cancel_channel(message.channel)),
-            patterns=[CANCEL_PATTERN],
-        )
-        await listener.run()
-
     async def stop(self, grace_s: float) -> None:
-        """Stop claiming; give attempts `grace_s` to finish, then release their leases."""
-        self._stopping.set()
-        if self._tasks:
-            _, pending = await asyncio.wait(set(self._tasks), timeout=grace_s)
+        """Take no more runs; give attempts `grace_s` to finish, then release their leases,
+        and say goodbye."""
+        self._stopping = True
+        self._stream.goodbye()
+        if self._supervised:
+            _, pending = await asyncio.wait(set(self._supervised), timeout=grace_s)
             if pending:
                 for run_id in list(self._running):
-                    self.cancel(run_id, "shutdown")
+                    self.cancel(run_id, SHUTDOWN)
                 await asyncio.wait(pending, timeout=max(grace_s / 2, 1.0))
+        await self._stream.close()

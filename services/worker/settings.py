@@ -21,11 +21,9 @@ class WorkerSettings(PlatformSettings):
         description="Lease owner name; unique per process.",
     )
     concurrency: int = Field(8, description="Attempts this process runs at once.")
-    heartbeat_interval_s: float = Field(3.0, description="Lease keepalive period (< lease TTL).")
     checkpoint_interval_s: float = Field(
         0.25, description="Longest time streamed progress stays unpersisted."
     )
-    claim_wait_ms: int = Field(5000, description="Long-poll duration of one claim call.")
     grace_s: float = Field(10.0, description="On SIGTERM: time for in-flight attempts to end.")
     anthropic_base_url: str = Field("", description="Messages API base URL; empty = the SDK's.")
     anthropic_api_key: str = Field("", description="API key; empty = ANTHROPIC_API_KEY.")

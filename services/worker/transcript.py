@@ -40,6 +40,8 @@ class Transcript:
         self._events: list[Event] = []
         self._turns: list[ModelTurn] = []
         self.last_flush = time.monotonic()
+        # When the attempt last made progress: a model event, or a write that landed.
+        self.progressed_at = self.last_flush
 
     @property
     def parts(self) -> Sequence[Part]:
@@ -55,6 +57,7 @@ class Transcript:
 
     def add(self, role: str, content: Content) -> Part:
         """Append a whole part (final), announced with part.added."""
+        self.progressed_at = time.monotonic()
         part = Part(self.next_index, role, content, final=True)
         self._parts.append(part)
         self._dirty[part.index] = part
@@ -63,6 +66,7 @@ class Transcript:
 
     def open(self, draft: D) -> D:
         """Append a part that streams, announced with part.added as it starts."""
+        self.progressed_at = time.monotonic()
         draft.index = self.next_index
         part = draft.freeze(final=False)
         self._open[part.index] = (len(self._parts), draft)
@@ -73,10 +77,12 @@ class Transcript:
 
     def touch(self, draft: Draft) -> None:
         """The draft grew: the next checkpoint carries it."""
+        self.progressed_at = time.monotonic()
         self._dirty[draft.index] = draft
 
     def finish(self, draft: Draft) -> Part:
         """The draft's block ended: its final part, announced with part.updated."""
+        self.progressed_at = time.monotonic()
         part = draft.freeze(final=True)
         position, _ = self._open.pop(draft.index)
         self._parts[position] = part

@@ -37,11 +37,13 @@ from tether.hints import cancel_channel
 from tether.testing.eventually import eventually
 from tether.testing.model_server import MidStreamError, TextTurn, ToolUseTurn
 
-# Leases outlive every test here: no heartbeat or reap may interleave with a held race.
-LONG_LEASE = {"TETHER_ORCHESTRATOR_LEASE_TTL_S": "60"}
+# Leases outlive every test here: no keepalive or reap may interleave with a held race.
+LONG_LEASE = {
+    "TETHER_ORCHESTRATOR_LEASE_TTL_S": "60",
+    "TETHER_ORCHESTRATOR_KEEPALIVE_INTERVAL_S": "30",
+}
 RACE_WORKER = {
     "TETHER_REDIS_URL": "",
-    "TETHER_WORKER_HEARTBEAT_INTERVAL_S": "30",
     "TETHER_WORKER_CHECKPOINT_INTERVAL_S": "30",
 }
 # What the queued statements look like (pg_stat_activity.query).

@@ -3,6 +3,7 @@ the caller check) and client channels that present the calling service's credent
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -65,38 +66,49 @@ def _refuse_undecodable(request: Any) -> None:
         raise request.error
 
 
+@contextlib.asynccontextmanager
+async def _answered(context: grpc.aio.ServicerContext, behavior: Any) -> AsyncIterator[None]:
+    """A TetherError raised inside becomes its status (with the stable code); anything else is
+    INTERNAL, its detail logged and never shown to the caller."""
+    try:
+        yield
+    except TetherError as exc:
+        await _abort(context, exc)
+    except Exception:
+        if context.code() not in (None, grpc.StatusCode.OK):
+            raise  # context.abort() already chose the status
+        log.exception("unhandled error in %s", getattr(behavior, "__qualname__", behavior))
+        # Never leak internals (SQL, stack frames) to a caller; the log has the detail.
+        await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the service log")
+
+
 def _wrap_unary(behavior: Handler) -> Handler:
     async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
+        async with _answered(context, behavior):
             _refuse_undecodable(request)
             return await behavior(request, context)
-        except TetherError as exc:
-            await _abort(context, exc)
-        except Exception:
-            if context.code() not in (None, grpc.StatusCode.OK):
-                raise  # context.abort() already chose the status
-            log.exception("unhandled error in %s", getattr(behavior, "__qualname__", behavior))
-            # Never leak internals (SQL, stack frames) to a caller; the log has the detail.
-            await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the service log")
 
     return wrapper
 
 
 def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    """A server-streaming or a bidirectional handler (a bidirectional one's requests are an
+    iterator, whose undecodable items its handler refuses as it reads them)."""
+
     async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        try:
+        async with _answered(context, behavior):
             _refuse_undecodable(request)
             async for item in behavior(request, context):
                 yield item
-        except TetherError as exc:
-            await _abort(context, exc)
-        except Exception:
-            if context.code() not in (None, grpc.StatusCode.OK):
-                raise  # context.abort() already chose the status
-            log.exception("unhandled error in %s", getattr(behavior, "__qualname__", behavior))
-            await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the service log")
 
     return wrapper
+
+
+def refuse_undecodable(request: Any) -> Any:
+    """`request`, or InvalidArgument when its bytes did not decode (for the requests a
+    bidirectional handler reads)."""
+    _refuse_undecodable(request)
+    return request
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no stubs
@@ -120,6 +132,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grp
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
                 _wrap_stream(handler.unary_stream),
+                request_deserializer=tolerant_deserializer(handler.request_deserializer),
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                _wrap_stream(handler.stream_stream),
                 request_deserializer=tolerant_deserializer(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
@@ -160,6 +178,18 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
             await context.abort(status, message)
 
+        handler = await continuation(details)
+        if handler is not None and handler.stream_stream is not None:
+
+            async def refuse_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+                await context.abort(status, message)
+                yield  # a generator, as a bidirectional handler is
+
+            return grpc.stream_stream_rpc_method_handler(
+                refuse_stream,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
         return grpc.unary_unary_rpc_method_handler(refuse)
 
 
@@ -171,22 +201,31 @@ async def start_server(
     service_names: Sequence[str],
     verifiers: Mapping[str, str] | None,
     reflection_on: bool = True,
+    max_connection_age_s: float | None = None,
+    max_connection_age_grace_s: float | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Start a gRPC server with health checking, reflection and error mapping.
 
     `register` adds the service's servicers; `verifiers` (credential digest -> caller), when
     given, admits only those callers, each to its powers, on every call but health and
-    reflection; `reflection_on` serves reflection. Returns the server, the bound port and the
+    reflection; `reflection_on` serves reflection; `max_connection_age_s` asks a client's
+    connection to go away (GOAWAY) once it is that old, giving its calls
+    `max_connection_age_grace_s` more to finish. Returns the server, the bound port and the
     health servicer (already SERVING).
     """
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if verifiers is not None:
         interceptors.append(CallerInterceptor(verifiers))
     interceptors.append(ErrorInterceptor())
-    server = grpc.aio.server(
-        interceptors=interceptors,
-        options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 32 << 20)],
-    )
+    options: list[tuple[str, int]] = [
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_receive_message_length", 32 << 20),
+    ]
+    if max_connection_age_s is not None:
+        options.append(("grpc.max_connection_age_ms", int(max_connection_age_s * 1000)))
+    if max_connection_age_grace_s is not None:
+        options.append(("grpc.max_connection_age_grace_ms", int(max_connection_age_grace_s * 1000)))
+    server = grpc.aio.server(interceptors=interceptors, options=options)
     for add in register:
         add(server)
     health_servicer = health.aio.HealthServicer()
@@ -207,16 +246,11 @@ async def start_server(
     return server, bound, health_servicer
 
 
-class _InternalClientInterceptor(
-    grpc.aio.UnaryUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[misc]
-):
-    """Presents the caller's credential and, for a named callee, raises a unary call's failure
-    as the TetherError the callee raised (one interceptor: each costs a task per call)."""
+class _Credential:
+    """Presents the caller's credential on every call."""
 
-    def __init__(self, credential: str | None, service: str | None) -> None:
+    def __init__(self, credential: str | None) -> None:
         self._pair = (CREDENTIAL_KEY, credential) if credential else None
-        self._service = service
 
     def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
         if self._pair is None:
@@ -226,6 +260,15 @@ class _InternalClientInterceptor(
         return grpc.aio.ClientCallDetails(
             details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
         )
+
+
+class _UnaryInterceptor(_Credential, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Presents the credential and, for a named callee, raises a call's failure as the
+    TetherError the callee raised."""
+
+    def __init__(self, credential: str | None, service: str | None) -> None:
+        super().__init__(credential)
+        self._service = service
 
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         call = await continuation(self._details(details), request)
@@ -237,8 +280,21 @@ class _InternalClientInterceptor(
             raise from_rpc_error(exc, self._service) from exc
         return call
 
+
+class _UnaryStreamInterceptor(_Credential, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    """Presents the credential on a server-streaming call."""
+
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._details(details), request)
+
+
+class _StreamStreamInterceptor(_Credential, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    """Presents the credential on a bidirectional call."""
+
+    async def intercept_stream_stream(
+        self, continuation: Any, details: Any, request_iterator: Any
+    ) -> Any:
+        return await continuation(self._details(details), request_iterator)
 
 
 def internal_channel(
@@ -249,8 +305,15 @@ def internal_channel(
     With `service` (the callee's name) a unary call's failure is raised as the same TetherError
     the callee raised, and the callee being unreachable as UNAVAILABLE naming it; without it
     (tests that look at status codes) the raw grpc.aio.AioRpcError is raised."""
+    # One object per kind of call: a channel files each interceptor under the first kind it is.
     interceptors = (
-        [_InternalClientInterceptor(credential, service)] if credential or service else None
+        [
+            _UnaryInterceptor(credential, service),
+            _UnaryStreamInterceptor(credential),
+            _StreamStreamInterceptor(credential),
+        ]
+        if credential or service
+        else None
     )
     return grpc.aio.insecure_channel(
         address,

@@ -1588,3 +1588,453 @@ class ExpireWaitingRunResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExpireWaitingRunResponse: _TypeAlias = ExpireWaitingRunResponse  # noqa: Y015
+
+@_typing.final
+class WorkRequest(_message.Message):
+    """WorkRequest is one message of a worker on its Work stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    HELLO_FIELD_NUMBER: _builtins.int
+    CREDITS_FIELD_NUMBER: _builtins.int
+    KEEPALIVE_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
+    PARK_FIELD_NUMBER: _builtins.int
+    SCHEDULE_RETRY_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
+    BEGIN_EFFECT_FIELD_NUMBER: _builtins.int
+    FINISH_EFFECT_FIELD_NUMBER: _builtins.int
+    STORE_TOOL_OUTPUT_FIELD_NUMBER: _builtins.int
+    GOODBYE_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Correlates a write with its acknowledgement (WorkAck.id), unique on the stream; 0 for a
+    message that needs none (hello, credits, keepalive, goodbye).
+    """
+    @_builtins.property
+    def hello(self) -> Global___WorkHello:
+        """First message of every stream."""
+
+    @_builtins.property
+    def credits(self) -> Global___WorkCredits:
+        """More free slots."""
+
+    @_builtins.property
+    def keepalive(self) -> Global___WorkKeepalive:
+        """The worker is alive; renews every lease it holds."""
+
+    @_builtins.property
+    def checkpoint(self) -> Global___CheckpointRequest:
+        """Writes under a lease, each acknowledged once."""
+
+    @_builtins.property
+    def complete(self) -> Global___CompleteRunRequest:
+        """Ends a run."""
+
+    @_builtins.property
+    def park(self) -> Global___ParkRunRequest:
+        """Parks a run for a person."""
+
+    @_builtins.property
+    def schedule_retry(self) -> Global___ScheduleRetryRequest:
+        """Hands a run to the retry scheduler."""
+
+    @_builtins.property
+    def release(self) -> Global___ReleaseRunRequest:
+        """Gives a lease back."""
+
+    @_builtins.property
+    def begin_effect(self) -> Global___BeginEffectRequest:
+        """Opens an effects record."""
+
+    @_builtins.property
+    def finish_effect(self) -> Global___FinishEffectRequest:
+        """Stores an effect's result."""
+
+    @_builtins.property
+    def store_tool_output(self) -> Global___StoreToolOutputRequest:
+        """Keeps a tool's whole output."""
+
+    @_builtins.property
+    def goodbye(self) -> Global___WorkGoodbye:
+        """The worker is stopping; it has released its leases or let them go."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        hello: Global___WorkHello | None = ...,
+        credits: Global___WorkCredits | None = ...,
+        keepalive: Global___WorkKeepalive | None = ...,
+        checkpoint: Global___CheckpointRequest | None = ...,
+        complete: Global___CompleteRunRequest | None = ...,
+        park: Global___ParkRunRequest | None = ...,
+        schedule_retry: Global___ScheduleRetryRequest | None = ...,
+        release: Global___ReleaseRunRequest | None = ...,
+        begin_effect: Global___BeginEffectRequest | None = ...,
+        finish_effect: Global___FinishEffectRequest | None = ...,
+        store_tool_output: Global___StoreToolOutputRequest | None = ...,
+        goodbye: Global___WorkGoodbye | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "schedule_retry", b"schedule_retry", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "id", b"id", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "schedule_retry", b"schedule_retry", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "credits", "keepalive", "checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "goodbye"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___WorkRequest: _TypeAlias = WorkRequest  # noqa: Y015
+
+@_typing.final
+class WorkHello(_message.Message):
+    """WorkHello opens a Work stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
+    protocol_version: _builtins.int
+    """The Work protocol version the worker speaks; a peer speaking another is refused with
+    FAILED_PRECONDITION naming both.
+    """
+    worker_id: _builtins.str
+    """The worker process's id (its leases' owner)."""
+    @_builtins.property
+    def held(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldLease]:
+        """Leases the worker still holds, announced after a reconnect; it carries on with them."""
+
+    def __init__(
+        self,
+        *,
+        protocol_version: _builtins.int = ...,
+        worker_id: _builtins.str = ...,
+        held: _abc.Iterable[Global___HeldLease] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "protocol_version", b"protocol_version", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkHello: _TypeAlias = WorkHello  # noqa: Y015
+
+@_typing.final
+class WorkCredits(_message.Message):
+    """WorkCredits grants more leases: the worker's free slots."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CREDITS_FIELD_NUMBER: _builtins.int
+    credits: _builtins.int
+    """How many more runs the worker takes now (added to what it granted before)."""
+    def __init__(
+        self,
+        *,
+        credits: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credits", b"credits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkCredits: _TypeAlias = WorkCredits  # noqa: Y015
+
+@_typing.final
+class HeldLease(_message.Message):
+    """HeldLease is one lease a worker holds, and how its attempt is doing."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    IDLE_MS_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    epoch: _builtins.int
+    """Fencing epoch."""
+    idle_ms: _builtins.int
+    """Milliseconds since the attempt last made progress (a model event or a landed write). A
+    lease past the orchestrator's progress deadline is not renewed: its attempt hangs, and the
+    reaper requeues the run once the lease lapses.
+    """
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        idle_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "idle_ms", b"idle_ms", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeldLease: _TypeAlias = HeldLease  # noqa: Y015
+
+@_typing.final
+class WorkKeepalive(_message.Message):
+    """WorkKeepalive renews, in one statement, every lease the worker holds."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HELD_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def held(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldLease]:
+        """Every lease the worker holds now."""
+
+    def __init__(
+        self,
+        *,
+        held: _abc.Iterable[Global___HeldLease] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkKeepalive: _TypeAlias = WorkKeepalive  # noqa: Y015
+
+@_typing.final
+class WorkGoodbye(_message.Message):
+    """WorkGoodbye ends a Work stream on purpose."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkGoodbye: _TypeAlias = WorkGoodbye  # noqa: Y015
+
+@_typing.final
+class WorkResponse(_message.Message):
+    """WorkResponse is one message of the orchestrator on a Work stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WELCOME_FIELD_NUMBER: _builtins.int
+    LEASE_FIELD_NUMBER: _builtins.int
+    ACK_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    LOST_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def welcome(self) -> Global___WorkWelcome:
+        """Answers the hello."""
+
+    @_builtins.property
+    def lease(self) -> Global___ClaimRunResponse:
+        """A pushed lease, with the attempt's explicit inputs (always `claimed`)."""
+
+    @_builtins.property
+    def ack(self) -> Global___WorkAck:
+        """Acknowledges one write."""
+
+    @_builtins.property
+    def cancel(self) -> Global___WorkCancel:
+        """A caller asked to cancel a run the worker holds."""
+
+    @_builtins.property
+    def lost(self) -> Global___WorkLost:
+        """Leases the worker must stop using: reaped, released or leased again."""
+
+    def __init__(
+        self,
+        *,
+        welcome: Global___WorkWelcome | None = ...,
+        lease: Global___ClaimRunResponse | None = ...,
+        ack: Global___WorkAck | None = ...,
+        cancel: Global___WorkCancel | None = ...,
+        lost: Global___WorkLost | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "cancel", b"cancel", "kind", b"kind", "lease", b"lease", "lost", b"lost", "welcome", b"welcome"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "cancel", b"cancel", "kind", b"kind", "lease", b"lease", "lost", b"lost", "welcome", b"welcome"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["welcome", "lease", "ack", "cancel", "lost"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___WorkResponse: _TypeAlias = WorkResponse  # noqa: Y015
+
+@_typing.final
+class WorkWelcome(_message.Message):
+    """WorkWelcome accepts a Work stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
+    KEEPALIVE_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    PROGRESS_DEADLINE_MS_FIELD_NUMBER: _builtins.int
+    protocol_version: _builtins.int
+    """The protocol version this orchestrator speaks."""
+    replica_id: _builtins.str
+    """The replica serving the stream."""
+    keepalive_interval_ms: _builtins.int
+    """How often the worker should send keepalives, in milliseconds."""
+    progress_deadline_ms: _builtins.int
+    """How long an attempt may go without progress before its lease is no longer renewed, in
+    milliseconds.
+    """
+    def __init__(
+        self,
+        *,
+        protocol_version: _builtins.int = ...,
+        replica_id: _builtins.str = ...,
+        keepalive_interval_ms: _builtins.int = ...,
+        progress_deadline_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keepalive_interval_ms", b"keepalive_interval_ms", "progress_deadline_ms", b"progress_deadline_ms", "protocol_version", b"protocol_version", "replica_id", b"replica_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkWelcome: _TypeAlias = WorkWelcome  # noqa: Y015
+
+@_typing.final
+class WorkAck(_message.Message):
+    """WorkAck answers one write (WorkRequest.id), with what the unary call would have answered."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
+    PARK_FIELD_NUMBER: _builtins.int
+    SCHEDULE_RETRY_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
+    BEGIN_EFFECT_FIELD_NUMBER: _builtins.int
+    FINISH_EFFECT_FIELD_NUMBER: _builtins.int
+    STORE_TOOL_OUTPUT_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """The write answered."""
+    code: _builtins.int
+    """0 (OK), or the gRPC status code the unary call would have ended with."""
+    message: _builtins.str
+    """Why, for a person."""
+    error_code: _builtins.str
+    """Tether's stable error code (e.g. "stale_lease")."""
+    @_builtins.property
+    def checkpoint(self) -> Global___CheckpointResponse:
+        """For a checkpoint."""
+
+    @_builtins.property
+    def complete(self) -> Global___CompleteRunResponse:
+        """For a completion."""
+
+    @_builtins.property
+    def park(self) -> Global___ParkRunResponse:
+        """For a park."""
+
+    @_builtins.property
+    def schedule_retry(self) -> Global___ScheduleRetryResponse:
+        """For a retry."""
+
+    @_builtins.property
+    def release(self) -> Global___ReleaseRunResponse:
+        """For a release."""
+
+    @_builtins.property
+    def begin_effect(self) -> Global___BeginEffectResponse:
+        """For an effect opened."""
+
+    @_builtins.property
+    def finish_effect(self) -> Global___FinishEffectResponse:
+        """For an effect finished."""
+
+    @_builtins.property
+    def store_tool_output(self) -> Global___StoreToolOutputResponse:
+        """For a tool output stored."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+        error_code: _builtins.str = ...,
+        checkpoint: Global___CheckpointResponse | None = ...,
+        complete: Global___CompleteRunResponse | None = ...,
+        park: Global___ParkRunResponse | None = ...,
+        schedule_retry: Global___ScheduleRetryResponse | None = ...,
+        release: Global___ReleaseRunResponse | None = ...,
+        begin_effect: Global___BeginEffectResponse | None = ...,
+        finish_effect: Global___FinishEffectResponse | None = ...,
+        store_tool_output: Global___StoreToolOutputResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "finish_effect", b"finish_effect", "park", b"park", "release", b"release", "result", b"result", "schedule_retry", b"schedule_retry", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "code", b"code", "complete", b"complete", "error_code", b"error_code", "finish_effect", b"finish_effect", "id", b"id", "message", b"message", "park", b"park", "release", b"release", "result", b"result", "schedule_retry", b"schedule_retry", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___WorkAck: _TypeAlias = WorkAck  # noqa: Y015
+
+@_typing.final
+class WorkCancel(_message.Message):
+    """WorkCancel tells the worker that a caller asked to cancel one of its runs (the durable
+    request: it survives a Redis flush and a change of replica).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    epoch: _builtins.int
+    """The lease it holds the run under."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkCancel: _TypeAlias = WorkCancel  # noqa: Y015
+
+@_typing.final
+class WorkLost(_message.Message):
+    """WorkLost names leases that are no longer the worker's: it stops their attempts at once."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def leases(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldLease]:
+        """The leases."""
+
+    def __init__(
+        self,
+        *,
+        leases: _abc.Iterable[Global___HeldLease] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leases", b"leases"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkLost: _TypeAlias = WorkLost  # noqa: Y015

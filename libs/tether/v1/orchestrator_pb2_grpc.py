@@ -126,6 +126,11 @@ class OrchestratorServiceStub:
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.StoreToolOutputRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_orchestrator__pb2.StoreToolOutputResponse.FromString,
                 _registered_method=True)
+        self.Work = channel.stream_stream(
+                '/tether.v1.OrchestratorService/Work',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.WorkRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.WorkResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServiceServicer:
@@ -156,13 +161,18 @@ class OrchestratorServiceServicer:
 
     def ClaimRun(self, request, context):
         """ClaimRun leases the oldest claimable run to a worker, or returns none within the wait.
+        Deprecated: workers take leases on their Work stream. Still served so that workers of the
+        previous release keep working during a rolling deploy (roll out orchestrators first);
+        remove once no deployment runs a worker older than Work.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request, context):
-        """Heartbeat extends a lease; reports whether cancellation was requested.
+        """Heartbeat extends a lease; reports whether cancellation was requested. Deprecated: a Work
+        stream's keepalive renews every lease of its worker at once; kept for the previous
+        release's workers, like ClaimRun.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -262,6 +272,20 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Work(self, request_iterator, context):
+        """Work is a worker process's one long-lived stream. The worker says hello (its protocol
+        version, its id, the leases it still holds after a reconnect), grants credits (free slots),
+        proves it is alive with keepalives and sends its writes under its leases; the orchestrator
+        pushes leases as runs become claimable (no claim per slot), acknowledges every write with
+        what the unary call would have answered (a stale epoch is FAILED_PRECONDITION for that write,
+        not the end of the stream), and pushes cancellations and lost leases for the runs the worker
+        holds. The lease epoch, not the stream, is the authority: a worker may reconnect to any
+        replica and carry on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -354,6 +378,11 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.StoreToolOutput,
                     request_deserializer=tether_dot_v1_dot_orchestrator__pb2.StoreToolOutputRequest.FromString,
                     response_serializer=tether_dot_v1_dot_orchestrator__pb2.StoreToolOutputResponse.SerializeToString,
+            ),
+            'Work': grpc.stream_stream_rpc_method_handler(
+                    servicer.Work,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.WorkRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.WorkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -844,6 +873,33 @@ class OrchestratorService:
             '/tether.v1.OrchestratorService/StoreToolOutput',
             tether_dot_v1_dot_orchestrator__pb2.StoreToolOutputRequest.SerializeToString,
             tether_dot_v1_dot_orchestrator__pb2.StoreToolOutputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Work(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tether.v1.OrchestratorService/Work',
+            tether_dot_v1_dot_orchestrator__pb2.WorkRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.WorkResponse.FromString,
             options,
             channel_credentials,
             insecure,

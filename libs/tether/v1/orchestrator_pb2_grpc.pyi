@@ -47,10 +47,21 @@ class OrchestratorServiceStub:
     """SearchRuns lists a tenant's runs, newest first."""
     ReadEvents: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ReadEventsRequest, _orchestrator_pb2.ReadEventsResponse]
     """ReadEvents returns durable events after a cursor, with the run's persisted parts."""
-    ClaimRun: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ClaimRunRequest, _orchestrator_pb2.ClaimRunResponse]
-    """ClaimRun leases the oldest claimable run to a worker, or returns none within the wait."""
-    Heartbeat: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.HeartbeatRequest, _orchestrator_pb2.HeartbeatResponse]
-    """Heartbeat extends a lease; reports whether cancellation was requested."""
+    @_builtins.property
+    @_deprecated("""This method has been marked as deprecated using proto method options.""")
+    def ClaimRun(self) -> _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ClaimRunRequest, _orchestrator_pb2.ClaimRunResponse]:
+        """ClaimRun leases the oldest claimable run to a worker, or returns none within the wait.
+        Deprecated: workers take leases on their Work stream. Still served so that workers of the
+        previous release keep working during a rolling deploy (roll out orchestrators first);
+        remove once no deployment runs a worker older than Work.
+        """
+    @_builtins.property
+    @_deprecated("""This method has been marked as deprecated using proto method options.""")
+    def Heartbeat(self) -> _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.HeartbeatRequest, _orchestrator_pb2.HeartbeatResponse]:
+        """Heartbeat extends a lease; reports whether cancellation was requested. Deprecated: a Work
+        stream's keepalive renews every lease of its worker at once; kept for the previous
+        release's workers, like ClaimRun.
+        """
     Checkpoint: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.CheckpointRequest, _orchestrator_pb2.CheckpointResponse]
     """Checkpoint persists parts and events under the lease's fencing epoch."""
     ParkRun: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ParkRunRequest, _orchestrator_pb2.ParkRunResponse]
@@ -84,6 +95,16 @@ class OrchestratorServiceStub:
     """ExpireWaitingRun fails a run whose pause outlived its TTL (e.g. an abandoned consent)."""
     StoreToolOutput: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.StoreToolOutputRequest, _orchestrator_pb2.StoreToolOutputResponse]
     """StoreToolOutput keeps a tool's whole output when its inline copy was truncated."""
+    Work: _grpc.StreamStreamMultiCallable[_orchestrator_pb2.WorkRequest, _orchestrator_pb2.WorkResponse]
+    """Work is a worker process's one long-lived stream. The worker says hello (its protocol
+    version, its id, the leases it still holds after a reconnect), grants credits (free slots),
+    proves it is alive with keepalives and sends its writes under its leases; the orchestrator
+    pushes leases as runs become claimable (no claim per slot), acknowledges every write with
+    what the unary call would have answered (a stale epoch is FAILED_PRECONDITION for that write,
+    not the end of the stream), and pushes cancellations and lost leases for the runs the worker
+    holds. The lease epoch, not the stream, is the authority: a worker may reconnect to any
+    replica and carry on.
+    """
 
 @_typing.type_check_only
 class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
@@ -98,10 +119,21 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     """SearchRuns lists a tenant's runs, newest first."""
     ReadEvents: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ReadEventsRequest, _orchestrator_pb2.ReadEventsResponse]  # type: ignore[assignment]
     """ReadEvents returns durable events after a cursor, with the run's persisted parts."""
-    ClaimRun: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ClaimRunRequest, _orchestrator_pb2.ClaimRunResponse]  # type: ignore[assignment]
-    """ClaimRun leases the oldest claimable run to a worker, or returns none within the wait."""
-    Heartbeat: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.HeartbeatRequest, _orchestrator_pb2.HeartbeatResponse]  # type: ignore[assignment]
-    """Heartbeat extends a lease; reports whether cancellation was requested."""
+    @_builtins.property
+    @_deprecated("""This method has been marked as deprecated using proto method options.""")
+    def ClaimRun(self) -> _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ClaimRunRequest, _orchestrator_pb2.ClaimRunResponse]:  # type: ignore[override]
+        """ClaimRun leases the oldest claimable run to a worker, or returns none within the wait.
+        Deprecated: workers take leases on their Work stream. Still served so that workers of the
+        previous release keep working during a rolling deploy (roll out orchestrators first);
+        remove once no deployment runs a worker older than Work.
+        """
+    @_builtins.property
+    @_deprecated("""This method has been marked as deprecated using proto method options.""")
+    def Heartbeat(self) -> _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.HeartbeatRequest, _orchestrator_pb2.HeartbeatResponse]:  # type: ignore[override]
+        """Heartbeat extends a lease; reports whether cancellation was requested. Deprecated: a Work
+        stream's keepalive renews every lease of its worker at once; kept for the previous
+        release's workers, like ClaimRun.
+        """
     Checkpoint: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.CheckpointRequest, _orchestrator_pb2.CheckpointResponse]  # type: ignore[assignment]
     """Checkpoint persists parts and events under the lease's fencing epoch."""
     ParkRun: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ParkRunRequest, _orchestrator_pb2.ParkRunResponse]  # type: ignore[assignment]
@@ -135,6 +167,16 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     """ExpireWaitingRun fails a run whose pause outlived its TTL (e.g. an abandoned consent)."""
     StoreToolOutput: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.StoreToolOutputRequest, _orchestrator_pb2.StoreToolOutputResponse]  # type: ignore[assignment]
     """StoreToolOutput keeps a tool's whole output when its inline copy was truncated."""
+    Work: _aio.StreamStreamMultiCallable[_orchestrator_pb2.WorkRequest, _orchestrator_pb2.WorkResponse]  # type: ignore[assignment]
+    """Work is a worker process's one long-lived stream. The worker says hello (its protocol
+    version, its id, the leases it still holds after a reconnect), grants credits (free slots),
+    proves it is alive with keepalives and sends its writes under its leases; the orchestrator
+    pushes leases as runs become claimable (no claim per slot), acknowledges every write with
+    what the unary call would have answered (a stale epoch is FAILED_PRECONDITION for that write,
+    not the end of the stream), and pushes cancellations and lost leases for the runs the worker
+    holds. The lease epoch, not the stream, is the authority: a worker may reconnect to any
+    replica and carry on.
+    """
 
 class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
     """OrchestratorService owns runs after admission: routing, leases, checkpoints, retries,
@@ -165,21 +207,30 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_orchestrator_pb2.ReadEventsResponse, _abc.Awaitable[_orchestrator_pb2.ReadEventsResponse]]:
         """ReadEvents returns durable events after a cursor, with the run's persisted parts."""
 
+    @_deprecated("""ClaimRun leases the oldest claimable run to a worker, or returns none within the wait.\nDeprecated: workers take leases on their Work stream. Still served so that workers of the\nprevious release keep working during a rolling deploy (roll out orchestrators first);\nremove once no deployment runs a worker older than Work.""")
     @_abc_1.abstractmethod
     def ClaimRun(
         self,
         request: _orchestrator_pb2.ClaimRunRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_orchestrator_pb2.ClaimRunResponse, _abc.Awaitable[_orchestrator_pb2.ClaimRunResponse]]:
-        """ClaimRun leases the oldest claimable run to a worker, or returns none within the wait."""
+        """ClaimRun leases the oldest claimable run to a worker, or returns none within the wait.
+        Deprecated: workers take leases on their Work stream. Still served so that workers of the
+        previous release keep working during a rolling deploy (roll out orchestrators first);
+        remove once no deployment runs a worker older than Work.
+        """
 
+    @_deprecated("""Heartbeat extends a lease; reports whether cancellation was requested. Deprecated: a Work\nstream's keepalive renews every lease of its worker at once; kept for the previous\nrelease's workers, like ClaimRun.""")
     @_abc_1.abstractmethod
     def Heartbeat(
         self,
         request: _orchestrator_pb2.HeartbeatRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_orchestrator_pb2.HeartbeatResponse, _abc.Awaitable[_orchestrator_pb2.HeartbeatResponse]]:
-        """Heartbeat extends a lease; reports whether cancellation was requested."""
+        """Heartbeat extends a lease; reports whether cancellation was requested. Deprecated: a Work
+        stream's keepalive renews every lease of its worker at once; kept for the previous
+        release's workers, like ClaimRun.
+        """
 
     @_abc_1.abstractmethod
     def Checkpoint(
@@ -290,5 +341,21 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_orchestrator_pb2.StoreToolOutputResponse, _abc.Awaitable[_orchestrator_pb2.StoreToolOutputResponse]]:
         """StoreToolOutput keeps a tool's whole output when its inline copy was truncated."""
+
+    @_abc_1.abstractmethod
+    def Work(
+        self,
+        request_iterator: _MaybeAsyncIterator[_orchestrator_pb2.WorkRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_orchestrator_pb2.WorkResponse], _abc.AsyncIterator[_orchestrator_pb2.WorkResponse]]:
+        """Work is a worker process's one long-lived stream. The worker says hello (its protocol
+        version, its id, the leases it still holds after a reconnect), grants credits (free slots),
+        proves it is alive with keepalives and sends its writes under its leases; the orchestrator
+        pushes leases as runs become claimable (no claim per slot), acknowledges every write with
+        what the unary call would have answered (a stale epoch is FAILED_PRECONDITION for that write,
+        not the end of the stream), and pushes cancellations and lost leases for the runs the worker
+        holds. The lease epoch, not the stream, is the authority: a worker may reconnect to any
+        replica and carry on.
+        """
 
 def add_OrchestratorServiceServicer_to_server(servicer: OrchestratorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

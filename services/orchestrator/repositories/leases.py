@@ -8,12 +8,13 @@ runs one message at a time, in order, and the claim is one indexed scan of one t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, text, update
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import BigInteger, Interval, Text, bindparam, func, insert, select, text, update
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -23,6 +24,7 @@ from services.orchestrator.repositories.transitions import (
     STARTED_ONCE,
     Moved,
     apply,
+    lease_held,
 )
 from tether import formats, states
 from tether.db.schema import attempts, audit_log, runs, tenants
@@ -119,6 +121,41 @@ _NEW_ATTEMPT = insert(attempts).values(
     worker_id=bindparam("n_worker_id"),
     stages=bindparam("n_stages", type_=JSONB),
 )
+
+
+_HELD = (
+    func.unnest(
+        bindparam("h_run_ids", type_=ARRAY(Text)), bindparam("h_epochs", type_=ARRAY(BigInteger))
+    )
+    .table_valued("run_id", "epoch")
+    .render_derived("held", with_types=False)
+)
+_RENEW = (
+    update(runs)
+    .where(runs.c.run_id == _HELD.c.run_id, lease_held(_HELD.c.epoch))
+    .values(lease_expires_at=func.now() + bindparam("h_ttl", type_=Interval))
+    .returning(
+        runs.c.run_id,
+        runs.c.lease_epoch,
+        runs.c.cancel_requested_at.is_not(None).label("cancel_requested"),
+    )
+)
+
+
+async def renew(
+    conn: AsyncConnection, held: Sequence[tuple[str, int]], ttl_s: float
+) -> Sequence[Row[Any]]:
+    """Extend every lease of `held` (run id, epoch) that is still current, in one statement:
+    the renewed ones (run_id, lease_epoch, cancel_requested). One missing was reaped, released
+    or leased again: its holder must stop."""
+    if not held:
+        return []
+    params = {
+        "h_run_ids": [run_id for run_id, _ in held],
+        "h_epochs": [epoch for _, epoch in held],
+        "h_ttl": timedelta(seconds=ttl_s),
+    }
+    return (await conn.execute(_RENEW, params)).all()
 
 
 async def expired_leases(conn: AsyncConnection, limit: int) -> list[Row[Any]]:

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import (
     CTE,
     BigInteger,
+    ColumnElement,
     Executable,
     Interval,
     Select,
@@ -48,9 +49,16 @@ from tether.states import RunStatus, Transition
 
 # Not named like a column: an UPDATE would take a parameter named so as a value to SET.
 LEASE_EPOCH = bindparam("held_epoch", type_=BigInteger)
-# The one lease fence: the run is running under the epoch bound as :held_epoch. A worker
-# whose lease was reaped, released or taken over matches nothing and writes nothing.
-LEASE_HELD = and_(runs.c.status == RunStatus.RUNNING.value, runs.c.lease_epoch == LEASE_EPOCH)
+
+
+def lease_held(epoch: Any) -> ColumnElement[bool]:
+    """The one lease fence: the run is running under `epoch` (an expression). A worker whose
+    lease was reaped, released or taken over matches nothing and writes nothing."""
+    return and_(runs.c.status == RunStatus.RUNNING.value, runs.c.lease_epoch == epoch)
+
+
+# The fence for one lease, its epoch bound as :held_epoch.
+LEASE_HELD = lease_held(LEASE_EPOCH)
 
 # -- the event append: a run's events take the seqs the statement that moved it reserved --------
 

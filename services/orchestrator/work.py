@@ -1,0 +1,323 @@
+"""The Work stream: each worker process's one long-lived stream to this replica.
+
+A session serves one stream. In: the hello (protocol version, worker id, the leases the worker
+still holds), credits (free slots), keepalives and writes under leases. Out: pushed leases,
+one acknowledgement per write (with what the unary call would have answered), cancellations
+and lost leases. The dispatcher pushes leases to the sessions with credits as runs become
+claimable, one claim statement per session and look for all of its credits. A keepalive renews
+every lease the worker holds in one statement, which also names the runs a caller asked to
+cancel, so a cancel survives a Redis flush and a change of replica.
+
+The lease epoch, not the stream, is the authority: a stream that breaks leaves its leases to
+lapse (the reaper and the fence work as ever), and a worker that comes back, to this replica or
+another, announces the leases it holds and carries on with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.message import Message
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.orchestrator.claims import Claimed, Claims
+from services.orchestrator.repositories import leases as lease_repo
+from tether.errors import FailedPrecondition, InvalidArgument, TetherError
+from tether.runtime.rpc import refuse_undecodable
+from tether.v1 import orchestrator_pb2
+
+log = logging.getLogger(__name__)
+
+# The Work protocol this orchestrator speaks; a worker speaking another is refused at its hello.
+PROTOCOL_VERSION = 1
+
+# A write: the unary handler's request in, its response out (TetherError for a refusal).
+Write = Callable[[Message], Awaitable[Message]]
+# The writes a worker may send, by their WorkRequest field, and where the answer goes in WorkAck.
+WRITES = (
+    "checkpoint",
+    "complete",
+    "park",
+    "schedule_retry",
+    "release",
+    "begin_effect",
+    "finish_effect",
+    "store_tool_output",
+)
+# How long a stream that is ending waits for the acknowledgements of writes still running.
+DRAIN_S = 5.0
+
+
+@dataclass(frozen=True)
+class WorkSettings:
+    """How a replica keeps Work streams: the lease each keepalive grants, how often the worker
+    sends one, and how long an attempt may go without progress before its lease lapses."""
+
+    lease_ttl_s: float
+    keepalive_interval_s: float
+    progress_deadline_s: float
+
+
+class Session:
+    """One worker's stream: what it may still be given, what it holds, what goes out."""
+
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self.closed = False
+        self.leaving = False  # said goodbye: takes no more leases
+        self.credits = 0
+        self.held: dict[str, int] = {}  # run id -> lease epoch, as last pushed or announced
+        self.heard_at = time.monotonic()  # the last message from the worker
+        self.outbox: asyncio.Queue[orchestrator_pb2.WorkResponse] = asyncio.Queue()
+        self.writes: set[asyncio.Task[None]] = set()
+
+    def send(self, response: orchestrator_pb2.WorkResponse) -> None:
+        """Queue a message for the worker (never waits: the stream drains the queue)."""
+        self.outbox.put_nowait(response)
+
+
+class Work:
+    """This replica's Work streams, and the dispatcher that pushes leases to them."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        claims: Claims,
+        lease: Callable[[Claimed], orchestrator_pb2.ClaimRunResponse],
+        release: Callable[[str, int], Awaitable[bool]],
+        writes: Mapping[str, Write],
+        *,
+        replica_id: str,
+        lease_ttl_s: float,
+        keepalive_interval_s: float,
+        progress_deadline_s: float,
+    ) -> None:
+        self._engine = engine
+        self._claims = claims
+        self._lease = lease
+        self._release = release
+        self._writes = dict(writes)
+        self._replica_id = replica_id
+        self._ttl = lease_ttl_s
+        self._keepalive_s = keepalive_interval_s
+        self._deadline_s = progress_deadline_s
+        self._sessions: list[Session] = []
+        self._credits_granted = asyncio.Event()
+
+    # -- one stream ---------------------------------------------------------------------------
+
+    async def serve(
+        self, requests: AsyncIterator[orchestrator_pb2.WorkRequest]
+    ) -> AsyncIterator[orchestrator_pb2.WorkResponse]:
+        """Serve one Work stream until the worker ends it or it breaks."""
+        session = await self._greet(requests)
+        yield orchestrator_pb2.WorkResponse(
+            welcome=orchestrator_pb2.WorkWelcome(
+                protocol_version=PROTOCOL_VERSION,
+                replica_id=self._replica_id,
+                keepalive_interval_ms=int(self._keepalive_s * 1000),
+                progress_deadline_ms=int(self._deadline_s * 1000),
+            )
+        )
+        self._sessions.append(session)
+        reader = asyncio.ensure_future(self._read(session, requests))
+        try:
+            while True:
+                sending = asyncio.ensure_future(session.outbox.get())
+                await asyncio.wait({sending, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if not sending.done():
+                    sending.cancel()
+                    break
+                yield sending.result()
+            reader.result()  # a refused request ends the stream with its status
+            # The worker said goodbye or closed its side: the writes it sent are answered.
+            if session.writes:
+                await asyncio.wait(set(session.writes), timeout=DRAIN_S)
+            while not session.outbox.empty():
+                yield session.outbox.get_nowait()
+        finally:
+            session.closed = True
+            self._sessions.remove(session)
+            reader.cancel()
+            for task in session.writes:
+                task.cancel()
+
+    async def _greet(self, requests: AsyncIterator[orchestrator_pb2.WorkRequest]) -> Session:
+        """The session a hello opens; refused when the first message is none, or speaks
+        another protocol version."""
+        try:
+            first = refuse_undecodable(await anext(requests))
+        except StopAsyncIteration:
+            raise InvalidArgument("a Work stream starts with a hello") from None
+        if first.WhichOneof("kind") != "hello":
+            raise InvalidArgument("a Work stream starts with a hello")
+        hello = first.hello
+        if hello.protocol_version != PROTOCOL_VERSION:
+            raise FailedPrecondition(
+                f"the worker speaks Work protocol {hello.protocol_version} and this orchestrator "
+                f"speaks {PROTOCOL_VERSION}; run a worker and an orchestrator of compatible "
+                "releases",
+                code="protocol_version_mismatch",
+                details={"worker": hello.protocol_version, "orchestrator": PROTOCOL_VERSION},
+            )
+        if not hello.worker_id:
+            raise InvalidArgument("the hello must name the worker (worker_id)")
+        session = Session(hello.worker_id)
+        session.held = {lease.run_id: lease.epoch for lease in hello.held}
+        return session
+
+    async def _read(
+        self, session: Session, requests: AsyncIterator[orchestrator_pb2.WorkRequest]
+    ) -> None:
+        async for raw in requests:
+            session.heard_at = time.monotonic()
+            request = refuse_undecodable(raw)
+            kind = request.WhichOneof("kind")
+            if kind == "credits":
+                if request.credits.credits < 0:
+                    raise InvalidArgument("credits must not be negative")
+                if not session.leaving:
+                    session.credits += request.credits.credits
+                self._credits_granted.set()
+            elif kind == "keepalive":
+                self._spawn(session, self._keepalive(session, request.keepalive))
+            elif kind in self._writes:
+                self._spawn(session, self._write(session, request.id, kind, request))
+            elif kind == "goodbye":
+                # The worker is stopping: no more leases; its last writes still come, until it
+                # closes its side.
+                session.credits = 0
+                session.leaving = True
+            else:
+                raise InvalidArgument(f"a Work stream takes no {kind or 'empty'} message here")
+
+    @staticmethod
+    def _spawn(session: Session, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        session.writes.add(task)
+        task.add_done_callback(session.writes.discard)
+
+    async def _write(
+        self, session: Session, request_id: int, kind: str, request: orchestrator_pb2.WorkRequest
+    ) -> None:
+        """Run one write as its unary call would, and acknowledge it."""
+        ack = orchestrator_pb2.WorkAck(id=request_id)
+        try:
+            answer = await self._writes[kind](getattr(request, kind))
+        except TetherError as exc:
+            ack.code, ack.message, ack.error_code = exc.status.value[0], exc.message, exc.code
+        except Exception:
+            log.exception("Work write %s of %s failed", kind, session.worker_id)
+            ack.code, ack.message = 13, "internal error; see the orchestrator's log"  # INTERNAL
+        else:
+            getattr(ack, kind).CopyFrom(answer)
+            if kind in ("complete", "park", "schedule_retry", "release"):
+                lease = getattr(request, kind)
+                session.held.pop(lease.run_id, None)  # the run left this worker's hands
+        session.send(orchestrator_pb2.WorkResponse(ack=ack))
+
+    async def _keepalive(self, session: Session, keepalive: orchestrator_pb2.WorkKeepalive) -> None:
+        """Renew the leases the worker holds (all but those past the progress deadline: their
+        attempts hang, and their leases lapse); push what it must stop and what was cancelled."""
+        deadline_ms = self._deadline_s * 1000
+        held = {lease.run_id: lease.epoch for lease in keepalive.held}
+        session.held = dict(held)
+        alive = {(h.run_id, h.epoch) for h in keepalive.held if h.idle_ms <= deadline_ms}
+        if not held:
+            return
+        async with self._engine.begin() as conn:
+            renewed = await lease_repo.renew(conn, sorted(alive), self._ttl)
+        current = {(row.run_id, row.lease_epoch) for row in renewed}
+        lost = [
+            orchestrator_pb2.HeldLease(run_id=run_id, epoch=epoch)
+            for run_id, epoch in held.items()
+            if (run_id, epoch) in alive and (run_id, epoch) not in current
+        ]
+        if lost:
+            for lease in lost:
+                session.held.pop(lease.run_id, None)
+            session.send(orchestrator_pb2.WorkResponse(lost=orchestrator_pb2.WorkLost(leases=lost)))
+        for row in renewed:
+            if row.cancel_requested:
+                cancel = orchestrator_pb2.WorkCancel(run_id=row.run_id, epoch=row.lease_epoch)
+                session.send(orchestrator_pb2.WorkResponse(cancel=cancel))
+
+    # -- cancels --------------------------------------------------------------------------------
+
+    async def cancel_hinted(self, run_id: str) -> None:
+        """A caller asked to cancel `run_id` (a hint): if a stream here holds it, ask PostgreSQL
+        (the cancel request is durable) and push the cancel."""
+        for session in list(self._sessions):
+            epoch = session.held.get(run_id)
+            if epoch is None:
+                continue
+            try:
+                async with self._engine.begin() as conn:
+                    renewed = await lease_repo.renew(conn, [(run_id, epoch)], self._ttl)
+            except Exception as exc:  # the next keepalive carries the cancel anyway
+                log.warning("cancel check of %s deferred to the next keepalive: %s", run_id, exc)
+                return
+            if renewed and renewed[0].cancel_requested:
+                cancel = orchestrator_pb2.WorkCancel(run_id=run_id, epoch=epoch)
+                session.send(orchestrator_pb2.WorkResponse(cancel=cancel))
+
+    # -- the dispatcher -------------------------------------------------------------------------
+
+    async def dispatch(self, retry_s: float) -> None:
+        """Push leases to the sessions with credits as runs become claimable: look whenever a
+        run may have become claimable (a wake-up from here or through Redis, or the replica's
+        claim poll when one was lost) or a worker granted credits. While no credits wait, no
+        look is made: an idle fleet costs nothing."""
+        wakeups = self._claims.wakeups
+        turn = itertools.count()
+        while True:
+            if not any(s.credits for s in self._sessions):
+                self._credits_granted.clear()
+                await self._credits_granted.wait()
+                continue
+            self._credits_granted.clear()
+            ticket = wakeups.ticket()  # before looking: a wake-up during the look counts
+            try:
+                leased = await self._look(next(turn))
+            except Exception:
+                wakeups.leave(ticket, claimed=None)
+                log.exception("pushing leases failed; looking again in %.1f s", retry_s)
+                await asyncio.sleep(retry_s)
+                continue
+            if not leased:
+                granted: asyncio.Future[Any] = asyncio.ensure_future(self._credits_granted.wait())
+                woken: set[asyncio.Future[Any]] = {ticket, granted}
+                await asyncio.wait(woken, return_when=asyncio.FIRST_COMPLETED)
+                granted.cancel()
+            # This loop looks again at once, so a wake-up it was handed is not passed on.
+            wakeups.leave(ticket, claimed=None, looking_again=True)
+
+    async def _look(self, turn: int) -> int:
+        """One round: every session with credits, from a rotating start, leases what it can. A
+        worker not heard from for two keepalive intervals (frozen, or its connection half dead)
+        is given nothing until it speaks again."""
+        quiet_since = time.monotonic() - 2 * self._keepalive_s
+        sessions = [s for s in self._sessions if s.credits > 0 and s.heard_at >= quiet_since]
+        if not sessions:
+            return 0
+        start = turn % len(sessions)
+        leased = 0
+        for session in sessions[start:] + sessions[:start]:
+            claimed = await self._claims.claim_many(session.worker_id, session.credits)
+            if session.closed:
+                # The stream ended during the claim: nobody will run these, give them back.
+                for one in claimed:
+                    await self._release(one.run.run_id, one.run.lease_epoch)
+                continue
+            for one in claimed:
+                session.credits -= 1
+                session.held[one.run.run_id] = one.run.lease_epoch
+                session.send(orchestrator_pb2.WorkResponse(lease=self._lease(one)))
+            leased += len(claimed)
+        return leased

@@ -1,0 +1,269 @@
+"""The worker's one Work stream to an orchestrator replica (see the Work RPC in orchestrator.proto).
+
+Out: the hello (this process's id and the leases it holds), credits (free slots), keepalives
+and the writes of every attempt. In: pushed leases, one acknowledgement per write, cancels and
+lost leases, handed to the pool. When the stream breaks (a replica stopped or asked the
+connection to go away, the network) it reconnects, to whichever replica answers, announces the
+leases it holds and sends again every write that was not acknowledged: the epoch is the
+authority and every write is idempotent under it (checkpoints are numbered), so an attempt
+carries on as if nothing happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import grpc
+from google.protobuf.message import Message
+
+from tether.errors import TetherError, Unavailable, from_status
+from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+# The Work protocol this worker speaks.
+PROTOCOL_VERSION = 1
+# Reconnect backoff: doubling from the first to the last.
+RECONNECT_FIRST_S = 0.05
+RECONNECT_MAX_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A lease the worker holds, and how long its attempt has gone without progress."""
+
+    run_id: str
+    epoch: int
+    idle_s: float
+
+
+class Handler(Protocol):
+    """What the stream hands the pool."""
+
+    def leased(self, lease: orchestrator_pb2.ClaimRunResponse) -> None:
+        """A lease was pushed: run it (a credit was spent on it)."""
+
+    def cancelled(self, run_id: str, epoch: int) -> None:
+        """A caller asked to cancel a run this worker holds."""
+
+    def lost(self, run_id: str, epoch: int) -> None:
+        """A lease is no longer this worker's: stop its attempt."""
+
+    def held(self) -> Sequence[Held]:
+        """Every lease the worker holds now."""
+
+
+class WorkStream:
+    """One Work stream, kept open (and reopened) until `close`."""
+
+    def __init__(self, channel: grpc.aio.Channel, worker_id: str) -> None:
+        self._stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
+        self._worker_id = worker_id
+        self._ids = itertools.count(1)
+        # Writes not yet acknowledged: sent again on every new stream until they are.
+        self._unanswered: dict[int, tuple[orchestrator_pb2.WorkRequest, asyncio.Future[Any]]] = {}
+        self._outbox: asyncio.Queue[orchestrator_pb2.WorkRequest] | None = None
+        self._free = 0  # slots granted and not yet leased
+        self._keepalive_s = 2.0
+        self.progress_deadline_s = 120.0
+        self._closing = False
+        self._leaving = False
+        self._keepalive_due = asyncio.Event()
+        self.connected = asyncio.Event()
+
+    # -- what attempts and the pool call --------------------------------------------------------
+
+    async def write(self, kind: str, request: Message) -> Any:
+        """Send one write (`kind`: its WorkRequest field) and return its acknowledged answer;
+        raise the TetherError the orchestrator refused it with. Survives reconnects."""
+        request_id = next(self._ids)
+        message = orchestrator_pb2.WorkRequest(id=request_id)
+        getattr(message, kind).CopyFrom(request)
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._unanswered[request_id] = (message, answer)
+        if self._outbox is not None:
+            self._outbox.put_nowait(message)
+        try:
+            return await answer
+        finally:
+            self._unanswered.pop(request_id, None)
+
+    def grant(self, credits: int) -> None:
+        """`credits` more slots are free."""
+        if self._leaving:
+            return
+        self._free += credits
+        if self._outbox is not None and credits:
+            self._outbox.put_nowait(
+                orchestrator_pb2.WorkRequest(credits=orchestrator_pb2.WorkCredits(credits=credits))
+            )
+
+    def keepalive_now(self) -> None:
+        """Renew the leases at once (a cancel hint came: the answer carries the cancel)."""
+        self._keepalive_due.set()
+
+    # -- the connection -------------------------------------------------------------------------
+
+    async def run(self, handler: Handler) -> None:
+        """Keep a stream open, handing what arrives to `handler`, until `close`. A refusal that
+        reconnecting cannot mend (another protocol version, a credential refused) is raised."""
+        delay = RECONNECT_FIRST_S
+        while not self._closing:
+            try:
+                await self._serve(handler)
+                delay = RECONNECT_FIRST_S
+            except asyncio.CancelledError:
+                raise
+            except (grpc.aio.AioRpcError, TetherError) as exc:
+                if self._closing:
+                    return
+                if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _FOR_GOOD:
+                    raise
+                log.warning("Work stream ended (%s); reconnecting", _why(exc))
+            finally:
+                self.connected.clear()
+            if not self._closing:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+
+    async def _serve(self, handler: Handler) -> None:
+        # The hello goes alone: anything written while a refusal is on its way back would hide
+        # the refusal's status (grpc reports such a call as INTERNAL).
+        outbox: asyncio.Queue[orchestrator_pb2.WorkRequest] = asyncio.Queue()
+        hello = orchestrator_pb2.WorkHello(
+            protocol_version=PROTOCOL_VERSION,
+            worker_id=self._worker_id,
+            held=[_held(h) for h in handler.held()],
+        )
+        outbox.put_nowait(orchestrator_pb2.WorkRequest(hello=hello))
+        call = self._stub.Work(_drain(outbox))
+        keepalive: asyncio.Future[None] | None = None
+        try:
+            async for response in call:
+                if response.WhichOneof("kind") == "welcome":
+                    self._welcomed(response.welcome, outbox)
+                    keepalive = asyncio.ensure_future(self._keepalive(handler, outbox))
+                else:
+                    self._receive(handler, response)
+            if not self._closing:
+                raise Unavailable("the orchestrator ended the Work stream")
+        finally:
+            self._outbox = None
+            if keepalive is not None:
+                keepalive.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keepalive
+            outbox.put_nowait(_END)
+            call.cancel()
+
+    def _welcomed(
+        self,
+        welcome: orchestrator_pb2.WorkWelcome,
+        outbox: asyncio.Queue[orchestrator_pb2.WorkRequest],
+    ) -> None:
+        """The stream is accepted: grant the free slots, send again every write the last stream
+        did not answer, and take writes from here on."""
+        self._keepalive_s = welcome.keepalive_interval_ms / 1000 or self._keepalive_s
+        self.progress_deadline_s = welcome.progress_deadline_ms / 1000 or self.progress_deadline_s
+        if self._leaving:
+            outbox.put_nowait(orchestrator_pb2.WorkRequest(goodbye=orchestrator_pb2.WorkGoodbye()))
+        elif self._free:
+            credits = orchestrator_pb2.WorkCredits(credits=self._free)
+            outbox.put_nowait(orchestrator_pb2.WorkRequest(credits=credits))
+        for message, _ in list(self._unanswered.values()):
+            outbox.put_nowait(message)
+        self._outbox = outbox
+        self.connected.set()
+
+    def _receive(self, handler: Handler, response: orchestrator_pb2.WorkResponse) -> None:
+        kind = response.WhichOneof("kind")
+        if kind == "ack":
+            self._acknowledged(response.ack)
+        elif kind == "lease":
+            self._free = max(self._free - 1, 0)
+            handler.leased(response.lease)
+        elif kind == "cancel":
+            handler.cancelled(response.cancel.run_id, response.cancel.epoch)
+        elif kind == "lost":
+            for lease in response.lost.leases:
+                handler.lost(lease.run_id, lease.epoch)
+
+    def _acknowledged(self, ack: orchestrator_pb2.WorkAck) -> None:
+        entry = self._unanswered.get(ack.id)
+        if entry is None or entry[1].done():
+            return  # answered on an earlier stream already, or its writer gave up
+        _, answer = entry
+        if ack.code:
+            status = _STATUS.get(ack.code, grpc.StatusCode.UNKNOWN)
+            answer.set_exception(from_status(status, ack.message, ack.error_code))
+        else:
+            answer.set_result(getattr(ack, str(ack.WhichOneof("result"))))
+
+    async def _keepalive(
+        self, handler: Handler, outbox: asyncio.Queue[orchestrator_pb2.WorkRequest]
+    ) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._keepalive_due.wait(), self._keepalive_s)
+            self._keepalive_due.clear()
+            held = [_held(h) for h in handler.held()]
+            outbox.put_nowait(
+                orchestrator_pb2.WorkRequest(keepalive=orchestrator_pb2.WorkKeepalive(held=held))
+            )
+
+    def goodbye(self) -> None:
+        """Take no more leases (the worker is stopping); writes still go until `close`."""
+        self._free = 0
+        self._leaving = True
+        if self._outbox is not None:
+            self._outbox.put_nowait(
+                orchestrator_pb2.WorkRequest(goodbye=orchestrator_pb2.WorkGoodbye())
+            )
+
+    async def close(self) -> None:
+        """End the stream (after `goodbye`, once the attempts are over) and stop."""
+        self._closing = True
+        if self._outbox is not None:
+            self._outbox.put_nowait(_END)
+
+
+# The sentinel that ends a stream's request iterator.
+_END = orchestrator_pb2.WorkRequest()
+_STATUS = {code.value[0]: code for code in grpc.StatusCode}
+# Refusals of a stream that reconnecting cannot mend. (UNIMPLEMENTED is not one: an orchestrator
+# of the release before Work is upgraded during a rollout; roll out orchestrators first.)
+_FOR_GOOD = frozenset(
+    {
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+    }
+)
+
+
+async def _drain(outbox: asyncio.Queue[orchestrator_pb2.WorkRequest]) -> Any:
+    """The requests of one stream, as they are queued, until the end sentinel."""
+    while True:
+        message = await outbox.get()
+        if message is _END:
+            return
+        yield message
+
+
+def _held(held: Held) -> orchestrator_pb2.HeldLease:
+    return orchestrator_pb2.HeldLease(
+        run_id=held.run_id, epoch=held.epoch, idle_ms=int(held.idle_s * 1000)
+    )
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc)
