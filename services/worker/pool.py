@@ -63,12 +63,18 @@ class WorkerPool:
     def leased(self, lease: orchestrator_pb2.ClaimRunResponse) -> None:
         """Run a pushed lease (one credit spent on it)."""
         assignment = assignment_from_proto(lease)
-        if self._stopping or assignment.run_id in self._running:
-            # Granted before the stop, or pushed again: hand it back untouched.
+        if self._stopping:
+            # Granted before the stop: hand it back untouched.
             handing = asyncio.ensure_future(self._hand_back(assignment))
             self._supervised.add(handing)
             handing.add_done_callback(self._supervised.discard)
             return
+        earlier = self._running.get(assignment.run_id)
+        if earlier is not None:
+            # Leased again: the attempt still here lost its lease (the orchestrator reaped it),
+            # so it stops, and the new lease runs.
+            old = earlier[0].lease
+            earlier[0].stop_with(StaleLease(f"lease epoch {old.epoch} of run {old.run_id} lapsed"))
         attempt = self._make_attempt(assignment)
         task = asyncio.ensure_future(attempt.execute())
         task.set_name(f"attempt-{assignment.run_id}")
@@ -120,7 +126,8 @@ class WorkerPool:
             log.exception("run %s: attempt crashed", run_id)
             await self._crashed(attempt)
         finally:
-            self._running.pop(run_id, None)
+            if self._running.get(run_id, (None,))[0] is attempt:
+                del self._running[run_id]
             if not self._stopping:
                 self._stream.grant(1)
 
@@ -140,6 +147,8 @@ class WorkerPool:
                 await attempt.outcomes.cancelled(attempt.cancel_reason)
         except StaleLease:
             pass
+        except Exception:  # the lease lapses and the reaper ends the run
+            log.exception("run %s: could not report how it was stopped", attempt.run_id)
 
     async def _crashed(self, attempt: Attempt) -> None:
         # An unexpected exception is still an outcome: finalise as failed rather than leave
@@ -159,7 +168,9 @@ class WorkerPool:
 
     async def _watch_progress(self) -> None:
         """Cancel an attempt that made no progress for the progress deadline (a hung model
-        stream or tool): its run is retried. Checked at a tenth of the deadline."""
+        stream or tool): its run is retried. Checked at a tenth of the deadline, the one the
+        orchestrator gives (it stops renewing such a lease at that deadline)."""
+        await self._stream.connected.wait()
         while True:
             deadline = self._stream.progress_deadline_s
             await asyncio.sleep(deadline / 10)

@@ -86,11 +86,13 @@ class ServiceSet:
             )
 
     def _env_for(self, name: str, extra: Mapping[str, str]) -> dict[str, str]:
-        env = {**os.environ, **self.env, **service_env(self.credentials, name), **extra}
+        """The process's environment: the stack's, its credential, the running services'
+        addresses and `extra`, which wins (e.g. a worker given two orchestrator replicas)."""
+        env = {**os.environ, **self.env, **service_env(self.credentials, name)}
         for dep, addr in self.addresses().items():
             env[f"TETHER_{dep.upper()}_ADDR"] = addr
         env[f"TETHER_{name.upper()}_HOST"] = "127.0.0.1"
-        return env
+        return {**env, **extra}
 
     async def start(
         self,
