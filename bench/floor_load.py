@@ -5,10 +5,10 @@ each, in autocommit, as admission, the claim's lease and the completion each nee
 and one streamed SDK call to the model, fully consumed.
 
 `python -m bench.floor_load MODEL_URL GATEWAY_ADDR DB_URL ITERATIONS CONCURRENCY` warms up,
-prints `ready`, waits for a line on stdin, runs, then prints `{"start": ..., "end": ...,
-"cpu_s": ..., "latencies_ms": [...]}` (start and end on the monotonic clock, comparable across
-processes; cpu_s its own CPU over the timed loops), so several processes can be timed as one
-load.
+prints `ready`, then for each line on stdin runs ITERATIONS and prints `{"start": ..., "end":
+..., "cpu_s": ..., "latencies_ms": [...]}` (start and end on the monotonic clock, comparable
+across processes; cpu_s its own CPU over the timed loops), so several processes can be timed
+as one load, again and again; it ends when stdin does.
 """
 
 from __future__ import annotations
@@ -54,18 +54,19 @@ async def _load(
 
     try:
         await asyncio.gather(*(loop(10) for _ in range(concurrency)))  # warm-up
-        latencies_ms.clear()
         print("ready", flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-        start, cpu_start = time.monotonic(), cpu_s(os.getpid())
-        await asyncio.gather(*(loop(iterations // concurrency) for _ in range(concurrency)))
-        span = {
-            "start": start,
-            "end": time.monotonic(),
-            "cpu_s": cpu_s(os.getpid()) - cpu_start,
-            "latencies_ms": latencies_ms,
-        }
-        print(json.dumps(span), flush=True)
+        read_line = asyncio.get_running_loop().run_in_executor
+        while await read_line(None, sys.stdin.readline):
+            latencies_ms.clear()
+            start, cpu_start = time.monotonic(), cpu_s(os.getpid())
+            await asyncio.gather(*(loop(iterations // concurrency) for _ in range(concurrency)))
+            span = {
+                "start": start,
+                "end": time.monotonic(),
+                "cpu_s": cpu_s(os.getpid()) - cpu_start,
+                "latencies_ms": latencies_ms,
+            }
+            print(json.dumps(span), flush=True)
     finally:
         await sdk.close()
         await channel.close()

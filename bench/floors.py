@@ -38,7 +38,8 @@ class FloorLoad:
     concurrency: int
 
     async def go(self) -> FloorResult:
-        """Start every process at once; wait for all to finish."""
+        """Start every process at once on one pass of its loops; wait for all to finish
+        (another pass may follow)."""
         for process in self.processes:
             assert process.stdin is not None
             process.stdin.write(b"go\n")

@@ -128,13 +128,14 @@ async def completions(redis_url: str) -> AsyncIterator[Completions]:
 # -- checkpoint cost at turn 1 and deep into a conversation -------------------------------------
 
 
-def clone_sql(table: Table, key: str, overrides: dict[str, str]) -> str:
-    """INSERT ... SELECT copying `table`'s rows where `key` = $1 once per g in 1..$2."""
+def clone_sql(table: Table, key: str, overrides: dict[str, str], source: str | None = None) -> str:
+    """INSERT ... SELECT copying `table`'s rows (or those of `source`, a table of the same
+    columns) where `key` = $1 once per g in 1..$2."""
     columns = [c.name for c in table.columns if c.identity is None]
     exprs = [overrides.get(c, f"t.{c}") for c in columns]
     return (
         f"INSERT INTO {table.name} ({', '.join(columns)}) "
-        f"SELECT {', '.join(exprs)} FROM {table.name} t, generate_series(1, $2::int) g "
+        f"SELECT {', '.join(exprs)} FROM {source or table.name} t, generate_series(1, $2::int) g "
         f"WHERE t.{key} = $1"
     )
 
@@ -335,13 +336,13 @@ async def _requests_of(model: Model, key: str) -> list[dict[str, Any]]:
 
 
 async def light_e2e(
-    client: TetherClient, done: Completions, runs: int
+    client: TetherClient, done: Completions, runs: int, *, warmup: int = 10
 ) -> tuple[list[float], dict[str, int]]:
-    """ms from admission to the terminal event of `runs` one-turn runs, one at a time, after a
-    warm-up; and how they ended."""
+    """ms from admission to the terminal event of `runs` one-turn runs, one at a time, after
+    `warmup` more (connections, caches, both workers' code paths); and how they ended."""
     tag = uuid.uuid4().hex[:8]
     outcomes: dict[str, int] = {}
-    for i in range(10):  # warm-up: connections, caches, both workers' code paths
+    for i in range(warmup):
         await _one_run(client, done, PROMPT, f"lat-warm-{tag}-{i}")
     samples = []
     for i in range(runs):
