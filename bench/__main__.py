@@ -5,9 +5,14 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import admission, runs, stream
+from bench import admission, hotpath, runs, stream
 
-GROUPS = {"admission": admission.run, "runs": runs.run, "stream": stream.run}
+GROUPS = {
+    "admission": admission.run,
+    "hotpath": hotpath.run,
+    "runs": runs.run,
+    "stream": stream.run,
+}
 
 
 def main() -> None:

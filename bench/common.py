@@ -90,53 +90,97 @@ class BenchStack:
     api_key: str
 
 
+@dataclass
+class Servers:
+    """The PostgreSQL server and Redis a bench runs against; `pg` and `redis` are set when the
+    bench started them itself (embedded), None when the environment named them."""
+
+    scratch: Path
+    server_url: str
+    redis_url: str
+    pg: EmbeddedPostgres | None
+    redis: EmbeddedRedis | None
+
+
+@asynccontextmanager
+async def bench_servers(*, embedded: bool = False) -> AsyncIterator[Servers]:
+    """Embedded servers, or TETHER_DATABASE_URL / TETHER_REDIS_URL unless `embedded`."""
+    scratch = Path(tempfile.mkdtemp(prefix="tether-bench-"))
+    pg = redis = None
+    server_url = "" if embedded else os.environ.get("TETHER_DATABASE_URL", "")
+    redis_url = "" if embedded else os.environ.get("TETHER_REDIS_URL", "")
+    try:
+        if not server_url:
+            pg = EmbeddedPostgres(scratch / "pg")
+            server_url = await asyncio.to_thread(pg.start)
+        if not redis_url:
+            redis = EmbeddedRedis(scratch / "redis")
+            redis_url = await redis.start()
+        yield Servers(scratch, server_url, redis_url, pg, redis)
+    finally:
+        if redis is not None:
+            redis.stop()
+        if pg is not None:
+            pg.stop()
+
+
+@asynccontextmanager
+async def bench_database(server_url: str) -> AsyncIterator[tuple[str, str]]:
+    """A fresh, migrated database with the `bench` tenant: (its URL, a client key), dropped on
+    exit."""
+    name = f"tether_bench_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(server_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        db_url = database_url(server_url, name)
+        try:
+            await upgrade(db_url)
+            engine = create_engine(db_url, pool_size=1)
+            async with engine.begin() as conn:
+                await apikeys.ensure_tenant(conn, "bench")
+                key, _ = await apikeys.create_key(conn, "bench", "bench", apikeys.CLIENT_SCOPES)
+            await engine.dispose()
+            yield db_url, key
+        finally:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+def service_set(
+    run_dir: Path,
+    db_url: str,
+    redis_url: str,
+    service_credentials: dict[str, str],
+    extra_env: dict[str, str] | None = None,
+    kind: type[ServiceSet] = ServiceSet,
+) -> ServiceSet:
+    """Services (not started) on `db_url` and `redis_url`, logging warnings only."""
+    return kind(
+        run_dir,
+        {
+            "TETHER_DATABASE_URL": db_url,
+            "TETHER_REDIS_URL": redis_url,
+            "TETHER_LOG_LEVEL": "WARNING",
+            **(extra_env or {}),
+        },
+        service_credentials,
+    )
+
+
 @asynccontextmanager
 async def bench_stack(
     names: tuple[str, ...] = ("orchestrator", "admission", "gateway"),
     extra_env: dict[str, str] | None = None,
 ) -> AsyncIterator[BenchStack]:
     """A stack on embedded servers (or TETHER_DATABASE_URL / TETHER_REDIS_URL)."""
-    scratch = Path(tempfile.mkdtemp(prefix="tether-bench-"))
-    pg = redis = None
-    server_url = os.environ.get("TETHER_DATABASE_URL", "")
-    if not server_url:
-        pg = EmbeddedPostgres(scratch / "pg")
-        server_url = await asyncio.to_thread(pg.start)
-    redis_url = os.environ.get("TETHER_REDIS_URL", "")
-    if not redis_url:
-        redis = EmbeddedRedis(scratch / "redis")
-        redis_url = await redis.start()
-    name = f"tether_bench_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(server_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    db_url = database_url(server_url, name)
-    services = None
-    try:
-        await upgrade(db_url)
-        engine = create_engine(db_url, pool_size=1)
-        async with engine.begin() as conn:
-            await apikeys.ensure_tenant(conn, "bench")
-            key, _ = await apikeys.create_key(conn, "bench", "bench", apikeys.CLIENT_SCOPES)
-        await engine.dispose()
+    async with bench_servers() as servers, bench_database(servers.server_url) as (db_url, key):
         service_credentials = credentials.generate()
-        services = ServiceSet(
-            scratch / "run",
-            {
-                "TETHER_DATABASE_URL": db_url,
-                "TETHER_REDIS_URL": redis_url,
-                "TETHER_LOG_LEVEL": "WARNING",
-                **(extra_env or {}),
-            },
-            service_credentials,
+        services = service_set(
+            servers.scratch / "run", db_url, servers.redis_url, service_credentials, extra_env
         )
-        await services.start_all(names)
-        yield BenchStack(services, db_url, redis_url, service_credentials, key)
-    finally:
-        if services is not None:
+        try:
+            await services.start_all(names)
+            yield BenchStack(services, db_url, servers.redis_url, service_credentials, key)
+        finally:
             await services.stop_all()
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
-        if redis is not None:
-            redis.stop()
-        if pg is not None:
-            pg.stop()

@@ -5,14 +5,17 @@ each, in autocommit, as admission, the claim's lease and the completion each nee
 and one streamed SDK call to the model, fully consumed.
 
 `python -m bench.floor_load MODEL_URL GATEWAY_ADDR DB_URL ITERATIONS CONCURRENCY` warms up,
-prints `ready`, waits for a line on stdin, runs, then prints `{"start": ..., "end": ...}`
-(monotonic clock, comparable across processes), so several processes can be timed as one load.
+prints `ready`, then for each line on stdin runs ITERATIONS and prints `{"start": ..., "end":
+..., "cpu_s": ..., "latencies_ms": [...]}` (start and end on the monotonic clock, comparable
+across processes; cpu_s its own CPU over the timed loops), so several processes can be timed
+as one load, again and again; it ends when stdin does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 
@@ -21,7 +24,8 @@ import grpc
 from anthropic import AsyncAnthropic
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.runs import BENCH_REQUEST, streamed_call
+from bench.cpu import cpu_s
+from bench.model import BENCH_REQUEST, streamed_call
 from tether.runtime.process import run
 
 COMMITS = 3
@@ -36,21 +40,33 @@ async def _load(
     health = health_pb2_grpc.HealthStub(channel)
     pool = await asyncpg.create_pool(db_url, min_size=concurrency, max_size=concurrency)
 
+    latencies_ms: list[float] = []
+
     async def loop(count: int) -> None:
         for _ in range(count):
+            began = time.perf_counter()
             await health.Check(health_pb2.HealthCheckRequest())
             async with pool.acquire() as conn:
                 for _ in range(COMMITS):
                     await conn.execute(INSERT)
             await streamed_call(sdk, BENCH_REQUEST)
+            latencies_ms.append((time.perf_counter() - began) * 1000)
 
     try:
         await asyncio.gather(*(loop(10) for _ in range(concurrency)))  # warm-up
         print("ready", flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-        start = time.monotonic()
-        await asyncio.gather(*(loop(iterations // concurrency) for _ in range(concurrency)))
-        print(json.dumps({"start": start, "end": time.monotonic()}), flush=True)
+        read_line = asyncio.get_running_loop().run_in_executor
+        while await read_line(None, sys.stdin.readline):
+            latencies_ms.clear()
+            start, cpu_start = time.monotonic(), cpu_s(os.getpid())
+            await asyncio.gather(*(loop(iterations // concurrency) for _ in range(concurrency)))
+            span = {
+                "start": start,
+                "end": time.monotonic(),
+                "cpu_s": cpu_s(os.getpid()) - cpu_start,
+                "latencies_ms": latencies_ms,
+            }
+            print(json.dumps(span), flush=True)
     finally:
         await sdk.close()
         await channel.close()

@@ -14,20 +14,20 @@ import contextlib
 import json
 import os
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import asyncpg
 import redis.asyncio as redis
 from anthropic import AsyncAnthropic
 from sqlalchemy import Table
 
 from bench.common import BenchStack, bench_stack, emit, percentile
+from bench.floors import FLOOR_EACH_RUN, floor_load
+from bench.model import BENCH_REQUEST, MODEL, PROMPT, Model, model_server, streamed_call
 from tether.client import TetherClient
 from tether.db import schema
 from tether.hints import EVENTS_PATTERN
@@ -53,56 +53,16 @@ HISTORY_TURNS = 500  # the measured run is this turn of its conversation
 CHECKPOINTS = 200
 CHECKPOINT_WARMUP = 20
 
-MODEL = "claude-sonnet-5-5"  # the routing default, so bare calls name the same model
-PROMPT = "bench: reply in one short sentence"  # no tool intent: the demo agent answers at once
-BENCH_REQUEST: dict[str, Any] = {
-    "model": MODEL,
-    "max_tokens": 4096,
-    "messages": [{"role": "user", "content": PROMPT}],
-}
 TERMINAL = {"run.completed": "completed", "run.failed": "failed", "run.cancelled": "cancelled"}
 
 
-# -- the local model, out of process ------------------------------------------------------------
-
-
-@dataclass
-class Model:
-    """A model server process: its base URL and its scripting endpoint."""
-
-    base_url: str
-    http: aiohttp.ClientSession
-
-    async def script(self, key: str, turns: list[dict[str, Any]]) -> None:
-        """Queue turns for requests whose script key is `key`."""
-        async with self.http.post(
-            f"{self.base_url}/_script", json={"key": key, "turns": turns}
-        ) as response:
-            response.raise_for_status()
-
-
-@contextlib.asynccontextmanager
-async def model_server() -> AsyncIterator[Model]:
-    """`python -m tether.testing.model_server --port 0`, stopped on exit."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tether.testing.model_server",
-        "--port",
-        "0",
-        stdout=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert process.stdout is not None
-        line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
-        if not line.startswith("model-server listening "):
-            raise RuntimeError(f"model server did not start: {line!r}")
-        async with aiohttp.ClientSession() as http:
-            yield Model(line.split()[-1], http)
-    finally:
-        if process.returncode is None:
-            process.terminate()
-            await process.wait()
+def worker_env(model: Model) -> dict[str, str]:
+    """What a bench worker runs with: the local model, the default concurrency."""
+    return {
+        "TETHER_WORKER_ANTHROPIC_BASE_URL": model.base_url,
+        "TETHER_WORKER_ANTHROPIC_API_KEY": "bench",
+        "TETHER_WORKER_CONCURRENCY": str(WORKER_CONCURRENCY),
+    }
 
 
 # -- completion as clients observe it: the terminal event on Redis ------------------------------
@@ -127,11 +87,16 @@ class Completions:
             waiter.set_result(self.seen[run_id])
 
     async def wait(self, run_id: str) -> tuple[float, str]:
-        """(perf_counter when the terminal event arrived, outcome) of `run_id`."""
+        """(perf_counter when the terminal event arrived, outcome) of `run_id`, within
+        RUN_TIMEOUT_S."""
+        return await asyncio.wait_for(self.ending(run_id), RUN_TIMEOUT_S)
+
+    async def ending(self, run_id: str) -> tuple[float, str]:
+        """As `wait`, however long it takes."""
         if run_id in self.seen:
             return self.seen[run_id]
         waiter = self.waiters[run_id] = asyncio.get_running_loop().create_future()
-        return await asyncio.wait_for(waiter, RUN_TIMEOUT_S)
+        return await waiter
 
 
 @contextlib.asynccontextmanager
@@ -163,13 +128,14 @@ async def completions(redis_url: str) -> AsyncIterator[Completions]:
 # -- checkpoint cost at turn 1 and deep into a conversation -------------------------------------
 
 
-def _clone_sql(table: Table, key: str, overrides: dict[str, str]) -> str:
-    """INSERT ... SELECT copying `table`'s rows where `key` = $1 once per g in 1..$2."""
+def clone_sql(table: Table, key: str, overrides: dict[str, str], source: str | None = None) -> str:
+    """INSERT ... SELECT copying `table`'s rows (or those of `source`, a table of the same
+    columns) where `key` = $1 once per g in 1..$2."""
     columns = [c.name for c in table.columns if c.identity is None]
     exprs = [overrides.get(c, f"t.{c}") for c in columns]
     return (
         f"INSERT INTO {table.name} ({', '.join(columns)}) "
-        f"SELECT {', '.join(exprs)} FROM {table.name} t, generate_series(1, $2::int) g "
+        f"SELECT {', '.join(exprs)} FROM {source or table.name} t, generate_series(1, $2::int) g "
         f"WHERE t.{key} = $1"
     )
 
@@ -185,7 +151,7 @@ async def _clone_turns(db_url: str, run_id: str, copies: int) -> None:
                 "SELECT message_id FROM runs WHERE run_id = $1", run_id
             )
             await conn.execute(
-                _clone_sql(
+                clone_sql(
                     schema.messages,
                     "message_id",
                     {
@@ -198,7 +164,7 @@ async def _clone_turns(db_url: str, run_id: str, copies: int) -> None:
                 copies,
             )
             await conn.execute(
-                _clone_sql(
+                clone_sql(
                     schema.runs,
                     "run_id",
                     {
@@ -212,7 +178,7 @@ async def _clone_turns(db_url: str, run_id: str, copies: int) -> None:
                 copies,
             )
             for table in (schema.run_parts, schema.run_events, schema.usage_turns, schema.attempts):
-                await conn.execute(_clone_sql(table, "run_id", {"run_id": new_run}), run_id, copies)
+                await conn.execute(clone_sql(table, "run_id", {"run_id": new_run}), run_id, copies)
         await conn.execute("ANALYZE")
     finally:
         await conn.close()
@@ -361,21 +327,29 @@ async def _bare_calls(
     return samples
 
 
-async def streamed_call(
-    sdk: AsyncAnthropic, request: dict[str, Any], headers: dict[str, str] | None = None
-) -> None:
-    """One streamed Messages call made straight with the SDK, every event consumed."""
-    stream = await sdk.messages.create(**request, stream=True, extra_headers=headers or {})
-    async for _event in stream:
-        pass
-
-
 async def _requests_of(model: Model, key: str) -> list[dict[str, Any]]:
     """Bodies of the requests the model server saw under script key `key`, in order."""
     async with model.http.get(f"{model.base_url}/_requests") as response:
         response.raise_for_status()
         log = (await response.json())["requests"]
     return [r["body"] for r in log if r["script_key"] == key]
+
+
+async def light_e2e(
+    client: TetherClient, done: Completions, runs: int, *, warmup: int = 10
+) -> tuple[list[float], dict[str, int]]:
+    """ms from admission to the terminal event of `runs` one-turn runs, one at a time, after
+    `warmup` more (connections, caches, both workers' code paths); and how they ended."""
+    tag = uuid.uuid4().hex[:8]
+    outcomes: dict[str, int] = {}
+    for i in range(warmup):
+        await _one_run(client, done, PROMPT, f"lat-warm-{tag}-{i}")
+    samples = []
+    for i in range(runs):
+        ms, outcome = await _one_run(client, done, PROMPT, f"lat-{tag}-{i}")
+        samples.append(ms)
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    return samples, outcomes
 
 
 async def latency(client: TetherClient, done: Completions, model: Model) -> None:
@@ -388,11 +362,8 @@ async def latency(client: TetherClient, done: Completions, model: Model) -> None
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
         return ms
 
-    for i in range(10):  # warm-up: connections, caches, both workers' code paths
-        await run_one(PROMPT, f"lat-warm-{tag}-{i}")
-    outcomes.clear()
-    e2e = [await run_one(PROMPT, f"lat-{tag}-{i}") for i in range(LATENCY_RUNS)]
-    light = {"runs": LATENCY_RUNS, "workers": WORKERS, "outcomes": dict(outcomes)}
+    e2e, light_outcomes = await light_e2e(client, done, LATENCY_RUNS)
+    light = {"runs": LATENCY_RUNS, "workers": WORKERS, "outcomes": light_outcomes}
     emit("e2e_p50_ms", statistics.median(e2e), "ms", **light)
     emit("e2e_p99_ms", percentile(e2e, 99), "ms", **light)
 
@@ -476,64 +447,25 @@ async def floor(stack: BenchStack, model: Model) -> None:
     one bare streamed SDK call (see bench.floor_load), what every durable run costs whatever
     the design. No Redis, no logic: what this reaches, on this machine, bounds
     e2e_runs_per_s from above."""
-    gateway = stack.services.addresses()["gateway"]
-    db = await asyncpg.connect(stack.db_url)
-    try:
-        await db.execute(
-            "CREATE TABLE IF NOT EXISTS floor_probe "
-            "(id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())"
-        )
-    finally:
-        await db.close()
-    processes = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bench.floor_load",
-            model.base_url,
-            gateway,
-            stack.db_url,
-            str(FLOOR_ITERATIONS),
-            str(WORKER_CONCURRENCY),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        for _ in range(WORKERS)
-    ]
-    try:
-        for process in processes:
-            assert process.stdout is not None
-            ready = await asyncio.wait_for(process.stdout.readline(), 60)
-            if ready.strip() != b"ready":
-                raise RuntimeError(f"floor load did not start: {ready!r}")
-        for process in processes:
-            assert process.stdin is not None
-            process.stdin.write(b"go\n")
-            await process.stdin.drain()
-        spans = []
-        for process in processes:
-            assert process.stdout is not None
-            spans.append(json.loads(await asyncio.wait_for(process.stdout.readline(), 120)))
-    finally:
-        for process in processes:
-            if process.returncode is None:
-                process.kill()
-            await process.wait()
-    seconds = max(s["end"] for s in spans) - min(s["start"] for s in spans)
-    iterations = WORKERS * (FLOOR_ITERATIONS // WORKER_CONCURRENCY * WORKER_CONCURRENCY)
-    per_s = iterations / seconds
+    async with floor_load(
+        model.base_url,
+        stack.services.addresses()["gateway"],
+        stack.db_url,
+        processes=WORKERS,
+        iterations=FLOOR_ITERATIONS,
+        concurrency=WORKER_CONCURRENCY,
+    ) as load:
+        result = await load.go()
     emit(
         "e2e_floor_runs_per_s",
-        per_s,
+        result.per_s,
         "runs/s",
-        each_run="1 no-op unary RPC to the gateway (grpc.health.v1.Health/Check) + "
-        "3 single-row durable commits (autocommit inserts: admission, lease, completion) + "
-        "1 bare streamed SDK call to the local model, fully consumed",
+        each_run=FLOOR_EACH_RUN,
         processes=WORKERS,
         concurrency=WORKER_CONCURRENCY,
-        iterations=iterations,
-        seconds=round(seconds, 3),
-        cpu_ms_per_run=round((os.cpu_count() or 1) * 1000 / per_s, 3),
+        iterations=result.iterations,
+        seconds=round(result.seconds, 3),
+        cpu_ms_per_run=round((os.cpu_count() or 1) * 1000 / result.per_s, 3),
         note="an upper bound on e2e_runs_per_s on this machine: a run also needs the "
         "internal RPCs, queries, events, Redis and the logic of admission, claim and "
         "completion, none of which is in this loop",
@@ -543,18 +475,38 @@ async def floor(stack: BenchStack, model: Model) -> None:
 # -- throughput at saturation -------------------------------------------------------------------
 
 
-async def throughput(stack: BenchStack, client: TetherClient) -> None:
-    """Completed runs per second, first admit to last completion, with THROUGHPUT_RUNS runs each
-    in its own conversation; completion counted straight from the database."""
+@dataclass
+class Saturation:
+    """How a saturated batch of one-turn runs went: statuses counted in the database, wall
+    seconds from the first admission to the last terminal status seen, and to the last
+    admission."""
+
+    runs: int
+    statuses: dict[str, int]
+    seconds: float
+    admit_seconds: float
+
+    @property
+    def completed(self) -> int:
+        return self.statuses.get("completed", 0)
+
+    @property
+    def per_s(self) -> float:
+        return self.completed / self.seconds
+
+
+async def saturate(db_url: str, client: TetherClient, *, runs: int, poll_s: float) -> Saturation:
+    """Admit `runs` one-turn runs, each in its own conversation, from SUBMITTERS concurrent
+    callers, and wait until all are terminal, polling the database every `poll_s`."""
     tag = uuid.uuid4().hex[:8]
-    db = await asyncpg.connect(stack.db_url)
+    db = await asyncpg.connect(db_url)
     since = await db.fetchval("SELECT clock_timestamp()")
     count_sql = (
         "SELECT status, count(*) FROM runs WHERE tenant_id = 'bench' AND created_at >= $1 "
         "GROUP BY status"
     )
     queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(THROUGHPUT_RUNS):
+    for i in range(runs):
         queue.put_nowait(i)
     admitted_at = 0.0
 
@@ -574,30 +526,40 @@ async def throughput(stack: BenchStack, client: TetherClient) -> None:
             if submitters.done():
                 submitters.result()  # a failed submission fails the bench here, not later
             counts = dict(await db.fetch(count_sql, since))
-            if sum(counts.get(s, 0) for s in TERMINAL.values()) >= THROUGHPUT_RUNS:
+            if sum(counts.get(s, 0) for s in TERMINAL.values()) >= runs:
                 break
-            await asyncio.sleep(POLL_S)
+            await asyncio.sleep(poll_s)
         elapsed = time.perf_counter() - start
         await submitters
     finally:
         await db.close()
-    completed = counts.get("completed", 0)
-    failed = counts.get("failed", 0)
+    return Saturation(runs, counts, elapsed, admitted_at - start)
+
+
+async def throughput(stack: BenchStack, client: TetherClient) -> None:
+    """Completed runs per second, first admit to last completion, with THROUGHPUT_RUNS runs each
+    in its own conversation; completion counted straight from the database."""
+    result = await saturate(stack.db_url, client, runs=THROUGHPUT_RUNS, poll_s=POLL_S)
+    emit("e2e_runs_per_s", result.per_s, "runs/s", **saturation_config(result, POLL_S))
+
+
+def saturation_config(result: Saturation, poll_s: float) -> dict[str, Any]:
+    """What e2e_runs_per_s prints beside its value."""
     config: dict[str, Any] = {
-        "runs": THROUGHPUT_RUNS,
-        "completed": completed,
-        "failed": failed,
-        "statuses": counts,
+        "runs": result.runs,
+        "completed": result.completed,
+        "failed": result.statuses.get("failed", 0),
+        "statuses": result.statuses,
         "workers": WORKERS,
         "worker_concurrency": WORKER_CONCURRENCY,
         "submitters": SUBMITTERS,
-        "seconds": round(elapsed, 3),
-        "admit_seconds": round(admitted_at - start, 3),
-        "poll_ms": POLL_S * 1000,
+        "seconds": round(result.seconds, 3),
+        "admit_seconds": round(result.admit_seconds, 3),
+        "poll_ms": poll_s * 1000,
     }
-    if completed != THROUGHPUT_RUNS:
-        config["warning"] = f"{THROUGHPUT_RUNS - completed} runs did not complete"
-    emit("e2e_runs_per_s", completed / elapsed, "runs/s", **config)
+    if result.completed != result.runs:
+        config["warning"] = f"{result.runs - result.completed} runs did not complete"
+    return config
 
 
 async def run() -> None:
@@ -608,13 +570,8 @@ async def run() -> None:
         TetherClient(stack.services.addresses()["gateway"], stack.api_key) as client,
     ):
         await checkpoint_cost(stack, client)
-        worker_env = {
-            "TETHER_WORKER_ANTHROPIC_BASE_URL": model.base_url,
-            "TETHER_WORKER_ANTHROPIC_API_KEY": "bench",
-            "TETHER_WORKER_CONCURRENCY": str(WORKER_CONCURRENCY),
-        }
         for _ in range(WORKERS):
-            await stack.services.start("worker", extra_env=worker_env)
+            await stack.services.start("worker", extra_env=worker_env(model))
         async with completions(stack.redis_url) as done:
             await latency(client, done, model)
         await throughput(stack, client)
