@@ -3,6 +3,7 @@ a PostgreSQL outage becomes `tether.errors.Unavailable`."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import asyncpg
@@ -55,7 +56,10 @@ def _connect(dialect: Dialect, _record: ConnectionPoolEntry, cargs: Any, cparams
 
 
 def _translate(context: ExceptionContext) -> BaseException | None:
-    """A statement, commit or rollback that failed because the server went away."""
+    """A statement, commit or rollback that failed because the server went away. A cancelled
+    one stays cancelled: the task was cancelled, nothing is down."""
+    if isinstance(context.original_exception, asyncio.CancelledError):
+        return None
     if not (context.is_disconnect or is_outage(context.original_exception)):
         return None
     context.is_disconnect = True  # so the pool drops this connection and the ones beside it
