@@ -8,7 +8,7 @@ a subscriber that cannot decode one drops it and re-reads PostgreSQL.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,39 +74,50 @@ class LiveMessage:
     format: int = formats.CURRENT
 
 
-def encode_event(message: LiveMessage) -> str:
-    """The JSON form published on `events_channel(message.run_id)`."""
-    body: dict[str, Any] = {
-        "run_id": message.run_id,
-        "seq": message.seq,
-        "type": message.type,
-        "payload": dict(message.payload),
-        "format": message.format,
-    }
-    if message.created_at:
-        body["created_at"] = message.created_at
-    return json.dumps(body)
+def encode_events(messages: Sequence[LiveMessage]) -> str:
+    """The JSON form published on the run's channel (`events_channel`): the events of one run,
+    in seq order, as one message (a commit's events go out together: one publish, not one
+    each)."""
+    first = messages[0]
+    events = []
+    for message in messages:
+        event: dict[str, Any] = {
+            "seq": message.seq,
+            "type": message.type,
+            "payload": dict(message.payload),
+        }
+        if message.created_at:
+            event["created_at"] = message.created_at
+        events.append(event)
+    return json.dumps({"run_id": first.run_id, "format": first.format, "events": events})
 
 
-def decode_event(data: bytes | str) -> LiveMessage:
-    """The message `encode_event` wrote; ValueError when it is not one, or when a newer release
-    wrote it in a format this one does not read (the subscriber re-reads PostgreSQL)."""
+def decode_events(data: bytes | str) -> list[LiveMessage]:
+    """The events `encode_events` wrote (or, from the release before, one event alone);
+    ValueError when it is no such message, or when a newer release wrote it in a format this
+    one does not read (the subscriber re-reads PostgreSQL)."""
     try:
         raw = json.loads(data)
-        message = LiveMessage(
-            str(raw["run_id"]),
-            int(raw["seq"]),
-            str(raw["type"]),
-            raw.get("payload") or {},
-            str(raw.get("created_at") or ""),
-            # Releases before formats were recorded published format 1 without saying so.
-            int(raw.get("format", 1)),
-        )
+        run_id = str(raw["run_id"])
+        # Releases before formats were recorded published format 1 without saying so.
+        format = int(raw.get("format", 1))
+        events = raw.get("events", [raw])  # the release before sent one event alone
+        messages = [
+            LiveMessage(
+                run_id,
+                int(event["seq"]),
+                str(event["type"]),
+                event.get("payload") or {},
+                str(event.get("created_at") or ""),
+                format,
+            )
+            for event in events
+        ]
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a live event: {exc}") from exc
-    if message.format > formats.CURRENT:
-        raise ValueError(f"a live event in format {message.format}, newer than this release reads")
-    return message
+    if format > formats.CURRENT:
+        raise ValueError(f"a live event in format {format}, newer than this release reads")
+    return messages
 
 
 def _text(value: bytes | str) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 from tether.convert import event_to_proto
 from tether.domain import EventType
-from tether.hints import LiveMessage, decode_event, events_channel
+from tether.hints import LiveMessage, decode_events, events_channel
 from tether.runtime.subscription import Published, Subscription
 from tether.v1 import events_pb2
 
@@ -276,14 +276,16 @@ class EventHub:
         if not feeds:
             return
         try:
-            live = LiveEvent(decode_event(message.data))
+            decoded = decode_events(message.data)
         except ValueError as exc:
             log.warning("dropping an undecodable message on %s: %s", message.channel, exc)
             return
-        delta = live.type == EventType.TEXT_DELTA
-        for feed in list(feeds):
-            if delta and not feed.deltas:
-                continue
-            if not feed.offer(live):
-                self.close(feed)
-                feed.signal(Signal.OVERFLOWED)
+        for one in decoded:
+            live = LiveEvent(one)
+            delta = live.type == EventType.TEXT_DELTA
+            for feed in list(feeds):
+                if delta and not feed.deltas:
+                    continue
+                if not feed.offer(live):
+                    self.close(feed)
+                    feed.signal(Signal.OVERFLOWED)

@@ -12,7 +12,7 @@ from services.orchestrator.repositories.transitions import Moved
 from services.orchestrator.wakeups import Wakeups
 from tether.bus import Bus
 from tether.domain import StoredEvent
-from tether.hints import LiveMessage, encode_event, events_channel
+from tether.hints import LiveMessage, encode_events, events_channel
 
 
 class Publisher:
@@ -32,10 +32,8 @@ class Publisher:
         if self._bus is None or not events:
             return
         now = datetime.now(UTC).isoformat()
-        for stored in events:
-            event = stored.event
-            message = LiveMessage(run_id, stored.seq, event.type, event.payload, now)
-            self._bus.post(events_channel(run_id), encode_event(message))
+        messages = [LiveMessage(run_id, s.seq, s.event.type, s.event.payload, now) for s in events]
+        self._bus.post(events_channel(run_id), encode_events(messages))
         if delivered:
             await self._bus.delivered()
 

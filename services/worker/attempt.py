@@ -167,7 +167,7 @@ class Attempt:
         context_start = time.monotonic()
         allowlist = list(self.config.tool_allowlist)
         tools = [
-            *self._registry.specs(allowlist),
+            *self._registry.specs([n for n in allowlist if n not in BUILTIN_SPECS]),
             *(BUILTIN_SPECS[n] for n in allowlist if n in BUILTIN_SPECS),
         ]
         self.stages["context_ms"] = (time.monotonic() - context_start) * 1000

@@ -20,7 +20,7 @@ from services.worker.orchestrator_client import Orchestrator
 from services.worker.transcript import Transcript
 from tether.bus import Bus
 from tether.domain import Batch, text_delta
-from tether.hints import LiveMessage, encode_event, events_channel
+from tether.hints import LiveMessage, encode_events, events_channel
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,4 +172,4 @@ class CheckpointWriter:
 
 def _delta_json(run_id: str, part_index: int, text: str, offset: int) -> str:
     delta = text_delta(part_index, text, offset)
-    return encode_event(LiveMessage(run_id, 0, delta.type, delta.payload))
+    return encode_events([LiveMessage(run_id, 0, delta.type, delta.payload)])

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as redis
 
 from services.gateway.hub import EventHub, Feed, LiveEvent, Signal
-from tether.hints import LiveMessage, encode_event, events_channel
+from tether.hints import LiveMessage, encode_events, events_channel
 from tether.testing.eventually import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -48,7 +48,9 @@ async def test_a_followed_run_streams_and_a_lost_connection_resyncs_its_feed(
         feed = hub.open(deltas=False)
         assert await hub.follow(feed, run_id) is True
         assert hub.is_live(run_id)
-        await admin.publish(events_channel(run_id), encode_event(LiveMessage(run_id, 1, "x", {})))
+        await admin.publish(
+            events_channel(run_id), encode_events([LiveMessage(run_id, 1, "x", {})])
+        )
         item = await next_item(feed)
         assert isinstance(item, LiveEvent) and (item.run_id, item.seq) == (run_id, 1)
 
@@ -64,7 +66,9 @@ async def test_a_followed_run_streams_and_a_lost_connection_resyncs_its_feed(
             return hub.is_live(run_id)
 
         await eventually(live_again, what="the hub to resubscribe")
-        await admin.publish(events_channel(run_id), encode_event(LiveMessage(run_id, 2, "x", {})))
+        await admin.publish(
+            events_channel(run_id), encode_events([LiveMessage(run_id, 2, "x", {})])
+        )
         # The RESYNC of the new connection may have merged with the first, or be waiting still.
         item = await next_item(feed)
         while item is Signal.RESYNC:

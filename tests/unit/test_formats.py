@@ -9,7 +9,7 @@ from tether import formats
 from tether.convert import event_to_proto
 from tether.domain import EventType, Part, Role, ToolCall, part_added
 from tether.errors import StoredFormatTooNew
-from tether.hints import LiveMessage, decode_event, encode_event
+from tether.hints import LiveMessage, decode_events, encode_events
 
 # The part.added a release before formats wrote for a call cut mid-stream (ToolCallPart.cut).
 CUT_CALL_ADDED = {
@@ -48,9 +48,9 @@ def test_a_format_older_than_the_previous_is_refused_with_its_own_code() -> None
 
 def test_live_messages_carry_their_format_and_a_newer_one_is_dropped() -> None:
     message = LiveMessage("run_1", 2, EventType.RUN_QUEUED, {"reason": "resumed"})
-    assert decode_event(encode_event(message)) == message
+    assert decode_events(encode_events([message])) == [message]
     older = b'{"run_id": "run_1", "seq": 2, "type": "part.added", "payload": {}}'
-    assert decode_event(older).format == 1
-    newer = encode_event(LiveMessage("run_1", 2, "run.queued", {}, format=formats.CURRENT + 1))
+    assert decode_events(older)[0].format == 1
+    newer = encode_events([LiveMessage("run_1", 2, "run.queued", {}, format=formats.CURRENT + 1)])
     with pytest.raises(ValueError, match="newer than this release reads"):
-        decode_event(newer)
+        decode_events(newer)

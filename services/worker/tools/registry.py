@@ -33,6 +33,9 @@ from services.worker.tools.schema import check_schema, normalize, validate
 
 log = logging.getLogger(__name__)
 
+# Agents a worker has built the tool list of; past this many it builds them afresh.
+MAX_CACHED_ALLOWLISTS = 1000
+
 ENTRY_POINT_GROUP = "tether.tools"
 # Enough to fix several fields in one go without flooding the model's context.
 MAX_REPORTED_VIOLATIONS = 5
@@ -114,6 +117,7 @@ class ToolRegistry:
         the worker at startup instead of letting input through unchecked.
         """
         self._tools: dict[str, Tool] = {}
+        self._specs: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         for tool in tools:
             spec = tool.spec
             if spec.name in self._tools:
@@ -151,9 +155,14 @@ class ToolRegistry:
     def specs(self, allowlist: Sequence[str]) -> list[dict[str, Any]]:
         """Messages API tool params for the allowlisted tools, in allowlist order.
 
-        A name with no registered tool is skipped with a warning (a routing table ahead of the
-        deployed tools is a configuration drift, not a reason to fail the run).
+        A name with no registered tool is skipped with a warning, once per process (a routing
+        table ahead of the deployed tools is a configuration drift, not a reason to fail the
+        run). Built once per allowlist: every attempt of an agent asks for the same.
         """
+        key = tuple(allowlist)
+        cached = self._specs.get(key)
+        if cached is not None:
+            return cached
         params: list[dict[str, Any]] = []
         seen: set[str] = set()
         for name in allowlist:
@@ -165,6 +174,9 @@ class ToolRegistry:
                 log.warning("allowlist names unknown tool %r; it is not offered to the model", name)
                 continue
             params.append(tool.spec.to_anthropic())
+        if len(self._specs) > MAX_CACHED_ALLOWLISTS:
+            self._specs.clear()
+        self._specs[key] = params
         return params
 
     async def execute(
