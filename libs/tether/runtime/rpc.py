@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -14,13 +14,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tether.credentials import CREDENTIAL_KEY, POWERS, verifier
-from tether.errors import CODE_METADATA_KEY, InvalidArgument, TetherError, from_rpc_error
+from tether.errors import (
+    CODE_METADATA_KEY,
+    InvalidArgument,
+    PermissionDenied,
+    TetherError,
+    Unauthenticated,
+    from_rpc_error,
+)
 
 log = logging.getLogger(__name__)
-
-_OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
-
-Handler = Callable[[Any, grpc.aio.ServicerContext], Any]
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: TetherError) -> None:
@@ -82,28 +85,6 @@ async def _answered(context: grpc.aio.ServicerContext, behavior: Any) -> AsyncIt
         await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the service log")
 
 
-def _wrap_unary(behavior: Handler) -> Handler:
-    async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async with _answered(context, behavior):
-            _refuse_undecodable(request)
-            return await behavior(request, context)
-
-    return wrapper
-
-
-def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
-    """A server-streaming or a bidirectional handler (a bidirectional one's requests are an
-    iterator, whose undecodable items its handler refuses as it reads them)."""
-
-    async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        async with _answered(context, behavior):
-            _refuse_undecodable(request)
-            async for item in behavior(request, context):
-                yield item
-
-    return wrapper
-
-
 def refuse_undecodable(request: Any) -> Any:
     """`request`, or InvalidArgument when its bytes did not decode (for the requests a
     bidirectional handler reads)."""
@@ -111,86 +92,111 @@ def refuse_undecodable(request: Any) -> Any:
     return request
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no stubs
-    """Maps TetherError to its gRPC status, with the stable code in trailing metadata; a request
-    that does not decode is INVALID_ARGUMENT (`tolerant_deserializer`)."""
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary),
-                request_deserializer=tolerant_deserializer(handler.request_deserializer),
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(handler.unary_stream),
-                request_deserializer=tolerant_deserializer(handler.request_deserializer),
-                response_serializer=handler.response_serializer,
-            )
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(
-                _wrap_stream(handler.stream_stream),
-                request_deserializer=tolerant_deserializer(handler.request_deserializer),
-                response_serializer=handler.response_serializer,
-            )
-        return handler
-
-
-class CallerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Admits a call only from a service whose credential it can verify, and only to a method
-    `POWERS` grants that service.
-
-    Health and reflection stay open so probes work; everything else of an internal service is
-    reachable only from inside the platform, each caller within its own powers.
-    """
+class _Callers:
+    """Who calls, by the credential a call presents: verified once per credential (a lookup by
+    digest: the digest of a 256-bit secret leaks nothing through its timing), then known."""
 
     def __init__(self, verifiers: Mapping[str, str]) -> None:
-        self._callers = dict(verifiers)
+        self._by_digest = dict(verifiers)
+        self._known: dict[str, str] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        if details.method.startswith(_OPEN_PREFIXES):
-            return await continuation(details)
-        presented = dict(details.invocation_metadata or ()).get(CREDENTIAL_KEY, "")
-        # A lookup by digest: the digest of a 256-bit secret leaks nothing through its timing.
-        caller = self._callers.get(verifier(presented)) if isinstance(presented, str) else None
-        service, _, method = details.method.lstrip("/").partition("/")
+    def of(self, context: grpc.aio.ServicerContext) -> str | None:
+        """The calling service, or None when it presents no credential this server knows."""
+        presented = ""
+        for key, value in context.invocation_metadata() or ():
+            if key == CREDENTIAL_KEY and isinstance(value, str):
+                presented = value
+        caller = self._known.get(presented)
+        if caller is None and presented:
+            caller = self._by_digest.get(verifier(presented))
+            if caller is not None:
+                self._known[presented] = caller  # only known callers: the map stays small
+        return caller
+
+
+def _admit(callers: _Callers | None, allowed: frozenset[str], method: str) -> Callable[..., None]:
+    """The check a method makes of its caller before it runs: a service whose credential this
+    server knows, and which `POWERS` lets call it (none for a public server)."""
+
+    def check(context: grpc.aio.ServicerContext) -> None:
+        if callers is None:
+            return
+        caller = callers.of(context)
         if caller is None:
-            status = grpc.StatusCode.UNAUTHENTICATED
-            message = "internal service: calls must present a service credential it knows"
-        elif method in POWERS.get(service, {}).get(caller, frozenset()):
-            return await continuation(details)
-        else:
-            status = grpc.StatusCode.PERMISSION_DENIED
-            message = f"the {caller} service may not call {service}/{method}"
-
-        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
-            await context.abort(status, message)
-
-        handler = await continuation(details)
-        if handler is not None and handler.stream_stream is not None:
-
-            async def refuse_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-                await context.abort(status, message)
-                yield  # a generator, as a bidirectional handler is
-
-            return grpc.stream_stream_rpc_method_handler(
-                refuse_stream,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
+            raise Unauthenticated(
+                "internal service: calls must present a service credential it knows"
             )
-        return grpc.unary_unary_rpc_method_handler(refuse)
+        if caller not in allowed:
+            raise PermissionDenied(f"the {caller} service may not call {method}")
+
+    return check
+
+
+def _guarded(
+    handler: grpc.RpcMethodHandler, method: str, callers: _Callers | None
+) -> grpc.RpcMethodHandler:
+    """`handler` (the method `service/name`) wrapped once, at registration: the caller check,
+    undecodable requests refused as the caller's mistake, and TetherErrors answered with their
+    status and stable code. (grpc's server interceptors would do this on every call.)"""
+    service, _, name = method.partition("/")
+    allowed = frozenset(c for c, names in POWERS.get(service, {}).items() if name in names)
+    admit = _admit(callers, allowed, method)
+    deserializer = tolerant_deserializer(handler.request_deserializer)
+    serializer = handler.response_serializer
+    if handler.unary_unary is not None:
+        behavior = handler.unary_unary
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            async with _answered(context, behavior):
+                admit(context)
+                _refuse_undecodable(request)
+                return await behavior(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            unary, request_deserializer=deserializer, response_serializer=serializer
+        )
+    streaming = handler.unary_stream or handler.stream_stream
+    if streaming is None:
+        raise ValueError(f"{method}: client-streaming methods are not served")
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async with _answered(context, streaming):
+            admit(context)
+            _refuse_undecodable(request)  # a bidirectional handler checks each request it reads
+            async for item in streaming(request, context):
+                yield item
+
+    make = (
+        grpc.unary_stream_rpc_method_handler
+        if handler.unary_stream is not None
+        else grpc.stream_stream_rpc_method_handler
+    )
+    return make(stream, request_deserializer=deserializer, response_serializer=serializer)
+
+
+class _Registrar:
+    """What a service's `register` callables add their servicers to: each method is wrapped
+    once (`_guarded`), then served."""
+
+    def __init__(self, server: grpc.aio.Server, callers: _Callers | None) -> None:
+        self._server = server
+        self._callers = callers
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        """Ignored: the same methods come through `add_registered_method_handlers`."""
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]
+    ) -> None:
+        """Serve `service`'s methods, each wrapped once."""
+        wrapped = {
+            name: _guarded(handler, f"{service}/{name}", self._callers)
+            for name, handler in handlers.items()
+        }
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, wrapped),)
+        )
+        self._server.add_registered_method_handlers(service, wrapped)
 
 
 async def start_server(
@@ -213,10 +219,6 @@ async def start_server(
     `max_connection_age_grace_s` more to finish. Returns the server, the bound port and the
     health servicer (already SERVING).
     """
-    interceptors: list[grpc.aio.ServerInterceptor] = []
-    if verifiers is not None:
-        interceptors.append(CallerInterceptor(verifiers))
-    interceptors.append(ErrorInterceptor())
     options: list[tuple[str, int]] = [
         ("grpc.so_reuseport", 0),
         ("grpc.max_receive_message_length", 32 << 20),
@@ -225,9 +227,10 @@ async def start_server(
         options.append(("grpc.max_connection_age_ms", int(max_connection_age_s * 1000)))
     if max_connection_age_grace_s is not None:
         options.append(("grpc.max_connection_age_grace_ms", int(max_connection_age_grace_s * 1000)))
-    server = grpc.aio.server(interceptors=interceptors, options=options)
+    server = grpc.aio.server(options=options)
+    registrar = _Registrar(server, None if verifiers is None else _Callers(verifiers))
     for add in register:
-        add(server)
+        add(registrar)  # it takes what a servicer adds
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if reflection_on:
@@ -246,77 +249,88 @@ async def start_server(
     return server, bound, health_servicer
 
 
-class _Credential:
-    """Presents the caller's credential on every call."""
+class _UnaryCall:
+    """A unary method of another Tether service: the caller's credential on every call, and a
+    failure raised as the TetherError the callee raised (for a named callee)."""
 
-    def __init__(self, credential: str | None) -> None:
-        self._pair = (CREDENTIAL_KEY, credential) if credential else None
-
-    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        if self._pair is None:
-            return details
-        metadata = grpc.aio.Metadata(*(details.metadata or ()))
-        metadata.add(*self._pair)
-        return grpc.aio.ClientCallDetails(
-            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
-        )
-
-
-class _UnaryInterceptor(_Credential, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
-    """Presents the credential and, for a named callee, raises a call's failure as the
-    TetherError the callee raised."""
-
-    def __init__(self, credential: str | None, service: str | None) -> None:
-        super().__init__(credential)
+    def __init__(self, inner: Any, credential: tuple[str, str] | None, service: str | None) -> None:
+        self._inner = inner
+        self._credential = credential
         self._service = service
 
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        call = await continuation(self._details(details), request)
-        if self._service is None:
-            return call
+    def __call__(self, request: Any, *, metadata: Any = None, **kwargs: Any) -> Any:
+        call = self._inner(request, metadata=_with(metadata, self._credential), **kwargs)
+        return call if self._service is None else self._answered(call)
+
+    async def _answered(self, call: Any) -> Any:
         try:
-            await call
+            return await call
         except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, self._service) from exc
-        return call
+            raise from_rpc_error(exc, self._service or "") from exc
 
 
-class _UnaryStreamInterceptor(_Credential, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
-    """Presents the credential on a server-streaming call."""
+class _StreamCall:
+    """A streaming method of another Tether service: the caller's credential on every call."""
 
-    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
+    def __init__(self, inner: Any, credential: tuple[str, str] | None) -> None:
+        self._inner = inner
+        self._credential = credential
 
-
-class _StreamStreamInterceptor(_Credential, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
-    """Presents the credential on a bidirectional call."""
-
-    async def intercept_stream_stream(
-        self, continuation: Any, details: Any, request_iterator: Any
-    ) -> Any:
-        return await continuation(self._details(details), request_iterator)
+    def __call__(self, request: Any = None, *, metadata: Any = None, **kwargs: Any) -> Any:
+        return self._inner(request, metadata=_with(metadata, self._credential), **kwargs)
 
 
-def internal_channel(
-    address: str, credential: str | None, *, service: str | None = None
-) -> grpc.aio.Channel:
+def _with(metadata: Any, credential: tuple[str, str] | None) -> Any:
+    if credential is None:
+        return metadata
+    return (*(metadata or ()), credential)
+
+
+class InternalChannel:
+    """A channel to another Tether service (see `internal_channel`). Plain wrappers of the
+    methods the generated stubs ask for, not grpc interceptors: an aio interceptor costs a task
+    and an object chain on every call."""
+
+    def __init__(self, channel: grpc.aio.Channel, credential: str | None, service: str | None):
+        self._channel = channel
+        self._credential = (CREDENTIAL_KEY, credential) if credential else None
+        self._service = service
+
+    def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> _UnaryCall:
+        """A unary method (called by a generated stub)."""
+        inner = self._channel.unary_unary(method, *args, **kwargs)
+        return _UnaryCall(inner, self._credential, self._service)
+
+    def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> _StreamCall:
+        """A server-streaming method."""
+        return _StreamCall(self._channel.unary_stream(method, *args, **kwargs), self._credential)
+
+    def stream_unary(self, method: str, *args: Any, **kwargs: Any) -> _StreamCall:
+        """A client-streaming method."""
+        return _StreamCall(self._channel.stream_unary(method, *args, **kwargs), self._credential)
+
+    def stream_stream(self, method: str, *args: Any, **kwargs: Any) -> _StreamCall:
+        """A bidirectional method."""
+        return _StreamCall(self._channel.stream_stream(method, *args, **kwargs), self._credential)
+
+    async def close(self, grace: float | None = None) -> None:
+        """Close the channel."""
+        await self._channel.close(grace)
+
+    async def __aenter__(self) -> InternalChannel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def internal_channel(address: str, credential: str | None, *, service: str | None = None) -> Any:
     """A channel to another Tether service, presenting this service's credential when set.
 
     With `service` (the callee's name) a unary call's failure is raised as the same TetherError
     the callee raised, and the callee being unreachable as UNAVAILABLE naming it; without it
     (tests that look at status codes) the raw grpc.aio.AioRpcError is raised."""
-    # One object per kind of call: a channel files each interceptor under the first kind it is.
-    interceptors = (
-        [
-            _UnaryInterceptor(credential, service),
-            _UnaryStreamInterceptor(credential),
-            _StreamStreamInterceptor(credential),
-        ]
-        if credential or service
-        else None
+    channel = grpc.aio.insecure_channel(
+        address, options=[("grpc.max_receive_message_length", 32 << 20)]
     )
-    return grpc.aio.insecure_channel(
-        address,
-        interceptors=interceptors,
-        options=[("grpc.max_receive_message_length", 32 << 20)],
-    )
+    return InternalChannel(channel, credential, service)
