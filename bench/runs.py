@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import statistics
 import time
@@ -30,7 +29,7 @@ from bench.floors import FLOOR_EACH_RUN, floor_load
 from bench.model import BENCH_REQUEST, MODEL, PROMPT, Model, model_server, streamed_call
 from tether.client import TetherClient
 from tether.db import schema
-from tether.hints import EVENTS_PATTERN
+from tether.hints import EVENTS_PATTERN, decode_events
 from tether.runtime.rpc import internal_channel
 from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
@@ -76,15 +75,15 @@ class Completions:
     waiters: dict[str, asyncio.Future[tuple[float, str]]] = field(default_factory=dict)
 
     def record(self, raw: bytes) -> None:
-        message = json.loads(raw)
-        outcome = TERMINAL.get(message.get("type", ""))
-        if outcome is None:
-            return
-        run_id = message["run_id"]
-        self.seen[run_id] = (time.perf_counter(), outcome)
-        waiter = self.waiters.pop(run_id, None)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(self.seen[run_id])
+        for message in decode_events(raw):
+            outcome = TERMINAL.get(message.type)
+            if outcome is None:
+                continue
+            run_id = message.run_id
+            self.seen[run_id] = (time.perf_counter(), outcome)
+            waiter = self.waiters.pop(run_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(self.seen[run_id])
 
     async def wait(self, run_id: str) -> tuple[float, str]:
         """(perf_counter when the terminal event arrived, outcome) of `run_id`, within
