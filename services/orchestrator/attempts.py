@@ -3,8 +3,9 @@ attempt hands its run back: completed, failed or cancelled, or released for anot
 
 Every write is fenced by the lease epoch; a stale epoch is StaleLease (FAILED_PRECONDITION) and
 the worker abandons the attempt. Events are published only after their transaction commits.
-A completion is one statement (`repositories.completion`); failing or cancelling, rarer, take
-a few.
+Checkpoints and completions go through the replica's group committer: those that arrive
+together share a transaction, one that arrives alone is one statement. A completion is one
+statement (`repositories.completion`); failing or cancelling, rarer, take a few.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import completion, progress
 from services.orchestrator.repositories import leases as lease_repo
 from services.orchestrator.repositories import parts as parts_repo
+from services.orchestrator.repositories.committer import Committer
 from services.orchestrator.repositories.completion import (
     ending_error,
     ending_values,
@@ -85,12 +87,18 @@ class Attempts:
         prices: Prices,
         *,
         lease_ttl_s: float,
+        writers: int = 4,  # transactions the group committer keeps open at once (Committer)
     ) -> None:
         self._engine = engine
-        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._publisher = publisher
         self._prices = prices
         self._ttl = lease_ttl_s
+        self._committer = Committer(engine, writers=writers)
+
+    @property
+    def committer(self) -> Committer:
+        """The group committer checkpoints and completions are written through."""
+        return self._committer
 
     async def heartbeat(self, run_id: str, epoch: int) -> Row[Any]:
         """Extend the lease (its expiry and the cancel request); StaleLease when it is gone."""
@@ -106,9 +114,13 @@ class Attempts:
         epoch: int,
         batch: Batch,
     ) -> Row[Any]:
-        """Persist parts, events and priced turns under the lease, in one statement."""
-        async with self._autocommit.connect() as conn:
-            written = await self._write(conn, run_id, epoch, batch)
+        """Persist parts, events and priced turns under the lease, in one statement (with the
+        writes that arrive with it, in one transaction)."""
+
+        async def write(conn: AsyncConnection) -> tuple[Row[Any], list[StoredEvent]] | None:
+            return await self._write(conn, run_id, epoch, batch)
+
+        written = await self._committer.write(run_id, write)
         if written is None:
             # A numbered batch that landed already came with the completion, which ended the
             # lease: from here both cases are the same refusal.
@@ -191,8 +203,7 @@ class Attempts:
                 audit=audit,  # the usage is added by the statement, which totals it
             )
 
-        async with self._autocommit.connect() as conn:
-            ended = await write(conn)
+        ended = await self._committer.write(run_id, write)
         if ended is None:
             raise _stale(run_id, epoch)
         if ended.moved is None:
