@@ -140,6 +140,8 @@ class Claims:
 
         A tenant this replica has no routing for yet (or whose agent changed) costs one more
         claim statement, once: its runs come back unleased with the agent to resolve."""
+        if n <= 0:
+            return []
         leased: list[Row[Any]] = []
         broken: list[tuple[str, RunError]] = []
         routed_now: dict[str, float] = {}

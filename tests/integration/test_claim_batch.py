@@ -63,7 +63,10 @@ async def test_a_claim_of_eight_runs_is_one_statement_and_leases_the_oldest_firs
         claimed = await execution.claims.claim_many("w-8", 8)
     assert (len(eight.statements), eight.total) == (1, 1), eight
     assert [c.run.run_id for c in claimed] == admitted[2:10]
-    assert await execution.claims.claim_many("w-8", 8) == []
+    with counting(engine) as none:
+        assert await execution.claims.claim_many("w-8", 8) == []  # the queue is empty
+        assert await execution.claims.claim_many("w-8", 0) == []
+    assert len(none.statements) == 1, "a claim of nothing sends nothing"
 
     for c in claimed:
         assert (c.run.status, c.run.lease_owner, c.run.lease_epoch) == ("running", "w-8", 1)
