@@ -338,7 +338,7 @@ BEGIN
     -- The session's lock, then the search for its next message in a statement of its own.
 {_sql(LOCK_SESSION, session)}
     INTO _session;
-    IF FOUND AND _session.active_run_id = _run_id THEN
+    IF FOUND THEN
 {_sql(HAND_OVER, session, depth=2)}
         INTO _next;
     END IF;

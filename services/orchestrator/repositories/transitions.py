@@ -280,10 +280,14 @@ def _with_events(move: Update) -> Select[Any]:
     return select(moved).add_cte(appended_events(moved))
 
 
-# The session's lock, then (a statement of its own) the hand-over: see `hand_over_session`.
+# The session locked when the finishing run heads it (no row otherwise: nothing to hand over);
+# then, in a statement of its own, the hand-over. See `hand_over_session`.
 LOCK_SESSION = (
     select(sessions.c.active_run_id)
-    .where(sessions.c.session_id == bindparam("h_session_id"))
+    .where(
+        sessions.c.session_id == bindparam("h_session_id"),
+        sessions.c.active_run_id == bindparam("h_run_id"),
+    )
     .with_for_update()
 )
 _NEXT_QUEUED = (
@@ -323,10 +327,9 @@ async def hand_over_session(conn: AsyncConnection, session_id: str, run_id: str)
     sees every run admitted before the lock was granted (admission takes the same lock): no
     message is ever left queued behind a head that is gone.
     """
-    locked = (await conn.execute(LOCK_SESSION, {"h_session_id": session_id})).first()
-    if locked is None or locked.active_run_id != run_id:
-        return None
     params = {"h_session_id": session_id, "h_run_id": run_id}
+    if (await conn.execute(LOCK_SESSION, params)).first() is None:
+        return None
     # A statement of its own, after the lock: its snapshot sees every run admitted before.
     next_run: str | None = (await conn.execute(HAND_OVER, params)).scalar()
     return next_run

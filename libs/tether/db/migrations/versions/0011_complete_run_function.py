@@ -148,9 +148,9 @@ BEGIN
     -- The session's lock, then the search for its next message in a statement of its own.
     SELECT sessions.active_run_id
     FROM sessions
-    WHERE sessions.session_id = _moved.session_id FOR UPDATE
+    WHERE sessions.session_id = _moved.session_id AND sessions.active_run_id = _run_id FOR UPDATE
     INTO _session;
-    IF FOUND AND _session.active_run_id = _run_id THEN
+    IF FOUND THEN
         WITH next_run AS
         (SELECT runs.run_id AS run_id
         FROM runs
