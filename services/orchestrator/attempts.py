@@ -3,12 +3,15 @@ attempt hands its run back: completed, failed or cancelled, or released for anot
 
 Every write is fenced by the lease epoch; a stale epoch is StaleLease (FAILED_PRECONDITION) and
 the worker abandons the attempt. Events are published only after their transaction commits.
+Checkpoints and completions go through the replica's group committer: those that arrive
+together share a transaction, one that arrives alone is one statement. A completion is one
+statement (`repositories.completion`); failing or cancelling, rarer, take a few.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy.engine import Row
@@ -17,9 +20,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from services.orchestrator.cancellation import cancel_instead
 from services.orchestrator.prices import Prices
 from services.orchestrator.publisher import Publisher
+from services.orchestrator.repositories import completion, progress
 from services.orchestrator.repositories import leases as lease_repo
 from services.orchestrator.repositories import parts as parts_repo
-from services.orchestrator.repositories import progress
+from services.orchestrator.repositories.committer import Committer
+from services.orchestrator.repositories.completion import (
+    ending_error,
+    ending_values,
+    ending_warnings,
+)
 from services.orchestrator.repositories.transitions import NOW, Moved, apply
 from tether import states
 from tether.domain import (
@@ -31,7 +40,6 @@ from tether.domain import (
     Failed,
     ModelTurn,
     Part,
-    RunError,
     StoredEvent,
     close_attempt,
     run_cancelled,
@@ -73,13 +81,24 @@ class Attempts:
     """The lease's writes and its ends, on this replica."""
 
     def __init__(
-        self, engine: AsyncEngine, publisher: Publisher, prices: Prices, *, lease_ttl_s: float
+        self,
+        engine: AsyncEngine,
+        publisher: Publisher,
+        prices: Prices,
+        *,
+        lease_ttl_s: float,
+        writers: int = 4,  # transactions the group committer keeps open at once (Committer)
     ) -> None:
         self._engine = engine
-        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._publisher = publisher
         self._prices = prices
         self._ttl = lease_ttl_s
+        self._committer = Committer(engine, writers=writers)
+
+    @property
+    def committer(self) -> Committer:
+        """The group committer checkpoints and completions are written through."""
+        return self._committer
 
     async def heartbeat(self, run_id: str, epoch: int) -> Row[Any]:
         """Extend the lease (its expiry and the cancel request); StaleLease when it is gone."""
@@ -95,9 +114,13 @@ class Attempts:
         epoch: int,
         batch: Batch,
     ) -> Row[Any]:
-        """Persist parts, events and priced turns under the lease, in one transaction."""
-        async with self._autocommit.connect() as conn:
-            written = await self._write(conn, run_id, epoch, batch)
+        """Persist parts, events and priced turns under the lease, in one statement (with the
+        writes that arrive with it, in one transaction)."""
+
+        async def write(conn: AsyncConnection) -> tuple[Row[Any], list[StoredEvent]] | None:
+            return await self._write(conn, run_id, epoch, batch)
+
+        written = await self._committer.write(run_id, write)
         if written is None:
             # A numbered batch that landed already came with the completion, which ended the
             # lease: from here both cases are the same refusal.
@@ -147,10 +170,56 @@ class Attempts:
 
         A cancel accepted before it landed wins: the run ends cancelled instead (the worker's
         parts kept), whatever outcome the worker reported."""
+        if isinstance(done.ending, Completed):
+            completed = await self._complete(run_id, epoch, done, done.ending)
+            if completed is not None:
+                return completed
+            # A cancel was accepted first and nothing was written: the run ends cancelled, as
+            # any other ending would, below.
+        return await self._end(run_id, epoch, done)
+
+    async def _complete(
+        self, run_id: str, epoch: int, done: Completion, ending: Completed
+    ) -> Row[Any] | None:
+        """A completed run's ending in one statement; None when a cancel came first."""
+        flight = done.in_flight
+        audit = {**done.audit, "stages": done.stages, "warnings": list(ending.warnings)}
+
+        async def write(conn: AsyncConnection) -> completion.Ended | None:
+            priced_flight = None
+            if flight is not None:
+                priced = await self._prices.priced(conn, run_id, flight.turns)
+                priced_flight = replace(flight, turns=priced)
+            return await completion.complete(
+                conn,
+                run_id,
+                epoch,
+                ending,
+                in_flight=priced_flight,
+                parts=done.parts,
+                events=done.events,
+                turns=await self._prices.priced(conn, run_id, done.turns),
+                stages=_worker_stages(done),
+                audit=audit,  # the usage is added by the statement, which totals it
+            )
+
+        ended = await self._committer.write(run_id, write)
+        if ended is None:
+            raise _stale(run_id, epoch)
+        if ended.moved is None:
+            return None
+        self._prices.forget(run_id)
+        await self._publisher.publish(run_id, ended.landed)
+        await self._publisher.publish(run_id, ended.moved.events)
+        self._publisher.wake_next(ended.moved)  # the session's next message may now run
+        return ended.moved.row
+
+    async def _end(self, run_id: str, epoch: int, done: Completion) -> Row[Any]:
+        """An ending in a transaction of a few statements: a failure or a cancel (the calls
+        left open closed as interrupted), or a completion a cancel came before."""
         ending = done.ending
         transition = _FINISH[type(ending)]
-        # Routing happened here at claim time and is already on the attempt row.
-        worker_stages = {k: v for k, v in done.stages.items() if k != "routing_ms"}
+        worker_stages = _worker_stages(done)
         async with self._engine.begin() as conn:
             landed = None
             if done.in_flight is not None:
@@ -190,7 +259,7 @@ class Attempts:
                 events=[*before, _terminal_event(ending, usage)],
                 values={
                     **lease_repo.lease_cleared(),
-                    **_ending_values(ending),
+                    **ending_values(ending),
                     "finished_at": NOW,
                     "usage": usage,
                 },
@@ -209,7 +278,7 @@ class Attempts:
                     run_id,
                     epoch,
                     transition.target.value,
-                    error=_ending_error(ending),
+                    error=ending_error(ending),
                     stages=worker_stages,
                     audit=lease_repo.Audit(
                         moved.row.tenant_id,
@@ -218,7 +287,7 @@ class Attempts:
                             **done.audit,
                             "stages": done.stages,
                             "usage": usage,
-                            "warnings": list(_ending_warnings(ending)),
+                            "warnings": list(ending_warnings(ending)),
                         },
                     ),
                 )
@@ -267,26 +336,6 @@ def _terminal_event(ending: Ending, usage: dict[str, int]) -> Event:
     return run_cancelled(ending.reason)
 
 
-def _ending_error(ending: Ending) -> RunError | None:
-    if isinstance(ending, Failed):
-        return ending.error
-    if isinstance(ending, Cancelled):
-        # Retryable: the same inbound event delivered again makes a new run.
-        return RunError("cancelled", ending.reason, retryable=True)
-    return None
-
-
-def _ending_warnings(ending: Ending) -> tuple[str, ...]:
-    return ending.warnings if isinstance(ending, Completed) else ()
-
-
-def _ending_values(ending: Ending) -> dict[str, Any]:
-    """The run's columns an ending sets."""
-    error = _ending_error(ending)
-    completed = ending if isinstance(ending, Completed) else None
-    return {
-        "result_text": completed.result_text or None if completed else None,
-        "task_outcome": completed.task_outcome or None if completed else None,
-        "warnings": list(_ending_warnings(ending)),
-        "error": None if error is None else error.to_row(),
-    }
+def _worker_stages(done: Completion) -> dict[str, float]:
+    # Routing happened here at claim time and is already on the attempt row.
+    return {k: v for k, v in done.stages.items() if k != "routing_ms"}

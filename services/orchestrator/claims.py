@@ -1,6 +1,7 @@
-"""Claims: leasing the oldest claimable run to a worker (a long poll woken per run that may
-have become claimable), with the attempt's explicit inputs: routing (cached per tenant), the
-run's own parts and its session's history."""
+"""Claims: leasing the oldest claimable runs to a worker, a batch in one statement (or one run in
+a long poll woken per run that may have become claimable), with each attempt's explicit inputs:
+routing (resolved once per tenant agent, cached), the run's own parts and its session's
+history (read, for the whole batch in one more statement, only when some run has any)."""
 
 from __future__ import annotations
 
@@ -12,25 +13,33 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import Row
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator import routing
 from services.orchestrator.prices import Prices
 from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import leases as lease_repo
 from services.orchestrator.repositories import parts as parts_repo
-from services.orchestrator.repositories.transitions import NOW, Moved, apply
+from services.orchestrator.repositories.transitions import NOW, Moved, apply, numbered
 from tether import states
-from tether.domain import AgentConfig, Part, RunError, run_failed
-from tether.errors import FailedPrecondition, TetherError
+from tether.domain import AgentConfig, Part, RunError, run_failed, run_started
+from tether.errors import TetherError
 
 log = logging.getLogger(__name__)
 
-# How long a tenant's routing is reused; a changed agent configuration applies within this.
-ROUTING_CACHE_S = 5.0
-
 # The last seq of a run claimed for the first time: run.queued, then run.started.
 FRESH_RUN_SEQ = 2
+
+# Tenants whose routing is kept; past this many the cache starts over.
+MAX_ROUTES = 10_000
+
+
+@dataclass(frozen=True)
+class _Routing:
+    """A tenant's routing, resolved from its agent configuration as it stood then."""
+
+    agent: dict[str, Any]
+    config: AgentConfig
 
 
 @dataclass(frozen=True)
@@ -72,7 +81,7 @@ class Claims:
         self._claim_poll = claim_poll_s
         self._history_runs = history_runs
         self._empty_as_of = -1  # wakeups.generation when the last look that found nothing began
-        self._routes: dict[str, tuple[float, AgentConfig]] = {}
+        self._routes: dict[str, _Routing] = {}
 
     async def claim(self, worker_id: str, wait_s: float) -> Claimed | None:
         """Lease the oldest claimable run, waiting up to `wait_s` for one to appear."""
@@ -104,16 +113,6 @@ class Claims:
                 raise
             self._wakeups.leave(ticket, claimed=None, looking_again=True)
 
-    async def claim_many(self, worker_id: str, n: int) -> list[Claimed]:
-        """Lease up to `n` runs now, oldest first (none waited for)."""
-        leased: list[Claimed] = []
-        while len(leased) < n:
-            claimed = await self._claim_once(worker_id)
-            if claimed is None:
-                break
-            leased.append(claimed)
-        return leased
-
     async def poll_claimable(self) -> None:
         """The fallback for wake-ups lost on the way: every claim poll interval, while claims
         wait here, count the claimable runs and wake that many. One cheap query per replica,
@@ -133,69 +132,102 @@ class Claims:
                 self._wakeups.wake([""] * claimable)
 
     async def _claim_once(self, worker_id: str) -> Claimed | None:
-        broken: tuple[str, TetherError] | None = None
-        async with self._engine.begin() as conn:
-            candidate = await lease_repo.pick_candidate(conn)
-            if candidate is None:
-                return None
-            routing_start = time.perf_counter()
-            try:
-                config = await self._routing(conn, candidate.tenant_id)
-            except TetherError as exc:
-                broken = (candidate.run_id, exc)
-            else:
-                routing_ms = (time.perf_counter() - routing_start) * 1000
-                claimed = await self._lease(conn, candidate, worker_id, config, routing_ms)
-        if broken is None:
-            await self._publisher.publish(claimed.run.run_id, claimed.lease.events)
-            return claimed
+        claimed = await self.claim_many(worker_id, 1)
+        return claimed[0] if claimed else None
+
+    async def claim_many(self, worker_id: str, n: int) -> list[Claimed]:
+        """Lease up to `n` claimable runs to `worker_id` now (oldest session heads first; never
+        waits): one statement, and one more for the history and parts of those that have any.
+
+        A tenant this replica has no routing for yet (or whose agent changed) costs one more
+        claim statement, once: its runs come back unleased with the agent to resolve."""
+        if n <= 0:
+            return []
+        leased: list[Row[Any]] = []
+        broken: list[tuple[str, RunError]] = []
+        routed_now: dict[str, float] = {}
+        configs: dict[str, AgentConfig] = {}  # what each run was leased with, by run
+        async with self._autocommit.connect() as conn:
+            # Each look leases, or resolves the routing its unleased runs lacked (or fails them)
+            # so that the next look leases them; a third is for an agent changed in between.
+            for _ in range(3):
+                routes = dict(self._routes)
+                rows = await lease_repo.claim(
+                    conn,
+                    worker_id=worker_id,
+                    limit=n - len(leased),
+                    ttl_s=self._ttl,
+                    routes=[self._route(t, r, routed_now) for t, r in routes.items()],
+                )
+                for row in rows:
+                    if row.run_id is not None:
+                        leased.append(row)
+                        configs[row.run_id] = routes[row.tenant_id].config
+                unrouted = [r for r in rows if r.run_id is None]
+                if not unrouted or len(leased) >= n:
+                    break
+                broken.extend(self._resolve(unrouted, routed_now))
+            inputs = await parts_repo.attempt_inputs(
+                conn, [self._wanted(row) for row in leased], limit_runs=self._history_runs
+            )
+        claimed = []
+        for row in leased:
+            config = configs[row.run_id]
+            started = run_started(row.attempt, worker_id, row.lease_epoch)
+            earlier, own = inputs[row.run_id]
+            claimed.append(
+                Claimed(Moved(row, numbered(row.last_seq, [started])), config, earlier, own)
+            )
+            self._prices.remember(row.run_id, config.prices)
+        for one in claimed:
+            await self._publisher.publish(one.run.run_id, one.lease.events)
         # Routing failed after admission: finalise the run rather than leave it queued for
         # every worker to trip over.
-        run_id, failure = broken
-        log.warning("routing failed for %s: %s", run_id, failure.message)
-        await self.fail_unleased(run_id, RunError("routing_failed", failure.message))
-        return None
+        for run_id, error in broken:
+            log.warning("routing failed for %s: %s", run_id, error.message)
+            await self.fail_unleased(run_id, error)
+        return claimed
 
-    async def _routing(self, conn: AsyncConnection, tenant_id: str) -> AgentConfig:
-        """The tenant's agent configuration, cached briefly (a claim should not re-read it)."""
-        now = asyncio.get_running_loop().time()
-        cached = self._routes.get(tenant_id)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        config = routing.resolve(await lease_repo.tenant_agent(conn, tenant_id))
-        if len(self._routes) > 10_000:
-            self._routes.clear()
-        self._routes[tenant_id] = (now + ROUTING_CACHE_S, config)
-        return config
+    @staticmethod
+    def _route(tenant_id: str, routing: _Routing, routed_now: dict[str, float]) -> lease_repo.Route:
+        return lease_repo.Route(
+            tenant_id,
+            routing.agent,
+            routing.config.to_json(),
+            routing.config.limits.max_attempts,
+            routed_now.get(tenant_id, 0.0),
+        )
 
-    async def _lease(
-        self,
-        conn: AsyncConnection,
-        candidate: Any,
-        worker_id: str,
-        config: AgentConfig,
-        routing_ms: float,
-    ) -> Claimed:
-        run_id = candidate.run_id
-        leased = await lease_repo.lease(
-            conn,
-            candidate,
-            worker_id=worker_id,
-            ttl_s=self._ttl,
-            config=config.to_json(),
-            max_attempts=config.limits.max_attempts,
-            routing_ms=routing_ms,
-        )
-        if leased is None:  # the row is locked by us; a miss means a bug, not a race
-            raise FailedPrecondition(f"run {run_id} could not be leased")
-        self._prices.remember(run_id, config.prices)
-        earlier = await parts_repo.session_history(
-            conn, leased.row.session_id, leased.row.created_at, limit_runs=self._history_runs
-        )
+    def _resolve(
+        self, unrouted: list[Row[Any]], routed_now: dict[str, float]
+    ) -> list[tuple[str, RunError]]:
+        """Resolve the routing of the tenants of runs the claim could not lease; the runs of a
+        tenant whose configuration is broken, with why."""
+        broken = []
+        for row in unrouted:
+            tenant_id, agent = row.picked_tenant_id, dict(row.unrouted_agent)
+            known = self._routes.get(tenant_id)
+            if known is not None and known.agent == agent:
+                continue  # resolved for a run before this one
+            started = time.perf_counter()
+            try:
+                config = routing.resolve(agent)
+            except TetherError as exc:
+                broken.append((row.picked_run_id, RunError("routing_failed", exc.message)))
+                continue
+            if len(self._routes) >= MAX_ROUTES:
+                self._routes.clear()
+            self._routes[tenant_id] = _Routing(agent, config)
+            routed_now[tenant_id] = (time.perf_counter() - started) * 1000
+        return broken
+
+    @staticmethod
+    def _wanted(row: Row[Any]) -> parts_repo.Wanted:
         # A log of only run.queued and this run.started means nothing was written yet.
-        fresh = leased.row.last_seq <= FRESH_RUN_SEQ
-        own = [] if fresh else await parts_repo.list_parts(conn, run_id)
-        return Claimed(leased, config, earlier, own)
+        fresh = row.last_seq <= FRESH_RUN_SEQ
+        return parts_repo.Wanted(
+            row.run_id, row.session_id, row.created_at, row.has_history, not fresh
+        )
 
     async def fail_unleased(self, run_id: str, error: RunError) -> None:
         """Fail a queued run that cannot even start (routing or context broken)."""

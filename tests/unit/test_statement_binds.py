@@ -21,6 +21,7 @@ def _statements() -> dict[str, Any]:
     found = {
         "checkpoint": progress._CHECKPOINT,
         "hold_lease": progress._HOLD,
+        "renew": leases._RENEW,
         "flag_cancel": runs._FLAG_CANCEL,
         "create_queued_run": intake._CREATE,
         "admit_new": admission._ADMIT_NEW,

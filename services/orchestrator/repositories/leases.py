@@ -1,6 +1,6 @@
 """Leases: the claim (PostgreSQL as the queue), heartbeats, release and the reaper's reads.
 
-The claim takes the oldest claimable run with FOR UPDATE SKIP LOCKED. Claimable means queued
+The claim takes the oldest claimable runs with FOR UPDATE SKIP LOCKED. Claimable means queued
 AND its session's head: admission makes a run the head of an idle session, and a finishing
 head hands the session to the oldest queued message (`transitions`), so a conversation
 runs one message at a time, in order, and the claim is one indexed scan of one table.
@@ -8,12 +8,29 @@ runs one message at a time, in order, and the claim is one indexed scan of one t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import BigInteger, Interval, Text, bindparam, func, insert, select, text, update
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    Integer,
+    Interval,
+    Text,
+    and_,
+    bindparam,
+    case,
+    cast,
+    func,
+    insert,
+    null,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -21,29 +38,163 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from services.orchestrator.repositories.transitions import (
     LEASE_UNTIL,
     NEXT_EPOCH,
+    NOW,
     STARTED_ONCE,
-    Moved,
-    apply,
+    appended_events,
+    event_count,
     lease_held,
+    sql_value,
 )
 from tether import formats, states
 from tether.db.schema import attempts, audit_log, runs, tenants
-from tether.domain import RunError, run_started
+from tether.domain import Event, RunError, run_started
 from tether.states import RunStatus
 
-_CANDIDATES = (
-    select(runs.c.run_id, runs.c.session_id, runs.c.tenant_id, runs.c.attempt, runs.c.lease_epoch)
+# The routing each tenant's runs are leased with, resolved by the caller from the agent it was
+# given (`Route`): a run whose tenant has no route, or whose agent changed since, is not leased.
+_ROUTES = (
+    func.unnest(
+        bindparam("rt_tenant_ids", type_=ARRAY(Text)),
+        bindparam("rt_agents", type_=ARRAY(Text)),
+        bindparam("rt_configs", type_=ARRAY(Text)),
+        bindparam("rt_max_attempts", type_=ARRAY(Integer)),
+        bindparam("rt_routing_ms", type_=ARRAY(Float)),
+    )
+    .table_valued("tenant_id", "agent", "config", "max_attempts", "routing_ms")
+    .render_derived("route", with_types=False)
+)
+# The claimable runs, oldest first: queued session heads (one indexed scan, ix_runs_claimable),
+# locked, skipping those another claimer holds. Materialized: it is read more than once.
+_PICKED = (
+    select(runs.c.run_id, runs.c.tenant_id)
     .where(runs.c.status == RunStatus.QUEUED.value, runs.c.session_head)
     .order_by(runs.c.created_at, runs.c.run_id)
-    .limit(bindparam("limit"))
+    .limit(bindparam("c_limit"))
     .with_for_update(skip_locked=True)
+    .cte("picked")
+    .prefix_with("MATERIALIZED")
+)
+_AGENT = func.coalesce(tenants.c.agent, text("'{}'::jsonb"))  # as routing reads a missing one
+_WITH_AGENT = _PICKED.outerjoin(tenants, tenants.c.tenant_id == _PICKED.c.tenant_id)
+_ROUTED = (
+    select(_PICKED.c.run_id, _ROUTES.c.config, _ROUTES.c.max_attempts, _ROUTES.c.routing_ms)
+    .select_from(
+        _WITH_AGENT.join(
+            _ROUTES,
+            and_(
+                _ROUTES.c.tenant_id == _PICKED.c.tenant_id, cast(_ROUTES.c.agent, JSONB) == _AGENT
+            ),
+        )
+    )
+    .cte("routed")
+)
+_WORKER = bindparam("c_worker_id", type_=Text)
+
+
+def _started(moved: Any) -> list[Event]:
+    """run.started, built by its constructor from what the move decided (attempt and epoch)."""
+    return [
+        run_started(sql_value(moved.c.attempt), sql_value(_WORKER), sql_value(moved.c.lease_epoch))
+    ]
+
+
+_LEASED = (
+    update(runs)
+    .where(
+        runs.c.run_id == _ROUTED.c.run_id,
+        runs.c.status.in_([s.value for s in states.CLAIM.sources]),
+    )
+    .values(
+        status=states.CLAIM.target.value,
+        updated_at=NOW,
+        # Built on the table's own columns: only how many events there are matters here.
+        last_seq=runs.c.last_seq + event_count(_started(runs)),
+        lease_owner=_WORKER,
+        lease_epoch=NEXT_EPOCH,
+        lease_expires_at=LEASE_UNTIL,
+        checkpoint_batch=0,
+        started_at=STARTED_ONCE,
+        next_attempt_at=null(),
+        config=cast(_ROUTED.c.config, JSONB),
+        max_attempts=_ROUTED.c.max_attempts,
+        format=formats.CURRENT,
+    )
+    .returning(*runs.c, _ROUTED.c.routing_ms)
+    .cte("moved")
+)
+_NEW_ATTEMPTS = insert(attempts).from_select(
+    ["run_id", "lease_epoch", "attempt", "worker_id", "stages"],
+    select(
+        _LEASED.c.run_id,
+        _LEASED.c.lease_epoch,
+        _LEASED.c.attempt,
+        _WORKER,
+        func.jsonb_build_object("routing_ms", _LEASED.c.routing_ms),
+    ),
+)
+_EARLIER = runs.alias("earlier")
+# Whether the run's session has an earlier completed run: its history is read only then.
+_HAS_HISTORY = (
+    select(_EARLIER.c.run_id)
+    .where(
+        _EARLIER.c.session_id == _LEASED.c.session_id,
+        _EARLIER.c.status == RunStatus.COMPLETED.value,
+        _EARLIER.c.created_at < _LEASED.c.created_at,
+    )
+    .exists()
+)
+_CLAIM = (
+    select(
+        _PICKED.c.run_id.label("picked_run_id"),
+        _PICKED.c.tenant_id.label("picked_tenant_id"),
+        case((_LEASED.c.run_id.is_(None), _AGENT)).label("unrouted_agent"),
+        _HAS_HISTORY.label("has_history"),
+        *[_LEASED.c[c.name] for c in runs.c],
+    )
+    .select_from(_WITH_AGENT.outerjoin(_LEASED, _LEASED.c.run_id == _PICKED.c.run_id))
+    .add_cte(appended_events(_LEASED, _started(_LEASED)), _NEW_ATTEMPTS.cte("new_attempts"))
 )
 
 
-async def pick_candidate(conn: AsyncConnection) -> Any:
-    """Lock the oldest claimable run (a queued session head), skipping those other claimers
-    hold; None when there is none."""
-    return (await conn.execute(_CANDIDATES, {"limit": 1})).first()
+@dataclass(frozen=True)
+class Route:
+    """How a tenant's runs are leased: the routing resolved from `agent` (its `tenants.agent`
+    then), and how long resolving it took in this claim."""
+
+    tenant_id: str
+    agent: dict[str, Any]
+    config: dict[str, Any]
+    max_attempts: int
+    routing_ms: float = 0.0
+
+
+async def claim(
+    conn: AsyncConnection,
+    *,
+    worker_id: str,
+    limit: int,
+    ttl_s: float,
+    routes: Sequence[Route],
+) -> list[Row[Any]]:
+    """Lease up to `limit` claimable runs (queued session heads, oldest first, skipping those
+    other claimers hold) to `worker_id` in ONE statement: each moves to running under a new
+    lease epoch with its run.started event, its routing pinned on it and its attempt recorded.
+
+    A row per run picked: leased (the run's columns, and `has_history` when its session has an
+    earlier completed run), or not leased (`run_id` NULL) when its tenant has no route here or
+    its agent changed since: then `picked_run_id`, `picked_tenant_id` and the tenant's agent to
+    resolve, `unrouted_agent`."""
+    params = {
+        "c_limit": limit,
+        "c_worker_id": worker_id,
+        "lease_ttl": timedelta(seconds=ttl_s),
+        "rt_tenant_ids": [r.tenant_id for r in routes],
+        "rt_agents": [json.dumps(r.agent) for r in routes],
+        "rt_configs": [json.dumps(r.config) for r in routes],
+        "rt_max_attempts": [r.max_attempts for r in routes],
+        "rt_routing_ms": [r.routing_ms for r in routes],
+    }
+    return list((await conn.execute(_CLAIM, params)).all())
 
 
 _CLAIMABLE = select(func.count()).select_from(
@@ -57,70 +208,6 @@ _CLAIMABLE = select(func.count()).select_from(
 async def count_claimable(conn: AsyncConnection, limit: int) -> int:
     """How many claimable runs there are, counting at most `limit` (locked ones too)."""
     return int((await conn.execute(_CLAIMABLE, {"limit": limit})).scalar_one())
-
-
-async def tenant_agent(conn: AsyncConnection, tenant_id: str) -> dict[str, Any]:
-    """The tenant's agent overrides."""
-    row = (
-        await conn.execute(select(tenants.c.agent).where(tenants.c.tenant_id == tenant_id))
-    ).first()
-    return dict(row.agent) if row is not None else {}
-
-
-async def lease(
-    conn: AsyncConnection,
-    candidate: Any,
-    *,
-    worker_id: str,
-    ttl_s: float,
-    config: dict[str, Any],
-    max_attempts: int,
-    routing_ms: float = 0.0,
-) -> Moved | None:
-    """Move the locked queued run to running under a new lease epoch, with its run.started
-    event; records the attempt."""
-    run_id = candidate.run_id
-    epoch = candidate.lease_epoch + 1
-    moved = await apply(
-        conn,
-        states.CLAIM,
-        run_id,
-        events=[run_started(candidate.attempt, worker_id, epoch)],
-        values={
-            "lease_owner": worker_id,
-            "lease_epoch": NEXT_EPOCH,
-            "lease_expires_at": LEASE_UNTIL,
-            "checkpoint_batch": 0,
-            "started_at": STARTED_ONCE,
-            "next_attempt_at": None,
-            "config": config,
-            "max_attempts": max_attempts,
-            "format": formats.CURRENT,
-        },
-        params={"lease_ttl": timedelta(seconds=ttl_s)},
-    )
-    if moved is None:
-        return None
-    await conn.execute(
-        _NEW_ATTEMPT,
-        {
-            "n_run_id": run_id,
-            "n_lease_epoch": moved.row.lease_epoch,
-            "n_attempt": moved.row.attempt,
-            "n_worker_id": worker_id,
-            "n_stages": {"routing_ms": routing_ms},
-        },
-    )
-    return moved
-
-
-_NEW_ATTEMPT = insert(attempts).values(
-    run_id=bindparam("n_run_id"),
-    lease_epoch=bindparam("n_lease_epoch"),
-    attempt=bindparam("n_attempt"),
-    worker_id=bindparam("n_worker_id"),
-    stages=bindparam("n_stages", type_=JSONB),
-)
 
 
 _HELD = (
@@ -232,6 +319,12 @@ class Audit:
     tenant_id: str
     action: str
     detail: dict[str, Any]
+
+
+def end_attempt_statement() -> Any:
+    """`end_attempt`'s statement with its audit record, for the SQL functions built from the
+    aggregate's own statements (`completion`)."""
+    return _AUDITED_END_ATTEMPT
 
 
 async def end_attempt(

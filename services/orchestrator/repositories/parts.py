@@ -9,7 +9,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, bindparam, func, select, update
+from sqlalchemy import (
+    DateTime,
+    Integer,
+    Text,
+    bindparam,
+    func,
+    null,
+    select,
+    true,
+    union_all,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY, Insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
@@ -152,43 +163,90 @@ class EarlierRun:
     parts: list[Part]
 
 
+# Per leased run that needs them: its session's last completed runs before it, each with its
+# transcript (superseded parts left out), and the run's own parts (superseded ones flagged).
+_WANTED = (
+    func.unnest(
+        bindparam("w_run_ids", type_=ARRAY(Text)),
+        bindparam("w_session_ids", type_=ARRAY(Text)),
+        bindparam("w_before", type_=ARRAY(DateTime(timezone=True))),
+    )
+    .table_valued("run_id", "session_id", "before")
+    .render_derived("wanted", with_types=False)
+)
 _RECENT_RUNS = (
     select(runs.c.run_id, runs.c.input_text, runs.c.created_at)
     .where(
-        runs.c.session_id == bindparam("session_id"),
+        runs.c.session_id == _WANTED.c.session_id,
         runs.c.status == RunStatus.COMPLETED.value,
-        runs.c.created_at < bindparam("before"),
+        runs.c.created_at < _WANTED.c.before,
     )
     .order_by(runs.c.created_at.desc())
     .limit(bindparam("limit_runs"))
-    .subquery()
+    .lateral("earlier")
 )
-_SESSION_HISTORY = (
-    select(
-        _RECENT_RUNS.c.run_id,
-        _RECENT_RUNS.c.input_text,
-        *[c for c in run_parts.c if c.name != "run_id"],
+_PART_COLUMNS = [c for c in run_parts.c if c.name != "run_id"]
+_HISTORY = select(
+    _WANTED.c.run_id.label("for_run"),
+    _RECENT_RUNS.c.run_id.label("earlier_run_id"),
+    _RECENT_RUNS.c.input_text,
+    _RECENT_RUNS.c.created_at.label("earlier_created_at"),
+    *_PART_COLUMNS,
+).select_from(
+    _WANTED.join(_RECENT_RUNS, true()).outerjoin(
+        run_parts,
+        (run_parts.c.run_id == _RECENT_RUNS.c.run_id) & run_parts.c.superseded_at.is_(None),
     )
-    .select_from(
-        _RECENT_RUNS.outerjoin(
-            run_parts,
-            (run_parts.c.run_id == _RECENT_RUNS.c.run_id) & run_parts.c.superseded_at.is_(None),
-        )
-    )
-    .order_by(_RECENT_RUNS.c.created_at, _RECENT_RUNS.c.run_id, run_parts.c.part_index)
+)
+_OWN = select(
+    run_parts.c.run_id.label("for_run"),
+    null().cast(Text).label("earlier_run_id"),
+    null().cast(Text).label("input_text"),
+    null().cast(DateTime(timezone=True)).label("earlier_created_at"),
+    *_PART_COLUMNS,
+).where(run_parts.c.run_id == func.any(bindparam("o_run_ids", type_=ARRAY(Text))))
+_INPUTS = union_all(_HISTORY, _OWN).order_by(
+    "for_run", "earlier_created_at", "earlier_run_id", "part_index"
 )
 
 
-async def session_history(
-    conn: AsyncConnection, session_id: str, before: datetime, *, limit_runs: int
-) -> list[EarlierRun]:
-    """The last `limit_runs` completed runs of a session before `before`, oldest first, each
-    with its transcript (one query)."""
-    params = {"session_id": session_id, "before": before, "limit_runs": limit_runs}
-    earlier: list[EarlierRun] = []
-    for row in (await conn.execute(_SESSION_HISTORY, params)).all():
-        if not earlier or earlier[-1].run_id != row.run_id:
-            earlier.append(EarlierRun(row.run_id, row.input_text, []))
+@dataclass(frozen=True)
+class Wanted:
+    """A leased run's inputs to read: its session's history (`session_id`, before `created_at`)
+    when there is any, and its own parts when it may have some."""
+
+    run_id: str
+    session_id: str
+    created_at: datetime
+    history: bool
+    own: bool
+
+
+async def attempt_inputs(
+    conn: AsyncConnection, wanted: Sequence[Wanted], *, limit_runs: int
+) -> dict[str, tuple[list[EarlierRun], list[Part]]]:
+    """For each run of `wanted`, by id: the last `limit_runs` completed runs of its session
+    before it, oldest first, each with its transcript, and its own parts in order (superseded
+    ones flagged); one query for them all, none when nothing is wanted."""
+    history = [w for w in wanted if w.history]
+    own = [w.run_id for w in wanted if w.own]
+    found: dict[str, tuple[list[EarlierRun], list[Part]]] = {w.run_id: ([], []) for w in wanted}
+    if not history and not own:
+        return found
+    params = {
+        "w_run_ids": [w.run_id for w in history],
+        "w_session_ids": [w.session_id for w in history],
+        "w_before": [w.created_at for w in history],
+        "limit_runs": limit_runs,
+        "o_run_ids": own,
+    }
+    for row in (await conn.execute(_INPUTS, params)).all():
+        earlier, parts = found[row.for_run]
+        if row.earlier_run_id is None:
+            parts.append(read(row, row.for_run))
+            continue
+        if not earlier or earlier[-1].run_id != row.earlier_run_id:
+            earlier.append(EarlierRun(row.earlier_run_id, row.input_text, []))
         if row.part_index is not None:
-            earlier[-1].parts.append(read(row, row.run_id))
-    return earlier
+            earlier[-1].parts.append(read(row, row.earlier_run_id))
+    return found

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import (
+    CTE,
     BigInteger,
     Integer,
     Interval,
@@ -47,13 +48,82 @@ from tether.db.schema import effects, run_parts, runs, tool_outputs, usage_turns
 from tether.domain import Event, ModelTurn, Part, StoredEvent, content_json
 from tether.pricing import TOKEN_FIELDS
 
-
-def _array(name: str, type_: Any) -> Any:
-    return bindparam(name, type_=ARRAY(type_))
-
-
+# The arrays a batch's parts and model turns are bound as, by name (one element per part or
+# turn): written by a checkpoint, and by the completion (`completion`).
+BATCH_ARRAYS: list[tuple[str, Any]] = [
+    ("p_index", ARRAY(Integer)),
+    ("p_role", ARRAY(Text)),
+    ("p_kind", ARRAY(Text)),
+    ("p_payload", ARRAY(Text)),
+    ("p_final", ARRAY(Boolean)),
+    ("t_model", ARRAY(Text)),
+    *[(f"t_{k}", ARRAY(BigInteger)) for k in (*TOKEN_FIELDS, "cost_micros")],
+]
+_ARRAYS = {name: bindparam(name, type_=type_) for name, type_ in BATCH_ARRAYS}
 _BATCH = bindparam("batch", type_=BigInteger)
 _LEASE_TTL = bindparam("lease_ttl", type_=Interval)
+_RUN_ID = bindparam("r_run_id", type_=Text)
+
+
+def batch_params(parts: Sequence[Part], turns: Sequence[ModelTurn]) -> dict[str, Any]:
+    """The bound values of BATCH_ARRAYS: `parts` as stored, `turns` as priced."""
+    return {
+        "p_index": [p.index for p in parts],
+        "p_role": [str(p.role) for p in parts],
+        "p_kind": [str(p.kind) for p in parts],
+        "p_payload": [json.dumps(content_json(p.content)) for p in parts],
+        "p_final": [p.final for p in parts],
+        "t_model": [t.model for t in turns],
+        **{f"t_{k}": [getattr(t, k) for t in turns] for k in (*TOKEN_FIELDS, "cost_micros")},
+    }
+
+
+def _new_parts(run_id: Any, fence: CTE | None = None) -> Any:
+    """The insert of the bound parts of run `run_id` (a part already at an index is rewritten),
+    each belonging to the lease that writes it; only when `fence` matched, when given."""
+    new = (
+        func.unnest(*[_ARRAYS[k] for k in ("p_index", "p_role", "p_kind", "p_payload", "p_final")])
+        .table_valued("index", "role", "kind", "payload", "final")
+        .render_derived("p", with_types=False)
+    )
+    return rewriting(
+        pg_insert(run_parts).from_select(
+            ["run_id", "part_index", "role", "kind", "payload", "final", "lease_epoch", "format"],
+            select(
+                run_id,
+                new.c.index,
+                new.c.role,
+                new.c.kind,
+                cast(new.c.payload, JSONB),
+                new.c.final,
+                LEASE_EPOCH,  # a new part belongs to the attempt that wrote it
+                literal(formats.CURRENT, SmallInteger),
+            ).select_from(new if fence is None else fence.join(new, true())),
+        )
+    )
+
+
+def _new_turns(run_id: Any, fence: CTE | None = None) -> Any:
+    """The insert of the bound priced model turns of run `run_id`; only when `fence` matched,
+    when given."""
+    usage = (*TOKEN_FIELDS, "cost_micros")
+    turn = (
+        func.unnest(_ARRAYS["t_model"], *[_ARRAYS[f"t_{k}"] for k in usage])
+        .table_valued("model", *usage)
+        .render_derived("t", with_types=False)
+    )
+    return usage_turns.insert().from_select(
+        ["run_id", "model", *usage],
+        select(run_id, turn.c.model, *[turn.c[k] for k in usage]).select_from(
+            turn if fence is None else fence.join(turn, true())
+        ),
+    )
+
+
+# A batch's parts and turns, for a writer that holds the run under its lease already (the
+# completion, after its fence): binds r_run_id, held_epoch and BATCH_ARRAYS.
+PARTS = _new_parts(_RUN_ID)
+TURNS = _new_turns(_RUN_ID)
 
 
 def _checkpoint_statement() -> Any:
@@ -62,7 +132,7 @@ def _checkpoint_statement() -> Any:
     fence = (
         update(runs)
         .where(
-            runs.c.run_id == bindparam("r_run_id"),
+            runs.c.run_id == _RUN_ID,
             LEASE_HELD,
             # A numbered batch lands once: a resent one (its answer was lost) changes nothing.
             or_(_BATCH == 0, runs.c.checkpoint_batch < _BATCH),
@@ -75,48 +145,10 @@ def _checkpoint_statement() -> Any:
         .returning(runs.c.run_id, runs.c.last_seq, runs.c.cancel_requested_at, runs.c.tenant_id)
         .cte("fence")
     )
-    new = (
-        func.unnest(
-            _array("p_index", Integer),
-            _array("p_role", Text),
-            _array("p_kind", Text),
-            _array("p_payload", Text),
-            _array("p_final", Boolean),
-        )
-        .table_valued("index", "role", "kind", "payload", "final")
-        .render_derived("p", with_types=False)
-    )
-    parts = rewriting(
-        pg_insert(run_parts).from_select(
-            ["run_id", "part_index", "role", "kind", "payload", "final", "lease_epoch", "format"],
-            select(
-                fence.c.run_id,
-                new.c.index,
-                new.c.role,
-                new.c.kind,
-                cast(new.c.payload, JSONB),
-                new.c.final,
-                LEASE_EPOCH,  # a new part belongs to the attempt that wrote it
-                literal(formats.CURRENT, SmallInteger),
-            ).select_from(fence.join(new, true())),
-        )
-    )
-    turn = (
-        func.unnest(
-            _array("t_model", Text),
-            *[_array(f"t_{k}", BigInteger) for k in (*TOKEN_FIELDS, "cost_micros")],
-        )
-        .table_valued("model", *TOKEN_FIELDS, "cost_micros")
-        .render_derived("t", with_types=False)
-    )
-    turns = usage_turns.insert().from_select(
-        ["run_id", "model", *TOKEN_FIELDS, "cost_micros"],
-        select(
-            fence.c.run_id, turn.c.model, *[turn.c[k] for k in (*TOKEN_FIELDS, "cost_micros")]
-        ).select_from(fence.join(turn, true())),
-    )
     return select(fence.c.last_seq, fence.c.cancel_requested_at, fence.c.tenant_id).add_cte(
-        parts.cte("new_parts"), appended_events(fence), turns.cte("new_turns")
+        _new_parts(fence.c.run_id, fence).cte("new_parts"),
+        appended_events(fence),
+        _new_turns(fence.c.run_id, fence).cte("new_turns"),
     )
 
 
@@ -142,13 +174,7 @@ async def checkpoint(
         "held_epoch": epoch,
         "batch": batch,
         "lease_ttl": timedelta(seconds=ttl_s),
-        "p_index": [p.index for p in parts],
-        "p_role": [str(p.role) for p in parts],
-        "p_kind": [str(p.kind) for p in parts],
-        "p_payload": [json.dumps(content_json(p.content)) for p in parts],
-        "p_final": [p.final for p in parts],
-        "t_model": [t.model for t in turns],
-        **{f"t_{k}": [getattr(t, k) for t in turns] for k in (*TOKEN_FIELDS, "cost_micros")},
+        **batch_params(parts, turns),
         **event_params(events),
     }
     row = (await conn.execute(_CHECKPOINT, params)).first()
@@ -172,15 +198,15 @@ async def hold_lease(
     return (await conn.execute(_HOLD, params)).first()
 
 
-_USAGE_TOTAL = select(
-    *[func.coalesce(func.sum(getattr(usage_turns.c, k)), 0) for k in TOKEN_FIELDS],
-    func.coalesce(func.sum(usage_turns.c.cost_micros), 0),
+# The sum of the run's priced turns, a column per field.
+USAGE_TOTAL = select(
+    *[func.coalesce(func.sum(usage_turns.c[k]), 0).label(k) for k in (*TOKEN_FIELDS, "cost_micros")]
 ).where(usage_turns.c.run_id == bindparam("run_id"))
 
 
 async def usage_total(conn: AsyncConnection, run_id: str) -> dict[str, int]:
     """Sum of the run's priced turns."""
-    row = (await conn.execute(_USAGE_TOTAL, {"run_id": run_id})).one()
+    row = (await conn.execute(USAGE_TOTAL, {"run_id": run_id})).one()
     total = {k: int(v) for k, v in zip(TOKEN_FIELDS, row[:-1], strict=True)}
     total["cost_micros"] = int(row[-1])
     return total

@@ -17,7 +17,6 @@ from typing import Any
 from sqlalchemy import (
     CTE,
     BigInteger,
-    ColumnElement,
     Executable,
     Interval,
     Select,
@@ -34,11 +33,11 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, array
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import func
-from sqlalchemy.sql.elements import ClauseElement
+from sqlalchemy.sql.elements import BindParameter, ClauseElement, ColumnElement
 
 from tether import formats
 from tether.db.schema import run_events, runs, sessions
@@ -68,6 +67,12 @@ _E_PAYLOADS = bindparam("e_payloads", type_=ARRAY(Text))
 EVENT_COUNT = func.coalesce(func.cardinality(_E_TYPES), 0)
 
 
+def event_count(computed: Sequence[Event] = ()) -> ColumnElement[Any]:
+    """What a move's `last_seq` advances by: EVENT_COUNT for the bound events, or the number of
+    `computed` ones (see `appended_events`)."""
+    return literal(len(computed), BigInteger) if computed else EVENT_COUNT
+
+
 def event_params(events: Sequence[Event]) -> dict[str, Any]:
     """The bound values of `appended_events`."""
     return {
@@ -76,25 +81,63 @@ def event_params(events: Sequence[Event]) -> dict[str, Any]:
     }
 
 
-def appended_events(moved: CTE) -> CTE:
+def appended_events(moved: CTE, computed: Sequence[Event] = ()) -> CTE:
     """The insert of the events bound by `event_params` after `moved`, a CTE that returns the
     run's `run_id` and its `last_seq` already advanced by EVENT_COUNT: the events take the seqs
     it reserved, in order, in the current stored format, and none is written when it matched no
-    row. Every append to a run's log goes through here."""
+    row. Every append to a run's log goes through here.
+
+    `computed` events take the place of the bound ones, for a statement that moves many runs
+    and writes what it decided itself (a new lease's epoch): each row of `moved` gets them, with
+    payloads whose values may be SQL expressions over `moved`'s columns (`computed_payload`),
+    and its move advances `last_seq` by `event_count(computed)`."""
+    types: Any = _E_TYPES
+    payloads: Any = _E_PAYLOADS
+    if computed:
+        types = array([literal(str(e.type), Text) for e in computed])
+        payloads = array([cast(computed_payload(e), Text) for e in computed])
     batch = (
-        func.unnest(_E_TYPES, _E_PAYLOADS)
+        func.unnest(types, payloads)
         .table_valued("type", "payload", with_ordinality="ord")
         .render_derived("e", with_types=False)
     )
     rows = select(
         moved.c.run_id,
-        moved.c.last_seq - EVENT_COUNT + batch.c.ord,
+        moved.c.last_seq - event_count(computed) + batch.c.ord,
         batch.c.type,
         cast(batch.c.payload, JSONB),
         literal(formats.CURRENT, SmallInteger),
     ).select_from(moved.join(batch, true()))
     insert_ = insert(run_events).from_select(["run_id", "seq", "type", "payload", "format"], rows)
     return insert_.cte(f"{moved.name}_events")
+
+
+def computed_payload(event: Event) -> ColumnElement[Any]:
+    """`event`'s payload as a JSONB expression. Its constructor (`tether.domain`) was called with
+    SQL expressions for what only the statement knows (`sql_value`), so the payload's shape is
+    still written once, there."""
+    return _json_object(event.payload)
+
+
+def sql_value(expression: ColumnElement[Any]) -> Any:
+    """`expression` passed where an event constructor takes a plain value (`computed_payload`)."""
+    return expression
+
+
+def _json_object(mapping: Mapping[str, Any]) -> ColumnElement[Any]:
+    return func.jsonb_build_object(
+        *[item for key, value in mapping.items() for item in (literal(key), _json(value))]
+    )
+
+
+def _json(value: Any) -> ColumnElement[Any]:
+    if isinstance(value, Mapping):
+        return _json_object(value)
+    if isinstance(value, BindParameter):
+        return cast(value, value.type)  # jsonb_build_object's arguments are untyped
+    if isinstance(value, ColumnElement):
+        return value
+    return literal(value)
 
 
 def numbered(last_seq: int, events: Sequence[Event]) -> list[StoredEvent]:
@@ -172,6 +215,13 @@ async def apply(
     return Moved(row, numbered(row.last_seq, events), handed_over)
 
 
+def move_statement(transition: Transition, values: Mapping[str, Any]) -> Executable:
+    """The statement `apply` runs for `transition` with its events (unscoped): for the SQL
+    functions built from the aggregate's statements. A value that is SQL is written into it,
+    None is NULL, and anything else is bound as `v_<column>`."""
+    return _shape(transition, False, True, values)
+
+
 def _shape(
     transition: Transition,
     scoped: bool,
@@ -237,9 +287,14 @@ def _with_events(move: Update) -> Select[Any]:
     return select(moved).add_cte(appended_events(moved))
 
 
-_LOCK_SESSION = (
+# The session locked when the finishing run heads it (no row otherwise: nothing to hand over);
+# then, in a statement of its own, the hand-over. See `hand_over_session`.
+LOCK_SESSION = (
     select(sessions.c.active_run_id)
-    .where(sessions.c.session_id == bindparam("h_session_id"))
+    .where(
+        sessions.c.session_id == bindparam("h_session_id"),
+        sessions.c.active_run_id == bindparam("h_run_id"),
+    )
     .with_for_update()
 )
 _NEXT_QUEUED = (
@@ -255,7 +310,7 @@ _NEXT_QUEUED = (
 )
 # The oldest queued message becomes the session's active run and its head, in one statement;
 # with none, the session goes idle (active_run_id NULL) and no run is touched.
-_HAND_OVER = (
+HAND_OVER = (
     select(_NEXT_QUEUED.c.run_id)
     .add_cte(
         update(sessions)
@@ -279,10 +334,9 @@ async def hand_over_session(conn: AsyncConnection, session_id: str, run_id: str)
     sees every run admitted before the lock was granted (admission takes the same lock): no
     message is ever left queued behind a head that is gone.
     """
-    locked = (await conn.execute(_LOCK_SESSION, {"h_session_id": session_id})).first()
-    if locked is None or locked.active_run_id != run_id:
-        return None
     params = {"h_session_id": session_id, "h_run_id": run_id}
+    if (await conn.execute(LOCK_SESSION, params)).first() is None:
+        return None
     # A statement of its own, after the lock: its snapshot sees every run admitted before.
-    next_run: str | None = (await conn.execute(_HAND_OVER, params)).scalar()
+    next_run: str | None = (await conn.execute(HAND_OVER, params)).scalar()
     return next_run

@@ -1,0 +1,126 @@
+"""Group commit: the aggregate's writes that arrive together share one transaction, so one
+commit (one WAL flush) serves them all; a write that arrives alone is written at once.
+
+A write is one statement, so alone it needs no transaction of its own: it runs on an autocommit
+connection, with no BEGIN or COMMIT round trip. At most `writers` transactions are open at once;
+a write that finds one free starts writing at once, taking every write waiting then (those
+that arrived in the same turn of the event loop ride along); one that finds none waits in line,
+and the next writer to finish takes the whole line in one transaction. Nothing is ever held
+back for a timer. Within a group, writes run in key order (the run id), so two groups lock the
+runs they share in one order.
+
+One write's failure fails only that write: a stale lease is a result, not an error, and when a
+statement fails the group's transaction is rolled back and each of its writes is written again
+alone, so the one that fails fails by itself. A write is therefore written with no side effect
+but its statement; its caller publishes once the result is in. Writes are shielded from their
+callers' cancellation: a group is written whole, whoever went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# A write: one statement on the connection it is given, and what the caller needs from it.
+Write = Callable[[AsyncConnection], Awaitable[T]]
+
+
+@dataclass(frozen=True)
+class _Pending:
+    key: str
+    write: Write[Any]
+    result: asyncio.Future[Any]
+
+
+class Committer:
+    """Writes the aggregate's statements, together when they arrive together."""
+
+    # Enough writers that one write waiting on a row lock does not hold up the others; few
+    # enough that writes arriving while they are busy queue up and share a commit.
+    def __init__(self, engine: AsyncEngine, *, writers: int = 4) -> None:
+        if writers < 1:
+            raise ValueError("a committer needs at least one writer")
+        self._engine = engine
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._line: collections.deque[_Pending] = collections.deque()
+        self._free = writers
+        self._writing: set[asyncio.Task[None]] = set()
+
+    @property
+    def waiting(self) -> int:
+        """Writes in line for the next transaction."""
+        return len(self._line)
+
+    async def write(self, key: str, write: Write[T]) -> T:
+        """`write`'s result once it is committed, with whatever else was waiting; `key` orders
+        it within its group (the run it writes)."""
+        result: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._line.append(_Pending(key, write, result))
+        if self._free:
+            self._free -= 1
+            task = asyncio.create_task(self._write_groups(), name="group-commit")
+            self._writing.add(task)
+            task.add_done_callback(self._writing.discard)
+        return await asyncio.shield(result)
+
+    async def _write_groups(self) -> None:
+        """Write the line, a group per transaction, until it is empty; then free the writer."""
+        try:
+            while self._line:
+                # Not a timer: one turn of the loop, so writes that arrived with this one go
+                # in its transaction rather than start their own.
+                await asyncio.sleep(0)
+                group = sorted(self._line, key=lambda p: p.key)
+                self._line.clear()
+                await self._write_group(group)
+        finally:
+            self._free += 1
+
+    async def _write_group(self, group: list[_Pending]) -> None:
+        if len(group) == 1:
+            await self._write_alone(group[0])
+            return
+        try:
+            async with self._engine.begin() as conn:
+                results = [await pending.write(conn) for pending in group]
+        except asyncio.CancelledError:
+            _cancel(group)
+            raise
+        except Exception:
+            # Rolled back: nothing of the group was written. Alone, each write that can land
+            # lands, and the one that failed fails by itself.
+            log.info("a group of %d writes failed; writing each alone", len(group))
+            await asyncio.gather(*(self._write_alone(pending) for pending in group))
+            return
+        for pending, result in zip(group, results, strict=True):
+            if not pending.result.done():
+                pending.result.set_result(result)
+
+    async def _write_alone(self, pending: _Pending) -> None:
+        try:
+            async with self._autocommit.connect() as conn:
+                result = await pending.write(conn)
+        except asyncio.CancelledError:
+            _cancel([pending])
+            raise
+        except Exception as exc:
+            if not pending.result.done():
+                pending.result.set_exception(exc)
+        else:
+            if not pending.result.done():
+                pending.result.set_result(result)
+
+
+def _cancel(group: list[_Pending]) -> None:
+    for pending in group:
+        pending.result.cancel()

@@ -1,0 +1,161 @@
+"""A claim of up to n runs against the real PostgreSQL: one statement leases them all (oldest
+session heads first), with each run's run.started as its constructor builds it, its attempt and
+its routing; one more statement reads the history and parts of those that have any, and a
+tenant whose routing is not known here yet costs one more claim statement, once."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.admission.domain import FreshnessPolicy
+from services.admission.service import Admitter
+from services.orchestrator.attempts import Completion
+from services.orchestrator.execution import Execution
+from tests.integration.statements import counting
+from tests.integration.test_admission import _tenant, chat
+from tether.db.schema import attempts, run_events, runs, tenants
+from tether.domain import Batch, Completed, Part, Role, Text, run_started
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+def _execution(engine: AsyncEngine) -> Execution:
+    return Execution.build(engine, None, lease_ttl_s=30, claim_poll_s=60)
+
+
+async def _admit(engine: AsyncEngine, count: int, *, prefix: str = "e") -> list[str]:
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    return [
+        (await admitter.admit(chat(f"{prefix}{i}", conversation=f"{prefix}-c{i}"))).run.run_id
+        for i in range(count)
+    ]
+
+
+async def _rows(engine: AsyncEngine, stmt: Any) -> list[Any]:
+    async with engine.connect() as conn:
+        return list((await conn.execute(stmt)).all())
+
+
+async def test_a_claim_of_eight_runs_is_one_statement_and_leases_the_oldest_first(
+    engine: AsyncEngine,
+) -> None:
+    await _tenant(engine, "t1")
+    execution = _execution(engine)
+    admitted = await _admit(engine, 10)
+
+    with counting(engine) as cold:
+        [first] = await execution.claims.claim_many("w-0", 1)
+    # Routing for t1 is not known here yet: the first look returns its agent to resolve.
+    assert (len(cold.statements), cold.total) == (2, 2), cold
+    assert first.run.run_id == admitted[0]
+
+    with counting(engine) as one:
+        [second] = await execution.claims.claim_many("w-1", 1)
+    assert (len(one.statements), one.total) == (1, 1), one
+    assert second.run.run_id == admitted[1]
+
+    with counting(engine) as eight:
+        claimed = await execution.claims.claim_many("w-8", 8)
+    assert (len(eight.statements), eight.total) == (1, 1), eight
+    assert [c.run.run_id for c in claimed] == admitted[2:10]
+    with counting(engine) as none:
+        assert await execution.claims.claim_many("w-8", 8) == []  # the queue is empty
+        assert await execution.claims.claim_many("w-8", 0) == []
+    assert len(none.statements) == 1, "a claim of nothing sends nothing"
+
+    for c in claimed:
+        assert (c.run.status, c.run.lease_owner, c.run.lease_epoch) == ("running", "w-8", 1)
+        assert c.run.config == c.config.to_json() and c.earlier == [] and c.own == []
+        # The event each run's lease returned is the one stored, as its constructor builds it.
+        [event] = c.lease.events
+        assert (event.seq, event.event) == (2, run_started(1, "w-8", 1))
+    stored = await _rows(
+        engine,
+        select(run_events.c.run_id, run_events.c.seq, run_events.c.type, run_events.c.payload)
+        .where(run_events.c.type == "run.started")
+        .order_by(run_events.c.run_id),
+    )
+    expected = {c.run.run_id: run_started(1, "w-8", 1) for c in claimed}
+    for row in stored:
+        if row.run_id in expected:
+            assert (row.seq, row.type) == (2, "run.started")
+            assert row.payload == dict(expected[row.run_id].payload)
+    recorded = await _rows(engine, select(attempts).where(attempts.c.worker_id == "w-8"))
+    assert sorted(r.run_id for r in recorded) == sorted(expected)
+    assert {(r.lease_epoch, r.attempt) for r in recorded} == {(1, 1)}
+    assert all(set(r.stages) == {"routing_ms"} for r in recorded)
+
+
+async def test_history_and_own_parts_are_one_more_statement_for_the_whole_batch(
+    engine: AsyncEngine,
+) -> None:
+    await _tenant(engine, "t1")
+    execution = _execution(engine)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    # Conversation "h": a completed run, then a second message with that history.
+    done_id = (await admitter.admit(chat("h1", "first", conversation="h"))).run.run_id
+    [done] = await execution.claims.claim_many("w", 1)
+    answer = Part(0, Role.ASSISTANT, Text("the first answer"), final=True)
+    await execution.attempts.complete(
+        done_id, done.run.lease_epoch, Completion(Completed("the first answer"), parts=[answer])
+    )
+    # Conversation "p": a run that wrote a part, then went back to the queue.
+    parted_id = (await admitter.admit(chat("p1", conversation="p"))).run.run_id
+    [parted] = await execution.claims.claim_many("w", 1)
+    assert parted.run.run_id == parted_id
+    draft = Part(0, Role.ASSISTANT, Text("half an answer"), final=True)
+    await execution.attempts.checkpoint(parted_id, parted.run.lease_epoch, Batch(1, [draft]))
+    assert await execution.attempts.release(parted_id, parted.run.lease_epoch)
+    later_id = (await admitter.admit(chat("h2", "second", conversation="h"))).run.run_id
+    fresh = await _admit(engine, 3, prefix="f")
+
+    with counting(engine) as sent:
+        claimed = {c.run.run_id: c for c in await execution.claims.claim_many("w", 8)}
+    assert (len(sent.statements), sent.total) == (2, 2), sent
+    assert set(claimed) == {later_id, parted_id, *fresh}
+    [earlier] = claimed[later_id].earlier
+    assert (earlier.run_id, earlier.input_text, earlier.parts) == (done_id, "first", [answer])
+    assert claimed[later_id].own == []
+    # Its own parts come flagged: the released attempt's turn was superseded.
+    assert claimed[parted_id].earlier == []
+    assert claimed[parted_id].own == [replace(draft, superseded=True)]
+    assert all(claimed[f].earlier == [] and claimed[f].own == [] for f in fresh)
+
+
+async def test_a_changed_agent_is_leased_with_its_new_routing_at_the_next_claim(
+    engine: AsyncEngine,
+) -> None:
+    await _tenant(engine, "t1")
+    execution = _execution(engine)
+    first, second = await _admit(engine, 2)
+    [claimed] = await execution.claims.claim_many("w", 1)
+    assert claimed.run.run_id == first and claimed.config.model == "claude-sonnet-5-5"
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(tenants).where(tenants.c.tenant_id == "t1").values(agent={"model": "m-2"})
+        )
+    with counting(engine) as sent:
+        [claimed] = await execution.claims.claim_many("w", 1)
+    assert len(sent.statements) == 2, "the changed agent came back once, to be resolved"
+    assert claimed.run.run_id == second and claimed.config.model == "m-2"
+    assert claimed.run.config["model"] == "m-2"
+
+
+async def test_a_tenant_whose_routing_is_broken_has_its_runs_failed_not_leased(
+    engine: AsyncEngine,
+) -> None:
+    await _tenant(engine, "t1")
+    async with engine.begin() as conn:
+        await conn.execute(
+            text('UPDATE tenants SET agent = \'{"limits": {"no_such_limit": 1}}\'::jsonb')
+        )
+    execution = _execution(engine)
+    [run_id] = await _admit(engine, 1)
+    assert await execution.claims.claim_many("w", 4) == []
+    [row] = await _rows(engine, select(runs.c.status, runs.c.error).where(runs.c.run_id == run_id))
+    assert row.status == "failed" and row.error["code"] == "routing_failed"

@@ -1,0 +1,293 @@
+"""A run's completion against the real PostgreSQL: one statement (the lease fence and the
+completion function), writing exactly what the aggregate's statements it was built from write
+when run one by one; a batch that landed lands once, a cancel accepted first still wins, a stale
+lease writes nothing; and a one-turn run costs three statements from admission to its end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.admission.domain import FreshnessPolicy
+from services.admission.service import Admitter
+from services.orchestrator.attempts import Completion
+from services.orchestrator.claims import Claimed
+from services.orchestrator.execution import Execution
+from services.orchestrator.repositories import runs as runs_repo
+from tests.integration.statements import counting
+from tests.integration.test_admission import _tenant, chat
+from tether.db.schema import attempts, audit_log, run_events, run_parts, runs, sessions, usage_turns
+from tether.domain import (
+    Batch,
+    Completed,
+    ModelTurn,
+    Part,
+    Role,
+    Text,
+    ToolCall,
+    ToolResult,
+    part_added,
+    run_completed,
+    tool_completed,
+    tool_started,
+    usage_updated,
+)
+from tether.errors import StaleLease
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+MODEL = "claude-sonnet-5-5"  # the default routing's model, priced by it
+
+
+def _execution(engine: AsyncEngine) -> Execution:
+    return Execution.build(engine, None, lease_ttl_s=30, claim_poll_s=60)
+
+
+def _answer(text: str = "the answer") -> Completion:
+    return Completion(
+        Completed(text),
+        parts=[Part(0, Role.ASSISTANT, Text(text), final=True)],
+        turns=[ModelTurn(MODEL, 120, 30)],
+        stages={"context_ms": 1.5, "attempt_ms": 20.0, "total_ms": 25.0},
+        audit={"model": MODEL},
+    )
+
+
+def _tool_turn_then_answer() -> Completion:
+    """A completion carrying its in-flight tool turn (a call and its result, their events and
+    the turn's usage), then the answer, with warnings and an event of its own."""
+    call = Part(0, Role.ASSISTANT, ToolCall("toolu_1", "get_time", {}), final=True)
+    result = Part(1, Role.TOOL, ToolResult("toolu_1", "noon"), final=True)
+    turn = ModelTurn(MODEL, 100, 20, cache_read_input_tokens=7)
+    flight = Batch(
+        1,
+        [call, result],
+        [
+            part_added(call),
+            tool_started("toolu_1", "get_time"),
+            tool_completed("toolu_1", "get_time"),
+            usage_updated(turn, turn.tokens()),
+        ],
+        [turn],
+    )
+    answer = Part(2, Role.ASSISTANT, Text("It is noon."), final=True)
+    return Completion(
+        Completed("It is noon.", "resolved", ("max_steps_near",)),
+        parts=[answer],
+        events=[part_added(answer)],
+        turns=[ModelTurn(MODEL, 140, 12)],
+        stages={"routing_ms": 9.0, "attempt_ms": 30.0},
+        audit={"model": MODEL, "steps": 2},
+        in_flight=flight,
+    )
+
+
+async def _rows(engine: AsyncEngine, stmt: Any) -> list[Any]:
+    async with engine.connect() as conn:
+        return list((await conn.execute(stmt)).all())
+
+
+async def _stored(engine: AsyncEngine, run_id: str) -> dict[str, Any]:
+    """What a run's ending left in every table it writes, without ids and times."""
+    [run] = await _rows(engine, select(runs).where(runs.c.run_id == run_id))
+    [session] = await _rows(engine, select(sessions).where(sessions.c.session_id == run.session_id))
+    return {
+        "run": {
+            k: run._mapping[k]
+            for k in (
+                "status",
+                "result_text",
+                "task_outcome",
+                "warnings",
+                "error",
+                "usage",
+                "last_seq",
+                "lease_owner",
+                "lease_expires_at",
+                "lease_epoch",
+            )
+        },
+        "finished": run.finished_at is not None,
+        "events": [
+            (e.seq, e.type, e.payload, e.format)
+            for e in await _rows(
+                engine,
+                select(run_events).where(run_events.c.run_id == run_id).order_by(run_events.c.seq),
+            )
+        ],
+        "parts": [
+            (p.part_index, p.role, p.kind, p.payload, p.final, p.lease_epoch, p.format)
+            for p in await _rows(
+                engine,
+                select(run_parts)
+                .where(run_parts.c.run_id == run_id)
+                .order_by(run_parts.c.part_index),
+            )
+        ],
+        "turns": [
+            tuple(t)[2:-1]
+            for t in await _rows(
+                engine,
+                select(usage_turns)
+                .where(usage_turns.c.run_id == run_id)
+                .order_by(usage_turns.c.id),
+            )
+        ],
+        "attempts": [
+            (
+                a.lease_epoch,
+                a.outcome,
+                a.error,
+                {k: v for k, v in a.stages.items() if k != "routing_ms"},
+            )
+            for a in await _rows(engine, select(attempts).where(attempts.c.run_id == run_id))
+        ],
+        "audit": [
+            (a.action, a.detail)
+            for a in await _rows(engine, select(audit_log).where(audit_log.c.run_id == run_id))
+        ],
+        "session_has_a_head": session.active_run_id is not None,
+    }
+
+
+async def _claim(execution: Execution, count: int = 1) -> list[Claimed]:
+    claimed = await execution.claims.claim_many("w", count)
+    assert len(claimed) == count
+    return claimed
+
+
+async def test_a_completion_is_one_statement(engine: AsyncEngine) -> None:
+    await _tenant(engine, "t1")
+    execution = _execution(engine)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    for i in range(2):
+        await admitter.admit(chat(f"e{i}", conversation=f"c{i}"))
+    plain, flying = await _claim(execution, 2)
+    with counting(engine) as sent:
+        row = await execution.attempts.complete(plain.run.run_id, 1, _answer())
+    assert (len(sent.statements), sent.total) == (1, 1), sent
+    assert row.status == "completed" and row.result_text == "the answer"
+    with counting(engine) as sent:
+        await execution.attempts.complete(flying.run.run_id, 1, _tool_turn_then_answer())
+    assert (len(sent.statements), sent.total) == (1, 1), sent
+
+
+async def test_a_one_turn_run_costs_three_statements_from_admission_to_its_end(
+    engine: AsyncEngine,
+) -> None:
+    await _tenant(engine, "t1")
+    execution = _execution(engine)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    await admitter.admit(chat("warm", conversation="warm"))  # routing resolved once, here
+    await _claim(execution)
+    with counting(engine) as sent:
+        run_id = (await admitter.admit(chat("e1", conversation="c1"))).run.run_id
+        [claimed] = await _claim(execution)
+        await execution.attempts.complete(run_id, claimed.run.lease_epoch, _answer())
+    assert claimed.run.run_id == run_id
+    assert (len(sent.statements), sent.total) == (3, 3), sent
+
+
+async def test_the_function_writes_what_the_statements_it_is_built_from_write(
+    engine: AsyncEngine,
+) -> None:
+    """Twin runs, each with a next message queued in its conversation, end with the same
+    completion: one through the function, one through the aggregate's statements one by one
+    (the path a completion takes when a cancel came first)."""
+    await _tenant(engine, "t1")
+    execution = _execution(engine)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    for twin in ("a", "b"):
+        await admitter.admit(chat(f"{twin}1", "what time is it", conversation=twin))
+    at_once, one_by_one = await _claim(execution, 2)
+    nexts = [
+        (await admitter.admit(chat(f"{twin}2", conversation=twin))).run.run_id
+        for twin in ("a", "b")
+    ]
+
+    for claimed, write in (
+        (at_once, execution.attempts.complete),
+        (one_by_one, execution.attempts._end),
+    ):
+        done = _tool_turn_then_answer()
+        row = await write(claimed.run.run_id, 1, done)
+        assert row.status == "completed"
+    function, statements = [await _stored(engine, c.run.run_id) for c in (at_once, one_by_one)]
+    assert function == statements
+    # The run.completed stored is the one its constructor builds from the stored usage.
+    [*_, (_, kind, payload, _)] = function["events"]
+    done = _tool_turn_then_answer()
+    assert isinstance(done.ending, Completed)
+    assert (kind, payload) == (
+        "run.completed",
+        run_completed(done.ending, function["run"]["usage"]).payload,
+    )
+    assert function["run"]["usage"]["cache_read_input_tokens"] == 7
+    assert function["run"]["usage"]["cache_creation_input_tokens"] == 0
+    # Each session was handed to its next message, which may now be claimed.
+    handed = {c.run.run_id for c in await execution.claims.claim_many("w", 4)}
+    assert handed == set(nexts)
+
+
+async def test_a_completion_publishes_what_it_stored(engine: AsyncEngine) -> None:
+    await _tenant(engine, "t1")
+    execution = _execution(engine)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    run_id = (await admitter.admit(chat("e1", conversation="c1"))).run.run_id
+    await _claim(execution)
+    published: list[Any] = []
+
+    async def publish(run: str, events: Any, *, delivered: bool = False) -> None:
+        published.extend((run, e.seq, str(e.event.type), dict(e.event.payload)) for e in events)
+
+    execution.publisher.publish = publish  # type: ignore[method-assign]
+    await execution.attempts.complete(run_id, 1, _tool_turn_then_answer())
+    stored = (await _stored(engine, run_id))["events"]
+    assert published == [(run_id, seq, kind, payload) for seq, kind, payload, _ in stored[2:]]
+
+
+async def test_a_batch_that_landed_already_is_not_written_again(engine: AsyncEngine) -> None:
+    await _tenant(engine, "t1")
+    execution = _execution(engine)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    run_id = (await admitter.admit(chat("e1", conversation="c1"))).run.run_id
+    await _claim(execution)
+    done = _tool_turn_then_answer()
+    assert done.in_flight is not None
+    await execution.attempts.checkpoint(run_id, 1, done.in_flight)  # its answer was lost
+    await execution.attempts.complete(run_id, 1, done)
+    stored = await _stored(engine, run_id)
+    assert [s for s, *_ in stored["events"]] == list(range(1, len(stored["events"]) + 1))
+    assert [t for _, t, *_ in stored["events"]].count("tool.started") == 1
+    assert len(stored["turns"]) == 2 and len(stored["parts"]) == 3
+
+
+async def test_a_cancel_accepted_first_ends_the_run_cancelled(engine: AsyncEngine) -> None:
+    await _tenant(engine, "t1")
+    execution = _execution(engine)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    run_id = (await admitter.admit(chat("e1", conversation="c1"))).run.run_id
+    await _claim(execution)
+    async with engine.begin() as conn:
+        assert await runs_repo.flag_cancel(conn, run_id) is not None
+    row = await execution.attempts.complete(run_id, 1, _answer())
+    assert row.status == "cancelled" and row.result_text is None
+    stored = await _stored(engine, run_id)
+    assert [t for _, t, *_ in stored["events"]][-1] == "run.cancelled"
+    assert [p[3] for p in stored["parts"]] == [{"text": "the answer"}], "its parts were kept"
+    assert [a[1] for a in stored["attempts"]] == ["cancelled"]
+
+
+async def test_a_stale_lease_writes_nothing(engine: AsyncEngine) -> None:
+    await _tenant(engine, "t1")
+    execution = _execution(engine)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    run_id = (await admitter.admit(chat("e1", conversation="c1"))).run.run_id
+    await _claim(execution)
+    before = await _stored(engine, run_id)
+    with pytest.raises(StaleLease):
+        await execution.attempts.complete(run_id, 2, _tool_turn_then_answer())
+    assert await _stored(engine, run_id) == before
