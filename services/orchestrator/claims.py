@@ -69,6 +69,7 @@ class Claims:
         *,
         lease_ttl_s: float,
         claim_poll_s: float,
+        claim_poll_hinted_s: float,
         history_runs: int = 50,
     ) -> None:
         self._engine = engine
@@ -79,6 +80,7 @@ class Claims:
         self._prices = prices
         self._ttl = lease_ttl_s
         self._claim_poll = claim_poll_s
+        self._claim_poll_hinted = claim_poll_hinted_s
         self._history_runs = history_runs
         self._empty_as_of = -1  # wakeups.generation when the last look that found nothing began
         self._routes: dict[str, _Routing] = {}
@@ -114,11 +116,14 @@ class Claims:
             self._wakeups.leave(ticket, claimed=None, looking_again=True)
 
     async def poll_claimable(self) -> None:
-        """The fallback for wake-ups lost on the way: every claim poll interval, while claims
-        wait here, count the claimable runs and wake that many. One cheap query per replica,
-        however many claims wait (each polling for itself cost a transaction per claim)."""
+        """The fallback for wake-ups lost on the way: while claims wait here, count the
+        claimable runs and wake that many. One cheap query per replica, however many claims
+        wait (each polling for itself cost a transaction per claim); every claim poll interval
+        while wake-ups are not heard through Redis, and seldom while they are (then only one
+        its sender failed to publish is missed: a lost subscription wakes every claim itself)."""
         while True:
-            await asyncio.sleep(self._claim_poll)
+            hinted = self._wakeups.hinted
+            await asyncio.sleep(self._claim_poll_hinted if hinted else self._claim_poll)
             waiting = self._wakeups.waiting
             if not waiting:
                 continue

@@ -45,6 +45,7 @@ class Execution:
         *,
         lease_ttl_s: float,
         claim_poll_s: float,
+        claim_poll_hinted_s: float | None = None,
         history_runs: int = 50,
     ) -> Execution:
         """The rooms over one engine and bus."""
@@ -59,6 +60,7 @@ class Execution:
                 prices,
                 lease_ttl_s=lease_ttl_s,
                 claim_poll_s=claim_poll_s,
+                claim_poll_hinted_s=claim_poll_hinted_s or claim_poll_s,
                 history_runs=history_runs,
             ),
             Attempts(engine, publisher, prices, lease_ttl_s=lease_ttl_s),

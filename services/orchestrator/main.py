@@ -13,8 +13,11 @@ from tether.credentials import require_verifiers
 from tether.db.engine import create_engine
 from tether.runtime.process import configure_logging, run, serve, write_ready_file
 from tether.runtime.rpc import start_server
-from tether.runtime.tasks import Supervisor, every
+from tether.runtime.tasks import Supervisor, rounds
 from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+
+# A due retry another replica holds locked is looked at again this soon, not spun on.
+RETRY_ROUND_LEAST_S = 0.05
 
 
 async def amain(settings: OrchestratorSettings, verifiers: dict[str, str]) -> None:
@@ -22,7 +25,11 @@ async def amain(settings: OrchestratorSettings, verifiers: dict[str, str]) -> No
     engine = create_engine(settings.database_url, pool_size=settings.pool_size)
     bus = Bus(settings.redis_url)
     execution = Execution.build(
-        engine, bus, lease_ttl_s=settings.lease_ttl_s, claim_poll_s=settings.claim_poll_s
+        engine,
+        bus,
+        lease_ttl_s=settings.lease_ttl_s,
+        claim_poll_s=settings.claim_poll_s,
+        claim_poll_hinted_s=settings.claim_poll_hinted_s,
     )
     work = WorkSettings(
         lease_ttl_s=settings.lease_ttl_s,
@@ -32,8 +39,25 @@ async def amain(settings: OrchestratorSettings, verifiers: dict[str, str]) -> No
     servicer = OrchestratorServicer(Runs(engine, execution.publisher, bus), execution, work)
     supervisor = Supervisor()
     recovery = execution.recovery
-    supervisor.start("reaper", every(settings.reap_interval_s, recovery.reap_expired, "reaper"))
-    supervisor.start("retry-scheduler", recovery.schedule_retries(settings.retry_poll_s))
+    supervisor.start(
+        "reaper",
+        rounds(
+            recovery.reap_round,
+            "reaper",
+            least_s=settings.reap_interval_s,
+            most_s=settings.lease_ttl_s,
+        ),
+    )
+    supervisor.start(
+        "retry-scheduler",
+        rounds(
+            recovery.retry_round,
+            "retry scheduler",
+            least_s=RETRY_ROUND_LEAST_S,
+            most_s=settings.retry_poll_s,
+            nudge=recovery.retry_scheduled,
+        ),
+    )
     supervisor.start("hint-listener", listen_for_hints(bus, execution.publisher, servicer.work))
     supervisor.start("claim-poll", execution.claims.poll_claimable())
     supervisor.start("lease-dispatcher", servicer.work.dispatch(settings.claim_poll_s))

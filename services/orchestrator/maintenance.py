@@ -33,14 +33,14 @@ async def listen_for_hints(bus: Bus, publisher: Publisher, work: Work) -> None:
     # Claims fall back to polling while Redis is away, and keepalives carry every cancel: every
     # waiting claim looks once when the listener is lost and again when it is back, for the
     # wake-ups published while it was away.
-    wake_all = publisher.wakeups.wake_all
+    wakeups = publisher.wakeups
     listener = Subscription(
         bus.url,
         "hint-listener",
         heard,
         channels=[WAKE_CHANNEL],
         patterns=[CANCEL_PATTERN],
-        on_lost=wake_all,
-        on_live=wake_all,
+        on_lost=wakeups.hints_lost,
+        on_live=wakeups.hints_heard,
     )
     await listener.run()

@@ -5,8 +5,6 @@ runs whose worker stopped heartbeating."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -33,8 +31,6 @@ from tether.errors import StaleLease
 from tether.retry import RetryPolicy
 from tether.states import RunStatus
 
-log = logging.getLogger(__name__)
-
 
 class Recovery:
     """Retries and the reaper, on this replica."""
@@ -43,8 +39,8 @@ class Recovery:
         self._engine = engine
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._publisher = publisher
-        # Set (and replaced) when this replica schedules a retry: the scheduler looks again.
-        self._retry_scheduled = asyncio.Event()
+        # Set when this replica schedules a retry: the retry round runs again at once.
+        self.retry_scheduled = asyncio.Event()
 
     async def schedule_retry(
         self, run_id: str, epoch: int, error: RunError, retry_after_s: float
@@ -104,8 +100,7 @@ class Recovery:
         if moved.row.status != RunStatus.RETRY_PENDING.value:
             self._publisher.wake_next(moved)
         else:
-            fired, self._retry_scheduled = self._retry_scheduled, asyncio.Event()
-            fired.set()
+            self.retry_scheduled.set()
         return moved.row
 
     async def _fail_exhausted(
@@ -138,6 +133,14 @@ class Recovery:
         await parts_repo.write_closing(conn, run.run_id, epoch, closing)
         await lease_repo.end_attempt(conn, run.run_id, epoch, "failed", error=error)
         return moved
+
+    async def reap_round(self) -> float | None:
+        """Reap what expired; the seconds until the next lease this replica knows of expires
+        (None: none is held). A lease granted after this round expires no sooner than a lease
+        TTL from now, so sleeping until the earlier of the two misses none."""
+        await self.reap_expired()
+        async with self._autocommit.connect() as conn:
+            return await lease_repo.next_expiry_in(conn)
 
     async def reap_expired(self, limit: int = 100) -> int:
         """Requeue (attempt + 1) or fail runs whose worker stopped heartbeating."""
@@ -192,25 +195,11 @@ class Recovery:
             self._publisher.wake([m.handed_over or m.row.run_id for m in reaped])
         return len(reaped)
 
-    async def schedule_retries(self, max_wait_s: float) -> None:
-        """Queue each retry-pending run when its backoff ends: sleep until the earliest one is
-        due, woken early when this replica schedules one; at most `max_wait_s` between looks
-        (retries scheduled by another replica, if that one is gone)."""
-        while True:
-            scheduled = self._retry_scheduled  # taken before looking: a later one still wakes
-            wait_s = max_wait_s
-            try:
-                await self.queue_due_retries()
-                async with self._autocommit.connect() as conn:
-                    due_in = await lease_repo.next_retry_in(conn)
-                if due_in is not None:
-                    wait_s = min(max(due_in, 0.0), max_wait_s)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("retry scheduling round failed; looking again in %.1f s", wait_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(scheduled.wait(), wait_s)
+    async def retry_round(self) -> float | None:
+        """Queue the retries that are due; the seconds until the next one is."""
+        await self.queue_due_retries()
+        async with self._autocommit.connect() as conn:
+            return await lease_repo.next_retry_in(conn)
 
     async def queue_due_retries(self, limit: int = 100) -> int:
         """Move retry-pending runs whose backoff elapsed back to queued (attempt + 1)."""

@@ -18,13 +18,25 @@ class OrchestratorSettings(PlatformSettings):
     pool_size: int = Field(10, description="Database connections.")
     lease_ttl_s: float = Field(10.0, description="Lease lifetime; workers heartbeat well within.")
     claim_poll_s: float = Field(
-        0.5, description="How often waiting claims are checked for work no wake-up announced."
+        0.5,
+        description="How often waiting claims are checked for work no wake-up announced, "
+        "while this replica hears no wake-ups through Redis (it is away, or was).",
     )
-    reap_interval_s: float = Field(1.0, description="How often expired leases are reaped.")
-    retry_poll_s: float = Field(
+    claim_poll_hinted_s: float = Field(
+        5.0,
+        description="The same check while wake-ups are heard through Redis: only one its "
+        "sender failed to publish can be missed then.",
+    )
+    reap_interval_s: float = Field(
         1.0,
-        description="Longest wait between looks for due retries; a retry this replica "
-        "schedules is queued when due, not at the next look.",
+        description="Least time between reaper rounds; a round sleeps until the earliest "
+        "lease expires, at most a lease TTL (a lease granted meanwhile lasts that long).",
+    )
+    retry_poll_s: float = Field(
+        10.0,
+        description="Longest wait between looks for due retries, for those scheduled by a "
+        "replica that went away before they were due; a retry this replica schedules is "
+        "queued when due, not at the next look.",
     )
     grace_s: float = Field(5.0, description="Drain period on SIGTERM.")
     keepalive_interval_s: float = Field(

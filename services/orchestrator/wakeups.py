@@ -26,6 +26,8 @@ class Wakeups:
     def __init__(self) -> None:
         self._waiting: collections.deque[asyncio.Future[str]] = collections.deque()
         self.generation = 0
+        # Whether wake-ups are heard through Redis now (the hint listener is subscribed).
+        self.hinted = False
 
     def ticket(self) -> asyncio.Future[str]:
         """Join the line; the ticket completes (with the run's id, or "") when a run may be
@@ -51,6 +53,16 @@ class Wakeups:
     def wake_all(self) -> None:
         """Wake every waiting claim (wake-ups may have been lost)."""
         self.wake([""] * max(len(self._waiting), 1))
+
+    def hints_lost(self) -> None:
+        """Wake-ups are no longer heard through Redis: wake every claim, and poll often."""
+        self.hinted = False
+        self.wake_all()
+
+    def hints_heard(self) -> None:
+        """Wake-ups are heard again: wake every claim, for those published while away."""
+        self.hinted = True
+        self.wake_all()
 
     def leave(
         self, ticket: asyncio.Future[str], *, claimed: str | None, looking_again: bool = False

@@ -74,6 +74,7 @@ class Session:
         self.credits = 0
         self.held: dict[str, int] = {}  # run id -> lease epoch, as last pushed or announced
         self.heard_at = time.monotonic()  # the last message from the worker
+        self.probed_at: float | None = None  # asked whether it is there, and not answered yet
         self.outbox: asyncio.Queue[orchestrator_pb2.WorkResponse] = asyncio.Queue()
         self.writes: set[asyncio.Task[None]] = set()
 
@@ -108,7 +109,9 @@ class Work:
         self._keepalive_s = keepalive_interval_s
         self._deadline_s = progress_deadline_s
         self._sessions: list[Session] = []
-        self._credits_granted = asyncio.Event()
+        # Set when a session may take leases it could not before: credits granted, a probe
+        # answered.
+        self._may_lease = asyncio.Event()
 
     # -- one stream ---------------------------------------------------------------------------
 
@@ -123,6 +126,7 @@ class Work:
                 replica_id=self._replica_id,
                 keepalive_interval_ms=int(self._keepalive_s * 1000),
                 progress_deadline_ms=int(self._deadline_s * 1000),
+                probes_quiet_workers=True,
             )
         )
         self._sessions.append(session)
@@ -177,6 +181,9 @@ class Work:
     ) -> None:
         async for raw in requests:
             session.heard_at = time.monotonic()
+            if session.probed_at is not None:
+                session.probed_at = None  # it is there: the dispatcher may lease to it again
+                self._may_lease.set()
             request = refuse_undecodable(raw)
             kind = request.WhichOneof("kind")
             if kind == "credits":
@@ -184,7 +191,7 @@ class Work:
                     raise InvalidArgument("credits must not be negative")
                 if not session.leaving:
                     session.credits += request.credits.credits
-                self._credits_granted.set()
+                self._may_lease.set()
             elif kind == "keepalive":
                 self._spawn(session, self._keepalive(session, request.keepalive))
             elif kind in self._writes:
@@ -278,10 +285,10 @@ class Work:
         turn = itertools.count()
         while True:
             if not any(s.credits for s in self._sessions):
-                self._credits_granted.clear()
-                await self._credits_granted.wait()
+                self._may_lease.clear()
+                await self._may_lease.wait()
                 continue
-            self._credits_granted.clear()
+            self._may_lease.clear()
             ticket = wakeups.ticket()  # before looking: a wake-up during the look counts
             try:
                 leased = await self._look(next(turn))
@@ -291,7 +298,7 @@ class Work:
                 await asyncio.sleep(retry_s)
                 continue
             if not leased:
-                granted: asyncio.Future[Any] = asyncio.ensure_future(self._credits_granted.wait())
+                granted: asyncio.Future[Any] = asyncio.ensure_future(self._may_lease.wait())
                 woken: set[asyncio.Future[Any]] = {ticket, granted}
                 await asyncio.wait(woken, return_when=asyncio.FIRST_COMPLETED)
                 granted.cancel()
@@ -300,10 +307,21 @@ class Work:
 
     async def _look(self, turn: int) -> int:
         """One round: every session with credits, from a rotating start, leases what it can. A
-        worker not heard from for two keepalive intervals (frozen, or its connection half dead)
-        is given nothing until it speaks again."""
-        quiet_since = time.monotonic() - 2 * self._keepalive_s
-        sessions = [s for s in self._sessions if s.credits > 0 and s.heard_at >= quiet_since]
+        worker not heard from for two keepalive intervals is given nothing until it speaks
+        again: it is probed (once a keepalive interval), and its answer brings another round.
+        A worker that holds no lease sends no keepalives, so this is how an idle one is told
+        from a frozen one (or one whose connection is half dead)."""
+        now = time.monotonic()
+        quiet_since = now - 2 * self._keepalive_s
+        sessions = []
+        for session in self._sessions:
+            if session.credits <= 0:
+                continue
+            if session.heard_at >= quiet_since:
+                sessions.append(session)
+            elif session.probed_at is None or session.probed_at < now - self._keepalive_s:
+                session.probed_at = now
+                session.send(orchestrator_pb2.WorkResponse(probe=orchestrator_pb2.WorkProbe()))
         if not sessions:
             return 0
         start = turn % len(sessions)

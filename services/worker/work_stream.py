@@ -71,6 +71,8 @@ class WorkStream:
         self._outbox: asyncio.Queue[orchestrator_pb2.WorkRequest] | None = None
         self._free = 0  # slots granted and not yet leased
         self._keepalive_s = 2.0
+        # Whether the replica probes a quiet worker (then one holding no lease sends nothing).
+        self._probed = False
         self.progress_deadline_s = 120.0
         self._closing = False
         self._leaving = False
@@ -170,6 +172,7 @@ class WorkStream:
         """The stream is accepted: grant the free slots, send again every write the last stream
         did not answer, and take writes from here on."""
         self._keepalive_s = welcome.keepalive_interval_ms / 1000 or self._keepalive_s
+        self._probed = welcome.probes_quiet_workers
         self.progress_deadline_s = welcome.progress_deadline_ms / 1000 or self.progress_deadline_s
         if self._leaving:
             outbox.put_nowait(orchestrator_pb2.WorkRequest(goodbye=orchestrator_pb2.WorkGoodbye()))
@@ -193,6 +196,8 @@ class WorkStream:
         elif kind == "lost":
             for lease in response.lost.leases:
                 handler.lost(lease.run_id, lease.epoch)
+        elif kind == "probe":
+            self._keepalive_due.set()  # the answer: a keepalive, now
 
     def _acknowledged(self, ack: orchestrator_pb2.WorkAck) -> None:
         entry = self._unanswered.get(ack.id)
@@ -211,8 +216,11 @@ class WorkStream:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._keepalive_due.wait(), self._keepalive_s)
+            asked = self._keepalive_due.is_set()
             self._keepalive_due.clear()
             held = [_held(h) for h in handler.held()]
+            if not (held or asked) and self._probed:
+                continue  # nothing to renew: the replica probes before it leases to us
             outbox.put_nowait(
                 orchestrator_pb2.WorkRequest(keepalive=orchestrator_pb2.WorkKeepalive(held=held))
             )

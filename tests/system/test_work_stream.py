@@ -24,6 +24,7 @@ from tether.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 PROGRESS_DEADLINE_S = 1.0
+KEEPALIVE_S = 0.5  # a stream not heard from for twice this is quiet
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -31,7 +32,10 @@ async def stack(
     pg_server_url: str, template_db: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[ExecStack]:
     run_dir = Path(tmp_path_factory.mktemp("work-stream"))
-    settings = {"TETHER_ORCHESTRATOR_PROGRESS_DEADLINE_S": str(PROGRESS_DEADLINE_S)}
+    settings = {
+        "TETHER_ORCHESTRATOR_PROGRESS_DEADLINE_S": str(PROGRESS_DEADLINE_S),
+        "TETHER_ORCHESTRATOR_KEEPALIVE_INTERVAL_S": str(KEEPALIVE_S),
+    }
     async with exec_stack(
         pg_server_url, template_db, redis_url, run_dir, workers=0, extra_env=settings
     ) as running:
@@ -172,6 +176,34 @@ async def test_a_credit_brings_a_pushed_lease_and_a_stale_write_is_refused_alone
         ack = (await stream.next("ack")).ack
         assert (ack.id, ack.code) == (done, 0)
         assert (await run_row(stack.db_url, run_id)).status == "completed"
+    finally:
+        await stream.close()
+
+
+async def test_a_quiet_worker_is_probed_and_given_a_lease_only_once_it_answers(
+    stack: ExecStack,
+) -> None:
+    """A worker holding no lease sends no keepalives, so before a lease goes to one not heard
+    from lately the replica asks whether it is there: a frozen one never answers, and is given
+    nothing."""
+    stream = Stream(stack)
+    try:
+        welcome = await stream.hello()
+        assert welcome.probes_quiet_workers and welcome.keepalive_interval_ms == KEEPALIVE_S * 1000
+        stream.send(credits=orchestrator_pb2.WorkCredits(credits=1))  # nothing queued: it waits
+        # Time itself is what makes a stream quiet: two keepalive intervals without a word.
+        await asyncio.sleep(2.5 * KEEPALIVE_S)
+        _, run_id = await queued_run(stack)
+        await stream.next("probe")
+        assert (await run_row(stack.db_url, run_id)).status == "queued", "pushed to nobody yet"
+        stream.send(keepalive=orchestrator_pb2.WorkKeepalive())  # here, holding nothing
+        lease = (await stream.next("lease")).lease
+        assert lease.lease.run_id == run_id
+        done = orchestrator_pb2.CompleteRunRequest(
+            run_id=run_id, epoch=lease.lease.epoch, status=common_pb2.RUN_STATUS_COMPLETED
+        )
+        stream.send(complete=done)
+        assert (await stream.next("ack")).ack.code == 0
     finally:
         await stream.close()
 

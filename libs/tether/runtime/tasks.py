@@ -1,5 +1,6 @@
-"""Shared runtime helpers for every service: supervised background tasks and periodic rounds
-(the Redis subscription that survives Redis going away is `tether.runtime.subscription`)."""
+"""Shared runtime helpers for every service: supervised background tasks, periodic rounds, and
+rounds that sleep until their next deadline (the Redis subscription that survives Redis going
+away is `tether.runtime.subscription`)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,41 @@ async def every(interval_s: float, work: Callable[[], Awaitable[int]], name: str
         except Exception:
             log.exception("%s round failed; retrying next interval", name)
         await asyncio.sleep(interval_s)
+
+
+async def rounds(
+    work: Callable[[], Awaitable[float | None]],
+    name: str,
+    *,
+    least_s: float,
+    most_s: float,
+    nudge: asyncio.Event | None = None,
+) -> None:
+    """Run `work` again when it is next due: `work` returns the seconds until then (None: it
+    knows of nothing due), waited for no less than `least_s` (something overdue that must wait,
+    like a lease still held, is not spun on) and no more than `most_s` (what it cannot see
+    coming: work made elsewhere, which is due no sooner than `most_s` from now). `nudge`,
+    set by whoever makes work here, starts a round at once. An idle service thus looks once
+    per `most_s`, not every `least_s`. A failed round is logged and tried again after
+    `least_s`."""
+    while True:
+        if nudge is not None:
+            nudge.clear()  # before the round: a nudge during it starts the next one
+        wait_s = least_s
+        try:
+            due_in = await work()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s round failed; trying again in %.1f s", name, least_s)
+        else:
+            wait_s = most_s if due_in is None else min(max(due_in, least_s), most_s)
+        if nudge is None:
+            await asyncio.sleep(wait_s)
+            continue
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_s):
+                await nudge.wait()
 
 
 class Supervisor:

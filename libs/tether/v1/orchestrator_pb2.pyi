@@ -1828,6 +1828,7 @@ class WorkResponse(_message.Message):
     ACK_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
     LOST_FIELD_NUMBER: _builtins.int
+    PROBE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___WorkWelcome:
         """Answers the hello."""
@@ -1848,6 +1849,10 @@ class WorkResponse(_message.Message):
     def lost(self) -> Global___WorkLost:
         """Leases the worker must stop using: reaped, released or leased again."""
 
+    @_builtins.property
+    def probe(self) -> Global___WorkProbe:
+        """Is the worker there? It answers with a keepalive at once."""
+
     def __init__(
         self,
         *,
@@ -1856,12 +1861,13 @@ class WorkResponse(_message.Message):
         ack: Global___WorkAck | None = ...,
         cancel: Global___WorkCancel | None = ...,
         lost: Global___WorkLost | None = ...,
+        probe: Global___WorkProbe | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "cancel", b"cancel", "kind", b"kind", "lease", b"lease", "lost", b"lost", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "cancel", b"cancel", "kind", b"kind", "lease", b"lease", "lost", b"lost", "probe", b"probe", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "cancel", b"cancel", "kind", b"kind", "lease", b"lease", "lost", b"lost", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "cancel", b"cancel", "kind", b"kind", "lease", b"lease", "lost", b"lost", "probe", b"probe", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["welcome", "lease", "ack", "cancel", "lost"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["welcome", "lease", "ack", "cancel", "lost", "probe"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -1877,6 +1883,7 @@ class WorkWelcome(_message.Message):
     REPLICA_ID_FIELD_NUMBER: _builtins.int
     KEEPALIVE_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     PROGRESS_DEADLINE_MS_FIELD_NUMBER: _builtins.int
+    PROBES_QUIET_WORKERS_FIELD_NUMBER: _builtins.int
     protocol_version: _builtins.int
     """The protocol version this orchestrator speaks."""
     replica_id: _builtins.str
@@ -1887,6 +1894,11 @@ class WorkWelcome(_message.Message):
     """How long an attempt may go without progress before its lease is no longer renewed, in
     milliseconds.
     """
+    probes_quiet_workers: _builtins.bool
+    """This replica probes a worker it has not heard from lately before it pushes it a lease, so a
+    worker that holds no lease need send no keepalives (an idle fleet costs nothing). A
+    replica that does not say so is sent keepalives all the time.
+    """
     def __init__(
         self,
         *,
@@ -1894,14 +1906,34 @@ class WorkWelcome(_message.Message):
         replica_id: _builtins.str = ...,
         keepalive_interval_ms: _builtins.int = ...,
         progress_deadline_ms: _builtins.int = ...,
+        probes_quiet_workers: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["keepalive_interval_ms", b"keepalive_interval_ms", "progress_deadline_ms", b"progress_deadline_ms", "protocol_version", b"protocol_version", "replica_id", b"replica_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keepalive_interval_ms", b"keepalive_interval_ms", "probes_quiet_workers", b"probes_quiet_workers", "progress_deadline_ms", b"progress_deadline_ms", "protocol_version", b"protocol_version", "replica_id", b"replica_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WorkWelcome: _TypeAlias = WorkWelcome  # noqa: Y015
+
+@_typing.final
+class WorkProbe(_message.Message):
+    """WorkProbe asks a quiet worker whether it is there (it may be frozen, or its connection half
+    dead): its keepalive in answer makes it eligible for leases again.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkProbe: _TypeAlias = WorkProbe  # noqa: Y015
 
 @_typing.final
 class WorkAck(_message.Message):

@@ -272,6 +272,18 @@ async def due_retries(conn: AsyncConnection, limit: int) -> list[Any]:
     return list((await conn.execute(stmt)).all())
 
 
+_NEXT_EXPIRY_IN = select(
+    func.extract("epoch", func.min(runs.c.lease_expires_at) - func.now())
+).where(runs.c.status == RunStatus.RUNNING.value)
+
+
+async def next_expiry_in(conn: AsyncConnection) -> float | None:
+    """Seconds until the earliest running lease expires (negative: expired), or None when no
+    run is leased (one index probe: ix_runs_lease_expiry)."""
+    value = (await conn.execute(_NEXT_EXPIRY_IN)).scalar()
+    return None if value is None else float(value)
+
+
 _NEXT_RETRY_IN = select(func.extract("epoch", func.min(runs.c.next_attempt_at) - func.now())).where(
     runs.c.status == RunStatus.RETRY_PENDING.value
 )
