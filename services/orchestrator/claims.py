@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import hashlib
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -36,10 +39,22 @@ MAX_ROUTES = 10_000
 
 @dataclass(frozen=True)
 class _Routing:
-    """A tenant's routing, resolved from its agent configuration as it stood then."""
+    """A tenant's routing, resolved from its agent configuration as it stood then, and the name
+    it is stored under (`routings`: the digest of its stored form)."""
 
     agent: dict[str, Any]
     config: AgentConfig
+
+    @functools.cached_property
+    def stored(self) -> dict[str, Any]:
+        """The stored form."""
+        return self.config.to_json()
+
+    @functools.cached_property
+    def routing_id(self) -> str:
+        """Its name: the first 128 bits of the digest of its canonical JSON, in hex."""
+        canonical = json.dumps(self.stored, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,8 @@ class Claims:
         self._history_runs = history_runs
         self._empty_as_of = -1  # wakeups.generation when the last look that found nothing began
         self._routes: dict[str, _Routing] = {}
+        # Routing decisions this replica stored (`routings`), so a claim stores each once.
+        self._stored_routings: set[str] = set()
 
     async def claim(self, worker_id: str, wait_s: float) -> Claimed | None:
         """Lease the oldest claimable run, waiting up to `wait_s` for one to appear."""
@@ -157,13 +174,20 @@ class Claims:
             # so that the next look leases them; a third is for an agent changed in between.
             for _ in range(3):
                 routes = dict(self._routes)
+                unstored = {
+                    r.routing_id: r.stored
+                    for r in routes.values()
+                    if r.routing_id not in self._stored_routings
+                }
                 rows = await lease_repo.claim(
                     conn,
                     worker_id=worker_id,
                     limit=n - len(leased),
                     ttl_s=self._ttl,
                     routes=[self._route(t, r, routed_now) for t, r in routes.items()],
+                    stored=unstored,
                 )
+                self._stored_routings.update(unstored)
                 for row in rows:
                     if row.run_id is not None:
                         leased.append(row)
@@ -198,7 +222,7 @@ class Claims:
         return lease_repo.Route(
             tenant_id,
             routing.agent,
-            routing.config.to_json(),
+            routing.routing_id,
             routing.config.limits.max_attempts,
             routed_now.get(tenant_id, 0.0),
         )
@@ -222,6 +246,7 @@ class Claims:
                 continue
             if len(self._routes) >= MAX_ROUTES:
                 self._routes.clear()
+                self._stored_routings.clear()
             self._routes[tenant_id] = _Routing(agent, config)
             routed_now[tenant_id] = (time.perf_counter() - started) * 1000
         return broken

@@ -52,7 +52,7 @@ class Recovery:
             # Read under the lease fence and locked: the policy comes from the run as leased,
             # and the guarded move below is fenced by the same expression.
             run = await runs_repo.leased_run(conn, run_id, epoch, lock=True)
-            limits = (run.config or {}).get("limits", {})
+            limits = (await runs_repo.routing_of(conn, run_id)).get("limits", {})
             policy = RetryPolicy(
                 max_attempts=int(limits.get("max_attempts", run.max_attempts)),
                 initial_delay=float(limits.get("backoff_initial_seconds", 0.5)),

@@ -16,6 +16,7 @@ from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
 from services.orchestrator.attempts import Completion
 from services.orchestrator.execution import Execution
+from services.orchestrator.repositories import runs as runs_repo
 from tests.integration.statements import counting
 from tests.integration.test_admission import _tenant, chat
 from tether.db.schema import attempts, run_events, runs, tenants
@@ -70,7 +71,8 @@ async def test_a_claim_of_eight_runs_is_one_statement_and_leases_the_oldest_firs
 
     for c in claimed:
         assert (c.run.status, c.run.lease_owner, c.run.lease_epoch) == ("running", "w-8", 1)
-        assert c.run.config == c.config.to_json() and c.earlier == [] and c.own == []
+        assert await _routing(engine, c.run.run_id) == c.config.to_json()
+        assert c.earlier == [] and c.own == []
         # The event each run's lease returned is the one stored, as its constructor builds it.
         [event] = c.lease.events
         assert (event.seq, event.event) == (2, run_started(1, "w-8", 1))
@@ -127,6 +129,12 @@ async def test_history_and_own_parts_are_one_more_statement_for_the_whole_batch(
     assert all(claimed[f].earlier == [] and claimed[f].own == [] for f in fresh)
 
 
+async def _routing(engine: AsyncEngine, run_id: str) -> dict[str, Any]:
+    """The routing decision pinned on the run (named on its row, stored once in routings)."""
+    async with engine.connect() as conn:
+        return await runs_repo.routing_of(conn, run_id)
+
+
 async def test_a_changed_agent_is_leased_with_its_new_routing_at_the_next_claim(
     engine: AsyncEngine,
 ) -> None:
@@ -143,7 +151,7 @@ async def test_a_changed_agent_is_leased_with_its_new_routing_at_the_next_claim(
         [claimed] = await execution.claims.claim_many("w", 1)
     assert len(sent.statements) == 2, "the changed agent came back once, to be resolved"
     assert claimed.run.run_id == second and claimed.config.model == "m-2"
-    assert claimed.run.config["model"] == "m-2"
+    assert (await _routing(engine, second))["model"] == "m-2"
 
 
 async def test_a_tenant_whose_routing_is_broken_has_its_runs_failed_not_leased(

@@ -21,6 +21,7 @@ OWNER = {
     "effects": "orchestrator",
     "usage_turns": "orchestrator",
     "tool_outputs": "orchestrator",
+    "routings": "orchestrator",
     # Inbound events and conversations.
     "event_claims": "admission",
     "messages": "admission",

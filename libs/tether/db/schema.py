@@ -105,6 +105,17 @@ messages = Table(
     _now(),
 )
 
+# Routing decisions, each stored once, named by the digest of its content (`routing_id`): a
+# run's row names the one its attempt runs with instead of carrying it whole through every
+# version of the row.
+routings = Table(
+    "routings",
+    metadata,
+    Column("routing_id", Text, primary_key=True),
+    Column("config", JSONB, nullable=False),
+    _now(),
+)
+
 runs = Table(
     "runs",
     metadata,
@@ -132,8 +143,11 @@ runs = Table(
     Column("warnings", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
     Column("error", JSONB),
     Column("usage", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    # Routing decision of the current attempt, resolved before the loop.
+    # Routing decision of the current attempt, resolved before the loop: `routing_id` names it
+    # in `routings`. `config` held it whole before routings existed (the release before still
+    # reads it during a rolling deploy); it is no longer written, and goes in a later release.
     Column("config", JSONB),
+    Column("routing_id", Text),
     Column("traceparent", Text),
     Column("last_seq", BigInteger, nullable=False, server_default=text("0")),
     # Whether the run is its session's head (sessions.active_run_id): only a head runs, so

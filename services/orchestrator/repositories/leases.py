@@ -9,7 +9,7 @@ runs one message at a time, in order, and the claim is one indexed scan of one t
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -32,6 +32,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -46,7 +47,7 @@ from services.orchestrator.repositories.transitions import (
     sql_value,
 )
 from tether import formats, states
-from tether.db.schema import attempts, audit_log, runs, tenants
+from tether.db.schema import attempts, audit_log, routings, runs, tenants
 from tether.domain import Event, RunError, run_started
 from tether.states import RunStatus
 
@@ -56,11 +57,11 @@ _ROUTES = (
     func.unnest(
         bindparam("rt_tenant_ids", type_=ARRAY(Text)),
         bindparam("rt_agents", type_=ARRAY(Text)),
-        bindparam("rt_configs", type_=ARRAY(Text)),
+        bindparam("rt_routing_ids", type_=ARRAY(Text)),
         bindparam("rt_max_attempts", type_=ARRAY(Integer)),
         bindparam("rt_routing_ms", type_=ARRAY(Float)),
     )
-    .table_valued("tenant_id", "agent", "config", "max_attempts", "routing_ms")
+    .table_valued("tenant_id", "agent", "routing_id", "max_attempts", "routing_ms")
     .render_derived("route", with_types=False)
 )
 # The claimable runs, oldest first: queued session heads (one indexed scan, ix_runs_claimable),
@@ -77,7 +78,7 @@ _PICKED = (
 _AGENT = func.coalesce(tenants.c.agent, text("'{}'::jsonb"))  # as routing reads a missing one
 _WITH_AGENT = _PICKED.outerjoin(tenants, tenants.c.tenant_id == _PICKED.c.tenant_id)
 _ROUTED = (
-    select(_PICKED.c.run_id, _ROUTES.c.config, _ROUTES.c.max_attempts, _ROUTES.c.routing_ms)
+    select(_PICKED.c.run_id, _ROUTES.c.routing_id, _ROUTES.c.max_attempts, _ROUTES.c.routing_ms)
     .select_from(
         _WITH_AGENT.join(
             _ROUTES,
@@ -115,7 +116,8 @@ _LEASED = (
         checkpoint_batch=0,
         started_at=STARTED_ONCE,
         next_attempt_at=null(),
-        config=cast(_ROUTED.c.config, JSONB),
+        routing_id=_ROUTED.c.routing_id,
+        config=null(),  # written by releases before routings: the row sheds it
         max_attempts=_ROUTED.c.max_attempts,
         format=formats.CURRENT,
     )
@@ -143,6 +145,19 @@ _HAS_HISTORY = (
     )
     .exists()
 )
+# Routing decisions this replica had not stored yet, stored with the claim that first names
+# them (a decision another replica stored first is left as it is: same name, same content).
+_NEW_ROUTINGS = (
+    pg_insert(routings)
+    .from_select(
+        ["routing_id", "config"],
+        select(
+            func.unnest(bindparam("ro_ids", type_=ARRAY(Text))),
+            cast(func.unnest(bindparam("ro_configs", type_=ARRAY(Text))), JSONB),
+        ),
+    )
+    .on_conflict_do_nothing()
+)
 _CLAIM = (
     select(
         _PICKED.c.run_id.label("picked_run_id"),
@@ -152,7 +167,11 @@ _CLAIM = (
         *[_LEASED.c[c.name] for c in runs.c],
     )
     .select_from(_WITH_AGENT.outerjoin(_LEASED, _LEASED.c.run_id == _PICKED.c.run_id))
-    .add_cte(appended_events(_LEASED, _started(_LEASED)), _NEW_ATTEMPTS.cte("new_attempts"))
+    .add_cte(
+        appended_events(_LEASED, _started(_LEASED)),
+        _NEW_ATTEMPTS.cte("new_attempts"),
+        _NEW_ROUTINGS.cte("new_routings"),
+    )
 )
 
 
@@ -163,7 +182,7 @@ class Route:
 
     tenant_id: str
     agent: dict[str, Any]
-    config: dict[str, Any]
+    routing_id: str
     max_attempts: int
     routing_ms: float = 0.0
 
@@ -175,6 +194,7 @@ async def claim(
     limit: int,
     ttl_s: float,
     routes: Sequence[Route],
+    stored: Mapping[str, dict[str, Any]],
 ) -> list[Row[Any]]:
     """Lease up to `limit` claimable runs (queued session heads, oldest first, skipping those
     other claimers hold) to `worker_id` in ONE statement: each moves to running under a new
@@ -183,14 +203,17 @@ async def claim(
     A row per run picked: leased (the run's columns, and `has_history` when its session has an
     earlier completed run), or not leased (`run_id` NULL) when its tenant has no route here or
     its agent changed since: then `picked_run_id`, `picked_tenant_id` and the tenant's agent to
-    resolve, `unrouted_agent`."""
+    resolve, `unrouted_agent`. `stored` are routing decisions (by routing id) to store with it:
+    those the routes name that this replica has not stored yet."""
     params = {
         "c_limit": limit,
         "c_worker_id": worker_id,
         "lease_ttl": timedelta(seconds=ttl_s),
         "rt_tenant_ids": [r.tenant_id for r in routes],
         "rt_agents": [json.dumps(r.agent) for r in routes],
-        "rt_configs": [json.dumps(r.config) for r in routes],
+        "rt_routing_ids": [r.routing_id for r in routes],
+        "ro_ids": list(stored),
+        "ro_configs": [json.dumps(config) for config in stored.values()],
         "rt_max_attempts": [r.max_attempts for r in routes],
         "rt_routing_ms": [r.routing_ms for r in routes],
     }

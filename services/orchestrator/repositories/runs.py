@@ -13,7 +13,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.orchestrator.repositories.transitions import LEASE_HELD
-from tether.db.schema import run_events, runs
+from tether.db.schema import routings, run_events, runs
 from tether.errors import InvalidArgument, NotFound, StaleLease
 from tether.ids import is_identifier
 from tether.pricing import Price
@@ -77,13 +77,24 @@ _FLAG_CANCEL = (
 )
 
 
-_ROUTED_PRICES = select(runs.c.config["prices"]).where(runs.c.run_id == bindparam("r_run_id"))
+_ROUTING = (
+    select(func.coalesce(routings.c.config, runs.c.config))
+    .select_from(runs.outerjoin(routings, routings.c.routing_id == runs.c.routing_id))
+    .where(runs.c.run_id == bindparam("r_run_id"))
+)
+
+
+async def routing_of(conn: AsyncConnection, run_id: str) -> dict[str, Any]:
+    """The routing decision the run's current attempt runs with, in its stored form (named in
+    `routings`; whole on the row when a release before routings leased it); {} for none."""
+    config = (await conn.execute(_ROUTING, {"r_run_id": run_id})).scalar()
+    return dict(config or {})
 
 
 async def routed_prices(conn: AsyncConnection, run_id: str) -> dict[str, Price]:
     """The prices routing resolved for the run's current attempt, by model."""
-    prices = (await conn.execute(_ROUTED_PRICES, {"r_run_id": run_id})).scalar()
-    return {model: Price(**price) for model, price in (prices or {}).items()}
+    prices = (await routing_of(conn, run_id)).get("prices", {})
+    return {model: Price(**price) for model, price in prices.items()}
 
 
 async def flag_cancel(conn: AsyncConnection, run_id: str) -> Row[Any] | None:
