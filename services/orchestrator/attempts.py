@@ -183,7 +183,8 @@ class Attempts:
     ) -> Row[Any] | None:
         """A completed run's ending in one statement; None when a cancel came first."""
         flight = done.in_flight
-        audit = {**done.audit, "stages": done.stages, "warnings": list(ending.warnings)}
+        # The attempt's stage durations are on its attempts row; the audit says what ended how.
+        audit = {**done.audit, "warnings": list(ending.warnings)}
 
         async def write(conn: AsyncConnection) -> completion.Ended | None:
             priced_flight = None
@@ -285,7 +286,6 @@ class Attempts:
                         transition.event_type,  # the audit action is the event it records
                         {
                             **done.audit,
-                            "stages": done.stages,
                             "usage": usage,
                             "warnings": list(ending_warnings(ending)),
                         },

@@ -23,7 +23,7 @@ from services.worker.gate import Gate, RunFailed
 from services.worker.interactions import BUILTIN_SPECS, LeasedInteractions, Parked
 from services.worker.model import stream_turn
 from services.worker.orchestrator_client import Orchestrator
-from services.worker.outcomes import Outcomes
+from services.worker.outcomes import Outcomes, ms_since
 from services.worker.provider_errors import classify_exception
 from services.worker.tools.registry import ToolRegistry
 from services.worker.transcript import Transcript
@@ -170,7 +170,7 @@ class Attempt:
             *self._registry.specs([n for n in allowlist if n not in BUILTIN_SPECS]),
             *(BUILTIN_SPECS[n] for n in allowlist if n in BUILTIN_SPECS),
         ]
-        self.stages["context_ms"] = (time.monotonic() - context_start) * 1000
+        self.stages["context_ms"] = ms_since(context_start)
         loop_start = time.monotonic()
         ending: Ending
         try:
@@ -197,7 +197,7 @@ class Attempt:
         except ProviderError as failure:
             await self.outcomes.provider_failed(failure.failure)
             return
-        self.stages["attempt_ms"] = (time.monotonic() - loop_start) * 1000
+        self.stages["attempt_ms"] = ms_since(loop_start)
         await self.outcomes.finish(ending)
 
     async def _loop(self, tools: list[dict[str, Any]]) -> Completed:

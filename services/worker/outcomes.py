@@ -30,6 +30,12 @@ def interruption(ending: Ending) -> str | None:
     return "the run was cancelled"
 
 
+def ms_since(start: float) -> float:
+    """Milliseconds since `start` (a `time.monotonic()` reading), to the microsecond: a stage
+    duration as the attempt's row stores it (more digits are noise that costs bytes)."""
+    return round((time.monotonic() - start) * 1000, 3)
+
+
 class Outcomes:
     """Reports one leased attempt's outcome; `stages` are the timings sent with it."""
 
@@ -56,8 +62,8 @@ class Outcomes:
         if reason is not None:
             self._transcript.close_dangling(reason)
         handover = self._checkpoints.seal()
-        self.stages["finalisation_ms"] = (time.monotonic() - final_start) * 1000
-        self.stages["total_ms"] = (time.monotonic() - self.started) * 1000
+        self.stages["finalisation_ms"] = ms_since(final_start)
+        self.stages["total_ms"] = ms_since(self.started)
         await self._orchestrator.complete(
             self._lease,
             ending,
