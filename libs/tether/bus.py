@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 MAX_PENDING = 100_000
 # How long `delivered` waits for Redis before giving up (a hint is never worth a stall).
 DELIVERY_WAIT_S = 1.0
+# How long one batch may take to go out before its connection is dropped and the batch given
+# up on (a Redis that stalls without closing the socket).
+SEND_TIMEOUT_S = 2.0
 
 
 class Bus:
@@ -34,8 +37,10 @@ class Bus:
 
     def __init__(self, url: str) -> None:
         self.url = url  # for a subscriber beside this publisher (`tether.runtime.subscription`)
+        # No socket timeout: redis-py spends a task on every write it bounds; a batch is bounded
+        # as a whole instead (SEND_TIMEOUT_S), and a cancelled command drops its connection.
         self.client: redis.Redis = redis.Redis.from_url(
-            url, socket_connect_timeout=1.0, socket_timeout=2.0, health_check_interval=10
+            url, socket_connect_timeout=1.0, health_check_interval=10
         )
         self._pending: collections.deque[tuple[str, bytes | str]] = collections.deque(
             maxlen=MAX_PENDING
@@ -72,7 +77,8 @@ class Bus:
                     pipe = self.client.pipeline(transaction=False)
                     for channel, message in batch:
                         pipe.publish(channel, message)
-                    await pipe.execute()
+                    async with asyncio.timeout(SEND_TIMEOUT_S):
+                        await pipe.execute()
                     self._settled += len(batch)
                 except (RedisError, OSError) as exc:
                     log.warning("redis publish of %d hint(s) failed: %s", len(batch), exc)
