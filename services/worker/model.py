@@ -23,6 +23,7 @@ from typing import Any
 
 from anthropic import AsyncAnthropic
 
+from services.worker import sse
 from services.worker.drafts import Draft, TextDraft, ThinkingDraft, ToolCallDraft
 from services.worker.provider_errors import StreamIncomplete
 from services.worker.transcript import Transcript
@@ -67,76 +68,76 @@ async def stream_turn(
             block_ended = None
             checkpoint()
 
-    stream = await client.messages.create(**request, stream=True)
     try:
-        async with stream:
-            async for event in stream:
-                kind = event.type
-                if kind == "message_start":
-                    result.usage = _usage(event.message.usage)
-                elif kind == "content_block_start":
-                    checkpoint_ended_block()
-                    draft = _start_draft(event.content_block)
-                    if draft is not None:
-                        drafts[event.index] = transcript.open(draft)
-                elif kind == "content_block_delta":
-                    draft = drafts.get(event.index)
-                    if draft is not None:
-                        await _apply_delta(draft, event.delta, publish_delta)
-                        transcript.touch(draft)
-                        if time.monotonic() - transcript.last_flush >= checkpoint_interval_s:
-                            checkpoint()
-                elif kind == "content_block_stop":
-                    draft = drafts.pop(event.index, None)
-                    if draft is not None:
-                        part = transcript.finish(draft)
-                        if isinstance(part.content, ToolCall):
-                            result.tool_calls.append(part.content)
-                        if block_ended is None:
-                            block_ended = loop.call_later(BLOCK_END_GRACE_S, checkpoint_ended_block)
-                elif kind == "message_delta":
-                    result.stop_reason = event.delta.stop_reason
-                    result.usage.update({k: v for k, v in _usage(event.usage).items() if v})
-                if kind == "message_stop" and block_ended:
-                    # The run's answer goes with the completion; tool calls go with their
-                    # results or their announcement (Gate._while_announced).
-                    block_ended.cancel()
-                    block_ended = None
+        async for event in sse.events(client, request):
+            kind = event["type"]
+            if kind == "content_block_delta":
+                draft = drafts.get(event["index"])
+                if draft is not None:
+                    await _apply_delta(draft, event["delta"], publish_delta)
+                    transcript.touch(draft)
+                    if time.monotonic() - transcript.last_flush >= checkpoint_interval_s:
+                        checkpoint()
+            elif kind == "message_start":
+                result.usage = _usage(event["message"].get("usage"))
+            elif kind == "content_block_start":
+                checkpoint_ended_block()
+                draft = _start_draft(event["content_block"])
+                if draft is not None:
+                    drafts[event["index"]] = transcript.open(draft)
+            elif kind == "content_block_stop":
+                draft = drafts.pop(event["index"], None)
+                if draft is not None:
+                    part = transcript.finish(draft)
+                    if isinstance(part.content, ToolCall):
+                        result.tool_calls.append(part.content)
+                    if block_ended is None:
+                        block_ended = loop.call_later(BLOCK_END_GRACE_S, checkpoint_ended_block)
+            elif kind == "message_delta":
+                result.stop_reason = event["delta"].get("stop_reason")
+                result.usage.update({k: v for k, v in _usage(event.get("usage")).items() if v})
+            elif kind == "message_stop" and block_ended:
+                # The run's answer goes with the completion; tool calls go with their results
+                # or their announcement (Gate._while_announced).
+                block_ended.cancel()
+                block_ended = None
     finally:
         # The stream broke: what finished is checkpointed now.
         checkpoint_ended_block()
     if result.stop_reason is None:
-        # The body ended cleanly without message_stop: the SDK raises nothing, we must.
+        # The body ended cleanly without message_stop: nothing was raised, so we must.
         raise StreamIncomplete("the model stream ended before message_stop")
     return result
 
 
-def _usage(usage: Any) -> dict[str, int]:
+def _usage(usage: dict[str, Any] | None) -> dict[str, int]:
     out = {}
     for key in TOKEN_FIELDS:
-        value = getattr(usage, key, None)
+        value = (usage or {}).get(key)
         if value is not None:
             out[key] = int(value)
     return out
 
 
-def _start_draft(block: Any) -> Draft | None:
-    if block.type == "text":
-        return TextDraft(block.text or "")
-    if block.type == "thinking":
-        return ThinkingDraft(block.thinking or "", block.signature or "")
-    if block.type == "tool_use":
-        return ToolCallDraft(block.id, block.name, dict(block.input or {}))
+def _start_draft(block: dict[str, Any]) -> Draft | None:
+    kind = block.get("type")
+    if kind == "text":
+        return TextDraft(block.get("text") or "")
+    if kind == "thinking":
+        return ThinkingDraft(block.get("thinking") or "", block.get("signature") or "")
+    if kind == "tool_use":
+        return ToolCallDraft(block["id"], block["name"], dict(block.get("input") or {}))
     return None  # block kinds this runtime does not model (server tools) are skipped
 
 
-async def _apply_delta(draft: Draft, delta: Any, publish: Delta) -> None:
-    kind = delta.type
+async def _apply_delta(draft: Draft, delta: dict[str, Any], publish: Delta) -> None:
+    kind = delta.get("type")
     if kind == "text_delta" and isinstance(draft, TextDraft):
-        await publish(draft.index, delta.text, draft.extend(delta.text))
+        text = delta["text"]
+        await publish(draft.index, text, draft.extend(text))
     elif kind == "thinking_delta" and isinstance(draft, ThinkingDraft):
-        draft.extend(delta.thinking)
+        draft.extend(delta["thinking"])
     elif kind == "signature_delta" and isinstance(draft, ThinkingDraft):
-        draft.sign(delta.signature)
+        draft.sign(delta["signature"])
     elif kind == "input_json_delta" and isinstance(draft, ToolCallDraft):
-        draft.extend(delta.partial_json)
+        draft.extend(delta["partial_json"])
