@@ -18,11 +18,9 @@ from collections.abc import Callable, Sequence
 
 from services.worker.assignment import Assignment
 from services.worker.attempt import Attempt
-from services.worker.orchestrator_client import assignment_from_proto
 from services.worker.work_stream import Held, WorkStream
 from tether.domain import Failed, RunError
 from tether.errors import StaleLease, Unavailable
-from tether.v1 import orchestrator_pb2
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +58,8 @@ class WorkerPool:
 
     # -- what the stream hands the pool ---------------------------------------------------------
 
-    def leased(self, lease: orchestrator_pb2.ClaimRunResponse) -> None:
+    def leased(self, assignment: Assignment) -> None:
         """Run a pushed lease (one credit spent on it)."""
-        assignment = assignment_from_proto(lease)
         if self._stopping:
             # Granted before the stop: hand it back untouched.
             handing = asyncio.ensure_future(self._hand_back(assignment))
