@@ -77,6 +77,12 @@ class Runs:
         async with self._autocommit.connect() as conn:
             return await runs_repo.visible_run(conn, viewer, run_id)
 
+    async def facts(self, viewer: Viewer, run_id: str, held_epoch: int | None) -> Row[Any]:
+        """The run (without its parts) and `lease_held`, whether `held_epoch` is its live lease;
+        NotFound for absent or not the viewer's to see."""
+        async with self._autocommit.connect() as conn:
+            return await runs_repo.visible_run_facts(conn, viewer, run_id, held_epoch)
+
     async def leased(self, run_id: str, epoch: int) -> Row[Any]:
         """The run while `epoch` is its live lease; StaleLease otherwise."""
         async with self._autocommit.connect() as conn:
