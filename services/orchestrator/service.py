@@ -17,7 +17,7 @@ from services.orchestrator.repositories.transitions import NOW, apply
 from tether import states
 from tether.bus import Bus
 from tether.domain import Part, RunError, run_cancelled
-from tether.hints import cancel_channel
+from tether.hints import cancel_channel, encode_cancel
 from tether.states import RunStatus
 from tether.visibility import Viewer
 
@@ -166,5 +166,5 @@ class Runs:
             self._publisher.wake_next(moved)
             return CancelOutcome(moved.row, changed=True)
         if flagged is not None and self._bus is not None:
-            self._bus.post(cancel_channel(run_id), reason or "cancelled")
+            self._bus.post(cancel_channel(run_id), encode_cancel(reason))
         return CancelOutcome(current, changed=flagged is not None)
