@@ -16,7 +16,7 @@ from services.orchestrator.repositories import runs as runs_repo
 from services.orchestrator.repositories.transitions import NOW, apply
 from tether import states
 from tether.bus import Bus
-from tether.domain import Part, RunError, run_cancelled
+from tether.domain import Part, cancelled_error, run_cancelled
 from tether.hints import cancel_channel, encode_cancel
 from tether.states import RunStatus
 from tether.visibility import Viewer
@@ -146,7 +146,7 @@ class Runs:
                 values={
                     "finished_at": NOW,
                     "cancel_requested_at": NOW,  # kept on every cancelled run: when it was asked
-                    "error": RunError("cancelled", reason or "cancelled by caller", True).to_row(),
+                    "error": cancelled_error(reason).to_row(),
                 },
             )
             flagged = None

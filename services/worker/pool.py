@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from services.worker.assignment import Assignment
 from services.worker.attempt import Attempt
 from services.worker.work_stream import Held, WorkStream
-from tether.domain import Failed, RunError
+from tether.domain import CANCELLED_BY_CALLER, Failed, RunError
 from tether.errors import StaleLease, Unavailable
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class WorkerPool:
         """A caller asked to cancel a run this worker holds (the durable request)."""
         entry = self._running.get(run_id)
         if entry is not None and entry[0].lease.epoch == epoch:
-            self.cancel(run_id, "cancelled by caller")
+            self.cancel(run_id, CANCELLED_BY_CALLER)
 
     def lost(self, run_id: str, epoch: int) -> None:
         """The lease is gone: stop spending on a run this worker no longer owns."""
