@@ -14,21 +14,66 @@ from typing import Any
 
 from tether import formats
 
+# -- how wake-ups and cancel hints are written --------------------------------------------------
+
+# The format of the wake-up and cancel-hint messages this release writes: JSON that says its
+# format. 1 is the previous release's bare text (a wake-up `RUN_ID[@ORIGIN]`, a cancel hint's
+# body its reason alone), never labelled, and still read. (Live events carry the stored format
+# of their payloads instead: `LiveMessage.format`.)
+HINT_FORMAT = 2
+
+
+def _versioned(data: bytes | str, what: str) -> dict[str, Any] | None:
+    """The body of a versioned hint; None for one in the previous release's bare form; ValueError
+    for one a newer release wrote, in a format this one does not read."""
+    text = _text(data)
+    if not text.startswith("{"):
+        return None
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("format"), int):
+        return None
+    if raw["format"] > HINT_FORMAT:
+        raise ValueError(f"a {what} in format {raw['format']}, newer than this release reads")
+    return raw
+
+
 # -- wake-ups: "a run may have become claimable" ------------------------------------------------
 
 WAKE_CHANNEL = "tether:wake"
 
 
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """A run that may have become claimable (`run_id` "" for one not known by id); `origin` is
+    the orchestrator replica that already woke its own waiting claims, or ""."""
+
+    run_id: str
+    origin: str = ""
+
+
 def encode_wake(run_id: str, origin: str = "") -> str:
-    """`RUN_ID` ("" for a run not known by id), or `RUN_ID@ORIGIN` from an orchestrator replica
-    that already woke its own waiting claims."""
-    return f"{run_id}@{origin}" if origin else run_id
+    """The message published on `WAKE_CHANNEL`. (The previous release reads it as a wake-up for
+    a run not known by id, which still wakes a claim.)"""
+    return json.dumps({"format": HINT_FORMAT, "run_id": run_id, "origin": origin})
 
 
-def decode_wake(data: bytes | str) -> tuple[str, str]:
-    """(run id, origin replica or "")."""
-    run_id, _, origin = _text(data).partition("@")
-    return run_id, origin
+def decode_wake(data: bytes | str) -> Wake:
+    """The wake-up `encode_wake` wrote, or the previous release's `RUN_ID[@ORIGIN]`; ValueError
+    when a newer release wrote it in a format this one does not read, or it is no wake-up."""
+    raw = _versioned(data, "wake-up")
+    if raw is None:
+        text = _text(data)
+        if text.startswith("{"):
+            raise ValueError(f"not a wake-up: {text[:80]!r}")
+        run_id, _, origin = text.partition("@")
+        return Wake(run_id, origin)
+    run_id, origin = raw.get("run_id", ""), raw.get("origin", "")
+    if not isinstance(run_id, str) or not isinstance(origin, str):
+        raise ValueError(f"not a wake-up: {raw!r}")
+    return Wake(run_id, origin)
 
 
 # -- cancel hints: "ask the orchestrator whether this run was cancelled" ------------------------
@@ -37,21 +82,44 @@ _CANCEL_PREFIX = "tether:cancel:"
 CANCEL_PATTERN = _CANCEL_PREFIX + "*"
 
 
+@dataclass(frozen=True, slots=True)
+class CancelHint:
+    """A caller asked to cancel `run_id`: whoever holds it asks the orchestrator, which alone
+    says whether a cancel was requested (anyone can publish on Redis). `reason` is only for
+    logs."""
+
+    run_id: str
+    reason: str = ""
+
+
 def cancel_channel(run_id: str) -> str:
-    """Channel a run's cancel hint is published on: it makes the worker holding the run ask the
-    orchestrator, which alone says whether a cancel was requested."""
+    """Channel a run's cancel hint is published on (the channel names the run)."""
     return _CANCEL_PREFIX + run_id
 
 
-def run_of_cancel_channel(channel: bytes | str) -> str:
-    """The run a cancel hint names (its channel is the message; the body is only a reason)."""
-    return _text(channel).removeprefix(_CANCEL_PREFIX)
+def encode_cancel(reason: str) -> str:
+    """The message published on a run's `cancel_channel`."""
+    return json.dumps({"format": HINT_FORMAT, "reason": reason})
+
+
+def decode_cancel(channel: bytes | str, data: bytes | str) -> CancelHint:
+    """The cancel hint `encode_cancel` wrote on `channel`, or the previous release's bare
+    reason; ValueError when a newer release wrote it in a format this one does not read, or the
+    channel is no cancel hint's."""
+    name = _text(channel)
+    if not name.startswith(_CANCEL_PREFIX):
+        raise ValueError(f"not a cancel hint's channel: {name!r}")
+    run_id = name.removeprefix(_CANCEL_PREFIX)
+    raw = _versioned(data, "cancel hint")
+    if raw is None:
+        return CancelHint(run_id, _text(data))
+    return CancelHint(run_id, str(raw.get("reason") or ""))
 
 
 # -- live events: committed events and uncommitted text deltas, for the gateway's streams -------
 
-
 _EVENTS_PREFIX = "tether:events:"
+# Every run's events, for a subscriber of them all (the bench's completion listener).
 EVENTS_PATTERN = _EVENTS_PREFIX + "*"
 
 
@@ -118,6 +186,13 @@ def decode_events(data: bytes | str) -> list[LiveMessage]:
     if format > formats.CURRENT:
         raise ValueError(f"a live event in format {format}, newer than this release reads")
     return messages
+
+
+# -- the subscription sentinel ------------------------------------------------------------------
+
+# Subscribed last on every connection by `tether.runtime.subscription`, which counts the
+# connection live once Redis confirms it; nothing is published on it.
+SENTINEL_CHANNEL = "tether:subscription:sentinel"
 
 
 def _text(value: bytes | str) -> str:

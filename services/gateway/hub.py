@@ -26,6 +26,7 @@ from tether.convert import event_to_proto
 from tether.domain import EventType
 from tether.hints import LiveMessage, decode_events, events_channel
 from tether.runtime.subscription import Published, Subscription
+from tether.runtime.tasks import Supervisor
 from tether.v1 import events_pb2
 
 log = logging.getLogger(__name__)
@@ -165,25 +166,15 @@ class EventHub:
             reconnect_max_s=reconnect_max_s,
         )
         self._closed = False
-        self._task: asyncio.Task[None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def start(self, on_death: Callable[[], None] | None = None) -> None:
-        """Connect in the background; `on_death` runs if the hub's task dies of a bug."""
+    def start(self, supervisor: Supervisor) -> None:
+        """Connect in the background, as a task of `supervisor` (its death stops the gateway)."""
         if not self._subscription.url:
             log.warning("no Redis URL: streams follow runs by polling PostgreSQL only")
             return
-        self._task = asyncio.create_task(self._subscription.run(), name="event-hub")
-
-        def done(task: asyncio.Task[None]) -> None:
-            if task.cancelled():
-                return
-            log.critical("event hub died: %r", task.exception())
-            if on_death is not None:
-                on_death()
-
-        self._task.add_done_callback(done)
+        supervisor.start("event-hub", self._subscription.run())
 
     def close_feeds(self) -> None:
         """End every stream (the gateway is stopping); new feeds start closed."""
@@ -192,15 +183,11 @@ class EventHub:
             feed.signal(Signal.CLOSED)
 
     async def stop(self) -> None:
-        """Close the feeds and the connection."""
+        """Close the feeds and end the lingers (the connection is the supervisor's to stop)."""
         self.close_feeds()
         for timer in self._lingering.values():
             timer.cancel()
         self._lingering.clear()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     # -- feeds ----------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from tether.runtime.process import (
     write_ready_file,
 )
 from tether.runtime.rpc import internal_channel, start_server
+from tether.runtime.tasks import Supervisor
 from tether.v1 import (
     admission_pb2_grpc,
     gateway_pb2,
@@ -41,10 +42,11 @@ async def amain(settings: GatewaySettings, credential: str) -> None:
         operator_sha256=settings.operator_credential_sha256,
     )
     orchestrator_stub = orchestrator_pb2_grpc.OrchestratorServiceStub(orchestrator)
-    # Set by SIGTERM/SIGINT (through `serve`) or by the event hub dying.
-    stopping = asyncio.Event()
+    supervisor = Supervisor()
+    # Set by SIGTERM/SIGINT (through `serve`) or by a supervised task (the event hub) dying.
+    stopping = supervisor.failed
     streams = build_streams(settings, orchestrator_stub)
-    streams.hub.start(on_death=stopping.set)
+    streams.hub.start(supervisor)
     servicer = GatewayServicer(
         auth=auth,
         engine=engine,
@@ -83,7 +85,7 @@ async def amain(settings: GatewaySettings, credential: str) -> None:
     await serve(
         server,
         grace=settings.grace_s,
-        cleanups=[engine.dispose, close_channels, streams.hub.stop, http.cleanup],
+        cleanups=[engine.dispose, close_channels, supervisor.stop, streams.hub.stop, http.cleanup],
         failed=stopping,
     )
     ender.cancel()

@@ -81,7 +81,7 @@ class StreamTiming:
 def build_streams(
     settings: GatewaySettings, orchestrator: orchestrator_pb2_grpc.OrchestratorServiceStub
 ) -> Streams:
-    """The process's streams and their event hub (not yet connected: `streams.hub.start()`)."""
+    """The process's streams and their event hub (not yet connected: `streams.hub.start`)."""
     hub = EventHub(
         settings.redis_url,
         feed_capacity=settings.stream_buffer,

@@ -23,11 +23,16 @@ class GrpcOrchestrator:
     def __init__(self, stub: orchestrator_pb2_grpc.OrchestratorServiceStub) -> None:
         self._stub = stub
 
-    async def visible_run(self, viewer: Viewer, run_id: str) -> RunFacts:
-        """The run, if the viewer may see it; NotFound (the same as absent) otherwise."""
+    async def visible_run(
+        self, viewer: Viewer, run_id: str, *, held_epoch: int | None = None
+    ) -> RunFacts:
+        """The run, if the viewer may see it; NotFound (the same as absent) otherwise. With
+        `held_epoch`, the orchestrator also says whether that lease is live."""
         asker = orchestrator_pb2.RunViewer(**viewer.fields())
         return await self._lookup(
-            orchestrator_pb2.LookupRunFactsRequest(run_id=run_id, viewer=asker)
+            orchestrator_pb2.LookupRunFactsRequest(
+                run_id=run_id, viewer=asker, held_epoch=held_epoch
+            )
         )
 
     async def leased_run(self, run_id: str, epoch: int) -> RunFacts:
@@ -51,13 +56,20 @@ class GrpcOrchestrator:
         status = status_from_proto(response.status)
         if status is None:
             raise TetherError(f"the orchestrator gave no status for run {request.run_id!r}")
+        if response.HasField("lease_held"):
+            lease_held = response.lease_held
+        else:
+            # An orchestrator of the previous release, which ignores held_epoch. Taking the
+            # lease asked about as live only defers a sweep's decision to a later round; taking
+            # it as lapsed could orphan an interaction whose worker is about to park on it.
+            lease_held = request.HasField("held_epoch") or request.HasField("lease_epoch")
         return RunFacts(
             tenant_id=response.tenant_id,
             session_id=response.session_id,
             owner_principal_id=response.owner_principal_id or None,
             status=status,
             waiting_interaction_id=response.waiting_interaction_id,
-            lease_epoch=response.lease_epoch,
+            lease_held=lease_held,
         )
 
     async def resume(

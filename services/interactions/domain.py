@@ -52,7 +52,8 @@ class QuestionSpec:
 @dataclass(frozen=True)
 class RunFacts:
     """What interactions may know of a run, as the orchestrator (its one authority) tells it:
-    whose it is, its conversation, the interaction it is parked on and its lease."""
+    whose it is, its conversation, the interaction it is parked on, and whether the lease asked
+    about is live (the orchestrator's lease fence decides; interactions never restates it)."""
 
     tenant_id: str
     session_id: str
@@ -60,7 +61,9 @@ class RunFacts:
     owner_principal_id: str | None
     status: RunStatus
     waiting_interaction_id: str
-    lease_epoch: int
+    # Whether the run is running under the lease epoch the lookup asked about (False when it
+    # asked about none).
+    lease_held: bool
 
     def parked_on(self, kind: str, interaction_id: str) -> bool:
         """Whether the run waits on exactly this interaction, of this kind."""
@@ -72,17 +75,16 @@ class RunFacts:
             return None
         return self.waiting_interaction_id
 
-    def leased(self, epoch: int) -> bool:
-        """Whether `epoch` is the run's live lease."""
-        return self.status == RunStatus.RUNNING and self.lease_epoch == epoch
-
 
 class Orchestrator(Protocol):
     """The orchestrator, as far as interactions need it: the one authority over runs."""
 
-    async def visible_run(self, viewer: Viewer, run_id: str) -> RunFacts:
+    async def visible_run(
+        self, viewer: Viewer, run_id: str, *, held_epoch: int | None = None
+    ) -> RunFacts:
         """The run, if the viewer may see it; NotFound for absent, another tenant's and another
-        principal's alike."""
+        principal's alike. With `held_epoch`, its `lease_held` says whether that lease is
+        live."""
 
     async def leased_run(self, run_id: str, epoch: int) -> RunFacts:
         """The run, if `epoch` is its live lease; StaleLease otherwise (fail closed)."""

@@ -64,7 +64,7 @@ class Upkeep:
             elif run.waiting_interaction_id == row.interaction_id:
                 # The run was parked on it and moved on (cancelled): nothing left to wake.
                 await self._close(row.interaction_id, "expired", "the run had already finished")
-            elif row.lease_epoch is not None and run.leased(row.lease_epoch):
+            elif run.lease_held:
                 continue
             else:
                 await self._close(row.interaction_id, "orphaned", ORPHANED)
@@ -89,16 +89,16 @@ class Upkeep:
             if run.waiting_interaction_id == row.interaction_id:
                 async with self._engine.begin() as conn:
                     await repo.mark_bound(conn, row.interaction_id)
-            elif row.lease_epoch is None or not run.leased(row.lease_epoch):
+            elif not run.lease_held:
                 await self._close(row.interaction_id, "orphaned", ORPHANED)
                 orphaned += 1
         return orphaned
 
     async def _run_of(self, row: Row[Any]) -> RunFacts:
         """The run of a stored interaction, as this service's own sweeps see it (tenant-wide:
-        no caller is involved)."""
+        no caller is involved), and whether the lease that stored it is still live."""
         return await self._orchestrator.visible_run(
-            Viewer(row.tenant_id, "", all_runs=True), row.run_id
+            Viewer(row.tenant_id, "", all_runs=True), row.run_id, held_epoch=row.lease_epoch
         )
 
     async def _close(self, interaction_id: str, status: str, reason: str) -> None:

@@ -12,11 +12,10 @@ from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories import progress
 from services.orchestrator.repositories.transitions import NOW, Moved, apply
 from tether import states
-from tether.domain import Event, RunError, close_attempt, run_cancelled
+from tether.domain import Event, cancelled_error, close_attempt, run_cancelled
 
-# The error of a run that ended cancelled because a caller asked. Retryable: the same inbound
-# event delivered again makes a new run rather than replaying the cancelled one.
-CANCELLED = RunError("cancelled", "cancelled by caller", retryable=True)
+# The error of a run that ended cancelled because a caller asked (recovery's too).
+CANCELLED = cancelled_error()
 
 
 async def cancel_instead(

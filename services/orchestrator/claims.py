@@ -90,8 +90,8 @@ class Claims:
         self._engine = engine
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._publisher = publisher
+        # The waiting claims' line (the lease dispatcher waits in it too).
         self.wakeups = publisher.wakeups
-        self._wakeups = publisher.wakeups
         self._prices = prices
         self._ttl = lease_ttl_s
         self._claim_poll = claim_poll_s
@@ -108,10 +108,10 @@ class Claims:
         deadline = loop.time() + wait_s
         first = True
         while True:
-            ticket = self._wakeups.ticket()  # before looking: a wake-up during the look counts
+            ticket = self.wakeups.ticket()  # before looking: a wake-up during the look counts
             claimed = None
             try:
-                generation = self._wakeups.generation
+                generation = self.wakeups.generation
                 # A new claim that will wait skips the look while nothing woke since one found
                 # nothing: its ticket is in line, so the next wake-up (or the poll) is its own.
                 if not (first and wait_s > 0 and generation == self._empty_as_of):
@@ -121,16 +121,16 @@ class Claims:
                 first = False
                 if claimed is not None or loop.time() >= deadline:
                     taken = None if claimed is None else str(claimed.run.run_id)
-                    self._wakeups.leave(ticket, claimed=taken)
+                    self.wakeups.leave(ticket, claimed=taken)
                     return claimed
                 # Woken by Redis (admission, resumption), locally, or by the replica's poll
                 # (poll_claimable) when a wake-up was lost.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ticket, deadline - loop.time())
             except BaseException:
-                self._wakeups.leave(ticket, claimed=None)  # failed, or the caller went away
+                self.wakeups.leave(ticket, claimed=None)  # failed, or the caller went away
                 raise
-            self._wakeups.leave(ticket, claimed=None, looking_again=True)
+            self.wakeups.leave(ticket, claimed=None, looking_again=True)
 
     async def poll_claimable(self) -> None:
         """The fallback for wake-ups lost on the way: while claims wait here, count the
@@ -139,9 +139,9 @@ class Claims:
         while wake-ups are not heard through Redis, and seldom while they are (then only one
         its sender failed to publish is missed: a lost subscription wakes every claim itself)."""
         while True:
-            hinted = self._wakeups.hinted
+            hinted = self.wakeups.hinted
             await asyncio.sleep(self._claim_poll_hinted if hinted else self._claim_poll)
-            waiting = self._wakeups.waiting
+            waiting = self.wakeups.waiting
             if not waiting:
                 continue
             try:
@@ -151,7 +151,7 @@ class Claims:
                 log.exception("claim poll failed; trying again in %.1f s", self._claim_poll)
                 continue
             if claimable:
-                self._wakeups.wake([""] * claimable)
+                self.wakeups.wake([""] * claimable)
 
     async def _claim_once(self, worker_id: str) -> Claimed | None:
         claimed = await self.claim_many(worker_id, 1)

@@ -6,12 +6,15 @@ the cancel. Hints only: nothing is lost while Redis is away, only slower."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from services.orchestrator.publisher import Publisher
 from services.orchestrator.work import Work
 from tether.bus import Bus
-from tether.hints import CANCEL_PATTERN, WAKE_CHANNEL, decode_wake, run_of_cancel_channel
+from tether.hints import CANCEL_PATTERN, WAKE_CHANNEL, CancelHint, decode_cancel, decode_wake
 from tether.runtime.subscription import Published, Subscription
+
+log = logging.getLogger(__name__)
 
 
 async def listen_for_hints(bus: Bus, publisher: Publisher, work: Work) -> None:
@@ -19,16 +22,22 @@ async def listen_for_hints(bus: Bus, publisher: Publisher, work: Work) -> None:
     checks: set[asyncio.Task[None]] = set()
 
     def heard(message: Published) -> None:
-        if message.pattern:
-            check = asyncio.ensure_future(
-                work.cancel_hinted(run_of_cancel_channel(message.channel))
+        try:
+            hint = (
+                decode_cancel(message.channel, message.data)
+                if message.pattern
+                else decode_wake(message.data)
             )
+        except ValueError as exc:
+            # Only a hint: the poll and the keepalives make up for it.
+            log.warning("ignoring a hint on %s: %s", message.channel, exc)
+            return
+        if isinstance(hint, CancelHint):
+            check = asyncio.ensure_future(work.cancel_hinted(hint.run_id))
             checks.add(check)
             check.add_done_callback(checks.discard)
-            return
-        run_id, origin = decode_wake(message.data)
-        if origin != publisher.wake_marker:  # this replica woke its own already
-            publisher.wakeups.wake([run_id])
+        elif hint.origin != publisher.wake_marker:  # this replica woke its own already
+            publisher.wakeups.wake([hint.run_id])
 
     # Claims fall back to polling while Redis is away, and keepalives carry every cancel: every
     # waiting claim looks once when the listener is lost and again when it is back, for the

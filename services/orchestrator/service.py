@@ -16,8 +16,8 @@ from services.orchestrator.repositories import runs as runs_repo
 from services.orchestrator.repositories.transitions import NOW, apply
 from tether import states
 from tether.bus import Bus
-from tether.domain import Part, RunError, run_cancelled
-from tether.hints import cancel_channel
+from tether.domain import Part, cancelled_error, run_cancelled
+from tether.hints import cancel_channel, encode_cancel
 from tether.states import RunStatus
 from tether.visibility import Viewer
 
@@ -76,6 +76,12 @@ class Runs:
         """The run (without its parts); NotFound for absent or not the viewer's to see."""
         async with self._autocommit.connect() as conn:
             return await runs_repo.visible_run(conn, viewer, run_id)
+
+    async def facts(self, viewer: Viewer, run_id: str, held_epoch: int | None) -> Row[Any]:
+        """The run (without its parts) and `lease_held`, whether `held_epoch` is its live lease;
+        NotFound for absent or not the viewer's to see."""
+        async with self._autocommit.connect() as conn:
+            return await runs_repo.visible_run_facts(conn, viewer, run_id, held_epoch)
 
     async def leased(self, run_id: str, epoch: int) -> Row[Any]:
         """The run while `epoch` is its live lease; StaleLease otherwise."""
@@ -140,7 +146,7 @@ class Runs:
                 values={
                     "finished_at": NOW,
                     "cancel_requested_at": NOW,  # kept on every cancelled run: when it was asked
-                    "error": RunError("cancelled", reason or "cancelled by caller", True).to_row(),
+                    "error": cancelled_error(reason).to_row(),
                 },
             )
             flagged = None
@@ -160,5 +166,5 @@ class Runs:
             self._publisher.wake_next(moved)
             return CancelOutcome(moved.row, changed=True)
         if flagged is not None and self._bus is not None:
-            self._bus.post(cancel_channel(run_id), reason or "cancelled")
+            self._bus.post(cancel_channel(run_id), encode_cancel(reason))
         return CancelOutcome(current, changed=flagged is not None)

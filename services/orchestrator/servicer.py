@@ -75,11 +75,16 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         asker = request.WhichOneof("asker")
         if asker == "viewer":
             viewer = request.viewer
-            run = await self._runs.visible(
-                Viewer(viewer.tenant_id, viewer.principal_id, viewer.all_runs), request.run_id
+            held_epoch = request.held_epoch if request.HasField("held_epoch") else None
+            run = await self._runs.facts(
+                Viewer(viewer.tenant_id, viewer.principal_id, viewer.all_runs),
+                request.run_id,
+                held_epoch,
             )
+            lease_held = bool(run.lease_held)
         elif asker == "lease_epoch":
             run = await self._runs.leased(request.run_id, request.lease_epoch)
+            lease_held = True  # the read itself is fenced by the lease
         else:
             raise InvalidArgument("name who asks: a viewer or a lease_epoch")
         return orchestrator_pb2.LookupRunFactsResponse(
@@ -89,6 +94,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             status=status_to_proto(run.status),
             lease_epoch=run.lease_epoch,
             waiting_interaction_id=run.waiting_interaction_id or "",
+            lease_held=lease_held,
         )
 
     async def LookupBinding(

@@ -25,6 +25,7 @@ from tether.convert import (
     timestamp,
 )
 from tether.domain import (
+    CANCELLED_BY_CALLER,
     AgentConfig,
     Batch,
     Cancelled,
@@ -95,7 +96,7 @@ def _ending(request: orchestrator_pb2.CompleteRunRequest) -> Ending:
     if status is RunStatus.FAILED:
         return Failed(error_from_proto(request.error))
     if status is RunStatus.CANCELLED:
-        return Cancelled(request.error.message or "cancelled by caller")
+        return Cancelled(request.error.message or CANCELLED_BY_CALLER)
     raise InvalidArgument("status must be COMPLETED, FAILED or CANCELLED")
 
 

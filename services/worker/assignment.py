@@ -1,6 +1,6 @@
 """What a claim hands the worker: the lease, the run's facts, its agent's configuration and the
-conversation so far, as frozen types. The orchestrator client builds them from the claim's
-response; nothing else in the worker sees the wire form.
+conversation so far, as frozen types. The Work stream builds them from a pushed lease
+(`work_stream.assignment_from_proto`); nothing else in the worker sees the wire form.
 """
 
 from __future__ import annotations

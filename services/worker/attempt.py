@@ -29,6 +29,7 @@ from services.worker.tools.registry import ToolRegistry
 from services.worker.transcript import Transcript
 from tether.bus import Bus
 from tether.domain import (
+    CANCELLED_BY_CALLER,
     Completed,
     Ending,
     Failed,
@@ -142,7 +143,7 @@ class Attempt:
     def _cancel_requested(self) -> None:
         """A checkpoint's answer carried the caller's durable cancel request."""
         if self.cancel_reason is None:
-            self.cancel_reason = "cancelled by caller"
+            self.cancel_reason = CANCELLED_BY_CALLER
             self._stop_task()
 
     def _stop_task(self) -> None:

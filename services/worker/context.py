@@ -3,7 +3,9 @@
 History parts (earlier runs of the session, then this run's own) become alternating user and
 assistant messages. A part a later attempt superseded (its attempt was cut off before the model's
 turn ended) is kept for audit but never sent to the model; tool results always follow their calls
-at the start of the next user message, as the API requires.
+at the start of the next user message, as the API requires. Which calls go is the domain's rule
+(`tether.domain.rules`): a call whose input never arrived whole is not sent, nor is a dangling
+one (the API refuses a call no result answers).
 """
 
 from __future__ import annotations
@@ -11,7 +13,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tether.domain import AgentConfig, Part, Role, Text, Thinking, ToolCall, ToolResult
+from tether.domain import (
+    AgentConfig,
+    Part,
+    Role,
+    Text,
+    Thinking,
+    ToolCall,
+    ToolResult,
+    dangling_tool_calls,
+    is_whole_call,
+)
 
 
 def system_param(config: AgentConfig) -> list[dict[str, Any]]:
@@ -46,8 +58,8 @@ def _block(part: Part) -> tuple[str, dict[str, Any]] | None:
             "signature": content.signature,
         }
     if isinstance(content, ToolCall):
-        if not part.final:
-            return None  # its input never arrived whole
+        if not is_whole_call(part):
+            return None
         return "assistant", {
             "type": "tool_use",
             "id": content.tool_call_id,
@@ -71,6 +83,11 @@ def build_messages(
 ) -> list[dict[str, Any]]:
     """Messages for the next model turn: earlier runs, this run's input, this run's parts."""
     parts = [*prior, Part(-1, Role.USER, Text(input_text), final=True), *own]
+    dangling = {
+        call.content.tool_call_id
+        for call in dangling_tool_calls(parts)
+        if isinstance(call.content, ToolCall)
+    }
     messages: list[dict[str, Any]] = []
     called: set[str] = set()
     for part in parts:
@@ -92,17 +109,17 @@ def build_messages(
                 content.append(block)
         else:
             messages.append({"role": role, "content": [block]})
-    return _close_open_calls(messages)
+    return _without_calls(messages, dangling)
 
 
-def _close_open_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Drop tool_use blocks no result answers (the API rejects them mid-conversation)."""
-    answered = {
-        b["tool_use_id"] for m in messages for b in m["content"] if b["type"] == "tool_result"
-    }
+def _without_calls(messages: list[dict[str, Any]], call_ids: set[str]) -> list[dict[str, Any]]:
+    """The messages without the tool_use blocks of `call_ids`; a message left empty goes, and
+    the neighbours it parted merge (roles must alternate)."""
     out: list[dict[str, Any]] = []
     for message in messages:
-        content = [b for b in message["content"] if b["type"] != "tool_use" or b["id"] in answered]
+        content = [
+            b for b in message["content"] if b["type"] != "tool_use" or b["id"] not in call_ids
+        ]
         if content:
             if out and out[-1]["role"] == message["role"]:
                 out[-1]["content"].extend(content)

@@ -7,7 +7,6 @@ serves gRPC health checks so the platform can supervise it.
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import httpx2
@@ -25,6 +24,7 @@ from tether.bus import Bus
 from tether.credentials import require_credential
 from tether.runtime.process import configure_logging, run, wait_for_signal, write_ready_file
 from tether.runtime.rpc import internal_channel, start_server
+from tether.runtime.tasks import Supervisor
 
 
 def provider_client(settings: WorkerSettings) -> AsyncAnthropic:
@@ -75,20 +75,21 @@ async def amain(settings: WorkerSettings, credential: str) -> None:
         verifiers={},
     )
     write_ready_file(settings.ready_file, port)
-    pool_task = asyncio.create_task(pool.run(), name="worker-pool")
-    failed = asyncio.Event()
-    pool_task.add_done_callback(lambda _: failed.set())
-    await wait_for_signal(failed)
-    await pool.stop(settings.grace_s)
-    pool_task.cancel()
-    await asyncio.gather(pool_task, return_exceptions=True)
-    await server.stop(1.0)
-    await client.close()
-    if bus is not None:
-        await bus.close()
-    await channel.close()
-    if interactions_channel is not None:
-        await interactions_channel.close()
+    supervisor = Supervisor()
+    supervisor.start("worker-pool", pool.run())
+    try:
+        await wait_for_signal(supervisor.failed)
+        supervisor.stopping()  # the pool's run returns once its stop has drained it
+        await pool.stop(settings.grace_s)
+        await supervisor.stop()  # raises what the pool died of: the worker exits non-zero
+    finally:
+        await server.stop(1.0)
+        await client.close()
+        if bus is not None:
+            await bus.close()
+        await channel.close()
+        if interactions_channel is not None:
+            await interactions_channel.close()
 
 
 def main() -> None:

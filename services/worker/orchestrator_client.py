@@ -1,41 +1,23 @@
 """The worker's only authority: writes to the orchestrator under a lease, on the Work stream.
 Refusals arrive as TetherErrors (StaleLease for a refused epoch).
 
-Protobuf stops here: a claim becomes an `Assignment`, and checkpoints and endings are built
-into their requests from domain parts, events and turns.
+Protobuf stops here for writes: checkpoints and endings are built into their requests from
+domain parts, events and turns. (A pushed lease becomes an `Assignment` where it arrives, in
+`work_stream`.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
 from typing import Any
 
 from google.protobuf import json_format
 
-from services.worker.assignment import Assignment, Lease
+from services.worker.assignment import Lease
 from services.worker.tools.effects import EffectState
 from services.worker.work_stream import WorkStream
-from tether.convert import (
-    error_to_proto,
-    event_to_wire,
-    part_from_proto,
-    part_to_proto,
-    status_to_proto,
-)
-from tether.domain import (
-    AgentConfig,
-    Batch,
-    Cancelled,
-    Completed,
-    Ending,
-    Failed,
-    Limits,
-    ModelTurn,
-    RunError,
-    SystemBlock,
-)
-from tether.pricing import Price
+from tether.convert import error_to_proto, event_to_wire, part_to_proto, status_to_proto
+from tether.domain import Batch, Cancelled, Completed, Ending, Failed, ModelTurn, RunError
 from tether.states import RunStatus
 from tether.v1 import common_pb2, orchestrator_pb2
 
@@ -151,36 +133,6 @@ class LeasedEffects:
     async def finish(self, key: str, result: dict[str, Any]) -> None:
         """Store the result."""
         await self._orchestrator.finish_effect(self._lease, key, result)
-
-
-# -- from the wire ------------------------------------------------------------------------------
-
-
-def assignment_from_proto(response: orchestrator_pb2.ClaimRunResponse) -> Assignment:
-    """The run a ClaimRunResponse leases."""
-    run, config = response.run, response.config
-    return Assignment(
-        lease=Lease(response.lease.run_id, response.lease.epoch, response.lease.attempt),
-        tenant_id=run.tenant_id,
-        root_run_id=run.root_run_id or response.lease.run_id,
-        input_text=run.input_text,
-        config=AgentConfig(
-            model=config.model,
-            system_prompt=config.system_prompt,
-            system_blocks=tuple(SystemBlock(b.text, b.cache_control) for b in config.system_blocks),
-            tool_allowlist=tuple(config.tool_allowlist),
-            limits=Limits(**{f.name: getattr(config.limits, f.name) for f in fields(Limits)}),
-            prices={
-                p.model: Price(p.input, p.output, p.cache_write, p.cache_read)
-                for p in config.prices
-            },
-            agent=config.agent,
-        ),
-        history=tuple(part_from_proto(p) for p in response.history),
-        prior_part_count=response.prior_part_count,
-        last_seq=response.last_seq,
-        traceparent=response.traceparent,
-    )
 
 
 # -- to the wire --------------------------------------------------------------------------------

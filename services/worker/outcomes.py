@@ -16,7 +16,7 @@ from services.worker.checkpoints import CheckpointWriter
 from services.worker.interactions import Parked
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.transcript import Transcript
-from tether.domain import Cancelled, Completed, Ending, Failed, RunError
+from tether.domain import CANCELLED_BY_CALLER, Cancelled, Completed, Ending, Failed, RunError
 from tether.retry import ProviderFailure
 
 
@@ -74,7 +74,7 @@ class Outcomes:
 
     async def cancelled(self, reason: str | None) -> None:
         """End the run cancelled: dangling calls closed as interrupted."""
-        await self.finish(Cancelled(reason or ""))
+        await self.finish(Cancelled(reason or CANCELLED_BY_CALLER))
 
     async def parked(self, parked: Parked) -> None:
         """Park the run on its interaction once everything before the pause is durable."""

@@ -18,11 +18,9 @@ from collections.abc import Callable, Sequence
 
 from services.worker.assignment import Assignment
 from services.worker.attempt import Attempt
-from services.worker.orchestrator_client import assignment_from_proto
 from services.worker.work_stream import Held, WorkStream
-from tether.domain import Failed, RunError
+from tether.domain import CANCELLED_BY_CALLER, Failed, RunError
 from tether.errors import StaleLease, Unavailable
-from tether.v1 import orchestrator_pb2
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +58,8 @@ class WorkerPool:
 
     # -- what the stream hands the pool ---------------------------------------------------------
 
-    def leased(self, lease: orchestrator_pb2.ClaimRunResponse) -> None:
+    def leased(self, assignment: Assignment) -> None:
         """Run a pushed lease (one credit spent on it)."""
-        assignment = assignment_from_proto(lease)
         if self._stopping:
             # Granted before the stop: hand it back untouched.
             handing = asyncio.ensure_future(self._hand_back(assignment))
@@ -87,7 +84,7 @@ class WorkerPool:
         """A caller asked to cancel a run this worker holds (the durable request)."""
         entry = self._running.get(run_id)
         if entry is not None and entry[0].lease.epoch == epoch:
-            self.cancel(run_id, "cancelled by caller")
+            self.cancel(run_id, CANCELLED_BY_CALLER)
 
     def lost(self, run_id: str, epoch: int) -> None:
         """The lease is gone: stop spending on a run this worker no longer owns."""

@@ -2,11 +2,13 @@
 
 Out: the hello (this process's id and the leases it holds), credits (free slots), keepalives
 and the writes of every attempt. In: pushed leases, one acknowledgement per write, cancels and
-lost leases, handed to the pool. When the stream breaks (a replica stopped or asked the
-connection to go away, the network) it reconnects, to whichever replica answers, announces the
-leases it holds and sends again every write that was not acknowledged: the epoch is the
-authority and every write is idempotent under it (checkpoints are numbered), so an attempt
-carries on as if nothing happened.
+lost leases, handed to the pool as domain types (a pushed lease becomes an `Assignment` here;
+protobuf stops at this module and `orchestrator_client`).
+
+When the stream breaks (a replica stopped or asked the connection to go away, the network) it
+reconnects, to whichever replica answers, announces the leases it holds and sends again every
+write that was not acknowledged: the epoch is the authority and every write is idempotent under
+it (checkpoints are numbered), so an attempt carries on as if nothing happened.
 """
 
 from __future__ import annotations
@@ -16,13 +18,17 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 import grpc
 from google.protobuf.message import Message
 
+from services.worker.assignment import Assignment, Lease
+from tether.convert import part_from_proto
+from tether.domain import AgentConfig, Limits, SystemBlock
 from tether.errors import TetherError, Unavailable, from_status
+from tether.pricing import Price
 from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -46,7 +52,7 @@ class Held:
 class Handler(Protocol):
     """What the stream hands the pool."""
 
-    def leased(self, lease: orchestrator_pb2.ClaimRunResponse) -> None:
+    def leased(self, assignment: Assignment) -> None:
         """A lease was pushed: run it (a credit was spent on it)."""
 
     def cancelled(self, run_id: str, epoch: int) -> None:
@@ -190,7 +196,7 @@ class WorkStream:
             self._acknowledged(response.ack)
         elif kind == "lease":
             self._free = max(self._free - 1, 0)
-            handler.leased(response.lease)
+            handler.leased(assignment_from_proto(response.lease))
         elif kind == "cancel":
             handler.cancelled(response.cancel.run_id, response.cancel.epoch)
         elif kind == "lost":
@@ -263,6 +269,33 @@ async def _drain(outbox: asyncio.Queue[orchestrator_pb2.WorkRequest]) -> Any:
         if message is _END:
             return
         yield message
+
+
+def assignment_from_proto(response: orchestrator_pb2.ClaimRunResponse) -> Assignment:
+    """The run a pushed lease (a ClaimRunResponse) hands this worker."""
+    run, config = response.run, response.config
+    return Assignment(
+        lease=Lease(response.lease.run_id, response.lease.epoch, response.lease.attempt),
+        tenant_id=run.tenant_id,
+        root_run_id=run.root_run_id or response.lease.run_id,
+        input_text=run.input_text,
+        config=AgentConfig(
+            model=config.model,
+            system_prompt=config.system_prompt,
+            system_blocks=tuple(SystemBlock(b.text, b.cache_control) for b in config.system_blocks),
+            tool_allowlist=tuple(config.tool_allowlist),
+            limits=Limits(**{f.name: getattr(config.limits, f.name) for f in fields(Limits)}),
+            prices={
+                p.model: Price(p.input, p.output, p.cache_write, p.cache_read)
+                for p in config.prices
+            },
+            agent=config.agent,
+        ),
+        history=tuple(part_from_proto(p) for p in response.history),
+        prior_part_count=response.prior_part_count,
+        last_seq=response.last_seq,
+        traceparent=response.traceparent,
+    )
 
 
 def _held(held: Held) -> orchestrator_pb2.HeldLease:

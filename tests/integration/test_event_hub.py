@@ -12,6 +12,7 @@ import redis.asyncio as redis
 
 from services.gateway.hub import EventHub, Feed, LiveEvent, Signal
 from tether.hints import LiveMessage, encode_events, events_channel
+from tether.runtime.tasks import Supervisor
 from tether.testing.eventually import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -26,8 +27,16 @@ async def admin(redis_url: str) -> AsyncIterator[redis.Redis]:
     await client.aclose()
 
 
-async def started(hub: EventHub) -> None:
-    hub.start()
+@pytest.fixture
+async def supervisor() -> AsyncIterator[Supervisor]:
+    running = Supervisor()
+    yield running
+    assert not running.failed.is_set(), "the hub's connection died"
+    await running.stop()
+
+
+async def started(hub: EventHub, supervisor: Supervisor) -> None:
+    hub.start(supervisor)
     probe = hub.open(deltas=False)
     # The first connection's confirmation tells every feed to re-read PostgreSQL.
     assert await probe.next(WAIT_S) is Signal.RESYNC
@@ -39,12 +48,12 @@ async def next_item(feed: Feed) -> LiveEvent | Signal | None:
 
 
 async def test_a_followed_run_streams_and_a_lost_connection_resyncs_its_feed(
-    redis_url: str, admin: redis.Redis
+    redis_url: str, admin: redis.Redis, supervisor: Supervisor
 ) -> None:
     run_id = f"run_{uuid.uuid4().hex}"
     hub = EventHub(redis_url, ping_interval_s=0.2)
     try:
-        await started(hub)
+        await started(hub, supervisor)
         feed = hub.open(deltas=False)
         assert await hub.follow(feed, run_id) is True
         assert hub.is_live(run_id)
@@ -79,13 +88,13 @@ async def test_a_followed_run_streams_and_a_lost_connection_resyncs_its_feed(
 
 
 async def test_a_run_stays_subscribed_for_the_linger_after_its_last_feed(
-    redis_url: str, admin: redis.Redis
+    redis_url: str, admin: redis.Redis, supervisor: Supervisor
 ) -> None:
     run_id = f"run_{uuid.uuid4().hex}"
     channel = events_channel(run_id)
     hub = EventHub(redis_url, linger_s=2.0)
     try:
-        await started(hub)
+        await started(hub, supervisor)
         first = hub.open(deltas=False)
         assert await hub.follow(first, run_id) is True
         hub.close(first)

@@ -1,20 +1,30 @@
-"""The Redis message codecs: what one side encodes the other decodes, and junk is refused."""
+"""The Redis message codecs: what one side encodes the other decodes, the previous release's
+forms still decode, and junk or a newer format is refused (the subscriber ignores it)."""
 
 from __future__ import annotations
+
+import fnmatch
+import json
 
 import pytest
 
 from tether.hints import (
     CANCEL_PATTERN,
     EVENTS_PATTERN,
+    HINT_FORMAT,
+    SENTINEL_CHANNEL,
+    WAKE_CHANNEL,
+    CancelHint,
     LiveMessage,
+    Wake,
     cancel_channel,
+    decode_cancel,
     decode_events,
     decode_wake,
+    encode_cancel,
     encode_events,
     encode_wake,
     events_channel,
-    run_of_cancel_channel,
 )
 
 
@@ -51,12 +61,67 @@ def test_an_undecodable_event_is_a_value_error(junk: str) -> None:
 
 
 @pytest.mark.parametrize(("run_id", "origin"), [("run_1", ""), ("run_1", "replica-a"), ("", "r")])
-def test_a_wake_round_trips(run_id: str, origin: str) -> None:
-    assert decode_wake(encode_wake(run_id, origin)) == (run_id, origin)
-    assert decode_wake(encode_wake(run_id, origin).encode()) == (run_id, origin)
+def test_a_wake_round_trips_saying_its_format(run_id: str, origin: str) -> None:
+    encoded = encode_wake(run_id, origin)
+    assert json.loads(encoded)["format"] == HINT_FORMAT
+    assert decode_wake(encoded) == Wake(run_id, origin)
+    assert decode_wake(encoded.encode()) == Wake(run_id, origin)
 
 
-def test_channels_match_their_patterns() -> None:
-    assert cancel_channel("run_1").startswith(CANCEL_PATTERN.rstrip("*"))
-    assert events_channel("run_1").startswith(EVENTS_PATTERN.rstrip("*"))
-    assert run_of_cancel_channel(cancel_channel("run_1").encode()) == "run_1"
+@pytest.mark.parametrize(
+    ("bare", "wake"),
+    [
+        ("run_1", Wake("run_1")),
+        (b"run_1@orchestrator-ab12", Wake("run_1", "orchestrator-ab12")),
+        ("", Wake("")),
+        ("@orchestrator-ab12", Wake("", "orchestrator-ab12")),
+    ],
+)
+def test_the_previous_releases_bare_wakes_decode(bare: str | bytes, wake: Wake) -> None:
+    assert decode_wake(bare) == wake
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [
+        json.dumps({"format": HINT_FORMAT + 1, "run_id": "run_1", "origin": ""}),
+        json.dumps({"format": HINT_FORMAT, "run_id": 7}),
+        "{not json",
+        "{}",
+    ],
+)
+def test_a_newer_or_undecodable_wake_is_a_value_error(junk: str) -> None:
+    with pytest.raises(ValueError):
+        decode_wake(junk)
+
+
+@pytest.mark.parametrize("reason", ["", "the user changed their mind", '{"format": 1}'])
+def test_a_cancel_hint_round_trips_saying_its_format(reason: str) -> None:
+    encoded = encode_cancel(reason)
+    assert json.loads(encoded)["format"] == HINT_FORMAT
+    channel = cancel_channel("run_1")
+    assert decode_cancel(channel, encoded) == CancelHint("run_1", reason)
+    assert decode_cancel(channel.encode(), encoded.encode()) == CancelHint("run_1", reason)
+
+
+@pytest.mark.parametrize("bare", ["cancelled", "", "{half a brace"])
+def test_the_previous_releases_bare_cancel_hint_decodes(bare: str) -> None:
+    assert decode_cancel(cancel_channel("run_1").encode(), bare.encode()) == CancelHint(
+        "run_1", bare
+    )
+
+
+def test_a_newer_cancel_hint_or_another_channel_is_a_value_error() -> None:
+    newer = json.dumps({"format": HINT_FORMAT + 1, "reason": "x"})
+    with pytest.raises(ValueError, match="newer"):
+        decode_cancel(cancel_channel("run_1"), newer)
+    with pytest.raises(ValueError):
+        decode_cancel(events_channel("run_1"), encode_cancel("x"))
+
+
+def test_channels_match_their_patterns_and_the_sentinel_matches_none() -> None:
+    assert fnmatch.fnmatchcase(cancel_channel("run_1"), CANCEL_PATTERN)
+    assert fnmatch.fnmatchcase(events_channel("run_1"), EVENTS_PATTERN)
+    for pattern in (CANCEL_PATTERN, EVENTS_PATTERN):
+        assert not fnmatch.fnmatchcase(SENTINEL_CHANNEL, pattern)
+    assert SENTINEL_CHANNEL != WAKE_CHANNEL

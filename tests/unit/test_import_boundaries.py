@@ -1,6 +1,13 @@
-"""The server core never imports the client side: the client SDK (`tether.client`,
-`tether.watch`), the CLI, the dev stack and the test kit. A server image can then leave them out,
-and a change to the CLI cannot break a service."""
+"""Two boundaries, checked by walking imports.
+
+The server core never imports the client side: the client SDK (`tether.client`, `tether.watch`),
+the CLI, the dev stack and the test kit. A server image can then leave them out, and a change to
+the CLI cannot break a service.
+
+Protobuf stops at a service's edges: only the modules declared below import generated code
+(`tether.v1.*_pb2`, `*_pb2_grpc`) or the protobuf runtime; everything behind them speaks domain
+types.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +20,26 @@ ROOT = Path(__file__).resolve().parents[2]
 CLIENT_SIDE = ("tether.client", "tether.watch", "tether.cli", "tether.stack", "tether.testing")
 CLIENT_FILES = ("libs/tether/client.py", "libs/tether/watch.py")
 CLIENT_DIRS = ("libs/tether/cli", "libs/tether/stack", "libs/tether/testing", "libs/tether/v1")
+
+# Where protobuf may appear under services/, each with why it is an edge.
+WIRE_EDGES = {
+    "services/admission/servicer.py": "admission's gRPC edge",
+    "services/admission/adapters.py": "admission's calls to the orchestrator and interactions",
+    "services/orchestrator/servicer.py": "the orchestrator's gRPC edge",
+    "services/orchestrator/worker_edge.py": "the worker-facing calls, converted to domain types",
+    "services/orchestrator/work.py": "the Work stream, the orchestrator's end",
+    "services/interactions/servicer.py": "interactions' gRPC edge",
+    "services/interactions/clients.py": "interactions' calls to the orchestrator",
+    "services/worker/orchestrator_client.py": "the worker's writes, built into their requests",
+    "services/worker/interactions.py": "the worker's calls to interactions",
+    "services/worker/work_stream.py": "the Work stream, the worker's end: a lease becomes an "
+    "Assignment here",
+}
+# Every main.py wires its servicers and channels (the composition root).
+WIRE_MAINS = "main.py"
+# The gateway relays the internal services' messages to callers by design.
+WIRE_PACKAGES = ("services/gateway/",)
+WIRE_MODULES = ("tether.v1", "google.protobuf")
 
 
 def server_modules() -> list[Path]:
@@ -60,4 +87,49 @@ def test_the_check_sees_a_client_import(tmp_path: Path) -> None:
         "tether.client",
         "tether.client.TetherClient",
         "tether.testing.ledger",
+    }
+
+
+def service_modules() -> list[Path]:
+    return sorted((ROOT / "services").rglob("*.py"))
+
+
+def is_wire_edge(relative: str) -> bool:
+    return (
+        relative in WIRE_EDGES
+        or relative.rsplit("/", 1)[-1] == WIRE_MAINS
+        or relative.startswith(WIRE_PACKAGES)
+    )
+
+
+def reaches_the_wire(name: str) -> bool:
+    return any(name == wire or name.startswith(wire + ".") for wire in WIRE_MODULES)
+
+
+def test_every_declared_wire_edge_exists() -> None:
+    missing = sorted(edge for edge in WIRE_EDGES if not (ROOT / edge).is_file())
+    assert not missing, f"declared wire edges that are gone: {missing}"
+
+
+@pytest.mark.parametrize("path", service_modules(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_protobuf_stops_at_a_service_edge(path: Path) -> None:
+    relative = path.relative_to(ROOT).as_posix()
+    if is_wire_edge(relative):
+        return
+    wrong = sorted(name for name in imported(path) if reaches_the_wire(name))
+    assert not wrong, f"{relative} imports {wrong}: convert to domain types at an edge"
+
+
+def test_the_check_sees_a_protobuf_import(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from tether.v1 import orchestrator_pb2\nimport tether.v1.common_pb2\n"
+        "from google.protobuf import json_format\nfrom tether.domain import Part\n"
+    )
+    assert {n for n in imported(probe) if reaches_the_wire(n)} == {
+        "tether.v1",
+        "tether.v1.orchestrator_pb2",
+        "tether.v1.common_pb2",
+        "google.protobuf",
+        "google.protobuf.json_format",
     }

@@ -12,14 +12,11 @@ from google.protobuf import json_format
 from services.worker.assignment import Lease
 from services.worker.drafts import ToolCallDraft
 from services.worker.interactions import approval_claim_from_proto
-from services.worker.orchestrator_client import (
-    assignment_from_proto,
-    checkpoint_request,
-    completion_request,
-)
+from services.worker.orchestrator_client import checkpoint_request, completion_request
 from services.worker.tools.base import CallContext, ToolContext, ToolOutput, ToolSpec
 from services.worker.tools.effects import EffectState
 from services.worker.tools.registry import ToolRegistry
+from services.worker.work_stream import assignment_from_proto
 from tether.convert import event_to_wire, part_to_proto
 from tether.domain import (
     ApprovalMarker,

@@ -39,12 +39,14 @@ from tether.domain.events import (
     usage_updated,
 )
 from tether.domain.outcomes import (
+    CANCELLED_BY_CALLER,
     Cancelled,
     Completed,
     Ending,
     Failed,
     ModelTurn,
     RunError,
+    cancelled_error,
 )
 from tether.domain.parts import (
     ApprovalMarker,
@@ -77,6 +79,7 @@ from tether.domain.rules import (
 )
 
 __all__ = [
+    "CANCELLED_BY_CALLER",
     "TERMINAL_EVENTS",
     "AgentConfig",
     "ApprovalMarker",
@@ -105,6 +108,7 @@ __all__ = [
     "ToolResult",
     "camel",
     "camel_keys",
+    "cancelled_error",
     "close_attempt",
     "content_from_json",
     "content_json",

@@ -82,11 +82,22 @@ class Failed:
     error: RunError
 
 
+# The reason of a cancel whose caller gave none.
+CANCELLED_BY_CALLER = "cancelled by caller"
+
+
+def cancelled_error(reason: str | None = None) -> RunError:
+    """The error a run cancelled by a caller records (the run's and its attempt's): the
+    caller's reason, or `CANCELLED_BY_CALLER`. Retryable: the same inbound event delivered again
+    makes a new run rather than replaying the cancelled one."""
+    return RunError("cancelled", reason or CANCELLED_BY_CALLER, retryable=True)
+
+
 @dataclass(frozen=True, slots=True)
 class Cancelled:
     """A caller's cancel ended the run."""
 
-    reason: str = "cancelled by caller"
+    reason: str = CANCELLED_BY_CALLER
 
 
 Ending = Completed | Failed | Cancelled

@@ -25,10 +25,10 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
+from tether.hints import SENTINEL_CHANNEL
+
 log = logging.getLogger(__name__)
 
-# Subscribed last on every connection; nothing is published on it.
-SENTINEL_CHANNEL = "tether:subscription:sentinel"
 PING_INTERVAL_S = 5.0
 # A connection that answered nothing, not even a ping, for this many ping intervals is dead.
 MISSED_PINGS = 3

@@ -60,11 +60,13 @@ async def rounds(
 
 
 class Supervisor:
-    """Starts named background tasks; the first to die takes the service down."""
+    """Starts named background tasks; the first to die takes the service down. A task dies when
+    it raises, or returns before the service began to stop (a loop that gave up silently)."""
 
     def __init__(self) -> None:
         self.tasks: list[asyncio.Task[None]] = []
         self.failed = asyncio.Event()
+        self._stopping = False
 
     def start(self, name: str, coro: Awaitable[None]) -> None:
         """Run `coro` as a named, supervised task."""
@@ -73,15 +75,23 @@ class Supervisor:
         task.add_done_callback(self._done)
         self.tasks.append(task)
 
+    def stopping(self) -> None:
+        """The service began to stop: a task that returns from now on finished its work (e.g. a
+        pool drained by its own stop), it did not die. `stop` implies it."""
+        self._stopping = True
+
     def _done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():
             return
         exc = task.exception()
+        if exc is None and self._stopping:
+            return
         log.critical("background task %s died: %r", task.get_name(), exc)
         self.failed.set()
 
     async def stop(self) -> None:
-        """Cancel every task and wait for them."""
+        """Cancel every task and wait for them; raise the error a task died of, if one did."""
+        self._stopping = True
         for task in self.tasks:
             task.cancel()
         for task in self.tasks:

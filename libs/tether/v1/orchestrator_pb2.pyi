@@ -919,11 +919,17 @@ class LookupRunFactsRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     VIEWER_FIELD_NUMBER: _builtins.int
     LEASE_EPOCH_FIELD_NUMBER: _builtins.int
+    HELD_EPOCH_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     lease_epoch: _builtins.int
     """A worker's lease epoch: FAILED_PRECONDITION (stale_lease) unless the run is running
     under exactly this epoch.
+    """
+    held_epoch: _builtins.int
+    """A lease epoch to ask about (e.g. the one that stored an interaction): the answer's
+    lease_held says whether the run is running under exactly this epoch now. Unset, lease_held
+    is false.
     """
     @_builtins.property
     def viewer(self) -> Global___RunViewer:
@@ -937,13 +943,19 @@ class LookupRunFactsRequest(_message.Message):
         run_id: _builtins.str = ...,
         viewer: Global___RunViewer | None = ...,
         lease_epoch: _builtins.int = ...,
+        held_epoch: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["asker", b"asker", "lease_epoch", b"lease_epoch", "viewer", b"viewer"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_held_epoch", b"_held_epoch", "asker", b"asker", "held_epoch", b"held_epoch", "lease_epoch", b"lease_epoch", "viewer", b"viewer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["asker", b"asker", "lease_epoch", b"lease_epoch", "run_id", b"run_id", "viewer", b"viewer"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_held_epoch", b"_held_epoch", "asker", b"asker", "held_epoch", b"held_epoch", "lease_epoch", b"lease_epoch", "run_id", b"run_id", "viewer", b"viewer"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__held_epoch: _TypeAlias = _typing.Literal["held_epoch"]  # noqa: Y015
+    _WhichOneofArgType__held_epoch: _TypeAlias = _typing.Literal["_held_epoch", b"_held_epoch"]  # noqa: Y015
     _WhichOneofReturnType_asker: _TypeAlias = _typing.Literal["viewer", "lease_epoch"]  # noqa: Y015
     _WhichOneofArgType_asker: _TypeAlias = _typing.Literal["asker", b"asker"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__held_epoch) -> _WhichOneofReturnType__held_epoch | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType_asker) -> _WhichOneofReturnType_asker | None: ...
 
 Global___LookupRunFactsRequest: _TypeAlias = LookupRunFactsRequest  # noqa: Y015
@@ -992,6 +1004,7 @@ class LookupRunFactsResponse(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     LEASE_EPOCH_FIELD_NUMBER: _builtins.int
     WAITING_INTERACTION_ID_FIELD_NUMBER: _builtins.int
+    LEASE_HELD_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Tenant of the run."""
     session_id: _builtins.str
@@ -1001,9 +1014,16 @@ class LookupRunFactsResponse(_message.Message):
     status: _common_pb2.RunStatus.ValueType
     """Current status."""
     lease_epoch: _builtins.int
-    """Current lease epoch (a lease is live only while the status is running)."""
+    """Current lease epoch. Ask with held_epoch to learn whether a lease is live; this is kept
+    for interactions replicas of the previous release, which check it themselves.
+    """
     waiting_interaction_id: _builtins.str
     """The interaction the run is parked on; empty when it was never parked."""
+    lease_held: _builtins.bool
+    """Whether the run is running under the request's held_epoch (true for a lease_epoch asker,
+    whose read is fenced by it). Always set by this release; absent from an orchestrator of the
+    previous release, which did not know held_epoch.
+    """
     def __init__(
         self,
         *,
@@ -1013,12 +1033,15 @@ class LookupRunFactsResponse(_message.Message):
         status: _common_pb2.RunStatus.ValueType = ...,
         lease_epoch: _builtins.int = ...,
         waiting_interaction_id: _builtins.str = ...,
+        lease_held: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_lease_held", b"_lease_held", "lease_held", b"lease_held"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_epoch", b"lease_epoch", "owner_principal_id", b"owner_principal_id", "session_id", b"session_id", "status", b"status", "tenant_id", b"tenant_id", "waiting_interaction_id", b"waiting_interaction_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_lease_held", b"_lease_held", "lease_epoch", b"lease_epoch", "lease_held", b"lease_held", "owner_principal_id", b"owner_principal_id", "session_id", b"session_id", "status", b"status", "tenant_id", b"tenant_id", "waiting_interaction_id", b"waiting_interaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__lease_held: _TypeAlias = _typing.Literal["lease_held"]  # noqa: Y015
+    _WhichOneofArgType__lease_held: _TypeAlias = _typing.Literal["_lease_held", b"_lease_held"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__lease_held) -> _WhichOneofReturnType__lease_held | None: ...
 
 Global___LookupRunFactsResponse: _TypeAlias = LookupRunFactsResponse  # noqa: Y015
 

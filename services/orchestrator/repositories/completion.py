@@ -61,6 +61,7 @@ from tether.domain import (
     RunError,
     StoredEvent,
     camel,
+    cancelled_error,
     run_completed,
 )
 from tether.pricing import TOKEN_FIELDS
@@ -78,8 +79,7 @@ def ending_error(ending: Ending) -> RunError | None:
     if isinstance(ending, Failed):
         return ending.error
     if isinstance(ending, Cancelled):
-        # Retryable: the same inbound event delivered again makes a new run.
-        return RunError("cancelled", ending.reason, retryable=True)
+        return cancelled_error(ending.reason)
     return None
 
 

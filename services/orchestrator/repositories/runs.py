@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, bindparam, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, bindparam, false, func, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -47,6 +47,21 @@ async def visible_run(
     `lock` holds the row until the transaction ends, so its status cannot move under a
     read-then-write."""
     return await _find_run(conn, run_id, viewer.sees(), lock=lock)
+
+
+async def visible_run_facts(
+    conn: AsyncConnection, viewer: Viewer, run_id: str, held_epoch: int | None
+) -> Row[Any]:
+    """The run with `lease_held`: whether it is running under `held_epoch` now, by the one lease
+    fence (false when `held_epoch` is None); NotFound when it is absent or not the viewer's to
+    see (the same answer)."""
+    stmt = select(runs, func.coalesce(LEASE_HELD, false()).label("lease_held")).where(
+        runs.c.run_id == run_id, viewer.sees()
+    )
+    row = (await conn.execute(stmt, {"held_epoch": held_epoch})).first()
+    if row is None:
+        raise NotFound(f"run {run_id!r} not found")
+    return row
 
 
 _LEASED = select(runs).where(runs.c.run_id == bindparam("r_run_id"), LEASE_HELD)

@@ -301,7 +301,7 @@ _NEXT_QUEUED = (
     select(runs.c.run_id)
     .where(
         runs.c.session_id == bindparam("h_session_id"),
-        runs.c.status == "queued",
+        runs.c.status == RunStatus.QUEUED.value,
         runs.c.run_id != bindparam("h_run_id"),
     )
     .order_by(runs.c.created_at, runs.c.run_id)
