@@ -142,8 +142,14 @@ class Attempt:
 
     def _cancel_requested(self) -> None:
         """A checkpoint's answer carried the caller's durable cancel request."""
+        self.cancel(CANCELLED_BY_CALLER)
+
+    def cancel(self, reason: str) -> None:
+        """Stop the attempt for `reason` (a caller's cancel, the pool's shutdown, no progress)
+        unless its outcome is already on its way: then that lands, and the orchestrator ends
+        the run cancelled instead if a caller's cancel came first (the outcome's parts kept)."""
         if self.cancel_reason is None:
-            self.cancel_reason = CANCELLED_BY_CALLER
+            self.cancel_reason = reason
             self._stop_task()
 
     def _stop_task(self) -> None:
@@ -153,6 +159,11 @@ class Attempt:
             self._task.cancel()
 
     # -- the loop -------------------------------------------------------------------------------
+
+    def start(self) -> asyncio.Task[None]:
+        """Run `execute` as this attempt's task (the one a stop cancels)."""
+        self._task = asyncio.ensure_future(self.execute())
+        return self._task
 
     async def execute(self) -> None:
         """Run to an outcome and report it to the orchestrator."""

@@ -73,7 +73,7 @@ class WorkerPool:
             old = earlier[0].lease
             earlier[0].stop_with(StaleLease(f"lease epoch {old.epoch} of run {old.run_id} lapsed"))
         attempt = self._make_attempt(assignment)
-        task = asyncio.ensure_future(attempt.execute())
+        task = attempt.start()
         task.set_name(f"attempt-{assignment.run_id}")
         self._running[assignment.run_id] = (attempt, task)
         supervised = asyncio.ensure_future(self._supervise(attempt, task))
@@ -178,14 +178,11 @@ class WorkerPool:
                     self.cancel(run_id, NO_PROGRESS)
 
     def cancel(self, run_id: str, reason: str) -> None:
-        """Cancel a running attempt (provider stream and tool tasks go with it)."""
+        """Cancel a running attempt (provider stream and tool tasks go with it); one whose
+        outcome was sent already is left to land (`Attempt.cancel`)."""
         entry = self._running.get(run_id)
-        if entry is None:
-            return
-        attempt, task = entry
-        if attempt.cancel_reason is None:
-            attempt.cancel_reason = reason
-            task.cancel()
+        if entry is not None:
+            entry[0].cancel(reason)
 
     async def stop(self, grace_s: float) -> None:
         """Take no more runs; give attempts `grace_s` to finish, then release their leases,

@@ -4,8 +4,9 @@ never an authority. Services run as real processes.
 Each race is held open deterministically: the test locks the run row (SELECT ... FOR UPDATE in
 an open transaction), so every write to it queues in arrival order; it lines the racers up (the
 worker's last checkpoint before its move, then the cancel request, or the cancel first and then
-the completion) and lets them go. The race workers run without Redis and with heartbeats far
-apart, so the only way they learn of the cancel is the durable flag on a checkpoint's answer.
+the completion) and lets them go. The race workers run without Redis and with keepalives far
+apart, so they learn of a cancel from a checkpoint's answer or from the cancel their replica
+pushes on the Work stream, never before the race is let go.
 
 The reap race (a cancel accepted while the run's worker is dead) is
 tests/system/test_drills.py::test_a_cancelled_run_whose_worker_died_is_finalised_by_the_orchestrator.
@@ -50,6 +51,9 @@ RACE_WORKER = {
 # The cancel request reads the run under a row lock before it writes anything.
 CANCEL = "SELECT runs.run_id, runs.tenant_id"
 PARK = "waiting_interaction_id="  # the park sets it
+# The completion's statement (its fence starts like a checkpoint's: only the call tells them
+# apart, and a finished block's own checkpoint may queue between them on a loaded machine).
+COMPLETION = "tether_complete_run("
 HOLD = "FOR NO KEY UPDATE"
 SETTLED = ("cancelled", "completed", "failed", "queued", "retry-pending", "waiting-for-approval")
 
@@ -238,7 +242,7 @@ async def test_a_cancel_accepted_before_a_completion_lands_ends_the_run_cancelle
             # The cancel queues first, while the answer still streams; the completion after it.
             cancel = await cancel_in_line(tenant, run_id)
             await hold.lined_up(CANCEL)
-            await hold.lined_up(CANCEL, CHECKPOINT)
+            await hold.lined_up(CANCEL, COMPLETION)
         run = await accepted_cancel_ended_cancelled(stack, run_id, cancel)
         assert run.result_text is None, "the completion did not land"
         parts = await parts_of(stack.db_url, run_id)
