@@ -12,6 +12,7 @@ by a worker that died before parking stays unbound and is swept as orphaned.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -33,6 +34,8 @@ class Lifecycle:
     def __init__(self, engine: AsyncEngine, orchestrator: Orchestrator) -> None:
         self._engine = engine
         self._orchestrator = orchestrator
+        # Set when a resume did not reach the orchestrator: the redelivery round runs at once.
+        self.undelivered = asyncio.Event()
 
     async def store(
         self, run_id: str, epoch: int, kind: str, tool_call_id: str, **fields: Any
@@ -81,6 +84,7 @@ class Lifecycle:
             )
         except Unavailable as exc:
             log.warning("resume of %s deferred to the sweep: %s", run_id, exc.message)
+            self.undelivered.set()
             return False
         await self.mark_delivered(interaction_id)
         return resumed

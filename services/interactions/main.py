@@ -15,7 +15,7 @@ from tether.credentials import require_credential, require_verifiers
 from tether.db.engine import create_engine
 from tether.runtime.process import configure_logging, run, serve, write_ready_file
 from tether.runtime.rpc import internal_channel, start_server
-from tether.runtime.tasks import Supervisor, every
+from tether.runtime.tasks import Supervisor, rounds
 from tether.v1 import interactions_pb2, interactions_pb2_grpc, orchestrator_pb2_grpc
 
 DEMO_PROVIDER = "democal"
@@ -64,15 +64,18 @@ async def amain(settings: InteractionsSettings, credential: str, verifiers: dict
         verifiers=verifiers,
     )
     supervisor = Supervisor()
-    supervisor.start(
-        "expiry", every(settings.sweep_interval_s, upkeep.expire_stale, "expiry sweep")
-    )
-    supervisor.start(
-        "redelivery", every(settings.sweep_interval_s, upkeep.redeliver, "redelivery sweep")
-    )
-    supervisor.start(
-        "orphans", every(settings.sweep_interval_s, upkeep.sweep_orphans, "orphan sweep")
-    )
+    # Anything made after a round (here or on another replica) is due no sooner than the
+    # shortest TTL or the orphan grace from then: no round need wait longer to see it.
+    most_s = min(settings.approval_ttl_s, settings.consent_ttl_s, settings.orphan_grace_s)
+    for name, work, nudge in (
+        ("expiry sweep", upkeep.expiry_round, None),
+        ("orphan sweep", upkeep.orphan_round, None),
+        ("redelivery sweep", upkeep.redelivery_round, lifecycle.undelivered),
+    ):
+        supervisor.start(
+            name,
+            rounds(work, name, least_s=settings.sweep_interval_s, most_s=most_s, nudge=nudge),
+        )
     write_ready_file(settings.ready_file, port)
 
     async def close() -> None:

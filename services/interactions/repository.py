@@ -282,6 +282,45 @@ async def undelivered(conn: AsyncConnection, limit: int) -> Sequence[Row[Any]]:
     ).all()
 
 
+_PENDING = (interactions.c.status == "pending", _READABLE)
+_UNDELIVERED = (
+    interactions.c.status.in_(("answered", "decided", "completed", "expired")),
+    interactions.c.delivered_at.is_(None),
+    _READABLE,
+)
+
+
+def _earliest(moment: Any, *where: Any) -> Any:
+    """Seconds from now until the earliest `moment` of the rows `where` picks (negative: past;
+    NULL when it picks none): one probe of the partial index that `where` matches."""
+    return select(func.extract("epoch", func.min(moment) - func.now())).where(*where)
+
+
+async def _seconds(conn: AsyncConnection, earliest: Any) -> float | None:
+    value = (await conn.execute(earliest)).scalar()
+    return None if value is None else float(value)
+
+
+async def next_expiry_in(conn: AsyncConnection) -> float | None:
+    """Seconds until the earliest pending interaction expires (ix_interactions_open_expiry)."""
+    return await _seconds(conn, _earliest(interactions.c.expires_at, *_PENDING))
+
+
+async def next_binding_check_in(conn: AsyncConnection, older_than_s: float) -> float | None:
+    """Seconds until the oldest pending interaction whose binding is unconfirmed is
+    `older_than_s` old (ix_interactions_unconfirmed)."""
+    checked_at = interactions.c.created_at + func.make_interval(0, 0, 0, 0, 0, 0, older_than_s)
+    unbound = interactions.c.bound_at.is_(None)
+    return await _seconds(conn, _earliest(checked_at, *_PENDING, unbound))
+
+
+async def next_redelivery_in(conn: AsyncConnection) -> float | None:
+    """Seconds until the oldest undelivered resolution is a second old, when `undelivered`
+    takes it (ix_interactions_undelivered)."""
+    due_at = interactions.c.resolved_at + func.make_interval(0, 0, 0, 0, 0, 0, 1)
+    return await _seconds(conn, _earliest(due_at, *_UNDELIVERED))
+
+
 async def unconfirmed_pending(
     conn: AsyncConnection, older_than_s: float, limit: int
 ) -> Sequence[Row[Any]]:

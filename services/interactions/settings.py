@@ -19,7 +19,11 @@ class InteractionsSettings(PlatformSettings):
     grace_s: float = Field(5.0, description="Drain period on SIGTERM.")
     approval_ttl_s: float = Field(86_400.0, description="How long an approval may wait.")
     consent_ttl_s: float = Field(900.0, description="How long a consent pause may wait.")
-    sweep_interval_s: float = Field(1.0, description="Expiry, redelivery and orphan sweep period.")
+    sweep_interval_s: float = Field(
+        1.0,
+        description="Least time between two expiry, redelivery or orphan sweeps; each sleeps "
+        "until its next deadline, at most the shortest TTL or the orphan grace.",
+    )
     orphan_grace_s: float = Field(
         10.0,
         description="Age after which a pending interaction is checked once for its binding "

@@ -23,7 +23,9 @@ ORPHANED = "the run never parked on it"
 
 
 class Upkeep:
-    """The expiry, orphan and redelivery sweeps, each run periodically by main."""
+    """The expiry, orphan and redelivery sweeps. Main runs each as a round that sleeps until
+    its next deadline (`tether.runtime.tasks.rounds`), so an idle service looks seldom: each
+    round says when it is next due."""
 
     def __init__(
         self,
@@ -36,6 +38,24 @@ class Upkeep:
         self._orchestrator = orchestrator
         self._lifecycle = lifecycle
         self._policy = policy
+
+    async def expiry_round(self) -> float | None:
+        """Expire what is due; the seconds until the next pending interaction expires."""
+        await self.expire_stale()
+        async with self._engine.connect() as conn:
+            return await repo.next_expiry_in(conn)
+
+    async def orphan_round(self) -> float | None:
+        """Check what is due; the seconds until the next unconfirmed one is old enough."""
+        await self.sweep_orphans()
+        async with self._engine.connect() as conn:
+            return await repo.next_binding_check_in(conn, self._policy.orphan_grace_s)
+
+    async def redelivery_round(self) -> float | None:
+        """Deliver what is due; the seconds until the next undelivered resolution is."""
+        await self.redeliver()
+        async with self._engine.connect() as conn:
+            return await repo.next_redelivery_in(conn)
 
     async def expire_stale(self, limit: int = 100) -> int:
         """Close pauses past their TTL. One the run is parked on expires: a consent fails its

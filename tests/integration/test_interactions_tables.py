@@ -58,6 +58,9 @@ CALLS: dict[str, Call] = {
         conn, INTERACTION, "orphaned", "the run never parked on it"
     ),
     "undelivered": lambda conn, *_: repo.undelivered(conn, 10),
+    "next_expiry_in": lambda conn, *_: repo.next_expiry_in(conn),
+    "next_binding_check_in": lambda conn, *_: repo.next_binding_check_in(conn, 10.0),
+    "next_redelivery_in": lambda conn, *_: repo.next_redelivery_in(conn),
     "mark_delivered": lambda conn, *_: repo.mark_delivered(conn, INTERACTION),
     "claim_approval": lambda conn, run_id, _: repo.claim_approval(
         conn, run_id, "toolu_1", "publish_post", 1
@@ -99,7 +102,7 @@ def _repository_functions() -> set[str]:
     return {
         name
         for name, fn in inspect.getmembers(repo, inspect.iscoroutinefunction)
-        if fn.__module__ == repo.__name__
+        if fn.__module__ == repo.__name__ and not name.startswith("_")  # helpers run inside
     }
 
 

@@ -1,7 +1,7 @@
 """What every service runs on, in one place:
 
 - `process`: logging, signals, the ready file, serving until stopped;
-- `tasks`: supervised background tasks and periodic rounds;
+- `tasks`: supervised background tasks, and rounds that sleep until their next deadline;
 - `rpc`: gRPC servers and internal channels, with the interceptors that authenticate callers and
   translate errors (`tether.errors`) both ways;
 - `subscription`: the one Redis pub/sub loop (sees every lost connection, pings, confirms).

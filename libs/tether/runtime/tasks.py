@@ -1,6 +1,6 @@
-"""Shared runtime helpers for every service: supervised background tasks, periodic rounds, and
-rounds that sleep until their next deadline (the Redis subscription that survives Redis going
-away is `tether.runtime.subscription`)."""
+"""Shared runtime helpers for every service: supervised background tasks, and rounds that sleep
+until their next deadline (the Redis subscription that survives Redis going away is
+`tether.runtime.subscription`)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,6 @@ import logging
 from collections.abc import Awaitable, Callable
 
 log = logging.getLogger(__name__)
-
-
-async def every(interval_s: float, work: Callable[[], Awaitable[int]], name: str) -> None:
-    """Run `work` every `interval_s`, logging (not dying on) a failed round."""
-    while True:
-        try:
-            await work()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("%s round failed; retrying next interval", name)
-        await asyncio.sleep(interval_s)
 
 
 async def rounds(
