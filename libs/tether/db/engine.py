@@ -82,7 +82,11 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
     engine = create_async_engine(
         async_url(url),
         pool_size=pool_size,
-        max_overflow=pool_size,
+        # No overflow: a connection opened past the pool is closed when handed back, so a
+        # burst above it opened and closed a PostgreSQL backend per statement (a fork, a
+        # catalog warm-up and the prepared statements made again, each time). Past the pool,
+        # callers wait their turn: the server has no more cores for them anyway.
+        max_overflow=0,
         pool_pre_ping=False,
         # Every transaction here is short; a stuck one should fail, not hold locks for minutes.
         connect_args={"command_timeout": 30, "server_settings": {"application_name": "tether"}},
