@@ -67,21 +67,27 @@ class Admitter:
                 max_attempts=self._max_attempts,
                 traceparent=traceparent,
             )
-            if run is not None:
-                outcome = Admission(Disposition.CREATED, run)
-            else:
-                outcome = await self._duplicate(conn, event, request_hash, traceparent)
+            decided = (
+                Admission(Disposition.CREATED, run)
+                if run is not None
+                else await self._duplicate(conn, event, request_hash)
+            )
+        # A retry takes a transaction of its own once this connection is back in the pool:
+        # holding one while waiting for another deadlocks a pool that every caller holds.
+        outcome = (
+            decided
+            if isinstance(decided, Admission)
+            else await self._reclaim(event, decided, traceparent)
+        )
         if outcome.disposition in (Disposition.CREATED, Disposition.RETRIED) and self._bus:
             self._bus.notify_queued(outcome.run.run_id)
         return outcome
 
     async def _duplicate(
-        self,
-        conn: AsyncConnection,
-        event: InboundEvent,
-        request_hash: bytes,
-        traceparent: str | None,
-    ) -> Admission:
+        self, conn: AsyncConnection, event: InboundEvent, request_hash: bytes
+    ) -> Admission | Row[Any]:
+        """The duplicate decision table: an admission, or the failed or cancelled run that a
+        new run retries (with lineage)."""
         claim = await repo.find_claim(conn, event)
         run = claim.run
         # Another principal's run is never attached to, replayed or retried for this caller:
@@ -111,7 +117,7 @@ class Admitter:
         elif not (run.error or {}).get("retryable", True):
             # A deterministic failure would fail again: report it rather than spend again.
             return Admission(Disposition.REPLAYED, run)
-        return await self._reclaim(event, run, traceparent)
+        return run
 
     async def _reclaim(
         self, event: InboundEvent, previous: Row[Any], traceparent: str | None
