@@ -6,8 +6,9 @@ Three stages, each on a fresh database of the same embedded PostgreSQL and Redis
 local model server out of process (bench.runs):
 
 - speed: two workers; light-load latency against the floor loop run one at a time, saturated
-  throughput and CPU against the floor loop saturated, the stack idle with 8 workers, and the
-  claim's cost with 10,000 runs queued against 10 (bench.hotpath_queue);
+  throughput and CPU against the floor loop saturated and against the topology floor (the same
+  processes and hops doing only their hop's work: bench.topology_floor), the stack idle with 8
+  workers, and the claim's cost with 10,000 runs queued against 10 (bench.hotpath_queue);
 - admission: no workers; admissions through the gateway against a no-op call through two bare
   gRPC hops (bench.relay_floor);
 - counters: two workers behind counting taps (bench.grpc_tap) with PostgreSQL's statement log
@@ -33,6 +34,7 @@ from bench import hotpath_counts, hotpath_queue
 from bench.common import Servers, bench_servers, closed_loop, emit, percentile
 from bench.floors import FLOOR_EACH_RUN, floor_load
 from bench.hotpath_stage import NOT_THE_STACK, Stage, cpu_meter, ms_by_role, redis_pid, stage
+from bench.hotpath_topology import topology
 from bench.model import Model, model_server
 from bench.relay_floor import METHOD as RELAY_METHOD
 from bench.runs import (
@@ -43,6 +45,7 @@ from bench.runs import (
     saturate,
     saturation_config,
 )
+from bench.topology_floor import EACH_RUN as TOPOLOGY_EACH_RUN
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
 
 # One at a time: enough for a steady p50, and a p99 that is more than the one slowest run.
@@ -141,8 +144,12 @@ async def saturated(servers: Servers, current: Stage) -> None:
         floor_before = meter.sample()
         floor = await load.go()
         floor_used = meter.sample() - floor_before
+    async with topology(servers, current.model) as bare:
+        skeleton = await bare.saturate(SATURATED_RUNS)
     floor_roles = {**floor_used.by_role, "floor_load": floor.cpu_s}
     floor_cpu = floor_used.total + floor.cpu_s
+    floor_cpu_ms = floor_cpu * 1000 / floor.iterations
+    skeleton_cpu_ms = skeleton.used.total * 1000 / skeleton.runs
     emit(
         "e2e_vs_floor",
         result.per_s / floor.per_s,
@@ -157,12 +164,36 @@ async def saturated(servers: Servers, current: Stage) -> None:
         **saturation_config(result, SATURATED_POLL_S),
     )
     completed = max(result.completed, 1)
+    cpu_ms = used.total * 1000 / completed
+    emit(
+        "topology_floor_vs_floor",
+        skeleton_cpu_ms / floor_cpu_ms,
+        "ratio",
+        topology_floor_cpu_ms_per_run=round(skeleton_cpu_ms, 3),
+        floor_cpu_ms_per_iteration=round(floor_cpu_ms, 3),
+        topology_floor_runs_per_s=round(skeleton.per_s, 3),
+        e2e_floor_runs_per_s=round(floor.per_s, 3),
+        topology_floor_cpu_ms_by_process=ms_by_role(skeleton.used.by_role, skeleton.runs),
+        topology_floor_each_run=TOPOLOGY_EACH_RUN,
+        meaning="the CPU a run costs when it only crosses Tether's processes and hops "
+        "(bench.topology_floor), over the run floor's: the part of cpu_vs_floor's budget the "
+        "topology itself takes before the runtime does any work of its own",
+    )
+    emit(
+        "cpu_vs_topology_floor",
+        cpu_ms / skeleton_cpu_ms,
+        "ratio",
+        cpu_ms_per_run=round(cpu_ms, 3),
+        topology_floor_cpu_ms_per_run=round(skeleton_cpu_ms, 3),
+        e2e_vs_topology_floor=round(result.per_s / skeleton.per_s, 3),
+        meaning="the runtime's own cost: CPU per run over the topology floor's",
+    )
     emit(
         "cpu_vs_floor",
-        (used.total / completed) / (floor_cpu / floor.iterations),
+        cpu_ms / floor_cpu_ms,
         "ratio",
-        cpu_ms_per_run=round(used.total * 1000 / completed, 3),
-        floor_cpu_ms_per_iteration=round(floor_cpu * 1000 / floor.iterations, 3),
+        cpu_ms_per_run=round(cpu_ms, 3),
+        floor_cpu_ms_per_iteration=round(floor_cpu_ms, 3),
         cpu_ms_per_run_by_process=ms_by_role(used.by_role, completed),
         floor_cpu_ms_per_iteration_by_process=ms_by_role(floor_roles, floor.iterations),
         cores_busy=round(used.total / result.seconds, 3),
