@@ -52,6 +52,7 @@ class Stream:
         stub = orchestrator_pb2_grpc.OrchestratorServiceStub(self._channel)
         self.call = stub.Work(self._requests())
         self._ids = iter(range(1, 1_000_000))
+        self.held: dict[str, int] = {}  # leases pushed and not handed back: run id -> epoch
 
     async def _requests(self) -> AsyncIterator[orchestrator_pb2.WorkRequest]:
         while (message := await self._outbox.get()) is not None:
@@ -59,37 +60,50 @@ class Stream:
 
     def send(self, **kind: Any) -> int:
         """Send one message (`kind`: its WorkRequest field); returns the id it carries."""
+        for name, written in kind.items():
+            if name in ("complete", "park", "schedule_retry", "release"):
+                self.held.pop(written.run_id, None)
         request_id = next(self._ids)
         self._outbox.put_nowait(orchestrator_pb2.WorkRequest(id=request_id, **kind))
         return request_id
 
-    async def hello(self, version: int = 1, held: tuple[tuple[str, int], ...] = ()) -> Any:
-        """Say hello; the welcome."""
+    async def hello(
+        self, version: int = 1, held: tuple[tuple[str, int], ...] = (), **says: bool
+    ) -> Any:
+        """Say hello (with what else the worker `says` it does); the welcome."""
         leases = [orchestrator_pb2.HeldLease(run_id=r, epoch=e) for r, e in held]
         self.send(
             hello=orchestrator_pb2.WorkHello(
-                protocol_version=version, worker_id=WORKER, held=leases
+                protocol_version=version, worker_id=WORKER, held=leases, **says
             )
         )
         return (await self.next("welcome")).welcome
 
     async def next(self, kind: str) -> orchestrator_pb2.WorkResponse:
         """The next message of `kind` (others are skipped)."""
-        async with asyncio.timeout(20):
-            while True:
-                response = await self.call.read()
-                assert response is not grpc.aio.EOF, "the stream ended"
-                if response.WhichOneof("kind") == kind:
-                    return response
+        return await self.next_of(kind)
 
     async def next_of(self, *kinds: str) -> orchestrator_pb2.WorkResponse:
-        """The next message of any of `kinds` (others are skipped)."""
+        """The next message of any of `kinds` (others are skipped; a probe not waited for is
+        answered at once with a keepalive, as a worker does: on a loaded machine a write can
+        outlast the two keepalive intervals after which the replica asks)."""
         async with asyncio.timeout(20):
             while True:
                 response = await self.call.read()
                 assert response is not grpc.aio.EOF, "the stream ended"
-                if response.WhichOneof("kind") in kinds:
+                kind = response.WhichOneof("kind")
+                batch = response.batch.responses if kind == "batch" else [response]
+                for one in batch:
+                    if one.WhichOneof("kind") == "lease":
+                        self.held[one.lease.lease.run_id] = one.lease.lease.epoch
+                if kind in kinds:
                     return response
+                if kind == "probe":
+                    held = [
+                        orchestrator_pb2.HeldLease(run_id=run_id, epoch=epoch)
+                        for run_id, epoch in self.held.items()
+                    ]
+                    self.send(keepalive=orchestrator_pb2.WorkKeepalive(held=held))
 
     async def close(self) -> None:
         self._outbox.put_nowait(None)
@@ -338,12 +352,7 @@ async def test_a_worker_that_takes_batches_gets_one_claims_leases_in_one_message
 ) -> None:
     stream = Stream(stack)
     try:
-        stream.send(
-            hello=orchestrator_pb2.WorkHello(
-                protocol_version=1, worker_id=WORKER, takes_batches=True
-            )
-        )
-        assert (await stream.next("welcome")).welcome.takes_batches
+        assert (await stream.hello(takes_batches=True)).takes_batches
         ours = {(await queued_run(stack))[1] for _ in range(3)}
         stream.send(credits=orchestrator_pb2.WorkCredits(credits=3))
         batch = (await stream.next("batch")).batch
@@ -381,12 +390,7 @@ async def test_an_outcome_acknowledged_ok_gives_its_slot_back_without_a_credit(
 ) -> None:
     stream = Stream(stack)
     try:
-        stream.send(
-            hello=orchestrator_pb2.WorkHello(
-                protocol_version=1, worker_id=WORKER, outcome_returns_credit=True
-            )
-        )
-        assert (await stream.next("welcome")).welcome.outcome_returns_credit
+        assert (await stream.hello(outcome_returns_credit=True)).outcome_returns_credit
         _, first = await queued_run(stack)
         epoch = (await leased(stream, {first}))[first]
         _, second = await queued_run(stack)
