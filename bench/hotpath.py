@@ -74,13 +74,13 @@ WARMUP_OPS = 20  # per caller, before the measured blocks: connections, caches
 async def speed(servers: Servers, model: Model) -> None:
     """Light-load latency, saturated throughput and CPU, idle CPU and the claim's cost."""
     async with stage(servers, model) as current:
-        await light_latency(current)
-        await saturated(servers, current)
+        floor_p50 = await light_latency(current)
+        await saturated(servers, current, floor_p50)
         await idle(servers, current)
         await hotpath_queue.claim_cost(current)
 
 
-async def light_latency(current: Stage) -> None:
+async def light_latency(current: Stage) -> float:
     """e2e p50 of one-turn runs, one at a time, over the floor loop's own p50 one at a time,
     in alternating blocks."""
     e2e: list[float] = []
@@ -122,11 +122,13 @@ async def light_latency(current: Stage) -> None:
         **light,
     )
     emit("e2e_p99_ms", percentile(e2e, 99), "ms", **light)
+    return floor_p50
 
 
-async def saturated(servers: Servers, current: Stage) -> None:
+async def saturated(servers: Servers, current: Stage, floor_p50_ms: float) -> None:
     """Completed runs per second and CPU per completed run at saturation, over the floor
-    loop's, saturated the same way and measured right after."""
+    loop's, saturated the same way and measured right after; and the topology floor's, with its
+    light-load p50 over the floor loop's (`floor_p50_ms`)."""
     meter = cpu_meter(servers, current, await redis_pid(servers.redis_url))
     before = meter.sample()
     result = await saturate(
@@ -146,6 +148,7 @@ async def saturated(servers: Servers, current: Stage) -> None:
         floor_used = meter.sample() - floor_before
     async with topology(servers, current.model) as bare:
         skeleton = await bare.saturate(SATURATED_RUNS)
+        skeleton_light = await bare.saturate(LIGHT_RUNS, callers=1)
     floor_roles = {**floor_used.by_role, "floor_load": floor.cpu_s}
     floor_cpu = floor_used.total + floor.cpu_s
     floor_cpu_ms = floor_cpu * 1000 / floor.iterations
@@ -175,6 +178,11 @@ async def saturated(servers: Servers, current: Stage) -> None:
         e2e_floor_runs_per_s=round(floor.per_s, 3),
         topology_floor_cpu_ms_by_process=ms_by_role(skeleton.used.by_role, skeleton.runs),
         topology_floor_each_run=TOPOLOGY_EACH_RUN,
+        topology_floor_p50_vs_floor=round(
+            statistics.median(skeleton_light.latencies_ms) / floor_p50_ms, 3
+        ),
+        topology_floor_p50_ms=round(statistics.median(skeleton_light.latencies_ms), 3),
+        floor_p50_ms=round(floor_p50_ms, 3),
         meaning="the CPU a run costs when it only crosses Tether's processes and hops "
         "(bench.topology_floor), over the run floor's: the part of cpu_vs_floor's budget the "
         "topology itself takes before the runtime does any work of its own",

@@ -28,11 +28,13 @@ WARMUP_RUNS = 200
 
 @dataclass
 class TopologyResult:
-    """A saturated batch through the topology floor: runs, seconds and the CPU they took."""
+    """A batch through the topology floor: runs, seconds, the CPU they took and each run's ms
+    from its call to the edge to its ending heard on Redis."""
 
     runs: int
     seconds: float
     used: Sample
+    latencies_ms: list[float]
 
     @property
     def per_s(self) -> float:
@@ -49,36 +51,45 @@ class Topology:
     meter: CpuMeter
     completed: int = 0  # runs the floor completed so far (warm-up included)
 
-    async def saturate(self, runs: int) -> TopologyResult:
-        """`runs` runs from SUBMITTERS callers; done when the last ending is heard."""
+    async def saturate(self, runs: int, callers: int = SUBMITTERS) -> TopologyResult:
+        """`runs` runs from `callers` callers, each waiting for its run's ending before it
+        sends the next when there is one caller (light load), not waiting when there are more
+        (saturation: done when the last ending is heard)."""
         bus = redis.Redis.from_url(self.redis_url)
         pubsub = bus.pubsub()
         await pubsub.subscribe(floor.DONE)
         while (await pubsub.get_message(timeout=5.0)) is None:
             pass  # the subscription's confirmation: no ending can be missed
-        ended = 0
-        all_ended = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        endings: dict[bytes, asyncio.Future[float]] = {}
+        all_ended: asyncio.Future[None] = loop.create_future()
+
+        def ending(run_id: bytes) -> asyncio.Future[float]:
+            return endings.setdefault(run_id, loop.create_future())
 
         async def listen() -> None:
-            nonlocal ended
             async for message in pubsub.listen():
                 if message["type"] == "message":
-                    ended += 1
-                    if ended == runs and not all_ended.done():
+                    ending(message["data"]).set_result(time.perf_counter())
+                    if len(endings) == runs and all(f.done() for f in endings.values()):
                         all_ended.set_result(None)
 
         remaining = iter(range(runs))
+        latencies_ms: list[float] = []
         async with grpc.aio.insecure_channel(self.edge) as channel:
             send = channel.unary_unary(floor.SEND)
 
             async def submitter() -> None:
                 for _ in remaining:
-                    await send(b"bench")
+                    began = time.perf_counter()
+                    run_id = await send(b"bench")
+                    if callers == 1:
+                        latencies_ms.append((await ending(run_id) - began) * 1000)
 
             listener = asyncio.ensure_future(listen())
             before, start = self.meter.sample(), time.perf_counter()
             try:
-                await asyncio.gather(*(submitter() for _ in range(SUBMITTERS)))
+                await asyncio.gather(*(submitter() for _ in range(callers)))
                 await asyncio.wait_for(all_ended, 120)
                 seconds, used = time.perf_counter() - start, self.meter.sample() - before
             finally:
@@ -99,7 +110,7 @@ class Topology:
             await db.close()
         if stored != self.completed:
             raise RuntimeError(f"the topology floor stored {stored} of {self.completed} runs")
-        return TopologyResult(runs, seconds, used)
+        return TopologyResult(runs, seconds, used, latencies_ms)
 
 
 @contextlib.asynccontextmanager
