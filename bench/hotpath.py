@@ -46,6 +46,7 @@ from bench.runs import (
     saturation_config,
 )
 from bench.topology_floor import EACH_RUN as TOPOLOGY_EACH_RUN
+from bench.topology_floor import SEND as TOPOLOGY_SEND
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
 
 # One at a time: enough for a steady p50, and a p99 that is more than the one slowest run.
@@ -295,6 +296,8 @@ async def admission(servers: Servers, model: Model) -> None:
         relay_floor() as relay,
         grpc.aio.insecure_channel(current.services.addresses()["gateway"]) as gateway_channel,
         grpc.aio.insecure_channel(relay) as relay_channel,
+        topology(servers, model, runners=0) as bare,
+        grpc.aio.insecure_channel(bare.edge) as bare_channel,
     ):
         gateway = gateway_pb2_grpc.GatewayServiceStub(gateway_channel)
         call_relay = relay_channel.unary_unary(RELAY_METHOD)
@@ -314,19 +317,32 @@ async def admission(servers: Servers, model: Model) -> None:
         async def floor(caller: int, i: int) -> None:
             await call_relay(request().SerializeToString())
 
-        many = await _alternate(admit, floor, ADMIT_CALLERS, (ADMIT_OPS, FLOOR_OPS))
-        one = await _alternate(admit, floor, 1, (ADMIT_OPS_C1, ADMIT_OPS_C1))
+        # Two hops and a durable insert: the topology floor's way in (edge, intake: one
+        # single-row insert and a wake-up), with no runner taking what it admits.
+        send_bare = bare_channel.unary_unary(TOPOLOGY_SEND)
+
+        async def durable(caller: int, i: int) -> None:
+            await send_bare(request().SerializeToString())
+
+        many = await _alternate(
+            {admit: ADMIT_OPS, floor: FLOOR_OPS, durable: FLOOR_OPS}, ADMIT_CALLERS
+        )
+        one = await _alternate({admit: ADMIT_OPS_C1, floor: ADMIT_OPS_C1, durable: ADMIT_OPS_C1}, 1)
     hops = (
         "client -> relay -> backend, each its own process on loopback, bare grpc.aio, the "
         "backend echoing an admission request's bytes"
     )
-    admit_c16, floor_c16 = many
+    admit_c16, floor_c16, durable_c16 = many
     emit(
         f"admit_vs_floor_c{ADMIT_CALLERS}",
         admit_c16.per_s / floor_c16.per_s,
         "ratio",
         admit_per_s=round(admit_c16.per_s, 3),
         floor_per_s=round(floor_c16.per_s, 3),
+        topology_floor_per_s=round(durable_c16.per_s, 3),
+        topology_floor_vs_floor=round(durable_c16.per_s / floor_c16.per_s, 3),
+        topology_floor="the same two hops, the backend making one single-row autocommit insert "
+        "and one Redis publish (bench.topology_floor's edge and intake)",
         admit_p50_ms=round(statistics.median(admit_c16.latencies_ms), 3),
         floor_p50_ms=round(statistics.median(floor_c16.latencies_ms), 3),
         callers=ADMIT_CALLERS,
@@ -336,10 +352,11 @@ async def admission(servers: Servers, model: Model) -> None:
         floor=hops,
         admission="SendMessage through the gateway, a unique event in a new conversation",
     )
-    admit_c1, floor_c1 = one
-    p50, floor_p50 = (
+    admit_c1, floor_c1, durable_c1 = one
+    p50, floor_p50, durable_p50 = (
         statistics.median(admit_c1.latencies_ms),
         statistics.median(floor_c1.latencies_ms),
+        statistics.median(durable_c1.latencies_ms),
     )
     emit(
         "admit_p50_vs_floor_c1",
@@ -349,6 +366,8 @@ async def admission(servers: Servers, model: Model) -> None:
         floor_p50_ms=round(floor_p50, 3),
         admit_p99_ms=round(percentile(admit_c1.latencies_ms, 99), 3),
         floor_p99_ms=round(percentile(floor_c1.latencies_ms, 99), 3),
+        topology_floor_p50_ms=round(durable_p50, 3),
+        topology_floor_p50_vs_floor=round(durable_p50 / floor_p50, 3),
         admissions=admit_c1.ops,
         floor_calls=floor_c1.ops,
         rounds=ADMIT_ROUNDS,
@@ -359,22 +378,19 @@ async def admission(servers: Servers, model: Model) -> None:
 Op = Callable[[int, int], Awaitable[None]]
 
 
-async def _alternate(
-    admit: Op, floor: Op, callers: int, ops: tuple[int, int]
-) -> tuple[Blocks, Blocks]:
-    """ADMIT_ROUNDS blocks of each (`ops`: admissions, floor calls per block), alternating,
-    after a warm-up of each."""
-    for op in (floor, admit):
+async def _alternate(per_block: dict[Op, int], callers: int) -> list[Blocks]:
+    """ADMIT_ROUNDS blocks of each op (`per_block`: its calls per block), alternating, after a
+    warm-up of each; their pooled blocks, in the order given."""
+    for op in per_block:
         await closed_loop(op, callers=callers, ops_per_caller=WARMUP_OPS)
-    pooled = {floor: Blocks(), admit: Blocks()}
-    per_block = {admit: ops[0], floor: ops[1]}
+    pooled = {op: Blocks() for op in per_block}
     for _ in range(ADMIT_ROUNDS):
         for op, blocks in pooled.items():
             result = await closed_loop(op, callers=callers, ops_per_caller=per_block[op] // callers)
             blocks.ops += result.ops
             blocks.seconds += result.seconds
             blocks.latencies_ms.extend(result.latencies_ms)
-    return pooled[admit], pooled[floor]
+    return list(pooled.values())
 
 
 async def run() -> None:

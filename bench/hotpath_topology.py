@@ -114,9 +114,11 @@ class Topology:
 
 
 @contextlib.asynccontextmanager
-async def topology(servers: Servers, model: Model) -> AsyncIterator[Topology]:
-    """The floor's processes (WORKERS runners of WORKER_CONCURRENCY) on a fresh database,
-    warmed up; stopped on exit."""
+async def topology(
+    servers: Servers, model: Model, *, runners: int = WORKERS
+) -> AsyncIterator[Topology]:
+    """The floor's processes (`runners` runners of WORKER_CONCURRENCY) on a fresh database,
+    warmed up (when a runner takes what is admitted); stopped on exit."""
     processes: dict[str, list[asyncio.subprocess.Process]] = {}
 
     async def start(role: str, *args: str) -> str:
@@ -141,7 +143,7 @@ async def topology(servers: Servers, model: Model) -> AsyncIterator[Topology]:
             intake = await start("intake", db_url, servers.redis_url)
             dispatcher = await start("dispatcher", db_url, servers.redis_url)
             edge = await start("edge", intake)
-            for _ in range(WORKERS):
+            for _ in range(runners):
                 await start("runner", dispatcher, model.base_url, str(WORKER_CONCURRENCY))
             roles = {"edge": "gateway", "intake": "admission", "dispatcher": "orchestrator"}
             redis_process, postmaster = await redis_pid(servers.redis_url), postmaster_pid(servers)
@@ -158,7 +160,8 @@ async def topology(servers: Servers, model: Model) -> AsyncIterator[Topology]:
 
             meter = CpuMeter(pids, frozenset({"postgres"}))
             current = Topology(edge, db_url, servers.redis_url, meter)
-            await current.saturate(WARMUP_RUNS)
+            if runners:
+                await current.saturate(WARMUP_RUNS)
             yield current
         finally:
             for group in processes.values():
