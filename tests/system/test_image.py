@@ -32,7 +32,7 @@ from tether.testing.eventually import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "requirements.lock"
-MIGRATE_JOB = ROOT / "deploy" / "k8s" / "migrate-job.yaml"
+MIGRATE_JOB = ROOT / "deploy" / "k8s" / "base" / "migrate-job.yaml"
 # An exact release (3.11.13-slim-bookworm), or a digest.
 PINNED = re.compile(r"^[\w./-]+:\d+\.\d+\.\d+[\w.-]*(@sha256:[0-9a-f]{64})?$|@sha256:[0-9a-f]{64}$")
 # Installing the runtime dependencies into a fresh environment (from pip's cache once warm).
