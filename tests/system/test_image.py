@@ -16,12 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-import asyncpg
 import pytest
 import pytest_asyncio
 import yaml
 
-from tests.conftest import drop_database
+from tests.conftest import create_database, drop_database
 from tests.system.image_support import Replay
 from tether import credentials
 from tether.db.engine import create_engine
@@ -80,12 +79,7 @@ def replayed(tmp_path_factory: pytest.TempPathFactory) -> Replayed:
 @pytest_asyncio.fixture(loop_scope="session")
 async def empty_db(pg_server_url: str) -> AsyncIterator[str]:
     """A database nothing has migrated: the Job's command must bring its schema."""
-    name = f"tether_image_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(pg_server_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
+    name = await create_database(pg_server_url)
     yield database_url(pg_server_url, name)
     await drop_database(pg_server_url, name)
 

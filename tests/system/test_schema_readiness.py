@@ -5,17 +5,15 @@ work, and turn ready once the Job's migration lands, with no restart."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import asyncpg
 import grpc
 import pytest_asyncio
 from alembic.script import ScriptDirectory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.conftest import drop_database
+from tests.conftest import create_database, drop_database
 from tether import apikeys, credentials
 from tether.db.engine import create_engine
 from tether.db.migrate import alembic_config, shipped_revisions, upgrade
@@ -41,12 +39,7 @@ def previous_revision() -> str:
 @pytest_asyncio.fixture(loop_scope="session")
 async def behind_db(pg_server_url: str) -> AsyncIterator[str]:
     """A database migrated to one revision before this release's head."""
-    name = f"tether_behind_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(pg_server_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
+    name = await create_database(pg_server_url)
     url = database_url(pg_server_url, name)
     await upgrade(url, previous_revision())
     yield url
