@@ -20,6 +20,7 @@ from tether.db.migrate import alembic_config, shipped_revisions, upgrade
 from tether.runtime.rpc import LIVENESS
 from tether.stack.embedded import database_url
 from tether.stack.processes import ServiceSet, wait_serving
+from tether.testing.eventually import eventually
 from tether.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 # The services that read the database, each gated on its schema (the worker has none).
@@ -73,9 +74,12 @@ async def test_services_are_not_ready_until_the_schema_is_at_their_release(
             assert await health_of(proc.health_address, LIVENESS) == SERVING, proc.name
             assert await health_of(proc.health_address) == NOT_SERVING, proc.name
             assert await health_of(proc.address) == NOT_SERVING, proc.name
+        needs = f"this release needs {shipped_revisions()[0]}"
         for proc in procs:
-            log = proc.log_path.read_text()
-            assert f"this release needs {shipped_revisions()[0]}" in log, proc.name
+            # Each looked at the schema and says what it waits for.
+            await eventually(
+                lambda proc=proc: _logged(proc.log_path, needs), what=f"{proc.name} to say so"
+            )
         # The orchestrator waits with its rounds too: nothing of its ran against the old schema.
         assert "round failed" not in services.procs["orchestrator"].log_path.read_text()
 
@@ -95,6 +99,10 @@ async def test_services_are_not_ready_until_the_schema_is_at_their_release(
         assert sent.run.status == common_pb2.RUN_STATUS_QUEUED
     finally:
         await services.stop_all()
+
+
+async def _logged(path: Path, text: str) -> bool:
+    return text in await asyncio.to_thread(path.read_text)
 
 
 async def _client_key(url: str) -> str:
