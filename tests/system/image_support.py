@@ -20,6 +20,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -295,6 +296,7 @@ class Replay:
         with log.open("a") as out:
             out.write(f"\n### {stage} line {instruction.line}: RUN {instruction.args}\n")
             out.flush()
+            started = time.monotonic()
             done = subprocess.run(
                 ["/bin/sh", "-c", instruction.args],
                 cwd=self.host_path(stage, self.cwd[stage]),
@@ -303,6 +305,8 @@ class Replay:
                 stderr=subprocess.STDOUT,
                 check=False,
             )
+        with log.open("a") as out:
+            out.write(f"### took {time.monotonic() - started:.1f} s\n")
         if done.returncode != 0:
             tail = log.read_text(errors="replace")[-3000:]
             raise ReplayError(
