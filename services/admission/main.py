@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from services.admission.domain import FreshnessPolicy
+from services.admission.retention import Retention
 from services.admission.service import Admitter
 from services.admission.servicer import AdmissionServicer
 from services.admission.settings import AdmissionSettings
@@ -11,6 +12,7 @@ from tether.credentials import require_verifiers
 from tether.db.engine import create_engine
 from tether.runtime.process import configure_logging, run, serve, write_ready_file
 from tether.runtime.rpc import start_server
+from tether.runtime.tasks import Supervisor, rounds
 from tether.v1 import admission_pb2, admission_pb2_grpc
 
 
@@ -24,7 +26,23 @@ async def amain(settings: AdmissionSettings, verifiers: dict[str, str]) -> None:
         freshness=FreshnessPolicy(settings.replay_window_s, settings.stale_replay),
         bus=bus,
     )
-    servicer = AdmissionServicer(admitter)
+    retention = Retention(
+        engine,
+        batch=settings.retention_batch,
+        repass_s=settings.retention_repass_s,
+        look_again_s=settings.retention_poll_s,
+    )
+    supervisor = Supervisor()
+    supervisor.start(
+        "retention",
+        rounds(
+            retention.round,
+            "retention",
+            least_s=settings.retention_interval_s,
+            most_s=settings.retention_poll_s,
+        ),
+    )
+    servicer = AdmissionServicer(admitter, retention)
     server, port, _ = await start_server(
         host=settings.host,
         port=settings.port,
@@ -33,7 +51,12 @@ async def amain(settings: AdmissionSettings, verifiers: dict[str, str]) -> None:
         verifiers=verifiers,
     )
     write_ready_file(settings.ready_file, port)
-    await serve(server, grace=settings.grace_s, cleanups=[engine.dispose, bus.close])
+    await serve(
+        server,
+        grace=settings.grace_s,
+        cleanups=[engine.dispose, bus.close, supervisor.stop],
+        failed=supervisor.failed,
+    )
 
 
 def main() -> None:

@@ -51,6 +51,7 @@ async def amain(settings: InteractionsSettings, credential: str, verifiers: dict
             policy,
             HttpTokenExchange(token_urls, settings.oauth_client_id),
         ),
+        upkeep,
     )
     server, port, _ = await start_server(
         host=settings.host,

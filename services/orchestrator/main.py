@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from services.orchestrator.execution import Execution
 from services.orchestrator.maintenance import listen_for_hints
+from services.orchestrator.retention import Retention
 from services.orchestrator.service import Runs
 from services.orchestrator.servicer import OrchestratorServicer
 from services.orchestrator.settings import OrchestratorSettings
@@ -36,7 +37,15 @@ async def amain(settings: OrchestratorSettings, verifiers: dict[str, str]) -> No
         keepalive_interval_s=settings.keepalive_interval_s or settings.lease_ttl_s / 4,
         progress_deadline_s=settings.progress_deadline_s,
     )
-    servicer = OrchestratorServicer(Runs(engine, execution.publisher, bus), execution, work)
+    retention = Retention(
+        engine,
+        batch=settings.retention_batch,
+        repass_s=settings.retention_repass_s,
+        look_again_s=settings.retention_poll_s,
+    )
+    servicer = OrchestratorServicer(
+        Runs(engine, execution.publisher, bus), execution, work, retention
+    )
     supervisor = Supervisor()
     recovery = execution.recovery
     supervisor.start(
@@ -56,6 +65,15 @@ async def amain(settings: OrchestratorSettings, verifiers: dict[str, str]) -> No
             least_s=RETRY_ROUND_LEAST_S,
             most_s=settings.retry_poll_s,
             nudge=recovery.retry_scheduled,
+        ),
+    )
+    supervisor.start(
+        "retention",
+        rounds(
+            retention.round,
+            "retention",
+            least_s=settings.retention_interval_s,
+            most_s=settings.retention_poll_s,
         ),
     )
     supervisor.start("hint-listener", listen_for_hints(bus, execution.publisher, servicer.work))
