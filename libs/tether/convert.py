@@ -108,7 +108,8 @@ def attempt_to_proto(row: Any) -> common_pb2.Attempt:
         ended_at=timestamp(row.ended_at),
         outcome=row.outcome or "",
         error=error,
-        stage_ms={str(k): float(v) for k, v in (row.stages or {}).items()},
+        # Stored as "<stage>_ms"; the field says the unit once.
+        stage_ms={str(k).removesuffix("_ms"): float(v) for k, v in (row.stages or {}).items()},
     )
 
 

@@ -93,6 +93,8 @@ class Authenticator:
             )
         principal = await self._verify(secret)
         needed = SCOPES.get(method)
+        if needed is None and method in OPERATOR_METHODS:
+            raise PermissionDenied(f"{method} is the platform operator's alone")
         if needed is None or needed not in principal.scopes:
             raise PermissionDenied(f"this API key lacks the scope {needed!r} that {method} needs")
         if named and named != principal.tenant_id:
