@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -39,22 +39,36 @@ log = logging.getLogger(__name__)
 DAY_S = 86_400.0
 
 
+def _kept(default_s: float, doc: str) -> Any:
+    return field(default=default_s, metadata={"doc": doc})
+
+
 @dataclass(frozen=True)
 class RetentionPolicy:
     """How long a tenant's finished work is kept, in seconds (`math.inf`: forever)."""
 
-    # A terminal run, with its events, parts, attempts, usage, effects and interactions, after
-    # it finished; a message and an emptied session as long (after the message came).
-    runs_s: float = 30 * DAY_S
-    # The whole output of a tool whose inline copy was cut, after its run finished (nothing
-    # reads it back once the run is over; the run keeps the inline copy).
-    tool_outputs_s: float = 7 * DAY_S
-    # A conversation is live while it had a run this recently (or has one still to go): its
-    # latest completed runs, what its next run reads as history, are kept however old.
-    conversations_s: float = 90 * DAY_S
-    # An event's claim, after it was claimed: while its run is kept the claim stays with it;
-    # after, as a tombstone that answers a late duplicate.
-    claims_s: float = 365 * DAY_S
+    runs_s: float = _kept(
+        30 * DAY_S,
+        "A terminal run, with its events, parts, attempts, usage, effects, interactions and "
+        "audit records, after it finished; a message and the session it leaves empty as long "
+        "after the message came.",
+    )
+    tool_outputs_s: float = _kept(
+        7 * DAY_S,
+        "The whole output of a tool whose inline copy was cut, after its run finished (nothing "
+        "reads it back once the run is over; the run keeps the inline copy).",
+    )
+    conversations_s: float = _kept(
+        90 * DAY_S,
+        "A conversation is live while it had a run this recently, or has one still to go: its "
+        "latest completed runs (what its next run reads as history) are kept however old.",
+    )
+    claims_s: float = _kept(
+        365 * DAY_S,
+        "An event's claim, after it was claimed: while its run is kept the claim stays with "
+        "it; after, as a tombstone (tenant, scope, key, request hash) that answers a late "
+        "duplicate as one.",
+    )
 
     @classmethod
     def of(cls, tenant_id: str, policy: Mapping[str, Any] | None) -> RetentionPolicy:
