@@ -26,13 +26,15 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from tether.db.schema import tenants
+from tether.runtime.tasks import rounds
+from tether.settings import RetainingSettings
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,21 @@ async def tenant_policies(conn: AsyncConnection) -> dict[str, RetentionPolicy]:
 
 # Where a walk stopped in a tenant's rows: the key (time, id) of the last row it examined.
 Key = tuple[datetime, str]
+# Before every key: where a walk starts.
+OLDEST: Key = (datetime(1, 1, 1, tzinfo=UTC), "")
+
+
+def walk_params(tenant_id: str, keep_s: float, after: Key | None, batch: int) -> dict[str, Any]:
+    """The bound values a step's statements take: `tenant_id`, `keep` (an interval),
+    `after_at` and `after_id` (the key to continue after) and `batch`."""
+    after_at, after_id = after or OLDEST
+    return {
+        "tenant_id": tenant_id,
+        "keep": timedelta(seconds=keep_s),
+        "after_at": after_at,
+        "after_id": after_id,
+        "batch": batch,
+    }
 
 
 @dataclass(frozen=True)
@@ -202,3 +219,42 @@ class Walk:
             place.due = min(now + wait_s, place.repass_at or math.inf)
         soonest = min((p.due for p in self._places.values()), default=math.inf)
         return None if math.isinf(soonest) else max(soonest - self._clock(), 0.0)
+
+
+class Sweeps:
+    """An owner's retention sweeps: a walk over each kind of its rows (`steps`, by name),
+    each round under every tenant's policy as it stands then. Each replica of the owner may
+    sweep: what one holds locked, another skips."""
+
+    def __init__(
+        self, engine: AsyncEngine, steps: Mapping[str, StepFn], settings: RetainingSettings
+    ) -> None:
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._settings = settings
+        self.walks = {
+            name: Walk(
+                f"retention of {name}",
+                step,
+                batch=settings.retention_batch,
+                repass_s=settings.retention_repass_s,
+                look_again_s=settings.retention_poll_s,
+            )
+            for name, step in steps.items()
+        }
+
+    async def round(self) -> float | None:
+        """One round of every walk; the seconds until one is next due."""
+        async with self._autocommit.connect() as conn:
+            policies = await tenant_policies(conn)
+        due = [await walk.round(policies) for walk in self.walks.values()]
+        known = [d for d in due if d is not None]
+        return min(known) if known else None
+
+    async def run(self) -> None:
+        """Sweep until cancelled, each round when next due (`tether.runtime.tasks.rounds`)."""
+        await rounds(
+            self.round,
+            "retention",
+            least_s=self._settings.retention_interval_s,
+            most_s=self._settings.retention_poll_s,
+        )

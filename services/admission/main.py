@@ -12,7 +12,7 @@ from tether.credentials import require_verifiers
 from tether.db.engine import create_engine
 from tether.runtime.process import configure_logging, run, serve, write_ready_file
 from tether.runtime.rpc import start_server
-from tether.runtime.tasks import Supervisor, rounds
+from tether.runtime.tasks import Supervisor
 from tether.v1 import admission_pb2, admission_pb2_grpc
 
 
@@ -26,22 +26,9 @@ async def amain(settings: AdmissionSettings, verifiers: dict[str, str]) -> None:
         freshness=FreshnessPolicy(settings.replay_window_s, settings.stale_replay),
         bus=bus,
     )
-    retention = Retention(
-        engine,
-        batch=settings.retention_batch,
-        repass_s=settings.retention_repass_s,
-        look_again_s=settings.retention_poll_s,
-    )
+    retention = Retention(engine, settings)
     supervisor = Supervisor()
-    supervisor.start(
-        "retention",
-        rounds(
-            retention.round,
-            "retention",
-            least_s=settings.retention_interval_s,
-            most_s=settings.retention_poll_s,
-        ),
-    )
+    supervisor.start("retention", retention.sweeps.run())
     servicer = AdmissionServicer(admitter, retention)
     server, port, _ = await start_server(
         host=settings.host,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -36,7 +35,7 @@ from services.admission.domain import InboundEvent
 from services.orchestrator.repositories import intake
 from tether.db.schema import event_claims, messages, sessions
 from tether.errors import NotFound
-from tether.retention import Key
+from tether.retention import Key, walk_params
 
 
 def _build_admit_new() -> Select[Any]:
@@ -289,22 +288,9 @@ async def insert_retry(conn: AsyncConnection, *, run_id: str, previous: Row[Any]
 
 # -- retention -----------------------------------------------------------------------------------
 
-# Before every key: where a walk starts.
-_OLDEST: Key = (datetime(1, 1, 1, tzinfo=UTC), "")
 _KEEP = bindparam("keep", type_=Interval)
 _AFTER = tuple_(bindparam("after_at"), bindparam("after_id"))
 _IDS = bindparam("ids", type_=ARRAY(Text))
-
-
-def _walk_params(tenant_id: str, keep_s: float, after: Key | None, batch: int) -> dict[str, Any]:
-    after_at, after_id = after or _OLDEST
-    return {
-        "tenant_id": tenant_id,
-        "keep": timedelta(seconds=keep_s),
-        "after_at": after_at,
-        "after_id": after_id,
-        "batch": batch,
-    }
 
 
 _MESSAGES_AFTER = (
@@ -351,7 +337,7 @@ async def lock_expired_messages(
 ) -> list[Key]:
     """Lock up to `batch` of the tenant's messages older than `keep_s`, oldest first after
     the key `after`; their keys (one someone holds is skipped)."""
-    rows = await conn.execute(_EXPIRED_MESSAGES, _walk_params(tenant_id, keep_s, after, batch))
+    rows = await conn.execute(_EXPIRED_MESSAGES, walk_params(tenant_id, keep_s, after, batch))
     return [(row.created_at, row.message_id) for row in rows]
 
 
@@ -370,7 +356,7 @@ async def next_message_expiry_in(
 ) -> float | None:
     """The seconds until the tenant's first message after the key `after` is older than
     `keep_s`; None when none came after it."""
-    params = _walk_params(tenant_id, keep_s, after, 1)
+    params = walk_params(tenant_id, keep_s, after, 1)
     value = (await conn.execute(_NEXT_MESSAGE_EXPIRY, params)).scalar()
     return None if value is None else float(value)
 
@@ -410,7 +396,7 @@ async def remove_expired_tombstones(
     conn: AsyncConnection, tenant_id: str, keep_s: float, batch: int
 ) -> int:
     """Remove up to `batch` of the tenant's tombstones claimed more than `keep_s` ago."""
-    params = _walk_params(tenant_id, keep_s, None, batch)
+    params = walk_params(tenant_id, keep_s, None, batch)
     return int((await conn.execute(_REMOVE_TOMBSTONES, params)).scalar() or 0)
 
 
@@ -418,7 +404,7 @@ async def next_tombstone_expiry_in(
     conn: AsyncConnection, tenant_id: str, keep_s: float
 ) -> float | None:
     """The seconds until the tenant's oldest tombstone is older than `keep_s`; None for none."""
-    params = _walk_params(tenant_id, keep_s, None, 1)
+    params = walk_params(tenant_id, keep_s, None, 1)
     value = (await conn.execute(_NEXT_TOMBSTONE_EXPIRY, params)).scalar()
     return None if value is None else float(value)
 

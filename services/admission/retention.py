@@ -12,40 +12,22 @@ import math
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission import repository as repo
-from tether.retention import Key, RetentionPolicy, Step, Walk, tenant_policies
+from tether.retention import Key, RetentionPolicy, Step, Sweeps
+from tether.settings import RetainingSettings
 
 
 class Retention:
-    """Admission's sweeps, on this replica (what one replica holds locked, another skips)."""
+    """Admission's sweeps, on this replica (`sweeps.run()`), and a deleted tenant's rows."""
 
-    def __init__(
-        self, engine: AsyncEngine, *, batch: int, repass_s: float, look_again_s: float
-    ) -> None:
+    def __init__(self, engine: AsyncEngine, settings: RetainingSettings) -> None:
         self._engine = engine
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._batch = batch
-        self.messages = Walk(
-            "retention of messages",
-            self._messages_step,
-            batch=batch,
-            repass_s=repass_s,
-            look_again_s=look_again_s,
+        self._batch = settings.retention_batch
+        self.sweeps = Sweeps(
+            engine,
+            {"messages": self._messages_step, "tombstones": self._tombstones_step},
+            settings,
         )
-        self.tombstones = Walk(
-            "retention of tombstones",
-            self._tombstones_step,
-            batch=batch,
-            repass_s=repass_s,
-            look_again_s=look_again_s,
-        )
-
-    async def round(self) -> float | None:
-        """One round of both sweeps; the seconds until either is next due."""
-        async with self._autocommit.connect() as conn:
-            policies = await tenant_policies(conn)
-        due = [await self.messages.round(policies), await self.tombstones.round(policies)]
-        known = [d for d in due if d is not None]
-        return min(known) if known else None
 
     async def _messages_step(
         self, tenant_id: str, policy: RetentionPolicy, after: Key | None, batch: int

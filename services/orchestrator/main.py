@@ -37,12 +37,7 @@ async def amain(settings: OrchestratorSettings, verifiers: dict[str, str]) -> No
         keepalive_interval_s=settings.keepalive_interval_s or settings.lease_ttl_s / 4,
         progress_deadline_s=settings.progress_deadline_s,
     )
-    retention = Retention(
-        engine,
-        batch=settings.retention_batch,
-        repass_s=settings.retention_repass_s,
-        look_again_s=settings.retention_poll_s,
-    )
+    retention = Retention(engine, settings)
     servicer = OrchestratorServicer(
         Runs(engine, execution.publisher, bus), execution, work, retention
     )
@@ -67,15 +62,7 @@ async def amain(settings: OrchestratorSettings, verifiers: dict[str, str]) -> No
             nudge=recovery.retry_scheduled,
         ),
     )
-    supervisor.start(
-        "retention",
-        rounds(
-            retention.round,
-            "retention",
-            least_s=settings.retention_interval_s,
-            most_s=settings.retention_poll_s,
-        ),
-    )
+    supervisor.start("retention", retention.sweeps.run())
     supervisor.start("hint-listener", listen_for_hints(bus, execution.publisher, servicer.work))
     supervisor.start("claim-poll", execution.claims.poll_claimable())
     supervisor.start("lease-dispatcher", servicer.work.dispatch(settings.claim_poll_s))

@@ -9,41 +9,23 @@ import math
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator.repositories import retention as repo
-from tether.retention import Key, RetentionPolicy, Step, Walk, tenant_policies
+from tether.retention import Key, RetentionPolicy, Step, Sweeps
+from tether.settings import RetainingSettings
 
 
 class Retention:
-    """The orchestrator's sweeps, on this replica (each replica may sweep: a run one of them
-    holds locked is skipped by the others)."""
+    """The orchestrator's sweeps, on this replica (`sweeps.run()`), and a deleted tenant's
+    runs."""
 
-    def __init__(
-        self, engine: AsyncEngine, *, batch: int, repass_s: float, look_again_s: float
-    ) -> None:
+    def __init__(self, engine: AsyncEngine, settings: RetainingSettings) -> None:
         self._engine = engine
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._batch = batch
-        self.runs = Walk(
-            "retention of runs",
-            self._runs_step,
-            batch=batch,
-            repass_s=repass_s,
-            look_again_s=look_again_s,
+        self._batch = settings.retention_batch
+        self.sweeps = Sweeps(
+            engine,
+            {"runs": self._runs_step, "tool outputs": self._tool_outputs_step},
+            settings,
         )
-        self.tool_outputs = Walk(
-            "retention of tool outputs",
-            self._tool_outputs_step,
-            batch=batch,
-            repass_s=repass_s,
-            look_again_s=look_again_s,
-        )
-
-    async def round(self) -> float | None:
-        """One round of both sweeps; the seconds until either is next due."""
-        async with self._autocommit.connect() as conn:
-            policies = await tenant_policies(conn)
-        due = [await self.runs.round(policies), await self.tool_outputs.round(policies)]
-        known = [d for d in due if d is not None]
-        return min(known) if known else None
 
     async def _runs_step(
         self, tenant_id: str, policy: RetentionPolicy, after: Key | None, batch: int

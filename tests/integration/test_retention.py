@@ -39,6 +39,7 @@ from tether.db.schema import (
     usage_turns,
 )
 from tether.errors import FailedPrecondition, NotFound
+from tether.settings import RetainingSettings
 from tether.states import RunStatus
 from tether.testing.eventually import eventually
 from tether.visibility import Viewer
@@ -56,16 +57,16 @@ def admitter(engine: AsyncEngine) -> Admitter:
 
 
 def sweeps(engine: AsyncEngine) -> tuple[RunRetention, AdmissionRetention]:
-    """Both owners' sweeps; `repass_s=0`: a pass that kept something starts again at once."""
-    settings: dict[str, Any] = {"batch": 100, "repass_s": 0.0, "look_again_s": 60.0}
-    return RunRetention(engine, **settings), AdmissionRetention(engine, **settings)
+    """Both owners' sweeps; a pass that kept something starts again at once."""
+    settings = RetainingSettings(retention_batch=100, retention_repass_s=1e-6)
+    return RunRetention(engine, settings), AdmissionRetention(engine, settings)
 
 
 async def sweep(engine: AsyncEngine) -> None:
     """One round of every sweep, the run aggregate's first (admission's follow from it)."""
     run_sweep, admission_sweep = sweeps(engine)
-    await run_sweep.round()
-    await admission_sweep.round()
+    await run_sweep.sweeps.round()
+    await admission_sweep.sweeps.round()
 
 
 async def tenant(engine: AsyncEngine, tenant_id: str = "t1", **policy: Any) -> None:
@@ -296,10 +297,10 @@ async def test_a_retried_run_goes_after_the_run_that_retried_it(
     await end(engine, [retry.run.run_id], RunStatus.FAILED)
     await age(engine, hours=1)
     run_sweep, _ = sweeps(engine)
-    await run_sweep.round()
+    await run_sweep.sweeps.round()
     # The retry went first (the first run is named as its parent until then)...
     assert await kept(engine, [first.run_id, retry.run.run_id]) == {first.run_id}
-    await run_sweep.round()
+    await run_sweep.sweeps.round()
     # ...then the first, on the walk's next pass.
     assert not await kept(engine, [first.run_id])
 

@@ -13,7 +13,7 @@ run's claim becomes its tombstone and its interactions go with it, by their fore
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -46,11 +46,8 @@ from tether.db.schema import (
     tool_outputs,
     usage_turns,
 )
-from tether.retention import Key
+from tether.retention import Key, walk_params
 from tether.states import TERMINAL
-
-# Before every key: where a walk starts.
-OLDEST: Key = (datetime(1, 1, 1, tzinfo=UTC), "")
 
 _TERMINAL = [s.value for s in TERMINAL]
 _KEEP = bindparam("keep", type_=Interval)
@@ -179,23 +176,12 @@ _REMOVE_TOOL_OUTPUTS = select(
 )
 
 
-def _walk_params(tenant_id: str, keep_s: float, after: Key | None, batch: int) -> dict[str, Any]:
-    after_at, after_id = after or OLDEST
-    return {
-        "tenant_id": tenant_id,
-        "keep": timedelta(seconds=keep_s),
-        "after_at": after_at,
-        "after_id": after_id,
-        "batch": batch,
-    }
-
-
 async def lock_expired_runs(
     conn: AsyncConnection, tenant_id: str, keep_s: float, after: Key | None, batch: int
 ) -> list[tuple[datetime, str]]:
     """Lock up to `batch` of the tenant's runs that finished more than `keep_s` ago, oldest
     first after the key `after`; their keys (a run someone holds is skipped)."""
-    rows = await conn.execute(_EXPIRED, _walk_params(tenant_id, keep_s, after, batch))
+    rows = await conn.execute(_EXPIRED, walk_params(tenant_id, keep_s, after, batch))
     return [(row.finished_at, row.run_id) for row in rows]
 
 
@@ -221,7 +207,7 @@ async def next_expiry_in(
 ) -> float | None:
     """The seconds until the tenant's first finished run after the key `after` is past
     `keep_s`; None when none finished after it."""
-    params = _walk_params(tenant_id, keep_s, after, 1)
+    params = walk_params(tenant_id, keep_s, after, 1)
     value = (await conn.execute(_NEXT_EXPIRY, params)).scalar()
     return None if value is None else float(value)
 
@@ -233,7 +219,7 @@ async def remove_tool_outputs(
     than `keep_s` ago, oldest first after the key `after`: (runs examined, outputs removed,
     the key of the last run examined)."""
     row = (
-        await conn.execute(_REMOVE_TOOL_OUTPUTS, _walk_params(tenant_id, keep_s, after, batch))
+        await conn.execute(_REMOVE_TOOL_OUTPUTS, walk_params(tenant_id, keep_s, after, batch))
     ).one()
     last = None if row.last_id is None else (row.last_at, row.last_id)
     return int(row.examined), int(row.removed), last
