@@ -54,7 +54,12 @@ async def stack(
         redis_url,
         Path(tmp_path_factory.mktemp("operations")),
         workers=1,
-        extra_env={"TETHER_GATEWAY_OPERATOR_CREDENTIAL_SHA256": credentials.verifier(OPERATOR)},
+        extra_env={
+            "TETHER_GATEWAY_OPERATOR_CREDENTIAL_SHA256": credentials.verifier(OPERATOR),
+            # A deleted tenant goes once no replica may trust a cached key: sooner, here.
+            "TETHER_GATEWAY_KEY_CACHE_TTL_S": "1.0",
+            "TETHER_GATEWAY_KEY_RECHECK_S": "0.5",
+        },
     ) as running:
         yield running
 
@@ -284,6 +289,18 @@ async def test_the_operator_reads_and_retries_only_within_a_tenant_it_names(
         call(stack, "SendMessage", send_as_operator, meta(OPERATOR, tenant.tenant_id))
     )
     assert not_a_key.code() == grpc.StatusCode.PERMISSION_DENIED
+    # The same over HTTP: the tenant in a header.
+    async with aiohttp.ClientSession() as http:
+        base = f"http://{stack.services.http_addresses()['gateway']}"
+        operator = {"Authorization": f"Bearer {OPERATOR}"}
+        async with http.get(
+            f"{base}/v1/runs", headers={**operator, "Tether-Tenant": tenant.tenant_id}
+        ) as response:
+            assert response.status == 200
+            assert [r["run_id"] for r in (await response.json())["runs"]] == [failed]
+        async with http.get(f"{base}/v1/runs", headers=operator) as response:
+            assert response.status == 403
+            assert "tether-tenant" in (await response.json())["error"]["message"]
     retried = await call(
         stack,
         "RetryRun",
