@@ -96,9 +96,14 @@ def _conversation_live() -> Any:
         .where(latest.c.session_id == runs.c.session_id)
         .scalar_subquery()
     )
-    headed = exists().where(
-        sessions.c.session_id == runs.c.session_id, sessions.c.active_run_id.is_not(None)
+    # A scalar subquery, not EXISTS: one probe of the session per run examined (the planner
+    # may hash an EXISTS, reading every session with a head for a batch of a few hundred).
+    head = (
+        select(sessions.c.active_run_id)
+        .where(sessions.c.session_id == runs.c.session_id)
+        .scalar_subquery()
     )
+    headed = head.is_not(None)
     return or_(headed, newest > func.now() - bindparam("conversations", type_=Interval))
 
 
