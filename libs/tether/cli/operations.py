@@ -205,31 +205,37 @@ async def _database_checks(url: str) -> list[Check]:
     from sqlalchemy import text
 
     from tether.db.engine import create_engine
-    from tether.db.migrate import current_revision, head_revision, known_revisions
+    from tether.db.migrate import SchemaState, applied_revisions, schema_state, shipped_revisions
 
     engine = create_engine(url, pool_size=1)
     try:
-        async with asyncio.timeout(PROBE_TIMEOUT_S), engine.connect() as conn:
-            before = time.time()
-            row = (await conn.execute(text("SELECT version() AS v, now() AS now"))).one()
-            after = time.time()
-        at = await current_revision(url)
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            async with engine.connect() as conn:
+                before = time.time()
+                row = (await conn.execute(text("SELECT version() AS v, now() AS now"))).one()
+                after = time.time()
+            applied = await applied_revisions(engine)
     except Exception as exc:  # the failure is the finding; doctor reports it and goes on
         return [Check("database", False, f"cannot reach PostgreSQL: {exc!r}"[:300])]
     finally:
         await engine.dispose()
     version = str(row.v).split(",")[0]
     checks = [Check("database", True, f"{version}, answered in {(after - before) * 1000:.1f} ms")]
-    head = head_revision()
-    if at == head:
+    head, _ = shipped_revisions()
+    at = ", ".join(applied) or "none applied"
+    state = schema_state(applied)
+    if state is SchemaState.CURRENT:
         checks.append(Check("migrations", True, f"at head ({head})"))
-    elif at is None:
-        checks.append(Check("migrations", False, f"none applied; head is {head}: tether migrate"))
-    elif at in known_revisions():
-        checks.append(Check("migrations", False, f"at {at}, head is {head}: tether migrate"))
+    elif state is SchemaState.BEHIND:
+        checks.append(Check("migrations", False, f"{at}; head is {head}: tether migrate"))
     else:
         checks.append(
-            Check("migrations", False, f"at {at}, which this release does not know (newer?)")
+            Check(
+                "migrations",
+                True,
+                f"at {at}, newer than this release's head ({head}): a newer release migrated "
+                "it, and this one runs on it (expand-then-contract)",
+            )
         )
     skew = row.now.timestamp() - (before + after) / 2
     checks.append(
@@ -259,9 +265,26 @@ async def _redis_check(url: str) -> Check:
     return Check("redis", True, f"Redis {version}, PING in {elapsed * 1000:.1f} ms")
 
 
+# The services whose gRPC port speaks only mutual TLS when it is configured (the gateway's is
+# public, the worker's serves health alone).
+_MUTUAL_TLS = ("admission", "orchestrator", "interactions")
+
+
+def _channel(name: str, address: str) -> grpc.aio.Channel:
+    """A channel to a service's gRPC port: over mutual TLS when this environment configures it
+    (TETHER_TLS_*, as a service's pod has) and the service serves that way."""
+    from tether.runtime.tls import mutual_tls
+    from tether.settings import PlatformSettings
+
+    tls = mutual_tls("tether doctor", PlatformSettings(), serves=False, calls=True)
+    if tls is not None and name in _MUTUAL_TLS:
+        return grpc.aio.secure_channel(address, tls.channel_credentials())
+    return grpc.aio.insecure_channel(address)
+
+
 async def _health_check(name: str, address: str) -> Check:
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with _channel(name, address) as channel:
             answer = await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=PROBE_TIMEOUT_S
             )
@@ -315,18 +338,27 @@ async def cmd_doctor(args: argparse.Namespace, emit: Emit) -> int:
 
 async def cmd_migrate(args: argparse.Namespace, emit: Emit) -> int:
     """Apply the migrations up to head (or --to) on the database."""
-    from tether.db.migrate import current_revision, upgrade
+    from tether.db.engine import create_engine
+    from tether.db.migrate import applied_revisions, upgrade
 
     url = _database_url(args)
-    before = await current_revision(url)
+
+    async def applied() -> str:
+        engine = create_engine(url, pool_size=1)
+        try:
+            return ", ".join(await applied_revisions(engine))
+        finally:
+            await engine.dispose()
+
+    before = await applied()
     await upgrade(url, args.to)
-    after = await current_revision(url)
+    after = await applied()
     text = (
         f"database at {after}; nothing to apply"
         if before == after
         else f"database migrated from {before or 'empty'} to {after}"
     )
-    emit(args, {"from": before, "to": after}, text)
+    emit(args, {"from": before or None, "to": after}, text)
     return 0
 
 

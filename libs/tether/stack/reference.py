@@ -82,6 +82,8 @@ def _default(info: FieldInfo) -> str:
     value = info.default
     if value == "":
         return "(empty)"
+    if value is None:
+        return "(unset)"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     return f"`{value}`"

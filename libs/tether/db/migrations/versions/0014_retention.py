@@ -14,14 +14,14 @@ interaction goes with its run (CASCADE); a standing grant it minted stays, no lo
 Expand only: the release before never removes a run, and reads a tombstone (a claim without a
 run) as an absent run (NOT_FOUND) should it meet one during the rollout.
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 """
 
 from alembic import op
 
-revision = "0013"
-down_revision = "0012"
+revision = "0014"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 
