@@ -52,9 +52,20 @@ _WORKER_ON_INTERACTIONS = frozenset(
 
 # Internal service -> caller -> the methods that caller may call (read from who calls what).
 POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
-    "tether.v1.AdmissionService": {"gateway": frozenset({"Admit"})},
+    "tether.v1.AdmissionService": {
+        "gateway": frozenset({"Admit", "ReclaimRun", "DeleteTenantEvents"})
+    },
     "tether.v1.OrchestratorService": {
-        "gateway": frozenset({"LookupRun", "SearchRuns", "ReadEvents", "RequestCancellation"}),
+        "gateway": frozenset(
+            {
+                "LookupRun",
+                "SearchRuns",
+                "ReadEvents",
+                "RequestCancellation",
+                "LookupAttempts",
+                "DeleteTenantRuns",
+            }
+        ),
         "worker": _WORKER_ON_ORCHESTRATOR,
         "interactions": frozenset(
             # LookupBinding: deprecated, for the previous release's replicas (see the proto).
@@ -70,6 +81,7 @@ POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
                 "RecordDecision",
                 "FindPendingConnection",
                 "ConfirmConnection",
+                "DeleteTenantInteractions",
             }
         ),
         "worker": _WORKER_ON_INTERACTIONS,

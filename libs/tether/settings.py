@@ -51,7 +51,9 @@ class PlatformSettings(BaseSettings):
         validation_alias=_env("TETHER_READY_FILE"),
         description="When set, the bound port is written here once the server serves.",
     )
-    log_level: str = Field("INFO", validation_alias=_env("TETHER_LOG_LEVEL"))
+    log_level: str = Field(
+        "INFO", validation_alias=_env("TETHER_LOG_LEVEL"), description="Logging level."
+    )
     health_port: int | None = Field(
         None,
         description="A second, plaintext port serving only gRPC health, for probes that speak "
@@ -90,4 +92,35 @@ class PlatformSettings(BaseSettings):
         "",
         validation_alias=_env("TETHER_TLS_CLIENT_KEY_FILE"),
         description="PEM private key of the client certificate.",
+    )
+
+
+class RetainingSettings(PlatformSettings):
+    """The retention sweep's settings, for the services that own what a tenant's retention
+    policy removes (`tether.retention`): the orchestrator and admission."""
+
+    retention_batch: int = Field(
+        500,
+        gt=0,
+        description="Rows the retention sweep examines per statement, so that no statement "
+        "holds many locks or runs long (tenants' policies: tether.retention).",
+    )
+    retention_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="Least time between two retention rounds; a round sleeps until something is "
+        "next due to expire, at most retention_poll_s.",
+    )
+    retention_poll_s: float = Field(
+        300.0,
+        gt=0,
+        description="Longest wait between retention rounds: how soon a tenant's changed "
+        "policy is seen.",
+    )
+    retention_repass_s: float = Field(
+        3600.0,
+        gt=0,
+        description="How soon retention looks again, from the oldest, at expired rows it had to "
+        "keep (a live conversation's history, a run another run retried, a message whose run "
+        "is kept).",
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from services.admission.domain import FreshnessPolicy
+from services.admission.retention import Retention
 from services.admission.service import Admitter
 from services.admission.servicer import AdmissionServicer
 from services.admission.settings import AdmissionSettings
@@ -12,6 +13,7 @@ from tether.db.engine import create_engine
 from tether.runtime.process import announce, configure_logging, run, serve
 from tether.runtime.readiness import await_schema
 from tether.runtime.rpc import start_server
+from tether.runtime.tasks import Supervisor
 from tether.runtime.tls import MutualTls, mutual_tls
 from tether.v1 import admission_pb2, admission_pb2_grpc
 
@@ -28,7 +30,8 @@ async def amain(
         freshness=FreshnessPolicy(settings.replay_window_s, settings.stale_replay),
         bus=bus,
     )
-    servicer = AdmissionServicer(admitter)
+    retention = Retention(engine, settings)
+    servicer = AdmissionServicer(admitter, retention)
     served = await start_server(
         host=settings.host,
         port=settings.port,
@@ -41,8 +44,16 @@ async def amain(
     )
     announce(settings.ready_file, served)
     await await_schema(engine, poll_s=settings.schema_poll_s)
+    supervisor = Supervisor()
+    # Nothing is swept under a schema older than this release's.
+    supervisor.start("retention", retention.sweeps.run())
     await served.ready()
-    await serve(served, grace=settings.grace_s, cleanups=[engine.dispose, bus.close])
+    await serve(
+        served,
+        grace=settings.grace_s,
+        cleanups=[engine.dispose, bus.close, supervisor.stop],
+        failed=supervisor.failed,
+    )
 
 
 def main() -> None:

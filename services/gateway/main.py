@@ -54,6 +54,7 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
         orchestrator=orchestrator_stub,
         interactions=interactions_pb2_grpc.InteractionsServiceStub(interactions),
         streams=streams,
+        revocation_bound_s=settings.key_cache_ttl_s + settings.key_recheck_s,
     )
     served = await start_server(
         host=settings.host,

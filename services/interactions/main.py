@@ -60,6 +60,7 @@ async def amain(
             policy,
             HttpTokenExchange(token_urls, settings.oauth_client_id),
         ),
+        upkeep,
     )
     served = await start_server(
         host=settings.host,

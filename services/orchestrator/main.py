@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from services.orchestrator.execution import Execution
 from services.orchestrator.maintenance import listen_for_hints
+from services.orchestrator.retention import Retention
 from services.orchestrator.service import Runs
 from services.orchestrator.servicer import OrchestratorServicer
 from services.orchestrator.settings import OrchestratorSettings
@@ -40,7 +41,10 @@ async def amain(
         keepalive_interval_s=settings.keepalive_interval_s or settings.lease_ttl_s / 4,
         progress_deadline_s=settings.progress_deadline_s,
     )
-    servicer = OrchestratorServicer(Runs(engine, execution.publisher, bus), execution, work)
+    retention = Retention(engine, settings)
+    servicer = OrchestratorServicer(
+        Runs(engine, execution.publisher, bus), execution, work, retention
+    )
     served = await start_server(
         host=settings.host,
         port=settings.port,
@@ -83,6 +87,7 @@ async def amain(
             nudge=recovery.retry_scheduled,
         ),
     )
+    supervisor.start("retention", retention.sweeps.run())
     supervisor.start("hint-listener", listen_for_hints(bus, execution.publisher, servicer.work))
     supervisor.start("claim-poll", execution.claims.poll_claimable())
     supervisor.start("lease-dispatcher", servicer.work.dispatch(settings.claim_poll_s))

@@ -132,6 +132,7 @@ class SearchRunsRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
     ALL_RUNS_FIELD_NUMBER: _builtins.int
+    CREATED_AFTER_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Caller's tenant."""
     conversation_id: _builtins.str
@@ -148,6 +149,10 @@ class SearchRunsRequest(_message.Message):
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.RunStatus.ValueType]:
         """Only runs in these statuses; all when empty."""
 
+    @_builtins.property
+    def created_after(self) -> _timestamp_pb2.Timestamp:
+        """Only runs created at or after this time; all when unset."""
+
     def __init__(
         self,
         *,
@@ -158,10 +163,11 @@ class SearchRunsRequest(_message.Message):
         page_token: _builtins.str = ...,
         principal_id: _builtins.str = ...,
         all_runs: _builtins.bool = ...,
+        created_after: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "conversation_id", b"conversation_id", "page_size", b"page_size", "page_token", b"page_token", "principal_id", b"principal_id", "statuses", b"statuses", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "conversation_id", b"conversation_id", "created_after", b"created_after", "page_size", b"page_size", "page_token", b"page_token", "principal_id", b"principal_id", "statuses", b"statuses", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2178,3 +2184,129 @@ class WorkLost(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WorkLost: _TypeAlias = WorkLost  # noqa: Y015
+
+@_typing.final
+class LookupAttemptsRequest(_message.Message):
+    """LookupAttemptsRequest names a run within the caller's tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    ALL_RUNS_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Caller's tenant."""
+    run_id: _builtins.str
+    """Run id."""
+    principal_id: _builtins.str
+    """Caller's principal: only its own runs are visible unless all_runs is set."""
+    all_runs: _builtins.bool
+    """Whether the caller's key holds runs:all (every run of its tenant is visible)."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        all_runs: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "principal_id", b"principal_id", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LookupAttemptsRequest: _TypeAlias = LookupAttemptsRequest  # noqa: Y015
+
+@_typing.final
+class LookupAttemptsResponse(_message.Message):
+    """LookupAttemptsResponse is a run's execution record."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    TURNS_FIELD_NUMBER: _builtins.int
+    LINEAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def run(self) -> _common_pb2.Run:
+        """The run."""
+
+    @_builtins.property
+    def attempts(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Attempt]:
+        """Its attempts, oldest first."""
+
+    @_builtins.property
+    def turns(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ModelTurn]:
+        """Its priced model turns, oldest first."""
+
+    @_builtins.property
+    def lineage(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Run]:
+        """Every run of its lineage that is still kept (the first delivery and each retry of it),
+        oldest first, this one included.
+        """
+
+    def __init__(
+        self,
+        *,
+        run: _common_pb2.Run | None = ...,
+        attempts: _abc.Iterable[_common_pb2.Attempt] | None = ...,
+        turns: _abc.Iterable[_common_pb2.ModelTurn] | None = ...,
+        lineage: _abc.Iterable[_common_pb2.Run] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "lineage", b"lineage", "run", b"run", "turns", b"turns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LookupAttemptsResponse: _TypeAlias = LookupAttemptsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteTenantRunsRequest(_message.Message):
+    """DeleteTenantRunsRequest names the tenant being deleted."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTenantRunsRequest: _TypeAlias = DeleteTenantRunsRequest  # noqa: Y015
+
+@_typing.final
+class DeleteTenantRunsResponse(_message.Message):
+    """DeleteTenantRunsResponse says how far the deletion got."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REMOVED_FIELD_NUMBER: _builtins.int
+    REMAINING_FIELD_NUMBER: _builtins.int
+    removed: _builtins.int
+    """Runs removed by this call."""
+    remaining: _builtins.bool
+    """Whether runs of the tenant remain."""
+    def __init__(
+        self,
+        *,
+        removed: _builtins.int = ...,
+        remaining: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["remaining", b"remaining", "removed", b"removed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTenantRunsResponse: _TypeAlias = DeleteTenantRunsResponse  # noqa: Y015

@@ -10,7 +10,9 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     DateTime,
+    FromClause,
     Integer,
     Text,
     bindparam,
@@ -154,6 +156,10 @@ async def close_dangling(conn: AsyncConnection, run: Row[Any], reason: str) -> N
     await write_closing(conn, run.run_id, run.lease_epoch, closing)
 
 
+# How many of its session's earlier completed runs a run reads as its history.
+HISTORY_RUNS = 50
+
+
 @dataclass(frozen=True)
 class EarlierRun:
     """A completed run of the same session, as the history of a later one sees it."""
@@ -186,6 +192,28 @@ _RECENT_RUNS = (
     .lateral("earlier")
 )
 _PART_COLUMNS = [c for c in run_parts.c if c.name != "run_id"]
+
+
+def read_as_history(run: FromClause) -> ColumnElement[bool]:
+    """Whether `run` (a FROM of `runs`) is among what its session's next run reads as history
+    (`attempt_inputs`: the last `limit_runs` completed runs, bound as such); retention keeps
+    these while the conversation is live. Bounded: it reads at most `limit_runs` newer runs."""
+    newer = runs.alias("newer")
+    last_of_history = (
+        select(newer.c.run_id)
+        .where(
+            newer.c.session_id == run.c.session_id,
+            newer.c.status == RunStatus.COMPLETED.value,
+            newer.c.created_at > run.c.created_at,
+        )
+        .order_by(newer.c.created_at)
+        .offset(bindparam("limit_runs") - 1)
+        .limit(1)
+    )
+    fewer = ~last_of_history.exists()
+    return (run.c.status == RunStatus.COMPLETED.value) & fewer
+
+
 _HISTORY = select(
     _WANTED.c.run_id.label("for_run"),
     _RECENT_RUNS.c.run_id.label("earlier_run_id"),
