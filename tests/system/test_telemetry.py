@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 import pytest_asyncio
 from sqlalchemy import select, update
@@ -162,6 +163,38 @@ async def test_a_run_retried_after_a_provider_error_stays_in_one_trace(
     assert sorted(s.attributes["tether.attempt"] for s in attempts) == [1, 2]
     retry = next(s for s in collector.trace(trace_id) if s.name == "tether.schedule_retry")
     assert retry.parent_span_id in {s.span_id for s in attempts}
+
+
+async def test_a_message_sent_over_http_continues_the_callers_trace(
+    stack: ExecStack, collector: Collector
+) -> None:
+    tenant = await stack.tenant()
+    text = f"over http {uuid.uuid4().hex}"
+    stack.model.script(text, [TextTurn("Hello over HTTP.")])
+    caller_trace, caller_span = uuid.uuid4().hex, uuid.uuid4().hex[:16]
+    headers = {
+        "Authorization": f"Bearer {tenant.api_key}",
+        "traceparent": f"00-{caller_trace}-{caller_span}-01",
+    }
+    url = f"http://{stack.services.http_addresses()['gateway']}/v1/messages"
+    async with httpx2.AsyncClient(timeout=30) as http:
+        response = await http.post(
+            url,
+            json={"text": text, "conversation_id": uuid.uuid4().hex, "event_id": uuid.uuid4().hex},
+            headers=headers,
+        )
+    assert response.status_code == 200, response.text
+    run_id = response.json()["run"]["run_id"]
+    run = await wait_for_status(stack.db_url, run_id, "completed")
+    assert trace_id_of(run.traceparent) == caller_trace
+
+    async def served() -> ExportedSpan | None:
+        return next((s for s in collector.trace(caller_trace) if s.name == "tether.attempt"), None)
+
+    await eventually(served, timeout=20, what="the attempt's span in the caller's trace")
+    (post,) = [s for s in collector.trace(caller_trace) if s.name == "POST /v1/messages"]
+    assert post.parent_span_id == caller_span and post.service == "tether-gateway"
+    assert post.attributes["http.response.status_code"] == 200
 
 
 def counts(collector: Collector) -> dict[str, float]:

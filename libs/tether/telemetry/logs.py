@@ -14,17 +14,16 @@ import json
 import logging
 import sys
 from contextvars import ContextVar
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from tether import telemetry
 from tether.telemetry import tracing
 
 
-@dataclass(frozen=True, slots=True)
-class RunFields:
-    """The ids a log line about a run carries (empty or 0 when not known where it logs)."""
+class RunFields(NamedTuple):
+    """The ids a log line about a run carries (empty or 0 when not known where it logs). A
+    tuple: made once per attempt and per write, it must cost next to nothing."""
 
     run_id: str
     tenant_id: str = ""

@@ -109,6 +109,13 @@ def run_context(traceparent: str, run_id: str) -> otel_context.Context:
     return trace.set_span_in_context(NonRecordingSpan(parent))
 
 
+def continuing(traceparent: str) -> otel_context.Context | None:
+    """The context a span continuing `traceparent` (a caller's) starts in; None (a child of the
+    current span, or a new trace) when it names no span."""
+    parent = parse(traceparent)
+    return None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent))
+
+
 def current_ids() -> tuple[str, str] | None:
     """The current span's (trace id, span id) in hex, for a log line; None without one."""
     span_context = trace.get_current_span().get_span_context()
@@ -151,13 +158,9 @@ def traced_unary(
     attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
 
     async def traced(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        parent = parse(incoming(context))
-        parent_context = (
-            None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent))
-        )
         with tracer.start_as_current_span(
             method,
-            context=parent_context,
+            context=continuing(incoming(context)),
             kind=SpanKind.SERVER,
             attributes=attributes,
             record_exception=False,
@@ -203,11 +206,11 @@ def span(
     start_time: int | None = None,
     expected: tuple[type[BaseException], ...] = (),
 ) -> Iterator[Span]:
-    """A span, current inside the block: a child of the current span, or (with `run_id`) of
-    the trace context `parent` names, else of the run's root. An exception escaping the block
-    is recorded by type (`failed`), unless it is one of the `expected` ones (a park: how things
-    go, not a failure), which is named in `tether.outcome`."""
-    context = run_context(parent, run_id) if run_id else None
+    """A span, current inside the block: a child of the trace context `parent` names (with
+    `run_id`, of the run's root when it names none), else of the current span. An exception
+    escaping the block is recorded by type (`failed`), unless it is one of the `expected` ones
+    (a park: how things go, not a failure), which is named in `tether.outcome`."""
+    context = run_context(parent, run_id) if run_id else continuing(parent)
     with tracer.start_as_current_span(
         name,
         context=context,

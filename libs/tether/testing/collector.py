@@ -172,13 +172,16 @@ class Collector:
     async def start(self) -> None:
         """Bind and begin serving."""
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(
+        # The generated registrars are untyped.
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
             _Traces(self.received, self._keep), server
         )
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(  # type: ignore[no-untyped-call]
             _Metrics(self.received, self._keep), server
         )
-        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(_Logs(), server)
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            _Logs(), server
+        )
         self._port = server.add_insecure_port(f"{self._host}:{self._port}")
         await server.start()
         self._server = server
