@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import traceback
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -77,10 +78,8 @@ class JsonFormatter(logging.Formatter):
             ids = tracing.current_ids()
             if ids is not None:
                 line["trace_id"], line["span_id"] = ids
-        if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
-        elif record.exc_text:
-            line["exception"] = record.exc_text
+        if record.exc_info and record.exc_info[1] is not None:
+            line["exception"] = format_exception(record.exc_info[1])
         return json.dumps(line, ensure_ascii=False, default=str)
 
 
@@ -90,11 +89,47 @@ class TextFormatter(logging.Formatter):
     def __init__(self, service: str) -> None:
         super().__init__(f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")
 
+    def formatException(self, ei: Any) -> str:  # logging's name
+        """The exception as `format_exception` renders it."""
+        return format_exception(ei[1]) if ei[1] is not None else ""
+
     def format(self, record: logging.LogRecord) -> str:
         """The record as text, with ` [run RUN_ID]` when it is about one."""
         text = super().format(record)
         run = _RUN.get()
         return text if run is None else f"{text} [run {run.run_id}]"
+
+
+# Exceptions whose message may quote stored data: the database's own words ("invalid input
+# syntax for type integer: ...", a duplicate key's value) and the driver's.
+_QUOTING_DATA = ("asyncpg", "sqlalchemy")
+
+
+def format_exception(exc: BaseException) -> str:
+    """`exc` and what it came from, each with its traceback, as Python prints them; but the
+    message of a database or driver error is withheld (it may quote what a person wrote) and
+    its SQLSTATE given instead: the class name and the code say what went wrong."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        cause = current.__cause__
+        current = (
+            cause if cause is not None or current.__suppress_context__ else current.__context__
+        )
+    blocks = []
+    for one in reversed(chain):
+        kind = type(one)
+        said = str(one)
+        if kind.__module__.split(".")[0] in _QUOTING_DATA:
+            code = getattr(one, "sqlstate", None) or getattr(
+                getattr(one, "orig", None), "sqlstate", None
+            )
+            said = f"(message withheld: it may quote stored data; SQLSTATE {code or 'none'})"
+        frames = "".join(traceback.format_tb(one.__traceback__))
+        name = f"{kind.__module__}.{kind.__qualname__}"
+        blocks.append(f"Traceback (most recent call last):\n{frames}{name}: {said}")
+    return "\n\nThe above exception led to:\n\n".join(blocks)
 
 
 def configure_logging(service: str, level: str, log_format: str = "json") -> None:
