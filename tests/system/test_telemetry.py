@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import select, update
 
-from tests.system.execution_support import ExecStack, exec_stack, wait_for_status
+from tests.system.execution_support import ExecStack, events_of, exec_stack, wait_for_status
 from tether.client import TetherClient
 from tether.db.engine import create_engine
 from tether.db.schema import tenants
@@ -195,6 +195,40 @@ async def test_a_message_sent_over_http_continues_the_callers_trace(
     (post,) = [s for s in collector.trace(caller_trace) if s.name == "POST /v1/messages"]
     assert post.parent_span_id == caller_span and post.service == "tether-gateway"
     assert post.attributes["http.response.status_code"] == 200
+
+
+async def test_an_attempt_after_a_lapsed_lease_is_in_the_runs_trace_and_the_reap_is_counted(
+    stack: ExecStack, collector: Collector
+) -> None:
+    tenant = await stack.tenant()
+    text = f"slow then recovered {uuid.uuid4().hex}"
+    stack.model.script(text, [ToolUseTurn("slow_task", {"seconds": 60}), TextTurn("Recovered.")])
+    expirations = collector.total("tether.lease.expirations")
+    requeued = collector.total("tether.reaps", tether__reap__outcome="requeued")
+    run_id = await tenant.send(text)
+
+    async def tool_started() -> bool:
+        return "tool.started" in [t for _, t, _ in await events_of(stack.db_url, run_id)]
+
+    await eventually(tool_started, timeout=20, what="the slow tool to start")
+    stack.services.kill("worker")  # SIGKILL: the lease lapses and the reaper requeues the run
+    await stack.start_worker()
+    run = await wait_for_status(stack.db_url, run_id, "completed")
+    trace_id = trace_id_of(run.traceparent)
+
+    async def reaped_and_traced() -> list[ExportedSpan] | None:
+        claims = [s for s in collector.trace(trace_id) if s.name == "tether.claim"]
+        attempts = [s for s in collector.trace(trace_id) if s.name == "tether.attempt"]
+        counted = (
+            collector.total("tether.lease.expirations") > expirations
+            and collector.total("tether.reaps", tether__reap__outcome="requeued") > requeued
+        )
+        return attempts if len(claims) == 2 and attempts and counted else None
+
+    # The killed worker never exported its attempt; the one after the reap is in the trace.
+    (after,) = await eventually(reaped_and_traced, timeout=20, what="the reap and the retry")
+    assert after.attributes["tether.attempt"] == 2
+    assert collector.total("tether.lease.expirations") == expirations + 1
 
 
 def counts(collector: Collector) -> dict[str, float]:
