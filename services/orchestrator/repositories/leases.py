@@ -308,7 +308,8 @@ _QUEUE = select(
 
 async def queue_stats(conn: AsyncConnection) -> tuple[int, float]:
     """How many runs are queued, and how many seconds the one queued longest has waited (0
-    when none is): one scan of the queued runs (ix_runs_queued), for the queue gauges."""
+    when none is): one scan of the queued runs (the partial ix_runs_session_queued), for the
+    queue gauges, once per metric export."""
     depth, oldest_s = (await conn.execute(_QUEUE)).one()
     return int(depth), float(oldest_s)
 
