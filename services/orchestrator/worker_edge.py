@@ -185,9 +185,12 @@ class ExecutionServicer:
             return run
 
         def traced(kind: str, call: Any) -> Write:
-            # The attempt's trace context comes inside the message: the stream has none.
+            # The attempt's trace context comes inside the message: the stream has none. A
+            # write without one (its worker's telemetry is off) makes no span here either.
             async def run(request: Any) -> Any:
                 bind_run(request.run_id)
+                if not request.traceparent:
+                    return await call(request, _NO_CONTEXT)
                 with tracing.span(
                     f"tether.{kind}",
                     parent=request.traceparent,

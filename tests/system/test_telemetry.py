@@ -156,13 +156,16 @@ async def test_a_run_retried_after_a_provider_error_stays_in_one_trace(
     trace_id = trace_id_of(run.traceparent)
 
     async def both() -> list[ExportedSpan] | None:
-        attempts = [s for s in collector.trace(trace_id) if s.name == "tether.attempt"]
-        return attempts if len(attempts) == 2 else None
+        spans = collector.trace(trace_id)
+        attempts = [s for s in spans if s.name == "tether.attempt"]
+        retried = any(s.name == "tether.schedule_retry" for s in spans)
+        return attempts if len(attempts) == 2 and retried else None
 
-    attempts = await eventually(both, timeout=20, what="both attempts' spans")
+    attempts = await eventually(both, timeout=20, what="both attempts' spans and the retry's")
     assert sorted(s.attributes["tether.attempt"] for s in attempts) == [1, 2]
     retry = next(s for s in collector.trace(trace_id) if s.name == "tether.schedule_retry")
-    assert retry.parent_span_id in {s.span_id for s in attempts}
+    first = next(s for s in attempts if s.attributes["tether.attempt"] == 1)
+    assert retry.parent_span_id == first.span_id
 
 
 async def test_a_message_sent_over_http_continues_the_callers_trace(
@@ -188,11 +191,12 @@ async def test_a_message_sent_over_http_continues_the_callers_trace(
     run = await wait_for_status(stack.db_url, run_id, "completed")
     assert trace_id_of(run.traceparent) == caller_trace
 
-    async def served() -> ExportedSpan | None:
-        return next((s for s in collector.trace(caller_trace) if s.name == "tether.attempt"), None)
+    async def served() -> list[ExportedSpan] | None:
+        spans = collector.trace(caller_trace)
+        posts = [s for s in spans if s.name == "POST /v1/messages"]
+        return posts if posts and any(s.name == "tether.attempt" for s in spans) else None
 
-    await eventually(served, timeout=20, what="the attempt's span in the caller's trace")
-    (post,) = [s for s in collector.trace(caller_trace) if s.name == "POST /v1/messages"]
+    (post,) = await eventually(served, timeout=20, what="the request's and attempt's spans")
     assert post.parent_span_id == caller_span and post.service == "tether-gateway"
     assert post.attributes["http.response.status_code"] == 200
 

@@ -168,9 +168,6 @@ def traced_unary(
         ) as span:
             try:
                 response = await behavior(request, context)
-            except TetherError as exc:
-                failed(span, exc)
-                raise
             except Exception as exc:
                 failed(span, exc)
                 raise
