@@ -6,6 +6,8 @@ fields keep their global names (TETHER_DATABASE_URL, ...) so one environment ser
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -52,7 +54,33 @@ class PlatformSettings(BaseSettings):
         description="When set, the bound port is written here once the server serves.",
     )
     log_level: str = Field(
-        "INFO", validation_alias=_env("TETHER_LOG_LEVEL"), description="Logging level."
+        "INFO", validation_alias=_env("TETHER_LOG_LEVEL"), description="Least level logged."
+    )
+    log_format: Literal["json", "text"] = Field(
+        "json",
+        validation_alias=_env("TETHER_LOG_FORMAT"),
+        description="json: one JSON object a line on stderr, with the tenant, run, attempt and "
+        "trace ids of what it is about; text: one readable line, for a terminal.",
+    )
+    otlp_endpoint: str = Field(
+        "",
+        validation_alias=_env("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        description="OpenTelemetry collector (OTLP over gRPC, e.g. http://collector:4317): "
+        "traces and metrics are exported there; empty turns telemetry off at no cost. The "
+        "exporter honours the other standard OTEL_* variables (headers, timeouts, batch and "
+        "export intervals).",
+    )
+    telemetry_tenants: str = Field(
+        "",
+        validation_alias=_env("TETHER_TELEMETRY_TENANTS"),
+        description="Comma-separated tenant ids that get a metric label of their own; every "
+        "other tenant is counted as `other`, so the label stays bounded.",
+    )
+    telemetry_content: bool = Field(
+        False,
+        validation_alias=_env("TETHER_TELEMETRY_CONTENT"),
+        description="Record message text, model output and tool inputs on spans. Off: spans and "
+        "logs carry ids, counts and timings only, never what people or the model wrote.",
     )
     health_port: int | None = Field(
         None,

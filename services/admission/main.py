@@ -10,11 +10,12 @@ from services.admission.settings import AdmissionSettings
 from tether.bus import Bus
 from tether.credentials import require_verifiers
 from tether.db.engine import create_engine
-from tether.runtime.process import announce, configure_logging, run, serve
+from tether.runtime.process import announce, run, serve
 from tether.runtime.readiness import await_schema
 from tether.runtime.rpc import start_server
 from tether.runtime.tasks import Supervisor
 from tether.runtime.tls import MutualTls, mutual_tls
+from tether.telemetry.setup import configure
 from tether.v1 import admission_pb2, admission_pb2_grpc
 
 
@@ -59,7 +60,7 @@ async def amain(
 def main() -> None:
     """Read settings from the environment and serve."""
     settings = AdmissionSettings()
-    configure_logging("admission", settings.log_level)
+    configure("admission", settings)
     verifiers = require_verifiers("admission", settings.service_verifiers)
     tls = mutual_tls("admission", settings, serves=True, calls=False)
     run(amain(settings, verifiers, tls))

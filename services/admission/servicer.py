@@ -7,10 +7,12 @@ import grpc
 from services.admission.adapters import event_to_proto, normalise
 from services.admission.retention import Retention
 from services.admission.service import Admitter, Disposition
+from tether import telemetry
 from tether.apikeys import OPERATOR_ID
 from tether.convert import run_to_proto
 from tether.errors import InvalidArgument
 from tether.limits import check_request
+from tether.telemetry import metrics, tracing
 from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2
 from tether.visibility import Viewer
 
@@ -34,10 +36,9 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     ) -> admission_pb2.AdmitResponse:
         check_request(request)
         event = normalise(request)
-        traceparent = dict(context.invocation_metadata() or ()).get("traceparent")
-        outcome = await self._admitter.admit(
-            event, traceparent=traceparent if isinstance(traceparent, str) else None
-        )
+        outcome = await self._admitter.admit(event, traceparent=_traceparent(context))
+        if telemetry.on:
+            metrics.admitted(outcome.disposition.value, event.tenant_id)
         return admission_pb2.AdmitResponse(
             disposition=_DISPOSITIONS[outcome.disposition],
             run=run_to_proto(outcome.run),
@@ -65,3 +66,11 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             raise InvalidArgument("tenant_id is required")
         removed, remaining = await self._retention.delete_tenant(request.tenant_id)
         return admission_pb2.DeleteTenantEventsResponse(removed=removed, remaining=remaining)
+
+
+def _traceparent(context: grpc.aio.ServicerContext) -> str | None:
+    """The trace context a new run is stored with: this call's own span while telemetry is on
+    (every later span of the run descends from it), else the one its caller sent, if any."""
+    if telemetry.on:
+        return tracing.traceparent() or None
+    return tracing.incoming(context) or None

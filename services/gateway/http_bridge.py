@@ -39,16 +39,19 @@ from typing import Any, TypeVar
 from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import Message
+from opentelemetry.trace import SpanKind
 
 from services.gateway.auth import TENANT_METADATA, Authenticator, KeyWatch
 from services.gateway.conversation import ConversationCursor, conversation_items
 from services.gateway.http_errors import MAX_BODY_BYTES, BridgeRunner, error_body, errors
 from services.gateway.streams import Streams
+from tether import telemetry
 from tether.apikeys import Principal
 from tether.convert import disposition_name, status_to_proto
 from tether.errors import InvalidArgument, TetherError
 from tether.limits import INT32_MAX, INT64_MAX, check_request
 from tether.states import RunStatus
+from tether.telemetry import tracing
 from tether.transport import event_to_json, run_to_json, snapshot_to_json
 from tether.v1 import events_pb2, gateway_pb2
 from tether.visibility import viewer_of
@@ -146,6 +149,25 @@ def _conversation_frame(item: gateway_pb2.StreamConversationResponse) -> bytes:
     return _frame(item.event.type, data, item.cursor if item.event.seq else None)
 
 
+@web.middleware
+async def traced(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """A request as a server span continuing the caller's `traceparent` header: its method,
+    route template and status, never its body or its path's ids."""
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "unmatched"
+    with tracing.span(
+        f"{request.method} {route}",
+        parent=request.headers.get("traceparent", ""),
+        kind=SpanKind.SERVER,
+        attributes={"http.request.method": request.method, "http.route": route},
+    ) as span:
+        response = await handler(request)
+        span.set_attribute("http.response.status_code", response.status)
+        return response
+
+
 class HttpBridge:
     """Routes HTTP requests to the gateway's servicer and streams."""
 
@@ -156,7 +178,9 @@ class HttpBridge:
 
     def app(self) -> web.Application:
         """The aiohttp application."""
-        app = web.Application(middlewares=[errors], client_max_size=MAX_BODY_BYTES)
+        # Chosen once: while telemetry is on, each request is a server span.
+        middlewares = [errors, traced] if telemetry.on else [errors]
+        app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/v1/runs/{run_id}/events", self.run_events)
         app.router.add_get("/v1/conversations/{conversation_id}/events", self.conversation_events)
         app.router.add_post("/v1/messages", self.send_message)

@@ -16,6 +16,7 @@ from typing import Any
 
 from anthropic import AsyncAnthropic
 
+from services.worker import observed
 from services.worker.assignment import Assignment
 from services.worker.checkpoints import CheckpointWriter
 from services.worker.context import build_messages, system_param
@@ -27,6 +28,7 @@ from services.worker.outcomes import Outcomes, ms_since
 from services.worker.provider_errors import classify_exception
 from services.worker.tools.registry import ToolRegistry
 from services.worker.transcript import Transcript
+from tether import telemetry
 from tether.bus import Bus
 from tether.domain import (
     CANCELLED_BY_CALLER,
@@ -230,7 +232,7 @@ class Attempt:
                 request["tools"] = tools
             turn_start_index = self.transcript.next_index
             try:
-                turn = await stream_turn(
+                streaming = stream_turn(
                     self._client,
                     request=request,
                     transcript=self.transcript,
@@ -238,6 +240,9 @@ class Attempt:
                     publish_delta=self.checkpoints.publish_delta,
                     checkpoint_interval_s=self._interval,
                 )
+                if telemetry.on:
+                    streaming = observed.model_turn(self.config, request, streaming)
+                turn = await streaming
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -256,6 +261,8 @@ class Attempt:
 
     def _account(self, usage: dict[str, int]) -> None:
         cost = cost_micros(usage, self.config.prices.get(self.config.model))
+        if telemetry.on:
+            observed.turn_used(self.assignment.tenant_id, self.config.model, usage, cost)
         turn = ModelTurn(self.config.model, **usage, cost_micros=cost)
         self.state.usage = add_usage(self.state.usage, {**usage, "cost_micros": cost})
         self.state.cost_micros += cost

@@ -68,11 +68,16 @@ class ExecStack:
         return proc.name
 
     async def tenant(
-        self, *, grant: Sequence[str] = (), policy: dict[str, Any] | None = None, **limits: Any
+        self,
+        *,
+        grant: Sequence[str] = (),
+        policy: dict[str, Any] | None = None,
+        tenant_id: str | None = None,
+        **limits: Any,
     ) -> Tenant:
-        """A fresh tenant whose agent has `limits` (over fast-retry test defaults), with
-        tenant-wide standing grants for the tools in `grant`."""
-        tenant_id = f"t-{uuid.uuid4().hex[:10]}"
+        """A fresh tenant (named `tenant_id`, else at random) whose agent has `limits` (over
+        fast-retry test defaults), with tenant-wide standing grants for the tools in `grant`."""
+        tenant_id = tenant_id or f"t-{uuid.uuid4().hex[:10]}"
         agent = {
             "tool_allowlist": TOOLS,
             "limits": {"backoff_initial_seconds": 0.05, "backoff_max_seconds": 0.2, **limits},

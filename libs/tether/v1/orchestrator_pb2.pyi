@@ -550,7 +550,10 @@ class ClaimRunResponse(_message.Message):
     last_seq: _builtins.int
     """Next durable event seq of the run."""
     traceparent: _builtins.str
-    """Trace context (W3C traceparent) of the admission that created the run."""
+    """Trace context (W3C traceparent) the attempt's spans descend from: the orchestrator's span of
+    this claim while its telemetry is on, else the context stored on the run at admission
+    (empty when there is none).
+    """
     @_builtins.property
     def lease(self) -> Global___Lease:
         """The lease."""
@@ -752,6 +755,7 @@ class ParkRunRequest(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     INTERACTION_ID_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     epoch: _builtins.int
@@ -760,6 +764,11 @@ class ParkRunRequest(_message.Message):
     """One of the waiting-for-* statuses."""
     interaction_id: _builtins.str
     """The interaction it waits for."""
+    traceparent: _builtins.str
+    """Trace context (W3C traceparent) of the attempt that sends this, so the orchestrator's span of
+    it joins the run's trace (one long-lived Work stream carries many runs, so no stream
+    metadata can); empty while the worker's telemetry is off.
+    """
     def __init__(
         self,
         *,
@@ -767,10 +776,11 @@ class ParkRunRequest(_message.Message):
         epoch: _builtins.int = ...,
         status: _common_pb2.RunStatus.ValueType = ...,
         interaction_id: _builtins.str = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "interaction_id", b"interaction_id", "run_id", b"run_id", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "interaction_id", b"interaction_id", "run_id", b"run_id", "status", b"status", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1061,12 +1071,18 @@ class ScheduleRetryRequest(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     RETRY_AFTER_SECONDS_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     epoch: _builtins.int
     """Fencing epoch."""
     retry_after_seconds: _builtins.float
     """Server-requested minimum wait (retry-after), in seconds; 0 when none."""
+    traceparent: _builtins.str
+    """Trace context (W3C traceparent) of the attempt that sends this, so the orchestrator's span of
+    it joins the run's trace (one long-lived Work stream carries many runs, so no stream
+    metadata can); empty while the worker's telemetry is off.
+    """
     @_builtins.property
     def error(self) -> _common_pb2.ErrorInfo:
         """The triggering error."""
@@ -1078,10 +1094,11 @@ class ScheduleRetryRequest(_message.Message):
         epoch: _builtins.int = ...,
         error: _common_pb2.ErrorInfo | None = ...,
         retry_after_seconds: _builtins.float = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "error", b"error", "retry_after_seconds", b"retry_after_seconds", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "error", b"error", "retry_after_seconds", b"retry_after_seconds", "run_id", b"run_id", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1172,6 +1189,7 @@ class CompleteRunRequest(_message.Message):
     AUDIT_FIELD_NUMBER: _builtins.int
     EVENTS_FIELD_NUMBER: _builtins.int
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     epoch: _builtins.int
@@ -1182,6 +1200,11 @@ class CompleteRunRequest(_message.Message):
     """Final assistant text."""
     task_outcome: _builtins.str
     """Business outcome."""
+    traceparent: _builtins.str
+    """Trace context (W3C traceparent) of the attempt that sends this, so the orchestrator's span of
+    it joins the run's trace (one long-lived Work stream carries many runs, so no stream
+    metadata can); empty while the worker's telemetry is off.
+    """
     @_builtins.property
     def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Warnings."""
@@ -1233,10 +1256,11 @@ class CompleteRunRequest(_message.Message):
         audit: _struct_pb2.Struct | None = ...,
         events: _abc.Iterable[_events_pb2.RunEvent] | None = ...,
         in_flight: Global___CheckpointRequest | None = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["audit", b"audit", "error", b"error", "in_flight", b"in_flight", "stages", b"stages"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit", b"audit", "epoch", b"epoch", "error", b"error", "events", b"events", "in_flight", b"in_flight", "parts", b"parts", "result_text", b"result_text", "run_id", b"run_id", "stages", b"stages", "status", b"status", "task_outcome", b"task_outcome", "turns", b"turns", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit", b"audit", "epoch", b"epoch", "error", b"error", "events", b"events", "in_flight", b"in_flight", "parts", b"parts", "result_text", b"result_text", "run_id", b"run_id", "stages", b"stages", "status", b"status", "task_outcome", b"task_outcome", "traceparent", b"traceparent", "turns", b"turns", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1278,19 +1302,26 @@ class ReleaseRunRequest(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     epoch: _builtins.int
     """Fencing epoch."""
+    traceparent: _builtins.str
+    """Trace context (W3C traceparent) of the attempt that sends this, so the orchestrator's span of
+    it joins the run's trace (one long-lived Work stream carries many runs, so no stream
+    metadata can); empty while the worker's telemetry is off.
+    """
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         epoch: _builtins.int = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "run_id", b"run_id", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
