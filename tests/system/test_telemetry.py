@@ -14,11 +14,12 @@ from typing import Any
 import httpx2
 import pytest
 import pytest_asyncio
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from tests.system.execution_support import ExecStack, events_of, exec_stack, wait_for_status
 from tether.client import TetherClient
 from tether.db.engine import create_engine
+from tether.db.schema import runs as runs_table
 from tether.db.schema import tenants
 from tether.testing.collector import Collector, ExportedSpan
 from tether.testing.eventually import eventually
@@ -258,6 +259,27 @@ async def test_metrics_move_when_runs_complete_fail_and_retry(
 ) -> None:
     labelled = await stack.tenant(tenant_id=LABELLED)
     other = await stack.tenant()
+    # Earlier tests' runs may still be running (a reaped one is run again) or their counts not
+    # yet exported: wait until none runs and every completed one is counted, so that none
+    # lands in this test's delta.
+    engine = create_engine(stack.db_url, pool_size=1)
+
+    async def settled() -> bool:
+        async with engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(runs_table.c.status, func.count()).group_by(runs_table.c.status)
+                )
+            ).all()
+        by_status = dict(rows)
+        running = sum(by_status.get(s, 0) for s in ("queued", "running", "retry-pending"))
+        counted = collector.total("tether.runs", tether__run__status="completed")
+        return running == 0 and counted >= by_status.get("completed", 0)
+
+    try:
+        await eventually(settled, timeout=30, what="earlier runs to end and be counted")
+    finally:
+        await engine.dispose()
     before = counts(collector)
     ok, bad, flaky, theirs = (
         f"{label} {uuid.uuid4().hex}" for label in ("ok", "bad", "flaky", "x")
