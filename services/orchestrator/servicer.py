@@ -12,6 +12,7 @@ from services.orchestrator.worker_edge import ExecutionServicer, lease_response
 from tether.convert import (
     event_to_proto,
     part_to_proto,
+    routing_to_proto,
     run_to_proto,
     status_from_proto,
     status_to_proto,
@@ -65,8 +66,11 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         view = await self._runs.lookup(
             _viewer(request), request.run_id, include_superseded=request.include_superseded
         )
+        run = run_to_proto(view.run)
+        if view.routing:
+            run.routing.CopyFrom(routing_to_proto(view.run.routing_id or "", view.routing))
         return orchestrator_pb2.LookupRunResponse(
-            run=run_to_proto(view.run), parts=[part_to_proto(p) for p in view.parts]
+            run=run, parts=[part_to_proto(p) for p in view.parts]
         )
 
     async def LookupRunFacts(

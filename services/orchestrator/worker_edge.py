@@ -4,7 +4,7 @@ calls and on its Work stream, and the leases pushed to it. Protobuf stops here."
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -15,6 +15,7 @@ from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
 from services.orchestrator.work import Work, Write
 from tether.convert import (
+    config_to_proto,
     error_from_proto,
     event_from_wire,
     part_from_proto,
@@ -26,7 +27,6 @@ from tether.convert import (
 )
 from tether.domain import (
     CANCELLED_BY_CALLER,
-    AgentConfig,
     Batch,
     Cancelled,
     Completed,
@@ -111,6 +111,23 @@ def _history(claimed: Claimed) -> list[common_pb2.Part]:
     return history
 
 
+def _context(claimed: Claimed) -> orchestrator_pb2.AttemptContext:
+    origin = claimed.origin
+    return orchestrator_pb2.AttemptContext(
+        source=origin.source,
+        actor_type=origin.actor_type,
+        actor_id=origin.actor_id,
+        has_documents=claimed.has_documents,
+        summary=None if claimed.summary is None else part_to_proto(claimed.summary),
+        earlier_runs=[
+            orchestrator_pb2.EarlierRunSpan(run_id=e.run_id, parts=len(e.parts) + 1)
+            for e in claimed.earlier
+        ],
+        last_turn_tokens=claimed.last_turn.tokens,
+        last_turn_own=claimed.last_turn.own,
+    )
+
+
 def lease_response(claimed: Claimed) -> orchestrator_pb2.ClaimRunResponse:
     """A lease with the attempt's explicit inputs, as the worker receives it."""
     run = claimed.run
@@ -124,29 +141,12 @@ def lease_response(claimed: Claimed) -> orchestrator_pb2.ClaimRunResponse:
             expires_at=timestamp(run.lease_expires_at),
         ),
         run=run_to_proto(run),
-        config=_config_proto(claimed.config),
+        config=config_to_proto(claimed.config),
         history=history,
         prior_part_count=len(history) - len(claimed.own),
         last_seq=run.last_seq,
         traceparent=run.traceparent or "",
-    )
-
-
-def _config_proto(config: AgentConfig) -> orchestrator_pb2.AgentConfig:
-    limits = orchestrator_pb2.Limits(**asdict(config.limits))
-    return orchestrator_pb2.AgentConfig(
-        agent=config.agent,
-        model=config.model,
-        system_prompt=config.system_prompt,
-        system_blocks=[
-            orchestrator_pb2.SystemBlock(text=b.text, cache_control=b.cache_control)
-            for b in config.system_blocks
-        ],
-        tool_allowlist=list(config.tool_allowlist),
-        limits=limits,
-        prices=[
-            orchestrator_pb2.ModelPrice(model=m, **asdict(p)) for m, p in config.prices.items()
-        ],
+        context=_context(claimed),
     )
 
 

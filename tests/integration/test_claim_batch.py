@@ -18,7 +18,7 @@ from services.orchestrator.attempts import Completion
 from services.orchestrator.execution import Execution
 from services.orchestrator.repositories import runs as runs_repo
 from tests.integration.statements import counting
-from tests.integration.test_admission import _tenant, chat
+from tests.integration.test_admission import _tenant, chat, messaging
 from tether.db.schema import attempts, run_events, runs, tenants
 from tether.domain import Batch, Completed, Part, Role, Text, run_started
 
@@ -167,3 +167,52 @@ async def test_a_tenant_whose_routing_is_broken_has_its_runs_failed_not_leased(
     assert await execution.claims.claim_many("w", 4) == []
     [row] = await _rows(engine, select(runs.c.status, runs.c.error).where(runs.c.run_id == run_id))
     assert row.status == "failed" and row.error["code"] == "routing_failed"
+
+
+async def test_a_run_keeps_the_routing_it_started_with_and_routing_follows_its_origin(
+    engine: AsyncEngine,
+) -> None:
+    await _tenant(engine, "t1")
+    concierge = {
+        "name": "concierge",
+        "version": 1,
+        "instructions": "You look after guests.",
+        "channels": ["whatsapp"],
+    }
+    async with engine.begin() as conn:
+        agent = {"personas": [concierge]}
+        await conn.execute(update(tenants).where(tenants.c.tenant_id == "t1").values(agent=agent))
+    execution = _execution(engine)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    chat_run = (await admitter.admit(chat("pin-1", conversation="pin"))).run.run_id
+    guest_run = (await admitter.admit(messaging("pin-2", "thread-1", tenant="t1"))).run.run_id
+    first = {c.run.run_id: c for c in await execution.claims.claim_many("w", 2)}
+    assert first[chat_run].config.persona is not None
+    assert first[chat_run].config.persona.name == "tether-demo"
+    assert first[chat_run].origin.source == "chat"
+    guest = first[guest_run]
+    assert guest.config.persona is not None and guest.config.persona.ref == "concierge@1"
+    assert (guest.origin.source, guest.origin.channel) == ("messaging", "whatsapp")
+    assert (guest.origin.actor_type, guest.origin.actor_id) == ("guest", "guest-1")
+    pinned = await _routing(engine, chat_run)
+    assert await execution.attempts.release(chat_run, first[chat_run].run.lease_epoch)
+
+    # The tenant changes its agent while the run waits: the run resumes with what it started
+    # with, a new run gets the new one.
+    changed = {"model": "m-2", "persona": {**concierge, "name": "newer", "channels": []}}
+    async with engine.begin() as conn:
+        await conn.execute(update(tenants).where(tenants.c.tenant_id == "t1").values(agent=changed))
+    fresh_run = (await admitter.admit(chat("pin-3", conversation="pin-new"))).run.run_id
+    again = {c.run.run_id: c for c in await execution.claims.claim_many("w", 2)}
+    assert set(again) == {chat_run, fresh_run}
+    assert again[chat_run].config.to_json() == pinned
+    assert again[chat_run].run.routing_id == first[chat_run].run.routing_id
+    assert again[fresh_run].config.model == "m-2"
+    assert again[fresh_run].config.persona is not None
+    assert again[fresh_run].config.persona.ref == "newer@1"
+
+    # Another replica that never routed the run reads the pinned decision back.
+    other = _execution(engine)
+    assert await execution.attempts.release(chat_run, again[chat_run].run.lease_epoch)
+    [third] = await other.claims.claim_many("w2", 1)
+    assert third.run.run_id == chat_run and third.config.to_json() == pinned

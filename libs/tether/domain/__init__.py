@@ -16,7 +16,7 @@ stored JSON, versioned). Everything in between speaks these types; import them f
 
 from __future__ import annotations
 
-from tether.domain.agents import AgentConfig, Limits, SystemBlock
+from tether.domain.agents import AgentConfig, Bundle, ContextPolicy, Limits, SystemBlock
 from tether.domain.events import (
     TERMINAL_EVENTS,
     Event,
@@ -56,6 +56,7 @@ from tether.domain.parts import (
     PartKind,
     QuestionMarker,
     Role,
+    Summary,
     Text,
     Thinking,
     ToolCall,
@@ -84,11 +85,13 @@ __all__ = [
     "AgentConfig",
     "ApprovalMarker",
     "Batch",
+    "Bundle",
     "Cancelled",
     "Closing",
     "Completed",
     "ConnectionMarker",
     "Content",
+    "ContextPolicy",
     "Ending",
     "Event",
     "EventType",
@@ -101,6 +104,7 @@ __all__ = [
     "Role",
     "RunError",
     "StoredEvent",
+    "Summary",
     "SystemBlock",
     "Text",
     "Thinking",

@@ -420,6 +420,9 @@ class AgentConfig(_message.Message):
     LIMITS_FIELD_NUMBER: _builtins.int
     PRICES_FIELD_NUMBER: _builtins.int
     AGENT_FIELD_NUMBER: _builtins.int
+    PERSONA_FIELD_NUMBER: _builtins.int
+    SKILLS_FIELD_NUMBER: _builtins.int
+    CONTEXT_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Model id."""
     system_prompt: _builtins.str
@@ -442,6 +445,18 @@ class AgentConfig(_message.Message):
     def prices(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelPrice]:
         """Prices of the models the run may use."""
 
+    @_builtins.property
+    def persona(self) -> Global___Bundle:
+        """The persona, whose instructions are the first system block."""
+
+    @_builtins.property
+    def skills(self) -> _containers.RepeatedCompositeFieldContainer[Global___Bundle]:
+        """The selected skills, whose instructions follow the persona's."""
+
+    @_builtins.property
+    def context(self) -> Global___ContextPolicy:
+        """What the attempt's context holds beyond persona, skills and history."""
+
     def __init__(
         self,
         *,
@@ -452,14 +467,201 @@ class AgentConfig(_message.Message):
         limits: Global___Limits | None = ...,
         prices: _abc.Iterable[Global___ModelPrice] | None = ...,
         agent: _builtins.str = ...,
+        persona: Global___Bundle | None = ...,
+        skills: _abc.Iterable[Global___Bundle] | None = ...,
+        context: Global___ContextPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "limits", b"limits", "persona", b"persona"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "limits", b"limits", "model", b"model", "prices", b"prices", "system_blocks", b"system_blocks", "system_prompt", b"system_prompt", "tool_allowlist", b"tool_allowlist"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "context", b"context", "limits", b"limits", "model", b"model", "persona", b"persona", "prices", b"prices", "skills", b"skills", "system_blocks", b"system_blocks", "system_prompt", b"system_prompt", "tool_allowlist", b"tool_allowlist"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AgentConfig: _TypeAlias = AgentConfig  # noqa: Y015
+
+@_typing.final
+class Bundle(_message.Message):
+    """Bundle is a named, versioned bundle of instructions and tools: a persona or a skill."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    INSTRUCTIONS_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    SOURCES_FIELD_NUMBER: _builtins.int
+    CHANNELS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Name."""
+    version: _builtins.int
+    """Version."""
+    instructions: _builtins.str
+    """Instructions, sent as a system block."""
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tools it adds to the allowlist."""
+
+    @_builtins.property
+    def sources(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Sources it applies to; all when empty."""
+
+    @_builtins.property
+    def channels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Channels it applies to; all when empty."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        version: _builtins.int = ...,
+        instructions: _builtins.str = ...,
+        tools: _abc.Iterable[_builtins.str] | None = ...,
+        sources: _abc.Iterable[_builtins.str] | None = ...,
+        channels: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channels", b"channels", "instructions", b"instructions", "name", b"name", "sources", b"sources", "tools", b"tools", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Bundle: _TypeAlias = Bundle  # noqa: Y015
+
+@_typing.final
+class ContextPolicy(_message.Message):
+    """ContextPolicy says what an attempt's context holds and how big it may grow."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUDGET_TOKENS_FIELD_NUMBER: _builtins.int
+    COMPACTION_MODEL_FIELD_NUMBER: _builtins.int
+    LIVE_FACTS_FIELD_NUMBER: _builtins.int
+    RETRIEVER_FIELD_NUMBER: _builtins.int
+    KNOWLEDGE_DOCUMENTS_FIELD_NUMBER: _builtins.int
+    KNOWLEDGE_CHARS_FIELD_NUMBER: _builtins.int
+    TIMEZONE_FIELD_NUMBER: _builtins.int
+    CACHE_TTL_FIELD_NUMBER: _builtins.int
+    budget_tokens: _builtins.int
+    """Context budget in input tokens; 0 never compacts."""
+    compaction_model: _builtins.str
+    """Model that writes summaries; the run's own when empty."""
+    retriever: _builtins.str
+    """Retriever to run (a tether.retrievers entry point); none when empty."""
+    knowledge_documents: _builtins.int
+    """Most knowledge documents to retrieve per attempt."""
+    knowledge_chars: _builtins.int
+    """Most characters of each retrieved document."""
+    timezone: _builtins.str
+    """The tenant's time zone (IANA name)."""
+    cache_ttl: _builtins.str
+    """Prompt cache lifetime the breakpoints ask for: "5m" or "1h"."""
+    @_builtins.property
+    def live_facts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Live-fact providers to run (tether.facts entry points)."""
+
+    def __init__(
+        self,
+        *,
+        budget_tokens: _builtins.int = ...,
+        compaction_model: _builtins.str = ...,
+        live_facts: _abc.Iterable[_builtins.str] | None = ...,
+        retriever: _builtins.str = ...,
+        knowledge_documents: _builtins.int = ...,
+        knowledge_chars: _builtins.int = ...,
+        timezone: _builtins.str = ...,
+        cache_ttl: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "cache_ttl", b"cache_ttl", "compaction_model", b"compaction_model", "knowledge_chars", b"knowledge_chars", "knowledge_documents", b"knowledge_documents", "live_facts", b"live_facts", "retriever", b"retriever", "timezone", b"timezone"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContextPolicy: _TypeAlias = ContextPolicy  # noqa: Y015
+
+@_typing.final
+class AttemptContext(_message.Message):
+    """AttemptContext is what the context builder needs beyond the history."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    ACTOR_TYPE_FIELD_NUMBER: _builtins.int
+    ACTOR_ID_FIELD_NUMBER: _builtins.int
+    HAS_DOCUMENTS_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    EARLIER_RUNS_FIELD_NUMBER: _builtins.int
+    LAST_TURN_TOKENS_FIELD_NUMBER: _builtins.int
+    LAST_TURN_OWN_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    """The run's source ("chat", "messaging", "task", "decision")."""
+    actor_type: _builtins.str
+    """The actor's kind ("user", "guest", "system")."""
+    actor_id: _builtins.str
+    """The actor's id."""
+    has_documents: _builtins.bool
+    """Whether the tenant has knowledge documents (no retrieval is asked for otherwise)."""
+    last_turn_tokens: _builtins.int
+    """Input plus output tokens the session's last model turn reported, when that turn is newer
+    than the latest summary; 0 when unknown.
+    """
+    last_turn_own: _builtins.bool
+    """Whether that turn was this run's own (else an earlier run's)."""
+    @_builtins.property
+    def summary(self) -> _common_pb2.Part:
+        """The session's latest summary, standing in for the runs it covers (none when empty)."""
+
+    @_builtins.property
+    def earlier_runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EarlierRunSpan]:
+        """Each earlier run in the history: its id and how many history parts are its (its input
+        first), in history order.
+        """
+
+    def __init__(
+        self,
+        *,
+        source: _builtins.str = ...,
+        actor_type: _builtins.str = ...,
+        actor_id: _builtins.str = ...,
+        has_documents: _builtins.bool = ...,
+        summary: _common_pb2.Part | None = ...,
+        earlier_runs: _abc.Iterable[Global___EarlierRunSpan] | None = ...,
+        last_turn_tokens: _builtins.int = ...,
+        last_turn_own: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["summary", b"summary"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_type", b"actor_type", "earlier_runs", b"earlier_runs", "has_documents", b"has_documents", "last_turn_own", b"last_turn_own", "last_turn_tokens", b"last_turn_tokens", "source", b"source", "summary", b"summary"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttemptContext: _TypeAlias = AttemptContext  # noqa: Y015
+
+@_typing.final
+class EarlierRunSpan(_message.Message):
+    """EarlierRunSpan places one earlier run in a lease's history."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    PARTS_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    parts: _builtins.int
+    """How many history parts are the run's, its input first."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        parts: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["parts", b"parts", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EarlierRunSpan: _TypeAlias = EarlierRunSpan  # noqa: Y015
 
 @_typing.final
 class Lease(_message.Message):
@@ -537,6 +739,7 @@ class ClaimRunResponse(_message.Message):
     PRIOR_PART_COUNT_FIELD_NUMBER: _builtins.int
     LAST_SEQ_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    CONTEXT_FIELD_NUMBER: _builtins.int
     claimed: _builtins.bool
     """Whether a run was claimed."""
     prior_part_count: _builtins.int
@@ -561,6 +764,10 @@ class ClaimRunResponse(_message.Message):
     def history(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Part]:
         """Conversation history (earlier runs of the session, then this run's parts)."""
 
+    @_builtins.property
+    def context(self) -> Global___AttemptContext:
+        """Where the run came from, and what its context builder needs beyond the history."""
+
     def __init__(
         self,
         *,
@@ -572,10 +779,11 @@ class ClaimRunResponse(_message.Message):
         prior_part_count: _builtins.int = ...,
         last_seq: _builtins.int = ...,
         traceparent: _builtins.str = ...,
+        context: Global___AttemptContext | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "lease", b"lease", "run", b"run"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "context", b"context", "lease", b"lease", "run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimed", b"claimed", "config", b"config", "history", b"history", "last_seq", b"last_seq", "lease", b"lease", "prior_part_count", b"prior_part_count", "run", b"run", "traceparent", b"traceparent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimed", b"claimed", "config", b"config", "context", b"context", "history", b"history", "last_seq", b"last_seq", "lease", b"lease", "prior_part_count", b"prior_part_count", "run", b"run", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

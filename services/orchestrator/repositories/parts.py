@@ -155,6 +155,18 @@ async def close_dangling(conn: AsyncConnection, run: Row[Any], reason: str) -> N
 
 
 @dataclass(frozen=True)
+class LastTurn:
+    """What the session's last model turn reported (input plus output tokens; 0 when unknown),
+    and whether it was the leased run's own (else an earlier run's)."""
+
+    tokens: int
+    own: bool
+
+
+NO_TURN = LastTurn(0, False)
+
+
+@dataclass(frozen=True)
 class EarlierRun:
     """A completed run of the same session, as the history of a later one sees it."""
 
