@@ -18,7 +18,7 @@ from anthropic import AsyncAnthropic
 
 from services.worker.assignment import Assignment
 from services.worker.checkpoints import CheckpointWriter
-from services.worker.context import build_messages, system_param
+from services.worker.context.builder import ContextBuilder, EarlierRun
 from services.worker.gate import Gate, RunFailed
 from services.worker.interactions import BUILTIN_SPECS, LeasedInteractions, Parked
 from services.worker.model import stream_turn
@@ -36,6 +36,7 @@ from tether.domain import (
     ModelTurn,
     Role,
     RunError,
+    Summary,
     ToolCall,
     ToolResult,
     tool_started,
@@ -175,20 +176,37 @@ class Attempt:
                 raise self.checkpoints.error from None  # the writer stopped us, not a caller
             raise
 
-    async def _execute_attempt(self) -> None:
-        context_start = time.monotonic()
+    def _builder(self) -> ContextBuilder:
+        """The context of this attempt's requests: routing's persona, skills and tools, the
+        session's history (the latest summary standing in for what it covers)."""
         allowlist = list(self.config.tool_allowlist)
         tools = [
             *self._registry.specs([n for n in allowlist if n not in BUILTIN_SPECS]),
             *(BUILTIN_SPECS[n] for n in allowlist if n in BUILTIN_SPECS),
         ]
-        self.stages["context_ms"] = ms_since(context_start)
+        builder = ContextBuilder(
+            self.config,
+            tools=tools,
+            summary=self.assignment.summary,
+            earlier=_earlier_runs(self.assignment),
+            input_text=self.assignment.input_text,
+        )
+        own = [p.content for p in self.transcript.parts if isinstance(p.content, Summary)]
+        if own:
+            builder.compacted(own[-1])  # an earlier attempt of this run compacted
+        return builder
+
+    async def _execute_attempt(self) -> None:
+        context_start = time.monotonic()
         loop_start = time.monotonic()
         ending: Ending
         try:
             async with asyncio.timeout(self.limits.wall_clock_seconds or None):
+                context = self._builder()
+                self.stages["context_ms"] = ms_since(context_start)
+                loop_start = time.monotonic()
                 await self._gate.resume_paused()
-                ending = await self._loop(tools)
+                ending = await self._loop(context)
         except TimeoutError:
             budget = f"{self.limits.wall_clock_seconds:g} s"
             ending = Failed(
@@ -212,22 +230,17 @@ class Attempt:
         self.stages["attempt_ms"] = ms_since(loop_start)
         await self.outcomes.finish(ending)
 
-    async def _loop(self, tools: list[dict[str, Any]]) -> Completed:
+    async def _loop(self, context: ContextBuilder) -> Completed:
         while True:
             if self.state.steps >= self.limits.max_steps:
                 raise LimitReached(
                     "max_steps_exceeded", f"the run used its {self.limits.max_steps} model turns"
                 )
-            request = {
-                "model": self.config.model,
-                "max_tokens": self.limits.max_tokens_per_turn or 1024,
-                "system": system_param(self.config),
-                "messages": build_messages(
-                    self.assignment.prior, self.assignment.input_text, self.transcript.parts
-                ),
-            }
-            if tools:
-                request["tools"] = tools
+            request = context.request(
+                self.transcript.parts,
+                model=self.config.model,
+                max_tokens=self.limits.max_tokens_per_turn or 1024,
+            )
             turn_start_index = self.transcript.next_index
             try:
                 turn = await stream_turn(
@@ -300,3 +313,16 @@ class Attempt:
         self.state.tool_calls += 1
         self.transcript.record(tool_started(tool_call.tool_call_id, tool_call.name))
         await self._gate.run(tool_call)
+
+
+def _earlier_runs(assignment: Assignment) -> list[EarlierRun]:
+    """The history's earlier runs, each with its parts (spans the orchestrator sent; all as one
+    when it sent none, as the previous release does)."""
+    prior = tuple(assignment.prior)
+    if not assignment.earlier_runs:
+        return [EarlierRun("", prior)] if prior else []
+    runs, start = [], 0
+    for span in assignment.earlier_runs:
+        runs.append(EarlierRun(span.run_id, prior[start : start + span.parts]))
+        start += span.parts
+    return runs
