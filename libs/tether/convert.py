@@ -425,3 +425,14 @@ def routing_to_proto(routing_id: str, stored: Mapping[str, Any]) -> common_pb2.R
         skills=[common_pb2.BundleRef(name=s.name, version=s.version) for s in config.skills],
         tool_allowlist=list(config.tool_allowlist),
     )
+
+
+def document_to_proto(row: Any) -> common_pb2.Document:
+    """A Document message from a `documents` row of listed columns (its text left out)."""
+    return common_pb2.Document(
+        document_id=row.document_id,
+        title=row.title,
+        chars=row.chars,
+        created_by=row.created_by,
+        created_at=timestamp(row.created_at),
+    )

@@ -36,6 +36,8 @@ _WORKER_ON_ORCHESTRATOR = frozenset(
         "BeginEffect",
         "FinishEffect",
         "StoreToolOutput",
+        "RetrieveKnowledge",
+        "StoreSummary",
     }
 )
 _WORKER_ON_INTERACTIONS = frozenset(
@@ -54,7 +56,17 @@ _WORKER_ON_INTERACTIONS = frozenset(
 POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
     "tether.v1.AdmissionService": {"gateway": frozenset({"Admit"})},
     "tether.v1.OrchestratorService": {
-        "gateway": frozenset({"LookupRun", "SearchRuns", "ReadEvents", "RequestCancellation"}),
+        "gateway": frozenset(
+            {
+                "LookupRun",
+                "SearchRuns",
+                "ReadEvents",
+                "RequestCancellation",
+                "StoreDocument",
+                "FindDocuments",
+                "DeleteDocument",
+            }
+        ),
         "worker": _WORKER_ON_ORCHESTRATOR,
         "interactions": frozenset(
             # LookupBinding: deprecated, for the previous release's replicas (see the proto).

@@ -11,7 +11,15 @@ from datetime import UTC, datetime
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tether.apikeys import KEY_PREFIX, KEYS_ADMIN, OPERATOR, Principal, find_key
+from tether.apikeys import (
+    DOCUMENTS_READ,
+    DOCUMENTS_WRITE,
+    KEY_PREFIX,
+    KEYS_ADMIN,
+    OPERATOR,
+    Principal,
+    find_key,
+)
 from tether.errors import PermissionDenied, Unauthenticated
 
 # Method name -> scope it requires.
@@ -31,6 +39,9 @@ SCOPES: Mapping[str, str] = {
     "CompleteConnection": "interactions:write",
     "CreateApiKey": KEYS_ADMIN,
     "RevokeApiKey": KEYS_ADMIN,
+    "AddDocument": DOCUMENTS_WRITE,
+    "ListDocuments": DOCUMENTS_READ,
+    "RemoveDocument": DOCUMENTS_WRITE,
 }
 # What the platform operator's credential may call: it manages tenants and keys, nothing else.
 OPERATOR_METHODS = frozenset({"CreateApiKey", "RevokeApiKey"})

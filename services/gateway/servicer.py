@@ -14,6 +14,7 @@ from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.gateway.auth import Authenticator
+from services.gateway.documents import DocumentRpcs
 from services.gateway.interactions import InteractionRpcs
 from services.gateway.streaming import StreamingServicer
 from services.gateway.streams import Streams
@@ -36,7 +37,9 @@ from tether.visibility import viewer_of
 T = TypeVar("T")
 
 
-class GatewayServicer(StreamingServicer, InteractionRpcs, gateway_pb2_grpc.GatewayServiceServicer):
+class GatewayServicer(
+    StreamingServicer, InteractionRpcs, DocumentRpcs, gateway_pb2_grpc.GatewayServiceServicer
+):
     """Implements tether.v1.GatewayService."""
 
     def __init__(

@@ -49,6 +49,8 @@ WRITES = (
     "begin_effect",
     "finish_effect",
     "store_tool_output",
+    "retrieve_knowledge",
+    "store_summary",
 )
 # How long a stream that is ending waits for the acknowledgements of writes still running.
 DRAIN_S = 5.0

@@ -13,6 +13,7 @@ from google.protobuf import json_format
 from services.orchestrator.attempts import Completion
 from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
+from services.orchestrator.knowledge import Knowledge
 from services.orchestrator.work import Work, Write
 from tether.convert import (
     config_to_proto,
@@ -156,6 +157,7 @@ class ExecutionServicer:
     rolling deploy) and the Work stream."""
 
     _execution: Execution
+    _knowledge: Knowledge
     work: Work
 
     def _work_writes(self) -> Mapping[str, Write]:
@@ -169,6 +171,8 @@ class ExecutionServicer:
             "begin_effect": self.BeginEffect,
             "finish_effect": self.FinishEffect,
             "store_tool_output": self.StoreToolOutput,
+            "retrieve_knowledge": self.RetrieveKnowledge,
+            "store_summary": self.StoreSummary,
         }
 
         def write(call: Any) -> Write:
@@ -336,6 +340,37 @@ class ExecutionServicer:
             request.run_id, request.epoch, request.output_ref, request.content
         )
         return orchestrator_pb2.StoreToolOutputResponse()
+
+    async def RetrieveKnowledge(
+        self,
+        request: orchestrator_pb2.RetrieveKnowledgeRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> orchestrator_pb2.RetrieveKnowledgeResponse:
+        matches = await self._knowledge.retrieve(
+            request.run_id,
+            request.epoch,
+            request.query,
+            limit=request.limit,
+            max_chars=request.max_chars,
+        )
+        return orchestrator_pb2.RetrieveKnowledgeResponse(
+            documents=[
+                orchestrator_pb2.RetrievedDocument(
+                    document_id=m.document_id, title=m.title, text=m.text, rank=m.rank
+                )
+                for m in matches
+            ]
+        )
+
+    async def StoreSummary(
+        self, request: orchestrator_pb2.StoreSummaryRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.StoreSummaryResponse:
+        # A worker never marks a part superseded: the orchestrator alone decides that.
+        part = replace(part_from_proto(request.part), superseded=False)
+        row = await self._execution.attempts.store_summary(
+            request.run_id, request.epoch, part, _events(request.events)
+        )
+        return orchestrator_pb2.StoreSummaryResponse(last_seq=row.last_seq)
 
 
 _EFFECT_STATES = {

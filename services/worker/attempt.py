@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from anthropic import AsyncAnthropic
@@ -19,6 +20,14 @@ from anthropic import AsyncAnthropic
 from services.worker.assignment import Assignment
 from services.worker.checkpoints import CheckpointWriter
 from services.worker.context.builder import ContextBuilder, EarlierRun
+from services.worker.context.knowledge import LeasedKnowledge
+from services.worker.context.providers import (
+    ContextFailed,
+    ContextProviders,
+    FactRequest,
+    Gathered,
+    RetrievalRequest,
+)
 from services.worker.gate import Gate, RunFailed
 from services.worker.interactions import BUILTIN_SPECS, LeasedInteractions, Parked
 from services.worker.model import stream_turn
@@ -87,8 +96,13 @@ class Attempt:
         bus: Bus | None,
         checkpoint_interval_s: float,
         interactions: LeasedInteractions | None = None,
+        providers: ContextProviders | None = None,
     ) -> None:
         self.assignment = assignment
+        self._orchestrator = orchestrator
+        self._providers = providers or ContextProviders([], [])
+        # What the run records about its context: optional providers left out.
+        self.context_warnings: tuple[str, ...] = ()
         self.lease = assignment.lease
         self.run_id = assignment.run_id
         self.config = assignment.config
@@ -176,9 +190,40 @@ class Attempt:
                 raise self.checkpoints.error from None  # the writer stopped us, not a caller
             raise
 
-    def _builder(self) -> ContextBuilder:
+    async def _gather(self) -> Gathered:
+        """This attempt's live facts and knowledge (see `ContextProviders.gather`)."""
+        assignment, policy = self.assignment, self.config.context
+        origin = assignment.origin
+        facts = FactRequest(
+            tenant_id=assignment.tenant_id,
+            run_id=self.run_id,
+            source=origin.source,
+            channel=origin.channel,
+            actor_type=origin.actor_type,
+            actor_id=origin.actor_id,
+            timezone=policy.timezone,
+            now=datetime.now(UTC),
+        )
+        retrieval = RetrievalRequest(
+            tenant_id=assignment.tenant_id,
+            run_id=self.run_id,
+            query=assignment.input_text,
+            limit=policy.knowledge_documents,
+            max_chars=policy.knowledge_chars,
+            has_documents=assignment.has_documents,
+        )
+        knowledge = LeasedKnowledge(self._orchestrator, self.lease)
+        try:
+            gathered = await self._providers.gather(policy, facts, retrieval, knowledge)
+        except ContextFailed as failed:
+            raise RunFailed(failed.code, failed.message) from failed
+        self.context_warnings = gathered.warnings
+        return gathered
+
+    def _builder(self, gathered: Gathered) -> ContextBuilder:
         """The context of this attempt's requests: routing's persona, skills and tools, the
-        session's history (the latest summary standing in for what it covers)."""
+        session's history (the latest summary standing in for what it covers), the live facts
+        and knowledge gathered."""
         allowlist = list(self.config.tool_allowlist)
         tools = [
             *self._registry.specs([n for n in allowlist if n not in BUILTIN_SPECS]),
@@ -189,6 +234,8 @@ class Attempt:
             tools=tools,
             summary=self.assignment.summary,
             earlier=_earlier_runs(self.assignment),
+            facts=gathered.facts,
+            documents=gathered.documents,
             input_text=self.assignment.input_text,
         )
         own = [p.content for p in self.transcript.parts if isinstance(p.content, Summary)]
@@ -202,7 +249,7 @@ class Attempt:
         ending: Ending
         try:
             async with asyncio.timeout(self.limits.wall_clock_seconds or None):
-                context = self._builder()
+                context = self._builder(await self._gather())
                 self.stages["context_ms"] = ms_since(context_start)
                 loop_start = time.monotonic()
                 await self._gate.resume_paused()
@@ -228,6 +275,8 @@ class Attempt:
             await self.outcomes.provider_failed(failure.failure)
             return
         self.stages["attempt_ms"] = ms_since(loop_start)
+        if isinstance(ending, Completed) and self.context_warnings:
+            ending = replace(ending, warnings=(*ending.warnings, *self.context_warnings))
         await self.outcomes.finish(ending)
 
     async def _loop(self, context: ContextBuilder) -> Completed:

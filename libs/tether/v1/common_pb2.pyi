@@ -535,6 +535,50 @@ class Part(_message.Message):
 Global___Part: _TypeAlias = Part  # noqa: Y015
 
 @_typing.final
+class Document(_message.Message):
+    """Document is one knowledge document of a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENT_ID_FIELD_NUMBER: _builtins.int
+    TITLE_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    CHARS_FIELD_NUMBER: _builtins.int
+    CREATED_BY_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    document_id: _builtins.str
+    """Document id (doc_...)."""
+    title: _builtins.str
+    """Title."""
+    content: _builtins.str
+    """The text; left out of lists."""
+    chars: _builtins.int
+    """Length of the text, in characters."""
+    created_by: _builtins.str
+    """The principal whose key uploaded it."""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was uploaded."""
+
+    def __init__(
+        self,
+        *,
+        document_id: _builtins.str = ...,
+        title: _builtins.str = ...,
+        content: _builtins.str = ...,
+        chars: _builtins.int = ...,
+        created_by: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chars", b"chars", "content", b"content", "created_at", b"created_at", "created_by", b"created_by", "document_id", b"document_id", "title", b"title"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Document: _TypeAlias = Document  # noqa: Y015
+
+@_typing.final
 class BundleRef(_message.Message):
     """BundleRef names one version of a persona or skill."""
 

@@ -1839,6 +1839,8 @@ class WorkRequest(_message.Message):
     FINISH_EFFECT_FIELD_NUMBER: _builtins.int
     STORE_TOOL_OUTPUT_FIELD_NUMBER: _builtins.int
     GOODBYE_FIELD_NUMBER: _builtins.int
+    RETRIEVE_KNOWLEDGE_FIELD_NUMBER: _builtins.int
+    STORE_SUMMARY_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """Correlates a write with its acknowledgement (WorkAck.id), unique on the stream; 0 for a
     message that needs none (hello, credits, keepalive, goodbye).
@@ -1891,6 +1893,14 @@ class WorkRequest(_message.Message):
     def goodbye(self) -> Global___WorkGoodbye:
         """The worker is stopping; it has released its leases or let them go."""
 
+    @_builtins.property
+    def retrieve_knowledge(self) -> Global___RetrieveKnowledgeRequest:
+        """Retrieves knowledge for a run."""
+
+    @_builtins.property
+    def store_summary(self) -> Global___StoreSummaryRequest:
+        """Stores a compaction summary."""
+
     def __init__(
         self,
         *,
@@ -1907,12 +1917,14 @@ class WorkRequest(_message.Message):
         finish_effect: Global___FinishEffectRequest | None = ...,
         store_tool_output: Global___StoreToolOutputRequest | None = ...,
         goodbye: Global___WorkGoodbye | None = ...,
+        retrieve_knowledge: Global___RetrieveKnowledgeRequest | None = ...,
+        store_summary: Global___StoreSummaryRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "schedule_retry", b"schedule_retry", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "id", b"id", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "schedule_retry", b"schedule_retry", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "id", b"id", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "credits", "keepalive", "checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "goodbye"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "credits", "keepalive", "checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "goodbye", "retrieve_knowledge", "store_summary"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -2184,6 +2196,8 @@ class WorkAck(_message.Message):
     BEGIN_EFFECT_FIELD_NUMBER: _builtins.int
     FINISH_EFFECT_FIELD_NUMBER: _builtins.int
     STORE_TOOL_OUTPUT_FIELD_NUMBER: _builtins.int
+    RETRIEVE_KNOWLEDGE_FIELD_NUMBER: _builtins.int
+    STORE_SUMMARY_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """The write answered."""
     code: _builtins.int
@@ -2224,6 +2238,14 @@ class WorkAck(_message.Message):
     def store_tool_output(self) -> Global___StoreToolOutputResponse:
         """For a tool output stored."""
 
+    @_builtins.property
+    def retrieve_knowledge(self) -> Global___RetrieveKnowledgeResponse:
+        """For knowledge retrieved."""
+
+    @_builtins.property
+    def store_summary(self) -> Global___StoreSummaryResponse:
+        """For a summary stored."""
+
     def __init__(
         self,
         *,
@@ -2239,16 +2261,333 @@ class WorkAck(_message.Message):
         begin_effect: Global___BeginEffectResponse | None = ...,
         finish_effect: Global___FinishEffectResponse | None = ...,
         store_tool_output: Global___StoreToolOutputResponse | None = ...,
+        retrieve_knowledge: Global___RetrieveKnowledgeResponse | None = ...,
+        store_summary: Global___StoreSummaryResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "finish_effect", b"finish_effect", "park", b"park", "release", b"release", "result", b"result", "schedule_retry", b"schedule_retry", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "finish_effect", b"finish_effect", "park", b"park", "release", b"release", "result", b"result", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "code", b"code", "complete", b"complete", "error_code", b"error_code", "finish_effect", b"finish_effect", "id", b"id", "message", b"message", "park", b"park", "release", b"release", "result", b"result", "schedule_retry", b"schedule_retry", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "code", b"code", "complete", b"complete", "error_code", b"error_code", "finish_effect", b"finish_effect", "id", b"id", "message", b"message", "park", b"park", "release", b"release", "result", b"result", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output"]  # noqa: Y015
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "retrieve_knowledge", "store_summary"]  # noqa: Y015
     _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
 
 Global___WorkAck: _TypeAlias = WorkAck  # noqa: Y015
+
+@_typing.final
+class StoreDocumentRequest(_message.Message):
+    """StoreDocumentRequest is one document of a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    TITLE_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    principal_id: _builtins.str
+    """The principal uploading it."""
+    title: _builtins.str
+    """Title."""
+    content: _builtins.str
+    """The text."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        title: _builtins.str = ...,
+        content: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "principal_id", b"principal_id", "tenant_id", b"tenant_id", "title", b"title"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoreDocumentRequest: _TypeAlias = StoreDocumentRequest  # noqa: Y015
+
+@_typing.final
+class StoreDocumentResponse(_message.Message):
+    """StoreDocumentResponse is the document stored, without its text."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def document(self) -> _common_pb2.Document:
+        """The document."""
+
+    def __init__(
+        self,
+        *,
+        document: _common_pb2.Document | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["document", b"document"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document", b"document"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoreDocumentResponse: _TypeAlias = StoreDocumentResponse  # noqa: Y015
+
+@_typing.final
+class FindDocumentsRequest(_message.Message):
+    """FindDocumentsRequest pages through a tenant's documents."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    page_size: _builtins.int
+    """Page size, 1..200; 50 when 0."""
+    page_token: _builtins.str
+    """Opaque cursor from a previous response."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FindDocumentsRequest: _TypeAlias = FindDocumentsRequest  # noqa: Y015
+
+@_typing.final
+class FindDocumentsResponse(_message.Message):
+    """FindDocumentsResponse is one page, newest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Cursor for the next page; empty at the end."""
+    @_builtins.property
+    def documents(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Document]:
+        """Documents, without their text."""
+
+    def __init__(
+        self,
+        *,
+        documents: _abc.Iterable[_common_pb2.Document] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["documents", b"documents", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FindDocumentsResponse: _TypeAlias = FindDocumentsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteDocumentRequest(_message.Message):
+    """DeleteDocumentRequest names a tenant's document."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    DOCUMENT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    document_id: _builtins.str
+    """Document id."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        document_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document_id", b"document_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteDocumentRequest: _TypeAlias = DeleteDocumentRequest  # noqa: Y015
+
+@_typing.final
+class DeleteDocumentResponse(_message.Message):
+    """DeleteDocumentResponse acknowledges."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteDocumentResponse: _TypeAlias = DeleteDocumentResponse  # noqa: Y015
+
+@_typing.final
+class RetrieveKnowledgeRequest(_message.Message):
+    """RetrieveKnowledgeRequest asks for the documents that match a query, for a leased run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    QUERY_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    MAX_CHARS_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    epoch: _builtins.int
+    """Fencing epoch."""
+    query: _builtins.str
+    """What to search for (the run's new message)."""
+    limit: _builtins.int
+    """Most documents to return, 1..20."""
+    max_chars: _builtins.int
+    """Most characters of each document's text, 1..64000."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        query: _builtins.str = ...,
+        limit: _builtins.int = ...,
+        max_chars: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "limit", b"limit", "max_chars", b"max_chars", "query", b"query", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetrieveKnowledgeRequest: _TypeAlias = RetrieveKnowledgeRequest  # noqa: Y015
+
+@_typing.final
+class RetrievedDocument(_message.Message):
+    """RetrievedDocument is one match, best first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENT_ID_FIELD_NUMBER: _builtins.int
+    TITLE_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    document_id: _builtins.str
+    """Document id."""
+    title: _builtins.str
+    """Title."""
+    text: _builtins.str
+    """The text, cut to max_chars."""
+    rank: _builtins.float
+    """Full-text rank (higher is better)."""
+    def __init__(
+        self,
+        *,
+        document_id: _builtins.str = ...,
+        title: _builtins.str = ...,
+        text: _builtins.str = ...,
+        rank: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document_id", b"document_id", "rank", b"rank", "text", b"text", "title", b"title"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetrievedDocument: _TypeAlias = RetrievedDocument  # noqa: Y015
+
+@_typing.final
+class RetrieveKnowledgeResponse(_message.Message):
+    """RetrieveKnowledgeResponse carries the matches."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def documents(self) -> _containers.RepeatedCompositeFieldContainer[Global___RetrievedDocument]:
+        """Best first."""
+
+    def __init__(
+        self,
+        *,
+        documents: _abc.Iterable[Global___RetrievedDocument] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["documents", b"documents"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetrieveKnowledgeResponse: _TypeAlias = RetrieveKnowledgeResponse  # noqa: Y015
+
+@_typing.final
+class StoreSummaryRequest(_message.Message):
+    """StoreSummaryRequest stores a compaction summary under the lease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    PART_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    epoch: _builtins.int
+    """Fencing epoch."""
+    @_builtins.property
+    def part(self) -> _common_pb2.Part:
+        """The summary part (SummaryPart content)."""
+
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[_events_pb2.RunEvent]:
+        """Its events (part.added, context.compacted); seqs assigned by the orchestrator."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        part: _common_pb2.Part | None = ...,
+        events: _abc.Iterable[_events_pb2.RunEvent] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["part", b"part"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "events", b"events", "part", b"part", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoreSummaryRequest: _TypeAlias = StoreSummaryRequest  # noqa: Y015
+
+@_typing.final
+class StoreSummaryResponse(_message.Message):
+    """StoreSummaryResponse reports the log position."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LAST_SEQ_FIELD_NUMBER: _builtins.int
+    last_seq: _builtins.int
+    """Seq of the last appended event."""
+    def __init__(
+        self,
+        *,
+        last_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_seq", b"last_seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoreSummaryResponse: _TypeAlias = StoreSummaryResponse  # noqa: Y015
 
 @_typing.final
 class WorkCancel(_message.Message):

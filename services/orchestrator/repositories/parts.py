@@ -27,8 +27,9 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tether import formats
-from tether.db.schema import run_parts, runs
-from tether.domain import Closing, Part, close_attempt, content_json
+from tether.db.schema import context_summaries, run_parts, runs
+from tether.domain import Closing, Part, Summary, close_attempt, content_json
+from tether.errors import FailedPrecondition, InvalidArgument
 from tether.states import RunStatus
 
 
@@ -152,6 +153,60 @@ async def close_dangling(conn: AsyncConnection, run: Row[Any], reason: str) -> N
     parts = await list_parts(conn, run.run_id)
     closing = close_attempt(parts, run.attempt, regenerated=False, interrupted=reason)
     await write_closing(conn, run.run_id, run.lease_epoch, closing)
+
+
+_SUMMARISING = runs.alias("summarising")
+_THROUGH = runs.alias("through")
+_RECORD_SUMMARY = (
+    pg_insert(context_summaries)
+    .from_select(
+        ["session_id", "through_run_id", "through_created_at", "run_id", "part_index"],
+        select(
+            _SUMMARISING.c.session_id,
+            _THROUGH.c.run_id,
+            _THROUGH.c.created_at,
+            _SUMMARISING.c.run_id,
+            bindparam("cs_part_index", type_=Integer),
+        ).where(
+            _SUMMARISING.c.run_id == bindparam("cs_run_id"),
+            _THROUGH.c.run_id == bindparam("cs_through"),
+            _THROUGH.c.session_id == _SUMMARISING.c.session_id,
+            _THROUGH.c.created_at < _SUMMARISING.c.created_at,
+        ),
+    )
+    .on_conflict_do_nothing()
+    .returning(context_summaries.c.through_run_id)
+)
+_SUMMARY_EXISTS = select(context_summaries.c.run_id).where(
+    context_summaries.c.session_id
+    == select(runs.c.session_id).where(runs.c.run_id == bindparam("cs_run_id")).scalar_subquery(),
+    context_summaries.c.through_run_id == bindparam("cs_through"),
+)
+
+
+async def record_summary(conn: AsyncConnection, run_id: str, part: Part) -> None:
+    """Name `part` (a summary the run just stored) as its session's summary through the run
+    it covers to: one per range. FailedPrecondition when that range has a summary already,
+    InvalidArgument when it does not end at an earlier run of the session; the caller's
+    transaction then stores nothing."""
+    summary = part.content
+    if not isinstance(summary, Summary):
+        raise InvalidArgument("only a summary part names a session's summary")
+    params = {
+        "cs_run_id": run_id,
+        "cs_through": summary.through_run_id,
+        "cs_part_index": part.index,
+    }
+    if (await conn.execute(_RECORD_SUMMARY, params)).first() is not None:
+        return
+    if (await conn.execute(_SUMMARY_EXISTS, params)).first() is not None:
+        raise FailedPrecondition(
+            f"the session already has a summary through run {summary.through_run_id}",
+            code="summary_exists",
+        )
+    raise InvalidArgument(
+        f"a summary must end at an earlier run of the session; {summary.through_run_id!r} is not"
+    )
 
 
 @dataclass(frozen=True)
