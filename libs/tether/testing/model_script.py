@@ -99,6 +99,9 @@ class Usage:
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
     initial_output_tokens: int = 1
+    # The cache writes by lifetime (`usage.cache_creation`), sent when there were any.
+    ephemeral_5m_input_tokens: int = 0
+    ephemeral_1h_input_tokens: int = 0
 
 
 # Faults ---------------------------------------------------------------------------------------
