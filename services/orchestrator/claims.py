@@ -225,16 +225,18 @@ class Claims:
         for row in leased:
             config = configs[row.routing_id]
             started = run_started(row.attempt, worker_id, row.lease_epoch)
-            earlier, own = inputs[row.run_id]
+            found = inputs[row.run_id]
             origin = Origin(row.picked_source, row.channel, row.actor_type, row.actor_id)
             claimed.append(
                 Claimed(
                     Moved(row, numbered(row.last_seq, [started])),
                     config,
-                    earlier,
-                    own,
+                    found.earlier,
+                    found.own,
                     origin,
                     bool(row.has_documents),
+                    found.summary,
+                    found.last_turn,
                 )
             )
             self._prices.remember(row.run_id, config.prices)

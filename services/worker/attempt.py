@@ -19,7 +19,9 @@ from anthropic import AsyncAnthropic
 
 from services.worker.assignment import Assignment
 from services.worker.checkpoints import CheckpointWriter
+from services.worker.compactor import Compactor
 from services.worker.context.builder import ContextBuilder, EarlierRun
+from services.worker.context.compaction import Budget, request_tokens
 from services.worker.context.knowledge import LeasedKnowledge
 from services.worker.context.providers import (
     ContextFailed,
@@ -132,6 +134,14 @@ class Attempt:
             interactions=interactions,
             transcript=self.transcript,
             checkpoints=self.checkpoints,
+        )
+        self._compactor = Compactor(
+            client=client,
+            orchestrator=orchestrator,
+            lease=self.lease,
+            transcript=self.transcript,
+            config=self.config,
+            account=lambda model, usage: self._account(usage, model),
         )
         self.outcomes = Outcomes(
             orchestrator=orchestrator,
@@ -279,17 +289,50 @@ class Attempt:
             ending = replace(ending, warnings=(*ending.warnings, *self.context_warnings))
         await self.outcomes.finish(ending)
 
+    def _request(self, context: ContextBuilder) -> dict[str, Any]:
+        return context.request(
+            self.transcript.parts,
+            model=self.config.model,
+            max_tokens=self.limits.max_tokens_per_turn or 1024,
+        )
+
+    async def _within_budget(
+        self, context: ContextBuilder, budget: Budget, request: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The request, its history compacted first when it would exceed the agent's context
+        budget (see `services.worker.context.compaction`)."""
+        allowed = self.config.context.budget_tokens
+        if not allowed:
+            return request
+        tokens = budget.estimate(context, self.transcript.parts, request)
+        if tokens <= allowed:
+            return request
+        try:
+            summary = await self._compactor.compact(context, tokens)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if isinstance(exc, TetherError | LimitReached):
+                raise  # our own (a refused store, a stale lease, a ceiling), not the provider's
+            raise ProviderError(classify_exception(exc)) from exc
+        if summary is not None:
+            budget.forget()
+            request = self._request(context)
+        if request_tokens(request) > allowed and "context_over_budget" not in self.context_warnings:
+            # Nothing older is left to summarise: the run goes on, and says so.
+            self.context_warnings = (*self.context_warnings, "context_over_budget")
+        return request
+
     async def _loop(self, context: ContextBuilder) -> Completed:
+        budget = Budget(
+            self.assignment.last_turn_tokens, self.assignment.last_turn_own, self.transcript.parts
+        )
         while True:
             if self.state.steps >= self.limits.max_steps:
                 raise LimitReached(
                     "max_steps_exceeded", f"the run used its {self.limits.max_steps} model turns"
                 )
-            request = context.request(
-                self.transcript.parts,
-                model=self.config.model,
-                max_tokens=self.limits.max_tokens_per_turn or 1024,
-            )
+            request = await self._within_budget(context, budget, self._request(context))
             turn_start_index = self.transcript.next_index
             try:
                 turn = await stream_turn(
@@ -308,6 +351,7 @@ class Attempt:
                 raise ProviderError(classify_exception(exc)) from exc
             self.state.steps += 1
             self._account(turn.usage)
+            budget.turned(turn.usage, turn_start_index)
             if turn.stop_reason != "tool_use" or not turn.tool_calls:
                 # No flush: what is left goes with the completion, in the same transaction.
                 warnings = ("max_tokens",) if turn.stop_reason == "max_tokens" else ()
@@ -316,9 +360,12 @@ class Attempt:
                 await self._run_tool(call)
             self.checkpoints.checkpoint()
 
-    def _account(self, usage: dict[str, int]) -> None:
-        cost = cost_micros(usage, self.config.prices.get(self.config.model))
-        turn = ModelTurn(self.config.model, **usage, cost_micros=cost)
+    def _account(self, usage: dict[str, int], model: str | None = None) -> None:
+        """Count one model call's usage (priced at its own model's rate) against the run's
+        ceilings."""
+        model = model or self.config.model
+        cost = cost_micros(usage, self.config.prices.get(model))
+        turn = ModelTurn(model, **usage, cost_micros=cost)
         self.state.usage = add_usage(self.state.usage, {**usage, "cost_micros": cost})
         self.state.cost_micros += cost
         self.transcript.record_turn(turn)

@@ -5,17 +5,22 @@ stored format wrote them (`tether.formats`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
+    Boolean,
     DateTime,
     Integer,
     Text,
     bindparam,
     func,
+    literal,
+    literal_column,
     null,
+    or_,
     select,
     true,
     union_all,
@@ -27,7 +32,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tether import formats
-from tether.db.schema import context_summaries, run_parts, runs
+from tether.db.schema import context_summaries, run_parts, runs, usage_turns
 from tether.domain import Closing, Part, Summary, close_attempt, content_json
 from tether.errors import FailedPrecondition, InvalidArgument
 from tether.states import RunStatus
@@ -230,49 +235,142 @@ class EarlierRun:
     parts: list[Part]
 
 
-# Per leased run that needs them: its session's last completed runs before it, each with its
-# transcript (superseded parts left out), and the run's own parts (superseded ones flagged).
+# Per leased run that needs them: its session's latest summary (the context compaction that
+# stands in for the runs up to the one it ends at), the last completed runs after that summary
+# and before the run, each with its transcript (superseded parts left out), the run's own parts
+# (superseded ones flagged), and the last model turn of the run or of the session's previous
+# run, when it is newer than the summary (its tokens start the context budget's estimate).
 _WANTED = (
     func.unnest(
         bindparam("w_run_ids", type_=ARRAY(Text)),
         bindparam("w_session_ids", type_=ARRAY(Text)),
         bindparam("w_before", type_=ARRAY(DateTime(timezone=True))),
+        bindparam("w_history", type_=ARRAY(Boolean)),
     )
-    .table_valued("run_id", "session_id", "before")
+    .table_valued("run_id", "session_id", "before", "history")
     .render_derived("wanted", with_types=False)
 )
+_LATEST_SUMMARY = (
+    select(
+        context_summaries.c.through_created_at,
+        context_summaries.c.created_at.label("summarised_at"),
+        context_summaries.c.run_id.label("summary_run_id"),
+        context_summaries.c.part_index.label("summary_part_index"),
+    )
+    .where(
+        _WANTED.c.history,
+        context_summaries.c.session_id == _WANTED.c.session_id,
+        context_summaries.c.through_created_at < _WANTED.c.before,
+    )
+    .order_by(context_summaries.c.through_created_at.desc())
+    .limit(1)
+    .lateral("summary")
+)
+_NEVER: Any = literal_column("'-infinity'::timestamptz")
 _RECENT_RUNS = (
     select(runs.c.run_id, runs.c.input_text, runs.c.created_at)
     .where(
+        _WANTED.c.history,
         runs.c.session_id == _WANTED.c.session_id,
         runs.c.status == RunStatus.COMPLETED.value,
         runs.c.created_at < _WANTED.c.before,
+        runs.c.created_at > func.coalesce(_LATEST_SUMMARY.c.through_created_at, _NEVER),
     )
     .order_by(runs.c.created_at.desc())
     .limit(bindparam("limit_runs"))
     .lateral("earlier")
 )
+_WITH_SUMMARY = _WANTED.outerjoin(_LATEST_SUMMARY, true())
 _PART_COLUMNS = [c for c in run_parts.c if c.name != "run_id"]
+
+
+def _kind(name: str) -> Any:
+    return literal(name, Text).label("row_kind")
+
+
 _HISTORY = select(
     _WANTED.c.run_id.label("for_run"),
+    _kind("history"),
     _RECENT_RUNS.c.run_id.label("earlier_run_id"),
     _RECENT_RUNS.c.input_text,
     _RECENT_RUNS.c.created_at.label("earlier_created_at"),
+    null().cast(BigInteger).label("turn_tokens"),
     *_PART_COLUMNS,
 ).select_from(
-    _WANTED.join(_RECENT_RUNS, true()).outerjoin(
+    _WITH_SUMMARY.join(_RECENT_RUNS, true()).outerjoin(
         run_parts,
         (run_parts.c.run_id == _RECENT_RUNS.c.run_id) & run_parts.c.superseded_at.is_(None),
     )
 )
+_SUMMARY_PART = select(
+    _WANTED.c.run_id.label("for_run"),
+    _kind("summary"),
+    _LATEST_SUMMARY.c.summary_run_id.label("earlier_run_id"),
+    null().cast(Text).label("input_text"),
+    _NEVER.label("earlier_created_at"),
+    null().cast(BigInteger).label("turn_tokens"),
+    *_PART_COLUMNS,
+).select_from(
+    _WITH_SUMMARY.join(
+        run_parts,
+        (run_parts.c.run_id == _LATEST_SUMMARY.c.summary_run_id)
+        & (run_parts.c.part_index == _LATEST_SUMMARY.c.summary_part_index),
+    )
+)
+_PREVIOUS = runs.alias("previous")
+_PREVIOUS_RUN = (
+    select(_PREVIOUS.c.run_id.label("previous_run_id"))
+    .where(
+        _WANTED.c.history,
+        _PREVIOUS.c.session_id == _WANTED.c.session_id,
+        _PREVIOUS.c.status == RunStatus.COMPLETED.value,
+        _PREVIOUS.c.created_at < _WANTED.c.before,
+    )
+    .order_by(_PREVIOUS.c.created_at.desc())
+    .limit(1)
+    .lateral("previous_run")
+)
+_LAST_TURN = (
+    select(
+        usage_turns.c.run_id,
+        usage_turns.c.created_at,
+        (
+            usage_turns.c.input_tokens
+            + usage_turns.c.cache_creation_input_tokens
+            + usage_turns.c.cache_read_input_tokens
+            + usage_turns.c.output_tokens
+        ).label("tokens"),
+    )
+    .where(
+        or_(
+            usage_turns.c.run_id == _WANTED.c.run_id,
+            usage_turns.c.run_id == _PREVIOUS_RUN.c.previous_run_id,
+        ),
+        usage_turns.c.created_at > func.coalesce(_LATEST_SUMMARY.c.summarised_at, _NEVER),
+    )
+    .order_by(usage_turns.c.id.desc())
+    .limit(1)
+    .lateral("last_turn")
+)
+_TURN = select(
+    _WANTED.c.run_id.label("for_run"),
+    _kind("turn"),
+    _LAST_TURN.c.run_id.label("earlier_run_id"),
+    null().cast(Text).label("input_text"),
+    _LAST_TURN.c.created_at.label("earlier_created_at"),
+    _LAST_TURN.c.tokens.label("turn_tokens"),
+    *[null().cast(c.type).label(c.name) for c in _PART_COLUMNS],
+).select_from(_WITH_SUMMARY.outerjoin(_PREVIOUS_RUN, true()).join(_LAST_TURN, true()))
 _OWN = select(
     run_parts.c.run_id.label("for_run"),
+    _kind("own"),
     null().cast(Text).label("earlier_run_id"),
     null().cast(Text).label("input_text"),
     null().cast(DateTime(timezone=True)).label("earlier_created_at"),
+    null().cast(BigInteger).label("turn_tokens"),
     *_PART_COLUMNS,
 ).where(run_parts.c.run_id == func.any(bindparam("o_run_ids", type_=ARRAY(Text))))
-_INPUTS = union_all(_HISTORY, _OWN).order_by(
+_INPUTS = union_all(_HISTORY, _SUMMARY_PART, _TURN, _OWN).order_by(
     "for_run", "earlier_created_at", "earlier_run_id", "part_index"
 )
 
@@ -289,31 +387,48 @@ class Wanted:
     own: bool
 
 
+@dataclass
+class AttemptInputs:
+    """What a leased run's attempt starts from: the session's earlier runs (oldest first, after
+    the latest summary), the summary part standing in for the runs before them, the run's own
+    parts, and the session's last model turn (see `LastTurn`)."""
+
+    earlier: list[EarlierRun] = field(default_factory=list)
+    own: list[Part] = field(default_factory=list)
+    summary: Part | None = None
+    last_turn: LastTurn = NO_TURN
+
+
 async def attempt_inputs(
     conn: AsyncConnection, wanted: Sequence[Wanted], *, limit_runs: int
-) -> dict[str, tuple[list[EarlierRun], list[Part]]]:
-    """For each run of `wanted`, by id: the last `limit_runs` completed runs of its session
-    before it, oldest first, each with its transcript, and its own parts in order (superseded
-    ones flagged); one query for them all, none when nothing is wanted."""
-    history = [w for w in wanted if w.history]
-    own = [w.run_id for w in wanted if w.own]
-    found: dict[str, tuple[list[EarlierRun], list[Part]]] = {w.run_id: ([], []) for w in wanted}
-    if not history and not own:
+) -> dict[str, AttemptInputs]:
+    """For each run of `wanted`, by id, its `AttemptInputs`: at most the last `limit_runs`
+    completed runs of its session after the latest summary, each with its transcript; one query
+    for them all, none when nothing is wanted."""
+    asked = [w for w in wanted if w.history or w.own]
+    found: dict[str, AttemptInputs] = {w.run_id: AttemptInputs() for w in wanted}
+    if not asked:
         return found
     params = {
-        "w_run_ids": [w.run_id for w in history],
-        "w_session_ids": [w.session_id for w in history],
-        "w_before": [w.created_at for w in history],
+        "w_run_ids": [w.run_id for w in asked],
+        "w_session_ids": [w.session_id for w in asked],
+        "w_before": [w.created_at for w in asked],
+        "w_history": [w.history for w in asked],
         "limit_runs": limit_runs,
-        "o_run_ids": own,
+        "o_run_ids": [w.run_id for w in asked if w.own],
     }
     for row in (await conn.execute(_INPUTS, params)).all():
-        earlier, parts = found[row.for_run]
-        if row.earlier_run_id is None:
-            parts.append(read(row, row.for_run))
-            continue
-        if not earlier or earlier[-1].run_id != row.earlier_run_id:
-            earlier.append(EarlierRun(row.earlier_run_id, row.input_text, []))
-        if row.part_index is not None:
-            earlier[-1].parts.append(read(row, row.earlier_run_id))
+        inputs = found[row.for_run]
+        if row.row_kind == "own":
+            inputs.own.append(read(row, row.for_run))
+        elif row.row_kind == "summary":
+            inputs.summary = read(row, row.earlier_run_id)
+        elif row.row_kind == "turn":
+            inputs.last_turn = LastTurn(int(row.turn_tokens), row.earlier_run_id == row.for_run)
+        else:
+            earlier = inputs.earlier
+            if not earlier or earlier[-1].run_id != row.earlier_run_id:
+                earlier.append(EarlierRun(row.earlier_run_id, row.input_text, []))
+            if row.part_index is not None:
+                earlier[-1].parts.append(read(row, row.earlier_run_id))
     return found

@@ -127,6 +127,11 @@ class ContextBuilder:
         """The conversation so far as it is sent (summary and earlier runs)."""
         return self._history
 
+    @property
+    def lead(self) -> Message:
+        """The user message of live facts, knowledge and the new message."""
+        return self._lead
+
     # -- the parts, rendered --------------------------------------------------------------------
 
     def _system_blocks(self) -> list[dict[str, Any]]:
