@@ -19,6 +19,8 @@ from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
 from services.orchestrator.execution import Execution
 from services.orchestrator.knowledge import Knowledge
+from services.orchestrator.repositories import documents as documents_repo
+from services.orchestrator.repositories.documents import COMMON_DOCUMENTS
 from services.orchestrator.service import Runs
 from services.orchestrator.servicer import OrchestratorServicer
 from services.orchestrator.work import WorkSettings
@@ -168,3 +170,26 @@ async def test_a_tenant_without_documents_is_leased_without_a_retrieval(
     await admitter.admit(chat("no-docs", conversation="c-none"))
     [claimed] = await execution.claims.claim_many("w", 1)
     assert not claimed.has_documents
+
+
+async def test_a_word_most_documents_hold_does_not_drown_the_rare_ones(engine: AsyncEngine) -> None:
+    await _tenant(engine, "t1")
+    knowledge = Knowledge(engine)
+    for i in range(COMMON_DOCUMENTS + 10):
+        await knowledge.add("t1", "alice", f"Policy {i}", f"The policy number {i} of the archive.")
+    rare = await knowledge.add("t1", "alice", "Zebras", "The zebra policy: zebras graze at noon.")
+    execution = Execution.build(engine, None, lease_ttl_s=30, claim_poll_s=60)
+    run = await _leased(engine, execution, "t1")
+    async with engine.connect() as conn:
+        found = await documents_repo.search_leased(
+            conn, run.run_id, run.lease_epoch, "what is the zebra policy?", limit=3, max_chars=80
+        )
+        assert [m.document_id for m in found] == [rare.document_id], "ranked by the rare word"
+        common = await documents_repo.search_leased(
+            conn, run.run_id, run.lease_epoch, "policy", limit=3, max_chars=80
+        )
+        assert len(common) == 3, "a query of common words only is still answered"
+        none = await documents_repo.search_leased(
+            conn, run.run_id, run.lease_epoch, "unicorns", limit=3, max_chars=80
+        )
+        assert none == []

@@ -17,10 +17,12 @@ from sqlalchemy import (
     desc,
     func,
     insert,
+    literal,
     literal_column,
     or_,
     select,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -145,54 +147,90 @@ def query_words(query: str) -> list[str]:
     return list(words)[:MAX_QUERY_WORDS]
 
 
-_QUERY = func.to_tsquery(literal_column("'english'::regconfig"), bindparam("k_query", type_=Text))
-# The leased run's tenant, only while the lease is held: a stale worker finds nothing.
-_FENCE = (
-    select(runs.c.tenant_id)
-    .where(runs.c.run_id == bindparam("k_run_id", type_=Text), LEASE_HELD)
-    .cte("fence")
+_ENGLISH: Any = literal_column("'english'::regconfig")
+# A word found in this many of the tenant's documents (or more) says little about which of them
+# bear on the query, and ranking every document it matches is what a search costs: it is left
+# out of the ranking, unless every word of the query is as common.
+COMMON_DOCUMENTS = 50
+_QUERY_WORD = (
+    func.unnest(bindparam("k_words", type_=ARRAY(Text)))
+    .table_valued("word")
+    .render_derived("query_word", with_types=False)
 )
-_MATCHES = (
+_WITH_WORD = (
+    select(literal(1))
+    .select_from(documents)
+    .where(
+        # Written so that no index on tenant_id serves it: the search's GIN index must, or a
+        # generic plan (a prepared statement's, from its sixth run on) filters every document
+        # of the tenant by each word, ten times slower with a thousand of them.
+        func.concat(documents.c.tenant_id, "") == runs.c.tenant_id,
+        documents.c.search.op("@@")(func.to_tsquery(_ENGLISH, _QUERY_WORD.c.word)),
+    )
+    .correlate(runs, _QUERY_WORD)
+    .limit(bindparam("k_common", type_=Integer))
+    .subquery("with_word")
+)
+# The leased run's tenant, only while the lease is held (a stale worker finds no row), and how
+# many of its documents hold each word of the query, counting to COMMON_DOCUMENTS at most.
+_FENCED_WORDS = (
+    select(
+        runs.c.tenant_id,
+        _QUERY_WORD.c.word,
+        select(func.count()).select_from(_WITH_WORD).scalar_subquery().label("found_in"),
+    )
+    .select_from(runs.outerjoin(_QUERY_WORD, literal_column("true")))
+    .where(runs.c.run_id == bindparam("k_run_id", type_=Text), LEASE_HELD)
+)
+_QUERY = func.to_tsquery(_ENGLISH, bindparam("k_query", type_=Text))
+_SEARCH = (
     select(
         documents.c.document_id,
         documents.c.title,
         func.left(documents.c.content, bindparam("k_chars", type_=Integer)).label("text"),
         func.ts_rank_cd(documents.c.search, _QUERY).label("rank"),
     )
-    .where(documents.c.tenant_id == _FENCE.c.tenant_id, documents.c.search.op("@@")(_QUERY))
+    .where(
+        # Served by the search's GIN index, never the tenant's (see _WITH_WORD).
+        func.concat(documents.c.tenant_id, "") == bindparam("k_tenant_id", type_=Text),
+        documents.c.search.op("@@")(_QUERY),
+    )
     .order_by(desc("rank"), documents.c.document_id)
     .limit(bindparam("k_limit", type_=Integer))
-    .lateral("matched")
 )
-_SEARCH = select(
-    _FENCE.c.tenant_id,
-    _MATCHES.c.document_id,
-    _MATCHES.c.title,
-    _MATCHES.c.text,
-    _MATCHES.c.rank,
-).select_from(_FENCE.outerjoin(_MATCHES, literal_column("true")))
 
 
 async def search_leased(
     conn: AsyncConnection, run_id: str, epoch: int, query: str, *, limit: int, max_chars: int
 ) -> list[Match]:
-    """The documents of the leased run's tenant that match any word of `query`, best first (at
-    most `limit`, each text cut to `max_chars`); StaleLease unless `epoch` holds the run. One
-    statement: the fence and the search."""
+    """The documents of the leased run's tenant that match the words of `query`, best first (at
+    most `limit`, each text cut to `max_chars`), ranked by its words that are not common among
+    the tenant's documents (all of them when every one is); StaleLease unless `epoch` holds the
+    run. Two statements: the fence with how common each word is, then the search."""
     words = query_words(query)
+    fenced = (
+        await conn.execute(
+            _FENCED_WORDS,
+            {
+                "k_run_id": run_id,
+                "held_epoch": epoch,
+                "k_words": words,
+                "k_common": COMMON_DOCUMENTS,
+            },
+        )
+    ).all()
+    if not fenced:
+        raise StaleLease(f"lease epoch {epoch} of run {run_id} is not current")
+    found = [row for row in fenced if row.word is not None and row.found_in]
+    rare = [row.word for row in found if row.found_in < COMMON_DOCUMENTS]
+    ranked_by = rare or [row.word for row in found]
+    if not ranked_by:
+        return []
     params = {
-        "k_run_id": run_id,
-        "held_epoch": epoch,
-        # No word: the empty query, which matches nothing (the fence is still asked).
-        "k_query": " | ".join(words),
+        "k_tenant_id": fenced[0].tenant_id,
+        "k_query": " | ".join(ranked_by),
         "k_chars": max_chars,
         "k_limit": limit,
     }
     rows = (await conn.execute(_SEARCH, params)).all()
-    if not rows:
-        raise StaleLease(f"lease epoch {epoch} of run {run_id} is not current")
-    return [
-        Match(r.document_id, r.title, r.text, float(r.rank))
-        for r in rows
-        if r.document_id is not None
-    ]
+    return [Match(r.document_id, r.title, r.text, float(r.rank)) for r in rows]
