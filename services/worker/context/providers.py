@@ -194,24 +194,24 @@ class ContextProviders:
         return Gathered(tuple(found_facts), tuple(documents), tuple(warnings))
 
     def _fact_provider(self, name: str) -> FactProvider:
-        provider: FactProvider | None = self.facts.get(name)
-        if provider is None:
-            raise ContextFailed(
-                "live_fact_unavailable",
-                f"the agent asks for the live fact {name!r}, which this worker does not have "
-                f"(installed: {', '.join(sorted(self.facts)) or 'none'})",
-            )
+        provider: FactProvider = _installed(self.facts, name, "live_fact", "the live fact")
         return provider
 
     def _retriever(self, name: str) -> Retriever:
-        retriever: Retriever | None = self.retrievers.get(name)
-        if retriever is None:
-            raise ContextFailed(
-                "knowledge_unavailable",
-                f"the agent asks for the retriever {name!r}, which this worker does not have "
-                f"(installed: {', '.join(sorted(self.retrievers)) or 'none'})",
-            )
+        retriever: Retriever = _installed(self.retrievers, name, "knowledge", "the retriever")
         return retriever
+
+
+def _installed(providers: Mapping[str, Any], name: str, kind: str, what: str) -> Any:
+    """The provider `name`; ContextFailed (`<kind>_unavailable`) when this worker lacks it."""
+    provider = providers.get(name)
+    if provider is None:
+        raise ContextFailed(
+            f"{kind}_unavailable",
+            f"the agent asks for {what} {name!r}, which this worker does not have "
+            f"(installed: {', '.join(sorted(providers)) or 'none'})",
+        )
+    return provider
 
 
 class _Job:
