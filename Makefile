@@ -37,6 +37,7 @@ lint: venv node_modules/.bin/buf
 	$(BIN)/ruff check services libs tests bench
 	$(BIN)/ruff format --check services libs tests bench
 	MYPYPATH=libs $(BIN)/mypy --strict services libs
+	$(BIN)/hadolint Dockerfile
 	node_modules/.bin/buf lint
 	node_modules/.bin/buf breaking --against '.git#ref=$(PROTO_BASE)'
 

@@ -6,8 +6,9 @@ Three stages, each on a fresh database of the same embedded PostgreSQL and Redis
 local model server out of process (bench.runs):
 
 - speed: two workers; light-load latency against the floor loop run one at a time, saturated
-  throughput and CPU against the floor loop saturated, the stack idle with 8 workers, and the
-  claim's cost with 10,000 runs queued against 10 (bench.hotpath_queue);
+  throughput and CPU against the floor loop saturated and against the topology floor (the same
+  processes and hops doing only their hop's work: bench.topology_floor), the stack idle with 8
+  workers, and the claim's cost with 10,000 runs queued against 10 (bench.hotpath_queue);
 - admission: no workers; admissions through the gateway against a no-op call through two bare
   gRPC hops (bench.relay_floor);
 - counters: two workers behind counting taps (bench.grpc_tap) with PostgreSQL's statement log
@@ -33,6 +34,7 @@ from bench import hotpath_counts, hotpath_queue
 from bench.common import Servers, bench_servers, closed_loop, emit, percentile
 from bench.floors import FLOOR_EACH_RUN, floor_load
 from bench.hotpath_stage import NOT_THE_STACK, Stage, cpu_meter, ms_by_role, redis_pid, stage
+from bench.hotpath_topology import topology
 from bench.model import Model, model_server
 from bench.relay_floor import METHOD as RELAY_METHOD
 from bench.runs import (
@@ -43,6 +45,8 @@ from bench.runs import (
     saturate,
     saturation_config,
 )
+from bench.topology_floor import EACH_RUN as TOPOLOGY_EACH_RUN
+from bench.topology_floor import SEND as TOPOLOGY_SEND
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
 
 # One at a time: enough for a steady p50, and a p99 that is more than the one slowest run.
@@ -71,13 +75,13 @@ WARMUP_OPS = 20  # per caller, before the measured blocks: connections, caches
 async def speed(servers: Servers, model: Model) -> None:
     """Light-load latency, saturated throughput and CPU, idle CPU and the claim's cost."""
     async with stage(servers, model) as current:
-        await light_latency(current)
-        await saturated(servers, current)
+        floor_p50 = await light_latency(current)
+        await saturated(servers, current, floor_p50)
         await idle(servers, current)
         await hotpath_queue.claim_cost(current)
 
 
-async def light_latency(current: Stage) -> None:
+async def light_latency(current: Stage) -> float:
     """e2e p50 of one-turn runs, one at a time, over the floor loop's own p50 one at a time,
     in alternating blocks."""
     e2e: list[float] = []
@@ -119,11 +123,13 @@ async def light_latency(current: Stage) -> None:
         **light,
     )
     emit("e2e_p99_ms", percentile(e2e, 99), "ms", **light)
+    return floor_p50
 
 
-async def saturated(servers: Servers, current: Stage) -> None:
+async def saturated(servers: Servers, current: Stage, floor_p50_ms: float) -> None:
     """Completed runs per second and CPU per completed run at saturation, over the floor
-    loop's, saturated the same way and measured right after."""
+    loop's, saturated the same way and measured right after; and the topology floor's, with its
+    light-load p50 over the floor loop's (`floor_p50_ms`)."""
     meter = cpu_meter(servers, current, await redis_pid(servers.redis_url))
     before = meter.sample()
     result = await saturate(
@@ -141,8 +147,13 @@ async def saturated(servers: Servers, current: Stage) -> None:
         floor_before = meter.sample()
         floor = await load.go()
         floor_used = meter.sample() - floor_before
+    async with topology(servers, current.model) as bare:
+        skeleton = await bare.saturate(SATURATED_RUNS)
+        skeleton_light = await bare.saturate(LIGHT_RUNS, callers=1)
     floor_roles = {**floor_used.by_role, "floor_load": floor.cpu_s}
     floor_cpu = floor_used.total + floor.cpu_s
+    floor_cpu_ms = floor_cpu * 1000 / floor.iterations
+    skeleton_cpu_ms = skeleton.used.total * 1000 / skeleton.runs
     emit(
         "e2e_vs_floor",
         result.per_s / floor.per_s,
@@ -157,12 +168,41 @@ async def saturated(servers: Servers, current: Stage) -> None:
         **saturation_config(result, SATURATED_POLL_S),
     )
     completed = max(result.completed, 1)
+    cpu_ms = used.total * 1000 / completed
+    emit(
+        "topology_floor_vs_floor",
+        skeleton_cpu_ms / floor_cpu_ms,
+        "ratio",
+        topology_floor_cpu_ms_per_run=round(skeleton_cpu_ms, 3),
+        floor_cpu_ms_per_iteration=round(floor_cpu_ms, 3),
+        topology_floor_runs_per_s=round(skeleton.per_s, 3),
+        e2e_floor_runs_per_s=round(floor.per_s, 3),
+        topology_floor_cpu_ms_by_process=ms_by_role(skeleton.used.by_role, skeleton.runs),
+        topology_floor_each_run=TOPOLOGY_EACH_RUN,
+        topology_floor_p50_vs_floor=round(
+            statistics.median(skeleton_light.latencies_ms) / floor_p50_ms, 3
+        ),
+        topology_floor_p50_ms=round(statistics.median(skeleton_light.latencies_ms), 3),
+        floor_p50_ms=round(floor_p50_ms, 3),
+        meaning="the CPU a run costs when it only crosses Tether's processes and hops "
+        "(bench.topology_floor), over the run floor's: the part of cpu_vs_floor's budget the "
+        "topology itself takes before the runtime does any work of its own",
+    )
+    emit(
+        "cpu_vs_topology_floor",
+        cpu_ms / skeleton_cpu_ms,
+        "ratio",
+        cpu_ms_per_run=round(cpu_ms, 3),
+        topology_floor_cpu_ms_per_run=round(skeleton_cpu_ms, 3),
+        e2e_vs_topology_floor=round(result.per_s / skeleton.per_s, 3),
+        meaning="the runtime's own cost: CPU per run over the topology floor's",
+    )
     emit(
         "cpu_vs_floor",
-        (used.total / completed) / (floor_cpu / floor.iterations),
+        cpu_ms / floor_cpu_ms,
         "ratio",
-        cpu_ms_per_run=round(used.total * 1000 / completed, 3),
-        floor_cpu_ms_per_iteration=round(floor_cpu * 1000 / floor.iterations, 3),
+        cpu_ms_per_run=round(cpu_ms, 3),
+        floor_cpu_ms_per_iteration=round(floor_cpu_ms, 3),
         cpu_ms_per_run_by_process=ms_by_role(used.by_role, completed),
         floor_cpu_ms_per_iteration_by_process=ms_by_role(floor_roles, floor.iterations),
         cores_busy=round(used.total / result.seconds, 3),
@@ -256,6 +296,8 @@ async def admission(servers: Servers, model: Model) -> None:
         relay_floor() as relay,
         grpc.aio.insecure_channel(current.services.addresses()["gateway"]) as gateway_channel,
         grpc.aio.insecure_channel(relay) as relay_channel,
+        topology(servers, model, runners=0) as bare,
+        grpc.aio.insecure_channel(bare.edge) as bare_channel,
     ):
         gateway = gateway_pb2_grpc.GatewayServiceStub(gateway_channel)
         call_relay = relay_channel.unary_unary(RELAY_METHOD)
@@ -275,19 +317,32 @@ async def admission(servers: Servers, model: Model) -> None:
         async def floor(caller: int, i: int) -> None:
             await call_relay(request().SerializeToString())
 
-        many = await _alternate(admit, floor, ADMIT_CALLERS, (ADMIT_OPS, FLOOR_OPS))
-        one = await _alternate(admit, floor, 1, (ADMIT_OPS_C1, ADMIT_OPS_C1))
+        # Two hops and a durable insert: the topology floor's way in (edge, intake: one
+        # single-row insert and a wake-up), with no runner taking what it admits.
+        send_bare = bare_channel.unary_unary(TOPOLOGY_SEND)
+
+        async def durable(caller: int, i: int) -> None:
+            await send_bare(request().SerializeToString())
+
+        many = await _alternate(
+            {admit: ADMIT_OPS, floor: FLOOR_OPS, durable: FLOOR_OPS}, ADMIT_CALLERS
+        )
+        one = await _alternate({admit: ADMIT_OPS_C1, floor: ADMIT_OPS_C1, durable: ADMIT_OPS_C1}, 1)
     hops = (
         "client -> relay -> backend, each its own process on loopback, bare grpc.aio, the "
         "backend echoing an admission request's bytes"
     )
-    admit_c16, floor_c16 = many
+    admit_c16, floor_c16, durable_c16 = many
     emit(
         f"admit_vs_floor_c{ADMIT_CALLERS}",
         admit_c16.per_s / floor_c16.per_s,
         "ratio",
         admit_per_s=round(admit_c16.per_s, 3),
         floor_per_s=round(floor_c16.per_s, 3),
+        topology_floor_per_s=round(durable_c16.per_s, 3),
+        topology_floor_vs_floor=round(durable_c16.per_s / floor_c16.per_s, 3),
+        topology_floor="the same two hops, the backend making one single-row autocommit insert "
+        "and one Redis publish (bench.topology_floor's edge and intake)",
         admit_p50_ms=round(statistics.median(admit_c16.latencies_ms), 3),
         floor_p50_ms=round(statistics.median(floor_c16.latencies_ms), 3),
         callers=ADMIT_CALLERS,
@@ -297,10 +352,11 @@ async def admission(servers: Servers, model: Model) -> None:
         floor=hops,
         admission="SendMessage through the gateway, a unique event in a new conversation",
     )
-    admit_c1, floor_c1 = one
-    p50, floor_p50 = (
+    admit_c1, floor_c1, durable_c1 = one
+    p50, floor_p50, durable_p50 = (
         statistics.median(admit_c1.latencies_ms),
         statistics.median(floor_c1.latencies_ms),
+        statistics.median(durable_c1.latencies_ms),
     )
     emit(
         "admit_p50_vs_floor_c1",
@@ -310,6 +366,8 @@ async def admission(servers: Servers, model: Model) -> None:
         floor_p50_ms=round(floor_p50, 3),
         admit_p99_ms=round(percentile(admit_c1.latencies_ms, 99), 3),
         floor_p99_ms=round(percentile(floor_c1.latencies_ms, 99), 3),
+        topology_floor_p50_ms=round(durable_p50, 3),
+        topology_floor_p50_vs_floor=round(durable_p50 / floor_p50, 3),
         admissions=admit_c1.ops,
         floor_calls=floor_c1.ops,
         rounds=ADMIT_ROUNDS,
@@ -320,22 +378,19 @@ async def admission(servers: Servers, model: Model) -> None:
 Op = Callable[[int, int], Awaitable[None]]
 
 
-async def _alternate(
-    admit: Op, floor: Op, callers: int, ops: tuple[int, int]
-) -> tuple[Blocks, Blocks]:
-    """ADMIT_ROUNDS blocks of each (`ops`: admissions, floor calls per block), alternating,
-    after a warm-up of each."""
-    for op in (floor, admit):
+async def _alternate(per_block: dict[Op, int], callers: int) -> list[Blocks]:
+    """ADMIT_ROUNDS blocks of each op (`per_block`: its calls per block), alternating, after a
+    warm-up of each; their pooled blocks, in the order given."""
+    for op in per_block:
         await closed_loop(op, callers=callers, ops_per_caller=WARMUP_OPS)
-    pooled = {floor: Blocks(), admit: Blocks()}
-    per_block = {admit: ops[0], floor: ops[1]}
+    pooled = {op: Blocks() for op in per_block}
     for _ in range(ADMIT_ROUNDS):
         for op, blocks in pooled.items():
             result = await closed_loop(op, callers=callers, ops_per_caller=per_block[op] // callers)
             blocks.ops += result.ops
             blocks.seconds += result.seconds
             blocks.latencies_ms.extend(result.latencies_ms)
-    return pooled[admit], pooled[floor]
+    return list(pooled.values())
 
 
 async def run() -> None:

@@ -70,11 +70,12 @@ async def claim_cost(current: Stage) -> None:
     shallow, deep = depths
     emit(
         f"claim_cost_ratio_q{deep.queued_behind}_q{shallow.queued_behind}",
-        shallow.per_s / deep.per_s,
+        deep.per_s / shallow.per_s,
         "ratio",
-        meaning=f"time per run with {deep.queued_behind} runs queued behind over time per run "
-        f"with {shallow.queued_behind} (drain rate at q{shallow.queued_behind} over drain "
-        f"rate at q{deep.queued_behind})",
+        meaning=f"throughput with {deep.queued_behind} runs queued behind over throughput with "
+        f"{shallow.queued_behind} (drain rate at q{deep.queued_behind} over drain rate at "
+        f"q{shallow.queued_behind}): 1 when the claim's cost does not grow with the queue, "
+        "less when it does",
         runs_per_s={f"q{d.queued_behind}": round(d.per_s, 3) for d in depths},
         seconds={f"q{d.queued_behind}": round(d.seconds, 3) for d in depths},
         completed={f"q{d.queued_behind}": d.completed for d in depths},

@@ -61,10 +61,17 @@ async def template_db(pg_server_url: str) -> AsyncIterator[str]:
 
 async def clone_database(pg_server_url: str, template: str) -> str:
     """Create a fresh database from the template; returns its name."""
+    return await create_database(pg_server_url, template=template)
+
+
+async def create_database(pg_server_url: str, *, template: str | None = None) -> str:
+    """Create a fresh database, a clone of `template` or else empty (nothing migrated);
+    returns its name."""
     name = f"tether_t_{uuid.uuid4().hex[:12]}"
+    clause = f' TEMPLATE "{template}"' if template else ""
     admin = await _admin(pg_server_url)
     try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        await admin.execute(f'CREATE DATABASE "{name}"{clause}')
     finally:
         await admin.close()
     return name

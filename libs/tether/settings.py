@@ -52,3 +52,42 @@ class PlatformSettings(BaseSettings):
         description="When set, the bound port is written here once the server serves.",
     )
     log_level: str = Field("INFO", validation_alias=_env("TETHER_LOG_LEVEL"))
+    health_port: int | None = Field(
+        None,
+        description="A second, plaintext port serving only gRPC health, for probes that speak "
+        "no TLS (the kubelet's); unset: health on the gRPC port only. 0 picks a free one.",
+    )
+    schema_poll_s: float = Field(
+        1.0,
+        gt=0,
+        validation_alias=_env("TETHER_SCHEMA_POLL_S"),
+        description="While the database's schema is behind the migrations this release ships, "
+        "the service reports NOT_SERVING and looks again this often.",
+    )
+    tls_ca_file: str = Field(
+        "",
+        validation_alias=_env("TETHER_TLS_CA_FILE"),
+        description="PEM file of the CA that signs every internal service's certificate. Set, "
+        "internal gRPC is mutual TLS: servers require a client certificate it signed, channels "
+        "verify servers against it. Empty: plaintext (the loopback stack).",
+    )
+    tls_server_cert_file: str = Field(
+        "",
+        validation_alias=_env("TETHER_TLS_SERVER_CERT_FILE"),
+        description="PEM certificate chain this service's gRPC server presents (with a CA).",
+    )
+    tls_server_key_file: str = Field(
+        "",
+        validation_alias=_env("TETHER_TLS_SERVER_KEY_FILE"),
+        description="PEM private key of the server certificate.",
+    )
+    tls_client_cert_file: str = Field(
+        "",
+        validation_alias=_env("TETHER_TLS_CLIENT_CERT_FILE"),
+        description="PEM certificate chain this service presents when it calls another one.",
+    )
+    tls_client_key_file: str = Field(
+        "",
+        validation_alias=_env("TETHER_TLS_CLIENT_KEY_FILE"),
+        description="PEM private key of the client certificate.",
+    )

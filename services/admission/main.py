@@ -9,12 +9,16 @@ from services.admission.settings import AdmissionSettings
 from tether.bus import Bus
 from tether.credentials import require_verifiers
 from tether.db.engine import create_engine
-from tether.runtime.process import configure_logging, run, serve, write_ready_file
+from tether.runtime.process import announce, configure_logging, run, serve
+from tether.runtime.readiness import await_schema
 from tether.runtime.rpc import start_server
+from tether.runtime.tls import MutualTls, mutual_tls
 from tether.v1 import admission_pb2, admission_pb2_grpc
 
 
-async def amain(settings: AdmissionSettings, verifiers: dict[str, str]) -> None:
+async def amain(
+    settings: AdmissionSettings, verifiers: dict[str, str], tls: MutualTls | None
+) -> None:
     """Run the admission service until signalled."""
     engine = create_engine(settings.database_url, pool_size=settings.pool_size)
     bus = Bus(settings.redis_url)
@@ -25,15 +29,20 @@ async def amain(settings: AdmissionSettings, verifiers: dict[str, str]) -> None:
         bus=bus,
     )
     servicer = AdmissionServicer(admitter)
-    server, port, _ = await start_server(
+    served = await start_server(
         host=settings.host,
         port=settings.port,
         register=[lambda s: admission_pb2_grpc.add_AdmissionServiceServicer_to_server(servicer, s)],
         service_names=[admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name],
         verifiers=verifiers,
+        tls=tls,
+        health_port=settings.health_port,
+        ready=False,
     )
-    write_ready_file(settings.ready_file, port)
-    await serve(server, grace=settings.grace_s, cleanups=[engine.dispose, bus.close])
+    announce(settings.ready_file, served)
+    await await_schema(engine, poll_s=settings.schema_poll_s)
+    await served.ready()
+    await serve(served, grace=settings.grace_s, cleanups=[engine.dispose, bus.close])
 
 
 def main() -> None:
@@ -41,7 +50,8 @@ def main() -> None:
     settings = AdmissionSettings()
     configure_logging("admission", settings.log_level)
     verifiers = require_verifiers("admission", settings.service_verifiers)
-    run(amain(settings, verifiers))
+    tls = mutual_tls("admission", settings, serves=True, calls=False)
+    run(amain(settings, verifiers, tls))
 
 
 if __name__ == "__main__":

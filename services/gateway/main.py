@@ -11,15 +11,11 @@ from services.gateway.settings import GatewaySettings
 from services.gateway.streams import build_streams
 from tether.credentials import require_credential
 from tether.db.engine import create_engine
-from tether.runtime.process import (
-    companion_ready_file,
-    configure_logging,
-    run,
-    serve,
-    write_ready_file,
-)
+from tether.runtime.process import announce, configure_logging, run, serve
+from tether.runtime.readiness import await_schema
 from tether.runtime.rpc import internal_channel, start_server
 from tether.runtime.tasks import Supervisor
+from tether.runtime.tls import MutualTls, mutual_tls
 from tether.v1 import (
     admission_pb2_grpc,
     gateway_pb2,
@@ -29,12 +25,16 @@ from tether.v1 import (
 )
 
 
-async def amain(settings: GatewaySettings, credential: str) -> None:
+async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | None) -> None:
     """Run the gateway until signalled."""
     engine = create_engine(settings.database_url, pool_size=settings.pool_size)
-    admission = internal_channel(settings.admission_addr, credential, service="admission")
-    orchestrator = internal_channel(settings.orchestrator_addr, credential, service="orchestrator")
-    interactions = internal_channel(settings.interactions_addr, credential, service="interactions")
+    admission = internal_channel(settings.admission_addr, credential, service="admission", tls=tls)
+    orchestrator = internal_channel(
+        settings.orchestrator_addr, credential, service="orchestrator", tls=tls
+    )
+    interactions = internal_channel(
+        settings.interactions_addr, credential, service="interactions", tls=tls
+    )
     auth = Authenticator(
         engine,
         cache_ttl_s=settings.key_cache_ttl_s,
@@ -55,7 +55,7 @@ async def amain(settings: GatewaySettings, credential: str) -> None:
         interactions=interactions_pb2_grpc.InteractionsServiceStub(interactions),
         streams=streams,
     )
-    server, port, _ = await start_server(
+    served = await start_server(
         host=settings.host,
         port=settings.port,
         register=[lambda s: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, s)],
@@ -63,12 +63,15 @@ async def amain(settings: GatewaySettings, credential: str) -> None:
         # The gateway is the public edge: callers authenticate with API keys instead.
         verifiers=None,
         reflection_on=settings.reflection,
+        health_port=settings.health_port,
+        ready=False,
     )
     http, http_port = await start_http(
         HttpBridge(servicer, streams, auth), settings.host, settings.http_port, settings.grace_s
     )
-    write_ready_file(companion_ready_file(settings.ready_file, "http"), http_port)
-    write_ready_file(settings.ready_file, port)
+    announce(settings.ready_file, served, http=http_port)
+    await await_schema(engine, poll_s=settings.schema_poll_s)
+    await served.ready()
 
     async def end_streams_when_stopping() -> None:
         # Open streams end at once with their resume cursor instead of holding the drain.
@@ -83,7 +86,7 @@ async def amain(settings: GatewaySettings, credential: str) -> None:
         await interactions.close()
 
     await serve(
-        server,
+        served,
         grace=settings.grace_s,
         cleanups=[engine.dispose, close_channels, supervisor.stop, streams.hub.stop, http.cleanup],
         failed=stopping,
@@ -96,7 +99,9 @@ def main() -> None:
     settings = GatewaySettings()
     configure_logging("gateway", settings.log_level)
     credential = require_credential("gateway", settings.service_credential)
-    run(amain(settings, credential))
+    # Its own server is the public edge (TLS ends at the ingress); its calls inward are mTLS.
+    tls = mutual_tls("gateway", settings, serves=False, calls=True)
+    run(amain(settings, credential, tls))
 
 
 if __name__ == "__main__":

@@ -13,18 +13,27 @@ from services.interactions.settings import InteractionsSettings
 from services.interactions.upkeep import Upkeep
 from tether.credentials import require_credential, require_verifiers
 from tether.db.engine import create_engine
-from tether.runtime.process import configure_logging, run, serve, write_ready_file
+from tether.runtime.process import announce, configure_logging, run, serve
+from tether.runtime.readiness import await_schema
 from tether.runtime.rpc import internal_channel, start_server
 from tether.runtime.tasks import Supervisor, rounds
+from tether.runtime.tls import MutualTls, mutual_tls
 from tether.v1 import interactions_pb2, interactions_pb2_grpc, orchestrator_pb2_grpc
 
 DEMO_PROVIDER = "democal"
 
 
-async def amain(settings: InteractionsSettings, credential: str, verifiers: dict[str, str]) -> None:
+async def amain(
+    settings: InteractionsSettings,
+    credential: str,
+    verifiers: dict[str, str],
+    tls: MutualTls | None,
+) -> None:
     """Run the interactions service until signalled."""
     engine = create_engine(settings.database_url, pool_size=settings.pool_size)
-    channel = internal_channel(settings.orchestrator_addr, credential, service="orchestrator")
+    channel = internal_channel(
+        settings.orchestrator_addr, credential, service="orchestrator", tls=tls
+    )
     providers = {}
     token_urls = {}
     if settings.oauth_base_url:
@@ -52,7 +61,7 @@ async def amain(settings: InteractionsSettings, credential: str, verifiers: dict
             HttpTokenExchange(token_urls, settings.oauth_client_id),
         ),
     )
-    server, port, _ = await start_server(
+    served = await start_server(
         host=settings.host,
         port=settings.port,
         register=[
@@ -62,7 +71,12 @@ async def amain(settings: InteractionsSettings, credential: str, verifiers: dict
             interactions_pb2.DESCRIPTOR.services_by_name["InteractionsService"].full_name
         ],
         verifiers=verifiers,
+        tls=tls,
+        health_port=settings.health_port,
+        ready=False,
     )
+    announce(settings.ready_file, served)
+    await await_schema(engine, poll_s=settings.schema_poll_s)
     supervisor = Supervisor()
     # Anything made after a round (here or on another replica) is due no sooner than the
     # shortest TTL or the orphan grace from then: no round need wait longer to see it.
@@ -76,13 +90,13 @@ async def amain(settings: InteractionsSettings, credential: str, verifiers: dict
             name,
             rounds(work, name, least_s=settings.sweep_interval_s, most_s=most_s, nudge=nudge),
         )
-    write_ready_file(settings.ready_file, port)
+    await served.ready()
 
     async def close() -> None:
         await channel.close()
 
     await serve(
-        server,
+        served,
         grace=settings.grace_s,
         cleanups=[engine.dispose, close, supervisor.stop],
         failed=supervisor.failed,
@@ -95,7 +109,8 @@ def main() -> None:
     configure_logging("interactions", settings.log_level)
     credential = require_credential("interactions", settings.service_credential)
     verifiers = require_verifiers("interactions", settings.service_verifiers)
-    run(amain(settings, credential, verifiers))
+    tls = mutual_tls("interactions", settings, serves=True, calls=True)
+    run(amain(settings, credential, verifiers, tls))
 
 
 if __name__ == "__main__":

@@ -11,16 +11,20 @@ from services.orchestrator.work import WorkSettings
 from tether.bus import Bus
 from tether.credentials import require_verifiers
 from tether.db.engine import create_engine
-from tether.runtime.process import configure_logging, run, serve, write_ready_file
+from tether.runtime.process import announce, configure_logging, run, serve
+from tether.runtime.readiness import await_schema
 from tether.runtime.rpc import start_server
 from tether.runtime.tasks import Supervisor, rounds
+from tether.runtime.tls import MutualTls, mutual_tls
 from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
 # A due retry another replica holds locked is looked at again this soon, not spun on.
 RETRY_ROUND_LEAST_S = 0.05
 
 
-async def amain(settings: OrchestratorSettings, verifiers: dict[str, str]) -> None:
+async def amain(
+    settings: OrchestratorSettings, verifiers: dict[str, str], tls: MutualTls | None
+) -> None:
     """Run the orchestrator until signalled."""
     engine = create_engine(settings.database_url, pool_size=settings.pool_size)
     bus = Bus(settings.redis_url)
@@ -37,6 +41,27 @@ async def amain(settings: OrchestratorSettings, verifiers: dict[str, str]) -> No
         progress_deadline_s=settings.progress_deadline_s,
     )
     servicer = OrchestratorServicer(Runs(engine, execution.publisher, bus), execution, work)
+    served = await start_server(
+        host=settings.host,
+        port=settings.port,
+        register=[
+            lambda s: orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server(servicer, s)
+        ],
+        service_names=[
+            orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"].full_name
+        ],
+        verifiers=verifiers,
+        # Work streams are long-lived: asked to go away now and then, workers rebalance across
+        # replicas (they reconnect and carry on with the leases they hold).
+        max_connection_age_s=settings.max_connection_age_s,
+        max_connection_age_grace_s=settings.max_connection_age_grace_s,
+        tls=tls,
+        health_port=settings.health_port,
+        ready=False,
+    )
+    announce(settings.ready_file, served)
+    # Nothing runs against a schema older than this release's: no round, no dispatch.
+    await await_schema(engine, poll_s=settings.schema_poll_s)
     supervisor = Supervisor()
     recovery = execution.recovery
     supervisor.start(
@@ -61,24 +86,9 @@ async def amain(settings: OrchestratorSettings, verifiers: dict[str, str]) -> No
     supervisor.start("hint-listener", listen_for_hints(bus, execution.publisher, servicer.work))
     supervisor.start("claim-poll", execution.claims.poll_claimable())
     supervisor.start("lease-dispatcher", servicer.work.dispatch(settings.claim_poll_s))
-    server, port, _ = await start_server(
-        host=settings.host,
-        port=settings.port,
-        register=[
-            lambda s: orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server(servicer, s)
-        ],
-        service_names=[
-            orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"].full_name
-        ],
-        verifiers=verifiers,
-        # Work streams are long-lived: asked to go away now and then, workers rebalance across
-        # replicas (they reconnect and carry on with the leases they hold).
-        max_connection_age_s=settings.max_connection_age_s,
-        max_connection_age_grace_s=settings.max_connection_age_grace_s,
-    )
-    write_ready_file(settings.ready_file, port)
+    await served.ready()
     await serve(
-        server,
+        served,
         grace=settings.grace_s,
         cleanups=[engine.dispose, bus.close, supervisor.stop],
         failed=supervisor.failed,
@@ -90,7 +100,8 @@ def main() -> None:
     settings = OrchestratorSettings()
     configure_logging("orchestrator", settings.log_level)
     verifiers = require_verifiers("orchestrator", settings.service_verifiers)
-    run(amain(settings, verifiers))
+    tls = mutual_tls("orchestrator", settings, serves=True, calls=False)
+    run(amain(settings, verifiers, tls))
 
 
 if __name__ == "__main__":

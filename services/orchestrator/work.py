@@ -11,6 +11,12 @@ cancel, so a cancel survives a Redis flush and a change of replica.
 The lease epoch, not the stream, is the authority: a stream that breaks leaves its leases to
 lapse (the reaper and the fence work as ever), and a worker that comes back, to this replica or
 another, announces the leases it holds and carries on with them.
+
+Batched, not delayed: what is queued for a worker when the stream can write goes as one message
+(the acknowledgements of one group commit, the leases of one claim), and a lone message goes at
+once, alone. A message on a stream costs both processes more CPU than anything in it, so a
+worker that says it reads batches gets them, and an outcome acknowledged OK frees its slot
+without a WorkCredits message of its own (WorkHello.outcome_returns_credit).
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ WRITES = (
     "retrieve_knowledge",
     "store_summary",
 )
+# The writes after which the run is out of the worker's hands.
+OUTCOMES = frozenset({"complete", "park", "schedule_retry", "release"})
 # How long a stream that is ending waits for the acknowledgements of writes still running.
 DRAIN_S = 5.0
 
@@ -69,12 +77,15 @@ class WorkSettings:
 class Session:
     """One worker's stream: what it may still be given, what it holds, what goes out."""
 
-    def __init__(self, worker_id: str) -> None:
-        self.worker_id = worker_id
+    def __init__(self, hello: orchestrator_pb2.WorkHello) -> None:
+        self.worker_id = hello.worker_id
+        self.takes_batches = hello.takes_batches
+        self.outcome_returns_credit = hello.outcome_returns_credit
         self.closed = False
         self.leaving = False  # said goodbye: takes no more leases
         self.credits = 0
-        self.held: dict[str, int] = {}  # run id -> lease epoch, as last pushed or announced
+        # run id -> lease epoch, as last pushed or announced
+        self.held: dict[str, int] = {lease.run_id: lease.epoch for lease in hello.held}
         self.heard_at = time.monotonic()  # the last message from the worker
         self.probed_at: float | None = None  # asked whether it is there, and not answered yet
         self.outbox: asyncio.Queue[orchestrator_pb2.WorkResponse] = asyncio.Queue()
@@ -83,6 +94,34 @@ class Session:
     def send(self, response: orchestrator_pb2.WorkResponse) -> None:
         """Queue a message for the worker (never waits: the stream drains the queue)."""
         self.outbox.put_nowait(response)
+
+    def end(self) -> None:
+        """Nothing more comes in: the stream sends what is queued and ends."""
+        self.outbox.put_nowait(_ENDED)
+
+    async def outgoing(self) -> AsyncIterator[orchestrator_pb2.WorkResponse]:
+        """What to write, as it is queued, until `end`: everything queued by the time the
+        stream can write goes together (one batch, for a worker that takes them)."""
+        while True:
+            queued = [await self.outbox.get()]
+            while not self.outbox.empty():
+                queued.append(self.outbox.get_nowait())
+            ends = [i for i, message in enumerate(queued) if message is _ENDED]
+            ended = bool(ends)
+            if ended:
+                queued = queued[: ends[0]]
+            if len(queued) > 1 and self.takes_batches:
+                responses = orchestrator_pb2.WorkResponses(responses=queued)
+                yield orchestrator_pb2.WorkResponse(batch=responses)
+            else:
+                for response in queued:
+                    yield response
+            if ended:
+                return
+
+
+# Queued after the last message of a stream that ends.
+_ENDED = orchestrator_pb2.WorkResponse()
 
 
 class Work:
@@ -129,24 +168,23 @@ class Work:
                 keepalive_interval_ms=int(self._keepalive_s * 1000),
                 progress_deadline_ms=int(self._deadline_s * 1000),
                 probes_quiet_workers=True,
+                takes_batches=True,
+                outcome_returns_credit=True,
             )
         )
         self._sessions.append(session)
         reader = asyncio.ensure_future(self._read(session, requests))
+        reader.add_done_callback(lambda _: session.end())
         try:
-            while True:
-                sending = asyncio.ensure_future(session.outbox.get())
-                await asyncio.wait({sending, reader}, return_when=asyncio.FIRST_COMPLETED)
-                if not sending.done():
-                    sending.cancel()
-                    break
-                yield sending.result()
+            async for response in session.outgoing():
+                yield response
             reader.result()  # a refused request ends the stream with its status
             # The worker said goodbye or closed its side: the writes it sent are answered.
             if session.writes:
                 await asyncio.wait(set(session.writes), timeout=DRAIN_S)
-            while not session.outbox.empty():
-                yield session.outbox.get_nowait()
+            session.end()
+            async for response in session.outgoing():
+                yield response
         finally:
             session.closed = True
             self._sessions.remove(session)
@@ -174,9 +212,7 @@ class Work:
             )
         if not hello.worker_id:
             raise InvalidArgument("the hello must name the worker (worker_id)")
-        session = Session(hello.worker_id)
-        session.held = {lease.run_id: lease.epoch for lease in hello.held}
-        return session
+        return Session(hello)
 
     async def _read(
         self, session: Session, requests: AsyncIterator[orchestrator_pb2.WorkRequest]
@@ -187,24 +223,34 @@ class Work:
                 session.probed_at = None  # it is there: the dispatcher may lease to it again
                 self._may_lease.set()
             request = refuse_undecodable(raw)
-            kind = request.WhichOneof("kind")
-            if kind == "credits":
-                if request.credits.credits < 0:
-                    raise InvalidArgument("credits must not be negative")
-                if not session.leaving:
-                    session.credits += request.credits.credits
-                self._may_lease.set()
-            elif kind == "keepalive":
-                self._spawn(session, self._keepalive(session, request.keepalive))
-            elif kind in self._writes:
-                self._spawn(session, self._write(session, request.id, kind, request))
-            elif kind == "goodbye":
-                # The worker is stopping: no more leases; its last writes still come, until it
-                # closes its side.
-                session.credits = 0
-                session.leaving = True
+            if request.WhichOneof("kind") == "batch":
+                for one in request.batch.requests:
+                    if one.WhichOneof("kind") == "batch":
+                        raise InvalidArgument("a Work batch holds no batch")
+                    self._take(session, one)
             else:
-                raise InvalidArgument(f"a Work stream takes no {kind or 'empty'} message here")
+                self._take(session, request)
+
+    def _take(self, session: Session, request: orchestrator_pb2.WorkRequest) -> None:
+        """Act on one message of the worker's."""
+        kind = request.WhichOneof("kind")
+        if kind == "credits":
+            if request.credits.credits < 0:
+                raise InvalidArgument("credits must not be negative")
+            if not session.leaving:
+                session.credits += request.credits.credits
+            self._may_lease.set()
+        elif kind == "keepalive":
+            self._spawn(session, self._keepalive(session, request.keepalive))
+        elif kind in self._writes:
+            self._spawn(session, self._write(session, request.id, kind, request))
+        elif kind == "goodbye":
+            # The worker is stopping: no more leases; its last writes still come, until it
+            # closes its side.
+            session.credits = 0
+            session.leaving = True
+        else:
+            raise InvalidArgument(f"a Work stream takes no {kind or 'empty'} message here")
 
     @staticmethod
     def _spawn(session: Session, work: Awaitable[None]) -> None:
@@ -226,9 +272,12 @@ class Work:
             ack.code, ack.message = 13, "internal error; see the orchestrator's log"  # INTERNAL
         else:
             getattr(ack, kind).CopyFrom(answer)
-            if kind in ("complete", "park", "schedule_retry", "release"):
+            if kind in OUTCOMES:
                 lease = getattr(request, kind)
                 session.held.pop(lease.run_id, None)  # the run left this worker's hands
+                if session.outcome_returns_credit and not session.leaving:
+                    session.credits += 1  # and its slot is free (WorkHello)
+                    self._may_lease.set()
         session.send(orchestrator_pb2.WorkResponse(ack=ack))
 
     async def _keepalive(self, session: Session, keepalive: orchestrator_pb2.WorkKeepalive) -> None:

@@ -23,9 +23,10 @@ from services.worker.tools.registry import ToolRegistry
 from services.worker.work_stream import WorkStream
 from tether.bus import Bus
 from tether.credentials import require_credential
-from tether.runtime.process import configure_logging, run, wait_for_signal, write_ready_file
+from tether.runtime.process import announce, configure_logging, run, wait_for_signal
 from tether.runtime.rpc import internal_channel, start_server
 from tether.runtime.tasks import Supervisor
+from tether.runtime.tls import MutualTls, mutual_tls
 
 
 def provider_client(settings: WorkerSettings) -> AsyncAnthropic:
@@ -38,9 +39,11 @@ def provider_client(settings: WorkerSettings) -> AsyncAnthropic:
     )
 
 
-async def amain(settings: WorkerSettings, credential: str) -> None:
+async def amain(settings: WorkerSettings, credential: str, tls: MutualTls | None) -> None:
     """Run the pool until signalled."""
-    channel = internal_channel(settings.orchestrator_addr, credential, service="orchestrator")
+    channel = internal_channel(
+        settings.orchestrator_addr, credential, service="orchestrator", tls=tls
+    )
     stream = WorkStream(channel, settings.worker_id)
     orchestrator = Orchestrator(stream)
     bus = Bus(settings.redis_url) if settings.redis_url else None
@@ -49,7 +52,7 @@ async def amain(settings: WorkerSettings, credential: str) -> None:
     providers = ContextProviders.from_entry_points(settings=dict(os.environ))
 
     interactions_channel = (
-        internal_channel(settings.interactions_addr, credential, service="interactions")
+        internal_channel(settings.interactions_addr, credential, service="interactions", tls=tls)
         if settings.interactions_addr
         else None
     )
@@ -69,15 +72,18 @@ async def amain(settings: WorkerSettings, credential: str) -> None:
         )
 
     pool = WorkerPool(stream=stream, make_attempt=make_attempt, concurrency=settings.concurrency)
-    server, port, _ = await start_server(
+    # It has no database: ready once it serves (what it needs of the schema, the
+    # orchestrator it calls waits for).
+    served = await start_server(
         host=settings.host,
         port=settings.port,
         register=[],
         service_names=[],
         # Serves only health checks; nothing else is registered, and no one calls a worker.
         verifiers={},
+        health_port=settings.health_port,
     )
-    write_ready_file(settings.ready_file, port)
+    announce(settings.ready_file, served)
     supervisor = Supervisor()
     supervisor.start("worker-pool", pool.run())
     try:
@@ -86,7 +92,7 @@ async def amain(settings: WorkerSettings, credential: str) -> None:
         await pool.stop(settings.grace_s)
         await supervisor.stop()  # raises what the pool died of: the worker exits non-zero
     finally:
-        await server.stop(1.0)
+        await served.stop(1.0)
         await client.close()
         if bus is not None:
             await bus.close()
@@ -100,7 +106,9 @@ def main() -> None:
     settings = WorkerSettings()
     configure_logging("worker", settings.log_level)
     credential = require_credential("worker", settings.service_credential)
-    run(amain(settings, credential))
+    # Its server answers only health, so it needs no server certificate; its calls are mTLS.
+    tls = mutual_tls("worker", settings, serves=False, calls=True)
+    run(amain(settings, credential, tls))
 
 
 if __name__ == "__main__":

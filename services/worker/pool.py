@@ -126,7 +126,7 @@ class WorkerPool:
             if self._running.get(run_id, (None,))[0] is attempt:
                 del self._running[run_id]
             if not self._stopping:
-                self._stream.grant(1)
+                self._stream.slot_freed(run_id, attempt.lease.epoch)
 
     async def _after_cancel(self, attempt: Attempt) -> None:
         try:

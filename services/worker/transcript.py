@@ -38,6 +38,8 @@ class Transcript:
         self._open: dict[int, tuple[int, Draft]] = {}  # part index -> (position, draft)
         self._dirty: dict[int, Part | Draft] = {}
         self._events: list[Event] = []
+        # Parts whose part.added is still pending: index -> its position in `_events`.
+        self._announced: dict[int, int] = {}
         self._turns: list[ModelTurn] = []
         self.last_flush = time.monotonic()
         # When the attempt last made progress: a model event, or a write that landed.
@@ -78,6 +80,7 @@ class Transcript:
         self._open[part.index] = (len(self._parts), draft)
         self._parts.append(part)
         self._dirty[part.index] = draft
+        self._announced[part.index] = len(self._events)
         self._events.append(part_added(part))
         return draft
 
@@ -87,13 +90,20 @@ class Transcript:
         self._dirty[draft.index] = draft
 
     def finish(self, draft: Draft) -> Part:
-        """The draft's block ended: its final part, announced with part.updated."""
+        """The draft's block ended: its final part, announced with part.updated, or, when its
+        part.added has not gone yet, by that part.added carrying the final part (both events
+        carry the part whole, so a client applies either the same way, and a block that
+        starts and ends between two checkpoints costs one event, not two)."""
         self.progressed_at = time.monotonic()
         part = draft.freeze(final=True)
         position, _ = self._open.pop(draft.index)
         self._parts[position] = part
         self._dirty[part.index] = part
-        self._events.append(part_updated(part))
+        pending = self._announced.pop(part.index, None)
+        if pending is None:
+            self._events.append(part_updated(part))
+        else:
+            self._events[pending] = part_added(part)
         return part
 
     def record(self, *events: Event) -> None:
@@ -112,6 +122,7 @@ class Transcript:
         )
         batch = Batch(number, parts, tuple(self._events), tuple(self._turns))
         self._dirty, self._events, self._turns = {}, [], []
+        self._announced = {}
         self.last_flush = time.monotonic()
         return batch
 

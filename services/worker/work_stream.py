@@ -5,6 +5,11 @@ and the writes of every attempt. In: pushed leases, one acknowledgement per writ
 lost leases, handed to the pool as domain types (a pushed lease becomes an `Assignment` here;
 protobuf stops at this module and `orchestrator_client`).
 
+What is queued when the stream can write goes as one message to a replica that reads batches,
+and a lone message goes at once. An outcome (complete, park, retry, release) acknowledged OK
+frees its slot on a replica that says so (WorkWelcome.outcome_returns_credit): the pool grants
+no credit for it, so a run costs the stream three messages, not four.
+
 When the stream breaks (a replica stopped or asked the connection to go away, the network) it
 reconnects, to whichever replica answers, announces the leases it holds and sends again every
 write that was not acknowledged: the epoch is the authority and every write is idempotent under
@@ -34,6 +39,8 @@ log = logging.getLogger(__name__)
 
 # The Work protocol this worker speaks.
 PROTOCOL_VERSION = 1
+# The writes after which the run is out of the worker's hands.
+OUTCOMES = frozenset({"complete", "park", "schedule_retry", "release"})
 # Reconnect backoff: doubling from the first to the last.
 RECONNECT_FIRST_S = 0.05
 RECONNECT_MAX_S = 2.0
@@ -75,6 +82,11 @@ class WorkStream:
         self._unanswered: dict[int, tuple[orchestrator_pb2.WorkRequest, asyncio.Future[Any]]] = {}
         self._outbox: asyncio.Queue[orchestrator_pb2.WorkRequest] | None = None
         self._free = 0  # slots granted and not yet leased
+        # What the replica of the current stream said it does (its welcome).
+        self._batches = False
+        self._returns_credit = False
+        # Leases whose outcome an acknowledgement freed the slot of (run id, epoch).
+        self._returned: set[tuple[str, int]] = set()
         self._keepalive_s = 2.0
         # Whether the replica probes a quiet worker (then one holding no lease sends nothing).
         self._probed = False
@@ -100,6 +112,14 @@ class WorkStream:
             return await answer
         finally:
             self._unanswered.pop(request_id, None)
+
+    def slot_freed(self, run_id: str, epoch: int) -> None:
+        """The attempt of (run_id, epoch) is over: its slot goes back to the replica, unless
+        its acknowledged outcome gave it back already."""
+        if (run_id, epoch) in self._returned:
+            self._returned.discard((run_id, epoch))
+        else:
+            self.grant(1)
 
     def grant(self, credits: int) -> None:
         """`credits` more slots are free."""
@@ -147,9 +167,12 @@ class WorkStream:
             protocol_version=PROTOCOL_VERSION,
             worker_id=self._worker_id,
             held=[_held(h) for h in handler.held()],
+            takes_batches=True,
+            outcome_returns_credit=True,
         )
         outbox.put_nowait(orchestrator_pb2.WorkRequest(hello=hello))
-        call = self._stub.Work(_drain(outbox))
+        self._batches = self._returns_credit = False  # until this stream's welcome says
+        call = self._stub.Work(self._drain(outbox))
         keepalive: asyncio.Future[None] | None = None
         try:
             async for response in call:
@@ -178,6 +201,8 @@ class WorkStream:
         did not answer, and take writes from here on."""
         self._keepalive_s = welcome.keepalive_interval_ms / 1000 or self._keepalive_s
         self._probed = welcome.probes_quiet_workers
+        self._batches = welcome.takes_batches
+        self._returns_credit = welcome.outcome_returns_credit
         self.progress_deadline_s = welcome.progress_deadline_ms / 1000 or self.progress_deadline_s
         if self._leaving:
             outbox.put_nowait(orchestrator_pb2.WorkRequest(goodbye=orchestrator_pb2.WorkGoodbye()))
@@ -191,7 +216,11 @@ class WorkStream:
 
     def _receive(self, handler: Handler, response: orchestrator_pb2.WorkResponse) -> None:
         kind = response.WhichOneof("kind")
-        if kind == "ack":
+        if kind == "batch":
+            for one in response.batch.responses:
+                if one.WhichOneof("kind") != "batch":  # a batch holds no batch
+                    self._receive(handler, one)
+        elif kind == "ack":
             self._acknowledged(response.ack)
         elif kind == "lease":
             self._free = max(self._free - 1, 0)
@@ -212,8 +241,14 @@ class WorkStream:
         if ack.code:
             status = _STATUS.get(ack.code, grpc.StatusCode.UNKNOWN)
             answer.set_exception(from_status(status, ack.message, ack.error_code))
-        else:
-            answer.set_result(getattr(ack, str(ack.WhichOneof("result"))))
+            return
+        message = entry[0]
+        kind = str(message.WhichOneof("kind"))
+        if kind in OUTCOMES and self._returns_credit and not self._leaving:
+            written = getattr(message, kind)
+            self._returned.add((written.run_id, written.epoch))
+            self._free += 1  # the replica counted the slot free again
+        answer.set_result(getattr(ack, str(ack.WhichOneof("result"))))
 
     async def _keepalive(
         self, handler: Handler, outbox: asyncio.Queue[orchestrator_pb2.WorkRequest]
@@ -229,6 +264,28 @@ class WorkStream:
             outbox.put_nowait(
                 orchestrator_pb2.WorkRequest(keepalive=orchestrator_pb2.WorkKeepalive(held=held))
             )
+
+    async def _drain(self, outbox: asyncio.Queue[orchestrator_pb2.WorkRequest]) -> Any:
+        """The requests of one stream, as they are queued, until the end sentinel: everything
+        queued by the time the stream can write goes together (one batch, once the replica
+        said it takes them)."""
+        while True:
+            queued = [await outbox.get()]
+            while not outbox.empty():
+                queued.append(outbox.get_nowait())
+            ends = [i for i, message in enumerate(queued) if message is _END]
+            ended = bool(ends)
+            if ended:
+                queued = queued[: ends[0]]
+            if len(queued) > 1 and self._batches:
+                yield orchestrator_pb2.WorkRequest(
+                    batch=orchestrator_pb2.WorkRequests(requests=queued)
+                )
+            else:
+                for message in queued:
+                    yield message
+            if ended:
+                return
 
     def goodbye(self) -> None:
         """Take no more leases (the worker is stopping); writes still go until `close`."""
@@ -259,15 +316,6 @@ _FOR_GOOD = frozenset(
         grpc.StatusCode.PERMISSION_DENIED,
     }
 )
-
-
-async def _drain(outbox: asyncio.Queue[orchestrator_pb2.WorkRequest]) -> Any:
-    """The requests of one stream, as they are queued, until the end sentinel."""
-    while True:
-        message = await outbox.get()
-        if message is _END:
-            return
-        yield message
 
 
 def assignment_from_proto(response: orchestrator_pb2.ClaimRunResponse) -> Assignment:

@@ -17,51 +17,12 @@ import pytest
 
 from services.worker.assignment import Assignment
 from services.worker.work_stream import Held, WorkStream
-from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from tests.integration.work_replica import Replica, serving
+from tether.v1 import orchestrator_pb2
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 KEEPALIVE_S = 0.1
-
-
-class Replica(orchestrator_pb2_grpc.OrchestratorServiceServicer):
-    """Welcomes one Work stream, records what the worker sends, sends what the test queues."""
-
-    def __init__(self, *, probes: bool) -> None:
-        self.probes = probes
-        self.keepalives: asyncio.Queue[tuple[float, list[str]]] = asyncio.Queue()
-        self.outbox: asyncio.Queue[orchestrator_pb2.WorkResponse] = asyncio.Queue()
-
-    async def Work(
-        self,
-        request_iterator: AsyncIterator[orchestrator_pb2.WorkRequest],
-        context: grpc.aio.ServicerContext[
-            orchestrator_pb2.WorkRequest, orchestrator_pb2.WorkResponse
-        ],
-    ) -> AsyncIterator[orchestrator_pb2.WorkResponse]:
-        hello = await anext(request_iterator)
-        assert hello.WhichOneof("kind") == "hello"
-        yield orchestrator_pb2.WorkResponse(
-            welcome=orchestrator_pb2.WorkWelcome(
-                protocol_version=1,
-                replica_id="test",
-                keepalive_interval_ms=int(KEEPALIVE_S * 1000),
-                progress_deadline_ms=60_000,
-                probes_quiet_workers=self.probes,
-            )
-        )
-        reader = asyncio.ensure_future(self._read(request_iterator))
-        try:
-            while True:
-                yield await self.outbox.get()
-        finally:
-            reader.cancel()
-
-    async def _read(self, requests: AsyncIterator[orchestrator_pb2.WorkRequest]) -> None:
-        async for request in requests:
-            if request.WhichOneof("kind") == "keepalive":
-                held = [lease.run_id for lease in request.keepalive.held]
-                self.keepalives.put_nowait((time.monotonic(), held))
 
 
 @dataclass
@@ -85,27 +46,25 @@ class Pool:
 
 @contextlib.asynccontextmanager
 async def streaming(replica: Replica, pool: Pool) -> AsyncIterator[WorkStream]:
-    server = grpc.aio.server()
-    orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server(replica, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    stream = WorkStream(channel, "w-keepalives")
-    running = asyncio.ensure_future(stream.run(pool))
-    try:
-        await asyncio.wait_for(stream.connected.wait(), 10)
-        yield stream
-    finally:
-        await stream.close()
-        running.cancel()
-        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-            await running
-        await channel.close()
-        await server.stop(None)
+    async with serving(replica) as channel:
+        stream = WorkStream(channel, "w-keepalives")
+        running = asyncio.ensure_future(stream.run(pool))
+        try:
+            await asyncio.wait_for(stream.connected.wait(), 10)
+            yield stream
+        finally:
+            await stream.close()
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await running
+
+
+def make_replica(*, probes: bool) -> Replica:
+    return Replica(keepalive_interval_ms=int(KEEPALIVE_S * 1000), probes_quiet_workers=probes)
 
 
 async def test_a_worker_holding_no_lease_is_silent_until_probed_and_renews_what_it_holds() -> None:
-    replica, pool = Replica(probes=True), Pool()
+    replica, pool = make_replica(probes=True), Pool()
     async with streaming(replica, pool):
         # Ten keepalive intervals with nothing held: nothing is sent (time is the rule here).
         await asyncio.sleep(10 * KEEPALIVE_S)
@@ -124,7 +83,7 @@ async def test_a_worker_holding_no_lease_is_silent_until_probed_and_renews_what_
 
 
 async def test_a_worker_keeps_sending_keepalives_to_a_replica_that_does_not_probe() -> None:
-    replica, pool = Replica(probes=False), Pool()
+    replica, pool = make_replica(probes=False), Pool()
     async with streaming(replica, pool):
         beats = [await asyncio.wait_for(replica.keepalives.get(), 10) for _ in range(3)]
         assert all(held == [] for _, held in beats), "idle, but the replica would think it frozen"

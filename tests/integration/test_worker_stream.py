@@ -92,10 +92,10 @@ async def test_a_streamed_turn_becomes_final_parts_and_live_deltas(
     ]
     assert deltas.seen == [(1, "Let me look that", 0), (1, " up.", 16)]
     batch = transcript.take(1)
-    assert [e.type for e in batch.events] == [
-        EventType.PART_ADDED,
-        EventType.PART_UPDATED,
-    ] * 3
+    # Each block started and ended within the one batch: one part.added each, carrying the
+    # final part.
+    assert [e.type for e in batch.events] == [EventType.PART_ADDED] * 3
+    assert [e.payload["part"]["final"] for e in batch.events] == [True] * 3
     assert batch.parts == tuple(transcript.parts)
 
 

@@ -86,7 +86,7 @@ async def test_sse_resumes_from_last_event_id_losing_nothing(stack: ExecStack) -
             connections += 1
             headers = {**bearer(tenant.api_key), **({"Last-Event-ID": last_id} if last_id else {})}
             frames = await read_sse(
-                http, url, headers, stop_after_durable=3 if connections < 5 else None
+                http, url, headers, stop_after_durable=2 if connections < 5 else None
             )
             assert frames[0].event == "snapshot" and frames[0].retry == 1000
             for frame in frames:

@@ -52,6 +52,7 @@ class Stream:
         stub = orchestrator_pb2_grpc.OrchestratorServiceStub(self._channel)
         self.call = stub.Work(self._requests())
         self._ids = iter(range(1, 1_000_000))
+        self.held: dict[str, int] = {}  # leases pushed and not handed back: run id -> epoch
 
     async def _requests(self) -> AsyncIterator[orchestrator_pb2.WorkRequest]:
         while (message := await self._outbox.get()) is not None:
@@ -59,28 +60,50 @@ class Stream:
 
     def send(self, **kind: Any) -> int:
         """Send one message (`kind`: its WorkRequest field); returns the id it carries."""
+        for name, written in kind.items():
+            if name in ("complete", "park", "schedule_retry", "release"):
+                self.held.pop(written.run_id, None)
         request_id = next(self._ids)
         self._outbox.put_nowait(orchestrator_pb2.WorkRequest(id=request_id, **kind))
         return request_id
 
-    async def hello(self, version: int = 1, held: tuple[tuple[str, int], ...] = ()) -> Any:
-        """Say hello; the welcome."""
+    async def hello(
+        self, version: int = 1, held: tuple[tuple[str, int], ...] = (), **says: bool
+    ) -> Any:
+        """Say hello (with what else the worker `says` it does); the welcome."""
         leases = [orchestrator_pb2.HeldLease(run_id=r, epoch=e) for r, e in held]
         self.send(
             hello=orchestrator_pb2.WorkHello(
-                protocol_version=version, worker_id=WORKER, held=leases
+                protocol_version=version, worker_id=WORKER, held=leases, **says
             )
         )
         return (await self.next("welcome")).welcome
 
     async def next(self, kind: str) -> orchestrator_pb2.WorkResponse:
         """The next message of `kind` (others are skipped)."""
+        return await self.next_of(kind)
+
+    async def next_of(self, *kinds: str) -> orchestrator_pb2.WorkResponse:
+        """The next message of any of `kinds` (others are skipped; a probe not waited for is
+        answered at once with a keepalive, as a worker does: on a loaded machine a write can
+        outlast the two keepalive intervals after which the replica asks)."""
         async with asyncio.timeout(20):
             while True:
                 response = await self.call.read()
                 assert response is not grpc.aio.EOF, "the stream ended"
-                if response.WhichOneof("kind") == kind:
+                kind = response.WhichOneof("kind")
+                batch = response.batch.responses if kind == "batch" else [response]
+                for one in batch:
+                    if one.WhichOneof("kind") == "lease":
+                        self.held[one.lease.lease.run_id] = one.lease.lease.epoch
+                if kind in kinds:
                     return response
+                if kind == "probe":
+                    held = [
+                        orchestrator_pb2.HeldLease(run_id=run_id, epoch=epoch)
+                        for run_id, epoch in self.held.items()
+                    ]
+                    self.send(keepalive=orchestrator_pb2.WorkKeepalive(held=held))
 
     async def close(self) -> None:
         self._outbox.put_nowait(None)
@@ -322,3 +345,92 @@ async def test_a_stream_cut_without_goodbye_leaves_its_leases_to_lapse_and_be_re
     finally:
         await engine.dispose()
     assert owner is None
+
+
+async def test_a_worker_that_takes_batches_gets_one_claims_leases_in_one_message(
+    stack: ExecStack,
+) -> None:
+    stream = Stream(stack)
+    try:
+        assert (await stream.hello(takes_batches=True)).takes_batches
+        ours = {(await queued_run(stack))[1] for _ in range(3)}
+        stream.send(credits=orchestrator_pb2.WorkCredits(credits=3))
+        batch = (await stream.next("batch")).batch
+        leases = [r.lease.lease for r in batch.responses]
+        assert [r.WhichOneof("kind") for r in batch.responses] == ["lease"] * 3
+        assert ours <= {lease.run_id for lease in leases} or len(leases) == 3
+        # A batch of writes is handled as its messages one by one, in order: two acks.
+        first, second = leases[0], leases[1]
+        writes = [
+            orchestrator_pb2.WorkRequest(
+                id=101, checkpoint=checkpoint(first.run_id, first.epoch, 1)
+            ),
+            orchestrator_pb2.WorkRequest(
+                id=102,
+                complete=orchestrator_pb2.CompleteRunRequest(
+                    run_id=second.run_id,
+                    epoch=second.epoch,
+                    status=common_pb2.RUN_STATUS_COMPLETED,
+                ),
+            ),
+        ]
+        stream.send(batch=orchestrator_pb2.WorkRequests(requests=writes))
+        acks: dict[int, int] = {}
+        while len(acks) < 2:
+            response = await stream.next_of("ack", "batch")
+            for one in response.batch.responses if response.HasField("batch") else [response]:
+                acks[one.ack.id] = one.ack.code
+        assert acks == {101: 0, 102: 0}
+    finally:
+        await stream.close()
+
+
+async def test_an_outcome_acknowledged_ok_gives_its_slot_back_without_a_credit(
+    stack: ExecStack,
+) -> None:
+    stream = Stream(stack)
+    try:
+        assert (await stream.hello(outcome_returns_credit=True)).outcome_returns_credit
+        _, first = await queued_run(stack)
+        epoch = (await leased(stream, {first}))[first]
+        _, second = await queued_run(stack)
+        done = orchestrator_pb2.CompleteRunRequest(
+            run_id=first, epoch=epoch, status=common_pb2.RUN_STATUS_COMPLETED
+        )
+        stream.send(complete=done)
+        assert (await stream.next("ack")).ack.code == 0
+        # No credit sent: the completion gave the slot back, and the next run is pushed to it.
+        while (lease := (await stream.next("lease")).lease.lease).run_id != second:
+            left = orchestrator_pb2.CompleteRunRequest(
+                run_id=lease.run_id, epoch=lease.epoch, status=common_pb2.RUN_STATUS_COMPLETED
+            )
+            stream.send(complete=left)  # an earlier test's leftover: ended, its slot back
+        # A refused outcome leaves the lease held; its release then gives the slot back.
+        _, third = await queued_run(stack)
+        stale = orchestrator_pb2.CompleteRunRequest(
+            run_id=second, epoch=lease.epoch + 1, status=common_pb2.RUN_STATUS_COMPLETED
+        )
+        stream.send(complete=stale)
+        assert (await stream.next("ack")).ack.error_code == "stale_lease"
+        stream.send(release=orchestrator_pb2.ReleaseRunRequest(run_id=second, epoch=lease.epoch))
+        assert (await stream.next("ack")).ack.code == 0
+        assert (await stream.next("lease")).lease.lease.run_id in {second, third}
+    finally:
+        await stream.close()
+
+
+async def test_a_batch_inside_a_batch_is_refused(stack: ExecStack) -> None:
+    stream = Stream(stack)
+    try:
+        await stream.hello()
+        inner = orchestrator_pb2.WorkRequests(
+            requests=[orchestrator_pb2.WorkRequest(credits=orchestrator_pb2.WorkCredits())]
+        )
+        nested = orchestrator_pb2.WorkRequest(batch=inner)
+        stream.send(batch=orchestrator_pb2.WorkRequests(requests=[nested]))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stream.next("lease")
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "holds no batch" in str(refused.value.details())
+    finally:
+        await stream.close()

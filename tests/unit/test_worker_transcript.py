@@ -76,6 +76,37 @@ def test_a_streaming_part_is_checkpointed_as_it_stands_and_announced_twice() -> 
     assert transcript.final_text(1) == "Hello"
 
 
+def test_a_block_that_starts_and_ends_between_checkpoints_is_announced_once_whole() -> None:
+    transcript = Transcript([])
+    first = transcript.open(TextDraft())
+    first.extend("Hi")
+    transcript.touch(first)
+    transcript.add(Role.TOOL, ToolResult("toolu_1", "12:00"))
+    second = transcript.open(TextDraft())
+    second.extend("there")
+    transcript.finish(first)
+    transcript.finish(second)
+    batch = transcript.take(1)
+    assert [(e.type, e.payload["part"]["index"]) for e in batch.events] == [
+        (EventType.PART_ADDED, 0),
+        (EventType.PART_ADDED, 1),
+        (EventType.PART_ADDED, 2),
+    ]
+    assert batch.events[0].payload["part"] == {
+        "index": 0,
+        "role": "assistant",
+        "text": {"text": "Hi"},
+        "final": True,
+    }
+    # Once its part.added has gone, a part's end is a part.updated.
+    third = transcript.open(TextDraft())
+    third.extend("more")
+    transcript.touch(third)
+    assert [e.type for e in transcript.take(2).events] == [EventType.PART_ADDED]
+    transcript.finish(third)
+    assert [e.type for e in transcript.take(3).events] == [EventType.PART_UPDATED]
+
+
 def test_whole_parts_take_the_next_index_and_go_once_per_checkpoint() -> None:
     transcript = Transcript([])
     first = transcript.add(Role.TOOL, ToolResult("toolu_1", "12:00"))

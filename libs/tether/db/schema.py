@@ -184,7 +184,6 @@ Index(
     runs.c.run_id.desc(),
 )
 Index("ix_runs_session_created", runs.c.session_id, runs.c.created_at)
-Index("ix_runs_queued", runs.c.created_at, postgresql_where=runs.c.status == "queued")
 # The claim's whole search: claimable runs in arrival order, one index, no join.
 Index(
     "ix_runs_claimable",

@@ -9,9 +9,10 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grpc
+if TYPE_CHECKING:
+    from tether.runtime.rpc import RunningServer
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,18 @@ def companion_ready_file(path: str, name: str) -> str:
     return str(target.with_name(f"{target.stem}.{name}{target.suffix}"))
 
 
+def announce(ready_file: str, served: RunningServer, **companions: int) -> None:
+    """Publish a started server's ports: each companion (`http=PORT`) and the health-only
+    port beside the ready file first, the gRPC port in it last (a supervisor reading the ready
+    file finds the others already there)."""
+    ports = dict(companions)
+    if served.health_port is not None:
+        ports["health"] = served.health_port
+    for name, port in ports.items():
+        write_ready_file(companion_ready_file(ready_file, name), port)
+    write_ready_file(ready_file, served.port)
+
+
 async def wait_for_signal(failed: asyncio.Event | None = None) -> None:
     """Return on SIGTERM or SIGINT, or when `failed` is set (a supervised task died)."""
     stop = failed or asyncio.Event()
@@ -70,7 +83,7 @@ async def wait_for_signal(failed: asyncio.Event | None = None) -> None:
 
 
 async def serve(
-    server: grpc.aio.Server,
+    server: RunningServer,
     *,
     grace: float,
     cleanups: list[Callable[[], Awaitable[None]]],

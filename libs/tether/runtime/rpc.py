@@ -1,11 +1,13 @@
 """gRPC plumbing shared by every service: the server (health, reflection, error mapping,
-the caller check) and client channels that present the calling service's credential."""
+the caller check, mutual TLS and a plaintext health-only port when configured) and client
+channels that present the calling service's credential (over mutual TLS when configured)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -22,6 +24,7 @@ from tether.errors import (
     Unauthenticated,
     from_rpc_error,
 )
+from tether.runtime.tls import MutualTls
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +202,37 @@ class _Registrar:
         self._server.add_registered_method_handlers(service, wrapped)
 
 
+# The health service name that says only "the process serves" (liveness and startup probes);
+# the server's overall health ("") and each service's name say "ready for calls".
+LIVENESS = "liveness"
+
+
+@dataclass
+class RunningServer:
+    """A started gRPC server: its bound port, its health (and the plaintext health-only server
+    beside it, when it has one)."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    service_names: tuple[str, ...]
+    health_server: grpc.aio.Server | None = None
+    health_port: int | None = None
+
+    async def ready(self) -> None:
+        """Report SERVING for the server as a whole and for each of its services."""
+        for name in ("", *self.service_names):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace: float | None) -> None:
+        """Report NOT_SERVING everywhere (so no new caller is routed here), stop accepting and
+        give calls in flight `grace` seconds; then stop the health-only server."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        if self.health_server is not None:
+            await self.health_server.stop(None)
+
+
 async def start_server(
     *,
     host: str,
@@ -209,15 +243,20 @@ async def start_server(
     reflection_on: bool = True,
     max_connection_age_s: float | None = None,
     max_connection_age_grace_s: float | None = None,
-) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    tls: MutualTls | None = None,
+    health_port: int | None = None,
+    ready: bool = True,
+) -> RunningServer:
     """Start a gRPC server with health checking, reflection and error mapping.
 
     `register` adds the service's servicers; `verifiers` (credential digest -> caller), when
     given, admits only those callers, each to its powers, on every call but health and
     reflection; `reflection_on` serves reflection; `max_connection_age_s` asks a client's
     connection to go away (GOAWAY) once it is that old, giving its calls
-    `max_connection_age_grace_s` more to finish. Returns the server, the bound port and the
-    health servicer (already SERVING).
+    `max_connection_age_grace_s` more to finish. With `tls` the port is served over mutual
+    TLS only. With `health_port` a second, plaintext server answers gRPC health alone there
+    (probes that speak no TLS). `ready` False starts it NOT_SERVING (but `LIVENESS`) until
+    `RunningServer.ready()`.
     """
     options: list[tuple[str, int]] = [
         ("grpc.so_reuseport", 0),
@@ -242,11 +281,29 @@ async def start_server(
             ],
             server,
         )
-    bound = server.add_insecure_port(f"{host}:{port}")
-    await server.start()
+    address = f"{host}:{port}"
+    if tls is None:
+        bound = server.add_insecure_port(address)
+    else:
+        bound = server.add_secure_port(address, tls.server_credentials())
+    health_server = None
+    bound_health = None
+    if health_port is not None:
+        health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
+        bound_health = health_server.add_insecure_port(f"{host}:{health_port}")
+    await health_servicer.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
     for name in ("", *service_names):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, bound, health_servicer
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await server.start()
+    if health_server is not None:
+        await health_server.start()
+    running = RunningServer(
+        server, bound, health_servicer, tuple(service_names), health_server, bound_health
+    )
+    if ready:
+        await running.ready()
+    return running
 
 
 class _UnaryCall:
@@ -324,13 +381,22 @@ class InternalChannel:
         await self.close()
 
 
-def internal_channel(address: str, credential: str | None, *, service: str | None = None) -> Any:
-    """A channel to another Tether service, presenting this service's credential when set.
+def internal_channel(
+    address: str,
+    credential: str | None,
+    *,
+    service: str | None = None,
+    tls: MutualTls | None = None,
+) -> Any:
+    """A channel to another Tether service, presenting this service's credential when set,
+    over mutual TLS when `tls` is given (plaintext otherwise).
 
     With `service` (the callee's name) a unary call's failure is raised as the same TetherError
     the callee raised, and the callee being unreachable as UNAVAILABLE naming it; without it
     (tests that look at status codes) the raw grpc.aio.AioRpcError is raised."""
-    channel = grpc.aio.insecure_channel(
-        address, options=[("grpc.max_receive_message_length", 32 << 20)]
-    )
+    options = [("grpc.max_receive_message_length", 32 << 20)]
+    if tls is None:
+        channel = grpc.aio.insecure_channel(address, options=options)
+    else:
+        channel = grpc.aio.secure_channel(address, tls.channel_credentials(), options=options)
     return InternalChannel(channel, credential, service)

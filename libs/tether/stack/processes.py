@@ -32,11 +32,18 @@ class ServiceProcess:
     log_path: Path
     http_port: int | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    health_port: int | None = None
 
     @property
     def address(self) -> str:
         """host:port of its gRPC server."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def health_address(self) -> str:
+        """host:port where it answers gRPC health in plaintext: its health-only port when it
+        has one (its gRPC port may be mutual TLS), else its gRPC port."""
+        return f"127.0.0.1:{self.health_port or self.port}"
 
     @property
     def http_address(self) -> str | None:
@@ -101,9 +108,11 @@ class ServiceSet:
         timeout: float = 60.0,
         extra_env: Mapping[str, str] | None = None,
         instance: str | None = None,
+        until_ready: bool = True,
     ) -> ServiceProcess:
         """Start one service (a second instance gets a numbered name unless `instance` names
-        it) and wait until it serves."""
+        it) and wait until it is ready for calls (with `until_ready` False, only until it has
+        bound its ports: a service waiting for its schema reports NOT_SERVING meanwhile)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if instance is None:
             n = 1
@@ -113,8 +122,11 @@ class ServiceSet:
                 instance = instance_name(name, n)
         ready = self.run_dir / f"{instance}.port"
         ready.unlink(missing_ok=True)
-        http_ready = Path(companion_ready_file(str(ready), "http"))
-        http_ready.unlink(missing_ok=True)
+        companions = {
+            name: Path(companion_ready_file(str(ready), name)) for name in ("http", "health")
+        }
+        for companion in companions.values():
+            companion.unlink(missing_ok=True)
         log_path = self.run_dir / f"{instance}.log"
         env = self._env_for(name, {"TETHER_READY_FILE": str(ready), **(extra_env or {})})
         with log_path.open("ab") as log_file:
@@ -127,12 +139,16 @@ class ServiceSet:
             )
         try:
             port = await _wait_ready(ready, process, log_path, timeout)
-            # Written before the main ready file by a service that serves HTTP too.
-            http_port = int(http_ready.read_text()) if http_ready.exists() else None
-            proc = ServiceProcess(
-                instance, process, port, log_path, http_port, dict(extra_env or {})
+            # Written before the main ready file by a service that serves HTTP or a
+            # health-only port too.
+            http_port, health_port = (
+                int(path.read_text()) if path.exists() else None for path in companions.values()
             )
-            await wait_serving(proc.address, timeout=timeout)
+            proc = ServiceProcess(
+                instance, process, port, log_path, http_port, dict(extra_env or {}), health_port
+            )
+            if until_ready:
+                await wait_serving(proc.health_address, timeout=timeout)
         except BaseException:
             # Not recorded yet, so no stop would reach it: a start that fails or is cancelled
             # (Ctrl-C during a supervisor's restart) leaves no process behind.
@@ -148,17 +164,24 @@ class ServiceSet:
         proc.process.send_signal(signal.SIGKILL)
         proc.process.wait()
 
-    async def restart(self, instance: str, *, timeout: float = 60.0) -> ServiceProcess:
-        """SIGKILL `instance` if it still runs, then start it again under the same name, on the
+    async def restart(
+        self, instance: str, *, timeout: float = 60.0, graceful: bool = False
+    ) -> ServiceProcess:
+        """Stop `instance` if it still runs (SIGKILL, as a crash; SIGTERM and its drain when
+        `graceful`, as a rolling restart), then start it again under the same name, on the
         same ports and with the same extra settings, as a supervisor behind a fixed address
         would (the services that call it keep the address they were given)."""
         old = self.procs[instance]
-        if old.process.poll() is None:
+        if graceful:
+            await self.stop(instance)
+        elif old.process.poll() is None:
             self.kill(instance)
         name = service_of(instance)
         ports = {f"TETHER_{name.upper()}_PORT": str(old.port)}
         if old.http_port is not None:
             ports[f"TETHER_{name.upper()}_HTTP_PORT"] = str(old.http_port)
+        if old.health_port is not None:
+            ports[f"TETHER_{name.upper()}_HEALTH_PORT"] = str(old.health_port)
         return await self.start(
             name, timeout=timeout, extra_env={**old.extra_env, **ports}, instance=instance
         )
@@ -209,11 +232,21 @@ async def _wait_ready(
 
 
 async def wait_serving(address: str, *, timeout: float = 30.0, service: str = "") -> None:
-    """Wait until the gRPC health check at `address` reports SERVING."""
+    """Wait until the gRPC health at `address` reports SERVING (a service waiting for its
+    schema reports NOT_SERVING first: its changes are watched, not polled)."""
     async with grpc.aio.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        response = await stub.Check(
+        watch = stub.Watch(
             health_pb2.HealthCheckRequest(service=service), timeout=timeout, wait_for_ready=True
         )
-        if response.status != health_pb2.HealthCheckResponse.SERVING:
-            raise RuntimeError(f"{address} reports {response.status}")
+        try:
+            async for response in watch:
+                if response.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise TimeoutError(f"{address} was not SERVING within {timeout}s") from None
+            raise
+        finally:
+            watch.cancel()
+        raise RuntimeError(f"{address} stopped reporting its health")

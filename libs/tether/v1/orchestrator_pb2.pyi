@@ -1839,6 +1839,7 @@ class WorkRequest(_message.Message):
     FINISH_EFFECT_FIELD_NUMBER: _builtins.int
     STORE_TOOL_OUTPUT_FIELD_NUMBER: _builtins.int
     GOODBYE_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     RETRIEVE_KNOWLEDGE_FIELD_NUMBER: _builtins.int
     STORE_SUMMARY_FIELD_NUMBER: _builtins.int
     id: _builtins.int
@@ -1894,6 +1895,12 @@ class WorkRequest(_message.Message):
         """The worker is stopping; it has released its leases or let them go."""
 
     @_builtins.property
+    def batch(self) -> Global___WorkRequests:
+        """Several of the messages above, sent together (never a batch in a batch), in order; only
+        to a replica whose welcome says it takes them (WorkWelcome.takes_batches).
+        """
+
+    @_builtins.property
     def retrieve_knowledge(self) -> Global___RetrieveKnowledgeRequest:
         """Retrieves knowledge for a run."""
 
@@ -1917,18 +1924,43 @@ class WorkRequest(_message.Message):
         finish_effect: Global___FinishEffectRequest | None = ...,
         store_tool_output: Global___StoreToolOutputRequest | None = ...,
         goodbye: Global___WorkGoodbye | None = ...,
+        batch: Global___WorkRequests | None = ...,
         retrieve_knowledge: Global___RetrieveKnowledgeRequest | None = ...,
         store_summary: Global___StoreSummaryRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "id", b"id", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "id", b"id", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "credits", "keepalive", "checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "goodbye", "retrieve_knowledge", "store_summary"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "credits", "keepalive", "checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "goodbye", "batch", "retrieve_knowledge", "store_summary"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___WorkRequest: _TypeAlias = WorkRequest  # noqa: Y015
+
+@_typing.final
+class WorkRequests(_message.Message):
+    """WorkRequests is several worker messages in one: what was queued when the stream could write."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkRequest]:
+        """The messages, in the order they were queued; each handled as if it came alone."""
+
+    def __init__(
+        self,
+        *,
+        requests: _abc.Iterable[Global___WorkRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkRequests: _TypeAlias = WorkRequests  # noqa: Y015
 
 @_typing.final
 class WorkHello(_message.Message):
@@ -1939,12 +1971,21 @@ class WorkHello(_message.Message):
     PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
     WORKER_ID_FIELD_NUMBER: _builtins.int
     HELD_FIELD_NUMBER: _builtins.int
+    TAKES_BATCHES_FIELD_NUMBER: _builtins.int
+    OUTCOME_RETURNS_CREDIT_FIELD_NUMBER: _builtins.int
     protocol_version: _builtins.int
     """The Work protocol version the worker speaks; a peer speaking another is refused with
     FAILED_PRECONDITION naming both.
     """
     worker_id: _builtins.str
     """The worker process's id (its leases' owner)."""
+    takes_batches: _builtins.bool
+    """The worker reads WorkResponse.batch; a replica sends batches only to a worker that says so."""
+    outcome_returns_credit: _builtins.bool
+    """An outcome write (complete, park, schedule_retry, release) acknowledged OK frees the
+    worker's slot: the replica counts it as one more credit, and the worker sends no
+    WorkCredits for it. Every other way an attempt ends is granted back with WorkCredits.
+    """
     @_builtins.property
     def held(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldLease]:
         """Leases the worker still holds, announced after a reconnect; it carries on with them."""
@@ -1955,10 +1996,12 @@ class WorkHello(_message.Message):
         protocol_version: _builtins.int = ...,
         worker_id: _builtins.str = ...,
         held: _abc.Iterable[Global___HeldLease] | None = ...,
+        takes_batches: _builtins.bool = ...,
+        outcome_returns_credit: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "protocol_version", b"protocol_version", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "outcome_returns_credit", b"outcome_returns_credit", "protocol_version", b"protocol_version", "takes_batches", b"takes_batches", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2072,6 +2115,7 @@ class WorkResponse(_message.Message):
     CANCEL_FIELD_NUMBER: _builtins.int
     LOST_FIELD_NUMBER: _builtins.int
     PROBE_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___WorkWelcome:
         """Answers the hello."""
@@ -2096,6 +2140,12 @@ class WorkResponse(_message.Message):
     def probe(self) -> Global___WorkProbe:
         """Is the worker there? It answers with a keepalive at once."""
 
+    @_builtins.property
+    def batch(self) -> Global___WorkResponses:
+        """Several of the messages above, sent together (never a batch in a batch), in order; only
+        to a worker whose hello says it takes them (WorkHello.takes_batches).
+        """
+
     def __init__(
         self,
         *,
@@ -2105,16 +2155,43 @@ class WorkResponse(_message.Message):
         cancel: Global___WorkCancel | None = ...,
         lost: Global___WorkLost | None = ...,
         probe: Global___WorkProbe | None = ...,
+        batch: Global___WorkResponses | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "cancel", b"cancel", "kind", b"kind", "lease", b"lease", "lost", b"lost", "probe", b"probe", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "batch", b"batch", "cancel", b"cancel", "kind", b"kind", "lease", b"lease", "lost", b"lost", "probe", b"probe", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "cancel", b"cancel", "kind", b"kind", "lease", b"lease", "lost", b"lost", "probe", b"probe", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "batch", b"batch", "cancel", b"cancel", "kind", b"kind", "lease", b"lease", "lost", b"lost", "probe", b"probe", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["welcome", "lease", "ack", "cancel", "lost", "probe"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["welcome", "lease", "ack", "cancel", "lost", "probe", "batch"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___WorkResponse: _TypeAlias = WorkResponse  # noqa: Y015
+
+@_typing.final
+class WorkResponses(_message.Message):
+    """WorkResponses is several orchestrator messages in one: what was queued when the stream could
+    write (the acknowledgements of one group commit, the leases of one claim).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def responses(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkResponse]:
+        """The messages, in the order they were queued; each handled as if it came alone."""
+
+    def __init__(
+        self,
+        *,
+        responses: _abc.Iterable[Global___WorkResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["responses", b"responses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkResponses: _TypeAlias = WorkResponses  # noqa: Y015
 
 @_typing.final
 class WorkWelcome(_message.Message):
@@ -2127,6 +2204,8 @@ class WorkWelcome(_message.Message):
     KEEPALIVE_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     PROGRESS_DEADLINE_MS_FIELD_NUMBER: _builtins.int
     PROBES_QUIET_WORKERS_FIELD_NUMBER: _builtins.int
+    TAKES_BATCHES_FIELD_NUMBER: _builtins.int
+    OUTCOME_RETURNS_CREDIT_FIELD_NUMBER: _builtins.int
     protocol_version: _builtins.int
     """The protocol version this orchestrator speaks."""
     replica_id: _builtins.str
@@ -2142,6 +2221,10 @@ class WorkWelcome(_message.Message):
     worker that holds no lease need send no keepalives (an idle fleet costs nothing). A
     replica that does not say so is sent keepalives all the time.
     """
+    takes_batches: _builtins.bool
+    """The replica reads WorkRequest.batch; a worker sends batches only to a replica that says so."""
+    outcome_returns_credit: _builtins.bool
+    """The replica honours WorkHello.outcome_returns_credit: the worker may rely on it."""
     def __init__(
         self,
         *,
@@ -2150,10 +2233,12 @@ class WorkWelcome(_message.Message):
         keepalive_interval_ms: _builtins.int = ...,
         progress_deadline_ms: _builtins.int = ...,
         probes_quiet_workers: _builtins.bool = ...,
+        takes_batches: _builtins.bool = ...,
+        outcome_returns_credit: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["keepalive_interval_ms", b"keepalive_interval_ms", "probes_quiet_workers", b"probes_quiet_workers", "progress_deadline_ms", b"progress_deadline_ms", "protocol_version", b"protocol_version", "replica_id", b"replica_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keepalive_interval_ms", b"keepalive_interval_ms", "outcome_returns_credit", b"outcome_returns_credit", "probes_quiet_workers", b"probes_quiet_workers", "progress_deadline_ms", b"progress_deadline_ms", "protocol_version", b"protocol_version", "replica_id", b"replica_id", "takes_batches", b"takes_batches"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

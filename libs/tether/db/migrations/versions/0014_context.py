@@ -5,16 +5,16 @@ search (a generated tsvector with a GIN index). `context_summaries` points at th
 that stands in for a session's earlier runs once its history was compacted, one per range.
 Expand only: both are new tables.
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 """
 
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = "0013"
-down_revision = "0012"
+revision = "0014"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 

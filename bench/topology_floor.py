@@ -1,0 +1,219 @@
+"""The floor of Tether's topology: the same processes and hops a run crosses, each doing only
+what its hop needs, with none of the runtime's own work (no validation, dedup, sessions, parts,
+events, routing, history, usage, protobuf messages or SQLAlchemy).
+
+Per run: the load generator calls the edge (the gateway's place) and the edge calls the intake
+(admission's), both unary; the intake inserts the run (one single-row autocommit insert) and
+publishes a wake-up on Redis; the dispatcher (the orchestrator's place), subscribed, claims it
+(one single-row update, FOR UPDATE SKIP LOCKED) and pushes it on a runner's long-lived stream;
+the runner (a worker's) makes the same streamed SDK call the run floor makes and sends its
+completion on the stream; the dispatcher marks it done (one single-row update), acknowledges
+it (the slot comes back with the acknowledgement) and publishes the ending on Redis, where the
+load generator, subscribed, sees it. Bare grpc.aio (bytes are the messages), redis.asyncio and
+asyncpg, on the loop the services run on.
+
+`python -m bench.topology_floor ROLE ...` (see `main`) prints `listening PORT` (servers) or
+`ready` once it serves, and runs until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import grpc
+import redis.asyncio as redis
+from anthropic import AsyncAnthropic
+
+from bench.model import BENCH_REQUEST, streamed_call
+from tether.runtime.process import run, wait_for_signal
+
+SERVICE = "floor.Topology"
+SEND, ADMIT, WORK = f"/{SERVICE}/Send", f"/{SERVICE}/Admit", f"/{SERVICE}/Work"
+WAKE, DONE = "topology-floor:wake", "topology-floor:done"
+TABLE = "topology_floor_runs"
+CREATE = (
+    f"CREATE TABLE IF NOT EXISTS {TABLE} (id bigserial PRIMARY KEY, "
+    "status text NOT NULL DEFAULT 'queued', at timestamptz NOT NULL DEFAULT now())"
+)
+INSERT = f"INSERT INTO {TABLE} DEFAULT VALUES RETURNING id"
+CLAIM = (
+    f"UPDATE {TABLE} SET status = 'running' WHERE id = (SELECT id FROM {TABLE} "
+    "WHERE status = 'queued' ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING id"
+)
+COMPLETE = f"UPDATE {TABLE} SET status = 'completed' WHERE id = $1"
+EACH_RUN = (
+    "load -> edge -> intake, unary; 1 insert + 1 publish; the dispatcher, woken through Redis, "
+    "1 claim update, the lease pushed on a runner's stream; 1 streamed SDK call; the completion "
+    "on the stream, 1 update, the acknowledgement back, 1 publish the load generator hears"
+)
+
+
+async def _server(methods: dict[str, grpc.RpcMethodHandler]) -> grpc.aio.Server:
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, methods),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(f"listening {port}", flush=True)
+    return server
+
+
+async def edge(intake: str) -> None:
+    """The gateway's place: forwards each call to the intake."""
+    async with grpc.aio.insecure_channel(intake) as channel:
+        admit = channel.unary_unary(ADMIT)
+
+        async def send(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            answer: bytes = await admit(request)
+            return answer
+
+        server = await _server({"Send": grpc.unary_unary_rpc_method_handler(send)})
+        await wait_for_signal()
+        await server.stop(0)
+
+
+async def intake(db_url: str, redis_url: str) -> None:
+    """Admission's place: one insert, one wake-up."""
+    pool = await asyncpg.create_pool(db_url, min_size=4, max_size=10)
+    bus = redis.Redis.from_url(redis_url)
+
+    async def admit(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        run_id = await pool.fetchval(INSERT)
+        await bus.publish(WAKE, str(run_id))
+        return str(run_id).encode()
+
+    server = await _server({"Admit": grpc.unary_unary_rpc_method_handler(admit)})
+    await wait_for_signal()
+    await server.stop(0)
+    await bus.aclose()
+    await pool.close()
+
+
+class _Runner:
+    """One runner's stream: its free slots and what goes out on it."""
+
+    def __init__(self, credits: int) -> None:
+        self.credits = credits
+        self.outbox: asyncio.Queue[bytes] = asyncio.Queue()
+
+
+async def dispatcher(db_url: str, redis_url: str) -> None:
+    """The orchestrator's place: woken through Redis, it claims and pushes; it completes,
+    acknowledges (the slot comes back with it) and publishes the ending."""
+    pool = await asyncpg.create_pool(db_url, min_size=4, max_size=10)
+    bus = redis.Redis.from_url(redis_url)
+    runners: list[_Runner] = []
+    look = asyncio.Event()
+
+    async def dispatch() -> None:
+        while True:
+            await look.wait()
+            look.clear()
+            for runner in runners:
+                while runner.credits > 0:
+                    run_id = await pool.fetchval(CLAIM)
+                    if run_id is None:
+                        break
+                    runner.credits -= 1
+                    runner.outbox.put_nowait(b"L" + str(run_id).encode())
+
+    async def wakeups() -> None:
+        pubsub = bus.pubsub()
+        await pubsub.subscribe(WAKE)
+        async for message in pubsub.listen():
+            if message["type"] == "message":
+                look.set()
+
+    async def work(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
+        first = await anext(requests)
+        runner = _Runner(int(first[1:]))
+        runners.append(runner)
+        look.set()
+
+        async def read() -> None:
+            async for message in requests:
+                run_id = int(message[1:])
+                await pool.execute(COMPLETE, run_id)
+                runner.credits += 1
+                runner.outbox.put_nowait(b"A" + message[1:])
+                await bus.publish(DONE, str(run_id))
+                look.set()
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                yield await runner.outbox.get()
+        finally:
+            reader.cancel()
+            runners.remove(runner)
+
+    tasks = [asyncio.ensure_future(dispatch()), asyncio.ensure_future(wakeups())]
+    server = await _server({"Work": grpc.stream_stream_rpc_method_handler(work)})
+    await wait_for_signal()
+    await server.stop(0)
+    for task in tasks:
+        task.cancel()
+    await bus.aclose()
+    await pool.close()
+
+
+async def runner(dispatcher_addr: str, model_url: str, concurrency: int) -> None:
+    """A worker's place: one stream; each pushed run is one streamed SDK call, then its
+    completion."""
+    sdk = AsyncAnthropic(base_url=model_url, api_key="bench", max_retries=0)
+    outbox: asyncio.Queue[bytes] = asyncio.Queue()
+    outbox.put_nowait(b"C" + str(concurrency).encode())
+    running: set[asyncio.Task[None]] = set()
+
+    async def requests() -> AsyncIterator[bytes]:
+        while True:
+            yield await outbox.get()
+
+    async def attempt(run_id: bytes) -> None:
+        await streamed_call(sdk, BENCH_REQUEST)
+        outbox.put_nowait(b"D" + run_id)
+
+    async with grpc.aio.insecure_channel(dispatcher_addr) as channel:
+        call = channel.stream_stream(WORK)(requests())
+        print("ready", flush=True)
+        with contextlib.suppress(grpc.aio.AioRpcError):  # the dispatcher stopped first
+            async for message in call:
+                if message[:1] == b"L":
+                    task = asyncio.ensure_future(attempt(message[1:]))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+    await sdk.close()
+
+
+async def prepare(db_url: str) -> None:
+    """The floor's table, empty."""
+    db = await asyncpg.connect(db_url)
+    try:
+        await db.execute(CREATE)
+        await db.execute(f"TRUNCATE {TABLE}")
+    finally:
+        await db.close()
+
+
+def main() -> None:
+    """`edge INTAKE_ADDR` | `intake DB_URL REDIS_URL` | `dispatcher DB_URL REDIS_URL` |
+    `runner DISPATCHER_ADDR MODEL_URL CONCURRENCY`."""
+    role, args = sys.argv[1], sys.argv[2:]
+    if role == "edge":
+        run(edge(args[0]))
+    elif role == "intake":
+        run(intake(args[0], args[1]))
+    elif role == "dispatcher":
+        run(dispatcher(args[0], args[1]))
+    elif role == "runner":
+        run(runner(args[0], args[1], int(args[2])))
+    else:
+        sys.exit(main.__doc__)
+
+
+if __name__ == "__main__":
+    main()
