@@ -10,7 +10,7 @@ PROTO_BASE ?= 71abcdb46e9f71345835d02f1a91816ed7f7dce3
 MINUTES ?= 5
 SEED ?=
 
-.PHONY: run test fuzz lint gen bench drill venv clean
+.PHONY: run test fuzz lint gen docs bench drill venv clean
 
 venv: $(STAMP)
 
@@ -46,6 +46,10 @@ node_modules/.bin/buf: package.json package-lock.json
 
 gen: venv
 	PATH=$(BIN):$$PATH ./scripts/gen_protos.sh
+
+# README.md's configuration reference, from the settings classes (a test fails while it is stale).
+docs: venv
+	$(BIN)/python -m tether.stack.reference
 
 # Figures only on stdout: one JSON object per line.
 bench: venv

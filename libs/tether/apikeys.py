@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, or_, select, update
+from sqlalchemy import delete, exists, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -61,6 +61,14 @@ class Principal:
 
 # The platform operator, as the gateway sees it once its credential verified.
 OPERATOR = Principal(OPERATOR_ID, "", OPERATOR_ID, frozenset())
+
+
+def operator_in(tenant_id: str) -> Principal:
+    """The platform operator acting within one tenant it named: it sees and retries every run
+    of that tenant, as a runs:all key of it would."""
+    return Principal(
+        OPERATOR_ID, tenant_id, OPERATOR_ID, frozenset({RUNS_READ, RUNS_WRITE, RUNS_ALL})
+    )
 
 
 def hash_key(api_key: str) -> bytes:
@@ -140,3 +148,31 @@ async def revoke_key(
         return _principal(revoked), True
     row: Any = (await conn.execute(select(api_keys).where(*scope))).first()
     return None if row is None else (_principal(row), False)
+
+
+async def tenant_exists(conn: AsyncConnection, tenant_id: str) -> bool:
+    """Whether the tenant exists."""
+    found = select(exists().where(tenants.c.tenant_id == tenant_id))
+    return bool((await conn.execute(found)).scalar())
+
+
+async def revoke_tenant_keys(conn: AsyncConnection, tenant_id: str) -> float | None:
+    """Revoke every key of the tenant still working (a tenant being deleted); the seconds
+    since the last of its keys was revoked, by the database's clock (None: it has none)."""
+    await conn.execute(
+        update(api_keys)
+        .where(api_keys.c.tenant_id == tenant_id, api_keys.c.revoked_at.is_(None))
+        .values(revoked_at=func.now())
+    )
+    since = func.extract("epoch", func.now() - func.max(api_keys.c.revoked_at))
+    last = select(since).where(api_keys.c.tenant_id == tenant_id)
+    value = (await conn.execute(last)).scalar()
+    return None if value is None else float(value)
+
+
+async def delete_tenant(conn: AsyncConnection, tenant_id: str) -> int:
+    """Remove the tenant and its keys (every other service's rows of it went first); how many
+    keys were removed."""
+    keys = await conn.execute(delete(api_keys).where(api_keys.c.tenant_id == tenant_id))
+    await conn.execute(delete(tenants).where(tenants.c.tenant_id == tenant_id))
+    return int(keys.rowcount or 0)

@@ -75,9 +75,14 @@ class TetherClient:
     stack.json or TETHER_GATEWAY / TETHER_API_KEY.
     """
 
-    def __init__(self, gateway: str, api_key: str, *, retry_for_s: float = RETRY_FOR_S) -> None:
+    def __init__(
+        self, gateway: str, api_key: str, *, retry_for_s: float = RETRY_FOR_S, tenant: str = ""
+    ) -> None:
         self._channel = grpc.aio.insecure_channel(gateway)
-        self._metadata = (("authorization", f"Bearer {api_key}"),)
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {api_key}"),)
+        if tenant:
+            # The platform operator names the tenant it reads and retries runs in.
+            self._metadata += (("tether-tenant", tenant),)
         self._retry_for_s = retry_for_s
         self.stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
 
@@ -99,12 +104,15 @@ class TetherClient:
             retries += 1
 
     @classmethod
-    def from_env(cls, stack: str | None = None, *, operator: bool = False) -> TetherClient:
+    def from_env(
+        cls, stack: str | None = None, *, operator: bool = False, tenant: str = ""
+    ) -> TetherClient:
         """From `stack` (a stack.json path), else TETHER_GATEWAY and TETHER_API_KEY. With
         `operator`, it speaks with the platform operator's credential instead of a key (the
-        stack's `operator_credential`, else TETHER_OPERATOR_CREDENTIAL)."""
-        if operator:
-            return cls(*_operator_from_env(stack))
+        stack's `operator_credential`, else TETHER_OPERATOR_CREDENTIAL); with `tenant` too,
+        as the operator within that tenant."""
+        if operator or tenant:
+            return cls(*_operator_from_env(stack), tenant=tenant)
         if stack:
             return cls(*load_stack(stack))
         gateway, key = os.environ.get("TETHER_GATEWAY"), os.environ.get("TETHER_API_KEY")
@@ -160,6 +168,34 @@ class TetherClient:
         response: gateway_pb2.ListRunsResponse = await self._idempotent(
             lambda: self.stub.ListRuns(
                 gateway_pb2.ListRunsRequest(**filters), metadata=self._metadata
+            )
+        )
+        return response
+
+    async def get_run_attempts(self, run_id: str) -> gateway_pb2.GetRunAttemptsResponse:
+        """A run's attempts, model turns and lineage."""
+        response: gateway_pb2.GetRunAttemptsResponse = await self._idempotent(
+            lambda: self.stub.GetRunAttempts(
+                gateway_pb2.GetRunAttemptsRequest(run_id=run_id), metadata=self._metadata
+            )
+        )
+        return response
+
+    async def retry_run(self, run_id: str) -> gateway_pb2.RetryRunResponse:
+        """Retry a failed or cancelled run (retried through an outage: a repeat answers the
+        retry the first made, attached)."""
+        response: gateway_pb2.RetryRunResponse = await self._idempotent(
+            lambda: self.stub.RetryRun(
+                gateway_pb2.RetryRunRequest(run_id=run_id), metadata=self._metadata
+            )
+        )
+        return response
+
+    async def delete_tenant(self, tenant_id: str) -> gateway_pb2.DeleteTenantResponse:
+        """One step of deleting a tenant (the platform operator); repeat until `deleted`."""
+        response: gateway_pb2.DeleteTenantResponse = await self._idempotent(
+            lambda: self.stub.DeleteTenant(
+                gateway_pb2.DeleteTenantRequest(tenant_id=tenant_id), metadata=self._metadata
             )
         )
         return response

@@ -101,6 +101,42 @@ def run_to_proto(row: Any) -> common_pb2.Run:
     )
 
 
+def attempt_to_proto(row: Any) -> common_pb2.Attempt:
+    """An Attempt message from an `attempts` row."""
+    try:
+        error = json_format.ParseDict(row.error, common_pb2.ErrorInfo()) if row.error else None
+    except json_format.ParseError as exc:
+        what = f"attempt {row.lease_epoch} of run {row.run_id}"
+        raise StoredFormatTooNew(f"{what} cannot be read by this release: {exc}") from exc
+    return common_pb2.Attempt(
+        attempt=row.attempt,
+        lease_epoch=row.lease_epoch,
+        worker_id=row.worker_id,
+        started_at=timestamp(row.started_at),
+        ended_at=timestamp(row.ended_at),
+        outcome=row.outcome or "",
+        error=error,
+        # Stored as "<stage>_ms"; the field says the unit once.
+        stage_ms={str(k).removesuffix("_ms"): float(v) for k, v in (row.stages or {}).items()},
+    )
+
+
+def turn_to_proto(row: Any) -> common_pb2.ModelTurn:
+    """A ModelTurn message from a `usage_turns` row with the attempt it belongs to."""
+    return common_pb2.ModelTurn(
+        usage=common_pb2.Usage(
+            model=row.model,
+            input_tokens=row.input_tokens,
+            output_tokens=row.output_tokens,
+            cache_creation_input_tokens=row.cache_creation_input_tokens,
+            cache_read_input_tokens=row.cache_read_input_tokens,
+            cost_micros=row.cost_micros,
+        ),
+        created_at=timestamp(row.created_at),
+        attempt=row.attempt or 0,
+    )
+
+
 def error_to_proto(error: RunError) -> common_pb2.ErrorInfo:
     """An ErrorInfo from a run error."""
     return common_pb2.ErrorInfo(

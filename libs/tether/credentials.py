@@ -54,7 +54,9 @@ _WORKER_ON_INTERACTIONS = frozenset(
 
 # Internal service -> caller -> the methods that caller may call (read from who calls what).
 POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
-    "tether.v1.AdmissionService": {"gateway": frozenset({"Admit"})},
+    "tether.v1.AdmissionService": {
+        "gateway": frozenset({"Admit", "ReclaimRun", "DeleteTenantEvents"})
+    },
     "tether.v1.OrchestratorService": {
         "gateway": frozenset(
             {
@@ -65,6 +67,8 @@ POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
                 "StoreDocument",
                 "FindDocuments",
                 "DeleteDocument",
+                "LookupAttempts",
+                "DeleteTenantRuns",
             }
         ),
         "worker": _WORKER_ON_ORCHESTRATOR,
@@ -82,6 +86,7 @@ POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
                 "RecordDecision",
                 "FindPendingConnection",
                 "ConfirmConnection",
+                "DeleteTenantInteractions",
             }
         ),
         "worker": _WORKER_ON_INTERACTIONS,

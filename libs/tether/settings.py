@@ -6,6 +6,8 @@ fields keep their global names (TETHER_DATABASE_URL, ...) so one environment ser
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -51,7 +53,35 @@ class PlatformSettings(BaseSettings):
         validation_alias=_env("TETHER_READY_FILE"),
         description="When set, the bound port is written here once the server serves.",
     )
-    log_level: str = Field("INFO", validation_alias=_env("TETHER_LOG_LEVEL"))
+    log_level: str = Field(
+        "INFO", validation_alias=_env("TETHER_LOG_LEVEL"), description="Least level logged."
+    )
+    log_format: Literal["json", "text"] = Field(
+        "json",
+        validation_alias=_env("TETHER_LOG_FORMAT"),
+        description="json: one JSON object a line on stderr, with the tenant, run, attempt and "
+        "trace ids of what it is about; text: one readable line, for a terminal.",
+    )
+    otlp_endpoint: str = Field(
+        "",
+        validation_alias=_env("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        description="OpenTelemetry collector (OTLP over gRPC, e.g. http://collector:4317): "
+        "traces and metrics are exported there; empty turns telemetry off at no cost. The "
+        "exporter honours the other standard OTEL_* variables (headers, timeouts, batch and "
+        "export intervals).",
+    )
+    telemetry_tenants: str = Field(
+        "",
+        validation_alias=_env("TETHER_TELEMETRY_TENANTS"),
+        description="Comma-separated tenant ids that get a metric label of their own; every "
+        "other tenant is counted as `other`, so the label stays bounded.",
+    )
+    telemetry_content: bool = Field(
+        False,
+        validation_alias=_env("TETHER_TELEMETRY_CONTENT"),
+        description="Record message text, model output and tool inputs on spans. Off: spans and "
+        "logs carry ids, counts and timings only, never what people or the model wrote.",
+    )
     health_port: int | None = Field(
         None,
         description="A second, plaintext port serving only gRPC health, for probes that speak "
@@ -90,4 +120,35 @@ class PlatformSettings(BaseSettings):
         "",
         validation_alias=_env("TETHER_TLS_CLIENT_KEY_FILE"),
         description="PEM private key of the client certificate.",
+    )
+
+
+class RetainingSettings(PlatformSettings):
+    """The retention sweep's settings, for the services that own what a tenant's retention
+    policy removes (`tether.retention`): the orchestrator and admission."""
+
+    retention_batch: int = Field(
+        500,
+        gt=0,
+        description="Rows the retention sweep examines per statement, so that no statement "
+        "holds many locks or runs long (tenants' policies: tether.retention).",
+    )
+    retention_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="Least time between two retention rounds; a round sleeps until something is "
+        "next due to expire, at most retention_poll_s.",
+    )
+    retention_poll_s: float = Field(
+        300.0,
+        gt=0,
+        description="Longest wait between retention rounds: how soon a tenant's changed "
+        "policy is seen.",
+    )
+    retention_repass_s: float = Field(
+        3600.0,
+        gt=0,
+        description="How soon retention looks again, from the oldest, at expired rows it had to "
+        "keep (a live conversation's history, a run another run retried, a message whose run "
+        "is kept).",
     )

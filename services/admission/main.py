@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from services.admission.domain import FreshnessPolicy
+from services.admission.retention import Retention
 from services.admission.service import Admitter
 from services.admission.servicer import AdmissionServicer
 from services.admission.settings import AdmissionSettings
 from tether.bus import Bus
 from tether.credentials import require_verifiers
 from tether.db.engine import create_engine
-from tether.runtime.process import announce, configure_logging, run, serve
+from tether.runtime.process import announce, run, serve
 from tether.runtime.readiness import await_schema
 from tether.runtime.rpc import start_server
+from tether.runtime.tasks import Supervisor
 from tether.runtime.tls import MutualTls, mutual_tls
+from tether.telemetry.setup import configure
 from tether.v1 import admission_pb2, admission_pb2_grpc
 
 
@@ -28,7 +31,8 @@ async def amain(
         freshness=FreshnessPolicy(settings.replay_window_s, settings.stale_replay),
         bus=bus,
     )
-    servicer = AdmissionServicer(admitter)
+    retention = Retention(engine, settings)
+    servicer = AdmissionServicer(admitter, retention)
     served = await start_server(
         host=settings.host,
         port=settings.port,
@@ -41,14 +45,22 @@ async def amain(
     )
     announce(settings.ready_file, served)
     await await_schema(engine, poll_s=settings.schema_poll_s)
+    supervisor = Supervisor()
+    # Nothing is swept under a schema older than this release's.
+    supervisor.start("retention", retention.sweeps.run())
     await served.ready()
-    await serve(served, grace=settings.grace_s, cleanups=[engine.dispose, bus.close])
+    await serve(
+        served,
+        grace=settings.grace_s,
+        cleanups=[engine.dispose, bus.close, supervisor.stop],
+        failed=supervisor.failed,
+    )
 
 
 def main() -> None:
     """Read settings from the environment and serve."""
     settings = AdmissionSettings()
-    configure_logging("admission", settings.log_level)
+    configure("admission", settings)
     verifiers = require_verifiers("admission", settings.service_verifiers)
     tls = mutual_tls("admission", settings, serves=True, calls=False)
     run(amain(settings, verifiers, tls))

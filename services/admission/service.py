@@ -11,10 +11,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.admission import repository as repo
 from services.admission.domain import FreshnessPolicy, InboundEvent
+from services.admission.repository import ClaimKey
+from services.orchestrator.repositories import intake
+from tether import audit
 from tether.bus import Bus
-from tether.errors import AlreadyExists, FailedPrecondition
+from tether.errors import AlreadyExists, FailedPrecondition, NotFound
 from tether.ids import new_id
 from tether.states import TERMINAL, RunStatus
+from tether.visibility import Viewer
 
 
 class Disposition(enum.StrEnum):
@@ -77,7 +81,7 @@ class Admitter:
         outcome = (
             decided
             if isinstance(decided, Admission)
-            else await self._reclaim(event, decided, traceparent)
+            else await self._reclaim(ClaimKey.of(event), decided, expired=_expired(event))
         )
         if outcome.disposition in (Disposition.CREATED, Disposition.RETRIED) and self._bus:
             self._bus.notify_queued(outcome.run.run_id)
@@ -92,13 +96,17 @@ class Admitter:
         run = claim.run
         # Another principal's run is never attached to, replayed or retried for this caller:
         # the same key sent by another principal is the conflict it would be with other content.
-        if claim.request_hash != request_hash or run.owner_principal_id != event.principal_id:
+        if claim.request_hash != request_hash or (
+            run is not None and run.owner_principal_id != event.principal_id
+        ):
             raise AlreadyExists(
                 f"event {event.idempotency_key!r} was already admitted with different content; "
                 "a changed message needs a new event id",
                 code="idempotency_conflict",
                 details={"idempotency_key": event.idempotency_key},
             )
+        if run is None:
+            raise _expired(event)
         status = RunStatus(run.status)
         if status not in TERMINAL:
             return Admission(Disposition.ATTACHED, run)
@@ -120,23 +128,78 @@ class Admitter:
         return run
 
     async def _reclaim(
-        self, event: InboundEvent, previous: Row[Any], traceparent: str | None
+        self,
+        claim: ClaimKey,
+        previous: Row[Any],
+        *,
+        expired: Exception,
+        audited: dict[str, str] | None = None,
     ) -> Admission:
-        """Rebind the claim to a fresh run with lineage; a losing racer attaches to the winner."""
+        """Rebind the claim to a fresh run with lineage; a losing racer attaches to the winner.
+        `expired` is raised when retention removed the run meanwhile; `audited` (who asked)
+        records the retry in the audit trail."""
         run_id = new_id("run")
         async with self._engine.begin() as conn:
-            if not await repo.rebind_claim(conn, event, previous.run_id, run_id):
-                return Admission(Disposition.ATTACHED, (await repo.find_claim(conn, event)).run)
-            run = await repo.insert_queued_run(
-                conn,
-                run_id=run_id,
-                event=event,
-                session_id=previous.session_id,
-                message_id=previous.message_id,
-                max_attempts=self._max_attempts,
-                parent_run_id=previous.run_id,
-                root_run_id=previous.root_run_id,
-                reason="redelivered",
-                traceparent=traceparent,
-            )
+            try:
+                # Held: retention cannot remove the run the retry names as its parent.
+                previous = await intake.claimed_run(conn, previous.run_id, hold=True)
+            except NotFound:
+                raise expired from None
+            if not await repo.rebind_claim(conn, claim, previous.run_id, run_id):
+                # Another retry won (its commit is what the compare-and-swap waited for).
+                winner = await intake.latest_retry(conn, previous.run_id)
+                return Admission(Disposition.ATTACHED, winner)
+            run = await repo.insert_retry(conn, run_id=run_id, previous=previous)
+            if audited is not None:
+                await audit.record(
+                    conn,
+                    tenant_id=previous.tenant_id,
+                    action="run.retried",
+                    actor=audited,
+                    run_id=previous.run_id,
+                    retry_run_id=run_id,
+                )
         return Admission(Disposition.RETRIED, run)
+
+    async def retry(self, viewer: Viewer, run_id: str, actor: dict[str, str]) -> Admission:
+        """Retry a failed or cancelled run the viewer may see: a new run for its message, with
+        lineage, through the same guarded re-claim as a redelivered event. A run retried
+        already answers its latest retry (attached); a completed or active one is refused
+        (nothing changes); one the viewer may not see is NotFound, as an absent one."""
+        async with self._autocommit.connect() as conn:
+            run = await intake.visible_run(conn, viewer, run_id)
+            status = RunStatus(run.status)
+            if status is RunStatus.COMPLETED:
+                raise FailedPrecondition(
+                    f"run {run_id} completed; a completed run is not retried (send the "
+                    "message again, with a new event id, to run it again)",
+                    code="run_completed",
+                    details={"run_id": run_id},
+                )
+            if status not in TERMINAL:
+                raise FailedPrecondition(
+                    f"run {run_id} is {status.value}, not over; cancel it first, or wait for it "
+                    "to end, to retry it",
+                    code="run_active",
+                    details={"run_id": run_id, "status": status.value},
+                )
+            claim = await repo.claim_of_run(conn, run_id)
+            if claim is None:
+                return Admission(Disposition.ATTACHED, await intake.latest_retry(conn, run_id))
+        gone = NotFound(f"run {run_id!r} not found")
+        outcome = await self._reclaim(claim, run, expired=gone, audited=actor)
+        if outcome.disposition is Disposition.RETRIED and self._bus:
+            self._bus.notify_queued(outcome.run.run_id)
+        return outcome
+
+
+def _expired(event: InboundEvent) -> FailedPrecondition:
+    """A duplicate of an event whose run retention removed: its claim's tombstone remembers it,
+    and it is never run again."""
+    return FailedPrecondition(
+        f"event {event.idempotency_key!r} was admitted before and its run has since been "
+        "removed under the tenant's retention policy; it is not run again (send it with a new "
+        "event id to process it again)",
+        code="event_expired",
+        details={"idempotency_key": event.idempotency_key},
+    )

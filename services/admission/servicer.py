@@ -5,10 +5,16 @@ from __future__ import annotations
 import grpc
 
 from services.admission.adapters import event_to_proto, normalise
+from services.admission.retention import Retention
 from services.admission.service import Admitter, Disposition
+from tether import telemetry
+from tether.apikeys import OPERATOR_ID
 from tether.convert import run_to_proto
+from tether.errors import InvalidArgument
 from tether.limits import check_request
+from tether.telemetry import metrics, tracing
 from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2
+from tether.visibility import Viewer
 
 _DISPOSITIONS = {
     Disposition.CREATED: common_pb2.DISPOSITION_CREATED,
@@ -21,20 +27,50 @@ _DISPOSITIONS = {
 class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     """Implements tether.v1.AdmissionService."""
 
-    def __init__(self, admitter: Admitter) -> None:
+    def __init__(self, admitter: Admitter, retention: Retention) -> None:
         self._admitter = admitter
+        self._retention = retention
 
     async def Admit(  # gRPC method name
         self, request: admission_pb2.AdmitRequest, context: grpc.aio.ServicerContext
     ) -> admission_pb2.AdmitResponse:
         check_request(request)
         event = normalise(request)
-        traceparent = dict(context.invocation_metadata() or ()).get("traceparent")
-        outcome = await self._admitter.admit(
-            event, traceparent=traceparent if isinstance(traceparent, str) else None
-        )
+        outcome = await self._admitter.admit(event, traceparent=_traceparent(context))
+        if telemetry.on:
+            metrics.admitted(outcome.disposition.value, event.tenant_id)
         return admission_pb2.AdmitResponse(
             disposition=_DISPOSITIONS[outcome.disposition],
             run=run_to_proto(outcome.run),
             event=event_to_proto(event),
         )
+
+    async def ReclaimRun(  # gRPC method name
+        self, request: admission_pb2.ReclaimRunRequest, context: grpc.aio.ServicerContext
+    ) -> admission_pb2.ReclaimRunResponse:
+        viewer = Viewer(request.tenant_id, request.principal_id, request.all_runs)
+        actor = (
+            {"kind": "key", "key_id": request.actor_key_id, "principal_id": request.principal_id}
+            if request.actor_key_id
+            else {"kind": OPERATOR_ID}
+        )
+        outcome = await self._admitter.retry(viewer, request.run_id, actor)
+        return admission_pb2.ReclaimRunResponse(
+            disposition=_DISPOSITIONS[outcome.disposition], run=run_to_proto(outcome.run)
+        )
+
+    async def DeleteTenantEvents(  # gRPC method name
+        self, request: admission_pb2.DeleteTenantEventsRequest, context: grpc.aio.ServicerContext
+    ) -> admission_pb2.DeleteTenantEventsResponse:
+        if not request.tenant_id:
+            raise InvalidArgument("tenant_id is required")
+        removed, remaining = await self._retention.delete_tenant(request.tenant_id)
+        return admission_pb2.DeleteTenantEventsResponse(removed=removed, remaining=remaining)
+
+
+def _traceparent(context: grpc.aio.ServicerContext) -> str | None:
+    """The trace context a new run is stored with: this call's own span while telemetry is on
+    (every later span of the run descends from it), else the one its caller sent, if any."""
+    if telemetry.on:
+        return tracing.traceparent() or None
+    return tracing.incoming(context) or None

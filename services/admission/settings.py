@@ -5,10 +5,10 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from tether.settings import PlatformSettings
+from tether.settings import RetainingSettings
 
 
-class AdmissionSettings(PlatformSettings):
+class AdmissionSettings(RetainingSettings):
     """Admission's settings; shared connection fields come from PlatformSettings."""
 
     model_config = SettingsConfigDict(env_prefix="TETHER_ADMISSION_", frozen=True, extra="ignore")

@@ -19,8 +19,11 @@ from tether.apikeys import (
     OPERATOR,
     Principal,
     find_key,
+    operator_in,
+    tenant_exists,
 )
-from tether.errors import PermissionDenied, Unauthenticated
+from tether.errors import InvalidArgument, NotFound, PermissionDenied, Unauthenticated
+from tether.ids import is_identifier
 
 # Method name -> scope it requires.
 SCOPES: Mapping[str, str] = {
@@ -37,14 +40,20 @@ SCOPES: Mapping[str, str] = {
     "DecideApproval": "approvals:decide",
     "GetPendingConnection": "runs:read",
     "CompleteConnection": "interactions:write",
+    "GetRunAttempts": "runs:read",
+    "RetryRun": "runs:write",
     "CreateApiKey": KEYS_ADMIN,
     "RevokeApiKey": KEYS_ADMIN,
     "AddDocument": DOCUMENTS_WRITE,
     "ListDocuments": DOCUMENTS_READ,
     "RemoveDocument": DOCUMENTS_WRITE,
 }
-# What the platform operator's credential may call: it manages tenants and keys, nothing else.
-OPERATOR_METHODS = frozenset({"CreateApiKey", "RevokeApiKey"})
+# What the platform operator's credential may call: it manages tenants and keys...
+OPERATOR_METHODS = frozenset({"CreateApiKey", "RevokeApiKey", "DeleteTenant"})
+# ...and, within one tenant it names (metadata TENANT_METADATA), reads and retries runs as a
+# runs:all key of that tenant would.
+OPERATOR_TENANT_METHODS = frozenset({"GetRun", "ListRuns", "GetRunAttempts", "RetryRun"})
+TENANT_METADATA = "tether-tenant"
 
 
 class Authenticator:
@@ -75,23 +84,57 @@ class Authenticator:
         if not isinstance(header, str) or not header.startswith("Bearer "):
             raise Unauthenticated('missing API key: send metadata "authorization: Bearer <key>"')
         secret = header.removeprefix("Bearer ").strip()
+        named = metadata.get(TENANT_METADATA, "")
+        if not isinstance(named, str):
+            raise InvalidArgument(f"the {TENANT_METADATA} metadata must be text")
         if self._is_operator(secret):
-            if method not in OPERATOR_METHODS:
-                raise PermissionDenied(
-                    f"the operator credential manages tenants and keys only; call {method} "
-                    "with a tenant's API key"
-                )
-            return OPERATOR
+            if method in OPERATOR_METHODS:
+                return OPERATOR
+            if method in OPERATOR_TENANT_METHODS:
+                return await self._operator_in(named, method)
+            raise PermissionDenied(
+                f"the operator credential manages tenants and keys, and reads and retries a "
+                f"named tenant's runs; call {method} with a tenant's API key"
+            )
         principal = await self._verify(secret)
         needed = SCOPES.get(method)
+        if needed is None and method in OPERATOR_METHODS:
+            raise PermissionDenied(f"{method} is the platform operator's alone")
         if needed is None or needed not in principal.scopes:
             raise PermissionDenied(f"this API key lacks the scope {needed!r} that {method} needs")
+        if named and named != principal.tenant_id:
+            raise PermissionDenied(
+                f"the {TENANT_METADATA} metadata names a tenant other than the one your API key "
+                "belongs to (only the platform operator names a tenant)"
+            )
         return principal
+
+    async def _operator_in(self, tenant_id: str, method: str) -> Principal:
+        """The operator within the tenant it named, which must exist."""
+        if not tenant_id:
+            raise PermissionDenied(
+                f"the operator credential calls {method} only within a tenant it names: send "
+                f'metadata "{TENANT_METADATA}: <tenant id>" (the CLI\'s --tenant)'
+            )
+        if not is_identifier(tenant_id, max_length=128):
+            raise InvalidArgument(
+                f"{TENANT_METADATA} must be 1-128 characters of letters, digits and . _ : @ -"
+            )
+        async with self._engine.connect() as conn:
+            if not await tenant_exists(conn, tenant_id):
+                raise NotFound(f"tenant {tenant_id!r} not found")
+        return operator_in(tenant_id)
 
     def forget(self, key_id: str) -> None:
         """Drop a key from this replica's cache (it was just revoked here)."""
         for secret, (_, principal) in list(self._cache.items()):
             if principal.key_id == key_id:
+                self._cache.pop(secret, None)
+
+    def forget_tenant(self, tenant_id: str) -> None:
+        """Drop every key of a tenant from this replica's cache (they were just revoked)."""
+        for secret, (_, principal) in list(self._cache.items()):
+            if principal.tenant_id == tenant_id:
                 self._cache.pop(secret, None)
 
     def _is_operator(self, secret: str) -> bool:

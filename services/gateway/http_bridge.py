@@ -7,9 +7,11 @@ same streams as gRPC, so authentication, tenancy and errors mean the same. Route
     GET  /v1/conversations/{conversation_id}/events   SSE (Last-Event-ID or ?cursor=)
     POST /v1/messages                          SendMessage (Idempotency-Key may give event_id)
     GET  /v1/runs                              ListRuns (?status=&conversation_id=&page_size=
-                                               &page_token=)
+                                               &page_token=&created_after=RFC 3339 time)
     GET  /v1/runs/{run_id}                     GetRun (?superseded=1: include_superseded)
+    GET  /v1/runs/{run_id}/attempts            GetRunAttempts
     POST /v1/runs/{run_id}/cancel              CancelRun
+    POST /v1/runs/{run_id}/retry               RetryRun
     GET  /v1/runs/{run_id}/pending-question    GetPendingQuestion (and -approval, -connection)
     POST /v1/runs/{run_id}/answer              AnswerQuestion (and /decision, /connection)
     POST /v1/keys                              CreateApiKey (JSON body as the gRPC request)
@@ -17,12 +19,14 @@ same streams as gRPC, so authentication, tenancy and errors mean the same. Route
     POST /v1/documents                         AddDocument (JSON body {"title", "content"})
     GET  /v1/documents                         ListDocuments (?page_size=&page_token=)
     DELETE /v1/documents/{document_id}         RemoveDocument
+    DELETE /v1/tenants/{tenant_id}             DeleteTenant (the platform operator)
 
 SSE frames: `event:` is the stable type name, `data:` the event as JSON (`tether.transport`),
 and every durable event has `id:` (its seq; for a conversation, the cursor), so a reconnecting
 EventSource resumes with Last-Event-ID. The first frame is `event: snapshot`. A stream ended
 early (slow client, gateway stopping) sends `event: error` with the cursor to resume from.
-Callers authenticate with `Authorization: Bearer <key>`; errors are JSON
+Callers authenticate with `Authorization: Bearer <key>` (the platform operator names the tenant
+it reads in with `Tether-Tenant: <tenant>`); errors are JSON
 `{"error": {"status", "code", "message"}}` with the HTTP status of the gRPC code, malformed HTTP
 included (`http_errors`).
 """
@@ -38,16 +42,19 @@ from typing import Any, TypeVar
 from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import Message
+from opentelemetry.trace import SpanKind
 
-from services.gateway.auth import Authenticator, KeyWatch
+from services.gateway.auth import TENANT_METADATA, Authenticator, KeyWatch
 from services.gateway.conversation import ConversationCursor, conversation_items
 from services.gateway.http_errors import MAX_BODY_BYTES, BridgeRunner, error_body, errors
 from services.gateway.streams import Streams
+from tether import telemetry
 from tether.apikeys import Principal
 from tether.convert import disposition_name, status_to_proto
 from tether.errors import InvalidArgument, TetherError
 from tether.limits import INT32_MAX, INT64_MAX, check_request
 from tether.states import RunStatus
+from tether.telemetry import tracing
 from tether.transport import event_to_json, run_to_json, snapshot_to_json
 from tether.v1 import events_pb2, gateway_pb2
 from tether.visibility import viewer_of
@@ -71,7 +78,10 @@ class _CallContext:
     """What the servicer's unary methods read from a gRPC context: the caller's metadata."""
 
     def __init__(self, request: web.Request) -> None:
-        self._metadata = (("authorization", _header(request, "Authorization")),)
+        self._metadata = (
+            ("authorization", _header(request, "Authorization")),
+            (TENANT_METADATA, _header(request, "Tether-Tenant")),
+        )
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self._metadata
@@ -142,6 +152,25 @@ def _conversation_frame(item: gateway_pb2.StreamConversationResponse) -> bytes:
     return _frame(item.event.type, data, item.cursor if item.event.seq else None)
 
 
+@web.middleware
+async def traced(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """A request as a server span continuing the caller's `traceparent` header: its method,
+    route template and status, never its body or its path's ids."""
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "unmatched"
+    with tracing.span(
+        f"{request.method} {route}",
+        parent=request.headers.get("traceparent", ""),
+        kind=SpanKind.SERVER,
+        attributes={"http.request.method": request.method, "http.route": route},
+    ) as span:
+        response = await handler(request)
+        span.set_attribute("http.response.status_code", response.status)
+        return response
+
+
 class HttpBridge:
     """Routes HTTP requests to the gateway's servicer and streams."""
 
@@ -152,13 +181,18 @@ class HttpBridge:
 
     def app(self) -> web.Application:
         """The aiohttp application."""
-        app = web.Application(middlewares=[errors], client_max_size=MAX_BODY_BYTES)
+        # Chosen once: while telemetry is on, each request is a server span.
+        middlewares = [errors, traced] if telemetry.on else [errors]
+        app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/v1/runs/{run_id}/events", self.run_events)
         app.router.add_get("/v1/conversations/{conversation_id}/events", self.conversation_events)
         app.router.add_post("/v1/messages", self.send_message)
         app.router.add_get("/v1/runs", self.list_runs)
         app.router.add_get("/v1/runs/{run_id}", self.get_run)
+        app.router.add_get("/v1/runs/{run_id}/attempts", self.get_run_attempts)
         app.router.add_post("/v1/runs/{run_id}/cancel", self.cancel_run)
+        app.router.add_post("/v1/runs/{run_id}/retry", self.retry_run)
+        app.router.add_delete("/v1/tenants/{tenant_id}", self.delete_tenant)
         app.router.add_post("/v1/keys", self.create_key)
         app.router.add_post("/v1/keys/{key_id}/revoke", self.revoke_key)
         app.router.add_post("/v1/documents", self.add_document)
@@ -212,19 +246,64 @@ class HttpBridge:
                 statuses.append(status_to_proto(RunStatus(name)))
             except ValueError as exc:
                 raise InvalidArgument(f"unknown status {name!r}") from exc
-        response = await self._servicer.ListRuns(
-            gateway_pb2.ListRunsRequest(
-                statuses=statuses,
-                conversation_id=query.get("conversation_id", ""),
-                page_size=_non_negative(query.get("page_size", "0"), "page_size", INT32_MAX),
-                page_token=query.get("page_token", ""),
-            ),
-            _CallContext(request),
+        listed = gateway_pb2.ListRunsRequest(
+            statuses=statuses,
+            conversation_id=query.get("conversation_id", ""),
+            page_size=_non_negative(query.get("page_size", "0"), "page_size", INT32_MAX),
+            page_token=query.get("page_token", ""),
         )
+        if "created_after" in query:
+            try:
+                listed.created_after.FromJsonString(query["created_after"])
+            except ValueError as exc:
+                raise InvalidArgument(
+                    "created_after must be an RFC 3339 time such as 2025-01-31T09:00:00Z; got "
+                    f"{query['created_after'][:40]!r}"
+                ) from exc
+        response = await self._servicer.ListRuns(listed, _CallContext(request))
         return web.json_response(
             {
                 "runs": [run_to_json(run) for run in response.runs],
                 "next_page_token": response.next_page_token,
+            }
+        )
+
+    async def get_run_attempts(self, request: web.Request) -> web.Response:
+        response = await self._servicer.GetRunAttempts(
+            gateway_pb2.GetRunAttemptsRequest(run_id=request.match_info["run_id"]),
+            _CallContext(request),
+        )
+        return web.json_response(
+            {
+                "run": run_to_json(response.run),
+                "attempts": [_message_json(a) for a in response.attempts],
+                "turns": [_message_json(t) for t in response.turns],
+                "lineage": [run_to_json(r) for r in response.lineage],
+            }
+        )
+
+    async def retry_run(self, request: web.Request) -> web.Response:
+        response = await self._servicer.RetryRun(
+            gateway_pb2.RetryRunRequest(run_id=request.match_info["run_id"]),
+            _CallContext(request),
+        )
+        return web.json_response(
+            {
+                "disposition": disposition_name(response.disposition),
+                "run": run_to_json(response.run),
+            }
+        )
+
+    async def delete_tenant(self, request: web.Request) -> web.Response:
+        response = await self._servicer.DeleteTenant(
+            gateway_pb2.DeleteTenantRequest(tenant_id=request.match_info["tenant_id"]),
+            _CallContext(request),
+        )
+        return web.json_response(
+            {
+                "removed": {what: int(n) for what, n in response.removed.items()},
+                "deleted": response.deleted,
+                "pending": response.pending,
             }
         )
 

@@ -22,11 +22,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from tether import telemetry
 from tether.convert import event_to_proto
 from tether.domain import EventType
 from tether.hints import LiveMessage, decode_events, events_channel
 from tether.runtime.subscription import Published, Subscription
 from tether.runtime.tasks import Supervisor
+from tether.telemetry import metrics
 from tether.v1 import events_pb2
 
 log = logging.getLogger(__name__)
@@ -205,6 +207,10 @@ class EventHub:
         for channel in list(feed.channels):
             self._detach(feed, channel)
 
+    def open_feeds(self) -> int:
+        """How many streams follow runs through this hub now."""
+        return len(self._feeds)
+
     def is_live(self, run_id: str) -> bool:
         """Whether the run's live tail is flowing (else its streams must poll PostgreSQL)."""
         return self._subscription.is_subscribed(events_channel(run_id))
@@ -276,3 +282,5 @@ class EventHub:
                 if not feed.offer(live):
                     self.close(feed)
                     feed.signal(Signal.OVERFLOWED)
+                    if telemetry.on:
+                        metrics.slow_consumer_cut()

@@ -9,13 +9,16 @@ from services.gateway.http_bridge import HttpBridge, start_http
 from services.gateway.servicer import GatewayServicer
 from services.gateway.settings import GatewaySettings
 from services.gateway.streams import build_streams
+from tether import telemetry
 from tether.credentials import require_credential
 from tether.db.engine import create_engine
-from tether.runtime.process import announce, configure_logging, run, serve
+from tether.runtime.process import announce, run, serve
 from tether.runtime.readiness import await_schema
 from tether.runtime.rpc import internal_channel, start_server
 from tether.runtime.tasks import Supervisor
 from tether.runtime.tls import MutualTls, mutual_tls
+from tether.telemetry import metrics
+from tether.telemetry.setup import configure
 from tether.v1 import (
     admission_pb2_grpc,
     gateway_pb2,
@@ -47,6 +50,8 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
     stopping = supervisor.failed
     streams = build_streams(settings, orchestrator_stub)
     streams.hub.start(supervisor)
+    if telemetry.on:
+        metrics.observe_subscribers(streams.hub.open_feeds)
     servicer = GatewayServicer(
         auth=auth,
         engine=engine,
@@ -54,6 +59,7 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
         orchestrator=orchestrator_stub,
         interactions=interactions_pb2_grpc.InteractionsServiceStub(interactions),
         streams=streams,
+        revocation_bound_s=settings.key_cache_ttl_s + settings.key_recheck_s,
     )
     served = await start_server(
         host=settings.host,
@@ -97,7 +103,7 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
 def main() -> None:
     """Read settings from the environment and serve."""
     settings = GatewaySettings()
-    configure_logging("gateway", settings.log_level)
+    configure("gateway", settings)
     credential = require_credential("gateway", settings.service_credential)
     # Its own server is the public edge (TLS ends at the ingress); its calls inward are mTLS.
     tls = mutual_tls("gateway", settings, serves=False, calls=True)

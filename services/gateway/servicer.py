@@ -18,6 +18,7 @@ from services.gateway.documents import DocumentRpcs
 from services.gateway.interactions import InteractionRpcs
 from services.gateway.streaming import StreamingServicer
 from services.gateway.streams import Streams
+from services.gateway.tenants import TenantRpcs
 from tether import apikeys, audit
 from tether.apikeys import Principal
 from tether.errors import InvalidArgument, NotFound, PermissionDenied
@@ -38,7 +39,11 @@ T = TypeVar("T")
 
 
 class GatewayServicer(
-    StreamingServicer, InteractionRpcs, DocumentRpcs, gateway_pb2_grpc.GatewayServiceServicer
+    StreamingServicer,
+    InteractionRpcs,
+    DocumentRpcs,
+    TenantRpcs,
+    gateway_pb2_grpc.GatewayServiceServicer,
 ):
     """Implements tether.v1.GatewayService."""
 
@@ -51,8 +56,12 @@ class GatewayServicer(
         orchestrator: orchestrator_pb2_grpc.OrchestratorServiceStub,
         interactions: interactions_pb2_grpc.InteractionsServiceStub,
         streams: Streams,
+        revocation_bound_s: float = 5.0,
     ) -> None:
         self._auth = auth
+        # How long a revoked key may still be trusted from a replica's cache (a tenant being
+        # deleted goes only after that).
+        self._revocation_bound_s = revocation_bound_s
         self._streams = streams
         self._engine = engine
         self._admission = admission
@@ -128,9 +137,38 @@ class GatewayServicer(
                 conversation_id=request.conversation_id,
                 page_size=request.page_size,
                 page_token=request.page_token,
+                created_after=(
+                    request.created_after if request.HasField("created_after") else None
+                ),
             )
         )
         return gateway_pb2.ListRunsResponse(runs=page.runs, next_page_token=page.next_page_token)
+
+    async def GetRunAttempts(
+        self, request: gateway_pb2.GetRunAttemptsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GetRunAttemptsResponse:
+        principal = await self._caller(context, "GetRunAttempts", request)
+        found = await self._orchestrator.LookupAttempts(
+            orchestrator_pb2.LookupAttemptsRequest(
+                **viewer_of(principal).fields(), run_id=request.run_id
+            )
+        )
+        return gateway_pb2.GetRunAttemptsResponse(
+            run=found.run, attempts=found.attempts, turns=found.turns, lineage=found.lineage
+        )
+
+    async def RetryRun(
+        self, request: gateway_pb2.RetryRunRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.RetryRunResponse:
+        principal = await self._caller(context, "RetryRun", request)
+        retried = await self._admission.ReclaimRun(
+            admission_pb2.ReclaimRunRequest(
+                **viewer_of(principal).fields(),
+                run_id=request.run_id,
+                actor_key_id="" if principal.is_operator else principal.key_id,
+            )
+        )
+        return gateway_pb2.RetryRunResponse(disposition=retried.disposition, run=retried.run)
 
     async def CancelRun(
         self, request: gateway_pb2.CancelRunRequest, context: grpc.aio.ServicerContext

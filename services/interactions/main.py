@@ -13,11 +13,12 @@ from services.interactions.settings import InteractionsSettings
 from services.interactions.upkeep import Upkeep
 from tether.credentials import require_credential, require_verifiers
 from tether.db.engine import create_engine
-from tether.runtime.process import announce, configure_logging, run, serve
+from tether.runtime.process import announce, run, serve
 from tether.runtime.readiness import await_schema
 from tether.runtime.rpc import internal_channel, start_server
 from tether.runtime.tasks import Supervisor, rounds
 from tether.runtime.tls import MutualTls, mutual_tls
+from tether.telemetry.setup import configure
 from tether.v1 import interactions_pb2, interactions_pb2_grpc, orchestrator_pb2_grpc
 
 DEMO_PROVIDER = "democal"
@@ -60,6 +61,7 @@ async def amain(
             policy,
             HttpTokenExchange(token_urls, settings.oauth_client_id),
         ),
+        upkeep,
     )
     served = await start_server(
         host=settings.host,
@@ -106,7 +108,7 @@ async def amain(
 def main() -> None:
     """Read settings from the environment and serve."""
     settings = InteractionsSettings()
-    configure_logging("interactions", settings.log_level)
+    configure("interactions", settings)
     credential = require_credential("interactions", settings.service_credential)
     verifiers = require_verifiers("interactions", settings.service_verifiers)
     tls = mutual_tls("interactions", settings, serves=True, calls=True)

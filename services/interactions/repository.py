@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, insert, or_, select, update
+from sqlalchemy import and_, delete, exists, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -358,3 +358,29 @@ async def mark_delivered(conn: AsyncConnection, interaction_id: str) -> None:
         .where(interactions.c.interaction_id == interaction_id)
         .values(delivered_at=func.now())
     )
+
+
+async def delete_tenant_rows(conn: AsyncConnection, tenant_id: str, batch: int) -> int:
+    """Remove up to `batch` each of a deleted tenant's grants, interactions (those its runs'
+    removal left) and connections; how many rows in all."""
+    removed = 0
+    for table, key in (
+        (grants, grants.c.grant_id),
+        (interactions, interactions.c.interaction_id),
+        (connections, connections.c.principal_id),
+    ):
+        picked = select(key).where(table.c.tenant_id == tenant_id).limit(batch)
+        where = key.in_(picked.with_for_update(skip_locked=True))
+        result = await conn.execute(delete(table).where(table.c.tenant_id == tenant_id, where))
+        removed += int(result.rowcount or 0)
+    return removed
+
+
+async def tenant_has_rows(conn: AsyncConnection, tenant_id: str) -> bool:
+    """Whether any grant, interaction or connection of the tenant is left."""
+    left = (
+        exists().where(grants.c.tenant_id == tenant_id)
+        | exists().where(interactions.c.tenant_id == tenant_id)
+        | exists().where(connections.c.tenant_id == tenant_id)
+    )
+    return bool((await conn.execute(select(left))).scalar())

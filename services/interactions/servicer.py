@@ -11,6 +11,7 @@ from services.interactions.approvals import Approvals
 from services.interactions.connections import Connections
 from services.interactions.domain import QuestionSpec
 from services.interactions.questions import Questions
+from services.interactions.upkeep import Upkeep
 from tether.convert import timestamp
 from tether.errors import InvalidArgument
 from tether.v1 import interactions_pb2, interactions_pb2_grpc
@@ -82,11 +83,24 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
     """Implements tether.v1.InteractionsService."""
 
     def __init__(
-        self, questions: Questions, approvals: Approvals, connections: Connections
+        self, questions: Questions, approvals: Approvals, connections: Connections, upkeep: Upkeep
     ) -> None:
         self._questions = questions
         self._approvals = approvals
         self._connections = connections
+        self._upkeep = upkeep
+
+    async def DeleteTenantInteractions(
+        self,
+        request: interactions_pb2.DeleteTenantInteractionsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.DeleteTenantInteractionsResponse:
+        if not request.tenant_id:
+            raise InvalidArgument("tenant_id is required")
+        removed, remaining = await self._upkeep.delete_tenant(request.tenant_id)
+        return interactions_pb2.DeleteTenantInteractionsResponse(
+            removed=removed, remaining=remaining
+        )
 
     async def AskQuestions(
         self, request: interactions_pb2.AskQuestionsRequest, context: grpc.aio.ServicerContext

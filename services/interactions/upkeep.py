@@ -1,6 +1,6 @@
 """The service's own rounds, with no caller behind them: pauses past their TTL expire, interactions
 their run never parked on are orphaned, and resolutions whose resume did not reach the
-orchestrator are delivered again."""
+orchestrator are delivered again; and a deleted tenant's rows are removed, a batch a call."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ from tether.visibility import Viewer
 log = logging.getLogger(__name__)
 
 ORPHANED = "the run never parked on it"
+
+# Rows of a deleted tenant removed per table and call: a bounded transaction each.
+DELETE_BATCH = 500
 
 
 class Upkeep:
@@ -169,3 +172,12 @@ class Upkeep:
             log.warning("expiry of %s deferred to the next sweep: %s", run_id, exc.message)
             return
         await self._lifecycle.mark_delivered(interaction_id)
+
+    async def delete_tenant(self, tenant_id: str) -> tuple[int, bool]:
+        """Remove a batch of a deleted tenant's grants, interactions and connections: (how
+        many rows, whether any is left)."""
+        async with self._engine.begin() as conn:
+            removed = await repo.delete_tenant_rows(conn, tenant_id, DELETE_BATCH)
+        async with self._engine.connect() as conn:
+            left = await repo.tenant_has_rows(conn, tenant_id)
+        return removed, left

@@ -106,7 +106,7 @@ class Claims:
         lease_ttl_s: float,
         claim_poll_s: float,
         claim_poll_hinted_s: float,
-        history_runs: int = 50,
+        history_runs: int = parts_repo.HISTORY_RUNS,
     ) -> None:
         self._engine = engine
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")

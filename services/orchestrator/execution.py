@@ -23,6 +23,7 @@ from services.orchestrator.pauses import Pauses
 from services.orchestrator.prices import Prices
 from services.orchestrator.publisher import Publisher
 from services.orchestrator.recovery import Recovery
+from services.orchestrator.repositories.parts import HISTORY_RUNS
 from tether.bus import Bus
 
 
@@ -46,7 +47,7 @@ class Execution:
         lease_ttl_s: float,
         claim_poll_s: float,
         claim_poll_hinted_s: float | None = None,
-        history_runs: int = 50,
+        history_runs: int = HISTORY_RUNS,
     ) -> Execution:
         """The rooms over one engine and bus."""
         publisher = Publisher(bus)

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+from services.orchestrator import observed
 from services.orchestrator.execution import Execution
 from services.orchestrator.maintenance import listen_for_hints
+from services.orchestrator.retention import Retention
 from services.orchestrator.service import Runs
 from services.orchestrator.servicer import OrchestratorServicer
 from services.orchestrator.settings import OrchestratorSettings
 from services.orchestrator.work import WorkSettings
+from tether import telemetry
 from tether.bus import Bus
 from tether.credentials import require_verifiers
 from tether.db.engine import create_engine
-from tether.runtime.process import announce, configure_logging, run, serve
+from tether.runtime.process import announce, run, serve
 from tether.runtime.readiness import await_schema
 from tether.runtime.rpc import start_server
 from tether.runtime.tasks import Supervisor, rounds
 from tether.runtime.tls import MutualTls, mutual_tls
+from tether.telemetry.setup import configure, metric_export_interval_s
 from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
 # A due retry another replica holds locked is looked at again this soon, not spun on.
@@ -40,7 +44,10 @@ async def amain(
         keepalive_interval_s=settings.keepalive_interval_s or settings.lease_ttl_s / 4,
         progress_deadline_s=settings.progress_deadline_s,
     )
-    servicer = OrchestratorServicer(Runs(engine, execution.publisher, bus), execution, work)
+    retention = Retention(engine, settings)
+    servicer = OrchestratorServicer(
+        Runs(engine, execution.publisher, bus), execution, work, retention
+    )
     served = await start_server(
         host=settings.host,
         port=settings.port,
@@ -83,9 +90,17 @@ async def amain(
             nudge=recovery.retry_scheduled,
         ),
     )
+    supervisor.start("retention", retention.sweeps.run())
     supervisor.start("hint-listener", listen_for_hints(bus, execution.publisher, servicer.work))
     supervisor.start("claim-poll", execution.claims.poll_claimable())
     supervisor.start("lease-dispatcher", servicer.work.dispatch(settings.claim_poll_s))
+    if telemetry.on:
+        # Read once per metric export: what the queue gauges report.
+        every_s = metric_export_interval_s()
+        supervisor.start(
+            "queue-gauges",
+            rounds(observed.watch_queue(engine), "queue gauges", least_s=every_s, most_s=every_s),
+        )
     await served.ready()
     await serve(
         served,
@@ -98,7 +113,7 @@ async def amain(
 def main() -> None:
     """Read settings from the environment and serve."""
     settings = OrchestratorSettings()
-    configure_logging("orchestrator", settings.log_level)
+    configure("orchestrator", settings)
     verifiers = require_verifiers("orchestrator", settings.service_verifiers)
     tls = mutual_tls("orchestrator", settings, serves=True, calls=False)
     run(amain(settings, verifiers, tls))

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.orchestrator import observed
 from services.orchestrator.cancellation import cancel_instead
 from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import leases as lease_repo
 from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories.runs import get_run
 from services.orchestrator.repositories.transitions import NOW, apply
-from tether import states
+from tether import states, telemetry
 from tether.domain import Event, RunError, interaction_event, run_failed, run_queued
 from tether.errors import InvalidArgument, StaleLease
 from tether.states import RunStatus
@@ -84,6 +85,8 @@ class Pauses:
             )
         if moved is None:
             return False
+        if telemetry.on:
+            observed.resumed(moved.row)
         await self._publisher.publish(run_id, moved.events)
         self._publisher.wake([run_id])
         return True

@@ -8,8 +8,10 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from services.orchestrator import observed
 from services.orchestrator.repositories.transitions import Moved
 from services.orchestrator.wakeups import Wakeups
+from tether import telemetry
 from tether.bus import Bus
 from tether.domain import StoredEvent
 from tether.hints import LiveMessage, encode_events, events_channel
@@ -46,6 +48,9 @@ class Publisher:
                 self._bus.notify_queued(run_id, self.wake_marker)
 
     def wake_next(self, moved: Moved) -> None:
-        """A terminal move handed its session to the next message: that run may now run."""
+        """A move that lets go of its session (an ending, a park) handed it to the next
+        message: that run may now run. Every such move passes here, so it is counted here."""
+        if telemetry.on:
+            observed.moved(moved.row)
         if moved.handed_over is not None:
             self.wake([moved.handed_over])

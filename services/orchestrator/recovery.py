@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from services.orchestrator import observed
 from services.orchestrator.cancellation import CANCELLED, cancel_instead
 from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import leases as lease_repo
@@ -18,7 +19,7 @@ from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories import progress
 from services.orchestrator.repositories import runs as runs_repo
 from services.orchestrator.repositories.transitions import NOW, Moved, apply
-from tether import states
+from tether import states, telemetry
 from tether.domain import (
     RunError,
     close_attempt,
@@ -30,6 +31,7 @@ from tether.domain import (
 from tether.errors import StaleLease
 from tether.retry import RetryPolicy
 from tether.states import RunStatus
+from tether.telemetry import metrics
 
 
 class Recovery:
@@ -101,6 +103,9 @@ class Recovery:
             self._publisher.wake_next(moved)
         else:
             self.retry_scheduled.set()
+            if telemetry.on:
+                observed.moved(moved.row)
+                metrics.retry(error.code, moved.row.tenant_id)
         return moved.row
 
     async def _fail_exhausted(
@@ -191,6 +196,8 @@ class Recovery:
                     reaped.append(moved)
         for moved in reaped:
             await self._publisher.publish(moved.row.run_id, moved.events)
+            if telemetry.on:
+                observed.reaped(moved.row)
         if reaped:
             self._publisher.wake([m.handed_over or m.row.run_id for m in reaped])
         return len(reaped)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Row
@@ -35,6 +36,16 @@ class RunView:
     run: Row[Any]
     parts: Sequence[Part]
     routing: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ExecutionRecord:
+    """A run's attempts, priced model turns and lineage."""
+
+    run: Row[Any]
+    attempts: Sequence[Row[Any]]
+    turns: Sequence[Row[Any]]
+    lineage: Sequence[Row[Any]]
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,7 @@ class Runs:
         conversation_id: str,
         page_size: int,
         page_token: str,
+        created_after: datetime | None = None,
     ) -> tuple[Sequence[Row[Any]], str]:
         """One page of runs, newest first."""
         size = min(page_size, MAX_PAGE) if page_size > 0 else DEFAULT_PAGE
@@ -109,6 +121,20 @@ class Runs:
                 conversation_id=conversation_id,
                 page_size=size,
                 page_token=page_token,
+                created_after=created_after,
+            )
+
+    async def execution_record(self, viewer: Viewer, run_id: str) -> ExecutionRecord:
+        """The run's attempts, model turns and lineage, read in one snapshot; NotFound for
+        absent or not the viewer's to see."""
+        async with self._engine.connect() as conn, conn.begin():
+            await conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            run = await runs_repo.visible_run(conn, viewer, run_id)
+            return ExecutionRecord(
+                run,
+                await runs_repo.attempts_of(conn, run_id),
+                await runs_repo.turns_of(conn, run_id),
+                await runs_repo.lineage_of(conn, viewer, run),
             )
 
     async def read_events(

@@ -3,14 +3,18 @@ the worker-facing calls are in `worker_edge.py`."""
 
 from __future__ import annotations
 
+from datetime import UTC
+
 import grpc
 
 from services.orchestrator.execution import Execution
 from services.orchestrator.knowledge import Knowledge
+from services.orchestrator.retention import Retention
 from services.orchestrator.service import Runs
 from services.orchestrator.work import Work, WorkSettings
 from services.orchestrator.worker_edge import ExecutionServicer, lease_response
 from tether.convert import (
+    attempt_to_proto,
     document_to_proto,
     event_to_proto,
     part_to_proto,
@@ -18,6 +22,7 @@ from tether.convert import (
     run_to_proto,
     status_from_proto,
     status_to_proto,
+    turn_to_proto,
 )
 from tether.errors import InvalidArgument
 from tether.states import RunStatus
@@ -39,7 +44,8 @@ def _viewer(
     request: orchestrator_pb2.LookupRunRequest
     | orchestrator_pb2.SearchRunsRequest
     | orchestrator_pb2.ReadEventsRequest
-    | orchestrator_pb2.RequestCancellationRequest,
+    | orchestrator_pb2.RequestCancellationRequest
+    | orchestrator_pb2.LookupAttemptsRequest,
 ) -> Viewer:
     return Viewer(request.tenant_id, request.principal_id, request.all_runs)
 
@@ -47,10 +53,13 @@ def _viewer(
 class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.OrchestratorServiceServicer):
     """Implements tether.v1.OrchestratorService."""
 
-    def __init__(self, runs: Runs, execution: Execution, work: WorkSettings) -> None:
+    def __init__(
+        self, runs: Runs, execution: Execution, work: WorkSettings, retention: Retention
+    ) -> None:
         self._runs = runs
         self._execution = execution
         self._knowledge = Knowledge(execution.engine)
+        self._retention = retention
         self.work = Work(
             execution.engine,
             execution.claims,
@@ -126,10 +135,34 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             conversation_id=request.conversation_id,
             page_size=request.page_size,
             page_token=request.page_token,
+            created_after=(
+                request.created_after.ToDatetime(tzinfo=UTC)
+                if request.HasField("created_after")
+                else None
+            ),
         )
         return orchestrator_pb2.SearchRunsResponse(
             runs=[run_to_proto(r) for r in rows], next_page_token=token
         )
+
+    async def LookupAttempts(
+        self, request: orchestrator_pb2.LookupAttemptsRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.LookupAttemptsResponse:
+        record = await self._runs.execution_record(_viewer(request), request.run_id)
+        return orchestrator_pb2.LookupAttemptsResponse(
+            run=run_to_proto(record.run),
+            attempts=[attempt_to_proto(a) for a in record.attempts],
+            turns=[turn_to_proto(t) for t in record.turns],
+            lineage=[run_to_proto(r) for r in record.lineage],
+        )
+
+    async def DeleteTenantRuns(
+        self, request: orchestrator_pb2.DeleteTenantRunsRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.DeleteTenantRunsResponse:
+        if not request.tenant_id:
+            raise InvalidArgument("tenant_id is required")
+        removed, remaining = await self._retention.delete_tenant(request.tenant_id)
+        return orchestrator_pb2.DeleteTenantRunsResponse(removed=removed, remaining=remaining)
 
     async def ReadEvents(
         self, request: orchestrator_pb2.ReadEventsRequest, context: grpc.aio.ServicerContext

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from tether.settings import PlatformSettings
+from tether.settings import RetainingSettings
 
 
-class OrchestratorSettings(PlatformSettings):
+class OrchestratorSettings(RetainingSettings):
     """Orchestrator's settings."""
 
     model_config = SettingsConfigDict(

@@ -331,9 +331,13 @@ class Work:
         """Push leases to the sessions with credits as runs become claimable: look whenever a
         run may have become claimable (a wake-up from here or through Redis, or the replica's
         claim poll when one was lost) or a worker granted credits. While no credits wait, no
-        look is made: an idle fleet costs nothing."""
+        look is made: an idle fleet costs nothing. A look that leaves credits unspent found
+        the queue drained: until something wakes, more credits alone (a run ended, its slot
+        came back) cannot find anything, so they wait for the next wake-up instead of
+        looking (a claim statement each, for nothing)."""
         wakeups = self._claims.wakeups
         turn = itertools.count()
+        drained_as_of = -1  # wakeups.generation when the last look that drained the queue began
         while True:
             if not any(s.credits for s in self._sessions):
                 self._may_lease.clear()
@@ -341,27 +345,35 @@ class Work:
                 continue
             self._may_lease.clear()
             ticket = wakeups.ticket()  # before looking: a wake-up during the look counts
-            try:
-                leased = await self._look(next(turn))
-            except Exception:
-                wakeups.leave(ticket, claimed=None)
-                log.exception("pushing leases failed; looking again in %.1f s", retry_s)
-                await asyncio.sleep(retry_s)
-                continue
-            if not leased:
-                granted: asyncio.Future[Any] = asyncio.ensure_future(self._may_lease.wait())
-                woken: set[asyncio.Future[Any]] = {ticket, granted}
-                await asyncio.wait(woken, return_when=asyncio.FIRST_COMPLETED)
-                granted.cancel()
-            # This loop looks again at once, so a wake-up it was handed is not passed on.
+            generation = wakeups.generation
+            if generation != drained_as_of:
+                try:
+                    leased, drained = await self._look(next(turn))
+                except Exception:
+                    wakeups.leave(ticket, claimed=None)
+                    log.exception("pushing leases failed; looking again in %.1f s", retry_s)
+                    await asyncio.sleep(retry_s)
+                    continue
+                if drained:
+                    drained_as_of = generation
+                elif leased:
+                    # Every credit found a run: there may be more, so look again at once (a
+                    # wake-up this ticket was handed is not passed on).
+                    wakeups.leave(ticket, claimed=None, looking_again=True)
+                    continue
+            granted: asyncio.Future[Any] = asyncio.ensure_future(self._may_lease.wait())
+            await asyncio.wait({ticket, granted}, return_when=asyncio.FIRST_COMPLETED)
+            granted.cancel()
             wakeups.leave(ticket, claimed=None, looking_again=True)
 
-    async def _look(self, turn: int) -> int:
-        """One round: every session with credits, from a rotating start, leases what it can. A
-        worker not heard from for two keepalive intervals is given nothing until it speaks
-        again: it is probed (once a keepalive interval), and its answer brings another round.
-        A worker that holds no lease sends no keepalives, so this is how an idle one is told
-        from a frozen one (or one whose connection is half dead)."""
+    async def _look(self, turn: int) -> tuple[int, bool]:
+        """One round: every session with credits, from a rotating start, leases what it can,
+        until a claim comes back short (the queue is drained: the sessions after it would find
+        nothing). How many runs were leased, and whether the queue was found drained. A worker
+        not heard from for two keepalive intervals is given nothing until it speaks again: it
+        is probed (once a keepalive interval), and its answer brings another round. A worker
+        that holds no lease sends no keepalives, so this is how an idle one is told from a
+        frozen one (or one whose connection is half dead)."""
         now = time.monotonic()
         quiet_since = now - 2 * self._keepalive_s
         sessions = []
@@ -374,11 +386,12 @@ class Work:
                 session.probed_at = now
                 session.send(orchestrator_pb2.WorkResponse(probe=orchestrator_pb2.WorkProbe()))
         if not sessions:
-            return 0
+            return 0, False
         start = turn % len(sessions)
         leased = 0
         for session in sessions[start:] + sessions[:start]:
-            claimed = await self._claims.claim_many(session.worker_id, session.credits)
+            wanted = session.credits
+            claimed = await self._claims.claim_many(session.worker_id, wanted)
             if session.closed:
                 # The stream ended during the claim: nobody will run these, give them back.
                 for one in claimed:
@@ -389,4 +402,6 @@ class Work:
                 session.held[one.run.run_id] = one.run.lease_epoch
                 session.send(orchestrator_pb2.WorkResponse(lease=self._lease(one)))
             leased += len(claimed)
-        return leased
+            if len(claimed) < wanted:
+                return leased, True
+        return leased, False

@@ -10,11 +10,13 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from services.orchestrator import observed
 from services.orchestrator.attempts import Completion
 from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
 from services.orchestrator.knowledge import Knowledge
 from services.orchestrator.work import Work, Write
+from tether import telemetry
 from tether.convert import (
     config_to_proto,
     error_from_proto,
@@ -41,10 +43,14 @@ from tether.domain import (
 )
 from tether.errors import InvalidArgument
 from tether.states import RunStatus
+from tether.telemetry import metrics, tracing
+from tether.telemetry.logs import bind_run
 from tether.v1 import common_pb2, events_pb2, orchestrator_pb2
 
 # The unary write handlers never read their context: the Work stream calls them with none.
 _NO_CONTEXT: Any = None
+# The writes that end an attempt's hold on its run, each with the attempt's trace context.
+_ENDINGS = frozenset({"complete", "park", "schedule_retry", "release"})
 
 
 def _parts(writes: Iterable[orchestrator_pb2.PartWrite]) -> list[Part]:
@@ -146,7 +152,7 @@ def lease_response(claimed: Claimed) -> orchestrator_pb2.ClaimRunResponse:
         history=history,
         prior_part_count=len(history) - len(claimed.own),
         last_seq=run.last_seq,
-        traceparent=run.traceparent or "",
+        traceparent=observed.claimed(run) if telemetry.on else run.traceparent or "",
         context=_context(claimed),
     )
 
@@ -177,11 +183,35 @@ class ExecutionServicer:
 
         def write(call: Any) -> Write:
             async def run(request: Any) -> Any:
+                bind_run(request.run_id)
                 return await call(request, _NO_CONTEXT)
 
             return run
 
-        return {kind: write(call) for kind, call in unary.items()}
+        def traced(kind: str, call: Any) -> Write:
+            # The attempt's trace context comes inside the message: the stream has none. A
+            # write without one (its worker's telemetry is off) makes no span here either.
+            async def run(request: Any) -> Any:
+                bind_run(request.run_id)
+                if not request.traceparent:
+                    return await call(request, _NO_CONTEXT)
+                with tracing.span(
+                    f"tether.{kind}",
+                    parent=request.traceparent,
+                    run_id=request.run_id,
+                    attributes={
+                        "tether.run.id": request.run_id,
+                        "tether.lease.epoch": request.epoch,
+                    },
+                ):
+                    return await call(request, _NO_CONTEXT)
+
+            return run
+
+        return {
+            kind: traced(kind, call) if telemetry.on and kind in _ENDINGS else write(call)
+            for kind, call in unary.items()
+        }
 
     async def Work(
         self,
@@ -268,6 +298,8 @@ class ExecutionServicer:
             preserving_proto_field_name=True,
             always_print_fields_with_no_presence=True,
         )
+        if telemetry.on:
+            metrics.stages(stages)
         row = await self._execution.attempts.complete(
             request.run_id,
             request.epoch,

@@ -17,6 +17,7 @@ from typing import Any
 
 from anthropic import AsyncAnthropic
 
+from services.worker import observed
 from services.worker.assignment import Assignment
 from services.worker.checkpoints import CheckpointWriter
 from services.worker.compactor import Compactor
@@ -38,6 +39,7 @@ from services.worker.outcomes import Outcomes, ms_since
 from services.worker.provider_errors import classify_exception
 from services.worker.tools.registry import ToolRegistry
 from services.worker.transcript import Transcript
+from tether import telemetry
 from tether.bus import Bus
 from tether.domain import (
     CANCELLED_BY_CALLER,
@@ -335,7 +337,7 @@ class Attempt:
             request = await self._within_budget(context, budget, self._request(context))
             turn_start_index = self.transcript.next_index
             try:
-                turn = await stream_turn(
+                streaming = stream_turn(
                     self._client,
                     request=request,
                     transcript=self.transcript,
@@ -343,6 +345,9 @@ class Attempt:
                     publish_delta=self.checkpoints.publish_delta,
                     checkpoint_interval_s=self._interval,
                 )
+                if telemetry.on:
+                    streaming = observed.model_turn(self.config, request, streaming)
+                turn = await streaming
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -365,6 +370,8 @@ class Attempt:
         ceilings."""
         model = model or self.config.model
         cost = cost_micros(usage, self.config.prices.get(model))
+        if telemetry.on:
+            observed.turn_used(self.assignment.tenant_id, model, usage, cost)
         turn = ModelTurn(model, **usage, cost_micros=cost)
         self.state.usage = add_usage(self.state.usage, {**usage, "cost_micros": cost})
         self.state.cost_micros += cost

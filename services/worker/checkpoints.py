@@ -15,9 +15,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from services.worker import observed
 from services.worker.assignment import Lease
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.transcript import Transcript
+from tether import telemetry
 from tether.bus import Bus
 from tether.domain import Batch, text_delta
 from tether.hints import LiveMessage, encode_events, events_channel
@@ -82,7 +84,10 @@ class CheckpointWriter:
             self._batches += 1
             self._in_flight = self._transcript.take(self._batches)
             try:
-                cancel_requested = await self._orchestrator.checkpoint(self._lease, self._in_flight)
+                writing = self._orchestrator.checkpoint(self._lease, self._in_flight)
+                if telemetry.on:
+                    writing = observed.checkpoint(self._in_flight, writing)
+                cancel_requested = await writing
             except Exception as exc:
                 if self.sealed:
                     return  # the completion carried this batch; its answer decides

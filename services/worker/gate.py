@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from services.worker import observed
 from services.worker.assignment import Assignment
 from services.worker.checkpoints import CheckpointWriter
 from services.worker.interactions import (
@@ -26,6 +27,7 @@ from services.worker.tools.base import GATED_RISKS, Authorization, CallContext, 
 from services.worker.tools.effects import idempotency_key
 from services.worker.tools.registry import ToolErrorCode, ToolRegistry
 from services.worker.transcript import Transcript
+from tether import telemetry
 from tether.domain import (
     ApprovalMarker,
     ConnectionMarker,
@@ -79,6 +81,13 @@ class Gate:
 
     async def run(self, tool_call: ToolCall) -> None:
         """Run one call the model made, or give it its (error) result, or park the run."""
+        if telemetry.on:
+            with observed.tool_call(tool_call):
+                await self._run(tool_call)
+        else:
+            await self._run(tool_call)
+
+    async def _run(self, tool_call: ToolCall) -> None:
         name, input = tool_call.name, dict(tool_call.input)
         if name == ASK_QUESTIONS and name in self._config.tool_allowlist:
             await self._ask(tool_call.tool_call_id, input)
@@ -249,17 +258,24 @@ class Gate:
         line in the history), a claimed approval runs its stored input, a completed consent
         runs the call again."""
         for tool_call in self._transcript.dangling_tool_calls():
-            name, input = tool_call.name, dict(tool_call.input)
-            if name == ASK_QUESTIONS:
-                await self._deliver_answers(tool_call.tool_call_id)
-                continue
-            if name == REQUEST_APPROVAL:
-                name = str(input.get("tool_name", ""))
-            tool = self._registry.get(name)
-            if tool is not None and tool.spec.risk in GATED_RISKS:
-                await self._run_claimed(tool_call.tool_call_id, name)
+            if telemetry.on:
+                with observed.tool_call(tool_call):
+                    await self._finish_paused(tool_call)
             else:
-                await self._execute(tool_call.tool_call_id, name, input, None)
+                await self._finish_paused(tool_call)
+
+    async def _finish_paused(self, tool_call: ToolCall) -> None:
+        name, input = tool_call.name, dict(tool_call.input)
+        if name == ASK_QUESTIONS:
+            await self._deliver_answers(tool_call.tool_call_id)
+            return
+        if name == REQUEST_APPROVAL:
+            name = str(input.get("tool_name", ""))
+        tool = self._registry.get(name)
+        if tool is not None and tool.spec.risk in GATED_RISKS:
+            await self._run_claimed(tool_call.tool_call_id, name)
+        else:
+            await self._execute(tool_call.tool_call_id, name, input, None)
 
     async def _deliver_answers(self, tool_call_id: str) -> None:
         answered = [] if self._interactions is None else await self._interactions.answered()

@@ -23,10 +23,11 @@ from services.worker.tools.registry import ToolRegistry
 from services.worker.work_stream import WorkStream
 from tether.bus import Bus
 from tether.credentials import require_credential
-from tether.runtime.process import announce, configure_logging, run, wait_for_signal
+from tether.runtime.process import announce, run, wait_for_signal
 from tether.runtime.rpc import internal_channel, start_server
 from tether.runtime.tasks import Supervisor
 from tether.runtime.tls import MutualTls, mutual_tls
+from tether.telemetry.setup import configure
 
 
 def provider_client(settings: WorkerSettings) -> AsyncAnthropic:
@@ -104,7 +105,7 @@ async def amain(settings: WorkerSettings, credential: str, tls: MutualTls | None
 def main() -> None:
     """Read settings from the environment and run."""
     settings = WorkerSettings()
-    configure_logging("worker", settings.log_level)
+    configure("worker", settings, instance=settings.worker_id)
     credential = require_credential("worker", settings.service_credential)
     # Its server answers only health, so it needs no server certificate; its calls are mTLS.
     tls = mutual_tls("worker", settings, serves=False, calls=True)

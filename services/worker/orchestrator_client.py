@@ -13,10 +13,12 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from services.worker import observed
 from services.worker.assignment import Lease
 from services.worker.context.builder import Document
 from services.worker.tools.effects import EffectState
 from services.worker.work_stream import WorkStream
+from tether import telemetry
 from tether.convert import error_to_proto, event_to_wire, part_to_proto, status_to_proto
 from tether.domain import (
     Batch,
@@ -64,9 +66,10 @@ class Orchestrator:
     ) -> None:
         """End the run with `ending`, carrying the progress not yet written: `rest`, and the
         numbered checkpoint still in flight (it lands once, whichever arrives first)."""
-        await self._stream.write(
-            "complete", completion_request(lease, ending, rest, in_flight, stages)
-        )
+        request = completion_request(lease, ending, rest, in_flight, stages)
+        if telemetry.on:
+            request.traceparent = observed.traceparent()
+        await self._stream.write("complete", request)
 
     async def schedule_retry(self, lease: Lease, error: RunError, retry_after_s: float) -> None:
         """Report a transient failure."""
@@ -77,6 +80,7 @@ class Orchestrator:
                 epoch=lease.epoch,
                 error=error_to_proto(error),
                 retry_after_seconds=retry_after_s,
+                traceparent=observed.traceparent(),
             ),
         )
 
@@ -89,13 +93,17 @@ class Orchestrator:
                 epoch=lease.epoch,
                 status=status_to_proto(status),
                 interaction_id=interaction_id,
+                traceparent=observed.traceparent(),
             ),
         )
 
     async def release(self, lease: Lease) -> None:
         """Hand the lease back."""
         await self._stream.write(
-            "release", orchestrator_pb2.ReleaseRunRequest(run_id=lease.run_id, epoch=lease.epoch)
+            "release",
+            orchestrator_pb2.ReleaseRunRequest(
+                run_id=lease.run_id, epoch=lease.epoch, traceparent=observed.traceparent()
+            ),
         )
 
     async def store_tool_output(self, lease: Lease, output_ref: str, content: str) -> None:

@@ -16,6 +16,9 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from opentelemetry.trace import Span
+
+from services.worker import observed
 from services.worker.assignment import Assignment
 from services.worker.attempt import Attempt
 from services.worker.work_stream import Held, WorkStream
@@ -73,10 +76,15 @@ class WorkerPool:
             old = earlier[0].lease
             earlier[0].stop_with(StaleLease(f"lease epoch {old.epoch} of run {old.run_id} lapsed"))
         attempt = self._make_attempt(assignment)
+        # Both tasks start in it: its run bound to their logs, and its span while telemetry is on.
+        context, span = observed.attempt_context(assignment)
+        context.run(self._start, attempt, span)
+
+    def _start(self, attempt: Attempt, span: Span | None) -> None:
         task = attempt.start()
-        task.set_name(f"attempt-{assignment.run_id}")
-        self._running[assignment.run_id] = (attempt, task)
-        supervised = asyncio.ensure_future(self._supervise(attempt, task))
+        task.set_name(f"attempt-{attempt.run_id}")
+        self._running[attempt.run_id] = (attempt, task)
+        supervised = asyncio.ensure_future(self._supervise(attempt, task, span))
         self._supervised.add(supervised)
         supervised.add_done_callback(self._supervised.discard)
 
@@ -102,27 +110,35 @@ class WorkerPool:
 
     # -- an attempt -----------------------------------------------------------------------------
 
-    async def _supervise(self, attempt: Attempt, task: asyncio.Task[None]) -> None:
+    async def _supervise(
+        self, attempt: Attempt, task: asyncio.Task[None], span: Span | None
+    ) -> None:
         run_id = attempt.run_id
+        error: BaseException | None = None
         try:
             await task
         except asyncio.CancelledError:
             if attempt.cancel_reason is None and not task.cancelled():
                 raise
             await self._after_cancel(attempt)
-        except StaleLease:
+        except StaleLease as exc:
+            error = exc
             log.warning("run %s: lease lost; another worker owns it now", run_id)
         except Unavailable as exc:
+            error = exc
             # Not a crash of the run: finalising it as failed could succeed a moment later
             # (the orchestrator or its database back) and fail it for good. Stop here; the
             # lease lapses and the reaper requeues the run, as if this worker had died.
             log.warning(
                 "run %s: stopped, %s; the run is requeued when its lease lapses", run_id, exc
             )
-        except Exception:
+        except Exception as exc:
+            error = exc
             log.exception("run %s: attempt crashed", run_id)
             await self._crashed(attempt)
         finally:
+            if span is not None:
+                observed.attempt_ended(span, attempt.cancel_reason, error)
             if self._running.get(run_id, (None,))[0] is attempt:
                 del self._running[run_id]
             if not self._stopping:

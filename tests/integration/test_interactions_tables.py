@@ -95,6 +95,8 @@ CALLS: dict[str, Call] = {
         expires_at=datetime.now(UTC),
     ),
     "find_connection": lambda conn, *_: repo.find_connection(conn, "t1", "alice", "democal"),
+    "tenant_has_rows": lambda conn, *_: repo.tenant_has_rows(conn, "t1"),
+    "delete_tenant_rows": lambda conn, *_: repo.delete_tenant_rows(conn, "t1", 10),
 }
 
 

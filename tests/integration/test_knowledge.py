@@ -21,6 +21,7 @@ from services.orchestrator.execution import Execution
 from services.orchestrator.knowledge import Knowledge
 from services.orchestrator.repositories import documents as documents_repo
 from services.orchestrator.repositories.documents import COMMON_DOCUMENTS
+from services.orchestrator.retention import Retention
 from services.orchestrator.service import Runs
 from services.orchestrator.servicer import OrchestratorServicer
 from services.orchestrator.work import WorkSettings
@@ -32,6 +33,7 @@ from services.worker.work_stream import Held, WorkStream
 from tests.integration.test_admission import _tenant, chat
 from tether.db.schema import documents as documents_table
 from tether.errors import InvalidArgument, NotFound, ResourceExhausted, StaleLease
+from tether.settings import RetainingSettings
 from tether.v1 import orchestrator_pb2_grpc
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -106,6 +108,7 @@ async def orchestrator(engine: AsyncEngine) -> AsyncIterator[tuple[Execution, Or
         Runs(engine, execution.publisher, None),
         execution,
         WorkSettings(lease_ttl_s=30, keepalive_interval_s=5, progress_deadline_s=60),
+        Retention(engine, RetainingSettings()),
     )
     server = grpc.aio.server()
     orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server(servicer, server)

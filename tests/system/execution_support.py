@@ -74,12 +74,13 @@ class ExecStack:
         policy: dict[str, Any] | None = None,
         agent: dict[str, Any] | None = None,
         scopes: Sequence[str] = apikeys.CLIENT_SCOPES,
+        tenant_id: str | None = None,
         **limits: Any,
     ) -> Tenant:
-        """A fresh tenant whose agent has `limits` (over fast-retry test defaults) and the rest
-        of `agent`, with tenant-wide standing grants for the tools in `grant`, and a key with
-        `scopes`."""
-        tenant_id = f"t-{uuid.uuid4().hex[:10]}"
+        """A fresh tenant (named `tenant_id`, else at random) whose agent has `limits` (over
+        fast-retry test defaults) and the rest of `agent`, with tenant-wide standing grants for
+        the tools in `grant`, and a key with `scopes`."""
+        tenant_id = tenant_id or f"t-{uuid.uuid4().hex[:10]}"
         agent = {
             "tool_allowlist": TOOLS,
             **(agent or {}),

@@ -84,7 +84,7 @@ def settings_prefix(service: str) -> str:
         for value in vars(module).values()
         if isinstance(value, type)
         and issubclass(value, PlatformSettings)
-        and value is not PlatformSettings
+        and value.__module__ == module.__name__  # not the bases it imports
     ]
     assert "grace_s" in settings.model_fields, f"{service} has no drain setting"
     assert "health_port" in settings.model_fields

@@ -46,12 +46,16 @@ EXCEPTIONS = {
     # sets it when a run is admitted and hands it on when a run ends.
     ("services/orchestrator/repositories/intake.py", "sessions"),
     ("services/orchestrator/repositories/transitions.py", "sessions"),
+    # Retention keeps a conversation's history while it has a run to go: its session's head.
+    ("services/orchestrator/repositories/retention.py", "sessions"),
     # Reads of a tenant's configuration: its agent (routing) and its approval policy.
     ("services/orchestrator/repositories/leases.py", "tenants"),
     # Where a leased run came from (its message's source and actor): routing picks persona and
     # skills by its source, and the live facts name its actor.
     ("services/orchestrator/repositories/leases.py", "messages"),
     ("services/interactions/repository.py", "tenants"),
+    # Each owner's retention sweep reads every tenant's retention policy.
+    ("libs/tether/retention.py", "tenants"),
     # The orchestrator records the end of an attempt in the journal in the same statement.
     ("services/orchestrator/repositories/leases.py", "audit_log"),
     # The viewer's filter, applied where runs are read (the orchestrator's repositories).

@@ -23,9 +23,10 @@ from typing import Any
 
 import grpc
 
-from tether.cli import docs, interactions, watch
+from tether.cli import docs, interactions, operations, watch
 from tether.client import TetherClient, run_to_dict
-from tether.convert import disposition_name
+from tether.convert import disposition_name, status_to_proto
+from tether.states import RunStatus
 from tether.transport import part_to_json
 
 Command = Callable[[argparse.Namespace], Awaitable[int]]
@@ -36,7 +37,7 @@ def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
 
 
 def _client(args: argparse.Namespace) -> TetherClient:
-    return TetherClient.from_env(getattr(args, "stack", None))
+    return TetherClient.from_env(getattr(args, "stack", None), tenant=getattr(args, "tenant", ""))
 
 
 async def cmd_up(args: argparse.Namespace) -> int:
@@ -71,7 +72,13 @@ async def cmd_send(args: argparse.Namespace) -> int:
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
-    """Show one run; with --json, its persisted parts too (the last --parts N of them)."""
+    """Show one run; with --json, its persisted parts too (the last --parts N of them); with
+    --attempts, its attempts, lineage, stage durations and usage by model turn instead."""
+    if args.attempts:
+        async with _client(args) as client:
+            record = await client.get_run_attempts(args.run_id)
+        _emit(args, operations.attempts_json(record), operations.attempts_text(record))
+        return 0
     async with _client(args) as client:
         response = await client.get_run(args.run_id)
     run = run_to_dict(response.run)
@@ -95,12 +102,25 @@ def _part_limit(value: str) -> int:
     return limit
 
 
+def _status(value: str) -> RunStatus:
+    try:
+        return RunStatus(value)
+    except ValueError:
+        known = ", ".join(s.value for s in RunStatus)
+        raise argparse.ArgumentTypeError(f"unknown status {value!r}; one of {known}") from None
+
+
 async def cmd_runs(args: argparse.Namespace) -> int:
-    """List runs, newest first."""
+    """List runs, newest first (of some statuses, created since a time, when asked)."""
+    filters: dict[str, Any] = {
+        "page_size": args.limit,
+        "conversation_id": args.conversation or "",
+        "statuses": [status_to_proto(s) for s in args.status or ()],
+    }
+    if args.since is not None:
+        filters["created_after"] = operations.since(args.since)
     async with _client(args) as client:
-        response = await client.list_runs(
-            page_size=args.limit, conversation_id=args.conversation or ""
-        )
+        response = await client.list_runs(**filters)
     for run in response.runs:
         data = run_to_dict(run)
         _emit(
@@ -196,12 +216,25 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="with --json: only the last N parts (0: none; part_count still counts them all)",
     )
+    run.add_argument(
+        "--attempts",
+        action="store_true",
+        help="its attempts, lineage, stage durations and usage and cost by model turn",
+    )
+    operations.add_tenant_flag(run)
     _common(run, top=False)
     run.set_defaults(func=cmd_run)
 
     runs = sub.add_parser("runs", help="list runs, newest first")
     runs.add_argument("--limit", type=int, default=50)
     runs.add_argument("--conversation", help="only this conversation")
+    runs.add_argument(
+        "--status", action="append", type=_status, help="only runs in this status (repeatable)"
+    )
+    runs.add_argument(
+        "--since", help="only runs created since: a time (2025-01-31T09:00:00Z) or an age (2h)"
+    )
+    operations.add_tenant_flag(runs)
     _common(runs, top=False)
     runs.set_defaults(func=cmd_runs)
 
@@ -235,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     interactions.register(sub, lambda p: _common(p, top=False), wrap)
     docs.register(sub, lambda p: _common(p, top=False), wrap)
     watch.register(sub, lambda p: _common(p, top=False), wrap)
+    operations.register(sub, lambda p: _common(p, top=False), wrap)
     return parser
 
 

@@ -90,6 +90,9 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
         pool_pre_ping=False,
         # Every transaction here is short; a stuck one should fail, not hold locks for minutes.
         connect_args={"command_timeout": 30, "server_settings": {"application_name": "tether"}},
+        # A failed statement's parameters (message text, tool inputs) never reach an error
+        # message, a log line or a span: the statement and the error say what went wrong.
+        hide_parameters=True,
     )
     event.listen(engine.sync_engine, "do_connect", _connect)
     event.listen(engine.sync_engine, "handle_error", _translate)

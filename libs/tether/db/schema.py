@@ -105,6 +105,11 @@ messages = Table(
     Column("context", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     _now(),
 )
+# Retention: a tenant's messages oldest first, and a session's (to find whether it is empty).
+Index(
+    "ix_messages_tenant_created", messages.c.tenant_id, messages.c.created_at, messages.c.message_id
+)
+Index("ix_messages_session", messages.c.session_id)
 
 # Routing decisions, each stored once, named by the digest of its content (`routing_id`): a
 # run's row names the one its attempt runs with instead of carrying it whole through every
@@ -200,6 +205,17 @@ Index(
     postgresql_where=runs.c.status == "queued",
 )
 Index("ix_runs_lease_expiry", runs.c.lease_expires_at, postgresql_where=runs.c.status == "running")
+# Retention: a tenant's finished runs oldest first; whether a message still has a run; the runs
+# that retried a run (only retried runs have a parent).
+Index(
+    "ix_runs_tenant_finished",
+    runs.c.tenant_id,
+    runs.c.finished_at,
+    runs.c.run_id,
+    postgresql_where=runs.c.finished_at.is_not(None),
+)
+Index("ix_runs_message", runs.c.message_id)
+Index("ix_runs_parent", runs.c.parent_run_id, postgresql_where=runs.c.parent_run_id.is_not(None))
 Index(
     "ix_runs_retry_due",
     runs.c.next_attempt_at,
@@ -213,14 +229,28 @@ event_claims = Table(
     Column("scope", Text, nullable=False),
     Column("key", Text, nullable=False),
     Column("request_hash", LargeBinary, nullable=False),
-    Column("run_id", Text, nullable=False),
+    # NULL once the run was removed under the tenant's retention policy: the claim stays as the
+    # event's tombstone, so a late duplicate is still recognised (and never runs again).
+    Column("run_id", Text),
     # Refreshed whenever ownership moves to a new run, so a retried claim is not born stale.
     Column("claimed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     _now(),
     PrimaryKeyConstraint("tenant_id", "scope", "key"),
     # Deferred: the claim is inserted first (a duplicate then costs one statement), the run
-    # it points to later in the same transaction.
-    ForeignKeyConstraint(["run_id"], ["runs.run_id"], deferrable=True, initially="DEFERRED"),
+    # it points to later in the same transaction. SET NULL: removing a run (retention) turns
+    # its claim into a tombstone in the same statement, so no moment leaves the key unclaimed.
+    ForeignKeyConstraint(
+        ["run_id"], ["runs.run_id"], deferrable=True, initially="DEFERRED", ondelete="SET NULL"
+    ),
+)
+# The claim of a run (retention's SET NULL, a retry by run id).
+Index("ix_event_claims_run", event_claims.c.run_id)
+# Tombstones oldest first, per tenant (retention).
+Index(
+    "ix_event_claims_tombstones",
+    event_claims.c.tenant_id,
+    event_claims.c.claimed_at,
+    postgresql_where=event_claims.c.run_id.is_(None),
 )
 
 run_events = Table(
@@ -293,6 +323,7 @@ effects = Table(
     PrimaryKeyConstraint("tenant_id", "key"),
     CheckConstraint("state IN ('in-progress', 'done')", name="state"),
 )
+Index("ix_effects_run", effects.c.run_id)
 
 usage_turns = Table(
     "usage_turns",
@@ -317,6 +348,7 @@ tool_outputs = Table(
     Column("content", Text, nullable=False),
     _now(),
 )
+Index("ix_tool_outputs_run", tool_outputs.c.run_id)
 
 # The summaries that stand in for a session's earlier runs in the history sent to the model
 # (context compaction), one per range (a summary covers the session's runs up to and including
@@ -326,13 +358,19 @@ context_summaries = Table(
     "context_summaries",
     metadata,
     Column("session_id", Text, nullable=False),
-    Column("through_run_id", Text, ForeignKey("runs.run_id"), nullable=False),
+    # The runs it covers may be removed by retention (no run reads them any more): not a key.
+    Column("through_run_id", Text, nullable=False),
     Column("through_created_at", DateTime(timezone=True), nullable=False),
     Column("run_id", Text, nullable=False),
     Column("part_index", Integer, nullable=False),
     _now(),
     PrimaryKeyConstraint("session_id", "through_run_id"),
-    ForeignKeyConstraint(["run_id", "part_index"], ["run_parts.run_id", "run_parts.part_index"]),
+    # It goes with the run that holds it (retention, a tenant's deletion).
+    ForeignKeyConstraint(
+        ["run_id", "part_index"],
+        ["run_parts.run_id", "run_parts.part_index"],
+        ondelete="CASCADE",
+    ),
 )
 Index(
     "ix_context_summaries_latest",
@@ -387,7 +425,9 @@ interactions = Table(
     metadata,
     Column("interaction_id", Text, primary_key=True),
     Column("tenant_id", Text, nullable=False),
-    Column("run_id", Text, ForeignKey("runs.run_id"), nullable=False),
+    # An interaction is part of its run's story: removing the run (retention, a tenant's
+    # deletion) removes it in the same statement.
+    Column("run_id", Text, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
     Column("session_id", Text, nullable=False),
     # question | approval | connection
     Column("kind", Text, nullable=False),
@@ -468,12 +508,18 @@ grants = Table(
     Column("tool_name", Text),
     Column("risk_category", Text),
     Column("granted_by", Text, nullable=False),
-    # The decision that minted it; empty for grants an administrator provisioned.
-    Column("interaction_id", Text, ForeignKey("interactions.interaction_id")),
+    # The decision that minted it; empty for grants an administrator provisioned, and once the
+    # decision's run was removed under retention (the grant stands; audit_log keeps who decided).
+    Column("interaction_id", Text, ForeignKey("interactions.interaction_id", ondelete="SET NULL")),
     _now(),
     CheckConstraint("scope IN ('conversation', 'principal', 'tenant', 'category')", name="scope"),
 )
 Index("ix_grants_tenant", grants.c.tenant_id)
+Index(
+    "ix_grants_interaction",
+    grants.c.interaction_id,
+    postgresql_where=grants.c.interaction_id.is_not(None),
+)
 
 connections = Table(
     "connections",

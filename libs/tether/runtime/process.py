@@ -1,4 +1,5 @@
-"""Process lifecycle for every service: logging, signals, the ready file and graceful stop."""
+"""Process lifecycle for every service: the event loop, signals, the ready file and graceful
+stop (logging and telemetry are `tether.telemetry.setup`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,17 +15,6 @@ if TYPE_CHECKING:
     from tether.runtime.rpc import RunningServer
 
 log = logging.getLogger(__name__)
-
-
-def configure_logging(service: str, level: str) -> None:
-    """Structured-enough logs on stderr: time, service, logger, message."""
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
-    )
-    # One line per provider request drowns the service's own story; keep warnings only.
-    logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 
 def run(main: Coroutine[Any, Any, None]) -> None:

@@ -15,6 +15,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from tether import telemetry
 from tether.credentials import CREDENTIAL_KEY, POWERS, verifier
 from tether.errors import (
     CODE_METADATA_KEY,
@@ -25,6 +26,8 @@ from tether.errors import (
     from_rpc_error,
 )
 from tether.runtime.tls import MutualTls
+from tether.telemetry import tracing
+from tether.telemetry.logs import bind_run
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +142,10 @@ def _guarded(
     handler: grpc.RpcMethodHandler, method: str, callers: _Callers | None
 ) -> grpc.RpcMethodHandler:
     """`handler` (the method `service/name`) wrapped once, at registration: the caller check,
-    undecodable requests refused as the caller's mistake, and TetherErrors answered with their
-    status and stable code. (grpc's server interceptors would do this on every call.)"""
+    undecodable requests refused as the caller's mistake, TetherErrors answered with their
+    status and stable code, the run a request names bound to the call's log lines, and, while
+    telemetry is on, a server span continuing the caller's trace. (grpc's server interceptors
+    would do this on every call.)"""
     service, _, name = method.partition("/")
     allowed = frozenset(c for c, names in POWERS.get(service, {}).items() if name in names)
     admit = _admit(callers, allowed, method)
@@ -148,9 +153,14 @@ def _guarded(
     serializer = handler.response_serializer
     if handler.unary_unary is not None:
         behavior = handler.unary_unary
+        if _names_a_run(handler.request_deserializer):
+            behavior = _binding_run(behavior)
+        if telemetry.on:
+            behavior = tracing.traced_unary(behavior, method)
+        answered_as = handler.unary_unary
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            async with _answered(context, behavior):
+            async with _answered(context, answered_as):
                 admit(context)
                 _refuse_undecodable(request)
                 return await behavior(request, context)
@@ -175,6 +185,24 @@ def _guarded(
         else grpc.stream_stream_rpc_method_handler
     )
     return make(stream, request_deserializer=deserializer, response_serializer=serializer)
+
+
+def _names_a_run(deserialize: Callable[[bytes], Any] | None) -> bool:
+    """Whether the request a deserializer makes (`Message.FromString`) has a run_id field."""
+    message = getattr(deserialize, "__self__", None)
+    descriptor = getattr(message, "DESCRIPTOR", None)
+    return descriptor is not None and "run_id" in descriptor.fields_by_name
+
+
+def _binding_run(behavior: Callable[..., Any]) -> Callable[..., Any]:
+    """`behavior`, with the run its request names bound to the call's log lines (each call
+    runs in a task of its own, so the binding ends with it)."""
+
+    async def bound(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        bind_run(request.run_id, getattr(request, "tenant_id", ""))
+        return await behavior(request, context)
+
+    return bound
 
 
 class _Registrar:
@@ -314,8 +342,12 @@ class _UnaryCall:
         self._inner = inner
         self._credential = credential
         self._service = service
+        # Chosen once: while telemetry is on, each call carries the caller's trace context.
+        self._traced: Callable[[Any], Any] | None = tracing.outgoing if telemetry.on else None
 
     def __call__(self, request: Any, *, metadata: Any = None, **kwargs: Any) -> Any:
+        if self._traced is not None:
+            metadata = self._traced(metadata)
         call = self._inner(request, metadata=_with(metadata, self._credential), **kwargs)
         return call if self._service is None else self._answered(call)
 

@@ -399,3 +399,117 @@ class AdmitResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AdmitResponse: _TypeAlias = AdmitResponse  # noqa: Y015
+
+@_typing.final
+class ReclaimRunRequest(_message.Message):
+    """ReclaimRunRequest names the run to retry and who asks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    ALL_RUNS_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    ACTOR_KEY_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Caller's tenant."""
+    principal_id: _builtins.str
+    """Caller's principal: only its own runs are visible unless all_runs is set."""
+    all_runs: _builtins.bool
+    """Whether the caller's key holds runs:all (every run of its tenant is visible)."""
+    run_id: _builtins.str
+    """The run to retry."""
+    actor_key_id: _builtins.str
+    """The key that asked, for the audit trail; empty for the platform operator."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        all_runs: _builtins.bool = ...,
+        run_id: _builtins.str = ...,
+        actor_key_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_key_id", b"actor_key_id", "all_runs", b"all_runs", "principal_id", b"principal_id", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReclaimRunRequest: _TypeAlias = ReclaimRunRequest  # noqa: Y015
+
+@_typing.final
+class ReclaimRunResponse(_message.Message):
+    """ReclaimRunResponse says which run handles the retry."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DISPOSITION_FIELD_NUMBER: _builtins.int
+    RUN_FIELD_NUMBER: _builtins.int
+    disposition: _common_pb2.Disposition.ValueType
+    """RETRIED (a new run) or ATTACHED (the run was retried already: its latest retry)."""
+    @_builtins.property
+    def run(self) -> _common_pb2.Run:
+        """The run."""
+
+    def __init__(
+        self,
+        *,
+        disposition: _common_pb2.Disposition.ValueType = ...,
+        run: _common_pb2.Run | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disposition", b"disposition", "run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReclaimRunResponse: _TypeAlias = ReclaimRunResponse  # noqa: Y015
+
+@_typing.final
+class DeleteTenantEventsRequest(_message.Message):
+    """DeleteTenantEventsRequest names the tenant being deleted."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTenantEventsRequest: _TypeAlias = DeleteTenantEventsRequest  # noqa: Y015
+
+@_typing.final
+class DeleteTenantEventsResponse(_message.Message):
+    """DeleteTenantEventsResponse says how far the deletion got."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REMOVED_FIELD_NUMBER: _builtins.int
+    REMAINING_FIELD_NUMBER: _builtins.int
+    removed: _builtins.int
+    """Rows removed by this call."""
+    remaining: _builtins.bool
+    """Whether claims, messages or sessions of the tenant remain."""
+    def __init__(
+        self,
+        *,
+        removed: _builtins.int = ...,
+        remaining: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["remaining", b"remaining", "removed", b"removed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTenantEventsResponse: _TypeAlias = DeleteTenantEventsResponse  # noqa: Y015

@@ -40,6 +40,16 @@ class AdmissionServiceStub:
                 request_serializer=tether_dot_v1_dot_admission__pb2.AdmitRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_admission__pb2.AdmitResponse.FromString,
                 _registered_method=True)
+        self.ReclaimRun = channel.unary_unary(
+                '/tether.v1.AdmissionService/ReclaimRun',
+                request_serializer=tether_dot_v1_dot_admission__pb2.ReclaimRunRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admission__pb2.ReclaimRunResponse.FromString,
+                _registered_method=True)
+        self.DeleteTenantEvents = channel.unary_unary(
+                '/tether.v1.AdmissionService/DeleteTenantEvents',
+                request_serializer=tether_dot_v1_dot_admission__pb2.DeleteTenantEventsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admission__pb2.DeleteTenantEventsResponse.FromString,
+                _registered_method=True)
 
 
 class AdmissionServiceServicer:
@@ -54,6 +64,24 @@ class AdmissionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReclaimRun(self, request, context):
+        """ReclaimRun retries a failed or cancelled run through the same guarded re-claim as a
+        redelivered event: a new run for its message, with lineage. A run retried already answers
+        its latest retry (ATTACHED); a completed or active run is FAILED_PRECONDITION; a run the
+        caller may not see is NOT_FOUND, as an absent one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTenantEvents(self, request, context):
+        """DeleteTenantEvents removes a batch of a deleted tenant's claims (tombstones too), messages
+        and sessions, once its runs are gone; call it again while it says some remain.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdmissionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -61,6 +89,16 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.Admit,
                     request_deserializer=tether_dot_v1_dot_admission__pb2.AdmitRequest.FromString,
                     response_serializer=tether_dot_v1_dot_admission__pb2.AdmitResponse.SerializeToString,
+            ),
+            'ReclaimRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReclaimRun,
+                    request_deserializer=tether_dot_v1_dot_admission__pb2.ReclaimRunRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admission__pb2.ReclaimRunResponse.SerializeToString,
+            ),
+            'DeleteTenantEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTenantEvents,
+                    request_deserializer=tether_dot_v1_dot_admission__pb2.DeleteTenantEventsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admission__pb2.DeleteTenantEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -91,6 +129,60 @@ class AdmissionService:
             '/tether.v1.AdmissionService/Admit',
             tether_dot_v1_dot_admission__pb2.AdmitRequest.SerializeToString,
             tether_dot_v1_dot_admission__pb2.AdmitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReclaimRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdmissionService/ReclaimRun',
+            tether_dot_v1_dot_admission__pb2.ReclaimRunRequest.SerializeToString,
+            tether_dot_v1_dot_admission__pb2.ReclaimRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTenantEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdmissionService/DeleteTenantEvents',
+            tether_dot_v1_dot_admission__pb2.DeleteTenantEventsRequest.SerializeToString,
+            tether_dot_v1_dot_admission__pb2.DeleteTenantEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -37,6 +37,16 @@ class AdmissionServiceStub:
     """Admit normalises one inbound event, resolves its session, claims its idempotency key and
     creates the queued run, all in one transaction. Duplicates follow the decision table.
     """
+    ReclaimRun: _grpc.UnaryUnaryMultiCallable[_admission_pb2.ReclaimRunRequest, _admission_pb2.ReclaimRunResponse]
+    """ReclaimRun retries a failed or cancelled run through the same guarded re-claim as a
+    redelivered event: a new run for its message, with lineage. A run retried already answers
+    its latest retry (ATTACHED); a completed or active run is FAILED_PRECONDITION; a run the
+    caller may not see is NOT_FOUND, as an absent one.
+    """
+    DeleteTenantEvents: _grpc.UnaryUnaryMultiCallable[_admission_pb2.DeleteTenantEventsRequest, _admission_pb2.DeleteTenantEventsResponse]
+    """DeleteTenantEvents removes a batch of a deleted tenant's claims (tombstones too), messages
+    and sessions, once its runs are gone; call it again while it says some remain.
+    """
 
 @_typing.type_check_only
 class AdmissionServiceAsyncStub(AdmissionServiceStub):
@@ -46,6 +56,16 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     Admit: _aio.UnaryUnaryMultiCallable[_admission_pb2.AdmitRequest, _admission_pb2.AdmitResponse]  # type: ignore[assignment]
     """Admit normalises one inbound event, resolves its session, claims its idempotency key and
     creates the queued run, all in one transaction. Duplicates follow the decision table.
+    """
+    ReclaimRun: _aio.UnaryUnaryMultiCallable[_admission_pb2.ReclaimRunRequest, _admission_pb2.ReclaimRunResponse]  # type: ignore[assignment]
+    """ReclaimRun retries a failed or cancelled run through the same guarded re-claim as a
+    redelivered event: a new run for its message, with lineage. A run retried already answers
+    its latest retry (ATTACHED); a completed or active run is FAILED_PRECONDITION; a run the
+    caller may not see is NOT_FOUND, as an absent one.
+    """
+    DeleteTenantEvents: _aio.UnaryUnaryMultiCallable[_admission_pb2.DeleteTenantEventsRequest, _admission_pb2.DeleteTenantEventsResponse]  # type: ignore[assignment]
+    """DeleteTenantEvents removes a batch of a deleted tenant's claims (tombstones too), messages
+    and sessions, once its runs are gone; call it again while it says some remain.
     """
 
 class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -59,6 +79,28 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_admission_pb2.AdmitResponse, _abc.Awaitable[_admission_pb2.AdmitResponse]]:
         """Admit normalises one inbound event, resolves its session, claims its idempotency key and
         creates the queued run, all in one transaction. Duplicates follow the decision table.
+        """
+
+    @_abc_1.abstractmethod
+    def ReclaimRun(
+        self,
+        request: _admission_pb2.ReclaimRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.ReclaimRunResponse, _abc.Awaitable[_admission_pb2.ReclaimRunResponse]]:
+        """ReclaimRun retries a failed or cancelled run through the same guarded re-claim as a
+        redelivered event: a new run for its message, with lineage. A run retried already answers
+        its latest retry (ATTACHED); a completed or active run is FAILED_PRECONDITION; a run the
+        caller may not see is NOT_FOUND, as an absent one.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteTenantEvents(
+        self,
+        request: _admission_pb2.DeleteTenantEventsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.DeleteTenantEventsResponse, _abc.Awaitable[_admission_pb2.DeleteTenantEventsResponse]]:
+        """DeleteTenantEvents removes a batch of a deleted tenant's claims (tombstones too), messages
+        and sessions, once its runs are gone; call it again while it says some remain.
         """
 
 def add_AdmissionServiceServicer_to_server(servicer: AdmissionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -787,3 +787,117 @@ class Run(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Run: _TypeAlias = Run  # noqa: Y015
+
+@_typing.final
+class Attempt(_message.Message):
+    """Attempt is one lease of a run to a worker and how it ended."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class StageMsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    LEASE_EPOCH_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    ENDED_AT_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    STAGE_MS_FIELD_NUMBER: _builtins.int
+    attempt: _builtins.int
+    """Attempt number, from 1 (a lease given back without spending an attempt repeats it)."""
+    lease_epoch: _builtins.int
+    """The lease's fencing epoch (unique within the run)."""
+    worker_id: _builtins.str
+    """The worker that held the lease."""
+    outcome: _builtins.str
+    """How it ended: "completed", "failed", "retry-pending", "cancelled", "parked",
+    "lease_expired", "released", ...; empty while it runs.
+    """
+    @_builtins.property
+    def started_at(self) -> _timestamp_pb2.Timestamp:
+        """When the lease was taken."""
+
+    @_builtins.property
+    def ended_at(self) -> _timestamp_pb2.Timestamp:
+        """When the attempt ended; unset while it runs."""
+
+    @_builtins.property
+    def error(self) -> Global___ErrorInfo:
+        """Why it failed, when it did."""
+
+    @_builtins.property
+    def stage_ms(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Stage durations in milliseconds: routing, context, attempt, finalisation, total."""
+
+    def __init__(
+        self,
+        *,
+        attempt: _builtins.int = ...,
+        lease_epoch: _builtins.int = ...,
+        worker_id: _builtins.str = ...,
+        started_at: _timestamp_pb2.Timestamp | None = ...,
+        ended_at: _timestamp_pb2.Timestamp | None = ...,
+        outcome: _builtins.str = ...,
+        error: Global___ErrorInfo | None = ...,
+        stage_ms: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "error", b"error", "started_at", b"started_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "ended_at", b"ended_at", "error", b"error", "lease_epoch", b"lease_epoch", "outcome", b"outcome", "stage_ms", b"stage_ms", "started_at", b"started_at", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Attempt: _TypeAlias = Attempt  # noqa: Y015
+
+@_typing.final
+class ModelTurn(_message.Message):
+    """ModelTurn is one priced model call of a run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USAGE_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    attempt: _builtins.int
+    """The attempt it belongs to (the one that had started when it was recorded)."""
+    @_builtins.property
+    def usage(self) -> Global___Usage:
+        """Its tokens, cost and model."""
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was recorded."""
+
+    def __init__(
+        self,
+        *,
+        usage: Global___Usage | None = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        attempt: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "usage", b"usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "created_at", b"created_at", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelTurn: _TypeAlias = ModelTurn  # noqa: Y015

@@ -234,6 +234,7 @@ class ListRunsRequest(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    CREATED_AFTER_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """Only this conversation; all when empty.
     Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
@@ -252,6 +253,12 @@ class ListRunsRequest(_message.Message):
         Limit: 16 items.
         """
 
+    @_builtins.property
+    def created_after(self) -> _timestamp_pb2.Timestamp:
+        """Only runs created at or after this time; all when unset.
+        Limit: a time in the years 1 to 9999.
+        """
+
     def __init__(
         self,
         *,
@@ -259,10 +266,11 @@ class ListRunsRequest(_message.Message):
         conversation_id: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        created_after: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "page_size", b"page_size", "page_token", b"page_token", "statuses", b"statuses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "created_after", b"created_after", "page_size", b"page_size", "page_token", b"page_token", "statuses", b"statuses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1203,3 +1211,201 @@ class RemoveDocumentResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RemoveDocumentResponse: _TypeAlias = RemoveDocumentResponse  # noqa: Y015
+
+@_typing.final
+class GetRunAttemptsRequest(_message.Message):
+    """GetRunAttemptsRequest names a run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRunAttemptsRequest: _TypeAlias = GetRunAttemptsRequest  # noqa: Y015
+
+@_typing.final
+class GetRunAttemptsResponse(_message.Message):
+    """GetRunAttemptsResponse is a run's execution record."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    TURNS_FIELD_NUMBER: _builtins.int
+    LINEAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def run(self) -> _common_pb2.Run:
+        """The run."""
+
+    @_builtins.property
+    def attempts(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Attempt]:
+        """Its attempts, oldest first, each with its stage durations."""
+
+    @_builtins.property
+    def turns(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ModelTurn]:
+        """Its priced model turns (usage and cost), oldest first."""
+
+    @_builtins.property
+    def lineage(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Run]:
+        """Every run of its lineage still kept (the first delivery and each retry), oldest first,
+        this one included.
+        """
+
+    def __init__(
+        self,
+        *,
+        run: _common_pb2.Run | None = ...,
+        attempts: _abc.Iterable[_common_pb2.Attempt] | None = ...,
+        turns: _abc.Iterable[_common_pb2.ModelTurn] | None = ...,
+        lineage: _abc.Iterable[_common_pb2.Run] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "lineage", b"lineage", "run", b"run", "turns", b"turns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRunAttemptsResponse: _TypeAlias = GetRunAttemptsResponse  # noqa: Y015
+
+@_typing.final
+class RetryRunRequest(_message.Message):
+    """RetryRunRequest names the run to retry."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryRunRequest: _TypeAlias = RetryRunRequest  # noqa: Y015
+
+@_typing.final
+class RetryRunResponse(_message.Message):
+    """RetryRunResponse says which run handles the retry."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DISPOSITION_FIELD_NUMBER: _builtins.int
+    RUN_FIELD_NUMBER: _builtins.int
+    disposition: _common_pb2.Disposition.ValueType
+    """RETRIED (a new run) or ATTACHED (the run was retried already: its latest retry)."""
+    @_builtins.property
+    def run(self) -> _common_pb2.Run:
+        """The run."""
+
+    def __init__(
+        self,
+        *,
+        disposition: _common_pb2.Disposition.ValueType = ...,
+        run: _common_pb2.Run | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disposition", b"disposition", "run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryRunResponse: _TypeAlias = RetryRunResponse  # noqa: Y015
+
+@_typing.final
+class DeleteTenantRequest(_message.Message):
+    """DeleteTenantRequest names the tenant to delete."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTenantRequest: _TypeAlias = DeleteTenantRequest  # noqa: Y015
+
+@_typing.final
+class DeleteTenantResponse(_message.Message):
+    """DeleteTenantResponse says how far the deletion got."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class RemovedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    REMOVED_FIELD_NUMBER: _builtins.int
+    DELETED_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    deleted: _builtins.bool
+    """Whether the tenant is gone with all its data; false: call again."""
+    pending: _builtins.str
+    """When not yet deleted, what remains to do, in words."""
+    @_builtins.property
+    def removed(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Rows removed by this call, by what they were: "runs", "events" (claims, messages,
+        sessions), "interactions" (grants, connections), "keys", "audit".
+        """
+
+    def __init__(
+        self,
+        *,
+        removed: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        deleted: _builtins.bool = ...,
+        pending: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted", "pending", b"pending", "removed", b"removed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTenantResponse: _TypeAlias = DeleteTenantResponse  # noqa: Y015

@@ -58,6 +58,16 @@ class GatewayServiceStub:
                 request_serializer=tether_dot_v1_dot_gateway__pb2.ListRunsRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_gateway__pb2.ListRunsResponse.FromString,
                 _registered_method=True)
+        self.GetRunAttempts = channel.unary_unary(
+                '/tether.v1.GatewayService/GetRunAttempts',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.GetRunAttemptsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.GetRunAttemptsResponse.FromString,
+                _registered_method=True)
+        self.RetryRun = channel.unary_unary(
+                '/tether.v1.GatewayService/RetryRun',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.RetryRunRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.RetryRunResponse.FromString,
+                _registered_method=True)
         self.CancelRun = channel.unary_unary(
                 '/tether.v1.GatewayService/CancelRun',
                 request_serializer=tether_dot_v1_dot_gateway__pb2.CancelRunRequest.SerializeToString,
@@ -128,6 +138,11 @@ class GatewayServiceStub:
                 request_serializer=tether_dot_v1_dot_gateway__pb2.RemoveDocumentRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveDocumentResponse.FromString,
                 _registered_method=True)
+        self.DeleteTenant = channel.unary_unary(
+                '/tether.v1.GatewayService/DeleteTenant',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.DeleteTenantRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.DeleteTenantResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServiceServicer:
@@ -160,6 +175,23 @@ class GatewayServiceServicer:
 
     def ListRuns(self, request, context):
         """ListRuns lists the caller's tenant's runs, newest first (scope "runs:read").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRunAttempts(self, request, context):
+        """GetRunAttempts reads a run's attempts, lineage, stage durations and usage and cost by
+        model turn (scope "runs:read").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetryRun(self, request, context):
+        """RetryRun retries a failed or cancelled run: a new run for its message, with lineage
+        (scope "runs:write"). A run retried already answers its latest retry (ATTACHED); a
+        completed or active run is FAILED_PRECONDITION and nothing changes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -271,6 +303,16 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteTenant(self, request, context):
+        """DeleteTenant removes a tenant and all of its data from every service (the platform
+        operator's credential only). Its keys are revoked at once; each call removes a batch and
+        says whether anything remains: call it again until `deleted`. An absent tenant is
+        NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -293,6 +335,16 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.ListRuns,
                     request_deserializer=tether_dot_v1_dot_gateway__pb2.ListRunsRequest.FromString,
                     response_serializer=tether_dot_v1_dot_gateway__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'GetRunAttempts': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRunAttempts,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.GetRunAttemptsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.GetRunAttemptsResponse.SerializeToString,
+            ),
+            'RetryRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryRun,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.RetryRunRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.RetryRunResponse.SerializeToString,
             ),
             'CancelRun': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelRun,
@@ -363,6 +415,11 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.RemoveDocument,
                     request_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveDocumentRequest.FromString,
                     response_serializer=tether_dot_v1_dot_gateway__pb2.RemoveDocumentResponse.SerializeToString,
+            ),
+            'DeleteTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTenant,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.DeleteTenantRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.DeleteTenantResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -477,6 +534,60 @@ class GatewayService:
             '/tether.v1.GatewayService/ListRuns',
             tether_dot_v1_dot_gateway__pb2.ListRunsRequest.SerializeToString,
             tether_dot_v1_dot_gateway__pb2.ListRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRunAttempts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/GetRunAttempts',
+            tether_dot_v1_dot_gateway__pb2.GetRunAttemptsRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.GetRunAttemptsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/RetryRun',
+            tether_dot_v1_dot_gateway__pb2.RetryRunRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.RetryRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -855,6 +966,33 @@ class GatewayService:
             '/tether.v1.GatewayService/RemoveDocument',
             tether_dot_v1_dot_gateway__pb2.RemoveDocumentRequest.SerializeToString,
             tether_dot_v1_dot_gateway__pb2.RemoveDocumentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/DeleteTenant',
+            tether_dot_v1_dot_gateway__pb2.DeleteTenantRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.DeleteTenantResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -45,6 +45,15 @@ class GatewayServiceStub:
     """GetRun reads a run and its persisted parts (scope "runs:read")."""
     ListRuns: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListRunsRequest, _gateway_pb2.ListRunsResponse]
     """ListRuns lists the caller's tenant's runs, newest first (scope "runs:read")."""
+    GetRunAttempts: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GetRunAttemptsRequest, _gateway_pb2.GetRunAttemptsResponse]
+    """GetRunAttempts reads a run's attempts, lineage, stage durations and usage and cost by
+    model turn (scope "runs:read").
+    """
+    RetryRun: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RetryRunRequest, _gateway_pb2.RetryRunResponse]
+    """RetryRun retries a failed or cancelled run: a new run for its message, with lineage
+    (scope "runs:write"). A run retried already answers its latest retry (ATTACHED); a
+    completed or active run is FAILED_PRECONDITION and nothing changes.
+    """
     CancelRun: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CancelRunRequest, _gateway_pb2.CancelRunResponse]
     """CancelRun cancels a run; a finished run is reported unchanged (scope "runs:write")."""
     StreamRun: _grpc.UnaryStreamMultiCallable[_gateway_pb2.StreamRunRequest, _gateway_pb2.StreamRunResponse]
@@ -87,6 +96,12 @@ class GatewayServiceStub:
     """RemoveDocument removes one of the caller's tenant's documents; another tenant's is
     NOT_FOUND, as an absent one (scope "documents:write").
     """
+    DeleteTenant: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.DeleteTenantRequest, _gateway_pb2.DeleteTenantResponse]
+    """DeleteTenant removes a tenant and all of its data from every service (the platform
+    operator's credential only). Its keys are revoked at once; each call removes a batch and
+    says whether anything remains: call it again until `deleted`. An absent tenant is
+    NOT_FOUND.
+    """
 
 @_typing.type_check_only
 class GatewayServiceAsyncStub(GatewayServiceStub):
@@ -105,6 +120,15 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     """GetRun reads a run and its persisted parts (scope "runs:read")."""
     ListRuns: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListRunsRequest, _gateway_pb2.ListRunsResponse]  # type: ignore[assignment]
     """ListRuns lists the caller's tenant's runs, newest first (scope "runs:read")."""
+    GetRunAttempts: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GetRunAttemptsRequest, _gateway_pb2.GetRunAttemptsResponse]  # type: ignore[assignment]
+    """GetRunAttempts reads a run's attempts, lineage, stage durations and usage and cost by
+    model turn (scope "runs:read").
+    """
+    RetryRun: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RetryRunRequest, _gateway_pb2.RetryRunResponse]  # type: ignore[assignment]
+    """RetryRun retries a failed or cancelled run: a new run for its message, with lineage
+    (scope "runs:write"). A run retried already answers its latest retry (ATTACHED); a
+    completed or active run is FAILED_PRECONDITION and nothing changes.
+    """
     CancelRun: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CancelRunRequest, _gateway_pb2.CancelRunResponse]  # type: ignore[assignment]
     """CancelRun cancels a run; a finished run is reported unchanged (scope "runs:write")."""
     StreamRun: _aio.UnaryStreamMultiCallable[_gateway_pb2.StreamRunRequest, _gateway_pb2.StreamRunResponse]  # type: ignore[assignment]
@@ -147,6 +171,12 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     """RemoveDocument removes one of the caller's tenant's documents; another tenant's is
     NOT_FOUND, as an absent one (scope "documents:write").
     """
+    DeleteTenant: _aio.UnaryUnaryMultiCallable[_gateway_pb2.DeleteTenantRequest, _gateway_pb2.DeleteTenantResponse]  # type: ignore[assignment]
+    """DeleteTenant removes a tenant and all of its data from every service (the platform
+    operator's credential only). Its keys are revoked at once; each call removes a batch and
+    says whether anything remains: call it again until `deleted`. An absent tenant is
+    NOT_FOUND.
+    """
 
 class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
     """GatewayService is the public client API. Callers authenticate with an API key in the
@@ -186,6 +216,27 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.ListRunsResponse, _abc.Awaitable[_gateway_pb2.ListRunsResponse]]:
         """ListRuns lists the caller's tenant's runs, newest first (scope "runs:read")."""
+
+    @_abc_1.abstractmethod
+    def GetRunAttempts(
+        self,
+        request: _gateway_pb2.GetRunAttemptsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.GetRunAttemptsResponse, _abc.Awaitable[_gateway_pb2.GetRunAttemptsResponse]]:
+        """GetRunAttempts reads a run's attempts, lineage, stage durations and usage and cost by
+        model turn (scope "runs:read").
+        """
+
+    @_abc_1.abstractmethod
+    def RetryRun(
+        self,
+        request: _gateway_pb2.RetryRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.RetryRunResponse, _abc.Awaitable[_gateway_pb2.RetryRunResponse]]:
+        """RetryRun retries a failed or cancelled run: a new run for its message, with lineage
+        (scope "runs:write"). A run retried already answers its latest retry (ATTACHED); a
+        completed or active run is FAILED_PRECONDITION and nothing changes.
+        """
 
     @_abc_1.abstractmethod
     def CancelRun(
@@ -311,6 +362,18 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_gateway_pb2.RemoveDocumentResponse, _abc.Awaitable[_gateway_pb2.RemoveDocumentResponse]]:
         """RemoveDocument removes one of the caller's tenant's documents; another tenant's is
         NOT_FOUND, as an absent one (scope "documents:write").
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteTenant(
+        self,
+        request: _gateway_pb2.DeleteTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.DeleteTenantResponse, _abc.Awaitable[_gateway_pb2.DeleteTenantResponse]]:
+        """DeleteTenant removes a tenant and all of its data from every service (the platform
+        operator's credential only). Its keys are revoked at once; each call removes a batch and
+        says whether anything remains: call it again until `deleted`. An absent tenant is
+        NOT_FOUND.
         """
 
 def add_GatewayServiceServicer_to_server(servicer: GatewayServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1186,3 +1186,51 @@ class FindPendingConnectionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FindPendingConnectionResponse: _TypeAlias = FindPendingConnectionResponse  # noqa: Y015
+
+@_typing.final
+class DeleteTenantInteractionsRequest(_message.Message):
+    """DeleteTenantInteractionsRequest names the tenant being deleted."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTenantInteractionsRequest: _TypeAlias = DeleteTenantInteractionsRequest  # noqa: Y015
+
+@_typing.final
+class DeleteTenantInteractionsResponse(_message.Message):
+    """DeleteTenantInteractionsResponse says how far the deletion got."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REMOVED_FIELD_NUMBER: _builtins.int
+    REMAINING_FIELD_NUMBER: _builtins.int
+    removed: _builtins.int
+    """Rows removed by this call."""
+    remaining: _builtins.bool
+    """Whether grants, connections or interactions of the tenant remain."""
+    def __init__(
+        self,
+        *,
+        removed: _builtins.int = ...,
+        remaining: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["remaining", b"remaining", "removed", b"removed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTenantInteractionsResponse: _TypeAlias = DeleteTenantInteractionsResponse  # noqa: Y015

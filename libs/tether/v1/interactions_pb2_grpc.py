@@ -101,6 +101,11 @@ class InteractionsServiceStub:
                 request_serializer=tether_dot_v1_dot_interactions__pb2.ResolveConnectionRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_interactions__pb2.ResolveConnectionResponse.FromString,
                 _registered_method=True)
+        self.DeleteTenantInteractions = channel.unary_unary(
+                '/tether.v1.InteractionsService/DeleteTenantInteractions',
+                request_serializer=tether_dot_v1_dot_interactions__pb2.DeleteTenantInteractionsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.DeleteTenantInteractionsResponse.FromString,
+                _registered_method=True)
 
 
 class InteractionsServiceServicer:
@@ -199,6 +204,14 @@ class InteractionsServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteTenantInteractions(self, request, context):
+        """DeleteTenantInteractions removes a batch of a deleted tenant's grants, connections and
+        interactions; call it again while it says some remain.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InteractionsServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -266,6 +279,11 @@ def add_InteractionsServiceServicer_to_server(servicer, server):
                     servicer.ResolveConnection,
                     request_deserializer=tether_dot_v1_dot_interactions__pb2.ResolveConnectionRequest.FromString,
                     response_serializer=tether_dot_v1_dot_interactions__pb2.ResolveConnectionResponse.SerializeToString,
+            ),
+            'DeleteTenantInteractions': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTenantInteractions,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.DeleteTenantInteractionsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.DeleteTenantInteractionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -621,6 +639,33 @@ class InteractionsService:
             '/tether.v1.InteractionsService/ResolveConnection',
             tether_dot_v1_dot_interactions__pb2.ResolveConnectionRequest.SerializeToString,
             tether_dot_v1_dot_interactions__pb2.ResolveConnectionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTenantInteractions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.InteractionsService/DeleteTenantInteractions',
+            tether_dot_v1_dot_interactions__pb2.DeleteTenantInteractionsRequest.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.DeleteTenantInteractionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

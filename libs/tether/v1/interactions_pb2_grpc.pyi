@@ -61,6 +61,10 @@ class InteractionsServiceStub:
     """FindPendingConnection returns the run's open connection offer, or nothing once completed."""
     ResolveConnection: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.ResolveConnectionRequest, _interactions_pb2.ResolveConnectionResponse]
     """ResolveConnection gives a running tool the credential of the run's principal, or its gap."""
+    DeleteTenantInteractions: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.DeleteTenantInteractionsRequest, _interactions_pb2.DeleteTenantInteractionsResponse]
+    """DeleteTenantInteractions removes a batch of a deleted tenant's grants, connections and
+    interactions; call it again while it says some remain.
+    """
 
 @_typing.type_check_only
 class InteractionsServiceAsyncStub(InteractionsServiceStub):
@@ -95,6 +99,10 @@ class InteractionsServiceAsyncStub(InteractionsServiceStub):
     """FindPendingConnection returns the run's open connection offer, or nothing once completed."""
     ResolveConnection: _aio.UnaryUnaryMultiCallable[_interactions_pb2.ResolveConnectionRequest, _interactions_pb2.ResolveConnectionResponse]  # type: ignore[assignment]
     """ResolveConnection gives a running tool the credential of the run's principal, or its gap."""
+    DeleteTenantInteractions: _aio.UnaryUnaryMultiCallable[_interactions_pb2.DeleteTenantInteractionsRequest, _interactions_pb2.DeleteTenantInteractionsResponse]  # type: ignore[assignment]
+    """DeleteTenantInteractions removes a batch of a deleted tenant's grants, connections and
+    interactions; call it again while it says some remain.
+    """
 
 class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
     """InteractionsService owns questions, approvals (with grants) and connections: the three ways a
@@ -204,5 +212,15 @@ class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_interactions_pb2.ResolveConnectionResponse, _abc.Awaitable[_interactions_pb2.ResolveConnectionResponse]]:
         """ResolveConnection gives a running tool the credential of the run's principal, or its gap."""
+
+    @_abc_1.abstractmethod
+    def DeleteTenantInteractions(
+        self,
+        request: _interactions_pb2.DeleteTenantInteractionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_interactions_pb2.DeleteTenantInteractionsResponse, _abc.Awaitable[_interactions_pb2.DeleteTenantInteractionsResponse]]:
+        """DeleteTenantInteractions removes a batch of a deleted tenant's grants, connections and
+        interactions; call it again while it says some remain.
+        """
 
 def add_InteractionsServiceServicer_to_server(servicer: InteractionsServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -132,6 +132,7 @@ class SearchRunsRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
     ALL_RUNS_FIELD_NUMBER: _builtins.int
+    CREATED_AFTER_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Caller's tenant."""
     conversation_id: _builtins.str
@@ -148,6 +149,10 @@ class SearchRunsRequest(_message.Message):
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.RunStatus.ValueType]:
         """Only runs in these statuses; all when empty."""
 
+    @_builtins.property
+    def created_after(self) -> _timestamp_pb2.Timestamp:
+        """Only runs created at or after this time; all when unset."""
+
     def __init__(
         self,
         *,
@@ -158,10 +163,11 @@ class SearchRunsRequest(_message.Message):
         page_token: _builtins.str = ...,
         principal_id: _builtins.str = ...,
         all_runs: _builtins.bool = ...,
+        created_after: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "conversation_id", b"conversation_id", "page_size", b"page_size", "page_token", b"page_token", "principal_id", b"principal_id", "statuses", b"statuses", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "conversation_id", b"conversation_id", "created_after", b"created_after", "page_size", b"page_size", "page_token", b"page_token", "principal_id", b"principal_id", "statuses", b"statuses", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -747,7 +753,10 @@ class ClaimRunResponse(_message.Message):
     last_seq: _builtins.int
     """Next durable event seq of the run."""
     traceparent: _builtins.str
-    """Trace context (W3C traceparent) of the admission that created the run."""
+    """Trace context (W3C traceparent) the attempt's spans descend from: the orchestrator's span of
+    this claim while its telemetry is on, else the context stored on the run at admission
+    (empty when there is none).
+    """
     @_builtins.property
     def lease(self) -> Global___Lease:
         """The lease."""
@@ -954,6 +963,7 @@ class ParkRunRequest(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     INTERACTION_ID_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     epoch: _builtins.int
@@ -962,6 +972,11 @@ class ParkRunRequest(_message.Message):
     """One of the waiting-for-* statuses."""
     interaction_id: _builtins.str
     """The interaction it waits for."""
+    traceparent: _builtins.str
+    """Trace context (W3C traceparent) of the attempt that sends this, so the orchestrator's span of
+    it joins the run's trace (one long-lived Work stream carries many runs, so no stream
+    metadata can); empty while the worker's telemetry is off.
+    """
     def __init__(
         self,
         *,
@@ -969,10 +984,11 @@ class ParkRunRequest(_message.Message):
         epoch: _builtins.int = ...,
         status: _common_pb2.RunStatus.ValueType = ...,
         interaction_id: _builtins.str = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "interaction_id", b"interaction_id", "run_id", b"run_id", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "interaction_id", b"interaction_id", "run_id", b"run_id", "status", b"status", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1263,12 +1279,18 @@ class ScheduleRetryRequest(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     RETRY_AFTER_SECONDS_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     epoch: _builtins.int
     """Fencing epoch."""
     retry_after_seconds: _builtins.float
     """Server-requested minimum wait (retry-after), in seconds; 0 when none."""
+    traceparent: _builtins.str
+    """Trace context (W3C traceparent) of the attempt that sends this, so the orchestrator's span of
+    it joins the run's trace (one long-lived Work stream carries many runs, so no stream
+    metadata can); empty while the worker's telemetry is off.
+    """
     @_builtins.property
     def error(self) -> _common_pb2.ErrorInfo:
         """The triggering error."""
@@ -1280,10 +1302,11 @@ class ScheduleRetryRequest(_message.Message):
         epoch: _builtins.int = ...,
         error: _common_pb2.ErrorInfo | None = ...,
         retry_after_seconds: _builtins.float = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "error", b"error", "retry_after_seconds", b"retry_after_seconds", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "error", b"error", "retry_after_seconds", b"retry_after_seconds", "run_id", b"run_id", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1374,6 +1397,7 @@ class CompleteRunRequest(_message.Message):
     AUDIT_FIELD_NUMBER: _builtins.int
     EVENTS_FIELD_NUMBER: _builtins.int
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     epoch: _builtins.int
@@ -1384,6 +1408,11 @@ class CompleteRunRequest(_message.Message):
     """Final assistant text."""
     task_outcome: _builtins.str
     """Business outcome."""
+    traceparent: _builtins.str
+    """Trace context (W3C traceparent) of the attempt that sends this, so the orchestrator's span of
+    it joins the run's trace (one long-lived Work stream carries many runs, so no stream
+    metadata can); empty while the worker's telemetry is off.
+    """
     @_builtins.property
     def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Warnings."""
@@ -1435,10 +1464,11 @@ class CompleteRunRequest(_message.Message):
         audit: _struct_pb2.Struct | None = ...,
         events: _abc.Iterable[_events_pb2.RunEvent] | None = ...,
         in_flight: Global___CheckpointRequest | None = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["audit", b"audit", "error", b"error", "in_flight", b"in_flight", "stages", b"stages"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit", b"audit", "epoch", b"epoch", "error", b"error", "events", b"events", "in_flight", b"in_flight", "parts", b"parts", "result_text", b"result_text", "run_id", b"run_id", "stages", b"stages", "status", b"status", "task_outcome", b"task_outcome", "turns", b"turns", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit", b"audit", "epoch", b"epoch", "error", b"error", "events", b"events", "in_flight", b"in_flight", "parts", b"parts", "result_text", b"result_text", "run_id", b"run_id", "stages", b"stages", "status", b"status", "task_outcome", b"task_outcome", "traceparent", b"traceparent", "turns", b"turns", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1480,19 +1510,26 @@ class ReleaseRunRequest(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     epoch: _builtins.int
     """Fencing epoch."""
+    traceparent: _builtins.str
+    """Trace context (W3C traceparent) of the attempt that sends this, so the orchestrator's span of
+    it joins the run's trace (one long-lived Work stream carries many runs, so no stream
+    metadata can); empty while the worker's telemetry is off.
+    """
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         epoch: _builtins.int = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "run_id", b"run_id", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2725,3 +2762,129 @@ class WorkLost(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WorkLost: _TypeAlias = WorkLost  # noqa: Y015
+
+@_typing.final
+class LookupAttemptsRequest(_message.Message):
+    """LookupAttemptsRequest names a run within the caller's tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    ALL_RUNS_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Caller's tenant."""
+    run_id: _builtins.str
+    """Run id."""
+    principal_id: _builtins.str
+    """Caller's principal: only its own runs are visible unless all_runs is set."""
+    all_runs: _builtins.bool
+    """Whether the caller's key holds runs:all (every run of its tenant is visible)."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        all_runs: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "principal_id", b"principal_id", "run_id", b"run_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LookupAttemptsRequest: _TypeAlias = LookupAttemptsRequest  # noqa: Y015
+
+@_typing.final
+class LookupAttemptsResponse(_message.Message):
+    """LookupAttemptsResponse is a run's execution record."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    TURNS_FIELD_NUMBER: _builtins.int
+    LINEAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def run(self) -> _common_pb2.Run:
+        """The run."""
+
+    @_builtins.property
+    def attempts(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Attempt]:
+        """Its attempts, oldest first."""
+
+    @_builtins.property
+    def turns(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ModelTurn]:
+        """Its priced model turns, oldest first."""
+
+    @_builtins.property
+    def lineage(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Run]:
+        """Every run of its lineage that is still kept (the first delivery and each retry of it),
+        oldest first, this one included.
+        """
+
+    def __init__(
+        self,
+        *,
+        run: _common_pb2.Run | None = ...,
+        attempts: _abc.Iterable[_common_pb2.Attempt] | None = ...,
+        turns: _abc.Iterable[_common_pb2.ModelTurn] | None = ...,
+        lineage: _abc.Iterable[_common_pb2.Run] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "lineage", b"lineage", "run", b"run", "turns", b"turns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LookupAttemptsResponse: _TypeAlias = LookupAttemptsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteTenantRunsRequest(_message.Message):
+    """DeleteTenantRunsRequest names the tenant being deleted."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTenantRunsRequest: _TypeAlias = DeleteTenantRunsRequest  # noqa: Y015
+
+@_typing.final
+class DeleteTenantRunsResponse(_message.Message):
+    """DeleteTenantRunsResponse says how far the deletion got."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REMOVED_FIELD_NUMBER: _builtins.int
+    REMAINING_FIELD_NUMBER: _builtins.int
+    removed: _builtins.int
+    """Runs removed by this call."""
+    remaining: _builtins.bool
+    """Whether runs of the tenant remain."""
+    def __init__(
+        self,
+        *,
+        removed: _builtins.int = ...,
+        remaining: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["remaining", b"remaining", "removed", b"removed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTenantRunsResponse: _TypeAlias = DeleteTenantRunsResponse  # noqa: Y015

@@ -46,6 +46,16 @@ class OrchestratorServiceStub:
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.SearchRunsRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_orchestrator__pb2.SearchRunsResponse.FromString,
                 _registered_method=True)
+        self.LookupAttempts = channel.unary_unary(
+                '/tether.v1.OrchestratorService/LookupAttempts',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.LookupAttemptsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.LookupAttemptsResponse.FromString,
+                _registered_method=True)
+        self.DeleteTenantRuns = channel.unary_unary(
+                '/tether.v1.OrchestratorService/DeleteTenantRuns',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.DeleteTenantRunsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.DeleteTenantRunsResponse.FromString,
+                _registered_method=True)
         self.ReadEvents = channel.unary_unary(
                 '/tether.v1.OrchestratorService/ReadEvents',
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.ReadEventsRequest.SerializeToString,
@@ -172,6 +182,22 @@ class OrchestratorServiceServicer:
 
     def SearchRuns(self, request, context):
         """SearchRuns lists a tenant's runs, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LookupAttempts(self, request, context):
+        """LookupAttempts reads one run's attempts, lineage and model turns. Another tenant's run is
+        NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTenantRuns(self, request, context):
+        """DeleteTenantRuns removes a batch of a deleted tenant's runs, whatever their status, with
+        everything of theirs; call it again while it says some remain.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -361,6 +387,16 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     request_deserializer=tether_dot_v1_dot_orchestrator__pb2.SearchRunsRequest.FromString,
                     response_serializer=tether_dot_v1_dot_orchestrator__pb2.SearchRunsResponse.SerializeToString,
             ),
+            'LookupAttempts': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupAttempts,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.LookupAttemptsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.LookupAttemptsResponse.SerializeToString,
+            ),
+            'DeleteTenantRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTenantRuns,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.DeleteTenantRunsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.DeleteTenantRunsResponse.SerializeToString,
+            ),
             'ReadEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.ReadEvents,
                     request_deserializer=tether_dot_v1_dot_orchestrator__pb2.ReadEventsRequest.FromString,
@@ -528,6 +564,60 @@ class OrchestratorService:
             '/tether.v1.OrchestratorService/SearchRuns',
             tether_dot_v1_dot_orchestrator__pb2.SearchRunsRequest.SerializeToString,
             tether_dot_v1_dot_orchestrator__pb2.SearchRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupAttempts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/LookupAttempts',
+            tether_dot_v1_dot_orchestrator__pb2.LookupAttemptsRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.LookupAttemptsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTenantRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/DeleteTenantRuns',
+            tether_dot_v1_dot_orchestrator__pb2.DeleteTenantRunsRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.DeleteTenantRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -45,6 +45,14 @@ class OrchestratorServiceStub:
     """LookupRun reads one run of a tenant. Another tenant's run is NOT_FOUND."""
     SearchRuns: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.SearchRunsRequest, _orchestrator_pb2.SearchRunsResponse]
     """SearchRuns lists a tenant's runs, newest first."""
+    LookupAttempts: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupAttemptsRequest, _orchestrator_pb2.LookupAttemptsResponse]
+    """LookupAttempts reads one run's attempts, lineage and model turns. Another tenant's run is
+    NOT_FOUND.
+    """
+    DeleteTenantRuns: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.DeleteTenantRunsRequest, _orchestrator_pb2.DeleteTenantRunsResponse]
+    """DeleteTenantRuns removes a batch of a deleted tenant's runs, whatever their status, with
+    everything of theirs; call it again while it says some remain.
+    """
     ReadEvents: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ReadEventsRequest, _orchestrator_pb2.ReadEventsResponse]
     """ReadEvents returns durable events after a cursor, with the run's persisted parts."""
     @_builtins.property
@@ -131,6 +139,14 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     """LookupRun reads one run of a tenant. Another tenant's run is NOT_FOUND."""
     SearchRuns: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.SearchRunsRequest, _orchestrator_pb2.SearchRunsResponse]  # type: ignore[assignment]
     """SearchRuns lists a tenant's runs, newest first."""
+    LookupAttempts: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupAttemptsRequest, _orchestrator_pb2.LookupAttemptsResponse]  # type: ignore[assignment]
+    """LookupAttempts reads one run's attempts, lineage and model turns. Another tenant's run is
+    NOT_FOUND.
+    """
+    DeleteTenantRuns: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.DeleteTenantRunsRequest, _orchestrator_pb2.DeleteTenantRunsResponse]  # type: ignore[assignment]
+    """DeleteTenantRuns removes a batch of a deleted tenant's runs, whatever their status, with
+    everything of theirs; call it again while it says some remain.
+    """
     ReadEvents: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ReadEventsRequest, _orchestrator_pb2.ReadEventsResponse]  # type: ignore[assignment]
     """ReadEvents returns durable events after a cursor, with the run's persisted parts."""
     @_builtins.property
@@ -226,6 +242,26 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_orchestrator_pb2.SearchRunsResponse, _abc.Awaitable[_orchestrator_pb2.SearchRunsResponse]]:
         """SearchRuns lists a tenant's runs, newest first."""
+
+    @_abc_1.abstractmethod
+    def LookupAttempts(
+        self,
+        request: _orchestrator_pb2.LookupAttemptsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.LookupAttemptsResponse, _abc.Awaitable[_orchestrator_pb2.LookupAttemptsResponse]]:
+        """LookupAttempts reads one run's attempts, lineage and model turns. Another tenant's run is
+        NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteTenantRuns(
+        self,
+        request: _orchestrator_pb2.DeleteTenantRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.DeleteTenantRunsResponse, _abc.Awaitable[_orchestrator_pb2.DeleteTenantRunsResponse]]:
+        """DeleteTenantRuns removes a batch of a deleted tenant's runs, whatever their status, with
+        everything of theirs; call it again while it says some remain.
+        """
 
     @_abc_1.abstractmethod
     def ReadEvents(

@@ -131,6 +131,31 @@ async def remove(conn: AsyncConnection, tenant_id: str, document_id: str) -> Non
         raise NotFound(f"document {document_id!r} not found")
 
 
+_TENANT_DOCUMENTS = (
+    select(documents.c.document_id)
+    .where(documents.c.tenant_id == bindparam("dt_tenant_id", type_=Text))
+    .limit(bindparam("dt_batch", type_=Integer))
+    .scalar_subquery()
+)
+_DELETE_TENANT_DOCUMENTS = (
+    delete(documents)
+    .where(documents.c.document_id.in_(_TENANT_DOCUMENTS))
+    .returning(documents.c.document_id)
+)
+
+
+async def remove_tenant_documents(conn: AsyncConnection, tenant_id: str, batch: int) -> int:
+    """Remove up to `batch` of a deleted tenant's documents; how many were removed."""
+    params = {"dt_tenant_id": tenant_id, "dt_batch": batch}
+    return len((await conn.execute(_DELETE_TENANT_DOCUMENTS, params)).all())
+
+
+async def tenant_has_documents(conn: AsyncConnection, tenant_id: str) -> bool:
+    """Whether any document of the tenant is left."""
+    found = select(documents.c.document_id).where(documents.c.tenant_id == tenant_id).exists()
+    return bool((await conn.execute(select(found))).scalar())
+
+
 @dataclass(frozen=True)
 class Match:
     """One document that matched a query, its text cut to the asked length."""

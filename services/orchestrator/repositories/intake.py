@@ -1,5 +1,6 @@
 """The run aggregate's intake: the one way a run enters it (a queued run with its run.queued
-event), and the read admission's duplicate table needs.
+event), and the reads admission needs of it: the run a claim points at (its duplicate table,
+a retry), the run a retry names, and whether a message still has a run (its retention).
 
 This module is the sanctioned exception to "nothing outside the orchestrator writes the run
 aggregate": admission calls it inside its own statement or transaction, because the spec puts
@@ -14,11 +15,13 @@ from typing import Any
 from sqlalchemy import (
     CTE,
     BigInteger,
+    ColumnElement,
     Integer,
     Select,
     SmallInteger,
     Text,
     bindparam,
+    exists,
     func,
     insert,
     literal,
@@ -38,6 +41,7 @@ from tether.db.schema import runs, sessions
 from tether.domain import run_queued
 from tether.errors import NotFound
 from tether.states import RunStatus
+from tether.visibility import Viewer
 
 
 def head_if_idle(run_id: Any) -> Any:
@@ -128,11 +132,57 @@ async def create_queued_run(
 
 
 _RUN_BY_ID = select(runs).where(runs.c.run_id == bindparam("run_id"))
+# FOR KEY SHARE: the run cannot be removed (retention) while a retry of it is inserted.
+_RUN_BY_ID_HELD = _RUN_BY_ID.with_for_update(read=True, key_share=True)
 
 
-async def claimed_run(conn: AsyncConnection, run_id: str) -> Row[Any]:
-    """The run an inbound claim points at (the claim and its run commit together)."""
-    row = (await conn.execute(_RUN_BY_ID, {"run_id": run_id})).first()
+async def claimed_run(conn: AsyncConnection, run_id: str, *, hold: bool = False) -> Row[Any]:
+    """The run an inbound claim points at (the claim and its run commit together); NotFound
+    when retention removed it since the claim was read. `hold` keeps it from being removed
+    until the transaction ends (a retry names it as its parent)."""
+    stmt = _RUN_BY_ID_HELD if hold else _RUN_BY_ID
+    row = (await conn.execute(stmt, {"run_id": run_id})).first()
     if row is None:
         raise NotFound(f"run {run_id!r} not found")
     return row
+
+
+async def visible_run(conn: AsyncConnection, viewer: Viewer, run_id: str) -> Row[Any]:
+    """The run a caller names (to retry it), or NotFound when it is absent or not the
+    viewer's to see (the same answer)."""
+    row = (await conn.execute(select(runs).where(runs.c.run_id == run_id, viewer.sees()))).first()
+    if row is None:
+        raise NotFound(f"run {run_id!r} not found")
+    return row
+
+
+_RETRIES = runs.alias("retries")
+# The run's lineage from it on: each run that retried the one before, to the latest.
+_LINEAGE = (
+    select(runs.c.run_id, literal(0).label("depth"))
+    .where(runs.c.run_id == bindparam("run_id"))
+    .cte("lineage", recursive=True)
+)
+_LINEAGE = _LINEAGE.union_all(
+    select(_RETRIES.c.run_id, _LINEAGE.c.depth + 1).where(
+        _RETRIES.c.parent_run_id == _LINEAGE.c.run_id
+    )
+)
+_LATEST_RETRY = (
+    select(runs)
+    .join(_LINEAGE, _LINEAGE.c.run_id == runs.c.run_id)
+    .order_by(_LINEAGE.c.depth.desc())
+    .limit(1)
+)
+
+
+async def latest_retry(conn: AsyncConnection, run_id: str) -> Row[Any]:
+    """The latest run of the lineage from `run_id` on: the run that retried it, or the one
+    that retried that, and so on (the run itself when none did)."""
+    row: Row[Any] = (await conn.execute(_LATEST_RETRY, {"run_id": run_id})).one()
+    return row
+
+
+def message_has_run(message_id: ColumnElement[Any]) -> ColumnElement[bool]:
+    """Whether a run names the message `message_id` (an expression): admission keeps it."""
+    return exists().where(runs.c.message_id == message_id)

@@ -72,7 +72,8 @@ _ROUTES = (
 # The claimable runs, oldest first: queued session heads (one indexed scan, ix_runs_claimable),
 # locked, skipping those another claimer holds. Materialized: it is read more than once.
 _PICKED = (
-    select(runs.c.run_id, runs.c.tenant_id, runs.c.channel, runs.c.message_id)
+    # updated_at: when the run last moved (queued, or handed its session): claim latency.
+    select(runs.c.run_id, runs.c.tenant_id, runs.c.channel, runs.c.message_id, runs.c.updated_at)
     .where(runs.c.status == RunStatus.QUEUED.value, runs.c.session_head)
     .order_by(runs.c.created_at, runs.c.run_id)
     .limit(bindparam("c_limit"))
@@ -189,6 +190,8 @@ _CLAIM = (
         _HAS_HISTORY.label("has_history"),
         _HAS_DOCUMENTS.label("has_documents"),
         *[_LEASED.c[c.name] for c in runs.c],
+        _PICKED.c.updated_at.label("queued_at"),
+        _LEASED.c.routing_ms,
     )
     .select_from(_WITH_AGENT.outerjoin(_LEASED, _LEASED.c.run_id == _PICKED.c.run_id))
     .add_cte(
@@ -229,11 +232,12 @@ async def claim(
 
     A row per run picked: leased (the run's columns, its origin `actor_type` and `actor_id`,
     `has_history` when its session has an earlier completed run, `has_documents` when its
-    tenant has knowledge documents), or not leased (`run_id` NULL) when its tenant, source and
-    channel have no route here or its agent changed since: then `picked_run_id`,
-    `picked_tenant_id`, `picked_source`, `picked_channel` and the tenant's agent to resolve,
-    `unrouted_agent`. `stored` are routing decisions (by routing id) to store with it:
-    those the routes name that this replica has not stored yet."""
+    tenant has knowledge documents, `queued_at` when it was last moved before, by the
+    database's clock, and the `routing_ms` its attempt row records), or not leased (`run_id`
+    NULL) when its tenant, source and channel have no route here or its agent changed since:
+    then `picked_run_id`, `picked_tenant_id`, `picked_source`, `picked_channel` and the
+    tenant's agent to resolve, `unrouted_agent`. `stored` are routing decisions (by routing id)
+    to store with it: those the routes name that this replica has not stored yet."""
     params = {
         "c_limit": limit,
         "c_worker_id": worker_id,
@@ -335,6 +339,20 @@ async def due_retries(conn: AsyncConnection, limit: int) -> list[Any]:
         .with_for_update(skip_locked=True)
     )
     return list((await conn.execute(stmt)).all())
+
+
+_QUEUE = select(
+    func.count(),
+    func.coalesce(func.extract("epoch", func.now() - func.min(runs.c.updated_at)), 0),
+).where(runs.c.status == RunStatus.QUEUED.value)
+
+
+async def queue_stats(conn: AsyncConnection) -> tuple[int, float]:
+    """How many runs are queued, and how many seconds the one queued longest has waited (0
+    when none is): one scan of the queued runs (the partial ix_runs_session_queued), for the
+    queue gauges, once per metric export."""
+    depth, oldest_s = (await conn.execute(_QUEUE)).one()
+    return int(depth), float(oldest_s)
 
 
 _NEXT_EXPIRY_IN = select(

@@ -12,7 +12,9 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    ColumnElement,
     DateTime,
+    FromClause,
     Integer,
     Text,
     bindparam,
@@ -226,6 +228,10 @@ class LastTurn:
 NO_TURN = LastTurn(0, False)
 
 
+# How many of its session's earlier completed runs a run reads as its history.
+HISTORY_RUNS = 50
+
+
 @dataclass(frozen=True)
 class EarlierRun:
     """A completed run of the same session, as the history of a later one sees it."""
@@ -286,6 +292,44 @@ _PART_COLUMNS = [c for c in run_parts.c if c.name != "run_id"]
 
 def _kind(name: str) -> Any:
     return literal(name, Text).label("row_kind")
+
+
+def read_as_history(run: FromClause) -> ColumnElement[bool]:
+    """Whether `run` (a FROM of `runs`) is among what its session's next run reads as history
+    (`attempt_inputs`: the last `limit_runs` completed runs, bound as such, and the run holding
+    the session's latest summary); retention keeps these while the conversation is live.
+    Bounded: it reads at most `limit_runs` newer runs, and the summaries of one run."""
+    newer = runs.alias("newer")
+    last_of_history = (
+        select(newer.c.run_id)
+        .where(
+            newer.c.session_id == run.c.session_id,
+            newer.c.status == RunStatus.COMPLETED.value,
+            newer.c.created_at > run.c.created_at,
+        )
+        .order_by(newer.c.created_at)
+        .offset(bindparam("limit_runs") - 1)
+        .limit(1)
+    )
+    fewer = ~last_of_history.exists()
+    # The run that holds its session's latest summary: the next run reads the summary in place
+    # of the runs it covers.
+    latest = context_summaries.alias("latest")
+    later = context_summaries.alias("later")
+    holds_summary = (
+        select(latest.c.run_id)
+        .where(
+            latest.c.run_id == run.c.run_id,
+            ~select(later.c.run_id)
+            .where(
+                later.c.session_id == latest.c.session_id,
+                later.c.through_created_at > latest.c.through_created_at,
+            )
+            .exists(),
+        )
+        .exists()
+    )
+    return ((run.c.status == RunStatus.COMPLETED.value) & fewer) | holds_summary
 
 
 _HISTORY = select(

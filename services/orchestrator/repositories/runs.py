@@ -1,4 +1,5 @@
-"""Reads of runs and their event log (parts: `parts`), and the cancel flag on a running run."""
+"""Reads of runs, their event log and execution record (attempts, model turns, lineage; parts:
+`parts`), and the cancel flag on a running run."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, bindparam, false, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, bindparam, false, func, literal, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.orchestrator.repositories.transitions import LEASE_HELD
-from tether.db.schema import routings, run_events, runs
+from tether.db.schema import attempts, routings, run_events, runs, usage_turns
 from tether.errors import InvalidArgument, NotFound, StaleLease
 from tether.ids import is_identifier
 from tether.pricing import Price
@@ -158,13 +159,17 @@ async def search_runs(
     conversation_id: str,
     page_size: int,
     page_token: str,
+    created_after: datetime | None = None,
 ) -> tuple[Sequence[Row[Any]], str]:
-    """One page of the runs the viewer may see, newest first, and the next page's cursor."""
+    """One page of the runs the viewer may see (created at or after `created_after` when
+    given), newest first, and the next page's cursor."""
     stmt = select(runs).where(viewer.sees())
     if statuses:
         stmt = stmt.where(runs.c.status.in_([s.value for s in statuses]))
     if conversation_id:
         stmt = stmt.where(runs.c.conversation_id == conversation_id)
+    if created_after is not None:
+        stmt = stmt.where(runs.c.created_at >= created_after)
     if page_token:
         created_at, run_id = decode_page_token(page_token)
         stmt = stmt.where(
@@ -179,3 +184,56 @@ async def search_runs(
         return rows, ""
     last = rows[page_size - 1]
     return rows[:page_size], encode_page_token(last.created_at, last.run_id)
+
+
+_ATTEMPTS = (
+    select(attempts)
+    .where(attempts.c.run_id == bindparam("run_id"))
+    .order_by(attempts.c.started_at, attempts.c.lease_epoch)
+)
+# A turn belongs to the attempt that had started when it was recorded.
+_TURN_ATTEMPT = (
+    select(attempts.c.attempt)
+    .where(
+        attempts.c.run_id == usage_turns.c.run_id, attempts.c.started_at <= usage_turns.c.created_at
+    )
+    .order_by(attempts.c.started_at.desc())
+    .limit(1)
+    .scalar_subquery()
+)
+_TURNS = (
+    select(usage_turns, _TURN_ATTEMPT.label("attempt"))
+    .where(usage_turns.c.run_id == bindparam("run_id"))
+    .order_by(usage_turns.c.id)
+)
+
+
+async def attempts_of(conn: AsyncConnection, run_id: str) -> Sequence[Row[Any]]:
+    """The run's attempts, oldest first."""
+    return (await conn.execute(_ATTEMPTS, {"run_id": run_id})).all()
+
+
+async def turns_of(conn: AsyncConnection, run_id: str) -> Sequence[Row[Any]]:
+    """The run's priced model turns, oldest first, each with the attempt it belongs to."""
+    return (await conn.execute(_TURNS, {"run_id": run_id})).all()
+
+
+async def lineage_of(conn: AsyncConnection, viewer: Viewer, run: Row[Any]) -> Sequence[Row[Any]]:
+    """Every run of the run's lineage still kept, oldest first: its root and each retry after
+    it (a lineage is one chain: a run is retried at most once, by compare-and-swap)."""
+    chain = (
+        select(runs.c.run_id, literal(0).label("depth"))
+        .where(runs.c.run_id == run.root_run_id)
+        .cte("chain", recursive=True)
+    )
+    retry = runs.alias("retry")
+    chain = chain.union_all(
+        select(retry.c.run_id, chain.c.depth + 1).where(retry.c.parent_run_id == chain.c.run_id)
+    )
+    stmt = (
+        select(runs)
+        .join(chain, chain.c.run_id == runs.c.run_id)
+        .where(viewer.sees())
+        .order_by(chain.c.depth)
+    )
+    return (await conn.execute(stmt)).all()

@@ -2,19 +2,20 @@
 
 `documents` holds what a tenant uploads for its runs' context, searched by PostgreSQL full-text
 search (a generated tsvector with a GIN index). `context_summaries` points at the summary part
-that stands in for a session's earlier runs once its history was compacted, one per range.
-Expand only: both are new tables.
+that stands in for a session's earlier runs once its history was compacted, one per range; it
+goes with the run that holds it (retention, a tenant's deletion). Expand only: both are new
+tables.
 
-Revision ID: 0014
-Revises: 0013
+Revision ID: 0015
+Revises: 0014
 """
 
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = "0014"
-down_revision = "0013"
+revision = "0015"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
@@ -57,14 +58,10 @@ def upgrade() -> None:
             "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
         ),
         sa.ForeignKeyConstraint(
-            ["through_run_id"],
-            ["runs.run_id"],
-            name=op.f("fk_context_summaries_through_run_id_runs"),
-        ),
-        sa.ForeignKeyConstraint(
             ["run_id", "part_index"],
             ["run_parts.run_id", "run_parts.part_index"],
             name=op.f("fk_context_summaries_run_id_run_parts"),
+            ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("session_id", "through_run_id", name=op.f("pk_context_summaries")),
     )
