@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import admission, hotpath, runs, stream
+from bench import admission, context, hotpath, runs, stream
 
 GROUPS = {
     "admission": admission.run,
+    "context": context.run,
     "hotpath": hotpath.run,
     "runs": runs.run,
     "stream": stream.run,

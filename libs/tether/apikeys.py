@@ -33,9 +33,13 @@ INTERACTIONS_WRITE = "interactions:write"  # answer questions, complete connecti
 APPROVALS_DECIDE = "approvals:decide"
 # Creates and revokes keys of the key's own tenant, never with scopes wider than its own.
 KEYS_ADMIN = "keys:admin"
+# The tenant's knowledge documents, which every run of the tenant retrieves from: given on
+# purpose, like runs:all, never by default.
+DOCUMENTS_READ = "documents:read"
+DOCUMENTS_WRITE = "documents:write"
 
 CLIENT_SCOPES = (RUNS_READ, RUNS_WRITE, INTERACTIONS_WRITE, APPROVALS_DECIDE)
-ALL_SCOPES = (*CLIENT_SCOPES, RUNS_ALL, KEYS_ADMIN)
+ALL_SCOPES = (*CLIENT_SCOPES, RUNS_ALL, KEYS_ADMIN, DOCUMENTS_READ, DOCUMENTS_WRITE)
 OPERATOR_ID = "operator"
 
 

@@ -263,6 +263,33 @@ class TetherClient:
         )
         return response
 
+    async def add_document(self, title: str, content: str) -> gateway_pb2.AddDocumentResponse:
+        """Store a knowledge document for the tenant's runs (not retried: a repeat would store
+        a second copy)."""
+        response: gateway_pb2.AddDocumentResponse = await self.stub.AddDocument(
+            gateway_pb2.AddDocumentRequest(title=title, content=content), metadata=self._metadata
+        )
+        return response
+
+    async def list_documents(
+        self, *, page_size: int = 0, page_token: str = ""
+    ) -> gateway_pb2.ListDocumentsResponse:
+        """One page of the tenant's documents, newest first, without their text."""
+        response: gateway_pb2.ListDocumentsResponse = await self._idempotent(
+            lambda: self.stub.ListDocuments(
+                gateway_pb2.ListDocumentsRequest(page_size=page_size, page_token=page_token),
+                metadata=self._metadata,
+            )
+        )
+        return response
+
+    async def remove_document(self, document_id: str) -> gateway_pb2.RemoveDocumentResponse:
+        """Remove one of the tenant's documents."""
+        response: gateway_pb2.RemoveDocumentResponse = await self.stub.RemoveDocument(
+            gateway_pb2.RemoveDocumentRequest(document_id=document_id), metadata=self._metadata
+        )
+        return response
+
     async def pending_question(self, run_id: str) -> gateway_pb2.GetPendingQuestionResponse:
         """The run's open question (unset once answered)."""
         response: gateway_pb2.GetPendingQuestionResponse = await self._idempotent(

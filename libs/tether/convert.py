@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from dataclasses import asdict, fields
 from datetime import datetime
 from typing import Any
 
@@ -14,23 +15,30 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from tether import formats
 from tether.domain import (
+    AgentConfig,
     ApprovalMarker,
+    Bundle,
     ConnectionMarker,
     Content,
+    ContextPolicy,
     Event,
     EventType,
+    Limits,
     Part,
     QuestionMarker,
     Role,
     RunError,
+    Summary,
+    SystemBlock,
     Text,
     Thinking,
     ToolCall,
     ToolResult,
 )
 from tether.errors import InvalidArgument, StoredFormatTooNew
+from tether.pricing import Price
 from tether.states import RunStatus
-from tether.v1 import common_pb2, events_pb2
+from tether.v1 import common_pb2, events_pb2, orchestrator_pb2
 
 _STATUS_TO_PROTO: dict[RunStatus, common_pb2.RunStatus.ValueType] = {
     s: getattr(common_pb2, "RUN_STATUS_" + s.name) for s in RunStatus
@@ -282,6 +290,18 @@ def part_to_proto(part: Part) -> common_pb2.Part:
     elif isinstance(content, ApprovalMarker):
         message.approval.interaction_id = content.interaction_id
         message.approval.tool_name = content.tool_name
+    elif isinstance(content, Summary):
+        message.summary.CopyFrom(
+            common_pb2.SummaryPart(
+                text=content.text,
+                from_run_id=content.from_run_id,
+                through_run_id=content.through_run_id,
+                runs=content.runs,
+                parts=content.parts,
+                tokens_before=content.tokens_before,
+                tokens_after=content.tokens_after,
+            )
+        )
     else:
         message.connection.interaction_id = content.interaction_id
         message.connection.provider = content.provider
@@ -315,6 +335,17 @@ def part_from_proto(message: common_pb2.Part) -> Part:
         content = ApprovalMarker(message.approval.interaction_id, message.approval.tool_name)
     elif kind == "connection":
         content = ConnectionMarker(message.connection.interaction_id, message.connection.provider)
+    elif kind == "summary":
+        summary = message.summary
+        content = Summary(
+            summary.text,
+            summary.from_run_id,
+            summary.through_run_id,
+            summary.runs,
+            summary.parts,
+            summary.tokens_before,
+            summary.tokens_after,
+        )
     else:
         raise InvalidArgument("a part must hold content")
     return Part(
@@ -333,3 +364,111 @@ _DISPOSITION_NAMES: dict[int, str] = {
 def disposition_name(value: int) -> str:
     """The lower-case name of a Disposition."""
     return _DISPOSITION_NAMES.get(value, "unspecified")
+
+
+def _bundle_to_proto(bundle: Bundle) -> orchestrator_pb2.Bundle:
+    return orchestrator_pb2.Bundle(
+        name=bundle.name,
+        version=bundle.version,
+        instructions=bundle.instructions,
+        tools=list(bundle.tools),
+        sources=list(bundle.sources),
+        channels=list(bundle.channels),
+    )
+
+
+def _bundle_from_proto(message: orchestrator_pb2.Bundle) -> Bundle:
+    return Bundle(
+        message.name,
+        message.version,
+        message.instructions,
+        tuple(message.tools),
+        tuple(message.sources),
+        tuple(message.channels),
+    )
+
+
+def config_to_proto(config: AgentConfig) -> orchestrator_pb2.AgentConfig:
+    """The AgentConfig message of a routing decision."""
+    context = config.context
+    return orchestrator_pb2.AgentConfig(
+        agent=config.agent,
+        model=config.model,
+        system_prompt=config.system_prompt,
+        system_blocks=[
+            orchestrator_pb2.SystemBlock(text=b.text, cache_control=b.cache_control)
+            for b in config.system_blocks
+        ],
+        tool_allowlist=list(config.tool_allowlist),
+        limits=orchestrator_pb2.Limits(**asdict(config.limits)),
+        prices=[
+            orchestrator_pb2.ModelPrice(model=m, **asdict(p)) for m, p in config.prices.items()
+        ],
+        persona=None if config.persona is None else _bundle_to_proto(config.persona),
+        skills=[_bundle_to_proto(s) for s in config.skills],
+        context=orchestrator_pb2.ContextPolicy(
+            budget_tokens=context.budget_tokens,
+            compaction_model=context.compaction_model,
+            live_facts=list(context.live_facts),
+            retriever=context.retriever,
+            knowledge_documents=context.knowledge_documents,
+            knowledge_chars=context.knowledge_chars,
+            timezone=context.timezone,
+            cache_ttl=context.cache_ttl,
+        ),
+    )
+
+
+def config_from_proto(message: orchestrator_pb2.AgentConfig) -> AgentConfig:
+    """The routing decision an AgentConfig message carries. One from an orchestrator of the
+    previous release has no persona, skills or context policy: the attempt runs without them."""
+    context = message.context
+    return AgentConfig(
+        model=message.model,
+        system_prompt=message.system_prompt,
+        system_blocks=tuple(SystemBlock(b.text, b.cache_control) for b in message.system_blocks),
+        tool_allowlist=tuple(message.tool_allowlist),
+        limits=Limits(**{f.name: getattr(message.limits, f.name) for f in fields(Limits)}),
+        prices={
+            p.model: Price(p.input, p.output, p.cache_write, p.cache_read) for p in message.prices
+        },
+        agent=message.agent,
+        persona=_bundle_from_proto(message.persona) if message.HasField("persona") else None,
+        skills=tuple(_bundle_from_proto(s) for s in message.skills),
+        context=ContextPolicy(
+            budget_tokens=context.budget_tokens,
+            compaction_model=context.compaction_model,
+            live_facts=tuple(context.live_facts),
+            retriever=context.retriever,
+            knowledge_documents=context.knowledge_documents,
+            knowledge_chars=context.knowledge_chars,
+            timezone=context.timezone or "UTC",
+            cache_ttl=context.cache_ttl or "5m",
+        ),
+    )
+
+
+def routing_to_proto(routing_id: str, stored: Mapping[str, Any]) -> common_pb2.RunRouting:
+    """What a run shows of the routing decision it is pinned to (its stored form)."""
+    config = AgentConfig.from_json(stored)
+    return common_pb2.RunRouting(
+        routing_id=routing_id,
+        agent=config.agent,
+        model=config.model,
+        persona=None
+        if config.persona is None
+        else common_pb2.BundleRef(name=config.persona.name, version=config.persona.version),
+        skills=[common_pb2.BundleRef(name=s.name, version=s.version) for s in config.skills],
+        tool_allowlist=list(config.tool_allowlist),
+    )
+
+
+def document_to_proto(row: Any) -> common_pb2.Document:
+    """A Document message from a `documents` row of listed columns (its text left out)."""
+    return common_pb2.Document(
+        document_id=row.document_id,
+        title=row.title,
+        chars=row.chars,
+        created_by=row.created_by,
+        created_at=timestamp(row.created_at),
+    )

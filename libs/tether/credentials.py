@@ -36,6 +36,8 @@ _WORKER_ON_ORCHESTRATOR = frozenset(
         "BeginEffect",
         "FinishEffect",
         "StoreToolOutput",
+        "RetrieveKnowledge",
+        "StoreSummary",
     }
 )
 _WORKER_ON_INTERACTIONS = frozenset(
@@ -62,6 +64,9 @@ POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
                 "SearchRuns",
                 "ReadEvents",
                 "RequestCancellation",
+                "StoreDocument",
+                "FindDocuments",
+                "DeleteDocument",
                 "LookupAttempts",
                 "DeleteTenantRuns",
             }

@@ -23,6 +23,9 @@ from tether.ids import is_identifier
 
 ID_CHARS = 128
 TEXT_CHARS = 32_000
+# A knowledge document: a title to list it by, and text enough for a policy or a manual's page.
+DOCUMENT_TITLE_CHARS = 200
+DOCUMENT_CHARS = 64_000
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
 
@@ -209,6 +212,11 @@ LIMITS: Mapping[str, Limit] = {
     "tether.v1.CreateApiKeyRequest.labels": Limit("struct", 4096),
     "tether.v1.CreateApiKeyRequest.expires_at": Limit("timestamp", 0),
     "tether.v1.RevokeApiKeyRequest.key_id": identifier(required=True),
+    "tether.v1.AddDocumentRequest.title": Limit("label", DOCUMENT_TITLE_CHARS, required=True),
+    "tether.v1.AddDocumentRequest.content": Limit("text", DOCUMENT_CHARS, required=True),
+    "tether.v1.ListDocumentsRequest.page_size": Limit("integer", INT32_MAX),
+    "tether.v1.ListDocumentsRequest.page_token": token(512),
+    "tether.v1.RemoveDocumentRequest.document_id": identifier(required=True),
 }
 
 

@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tether.apikeys import (
+    DOCUMENTS_READ,
+    DOCUMENTS_WRITE,
     KEY_PREFIX,
     KEYS_ADMIN,
     OPERATOR,
@@ -42,6 +44,9 @@ SCOPES: Mapping[str, str] = {
     "RetryRun": "runs:write",
     "CreateApiKey": KEYS_ADMIN,
     "RevokeApiKey": KEYS_ADMIN,
+    "AddDocument": DOCUMENTS_WRITE,
+    "ListDocuments": DOCUMENTS_READ,
+    "RemoveDocument": DOCUMENTS_WRITE,
 }
 # What the platform operator's credential may call: it manages tenants and keys...
 OPERATOR_METHODS = frozenset({"CreateApiKey", "RevokeApiKey", "DeleteTenant"})

@@ -16,6 +16,9 @@ same streams as gRPC, so authentication, tenancy and errors mean the same. Route
     POST /v1/runs/{run_id}/answer              AnswerQuestion (and /decision, /connection)
     POST /v1/keys                              CreateApiKey (JSON body as the gRPC request)
     POST /v1/keys/{key_id}/revoke              RevokeApiKey
+    POST /v1/documents                         AddDocument (JSON body {"title", "content"})
+    GET  /v1/documents                         ListDocuments (?page_size=&page_token=)
+    DELETE /v1/documents/{document_id}         RemoveDocument
     DELETE /v1/tenants/{tenant_id}             DeleteTenant (the platform operator)
 
 SSE frames: `event:` is the stable type name, `data:` the event as JSON (`tether.transport`),
@@ -192,6 +195,9 @@ class HttpBridge:
         app.router.add_delete("/v1/tenants/{tenant_id}", self.delete_tenant)
         app.router.add_post("/v1/keys", self.create_key)
         app.router.add_post("/v1/keys/{key_id}/revoke", self.revoke_key)
+        app.router.add_post("/v1/documents", self.add_document)
+        app.router.add_get("/v1/documents", self.list_documents)
+        app.router.add_delete("/v1/documents/{document_id}", self.remove_document)
         for method, path, rpc, request_type in _INTERACTIONS:
             app.router.add_route(
                 method, f"/v1/runs/{{run_id}}/{path}", self._interaction(rpc, request_type)
@@ -316,6 +322,32 @@ class HttpBridge:
         message = gateway_pb2.RevokeApiKeyRequest(key_id=request.match_info["key_id"])
         response = await self._servicer.RevokeApiKey(message, _CallContext(request))
         return web.json_response({"key_id": response.key_id, "revoked": response.revoked})
+
+    async def add_document(self, request: web.Request) -> web.Response:
+        message = await _body(request, gateway_pb2.AddDocumentRequest())
+        response = await self._servicer.AddDocument(message, _CallContext(request))
+        return web.json_response(_message_json(response), status=201)
+
+    async def list_documents(self, request: web.Request) -> web.Response:
+        query = request.query
+        response = await self._servicer.ListDocuments(
+            gateway_pb2.ListDocumentsRequest(
+                page_size=_non_negative(query.get("page_size", "0"), "page_size", INT32_MAX),
+                page_token=query.get("page_token", ""),
+            ),
+            _CallContext(request),
+        )
+        return web.json_response(
+            {
+                "documents": [_message_json(d) for d in response.documents],
+                "next_page_token": response.next_page_token,
+            }
+        )
+
+    async def remove_document(self, request: web.Request) -> web.Response:
+        message = gateway_pb2.RemoveDocumentRequest(document_id=request.match_info["document_id"])
+        response = await self._servicer.RemoveDocument(message, _CallContext(request))
+        return web.json_response(_message_json(response))
 
     def _interaction(
         self, rpc: str, request_type: type[Message]

@@ -14,6 +14,7 @@ from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.gateway.auth import Authenticator
+from services.gateway.documents import DocumentRpcs
 from services.gateway.interactions import InteractionRpcs
 from services.gateway.streaming import StreamingServicer
 from services.gateway.streams import Streams
@@ -38,7 +39,11 @@ T = TypeVar("T")
 
 
 class GatewayServicer(
-    StreamingServicer, InteractionRpcs, TenantRpcs, gateway_pb2_grpc.GatewayServiceServicer
+    StreamingServicer,
+    InteractionRpcs,
+    DocumentRpcs,
+    TenantRpcs,
+    gateway_pb2_grpc.GatewayServiceServicer,
 ):
     """Implements tether.v1.GatewayService."""
 

@@ -41,13 +41,14 @@ from tether.domain import (
     ModelTurn,
     Part,
     StoredEvent,
+    Summary,
     close_attempt,
     run_cancelled,
     run_completed,
     run_failed,
     run_queued,
 )
-from tether.errors import StaleLease
+from tether.errors import InvalidArgument, StaleLease
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,23 @@ class Attempts:
         row, events = written
         # The worker's next live deltas go out when this returns: they must not overtake these.
         await self._publisher.publish(run_id, events, delivered=True)
+        return row
+
+    async def store_summary(
+        self, run_id: str, epoch: int, part: Part, events: Sequence[Event]
+    ) -> Row[Any]:
+        """Store a compaction summary (a part of the run, with its events) under the lease and
+        name it its session's summary of the runs it covers, in one transaction: once per range
+        (FailedPrecondition for a second one, nothing stored)."""
+        if not isinstance(part.content, Summary) or not part.final:
+            raise InvalidArgument("a stored summary is a final summary part")
+        async with self._engine.begin() as conn:
+            written = await progress.checkpoint(conn, run_id, epoch, self._ttl, [part], events, [])
+            if written is None:
+                raise _stale(run_id, epoch)
+            await parts_repo.record_summary(conn, run_id, part)
+        row, stored = written
+        await self._publisher.publish(run_id, stored, delivered=True)
         return row
 
     async def _write(

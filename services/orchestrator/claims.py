@@ -1,7 +1,8 @@
 """Claims: leasing the oldest claimable runs to a worker, a batch in one statement (or one run in
 a long poll woken per run that may have become claimable), with each attempt's explicit inputs:
-routing (resolved once per tenant agent, cached), the run's own parts and its session's
-history (read, for the whole batch in one more statement, only when some run has any)."""
+routing (resolved once per tenant agent, source and channel, cached; pinned on the run by its
+first lease), the run's own parts and its session's history (read, for the whole batch in one
+more statement, only when some run has any)."""
 
 from __future__ import annotations
 
@@ -57,15 +58,35 @@ class _Routing:
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
 
+# Where a run came from, as routing sees it: its tenant, source and channel.
+RouteKey = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a leased run came from: routing picked by its source and channel, and the live
+    facts name its actor."""
+
+    source: str
+    channel: str
+    actor_type: str
+    actor_id: str
+
+
 @dataclass(frozen=True)
 class Claimed:
-    """A leased run with the attempt's explicit inputs: the session's earlier completed runs
-    (each input and transcript) and the run's own parts."""
+    """A leased run with the attempt's explicit inputs: where it came from, the session's
+    earlier completed runs (each input and transcript) and the run's own parts, and whether its
+    tenant has knowledge documents to retrieve from."""
 
     lease: Moved
     config: AgentConfig
     earlier: list[parts_repo.EarlierRun]
     own: list[Part]
+    origin: Origin = Origin("", "", "", "")
+    has_documents: bool = False
+    summary: Part | None = None
+    last_turn: parts_repo.LastTurn = parts_repo.NO_TURN
 
     @property
     def run(self) -> Row[Any]:
@@ -98,9 +119,11 @@ class Claims:
         self._claim_poll_hinted = claim_poll_hinted_s
         self._history_runs = history_runs
         self._empty_as_of = -1  # wakeups.generation when the last look that found nothing began
-        self._routes: dict[str, _Routing] = {}
+        self._routes: dict[RouteKey, _Routing] = {}
         # Routing decisions this replica stored (`routings`), so a claim stores each once.
         self._stored_routings: set[str] = set()
+        # Decisions by name, for the runs that lease again with the one they were pinned to.
+        self._pinned: dict[str, AgentConfig] = {}
 
     async def claim(self, worker_id: str, wait_s: float) -> Claimed | None:
         """Lease the oldest claimable run, waiting up to `wait_s` for one to appear."""
@@ -167,8 +190,7 @@ class Claims:
             return []
         leased: list[Row[Any]] = []
         broken: list[tuple[str, RunError]] = []
-        routed_now: dict[str, float] = {}
-        configs: dict[str, AgentConfig] = {}  # what each run was leased with, by run
+        routed_now: dict[RouteKey, float] = {}
         async with self._autocommit.connect() as conn:
             # Each look leases, or resolves the routing its unleased runs lacked (or fails them)
             # so that the next look leases them; a third is for an agent changed in between.
@@ -184,14 +206,13 @@ class Claims:
                     worker_id=worker_id,
                     limit=n - len(leased),
                     ttl_s=self._ttl,
-                    routes=[self._route(t, r, routed_now) for t, r in routes.items()],
+                    routes=[self._route(k, r, routed_now) for k, r in routes.items()],
                     stored=unstored,
                 )
                 self._stored_routings.update(unstored)
-                for row in rows:
-                    if row.run_id is not None:
-                        leased.append(row)
-                        configs[row.run_id] = routes[row.tenant_id].config
+                for route in routes.values():
+                    self._pinned[route.routing_id] = route.config
+                leased.extend(r for r in rows if r.run_id is not None)
                 unrouted = [r for r in rows if r.run_id is None]
                 if not unrouted or len(leased) >= n:
                     break
@@ -199,13 +220,24 @@ class Claims:
             inputs = await parts_repo.attempt_inputs(
                 conn, [self._wanted(row) for row in leased], limit_runs=self._history_runs
             )
+            configs = await self._configs(conn, leased)
         claimed = []
         for row in leased:
-            config = configs[row.run_id]
+            config = configs[row.routing_id]
             started = run_started(row.attempt, worker_id, row.lease_epoch)
-            earlier, own = inputs[row.run_id]
+            found = inputs[row.run_id]
+            origin = Origin(row.picked_source, row.channel, row.actor_type, row.actor_id)
             claimed.append(
-                Claimed(Moved(row, numbered(row.last_seq, [started])), config, earlier, own)
+                Claimed(
+                    Moved(row, numbered(row.last_seq, [started])),
+                    config,
+                    found.earlier,
+                    found.own,
+                    origin,
+                    bool(row.has_documents),
+                    found.summary,
+                    found.last_turn,
+                )
             )
             self._prices.remember(row.run_id, config.prices)
         for one in claimed:
@@ -217,38 +249,56 @@ class Claims:
             await self.fail_unleased(run_id, error)
         return claimed
 
+    async def _configs(self, conn: Any, leased: list[Row[Any]]) -> dict[str, AgentConfig]:
+        """The routing each leased run runs with, by routing id: the one its first lease pinned,
+        read back from `routings` when this replica does not know it (a run leased again after
+        its tenant's agent changed, or first leased by another replica)."""
+        missing = {row.routing_id for row in leased} - set(self._pinned)
+        if missing:
+            if len(self._pinned) + len(missing) > MAX_ROUTES:
+                self._pinned = {r.routing_id: r.config for r in self._routes.values()}
+            for routing_id, stored in (await lease_repo.routings_of(conn, missing)).items():
+                self._pinned[routing_id] = AgentConfig.from_json(stored)
+        return {row.routing_id: self._pinned[row.routing_id] for row in leased}
+
     @staticmethod
-    def _route(tenant_id: str, routing: _Routing, routed_now: dict[str, float]) -> lease_repo.Route:
+    def _route(
+        key: RouteKey, routing: _Routing, routed_now: dict[RouteKey, float]
+    ) -> lease_repo.Route:
+        tenant_id, source, channel = key
         return lease_repo.Route(
             tenant_id,
+            source,
+            channel,
             routing.agent,
             routing.routing_id,
             routing.config.limits.max_attempts,
-            routed_now.get(tenant_id, 0.0),
+            routed_now.get(key, 0.0),
         )
 
     def _resolve(
-        self, unrouted: list[Row[Any]], routed_now: dict[str, float]
+        self, unrouted: list[Row[Any]], routed_now: dict[RouteKey, float]
     ) -> list[tuple[str, RunError]]:
-        """Resolve the routing of the tenants of runs the claim could not lease; the runs of a
-        tenant whose configuration is broken, with why."""
+        """Resolve the routing of the tenants, sources and channels of runs the claim could not
+        lease; the runs of a tenant whose configuration is broken, with why."""
         broken = []
         for row in unrouted:
-            tenant_id, agent = row.picked_tenant_id, dict(row.unrouted_agent)
-            known = self._routes.get(tenant_id)
+            key = (row.picked_tenant_id, row.picked_source, row.picked_channel)
+            agent = dict(row.unrouted_agent)
+            known = self._routes.get(key)
             if known is not None and known.agent == agent:
                 continue  # resolved for a run before this one
             started = time.perf_counter()
             try:
-                config = routing.resolve(agent)
+                config = routing.resolve(agent, row.picked_source, row.picked_channel)
             except TetherError as exc:
                 broken.append((row.picked_run_id, RunError("routing_failed", exc.message)))
                 continue
             if len(self._routes) >= MAX_ROUTES:
                 self._routes.clear()
                 self._stored_routings.clear()
-            self._routes[tenant_id] = _Routing(agent, config)
-            routed_now[tenant_id] = (time.perf_counter() - started) * 1000
+            self._routes[key] = _Routing(agent, config)
+            routed_now[key] = (time.perf_counter() - started) * 1000
         return broken
 
     @staticmethod

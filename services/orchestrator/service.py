@@ -30,10 +30,12 @@ DEFAULT_EVENTS = 1000
 
 @dataclass(frozen=True)
 class RunView:
-    """A run with its persisted parts."""
+    """A run with its persisted parts, and the routing decision it is pinned to (its stored
+    form; empty until it is first leased) when it was asked for."""
 
     run: Row[Any]
     parts: Sequence[Part]
+    routing: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ class Runs:
         async with self._engine.connect() as conn:
             run = await runs_repo.visible_run(conn, viewer, run_id)
             parts = await parts_repo.list_parts(conn, run_id, include_superseded=include_superseded)
-            return RunView(run, parts)
+            return RunView(run, parts, await runs_repo.routing_of(conn, run_id))
 
     async def visible(self, viewer: Viewer, run_id: str) -> Row[Any]:
         """The run (without its parts); NotFound for absent or not the viewer's to see."""

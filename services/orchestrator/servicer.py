@@ -8,14 +8,17 @@ from datetime import UTC
 import grpc
 
 from services.orchestrator.execution import Execution
+from services.orchestrator.knowledge import Knowledge
 from services.orchestrator.retention import Retention
 from services.orchestrator.service import Runs
 from services.orchestrator.work import Work, WorkSettings
 from services.orchestrator.worker_edge import ExecutionServicer, lease_response
 from tether.convert import (
     attempt_to_proto,
+    document_to_proto,
     event_to_proto,
     part_to_proto,
+    routing_to_proto,
     run_to_proto,
     status_from_proto,
     status_to_proto,
@@ -55,6 +58,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
     ) -> None:
         self._runs = runs
         self._execution = execution
+        self._knowledge = Knowledge(execution.engine)
         self._retention = retention
         self.work = Work(
             execution.engine,
@@ -74,8 +78,11 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         view = await self._runs.lookup(
             _viewer(request), request.run_id, include_superseded=request.include_superseded
         )
+        run = run_to_proto(view.run)
+        if view.routing:
+            run.routing.CopyFrom(routing_to_proto(view.run.routing_id or "", view.routing))
         return orchestrator_pb2.LookupRunResponse(
-            run=run_to_proto(view.run), parts=[part_to_proto(p) for p in view.parts]
+            run=run, parts=[part_to_proto(p) for p in view.parts]
         )
 
     async def LookupRunFacts(
@@ -192,3 +199,27 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         return orchestrator_pb2.RequestCancellationResponse(
             run=run_to_proto(outcome.run), changed=outcome.changed
         )
+
+    async def StoreDocument(
+        self, request: orchestrator_pb2.StoreDocumentRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.StoreDocumentResponse:
+        row = await self._knowledge.add(
+            request.tenant_id, request.principal_id, request.title, request.content
+        )
+        return orchestrator_pb2.StoreDocumentResponse(document=document_to_proto(row))
+
+    async def FindDocuments(
+        self, request: orchestrator_pb2.FindDocumentsRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.FindDocumentsResponse:
+        rows, token = await self._knowledge.page(
+            request.tenant_id, request.page_size, request.page_token
+        )
+        return orchestrator_pb2.FindDocumentsResponse(
+            documents=[document_to_proto(r) for r in rows], next_page_token=token
+        )
+
+    async def DeleteDocument(
+        self, request: orchestrator_pb2.DeleteDocumentRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.DeleteDocumentResponse:
+        await self._knowledge.remove(request.tenant_id, request.document_id)
+        return orchestrator_pb2.DeleteDocumentResponse()

@@ -55,6 +55,8 @@ WRITES = (
     "begin_effect",
     "finish_effect",
     "store_tool_output",
+    "retrieve_knowledge",
+    "store_summary",
 )
 # The writes after which the run is out of the worker's hands.
 OUTCOMES = frozenset({"complete", "park", "schedule_retry", "release"})

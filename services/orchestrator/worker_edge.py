@@ -4,7 +4,7 @@ calls and on its Work stream, and the leases pushed to it. Protobuf stops here."
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -14,9 +14,11 @@ from services.orchestrator import observed
 from services.orchestrator.attempts import Completion
 from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
+from services.orchestrator.knowledge import Knowledge
 from services.orchestrator.work import Work, Write
 from tether import telemetry
 from tether.convert import (
+    config_to_proto,
     error_from_proto,
     event_from_wire,
     part_from_proto,
@@ -28,7 +30,6 @@ from tether.convert import (
 )
 from tether.domain import (
     CANCELLED_BY_CALLER,
-    AgentConfig,
     Batch,
     Cancelled,
     Completed,
@@ -117,6 +118,23 @@ def _history(claimed: Claimed) -> list[common_pb2.Part]:
     return history
 
 
+def _context(claimed: Claimed) -> orchestrator_pb2.AttemptContext:
+    origin = claimed.origin
+    return orchestrator_pb2.AttemptContext(
+        source=origin.source,
+        actor_type=origin.actor_type,
+        actor_id=origin.actor_id,
+        has_documents=claimed.has_documents,
+        summary=None if claimed.summary is None else part_to_proto(claimed.summary),
+        earlier_runs=[
+            orchestrator_pb2.EarlierRunSpan(run_id=e.run_id, parts=len(e.parts) + 1)
+            for e in claimed.earlier
+        ],
+        last_turn_tokens=claimed.last_turn.tokens,
+        last_turn_own=claimed.last_turn.own,
+    )
+
+
 def lease_response(claimed: Claimed) -> orchestrator_pb2.ClaimRunResponse:
     """A lease with the attempt's explicit inputs, as the worker receives it."""
     run = claimed.run
@@ -130,29 +148,12 @@ def lease_response(claimed: Claimed) -> orchestrator_pb2.ClaimRunResponse:
             expires_at=timestamp(run.lease_expires_at),
         ),
         run=run_to_proto(run),
-        config=_config_proto(claimed.config),
+        config=config_to_proto(claimed.config),
         history=history,
         prior_part_count=len(history) - len(claimed.own),
         last_seq=run.last_seq,
         traceparent=observed.claimed(run) if telemetry.on else run.traceparent or "",
-    )
-
-
-def _config_proto(config: AgentConfig) -> orchestrator_pb2.AgentConfig:
-    limits = orchestrator_pb2.Limits(**asdict(config.limits))
-    return orchestrator_pb2.AgentConfig(
-        agent=config.agent,
-        model=config.model,
-        system_prompt=config.system_prompt,
-        system_blocks=[
-            orchestrator_pb2.SystemBlock(text=b.text, cache_control=b.cache_control)
-            for b in config.system_blocks
-        ],
-        tool_allowlist=list(config.tool_allowlist),
-        limits=limits,
-        prices=[
-            orchestrator_pb2.ModelPrice(model=m, **asdict(p)) for m, p in config.prices.items()
-        ],
+        context=_context(claimed),
     )
 
 
@@ -162,6 +163,7 @@ class ExecutionServicer:
     rolling deploy) and the Work stream."""
 
     _execution: Execution
+    _knowledge: Knowledge
     work: Work
 
     def _work_writes(self) -> Mapping[str, Write]:
@@ -175,6 +177,8 @@ class ExecutionServicer:
             "begin_effect": self.BeginEffect,
             "finish_effect": self.FinishEffect,
             "store_tool_output": self.StoreToolOutput,
+            "retrieve_knowledge": self.RetrieveKnowledge,
+            "store_summary": self.StoreSummary,
         }
 
         def write(call: Any) -> Write:
@@ -368,6 +372,37 @@ class ExecutionServicer:
             request.run_id, request.epoch, request.output_ref, request.content
         )
         return orchestrator_pb2.StoreToolOutputResponse()
+
+    async def RetrieveKnowledge(
+        self,
+        request: orchestrator_pb2.RetrieveKnowledgeRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> orchestrator_pb2.RetrieveKnowledgeResponse:
+        matches = await self._knowledge.retrieve(
+            request.run_id,
+            request.epoch,
+            request.query,
+            limit=request.limit,
+            max_chars=request.max_chars,
+        )
+        return orchestrator_pb2.RetrieveKnowledgeResponse(
+            documents=[
+                orchestrator_pb2.RetrievedDocument(
+                    document_id=m.document_id, title=m.title, text=m.text, rank=m.rank
+                )
+                for m in matches
+            ]
+        )
+
+    async def StoreSummary(
+        self, request: orchestrator_pb2.StoreSummaryRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.StoreSummaryResponse:
+        # A worker never marks a part superseded: the orchestrator alone decides that.
+        part = replace(part_from_proto(request.part), superseded=False)
+        row = await self._execution.attempts.store_summary(
+            request.run_id, request.epoch, part, _events(request.events)
+        )
+        return orchestrator_pb2.StoreSummaryResponse(last_seq=row.last_seq)
 
 
 _EFFECT_STATES = {

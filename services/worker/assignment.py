@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tether.domain import AgentConfig, Part
+from tether.domain import AgentConfig, Part, Summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,10 +21,32 @@ class Lease:
 
 
 @dataclass(frozen=True, slots=True)
+class Origin:
+    """Where the run came from: its source and channel, and who sent it."""
+
+    source: str = ""
+    channel: str = ""
+    actor_type: str = ""
+    actor_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EarlierRun:
+    """One earlier run in the history: its id and how many history parts are its (its input,
+    a user-role text part, first)."""
+
+    run_id: str
+    parts: int
+
+
+@dataclass(frozen=True, slots=True)
 class Assignment:
     """A claimed run. `history` is the session's earlier runs (their inputs as user-role text
     parts) followed by this run's own parts; the first `prior_part_count` are the earlier
-    runs'."""
+    runs', spanned by `earlier_runs` (when the orchestrator says so). `summary` stands in for
+    the runs before them (context compaction). `last_turn_tokens` is what the session's last
+    model turn reported (input and output; 0 when unknown), and `last_turn_own` whether it was
+    this run's."""
 
     lease: Lease
     tenant_id: str
@@ -35,6 +57,12 @@ class Assignment:
     prior_part_count: int = 0
     last_seq: int = 0
     traceparent: str = ""
+    origin: Origin = Origin()
+    has_documents: bool = False
+    summary: Summary | None = None
+    earlier_runs: tuple[EarlierRun, ...] = ()
+    last_turn_tokens: int = 0
+    last_turn_own: bool = False
 
     @property
     def run_id(self) -> str:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from anthropic import AsyncAnthropic
@@ -19,7 +20,17 @@ from anthropic import AsyncAnthropic
 from services.worker import observed
 from services.worker.assignment import Assignment
 from services.worker.checkpoints import CheckpointWriter
-from services.worker.context import build_messages, system_param
+from services.worker.compactor import Compactor
+from services.worker.context.builder import ContextBuilder, EarlierRun
+from services.worker.context.compaction import Budget, request_tokens
+from services.worker.context.knowledge import LeasedKnowledge
+from services.worker.context.providers import (
+    ContextFailed,
+    ContextProviders,
+    FactRequest,
+    Gathered,
+    RetrievalRequest,
+)
 from services.worker.gate import Gate, RunFailed
 from services.worker.interactions import BUILTIN_SPECS, LeasedInteractions, Parked
 from services.worker.model import stream_turn
@@ -38,6 +49,7 @@ from tether.domain import (
     ModelTurn,
     Role,
     RunError,
+    Summary,
     ToolCall,
     ToolResult,
     tool_started,
@@ -88,8 +100,13 @@ class Attempt:
         bus: Bus | None,
         checkpoint_interval_s: float,
         interactions: LeasedInteractions | None = None,
+        providers: ContextProviders | None = None,
     ) -> None:
         self.assignment = assignment
+        self._orchestrator = orchestrator
+        self._providers = providers or ContextProviders([], [])
+        # What the run records about its context: optional providers left out.
+        self.context_warnings: tuple[str, ...] = ()
         self.lease = assignment.lease
         self.run_id = assignment.run_id
         self.config = assignment.config
@@ -119,6 +136,14 @@ class Attempt:
             interactions=interactions,
             transcript=self.transcript,
             checkpoints=self.checkpoints,
+        )
+        self._compactor = Compactor(
+            client=client,
+            orchestrator=orchestrator,
+            lease=self.lease,
+            transcript=self.transcript,
+            config=self.config,
+            account=lambda model, usage: self._account(usage, model),
         )
         self.outcomes = Outcomes(
             orchestrator=orchestrator,
@@ -177,20 +202,70 @@ class Attempt:
                 raise self.checkpoints.error from None  # the writer stopped us, not a caller
             raise
 
-    async def _execute_attempt(self) -> None:
-        context_start = time.monotonic()
+    async def _gather(self) -> Gathered:
+        """This attempt's live facts and knowledge (see `ContextProviders.gather`)."""
+        assignment, policy = self.assignment, self.config.context
+        origin = assignment.origin
+        facts = FactRequest(
+            tenant_id=assignment.tenant_id,
+            run_id=self.run_id,
+            source=origin.source,
+            channel=origin.channel,
+            actor_type=origin.actor_type,
+            actor_id=origin.actor_id,
+            timezone=policy.timezone,
+            now=datetime.now(UTC),
+        )
+        retrieval = RetrievalRequest(
+            tenant_id=assignment.tenant_id,
+            run_id=self.run_id,
+            query=assignment.input_text,
+            limit=policy.knowledge_documents,
+            max_chars=policy.knowledge_chars,
+            has_documents=assignment.has_documents,
+        )
+        knowledge = LeasedKnowledge(self._orchestrator, self.lease)
+        try:
+            gathered = await self._providers.gather(policy, facts, retrieval, knowledge)
+        except ContextFailed as failed:
+            raise RunFailed(failed.code, failed.message) from failed
+        self.context_warnings = gathered.warnings
+        return gathered
+
+    def _builder(self, gathered: Gathered) -> ContextBuilder:
+        """The context of this attempt's requests: routing's persona, skills and tools, the
+        session's history (the latest summary standing in for what it covers), the live facts
+        and knowledge gathered."""
         allowlist = list(self.config.tool_allowlist)
         tools = [
             *self._registry.specs([n for n in allowlist if n not in BUILTIN_SPECS]),
             *(BUILTIN_SPECS[n] for n in allowlist if n in BUILTIN_SPECS),
         ]
-        self.stages["context_ms"] = ms_since(context_start)
+        builder = ContextBuilder(
+            self.config,
+            tools=tools,
+            summary=self.assignment.summary,
+            earlier=_earlier_runs(self.assignment),
+            facts=gathered.facts,
+            documents=gathered.documents,
+            input_text=self.assignment.input_text,
+        )
+        own = [p.content for p in self.transcript.parts if isinstance(p.content, Summary)]
+        if own:
+            builder.compacted(own[-1])  # an earlier attempt of this run compacted
+        return builder
+
+    async def _execute_attempt(self) -> None:
+        context_start = time.monotonic()
         loop_start = time.monotonic()
         ending: Ending
         try:
             async with asyncio.timeout(self.limits.wall_clock_seconds or None):
+                context = self._builder(await self._gather())
+                self.stages["context_ms"] = ms_since(context_start)
+                loop_start = time.monotonic()
                 await self._gate.resume_paused()
-                ending = await self._loop(tools)
+                ending = await self._loop(context)
         except TimeoutError:
             budget = f"{self.limits.wall_clock_seconds:g} s"
             ending = Failed(
@@ -212,24 +287,54 @@ class Attempt:
             await self.outcomes.provider_failed(failure.failure)
             return
         self.stages["attempt_ms"] = ms_since(loop_start)
+        if isinstance(ending, Completed) and self.context_warnings:
+            ending = replace(ending, warnings=(*ending.warnings, *self.context_warnings))
         await self.outcomes.finish(ending)
 
-    async def _loop(self, tools: list[dict[str, Any]]) -> Completed:
+    def _request(self, context: ContextBuilder) -> dict[str, Any]:
+        return context.request(
+            self.transcript.parts,
+            model=self.config.model,
+            max_tokens=self.limits.max_tokens_per_turn or 1024,
+        )
+
+    async def _within_budget(
+        self, context: ContextBuilder, budget: Budget, request: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The request, its history compacted first when it would exceed the agent's context
+        budget (see `services.worker.context.compaction`)."""
+        allowed = self.config.context.budget_tokens
+        if not allowed:
+            return request
+        tokens = budget.estimate(context, self.transcript.parts, request)
+        if tokens <= allowed:
+            return request
+        try:
+            summary = await self._compactor.compact(context, tokens)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if isinstance(exc, TetherError | LimitReached):
+                raise  # our own (a refused store, a stale lease, a ceiling), not the provider's
+            raise ProviderError(classify_exception(exc)) from exc
+        if summary is not None:
+            budget.forget()
+            request = self._request(context)
+        if request_tokens(request) > allowed and "context_over_budget" not in self.context_warnings:
+            # Nothing older is left to summarise: the run goes on, and says so.
+            self.context_warnings = (*self.context_warnings, "context_over_budget")
+        return request
+
+    async def _loop(self, context: ContextBuilder) -> Completed:
+        budget = Budget(
+            self.assignment.last_turn_tokens, self.assignment.last_turn_own, self.transcript.parts
+        )
         while True:
             if self.state.steps >= self.limits.max_steps:
                 raise LimitReached(
                     "max_steps_exceeded", f"the run used its {self.limits.max_steps} model turns"
                 )
-            request = {
-                "model": self.config.model,
-                "max_tokens": self.limits.max_tokens_per_turn or 1024,
-                "system": system_param(self.config),
-                "messages": build_messages(
-                    self.assignment.prior, self.assignment.input_text, self.transcript.parts
-                ),
-            }
-            if tools:
-                request["tools"] = tools
+            request = await self._within_budget(context, budget, self._request(context))
             turn_start_index = self.transcript.next_index
             try:
                 streaming = stream_turn(
@@ -251,6 +356,7 @@ class Attempt:
                 raise ProviderError(classify_exception(exc)) from exc
             self.state.steps += 1
             self._account(turn.usage)
+            budget.turned(turn.usage, turn_start_index)
             if turn.stop_reason != "tool_use" or not turn.tool_calls:
                 # No flush: what is left goes with the completion, in the same transaction.
                 warnings = ("max_tokens",) if turn.stop_reason == "max_tokens" else ()
@@ -259,11 +365,14 @@ class Attempt:
                 await self._run_tool(call)
             self.checkpoints.checkpoint()
 
-    def _account(self, usage: dict[str, int]) -> None:
-        cost = cost_micros(usage, self.config.prices.get(self.config.model))
+    def _account(self, usage: dict[str, int], model: str | None = None) -> None:
+        """Count one model call's usage (priced at its own model's rate) against the run's
+        ceilings."""
+        model = model or self.config.model
+        cost = cost_micros(usage, self.config.prices.get(model))
         if telemetry.on:
-            observed.turn_used(self.assignment.tenant_id, self.config.model, usage, cost)
-        turn = ModelTurn(self.config.model, **usage, cost_micros=cost)
+            observed.turn_used(self.assignment.tenant_id, model, usage, cost)
+        turn = ModelTurn(model, **usage, cost_micros=cost)
         self.state.usage = add_usage(self.state.usage, {**usage, "cost_micros": cost})
         self.state.cost_micros += cost
         self.transcript.record_turn(turn)
@@ -307,3 +416,16 @@ class Attempt:
         self.state.tool_calls += 1
         self.transcript.record(tool_started(tool_call.tool_call_id, tool_call.name))
         await self._gate.run(tool_call)
+
+
+def _earlier_runs(assignment: Assignment) -> list[EarlierRun]:
+    """The history's earlier runs, each with its parts (spans the orchestrator sent; all as one
+    when it sent none, as the previous release does)."""
+    prior = tuple(assignment.prior)
+    if not assignment.earlier_runs:
+        return [EarlierRun("", prior)] if prior else []
+    runs, start = [], 0
+    for span in assignment.earlier_runs:
+        runs.append(EarlierRun(span.run_id, prior[start : start + span.parts]))
+        start += span.parts
+    return runs

@@ -14,6 +14,7 @@ from anthropic import AsyncAnthropic
 
 from services.worker.assignment import Assignment
 from services.worker.attempt import Attempt
+from services.worker.context.providers import ContextProviders
 from services.worker.interactions import Interactions
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.pool import WorkerPool
@@ -49,6 +50,7 @@ async def amain(settings: WorkerSettings, credential: str, tls: MutualTls | None
     bus = Bus(settings.redis_url) if settings.redis_url else None
     client = provider_client(settings)
     registry = ToolRegistry.from_entry_points(settings=dict(os.environ))
+    providers = ContextProviders.from_entry_points(settings=dict(os.environ))
 
     interactions_channel = (
         internal_channel(settings.interactions_addr, credential, service="interactions", tls=tls)
@@ -67,6 +69,7 @@ async def amain(settings: WorkerSettings, credential: str, tls: MutualTls | None
             bus=bus,
             checkpoint_interval_s=settings.checkpoint_interval_s,
             interactions=leased,
+            providers=providers,
         )
 
     pool = WorkerPool(stream=stream, make_attempt=make_attempt, concurrency=settings.concurrency)

@@ -79,7 +79,7 @@ async def stream_turn(
                     if time.monotonic() - transcript.last_flush >= checkpoint_interval_s:
                         checkpoint()
             elif kind == "message_start":
-                result.usage = _usage(event["message"].get("usage"))
+                result.usage = usage_of(event["message"].get("usage"))
             elif kind == "content_block_start":
                 checkpoint_ended_block()
                 draft = _start_draft(event["content_block"])
@@ -95,7 +95,7 @@ async def stream_turn(
                         block_ended = loop.call_later(BLOCK_END_GRACE_S, checkpoint_ended_block)
             elif kind == "message_delta":
                 result.stop_reason = event["delta"].get("stop_reason")
-                result.usage.update({k: v for k, v in _usage(event.get("usage")).items() if v})
+                result.usage.update({k: v for k, v in usage_of(event.get("usage")).items() if v})
             elif kind == "message_stop" and block_ended:
                 # The run's answer goes with the completion; tool calls go with their results
                 # or their announcement (Gate._while_announced).
@@ -110,7 +110,8 @@ async def stream_turn(
     return result
 
 
-def _usage(usage: dict[str, Any] | None) -> dict[str, int]:
+def usage_of(usage: dict[str, Any] | None) -> dict[str, int]:
+    """The token counts of a stream's usage object."""
     out = {}
     for key in TOKEN_FIELDS:
         value = (usage or {}).get(key)

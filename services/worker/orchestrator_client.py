@@ -8,18 +8,29 @@ domain parts, events and turns. (A pushed lease becomes an `Assignment` where it
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from google.protobuf import json_format
 
 from services.worker import observed
 from services.worker.assignment import Lease
+from services.worker.context.builder import Document
 from services.worker.tools.effects import EffectState
 from services.worker.work_stream import WorkStream
 from tether import telemetry
 from tether.convert import error_to_proto, event_to_wire, part_to_proto, status_to_proto
-from tether.domain import Batch, Cancelled, Completed, Ending, Failed, ModelTurn, RunError
+from tether.domain import (
+    Batch,
+    Cancelled,
+    Completed,
+    Ending,
+    Event,
+    Failed,
+    ModelTurn,
+    Part,
+    RunError,
+)
 from tether.states import RunStatus
 from tether.v1 import common_pb2, orchestrator_pb2
 
@@ -125,6 +136,34 @@ class Orchestrator:
         )
         json_format.ParseDict(result, request.result)
         await self._stream.write("finish_effect", request)
+
+    async def retrieve_knowledge(
+        self, lease: Lease, query: str, *, limit: int, max_chars: int
+    ) -> list[Document]:
+        """The documents of the run's tenant that match `query`, best first."""
+        response: orchestrator_pb2.RetrieveKnowledgeResponse = await self._stream.write(
+            "retrieve_knowledge",
+            orchestrator_pb2.RetrieveKnowledgeRequest(
+                run_id=lease.run_id,
+                epoch=lease.epoch,
+                query=query,
+                limit=limit,
+                max_chars=max_chars,
+            ),
+        )
+        return [Document(d.document_id, d.title, d.text) for d in response.documents]
+
+    async def store_summary(self, lease: Lease, part: Part, events: Sequence[Event]) -> None:
+        """Store a compaction summary (a part of the run) and its events, once per range."""
+        await self._stream.write(
+            "store_summary",
+            orchestrator_pb2.StoreSummaryRequest(
+                run_id=lease.run_id,
+                epoch=lease.epoch,
+                part=part_to_proto(part),
+                events=[event_to_wire(e) for e in events],
+            ),
+        )
 
 
 class LeasedEffects:

@@ -66,6 +66,12 @@ class Transcript:
         self._events.append(part_added(part))
         return part
 
+    def append_stored(self, part: Part) -> None:
+        """Append a part already stored with its events (a compaction summary): the next
+        checkpoint does not carry it."""
+        self.progressed_at = time.monotonic()
+        self._parts.append(part)
+
     def open(self, draft: D) -> D:
         """Append a part that streams, announced with part.added as it starts."""
         self.progressed_at = time.monotonic()

@@ -23,17 +23,16 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
 from google.protobuf.message import Message
 
-from services.worker.assignment import Assignment, Lease
-from tether.convert import part_from_proto
-from tether.domain import AgentConfig, Limits, SystemBlock
+from services.worker.assignment import Assignment, EarlierRun, Lease, Origin
+from tether.convert import config_from_proto, part_from_proto
+from tether.domain import Summary
 from tether.errors import TetherError, Unavailable, from_status
-from tether.pricing import Price
 from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -321,28 +320,27 @@ _FOR_GOOD = frozenset(
 
 def assignment_from_proto(response: orchestrator_pb2.ClaimRunResponse) -> Assignment:
     """The run a pushed lease (a ClaimRunResponse) hands this worker."""
-    run, config = response.run, response.config
+    run, context = response.run, response.context
+    summary = None
+    if context.HasField("summary"):
+        content = part_from_proto(context.summary).content
+        summary = content if isinstance(content, Summary) else None
     return Assignment(
         lease=Lease(response.lease.run_id, response.lease.epoch, response.lease.attempt),
         tenant_id=run.tenant_id,
         root_run_id=run.root_run_id or response.lease.run_id,
         input_text=run.input_text,
-        config=AgentConfig(
-            model=config.model,
-            system_prompt=config.system_prompt,
-            system_blocks=tuple(SystemBlock(b.text, b.cache_control) for b in config.system_blocks),
-            tool_allowlist=tuple(config.tool_allowlist),
-            limits=Limits(**{f.name: getattr(config.limits, f.name) for f in fields(Limits)}),
-            prices={
-                p.model: Price(p.input, p.output, p.cache_write, p.cache_read)
-                for p in config.prices
-            },
-            agent=config.agent,
-        ),
+        config=config_from_proto(response.config),
         history=tuple(part_from_proto(p) for p in response.history),
         prior_part_count=response.prior_part_count,
         last_seq=response.last_seq,
         traceparent=response.traceparent,
+        origin=Origin(context.source, run.channel, context.actor_type, context.actor_id),
+        has_documents=context.has_documents,
+        summary=summary,
+        earlier_runs=tuple(EarlierRun(e.run_id, e.parts) for e in context.earlier_runs),
+        last_turn_tokens=context.last_turn_tokens,
+        last_turn_own=context.last_turn_own,
     )
 
 

@@ -16,11 +16,24 @@ from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
 from services.orchestrator.attempts import Completion
 from services.orchestrator.execution import Execution
+from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories import runs as runs_repo
 from tests.integration.statements import counting
-from tests.integration.test_admission import _tenant, chat
+from tests.integration.test_admission import _tenant, chat, messaging
 from tether.db.schema import attempts, run_events, runs, tenants
-from tether.domain import Batch, Completed, Part, Role, Text, run_started
+from tether.domain import (
+    Batch,
+    Completed,
+    ModelTurn,
+    Part,
+    Role,
+    Summary,
+    Text,
+    context_compacted,
+    part_added,
+    run_started,
+)
+from tether.errors import FailedPrecondition, InvalidArgument, StaleLease
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -167,3 +180,116 @@ async def test_a_tenant_whose_routing_is_broken_has_its_runs_failed_not_leased(
     assert await execution.claims.claim_many("w", 4) == []
     [row] = await _rows(engine, select(runs.c.status, runs.c.error).where(runs.c.run_id == run_id))
     assert row.status == "failed" and row.error["code"] == "routing_failed"
+
+
+async def test_a_run_keeps_the_routing_it_started_with_and_routing_follows_its_origin(
+    engine: AsyncEngine,
+) -> None:
+    await _tenant(engine, "t1")
+    concierge = {
+        "name": "concierge",
+        "version": 1,
+        "instructions": "You look after guests.",
+        "channels": ["whatsapp"],
+    }
+    async with engine.begin() as conn:
+        agent = {"personas": [concierge]}
+        await conn.execute(update(tenants).where(tenants.c.tenant_id == "t1").values(agent=agent))
+    execution = _execution(engine)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    chat_run = (await admitter.admit(chat("pin-1", conversation="pin"))).run.run_id
+    guest_run = (await admitter.admit(messaging("pin-2", "thread-1", tenant="t1"))).run.run_id
+    first = {c.run.run_id: c for c in await execution.claims.claim_many("w", 2)}
+    assert first[chat_run].config.persona is not None
+    assert first[chat_run].config.persona.name == "tether-demo"
+    assert first[chat_run].origin.source == "chat"
+    guest = first[guest_run]
+    assert guest.config.persona is not None and guest.config.persona.ref == "concierge@1"
+    assert (guest.origin.source, guest.origin.channel) == ("messaging", "whatsapp")
+    assert (guest.origin.actor_type, guest.origin.actor_id) == ("guest", "guest-1")
+    pinned = await _routing(engine, chat_run)
+    assert await execution.attempts.release(chat_run, first[chat_run].run.lease_epoch)
+
+    # The tenant changes its agent while the run waits: the run resumes with what it started
+    # with, a new run gets the new one.
+    changed = {"model": "m-2", "persona": {**concierge, "name": "newer", "channels": []}}
+    async with engine.begin() as conn:
+        await conn.execute(update(tenants).where(tenants.c.tenant_id == "t1").values(agent=changed))
+    fresh_run = (await admitter.admit(chat("pin-3", conversation="pin-new"))).run.run_id
+    again = {c.run.run_id: c for c in await execution.claims.claim_many("w", 2)}
+    assert set(again) == {chat_run, fresh_run}
+    assert again[chat_run].config.to_json() == pinned
+    assert again[chat_run].run.routing_id == first[chat_run].run.routing_id
+    assert again[fresh_run].config.model == "m-2"
+    assert again[fresh_run].config.persona is not None
+    assert again[fresh_run].config.persona.ref == "newer@1"
+
+    # Another replica that never routed the run reads the pinned decision back.
+    other = _execution(engine)
+    assert await execution.attempts.release(chat_run, again[chat_run].run.lease_epoch)
+    [third] = await other.claims.claim_many("w2", 1)
+    assert third.run.run_id == chat_run and third.config.to_json() == pinned
+
+
+async def test_a_summary_is_stored_once_per_range_and_stands_in_for_the_runs_it_covers(
+    engine: AsyncEngine,
+) -> None:
+    await _tenant(engine, "t1")
+    execution = _execution(engine)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    done = []
+    for i in range(3):
+        run_id = (await admitter.admit(chat(f"s{i}", f"question {i}", conversation="s"))).run.run_id
+        [leased] = await execution.claims.claim_many("w", 1)
+        answer = Part(0, Role.ASSISTANT, Text(f"answer {i}"), final=True)
+        turn = ModelTurn("claude-sonnet-5-5", 100 * (i + 1), 10)
+        await execution.attempts.complete(
+            run_id,
+            leased.run.lease_epoch,
+            Completion(Completed(f"answer {i}"), parts=[answer], turns=[turn]),
+        )
+        done.append(run_id)
+    current = (await admitter.admit(chat("s3", "question 3", conversation="s"))).run.run_id
+    [leased] = await execution.claims.claim_many("w", 1)
+    assert [e.run_id for e in leased.earlier] == done and leased.summary is None
+    assert leased.last_turn == parts_repo.LastTurn(300 + 10, own=False)
+
+    summary = Summary("questions 0 and 1 were answered", done[0], done[1], runs=2, parts=4)
+    part = Part(0, Role.ASSISTANT, summary, final=True)
+    events = [part_added(part), context_compacted(0, summary)]
+    epoch = leased.run.lease_epoch
+    await execution.attempts.store_summary(current, epoch, part, events)
+    before = await _rows(engine, select(run_events.c.seq).where(run_events.c.run_id == current))
+    again = Part(1, Role.ASSISTANT, summary, final=True)
+    with pytest.raises(FailedPrecondition) as twice:
+        await execution.attempts.store_summary(current, epoch, again, [part_added(again)])
+    assert twice.value.code == "summary_exists"
+    after = await _rows(engine, select(run_events.c.seq).where(run_events.c.run_id == current))
+    assert after == before, "a second summary of the range writes nothing"
+    foreign = Summary("elsewhere", "run_x", "run_x")
+    with pytest.raises(InvalidArgument):
+        await execution.attempts.store_summary(
+            current, epoch, Part(1, Role.ASSISTANT, foreign, final=True), []
+        )
+    with pytest.raises(StaleLease):
+        await execution.attempts.store_summary(current, epoch + 1, again, [])
+
+    # A later attempt of the run, and the runs after it, start from the summary.
+    assert await execution.attempts.release(current, epoch)
+    [resumed] = await execution.claims.claim_many("w", 1)
+    assert resumed.summary == part
+    assert [e.run_id for e in resumed.earlier] == [done[2]]
+    assert resumed.own == [part]
+    assert resumed.last_turn == parts_repo.NO_TURN, "the turns before the summary are stale"
+    turn = ModelTurn("claude-sonnet-5-5", 50, 5)
+    answer = Part(1, Role.ASSISTANT, Text("answer 3"), final=True)
+    await execution.attempts.complete(
+        current,
+        resumed.run.lease_epoch,
+        Completion(Completed("answer 3"), parts=[answer], turns=[turn]),
+    )
+    await admitter.admit(chat("s4", "question 4", conversation="s"))
+    [later] = await execution.claims.claim_many("w", 1)
+    assert later.summary == part
+    assert [e.run_id for e in later.earlier] == [done[2], current]
+    assert later.last_turn == parts_repo.LastTurn(55, own=False)

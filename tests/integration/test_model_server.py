@@ -838,3 +838,32 @@ async def test_demo_agent_is_deterministic(client: anthropic.AsyncAnthropic) -> 
         )
 
     assert await once() == await once()
+
+
+async def test_the_prompt_cache_is_reported_through_the_sdk(
+    server: ModelServer, client: anthropic.AsyncAnthropic
+) -> None:
+    system = [{"type": "text", "text": "x" * 4_400, "cache_control": {"type": "ephemeral"}}]
+
+    async def usage() -> Any:
+        async with client.messages.stream(
+            model="claude-sonnet-5-5", max_tokens=64, system=system, messages=ask("cache me")
+        ) as stream:
+            return (await stream.get_final_message()).usage
+
+    first, second = await usage(), await usage()
+    assert first.cache_creation_input_tokens > 0 and first.cache_read_input_tokens == 0
+    assert first.cache_creation.ephemeral_5m_input_tokens == first.cache_creation_input_tokens
+    assert second.cache_read_input_tokens == first.cache_creation_input_tokens
+    assert second.cache_creation_input_tokens == 0
+    assert [r.usage["cache_read_input_tokens"] for r in server.requests] == [
+        0,
+        second.cache_read_input_tokens,
+    ]
+    marked = [
+        {"type": "text", "text": str(i), "cache_control": {"type": "ephemeral"}} for i in range(5)
+    ]
+    with pytest.raises(anthropic.BadRequestError, match="A maximum of 4 blocks"):
+        await client.messages.create(
+            model="claude-sonnet-5-5", max_tokens=8, system=marked, messages=ask("five")
+        )

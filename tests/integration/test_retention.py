@@ -12,12 +12,13 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, insert, select, text, update
+from sqlalchemy import func, insert, literal, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission.domain import FreshnessPolicy
 from services.admission.retention import Retention as AdmissionRetention
 from services.admission.service import Admitter, Disposition
+from services.orchestrator.knowledge import Knowledge
 from services.orchestrator.repositories import retention as retention_repo
 from services.orchestrator.repositories.parts import HISTORY_RUNS
 from services.orchestrator.retention import Retention as RunRetention
@@ -27,6 +28,8 @@ from tether.db.engine import create_engine
 from tether.db.schema import (
     attempts,
     audit_log,
+    context_summaries,
+    documents,
     effects,
     event_claims,
     messages,
@@ -394,3 +397,61 @@ async def test_a_deleted_tenants_rows_go_whatever_their_status_and_no_one_elses(
         assert await count(engine, table, table.c.tenant_id == "t1") == 0, table.name
     assert await kept(engine, [other.run_id]) == {other.run_id}
     assert await count(engine, messages, messages.c.tenant_id == "t2") == 1
+
+
+async def test_a_live_conversation_keeps_its_summary_and_a_removed_summary_run_takes_it_along(
+    engine: AsyncEngine, admitter: Admitter
+) -> None:
+    await tenant(engine)
+    earlier = [
+        (await admitter.admit(chat(f"s-{i}", "hi", conversation="s"))).run.run_id
+        for i in range(HISTORY_RUNS + 3)
+    ]
+    holder = earlier[1]  # compacted runs 0: its summary is older than the history it keeps
+    await with_aggregate(engine, holder)
+    await end(engine, earlier, RunStatus.COMPLETED)
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(run_parts)
+            .where(run_parts.c.run_id == holder)
+            .values(kind="summary", payload={"text": "s", "throughRunId": earlier[0]})
+        )
+        await conn.execute(
+            insert(context_summaries).from_select(
+                ["session_id", "through_run_id", "through_created_at", "run_id", "part_index"],
+                select(
+                    runs.c.session_id, runs.c.run_id, runs.c.created_at, literal(holder), literal(0)
+                ).where(runs.c.run_id == earlier[0]),
+            )
+        )
+    await age(engine, hours=1)
+    newest = (await admitter.admit(chat("s-new", "and now?", conversation="s"))).run
+    await sweep(engine)
+    # The history stays, and the run holding the summary the next run reads in place of the
+    # runs it covers; the run it covers and the one after it go.
+    assert await kept(engine, earlier) == {holder, *earlier[3:]}
+    assert await count(engine, context_summaries) == 1
+    # Once the conversation is quiet, everything goes, the summary with the run that held it.
+    await end(engine, [newest.run_id], RunStatus.COMPLETED)
+    await age(engine, hours=1)
+    await sweep(engine)
+    assert not await kept(engine, [*earlier, newest.run_id])
+    assert await count(engine, context_summaries) == 0
+
+
+async def test_a_deleted_tenants_documents_go_and_no_one_elses(engine: AsyncEngine) -> None:
+    await tenant(engine, "t1")
+    await tenant(engine, "t2")
+    knowledge = Knowledge(engine)
+    for i in range(3):
+        await knowledge.add("t1", "alice", f"Doc {i}", "text")
+    await knowledge.add("t2", "bob", "Theirs", "text")
+    run_sweep = RunRetention(engine, RetainingSettings(retention_batch=2))
+    rounds = 0
+    left = True
+    while left:
+        _, left = await run_sweep.delete_tenant("t1")
+        rounds += 1
+    assert rounds == 2, "a batch at a time"
+    assert await count(engine, documents, documents.c.tenant_id == "t1") == 0
+    assert await count(engine, documents, documents.c.tenant_id == "t2") == 1

@@ -72,14 +72,18 @@ class ExecStack:
         *,
         grant: Sequence[str] = (),
         policy: dict[str, Any] | None = None,
+        agent: dict[str, Any] | None = None,
+        scopes: Sequence[str] = apikeys.CLIENT_SCOPES,
         tenant_id: str | None = None,
         **limits: Any,
     ) -> Tenant:
         """A fresh tenant (named `tenant_id`, else at random) whose agent has `limits` (over
-        fast-retry test defaults), with tenant-wide standing grants for the tools in `grant`."""
+        fast-retry test defaults) and the rest of `agent`, with tenant-wide standing grants for
+        the tools in `grant`, and a key with `scopes`."""
         tenant_id = tenant_id or f"t-{uuid.uuid4().hex[:10]}"
         agent = {
             "tool_allowlist": TOOLS,
+            **(agent or {}),
             "limits": {"backoff_initial_seconds": 0.05, "backoff_max_seconds": 0.2, **limits},
         }
         engine = create_engine(self.db_url, pool_size=1)
@@ -101,7 +105,7 @@ class ExecStack:
                             granted_by="test-admin",
                         )
                     )
-                key, _ = await apikeys.create_key(conn, tenant_id, "tester", apikeys.CLIENT_SCOPES)
+                key, _ = await apikeys.create_key(conn, tenant_id, "tester", scopes)
         finally:
             await engine.dispose()
         return Tenant(self, tenant_id, key)

@@ -22,6 +22,9 @@ OWNER = {
     "usage_turns": "orchestrator",
     "tool_outputs": "orchestrator",
     "routings": "orchestrator",
+    "context_summaries": "orchestrator",
+    # A tenant's knowledge, served by the orchestrator to its runs' workers.
+    "documents": "orchestrator",
     # Inbound events and conversations.
     "event_claims": "admission",
     "messages": "admission",
@@ -47,6 +50,9 @@ EXCEPTIONS = {
     ("services/orchestrator/repositories/retention.py", "sessions"),
     # Reads of a tenant's configuration: its agent (routing) and its approval policy.
     ("services/orchestrator/repositories/leases.py", "tenants"),
+    # Where a leased run came from (its message's source and actor): routing picks persona and
+    # skills by its source, and the live facts name its actor.
+    ("services/orchestrator/repositories/leases.py", "messages"),
     ("services/interactions/repository.py", "tenants"),
     # Each owner's retention sweep reads every tenant's retention policy.
     ("libs/tether/retention.py", "tenants"),

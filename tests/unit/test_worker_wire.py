@@ -33,11 +33,13 @@ from tether.domain import (
     QuestionMarker,
     Role,
     RunError,
+    Summary,
     SystemBlock,
     Text,
     Thinking,
     ToolCall,
     ToolResult,
+    context_compacted,
     interaction_event,
     interrupted_results,
     part_added,
@@ -77,6 +79,7 @@ PARTS = [
     Part(6, Role.ASSISTANT, QuestionMarker("int_q"), final=True),
     Part(7, Role.ASSISTANT, ApprovalMarker("int_a", "post"), final=True),
     Part(8, Role.ASSISTANT, ConnectionMarker("int_c", "github"), final=True),
+    Part(9, Role.ASSISTANT, Summary("they talked", "run_a", "run_b", 2, 7, 9000, 1200), final=True),
 ]
 TURN = ModelTurn("claude-test", 100, 20, 0, 7, cost_micros=123)
 EVENTS = [
@@ -101,6 +104,7 @@ EVENTS = [
     run_completed(Completed("done", warnings=("max_tokens",)), {"input_tokens": 5}),
     run_cancelled("cancelled by caller"),
     part_superseded(4, 2),
+    context_compacted(9, Summary("they talked", "run_a", "run_b", 2, 7, 9000, 1200)),
 ]
 
 

@@ -123,6 +123,12 @@ class Renderer:
             self._line(f"[approval] {event.approval_decided.decision}")
         elif kind == "connection_completed":
             self._line(f"[connection] {event.connection_completed.outcome}")
+        elif kind == "context_compacted":
+            done = event.context_compacted
+            self._line(
+                f"[context] {done.runs_compacted} earlier runs summarised "
+                f"({done.tokens_before} -> {done.tokens_after} tokens)"
+            )
         elif kind == "run_completed":
             usage = event.run_completed.usage
             cost = f", ${usage.cost_micros / 1e6:.4f}" if usage.cost_micros else ""

@@ -12,6 +12,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     Column,
+    Computed,
     DateTime,
     ForeignKey,
     ForeignKeyConstraint,
@@ -28,7 +29,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR
 
 from tether.states import RunStatus
 
@@ -348,6 +349,62 @@ tool_outputs = Table(
     _now(),
 )
 Index("ix_tool_outputs_run", tool_outputs.c.run_id)
+
+# The summaries that stand in for a session's earlier runs in the history sent to the model
+# (context compaction), one per range (a summary covers the session's runs up to and including
+# `through_run_id`, a previous summary's included): the claim finds a session's latest here.
+# The summary itself is a part of the run that wrote it (`run_id`, `part_index`).
+context_summaries = Table(
+    "context_summaries",
+    metadata,
+    Column("session_id", Text, nullable=False),
+    # The runs it covers may be removed by retention (no run reads them any more): not a key.
+    Column("through_run_id", Text, nullable=False),
+    Column("through_created_at", DateTime(timezone=True), nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("part_index", Integer, nullable=False),
+    _now(),
+    PrimaryKeyConstraint("session_id", "through_run_id"),
+    # It goes with the run that holds it (retention, a tenant's deletion).
+    ForeignKeyConstraint(
+        ["run_id", "part_index"],
+        ["run_parts.run_id", "run_parts.part_index"],
+        ondelete="CASCADE",
+    ),
+)
+Index(
+    "ix_context_summaries_latest",
+    context_summaries.c.session_id,
+    context_summaries.c.through_created_at.desc(),
+)
+
+# A tenant's knowledge: documents it uploads, retrieved for a run's context by full-text search
+# (`search`, PostgreSQL's english configuration over title and content). Only the tenant's own
+# runs ever retrieve them.
+documents = Table(
+    "documents",
+    metadata,
+    Column("document_id", Text, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("title", Text, nullable=False),
+    Column("content", Text, nullable=False),
+    # The principal whose key uploaded it.
+    Column("created_by", Text, nullable=False),
+    Column(
+        "search",
+        TSVECTOR,
+        Computed("to_tsvector('english'::regconfig, title || ' ' || content)", persisted=True),
+        nullable=False,
+    ),
+    _now(),
+)
+Index(
+    "ix_documents_tenant_created",
+    documents.c.tenant_id,
+    documents.c.created_at.desc(),
+    documents.c.document_id.desc(),
+)
+Index("ix_documents_search", documents.c.search, postgresql_using="gin")
 
 audit_log = Table(
     "audit_log",

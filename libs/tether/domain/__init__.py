@@ -16,12 +16,13 @@ stored JSON, versioned). Everything in between speaks these types; import them f
 
 from __future__ import annotations
 
-from tether.domain.agents import AgentConfig, Limits, SystemBlock
+from tether.domain.agents import AgentConfig, Bundle, ContextPolicy, Limits, SystemBlock
 from tether.domain.events import (
     TERMINAL_EVENTS,
     Event,
     EventType,
     StoredEvent,
+    context_compacted,
     interaction_event,
     part_added,
     part_superseded,
@@ -56,6 +57,7 @@ from tether.domain.parts import (
     PartKind,
     QuestionMarker,
     Role,
+    Summary,
     Text,
     Thinking,
     ToolCall,
@@ -84,11 +86,13 @@ __all__ = [
     "AgentConfig",
     "ApprovalMarker",
     "Batch",
+    "Bundle",
     "Cancelled",
     "Closing",
     "Completed",
     "ConnectionMarker",
     "Content",
+    "ContextPolicy",
     "Ending",
     "Event",
     "EventType",
@@ -101,6 +105,7 @@ __all__ = [
     "Role",
     "RunError",
     "StoredEvent",
+    "Summary",
     "SystemBlock",
     "Text",
     "Thinking",
@@ -112,6 +117,7 @@ __all__ = [
     "close_attempt",
     "content_from_json",
     "content_json",
+    "context_compacted",
     "dangling_tool_calls",
     "interaction_event",
     "interrupted_results",

@@ -1,11 +1,13 @@
-"""What routing decides for an attempt: the agent it runs as (model, system prompt and blocks,
-tools, limits, prices). The orchestrator resolves it at claim time and stores it on the run; the
-worker receives it with the lease. 0 or empty means "not set": each use says what stands in."""
+"""What routing decides for an attempt: the agent it runs as (model, persona and skills, system
+blocks, tools, what its context holds, limits, prices). The orchestrator resolves it when a run
+is first leased and pins it on the run (`routings`, `runs.routing_id`): every later attempt, a
+resume days later included, runs with what the run started with. The worker receives it with
+the lease. 0 or empty means "not set": each use says what stands in."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from tether.pricing import Price
@@ -37,8 +39,91 @@ class SystemBlock:
 
 
 @dataclass(frozen=True, slots=True)
+class Bundle:
+    """A named, versioned bundle of instructions and tools a tenant enables: a persona (who the
+    agent is) or a skill (what it knows how to do). `sources` and `channels` say where it
+    applies; empty applies everywhere."""
+
+    name: str
+    version: int
+    instructions: str
+    tools: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+    channels: tuple[str, ...] = ()
+
+    def applies(self, source: str, channel: str) -> bool:
+        """Whether the bundle is for a run from `source` on `channel`."""
+        return (not self.sources or source in self.sources) and (
+            not self.channels or channel in self.channels
+        )
+
+    @property
+    def ref(self) -> str:
+        """`name@version`, as a run's routing shows it."""
+        return f"{self.name}@{self.version}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "instructions": self.instructions,
+            "tools": list(self.tools),
+            "sources": list(self.sources),
+            "channels": list(self.channels),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Bundle:
+        """What `to_json` stored."""
+        return cls(
+            name=str(data["name"]),
+            version=int(data["version"]),
+            instructions=str(data["instructions"]),
+            tools=tuple(data.get("tools", ())),
+            sources=tuple(data.get("sources", ())),
+            channels=tuple(data.get("channels", ())),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ContextPolicy:
+    """What an attempt's context holds beyond persona, skills and history, and how big it may
+    grow. `budget_tokens` 0 never compacts; `compaction_model` "" summarises with the run's own
+    model. `live_facts` and `retriever` name the providers the worker runs (the `tether.facts`
+    and `tether.retrievers` entry points); `timezone` is the tenant's, for the time fact.
+    `cache_ttl` is the prompt cache's lifetime the breakpoints ask for ("5m" or "1h")."""
+
+    budget_tokens: int = 0
+    compaction_model: str = ""
+    live_facts: tuple[str, ...] = ()
+    retriever: str = ""
+    knowledge_documents: int = 0
+    knowledge_chars: int = 0
+    timezone: str = "UTC"
+    cache_ttl: str = "5m"
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form."""
+        data = asdict(self)
+        data["live_facts"] = list(self.live_facts)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ContextPolicy:
+        """What `to_json` stored (a field it lacks keeps its default)."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        if "live_facts" in values:
+            values["live_facts"] = tuple(values["live_facts"])
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
 class AgentConfig:
-    """The agent an attempt runs as."""
+    """The agent an attempt runs as. `system_blocks` are the persona's instructions and then
+    each selected skill's, in that order (`system_prompt` is them flat); `tool_allowlist` is the
+    agent's tools with the persona's and the skills' added."""
 
     model: str
     agent: str = ""
@@ -47,9 +132,12 @@ class AgentConfig:
     tool_allowlist: tuple[str, ...] = ()
     limits: Limits = Limits()
     prices: Mapping[str, Price] = field(default_factory=dict)
+    persona: Bundle | None = None
+    skills: tuple[Bundle, ...] = ()
+    context: ContextPolicy = ContextPolicy()
 
     def to_json(self) -> dict[str, Any]:
-        """The stored form (`runs.config`)."""
+        """The stored form (`routings.config`)."""
         return {
             "agent": self.agent,
             "model": self.model,
@@ -58,4 +146,30 @@ class AgentConfig:
             "tool_allowlist": list(self.tool_allowlist),
             "limits": asdict(self.limits),
             "prices": {model: asdict(price) for model, price in self.prices.items()},
+            "persona": None if self.persona is None else self.persona.to_json(),
+            "skills": [s.to_json() for s in self.skills],
+            "context": self.context.to_json(),
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AgentConfig:
+        """What `to_json` stored; a decision stored before personas and skills has none, and
+        the default context policy."""
+        persona = data.get("persona")
+        return cls(
+            model=str(data["model"]),
+            agent=str(data.get("agent", "")),
+            system_prompt=str(data.get("system_prompt", "")),
+            system_blocks=tuple(SystemBlock(**b) for b in data.get("system_blocks", ())),
+            tool_allowlist=tuple(data.get("tool_allowlist", ())),
+            limits=Limits(**data.get("limits", {})),
+            prices={m: Price(**p) for m, p in data.get("prices", {}).items()},
+            persona=None if persona is None else Bundle.from_json(persona),
+            skills=tuple(Bundle.from_json(s) for s in data.get("skills", ())),
+            context=ContextPolicy.from_json(data.get("context", {})),
+        )
+
+
+def merged_tools(*lists: Sequence[str]) -> tuple[str, ...]:
+    """The tools of every list, first appearance first, each once."""
+    return tuple(dict.fromkeys(name for names in lists for name in names))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.domain.outcomes import Completed, ModelTurn, RunError
-from tether.domain.parts import Part, camel, part_json
+from tether.domain.parts import Part, Summary, camel, part_json
 
 
 class EventType(enum.StrEnum):
@@ -184,6 +184,25 @@ def usage_updated(turn: ModelTurn, total: Mapping[str, int]) -> Event:
                 **_usage_json({**turn.tokens(), "cost_micros": turn.cost_micros}),
             },
             "total": _usage_json(total),
+        },
+    )
+
+
+def context_compacted(part_index: int, summary: Summary) -> Event:
+    """Older history was summarised to fit the agent's context budget: the summary is the part
+    at `part_index`, standing in for the runs from `summary.from_run_id` through
+    `summary.through_run_id` (their parts are kept), with the request's estimated tokens before
+    and after."""
+    return Event(
+        EventType.CONTEXT_COMPACTED,
+        {
+            "partsCompacted": summary.parts,
+            "fromRunId": summary.from_run_id,
+            "throughRunId": summary.through_run_id,
+            "runsCompacted": summary.runs,
+            "tokensBefore": summary.tokens_before,
+            "tokensAfter": summary.tokens_after,
+            "summaryPartIndex": part_index,
         },
     )
 

@@ -27,6 +27,7 @@ class PartKind(enum.StrEnum):
     QUESTION = "question"
     APPROVAL = "approval"
     CONNECTION = "connection"
+    SUMMARY = "summary"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +113,32 @@ class ConnectionMarker:
     kind: ClassVar[PartKind] = PartKind.CONNECTION
 
 
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A summary standing in for the session's earlier runs from `from_run_id` through
+    `through_run_id` in the history the model sees (context compaction); those runs keep their
+    parts. `runs` and `parts` count what it replaced; the tokens are the request's estimate
+    before and after."""
+
+    text: str
+    from_run_id: str = ""
+    through_run_id: str = ""
+    runs: int = 0
+    parts: int = 0
+    tokens_before: int = 0
+    tokens_after: int = 0
+    kind: ClassVar[PartKind] = PartKind.SUMMARY
+
+
 Content = (
-    Text | Thinking | ToolCall | ToolResult | QuestionMarker | ApprovalMarker | ConnectionMarker
+    Text
+    | Thinking
+    | ToolCall
+    | ToolResult
+    | QuestionMarker
+    | ApprovalMarker
+    | ConnectionMarker
+    | Summary
 )
 
 
@@ -160,6 +185,7 @@ _CONTENT_TYPES: dict[PartKind, type[Any]] = {
         QuestionMarker,
         ApprovalMarker,
         ConnectionMarker,
+        Summary,
     )
 }
 # Each content type's fields and their JSON names, in declaration order.

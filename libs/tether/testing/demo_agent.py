@@ -11,7 +11,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tether.testing.model_script import MessageTurn, TextTurn, ToolUseTurn, message_text
+from tether.testing.model_script import (
+    MessageTurn,
+    TextTurn,
+    ToolUseTurn,
+    message_text,
+    newest_text,
+)
 
 EXCERPT_LIMIT = 80
 """How much of the user's text the answer quotes back; enough to recognise, short to read."""
@@ -34,7 +40,7 @@ def demo_turn(body: Mapping[str, Any]) -> MessageTurn:
     results = _tool_results(last)
     if results:
         return TextTurn(_summarise(results, _tool_names(messages)))
-    text = message_text(last.get("content")).strip()
+    text = newest_text(last.get("content")).strip()
     offered = {
         str(tool.get("name")) for tool in body.get("tools") or () if isinstance(tool, Mapping)
     }

@@ -34,7 +34,8 @@ class RecordedRequest:
     `served` says what answered (`script`, `demo`, or the rejection such as `auth_error`);
     `outcome` how the response ended: `pending` while it is being sent, then `ok`,
     `error_status`, `mid_stream_error`, `truncated`, `cut`, `disconnected` (the client went
-    away first) or `server_stopped`.
+    away first) or `server_stopped`. `usage` is what the answer reported (the prompt cache's
+    reads and writes among it), once there was one.
     """
 
     method: str
@@ -48,6 +49,7 @@ class RecordedRequest:
     outcome: str = "pending"
     request_id: str = ""
     stream: bool = False
+    usage: dict[str, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form served by `GET /_requests`."""
@@ -63,6 +65,7 @@ class RecordedRequest:
             "outcome": self.outcome,
             "request_id": self.request_id,
             "stream": self.stream,
+            "usage": self.usage,
         }
 
 

@@ -99,6 +99,9 @@ class Usage:
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
     initial_output_tokens: int = 1
+    # The cache writes by lifetime (`usage.cache_creation`), sent when there were any.
+    ephemeral_5m_input_tokens: int = 0
+    ephemeral_1h_input_tokens: int = 0
 
 
 # Faults ---------------------------------------------------------------------------------------
@@ -406,18 +409,33 @@ def script_key(headers: Mapping[str, str], body: Mapping[str, Any]) -> str:
     """The key a request selects: its `x-tether-script` header, else its first user text.
 
     The first user message is stable across every turn of one conversation, so a whole
-    tool-use loop can be scripted under the prompt that started it.
+    tool-use loop can be scripted under the prompt that started it. Its text is its last text
+    block: what the user wrote, after whatever context a runtime put before it (live facts,
+    retrieved documents).
     """
     explicit = headers.get(KEY_HEADER)
     if explicit:
         return explicit
     for message in body.get("messages") or ():
         if isinstance(message, Mapping) and message.get("role") == "user":
-            text = message_text(message.get("content"))
+            text = newest_text(message.get("content"))
             if text:
                 return text[:KEY_TEXT_LIMIT]
             break
     return DEFAULT_KEY
+
+
+def newest_text(content: Any) -> str:
+    """A user message's own words: the string itself, or its last text block (context a
+    runtime sends with a message goes before it)."""
+    if isinstance(content, list):
+        texts = [
+            str(block.get("text", ""))
+            for block in content
+            if isinstance(block, Mapping) and block.get("type") == "text"
+        ]
+        return texts[-1] if texts else ""
+    return message_text(content)
 
 
 def message_text(content: Any) -> str:

@@ -30,6 +30,7 @@ from aiohttp import web
 
 from tether.testing.demo_agent import demo_turn
 from tether.testing.local_server import LocalServer, run_cli
+from tether.testing.model_cache import CacheRequestError, PromptCache
 from tether.testing.model_log import (
     LOGGED_HEADERS,
     RecordedRequest,
@@ -114,8 +115,11 @@ class ModelServer(LocalServer):
         *,
         shutdown_grace: float = 1.0,
         access_log: bool = False,
+        cache_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(host, port)
+        # The prompt cache, as the real API keeps it (see model_cache): usage reports its hits.
+        self.cache = PromptCache(cache_clock)
         self._shutdown_grace = shutdown_grace
         self._access_log = access_log
         self._book = ScriptBook()
@@ -163,9 +167,10 @@ class ModelServer(LocalServer):
         return self._book.drop(key)
 
     def reset(self) -> None:
-        """Forget every scripted turn and the request log."""
+        """Forget every scripted turn, the request log and the prompt cache."""
         self._book.clear()
         self._requests.clear()
+        self.cache.clear()
 
     @property
     def requests(self) -> list[RecordedRequest]:
@@ -266,9 +271,22 @@ class ModelServer(LocalServer):
         record.served = "script" if scripted is not None else "demo"
         turn = scripted if scripted is not None else demo_turn(body)
         if isinstance(turn, ErrorTurn):
-            return scripted_error(turn, rid, record)
+            return scripted_error(turn, rid, record)  # refused before the prompt was read
         try:
-            rendered = resolve_turn(as_message_turn(turn), body, _tool_id_seed(body))
+            accounting = self.cache.account(body)
+        except CacheRequestError as exc:
+            record.served = "invalid_request"
+            return error_response(400, "invalid_request_error", str(exc), rid, record)
+        try:
+            rendered = resolve_turn(
+                as_message_turn(turn), body, _tool_id_seed(body), cache=accounting
+            )
+            record.usage = {
+                "input_tokens": rendered.usage.input_tokens,
+                "cache_creation_input_tokens": rendered.usage.cache_creation_input_tokens,
+                "cache_read_input_tokens": rendered.usage.cache_read_input_tokens,
+                "output_tokens": rendered.usage.output_tokens,
+            }
             events = stream_events(rendered)
         except ValueError as exc:
             # A broken script is the test's bug: say so in the response rather than a bare 500.

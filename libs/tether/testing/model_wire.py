@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tether.testing.model_cache import Accounting
+from tether.testing.model_cache import input_tokens_for as input_tokens_for
 from tether.testing.model_script import (
     Block,
     MessageTurn,
@@ -109,12 +111,6 @@ def estimate_tokens(text: str) -> int:
     return max(1, math.ceil(len(text) / 4))
 
 
-def input_tokens_for(body: Mapping[str, Any]) -> int:
-    """Deterministic input token count for a request body."""
-    prompt = {key: body.get(key) for key in ("system", "tools", "messages")}
-    return estimate_tokens(json.dumps(prompt, sort_keys=True, default=str))
-
-
 def frame(event: str, data: Mapping[str, Any]) -> bytes:
     """One SSE event: `event: NAME\\ndata: JSON\\n\\n`."""
     payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
@@ -153,13 +149,26 @@ class RenderedTurn:
     tool_ids: tuple[str | None, ...]
 
 
-def resolve_turn(turn: MessageTurn, body: Mapping[str, Any], tool_id_seed: str) -> RenderedTurn:
-    """Fill the turn's defaults from the request: model, usage, stop reason, tool ids."""
+def resolve_turn(
+    turn: MessageTurn,
+    body: Mapping[str, Any],
+    tool_id_seed: str,
+    cache: Accounting | None = None,
+) -> RenderedTurn:
+    """Fill the turn's defaults from the request: model, usage (its input as the prompt cache
+    paid it, when given), stop reason, tool ids."""
     blocks = turn.content()
     has_tool = any(isinstance(block, ToolUseBlock) for block in blocks)
+    output_tokens = sum(_block_tokens(block) for block in blocks)
+    if cache is None:
+        cache = Accounting(input_tokens=input_tokens_for(body))
     usage = turn.usage or Usage(
-        input_tokens=input_tokens_for(body),
-        output_tokens=sum(_block_tokens(block) for block in blocks),
+        input_tokens=cache.input_tokens,
+        output_tokens=output_tokens,
+        cache_creation_input_tokens=cache.cache_creation_input_tokens,
+        cache_read_input_tokens=cache.cache_read_input_tokens,
+        ephemeral_5m_input_tokens=cache.ephemeral_5m_input_tokens,
+        ephemeral_1h_input_tokens=cache.ephemeral_1h_input_tokens,
     )
     tool_ids = tuple(
         (block.id or f"toolu_{tool_id_seed}{index:02d}")
@@ -199,13 +208,24 @@ def message_json(rendered: RenderedTurn) -> dict[str, Any]:
         ],
         "stop_reason": rendered.stop_reason,
         "stop_sequence": None,
-        "usage": {
-            "input_tokens": rendered.usage.input_tokens,
-            "cache_creation_input_tokens": rendered.usage.cache_creation_input_tokens,
-            "cache_read_input_tokens": rendered.usage.cache_read_input_tokens,
-            "output_tokens": rendered.usage.output_tokens,
-        },
+        "usage": _usage_json(rendered.usage, rendered.usage.output_tokens),
     }
+
+
+def _usage_json(usage: Usage, output_tokens: int) -> dict[str, Any]:
+    """A usage object as the API sends it; `cache_creation` by lifetime when there were writes."""
+    out: dict[str, Any] = {
+        "input_tokens": usage.input_tokens,
+        "cache_creation_input_tokens": usage.cache_creation_input_tokens,
+        "cache_read_input_tokens": usage.cache_read_input_tokens,
+    }
+    if usage.cache_creation_input_tokens:
+        out["cache_creation"] = {
+            "ephemeral_5m_input_tokens": usage.ephemeral_5m_input_tokens,
+            "ephemeral_1h_input_tokens": usage.ephemeral_1h_input_tokens,
+        }
+    out["output_tokens"] = output_tokens
+    return out
 
 
 def _final_block(block: Block, tool_id: str | None) -> dict[str, Any]:
@@ -232,12 +252,7 @@ def stream_events(rendered: RenderedTurn) -> list[tuple[str, dict[str, Any]]]:
                     "content": [],
                     "stop_reason": None,
                     "stop_sequence": None,
-                    "usage": {
-                        "input_tokens": usage.input_tokens,
-                        "cache_creation_input_tokens": usage.cache_creation_input_tokens,
-                        "cache_read_input_tokens": usage.cache_read_input_tokens,
-                        "output_tokens": usage.initial_output_tokens,
-                    },
+                    "usage": _usage_json(usage, usage.initial_output_tokens),
                 },
             },
         )

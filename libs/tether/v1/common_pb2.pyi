@@ -395,6 +395,55 @@ class ConnectionPart(_message.Message):
 Global___ConnectionPart: _TypeAlias = ConnectionPart  # noqa: Y015
 
 @_typing.final
+class SummaryPart(_message.Message):
+    """SummaryPart is a summary that stands in for the session's earlier runs up to and including
+    through_run_id, in the history sent to the model (context compaction). The runs it replaced
+    keep their parts, for audit.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEXT_FIELD_NUMBER: _builtins.int
+    FROM_RUN_ID_FIELD_NUMBER: _builtins.int
+    THROUGH_RUN_ID_FIELD_NUMBER: _builtins.int
+    RUNS_FIELD_NUMBER: _builtins.int
+    PARTS_FIELD_NUMBER: _builtins.int
+    TOKENS_BEFORE_FIELD_NUMBER: _builtins.int
+    TOKENS_AFTER_FIELD_NUMBER: _builtins.int
+    text: _builtins.str
+    """The summary, as the model wrote it."""
+    from_run_id: _builtins.str
+    """The first run it covers (the session's first, or the first a previous summary covered)."""
+    through_run_id: _builtins.str
+    """The last run it covers."""
+    runs: _builtins.int
+    """How many runs it replaced in the history (a previous summary counts as its runs)."""
+    parts: _builtins.int
+    """How many parts of those runs it replaced (their inputs included)."""
+    tokens_before: _builtins.int
+    """Estimated input tokens of the request before the history was compacted."""
+    tokens_after: _builtins.int
+    """Estimated input tokens of the request after."""
+    def __init__(
+        self,
+        *,
+        text: _builtins.str = ...,
+        from_run_id: _builtins.str = ...,
+        through_run_id: _builtins.str = ...,
+        runs: _builtins.int = ...,
+        parts: _builtins.int = ...,
+        tokens_before: _builtins.int = ...,
+        tokens_after: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_run_id", b"from_run_id", "parts", b"parts", "runs", b"runs", "text", b"text", "through_run_id", b"through_run_id", "tokens_after", b"tokens_after", "tokens_before", b"tokens_before"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SummaryPart: _TypeAlias = SummaryPart  # noqa: Y015
+
+@_typing.final
 class Part(_message.Message):
     """Part is one typed piece of a run's transcript."""
 
@@ -411,6 +460,7 @@ class Part(_message.Message):
     QUESTION_FIELD_NUMBER: _builtins.int
     APPROVAL_FIELD_NUMBER: _builtins.int
     CONNECTION_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     """Position of the part within the run, from 0."""
     role: _builtins.str
@@ -454,6 +504,10 @@ class Part(_message.Message):
     def connection(self) -> Global___ConnectionPart:
         """A connection marker."""
 
+    @_builtins.property
+    def summary(self) -> Global___SummaryPart:
+        """A summary of earlier runs (context compaction)."""
+
     def __init__(
         self,
         *,
@@ -468,16 +522,135 @@ class Part(_message.Message):
         question: Global___QuestionPart | None = ...,
         approval: Global___ApprovalPart | None = ...,
         connection: Global___ConnectionPart | None = ...,
+        summary: Global___SummaryPart | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connection", b"connection", "kind", b"kind", "question", b"question", "text", b"text", "thinking", b"thinking", "tool_call", b"tool_call", "tool_result", b"tool_result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connection", b"connection", "kind", b"kind", "question", b"question", "summary", b"summary", "text", b"text", "thinking", b"thinking", "tool_call", b"tool_call", "tool_result", b"tool_result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connection", b"connection", "final", b"final", "index", b"index", "kind", b"kind", "question", b"question", "role", b"role", "superseded", b"superseded", "text", b"text", "thinking", b"thinking", "tool_call", b"tool_call", "tool_result", b"tool_result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connection", b"connection", "final", b"final", "index", b"index", "kind", b"kind", "question", b"question", "role", b"role", "summary", b"summary", "superseded", b"superseded", "text", b"text", "thinking", b"thinking", "tool_call", b"tool_call", "tool_result", b"tool_result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text", "thinking", "tool_call", "tool_result", "question", "approval", "connection"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text", "thinking", "tool_call", "tool_result", "question", "approval", "connection", "summary"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___Part: _TypeAlias = Part  # noqa: Y015
+
+@_typing.final
+class Document(_message.Message):
+    """Document is one knowledge document of a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENT_ID_FIELD_NUMBER: _builtins.int
+    TITLE_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    CHARS_FIELD_NUMBER: _builtins.int
+    CREATED_BY_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    document_id: _builtins.str
+    """Document id (doc_...)."""
+    title: _builtins.str
+    """Title."""
+    content: _builtins.str
+    """The text; left out of lists."""
+    chars: _builtins.int
+    """Length of the text, in characters."""
+    created_by: _builtins.str
+    """The principal whose key uploaded it."""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was uploaded."""
+
+    def __init__(
+        self,
+        *,
+        document_id: _builtins.str = ...,
+        title: _builtins.str = ...,
+        content: _builtins.str = ...,
+        chars: _builtins.int = ...,
+        created_by: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chars", b"chars", "content", b"content", "created_at", b"created_at", "created_by", b"created_by", "document_id", b"document_id", "title", b"title"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Document: _TypeAlias = Document  # noqa: Y015
+
+@_typing.final
+class BundleRef(_message.Message):
+    """BundleRef names one version of a persona or skill."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Bundle name."""
+    version: _builtins.int
+    """Bundle version."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BundleRef: _TypeAlias = BundleRef  # noqa: Y015
+
+@_typing.final
+class RunRouting(_message.Message):
+    """RunRouting is the routing decision a run is pinned to: every attempt runs with it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROUTING_ID_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    PERSONA_FIELD_NUMBER: _builtins.int
+    SKILLS_FIELD_NUMBER: _builtins.int
+    TOOL_ALLOWLIST_FIELD_NUMBER: _builtins.int
+    routing_id: _builtins.str
+    """The decision's name (the digest of its stored form)."""
+    agent: _builtins.str
+    """Agent name."""
+    model: _builtins.str
+    """Model id."""
+    @_builtins.property
+    def persona(self) -> Global___BundleRef:
+        """The persona."""
+
+    @_builtins.property
+    def skills(self) -> _containers.RepeatedCompositeFieldContainer[Global___BundleRef]:
+        """The selected skills, in the order their instructions are sent."""
+
+    @_builtins.property
+    def tool_allowlist(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tools the model may call."""
+
+    def __init__(
+        self,
+        *,
+        routing_id: _builtins.str = ...,
+        agent: _builtins.str = ...,
+        model: _builtins.str = ...,
+        persona: Global___BundleRef | None = ...,
+        skills: _abc.Iterable[Global___BundleRef] | None = ...,
+        tool_allowlist: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["persona", b"persona"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "model", b"model", "persona", b"persona", "routing_id", b"routing_id", "skills", b"skills", "tool_allowlist", b"tool_allowlist"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunRouting: _TypeAlias = RunRouting  # noqa: Y015
 
 @_typing.final
 class Run(_message.Message):
@@ -508,6 +681,7 @@ class Run(_message.Message):
     CHANNEL_FIELD_NUMBER: _builtins.int
     OWNER_PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
     VISIBILITY_FIELD_NUMBER: _builtins.int
+    ROUTING_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id (run_...)."""
     tenant_id: _builtins.str
@@ -572,6 +746,12 @@ class Run(_message.Message):
     def finished_at(self) -> _timestamp_pb2.Timestamp:
         """Terminal time, unset while active."""
 
+    @_builtins.property
+    def routing(self) -> Global___RunRouting:
+        """The routing decision the run is pinned to, once leased; set when one run is read (GetRun),
+        not in lists.
+        """
+
     def __init__(
         self,
         *,
@@ -598,10 +778,11 @@ class Run(_message.Message):
         channel: _builtins.str = ...,
         owner_principal_id: _builtins.str = ...,
         visibility: _builtins.str = ...,
+        routing: Global___RunRouting | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "error", b"error", "finished_at", b"finished_at", "next_attempt_at", b"next_attempt_at", "updated_at", b"updated_at", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "error", b"error", "finished_at", b"finished_at", "next_attempt_at", b"next_attempt_at", "routing", b"routing", "updated_at", b"updated_at", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "channel", b"channel", "conversation_id", b"conversation_id", "created_at", b"created_at", "error", b"error", "finished_at", b"finished_at", "input_text", b"input_text", "last_seq", b"last_seq", "max_attempts", b"max_attempts", "next_attempt_at", b"next_attempt_at", "owner_principal_id", b"owner_principal_id", "parent_run_id", b"parent_run_id", "result_text", b"result_text", "root_run_id", b"root_run_id", "run_id", b"run_id", "session_id", b"session_id", "status", b"status", "task_outcome", b"task_outcome", "tenant_id", b"tenant_id", "updated_at", b"updated_at", "usage", b"usage", "visibility", b"visibility", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "channel", b"channel", "conversation_id", b"conversation_id", "created_at", b"created_at", "error", b"error", "finished_at", b"finished_at", "input_text", b"input_text", "last_seq", b"last_seq", "max_attempts", b"max_attempts", "next_attempt_at", b"next_attempt_at", "owner_principal_id", b"owner_principal_id", "parent_run_id", b"parent_run_id", "result_text", b"result_text", "root_run_id", b"root_run_id", "routing", b"routing", "run_id", b"run_id", "session_id", b"session_id", "status", b"status", "task_outcome", b"task_outcome", "tenant_id", b"tenant_id", "updated_at", b"updated_at", "usage", b"usage", "visibility", b"visibility", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -557,21 +557,47 @@ Global___UsageUpdated: _TypeAlias = UsageUpdated  # noqa: Y015
 
 @_typing.final
 class ContextCompacted(_message.Message):
-    """ContextCompacted: older history was summarised to fit the context window."""
+    """ContextCompacted: older history was summarised to fit the agent's context budget. The
+    summary is the part at summary_part_index; the runs it replaced keep their parts.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     PARTS_COMPACTED_FIELD_NUMBER: _builtins.int
+    FROM_RUN_ID_FIELD_NUMBER: _builtins.int
+    THROUGH_RUN_ID_FIELD_NUMBER: _builtins.int
+    RUNS_COMPACTED_FIELD_NUMBER: _builtins.int
+    TOKENS_BEFORE_FIELD_NUMBER: _builtins.int
+    TOKENS_AFTER_FIELD_NUMBER: _builtins.int
+    SUMMARY_PART_INDEX_FIELD_NUMBER: _builtins.int
     parts_compacted: _builtins.int
-    """Parts folded into the summary."""
+    """Parts folded into the summary (the replaced runs' inputs included)."""
+    from_run_id: _builtins.str
+    """The first run replaced."""
+    through_run_id: _builtins.str
+    """The last run replaced."""
+    runs_compacted: _builtins.int
+    """How many runs were replaced."""
+    tokens_before: _builtins.int
+    """Estimated input tokens of the request before."""
+    tokens_after: _builtins.int
+    """Estimated input tokens of the request after."""
+    summary_part_index: _builtins.int
+    """The summary part's index in this run."""
     def __init__(
         self,
         *,
         parts_compacted: _builtins.int = ...,
+        from_run_id: _builtins.str = ...,
+        through_run_id: _builtins.str = ...,
+        runs_compacted: _builtins.int = ...,
+        tokens_before: _builtins.int = ...,
+        tokens_after: _builtins.int = ...,
+        summary_part_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["parts_compacted", b"parts_compacted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_run_id", b"from_run_id", "parts_compacted", b"parts_compacted", "runs_compacted", b"runs_compacted", "summary_part_index", b"summary_part_index", "through_run_id", b"through_run_id", "tokens_after", b"tokens_after", "tokens_before", b"tokens_before"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

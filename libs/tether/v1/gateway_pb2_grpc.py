@@ -123,6 +123,21 @@ class GatewayServiceStub:
                 request_serializer=tether_dot_v1_dot_gateway__pb2.RevokeApiKeyRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_gateway__pb2.RevokeApiKeyResponse.FromString,
                 _registered_method=True)
+        self.AddDocument = channel.unary_unary(
+                '/tether.v1.GatewayService/AddDocument',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.AddDocumentRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.AddDocumentResponse.FromString,
+                _registered_method=True)
+        self.ListDocuments = channel.unary_unary(
+                '/tether.v1.GatewayService/ListDocuments',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.ListDocumentsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.ListDocumentsResponse.FromString,
+                _registered_method=True)
+        self.RemoveDocument = channel.unary_unary(
+                '/tether.v1.GatewayService/RemoveDocument',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.RemoveDocumentRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveDocumentResponse.FromString,
+                _registered_method=True)
         self.DeleteTenant = channel.unary_unary(
                 '/tether.v1.GatewayService/DeleteTenant',
                 request_serializer=tether_dot_v1_dot_gateway__pb2.DeleteTenantRequest.SerializeToString,
@@ -263,6 +278,31 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddDocument(self, request, context):
+        """AddDocument stores a knowledge document that the caller's tenant's runs retrieve from
+        (scope "documents:write"). A tenant holds at most 5000 documents: past that it is
+        RESOURCE_EXHAUSTED (document_limit_reached) and nothing is stored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDocuments(self, request, context):
+        """ListDocuments lists the caller's tenant's documents, newest first, without their text
+        (scope "documents:read").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveDocument(self, request, context):
+        """RemoveDocument removes one of the caller's tenant's documents; another tenant's is
+        NOT_FOUND, as an absent one (scope "documents:write").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DeleteTenant(self, request, context):
         """DeleteTenant removes a tenant and all of its data from every service (the platform
         operator's credential only). Its keys are revoked at once; each call removes a batch and
@@ -360,6 +400,21 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.RevokeApiKey,
                     request_deserializer=tether_dot_v1_dot_gateway__pb2.RevokeApiKeyRequest.FromString,
                     response_serializer=tether_dot_v1_dot_gateway__pb2.RevokeApiKeyResponse.SerializeToString,
+            ),
+            'AddDocument': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddDocument,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.AddDocumentRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.AddDocumentResponse.SerializeToString,
+            ),
+            'ListDocuments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDocuments,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.ListDocumentsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.ListDocumentsResponse.SerializeToString,
+            ),
+            'RemoveDocument': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveDocument,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveDocumentRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.RemoveDocumentResponse.SerializeToString,
             ),
             'DeleteTenant': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteTenant,
@@ -830,6 +885,87 @@ class GatewayService:
             '/tether.v1.GatewayService/RevokeApiKey',
             tether_dot_v1_dot_gateway__pb2.RevokeApiKeyRequest.SerializeToString,
             tether_dot_v1_dot_gateway__pb2.RevokeApiKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddDocument(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/AddDocument',
+            tether_dot_v1_dot_gateway__pb2.AddDocumentRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.AddDocumentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDocuments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/ListDocuments',
+            tether_dot_v1_dot_gateway__pb2.ListDocumentsRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.ListDocumentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveDocument(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/RemoveDocument',
+            tether_dot_v1_dot_gateway__pb2.RemoveDocumentRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.RemoveDocumentResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -83,6 +83,19 @@ class GatewayServiceStub:
     """RevokeApiKey revokes a key of the caller's tenant (scope "keys:admin"; the operator: any);
     it stops working within 5 seconds everywhere, streams it opened included.
     """
+    AddDocument: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.AddDocumentRequest, _gateway_pb2.AddDocumentResponse]
+    """AddDocument stores a knowledge document that the caller's tenant's runs retrieve from
+    (scope "documents:write"). A tenant holds at most 5000 documents: past that it is
+    RESOURCE_EXHAUSTED (document_limit_reached) and nothing is stored.
+    """
+    ListDocuments: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListDocumentsRequest, _gateway_pb2.ListDocumentsResponse]
+    """ListDocuments lists the caller's tenant's documents, newest first, without their text
+    (scope "documents:read").
+    """
+    RemoveDocument: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RemoveDocumentRequest, _gateway_pb2.RemoveDocumentResponse]
+    """RemoveDocument removes one of the caller's tenant's documents; another tenant's is
+    NOT_FOUND, as an absent one (scope "documents:write").
+    """
     DeleteTenant: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.DeleteTenantRequest, _gateway_pb2.DeleteTenantResponse]
     """DeleteTenant removes a tenant and all of its data from every service (the platform
     operator's credential only). Its keys are revoked at once; each call removes a batch and
@@ -144,6 +157,19 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     RevokeApiKey: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RevokeApiKeyRequest, _gateway_pb2.RevokeApiKeyResponse]  # type: ignore[assignment]
     """RevokeApiKey revokes a key of the caller's tenant (scope "keys:admin"; the operator: any);
     it stops working within 5 seconds everywhere, streams it opened included.
+    """
+    AddDocument: _aio.UnaryUnaryMultiCallable[_gateway_pb2.AddDocumentRequest, _gateway_pb2.AddDocumentResponse]  # type: ignore[assignment]
+    """AddDocument stores a knowledge document that the caller's tenant's runs retrieve from
+    (scope "documents:write"). A tenant holds at most 5000 documents: past that it is
+    RESOURCE_EXHAUSTED (document_limit_reached) and nothing is stored.
+    """
+    ListDocuments: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListDocumentsRequest, _gateway_pb2.ListDocumentsResponse]  # type: ignore[assignment]
+    """ListDocuments lists the caller's tenant's documents, newest first, without their text
+    (scope "documents:read").
+    """
+    RemoveDocument: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RemoveDocumentRequest, _gateway_pb2.RemoveDocumentResponse]  # type: ignore[assignment]
+    """RemoveDocument removes one of the caller's tenant's documents; another tenant's is
+    NOT_FOUND, as an absent one (scope "documents:write").
     """
     DeleteTenant: _aio.UnaryUnaryMultiCallable[_gateway_pb2.DeleteTenantRequest, _gateway_pb2.DeleteTenantResponse]  # type: ignore[assignment]
     """DeleteTenant removes a tenant and all of its data from every service (the platform
@@ -305,6 +331,37 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_gateway_pb2.RevokeApiKeyResponse, _abc.Awaitable[_gateway_pb2.RevokeApiKeyResponse]]:
         """RevokeApiKey revokes a key of the caller's tenant (scope "keys:admin"; the operator: any);
         it stops working within 5 seconds everywhere, streams it opened included.
+        """
+
+    @_abc_1.abstractmethod
+    def AddDocument(
+        self,
+        request: _gateway_pb2.AddDocumentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.AddDocumentResponse, _abc.Awaitable[_gateway_pb2.AddDocumentResponse]]:
+        """AddDocument stores a knowledge document that the caller's tenant's runs retrieve from
+        (scope "documents:write"). A tenant holds at most 5000 documents: past that it is
+        RESOURCE_EXHAUSTED (document_limit_reached) and nothing is stored.
+        """
+
+    @_abc_1.abstractmethod
+    def ListDocuments(
+        self,
+        request: _gateway_pb2.ListDocumentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ListDocumentsResponse, _abc.Awaitable[_gateway_pb2.ListDocumentsResponse]]:
+        """ListDocuments lists the caller's tenant's documents, newest first, without their text
+        (scope "documents:read").
+        """
+
+    @_abc_1.abstractmethod
+    def RemoveDocument(
+        self,
+        request: _gateway_pb2.RemoveDocumentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.RemoveDocumentResponse, _abc.Awaitable[_gateway_pb2.RemoveDocumentResponse]]:
+        """RemoveDocument removes one of the caller's tenant's documents; another tenant's is
+        NOT_FOUND, as an absent one (scope "documents:write").
         """
 
     @_abc_1.abstractmethod

@@ -426,6 +426,9 @@ class AgentConfig(_message.Message):
     LIMITS_FIELD_NUMBER: _builtins.int
     PRICES_FIELD_NUMBER: _builtins.int
     AGENT_FIELD_NUMBER: _builtins.int
+    PERSONA_FIELD_NUMBER: _builtins.int
+    SKILLS_FIELD_NUMBER: _builtins.int
+    CONTEXT_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Model id."""
     system_prompt: _builtins.str
@@ -448,6 +451,18 @@ class AgentConfig(_message.Message):
     def prices(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelPrice]:
         """Prices of the models the run may use."""
 
+    @_builtins.property
+    def persona(self) -> Global___Bundle:
+        """The persona, whose instructions are the first system block."""
+
+    @_builtins.property
+    def skills(self) -> _containers.RepeatedCompositeFieldContainer[Global___Bundle]:
+        """The selected skills, whose instructions follow the persona's."""
+
+    @_builtins.property
+    def context(self) -> Global___ContextPolicy:
+        """What the attempt's context holds beyond persona, skills and history."""
+
     def __init__(
         self,
         *,
@@ -458,14 +473,201 @@ class AgentConfig(_message.Message):
         limits: Global___Limits | None = ...,
         prices: _abc.Iterable[Global___ModelPrice] | None = ...,
         agent: _builtins.str = ...,
+        persona: Global___Bundle | None = ...,
+        skills: _abc.Iterable[Global___Bundle] | None = ...,
+        context: Global___ContextPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "limits", b"limits", "persona", b"persona"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "limits", b"limits", "model", b"model", "prices", b"prices", "system_blocks", b"system_blocks", "system_prompt", b"system_prompt", "tool_allowlist", b"tool_allowlist"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "context", b"context", "limits", b"limits", "model", b"model", "persona", b"persona", "prices", b"prices", "skills", b"skills", "system_blocks", b"system_blocks", "system_prompt", b"system_prompt", "tool_allowlist", b"tool_allowlist"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AgentConfig: _TypeAlias = AgentConfig  # noqa: Y015
+
+@_typing.final
+class Bundle(_message.Message):
+    """Bundle is a named, versioned bundle of instructions and tools: a persona or a skill."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    INSTRUCTIONS_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    SOURCES_FIELD_NUMBER: _builtins.int
+    CHANNELS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Name."""
+    version: _builtins.int
+    """Version."""
+    instructions: _builtins.str
+    """Instructions, sent as a system block."""
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tools it adds to the allowlist."""
+
+    @_builtins.property
+    def sources(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Sources it applies to; all when empty."""
+
+    @_builtins.property
+    def channels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Channels it applies to; all when empty."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        version: _builtins.int = ...,
+        instructions: _builtins.str = ...,
+        tools: _abc.Iterable[_builtins.str] | None = ...,
+        sources: _abc.Iterable[_builtins.str] | None = ...,
+        channels: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channels", b"channels", "instructions", b"instructions", "name", b"name", "sources", b"sources", "tools", b"tools", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Bundle: _TypeAlias = Bundle  # noqa: Y015
+
+@_typing.final
+class ContextPolicy(_message.Message):
+    """ContextPolicy says what an attempt's context holds and how big it may grow."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUDGET_TOKENS_FIELD_NUMBER: _builtins.int
+    COMPACTION_MODEL_FIELD_NUMBER: _builtins.int
+    LIVE_FACTS_FIELD_NUMBER: _builtins.int
+    RETRIEVER_FIELD_NUMBER: _builtins.int
+    KNOWLEDGE_DOCUMENTS_FIELD_NUMBER: _builtins.int
+    KNOWLEDGE_CHARS_FIELD_NUMBER: _builtins.int
+    TIMEZONE_FIELD_NUMBER: _builtins.int
+    CACHE_TTL_FIELD_NUMBER: _builtins.int
+    budget_tokens: _builtins.int
+    """Context budget in input tokens; 0 never compacts."""
+    compaction_model: _builtins.str
+    """Model that writes summaries; the run's own when empty."""
+    retriever: _builtins.str
+    """Retriever to run (a tether.retrievers entry point); none when empty."""
+    knowledge_documents: _builtins.int
+    """Most knowledge documents to retrieve per attempt."""
+    knowledge_chars: _builtins.int
+    """Most characters of each retrieved document."""
+    timezone: _builtins.str
+    """The tenant's time zone (IANA name)."""
+    cache_ttl: _builtins.str
+    """Prompt cache lifetime the breakpoints ask for: "5m" or "1h"."""
+    @_builtins.property
+    def live_facts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Live-fact providers to run (tether.facts entry points)."""
+
+    def __init__(
+        self,
+        *,
+        budget_tokens: _builtins.int = ...,
+        compaction_model: _builtins.str = ...,
+        live_facts: _abc.Iterable[_builtins.str] | None = ...,
+        retriever: _builtins.str = ...,
+        knowledge_documents: _builtins.int = ...,
+        knowledge_chars: _builtins.int = ...,
+        timezone: _builtins.str = ...,
+        cache_ttl: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "cache_ttl", b"cache_ttl", "compaction_model", b"compaction_model", "knowledge_chars", b"knowledge_chars", "knowledge_documents", b"knowledge_documents", "live_facts", b"live_facts", "retriever", b"retriever", "timezone", b"timezone"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContextPolicy: _TypeAlias = ContextPolicy  # noqa: Y015
+
+@_typing.final
+class AttemptContext(_message.Message):
+    """AttemptContext is what the context builder needs beyond the history."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    ACTOR_TYPE_FIELD_NUMBER: _builtins.int
+    ACTOR_ID_FIELD_NUMBER: _builtins.int
+    HAS_DOCUMENTS_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    EARLIER_RUNS_FIELD_NUMBER: _builtins.int
+    LAST_TURN_TOKENS_FIELD_NUMBER: _builtins.int
+    LAST_TURN_OWN_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    """The run's source ("chat", "messaging", "task", "decision")."""
+    actor_type: _builtins.str
+    """The actor's kind ("user", "guest", "system")."""
+    actor_id: _builtins.str
+    """The actor's id."""
+    has_documents: _builtins.bool
+    """Whether the tenant has knowledge documents (no retrieval is asked for otherwise)."""
+    last_turn_tokens: _builtins.int
+    """Input plus output tokens the session's last model turn reported, when that turn is newer
+    than the latest summary; 0 when unknown.
+    """
+    last_turn_own: _builtins.bool
+    """Whether that turn was this run's own (else an earlier run's)."""
+    @_builtins.property
+    def summary(self) -> _common_pb2.Part:
+        """The session's latest summary, standing in for the runs it covers (none when empty)."""
+
+    @_builtins.property
+    def earlier_runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EarlierRunSpan]:
+        """Each earlier run in the history: its id and how many history parts are its (its input
+        first), in history order.
+        """
+
+    def __init__(
+        self,
+        *,
+        source: _builtins.str = ...,
+        actor_type: _builtins.str = ...,
+        actor_id: _builtins.str = ...,
+        has_documents: _builtins.bool = ...,
+        summary: _common_pb2.Part | None = ...,
+        earlier_runs: _abc.Iterable[Global___EarlierRunSpan] | None = ...,
+        last_turn_tokens: _builtins.int = ...,
+        last_turn_own: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["summary", b"summary"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_type", b"actor_type", "earlier_runs", b"earlier_runs", "has_documents", b"has_documents", "last_turn_own", b"last_turn_own", "last_turn_tokens", b"last_turn_tokens", "source", b"source", "summary", b"summary"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttemptContext: _TypeAlias = AttemptContext  # noqa: Y015
+
+@_typing.final
+class EarlierRunSpan(_message.Message):
+    """EarlierRunSpan places one earlier run in a lease's history."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    PARTS_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    parts: _builtins.int
+    """How many history parts are the run's, its input first."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        parts: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["parts", b"parts", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EarlierRunSpan: _TypeAlias = EarlierRunSpan  # noqa: Y015
 
 @_typing.final
 class Lease(_message.Message):
@@ -543,6 +745,7 @@ class ClaimRunResponse(_message.Message):
     PRIOR_PART_COUNT_FIELD_NUMBER: _builtins.int
     LAST_SEQ_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    CONTEXT_FIELD_NUMBER: _builtins.int
     claimed: _builtins.bool
     """Whether a run was claimed."""
     prior_part_count: _builtins.int
@@ -570,6 +773,10 @@ class ClaimRunResponse(_message.Message):
     def history(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Part]:
         """Conversation history (earlier runs of the session, then this run's parts)."""
 
+    @_builtins.property
+    def context(self) -> Global___AttemptContext:
+        """Where the run came from, and what its context builder needs beyond the history."""
+
     def __init__(
         self,
         *,
@@ -581,10 +788,11 @@ class ClaimRunResponse(_message.Message):
         prior_part_count: _builtins.int = ...,
         last_seq: _builtins.int = ...,
         traceparent: _builtins.str = ...,
+        context: Global___AttemptContext | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "lease", b"lease", "run", b"run"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "context", b"context", "lease", b"lease", "run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimed", b"claimed", "config", b"config", "history", b"history", "last_seq", b"last_seq", "lease", b"lease", "prior_part_count", b"prior_part_count", "run", b"run", "traceparent", b"traceparent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimed", b"claimed", "config", b"config", "context", b"context", "history", b"history", "last_seq", b"last_seq", "lease", b"lease", "prior_part_count", b"prior_part_count", "run", b"run", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1669,6 +1877,8 @@ class WorkRequest(_message.Message):
     STORE_TOOL_OUTPUT_FIELD_NUMBER: _builtins.int
     GOODBYE_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
+    RETRIEVE_KNOWLEDGE_FIELD_NUMBER: _builtins.int
+    STORE_SUMMARY_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """Correlates a write with its acknowledgement (WorkAck.id), unique on the stream; 0 for a
     message that needs none (hello, credits, keepalive, goodbye).
@@ -1727,6 +1937,14 @@ class WorkRequest(_message.Message):
         to a replica whose welcome says it takes them (WorkWelcome.takes_batches).
         """
 
+    @_builtins.property
+    def retrieve_knowledge(self) -> Global___RetrieveKnowledgeRequest:
+        """Retrieves knowledge for a run."""
+
+    @_builtins.property
+    def store_summary(self) -> Global___StoreSummaryRequest:
+        """Stores a compaction summary."""
+
     def __init__(
         self,
         *,
@@ -1744,12 +1962,14 @@ class WorkRequest(_message.Message):
         store_tool_output: Global___StoreToolOutputRequest | None = ...,
         goodbye: Global___WorkGoodbye | None = ...,
         batch: Global___WorkRequests | None = ...,
+        retrieve_knowledge: Global___RetrieveKnowledgeRequest | None = ...,
+        store_summary: Global___StoreSummaryRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "schedule_retry", b"schedule_retry", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "id", b"id", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "schedule_retry", b"schedule_retry", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "id", b"id", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "credits", "keepalive", "checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "goodbye", "batch"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "credits", "keepalive", "checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "goodbye", "batch", "retrieve_knowledge", "store_summary"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -2098,6 +2318,8 @@ class WorkAck(_message.Message):
     BEGIN_EFFECT_FIELD_NUMBER: _builtins.int
     FINISH_EFFECT_FIELD_NUMBER: _builtins.int
     STORE_TOOL_OUTPUT_FIELD_NUMBER: _builtins.int
+    RETRIEVE_KNOWLEDGE_FIELD_NUMBER: _builtins.int
+    STORE_SUMMARY_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """The write answered."""
     code: _builtins.int
@@ -2138,6 +2360,14 @@ class WorkAck(_message.Message):
     def store_tool_output(self) -> Global___StoreToolOutputResponse:
         """For a tool output stored."""
 
+    @_builtins.property
+    def retrieve_knowledge(self) -> Global___RetrieveKnowledgeResponse:
+        """For knowledge retrieved."""
+
+    @_builtins.property
+    def store_summary(self) -> Global___StoreSummaryResponse:
+        """For a summary stored."""
+
     def __init__(
         self,
         *,
@@ -2153,16 +2383,333 @@ class WorkAck(_message.Message):
         begin_effect: Global___BeginEffectResponse | None = ...,
         finish_effect: Global___FinishEffectResponse | None = ...,
         store_tool_output: Global___StoreToolOutputResponse | None = ...,
+        retrieve_knowledge: Global___RetrieveKnowledgeResponse | None = ...,
+        store_summary: Global___StoreSummaryResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "finish_effect", b"finish_effect", "park", b"park", "release", b"release", "result", b"result", "schedule_retry", b"schedule_retry", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "finish_effect", b"finish_effect", "park", b"park", "release", b"release", "result", b"result", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "code", b"code", "complete", b"complete", "error_code", b"error_code", "finish_effect", b"finish_effect", "id", b"id", "message", b"message", "park", b"park", "release", b"release", "result", b"result", "schedule_retry", b"schedule_retry", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "code", b"code", "complete", b"complete", "error_code", b"error_code", "finish_effect", b"finish_effect", "id", b"id", "message", b"message", "park", b"park", "release", b"release", "result", b"result", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output"]  # noqa: Y015
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "retrieve_knowledge", "store_summary"]  # noqa: Y015
     _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
 
 Global___WorkAck: _TypeAlias = WorkAck  # noqa: Y015
+
+@_typing.final
+class StoreDocumentRequest(_message.Message):
+    """StoreDocumentRequest is one document of a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    TITLE_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    principal_id: _builtins.str
+    """The principal uploading it."""
+    title: _builtins.str
+    """Title."""
+    content: _builtins.str
+    """The text."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        title: _builtins.str = ...,
+        content: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "principal_id", b"principal_id", "tenant_id", b"tenant_id", "title", b"title"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoreDocumentRequest: _TypeAlias = StoreDocumentRequest  # noqa: Y015
+
+@_typing.final
+class StoreDocumentResponse(_message.Message):
+    """StoreDocumentResponse is the document stored, without its text."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def document(self) -> _common_pb2.Document:
+        """The document."""
+
+    def __init__(
+        self,
+        *,
+        document: _common_pb2.Document | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["document", b"document"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document", b"document"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoreDocumentResponse: _TypeAlias = StoreDocumentResponse  # noqa: Y015
+
+@_typing.final
+class FindDocumentsRequest(_message.Message):
+    """FindDocumentsRequest pages through a tenant's documents."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    page_size: _builtins.int
+    """Page size, 1..200; 50 when 0."""
+    page_token: _builtins.str
+    """Opaque cursor from a previous response."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FindDocumentsRequest: _TypeAlias = FindDocumentsRequest  # noqa: Y015
+
+@_typing.final
+class FindDocumentsResponse(_message.Message):
+    """FindDocumentsResponse is one page, newest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Cursor for the next page; empty at the end."""
+    @_builtins.property
+    def documents(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Document]:
+        """Documents, without their text."""
+
+    def __init__(
+        self,
+        *,
+        documents: _abc.Iterable[_common_pb2.Document] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["documents", b"documents", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FindDocumentsResponse: _TypeAlias = FindDocumentsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteDocumentRequest(_message.Message):
+    """DeleteDocumentRequest names a tenant's document."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    DOCUMENT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    document_id: _builtins.str
+    """Document id."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        document_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document_id", b"document_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteDocumentRequest: _TypeAlias = DeleteDocumentRequest  # noqa: Y015
+
+@_typing.final
+class DeleteDocumentResponse(_message.Message):
+    """DeleteDocumentResponse acknowledges."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteDocumentResponse: _TypeAlias = DeleteDocumentResponse  # noqa: Y015
+
+@_typing.final
+class RetrieveKnowledgeRequest(_message.Message):
+    """RetrieveKnowledgeRequest asks for the documents that match a query, for a leased run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    QUERY_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    MAX_CHARS_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    epoch: _builtins.int
+    """Fencing epoch."""
+    query: _builtins.str
+    """What to search for (the run's new message)."""
+    limit: _builtins.int
+    """Most documents to return, 1..20."""
+    max_chars: _builtins.int
+    """Most characters of each document's text, 1..64000."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        query: _builtins.str = ...,
+        limit: _builtins.int = ...,
+        max_chars: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "limit", b"limit", "max_chars", b"max_chars", "query", b"query", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetrieveKnowledgeRequest: _TypeAlias = RetrieveKnowledgeRequest  # noqa: Y015
+
+@_typing.final
+class RetrievedDocument(_message.Message):
+    """RetrievedDocument is one match, best first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENT_ID_FIELD_NUMBER: _builtins.int
+    TITLE_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    document_id: _builtins.str
+    """Document id."""
+    title: _builtins.str
+    """Title."""
+    text: _builtins.str
+    """The text, cut to max_chars."""
+    rank: _builtins.float
+    """Full-text rank (higher is better)."""
+    def __init__(
+        self,
+        *,
+        document_id: _builtins.str = ...,
+        title: _builtins.str = ...,
+        text: _builtins.str = ...,
+        rank: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document_id", b"document_id", "rank", b"rank", "text", b"text", "title", b"title"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetrievedDocument: _TypeAlias = RetrievedDocument  # noqa: Y015
+
+@_typing.final
+class RetrieveKnowledgeResponse(_message.Message):
+    """RetrieveKnowledgeResponse carries the matches."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def documents(self) -> _containers.RepeatedCompositeFieldContainer[Global___RetrievedDocument]:
+        """Best first."""
+
+    def __init__(
+        self,
+        *,
+        documents: _abc.Iterable[Global___RetrievedDocument] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["documents", b"documents"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetrieveKnowledgeResponse: _TypeAlias = RetrieveKnowledgeResponse  # noqa: Y015
+
+@_typing.final
+class StoreSummaryRequest(_message.Message):
+    """StoreSummaryRequest stores a compaction summary under the lease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    PART_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    epoch: _builtins.int
+    """Fencing epoch."""
+    @_builtins.property
+    def part(self) -> _common_pb2.Part:
+        """The summary part (SummaryPart content)."""
+
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[_events_pb2.RunEvent]:
+        """Its events (part.added, context.compacted); seqs assigned by the orchestrator."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        part: _common_pb2.Part | None = ...,
+        events: _abc.Iterable[_events_pb2.RunEvent] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["part", b"part"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "events", b"events", "part", b"part", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoreSummaryRequest: _TypeAlias = StoreSummaryRequest  # noqa: Y015
+
+@_typing.final
+class StoreSummaryResponse(_message.Message):
+    """StoreSummaryResponse reports the log position."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LAST_SEQ_FIELD_NUMBER: _builtins.int
+    last_seq: _builtins.int
+    """Seq of the last appended event."""
+    def __init__(
+        self,
+        *,
+        last_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_seq", b"last_seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoreSummaryResponse: _TypeAlias = StoreSummaryResponse  # noqa: Y015
 
 @_typing.final
 class WorkCancel(_message.Message):

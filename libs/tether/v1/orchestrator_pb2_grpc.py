@@ -141,6 +141,31 @@ class OrchestratorServiceStub:
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.WorkRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_orchestrator__pb2.WorkResponse.FromString,
                 _registered_method=True)
+        self.StoreDocument = channel.unary_unary(
+                '/tether.v1.OrchestratorService/StoreDocument',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.StoreDocumentRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.StoreDocumentResponse.FromString,
+                _registered_method=True)
+        self.FindDocuments = channel.unary_unary(
+                '/tether.v1.OrchestratorService/FindDocuments',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.FindDocumentsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.FindDocumentsResponse.FromString,
+                _registered_method=True)
+        self.DeleteDocument = channel.unary_unary(
+                '/tether.v1.OrchestratorService/DeleteDocument',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.DeleteDocumentRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.DeleteDocumentResponse.FromString,
+                _registered_method=True)
+        self.RetrieveKnowledge = channel.unary_unary(
+                '/tether.v1.OrchestratorService/RetrieveKnowledge',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.RetrieveKnowledgeRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.RetrieveKnowledgeResponse.FromString,
+                _registered_method=True)
+        self.StoreSummary = channel.unary_unary(
+                '/tether.v1.OrchestratorService/StoreSummary',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.StoreSummaryRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.StoreSummaryResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServiceServicer:
@@ -312,6 +337,43 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StoreDocument(self, request, context):
+        """StoreDocument stores a tenant's knowledge document (at most 5000 per tenant).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FindDocuments(self, request, context):
+        """FindDocuments lists a tenant's documents, newest first, without their text.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteDocument(self, request, context):
+        """DeleteDocument removes a tenant's document; another tenant's is NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetrieveKnowledge(self, request, context):
+        """RetrieveKnowledge searches the documents of a leased run's tenant (full-text search), fenced
+        by the lease epoch: a worker retrieves only for the run it holds, and only its tenant's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StoreSummary(self, request, context):
+        """StoreSummary stores a compaction summary of a leased run's session (a part of the run, with
+        its events), once per range: a second summary of the same range is FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -419,6 +481,31 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.Work,
                     request_deserializer=tether_dot_v1_dot_orchestrator__pb2.WorkRequest.FromString,
                     response_serializer=tether_dot_v1_dot_orchestrator__pb2.WorkResponse.SerializeToString,
+            ),
+            'StoreDocument': grpc.unary_unary_rpc_method_handler(
+                    servicer.StoreDocument,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.StoreDocumentRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.StoreDocumentResponse.SerializeToString,
+            ),
+            'FindDocuments': grpc.unary_unary_rpc_method_handler(
+                    servicer.FindDocuments,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.FindDocumentsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.FindDocumentsResponse.SerializeToString,
+            ),
+            'DeleteDocument': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteDocument,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.DeleteDocumentRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.DeleteDocumentResponse.SerializeToString,
+            ),
+            'RetrieveKnowledge': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetrieveKnowledge,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.RetrieveKnowledgeRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.RetrieveKnowledgeResponse.SerializeToString,
+            ),
+            'StoreSummary': grpc.unary_unary_rpc_method_handler(
+                    servicer.StoreSummary,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.StoreSummaryRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.StoreSummaryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -990,6 +1077,141 @@ class OrchestratorService:
             '/tether.v1.OrchestratorService/Work',
             tether_dot_v1_dot_orchestrator__pb2.WorkRequest.SerializeToString,
             tether_dot_v1_dot_orchestrator__pb2.WorkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StoreDocument(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/StoreDocument',
+            tether_dot_v1_dot_orchestrator__pb2.StoreDocumentRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.StoreDocumentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FindDocuments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/FindDocuments',
+            tether_dot_v1_dot_orchestrator__pb2.FindDocumentsRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.FindDocumentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteDocument(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/DeleteDocument',
+            tether_dot_v1_dot_orchestrator__pb2.DeleteDocumentRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.DeleteDocumentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetrieveKnowledge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/RetrieveKnowledge',
+            tether_dot_v1_dot_orchestrator__pb2.RetrieveKnowledgeRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.RetrieveKnowledgeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StoreSummary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/StoreSummary',
+            tether_dot_v1_dot_orchestrator__pb2.StoreSummaryRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.StoreSummaryResponse.FromString,
             options,
             channel_credentials,
             insecure,

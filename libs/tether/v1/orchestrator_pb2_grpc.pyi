@@ -113,6 +113,20 @@ class OrchestratorServiceStub:
     holds. The lease epoch, not the stream, is the authority: a worker may reconnect to any
     replica and carry on.
     """
+    StoreDocument: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.StoreDocumentRequest, _orchestrator_pb2.StoreDocumentResponse]
+    """StoreDocument stores a tenant's knowledge document (at most 5000 per tenant)."""
+    FindDocuments: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.FindDocumentsRequest, _orchestrator_pb2.FindDocumentsResponse]
+    """FindDocuments lists a tenant's documents, newest first, without their text."""
+    DeleteDocument: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.DeleteDocumentRequest, _orchestrator_pb2.DeleteDocumentResponse]
+    """DeleteDocument removes a tenant's document; another tenant's is NOT_FOUND."""
+    RetrieveKnowledge: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.RetrieveKnowledgeRequest, _orchestrator_pb2.RetrieveKnowledgeResponse]
+    """RetrieveKnowledge searches the documents of a leased run's tenant (full-text search), fenced
+    by the lease epoch: a worker retrieves only for the run it holds, and only its tenant's.
+    """
+    StoreSummary: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.StoreSummaryRequest, _orchestrator_pb2.StoreSummaryResponse]
+    """StoreSummary stores a compaction summary of a leased run's session (a part of the run, with
+    its events), once per range: a second summary of the same range is FAILED_PRECONDITION.
+    """
 
 @_typing.type_check_only
 class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
@@ -192,6 +206,20 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     not the end of the stream), and pushes cancellations and lost leases for the runs the worker
     holds. The lease epoch, not the stream, is the authority: a worker may reconnect to any
     replica and carry on.
+    """
+    StoreDocument: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.StoreDocumentRequest, _orchestrator_pb2.StoreDocumentResponse]  # type: ignore[assignment]
+    """StoreDocument stores a tenant's knowledge document (at most 5000 per tenant)."""
+    FindDocuments: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.FindDocumentsRequest, _orchestrator_pb2.FindDocumentsResponse]  # type: ignore[assignment]
+    """FindDocuments lists a tenant's documents, newest first, without their text."""
+    DeleteDocument: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.DeleteDocumentRequest, _orchestrator_pb2.DeleteDocumentResponse]  # type: ignore[assignment]
+    """DeleteDocument removes a tenant's document; another tenant's is NOT_FOUND."""
+    RetrieveKnowledge: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.RetrieveKnowledgeRequest, _orchestrator_pb2.RetrieveKnowledgeResponse]  # type: ignore[assignment]
+    """RetrieveKnowledge searches the documents of a leased run's tenant (full-text search), fenced
+    by the lease epoch: a worker retrieves only for the run it holds, and only its tenant's.
+    """
+    StoreSummary: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.StoreSummaryRequest, _orchestrator_pb2.StoreSummaryResponse]  # type: ignore[assignment]
+    """StoreSummary stores a compaction summary of a leased run's session (a part of the run, with
+    its events), once per range: a second summary of the same range is FAILED_PRECONDITION.
     """
 
 class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -392,6 +420,50 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
         not the end of the stream), and pushes cancellations and lost leases for the runs the worker
         holds. The lease epoch, not the stream, is the authority: a worker may reconnect to any
         replica and carry on.
+        """
+
+    @_abc_1.abstractmethod
+    def StoreDocument(
+        self,
+        request: _orchestrator_pb2.StoreDocumentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.StoreDocumentResponse, _abc.Awaitable[_orchestrator_pb2.StoreDocumentResponse]]:
+        """StoreDocument stores a tenant's knowledge document (at most 5000 per tenant)."""
+
+    @_abc_1.abstractmethod
+    def FindDocuments(
+        self,
+        request: _orchestrator_pb2.FindDocumentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.FindDocumentsResponse, _abc.Awaitable[_orchestrator_pb2.FindDocumentsResponse]]:
+        """FindDocuments lists a tenant's documents, newest first, without their text."""
+
+    @_abc_1.abstractmethod
+    def DeleteDocument(
+        self,
+        request: _orchestrator_pb2.DeleteDocumentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.DeleteDocumentResponse, _abc.Awaitable[_orchestrator_pb2.DeleteDocumentResponse]]:
+        """DeleteDocument removes a tenant's document; another tenant's is NOT_FOUND."""
+
+    @_abc_1.abstractmethod
+    def RetrieveKnowledge(
+        self,
+        request: _orchestrator_pb2.RetrieveKnowledgeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.RetrieveKnowledgeResponse, _abc.Awaitable[_orchestrator_pb2.RetrieveKnowledgeResponse]]:
+        """RetrieveKnowledge searches the documents of a leased run's tenant (full-text search), fenced
+        by the lease epoch: a worker retrieves only for the run it holds, and only its tenant's.
+        """
+
+    @_abc_1.abstractmethod
+    def StoreSummary(
+        self,
+        request: _orchestrator_pb2.StoreSummaryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.StoreSummaryResponse, _abc.Awaitable[_orchestrator_pb2.StoreSummaryResponse]]:
+        """StoreSummary stores a compaction summary of a leased run's session (a part of the run, with
+        its events), once per range: a second summary of the same range is FAILED_PRECONDITION.
         """
 
 def add_OrchestratorServiceServicer_to_server(servicer: OrchestratorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

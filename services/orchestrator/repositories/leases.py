@@ -9,7 +9,7 @@ runs one message at a time, in order, and the claim is one indexed scan of one t
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -47,28 +47,33 @@ from services.orchestrator.repositories.transitions import (
     sql_value,
 )
 from tether import formats, states
-from tether.db.schema import attempts, audit_log, routings, runs, tenants
+from tether.db.schema import attempts, audit_log, documents, messages, routings, runs, tenants
 from tether.domain import Event, RunError, run_started
 from tether.states import RunStatus
 
-# The routing each tenant's runs are leased with, resolved by the caller from the agent it was
-# given (`Route`): a run whose tenant has no route, or whose agent changed since, is not leased.
+# The routing the runs of each tenant, source and channel are leased with, resolved by the
+# caller from the agent it was given (`Route`): a run whose tenant, source and channel have no
+# route, or whose tenant's agent changed since, is not leased.
 _ROUTES = (
     func.unnest(
         bindparam("rt_tenant_ids", type_=ARRAY(Text)),
+        bindparam("rt_sources", type_=ARRAY(Text)),
+        bindparam("rt_channels", type_=ARRAY(Text)),
         bindparam("rt_agents", type_=ARRAY(Text)),
         bindparam("rt_routing_ids", type_=ARRAY(Text)),
         bindparam("rt_max_attempts", type_=ARRAY(Integer)),
         bindparam("rt_routing_ms", type_=ARRAY(Float)),
     )
-    .table_valued("tenant_id", "agent", "routing_id", "max_attempts", "routing_ms")
+    .table_valued(
+        "tenant_id", "source", "channel", "agent", "routing_id", "max_attempts", "routing_ms"
+    )
     .render_derived("route", with_types=False)
 )
 # The claimable runs, oldest first: queued session heads (one indexed scan, ix_runs_claimable),
 # locked, skipping those another claimer holds. Materialized: it is read more than once.
 _PICKED = (
     # updated_at: when the run last moved (queued, or handed its session): claim latency.
-    select(runs.c.run_id, runs.c.tenant_id, runs.c.updated_at)
+    select(runs.c.run_id, runs.c.tenant_id, runs.c.channel, runs.c.message_id, runs.c.updated_at)
     .where(runs.c.status == RunStatus.QUEUED.value, runs.c.session_head)
     .order_by(runs.c.created_at, runs.c.run_id)
     .limit(bindparam("c_limit"))
@@ -77,19 +82,29 @@ _PICKED = (
     .prefix_with("MATERIALIZED")
 )
 _AGENT = func.coalesce(tenants.c.agent, text("'{}'::jsonb"))  # as routing reads a missing one
-_WITH_AGENT = _PICKED.outerjoin(tenants, tenants.c.tenant_id == _PICKED.c.tenant_id)
+# Where each picked run came from (its message: one primary-key probe): routing picks persona
+# and skills by its source, and the live facts name its actor.
+_WITH_AGENT = _PICKED.outerjoin(tenants, tenants.c.tenant_id == _PICKED.c.tenant_id).join(
+    messages, messages.c.message_id == _PICKED.c.message_id
+)
 _ROUTED = (
     select(_PICKED.c.run_id, _ROUTES.c.routing_id, _ROUTES.c.max_attempts, _ROUTES.c.routing_ms)
     .select_from(
         _WITH_AGENT.join(
             _ROUTES,
             and_(
-                _ROUTES.c.tenant_id == _PICKED.c.tenant_id, cast(_ROUTES.c.agent, JSONB) == _AGENT
+                _ROUTES.c.tenant_id == _PICKED.c.tenant_id,
+                _ROUTES.c.source == messages.c.source,
+                _ROUTES.c.channel == _PICKED.c.channel,
+                cast(_ROUTES.c.agent, JSONB) == _AGENT,
             ),
         )
     )
     .cte("routed")
 )
+# A run keeps the routing its first lease pinned on it: a resume days later, or a retry after
+# the tenant changed its agent, runs with what the run started with.
+_PINNED = runs.c.routing_id.is_not(None)
 _WORKER = bindparam("c_worker_id", type_=Text)
 
 
@@ -117,9 +132,9 @@ _LEASED = (
         checkpoint_batch=0,
         started_at=STARTED_ONCE,
         next_attempt_at=null(),
-        routing_id=_ROUTED.c.routing_id,
+        routing_id=func.coalesce(runs.c.routing_id, _ROUTED.c.routing_id),
         config=null(),  # written by releases before routings: the row sheds it
-        max_attempts=_ROUTED.c.max_attempts,
+        max_attempts=case((_PINNED, runs.c.max_attempts), else_=_ROUTED.c.max_attempts),
         format=formats.CURRENT,
     )
     .returning(*runs.c, _ROUTED.c.routing_ms)
@@ -146,6 +161,10 @@ _HAS_HISTORY = (
     )
     .exists()
 )
+# Whether the run's tenant has knowledge documents: only then does the worker ask for any.
+_HAS_DOCUMENTS = (
+    select(documents.c.document_id).where(documents.c.tenant_id == _LEASED.c.tenant_id).exists()
+)
 # Routing decisions this replica had not stored yet, stored with the claim that first names
 # them (a decision another replica stored first is left as it is: same name, same content).
 _NEW_ROUTINGS = (
@@ -163,8 +182,13 @@ _CLAIM = (
     select(
         _PICKED.c.run_id.label("picked_run_id"),
         _PICKED.c.tenant_id.label("picked_tenant_id"),
+        messages.c.source.label("picked_source"),
+        _PICKED.c.channel.label("picked_channel"),
+        messages.c.actor_type,
+        messages.c.actor_id,
         case((_LEASED.c.run_id.is_(None), _AGENT)).label("unrouted_agent"),
         _HAS_HISTORY.label("has_history"),
+        _HAS_DOCUMENTS.label("has_documents"),
         *[_LEASED.c[c.name] for c in runs.c],
         _PICKED.c.updated_at.label("queued_at"),
         _LEASED.c.routing_ms,
@@ -180,10 +204,12 @@ _CLAIM = (
 
 @dataclass(frozen=True)
 class Route:
-    """How a tenant's runs are leased: the routing resolved from `agent` (its `tenants.agent`
-    then), and how long resolving it took in this claim."""
+    """How a tenant's runs from `source` on `channel` are leased: the routing resolved from
+    `agent` (its `tenants.agent` then), and how long resolving it took in this claim."""
 
     tenant_id: str
+    source: str
+    channel: str
     agent: dict[str, Any]
     routing_id: str
     max_attempts: int
@@ -201,20 +227,24 @@ async def claim(
 ) -> list[Row[Any]]:
     """Lease up to `limit` claimable runs (queued session heads, oldest first, skipping those
     other claimers hold) to `worker_id` in ONE statement: each moves to running under a new
-    lease epoch with its run.started event, its routing pinned on it and its attempt recorded.
+    lease epoch with its run.started event, its routing pinned on it (unless an earlier lease
+    pinned one) and its attempt recorded.
 
-    A row per run picked: leased (the run's columns, `has_history` when its session has an
-    earlier completed run, `queued_at` when it was last moved before, by the database's clock,
-    and the `routing_ms` its attempt row records), or not leased (`run_id` NULL) when its
-    tenant has no route here or its agent changed since: then `picked_run_id`,
-    `picked_tenant_id` and the tenant's agent to resolve, `unrouted_agent`. `stored` are
-    routing decisions (by routing id) to store with it: those the routes name that this replica
-    has not stored yet."""
+    A row per run picked: leased (the run's columns, its origin `actor_type` and `actor_id`,
+    `has_history` when its session has an earlier completed run, `has_documents` when its
+    tenant has knowledge documents, `queued_at` when it was last moved before, by the
+    database's clock, and the `routing_ms` its attempt row records), or not leased (`run_id`
+    NULL) when its tenant, source and channel have no route here or its agent changed since:
+    then `picked_run_id`, `picked_tenant_id`, `picked_source`, `picked_channel` and the
+    tenant's agent to resolve, `unrouted_agent`. `stored` are routing decisions (by routing id)
+    to store with it: those the routes name that this replica has not stored yet."""
     params = {
         "c_limit": limit,
         "c_worker_id": worker_id,
         "lease_ttl": timedelta(seconds=ttl_s),
         "rt_tenant_ids": [r.tenant_id for r in routes],
+        "rt_sources": [r.source for r in routes],
+        "rt_channels": [r.channel for r in routes],
         "rt_agents": [json.dumps(r.agent) for r in routes],
         "rt_routing_ids": [r.routing_id for r in routes],
         "ro_ids": list(stored),
@@ -223,6 +253,17 @@ async def claim(
         "rt_routing_ms": [r.routing_ms for r in routes],
     }
     return list((await conn.execute(_CLAIM, params)).all())
+
+
+_ROUTINGS = select(routings.c.routing_id, routings.c.config).where(
+    routings.c.routing_id == func.any(bindparam("ro_wanted", type_=ARRAY(Text)))
+)
+
+
+async def routings_of(conn: AsyncConnection, routing_ids: Collection[str]) -> dict[str, Any]:
+    """Stored routing decisions by id (their stored form), for those of `routing_ids` stored."""
+    rows = await conn.execute(_ROUTINGS, {"ro_wanted": sorted(routing_ids)})
+    return {row.routing_id: dict(row.config) for row in rows}
 
 
 _CLAIMABLE = select(func.count()).select_from(

@@ -137,7 +137,7 @@ def encode_page_token(created_at: datetime, run_id: str) -> str:
     return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{run_id}".encode()).decode()
 
 
-def _decode_page_token(token: str) -> tuple[datetime, str]:
+def decode_page_token(token: str) -> tuple[datetime, str]:
     forged = InvalidArgument("page_token is not one this service issued")
     try:
         created, run_id = base64.urlsafe_b64decode(token.encode()).decode().split("|", 1)
@@ -171,7 +171,7 @@ async def search_runs(
     if created_after is not None:
         stmt = stmt.where(runs.c.created_at >= created_after)
     if page_token:
-        created_at, run_id = _decode_page_token(page_token)
+        created_at, run_id = decode_page_token(page_token)
         stmt = stmt.where(
             or_(
                 runs.c.created_at < created_at,

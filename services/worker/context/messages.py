@@ -1,20 +1,25 @@
-"""Context building: the conversation so far, as Messages API input.
+"""Parts as Messages API messages.
 
 History parts (earlier runs of the session, then this run's own) become alternating user and
 assistant messages. A part a later attempt superseded (its attempt was cut off before the model's
 turn ended) is kept for audit but never sent to the model; tool results always follow their calls
 at the start of the next user message, as the API requires. Which calls go is the domain's rule
 (`tether.domain.rules`): a call whose input never arrived whole is not sent, nor is a dangling
-one (the API refuses a call no result answers).
+one (the API refuses a call no result answers). A summary part is not a turn: the builder sends
+it in place of the runs it covers.
+
+A call's input is sent with its keys sorted: it reaches the worker streamed in the model's order
+or read back from storage in another, and the request's bytes must not depend on which, or the
+prompt cache would miss on a resumed attempt.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from tether.domain import (
-    AgentConfig,
     Part,
     Role,
     Text,
@@ -25,18 +30,7 @@ from tether.domain import (
     is_whole_call,
 )
 
-
-def system_param(config: AgentConfig) -> list[dict[str, Any]]:
-    """Structured system blocks, with cache control where configured."""
-    blocks: list[dict[str, Any]] = []
-    for block in config.system_blocks:
-        item: dict[str, Any] = {"type": "text", "text": block.text}
-        if block.cache_control:
-            item["cache_control"] = {"type": block.cache_control}
-        blocks.append(item)
-    if not blocks and config.system_prompt:
-        blocks.append({"type": "text", "text": config.system_prompt})
-    return blocks
+Message = dict[str, Any]
 
 
 def _block(part: Part) -> tuple[str, dict[str, Any]] | None:
@@ -64,7 +58,7 @@ def _block(part: Part) -> tuple[str, dict[str, Any]] | None:
             "type": "tool_use",
             "id": content.tool_call_id,
             "name": content.name,
-            "input": dict(content.input),
+            "input": canonical(content.input),
         }
     if isinstance(content, ToolResult):
         block: dict[str, Any] = {
@@ -78,17 +72,19 @@ def _block(part: Part) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
-def build_messages(
-    prior: Sequence[Part], input_text: str, own: Sequence[Part]
-) -> list[dict[str, Any]]:
-    """Messages for the next model turn: earlier runs, this run's input, this run's parts."""
-    parts = [*prior, Part(-1, Role.USER, Text(input_text), final=True), *own]
+def canonical(value: Any) -> Any:
+    """JSON data with every object's keys in sorted order (the same bytes however it arrived)."""
+    return json.loads(json.dumps(value, sort_keys=True))
+
+
+def render_messages(parts: Sequence[Part]) -> list[Message]:
+    """`parts` (one stretch of history: answers follow their calls within it) as messages."""
     dangling = {
         call.content.tool_call_id
         for call in dangling_tool_calls(parts)
         if isinstance(call.content, ToolCall)
     }
-    messages: list[dict[str, Any]] = []
+    messages: list[Message] = []
     called: set[str] = set()
     for part in parts:
         made = _block(part)
@@ -112,10 +108,28 @@ def build_messages(
     return _without_calls(messages, dangling)
 
 
-def _without_calls(messages: list[dict[str, Any]], call_ids: set[str]) -> list[dict[str, Any]]:
+def build_messages(prior: Sequence[Part], input_text: str, own: Sequence[Part]) -> list[Message]:
+    """Messages for the next model turn: earlier runs, this run's input, this run's parts."""
+    return render_messages([*prior, Part(-1, Role.USER, Text(input_text), final=True), *own])
+
+
+def join(*stretches: Sequence[Message]) -> list[Message]:
+    """The messages of each stretch in order, one after another, neighbours of one role merged
+    into one message (roles must alternate). The blocks are shared, the lists are new."""
+    out: list[Message] = []
+    for stretch in stretches:
+        for message in stretch:
+            if out and out[-1]["role"] == message["role"]:
+                out[-1]["content"].extend(message["content"])
+            else:
+                out.append({"role": message["role"], "content": list(message["content"])})
+    return out
+
+
+def _without_calls(messages: list[Message], call_ids: set[str]) -> list[Message]:
     """The messages without the tool_use blocks of `call_ids`; a message left empty goes, and
     the neighbours it parted merge (roles must alternate)."""
-    out: list[dict[str, Any]] = []
+    out: list[Message] = []
     for message in messages:
         content = [
             b for b in message["content"] if b["type"] != "tool_use" or b["id"] not in call_ids

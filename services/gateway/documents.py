@@ -1,0 +1,60 @@
+"""The gateway's knowledge RPCs: a tenant uploads, lists and removes the documents its runs
+retrieve from. Mixed into GatewayServicer; every call authenticates first and names the
+caller's tenant (and, for an upload, principal), never the body's."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import grpc
+from google.protobuf.message import Message
+
+from tether.apikeys import Principal
+from tether.v1 import gateway_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+
+
+class DocumentRpcs:
+    """Implements the knowledge part of tether.v1.GatewayService."""
+
+    _orchestrator: orchestrator_pb2_grpc.OrchestratorServiceStub
+    _caller: Callable[[grpc.aio.ServicerContext, str, Message], Awaitable[Principal]]
+
+    async def AddDocument(
+        self, request: gateway_pb2.AddDocumentRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.AddDocumentResponse:
+        principal = await self._caller(context, "AddDocument", request)
+        stored = await self._orchestrator.StoreDocument(
+            orchestrator_pb2.StoreDocumentRequest(
+                tenant_id=principal.tenant_id,
+                principal_id=principal.principal_id,
+                title=request.title,
+                content=request.content,
+            )
+        )
+        return gateway_pb2.AddDocumentResponse(document=stored.document)
+
+    async def ListDocuments(
+        self, request: gateway_pb2.ListDocumentsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListDocumentsResponse:
+        principal = await self._caller(context, "ListDocuments", request)
+        page = await self._orchestrator.FindDocuments(
+            orchestrator_pb2.FindDocumentsRequest(
+                tenant_id=principal.tenant_id,
+                page_size=request.page_size,
+                page_token=request.page_token,
+            )
+        )
+        return gateway_pb2.ListDocumentsResponse(
+            documents=page.documents, next_page_token=page.next_page_token
+        )
+
+    async def RemoveDocument(
+        self, request: gateway_pb2.RemoveDocumentRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.RemoveDocumentResponse:
+        principal = await self._caller(context, "RemoveDocument", request)
+        await self._orchestrator.DeleteDocument(
+            orchestrator_pb2.DeleteDocumentRequest(
+                tenant_id=principal.tenant_id, document_id=request.document_id
+            )
+        )
+        return gateway_pb2.RemoveDocumentResponse(document_id=request.document_id)
