@@ -1,0 +1,133 @@
+"""Telemetry's cost: saturated throughput with every service exporting its traces and metrics
+over OTLP, against the same stack with telemetry off, measured in the same invocation.
+
+Two stacks of the runs group's shape (orchestrator, admission, interactions, gateway, two
+workers) on one PostgreSQL server, each with its own database and its own Redis (pub/sub
+channels are server-wide: one stack's wake-ups would make the other's dispatcher look), one
+with `OTEL_EXPORTER_OTLP_ENDPOINT` naming a collector process. Saturated blocks alternate
+off, on, off, on, ... so a drift in the machine's speed hits both alike; the figure is the ratio
+of their summed rates, with every block's rate printed beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+
+from bench.common import BenchStack, Servers, bench_database, bench_servers, emit, service_set
+from bench.model import Model, model_server
+from bench.runs import POLL_S, SERVICES, WORKERS, saturate, worker_env
+from tether import credentials
+from tether.client import TetherClient
+from tether.stack.embedded import EmbeddedRedis
+
+BLOCKS = 3
+BLOCK_RUNS = 600
+EXPORT_MS = 1000  # a batch of spans and the metrics every second, as a deployment might
+
+
+@dataclass
+class Received:
+    """What the collector process said it received, once it has stopped."""
+
+    span_batches: int = 0
+    metric_batches: int = 0
+    said: list[str] = field(default_factory=list)
+
+
+@asynccontextmanager
+async def collector_process() -> AsyncIterator[tuple[str, Received]]:
+    """`python -m tether.testing.collector --port 0`: its endpoint, and (after exit) its counts."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tether.testing.collector",
+        "--port",
+        "0",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    received = Received()
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
+        if not line.startswith("collector listening "):
+            raise RuntimeError(f"collector did not start: {line!r}")
+        yield line.split()[-1], received
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        _, err = await process.communicate()
+        received.said = err.decode(errors="replace").splitlines()[-1:]
+        counts = re.search(r"received (\d+) span batches, (\d+) metric batches", err.decode())
+        if counts:
+            received.span_batches, received.metric_batches = map(int, counts.groups())
+
+
+@asynccontextmanager
+async def _stack(
+    servers: Servers, name: str, redis_url: str, model: Model, env: dict[str, str]
+) -> AsyncIterator[tuple[BenchStack, TetherClient]]:
+    """The runs group's stack and workers on a database of its own, every process with `env`."""
+    async with bench_database(servers.server_url) as (db_url, key):
+        service_credentials = credentials.generate()
+        run_dir = servers.scratch / f"run-telemetry-{name}"
+        services = service_set(run_dir, db_url, redis_url, service_credentials, env)
+        try:
+            await services.start_all(SERVICES)
+            for _ in range(WORKERS):
+                await services.start("worker", extra_env=worker_env(model) | env)
+            stack = BenchStack(services, db_url, redis_url, service_credentials, key)
+            async with TetherClient(services.addresses()["gateway"], key) as client:
+                yield stack, client
+        finally:
+            await services.stop_all()
+
+
+async def run() -> None:
+    """Print telemetry_on_vs_off and e2e_runs_per_s_telemetry_on."""
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    async with AsyncExitStack() as exits:
+        model = await exits.enter_async_context(model_server())
+        servers = await exits.enter_async_context(bench_servers())
+        endpoint, received = await exits.enter_async_context(collector_process())
+        own_redis = EmbeddedRedis(servers.scratch / "redis-telemetry-on")
+        on_redis = await own_redis.start()
+        exits.callback(own_redis.stop)
+        otel = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": str(EXPORT_MS),
+            "OTEL_METRIC_EXPORT_INTERVAL": str(EXPORT_MS),
+        }
+        chosen = {"off": (servers.redis_url, {}), "on": (on_redis, otel)}
+        stacks = {
+            name: await exits.enter_async_context(_stack(servers, name, url, model, env))
+            for name, (url, env) in chosen.items()
+        }
+        for stack, client in stacks.values():  # warm both: first runs pay for imports
+            await saturate(stack.db_url, client, runs=50, poll_s=POLL_S)
+        for _ in range(BLOCKS):
+            for name, (stack, client) in stacks.items():
+                result = await saturate(stack.db_url, client, runs=BLOCK_RUNS, poll_s=POLL_S)
+                if result.completed != BLOCK_RUNS:
+                    raise RuntimeError(f"telemetry {name}: {result.statuses} of {BLOCK_RUNS}")
+                rates[name].append(result.per_s)
+    if received.span_batches == 0:
+        raise RuntimeError(f"the collector received no spans: telemetry was not on ({received})")
+    off, on = sum(rates["off"]) / BLOCKS, sum(rates["on"]) / BLOCKS
+    config = {
+        "blocks": BLOCKS,
+        "runs_per_block": BLOCK_RUNS,
+        "rates_off": [round(r, 1) for r in rates["off"]],
+        "rates_on": [round(r, 1) for r in rates["on"]],
+        "export_ms": EXPORT_MS,
+        "collector_span_batches": received.span_batches,
+        "collector_metric_batches": received.metric_batches,
+    }
+    emit("e2e_runs_per_s_telemetry_off", off, "runs/s", **config)
+    emit("e2e_runs_per_s_telemetry_on", on, "runs/s", **config)
+    emit("telemetry_on_vs_off", on / off, "ratio", **config)
