@@ -116,14 +116,14 @@ class RunsWatch:
         """Whether the gateway is stopping."""
         return self._closed
 
-    async def next(self, wait_s: float) -> tuple[set[str], bool]:
-        """The runs changed since the last call, and whether everything must be re-read (a
-        RESYNC, or nothing heard within `wait_s`)."""
+    async def next(self, wait_s: float) -> tuple[set[str], bool] | None:
+        """The runs changed since the last call and whether any other may have (a RESYNC);
+        None when nothing arrived within `wait_s` seconds."""
         try:
             async with asyncio.timeout(max(wait_s, 0.0)):
                 await self._woken.wait()
         except TimeoutError:
-            return set(), True
+            return None
         self._woken.clear()
         changed, resync = self._changed, self._resync
         self._changed, self._resync = set(), False

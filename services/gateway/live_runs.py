@@ -92,16 +92,19 @@ class LiveRuns:
             loop = asyncio.get_running_loop()
             last = loop.time()
             while True:
-                wait = self._timing.reread_s if self._hub.watching_live() else self._timing.poll_s
+                period = self._timing.reread_s if self._hub.watching_live() else self._timing.poll_s
+                wait = last + period - loop.time()
                 if key_watch is not None:
-                    wait = key_watch.bound(wait)
-                changed, _ = await watch.next(wait)
+                    wait = key_watch.bound(wait)  # wakes to re-verify the credential too
+                woken = await watch.next(wait)
                 if watch.closed:
-                    raise StreamInterrupted(
-                        "the gateway is stopping; reconnect for a fresh page",
-                    )
+                    raise StreamInterrupted("the gateway is stopping; reconnect for a fresh page")
                 if key_watch is not None:
                     await key_watch.verify_if_due()
+                if woken is None and loop.time() < last + period:
+                    continue  # woken only to re-verify
+                # Without a complete list of what changed, every run sent may have.
+                changed = set(sent) if woken is None or woken[1] else woken[0]
                 pause = last + self._timing.min_interval_s - loop.time()
                 if pause > 0:
                     await asyncio.sleep(pause)  # a rate limit on re-reads, not a wait for state
