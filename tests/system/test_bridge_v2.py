@@ -51,6 +51,7 @@ async def stack(
             "TETHER_GATEWAY_CORS_ORIGINS": f"{ALLOWED_ORIGIN}, https://other.example.com",
             "TETHER_GATEWAY_CONSOLE_DIR": str(console),
             "TETHER_GATEWAY_LIVE_LIST_REREAD_S": "30",  # changes must arrive woken, not polled
+            "TETHER_GATEWAY_KEY_CACHE_TTL_S": "1",  # expiry and revocation tests wait it out
         },
     ) as running:
         yield running
