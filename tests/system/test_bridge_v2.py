@@ -369,8 +369,19 @@ async def test_a_browser_session_signs_in_checks_csrf_and_signs_out(stack: ExecS
         # Sign-out needs the CSRF token too; then the session is gone server-side.
         assert (await http.delete("/v2/session")).status_code == 403
         assert (await http.get("/v2/session")).status_code == 200
-        closed = await http.delete("/v2/session", headers={"X-CSRF-Token": body["csrfToken"]})
-        assert closed.status_code == 204
+        async with sse(http, "/v2/runs/live", {}) as live:
+            assert (await anext(live)).event == "runs"
+            closed = await http.delete("/v2/session", headers={"X-CSRF-Token": body["csrfToken"]})
+            assert closed.status_code == 204
+            # An open stream of the session ends too, with the error as its last frame.
+            ended = await frame_until(live, lambda f: f.event == "error", timeout=10)
+        assert ended[-1].json() == {
+            "error": {
+                "status": "UNAUTHENTICATED",
+                "code": "unauthenticated",
+                "message": "the session is not valid (unknown, revoked or expired)",
+            }
+        }
         assert (
             'tether_session=""' in closed.headers["set-cookie"]
             or "Max-Age=0" in (closed.headers["set-cookie"])
