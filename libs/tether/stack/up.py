@@ -164,8 +164,10 @@ class Stack:
         env["TETHER_INTERACTIONS_OAUTH_BASE_URL"] = oauth_url
         stack_file = self.data_dir / "stack.json"
         previous = json.loads(stack_file.read_text()) if stack_file.exists() else {}
-        if "TETHER_GATEWAY_HTTP_PORT" not in env:
-            env["TETHER_GATEWAY_HTTP_PORT"] = str(http_port_for(previous))
+        chosen = env.get("TETHER_GATEWAY_HTTP_PORT") or os.environ.get("TETHER_GATEWAY_HTTP_PORT")
+        if not chosen or chosen == "0":
+            chosen = str(http_port_for(previous))
+        env["TETHER_GATEWAY_HTTP_PORT"] = chosen
         # The connection card's login round trip ends back in the console.
         env["TETHER_INTERACTIONS_OAUTH_REDIRECT_URI"] = (
             f"http://127.0.0.1:{env['TETHER_GATEWAY_HTTP_PORT']}/console/connected"
