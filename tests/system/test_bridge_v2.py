@@ -404,6 +404,8 @@ async def test_sessions_and_tokens_expire_and_die_with_their_key(stack: ExecStac
     async with httpx2.AsyncClient(base_url=base(stack), timeout=30) as http:
         session = await http.post("/v2/session", json={"apiKey": key})
         cookie = session.cookies["tether_session"]
+        short = await http.post("/v2/session", json={"apiKey": key})
+        expiring_cookie = short.cookies["tether_session"]
         token = (await http.post("/v2/tokens", json={}, headers=bearer(key))).json()["token"]
         expiring = (
             await http.post("/v2/tokens", json={"ttlSeconds": 60}, headers=bearer(key))
@@ -416,10 +418,12 @@ async def test_sessions_and_tokens_expire_and_die_with_their_key(stack: ExecStac
         assert await works(bearer(token)) == 200
         assert await works({}, {"tether_session": cookie}) == 200
         assert await works(bearer(expiring)) == 200
+        assert await works({}, {"tether_session": expiring_cookie}) == 200
+        hashes = [hashlib.sha256(s.encode()).digest() for s in (expiring, expiring_cookie)]
         await execute(
             stack,
             update(browser_credentials)
-            .where(browser_credentials.c.secret_hash == hashlib.sha256(expiring.encode()).digest())
+            .where(browser_credentials.c.secret_hash.in_(hashes))
             .values(expires_at=text("now() - interval '1 second'"))
             .returning(browser_credentials.c.credential_id),
         )
@@ -428,7 +432,13 @@ async def test_sessions_and_tokens_expire_and_die_with_their_key(stack: ExecStac
             return await works(headers, cookies) == 401
 
         await eventually(lambda: refused(bearer(expiring)), timeout=8, what="expired token")
+        await eventually(
+            lambda: refused({}, {"tether_session": expiring_cookie}),
+            timeout=8,
+            what="expired session",
+        )
         assert await works(bearer(token)) == 200
+        assert await works({}, {"tether_session": cookie}) == 200
         await execute(
             stack,
             update(api_keys)
