@@ -1,5 +1,5 @@
-"""Authenticates callers by API key (or the operator credential) and checks the scope each RPC
-needs."""
+"""Authenticates callers by API key, token or browser session (or the operator credential) and
+checks the scope each RPC needs."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.gateway import browser_credentials
+from services.gateway.browser_credentials import SESSION_PREFIX, TOKEN_PREFIX
 from tether.apikeys import (
     DOCUMENTS_READ,
     DOCUMENTS_WRITE,
@@ -47,6 +49,7 @@ SCOPES: Mapping[str, str] = {
     "AddDocument": DOCUMENTS_WRITE,
     "ListDocuments": DOCUMENTS_READ,
     "RemoveDocument": DOCUMENTS_WRITE,
+    "StreamRuns": "runs:read",
 }
 # What the platform operator's credential may call: it manages tenants and keys...
 OPERATOR_METHODS = frozenset({"CreateApiKey", "RevokeApiKey", "DeleteTenant"})
@@ -54,6 +57,15 @@ OPERATOR_METHODS = frozenset({"CreateApiKey", "RevokeApiKey", "DeleteTenant"})
 # runs:all key of that tenant would.
 OPERATOR_TENANT_METHODS = frozenset({"GetRun", "ListRuns", "GetRunAttempts", "RetryRun"})
 TENANT_METADATA = "tether-tenant"
+
+
+class SessionSecret(str):
+    """A session cookie's secret as the HTTP bridge passes it on in the `authorization`
+    metadata. Only an object of this class made in this process is taken as a session: a
+    "Bearer ts_..." a caller sends itself (header or gRPC metadata) is refused, so a session
+    is only ever a same-origin cookie checked for CSRF."""
+
+    __slots__ = ()
 
 
 class Authenticator:
@@ -96,7 +108,7 @@ class Authenticator:
                 f"the operator credential manages tenants and keys, and reads and retries a "
                 f"named tenant's runs; call {method} with a tenant's API key"
             )
-        principal = await self._verify(secret)
+        principal = await self._verify(secret, session=isinstance(header, SessionSecret))
         needed = SCOPES.get(method)
         if needed is None and method in OPERATOR_METHODS:
             raise PermissionDenied(f"{method} is the platform operator's alone")
@@ -142,17 +154,33 @@ class Authenticator:
             return False
         return hmac.compare_digest(hashlib.sha256(secret.encode()).digest(), self._operator)
 
-    async def _verify(self, api_key: str) -> Principal:
+    def forget_secret(self, secret: str) -> None:
+        """Drop one credential from this replica's cache (its session was just revoked here)."""
+        self._cache.pop(secret, None)
+
+    async def verify_key(self, api_key: str) -> Principal:
+        """The principal of an API key (never a token or session); raises Unauthenticated."""
+        if not api_key.startswith(KEY_PREFIX):
+            raise Unauthenticated("an API key (tk_...) is required here")
+        return await self._verify(api_key, session=False)
+
+    async def verify_session(self, secret: str) -> Principal:
+        """The principal of a session cookie's secret; raises Unauthenticated."""
+        return await self._verify(secret, session=True)
+
+    async def _verify(self, api_key: str, *, session: bool) -> Principal:
         now = time.monotonic()
+        if api_key.startswith(SESSION_PREFIX) != session:
+            raise Unauthenticated("the API key is not valid (unknown, revoked or expired)")
         cached = self._cache.get(api_key)
         if cached is not None and cached[0] > now:
             return cached[1]
         principal = None
-        if api_key.startswith(KEY_PREFIX) and len(api_key) < 200:
-            async with self._engine.connect() as conn:
-                principal = await find_key(conn, api_key)
+        if len(api_key) < 200:
+            principal = await self._find(api_key)
         if principal is None:
-            raise Unauthenticated("the API key is not valid (unknown, revoked or expired)")
+            what = {SESSION_PREFIX: "session", TOKEN_PREFIX: "token"}.get(api_key[:3], "API key")
+            raise Unauthenticated(f"the {what} is not valid (unknown, revoked or expired)")
         if len(self._cache) > 10_000:
             self._cache.clear()
         trusted_for = self._ttl
@@ -162,6 +190,20 @@ class Authenticator:
             )
         self._cache[api_key] = (now + trusted_for, principal)
         return principal
+
+    async def _find(self, secret: str) -> Principal | None:
+        async with self._engine.connect() as conn:
+            if secret.startswith(KEY_PREFIX):
+                return await find_key(conn, secret)
+            kind: browser_credentials.Kind
+            if secret.startswith(TOKEN_PREFIX):
+                kind = "token"
+            elif secret.startswith(SESSION_PREFIX):
+                kind = "session"
+            else:
+                return None
+            found = await browser_credentials.find(conn, secret, kind)
+        return None if found is None else found.principal
 
 
 class KeyWatch:

@@ -33,25 +33,31 @@ included (`http_errors`).
 
 from __future__ import annotations
 
-import json
-import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from contextlib import aclosing
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from opentelemetry.trace import SpanKind
 
-from services.gateway.auth import TENANT_METADATA, Authenticator, KeyWatch
+from services.gateway.auth import Authenticator, KeyWatch
 from services.gateway.conversation import ConversationCursor, conversation_items
-from services.gateway.http_errors import MAX_BODY_BYTES, BridgeRunner, error_body, errors
+from services.gateway.edge import Edge
+from services.gateway.http_common import (
+    CallContext,
+    header,
+    non_negative,
+    read_body,
+    serve_sse,
+    sse_frame,
+)
+from services.gateway.http_errors import MAX_BODY_BYTES, BridgeRunner, errors
 from services.gateway.streams import Streams
 from tether import telemetry
 from tether.apikeys import Principal
 from tether.convert import disposition_name, status_to_proto
-from tether.errors import InvalidArgument, TetherError
+from tether.errors import InvalidArgument
 from tether.limits import INT32_MAX, INT64_MAX, check_request
 from tether.states import RunStatus
 from tether.telemetry import tracing
@@ -59,11 +65,6 @@ from tether.transport import event_to_json, run_to_json, snapshot_to_json
 from tether.v1 import events_pb2, gateway_pb2
 from tether.visibility import viewer_of
 
-log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-# EventSource waits this long before reconnecting after the stream ends or breaks.
-SSE_RETRY_MS = 1000
 _INTERACTIONS: tuple[tuple[str, str, str, type[Message]], ...] = (
     ("GET", "pending-question", "GetPendingQuestion", gateway_pb2.GetPendingQuestionRequest),
     ("GET", "pending-approval", "GetPendingApproval", gateway_pb2.GetPendingApprovalRequest),
@@ -74,82 +75,26 @@ _INTERACTIONS: tuple[tuple[str, str, str, type[Message]], ...] = (
 )
 
 
-class _CallContext:
-    """What the servicer's unary methods read from a gRPC context: the caller's metadata."""
-
-    def __init__(self, request: web.Request) -> None:
-        self._metadata = (
-            ("authorization", _header(request, "Authorization")),
-            (TENANT_METADATA, _header(request, "Tether-Tenant")),
-        )
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self._metadata
-
-
 def _message_json(message: Message) -> dict[str, Any]:
     data: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
     return data
 
 
-async def _body(request: web.Request, into: Message) -> Any:
-    """The JSON object of the body parsed into `into` (an empty body leaves it empty)."""
-    raw = await request.read()
-    if not raw.strip():
-        return into
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise InvalidArgument("the request body is not valid UTF-8") from exc
-    except (ValueError, RecursionError) as exc:
-        raise InvalidArgument(f"the request body is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise InvalidArgument(f"the request body must be a JSON object, not {type(data).__name__}")
-    try:
-        json_format.ParseDict(data, into)
-    except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
-        raise InvalidArgument(f"request body: {exc}") from exc
-    return into
-
-
-def _header(request: web.Request, name: str) -> str:
-    """A header's value; aiohttp keeps bytes that are not UTF-8 as lone surrogates."""
-    value = request.headers.get(name, "")
-    try:
-        value.encode()
-    except UnicodeEncodeError as exc:
-        raise InvalidArgument(f"the {name} header is not valid UTF-8") from exc
-    return value
-
-
-def _non_negative(value: str, name: str, maximum: int) -> int:
-    """A query or header integer: ASCII digits only (int() also takes "+1", "1_0", non-ASCII)."""
-    if not (value.isascii() and value.isdigit()) or int(value) > maximum:
-        raise InvalidArgument(f"{name} must be an integer from 0 to {maximum}; got {value[:40]!r}")
-    return int(value)
-
-
-def _frame(event: str, data: dict[str, Any], event_id: str | None = None) -> bytes:
-    head = f"id: {event_id}\n" if event_id is not None else ""
-    body = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-    return f"{head}event: {event}\ndata: {body}\n\n".encode()
-
-
 def _event_frame(event: events_pb2.RunEvent, event_id: str | None = None) -> bytes:
     durable_id = event_id if event_id is not None else str(event.seq)
-    return _frame(event.type, event_to_json(event), durable_id if event.seq else None)
+    return sse_frame(event.type, event_to_json(event), durable_id if event.seq else None)
 
 
 def _run_frame(item: gateway_pb2.StreamRunResponse) -> bytes:
     if item.HasField("snapshot"):
-        return _frame("snapshot", snapshot_to_json(item.snapshot.run, list(item.snapshot.parts)))
+        return sse_frame("snapshot", snapshot_to_json(item.snapshot.run, list(item.snapshot.parts)))
     return _event_frame(item.event)
 
 
 def _conversation_frame(item: gateway_pb2.StreamConversationResponse) -> bytes:
     data = event_to_json(item.event)
     data["cursor"] = item.cursor
-    return _frame(item.event.type, data, item.cursor if item.event.seq else None)
+    return sse_frame(item.event.type, data, item.cursor if item.event.seq else None)
 
 
 @web.middleware
@@ -179,11 +124,21 @@ class HttpBridge:
         self._streams = streams
         self._auth = auth
 
-    def app(self) -> web.Application:
-        """The aiohttp application."""
+    def app(self, *, extras: Sequence[Routes] = (), edge: Edge | None = None) -> web.Application:
+        """The aiohttp application: v1's routes, `extras`' routes (v2, sign-in, the console),
+        and `edge`'s rules on all of them."""
         # Chosen once: while telemetry is on, each request is a server span.
         middlewares = [errors, traced] if telemetry.on else [errors]
         app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
+        self.add_routes(app)
+        for extra in extras:
+            extra.add_routes(app)
+        if edge is not None:
+            edge.install(app)
+        return app
+
+    def add_routes(self, app: web.Application) -> None:
+        """Add the /v1 routes to `app`."""
         app.router.add_get("/v1/runs/{run_id}/events", self.run_events)
         app.router.add_get("/v1/conversations/{conversation_id}/events", self.conversation_events)
         app.router.add_post("/v1/messages", self.send_message)
@@ -202,7 +157,6 @@ class HttpBridge:
             app.router.add_route(
                 method, f"/v1/runs/{{run_id}}/{path}", self._interaction(rpc, request_type)
             )
-        return app
 
     def _key_watch(self, request: web.Request, method: str) -> KeyWatch:
         return KeyWatch(
@@ -211,16 +165,16 @@ class HttpBridge:
 
     async def _principal(self, request: web.Request, method: str) -> Principal:
         return await self._auth.authenticate(
-            {"authorization": _header(request, "Authorization")}, method
+            {"authorization": header(request, "Authorization")}, method
         )
 
     # -- unary ----------------------------------------------------------------------------------
 
     async def send_message(self, request: web.Request) -> web.Response:
-        message = await _body(request, gateway_pb2.SendMessageRequest())
+        message = await read_body(request, gateway_pb2.SendMessageRequest())
         if not message.event_id:
-            message.event_id = _header(request, "Idempotency-Key")
-        response = await self._servicer.SendMessage(message, _CallContext(request))
+            message.event_id = header(request, "Idempotency-Key")
+        response = await self._servicer.SendMessage(message, CallContext(request))
         return web.json_response(
             {
                 "disposition": disposition_name(response.disposition),
@@ -234,7 +188,7 @@ class HttpBridge:
                 run_id=request.match_info["run_id"],
                 include_superseded=request.query.get("superseded", "0") not in ("0", "false"),
             ),
-            _CallContext(request),
+            CallContext(request),
         )
         return web.json_response(snapshot_to_json(response.run, list(response.parts)))
 
@@ -249,7 +203,7 @@ class HttpBridge:
         listed = gateway_pb2.ListRunsRequest(
             statuses=statuses,
             conversation_id=query.get("conversation_id", ""),
-            page_size=_non_negative(query.get("page_size", "0"), "page_size", INT32_MAX),
+            page_size=non_negative(query.get("page_size", "0"), "page_size", INT32_MAX),
             page_token=query.get("page_token", ""),
         )
         if "created_after" in query:
@@ -260,7 +214,7 @@ class HttpBridge:
                     "created_after must be an RFC 3339 time such as 2025-01-31T09:00:00Z; got "
                     f"{query['created_after'][:40]!r}"
                 ) from exc
-        response = await self._servicer.ListRuns(listed, _CallContext(request))
+        response = await self._servicer.ListRuns(listed, CallContext(request))
         return web.json_response(
             {
                 "runs": [run_to_json(run) for run in response.runs],
@@ -271,7 +225,7 @@ class HttpBridge:
     async def get_run_attempts(self, request: web.Request) -> web.Response:
         response = await self._servicer.GetRunAttempts(
             gateway_pb2.GetRunAttemptsRequest(run_id=request.match_info["run_id"]),
-            _CallContext(request),
+            CallContext(request),
         )
         return web.json_response(
             {
@@ -285,7 +239,7 @@ class HttpBridge:
     async def retry_run(self, request: web.Request) -> web.Response:
         response = await self._servicer.RetryRun(
             gateway_pb2.RetryRunRequest(run_id=request.match_info["run_id"]),
-            _CallContext(request),
+            CallContext(request),
         )
         return web.json_response(
             {
@@ -297,7 +251,7 @@ class HttpBridge:
     async def delete_tenant(self, request: web.Request) -> web.Response:
         response = await self._servicer.DeleteTenant(
             gateway_pb2.DeleteTenantRequest(tenant_id=request.match_info["tenant_id"]),
-            _CallContext(request),
+            CallContext(request),
         )
         return web.json_response(
             {
@@ -308,34 +262,34 @@ class HttpBridge:
         )
 
     async def cancel_run(self, request: web.Request) -> web.Response:
-        message = await _body(request, gateway_pb2.CancelRunRequest())
+        message = await read_body(request, gateway_pb2.CancelRunRequest())
         message.run_id = request.match_info["run_id"]
-        response = await self._servicer.CancelRun(message, _CallContext(request))
+        response = await self._servicer.CancelRun(message, CallContext(request))
         return web.json_response({"run": run_to_json(response.run), "changed": response.changed})
 
     async def create_key(self, request: web.Request) -> web.Response:
-        message = await _body(request, gateway_pb2.CreateApiKeyRequest())
-        response = await self._servicer.CreateApiKey(message, _CallContext(request))
+        message = await read_body(request, gateway_pb2.CreateApiKeyRequest())
+        response = await self._servicer.CreateApiKey(message, CallContext(request))
         return web.json_response(_message_json(response))
 
     async def revoke_key(self, request: web.Request) -> web.Response:
         message = gateway_pb2.RevokeApiKeyRequest(key_id=request.match_info["key_id"])
-        response = await self._servicer.RevokeApiKey(message, _CallContext(request))
+        response = await self._servicer.RevokeApiKey(message, CallContext(request))
         return web.json_response({"key_id": response.key_id, "revoked": response.revoked})
 
     async def add_document(self, request: web.Request) -> web.Response:
-        message = await _body(request, gateway_pb2.AddDocumentRequest())
-        response = await self._servicer.AddDocument(message, _CallContext(request))
+        message = await read_body(request, gateway_pb2.AddDocumentRequest())
+        response = await self._servicer.AddDocument(message, CallContext(request))
         return web.json_response(_message_json(response), status=201)
 
     async def list_documents(self, request: web.Request) -> web.Response:
         query = request.query
         response = await self._servicer.ListDocuments(
             gateway_pb2.ListDocumentsRequest(
-                page_size=_non_negative(query.get("page_size", "0"), "page_size", INT32_MAX),
+                page_size=non_negative(query.get("page_size", "0"), "page_size", INT32_MAX),
                 page_token=query.get("page_token", ""),
             ),
-            _CallContext(request),
+            CallContext(request),
         )
         return web.json_response(
             {
@@ -346,16 +300,16 @@ class HttpBridge:
 
     async def remove_document(self, request: web.Request) -> web.Response:
         message = gateway_pb2.RemoveDocumentRequest(document_id=request.match_info["document_id"])
-        response = await self._servicer.RemoveDocument(message, _CallContext(request))
+        response = await self._servicer.RemoveDocument(message, CallContext(request))
         return web.json_response(_message_json(response))
 
     def _interaction(
         self, rpc: str, request_type: type[Message]
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
-            message = await _body(request, request_type())
+            message: Any = await read_body(request, request_type())
             message.run_id = request.match_info["run_id"]
-            response = await getattr(self._servicer, rpc)(message, _CallContext(request))
+            response = await getattr(self._servicer, rpc)(message, CallContext(request))
             return web.json_response(_message_json(response))
 
         return handle
@@ -364,10 +318,10 @@ class HttpBridge:
 
     async def run_events(self, request: web.Request) -> web.StreamResponse:
         principal = await self._principal(request, "StreamRun")
-        cursor = _header(request, "Last-Event-ID") or request.query.get("after", "0")
+        cursor = header(request, "Last-Event-ID") or request.query.get("after", "0")
         opened = gateway_pb2.StreamRunRequest(
             run_id=request.match_info["run_id"],
-            after_seq=_non_negative(cursor or "0", "Last-Event-ID / after", INT64_MAX),
+            after_seq=non_negative(cursor or "0", "Last-Event-ID / after", INT64_MAX),
             include_deltas=request.query.get("deltas", "1") not in ("0", "false"),
         )
         check_request(opened)
@@ -378,13 +332,13 @@ class HttpBridge:
             include_deltas=opened.include_deltas,
             key_watch=self._key_watch(request, "StreamRun"),
         )
-        return await _serve_sse(request, items, _run_frame, wait_for_first=True)
+        return await serve_sse(request, items, _run_frame, wait_for_first=True)
 
     async def conversation_events(self, request: web.Request) -> web.StreamResponse:
         principal = await self._principal(request, "StreamConversation")
         opened = gateway_pb2.StreamConversationRequest(
             conversation_id=request.match_info["conversation_id"],
-            cursor=_header(request, "Last-Event-ID") or request.query.get("cursor", ""),
+            cursor=header(request, "Last-Event-ID") or request.query.get("cursor", ""),
             include_deltas=request.query.get("deltas", "1") not in ("0", "false"),
         )
         check_request(opened)
@@ -397,54 +351,21 @@ class HttpBridge:
             include_deltas=opened.include_deltas,
             key_watch=self._key_watch(request, "StreamConversation"),
         )
-        return await _serve_sse(request, items, _conversation_frame, wait_for_first=False)
+        return await serve_sse(request, items, _conversation_frame, wait_for_first=False)
 
 
-async def _serve_sse(
-    request: web.Request,
-    items: AsyncGenerator[T, None],
-    frame: Callable[[T], bytes],
-    *,
-    wait_for_first: bool,
-) -> web.StreamResponse:
-    """Send `items` as server-sent events. With `wait_for_first`, a failure before the first
-    item (not found, bad cursor) is still an ordinary HTTP error."""
-    async with aclosing(items) as stream:
-        first = [await anext(stream)] if wait_for_first else []
-        response = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream; charset=utf-8",
-                "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no",  # a proxy must not buffer a live stream
-            }
-        )
-        await response.prepare(request)
-        # The first frame also tells EventSource how soon to reconnect.
-        prefix = f"retry: {SSE_RETRY_MS}\n".encode()
-        try:
-            for item in first:
-                await response.write(prefix + frame(item))
-                prefix = b""
-            async for item in stream:
-                await response.write(prefix + frame(item))
-                prefix = b""
-        except TetherError as exc:
-            resume = exc.details.get("resume")
-            body = error_body(exc, **({"resume": resume} if resume is not None else {}))
-            await response.write(_frame("error", body))
-        except ConnectionResetError:
-            pass  # the client went away
-        except Exception:
-            log.exception("stream %s failed", request.path)
-            await response.write(_frame("error", {"error": {"status": "INTERNAL"}}))
-        return response
+class Routes(Protocol):
+    """A set of routes the bridge serves beside v1's."""
+
+    def add_routes(self, app: web.Application) -> None: ...
 
 
 async def start_http(
-    bridge: HttpBridge, host: str, port: int, grace_s: float
+    app: web.Application, host: str, port: int, grace_s: float
 ) -> tuple[web.AppRunner, int]:
-    """Serve the bridge; returns the runner (clean it up to stop) and the bound port."""
-    runner = BridgeRunner(bridge.app())
+    """Serve the bridge's application; returns the runner (clean it up to stop) and the bound
+    port."""
+    runner = BridgeRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, host, port, shutdown_timeout=grace_s)
     await site.start()

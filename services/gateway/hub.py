@@ -25,7 +25,7 @@ from typing import Any
 from tether import telemetry
 from tether.convert import event_to_proto
 from tether.domain import EventType
-from tether.hints import LiveMessage, decode_events, events_channel
+from tether.hints import EVENTS_PATTERN, LiveMessage, decode_events, events_channel
 from tether.runtime.subscription import Published, Subscription
 from tether.runtime.tasks import Supervisor
 from tether.telemetry import metrics
@@ -80,6 +80,54 @@ class LiveEvent:
 
 
 Item = LiveEvent | Signal
+
+
+class RunsWatch:
+    """A live run list's view of the hub: which runs had a durable event since it last looked.
+    It holds run ids only (any tenant's: the list re-reads what its caller may see)."""
+
+    # More changed runs than this between two looks: the list re-reads as after a RESYNC.
+    CAPACITY = 4096
+
+    def __init__(self) -> None:
+        self._changed: set[str] = set()
+        self._resync = False
+        self._closed = False
+        self._woken = asyncio.Event()
+
+    def touch(self, run_id: str) -> None:
+        """A run changed."""
+        if len(self._changed) >= self.CAPACITY:
+            self._resync = True
+        else:
+            self._changed.add(run_id)
+        self._woken.set()
+
+    def signal(self, signal: Signal) -> None:
+        """Live messages may have been lost (RESYNC), or the gateway is stopping (CLOSED)."""
+        if signal is Signal.CLOSED:
+            self._closed = True
+        else:
+            self._resync = True
+        self._woken.set()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the gateway is stopping."""
+        return self._closed
+
+    async def next(self, wait_s: float) -> tuple[set[str], bool] | None:
+        """The runs changed since the last call and whether any other may have (a RESYNC);
+        None when nothing arrived within `wait_s` seconds."""
+        try:
+            async with asyncio.timeout(max(wait_s, 0.0)):
+                await self._woken.wait()
+        except TimeoutError:
+            return None
+        self._woken.clear()
+        changed, resync = self._changed, self._resync
+        self._changed, self._resync = set(), False
+        return changed, resync
 
 
 class Feed:
@@ -167,6 +215,7 @@ class EventHub:
             ping_interval_s=ping_interval_s,
             reconnect_max_s=reconnect_max_s,
         )
+        self._watches: set[RunsWatch] = set()
         self._closed = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -183,6 +232,8 @@ class EventHub:
         self._closed = True
         for feed in list(self._feeds):
             feed.signal(Signal.CLOSED)
+        for watch in list(self._watches):
+            watch.signal(Signal.CLOSED)
 
     async def stop(self) -> None:
         """Close the feeds and end the lingers (the connection is the supervisor's to stop)."""
@@ -250,6 +301,38 @@ class EventHub:
         del self._lingering[channel]
         self._subscription.unsubscribe(channel)
 
+    # -- the live run lists -----------------------------------------------------------------------
+
+    async def watch_runs(self) -> tuple[RunsWatch, bool]:
+        """A new watch of every run's durable events (the hub receives them all while some
+        watch is open); returns it and whether Redis confirmed it (else: poll)."""
+        watch = RunsWatch()
+        self._watches.add(watch)
+        if self._closed:
+            watch.signal(Signal.CLOSED)
+        live = await self._subscription.psubscribe(EVENTS_PATTERN, wait_s=self._confirm_timeout)
+        return watch, live
+
+    def unwatch_runs(self, watch: RunsWatch) -> None:
+        """Close a watch; the last one closed stops receiving every run's events."""
+        self._watches.discard(watch)
+        if not self._watches:
+            self._subscription.punsubscribe(EVENTS_PATTERN)
+
+    def watching_live(self) -> bool:
+        """Whether the watches hear every run's events now (else they must poll)."""
+        return self._subscription.live
+
+    def _touch_watches(self, message: Published) -> None:
+        try:
+            decoded = decode_events(message.data)
+        except ValueError:
+            return
+        # Deltas (seq 0) change nothing a list shows.
+        if any(one.seq for one in decoded):
+            for watch in list(self._watches):
+                watch.touch(decoded[0].run_id)
+
     # -- what the subscription reports ----------------------------------------------------------
 
     def _resync_all(self) -> None:
@@ -257,6 +340,8 @@ class EventHub:
         # missed while the tail was down, they read from PostgreSQL.
         for feed in list(self._feeds):
             feed.signal(Signal.RESYNC)
+        for watch in list(self._watches):
+            watch.signal(Signal.RESYNC)
 
     def _confirmed(self, channel: str) -> None:
         for feed in list(self._by_channel.get(channel, ())):
@@ -265,6 +350,10 @@ class EventHub:
                 feed.signal(Signal.RESYNC)
 
     def _dispatch(self, message: Published) -> None:
+        if message.pattern:
+            # Every run's events, for the live lists (a followed run's come on its channel too).
+            self._touch_watches(message)
+            return
         feeds = self._by_channel.get(message.channel)
         if not feeds:
             return

@@ -5,9 +5,14 @@ from __future__ import annotations
 import asyncio
 
 from services.gateway.auth import Authenticator
+from services.gateway.bridge_v2 import BridgeV2
+from services.gateway.console import Console
+from services.gateway.edge import Edge
 from services.gateway.http_bridge import HttpBridge, start_http
+from services.gateway.live_runs import LiveListTiming, LiveRuns
 from services.gateway.servicer import GatewayServicer
 from services.gateway.settings import GatewaySettings
+from services.gateway.signin import SignIn, SignInPolicy
 from services.gateway.streams import build_streams
 from tether import telemetry
 from tether.credentials import require_credential
@@ -52,6 +57,14 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
     streams.hub.start(supervisor)
     if telemetry.on:
         metrics.observe_subscribers(streams.hub.open_feeds)
+    live_runs = LiveRuns(
+        orchestrator_stub,
+        streams.hub,
+        LiveListTiming(
+            reread_s=settings.live_list_reread_s,
+            poll_s=max(settings.poll_interval_s, 1.0),
+        ),
+    )
     servicer = GatewayServicer(
         auth=auth,
         engine=engine,
@@ -60,6 +73,7 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
         interactions=interactions_pb2_grpc.InteractionsServiceStub(interactions),
         streams=streams,
         revocation_bound_s=settings.key_cache_ttl_s + settings.key_recheck_s,
+        live_runs=live_runs,
     )
     served = await start_server(
         host=settings.host,
@@ -72,9 +86,22 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
         health_port=settings.health_port,
         ready=False,
     )
-    http, http_port = await start_http(
-        HttpBridge(servicer, streams, auth), settings.host, settings.http_port, settings.grace_s
+    sign_in = SignIn(
+        auth,
+        engine,
+        SignInPolicy(
+            session_ttl_s=settings.session_ttl_s, token_max_ttl_s=settings.token_max_ttl_s
+        ),
     )
+    app = HttpBridge(servicer, streams, auth).app(
+        extras=[
+            BridgeV2(servicer, streams, live_runs, auth),
+            sign_in,
+            Console(settings.console_path()),
+        ],
+        edge=Edge(settings.cors_origin_list()),
+    )
+    http, http_port = await start_http(app, settings.host, settings.http_port, settings.grace_s)
     announce(settings.ready_file, served, http=http_port)
     await await_schema(engine, poll_s=settings.schema_poll_s)
     await served.ready()

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.gateway.auth import Authenticator
 from services.gateway.documents import DocumentRpcs
 from services.gateway.interactions import InteractionRpcs
+from services.gateway.live_runs import LiveListTiming, LiveRuns
 from services.gateway.streaming import StreamingServicer
 from services.gateway.streams import Streams
 from services.gateway.tenants import TenantRpcs
@@ -57,12 +58,14 @@ class GatewayServicer(
         interactions: interactions_pb2_grpc.InteractionsServiceStub,
         streams: Streams,
         revocation_bound_s: float = 5.0,
+        live_runs: LiveRuns | None = None,
     ) -> None:
         self._auth = auth
         # How long a revoked key may still be trusted from a replica's cache (a tenant being
         # deleted goes only after that).
         self._revocation_bound_s = revocation_bound_s
         self._streams = streams
+        self._live_runs = live_runs or LiveRuns(orchestrator, streams.hub, LiveListTiming())
         self._engine = engine
         self._admission = admission
         self._orchestrator = orchestrator

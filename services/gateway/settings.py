@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from tether.settings import PlatformSettings
 
+CHECKOUT = Path(__file__).resolve().parents[2]
 # The promise: a revoked or expired key stops working, streams included, within this.
 REVOCATION_BOUND_S = 5.0
 
@@ -64,6 +67,42 @@ class GatewaySettings(PlatformSettings):
         description="A run's Redis subscription outlives its last stream this long, so a "
         "refreshing client finds it live.",
     )
+
+    live_list_reread_s: float = Field(
+        5.0,
+        gt=0,
+        description="A live run list with nothing heard re-reads its page this often (while "
+        "Redis is unavailable: every second at most), so no change is missed longer.",
+    )
+    session_ttl_s: int = Field(
+        12 * 3600,
+        gt=0,
+        description="How long a browser session (the console's cookie) lasts after sign-in.",
+    )
+    token_max_ttl_s: int = Field(
+        3600,
+        gt=0,
+        description="The longest life a token for an embedding app may ask for (POST "
+        "/v2/tokens; 300 s when it asks for none).",
+    )
+    cors_origins: str = Field(
+        "",
+        description="Comma-separated exact origins (https://app.example.com) whose pages may "
+        "call /v2 across origins with a token; empty: CORS off.",
+    )
+    console_dir: str = Field(
+        "",
+        description="The web console's build directory served at /console; empty: "
+        "web/console/dist in the checkout the gateway runs from.",
+    )
+
+    def console_path(self) -> Path:
+        """The console's build directory."""
+        return Path(self.console_dir) if self.console_dir else CHECKOUT / "web/console/dist"
+
+    def cors_origin_list(self) -> list[str]:
+        """The origins CORS is on for."""
+        return [o.strip() for o in self.cors_origins.split(",") if o.strip()]
 
     @model_validator(mode="after")
     def _revocation_within_five_seconds(self) -> GatewaySettings:

@@ -11,6 +11,7 @@ from google.protobuf.message import Message
 
 from services.gateway.auth import Authenticator, KeyWatch
 from services.gateway.conversation import conversation_items
+from services.gateway.live_runs import LiveRuns
 from services.gateway.streams import Streams
 from tether.apikeys import Principal
 from tether.errors import CODE_METADATA_KEY, TetherError
@@ -31,6 +32,7 @@ class StreamingServicer:
     """The streaming side of tether.v1.GatewayService, mixed into GatewayServicer."""
 
     _streams: Streams
+    _live_runs: LiveRuns
     _auth: Authenticator
     _caller: Callable[[grpc.aio.ServicerContext, str, Message], Awaitable[Principal]]
 
@@ -67,6 +69,20 @@ class StreamingServicer:
             request.cursor,
             include_deltas=request.include_deltas,
             key_watch=self._key_watch(context, "StreamConversation"),
+        )
+        try:
+            async with aclosing(items) as stream:
+                async for item in stream:
+                    yield item
+        except TetherError as exc:
+            await end_resumably(context, exc)
+
+    async def StreamRuns(
+        self, request: gateway_pb2.StreamRunsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[gateway_pb2.StreamRunsResponse]:
+        principal = await self._caller(context, "StreamRuns", request)
+        items = self._live_runs.items(
+            viewer_of(principal), request, key_watch=self._key_watch(context, "StreamRuns")
         )
         try:
             async with aclosing(items) as stream:

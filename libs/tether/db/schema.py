@@ -75,6 +75,27 @@ api_keys = Table(
     Column("expires_at", DateTime(timezone=True)),
 )
 
+# Browser sign-in (owned by the gateway): a console's session cookie or an embedding app's
+# short-lived token, each minted from an API key and dying with it (revoked: the lookup joins
+# the key; deleted with its tenant: ON DELETE CASCADE). Only the secret's SHA-256 is stored.
+browser_credentials = Table(
+    "browser_credentials",
+    metadata,
+    Column("credential_id", Text, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("secret_hash", LargeBinary, nullable=False, unique=True),
+    Column("key_id", Text, ForeignKey("api_keys.key_id", ondelete="CASCADE"), nullable=False),
+    Column("tenant_id", Text, nullable=False),
+    Column("principal_id", Text, nullable=False),
+    Column("scopes", ARRAY(Text), nullable=False),
+    _now(),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("revoked_at", DateTime(timezone=True)),
+    CheckConstraint("kind IN ('session', 'token')", name="kind"),
+)
+# A key's credentials, for removing its expired ones when it mints another.
+Index("ix_browser_credentials_key_id", browser_credentials.c.key_id)
+
 sessions = Table(
     "sessions",
     metadata,

@@ -495,6 +495,76 @@ class RunSnapshot(_message.Message):
 Global___RunSnapshot: _TypeAlias = RunSnapshot  # noqa: Y015
 
 @_typing.final
+class StreamRunsRequest(_message.Message):
+    """StreamRunsRequest opens the live run list."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUSES_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """Only this conversation; all when empty.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    """
+    page_size: _builtins.int
+    """Page size: 50 when 0, at most 200 (a larger one is served as 200).
+    Limit: 0 to 2147483647.
+    """
+    @_builtins.property
+    def statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.RunStatus.ValueType]:
+        """Only these statuses; all when empty.
+        Limit: 16 items.
+        """
+
+    def __init__(
+        self,
+        *,
+        statuses: _abc.Iterable[_common_pb2.RunStatus.ValueType] | None = ...,
+        conversation_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "page_size", b"page_size", "statuses", b"statuses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamRunsRequest: _TypeAlias = StreamRunsRequest  # noqa: Y015
+
+@_typing.final
+class StreamRunsResponse(_message.Message):
+    """StreamRunsResponse is one message of the live run list."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_FIELD_NUMBER: _builtins.int
+    RUN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def page(self) -> Global___ListRunsResponse:
+        """The current first page, newest first."""
+
+    @_builtins.property
+    def run(self) -> _common_pb2.Run:
+        """A run as it is now; it may no longer match the filter (the client drops it then)."""
+
+    def __init__(
+        self,
+        *,
+        page: Global___ListRunsResponse | None = ...,
+        run: _common_pb2.Run | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["item", b"item", "page", b"page", "run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["item", b"item", "page", b"page", "run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["page", "run"]  # noqa: Y015
+    _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
+
+Global___StreamRunsResponse: _TypeAlias = StreamRunsResponse  # noqa: Y015
+
+@_typing.final
 class StreamConversationRequest(_message.Message):
     """StreamConversationRequest opens a conversation's stream."""
 

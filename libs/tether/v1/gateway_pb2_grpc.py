@@ -83,6 +83,11 @@ class GatewayServiceStub:
                 request_serializer=tether_dot_v1_dot_gateway__pb2.StreamConversationRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_gateway__pb2.StreamConversationResponse.FromString,
                 _registered_method=True)
+        self.StreamRuns = channel.unary_stream(
+                '/tether.v1.GatewayService/StreamRuns',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.StreamRunsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.StreamRunsResponse.FromString,
+                _registered_method=True)
         self.GetPendingQuestion = channel.unary_unary(
                 '/tether.v1.GatewayService/GetPendingQuestion',
                 request_serializer=tether_dot_v1_dot_gateway__pb2.GetPendingQuestionRequest.SerializeToString,
@@ -214,6 +219,15 @@ class GatewayServiceServicer:
 
     def StreamConversation(self, request, context):
         """StreamConversation does the same for every run of a conversation (scope "runs:read").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamRuns(self, request, context):
+        """StreamRuns is the live run list: the first page of the caller's runs as ListRuns reads it,
+        then a run whenever one of that page (or one sent before) changes or a new one enters the
+        page (scope "runs:read"). A reconnect starts again with a fresh page.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -360,6 +374,11 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.StreamConversation,
                     request_deserializer=tether_dot_v1_dot_gateway__pb2.StreamConversationRequest.FromString,
                     response_serializer=tether_dot_v1_dot_gateway__pb2.StreamConversationResponse.SerializeToString,
+            ),
+            'StreamRuns': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamRuns,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.StreamRunsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.StreamRunsResponse.SerializeToString,
             ),
             'GetPendingQuestion': grpc.unary_unary_rpc_method_handler(
                     servicer.GetPendingQuestion,
@@ -669,6 +688,33 @@ class GatewayService:
             '/tether.v1.GatewayService/StreamConversation',
             tether_dot_v1_dot_gateway__pb2.StreamConversationRequest.SerializeToString,
             tether_dot_v1_dot_gateway__pb2.StreamConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tether.v1.GatewayService/StreamRuns',
+            tether_dot_v1_dot_gateway__pb2.StreamRunsRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.StreamRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -62,6 +62,11 @@ class GatewayServiceStub:
     """
     StreamConversation: _grpc.UnaryStreamMultiCallable[_gateway_pb2.StreamConversationRequest, _gateway_pb2.StreamConversationResponse]
     """StreamConversation does the same for every run of a conversation (scope "runs:read")."""
+    StreamRuns: _grpc.UnaryStreamMultiCallable[_gateway_pb2.StreamRunsRequest, _gateway_pb2.StreamRunsResponse]
+    """StreamRuns is the live run list: the first page of the caller's runs as ListRuns reads it,
+    then a run whenever one of that page (or one sent before) changes or a new one enters the
+    page (scope "runs:read"). A reconnect starts again with a fresh page.
+    """
     GetPendingQuestion: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GetPendingQuestionRequest, _gateway_pb2.GetPendingQuestionResponse]
     """GetPendingQuestion reads a run's open question (scope "runs:read")."""
     AnswerQuestion: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.AnswerQuestionRequest, _gateway_pb2.AnswerQuestionResponse]
@@ -137,6 +142,11 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     """
     StreamConversation: _aio.UnaryStreamMultiCallable[_gateway_pb2.StreamConversationRequest, _gateway_pb2.StreamConversationResponse]  # type: ignore[assignment]
     """StreamConversation does the same for every run of a conversation (scope "runs:read")."""
+    StreamRuns: _aio.UnaryStreamMultiCallable[_gateway_pb2.StreamRunsRequest, _gateway_pb2.StreamRunsResponse]  # type: ignore[assignment]
+    """StreamRuns is the live run list: the first page of the caller's runs as ListRuns reads it,
+    then a run whenever one of that page (or one sent before) changes or a new one enters the
+    page (scope "runs:read"). A reconnect starts again with a fresh page.
+    """
     GetPendingQuestion: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GetPendingQuestionRequest, _gateway_pb2.GetPendingQuestionResponse]  # type: ignore[assignment]
     """GetPendingQuestion reads a run's open question (scope "runs:read")."""
     AnswerQuestion: _aio.UnaryUnaryMultiCallable[_gateway_pb2.AnswerQuestionRequest, _gateway_pb2.AnswerQuestionResponse]  # type: ignore[assignment]
@@ -263,6 +273,17 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_gateway_pb2.StreamConversationResponse], _abc.AsyncIterator[_gateway_pb2.StreamConversationResponse]]:
         """StreamConversation does the same for every run of a conversation (scope "runs:read")."""
+
+    @_abc_1.abstractmethod
+    def StreamRuns(
+        self,
+        request: _gateway_pb2.StreamRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_gateway_pb2.StreamRunsResponse], _abc.AsyncIterator[_gateway_pb2.StreamRunsResponse]]:
+        """StreamRuns is the live run list: the first page of the caller's runs as ListRuns reads it,
+        then a run whenever one of that page (or one sent before) changes or a new one enters the
+        page (scope "runs:read"). A reconnect starts again with a fresh page.
+        """
 
     @_abc_1.abstractmethod
     def GetPendingQuestion(

@@ -1,0 +1,136 @@
+"""What both versions of the HTTP bridge share: the call context handed to the servicer, the
+body and query readers, and serving an async stream of items as server-sent events."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from typing import Any, TypeVar
+
+from aiohttp import web
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from services.gateway.auth import TENANT_METADATA
+from tether.errors import InvalidArgument, TetherError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+M = TypeVar("M", bound=Message)
+
+# EventSource waits this long before reconnecting after the stream ends or breaks.
+SSE_RETRY_MS = 1000
+
+
+class CallContext:
+    """What the servicer's unary methods read from a gRPC context: the caller's metadata.
+    `authorization` is the credential as the route resolved it (v1: the header)."""
+
+    def __init__(self, request: web.Request, authorization: str | None = None) -> None:
+        self._metadata = (
+            (
+                "authorization",
+                header(request, "Authorization") if authorization is None else authorization,
+            ),
+            (TENANT_METADATA, header(request, "Tether-Tenant")),
+        )
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def metadata(self) -> dict[str, str]:
+        """The metadata as a mapping (for a stream's key watch)."""
+        return dict(self._metadata)
+
+
+async def read_body(request: web.Request, into: M) -> M:
+    """The JSON object of the body parsed into `into` (an empty body leaves it empty)."""
+    raw = await request.read()
+    if not raw.strip():
+        return into
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument("the request body is not valid UTF-8") from exc
+    except (ValueError, RecursionError) as exc:
+        raise InvalidArgument(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"the request body must be a JSON object, not {type(data).__name__}")
+    try:
+        json_format.ParseDict(data, into)
+    except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
+        raise InvalidArgument(f"request body: {exc}") from exc
+    return into
+
+
+def header(request: web.Request, name: str) -> str:
+    """A header's value; aiohttp keeps bytes that are not UTF-8 as lone surrogates."""
+    value = request.headers.get(name, "")
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"the {name} header is not valid UTF-8") from exc
+    return value
+
+
+def non_negative(value: str, name: str, maximum: int) -> int:
+    """A query or header integer: ASCII digits only (int() also takes "+1", "1_0", non-ASCII)."""
+    if not (value.isascii() and value.isdigit()) or int(value) > maximum:
+        raise InvalidArgument(f"{name} must be an integer from 0 to {maximum}; got {value[:40]!r}")
+    return int(value)
+
+
+def sse_frame(event: str, data: dict[str, Any], event_id: str | None = None) -> bytes:
+    """One server-sent event."""
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    body = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return f"{head}event: {event}\ndata: {body}\n\n".encode()
+
+
+def error_frame_v1(exc: TetherError) -> bytes:
+    """v1's last frame of a stream ended early: the resume cursor inside the error."""
+    from services.gateway.http_errors import error_body
+
+    resume = exc.details.get("resume")
+    return sse_frame("error", error_body(exc, **({"resume": resume} if resume is not None else {})))
+
+
+async def serve_sse(
+    request: web.Request,
+    items: AsyncGenerator[T, None],
+    frame: Callable[[T], bytes],
+    *,
+    wait_for_first: bool,
+    error_frame: Callable[[TetherError], bytes] = error_frame_v1,
+) -> web.StreamResponse:
+    """Send `items` as server-sent events. With `wait_for_first`, a failure before the first
+    item (not found, bad cursor) is still an ordinary HTTP error."""
+    async with aclosing(items) as stream:
+        first = [await anext(stream)] if wait_for_first else []
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",  # a proxy must not buffer a live stream
+            }
+        )
+        await response.prepare(request)
+        # The first frame also tells EventSource how soon to reconnect.
+        prefix = f"retry: {SSE_RETRY_MS}\n".encode()
+        try:
+            for item in first:
+                await response.write(prefix + frame(item))
+                prefix = b""
+            async for item in stream:
+                await response.write(prefix + frame(item))
+                prefix = b""
+        except TetherError as exc:
+            await response.write(error_frame(exc))
+        except ConnectionResetError:
+            pass  # the client went away
+        except Exception:
+            log.exception("stream %s failed", request.path)
+            await response.write(sse_frame("error", {"error": {"status": "INTERNAL"}}))
+        return response
