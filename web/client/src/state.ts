@@ -33,6 +33,12 @@ export interface RunState {
   /** Durable events applied, in order (type and seq), for a timeline. */
   events: { seq: number; type: string; createdAt?: string }[];
   superseded: number[];
+  /**
+   * Live text of a part beyond what this client holds: a stream joined mid-part receives the
+   * deltas after its join, while the text before them is durable only at the part's next
+   * checkpoint (part.updated). By part index: the byte offset the tail starts at, and the tail.
+   */
+  tails: Record<number, { from: number; text: string }>;
 }
 
 export const initialRunState: RunState = {
@@ -45,7 +51,15 @@ export const initialRunState: RunState = {
   connection: "connecting",
   events: [],
   superseded: [],
+  tails: {},
 };
+
+/** A part's text as far as it is known: the held text, then "…" and the live tail after a gap. */
+export function partText(state: RunState, part: PartJson): string {
+  const text = part.text?.text ?? "";
+  const tail = state.tails[part.index ?? 0];
+  return tail ? `${text}${text ? " " : ""}… ${tail.text}` : text;
+}
 
 const WAITING: Record<string, RunStatusJson> = {
   "question.requested": "RUN_STATUS_WAITING_FOR_QUESTION",
@@ -103,11 +117,17 @@ export function applyEvent(state: RunState, event: RunEventJson, pending?: Pendi
   if (event.createdAt && seq > 0) run.updatedAt = event.createdAt;
   switch (event.type) {
     case "part.added":
-      next.parts = putPart(state.parts, event.partAdded?.part);
+    case "part.updated": {
+      const part = event.type === "part.added" ? event.partAdded?.part : event.partUpdated?.part;
+      next.parts = putPart(state.parts, part);
+      const index = part?.index ?? 0;
+      const tail = state.tails[index];
+      if (part && tail && utf8Length(part.text?.text ?? "") >= tail.from) {
+        const { [index]: _caught, ...rest } = state.tails;
+        next.tails = rest; // the durable text caught up with the tail
+      }
       break;
-    case "part.updated":
-      next.parts = putPart(state.parts, event.partUpdated?.part);
-      break;
+    }
     case "part.superseded": {
       const index = event.partSuperseded?.partIndex ?? 0;
       next.parts = state.parts.filter((p) => (p.index ?? 0) !== index);
@@ -126,8 +146,16 @@ export function applyEvent(state: RunState, event: RunEventJson, pending?: Pendi
         break;
       }
       const text = part.text?.text ?? "";
-      if (part.text !== undefined && utf8Length(text) === Number(d.offset ?? 0)) {
+      const offset = Number(d.offset ?? 0);
+      const held = utf8Length(text);
+      const tail = state.tails[index];
+      if (part.text === undefined || offset < held) break; // not text, or held already
+      if (offset === held && !tail) {
         next.parts = putPart(state.parts, { ...part, text: { text: text + (d.text ?? "") } });
+      } else if (tail && tail.from + utf8Length(tail.text) === offset) {
+        next.tails = { ...state.tails, [index]: { from: tail.from, text: tail.text + (d.text ?? "") } };
+      } else if (!tail) {
+        next.tails = { ...state.tails, [index]: { from: offset, text: d.text ?? "" } };
       }
       break;
     }

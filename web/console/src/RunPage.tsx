@@ -1,5 +1,5 @@
 import { useCallback, useEffect, useMemo, useState } from "react";
-import { TERMINAL_STATUSES, type GetRunAttemptsResponseJson, type PartJson, type RetryInfo, type RunStatusJson } from "@tether/client";
+import { TERMINAL_STATUSES, partText, type GetRunAttemptsResponseJson, type PartJson, type RetryInfo, type RunState, type RunStatusJson } from "@tether/client";
 import { ApprovalCard, ConnectionCard, QuestionCard, useRun, useTetherClient } from "@tether/react";
 import { NotFound, useNow } from "./App.js";
 import { age, formatMicros, ms, statusClass, statusWords, tokens } from "./format.js";
@@ -31,6 +31,12 @@ export function RunPage({ runId }: { runId: string }) {
   const [record, setRecord] = useState<GetRunAttemptsResponseJson | null>(null);
   const [actionError, setActionError] = useState<string | null>(null);
   const status = run?.status as RunStatusJson | undefined;
+  // The last interaction stays on the page once resolved (by this page or elsewhere), inert.
+  const [shown, setShown] = useState<RunState["pending"]>(null);
+  useEffect(() => {
+    if (state.pending) setShown(state.pending);
+  }, [state.pending]);
+  const resolvedElsewhere = shown !== null && state.pending === null;
   const terminal = status !== undefined && TERMINAL_STATUSES.has(status);
 
   // The execution record: read again when the attempt or the status changes.
@@ -83,20 +89,20 @@ export function RunPage({ runId }: { runId: string }) {
 
       {state.retry && status === "RUN_STATUS_RETRY_PENDING" && <RetryIndicator retry={state.retry} />}
 
-      {state.pending?.type === "question" && state.pending.question && (
-        <QuestionCard key={state.pending.question.interactionId} runId={runId} question={state.pending.question} />
+      {shown?.type === "question" && shown.question && (
+        <QuestionCard key={shown.question.interactionId} runId={runId} question={shown.question} resolvedElsewhere={resolvedElsewhere} />
       )}
-      {state.pending?.type === "approval" && state.pending.approval && (
-        <ApprovalCard key={state.pending.approval.interactionId} runId={runId} approval={state.pending.approval} />
+      {shown?.type === "approval" && shown.approval && (
+        <ApprovalCard key={shown.approval.interactionId} runId={runId} approval={shown.approval} resolvedElsewhere={resolvedElsewhere} />
       )}
-      {state.pending?.type === "connection" && state.pending.connection && (
-        <ConnectionCard key={state.pending.connection.interactionId} runId={runId} connection={state.pending.connection} />
+      {shown?.type === "connection" && shown.connection && (
+        <ConnectionCard key={shown.connection.interactionId} runId={runId} connection={shown.connection} resolvedElsewhere={resolvedElsewhere} />
       )}
 
       <section aria-labelledby="transcript" className="transcript">
         <h2 id="transcript">Transcript</h2>
         {run.inputText && <div className="part user"><span className="role">user</span><p>{run.inputText}</p></div>}
-        <Parts parts={state.parts} />
+        <Parts parts={state.parts} state={state} />
         {state.parts.length === 0 && !terminal && <p className="hint">Waiting for the model…</p>}
       </section>
 
@@ -119,7 +125,7 @@ function RetryIndicator({ retry }: { retry: RetryInfo }) {
   );
 }
 
-function Parts({ parts }: { parts: PartJson[] }) {
+function Parts({ parts, state }: { parts: PartJson[]; state: RunState }) {
   const results = useMemo(() => {
     const m = new Map<string, PartJson>();
     for (const p of parts) if (p.toolResult?.toolCallId) m.set(p.toolResult.toolCallId, p);
@@ -129,7 +135,7 @@ function Parts({ parts }: { parts: PartJson[] }) {
     <>
       {parts.map((p) => {
         const key = `${p.index ?? 0}`;
-        if (p.text) return <div key={key} className={`part ${p.role ?? ""}`} data-part={p.index ?? 0}><span className="role">{p.role}</span><p>{p.text.text}</p></div>;
+        if (p.text) return <div key={key} className={`part ${p.role ?? ""}`} data-part={p.index ?? 0}><span className="role">{p.role}</span><p>{partText(state, p)}</p></div>;
         if (p.thinking) return (
           <details key={key} className="part thinking" data-part={p.index ?? 0}>
             <summary>Thinking</summary>

@@ -89,11 +89,11 @@ function QuestionField({ spec, value, onChange }: { spec: QuestionSpecJson; valu
 }
 
 /** Answers a pending question: options (one or several), "other", or free text. */
-export function QuestionCard({ runId, question, onAnswered }: { runId: string; question: PendingQuestionJson; onAnswered?: (resumed: boolean) => void }) {
+export function QuestionCard({ runId, question, onAnswered, resolvedElsewhere = false }: { runId: string; question: PendingQuestionJson; onAnswered?: (resumed: boolean) => void; resolvedElsewhere?: boolean }) {
   const answer = useAnswerQuestion(runId, question.interactionId);
   const [values, setValues] = useState<Record<string, string[]>>({});
   const specs = question.questions ?? [];
-  const resolved = answer.result !== null;
+  const resolved = answer.result !== null || resolvedElsewhere;
   const complete = specs.every((s) => (values[s.key ?? ""] ?? []).some((v) => clean(v) !== ""));
   const submit = async (e: FormEvent) => {
     e.preventDefault();
@@ -111,7 +111,8 @@ export function QuestionCard({ runId, question, onAnswered }: { runId: string; q
         ))}
         <button type="submit" disabled={!complete || resolved || answer.submitting}>Send answer</button>
       </fieldset>
-      {resolved && <p className="tether-resolved" role="status">Answered{answer.result?.resumed ? "; the run resumes." : "."}</p>}
+      {answer.result !== null && <p className="tether-resolved" role="status">Answered{answer.result.resumed ? "; the run resumes." : "."}</p>}
+      {answer.result === null && resolvedElsewhere && <p className="tether-resolved" role="status">This question was answered.</p>}
       <ErrorLine message={answer.error?.message} />
     </form>
   );
@@ -129,12 +130,12 @@ const DECISIONS: { decision: Decision; label: string }[] = [
 ];
 
 /** Decides a pending approval: shows what will run, exactly, and the decisions policy allows. */
-export function ApprovalCard({ runId, approval, onDecided }: { runId: string; approval: PendingApprovalJson; onDecided?: (decision: Decision) => void }) {
+export function ApprovalCard({ runId, approval, onDecided, resolvedElsewhere = false }: { runId: string; approval: PendingApprovalJson; onDecided?: (decision: Decision) => void; resolvedElsewhere?: boolean }) {
   const decide = useDecideApproval(runId, approval.interactionId);
   const [chosen, setChosen] = useState<Decision | null>(null);
   const allowed = approval.allowedDecisions ?? [];
   const offered = DECISIONS.filter((d) => (d.decision === "allow-always" ? allowed.includes(d.decision) : allowed.length === 0 || allowed.includes(d.decision)));
-  const resolved = decide.result !== null;
+  const resolved = decide.result !== null || resolvedElsewhere;
   const act = async (decision: Decision) => {
     if (resolved || decide.submitting) return;
     setChosen(decision);
@@ -169,7 +170,8 @@ export function ApprovalCard({ runId, approval, onDecided }: { runId: string; ap
           </button>
         ))}
       </div>
-      {resolved && <p className="tether-resolved" role="status">Decided: {DECISIONS.find((d) => d.decision === chosen)?.label}{decide.result?.resumed ? "; the run resumes." : "."}</p>}
+      {decide.result !== null && <p className="tether-resolved" role="status">Decided: {DECISIONS.find((d) => d.decision === chosen)?.label}{decide.result.resumed ? "; the run resumes." : "."}</p>}
+      {decide.result === null && resolvedElsewhere && <p className="tether-resolved" role="status">This approval was decided.</p>}
       <ErrorLine message={decide.error?.message} />
     </section>
   );
@@ -185,7 +187,7 @@ const GAP_WORDS: Record<string, (provider: string, scopes: string) => string> = 
 export const CONNECT_STORAGE_PREFIX = "tether.connect.";
 
 /** Offers the login for a missing, expired or too narrow connection. */
-export function ConnectionCard({ runId, connection }: { runId: string; connection: PendingConnectionJson }) {
+export function ConnectionCard({ runId, connection, resolvedElsewhere = false }: { runId: string; connection: PendingConnectionJson; resolvedElsewhere?: boolean }) {
   const provider = connection.provider || "the provider";
   const scopes = (connection.scopes ?? []).join(", ");
   const words = GAP_WORDS[connection.gap ?? ""]?.(provider, scopes) ?? `${provider} needs a connection.`;
@@ -205,7 +207,9 @@ export function ConnectionCard({ runId, connection }: { runId: string; connectio
       <h3>Connect {provider}</h3>
       <p>{words}</p>
       {scopes && <p className="tether-label">Permissions asked for: {scopes}</p>}
-      {connection.loginUrl ? (
+      {resolvedElsewhere ? (
+        <p className="tether-resolved" role="status">Connected.</p>
+      ) : connection.loginUrl ? (
         <a className="tether-button" href={connection.loginUrl} onClick={remember} rel="noopener noreferrer" aria-disabled={opened}>
           Sign in to {provider}
         </a>

@@ -20,7 +20,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/gateway.proto.
  */
 export const file_tether_v1_gateway: GenFile = /*@__PURE__*/
-  fileDesc("Chd0ZXRoZXIvdjEvZ2F0ZXdheS5wcm90bxIJdGV0aGVyLnYxInEKElNlbmRNZXNzYWdlUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSDAoEdGV4dBgDIAEoCRIPCgdjaGFubmVsGAQgASgJEhEKCXRlbmFudF9pZBgFIAEoCSJfChNTZW5kTWVzc2FnZVJlc3BvbnNlEisKC2Rpc3Bvc2l0aW9uGAEgASgOMhYudGV0aGVyLnYxLkRpc3Bvc2l0aW9uEhsKA3J1bhgCIAEoCzIOLnRldGhlci52MS5SdW4itQEKElN1Ym1pdEV2ZW50UmVxdWVzdBI1CgltZXNzYWdpbmcYASABKAsyIC50ZXRoZXIudjEuTWVzc2FnaW5nV2ViaG9va0lucHV0SAASMQoLdGFza19zdGF0dXMYAiABKAsyGi50ZXRoZXIudjEuVGFza1N0YXR1c0lucHV0SAASLAoIZGVjaXNpb24YAyABKAsyGC50ZXRoZXIudjEuRGVjaXNpb25JbnB1dEgAQgcKBWlucHV0Il8KE1N1Ym1pdEV2ZW50UmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1biI7Cg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIaChJpbmNsdWRlX3N1cGVyc2VkZWQYAiABKAgiTQoOR2V0UnVuUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIeCgVwYXJ0cxgCIAMoCzIPLnRldGhlci52MS5QYXJ0IqwBCg9MaXN0UnVuc1JlcXVlc3QSJgoIc3RhdHVzZXMYASADKA4yFC50ZXRoZXIudjEuUnVuU3RhdHVzEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCRIxCg1jcmVhdGVkX2FmdGVyGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJJChBMaXN0UnVuc1Jlc3BvbnNlEhwKBHJ1bnMYASADKAsyDi50ZXRoZXIudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiQQoRQ2FuY2VsUnVuUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIImUKEFN0cmVhbVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAxIWCg5pbmNsdWRlX2RlbHRhcxgDIAEoCBIWCg5iYXRjaF9jYXRjaF91cBgEIAEoCCKYAQoRU3RyZWFtUnVuUmVzcG9uc2USKgoIc25hcHNob3QYASABKAsyFi50ZXRoZXIudjEuUnVuU25hcHNob3RIABIkCgVldmVudBgCIAEoCzITLnRldGhlci52MS5SdW5FdmVudEgAEikKBWJhdGNoGAMgASgLMhgudGV0aGVyLnYxLlJ1bkV2ZW50QmF0Y2hIAEIGCgRpdGVtIjQKDVJ1bkV2ZW50QmF0Y2gSIwoGZXZlbnRzGAEgAygLMhMudGV0aGVyLnYxLlJ1bkV2ZW50IkoKC1J1blNuYXBzaG90EhsKA3J1bhgBIAEoCzIOLnRldGhlci52MS5SdW4SHgoFcGFydHMYAiADKAsyDy50ZXRoZXIudjEuUGFydCJcChlTdHJlYW1Db252ZXJzYXRpb25SZXF1ZXN0EhcKD2NvbnZlcnNhdGlvbl9pZBgBIAEoCRIOCgZjdXJzb3IYAiABKAkSFgoOaW5jbHVkZV9kZWx0YXMYAyABKAgiUAoaU3RyZWFtQ29udmVyc2F0aW9uUmVzcG9uc2USIgoFZXZlbnQYASABKAsyEy50ZXRoZXIudjEuUnVuRXZlbnQSDgoGY3Vyc29yGAIgASgJIisKGUdldFBlbmRpbmdRdWVzdGlvblJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIkoKGkdldFBlbmRpbmdRdWVzdGlvblJlc3BvbnNlEiwKCHF1ZXN0aW9uGAEgASgLMhoudGV0aGVyLnYxLlBlbmRpbmdRdWVzdGlvbiKyAQoVQW5zd2VyUXVlc3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRI+CgdhbnN3ZXJzGAIgAygLMi0udGV0aGVyLnYxLkFuc3dlclF1ZXN0aW9uUmVxdWVzdC5BbnN3ZXJzRW50cnkaSQoMQW5zd2Vyc0VudHJ5EgsKA2tleRgBIAEoCRIoCgV2YWx1ZRgCIAEoCzIZLnRldGhlci52MS5RdWVzdGlvbkFuc3dlcjoCOAEiQQoWQW5zd2VyUXVlc3Rpb25SZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIPCgdyZXN1bWVkGAIgASgIIisKGUdldFBlbmRpbmdBcHByb3ZhbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIkoKGkdldFBlbmRpbmdBcHByb3ZhbFJlc3BvbnNlEiwKCGFwcHJvdmFsGAEgASgLMhoudGV0aGVyLnYxLlBlbmRpbmdBcHByb3ZhbCJPChVEZWNpZGVBcHByb3ZhbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhAKCGRlY2lzaW9uGAIgASgJEhQKDGFsd2F5c19zY29wZRgDIAEoCSJTChZEZWNpZGVBcHByb3ZhbFJlc3BvbnNlEhYKDmludGVyYWN0aW9uX2lkGAEgASgJEg8KB3Jlc3VtZWQYAiABKAgSEAoIZ3JhbnRfaWQYAyABKAkiLQobR2V0UGVuZGluZ0Nvbm5lY3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJQChxHZXRQZW5kaW5nQ29ubmVjdGlvblJlc3BvbnNlEjAKCmNvbm5lY3Rpb24YASABKAsyHC50ZXRoZXIudjEuUGVuZGluZ0Nvbm5lY3Rpb24iSAoZQ29tcGxldGVDb25uZWN0aW9uUmVxdWVzdBIOCgZydW5faWQYASABKAkSDQoFc3RhdGUYAiABKAkSDAoEY29kZRgDIAEoCSItChpDb21wbGV0ZUNvbm5lY3Rpb25SZXNwb25zZRIPCgdyZXN1bWVkGAEgASgIIqcBChNDcmVhdGVBcGlLZXlSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIUCgxwcmluY2lwYWxfaWQYAiABKAkSDgoGc2NvcGVzGAMgAygJEicKBmxhYmVscxgEIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSLgoKZXhwaXJlc19hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAioAEKFENyZWF0ZUFwaUtleVJlc3BvbnNlEg8KB2FwaV9rZXkYASABKAkSDgoGa2V5X2lkGAIgASgJEhEKCXRlbmFudF9pZBgDIAEoCRIUCgxwcmluY2lwYWxfaWQYBCABKAkSDgoGc2NvcGVzGAUgAygJEi4KCmV4cGlyZXNfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIiUKE1Jldm9rZUFwaUtleVJlcXVlc3QSDgoGa2V5X2lkGAEgASgJIjcKFFJldm9rZUFwaUtleVJlc3BvbnNlEg4KBmtleV9pZBgBIAEoCRIPCgdyZXZva2VkGAIgASgIIjQKEkFkZERvY3VtZW50UmVxdWVzdBINCgV0aXRsZRgBIAEoCRIPCgdjb250ZW50GAIgASgJIjwKE0FkZERvY3VtZW50UmVzcG9uc2USJQoIZG9jdW1lbnQYASABKAsyEy50ZXRoZXIudjEuRG9jdW1lbnQiPQoUTGlzdERvY3VtZW50c1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiWAoVTGlzdERvY3VtZW50c1Jlc3BvbnNlEiYKCWRvY3VtZW50cxgBIAMoCzITLnRldGhlci52MS5Eb2N1bWVudBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiLAoVUmVtb3ZlRG9jdW1lbnRSZXF1ZXN0EhMKC2RvY3VtZW50X2lkGAEgASgJIi0KFlJlbW92ZURvY3VtZW50UmVzcG9uc2USEwoLZG9jdW1lbnRfaWQYASABKAkiJwoVR2V0UnVuQXR0ZW1wdHNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSKhAQoWR2V0UnVuQXR0ZW1wdHNSZXNwb25zZRIbCgNydW4YASABKAsyDi50ZXRoZXIudjEuUnVuEiQKCGF0dGVtcHRzGAIgAygLMhIudGV0aGVyLnYxLkF0dGVtcHQSIwoFdHVybnMYAyADKAsyFC50ZXRoZXIudjEuTW9kZWxUdXJuEh8KB2xpbmVhZ2UYBCADKAsyDi50ZXRoZXIudjEuUnVuIiEKD1JldHJ5UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiXAoQUmV0cnlSdW5SZXNwb25zZRIrCgtkaXNwb3NpdGlvbhgBIAEoDjIWLnRldGhlci52MS5EaXNwb3NpdGlvbhIbCgNydW4YAiABKAsyDi50ZXRoZXIudjEuUnVuIigKE0RlbGV0ZVRlbmFudFJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJIqcBChREZWxldGVUZW5hbnRSZXNwb25zZRI9CgdyZW1vdmVkGAEgAygLMiwudGV0aGVyLnYxLkRlbGV0ZVRlbmFudFJlc3BvbnNlLlJlbW92ZWRFbnRyeRIPCgdkZWxldGVkGAIgASgIEg8KB3BlbmRpbmcYAyABKAkaLgoMUmVtb3ZlZEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAzoCOAEy7w0KDkdhdGV3YXlTZXJ2aWNlEkwKC1NlbmRNZXNzYWdlEh0udGV0aGVyLnYxLlNlbmRNZXNzYWdlUmVxdWVzdBoeLnRldGhlci52MS5TZW5kTWVzc2FnZVJlc3BvbnNlEkwKC1N1Ym1pdEV2ZW50Eh0udGV0aGVyLnYxLlN1Ym1pdEV2ZW50UmVxdWVzdBoeLnRldGhlci52MS5TdWJtaXRFdmVudFJlc3BvbnNlEj0KBkdldFJ1bhIYLnRldGhlci52MS5HZXRSdW5SZXF1ZXN0GhkudGV0aGVyLnYxLkdldFJ1blJlc3BvbnNlEkMKCExpc3RSdW5zEhoudGV0aGVyLnYxLkxpc3RSdW5zUmVxdWVzdBobLnRldGhlci52MS5MaXN0UnVuc1Jlc3BvbnNlElUKDkdldFJ1bkF0dGVtcHRzEiAudGV0aGVyLnYxLkdldFJ1bkF0dGVtcHRzUmVxdWVzdBohLnRldGhlci52MS5HZXRSdW5BdHRlbXB0c1Jlc3BvbnNlEkMKCFJldHJ5UnVuEhoudGV0aGVyLnYxLlJldHJ5UnVuUmVxdWVzdBobLnRldGhlci52MS5SZXRyeVJ1blJlc3BvbnNlEkYKCUNhbmNlbFJ1bhIbLnRldGhlci52MS5DYW5jZWxSdW5SZXF1ZXN0GhwudGV0aGVyLnYxLkNhbmNlbFJ1blJlc3BvbnNlEkgKCVN0cmVhbVJ1bhIbLnRldGhlci52MS5TdHJlYW1SdW5SZXF1ZXN0GhwudGV0aGVyLnYxLlN0cmVhbVJ1blJlc3BvbnNlMAESYwoSU3RyZWFtQ29udmVyc2F0aW9uEiQudGV0aGVyLnYxLlN0cmVhbUNvbnZlcnNhdGlvblJlcXVlc3QaJS50ZXRoZXIudjEuU3RyZWFtQ29udmVyc2F0aW9uUmVzcG9uc2UwARJhChJHZXRQZW5kaW5nUXVlc3Rpb24SJC50ZXRoZXIudjEuR2V0UGVuZGluZ1F1ZXN0aW9uUmVxdWVzdBolLnRldGhlci52MS5HZXRQZW5kaW5nUXVlc3Rpb25SZXNwb25zZRJVCg5BbnN3ZXJRdWVzdGlvbhIgLnRldGhlci52MS5BbnN3ZXJRdWVzdGlvblJlcXVlc3QaIS50ZXRoZXIudjEuQW5zd2VyUXVlc3Rpb25SZXNwb25zZRJhChJHZXRQZW5kaW5nQXBwcm92YWwSJC50ZXRoZXIudjEuR2V0UGVuZGluZ0FwcHJvdmFsUmVxdWVzdBolLnRldGhlci52MS5HZXRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRJVCg5EZWNpZGVBcHByb3ZhbBIgLnRldGhlci52MS5EZWNpZGVBcHByb3ZhbFJlcXVlc3QaIS50ZXRoZXIudjEuRGVjaWRlQXBwcm92YWxSZXNwb25zZRJnChRHZXRQZW5kaW5nQ29ubmVjdGlvbhImLnRldGhlci52MS5HZXRQZW5kaW5nQ29ubmVjdGlvblJlcXVlc3QaJy50ZXRoZXIudjEuR2V0UGVuZGluZ0Nvbm5lY3Rpb25SZXNwb25zZRJhChJDb21wbGV0ZUNvbm5lY3Rpb24SJC50ZXRoZXIudjEuQ29tcGxldGVDb25uZWN0aW9uUmVxdWVzdBolLnRldGhlci52MS5Db21wbGV0ZUNvbm5lY3Rpb25SZXNwb25zZRJPCgxDcmVhdGVBcGlLZXkSHi50ZXRoZXIudjEuQ3JlYXRlQXBpS2V5UmVxdWVzdBofLnRldGhlci52MS5DcmVhdGVBcGlLZXlSZXNwb25zZRJPCgxSZXZva2VBcGlLZXkSHi50ZXRoZXIudjEuUmV2b2tlQXBpS2V5UmVxdWVzdBofLnRldGhlci52MS5SZXZva2VBcGlLZXlSZXNwb25zZRJMCgtBZGREb2N1bWVudBIdLnRldGhlci52MS5BZGREb2N1bWVudFJlcXVlc3QaHi50ZXRoZXIudjEuQWRkRG9jdW1lbnRSZXNwb25zZRJSCg1MaXN0RG9jdW1lbnRzEh8udGV0aGVyLnYxLkxpc3REb2N1bWVudHNSZXF1ZXN0GiAudGV0aGVyLnYxLkxpc3REb2N1bWVudHNSZXNwb25zZRJVCg5SZW1vdmVEb2N1bWVudBIgLnRldGhlci52MS5SZW1vdmVEb2N1bWVudFJlcXVlc3QaIS50ZXRoZXIudjEuUmVtb3ZlRG9jdW1lbnRSZXNwb25zZRJPCgxEZWxldGVUZW5hbnQSHi50ZXRoZXIudjEuRGVsZXRlVGVuYW50UmVxdWVzdBofLnRldGhlci52MS5EZWxldGVUZW5hbnRSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_tether_v1_admission, file_tether_v1_common, file_tether_v1_events, file_tether_v1_interactions]);
+  fileDesc("Chd0ZXRoZXIvdjEvZ2F0ZXdheS5wcm90bxIJdGV0aGVyLnYxInEKElNlbmRNZXNzYWdlUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSDAoEdGV4dBgDIAEoCRIPCgdjaGFubmVsGAQgASgJEhEKCXRlbmFudF9pZBgFIAEoCSJfChNTZW5kTWVzc2FnZVJlc3BvbnNlEisKC2Rpc3Bvc2l0aW9uGAEgASgOMhYudGV0aGVyLnYxLkRpc3Bvc2l0aW9uEhsKA3J1bhgCIAEoCzIOLnRldGhlci52MS5SdW4itQEKElN1Ym1pdEV2ZW50UmVxdWVzdBI1CgltZXNzYWdpbmcYASABKAsyIC50ZXRoZXIudjEuTWVzc2FnaW5nV2ViaG9va0lucHV0SAASMQoLdGFza19zdGF0dXMYAiABKAsyGi50ZXRoZXIudjEuVGFza1N0YXR1c0lucHV0SAASLAoIZGVjaXNpb24YAyABKAsyGC50ZXRoZXIudjEuRGVjaXNpb25JbnB1dEgAQgcKBWlucHV0Il8KE1N1Ym1pdEV2ZW50UmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1biI7Cg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIaChJpbmNsdWRlX3N1cGVyc2VkZWQYAiABKAgiTQoOR2V0UnVuUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIeCgVwYXJ0cxgCIAMoCzIPLnRldGhlci52MS5QYXJ0IqwBCg9MaXN0UnVuc1JlcXVlc3QSJgoIc3RhdHVzZXMYASADKA4yFC50ZXRoZXIudjEuUnVuU3RhdHVzEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCRIxCg1jcmVhdGVkX2FmdGVyGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJJChBMaXN0UnVuc1Jlc3BvbnNlEhwKBHJ1bnMYASADKAsyDi50ZXRoZXIudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiQQoRQ2FuY2VsUnVuUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIImUKEFN0cmVhbVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAxIWCg5pbmNsdWRlX2RlbHRhcxgDIAEoCBIWCg5iYXRjaF9jYXRjaF91cBgEIAEoCCKYAQoRU3RyZWFtUnVuUmVzcG9uc2USKgoIc25hcHNob3QYASABKAsyFi50ZXRoZXIudjEuUnVuU25hcHNob3RIABIkCgVldmVudBgCIAEoCzITLnRldGhlci52MS5SdW5FdmVudEgAEikKBWJhdGNoGAMgASgLMhgudGV0aGVyLnYxLlJ1bkV2ZW50QmF0Y2hIAEIGCgRpdGVtIjQKDVJ1bkV2ZW50QmF0Y2gSIwoGZXZlbnRzGAEgAygLMhMudGV0aGVyLnYxLlJ1bkV2ZW50IkoKC1J1blNuYXBzaG90EhsKA3J1bhgBIAEoCzIOLnRldGhlci52MS5SdW4SHgoFcGFydHMYAiADKAsyDy50ZXRoZXIudjEuUGFydCJnChFTdHJlYW1SdW5zUmVxdWVzdBImCghzdGF0dXNlcxgBIAMoDjIULnRldGhlci52MS5SdW5TdGF0dXMSFwoPY29udmVyc2F0aW9uX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBSJoChJTdHJlYW1SdW5zUmVzcG9uc2USKwoEcGFnZRgBIAEoCzIbLnRldGhlci52MS5MaXN0UnVuc1Jlc3BvbnNlSAASHQoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1bkgAQgYKBGl0ZW0iXAoZU3RyZWFtQ29udmVyc2F0aW9uUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSDgoGY3Vyc29yGAIgASgJEhYKDmluY2x1ZGVfZGVsdGFzGAMgASgIIlAKGlN0cmVhbUNvbnZlcnNhdGlvblJlc3BvbnNlEiIKBWV2ZW50GAEgASgLMhMudGV0aGVyLnYxLlJ1bkV2ZW50Eg4KBmN1cnNvchgCIAEoCSIrChlHZXRQZW5kaW5nUXVlc3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJKChpHZXRQZW5kaW5nUXVlc3Rpb25SZXNwb25zZRIsCghxdWVzdGlvbhgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nUXVlc3Rpb24isgEKFUFuc3dlclF1ZXN0aW9uUmVxdWVzdBIOCgZydW5faWQYASABKAkSPgoHYW5zd2VycxgCIAMoCzItLnRldGhlci52MS5BbnN3ZXJRdWVzdGlvblJlcXVlc3QuQW5zd2Vyc0VudHJ5GkkKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKAoFdmFsdWUYAiABKAsyGS50ZXRoZXIudjEuUXVlc3Rpb25BbnN3ZXI6AjgBIkEKFkFuc3dlclF1ZXN0aW9uUmVzcG9uc2USFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHcmVzdW1lZBgCIAEoCCIrChlHZXRQZW5kaW5nQXBwcm92YWxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJKChpHZXRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRIsCghhcHByb3ZhbBgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nQXBwcm92YWwiTwoVRGVjaWRlQXBwcm92YWxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIQCghkZWNpc2lvbhgCIAEoCRIUCgxhbHdheXNfc2NvcGUYAyABKAkiUwoWRGVjaWRlQXBwcm92YWxSZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIPCgdyZXN1bWVkGAIgASgIEhAKCGdyYW50X2lkGAMgASgJIi0KG0dldFBlbmRpbmdDb25uZWN0aW9uUmVxdWVzdBIOCgZydW5faWQYASABKAkiUAocR2V0UGVuZGluZ0Nvbm5lY3Rpb25SZXNwb25zZRIwCgpjb25uZWN0aW9uGAEgASgLMhwudGV0aGVyLnYxLlBlbmRpbmdDb25uZWN0aW9uIkgKGUNvbXBsZXRlQ29ubmVjdGlvblJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg0KBXN0YXRlGAIgASgJEgwKBGNvZGUYAyABKAkiLQoaQ29tcGxldGVDb25uZWN0aW9uUmVzcG9uc2USDwoHcmVzdW1lZBgBIAEoCCKnAQoTQ3JlYXRlQXBpS2V5UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSFAoMcHJpbmNpcGFsX2lkGAIgASgJEg4KBnNjb3BlcxgDIAMoCRInCgZsYWJlbHMYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei4KCmV4cGlyZXNfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqABChRDcmVhdGVBcGlLZXlSZXNwb25zZRIPCgdhcGlfa2V5GAEgASgJEg4KBmtleV9pZBgCIAEoCRIRCgl0ZW5hbnRfaWQYAyABKAkSFAoMcHJpbmNpcGFsX2lkGAQgASgJEg4KBnNjb3BlcxgFIAMoCRIuCgpleHBpcmVzX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIlChNSZXZva2VBcGlLZXlSZXF1ZXN0Eg4KBmtleV9pZBgBIAEoCSI3ChRSZXZva2VBcGlLZXlSZXNwb25zZRIOCgZrZXlfaWQYASABKAkSDwoHcmV2b2tlZBgCIAEoCCI0ChJBZGREb2N1bWVudFJlcXVlc3QSDQoFdGl0bGUYASABKAkSDwoHY29udGVudBgCIAEoCSI8ChNBZGREb2N1bWVudFJlc3BvbnNlEiUKCGRvY3VtZW50GAEgASgLMhMudGV0aGVyLnYxLkRvY3VtZW50Ij0KFExpc3REb2N1bWVudHNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJIlgKFUxpc3REb2N1bWVudHNSZXNwb25zZRImCglkb2N1bWVudHMYASADKAsyEy50ZXRoZXIudjEuRG9jdW1lbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIiwKFVJlbW92ZURvY3VtZW50UmVxdWVzdBITCgtkb2N1bWVudF9pZBgBIAEoCSItChZSZW1vdmVEb2N1bWVudFJlc3BvbnNlEhMKC2RvY3VtZW50X2lkGAEgASgJIicKFUdldFJ1bkF0dGVtcHRzUmVxdWVzdBIOCgZydW5faWQYASABKAkioQEKFkdldFJ1bkF0dGVtcHRzUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIkCghhdHRlbXB0cxgCIAMoCzISLnRldGhlci52MS5BdHRlbXB0EiMKBXR1cm5zGAMgAygLMhQudGV0aGVyLnYxLk1vZGVsVHVybhIfCgdsaW5lYWdlGAQgAygLMg4udGV0aGVyLnYxLlJ1biIhCg9SZXRyeVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIlwKEFJldHJ5UnVuUmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1biIoChNEZWxldGVUZW5hbnRSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCSKnAQoURGVsZXRlVGVuYW50UmVzcG9uc2USPQoHcmVtb3ZlZBgBIAMoCzIsLnRldGhlci52MS5EZWxldGVUZW5hbnRSZXNwb25zZS5SZW1vdmVkRW50cnkSDwoHZGVsZXRlZBgCIAEoCBIPCgdwZW5kaW5nGAMgASgJGi4KDFJlbW92ZWRFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAM6AjgBMrwOCg5HYXRld2F5U2VydmljZRJMCgtTZW5kTWVzc2FnZRIdLnRldGhlci52MS5TZW5kTWVzc2FnZVJlcXVlc3QaHi50ZXRoZXIudjEuU2VuZE1lc3NhZ2VSZXNwb25zZRJMCgtTdWJtaXRFdmVudBIdLnRldGhlci52MS5TdWJtaXRFdmVudFJlcXVlc3QaHi50ZXRoZXIudjEuU3VibWl0RXZlbnRSZXNwb25zZRI9CgZHZXRSdW4SGC50ZXRoZXIudjEuR2V0UnVuUmVxdWVzdBoZLnRldGhlci52MS5HZXRSdW5SZXNwb25zZRJDCghMaXN0UnVucxIaLnRldGhlci52MS5MaXN0UnVuc1JlcXVlc3QaGy50ZXRoZXIudjEuTGlzdFJ1bnNSZXNwb25zZRJVCg5HZXRSdW5BdHRlbXB0cxIgLnRldGhlci52MS5HZXRSdW5BdHRlbXB0c1JlcXVlc3QaIS50ZXRoZXIudjEuR2V0UnVuQXR0ZW1wdHNSZXNwb25zZRJDCghSZXRyeVJ1bhIaLnRldGhlci52MS5SZXRyeVJ1blJlcXVlc3QaGy50ZXRoZXIudjEuUmV0cnlSdW5SZXNwb25zZRJGCglDYW5jZWxSdW4SGy50ZXRoZXIudjEuQ2FuY2VsUnVuUmVxdWVzdBocLnRldGhlci52MS5DYW5jZWxSdW5SZXNwb25zZRJICglTdHJlYW1SdW4SGy50ZXRoZXIudjEuU3RyZWFtUnVuUmVxdWVzdBocLnRldGhlci52MS5TdHJlYW1SdW5SZXNwb25zZTABEmMKElN0cmVhbUNvbnZlcnNhdGlvbhIkLnRldGhlci52MS5TdHJlYW1Db252ZXJzYXRpb25SZXF1ZXN0GiUudGV0aGVyLnYxLlN0cmVhbUNvbnZlcnNhdGlvblJlc3BvbnNlMAESSwoKU3RyZWFtUnVucxIcLnRldGhlci52MS5TdHJlYW1SdW5zUmVxdWVzdBodLnRldGhlci52MS5TdHJlYW1SdW5zUmVzcG9uc2UwARJhChJHZXRQZW5kaW5nUXVlc3Rpb24SJC50ZXRoZXIudjEuR2V0UGVuZGluZ1F1ZXN0aW9uUmVxdWVzdBolLnRldGhlci52MS5HZXRQZW5kaW5nUXVlc3Rpb25SZXNwb25zZRJVCg5BbnN3ZXJRdWVzdGlvbhIgLnRldGhlci52MS5BbnN3ZXJRdWVzdGlvblJlcXVlc3QaIS50ZXRoZXIudjEuQW5zd2VyUXVlc3Rpb25SZXNwb25zZRJhChJHZXRQZW5kaW5nQXBwcm92YWwSJC50ZXRoZXIudjEuR2V0UGVuZGluZ0FwcHJvdmFsUmVxdWVzdBolLnRldGhlci52MS5HZXRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRJVCg5EZWNpZGVBcHByb3ZhbBIgLnRldGhlci52MS5EZWNpZGVBcHByb3ZhbFJlcXVlc3QaIS50ZXRoZXIudjEuRGVjaWRlQXBwcm92YWxSZXNwb25zZRJnChRHZXRQZW5kaW5nQ29ubmVjdGlvbhImLnRldGhlci52MS5HZXRQZW5kaW5nQ29ubmVjdGlvblJlcXVlc3QaJy50ZXRoZXIudjEuR2V0UGVuZGluZ0Nvbm5lY3Rpb25SZXNwb25zZRJhChJDb21wbGV0ZUNvbm5lY3Rpb24SJC50ZXRoZXIudjEuQ29tcGxldGVDb25uZWN0aW9uUmVxdWVzdBolLnRldGhlci52MS5Db21wbGV0ZUNvbm5lY3Rpb25SZXNwb25zZRJPCgxDcmVhdGVBcGlLZXkSHi50ZXRoZXIudjEuQ3JlYXRlQXBpS2V5UmVxdWVzdBofLnRldGhlci52MS5DcmVhdGVBcGlLZXlSZXNwb25zZRJPCgxSZXZva2VBcGlLZXkSHi50ZXRoZXIudjEuUmV2b2tlQXBpS2V5UmVxdWVzdBofLnRldGhlci52MS5SZXZva2VBcGlLZXlSZXNwb25zZRJMCgtBZGREb2N1bWVudBIdLnRldGhlci52MS5BZGREb2N1bWVudFJlcXVlc3QaHi50ZXRoZXIudjEuQWRkRG9jdW1lbnRSZXNwb25zZRJSCg1MaXN0RG9jdW1lbnRzEh8udGV0aGVyLnYxLkxpc3REb2N1bWVudHNSZXF1ZXN0GiAudGV0aGVyLnYxLkxpc3REb2N1bWVudHNSZXNwb25zZRJVCg5SZW1vdmVEb2N1bWVudBIgLnRldGhlci52MS5SZW1vdmVEb2N1bWVudFJlcXVlc3QaIS50ZXRoZXIudjEuUmVtb3ZlRG9jdW1lbnRSZXNwb25zZRJPCgxEZWxldGVUZW5hbnQSHi50ZXRoZXIudjEuRGVsZXRlVGVuYW50UmVxdWVzdBofLnRldGhlci52MS5EZWxldGVUZW5hbnRSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_tether_v1_admission, file_tether_v1_common, file_tether_v1_events, file_tether_v1_interactions]);
 
 /**
  * SendMessageRequest is a chat message.
@@ -887,6 +887,133 @@ export const RunSnapshotSchema: GenMessage<RunSnapshot, {jsonType: RunSnapshotJs
   messageDesc(file_tether_v1_gateway, 13);
 
 /**
+ * StreamRunsRequest opens the live run list.
+ *
+ * @generated from message tether.v1.StreamRunsRequest
+ */
+export type StreamRunsRequest = Message<"tether.v1.StreamRunsRequest"> & {
+  /**
+   * Only these statuses; all when empty.
+   * Limit: 16 items.
+   *
+   * @generated from field: repeated tether.v1.RunStatus statuses = 1;
+   */
+  statuses: RunStatus[];
+
+  /**
+   * Only this conversation; all when empty.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  conversationId: string;
+
+  /**
+   * Page size: 50 when 0, at most 200 (a larger one is served as 200).
+   * Limit: 0 to 2147483647.
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  pageSize: number;
+};
+
+/**
+ * StreamRunsRequest opens the live run list.
+ *
+ * @generated from message tether.v1.StreamRunsRequest
+ */
+export type StreamRunsRequestJson = {
+  /**
+   * Only these statuses; all when empty.
+   * Limit: 16 items.
+   *
+   * @generated from field: repeated tether.v1.RunStatus statuses = 1;
+   */
+  statuses?: RunStatusJson[];
+
+  /**
+   * Only this conversation; all when empty.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+   *
+   * @generated from field: string conversation_id = 2;
+   */
+  conversationId?: string;
+
+  /**
+   * Page size: 50 when 0, at most 200 (a larger one is served as 200).
+   * Limit: 0 to 2147483647.
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  pageSize?: number;
+};
+
+/**
+ * Describes the message tether.v1.StreamRunsRequest.
+ * Use `create(StreamRunsRequestSchema)` to create a new message.
+ */
+export const StreamRunsRequestSchema: GenMessage<StreamRunsRequest, {jsonType: StreamRunsRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 14);
+
+/**
+ * StreamRunsResponse is one message of the live run list.
+ *
+ * @generated from message tether.v1.StreamRunsResponse
+ */
+export type StreamRunsResponse = Message<"tether.v1.StreamRunsResponse"> & {
+  /**
+   * The first page (first message), or one run that changed.
+   *
+   * @generated from oneof tether.v1.StreamRunsResponse.item
+   */
+  item: {
+    /**
+     * The current first page, newest first.
+     *
+     * @generated from field: tether.v1.ListRunsResponse page = 1;
+     */
+    value: ListRunsResponse;
+    case: "page";
+  } | {
+    /**
+     * A run as it is now; it may no longer match the filter (the client drops it then).
+     *
+     * @generated from field: tether.v1.Run run = 2;
+     */
+    value: Run;
+    case: "run";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * StreamRunsResponse is one message of the live run list.
+ *
+ * @generated from message tether.v1.StreamRunsResponse
+ */
+export type StreamRunsResponseJson = {
+  /**
+   * The current first page, newest first.
+   *
+   * @generated from field: tether.v1.ListRunsResponse page = 1;
+   */
+  page?: ListRunsResponseJson;
+
+  /**
+   * A run as it is now; it may no longer match the filter (the client drops it then).
+   *
+   * @generated from field: tether.v1.Run run = 2;
+   */
+  run?: RunJson;
+};
+
+/**
+ * Describes the message tether.v1.StreamRunsResponse.
+ * Use `create(StreamRunsResponseSchema)` to create a new message.
+ */
+export const StreamRunsResponseSchema: GenMessage<StreamRunsResponse, {jsonType: StreamRunsResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 15);
+
+/**
  * StreamConversationRequest opens a conversation's stream.
  *
  * @generated from message tether.v1.StreamConversationRequest
@@ -951,7 +1078,7 @@ export type StreamConversationRequestJson = {
  * Use `create(StreamConversationRequestSchema)` to create a new message.
  */
 export const StreamConversationRequestSchema: GenMessage<StreamConversationRequest, {jsonType: StreamConversationRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 14);
+  messageDesc(file_tether_v1_gateway, 16);
 
 /**
  * StreamConversationResponse is one event of any run of the conversation.
@@ -1000,7 +1127,7 @@ export type StreamConversationResponseJson = {
  * Use `create(StreamConversationResponseSchema)` to create a new message.
  */
 export const StreamConversationResponseSchema: GenMessage<StreamConversationResponse, {jsonType: StreamConversationResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 15);
+  messageDesc(file_tether_v1_gateway, 17);
 
 /**
  * GetPendingQuestionRequest names a run.
@@ -1037,7 +1164,7 @@ export type GetPendingQuestionRequestJson = {
  * Use `create(GetPendingQuestionRequestSchema)` to create a new message.
  */
 export const GetPendingQuestionRequestSchema: GenMessage<GetPendingQuestionRequest, {jsonType: GetPendingQuestionRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 16);
+  messageDesc(file_tether_v1_gateway, 18);
 
 /**
  * GetPendingQuestionResponse carries the question, if open.
@@ -1072,7 +1199,7 @@ export type GetPendingQuestionResponseJson = {
  * Use `create(GetPendingQuestionResponseSchema)` to create a new message.
  */
 export const GetPendingQuestionResponseSchema: GenMessage<GetPendingQuestionResponse, {jsonType: GetPendingQuestionResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 17);
+  messageDesc(file_tether_v1_gateway, 19);
 
 /**
  * AnswerQuestionRequest answers.
@@ -1125,7 +1252,7 @@ export type AnswerQuestionRequestJson = {
  * Use `create(AnswerQuestionRequestSchema)` to create a new message.
  */
 export const AnswerQuestionRequestSchema: GenMessage<AnswerQuestionRequest, {jsonType: AnswerQuestionRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 18);
+  messageDesc(file_tether_v1_gateway, 20);
 
 /**
  * AnswerQuestionResponse reports the resumption.
@@ -1174,7 +1301,7 @@ export type AnswerQuestionResponseJson = {
  * Use `create(AnswerQuestionResponseSchema)` to create a new message.
  */
 export const AnswerQuestionResponseSchema: GenMessage<AnswerQuestionResponse, {jsonType: AnswerQuestionResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 19);
+  messageDesc(file_tether_v1_gateway, 21);
 
 /**
  * GetPendingApprovalRequest names a run.
@@ -1211,7 +1338,7 @@ export type GetPendingApprovalRequestJson = {
  * Use `create(GetPendingApprovalRequestSchema)` to create a new message.
  */
 export const GetPendingApprovalRequestSchema: GenMessage<GetPendingApprovalRequest, {jsonType: GetPendingApprovalRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 20);
+  messageDesc(file_tether_v1_gateway, 22);
 
 /**
  * GetPendingApprovalResponse carries the approval, if open.
@@ -1246,7 +1373,7 @@ export type GetPendingApprovalResponseJson = {
  * Use `create(GetPendingApprovalResponseSchema)` to create a new message.
  */
 export const GetPendingApprovalResponseSchema: GenMessage<GetPendingApprovalResponse, {jsonType: GetPendingApprovalResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 21);
+  messageDesc(file_tether_v1_gateway, 23);
 
 /**
  * DecideApprovalRequest decides.
@@ -1315,7 +1442,7 @@ export type DecideApprovalRequestJson = {
  * Use `create(DecideApprovalRequestSchema)` to create a new message.
  */
 export const DecideApprovalRequestSchema: GenMessage<DecideApprovalRequest, {jsonType: DecideApprovalRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 22);
+  messageDesc(file_tether_v1_gateway, 24);
 
 /**
  * DecideApprovalResponse reports the resumption.
@@ -1378,7 +1505,7 @@ export type DecideApprovalResponseJson = {
  * Use `create(DecideApprovalResponseSchema)` to create a new message.
  */
 export const DecideApprovalResponseSchema: GenMessage<DecideApprovalResponse, {jsonType: DecideApprovalResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 23);
+  messageDesc(file_tether_v1_gateway, 25);
 
 /**
  * GetPendingConnectionRequest names a run.
@@ -1415,7 +1542,7 @@ export type GetPendingConnectionRequestJson = {
  * Use `create(GetPendingConnectionRequestSchema)` to create a new message.
  */
 export const GetPendingConnectionRequestSchema: GenMessage<GetPendingConnectionRequest, {jsonType: GetPendingConnectionRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 24);
+  messageDesc(file_tether_v1_gateway, 26);
 
 /**
  * GetPendingConnectionResponse carries the offer, if open.
@@ -1450,7 +1577,7 @@ export type GetPendingConnectionResponseJson = {
  * Use `create(GetPendingConnectionResponseSchema)` to create a new message.
  */
 export const GetPendingConnectionResponseSchema: GenMessage<GetPendingConnectionResponse, {jsonType: GetPendingConnectionResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 25);
+  messageDesc(file_tether_v1_gateway, 27);
 
 /**
  * CompleteConnectionRequest completes consent.
@@ -1519,7 +1646,7 @@ export type CompleteConnectionRequestJson = {
  * Use `create(CompleteConnectionRequestSchema)` to create a new message.
  */
 export const CompleteConnectionRequestSchema: GenMessage<CompleteConnectionRequest, {jsonType: CompleteConnectionRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 26);
+  messageDesc(file_tether_v1_gateway, 28);
 
 /**
  * CompleteConnectionResponse reports the resumption.
@@ -1554,7 +1681,7 @@ export type CompleteConnectionResponseJson = {
  * Use `create(CompleteConnectionResponseSchema)` to create a new message.
  */
 export const CompleteConnectionResponseSchema: GenMessage<CompleteConnectionResponse, {jsonType: CompleteConnectionResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 27);
+  messageDesc(file_tether_v1_gateway, 29);
 
 /**
  * CreateApiKeyRequest issues a key.
@@ -1657,7 +1784,7 @@ export type CreateApiKeyRequestJson = {
  * Use `create(CreateApiKeyRequestSchema)` to create a new message.
  */
 export const CreateApiKeyRequestSchema: GenMessage<CreateApiKeyRequest, {jsonType: CreateApiKeyRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 28);
+  messageDesc(file_tether_v1_gateway, 30);
 
 /**
  * CreateApiKeyResponse returns the secret once; only its hash is stored.
@@ -1762,7 +1889,7 @@ export type CreateApiKeyResponseJson = {
  * Use `create(CreateApiKeyResponseSchema)` to create a new message.
  */
 export const CreateApiKeyResponseSchema: GenMessage<CreateApiKeyResponse, {jsonType: CreateApiKeyResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 29);
+  messageDesc(file_tether_v1_gateway, 31);
 
 /**
  * RevokeApiKeyRequest names the key to revoke.
@@ -1799,7 +1926,7 @@ export type RevokeApiKeyRequestJson = {
  * Use `create(RevokeApiKeyRequestSchema)` to create a new message.
  */
 export const RevokeApiKeyRequestSchema: GenMessage<RevokeApiKeyRequest, {jsonType: RevokeApiKeyRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 30);
+  messageDesc(file_tether_v1_gateway, 32);
 
 /**
  * RevokeApiKeyResponse says what happened.
@@ -1848,7 +1975,7 @@ export type RevokeApiKeyResponseJson = {
  * Use `create(RevokeApiKeyResponseSchema)` to create a new message.
  */
 export const RevokeApiKeyResponseSchema: GenMessage<RevokeApiKeyResponse, {jsonType: RevokeApiKeyResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 31);
+  messageDesc(file_tether_v1_gateway, 33);
 
 /**
  * AddDocumentRequest is one knowledge document.
@@ -1901,7 +2028,7 @@ export type AddDocumentRequestJson = {
  * Use `create(AddDocumentRequestSchema)` to create a new message.
  */
 export const AddDocumentRequestSchema: GenMessage<AddDocumentRequest, {jsonType: AddDocumentRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 32);
+  messageDesc(file_tether_v1_gateway, 34);
 
 /**
  * AddDocumentResponse is the document stored.
@@ -1936,7 +2063,7 @@ export type AddDocumentResponseJson = {
  * Use `create(AddDocumentResponseSchema)` to create a new message.
  */
 export const AddDocumentResponseSchema: GenMessage<AddDocumentResponse, {jsonType: AddDocumentResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 33);
+  messageDesc(file_tether_v1_gateway, 35);
 
 /**
  * ListDocumentsRequest pages through a tenant's documents.
@@ -1989,7 +2116,7 @@ export type ListDocumentsRequestJson = {
  * Use `create(ListDocumentsRequestSchema)` to create a new message.
  */
 export const ListDocumentsRequestSchema: GenMessage<ListDocumentsRequest, {jsonType: ListDocumentsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 34);
+  messageDesc(file_tether_v1_gateway, 36);
 
 /**
  * ListDocumentsResponse is one page, newest first.
@@ -2038,7 +2165,7 @@ export type ListDocumentsResponseJson = {
  * Use `create(ListDocumentsResponseSchema)` to create a new message.
  */
 export const ListDocumentsResponseSchema: GenMessage<ListDocumentsResponse, {jsonType: ListDocumentsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 35);
+  messageDesc(file_tether_v1_gateway, 37);
 
 /**
  * RemoveDocumentRequest names a document.
@@ -2075,7 +2202,7 @@ export type RemoveDocumentRequestJson = {
  * Use `create(RemoveDocumentRequestSchema)` to create a new message.
  */
 export const RemoveDocumentRequestSchema: GenMessage<RemoveDocumentRequest, {jsonType: RemoveDocumentRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 36);
+  messageDesc(file_tether_v1_gateway, 38);
 
 /**
  * RemoveDocumentResponse confirms the removal.
@@ -2110,7 +2237,7 @@ export type RemoveDocumentResponseJson = {
  * Use `create(RemoveDocumentResponseSchema)` to create a new message.
  */
 export const RemoveDocumentResponseSchema: GenMessage<RemoveDocumentResponse, {jsonType: RemoveDocumentResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 37);
+  messageDesc(file_tether_v1_gateway, 39);
 
 /**
  * GetRunAttemptsRequest names a run.
@@ -2147,7 +2274,7 @@ export type GetRunAttemptsRequestJson = {
  * Use `create(GetRunAttemptsRequestSchema)` to create a new message.
  */
 export const GetRunAttemptsRequestSchema: GenMessage<GetRunAttemptsRequest, {jsonType: GetRunAttemptsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 38);
+  messageDesc(file_tether_v1_gateway, 40);
 
 /**
  * GetRunAttemptsResponse is a run's execution record.
@@ -2226,7 +2353,7 @@ export type GetRunAttemptsResponseJson = {
  * Use `create(GetRunAttemptsResponseSchema)` to create a new message.
  */
 export const GetRunAttemptsResponseSchema: GenMessage<GetRunAttemptsResponse, {jsonType: GetRunAttemptsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 39);
+  messageDesc(file_tether_v1_gateway, 41);
 
 /**
  * RetryRunRequest names the run to retry.
@@ -2263,7 +2390,7 @@ export type RetryRunRequestJson = {
  * Use `create(RetryRunRequestSchema)` to create a new message.
  */
 export const RetryRunRequestSchema: GenMessage<RetryRunRequest, {jsonType: RetryRunRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 40);
+  messageDesc(file_tether_v1_gateway, 42);
 
 /**
  * RetryRunResponse says which run handles the retry.
@@ -2312,7 +2439,7 @@ export type RetryRunResponseJson = {
  * Use `create(RetryRunResponseSchema)` to create a new message.
  */
 export const RetryRunResponseSchema: GenMessage<RetryRunResponse, {jsonType: RetryRunResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 41);
+  messageDesc(file_tether_v1_gateway, 43);
 
 /**
  * DeleteTenantRequest names the tenant to delete.
@@ -2349,7 +2476,7 @@ export type DeleteTenantRequestJson = {
  * Use `create(DeleteTenantRequestSchema)` to create a new message.
  */
 export const DeleteTenantRequestSchema: GenMessage<DeleteTenantRequest, {jsonType: DeleteTenantRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 42);
+  messageDesc(file_tether_v1_gateway, 44);
 
 /**
  * DeleteTenantResponse says how far the deletion got.
@@ -2414,7 +2541,7 @@ export type DeleteTenantResponseJson = {
  * Use `create(DeleteTenantResponseSchema)` to create a new message.
  */
 export const DeleteTenantResponseSchema: GenMessage<DeleteTenantResponse, {jsonType: DeleteTenantResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 43);
+  messageDesc(file_tether_v1_gateway, 45);
 
 /**
  * GatewayService is the public client API. Callers authenticate with an API key in the
@@ -2518,6 +2645,18 @@ export const GatewayService: GenService<{
     methodKind: "server_streaming";
     input: typeof StreamConversationRequestSchema;
     output: typeof StreamConversationResponseSchema;
+  },
+  /**
+   * StreamRuns is the live run list: the first page of the caller's runs as ListRuns reads it,
+   * then a run whenever one of that page (or one sent before) changes or a new one enters the
+   * page (scope "runs:read"). A reconnect starts again with a fresh page.
+   *
+   * @generated from rpc tether.v1.GatewayService.StreamRuns
+   */
+  streamRuns: {
+    methodKind: "server_streaming";
+    input: typeof StreamRunsRequestSchema;
+    output: typeof StreamRunsResponseSchema;
   },
   /**
    * GetPendingQuestion reads a run's open question (scope "runs:read").
