@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import socket
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
@@ -59,13 +60,23 @@ async def stack(
         vite = str(ROOT / "node_modules" / ".bin" / "vite")
         build = [vite, "build", "web/console", "--logLevel", "warn"]
         await asyncio.to_thread(subprocess.run, build, cwd=ROOT, check=True)
+    # The OAuth round trip ends on the console's /connected page, so its port is chosen first.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        http_port = probe.getsockname()[1]
     async with exec_stack(
         pg_server_url,
         template_db,
         redis_url,
         Path(tmp_path_factory.mktemp("browser")),
         workers=1,
-        extra_env={"TETHER_GATEWAY_CONSOLE_DIR": str(DIST)},
+        extra_env={
+            "TETHER_GATEWAY_CONSOLE_DIR": str(DIST),
+            "TETHER_GATEWAY_HTTP_PORT": str(http_port),
+            "TETHER_INTERACTIONS_OAUTH_REDIRECT_URI": (
+                f"http://127.0.0.1:{http_port}/console/connected"
+            ),
+        },
     ) as running:
         yield running
 
@@ -275,6 +286,30 @@ async def test_an_approval_is_decided_from_the_page_once_and_the_run_resumes(
     await expect(page.get_by_test_id("run-status")).to_have_text("completed")
     decisions = watched.posts(f"/v2/runs/{run_id}/decision")
     assert [json.loads(d.post_data or "{}") for d in decisions] == [{"decision": "allow-once"}]
+
+
+async def test_a_connection_card_logs_in_and_the_round_trip_resumes_the_run(
+    stack: ExecStack, watched: Watched
+) -> None:
+    tenant = await stack.tenant()
+    text = prompt("what is on my calendar")
+    stack.model.script(text, [ToolUseTurn("calendar_list_events"), TextTurn("You have two.")])
+    run_id = await tenant.send(text)
+    await wait_for_status(stack.db_url, run_id, "waiting-for-connection")
+    page = watched.page
+    await sign_in(watched, stack, tenant, f"/console/runs/{run_id}")
+    card = page.get_by_role("region", name="Connection")
+    await expect(card).to_contain_text("You have not connected democal yet.")
+    await shot(page, "connection-card", card)
+    await card.get_by_role("link", name="Sign in to democal").click()
+    # The provider consents at once and sends the browser back to /console/connected.
+    await expect(page.get_by_role("status")).to_have_text("Connected; the run resumes.")
+    assert "code=" not in page.url, "the OAuth code left the address bar"
+    await page.get_by_role("link", name="Back to the run").click()
+    await expect(page.get_by_test_id("run-status")).to_have_text("completed")
+    await expect(page.locator(".transcript")).to_contain_text("You have two.")
+    completions = watched.posts(f"/v2/runs/{run_id}/connection")
+    assert len(completions) == 1
 
 
 async def test_a_reload_mid_stream_loses_nothing_and_repeats_nothing(

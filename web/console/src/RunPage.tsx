@@ -39,6 +39,14 @@ export function RunPage({ runId }: { runId: string }) {
   const resolvedElsewhere = shown !== null && state.pending === null;
   const terminal = status !== undefined && TERMINAL_STATUSES.has(status);
 
+  // The routing (model) is on a run read by id, not on the stream's snapshot.
+  const [model, setModel] = useState<string>("");
+  useEffect(() => {
+    const abort = new AbortController();
+    client.getRun(runId, { signal: abort.signal }).then((r) => setModel(r.run?.routing?.model ?? ""), () => undefined);
+    return () => abort.abort();
+  }, [client, runId, run?.attempt, status === "RUN_STATUS_QUEUED"]); // eslint-disable-line react-hooks/exhaustive-deps
+
   // The execution record: read again when the attempt or the status changes.
   useEffect(() => {
     if (!run) return undefined;
@@ -76,7 +84,7 @@ export function RunPage({ runId }: { runId: string }) {
       <dl className="facts">
         <dt>Conversation</dt><dd>{run.conversationId}</dd>
         <dt>Attempt</dt><dd>{run.attempt ?? 1} of {run.maxAttempts ?? 1}</dd>
-        <dt>Model</dt><dd>{run.routing?.model || record?.run?.routing?.model || "—"}</dd>
+        <dt>Model</dt><dd>{run.routing?.model || model || record?.run?.routing?.model || "—"}</dd>
         <dt>Cost</dt><dd data-testid="run-cost">{formatMicros(run.usage?.costMicros)}</dd>
         <dt>Created</dt><dd><time dateTime={run.createdAt}>{run.createdAt ? new Date(run.createdAt).toLocaleString() : ""}</time></dd>
         {run.error && <><dt>Error</dt><dd className="tether-error">{run.error.code}: {run.error.message}</dd></>}
