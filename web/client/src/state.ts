@@ -76,6 +76,19 @@ function putPart(parts: PartJson[], part: PartJson | undefined): PartJson[] {
   return next;
 }
 
+/**
+ * The part this client already holds when it is ahead of a (re)connect's snapshot: a streaming
+ * text part whose live text continues the snapshot's checkpointed text. A reconnect then keeps
+ * what it showed instead of going back to the last checkpoint.
+ */
+function aheadOf(held: PartJson[], snap: PartJson): PartJson | undefined {
+  const mine = held.find((p) => (p.index ?? 0) === (snap.index ?? 0));
+  if (!mine || snap.final || mine.text === undefined || snap.text === undefined) return undefined;
+  const have = mine.text.text ?? "";
+  const theirs = snap.text.text ?? "";
+  return have.length > theirs.length && have.startsWith(theirs) ? mine : undefined;
+}
+
 function utf8Length(text: string): number {
   return new TextEncoder().encode(text).length;
 }
@@ -89,7 +102,10 @@ export function reduceRun(state: RunState, item: RunStreamItem): RunState {
     return {
       ...state,
       run,
-      parts: [...item.parts].filter((p) => !state.superseded.includes(p.index ?? 0)).sort((a, b) => (a.index ?? 0) - (b.index ?? 0)),
+      parts: item.parts
+        .filter((p) => !state.superseded.includes(p.index ?? 0))
+        .map((p) => aheadOf(state.parts, p) ?? p)
+        .sort((a, b) => (a.index ?? 0) - (b.index ?? 0)),
       retry: run.status === "RUN_STATUS_RETRY_PENDING" && run.nextAttemptAt
         ? { attempt: run.attempt ?? 1, maxAttempts: run.maxAttempts ?? 1, nextAttemptAt: run.nextAttemptAt, ...(run.error ? { error: run.error } : {}) }
         : null,

@@ -37,6 +37,19 @@ describe("reduceRun", () => {
     expect(partText(s, s.parts[0]!)).toBe("one two xx three four five ");
   });
 
+  it("keeps live text it is ahead with across a reconnect's snapshot, not a final one", () => {
+    let s = fold([
+      { kind: "snapshot", run: { runId: "r" }, parts: [{ role: "assistant", text: {} }], resumed: false },
+      delta("one ", 0),
+      delta("two ", 4),
+    ]);
+    s = reduceRun(s, { kind: "snapshot", run: { runId: "r" }, parts: [{ role: "assistant", text: { text: "one " } }], resumed: true });
+    s = reduceRun(s, delta("three", 8));
+    expect(partText(s, s.parts[0]!)).toBe("one two three");
+    s = reduceRun(s, { kind: "snapshot", run: { runId: "r" }, parts: [{ role: "assistant", final: true, text: { text: "one" } }], resumed: true });
+    expect(partText(s, s.parts[0]!)).toBe("one");
+  });
+
   it("tracks retry-pending, the pending interaction and the terminal status", () => {
     const s = fold([
       { kind: "snapshot", run: { runId: "r", status: "RUN_STATUS_RUNNING", attempt: 1, maxAttempts: 3 }, parts: [], resumed: false },
