@@ -138,9 +138,15 @@ async def shot(page: Page, name: str, locator: Any = None) -> None:
     await target.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
 
 
-async def sign_in(w: Watched, stack: ExecStack, tenant: Tenant, path: str = "/console/") -> None:
+async def sign_in(
+    w: Watched, stack: ExecStack, tenant: Tenant, path: str = "/console/", *, axe: bool = False
+) -> None:
     page = w.page
     await page.goto(base(stack) + path)
+    if axe:
+        await expect(page.get_by_label("API key")).to_be_visible()
+        assert await axe_violations(page) == []
+        await shot(page, "sign-in")
     await page.get_by_label("API key").fill(tenant.api_key)
     await page.get_by_role("button", name="Sign in").click()
     await expect(page.get_by_role("button", name="Sign out")).to_be_visible()
@@ -175,7 +181,7 @@ async def test_a_run_appears_live_and_streams_into_the_page(
 ) -> None:
     tenant = await stack.tenant()
     page = watched.page
-    await sign_in(watched, stack, tenant)
+    await sign_in(watched, stack, tenant, axe=True)
     await expect(page.get_by_role("heading", name="Runs")).to_be_visible()
     await expect(page.locator(".live.on")).to_be_visible()
 
@@ -242,6 +248,7 @@ async def test_a_question_is_answered_from_the_page_once_and_the_run_resumes(
     await card.get_by_label("Other answer for Which colours?").fill("teal")
     await card.get_by_label("Anything else?").fill("gift wrap")
     await shot(page, "question-card", card)
+    assert await axe_violations(page) == []
     send = card.get_by_role("button", name="Send answer")
     await send.click()
     await expect(card.get_by_role("status")).to_have_text("Answered; the run resumes.")
@@ -280,6 +287,7 @@ async def test_an_approval_is_decided_from_the_page_once_and_the_run_resumes(
     assert tool_input == {"text": "Hello from the console"}
     await expect(card.get_by_role("button", name="Always allow")).to_be_visible()  # policy permits
     await shot(page, "approval-card", card)
+    assert await axe_violations(page) == []
     await card.get_by_role("button", name="Allow once").click()
     await expect(card.get_by_role("status")).to_contain_text("Decided: Allow once")
     await card.get_by_role("button", name="Deny").click(force=True)
