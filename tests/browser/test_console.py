@@ -214,6 +214,19 @@ async def test_a_run_appears_live_and_streams_into_the_page(
     await page.go_back()
     await expect(page.locator(f'tr[data-run-id="{run_id}"] .status')).to_have_text("completed")
     assert await axe_violations(page) == []
+    # Filters: by status, then by conversation (the live list reopens with each).
+    listed = page.locator(f'tr[data-run-id="{run_id}"]')
+    await page.get_by_label("Status").select_option("RUN_STATUS_FAILED")
+    await expect(listed).to_have_count(0)
+    await page.get_by_label("Status").select_option("RUN_STATUS_COMPLETED")
+    await expect(listed).to_have_count(1)
+    conversation = await listed.locator(".conv").inner_text()
+    await page.get_by_label("Conversation").fill("c-nobody")
+    await page.get_by_role("button", name="Filter").click()
+    await expect(listed).to_have_count(0)
+    await page.get_by_label("Conversation").fill(conversation)
+    await page.get_by_role("button", name="Filter").click()
+    await expect(listed).to_have_count(1)
 
 
 QUESTIONS = {
