@@ -14,6 +14,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from services.gateway.auth import TENANT_METADATA
+from services.gateway.http_errors import error_body
 from tether.errors import InvalidArgument, TetherError
 
 log = logging.getLogger(__name__)
@@ -91,8 +92,6 @@ def sse_frame(event: str, data: dict[str, Any], event_id: str | None = None) -> 
 
 def error_frame_v1(exc: TetherError) -> bytes:
     """v1's last frame of a stream ended early: the resume cursor inside the error."""
-    from services.gateway.http_errors import error_body
-
     resume = exc.details.get("resume")
     return sse_frame("error", error_body(exc, **({"resume": resume} if resume is not None else {})))
 

@@ -303,15 +303,19 @@ class EventHub:
 
     # -- the live run lists -----------------------------------------------------------------------
 
-    async def watch_runs(self) -> tuple[RunsWatch, bool]:
+    def watch_runs(self) -> RunsWatch:
         """A new watch of every run's durable events (the hub receives them all while some
-        watch is open); returns it and whether Redis confirmed it (else: poll)."""
+        watch is open); `hear_every_run` confirms it. Close it with `unwatch_runs`."""
         watch = RunsWatch()
         self._watches.add(watch)
         if self._closed:
             watch.signal(Signal.CLOSED)
-        live = await self._subscription.psubscribe(EVENTS_PATTERN, wait_s=self._confirm_timeout)
-        return watch, live
+        return watch
+
+    async def hear_every_run(self) -> bool:
+        """Subscribe to every run's events for the open watches; returns whether Redis
+        confirmed it (else they must poll)."""
+        return await self._subscription.psubscribe(EVENTS_PATTERN, wait_s=self._confirm_timeout)
 
     def unwatch_runs(self, watch: RunsWatch) -> None:
         """Close a watch; the last one closed stops receiving every run's events."""

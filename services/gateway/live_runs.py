@@ -84,8 +84,9 @@ class LiveRuns:
     ) -> AsyncGenerator[gateway_pb2.StreamRunsResponse, None]:
         """The page, then every run that changed, until the gateway stops or the caller's
         credential no longer holds."""
-        watch, _ = await self._hub.watch_runs()
+        watch = self._hub.watch_runs()
         try:
+            await self._hub.hear_every_run()
             page = await self._page(viewer, request)
             sent = {run.run_id: run for run in page.runs}
             yield gateway_pb2.StreamRunsResponse(page=page)

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 import pytest_asyncio
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from tests.conftest import drop_database
 from tether.db.engine import create_engine
@@ -117,3 +119,39 @@ async def test_parts_stored_before_superseding_are_marked_where_a_retry_replaced
         ("run_failed", 0, False),
     ]
     assert {r.lease_epoch for r in rows} == {None}, "which attempt wrote them is not known"
+
+
+async def test_browser_credentials_come_after_existing_keys_and_go_with_their_key(
+    empty_db: str,
+) -> None:
+    """0016: a new table beside the keys a database already holds; a credential goes with its
+    key, and is a session or a token only."""
+    await upgrade(empty_db, "0015")
+    engine = create_engine(empty_db, pool_size=1)
+    credential = (
+        "INSERT INTO browser_credentials (credential_id, kind, secret_hash, key_id, tenant_id, "
+        "principal_id, scopes, expires_at) VALUES (:c, :kind, :h, 'k', 't', 'p', "
+        "ARRAY['runs:read'], now() + interval '1 hour')"
+    )
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("INSERT INTO tenants (tenant_id, name) VALUES ('t', 't')"))
+            await conn.execute(
+                text(
+                    "INSERT INTO api_keys (key_id, tenant_id, principal_id, key_hash, scopes) "
+                    "VALUES ('k', 't', 'p', '\\x01', ARRAY['runs:read'])"
+                )
+            )
+        await upgrade(empty_db)
+        async with engine.begin() as conn:
+            await conn.execute(text(credential), {"c": "c1", "kind": "session", "h": b"\x02"})
+            await conn.execute(text(credential), {"c": "c2", "kind": "token", "h": b"\x03"})
+        with pytest.raises(IntegrityError):
+            async with engine.begin() as conn:
+                await conn.execute(text(credential), {"c": "c3", "kind": "cookie", "h": b"\x04"})
+        async with engine.begin() as conn:
+            await conn.execute(text("DELETE FROM api_keys WHERE key_id = 'k'"))
+            left = (await conn.execute(text("SELECT count(*) FROM browser_credentials"))).scalar()
+    finally:
+        await engine.dispose()
+    assert left == 0

@@ -51,6 +51,7 @@ async def stack(
             "TETHER_GATEWAY_CORS_ORIGINS": f"{ALLOWED_ORIGIN}, https://other.example.com",
             "TETHER_GATEWAY_CONSOLE_DIR": str(console),
             "TETHER_GATEWAY_LIVE_LIST_REREAD_S": "30",  # changes must arrive woken, not polled
+            "TETHER_GATEWAY_KEY_CACHE_TTL_S": "1",  # expiry and revocation tests wait it out
         },
     ) as running:
         yield running
@@ -255,24 +256,29 @@ async def test_the_live_list_shows_a_new_run_and_its_changes_and_a_reconnect_mis
         async with sse(http, "/v2/runs/live", auth) as live:
             assert (await anext(live)).event == "runs"
             text_ = prompt("live")
-            stack.model.script(text_, [TextTurn("slow " * 40, chunks=["slow "] * 40, delay_ms=5)])
+            # Long enough to be seen running (then cancelled: the test never waits it out).
+            stack.model.script(text_, [TextTurn("w " * 200, chunks=["w "] * 200, delay_ms=50)])
             run_id = await tenant.send(text_)
-            frames = await frame_until(
-                live,
-                lambda f: (
+
+            def run_in(status: str) -> Any:
+                return lambda f: (
                     f.event == "run"
                     and f.json()["run"]["runId"] == run_id
-                    and f.json()["run"]["status"] == "RUN_STATUS_COMPLETED"
-                ),
-            )
-        statuses = [f.json()["run"]["status"] for f in frames if f.event == "run"]
-        assert statuses[-1] == "RUN_STATUS_COMPLETED" and len(set(statuses)) >= 2, statuses
+                    and f.json()["run"]["status"] == status
+                )
+
+            await frame_until(live, run_in("RUN_STATUS_RUNNING"))
+            cancelled = await http.post(f"/v2/runs/{run_id}/cancel", json={}, headers=auth)
+            assert cancelled.status_code == 200, cancelled.text
+            await frame_until(live, run_in("RUN_STATUS_CANCELLED"))
         # Away: a run is made and finishes while no stream is open.
         while_away = await completed_run(stack, tenant)
         async with sse(http, "/v2/runs/live?status=RUN_STATUS_COMPLETED", auth) as live:
             page = parsed((await anext(live)).json(), gateway_pb2.ListRunsResponse())
+        assert [r.run_id for r in page.runs] == [while_away], "what changed while away"
+        async with sse(http, "/v2/runs/live", auth) as live:
+            page = parsed((await anext(live)).json(), gateway_pb2.ListRunsResponse())
         assert [r.run_id for r in page.runs] == [while_away, run_id], "newest first"
-        assert {r.status for r in page.runs} == {common_pb2.RUN_STATUS_COMPLETED}
 
 
 async def test_stream_runs_over_grpc_with_a_token(stack: ExecStack) -> None:
@@ -363,8 +369,19 @@ async def test_a_browser_session_signs_in_checks_csrf_and_signs_out(stack: ExecS
         # Sign-out needs the CSRF token too; then the session is gone server-side.
         assert (await http.delete("/v2/session")).status_code == 403
         assert (await http.get("/v2/session")).status_code == 200
-        closed = await http.delete("/v2/session", headers={"X-CSRF-Token": body["csrfToken"]})
-        assert closed.status_code == 204
+        async with sse(http, "/v2/runs/live", {}) as live:
+            assert (await anext(live)).event == "runs"
+            closed = await http.delete("/v2/session", headers={"X-CSRF-Token": body["csrfToken"]})
+            assert closed.status_code == 204
+            # An open stream of the session ends too, with the error as its last frame.
+            ended = await frame_until(live, lambda f: f.event == "error", timeout=10)
+        assert ended[-1].json() == {
+            "error": {
+                "status": "UNAUTHENTICATED",
+                "code": "unauthenticated",
+                "message": "the session is not valid (unknown, revoked or expired)",
+            }
+        }
         assert (
             'tether_session=""' in closed.headers["set-cookie"]
             or "Max-Age=0" in (closed.headers["set-cookie"])
@@ -387,6 +404,8 @@ async def test_sessions_and_tokens_expire_and_die_with_their_key(stack: ExecStac
     async with httpx2.AsyncClient(base_url=base(stack), timeout=30) as http:
         session = await http.post("/v2/session", json={"apiKey": key})
         cookie = session.cookies["tether_session"]
+        short = await http.post("/v2/session", json={"apiKey": key})
+        expiring_cookie = short.cookies["tether_session"]
         token = (await http.post("/v2/tokens", json={}, headers=bearer(key))).json()["token"]
         expiring = (
             await http.post("/v2/tokens", json={"ttlSeconds": 60}, headers=bearer(key))
@@ -399,10 +418,12 @@ async def test_sessions_and_tokens_expire_and_die_with_their_key(stack: ExecStac
         assert await works(bearer(token)) == 200
         assert await works({}, {"tether_session": cookie}) == 200
         assert await works(bearer(expiring)) == 200
+        assert await works({}, {"tether_session": expiring_cookie}) == 200
+        hashes = [hashlib.sha256(s.encode()).digest() for s in (expiring, expiring_cookie)]
         await execute(
             stack,
             update(browser_credentials)
-            .where(browser_credentials.c.secret_hash == hashlib.sha256(expiring.encode()).digest())
+            .where(browser_credentials.c.secret_hash.in_(hashes))
             .values(expires_at=text("now() - interval '1 second'"))
             .returning(browser_credentials.c.credential_id),
         )
@@ -411,7 +432,13 @@ async def test_sessions_and_tokens_expire_and_die_with_their_key(stack: ExecStac
             return await works(headers, cookies) == 401
 
         await eventually(lambda: refused(bearer(expiring)), timeout=8, what="expired token")
+        await eventually(
+            lambda: refused({}, {"tether_session": expiring_cookie}),
+            timeout=8,
+            what="expired session",
+        )
         assert await works(bearer(token)) == 200
+        assert await works({}, {"tether_session": cookie}) == 200
         await execute(
             stack,
             update(api_keys)

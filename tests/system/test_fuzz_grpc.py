@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"]
 METHODS = {m.name: m for m in SERVICE.methods}
-STREAMING = {"StreamRun", "StreamConversation"}
+STREAMING = {"StreamRun", "StreamConversation", "StreamRuns"}
 NEVER = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 # A stream that was accepted sends its snapshot or its first keepalive (0.2 s here) well inside
 # this; one that sends nothing was left hanging.

@@ -27,7 +27,7 @@ from tests.system.bad_input_support import (
     fuzz,
 )
 from tether.states import RunStatus
-from tether.v1 import gateway_pb2
+from tether.v1 import common_pb2, gateway_pb2
 
 # An accepted stream sends its first frame (the snapshot, or a keepalive: 0.2 s here) well
 # inside this.
@@ -59,6 +59,31 @@ ROUTES: tuple[tuple[str, str, Any, tuple[str, ...], bool], ...] = (
     ("POST", "/v1/runs/{id}/answer", gateway_pb2.AnswerQuestionRequest, (), False),
     ("POST", "/v1/runs/{id}/decision", gateway_pb2.DecideApprovalRequest, (), False),
     ("POST", "/v1/runs/{id}/connection", gateway_pb2.CompleteConnectionRequest, (), False),
+    # v2: protobuf's JSON mapping, sign-in, the live list, the console.
+    ("GET", "/v2/runs/{id}/events", None, ("after", "deltas"), True),
+    ("GET", "/v2/conversations/{id}/events", None, ("cursor", "deltas"), True),
+    ("GET", "/v2/runs/live", None, ("status", "conversationId", "pageSize"), True),
+    ("POST", "/v2/messages", gateway_pb2.SendMessageRequest, (), False),
+    (
+        "GET",
+        "/v2/runs",
+        None,
+        ("status", "conversationId", "pageSize", "pageToken", "createdAfter"),
+        False,
+    ),
+    ("GET", "/v2/runs/{id}", None, ("includeSuperseded",), False),
+    ("GET", "/v2/runs/{id}/attempts", None, (), False),
+    ("POST", "/v2/runs/{id}/cancel", gateway_pb2.CancelRunRequest, (), False),
+    ("POST", "/v2/runs/{id}/retry", gateway_pb2.RetryRunRequest, (), False),
+    ("GET", "/v2/runs/{id}/pending-approval", None, (), False),
+    ("POST", "/v2/runs/{id}/answer", gateway_pb2.AnswerQuestionRequest, (), False),
+    ("POST", "/v2/runs/{id}/decision", gateway_pb2.DecideApprovalRequest, (), False),
+    ("POST", "/v2/documents", gateway_pb2.AddDocumentRequest, (), False),
+    ("DELETE", "/v2/documents/{id}", None, (), False),
+    ("POST", "/v2/session", None, (), False),
+    ("GET", "/v2/session", None, (), False),
+    ("POST", "/v2/tokens", None, (), False),
+    ("GET", "/console/{id}", None, (), False),
     # No such route, or no such method on one.
     ("DELETE", "/v1/runs/{id}", None, (), False),
     ("PUT", "/v1/messages", gateway_pb2.SendMessageRequest, (), False),
@@ -137,6 +162,7 @@ def query_value(hostile: Generator) -> Any:
         st.integers(-5, 60).map(str),
         st.integers(-(10**25), 10**25).map(str),
         st.sampled_from([v.value for v in RunStatus]),
+        st.sampled_from(common_pb2.RunStatus.keys()),
         st.sampled_from(["0", "false", "+1", "1_0", "\u0661", " 1", "0x10", "1e3"]),
         hostile.strings.map(lambda s: _within(s, _QUERY_VALUE_BYTES)),
     )

@@ -234,3 +234,27 @@ async def test_a_well_formed_raw_request_is_accepted(hostile_stack: HostileStack
         answer = await exchange(hostile_stack, request)
         assert answer.status == 200, (answer.status, answer.body[:300])
         assert json.loads(answer.body)["disposition"] == "created"
+
+
+def to_v2(request: bytes) -> bytes:
+    return request.replace(b"POST /v1/messages", b"POST /v2/messages", 1)
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if b"/v1/messages" in CASES[n].request("k")])
+async def test_malformed_http_to_v2_is_the_same_json_error_and_writes_nothing(
+    hostile_stack: HostileStack, name: str
+) -> None:
+    case = CASES[name]
+    before = await hostile_stack.row_counts()
+    answer = await exchange(hostile_stack, to_v2(case.request(hostile_stack.key_a)))
+    assert answer.status == case.status, (answer.status, answer.body[:300])
+    error = answer.error()
+    assert (error["status"], error["code"]) == ("INVALID_ARGUMENT", case.code), error
+    assert await hostile_stack.row_counts() == before
+
+
+async def test_a_well_formed_raw_request_to_v2_is_accepted(hostile_stack: HostileStack) -> None:
+    answer = await exchange(hostile_stack, to_v2(send_message(hostile_stack.key_a)))
+    assert answer.status == 200, (answer.status, answer.body[:300])
+    assert json.loads(answer.body)["disposition"] == "DISPOSITION_CREATED"
+    assert answer.headers["cache-control"] == "no-store"

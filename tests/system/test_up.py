@@ -18,6 +18,12 @@ async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path:
         assert info["gateway"] == gateway
         assert info["http"].startswith("127.0.0.1:"), "stack.json names the HTTP bridge"
         assert info["tenant_id"] and info["api_key"].startswith("tk_")
+        console = f"http://{info['http']}/console"
+        assert f"console: {console}\n" in up.output, "the console's URL on the terminal"
+        assert info["api_key"] in up.output, "and the dev key"
+        (interactions,) = up.children("services.interactions")
+        redirect = interactions.environ()["TETHER_INTERACTIONS_OAUTH_REDIRECT_URI"]
+        assert redirect == f"{console}/connected", "a login comes back to the console"
         async with TetherClient.from_env(str(data_dir / "stack.json")) as client:
             sent = await client.send("hello", conversation_id="first", event_id="evt-hello")
             assert run_to_dict(sent.run)["status"] == "queued"
@@ -33,6 +39,7 @@ async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path:
     up = UpProcess(data_dir)
     await up.ready()
     try:
+        assert up.info()["http"] == info["http"], "the console keeps its URL across restarts"
         async with TetherClient.from_env(str(data_dir / "stack.json")) as client:
             again = await client.get_run(sent.run.run_id)
             assert again.run.input_text == "hello"

@@ -36,6 +36,8 @@ OWNER = {
     # Callers and their tenants (through libs/tether/apikeys.py, which the gateway serves).
     "api_keys": "gateway",
     "tenants": "gateway",
+    # Browser sessions and tokens minted from those keys.
+    "browser_credentials": "gateway",
     # An append-only journal: every service appends its own records through tether.audit.
     "audit_log": "audit",
 }

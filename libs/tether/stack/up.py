@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -79,6 +80,21 @@ async def dev_key(db_url: str, previous: dict[str, Any]) -> str:
             return key
     finally:
         await engine.dispose()
+
+
+def http_port_for(previous: dict[str, Any]) -> int:
+    """The gateway's HTTP port: the one the stack had before when it is free (so the console's
+    URL stays the same across restarts), else a free one. Chosen here, before any service
+    starts, because the interactions service is told where a login comes back to."""
+    _, _, before = str(previous.get("http", "")).rpartition(":")
+    for port in (int(before) if before.isdigit() else 0, 0):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(probe.getsockname()[1])
+    raise RuntimeError("no free port for the gateway's HTTP bridge")
 
 
 async def start_local_server(module: str, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -146,9 +162,16 @@ class Stack:
         oauth, oauth_url = await start_local_server("tether.testing.oauth", run_dir / "oauth.log")
         self._helpers.append(oauth)
         env["TETHER_INTERACTIONS_OAUTH_BASE_URL"] = oauth_url
-        env["TETHER_INTERACTIONS_OAUTH_REDIRECT_URI"] = "http://127.0.0.1/v1/oauth/callback"
         stack_file = self.data_dir / "stack.json"
         previous = json.loads(stack_file.read_text()) if stack_file.exists() else {}
+        chosen = env.get("TETHER_GATEWAY_HTTP_PORT") or os.environ.get("TETHER_GATEWAY_HTTP_PORT")
+        if not chosen or chosen == "0":
+            chosen = str(http_port_for(previous))
+        env["TETHER_GATEWAY_HTTP_PORT"] = chosen
+        # The connection card's login round trip ends back in the console.
+        env["TETHER_INTERACTIONS_OAUTH_REDIRECT_URI"] = (
+            f"http://127.0.0.1:{env['TETHER_GATEWAY_HTTP_PORT']}/console/connected"
+        )
         api_key = await dev_key(db_url, previous)
         self.services = ServiceSet(run_dir, env, credentials.generate())
         await self.services.start_all(replicas={"worker": self.settings.workers})
@@ -225,6 +248,7 @@ async def run_until_signalled(data_dir: Path) -> None:
         info = await stack.start()
         print(f"stack file: {data_dir / 'stack.json'}", flush=True)  # noqa: T201
         print(f"http bridge: http://{info['http']}", flush=True)  # noqa: T201
+        print(f"console: http://{info['http']}/console", flush=True)  # noqa: T201
         print(f"dev API key ({DEV_TENANT}/{DEV_PRINCIPAL}): {info['api_key']}", flush=True)  # noqa: T201
         print(f"operator credential: {info['operator_credential']}", flush=True)  # noqa: T201
         print(f"tether ready gateway={info['gateway']}", flush=True)  # noqa: T201
