@@ -43,6 +43,7 @@ DIST = ROOT / "web" / "console" / "dist"
 SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
 AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"
 TIMEOUT_MS = 20_000
+expect.set_options(timeout=TIMEOUT_MS)
 
 
 def chromium() -> str:
@@ -436,6 +437,11 @@ async def test_a_mutation_without_the_csrf_token_is_refused_and_sign_out_ends_th
     row = await wait_for_status(stack.db_url, run_id, "waiting-for-approval")
     assert row.status == "waiting-for-approval", "the refused mutation changed nothing"
 
+    # A second tab on the live list: its stream ends when the session does.
+    other = await page.context.new_page()
+    await other.goto(f"{base(stack)}/console/")
+    await expect(other.locator(".live.on")).to_be_visible()
+
     cookies = {c["name"]: c["value"] for c in await page.context.cookies()}
     session = cookies["tether_session"]
     async with httpx2.AsyncClient(base_url=base(stack)) as http:
@@ -445,5 +451,6 @@ async def test_a_mutation_without_the_csrf_token_is_refused_and_sign_out_ends_th
         await expect(page.get_by_label("API key")).to_be_visible()
         after = await http.get("/v2/runs", headers=cookie)
         assert after.status_code == 401
+    await expect(other.get_by_role("alert", name="Session ended")).to_be_visible()
     await page.reload()
     await expect(page.get_by_label("API key")).to_be_visible()

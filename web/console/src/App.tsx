@@ -38,6 +38,16 @@ export function App() {
   );
 }
 
+/** A stream or call answered 401: the session was revoked or expired (or signed out elsewhere). */
+export function SessionEnded() {
+  return (
+    <section className="card" role="alert" aria-label="Session ended">
+      <p>Your session has ended (signed out, expired or revoked).</p>
+      <button type="button" onClick={() => window.location.reload()}>Sign in again</button>
+    </section>
+  );
+}
+
 export function NotFound({ what }: { what: string }) {
   return (
     <section className="not-found" aria-labelledby="nf">

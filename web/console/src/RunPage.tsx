@@ -1,7 +1,7 @@
 import { useCallback, useEffect, useMemo, useState } from "react";
 import { TERMINAL_STATUSES, partText, type GetRunAttemptsResponseJson, type PartJson, type RetryInfo, type RunState, type RunStatusJson } from "@tether/client";
 import { ApprovalCard, ConnectionCard, QuestionCard, useRun, useTetherClient } from "@tether/react";
-import { NotFound, useNow } from "./App.js";
+import { NotFound, SessionEnded, useNow } from "./App.js";
 import { age, formatMicros, ms, statusClass, statusWords, tokens } from "./format.js";
 import { href, navigate, onLinkClick } from "./router.js";
 
@@ -56,6 +56,7 @@ export function RunPage({ runId }: { runId: string }) {
   }, [client, runId, run?.attempt, status, state.turns.length]); // eslint-disable-line react-hooks/exhaustive-deps
 
   if (error?.status === "NOT_FOUND") return <NotFound what="run" />;
+  if (error?.status === "UNAUTHENTICATED") return <SessionEnded />;
   if (error) return <p className="tether-error" role="alert">{error.message}</p>;
   if (!run) return <p role="status">Loading run…</p>;
 

@@ -1,7 +1,7 @@
 import { useState } from "react";
 import type { RunStatusJson } from "@tether/client";
 import { useRuns } from "@tether/react";
-import { useNow } from "./App.js";
+import { SessionEnded, useNow } from "./App.js";
 import { STATUSES, age, formatMicros, statusClass, statusWords } from "./format.js";
 import { href, onLinkClick } from "./router.js";
 
@@ -31,7 +31,8 @@ export function RunsPage() {
         </label>
         <button type="submit">Filter</button>
       </form>
-      {error && <p className="tether-error" role="alert">{error.message}</p>}
+      {error?.status === "UNAUTHENTICATED" && <SessionEnded />}
+      {error && error.status !== "UNAUTHENTICATED" && <p className="tether-error" role="alert">{error.message}</p>}
       <table className="runs">
         <thead>
           <tr><th scope="col">Run</th><th scope="col">Status</th><th scope="col">Conversation</th><th scope="col">Model</th><th scope="col" className="num">Cost</th><th scope="col" className="num">Age</th></tr>
