@@ -3,7 +3,18 @@ import { act, cleanup, fireEvent, render, renderHook, screen, waitFor } from "@t
 import type { ReactNode } from "react";
 import { afterEach, describe, expect, it } from "vitest";
 import { TetherClient } from "@tether/client";
-import { ApprovalCard, QuestionCard, TetherProvider, useRun, useRuns, useSession } from "../src/index.js";
+import {
+  ApprovalCard,
+  CONNECT_STORAGE_PREFIX,
+  ConnectionCard,
+  QuestionCard,
+  TetherProvider,
+  usePendingConnection,
+  usePendingQuestion,
+  useRun,
+  useRuns,
+  useSession,
+} from "../src/index.js";
 import { FakeFetch, frame, json, runEvent, sse } from "../../client/test/fake.js";
 
 afterEach(cleanup);
@@ -140,5 +151,35 @@ describe("cards", () => {
     await screen.findByText(/Decided: Always allow/);
     fireEvent.click(screen.getByRole("button", { name: "Deny" }));
     expect(fake.requests.map((r) => r.body)).toEqual([{ decision: "allow-always", alwaysScope: "principal" }]);
+  });
+});
+
+describe("pending reads", () => {
+  it("read the open interaction, null once resolved, again on reload", async () => {
+    const connection = { interactionId: "int_3", runId: RUN, provider: "democal", gap: "CONNECTION_GAP_EXPIRED", loginUrl: "https://id.example/authorize?state=st_1&client_id=c" };
+    const fake = new FakeFetch()
+      .on("GET", `/v2/runs/${RUN}/pending-connection`, () => json(200, { connection }), () => json(200, {}))
+      .on("GET", `/v2/runs/${RUN}/pending-question`, () =>
+        json(404, { error: { status: "NOT_FOUND", code: "not_found", message: "run 'run_1' not found" } }));
+    const { result } = renderHook(() => ({ c: usePendingConnection(RUN), q: usePendingQuestion(RUN) }), { wrapper: wrapper(fake) });
+    await waitFor(() => expect(result.current.c.connection).toEqual(connection));
+    await waitFor(() => expect(result.current.q.error?.status).toBe("NOT_FOUND"));
+    expect(result.current.q.question).toBeNull();
+    act(() => result.current.c.reload());
+    await waitFor(() => expect(result.current.c.connection).toBeNull());
+  });
+
+  it("ConnectionCard says the gap in words and remembers the run for the OAuth landing page", () => {
+    const fake = new FakeFetch();
+    const Wrapper = wrapper(fake);
+    const connection = { interactionId: "int_3", provider: "democal", gap: "CONNECTION_GAP_INSUFFICIENT_SCOPE" as const, scopes: ["calendar.read"], loginUrl: "https://id.example/authorize?state=st_9" };
+    render(<Wrapper><ConnectionCard runId={RUN} connection={connection} /></Wrapper>);
+    expect(screen.getByText(/missing a permission this needs \(calendar.read\)/)).toBeTruthy();
+    const link = screen.getByRole("link", { name: "Sign in to democal" });
+    expect(link.getAttribute("href")).toBe(connection.loginUrl);
+    link.addEventListener("click", (e) => e.preventDefault()); // jsdom does not navigate
+    fireEvent.click(link);
+    expect(window.sessionStorage.getItem(CONNECT_STORAGE_PREFIX + "st_9")).toBe(RUN);
+    expect(fake.requests).toHaveLength(0);
   });
 });
