@@ -169,6 +169,21 @@ async def axe_violations(page: Page) -> list[dict[str, Any]]:
     return found
 
 
+async def mid_stream(page: Page, some: str, last: str) -> None:
+    """Waits until the run is running and its newest assistant part shows some of its text
+    (`some`) but not yet its end (`last`)."""
+    await page.wait_for_function(
+        """([some, last]) => {
+            const status = document.querySelector('[data-testid="run-status"]');
+            const parts = document.querySelectorAll('.transcript .part.assistant p');
+            const text = parts.length ? parts[parts.length - 1].textContent : '';
+            return status && status.textContent === 'running'
+                && text.includes(some) && !text.includes(last);
+        }""",
+        arg=[some, last],
+    )
+
+
 def words(n: int, label: str) -> list[str]:
     return [f"{label}{i} " for i in range(n)]
 
@@ -196,16 +211,7 @@ async def test_a_run_appears_live_and_streams_into_the_page(
 
     await row.get_by_role("link").click()
     assistant = page.locator(".transcript .part.assistant")
-    # Mid-stream: some of the text on the page while the run is still running.
-    await page.wait_for_function(
-        """() => {
-            const status = document.querySelector('[data-testid="run-status"]');
-            const part = document.querySelector('.transcript .part.assistant p');
-            const text = part ? part.textContent : '';
-            return status && status.textContent === 'running'
-                && text.includes('streamed') && !text.includes('streamed23');
-        }"""
-    )
+    await mid_stream(page, "streamed", "streamed23")
     await shot(page, "run-mid-stream")
     await expect(page.get_by_test_id("run-status")).to_have_text("completed")
     await expect(assistant).to_have_count(1)
@@ -338,7 +344,7 @@ async def test_a_reload_mid_stream_loses_nothing_and_repeats_nothing(
     stack: ExecStack, watched: Watched
 ) -> None:
     tenant = await stack.tenant()
-    first, second = words(20, "first"), words(20, "second")
+    first, second = words(20, "first"), words(30, "second")
     text = prompt("two turns")
     stack.model.script(
         text,
@@ -347,11 +353,11 @@ async def test_a_reload_mid_stream_loses_nothing_and_repeats_nothing(
             TextTurn("".join(second), chunks=second, delay_ms=150),
         ],
     )
-    run_id = await tenant.send(text)
     page = watched.page
-    await sign_in(watched, stack, tenant, f"/console/runs/{run_id}")
-    await expect(page.locator(".transcript")).to_contain_text("second0")
-    assert await page.get_by_test_id("run-status").inner_text() == "running"
+    await sign_in(watched, stack, tenant)
+    run_id = await tenant.send(text)
+    await page.goto(f"{base(stack)}/console/runs/{run_id}")
+    await mid_stream(page, "second", "second29")
     before = len(watched.requests)
     await page.reload()
     await expect(page.get_by_test_id("run-status")).to_have_text("completed")

@@ -197,6 +197,9 @@ function Record({ record, currentRunId }: { record: GetRunAttemptsResponseJson; 
     <>
       <section aria-labelledby="attempts-title">
         <h2 id="attempts-title">Attempts</h2>
+        <p className="legend" aria-hidden="true">
+          {STAGES.map((k) => <span key={k}><span className={`swatch stage-${k}`} />{k}</span>)}
+        </p>
         <table>
           <thead><tr><th scope="col">#</th><th scope="col">Worker</th><th scope="col">Outcome</th><th scope="col">Started</th><th scope="col">Stages</th></tr></thead>
           <tbody>
