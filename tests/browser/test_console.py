@@ -385,9 +385,10 @@ async def test_the_retry_indicator_counts_down_while_the_model_answers_529(
     tenant = await stack.tenant()
     text = prompt("overloaded")
     stack.model.script(text, [ErrorTurn(529, retry_after=6), TextTurn("Back again.")])
-    run_id = await tenant.send(text)
     page = watched.page
-    await sign_in(watched, stack, tenant, f"/console/runs/{run_id}")
+    await sign_in(watched, stack, tenant)
+    run_id = await tenant.send(text)
+    await page.goto(f"{base(stack)}/console/runs/{run_id}")
     indicator = page.get_by_test_id("retry-indicator")
     await expect(indicator).to_contain_text("Attempt 1 of 3 failed")
     await expect(indicator).to_contain_text("529")
