@@ -97,6 +97,7 @@ export class TetherClient {
   private readonly fetchImpl: typeof fetch;
   private csrfToken: string | undefined;
   private token: string | undefined;
+  private stale = false;
 
   constructor(options: ClientOptions = {}) {
     this.baseUrl = (options.baseUrl ?? "").replace(/\/+$/, "");
@@ -153,15 +154,26 @@ export class TetherClient {
     return (text ? JSON.parse(text) : {}) as T;
   }
 
-  private canRefresh(): boolean {
+  /** Whether the client can get a new token (a bearer client with `getToken`). */
+  canRefresh(): boolean {
     return this.auth.type === "bearer" && this.auth.getToken !== undefined;
+  }
+
+  /**
+   * Forgets the current token, so the next request asks `getToken({refresh: true})` for a new
+   * one (a stream whose token expired mid-way reconnects with a fresh token).
+   */
+  invalidateToken(): void {
+    if (this.canRefresh()) this.stale = true;
   }
 
   private async authorize(method: string, headers: Record<string, string>, request: RequestInit, refresh: boolean): Promise<void> {
     if (this.auth.type === "bearer") {
       request.credentials = "omit";
-      if (this.auth.getToken && (refresh || this.token === undefined)) {
-        this.token = await this.auth.getToken({ refresh });
+      if (this.auth.getToken && (refresh || this.stale || this.token === undefined)) {
+        const renew = refresh || this.stale;
+        this.stale = false;
+        this.token = await this.auth.getToken({ refresh: renew });
       }
       if (this.token) headers["Authorization"] = `Bearer ${this.token}`;
       return;

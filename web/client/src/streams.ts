@@ -120,20 +120,32 @@ async function* connect(
 async function* reconnecting<T>(
   client: TetherClient,
   signal: AbortSignal | undefined,
-  attempt: (progress: () => void) => AsyncGenerator<T, boolean>,
+  attempt: (progress: () => void, advanced: () => void) => AsyncGenerator<T, boolean>,
 ): AsyncGenerator<T | Reconnecting> {
   let failures = 0;
+  let refreshed = false;
   for (;;) {
     let error: unknown;
     try {
-      const done = yield* attempt(() => {
-        failures = 0;
-      });
+      const done = yield* attempt(
+        () => {
+          failures = 0;
+        },
+        () => {
+          refreshed = false; // a new token was good for something: the next expiry refreshes too
+        },
+      );
       if (done) return;
       error = new TetherError(0, "UNAVAILABLE", "stream_ended", "the stream ended before the run did");
     } catch (exc) {
       if (isAbort(exc) || signal?.aborted) return;
-      if (!(exc instanceof TetherError) || !exc.retryable) throw exc;
+      // A short-lived token that expired mid-stream: one fresh token, then reconnect.
+      const expired = exc instanceof TetherError && exc.status === "UNAUTHENTICATED" && client.canRefresh() && !refreshed;
+      if (!expired && (!(exc instanceof TetherError) || !exc.retryable)) throw exc;
+      if (expired) {
+        refreshed = true;
+        client.invalidateToken();
+      }
       error = exc;
     }
     failures += 1;
@@ -153,7 +165,7 @@ export async function* runStream(
   let connections = 0;
   const query = options.deltas === false ? "?deltas=false" : "";
   const path = `${runPath(runId)}/events${query}`;
-  yield* reconnecting<RunStreamItem>(client, options.signal, async function* (progress) {
+  yield* reconnecting<RunStreamItem>(client, options.signal, async function* (progress, advanced) {
     const resumed = connections++ > 0;
     let terminal = false;
     for await (const frame of connect(client, path, cursor > 0 ? String(cursor) : undefined, options.signal)) {
@@ -174,7 +186,10 @@ export async function* runStream(
           const pending = await resolvePending(client, runId, event, options.signal);
           if (pending) item.pending = pending;
         }
-        if (seq > 0) cursor = seq;
+        if (seq > 0) {
+          cursor = seq;
+          advanced();
+        }
         if (TERMINAL_EVENTS.has(event.type ?? "")) terminal = true;
         yield item;
       }
@@ -212,7 +227,7 @@ export async function* conversationStream(
   const seen = new Map<string, number>();
   const query = options.deltas === false ? "?deltas=false" : "";
   const path = `/v2/conversations/${encodeURIComponent(conversationId)}/events${query}`;
-  yield* reconnecting<ConversationStreamItem>(client, options.signal, async function* (progress) {
+  yield* reconnecting<ConversationStreamItem>(client, options.signal, async function* (progress, advanced) {
     for await (const frame of connect(client, path, cursor || undefined, options.signal)) {
       progress();
       const data = JSON.parse(frame.data) as StreamConversationResponseJson;
@@ -221,7 +236,10 @@ export async function* conversationStream(
       const seq = Number(event.seq ?? 0);
       const runId = event.runId ?? "";
       if (seq > 0 && seq <= (seen.get(runId) ?? 0)) continue;
-      if (seq > 0) seen.set(runId, seq);
+      if (seq > 0) {
+        seen.set(runId, seq);
+        advanced();
+      }
       if (data.cursor) cursor = data.cursor;
       else if (frame.hasId) cursor = frame.id;
       yield { kind: "event", event, cursor };
@@ -235,14 +253,17 @@ export async function* liveRuns(
   options: LiveRunsOptions,
 ): AsyncGenerator<LiveRunsItem> {
   const path = `/v2/runs/live${listQuery(options)}`;
-  yield* reconnecting<LiveRunsItem>(client, options.signal, async function* (progress) {
+  yield* reconnecting<LiveRunsItem>(client, options.signal, async function* (progress, advanced) {
     // Each connection starts with a fresh page, so nothing changed while away is missed.
     for await (const frame of connect(client, path, undefined, options.signal)) {
       progress();
       const data = JSON.parse(frame.data) as { page?: ListRunsResponseJson; run?: RunJson } & ListRunsResponseJson;
       if (data.page) yield { kind: "runs", page: data.page };
       else if (frame.event === "runs") yield { kind: "runs", page: { runs: data.runs ?? [], nextPageToken: data.nextPageToken ?? "" } };
-      else if (data.run) yield { kind: "run", run: data.run };
+      else if (data.run) {
+        advanced();
+        yield { kind: "run", run: data.run };
+      }
     }
     return false;
   });

@@ -119,6 +119,36 @@ describe("run stream", () => {
   });
 });
 
+describe("token expiry mid-stream", () => {
+  it("gets a fresh token once and resumes from the cursor; a second refusal in a row throws", async () => {
+    const expired = frame("error", { error: { status: "UNAUTHENTICATED", code: "unauthenticated", message: "token expired" } });
+    const fake = new FakeFetch().on("GET", PATH,
+      sse([snapshot(), runEvent(RUN, 1, "run.started"), expired]),
+      sse([snapshot(), runEvent(RUN, 2, "part.added"), expired]),
+      sse([snapshot(), expired]),
+    );
+    const asked: boolean[] = [];
+    let n = 0;
+    const c = new TetherClient({
+      fetch: fake.fetch,
+      auth: { type: "bearer", getToken: ({ refresh }) => { asked.push(refresh); return `tt_${++n}`; } },
+      reconnect: { initialMs: 1, maxMs: 2 },
+    });
+    const items: RunStreamItem[] = [];
+    const err = await (async () => {
+      for await (const item of c.streamRun(RUN)) items.push(item);
+    })().catch((e: unknown) => e);
+    expect(seqs(items)).toEqual([1, 2]);
+    expect((err as TetherError).status).toBe("UNAUTHENTICATED");
+    expect(asked).toEqual([false, true, true]);
+    expect(fake.requests.map((r) => [r.headers["Authorization"], r.headers["Last-Event-ID"]])).toEqual([
+      ["Bearer tt_1", undefined],
+      ["Bearer tt_2", "1"],
+      ["Bearer tt_3", "2"],
+    ]);
+  });
+});
+
 describe("live run list", () => {
   it("starts every connection with a fresh page and then yields changed runs", async () => {
     const fake = new FakeFetch().on("GET", "/v2/runs/live",

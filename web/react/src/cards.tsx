@@ -79,7 +79,7 @@ function QuestionField({ spec, value, onChange }: { spec: QuestionSpecJson; valu
             value={other}
             onChange={(e) => {
               setOther(e.target.value);
-              emit(spec.multiple ? chosen : otherOn ? new Set() : chosen, true, e.target.value);
+              emit(spec.multiple ? chosen : new Set(), true, e.target.value); // typing picks "other"
             }}
           />
         </span>

@@ -138,6 +138,19 @@ describe("cards", () => {
     expect((send as HTMLButtonElement).disabled).toBe(true);
   });
 
+  it("QuestionCard: typing an 'other' answer to a single-choice question replaces the option", async () => {
+    const fake = new FakeFetch().on("POST", `/v2/runs/${RUN}/answer`, () => json(200, { resumed: true }));
+    const Wrapper = wrapper(fake);
+    const question = { interactionId: "int_5", questions: [{ key: "choice", prompt: "Which?", options: ["A", "B"], allowOther: true }] };
+    render(<Wrapper><QuestionCard runId={RUN} question={question} /></Wrapper>);
+    fireEvent.click(screen.getByLabelText("A"));
+    fireEvent.change(screen.getByLabelText("Other answer for Which?"), { target: { value: "C" } });
+    expect((screen.getByLabelText("A") as HTMLInputElement).checked).toBe(false);
+    fireEvent.click(screen.getByRole("button", { name: "Send answer" }));
+    await screen.findByText("Answered; the run resumes.");
+    expect(fake.requests[0]!.body).toEqual({ answers: { choice: { values: ["C"] } } });
+  });
+
   it("ApprovalCard offers allow-always only when policy permits and decides once", async () => {
     const fake = new FakeFetch().on("POST", `/v2/runs/${RUN}/decision`, () => json(200, { interactionId: "int_2", resumed: true }));
     const Wrapper = wrapper(fake);
