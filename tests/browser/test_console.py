@@ -379,6 +379,30 @@ async def test_a_reload_mid_stream_loses_nothing_and_repeats_nothing(
     assert [t.strip() for t in texts] == ["".join(first).strip(), "".join(second).strip()]
 
 
+async def test_a_gateway_crash_mid_stream_is_resumed_from_the_cursor(
+    stack: ExecStack, watched: Watched
+) -> None:
+    """The network breaks under an open page (closing the lid, a proxy restart): here the gateway
+    is killed and started again on its ports mid-stream; the page reconnects by itself."""
+    tenant = await stack.tenant()
+    chunks = words(40, "lid")
+    text = prompt("a long answer")
+    stack.model.script(text, [TextTurn("".join(chunks), chunks=chunks, delay_ms=150)])
+    page = watched.page
+    await sign_in(watched, stack, tenant)
+    run_id = await tenant.send(text)
+    await page.goto(f"{base(stack)}/console/runs/{run_id}")
+    await mid_stream(page, "lid", "lid39")
+    before = len(watched.requests)
+    await stack.services.restart("gateway")
+    await expect(page.get_by_test_id("run-status")).to_have_text("completed")
+    streams = [r for r in watched.requests[before:] if r.url.endswith(f"/v2/runs/{run_id}/events")]
+    assert streams, "the page reconnected"
+    assert all(int(r.headers.get("last-event-id", "0")) > 0 for r in streams), "from its cursor"
+    texts = await page.locator(".transcript .part.assistant p").all_inner_texts()
+    assert [t.strip() for t in texts] == ["".join(chunks).strip()]
+
+
 async def test_the_retry_indicator_counts_down_while_the_model_answers_529(
     stack: ExecStack, watched: Watched
 ) -> None:
