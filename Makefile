@@ -67,6 +67,7 @@ $(CONSOLE_DIST): $(NODE_STAMP) $(CONSOLE_SOURCES)
 # Browser tests: the console in Debian's headless chromium against the stack as real processes.
 browser: venv $(CONSOLE_DIST)
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+	node_modules/.bin/vite build web/examples/embed --logLevel warn
 	$(BIN)/python -m pytest -q -m browser tests/browser
 
 gen: venv $(NODE_STAMP)

@@ -24,6 +24,7 @@ from typing import Any
 import httpx2
 import pytest
 import pytest_asyncio
+from aiohttp import web
 from playwright.async_api import (
     Browser,
     ConsoleMessage,
@@ -42,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DIST = ROOT / "web" / "console" / "dist"
 SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
 AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"
+EMBED = ROOT / "web" / "examples" / "embed" / "dist"
 TIMEOUT_MS = 20_000
 expect.set_options(timeout=TIMEOUT_MS)
 
@@ -61,10 +63,9 @@ async def stack(
         vite = str(ROOT / "node_modules" / ".bin" / "vite")
         build = [vite, "build", "web/console", "--logLevel", "warn"]
         await asyncio.to_thread(subprocess.run, build, cwd=ROOT, check=True)
-    # The OAuth round trip ends on the console's /connected page, so its port is chosen first.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        http_port = probe.getsockname()[1]
+    # The OAuth round trip ends on the console's /connected page, so its port is chosen first;
+    # and the embedding app's origin is the one CORS allows.
+    http_port, embed_port = free_port(), free_port()
     async with exec_stack(
         pg_server_url,
         template_db,
@@ -74,12 +75,20 @@ async def stack(
         extra_env={
             "TETHER_GATEWAY_CONSOLE_DIR": str(DIST),
             "TETHER_GATEWAY_HTTP_PORT": str(http_port),
+            "TETHER_GATEWAY_CORS_ORIGINS": f"http://127.0.0.1:{embed_port}",
             "TETHER_INTERACTIONS_OAUTH_REDIRECT_URI": (
                 f"http://127.0.0.1:{http_port}/console/connected"
             ),
         },
     ) as running:
+        running.embed_port = embed_port  # type: ignore[attr-defined]
         yield running
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -485,3 +494,86 @@ async def test_a_mutation_without_the_csrf_token_is_refused_and_sign_out_ends_th
     await expect(other.get_by_role("alert", name="Session ended")).to_be_visible()
     await page.reload()
     await expect(page.get_by_label("API key")).to_be_visible()
+
+
+class EmbeddingApp:
+    """Another product's web app on its own origin: serves web/examples/embed's build, and its
+    backend mints short-lived tokens from an API key the browser never sees."""
+
+    def __init__(self, gateway: str, port: int) -> None:
+        self.gateway = gateway
+        self.port = port
+        self.api_key = ""
+        self.minted: list[str] = []
+        self.runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/token", self.token)
+        app.router.add_static("/assets", EMBED / "assets")
+        app.router.add_get("/", self.index)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    async def index(self, request: web.Request) -> web.FileResponse:
+        return web.FileResponse(EMBED / "index.html")
+
+    async def token(self, request: web.Request) -> web.Response:
+        async with httpx2.AsyncClient(base_url=self.gateway) as http:
+            minted = await http.post(
+                "/v2/tokens",
+                json={"ttlSeconds": 60},
+                headers={"Authorization": f"Bearer {self.api_key}"},
+            )
+        body = minted.json()
+        self.minted.append(body["token"])
+        return web.json_response({"token": body["token"]}, status=minted.status_code)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def embedding_app(stack: ExecStack) -> AsyncIterator[EmbeddingApp]:
+    if not (EMBED / "index.html").exists():
+        vite = str(ROOT / "node_modules" / ".bin" / "vite")
+        build = [vite, "build", "web/examples/embed", "--logLevel", "warn"]
+        await asyncio.to_thread(subprocess.run, build, cwd=ROOT, check=True)
+    app = EmbeddingApp(base(stack), stack.embed_port)  # type: ignore[attr-defined]
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop()
+
+
+async def test_another_apps_page_embeds_the_approval_card_with_short_lived_tokens_over_cors(
+    stack: ExecStack, watched: Watched, embedding_app: EmbeddingApp
+) -> None:
+    tenant = await stack.tenant()
+    embedding_app.api_key = tenant.api_key
+    text = prompt("publish from the product")
+    stack.model.script(
+        text, [ToolUseTurn("publish_post", {"text": "Embedded hello"}), TextTurn("Done.")]
+    )
+    run_id = await tenant.send(text)
+    await wait_for_status(stack.db_url, run_id, "waiting-for-approval")
+    page = watched.page
+    origin = f"http://127.0.0.1:{embedding_app.port}"
+    await page.goto(f"{origin}/?gateway={base(stack)}#run={run_id}")
+    card = page.get_by_role("region", name="Approval")
+    await expect(card).to_contain_text("Embedded hello")
+    await shot(page, "embedded-approval")
+    await card.get_by_role("button", name="Allow once").click()
+    await expect(page.get_by_test_id("embed-status")).to_have_text("RUN_STATUS_COMPLETED")
+    await expect(page.get_by_test_id("embed-result")).to_have_text("Done.")
+    to_gateway = [r for r in watched.requests if r.url.startswith(base(stack))]
+    assert to_gateway, "the page called the gateway itself, cross-origin"
+    for request in to_gateway:
+        assert (await request.all_headers()).get("authorization", "").startswith("Bearer tt_")
+    assert embedding_app.minted and all(t.startswith("tt_") for t in embedding_app.minted)
+    assert not [r for r in watched.requests if tenant.api_key in r.url]
+    storage = await page.evaluate("JSON.stringify([{...localStorage}, {...sessionStorage}])")
+    assert tenant.api_key not in storage
