@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -451,6 +452,28 @@ async def test_another_tenants_run_shows_the_same_not_found_page_as_a_random_id(
     await expect(page.get_by_role("heading", name="Not found")).to_be_visible()
     assert await page.locator("main").inner_text() == theirs_page
     assert "private" not in theirs_page
+
+
+async def test_a_run_is_cancelled_and_retried_from_its_page_with_its_lineage(
+    stack: ExecStack, watched: Watched
+) -> None:
+    tenant = await stack.tenant()
+    text = prompt("cancel me")
+    stack.model.script(text, [ToolUseTurn("publish_post", {"text": "never"}), TextTurn("Again.")])
+    run_id = await tenant.send(text)
+    await wait_for_status(stack.db_url, run_id, "waiting-for-approval")
+    page = watched.page
+    await sign_in(watched, stack, tenant, f"/console/runs/{run_id}")
+    await page.get_by_role("button", name="Cancel run").click()
+    await expect(page.get_by_test_id("run-status")).to_have_text("cancelled")
+    await expect(page.get_by_role("region", name="Approval")).to_contain_text(
+        "This approval is no longer open."
+    )
+    await page.get_by_role("button", name="Retry").click()
+    await expect(page).not_to_have_url(re.compile(f"{run_id}$"))
+    lineage = page.get_by_role("region", name="Lineage")
+    await expect(lineage.get_by_role("link", name=run_id)).to_be_visible()
+    await expect(lineage).to_contain_text("(this run)")
 
 
 async def test_a_mutation_without_the_csrf_token_is_refused_and_sign_out_ends_the_session(

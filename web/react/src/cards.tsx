@@ -112,7 +112,7 @@ export function QuestionCard({ runId, question, onAnswered, resolvedElsewhere = 
         <button type="submit" disabled={!complete || resolved || answer.submitting}>Send answer</button>
       </fieldset>
       {answer.result !== null && <p className="tether-resolved" role="status">Answered{answer.result.resumed ? "; the run resumes." : "."}</p>}
-      {answer.result === null && resolvedElsewhere && <p className="tether-resolved" role="status">This question was answered.</p>}
+      {answer.result === null && resolvedElsewhere && <p className="tether-resolved" role="status">This question is no longer open.</p>}
       <ErrorLine message={answer.error?.message} />
     </form>
   );
@@ -171,7 +171,7 @@ export function ApprovalCard({ runId, approval, onDecided, resolvedElsewhere = f
         ))}
       </div>
       {decide.result !== null && <p className="tether-resolved" role="status">Decided: {DECISIONS.find((d) => d.decision === chosen)?.label}{decide.result.resumed ? "; the run resumes." : "."}</p>}
-      {decide.result === null && resolvedElsewhere && <p className="tether-resolved" role="status">This approval was decided.</p>}
+      {decide.result === null && resolvedElsewhere && <p className="tether-resolved" role="status">This approval is no longer open.</p>}
       <ErrorLine message={decide.error?.message} />
     </section>
   );
@@ -208,7 +208,7 @@ export function ConnectionCard({ runId, connection, resolvedElsewhere = false }:
       <p>{words}</p>
       {scopes && <p className="tether-label">Permissions asked for: {scopes}</p>}
       {resolvedElsewhere ? (
-        <p className="tether-resolved" role="status">Connected.</p>
+        <p className="tether-resolved" role="status">This connection request is no longer open.</p>
       ) : connection.loginUrl ? (
         <a className="tether-button" href={connection.loginUrl} onClick={remember} rel="noopener noreferrer" aria-disabled={opened}>
           Sign in to {provider}
