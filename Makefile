@@ -87,4 +87,4 @@ drill: venv
 	@$(BIN)/python -m tests.drill --minutes $(MINUTES) $(if $(SEED),--seed $(SEED))
 
 clean:
-	rm -rf $(VENV) .tether node_modules web/console/dist
+	rm -rf $(VENV) .tether node_modules web/console/dist web/examples/embed/dist
