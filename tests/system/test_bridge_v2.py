@@ -162,6 +162,12 @@ async def test_every_v2_body_and_frame_is_the_grpc_message_in_protobufs_json(
         assert [f.id for f in seen[1:]] == [str(e.event.seq) for e in events]
         assert events[-1].event.type == "run.completed"
         assert "runId" in seen[-1].json()["event"], "lowerCamelCase"
+        durable_ids = [f.id for f in seen[1:] if f.id]
+        resume = {**auth, "Last-Event-ID": durable_ids[1]}
+        async with sse(http, f"/v2/runs/{run_id}/events?deltas=false", resume) as frames:
+            resumed = [frame async for frame in frames]
+        assert resumed[0].event == "snapshot"
+        assert [f.id for f in resumed[1:]] == durable_ids[2:], "after the cursor, no delta"
         async with sse(http, f"/v2/conversations/{conversation}/events", auth) as frames:
             one = await anext(frames)
         parsed(one.json(), gateway_pb2.StreamConversationResponse())

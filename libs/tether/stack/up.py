@@ -89,6 +89,8 @@ def http_port_for(previous: dict[str, Any]) -> int:
     _, _, before = str(previous.get("http", "")).rpartition(":")
     for port in (int(before) if before.isdigit() else 0, 0):
         with socket.socket() as probe:
+            # As the gateway binds it: the last stack's connections may linger in TIME_WAIT.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(("127.0.0.1", port))
             except OSError:
