@@ -10,7 +10,13 @@ PROTO_BASE ?= 71abcdb46e9f71345835d02f1a91816ed7f7dce3
 MINUTES ?= 5
 SEED ?=
 
-.PHONY: run test fuzz lint gen docs bench drill venv clean
+.PHONY: run test fuzz lint gen docs bench drill venv clean console browser node
+
+# The browser side (web/): one npm workspace, installed from package-lock.json.
+NODE_STAMP := node_modules/.installed
+CONSOLE_DIST := web/console/dist/index.html
+CONSOLE_SOURCES := $(shell find web/client/src web/react/src web/console/src -type f 2>/dev/null) \
+	web/console/index.html web/console/vite.config.ts web/console/package.json
 
 venv: $(STAMP)
 
@@ -23,28 +29,48 @@ $(STAMP): requirements.lock pyproject.toml
 	@$(BIN)/python -m pip install --quiet --no-deps -e . >&2
 	@touch $(STAMP)
 
-run: venv
+run: venv $(CONSOLE_DIST)
 	$(BIN)/tether up
 
-test: venv
+# Vitest (the TypeScript client, hooks and generated types) first, then the Python suite.
+test: venv $(NODE_STAMP)
+	node_modules/.bin/vitest run --silent
 	$(BIN)/python -m pytest -q
 
 # The hostile-input suites at full size: 2,000 generated requests per surface.
 fuzz: venv
 	TETHER_FUZZ_REQUESTS=2000 $(BIN)/python -m pytest -q tests/system/test_fuzz_grpc.py tests/system/test_fuzz_http.py
 
-lint: venv node_modules/.bin/buf
+lint: venv $(NODE_STAMP)
 	$(BIN)/ruff check services libs tests bench
 	$(BIN)/ruff format --check services libs tests bench
 	MYPYPATH=libs $(BIN)/mypy --strict services libs
 	$(BIN)/hadolint Dockerfile
 	node_modules/.bin/buf lint
 	node_modules/.bin/buf breaking --against '.git#ref=$(PROTO_BASE)'
+	node_modules/.bin/tsc --noEmit -p tsconfig.json
 
-node_modules/.bin/buf: package.json package-lock.json
+node: $(NODE_STAMP)
+
+$(NODE_STAMP): package.json package-lock.json web/client/package.json web/react/package.json web/console/package.json
 	npm ci --silent --no-fund --no-audit
+	@touch $@
 
-gen: venv
+# The web console, served by the gateway at /console from web/console/dist.
+console: $(NODE_STAMP)
+	node_modules/.bin/vite build web/console --logLevel warn
+
+$(CONSOLE_DIST): $(NODE_STAMP) $(CONSOLE_SOURCES)
+	node_modules/.bin/vite build web/console --logLevel warn
+	@touch $@
+
+# Browser tests: the console in Debian's headless chromium against the stack as real processes.
+browser: venv $(CONSOLE_DIST)
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+	node_modules/.bin/vite build web/examples/embed --logLevel warn
+	$(BIN)/python -m pytest -q -m browser tests/browser
+
+gen: venv $(NODE_STAMP)
 	PATH=$(BIN):$$PATH ./scripts/gen_protos.sh
 
 # README.md's configuration reference, from the settings classes (a test fails while it is stale).
@@ -61,4 +87,4 @@ drill: venv
 	@$(BIN)/python -m tests.drill --minutes $(MINUTES) $(if $(SEED),--seed $(SEED))
 
 clean:
-	rm -rf $(VENV) .tether node_modules
+	rm -rf $(VENV) .tether node_modules web/console/dist web/examples/embed/dist

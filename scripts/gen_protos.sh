@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Generates the Python, gRPC and .pyi code for protos/tether/v1 into libs/tether/v1.
+# Generates the Python, gRPC and .pyi code for protos/tether/v1 into libs/tether/v1, and the
+# TypeScript types of web/client into web/client/src/gen.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
@@ -10,3 +11,7 @@ mkdir -p libs/tether/v1
   --mypy_out=libs --mypy_grpc_out=libs \
   protos/tether/v1/*.proto
 touch libs/tether/v1/__init__.py libs/tether/v1/py.typed
+
+# The TypeScript types of web/client (protobuf-es, JSON shapes included), through the repo's buf.
+rm -rf web/client/src/gen
+node_modules/.bin/buf generate --template buf.gen.ts.yaml

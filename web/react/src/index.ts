@@ -1,0 +1,2 @@
+export * from "./hooks.js";
+export * from "./cards.js";
