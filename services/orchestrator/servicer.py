@@ -3,7 +3,9 @@ the worker-facing calls are in `worker_edge.py`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC
+from typing import Any
 
 import grpc
 
@@ -26,7 +28,7 @@ from tether.convert import (
 )
 from tether.errors import InvalidArgument
 from tether.states import RunStatus
-from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from tether.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 from tether.visibility import Viewer
 
 
@@ -38,6 +40,15 @@ def _statuses(values: list[int]) -> list[RunStatus]:
             raise InvalidArgument(f"unknown run status filter {value}")
         out.append(status)
     return out
+
+
+def _routed(
+    run: common_pb2.Run, routing_id: str | None, routing: Mapping[str, Any] | None
+) -> common_pb2.Run:
+    """`run` showing the routing decision it is pinned to, when it has one."""
+    if routing:
+        run.routing.CopyFrom(routing_to_proto(routing_id or "", routing))
+    return run
 
 
 def _viewer(
@@ -78,9 +89,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         view = await self._runs.lookup(
             _viewer(request), request.run_id, include_superseded=request.include_superseded
         )
-        run = run_to_proto(view.run)
-        if view.routing:
-            run.routing.CopyFrom(routing_to_proto(view.run.routing_id or "", view.routing))
+        run = _routed(run_to_proto(view.run), view.run.routing_id, view.routing)
         return orchestrator_pb2.LookupRunResponse(
             run=run, parts=[part_to_proto(p) for p in view.parts]
         )
@@ -142,7 +151,8 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             ),
         )
         return orchestrator_pb2.SearchRunsResponse(
-            runs=[run_to_proto(r) for r in rows], next_page_token=token
+            runs=[_routed(run_to_proto(r), r.routing_id, r.routing_config) for r in rows],
+            next_page_token=token,
         )
 
     async def LookupAttempts(

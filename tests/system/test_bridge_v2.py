@@ -182,9 +182,10 @@ async def test_every_v2_body_and_frame_is_the_grpc_message_in_protobufs_json(
             params=[("status", "RUN_STATUS_COMPLETED"), ("conversationId", conversation)],
             headers=auth,
         )
-        assert [r.run_id for r in parsed(listed.json(), gateway_pb2.ListRunsResponse()).runs] == [
-            run_id
-        ]
+        listed_runs = parsed(listed.json(), gateway_pb2.ListRunsResponse()).runs
+        assert [r.run_id for r in listed_runs] == [run_id]
+        assert run.routing.model, "a leased run shows the model it was routed to"
+        assert listed_runs[0].routing == run.routing, "the list shows what a read by id does"
         attempts = (await http.get(f"/v2/runs/{run_id}/attempts", headers=auth)).json()
         assert parsed(attempts, gateway_pb2.GetRunAttemptsResponse()).attempts
         pending = await http.get(f"/v2/runs/{run_id}/pending-question", headers=auth)

@@ -162,8 +162,13 @@ async def search_runs(
     created_after: datetime | None = None,
 ) -> tuple[Sequence[Row[Any]], str]:
     """One page of the runs the viewer may see (created at or after `created_after` when
-    given), newest first, and the next page's cursor."""
-    stmt = select(runs).where(viewer.sees())
+    given), newest first, and the next page's cursor. Each row carries `routing_config`, the
+    stored routing decision it is pinned to (None before its first lease)."""
+    stmt = (
+        select(runs, func.coalesce(routings.c.config, runs.c.config).label("routing_config"))
+        .select_from(runs.outerjoin(routings, routings.c.routing_id == runs.c.routing_id))
+        .where(viewer.sees())
+    )
     if statuses:
         stmt = stmt.where(runs.c.status.in_([s.value for s in statuses]))
     if conversation_id:
