@@ -31,6 +31,19 @@ BASE_PYTHON = "/usr/local/bin"
 _VARIABLE = re.compile(r"\$\{(\w+)(?::([-+])([^}]*))?\}|\$(\w+)")
 
 
+def _host_node() -> str:
+    """The host's Node.js major release ("" without one)."""
+    node = shutil.which("node")
+    if node is None:
+        return ""
+    version = subprocess.run([node, "--version"], capture_output=True, text=True, check=False)
+    return version.stdout.strip().lstrip("v").split(".")[0]
+
+
+# What the official Node.js images put on PATH, here the host's own.
+_NODE_TOOLS = {name: shutil.which(name) or f"/usr/bin/{name}" for name in ("node", "npm", "npx")}
+
+
 class ReplayError(AssertionError):
     """A Dockerfile step that cannot be replayed, or that failed."""
 
@@ -207,20 +220,27 @@ class Replay:
             self._replay(stage, log)
 
     def _seed(self, stage: Stage) -> None:
-        """The base image: its PATH and its Python (the host's, of the same minor release)."""
+        """The base image: its PATH and its runtime, Python or Node.js (the host's, of the same
+        minor release for Python, the same major release for Node.js)."""
         tag = stage.base.split("@")[0].rpartition(":")[2]
-        wanted = ".".join(tag.split("-")[0].split(".")[:2])
-        here = f"{sys.version_info.major}.{sys.version_info.minor}"
-        if not stage.base.startswith("python:") or wanted != here:
+        release = tag.split("-")[0].split(".")
+        if stage.base.startswith("node:"):
+            here, wanted, tools = _host_node(), release[0], _NODE_TOOLS
+        else:
+            here = f"{sys.version_info.major}.{sys.version_info.minor}"
+            wanted = ".".join(release[:2]) if stage.base.startswith("python:") else "?"
+            interpreter = getattr(sys, "_base_executable", sys.executable)
+            tools = {"python": interpreter, "python3": interpreter}
+        if wanted != here:
             raise ReplayError(
-                f"stage {stage.name}: base {stage.base} is not Python {here}, the interpreter "
-                "this replay stands in with"
+                f"stage {stage.name}: base {stage.base} is not Python {sys.version_info.major}."
+                f"{sys.version_info.minor} or Node.js {_host_node()}, the runtimes this replay "
+                "stands in with"
             )
         bin_dir = Path(self.host_path(stage.name, BASE_PYTHON))
         bin_dir.mkdir(parents=True, exist_ok=True)
-        interpreter = getattr(sys, "_base_executable", sys.executable)
-        for name in ("python", "python3"):
-            (bin_dir / name).symlink_to(interpreter)
+        for name, target in tools.items():
+            (bin_dir / name).symlink_to(target)
         self.env[stage.name] = {"PATH": BASE_PATH}
         self.cwd[stage.name] = "/"
 
