@@ -114,7 +114,9 @@ def _conversation_frame(item: gateway_pb2.StreamConversationResponse) -> bytes:
 def _runs_frame(item: gateway_pb2.StreamRunsResponse) -> bytes:
     if item.HasField("page"):
         return sse_frame("runs", to_json(item.page))
-    return sse_frame("run", to_json(item))
+    if item.HasField("run"):
+        return sse_frame("run", to_json(item))
+    return b": keepalive\n\n"  # a comment: every SSE reader skips it
 
 
 class BridgeV2:

@@ -37,6 +37,7 @@ class LiveListTiming:
     reread_s: float = 5.0  # with nothing heard (or Redis down: `poll_s`)
     poll_s: float = 1.0
     min_interval_s: float = 0.25  # at most this often while runs change
+    keepalive_s: float = 5.0  # a quiet list sends an empty message this often
 
 
 class LiveRuns:
@@ -91,10 +92,10 @@ class LiveRuns:
             sent = {run.run_id: run for run in page.runs}
             yield gateway_pb2.StreamRunsResponse(page=page)
             loop = asyncio.get_running_loop()
-            last = loop.time()
+            last = spoke = loop.time()
             while True:
                 period = self._timing.reread_s if self._hub.watching_live() else self._timing.poll_s
-                wait = last + period - loop.time()
+                wait = min(last + period, spoke + self._timing.keepalive_s) - loop.time()
                 if key_watch is not None:
                     wait = key_watch.bound(wait)  # wakes to re-verify the credential too
                 woken = await watch.next(wait)
@@ -103,7 +104,11 @@ class LiveRuns:
                 if key_watch is not None:
                     await key_watch.verify_if_due()
                 if woken is None and loop.time() < last + period:
-                    continue  # woken only to re-verify
+                    if loop.time() >= spoke + self._timing.keepalive_s:
+                        # Quiet: an empty message keeps a proxy from cutting an idle stream.
+                        spoke = loop.time()
+                        yield gateway_pb2.StreamRunsResponse()
+                    continue  # woken to re-verify or to keep alive, not to re-read
                 # Without a complete list of what changed, every run sent may have.
                 changed = set(sent) if woken is None or woken[1] else woken[0]
                 pause = last + self._timing.min_interval_s - loop.time()
@@ -111,6 +116,7 @@ class LiveRuns:
                     await asyncio.sleep(pause)  # a rate limit on re-reads, not a wait for state
                 last = loop.time()
                 for run in await self._changes(viewer, request, sent, changed):
+                    spoke = loop.time()
                     yield gateway_pb2.StreamRunsResponse(run=run)
         finally:
             self._hub.unwatch_runs(watch)

@@ -63,6 +63,7 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
         LiveListTiming(
             reread_s=settings.live_list_reread_s,
             poll_s=max(settings.poll_interval_s, 1.0),
+            keepalive_s=settings.keepalive_interval_s,
         ),
     )
     servicer = GatewayServicer(

@@ -288,6 +288,28 @@ async def test_the_live_list_shows_a_new_run_and_its_changes_and_a_reconnect_mis
         assert [r.run_id for r in page.runs] == [while_away, run_id], "newest first"
 
 
+async def test_a_quiet_live_list_sends_keepalive_comments(stack: ExecStack) -> None:
+    tenant = await stack.tenant()
+    async with (
+        httpx2.AsyncClient(base_url=base(stack), timeout=30) as http,
+        http.stream("GET", "/v2/runs/live", headers=bearer(tenant.api_key)) as response,
+    ):
+        assert response.status_code == 200
+        lines = aiter(response.aiter_lines())
+        async with asyncio.timeout(20):  # the keepalive interval is 5 s; re-reads every 30 s
+            seen = [line async for line in _until(lines, ": keepalive")]
+    assert "event: runs" in seen, seen
+    assert not any(line.startswith("event: run") and line != "event: runs" for line in seen)
+
+
+async def _until(lines: AsyncIterator[str], wanted: str) -> AsyncIterator[str]:
+    async for line in lines:
+        yield line
+        if line == wanted:
+            return
+    raise AssertionError(f"the stream ended before {wanted!r}")
+
+
 async def test_stream_runs_over_grpc_with_a_token(stack: ExecStack) -> None:
     tenant = await stack.tenant()
     async with httpx2.AsyncClient(base_url=base(stack), timeout=30) as http:

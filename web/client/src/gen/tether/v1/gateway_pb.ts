@@ -962,7 +962,8 @@ export const StreamRunsRequestSchema: GenMessage<StreamRunsRequest, {jsonType: S
  */
 export type StreamRunsResponse = Message<"tether.v1.StreamRunsResponse"> & {
   /**
-   * The first page (first message), or one run that changed.
+   * The first page (first message), or one run that changed; neither on a keepalive, which a
+   * quiet list sends every keepalive interval (over SSE, a comment line).
    *
    * @generated from oneof tether.v1.StreamRunsResponse.item
    */
