@@ -25,6 +25,7 @@ from services.gateway.http_common import (
     read_body,
     serve_sse,
     sse_frame,
+    time_query,
 )
 from services.gateway.http_errors import error_body
 from services.gateway.live_runs import LiveRuns
@@ -178,14 +179,7 @@ class BridgeV2:
             page_size=non_negative(query.get("pageSize", "0"), "pageSize", INT32_MAX),
             page_token=query.get("pageToken", ""),
         )
-        if "createdAfter" in query:
-            try:
-                message.created_after.FromJsonString(query["createdAfter"])
-            except ValueError as exc:
-                raise InvalidArgument(
-                    "createdAfter must be an RFC 3339 time such as 2025-01-31T09:00:00Z; got "
-                    f"{query['createdAfter'][:40]!r}"
-                ) from exc
+        time_query(query, "createdAfter", message.created_after)
         return await self._call("ListRuns", message, request)
 
     async def list_documents(self, request: web.Request) -> web.Response:

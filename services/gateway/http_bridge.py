@@ -51,6 +51,7 @@ from services.gateway.http_common import (
     read_body,
     serve_sse,
     sse_frame,
+    time_query,
 )
 from services.gateway.http_errors import MAX_BODY_BYTES, BridgeRunner, errors
 from services.gateway.streams import Streams
@@ -206,14 +207,7 @@ class HttpBridge:
             page_size=non_negative(query.get("page_size", "0"), "page_size", INT32_MAX),
             page_token=query.get("page_token", ""),
         )
-        if "created_after" in query:
-            try:
-                listed.created_after.FromJsonString(query["created_after"])
-            except ValueError as exc:
-                raise InvalidArgument(
-                    "created_after must be an RFC 3339 time such as 2025-01-31T09:00:00Z; got "
-                    f"{query['created_after'][:40]!r}"
-                ) from exc
+        time_query(query, "created_after", listed.created_after)
         response = await self._servicer.ListRuns(listed, CallContext(request))
         return web.json_response(
             {

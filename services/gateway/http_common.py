@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any, TypeVar
 
 from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from services.gateway.auth import TENANT_METADATA
 from services.gateway.http_errors import error_body
@@ -81,6 +82,19 @@ def non_negative(value: str, name: str, maximum: int) -> int:
     if not (value.isascii() and value.isdigit()) or int(value) > maximum:
         raise InvalidArgument(f"{name} must be an integer from 0 to {maximum}; got {value[:40]!r}")
     return int(value)
+
+
+def time_query(query: Mapping[str, str], name: str, into: Timestamp) -> None:
+    """Set `into` from the query's RFC 3339 time `name`, when the query has it."""
+    if name not in query:
+        return
+    try:
+        into.FromJsonString(query[name])
+    except ValueError as exc:
+        raise InvalidArgument(
+            f"{name} must be an RFC 3339 time such as 2025-01-31T09:00:00Z; got "
+            f"{query[name][:40]!r}"
+        ) from exc
 
 
 def sse_frame(event: str, data: dict[str, Any], event_id: str | None = None) -> bytes:

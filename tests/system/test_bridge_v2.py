@@ -208,6 +208,13 @@ async def test_every_v2_body_and_frame_is_the_grpc_message_in_protobufs_json(
         assert bad.status_code == 400 and bad.json()["error"]["status"] == "INVALID_ARGUMENT"
         bad_status = await http.get("/v2/runs?status=RUNNING", headers=auth)
         assert bad_status.status_code == 400
+        bad_time = await http.get("/v2/runs?createdAfter=yesterday", headers=auth)
+        assert bad_time.status_code == 400 and "createdAfter" in bad_time.json()["error"]["message"]
+        since = run.created_at.ToJsonString()
+        later = await http.get("/v2/runs", params={"createdAfter": since}, headers=auth)
+        assert run_id in [
+            r.run_id for r in parsed(later.json(), gateway_pb2.ListRunsResponse()).runs
+        ]
         # v1 is unchanged: snake_case.
         v1 = (await http.get(f"/v1/runs/{run_id}", headers=auth)).json()
         assert v1["run"]["run_id"] == run_id
