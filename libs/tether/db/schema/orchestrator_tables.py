@@ -1,9 +1,5 @@
-"""The whole schema as SQLAlchemy Core tables, each beside its indexes.
-
-Ownership (which service writes which table) follows DESIGN.md: the gateway owns tenants and API
-keys; admission owns claims, sessions and messages and creates the queued run; the orchestrator owns
-runs after creation, their events, parts, attempts, effects, usage and audit.
-"""
+"""The orchestrator's tables: the run aggregate (runs, their events, parts, attempts, effects,
+usage, tool outputs, routing decisions, context summaries) and a tenant's knowledge documents."""
 
 from __future__ import annotations
 
@@ -19,118 +15,17 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
-    LargeBinary,
-    MetaData,
     PrimaryKeyConstraint,
     SmallInteger,
     Table,
     Text,
-    UniqueConstraint,
     func,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR
 
+from tether.db.schema.base import _now, metadata
 from tether.states import RunStatus
-
-metadata = MetaData(
-    naming_convention={
-        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-        "ck": "ck_%(table_name)s_%(constraint_name)s",
-        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-        "pk": "pk_%(table_name)s",
-    }
-)
-
-
-def _now() -> Column[object]:
-    return Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now())
-
-
-tenants = Table(
-    "tenants",
-    metadata,
-    Column("tenant_id", Text, primary_key=True),
-    Column("name", Text, nullable=False),
-    # Agent routing overrides (model, persona, tools, limits); merged over the defaults.
-    Column("agent", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    # Tenant policy, e.g. which approval decisions are permitted.
-    Column("policy", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    _now(),
-)
-
-api_keys = Table(
-    "api_keys",
-    metadata,
-    Column("key_id", Text, primary_key=True),
-    Column("tenant_id", Text, ForeignKey("tenants.tenant_id"), nullable=False),
-    Column("principal_id", Text, nullable=False),
-    # SHA-256 of the whole secret; keys are 256-bit random so a slow hash adds nothing.
-    Column("key_hash", LargeBinary, nullable=False, unique=True),
-    Column("scopes", ARRAY(Text), nullable=False),
-    _now(),
-    Column("revoked_at", DateTime(timezone=True)),
-    # Set at creation; an expired key is refused like a revoked one.
-    Column("expires_at", DateTime(timezone=True)),
-)
-
-# Browser sign-in (owned by the gateway): a console's session cookie or an embedding app's
-# short-lived token, each minted from an API key and dying with it (revoked: the lookup joins
-# the key; deleted with its tenant: ON DELETE CASCADE). Only the secret's SHA-256 is stored.
-browser_credentials = Table(
-    "browser_credentials",
-    metadata,
-    Column("credential_id", Text, primary_key=True),
-    Column("kind", Text, nullable=False),
-    Column("secret_hash", LargeBinary, nullable=False, unique=True),
-    Column("key_id", Text, ForeignKey("api_keys.key_id", ondelete="CASCADE"), nullable=False),
-    Column("tenant_id", Text, nullable=False),
-    Column("principal_id", Text, nullable=False),
-    Column("scopes", ARRAY(Text), nullable=False),
-    _now(),
-    Column("expires_at", DateTime(timezone=True), nullable=False),
-    Column("revoked_at", DateTime(timezone=True)),
-    CheckConstraint("kind IN ('session', 'token')", name="kind"),
-)
-# A key's credentials, for removing its expired ones when it mints another.
-Index("ix_browser_credentials_key_id", browser_credentials.c.key_id)
-
-sessions = Table(
-    "sessions",
-    metadata,
-    Column("session_id", Text, primary_key=True),
-    Column("tenant_id", Text, ForeignKey("tenants.tenant_id"), nullable=False),
-    Column("channel", Text, nullable=False),
-    Column("conversation_id", Text, nullable=False),
-    # Who may share state within the conversation: a principal, or the whole thread.
-    Column("actor_scope", Text, nullable=False),
-    # The session's head: the run that may execute (set at admission when the session is free,
-    # handed to the next queued message when the head finishes). NULL when idle.
-    Column("active_run_id", Text),
-    _now(),
-    UniqueConstraint("tenant_id", "channel", "conversation_id", "actor_scope"),
-)
-
-messages = Table(
-    "messages",
-    metadata,
-    Column("message_id", Text, primary_key=True),
-    Column("tenant_id", Text, nullable=False),
-    Column("session_id", Text, ForeignKey("sessions.session_id"), nullable=False),
-    Column("source", Text, nullable=False),
-    Column("event_id", Text, nullable=False),
-    Column("actor_type", Text, nullable=False),
-    Column("actor_id", Text, nullable=False),
-    Column("text", Text, nullable=False),
-    Column("context", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    _now(),
-)
-# Retention: a tenant's messages oldest first, and a session's (to find whether it is empty).
-Index(
-    "ix_messages_tenant_created", messages.c.tenant_id, messages.c.created_at, messages.c.message_id
-)
-Index("ix_messages_session", messages.c.session_id)
 
 # Routing decisions, each stored once, named by the digest of its content (`routing_id`): a
 # run's row names the one its attempt runs with instead of carrying it whole through every
@@ -243,36 +138,6 @@ Index(
     postgresql_where=runs.c.status == "retry-pending",
 )
 
-event_claims = Table(
-    "event_claims",
-    metadata,
-    Column("tenant_id", Text, nullable=False),
-    Column("scope", Text, nullable=False),
-    Column("key", Text, nullable=False),
-    Column("request_hash", LargeBinary, nullable=False),
-    # NULL once the run was removed under the tenant's retention policy: the claim stays as the
-    # event's tombstone, so a late duplicate is still recognised (and never runs again).
-    Column("run_id", Text),
-    # Refreshed whenever ownership moves to a new run, so a retried claim is not born stale.
-    Column("claimed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    _now(),
-    PrimaryKeyConstraint("tenant_id", "scope", "key"),
-    # Deferred: the claim is inserted first (a duplicate then costs one statement), the run
-    # it points to later in the same transaction. SET NULL: removing a run (retention) turns
-    # its claim into a tombstone in the same statement, so no moment leaves the key unclaimed.
-    ForeignKeyConstraint(
-        ["run_id"], ["runs.run_id"], deferrable=True, initially="DEFERRED", ondelete="SET NULL"
-    ),
-)
-# The claim of a run (retention's SET NULL, a retry by run id).
-Index("ix_event_claims_run", event_claims.c.run_id)
-# Tombstones oldest first, per tenant (retention).
-Index(
-    "ix_event_claims_tombstones",
-    event_claims.c.tenant_id,
-    event_claims.c.claimed_at,
-    postgresql_where=event_claims.c.run_id.is_(None),
-)
 
 run_events = Table(
     "run_events",
@@ -426,132 +291,3 @@ Index(
     documents.c.document_id.desc(),
 )
 Index("ix_documents_search", documents.c.search, postgresql_using="gin")
-
-audit_log = Table(
-    "audit_log",
-    metadata,
-    Column("id", BigInteger, Identity(), primary_key=True),
-    Column("tenant_id", Text, nullable=False),
-    Column("run_id", Text),
-    Column("action", Text, nullable=False),
-    Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    _now(),
-)
-Index("ix_audit_log_run", audit_log.c.run_id)
-
-# -- interactions (owned by the interactions service) ------------------------------------------
-
-interactions = Table(
-    "interactions",
-    metadata,
-    Column("interaction_id", Text, primary_key=True),
-    Column("tenant_id", Text, nullable=False),
-    # An interaction is part of its run's story: removing the run (retention, a tenant's
-    # deletion) removes it in the same statement.
-    Column("run_id", Text, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
-    Column("session_id", Text, nullable=False),
-    # question | approval | connection
-    Column("kind", Text, nullable=False),
-    # pending -> answered | decided | completed | expired; decided|expired -> claimed (approvals);
-    # pending -> orphaned when its run never parked on it (the storing worker died first)
-    Column("status", Text, nullable=False),
-    # The lease epoch it was stored under: only that lease can still park the run on it.
-    Column("lease_epoch", BigInteger),
-    # Why it was closed without a person (e.g. orphaned).
-    Column("reason", Text),
-    Column("tool_call_id", Text, nullable=False),
-    # Questions: the specs and the answers.
-    Column("questions", JSONB),
-    Column("answers", JSONB),
-    # Approvals: what runs is what was shown.
-    Column("tool_name", Text),
-    Column("input", JSONB),
-    Column("risk_category", Text),
-    Column("summary", Text),
-    Column("estimated_cost_micros", BigInteger),
-    Column("idempotency_key", Text),
-    Column("decision", Text),
-    Column("decided_by", Text),
-    Column("claimed_epoch", BigInteger),
-    # Connections: the consent offer, bound to the tenant and the principal who must complete it.
-    Column("provider", Text),
-    Column("gap", Text),
-    Column("scopes", ARRAY(Text)),
-    Column("principal_id", Text),
-    Column("oauth_state_hash", LargeBinary, unique=True),
-    Column("login_url", Text),
-    Column("expires_at", DateTime(timezone=True)),
-    _now(),
-    Column("resolved_at", DateTime(timezone=True)),
-    Column("claimed_at", DateTime(timezone=True)),
-    # When the orchestrator took the resolution (resumed the run, or had moved on).
-    Column("delivered_at", DateTime(timezone=True)),
-    # When the orchestrator named it as the one its run is parked on (checked once).
-    Column("bound_at", DateTime(timezone=True)),
-    # The stored format of the row's JSON payloads (tether.formats); 1 for rows stored before
-    # formats were recorded, and for rows a release that does not know them writes.
-    Column("format", SmallInteger, nullable=False, server_default=text("1")),
-    CheckConstraint("kind IN ('question', 'approval', 'connection')", name="kind"),
-    CheckConstraint(
-        "status IN ('pending', 'answered', 'decided', 'completed', 'expired', 'claimed', "
-        "'orphaned')",
-        name="status",
-    ),
-)
-Index("ix_interactions_run", interactions.c.run_id, interactions.c.created_at)
-Index(
-    "ix_interactions_open_expiry",
-    interactions.c.expires_at,
-    postgresql_where=interactions.c.status == "pending",
-)
-Index(
-    "ix_interactions_unconfirmed",
-    interactions.c.created_at,
-    postgresql_where=text("status = 'pending' AND bound_at IS NULL"),
-)
-Index(
-    "ix_interactions_undelivered",
-    interactions.c.resolved_at,
-    postgresql_where=text(
-        "status IN ('answered', 'decided', 'completed', 'expired') AND delivered_at IS NULL"
-    ),
-)
-
-grants = Table(
-    "grants",
-    metadata,
-    Column("grant_id", Text, primary_key=True),
-    Column("tenant_id", Text, nullable=False),
-    # conversation | principal | tenant | category
-    Column("scope", Text, nullable=False),
-    Column("session_id", Text),
-    Column("principal_id", Text),
-    Column("tool_name", Text),
-    Column("risk_category", Text),
-    Column("granted_by", Text, nullable=False),
-    # The decision that minted it; empty for grants an administrator provisioned, and once the
-    # decision's run was removed under retention (the grant stands; audit_log keeps who decided).
-    Column("interaction_id", Text, ForeignKey("interactions.interaction_id", ondelete="SET NULL")),
-    _now(),
-    CheckConstraint("scope IN ('conversation', 'principal', 'tenant', 'category')", name="scope"),
-)
-Index("ix_grants_tenant", grants.c.tenant_id)
-Index(
-    "ix_grants_interaction",
-    grants.c.interaction_id,
-    postgresql_where=grants.c.interaction_id.is_not(None),
-)
-
-connections = Table(
-    "connections",
-    metadata,
-    Column("tenant_id", Text, nullable=False),
-    Column("principal_id", Text, nullable=False),
-    Column("provider", Text, nullable=False),
-    Column("scopes", ARRAY(Text), nullable=False),
-    # The provider's access token; a production deployment keeps it in a secret store.
-    Column("access_token", Text, nullable=False),
-    Column("expires_at", DateTime(timezone=True), nullable=False),
-    _now(),
-    PrimaryKeyConstraint("tenant_id", "principal_id", "provider"),
-)

@@ -1,0 +1,57 @@
+"""The whole schema as SQLAlchemy Core tables, each beside its indexes, a module per owning
+service (README, "Who owns which table"):
+
+- `gateway_tables`: tenants, api_keys, browser_credentials;
+- `admission_tables`: sessions, messages, event_claims (admission creates the queued run, through
+  the orchestrator's intake);
+- `orchestrator_tables`: the run aggregate (runs, run_events, run_parts, attempts, effects,
+  usage_turns, tool_outputs, routings, context_summaries) and documents;
+- `interactions_tables`: interactions, grants, connections;
+- `audit_tables`: audit_log, appended to by every service.
+
+Import tables from here (`from tether.db.schema import runs`): `metadata` holds them all.
+"""
+
+from __future__ import annotations
+
+from tether.db.schema.admission_tables import event_claims, messages, sessions
+from tether.db.schema.audit_tables import audit_log
+from tether.db.schema.base import metadata
+from tether.db.schema.gateway_tables import api_keys, browser_credentials, tenants
+from tether.db.schema.interactions_tables import connections, grants, interactions
+from tether.db.schema.orchestrator_tables import (
+    attempts,
+    context_summaries,
+    documents,
+    effects,
+    routings,
+    run_events,
+    run_parts,
+    runs,
+    tool_outputs,
+    usage_turns,
+)
+
+__all__ = [
+    "api_keys",
+    "attempts",
+    "audit_log",
+    "browser_credentials",
+    "connections",
+    "context_summaries",
+    "documents",
+    "effects",
+    "event_claims",
+    "grants",
+    "interactions",
+    "messages",
+    "metadata",
+    "routings",
+    "run_events",
+    "run_parts",
+    "runs",
+    "sessions",
+    "tenants",
+    "tool_outputs",
+    "usage_turns",
+]

@@ -1,0 +1,137 @@
+"""The interactions service's tables: questions, approvals and connections in the loop, and the
+grants approvals mint."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    LargeBinary,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+
+from tether.db.schema.base import _now, metadata
+
+interactions = Table(
+    "interactions",
+    metadata,
+    Column("interaction_id", Text, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    # An interaction is part of its run's story: removing the run (retention, a tenant's
+    # deletion) removes it in the same statement.
+    Column("run_id", Text, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("session_id", Text, nullable=False),
+    # question | approval | connection
+    Column("kind", Text, nullable=False),
+    # pending -> answered | decided | completed | expired; decided|expired -> claimed (approvals);
+    # pending -> orphaned when its run never parked on it (the storing worker died first)
+    Column("status", Text, nullable=False),
+    # The lease epoch it was stored under: only that lease can still park the run on it.
+    Column("lease_epoch", BigInteger),
+    # Why it was closed without a person (e.g. orphaned).
+    Column("reason", Text),
+    Column("tool_call_id", Text, nullable=False),
+    # Questions: the specs and the answers.
+    Column("questions", JSONB),
+    Column("answers", JSONB),
+    # Approvals: what runs is what was shown.
+    Column("tool_name", Text),
+    Column("input", JSONB),
+    Column("risk_category", Text),
+    Column("summary", Text),
+    Column("estimated_cost_micros", BigInteger),
+    Column("idempotency_key", Text),
+    Column("decision", Text),
+    Column("decided_by", Text),
+    Column("claimed_epoch", BigInteger),
+    # Connections: the consent offer, bound to the tenant and the principal who must complete it.
+    Column("provider", Text),
+    Column("gap", Text),
+    Column("scopes", ARRAY(Text)),
+    Column("principal_id", Text),
+    Column("oauth_state_hash", LargeBinary, unique=True),
+    Column("login_url", Text),
+    Column("expires_at", DateTime(timezone=True)),
+    _now(),
+    Column("resolved_at", DateTime(timezone=True)),
+    Column("claimed_at", DateTime(timezone=True)),
+    # When the orchestrator took the resolution (resumed the run, or had moved on).
+    Column("delivered_at", DateTime(timezone=True)),
+    # When the orchestrator named it as the one its run is parked on (checked once).
+    Column("bound_at", DateTime(timezone=True)),
+    # The stored format of the row's JSON payloads (tether.formats); 1 for rows stored before
+    # formats were recorded, and for rows a release that does not know them writes.
+    Column("format", SmallInteger, nullable=False, server_default=text("1")),
+    CheckConstraint("kind IN ('question', 'approval', 'connection')", name="kind"),
+    CheckConstraint(
+        "status IN ('pending', 'answered', 'decided', 'completed', 'expired', 'claimed', "
+        "'orphaned')",
+        name="status",
+    ),
+)
+Index("ix_interactions_run", interactions.c.run_id, interactions.c.created_at)
+Index(
+    "ix_interactions_open_expiry",
+    interactions.c.expires_at,
+    postgresql_where=interactions.c.status == "pending",
+)
+Index(
+    "ix_interactions_unconfirmed",
+    interactions.c.created_at,
+    postgresql_where=text("status = 'pending' AND bound_at IS NULL"),
+)
+Index(
+    "ix_interactions_undelivered",
+    interactions.c.resolved_at,
+    postgresql_where=text(
+        "status IN ('answered', 'decided', 'completed', 'expired') AND delivered_at IS NULL"
+    ),
+)
+
+grants = Table(
+    "grants",
+    metadata,
+    Column("grant_id", Text, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    # conversation | principal | tenant | category
+    Column("scope", Text, nullable=False),
+    Column("session_id", Text),
+    Column("principal_id", Text),
+    Column("tool_name", Text),
+    Column("risk_category", Text),
+    Column("granted_by", Text, nullable=False),
+    # The decision that minted it; empty for grants an administrator provisioned, and once the
+    # decision's run was removed under retention (the grant stands; audit_log keeps who decided).
+    Column("interaction_id", Text, ForeignKey("interactions.interaction_id", ondelete="SET NULL")),
+    _now(),
+    CheckConstraint("scope IN ('conversation', 'principal', 'tenant', 'category')", name="scope"),
+)
+Index("ix_grants_tenant", grants.c.tenant_id)
+Index(
+    "ix_grants_interaction",
+    grants.c.interaction_id,
+    postgresql_where=grants.c.interaction_id.is_not(None),
+)
+
+connections = Table(
+    "connections",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("principal_id", Text, nullable=False),
+    Column("provider", Text, nullable=False),
+    Column("scopes", ARRAY(Text), nullable=False),
+    # The provider's access token; a production deployment keeps it in a secret store.
+    Column("access_token", Text, nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    _now(),
+    PrimaryKeyConstraint("tenant_id", "principal_id", "provider"),
+)
