@@ -17,12 +17,13 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from services.gateway.auth import Authenticator, KeyWatch
-from services.gateway.conversation import ConversationCursor, conversation_items
 from services.gateway.http_common import (
     CallContext,
+    conversation_stream,
     header,
     non_negative,
     read_body,
+    run_stream,
     serve_sse,
     sse_frame,
     time_query,
@@ -33,7 +34,7 @@ from services.gateway.signin import credential
 from services.gateway.streams import Streams
 from tether.apikeys import Principal
 from tether.errors import InvalidArgument, TetherError
-from tether.limits import INT32_MAX, INT64_MAX, check_request
+from tether.limits import INT32_MAX, check_request
 from tether.v1 import common_pb2, gateway_pb2
 from tether.visibility import viewer_of
 
@@ -199,19 +200,9 @@ class BridgeV2:
 
     async def run_events(self, request: web.Request) -> web.StreamResponse:
         principal, key_watch = await self._open(request, "StreamRun")
-        cursor = header(request, "Last-Event-ID") or request.query.get("after", "0")
-        opened = gateway_pb2.StreamRunRequest(
-            run_id=request.match_info["run_id"],
-            after_seq=non_negative(cursor or "0", "Last-Event-ID / after", INT64_MAX),
-            include_deltas=_flag(request, "deltas", True),
-        )
-        check_request(opened)
-        items = self._streams.run_items(
-            viewer_of(principal),
-            opened.run_id,
-            opened.after_seq,
-            include_deltas=opened.include_deltas,
-            key_watch=key_watch,
+        deltas = _flag(request, "deltas", True)
+        items = run_stream(
+            request, self._streams, viewer_of(principal), key_watch, include_deltas=deltas
         )
         return await serve_sse(
             request, items, _run_frame, wait_for_first=True, error_frame=_error_frame
@@ -219,20 +210,9 @@ class BridgeV2:
 
     async def conversation_events(self, request: web.Request) -> web.StreamResponse:
         principal, key_watch = await self._open(request, "StreamConversation")
-        opened = gateway_pb2.StreamConversationRequest(
-            conversation_id=request.match_info["conversation_id"],
-            cursor=header(request, "Last-Event-ID") or request.query.get("cursor", ""),
-            include_deltas=_flag(request, "deltas", True),
-        )
-        check_request(opened)
-        ConversationCursor.decode(opened.cursor)  # refuse a bad cursor before the stream starts
-        items = conversation_items(
-            self._streams,
-            viewer_of(principal),
-            opened.conversation_id,
-            opened.cursor,
-            include_deltas=opened.include_deltas,
-            key_watch=key_watch,
+        deltas = _flag(request, "deltas", True)
+        items = conversation_stream(
+            request, self._streams, viewer_of(principal), key_watch, include_deltas=deltas
         )
         return await serve_sse(
             request, items, _conversation_frame, wait_for_first=False, error_frame=_error_frame

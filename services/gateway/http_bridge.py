@@ -42,13 +42,14 @@ from google.protobuf.message import Message
 from opentelemetry.trace import SpanKind
 
 from services.gateway.auth import Authenticator, KeyWatch
-from services.gateway.conversation import ConversationCursor, conversation_items
 from services.gateway.edge import Edge
 from services.gateway.http_common import (
     CallContext,
+    conversation_stream,
     header,
     non_negative,
     read_body,
+    run_stream,
     serve_sse,
     sse_frame,
     time_query,
@@ -59,7 +60,7 @@ from tether import telemetry
 from tether.apikeys import Principal
 from tether.convert import disposition_name, status_to_proto
 from tether.errors import InvalidArgument
-from tether.limits import INT32_MAX, INT64_MAX, check_request
+from tether.limits import INT32_MAX
 from tether.states import RunStatus
 from tether.telemetry import tracing
 from tether.transport import event_to_json, run_to_json, snapshot_to_json
@@ -74,6 +75,11 @@ _INTERACTIONS: tuple[tuple[str, str, str, type[Message]], ...] = (
     ("POST", "decision", "DecideApproval", gateway_pb2.DecideApprovalRequest),
     ("POST", "connection", "CompleteConnection", gateway_pb2.CompleteConnectionRequest),
 )
+
+
+def _deltas(request: web.Request) -> bool:
+    """v1's `?deltas=`: anything but 0 or false keeps them."""
+    return request.query.get("deltas", "1") not in ("0", "false")
 
 
 def _message_json(message: Message) -> dict[str, Any]:
@@ -312,38 +318,23 @@ class HttpBridge:
 
     async def run_events(self, request: web.Request) -> web.StreamResponse:
         principal = await self._principal(request, "StreamRun")
-        cursor = header(request, "Last-Event-ID") or request.query.get("after", "0")
-        opened = gateway_pb2.StreamRunRequest(
-            run_id=request.match_info["run_id"],
-            after_seq=non_negative(cursor or "0", "Last-Event-ID / after", INT64_MAX),
-            include_deltas=request.query.get("deltas", "1") not in ("0", "false"),
-        )
-        check_request(opened)
-        items = self._streams.run_items(
+        items = run_stream(
+            request,
+            self._streams,
             viewer_of(principal),
-            opened.run_id,
-            opened.after_seq,
-            include_deltas=opened.include_deltas,
-            key_watch=self._key_watch(request, "StreamRun"),
+            self._key_watch(request, "StreamRun"),
+            include_deltas=_deltas(request),
         )
         return await serve_sse(request, items, _run_frame, wait_for_first=True)
 
     async def conversation_events(self, request: web.Request) -> web.StreamResponse:
         principal = await self._principal(request, "StreamConversation")
-        opened = gateway_pb2.StreamConversationRequest(
-            conversation_id=request.match_info["conversation_id"],
-            cursor=header(request, "Last-Event-ID") or request.query.get("cursor", ""),
-            include_deltas=request.query.get("deltas", "1") not in ("0", "false"),
-        )
-        check_request(opened)
-        ConversationCursor.decode(opened.cursor)  # refuse a bad cursor before the stream starts
-        items = conversation_items(
+        items = conversation_stream(
+            request,
             self._streams,
             viewer_of(principal),
-            opened.conversation_id,
-            opened.cursor,
-            include_deltas=opened.include_deltas,
-            key_watch=self._key_watch(request, "StreamConversation"),
+            self._key_watch(request, "StreamConversation"),
+            include_deltas=_deltas(request),
         )
         return await serve_sse(request, items, _conversation_frame, wait_for_first=False)
 

@@ -1,5 +1,6 @@
 """What both versions of the HTTP bridge share: the call context handed to the servicer, the
-body and query readers, and serving an async stream of items as server-sent events."""
+body and query readers, opening a run's or a conversation's stream from a request, and serving
+an async stream of items as server-sent events."""
 
 from __future__ import annotations
 
@@ -14,9 +15,14 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from services.gateway.auth import TENANT_METADATA
+from services.gateway.auth import TENANT_METADATA, KeyWatch
+from services.gateway.conversation import ConversationCursor, conversation_items
 from services.gateway.http_errors import error_body
+from services.gateway.streams import Streams
 from tether.errors import InvalidArgument, TetherError
+from tether.limits import INT64_MAX, check_request
+from tether.v1 import gateway_pb2
+from tether.visibility import Viewer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -95,6 +101,55 @@ def time_query(query: Mapping[str, str], name: str, into: Timestamp) -> None:
             f"{name} must be an RFC 3339 time such as 2025-01-31T09:00:00Z; got "
             f"{query[name][:40]!r}"
         ) from exc
+
+
+def run_stream(
+    request: web.Request,
+    streams: Streams,
+    viewer: Viewer,
+    key_watch: KeyWatch,
+    *,
+    include_deltas: bool,
+) -> AsyncGenerator[gateway_pb2.StreamRunResponse, None]:
+    """A run's stream as an SSE request opens it: the run in the path, the cursor from
+    Last-Event-ID or `?after=` (every version reads them alike)."""
+    cursor = header(request, "Last-Event-ID") or request.query.get("after", "0")
+    opened = gateway_pb2.StreamRunRequest(
+        run_id=request.match_info["run_id"],
+        after_seq=non_negative(cursor or "0", "Last-Event-ID / after", INT64_MAX),
+        include_deltas=include_deltas,
+    )
+    check_request(opened)
+    return streams.run_items(
+        viewer, opened.run_id, opened.after_seq, include_deltas=include_deltas, key_watch=key_watch
+    )
+
+
+def conversation_stream(
+    request: web.Request,
+    streams: Streams,
+    viewer: Viewer,
+    key_watch: KeyWatch,
+    *,
+    include_deltas: bool,
+) -> AsyncGenerator[gateway_pb2.StreamConversationResponse, None]:
+    """A conversation's stream as an SSE request opens it: the conversation in the path, the
+    cursor from Last-Event-ID or `?cursor=`, refused before the stream starts when malformed."""
+    opened = gateway_pb2.StreamConversationRequest(
+        conversation_id=request.match_info["conversation_id"],
+        cursor=header(request, "Last-Event-ID") or request.query.get("cursor", ""),
+        include_deltas=include_deltas,
+    )
+    check_request(opened)
+    ConversationCursor.decode(opened.cursor)
+    return conversation_items(
+        streams,
+        viewer,
+        opened.conversation_id,
+        opened.cursor,
+        include_deltas=include_deltas,
+        key_watch=key_watch,
+    )
 
 
 def sse_frame(event: str, data: dict[str, Any], event_id: str | None = None) -> bytes:
