@@ -2,7 +2,7 @@
 and as ratios to floors measured in the same invocation (this 2-core machine's speed moves by
 up to 40% between runs, so a goal is a ratio to a floor measured beside it, never an absolute).
 
-Three stages, each on a fresh database of the same embedded PostgreSQL and Redis, with the
+Four stages, each on a fresh database of the same embedded PostgreSQL and Redis, with the
 local model server out of process (bench.runs):
 
 - speed: two workers; light-load latency against the floor loop run one at a time, saturated
@@ -13,7 +13,9 @@ local model server out of process (bench.runs):
   gRPC hops (bench.relay_floor);
 - counters: two workers behind counting taps (bench.grpc_tap) with PostgreSQL's statement log
   on: statements, transactions, WAL, RPCs and Redis commands per run (bench.hotpath_counts).
-  Logging slows the server, so no speed figure comes from that stage.
+  Logging slows the server, so no speed figure comes from that stage;
+- upkeep: what a running run writes while it runs, WAL per lease renewal and per checkpoint
+  (bench.hotpath_upkeep), on a database of its own with no services.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from bench import hotpath_counts, hotpath_queue
+from bench import hotpath_counts, hotpath_queue, hotpath_upkeep
 from bench.common import Servers, bench_servers, closed_loop, emit, percentile
 from bench.floors import FLOOR_EACH_RUN, floor_load
 from bench.hotpath_stage import NOT_THE_STACK, Stage, cpu_meter, ms_by_role, redis_pid, stage
@@ -399,3 +401,4 @@ async def run() -> None:
         await speed(servers, model)
         await admission(servers, model)
         await hotpath_counts.counters(servers, model)
+        await hotpath_upkeep.upkeep(servers)

@@ -362,7 +362,8 @@ _NEXT_EXPIRY_IN = select(
 
 async def next_expiry_in(conn: AsyncConnection) -> float | None:
     """Seconds until the earliest running lease expires (negative: expired), or None when no
-    run is leased (one index probe: ix_runs_lease_expiry)."""
+    run is leased (one scan of the running runs, ix_runs_running: expiries are not indexed, so
+    that renewing a lease adds no index entry)."""
     value = (await conn.execute(_NEXT_EXPIRY_IN)).scalar()
     return None if value is None else float(value)
 
