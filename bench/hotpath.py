@@ -15,7 +15,8 @@ local model server out of process (bench.runs):
   on: statements, transactions, WAL, RPCs and Redis commands per run (bench.hotpath_counts).
   Logging slows the server, so no speed figure comes from that stage;
 - upkeep: what a running run writes while it runs, WAL per lease renewal and per checkpoint
-  (bench.hotpath_upkeep), on a database of its own with no services.
+  on a database of its own with no services, and per character of a long answer streamed
+  through the stack with one worker (bench.hotpath_upkeep).
 """
 
 from __future__ import annotations
@@ -402,3 +403,4 @@ async def run() -> None:
         await admission(servers, model)
         await hotpath_counts.counters(servers, model)
         await hotpath_upkeep.upkeep(servers)
+        await hotpath_upkeep.streamed_answer(servers, model)

@@ -1,6 +1,7 @@
 """What a running run costs PostgreSQL while it runs: WAL per lease renewal (a worker's keepalive
-renews every lease it holds in one statement) and per checkpoint (a batch of one part and its
-event), counted at the server.
+renews every lease it holds in one statement), per checkpoint (a batch of one part and its
+event), and per character of a long answer streamed through the whole stack, counted at the
+server.
 
 A one-turn run in the counters phase never renews or checkpoints; an agent run that works for
 minutes does both many times, so these two counters, not the per-run one, say what a long run
@@ -10,6 +11,12 @@ each run takes CHECKPOINTS checkpoints. Each phase starts after a CHECKPOINT and
 warm-up, so the full-page images the first touch of a page writes after a checkpoint weigh the
 same every time; whether each row update was HOT (no new index entries) is read in the same
 transaction (pg_stat_get_xact_tuples_hot_updated).
+
+The streamed answer: ANSWER_CHARS characters in deltas of DELTA_CHARS, DELTA_MS apart (as a
+model streams a long answer, slower here only by the model's pace), through the gateway, one
+worker and the orchestrator; the worker checkpoints every checkpoint_interval_s (0.25 s) as it
+streams. The figure is the run's WAL from its admission to its terminal event, over the
+answer's length: what storing the answer's progress costs beyond storing the answer.
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bench.common import Servers, bench_database, emit
 from bench.counters import pg_counters, wal_bytes
+from bench.hotpath_stage import stage
+from bench.model import Model
+from bench.runs import completions
 from services.admission.adapters import normalise
 from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
@@ -40,6 +50,10 @@ ROUNDS = 20
 CHECKPOINTS = 10
 TTL_S = 600.0  # nothing expires while the bench holds the leases
 WORKER = "bench-upkeep"
+ANSWER_CHARS = 24_000
+DELTA_CHARS = 40
+DELTA_MS = 20.0  # 600 deltas: 12 s of streaming, about 48 checkpoints
+ANSWERS = 2
 _UPDATES = text(
     "SELECT pg_stat_get_xact_tuples_updated('runs'::regclass) AS updated, "
     "pg_stat_get_xact_tuples_hot_updated('runs'::regclass) AS hot"
@@ -137,3 +151,46 @@ async def _count(
             updated += last.updated - first.updated
     after = await pg_counters(admin, database)
     return await wal_bytes(admin, before, after), done, hot, updated
+
+
+async def streamed_answer(servers: Servers, model: Model) -> None:
+    """Emit WAL bytes per character of a long answer streamed through the stack."""
+    words = [f"w{i % 997:03d}" for i in range(ANSWER_CHARS // 5 + 1)]
+    answer = " ".join(words)[:ANSWER_CHARS]
+    chunks = [answer[i : i + DELTA_CHARS] for i in range(0, ANSWER_CHARS, DELTA_CHARS)]
+    admin = await asyncpg.connect(servers.server_url)
+    try:
+        async with (
+            stage(servers, model, workers=1) as current,
+            completions(current.redis_url) as done,
+        ):
+            written: list[int] = []
+            for _ in range(ANSWERS):
+                tag = uuid.uuid4().hex[:8]
+                prompt = f"bench: a long answer {tag}"
+                turn = {"kind": "text", "text": answer, "chunks": chunks, "delay_ms": DELTA_MS}
+                await model.script(prompt, [turn])
+                before = await pg_counters(admin, current.database)
+                sent = await current.client.send(
+                    prompt, conversation_id=f"long-{tag}", event_id=f"long-{tag}"
+                )
+                _, outcome = await done.wait(sent.run.run_id)
+                if outcome != "completed":
+                    raise RuntimeError(f"the long answer's run ended {outcome}")
+                after = await pg_counters(admin, current.database)
+                written.append(await wal_bytes(admin, before, after))
+    finally:
+        await admin.close()
+    emit(
+        "wal_bytes_per_answer_char",
+        min(written) / ANSWER_CHARS,
+        "bytes/char",
+        wal_bytes=written,
+        answer_chars=ANSWER_CHARS,
+        deltas=len(chunks),
+        delta_ms=DELTA_MS,
+        measured="pg_wal_lsn_diff from before the run's admission to its terminal event, the "
+        "least of ANSWERS runs one at a time (nothing else writes meanwhile but the stage's "
+        "own upkeep); an answer stored once weighs about 1 byte per character, twice over "
+        "(its part and its event)",
+    )

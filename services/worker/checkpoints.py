@@ -63,6 +63,7 @@ class CheckpointWriter:
         self._batches = 0  # checkpoints sent under this lease
         self._in_flight: Batch | None = None
         self._write_wanted = False
+        self._whole_wanted = False  # the next checkpoint carries even what could wait
         self.error: Exception | None = None
         """What stopped writing under this lease; `sync` and `seal` raise it."""
         self.sealed = False
@@ -79,10 +80,11 @@ class CheckpointWriter:
     async def _write(self) -> None:
         while self._write_wanted and self.error is None and not self.sealed:
             self._write_wanted = False
-            if not self._transcript.pending:
+            whole, self._whole_wanted = self._whole_wanted, False
+            if not (self._transcript.pending if whole else self._transcript.due):
                 continue
             self._batches += 1
-            self._in_flight = self._transcript.take(self._batches)
+            self._in_flight = self._transcript.take(self._batches, whole=whole)
             try:
                 writing = self._orchestrator.checkpoint(self._lease, self._in_flight)
                 if telemetry.on:
@@ -109,9 +111,11 @@ class CheckpointWriter:
         return self._writer is None or self._writer.done()
 
     async def sync(self) -> None:
-        """Checkpoint what changed and wait until every requested checkpoint has landed;
-        raise what stopped the writer."""
+        """Checkpoint everything that changed (a streaming part's snapshot that could wait
+        too) and wait until every requested checkpoint has landed; raise what stopped the
+        writer."""
         if self._transcript.pending:
+            self._whole_wanted = True
             self.checkpoint()
         if self._writer is not None:
             await asyncio.shield(self._writer)
@@ -133,7 +137,7 @@ class CheckpointWriter:
             # Held behind the checkpoint in flight, they could only go out after the terminal
             # event now; their parts go whole with the completion instead.
             self._held_deltas.clear()
-        return Handover(self._transcript.take(0), in_flight)
+        return Handover(self._transcript.take(0, whole=True), in_flight)
 
     async def publish_delta(self, part_index: int, text: str, offset: int) -> None:
         """Live token delta for subscribers (ephemeral, seq 0). Deltas are posted once the

@@ -19,6 +19,12 @@ class Draft:
     def __init__(self) -> None:
         self.index = -1
 
+    @property
+    def size(self) -> int:
+        """How much of the part its frozen form holds so far, in characters (what a stored
+        snapshot of it weighs)."""
+        raise NotImplementedError
+
     def freeze(self, *, final: bool) -> Part:
         """The part as it stands (`final` once its block ended)."""
         raise NotImplementedError
@@ -33,6 +39,10 @@ class TextDraft(Draft):
         super().__init__()
         self._chunks = [text] if text else []
         self.length = len(text)
+
+    @property
+    def size(self) -> int:
+        return self.length
 
     def extend(self, text: str) -> int:
         """Append `text`; returns where it starts in the part (a delta's offset)."""
@@ -49,20 +59,27 @@ class TextDraft(Draft):
 class ThinkingDraft(Draft):
     """Extended thinking and its signature as they stream."""
 
-    __slots__ = ("_signature", "_thinking")
+    __slots__ = ("_signature", "_size", "_thinking")
 
     def __init__(self, thinking: str = "", signature: str = "") -> None:
         super().__init__()
         self._thinking = [thinking] if thinking else []
         self._signature = [signature] if signature else []
+        self._size = len(thinking) + len(signature)
+
+    @property
+    def size(self) -> int:
+        return self._size
 
     def extend(self, thinking: str) -> None:
         """Append thinking."""
         self._thinking.append(thinking)
+        self._size += len(thinking)
 
     def sign(self, signature: str) -> None:
         """Append to the signature."""
         self._signature.append(signature)
+        self._size += len(signature)
 
     def freeze(self, *, final: bool) -> Part:
         """The thinking part as it stands."""
@@ -82,6 +99,12 @@ class ToolCallDraft(Draft):
         self.name = name
         self._input = input
         self._json: list[str] = []
+
+    @property
+    def size(self) -> int:
+        # Its snapshot holds the input the block started with until the block ends: a stored
+        # snapshot never grows, however much JSON has arrived.
+        return 0
 
     def extend(self, partial_json: str) -> None:
         """Append a piece of the input's JSON."""

@@ -6,7 +6,8 @@ one by one); tool input arrives as partial JSON and is parsed at its block's end
 stream breaks off is left as it stands: the orchestrator supersedes what the next attempt
 regenerates (and a tool call that never arrived whole in any case), so none of it is run or sent
 back. A checkpoint is requested at every block boundary and at least every
-`checkpoint_interval_s` while streaming; it is written behind the stream (see
+`checkpoint_interval_s` while streaming (a long part's snapshot rides along only once it has
+grown by a quarter: `services.worker.transcript`); it is written behind the stream (see
 `CheckpointWriter.checkpoint`), so the stream never waits for the database. A block's end is
 checkpointed when the next block starts, or BLOCK_END_GRACE_S later; when the message ends
 first, the completion carries an answer block and the tool's checkpoint a tool-call block (one
@@ -16,7 +17,6 @@ write, not two).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,7 +76,7 @@ async def stream_turn(
                 if draft is not None:
                     await _apply_delta(draft, event["delta"], publish_delta)
                     transcript.touch(draft)
-                    if time.monotonic() - transcript.last_flush >= checkpoint_interval_s:
+                    if transcript.checkpoint_due(checkpoint_interval_s):
                         checkpoint()
             elif kind == "message_start":
                 result.usage = usage_of(event["message"].get("usage"))

@@ -22,7 +22,9 @@ class WorkerSettings(PlatformSettings):
     )
     concurrency: int = Field(8, description="Attempts this process runs at once.")
     checkpoint_interval_s: float = Field(
-        0.25, description="Longest time streamed progress stays unpersisted."
+        0.25,
+        description="Longest time streamed progress stays unpersisted; a streaming part over "
+        "2,048 characters is stored again only once it has grown by a quarter.",
     )
     grace_s: float = Field(10.0, description="On SIGTERM: time for in-flight attempts to end.")
     anthropic_base_url: str = Field("", description="Messages API base URL; empty = the SDK's.")

@@ -3,6 +3,15 @@
 Parts are domain Parts (frozen); one still streaming is a draft (`services.worker.drafts`) that
 becomes a Part when a checkpoint takes it or its block ends. A checkpoint sends only what
 changed since the last one, so its cost follows the new parts, never the history.
+
+A streaming part's snapshot is stored whole each time a checkpoint carries it, so carrying a long
+one at every checkpoint stored it over and over: an answer's writes grew with its length times
+its duration (24,000 characters streamed for 12 s wrote 498 kB of WAL, 21 bytes per character;
+`make bench BENCH=hotpath`, wal_bytes_per_answer_char). A short one (under SMALL_SNAPSHOT
+characters) goes with every checkpoint; a longer one once it has grown by a quarter
+(SNAPSHOT_GROWTH) since it was last taken, so its snapshots add up to about five times its final
+size, however long it streams (147 kB, 6 bytes per character). Its block's end, and a checkpoint
+that must carry everything (`take(whole=True)`), always carry it.
 """
 
 from __future__ import annotations
@@ -29,6 +38,9 @@ from tether.domain import (
 
 D = TypeVar("D", bound=Draft)
 
+SMALL_SNAPSHOT = 2048  # characters: about where PostgreSQL starts storing a value out of line
+SNAPSHOT_GROWTH = 1.25
+
 
 class Transcript:
     """Parts of the current run, and what the next checkpoint must carry."""
@@ -41,6 +53,8 @@ class Transcript:
         # Parts whose part.added is still pending: index -> its position in `_events`.
         self._announced: dict[int, int] = {}
         self._turns: list[ModelTurn] = []
+        # Open parts' sizes when a checkpoint last took them: index -> size.
+        self._taken: dict[int, int] = {}
         self.last_flush = time.monotonic()
         # When the attempt last made progress: a model event, or a write that landed.
         self.progressed_at = self.last_flush
@@ -96,6 +110,7 @@ class Transcript:
         starts and ends between two checkpoints costs one event, not two)."""
         self.progressed_at = time.monotonic()
         part = draft.freeze(final=True)
+        self._taken.pop(draft.index, None)
         position, _ = self._open.pop(draft.index)
         self._parts[position] = part
         self._dirty[part.index] = part
@@ -114,17 +129,50 @@ class Transcript:
         """A model turn's usage, for the next checkpoint."""
         self._turns.append(turn)
 
-    def take(self, number: int) -> Batch:
-        """What changed since the last checkpoint, as batch `number`; resets the pending
-        state."""
-        parts = tuple(
-            self._snapshot(p) if isinstance(p, Draft) else p for p in self._dirty.values()
-        )
+    def take(self, number: int, *, whole: bool = False) -> Batch:
+        """What changed since the last checkpoint, as batch `number`: everything when `whole`,
+        else all but the streaming parts whose snapshot can wait (see the module's note);
+        resets what it takes."""
+        taken = {i: p for i, p in self._dirty.items() if whole or self._due(p)}
+        parts = tuple(self._snapshot(p) if isinstance(p, Draft) else p for p in taken.values())
+        for item in taken.values():
+            if isinstance(item, Draft):
+                self._taken[item.index] = item.size
         batch = Batch(number, parts, tuple(self._events), tuple(self._turns))
-        self._dirty, self._events, self._turns = {}, [], []
+        self._dirty = {i: p for i, p in self._dirty.items() if i not in taken}
+        self._events, self._turns = [], []
         self._announced = {}
         self.last_flush = time.monotonic()
         return batch
+
+    def _due(self, item: Part | Draft) -> bool:
+        """Whether a routine checkpoint carries `item` now: a whole part always; a streaming
+        one the first time, then when its snapshot grew, at every checkpoint while it is short
+        and by a quarter once it is long."""
+        if not isinstance(item, Draft):
+            return True
+        taken = self._taken.get(item.index)
+        if taken is None:
+            return True
+        size = item.size
+        return size > taken and (size < SMALL_SNAPSHOT or size >= taken * SNAPSHOT_GROWTH)
+
+    @property
+    def due(self) -> bool:
+        """Whether a routine checkpoint would carry anything now."""
+        return bool(self._events or self._turns or any(map(self._due, self._dirty.values())))
+
+    def checkpoint_due(self, interval_s: float) -> bool:
+        """Whether a routine checkpoint should go now: `interval_s` since the last one and
+        something due. When the interval passed with nothing due (a long part waiting to grow
+        by a quarter), it starts again, so the question costs little between checkpoints."""
+        now = time.monotonic()
+        if now - self.last_flush < interval_s:
+            return False
+        if self.due:
+            return True
+        self.last_flush = now
+        return False
 
     def _snapshot(self, draft: Draft) -> Part:
         part = draft.freeze(final=False)
@@ -133,7 +181,7 @@ class Transcript:
 
     @property
     def pending(self) -> bool:
-        """Whether anything awaits a checkpoint."""
+        """Whether anything awaits a checkpoint (a snapshot that can wait included)."""
         return bool(self._dirty or self._events or self._turns)
 
     def dangling_tool_calls(self) -> list[ToolCall]:

@@ -3,12 +3,15 @@ and the dangling-call rule it borrows from the domain model."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from services.worker.drafts import TextDraft, ThinkingDraft, ToolCallDraft
-from services.worker.transcript import Transcript
+from services.worker.transcript import SMALL_SNAPSHOT, SNAPSHOT_GROWTH, Transcript
 from tether.domain import (
     EventType,
+    ModelTurn,
     Part,
     Role,
     Text,
@@ -105,6 +108,63 @@ def test_a_block_that_starts_and_ends_between_checkpoints_is_announced_once_whol
     assert [e.type for e in transcript.take(2).events] == [EventType.PART_ADDED]
     transcript.finish(third)
     assert [e.type for e in transcript.take(3).events] == [EventType.PART_UPDATED]
+
+
+def test_a_long_streaming_part_is_carried_again_only_once_it_grew_by_a_quarter() -> None:
+    transcript = Transcript([])
+    draft = transcript.open(TextDraft())
+    sizes = []
+    # A part that streams 100 characters between routine checkpoints up to 10,000.
+    for _ in range(100):
+        draft.extend("x" * 100)
+        transcript.touch(draft)
+        sizes += [len(p.content.text) for p in transcript.take(len(sizes) + 1).parts]
+    short = [s for s in sizes if s < SMALL_SNAPSHOT]
+    assert short == list(range(100, SMALL_SNAPSHOT, 100)), "a short part goes every time"
+    long = [s for s in sizes if s >= SMALL_SNAPSHOT]
+    assert all(b >= a * SNAPSHOT_GROWTH for a, b in itertools.pairwise([short[-1], *long]))
+    assert long[-1] > 10_000 / SNAPSHOT_GROWTH, "never more than a quarter behind"
+    # The snapshots weigh a few times the part, not its size times the checkpoints (500,000).
+    assert sum(sizes) < 7 * 10_000
+
+    # What could wait still goes whole when asked for everything, and at the block's end.
+    draft.extend("y")
+    transcript.touch(draft)
+    assert transcript.pending and not transcript.due
+    assert [len(p.content.text) for p in transcript.take(200, whole=True).parts] == [10_001]
+    draft.extend("z")
+    transcript.touch(draft)
+    transcript.finish(draft)
+    assert transcript.due
+    assert [(p.final, len(p.content.text)) for p in transcript.take(201).parts] == [(True, 10_002)]
+
+
+def test_a_streaming_tool_call_whose_snapshot_cannot_change_is_carried_once() -> None:
+    transcript = Transcript([])
+    call = transcript.open(ToolCallDraft("toolu_1", "get_time", {}))
+    assert [p.content for p in transcript.take(1).parts] == [ToolCall("toolu_1", "get_time", {})]
+    call.extend('{"tz": ')
+    transcript.touch(call)
+    assert not transcript.due and transcript.take(2).parts == ()
+    call.extend('"UTC"}')
+    transcript.touch(call)
+    transcript.finish(call)
+    [final] = transcript.take(3).parts
+    assert final.final and final.content == ToolCall("toolu_1", "get_time", {"tz": "UTC"})
+
+
+def test_a_routine_checkpoint_is_due_after_the_interval_only_with_something_to_carry() -> None:
+    transcript = Transcript([])
+    draft = transcript.open(TextDraft("x" * SMALL_SNAPSHOT))
+    transcript.take(1)
+    transcript.last_flush -= 1.0  # the interval (0.5 s here) has passed
+    draft.extend("x")
+    transcript.touch(draft)
+    assert not transcript.checkpoint_due(0.5), "one more character of a long part can wait"
+    assert not transcript.checkpoint_due(0.5), "and the interval started again"
+    transcript.last_flush -= 1.0
+    transcript.record_turn(ModelTurn("claude", 10, 5))
+    assert transcript.checkpoint_due(0.5)
 
 
 def test_whole_parts_take_the_next_index_and_go_once_per_checkpoint() -> None:
