@@ -3,21 +3,24 @@ from an API key. All SQL for the `browser_credentials` table (the gateway's) is 
 
 Only the secret's SHA-256 is stored: secrets carry 256 random bits, so a slow hash would add
 nothing. A credential is refused once it expired, was revoked, or its API key was (the lookup
-joins the key); a deleted key takes its credentials along (ON DELETE CASCADE).
+joins the key); a deleted key takes its credentials along (ON DELETE CASCADE). Expired ones are
+removed by the gateway's sweep (`sweep`), and a key's by its next mint.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import secrets
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import delete, func, insert, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import bindparam, delete, func, insert, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from tether.apikeys import KEYS_ADMIN, Principal
 from tether.db.schema import api_keys, browser_credentials
@@ -120,6 +123,59 @@ async def find(conn: AsyncConnection, secret: str, kind: Kind) -> BrowserCredent
         row.key_id, row.tenant_id, row.principal_id, frozenset(row.scopes), row.expires_at
     )
     return BrowserCredential(kind, principal, row.expires_at)
+
+
+# The expired credentials, soonest expired first, each taken by one sweeping replica.
+_EXPIRED = (
+    select(browser_credentials.c.credential_id)
+    .where(browser_credentials.c.expires_at <= func.now())
+    .order_by(browser_credentials.c.expires_at)
+    .limit(bindparam("limit"))
+    .with_for_update(skip_locked=True)
+    .scalar_subquery()
+)
+_SWEEP = delete(browser_credentials).where(browser_credentials.c.credential_id.in_(_EXPIRED))
+_NEXT_EXPIRY_IN = select(
+    func.extract("epoch", func.min(browser_credentials.c.expires_at) - func.now())
+)
+
+
+async def sweep(conn: AsyncConnection, limit: int) -> tuple[int, float | None]:
+    """Remove up to `limit` expired credentials (a revoked one goes once it expires too: it is
+    refused meanwhile); how many went, and the seconds until the next one expires (0 when more
+    are expired already, None when none is left)."""
+    removed = (await conn.execute(_SWEEP, {"limit": limit})).rowcount
+    if removed == limit:
+        return removed, 0.0
+    next_in = (await conn.execute(_NEXT_EXPIRY_IN)).scalar()
+    return removed, None if next_in is None else max(float(next_in), 0.0)
+
+
+class Sweep:
+    """The gateway's sweep of expired credentials (the lookup refuses them already; the sweep
+    keeps the table to the live ones). A round removes a batch and sleeps until the next expiry
+    it saw; a credential minted here that expires sooner wakes it (`minted`), and one minted on
+    another replica is that replica's to sweep, or this one's within `most_s`."""
+
+    BATCH = 500
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self.nudge = asyncio.Event()
+        self._due_at: float | None = None  # monotonic: when the next expiry seen falls due
+
+    async def round(self) -> float | None:
+        """Remove a batch of expired credentials; the seconds until the next one expires."""
+        async with self._engine.begin() as conn:
+            _, next_in = await sweep(conn, self.BATCH)
+        self._due_at = None if next_in is None else time.monotonic() + next_in
+        return next_in
+
+    def minted(self, ttl_s: float) -> None:
+        """A credential lasting `ttl_s` was minted here: wake the sweep if it expires before
+        the round's next look."""
+        if self._due_at is None or time.monotonic() + ttl_s < self._due_at:
+            self.nudge.set()
 
 
 async def revoke(conn: AsyncConnection, secret: str, kind: Kind) -> bool:

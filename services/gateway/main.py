@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from services.gateway import browser_credentials
 from services.gateway.auth import Authenticator
 from services.gateway.bridge_v2 import BridgeV2
 from services.gateway.console import Console
@@ -20,7 +21,7 @@ from tether.db.engine import create_engine
 from tether.runtime.process import announce, run, serve
 from tether.runtime.readiness import await_schema
 from tether.runtime.rpc import internal_channel, start_server
-from tether.runtime.tasks import Supervisor
+from tether.runtime.tasks import Supervisor, rounds
 from tether.runtime.tls import MutualTls, mutual_tls
 from tether.telemetry import metrics
 from tether.telemetry.setup import configure
@@ -87,12 +88,14 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
         health_port=settings.health_port,
         ready=False,
     )
+    sweep = browser_credentials.Sweep(engine)
     sign_in = SignIn(
         auth,
         engine,
         SignInPolicy(
             session_ttl_s=settings.session_ttl_s, token_max_ttl_s=settings.token_max_ttl_s
         ),
+        sweep,
     )
     app = HttpBridge(servicer, streams, auth).app(
         extras=[
@@ -105,6 +108,16 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
     http, http_port = await start_http(app, settings.host, settings.http_port, settings.grace_s)
     announce(settings.ready_file, served, http=http_port)
     await await_schema(engine, poll_s=settings.schema_poll_s)
+    supervisor.start(
+        "credential sweep",
+        rounds(
+            sweep.round,
+            "credential sweep",
+            least_s=1.0,
+            most_s=float(settings.token_max_ttl_s),
+            nudge=sweep.nudge,
+        ),
+    )
     await served.ready()
 
     async def end_streams_when_stopping() -> None:

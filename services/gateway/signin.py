@@ -136,10 +136,21 @@ def _only(data: dict[str, Any], known: set[str]) -> None:
 class SignIn:
     """The session and token routes."""
 
-    def __init__(self, auth: Authenticator, engine: AsyncEngine, policy: SignInPolicy) -> None:
+    def __init__(
+        self,
+        auth: Authenticator,
+        engine: AsyncEngine,
+        policy: SignInPolicy,
+        sweep: browser_credentials.Sweep | None = None,
+    ) -> None:
         self._auth = auth
         self._engine = engine
         self._policy = policy
+        self._sweep = sweep
+
+    def _minted(self, ttl_s: float) -> None:
+        if self._sweep is not None:
+            self._sweep.minted(ttl_s)
 
     def add_routes(self, app: web.Application) -> None:
         """Add the routes to `app`."""
@@ -159,6 +170,7 @@ class SignIn:
             secret, session = await browser_credentials.mint(
                 conn, "session", key, key.scopes, self._policy.session_ttl_s
             )
+        self._minted(self._policy.session_ttl_s)
         response = web.json_response(
             _session_body(secret, session.principal, session.expires_at), status=201
         )
@@ -219,6 +231,7 @@ class SignIn:
             )
         async with self._engine.begin() as conn:
             secret, token = await browser_credentials.mint(conn, "token", key, scopes, ttl)
+        self._minted(ttl)
         return web.json_response(
             {
                 "token": secret,

@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 from google.protobuf import json_format
 from google.protobuf.message import Message
-from sqlalchemy import text, update
+from sqlalchemy import select, text, update
 
 from tests.system.execution_support import ExecStack, Tenant, exec_stack, wait_for_status
 from tests.system.streaming_support import prompt
@@ -488,6 +488,38 @@ async def test_sessions_and_tokens_expire_and_die_with_their_key(stack: ExecStac
             timeout=8,
             what="session of revoked key",
         )
+
+
+async def test_an_expired_credential_leaves_the_table_without_another_mint(
+    stack: ExecStack,
+) -> None:
+    tenant = await stack.tenant()
+    key, _ = await key_of(stack, tenant.tenant_id, apikeys.CLIENT_SCOPES)
+    async with httpx2.AsyncClient(base_url=base(stack), timeout=30) as http:
+        minted = [
+            (await http.post("/v2/tokens", json=body, headers=bearer(key))).json()["token"]
+            for body in ({}, {"ttlSeconds": 2})
+        ]
+    lasting, brief = (hashlib.sha256(secret.encode()).digest() for secret in minted)
+
+    async def stored() -> set[bytes]:
+        rows = await execute(
+            stack,
+            select(browser_credentials.c.secret_hash).where(
+                browser_credentials.c.secret_hash.in_([lasting, brief])
+            ),
+        )
+        return {row.secret_hash for row in rows}
+
+    assert await stored() == {lasting, brief}
+
+    # The key mints nothing more: the gateway's sweep, woken by the brief token, removes it
+    # once it expires.
+    async def swept() -> bool:
+        return brief not in await stored()
+
+    await eventually(swept, timeout=20, interval=0.2, what="the expired token swept")
+    assert await stored() == {lasting}
 
 
 async def test_tokens_carry_at_most_their_keys_scopes_and_mint_nothing(stack: ExecStack) -> None:

@@ -64,3 +64,5 @@ browser_credentials = Table(
 )
 # A key's credentials, for removing its expired ones when it mints another.
 Index("ix_browser_credentials_key_id", browser_credentials.c.key_id)
+# The gateway's sweep: the expired credentials, soonest first, and when the next one expires.
+Index("ix_browser_credentials_expires_at", browser_credentials.c.expires_at)
