@@ -129,10 +129,21 @@ def events_channel(run_id: str) -> str:
 
 
 @dataclass(frozen=True)
+class Audience:
+    """Whose run a live message is about: its tenant and its owner principal ("" for a run
+    admitted before owners were recorded), the two facts `tether.visibility` decides on. A
+    gateway's live run lists wake only for runs their callers may see."""
+
+    tenant_id: str
+    owner_principal_id: str
+
+
+@dataclass(frozen=True)
 class LiveMessage:
     """One live event as published: `seq` 0 for an uncommitted delta; `created_at` is an ISO
     time, or "" when the publisher did not stamp it; `format` the stored format its payload is
-    in (`tether.formats`: a release reads its own and the one before)."""
+    in (`tether.formats`: a release reads its own and the one before); `audience` whose run it
+    is, or None when the publisher did not say (deltas, and the release before)."""
 
     run_id: str
     seq: int
@@ -140,6 +151,7 @@ class LiveMessage:
     payload: Mapping[str, Any]
     created_at: str = ""
     format: int = formats.CURRENT
+    audience: Audience | None = None
 
 
 def encode_events(messages: Sequence[LiveMessage]) -> str:
@@ -157,7 +169,13 @@ def encode_events(messages: Sequence[LiveMessage]) -> str:
         if message.created_at:
             event["created_at"] = message.created_at
         events.append(event)
-    return json.dumps({"run_id": first.run_id, "format": first.format, "events": events})
+    published: dict[str, Any] = {"run_id": first.run_id, "format": first.format}
+    if first.audience is not None:
+        # Keys the release before ignores: no new format.
+        published["tenant_id"] = first.audience.tenant_id
+        published["owner_principal_id"] = first.audience.owner_principal_id
+    published["events"] = events
+    return json.dumps(published)
 
 
 def decode_events(data: bytes | str) -> list[LiveMessage]:
@@ -170,6 +188,12 @@ def decode_events(data: bytes | str) -> list[LiveMessage]:
         # Releases before formats were recorded published format 1 without saying so.
         format = int(raw.get("format", 1))
         events = raw.get("events", [raw])  # the release before sent one event alone
+        tenant_id = raw.get("tenant_id")
+        audience = (
+            Audience(str(tenant_id), str(raw.get("owner_principal_id") or ""))
+            if tenant_id
+            else None
+        )
         messages = [
             LiveMessage(
                 run_id,
@@ -178,6 +202,7 @@ def decode_events(data: bytes | str) -> list[LiveMessage]:
                 event.get("payload") or {},
                 str(event.get("created_at") or ""),
                 format,
+                audience,
             )
             for event in events
         ]

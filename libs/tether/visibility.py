@@ -53,6 +53,15 @@ class Viewer:
         # NULL owners (runs admitted before owners were recorded) match no principal.
         return and_(same_tenant, runs.c.owner_principal_id == self.principal_id)
 
+    def may_see(self, tenant_id: str, owner_principal_id: str) -> bool:
+        """`sees`, for a run known by its tenant and owner ("" for none) instead of by row."""
+        if tenant_id != self.tenant_id:
+            return False
+        if self.all_runs:
+            return True
+        # No owner (recorded before owners were) matches no principal, as NULL does in `sees`.
+        return bool(owner_principal_id) and owner_principal_id == self.principal_id
+
     def fields(self) -> ViewerFields:
         """The viewer as the fields of an internal request (`Request(**viewer.fields(), ...)`)."""
         return ViewerFields(

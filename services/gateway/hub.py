@@ -30,6 +30,7 @@ from tether.runtime.subscription import Published, Subscription
 from tether.runtime.tasks import Supervisor
 from tether.telemetry import metrics
 from tether.v1 import events_pb2
+from tether.visibility import Viewer
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +84,14 @@ Item = LiveEvent | Signal
 
 
 class RunsWatch:
-    """A live run list's view of the hub: which runs had a durable event since it last looked.
-    It holds run ids only (any tenant's: the list re-reads what its caller may see)."""
+    """A live run list's view of the hub: which runs its caller may see had a durable event
+    since it last looked (run ids only: the list re-reads what its caller may see)."""
 
     # More changed runs than this between two looks: the list re-reads as after a RESYNC.
     CAPACITY = 4096
 
-    def __init__(self) -> None:
+    def __init__(self, viewer: Viewer) -> None:
+        self.viewer = viewer
         self._changed: set[str] = set()
         self._resync = False
         self._closed = False
@@ -216,6 +218,8 @@ class EventHub:
             reconnect_max_s=reconnect_max_s,
         )
         self._watches: set[RunsWatch] = set()
+        # The same watches by their caller's tenant: a run's event wakes only its tenant's.
+        self._watches_of: dict[str, set[RunsWatch]] = {}
         self._closed = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -303,11 +307,13 @@ class EventHub:
 
     # -- the live run lists -----------------------------------------------------------------------
 
-    def watch_runs(self) -> RunsWatch:
-        """A new watch of every run's durable events (the hub receives them all while some
-        watch is open); `hear_every_run` confirms it. Close it with `unwatch_runs`."""
-        watch = RunsWatch()
+    def watch_runs(self, viewer: Viewer) -> RunsWatch:
+        """A new watch of the durable events of the runs `viewer` may see (the hub receives
+        every run's while some watch is open); `hear_every_run` confirms it. Close it with
+        `unwatch_runs`."""
+        watch = RunsWatch(viewer)
         self._watches.add(watch)
+        self._watches_of.setdefault(viewer.tenant_id, set()).add(watch)
         if self._closed:
             watch.signal(Signal.CLOSED)
         return watch
@@ -320,6 +326,11 @@ class EventHub:
     def unwatch_runs(self, watch: RunsWatch) -> None:
         """Close a watch; the last one closed stops receiving every run's events."""
         self._watches.discard(watch)
+        tenants = self._watches_of.get(watch.viewer.tenant_id)
+        if tenants is not None:
+            tenants.discard(watch)
+            if not tenants:
+                del self._watches_of[watch.viewer.tenant_id]
         if not self._watches:
             self._subscription.punsubscribe(EVENTS_PATTERN)
 
@@ -333,9 +344,18 @@ class EventHub:
         except ValueError:
             return
         # Deltas (seq 0) change nothing a list shows.
-        if any(one.seq for one in decoded):
+        if not any(one.seq for one in decoded):
+            return
+        run = decoded[0]
+        if run.audience is None:
+            # Whose run it is was not said (the release before): any list may show it.
             for watch in list(self._watches):
-                watch.touch(decoded[0].run_id)
+                watch.touch(run.run_id)
+            return
+        tenant, owner = run.audience.tenant_id, run.audience.owner_principal_id
+        for watch in list(self._watches_of.get(tenant, ())):
+            if watch.viewer.may_see(tenant, owner):
+                watch.touch(run.run_id)
 
     # -- what the subscription reports ----------------------------------------------------------
 

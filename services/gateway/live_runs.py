@@ -2,8 +2,9 @@
 
 It adds nothing to a run's path: no statement, index or message of its own. The hub hears every
 run's durable events while some list is open (`RunsWatch`, on the channels runs already publish
-on); a list woken by one re-reads its first page through the orchestrator's SearchRuns (which
-reads as its caller may see) and sends the runs that differ from what it sent. A run it sent
+on, each message naming the run's tenant and owner); a list woken by one of a run its caller may
+see re-reads its first page through the orchestrator's SearchRuns (which reads as its caller may
+see) and sends the runs that differ from what it sent. A run it sent
 that left the page (its status left the filter, newer runs pushed it down) is read by id when
 it changes, so the client hears that too. With Redis down, or quiet for `reread_s`, it re-reads
 anyway: a change is never missed for longer than that. A reconnect starts with a fresh page, so
@@ -85,7 +86,7 @@ class LiveRuns:
     ) -> AsyncGenerator[gateway_pb2.StreamRunsResponse, None]:
         """The page, then every run that changed, until the gateway stops or the caller's
         credential no longer holds."""
-        watch = self._hub.watch_runs()
+        watch = self._hub.watch_runs(viewer)
         try:
             await self._hub.hear_every_run()
             page = await self._page(viewer, request)

@@ -128,7 +128,7 @@ class Attempts:
             raise _stale(run_id, epoch)
         row, events = written
         # The worker's next live deltas go out when this returns: they must not overtake these.
-        await self._publisher.publish(run_id, events, delivered=True)
+        await self._publisher.publish(row, events, delivered=True)
         return row
 
     async def store_summary(
@@ -145,7 +145,7 @@ class Attempts:
                 raise _stale(run_id, epoch)
             await parts_repo.record_summary(conn, run_id, part)
         row, stored = written
-        await self._publisher.publish(run_id, stored, delivered=True)
+        await self._publisher.publish(row, stored, delivered=True)
         return row
 
     async def _write(
@@ -228,8 +228,8 @@ class Attempts:
         if ended.moved is None:
             return None
         self._prices.forget(run_id)
-        await self._publisher.publish(run_id, ended.landed)
-        await self._publisher.publish(run_id, ended.moved.events)
+        await self._publisher.publish(ended.moved.row, ended.landed)
+        await self._publisher.publish(ended.moved.row, ended.moved.events)
         self._publisher.wake_next(ended.moved)  # the session's next message may now run
         return ended.moved.row
 
@@ -311,8 +311,8 @@ class Attempts:
                 )
         self._prices.forget(run_id)
         if landed is not None:
-            await self._publisher.publish(run_id, landed[1])
-        await self._publisher.publish(run_id, moved.events)
+            await self._publisher.publish(moved.row, landed[1])
+        await self._publisher.publish(moved.row, moved.events)
         self._publisher.wake_next(moved)  # the session's next message may now run
         return moved.row
 
@@ -340,7 +340,7 @@ class Attempts:
                 if moved is None:
                     return False
                 woken = [moved.handed_over] if moved.handed_over else []
-        await self._publisher.publish(run_id, moved.events)
+        await self._publisher.publish(moved.row, moved.events)
         if woken:
             self._publisher.wake(woken)
         return True

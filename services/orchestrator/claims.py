@@ -241,7 +241,7 @@ class Claims:
             )
             self._prices.remember(row.run_id, config.prices)
         for one in claimed:
-            await self._publisher.publish(one.run.run_id, one.lease.events)
+            await self._publisher.publish(one.lease.row, one.lease.events)
         # Routing failed after admission: finalise the run rather than leave it queued for
         # every worker to trip over.
         for run_id, error in broken:
@@ -320,5 +320,5 @@ class Claims:
                 values={"error": error.to_row(), "finished_at": NOW},
             )
         if moved is not None:
-            await self._publisher.publish(run_id, moved.events)
+            await self._publisher.publish(moved.row, moved.events)
             self._publisher.wake_next(moved)

@@ -53,7 +53,7 @@ class Pauses:
                 moved = await cancel_instead(conn, run_id, epoch)
                 if moved is None:
                     raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
-        await self._publisher.publish(run_id, moved.events)
+        await self._publisher.publish(moved.row, moved.events)
         self._publisher.wake_next(moved)  # a cancelled run hands its session on
         return True
 
@@ -87,7 +87,7 @@ class Pauses:
             return False
         if telemetry.on:
             observed.resumed(moved.row)
-        await self._publisher.publish(run_id, moved.events)
+        await self._publisher.publish(moved.row, moved.events)
         self._publisher.wake([run_id])
         return True
 
@@ -125,6 +125,6 @@ class Pauses:
                 await parts_repo.close_dangling(conn, moved.row, reason)
         if moved is None:
             return False
-        await self._publisher.publish(run_id, moved.events)
+        await self._publisher.publish(moved.row, moved.events)
         self._publisher.wake_next(moved)
         return True

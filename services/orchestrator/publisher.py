@@ -7,6 +7,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.engine import Row
 
 from services.orchestrator import observed
 from services.orchestrator.repositories.transitions import Moved
@@ -14,7 +17,7 @@ from services.orchestrator.wakeups import Wakeups
 from tether import telemetry
 from tether.bus import Bus
 from tether.domain import StoredEvent
-from tether.hints import LiveMessage, encode_events, events_channel
+from tether.hints import Audience, LiveMessage, encode_events, events_channel
 
 
 class Publisher:
@@ -28,14 +31,19 @@ class Publisher:
         self.wake_marker = f"orchestrator-{uuid.uuid4().hex}"
 
     async def publish(
-        self, run_id: str, events: Sequence[StoredEvent], *, delivered: bool = False
+        self, run: Row[Any], events: Sequence[StoredEvent], *, delivered: bool = False
     ) -> None:
-        """Post committed events; with `delivered`, return once they reached Redis."""
+        """Post committed events of `run` (a row with its id, tenant and owner); with
+        `delivered`, return once they reached Redis."""
         if self._bus is None or not events:
             return
         now = datetime.now(UTC).isoformat()
-        messages = [LiveMessage(run_id, s.seq, s.event.type, s.event.payload, now) for s in events]
-        self._bus.post(events_channel(run_id), encode_events(messages))
+        audience = Audience(run.tenant_id, run.owner_principal_id or "")
+        messages = [
+            LiveMessage(run.run_id, s.seq, s.event.type, s.event.payload, now, audience=audience)
+            for s in events
+        ]
+        self._bus.post(events_channel(run.run_id), encode_events(messages))
         if delivered:
             await self._bus.delivered()
 

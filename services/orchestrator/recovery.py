@@ -98,7 +98,7 @@ class Recovery:
                 else:
                     await parts_repo.write_closing(conn, run_id, epoch, closing)
                     await lease_repo.end_attempt(conn, run_id, epoch, "retry-pending", error=error)
-        await self._publisher.publish(run_id, moved.events)
+        await self._publisher.publish(moved.row, moved.events)
         if moved.row.status != RunStatus.RETRY_PENDING.value:
             self._publisher.wake_next(moved)
         else:
@@ -195,7 +195,7 @@ class Recovery:
                     )
                     reaped.append(moved)
         for moved in reaped:
-            await self._publisher.publish(moved.row.run_id, moved.events)
+            await self._publisher.publish(moved.row, moved.events)
             if telemetry.on:
                 observed.reaped(moved.row)
         if reaped:
@@ -223,7 +223,7 @@ class Recovery:
                 if moved is not None:
                     queued.append(moved)
         for moved in queued:
-            await self._publisher.publish(moved.row.run_id, moved.events)
+            await self._publisher.publish(moved.row, moved.events)
         if queued:
             self._publisher.wake([m.row.run_id for m in queued])
         return len(queued)

@@ -190,7 +190,7 @@ class Runs:
             )
         if moved is not None:
             # Streams learn at once (they would find it in PostgreSQL a little later).
-            await self._publisher.publish(run_id, moved.events)
+            await self._publisher.publish(moved.row, moved.events)
             self._publisher.wake_next(moved)
             return CancelOutcome(moved.row, changed=True)
         if flagged is not None and self._bus is not None:

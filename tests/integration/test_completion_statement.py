@@ -240,8 +240,10 @@ async def test_a_completion_publishes_what_it_stored(engine: AsyncEngine) -> Non
     await _claim(execution)
     published: list[Any] = []
 
-    async def publish(run: str, events: Any, *, delivered: bool = False) -> None:
-        published.extend((run, e.seq, str(e.event.type), dict(e.event.payload)) for e in events)
+    async def publish(run: Any, events: Any, *, delivered: bool = False) -> None:
+        published.extend(
+            (run.run_id, e.seq, str(e.event.type), dict(e.event.payload)) for e in events
+        )
 
     execution.publisher.publish = publish  # type: ignore[method-assign]
     await execution.attempts.complete(run_id, 1, _tool_turn_then_answer())

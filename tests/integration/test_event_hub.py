@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as redis
 
-from services.gateway.hub import EventHub, Feed, LiveEvent, Signal
-from tether.hints import LiveMessage, encode_events, events_channel
+from services.gateway.hub import EventHub, Feed, LiveEvent, RunsWatch, Signal
+from tether.hints import Audience, LiveMessage, encode_events, events_channel
 from tether.runtime.tasks import Supervisor
 from tether.testing.eventually import eventually
+from tether.visibility import Viewer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -111,4 +112,53 @@ async def test_a_run_stays_subscribed_for_the_linger_after_its_last_feed(
 
         await eventually(dropped, what="the linger to end the subscription")
     finally:
+        await hub.stop()
+
+
+async def test_a_live_list_wakes_only_for_runs_its_caller_may_see(
+    redis_url: str, admin: redis.Redis, supervisor: Supervisor
+) -> None:
+    """A live list re-reads its page when woken, so a run it cannot show must not wake it: one
+    tenant's runs would otherwise make every open list of every tenant re-read. A message from
+    a publisher that does not say whose run it is (the release before) wakes every list."""
+    tenant, other = f"ten_{uuid.uuid4().hex}", f"ten_{uuid.uuid4().hex}"
+    hub = EventHub(redis_url, ping_interval_s=0.2)
+    watches = {
+        "whole tenant": hub.watch_runs(Viewer(tenant, "admin", all_runs=True)),
+        "alice": hub.watch_runs(Viewer(tenant, "alice")),
+        "other tenant": hub.watch_runs(Viewer(other, "bob", all_runs=True)),
+    }
+    try:
+        await started(hub, supervisor)
+        assert await hub.hear_every_run()
+        runs = {
+            "alice's": Audience(tenant, "alice"),
+            "carol's": Audience(tenant, "carol"),
+            "bob's": Audience(other, "bob"),
+            "unowned": Audience(tenant, ""),
+            "unsaid": None,  # published last: once it is heard, every message before it was
+        }
+        for name, audience in runs.items():
+            message = LiveMessage(name, 1, "run.started", {}, audience=audience)
+            await admin.publish(events_channel(name), encode_events([message]))
+
+        async def woken_by(watch: RunsWatch) -> set[str]:
+            heard: set[str] = set()
+            while "unsaid" not in heard:
+                woken = await watch.next(WAIT_S)
+                assert woken is not None, f"heard only {sorted(heard)}"
+                heard |= woken[0]
+            return heard
+
+        assert await woken_by(watches["whole tenant"]) == {
+            "alice's",
+            "carol's",
+            "unowned",
+            "unsaid",
+        }
+        assert await woken_by(watches["alice"]) == {"alice's", "unsaid"}
+        assert await woken_by(watches["other tenant"]) == {"bob's", "unsaid"}
+    finally:
+        for watch in watches.values():
+            hub.unwatch_runs(watch)
         await hub.stop()

@@ -17,15 +17,23 @@ import grpc
 import httpx2
 import pytest
 import pytest_asyncio
+import redis.asyncio as redis
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from sqlalchemy import select, text, update
 
-from tests.system.execution_support import ExecStack, Tenant, exec_stack, wait_for_status
+from tests.system.execution_support import (
+    ExecStack,
+    Tenant,
+    exec_stack,
+    run_row,
+    wait_for_status,
+)
 from tests.system.streaming_support import prompt
 from tether import apikeys
 from tether.db.engine import create_engine
 from tether.db.schema import api_keys, browser_credentials
+from tether.hints import EVENTS_PATTERN, Audience, LiveMessage, decode_events
 from tether.testing.eventually import eventually
 from tether.testing.model_server import TextTurn
 from tether.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -259,6 +267,31 @@ async def test_another_tenants_run_is_absent_on_v2_and_never_on_its_live_list(
 
 
 # -- the live list ---------------------------------------------------------------------------
+
+
+async def test_a_runs_live_messages_say_whose_run_it_is(stack: ExecStack, redis_url: str) -> None:
+    """Every committed event the orchestrator publishes names the run's tenant and owner: a
+    gateway's live lists wake only for runs their callers may see (tests/integration's
+    test_event_hub), so a message that named nobody would wake every list of every tenant."""
+    tenant = await stack.tenant()
+    client = redis.Redis.from_url(redis_url)
+    listening = client.pubsub()
+    try:
+        await listening.psubscribe(EVENTS_PATTERN)
+        confirmed = await listening.get_message(timeout=10)
+        assert confirmed is not None and confirmed["type"] == "psubscribe"
+        run_id = await completed_run(stack, tenant)
+        heard: list[LiveMessage] = []
+        while not any(m.type == "run.completed" for m in heard):
+            message = await listening.get_message(timeout=10)
+            assert message is not None, f"heard only {[m.type for m in heard]}"
+            heard += [m for m in decode_events(message["data"]) if m.run_id == run_id and m.seq]
+        owner = (await run_row(stack.db_url, run_id)).owner_principal_id
+        assert owner, "a chat run has an owner"
+        assert {m.audience for m in heard} == {Audience(tenant.tenant_id, owner)}
+    finally:
+        await listening.aclose()
+        await client.aclose()
 
 
 async def test_the_live_list_shows_a_new_run_and_its_changes_and_a_reconnect_misses_nothing(

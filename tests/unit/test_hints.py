@@ -14,6 +14,7 @@ from tether.hints import (
     HINT_FORMAT,
     SENTINEL_CHANNEL,
     WAKE_CHANNEL,
+    Audience,
     CancelHint,
     LiveMessage,
     Wake,
@@ -32,6 +33,18 @@ def test_a_live_event_round_trips() -> None:
     message = LiveMessage("run_1", 7, "part.added", {"partIndex": 0}, "2026-12-01T00:00:00+00:00")
     assert decode_events(encode_events([message])) == [message]
     assert decode_events(encode_events([message]).encode()) == [message]
+
+
+@pytest.mark.parametrize("owner", ["alice", ""])
+def test_whose_run_it_is_round_trips_and_the_release_before_reads_past_it(owner: str) -> None:
+    audience = Audience("ten_1", owner)
+    message = LiveMessage("run_1", 3, "run.started", {}, "2026-12-01T00:00:00+00:00", 1, audience)
+    encoded = encode_events([message])
+    assert decode_events(encoded) == [message]
+    raw = json.loads(encoded)
+    # The release before reads run_id, format and events, and no other key.
+    assert {k: raw[k] for k in ("run_id", "format")} == {"run_id": "run_1", "format": 1}
+    assert [e["seq"] for e in raw["events"]] == [3]
 
 
 def test_a_commits_events_go_out_as_one_message_in_order() -> None:

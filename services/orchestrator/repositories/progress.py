@@ -142,10 +142,22 @@ def _checkpoint_statement() -> Any:
             lease_expires_at=func.now() + _LEASE_TTL,
             checkpoint_batch=func.greatest(runs.c.checkpoint_batch, _BATCH),
         )
-        .returning(runs.c.run_id, runs.c.last_seq, runs.c.cancel_requested_at, runs.c.tenant_id)
+        .returning(
+            runs.c.run_id,
+            runs.c.last_seq,
+            runs.c.cancel_requested_at,
+            runs.c.tenant_id,
+            runs.c.owner_principal_id,
+        )
         .cte("fence")
     )
-    return select(fence.c.last_seq, fence.c.cancel_requested_at, fence.c.tenant_id).add_cte(
+    return select(
+        fence.c.run_id,
+        fence.c.last_seq,
+        fence.c.cancel_requested_at,
+        fence.c.tenant_id,
+        fence.c.owner_principal_id,
+    ).add_cte(
         _new_parts(fence.c.run_id, fence).cte("new_parts"),
         appended_events(fence),
         _new_turns(fence.c.run_id, fence).cte("new_turns"),
