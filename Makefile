@@ -10,7 +10,7 @@ PROTO_BASE ?= 71abcdb46e9f71345835d02f1a91816ed7f7dce3
 MINUTES ?= 5
 SEED ?=
 
-.PHONY: run test fuzz lint gen docs bench drill venv clean console browser node
+.PHONY: run test fuzz lint gen docs bench drill venv clean console browser node packages
 
 # The browser side (web/): one npm workspace, installed from package-lock.json.
 NODE_STAMP := node_modules/.installed
@@ -69,6 +69,10 @@ browser: venv $(CONSOLE_DIST)
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	node_modules/.bin/vite build web/examples/embed --logLevel warn
 	$(BIN)/python -m pytest -q -m browser tests/browser
+
+# @tether/client and @tether/react built and packed for npm: build/web/packages/*.tgz.
+packages: $(NODE_STAMP)
+	node scripts/pack_web.mjs
 
 gen: venv $(NODE_STAMP)
 	PATH=$(BIN):$$PATH ./scripts/gen_protos.sh
