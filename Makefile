@@ -10,7 +10,7 @@ PROTO_BASE ?= 71abcdb46e9f71345835d02f1a91816ed7f7dce3
 MINUTES ?= 5
 SEED ?=
 
-.PHONY: run test fuzz lint gen docs bench drill venv clean console browser node packages
+.PHONY: run test slow fuzz lint gen docs bench drill venv clean console browser node packages
 
 # The browser side (web/): one npm workspace, installed from package-lock.json.
 NODE_STAMP := node_modules/.installed
@@ -36,6 +36,11 @@ run: venv $(CONSOLE_DIST)
 test: venv $(NODE_STAMP)
 	node_modules/.bin/vitest run --silent
 	$(BIN)/python -m pytest -q
+
+# The slow checks, minutes each, kept out of `make test` (.ci/run runs this after it): the chaos
+# soak's 60 seconds with a fixed seed, and the image's install replayed from the lock.
+slow: venv
+	$(BIN)/python -m pytest -q -m slow
 
 # The hostile-input suites at full size: 2,000 generated requests per surface.
 fuzz: venv

@@ -1,6 +1,6 @@
-"""The chaos soak in `make test`: 60 seconds with a fixed seed (the same fault schedule every
-time), run as `python -m tests.drill` is by `make drill`; one test per invariant of its report,
-so a failure names the promise that broke."""
+"""The chaos soak in `make slow` (which .ci/run runs after `make test`): 60 seconds with a fixed
+seed (the same fault schedule every time), run as `python -m tests.drill` is by `make drill`; one
+test per invariant of its report, so a failure names the promise that broke."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tests.drill.chaos import OTHER_FAULTS
 from tests.drill.checker import INVARIANTS
 from tests.drill.soak import SoakConfig
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.slow]
 
 SEED = 20261201
 MINUTES = 1

@@ -2,7 +2,8 @@
 replayed outside a container, where no engine runs and no base image can be pulled, into a
 clean virtual environment from the lock; then the migrations Job's command and a service run
 from what they installed. Where a Docker engine answers, the image is also built and a service
-started from it; where none does, that test says so and skips."""
+started from it; where none does, that test says so and skips. All but the Dockerfile's own
+check take minutes: they run with `make slow`, which .ci/run runs after `make test`."""
 
 from __future__ import annotations
 
@@ -102,6 +103,7 @@ def test_the_dockerfile_is_multi_stage_pinned_and_runs_as_no_root() -> None:
     assert any("--no-deps ." in a for a in installs), "the package, without new dependencies"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(REPLAY_TIMEOUT_S)
 def test_the_replayed_install_holds_only_what_the_lock_pins(replayed: Replayed) -> None:
     replay = replayed.replay
@@ -129,6 +131,7 @@ def test_the_replayed_install_holds_only_what_the_lock_pins(replayed: Replayed) 
         assert absent not in installed, absent
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(REPLAY_TIMEOUT_S)
 async def test_the_replayed_image_migrates_and_serves(
     replayed: Replayed, empty_db: str, redis_url: str, tmp_path: Path
@@ -195,6 +198,7 @@ async def test_the_replayed_image_migrates_and_serves(
         assert process.wait(timeout=30) == 0, log.read_text()[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(REPLAY_TIMEOUT_S)
 def test_the_entry_point_names_the_services_when_asked_for_another(replayed: Replayed) -> None:
     replay = replayed.replay
@@ -233,6 +237,7 @@ def _docker_engine() -> str | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 async def test_the_built_image_migrates_and_serves(
     empty_db: str, redis_url: str, tmp_path: Path
