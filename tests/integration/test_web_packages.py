@@ -153,23 +153,21 @@ def test_an_app_loads_them_in_plain_node(app: Path) -> None:
 
 
 def test_an_apps_code_type_checks_against_their_declarations(app: Path) -> None:
-    (app / "app.tsx").write_text(APP)
     (app / "tsconfig.json").write_text(json.dumps(TSCONFIG))
-    checked = subprocess.run(
-        [str(MODULES / ".bin" / "tsc"), "-p", "tsconfig.json"],
-        cwd=app,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    checked = type_check(app, APP)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     # The check is real: a wrong field in a request body is refused.
-    (app / "app.tsx").write_text(APP.replace('conversationId: "c-1"', 'conversation: "c-1"'))
-    wrong = subprocess.run(
+    wrong = type_check(app, APP.replace('conversationId: "c-1"', 'conversation: "c-1"'))
+    assert wrong.returncode != 0 and "conversation" in wrong.stdout
+
+
+def type_check(app: Path, code: str) -> subprocess.CompletedProcess[str]:
+    """tsc over the app's project with `code` as its source."""
+    (app / "app.tsx").write_text(code)
+    return subprocess.run(
         [str(MODULES / ".bin" / "tsc"), "-p", "tsconfig.json"],
         cwd=app,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert wrong.returncode != 0 and "conversation" in wrong.stdout
