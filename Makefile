@@ -37,8 +37,9 @@ test: venv $(NODE_STAMP)
 	node_modules/.bin/vitest run --silent
 	$(BIN)/python -m pytest -q
 
-# The slow checks, minutes each, kept out of `make test` (.ci/run runs this after it): the chaos
-# soak's 60 seconds with a fixed seed, and the image's install replayed from the lock.
+# The slow checks, tens of seconds to minutes each, kept out of `make test` (.ci/run runs this
+# after it): the chaos soak's 60 seconds with a fixed seed, the image's install replayed from the
+# lock, `tether up` and its supervision, a rolling restart, the long growth checks.
 slow: venv
 	$(BIN)/python -m pytest -q -m slow
 

@@ -99,6 +99,7 @@ async def count(stack: ExecStack, stmt: Any) -> int:
         await engine.dispose()
 
 
+@pytest.mark.slow  # a conversation grown turn by turn past two compactions
 async def test_a_long_conversation_is_compacted_as_it_grows(stack: ExecStack) -> None:
     await stack.start_worker()
     tenant = await stack.tenant(agent=agent(BUDGET))

@@ -84,6 +84,7 @@ async def send(tenant: Tenant, event_id: str, conversation: str) -> gateway_pb2.
     return response
 
 
+@pytest.mark.slow  # minutes of steady load compressed into a quarter of one
 async def test_under_a_steady_load_with_a_short_policy_the_tables_stop_growing(
     stack: ExecStack,
 ) -> None:

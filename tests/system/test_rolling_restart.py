@@ -27,7 +27,8 @@ from tether.testing.model_server import TextTurn
 from tether.transport import TERMINAL_TYPES
 from tether.v1 import events_pb2
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+# `make slow`: every service restarted in turn under load, half a minute.
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 
 # In rollout order: orchestrators first (a worker of the new release needs its Work stream),
 # the public edge last. One process of each: while one is away nothing else serves its part,

@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.system.up_support import UpProcess
 from tether.client import TetherClient, run_to_dict
+
+# `make slow`: the whole `tether up` twice, about half a minute.
+pytestmark = pytest.mark.slow
 
 
 async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path: Path) -> None:

@@ -13,11 +13,15 @@ from typing import Any
 
 import aiohttp
 import asyncpg
+import pytest
 
 from tests.system.streaming_support import prompt
 from tests.system.up_support import UpProcess
 from tether.client import TetherClient, run_to_dict
 from tether.testing.eventually import eventually
+
+# `make slow`: `tether up` under kills and restarts, half a minute.
+pytestmark = pytest.mark.slow
 
 # Short leases so a run held by a killed worker is reaped within a couple of seconds.
 FAST_LEASES = {
