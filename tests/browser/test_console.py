@@ -464,6 +464,8 @@ async def test_a_run_is_cancelled_and_retried_from_its_page_with_its_lineage(
     await wait_for_status(stack.db_url, run_id, "waiting-for-approval")
     page = watched.page
     await sign_in(watched, stack, tenant, f"/console/runs/{run_id}")
+    # The card is open before the cancel (its read may still be in flight when the page shows).
+    await expect(page.get_by_role("region", name="Approval")).to_be_visible()
     await page.get_by_role("button", name="Cancel run").click()
     await expect(page.get_by_test_id("run-status")).to_have_text("cancelled")
     await expect(page.get_by_role("region", name="Approval")).to_contain_text(
