@@ -490,6 +490,7 @@ async def test_the_cli_deletes_a_tenant(stack: ExecStack, tmp_path: Path) -> Non
     assert code == 1 and "NOT_FOUND" in out, out
 
 
+@pytest.mark.slow  # every migration from an empty database, and doctor against each service
 async def test_doctor_checks_everything_and_migrate_brings_a_database_to_head(
     stack: ExecStack, tmp_path: Path, pg_server_url: str
 ) -> None:

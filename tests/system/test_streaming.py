@@ -284,6 +284,7 @@ async def test_a_slow_subscriber_is_cut_with_a_cursor_and_delays_no_one(stack: E
         await stack.services.stop(gateway.name)
 
 
+@pytest.mark.slow  # 500 streams at once
 async def test_500_concurrent_subscribers_on_one_run_each_receive_every_event(
     stack: ExecStack,
 ) -> None:

@@ -67,6 +67,7 @@ def started(events: list[tuple[int, str, dict[str, object]]]) -> int:
     return sum(1 for _, kind, _ in events if kind == "run.started")
 
 
+@pytest.mark.slow  # two orchestrator replicas, one SIGKILLed mid-stream: a quarter minute
 async def test_a_replica_killed_under_its_workers_streams_loses_no_lease_and_no_cancel(
     drill: ExecStack,
 ) -> None:
@@ -111,6 +112,7 @@ async def test_a_replica_killed_under_its_workers_streams_loses_no_lease_and_no_
     assert "Work stream ended" in log and "lease lost" not in log
 
 
+@pytest.mark.slow  # two replicas, each with its own workers, under load: a quarter minute
 async def test_two_replicas_with_their_own_workers_lease_each_run_once(drill: ExecStack) -> None:
     second = await drill.services.start("orchestrator")
     await drill.start_worker()  # on the first replica
