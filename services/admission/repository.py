@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.admission.domain import InboundEvent
 from services.orchestrator.repositories import intake
+from tether.db.direct import Direct
 from tether.db.schema import event_claims, messages, sessions
 from tether.errors import NotFound
 from tether.retention import Key, walk_params
@@ -137,7 +138,7 @@ def _build_admit_new() -> Select[Any]:
     return select(run).add_cte(queued_event)
 
 
-_ADMIT_NEW = _build_admit_new()
+_ADMIT_NEW = Direct(_build_admit_new())
 
 
 async def admit_new(
@@ -180,8 +181,7 @@ async def admit_new(
         "visibility": event.visibility.value,
         **intake.queued_params("admitted"),
     }
-    row: Row[Any] | None = (await conn.execute(_ADMIT_NEW, params)).first()
-    return row
+    return await _ADMIT_NEW.first(conn, params)
 
 
 @dataclass(frozen=True)

@@ -56,9 +56,9 @@ def test_the_function_runs_the_one_fence_and_the_one_event_append() -> None:
 
 
 NEW_STATEMENTS = {
-    "claim": leases._CLAIM,
-    "attempt_inputs": parts._INPUTS,
-    "complete": completion._CALL,
+    "claim": leases._CLAIM.statement,
+    "attempt_inputs": parts._INPUTS.statement,
+    "complete": completion._CALL.statement,
     "batch_parts": progress.PARTS,
     "batch_turns": progress.TURNS,
 }

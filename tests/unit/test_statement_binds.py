@@ -19,12 +19,12 @@ DIALECT = asyncpg.dialect()
 
 def _statements() -> dict[str, Any]:
     found = {
-        "checkpoint": progress._CHECKPOINT,
+        "checkpoint": progress._CHECKPOINT.statement,
         "hold_lease": progress._HOLD,
         "renew": leases._RENEW,
         "flag_cancel": runs._FLAG_CANCEL,
         "create_queued_run": intake._CREATE,
-        "admit_new": admission._ADMIT_NEW,
+        "admit_new": admission._ADMIT_NEW.statement,
         "supersede": parts._SUPERSEDE,
         "end_attempt": leases._AUDITED_END_ATTEMPT,
     }

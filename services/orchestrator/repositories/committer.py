@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from tether.db import direct
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -50,7 +52,6 @@ class Committer:
     def __init__(self, engine: AsyncEngine, *, writers: int = 4) -> None:
         if writers < 1:
             raise ValueError("a committer needs at least one writer")
-        self._engine = engine
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._line: collections.deque[_Pending] = collections.deque()
         self._free = writers
@@ -91,7 +92,7 @@ class Committer:
             await self._write_alone(group[0])
             return
         try:
-            async with self._engine.begin() as conn:
+            async with self._autocommit.connect() as conn, direct.transaction(conn):
                 results = [await pending.write(conn) for pending in group]
         except asyncio.CancelledError:
             _cancel(group)

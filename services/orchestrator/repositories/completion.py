@@ -48,6 +48,7 @@ from services.orchestrator.repositories.transitions import (
     numbered,
 )
 from tether import states
+from tether.db.direct import Direct
 from tether.db.schema import runs
 from tether.domain import (
     Batch,
@@ -143,7 +144,7 @@ _DONE = getattr(func, FUNCTION)(
     LEASE_EPOCH,
     *[bindparam(name, type_=type_) for name, type_ in _INPUTS],
 ).table_valued(*[column(name, type_) for name, type_ in _OUTPUTS], name="done")
-_CALL = select(*_DONE.c).select_from(_FENCE.join(_DONE, true()))
+_CALL = Direct(select(*_DONE.c).select_from(_FENCE.join(_DONE, true())))
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ async def complete(
         "stages": dict(stages),
         "audit_detail": dict(audit),
     }
-    row = (await conn.execute(_CALL, params)).first()
+    row = await _CALL.first(conn, params)
     if row is None:
         return None
     if row.outcome == CANCEL_REQUESTED:

@@ -47,6 +47,7 @@ from services.orchestrator.repositories.transitions import (
     sql_value,
 )
 from tether import formats, states
+from tether.db.direct import Direct
 from tether.db.schema import attempts, audit_log, documents, messages, routings, runs, tenants
 from tether.domain import Event, RunError, run_started
 from tether.states import RunStatus
@@ -178,7 +179,7 @@ _NEW_ROUTINGS = (
     )
     .on_conflict_do_nothing()
 )
-_CLAIM = (
+_CLAIM = Direct(
     select(
         _PICKED.c.run_id.label("picked_run_id"),
         _PICKED.c.tenant_id.label("picked_tenant_id"),
@@ -252,7 +253,7 @@ async def claim(
         "rt_max_attempts": [r.max_attempts for r in routes],
         "rt_routing_ms": [r.routing_ms for r in routes],
     }
-    return list((await conn.execute(_CLAIM, params)).all())
+    return await _CLAIM.all(conn, params)
 
 
 _ROUTINGS = select(routings.c.routing_id, routings.c.config).where(

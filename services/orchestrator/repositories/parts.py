@@ -34,6 +34,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tether import formats
+from tether.db.direct import Direct
 from tether.db.schema import context_summaries, run_parts, runs, usage_turns
 from tether.domain import Closing, Part, Summary, close_attempt, content_json
 from tether.errors import FailedPrecondition, InvalidArgument
@@ -414,8 +415,10 @@ _OWN = select(
     null().cast(BigInteger).label("turn_tokens"),
     *_PART_COLUMNS,
 ).where(run_parts.c.run_id == func.any(bindparam("o_run_ids", type_=ARRAY(Text))))
-_INPUTS = union_all(_HISTORY, _SUMMARY_PART, _TURN, _OWN).order_by(
-    "for_run", "earlier_created_at", "earlier_run_id", "part_index"
+_INPUTS = Direct(
+    union_all(_HISTORY, _SUMMARY_PART, _TURN, _OWN).order_by(
+        "for_run", "earlier_created_at", "earlier_run_id", "part_index"
+    )
 )
 
 
@@ -461,7 +464,7 @@ async def attempt_inputs(
         "limit_runs": limit_runs,
         "o_run_ids": [w.run_id for w in asked if w.own],
     }
-    for row in (await conn.execute(_INPUTS, params)).all():
+    for row in await _INPUTS.all(conn, params):
         inputs = found[row.for_run]
         if row.row_kind == "own":
             inputs.own.append(read(row, row.for_run))

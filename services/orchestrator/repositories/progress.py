@@ -44,6 +44,7 @@ from services.orchestrator.repositories.transitions import (
     numbered,
 )
 from tether import formats
+from tether.db.direct import Direct
 from tether.db.schema import effects, run_parts, runs, tool_outputs, usage_turns
 from tether.domain import Event, ModelTurn, Part, StoredEvent, content_json
 from tether.pricing import TOKEN_FIELDS
@@ -164,7 +165,7 @@ def _checkpoint_statement() -> Any:
     )
 
 
-_CHECKPOINT = _checkpoint_statement()
+_CHECKPOINT = Direct(_checkpoint_statement())
 
 
 async def checkpoint(
@@ -189,7 +190,7 @@ async def checkpoint(
         **batch_params(parts, turns),
         **event_params(events),
     }
-    row = (await conn.execute(_CHECKPOINT, params)).first()
+    row = await _CHECKPOINT.first(conn, params)
     return None if row is None else (row, numbered(row.last_seq, events))
 
 
