@@ -81,6 +81,8 @@ class Committer:
                 # Not a timer: one turn of the loop, so writes that arrived with this one go
                 # in its transaction rather than start their own.
                 await asyncio.sleep(0)
+                if not self._line:
+                    break  # a writer started in the same turn took the line whole
                 group = sorted(self._line, key=lambda p: p.key)
                 self._line.clear()
                 await self._write_group(group)
