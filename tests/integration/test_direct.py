@@ -221,3 +221,20 @@ async def test_a_task_cancelled_mid_statement_ends_cancelled(engine: AsyncEngine
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_a_connection_lost_inside_a_driver_transaction_is_an_outage(
+    engine: AsyncEngine,
+) -> None:
+    autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+    with pytest.raises(Unavailable):
+        async with autocommit.connect() as conn, direct.transaction(conn):
+            await _ADD_TENANT.first(conn, {"tenant_id": "lost1", "name": "a"})
+            pid = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+            async with engine.connect() as other:
+                await other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            await _ADD_TENANT.first(conn, {"tenant_id": "lost2", "name": "a"})
+    assert not {"lost1", "lost2"} & await _tenant_ids(engine)
+    for _ in range(engine.pool.size() + 1):
+        async with autocommit.connect() as conn, direct.transaction(conn):
+            assert await _ADD_TENANT.first(conn, {"tenant_id": new_id("t"), "name": "a"})
