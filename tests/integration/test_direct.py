@@ -4,14 +4,14 @@ they send and return what `execute` would, commit alone or with their transactio
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from typing import Any
 
 import pytest
-from sqlalchemy import bindparam, func, insert, literal, select, text
+from sqlalchemy import bindparam, insert, literal, select, text
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.types import Text
 
 from services.admission import repository as admission
@@ -23,7 +23,6 @@ from tether.db.direct import Direct
 from tether.db.schema import runs, tenants
 from tether.errors import Unavailable
 from tether.ids import new_id
-from tether.testing.eventually import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -63,38 +62,25 @@ async def test_the_admission_statement_returns_the_same_shape_through_either_pat
 ) -> None:
     await _tenant(engine, "t1")
 
-    def params(event_id: str) -> dict[str, Any]:
-        event = replace(chat(event_id, conversation=event_id), context={"n": 1})
-        return {
-            "tenant_id": event.tenant_id,
-            "scope": event.idempotency_scope,
-            "key": event.idempotency_key,
-            "request_hash": event.request_hash(),
-            "run_id": new_id("run"),
-            "session_id": new_id("ses"),
-            "channel": event.channel,
-            "conversation_id": event.conversation_id,
-            "actor_scope": event.actor_scope,
-            "message_id": new_id("msg"),
-            "source": event.source,
-            "event_id": event.event_id,
-            "actor_type": event.actor_type,
-            "actor_id": event.actor_id,
-            "text": event.text,
-            "context": event.context,
-            "max_attempts": 3,
-            "traceparent": None,
-            "owner_principal_id": event.principal_id,
-            "visibility": event.visibility.value,
-            **admission.intake.queued_params("admitted"),
-        }
+    async def admit(conn: AsyncConnection, event_id: str) -> Row[Any] | None:
+        return await admission.admit_new(
+            conn,
+            event=replace(chat(event_id, conversation=event_id), context={"n": 1}),
+            request_hash=b"h" * 32,
+            run_id=new_id("run"),
+            session_id=new_id("ses"),
+            message_id=new_id("msg"),
+            max_attempts=3,
+            traceparent=None,
+        )
 
-    async with engine.connect() as conn:
-        through_execute = (await conn.execute(admission._ADMIT_NEW.statement, params("a"))).one()
-        await conn.commit()
+    # Inside SQLAlchemy's own transaction the statement goes through `execute`.
+    async with engine.begin() as conn:
+        through_execute = await admit(conn, "a")
     async with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
-        through_driver = await admission._ADMIT_NEW.first(conn, params("b"))
-    assert through_driver is not None
+        through_driver = await admit(conn, "b")
+    assert through_execute is not None and through_driver is not None
+    assert type(through_driver) is type(through_execute)
     assert through_driver._fields == through_execute._fields
     # Each call's own ids and times differ; every other value, and every type, is the same.
     own = {"run_id", "root_run_id", "session_id", "message_id", "conversation_id"}
@@ -198,29 +184,6 @@ async def test_a_lost_connection_is_an_outage_and_the_pool_lets_it_go(
     for _ in range(engine.pool.size() + 1):
         async with autocommit.connect() as conn:
             assert await _ADD_TENANT.first(conn, {"tenant_id": new_id("t"), "name": "a"})
-
-
-async def test_a_task_cancelled_mid_statement_ends_cancelled(engine: AsyncEngine) -> None:
-    started = asyncio.Event()
-    long_sleep = Direct(select(func.pg_sleep(10).label("slept")))
-
-    async def sleep_in_postgres() -> None:
-        async with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
-            started.set()
-            await long_sleep.first(conn, {})
-
-    task = asyncio.ensure_future(sleep_in_postgres())
-    await started.wait()
-
-    async def sleeping() -> bool:
-        async with engine.connect() as conn:
-            query = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep%'"
-            return bool((await conn.execute(text(query))).scalar())
-
-    await eventually(sleeping, what="the statement to run on the server")
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
 
 
 async def test_a_connection_lost_inside_a_driver_transaction_is_an_outage(

@@ -10,20 +10,32 @@ import json
 import logging
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import func, select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tether.db.direct import Direct
 from tether.telemetry.logs import JsonFormatter
 from tether.testing.eventually import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
-async def test_a_task_cancelled_mid_statement_ends_cancelled(engine: AsyncEngine) -> None:
+_SLEEP = Direct(select(func.pg_sleep(10)))
+
+
+@pytest.mark.parametrize("path", ["execute", "direct"])
+async def test_a_task_cancelled_mid_statement_ends_cancelled(
+    engine: AsyncEngine, path: str
+) -> None:
     started = asyncio.Event()
 
     async def sleep_in_postgres() -> None:
+        if path == "direct":  # the hot path's statements, on the driver's connection
+            async with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
+                started.set()
+                await _SLEEP.first(conn, {})
+            return
         async with engine.connect() as conn:
             started.set()
             await conn.execute(text("SELECT pg_sleep(10)"))
@@ -33,7 +45,7 @@ async def test_a_task_cancelled_mid_statement_ends_cancelled(engine: AsyncEngine
 
     async def sleeping() -> bool:
         async with engine.connect() as conn:
-            query = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(10)'"
+            query = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep%'"
             return bool((await conn.execute(text(query))).scalar())
 
     await eventually(sleeping, what="the statement to run on the server")

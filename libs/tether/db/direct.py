@@ -98,7 +98,7 @@ class Direct:
                 record = await driver.fetchrow(compiled.sql, *args)
                 records = [] if record is None else [record]
         except Exception as exc:
-            await _raise_outage(conn, exc)
+            await _raise_outage(conn, driver, exc)
             raise
         if heard is not None:
             heard.dispatch.after_cursor_execute(heard, None, compiled.sql, args, None, False)
@@ -154,7 +154,7 @@ async def transaction(conn: AsyncConnection) -> AsyncIterator[None]:
         async with driver.transaction():
             yield
     except Exception as exc:
-        await _raise_outage(conn, exc)
+        await _raise_outage(conn, driver, exc)
         raise
     finally:
         if driver.is_in_transaction():
@@ -168,9 +168,11 @@ def _autocommit(adapted: Any) -> bool:
     return bool(adapted.autocommit)
 
 
-async def _raise_outage(conn: AsyncConnection, exc: Exception) -> None:
+async def _raise_outage(conn: AsyncConnection, driver: asyncpg.Connection, exc: Exception) -> None:
     """An outage raises `Unavailable` and drops the connection from the pool, as the engine's
-    own `handle_error` does; any other error is left to propagate as the driver's."""
-    if is_outage(exc):
+    own `handle_error` does; any other error is left to propagate as the driver's. As for the
+    engine, an error that leaves the connection closed is an outage whatever it says (the
+    server ending a session can surface as the driver's own protocol error)."""
+    if is_outage(exc) or driver.is_closed():
         await conn.invalidate(exc)
         raise Unavailable.outage("PostgreSQL") from exc
