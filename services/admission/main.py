@@ -7,6 +7,7 @@ from services.admission.retention import Retention
 from services.admission.service import Admitter
 from services.admission.servicer import AdmissionServicer
 from services.admission.settings import AdmissionSettings
+from services.admission.stream import StreamTiming
 from tether.bus import Bus
 from tether.credentials import require_verifiers
 from tether.db.engine import create_engine
@@ -32,7 +33,11 @@ async def amain(
         bus=bus,
     )
     retention = Retention(engine, settings)
-    servicer = AdmissionServicer(admitter, retention)
+    servicer = AdmissionServicer(
+        admitter,
+        retention,
+        StreamTiming(settings.max_stream_age_s, settings.stream_drain_grace_s),
+    )
     served = await start_server(
         host=settings.host,
         port=settings.port,
@@ -43,6 +48,7 @@ async def amain(
         health_port=settings.health_port,
         ready=False,
     )
+    served.on_stop.append(servicer.streams.drain_all)
     announce(settings.ready_file, served)
     await await_schema(engine, poll_s=settings.schema_poll_s)
     supervisor = Supervisor()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import grpc
 
 from services.admission.adapters import event_to_proto, normalise
 from services.admission.retention import Retention
 from services.admission.service import Admitter, Disposition
+from services.admission.stream import AdmitStreams, StreamTiming
 from tether import telemetry
 from tether.apikeys import OPERATOR_ID
 from tether.convert import run_to_proto
@@ -16,6 +19,8 @@ from tether.telemetry import metrics, tracing
 from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2
 from tether.visibility import Viewer
 
+# Admit's method name: a call on an AdmitStream is traced as an Admit.
+_ADMIT = "tether.v1.AdmissionService/Admit"
 _DISPOSITIONS = {
     Disposition.CREATED: common_pb2.DISPOSITION_CREATED,
     Disposition.ATTACHED: common_pb2.DISPOSITION_ATTACHED,
@@ -27,16 +32,42 @@ _DISPOSITIONS = {
 class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     """Implements tether.v1.AdmissionService."""
 
-    def __init__(self, admitter: Admitter, retention: Retention) -> None:
+    def __init__(
+        self, admitter: Admitter, retention: Retention, timing: StreamTiming | None = None
+    ) -> None:
         self._admitter = admitter
         self._retention = retention
+        self.streams = AdmitStreams(self._streamed, timing or StreamTiming(600.0, 30.0))
 
     async def Admit(  # gRPC method name
         self, request: admission_pb2.AdmitRequest, context: grpc.aio.ServicerContext
     ) -> admission_pb2.AdmitResponse:
+        return await self._admit(request, _traceparent(context))
+
+    async def AdmitStream(  # gRPC method name
+        self,
+        request_iterator: AsyncIterator[admission_pb2.AdmitStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[admission_pb2.AdmitStreamResponse]:
+        async for response in self.streams.serve(request_iterator):
+            yield response
+
+    async def _streamed(
+        self, request: admission_pb2.AdmitRequest, traceparent: str
+    ) -> admission_pb2.AdmitResponse:
+        """One call of an AdmitStream: Admit's own work, in a span of Admit's name continuing
+        the caller's trace (the call's message carries it: a stream carries many calls)."""
+        if not telemetry.on:
+            return await self._admit(request, traceparent or None)
+        with tracing.server_span(_ADMIT, traceparent):
+            return await self._admit(request, tracing.traceparent() or None)
+
+    async def _admit(
+        self, request: admission_pb2.AdmitRequest, traceparent: str | None
+    ) -> admission_pb2.AdmitResponse:
         check_request(request)
         event = normalise(request)
-        outcome = await self._admitter.admit(event, traceparent=_traceparent(context))
+        outcome = await self._admitter.admit(event, traceparent=traceparent)
         if telemetry.on:
             metrics.admitted(outcome.disposition.value, event.tenant_id)
         return admission_pb2.AdmitResponse(

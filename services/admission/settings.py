@@ -22,3 +22,14 @@ class AdmissionSettings(RetainingSettings):
     )
     pool_size: int = Field(10, description="Database connections.")
     grace_s: float = Field(5.0, description="Drain period on SIGTERM.")
+    max_stream_age_s: float = Field(
+        600.0,
+        description="A gateway's AdmitStream is asked to drain after about this long (each "
+        "stream within 10% of it): the gateway opens its next stream over a new connection, "
+        "so gateways rebalance across admission replicas; no call is cut short.",
+    )
+    stream_drain_grace_s: float = Field(
+        30.0,
+        description="How long a draining AdmitStream still takes calls from a gateway that has "
+        "not closed its side.",
+    )

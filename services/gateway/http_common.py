@@ -48,6 +48,10 @@ class CallContext:
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self._metadata
 
+    def time_remaining(self) -> float | None:
+        """An HTTP request has no deadline."""
+        return None
+
     def metadata(self) -> dict[str, str]:
         """The metadata as a mapping (for a stream's key watch)."""
         return dict(self._metadata)

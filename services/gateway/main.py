@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from services.gateway import browser_credentials
+from services.gateway.admissions import Admissions
 from services.gateway.auth import Authenticator
 from services.gateway.bridge_v2 import BridgeV2
 from services.gateway.console import Console
@@ -67,10 +68,20 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
             keepalive_s=settings.keepalive_interval_s,
         ),
     )
+    admission_stub = admission_pb2_grpc.AdmissionServiceStub(admission)
+    # Each AdmitStream on a connection of its own: a drained stream's successor may reach
+    # another replica.
+    admissions = Admissions(
+        lambda: internal_channel(
+            settings.admission_addr, credential, service="admission", tls=tls, own_connection=True
+        ),
+        admission_stub,
+    )
     servicer = GatewayServicer(
         auth=auth,
         engine=engine,
-        admission=admission_pb2_grpc.AdmissionServiceStub(admission),
+        admission=admission_stub,
+        admissions=admissions,
         orchestrator=orchestrator_stub,
         interactions=interactions_pb2_grpc.InteractionsServiceStub(interactions),
         streams=streams,
@@ -128,6 +139,7 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
     ender = asyncio.create_task(end_streams_when_stopping(), name="end-streams")
 
     async def close_channels() -> None:
+        await admissions.close()
         await admission.close()
         await orchestrator.close()
         await interactions.close()

@@ -13,6 +13,7 @@ import grpc
 from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.gateway.admissions import Admissions
 from services.gateway.auth import Authenticator
 from services.gateway.documents import DocumentRpcs
 from services.gateway.interactions import InteractionRpcs
@@ -58,6 +59,7 @@ class GatewayServicer(
         interactions: interactions_pb2_grpc.InteractionsServiceStub,
         streams: Streams,
         revocation_bound_s: float = 5.0,
+        admissions: Admissions,
         live_runs: LiveRuns | None = None,
     ) -> None:
         self._auth = auth
@@ -68,6 +70,7 @@ class GatewayServicer(
         self._live_runs = live_runs or LiveRuns(orchestrator, streams.hub, LiveListTiming())
         self._engine = engine
         self._admission = admission
+        self._admissions = admissions
         self._orchestrator = orchestrator
         self._interactions = interactions
 
@@ -80,15 +83,16 @@ class GatewayServicer(
         check_request(request)
         return principal
 
-    async def _admit(self, principal: Principal, **input_: object) -> admission_pb2.AdmitResponse:
+    async def _admit(
+        self, principal: Principal, context: grpc.aio.ServicerContext, **input_: object
+    ) -> admission_pb2.AdmitResponse:
         request = admission_pb2.AdmitRequest(
             caller=admission_pb2.Caller(
                 tenant_id=principal.tenant_id, principal_id=principal.principal_id
             ),
             **input_,  # type: ignore[arg-type]
         )
-        response: admission_pb2.AdmitResponse = await self._admission.Admit(request)
-        return response
+        return await self._admissions.admit(request, context.time_remaining())
 
     async def SendMessage(
         self, request: gateway_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
@@ -96,6 +100,7 @@ class GatewayServicer(
         principal = await self._caller(context, "SendMessage", request)
         admitted = await self._admit(
             principal,
+            context,
             chat=admission_pb2.ChatInput(
                 event_id=request.event_id,
                 conversation_id=request.conversation_id,
@@ -113,7 +118,7 @@ class GatewayServicer(
         kind = request.WhichOneof("input")
         if kind is None:
             raise InvalidArgument("exactly one of messaging, task_status or decision is required")
-        admitted = await self._admit(principal, **{kind: getattr(request, kind)})
+        admitted = await self._admit(principal, context, **{kind: getattr(request, kind)})
         return gateway_pb2.SubmitEventResponse(disposition=admitted.disposition, run=admitted.run)
 
     async def GetRun(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -246,6 +246,8 @@ class RunningServer:
     service_names: tuple[str, ...]
     health_server: grpc.aio.Server | None = None
     health_port: int | None = None
+    # Called first when the server stops: long-lived streams tell their callers to move on.
+    on_stop: list[Callable[[], None]] = field(default_factory=list)
 
     async def ready(self) -> None:
         """Report SERVING for the server as a whole and for each of its services."""
@@ -255,6 +257,8 @@ class RunningServer:
     async def stop(self, grace: float | None) -> None:
         """Report NOT_SERVING everywhere (so no new caller is routed here), stop accepting and
         give calls in flight `grace` seconds; then stop the health-only server."""
+        for hook in self.on_stop:
+            hook()
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
         if self.health_server is not None:
@@ -419,14 +423,19 @@ def internal_channel(
     *,
     service: str | None = None,
     tls: MutualTls | None = None,
+    own_connection: bool = False,
 ) -> Any:
     """A channel to another Tether service, presenting this service's credential when set,
     over mutual TLS when `tls` is given (plaintext otherwise).
 
     With `service` (the callee's name) a unary call's failure is raised as the same TetherError
     the callee raised, and the callee being unreachable as UNAVAILABLE naming it; without it
-    (tests that look at status codes) the raw grpc.aio.AioRpcError is raised."""
+    (tests that look at status codes) the raw grpc.aio.AioRpcError is raised. With
+    `own_connection` the channel shares no connection with the process's other channels to the
+    same address (grpc shares them by default), so a new one may reach another replica."""
     options = [("grpc.max_receive_message_length", 32 << 20)]
+    if own_connection:
+        options.append(("grpc.use_local_subchannel_pool", 1))
     if tls is None:
         channel = grpc.aio.insecure_channel(address, options=options)
     else:

@@ -152,29 +152,36 @@ def outgoing(metadata: Sequence[tuple[str, str]] | None) -> Sequence[tuple[str, 
 def traced_unary(
     behavior: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]], method: str
 ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-    """`behavior` (the unary method `service/name`) run in a server span that continues the
-    caller's trace: the RPC's name and status code, never its request or its error message."""
-    service, _, name = method.partition("/")
-    attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
+    """`behavior` (the unary method `service/name`) run in its `server_span`, continuing the
+    trace its caller sent."""
 
     async def traced(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        with tracer.start_as_current_span(
-            method,
-            context=continuing(incoming(context)),
-            kind=SpanKind.SERVER,
-            attributes=attributes,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            try:
-                response = await behavior(request, context)
-            except Exception as exc:
-                failed(span, exc)
-                raise
-            span.set_attribute("rpc.grpc.status_code", 0)
-            return response
+        with server_span(method, incoming(context)):
+            return await behavior(request, context)
 
     return traced
+
+
+@contextmanager
+def server_span(method: str, traceparent: str) -> Iterator[Span]:
+    """A server span for one call of the RPC `method` (`service/name`), current inside the
+    block, continuing the caller's trace context `traceparent`: the RPC's name and status code,
+    never its request or its error message."""
+    service, _, name = method.partition("/")
+    with tracer.start_as_current_span(
+        method,
+        context=continuing(traceparent),
+        kind=SpanKind.SERVER,
+        attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": name},
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            yield span
+        except Exception as exc:
+            failed(span, exc)
+            raise
+        span.set_attribute("rpc.grpc.status_code", 0)
 
 
 def failed(span: Span, exc: BaseException) -> None:

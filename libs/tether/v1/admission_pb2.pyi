@@ -3,9 +3,11 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf.internal import containers as _containers
 from tether.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -399,6 +401,202 @@ class AdmitResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AdmitResponse: _TypeAlias = AdmitResponse  # noqa: Y015
+
+@_typing.final
+class AdmitStreamRequest(_message.Message):
+    """AdmitStreamRequest is one message of the caller on an AdmitStream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HELLO_FIELD_NUMBER: _builtins.int
+    CALLS_FIELD_NUMBER: _builtins.int
+    CANCELS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def hello(self) -> Global___AdmitHello:
+        """The stream's first message carries the hello, and no call; no later message carries one."""
+
+    @_builtins.property
+    def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___AdmitCall]:
+        """Admissions to run, each answered by its id (several go in one message when they are
+        queued together).
+        """
+
+    @_builtins.property
+    def cancels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Ids of calls whose caller gave up: a call still running is stopped and not answered."""
+
+    def __init__(
+        self,
+        *,
+        hello: Global___AdmitHello | None = ...,
+        calls: _abc.Iterable[Global___AdmitCall] | None = ...,
+        cancels: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["hello", b"hello"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "cancels", b"cancels", "hello", b"hello"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdmitStreamRequest: _TypeAlias = AdmitStreamRequest  # noqa: Y015
+
+@_typing.final
+class AdmitHello(_message.Message):
+    """AdmitHello opens an AdmitStream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
+    protocol_version: _builtins.int
+    """The AdmitStream protocol version the caller speaks."""
+    def __init__(
+        self,
+        *,
+        protocol_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["protocol_version", b"protocol_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdmitHello: _TypeAlias = AdmitHello  # noqa: Y015
+
+@_typing.final
+class AdmitCall(_message.Message):
+    """AdmitCall is one admission on an AdmitStream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Chosen by the caller, unique among its calls on the stream; the answer carries it."""
+    timeout_ms: _builtins.int
+    """The call's deadline in milliseconds, counted from when admission reads it; 0 for none.
+    A call still running then is stopped and answered DEADLINE_EXCEEDED.
+    """
+    traceparent: _builtins.str
+    """The caller's W3C trace context, when it traces: the call's span continues that trace."""
+    @_builtins.property
+    def request(self) -> Global___AdmitRequest:
+        """What Admit would be called with."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        request: Global___AdmitRequest | None = ...,
+        timeout_ms: _builtins.int = ...,
+        traceparent: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "request", b"request", "timeout_ms", b"timeout_ms", "traceparent", b"traceparent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdmitCall: _TypeAlias = AdmitCall  # noqa: Y015
+
+@_typing.final
+class AdmitStreamResponse(_message.Message):
+    """AdmitStreamResponse is one message of admission on an AdmitStream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WELCOME_FIELD_NUMBER: _builtins.int
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    DRAIN_FIELD_NUMBER: _builtins.int
+    drain: _builtins.bool
+    """Send no more calls on this stream: every call sent on it is still answered; close this
+    side once they are, and send the next calls on a new stream over a new connection.
+    """
+    @_builtins.property
+    def welcome(self) -> Global___AdmitWelcome:
+        """The answer to the hello: the stream's first message, and only there."""
+
+    @_builtins.property
+    def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___AdmitAnswer]:
+        """Answers to calls, in the order they ended."""
+
+    def __init__(
+        self,
+        *,
+        welcome: Global___AdmitWelcome | None = ...,
+        answers: _abc.Iterable[Global___AdmitAnswer] | None = ...,
+        drain: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["welcome", b"welcome"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers", "drain", b"drain", "welcome", b"welcome"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdmitStreamResponse: _TypeAlias = AdmitStreamResponse  # noqa: Y015
+
+@_typing.final
+class AdmitWelcome(_message.Message):
+    """AdmitWelcome accepts an AdmitStream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
+    protocol_version: _builtins.int
+    """The protocol version this replica speaks."""
+    def __init__(
+        self,
+        *,
+        protocol_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["protocol_version", b"protocol_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdmitWelcome: _TypeAlias = AdmitWelcome  # noqa: Y015
+
+@_typing.final
+class AdmitAnswer(_message.Message):
+    """AdmitAnswer is how one call on an AdmitStream ended."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """The call's id."""
+    code: _builtins.int
+    """The gRPC status code Admit would have ended with (0: admitted)."""
+    message: _builtins.str
+    """The status message, for a person to act on."""
+    error_code: _builtins.str
+    """The stable error code (what the tether-error-code trailer carries for Admit)."""
+    @_builtins.property
+    def response(self) -> Global___AdmitResponse:
+        """What Admit would have returned; set when code is 0 (OK)."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        response: Global___AdmitResponse | None = ...,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+        error_code: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "error_code", b"error_code", "id", b"id", "message", b"message", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdmitAnswer: _TypeAlias = AdmitAnswer  # noqa: Y015
 
 @_typing.final
 class ReclaimRunRequest(_message.Message):

@@ -40,6 +40,11 @@ class AdmissionServiceStub:
                 request_serializer=tether_dot_v1_dot_admission__pb2.AdmitRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_admission__pb2.AdmitResponse.FromString,
                 _registered_method=True)
+        self.AdmitStream = channel.stream_stream(
+                '/tether.v1.AdmissionService/AdmitStream',
+                request_serializer=tether_dot_v1_dot_admission__pb2.AdmitStreamRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admission__pb2.AdmitStreamResponse.FromString,
+                _registered_method=True)
         self.ReclaimRun = channel.unary_unary(
                 '/tether.v1.AdmissionService/ReclaimRun',
                 request_serializer=tether_dot_v1_dot_admission__pb2.ReclaimRunRequest.SerializeToString,
@@ -59,6 +64,24 @@ class AdmissionServiceServicer:
     def Admit(self, request, context):
         """Admit normalises one inbound event, resolves its session, claims its idempotency key and
         creates the queued run, all in one transaction. Duplicates follow the decision table.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AdmitStream(self, request_iterator, context):
+        """AdmitStream carries many admissions on one long-lived stream: the gateway keeps one open
+        instead of making a unary call per admission (a message on an open stream costs both sides
+        about half a unary call's CPU). Each call is admitted exactly as Admit admits it and is
+        answered by its id with Admit's response or with the status, message and stable code Admit
+        would have ended with: one refused call never ends the stream. The stream opens with a
+        hello; a peer speaking another protocol version is refused with FAILED_PRECONDITION naming
+        both. Calls run concurrently and are answered as each ends; a call's timeout and a cancel
+        stop it as a unary call's deadline and cancellation would. A replica that is stopping, or
+        whose stream has reached its age, says drain: it answers every call sent to it, and the
+        caller sends its next calls on a new stream over a new connection (so callers rebalance
+        across replicas without a call being cut short) and closes its side of this one.
+        Admit stays for callers of the release before AdmitStream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -89,6 +112,11 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.Admit,
                     request_deserializer=tether_dot_v1_dot_admission__pb2.AdmitRequest.FromString,
                     response_serializer=tether_dot_v1_dot_admission__pb2.AdmitResponse.SerializeToString,
+            ),
+            'AdmitStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.AdmitStream,
+                    request_deserializer=tether_dot_v1_dot_admission__pb2.AdmitStreamRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admission__pb2.AdmitStreamResponse.SerializeToString,
             ),
             'ReclaimRun': grpc.unary_unary_rpc_method_handler(
                     servicer.ReclaimRun,
@@ -129,6 +157,33 @@ class AdmissionService:
             '/tether.v1.AdmissionService/Admit',
             tether_dot_v1_dot_admission__pb2.AdmitRequest.SerializeToString,
             tether_dot_v1_dot_admission__pb2.AdmitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdmitStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tether.v1.AdmissionService/AdmitStream',
+            tether_dot_v1_dot_admission__pb2.AdmitStreamRequest.SerializeToString,
+            tether_dot_v1_dot_admission__pb2.AdmitStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

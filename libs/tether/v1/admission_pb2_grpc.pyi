@@ -37,6 +37,20 @@ class AdmissionServiceStub:
     """Admit normalises one inbound event, resolves its session, claims its idempotency key and
     creates the queued run, all in one transaction. Duplicates follow the decision table.
     """
+    AdmitStream: _grpc.StreamStreamMultiCallable[_admission_pb2.AdmitStreamRequest, _admission_pb2.AdmitStreamResponse]
+    """AdmitStream carries many admissions on one long-lived stream: the gateway keeps one open
+    instead of making a unary call per admission (a message on an open stream costs both sides
+    about half a unary call's CPU). Each call is admitted exactly as Admit admits it and is
+    answered by its id with Admit's response or with the status, message and stable code Admit
+    would have ended with: one refused call never ends the stream. The stream opens with a
+    hello; a peer speaking another protocol version is refused with FAILED_PRECONDITION naming
+    both. Calls run concurrently and are answered as each ends; a call's timeout and a cancel
+    stop it as a unary call's deadline and cancellation would. A replica that is stopping, or
+    whose stream has reached its age, says drain: it answers every call sent to it, and the
+    caller sends its next calls on a new stream over a new connection (so callers rebalance
+    across replicas without a call being cut short) and closes its side of this one.
+    Admit stays for callers of the release before AdmitStream.
+    """
     ReclaimRun: _grpc.UnaryUnaryMultiCallable[_admission_pb2.ReclaimRunRequest, _admission_pb2.ReclaimRunResponse]
     """ReclaimRun retries a failed or cancelled run through the same guarded re-claim as a
     redelivered event: a new run for its message, with lineage. A run retried already answers
@@ -56,6 +70,20 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     Admit: _aio.UnaryUnaryMultiCallable[_admission_pb2.AdmitRequest, _admission_pb2.AdmitResponse]  # type: ignore[assignment]
     """Admit normalises one inbound event, resolves its session, claims its idempotency key and
     creates the queued run, all in one transaction. Duplicates follow the decision table.
+    """
+    AdmitStream: _aio.StreamStreamMultiCallable[_admission_pb2.AdmitStreamRequest, _admission_pb2.AdmitStreamResponse]  # type: ignore[assignment]
+    """AdmitStream carries many admissions on one long-lived stream: the gateway keeps one open
+    instead of making a unary call per admission (a message on an open stream costs both sides
+    about half a unary call's CPU). Each call is admitted exactly as Admit admits it and is
+    answered by its id with Admit's response or with the status, message and stable code Admit
+    would have ended with: one refused call never ends the stream. The stream opens with a
+    hello; a peer speaking another protocol version is refused with FAILED_PRECONDITION naming
+    both. Calls run concurrently and are answered as each ends; a call's timeout and a cancel
+    stop it as a unary call's deadline and cancellation would. A replica that is stopping, or
+    whose stream has reached its age, says drain: it answers every call sent to it, and the
+    caller sends its next calls on a new stream over a new connection (so callers rebalance
+    across replicas without a call being cut short) and closes its side of this one.
+    Admit stays for callers of the release before AdmitStream.
     """
     ReclaimRun: _aio.UnaryUnaryMultiCallable[_admission_pb2.ReclaimRunRequest, _admission_pb2.ReclaimRunResponse]  # type: ignore[assignment]
     """ReclaimRun retries a failed or cancelled run through the same guarded re-claim as a
@@ -79,6 +107,26 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_admission_pb2.AdmitResponse, _abc.Awaitable[_admission_pb2.AdmitResponse]]:
         """Admit normalises one inbound event, resolves its session, claims its idempotency key and
         creates the queued run, all in one transaction. Duplicates follow the decision table.
+        """
+
+    @_abc_1.abstractmethod
+    def AdmitStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_admission_pb2.AdmitStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_admission_pb2.AdmitStreamResponse], _abc.AsyncIterator[_admission_pb2.AdmitStreamResponse]]:
+        """AdmitStream carries many admissions on one long-lived stream: the gateway keeps one open
+        instead of making a unary call per admission (a message on an open stream costs both sides
+        about half a unary call's CPU). Each call is admitted exactly as Admit admits it and is
+        answered by its id with Admit's response or with the status, message and stable code Admit
+        would have ended with: one refused call never ends the stream. The stream opens with a
+        hello; a peer speaking another protocol version is refused with FAILED_PRECONDITION naming
+        both. Calls run concurrently and are answered as each ends; a call's timeout and a cancel
+        stop it as a unary call's deadline and cancellation would. A replica that is stopping, or
+        whose stream has reached its age, says drain: it answers every call sent to it, and the
+        caller sends its next calls on a new stream over a new connection (so callers rebalance
+        across replicas without a call being cut short) and closes its side of this one.
+        Admit stays for callers of the release before AdmitStream.
         """
 
     @_abc_1.abstractmethod

@@ -14,7 +14,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/admission.proto.
  */
 export const file_tether_v1_admission: GenFile = /*@__PURE__*/
-  fileDesc("Chl0ZXRoZXIvdjEvYWRtaXNzaW9uLnByb3RvEgl0ZXRoZXIudjEiMQoGQ2FsbGVyEhEKCXRlbmFudF9pZBgBIAEoCRIUCgxwcmluY2lwYWxfaWQYAiABKAkiaAoJQ2hhdElucHV0EhAKCGV2ZW50X2lkGAEgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIMCgR0ZXh0GAMgASgJEg8KB2NoYW5uZWwYBCABKAkSEQoJdGVuYW50X2lkGAUgASgJIqABChVNZXNzYWdpbmdXZWJob29rSW5wdXQSEAoIcHJvdmlkZXIYASABKAkSGQoRcHJvdmlkZXJfZXZlbnRfaWQYAiABKAkSEQoJdGhyZWFkX2lkGAMgASgJEhEKCXNlbmRlcl9pZBgEIAEoCRITCgtzZW5kZXJfdHlwZRgFIAEoCRIMCgR0ZXh0GAYgASgJEhEKCXRlbmFudF9pZBgHIAEoCSJuCg9UYXNrU3RhdHVzSW5wdXQSDwoHdGFza19pZBgBIAEoCRIXCg9zdGF0dXNfZXZlbnRfaWQYAiABKAkSDgoGc3RhdHVzGAMgASgJEg4KBmRldGFpbBgEIAEoCRIRCgl0ZW5hbnRfaWQYBSABKAkicAoNRGVjaXNpb25JbnB1dBITCgtkZWNpc2lvbl9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSEAoIZGVjaXNpb24YAyABKAkSDAoEbm90ZRgEIAEoCRIRCgl0ZW5hbnRfaWQYBSABKAkihwIKDEluYm91bmRFdmVudBIRCgl0ZW5hbnRfaWQYASABKAkSEAoIZXZlbnRfaWQYAiABKAkSGQoRaWRlbXBvdGVuY3lfc2NvcGUYAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEg4KBnNvdXJjZRgFIAEoCRISCgphY3Rvcl90eXBlGAYgASgJEhAKCGFjdG9yX2lkGAcgASgJEg8KB2NoYW5uZWwYCCABKAkSHwoXY2hhbm5lbF9jb252ZXJzYXRpb25faWQYCSABKAkSDAoEdGV4dBgKIAEoCRIoCgdjb250ZXh0GAsgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdCL4AQoMQWRtaXRSZXF1ZXN0EiEKBmNhbGxlchgBIAEoCzIRLnRldGhlci52MS5DYWxsZXISJAoEY2hhdBgKIAEoCzIULnRldGhlci52MS5DaGF0SW5wdXRIABI1CgltZXNzYWdpbmcYCyABKAsyIC50ZXRoZXIudjEuTWVzc2FnaW5nV2ViaG9va0lucHV0SAASMQoLdGFza19zdGF0dXMYDCABKAsyGi50ZXRoZXIudjEuVGFza1N0YXR1c0lucHV0SAASLAoIZGVjaXNpb24YDSABKAsyGC50ZXRoZXIudjEuRGVjaXNpb25JbnB1dEgAQgcKBWlucHV0IoEBCg1BZG1pdFJlc3BvbnNlEisKC2Rpc3Bvc2l0aW9uGAEgASgOMhYudGV0aGVyLnYxLkRpc3Bvc2l0aW9uEhsKA3J1bhgCIAEoCzIOLnRldGhlci52MS5SdW4SJgoFZXZlbnQYAyABKAsyFy50ZXRoZXIudjEuSW5ib3VuZEV2ZW50InQKEVJlY2xhaW1SdW5SZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIUCgxwcmluY2lwYWxfaWQYAiABKAkSEAoIYWxsX3J1bnMYAyABKAgSDgoGcnVuX2lkGAQgASgJEhQKDGFjdG9yX2tleV9pZBgFIAEoCSJeChJSZWNsYWltUnVuUmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1biIuChlEZWxldGVUZW5hbnRFdmVudHNSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCSJAChpEZWxldGVUZW5hbnRFdmVudHNSZXNwb25zZRIPCgdyZW1vdmVkGAEgASgDEhEKCXJlbWFpbmluZxgCIAEoCDL8AQoQQWRtaXNzaW9uU2VydmljZRI6CgVBZG1pdBIXLnRldGhlci52MS5BZG1pdFJlcXVlc3QaGC50ZXRoZXIudjEuQWRtaXRSZXNwb25zZRJJCgpSZWNsYWltUnVuEhwudGV0aGVyLnYxLlJlY2xhaW1SdW5SZXF1ZXN0Gh0udGV0aGVyLnYxLlJlY2xhaW1SdW5SZXNwb25zZRJhChJEZWxldGVUZW5hbnRFdmVudHMSJC50ZXRoZXIudjEuRGVsZXRlVGVuYW50RXZlbnRzUmVxdWVzdBolLnRldGhlci52MS5EZWxldGVUZW5hbnRFdmVudHNSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_struct, file_tether_v1_common]);
+  fileDesc("Chl0ZXRoZXIvdjEvYWRtaXNzaW9uLnByb3RvEgl0ZXRoZXIudjEiMQoGQ2FsbGVyEhEKCXRlbmFudF9pZBgBIAEoCRIUCgxwcmluY2lwYWxfaWQYAiABKAkiaAoJQ2hhdElucHV0EhAKCGV2ZW50X2lkGAEgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIMCgR0ZXh0GAMgASgJEg8KB2NoYW5uZWwYBCABKAkSEQoJdGVuYW50X2lkGAUgASgJIqABChVNZXNzYWdpbmdXZWJob29rSW5wdXQSEAoIcHJvdmlkZXIYASABKAkSGQoRcHJvdmlkZXJfZXZlbnRfaWQYAiABKAkSEQoJdGhyZWFkX2lkGAMgASgJEhEKCXNlbmRlcl9pZBgEIAEoCRITCgtzZW5kZXJfdHlwZRgFIAEoCRIMCgR0ZXh0GAYgASgJEhEKCXRlbmFudF9pZBgHIAEoCSJuCg9UYXNrU3RhdHVzSW5wdXQSDwoHdGFza19pZBgBIAEoCRIXCg9zdGF0dXNfZXZlbnRfaWQYAiABKAkSDgoGc3RhdHVzGAMgASgJEg4KBmRldGFpbBgEIAEoCRIRCgl0ZW5hbnRfaWQYBSABKAkicAoNRGVjaXNpb25JbnB1dBITCgtkZWNpc2lvbl9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSEAoIZGVjaXNpb24YAyABKAkSDAoEbm90ZRgEIAEoCRIRCgl0ZW5hbnRfaWQYBSABKAkihwIKDEluYm91bmRFdmVudBIRCgl0ZW5hbnRfaWQYASABKAkSEAoIZXZlbnRfaWQYAiABKAkSGQoRaWRlbXBvdGVuY3lfc2NvcGUYAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEg4KBnNvdXJjZRgFIAEoCRISCgphY3Rvcl90eXBlGAYgASgJEhAKCGFjdG9yX2lkGAcgASgJEg8KB2NoYW5uZWwYCCABKAkSHwoXY2hhbm5lbF9jb252ZXJzYXRpb25faWQYCSABKAkSDAoEdGV4dBgKIAEoCRIoCgdjb250ZXh0GAsgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdCL4AQoMQWRtaXRSZXF1ZXN0EiEKBmNhbGxlchgBIAEoCzIRLnRldGhlci52MS5DYWxsZXISJAoEY2hhdBgKIAEoCzIULnRldGhlci52MS5DaGF0SW5wdXRIABI1CgltZXNzYWdpbmcYCyABKAsyIC50ZXRoZXIudjEuTWVzc2FnaW5nV2ViaG9va0lucHV0SAASMQoLdGFza19zdGF0dXMYDCABKAsyGi50ZXRoZXIudjEuVGFza1N0YXR1c0lucHV0SAASLAoIZGVjaXNpb24YDSABKAsyGC50ZXRoZXIudjEuRGVjaXNpb25JbnB1dEgAQgcKBWlucHV0IoEBCg1BZG1pdFJlc3BvbnNlEisKC2Rpc3Bvc2l0aW9uGAEgASgOMhYudGV0aGVyLnYxLkRpc3Bvc2l0aW9uEhsKA3J1bhgCIAEoCzIOLnRldGhlci52MS5SdW4SJgoFZXZlbnQYAyABKAsyFy50ZXRoZXIudjEuSW5ib3VuZEV2ZW50InAKEkFkbWl0U3RyZWFtUmVxdWVzdBIkCgVoZWxsbxgBIAEoCzIVLnRldGhlci52MS5BZG1pdEhlbGxvEiMKBWNhbGxzGAIgAygLMhQudGV0aGVyLnYxLkFkbWl0Q2FsbBIPCgdjYW5jZWxzGAMgAygEIiYKCkFkbWl0SGVsbG8SGAoQcHJvdG9jb2xfdmVyc2lvbhgBIAEoBSJqCglBZG1pdENhbGwSCgoCaWQYASABKAQSKAoHcmVxdWVzdBgCIAEoCzIXLnRldGhlci52MS5BZG1pdFJlcXVlc3QSEgoKdGltZW91dF9tcxgDIAEoDRITCgt0cmFjZXBhcmVudBgEIAEoCSJ3ChNBZG1pdFN0cmVhbVJlc3BvbnNlEigKB3dlbGNvbWUYASABKAsyFy50ZXRoZXIudjEuQWRtaXRXZWxjb21lEicKB2Fuc3dlcnMYAiADKAsyFi50ZXRoZXIudjEuQWRtaXRBbnN3ZXISDQoFZHJhaW4YAyABKAgiKAoMQWRtaXRXZWxjb21lEhgKEHByb3RvY29sX3ZlcnNpb24YASABKAUieAoLQWRtaXRBbnN3ZXISCgoCaWQYASABKAQSKgoIcmVzcG9uc2UYAiABKAsyGC50ZXRoZXIudjEuQWRtaXRSZXNwb25zZRIMCgRjb2RlGAMgASgFEg8KB21lc3NhZ2UYBCABKAkSEgoKZXJyb3JfY29kZRgFIAEoCSJ0ChFSZWNsYWltUnVuUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSFAoMcHJpbmNpcGFsX2lkGAIgASgJEhAKCGFsbF9ydW5zGAMgASgIEg4KBnJ1bl9pZBgEIAEoCRIUCgxhY3Rvcl9rZXlfaWQYBSABKAkiXgoSUmVjbGFpbVJ1blJlc3BvbnNlEisKC2Rpc3Bvc2l0aW9uGAEgASgOMhYudGV0aGVyLnYxLkRpc3Bvc2l0aW9uEhsKA3J1bhgCIAEoCzIOLnRldGhlci52MS5SdW4iLgoZRGVsZXRlVGVuYW50RXZlbnRzUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkiQAoaRGVsZXRlVGVuYW50RXZlbnRzUmVzcG9uc2USDwoHcmVtb3ZlZBgBIAEoAxIRCglyZW1haW5pbmcYAiABKAgyzgIKEEFkbWlzc2lvblNlcnZpY2USOgoFQWRtaXQSFy50ZXRoZXIudjEuQWRtaXRSZXF1ZXN0GhgudGV0aGVyLnYxLkFkbWl0UmVzcG9uc2USUAoLQWRtaXRTdHJlYW0SHS50ZXRoZXIudjEuQWRtaXRTdHJlYW1SZXF1ZXN0Gh4udGV0aGVyLnYxLkFkbWl0U3RyZWFtUmVzcG9uc2UoATABEkkKClJlY2xhaW1SdW4SHC50ZXRoZXIudjEuUmVjbGFpbVJ1blJlcXVlc3QaHS50ZXRoZXIudjEuUmVjbGFpbVJ1blJlc3BvbnNlEmEKEkRlbGV0ZVRlbmFudEV2ZW50cxIkLnRldGhlci52MS5EZWxldGVUZW5hbnRFdmVudHNSZXF1ZXN0GiUudGV0aGVyLnYxLkRlbGV0ZVRlbmFudEV2ZW50c1Jlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_struct, file_tether_v1_common]);
 
 /**
  * Caller is the authenticated identity, set by the gateway from the API key; never from a body.
@@ -846,6 +846,376 @@ export const AdmitResponseSchema: GenMessage<AdmitResponse, {jsonType: AdmitResp
   messageDesc(file_tether_v1_admission, 7);
 
 /**
+ * AdmitStreamRequest is one message of the caller on an AdmitStream.
+ *
+ * @generated from message tether.v1.AdmitStreamRequest
+ */
+export type AdmitStreamRequest = Message<"tether.v1.AdmitStreamRequest"> & {
+  /**
+   * The stream's first message carries the hello, and no call; no later message carries one.
+   *
+   * @generated from field: tether.v1.AdmitHello hello = 1;
+   */
+  hello?: AdmitHello | undefined;
+
+  /**
+   * Admissions to run, each answered by its id (several go in one message when they are
+   * queued together).
+   *
+   * @generated from field: repeated tether.v1.AdmitCall calls = 2;
+   */
+  calls: AdmitCall[];
+
+  /**
+   * Ids of calls whose caller gave up: a call still running is stopped and not answered.
+   *
+   * @generated from field: repeated uint64 cancels = 3;
+   */
+  cancels: bigint[];
+};
+
+/**
+ * AdmitStreamRequest is one message of the caller on an AdmitStream.
+ *
+ * @generated from message tether.v1.AdmitStreamRequest
+ */
+export type AdmitStreamRequestJson = {
+  /**
+   * The stream's first message carries the hello, and no call; no later message carries one.
+   *
+   * @generated from field: tether.v1.AdmitHello hello = 1;
+   */
+  hello?: AdmitHelloJson;
+
+  /**
+   * Admissions to run, each answered by its id (several go in one message when they are
+   * queued together).
+   *
+   * @generated from field: repeated tether.v1.AdmitCall calls = 2;
+   */
+  calls?: AdmitCallJson[];
+
+  /**
+   * Ids of calls whose caller gave up: a call still running is stopped and not answered.
+   *
+   * @generated from field: repeated uint64 cancels = 3;
+   */
+  cancels?: string[];
+};
+
+/**
+ * Describes the message tether.v1.AdmitStreamRequest.
+ * Use `create(AdmitStreamRequestSchema)` to create a new message.
+ */
+export const AdmitStreamRequestSchema: GenMessage<AdmitStreamRequest, {jsonType: AdmitStreamRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_admission, 8);
+
+/**
+ * AdmitHello opens an AdmitStream.
+ *
+ * @generated from message tether.v1.AdmitHello
+ */
+export type AdmitHello = Message<"tether.v1.AdmitHello"> & {
+  /**
+   * The AdmitStream protocol version the caller speaks.
+   *
+   * @generated from field: int32 protocol_version = 1;
+   */
+  protocolVersion: number;
+};
+
+/**
+ * AdmitHello opens an AdmitStream.
+ *
+ * @generated from message tether.v1.AdmitHello
+ */
+export type AdmitHelloJson = {
+  /**
+   * The AdmitStream protocol version the caller speaks.
+   *
+   * @generated from field: int32 protocol_version = 1;
+   */
+  protocolVersion?: number;
+};
+
+/**
+ * Describes the message tether.v1.AdmitHello.
+ * Use `create(AdmitHelloSchema)` to create a new message.
+ */
+export const AdmitHelloSchema: GenMessage<AdmitHello, {jsonType: AdmitHelloJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_admission, 9);
+
+/**
+ * AdmitCall is one admission on an AdmitStream.
+ *
+ * @generated from message tether.v1.AdmitCall
+ */
+export type AdmitCall = Message<"tether.v1.AdmitCall"> & {
+  /**
+   * Chosen by the caller, unique among its calls on the stream; the answer carries it.
+   *
+   * @generated from field: uint64 id = 1;
+   */
+  id: bigint;
+
+  /**
+   * What Admit would be called with.
+   *
+   * @generated from field: tether.v1.AdmitRequest request = 2;
+   */
+  request?: AdmitRequest | undefined;
+
+  /**
+   * The call's deadline in milliseconds, counted from when admission reads it; 0 for none.
+   * A call still running then is stopped and answered DEADLINE_EXCEEDED.
+   *
+   * @generated from field: uint32 timeout_ms = 3;
+   */
+  timeoutMs: number;
+
+  /**
+   * The caller's W3C trace context, when it traces: the call's span continues that trace.
+   *
+   * @generated from field: string traceparent = 4;
+   */
+  traceparent: string;
+};
+
+/**
+ * AdmitCall is one admission on an AdmitStream.
+ *
+ * @generated from message tether.v1.AdmitCall
+ */
+export type AdmitCallJson = {
+  /**
+   * Chosen by the caller, unique among its calls on the stream; the answer carries it.
+   *
+   * @generated from field: uint64 id = 1;
+   */
+  id?: string;
+
+  /**
+   * What Admit would be called with.
+   *
+   * @generated from field: tether.v1.AdmitRequest request = 2;
+   */
+  request?: AdmitRequestJson;
+
+  /**
+   * The call's deadline in milliseconds, counted from when admission reads it; 0 for none.
+   * A call still running then is stopped and answered DEADLINE_EXCEEDED.
+   *
+   * @generated from field: uint32 timeout_ms = 3;
+   */
+  timeoutMs?: number;
+
+  /**
+   * The caller's W3C trace context, when it traces: the call's span continues that trace.
+   *
+   * @generated from field: string traceparent = 4;
+   */
+  traceparent?: string;
+};
+
+/**
+ * Describes the message tether.v1.AdmitCall.
+ * Use `create(AdmitCallSchema)` to create a new message.
+ */
+export const AdmitCallSchema: GenMessage<AdmitCall, {jsonType: AdmitCallJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_admission, 10);
+
+/**
+ * AdmitStreamResponse is one message of admission on an AdmitStream.
+ *
+ * @generated from message tether.v1.AdmitStreamResponse
+ */
+export type AdmitStreamResponse = Message<"tether.v1.AdmitStreamResponse"> & {
+  /**
+   * The answer to the hello: the stream's first message, and only there.
+   *
+   * @generated from field: tether.v1.AdmitWelcome welcome = 1;
+   */
+  welcome?: AdmitWelcome | undefined;
+
+  /**
+   * Answers to calls, in the order they ended.
+   *
+   * @generated from field: repeated tether.v1.AdmitAnswer answers = 2;
+   */
+  answers: AdmitAnswer[];
+
+  /**
+   * Send no more calls on this stream: every call sent on it is still answered; close this
+   * side once they are, and send the next calls on a new stream over a new connection.
+   *
+   * @generated from field: bool drain = 3;
+   */
+  drain: boolean;
+};
+
+/**
+ * AdmitStreamResponse is one message of admission on an AdmitStream.
+ *
+ * @generated from message tether.v1.AdmitStreamResponse
+ */
+export type AdmitStreamResponseJson = {
+  /**
+   * The answer to the hello: the stream's first message, and only there.
+   *
+   * @generated from field: tether.v1.AdmitWelcome welcome = 1;
+   */
+  welcome?: AdmitWelcomeJson;
+
+  /**
+   * Answers to calls, in the order they ended.
+   *
+   * @generated from field: repeated tether.v1.AdmitAnswer answers = 2;
+   */
+  answers?: AdmitAnswerJson[];
+
+  /**
+   * Send no more calls on this stream: every call sent on it is still answered; close this
+   * side once they are, and send the next calls on a new stream over a new connection.
+   *
+   * @generated from field: bool drain = 3;
+   */
+  drain?: boolean;
+};
+
+/**
+ * Describes the message tether.v1.AdmitStreamResponse.
+ * Use `create(AdmitStreamResponseSchema)` to create a new message.
+ */
+export const AdmitStreamResponseSchema: GenMessage<AdmitStreamResponse, {jsonType: AdmitStreamResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_admission, 11);
+
+/**
+ * AdmitWelcome accepts an AdmitStream.
+ *
+ * @generated from message tether.v1.AdmitWelcome
+ */
+export type AdmitWelcome = Message<"tether.v1.AdmitWelcome"> & {
+  /**
+   * The protocol version this replica speaks.
+   *
+   * @generated from field: int32 protocol_version = 1;
+   */
+  protocolVersion: number;
+};
+
+/**
+ * AdmitWelcome accepts an AdmitStream.
+ *
+ * @generated from message tether.v1.AdmitWelcome
+ */
+export type AdmitWelcomeJson = {
+  /**
+   * The protocol version this replica speaks.
+   *
+   * @generated from field: int32 protocol_version = 1;
+   */
+  protocolVersion?: number;
+};
+
+/**
+ * Describes the message tether.v1.AdmitWelcome.
+ * Use `create(AdmitWelcomeSchema)` to create a new message.
+ */
+export const AdmitWelcomeSchema: GenMessage<AdmitWelcome, {jsonType: AdmitWelcomeJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_admission, 12);
+
+/**
+ * AdmitAnswer is how one call on an AdmitStream ended.
+ *
+ * @generated from message tether.v1.AdmitAnswer
+ */
+export type AdmitAnswer = Message<"tether.v1.AdmitAnswer"> & {
+  /**
+   * The call's id.
+   *
+   * @generated from field: uint64 id = 1;
+   */
+  id: bigint;
+
+  /**
+   * What Admit would have returned; set when code is 0 (OK).
+   *
+   * @generated from field: tether.v1.AdmitResponse response = 2;
+   */
+  response?: AdmitResponse | undefined;
+
+  /**
+   * The gRPC status code Admit would have ended with (0: admitted).
+   *
+   * @generated from field: int32 code = 3;
+   */
+  code: number;
+
+  /**
+   * The status message, for a person to act on.
+   *
+   * @generated from field: string message = 4;
+   */
+  message: string;
+
+  /**
+   * The stable error code (what the tether-error-code trailer carries for Admit).
+   *
+   * @generated from field: string error_code = 5;
+   */
+  errorCode: string;
+};
+
+/**
+ * AdmitAnswer is how one call on an AdmitStream ended.
+ *
+ * @generated from message tether.v1.AdmitAnswer
+ */
+export type AdmitAnswerJson = {
+  /**
+   * The call's id.
+   *
+   * @generated from field: uint64 id = 1;
+   */
+  id?: string;
+
+  /**
+   * What Admit would have returned; set when code is 0 (OK).
+   *
+   * @generated from field: tether.v1.AdmitResponse response = 2;
+   */
+  response?: AdmitResponseJson;
+
+  /**
+   * The gRPC status code Admit would have ended with (0: admitted).
+   *
+   * @generated from field: int32 code = 3;
+   */
+  code?: number;
+
+  /**
+   * The status message, for a person to act on.
+   *
+   * @generated from field: string message = 4;
+   */
+  message?: string;
+
+  /**
+   * The stable error code (what the tether-error-code trailer carries for Admit).
+   *
+   * @generated from field: string error_code = 5;
+   */
+  errorCode?: string;
+};
+
+/**
+ * Describes the message tether.v1.AdmitAnswer.
+ * Use `create(AdmitAnswerSchema)` to create a new message.
+ */
+export const AdmitAnswerSchema: GenMessage<AdmitAnswer, {jsonType: AdmitAnswerJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_admission, 13);
+
+/**
  * ReclaimRunRequest names the run to retry and who asks.
  *
  * @generated from message tether.v1.ReclaimRunRequest
@@ -934,7 +1304,7 @@ export type ReclaimRunRequestJson = {
  * Use `create(ReclaimRunRequestSchema)` to create a new message.
  */
 export const ReclaimRunRequestSchema: GenMessage<ReclaimRunRequest, {jsonType: ReclaimRunRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_admission, 8);
+  messageDesc(file_tether_v1_admission, 14);
 
 /**
  * ReclaimRunResponse says which run handles the retry.
@@ -983,7 +1353,7 @@ export type ReclaimRunResponseJson = {
  * Use `create(ReclaimRunResponseSchema)` to create a new message.
  */
 export const ReclaimRunResponseSchema: GenMessage<ReclaimRunResponse, {jsonType: ReclaimRunResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_admission, 9);
+  messageDesc(file_tether_v1_admission, 15);
 
 /**
  * DeleteTenantEventsRequest names the tenant being deleted.
@@ -1018,7 +1388,7 @@ export type DeleteTenantEventsRequestJson = {
  * Use `create(DeleteTenantEventsRequestSchema)` to create a new message.
  */
 export const DeleteTenantEventsRequestSchema: GenMessage<DeleteTenantEventsRequest, {jsonType: DeleteTenantEventsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_admission, 10);
+  messageDesc(file_tether_v1_admission, 16);
 
 /**
  * DeleteTenantEventsResponse says how far the deletion got.
@@ -1067,7 +1437,7 @@ export type DeleteTenantEventsResponseJson = {
  * Use `create(DeleteTenantEventsResponseSchema)` to create a new message.
  */
 export const DeleteTenantEventsResponseSchema: GenMessage<DeleteTenantEventsResponse, {jsonType: DeleteTenantEventsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_admission, 11);
+  messageDesc(file_tether_v1_admission, 17);
 
 /**
  * AdmissionService turns inbound events into queued runs, deduplicating before any paid work.
@@ -1085,6 +1455,27 @@ export const AdmissionService: GenService<{
     methodKind: "unary";
     input: typeof AdmitRequestSchema;
     output: typeof AdmitResponseSchema;
+  },
+  /**
+   * AdmitStream carries many admissions on one long-lived stream: the gateway keeps one open
+   * instead of making a unary call per admission (a message on an open stream costs both sides
+   * about half a unary call's CPU). Each call is admitted exactly as Admit admits it and is
+   * answered by its id with Admit's response or with the status, message and stable code Admit
+   * would have ended with: one refused call never ends the stream. The stream opens with a
+   * hello; a peer speaking another protocol version is refused with FAILED_PRECONDITION naming
+   * both. Calls run concurrently and are answered as each ends; a call's timeout and a cancel
+   * stop it as a unary call's deadline and cancellation would. A replica that is stopping, or
+   * whose stream has reached its age, says drain: it answers every call sent to it, and the
+   * caller sends its next calls on a new stream over a new connection (so callers rebalance
+   * across replicas without a call being cut short) and closes its side of this one.
+   * Admit stays for callers of the release before AdmitStream.
+   *
+   * @generated from rpc tether.v1.AdmissionService.AdmitStream
+   */
+  admitStream: {
+    methodKind: "bidi_streaming";
+    input: typeof AdmitStreamRequestSchema;
+    output: typeof AdmitStreamResponseSchema;
   },
   /**
    * ReclaimRun retries a failed or cancelled run through the same guarded re-claim as a

@@ -1,0 +1,272 @@
+"""The gateway's admissions, carried on the one AdmitStream it keeps open to the admission
+service (see the RPC in admission.proto) instead of a unary call each.
+
+A call waits on the stream for its answer: Admit's response, or the TetherError Admit would
+have raised. Calls queued together go as one message. The stream opens on first use; its hello
+goes alone and calls wait for the welcome (calls written behind a refused hello would hide the
+refusal's status).
+
+- **Drain.** When admission says drain (it is stopping, or the stream reached its age), the next
+  calls go on a new stream over a new connection, which may reach another replica, and the old
+  stream is closed once its calls are answered.
+- **Breaks.** A stream that breaks fails the calls it carried as UNAVAILABLE, as a unary call
+  whose connection is lost fails. The caller may send the same event again: admission's dedup
+  makes it one run. The next call opens a new stream.
+- **Cancels.** A caller that gives up (its deadline passed, its connection closed) sends a
+  cancel, and admission stops the call as it stops a cancelled unary call. Each call carries
+  the caller's remaining time as its deadline.
+- **Rollouts.** An admission replica of the release before AdmitStream (UNIMPLEMENTED) is called
+  with unary Admit, and the stream is tried again a minute later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from tether import telemetry
+from tether.errors import Unavailable, from_rpc_error, from_status
+from tether.telemetry import tracing
+from tether.v1 import admission_pb2, admission_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+# The AdmitStream protocol this gateway speaks.
+PROTOCOL_VERSION = 1
+# After admission answered UNIMPLEMENTED (a replica of the release before AdmitStream), calls
+# go unary for this long before the stream is tried again.
+UNARY_FOR_S = 60.0
+# Which service a refusal or an outage is reported as.
+_SERVICE = "admission"
+_STATUS = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class _Unimplemented(Exception):
+    """The admission replica serves no AdmitStream."""
+
+
+class _Closed(Exception):
+    """The stream took no more calls by the time this one came: send it on the next."""
+
+
+class Admissions:
+    """Admissions over an AdmitStream, reopened as needed. `connect` makes a channel of its
+    own (a new connection) for each stream; `unary` is Admit, for replicas without the
+    stream."""
+
+    def __init__(
+        self, connect: Callable[[], Any], unary: admission_pb2_grpc.AdmissionServiceStub
+    ) -> None:
+        self._connect = connect
+        self._unary = unary
+        self._current: _Stream | None = None
+        self._opening: asyncio.Future[_Stream] | None = None
+        self._unary_until = 0.0
+        self._streams: set[_Stream] = set()  # open or draining, until each is over
+
+    async def admit(
+        self, request: admission_pb2.AdmitRequest, timeout_s: float | None
+    ) -> admission_pb2.AdmitResponse:
+        """Admit `request` (its caller having `timeout_s` left, or no deadline)."""
+        traceparent = tracing.traceparent() if telemetry.on else ""
+        while time.monotonic() >= self._unary_until:
+            try:
+                stream = await self._stream()
+                return await stream.call(request, timeout_s, traceparent)
+            except _Unimplemented:
+                log.warning("the admission service serves no AdmitStream; calling Admit")
+                self._unary_until = time.monotonic() + UNARY_FOR_S
+            except _Closed:
+                continue
+        response: admission_pb2.AdmitResponse = await self._unary.Admit(request, timeout=timeout_s)
+        return response
+
+    async def close(self) -> None:
+        """Close every stream (the gateway is stopping; its calls have ended)."""
+        self._current = None
+        for stream in list(self._streams):
+            await stream.close()
+
+    async def _stream(self) -> _Stream:
+        current = self._current
+        if current is not None and current.takes_calls:
+            return current
+        if self._opening is None:
+            self._opening = asyncio.ensure_future(self._open())
+        # Shielded: a caller that gives up does not stop the opening the others wait for.
+        return await asyncio.shield(self._opening)
+
+    async def _open(self) -> _Stream:
+        try:
+            stream = _Stream(self._connect(), self._drained, self._streams.discard)
+            self._streams.add(stream)
+            await stream.start()
+            self._current = stream
+            return stream
+        finally:
+            self._opening = None
+
+    def _drained(self, stream: _Stream) -> None:
+        if self._current is stream:
+            self._current = None
+
+
+class _Stream:
+    """One AdmitStream on its own channel."""
+
+    def __init__(
+        self,
+        channel: Any,
+        drained: Callable[[_Stream], None],
+        over: Callable[[_Stream], None],
+    ) -> None:
+        self._channel = channel
+        self._stub = admission_pb2_grpc.AdmissionServiceStub(channel)
+        self._drained = drained
+        self._over = over
+        self._ids = itertools.count(1)
+        self._outbox: asyncio.Queue[admission_pb2.AdmitStreamRequest | None] = asyncio.Queue()
+        self._waiting: dict[int, asyncio.Future[admission_pb2.AdmitResponse]] = {}
+        self._call: Any = None
+        self._reader: asyncio.Future[None] | None = None
+        self.takes_calls = False
+        self._sending = True  # this side is not closed yet
+
+    async def start(self) -> None:
+        """Send the hello and wait for the welcome; raise why not."""
+        hello = admission_pb2.AdmitHello(protocol_version=PROTOCOL_VERSION)
+        self._outbox.put_nowait(admission_pb2.AdmitStreamRequest(hello=hello))
+        self._call = self._stub.AdmitStream(self._requests())
+        try:
+            first = await self._call.read()
+        except grpc.aio.AioRpcError as exc:
+            await self.close()
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise _Unimplemented from exc
+            raise from_rpc_error(exc, _SERVICE) from exc
+        except BaseException:
+            await self.close()
+            raise
+        if first is grpc.aio.EOF or not first.HasField("welcome"):
+            await self.close()
+            raise Unavailable.outage("the admission service")
+        self.takes_calls = True
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def call(
+        self, request: admission_pb2.AdmitRequest, timeout_s: float | None, traceparent: str
+    ) -> admission_pb2.AdmitResponse:
+        """Send one call and wait for its answer."""
+        if not self.takes_calls:
+            raise _Closed
+        call_id = next(self._ids)
+        answer: asyncio.Future[admission_pb2.AdmitResponse] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._waiting[call_id] = answer
+        timeout_ms = 0 if timeout_s is None else max(1, math.ceil(timeout_s * 1000))
+        call = admission_pb2.AdmitCall(
+            id=call_id, request=request, timeout_ms=timeout_ms, traceparent=traceparent
+        )
+        self._outbox.put_nowait(admission_pb2.AdmitStreamRequest(calls=[call]))
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            if self._waiting.pop(call_id, None) is not None and self._sending:
+                self._outbox.put_nowait(admission_pb2.AdmitStreamRequest(cancels=[call_id]))
+                self._close_if_done()
+            raise
+
+    async def close(self) -> None:
+        """Close this side, stop reading and close the channel."""
+        self.takes_calls = False
+        self._end()
+        if self._call is not None:
+            self._call.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        self._fail_waiting()
+        self._over(self)
+        await self._channel.close()
+
+    async def _requests(self) -> AsyncIterator[admission_pb2.AdmitStreamRequest]:
+        """What the stream sends, as it is queued: everything queued by the time the stream
+        can write goes as one message, until this side closes."""
+        while True:
+            queued = [await self._outbox.get()]
+            while not self._outbox.empty():
+                queued.append(self._outbox.get_nowait())
+            messages: list[admission_pb2.AdmitStreamRequest] = []
+            for message in queued:
+                if message is None:
+                    break
+                messages.append(message)
+            if len(messages) == 1:
+                yield messages[0]
+            elif messages:
+                yield admission_pb2.AdmitStreamRequest(
+                    calls=[call for message in messages for call in message.calls],
+                    cancels=[call_id for message in messages for call_id in message.cancels],
+                )
+            if len(messages) < len(queued):
+                return
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                response = await self._call.read()
+                if response is grpc.aio.EOF:
+                    break
+                for answer in response.answers:
+                    self._answered(answer)
+                if response.drain:
+                    self.takes_calls = False
+                    self._drained(self)
+                self._close_if_done()
+        except grpc.aio.AioRpcError as exc:
+            if self._waiting:
+                log.warning("AdmitStream broke (%s: %s)", exc.code().name, exc.details())
+        finally:
+            self.takes_calls = False
+            self._drained(self)
+            self._fail_waiting()
+            self._end()
+            self._over(self)
+            await self._channel.close()
+
+    def _answered(self, answer: admission_pb2.AdmitAnswer) -> None:
+        waiting = self._waiting.pop(answer.id, None)
+        if waiting is None or waiting.done():
+            return  # its caller gave up
+        if answer.code:
+            status = _STATUS.get(answer.code, grpc.StatusCode.UNKNOWN)
+            waiting.set_exception(from_status(status, answer.message, answer.error_code))
+        else:
+            waiting.set_result(answer.response)
+
+    def _close_if_done(self) -> None:
+        """A draining stream whose calls are all answered closes its side (admission then ends
+        the stream)."""
+        if not self.takes_calls and not self._waiting:
+            self._end()
+
+    def _end(self) -> None:
+        if self._sending:
+            self._sending = False
+            self._outbox.put_nowait(None)
+
+    def _fail_waiting(self) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for answer in waiting.values():
+            if not answer.done():
+                answer.set_exception(Unavailable.outage("the admission service"))

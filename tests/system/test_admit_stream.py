@@ -1,0 +1,194 @@
+"""The AdmitStream against the real admission service (a process of its own on the real
+PostgreSQL): a call on the stream is refused exactly as Admit refuses it, only the gateway may
+open one, and a call stopped by its deadline or by a cancel writes nothing."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+import pytest_asyncio
+from sqlalchemy import text
+
+from services.admission.stream import PROTOCOL_VERSION
+from tests.system.conftest import RunningStack
+from tether.db.engine import create_engine
+from tether.errors import CODE_METADATA_KEY
+from tether.runtime.rpc import internal_channel
+from tether.testing.eventually import eventually
+from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+def _chat(event_id: str, **fields: Any) -> admission_pb2.AdmitRequest:
+    chat = {"event_id": event_id, "conversation_id": f"c-{event_id}", "text": "hi", **fields}
+    return admission_pb2.AdmitRequest(
+        caller=admission_pb2.Caller(tenant_id="tenant-a", principal_id="alice"),
+        chat=admission_pb2.ChatInput(**chat),
+    )
+
+
+def _uid() -> str:
+    return f"e-{uuid.uuid4().hex}"
+
+
+class Stream:
+    """A raw AdmitStream, opened with the hello and welcomed."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        self._ids = iter(range(1, 1 << 30))
+
+    async def send(self, *requests: admission_pb2.AdmitRequest, timeout_ms: int = 0) -> list[int]:
+        calls = [
+            admission_pb2.AdmitCall(id=next(self._ids), request=r, timeout_ms=timeout_ms)
+            for r in requests
+        ]
+        await self.call.write(admission_pb2.AdmitStreamRequest(calls=calls))
+        return [c.id for c in calls]
+
+    async def answers(self, count: int) -> dict[int, admission_pb2.AdmitAnswer]:
+        got: dict[int, admission_pb2.AdmitAnswer] = {}
+        while len(got) < count:
+            response = await self.call.read()
+            assert response is not grpc.aio.EOF, "the stream ended with calls unanswered"
+            got.update((a.id, a) for a in response.answers)
+        assert len(got) == count, f"more answers than calls: {sorted(got)}"
+        return got
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def gateway_side(stack: RunningStack) -> AsyncIterator[Any]:
+    """The admission service as the gateway reaches it: its credential on every call."""
+    address = stack.services.addresses()["admission"]
+    async with internal_channel(address, stack.credentials["gateway"]) as channel:
+        yield admission_pb2_grpc.AdmissionServiceStub(channel)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def stream(gateway_side: Any) -> AsyncIterator[Stream]:
+    call = gateway_side.AdmitStream()
+    hello = admission_pb2.AdmitHello(protocol_version=PROTOCOL_VERSION)
+    await call.write(admission_pb2.AdmitStreamRequest(hello=hello))
+    assert (await call.read()).welcome.protocol_version == PROTOCOL_VERSION
+    yield Stream(call)
+    call.cancel()
+
+
+async def test_a_call_on_the_stream_is_refused_exactly_as_admit_refuses_it(
+    gateway_side: Any, stream: Stream
+) -> None:
+    refused = {
+        "no event id": _chat(""),
+        "another tenant in the payload": _chat(_uid(), tenant_id="tenant-b"),
+        "text over its limit": _chat(_uid(), text="x" * 32_001),
+        "no input": admission_pb2.AdmitRequest(
+            caller=admission_pb2.Caller(tenant_id="tenant-a", principal_id="alice")
+        ),
+    }
+    unary = {}
+    for why, request in refused.items():
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await gateway_side.Admit(request)
+        code = dict(error.value.trailing_metadata() or ()).get(CODE_METADATA_KEY, "")
+        unary[why] = (error.value.code().value[0], error.value.details(), code)
+    admitted = _uid()
+    ids = await stream.send(*refused.values(), _chat(admitted))
+    answers = await stream.answers(len(ids))
+    streamed = {
+        why: (answers[i].code, answers[i].message, answers[i].error_code)
+        for why, i in zip(refused, ids[:-1], strict=True)
+    }
+    assert streamed == unary
+    assert all(code != grpc.StatusCode.INTERNAL.value[0] for code, _, _ in streamed.values())
+    ok = answers[ids[-1]]
+    assert ok.code == 0 and ok.response.disposition == common_pb2.DISPOSITION_CREATED
+    # The stream carries on: the same event again is the same run.
+    (again,) = await stream.send(_chat(admitted))
+    answer = (await stream.answers(1))[again]
+    assert answer.response.disposition == common_pb2.DISPOSITION_ATTACHED
+    assert answer.response.run.run_id == ok.response.run.run_id
+
+
+async def test_only_the_gateway_may_open_an_admit_stream(stack: RunningStack) -> None:
+    address = stack.services.addresses()["admission"]
+    hello = admission_pb2.AdmitStreamRequest(
+        hello=admission_pb2.AdmitHello(protocol_version=PROTOCOL_VERSION)
+    )
+    seen = {}
+    for who, credential in (("nobody", None), ("worker", stack.credentials["worker"])):
+        async with internal_channel(address, credential) as channel:
+            call = admission_pb2_grpc.AdmissionServiceStub(channel).AdmitStream()
+            await call.write(hello)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call.read()
+            seen[who] = refused.value.code()
+    assert seen == {
+        "nobody": grpc.StatusCode.UNAUTHENTICATED,
+        "worker": grpc.StatusCode.PERMISSION_DENIED,
+    }
+
+
+class RunsLocked:
+    """Every insert of a run waits: the runs table locked by an open transaction."""
+
+    def __init__(self, db_url: str) -> None:
+        self._engine = create_engine(db_url, pool_size=2)
+
+    async def __aenter__(self) -> RunsLocked:
+        self._conn = await self._engine.connect()
+        await self._conn.begin()
+        await self._conn.execute(text("LOCK TABLE runs IN EXCLUSIVE MODE"))
+        return self
+
+    async def waiting(self) -> int:
+        """Statements of other sessions waiting on a lock."""
+        async with self._engine.connect() as conn:
+            return int(
+                await conn.scalar(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                )
+                or 0
+            )
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._conn.rollback()
+        await self._conn.close()
+        await self._engine.dispose()
+
+
+async def test_a_call_stopped_by_its_deadline_or_a_cancel_writes_nothing(
+    stack: RunningStack, gateway_side: Any, stream: Stream
+) -> None:
+    late, dropped = _uid(), _uid()
+    async with RunsLocked(stack.db_url) as locked:
+        (late_id,) = await stream.send(_chat(late), timeout_ms=300)
+        answer = (await stream.answers(1))[late_id]
+        assert answer.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+        (dropped_id,) = await stream.send(_chat(dropped))
+        await eventually(
+            lambda: _one_waits(locked), timeout=10, what="the admission to wait on the lock"
+        )
+        await stream.call.write(admission_pb2.AdmitStreamRequest(cancels=[dropped_id]))
+        await eventually(lambda: _none_waits(locked), timeout=10, what="the cancel to stop it")
+    # Only the call sent after is answered: the cancelled one never is.
+    (after_id,) = await stream.send(_chat(_uid()))
+    assert list(await stream.answers(1)) == [after_id]
+    for event_id in (late, dropped):
+        again = await gateway_side.Admit(_chat(event_id))
+        assert again.disposition == common_pb2.DISPOSITION_CREATED, "nothing was written before"
+
+
+async def _one_waits(locked: RunsLocked) -> bool | None:
+    return True if await locked.waiting() == 1 else None
+
+
+async def _none_waits(locked: RunsLocked) -> bool | None:
+    return True if await locked.waiting() == 0 else None
