@@ -4,6 +4,7 @@ open one, and a call stopped by its deadline or by a cancel writes nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,7 +20,7 @@ from tether.db.engine import create_engine
 from tether.errors import CODE_METADATA_KEY
 from tether.runtime.rpc import internal_channel
 from tether.testing.eventually import eventually
-from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2
+from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -192,3 +193,57 @@ async def _one_waits(locked: RunsLocked) -> bool | None:
 
 async def _none_waits(locked: RunsLocked) -> bool | None:
     return True if await locked.waiting() == 0 else None
+
+
+async def test_admission_killed_mid_call_fails_it_as_an_outage_and_the_gateway_reconnects(
+    stack: RunningStack,
+) -> None:
+    """Last in this module: it restarts the admission service."""
+    async with grpc.aio.insecure_channel(stack.gateway) as channel:
+        gateway = gateway_pb2_grpc.GatewayServiceStub(channel)
+        metadata = stack.metadata(stack.key_a)
+
+        async def send(event_id: str) -> gateway_pb2.SendMessageResponse:
+            request = gateway_pb2.SendMessageRequest(
+                event_id=event_id, conversation_id=f"c-{event_id}", text="hi"
+            )
+            response: gateway_pb2.SendMessageResponse = await gateway.SendMessage(
+                request, metadata=metadata
+            )
+            return response
+
+        assert (await send(_uid())).disposition == common_pb2.DISPOSITION_CREATED  # stream open
+        cut = _uid()
+        async with RunsLocked(stack.db_url) as locked:
+            sending = asyncio.ensure_future(send(cut))
+            await eventually(
+                lambda: _one_waits(locked), timeout=10, what="the admission to wait on the lock"
+            )
+            stack.services.kill("admission")
+            with pytest.raises(grpc.aio.AioRpcError) as lost:
+                await sending
+        assert lost.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "the admission service is unreachable" in (lost.value.details() or "")
+        # While admission is away, a call is refused the same way, at once.
+        with pytest.raises(grpc.aio.AioRpcError) as away:
+            await send(_uid())
+        assert away.value.code() == grpc.StatusCode.UNAVAILABLE
+        await stack.services.restart("admission")
+        # The gateway opens a new stream by itself. The cut call's event, sent again, is one
+        # run: its statement may have committed after its caller was gone (it was waiting on
+        # the lock), and then the same event attaches to that run.
+        again = await send(cut)
+        assert again.disposition in (
+            common_pb2.DISPOSITION_CREATED,
+            common_pb2.DISPOSITION_ATTACHED,
+        )
+        engine = create_engine(stack.db_url, pool_size=1)
+        try:
+            async with engine.connect() as conn:
+                runs = await conn.scalar(
+                    text("SELECT count(*) FROM runs WHERE conversation_id = :c"), {"c": f"c-{cut}"}
+                )
+        finally:
+            await engine.dispose()
+        assert runs == 1
+        assert (await send(_uid())).disposition == common_pb2.DISPOSITION_CREATED
