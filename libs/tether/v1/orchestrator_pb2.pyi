@@ -1486,7 +1486,9 @@ class CompleteRunResponse(_message.Message):
     """Whether the run moved."""
     @_builtins.property
     def run(self) -> _common_pb2.Run:
-        """The run after the call."""
+        """The run after the call. Left out of a Work stream's acknowledgement: the worker does not
+        read it.
+        """
 
     def __init__(
         self,
