@@ -12,9 +12,11 @@ refusal's status).
 - **Breaks.** A stream that breaks fails the calls it carried as UNAVAILABLE, as a unary call
   whose connection is lost fails. The caller may send the same event again: admission's dedup
   makes it one run. The next call opens a new stream.
-- **Cancels.** A caller that gives up (its deadline passed, its connection closed) sends a
-  cancel, and admission stops the call as it stops a cancelled unary call. Each call carries
-  the caller's remaining time as its deadline.
+- **Deadlines and cancels.** Each call carries its deadline: the caller's remaining time, at
+  most `timeout_s`. Admission stops a call past it and answers DEADLINE_EXCEEDED; should no
+  answer come (a connection gone dead without a reset), the gateway gives up a second after it,
+  as UNAVAILABLE. A caller that gives up (its deadline passed, its connection closed) sends a
+  cancel, and admission stops the call as it stops a cancelled unary call.
 - **Rollouts.** An admission replica of the release before AdmitStream (UNIMPLEMENTED) is called
   with unary Admit, and the stream is tried again a minute later.
 """
@@ -44,6 +46,8 @@ PROTOCOL_VERSION = 1
 # After admission answered UNIMPLEMENTED (a replica of the release before AdmitStream), calls
 # go unary for this long before the stream is tried again.
 UNARY_FOR_S = 60.0
+# How much longer than a call's deadline the gateway waits for admission's own answer to it.
+ANSWER_MARGIN_S = 1.0
 # Which service a refusal or an outage is reported as.
 _SERVICE = "admission"
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
@@ -63,10 +67,15 @@ class Admissions:
     stream."""
 
     def __init__(
-        self, connect: Callable[[], Any], unary: admission_pb2_grpc.AdmissionServiceStub
+        self,
+        connect: Callable[[], Any],
+        unary: admission_pb2_grpc.AdmissionServiceStub,
+        *,
+        timeout_s: float = 30.0,
     ) -> None:
         self._connect = connect
         self._unary = unary
+        self._timeout_s = timeout_s
         self._current: _Stream | None = None
         self._opening: asyncio.Future[_Stream] | None = None
         self._unary_until = 0.0
@@ -76,6 +85,7 @@ class Admissions:
         self, request: admission_pb2.AdmitRequest, timeout_s: float | None
     ) -> admission_pb2.AdmitResponse:
         """Admit `request` (its caller having `timeout_s` left, or no deadline)."""
+        timeout_s = self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s)
         traceparent = tracing.traceparent() if telemetry.on else ""
         while time.monotonic() >= self._unary_until:
             try:
@@ -162,9 +172,9 @@ class _Stream:
         self._reader = asyncio.ensure_future(self._read())
 
     async def call(
-        self, request: admission_pb2.AdmitRequest, timeout_s: float | None, traceparent: str
+        self, request: admission_pb2.AdmitRequest, timeout_s: float, traceparent: str
     ) -> admission_pb2.AdmitResponse:
-        """Send one call and wait for its answer."""
+        """Send one call and wait for its answer (admission's, or none past its deadline)."""
         if not self.takes_calls:
             raise _Closed
         call_id = next(self._ids)
@@ -172,18 +182,33 @@ class _Stream:
             asyncio.get_running_loop().create_future()
         )
         self._waiting[call_id] = answer
-        timeout_ms = 0 if timeout_s is None else max(1, math.ceil(timeout_s * 1000))
         call = admission_pb2.AdmitCall(
-            id=call_id, request=request, timeout_ms=timeout_ms, traceparent=traceparent
+            id=call_id,
+            request=request,
+            timeout_ms=max(1, math.ceil(timeout_s * 1000)),
+            traceparent=traceparent,
         )
         self._outbox.put_nowait(admission_pb2.AdmitStreamRequest(calls=[call]))
         try:
-            return await answer
+            async with asyncio.timeout(timeout_s + ANSWER_MARGIN_S):
+                return await answer
+        except TimeoutError:
+            self._give_up(call_id)
+            raise Unavailable(
+                f"the admission service did not answer within {timeout_s:g} s; the call may be "
+                "retried (with the same event id it makes one run)",
+                code="dependency_timeout",
+                details={"dependency": "the admission service"},
+            ) from None
         except asyncio.CancelledError:
-            if self._waiting.pop(call_id, None) is not None and self._sending:
-                self._outbox.put_nowait(admission_pb2.AdmitStreamRequest(cancels=[call_id]))
-                self._close_if_done()
+            self._give_up(call_id)
             raise
+
+    def _give_up(self, call_id: int) -> None:
+        """The caller no longer waits for `call_id`: admission stops it, if it still runs."""
+        if self._waiting.pop(call_id, None) is not None and self._sending:
+            self._outbox.put_nowait(admission_pb2.AdmitStreamRequest(cancels=[call_id]))
+            self._close_if_done()
 
     async def close(self) -> None:
         """Close this side, stop reading and close the channel."""

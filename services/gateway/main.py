@@ -76,6 +76,7 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
             settings.admission_addr, credential, service="admission", tls=tls, own_connection=True
         ),
         admission_stub,
+        timeout_s=settings.admit_timeout_s,
     )
     servicer = GatewayServicer(
         auth=auth,

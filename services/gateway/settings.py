@@ -20,6 +20,13 @@ class GatewaySettings(PlatformSettings):
     model_config = SettingsConfigDict(env_prefix="TETHER_GATEWAY_", frozen=True, extra="ignore")
 
     pool_size: int = Field(5, description="Database connections (API key lookups).")
+    admit_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long an admission may take (at most; a caller's shorter deadline is "
+        "kept): past it the call is answered UNAVAILABLE and stopped at admission, even when "
+        "admission cannot answer at all (a connection gone dead without a reset).",
+    )
     key_cache_ttl_s: float = Field(
         4.0,
         gt=0,

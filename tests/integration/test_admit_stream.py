@@ -17,6 +17,7 @@ from services.admission.stream import PROTOCOL_VERSION, AdmitStreams, StreamTimi
 from services.gateway.admissions import Admissions
 from tether.errors import InvalidArgument, TetherError, Unavailable
 from tether.runtime.rpc import RunningServer, internal_channel, start_server
+from tether.testing.eventually import eventually
 from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -115,11 +116,12 @@ def _chat(event_id: str) -> admission_pb2.AdmitRequest:
 class Gateway:
     """The gateway's side: `Admissions` over channels of their own to `address`."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, timeout_s: float = 30.0) -> None:
         self.unary = internal_channel(address, None, service="admission")
         self.admissions = Admissions(
             lambda: internal_channel(address, None, service="admission", own_connection=True),
             admission_pb2_grpc.AdmissionServiceStub(self.unary),
+            timeout_s=timeout_s,
         )
 
     async def admit(self, event_id: str, timeout_s: float | None = None) -> str:
@@ -188,7 +190,8 @@ async def test_a_caller_that_gives_up_stops_its_call_at_admission() -> None:
             await gateway.admit("hold-2", timeout_s=0.05)
         assert desk.was_cancelled("hold-2").is_set()
         assert late.value.message == "the admission did not end within the call's deadline"
-        assert [c.timeout_ms for m in servicer.messages for c in m.calls] == [0, 50]
+        # Each call carries its deadline: the caller's, within the gateway's own bound.
+        assert [c.timeout_ms for m in servicer.messages for c in m.calls] == [30_000, 50]
         assert [i for m in servicer.messages for i in m.cancels] == [1]
         assert await gateway.admit("ok") == "ok"
     finally:
@@ -330,3 +333,40 @@ async def test_a_drained_stream_whose_caller_keeps_it_open_ends_after_the_grace(
         await channel.close()
         await gateway.close()
         await served.stop(None)
+
+
+class Mute(Servicer):
+    """A replica that welcomes a stream, then never answers: its connection gone dead."""
+
+    async def AdmitStream(
+        self, request_iterator: AsyncIterator[admission_pb2.AdmitStreamRequest], context: Any
+    ) -> AsyncIterator[admission_pb2.AdmitStreamResponse]:
+        async for message in request_iterator:
+            self.messages.append(message)
+            if message.HasField("hello"):
+                yield admission_pb2.AdmitStreamResponse(
+                    welcome=admission_pb2.AdmitWelcome(protocol_version=PROTOCOL_VERSION)
+                )
+
+
+async def test_a_call_admission_never_answers_is_given_up_past_its_deadline() -> None:
+    mute = Mute(Desk(), _LONG)
+    served = await _serve(mute)
+    gateway = Gateway(f"127.0.0.1:{served.port}", timeout_s=0.1)
+    try:
+        with pytest.raises(Unavailable) as silent:
+            await gateway.admit("e-1")  # no deadline of its own: the gateway's bound holds
+        assert silent.value.code == "dependency_timeout"
+        assert "did not answer within 0.1 s" in silent.value.message
+        calls = [c for m in mute.messages for c in m.calls]
+        assert [c.timeout_ms for c in calls] == [100]
+        await eventually(
+            lambda: _cancelled(mute, calls[0].id), timeout=5, what="the cancel to reach admission"
+        )
+    finally:
+        await gateway.close()
+        await served.stop(None)
+
+
+async def _cancelled(servicer: Servicer, call_id: int) -> bool | None:
+    return True if any(call_id in m.cancels for m in servicer.messages) else None
