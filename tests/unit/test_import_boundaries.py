@@ -25,6 +25,7 @@ CLIENT_DIRS = ("libs/tether/cli", "libs/tether/stack", "libs/tether/testing", "l
 WIRE_EDGES = {
     "services/admission/servicer.py": "admission's gRPC edge",
     "services/admission/adapters.py": "admission's calls to the orchestrator and interactions",
+    "services/admission/stream.py": "the AdmitStream, admission's end: each call as Admit's",
     "services/orchestrator/servicer.py": "the orchestrator's gRPC edge",
     "services/orchestrator/worker_edge.py": "the worker-facing calls, converted to domain types",
     "services/orchestrator/work.py": "the Work stream, the orchestrator's end",
