@@ -165,7 +165,7 @@ class AdmitStreams:
                 exc.code,
             )
         except asyncio.CancelledError:
-            return  # the caller gave up on it, or the stream is ending: nobody to answer
+            raise  # the caller gave up on it, or the stream is ending: nobody to answer
         except Exception:
             log.exception("an admission on an AdmitStream failed")
             answer.code = grpc.StatusCode.INTERNAL.value[0]
