@@ -15,8 +15,10 @@ refusal's status).
 - **Deadlines and cancels.** Each call carries its deadline: the caller's remaining time, at
   most `timeout_s`. Admission stops a call past it and answers DEADLINE_EXCEEDED; should no
   answer come (a connection gone dead without a reset), the gateway gives up a second after it,
-  as UNAVAILABLE. A caller that gives up (its deadline passed, its connection closed) sends a
-  cancel, and admission stops the call as it stops a cancelled unary call.
+  as UNAVAILABLE. Opening a stream is bounded by `timeout_s` too: a replica that never welcomes
+  one fails the callers waiting on it, and the next caller opens another. A caller that gives
+  up (its deadline passed, its connection closed) sends a cancel, and admission stops the call
+  as it stops a cancelled unary call.
 - **Rollouts.** An admission replica of the release before AdmitStream (UNIMPLEMENTED) is called
   with unary Admit, and the stream is tried again a minute later.
 """
@@ -86,11 +88,15 @@ class Admissions:
     ) -> admission_pb2.AdmitResponse:
         """Admit `request` (its caller having `timeout_s` left, or no deadline)."""
         timeout_s = self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s)
+        deadline = time.monotonic() + timeout_s
         traceparent = tracing.traceparent() if telemetry.on else ""
         while time.monotonic() >= self._unary_until:
             try:
+                # Opening is bounded on its own; a caller with a shorter deadline is cancelled
+                # by it.
                 stream = await self._stream()
-                return await stream.call(request, timeout_s, traceparent)
+                left = max(deadline - time.monotonic(), 0.001)
+                return await stream.call(request, left, traceparent, bound_s=timeout_s)
             except _Unimplemented:
                 log.warning("the admission service serves no AdmitStream; calling Admit")
                 self._unary_until = time.monotonic() + UNARY_FOR_S
@@ -115,10 +121,16 @@ class Admissions:
         return await asyncio.shield(self._opening)
 
     async def _open(self) -> _Stream:
+        """A new stream, welcomed; bounded as a call is (a replica that never welcomes one
+        must not hold every caller after it)."""
         try:
             stream = _Stream(self._connect(), self._drained, self._streams.discard)
             self._streams.add(stream)
-            await stream.start()
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    await stream.start()
+            except TimeoutError:
+                raise _no_answer(self._timeout_s) from None
             self._current = stream
             return stream
         finally:
@@ -172,9 +184,15 @@ class _Stream:
         self._reader = asyncio.ensure_future(self._read())
 
     async def call(
-        self, request: admission_pb2.AdmitRequest, timeout_s: float, traceparent: str
+        self,
+        request: admission_pb2.AdmitRequest,
+        timeout_s: float,
+        traceparent: str,
+        *,
+        bound_s: float,
     ) -> admission_pb2.AdmitResponse:
-        """Send one call and wait for its answer (admission's, or none past its deadline)."""
+        """Send one call and wait for its answer: admission's, or none past `timeout_s` (what
+        is left of the call's bound, `bound_s`)."""
         if not self.takes_calls:
             raise _Closed
         call_id = next(self._ids)
@@ -194,12 +212,7 @@ class _Stream:
                 return await answer
         except TimeoutError:
             self._give_up(call_id)
-            raise Unavailable(
-                f"the admission service did not answer within {timeout_s:g} s; the call may be "
-                "retried (with the same event id it makes one run)",
-                code="dependency_timeout",
-                details={"dependency": "the admission service"},
-            ) from None
+            raise _no_answer(bound_s) from None
         except asyncio.CancelledError:
             self._give_up(call_id)
             raise
@@ -295,3 +308,12 @@ class _Stream:
         for answer in waiting.values():
             if not answer.done():
                 answer.set_exception(Unavailable.outage("the admission service"))
+
+
+def _no_answer(timeout_s: float) -> Unavailable:
+    return Unavailable(
+        f"the admission service did not answer within {timeout_s:g} s; the call may be retried "
+        "(with the same event id it makes one run)",
+        code="dependency_timeout",
+        details={"dependency": "the admission service"},
+    )
