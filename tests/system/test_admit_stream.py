@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy import text
 
 from services.admission.stream import PROTOCOL_VERSION
@@ -23,6 +24,9 @@ from tether.testing.eventually import eventually
 from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+# The stack's admission drains for this long on SIGTERM (TETHER_ADMISSION_GRACE_S's default).
+ADMISSION_GRACE_S = 5.0
 
 
 def _chat(event_id: str, **fields: Any) -> admission_pb2.AdmitRequest:
@@ -195,23 +199,63 @@ async def _none_waits(locked: RunsLocked) -> bool | None:
     return True if await locked.waiting() == 0 else None
 
 
+async def test_admission_stopped_mid_call_answers_it_before_it_exits(
+    stack: RunningStack,
+) -> None:
+    """SIGTERM while a call waits on the gateway's stream: admission drains (it says so, and
+    no longer reports itself ready), answers the call, and exits; the gateway moves to the
+    restarted process by itself. Restarts admission, as the test after it does."""
+    async with grpc.aio.insecure_channel(stack.gateway) as channel:
+        send = _sender(gateway_pb2_grpc.GatewayServiceStub(channel), stack.metadata(stack.key_a))
+        assert (await send(_uid())).disposition == common_pb2.DISPOSITION_CREATED  # stream open
+        held = _uid()
+        admission = stack.services.procs["admission"]
+        async with RunsLocked(stack.db_url) as locked:
+            sending = asyncio.ensure_future(send(held))
+            await eventually(
+                lambda: _one_waits(locked), timeout=10, what="the admission to wait on the lock"
+            )
+            async with grpc.aio.insecure_channel(admission.health_address) as health_channel:
+                watch = health_pb2_grpc.HealthStub(health_channel).Watch(
+                    health_pb2.HealthCheckRequest()
+                )
+                assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+                stopping = asyncio.ensure_future(stack.services.stop("admission", grace=20))
+                update = await watch.read()
+                assert update.status == health_pb2.HealthCheckResponse.NOT_SERVING
+                watch.cancel()
+            assert not sending.done(), "the call was cut when the stop began"
+        # The lock is gone: the call the stopping process still holds is answered.
+        answered = await sending
+        assert answered.disposition == common_pb2.DISPOSITION_CREATED
+        # The drained stream then ends, so the process need not sit out its grace (5 s) for it:
+        # an undrained stream stays open until the grace cuts it.
+        answered_at = asyncio.get_running_loop().time()
+        assert await stopping == 0
+        assert asyncio.get_running_loop().time() - answered_at < ADMISSION_GRACE_S / 2
+        await stack.services.restart("admission")
+        assert (await send(_uid())).disposition == common_pb2.DISPOSITION_CREATED
+
+
+def _sender(gateway: Any, metadata: Any) -> Any:
+    async def send(event_id: str) -> gateway_pb2.SendMessageResponse:
+        request = gateway_pb2.SendMessageRequest(
+            event_id=event_id, conversation_id=f"c-{event_id}", text="hi"
+        )
+        response: gateway_pb2.SendMessageResponse = await gateway.SendMessage(
+            request, metadata=metadata
+        )
+        return response
+
+    return send
+
+
 async def test_admission_killed_mid_call_fails_it_as_an_outage_and_the_gateway_reconnects(
     stack: RunningStack,
 ) -> None:
-    """Last in this module: it restarts the admission service."""
+    """Restarts the admission service."""
     async with grpc.aio.insecure_channel(stack.gateway) as channel:
-        gateway = gateway_pb2_grpc.GatewayServiceStub(channel)
-        metadata = stack.metadata(stack.key_a)
-
-        async def send(event_id: str) -> gateway_pb2.SendMessageResponse:
-            request = gateway_pb2.SendMessageRequest(
-                event_id=event_id, conversation_id=f"c-{event_id}", text="hi"
-            )
-            response: gateway_pb2.SendMessageResponse = await gateway.SendMessage(
-                request, metadata=metadata
-            )
-            return response
-
+        send = _sender(gateway_pb2_grpc.GatewayServiceStub(channel), stack.metadata(stack.key_a))
         assert (await send(_uid())).disposition == common_pb2.DISPOSITION_CREATED  # stream open
         cut = _uid()
         async with RunsLocked(stack.db_url) as locked:
