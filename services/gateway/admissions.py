@@ -37,7 +37,7 @@ from typing import Any
 import grpc
 
 from tether import telemetry
-from tether.errors import Unavailable, from_rpc_error, from_status
+from tether.errors import CODE_METADATA_KEY, Unavailable, from_rpc_error, from_status
 from tether.telemetry import tracing
 from tether.v1 import admission_pb2, admission_pb2_grpc
 
@@ -171,9 +171,7 @@ class _Stream:
             first = await self._call.read()
         except grpc.aio.AioRpcError as exc:
             await self.close()
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                raise _Unimplemented from exc
-            raise from_rpc_error(exc, _SERVICE) from exc
+            raise refusal(exc) from exc
         except BaseException:
             await self.close()
             raise
@@ -317,3 +315,17 @@ def _no_answer(timeout_s: float) -> Unavailable:
         code="dependency_timeout",
         details={"dependency": "the admission service"},
     )
+
+
+def refusal(exc: grpc.aio.AioRpcError) -> Exception:
+    """What a stream that failed to open means for the call waiting on it. Admission's own
+    refusals (another protocol version, a credential it does not know) carry their stable code
+    and are raised as they are; a replica without the stream means unary calls. Anything else
+    is an outage: grpc's client reports a write that raced the server's early end as INTERNAL
+    ("Internal error from Core", grpc/grpc#36066), hiding a stopping replica's UNAVAILABLE."""
+    if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+        return _Unimplemented()
+    trailers = dict(exc.trailing_metadata() or ())
+    if CODE_METADATA_KEY not in trailers:
+        return Unavailable.outage("the admission service")
+    return from_rpc_error(exc, _SERVICE)
