@@ -151,3 +151,12 @@ def from_rpc_error(exc: grpc.aio.AioRpcError, service: str = "") -> TetherError:
     if service and not code and exc.code() in unanswered:
         return Unavailable.outage(f"the {service} service")
     return from_status(exc.code(), exc.details() or "", code)
+
+
+_STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def from_status_number(number: int, message: str, code: str = "") -> TetherError:
+    """The TetherError a stream message carries as a gRPC status code's number (a Work
+    stream's acknowledgement, an AdmitStream's answer), its words and its stable code."""
+    return from_status(_STATUS_BY_NUMBER.get(number, grpc.StatusCode.UNKNOWN), message, code)

@@ -32,12 +32,10 @@ _DISPOSITIONS = {
 class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     """Implements tether.v1.AdmissionService."""
 
-    def __init__(
-        self, admitter: Admitter, retention: Retention, timing: StreamTiming | None = None
-    ) -> None:
+    def __init__(self, admitter: Admitter, retention: Retention, timing: StreamTiming) -> None:
         self._admitter = admitter
         self._retention = retention
-        self.streams = AdmitStreams(self._streamed, timing or StreamTiming(600.0, 30.0))
+        self.streams = AdmitStreams(self._streamed, timing)
 
     async def Admit(  # gRPC method name
         self, request: admission_pb2.AdmitRequest, context: grpc.aio.ServicerContext

@@ -37,7 +37,7 @@ from typing import Any
 import grpc
 
 from tether import telemetry
-from tether.errors import CODE_METADATA_KEY, Unavailable, from_rpc_error, from_status
+from tether.errors import CODE_METADATA_KEY, Unavailable, from_rpc_error, from_status_number
 from tether.telemetry import tracing
 from tether.v1 import admission_pb2, admission_pb2_grpc
 
@@ -52,7 +52,6 @@ UNARY_FOR_S = 60.0
 ANSWER_MARGIN_S = 1.0
 # Which service a refusal or an outage is reported as.
 _SERVICE = "admission"
-_STATUS = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class _Unimplemented(Exception):
@@ -222,18 +221,16 @@ class _Stream:
             self._close_if_done()
 
     async def close(self) -> None:
-        """Close this side, stop reading and close the channel."""
-        self.takes_calls = False
-        self._end()
+        """End the stream now: stop reading (the reader then ends it), or end it here when it
+        never got as far as reading."""
         if self._call is not None:
             self._call.cancel()
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        self._fail_waiting()
-        self._over(self)
-        await self._channel.close()
+        if self._reader is None:
+            await self._ended()
+            return
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
 
     async def _requests(self) -> AsyncIterator[admission_pb2.AdmitStreamRequest]:
         """What the stream sends, as it is queued: everything queued by the time the stream
@@ -273,20 +270,26 @@ class _Stream:
             if self._waiting:
                 log.warning("AdmitStream broke (%s: %s)", exc.code().name, exc.details())
         finally:
-            self.takes_calls = False
-            self._drained(self)
-            self._fail_waiting()
-            self._end()
-            self._over(self)
-            await self._channel.close()
+            await self._ended()
+
+    async def _ended(self) -> None:
+        """Nothing more comes on this stream: it takes no calls, those still waiting fail as an
+        outage, this side closes and so does the channel."""
+        self.takes_calls = False
+        self._drained(self)
+        self._fail_waiting()
+        self._end()
+        self._over(self)
+        await self._channel.close()
 
     def _answered(self, answer: admission_pb2.AdmitAnswer) -> None:
         waiting = self._waiting.pop(answer.id, None)
         if waiting is None or waiting.done():
             return  # its caller gave up
         if answer.code:
-            status = _STATUS.get(answer.code, grpc.StatusCode.UNKNOWN)
-            waiting.set_exception(from_status(status, answer.message, answer.error_code))
+            waiting.set_exception(
+                from_status_number(answer.code, answer.message, answer.error_code)
+            )
         else:
             waiting.set_result(answer.response)
 

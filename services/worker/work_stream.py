@@ -32,7 +32,7 @@ from google.protobuf.message import Message
 from services.worker.assignment import Assignment, EarlierRun, Lease, Origin
 from tether.convert import config_from_proto, part_from_proto
 from tether.domain import Summary
-from tether.errors import TetherError, Unavailable, from_status
+from tether.errors import TetherError, Unavailable, from_status_number
 from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -239,8 +239,7 @@ class WorkStream:
             return  # answered on an earlier stream already, or its writer gave up
         _, answer = entry
         if ack.code:
-            status = _STATUS.get(ack.code, grpc.StatusCode.UNKNOWN)
-            answer.set_exception(from_status(status, ack.message, ack.error_code))
+            answer.set_exception(from_status_number(ack.code, ack.message, ack.error_code))
             return
         message = entry[0]
         kind = str(message.WhichOneof("kind"))
@@ -305,7 +304,6 @@ class WorkStream:
 
 # The sentinel that ends a stream's request iterator.
 _END = orchestrator_pb2.WorkRequest()
-_STATUS = {code.value[0]: code for code in grpc.StatusCode}
 # Refusals of a stream that reconnecting cannot mend. (UNIMPLEMENTED is not one: an orchestrator
 # of the release before Work is upgraded during a rollout; roll out orchestrators first.)
 _FOR_GOOD = frozenset(
