@@ -14,10 +14,12 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tether import formats
-from tether.db.schema import connections, grants, interactions, tenants
+from tether.db.schema import connections, grants, in_state, interactions, tenants
 
 # The sweeps leave an interaction a newer release stored to that release's replicas.
 _READABLE = interactions.c.format <= formats.CURRENT
+# Resolved, its resolution not yet taken by the orchestrator (ix_interactions_undelivered).
+_RESOLVED = ("answered", "decided", "completed", "expired")
 
 
 def _readable(row: Row[Any] | None) -> Row[Any] | None:
@@ -254,7 +256,7 @@ async def expired_pending(conn: AsyncConnection, limit: int) -> Sequence[Row[Any
         await conn.execute(
             select(interactions)
             .where(
-                interactions.c.status == "pending",
+                in_state(interactions.c.status, "pending"),
                 interactions.c.expires_at < func.now(),
                 _READABLE,
             )
@@ -271,7 +273,7 @@ async def undelivered(conn: AsyncConnection, limit: int) -> Sequence[Row[Any]]:
         await conn.execute(
             select(interactions)
             .where(
-                interactions.c.status.in_(("answered", "decided", "completed", "expired")),
+                in_state(interactions.c.status, *_RESOLVED),
                 interactions.c.delivered_at.is_(None),
                 _READABLE,
                 interactions.c.resolved_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, 1),
@@ -282,9 +284,9 @@ async def undelivered(conn: AsyncConnection, limit: int) -> Sequence[Row[Any]]:
     ).all()
 
 
-_PENDING = (interactions.c.status == "pending", _READABLE)
+_PENDING = (in_state(interactions.c.status, "pending"), _READABLE)
 _UNDELIVERED = (
-    interactions.c.status.in_(("answered", "decided", "completed", "expired")),
+    in_state(interactions.c.status, *_RESOLVED),
     interactions.c.delivered_at.is_(None),
     _READABLE,
 )
@@ -330,7 +332,7 @@ async def unconfirmed_pending(
         await conn.execute(
             select(interactions)
             .where(
-                interactions.c.status == "pending",
+                in_state(interactions.c.status, "pending"),
                 interactions.c.bound_at.is_(None),
                 _READABLE,
                 interactions.c.created_at

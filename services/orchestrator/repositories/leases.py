@@ -48,7 +48,16 @@ from services.orchestrator.repositories.transitions import (
 )
 from tether import formats, states
 from tether.db.direct import Direct
-from tether.db.schema import attempts, audit_log, documents, messages, routings, runs, tenants
+from tether.db.schema import (
+    attempts,
+    audit_log,
+    documents,
+    in_state,
+    messages,
+    routings,
+    runs,
+    tenants,
+)
 from tether.domain import Event, RunError, run_started
 from tether.states import RunStatus
 
@@ -75,7 +84,7 @@ _ROUTES = (
 _PICKED = (
     # updated_at: when the run last moved (queued, or handed its session): claim latency.
     select(runs.c.run_id, runs.c.tenant_id, runs.c.channel, runs.c.message_id, runs.c.updated_at)
-    .where(runs.c.status == RunStatus.QUEUED.value, runs.c.session_head)
+    .where(in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head)
     .order_by(runs.c.created_at, runs.c.run_id)
     .limit(bindparam("c_limit"))
     .with_for_update(skip_locked=True)
@@ -269,7 +278,7 @@ async def routings_of(conn: AsyncConnection, routing_ids: Collection[str]) -> di
 
 _CLAIMABLE = select(func.count()).select_from(
     select(runs.c.run_id)
-    .where(runs.c.status == RunStatus.QUEUED.value, runs.c.session_head)
+    .where(in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head)
     .limit(bindparam("limit"))
     .subquery()
 )
@@ -319,7 +328,7 @@ async def expired_leases(conn: AsyncConnection, limit: int) -> list[Row[Any]]:
     """Running runs whose lease expired, locked for the reaper."""
     stmt = (
         select(runs)
-        .where(runs.c.status == RunStatus.RUNNING.value, runs.c.lease_expires_at < func.now())
+        .where(in_state(runs.c.status, RunStatus.RUNNING), runs.c.lease_expires_at < func.now())
         .order_by(runs.c.lease_expires_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
@@ -332,7 +341,7 @@ async def due_retries(conn: AsyncConnection, limit: int) -> list[Any]:
     stmt = (
         select(runs.c.run_id, runs.c.attempt)
         .where(
-            runs.c.status == RunStatus.RETRY_PENDING.value,
+            in_state(runs.c.status, RunStatus.RETRY_PENDING),
             runs.c.next_attempt_at <= func.now(),
         )
         .order_by(runs.c.next_attempt_at)
@@ -345,7 +354,7 @@ async def due_retries(conn: AsyncConnection, limit: int) -> list[Any]:
 _QUEUE = select(
     func.count(),
     func.coalesce(func.extract("epoch", func.now() - func.min(runs.c.updated_at)), 0),
-).where(runs.c.status == RunStatus.QUEUED.value)
+).where(in_state(runs.c.status, RunStatus.QUEUED))
 
 
 async def queue_stats(conn: AsyncConnection) -> tuple[int, float]:
@@ -358,7 +367,7 @@ async def queue_stats(conn: AsyncConnection) -> tuple[int, float]:
 
 _NEXT_EXPIRY_IN = select(
     func.extract("epoch", func.min(runs.c.lease_expires_at) - func.now())
-).where(runs.c.status == RunStatus.RUNNING.value)
+).where(in_state(runs.c.status, RunStatus.RUNNING))
 
 
 async def next_expiry_in(conn: AsyncConnection) -> float | None:
@@ -370,7 +379,7 @@ async def next_expiry_in(conn: AsyncConnection) -> float | None:
 
 
 _NEXT_RETRY_IN = select(func.extract("epoch", func.min(runs.c.next_attempt_at) - func.now())).where(
-    runs.c.status == RunStatus.RETRY_PENDING.value
+    in_state(runs.c.status, RunStatus.RETRY_PENDING)
 )
 
 

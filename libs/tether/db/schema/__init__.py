@@ -9,14 +9,15 @@ service (README, "Who owns which table"):
 - `interactions_tables`: interactions, grants, connections;
 - `audit_tables`: audit_log, appended to by every service.
 
-Import tables from here (`from tether.db.schema import runs`): `metadata` holds them all.
+Import tables from here (`from tether.db.schema import runs`): `metadata` holds them all. A search
+by state goes through `in_state`, so that the state's partial index serves it.
 """
 
 from __future__ import annotations
 
 from tether.db.schema.admission_tables import event_claims, messages, sessions
 from tether.db.schema.audit_tables import audit_log
-from tether.db.schema.base import metadata
+from tether.db.schema.base import in_state, metadata
 from tether.db.schema.gateway_tables import api_keys, browser_credentials, tenants
 from tether.db.schema.interactions_tables import connections, grants, interactions
 from tether.db.schema.orchestrator_tables import (
@@ -43,6 +44,7 @@ __all__ = [
     "effects",
     "event_claims",
     "grants",
+    "in_state",
     "interactions",
     "messages",
     "metadata",
