@@ -296,9 +296,21 @@ _HELD = (
     .table_valued("run_id", "epoch")
     .render_derived("held", with_types=False)
 )
+# The held runs still leased under their epochs, locked in run-id order ("C": as Python sorts
+# them), the order a group commit writes them in (repositories.committer): the two never wait
+# for each other in a cycle. Left to the plan, the runs were locked in the table's order (a hash
+# join over a scan), and a renewal deadlocked with a group of completions.
+_LOCKED = (
+    select(runs.c.run_id)
+    .select_from(runs.join(_HELD, runs.c.run_id == _HELD.c.run_id))
+    .where(lease_held(_HELD.c.epoch))
+    .order_by(runs.c.run_id.collate("C"))
+    .with_for_update(of=runs, key_share=True)
+    .cte("locked")
+)
 _RENEW = (
     update(runs)
-    .where(runs.c.run_id == _HELD.c.run_id, lease_held(_HELD.c.epoch))
+    .where(runs.c.run_id == _LOCKED.c.run_id)
     .values(lease_expires_at=func.now() + bindparam("h_ttl", type_=Interval))
     .returning(
         runs.c.run_id,
