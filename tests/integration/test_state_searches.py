@@ -145,8 +145,7 @@ async def _finished_history(engine: AsyncEngine) -> None:
             ),
             {"n": FINISHED + 12, "finished": FINISHED},
         )
-    async with engine.connect() as conn:
-        await conn.execute(text("COMMIT"))
+    async with engine.begin() as conn:
         for table in ("runs", "interactions", "messages", "sessions"):
             await conn.execute(text(f"ANALYZE {table}"))
 
