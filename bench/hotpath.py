@@ -12,7 +12,8 @@ local model server out of process (bench.runs):
 - admission: no workers; admissions through the gateway against a no-op call through two bare
   gRPC hops (bench.relay_floor);
 - counters: two workers behind counting taps (bench.grpc_tap) with PostgreSQL's statement log
-  on: statements, transactions, WAL, RPCs and Redis commands per run (bench.hotpath_counts).
+  on: statements, transactions, WAL (and its append-only floor: bench.wal_floor), RPCs and
+  Redis commands per run (bench.hotpath_counts).
   Logging slows the server, so no speed figure comes from that stage;
 - upkeep: what a running run writes while it runs, WAL per lease renewal and per checkpoint
   on a database of its own with no services, and per character of a long answer streamed

@@ -19,6 +19,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as redis
 
+from bench import wal_floor
 from bench.common import Servers, emit
 from bench.counters import StatementLog, pg_counters, redis_calls, wal_bytes
 from bench.grpc_tap import UNKNOWN, TappedServiceSet
@@ -59,9 +60,9 @@ async def counters(servers: Servers, model: Model) -> None:
         await admin.close()
 
 
-async def batch(current: Stage, done: Completions, runs: int) -> Counter[str]:
+async def batch(current: Stage, done: Completions, runs: int) -> tuple[Counter[str], list[str]]:
     """Admit `runs` one-turn runs from SUBMITTERS callers and wait for every terminal event;
-    how they ended."""
+    how they ended, and the runs that completed."""
     tag = uuid.uuid4().hex[:8]
     pending = iter(range(runs))
     run_ids: list[str] = []
@@ -77,7 +78,10 @@ async def batch(current: Stage, done: Completions, runs: int) -> Counter[str]:
     async with asyncio.timeout(PHASE_TIMEOUT_S):
         await asyncio.gather(*(submitter() for _ in range(SUBMITTERS)))
         endings = await asyncio.gather(*(done.ending(r) for r in run_ids))
-    return Counter(outcome for _, outcome in endings)
+    completed = [
+        r for r, (_, outcome) in zip(run_ids, endings, strict=True) if outcome == "completed"
+    ]
+    return Counter(outcome for _, outcome in endings), completed
 
 
 async def _count(
@@ -100,7 +104,7 @@ async def _count(
     rpc_before = services.rpc_counts()
     start_mark = await log.mark("start")
     started = time.perf_counter()
-    outcomes = await batch(current, done, COUNTED_RUNS)
+    outcomes, completed_runs = await batch(current, done, COUNTED_RUNS)
     seconds = time.perf_counter() - started
     end_mark = await log.mark("end")
     rpc = services.rpc_counts() - rpc_before
@@ -166,18 +170,32 @@ async def _count(
         **phase,
     )
     written = await wal_bytes(admin, pg_before, pg_after)
+    floor = await wal_floor.append_only(admin, current.db_url, current.database, completed_runs)
     emit(
         "wal_bytes_per_run",
         written / completed,
         "bytes/run",
         wal_bytes=written,
+        append_only_floor_bytes_per_run=round(floor.per_run, 1),
         wal_records_per_run=round((pg_flushed.wal_records - pg_before.wal_records) / completed, 3),
         wal_fpi_per_run=round((pg_flushed.wal_fpi - pg_before.wal_fpi) / completed, 3),
         measured="pg_wal_lsn_diff of pg_current_wal_lsn() after and before the phase (the whole "
         "server: only this stage's database is busy); records and full-page images from "
         "pg_stat_wal, flushed like the transactions (the quiet seconds after included); the "
-        "phase starts right after a CHECKPOINT",
+        "phase starts right after a CHECKPOINT; the append-only floor: wal_floor_bytes_per_run",
         **phase,
+    )
+    emit(
+        "wal_floor_bytes_per_run",
+        floor.per_run,
+        "bytes/run",
+        wal_bytes=floor.bytes,
+        runs=floor.runs,
+        rows_per_run=floor.rows_per_run,
+        meaning="the WAL of the counted phase's own rows written again once each, in their "
+        "final state, into copies of their tables with every index, two transactions per run "
+        "(admission, then the rest): what the records a run keeps cost before any move of "
+        "its state (bench.wal_floor)",
     )
     units = rpc.units()
     emit(
