@@ -302,6 +302,8 @@ async def admission(servers: Servers, model: Model) -> None:
         grpc.aio.insecure_channel(relay) as relay_channel,
         topology(servers, model, runners=0) as bare,
         grpc.aio.insecure_channel(bare.edge) as bare_channel,
+        topology(servers, model, runners=0, records=True) as kept,
+        grpc.aio.insecure_channel(kept.edge) as kept_channel,
     ):
         gateway = gateway_pb2_grpc.GatewayServiceStub(gateway_channel)
         call_relay = relay_channel.unary_unary(RELAY_METHOD)
@@ -328,10 +330,25 @@ async def admission(servers: Servers, model: Model) -> None:
         async def durable(caller: int, i: int) -> None:
             await send_bare(request().SerializeToString())
 
+        # The same, the intake sending admission's own statement: what admission's records
+        # cost on their way in, with none of the services' code around them.
+        send_kept = kept_channel.unary_unary(TOPOLOGY_SEND)
+
+        async def records(caller: int, i: int) -> None:
+            await send_kept(request().SerializeToString())
+
         many = await _alternate(
             {admit: ADMIT_OPS, floor: FLOOR_OPS, durable: FLOOR_OPS}, ADMIT_CALLERS
         )
-        one = await _alternate({admit: ADMIT_OPS_C1, floor: ADMIT_OPS_C1, durable: ADMIT_OPS_C1}, 1)
+        one = await _alternate(
+            {
+                admit: ADMIT_OPS_C1,
+                floor: ADMIT_OPS_C1,
+                durable: ADMIT_OPS_C1,
+                records: ADMIT_OPS_C1,
+            },
+            1,
+        )
     hops = (
         "client -> relay -> backend, each its own process on loopback, bare grpc.aio, the "
         "backend echoing an admission request's bytes"
@@ -356,11 +373,12 @@ async def admission(servers: Servers, model: Model) -> None:
         floor=hops,
         admission="SendMessage through the gateway, a unique event in a new conversation",
     )
-    admit_c1, floor_c1, durable_c1 = one
-    p50, floor_p50, durable_p50 = (
+    admit_c1, floor_c1, durable_c1, records_c1 = one
+    p50, floor_p50, durable_p50, records_p50 = (
         statistics.median(admit_c1.latencies_ms),
         statistics.median(floor_c1.latencies_ms),
         statistics.median(durable_c1.latencies_ms),
+        statistics.median(records_c1.latencies_ms),
     )
     emit(
         "admit_p50_vs_floor_c1",
@@ -372,6 +390,11 @@ async def admission(servers: Servers, model: Model) -> None:
         floor_p99_ms=round(percentile(floor_c1.latencies_ms, 99), 3),
         topology_floor_p50_ms=round(durable_p50, 3),
         topology_floor_p50_vs_floor=round(durable_p50 / floor_p50, 3),
+        records_floor_p50_ms=round(records_p50, 3),
+        records_floor_p50_vs_floor=round(records_p50 / floor_p50, 3),
+        records_floor="the topology floor's two hops, the intake sending admission's own "
+        "statement (claim, session, message, run and its event in one round trip) on a bare "
+        "driver connection, then the wake-up (bench.topology_floor --records)",
         admissions=admit_c1.ops,
         floor_calls=floor_c1.ops,
         rounds=ADMIT_ROUNDS,

@@ -115,10 +115,11 @@ class Topology:
 
 @contextlib.asynccontextmanager
 async def topology(
-    servers: Servers, model: Model, *, runners: int = WORKERS
+    servers: Servers, model: Model, *, runners: int = WORKERS, records: bool = False
 ) -> AsyncIterator[Topology]:
     """The floor's processes (`runners` runners of WORKER_CONCURRENCY) on a fresh database,
-    warmed up (when a runner takes what is admitted); stopped on exit."""
+    warmed up (when a runner takes what is admitted); stopped on exit. With `records`, the
+    intake sends admission's own statement instead of its one-row insert."""
     processes: dict[str, list[asyncio.subprocess.Process]] = {}
 
     async def start(role: str, *args: str) -> str:
@@ -140,7 +141,7 @@ async def topology(
     async with bench_database(servers.server_url) as (db_url, _):
         await floor.prepare(db_url)
         try:
-            intake = await start("intake", db_url, servers.redis_url)
+            intake = await start("intake", db_url, servers.redis_url, *["records"][:records])
             dispatcher = await start("dispatcher", db_url, servers.redis_url)
             edge = await start("edge", intake)
             for _ in range(runners):

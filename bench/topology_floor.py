@@ -12,6 +12,10 @@ it (the slot comes back with the acknowledgement) and publishes the ending on Re
 load generator, subscribed, sees it. Bare grpc.aio (bytes are the messages), redis.asyncio and
 asyncpg, on the loop the services run on.
 
+With `records`, the intake sends admission's own statement instead of its one-row insert (the
+claim, session, message, run and its event, in one round trip on a bare driver connection):
+what admission's records cost on the way in, still with none of the services' code.
+
 `python -m bench.topology_floor ROLE ...` (see `main`) prints `listening PORT` (servers) or
 `ready` once it serves, and runs until SIGTERM.
 """
@@ -20,17 +24,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import asyncpg
 import grpc
 import redis.asyncio as redis
 from anthropic import AsyncAnthropic
+from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
 
 from bench.model import BENCH_REQUEST, streamed_call
+from services.admission import repository
+from services.admission.adapters import normalise
 from tether.runtime.process import run, wait_for_signal
+from tether.v1 import admission_pb2
 
 SERVICE = "floor.Topology"
 SEND, ADMIT, WORK = f"/{SERVICE}/Send", f"/{SERVICE}/Admit", f"/{SERVICE}/Work"
@@ -76,21 +86,60 @@ async def edge(intake: str) -> None:
         await server.stop(0)
 
 
-async def intake(db_url: str, redis_url: str) -> None:
-    """Admission's place: one insert, one wake-up."""
+async def intake(db_url: str, redis_url: str, records: bool = False) -> None:
+    """Admission's place: one insert, one wake-up. With `records`, the insert is admission's
+    own statement (every record it writes: claim, session, message, run, event), sent bare."""
     pool = await asyncpg.create_pool(db_url, min_size=4, max_size=10)
     bus = redis.Redis.from_url(redis_url)
+    admitted = _admitted() if records else None
 
     async def admit(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        run_id = await pool.fetchval(INSERT)
-        await bus.publish(WAKE, str(run_id))
-        return str(run_id).encode()
+        if admitted is None:
+            run_id = str(await pool.fetchval(INSERT))
+        else:
+            sql, args = admitted()
+            run_id = (await pool.fetchrow(sql, *args))["run_id"]
+        await bus.publish(WAKE, run_id)
+        return run_id.encode()
 
     server = await _server({"Admit": grpc.unary_unary_rpc_method_handler(admit)})
     await wait_for_signal()
     await server.stop(0)
     await bus.aclose()
     await pool.close()
+
+
+# A statement's SQL and its arguments for one call.
+Arguments = Callable[[], tuple[str, list[Any]]]
+
+
+def _admitted() -> Arguments:
+    """Admission's statement and, per call, its arguments for a new event in a new conversation
+    of the bench tenant (bench.common.bench_database): the values the service would bind, from
+    one template, with no request read and no service code around the statement."""
+    event = normalise(
+        admission_pb2.AdmitRequest(
+            caller=admission_pb2.Caller(tenant_id="bench", principal_id="bench"),
+            chat=admission_pb2.ChatInput(event_id="e", conversation_id="c", text="bench"),
+        )
+    )
+    template = repository.admit_params(
+        event=event,
+        request_hash=event.request_hash(),
+        run_id="",
+        session_id="",
+        message_id="",
+        max_attempts=3,
+        traceparent=None,
+    )
+    dialect, tag, sent = PGDialect_asyncpg(), f"floor-{os.getpid()}", itertools.count()
+
+    def arguments() -> tuple[str, list[Any]]:
+        n = f"{tag}-{next(sent)}"
+        unique = ("key", "event_id", "conversation_id", "run_id", "session_id", "message_id")
+        return repository.ADMIT_NEW.bound(dialect, {**template, **dict.fromkeys(unique, n)})
+
+    return arguments
 
 
 class _Runner:
@@ -200,13 +249,13 @@ async def prepare(db_url: str) -> None:
 
 
 def main() -> None:
-    """`edge INTAKE_ADDR` | `intake DB_URL REDIS_URL` | `dispatcher DB_URL REDIS_URL` |
+    """`edge INTAKE_ADDR` | `intake DB_URL REDIS_URL [records]` | `dispatcher DB_URL REDIS_URL` |
     `runner DISPATCHER_ADDR MODEL_URL CONCURRENCY`."""
     role, args = sys.argv[1], sys.argv[2:]
     if role == "edge":
         run(edge(args[0]))
     elif role == "intake":
-        run(intake(args[0], args[1]))
+        run(intake(args[0], args[1], records=args[2:] == ["records"]))
     elif role == "dispatcher":
         run(dispatcher(args[0], args[1]))
     elif role == "runner":

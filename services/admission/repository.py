@@ -4,7 +4,7 @@ retention (tombstones, messages no run names, empty sessions) and a deleted tena
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,11 +138,23 @@ def _build_admit_new() -> Select[Any]:
     return select(run).add_cte(queued_event)
 
 
-_ADMIT_NEW = Direct(_build_admit_new())
+# Admission's statement (bench.topology_floor sends it on a bare driver connection, to measure
+# what its records cost apart from the service around it).
+ADMIT_NEW = Direct(_build_admit_new())
 
 
-async def admit_new(
-    conn: AsyncConnection,
+async def admit_new(conn: AsyncConnection, params: Mapping[str, Any]) -> Row[Any] | None:
+    """Claim the key, resolve the session, store the message and queue the run, in ONE statement.
+
+    Each step is a data-modifying CTE fed by the previous one, so when the claim conflicts
+    nothing else is written and no row comes back (the caller then applies the duplicate
+    table); otherwise the queued run comes back. One round trip, atomic by construction.
+    `params`: what `admit_params` gives.
+    """
+    return await ADMIT_NEW.first(conn, params)
+
+
+def admit_params(
     *,
     event: InboundEvent,
     request_hash: bytes,
@@ -151,14 +163,10 @@ async def admit_new(
     message_id: str,
     max_attempts: int,
     traceparent: str | None,
-) -> Row[Any] | None:
-    """Claim the key, resolve the session, store the message and queue the run, in ONE statement.
-
-    Each step is a data-modifying CTE fed by the previous one, so when the claim conflicts
-    nothing else is written and no row comes back (the caller then applies the duplicate
-    table); otherwise the queued run comes back. One round trip, atomic by construction.
-    """
-    params = {
+) -> dict[str, Any]:
+    """The values `ADMIT_NEW` binds to admit `event` as the run `run_id`, in a new session
+    `session_id` (unless its conversation has one) with the message `message_id`."""
+    return {
         "tenant_id": event.tenant_id,
         "scope": event.idempotency_scope,
         "key": event.idempotency_key,
@@ -181,7 +189,6 @@ async def admit_new(
         "visibility": event.visibility.value,
         **intake.queued_params("admitted"),
     }
-    return await _ADMIT_NEW.first(conn, params)
 
 
 @dataclass(frozen=True)

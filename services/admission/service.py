@@ -63,13 +63,15 @@ class Admitter:
         async with self._autocommit.connect() as conn:
             run = await repo.admit_new(
                 conn,
-                event=event,
-                request_hash=request_hash,
-                run_id=run_id,
-                session_id=new_id("ses"),
-                message_id=new_id("msg"),
-                max_attempts=self._max_attempts,
-                traceparent=traceparent,
+                repo.admit_params(
+                    event=event,
+                    request_hash=request_hash,
+                    run_id=run_id,
+                    session_id=new_id("ses"),
+                    message_id=new_id("msg"),
+                    max_attempts=self._max_attempts,
+                    traceparent=traceparent,
+                ),
             )
             decided = (
                 Admission(Disposition.CREATED, run)

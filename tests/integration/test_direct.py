@@ -65,13 +65,15 @@ async def test_the_admission_statement_returns_the_same_shape_through_either_pat
     async def admit(conn: AsyncConnection, event_id: str) -> Row[Any] | None:
         return await admission.admit_new(
             conn,
-            event=replace(chat(event_id, conversation=event_id), context={"n": 1}),
-            request_hash=b"h" * 32,
-            run_id=new_id("run"),
-            session_id=new_id("ses"),
-            message_id=new_id("msg"),
-            max_attempts=3,
-            traceparent=None,
+            admission.admit_params(
+                event=replace(chat(event_id, conversation=event_id), context={"n": 1}),
+                request_hash=b"h" * 32,
+                run_id=new_id("run"),
+                session_id=new_id("ses"),
+                message_id=new_id("msg"),
+                max_attempts=3,
+                traceparent=None,
+            ),
         )
 
     # Inside SQLAlchemy's own transaction the statement goes through `execute`.

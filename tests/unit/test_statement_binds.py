@@ -24,7 +24,7 @@ def _statements() -> dict[str, Any]:
         "renew": leases._RENEW,
         "flag_cancel": runs._FLAG_CANCEL,
         "create_queued_run": intake._CREATE,
-        "admit_new": admission._ADMIT_NEW.statement,
+        "admit_new": admission.ADMIT_NEW.statement,
         "supersede": parts._SUPERSEDE,
         "end_attempt": leases._AUDITED_END_ATTEMPT,
     }

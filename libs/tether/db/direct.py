@@ -78,7 +78,35 @@ class Direct:
             # Inside `AsyncConnection.begin()`, whose BEGIN SQLAlchemy sends with its first
             # statement: let it, or this statement would commit alone.
             return list(await conn.execute(self._statement, params))
-        compiled = self._compile(conn.dialect)
+        sql, args = self.bound(conn.dialect, params)
+        sync = conn.sync_connection
+        heard = sync if sync is not None and sync.dispatch.before_cursor_execute else None
+        if heard is not None:
+            # What listens to the engine's statements (a count, a trace) hears these too,
+            # with no cursor or execution context: there is none.
+            heard.dispatch.before_cursor_execute(heard, None, sql, args, None, False)
+        try:
+            if many:
+                records: Sequence[asyncpg.Record] = await driver.fetch(sql, *args)
+            else:
+                record = await driver.fetchrow(sql, *args)
+                records = [] if record is None else [record]
+        except Exception as exc:
+            await _raise_outage(conn, driver, exc)
+            raise
+        if heard is not None:
+            heard.dispatch.after_cursor_execute(heard, None, sql, args, None, False)
+        if not records:
+            return []
+        if self._row is None:
+            self._row = result_tuple(list(records[0].keys()))
+        make = self._row
+        return [make(record.values()) for record in records]
+
+    def bound(self, dialect: Dialect, params: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        """The SQL `dialect`'s driver is sent for this statement and its positional arguments
+        for `params`: what `first` and `all` send."""
+        compiled = self._compile(dialect)
         missing = compiled.required - params.keys()
         if missing:
             raise ValueError(f"a value is required for {', '.join(sorted(missing))}")
@@ -86,29 +114,7 @@ class Direct:
         for name, process in compiled.binds:
             value = params[name] if name in params else compiled.defaults[name]
             args.append(value if process is None else process(value))
-        sync = conn.sync_connection
-        heard = sync if sync is not None and sync.dispatch.before_cursor_execute else None
-        if heard is not None:
-            # What listens to the engine's statements (a count, a trace) hears these too,
-            # with no cursor or execution context: there is none.
-            heard.dispatch.before_cursor_execute(heard, None, compiled.sql, args, None, False)
-        try:
-            if many:
-                records: Sequence[asyncpg.Record] = await driver.fetch(compiled.sql, *args)
-            else:
-                record = await driver.fetchrow(compiled.sql, *args)
-                records = [] if record is None else [record]
-        except Exception as exc:
-            await _raise_outage(conn, driver, exc)
-            raise
-        if heard is not None:
-            heard.dispatch.after_cursor_execute(heard, None, compiled.sql, args, None, False)
-        if not records:
-            return []
-        if self._row is None:
-            self._row = result_tuple(list(records[0].keys()))
-        make = self._row
-        return [make(record.values()) for record in records]
+        return compiled.sql, args
 
     def _compile(self, dialect: Dialect) -> _Compiled:
         found = self._compiled.get(id(dialect))
