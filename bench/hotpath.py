@@ -7,8 +7,9 @@ local model server out of process (bench.runs):
 
 - speed: two workers; light-load latency against the floor loop run one at a time, saturated
   throughput and CPU against the floor loop saturated and against the topology floor (the same
-  processes and hops doing only their hop's work: bench.topology_floor), the stack idle with 8
-  workers, and the claim's cost with 10,000 runs queued against 10 (bench.hotpath_queue);
+  processes and hops doing only their hop's work: bench.topology_floor), that floor's p50 with
+  Tether's own statements (records), the stack idle with 8 workers, and the claim's cost with
+  10,000 runs queued against 10 (bench.hotpath_queue);
 - admission: no workers; admissions through the gateway against a no-op call through two bare
   gRPC hops (bench.relay_floor);
 - counters: two workers behind counting taps (bench.grpc_tap) with PostgreSQL's statement log
@@ -154,6 +155,10 @@ async def saturated(servers: Servers, current: Stage, floor_p50_ms: float) -> No
     async with topology(servers, current.model) as bare:
         skeleton = await bare.saturate(SATURATED_RUNS)
         skeleton_light = await bare.saturate(LIGHT_RUNS, callers=1)
+    # One at a time only: at saturation the stack batches claims and completions, which the
+    # floor's processes do not, so its CPU there would be no floor.
+    async with topology(servers, current.model, records=True) as kept:
+        kept_light = await kept.saturate(LIGHT_RUNS, callers=1)
     floor_roles = {**floor_used.by_role, "floor_load": floor.cpu_s}
     floor_cpu = floor_used.total + floor.cpu_s
     floor_cpu_ms = floor_cpu * 1000 / floor.iterations
@@ -191,6 +196,20 @@ async def saturated(servers: Servers, current: Stage, floor_p50_ms: float) -> No
         meaning="the CPU a run costs when it only crosses Tether's processes and hops "
         "(bench.topology_floor), over the run floor's: the part of cpu_vs_floor's budget the "
         "topology itself takes before the runtime does any work of its own",
+    )
+    kept_p50 = statistics.median(kept_light.latencies_ms)
+    emit(
+        "records_floor_p50_vs_floor",
+        kept_p50 / floor_p50_ms,
+        "ratio",
+        records_floor_p50_ms=round(kept_p50, 3),
+        topology_floor_p50_ms=round(statistics.median(skeleton_light.latencies_ms), 3),
+        floor_p50_ms=round(floor_p50_ms, 3),
+        runs=kept_light.runs,
+        meaning="the light-load p50 of the topology floor whose intake and dispatcher send "
+        "Tether's own statements bare (admission's, the claim, the completion: every record a "
+        "one-turn run keeps), over the run floor's: what e2e_p50_vs_floor costs before any "
+        "service code runs (bench.topology_floor --records)",
     )
     emit(
         "cpu_vs_topology_floor",

@@ -50,6 +50,7 @@ class Topology:
     redis_url: str
     meter: CpuMeter
     completed: int = 0  # runs the floor completed so far (warm-up included)
+    records: bool = False  # the intake's and the dispatcher's statements are Tether's own
 
     async def saturate(self, runs: int, callers: int = SUBMITTERS) -> TopologyResult:
         """`runs` runs from `callers` callers, each waiting for its run's ending before it
@@ -103,9 +104,8 @@ class Topology:
         self.completed += runs
         db = await asyncpg.connect(self.db_url)
         try:
-            stored = await db.fetchval(
-                f"SELECT count(*) FROM {floor.TABLE} WHERE status = 'completed'"
-            )
+            table = "runs" if self.records else floor.TABLE
+            stored = await db.fetchval(f"SELECT count(*) FROM {table} WHERE status = 'completed'")
         finally:
             await db.close()
         if stored != self.completed:
@@ -119,7 +119,8 @@ async def topology(
 ) -> AsyncIterator[Topology]:
     """The floor's processes (`runners` runners of WORKER_CONCURRENCY) on a fresh database,
     warmed up (when a runner takes what is admitted); stopped on exit. With `records`, the
-    intake sends admission's own statement instead of its one-row insert."""
+    intake and the dispatcher send Tether's own statements (admission's, the claim, the
+    completion) instead of their one-row writes."""
     processes: dict[str, list[asyncio.subprocess.Process]] = {}
 
     async def start(role: str, *args: str) -> str:
@@ -141,8 +142,9 @@ async def topology(
     async with bench_database(servers.server_url) as (db_url, _):
         await floor.prepare(db_url)
         try:
-            intake = await start("intake", db_url, servers.redis_url, *["records"][:records])
-            dispatcher = await start("dispatcher", db_url, servers.redis_url)
+            kept = ["records"][:records]
+            intake = await start("intake", db_url, servers.redis_url, *kept)
+            dispatcher = await start("dispatcher", db_url, servers.redis_url, *kept)
             edge = await start("edge", intake)
             for _ in range(runners):
                 await start("runner", dispatcher, model.base_url, str(WORKER_CONCURRENCY))
@@ -160,7 +162,7 @@ async def topology(
                 }
 
             meter = CpuMeter(pids, frozenset({"postgres"}))
-            current = Topology(edge, db_url, servers.redis_url, meter)
+            current = Topology(edge, db_url, servers.redis_url, meter, records=records)
             if runners:
                 await current.saturate(WARMUP_RUNS)
             yield current

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -36,10 +37,18 @@ import redis.asyncio as redis
 from anthropic import AsyncAnthropic
 from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
 
-from bench.model import BENCH_REQUEST, streamed_call
+from bench.model import BENCH_REQUEST, MODEL, streamed_call
 from services.admission import repository
 from services.admission.adapters import normalise
+from services.admission.domain import InboundEvent
+from services.orchestrator import claims, routing
+from services.orchestrator.repositories import completion, leases
+from tether.db.direct import Direct
+from tether.domain import Batch, Completed, ModelTurn, Part, Role, Text, part_added, usage_updated
 from tether.runtime.process import run, wait_for_signal
+from tether.testing.demo_agent import demo_turn
+from tether.testing.model_cache import input_tokens_for
+from tether.testing.model_script import TextTurn
 from tether.v1 import admission_pb2
 
 SERVICE = "floor.Topology"
@@ -109,6 +118,16 @@ async def intake(db_url: str, redis_url: str, records: bool = False) -> None:
     await pool.close()
 
 
+def _event() -> InboundEvent:
+    """A chat message to the bench tenant (bench.common.bench_database)."""
+    return normalise(
+        admission_pb2.AdmitRequest(
+            caller=admission_pb2.Caller(tenant_id="bench", principal_id="bench"),
+            chat=admission_pb2.ChatInput(event_id="e", conversation_id="c", text="bench"),
+        )
+    )
+
+
 # A statement's SQL and its arguments for one call.
 Arguments = Callable[[], tuple[str, list[Any]]]
 
@@ -117,12 +136,7 @@ def _admitted() -> Arguments:
     """Admission's statement and, per call, its arguments for a new event in a new conversation
     of the bench tenant (bench.common.bench_database): the values the service would bind, from
     one template, with no request read and no service code around the statement."""
-    event = normalise(
-        admission_pb2.AdmitRequest(
-            caller=admission_pb2.Caller(tenant_id="bench", principal_id="bench"),
-            chat=admission_pb2.ChatInput(event_id="e", conversation_id="c", text="bench"),
-        )
-    )
+    event = _event()
     template = repository.admit_params(
         event=event,
         request_hash=event.request_hash(),
@@ -142,6 +156,77 @@ def _admitted() -> Arguments:
     return arguments
 
 
+class _Kept:
+    """The orchestrator's claim and completion for the bench tenant's runs, as the service
+    binds them: the route its admissions take (tenant, source and channel of `_admitted`'s
+    event), and a one-turn completion (the answer the local model gives the bench's request,
+    its part, its usage and their events), each built once."""
+
+    WORKER = "floor-runner"
+
+    def __init__(self, agent: dict[str, Any]) -> None:
+        event = _event()
+        routed = claims.Routing(agent, routing.resolve(agent, event.source, event.channel))
+        self._route = leases.Route(
+            "bench",
+            event.source,
+            event.channel,
+            agent,
+            routed.routing_id,
+            routed.config.limits.max_attempts,
+        )
+        self._unstored = {routed.routing_id: routed.stored}  # stored by the first claim
+        self._epochs: dict[str, int] = {}
+        answer = demo_turn(BENCH_REQUEST)
+        assert isinstance(answer, TextTurn), "the bench's request is answered in text"
+        part = Part(0, Role.ASSISTANT, Text(answer.text), final=True)
+        turn = ModelTurn(MODEL, input_tokens_for(BENCH_REQUEST), len(answer.text) // 4 + 1)
+        self._ending = Completed(answer.text)
+        self._done = {
+            "in_flight": Batch(0),
+            "parts": [part],
+            "events": [part_added(part), usage_updated(turn, turn.tokens())],
+            "turns": [turn],
+            "stages": {"context_ms": 0.1, "attempt_ms": 1.0, "total_ms": 1.2},
+            "audit": {"model": MODEL},
+        }
+        self._dialect = PGDialect_asyncpg()
+
+    @classmethod
+    async def of(cls, pool: asyncpg.Pool) -> _Kept:
+        agent = await pool.fetchval("SELECT agent FROM tenants WHERE tenant_id = 'bench'")
+        return cls(json.loads(agent))
+
+    def claim(self, limit: int) -> list[Any]:
+        params = leases.claim_params(
+            worker_id=self.WORKER,
+            limit=limit,
+            ttl_s=60,
+            routes=[self._route],
+            stored=self._unstored,
+        )
+        self._unstored = {}
+        return _sent(leases.CLAIM, self._dialect, params)
+
+    def leased(self, rows: list[asyncpg.Record]) -> list[str]:
+        """The runs the claim leased (each its epoch noted); every run it picked must be."""
+        for row in rows:
+            if row["run_id"] is None:
+                raise RuntimeError(f"the claim did not lease {row['picked_run_id']}")
+            self._epochs[row["run_id"]] = row["lease_epoch"]
+        return [row["run_id"] for row in rows]
+
+    def complete(self, run_id: str) -> list[Any]:
+        epoch = self._epochs.pop(run_id)
+        params = completion.complete_params(run_id, epoch, self._ending, **self._done)
+        return _sent(completion.COMPLETE, self._dialect, params)
+
+
+def _sent(statement: Direct, dialect: PGDialect_asyncpg, params: dict[str, Any]) -> list[Any]:
+    sql, args = statement.bound(dialect, params)
+    return [sql, *args]
+
+
 class _Runner:
     """One runner's stream: its free slots and what goes out on it."""
 
@@ -150,13 +235,28 @@ class _Runner:
         self.outbox: asyncio.Queue[bytes] = asyncio.Queue()
 
 
-async def dispatcher(db_url: str, redis_url: str) -> None:
+async def dispatcher(db_url: str, redis_url: str, records: bool = False) -> None:
     """The orchestrator's place: woken through Redis, it claims and pushes; it completes,
-    acknowledges (the slot comes back with it) and publishes the ending."""
+    acknowledges (the slot comes back with it) and publishes the ending. With `records`, the
+    claim and the completion are the orchestrator's own statements (lease, attempt, event;
+    part, usage, events, session, attempt, audit), sent bare."""
     pool = await asyncpg.create_pool(db_url, min_size=4, max_size=10)
     bus = redis.Redis.from_url(redis_url)
     runners: list[_Runner] = []
     look = asyncio.Event()
+    kept = await _Kept.of(pool) if records else None
+
+    async def claim(limit: int) -> list[str]:
+        if kept is None:
+            run_id = await pool.fetchval(CLAIM)
+            return [] if run_id is None else [str(run_id)]
+        return kept.leased(await pool.fetch(*kept.claim(limit)))
+
+    async def complete(run_id: str) -> None:
+        if kept is None:
+            await pool.execute(COMPLETE, int(run_id))
+        elif await pool.fetchrow(*kept.complete(run_id)) is None:
+            raise RuntimeError(f"the completion of {run_id} found its lease stale")
 
     async def dispatch() -> None:
         while True:
@@ -164,11 +264,12 @@ async def dispatcher(db_url: str, redis_url: str) -> None:
             look.clear()
             for runner in runners:
                 while runner.credits > 0:
-                    run_id = await pool.fetchval(CLAIM)
-                    if run_id is None:
+                    leased = await claim(runner.credits)
+                    if not leased:
                         break
-                    runner.credits -= 1
-                    runner.outbox.put_nowait(b"L" + str(run_id).encode())
+                    runner.credits -= len(leased)
+                    for run_id in leased:
+                        runner.outbox.put_nowait(b"L" + run_id.encode())
 
     async def wakeups() -> None:
         pubsub = bus.pubsub()
@@ -185,11 +286,11 @@ async def dispatcher(db_url: str, redis_url: str) -> None:
 
         async def read() -> None:
             async for message in requests:
-                run_id = int(message[1:])
-                await pool.execute(COMPLETE, run_id)
+                run_id = message[1:].decode()
+                await complete(run_id)
                 runner.credits += 1
                 runner.outbox.put_nowait(b"A" + message[1:])
-                await bus.publish(DONE, str(run_id))
+                await bus.publish(DONE, run_id)
                 look.set()
 
         reader = asyncio.ensure_future(read())
@@ -249,15 +350,15 @@ async def prepare(db_url: str) -> None:
 
 
 def main() -> None:
-    """`edge INTAKE_ADDR` | `intake DB_URL REDIS_URL [records]` | `dispatcher DB_URL REDIS_URL` |
-    `runner DISPATCHER_ADDR MODEL_URL CONCURRENCY`."""
+    """`edge INTAKE_ADDR` | `intake DB_URL REDIS_URL [records]` |
+    `dispatcher DB_URL REDIS_URL [records]` | `runner DISPATCHER_ADDR MODEL_URL CONCURRENCY`."""
     role, args = sys.argv[1], sys.argv[2:]
     if role == "edge":
         run(edge(args[0]))
     elif role == "intake":
         run(intake(args[0], args[1], records=args[2:] == ["records"]))
     elif role == "dispatcher":
-        run(dispatcher(args[0], args[1]))
+        run(dispatcher(args[0], args[1], records=args[2:] == ["records"]))
     elif role == "runner":
         run(runner(args[0], args[1], int(args[2])))
     else:

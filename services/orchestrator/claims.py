@@ -39,7 +39,7 @@ MAX_ROUTES = 10_000
 
 
 @dataclass(frozen=True)
-class _Routing:
+class Routing:
     """A tenant's routing, resolved from its agent configuration as it stood then, and the name
     it is stored under (`routings`: the digest of its stored form)."""
 
@@ -119,7 +119,7 @@ class Claims:
         self._claim_poll_hinted = claim_poll_hinted_s
         self._history_runs = history_runs
         self._empty_as_of = -1  # wakeups.generation when the last look that found nothing began
-        self._routes: dict[RouteKey, _Routing] = {}
+        self._routes: dict[RouteKey, Routing] = {}
         # Routing decisions this replica stored (`routings`), so a claim stores each once.
         self._stored_routings: set[str] = set()
         # Decisions by name, for the runs that lease again with the one they were pinned to.
@@ -203,11 +203,13 @@ class Claims:
                 }
                 rows = await lease_repo.claim(
                     conn,
-                    worker_id=worker_id,
-                    limit=n - len(leased),
-                    ttl_s=self._ttl,
-                    routes=[self._route(k, r, routed_now) for k, r in routes.items()],
-                    stored=unstored,
+                    lease_repo.claim_params(
+                        worker_id=worker_id,
+                        limit=n - len(leased),
+                        ttl_s=self._ttl,
+                        routes=[self._route(k, r, routed_now) for k, r in routes.items()],
+                        stored=unstored,
+                    ),
                 )
                 self._stored_routings.update(unstored)
                 for route in routes.values():
@@ -263,7 +265,7 @@ class Claims:
 
     @staticmethod
     def _route(
-        key: RouteKey, routing: _Routing, routed_now: dict[RouteKey, float]
+        key: RouteKey, routing: Routing, routed_now: dict[RouteKey, float]
     ) -> lease_repo.Route:
         tenant_id, source, channel = key
         return lease_repo.Route(
@@ -297,7 +299,7 @@ class Claims:
             if len(self._routes) >= MAX_ROUTES:
                 self._routes.clear()
                 self._stored_routings.clear()
-            self._routes[key] = _Routing(agent, config)
+            self._routes[key] = Routing(agent, config)
             routed_now[key] = (time.perf_counter() - started) * 1000
         return broken
 

@@ -1,5 +1,7 @@
-"""The topology floor's intake with admission's records, against the real PostgreSQL: each call
-sends admission's own statement bare and admits a new run with every record admission keeps."""
+"""The topology floor with Tether's records, against the real PostgreSQL: the intake sends
+admission's own statement bare and admits a new run with every record admission keeps; the
+dispatcher's claim leases it and its completion ends it with every record a one-turn run
+keeps."""
 
 from __future__ import annotations
 
@@ -49,3 +51,45 @@ async def test_each_call_admits_a_new_run_with_its_records(
 def _call(arguments: topology_floor.Arguments) -> list[object]:
     sql, args = arguments()
     return [sql, *args]
+
+
+async def test_the_claim_leases_what_was_admitted_and_the_completion_ends_it(
+    engine: AsyncEngine, db_url: str
+) -> None:
+    await _tenant(engine, "bench")
+    arguments = topology_floor._admitted()
+    conn = await asyncpg.connect(db_url)
+    pool = await asyncpg.create_pool(db_url, min_size=1, max_size=1)
+    try:
+        kept = await topology_floor._Kept.of(pool)
+        admitted = sorted([(await conn.fetchrow(*_call(arguments)))["run_id"] for _ in range(2)])
+        leased = kept.leased(await conn.fetch(*kept.claim(8)))
+        assert await conn.fetch(*kept.claim(8)) == []  # both are leased already
+        for run_id in leased:
+            assert await conn.fetchrow(*kept.complete(run_id)) is not None
+        ended = await conn.fetch(
+            "SELECT r.status, r.result_text <> '' AS answered, "
+            "(SELECT array_agg(type ORDER BY seq) FROM run_events e WHERE e.run_id = r.run_id) "
+            "AS events, (SELECT count(*) FROM run_parts p WHERE p.run_id = r.run_id) AS parts, "
+            "(SELECT count(*) FROM usage_turns u WHERE u.run_id = r.run_id) AS turns, "
+            "(SELECT outcome FROM attempts a WHERE a.run_id = r.run_id) AS attempt, "
+            "(SELECT count(*) FROM audit_log l WHERE l.run_id = r.run_id) AS audited "
+            "FROM runs r WHERE r.run_id = ANY($1) ORDER BY r.run_id",
+            admitted,
+        )
+    finally:
+        await pool.close()
+        await conn.close()
+
+    assert sorted(leased) == admitted
+    assert [dict(r) for r in ended] == [
+        {
+            "status": "completed",
+            "answered": True,
+            "events": ["run.queued", "run.started", "part.added", "usage.updated", "run.completed"],
+            "parts": 1,
+            "turns": 1,
+            "attempt": "completed",
+            "audited": 1,
+        }
+    ] * 2

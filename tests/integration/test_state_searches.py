@@ -31,7 +31,9 @@ Search = Callable[[AsyncConnection], Awaitable[Any]]
 SEARCHES: list[tuple[str, Search, str, str]] = [
     (
         "the claim",
-        lambda conn: leases.claim(conn, worker_id="w-1", limit=8, ttl_s=30, routes=[], stored={}),
+        lambda conn: leases.claim(
+            conn, leases.claim_params(worker_id="w-1", limit=8, ttl_s=30, routes=[], stored={})
+        ),
         "runs",
         "ix_runs_claimable",
     ),

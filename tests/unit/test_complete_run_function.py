@@ -56,9 +56,9 @@ def test_the_function_runs_the_one_fence_and_the_one_event_append() -> None:
 
 
 NEW_STATEMENTS = {
-    "claim": leases._CLAIM.statement,
+    "claim": leases.CLAIM.statement,
     "attempt_inputs": parts._INPUTS.statement,
-    "complete": completion._CALL.statement,
+    "complete": completion.COMPLETE.statement,
     "batch_parts": progress.PARTS,
     "batch_turns": progress.TURNS,
 }

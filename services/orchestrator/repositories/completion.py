@@ -144,7 +144,9 @@ _DONE = getattr(func, FUNCTION)(
     LEASE_EPOCH,
     *[bindparam(name, type_=type_) for name, type_ in _INPUTS],
 ).table_valued(*[column(name, type_) for name, type_ in _OUTPUTS], name="done")
-_CALL = Direct(select(*_DONE.c).select_from(_FENCE.join(_DONE, true())))
+# The completion (bench.topology_floor sends it bare, to measure what its records cost apart
+# from the service around it).
+COMPLETE = Direct(select(*_DONE.c).select_from(_FENCE.join(_DONE, true())))
 
 
 @dataclass(frozen=True)
@@ -176,22 +178,18 @@ async def complete(
     to its next message, the attempt closed with `stages` and its audit record (`audit`, and
     the usage). None when the lease is stale: nothing was written."""
     flight = in_flight or Batch(0)
-    terminal = run_completed(ending, {})  # its usage is totalled, and filled in, by the function
-    before = event_params([*events, terminal])
-    reported = ending_values(ending)
-    params: dict[str, Any] = {
-        "r_run_id": run_id,
-        "held_epoch": epoch,
-        "flight_batch": flight.number,
-        **{f"flight_{k}": v for k, v in progress.batch_params(flight.parts, flight.turns).items()},
-        **{f"flight_{k}": v for k, v in event_params(flight.events).items()},
-        **progress.batch_params(parts, turns),
-        **before,
-        **{k: reported[k] for k in _REPORTED},
-        "stages": dict(stages),
-        "audit_detail": dict(audit),
-    }
-    row = await _CALL.first(conn, params)
+    params = complete_params(
+        run_id,
+        epoch,
+        ending,
+        in_flight=flight,
+        parts=parts,
+        events=events,
+        turns=turns,
+        stages=stages,
+        audit=audit,
+    )
+    row = await COMPLETE.first(conn, params)
     if row is None:
         return None
     if row.outcome == CANCEL_REQUESTED:
@@ -200,6 +198,39 @@ async def complete(
     landed = list(flight.events) if row.flight_landed else []
     stored = numbered(row.last_seq, [*landed, *completed])
     return Ended(Moved(row, stored[len(landed) :], row.handed_over), stored[: len(landed)])
+
+
+def complete_params(
+    run_id: str,
+    epoch: int,
+    ending: Completed,
+    *,
+    in_flight: Batch,
+    parts: Sequence[Part],
+    events: Sequence[Event],
+    turns: Sequence[ModelTurn],
+    stages: Mapping[str, Any],
+    audit: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The values `COMPLETE` binds to complete the run `run_id` under lease `epoch` (see
+    `complete`)."""
+    terminal = run_completed(ending, {})  # its usage is totalled, and filled in, by the function
+    reported = ending_values(ending)
+    return {
+        "r_run_id": run_id,
+        "held_epoch": epoch,
+        "flight_batch": in_flight.number,
+        **{
+            f"flight_{k}": v
+            for k, v in progress.batch_params(in_flight.parts, in_flight.turns).items()
+        },
+        **{f"flight_{k}": v for k, v in event_params(in_flight.events).items()},
+        **progress.batch_params(parts, turns),
+        **event_params([*events, terminal]),
+        **{k: reported[k] for k in _REPORTED},
+        "stages": dict(stages),
+        "audit_detail": dict(audit),
+    }
 
 
 # -- the function, generated from the aggregate's statements -------------------------------------

@@ -188,7 +188,9 @@ _NEW_ROUTINGS = (
     )
     .on_conflict_do_nothing()
 )
-_CLAIM = Direct(
+# The claim (bench.topology_floor sends it bare, to measure what its records cost apart from
+# the service around it).
+CLAIM = Direct(
     select(
         _PICKED.c.run_id.label("picked_run_id"),
         _PICKED.c.tenant_id.label("picked_tenant_id"),
@@ -226,19 +228,11 @@ class Route:
     routing_ms: float = 0.0
 
 
-async def claim(
-    conn: AsyncConnection,
-    *,
-    worker_id: str,
-    limit: int,
-    ttl_s: float,
-    routes: Sequence[Route],
-    stored: Mapping[str, dict[str, Any]],
-) -> list[Row[Any]]:
+async def claim(conn: AsyncConnection, params: Mapping[str, Any]) -> list[Row[Any]]:
     """Lease up to `limit` claimable runs (queued session heads, oldest first, skipping those
     other claimers hold) to `worker_id` in ONE statement: each moves to running under a new
     lease epoch with its run.started event, its routing pinned on it (unless an earlier lease
-    pinned one) and its attempt recorded.
+    pinned one) and its attempt recorded. `params`: what `claim_params` gives.
 
     A row per run picked: leased (the run's columns, its origin `actor_type` and `actor_id`,
     `has_history` when its session has an earlier completed run, `has_documents` when its
@@ -246,9 +240,22 @@ async def claim(
     database's clock, and the `routing_ms` its attempt row records), or not leased (`run_id`
     NULL) when its tenant, source and channel have no route here or its agent changed since:
     then `picked_run_id`, `picked_tenant_id`, `picked_source`, `picked_channel` and the
-    tenant's agent to resolve, `unrouted_agent`. `stored` are routing decisions (by routing id)
-    to store with it: those the routes name that this replica has not stored yet."""
-    params = {
+    tenant's agent to resolve, `unrouted_agent`."""
+    return await CLAIM.all(conn, params)
+
+
+def claim_params(
+    *,
+    worker_id: str,
+    limit: int,
+    ttl_s: float,
+    routes: Sequence[Route],
+    stored: Mapping[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """The values `CLAIM` binds to lease up to `limit` runs to `worker_id` for `ttl_s`, on
+    `routes`; `stored` are routing decisions (by routing id) to store with it: those the routes
+    name that this replica has not stored yet."""
+    return {
         "c_limit": limit,
         "c_worker_id": worker_id,
         "lease_ttl": timedelta(seconds=ttl_s),
@@ -262,7 +269,6 @@ async def claim(
         "rt_max_attempts": [r.max_attempts for r in routes],
         "rt_routing_ms": [r.routing_ms for r in routes],
     }
-    return await _CLAIM.all(conn, params)
 
 
 _ROUTINGS = select(routings.c.routing_id, routings.c.config).where(
