@@ -80,18 +80,31 @@ WARMUP_OPS = 20  # per caller, before the measured blocks: connections, caches
 async def speed(servers: Servers, model: Model) -> None:
     """Light-load latency, saturated throughput and CPU, idle CPU and the claim's cost."""
     async with stage(servers, model) as current:
-        floor_p50 = await light_latency(current)
-        await saturated(servers, current, floor_p50)
+        light = await light_latency(servers, current)
+        await saturated(servers, current, light)
         await idle(servers, current)
         await hotpath_queue.claim_cost(current)
 
 
-async def light_latency(current: Stage) -> float:
-    """e2e p50 of one-turn runs, one at a time, over the floor loop's own p50 one at a time,
-    in alternating blocks."""
+@dataclass(frozen=True)
+class Light:
+    """Light-load p50s (ms), measured in alternating blocks: the run floor loop's, the topology
+    floor's and the topology floor's with Tether's own statements (records)."""
+
+    floor: float
+    topology: float
+    records: float
+
+
+async def light_latency(servers: Servers, current: Stage) -> Light:
+    """e2e p50 of one-turn runs, one at a time, over the floor loop's own p50 one at a time;
+    the topology floor's and its records' one at a time too: blocks of each alternate."""
     e2e: list[float] = []
     floor_ms: list[float] = []
+    bare_ms: list[float] = []
+    kept_ms: list[float] = []
     outcomes: Counter[str] = Counter()
+    each = LIGHT_RUNS // LIGHT_BLOCKS
     async with (
         completions(current.redis_url) as done,
         floor_load(
@@ -99,18 +112,23 @@ async def light_latency(current: Stage) -> float:
             current.services.addresses()["gateway"],
             current.db_url,
             processes=1,
-            iterations=LIGHT_RUNS // LIGHT_BLOCKS,
+            iterations=each,
             concurrency=1,
         ) as load,
+        topology(servers, current.model) as bare,
+        topology(servers, current.model, records=True) as kept,
     ):
         for block in range(LIGHT_BLOCKS):
             samples, ended = await light_e2e(
-                current.client, done, LIGHT_RUNS // LIGHT_BLOCKS, warmup=10 if block == 0 else 0
+                current.client, done, each, warmup=10 if block == 0 else 0
             )
             e2e += samples
             outcomes.update(ended)
             floor_ms += (await load.go()).latencies_ms
+            bare_ms += (await bare.saturate(each, callers=1)).latencies_ms
+            kept_ms += (await kept.saturate(each, callers=1)).latencies_ms
     p50, floor_p50 = statistics.median(e2e), statistics.median(floor_ms)
+    bare_p50, kept_p50 = statistics.median(bare_ms), statistics.median(kept_ms)
     light = {"runs": len(e2e), "workers": WORKERS, "outcomes": dict(outcomes)}
     emit(
         "e2e_p50_vs_floor",
@@ -128,13 +146,29 @@ async def light_latency(current: Stage) -> float:
         **light,
     )
     emit("e2e_p99_ms", percentile(e2e, 99), "ms", **light)
-    return floor_p50
+    emit(
+        "records_floor_p50_vs_floor",
+        kept_p50 / floor_p50,
+        "ratio",
+        records_floor_p50_ms=round(kept_p50, 3),
+        topology_floor_p50_ms=round(bare_p50, 3),
+        floor_p50_ms=round(floor_p50, 3),
+        runs=len(kept_ms),
+        blocks=LIGHT_BLOCKS,
+        meaning="the light-load p50 of the topology floor whose intake and dispatcher send "
+        "Tether's own statements bare (admission's, the claim, the completion: every record a "
+        "one-turn run keeps), over the run floor's, in blocks alternating with the runs and the "
+        "floor: what e2e_p50_vs_floor costs before any service code runs (bench.topology_floor "
+        "--records). Not at saturation: the stack batches claims and completions there, the "
+        "floor does not, so its CPU there would be no floor",
+    )
+    return Light(floor_p50, bare_p50, kept_p50)
 
 
-async def saturated(servers: Servers, current: Stage, floor_p50_ms: float) -> None:
+async def saturated(servers: Servers, current: Stage, light: Light) -> None:
     """Completed runs per second and CPU per completed run at saturation, over the floor
     loop's, saturated the same way and measured right after; and the topology floor's, with its
-    light-load p50 over the floor loop's (`floor_p50_ms`)."""
+    light-load p50 (measured with the runs') over the floor loop's."""
     meter = cpu_meter(servers, current, await redis_pid(servers.redis_url))
     before = meter.sample()
     result = await saturate(
@@ -154,11 +188,6 @@ async def saturated(servers: Servers, current: Stage, floor_p50_ms: float) -> No
         floor_used = meter.sample() - floor_before
     async with topology(servers, current.model) as bare:
         skeleton = await bare.saturate(SATURATED_RUNS)
-        skeleton_light = await bare.saturate(LIGHT_RUNS, callers=1)
-    # One at a time only: at saturation the stack batches claims and completions, which the
-    # floor's processes do not, so its CPU there would be no floor.
-    async with topology(servers, current.model, records=True) as kept:
-        kept_light = await kept.saturate(LIGHT_RUNS, callers=1)
     floor_roles = {**floor_used.by_role, "floor_load": floor.cpu_s}
     floor_cpu = floor_used.total + floor.cpu_s
     floor_cpu_ms = floor_cpu * 1000 / floor.iterations
@@ -188,28 +217,12 @@ async def saturated(servers: Servers, current: Stage, floor_p50_ms: float) -> No
         e2e_floor_runs_per_s=round(floor.per_s, 3),
         topology_floor_cpu_ms_by_process=ms_by_role(skeleton.used.by_role, skeleton.runs),
         topology_floor_each_run=TOPOLOGY_EACH_RUN,
-        topology_floor_p50_vs_floor=round(
-            statistics.median(skeleton_light.latencies_ms) / floor_p50_ms, 3
-        ),
-        topology_floor_p50_ms=round(statistics.median(skeleton_light.latencies_ms), 3),
-        floor_p50_ms=round(floor_p50_ms, 3),
+        topology_floor_p50_vs_floor=round(light.topology / light.floor, 3),
+        topology_floor_p50_ms=round(light.topology, 3),
+        floor_p50_ms=round(light.floor, 3),
         meaning="the CPU a run costs when it only crosses Tether's processes and hops "
         "(bench.topology_floor), over the run floor's: the part of cpu_vs_floor's budget the "
         "topology itself takes before the runtime does any work of its own",
-    )
-    kept_p50 = statistics.median(kept_light.latencies_ms)
-    emit(
-        "records_floor_p50_vs_floor",
-        kept_p50 / floor_p50_ms,
-        "ratio",
-        records_floor_p50_ms=round(kept_p50, 3),
-        topology_floor_p50_ms=round(statistics.median(skeleton_light.latencies_ms), 3),
-        floor_p50_ms=round(floor_p50_ms, 3),
-        runs=kept_light.runs,
-        meaning="the light-load p50 of the topology floor whose intake and dispatcher send "
-        "Tether's own statements bare (admission's, the claim, the completion: every record a "
-        "one-turn run keeps), over the run floor's: what e2e_p50_vs_floor costs before any "
-        "service code runs (bench.topology_floor --records)",
     )
     emit(
         "cpu_vs_topology_floor",
