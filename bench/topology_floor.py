@@ -258,24 +258,31 @@ async def dispatcher(db_url: str, redis_url: str, records: bool = False) -> None
         elif await pool.fetchrow(*kept.complete(run_id)) is None:
             raise RuntimeError(f"the completion of {run_id} found its lease stale")
 
+    # The last look came back short: nothing is queued until a wake-up says so, so a slot given
+    # back alone needs no look (as the orchestrator's dispatcher: one claim per run, not more).
+    drained = False
+
     async def dispatch() -> None:
+        nonlocal drained
         while True:
             await look.wait()
             look.clear()
             for runner in runners:
-                while runner.credits > 0:
-                    leased = await claim(runner.credits)
-                    if not leased:
-                        break
+                while runner.credits > 0 and not drained:
+                    asked = runner.credits if kept is not None else 1
+                    leased = await claim(asked)
                     runner.credits -= len(leased)
                     for run_id in leased:
                         runner.outbox.put_nowait(b"L" + run_id.encode())
+                    drained = len(leased) < asked
 
     async def wakeups() -> None:
+        nonlocal drained
         pubsub = bus.pubsub()
         await pubsub.subscribe(WAKE)
         async for message in pubsub.listen():
             if message["type"] == "message":
+                drained = False
                 look.set()
 
     async def work(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
@@ -291,7 +298,8 @@ async def dispatcher(db_url: str, redis_url: str, records: bool = False) -> None
                 runner.credits += 1
                 runner.outbox.put_nowait(b"A" + message[1:])
                 await bus.publish(DONE, run_id)
-                look.set()
+                if not drained:
+                    look.set()
 
         reader = asyncio.ensure_future(read())
         try:
