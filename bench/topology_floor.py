@@ -106,8 +106,7 @@ async def intake(db_url: str, redis_url: str, records: bool = False) -> None:
         if admitted is None:
             run_id = str(await pool.fetchval(INSERT))
         else:
-            sql, args = admitted()
-            run_id = (await pool.fetchrow(sql, *args))["run_id"]
+            run_id = (await pool.fetchrow(*admitted()))["run_id"]
         await bus.publish(WAKE, run_id)
         return run_id.encode()
 
@@ -128,8 +127,8 @@ def _event() -> InboundEvent:
     )
 
 
-# A statement's SQL and its arguments for one call.
-Arguments = Callable[[], tuple[str, list[Any]]]
+# A statement's SQL, then its arguments, for one call.
+Arguments = Callable[[], list[Any]]
 
 
 def _admitted() -> Arguments:
@@ -148,10 +147,10 @@ def _admitted() -> Arguments:
     )
     dialect, tag, sent = PGDialect_asyncpg(), f"floor-{os.getpid()}", itertools.count()
 
-    def arguments() -> tuple[str, list[Any]]:
+    def arguments() -> list[Any]:
         n = f"{tag}-{next(sent)}"
         unique = ("key", "event_id", "conversation_id", "run_id", "session_id", "message_id")
-        return repository.ADMIT_NEW.bound(dialect, {**template, **dict.fromkeys(unique, n)})
+        return _sent(repository.ADMIT_NEW, dialect, {**template, **dict.fromkeys(unique, n)})
 
     return arguments
 

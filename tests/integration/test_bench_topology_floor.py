@@ -22,7 +22,7 @@ async def test_each_call_admits_a_new_run_with_its_records(
     arguments = topology_floor._admitted()
     conn = await asyncpg.connect(db_url)
     try:
-        admitted = [(await conn.fetchrow(*_call(arguments)))["run_id"] for _ in range(2)]
+        admitted = [(await conn.fetchrow(*arguments()))["run_id"] for _ in range(2)]
         runs = await conn.fetch(
             "SELECT r.status, r.tenant_id, m.message_id IS NOT NULL AS message, "
             "s.active_run_id = r.run_id AS head, c.run_id = r.run_id AS claimed, "
@@ -48,11 +48,6 @@ async def test_each_call_admits_a_new_run_with_its_records(
     ] * 2
 
 
-def _call(arguments: topology_floor.Arguments) -> list[object]:
-    sql, args = arguments()
-    return [sql, *args]
-
-
 async def test_the_claim_leases_what_was_admitted_and_the_completion_ends_it(
     engine: AsyncEngine, db_url: str
 ) -> None:
@@ -62,7 +57,7 @@ async def test_the_claim_leases_what_was_admitted_and_the_completion_ends_it(
     pool = await asyncpg.create_pool(db_url, min_size=1, max_size=1)
     try:
         kept = await topology_floor._Kept.of(pool)
-        admitted = sorted([(await conn.fetchrow(*_call(arguments)))["run_id"] for _ in range(2)])
+        admitted = sorted([(await conn.fetchrow(*arguments()))["run_id"] for _ in range(2)])
         leased = kept.leased(await conn.fetch(*kept.claim(8)))
         assert await conn.fetch(*kept.claim(8)) == []  # both are leased already
         for run_id in leased:
