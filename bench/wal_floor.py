@@ -93,7 +93,8 @@ _Rows = list[tuple[str, asyncpg.Record]]
 
 
 def _by_run(rows: dict[str, list[asyncpg.Record]]) -> dict[str, tuple[_Rows, _Rows]]:
-    """Each run's rows: those its admission writes, then the rest, in a run's own order."""
+    """Each run's rows: those its admission writes, then the rest, in a run's own order. Each
+    run is its own conversation, as in the counted phase: its session and message are its own."""
     runs = {r["run_id"]: r for r in rows["runs"]}
     sessions = {r["session_id"]: r for r in rows["sessions"]}
     messages = {r["message_id"]: r for r in rows["messages"]}
@@ -105,10 +106,9 @@ def _by_run(rows: dict[str, list[asyncpg.Record]]) -> dict[str, tuple[_Rows, _Ro
         admission.append(("runs", run))
     for claim in rows["event_claims"]:
         split[claim["run_id"]][0].insert(0, ("event_claims", claim))
-    first_seq = dict.fromkeys(runs, 1)
     for table in ("run_events", "attempts", "run_parts", "usage_turns", "audit_log"):
         for record in sorted(rows[table], key=lambda r: tuple(r.values())):
-            admitted = table == "run_events" and record["seq"] == first_seq[record["run_id"]]
+            admitted = table == "run_events" and record["seq"] == 1  # its run.queued
             split[record["run_id"]][0 if admitted else 1].append((table, record))
     return split
 
