@@ -88,12 +88,11 @@ async def speed(servers: Servers, model: Model) -> None:
 
 @dataclass(frozen=True)
 class Light:
-    """Light-load p50s (ms), measured in alternating blocks: the run floor loop's, the topology
-    floor's and the topology floor's with Tether's own statements (records)."""
+    """Light-load p50s (ms), measured in alternating blocks: the run floor loop's and the
+    topology floor's."""
 
     floor: float
     topology: float
-    records: float
 
 
 async def light_latency(servers: Servers, current: Stage) -> Light:
@@ -162,7 +161,7 @@ async def light_latency(servers: Servers, current: Stage) -> Light:
         "--records). Not at saturation: the stack batches claims and completions there, the "
         "floor does not, so its CPU there would be no floor",
     )
-    return Light(floor_p50, bare_p50, kept_p50)
+    return Light(floor_p50, bare_p50)
 
 
 async def saturated(servers: Servers, current: Stage, light: Light) -> None:

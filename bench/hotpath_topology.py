@@ -142,7 +142,7 @@ async def topology(
     async with bench_database(servers.server_url) as (db_url, _):
         await floor.prepare(db_url)
         try:
-            kept = ["records"][:records]
+            kept = ["records"] if records else []
             intake = await start("intake", db_url, servers.redis_url, *kept)
             dispatcher = await start("dispatcher", db_url, servers.redis_url, *kept)
             edge = await start("edge", intake)

@@ -32,7 +32,6 @@ _SOURCES: dict[str, str] = {
     "usage_turns": "run_id = ANY($1)",
     "audit_log": "run_id = ANY($1)",
 }
-_ADMISSION = ("event_claims", "sessions", "messages", "runs")
 # What a copy keeps: the columns, their defaults and checks, and every index (partial ones
 # included); not the foreign keys (the floor takes no locks) nor the identity sequences (the
 # copied ids are written as they are).
@@ -106,10 +105,12 @@ def _by_run(rows: dict[str, list[asyncpg.Record]]) -> dict[str, tuple[_Rows, _Ro
         admission.append(("runs", run))
     for claim in rows["event_claims"]:
         split[claim["run_id"]][0].insert(0, ("event_claims", claim))
-    for table in ("run_events", "attempts", "run_parts", "usage_turns", "audit_log"):
-        for record in sorted(rows[table], key=lambda r: tuple(r.values())):
-            admitted = table == "run_events" and record["seq"] == 1  # its run.queued
-            split[record["run_id"]][0 if admitted else 1].append((table, record))
+    for record in sorted(rows["run_events"], key=lambda r: r["seq"]):
+        admitted = record["seq"] == 1  # its run.queued
+        split[record["run_id"]][0 if admitted else 1].append(("run_events", record))
+    for table in ("attempts", "run_parts", "usage_turns", "audit_log"):
+        for record in rows[table]:
+            split[record["run_id"]][1].append((table, record))
     return split
 
 
