@@ -17,17 +17,22 @@ from tether import formats
 from tether.domain import (
     AgentConfig,
     ApprovalMarker,
+    Attempt,
     Bundle,
     ConnectionMarker,
     Content,
     ContextPolicy,
+    Document,
     Event,
     EventType,
     Limits,
     Part,
+    PricedTurn,
     QuestionMarker,
     Role,
+    Run,
     RunError,
+    RunRouting,
     Summary,
     SystemBlock,
     Text,
@@ -65,12 +70,14 @@ def timestamp(value: datetime | None) -> Timestamp | None:
     return ts
 
 
-def run_to_proto(row: Any) -> common_pb2.Run:
-    """A Run message from a `runs` row (its JSON columns in the row's stored format)."""
+def run_to_proto(row: Run) -> common_pb2.Run:
+    """A Run message from a run as read (its JSON columns in the row's stored format)."""
     what = f"run {row.run_id}"
     formats.check(row.format, what)
     try:
-        error = json_format.ParseDict(row.error, common_pb2.ErrorInfo()) if row.error else None
+        error = (
+            json_format.ParseDict(dict(row.error), common_pb2.ErrorInfo()) if row.error else None
+        )
         usage = json_format.ParseDict(dict(row.usage or {}), common_pb2.Usage())
     except json_format.ParseError as exc:
         raise StoredFormatTooNew(f"{what} cannot be read by this release: {exc}") from exc
@@ -101,10 +108,12 @@ def run_to_proto(row: Any) -> common_pb2.Run:
     )
 
 
-def attempt_to_proto(row: Any) -> common_pb2.Attempt:
-    """An Attempt message from an `attempts` row."""
+def attempt_to_proto(row: Attempt) -> common_pb2.Attempt:
+    """An Attempt message from an attempt as read."""
     try:
-        error = json_format.ParseDict(row.error, common_pb2.ErrorInfo()) if row.error else None
+        error = (
+            json_format.ParseDict(dict(row.error), common_pb2.ErrorInfo()) if row.error else None
+        )
     except json_format.ParseError as exc:
         what = f"attempt {row.lease_epoch} of run {row.run_id}"
         raise StoredFormatTooNew(f"{what} cannot be read by this release: {exc}") from exc
@@ -121,8 +130,8 @@ def attempt_to_proto(row: Any) -> common_pb2.Attempt:
     )
 
 
-def turn_to_proto(row: Any) -> common_pb2.ModelTurn:
-    """A ModelTurn message from a `usage_turns` row with the attempt it belongs to."""
+def turn_to_proto(row: PricedTurn) -> common_pb2.ModelTurn:
+    """A ModelTurn message from a priced turn as read, with the attempt it belongs to."""
     return common_pb2.ModelTurn(
         usage=common_pb2.Usage(
             model=row.model,
@@ -448,11 +457,11 @@ def config_from_proto(message: orchestrator_pb2.AgentConfig) -> AgentConfig:
     )
 
 
-def routing_to_proto(routing_id: str, stored: Mapping[str, Any]) -> common_pb2.RunRouting:
-    """What a run shows of the routing decision it is pinned to (its stored form)."""
-    config = AgentConfig.from_json(stored)
+def routing_to_proto(routing: RunRouting) -> common_pb2.RunRouting:
+    """What a run shows of the routing decision it is pinned to."""
+    config = AgentConfig.from_json(routing.stored)
     return common_pb2.RunRouting(
-        routing_id=routing_id,
+        routing_id=routing.routing_id,
         agent=config.agent,
         model=config.model,
         persona=None
@@ -463,8 +472,8 @@ def routing_to_proto(routing_id: str, stored: Mapping[str, Any]) -> common_pb2.R
     )
 
 
-def document_to_proto(row: Any) -> common_pb2.Document:
-    """A Document message from a `documents` row of listed columns (its text left out)."""
+def document_to_proto(row: Document) -> common_pb2.Document:
+    """A Document message from a document as listed (its text left out)."""
     return common_pb2.Document(
         document_id=row.document_id,
         title=row.title,

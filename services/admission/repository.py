@@ -28,13 +28,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.admission.domain import InboundEvent
 from services.orchestrator.repositories import intake
 from tether.db.direct import Direct
 from tether.db.schema import event_claims, messages, sessions
+from tether.domain import Run
 from tether.errors import NotFound
 from tether.retention import Key, walk_params
 
@@ -143,7 +143,7 @@ def _build_admit_new() -> Select[Any]:
 ADMIT_NEW = Direct(_build_admit_new())
 
 
-async def admit_new(conn: AsyncConnection, params: Mapping[str, Any]) -> Row[Any] | None:
+async def admit_new(conn: AsyncConnection, params: Mapping[str, Any]) -> Run | None:
     """Claim the key, resolve the session, store the message and queue the run, in ONE statement.
 
     Each step is a data-modifying CTE fed by the previous one, so when the claim conflicts
@@ -151,7 +151,8 @@ async def admit_new(conn: AsyncConnection, params: Mapping[str, Any]) -> Row[Any
     table); otherwise the queued run comes back. One round trip, atomic by construction.
     `params`: what `admit_params` gives.
     """
-    return await ADMIT_NEW.first(conn, params)
+    row = await ADMIT_NEW.first(conn, params)
+    return None if row is None else Run.from_row(row._mapping)
 
 
 def admit_params(
@@ -198,7 +199,7 @@ class Claim:
 
     request_hash: bytes
     age_s: float
-    run: Row[Any] | None
+    run: Run | None
 
 
 _FIND_CLAIM = select(
@@ -272,7 +273,7 @@ async def rebind_claim(
     return (await conn.execute(stmt)).first() is not None
 
 
-async def insert_retry(conn: AsyncConnection, *, run_id: str, previous: Row[Any]) -> Row[Any]:
+async def insert_retry(conn: AsyncConnection, *, run_id: str, previous: Run) -> Run:
     """Create the queued run that retries `previous` (a failed or cancelled run) for the same
     message, with lineage; it heads its session when the session is idle."""
     facts = {

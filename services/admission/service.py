@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
 
-from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.admission import repository as repo
@@ -15,6 +13,7 @@ from services.admission.repository import ClaimKey
 from services.orchestrator.repositories import intake
 from tether import audit
 from tether.bus import Bus
+from tether.domain import Run
 from tether.errors import AlreadyExists, FailedPrecondition, NotFound
 from tether.ids import new_id
 from tether.states import TERMINAL, RunStatus
@@ -35,7 +34,7 @@ class Admission:
     """The outcome: the run that handles the event and how it was reached."""
 
     disposition: Disposition
-    run: Row[Any]
+    run: Run
 
 
 class Admitter:
@@ -91,7 +90,7 @@ class Admitter:
 
     async def _duplicate(
         self, conn: AsyncConnection, event: InboundEvent, request_hash: bytes
-    ) -> Admission | Row[Any]:
+    ) -> Admission | Run:
         """The duplicate decision table: an admission, or the failed or cancelled run that a
         new run retries (with lineage)."""
         claim = await repo.find_claim(conn, event)
@@ -132,7 +131,7 @@ class Admitter:
     async def _reclaim(
         self,
         claim: ClaimKey,
-        previous: Row[Any],
+        previous: Run,
         *,
         expired: Exception,
         audited: dict[str, str] | None = None,

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.orchestrator.cancellation import cancel_instead
@@ -40,6 +39,7 @@ from tether.domain import (
     Failed,
     ModelTurn,
     Part,
+    Run,
     StoredEvent,
     Summary,
     close_attempt,
@@ -101,7 +101,7 @@ class Attempts:
         """The group committer checkpoints and completions are written through."""
         return self._committer
 
-    async def heartbeat(self, run_id: str, epoch: int) -> Row[Any]:
+    async def heartbeat(self, run_id: str, epoch: int) -> progress.Held:
         """Extend the lease (its expiry and the cancel request); StaleLease when it is gone."""
         async with self._engine.begin() as conn:
             row = await progress.hold_lease(conn, run_id, epoch, self._ttl)
@@ -114,11 +114,13 @@ class Attempts:
         run_id: str,
         epoch: int,
         batch: Batch,
-    ) -> Row[Any]:
+    ) -> progress.Checkpointed:
         """Persist parts, events and priced turns under the lease, in one statement (with the
         writes that arrive with it, in one transaction)."""
 
-        async def write(conn: AsyncConnection) -> tuple[Row[Any], list[StoredEvent]] | None:
+        async def write(
+            conn: AsyncConnection,
+        ) -> tuple[progress.Checkpointed, list[StoredEvent]] | None:
             return await self._write(conn, run_id, epoch, batch)
 
         written = await self._committer.write(run_id, write)
@@ -133,7 +135,7 @@ class Attempts:
 
     async def store_summary(
         self, run_id: str, epoch: int, part: Part, events: Sequence[Event]
-    ) -> Row[Any]:
+    ) -> progress.Checkpointed:
         """Store a compaction summary (a part of the run, with its events) under the lease and
         name it its session's summary of the runs it covers, in one transaction: once per range
         (FailedPrecondition for a second one, nothing stored)."""
@@ -150,7 +152,7 @@ class Attempts:
 
     async def _write(
         self, conn: AsyncConnection, run_id: str, epoch: int, batch: Batch
-    ) -> tuple[Row[Any], list[StoredEvent]] | None:
+    ) -> tuple[progress.Checkpointed, list[StoredEvent]] | None:
         priced = await self._prices.priced(conn, run_id, batch.turns)
         return await progress.checkpoint(
             conn, run_id, epoch, self._ttl, batch.parts, batch.events, priced, batch=batch.number
@@ -183,7 +185,7 @@ class Attempts:
                 raise _stale(run_id, epoch)
             await progress.finish_effect(conn, held.tenant_id, key, result)
 
-    async def complete(self, run_id: str, epoch: int, done: Completion) -> Row[Any]:
+    async def complete(self, run_id: str, epoch: int, done: Completion) -> Run:
         """The completion transaction: final state, usage per turn, audit, stage durations.
 
         A cancel accepted before it landed wins: the run ends cancelled instead (the worker's
@@ -198,7 +200,7 @@ class Attempts:
 
     async def _complete(
         self, run_id: str, epoch: int, done: Completion, ending: Completed
-    ) -> Row[Any] | None:
+    ) -> Run | None:
         """A completed run's ending in one statement; None when a cancel came first."""
         flight = done.in_flight
         # The attempt's stage durations are on its attempts row; the audit says what ended how.
@@ -228,12 +230,12 @@ class Attempts:
         if ended.moved is None:
             return None
         self._prices.forget(run_id)
-        await self._publisher.publish(ended.moved.row, ended.landed)
-        await self._publisher.publish(ended.moved.row, ended.moved.events)
+        await self._publisher.publish(ended.moved.run, ended.landed)
+        await self._publisher.publish(ended.moved.run, ended.moved.events)
         self._publisher.wake_next(ended.moved)  # the session's next message may now run
-        return ended.moved.row
+        return ended.moved.run
 
-    async def _end(self, run_id: str, epoch: int, done: Completion) -> Row[Any]:
+    async def _end(self, run_id: str, epoch: int, done: Completion) -> Run:
         """An ending in a transaction of a few statements: a failure or a cancel (the calls
         left open closed as interrupted), or a completion a cancel came before."""
         ending = done.ending
@@ -300,7 +302,7 @@ class Attempts:
                     error=ending_error(ending),
                     stages=worker_stages,
                     audit=lease_repo.Audit(
-                        moved.row.tenant_id,
+                        moved.run.tenant_id,
                         transition.event_type,  # the audit action is the event it records
                         {
                             **done.audit,
@@ -311,10 +313,10 @@ class Attempts:
                 )
         self._prices.forget(run_id)
         if landed is not None:
-            await self._publisher.publish(moved.row, landed[1])
-        await self._publisher.publish(moved.row, moved.events)
+            await self._publisher.publish(moved.run, landed[1])
+        await self._publisher.publish(moved.run, moved.events)
         self._publisher.wake_next(moved)  # the session's next message may now run
-        return moved.row
+        return moved.run
 
     async def release(self, run_id: str, epoch: int) -> bool:
         """Give the lease back without spending an attempt (graceful worker shutdown); a run
@@ -340,7 +342,7 @@ class Attempts:
                 if moved is None:
                     return False
                 woken = [moved.handed_over] if moved.handed_over else []
-        await self._publisher.publish(moved.row, moved.events)
+        await self._publisher.publish(moved.run, moved.events)
         if woken:
             self._publisher.wake(woken)
         return True

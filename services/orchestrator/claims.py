@@ -14,9 +14,9 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator import routing
@@ -24,9 +24,10 @@ from services.orchestrator.prices import Prices
 from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import leases as lease_repo
 from services.orchestrator.repositories import parts as parts_repo
+from services.orchestrator.repositories.picked import Leased, Unrouted
 from services.orchestrator.repositories.transitions import NOW, Moved, apply, numbered
 from tether import states
-from tether.domain import AgentConfig, Part, RunError, run_failed, run_started
+from tether.domain import AgentConfig, Part, Run, RunError, run_failed, run_started
 from tether.errors import TetherError
 
 log = logging.getLogger(__name__)
@@ -83,15 +84,19 @@ class Claimed:
     config: AgentConfig
     earlier: list[parts_repo.EarlierRun]
     own: list[Part]
+    # When it was last moved before this lease (the database's clock), and what resolving its
+    # routing took in this claim: its claim's latency, for telemetry.
+    queued_at: datetime
+    routing_ms: float | None
     origin: Origin = Origin("", "", "", "")
     has_documents: bool = False
     summary: Part | None = None
     last_turn: parts_repo.LastTurn = parts_repo.NO_TURN
 
     @property
-    def run(self) -> Row[Any]:
+    def run(self) -> Run:
         """The run as leased."""
-        return self.lease.row
+        return self.lease.run
 
 
 class Claims:
@@ -188,7 +193,7 @@ class Claims:
         claim statement, once: its runs come back unleased with the agent to resolve."""
         if n <= 0:
             return []
-        leased: list[Row[Any]] = []
+        leased: list[Leased] = []
         broken: list[tuple[str, RunError]] = []
         routed_now: dict[RouteKey, float] = {}
         async with self._autocommit.connect() as conn:
@@ -201,7 +206,7 @@ class Claims:
                     for r in routes.values()
                     if r.routing_id not in self._stored_routings
                 }
-                rows = await lease_repo.claim(
+                taken, unrouted = await lease_repo.claim(
                     conn,
                     lease_repo.claim_params(
                         worker_id=worker_id,
@@ -214,36 +219,38 @@ class Claims:
                 self._stored_routings.update(unstored)
                 for route in routes.values():
                     self._pinned[route.routing_id] = route.config
-                leased.extend(r for r in rows if r.run_id is not None)
-                unrouted = [r for r in rows if r.run_id is None]
+                leased.extend(taken)
                 if not unrouted or len(leased) >= n:
                     break
                 broken.extend(self._resolve(unrouted, routed_now))
             inputs = await parts_repo.attempt_inputs(
-                conn, [self._wanted(row) for row in leased], limit_runs=self._history_runs
+                conn, [self._wanted(one) for one in leased], limit_runs=self._history_runs
             )
             configs = await self._configs(conn, leased)
         claimed = []
-        for row in leased:
-            config = configs[row.routing_id]
-            started = run_started(row.attempt, worker_id, row.lease_epoch)
-            found = inputs[row.run_id]
-            origin = Origin(row.picked_source, row.channel, row.actor_type, row.actor_id)
+        for one in leased:
+            run = one.run
+            config = configs[one.routing_id]
+            started = run_started(run.attempt, worker_id, run.lease_epoch)
+            found = inputs[run.run_id]
+            origin = Origin(one.source, run.channel, one.actor_type, one.actor_id)
             claimed.append(
                 Claimed(
-                    Moved(row, numbered(row.last_seq, [started])),
+                    Moved(run, numbered(run.last_seq, [started])),
                     config,
                     found.earlier,
                     found.own,
+                    one.queued_at,
+                    one.routing_ms,
                     origin,
-                    bool(row.has_documents),
+                    one.has_documents,
                     found.summary,
                     found.last_turn,
                 )
             )
-            self._prices.remember(row.run_id, config.prices)
-        for one in claimed:
-            await self._publisher.publish(one.lease.row, one.lease.events)
+            self._prices.remember(run.run_id, config.prices)
+        for lease in claimed:
+            await self._publisher.publish(lease.run, lease.lease.events)
         # Routing failed after admission: finalise the run rather than leave it queued for
         # every worker to trip over.
         for run_id, error in broken:
@@ -251,17 +258,17 @@ class Claims:
             await self.fail_unleased(run_id, error)
         return claimed
 
-    async def _configs(self, conn: Any, leased: list[Row[Any]]) -> dict[str, AgentConfig]:
+    async def _configs(self, conn: Any, leased: list[Leased]) -> dict[str, AgentConfig]:
         """The routing each leased run runs with, by routing id: the one its first lease pinned,
         read back from `routings` when this replica does not know it (a run leased again after
         its tenant's agent changed, or first leased by another replica)."""
-        missing = {row.routing_id for row in leased} - set(self._pinned)
+        missing = {one.routing_id for one in leased} - set(self._pinned)
         if missing:
             if len(self._pinned) + len(missing) > MAX_ROUTES:
                 self._pinned = {r.routing_id: r.config for r in self._routes.values()}
             for routing_id, stored in (await lease_repo.routings_of(conn, missing)).items():
                 self._pinned[routing_id] = AgentConfig.from_json(stored)
-        return {row.routing_id: self._pinned[row.routing_id] for row in leased}
+        return {one.routing_id: self._pinned[one.routing_id] for one in leased}
 
     @staticmethod
     def _route(
@@ -279,22 +286,22 @@ class Claims:
         )
 
     def _resolve(
-        self, unrouted: list[Row[Any]], routed_now: dict[RouteKey, float]
+        self, unrouted: list[Unrouted], routed_now: dict[RouteKey, float]
     ) -> list[tuple[str, RunError]]:
         """Resolve the routing of the tenants, sources and channels of runs the claim could not
         lease; the runs of a tenant whose configuration is broken, with why."""
         broken = []
-        for row in unrouted:
-            key = (row.picked_tenant_id, row.picked_source, row.picked_channel)
-            agent = dict(row.unrouted_agent)
+        for run in unrouted:
+            key = (run.tenant_id, run.source, run.channel)
+            agent = dict(run.agent)
             known = self._routes.get(key)
             if known is not None and known.agent == agent:
                 continue  # resolved for a run before this one
             started = time.perf_counter()
             try:
-                config = routing.resolve(agent, row.picked_source, row.picked_channel)
+                config = routing.resolve(agent, run.source, run.channel)
             except TetherError as exc:
-                broken.append((row.picked_run_id, RunError("routing_failed", exc.message)))
+                broken.append((run.run_id, RunError("routing_failed", exc.message)))
                 continue
             if len(self._routes) >= MAX_ROUTES:
                 self._routes.clear()
@@ -304,11 +311,12 @@ class Claims:
         return broken
 
     @staticmethod
-    def _wanted(row: Row[Any]) -> parts_repo.Wanted:
+    def _wanted(leased: Leased) -> parts_repo.Wanted:
+        run = leased.run
         # A log of only run.queued and this run.started means nothing was written yet.
-        fresh = row.last_seq <= FRESH_RUN_SEQ
+        fresh = run.last_seq <= FRESH_RUN_SEQ
         return parts_repo.Wanted(
-            row.run_id, row.session_id, row.created_at, row.has_history, not fresh
+            run.run_id, run.session_id, run.created_at, leased.has_history, not fresh
         )
 
     async def fail_unleased(self, run_id: str, error: RunError) -> None:
@@ -322,5 +330,5 @@ class Claims:
                 values={"error": error.to_row(), "finished_at": NOW},
             )
         if moved is not None:
-            await self._publisher.publish(moved.row, moved.events)
+            await self._publisher.publish(moved.run, moved.events)
             self._publisher.wake_next(moved)

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
 
-from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator.repositories import documents as documents_repo
 from services.orchestrator.repositories.documents import Match
+from tether.domain import Document
 from tether.errors import InvalidArgument
 from tether.limits import DOCUMENT_CHARS, DOCUMENT_TITLE_CHARS
 
@@ -37,7 +36,7 @@ class Knowledge:
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._max_documents = max_documents
 
-    async def add(self, tenant_id: str, principal_id: str, title: str, content: str) -> Row[Any]:
+    async def add(self, tenant_id: str, principal_id: str, title: str, content: str) -> Document:
         """Store a document; InvalidArgument (storing nothing) for a bad title or text,
         ResourceExhausted when the tenant holds as many as it may."""
         if not title.strip() or len(title) > DOCUMENT_TITLE_CHARS or _CONTROL.search(title):
@@ -63,7 +62,7 @@ class Knowledge:
 
     async def page(
         self, tenant_id: str, page_size: int, page_token: str
-    ) -> tuple[Sequence[Row[Any]], str]:
+    ) -> tuple[Sequence[Document], str]:
         """One page of the tenant's documents, newest first, and the next page's cursor."""
         if page_size < 0:
             raise InvalidArgument("page_size must not be negative")

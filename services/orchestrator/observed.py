@@ -5,22 +5,23 @@ retries by error class, and the queue's gauges. Called only while `tether.teleme
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from datetime import datetime
 
-from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator.repositories import leases as lease_repo
+from tether.domain import Run
 from tether.states import RunStatus
 from tether.telemetry import metrics, tracing
 
 
-def claimed(run: Row[Any]) -> str:
-    """A run was leased: its claim's span, a child of the run's stored trace context (from the
-    claim statement to now), and its claim latency; returns the span's context, which the
-    lease carries to the worker."""
+def claimed(run: Run, queued_at: datetime, routing_ms: float | None) -> str:
+    """A run was leased (it was last moved before at `queued_at`; resolving its routing took
+    `routing_ms` in this claim): its claim's span, a child of the run's stored trace context
+    (from the claim statement to now), and its claim latency; returns the span's context,
+    which the lease carries to the worker."""
     started_ns = int(run.updated_at.timestamp() * 1e9)  # the claim statement's now()
-    queue_wait_s = (run.updated_at - run.queued_at).total_seconds()
+    queue_wait_s = (run.updated_at - queued_at).total_seconds()
     attributes = {
         "tether.run.id": run.run_id,
         "tether.tenant.id": run.tenant_id,
@@ -37,11 +38,11 @@ def claimed(run: Row[Any]) -> str:
         start_time=started_ns,
     ):
         context = tracing.traceparent()
-    metrics.claimed(queue_wait_s, run.routing_ms or 0.0, run.tenant_id)
+    metrics.claimed(queue_wait_s, routing_ms or 0.0, run.tenant_id)
     return context
 
 
-def resumed(run: Row[Any]) -> None:
+def resumed(run: Run) -> None:
     """A parked run was queued again by an answer, a decision or a consent: a span of the run's
     trace, linked to the span of the call that resumed it (the current one: its own trace)."""
     with tracing.span(
@@ -54,12 +55,12 @@ def resumed(run: Row[Any]) -> None:
         pass
 
 
-def moved(run: Row[Any]) -> None:
+def moved(run: Run) -> None:
     """A run reached the status its row has now."""
     metrics.run_moved(run.status, run.tenant_id)
 
 
-def reaped(run: Row[Any]) -> None:
+def reaped(run: Run) -> None:
     """The reaper moved a run whose lease lapsed: requeued it, or ended it."""
     if run.status == RunStatus.QUEUED.value:
         metrics.reaped("requeued")

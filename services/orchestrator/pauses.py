@@ -53,7 +53,7 @@ class Pauses:
                 moved = await cancel_instead(conn, run_id, epoch)
                 if moved is None:
                     raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
-        await self._publisher.publish(moved.row, moved.events)
+        await self._publisher.publish(moved.run, moved.events)
         self._publisher.wake_next(moved)  # a cancelled run hands its session on
         return True
 
@@ -86,8 +86,8 @@ class Pauses:
         if moved is None:
             return False
         if telemetry.on:
-            observed.resumed(moved.row)
-        await self._publisher.publish(moved.row, moved.events)
+            observed.resumed(moved.run)
+        await self._publisher.publish(moved.run, moved.events)
         self._publisher.wake([run_id])
         return True
 
@@ -122,9 +122,9 @@ class Pauses:
             )
             if moved is not None:
                 reason = "the connection was never completed"
-                await parts_repo.close_dangling(conn, moved.row, reason)
+                await parts_repo.close_dangling(conn, moved.run, reason)
         if moved is None:
             return False
-        await self._publisher.publish(moved.row, moved.events)
+        await self._publisher.publish(moved.run, moved.events)
         self._publisher.wake_next(moved)
         return True

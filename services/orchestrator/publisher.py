@@ -7,9 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
-
-from sqlalchemy.engine import Row
+from typing import Protocol
 
 from services.orchestrator import observed
 from services.orchestrator.repositories.transitions import Moved
@@ -18,6 +16,18 @@ from tether import telemetry
 from tether.bus import Bus
 from tether.domain import StoredEvent
 from tether.hints import Audience, LiveMessage, encode_events, events_channel
+
+
+class Addressed(Protocol):
+    """What publishing needs of a run: where its events go and who may see them (a run as
+    read or moved, or what a checkpoint's fence returned of it)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def owner_principal_id(self) -> str | None: ...
 
 
 class Publisher:
@@ -31,9 +41,9 @@ class Publisher:
         self.wake_marker = f"orchestrator-{uuid.uuid4().hex}"
 
     async def publish(
-        self, run: Row[Any], events: Sequence[StoredEvent], *, delivered: bool = False
+        self, run: Addressed, events: Sequence[StoredEvent], *, delivered: bool = False
     ) -> None:
-        """Post committed events of `run` (a row with its id, tenant and owner); with
+        """Post committed events of `run`; with
         `delivered`, return once they reached Redis."""
         if self._bus is None or not events:
             return
@@ -59,6 +69,6 @@ class Publisher:
         """A move that lets go of its session (an ending, a park) handed it to the next
         message: that run may now run. Every such move passes here, so it is counted here."""
         if telemetry.on:
-            observed.moved(moved.row)
+            observed.moved(moved.run)
         if moved.handed_over is not None:
             self.wake([moved.handed_over])

@@ -8,7 +8,6 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.orchestrator import observed
@@ -21,6 +20,7 @@ from services.orchestrator.repositories import runs as runs_repo
 from services.orchestrator.repositories.transitions import NOW, Moved, apply
 from tether import states, telemetry
 from tether.domain import (
+    Run,
     RunError,
     close_attempt,
     run_cancelled,
@@ -46,7 +46,7 @@ class Recovery:
 
     async def schedule_retry(
         self, run_id: str, epoch: int, error: RunError, retry_after_s: float
-    ) -> Row[Any]:
+    ) -> Run:
         """Retry-pending with a backoff (at least the server's retry-after), or failed when the
         attempt budget is spent (the last error preserved); cancelled when a cancel was
         accepted first."""
@@ -98,18 +98,18 @@ class Recovery:
                 else:
                     await parts_repo.write_closing(conn, run_id, epoch, closing)
                     await lease_repo.end_attempt(conn, run_id, epoch, "retry-pending", error=error)
-        await self._publisher.publish(moved.row, moved.events)
-        if moved.row.status != RunStatus.RETRY_PENDING.value:
+        await self._publisher.publish(moved.run, moved.events)
+        if moved.run.status != RunStatus.RETRY_PENDING.value:
             self._publisher.wake_next(moved)
         else:
             self.retry_scheduled.set()
             if telemetry.on:
-                observed.moved(moved.row)
-                metrics.retry(error.code, moved.row.tenant_id)
-        return moved.row
+                observed.moved(moved.run)
+                metrics.retry(error.code, moved.run.tenant_id)
+        return moved.run
 
     async def _fail_exhausted(
-        self, conn: AsyncConnection, run: Row[Any], epoch: int, error: RunError
+        self, conn: AsyncConnection, run: Run, epoch: int, error: RunError
     ) -> Moved:
         closing = close_attempt(
             await parts_repo.list_parts(conn, run.run_id),
@@ -195,11 +195,11 @@ class Recovery:
                     )
                     reaped.append(moved)
         for moved in reaped:
-            await self._publisher.publish(moved.row, moved.events)
+            await self._publisher.publish(moved.run, moved.events)
             if telemetry.on:
-                observed.reaped(moved.row)
+                observed.reaped(moved.run)
         if reaped:
-            self._publisher.wake([m.handed_over or m.row.run_id for m in reaped])
+            self._publisher.wake([m.handed_over or m.run.run_id for m in reaped])
         return len(reaped)
 
     async def retry_round(self) -> float | None:
@@ -212,18 +212,18 @@ class Recovery:
         """Move retry-pending runs whose backoff elapsed back to queued (attempt + 1)."""
         queued: list[Moved] = []
         async with self._engine.begin() as conn:
-            for run in await lease_repo.due_retries(conn, limit):
+            for run_id, attempt in await lease_repo.due_retries(conn, limit):
                 moved = await apply(
                     conn,
                     states.RETRY_DUE,
-                    run.run_id,
-                    events=[run_queued(run.attempt + 1, "retry")],
-                    values={"attempt": run.attempt + 1, "next_attempt_at": None},
+                    run_id,
+                    events=[run_queued(attempt + 1, "retry")],
+                    values={"attempt": attempt + 1, "next_attempt_at": None},
                 )
                 if moved is not None:
                     queued.append(moved)
         for moved in queued:
-            await self._publisher.publish(moved.row, moved.events)
+            await self._publisher.publish(moved.run, moved.events)
         if queued:
-            self._publisher.wake([m.row.run_id for m in queued])
+            self._publisher.wake([m.run.run_id for m in queued])
         return len(queued)

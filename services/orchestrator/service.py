@@ -6,9 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator.publisher import Publisher
@@ -17,7 +15,16 @@ from services.orchestrator.repositories import runs as runs_repo
 from services.orchestrator.repositories.transitions import NOW, apply
 from tether import states
 from tether.bus import Bus
-from tether.domain import Part, cancelled_error, run_cancelled
+from tether.domain import (
+    Attempt,
+    LoggedEvent,
+    Part,
+    PricedTurn,
+    Run,
+    RunRouting,
+    cancelled_error,
+    run_cancelled,
+)
 from tether.hints import cancel_channel, encode_cancel
 from tether.states import RunStatus
 from tether.visibility import Viewer
@@ -30,29 +37,29 @@ DEFAULT_EVENTS = 1000
 
 @dataclass(frozen=True)
 class RunView:
-    """A run with its persisted parts, and the routing decision it is pinned to (its stored
-    form; empty until it is first leased) when it was asked for."""
+    """A run with its persisted parts, and the routing decision it is pinned to (None until it
+    is first leased, or when it was not asked for)."""
 
-    run: Row[Any]
+    run: Run
     parts: Sequence[Part]
-    routing: dict[str, Any] | None = None
+    routing: RunRouting | None = None
 
 
 @dataclass(frozen=True)
 class ExecutionRecord:
     """A run's attempts, priced model turns and lineage."""
 
-    run: Row[Any]
-    attempts: Sequence[Row[Any]]
-    turns: Sequence[Row[Any]]
-    lineage: Sequence[Row[Any]]
+    run: Run
+    attempts: Sequence[Attempt]
+    turns: Sequence[PricedTurn]
+    lineage: Sequence[Run]
 
 
 @dataclass(frozen=True)
 class EventSlice:
     """Events after a cursor, optionally with the run's state."""
 
-    events: Sequence[Row[Any]]
+    events: Sequence[LoggedEvent]
     has_more: bool
     view: RunView | None
 
@@ -61,7 +68,7 @@ class EventSlice:
 class CancelOutcome:
     """The run after a cancel request, and whether the request changed it."""
 
-    run: Row[Any]
+    run: Run
     changed: bool
 
 
@@ -83,20 +90,20 @@ class Runs:
         async with self._engine.connect() as conn:
             run = await runs_repo.visible_run(conn, viewer, run_id)
             parts = await parts_repo.list_parts(conn, run_id, include_superseded=include_superseded)
-            return RunView(run, parts, await runs_repo.routing_of(conn, run_id))
+            return RunView(run, parts, await runs_repo.pinned_routing(conn, run))
 
-    async def visible(self, viewer: Viewer, run_id: str) -> Row[Any]:
+    async def visible(self, viewer: Viewer, run_id: str) -> Run:
         """The run (without its parts); NotFound for absent or not the viewer's to see."""
         async with self._autocommit.connect() as conn:
             return await runs_repo.visible_run(conn, viewer, run_id)
 
-    async def facts(self, viewer: Viewer, run_id: str, held_epoch: int | None) -> Row[Any]:
-        """The run (without its parts) and `lease_held`, whether `held_epoch` is its live lease;
+    async def facts(self, viewer: Viewer, run_id: str, held_epoch: int | None) -> tuple[Run, bool]:
+        """The run (without its parts) and whether `held_epoch` is its live lease;
         NotFound for absent or not the viewer's to see."""
         async with self._autocommit.connect() as conn:
             return await runs_repo.visible_run_facts(conn, viewer, run_id, held_epoch)
 
-    async def leased(self, run_id: str, epoch: int) -> Row[Any]:
+    async def leased(self, run_id: str, epoch: int) -> Run:
         """The run while `epoch` is its live lease; StaleLease otherwise."""
         async with self._autocommit.connect() as conn:
             return await runs_repo.leased_run(conn, run_id, epoch)
@@ -110,8 +117,8 @@ class Runs:
         page_size: int,
         page_token: str,
         created_after: datetime | None = None,
-    ) -> tuple[Sequence[Row[Any]], str]:
-        """One page of runs, newest first."""
+    ) -> tuple[Sequence[tuple[Run, RunRouting | None]], str]:
+        """One page of runs, newest first, each with the routing decision it is pinned to."""
         size = min(page_size, MAX_PAGE) if page_size > 0 else DEFAULT_PAGE
         async with self._engine.connect() as conn:
             return await runs_repo.search_runs(
@@ -180,19 +187,19 @@ class Runs:
             flagged = None
             if moved is not None:
                 # A run cancelled while parked leaves the call that paused it open; close it.
-                await parts_repo.close_dangling(conn, moved.row, "the run was cancelled")
+                await parts_repo.close_dangling(conn, moved.run, "the run was cancelled")
             else:
                 # Running: the worker holding the lease sees the flag on its next heartbeat, or
                 # at once through the Redis signal below.
                 flagged = await runs_repo.flag_cancel(conn, run_id)
             current = (
-                moved.row if moved else flagged or await runs_repo.visible_run(conn, viewer, run_id)
+                moved.run if moved else flagged or await runs_repo.visible_run(conn, viewer, run_id)
             )
         if moved is not None:
             # Streams learn at once (they would find it in PostgreSQL a little later).
-            await self._publisher.publish(moved.row, moved.events)
+            await self._publisher.publish(moved.run, moved.events)
             self._publisher.wake_next(moved)
-            return CancelOutcome(moved.row, changed=True)
+            return CancelOutcome(moved.run, changed=True)
         if flagged is not None and self._bus is not None:
             self._bus.post(cancel_channel(run_id), encode_cancel(reason))
         return CancelOutcome(current, changed=flagged is not None)

@@ -3,9 +3,7 @@ the worker-facing calls are in `worker_edge.py`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import UTC
-from typing import Any
 
 import grpc
 
@@ -26,6 +24,7 @@ from tether.convert import (
     status_to_proto,
     turn_to_proto,
 )
+from tether.domain import Run, RunRouting
 from tether.errors import InvalidArgument
 from tether.states import RunStatus
 from tether.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
@@ -42,13 +41,12 @@ def _statuses(values: list[int]) -> list[RunStatus]:
     return out
 
 
-def _routed(
-    run: common_pb2.Run, routing_id: str | None, routing: Mapping[str, Any] | None
-) -> common_pb2.Run:
+def _routed(run: Run, routing: RunRouting | None) -> common_pb2.Run:
     """`run` showing the routing decision it is pinned to, when it has one."""
-    if routing:
-        run.routing.CopyFrom(routing_to_proto(routing_id or "", routing))
-    return run
+    message = run_to_proto(run)
+    if routing is not None:
+        message.routing.CopyFrom(routing_to_proto(routing))
+    return message
 
 
 def _viewer(
@@ -89,7 +87,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         view = await self._runs.lookup(
             _viewer(request), request.run_id, include_superseded=request.include_superseded
         )
-        run = _routed(run_to_proto(view.run), view.run.routing_id, view.routing)
+        run = _routed(view.run, view.routing)
         return orchestrator_pb2.LookupRunResponse(
             run=run, parts=[part_to_proto(p) for p in view.parts]
         )
@@ -101,12 +99,11 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         if asker == "viewer":
             viewer = request.viewer
             held_epoch = request.held_epoch if request.HasField("held_epoch") else None
-            run = await self._runs.facts(
+            run, lease_held = await self._runs.facts(
                 Viewer(viewer.tenant_id, viewer.principal_id, viewer.all_runs),
                 request.run_id,
                 held_epoch,
             )
-            lease_held = bool(run.lease_held)
         elif asker == "lease_epoch":
             run = await self._runs.leased(request.run_id, request.lease_epoch)
             lease_held = True  # the read itself is fenced by the lease
@@ -138,7 +135,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
     ) -> orchestrator_pb2.SearchRunsResponse:
         if request.page_size < 0:
             raise InvalidArgument("page_size must not be negative")
-        rows, token = await self._runs.search(
+        found, token = await self._runs.search(
             _viewer(request),
             statuses=_statuses(list(request.statuses)),
             conversation_id=request.conversation_id,
@@ -151,7 +148,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             ),
         )
         return orchestrator_pb2.SearchRunsResponse(
-            runs=[_routed(run_to_proto(r), r.routing_id, r.routing_config) for r in rows],
+            runs=[_routed(run, routing) for run, routing in found],
             next_page_token=token,
         )
 

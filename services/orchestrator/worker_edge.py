@@ -9,7 +9,6 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
-from sqlalchemy.engine import Row
 
 from services.orchestrator import observed
 from services.orchestrator.attempts import Completion
@@ -43,6 +42,7 @@ from tether.domain import (
     Role,
     Text,
 )
+from tether.domain.runs import Run
 from tether.errors import InvalidArgument
 from tether.states import RunStatus
 from tether.telemetry import metrics, tracing
@@ -174,7 +174,11 @@ def lease_response(claimed: Claimed) -> orchestrator_pb2.ClaimRunResponse:
         history=history,
         prior_part_count=len(history) - len(claimed.own),
         last_seq=run.last_seq,
-        traceparent=observed.claimed(run) if telemetry.on else run.traceparent or "",
+        traceparent=(
+            observed.claimed(run, claimed.queued_at, claimed.routing_ms)
+            if telemetry.on
+            else run.traceparent or ""
+        ),
         context=_context(claimed),
     )
 
@@ -325,7 +329,7 @@ class ExecutionServicer:
         await self._complete(request)
         return _MOVED
 
-    async def _complete(self, request: orchestrator_pb2.CompleteRunRequest) -> Row[Any]:
+    async def _complete(self, request: orchestrator_pb2.CompleteRunRequest) -> Run:
         ending = _ending(request)
         stages = {name: getattr(request.stages, name) for name in _STAGES}
         if telemetry.on:

@@ -27,20 +27,20 @@ async def test_a_lookup_with_an_epoch_says_whether_that_lease_is_live(engine: As
     admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
     run_id = (await admitter.admit(chat("e-facts", conversation="c-facts"))).run.run_id
 
-    queued = await runs.facts(SWEEPS, run_id, 0)
-    assert not queued.lease_held, "a queued run holds no lease"
+    _, lease_held = await runs.facts(SWEEPS, run_id, 0)
+    assert not lease_held, "a queued run holds no lease"
 
     claimed = await execution.claims.claim("w-1", wait_s=0)
     assert claimed is not None and claimed.run.run_id == run_id
     epoch = claimed.run.lease_epoch
-    assert (await runs.facts(SWEEPS, run_id, epoch)).lease_held
-    assert not (await runs.facts(SWEEPS, run_id, epoch - 1)).lease_held, "an earlier lease"
-    assert not (await runs.facts(SWEEPS, run_id, None)).lease_held, "no lease asked about"
+    assert (await runs.facts(SWEEPS, run_id, epoch))[1]
+    assert not (await runs.facts(SWEEPS, run_id, epoch - 1))[1], "an earlier lease"
+    assert not (await runs.facts(SWEEPS, run_id, None))[1], "no lease asked about"
 
     assert await execution.attempts.release(run_id, epoch)
-    released = await runs.facts(SWEEPS, run_id, epoch)
+    released, lease_held = await runs.facts(SWEEPS, run_id, epoch)
     assert (released.status, released.lease_epoch) == ("queued", epoch)
-    assert not released.lease_held, "the same epoch, but the run is no longer running under it"
+    assert not lease_held, "the same epoch, but the run is no longer running under it"
 
     with pytest.raises(NotFound):
         await runs.facts(Viewer("t2", "", all_runs=True), run_id, epoch)

@@ -34,7 +34,7 @@ async def _claim(engine: AsyncEngine, run_id: str, worker: str, ttl_s: float) ->
             },
             params={"lease_ttl": timedelta(seconds=ttl_s)},
         )
-    assert moved is not None and moved.row.lease_owner == worker
+    assert moved is not None and moved.run.lease_owner == worker
 
 
 async def test_one_shape_binds_each_calls_values(engine: AsyncEngine) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from services.orchestrator import routing
 from tether.convert import config_from_proto, config_to_proto, routing_to_proto
-from tether.domain import AgentConfig, Bundle
+from tether.domain import AgentConfig, Bundle, RunRouting
 from tether.errors import InvalidArgument
 
 CONCIERGE = {
@@ -108,7 +108,7 @@ def test_the_stored_form_and_the_wire_form_carry_the_whole_decision() -> None:
     )
     assert AgentConfig.from_json(config.to_json()) == config
     assert config_from_proto(config_to_proto(config)) == config
-    shown = routing_to_proto("r1", config.to_json())
+    shown = routing_to_proto(RunRouting("r1", config.to_json()))
     assert (shown.persona.name, shown.persona.version) == ("helper", 5)
     assert [(s.name, s.version) for s in shown.skills] == [("calendar", 3), ("refunds", 1)]
     assert list(shown.tool_allowlist) == list(config.tool_allowlist)

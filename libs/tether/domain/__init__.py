@@ -1,11 +1,14 @@
 """The run's domain model: parts, events, errors and endings as frozen types, and the rules on
-them that the orchestrator and the worker both apply. One package, six rooms:
+them that the orchestrator and the worker both apply. One package, eight rooms:
 
 - `agents`: the agent an attempt runs as (model, system blocks, tools, limits, prices);
+- `knowledge`: a knowledge document as a list shows it;
 - `outcomes`: run errors, model-turn usage, and the endings of a run (completed, failed, cancelled);
 - `parts`: the transcript's typed parts and their JSON form;
 - `events`: every event type, and the one constructor that builds each event's payload;
 - `progress`: what an attempt writes under its lease (a numbered batch);
+- `runs`: what is read back of a run (the run, its attempts, priced turns, logged events and
+  pinned routing), built once per row by the repositories;
 - `rules`: which tool calls dangle, how an interrupted one is closed, what an attempt that is over
   leaves superseded.
 
@@ -39,6 +42,7 @@ from tether.domain.events import (
     tool_started,
     usage_updated,
 )
+from tether.domain.knowledge import Document
 from tether.domain.outcomes import (
     CANCELLED_BY_CALLER,
     Cancelled,
@@ -79,12 +83,14 @@ from tether.domain.rules import (
     is_whole_call,
     superseded_on_close,
 )
+from tether.domain.runs import Attempt, LoggedEvent, PricedTurn, Run, RunRouting
 
 __all__ = [
     "CANCELLED_BY_CALLER",
     "TERMINAL_EVENTS",
     "AgentConfig",
     "ApprovalMarker",
+    "Attempt",
     "Batch",
     "Bundle",
     "Cancelled",
@@ -93,17 +99,22 @@ __all__ = [
     "ConnectionMarker",
     "Content",
     "ContextPolicy",
+    "Document",
     "Ending",
     "Event",
     "EventType",
     "Failed",
     "Limits",
+    "LoggedEvent",
     "ModelTurn",
     "Part",
     "PartKind",
+    "PricedTurn",
     "QuestionMarker",
     "Role",
+    "Run",
     "RunError",
+    "RunRouting",
     "StoredEvent",
     "Summary",
     "SystemBlock",

@@ -59,6 +59,7 @@ from tether.domain import (
     Failed,
     ModelTurn,
     Part,
+    Run,
     RunError,
     StoredEvent,
     camel,
@@ -197,7 +198,8 @@ async def complete(
     completed = [*events, run_completed(ending, row.usage)]
     landed = list(flight.events) if row.flight_landed else []
     stored = numbered(row.last_seq, [*landed, *completed])
-    return Ended(Moved(row, stored[len(landed) :], row.handed_over), stored[: len(landed)])
+    moved = Moved(Run.from_row(row._mapping), stored[len(landed) :], row.handed_over)
+    return Ended(moved, stored[: len(landed)])
 
 
 def complete_params(

@@ -4,7 +4,6 @@ search, the `english` configuration) for the runs of that tenant alone."""
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +22,12 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.orchestrator.repositories.runs import decode_page_token, encode_page_token
 from services.orchestrator.repositories.transitions import LEASE_HELD
 from tether.db.schema import documents, runs
+from tether.domain import Document
 from tether.errors import NotFound, ResourceExhausted, StaleLease
 from tether.ids import new_id
 
@@ -54,7 +53,7 @@ async def add(
     title: str,
     content: str,
     max_documents: int,
-) -> Row[Any]:
+) -> Document:
     """Store a document (its listed columns); ResourceExhausted, storing nothing, when the
     tenant already holds `max_documents`. Run in a transaction: the tenant's adds queue on one
     lock, so two at once cannot both pass the count."""
@@ -92,12 +91,12 @@ async def add(
             code="document_limit_reached",
             details={"limit": max_documents},
         )
-    return row
+    return Document.from_row(row._mapping)
 
 
 async def page(
     conn: AsyncConnection, tenant_id: str, *, page_size: int, page_token: str
-) -> tuple[Sequence[Row[Any]], str]:
+) -> tuple[list[Document], str]:
     """One page of the tenant's documents (listed columns), newest first, and the next page's
     cursor."""
     stmt = select(*_LISTED).where(documents.c.tenant_id == tenant_id)
@@ -110,11 +109,13 @@ async def page(
             )
         )
     stmt = stmt.order_by(documents.c.created_at.desc(), documents.c.document_id.desc())
-    rows = (await conn.execute(stmt.limit(page_size + 1))).all()
-    if len(rows) <= page_size:
-        return rows, ""
-    last = rows[page_size - 1]
-    return rows[:page_size], encode_page_token(last.created_at, last.document_id)
+    found = [
+        Document.from_row(row._mapping) for row in await conn.execute(stmt.limit(page_size + 1))
+    ]
+    if len(found) <= page_size:
+        return found, ""
+    last = found[page_size - 1]
+    return found[:page_size], encode_page_token(last.created_at, last.document_id)
 
 
 async def remove(conn: AsyncConnection, tenant_id: str, document_id: str) -> None:

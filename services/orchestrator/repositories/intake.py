@@ -28,7 +28,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.orchestrator.repositories.transitions import (
@@ -38,7 +37,7 @@ from services.orchestrator.repositories.transitions import (
 )
 from tether import formats
 from tether.db.schema import runs, sessions
-from tether.domain import run_queued
+from tether.domain import Run, run_queued
 from tether.errors import NotFound
 from tether.states import RunStatus
 from tether.visibility import Viewer
@@ -120,15 +119,13 @@ _RUN, _QUEUED = queued_run(
 _CREATE = select(_RUN).add_cte(_QUEUED)
 
 
-async def create_queued_run(
-    conn: AsyncConnection, facts: dict[str, Any], *, reason: str
-) -> Row[Any]:
+async def create_queued_run(conn: AsyncConnection, facts: dict[str, Any], *, reason: str) -> Run:
     """Create a queued run of an existing session (`facts`: FACTS but `session_head`), heading
     it when the session is idle, with its run.queued event; one statement, in the caller's
     transaction."""
     params = {**{f"q_{k}": v for k, v in facts.items()}, **queued_params(reason)}
-    row: Row[Any] = (await conn.execute(_CREATE, params)).one()
-    return row
+    row = (await conn.execute(_CREATE, params)).one()
+    return Run.from_row(row._mapping)
 
 
 _RUN_BY_ID = select(runs).where(runs.c.run_id == bindparam("run_id"))
@@ -136,7 +133,7 @@ _RUN_BY_ID = select(runs).where(runs.c.run_id == bindparam("run_id"))
 _RUN_BY_ID_HELD = _RUN_BY_ID.with_for_update(read=True, key_share=True)
 
 
-async def claimed_run(conn: AsyncConnection, run_id: str, *, hold: bool = False) -> Row[Any]:
+async def claimed_run(conn: AsyncConnection, run_id: str, *, hold: bool = False) -> Run:
     """The run an inbound claim points at (the claim and its run commit together); NotFound
     when retention removed it since the claim was read. `hold` keeps it from being removed
     until the transaction ends (a retry names it as its parent)."""
@@ -144,16 +141,16 @@ async def claimed_run(conn: AsyncConnection, run_id: str, *, hold: bool = False)
     row = (await conn.execute(stmt, {"run_id": run_id})).first()
     if row is None:
         raise NotFound(f"run {run_id!r} not found")
-    return row
+    return Run.from_row(row._mapping)
 
 
-async def visible_run(conn: AsyncConnection, viewer: Viewer, run_id: str) -> Row[Any]:
+async def visible_run(conn: AsyncConnection, viewer: Viewer, run_id: str) -> Run:
     """The run a caller names (to retry it), or NotFound when it is absent or not the
     viewer's to see (the same answer)."""
     row = (await conn.execute(select(runs).where(runs.c.run_id == run_id, viewer.sees()))).first()
     if row is None:
         raise NotFound(f"run {run_id!r} not found")
-    return row
+    return Run.from_row(row._mapping)
 
 
 _RETRIES = runs.alias("retries")
@@ -176,11 +173,11 @@ _LATEST_RETRY = (
 )
 
 
-async def latest_retry(conn: AsyncConnection, run_id: str) -> Row[Any]:
+async def latest_retry(conn: AsyncConnection, run_id: str) -> Run:
     """The latest run of the lineage from `run_id` on: the run that retried it, or the one
     that retried that, and so on (the run itself when none did)."""
-    row: Row[Any] = (await conn.execute(_LATEST_RETRY, {"run_id": run_id})).one()
-    return row
+    row = (await conn.execute(_LATEST_RETRY, {"run_id": run_id})).one()
+    return Run.from_row(row._mapping)
 
 
 def message_has_run(message_id: ColumnElement[Any]) -> ColumnElement[bool]:

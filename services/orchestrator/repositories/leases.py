@@ -36,6 +36,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from services.orchestrator.repositories.picked import Leased, Unrouted, picked
 from services.orchestrator.repositories.transitions import (
     LEASE_UNTIL,
     NEXT_EPOCH,
@@ -58,7 +59,7 @@ from tether.db.schema import (
     runs,
     tenants,
 )
-from tether.domain import Event, RunError, run_started
+from tether.domain import Event, Run, RunError, run_started
 from tether.states import RunStatus
 
 # The routing the runs of each tenant, source and channel are leased with, resolved by the
@@ -228,20 +229,17 @@ class Route:
     routing_ms: float = 0.0
 
 
-async def claim(conn: AsyncConnection, params: Mapping[str, Any]) -> list[Row[Any]]:
+async def claim(
+    conn: AsyncConnection, params: Mapping[str, Any]
+) -> tuple[list[Leased], list[Unrouted]]:
     """Lease up to `limit` claimable runs (queued session heads, oldest first, skipping those
     other claimers hold) to `worker_id` in ONE statement: each moves to running under a new
     lease epoch with its run.started event, its routing pinned on it (unless an earlier lease
     pinned one) and its attempt recorded. `params`: what `claim_params` gives.
 
-    A row per run picked: leased (the run's columns, its origin `actor_type` and `actor_id`,
-    `has_history` when its session has an earlier completed run, `has_documents` when its
-    tenant has knowledge documents, `queued_at` when it was last moved before, by the
-    database's clock, and the `routing_ms` its attempt row records), or not leased (`run_id`
-    NULL) when its tenant, source and channel have no route here or its agent changed since:
-    then `picked_run_id`, `picked_tenant_id`, `picked_source`, `picked_channel` and the
-    tenant's agent to resolve, `unrouted_agent`."""
-    return await CLAIM.all(conn, params)
+    The runs picked: those leased, and those left queued (`Unrouted`) because their tenant,
+    source and channel have no route here or its agent changed since."""
+    return picked([row._mapping for row in await CLAIM.all(conn, params)])
 
 
 def claim_params(
@@ -342,7 +340,7 @@ async def renew(
     return (await conn.execute(_RENEW, params)).all()
 
 
-async def expired_leases(conn: AsyncConnection, limit: int) -> list[Row[Any]]:
+async def expired_leases(conn: AsyncConnection, limit: int) -> list[Run]:
     """Running runs whose lease expired, locked for the reaper."""
     stmt = (
         select(runs)
@@ -351,11 +349,12 @@ async def expired_leases(conn: AsyncConnection, limit: int) -> list[Row[Any]]:
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
-    return list((await conn.execute(stmt)).all())
+    return [Run.from_row(row._mapping) for row in await conn.execute(stmt)]
 
 
-async def due_retries(conn: AsyncConnection, limit: int) -> list[Any]:
-    """Retry-pending runs whose backoff has elapsed, locked for the scheduler."""
+async def due_retries(conn: AsyncConnection, limit: int) -> list[tuple[str, int]]:
+    """Retry-pending runs whose backoff has elapsed (run id, attempt), locked for the
+    scheduler."""
     stmt = (
         select(runs.c.run_id, runs.c.attempt)
         .where(
@@ -366,7 +365,7 @@ async def due_retries(conn: AsyncConnection, limit: int) -> list[Any]:
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
-    return list((await conn.execute(stmt)).all())
+    return [(row.run_id, row.attempt) for row in await conn.execute(stmt)]
 
 
 _QUEUE = select(

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -30,7 +31,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Boolean
 
@@ -168,6 +168,18 @@ def _checkpoint_statement() -> Any:
 _CHECKPOINT = Direct(_checkpoint_statement())
 
 
+@dataclass(frozen=True, slots=True)
+class Checkpointed:
+    """What a checkpoint's fence returns of its run: where it now ends (`last_seq`), whether a
+    cancel was requested, and who may see its events (the tenant and owner)."""
+
+    run_id: str
+    last_seq: int
+    cancel_requested_at: datetime | None
+    tenant_id: str
+    owner_principal_id: str | None
+
+
 async def checkpoint(
     conn: AsyncConnection,
     run_id: str,
@@ -178,9 +190,9 @@ async def checkpoint(
     turns: Sequence[ModelTurn],
     *,
     batch: int = 0,
-) -> tuple[Row[Any], list[StoredEvent]] | None:
-    """Write parts, events and priced turns under the lease and extend it: the fenced row
-    (last_seq, cancel_requested_at, tenant_id) and the events with their seqs. None when the
+) -> tuple[Checkpointed, list[StoredEvent]] | None:
+    """Write parts, events and priced turns under the lease and extend it: what the fence
+    returned of the run and the events with their seqs. None when the
     lease is stale or batch `batch` (> 0) of this lease already landed: nothing was written."""
     params: dict[str, Any] = {
         "r_run_id": run_id,
@@ -191,7 +203,12 @@ async def checkpoint(
         **event_params(events),
     }
     row = await _CHECKPOINT.first(conn, params)
-    return None if row is None else (row, numbered(row.last_seq, events))
+    if row is None:
+        return None
+    fenced = Checkpointed(
+        row.run_id, row.last_seq, row.cancel_requested_at, row.tenant_id, row.owner_principal_id
+    )
+    return fenced, numbered(row.last_seq, events)
 
 
 _HOLD = (
@@ -202,13 +219,23 @@ _HOLD = (
 )
 
 
-async def hold_lease(
-    conn: AsyncConnection, run_id: str, epoch: int, ttl_s: float
-) -> Row[Any] | None:
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A live lease, extended: its new expiry, the run's cancel request and tenant."""
+
+    lease_expires_at: datetime
+    cancel_requested_at: datetime | None
+    tenant_id: str
+
+
+async def hold_lease(conn: AsyncConnection, run_id: str, epoch: int, ttl_s: float) -> Held | None:
     """Extend a live lease (its expiry, the cancel request, the tenant); None when stale. The
     row stays locked to the end of the transaction, so a write after it is fenced too."""
     params = {"r_run_id": run_id, "held_epoch": epoch, "lease_ttl": timedelta(seconds=ttl_s)}
-    return (await conn.execute(_HOLD, params)).first()
+    row = (await conn.execute(_HOLD, params)).first()
+    return (
+        None if row is None else Held(row.lease_expires_at, row.cancel_requested_at, row.tenant_id)
+    )
 
 
 # The sum of the run's priced turns, a column per field.

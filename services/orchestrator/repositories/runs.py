@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, and_, bindparam, false, func, literal, or_, select, update
-from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.orchestrator.repositories.transitions import LEASE_HELD
 from tether.db.schema import attempts, routings, run_events, runs, usage_turns
+from tether.domain import Attempt, LoggedEvent, PricedTurn, Run, RunRouting
 from tether.errors import InvalidArgument, NotFound, StaleLease
 from tether.ids import is_identifier
 from tether.pricing import Price
@@ -24,7 +24,7 @@ from tether.visibility import Viewer
 
 async def _find_run(
     conn: AsyncConnection, run_id: str, where: ColumnElement[bool], *, lock: bool = False
-) -> Row[Any]:
+) -> Run:
     stmt = select(runs).where(runs.c.run_id == run_id, where)
     if lock:
         # FOR NO KEY UPDATE: writers of the run wait; inserts referencing it (parts,
@@ -33,17 +33,17 @@ async def _find_run(
     row = (await conn.execute(stmt)).first()
     if row is None:
         raise NotFound(f"run {run_id!r} not found")
-    return row
+    return Run.from_row(row._mapping)
 
 
-async def get_run(conn: AsyncConnection, tenant_id: str, run_id: str) -> Row[Any]:
+async def get_run(conn: AsyncConnection, tenant_id: str, run_id: str) -> Run:
     """The run, or NotFound when it is absent or another tenant's (the same answer)."""
     return await _find_run(conn, run_id, runs.c.tenant_id == tenant_id)
 
 
 async def visible_run(
     conn: AsyncConnection, viewer: Viewer, run_id: str, *, lock: bool = False
-) -> Row[Any]:
+) -> Run:
     """The run, or NotFound when it is absent or not the viewer's to see (the same answer).
     `lock` holds the row until the transaction ends, so its status cannot move under a
     read-then-write."""
@@ -52,8 +52,8 @@ async def visible_run(
 
 async def visible_run_facts(
     conn: AsyncConnection, viewer: Viewer, run_id: str, held_epoch: int | None
-) -> Row[Any]:
-    """The run with `lease_held`: whether it is running under `held_epoch` now, by the one lease
+) -> tuple[Run, bool]:
+    """The run and `lease_held`: whether it is running under `held_epoch` now, by the one lease
     fence (false when `held_epoch` is None); NotFound when it is absent or not the viewer's to
     see (the same answer)."""
     stmt = select(runs, func.coalesce(LEASE_HELD, false()).label("lease_held")).where(
@@ -62,15 +62,13 @@ async def visible_run_facts(
     row = (await conn.execute(stmt, {"held_epoch": held_epoch})).first()
     if row is None:
         raise NotFound(f"run {run_id!r} not found")
-    return row
+    return Run.from_row(row._mapping), bool(row.lease_held)
 
 
 _LEASED = select(runs).where(runs.c.run_id == bindparam("r_run_id"), LEASE_HELD)
 
 
-async def leased_run(
-    conn: AsyncConnection, run_id: str, epoch: int, *, lock: bool = False
-) -> Row[Any]:
+async def leased_run(conn: AsyncConnection, run_id: str, epoch: int, *, lock: bool = False) -> Run:
     """The run while `epoch` is its live lease; StaleLease when it is absent, no longer running
     or leased again (the holder of `epoch` must stop). `lock` holds the row to the end of the
     transaction, so a decision made on it stands until the move that follows."""
@@ -78,7 +76,7 @@ async def leased_run(
     row = (await conn.execute(stmt, {"r_run_id": run_id, "held_epoch": epoch})).first()
     if row is None:
         raise StaleLease(f"lease epoch {epoch} of run {run_id} is not current")
-    return row
+    return Run.from_row(row._mapping)
 
 
 _FLAG_CANCEL = (
@@ -107,21 +105,28 @@ async def routing_of(conn: AsyncConnection, run_id: str) -> dict[str, Any]:
     return dict(config or {})
 
 
+async def pinned_routing(conn: AsyncConnection, run: Run) -> RunRouting | None:
+    """The routing decision `run`'s current attempt runs with, under its name (`routing_of`);
+    None before its first lease."""
+    return _routing(run.routing_id, await routing_of(conn, run.run_id))
+
+
 async def routed_prices(conn: AsyncConnection, run_id: str) -> dict[str, Price]:
     """The prices routing resolved for the run's current attempt, by model."""
     prices = (await routing_of(conn, run_id)).get("prices", {})
     return {model: Price(**price) for model, price in prices.items()}
 
 
-async def flag_cancel(conn: AsyncConnection, run_id: str) -> Row[Any] | None:
+async def flag_cancel(conn: AsyncConnection, run_id: str) -> Run | None:
     """Record a cancel request on a running run, for its worker to act on; None when it is not
     running or was flagged already."""
-    return (await conn.execute(_FLAG_CANCEL, {"r_run_id": run_id})).first()
+    row = (await conn.execute(_FLAG_CANCEL, {"r_run_id": run_id})).first()
+    return None if row is None else Run.from_row(row._mapping)
 
 
 async def read_events(
     conn: AsyncConnection, run_id: str, after_seq: int, limit: int
-) -> Sequence[Row[Any]]:
+) -> list[LoggedEvent]:
     """Up to `limit` events with seq > after_seq, in order."""
     stmt = (
         select(run_events)
@@ -129,7 +134,7 @@ async def read_events(
         .order_by(run_events.c.seq)
         .limit(limit)
     )
-    return (await conn.execute(stmt)).all()
+    return [LoggedEvent.from_row(row._mapping) for row in await conn.execute(stmt)]
 
 
 def encode_page_token(created_at: datetime, run_id: str) -> str:
@@ -160,10 +165,10 @@ async def search_runs(
     page_size: int,
     page_token: str,
     created_after: datetime | None = None,
-) -> tuple[Sequence[Row[Any]], str]:
+) -> tuple[list[tuple[Run, RunRouting | None]], str]:
     """One page of the runs the viewer may see (created at or after `created_after` when
-    given), newest first, and the next page's cursor. Each row carries `routing_config`, the
-    stored routing decision it is pinned to (None before its first lease)."""
+    given), newest first, each with the routing decision it is pinned to (None before its
+    first lease), and the next page's cursor."""
     stmt = (
         select(runs, func.coalesce(routings.c.config, runs.c.config).label("routing_config"))
         .select_from(runs.outerjoin(routings, routings.c.routing_id == runs.c.routing_id))
@@ -185,10 +190,17 @@ async def search_runs(
         )
     stmt = stmt.order_by(runs.c.created_at.desc(), runs.c.run_id.desc()).limit(page_size + 1)
     rows = (await conn.execute(stmt)).all()
-    if len(rows) <= page_size:
-        return rows, ""
-    last = rows[page_size - 1]
-    return rows[:page_size], encode_page_token(last.created_at, last.run_id)
+    found = [
+        (Run.from_row(row._mapping), _routing(row.routing_id, row.routing_config)) for row in rows
+    ]
+    if len(found) <= page_size:
+        return found, ""
+    last = found[page_size - 1][0]
+    return found[:page_size], encode_page_token(last.created_at, last.run_id)
+
+
+def _routing(routing_id: str | None, stored: Mapping[str, Any] | None) -> RunRouting | None:
+    return RunRouting(routing_id or "", stored) if stored else None
 
 
 _ATTEMPTS = (
@@ -213,17 +225,19 @@ _TURNS = (
 )
 
 
-async def attempts_of(conn: AsyncConnection, run_id: str) -> Sequence[Row[Any]]:
+async def attempts_of(conn: AsyncConnection, run_id: str) -> list[Attempt]:
     """The run's attempts, oldest first."""
-    return (await conn.execute(_ATTEMPTS, {"run_id": run_id})).all()
+    rows = await conn.execute(_ATTEMPTS, {"run_id": run_id})
+    return [Attempt.from_row(row._mapping) for row in rows]
 
 
-async def turns_of(conn: AsyncConnection, run_id: str) -> Sequence[Row[Any]]:
+async def turns_of(conn: AsyncConnection, run_id: str) -> list[PricedTurn]:
     """The run's priced model turns, oldest first, each with the attempt it belongs to."""
-    return (await conn.execute(_TURNS, {"run_id": run_id})).all()
+    rows = await conn.execute(_TURNS, {"run_id": run_id})
+    return [PricedTurn.from_row(row._mapping) for row in rows]
 
 
-async def lineage_of(conn: AsyncConnection, viewer: Viewer, run: Row[Any]) -> Sequence[Row[Any]]:
+async def lineage_of(conn: AsyncConnection, viewer: Viewer, run: Run) -> list[Run]:
     """Every run of the run's lineage still kept, oldest first: its root and each retry after
     it (a lineage is one chain: a run is retried at most once, by compare-and-swap)."""
     chain = (
@@ -241,4 +255,4 @@ async def lineage_of(conn: AsyncConnection, viewer: Viewer, run: Row[Any]) -> Se
         .where(viewer.sees())
         .order_by(chain.c.depth)
     )
-    return (await conn.execute(stmt)).all()
+    return [Run.from_row(row._mapping) for row in await conn.execute(stmt)]

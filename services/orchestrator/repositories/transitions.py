@@ -34,14 +34,13 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, array
-from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import func
 from sqlalchemy.sql.elements import BindParameter, ClauseElement, ColumnElement
 
 from tether import formats
 from tether.db.schema import run_events, runs, sessions
-from tether.domain import Event, StoredEvent
+from tether.domain import Event, Run, StoredEvent
 from tether.states import RunStatus, Transition
 
 # -- the lease fence: every write under a lease is refused once the lease has moved on ----------
@@ -151,7 +150,7 @@ class Moved:
     """A transition that applied: the run as it now stands, the events appended with their seqs,
     and the run a terminal move made its session's head (it may now be claimed)."""
 
-    row: Row[Any]
+    run: Run
     events: list[StoredEvent]
     handed_over: str | None = None
 
@@ -212,7 +211,7 @@ async def apply(
     handed_over = None
     if transition.target.terminal:
         handed_over = await hand_over_session(conn, row.session_id, run_id)
-    return Moved(row, numbered(row.last_seq, events), handed_over)
+    return Moved(Run.from_row(row._mapping), numbered(row.last_seq, events), handed_over)
 
 
 def move_statement(transition: Transition, values: Mapping[str, Any]) -> Executable:

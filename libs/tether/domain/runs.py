@@ -1,0 +1,139 @@
+"""What is read back of a run: the run as it stands, its attempts, its priced model turns, its
+log's events and the routing decision it is pinned to (its parts are `parts.Part`).
+
+Frozen read models, each built once from a row's mapping by the repository that read it
+(`from_row`), so nothing above the repositories handles a database row. Values are taken as
+stored, unchecked: a claim and a completion build one per run hundreds of times a second, and
+the database already holds them to their columns' types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from operator import itemgetter
+from typing import Any, Self
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """A `runs` row: the run as it stood when it was read or moved. JSON columns (`error`,
+    `usage`) are in the row's stored format (`format`, tether.formats); `status` is the stored
+    RunStatus value."""
+
+    run_id: str
+    tenant_id: str
+    session_id: str
+    message_id: str
+    conversation_id: str
+    channel: str
+    input_text: str
+    status: str
+    attempt: int
+    max_attempts: int
+    lease_owner: str | None
+    lease_epoch: int
+    lease_expires_at: datetime | None
+    next_attempt_at: datetime | None
+    cancel_requested_at: datetime | None
+    waiting_interaction_id: str | None
+    parent_run_id: str | None
+    root_run_id: str
+    result_text: str | None
+    task_outcome: str | None
+    warnings: Sequence[str]
+    error: Mapping[str, Any] | None
+    usage: Mapping[str, Any]
+    routing_id: str | None
+    traceparent: str | None
+    last_seq: int
+    session_head: bool
+    checkpoint_batch: int
+    owner_principal_id: str | None
+    visibility: str
+    format: int
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> Self:
+        """The run of a row carrying the `runs` columns (the columns beside them are left)."""
+        return cls(*_RUN_COLUMNS(row))
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """An `attempts` row: one lease of a run, from its start to how it ended. `stages` holds
+    its stage durations as stored (`<stage>_ms`)."""
+
+    run_id: str
+    lease_epoch: int
+    attempt: int
+    worker_id: str
+    started_at: datetime
+    ended_at: datetime | None
+    outcome: str | None
+    error: Mapping[str, Any] | None
+    stages: Mapping[str, Any] | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> Self:
+        """The attempt of a row carrying the `attempts` columns."""
+        return cls(*_ATTEMPT_COLUMNS(row))
+
+
+@dataclass(frozen=True, slots=True)
+class PricedTurn:
+    """A `usage_turns` row: a model turn as priced and recorded, with the attempt that had
+    started when it was (None when no attempt row precedes it)."""
+
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+    cost_micros: int
+    created_at: datetime
+    attempt: int | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> Self:
+        """The turn of a row carrying the `usage_turns` columns and `attempt`."""
+        return cls(*_TURN_COLUMNS(row))
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedEvent:
+    """A `run_events` row: an event of a run's log, its payload in its stored format."""
+
+    run_id: str
+    seq: int
+    type: str
+    payload: Mapping[str, Any]
+    format: int
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> Self:
+        """The event of a row carrying the `run_events` columns."""
+        return cls(*_EVENT_COLUMNS(row))
+
+
+@dataclass(frozen=True, slots=True)
+class RunRouting:
+    """The routing decision a run's current attempt runs with: its name in `routings` ("" for
+    one a release before routings kept whole on the run) and its stored form
+    (`AgentConfig.to_json`)."""
+
+    routing_id: str
+    stored: Mapping[str, Any]
+
+
+# Each model's columns in its fields' order, picked from a row's mapping in one call.
+_RUN_COLUMNS = itemgetter(*(f.name for f in fields(Run)))
+_ATTEMPT_COLUMNS = itemgetter(*(f.name for f in fields(Attempt)))
+_TURN_COLUMNS = itemgetter(*(f.name for f in fields(PricedTurn)))
+_EVENT_COLUMNS = itemgetter(*(f.name for f in fields(LoggedEvent)))
