@@ -55,7 +55,7 @@ class InboundEvent:
     def actor_scope(self) -> str:
         """Whose conversation the session is, e.g. `thread:alice`: built here, from the
         authenticated principal, so no adapter can leave the principal out."""
-        return f"{self.conversation_kind}:{self.principal_id}"
+        return f"{self.conversation_kind.value}:{self.principal_id}"
 
     def request_hash(self) -> bytes:
         """SHA-256 of what the event says (not how it was delivered).
