@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from google.protobuf import json_format
 
-from services.admission.domain import InboundEvent
+from services.admission.domain import ConversationKind, InboundEvent
 from tether.errors import InvalidArgument, PermissionDenied
 from tether.ids import is_identifier
 from tether.limits import ID_CHARS, TEXT_CHARS
@@ -79,8 +79,7 @@ def _chat(caller: admission_pb2.Caller, chat: admission_pb2.ChatInput) -> Inboun
         idempotency_key=f"chat:{event_id}",
         actor_type="user",
         actor_id=caller.principal_id,
-        # A chat conversation is private to the principal who holds it.
-        actor_scope=f"principal:{caller.principal_id}",
+        conversation_kind=ConversationKind.CHAT,
         channel=_identifier("channel", chat.channel or "chat"),
         conversation_id=_identifier("conversation_id", chat.conversation_id),
         text=_text("text", chat.text),
@@ -102,8 +101,9 @@ def _messaging(
         # The sender the body names is actor data only: the run is the integration key's.
         actor_type=_identifier("sender_type", msg.sender_type or "guest"),
         actor_id=_identifier("sender_id", msg.sender_id),
-        # Everyone in a provider thread shares it, within this tenant only.
-        actor_scope="thread",
+        # The thread id is the provider's correlation value, never access: a principal naming
+        # another principal's thread opens a conversation of its own.
+        conversation_kind=ConversationKind.THREAD,
         channel=provider,
         conversation_id=_identifier("thread_id", msg.thread_id),
         text=_text("text", msg.text),
@@ -125,7 +125,7 @@ def _task(caller: admission_pb2.Caller, task: admission_pb2.TaskStatusInput) -> 
         idempotency_key=f"task:{event_id}",
         actor_type="system",
         actor_id=caller.principal_id,
-        actor_scope="task",
+        conversation_kind=ConversationKind.TASK,
         channel="task",
         conversation_id=task_id,
         text=f"Task {task_id} is now {status}." + (f" {detail}" if detail else ""),
@@ -148,7 +148,7 @@ def _decision(caller: admission_pb2.Caller, dec: admission_pb2.DecisionInput) ->
         actor_type="user",
         actor_id=caller.principal_id,
         # A decision joins the chat conversation it concerns.
-        actor_scope=f"principal:{caller.principal_id}",
+        conversation_kind=ConversationKind.CHAT,
         channel="chat",
         conversation_id=_identifier("conversation_id", dec.conversation_id),
         text=f"Decision: {decision}" + (f" ({note})" if note else ""),

@@ -5,11 +5,21 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from tether.visibility import Visibility
 
 INBOUND_SCOPE = "inbound"
+
+
+class ConversationKind(StrEnum):
+    """What kind of conversation an event joins: the first part of its session's actor scope,
+    so one principal's chat, provider thread and task with the same id stay apart."""
+
+    CHAT = "principal"  # the form chat sessions were always stored in
+    THREAD = "thread"
+    TASK = "task"
 
 
 @dataclass(frozen=True)
@@ -19,8 +29,10 @@ class InboundEvent:
     `tenant_id` and `principal_id` are the authenticated caller's; the payload never chooses them.
     The run belongs to `principal_id` (its grants and connections, who sees it); the actor is who
     the event says spoke (a webhook's sender), context for the agent and never a principal.
-    The session is identified by (tenant, channel, conversation, actor scope): two tenants using
-    the same external thread id never share state.
+    The session is identified by (tenant, channel, conversation, actor scope), and the actor
+    scope names `principal_id`: an external thread or task id is a correlation value, so two
+    tenants, or two principals of one tenant, naming the same one never share a conversation,
+    its history or its allow-conversation grants.
     """
 
     tenant_id: str
@@ -30,7 +42,7 @@ class InboundEvent:
     idempotency_key: str
     actor_type: str
     actor_id: str
-    actor_scope: str
+    conversation_kind: ConversationKind
     channel: str
     conversation_id: str
     text: str
@@ -38,6 +50,12 @@ class InboundEvent:
     idempotency_scope: str = INBOUND_SCOPE
     # Who besides runs:all keys sees the run (tether.visibility.Visibility).
     visibility: Visibility = Visibility.PRIVATE
+
+    @property
+    def actor_scope(self) -> str:
+        """Whose conversation the session is, e.g. `thread:alice`: built here, from the
+        authenticated principal, so no adapter can leave the principal out."""
+        return f"{self.conversation_kind.value}:{self.principal_id}"
 
     def request_hash(self) -> bytes:
         """SHA-256 of what the event says (not how it was delivered).

@@ -44,17 +44,33 @@ def chat(
 
 
 def messaging(
-    event_id: str, thread: str, *, tenant: str, text: str = "any update?"
+    event_id: str,
+    thread: str,
+    *,
+    tenant: str,
+    text: str = "any update?",
+    principal: str = "whatsapp-bridge",
 ) -> InboundEvent:
     return normalise(
         admission_pb2.AdmitRequest(
-            caller=admission_pb2.Caller(tenant_id=tenant, principal_id="whatsapp-bridge"),
+            caller=admission_pb2.Caller(tenant_id=tenant, principal_id=principal),
             messaging=admission_pb2.MessagingWebhookInput(
                 provider="whatsapp",
                 provider_event_id=event_id,
                 thread_id=thread,
                 sender_id="guest-1",
                 text=text,
+            ),
+        )
+    )
+
+
+def task_status(event_id: str, task_id: str, *, principal: str) -> InboundEvent:
+    return normalise(
+        admission_pb2.AdmitRequest(
+            caller=admission_pb2.Caller(tenant_id="acme", principal_id=principal),
+            task_status=admission_pb2.TaskStatusInput(
+                task_id=task_id, status_event_id=event_id, status="done"
             ),
         )
     )
@@ -266,6 +282,33 @@ async def test_messages_of_one_thread_share_a_session_and_queue_behind_each_othe
     assert a.run.session_id == b.run.session_id
     assert a.run.run_id != b.run.run_id
     assert (a.run.status, b.run.status) == ("queued", "queued")
+
+
+async def test_two_principals_naming_the_same_thread_have_separate_sessions(
+    engine: AsyncEngine, admitter: Admitter
+) -> None:
+    """A thread id is a correlation value: naming another principal's thread opens a new
+    conversation instead of joining (and being authorised by) theirs."""
+    await _tenant(engine, "acme")
+    a = await admitter.admit(messaging("m-1", "thread-9", tenant="acme", principal="bridge-a"))
+    b = await admitter.admit(messaging("m-2", "thread-9", tenant="acme", principal="bridge-b"))
+    again = await admitter.admit(messaging("m-3", "thread-9", tenant="acme", principal="bridge-a"))
+    assert a.run.session_id != b.run.session_id
+    assert again.run.session_id == a.run.session_id, "the same principal stays in its thread"
+    assert (b.run.status, b.run.session_head) == ("queued", True), "not queued behind a's run"
+
+
+async def test_two_principals_reporting_the_same_task_have_separate_sessions(
+    engine: AsyncEngine, admitter: Admitter
+) -> None:
+    await _tenant(engine, "acme")
+    a = await admitter.admit(task_status("s-1", "T-9", principal="tracker-a"))
+    b = await admitter.admit(task_status("s-2", "T-9", principal="tracker-b"))
+    again = await admitter.admit(task_status("s-3", "T-9", principal="tracker-a"))
+    assert a.run.session_id != b.run.session_id
+    assert again.run.session_id == a.run.session_id, "the same principal stays in its task"
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(func.count()).select_from(sessions))).scalar() == 2
 
 
 async def test_two_principals_with_the_same_conversation_id_have_separate_sessions(

@@ -14,11 +14,15 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
+from services.admission.adapters import normalise
+from services.admission.domain import FreshnessPolicy
+from services.admission.service import Admitter
 from tests.conftest import drop_database
 from tether.db.engine import create_engine
 from tether.db.migrate import alembic_config, upgrade
 from tether.db.schema import metadata
 from tether.stack.embedded import database_url
+from tether.v1 import admission_pb2
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -155,3 +159,75 @@ async def test_browser_credentials_come_after_existing_keys_and_go_with_their_ke
     finally:
         await engine.dispose()
     assert left == 0
+
+
+async def test_a_stored_thread_or_task_session_goes_to_the_principal_of_its_first_run(
+    empty_db: str,
+) -> None:
+    """0019: a thread's or a task's session, shared by whoever named it until now, belongs to
+    the principal of its first run with a known owner; after it, that principal's next message
+    joins it and another principal's opens a conversation of its own."""
+    await upgrade(empty_db, "0018")
+    engine = create_engine(empty_db, pool_size=1)
+    session = (
+        "INSERT INTO sessions (session_id, tenant_id, channel, conversation_id, actor_scope) "
+        "VALUES (:s, 't', :channel, :conversation, :scope)"
+    )
+    message = (
+        "INSERT INTO messages (message_id, tenant_id, session_id, source, event_id, actor_type, "
+        "actor_id, text) VALUES (:s, 't', :s, 'messaging', :s, 'guest', 'g', 'hi')"
+    )
+    run = (
+        "INSERT INTO runs (run_id, tenant_id, session_id, message_id, conversation_id, channel, "
+        "input_text, status, max_attempts, root_run_id, visibility, owner_principal_id, "
+        "created_at) VALUES (:r, 't', :s, :s, 'c', 'x', 'hi', 'completed', 3, :r, 'tenant', "
+        ":owner, now() - make_interval(mins => :age))"
+    )
+    stored = {
+        # session: (channel, conversation, scope, its runs' owners oldest first)
+        "s_thread": ("whatsapp", "th-1", "thread", [None, "alice", "bob"]),
+        "s_task": ("task", "T-9", "task", ["tracker", "bob"]),
+        "s_chat": ("chat", "c-1", "principal:carol", ["carol"]),
+        "s_unknown": ("whatsapp", "th-2", "thread", [None]),
+    }
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("INSERT INTO tenants (tenant_id, name) VALUES ('t', 't')"))
+            for s, (channel, conversation, scope, owners) in stored.items():
+                values = {"s": s, "channel": channel, "conversation": conversation}
+                await conn.execute(text(session), {**values, "scope": scope})
+                await conn.execute(text(message), values)
+                for i, owner in enumerate(owners):
+                    age = len(owners) - i
+                    await conn.execute(
+                        text(run), {"r": f"{s}_{i}", "s": s, "owner": owner, "age": age}
+                    )
+        await upgrade(empty_db)
+        async with engine.connect() as conn:
+            rows = await conn.execute(text("SELECT session_id, actor_scope FROM sessions"))
+            scopes = {row.session_id: row.actor_scope for row in rows}
+        assert scopes == {
+            "s_thread": "thread:alice",
+            "s_task": "task:tracker",
+            "s_chat": "principal:carol",
+            "s_unknown": "thread",
+        }
+
+        admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+
+        async def in_thread(principal: str, event_id: str) -> str:
+            caller = admission_pb2.Caller(tenant_id="t", principal_id=principal)
+            messaging = admission_pb2.MessagingWebhookInput(
+                provider="whatsapp",
+                provider_event_id=event_id,
+                thread_id="th-1",
+                sender_id="g",
+                text="hi",
+            )
+            request = admission_pb2.AdmitRequest(caller=caller, messaging=messaging)
+            return str((await admitter.admit(normalise(request))).run.session_id)
+
+        assert await in_thread("alice", "e-1") == "s_thread"
+        assert await in_thread("bob", "e-2") not in stored
+    finally:
+        await engine.dispose()

@@ -38,7 +38,7 @@ def test_messaging_event_keys_on_the_provider_event_id() -> None:
     assert (event.actor_type, event.actor_id, event.actor_scope) == (
         "guest",
         "guest-example",
-        "thread",
+        "thread:alice",
     )
 
 
@@ -51,6 +51,7 @@ def test_task_and_decision_inputs_become_events_with_context() -> None:
         )
     )
     assert task.context == {"task_id": "T-9", "status": "done", "detail": "shipped"}
+    assert task.actor_scope == "task:alice"
     assert task.text == "Task T-9 is now done. shipped"
     decision = normalise(
         req(
@@ -61,6 +62,44 @@ def test_task_and_decision_inputs_become_events_with_context() -> None:
     )
     assert decision.idempotency_key == "decision:d-1"
     assert decision.actor_scope == "principal:alice"
+
+
+def test_every_conversation_is_scoped_to_the_callers_principal_never_the_body() -> None:
+    """A thread or task id is a correlation value: the session's actor scope names the
+    authenticated principal, whatever sender or tenant the body names."""
+    inputs = {
+        "chat": admission_pb2.ChatInput(event_id="e", conversation_id="c", text="hi"),
+        "messaging": admission_pb2.MessagingWebhookInput(
+            provider="whatsapp",
+            provider_event_id="m",
+            thread_id="th",
+            sender_id="bob",
+            sender_type="user",
+            text="hi",
+        ),
+        "task_status": admission_pb2.TaskStatusInput(
+            task_id="T-9", status_event_id="s", status="done"
+        ),
+        "decision": admission_pb2.DecisionInput(
+            decision_id="d", conversation_id="c", decision="yes"
+        ),
+    }
+    scopes = {}
+    for principal in ("alice", "bob"):
+        caller = admission_pb2.Caller(tenant_id="acme", principal_id=principal)
+        for kind, body in inputs.items():
+            request = admission_pb2.AdmitRequest(caller=caller, **{kind: body})  # type: ignore[arg-type]
+            scopes[principal, kind] = normalise(request).actor_scope
+    assert scopes == {
+        ("alice", "chat"): "principal:alice",
+        ("alice", "messaging"): "thread:alice",
+        ("alice", "task_status"): "task:alice",
+        ("alice", "decision"): "principal:alice",
+        ("bob", "chat"): "principal:bob",
+        ("bob", "messaging"): "thread:bob",
+        ("bob", "task_status"): "task:bob",
+        ("bob", "decision"): "principal:bob",
+    }
 
 
 def test_request_hash_covers_content_not_delivery() -> None:

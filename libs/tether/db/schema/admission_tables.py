@@ -28,7 +28,9 @@ sessions = Table(
     Column("tenant_id", Text, ForeignKey("tenants.tenant_id"), nullable=False),
     Column("channel", Text, nullable=False),
     Column("conversation_id", Text, nullable=False),
-    # Who may share state within the conversation: a principal, or the whole thread.
+    # Whose conversation it is: its kind and the principal that holds it (`principal:alice`
+    # for a chat, `thread:alice`, `task:alice`). An external id is only a correlation value:
+    # another principal naming it gets a conversation of its own (migration 0019).
     Column("actor_scope", Text, nullable=False),
     # The session's head: the run that may execute (set at admission when the session is free,
     # handed to the next queued message when the head finishes). NULL when idle.
