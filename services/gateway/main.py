@@ -5,17 +5,17 @@ from __future__ import annotations
 import asyncio
 
 from services.gateway import browser_credentials
-from services.gateway.admissions import Admissions
 from services.gateway.auth import Authenticator
-from services.gateway.bridge_v2 import BridgeV2
-from services.gateway.console import Console
-from services.gateway.edge import Edge
-from services.gateway.http_bridge import HttpBridge, start_http
-from services.gateway.live_runs import LiveListTiming, LiveRuns
-from services.gateway.servicer import GatewayServicer
+from services.gateway.grpc.admissions import Admissions
+from services.gateway.grpc.servicer import GatewayServicer
+from services.gateway.http.bridge_v1 import HttpBridge, start_http
+from services.gateway.http.bridge_v2 import BridgeV2
+from services.gateway.http.console import Console
+from services.gateway.http.edge import Edge
+from services.gateway.http.signin import SignIn, SignInPolicy
+from services.gateway.live.run_list import LiveListTiming, LiveRuns
+from services.gateway.live.streams import build_streams
 from services.gateway.settings import GatewaySettings
-from services.gateway.signin import SignIn, SignInPolicy
-from services.gateway.streams import build_streams
 from tether import telemetry
 from tether.credentials import require_credential
 from tether.db.engine import create_engine

@@ -1,5 +1,5 @@
 """StreamRun and StreamConversation, mixed into GatewayServicer: authenticate, then hand over to
-the streams (services.gateway.streams, services.gateway.conversation)."""
+the streams (services.gateway.live.streams, services.gateway.live.conversation)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import grpc
 from google.protobuf.message import Message
 
 from services.gateway.auth import Authenticator, KeyWatch
-from services.gateway.conversation import conversation_items
-from services.gateway.live_runs import LiveRuns
-from services.gateway.streams import Streams
+from services.gateway.live.conversation import conversation_items
+from services.gateway.live.run_list import LiveRuns
+from services.gateway.live.streams import Streams
 from tether.apikeys import Principal
 from tether.errors import CODE_METADATA_KEY, TetherError
 from tether.v1 import gateway_pb2

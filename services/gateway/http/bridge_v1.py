@@ -28,7 +28,7 @@ early (slow client, gateway stopping) sends `event: error` with the cursor to re
 Callers authenticate with `Authorization: Bearer <key>` (the platform operator names the tenant
 it reads in with `Tether-Tenant: <tenant>`); errors are JSON
 `{"error": {"status", "code", "message"}}` with the HTTP status of the gRPC code, malformed HTTP
-included (`http_errors`).
+included (`services.gateway.http.errors`).
 """
 
 from __future__ import annotations
@@ -42,8 +42,7 @@ from google.protobuf.message import Message
 from opentelemetry.trace import SpanKind
 
 from services.gateway.auth import Authenticator, KeyWatch
-from services.gateway.edge import Edge
-from services.gateway.http_common import (
+from services.gateway.http.common import (
     CallContext,
     conversation_stream,
     header,
@@ -54,8 +53,9 @@ from services.gateway.http_common import (
     sse_frame,
     time_query,
 )
-from services.gateway.http_errors import MAX_BODY_BYTES, BridgeRunner, errors
-from services.gateway.streams import Streams
+from services.gateway.http.edge import Edge
+from services.gateway.http.errors import MAX_BODY_BYTES, BridgeRunner, errors
+from services.gateway.live.streams import Streams
 from tether import telemetry
 from tether.apikeys import Principal
 from tether.convert import disposition_name, status_to_proto

@@ -13,14 +13,14 @@ import grpc
 from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.gateway.admissions import Admissions
 from services.gateway.auth import Authenticator
-from services.gateway.documents import DocumentRpcs
-from services.gateway.interactions import InteractionRpcs
-from services.gateway.live_runs import LiveListTiming, LiveRuns
-from services.gateway.streaming import StreamingServicer
-from services.gateway.streams import Streams
-from services.gateway.tenants import TenantRpcs
+from services.gateway.grpc.admissions import Admissions
+from services.gateway.grpc.documents import DocumentRpcs
+from services.gateway.grpc.interactions import InteractionRpcs
+from services.gateway.grpc.streaming import StreamingServicer
+from services.gateway.grpc.tenants import TenantRpcs
+from services.gateway.live.run_list import LiveListTiming, LiveRuns
+from services.gateway.live.streams import Streams
 from tether import apikeys, audit
 from tether.apikeys import Principal
 from tether.errors import InvalidArgument, NotFound, PermissionDenied
