@@ -7,7 +7,14 @@ import asyncio
 from services.gateway import browser_credentials
 from services.gateway.auth import Authenticator
 from services.gateway.grpc.admissions import Admissions
+from services.gateway.grpc.callers import Callers
+from services.gateway.grpc.documents import DocumentRpcs
+from services.gateway.grpc.interactions import InteractionRpcs
+from services.gateway.grpc.keys import KeyRpcs
+from services.gateway.grpc.runs import RunRpcs
 from services.gateway.grpc.servicer import GatewayServicer
+from services.gateway.grpc.streaming import StreamRpcs
+from services.gateway.grpc.tenants import TenantRpcs
 from services.gateway.http.bridge_v1 import HttpBridge, start_http
 from services.gateway.http.bridge_v2 import BridgeV2
 from services.gateway.http.console import Console
@@ -78,16 +85,23 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
         admission_stub,
         timeout_s=settings.admit_timeout_s,
     )
+    interactions_stub = interactions_pb2_grpc.InteractionsServiceStub(interactions)
+    callers = Callers(auth)
     servicer = GatewayServicer(
-        auth=auth,
-        engine=engine,
-        admission=admission_stub,
-        admissions=admissions,
-        orchestrator=orchestrator_stub,
-        interactions=interactions_pb2_grpc.InteractionsServiceStub(interactions),
-        streams=streams,
-        revocation_bound_s=settings.key_cache_ttl_s + settings.key_recheck_s,
-        live_runs=live_runs,
+        runs=RunRpcs(callers, admissions, admission_stub, orchestrator_stub),
+        interactions=InteractionRpcs(callers, interactions_stub),
+        keys=KeyRpcs(callers, auth, engine),
+        documents=DocumentRpcs(callers, orchestrator_stub),
+        tenants=TenantRpcs(
+            callers=callers,
+            auth=auth,
+            engine=engine,
+            admission=admission_stub,
+            orchestrator=orchestrator_stub,
+            interactions=interactions_stub,
+            revocation_bound_s=settings.key_cache_ttl_s + settings.key_recheck_s,
+        ),
+        streams=StreamRpcs(callers, streams, live_runs),
     )
     served = await start_server(
         host=settings.host,
