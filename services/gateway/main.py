@@ -15,7 +15,8 @@ from services.gateway.grpc.runs import RunRpcs
 from services.gateway.grpc.servicer import GatewayServicer
 from services.gateway.grpc.streaming import StreamRpcs
 from services.gateway.grpc.tenants import TenantRpcs
-from services.gateway.http.bridge_v1 import HttpBridge, start_http
+from services.gateway.http.app import http_app, start_http
+from services.gateway.http.bridge_v1 import BridgeV1
 from services.gateway.http.bridge_v2 import BridgeV2
 from services.gateway.http.console import Console
 from services.gateway.http.edge import Edge
@@ -123,13 +124,14 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
         ),
         sweep,
     )
-    app = HttpBridge(servicer, streams, auth).app(
-        extras=[
+    app = http_app(
+        [
+            BridgeV1(servicer, streams, auth),
             BridgeV2(servicer, streams, live_runs, auth),
             sign_in,
             Console(settings.console_path()),
         ],
-        edge=Edge(settings.cors_origin_list()),
+        Edge(settings.cors_origin_list()),
     )
     http, http_port = await start_http(app, settings.host, settings.http_port, settings.grace_s)
     announce(settings.ready_file, served, http=http_port)
