@@ -1,5 +1,8 @@
 """The HTTP/SSE bridge, version 1: the gateway's calls and events over plain HTTP.
 
+Deprecated: removed in 0.3.0 (tests/unit/test_removals.py fails once `version` reaches it with
+this bridge still here); bridge v2 (bridge_v2.py) serves every call and stream it serves.
+
 Nothing here decides anything: every request goes through the same servicer methods and the
 same streams as gRPC, so authentication, tenancy and errors mean the same. Routes::
 
