@@ -5,17 +5,25 @@ from __future__ import annotations
 import asyncio
 
 from services.gateway import browser_credentials
-from services.gateway.admissions import Admissions
 from services.gateway.auth import Authenticator
-from services.gateway.bridge_v2 import BridgeV2
-from services.gateway.console import Console
-from services.gateway.edge import Edge
-from services.gateway.http_bridge import HttpBridge, start_http
-from services.gateway.live_runs import LiveListTiming, LiveRuns
-from services.gateway.servicer import GatewayServicer
+from services.gateway.grpc.admissions import Admissions
+from services.gateway.grpc.callers import Callers
+from services.gateway.grpc.documents import DocumentRpcs
+from services.gateway.grpc.interactions import InteractionRpcs
+from services.gateway.grpc.keys import KeyRpcs
+from services.gateway.grpc.runs import RunRpcs
+from services.gateway.grpc.servicer import GatewayServicer
+from services.gateway.grpc.streaming import StreamRpcs
+from services.gateway.grpc.tenants import TenantRpcs
+from services.gateway.http.app import http_app, start_http
+from services.gateway.http.bridge_v1 import BridgeV1
+from services.gateway.http.bridge_v2 import BridgeV2
+from services.gateway.http.console import Console
+from services.gateway.http.edge import Edge
+from services.gateway.http.signin import SignIn, SignInPolicy
+from services.gateway.live.run_list import LiveListTiming, LiveRuns
+from services.gateway.live.streams import build_streams
 from services.gateway.settings import GatewaySettings
-from services.gateway.signin import SignIn, SignInPolicy
-from services.gateway.streams import build_streams
 from tether import telemetry
 from tether.credentials import require_credential
 from tether.db.engine import create_engine
@@ -78,16 +86,23 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
         admission_stub,
         timeout_s=settings.admit_timeout_s,
     )
+    interactions_stub = interactions_pb2_grpc.InteractionsServiceStub(interactions)
+    callers = Callers(auth)
     servicer = GatewayServicer(
-        auth=auth,
-        engine=engine,
-        admission=admission_stub,
-        admissions=admissions,
-        orchestrator=orchestrator_stub,
-        interactions=interactions_pb2_grpc.InteractionsServiceStub(interactions),
-        streams=streams,
-        revocation_bound_s=settings.key_cache_ttl_s + settings.key_recheck_s,
-        live_runs=live_runs,
+        runs=RunRpcs(callers, admissions, admission_stub, orchestrator_stub),
+        interactions=InteractionRpcs(callers, interactions_stub),
+        keys=KeyRpcs(callers, auth, engine),
+        documents=DocumentRpcs(callers, orchestrator_stub),
+        tenants=TenantRpcs(
+            callers=callers,
+            auth=auth,
+            engine=engine,
+            admission=admission_stub,
+            orchestrator=orchestrator_stub,
+            interactions=interactions_stub,
+            revocation_bound_s=settings.key_cache_ttl_s + settings.key_recheck_s,
+        ),
+        streams=StreamRpcs(callers, streams, live_runs),
     )
     served = await start_server(
         host=settings.host,
@@ -109,13 +124,14 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
         ),
         sweep,
     )
-    app = HttpBridge(servicer, streams, auth).app(
-        extras=[
+    app = http_app(
+        [
+            BridgeV1(servicer, streams, auth),
             BridgeV2(servicer, streams, live_runs, auth),
             sign_in,
             Console(settings.console_path()),
         ],
-        edge=Edge(settings.cors_origin_list()),
+        Edge(settings.cors_origin_list()),
     )
     http, http_port = await start_http(app, settings.host, settings.http_port, settings.grace_s)
     announce(settings.ready_file, served, http=http_port)

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from services.admission.stream import PROTOCOL_VERSION, AdmitStreams, StreamTiming
-from services.gateway.admissions import Admissions
+from services.gateway.grpc.admissions import Admissions
 from tether.errors import InvalidArgument, TetherError, Unavailable
 from tether.runtime.rpc import RunningServer, internal_channel, start_server
 from tether.testing.eventually import eventually

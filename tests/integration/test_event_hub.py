@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as redis
 
-from services.gateway.hub import EventHub, Feed, LiveEvent, RunsWatch, Signal
+from services.gateway.live.hub import EventHub, Feed, LiveEvent, RunsWatch, Signal
 from tether.hints import Audience, LiveMessage, encode_events, events_channel
 from tether.runtime.tasks import Supervisor
 from tether.testing.eventually import eventually

@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 from grpc.aio import Metadata
 
-from services.gateway.admissions import _Unimplemented, refusal
+from services.gateway.grpc.admissions import _Unimplemented, refusal
 from tether.errors import CODE_METADATA_KEY, FailedPrecondition, Unauthenticated, Unavailable
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from services.gateway.conversation import ConversationCursor, _Conversation, _Track
-from services.gateway.streams import RunCursor
+from services.gateway.live.conversation import ConversationCursor, _Conversation, _Track
+from services.gateway.live.streams import RunCursor
 from tether.errors import InvalidArgument
 from tether.v1 import common_pb2
 

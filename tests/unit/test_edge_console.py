@@ -13,9 +13,9 @@ import httpx2
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from services.gateway.console import NOT_BUILT, Console
-from services.gateway.edge import Edge
-from services.gateway.http_errors import errors
+from services.gateway.http.console import NOT_BUILT, Console
+from services.gateway.http.edge import Edge
+from services.gateway.http.errors import errors
 
 
 def console_dir(root: Path) -> Path:

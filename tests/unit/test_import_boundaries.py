@@ -1,4 +1,4 @@
-"""Two boundaries, checked by walking imports.
+"""Three boundaries, checked by walking imports.
 
 The server core never imports the client side: the client SDK (`tether.client`, `tether.watch`),
 the CLI, the dev stack and the test kit. A server image can then leave them out, and a change to
@@ -7,6 +7,9 @@ the CLI cannot break a service.
 Protobuf stops at a service's edges: only the modules declared below import generated code
 (`tether.v1.*_pb2`, `*_pb2_grpc`) or the protobuf runtime; everything behind them speaks domain
 types.
+
+The gateway keeps to its rooms: its two edges, `grpc/` and `http/`, never import each other,
+the streams of `live/` import neither, and nothing outside the gateway imports it.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def reaches_client_side(name: str) -> bool:
 
 def test_there_are_server_modules_to_check() -> None:
     paths = {p.relative_to(ROOT).as_posix() for p in server_modules()}
-    assert "services/gateway/http_bridge.py" in paths
+    assert "services/gateway/http/bridge_v1.py" in paths
     assert "libs/tether/bus.py" in paths
     assert "libs/tether/client.py" not in paths
 
@@ -134,3 +137,92 @@ def test_the_check_sees_a_protobuf_import(tmp_path: Path) -> None:
         "google.protobuf",
         "google.protobuf.json_format",
     }
+
+
+# The gateway's rooms. `grpc/` and `http/` are its two edges and both serve the streams of
+# `live/`; an edge never imports the other (a bridge is handed the servicer it calls), and `live/`
+# imports neither, so a stream means the same whichever edge serves it. What stays at the
+# gateway's root is shared by every room (who the caller is, the settings) and imports none of
+# them, but main.py and __main__.py, which wire the rooms together.
+GATEWAY = "services.gateway"
+GATEWAY_ROOMS = ("grpc", "http", "live")
+GATEWAY_ROOM_MAY_NOT_IMPORT = {
+    "grpc": ("http",),
+    "http": ("grpc",),
+    "live": ("grpc", "http"),
+}
+GATEWAY_WIRING = ("services/gateway/main.py", "services/gateway/__main__.py")
+
+
+def gateway_modules() -> list[Path]:
+    return sorted((ROOT / "services/gateway").rglob("*.py"))
+
+
+def room_of(relative: str) -> str | None:
+    """The gateway room a module of the gateway stands in; None at the gateway's root."""
+    parts = relative.split("/")
+    return parts[2] if len(parts) > 3 else None
+
+
+def rooms_reached(names: set[str]) -> set[str]:
+    """The gateway rooms that imported module names reach."""
+    reached = set()
+    for name in names:
+        parts = name.split(".")
+        if parts[:2] == GATEWAY.split(".") and len(parts) > 2 and parts[2] in GATEWAY_ROOMS:
+            reached.add(parts[2])
+    return reached
+
+
+def test_the_gateway_has_its_rooms() -> None:
+    rooms = {room_of(p.relative_to(ROOT).as_posix()) for p in gateway_modules()}
+    assert rooms == {None, *GATEWAY_ROOMS}
+
+
+@pytest.mark.parametrize("path", gateway_modules(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_a_gateway_room_imports_only_what_it_may(path: Path) -> None:
+    relative = path.relative_to(ROOT).as_posix()
+    if relative in GATEWAY_WIRING:
+        return
+    room = room_of(relative)
+    forbidden = set(GATEWAY_ROOMS) if room is None else set(GATEWAY_ROOM_MAY_NOT_IMPORT[room])
+    wrong = sorted(rooms_reached(imported(path)) & forbidden)
+    assert not wrong, f"{relative} ({room or 'the root'}) imports the gateway's {wrong}/"
+
+
+def test_the_room_check_sees_an_edge_reaching_the_other(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from services.gateway.grpc.servicer import GatewayServicer\n"
+        "import services.gateway.http.errors\nfrom services.gateway import auth\n"
+    )
+    assert rooms_reached(imported(probe)) == {"grpc", "http"}
+    assert room_of("services/gateway/live/hub.py") == "live"
+    assert room_of("services/gateway/auth.py") is None
+
+
+def outside_the_gateway() -> list[Path]:
+    modules = [p for p in service_modules() if not p.is_relative_to(ROOT / "services/gateway")]
+    modules += sorted((ROOT / "libs/tether").rglob("*.py"))
+    modules += sorted((ROOT / "bench").rglob("*.py"))
+    return [p for p in modules if not p.is_relative_to(ROOT / "libs/tether/v1")]
+
+
+@pytest.mark.parametrize(
+    "path", outside_the_gateway(), ids=lambda p: p.relative_to(ROOT).as_posix()
+)
+def test_nothing_outside_the_gateway_imports_it(path: Path) -> None:
+    wrong = sorted(
+        name for name in imported(path) if name == GATEWAY or name.startswith(GATEWAY + ".")
+    )
+    assert not wrong, f"{path.relative_to(ROOT)} imports {wrong}"
+
+
+def test_no_relative_import_hides_from_these_checks() -> None:
+    relative_imports = sorted(
+        path.relative_to(ROOT).as_posix()
+        for path in [*service_modules(), *outside_the_gateway()]
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level > 0
+    )
+    assert not relative_imports, f"relative imports (write them absolute): {relative_imports}"

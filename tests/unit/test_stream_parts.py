@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from services.gateway.conversation import ConversationCursor
-from services.gateway.hub import Feed, LiveEvent, Signal
-from services.gateway.streams import MAX_BATCH_BYTES, RunCursor, _catch_up_responses
+from services.gateway.live.conversation import ConversationCursor
+from services.gateway.live.hub import Feed, LiveEvent, Signal
+from services.gateway.live.streams import MAX_BATCH_BYTES, RunCursor, _catch_up_responses
 from tether.errors import InvalidArgument
 from tether.hints import LiveMessage
 from tether.v1 import common_pb2, events_pb2

@@ -213,8 +213,8 @@ class OrchestratorServiceServicer:
     def ClaimRun(self, request, context):
         """ClaimRun leases the oldest claimable run to a worker, or returns none within the wait.
         Deprecated: workers take leases on their Work stream. Still served so that workers of the
-        previous release keep working during a rolling deploy (roll out orchestrators first);
-        remove once no deployment runs a worker older than Work.
+        previous release keep working during a rolling deploy (roll out orchestrators first).
+        Removed in 0.3.0.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -223,7 +223,7 @@ class OrchestratorServiceServicer:
     def Heartbeat(self, request, context):
         """Heartbeat extends a lease; reports whether cancellation was requested. Deprecated: a Work
         stream's keepalive renews every lease of its worker at once; kept for the previous
-        release's workers, like ClaimRun.
+        release's workers, like ClaimRun. Removed in 0.3.0.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

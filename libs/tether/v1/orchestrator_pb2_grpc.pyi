@@ -60,15 +60,15 @@ class OrchestratorServiceStub:
     def ClaimRun(self) -> _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ClaimRunRequest, _orchestrator_pb2.ClaimRunResponse]:
         """ClaimRun leases the oldest claimable run to a worker, or returns none within the wait.
         Deprecated: workers take leases on their Work stream. Still served so that workers of the
-        previous release keep working during a rolling deploy (roll out orchestrators first);
-        remove once no deployment runs a worker older than Work.
+        previous release keep working during a rolling deploy (roll out orchestrators first).
+        Removed in 0.3.0.
         """
     @_builtins.property
     @_deprecated("""This method has been marked as deprecated using proto method options.""")
     def Heartbeat(self) -> _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.HeartbeatRequest, _orchestrator_pb2.HeartbeatResponse]:
         """Heartbeat extends a lease; reports whether cancellation was requested. Deprecated: a Work
         stream's keepalive renews every lease of its worker at once; kept for the previous
-        release's workers, like ClaimRun.
+        release's workers, like ClaimRun. Removed in 0.3.0.
         """
     Checkpoint: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.CheckpointRequest, _orchestrator_pb2.CheckpointResponse]
     """Checkpoint persists parts and events under the lease's fencing epoch."""
@@ -154,15 +154,15 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     def ClaimRun(self) -> _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ClaimRunRequest, _orchestrator_pb2.ClaimRunResponse]:  # type: ignore[override]
         """ClaimRun leases the oldest claimable run to a worker, or returns none within the wait.
         Deprecated: workers take leases on their Work stream. Still served so that workers of the
-        previous release keep working during a rolling deploy (roll out orchestrators first);
-        remove once no deployment runs a worker older than Work.
+        previous release keep working during a rolling deploy (roll out orchestrators first).
+        Removed in 0.3.0.
         """
     @_builtins.property
     @_deprecated("""This method has been marked as deprecated using proto method options.""")
     def Heartbeat(self) -> _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.HeartbeatRequest, _orchestrator_pb2.HeartbeatResponse]:  # type: ignore[override]
         """Heartbeat extends a lease; reports whether cancellation was requested. Deprecated: a Work
         stream's keepalive renews every lease of its worker at once; kept for the previous
-        release's workers, like ClaimRun.
+        release's workers, like ClaimRun. Removed in 0.3.0.
         """
     Checkpoint: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.CheckpointRequest, _orchestrator_pb2.CheckpointResponse]  # type: ignore[assignment]
     """Checkpoint persists parts and events under the lease's fencing epoch."""
@@ -271,7 +271,7 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_orchestrator_pb2.ReadEventsResponse, _abc.Awaitable[_orchestrator_pb2.ReadEventsResponse]]:
         """ReadEvents returns durable events after a cursor, with the run's persisted parts."""
 
-    @_deprecated("""ClaimRun leases the oldest claimable run to a worker, or returns none within the wait.\nDeprecated: workers take leases on their Work stream. Still served so that workers of the\nprevious release keep working during a rolling deploy (roll out orchestrators first);\nremove once no deployment runs a worker older than Work.""")
+    @_deprecated("""ClaimRun leases the oldest claimable run to a worker, or returns none within the wait.\nDeprecated: workers take leases on their Work stream. Still served so that workers of the\nprevious release keep working during a rolling deploy (roll out orchestrators first).\nRemoved in 0.3.0.""")
     @_abc_1.abstractmethod
     def ClaimRun(
         self,
@@ -280,11 +280,11 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_orchestrator_pb2.ClaimRunResponse, _abc.Awaitable[_orchestrator_pb2.ClaimRunResponse]]:
         """ClaimRun leases the oldest claimable run to a worker, or returns none within the wait.
         Deprecated: workers take leases on their Work stream. Still served so that workers of the
-        previous release keep working during a rolling deploy (roll out orchestrators first);
-        remove once no deployment runs a worker older than Work.
+        previous release keep working during a rolling deploy (roll out orchestrators first).
+        Removed in 0.3.0.
         """
 
-    @_deprecated("""Heartbeat extends a lease; reports whether cancellation was requested. Deprecated: a Work\nstream's keepalive renews every lease of its worker at once; kept for the previous\nrelease's workers, like ClaimRun.""")
+    @_deprecated("""Heartbeat extends a lease; reports whether cancellation was requested. Deprecated: a Work\nstream's keepalive renews every lease of its worker at once; kept for the previous\nrelease's workers, like ClaimRun. Removed in 0.3.0.""")
     @_abc_1.abstractmethod
     def Heartbeat(
         self,
@@ -293,7 +293,7 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_orchestrator_pb2.HeartbeatResponse, _abc.Awaitable[_orchestrator_pb2.HeartbeatResponse]]:
         """Heartbeat extends a lease; reports whether cancellation was requested. Deprecated: a Work
         stream's keepalive renews every lease of its worker at once; kept for the previous
-        release's workers, like ClaimRun.
+        release's workers, like ClaimRun. Removed in 0.3.0.
         """
 
     @_abc_1.abstractmethod

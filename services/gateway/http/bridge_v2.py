@@ -4,7 +4,7 @@ Every request body is the gRPC request message in protobuf's JSON mapping (path 
 override its fields); every response body is `MessageToDict` of the gRPC response, and every
 SSE frame's data `MessageToDict` of the stream's message. A request authenticates with its
 `Authorization` header (an API key or a token) or, without one, the console's session cookie
-(services.gateway.signin). The routes, frames and rules are written down in docs/bridge-v2.md.
+(services.gateway.http.signin). The routes, frames and rules are written down in docs/bridge-v2.md.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from services.gateway.auth import Authenticator, KeyWatch
-from services.gateway.http_common import (
+from services.gateway.http.common import (
     CallContext,
     conversation_stream,
     header,
@@ -28,10 +28,10 @@ from services.gateway.http_common import (
     sse_frame,
     time_query,
 )
-from services.gateway.http_errors import error_body
-from services.gateway.live_runs import LiveRuns
-from services.gateway.signin import credential
-from services.gateway.streams import Streams
+from services.gateway.http.errors import error_body
+from services.gateway.http.signin import credential
+from services.gateway.live.run_list import LiveRuns
+from services.gateway.live.streams import Streams
 from tether.apikeys import Principal
 from tether.errors import InvalidArgument, TetherError
 from tether.limits import INT32_MAX, check_request

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from google.protobuf import json_format
 
-from services.gateway.hub import EventHub, LiveEvent, Signal
+from services.gateway.live.hub import EventHub, LiveEvent, Signal
 from services.gateway.settings import GatewaySettings
 from tether.domain import EventType
 from tether.errors import (

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
 
-from services.gateway.http_errors import error_response
-from services.gateway.signin import require_csrf
+from services.gateway.http.errors import error_response
+from services.gateway.http.signin import require_csrf
 from tether.errors import InvalidArgument, TetherError
 
 # Query parameters that would carry a credential (compared case-insensitively).

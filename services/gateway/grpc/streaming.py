@@ -1,19 +1,17 @@
-"""StreamRun and StreamConversation, mixed into GatewayServicer: authenticate, then hand over to
-the streams (services.gateway.streams, services.gateway.conversation)."""
+"""The streaming RPCs (StreamRun, StreamConversation, StreamRuns): authenticate, then hand over
+to the streams of `live/`; a stream that ends early ends with the cursor to resume from."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 import grpc
-from google.protobuf.message import Message
 
-from services.gateway.auth import Authenticator, KeyWatch
-from services.gateway.conversation import conversation_items
-from services.gateway.live_runs import LiveRuns
-from services.gateway.streams import Streams
-from tether.apikeys import Principal
+from services.gateway.grpc.callers import Callers
+from services.gateway.live.conversation import conversation_items
+from services.gateway.live.run_list import LiveRuns
+from services.gateway.live.streams import Streams
 from tether.errors import CODE_METADATA_KEY, TetherError
 from tether.v1 import gateway_pb2
 from tether.visibility import viewer_of
@@ -28,28 +26,25 @@ async def end_resumably(context: grpc.aio.ServicerContext, exc: TetherError) -> 
     await context.abort(exc.status, exc.message)
 
 
-class StreamingServicer:
-    """The streaming side of tether.v1.GatewayService, mixed into GatewayServicer."""
+class StreamRpcs:
+    """Implements the streaming part of tether.v1.GatewayService."""
 
-    _streams: Streams
-    _live_runs: LiveRuns
-    _auth: Authenticator
-    _caller: Callable[[grpc.aio.ServicerContext, str, Message], Awaitable[Principal]]
-
-    def _key_watch(self, context: grpc.aio.ServicerContext, method: str) -> KeyWatch:
-        return KeyWatch(self._auth, dict(context.invocation_metadata() or ()), method)
+    def __init__(self, callers: Callers, streams: Streams, live_runs: LiveRuns) -> None:
+        self._callers = callers
+        self._streams = streams
+        self._live_runs = live_runs
 
     async def StreamRun(
         self, request: gateway_pb2.StreamRunRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[gateway_pb2.StreamRunResponse]:
-        principal = await self._caller(context, "StreamRun", request)
+    ) -> AsyncGenerator[gateway_pb2.StreamRunResponse, None]:
+        principal = await self._callers.authenticated(context, "StreamRun", request)
         items = self._streams.run_items(
             viewer_of(principal),
             request.run_id,
             request.after_seq,
             include_deltas=request.include_deltas,
             batch_catch_up=request.batch_catch_up,
-            key_watch=self._key_watch(context, "StreamRun"),
+            key_watch=self._callers.key_watch(context, "StreamRun"),
         )
         try:
             async with aclosing(items) as stream:
@@ -60,15 +55,15 @@ class StreamingServicer:
 
     async def StreamConversation(
         self, request: gateway_pb2.StreamConversationRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[gateway_pb2.StreamConversationResponse]:
-        principal = await self._caller(context, "StreamConversation", request)
+    ) -> AsyncGenerator[gateway_pb2.StreamConversationResponse, None]:
+        principal = await self._callers.authenticated(context, "StreamConversation", request)
         items = conversation_items(
             self._streams,
             viewer_of(principal),
             request.conversation_id,
             request.cursor,
             include_deltas=request.include_deltas,
-            key_watch=self._key_watch(context, "StreamConversation"),
+            key_watch=self._callers.key_watch(context, "StreamConversation"),
         )
         try:
             async with aclosing(items) as stream:
@@ -79,10 +74,10 @@ class StreamingServicer:
 
     async def StreamRuns(
         self, request: gateway_pb2.StreamRunsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[gateway_pb2.StreamRunsResponse]:
-        principal = await self._caller(context, "StreamRuns", request)
+    ) -> AsyncGenerator[gateway_pb2.StreamRunsResponse, None]:
+        principal = await self._callers.authenticated(context, "StreamRuns", request)
         items = self._live_runs.items(
-            viewer_of(principal), request, key_watch=self._key_watch(context, "StreamRuns")
+            viewer_of(principal), request, key_watch=self._callers.key_watch(context, "StreamRuns")
         )
         try:
             async with aclosing(items) as stream:

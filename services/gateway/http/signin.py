@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.gateway import browser_credentials
 from services.gateway.auth import Authenticator, SessionSecret
 from services.gateway.browser_credentials import SESSION_PREFIX, csrf_token
-from services.gateway.http_common import header
+from services.gateway.http.common import header
 from tether.apikeys import ALL_SCOPES, Principal
 from tether.errors import InvalidArgument, PermissionDenied, Unauthenticated
 

@@ -1,5 +1,5 @@
 """Deleting a tenant: the platform operator's `DeleteTenant`, across every service that owns some
-of its data. Mixed into GatewayServicer.
+of its data.
 
 Each call does a bounded part and says what remains, so a large tenant is deleted over many
 calls (`tether tenant delete` repeats them) and a call interrupted anywhere leaves nothing
@@ -15,16 +15,13 @@ after the services were emptied.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import grpc
-from google.protobuf.message import Message
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.gateway.auth import Authenticator
+from services.gateway.grpc.callers import Callers
 from tether import apikeys, audit
-from tether.apikeys import Principal
 from tether.errors import NotFound
 from tether.v1 import (
     admission_pb2,
@@ -40,18 +37,32 @@ from tether.v1 import (
 class TenantRpcs:
     """Implements DeleteTenant of tether.v1.GatewayService."""
 
-    _auth: Authenticator
-    _engine: AsyncEngine
-    _admission: admission_pb2_grpc.AdmissionServiceStub
-    _orchestrator: orchestrator_pb2_grpc.OrchestratorServiceStub
-    _interactions: interactions_pb2_grpc.InteractionsServiceStub
-    _revocation_bound_s: float
-    _caller: Callable[[grpc.aio.ServicerContext, str, Message], Awaitable[Principal]]
+    def __init__(
+        self,
+        *,
+        callers: Callers,
+        auth: Authenticator,
+        engine: AsyncEngine,
+        admission: admission_pb2_grpc.AdmissionServiceStub,
+        orchestrator: orchestrator_pb2_grpc.OrchestratorServiceStub,
+        interactions: interactions_pb2_grpc.InteractionsServiceStub,
+        revocation_bound_s: float,
+    ) -> None:
+        self._callers = callers
+        # Its keys are forgotten here at once; the other replicas within the revocation bound.
+        self._auth = auth
+        self._engine = engine
+        self._admission = admission
+        self._orchestrator = orchestrator
+        self._interactions = interactions
+        # How long a revoked key may still be trusted from a replica's cache: the tenant row
+        # goes only after that.
+        self._revocation_bound_s = revocation_bound_s
 
     async def DeleteTenant(
         self, request: gateway_pb2.DeleteTenantRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.DeleteTenantResponse:
-        await self._caller(context, "DeleteTenant", request)
+        await self._callers.authenticated(context, "DeleteTenant", request)
         tenant_id = request.tenant_id
         async with self._engine.begin() as conn:
             if not await apikeys.tenant_exists(conn, tenant_id):

@@ -1,16 +1,13 @@
 """The gateway's interaction RPCs: read a pending question, approval or connection, and
-resolve it. Mixed into GatewayServicer; every call authenticates first and carries the
+resolve it. Every call authenticates first and carries the
 caller's tenant, principal and whether its key holds runs:all, never the body's: the
 interactions service shows a run only to whom tether.visibility lets see it."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import grpc
-from google.protobuf.message import Message
 
-from tether.apikeys import Principal
+from services.gateway.grpc.callers import Callers
 from tether.errors import InvalidArgument
 from tether.v1 import gateway_pb2, interactions_pb2, interactions_pb2_grpc
 from tether.visibility import viewer_of
@@ -19,13 +16,16 @@ from tether.visibility import viewer_of
 class InteractionRpcs:
     """Implements the interaction part of tether.v1.GatewayService."""
 
-    _interactions: interactions_pb2_grpc.InteractionsServiceStub
-    _caller: Callable[[grpc.aio.ServicerContext, str, Message], Awaitable[Principal]]
+    def __init__(
+        self, callers: Callers, interactions: interactions_pb2_grpc.InteractionsServiceStub
+    ) -> None:
+        self._callers = callers
+        self._interactions = interactions
 
     async def GetPendingQuestion(
         self, request: gateway_pb2.GetPendingQuestionRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.GetPendingQuestionResponse:
-        principal = await self._caller(context, "GetPendingQuestion", request)
+        principal = await self._callers.authenticated(context, "GetPendingQuestion", request)
         found = await self._interactions.FindPendingQuestion(
             interactions_pb2.FindPendingQuestionRequest(
                 **viewer_of(principal).fields(),
@@ -40,7 +40,7 @@ class InteractionRpcs:
     async def AnswerQuestion(
         self, request: gateway_pb2.AnswerQuestionRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.AnswerQuestionResponse:
-        principal = await self._caller(context, "AnswerQuestion", request)
+        principal = await self._callers.authenticated(context, "AnswerQuestion", request)
         if not request.answers:
             raise InvalidArgument("answers are required, keyed by question key")
         recorded = await self._interactions.RecordAnswers(
@@ -57,7 +57,7 @@ class InteractionRpcs:
     async def GetPendingApproval(
         self, request: gateway_pb2.GetPendingApprovalRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.GetPendingApprovalResponse:
-        principal = await self._caller(context, "GetPendingApproval", request)
+        principal = await self._callers.authenticated(context, "GetPendingApproval", request)
         found = await self._interactions.FindPendingApproval(
             interactions_pb2.FindPendingApprovalRequest(
                 **viewer_of(principal).fields(),
@@ -72,7 +72,7 @@ class InteractionRpcs:
     async def DecideApproval(
         self, request: gateway_pb2.DecideApprovalRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.DecideApprovalResponse:
-        principal = await self._caller(context, "DecideApproval", request)
+        principal = await self._callers.authenticated(context, "DecideApproval", request)
         decided = await self._interactions.RecordDecision(
             interactions_pb2.RecordDecisionRequest(
                 **viewer_of(principal).fields(),
@@ -92,7 +92,7 @@ class InteractionRpcs:
         request: gateway_pb2.GetPendingConnectionRequest,
         context: grpc.aio.ServicerContext,
     ) -> gateway_pb2.GetPendingConnectionResponse:
-        principal = await self._caller(context, "GetPendingConnection", request)
+        principal = await self._callers.authenticated(context, "GetPendingConnection", request)
         found = await self._interactions.FindPendingConnection(
             interactions_pb2.FindPendingConnectionRequest(
                 **viewer_of(principal).fields(),
@@ -109,7 +109,7 @@ class InteractionRpcs:
         request: gateway_pb2.CompleteConnectionRequest,
         context: grpc.aio.ServicerContext,
     ) -> gateway_pb2.CompleteConnectionResponse:
-        principal = await self._caller(context, "CompleteConnection", request)
+        principal = await self._callers.authenticated(context, "CompleteConnection", request)
         done = await self._interactions.ConfirmConnection(
             interactions_pb2.ConfirmConnectionRequest(
                 **viewer_of(principal).fields(),

@@ -1,4 +1,7 @@
-"""The HTTP/SSE bridge for browsers: the gateway's calls and events over plain HTTP.
+"""The HTTP/SSE bridge, version 1: the gateway's calls and events over plain HTTP.
+
+Deprecated: removed in 0.3.0 (tests/unit/test_removals.py fails once `version` reaches it with
+this bridge still here); bridge v2 (bridge_v2.py) serves every call and stream it serves.
 
 Nothing here decides anything: every request goes through the same servicer methods and the
 same streams as gRPC, so authentication, tenancy and errors mean the same. Routes::
@@ -28,22 +31,20 @@ early (slow client, gateway stopping) sends `event: error` with the cursor to re
 Callers authenticate with `Authorization: Bearer <key>` (the platform operator names the tenant
 it reads in with `Tether-Tenant: <tenant>`); errors are JSON
 `{"error": {"status", "code", "message"}}` with the HTTP status of the gRPC code, malformed HTTP
-included (`http_errors`).
+included (`services.gateway.http.errors`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import Message
-from opentelemetry.trace import SpanKind
 
 from services.gateway.auth import Authenticator, KeyWatch
-from services.gateway.edge import Edge
-from services.gateway.http_common import (
+from services.gateway.http.common import (
     CallContext,
     conversation_stream,
     header,
@@ -54,15 +55,12 @@ from services.gateway.http_common import (
     sse_frame,
     time_query,
 )
-from services.gateway.http_errors import MAX_BODY_BYTES, BridgeRunner, errors
-from services.gateway.streams import Streams
-from tether import telemetry
+from services.gateway.live.streams import Streams
 from tether.apikeys import Principal
 from tether.convert import disposition_name, status_to_proto
 from tether.errors import InvalidArgument
 from tether.limits import INT32_MAX
 from tether.states import RunStatus
-from tether.telemetry import tracing
 from tether.transport import event_to_json, run_to_json, snapshot_to_json
 from tether.v1 import events_pb2, gateway_pb2
 from tether.visibility import viewer_of
@@ -104,45 +102,13 @@ def _conversation_frame(item: gateway_pb2.StreamConversationResponse) -> bytes:
     return sse_frame(item.event.type, data, item.cursor if item.event.seq else None)
 
 
-@web.middleware
-async def traced(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """A request as a server span continuing the caller's `traceparent` header: its method,
-    route template and status, never its body or its path's ids."""
-    resource = request.match_info.route.resource
-    route = resource.canonical if resource is not None else "unmatched"
-    with tracing.span(
-        f"{request.method} {route}",
-        parent=request.headers.get("traceparent", ""),
-        kind=SpanKind.SERVER,
-        attributes={"http.request.method": request.method, "http.route": route},
-    ) as span:
-        response = await handler(request)
-        span.set_attribute("http.response.status_code", response.status)
-        return response
-
-
-class HttpBridge:
-    """Routes HTTP requests to the gateway's servicer and streams."""
+class BridgeV1:
+    """Routes /v1 requests to the gateway's servicer and streams."""
 
     def __init__(self, servicer: Any, streams: Streams, auth: Authenticator) -> None:
         self._servicer = servicer
         self._streams = streams
         self._auth = auth
-
-    def app(self, *, extras: Sequence[Routes] = (), edge: Edge | None = None) -> web.Application:
-        """The aiohttp application: v1's routes, `extras`' routes (v2, sign-in, the console),
-        and `edge`'s rules on all of them."""
-        # Chosen once: while telemetry is on, each request is a server span.
-        middlewares = [errors, traced] if telemetry.on else [errors]
-        app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
-        self.add_routes(app)
-        for extra in extras:
-            extra.add_routes(app)
-        if edge is not None:
-            edge.install(app)
-        return app
 
     def add_routes(self, app: web.Application) -> None:
         """Add the /v1 routes to `app`."""
@@ -337,22 +303,3 @@ class HttpBridge:
             include_deltas=_deltas(request),
         )
         return await serve_sse(request, items, _conversation_frame, wait_for_first=False)
-
-
-class Routes(Protocol):
-    """A set of routes the bridge serves beside v1's."""
-
-    def add_routes(self, app: web.Application) -> None: ...
-
-
-async def start_http(
-    app: web.Application, host: str, port: int, grace_s: float
-) -> tuple[web.AppRunner, int]:
-    """Serve the bridge's application; returns the runner (clean it up to stop) and the bound
-    port."""
-    runner = BridgeRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, shutdown_timeout=grace_s)
-    await site.start()
-    address = runner.addresses[0]
-    return runner, int(address[1])

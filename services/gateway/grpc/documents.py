@@ -1,28 +1,28 @@
 """The gateway's knowledge RPCs: a tenant uploads, lists and removes the documents its runs
-retrieve from. Mixed into GatewayServicer; every call authenticates first and names the
+retrieve from. Every call authenticates first and names the
 caller's tenant (and, for an upload, principal), never the body's."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import grpc
-from google.protobuf.message import Message
 
-from tether.apikeys import Principal
+from services.gateway.grpc.callers import Callers
 from tether.v1 import gateway_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
 
 class DocumentRpcs:
     """Implements the knowledge part of tether.v1.GatewayService."""
 
-    _orchestrator: orchestrator_pb2_grpc.OrchestratorServiceStub
-    _caller: Callable[[grpc.aio.ServicerContext, str, Message], Awaitable[Principal]]
+    def __init__(
+        self, callers: Callers, orchestrator: orchestrator_pb2_grpc.OrchestratorServiceStub
+    ) -> None:
+        self._callers = callers
+        self._orchestrator = orchestrator
 
     async def AddDocument(
         self, request: gateway_pb2.AddDocumentRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.AddDocumentResponse:
-        principal = await self._caller(context, "AddDocument", request)
+        principal = await self._callers.authenticated(context, "AddDocument", request)
         stored = await self._orchestrator.StoreDocument(
             orchestrator_pb2.StoreDocumentRequest(
                 tenant_id=principal.tenant_id,
@@ -36,7 +36,7 @@ class DocumentRpcs:
     async def ListDocuments(
         self, request: gateway_pb2.ListDocumentsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.ListDocumentsResponse:
-        principal = await self._caller(context, "ListDocuments", request)
+        principal = await self._callers.authenticated(context, "ListDocuments", request)
         page = await self._orchestrator.FindDocuments(
             orchestrator_pb2.FindDocumentsRequest(
                 tenant_id=principal.tenant_id,
@@ -51,7 +51,7 @@ class DocumentRpcs:
     async def RemoveDocument(
         self, request: gateway_pb2.RemoveDocumentRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.RemoveDocumentResponse:
-        principal = await self._caller(context, "RemoveDocument", request)
+        principal = await self._callers.authenticated(context, "RemoveDocument", request)
         await self._orchestrator.DeleteDocument(
             orchestrator_pb2.DeleteDocumentRequest(
                 tenant_id=principal.tenant_id, document_id=request.document_id

@@ -18,8 +18,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.gateway.hub import EventHub
-from services.gateway.streams import StreamInterrupted
+from services.gateway.live.hub import EventHub
+from services.gateway.live.streams import StreamInterrupted
 from tether.errors import NotFound
 from tether.v1 import common_pb2, gateway_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 from tether.visibility import Viewer

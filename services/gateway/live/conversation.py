@@ -23,8 +23,8 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from services.gateway.hub import Feed, LiveEvent, Signal
-from services.gateway.streams import (
+from services.gateway.live.hub import Feed, LiveEvent, Signal
+from services.gateway.live.streams import (
     TERMINAL_STATUSES,
     RunCursor,
     SlowConsumer,

@@ -16,9 +16,9 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from services.gateway.auth import TENANT_METADATA, KeyWatch
-from services.gateway.conversation import ConversationCursor, conversation_items
-from services.gateway.http_errors import error_body
-from services.gateway.streams import Streams
+from services.gateway.http.errors import error_body
+from services.gateway.live.conversation import ConversationCursor, conversation_items
+from services.gateway.live.streams import Streams
 from tether.errors import InvalidArgument, TetherError
 from tether.limits import INT64_MAX, check_request
 from tether.v1 import gateway_pb2

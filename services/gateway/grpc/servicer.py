@@ -1,0 +1,163 @@
+"""The public edge: every RPC of tether.v1.GatewayService, each handed to the handler that serves
+its part (runs, interactions, keys, documents, tenants, streams). A handler authenticates the
+call, then forwards it to the service that owns it: tenant and principal always come from the
+API key, and errors from internal services are rebuilt as TetherError so the caller sees the
+status and message the owner chose.
+
+Both HTTP bridges call these same methods, so a call means the same over gRPC and HTTP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+import grpc
+
+from services.gateway.grpc.documents import DocumentRpcs
+from services.gateway.grpc.interactions import InteractionRpcs
+from services.gateway.grpc.keys import KeyRpcs
+from services.gateway.grpc.runs import RunRpcs
+from services.gateway.grpc.streaming import StreamRpcs
+from services.gateway.grpc.tenants import TenantRpcs
+from tether.v1 import gateway_pb2, gateway_pb2_grpc
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
+    """Implements tether.v1.GatewayService by delegating each RPC to its handler."""
+
+    def __init__(
+        self,
+        *,
+        runs: RunRpcs,
+        interactions: InteractionRpcs,
+        keys: KeyRpcs,
+        documents: DocumentRpcs,
+        tenants: TenantRpcs,
+        streams: StreamRpcs,
+    ) -> None:
+        self._runs = runs
+        self._interactions = interactions
+        self._keys = keys
+        self._documents = documents
+        self._tenants = tenants
+        self._streams = streams
+
+    async def SendMessage(
+        self, request: gateway_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.SendMessageResponse:
+        return await self._runs.SendMessage(request, context)
+
+    async def SubmitEvent(
+        self, request: gateway_pb2.SubmitEventRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.SubmitEventResponse:
+        return await self._runs.SubmitEvent(request, context)
+
+    async def GetRun(
+        self, request: gateway_pb2.GetRunRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GetRunResponse:
+        return await self._runs.GetRun(request, context)
+
+    async def ListRuns(
+        self, request: gateway_pb2.ListRunsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListRunsResponse:
+        return await self._runs.ListRuns(request, context)
+
+    async def GetRunAttempts(
+        self, request: gateway_pb2.GetRunAttemptsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GetRunAttemptsResponse:
+        return await self._runs.GetRunAttempts(request, context)
+
+    async def RetryRun(
+        self, request: gateway_pb2.RetryRunRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.RetryRunResponse:
+        return await self._runs.RetryRun(request, context)
+
+    async def CancelRun(
+        self, request: gateway_pb2.CancelRunRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.CancelRunResponse:
+        return await self._runs.CancelRun(request, context)
+
+    async def GetPendingQuestion(
+        self, request: gateway_pb2.GetPendingQuestionRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GetPendingQuestionResponse:
+        return await self._interactions.GetPendingQuestion(request, context)
+
+    async def AnswerQuestion(
+        self, request: gateway_pb2.AnswerQuestionRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.AnswerQuestionResponse:
+        return await self._interactions.AnswerQuestion(request, context)
+
+    async def GetPendingApproval(
+        self, request: gateway_pb2.GetPendingApprovalRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GetPendingApprovalResponse:
+        return await self._interactions.GetPendingApproval(request, context)
+
+    async def DecideApproval(
+        self, request: gateway_pb2.DecideApprovalRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.DecideApprovalResponse:
+        return await self._interactions.DecideApproval(request, context)
+
+    async def GetPendingConnection(
+        self, request: gateway_pb2.GetPendingConnectionRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GetPendingConnectionResponse:
+        return await self._interactions.GetPendingConnection(request, context)
+
+    async def CompleteConnection(
+        self, request: gateway_pb2.CompleteConnectionRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.CompleteConnectionResponse:
+        return await self._interactions.CompleteConnection(request, context)
+
+    async def CreateApiKey(
+        self, request: gateway_pb2.CreateApiKeyRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.CreateApiKeyResponse:
+        return await self._keys.CreateApiKey(request, context)
+
+    async def RevokeApiKey(
+        self, request: gateway_pb2.RevokeApiKeyRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.RevokeApiKeyResponse:
+        return await self._keys.RevokeApiKey(request, context)
+
+    async def AddDocument(
+        self, request: gateway_pb2.AddDocumentRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.AddDocumentResponse:
+        return await self._documents.AddDocument(request, context)
+
+    async def ListDocuments(
+        self, request: gateway_pb2.ListDocumentsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListDocumentsResponse:
+        return await self._documents.ListDocuments(request, context)
+
+    async def RemoveDocument(
+        self, request: gateway_pb2.RemoveDocumentRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.RemoveDocumentResponse:
+        return await self._documents.RemoveDocument(request, context)
+
+    async def DeleteTenant(
+        self, request: gateway_pb2.DeleteTenantRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.DeleteTenantResponse:
+        return await self._tenants.DeleteTenant(request, context)
+
+    # Each streaming RPC is itself an async generator, the shape grpc.aio serves as a server
+    # stream; it relays its handler's items and closes the handler's stream when it ends.
+
+    async def StreamRun(
+        self, request: gateway_pb2.StreamRunRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[gateway_pb2.StreamRunResponse]:
+        async with aclosing(self._streams.StreamRun(request, context)) as items:
+            async for item in items:
+                yield item
+
+    async def StreamConversation(
+        self, request: gateway_pb2.StreamConversationRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[gateway_pb2.StreamConversationResponse]:
+        async with aclosing(self._streams.StreamConversation(request, context)) as items:
+            async for item in items:
+                yield item
+
+    async def StreamRuns(
+        self, request: gateway_pb2.StreamRunsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[gateway_pb2.StreamRunsResponse]:
+        async with aclosing(self._streams.StreamRuns(request, context)) as items:
+            async for item in items:
+                yield item
