@@ -26,7 +26,7 @@ class UpSettings(BaseSettings):
     worker_redis_url: str = Field(
         "",
         description="With TETHER_REDIS_URL: the URL the workers use, a Redis user that may only "
-        "PUBLISH on tether:events:* (see the README's Kubernetes section for its ACL rules). "
+        "PUBLISH on tether:events:* (its ACL rules: deploy/k8s/README.md). "
         "Unset, workers get no Redis and their runs stream no live deltas. The embedded Redis "
         "makes its own such user.",
     )
