@@ -4,7 +4,6 @@ or setting, and a Redis user that may only publish live deltas. Read off a live 
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -13,21 +12,12 @@ import pytest
 import redis.asyncio as redis
 from redis.exceptions import AuthenticationError, NoPermissionError
 
-from tests.system.streaming_support import prompt
-from tests.system.test_up_supervision import running_up, script
-from tether.client import TetherClient
-from tether.hints import EVENTS_PATTERN, WAKE_CHANNEL, decode_events, events_channel
+from tests.system.test_up_supervision import environ_of, running_up, streamed_run
+from tether.hints import EVENTS_PATTERN, WAKE_CHANNEL, events_channel
 from tether.stack.processes import SERVICES
 
 # `make slow`: a whole `tether up`.
 pytestmark = pytest.mark.slow
-
-
-def environ_of(pid: int) -> dict[str, str]:
-    """A live process's environment, as the kernel holds it (what a tool could read)."""
-    raw = Path(f"/proc/{pid}/environ").read_bytes()
-    pairs = (entry.decode().partition("=") for entry in raw.split(b"\0") if entry)
-    return {name: value for name, _, value in pairs}
 
 
 def acl_rules(reply: Any) -> dict[str, Any]:
@@ -108,25 +98,8 @@ async def test_a_worker_holds_no_database_url_no_other_credential_and_may_only_p
             with pytest.raises(AuthenticationError):
                 await anonymous.ping()
 
-            # And its runs still stream: a live delta (seq 0) is published by the worker alone.
-            listener = admin.pubsub()
-            await listener.psubscribe(EVENTS_PATTERN)
-            text = prompt("deltas")
-            await script(info["model_base_url"], text, [{"kind": "text", "text": "Streamed."}])
-            async with TetherClient.from_env(str(up.data_dir / "stack.json")) as client:
-                run_id = (await client.send(text, conversation_id="c", event_id="e")).run.run_id
-
-            async def a_delta() -> None:
-                while True:
-                    message = await listener.get_message(timeout=1.0)
-                    if message is None or message["type"] != "pmessage":
-                        continue
-                    for event in decode_events(message["data"]):
-                        if event.run_id == run_id and event.seq == 0:
-                            return
-
-            await asyncio.wait_for(a_delta(), timeout=30)
-            await listener.aclose()
+            # And its runs still stream: the worker publishes their live deltas.
+            await streamed_run(up, "deltas")
         finally:
             for client in (admin, worker, anonymous):
                 await client.aclose()

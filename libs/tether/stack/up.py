@@ -207,6 +207,8 @@ class Stack:
             "pid": os.getpid(),
             "pids": {name: p.process.pid for name, p in self.services.procs.items()},
         }
+        if self._redis is not None:
+            self.info["redis_pid"] = self._redis.process.pid
         self._write_info()
         self.supervisor = ServiceSupervisor(
             self.services,
@@ -219,7 +221,17 @@ class Stack:
             on_restart=self._restarted,
         )
         self.supervisor.start()
+        if self._redis is not None:
+            redis = self._redis
+            self.supervisor.supervise("redis", lambda: redis.process, self._restart_redis)
         return self.info
+
+    async def _restart_redis(self) -> None:
+        assert self._redis is not None
+        await self._redis.start()
+        log.info("redis restarted: pid %d on port %d", self._redis.process.pid, self._redis.port)
+        self.info["redis_pid"] = self._redis.process.pid
+        self._write_info()
 
     def _write_info(self) -> None:
         stack_file = self.data_dir / "stack.json"
