@@ -11,6 +11,10 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# The prefix of the settings meant for the tools and context providers a worker loads: they are
+# given these and nothing else of its environment (`services.worker.plugins`).
+TOOL_PREFIX = "TETHER_TOOL_"
+
 
 def _env(name: str) -> AliasChoices:
     return AliasChoices(name)

@@ -14,12 +14,11 @@ from anthropic import AsyncAnthropic
 
 from services.worker.assignment import Assignment
 from services.worker.attempt import Attempt
-from services.worker.context.providers import ContextProviders
 from services.worker.interactions import Interactions
 from services.worker.orchestrator_client import Orchestrator
+from services.worker.plugins import load_plugins
 from services.worker.pool import WorkerPool
 from services.worker.settings import WorkerSettings
-from services.worker.tools.registry import ToolRegistry
 from services.worker.work_stream import WorkStream
 from tether.bus import Bus
 from tether.credentials import require_credential
@@ -49,8 +48,7 @@ async def amain(settings: WorkerSettings, credential: str, tls: MutualTls | None
     orchestrator = Orchestrator(stream)
     bus = Bus(settings.redis_url) if settings.redis_url else None
     client = provider_client(settings)
-    registry = ToolRegistry.from_entry_points(settings=dict(os.environ))
-    providers = ContextProviders.from_entry_points(settings=dict(os.environ))
+    registry, providers = load_plugins(os.environ)
 
     interactions_channel = (
         internal_channel(settings.interactions_addr, credential, service="interactions", tls=tls)

@@ -136,7 +136,7 @@ async def world(
             "TETHER_DATABASE_URL": db_url,
             "TETHER_REDIS_URL": redis_server.url,
             "TETHER_WORKER_ANTHROPIC_BASE_URL": model.base_url,
-            "TETHER_LEDGER_URL": ledger.base_url,
+            "TETHER_TOOL_LEDGER_URL": ledger.base_url,
             "TETHER_INTERACTIONS_OAUTH_BASE_URL": oauth.base_url,
             "TETHER_INTERACTIONS_OAUTH_REDIRECT_URI": "http://127.0.0.1/v1/oauth/callback",
             **FAST,

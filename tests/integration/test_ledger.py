@@ -158,7 +158,7 @@ async def publish(registry: ToolRegistry, effects: MemoryEffects, text: str) -> 
 async def test_a_refired_publish_reaches_the_ledger_twice_and_is_recorded_once(
     ledger: Ledger,
 ) -> None:
-    registry = ToolRegistry(DemoProvider().tools({"TETHER_LEDGER_URL": ledger.base_url}))
+    registry = ToolRegistry(DemoProvider().tools({"TETHER_TOOL_LEDGER_URL": ledger.base_url}))
     effects = MemoryEffects()
     key = idempotency_key(CALL.tenant_id, CALL.root_run_id, "publish_post", {"text": "hello"})
 
@@ -192,7 +192,7 @@ async def test_a_refired_publish_reaches_the_ledger_twice_and_is_recorded_once(
 async def test_an_unreachable_ledger_leaves_the_effect_open() -> None:
     async with Ledger() as gone:
         url = gone.base_url
-    registry = ToolRegistry(DemoProvider().tools({"TETHER_LEDGER_URL": url}))
+    registry = ToolRegistry(DemoProvider().tools({"TETHER_TOOL_LEDGER_URL": url}))
     effects = MemoryEffects()
     result = await publish(registry, effects, "hello")
     assert (result.is_error, result.error_code) == (True, "tool_crashed")

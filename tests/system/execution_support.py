@@ -33,7 +33,7 @@ FAST = {
     "TETHER_ORCHESTRATOR_RETRY_POLL_S": "0.02",
     "TETHER_WORKER_GRACE_S": "3",
     "TETHER_WORKER_ANTHROPIC_API_KEY": "test-key",
-    "TETHER_SLOW_TASK_TIMEOUT_S": "120",
+    "TETHER_TOOL_SLOW_TASK_TIMEOUT_S": "120",
     "TETHER_LOG_LEVEL": "INFO",
 }
 
@@ -223,7 +223,7 @@ async def exec_stack(
         "TETHER_DATABASE_URL": db_url,
         "TETHER_REDIS_URL": redis_url,
         "TETHER_WORKER_ANTHROPIC_BASE_URL": model.base_url,
-        "TETHER_LEDGER_URL": ledger.base_url,
+        "TETHER_TOOL_LEDGER_URL": ledger.base_url,
         "TETHER_INTERACTIONS_OAUTH_BASE_URL": oauth.base_url,
         "TETHER_INTERACTIONS_OAUTH_REDIRECT_URI": "http://127.0.0.1/v1/oauth/callback",
         "TETHER_INTERACTIONS_SWEEP_INTERVAL_S": "0.2",

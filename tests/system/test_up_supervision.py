@@ -1,23 +1,28 @@
 """`tether up` supervises its services: a SIGKILLed worker is restarted on its own port (with a
-line saying so) and its run completes; `TETHER_WORKERS` workers serve; Ctrl-C during a restart's
-backoff still stops everything cleanly."""
+line saying so) and its run completes; `TETHER_WORKERS` workers serve; a SIGKILLed Redis is
+restarted with the worker's user and runs stream again; Ctrl-C during a restart's backoff still
+stops everything cleanly."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import asyncpg
 import pytest
+import redis.asyncio as redis
 
 from tests.system.streaming_support import prompt
 from tests.system.up_support import UpProcess
 from tether.client import TetherClient, run_to_dict
+from tether.hints import EVENTS_PATTERN, decode_events
 from tether.testing.eventually import eventually
 
 # `make slow`: `tether up` under kills and restarts, half a minute.
@@ -45,6 +50,13 @@ async def running_up(data_dir: Path, **env: str) -> AsyncIterator[UpProcess]:
         raise
     if up.process.poll() is None:
         await up.interrupt()
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    """A live process's environment, as the kernel holds it (what a tool could read)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    pairs = (entry.decode().partition("=") for entry in raw.split(b"\0") if entry)
+    return {name: value for name, _, value in pairs}
 
 
 async def script(model_url: str, key: str, turns: list[dict[str, Any]]) -> None:
@@ -139,6 +151,68 @@ async def test_a_killed_worker_is_restarted_on_its_port_and_its_run_completes(
                 await client.send(later, conversation_id="later", event_id="later")
             ).run.run_id
             assert (await finished(client, later_run))["result_text"] == "Still served."
+
+
+async def streamed_run(up: UpProcess, label: str, *, streams: bool = True) -> None:
+    """Send a run; assert the run completes and (`streams`) its worker's live delta (seq 0)
+    reaches Redis."""
+    info = up.info()
+    admin = redis.Redis.from_url(info["redis_url"])
+    listener = admin.pubsub()
+    try:
+        await listener.psubscribe(EVENTS_PATTERN)
+        text = prompt(label)
+        await script(info["model_base_url"], text, [{"kind": "text", "text": "Streamed."}])
+        async with TetherClient.from_env(str(up.data_dir / "stack.json")) as client:
+            run_id = (await client.send(text, conversation_id=label, event_id=label)).run.run_id
+
+            async def a_delta() -> None:
+                while True:
+                    message = await listener.get_message(timeout=1.0)
+                    if message is None or message["type"] != "pmessage":
+                        continue
+                    if any(
+                        e.run_id == run_id and e.seq == 0 for e in decode_events(message["data"])
+                    ):
+                        return
+
+            if streams:
+                await asyncio.wait_for(a_delta(), timeout=30)
+            assert (await finished(client, run_id))["result_text"] == "Streamed."
+    finally:
+        await listener.aclose()
+        await admin.aclose()
+
+
+async def test_a_killed_redis_is_restarted_with_the_workers_user_and_runs_stream_again(
+    tmp_path: Path,
+) -> None:
+    async with running_up(tmp_path / "data", TETHER_WORKERS="1") as up:
+        await streamed_run(up, "before")
+        killed = up.info()["redis_pid"]
+        os.kill(killed, signal.SIGKILL)
+        died = await up.line(
+            lambda line: f"redis (pid {killed})" in line and "SIGKILL" in line,
+            timeout=30,
+            what="the supervisor's line about the killed Redis",
+        )
+        assert "restarting in" in died, died
+        await up.line(lambda line: "redis restarted" in line, timeout=30, what="Redis's restart")
+        info = up.info()
+        assert info["redis_pid"] != killed
+        worker_url = environ_of(info["pids"]["worker"])["TETHER_REDIS_URL"]
+        admin = redis.Redis.from_url(info["redis_url"])
+        try:
+            user = urlsplit(worker_url).username
+            rules = await admin.execute_command("ACL", "GETUSER", user)
+            assert rules is not None, "the restarted Redis lost the worker's user"
+        finally:
+            await admin.aclose()
+        # The services reconnect by themselves: a new run completes. Its hints may be lost: the
+        # first publish on each connection broken by the restart fails and is given up on (a
+        # hint is best effort, tether.bus); the next run's deltas stream.
+        await streamed_run(up, "after", streams=False)
+        await streamed_run(up, "again")
 
 
 async def test_ctrl_c_during_a_restart_backoff_exits_cleanly(tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ CALLERS: dict[str, set[str]] = {
     "interactions": {"gateway", "worker"},
     "worker": set(),
     "postgres": {"gateway", "admission", "orchestrator", "interactions", "migrate"},
-    "redis": {"gateway", "admission", "orchestrator"},
+    "redis": {"gateway", "admission", "orchestrator", "worker"},
     "model": {"worker"},
 }
 DATABASE_USERS = {"gateway", "admission", "orchestrator", "interactions"}
@@ -61,7 +61,10 @@ SECRET_ENV = {
     "TETHER_WORKER_ANTHROPIC_BASE_URL": "tether-anthropic",
     "POSTGRES_PASSWORD": "tether-dev-postgres",
     "REDIS_PASSWORD": "tether-dev-redis",
+    "WORKER_REDIS_PASSWORD": "tether-dev-redis",
 }
+# The worker's own: a Redis user that may only publish live deltas.
+WORKER_SECRET_ENV = {"TETHER_REDIS_URL": "tether-worker-redis"}
 # Each calling service's own credential, from a Secret no other service reads.
 CREDENTIAL_ENV = "TETHER_SERVICE_CREDENTIAL"
 CREDENTIAL_HOLDERS = ("gateway", "worker", "interactions")
@@ -260,18 +263,23 @@ def test_credentials_arrive_only_through_secret_key_refs(rendered: Rendered) -> 
                 elif entry["name"] in SECRET_ENV:
                     assert "value" not in entry, f"{name}: literal {entry['name']}"
                     ref = entry["valueFrom"]["secretKeyRef"]
-                    assert ref["name"] == SECRET_ENV[entry["name"]], name
+                    own = WORKER_SECRET_ENV if name == "worker" else {}
+                    assert ref["name"] == own.get(entry["name"], SECRET_ENV[entry["name"]]), name
                     assert ref["key"] == entry["name"], name
 
 
-def test_the_worker_holds_no_database_credentials(rendered: Rendered) -> None:
+def test_the_worker_holds_no_database_credentials_and_its_own_redis_user(
+    rendered: Rendered,
+) -> None:
     worker = rendered.deployment("worker")
     refs = secret_refs(worker)
-    assert not {"TETHER_DATABASE_URL", "TETHER_REDIS_URL"} & set(refs)
+    assert "TETHER_DATABASE_URL" not in refs
     assert not {ref["name"] for ref in refs.values()} & {"tether-database", "tether-redis"}
+    assert refs["TETHER_REDIS_URL"]["name"] == "tether-worker-redis"
+    assert not refs["TETHER_REDIS_URL"].get("optional", False), "its runs stream live deltas"
     for container in containers(worker):
         names = {entry["name"] for entry in container.get("env", [])}
-        assert not names & {"TETHER_DATABASE_URL", "TETHER_REDIS_URL"}
+        assert "TETHER_DATABASE_URL" not in names
 
 
 def test_database_and_model_credentials_go_where_they_are_needed(rendered: Rendered) -> None:

@@ -31,6 +31,7 @@ from tests.unit.k8s_support import (
 )
 from tether.credentials import parse_verifiers
 from tether.runtime import tls
+from tether.stack.embedded import WORKER_REDIS_RULES, WORKER_REDIS_USER
 
 ROOT = K8S.parents[1]
 TARGETS = ("base", *(f"overlays/{name}" for name in OVERLAYS))
@@ -166,6 +167,17 @@ def test_dev_runs_postgres_redis_and_the_demo_model_once_each(dev: Rendered) -> 
     assert model["command"][:3] == ["python", "-m", "tether.testing.model_server"]
 
 
+def test_dev_redis_makes_the_workers_publish_only_user_as_tether_up_does(dev: Rendered) -> None:
+    (redis,) = {w["metadata"]["name"]: w for w in dev.workloads()}["redis"]["spec"]["template"][
+        "spec"
+    ]["containers"]
+    command = redis["command"]
+    user = command[command.index("--user") + 1 :]
+    user = user[: next((i for i, w in enumerate(user) if w.startswith("--")), len(user))]
+    assert user[:4] == [WORKER_REDIS_USER, "reset", "on", ">$(WORKER_REDIS_PASSWORD)"]
+    assert tuple(user[4:]) == WORKER_REDIS_RULES
+
+
 def run_dev_secrets(tmp_path: Path, **env: str) -> dict[str, dict[str, str]]:
     """Run secrets.sh against a kubectl that records what it is asked to create (no Secret
     exists yet); returns name -> key -> value."""
@@ -217,6 +229,11 @@ def test_dev_secrets_script_makes_every_secret_the_overlay_reads(
     assert f":{postgres}@postgres.tether.svc" in made["tether-database"]["TETHER_DATABASE_URL"]
     redis = made["tether-dev-redis"]["REDIS_PASSWORD"]
     assert f":{redis}@redis.tether.svc" in made["tether-redis"]["TETHER_REDIS_URL"]
+    worker_redis = made["tether-dev-redis"]["WORKER_REDIS_PASSWORD"]
+    assert (
+        f"//{WORKER_REDIS_USER}:{worker_redis}@redis.tether.svc"
+        in made["tether-worker-redis"]["TETHER_REDIS_URL"]
+    )
     # The servers' verifiers are the callers' credentials' digests.
     verifiers = parse_verifiers(made["tether-service-verifiers"]["TETHER_SERVICE_VERIFIERS"])
     for caller in ("gateway", "worker", "interactions"):
@@ -230,7 +247,8 @@ def test_dev_secrets_script_makes_every_secret_the_overlay_reads(
     # Without an Anthropic key the worker is pointed at the in-cluster demo model.
     anthropic = made["tether-anthropic"]
     assert anthropic["TETHER_WORKER_ANTHROPIC_BASE_URL"].startswith("http://model.tether.svc")
-    assert len({postgres, redis, *verifiers}) == 2 + len(verifiers), "every value fresh"
+    fresh = {postgres, redis, worker_redis, *verifiers}
+    assert len(fresh) == 3 + len(verifiers), "every value fresh"
 
 
 def test_dev_secrets_script_uses_a_real_anthropic_key_when_given(tmp_path: Path) -> None:

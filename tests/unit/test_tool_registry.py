@@ -328,7 +328,7 @@ async def test_get_time_returns_the_current_utc_time() -> None:
 
 
 async def test_a_tool_that_overruns_its_timeout_is_reported_as_timed_out() -> None:
-    registry = ToolRegistry(demo_tools(TETHER_SLOW_TASK_TIMEOUT_S="0.05"))
+    registry = ToolRegistry(demo_tools(TETHER_TOOL_SLOW_TASK_TIMEOUT_S="0.05"))
     result = await execute(registry, "slow_task", {"seconds": 600})
     assert result == ToolResult(
         content="tool slow_task timed out after 0.05s", is_error=True, error_code="tool_timeout"

@@ -14,12 +14,37 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tether.credentials import service_env
+from tether.credentials import VERIFIERS_ENV, service_env
 from tether.runtime.process import companion_ready_file
+from tether.settings import TOOL_PREFIX
 
 # Start order: each service after those it calls.
 SERVICES = ("orchestrator", "admission", "interactions", "worker", "gateway")
 WAVES = (("orchestrator", "admission"), ("interactions",), ("worker", "gateway"))
+
+# What a worker must never hold: a way into the database (a tool runs in its process), the
+# services' Redis user (it has one of its own) and the verifiers of a server it is not.
+NOT_FOR_WORKERS = frozenset(
+    {"TETHER_DATABASE_URL", "TETHER_REDIS_URL", VERIFIERS_ENV, "DATABASE_URL", "REDIS_URL"}
+)
+
+
+def meant_for(service: str, name: str) -> bool:
+    """Whether the setting `name` of the stack's (or its caller's) environment reaches
+    `service`'s process: never another service's own (TETHER_<OTHER>_..., addresses aside),
+    `tether up`'s, a tool's (the worker's alone) or the model key (the worker's alone); and
+    never, to a worker, what `NOT_FOR_WORKERS` and PostgreSQL's client variables name."""
+    if name.startswith("TETHER_UP_") or name == "TETHER_WORKERS":
+        return False
+    if name.startswith(TOOL_PREFIX) or name == "ANTHROPIC_API_KEY":
+        return service == "worker"
+    for other in SERVICES:
+        prefix = f"TETHER_{other.upper()}_"
+        if other != service and name.startswith(prefix) and not name.endswith("_ADDR"):
+            return False
+    if service == "worker":
+        return name not in NOT_FOR_WORKERS and not name.startswith("PG")
+    return True
 
 
 @dataclass
@@ -60,6 +85,10 @@ class ServiceSet:
     # Service name -> its own credential (`tether.credentials.generate()`); each process gets
     # its own and every caller's verifier, never another service's secret.
     credentials: Mapping[str, str] = field(default_factory=dict)
+    # The worker's Redis URL, a user that may only publish live deltas ("": none, so its runs
+    # stream no deltas). None: the stack's own TETHER_REDIS_URL, for a test's Redis that has
+    # no users; `tether up` always names one.
+    worker_redis_url: str | None = None
     procs: dict[str, ServiceProcess] = field(default_factory=dict)
 
     def addresses(self) -> dict[str, str]:
@@ -93,9 +122,20 @@ class ServiceSet:
             )
 
     def _env_for(self, name: str, extra: Mapping[str, str]) -> dict[str, str]:
-        """The process's environment: the stack's, its credential, the running services'
-        addresses and `extra`, which wins (e.g. a worker given two orchestrator replicas)."""
-        env = {**os.environ, **self.env, **service_env(self.credentials, name)}
+        """The process's environment: what of the stack's is `meant_for` it (a worker's Redis
+        URL its own), its credential, the running services' addresses and `extra`, which wins
+        (e.g. a worker given two orchestrator replicas)."""
+        inherited = {**os.environ, **self.env}
+        env = {k: v for k, v in inherited.items() if meant_for(name, k)}
+        if name == "worker":
+            redis_url = self.worker_redis_url
+            if redis_url is None:
+                redis_url = inherited.get("TETHER_REDIS_URL", "")
+            env["TETHER_REDIS_URL"] = redis_url
+        credentials = service_env(self.credentials, name)
+        if name == "worker":
+            credentials.pop(VERIFIERS_ENV)  # it serves no internal call
+        env.update(credentials)
         for dep, addr in self.addresses().items():
             env[f"TETHER_{dep.upper()}_ADDR"] = addr
         env[f"TETHER_{name.upper()}_HOST"] = "127.0.0.1"

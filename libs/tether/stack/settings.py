@@ -23,6 +23,13 @@ class UpSettings(BaseSettings):
         validation_alias=AliasChoices("TETHER_REDIS_URL"),
         description="A Redis to use instead of the embedded one.",
     )
+    worker_redis_url: str = Field(
+        "",
+        description="With TETHER_REDIS_URL: the URL the workers use, a Redis user that may only "
+        "PUBLISH on tether:events:* (its ACL rules: deploy/k8s/README.md). "
+        "Unset, workers get no Redis and their runs stream no live deltas. The embedded Redis "
+        "makes its own such user.",
+    )
     workers: int = Field(
         2,
         ge=1,

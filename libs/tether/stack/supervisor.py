@@ -1,4 +1,5 @@
-"""`tether up`'s supervisor: a service process that dies is started again, on its own ports.
+"""`tether up`'s supervisor: a service process that dies is started again, on its own ports;
+so is the embedded Redis (on its port, with its users: the services reconnect by themselves).
 
 A thread per child blocks in `Popen.wait` and wakes the supervisor the moment the child exits,
 so nothing polls. Any exit the supervisor did not ask for (an exit code, a signal, SIGKILL
@@ -13,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -99,9 +101,34 @@ class ServiceSupervisor:
     def start(self) -> None:
         """Watch every process the set runs now."""
         for instance in self._services.procs:
-            task = asyncio.create_task(self._supervise(instance), name=f"supervise-{instance}")
-            task.add_done_callback(self._died)
-            self._tasks.append(task)
+            self.supervise(
+                instance,
+                functools.partial(self._process_of, instance),
+                functools.partial(self._restart_service, instance),
+            )
+
+    def supervise(
+        self,
+        name: str,
+        current: Callable[[], subprocess.Popen[bytes]],
+        restart: Callable[[], Awaitable[object]],
+    ) -> None:
+        """Watch one more process (a backing server: Redis): `current` gives the running one,
+        `restart` starts it again (raising RuntimeError or TimeoutError when it cannot)."""
+        task = asyncio.create_task(
+            self._supervise(name, current, restart), name=f"supervise-{name}"
+        )
+        task.add_done_callback(self._died)
+        self._tasks.append(task)
+
+    def _process_of(self, instance: str) -> subprocess.Popen[bytes]:
+        return self._services.procs[instance].process
+
+    async def _restart_service(self, instance: str) -> None:
+        restarted = await self._services.restart(instance)
+        log.info("%s restarted: pid %d on %s", instance, restarted.process.pid, restarted.address)
+        if self._on_restart is not None:
+            self._on_restart(restarted)
 
     async def stop(self) -> None:
         """Stop watching (and any restart under way, whose process is then killed)."""
@@ -116,11 +143,16 @@ class ServiceSupervisor:
             log.error("%s stopped", task.get_name(), exc_info=self.error)
             self.failed.set()
 
-    async def _supervise(self, instance: str) -> None:
+    async def _supervise(
+        self,
+        instance: str,
+        current: Callable[[], subprocess.Popen[bytes]],
+        restart: Callable[[], Awaitable[object]],
+    ) -> None:
         loop = asyncio.get_running_loop()
         backoff = RestartBackoff(self._backoff, self._stable_after_s)
         while True:
-            process = self._services.procs[instance].process
+            process = current()
             up_since = loop.time()
             code = await exited(process)
             uptime = loop.time() - up_since
@@ -136,7 +168,7 @@ class ServiceSupervisor:
             while True:
                 await asyncio.sleep(delay)
                 try:
-                    restarted = await self._services.restart(instance)
+                    await restart()
                     break
                 except (RuntimeError, TimeoutError, grpc.aio.AioRpcError) as exc:
                     delay = backoff.died(0.0)
@@ -147,11 +179,3 @@ class ServiceSupervisor:
                         reason,
                         delay,
                     )
-            log.info(
-                "%s restarted: pid %d on %s",
-                instance,
-                restarted.process.pid,
-                restarted.address,
-            )
-            if self._on_restart is not None:
-                self._on_restart(restarted)

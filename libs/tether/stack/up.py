@@ -30,7 +30,12 @@ from tether.db.engine import create_engine
 from tether.db.migrate import upgrade
 from tether.retry import RetryPolicy
 from tether.runtime.process import wait_for_signal
-from tether.stack.embedded import EmbeddedPostgres, EmbeddedRedis, database_url
+from tether.stack.embedded import (
+    EmbeddedPostgres,
+    EmbeddedRedis,
+    database_url,
+    worker_redis_user,
+)
 from tether.stack.processes import ServiceProcess, ServiceSet
 from tether.stack.settings import UpSettings
 from tether.stack.supervisor import ServiceSupervisor
@@ -142,9 +147,17 @@ class Stack:
             db_url = await ensure_database(server_url, DATABASE)
         await upgrade(db_url)
         redis_url = self.settings.redis_url
+        worker_redis_url = self.settings.worker_redis_url
         if not redis_url:
-            self._redis = EmbeddedRedis(self.data_dir / "redis")
+            worker = worker_redis_user()
+            self._redis = EmbeddedRedis(self.data_dir / "redis", users=(worker,))
             redis_url = await self._redis.start()
+            worker_redis_url = self._redis.url_of(worker)
+        elif not worker_redis_url:
+            log.warning(
+                "TETHER_UP_WORKER_REDIS_URL is not set: workers get no Redis (the services' "
+                "user may do anything), so runs stream no live deltas"
+            )
         operator = _read_secret(self.data_dir / "operator_credential", OPERATOR_PREFIX)
         env = {
             "TETHER_DATABASE_URL": db_url,
@@ -175,7 +188,9 @@ class Stack:
             f"http://127.0.0.1:{env['TETHER_GATEWAY_HTTP_PORT']}/console/connected"
         )
         api_key = await dev_key(db_url, previous)
-        self.services = ServiceSet(run_dir, env, credentials.generate())
+        self.services = ServiceSet(
+            run_dir, env, credentials.generate(), worker_redis_url=worker_redis_url
+        )
         await self.services.start_all(replicas={"worker": self.settings.workers})
         addresses = self.services.addresses()
         self.info = {
@@ -192,6 +207,8 @@ class Stack:
             "pid": os.getpid(),
             "pids": {name: p.process.pid for name, p in self.services.procs.items()},
         }
+        if self._redis is not None:
+            self.info["redis_pid"] = self._redis.process.pid
         self._write_info()
         self.supervisor = ServiceSupervisor(
             self.services,
@@ -204,7 +221,17 @@ class Stack:
             on_restart=self._restarted,
         )
         self.supervisor.start()
+        if self._redis is not None:
+            redis = self._redis
+            self.supervisor.supervise("redis", lambda: redis.process, self._restart_redis)
         return self.info
+
+    async def _restart_redis(self) -> None:
+        assert self._redis is not None
+        await self._redis.start()
+        log.info("redis restarted: pid %d on port %d", self._redis.process.pid, self._redis.port)
+        self.info["redis_pid"] = self._redis.process.pid
+        self._write_info()
 
     def _write_info(self) -> None:
         stack_file = self.data_dir / "stack.json"

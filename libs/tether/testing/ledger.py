@@ -3,7 +3,7 @@
 It stands in for the world a tool writes to, so tests can count what actually arrived::
 
     async with Ledger() as ledger:
-        ...  # point publish_post at ledger.base_url (TETHER_LEDGER_URL)
+        ...  # point publish_post at ledger.base_url (TETHER_TOOL_LEDGER_URL)
         assert len(ledger.records) == 1 and ledger.deliveries(key) == 2
 
 - `POST /effects` with an `Idempotency-Key` header: the first request for a key is recorded and

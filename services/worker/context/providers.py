@@ -3,9 +3,10 @@
 A live-fact provider (entry point group `tether.facts`) gives one small, fresh value for an
 attempt: the conversation's channel, the actor's name, the time in the tenant's zone. A
 retriever (`tether.retrievers`) gives the documents that bear on the run's new message. An entry
-point names the provider itself or a callable that takes the worker's settings (a mapping, the
-environment) and returns one. Each declares its `name`, whether it is `required`, and its
-`deadline_s`; the agent's context policy names which ones an attempt runs.
+point names the provider itself or a callable that takes the settings meant for it (a mapping:
+the worker's `TETHER_TOOL_...` settings, see `services.worker.plugins`) and returns one. Each
+declares its `name`, whether it is `required`, and its `deadline_s`; the agent's context policy
+names which ones an attempt runs.
 
 `gather` runs them all at once, each under its deadline, before any model call. A required one
 that fails, misses its deadline or is not installed on this worker fails the run with a

@@ -134,7 +134,8 @@ class ToolProvider(Protocol):
     """A source of tools; the object an entry point in the `tether.tools` group names."""
 
     def tools(self, settings: Mapping[str, str]) -> Sequence[Tool]:
-        """Build the tools; `settings` is env-like configuration (e.g. `TETHER_LEDGER_URL`)."""
+        """Build the tools; `settings` is env-like configuration: the worker's `TETHER_TOOL_...`
+        settings only (e.g. `TETHER_TOOL_LEDGER_URL`)."""
         ...
 
 

@@ -6,9 +6,9 @@ idempotency key (`publish_post`, against `tether.testing.ledger`), a long cancel
 
 Settings read (all optional):
 
-- `TETHER_LEDGER_URL`: base URL of the ledger `publish_post` writes to. Unset, posts are kept in
-  a list inside the process and the output says so.
-- `TETHER_SLOW_TASK_TIMEOUT_S`: `slow_task`'s timeout (default 30), so tests can reach
+- `TETHER_TOOL_LEDGER_URL`: base URL of the ledger `publish_post` writes to. Unset, posts are
+  kept in a list inside the process and the output says so.
+- `TETHER_TOOL_SLOW_TASK_TIMEOUT_S`: `slow_task`'s timeout (default 30), so tests can reach
   `tool_timeout` quickly.
 """
 
@@ -32,8 +32,8 @@ from services.worker.tools.base import (
     ToolSpec,
 )
 
-LEDGER_URL_SETTING = "TETHER_LEDGER_URL"
-SLOW_TASK_TIMEOUT_SETTING = "TETHER_SLOW_TASK_TIMEOUT_S"
+LEDGER_URL_SETTING = "TETHER_TOOL_LEDGER_URL"
+SLOW_TASK_TIMEOUT_SETTING = "TETHER_TOOL_SLOW_TASK_TIMEOUT_S"
 # Well inside publish_post's 30 s tool timeout, so a hung ledger surfaces as an HTTP error.
 LEDGER_HTTP_TIMEOUT_S = 10.0
 # A line of 64 ASCII bytes: big_output's byte count is its character count, and a cut is visible.

@@ -30,12 +30,17 @@ if ! exists tether-dev-postgres; then
     --from-literal=TETHER_DATABASE_URL="postgresql://tether:${password}@postgres.${NS}.svc.cluster.local:5432/tether"
 fi
 
+# The services' Redis user (default) and the workers' (tether-worker: PUBLISH on live deltas).
 if ! exists tether-dev-redis; then
   password="$(rand)"
-  create tether-dev-redis --from-literal=REDIS_PASSWORD="$password"
-  "$KUBECTL" -n "$NS" delete secret tether-redis --ignore-not-found >/dev/null
+  worker_password="$(rand)"
+  create tether-dev-redis --from-literal=REDIS_PASSWORD="$password" \
+    --from-literal=WORKER_REDIS_PASSWORD="$worker_password"
+  "$KUBECTL" -n "$NS" delete secret tether-redis tether-worker-redis --ignore-not-found >/dev/null
   create tether-redis \
     --from-literal=TETHER_REDIS_URL="redis://:${password}@redis.${NS}.svc.cluster.local:6379/0"
+  create tether-worker-redis \
+    --from-literal=TETHER_REDIS_URL="redis://tether-worker:${worker_password}@redis.${NS}.svc.cluster.local:6379/0"
 fi
 
 # Each calling service's own credential; the servers get only their SHA-256 (the verifiers).
