@@ -45,6 +45,7 @@ from services.gateway.auth import Authenticator, KeyWatch
 from services.gateway.edge import Edge
 from services.gateway.http_common import (
     CallContext,
+    authorization_header,
     conversation_stream,
     header,
     non_negative,
@@ -166,13 +167,11 @@ class HttpBridge:
             )
 
     def _key_watch(self, request: web.Request, method: str) -> KeyWatch:
-        return KeyWatch(
-            self._auth, {"authorization": request.headers.get("Authorization", "")}, method
-        )
+        return KeyWatch(self._auth, {"authorization": authorization_header(request)}, method)
 
     async def _principal(self, request: web.Request, method: str) -> Principal:
         return await self._auth.authenticate(
-            {"authorization": header(request, "Authorization")}, method
+            {"authorization": authorization_header(request)}, method
         )
 
     # -- unary ----------------------------------------------------------------------------------
