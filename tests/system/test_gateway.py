@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from sqlalchemy import func, select
 
 from tests.system.conftest import RunningStack
+from tether.credentials import CREDENTIAL_KEY
 from tether.db.engine import create_engine
 from tether.db.schema import event_claims, messages, runs, sessions
 from tether.runtime.rpc import internal_channel
@@ -257,9 +258,11 @@ async def test_every_service_serves_health_and_reflection(stack: RunningStack) -
             assert health.status == health_pb2.HealthCheckResponse.SERVING, name
             if name == "gateway":
                 continue  # the public edge serves reflection only when asked to
+            # An internal service's, to a service it knows (test_credentials: to no one else).
             stub = reflection_pb2_grpc.ServerReflectionStub(channel)
             responses = stub.ServerReflectionInfo(
-                iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                metadata=((CREDENTIAL_KEY, stack.credentials["gateway"]),),
             )
             listed = [s.name async for r in responses for s in r.list_services_response.service]
             assert "grpc.health.v1.Health" in listed, name
