@@ -1,9 +1,10 @@
 """Bridge v2 as a browser meets it, against the real gateway over HTTP: an empty Authorization
 header is no header (the CSRF check holds), a session cookie that is not UTF-8 is a signed-out
-caller."""
+caller, and the runs list shows what a parked run has cost so far, as its run page does."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -14,8 +15,9 @@ import httpx2
 import pytest
 import pytest_asyncio
 
-from tests.system.execution_support import ExecStack, exec_stack
+from tests.system.execution_support import ExecStack, exec_stack, wait_for_status
 from tests.system.streaming_support import prompt
+from tether.testing.model_server import TextTurn, ToolUseTurn
 
 UNAUTHENTICATED = {"status": "UNAUTHENTICATED", "code": "unauthenticated"}
 
@@ -95,3 +97,31 @@ async def test_a_session_cookie_that_is_not_utf8_is_a_signed_out_caller(stack: E
             error = json.loads(body_text)["error"]
             assert {k: error[k] for k in UNAUTHENTICATED} == UNAUTHENTICATED, (what, error)
         assert listed(await http.get("/v2/runs")) == [], "nothing was created"
+
+
+async def test_the_runs_list_shows_what_a_parked_run_has_cost_so_far(stack: ExecStack) -> None:
+    tenant = await stack.tenant()
+    text = prompt("publish")
+    stack.model.script(text, [ToolUseTurn("publish_post", {"text": "hello"}), TextTurn("ok")])
+    run_id = await tenant.send(text)
+    await wait_for_status(stack.db_url, run_id, "waiting-for-approval")
+    auth = {"Authorization": f"Bearer {tenant.api_key}"}
+    async with httpx2.AsyncClient(base_url=base(stack), timeout=30) as http:
+        # The run page's cost: the running total of the run's usage.updated event.
+        page_cost = None
+        async with (
+            asyncio.timeout(20),
+            http.stream("GET", f"/v2/runs/{run_id}/events?deltas=false", headers=auth) as events,
+        ):
+            assert events.status_code == 200
+            async for frame in httpx2.EventSource(events):
+                if frame.event == "usage.updated":
+                    page_cost = frame.json()["event"]["usageUpdated"]["total"]["costMicros"]
+                    break
+        assert page_cost is not None and int(page_cost) > 0
+        runs = listed(await http.get("/v2/runs", headers=auth))
+        assert [(r["runId"], r.get("usage", {}).get("costMicros")) for r in runs] == [
+            (run_id, page_cost)
+        ]
+        by_id = (await http.get(f"/v2/runs/{run_id}", headers=auth)).json()["run"]
+        assert by_id["usage"]["costMicros"] == page_cost
