@@ -59,6 +59,16 @@ OPERATOR_TENANT_METHODS = frozenset({"GetRun", "ListRuns", "GetRunAttempts", "Re
 TENANT_METADATA = "tether-tenant"
 
 
+def is_utf8(secret: str) -> bool:
+    """Whether `secret` encodes as UTF-8. One with lone surrogates (bytes aiohttp could not
+    decode, or a JSON escape) is no credential we issued, and hashing it would raise."""
+    try:
+        secret.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class SessionSecret(str):
     """A session cookie's secret as the HTTP bridge passes it on in the `authorization`
     metadata. Only an object of this class made in this process is taken as a session: a
@@ -96,6 +106,8 @@ class Authenticator:
         if not isinstance(header, str) or not header.startswith("Bearer "):
             raise Unauthenticated('missing API key: send metadata "authorization: Bearer <key>"')
         secret = header.removeprefix("Bearer ").strip()
+        if not is_utf8(secret):
+            raise Unauthenticated("the API key is not valid (unknown, revoked or expired)")
         named = metadata.get(TENANT_METADATA, "")
         if not isinstance(named, str):
             raise InvalidArgument(f"the {TENANT_METADATA} metadata must be text")
@@ -162,6 +174,8 @@ class Authenticator:
         """The principal of an API key (never a token or session); raises Unauthenticated."""
         if not api_key.startswith(KEY_PREFIX):
             raise Unauthenticated("an API key (tk_...) is required here")
+        if not is_utf8(api_key):
+            raise Unauthenticated("the API key is not valid (unknown, revoked or expired)")
         return await self._verify(api_key, session=False)
 
     async def verify_session(self, secret: str) -> Principal:

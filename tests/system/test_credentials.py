@@ -27,6 +27,7 @@ from sqlalchemy import select
 from tests.system.conftest import RunningStack
 from tether import apikeys
 from tether.client import TetherClient
+from tether.credentials import CREDENTIAL_KEY
 from tether.db.engine import create_engine
 from tether.db.schema import audit_log
 from tether.runtime.rpc import internal_channel
@@ -459,14 +460,27 @@ async def _never() -> AsyncIterator[reflection_pb2.ServerReflectionRequest]:
     yield reflection_pb2.ServerReflectionRequest()
 
 
-async def test_reflection_is_off_on_the_public_gateway(stack: RunningStack) -> None:
-    async with grpc.aio.insecure_channel(stack.services.addresses()["gateway"]) as channel:
+async def test_reflection_is_off_on_the_public_gateway_and_internal_without_a_credential(
+    stack: RunningStack,
+) -> None:
+    addresses = stack.services.addresses()
+    async with grpc.aio.insecure_channel(addresses["gateway"]) as channel:
         silent = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(_never())
         off = await refused(anext(aiter(silent)))
         assert off.code() == grpc.StatusCode.UNIMPLEMENTED
-    async with grpc.aio.insecure_channel(stack.services.addresses()["orchestrator"]) as channel:
-        responses = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
-            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
-        )
-        listed = [s.name async for r in responses for s in r.list_services_response.service]
-        assert "tether.v1.OrchestratorService" in listed, "internal services keep it"
+    for service in ("admission", "orchestrator", "interactions"):
+        async with grpc.aio.insecure_channel(addresses[service]) as channel:
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            # Bounded: a server that serves the call waits for a request instead of refusing.
+            async with asyncio.timeout(10):
+                anonymous = await refused(anext(aiter(stub.ServerReflectionInfo(_never()))))
+                assert anonymous.code() == grpc.StatusCode.UNAUTHENTICATED, service
+                forged = stub.ServerReflectionInfo(_never(), metadata=((CREDENTIAL_KEY, "x"),))
+                forged_code = (await refused(anext(aiter(forged)))).code()
+                assert forged_code == grpc.StatusCode.UNAUTHENTICATED, service
+            responses = stub.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                metadata=((CREDENTIAL_KEY, stack.credentials["gateway"]),),
+            )
+            listed = [s.name async for r in responses for s in r.list_services_response.service]
+            assert f"tether.v1.{service.capitalize()}Service" in listed, "a caller service reads it"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -17,6 +18,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from sqlalchemy import func, select
 
 from tests.system.conftest import RunningStack
+from tether.credentials import CREDENTIAL_KEY
 from tether.db.engine import create_engine
 from tether.db.schema import event_claims, messages, runs, sessions
 from tether.runtime.rpc import internal_channel
@@ -257,9 +259,11 @@ async def test_every_service_serves_health_and_reflection(stack: RunningStack) -
             assert health.status == health_pb2.HealthCheckResponse.SERVING, name
             if name == "gateway":
                 continue  # the public edge serves reflection only when asked to
+            # An internal service's, to a service it knows (test_credentials: to no one else).
             stub = reflection_pb2_grpc.ServerReflectionStub(channel)
             responses = stub.ServerReflectionInfo(
-                iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                metadata=((CREDENTIAL_KEY, stack.credentials["gateway"]),),
             )
             listed = [s.name async for r in responses for s in r.list_services_response.service]
             assert "grpc.health.v1.Health" in listed, name
@@ -323,6 +327,34 @@ async def test_cli_send_run_runs_and_refusals(stack: RunningStack, tmp_path: Pat
         cli, "send", "x", "--event-id", "not valid", "--stack", str(stack_file)
     )
     assert bad.returncode != 0 and "INVALID_ARGUMENT" in bad.stderr
+
+
+async def test_cli_output_to_a_closed_pipe_ends_quietly(
+    stack: RunningStack, gateway_channel: grpc.aio.Channel, tmp_path: Path
+) -> None:
+    """`tether runs --json | head -1`: the reader is gone before the next line is written."""
+    conversation = f"pipe-{uid()}"
+    for _ in range(2):
+        await send(gateway_channel, stack.key_a, conversation_id=conversation)
+    stack_file = tmp_path / "stack.json"
+    stack_file.write_text(json.dumps({"gateway": stack.gateway, "api_key": stack.key_a}))
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write the CLI makes meets a reader that went away
+    try:
+        ended = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "tether.cli", "runs", "--json", "--stack", str(stack_file)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in ended.stderr and "BrokenPipeError" not in ended.stderr, ended.stderr
+    assert ended.stderr == ""
+    assert ended.returncode == 1, "Python's exit code for EPIPE (the signal module's docs)"
 
 
 async def test_submit_event_admits_webhook_task_and_decision_inputs(

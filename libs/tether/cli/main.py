@@ -30,6 +30,8 @@ from tether.states import RunStatus
 from tether.transport import part_to_json
 
 Command = Callable[[argparse.Namespace], Awaitable[int]]
+# Python's own exit code when its output pipe breaks (the signal module's "Note on SIGPIPE").
+EPIPE_EXIT_CODE = 1
 
 
 def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
@@ -290,4 +292,10 @@ def main(argv: list[str] | None = None) -> None:
         code = 1
     except KeyboardInterrupt:
         code = 130
+    except BrokenPipeError:
+        # Whoever read our output is gone (`tether runs | head -1`): stop without a word, as
+        # Python's docs advise (signal, "Note on SIGPIPE"), and point stdout at devnull so the
+        # interpreter's last flush at exit cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EPIPE_EXIT_CODE
     sys.exit(code)

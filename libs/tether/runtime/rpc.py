@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from tether import telemetry
 from tether.credentials import CREDENTIAL_KEY, POWERS, verifier
@@ -105,6 +105,7 @@ class _Callers:
     def __init__(self, verifiers: Mapping[str, str]) -> None:
         self._by_digest = dict(verifiers)
         self._known: dict[str, str] = {}
+        self.names = frozenset(self._by_digest.values())
 
     def of(self, context: grpc.aio.ServicerContext) -> str | None:
         """The calling service, or None when it presents no credential this server knows."""
@@ -148,6 +149,8 @@ def _guarded(
     would do this on every call.)"""
     service, _, name = method.partition("/")
     allowed = frozenset(c for c, names in POWERS.get(service, {}).items() if name in names)
+    if service == reflection.SERVICE_NAME and callers is not None:
+        allowed = callers.names  # every service this server knows may read what it serves
     admit = _admit(callers, allowed, method)
     deserializer = tolerant_deserializer(handler.request_deserializer)
     serializer = handler.response_serializer
@@ -230,6 +233,21 @@ class _Registrar:
         self._server.add_registered_method_handlers(service, wrapped)
 
 
+class _Reflection:
+    """Reflection served through `_guarded` (the caller check): its requests come through the
+    tolerant deserializer, so each is refused as the caller's mistake when it did not decode."""
+
+    def __init__(self, service_names: Sequence[str]) -> None:
+        self._inner = reflection.aio.ReflectionServicer(service_names)
+
+    def ServerReflectionInfo(
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        checked = (refuse_undecodable(request) async for request in requests)
+        served: AsyncIterator[Any] = self._inner.ServerReflectionInfo(checked, context)
+        return served
+
+
 # The health service name that says only "the process serves" (liveness and startup probes);
 # the server's overall health ("") and each service's name say "ready for calls".
 LIVENESS = "liveness"
@@ -282,8 +300,8 @@ async def start_server(
     """Start a gRPC server with health checking, reflection and error mapping.
 
     `register` adds the service's servicers; `verifiers` (credential digest -> caller), when
-    given, admits only those callers, each to its powers, on every call but health and
-    reflection; `reflection_on` serves reflection; `max_connection_age_s` asks a client's
+    given, admits only those callers, each to its powers, on every call but health (reflection
+    to any of them); `reflection_on` serves reflection; `max_connection_age_s` asks a client's
     connection to go away (GOAWAY) once it is that old, giving its calls
     `max_connection_age_grace_s` more to finish. With `tls` the port is served over mutual
     TLS only. With `health_port` a second, plaintext server answers gRPC health alone there
@@ -305,14 +323,19 @@ async def start_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if reflection_on:
-        reflection.enable_server_reflection(
-            [
-                *service_names,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ],
-            server,
-        )
+        reflected = [
+            *service_names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ]
+        if verifiers is None:
+            reflection.enable_server_reflection(reflected, server)
+        else:
+            # An internal service's map of its methods is for the services that may call it,
+            # not for whoever reaches its port.
+            reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+                _Reflection(reflected), registrar
+            )
     address = f"{host}:{port}"
     if tls is None:
         bound = server.add_insecure_port(address)

@@ -46,6 +46,7 @@ from google.protobuf.message import Message
 from services.gateway.auth import Authenticator, KeyWatch
 from services.gateway.http.common import (
     CallContext,
+    authorization_header,
     conversation_stream,
     header,
     non_negative,
@@ -132,13 +133,11 @@ class BridgeV1:
             )
 
     def _key_watch(self, request: web.Request, method: str) -> KeyWatch:
-        return KeyWatch(
-            self._auth, {"authorization": request.headers.get("Authorization", "")}, method
-        )
+        return KeyWatch(self._auth, {"authorization": authorization_header(request)}, method)
 
     async def _principal(self, request: web.Request, method: str) -> Principal:
         return await self._auth.authenticate(
-            {"authorization": header(request, "Authorization")}, method
+            {"authorization": authorization_header(request)}, method
         )
 
     # -- unary ----------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ class CallContext:
         self._metadata = (
             (
                 "authorization",
-                header(request, "Authorization") if authorization is None else authorization,
+                authorization_header(request) if authorization is None else authorization,
             ),
             (TENANT_METADATA, header(request, "Tether-Tenant")),
         )
@@ -85,6 +85,13 @@ def header(request: web.Request, name: str) -> str:
     except UnicodeEncodeError as exc:
         raise InvalidArgument(f"the {name} header is not valid UTF-8") from exc
     return value
+
+
+def authorization_header(request: web.Request) -> str:
+    """The Authorization header's value, "" when absent, empty or blank: such a header is no
+    credential, so it must not count as one (it would skip the CSRF check of the cookie that
+    then signs the request in)."""
+    return header(request, "Authorization").strip()
 
 
 def non_negative(value: str, name: str, maximum: int) -> int:

@@ -25,9 +25,9 @@ from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.gateway import browser_credentials
-from services.gateway.auth import Authenticator, SessionSecret
+from services.gateway.auth import Authenticator, SessionSecret, is_utf8
 from services.gateway.browser_credentials import SESSION_PREFIX, csrf_token
-from services.gateway.http.common import header
+from services.gateway.http.common import authorization_header
 from tether.apikeys import ALL_SCOPES, Principal
 from tether.errors import InvalidArgument, PermissionDenied, Unauthenticated
 
@@ -48,14 +48,16 @@ class SignInPolicy:
 
 def _session_cookie(request: web.Request) -> str:
     value = request.cookies.get(COOKIE, "")
-    return value if value.startswith(SESSION_PREFIX) and len(value) < 200 else ""
+    if not value.startswith(SESSION_PREFIX) or len(value) >= 200 or not is_utf8(value):
+        return ""  # no session of ours: a cookie's bytes that are not UTF-8 never were one
+    return value
 
 
 def credential(request: web.Request) -> str:
     """The `authorization` a v2 request authenticates with: its header when present, else its
     session cookie (as a SessionSecret, the only form the authenticator takes a session in),
     else ""."""
-    authorization = header(request, "Authorization")
+    authorization = authorization_header(request)
     if authorization:
         return authorization
     cookie = _session_cookie(request)
@@ -65,7 +67,7 @@ def credential(request: web.Request) -> str:
 def require_csrf(request: web.Request) -> None:
     """Refuse a cookie-authenticated mutation without the session's CSRF token or from another
     origin (PERMISSION_DENIED, before anything runs)."""
-    if request.method not in MUTATIONS or "Authorization" in request.headers:
+    if request.method not in MUTATIONS or authorization_header(request):
         return
     cookie = _session_cookie(request)
     if not cookie:
@@ -206,7 +208,7 @@ class SignIn:
         return response
 
     async def mint_token(self, request: web.Request) -> web.Response:
-        authorization = header(request, "Authorization")
+        authorization = authorization_header(request)
         if not authorization.startswith("Bearer "):
             raise Unauthenticated("a token is minted with an API key: Authorization: Bearer tk_")
         key = await self._auth.verify_key(authorization.removeprefix("Bearer ").strip())

@@ -9,7 +9,20 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, bindparam, false, func, literal, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    and_,
+    bindparam,
+    case,
+    false,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.orchestrator.repositories.transitions import LEASE_HELD
@@ -17,15 +30,44 @@ from tether.db.schema import attempts, routings, run_events, runs, usage_turns
 from tether.domain import Attempt, LoggedEvent, PricedTurn, Run, RunRouting
 from tether.errors import InvalidArgument, NotFound, StaleLease
 from tether.ids import is_identifier
-from tether.pricing import Price
+from tether.pricing import TOKEN_FIELDS, Price
 from tether.states import RunStatus
 from tether.visibility import Viewer
 
+# The usage a run is shown with: the total stored when it ended; before that (queued, running,
+# parked) the sum of its turns priced so far, what it has cost already (as the run page's
+# usage.updated total says). CASE evaluates the sum only for a run without a stored total.
+_TURNS_SO_FAR = (
+    select(
+        func.jsonb_build_object(
+            *[
+                arg
+                for k in (*TOKEN_FIELDS, "cost_micros")
+                for arg in (literal(k), func.coalesce(func.sum(usage_turns.c[k]), 0))
+            ],
+            type_=JSONB,
+        )
+    )
+    .where(usage_turns.c.run_id == runs.c.run_id)
+    .scalar_subquery()
+)
+SHOWN_RUN = (
+    *[c for c in runs.c if c.name != "usage"],
+    case((runs.c.usage == literal_column("'{}'::jsonb"), _TURNS_SO_FAR), else_=runs.c.usage).label(
+        "usage"
+    ),
+)
+
 
 async def _find_run(
-    conn: AsyncConnection, run_id: str, where: ColumnElement[bool], *, lock: bool = False
+    conn: AsyncConnection,
+    run_id: str,
+    where: ColumnElement[bool],
+    *,
+    lock: bool = False,
+    columns: Sequence[Any] = (runs,),
 ) -> Run:
-    stmt = select(runs).where(runs.c.run_id == run_id, where)
+    stmt = select(*columns).where(runs.c.run_id == run_id, where)
     if lock:
         # FOR NO KEY UPDATE: writers of the run wait; inserts referencing it (parts,
         # interactions) do not.
@@ -46,8 +88,8 @@ async def visible_run(
 ) -> Run:
     """The run, or NotFound when it is absent or not the viewer's to see (the same answer).
     `lock` holds the row until the transaction ends, so its status cannot move under a
-    read-then-write."""
-    return await _find_run(conn, run_id, viewer.sees(), lock=lock)
+    read-then-write. Its usage is what it has cost so far (`SHOWN_RUN`)."""
+    return await _find_run(conn, run_id, viewer.sees(), lock=lock, columns=SHOWN_RUN)
 
 
 async def visible_run_facts(
@@ -168,9 +210,13 @@ async def search_runs(
 ) -> tuple[list[tuple[Run, RunRouting | None]], str]:
     """One page of the runs the viewer may see (created at or after `created_after` when
     given), newest first, each with the routing decision it is pinned to (None before its
-    first lease), and the next page's cursor."""
+    first lease) and its usage so far (`SHOWN_RUN`), and the next page's cursor."""
+    columns: list[Any] = [
+        *SHOWN_RUN,
+        func.coalesce(routings.c.config, runs.c.config).label("routing_config"),
+    ]
     stmt = (
-        select(runs, func.coalesce(routings.c.config, runs.c.config).label("routing_config"))
+        select(*columns)
         .select_from(runs.outerjoin(routings, routings.c.routing_id == runs.c.routing_id))
         .where(viewer.sees())
     )
