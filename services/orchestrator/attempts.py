@@ -38,6 +38,7 @@ from tether.domain import (
     Ending,
     Event,
     Failed,
+    Interruption,
     ModelTurn,
     Part,
     StoredEvent,
@@ -71,7 +72,8 @@ _FINISH = {
     Cancelled: states.CANCEL_BY_WORKER,
 }
 # What an ending that is not a completion does to the calls the worker left open.
-_INTERRUPTED = {Failed: "the run failed", Cancelled: "the run was cancelled"}
+# (A completion's are closed by the worker, which alone knows whether a limit stopped it.)
+_INTERRUPTED = {Failed: Interruption.RUN_FAILED, Cancelled: Interruption.RUN_CANCELLED}
 
 
 def _stale(run_id: str, epoch: int) -> StaleLease:

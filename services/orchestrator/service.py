@@ -17,7 +17,7 @@ from services.orchestrator.repositories import runs as runs_repo
 from services.orchestrator.repositories.transitions import NOW, apply
 from tether import states
 from tether.bus import Bus
-from tether.domain import Part, cancelled_error, run_cancelled
+from tether.domain import Interruption, Part, cancelled_error, run_cancelled
 from tether.hints import cancel_channel, encode_cancel
 from tether.states import RunStatus
 from tether.visibility import Viewer
@@ -180,7 +180,7 @@ class Runs:
             flagged = None
             if moved is not None:
                 # A run cancelled while parked leaves the call that paused it open; close it.
-                await parts_repo.close_dangling(conn, moved.row, "the run was cancelled")
+                await parts_repo.close_dangling(conn, moved.row, Interruption.RUN_CANCELLED)
             else:
                 # Running: the worker holding the lease sees the flag on its next heartbeat, or
                 # at once through the Redis signal below.

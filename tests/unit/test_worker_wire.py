@@ -27,6 +27,7 @@ from tether.domain import (
     Event,
     EventType,
     Failed,
+    Interruption,
     Limits,
     ModelTurn,
     Part,
@@ -90,7 +91,7 @@ EVENTS = [
     tool_completed("toolu_1", "post", replayed=True),
     tool_failed("toolu_1", "post", RunError("tool_error", "refused")),
     usage_updated(TURN, {"input_tokens": 100, "output_tokens": 20, "cost_micros": 123}),
-    *interrupted_results([CALL], "the run failed", 9)[1],
+    *interrupted_results([CALL], Interruption.RUN_FAILED, 9)[1],
     text_delta(1, "lo", 3),
     # What the other senders put on the wire (the interactions service) and the orchestrator
     # stores: the same encoder must hold for them.

@@ -6,8 +6,8 @@ them that the orchestrator and the worker both apply. One package, six rooms:
 - `parts`: the transcript's typed parts and their JSON form;
 - `events`: every event type, and the one constructor that builds each event's payload;
 - `progress`: what an attempt writes under its lease (a numbered batch);
-- `rules`: which tool calls dangle, how an interrupted one is closed, what an attempt that is over
-  leaves superseded.
+- `rules`: which tool calls dangle, how an interrupted one is closed (and the reasons why), what
+  an attempt that is over leaves superseded.
 
 Protobuf stops at the edges: the servicers and the worker's clients convert with `tether.convert`.
 Storage stops at the repositories, which read and write these types through `tether.formats` (the
@@ -16,7 +16,15 @@ stored JSON, versioned). Everything in between speaks these types; import them f
 
 from __future__ import annotations
 
-from tether.domain.agents import AgentConfig, Bundle, ContextPolicy, Limits, SystemBlock
+from tether.domain.agents import (
+    DEFAULT_BACKOFF_INITIAL_S,
+    DEFAULT_BACKOFF_MAX_S,
+    AgentConfig,
+    Bundle,
+    ContextPolicy,
+    Limits,
+    SystemBlock,
+)
 from tether.domain.events import (
     TERMINAL_EVENTS,
     Event,
@@ -73,6 +81,7 @@ from tether.domain.parts import (
 from tether.domain.progress import Batch
 from tether.domain.rules import (
     Closing,
+    Interruption,
     close_attempt,
     dangling_tool_calls,
     interrupted_results,
@@ -82,6 +91,8 @@ from tether.domain.rules import (
 
 __all__ = [
     "CANCELLED_BY_CALLER",
+    "DEFAULT_BACKOFF_INITIAL_S",
+    "DEFAULT_BACKOFF_MAX_S",
     "TERMINAL_EVENTS",
     "AgentConfig",
     "ApprovalMarker",
@@ -97,6 +108,7 @@ __all__ = [
     "Event",
     "EventType",
     "Failed",
+    "Interruption",
     "Limits",
     "ModelTurn",
     "Part",
