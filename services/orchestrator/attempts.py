@@ -11,7 +11,7 @@ statement (`repositories.completion`); failing or cancelling, rarer, take a few.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy.engine import Row
@@ -35,11 +35,11 @@ from tether.domain import (
     Batch,
     Cancelled,
     Completed,
+    Completion,
     Ending,
     Event,
     Failed,
     Interruption,
-    ModelTurn,
     Part,
     StoredEvent,
     Summary,
@@ -50,21 +50,6 @@ from tether.domain import (
     run_queued,
 )
 from tether.errors import InvalidArgument, StaleLease
-
-
-@dataclass(frozen=True)
-class Completion:
-    """What a worker reports when an attempt ends: how it ended, what the checkpoint writer had
-    not yet written (and the batch it had in flight), the stage timings and the audit detail."""
-
-    ending: Ending
-    parts: Sequence[Part] = ()
-    events: Sequence[Event] = ()
-    turns: Sequence[ModelTurn] = ()
-    stages: dict[str, float] = field(default_factory=dict)
-    audit: dict[str, Any] = field(default_factory=dict)
-    in_flight: Batch | None = None
-
 
 _FINISH = {
     Completed: states.COMPLETE,

@@ -12,7 +12,6 @@ import os
 import httpx2
 from anthropic import AsyncAnthropic
 
-from services.worker.assignment import Assignment
 from services.worker.attempt import Attempt
 from services.worker.context.providers import ContextProviders
 from services.worker.interactions import Interactions
@@ -23,6 +22,7 @@ from services.worker.tools.registry import ToolRegistry
 from services.worker.work_stream import WorkStream
 from tether.bus import Bus
 from tether.credentials import require_credential
+from tether.domain import Assignment
 from tether.runtime.process import announce, run, wait_for_signal
 from tether.runtime.rpc import internal_channel, start_server
 from tether.runtime.tasks import Supervisor

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 
-from services.worker.assignment import Lease
 from services.worker.checkpoints import CheckpointWriter
 from services.worker.interactions import Parked
 from services.worker.orchestrator_client import Orchestrator
@@ -23,6 +22,7 @@ from tether.domain import (
     Ending,
     Failed,
     Interruption,
+    Lease,
     RunError,
 )
 from tether.retry import ProviderFailure

@@ -7,6 +7,7 @@ from google.protobuf import json_format
 
 from services.orchestrator import worker_edge
 from tether.convert import config_to_proto
+from tether.convert.work import STAGES
 from tether.domain import AgentConfig
 from tether.domain.agents import Limits, SystemBlock
 from tether.v1 import orchestrator_pb2
@@ -47,6 +48,6 @@ def test_stage_durations_read_as_message_to_dict_reads_them() -> None:
         orchestrator_pb2.StageDurations(),
         orchestrator_pb2.StageDurations(context_ms=2.5, attempt_ms=18.25, total_ms=21.0),
     ):
-        assert {n: getattr(stages, n) for n in worker_edge._STAGES} == json_format.MessageToDict(
+        assert {n: getattr(stages, n) for n in STAGES} == json_format.MessageToDict(
             stages, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
         )

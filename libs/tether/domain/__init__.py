@@ -1,11 +1,12 @@
 """The run's domain model: parts, events, errors and endings as frozen types, and the rules on
-them that the orchestrator and the worker both apply. One package, six rooms:
+them that the orchestrator and the worker both apply. One package, seven rooms:
 
 - `agents`: the agent an attempt runs as (model, system blocks, tools, limits, prices);
+- `assignment`: what a lease hands the worker (the lease, the run's facts, the history);
 - `outcomes`: run errors, model-turn usage, and the endings of a run (completed, failed, cancelled);
 - `parts`: the transcript's typed parts and their JSON form;
 - `events`: every event type, and the one constructor that builds each event's payload;
-- `progress`: what an attempt writes under its lease (a numbered batch);
+- `progress`: what an attempt writes under its lease (a numbered batch, its completion);
 - `rules`: which tool calls dangle, how an interrupted one is closed (and the reasons why), what
   an attempt that is over leaves superseded.
 
@@ -25,6 +26,7 @@ from tether.domain.agents import (
     Limits,
     SystemBlock,
 )
+from tether.domain.assignment import Assignment, EarlierRun, Lease, Origin
 from tether.domain.events import (
     TERMINAL_EVENTS,
     Event,
@@ -78,7 +80,7 @@ from tether.domain.parts import (
     part_from_json,
     part_json,
 )
-from tether.domain.progress import Batch
+from tether.domain.progress import Batch, Completion
 from tether.domain.rules import (
     Closing,
     Interruption,
@@ -96,21 +98,26 @@ __all__ = [
     "TERMINAL_EVENTS",
     "AgentConfig",
     "ApprovalMarker",
+    "Assignment",
     "Batch",
     "Bundle",
     "Cancelled",
     "Closing",
     "Completed",
+    "Completion",
     "ConnectionMarker",
     "Content",
     "ContextPolicy",
+    "EarlierRun",
     "Ending",
     "Event",
     "EventType",
     "Failed",
     "Interruption",
+    "Lease",
     "Limits",
     "ModelTurn",
+    "Origin",
     "Part",
     "PartKind",
     "QuestionMarker",

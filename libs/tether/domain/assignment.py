@@ -1,6 +1,6 @@
 """What a claim hands the worker: the lease, the run's facts, its agent's configuration and the
-conversation so far, as frozen types. The Work stream builds them from a pushed lease
-(`work_stream.assignment_from_proto`); nothing else in the worker sees the wire form.
+conversation so far, as frozen types. The Work stream's two ends convert them with
+`tether.convert.work`; nothing else sees the wire form.
 """
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tether.domain import AgentConfig, Part, Summary
+from tether.domain.agents import AgentConfig
+from tether.domain.parts import Part, Summary
 
 
 @dataclass(frozen=True, slots=True)
