@@ -19,10 +19,8 @@ from services.orchestrator.knowledge import Knowledge
 from services.orchestrator.work import Work, Write
 from tether import telemetry
 from tether.convert import (
-    config_to_proto,
     error_from_proto,
     part_from_proto,
-    part_to_proto,
     run_to_proto,
     status_from_proto,
     status_to_proto,
@@ -31,20 +29,16 @@ from tether.convert import (
 from tether.convert.work import (
     OUTCOMES,
     WRITE_FIELDS,
+    assignment_to_proto,
     checkpoint_from_proto,
     completion_from_proto,
     events_from_proto,
 )
-from tether.domain import (
-    AgentConfig,
-    Part,
-    Role,
-    Text,
-)
+from tether.domain import Assignment, EarlierRun, Lease, Origin, Part, Role, Text
 from tether.errors import InvalidArgument
 from tether.telemetry import metrics, tracing
 from tether.telemetry.logs import bind_run
-from tether.v1 import common_pb2, orchestrator_pb2
+from tether.v1 import orchestrator_pb2
 
 # The unary write handlers never read their context: the Work stream calls them with none.
 _NO_CONTEXT: Any = None
@@ -52,69 +46,42 @@ _NO_CONTEXT: Any = None
 _MOVED = orchestrator_pb2.CompleteRunResponse(moved=True)
 
 
-def _history(claimed: Claimed) -> list[common_pb2.Part]:
-    """The attempt's history as the wire carries it: each earlier run's input (a user part with
-    index -1) and transcript, then the run's own parts."""
-    history: list[common_pb2.Part] = []
+def _assignment(claimed: Claimed, traceparent: str) -> Assignment:
+    """What a claim hands the worker. Its history is each earlier run's input (a user part
+    with index -1) and transcript, then the run's own parts."""
+    run, origin = claimed.run, claimed.origin
+    history: list[Part] = []
     for earlier in claimed.earlier:
-        history.append(part_to_proto(Part(-1, Role.USER, Text(earlier.input_text), final=True)))
-        history.extend(part_to_proto(p) for p in earlier.parts)
-    history.extend(part_to_proto(p) for p in claimed.own)
-    return history
-
-
-def _context(claimed: Claimed) -> orchestrator_pb2.AttemptContext:
-    origin = claimed.origin
-    return orchestrator_pb2.AttemptContext(
-        source=origin.source,
-        actor_type=origin.actor_type,
-        actor_id=origin.actor_id,
+        history.append(Part(-1, Role.USER, Text(earlier.input_text), final=True))
+        history.extend(earlier.parts)
+    history.extend(claimed.own)
+    return Assignment(
+        lease=Lease(run.run_id, run.lease_epoch, run.attempt),
+        tenant_id=run.tenant_id,
+        root_run_id=run.root_run_id or "",
+        input_text=run.input_text,
+        config=claimed.config,
+        history=tuple(history),
+        prior_part_count=len(history) - len(claimed.own),
+        last_seq=run.last_seq,
+        traceparent=traceparent,
+        origin=Origin(origin.source, origin.channel, origin.actor_type, origin.actor_id),
         has_documents=claimed.has_documents,
-        summary=None if claimed.summary is None else part_to_proto(claimed.summary),
-        earlier_runs=[
-            orchestrator_pb2.EarlierRunSpan(run_id=e.run_id, parts=len(e.parts) + 1)
-            for e in claimed.earlier
-        ],
+        summary_part=claimed.summary,
+        earlier_runs=tuple(EarlierRun(e.run_id, len(e.parts) + 1) for e in claimed.earlier),
         last_turn_tokens=claimed.last_turn.tokens,
         last_turn_own=claimed.last_turn.own,
     )
 
 
-def _config_message(config: AgentConfig) -> orchestrator_pb2.AgentConfig:
-    """`config` as the wire carries it, built once per routing: the claims hand every run of a
-    routing the same AgentConfig (building its message was about 2% of this replica's CPU per
-    run). Held with the config itself, so no other config is ever mistaken for it."""
-    held = _CONFIG_MESSAGES.get(id(config))
-    if held is None or held[0] is not config:
-        if len(_CONFIG_MESSAGES) >= _MAX_CONFIG_MESSAGES:
-            _CONFIG_MESSAGES.clear()
-        held = _CONFIG_MESSAGES[id(config)] = (config, config_to_proto(config))
-    return held[1]
-
-
-_CONFIG_MESSAGES: dict[int, tuple[AgentConfig, orchestrator_pb2.AgentConfig]] = {}
-_MAX_CONFIG_MESSAGES = 1024
-
-
 def lease_response(claimed: Claimed) -> orchestrator_pb2.ClaimRunResponse:
     """A lease with the attempt's explicit inputs, as the worker receives it."""
     run = claimed.run
-    history = _history(claimed)
-    return orchestrator_pb2.ClaimRunResponse(
-        claimed=True,
-        lease=orchestrator_pb2.Lease(
-            run_id=run.run_id,
-            epoch=run.lease_epoch,
-            attempt=run.attempt,
-            expires_at=timestamp(run.lease_expires_at),
-        ),
+    traceparent = observed.claimed(run) if telemetry.on else run.traceparent or ""
+    return assignment_to_proto(
+        _assignment(claimed, traceparent),
+        expires_at=run.lease_expires_at,
         run=run_to_proto(run),
-        config=_config_message(claimed.config),
-        history=history,
-        prior_part_count=len(history) - len(claimed.own),
-        last_seq=run.last_seq,
-        traceparent=observed.claimed(run) if telemetry.on else run.traceparent or "",
-        context=_context(claimed),
     )
 
 

@@ -29,9 +29,8 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf.message import Message
 
-from tether.convert import config_from_proto, part_from_proto
-from tether.convert.work import OUTCOMES, write_request
-from tether.domain import Assignment, EarlierRun, Lease, Origin, Summary
+from tether.convert.work import OUTCOMES, assignment_from_proto, write_request
+from tether.domain import Assignment
 from tether.errors import TetherError, Unavailable, from_status_number
 from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
@@ -310,32 +309,6 @@ _FOR_GOOD = frozenset(
         grpc.StatusCode.PERMISSION_DENIED,
     }
 )
-
-
-def assignment_from_proto(response: orchestrator_pb2.ClaimRunResponse) -> Assignment:
-    """The run a pushed lease (a ClaimRunResponse) hands this worker."""
-    run, context = response.run, response.context
-    summary = None
-    if context.HasField("summary"):
-        content = part_from_proto(context.summary).content
-        summary = content if isinstance(content, Summary) else None
-    return Assignment(
-        lease=Lease(response.lease.run_id, response.lease.epoch, response.lease.attempt),
-        tenant_id=run.tenant_id,
-        root_run_id=run.root_run_id or response.lease.run_id,
-        input_text=run.input_text,
-        config=config_from_proto(response.config),
-        history=tuple(part_from_proto(p) for p in response.history),
-        prior_part_count=response.prior_part_count,
-        last_seq=response.last_seq,
-        traceparent=response.traceparent,
-        origin=Origin(context.source, run.channel, context.actor_type, context.actor_id),
-        has_documents=context.has_documents,
-        summary=summary,
-        earlier_runs=tuple(EarlierRun(e.run_id, e.parts) for e in context.earlier_runs),
-        last_turn_tokens=context.last_turn_tokens,
-        last_turn_own=context.last_turn_own,
-    )
 
 
 def _held(held: Held) -> orchestrator_pb2.HeldLease:

@@ -4,6 +4,8 @@ decides is overridden, and a caller's mistake is refused."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from services.orchestrator.worker_edge import ExecutionServicer
@@ -11,6 +13,8 @@ from tether.convert.work import (
     OUTCOMES,
     STAGES,
     WRITE_FIELDS,
+    assignment_from_proto,
+    assignment_to_proto,
     checkpoint_from_proto,
     checkpoint_to_proto,
     completion_from_proto,
@@ -20,17 +24,24 @@ from tether.convert.work import (
     write_request,
 )
 from tether.domain import (
+    AgentConfig,
+    Assignment,
     Batch,
     Cancelled,
     Completed,
     Completion,
+    EarlierRun,
     Ending,
     Failed,
     Lease,
+    Limits,
     ModelTurn,
+    Origin,
     Part,
     Role,
     RunError,
+    Summary,
+    SystemBlock,
     Text,
     ToolCall,
     ToolResult,
@@ -62,6 +73,39 @@ ENDINGS: tuple[Ending, ...] = (
     Failed(RunError("provider_overloaded", "try later", retryable=True, provider_status=529)),
     Cancelled("the caller changed their mind"),
 )
+
+
+def test_an_assignment_comes_back_as_sent() -> None:
+    summary = Summary("they talked", "run_a", "run_b", 2, 7, 9000, 1200)
+    assignment = Assignment(
+        lease=LEASE,
+        tenant_id="acme",
+        root_run_id="run_0",
+        input_text="post it",
+        config=AgentConfig(
+            model="claude-test",
+            agent="support",
+            system_prompt="Be brief.",
+            system_blocks=(SystemBlock("Be brief.", "ephemeral"),),
+            tool_allowlist=("post",),
+            limits=Limits(max_steps=4, wall_clock_seconds=2.5, backoff_initial_seconds=0.25),
+        ),
+        history=(Part(-1, Role.USER, Text("earlier"), final=True), *PARTS),
+        prior_part_count=1,
+        last_seq=12,
+        traceparent="00-abc-def-01",
+        origin=Origin("slack", "C42", "user", "U7"),
+        has_documents=True,
+        summary_part=Part(9, Role.ASSISTANT, summary, final=True),
+        earlier_runs=(EarlierRun("run_a", 1),),
+        last_turn_tokens=1300,
+        last_turn_own=True,
+    )
+    response = assignment_to_proto(assignment, expires_at=datetime(2026, 12, 4, 19, tzinfo=UTC))
+    assert response.claimed and response.lease.expires_at.seconds > 0
+    back = assignment_from_proto(response)
+    assert back == assignment
+    assert back.summary == summary
 
 
 def test_a_checkpoint_comes_back_as_sent() -> None:

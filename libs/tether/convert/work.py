@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from datetime import datetime
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from tether.convert import (
+    config_from_proto,
+    config_to_proto,
     error_from_proto,
     error_to_proto,
     event_from_wire,
@@ -25,18 +28,23 @@ from tether.convert import (
     part_from_proto,
     part_to_proto,
     status_from_proto,
+    timestamp,
 )
 from tether.domain import (
     CANCELLED_BY_CALLER,
+    AgentConfig,
+    Assignment,
     Batch,
     Cancelled,
     Completed,
     Completion,
+    EarlierRun,
     Ending,
     Event,
     Failed,
     Lease,
     ModelTurn,
+    Origin,
     Part,
 )
 from tether.errors import InvalidArgument
@@ -74,6 +82,94 @@ def write_request(request_id: int, write: Message) -> orchestrator_pb2.WorkReque
     message = orchestrator_pb2.WorkRequest(id=request_id)
     getattr(message, WRITE_FIELDS[type(write)]).CopyFrom(write)
     return message
+
+
+# -- an assignment (a pushed lease) ------------------------------------------------------------
+
+
+def config_message(config: AgentConfig) -> orchestrator_pb2.AgentConfig:
+    """`config` as the wire carries it, built once per routing: the claims hand every run of a
+    routing the same AgentConfig (building its message was about 2% of the orchestrator's CPU
+    per run). Held with the config itself, so no other config is ever mistaken for it."""
+    held = _CONFIG_MESSAGES.get(id(config))
+    if held is None or held[0] is not config:
+        if len(_CONFIG_MESSAGES) >= MAX_CONFIG_MESSAGES:
+            _CONFIG_MESSAGES.clear()
+        held = _CONFIG_MESSAGES[id(config)] = (config, config_to_proto(config))
+    return held[1]
+
+
+_CONFIG_MESSAGES: dict[int, tuple[AgentConfig, orchestrator_pb2.AgentConfig]] = {}
+MAX_CONFIG_MESSAGES = 1024
+"""How many routings' config messages are kept (then all are dropped and built again)."""
+
+
+def assignment_to_proto(
+    assignment: Assignment, *, expires_at: datetime | None, run: common_pb2.Run | None = None
+) -> orchestrator_pb2.ClaimRunResponse:
+    """A lease with the attempt's inputs, as the worker receives it. `run` is the run message
+    to send (the orchestrator sends the whole run); without one, the run's facts the worker
+    reads."""
+    lease, origin = assignment.lease, assignment.origin
+    if run is None:
+        run = common_pb2.Run(
+            run_id=lease.run_id,
+            tenant_id=assignment.tenant_id,
+            root_run_id=assignment.root_run_id,
+            input_text=assignment.input_text,
+            channel=origin.channel,
+        )
+    summary = assignment.summary_part
+    return orchestrator_pb2.ClaimRunResponse(
+        claimed=True,
+        lease=orchestrator_pb2.Lease(
+            run_id=lease.run_id,
+            epoch=lease.epoch,
+            attempt=lease.attempt,
+            expires_at=timestamp(expires_at),
+        ),
+        run=run,
+        config=config_message(assignment.config),
+        history=[part_to_proto(p) for p in assignment.history],
+        prior_part_count=assignment.prior_part_count,
+        last_seq=assignment.last_seq,
+        traceparent=assignment.traceparent,
+        context=orchestrator_pb2.AttemptContext(
+            source=origin.source,
+            actor_type=origin.actor_type,
+            actor_id=origin.actor_id,
+            has_documents=assignment.has_documents,
+            summary=None if summary is None else part_to_proto(summary),
+            earlier_runs=[
+                orchestrator_pb2.EarlierRunSpan(run_id=e.run_id, parts=e.parts)
+                for e in assignment.earlier_runs
+            ],
+            last_turn_tokens=assignment.last_turn_tokens,
+            last_turn_own=assignment.last_turn_own,
+        ),
+    )
+
+
+def assignment_from_proto(response: orchestrator_pb2.ClaimRunResponse) -> Assignment:
+    """The run a pushed lease (a ClaimRunResponse) hands the worker."""
+    run, context, lease = response.run, response.context, response.lease
+    return Assignment(
+        lease=Lease(lease.run_id, lease.epoch, lease.attempt),
+        tenant_id=run.tenant_id,
+        root_run_id=run.root_run_id or lease.run_id,
+        input_text=run.input_text,
+        config=config_from_proto(response.config),
+        history=tuple(part_from_proto(p) for p in response.history),
+        prior_part_count=response.prior_part_count,
+        last_seq=response.last_seq,
+        traceparent=response.traceparent,
+        origin=Origin(context.source, run.channel, context.actor_type, context.actor_id),
+        has_documents=context.has_documents,
+        summary_part=part_from_proto(context.summary) if context.HasField("summary") else None,
+        earlier_runs=tuple(EarlierRun(e.run_id, e.parts) for e in context.earlier_runs),
+        last_turn_tokens=context.last_turn_tokens,
+        last_turn_own=context.last_turn_own,
+    )
 
 
 # -- progress -----------------------------------------------------------------------------------
