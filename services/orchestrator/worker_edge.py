@@ -32,9 +32,10 @@ from tether.convert.work import (
     assignment_to_proto,
     checkpoint_from_proto,
     completion_from_proto,
+    effect_to_proto,
     events_from_proto,
 )
-from tether.domain import Assignment, EarlierRun, Lease, Origin, Part, Role, Text
+from tether.domain import Assignment, EarlierRun, EffectState, Lease, Origin, Part, Role, Text
 from tether.errors import InvalidArgument
 from tether.telemetry import metrics, tracing
 from tether.telemetry.logs import bind_run
@@ -250,10 +251,7 @@ class ExecutionServicer:
         state, result = await self._execution.attempts.begin_effect(
             request.run_id, request.epoch, request.key, request.tool_name
         )
-        response = orchestrator_pb2.BeginEffectResponse(state=_EFFECT_STATES[state])
-        if result is not None:
-            json_format.ParseDict(result, response.result)
-        return response
+        return effect_to_proto(EffectState(state), result)
 
     async def FinishEffect(
         self, request: orchestrator_pb2.FinishEffectRequest, context: grpc.aio.ServicerContext
@@ -324,10 +322,3 @@ class ExecutionServicer:
             request.run_id, request.epoch, part, events_from_proto(request.events)
         )
         return orchestrator_pb2.StoreSummaryResponse(last_seq=row.last_seq)
-
-
-_EFFECT_STATES = {
-    "begun": orchestrator_pb2.EFFECT_STATE_BEGUN,
-    "in-progress": orchestrator_pb2.EFFECT_STATE_IN_PROGRESS,
-    "done": orchestrator_pb2.EFFECT_STATE_DONE,
-}

@@ -15,14 +15,14 @@ from google.protobuf import json_format
 
 from services.worker import observed
 from services.worker.context.builder import Document
-from services.worker.tools.effects import EffectState
 from services.worker.work_stream import WorkStream
 from tether import telemetry
 from tether.convert import error_to_proto, event_to_wire, part_to_proto, status_to_proto
-from tether.convert.work import checkpoint_to_proto, completion_to_proto
+from tether.convert.work import checkpoint_to_proto, completion_to_proto, effect_from_proto
 from tether.domain import (
     Batch,
     Completion,
+    EffectState,
     Ending,
     Event,
     Lease,
@@ -31,12 +31,6 @@ from tether.domain import (
 )
 from tether.states import RunStatus
 from tether.v1 import orchestrator_pb2
-
-_EFFECT_STATES = {
-    orchestrator_pb2.EFFECT_STATE_BEGUN: EffectState.BEGUN,
-    orchestrator_pb2.EFFECT_STATE_IN_PROGRESS: EffectState.IN_PROGRESS,
-    orchestrator_pb2.EFFECT_STATE_DONE: EffectState.DONE,
-}
 
 
 class Orchestrator:
@@ -127,9 +121,7 @@ class Orchestrator:
                 run_id=lease.run_id, epoch=lease.epoch, key=key, tool_name=tool_name
             ),
         )
-        state = _EFFECT_STATES[response.state]
-        result = json_format.MessageToDict(response.result) if state is EffectState.DONE else None
-        return state, result
+        return effect_from_proto(response)
 
     async def finish_effect(self, lease: Lease, key: str, result: dict[str, Any]) -> None:
         """Store a side effect's result."""

@@ -19,6 +19,8 @@ from tether.convert.work import (
     checkpoint_to_proto,
     completion_from_proto,
     completion_to_proto,
+    effect_from_proto,
+    effect_to_proto,
     ending_from_proto,
     ending_to_proto,
     write_request,
@@ -31,6 +33,7 @@ from tether.domain import (
     Completed,
     Completion,
     EarlierRun,
+    EffectState,
     Ending,
     Failed,
     Lease,
@@ -143,6 +146,21 @@ def test_a_completion_comes_back_as_sent() -> None:
     assert back.stages == done.stages
     assert back.audit == done.audit
     assert back.in_flight == Batch(4, list(PARTS), list(EVENTS), [TURN])
+
+
+@pytest.mark.parametrize(
+    ("state", "result"),
+    [
+        (EffectState.BEGUN, None),
+        (EffectState.IN_PROGRESS, None),
+        (EffectState.DONE, {"posted": "p_1", "at": 3.0, "tags": ["a", "b"], "ok": True}),
+    ],
+    ids=str,
+)
+def test_an_effects_state_comes_back_as_found(
+    state: EffectState, result: dict[str, object] | None
+) -> None:
+    assert effect_from_proto(effect_to_proto(state, result)) == (state, result)
 
 
 def test_what_the_orchestrator_decides_is_never_taken_from_a_worker() -> None:

@@ -12,7 +12,6 @@ from google.protobuf import json_format
 from services.worker.drafts import ToolCallDraft
 from services.worker.interactions import approval_claim_from_proto
 from services.worker.tools.base import CallContext, ToolContext, ToolOutput, ToolSpec
-from services.worker.tools.effects import EffectState
 from services.worker.tools.registry import ToolRegistry
 from services.worker.work_stream import assignment_from_proto
 from tether.convert import event_to_wire, part_to_proto
@@ -24,6 +23,7 @@ from tether.domain import (
     Completed,
     Completion,
     ConnectionMarker,
+    EffectState,
     Event,
     EventType,
     Failed,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
@@ -39,6 +40,7 @@ from tether.domain import (
     Completed,
     Completion,
     EarlierRun,
+    EffectState,
     Ending,
     Event,
     Failed,
@@ -305,3 +307,32 @@ def completion_from_proto(request: orchestrator_pb2.CompleteRunRequest) -> Compl
         audit=json_format.MessageToDict(request.audit),
         in_flight=in_flight,
     )
+
+
+# -- a side effect's record ---------------------------------------------------------------------
+
+_EFFECT_STATES = {
+    EffectState.BEGUN: orchestrator_pb2.EFFECT_STATE_BEGUN,
+    EffectState.IN_PROGRESS: orchestrator_pb2.EFFECT_STATE_IN_PROGRESS,
+    EffectState.DONE: orchestrator_pb2.EFFECT_STATE_DONE,
+}
+_EFFECT_STATES_BACK = {wire: state for state, wire in _EFFECT_STATES.items()}
+
+
+def effect_to_proto(
+    state: EffectState, result: dict[str, Any] | None
+) -> orchestrator_pb2.BeginEffectResponse:
+    """What opening a side effect's record found: its state, and its result when done."""
+    response = orchestrator_pb2.BeginEffectResponse(state=_EFFECT_STATES[state])
+    if result is not None:
+        json_format.ParseDict(result, response.result)
+    return response
+
+
+def effect_from_proto(
+    response: orchestrator_pb2.BeginEffectResponse,
+) -> tuple[EffectState, dict[str, Any] | None]:
+    """The state of a side effect's record, and its stored result when it is done."""
+    state = _EFFECT_STATES_BACK[response.state]
+    result = json_format.MessageToDict(response.result) if state is EffectState.DONE else None
+    return state, result

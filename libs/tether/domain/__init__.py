@@ -6,7 +6,8 @@ them that the orchestrator and the worker both apply. One package, seven rooms:
 - `outcomes`: run errors, model-turn usage, and the endings of a run (completed, failed, cancelled);
 - `parts`: the transcript's typed parts and their JSON form;
 - `events`: every event type, and the one constructor that builds each event's payload;
-- `progress`: what an attempt writes under its lease (a numbered batch, its completion);
+- `progress`: what an attempt writes under its lease (a numbered batch, its completion, the
+  state of a side effect's record);
 - `rules`: which tool calls dangle, how an interrupted one is closed (and the reasons why), what
   an attempt that is over leaves superseded.
 
@@ -80,7 +81,7 @@ from tether.domain.parts import (
     part_from_json,
     part_json,
 )
-from tether.domain.progress import Batch, Completion
+from tether.domain.progress import Batch, Completion, EffectState
 from tether.domain.rules import (
     Closing,
     Interruption,
@@ -109,6 +110,7 @@ __all__ = [
     "Content",
     "ContextPolicy",
     "EarlierRun",
+    "EffectState",
     "Ending",
     "Event",
     "EventType",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from tether.domain.events import Event
@@ -36,3 +37,12 @@ class Completion:
     stages: dict[str, float] = field(default_factory=dict)
     audit: dict[str, Any] = field(default_factory=dict)
     in_flight: Batch | None = None
+
+
+class EffectState(StrEnum):
+    """The state of a side effect's record as opening it found it (the orchestrator stores it;
+    the worker's tool registry acts on it)."""
+
+    BEGUN = "begun"
+    IN_PROGRESS = "in-progress"
+    DONE = "done"
