@@ -248,13 +248,13 @@ class Work:
         session.writes.add(task)
         task.add_done_callback(session.writes.discard)
 
-    async def _write(self, session: Session, request_id: int, write: Write, lease: Any) -> None:
-        """Run one write (`lease`: its request, named for the run and epoch it carries) as its
-        unary call would, and acknowledge it."""
+    async def _write(self, session: Session, request_id: int, write: Write, request: Any) -> None:
+        """Run one write (`request`, handled by `write`) as its unary call would, and
+        acknowledge it."""
         ack = orchestrator_pb2.WorkAck(id=request_id)
-        kind = type(lease)
+        kind = type(request)
         try:
-            answer = await write(lease)
+            answer = await write(request)
         except TetherError as exc:
             ack.code, ack.message, ack.error_code = exc.status.value[0], exc.message, exc.code
         except Exception:
@@ -263,7 +263,7 @@ class Work:
         else:
             getattr(ack, WRITE_FIELDS[kind]).CopyFrom(answer)
             if kind in OUTCOMES:
-                session.held.pop(lease.run_id, None)  # the run left this worker's hands
+                session.held.pop(request.run_id, None)  # the run left this worker's hands
                 if session.outcome_returns_credit and not session.leaving:
                     session.credits += 1  # and its slot is free (WorkHello)
                     self._may_lease.set()

@@ -35,7 +35,7 @@ from tether.convert.work import (
     effect_to_proto,
     events_from_proto,
 )
-from tether.domain import Assignment, EarlierRun, EffectState, Lease, Origin, Part, Role, Text
+from tether.domain import Assignment, EarlierRun, EffectState, Lease, Part, Role, Text
 from tether.errors import InvalidArgument
 from tether.telemetry import metrics, tracing
 from tether.telemetry.logs import bind_run
@@ -50,7 +50,7 @@ _MOVED = orchestrator_pb2.CompleteRunResponse(moved=True)
 def _assignment(claimed: Claimed, traceparent: str) -> Assignment:
     """What a claim hands the worker. Its history is each earlier run's input (a user part
     with index -1) and transcript, then the run's own parts."""
-    run, origin = claimed.run, claimed.origin
+    run = claimed.run
     history: list[Part] = []
     for earlier in claimed.earlier:
         history.append(Part(-1, Role.USER, Text(earlier.input_text), final=True))
@@ -66,7 +66,7 @@ def _assignment(claimed: Claimed, traceparent: str) -> Assignment:
         prior_part_count=len(history) - len(claimed.own),
         last_seq=run.last_seq,
         traceparent=traceparent,
-        origin=Origin(origin.source, origin.channel, origin.actor_type, origin.actor_id),
+        origin=claimed.origin,
         has_documents=claimed.has_documents,
         summary_part=claimed.summary,
         earlier_runs=tuple(EarlierRun(e.run_id, len(e.parts) + 1) for e in claimed.earlier),

@@ -1,12 +1,14 @@
-"""The Work stream's wire pairs, both directions in one place: the worker encodes with the
-`*_to_proto` half, the orchestrator decodes with the `*_from_proto` half, and a round trip gives
-back what was sent. Which field of a WorkRequest (and of its WorkAck) carries a write is read off
-the write's type, so neither end names the stream's fields.
+"""The Work stream's wire pairs, both halves of each in one place: the sender encodes with
+`*_to_proto`, the receiver decodes with `*_from_proto`, and a round trip gives back what was
+sent. A checkpoint and a completion go from the worker to the orchestrator; an assignment (a
+pushed lease) and the state of a side effect's record come back. Which field of a WorkRequest
+(and of its WorkAck) carries a write is read off the write's type, so neither end names the
+stream's fields.
 
-What a decoder refuses is a caller's mistake (InvalidArgument): a negative batch number, an
-ephemeral event, an in-flight checkpoint of another lease, an ending that is no ending. What it
-overrides is the orchestrator's to decide, never a worker's: whether a part is superseded, and a
-turn's price.
+What the orchestrator's decoders refuse is a caller's mistake (InvalidArgument): a negative
+batch number, an ephemeral event, an in-flight checkpoint of another lease, an ending that is no
+ending. What they override is the orchestrator's to decide, never a worker's: whether a part is
+superseded, and a turn's price.
 """
 
 from __future__ import annotations
