@@ -13,9 +13,8 @@ from services.worker.drafts import ToolCallDraft
 from services.worker.interactions import approval_claim_from_proto
 from services.worker.tools.base import CallContext, ToolContext, ToolOutput, ToolSpec
 from services.worker.tools.registry import ToolRegistry
-from services.worker.work_stream import assignment_from_proto
 from tether.convert import event_to_wire, part_to_proto
-from tether.convert.work import checkpoint_to_proto, completion_to_proto
+from tether.convert.work import assignment_from_proto, checkpoint_to_proto, completion_to_proto
 from tether.domain import (
     ApprovalMarker,
     Batch,
