@@ -34,11 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-INITIAL_DELAY = 0.5
-"""Seconds before the first retry (SDK `INITIAL_RETRY_DELAY`)."""
-
-MAX_DELAY = 8.0
-"""Cap on the exponential backoff (SDK `MAX_RETRY_DELAY`)."""
+from tether.domain import DEFAULT_BACKOFF_INITIAL_S, DEFAULT_BACKOFF_MAX_S
 
 JITTER = 0.25
 """Backoff is multiplied by `1 - JITTER * random()`, a factor in (0.75, 1.0], as in the SDK."""
@@ -111,8 +107,8 @@ class RetryPolicy:
     """Retry limits and timing. `max_attempts` counts the first attempt (3 = SDK default)."""
 
     max_attempts: int = 3
-    initial_delay: float = INITIAL_DELAY
-    max_delay: float = MAX_DELAY
+    initial_delay: float = DEFAULT_BACKOFF_INITIAL_S
+    max_delay: float = DEFAULT_BACKOFF_MAX_S
     jitter: float = JITTER
     max_server_delay: float = MAX_SERVER_DELAY
 

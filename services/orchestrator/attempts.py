@@ -11,7 +11,7 @@ statement (`repositories.completion`); failing or cancelling, rarer, take a few.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -34,10 +34,11 @@ from tether.domain import (
     Batch,
     Cancelled,
     Completed,
+    Completion,
     Ending,
     Event,
     Failed,
-    ModelTurn,
+    Interruption,
     Part,
     Run,
     StoredEvent,
@@ -50,28 +51,14 @@ from tether.domain import (
 )
 from tether.errors import InvalidArgument, StaleLease
 
-
-@dataclass(frozen=True)
-class Completion:
-    """What a worker reports when an attempt ends: how it ended, what the checkpoint writer had
-    not yet written (and the batch it had in flight), the stage timings and the audit detail."""
-
-    ending: Ending
-    parts: Sequence[Part] = ()
-    events: Sequence[Event] = ()
-    turns: Sequence[ModelTurn] = ()
-    stages: dict[str, float] = field(default_factory=dict)
-    audit: dict[str, Any] = field(default_factory=dict)
-    in_flight: Batch | None = None
-
-
 _FINISH = {
     Completed: states.COMPLETE,
     Failed: states.FAIL,
     Cancelled: states.CANCEL_BY_WORKER,
 }
 # What an ending that is not a completion does to the calls the worker left open.
-_INTERRUPTED = {Failed: "the run failed", Cancelled: "the run was cancelled"}
+# (A completion's are closed by the worker, which alone knows whether a limit stopped it.)
+_INTERRUPTED = {Failed: Interruption.RUN_FAILED, Cancelled: Interruption.RUN_CANCELLED}
 
 
 def _stale(run_id: str, epoch: int) -> StaleLease:

@@ -12,7 +12,7 @@ from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories import progress
 from services.orchestrator.repositories.transitions import NOW, Moved, apply
 from tether import states
-from tether.domain import Event, cancelled_error, close_attempt, run_cancelled
+from tether.domain import Event, Interruption, cancelled_error, close_attempt, run_cancelled
 
 # The error of a run that ended cancelled because a caller asked (recovery's too).
 CANCELLED = cancelled_error()
@@ -26,7 +26,9 @@ async def cancel_instead(
     first). None when the lease is stale instead: the same fence (status and epoch, without the
     cancel guard) refuses this move too."""
     attempt, parts = await parts_repo.attempt_and_parts(conn, run_id)
-    closing = close_attempt(parts, attempt, regenerated=False, interrupted="the run was cancelled")
+    closing = close_attempt(
+        parts, attempt, regenerated=False, interrupted=Interruption.RUN_CANCELLED
+    )
     moved = await apply(
         conn,
         states.CANCEL_BY_WORKER,

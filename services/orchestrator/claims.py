@@ -27,7 +27,7 @@ from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories.picked import Leased, Unrouted
 from services.orchestrator.repositories.transitions import NOW, Moved, apply, numbered
 from tether import states
-from tether.domain import AgentConfig, Part, Run, RunError, run_failed, run_started
+from tether.domain import AgentConfig, Origin, Part, Run, RunError, run_failed, run_started
 from tether.errors import TetherError
 
 log = logging.getLogger(__name__)
@@ -63,15 +63,8 @@ class Routing:
 RouteKey = tuple[str, str, str]
 
 
-@dataclass(frozen=True)
-class Origin:
-    """Where a leased run came from: routing picked by its source and channel, and the live
-    facts name its actor."""
-
-    source: str
-    channel: str
-    actor_type: str
-    actor_id: str
+# The origin of a claim that names none (Origin is frozen: one instance serves every claim).
+_NOWHERE = Origin()
 
 
 @dataclass(frozen=True)
@@ -88,7 +81,7 @@ class Claimed:
     # routing took in this claim: its claim's latency, for telemetry.
     queued_at: datetime
     routing_ms: float | None
-    origin: Origin = Origin("", "", "", "")
+    origin: Origin = _NOWHERE
     has_documents: bool = False
     summary: Part | None = None
     last_turn: parts_repo.LastTurn = parts_repo.NO_TURN

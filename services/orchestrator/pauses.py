@@ -14,7 +14,7 @@ from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories.runs import get_run
 from services.orchestrator.repositories.transitions import NOW, apply
 from tether import states, telemetry
-from tether.domain import Event, RunError, interaction_event, run_failed, run_queued
+from tether.domain import Event, Interruption, RunError, interaction_event, run_failed, run_queued
 from tether.errors import InvalidArgument, StaleLease
 from tether.states import RunStatus
 
@@ -121,8 +121,9 @@ class Pauses:
                 },
             )
             if moved is not None:
-                reason = "the connection was never completed"
-                await parts_repo.close_dangling(conn, moved.run, reason)
+                await parts_repo.close_dangling(
+                    conn, moved.run, Interruption.CONNECTION_NEVER_COMPLETED
+                )
         if moved is None:
             return False
         await self._publisher.publish(moved.run, moved.events)

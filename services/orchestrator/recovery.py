@@ -20,6 +20,9 @@ from services.orchestrator.repositories import runs as runs_repo
 from services.orchestrator.repositories.transitions import NOW, Moved, apply
 from tether import states, telemetry
 from tether.domain import (
+    DEFAULT_BACKOFF_INITIAL_S,
+    DEFAULT_BACKOFF_MAX_S,
+    Interruption,
     Run,
     RunError,
     close_attempt,
@@ -57,8 +60,10 @@ class Recovery:
             limits = (await runs_repo.routing_of(conn, run_id)).get("limits", {})
             policy = RetryPolicy(
                 max_attempts=int(limits.get("max_attempts", run.max_attempts)),
-                initial_delay=float(limits.get("backoff_initial_seconds", 0.5)),
-                max_delay=float(limits.get("backoff_max_seconds", 8.0)),
+                initial_delay=float(
+                    limits.get("backoff_initial_seconds", DEFAULT_BACKOFF_INITIAL_S)
+                ),
+                max_delay=float(limits.get("backoff_max_seconds", DEFAULT_BACKOFF_MAX_S)),
             )
             moved: Moved | None
             if run.attempt >= policy.max_attempts:
@@ -115,7 +120,7 @@ class Recovery:
             await parts_repo.list_parts(conn, run.run_id),
             run.attempt,
             regenerated=False,
-            interrupted="the model call failed",
+            interrupted=Interruption.MODEL_CALL_FAILED,
         )
         moved = await apply(
             conn,
@@ -157,7 +162,7 @@ class Recovery:
                     await parts_repo.list_parts(conn, run.run_id),
                     run.attempt,
                     regenerated=requeue,
-                    interrupted="the worker lost its lease",
+                    interrupted=Interruption.LEASE_LOST,
                 )
                 error = RunError(
                     "lease_expired",

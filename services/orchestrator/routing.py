@@ -26,7 +26,13 @@ from dataclasses import replace
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from tether.domain import AgentConfig, Limits, SystemBlock
+from tether.domain import (
+    DEFAULT_BACKOFF_INITIAL_S,
+    DEFAULT_BACKOFF_MAX_S,
+    AgentConfig,
+    Limits,
+    SystemBlock,
+)
 from tether.domain.agents import Bundle, ContextPolicy, merged_tools
 from tether.errors import InvalidArgument
 from tether.ids import is_identifier
@@ -68,8 +74,8 @@ DEFAULT = AgentConfig(
         max_output_tokens=100_000,
         max_cost_micros=5_000_000,
         max_attempts=3,
-        backoff_initial_seconds=0.5,
-        backoff_max_seconds=8.0,
+        backoff_initial_seconds=DEFAULT_BACKOFF_INITIAL_S,
+        backoff_max_seconds=DEFAULT_BACKOFF_MAX_S,
         max_inline_tool_output_bytes=16_384,
         max_tokens_per_turn=4096,
     ),

@@ -17,6 +17,7 @@ from tether import states
 from tether.bus import Bus
 from tether.domain import (
     Attempt,
+    Interruption,
     LoggedEvent,
     Part,
     PricedTurn,
@@ -187,7 +188,7 @@ class Runs:
             flagged = None
             if moved is not None:
                 # A run cancelled while parked leaves the call that paused it open; close it.
-                await parts_repo.close_dangling(conn, moved.run, "the run was cancelled")
+                await parts_repo.close_dangling(conn, moved.run, Interruption.RUN_CANCELLED)
             else:
                 # Running: the worker holding the lease sees the flag on its next heartbeat, or
                 # at once through the Redis signal below.

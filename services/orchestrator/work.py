@@ -34,6 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator.claims import Claimed, Claims
 from services.orchestrator.repositories import leases as lease_repo
+from tether.convert.work import OUTCOMES, WRITE_FIELDS
 from tether.errors import FailedPrecondition, InvalidArgument, TetherError
 from tether.runtime.rpc import refuse_undecodable
 from tether.v1 import orchestrator_pb2
@@ -45,21 +46,6 @@ PROTOCOL_VERSION = 1
 
 # A write: the unary handler's request in, its response out (TetherError for a refusal).
 Write = Callable[[Message], Awaitable[Message]]
-# The writes a worker may send, by their WorkRequest field, and where the answer goes in WorkAck.
-WRITES = (
-    "checkpoint",
-    "complete",
-    "park",
-    "schedule_retry",
-    "release",
-    "begin_effect",
-    "finish_effect",
-    "store_tool_output",
-    "retrieve_knowledge",
-    "store_summary",
-)
-# The writes after which the run is out of the worker's hands.
-OUTCOMES = frozenset({"complete", "park", "schedule_retry", "release"})
 # How long a stream that is ending waits for the acknowledgements of writes still running.
 DRAIN_S = 5.0
 
@@ -133,7 +119,7 @@ class Work:
         claims: Claims,
         lease: Callable[[Claimed], orchestrator_pb2.ClaimRunResponse],
         release: Callable[[str, int], Awaitable[bool]],
-        writes: Mapping[str, Write],
+        writes: Mapping[type[Message], Write],
         *,
         replica_id: str,
         lease_ttl_s: float,
@@ -232,8 +218,14 @@ class Work:
                 self._take(session, request)
 
     def _take(self, session: Session, request: orchestrator_pb2.WorkRequest) -> None:
-        """Act on one message of the worker's."""
+        """Act on one message of the worker's: a write goes to its handler by its type."""
         kind = request.WhichOneof("kind")
+        if kind is not None:
+            message = getattr(request, kind)
+            write = self._writes.get(type(message))
+            if write is not None:
+                self._spawn(session, self._write(session, request.id, write, message))
+                return
         if kind == "credits":
             if request.credits.credits < 0:
                 raise InvalidArgument("credits must not be negative")
@@ -242,8 +234,6 @@ class Work:
             self._may_lease.set()
         elif kind == "keepalive":
             self._spawn(session, self._keepalive(session, request.keepalive))
-        elif kind in self._writes:
-            self._spawn(session, self._write(session, request.id, kind, request))
         elif kind == "goodbye":
             # The worker is stopping: no more leases; its last writes still come, until it
             # closes its side.
@@ -258,23 +248,22 @@ class Work:
         session.writes.add(task)
         task.add_done_callback(session.writes.discard)
 
-    async def _write(
-        self, session: Session, request_id: int, kind: str, request: orchestrator_pb2.WorkRequest
-    ) -> None:
-        """Run one write as its unary call would, and acknowledge it."""
+    async def _write(self, session: Session, request_id: int, write: Write, request: Any) -> None:
+        """Run one write (`request`, handled by `write`) as its unary call would, and
+        acknowledge it."""
         ack = orchestrator_pb2.WorkAck(id=request_id)
+        kind = type(request)
         try:
-            answer = await self._writes[kind](getattr(request, kind))
+            answer = await write(request)
         except TetherError as exc:
             ack.code, ack.message, ack.error_code = exc.status.value[0], exc.message, exc.code
         except Exception:
-            log.exception("Work write %s of %s failed", kind, session.worker_id)
+            log.exception("Work write %s of %s failed", kind.__name__, session.worker_id)
             ack.code, ack.message = 13, "internal error; see the orchestrator's log"  # INTERNAL
         else:
-            getattr(ack, kind).CopyFrom(answer)
+            getattr(ack, WRITE_FIELDS[kind]).CopyFrom(answer)
             if kind in OUTCOMES:
-                lease = getattr(request, kind)
-                session.held.pop(lease.run_id, None)  # the run left this worker's hands
+                session.held.pop(request.run_id, None)  # the run left this worker's hands
                 if session.outcome_returns_credit and not session.leaving:
                     session.credits += 1  # and its slot is free (WorkHello)
                     self._may_lease.set()

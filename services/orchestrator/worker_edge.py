@@ -3,183 +3,90 @@ calls and on its Work stream, and the leases pushed to it. Protobuf stops here."
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import Message
 
 from services.orchestrator import observed
-from services.orchestrator.attempts import Completion
 from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
 from services.orchestrator.knowledge import Knowledge
 from services.orchestrator.work import Work, Write
 from tether import telemetry
 from tether.convert import (
-    config_to_proto,
     error_from_proto,
-    event_from_wire,
     part_from_proto,
-    part_to_proto,
     run_to_proto,
     status_from_proto,
     status_to_proto,
     timestamp,
 )
-from tether.domain import (
-    CANCELLED_BY_CALLER,
-    AgentConfig,
-    Batch,
-    Cancelled,
-    Completed,
-    Ending,
-    Event,
-    Failed,
-    ModelTurn,
-    Part,
-    Role,
-    Text,
+from tether.convert.work import (
+    OUTCOMES,
+    WRITE_FIELDS,
+    assignment_to_proto,
+    checkpoint_from_proto,
+    completion_from_proto,
+    effect_to_proto,
+    events_from_proto,
 )
+from tether.domain import Assignment, EarlierRun, EffectState, Lease, Part, Role, Text
 from tether.domain.runs import Run
 from tether.errors import InvalidArgument
-from tether.states import RunStatus
 from tether.telemetry import metrics, tracing
 from tether.telemetry.logs import bind_run
-from tether.v1 import common_pb2, events_pb2, orchestrator_pb2
+from tether.v1 import orchestrator_pb2
 
 # The unary write handlers never read their context: the Work stream calls them with none.
 _NO_CONTEXT: Any = None
-# The attempt's stage durations by name: every field, 0 when unset.
-_STAGES = tuple(f.name for f in orchestrator_pb2.StageDurations.DESCRIPTOR.fields)
 # What a completion on a Work stream is acknowledged with.
 _MOVED = orchestrator_pb2.CompleteRunResponse(moved=True)
-# The writes that end an attempt's hold on its run, each with the attempt's trace context.
-_ENDINGS = frozenset({"complete", "park", "schedule_retry", "release"})
 
 
-def _parts(writes: Iterable[orchestrator_pb2.PartWrite]) -> list[Part]:
-    # A worker never marks a part superseded: the orchestrator alone decides that.
-    return [replace(part_from_proto(w.part), superseded=False) for w in writes]
-
-
-def _events(events: Iterable[events_pb2.RunEvent]) -> list[Event]:
-    out = []
-    for message in events:
-        event = event_from_wire(message)
-        if event.type.ephemeral:
-            raise InvalidArgument(f"{event.type} is ephemeral and is never persisted")
-        out.append(event)
-    return out
-
-
-def _turns(turns: Iterable[common_pb2.Usage]) -> list[ModelTurn]:
-    return [
-        ModelTurn(
-            t.model,
-            t.input_tokens,
-            t.output_tokens,
-            t.cache_creation_input_tokens,
-            t.cache_read_input_tokens,
-        )
-        for t in turns
-    ]
-
-
-def _batch(request: orchestrator_pb2.CheckpointRequest) -> Batch:
-    return Batch(
-        request.batch, _parts(request.parts), _events(request.events), _turns(request.turns)
-    )
-
-
-def _in_flight(request: orchestrator_pb2.CompleteRunRequest) -> Batch:
-    batch = request.in_flight
-    if batch.run_id != request.run_id or batch.epoch != request.epoch:
-        raise InvalidArgument("in_flight must be a checkpoint of the same run and lease epoch")
-    if batch.batch <= 0:
-        raise InvalidArgument("in_flight needs its batch number (> 0)")
-    return _batch(batch)
-
-
-def _ending(request: orchestrator_pb2.CompleteRunRequest) -> Ending:
-    status = status_from_proto(request.status)
-    if status is RunStatus.COMPLETED:
-        return Completed(request.result_text, request.task_outcome, tuple(request.warnings))
-    if status is RunStatus.FAILED:
-        return Failed(error_from_proto(request.error))
-    if status is RunStatus.CANCELLED:
-        return Cancelled(request.error.message or CANCELLED_BY_CALLER)
-    raise InvalidArgument("status must be COMPLETED, FAILED or CANCELLED")
-
-
-def _history(claimed: Claimed) -> list[common_pb2.Part]:
-    """The attempt's history as the wire carries it: each earlier run's input (a user part with
-    index -1) and transcript, then the run's own parts."""
-    history: list[common_pb2.Part] = []
+def _assignment(claimed: Claimed, traceparent: str) -> Assignment:
+    """What a claim hands the worker. Its history is each earlier run's input (a user part
+    with index -1) and transcript, then the run's own parts."""
+    run = claimed.run
+    history: list[Part] = []
     for earlier in claimed.earlier:
-        history.append(part_to_proto(Part(-1, Role.USER, Text(earlier.input_text), final=True)))
-        history.extend(part_to_proto(p) for p in earlier.parts)
-    history.extend(part_to_proto(p) for p in claimed.own)
-    return history
-
-
-def _context(claimed: Claimed) -> orchestrator_pb2.AttemptContext:
-    origin = claimed.origin
-    return orchestrator_pb2.AttemptContext(
-        source=origin.source,
-        actor_type=origin.actor_type,
-        actor_id=origin.actor_id,
+        history.append(Part(-1, Role.USER, Text(earlier.input_text), final=True))
+        history.extend(earlier.parts)
+    history.extend(claimed.own)
+    return Assignment(
+        lease=Lease(run.run_id, run.lease_epoch, run.attempt),
+        tenant_id=run.tenant_id,
+        root_run_id=run.root_run_id or "",
+        input_text=run.input_text,
+        config=claimed.config,
+        history=tuple(history),
+        prior_part_count=len(history) - len(claimed.own),
+        last_seq=run.last_seq,
+        traceparent=traceparent,
+        origin=claimed.origin,
         has_documents=claimed.has_documents,
-        summary=None if claimed.summary is None else part_to_proto(claimed.summary),
-        earlier_runs=[
-            orchestrator_pb2.EarlierRunSpan(run_id=e.run_id, parts=len(e.parts) + 1)
-            for e in claimed.earlier
-        ],
+        summary_part=claimed.summary,
+        earlier_runs=tuple(EarlierRun(e.run_id, len(e.parts) + 1) for e in claimed.earlier),
         last_turn_tokens=claimed.last_turn.tokens,
         last_turn_own=claimed.last_turn.own,
     )
 
 
-def _config_message(config: AgentConfig) -> orchestrator_pb2.AgentConfig:
-    """`config` as the wire carries it, built once per routing: the claims hand every run of a
-    routing the same AgentConfig (building its message was about 2% of this replica's CPU per
-    run). Held with the config itself, so no other config is ever mistaken for it."""
-    held = _CONFIG_MESSAGES.get(id(config))
-    if held is None or held[0] is not config:
-        if len(_CONFIG_MESSAGES) >= _MAX_CONFIG_MESSAGES:
-            _CONFIG_MESSAGES.clear()
-        held = _CONFIG_MESSAGES[id(config)] = (config, config_to_proto(config))
-    return held[1]
-
-
-_CONFIG_MESSAGES: dict[int, tuple[AgentConfig, orchestrator_pb2.AgentConfig]] = {}
-_MAX_CONFIG_MESSAGES = 1024
-
-
 def lease_response(claimed: Claimed) -> orchestrator_pb2.ClaimRunResponse:
     """A lease with the attempt's explicit inputs, as the worker receives it."""
     run = claimed.run
-    history = _history(claimed)
-    return orchestrator_pb2.ClaimRunResponse(
-        claimed=True,
-        lease=orchestrator_pb2.Lease(
-            run_id=run.run_id,
-            epoch=run.lease_epoch,
-            attempt=run.attempt,
-            expires_at=timestamp(run.lease_expires_at),
-        ),
+    traceparent = (
+        observed.claimed(run, claimed.queued_at, claimed.routing_ms)
+        if telemetry.on
+        else run.traceparent or ""
+    )
+    return assignment_to_proto(
+        _assignment(claimed, traceparent),
+        expires_at=run.lease_expires_at,
         run=run_to_proto(run),
-        config=_config_message(claimed.config),
-        history=history,
-        prior_part_count=len(history) - len(claimed.own),
-        last_seq=run.last_seq,
-        traceparent=(
-            observed.claimed(run, claimed.queued_at, claimed.routing_ms)
-            if telemetry.on
-            else run.traceparent or ""
-        ),
-        context=_context(claimed),
     )
 
 
@@ -192,19 +99,20 @@ class ExecutionServicer:
     _knowledge: Knowledge
     work: Work
 
-    def _work_writes(self) -> Mapping[str, Write]:
-        """The writes a Work stream carries: each runs as its unary call."""
-        unary: dict[str, Any] = {
-            "checkpoint": self.Checkpoint,
-            "complete": self._streamed_completion,
-            "park": self.ParkRun,
-            "schedule_retry": self.ScheduleRetry,
-            "release": self.ReleaseRun,
-            "begin_effect": self.BeginEffect,
-            "finish_effect": self.FinishEffect,
-            "store_tool_output": self.StoreToolOutput,
-            "retrieve_knowledge": self.RetrieveKnowledge,
-            "store_summary": self.StoreSummary,
+    def _work_writes(self) -> Mapping[type[Message], Write]:
+        """The writes a Work stream carries, by their request type: each runs as its unary
+        call."""
+        unary: dict[type[Message], Any] = {
+            orchestrator_pb2.CheckpointRequest: self.Checkpoint,
+            orchestrator_pb2.CompleteRunRequest: self._streamed_completion,
+            orchestrator_pb2.ParkRunRequest: self.ParkRun,
+            orchestrator_pb2.ScheduleRetryRequest: self.ScheduleRetry,
+            orchestrator_pb2.ReleaseRunRequest: self.ReleaseRun,
+            orchestrator_pb2.BeginEffectRequest: self.BeginEffect,
+            orchestrator_pb2.FinishEffectRequest: self.FinishEffect,
+            orchestrator_pb2.StoreToolOutputRequest: self.StoreToolOutput,
+            orchestrator_pb2.RetrieveKnowledgeRequest: self.RetrieveKnowledge,
+            orchestrator_pb2.StoreSummaryRequest: self.StoreSummary,
         }
 
         def write(call: Any) -> Write:
@@ -214,7 +122,7 @@ class ExecutionServicer:
 
             return run
 
-        def traced(kind: str, call: Any) -> Write:
+        def traced(kind: type[Message], call: Any) -> Write:
             # The attempt's trace context comes inside the message: the stream has none. A
             # write without one (its worker's telemetry is off) makes no span here either.
             async def run(request: Any) -> Any:
@@ -222,7 +130,7 @@ class ExecutionServicer:
                 if not request.traceparent:
                     return await call(request, _NO_CONTEXT)
                 with tracing.span(
-                    f"tether.{kind}",
+                    f"tether.{WRITE_FIELDS[kind]}",
                     parent=request.traceparent,
                     run_id=request.run_id,
                     attributes={
@@ -235,7 +143,7 @@ class ExecutionServicer:
             return run
 
         return {
-            kind: traced(kind, call) if telemetry.on and kind in _ENDINGS else write(call)
+            kind: traced(kind, call) if telemetry.on and kind in OUTCOMES else write(call)
             for kind, call in unary.items()
         }
 
@@ -270,10 +178,8 @@ class ExecutionServicer:
     async def Checkpoint(
         self, request: orchestrator_pb2.CheckpointRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.CheckpointResponse:
-        if request.batch < 0:
-            raise InvalidArgument("batch must not be negative")
         row = await self._execution.attempts.checkpoint(
-            request.run_id, request.epoch, _batch(request)
+            request.run_id, request.epoch, checkpoint_from_proto(request)
         )
         return orchestrator_pb2.CheckpointResponse(
             last_seq=row.last_seq, cancel_requested=row.cancel_requested_at is not None
@@ -296,7 +202,7 @@ class ExecutionServicer:
         status = status_from_proto(request.from_status)
         if status is None or not status.waiting:
             raise InvalidArgument("from_status must be one of the waiting-for-* statuses")
-        event = _events([request.event])[0] if request.HasField("event") else None
+        event = events_from_proto([request.event])[0] if request.HasField("event") else None
         resumed = await self._execution.pauses.resume(
             request.tenant_id, request.run_id, status, event, request.interaction_id
         )
@@ -330,23 +236,10 @@ class ExecutionServicer:
         return _MOVED
 
     async def _complete(self, request: orchestrator_pb2.CompleteRunRequest) -> Run:
-        ending = _ending(request)
-        stages = {name: getattr(request.stages, name) for name in _STAGES}
+        done = completion_from_proto(request)
         if telemetry.on:
-            metrics.stages(stages)
-        return await self._execution.attempts.complete(
-            request.run_id,
-            request.epoch,
-            Completion(
-                ending,
-                parts=_parts(request.parts),
-                events=_events(request.events),
-                turns=_turns(request.turns),
-                stages=stages,
-                audit=json_format.MessageToDict(request.audit),
-                in_flight=_in_flight(request) if request.HasField("in_flight") else None,
-            ),
-        )
+            metrics.stages(done.stages)
+        return await self._execution.attempts.complete(request.run_id, request.epoch, done)
 
     async def ReleaseRun(
         self, request: orchestrator_pb2.ReleaseRunRequest, context: grpc.aio.ServicerContext
@@ -362,10 +255,7 @@ class ExecutionServicer:
         state, result = await self._execution.attempts.begin_effect(
             request.run_id, request.epoch, request.key, request.tool_name
         )
-        response = orchestrator_pb2.BeginEffectResponse(state=_EFFECT_STATES[state])
-        if result is not None:
-            json_format.ParseDict(result, response.result)
-        return response
+        return effect_to_proto(EffectState(state), result)
 
     async def FinishEffect(
         self, request: orchestrator_pb2.FinishEffectRequest, context: grpc.aio.ServicerContext
@@ -383,7 +273,7 @@ class ExecutionServicer:
         status = status_from_proto(request.from_status)
         if status is None:
             raise InvalidArgument("from_status is required")
-        event = _events([request.event])[0] if request.HasField("event") else None
+        event = events_from_proto([request.event])[0] if request.HasField("event") else None
         expired = await self._execution.pauses.expire_waiting(
             request.tenant_id,
             request.run_id,
@@ -433,13 +323,6 @@ class ExecutionServicer:
         # A worker never marks a part superseded: the orchestrator alone decides that.
         part = replace(part_from_proto(request.part), superseded=False)
         row = await self._execution.attempts.store_summary(
-            request.run_id, request.epoch, part, _events(request.events)
+            request.run_id, request.epoch, part, events_from_proto(request.events)
         )
         return orchestrator_pb2.StoreSummaryResponse(last_seq=row.last_seq)
-
-
-_EFFECT_STATES = {
-    "begun": orchestrator_pb2.EFFECT_STATE_BEGUN,
-    "in-progress": orchestrator_pb2.EFFECT_STATE_IN_PROGRESS,
-    "done": orchestrator_pb2.EFFECT_STATE_DONE,
-}

@@ -18,7 +18,6 @@ from typing import Any
 from anthropic import AsyncAnthropic
 
 from services.worker import observed
-from services.worker.assignment import Assignment
 from services.worker.checkpoints import CheckpointWriter
 from services.worker.compactor import Compactor
 from services.worker.context.builder import ContextBuilder, EarlierRun
@@ -43,6 +42,7 @@ from tether import telemetry
 from tether.bus import Bus
 from tether.domain import (
     CANCELLED_BY_CALLER,
+    Assignment,
     Completed,
     Ending,
     Failed,

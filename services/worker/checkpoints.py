@@ -16,12 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.worker import observed
-from services.worker.assignment import Lease
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.transcript import Transcript
 from tether import telemetry
 from tether.bus import Bus
-from tether.domain import Batch, text_delta
+from tether.domain import Batch, Lease, text_delta
 from tether.hints import LiveMessage, encode_events, events_channel
 
 

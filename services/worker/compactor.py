@@ -10,7 +10,6 @@ from collections.abc import Callable
 from anthropic import AsyncAnthropic
 
 from services.worker import sse
-from services.worker.assignment import Lease
 from services.worker.context.builder import ContextBuilder
 from services.worker.context.compaction import (
     history_tokens,
@@ -24,7 +23,7 @@ from services.worker.model import usage_of
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.provider_errors import StreamIncomplete
 from services.worker.transcript import Transcript
-from tether.domain import AgentConfig, Part, Role, Summary, context_compacted, part_added
+from tether.domain import AgentConfig, Lease, Part, Role, Summary, context_compacted, part_added
 from tether.errors import FailedPrecondition
 
 # Counts a model call's usage against the run's ceilings: (model, usage).

@@ -13,7 +13,6 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from services.worker import observed
-from services.worker.assignment import Assignment
 from services.worker.checkpoints import CheckpointWriter
 from services.worker.interactions import (
     ASK_QUESTIONS,
@@ -30,6 +29,7 @@ from services.worker.transcript import Transcript
 from tether import telemetry
 from tether.domain import (
     ApprovalMarker,
+    Assignment,
     ConnectionMarker,
     QuestionMarker,
     Role,

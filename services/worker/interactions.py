@@ -16,8 +16,8 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from services.worker.assignment import Lease
 from services.worker.tools.base import ConnectionGap
+from tether.domain import Lease
 from tether.states import RunStatus
 from tether.v1 import interactions_pb2, interactions_pb2_grpc
 

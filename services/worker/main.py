@@ -12,7 +12,6 @@ import os
 import httpx2
 from anthropic import AsyncAnthropic
 
-from services.worker.assignment import Assignment
 from services.worker.attempt import Attempt
 from services.worker.interactions import Interactions
 from services.worker.orchestrator_client import Orchestrator
@@ -22,6 +21,7 @@ from services.worker.settings import WorkerSettings
 from services.worker.work_stream import WorkStream
 from tether.bus import Bus
 from tether.credentials import require_credential
+from tether.domain import Assignment
 from tether.runtime.process import announce, run, wait_for_signal
 from tether.runtime.rpc import internal_channel, start_server
 from tether.runtime.tasks import Supervisor

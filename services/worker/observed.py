@@ -14,10 +14,9 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
-from services.worker.assignment import Assignment
 from services.worker.interactions import Parked
 from tether import telemetry
-from tether.domain import AgentConfig, Batch, ToolCall
+from tether.domain import AgentConfig, Assignment, Batch, ToolCall
 from tether.telemetry import metrics, tracing
 from tether.telemetry.logs import bind_run
 

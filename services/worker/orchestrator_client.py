@@ -1,45 +1,36 @@
 """The worker's only authority: writes to the orchestrator under a lease, on the Work stream.
 Refusals arrive as TetherErrors (StaleLease for a refused epoch).
 
-Protobuf stops here for writes: checkpoints and endings are built into their requests from
-domain parts, events and turns. (A pushed lease becomes an `Assignment` where it arrives, in
+Protobuf stops here for writes: each is built into its request, checkpoints and completions by
+`tether.convert.work`. (A pushed lease becomes an `Assignment` where it arrives, in
 `work_stream`.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf import json_format
 
 from services.worker import observed
-from services.worker.assignment import Lease
 from services.worker.context.builder import Document
-from services.worker.tools.effects import EffectState
 from services.worker.work_stream import WorkStream
 from tether import telemetry
 from tether.convert import error_to_proto, event_to_wire, part_to_proto, status_to_proto
+from tether.convert.work import checkpoint_to_proto, completion_to_proto, effect_from_proto
 from tether.domain import (
     Batch,
-    Cancelled,
-    Completed,
+    Completion,
+    EffectState,
     Ending,
     Event,
-    Failed,
-    ModelTurn,
+    Lease,
     Part,
     RunError,
 )
 from tether.states import RunStatus
-from tether.v1 import common_pb2, orchestrator_pb2
-
-_EFFECT_STATES = {
-    orchestrator_pb2.EFFECT_STATE_BEGUN: EffectState.BEGUN,
-    orchestrator_pb2.EFFECT_STATE_IN_PROGRESS: EffectState.IN_PROGRESS,
-    orchestrator_pb2.EFFECT_STATE_DONE: EffectState.DONE,
-}
-_STAGES = frozenset(orchestrator_pb2.StageDurations.DESCRIPTOR.fields_by_name)
+from tether.v1 import orchestrator_pb2
 
 
 class Orchestrator:
@@ -51,7 +42,7 @@ class Orchestrator:
     async def checkpoint(self, lease: Lease, batch: Batch) -> bool:
         """Persist a numbered batch of progress; whether the caller asked to cancel the run."""
         response: orchestrator_pb2.CheckpointResponse = await self._stream.write(
-            "checkpoint", checkpoint_request(lease, batch)
+            checkpoint_to_proto(lease, batch)
         )
         return response.cancel_requested
 
@@ -62,19 +53,28 @@ class Orchestrator:
         *,
         rest: Batch,
         in_flight: Batch | None,
-        stages: Mapping[str, float],
+        stages: dict[str, float],
     ) -> None:
         """End the run with `ending`, carrying the progress not yet written: `rest`, and the
         numbered checkpoint still in flight (it lands once, whichever arrives first)."""
-        request = completion_request(lease, ending, rest, in_flight, stages)
+        request = completion_to_proto(
+            lease,
+            Completion(
+                ending,
+                parts=rest.parts,
+                events=rest.events,
+                turns=rest.turns,
+                stages=stages,
+                in_flight=in_flight,
+            ),
+        )
         if telemetry.on:
             request.traceparent = observed.traceparent()
-        await self._stream.write("complete", request)
+        await self._stream.write(request)
 
     async def schedule_retry(self, lease: Lease, error: RunError, retry_after_s: float) -> None:
         """Report a transient failure."""
         await self._stream.write(
-            "schedule_retry",
             orchestrator_pb2.ScheduleRetryRequest(
                 run_id=lease.run_id,
                 epoch=lease.epoch,
@@ -87,7 +87,6 @@ class Orchestrator:
     async def park(self, lease: Lease, status: RunStatus, interaction_id: str) -> None:
         """Park the run for a person; the lease is released."""
         await self._stream.write(
-            "park",
             orchestrator_pb2.ParkRunRequest(
                 run_id=lease.run_id,
                 epoch=lease.epoch,
@@ -100,7 +99,6 @@ class Orchestrator:
     async def release(self, lease: Lease) -> None:
         """Hand the lease back."""
         await self._stream.write(
-            "release",
             orchestrator_pb2.ReleaseRunRequest(
                 run_id=lease.run_id, epoch=lease.epoch, traceparent=observed.traceparent()
             ),
@@ -109,7 +107,6 @@ class Orchestrator:
     async def store_tool_output(self, lease: Lease, output_ref: str, content: str) -> None:
         """Store a tool's whole output under `output_ref` (its inline copy was cut)."""
         await self._stream.write(
-            "store_tool_output",
             orchestrator_pb2.StoreToolOutputRequest(
                 run_id=lease.run_id, epoch=lease.epoch, output_ref=output_ref, content=content
             ),
@@ -120,14 +117,11 @@ class Orchestrator:
     ) -> tuple[EffectState, dict[str, Any] | None]:
         """Open the effects record of a side effect (or find it, with its result when done)."""
         response: orchestrator_pb2.BeginEffectResponse = await self._stream.write(
-            "begin_effect",
             orchestrator_pb2.BeginEffectRequest(
                 run_id=lease.run_id, epoch=lease.epoch, key=key, tool_name=tool_name
             ),
         )
-        state = _EFFECT_STATES[response.state]
-        result = json_format.MessageToDict(response.result) if state is EffectState.DONE else None
-        return state, result
+        return effect_from_proto(response)
 
     async def finish_effect(self, lease: Lease, key: str, result: dict[str, Any]) -> None:
         """Store a side effect's result."""
@@ -135,14 +129,13 @@ class Orchestrator:
             run_id=lease.run_id, epoch=lease.epoch, key=key
         )
         json_format.ParseDict(result, request.result)
-        await self._stream.write("finish_effect", request)
+        await self._stream.write(request)
 
     async def retrieve_knowledge(
         self, lease: Lease, query: str, *, limit: int, max_chars: int
     ) -> list[Document]:
         """The documents of the run's tenant that match `query`, best first."""
         response: orchestrator_pb2.RetrieveKnowledgeResponse = await self._stream.write(
-            "retrieve_knowledge",
             orchestrator_pb2.RetrieveKnowledgeRequest(
                 run_id=lease.run_id,
                 epoch=lease.epoch,
@@ -156,7 +149,6 @@ class Orchestrator:
     async def store_summary(self, lease: Lease, part: Part, events: Sequence[Event]) -> None:
         """Store a compaction summary (a part of the run) and its events, once per range."""
         await self._stream.write(
-            "store_summary",
             orchestrator_pb2.StoreSummaryRequest(
                 run_id=lease.run_id,
                 epoch=lease.epoch,
@@ -180,54 +172,3 @@ class LeasedEffects:
     async def finish(self, key: str, result: dict[str, Any]) -> None:
         """Store the result."""
         await self._orchestrator.finish_effect(self._lease, key, result)
-
-
-# -- to the wire --------------------------------------------------------------------------------
-
-
-def checkpoint_request(lease: Lease, batch: Batch) -> orchestrator_pb2.CheckpointRequest:
-    """A numbered batch of progress as its CheckpointRequest."""
-    return orchestrator_pb2.CheckpointRequest(
-        run_id=lease.run_id,
-        epoch=lease.epoch,
-        parts=[orchestrator_pb2.PartWrite(part=part_to_proto(p)) for p in batch.parts],
-        events=[event_to_wire(e) for e in batch.events],
-        turns=[_usage(t) for t in batch.turns],
-        batch=batch.number,
-    )
-
-
-def completion_request(
-    lease: Lease,
-    ending: Ending,
-    rest: Batch,
-    in_flight: Batch | None,
-    stages: Mapping[str, float],
-) -> orchestrator_pb2.CompleteRunRequest:
-    """An ending, with the progress it carries, as its CompleteRunRequest."""
-    request = orchestrator_pb2.CompleteRunRequest(
-        run_id=lease.run_id,
-        epoch=lease.epoch,
-        parts=[orchestrator_pb2.PartWrite(part=part_to_proto(p)) for p in rest.parts],
-        turns=[_usage(t) for t in rest.turns],
-        events=[event_to_wire(e) for e in rest.events],
-        stages=orchestrator_pb2.StageDurations(**{k: v for k, v in stages.items() if k in _STAGES}),
-    )
-    if isinstance(ending, Completed):
-        request.status = common_pb2.RUN_STATUS_COMPLETED
-        request.result_text = ending.result_text
-        request.task_outcome = ending.task_outcome
-        request.warnings.extend(ending.warnings)
-    elif isinstance(ending, Failed):
-        request.status = common_pb2.RUN_STATUS_FAILED
-        request.error.CopyFrom(error_to_proto(ending.error))
-    elif isinstance(ending, Cancelled):
-        request.status = common_pb2.RUN_STATUS_CANCELLED
-        request.error.CopyFrom(common_pb2.ErrorInfo(code="cancelled", message=ending.reason))
-    if in_flight is not None:
-        request.in_flight.CopyFrom(checkpoint_request(lease, in_flight))
-    return request
-
-
-def _usage(turn: ModelTurn) -> common_pb2.Usage:
-    return common_pb2.Usage(model=turn.model, cost_micros=turn.cost_micros, **turn.tokens())

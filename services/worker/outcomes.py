@@ -11,23 +11,31 @@ from __future__ import annotations
 
 import time
 
-from services.worker.assignment import Lease
 from services.worker.checkpoints import CheckpointWriter
 from services.worker.interactions import Parked
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.transcript import Transcript
-from tether.domain import CANCELLED_BY_CALLER, Cancelled, Completed, Ending, Failed, RunError
+from tether.domain import (
+    CANCELLED_BY_CALLER,
+    Cancelled,
+    Completed,
+    Ending,
+    Failed,
+    Interruption,
+    Lease,
+    RunError,
+)
 from tether.retry import ProviderFailure
 
 
-def interruption(ending: Ending) -> str | None:
+def interruption(ending: Ending) -> Interruption | None:
     """Why an ending leaves the calls still open interrupted; None when it leaves them be (a
     resolved completion: the model answered, and no call waits on a person)."""
     if isinstance(ending, Completed):
-        return None if ending.task_outcome == "resolved" else "the run reached a limit"
+        return None if ending.task_outcome == "resolved" else Interruption.LIMIT_REACHED
     if isinstance(ending, Failed):
-        return "the run failed"
-    return "the run was cancelled"
+        return Interruption.RUN_FAILED
+    return Interruption.RUN_CANCELLED
 
 
 def ms_since(start: float) -> float:
@@ -54,7 +62,7 @@ class Outcomes:
         self.started = time.monotonic()
         self.stages: dict[str, float] = {}
 
-    async def finish(self, ending: Ending, *, interrupted: str | None = None) -> None:
+    async def finish(self, ending: Ending, *, interrupted: Interruption | None = None) -> None:
         """End the run with `ending`: the calls left dangling are closed first, as interrupted
         for `interrupted` (by default, for what `interruption` says of the ending)."""
         final_start = time.monotonic()
@@ -83,7 +91,7 @@ class Outcomes:
 
     async def released(self) -> None:
         """Graceful shutdown: persist progress, close open calls, hand the lease back."""
-        self._transcript.close_dangling("the worker shut down")
+        self._transcript.close_dangling(Interruption.WORKER_SHUT_DOWN)
         await self._checkpoints.sync()
         await self._checkpoints.deltas_out()
         await self._orchestrator.release(self._lease)
@@ -95,7 +103,7 @@ class Outcomes:
         if failure.retryable:
             await self.retry_later(error, failure.retry_after or 0.0)
             return
-        await self.finish(Failed(error), interrupted="the model call failed")
+        await self.finish(Failed(error), interrupted=Interruption.MODEL_CALL_FAILED)
 
     async def retry_later(self, error: RunError, retry_after_s: float = 0.0) -> None:
         """Hand the run to the retry scheduler once its progress is durable: the next attempt

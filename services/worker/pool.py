@@ -19,10 +19,9 @@ from collections.abc import Callable, Sequence
 from opentelemetry.trace import Span
 
 from services.worker import observed
-from services.worker.assignment import Assignment
 from services.worker.attempt import Attempt
 from services.worker.work_stream import Held, WorkStream
-from tether.domain import CANCELLED_BY_CALLER, Failed, RunError
+from tether.domain import CANCELLED_BY_CALLER, Assignment, Failed, RunError
 from tether.errors import StaleLease, Unavailable
 
 log = logging.getLogger(__name__)

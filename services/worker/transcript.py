@@ -25,6 +25,7 @@ from tether.domain import (
     Batch,
     Content,
     Event,
+    Interruption,
     ModelTurn,
     Part,
     Role,
@@ -190,7 +191,7 @@ class Transcript:
             p.content for p in dangling_tool_calls(self.parts) if isinstance(p.content, ToolCall)
         ]
 
-    def close_dangling(self, reason: str) -> None:
+    def close_dangling(self, reason: Interruption) -> None:
         """Close every open tool call with an interrupted error result saying why."""
         results, events = interrupted_results(self.parts, reason, self.next_index)
         for part in results:

@@ -29,9 +29,8 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf.message import Message
 
-from services.worker.assignment import Assignment, EarlierRun, Lease, Origin
-from tether.convert import config_from_proto, part_from_proto
-from tether.domain import Summary
+from tether.convert.work import OUTCOMES, assignment_from_proto, write_request
+from tether.domain import Assignment
 from tether.errors import TetherError, Unavailable, from_status_number
 from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
@@ -39,8 +38,6 @@ log = logging.getLogger(__name__)
 
 # The Work protocol this worker speaks.
 PROTOCOL_VERSION = 1
-# The writes after which the run is out of the worker's hands.
-OUTCOMES = frozenset({"complete", "park", "schedule_retry", "release"})
 # Reconnect backoff: doubling from the first to the last.
 RECONNECT_FIRST_S = 0.05
 RECONNECT_MAX_S = 2.0
@@ -98,12 +95,11 @@ class WorkStream:
 
     # -- what attempts and the pool call --------------------------------------------------------
 
-    async def write(self, kind: str, request: Message) -> Any:
-        """Send one write (`kind`: its WorkRequest field) and return its acknowledged answer;
-        raise the TetherError the orchestrator refused it with. Survives reconnects."""
+    async def write(self, request: Message) -> Any:
+        """Send one write (its WorkRequest field is its type's) and return its acknowledged
+        answer; raise the TetherError the orchestrator refused it with. Survives reconnects."""
         request_id = next(self._ids)
-        message = orchestrator_pb2.WorkRequest(id=request_id)
-        getattr(message, kind).CopyFrom(request)
+        message = write_request(request_id, request)
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._unanswered[request_id] = (message, answer)
         if self._outbox is not None:
@@ -242,9 +238,8 @@ class WorkStream:
             answer.set_exception(from_status_number(ack.code, ack.message, ack.error_code))
             return
         message = entry[0]
-        kind = str(message.WhichOneof("kind"))
-        if kind in OUTCOMES and self._returns_credit and not self._leaving:
-            written = getattr(message, kind)
+        written = getattr(message, str(message.WhichOneof("kind")))
+        if type(written) in OUTCOMES and self._returns_credit and not self._leaving:
             self._returned.add((written.run_id, written.epoch))
             self._free += 1  # the replica counted the slot free again
         answer.set_result(getattr(ack, str(ack.WhichOneof("result"))))
@@ -314,32 +309,6 @@ _FOR_GOOD = frozenset(
         grpc.StatusCode.PERMISSION_DENIED,
     }
 )
-
-
-def assignment_from_proto(response: orchestrator_pb2.ClaimRunResponse) -> Assignment:
-    """The run a pushed lease (a ClaimRunResponse) hands this worker."""
-    run, context = response.run, response.context
-    summary = None
-    if context.HasField("summary"):
-        content = part_from_proto(context.summary).content
-        summary = content if isinstance(content, Summary) else None
-    return Assignment(
-        lease=Lease(response.lease.run_id, response.lease.epoch, response.lease.attempt),
-        tenant_id=run.tenant_id,
-        root_run_id=run.root_run_id or response.lease.run_id,
-        input_text=run.input_text,
-        config=config_from_proto(response.config),
-        history=tuple(part_from_proto(p) for p in response.history),
-        prior_part_count=response.prior_part_count,
-        last_seq=response.last_seq,
-        traceparent=response.traceparent,
-        origin=Origin(context.source, run.channel, context.actor_type, context.actor_id),
-        has_documents=context.has_documents,
-        summary=summary,
-        earlier_runs=tuple(EarlierRun(e.run_id, e.parts) for e in context.earlier_runs),
-        last_turn_tokens=context.last_turn_tokens,
-        last_turn_own=context.last_turn_own,
-    )
 
 
 def _held(held: Held) -> orchestrator_pb2.HeldLease:

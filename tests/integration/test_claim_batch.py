@@ -14,7 +14,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
-from services.orchestrator.attempts import Completion
 from services.orchestrator.execution import Execution
 from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories import runs as runs_repo
@@ -24,6 +23,7 @@ from tether.db.schema import attempts, run_events, runs, tenants
 from tether.domain import (
     Batch,
     Completed,
+    Completion,
     ModelTurn,
     Part,
     Role,

@@ -13,7 +13,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
-from services.orchestrator.attempts import Completion
 from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
 from services.orchestrator.repositories import runs as runs_repo
@@ -23,6 +22,7 @@ from tether.db.schema import attempts, audit_log, run_events, run_parts, runs, s
 from tether.domain import (
     Batch,
     Completed,
+    Completion,
     ModelTurn,
     Part,
     Role,

@@ -19,14 +19,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
-from services.orchestrator.attempts import Attempts, Completion
+from services.orchestrator.attempts import Attempts
 from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
 from services.orchestrator.prices import Prices
 from services.orchestrator.repositories.committer import Committer
 from tests.integration.test_admission import _tenant, chat
 from tether.db.schema import runs
-from tether.domain import Batch, Completed, ModelTurn, Part, Role, Text
+from tether.domain import Batch, Completed, Completion, ModelTurn, Part, Role, Text
 from tether.errors import StaleLease
 from tether.testing.eventually import eventually
 

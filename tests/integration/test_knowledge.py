@@ -25,13 +25,13 @@ from services.orchestrator.retention import Retention
 from services.orchestrator.service import Runs
 from services.orchestrator.servicer import OrchestratorServicer
 from services.orchestrator.work import WorkSettings
-from services.worker.assignment import Assignment, Lease
 from services.worker.context.conformance import check_retriever
 from services.worker.context.knowledge import LeasedKnowledge, documents
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.work_stream import Held, WorkStream
 from tests.integration.test_admission import _tenant, chat
 from tether.db.schema import documents as documents_table
+from tether.domain import Assignment, Lease
 from tether.errors import InvalidArgument, NotFound, ResourceExhausted, StaleLease
 from tether.settings import RetainingSettings
 from tether.v1 import orchestrator_pb2_grpc

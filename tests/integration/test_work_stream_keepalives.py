@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
-from services.worker.assignment import Assignment
 from services.worker.work_stream import Held, WorkStream
 from tests.integration.work_replica import Replica, serving
+from tether.domain import Assignment
 from tether.v1 import orchestrator_pb2
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -13,12 +13,12 @@ from typing import Any
 import anthropic
 import grpc
 
-from services.worker.assignment import Assignment
 from services.worker.attempt import Attempt
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.pool import WorkerPool
 from services.worker.tools.registry import ToolRegistry
 from services.worker.work_stream import WorkStream
+from tether.domain import Assignment
 from tether.testing.model_server import ModelServer
 from tether.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from services.worker.tools.base import GAP_MESSAGES, Authorization, CallContext, ConnectionGap
 from services.worker.tools.demo import DemoProvider
-from services.worker.tools.effects import EffectState
 from services.worker.tools.registry import ToolErrorCode, ToolRegistry
+from tether.domain import EffectState
 
 
 class NoEffects:

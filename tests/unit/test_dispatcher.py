@@ -50,7 +50,7 @@ async def test_a_slot_given_back_looks_only_once_something_woke_since_the_queue_
             claimed=True, lease=orchestrator_pb2.Lease(run_id=one.run.run_id, epoch=1)
         ),
         _release,
-        {"complete": _complete},
+        {orchestrator_pb2.CompleteRunRequest: _complete},
         replica_id="test",
         lease_ttl_s=30,
         keepalive_interval_s=10,

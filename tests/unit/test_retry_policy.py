@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.worker.provider_errors import StreamIncomplete, classify_exception
+from tether.domain import DEFAULT_BACKOFF_INITIAL_S, DEFAULT_BACKOFF_MAX_S
 from tether.retry import (
-    MAX_DELAY,
     SLEEP_LIMIT,
     ProviderCode,
     ProviderFailure,
@@ -45,7 +45,9 @@ def http_date(offset: float) -> str:
     draw=st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
 )
 def test_backoff_stays_within_jitter_band(retries_taken: int, draw: float) -> None:
-    nominal = min(0.5 * 2.0 ** min(retries_taken, 1000), MAX_DELAY)
+    nominal = min(
+        DEFAULT_BACKOFF_INITIAL_S * 2.0 ** min(retries_taken, 1000), DEFAULT_BACKOFF_MAX_S
+    )
     delay = RetryPolicy().backoff(retries_taken, rand=lambda: draw)
     # (0.75, 1.0] in exact arithmetic; a draw just below 1 rounds the factor to 0.75 exactly.
     assert 0.75 * nominal <= delay <= nominal

@@ -8,6 +8,7 @@ import pytest
 from tether import formats
 from tether.domain import (
     ApprovalMarker,
+    Interruption,
     Part,
     Text,
     Thinking,
@@ -105,7 +106,7 @@ def test_closing_announces_each_superseded_part_and_interrupts_only_whole_dangli
         call(3, "b"),
         call(4, "c", final=False),
     ]
-    closing = close_attempt(parts, 2, regenerated=True, interrupted="the worker lost its lease")
+    closing = close_attempt(parts, 2, regenerated=True, interrupted=Interruption.LEASE_LOST)
     assert indexes(closing.superseded) == [4]
     assert [(p.index, p.content) for p in closing.parts] == [
         (5, ToolResult("b", "interrupted: the worker lost its lease", is_error=True))

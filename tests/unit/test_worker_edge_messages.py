@@ -1,12 +1,12 @@
-"""What the orchestrator's worker edge builds once instead of per run: a routing's config
+"""What the Work stream's codec builds once instead of per run: a routing's config
 message, and the stage durations read straight off their message."""
 
 from __future__ import annotations
 
 from google.protobuf import json_format
 
-from services.orchestrator import worker_edge
-from tether.convert import config_to_proto
+from tether.convert import config_to_proto, work
+from tether.convert.work import MAX_CONFIG_MESSAGES, STAGES, config_message
 from tether.domain import AgentConfig
 from tether.domain.agents import Limits, SystemBlock
 from tether.v1 import orchestrator_pb2
@@ -25,21 +25,21 @@ def _config(model: str) -> AgentConfig:
 
 def test_a_routings_config_message_is_built_once_and_is_what_config_to_proto_builds() -> None:
     one, other = _config("m-1"), _config("m-2")
-    first = worker_edge._config_message(one)
+    first = config_message(one)
     assert first == config_to_proto(one)
-    assert worker_edge._config_message(one) is first
-    assert worker_edge._config_message(other) == config_to_proto(other)
+    assert config_message(one) is first
+    assert config_message(other) == config_to_proto(other)
     # An equal config that is another object (a routing read back from the database) gets a
     # message of its own, equal to the first.
     again = _config("m-1")
-    assert worker_edge._config_message(again) is not first
-    assert worker_edge._config_message(again) == first
+    assert config_message(again) is not first
+    assert config_message(again) == first
 
 
 def test_the_config_messages_kept_are_bounded() -> None:
-    for n in range(worker_edge._MAX_CONFIG_MESSAGES + 5):
-        worker_edge._config_message(_config(f"m-{n}"))
-    assert len(worker_edge._CONFIG_MESSAGES) <= worker_edge._MAX_CONFIG_MESSAGES
+    for n in range(MAX_CONFIG_MESSAGES + 5):
+        config_message(_config(f"m-{n}"))
+    assert len(work._CONFIG_MESSAGES) <= MAX_CONFIG_MESSAGES
 
 
 def test_stage_durations_read_as_message_to_dict_reads_them() -> None:
@@ -47,6 +47,6 @@ def test_stage_durations_read_as_message_to_dict_reads_them() -> None:
         orchestrator_pb2.StageDurations(),
         orchestrator_pb2.StageDurations(context_ms=2.5, attempt_ms=18.25, total_ms=21.0),
     ):
-        assert {n: getattr(stages, n) for n in worker_edge._STAGES} == json_format.MessageToDict(
+        assert {n: getattr(stages, n) for n in STAGES} == json_format.MessageToDict(
             stages, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
         )

@@ -11,6 +11,7 @@ from services.worker.drafts import TextDraft, ThinkingDraft, ToolCallDraft
 from services.worker.transcript import SMALL_SNAPSHOT, SNAPSHOT_GROWTH, Transcript
 from tether.domain import (
     EventType,
+    Interruption,
     ModelTurn,
     Part,
     Role,
@@ -186,7 +187,7 @@ def test_close_dangling_closes_only_whole_open_calls_with_the_domain_rule() -> N
     transcript = Transcript(own)
     cut = transcript.open(ToolCallDraft("d", "publish_post", {}))  # never whole
     assert [c.tool_call_id for c in transcript.dangling_tool_calls()] == ["b"]
-    transcript.close_dangling("the run failed")
+    transcript.close_dangling(Interruption.RUN_FAILED)
     assert transcript.dangling_tool_calls() == []
     batch = transcript.take(1)
     result = Part(5, Role.TOOL, ToolResult("b", "interrupted: the run failed", True), final=True)

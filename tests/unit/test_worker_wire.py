@@ -9,24 +9,25 @@ from typing import Any
 import pytest
 from google.protobuf import json_format
 
-from services.worker.assignment import Lease
 from services.worker.drafts import ToolCallDraft
 from services.worker.interactions import approval_claim_from_proto
-from services.worker.orchestrator_client import checkpoint_request, completion_request
 from services.worker.tools.base import CallContext, ToolContext, ToolOutput, ToolSpec
-from services.worker.tools.effects import EffectState
 from services.worker.tools.registry import ToolRegistry
-from services.worker.work_stream import assignment_from_proto
 from tether.convert import event_to_wire, part_to_proto
+from tether.convert.work import assignment_from_proto, checkpoint_to_proto, completion_to_proto
 from tether.domain import (
     ApprovalMarker,
     Batch,
     Cancelled,
     Completed,
+    Completion,
     ConnectionMarker,
+    EffectState,
     Event,
     EventType,
     Failed,
+    Interruption,
+    Lease,
     Limits,
     ModelTurn,
     Part,
@@ -90,7 +91,7 @@ EVENTS = [
     tool_completed("toolu_1", "post", replayed=True),
     tool_failed("toolu_1", "post", RunError("tool_error", "refused")),
     usage_updated(TURN, {"input_tokens": 100, "output_tokens": 20, "cost_micros": 123}),
-    *interrupted_results([CALL], "the run failed", 9)[1],
+    *interrupted_results([CALL], Interruption.RUN_FAILED, 9)[1],
     text_delta(1, "lo", 3),
     # What the other senders put on the wire (the interactions service) and the orchestrator
     # stores: the same encoder must hold for them.
@@ -148,7 +149,7 @@ def test_a_claim_becomes_an_assignment_with_domain_history() -> None:
 
 def test_a_checkpoint_carries_its_batch_number_parts_events_and_turns() -> None:
     batch = Batch(3, (PARTS[1],), (tool_started("toolu_1", "post"),), (TURN,))
-    request = checkpoint_request(LEASE, batch)
+    request = checkpoint_to_proto(LEASE, batch)
     assert (request.run_id, request.epoch, request.batch) == ("run_1", 7, 3)
     assert [w.part for w in request.parts] == [part_to_proto(PARTS[1])]
     assert [e.type for e in request.events] == ["tool.started"]
@@ -166,25 +167,33 @@ def test_each_ending_becomes_its_completion_with_the_batch_in_flight() -> None:
     in_flight = Batch(4, (PARTS[2],), (tool_started("toolu_1", "post"),), ())
     stages = {"attempt_ms": 5.0, "total_ms": 9.0, "own_timing_ms": 1.0}
 
-    done = completion_request(
-        LEASE, Completed("Hello", "unresolved", ("max_steps_exceeded",)), rest, in_flight, stages
+    done = completion_to_proto(
+        LEASE,
+        Completion(
+            Completed("Hello", "unresolved", ("max_steps_exceeded",)),
+            parts=rest.parts,
+            stages=stages,
+            in_flight=in_flight,
+        ),
     )
     assert done.status == common_pb2.RUN_STATUS_COMPLETED
     assert (done.result_text, done.task_outcome) == ("Hello", "unresolved")
     assert list(done.warnings) == ["max_steps_exceeded"]
     assert not done.HasField("error")
     assert [w.part for w in done.parts] == [part_to_proto(PARTS[1])]
-    assert done.in_flight == checkpoint_request(LEASE, in_flight)
+    assert done.in_flight == checkpoint_to_proto(LEASE, in_flight)
     assert (done.stages.attempt_ms, done.stages.total_ms) == (5.0, 9.0)
 
-    failed = completion_request(LEASE, Failed(RunError("bad", "no", True, 400)), rest, None, {})
+    failed = completion_to_proto(
+        LEASE, Completion(Failed(RunError("bad", "no", True, 400)), parts=rest.parts)
+    )
     assert failed.status == common_pb2.RUN_STATUS_FAILED
     assert failed.error == common_pb2.ErrorInfo(
         code="bad", message="no", retryable=True, provider_status=400
     )
     assert not failed.HasField("in_flight")
 
-    cancelled = completion_request(LEASE, Cancelled("by caller"), rest, None, {})
+    cancelled = completion_to_proto(LEASE, Completion(Cancelled("by caller"), parts=rest.parts))
     assert cancelled.status == common_pb2.RUN_STATUS_CANCELLED
     assert cancelled.error == common_pb2.ErrorInfo(code="cancelled", message="by caller")
 

@@ -1,16 +1,18 @@
 """The run's domain model: parts, events, errors and endings as frozen types, and the rules on
-them that the orchestrator and the worker both apply. One package, eight rooms:
+them that the orchestrator and the worker both apply. One package, nine rooms:
 
 - `agents`: the agent an attempt runs as (model, system blocks, tools, limits, prices);
+- `assignment`: what a lease hands the worker (the lease, the run's facts, the history);
 - `knowledge`: a knowledge document as a list shows it;
 - `outcomes`: run errors, model-turn usage, and the endings of a run (completed, failed, cancelled);
 - `parts`: the transcript's typed parts and their JSON form;
 - `events`: every event type, and the one constructor that builds each event's payload;
-- `progress`: what an attempt writes under its lease (a numbered batch);
+- `progress`: what an attempt writes under its lease (a numbered batch, its completion, the
+  state of a side effect's record);
 - `runs`: what is read back of a run (the run, its attempts, priced turns, logged events and
   pinned routing), built once per row by the repositories;
-- `rules`: which tool calls dangle, how an interrupted one is closed, what an attempt that is over
-  leaves superseded.
+- `rules`: which tool calls dangle, how an interrupted one is closed (and the reasons why), what
+  an attempt that is over leaves superseded.
 
 Protobuf stops at the edges: the servicers and the worker's clients convert with `tether.convert`.
 Storage stops at the repositories, which read and write these types through `tether.formats` (the
@@ -19,7 +21,16 @@ stored JSON, versioned). Everything in between speaks these types; import them f
 
 from __future__ import annotations
 
-from tether.domain.agents import AgentConfig, Bundle, ContextPolicy, Limits, SystemBlock
+from tether.domain.agents import (
+    DEFAULT_BACKOFF_INITIAL_S,
+    DEFAULT_BACKOFF_MAX_S,
+    AgentConfig,
+    Bundle,
+    ContextPolicy,
+    Limits,
+    SystemBlock,
+)
+from tether.domain.assignment import Assignment, EarlierRun, Lease, Origin
 from tether.domain.events import (
     TERMINAL_EVENTS,
     Event,
@@ -74,9 +85,10 @@ from tether.domain.parts import (
     part_from_json,
     part_json,
 )
-from tether.domain.progress import Batch
+from tether.domain.progress import Batch, Completion, EffectState
 from tether.domain.rules import (
     Closing,
+    Interruption,
     close_attempt,
     dangling_tool_calls,
     interrupted_results,
@@ -87,26 +99,35 @@ from tether.domain.runs import Attempt, LoggedEvent, PricedTurn, Run, RunRouting
 
 __all__ = [
     "CANCELLED_BY_CALLER",
+    "DEFAULT_BACKOFF_INITIAL_S",
+    "DEFAULT_BACKOFF_MAX_S",
     "TERMINAL_EVENTS",
     "AgentConfig",
     "ApprovalMarker",
+    "Assignment",
     "Attempt",
     "Batch",
     "Bundle",
     "Cancelled",
     "Closing",
     "Completed",
+    "Completion",
     "ConnectionMarker",
     "Content",
     "ContextPolicy",
     "Document",
+    "EarlierRun",
+    "EffectState",
     "Ending",
     "Event",
     "EventType",
     "Failed",
+    "Interruption",
+    "Lease",
     "Limits",
     "LoggedEvent",
     "ModelTurn",
+    "Origin",
     "Part",
     "PartKind",
     "PricedTurn",

@@ -12,6 +12,14 @@ from typing import Any
 
 from tether.pricing import Price
 
+DEFAULT_BACKOFF_INITIAL_S = 0.5
+"""Seconds before a run's first retry when its limits set none: the Anthropic SDK's
+`INITIAL_RETRY_DELAY`, so a run retried by Tether waits as one retried by the SDK."""
+
+DEFAULT_BACKOFF_MAX_S = 8.0
+"""Cap on a run's exponential retry backoff when its limits set none (the SDK's
+`MAX_RETRY_DELAY`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:

@@ -5,10 +5,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from tether.domain.events import Event, part_added, part_superseded, tool_failed
 from tether.domain.outcomes import RunError
 from tether.domain.parts import Part, PartKind, Role, ToolCall, ToolResult
+
+
+class Interruption(StrEnum):
+    """Why a tool call left open was closed unanswered: the words its error result and its
+    tool.failed event carry, the same whichever service closes it."""
+
+    RUN_FAILED = "the run failed"
+    RUN_CANCELLED = "the run was cancelled"
+    LIMIT_REACHED = "the run reached a limit"
+    MODEL_CALL_FAILED = "the model call failed"
+    WORKER_SHUT_DOWN = "the worker shut down"
+    LEASE_LOST = "the worker lost its lease"
+    CONNECTION_NEVER_COMPLETED = "the connection was never completed"
+
 
 # Parts the model produces in a turn; any other part (a tool result, a pause marker) ends one.
 _MODEL_OUTPUT = frozenset({PartKind.TEXT, PartKind.THINKING, PartKind.TOOL_CALL})
@@ -35,7 +50,7 @@ def dangling_tool_calls(parts: Sequence[Part]) -> list[Part]:
 
 
 def interrupted_results(
-    parts: Sequence[Part], reason: str, next_index: int
+    parts: Sequence[Part], reason: Interruption, next_index: int
 ) -> tuple[list[Part], list[Event]]:
     """Close every dangling call with an error result saying why, from position `next_index`
     on: the new parts and their events (part.added, tool.failed)."""
@@ -46,7 +61,7 @@ def interrupted_results(
         result = Part(
             next_index + len(new_parts),
             Role.TOOL,
-            ToolResult(call.content.tool_call_id, f"interrupted: {reason}", is_error=True),
+            ToolResult(call.content.tool_call_id, f"interrupted: {reason.value}", is_error=True),
             final=True,
         )
         new_parts.append(result)
@@ -55,7 +70,7 @@ def interrupted_results(
             tool_failed(
                 call.content.tool_call_id,
                 call.content.name,
-                RunError("tool_interrupted", reason, retryable=True),
+                RunError("tool_interrupted", reason.value, retryable=True),
             )
         )
     return new_parts, events
@@ -96,7 +111,7 @@ class Closing:
 
 
 def close_attempt(
-    parts: Sequence[Part], attempt: int, *, regenerated: bool, interrupted: str | None
+    parts: Sequence[Part], attempt: int, *, regenerated: bool, interrupted: Interruption | None
 ) -> Closing:
     """Settle attempt number `attempt`, which is over: its superseded parts (see
     `superseded_on_close`) each announced by part.superseded and, with an `interrupted`

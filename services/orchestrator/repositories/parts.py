@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from tether import formats
 from tether.db.direct import Direct
 from tether.db.schema import context_summaries, run_parts, runs, usage_turns
-from tether.domain import Closing, Part, Run, Summary, close_attempt, content_json
+from tether.domain import Closing, Interruption, Part, Run, Summary, close_attempt, content_json
 from tether.errors import FailedPrecondition, InvalidArgument
 from tether.states import RunStatus
 
@@ -154,7 +154,7 @@ async def write_closing(conn: AsyncConnection, run_id: str, epoch: int, closing:
     await supersede(conn, run_id, closing.superseded)
 
 
-async def close_dangling(conn: AsyncConnection, run: Run, reason: str) -> None:
+async def close_dangling(conn: AsyncConnection, run: Run, reason: Interruption) -> None:
     """Settle a finished run's parts under its last lease (their events are not needed: the
     run is over)."""
     parts = await list_parts(conn, run.run_id)

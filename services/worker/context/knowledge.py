@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.worker.assignment import Lease
 from services.worker.context.builder import Document
 from services.worker.context.providers import KnowledgePort, RetrievalRequest
 from services.worker.orchestrator_client import Orchestrator
+from tether.domain import Lease
 
 
 class DocumentsRetriever:

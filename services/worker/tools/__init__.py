@@ -15,7 +15,7 @@ from services.worker.tools.base import (
     ToolProvider,
     ToolSpec,
 )
-from services.worker.tools.effects import EffectsPort, EffectState, idempotency_key
+from services.worker.tools.effects import EffectsPort, idempotency_key
 from services.worker.tools.registry import (
     ENTRY_POINT_GROUP,
     ToolErrorCode,
@@ -30,6 +30,7 @@ from services.worker.tools.schema import (
     normalize,
     validate,
 )
+from tether.domain import EffectState
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -22,18 +22,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from enum import StrEnum
 from typing import Any, Protocol
 
+from tether.domain import EffectState
+
 KEY_PREFIX = "eff_"
-
-
-class EffectState(StrEnum):
-    """The state of an effect record as `begin` found it."""
-
-    BEGUN = "begun"
-    IN_PROGRESS = "in-progress"
-    DONE = "done"
 
 
 class EffectsPort(Protocol):

@@ -28,8 +28,9 @@ from services.worker.tools.base import (
     ToolError,
     ToolProvider,
 )
-from services.worker.tools.effects import EffectsPort, EffectState, idempotency_key
+from services.worker.tools.effects import EffectsPort, idempotency_key
 from services.worker.tools.schema import check_schema, normalize, validate
+from tether.domain import EffectState
 
 log = logging.getLogger(__name__)
 

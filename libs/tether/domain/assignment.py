@@ -1,6 +1,6 @@
 """What a claim hands the worker: the lease, the run's facts, its agent's configuration and the
-conversation so far, as frozen types. The Work stream builds them from a pushed lease
-(`work_stream.assignment_from_proto`); nothing else in the worker sees the wire form.
+conversation so far, as frozen types. The Work stream's two ends convert them with
+`tether.convert.work`; nothing else sees the wire form.
 """
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tether.domain import AgentConfig, Part, Summary
+from tether.domain.agents import AgentConfig
+from tether.domain.parts import Part, Summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +44,9 @@ class EarlierRun:
 class Assignment:
     """A claimed run. `history` is the session's earlier runs (their inputs as user-role text
     parts) followed by this run's own parts; the first `prior_part_count` are the earlier
-    runs', spanned by `earlier_runs` (when the orchestrator says so). `summary` stands in for
-    the runs before them (context compaction). `last_turn_tokens` is what the session's last
+    runs', spanned by `earlier_runs` (when the orchestrator says so). `summary_part` (a part of
+    an earlier run, holding a `summary`) stands in for the runs before them (context
+    compaction). `last_turn_tokens` is what the session's last
     model turn reported (input and output; 0 when unknown), and `last_turn_own` whether it was
     this run's."""
 
@@ -59,7 +61,7 @@ class Assignment:
     traceparent: str = ""
     origin: Origin = Origin()
     has_documents: bool = False
-    summary: Summary | None = None
+    summary_part: Part | None = None
     earlier_runs: tuple[EarlierRun, ...] = ()
     last_turn_tokens: int = 0
     last_turn_own: bool = False
@@ -68,6 +70,12 @@ class Assignment:
     def run_id(self) -> str:
         """The claimed run."""
         return self.lease.run_id
+
+    @property
+    def summary(self) -> Summary | None:
+        """The summary standing in for the runs before the history, if any."""
+        content = None if self.summary_part is None else self.summary_part.content
+        return content if isinstance(content, Summary) else None
 
     @property
     def prior(self) -> Sequence[Part]:
