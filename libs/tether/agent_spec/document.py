@@ -3,6 +3,7 @@ normalised, and read as routing and approvals take it."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Iterator, Mapping
@@ -41,7 +42,8 @@ class AgentSpec:
     def overrides(self) -> dict[str, Any]:
         """The agent as `tenants.agent` overrides, which the orchestrator's routing resolves:
         only what the document says, so an absent field keeps routing's default."""
-        doc = self.normalised
+        # A copy: the caller may change what it gets, never this version's stored form.
+        doc = copy.deepcopy(self.normalised)
         out: dict[str, Any] = {"agent": self.name}
         renamed = {"tools": "tool_allowlist", "instructions": "system_prompt"}
         for key in ("model", "instructions", "persona", "personas", "skills", "tools", "context"):
@@ -62,7 +64,7 @@ class AgentSpec:
         written, `ttl_seconds` and the per-`tools` and per-`risks` entries
         (`{decisions, ttl_seconds}`). What an entry leaves out is the next one's to say:
         `offered_decisions` and `approval_ttl_seconds` read it so."""
-        policy = dict(self.normalised.get("approvals", {}))
+        policy: dict[str, Any] = copy.deepcopy(self.normalised.get("approvals", {}))
         policy.setdefault("always_allow_scopes", list(DEFAULT_ALWAYS_ALLOW_SCOPES))
         return policy
 
