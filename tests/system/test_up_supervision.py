@@ -273,6 +273,9 @@ async def test_a_killed_postgres_is_restarted_on_its_socket_and_no_run_is_lost(
             ).run.run_id
             assert (await finished(client, after_run))["result_text"] == "Served again."
         assert up.info()["pids"] == info["pids"], "a service was restarted"
+        # Nor did a task of theirs die of the outage unnoticed (asyncio's last word for it).
+        for service_log in (up.data_dir / "run").glob("*.log"):
+            assert "exception was never retrieved" not in service_log.read_text(), service_log
 
 
 async def test_ctrl_c_during_a_restart_backoff_exits_cleanly(tmp_path: Path) -> None:
