@@ -13,6 +13,9 @@ import contextlib
 import logging
 
 import redis.asyncio as redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from tether.hints import WAKE_CHANNEL, encode_wake
@@ -39,8 +42,16 @@ class Bus:
         self.url = url  # for a subscriber beside this publisher (`tether.runtime.subscription`)
         # No socket timeout: redis-py spends a task on every write it bounds; a batch is bounded
         # as a whole instead (SEND_TIMEOUT_S), and a cancelled command drops its connection.
+        # A batch that meets a connection Redis closed (Redis restarted since its last use) is
+        # sent once more on a new connection, at once: without it, the first hints after every
+        # restart were lost. `from_url` gives its connections no retry of their own. Once, as
+        # a Redis that is down fails the second try too; a connect timeout is not retried (the
+        # batch's bound would run out first).
         self.client: redis.Redis = redis.Redis.from_url(
-            url, socket_connect_timeout=1.0, health_check_interval=10
+            url,
+            socket_connect_timeout=1.0,
+            health_check_interval=10,
+            retry=Retry(NoBackoff(), retries=1, supported_errors=(RedisConnectionError,)),
         )
         self._pending: collections.deque[tuple[str, bytes | str]] = collections.deque(
             maxlen=MAX_PENDING

@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.orchestrator.claims import Claimed, Claims
 from services.orchestrator.repositories import leases as lease_repo
 from tether.convert.work import OUTCOMES, WRITE_FIELDS
-from tether.errors import FailedPrecondition, InvalidArgument, TetherError
+from tether.errors import FailedPrecondition, InvalidArgument, TetherError, Unavailable
 from tether.runtime.rpc import refuse_undecodable
 from tether.v1 import orchestrator_pb2
 
@@ -278,8 +278,16 @@ class Work:
         alive = {(h.run_id, h.epoch) for h in keepalive.held if h.idle_ms <= deadline_ms}
         if not held:
             return
-        async with self._engine.begin() as conn:
-            renewed = await lease_repo.renew(conn, sorted(alive), self._ttl)
+        try:
+            async with self._engine.begin() as conn:
+                renewed = await lease_repo.renew(conn, sorted(alive), self._ttl)
+        except Unavailable as exc:
+            # PostgreSQL is down or restarting: the worker keeps alive again shortly, and a
+            # lease that lapses meanwhile is fenced off as any lapsed lease is.
+            log.warning(
+                "renewing %d lease(s) of %s deferred: %s", len(alive), session.worker_id, exc
+            )
+            return
         current = {(row.run_id, row.lease_epoch) for row in renewed}
         lost = [
             orchestrator_pb2.HeldLease(run_id=run_id, epoch=epoch)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 
 import pytest
 import redis.asyncio as redis
 
 from tether.bus import DELIVERY_WAIT_S, Bus
+from tether.stack.embedded import EmbeddedRedis
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -63,3 +65,24 @@ async def test_delivered_reports_each_loss_once(redis_url: str) -> None:
         assert await bus.delivered() is True, "nothing new posted, nothing lost"
     finally:
         await bus.close()
+
+
+async def test_a_hint_posted_right_after_redis_restarted_goes_out(tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path / "redis")
+    bus = Bus(await server.start())
+    try:
+        bus.post("test:bus:before", "before")
+        assert await bus.delivered()
+        server.process.kill()  # the bus's pooled connection is now one Redis closed
+        server.process.wait()
+        listener = redis.Redis.from_url(await server.start())  # same port, same users
+        async with listener, listener.pubsub() as pubsub:
+            await pubsub.subscribe("test:bus:after")
+            await pubsub.get_message(timeout=1.0)  # the subscribe confirmation
+            bus.post("test:bus:after", "after")
+            assert await bus.delivered(), "the first hint after the restart was given up on"
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
+            assert message is not None and message["data"] == b"after"
+    finally:
+        await bus.close()
+        server.stop()

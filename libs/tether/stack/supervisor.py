@@ -1,5 +1,6 @@
 """`tether up`'s supervisor: a service process that dies is started again, on its own ports;
-so is the embedded Redis (on its port, with its users: the services reconnect by themselves).
+so are the embedded PostgreSQL (on its socket) and Redis (on its port, with its users): the
+services reconnect by themselves.
 
 A thread per child blocks in `Popen.wait` and wakes the supervisor the moment the child exits,
 so nothing polls. Any exit the supervisor did not ask for (an exit code, a signal, SIGKILL
@@ -113,8 +114,9 @@ class ServiceSupervisor:
         current: Callable[[], subprocess.Popen[bytes]],
         restart: Callable[[], Awaitable[object]],
     ) -> None:
-        """Watch one more process (a backing server: Redis): `current` gives the running one,
-        `restart` starts it again (raising RuntimeError or TimeoutError when it cannot)."""
+        """Watch one more process (a backing server: PostgreSQL, Redis): `current` gives the
+        running one, `restart` starts it again (raising RuntimeError or TimeoutError when it
+        cannot)."""
         task = asyncio.create_task(
             self._supervise(name, current, restart), name=f"supervise-{name}"
         )

@@ -5,8 +5,8 @@ working dir, service logs, the platform operator's credential and `stack.json`, 
 clients where the gateway is and which development key (and operator credential) to use, and
 names every service's address and pid. Each service gets a credential of its own, new at every
 start. `TETHER_WORKERS` worker processes (default 2) run; a service that dies is restarted on
-its own ports (`tether.stack.supervisor`). Starting again on the same folder keeps every run,
-key and event.
+its own ports, and so are PostgreSQL and Redis on theirs (`tether.stack.supervisor`).
+Starting again on the same folder keeps every run, key and event.
 """
 
 from __future__ import annotations
@@ -30,12 +30,8 @@ from tether.db.engine import create_engine
 from tether.db.migrate import upgrade
 from tether.retry import RetryPolicy
 from tether.runtime.process import wait_for_signal
-from tether.stack.embedded import (
-    EmbeddedPostgres,
-    EmbeddedRedis,
-    database_url,
-    worker_redis_user,
-)
+from tether.stack.embedded import EmbeddedRedis, database_url, worker_redis_user
+from tether.stack.postgres import ChildPostgres
 from tether.stack.processes import ServiceProcess, ServiceSet
 from tether.stack.settings import UpSettings
 from tether.stack.supervisor import ServiceSupervisor
@@ -131,7 +127,7 @@ class Stack:
     services: ServiceSet | None = None
     supervisor: ServiceSupervisor | None = None
     info: dict[str, Any] = field(default_factory=dict)
-    _pg: EmbeddedPostgres | None = None
+    _pg: ChildPostgres | None = None
     _redis: EmbeddedRedis | None = None
     _helpers: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -142,8 +138,8 @@ class Stack:
         run_dir.mkdir(exist_ok=True)
         db_url = self.settings.database_url
         if not db_url:
-            self._pg = EmbeddedPostgres(self.data_dir / "postgres")
-            server_url = await asyncio.to_thread(self._pg.start)
+            self._pg = ChildPostgres(self.data_dir / "postgres")
+            server_url = await self._pg.start()
             db_url = await ensure_database(server_url, DATABASE)
         await upgrade(db_url)
         redis_url = self.settings.redis_url
@@ -207,6 +203,8 @@ class Stack:
             "pid": os.getpid(),
             "pids": {name: p.process.pid for name, p in self.services.procs.items()},
         }
+        if self._pg is not None:
+            self.info["postgres_pid"] = self._pg.process.pid
         if self._redis is not None:
             self.info["redis_pid"] = self._redis.process.pid
         self._write_info()
@@ -221,10 +219,20 @@ class Stack:
             on_restart=self._restarted,
         )
         self.supervisor.start()
+        if self._pg is not None:
+            pg = self._pg
+            self.supervisor.supervise("postgres", lambda: pg.process, self._restart_postgres)
         if self._redis is not None:
             redis = self._redis
             self.supervisor.supervise("redis", lambda: redis.process, self._restart_redis)
         return self.info
+
+    async def _restart_postgres(self) -> None:
+        assert self._pg is not None
+        await self._pg.start()
+        log.info("postgres restarted: pid %d on %s", self._pg.process.pid, self._pg.url)
+        self.info["postgres_pid"] = self._pg.process.pid
+        self._write_info()
 
     async def _restart_redis(self) -> None:
         assert self._redis is not None
