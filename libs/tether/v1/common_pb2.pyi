@@ -901,3 +901,83 @@ class ModelTurn(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ModelTurn: _TypeAlias = ModelTurn  # noqa: Y015
+
+@_typing.final
+class AgentVersion(_message.Message):
+    """AgentVersion is one immutable version of a tenant's agent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
+    NORMALISED_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The agent's name."""
+    version: _builtins.int
+    """The version's number, from 1."""
+    spec: _builtins.str
+    """The document as it was applied (JSON or YAML text, never a Struct: integers stay integers)."""
+    normalised: _builtins.str
+    """The normalised document, as JSON text."""
+    digest: _builtins.str
+    """sha256 of the normalised document, hex."""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was applied."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        version: _builtins.int = ...,
+        spec: _builtins.str = ...,
+        normalised: _builtins.str = ...,
+        digest: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "digest", b"digest", "name", b"name", "normalised", b"normalised", "spec", b"spec", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentVersion: _TypeAlias = AgentVersion  # noqa: Y015
+
+@_typing.final
+class AgentSummary(_message.Message):
+    """AgentSummary is an agent of a tenant as listed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    PUBLISHED_VERSION_FIELD_NUMBER: _builtins.int
+    DEFAULT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The agent's name."""
+    published_version: _builtins.int
+    """The version runs are routed to now."""
+    default: _builtins.bool
+    """Whether it is the tenant's default (it takes the runs no route claims)."""
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp:
+        """When its published version last changed."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        published_version: _builtins.int = ...,
+        default: _builtins.bool = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default", b"default", "name", b"name", "published_version", b"published_version", "updated_at", b"updated_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentSummary: _TypeAlias = AgentSummary  # noqa: Y015
