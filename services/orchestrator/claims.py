@@ -28,7 +28,7 @@ from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories.picked import Leased, Unrouted
 from services.orchestrator.repositories.transitions import NOW, Moved, apply, numbered
 from tether import states
-from tether.domain import AgentConfig, Part, Run, RunError, run_failed, run_started
+from tether.domain import AGENT_VERSION, AgentConfig, Part, Run, RunError, run_failed, run_started
 from tether.errors import TetherError
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class Routing:
         release before agents reads past the extra key)."""
         stored = self.config.to_json()
         if self.version is not None:
-            stored["agent_version"] = self.version
+            stored[AGENT_VERSION] = self.version
         return stored
 
     @functools.cached_property

@@ -18,13 +18,10 @@ import aiohttp
 import grpc
 import pytest
 import pytest_asyncio
-from sqlalchemy import select
 
 from tests.system.execution_support import ExecStack, Tenant, exec_stack, wait_for_status
 from tests.system.streaming_support import prompt
 from tether import agent_spec, apikeys
-from tether.db.engine import create_engine
-from tether.db.schema import routings, runs
 from tether.testing.model_server import TextTurn
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -99,21 +96,13 @@ def model_request(stack: ExecStack, text: str) -> tuple[str, set[str]]:
     return json.dumps(body.get("system", "")), {tool["name"] for tool in body.get("tools", [])}
 
 
-async def pinned(stack: ExecStack, run_id: str) -> tuple[str, int | None]:
-    """The agent and version the run's routing names."""
-    engine = create_engine(stack.db_url, pool_size=1)
-    try:
-        async with engine.connect() as conn:
-            config = (
-                await conn.execute(
-                    select(routings.c.config)
-                    .join(runs, runs.c.routing_id == routings.c.routing_id)
-                    .where(runs.c.run_id == run_id)
-                )
-            ).scalar_one()
-    finally:
-        await engine.dispose()
-    return config["agent"], config.get("agent_version")
+async def pinned(tenant: Tenant, run_id: str) -> tuple[str, int]:
+    """The agent and version the run's routing names, as GetRun shows it."""
+    async with grpc.aio.insecure_channel(tenant.stack.addr("gateway")) as channel:
+        response = await gateway_pb2_grpc.GatewayServiceStub(channel).GetRun(
+            gateway_pb2.GetRunRequest(run_id=run_id), metadata=tenant.metadata
+        )
+    return response.run.routing.agent, response.run.routing.agent_version
 
 
 def http_base(stack: ExecStack) -> str:
@@ -159,8 +148,11 @@ async def test_agents_route_by_channel_apply_conditionally_and_roll_back(
     system, tools = model_request(stack, whatsapp_text)
     assert "You are Support" in system and "You are Helper" not in system
     assert "publish_post" in tools and "get_time" not in tools
-    assert await pinned(stack, chat_run) == ("helper", 1)
-    assert await pinned(stack, whatsapp_run) == ("support", 1)
+    assert await pinned(tenant, chat_run) == ("helper", 1)
+    assert await pinned(tenant, whatsapp_run) == ("support", 1)
+    (shown_run,) = await cli_json("run", whatsapp_run, "--parts", "0", "--stack", file)
+    assert shown_run["routing"]["agent"] == "support"
+    assert shown_run["routing"]["agent_version"] == 1
 
     # An identical apply creates nothing.
     assert await cli_json("agents", "apply", str(helper), "--stack", file) == [
@@ -194,7 +186,7 @@ async def test_agents_route_by_channel_apply_conditionally_and_roll_back(
     v2_text = prompt("helper v2")
     v2_run = await send(tenant, v2_text, "")
     assert "Helper v2" in model_request(stack, v2_text)[0]
-    assert await pinned(stack, v2_run) == ("helper", 2)
+    assert await pinned(tenant, v2_run) == ("helper", 2)
 
     # A rollback routes the next run to the old version; the run before keeps its own.
     assert await cli_json("agents", "rollback", "helper", "--to", "1", "--stack", file) == [
@@ -204,8 +196,8 @@ async def test_agents_route_by_channel_apply_conditionally_and_roll_back(
     back_run = await send(tenant, back_text, "")
     system, _ = model_request(stack, back_text)
     assert "You are Helper, brief" in system and "Helper v2" not in system
-    assert await pinned(stack, back_run) == ("helper", 1)
-    assert await pinned(stack, v2_run) == ("helper", 2)
+    assert await pinned(tenant, back_run) == ("helper", 1)
+    assert await pinned(tenant, v2_run) == ("helper", 2)
 
     # The default cannot be removed; another agent can, once none of its runs is unfinished.
     code, out = await tether("agents", "rm", "helper", "--stack", file)

@@ -83,9 +83,10 @@ from tether.domain.rules import (
     is_whole_call,
     superseded_on_close,
 )
-from tether.domain.runs import Attempt, LoggedEvent, PricedTurn, Run, RunRouting
+from tether.domain.runs import AGENT_VERSION, Attempt, LoggedEvent, PricedTurn, Run, RunRouting
 
 __all__ = [
+    "AGENT_VERSION",
     "CANCELLED_BY_CALLER",
     "TERMINAL_EVENTS",
     "AgentConfig",

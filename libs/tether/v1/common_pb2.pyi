@@ -616,12 +616,17 @@ class RunRouting(_message.Message):
     PERSONA_FIELD_NUMBER: _builtins.int
     SKILLS_FIELD_NUMBER: _builtins.int
     TOOL_ALLOWLIST_FIELD_NUMBER: _builtins.int
+    AGENT_VERSION_FIELD_NUMBER: _builtins.int
     routing_id: _builtins.str
     """The decision's name (the digest of its stored form)."""
     agent: _builtins.str
     """Agent name."""
     model: _builtins.str
     """Model id."""
+    agent_version: _builtins.int
+    """The version of the agent the run is pinned to (0: routed by the tenant's agent from before
+    agents had versions).
+    """
     @_builtins.property
     def persona(self) -> Global___BundleRef:
         """The persona."""
@@ -643,10 +648,11 @@ class RunRouting(_message.Message):
         persona: Global___BundleRef | None = ...,
         skills: _abc.Iterable[Global___BundleRef] | None = ...,
         tool_allowlist: _abc.Iterable[_builtins.str] | None = ...,
+        agent_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["persona", b"persona"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "model", b"model", "persona", b"persona", "routing_id", b"routing_id", "skills", b"skills", "tool_allowlist", b"tool_allowlist"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "agent_version", b"agent_version", "model", b"model", "persona", b"persona", "routing_id", b"routing_id", "skills", b"skills", "tool_allowlist", b"tool_allowlist"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -14,6 +14,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tether.db.schema import agent_sets, agent_versions, agents, routings, runs
+from tether.domain import AGENT_VERSION
 from tether.states import RunStatus
 
 # Runs that still run with the routing they were pinned to (or will, once resumed or retried).
@@ -266,7 +267,7 @@ async def pinned_runs(
             runs.c.tenant_id == tenant_id,
             runs.c.status.in_(UNFINISHED),
             routings.c.config["agent"].astext == name,
-            routings.c.config.has_key("agent_version"),
+            routings.c.config.has_key(AGENT_VERSION),
         )
         .order_by(runs.c.created_at)
         .limit(limit)
