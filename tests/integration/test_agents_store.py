@@ -15,9 +15,12 @@ from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
 from services.orchestrator.agents import Agents
 from services.orchestrator.execution import Execution
+from services.orchestrator.retention import Retention
 from tests.integration.test_admission import _tenant, chat, messaging
-from tether.db.schema import audit_log, routings
+from tether.db.schema import agent_sets, agent_versions, audit_log, routings
+from tether.db.schema import agents as agents_table
 from tether.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from tether.settings import RetainingSettings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -151,3 +154,29 @@ async def test_the_routing_names_the_agent_and_its_version(engine: AsyncEngine) 
             )
         ).scalar_one()
     assert (stored["agent"], stored["agent_version"]) == ("general", 2)
+
+
+async def test_a_deleted_tenants_agents_go_with_its_runs_and_no_one_elses(
+    engine: AsyncEngine,
+) -> None:
+    await _tenant(engine, "t1")
+    await _tenant(engine, "t2")
+    agents = Agents(engine)
+    await agents.apply("t1", _doc("general", "One."), ACTOR)
+    await agents.apply("t1", _doc("general", "Two."), ACTOR)
+    await agents.apply("t1", _doc("support", "Help.", routes=[{"channel": "whatsapp"}]), ACTOR)
+    await agents.apply("t2", _doc("general", "Theirs."), ACTOR)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    for i in range(2):
+        await admitter.admit(chat(f"d-{i}", conversation=f"d-{i}"))
+    retention = Retention(engine, RetainingSettings(retention_batch=2))
+    left = True
+    while left:
+        _, left = await retention.delete_tenant("t1")
+    async with engine.connect() as conn:
+        for table in (agents_table, agent_versions, agent_sets):
+            found = await conn.execute(
+                select(table.c.tenant_id).where(table.c.tenant_id.in_(["t1", "t2"]))
+            )
+            assert {row.tenant_id for row in found} == {"t2"}, table.name
+    assert [a.agent.name for a in await agents.listed("t2")] == ["general"]

@@ -275,6 +275,13 @@ async def pinned_runs(
     return [row.run_id for row in rows]
 
 
+async def tenant_has_agents(conn: AsyncConnection, tenant_id: str) -> bool:
+    """Whether the tenant's agents are left (their set: every apply writes it, and it outlives
+    its last removed agent)."""
+    found = select(agent_sets.c.tenant_id).where(agent_sets.c.tenant_id == tenant_id).exists()
+    return bool((await conn.execute(select(found))).scalar())
+
+
 async def delete_tenant(conn: AsyncConnection, tenant_id: str) -> int:
     """Remove a deleted tenant's agents, versions and set; how many agents."""
     await conn.execute(delete(agent_sets).where(agent_sets.c.tenant_id == tenant_id))
