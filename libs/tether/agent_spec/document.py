@@ -3,12 +3,13 @@ normalised, and read as routing and approvals take it."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeGuard
 
 from tether.agent_spec.loading import load
 from tether.agent_spec.routes import Route
@@ -41,7 +42,8 @@ class AgentSpec:
     def overrides(self) -> dict[str, Any]:
         """The agent as `tenants.agent` overrides, which the orchestrator's routing resolves:
         only what the document says, so an absent field keeps routing's default."""
-        doc = self.normalised
+        # A copy: the caller may change what it gets, never this version's stored form.
+        doc = copy.deepcopy(self.normalised)
         out: dict[str, Any] = {"agent": self.name}
         renamed = {"tools": "tool_allowlist", "instructions": "system_prompt"}
         for key in ("model", "instructions", "persona", "personas", "skills", "tools", "context"):
@@ -62,7 +64,7 @@ class AgentSpec:
         written, `ttl_seconds` and the per-`tools` and per-`risks` entries
         (`{decisions, ttl_seconds}`). What an entry leaves out is the next one's to say:
         `offered_decisions` and `approval_ttl_seconds` read it so."""
-        policy = dict(self.normalised.get("approvals", {}))
+        policy: dict[str, Any] = copy.deepcopy(self.normalised.get("approvals", {}))
         policy.setdefault("always_allow_scopes", list(DEFAULT_ALWAYS_ALLOW_SCOPES))
         return policy
 
@@ -97,9 +99,7 @@ def parse(text: str | bytes) -> AgentSpec:
     message`; details `{"violations": [{pointer, message}]}`). The size is checked before
     anything is parsed; JSON is tried first, then YAML."""
     data = load(text)
-    found = list(violations(data))
-    if not found:
-        found.extend(_beyond_schema(data))
+    found = [*violations(data), *_beyond_schema(data)]
     if found:
         raise refusal(found)
     normalised = _normalise(data, schema(), schema())
@@ -113,33 +113,61 @@ def canonical_json(data: Any) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def _beyond_schema(doc: Mapping[str, Any]) -> Iterator[Violation]:
-    """What the schema cannot say; run on a document the schema accepted."""
+def _beyond_schema(doc: Any) -> Iterator[Violation]:
+    """What the schema cannot say. Run beside the schema's check, so it reads only the parts
+    of the right shape: a part of the wrong one is the schema's to report."""
+    if not isinstance(doc, Mapping):
+        return
     if "instructions" in doc and "persona" in doc:
         yield Violation("/instructions", "give either instructions or a persona, not both")
     for kind in ("personas", "skills"):
-        yield from _first_repeats(kind, [b["name"] for b in doc.get(kind, ())], "name")
-    yield from _first_repeats("routes", [Route(**r) for r in doc.get("routes", ())], "")
-    limits = doc.get("limits", {})
+        names = [b.get("name") if isinstance(b, Mapping) else None for b in _list(doc, kind)]
+        yield from _repeats(kind, names, "name")
+    routes = [
+        (r.get("source"), r.get("channel")) if isinstance(r, Mapping) else None
+        for r in _list(doc, "routes")
+    ]
+    yield from _repeats("routes", routes, "")
+    limits = _map(doc, "limits")
     initial, most = limits.get("backoff_initial_seconds"), limits.get("backoff_max_seconds")
-    if initial is not None and most is not None and initial > most:
+    if _is_number(initial) and _is_number(most) and initial > most:
         yield Violation(
             "/limits/backoff_initial_seconds", f"must be <= backoff_max_seconds ({most})"
         )
-    approvals = doc.get("approvals", {})
+    approvals = _map(doc, "approvals")
     if approvals.get("always_allow_scopes") == []:
         for kind in ("tools", "risks"):
-            for name, entry in approvals.get(kind, {}).items():
-                if "allow-always" in entry.get("decisions", ()):
+            for name, entry in _map(approvals, kind).items():
+                if isinstance(entry, Mapping) and "allow-always" in _list(entry, "decisions"):
                     yield Violation(
                         pointer(["approvals", kind, name, "decisions"]),
                         "offers allow-always, which always_allow_scopes [] permits nowhere",
                     )
 
 
-def _first_repeats(kind: str, values: list[Any], field: str) -> Iterator[Violation]:
+def _map(doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = doc.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(doc: Mapping[str, Any], key: str) -> list[Any]:
+    value = doc.get(key)
+    return value if isinstance(value, list) else []
+
+
+def _is_number(value: Any) -> TypeGuard[int | Decimal]:
+    return isinstance(value, int | Decimal) and not isinstance(value, bool)
+
+
+def _repeats(kind: str, values: list[Any], field: str) -> Iterator[Violation]:
     first: dict[Any, int] = {}
     for index, value in enumerate(values):
+        try:
+            hash(value)
+        except TypeError:  # a part of the wrong shape: the schema reports it
+            continue
+        if value is None:
+            continue
         if value in first:
             where = pointer([kind, index, field] if field else [kind, index])
             yield Violation(where, f"repeats /{kind}/{first[value]}")

@@ -24,11 +24,12 @@ _FORMATS = jsonschema.FormatChecker(formats=())
 
 
 def _identifier(value: object) -> bool:
-    return not isinstance(value, str) or is_identifier(value)
+    # The characters only: the schema's minLength and maxLength say the length, once.
+    return not isinstance(value, str) or not value or is_identifier(value, max_length=len(value))
 
 
 def _optional_identifier(value: object) -> bool:
-    return not isinstance(value, str) or value == "" or is_identifier(value)
+    return _identifier(value)
 
 
 def _timezone(value: object) -> bool:
