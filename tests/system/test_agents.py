@@ -199,14 +199,21 @@ async def test_agents_route_by_channel_apply_conditionally_and_roll_back(
     assert await pinned(tenant, back_run) == ("helper", 1)
     assert await pinned(tenant, v2_run) == ("helper", 2)
 
-    # The default cannot be removed; another agent can, once none of its runs is unfinished.
+    # The default cannot be removed; once another is the default it takes the unrouted runs,
+    # and the old one can go (none of its runs is unfinished).
     code, out = await tether("agents", "rm", "helper", "--stack", file)
     assert code == 1 and "FAILED_PRECONDITION" in out and "default" in out, out
-    assert await cli_json("agents", "rm", "support", "--stack", file) == [
-        {"name": "support", "version": 1, "removed": True}
+    assert await cli_json("agents", "default", "support", "--stack", file) == [
+        {"name": "support", "default": True}
     ]
-    code, out = await tether("agents", "show", "support", "--stack", file)
+    unrouted_run = await send(tenant, prompt("to the new default"), "")
+    assert await pinned(tenant, unrouted_run) == ("support", 1)
+    assert await cli_json("agents", "rm", "helper", "--stack", file) == [
+        {"name": "helper", "version": 1, "removed": True}
+    ]
+    code, out = await tether("agents", "show", "helper", "--stack", file)
     assert code == 1 and "error: NOT_FOUND: " in out, out
+    assert [a["name"] for a in await cli_json("agents", "list", "--stack", file)] == ["support"]
 
 
 async def test_http_serves_the_schema_reads_and_refuses_an_invalid_document(
