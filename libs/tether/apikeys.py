@@ -38,8 +38,20 @@ KEYS_ADMIN = "keys:admin"
 DOCUMENTS_READ = "documents:read"
 DOCUMENTS_WRITE = "documents:write"
 
+# The tenant's agents, which decide what every run of the tenant may do: given on purpose.
+AGENTS_READ = "agents:read"
+AGENTS_WRITE = "agents:write"
+
 CLIENT_SCOPES = (RUNS_READ, RUNS_WRITE, INTERACTIONS_WRITE, APPROVALS_DECIDE)
-ALL_SCOPES = (*CLIENT_SCOPES, RUNS_ALL, KEYS_ADMIN, DOCUMENTS_READ, DOCUMENTS_WRITE)
+ALL_SCOPES = (
+    *CLIENT_SCOPES,
+    RUNS_ALL,
+    KEYS_ADMIN,
+    DOCUMENTS_READ,
+    DOCUMENTS_WRITE,
+    AGENTS_READ,
+    AGENTS_WRITE,
+)
 OPERATOR_ID = "operator"
 
 

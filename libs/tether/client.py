@@ -350,3 +350,66 @@ class TetherClient:
             metadata=self._metadata,
         )
         return response
+
+    async def apply_agent(
+        self, spec: str, *, base_version: int | None = None
+    ) -> gateway_pb2.ApplyAgentResponse:
+        """Apply an agent document (JSON or YAML text), conditionally on `base_version`.
+        Retried through an outage: applying the published document again creates nothing."""
+        request = gateway_pb2.ApplyAgentRequest(spec=spec)
+        if base_version is not None:
+            request.base_version = base_version
+        response: gateway_pb2.ApplyAgentResponse = await self._idempotent(
+            lambda: self.stub.ApplyAgent(request, metadata=self._metadata)
+        )
+        return response
+
+    async def get_agent(
+        self, name: str, *, version: int | None = None
+    ) -> gateway_pb2.GetAgentResponse:
+        """One version of an agent (its published one unless `version` names another)."""
+        request = gateway_pb2.GetAgentRequest(name=name)
+        if version is not None:
+            request.version = version
+        response: gateway_pb2.GetAgentResponse = await self._idempotent(
+            lambda: self.stub.GetAgent(request, metadata=self._metadata)
+        )
+        return response
+
+    async def list_agents(self) -> gateway_pb2.ListAgentsResponse:
+        """The tenant's agents by name."""
+        response: gateway_pb2.ListAgentsResponse = await self._idempotent(
+            lambda: self.stub.ListAgents(gateway_pb2.ListAgentsRequest(), metadata=self._metadata)
+        )
+        return response
+
+    async def list_agent_versions(self, name: str) -> gateway_pb2.ListAgentVersionsResponse:
+        """An agent's versions, oldest first."""
+        response: gateway_pb2.ListAgentVersionsResponse = await self._idempotent(
+            lambda: self.stub.ListAgentVersions(
+                gateway_pb2.ListAgentVersionsRequest(name=name), metadata=self._metadata
+            )
+        )
+        return response
+
+    async def rollback_agent(self, name: str, to_version: int) -> gateway_pb2.RollbackAgentResponse:
+        """Publish an earlier version of an agent again."""
+        response: gateway_pb2.RollbackAgentResponse = await self.stub.RollbackAgent(
+            gateway_pb2.RollbackAgentRequest(name=name, to_version=to_version),
+            metadata=self._metadata,
+        )
+        return response
+
+    async def set_default_agent(self, name: str) -> gateway_pb2.SetDefaultAgentResponse:
+        """Make an agent the tenant's default (it takes the runs no route claims)."""
+        response: gateway_pb2.SetDefaultAgentResponse = await self.stub.SetDefaultAgent(
+            gateway_pb2.SetDefaultAgentRequest(name=name), metadata=self._metadata
+        )
+        return response
+
+    async def remove_agent(self, name: str) -> gateway_pb2.RemoveAgentResponse:
+        """Remove an agent no unfinished run pins."""
+        response: gateway_pb2.RemoveAgentResponse = await self.stub.RemoveAgent(
+            gateway_pb2.RemoveAgentRequest(name=name), metadata=self._metadata
+        )
+        return response

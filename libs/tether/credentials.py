@@ -69,6 +69,13 @@ POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
                 "DeleteDocument",
                 "LookupAttempts",
                 "DeleteTenantRuns",
+                "PublishAgent",
+                "LookupAgent",
+                "SearchAgents",
+                "LookupAgentVersions",
+                "RepublishAgent",
+                "ChooseDefaultAgent",
+                "DeleteAgent",
             }
         ),
         "worker": _WORKER_ON_ORCHESTRATOR,

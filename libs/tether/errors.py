@@ -60,6 +60,14 @@ class FailedPrecondition(TetherError):
     default_code = "failed_precondition"
 
 
+class Aborted(TetherError):
+    """A conditional write whose condition no longer holds (e.g. an apply on a version that is
+    no longer the published one); nothing changed. Read again, then decide."""
+
+    status = grpc.StatusCode.ABORTED
+    default_code = "aborted"
+
+
 class PermissionDenied(TetherError):
     """The caller is known but may not do this."""
 
@@ -119,6 +127,7 @@ _BY_STATUS: dict[grpc.StatusCode, type[TetherError]] = {
         NotFound,
         AlreadyExists,
         FailedPrecondition,
+        Aborted,
         PermissionDenied,
         Unauthenticated,
         ResourceExhausted,

@@ -146,6 +146,9 @@ RUN_ID = identifier(required=True)
 # "<message full name>.<field>" -> its limit. Bool and enum fields need none (every value of a
 # bool is fine; an enum is checked against its declared numbers); a message field without an
 # entry is checked field by field.
+# The agent document's size limit (tether.agent_spec.MAX_DOCUMENT_BYTES).
+AGENT_DOCUMENT_BYTES = 256 * 1024
+
 LIMITS: Mapping[str, Limit] = {
     # Admission's inputs (a gateway request carries them; admission checks them again).
     "tether.v1.Caller.tenant_id": identifier(required=True),
@@ -220,6 +223,16 @@ LIMITS: Mapping[str, Limit] = {
     "tether.v1.ListDocumentsRequest.page_size": Limit("integer", INT32_MAX),
     "tether.v1.ListDocumentsRequest.page_token": token(512),
     "tether.v1.RemoveDocumentRequest.document_id": identifier(required=True),
+    # An agent document is refused past 256 KiB before it is parsed (tether.agent_spec).
+    "tether.v1.ApplyAgentRequest.spec": Limit("text", AGENT_DOCUMENT_BYTES, required=True),
+    "tether.v1.ApplyAgentRequest.base_version": Limit("integer", INT32_MAX),
+    "tether.v1.GetAgentRequest.name": identifier(required=True),
+    "tether.v1.GetAgentRequest.version": Limit("integer", INT32_MAX),
+    "tether.v1.ListAgentVersionsRequest.name": identifier(required=True),
+    "tether.v1.RollbackAgentRequest.name": identifier(required=True),
+    "tether.v1.RollbackAgentRequest.to_version": Limit("integer", INT32_MAX),
+    "tether.v1.SetDefaultAgentRequest.name": identifier(required=True),
+    "tether.v1.RemoveAgentRequest.name": identifier(required=True),
 }
 
 

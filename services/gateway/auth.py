@@ -14,6 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.gateway import browser_credentials
 from services.gateway.browser_credentials import SESSION_PREFIX, TOKEN_PREFIX
 from tether.apikeys import (
+    AGENTS_READ,
+    AGENTS_WRITE,
     DOCUMENTS_READ,
     DOCUMENTS_WRITE,
     KEY_PREFIX,
@@ -50,12 +52,23 @@ SCOPES: Mapping[str, str] = {
     "ListDocuments": DOCUMENTS_READ,
     "RemoveDocument": DOCUMENTS_WRITE,
     "StreamRuns": "runs:read",
+    "ApplyAgent": AGENTS_WRITE,
+    "GetAgent": AGENTS_READ,
+    "ListAgents": AGENTS_READ,
+    "ListAgentVersions": AGENTS_READ,
+    "RollbackAgent": AGENTS_WRITE,
+    "SetDefaultAgent": AGENTS_WRITE,
+    "RemoveAgent": AGENTS_WRITE,
 }
+AGENT_METHODS = frozenset(m for m, scope in SCOPES.items() if scope.startswith("agents:"))
 # What the platform operator's credential may call: it manages tenants and keys...
 OPERATOR_METHODS = frozenset({"CreateApiKey", "RevokeApiKey", "DeleteTenant"})
 # ...and, within one tenant it names (metadata TENANT_METADATA), reads and retries runs as a
 # runs:all key of that tenant would.
-OPERATOR_TENANT_METHODS = frozenset({"GetRun", "ListRuns", "GetRunAttempts", "RetryRun"})
+# ...and acts on its agents.
+OPERATOR_TENANT_METHODS = frozenset(
+    {"GetRun", "ListRuns", "GetRunAttempts", "RetryRun", *AGENT_METHODS}
+)
 TENANT_METADATA = "tether-tenant"
 
 

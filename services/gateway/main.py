@@ -7,6 +7,7 @@ import asyncio
 from services.gateway import browser_credentials
 from services.gateway.auth import Authenticator
 from services.gateway.grpc.admissions import Admissions
+from services.gateway.grpc.agents import AgentRpcs
 from services.gateway.grpc.callers import Callers
 from services.gateway.grpc.documents import DocumentRpcs
 from services.gateway.grpc.interactions import InteractionRpcs
@@ -93,6 +94,7 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
         interactions=InteractionRpcs(callers, interactions_stub),
         keys=KeyRpcs(callers, auth, engine),
         documents=DocumentRpcs(callers, orchestrator_stub),
+        agents=AgentRpcs(callers, orchestrator_stub),
         tenants=TenantRpcs(
             callers=callers,
             auth=auth,

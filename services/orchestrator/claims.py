@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator import routing
+from services.orchestrator.agent_routing import AgentRouting
 from services.orchestrator.prices import Prices
 from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import leases as lease_repo
@@ -27,7 +28,16 @@ from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories.picked import Leased, Unrouted
 from services.orchestrator.repositories.transitions import NOW, Moved, apply, numbered
 from tether import states
-from tether.domain import AgentConfig, Origin, Part, Run, RunError, run_failed, run_started
+from tether.domain import (
+    AGENT_VERSION,
+    AgentConfig,
+    Origin,
+    Part,
+    Run,
+    RunError,
+    run_failed,
+    run_started,
+)
 from tether.errors import TetherError
 
 log = logging.getLogger(__name__)
@@ -41,16 +51,24 @@ MAX_ROUTES = 10_000
 
 @dataclass(frozen=True)
 class Routing:
-    """A tenant's routing, resolved from its agent configuration as it stood then, and the name
-    it is stored under (`routings`: the digest of its stored form)."""
+    """A tenant's routing for a source and channel, resolved at its agents' `revision` (0: it
+    has none) by one of its agents' published `version`s (None: from `tenants.agent`, which
+    `agent` then holds as it stood), and the name it is stored under (`routings`: the digest
+    of its stored form)."""
 
-    agent: dict[str, Any]
+    agent: dict[str, Any] | None
     config: AgentConfig
+    revision: int = 0
+    version: int | None = None
 
     @functools.cached_property
     def stored(self) -> dict[str, Any]:
-        """The stored form."""
-        return self.config.to_json()
+        """The stored form: the configuration, and the version of the agent it came from (a
+        release before agents reads past the extra key)."""
+        stored = self.config.to_json()
+        if self.version is not None:
+            stored[AGENT_VERSION] = self.version
+        return stored
 
     @functools.cached_property
     def routing_id(self) -> str:
@@ -122,6 +140,7 @@ class Claims:
         self._stored_routings: set[str] = set()
         # Decisions by name, for the runs that lease again with the one they were pinned to.
         self._pinned: dict[str, AgentConfig] = {}
+        self._agents = AgentRouting()
 
     async def claim(self, worker_id: str, wait_s: float) -> Claimed | None:
         """Lease the oldest claimable run, waiting up to `wait_s` for one to appear."""
@@ -215,7 +234,7 @@ class Claims:
                 leased.extend(taken)
                 if not unrouted or len(leased) >= n:
                     break
-                broken.extend(self._resolve(unrouted, routed_now))
+                broken.extend(await self._resolve(conn, unrouted, routed_now))
             inputs = await parts_repo.attempt_inputs(
                 conn, [self._wanted(one) for one in leased], limit_runs=self._history_runs
             )
@@ -273,13 +292,14 @@ class Claims:
             source,
             channel,
             routing.agent,
+            routing.revision,
             routing.routing_id,
             routing.config.limits.max_attempts,
             routed_now.get(key, 0.0),
         )
 
-    def _resolve(
-        self, unrouted: list[Unrouted], routed_now: dict[RouteKey, float]
+    async def _resolve(
+        self, conn: Any, unrouted: list[Unrouted], routed_now: dict[RouteKey, float]
     ) -> list[tuple[str, RunError]]:
         """Resolve the routing of the tenants, sources and channels of runs the claim could not
         lease; the runs of a tenant whose configuration is broken, with why."""
@@ -288,18 +308,29 @@ class Claims:
             key = (run.tenant_id, run.source, run.channel)
             agent = dict(run.agent)
             known = self._routes.get(key)
-            if known is not None and known.agent == agent:
+            if (
+                known is not None
+                and known.revision == run.revision
+                and (known.agent is None or known.agent == agent)
+            ):
                 continue  # resolved for a run before this one
             started = time.perf_counter()
             try:
-                config = routing.resolve(agent, run.source, run.channel)
+                picked = await self._agents.pick(
+                    conn, run.tenant_id, run.revision, run.source, run.channel
+                )
+                if picked is None:
+                    config = routing.resolve(agent, run.source, run.channel)
+                    routed = Routing(agent, config, run.revision)
+                else:
+                    routed = Routing(None, picked.config, run.revision, picked.version)
             except TetherError as exc:
                 broken.append((run.run_id, RunError("routing_failed", exc.message)))
                 continue
             if len(self._routes) >= MAX_ROUTES:
                 self._routes.clear()
                 self._stored_routings.clear()
-            self._routes[key] = Routing(agent, config)
+            self._routes[key] = routed
             routed_now[key] = (time.perf_counter() - started) * 1000
         return broken
 

@@ -8,6 +8,7 @@ import math
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.orchestrator.repositories import agents as agent_repo
 from services.orchestrator.repositories import documents as documents_repo
 from services.orchestrator.repositories import retention as repo
 from tether.retention import Key, RetentionPolicy, Step, Sweeps
@@ -64,15 +65,20 @@ class Retention:
         return Step(examined, removed, 0, last, next_in)
 
     async def delete_tenant(self, tenant_id: str) -> tuple[int, bool]:
-        """Remove a batch of a deleted tenant's runs, then of its knowledge documents: (how
-        many, whether any is left)."""
+        """Remove a batch of a deleted tenant's runs, then of its knowledge documents, then its
+        agents: (how many, whether any is left)."""
         async with self._engine.begin() as conn:
             removed = await repo.delete_tenant_runs(conn, tenant_id, self._batch)
             if removed < self._batch:
                 removed += await documents_repo.remove_tenant_documents(
                     conn, tenant_id, self._batch - removed
                 )
+            if removed < self._batch:
+                # All at once: a tenant's agents are documents people write (thousands at
+                # most, one statement), and going last no run is still pinned to one.
+                removed += await agent_repo.delete_tenant(conn, tenant_id)
         async with self._autocommit.connect() as conn:
             left = await repo.tenant_has_runs(conn, tenant_id)
             left = left or await documents_repo.tenant_has_documents(conn, tenant_id)
+            left = left or await agent_repo.tenant_has_agents(conn, tenant_id)
         return removed, left

@@ -3,12 +3,15 @@ the worker-facing calls are in `worker_edge.py`."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC
 
 import grpc
 
+from services.orchestrator.agents import Agents
 from services.orchestrator.execution import Execution
 from services.orchestrator.knowledge import Knowledge
+from services.orchestrator.repositories.agents import Published, Version
 from services.orchestrator.retention import Retention
 from services.orchestrator.service import Runs
 from services.orchestrator.work import Work, WorkSettings
@@ -49,6 +52,30 @@ def _routed(run: Run, routing: RunRouting | None) -> common_pb2.Run:
     return message
 
 
+def _actor(actor: orchestrator_pb2.AgentActor) -> dict[str, str]:
+    return {"key_id": actor.key_id, "principal_id": actor.principal_id}
+
+
+def _agent_version(found: Version) -> common_pb2.AgentVersion:
+    message = common_pb2.AgentVersion(
+        name=found.name,
+        version=found.version,
+        spec=found.written,
+        normalised=json.dumps(found.normalised, sort_keys=True),
+        digest=found.digest,
+    )
+    message.created_at.FromDatetime(found.created_at.astimezone(UTC))
+    return message
+
+
+def _agent_summary(found: Published, default: bool) -> common_pb2.AgentSummary:
+    message = common_pb2.AgentSummary(
+        name=found.name, published_version=found.published_version, default=default
+    )
+    message.updated_at.FromDatetime(found.updated_at.astimezone(UTC))
+    return message
+
+
 def _viewer(
     request: orchestrator_pb2.LookupRunRequest
     | orchestrator_pb2.SearchRunsRequest
@@ -69,6 +96,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         self._execution = execution
         self._knowledge = Knowledge(execution.engine)
         self._retention = retention
+        self._agents = Agents(execution.engine)
         self.work = Work(
             execution.engine,
             execution.claims,
@@ -230,3 +258,69 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
     ) -> orchestrator_pb2.DeleteDocumentResponse:
         await self._knowledge.remove(request.tenant_id, request.document_id)
         return orchestrator_pb2.DeleteDocumentResponse()
+
+    async def PublishAgent(
+        self, request: orchestrator_pb2.PublishAgentRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.PublishAgentResponse:
+        base = request.base_version if request.HasField("base_version") else None
+        applied = await self._agents.apply(
+            request.actor.tenant_id, request.spec, _actor(request.actor), base
+        )
+        return orchestrator_pb2.PublishAgentResponse(
+            name=applied.name, version=applied.version, created=applied.created
+        )
+
+    async def LookupAgent(
+        self, request: orchestrator_pb2.LookupAgentRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.LookupAgentResponse:
+        version = request.version if request.HasField("version") else None
+        shown = await self._agents.show(request.tenant_id, request.name, version)
+        return orchestrator_pb2.LookupAgentResponse(
+            agent=_agent_version(shown.version),
+            published_version=shown.published_version,
+            default=shown.default,
+        )
+
+    async def SearchAgents(
+        self, request: orchestrator_pb2.SearchAgentsRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.SearchAgentsResponse:
+        listed = await self._agents.listed(request.tenant_id)
+        return orchestrator_pb2.SearchAgentsResponse(
+            agents=[_agent_summary(one.agent, one.default) for one in listed]
+        )
+
+    async def LookupAgentVersions(
+        self,
+        request: orchestrator_pb2.LookupAgentVersionsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> orchestrator_pb2.LookupAgentVersionsResponse:
+        found = await self._agents.versions(request.tenant_id, request.name)
+        return orchestrator_pb2.LookupAgentVersionsResponse(
+            versions=[_agent_version(v) for v in found]
+        )
+
+    async def RepublishAgent(
+        self, request: orchestrator_pb2.RepublishAgentRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.RepublishAgentResponse:
+        if request.to_version < 1:
+            raise InvalidArgument("to_version must be a version number, 1 or more")
+        applied = await self._agents.rollback(
+            request.actor.tenant_id, request.name, request.to_version, _actor(request.actor)
+        )
+        return orchestrator_pb2.RepublishAgentResponse(name=applied.name, version=applied.version)
+
+    async def ChooseDefaultAgent(
+        self,
+        request: orchestrator_pb2.ChooseDefaultAgentRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> orchestrator_pb2.ChooseDefaultAgentResponse:
+        await self._agents.set_default(request.actor.tenant_id, request.name, _actor(request.actor))
+        return orchestrator_pb2.ChooseDefaultAgentResponse(name=request.name)
+
+    async def DeleteAgent(
+        self, request: orchestrator_pb2.DeleteAgentRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.DeleteAgentResponse:
+        version = await self._agents.remove(
+            request.actor.tenant_id, request.name, _actor(request.actor)
+        )
+        return orchestrator_pb2.DeleteAgentResponse(name=request.name, version=version)

@@ -322,3 +322,41 @@ async def test_an_oversized_body_answers_in_the_json_error_shape(
         headers={**bearer(hostile_stack.key_a), "Content-Type": "application/json"},
     )
     assert_json_error(response, 413, "INVALID_ARGUMENT")
+
+
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        ('{"name": "nul\\u0000byte"}', "NUL"),
+        ('{"name": "has space"}', "/name"),
+        ('{"name": "a", "limits": {"max_steps": 1000000000000}}', "/limits/max_steps"),
+        ('{"name": "a", "limits": {"max_steps": -1}}', "/limits/max_steps"),
+        ('{"name": "a", "routes": [{"source": "carrier-pigeon"}]}', "/routes/0/source"),
+        ('{"name": "a", "temperature": 2}', "temperature"),
+        ("name: a\ninstructions: !!python/object:os.system echo\n", "tag"),
+        ("", "spec"),
+    ],
+)
+async def test_a_hostile_agent_document_is_400_naming_what_and_writes_nothing(
+    hostile_stack: HostileStack, http: httpx2.AsyncClient, spec: str, named: str
+) -> None:
+    before = await hostile_stack.row_counts()
+    response = await http.post(
+        "/v2/agents", json={"spec": spec}, headers=bearer(hostile_stack.admin_key)
+    )
+    assert_json_error(response, 400, "INVALID_ARGUMENT")
+    assert named.lower() in response.text.lower(), response.text[:400]
+    assert await hostile_stack.row_counts() == before
+
+
+async def test_an_agent_name_outside_the_identifier_rules_is_invalid_argument(
+    hostile_stack: HostileStack, channel: grpc.aio.Channel
+) -> None:
+    stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    meta = hostile_stack.metadata(hostile_stack.admin_key)
+    for name in ("", "a/b", "x" * 129, "tab\there"):
+        error = await refused(
+            stub.RemoveAgent(gateway_pb2.RemoveAgentRequest(name=name), metadata=meta)
+        )
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, error)
+        assert "name" in (error.details() or ""), error

@@ -76,8 +76,9 @@ def raw_bodies(draw: st.DrawFn, method: str, generator: Generator) -> bytes:
     descriptor = METHODS[method].input_type
     raw = draw(generator.messages(descriptor)).SerializeToString()
     how = draw(st.sampled_from(["utf8", "utf8", "enum", "truncate", "noise", "unknown_field"]))
-    if how == "utf8":
-        chain = draw(st.sampled_from(string_paths(descriptor)))
+    paths = string_paths(descriptor)
+    if how == "utf8" and paths:  # a request without strings (ListAgents) gets an unknown field
+        chain = draw(st.sampled_from(paths))
         payload = draw(BAD_UTF8)
         for field in reversed(chain):
             payload = length_delimited(field.number, payload)

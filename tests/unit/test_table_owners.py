@@ -25,6 +25,9 @@ OWNER = {
     "context_summaries": "orchestrator",
     # A tenant's knowledge, served by the orchestrator to its runs' workers.
     "documents": "orchestrator",
+    "agents": "orchestrator",
+    "agent_versions": "orchestrator",
+    "agent_sets": "orchestrator",
     # Inbound events and conversations.
     "event_claims": "admission",
     "messages": "admission",

@@ -469,6 +469,7 @@ def routing_to_proto(routing: RunRouting) -> common_pb2.RunRouting:
         else common_pb2.BundleRef(name=config.persona.name, version=config.persona.version),
         skills=[common_pb2.BundleRef(name=s.name, version=s.version) for s in config.skills],
         tool_allowlist=list(config.tool_allowlist),
+        agent_version=routing.agent_version,
     )
 
 

@@ -95,9 +95,10 @@ from tether.domain.rules import (
     is_whole_call,
     superseded_on_close,
 )
-from tether.domain.runs import Attempt, LoggedEvent, PricedTurn, Run, RunRouting
+from tether.domain.runs import AGENT_VERSION, Attempt, LoggedEvent, PricedTurn, Run, RunRouting
 
 __all__ = [
+    "AGENT_VERSION",
     "CANCELLED_BY_CALLER",
     "DEFAULT_BACKOFF_INITIAL_S",
     "DEFAULT_BACKOFF_MAX_S",

@@ -122,14 +122,24 @@ class LoggedEvent:
         return cls(*_EVENT_COLUMNS(row))
 
 
+AGENT_VERSION = "agent_version"
+"""The key of a routing's stored form naming the agent version it came from (a release before
+agents reads past it)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RunRouting:
     """The routing decision a run's current attempt runs with: its name in `routings` ("" for
     one a release before routings kept whole on the run) and its stored form
-    (`AgentConfig.to_json`)."""
+    (`AgentConfig.to_json`, plus `AGENT_VERSION` when a version of a stored agent made it)."""
 
     routing_id: str
     stored: Mapping[str, Any]
+
+    @property
+    def agent_version(self) -> int:
+        """The version of the agent the run is pinned to; 0 when `tenants.agent` routed it."""
+        return int(self.stored.get(AGENT_VERSION, 0))
 
 
 # Each model's columns in its fields' order, picked from a row's mapping in one call.

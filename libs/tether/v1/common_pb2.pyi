@@ -616,12 +616,17 @@ class RunRouting(_message.Message):
     PERSONA_FIELD_NUMBER: _builtins.int
     SKILLS_FIELD_NUMBER: _builtins.int
     TOOL_ALLOWLIST_FIELD_NUMBER: _builtins.int
+    AGENT_VERSION_FIELD_NUMBER: _builtins.int
     routing_id: _builtins.str
     """The decision's name (the digest of its stored form)."""
     agent: _builtins.str
     """Agent name."""
     model: _builtins.str
     """Model id."""
+    agent_version: _builtins.int
+    """The version of the agent the run is pinned to (0: routed by the tenant's agent from before
+    agents had versions).
+    """
     @_builtins.property
     def persona(self) -> Global___BundleRef:
         """The persona."""
@@ -643,10 +648,11 @@ class RunRouting(_message.Message):
         persona: Global___BundleRef | None = ...,
         skills: _abc.Iterable[Global___BundleRef] | None = ...,
         tool_allowlist: _abc.Iterable[_builtins.str] | None = ...,
+        agent_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["persona", b"persona"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "model", b"model", "persona", b"persona", "routing_id", b"routing_id", "skills", b"skills", "tool_allowlist", b"tool_allowlist"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "agent_version", b"agent_version", "model", b"model", "persona", b"persona", "routing_id", b"routing_id", "skills", b"skills", "tool_allowlist", b"tool_allowlist"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -901,3 +907,83 @@ class ModelTurn(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ModelTurn: _TypeAlias = ModelTurn  # noqa: Y015
+
+@_typing.final
+class AgentVersion(_message.Message):
+    """AgentVersion is one immutable version of a tenant's agent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
+    NORMALISED_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The agent's name."""
+    version: _builtins.int
+    """The version's number, from 1."""
+    spec: _builtins.str
+    """The document as it was applied (JSON or YAML text, never a Struct: integers stay integers)."""
+    normalised: _builtins.str
+    """The normalised document, as JSON text."""
+    digest: _builtins.str
+    """sha256 of the normalised document, hex."""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was applied."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        version: _builtins.int = ...,
+        spec: _builtins.str = ...,
+        normalised: _builtins.str = ...,
+        digest: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "digest", b"digest", "name", b"name", "normalised", b"normalised", "spec", b"spec", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentVersion: _TypeAlias = AgentVersion  # noqa: Y015
+
+@_typing.final
+class AgentSummary(_message.Message):
+    """AgentSummary is an agent of a tenant as listed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    PUBLISHED_VERSION_FIELD_NUMBER: _builtins.int
+    DEFAULT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The agent's name."""
+    published_version: _builtins.int
+    """The version runs are routed to now."""
+    default: _builtins.bool
+    """Whether it is the tenant's default (it takes the runs no route claims)."""
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp:
+        """When its published version last changed."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        published_version: _builtins.int = ...,
+        default: _builtins.bool = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default", b"default", "name", b"name", "published_version", b"published_version", "updated_at", b"updated_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentSummary: _TypeAlias = AgentSummary  # noqa: Y015

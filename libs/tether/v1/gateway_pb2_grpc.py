@@ -148,6 +148,41 @@ class GatewayServiceStub:
                 request_serializer=tether_dot_v1_dot_gateway__pb2.DeleteTenantRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_gateway__pb2.DeleteTenantResponse.FromString,
                 _registered_method=True)
+        self.ApplyAgent = channel.unary_unary(
+                '/tether.v1.GatewayService/ApplyAgent',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.ApplyAgentRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.ApplyAgentResponse.FromString,
+                _registered_method=True)
+        self.GetAgent = channel.unary_unary(
+                '/tether.v1.GatewayService/GetAgent',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.GetAgentRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.GetAgentResponse.FromString,
+                _registered_method=True)
+        self.ListAgents = channel.unary_unary(
+                '/tether.v1.GatewayService/ListAgents',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.ListAgentsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.ListAgentsResponse.FromString,
+                _registered_method=True)
+        self.ListAgentVersions = channel.unary_unary(
+                '/tether.v1.GatewayService/ListAgentVersions',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.ListAgentVersionsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.ListAgentVersionsResponse.FromString,
+                _registered_method=True)
+        self.RollbackAgent = channel.unary_unary(
+                '/tether.v1.GatewayService/RollbackAgent',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.RollbackAgentRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.RollbackAgentResponse.FromString,
+                _registered_method=True)
+        self.SetDefaultAgent = channel.unary_unary(
+                '/tether.v1.GatewayService/SetDefaultAgent',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.SetDefaultAgentRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.SetDefaultAgentResponse.FromString,
+                _registered_method=True)
+        self.RemoveAgent = channel.unary_unary(
+                '/tether.v1.GatewayService/RemoveAgent',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.RemoveAgentRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveAgentResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServiceServicer:
@@ -327,6 +362,57 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ApplyAgent(self, request, context):
+        """ApplyAgent creates a version of one of the caller's tenant's agents from a document (JSON or
+        YAML) and publishes it; an identical document creates nothing. With base_version, ABORTED
+        when the published version moved on. Needs agents:write.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAgent(self, request, context):
+        """GetAgent reads one version of an agent (its published one unless named). Needs agents:read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAgents(self, request, context):
+        """ListAgents lists the tenant's agents. Needs agents:read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAgentVersions(self, request, context):
+        """ListAgentVersions lists an agent's versions, oldest first. Needs agents:read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RollbackAgent(self, request, context):
+        """RollbackAgent publishes an earlier version again. Needs agents:write.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetDefaultAgent(self, request, context):
+        """SetDefaultAgent makes an agent the tenant's default. Needs agents:write.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveAgent(self, request, context):
+        """RemoveAgent removes an agent no unfinished run pins. Needs agents:write.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -439,6 +525,41 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.DeleteTenant,
                     request_deserializer=tether_dot_v1_dot_gateway__pb2.DeleteTenantRequest.FromString,
                     response_serializer=tether_dot_v1_dot_gateway__pb2.DeleteTenantResponse.SerializeToString,
+            ),
+            'ApplyAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApplyAgent,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.ApplyAgentRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.ApplyAgentResponse.SerializeToString,
+            ),
+            'GetAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAgent,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.GetAgentRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.GetAgentResponse.SerializeToString,
+            ),
+            'ListAgents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAgents,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.ListAgentsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.ListAgentsResponse.SerializeToString,
+            ),
+            'ListAgentVersions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAgentVersions,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.ListAgentVersionsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.ListAgentVersionsResponse.SerializeToString,
+            ),
+            'RollbackAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.RollbackAgent,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.RollbackAgentRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.RollbackAgentResponse.SerializeToString,
+            ),
+            'SetDefaultAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetDefaultAgent,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.SetDefaultAgentRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.SetDefaultAgentResponse.SerializeToString,
+            ),
+            'RemoveAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveAgent,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveAgentRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.RemoveAgentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1039,6 +1160,195 @@ class GatewayService:
             '/tether.v1.GatewayService/DeleteTenant',
             tether_dot_v1_dot_gateway__pb2.DeleteTenantRequest.SerializeToString,
             tether_dot_v1_dot_gateway__pb2.DeleteTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApplyAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/ApplyAgent',
+            tether_dot_v1_dot_gateway__pb2.ApplyAgentRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.ApplyAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/GetAgent',
+            tether_dot_v1_dot_gateway__pb2.GetAgentRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.GetAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAgents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/ListAgents',
+            tether_dot_v1_dot_gateway__pb2.ListAgentsRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.ListAgentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAgentVersions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/ListAgentVersions',
+            tether_dot_v1_dot_gateway__pb2.ListAgentVersionsRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.ListAgentVersionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RollbackAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/RollbackAgent',
+            tether_dot_v1_dot_gateway__pb2.RollbackAgentRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.RollbackAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetDefaultAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/SetDefaultAgent',
+            tether_dot_v1_dot_gateway__pb2.SetDefaultAgentRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.SetDefaultAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/RemoveAgent',
+            tether_dot_v1_dot_gateway__pb2.RemoveAgentRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.RemoveAgentResponse.FromString,
             options,
             channel_credentials,
             insecure,

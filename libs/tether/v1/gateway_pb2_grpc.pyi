@@ -107,6 +107,23 @@ class GatewayServiceStub:
     says whether anything remains: call it again until `deleted`. An absent tenant is
     NOT_FOUND.
     """
+    ApplyAgent: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ApplyAgentRequest, _gateway_pb2.ApplyAgentResponse]
+    """ApplyAgent creates a version of one of the caller's tenant's agents from a document (JSON or
+    YAML) and publishes it; an identical document creates nothing. With base_version, ABORTED
+    when the published version moved on. Needs agents:write.
+    """
+    GetAgent: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GetAgentRequest, _gateway_pb2.GetAgentResponse]
+    """GetAgent reads one version of an agent (its published one unless named). Needs agents:read."""
+    ListAgents: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListAgentsRequest, _gateway_pb2.ListAgentsResponse]
+    """ListAgents lists the tenant's agents. Needs agents:read."""
+    ListAgentVersions: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListAgentVersionsRequest, _gateway_pb2.ListAgentVersionsResponse]
+    """ListAgentVersions lists an agent's versions, oldest first. Needs agents:read."""
+    RollbackAgent: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RollbackAgentRequest, _gateway_pb2.RollbackAgentResponse]
+    """RollbackAgent publishes an earlier version again. Needs agents:write."""
+    SetDefaultAgent: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.SetDefaultAgentRequest, _gateway_pb2.SetDefaultAgentResponse]
+    """SetDefaultAgent makes an agent the tenant's default. Needs agents:write."""
+    RemoveAgent: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RemoveAgentRequest, _gateway_pb2.RemoveAgentResponse]
+    """RemoveAgent removes an agent no unfinished run pins. Needs agents:write."""
 
 @_typing.type_check_only
 class GatewayServiceAsyncStub(GatewayServiceStub):
@@ -187,6 +204,23 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     says whether anything remains: call it again until `deleted`. An absent tenant is
     NOT_FOUND.
     """
+    ApplyAgent: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ApplyAgentRequest, _gateway_pb2.ApplyAgentResponse]  # type: ignore[assignment]
+    """ApplyAgent creates a version of one of the caller's tenant's agents from a document (JSON or
+    YAML) and publishes it; an identical document creates nothing. With base_version, ABORTED
+    when the published version moved on. Needs agents:write.
+    """
+    GetAgent: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GetAgentRequest, _gateway_pb2.GetAgentResponse]  # type: ignore[assignment]
+    """GetAgent reads one version of an agent (its published one unless named). Needs agents:read."""
+    ListAgents: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListAgentsRequest, _gateway_pb2.ListAgentsResponse]  # type: ignore[assignment]
+    """ListAgents lists the tenant's agents. Needs agents:read."""
+    ListAgentVersions: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListAgentVersionsRequest, _gateway_pb2.ListAgentVersionsResponse]  # type: ignore[assignment]
+    """ListAgentVersions lists an agent's versions, oldest first. Needs agents:read."""
+    RollbackAgent: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RollbackAgentRequest, _gateway_pb2.RollbackAgentResponse]  # type: ignore[assignment]
+    """RollbackAgent publishes an earlier version again. Needs agents:write."""
+    SetDefaultAgent: _aio.UnaryUnaryMultiCallable[_gateway_pb2.SetDefaultAgentRequest, _gateway_pb2.SetDefaultAgentResponse]  # type: ignore[assignment]
+    """SetDefaultAgent makes an agent the tenant's default. Needs agents:write."""
+    RemoveAgent: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RemoveAgentRequest, _gateway_pb2.RemoveAgentResponse]  # type: ignore[assignment]
+    """RemoveAgent removes an agent no unfinished run pins. Needs agents:write."""
 
 class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
     """GatewayService is the public client API. Callers authenticate with an API key in the
@@ -396,5 +430,64 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         says whether anything remains: call it again until `deleted`. An absent tenant is
         NOT_FOUND.
         """
+
+    @_abc_1.abstractmethod
+    def ApplyAgent(
+        self,
+        request: _gateway_pb2.ApplyAgentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ApplyAgentResponse, _abc.Awaitable[_gateway_pb2.ApplyAgentResponse]]:
+        """ApplyAgent creates a version of one of the caller's tenant's agents from a document (JSON or
+        YAML) and publishes it; an identical document creates nothing. With base_version, ABORTED
+        when the published version moved on. Needs agents:write.
+        """
+
+    @_abc_1.abstractmethod
+    def GetAgent(
+        self,
+        request: _gateway_pb2.GetAgentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.GetAgentResponse, _abc.Awaitable[_gateway_pb2.GetAgentResponse]]:
+        """GetAgent reads one version of an agent (its published one unless named). Needs agents:read."""
+
+    @_abc_1.abstractmethod
+    def ListAgents(
+        self,
+        request: _gateway_pb2.ListAgentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ListAgentsResponse, _abc.Awaitable[_gateway_pb2.ListAgentsResponse]]:
+        """ListAgents lists the tenant's agents. Needs agents:read."""
+
+    @_abc_1.abstractmethod
+    def ListAgentVersions(
+        self,
+        request: _gateway_pb2.ListAgentVersionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ListAgentVersionsResponse, _abc.Awaitable[_gateway_pb2.ListAgentVersionsResponse]]:
+        """ListAgentVersions lists an agent's versions, oldest first. Needs agents:read."""
+
+    @_abc_1.abstractmethod
+    def RollbackAgent(
+        self,
+        request: _gateway_pb2.RollbackAgentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.RollbackAgentResponse, _abc.Awaitable[_gateway_pb2.RollbackAgentResponse]]:
+        """RollbackAgent publishes an earlier version again. Needs agents:write."""
+
+    @_abc_1.abstractmethod
+    def SetDefaultAgent(
+        self,
+        request: _gateway_pb2.SetDefaultAgentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.SetDefaultAgentResponse, _abc.Awaitable[_gateway_pb2.SetDefaultAgentResponse]]:
+        """SetDefaultAgent makes an agent the tenant's default. Needs agents:write."""
+
+    @_abc_1.abstractmethod
+    def RemoveAgent(
+        self,
+        request: _gateway_pb2.RemoveAgentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.RemoveAgentResponse, _abc.Awaitable[_gateway_pb2.RemoveAgentResponse]]:
+        """RemoveAgent removes an agent no unfinished run pins. Needs agents:write."""
 
 def add_GatewayServiceServicer_to_server(servicer: GatewayServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

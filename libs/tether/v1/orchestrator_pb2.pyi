@@ -2890,3 +2890,419 @@ class DeleteTenantRunsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteTenantRunsResponse: _TypeAlias = DeleteTenantRunsResponse  # noqa: Y015
+
+@_typing.final
+class AgentActor(_message.Message):
+    """AgentActor names who changes a tenant's agents, for the audit log."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    key_id: _builtins.str
+    """The key that called ("" for the operator)."""
+    principal_id: _builtins.str
+    """Its principal (the operator's id for the operator)."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        key_id: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_id", b"key_id", "principal_id", b"principal_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentActor: _TypeAlias = AgentActor  # noqa: Y015
+
+@_typing.final
+class PublishAgentRequest(_message.Message):
+    """PublishAgentRequest is a document to apply."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTOR_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
+    BASE_VERSION_FIELD_NUMBER: _builtins.int
+    spec: _builtins.str
+    """The document, JSON or YAML text."""
+    base_version: _builtins.int
+    """Apply only while this is the published version (0: the agent does not exist yet)."""
+    @_builtins.property
+    def actor(self) -> Global___AgentActor:
+        """Who applies it, in which tenant."""
+
+    def __init__(
+        self,
+        *,
+        actor: Global___AgentActor | None = ...,
+        spec: _builtins.str = ...,
+        base_version: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_base_version", b"_base_version", "actor", b"actor", "base_version", b"base_version"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_base_version", b"_base_version", "actor", b"actor", "base_version", b"base_version", "spec", b"spec"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__base_version: _TypeAlias = _typing.Literal["base_version"]  # noqa: Y015
+    _WhichOneofArgType__base_version: _TypeAlias = _typing.Literal["_base_version", b"_base_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__base_version) -> _WhichOneofReturnType__base_version | None: ...
+
+Global___PublishAgentRequest: _TypeAlias = PublishAgentRequest  # noqa: Y015
+
+@_typing.final
+class PublishAgentResponse(_message.Message):
+    """PublishAgentResponse names the published version."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The agent."""
+    version: _builtins.int
+    """Its published version."""
+    created: _builtins.bool
+    """Whether this apply created it (false: identical to the published one)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        version: _builtins.int = ...,
+        created: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "name", b"name", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PublishAgentResponse: _TypeAlias = PublishAgentResponse  # noqa: Y015
+
+@_typing.final
+class LookupAgentRequest(_message.Message):
+    """LookupAgentRequest names an agent of a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    name: _builtins.str
+    """The agent."""
+    version: _builtins.int
+    """A version; its published one when absent."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        version: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_version", b"_version", "version", b"version"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_version", b"_version", "name", b"name", "tenant_id", b"tenant_id", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__version: _TypeAlias = _typing.Literal["version"]  # noqa: Y015
+    _WhichOneofArgType__version: _TypeAlias = _typing.Literal["_version", b"_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__version) -> _WhichOneofReturnType__version | None: ...
+
+Global___LookupAgentRequest: _TypeAlias = LookupAgentRequest  # noqa: Y015
+
+@_typing.final
+class LookupAgentResponse(_message.Message):
+    """LookupAgentResponse is one version of the agent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    PUBLISHED_VERSION_FIELD_NUMBER: _builtins.int
+    DEFAULT_FIELD_NUMBER: _builtins.int
+    published_version: _builtins.int
+    """The agent's published version."""
+    default: _builtins.bool
+    """Whether the agent is the tenant's default."""
+    @_builtins.property
+    def agent(self) -> _common_pb2.AgentVersion:
+        """The version."""
+
+    def __init__(
+        self,
+        *,
+        agent: _common_pb2.AgentVersion | None = ...,
+        published_version: _builtins.int = ...,
+        default: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "default", b"default", "published_version", b"published_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LookupAgentResponse: _TypeAlias = LookupAgentResponse  # noqa: Y015
+
+@_typing.final
+class SearchAgentsRequest(_message.Message):
+    """SearchAgentsRequest names a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchAgentsRequest: _TypeAlias = SearchAgentsRequest  # noqa: Y015
+
+@_typing.final
+class SearchAgentsResponse(_message.Message):
+    """SearchAgentsResponse lists its agents."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def agents(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.AgentSummary]:
+        """By name."""
+
+    def __init__(
+        self,
+        *,
+        agents: _abc.Iterable[_common_pb2.AgentSummary] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchAgentsResponse: _TypeAlias = SearchAgentsResponse  # noqa: Y015
+
+@_typing.final
+class LookupAgentVersionsRequest(_message.Message):
+    """LookupAgentVersionsRequest names an agent of a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    name: _builtins.str
+    """The agent."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LookupAgentVersionsRequest: _TypeAlias = LookupAgentVersionsRequest  # noqa: Y015
+
+@_typing.final
+class LookupAgentVersionsResponse(_message.Message):
+    """LookupAgentVersionsResponse lists its versions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def versions(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.AgentVersion]:
+        """Oldest first."""
+
+    def __init__(
+        self,
+        *,
+        versions: _abc.Iterable[_common_pb2.AgentVersion] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["versions", b"versions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LookupAgentVersionsResponse: _TypeAlias = LookupAgentVersionsResponse  # noqa: Y015
+
+@_typing.final
+class RepublishAgentRequest(_message.Message):
+    """RepublishAgentRequest names the version to publish again."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTOR_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    TO_VERSION_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The agent."""
+    to_version: _builtins.int
+    """The version to publish."""
+    @_builtins.property
+    def actor(self) -> Global___AgentActor:
+        """Who rolls back, in which tenant."""
+
+    def __init__(
+        self,
+        *,
+        actor: Global___AgentActor | None = ...,
+        name: _builtins.str = ...,
+        to_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "name", b"name", "to_version", b"to_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RepublishAgentRequest: _TypeAlias = RepublishAgentRequest  # noqa: Y015
+
+@_typing.final
+class RepublishAgentResponse(_message.Message):
+    """RepublishAgentResponse names the published version."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The agent."""
+    version: _builtins.int
+    """Its published version."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RepublishAgentResponse: _TypeAlias = RepublishAgentResponse  # noqa: Y015
+
+@_typing.final
+class ChooseDefaultAgentRequest(_message.Message):
+    """ChooseDefaultAgentRequest names the tenant's new default agent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTOR_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The agent."""
+    @_builtins.property
+    def actor(self) -> Global___AgentActor:
+        """Who sets it, in which tenant."""
+
+    def __init__(
+        self,
+        *,
+        actor: Global___AgentActor | None = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChooseDefaultAgentRequest: _TypeAlias = ChooseDefaultAgentRequest  # noqa: Y015
+
+@_typing.final
+class ChooseDefaultAgentResponse(_message.Message):
+    """ChooseDefaultAgentResponse names it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The default agent."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChooseDefaultAgentResponse: _TypeAlias = ChooseDefaultAgentResponse  # noqa: Y015
+
+@_typing.final
+class DeleteAgentRequest(_message.Message):
+    """DeleteAgentRequest names the agent to remove."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTOR_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The agent."""
+    @_builtins.property
+    def actor(self) -> Global___AgentActor:
+        """Who removes it, in which tenant."""
+
+    def __init__(
+        self,
+        *,
+        actor: Global___AgentActor | None = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteAgentRequest: _TypeAlias = DeleteAgentRequest  # noqa: Y015
+
+@_typing.final
+class DeleteAgentResponse(_message.Message):
+    """DeleteAgentResponse names what was removed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The agent."""
+    version: _builtins.int
+    """The version that was published."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteAgentResponse: _TypeAlias = DeleteAgentResponse  # noqa: Y015

@@ -166,6 +166,41 @@ class OrchestratorServiceStub:
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.StoreSummaryRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_orchestrator__pb2.StoreSummaryResponse.FromString,
                 _registered_method=True)
+        self.PublishAgent = channel.unary_unary(
+                '/tether.v1.OrchestratorService/PublishAgent',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.PublishAgentRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.PublishAgentResponse.FromString,
+                _registered_method=True)
+        self.LookupAgent = channel.unary_unary(
+                '/tether.v1.OrchestratorService/LookupAgent',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.LookupAgentRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.LookupAgentResponse.FromString,
+                _registered_method=True)
+        self.SearchAgents = channel.unary_unary(
+                '/tether.v1.OrchestratorService/SearchAgents',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.SearchAgentsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.SearchAgentsResponse.FromString,
+                _registered_method=True)
+        self.LookupAgentVersions = channel.unary_unary(
+                '/tether.v1.OrchestratorService/LookupAgentVersions',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.LookupAgentVersionsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.LookupAgentVersionsResponse.FromString,
+                _registered_method=True)
+        self.RepublishAgent = channel.unary_unary(
+                '/tether.v1.OrchestratorService/RepublishAgent',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.RepublishAgentRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.RepublishAgentResponse.FromString,
+                _registered_method=True)
+        self.ChooseDefaultAgent = channel.unary_unary(
+                '/tether.v1.OrchestratorService/ChooseDefaultAgent',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.ChooseDefaultAgentRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.ChooseDefaultAgentResponse.FromString,
+                _registered_method=True)
+        self.DeleteAgent = channel.unary_unary(
+                '/tether.v1.OrchestratorService/DeleteAgent',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.DeleteAgentRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.DeleteAgentResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServiceServicer:
@@ -374,6 +409,59 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PublishAgent(self, request, context):
+        """PublishAgent creates a version of a tenant's agent and publishes it; a document identical to
+        the published version creates nothing. With base_version, ABORTED when the published
+        version is no longer that one (nothing changes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LookupAgent(self, request, context):
+        """LookupAgent reads one version of a tenant's agent (its published one unless named).
+        Another tenant's agent is NOT_FOUND, like an absent one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SearchAgents(self, request, context):
+        """SearchAgents lists a tenant's agents by name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LookupAgentVersions(self, request, context):
+        """LookupAgentVersions lists every version of a tenant's agent, oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepublishAgent(self, request, context):
+        """RepublishAgent publishes an earlier version of a tenant's agent again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChooseDefaultAgent(self, request, context):
+        """ChooseDefaultAgent makes an agent the tenant's default.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAgent(self, request, context):
+        """DeleteAgent removes an agent and its versions: FAILED_PRECONDITION while it is the default
+        or an unfinished run is pinned to it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -506,6 +594,41 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.StoreSummary,
                     request_deserializer=tether_dot_v1_dot_orchestrator__pb2.StoreSummaryRequest.FromString,
                     response_serializer=tether_dot_v1_dot_orchestrator__pb2.StoreSummaryResponse.SerializeToString,
+            ),
+            'PublishAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.PublishAgent,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.PublishAgentRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.PublishAgentResponse.SerializeToString,
+            ),
+            'LookupAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupAgent,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.LookupAgentRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.LookupAgentResponse.SerializeToString,
+            ),
+            'SearchAgents': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchAgents,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.SearchAgentsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.SearchAgentsResponse.SerializeToString,
+            ),
+            'LookupAgentVersions': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupAgentVersions,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.LookupAgentVersionsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.LookupAgentVersionsResponse.SerializeToString,
+            ),
+            'RepublishAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepublishAgent,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.RepublishAgentRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.RepublishAgentResponse.SerializeToString,
+            ),
+            'ChooseDefaultAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChooseDefaultAgent,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.ChooseDefaultAgentRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.ChooseDefaultAgentResponse.SerializeToString,
+            ),
+            'DeleteAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAgent,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.DeleteAgentRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.DeleteAgentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1212,6 +1335,195 @@ class OrchestratorService:
             '/tether.v1.OrchestratorService/StoreSummary',
             tether_dot_v1_dot_orchestrator__pb2.StoreSummaryRequest.SerializeToString,
             tether_dot_v1_dot_orchestrator__pb2.StoreSummaryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/PublishAgent',
+            tether_dot_v1_dot_orchestrator__pb2.PublishAgentRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.PublishAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/LookupAgent',
+            tether_dot_v1_dot_orchestrator__pb2.LookupAgentRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.LookupAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchAgents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/SearchAgents',
+            tether_dot_v1_dot_orchestrator__pb2.SearchAgentsRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.SearchAgentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupAgentVersions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/LookupAgentVersions',
+            tether_dot_v1_dot_orchestrator__pb2.LookupAgentVersionsRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.LookupAgentVersionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepublishAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/RepublishAgent',
+            tether_dot_v1_dot_orchestrator__pb2.RepublishAgentRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.RepublishAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChooseDefaultAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/ChooseDefaultAgent',
+            tether_dot_v1_dot_orchestrator__pb2.ChooseDefaultAgentRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.ChooseDefaultAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/DeleteAgent',
+            tether_dot_v1_dot_orchestrator__pb2.DeleteAgentRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.DeleteAgentResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -127,6 +127,27 @@ class OrchestratorServiceStub:
     """StoreSummary stores a compaction summary of a leased run's session (a part of the run, with
     its events), once per range: a second summary of the same range is FAILED_PRECONDITION.
     """
+    PublishAgent: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.PublishAgentRequest, _orchestrator_pb2.PublishAgentResponse]
+    """PublishAgent creates a version of a tenant's agent and publishes it; a document identical to
+    the published version creates nothing. With base_version, ABORTED when the published
+    version is no longer that one (nothing changes).
+    """
+    LookupAgent: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupAgentRequest, _orchestrator_pb2.LookupAgentResponse]
+    """LookupAgent reads one version of a tenant's agent (its published one unless named).
+    Another tenant's agent is NOT_FOUND, like an absent one.
+    """
+    SearchAgents: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.SearchAgentsRequest, _orchestrator_pb2.SearchAgentsResponse]
+    """SearchAgents lists a tenant's agents by name."""
+    LookupAgentVersions: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupAgentVersionsRequest, _orchestrator_pb2.LookupAgentVersionsResponse]
+    """LookupAgentVersions lists every version of a tenant's agent, oldest first."""
+    RepublishAgent: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.RepublishAgentRequest, _orchestrator_pb2.RepublishAgentResponse]
+    """RepublishAgent publishes an earlier version of a tenant's agent again."""
+    ChooseDefaultAgent: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ChooseDefaultAgentRequest, _orchestrator_pb2.ChooseDefaultAgentResponse]
+    """ChooseDefaultAgent makes an agent the tenant's default."""
+    DeleteAgent: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.DeleteAgentRequest, _orchestrator_pb2.DeleteAgentResponse]
+    """DeleteAgent removes an agent and its versions: FAILED_PRECONDITION while it is the default
+    or an unfinished run is pinned to it.
+    """
 
 @_typing.type_check_only
 class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
@@ -220,6 +241,27 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     StoreSummary: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.StoreSummaryRequest, _orchestrator_pb2.StoreSummaryResponse]  # type: ignore[assignment]
     """StoreSummary stores a compaction summary of a leased run's session (a part of the run, with
     its events), once per range: a second summary of the same range is FAILED_PRECONDITION.
+    """
+    PublishAgent: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.PublishAgentRequest, _orchestrator_pb2.PublishAgentResponse]  # type: ignore[assignment]
+    """PublishAgent creates a version of a tenant's agent and publishes it; a document identical to
+    the published version creates nothing. With base_version, ABORTED when the published
+    version is no longer that one (nothing changes).
+    """
+    LookupAgent: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupAgentRequest, _orchestrator_pb2.LookupAgentResponse]  # type: ignore[assignment]
+    """LookupAgent reads one version of a tenant's agent (its published one unless named).
+    Another tenant's agent is NOT_FOUND, like an absent one.
+    """
+    SearchAgents: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.SearchAgentsRequest, _orchestrator_pb2.SearchAgentsResponse]  # type: ignore[assignment]
+    """SearchAgents lists a tenant's agents by name."""
+    LookupAgentVersions: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupAgentVersionsRequest, _orchestrator_pb2.LookupAgentVersionsResponse]  # type: ignore[assignment]
+    """LookupAgentVersions lists every version of a tenant's agent, oldest first."""
+    RepublishAgent: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.RepublishAgentRequest, _orchestrator_pb2.RepublishAgentResponse]  # type: ignore[assignment]
+    """RepublishAgent publishes an earlier version of a tenant's agent again."""
+    ChooseDefaultAgent: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ChooseDefaultAgentRequest, _orchestrator_pb2.ChooseDefaultAgentResponse]  # type: ignore[assignment]
+    """ChooseDefaultAgent makes an agent the tenant's default."""
+    DeleteAgent: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.DeleteAgentRequest, _orchestrator_pb2.DeleteAgentResponse]  # type: ignore[assignment]
+    """DeleteAgent removes an agent and its versions: FAILED_PRECONDITION while it is the default
+    or an unfinished run is pinned to it.
     """
 
 class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -464,6 +506,69 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_orchestrator_pb2.StoreSummaryResponse, _abc.Awaitable[_orchestrator_pb2.StoreSummaryResponse]]:
         """StoreSummary stores a compaction summary of a leased run's session (a part of the run, with
         its events), once per range: a second summary of the same range is FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def PublishAgent(
+        self,
+        request: _orchestrator_pb2.PublishAgentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.PublishAgentResponse, _abc.Awaitable[_orchestrator_pb2.PublishAgentResponse]]:
+        """PublishAgent creates a version of a tenant's agent and publishes it; a document identical to
+        the published version creates nothing. With base_version, ABORTED when the published
+        version is no longer that one (nothing changes).
+        """
+
+    @_abc_1.abstractmethod
+    def LookupAgent(
+        self,
+        request: _orchestrator_pb2.LookupAgentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.LookupAgentResponse, _abc.Awaitable[_orchestrator_pb2.LookupAgentResponse]]:
+        """LookupAgent reads one version of a tenant's agent (its published one unless named).
+        Another tenant's agent is NOT_FOUND, like an absent one.
+        """
+
+    @_abc_1.abstractmethod
+    def SearchAgents(
+        self,
+        request: _orchestrator_pb2.SearchAgentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.SearchAgentsResponse, _abc.Awaitable[_orchestrator_pb2.SearchAgentsResponse]]:
+        """SearchAgents lists a tenant's agents by name."""
+
+    @_abc_1.abstractmethod
+    def LookupAgentVersions(
+        self,
+        request: _orchestrator_pb2.LookupAgentVersionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.LookupAgentVersionsResponse, _abc.Awaitable[_orchestrator_pb2.LookupAgentVersionsResponse]]:
+        """LookupAgentVersions lists every version of a tenant's agent, oldest first."""
+
+    @_abc_1.abstractmethod
+    def RepublishAgent(
+        self,
+        request: _orchestrator_pb2.RepublishAgentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.RepublishAgentResponse, _abc.Awaitable[_orchestrator_pb2.RepublishAgentResponse]]:
+        """RepublishAgent publishes an earlier version of a tenant's agent again."""
+
+    @_abc_1.abstractmethod
+    def ChooseDefaultAgent(
+        self,
+        request: _orchestrator_pb2.ChooseDefaultAgentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.ChooseDefaultAgentResponse, _abc.Awaitable[_orchestrator_pb2.ChooseDefaultAgentResponse]]:
+        """ChooseDefaultAgent makes an agent the tenant's default."""
+
+    @_abc_1.abstractmethod
+    def DeleteAgent(
+        self,
+        request: _orchestrator_pb2.DeleteAgentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.DeleteAgentResponse, _abc.Awaitable[_orchestrator_pb2.DeleteAgentResponse]]:
+        """DeleteAgent removes an agent and its versions: FAILED_PRECONDITION while it is the default
+        or an unfinished run is pinned to it.
         """
 
 def add_OrchestratorServiceServicer_to_server(servicer: OrchestratorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -14,6 +14,7 @@ from contextlib import aclosing
 
 import grpc
 
+from services.gateway.grpc.agents import AgentRpcs
 from services.gateway.grpc.documents import DocumentRpcs
 from services.gateway.grpc.interactions import InteractionRpcs
 from services.gateway.grpc.keys import KeyRpcs
@@ -35,6 +36,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         documents: DocumentRpcs,
         tenants: TenantRpcs,
         streams: StreamRpcs,
+        agents: AgentRpcs,
     ) -> None:
         self._runs = runs
         self._interactions = interactions
@@ -42,6 +44,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self._documents = documents
         self._tenants = tenants
         self._streams = streams
+        self._agents = agents
 
     async def SendMessage(
         self, request: gateway_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
@@ -132,6 +135,41 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self, request: gateway_pb2.RemoveDocumentRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.RemoveDocumentResponse:
         return await self._documents.RemoveDocument(request, context)
+
+    async def ApplyAgent(
+        self, request: gateway_pb2.ApplyAgentRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ApplyAgentResponse:
+        return await self._agents.ApplyAgent(request, context)
+
+    async def GetAgent(
+        self, request: gateway_pb2.GetAgentRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GetAgentResponse:
+        return await self._agents.GetAgent(request, context)
+
+    async def ListAgents(
+        self, request: gateway_pb2.ListAgentsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListAgentsResponse:
+        return await self._agents.ListAgents(request, context)
+
+    async def ListAgentVersions(
+        self, request: gateway_pb2.ListAgentVersionsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListAgentVersionsResponse:
+        return await self._agents.ListAgentVersions(request, context)
+
+    async def RollbackAgent(
+        self, request: gateway_pb2.RollbackAgentRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.RollbackAgentResponse:
+        return await self._agents.RollbackAgent(request, context)
+
+    async def SetDefaultAgent(
+        self, request: gateway_pb2.SetDefaultAgentRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.SetDefaultAgentResponse:
+        return await self._agents.SetDefaultAgent(request, context)
+
+    async def RemoveAgent(
+        self, request: gateway_pb2.RemoveAgentRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.RemoveAgentResponse:
+        return await self._agents.RemoveAgent(request, context)
 
     async def DeleteTenant(
         self, request: gateway_pb2.DeleteTenantRequest, context: grpc.aio.ServicerContext

@@ -32,6 +32,7 @@ from services.gateway.http.errors import error_body
 from services.gateway.http.signin import credential
 from services.gateway.live.run_list import LiveRuns
 from services.gateway.live.streams import Streams
+from tether import agent_spec
 from tether.apikeys import Principal
 from tether.errors import InvalidArgument, TetherError
 from tether.limits import INT32_MAX, check_request
@@ -60,6 +61,13 @@ _UNARY: tuple[tuple[str, str, str, type[Message], bool], ...] = (
      _G.CompleteConnectionRequest, True),
     ("POST", "/v2/documents", "AddDocument", _G.AddDocumentRequest, True),
     ("DELETE", "/v2/documents/{document_id}", "RemoveDocument", _G.RemoveDocumentRequest, False),
+    ("POST", "/v2/agents", "ApplyAgent", _G.ApplyAgentRequest, True),
+    ("GET", "/v2/agents", "ListAgents", _G.ListAgentsRequest, False),
+    ("GET", "/v2/agents/{name}/versions", "ListAgentVersions", _G.ListAgentVersionsRequest,
+     False),
+    ("POST", "/v2/agents/{name}/rollback", "RollbackAgent", _G.RollbackAgentRequest, True),
+    ("POST", "/v2/agents/{name}/default", "SetDefaultAgent", _G.SetDefaultAgentRequest, True),
+    ("DELETE", "/v2/agents/{name}", "RemoveAgent", _G.RemoveAgentRequest, False),
 )  # fmt: skip
 # RPCs whose success creates something: 201.
 _CREATES = frozenset({"AddDocument"})
@@ -141,6 +149,9 @@ class BridgeV2:
         router.add_get("/v2/runs/{run_id}/events", self.run_events)
         router.add_get("/v2/conversations/{conversation_id}/events", self.conversation_events)
         router.add_get("/v2/documents", self.list_documents)
+        # Before /v2/agents/{name}: the schema's path is not an agent's.
+        router.add_get("/v2/agents/schema", self.agent_schema)
+        router.add_get("/v2/agents/{name}", self.get_agent)
         for method, path, rpc, request_type, has_body in _UNARY:
             router.add_route(method, path, self._unary(rpc, request_type, has_body=has_body))
 
@@ -150,7 +161,8 @@ class BridgeV2:
 
     async def _call(self, rpc: str, message: Message, request: web.Request) -> web.Response:
         response = await getattr(self._servicer, rpc)(message, self._context(request))
-        return web.json_response(to_json(response), status=201 if rpc in _CREATES else 200)
+        created = rpc in _CREATES or (rpc == "ApplyAgent" and response.created)
+        return web.json_response(to_json(response), status=201 if created else 200)
 
     def _unary(self, rpc: str, request_type: type[Message], *, has_body: bool) -> Handler:
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -190,6 +202,19 @@ class BridgeV2:
             page_token=query.get("pageToken", ""),
         )
         return await self._call("ListDocuments", message, request)
+
+    async def get_agent(self, request: web.Request) -> web.Response:
+        message = gateway_pb2.GetAgentRequest(name=request.match_info["name"])
+        version = request.query.get("version")
+        if version is not None:
+            message.version = non_negative(version, "version", INT32_MAX)
+        return await self._call("GetAgent", message, request)
+
+    async def agent_schema(self, request: web.Request) -> web.Response:
+        """The agent document's JSON Schema. Public, as a published format is: it holds no
+        tenant's data, and an editor or a CI job validates documents with it before holding a
+        key."""
+        return web.json_response(agent_spec.schema())
 
     # -- streams --------------------------------------------------------------------------------
 

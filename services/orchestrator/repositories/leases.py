@@ -27,6 +27,7 @@ from sqlalchemy import (
     func,
     insert,
     null,
+    or_,
     select,
     text,
     update,
@@ -50,6 +51,7 @@ from services.orchestrator.repositories.transitions import (
 from tether import formats, states
 from tether.db.direct import Direct
 from tether.db.schema import (
+    agent_sets,
     attempts,
     audit_log,
     documents,
@@ -71,12 +73,20 @@ _ROUTES = (
         bindparam("rt_sources", type_=ARRAY(Text)),
         bindparam("rt_channels", type_=ARRAY(Text)),
         bindparam("rt_agents", type_=ARRAY(Text)),
+        bindparam("rt_revisions", type_=ARRAY(BigInteger)),
         bindparam("rt_routing_ids", type_=ARRAY(Text)),
         bindparam("rt_max_attempts", type_=ARRAY(Integer)),
         bindparam("rt_routing_ms", type_=ARRAY(Float)),
     )
     .table_valued(
-        "tenant_id", "source", "channel", "agent", "routing_id", "max_attempts", "routing_ms"
+        "tenant_id",
+        "source",
+        "channel",
+        "agent",
+        "revision",
+        "routing_id",
+        "max_attempts",
+        "routing_ms",
     )
     .render_derived("route", with_types=False)
 )
@@ -93,10 +103,14 @@ _PICKED = (
     .prefix_with("MATERIALIZED")
 )
 _AGENT = func.coalesce(tenants.c.agent, text("'{}'::jsonb"))  # as routing reads a missing one
-# Where each picked run came from (its message: one primary-key probe): routing picks persona
-# and skills by its source, and the live facts name its actor.
-_WITH_AGENT = _PICKED.outerjoin(tenants, tenants.c.tenant_id == _PICKED.c.tenant_id).join(
-    messages, messages.c.message_id == _PICKED.c.message_id
+# The revision of the tenant's agents (0: it has none, and runs with `tenants.agent`).
+_REVISION = func.coalesce(agent_sets.c.revision, 0)
+# Where each picked run came from (its message: one primary-key probe): routing picks the agent,
+# persona and skills by its source, and the live facts name its actor.
+_WITH_AGENT = (
+    _PICKED.outerjoin(tenants, tenants.c.tenant_id == _PICKED.c.tenant_id)
+    .outerjoin(agent_sets, agent_sets.c.tenant_id == _PICKED.c.tenant_id)
+    .join(messages, messages.c.message_id == _PICKED.c.message_id)
 )
 _ROUTED = (
     select(_PICKED.c.run_id, _ROUTES.c.routing_id, _ROUTES.c.max_attempts, _ROUTES.c.routing_ms)
@@ -107,7 +121,10 @@ _ROUTED = (
                 _ROUTES.c.tenant_id == _PICKED.c.tenant_id,
                 _ROUTES.c.source == messages.c.source,
                 _ROUTES.c.channel == _PICKED.c.channel,
-                cast(_ROUTES.c.agent, JSONB) == _AGENT,
+                _ROUTES.c.revision == _REVISION,
+                # A route to one of the tenant's agents holds while its revision does; one
+                # resolved from `tenants.agent`, while that is unchanged too.
+                or_(_ROUTES.c.agent.is_(None), cast(_ROUTES.c.agent, JSONB) == _AGENT),
             ),
         )
     )
@@ -200,6 +217,7 @@ CLAIM = Direct(
         messages.c.actor_type,
         messages.c.actor_id,
         case((_LEASED.c.run_id.is_(None), _AGENT)).label("unrouted_agent"),
+        _REVISION.label("unrouted_revision"),
         _HAS_HISTORY.label("has_history"),
         _HAS_DOCUMENTS.label("has_documents"),
         *[_LEASED.c[c.name] for c in runs.c],
@@ -217,13 +235,16 @@ CLAIM = Direct(
 
 @dataclass(frozen=True)
 class Route:
-    """How a tenant's runs from `source` on `channel` are leased: the routing resolved from
-    `agent` (its `tenants.agent` then), and how long resolving it took in this claim."""
+    """How a tenant's runs from `source` on `channel` are leased: the routing resolved at the
+    tenant's agents `revision` (0: it has none) and, when resolved from `tenants.agent`, from
+    `agent` (its value then; None for one of the tenant's agents), and how long resolving it
+    took in this claim."""
 
     tenant_id: str
     source: str
     channel: str
-    agent: dict[str, Any]
+    agent: dict[str, Any] | None
+    revision: int
     routing_id: str
     max_attempts: int
     routing_ms: float = 0.0
@@ -260,7 +281,8 @@ def claim_params(
         "rt_tenant_ids": [r.tenant_id for r in routes],
         "rt_sources": [r.source for r in routes],
         "rt_channels": [r.channel for r in routes],
-        "rt_agents": [json.dumps(r.agent) for r in routes],
+        "rt_agents": [None if r.agent is None else json.dumps(r.agent) for r in routes],
+        "rt_revisions": [r.revision for r in routes],
         "rt_routing_ids": [r.routing_id for r in routes],
         "ro_ids": list(stored),
         "ro_configs": [json.dumps(config) for config in stored.values()],

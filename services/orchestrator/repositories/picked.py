@@ -34,13 +34,14 @@ class Leased:
 @dataclass(frozen=True, slots=True)
 class Unrouted:
     """A run the claim left queued: its tenant, source and channel have no route here, or the
-    tenant's `agent` changed since the route was resolved."""
+    tenant's agents (their `revision`) or its `agent` changed since the route was resolved."""
 
     run_id: str
     tenant_id: str
     source: str
     channel: str
     agent: Mapping[str, Any]
+    revision: int
 
 
 def picked(rows: Sequence[Mapping[Any, Any]]) -> tuple[list[Leased], list[Unrouted]]:
@@ -56,6 +57,7 @@ def picked(rows: Sequence[Mapping[Any, Any]]) -> tuple[list[Leased], list[Unrout
                     row["picked_source"],
                     row["picked_channel"],
                     row["unrouted_agent"],
+                    int(row["unrouted_revision"]),
                 )
             )
             continue

@@ -6,6 +6,14 @@ import type { RunJson, RunStatusJson } from "./gen/tether/v1/common_pb.js";
 import type {
   AddDocumentRequestJson,
   AddDocumentResponseJson,
+  ApplyAgentRequestJson,
+  ApplyAgentResponseJson,
+  GetAgentResponseJson,
+  ListAgentsResponseJson,
+  ListAgentVersionsResponseJson,
+  RemoveAgentResponseJson,
+  RollbackAgentResponseJson,
+  SetDefaultAgentResponseJson,
   AnswerQuestionRequestJson,
   AnswerQuestionResponseJson,
   CancelRunResponseJson,
@@ -286,6 +294,35 @@ export class TetherClient {
     return this.call("DELETE", `/v2/documents/${encodeURIComponent(documentId)}`, undefined, options);
   }
 
+  applyAgent(body: ApplyAgentRequestJson, options: RequestOptions = {}): Promise<ApplyAgentResponseJson> {
+    return this.call("POST", "/v2/agents", body, options);
+  }
+
+  listAgents(options: RequestOptions = {}): Promise<ListAgentsResponseJson> {
+    return this.call("GET", "/v2/agents", undefined, options);
+  }
+
+  getAgent(name: string, version?: number, options: RequestOptions = {}): Promise<GetAgentResponseJson> {
+    const q = version === undefined ? "" : `?version=${version}`;
+    return this.call("GET", `${agentPath(name)}${q}`, undefined, options);
+  }
+
+  listAgentVersions(name: string, options: RequestOptions = {}): Promise<ListAgentVersionsResponseJson> {
+    return this.call("GET", `${agentPath(name)}/versions`, undefined, options);
+  }
+
+  rollbackAgent(name: string, toVersion: number, options: RequestOptions = {}): Promise<RollbackAgentResponseJson> {
+    return this.call("POST", `${agentPath(name)}/rollback`, { toVersion }, options);
+  }
+
+  setDefaultAgent(name: string, options: RequestOptions = {}): Promise<SetDefaultAgentResponseJson> {
+    return this.call("POST", `${agentPath(name)}/default`, {}, options);
+  }
+
+  removeAgent(name: string, options: RequestOptions = {}): Promise<RemoveAgentResponseJson> {
+    return this.call("DELETE", agentPath(name), undefined, options);
+  }
+
   // ---- streams ----------------------------------------------------------------------------
 
   /**
@@ -311,6 +348,11 @@ export class TetherClient {
 /** The path of a run (identifiers are the caller's; they are escaped, never trusted). */
 export function runPath(runId: string): string {
   return `/v2/runs/${encodeURIComponent(runId)}`;
+}
+
+/** The path of an agent (its name escaped: a name may hold `:` and `@`). */
+export function agentPath(name: string): string {
+  return `/v2/agents/${encodeURIComponent(name)}`;
 }
 
 export function listQuery(query: ListRunsQuery & { pageSize?: number }): string {

@@ -129,3 +129,27 @@ describe("routes", () => {
     expect(fake.requests[0]!.body).toEqual({ eventId: "e1", conversationId: "c1", text: "hi" });
   });
 });
+
+describe("agents", () => {
+  it("calls the /v2/agents routes with the name escaped and the bodies in the JSON mapping", async () => {
+    const fake = new FakeFetch()
+      .on("POST", "/v2/agents", () => json(201, { name: "sup@port", version: 1, created: true }))
+      .on("GET", "/v2/agents/sup%40port", () => json(200, { agent: { name: "sup@port", version: 1 } }))
+      .on("GET", "/v2/agents/sup%40port/versions", () => json(200, { versions: [{ version: 1 }] }))
+      .on("POST", "/v2/agents/sup%40port/rollback", () => json(200, { name: "sup@port", version: 1 }))
+      .on("POST", "/v2/agents/sup%40port/default", () => json(200, { name: "sup@port" }))
+      .on("DELETE", "/v2/agents/sup%40port", () => json(200, { name: "sup@port", version: 1 }));
+    const client = new TetherClient({ fetch: fake.fetch, auth: { type: "bearer", token: "tk_1" } });
+    expect(await client.applyAgent({ spec: "name: sup@port\n", baseVersion: 0 })).toEqual({ name: "sup@port", version: 1, created: true });
+    expect((await client.getAgent("sup@port", 1)).agent?.version).toBe(1);
+    expect((await client.listAgentVersions("sup@port")).versions).toHaveLength(1);
+    await client.rollbackAgent("sup@port", 1);
+    await client.setDefaultAgent("sup@port");
+    await client.removeAgent("sup@port");
+    const [apply, get, , rollback] = fake.requests;
+    expect(get!.url).toBe("/v2/agents/sup%40port?version=1");
+    expect(apply!.body).toEqual({ spec: "name: sup@port\n", baseVersion: 0 });
+    expect(rollback!.body).toEqual({ toVersion: 1 });
+    expect(fake.requests.map((r) => r.method)).toEqual(["POST", "GET", "GET", "POST", "POST", "DELETE"]);
+  });
+});

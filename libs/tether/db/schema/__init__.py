@@ -5,7 +5,8 @@ service (README, "Who owns which table"):
 - `admission_tables`: sessions, messages, event_claims (admission creates the queued run, through
   the orchestrator's intake);
 - `orchestrator_tables`: the run aggregate (runs, run_events, run_parts, attempts, effects,
-  usage_turns, tool_outputs, routings, context_summaries) and documents;
+  usage_turns, tool_outputs, routings, context_summaries), documents and agents (agents,
+  agent_versions, agent_sets);
 - `interactions_tables`: interactions, grants, connections;
 - `audit_tables`: audit_log, appended to by every service.
 
@@ -21,6 +22,9 @@ from tether.db.schema.base import in_state, metadata
 from tether.db.schema.gateway_tables import api_keys, browser_credentials, tenants
 from tether.db.schema.interactions_tables import connections, grants, interactions
 from tether.db.schema.orchestrator_tables import (
+    agent_sets,
+    agent_versions,
+    agents,
     attempts,
     context_summaries,
     documents,
@@ -34,6 +38,9 @@ from tether.db.schema.orchestrator_tables import (
 )
 
 __all__ = [
+    "agent_sets",
+    "agent_versions",
+    "agents",
     "api_keys",
     "attempts",
     "audit_log",

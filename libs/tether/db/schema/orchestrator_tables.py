@@ -301,3 +301,56 @@ Index(
     documents.c.document_id.desc(),
 )
 Index("ix_documents_search", documents.c.search, postgresql_using="gin")
+
+# A tenant's agents (tether.agent_spec documents): each a name with immutable numbered versions,
+# one of them published. Runs are routed among the published versions of a tenant's agents and
+# pinned, by their routing, to the version that took them.
+agents = Table(
+    "agents",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("published_version", Integer, nullable=False),
+    _now(),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("tenant_id", "name"),
+)
+
+agent_versions = Table(
+    "agent_versions",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("version", Integer, nullable=False),
+    # The document as its author sent it (JSON or YAML), and its normalised form: `written` is
+    # what `show` gives back, `normalised` what routing reads and `diff` compares.
+    Column("written", Text, nullable=False),
+    Column("normalised", JSONB, nullable=False),
+    # sha256 of the normalised form: an apply identical to the published version creates none.
+    Column("digest", Text, nullable=False),
+    # Who applied it (the audit record's actor).
+    Column("created_by", JSONB, nullable=False),
+    _now(),
+    PrimaryKeyConstraint("tenant_id", "name", "version"),
+    ForeignKeyConstraint(
+        ["tenant_id", "name"], ["agents.tenant_id", "agents.name"], ondelete="CASCADE"
+    ),
+    CheckConstraint("version >= 1", name="version"),
+)
+
+# Per tenant: which agent is its default (takes the runs no route claims) and the revision of
+# its agents, bumped by every apply, rollback, default and removal. The claim compares a run's
+# tenant's revision with the one its cached routes were resolved at (one primary-key probe),
+# instead of reading every agent of the tenant for every run. A tenant with no row has no
+# agents yet and runs with `tenants.agent` as before agents existed.
+agent_sets = Table(
+    "agent_sets",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("revision", BigInteger, nullable=False),
+    Column("default_agent", Text),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    ForeignKeyConstraint(
+        ["tenant_id", "default_agent"], ["agents.tenant_id", "agents.name"], name="default_agent"
+    ),
+)

@@ -12,7 +12,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/common.proto.
  */
 export const file_tether_v1_common: GenFile = /*@__PURE__*/
-  fileDesc("ChZ0ZXRoZXIvdjEvY29tbW9uLnByb3RvEgl0ZXRoZXIudjEiVgoJRXJyb3JJbmZvEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIRCglyZXRyeWFibGUYAyABKAgSFwoPcHJvdmlkZXJfc3RhdHVzGAQgASgFIp4BCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAMSFQoNb3V0cHV0X3Rva2VucxgCIAEoAxIjChtjYWNoZV9jcmVhdGlvbl9pbnB1dF90b2tlbnMYAyABKAMSHwoXY2FjaGVfcmVhZF9pbnB1dF90b2tlbnMYBCABKAMSEwoLY29zdF9taWNyb3MYBSABKAMSDQoFbW9kZWwYBiABKAkiGAoIVGV4dFBhcnQSDAoEdGV4dBgBIAEoCSIzCgxUaGlua2luZ1BhcnQSEAoIdGhpbmtpbmcYASABKAkSEQoJc2lnbmF0dXJlGAIgASgJImsKDFRvb2xDYWxsUGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRImCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDwoDY3V0GAQgASgIQgIYASJwCg5Ub29sUmVzdWx0UGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDwoHY29udGVudBgCIAEoCRIQCghpc19lcnJvchgDIAEoCBISCgpvdXRwdXRfcmVmGAQgASgJEhEKCXRydW5jYXRlZBgFIAEoCCImCgxRdWVzdGlvblBhcnQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkiOQoMQXBwcm92YWxQYXJ0EhYKDmludGVyYWN0aW9uX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCSI6Cg5Db25uZWN0aW9uUGFydBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghwcm92aWRlchgCIAEoCSKSAQoLU3VtbWFyeVBhcnQSDAoEdGV4dBgBIAEoCRITCgtmcm9tX3J1bl9pZBgCIAEoCRIWCg50aHJvdWdoX3J1bl9pZBgDIAEoCRIMCgRydW5zGAQgASgFEg0KBXBhcnRzGAUgASgFEhUKDXRva2Vuc19iZWZvcmUYBiABKAMSFAoMdG9rZW5zX2FmdGVyGAcgASgDIrYDCgRQYXJ0Eg0KBWluZGV4GAEgASgFEgwKBHJvbGUYAiABKAkSDQoFZmluYWwYAyABKAgSEgoKc3VwZXJzZWRlZBgEIAEoCBIjCgR0ZXh0GAogASgLMhMudGV0aGVyLnYxLlRleHRQYXJ0SAASKwoIdGhpbmtpbmcYCyABKAsyFy50ZXRoZXIudjEuVGhpbmtpbmdQYXJ0SAASLAoJdG9vbF9jYWxsGAwgASgLMhcudGV0aGVyLnYxLlRvb2xDYWxsUGFydEgAEjAKC3Rvb2xfcmVzdWx0GA0gASgLMhkudGV0aGVyLnYxLlRvb2xSZXN1bHRQYXJ0SAASKwoIcXVlc3Rpb24YDiABKAsyFy50ZXRoZXIudjEuUXVlc3Rpb25QYXJ0SAASKwoIYXBwcm92YWwYDyABKAsyFy50ZXRoZXIudjEuQXBwcm92YWxQYXJ0SAASLwoKY29ubmVjdGlvbhgQIAEoCzIZLnRldGhlci52MS5Db25uZWN0aW9uUGFydEgAEikKB3N1bW1hcnkYESABKAsyFi50ZXRoZXIudjEuU3VtbWFyeVBhcnRIAEIGCgRraW5kIpIBCghEb2N1bWVudBITCgtkb2N1bWVudF9pZBgBIAEoCRINCgV0aXRsZRgCIAEoCRIPCgdjb250ZW50GAMgASgJEg0KBWNoYXJzGAQgASgFEhIKCmNyZWF0ZWRfYnkYBSABKAkSLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiKgoJQnVuZGxlUmVmEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoBSKjAQoKUnVuUm91dGluZxISCgpyb3V0aW5nX2lkGAEgASgJEg0KBWFnZW50GAIgASgJEg0KBW1vZGVsGAMgASgJEiUKB3BlcnNvbmEYBCABKAsyFC50ZXRoZXIudjEuQnVuZGxlUmVmEiQKBnNraWxscxgFIAMoCzIULnRldGhlci52MS5CdW5kbGVSZWYSFgoOdG9vbF9hbGxvd2xpc3QYBiADKAkipgUKA1J1bhIOCgZydW5faWQYASABKAkSEQoJdGVuYW50X2lkGAIgASgJEhIKCnNlc3Npb25faWQYAyABKAkSFwoPY29udmVyc2F0aW9uX2lkGAQgASgJEiQKBnN0YXR1cxgFIAEoDjIULnRldGhlci52MS5SdW5TdGF0dXMSDwoHYXR0ZW1wdBgGIAEoBRIUCgxtYXhfYXR0ZW1wdHMYByABKAUSFQoNcGFyZW50X3J1bl9pZBgIIAEoCRITCgtyb290X3J1bl9pZBgJIAEoCRITCgtyZXN1bHRfdGV4dBgKIAEoCRIUCgx0YXNrX291dGNvbWUYCyABKAkSEAoId2FybmluZ3MYDCADKAkSIwoFZXJyb3IYDSABKAsyFC50ZXRoZXIudjEuRXJyb3JJbmZvEh8KBXVzYWdlGA4gASgLMhAudGV0aGVyLnYxLlVzYWdlEjMKD25leHRfYXR0ZW1wdF9hdBgPIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgQIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgRIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYEiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGxhc3Rfc2VxGBMgASgDEhIKCmlucHV0X3RleHQYFCABKAkSDwoHY2hhbm5lbBgVIAEoCRIaChJvd25lcl9wcmluY2lwYWxfaWQYFiABKAkSEgoKdmlzaWJpbGl0eRgXIAEoCRImCgdyb3V0aW5nGBggASgLMhUudGV0aGVyLnYxLlJ1blJvdXRpbmciuQIKB0F0dGVtcHQSDwoHYXR0ZW1wdBgBIAEoBRITCgtsZWFzZV9lcG9jaBgCIAEoAxIRCgl3b3JrZXJfaWQYAyABKAkSLgoKc3RhcnRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB291dGNvbWUYBiABKAkSIwoFZXJyb3IYByABKAsyFC50ZXRoZXIudjEuRXJyb3JJbmZvEjEKCHN0YWdlX21zGAggAygLMh8udGV0aGVyLnYxLkF0dGVtcHQuU3RhZ2VNc0VudHJ5Gi4KDFN0YWdlTXNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAE6AjgBIm0KCU1vZGVsVHVybhIfCgV1c2FnZRgBIAEoCzIQLnRldGhlci52MS5Vc2FnZRIuCgpjcmVhdGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgdhdHRlbXB0GAMgASgFKrACCglSdW5TdGF0dXMSGgoWUlVOX1NUQVRVU19VTlNQRUNJRklFRBAAEhUKEVJVTl9TVEFUVVNfUVVFVUVEEAESFgoSUlVOX1NUQVRVU19SVU5OSU5HEAISHAoYUlVOX1NUQVRVU19SRVRSWV9QRU5ESU5HEAMSIwofUlVOX1NUQVRVU19XQUlUSU5HX0ZPUl9RVUVTVElPThAEEiMKH1JVTl9TVEFUVVNfV0FJVElOR19GT1JfQVBQUk9WQUwQBRIlCiFSVU5fU1RBVFVTX1dBSVRJTkdfRk9SX0NPTk5FQ1RJT04QBhIYChRSVU5fU1RBVFVTX0NPTVBMRVRFRBAHEhUKEVJVTl9TVEFUVVNfRkFJTEVEEAgSGAoUUlVOX1NUQVRVU19DQU5DRUxMRUQQCSqQAQoLRGlzcG9zaXRpb24SGwoXRElTUE9TSVRJT05fVU5TUEVDSUZJRUQQABIXChNESVNQT1NJVElPTl9DUkVBVEVEEAESGAoURElTUE9TSVRJT05fQVRUQUNIRUQQAhIYChRESVNQT1NJVElPTl9SRVBMQVlFRBADEhcKE0RJU1BPU0lUSU9OX1JFVFJJRUQQBGIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChZ0ZXRoZXIvdjEvY29tbW9uLnByb3RvEgl0ZXRoZXIudjEiVgoJRXJyb3JJbmZvEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIRCglyZXRyeWFibGUYAyABKAgSFwoPcHJvdmlkZXJfc3RhdHVzGAQgASgFIp4BCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAMSFQoNb3V0cHV0X3Rva2VucxgCIAEoAxIjChtjYWNoZV9jcmVhdGlvbl9pbnB1dF90b2tlbnMYAyABKAMSHwoXY2FjaGVfcmVhZF9pbnB1dF90b2tlbnMYBCABKAMSEwoLY29zdF9taWNyb3MYBSABKAMSDQoFbW9kZWwYBiABKAkiGAoIVGV4dFBhcnQSDAoEdGV4dBgBIAEoCSIzCgxUaGlua2luZ1BhcnQSEAoIdGhpbmtpbmcYASABKAkSEQoJc2lnbmF0dXJlGAIgASgJImsKDFRvb2xDYWxsUGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRImCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDwoDY3V0GAQgASgIQgIYASJwCg5Ub29sUmVzdWx0UGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDwoHY29udGVudBgCIAEoCRIQCghpc19lcnJvchgDIAEoCBISCgpvdXRwdXRfcmVmGAQgASgJEhEKCXRydW5jYXRlZBgFIAEoCCImCgxRdWVzdGlvblBhcnQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkiOQoMQXBwcm92YWxQYXJ0EhYKDmludGVyYWN0aW9uX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCSI6Cg5Db25uZWN0aW9uUGFydBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghwcm92aWRlchgCIAEoCSKSAQoLU3VtbWFyeVBhcnQSDAoEdGV4dBgBIAEoCRITCgtmcm9tX3J1bl9pZBgCIAEoCRIWCg50aHJvdWdoX3J1bl9pZBgDIAEoCRIMCgRydW5zGAQgASgFEg0KBXBhcnRzGAUgASgFEhUKDXRva2Vuc19iZWZvcmUYBiABKAMSFAoMdG9rZW5zX2FmdGVyGAcgASgDIrYDCgRQYXJ0Eg0KBWluZGV4GAEgASgFEgwKBHJvbGUYAiABKAkSDQoFZmluYWwYAyABKAgSEgoKc3VwZXJzZWRlZBgEIAEoCBIjCgR0ZXh0GAogASgLMhMudGV0aGVyLnYxLlRleHRQYXJ0SAASKwoIdGhpbmtpbmcYCyABKAsyFy50ZXRoZXIudjEuVGhpbmtpbmdQYXJ0SAASLAoJdG9vbF9jYWxsGAwgASgLMhcudGV0aGVyLnYxLlRvb2xDYWxsUGFydEgAEjAKC3Rvb2xfcmVzdWx0GA0gASgLMhkudGV0aGVyLnYxLlRvb2xSZXN1bHRQYXJ0SAASKwoIcXVlc3Rpb24YDiABKAsyFy50ZXRoZXIudjEuUXVlc3Rpb25QYXJ0SAASKwoIYXBwcm92YWwYDyABKAsyFy50ZXRoZXIudjEuQXBwcm92YWxQYXJ0SAASLwoKY29ubmVjdGlvbhgQIAEoCzIZLnRldGhlci52MS5Db25uZWN0aW9uUGFydEgAEikKB3N1bW1hcnkYESABKAsyFi50ZXRoZXIudjEuU3VtbWFyeVBhcnRIAEIGCgRraW5kIpIBCghEb2N1bWVudBITCgtkb2N1bWVudF9pZBgBIAEoCRINCgV0aXRsZRgCIAEoCRIPCgdjb250ZW50GAMgASgJEg0KBWNoYXJzGAQgASgFEhIKCmNyZWF0ZWRfYnkYBSABKAkSLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiKgoJQnVuZGxlUmVmEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoBSK6AQoKUnVuUm91dGluZxISCgpyb3V0aW5nX2lkGAEgASgJEg0KBWFnZW50GAIgASgJEg0KBW1vZGVsGAMgASgJEiUKB3BlcnNvbmEYBCABKAsyFC50ZXRoZXIudjEuQnVuZGxlUmVmEiQKBnNraWxscxgFIAMoCzIULnRldGhlci52MS5CdW5kbGVSZWYSFgoOdG9vbF9hbGxvd2xpc3QYBiADKAkSFQoNYWdlbnRfdmVyc2lvbhgHIAEoBSKmBQoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIRCgl0ZW5hbnRfaWQYAiABKAkSEgoKc2Vzc2lvbl9pZBgDIAEoCRIXCg9jb252ZXJzYXRpb25faWQYBCABKAkSJAoGc3RhdHVzGAUgASgOMhQudGV0aGVyLnYxLlJ1blN0YXR1cxIPCgdhdHRlbXB0GAYgASgFEhQKDG1heF9hdHRlbXB0cxgHIAEoBRIVCg1wYXJlbnRfcnVuX2lkGAggASgJEhMKC3Jvb3RfcnVuX2lkGAkgASgJEhMKC3Jlc3VsdF90ZXh0GAogASgJEhQKDHRhc2tfb3V0Y29tZRgLIAEoCRIQCgh3YXJuaW5ncxgMIAMoCRIjCgVlcnJvchgNIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SHwoFdXNhZ2UYDiABKAsyEC50ZXRoZXIudjEuVXNhZ2USMwoPbmV4dF9hdHRlbXB0X2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX2F0GBAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GBEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgSIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIbGFzdF9zZXEYEyABKAMSEgoKaW5wdXRfdGV4dBgUIAEoCRIPCgdjaGFubmVsGBUgASgJEhoKEm93bmVyX3ByaW5jaXBhbF9pZBgWIAEoCRISCgp2aXNpYmlsaXR5GBcgASgJEiYKB3JvdXRpbmcYGCABKAsyFS50ZXRoZXIudjEuUnVuUm91dGluZyK5AgoHQXR0ZW1wdBIPCgdhdHRlbXB0GAEgASgFEhMKC2xlYXNlX2Vwb2NoGAIgASgDEhEKCXdvcmtlcl9pZBgDIAEoCRIuCgpzdGFydGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHb3V0Y29tZRgGIAEoCRIjCgVlcnJvchgHIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SMQoIc3RhZ2VfbXMYCCADKAsyHy50ZXRoZXIudjEuQXR0ZW1wdC5TdGFnZU1zRW50cnkaLgoMU3RhZ2VNc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEibQoJTW9kZWxUdXJuEh8KBXVzYWdlGAEgASgLMhAudGV0aGVyLnYxLlVzYWdlEi4KCmNyZWF0ZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB2F0dGVtcHQYAyABKAUijwEKDEFnZW50VmVyc2lvbhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSDAoEc3BlYxgDIAEoCRISCgpub3JtYWxpc2VkGAQgASgJEg4KBmRpZ2VzdBgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ4CgxBZ2VudFN1bW1hcnkSDAoEbmFtZRgBIAEoCRIZChFwdWJsaXNoZWRfdmVyc2lvbhgCIAEoBRIPCgdkZWZhdWx0GAMgASgIEi4KCnVwZGF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wKrACCglSdW5TdGF0dXMSGgoWUlVOX1NUQVRVU19VTlNQRUNJRklFRBAAEhUKEVJVTl9TVEFUVVNfUVVFVUVEEAESFgoSUlVOX1NUQVRVU19SVU5OSU5HEAISHAoYUlVOX1NUQVRVU19SRVRSWV9QRU5ESU5HEAMSIwofUlVOX1NUQVRVU19XQUlUSU5HX0ZPUl9RVUVTVElPThAEEiMKH1JVTl9TVEFUVVNfV0FJVElOR19GT1JfQVBQUk9WQUwQBRIlCiFSVU5fU1RBVFVTX1dBSVRJTkdfRk9SX0NPTk5FQ1RJT04QBhIYChRSVU5fU1RBVFVTX0NPTVBMRVRFRBAHEhUKEVJVTl9TVEFUVVNfRkFJTEVEEAgSGAoUUlVOX1NUQVRVU19DQU5DRUxMRUQQCSqQAQoLRGlzcG9zaXRpb24SGwoXRElTUE9TSVRJT05fVU5TUEVDSUZJRUQQABIXChNESVNQT1NJVElPTl9DUkVBVEVEEAESGAoURElTUE9TSVRJT05fQVRUQUNIRUQQAhIYChRESVNQT1NJVElPTl9SRVBMQVlFRBADEhcKE0RJU1BPU0lUSU9OX1JFVFJJRUQQBGIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * ErrorInfo is a classified failure kept on a run or an event.
@@ -1125,6 +1125,14 @@ export type RunRouting = Message<"tether.v1.RunRouting"> & {
    * @generated from field: repeated string tool_allowlist = 6;
    */
   toolAllowlist: string[];
+
+  /**
+   * The version of the agent the run is pinned to (0: routed by the tenant's agent from before
+   * agents had versions).
+   *
+   * @generated from field: int32 agent_version = 7;
+   */
+  agentVersion: number;
 };
 
 /**
@@ -1174,6 +1182,14 @@ export type RunRoutingJson = {
    * @generated from field: repeated string tool_allowlist = 6;
    */
   toolAllowlist?: string[];
+
+  /**
+   * The version of the agent the run is pinned to (0: routed by the tenant's agent from before
+   * agents had versions).
+   *
+   * @generated from field: int32 agent_version = 7;
+   */
+  agentVersion?: number;
 };
 
 /**
@@ -1743,6 +1759,188 @@ export type ModelTurnJson = {
  */
 export const ModelTurnSchema: GenMessage<ModelTurn, {jsonType: ModelTurnJson}> = /*@__PURE__*/
   messageDesc(file_tether_v1_common, 16);
+
+/**
+ * AgentVersion is one immutable version of a tenant's agent.
+ *
+ * @generated from message tether.v1.AgentVersion
+ */
+export type AgentVersion = Message<"tether.v1.AgentVersion"> & {
+  /**
+   * The agent's name.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * The version's number, from 1.
+   *
+   * @generated from field: int32 version = 2;
+   */
+  version: number;
+
+  /**
+   * The document as it was applied (JSON or YAML text, never a Struct: integers stay integers).
+   *
+   * @generated from field: string spec = 3;
+   */
+  spec: string;
+
+  /**
+   * The normalised document, as JSON text.
+   *
+   * @generated from field: string normalised = 4;
+   */
+  normalised: string;
+
+  /**
+   * sha256 of the normalised document, hex.
+   *
+   * @generated from field: string digest = 5;
+   */
+  digest: string;
+
+  /**
+   * When it was applied.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 6;
+   */
+  createdAt?: Timestamp | undefined;
+};
+
+/**
+ * AgentVersion is one immutable version of a tenant's agent.
+ *
+ * @generated from message tether.v1.AgentVersion
+ */
+export type AgentVersionJson = {
+  /**
+   * The agent's name.
+   *
+   * @generated from field: string name = 1;
+   */
+  name?: string;
+
+  /**
+   * The version's number, from 1.
+   *
+   * @generated from field: int32 version = 2;
+   */
+  version?: number;
+
+  /**
+   * The document as it was applied (JSON or YAML text, never a Struct: integers stay integers).
+   *
+   * @generated from field: string spec = 3;
+   */
+  spec?: string;
+
+  /**
+   * The normalised document, as JSON text.
+   *
+   * @generated from field: string normalised = 4;
+   */
+  normalised?: string;
+
+  /**
+   * sha256 of the normalised document, hex.
+   *
+   * @generated from field: string digest = 5;
+   */
+  digest?: string;
+
+  /**
+   * When it was applied.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 6;
+   */
+  createdAt?: TimestampJson;
+};
+
+/**
+ * Describes the message tether.v1.AgentVersion.
+ * Use `create(AgentVersionSchema)` to create a new message.
+ */
+export const AgentVersionSchema: GenMessage<AgentVersion, {jsonType: AgentVersionJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_common, 17);
+
+/**
+ * AgentSummary is an agent of a tenant as listed.
+ *
+ * @generated from message tether.v1.AgentSummary
+ */
+export type AgentSummary = Message<"tether.v1.AgentSummary"> & {
+  /**
+   * The agent's name.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * The version runs are routed to now.
+   *
+   * @generated from field: int32 published_version = 2;
+   */
+  publishedVersion: number;
+
+  /**
+   * Whether it is the tenant's default (it takes the runs no route claims).
+   *
+   * @generated from field: bool default = 3;
+   */
+  default: boolean;
+
+  /**
+   * When its published version last changed.
+   *
+   * @generated from field: google.protobuf.Timestamp updated_at = 4;
+   */
+  updatedAt?: Timestamp | undefined;
+};
+
+/**
+ * AgentSummary is an agent of a tenant as listed.
+ *
+ * @generated from message tether.v1.AgentSummary
+ */
+export type AgentSummaryJson = {
+  /**
+   * The agent's name.
+   *
+   * @generated from field: string name = 1;
+   */
+  name?: string;
+
+  /**
+   * The version runs are routed to now.
+   *
+   * @generated from field: int32 published_version = 2;
+   */
+  publishedVersion?: number;
+
+  /**
+   * Whether it is the tenant's default (it takes the runs no route claims).
+   *
+   * @generated from field: bool default = 3;
+   */
+  default?: boolean;
+
+  /**
+   * When its published version last changed.
+   *
+   * @generated from field: google.protobuf.Timestamp updated_at = 4;
+   */
+  updatedAt?: TimestampJson;
+};
+
+/**
+ * Describes the message tether.v1.AgentSummary.
+ * Use `create(AgentSummarySchema)` to create a new message.
+ */
+export const AgentSummarySchema: GenMessage<AgentSummary, {jsonType: AgentSummaryJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_common, 18);
 
 /**
  * RunStatus is where a run stands in its lifecycle. Transitions are listed in libs/tether/states.py.

@@ -8,7 +8,7 @@ import type { StructJson, Timestamp, TimestampJson } from "@bufbuild/protobuf/wk
 import { file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { DecisionInput, DecisionInputJson, MessagingWebhookInput, MessagingWebhookInputJson, TaskStatusInput, TaskStatusInputJson } from "./admission_pb.js";
 import { file_tether_v1_admission } from "./admission_pb.js";
-import type { Attempt, AttemptJson, Disposition, DispositionJson, Document, DocumentJson, ModelTurn, ModelTurnJson, Part, PartJson, Run, RunJson, RunStatus, RunStatusJson } from "./common_pb.js";
+import type { AgentSummary, AgentSummaryJson, AgentVersion, AgentVersionJson, Attempt, AttemptJson, Disposition, DispositionJson, Document, DocumentJson, ModelTurn, ModelTurnJson, Part, PartJson, Run, RunJson, RunStatus, RunStatusJson } from "./common_pb.js";
 import { file_tether_v1_common } from "./common_pb.js";
 import type { RunEvent, RunEventJson } from "./events_pb.js";
 import { file_tether_v1_events } from "./events_pb.js";
@@ -20,7 +20,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/gateway.proto.
  */
 export const file_tether_v1_gateway: GenFile = /*@__PURE__*/
-  fileDesc("Chd0ZXRoZXIvdjEvZ2F0ZXdheS5wcm90bxIJdGV0aGVyLnYxInEKElNlbmRNZXNzYWdlUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSDAoEdGV4dBgDIAEoCRIPCgdjaGFubmVsGAQgASgJEhEKCXRlbmFudF9pZBgFIAEoCSJfChNTZW5kTWVzc2FnZVJlc3BvbnNlEisKC2Rpc3Bvc2l0aW9uGAEgASgOMhYudGV0aGVyLnYxLkRpc3Bvc2l0aW9uEhsKA3J1bhgCIAEoCzIOLnRldGhlci52MS5SdW4itQEKElN1Ym1pdEV2ZW50UmVxdWVzdBI1CgltZXNzYWdpbmcYASABKAsyIC50ZXRoZXIudjEuTWVzc2FnaW5nV2ViaG9va0lucHV0SAASMQoLdGFza19zdGF0dXMYAiABKAsyGi50ZXRoZXIudjEuVGFza1N0YXR1c0lucHV0SAASLAoIZGVjaXNpb24YAyABKAsyGC50ZXRoZXIudjEuRGVjaXNpb25JbnB1dEgAQgcKBWlucHV0Il8KE1N1Ym1pdEV2ZW50UmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1biI7Cg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIaChJpbmNsdWRlX3N1cGVyc2VkZWQYAiABKAgiTQoOR2V0UnVuUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIeCgVwYXJ0cxgCIAMoCzIPLnRldGhlci52MS5QYXJ0IqwBCg9MaXN0UnVuc1JlcXVlc3QSJgoIc3RhdHVzZXMYASADKA4yFC50ZXRoZXIudjEuUnVuU3RhdHVzEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCRIxCg1jcmVhdGVkX2FmdGVyGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJJChBMaXN0UnVuc1Jlc3BvbnNlEhwKBHJ1bnMYASADKAsyDi50ZXRoZXIudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiQQoRQ2FuY2VsUnVuUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIImUKEFN0cmVhbVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAxIWCg5pbmNsdWRlX2RlbHRhcxgDIAEoCBIWCg5iYXRjaF9jYXRjaF91cBgEIAEoCCKYAQoRU3RyZWFtUnVuUmVzcG9uc2USKgoIc25hcHNob3QYASABKAsyFi50ZXRoZXIudjEuUnVuU25hcHNob3RIABIkCgVldmVudBgCIAEoCzITLnRldGhlci52MS5SdW5FdmVudEgAEikKBWJhdGNoGAMgASgLMhgudGV0aGVyLnYxLlJ1bkV2ZW50QmF0Y2hIAEIGCgRpdGVtIjQKDVJ1bkV2ZW50QmF0Y2gSIwoGZXZlbnRzGAEgAygLMhMudGV0aGVyLnYxLlJ1bkV2ZW50IkoKC1J1blNuYXBzaG90EhsKA3J1bhgBIAEoCzIOLnRldGhlci52MS5SdW4SHgoFcGFydHMYAiADKAsyDy50ZXRoZXIudjEuUGFydCJnChFTdHJlYW1SdW5zUmVxdWVzdBImCghzdGF0dXNlcxgBIAMoDjIULnRldGhlci52MS5SdW5TdGF0dXMSFwoPY29udmVyc2F0aW9uX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBSJoChJTdHJlYW1SdW5zUmVzcG9uc2USKwoEcGFnZRgBIAEoCzIbLnRldGhlci52MS5MaXN0UnVuc1Jlc3BvbnNlSAASHQoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1bkgAQgYKBGl0ZW0iXAoZU3RyZWFtQ29udmVyc2F0aW9uUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSDgoGY3Vyc29yGAIgASgJEhYKDmluY2x1ZGVfZGVsdGFzGAMgASgIIlAKGlN0cmVhbUNvbnZlcnNhdGlvblJlc3BvbnNlEiIKBWV2ZW50GAEgASgLMhMudGV0aGVyLnYxLlJ1bkV2ZW50Eg4KBmN1cnNvchgCIAEoCSIrChlHZXRQZW5kaW5nUXVlc3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJKChpHZXRQZW5kaW5nUXVlc3Rpb25SZXNwb25zZRIsCghxdWVzdGlvbhgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nUXVlc3Rpb24isgEKFUFuc3dlclF1ZXN0aW9uUmVxdWVzdBIOCgZydW5faWQYASABKAkSPgoHYW5zd2VycxgCIAMoCzItLnRldGhlci52MS5BbnN3ZXJRdWVzdGlvblJlcXVlc3QuQW5zd2Vyc0VudHJ5GkkKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKAoFdmFsdWUYAiABKAsyGS50ZXRoZXIudjEuUXVlc3Rpb25BbnN3ZXI6AjgBIkEKFkFuc3dlclF1ZXN0aW9uUmVzcG9uc2USFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHcmVzdW1lZBgCIAEoCCIrChlHZXRQZW5kaW5nQXBwcm92YWxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJKChpHZXRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRIsCghhcHByb3ZhbBgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nQXBwcm92YWwiTwoVRGVjaWRlQXBwcm92YWxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIQCghkZWNpc2lvbhgCIAEoCRIUCgxhbHdheXNfc2NvcGUYAyABKAkiUwoWRGVjaWRlQXBwcm92YWxSZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIPCgdyZXN1bWVkGAIgASgIEhAKCGdyYW50X2lkGAMgASgJIi0KG0dldFBlbmRpbmdDb25uZWN0aW9uUmVxdWVzdBIOCgZydW5faWQYASABKAkiUAocR2V0UGVuZGluZ0Nvbm5lY3Rpb25SZXNwb25zZRIwCgpjb25uZWN0aW9uGAEgASgLMhwudGV0aGVyLnYxLlBlbmRpbmdDb25uZWN0aW9uIkgKGUNvbXBsZXRlQ29ubmVjdGlvblJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg0KBXN0YXRlGAIgASgJEgwKBGNvZGUYAyABKAkiLQoaQ29tcGxldGVDb25uZWN0aW9uUmVzcG9uc2USDwoHcmVzdW1lZBgBIAEoCCKnAQoTQ3JlYXRlQXBpS2V5UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSFAoMcHJpbmNpcGFsX2lkGAIgASgJEg4KBnNjb3BlcxgDIAMoCRInCgZsYWJlbHMYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei4KCmV4cGlyZXNfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqABChRDcmVhdGVBcGlLZXlSZXNwb25zZRIPCgdhcGlfa2V5GAEgASgJEg4KBmtleV9pZBgCIAEoCRIRCgl0ZW5hbnRfaWQYAyABKAkSFAoMcHJpbmNpcGFsX2lkGAQgASgJEg4KBnNjb3BlcxgFIAMoCRIuCgpleHBpcmVzX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIlChNSZXZva2VBcGlLZXlSZXF1ZXN0Eg4KBmtleV9pZBgBIAEoCSI3ChRSZXZva2VBcGlLZXlSZXNwb25zZRIOCgZrZXlfaWQYASABKAkSDwoHcmV2b2tlZBgCIAEoCCI0ChJBZGREb2N1bWVudFJlcXVlc3QSDQoFdGl0bGUYASABKAkSDwoHY29udGVudBgCIAEoCSI8ChNBZGREb2N1bWVudFJlc3BvbnNlEiUKCGRvY3VtZW50GAEgASgLMhMudGV0aGVyLnYxLkRvY3VtZW50Ij0KFExpc3REb2N1bWVudHNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJIlgKFUxpc3REb2N1bWVudHNSZXNwb25zZRImCglkb2N1bWVudHMYASADKAsyEy50ZXRoZXIudjEuRG9jdW1lbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIiwKFVJlbW92ZURvY3VtZW50UmVxdWVzdBITCgtkb2N1bWVudF9pZBgBIAEoCSItChZSZW1vdmVEb2N1bWVudFJlc3BvbnNlEhMKC2RvY3VtZW50X2lkGAEgASgJIicKFUdldFJ1bkF0dGVtcHRzUmVxdWVzdBIOCgZydW5faWQYASABKAkioQEKFkdldFJ1bkF0dGVtcHRzUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIkCghhdHRlbXB0cxgCIAMoCzISLnRldGhlci52MS5BdHRlbXB0EiMKBXR1cm5zGAMgAygLMhQudGV0aGVyLnYxLk1vZGVsVHVybhIfCgdsaW5lYWdlGAQgAygLMg4udGV0aGVyLnYxLlJ1biIhCg9SZXRyeVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIlwKEFJldHJ5UnVuUmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1biIoChNEZWxldGVUZW5hbnRSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCSKnAQoURGVsZXRlVGVuYW50UmVzcG9uc2USPQoHcmVtb3ZlZBgBIAMoCzIsLnRldGhlci52MS5EZWxldGVUZW5hbnRSZXNwb25zZS5SZW1vdmVkRW50cnkSDwoHZGVsZXRlZBgCIAEoCBIPCgdwZW5kaW5nGAMgASgJGi4KDFJlbW92ZWRFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAM6AjgBMrwOCg5HYXRld2F5U2VydmljZRJMCgtTZW5kTWVzc2FnZRIdLnRldGhlci52MS5TZW5kTWVzc2FnZVJlcXVlc3QaHi50ZXRoZXIudjEuU2VuZE1lc3NhZ2VSZXNwb25zZRJMCgtTdWJtaXRFdmVudBIdLnRldGhlci52MS5TdWJtaXRFdmVudFJlcXVlc3QaHi50ZXRoZXIudjEuU3VibWl0RXZlbnRSZXNwb25zZRI9CgZHZXRSdW4SGC50ZXRoZXIudjEuR2V0UnVuUmVxdWVzdBoZLnRldGhlci52MS5HZXRSdW5SZXNwb25zZRJDCghMaXN0UnVucxIaLnRldGhlci52MS5MaXN0UnVuc1JlcXVlc3QaGy50ZXRoZXIudjEuTGlzdFJ1bnNSZXNwb25zZRJVCg5HZXRSdW5BdHRlbXB0cxIgLnRldGhlci52MS5HZXRSdW5BdHRlbXB0c1JlcXVlc3QaIS50ZXRoZXIudjEuR2V0UnVuQXR0ZW1wdHNSZXNwb25zZRJDCghSZXRyeVJ1bhIaLnRldGhlci52MS5SZXRyeVJ1blJlcXVlc3QaGy50ZXRoZXIudjEuUmV0cnlSdW5SZXNwb25zZRJGCglDYW5jZWxSdW4SGy50ZXRoZXIudjEuQ2FuY2VsUnVuUmVxdWVzdBocLnRldGhlci52MS5DYW5jZWxSdW5SZXNwb25zZRJICglTdHJlYW1SdW4SGy50ZXRoZXIudjEuU3RyZWFtUnVuUmVxdWVzdBocLnRldGhlci52MS5TdHJlYW1SdW5SZXNwb25zZTABEmMKElN0cmVhbUNvbnZlcnNhdGlvbhIkLnRldGhlci52MS5TdHJlYW1Db252ZXJzYXRpb25SZXF1ZXN0GiUudGV0aGVyLnYxLlN0cmVhbUNvbnZlcnNhdGlvblJlc3BvbnNlMAESSwoKU3RyZWFtUnVucxIcLnRldGhlci52MS5TdHJlYW1SdW5zUmVxdWVzdBodLnRldGhlci52MS5TdHJlYW1SdW5zUmVzcG9uc2UwARJhChJHZXRQZW5kaW5nUXVlc3Rpb24SJC50ZXRoZXIudjEuR2V0UGVuZGluZ1F1ZXN0aW9uUmVxdWVzdBolLnRldGhlci52MS5HZXRQZW5kaW5nUXVlc3Rpb25SZXNwb25zZRJVCg5BbnN3ZXJRdWVzdGlvbhIgLnRldGhlci52MS5BbnN3ZXJRdWVzdGlvblJlcXVlc3QaIS50ZXRoZXIudjEuQW5zd2VyUXVlc3Rpb25SZXNwb25zZRJhChJHZXRQZW5kaW5nQXBwcm92YWwSJC50ZXRoZXIudjEuR2V0UGVuZGluZ0FwcHJvdmFsUmVxdWVzdBolLnRldGhlci52MS5HZXRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRJVCg5EZWNpZGVBcHByb3ZhbBIgLnRldGhlci52MS5EZWNpZGVBcHByb3ZhbFJlcXVlc3QaIS50ZXRoZXIudjEuRGVjaWRlQXBwcm92YWxSZXNwb25zZRJnChRHZXRQZW5kaW5nQ29ubmVjdGlvbhImLnRldGhlci52MS5HZXRQZW5kaW5nQ29ubmVjdGlvblJlcXVlc3QaJy50ZXRoZXIudjEuR2V0UGVuZGluZ0Nvbm5lY3Rpb25SZXNwb25zZRJhChJDb21wbGV0ZUNvbm5lY3Rpb24SJC50ZXRoZXIudjEuQ29tcGxldGVDb25uZWN0aW9uUmVxdWVzdBolLnRldGhlci52MS5Db21wbGV0ZUNvbm5lY3Rpb25SZXNwb25zZRJPCgxDcmVhdGVBcGlLZXkSHi50ZXRoZXIudjEuQ3JlYXRlQXBpS2V5UmVxdWVzdBofLnRldGhlci52MS5DcmVhdGVBcGlLZXlSZXNwb25zZRJPCgxSZXZva2VBcGlLZXkSHi50ZXRoZXIudjEuUmV2b2tlQXBpS2V5UmVxdWVzdBofLnRldGhlci52MS5SZXZva2VBcGlLZXlSZXNwb25zZRJMCgtBZGREb2N1bWVudBIdLnRldGhlci52MS5BZGREb2N1bWVudFJlcXVlc3QaHi50ZXRoZXIudjEuQWRkRG9jdW1lbnRSZXNwb25zZRJSCg1MaXN0RG9jdW1lbnRzEh8udGV0aGVyLnYxLkxpc3REb2N1bWVudHNSZXF1ZXN0GiAudGV0aGVyLnYxLkxpc3REb2N1bWVudHNSZXNwb25zZRJVCg5SZW1vdmVEb2N1bWVudBIgLnRldGhlci52MS5SZW1vdmVEb2N1bWVudFJlcXVlc3QaIS50ZXRoZXIudjEuUmVtb3ZlRG9jdW1lbnRSZXNwb25zZRJPCgxEZWxldGVUZW5hbnQSHi50ZXRoZXIudjEuRGVsZXRlVGVuYW50UmVxdWVzdBofLnRldGhlci52MS5EZWxldGVUZW5hbnRSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_tether_v1_admission, file_tether_v1_common, file_tether_v1_events, file_tether_v1_interactions]);
+  fileDesc("Chd0ZXRoZXIvdjEvZ2F0ZXdheS5wcm90bxIJdGV0aGVyLnYxInEKElNlbmRNZXNzYWdlUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSDAoEdGV4dBgDIAEoCRIPCgdjaGFubmVsGAQgASgJEhEKCXRlbmFudF9pZBgFIAEoCSJfChNTZW5kTWVzc2FnZVJlc3BvbnNlEisKC2Rpc3Bvc2l0aW9uGAEgASgOMhYudGV0aGVyLnYxLkRpc3Bvc2l0aW9uEhsKA3J1bhgCIAEoCzIOLnRldGhlci52MS5SdW4itQEKElN1Ym1pdEV2ZW50UmVxdWVzdBI1CgltZXNzYWdpbmcYASABKAsyIC50ZXRoZXIudjEuTWVzc2FnaW5nV2ViaG9va0lucHV0SAASMQoLdGFza19zdGF0dXMYAiABKAsyGi50ZXRoZXIudjEuVGFza1N0YXR1c0lucHV0SAASLAoIZGVjaXNpb24YAyABKAsyGC50ZXRoZXIudjEuRGVjaXNpb25JbnB1dEgAQgcKBWlucHV0Il8KE1N1Ym1pdEV2ZW50UmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1biI7Cg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIaChJpbmNsdWRlX3N1cGVyc2VkZWQYAiABKAgiTQoOR2V0UnVuUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIeCgVwYXJ0cxgCIAMoCzIPLnRldGhlci52MS5QYXJ0IqwBCg9MaXN0UnVuc1JlcXVlc3QSJgoIc3RhdHVzZXMYASADKA4yFC50ZXRoZXIudjEuUnVuU3RhdHVzEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCRIxCg1jcmVhdGVkX2FmdGVyGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJJChBMaXN0UnVuc1Jlc3BvbnNlEhwKBHJ1bnMYASADKAsyDi50ZXRoZXIudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiQQoRQ2FuY2VsUnVuUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIImUKEFN0cmVhbVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAxIWCg5pbmNsdWRlX2RlbHRhcxgDIAEoCBIWCg5iYXRjaF9jYXRjaF91cBgEIAEoCCKYAQoRU3RyZWFtUnVuUmVzcG9uc2USKgoIc25hcHNob3QYASABKAsyFi50ZXRoZXIudjEuUnVuU25hcHNob3RIABIkCgVldmVudBgCIAEoCzITLnRldGhlci52MS5SdW5FdmVudEgAEikKBWJhdGNoGAMgASgLMhgudGV0aGVyLnYxLlJ1bkV2ZW50QmF0Y2hIAEIGCgRpdGVtIjQKDVJ1bkV2ZW50QmF0Y2gSIwoGZXZlbnRzGAEgAygLMhMudGV0aGVyLnYxLlJ1bkV2ZW50IkoKC1J1blNuYXBzaG90EhsKA3J1bhgBIAEoCzIOLnRldGhlci52MS5SdW4SHgoFcGFydHMYAiADKAsyDy50ZXRoZXIudjEuUGFydCJnChFTdHJlYW1SdW5zUmVxdWVzdBImCghzdGF0dXNlcxgBIAMoDjIULnRldGhlci52MS5SdW5TdGF0dXMSFwoPY29udmVyc2F0aW9uX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBSJoChJTdHJlYW1SdW5zUmVzcG9uc2USKwoEcGFnZRgBIAEoCzIbLnRldGhlci52MS5MaXN0UnVuc1Jlc3BvbnNlSAASHQoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1bkgAQgYKBGl0ZW0iXAoZU3RyZWFtQ29udmVyc2F0aW9uUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSDgoGY3Vyc29yGAIgASgJEhYKDmluY2x1ZGVfZGVsdGFzGAMgASgIIlAKGlN0cmVhbUNvbnZlcnNhdGlvblJlc3BvbnNlEiIKBWV2ZW50GAEgASgLMhMudGV0aGVyLnYxLlJ1bkV2ZW50Eg4KBmN1cnNvchgCIAEoCSIrChlHZXRQZW5kaW5nUXVlc3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJKChpHZXRQZW5kaW5nUXVlc3Rpb25SZXNwb25zZRIsCghxdWVzdGlvbhgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nUXVlc3Rpb24isgEKFUFuc3dlclF1ZXN0aW9uUmVxdWVzdBIOCgZydW5faWQYASABKAkSPgoHYW5zd2VycxgCIAMoCzItLnRldGhlci52MS5BbnN3ZXJRdWVzdGlvblJlcXVlc3QuQW5zd2Vyc0VudHJ5GkkKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKAoFdmFsdWUYAiABKAsyGS50ZXRoZXIudjEuUXVlc3Rpb25BbnN3ZXI6AjgBIkEKFkFuc3dlclF1ZXN0aW9uUmVzcG9uc2USFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHcmVzdW1lZBgCIAEoCCIrChlHZXRQZW5kaW5nQXBwcm92YWxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJKChpHZXRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRIsCghhcHByb3ZhbBgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nQXBwcm92YWwiTwoVRGVjaWRlQXBwcm92YWxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIQCghkZWNpc2lvbhgCIAEoCRIUCgxhbHdheXNfc2NvcGUYAyABKAkiUwoWRGVjaWRlQXBwcm92YWxSZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIPCgdyZXN1bWVkGAIgASgIEhAKCGdyYW50X2lkGAMgASgJIi0KG0dldFBlbmRpbmdDb25uZWN0aW9uUmVxdWVzdBIOCgZydW5faWQYASABKAkiUAocR2V0UGVuZGluZ0Nvbm5lY3Rpb25SZXNwb25zZRIwCgpjb25uZWN0aW9uGAEgASgLMhwudGV0aGVyLnYxLlBlbmRpbmdDb25uZWN0aW9uIkgKGUNvbXBsZXRlQ29ubmVjdGlvblJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg0KBXN0YXRlGAIgASgJEgwKBGNvZGUYAyABKAkiLQoaQ29tcGxldGVDb25uZWN0aW9uUmVzcG9uc2USDwoHcmVzdW1lZBgBIAEoCCKnAQoTQ3JlYXRlQXBpS2V5UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSFAoMcHJpbmNpcGFsX2lkGAIgASgJEg4KBnNjb3BlcxgDIAMoCRInCgZsYWJlbHMYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei4KCmV4cGlyZXNfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqABChRDcmVhdGVBcGlLZXlSZXNwb25zZRIPCgdhcGlfa2V5GAEgASgJEg4KBmtleV9pZBgCIAEoCRIRCgl0ZW5hbnRfaWQYAyABKAkSFAoMcHJpbmNpcGFsX2lkGAQgASgJEg4KBnNjb3BlcxgFIAMoCRIuCgpleHBpcmVzX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIlChNSZXZva2VBcGlLZXlSZXF1ZXN0Eg4KBmtleV9pZBgBIAEoCSI3ChRSZXZva2VBcGlLZXlSZXNwb25zZRIOCgZrZXlfaWQYASABKAkSDwoHcmV2b2tlZBgCIAEoCCI0ChJBZGREb2N1bWVudFJlcXVlc3QSDQoFdGl0bGUYASABKAkSDwoHY29udGVudBgCIAEoCSI8ChNBZGREb2N1bWVudFJlc3BvbnNlEiUKCGRvY3VtZW50GAEgASgLMhMudGV0aGVyLnYxLkRvY3VtZW50Ij0KFExpc3REb2N1bWVudHNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJIlgKFUxpc3REb2N1bWVudHNSZXNwb25zZRImCglkb2N1bWVudHMYASADKAsyEy50ZXRoZXIudjEuRG9jdW1lbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIiwKFVJlbW92ZURvY3VtZW50UmVxdWVzdBITCgtkb2N1bWVudF9pZBgBIAEoCSItChZSZW1vdmVEb2N1bWVudFJlc3BvbnNlEhMKC2RvY3VtZW50X2lkGAEgASgJIicKFUdldFJ1bkF0dGVtcHRzUmVxdWVzdBIOCgZydW5faWQYASABKAkioQEKFkdldFJ1bkF0dGVtcHRzUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIkCghhdHRlbXB0cxgCIAMoCzISLnRldGhlci52MS5BdHRlbXB0EiMKBXR1cm5zGAMgAygLMhQudGV0aGVyLnYxLk1vZGVsVHVybhIfCgdsaW5lYWdlGAQgAygLMg4udGV0aGVyLnYxLlJ1biIhCg9SZXRyeVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIlwKEFJldHJ5UnVuUmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1biIoChNEZWxldGVUZW5hbnRSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCSKnAQoURGVsZXRlVGVuYW50UmVzcG9uc2USPQoHcmVtb3ZlZBgBIAMoCzIsLnRldGhlci52MS5EZWxldGVUZW5hbnRSZXNwb25zZS5SZW1vdmVkRW50cnkSDwoHZGVsZXRlZBgCIAEoCBIPCgdwZW5kaW5nGAMgASgJGi4KDFJlbW92ZWRFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAM6AjgBIkEKD0dldEFnZW50UmVxdWVzdBIMCgRuYW1lGAEgASgJEhQKB3ZlcnNpb24YAiABKAVIAIgBAUIKCghfdmVyc2lvbiJmChBHZXRBZ2VudFJlc3BvbnNlEiYKBWFnZW50GAEgASgLMhcudGV0aGVyLnYxLkFnZW50VmVyc2lvbhIZChFwdWJsaXNoZWRfdmVyc2lvbhgCIAEoBRIPCgdkZWZhdWx0GAMgASgIIhMKEUxpc3RBZ2VudHNSZXF1ZXN0Ij0KEkxpc3RBZ2VudHNSZXNwb25zZRInCgZhZ2VudHMYASADKAsyFy50ZXRoZXIudjEuQWdlbnRTdW1tYXJ5IigKGExpc3RBZ2VudFZlcnNpb25zUmVxdWVzdBIMCgRuYW1lGAEgASgJIkYKGUxpc3RBZ2VudFZlcnNpb25zUmVzcG9uc2USKQoIdmVyc2lvbnMYASADKAsyFy50ZXRoZXIudjEuQWdlbnRWZXJzaW9uIk0KEUFwcGx5QWdlbnRSZXF1ZXN0EgwKBHNwZWMYASABKAkSGQoMYmFzZV92ZXJzaW9uGAIgASgFSACIAQFCDwoNX2Jhc2VfdmVyc2lvbiJEChJBcHBseUFnZW50UmVzcG9uc2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgFEg8KB2NyZWF0ZWQYAyABKAgiOAoUUm9sbGJhY2tBZ2VudFJlcXVlc3QSDAoEbmFtZRgBIAEoCRISCgp0b192ZXJzaW9uGAIgASgFIjYKFVJvbGxiYWNrQWdlbnRSZXNwb25zZRIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUiJgoWU2V0RGVmYXVsdEFnZW50UmVxdWVzdBIMCgRuYW1lGAEgASgJIicKF1NldERlZmF1bHRBZ2VudFJlc3BvbnNlEgwKBG5hbWUYASABKAkiIgoSUmVtb3ZlQWdlbnRSZXF1ZXN0EgwKBG5hbWUYASABKAkiNAoTUmVtb3ZlQWdlbnRSZXNwb25zZRIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUy8xIKDkdhdGV3YXlTZXJ2aWNlEkwKC1NlbmRNZXNzYWdlEh0udGV0aGVyLnYxLlNlbmRNZXNzYWdlUmVxdWVzdBoeLnRldGhlci52MS5TZW5kTWVzc2FnZVJlc3BvbnNlEkwKC1N1Ym1pdEV2ZW50Eh0udGV0aGVyLnYxLlN1Ym1pdEV2ZW50UmVxdWVzdBoeLnRldGhlci52MS5TdWJtaXRFdmVudFJlc3BvbnNlEj0KBkdldFJ1bhIYLnRldGhlci52MS5HZXRSdW5SZXF1ZXN0GhkudGV0aGVyLnYxLkdldFJ1blJlc3BvbnNlEkMKCExpc3RSdW5zEhoudGV0aGVyLnYxLkxpc3RSdW5zUmVxdWVzdBobLnRldGhlci52MS5MaXN0UnVuc1Jlc3BvbnNlElUKDkdldFJ1bkF0dGVtcHRzEiAudGV0aGVyLnYxLkdldFJ1bkF0dGVtcHRzUmVxdWVzdBohLnRldGhlci52MS5HZXRSdW5BdHRlbXB0c1Jlc3BvbnNlEkMKCFJldHJ5UnVuEhoudGV0aGVyLnYxLlJldHJ5UnVuUmVxdWVzdBobLnRldGhlci52MS5SZXRyeVJ1blJlc3BvbnNlEkYKCUNhbmNlbFJ1bhIbLnRldGhlci52MS5DYW5jZWxSdW5SZXF1ZXN0GhwudGV0aGVyLnYxLkNhbmNlbFJ1blJlc3BvbnNlEkgKCVN0cmVhbVJ1bhIbLnRldGhlci52MS5TdHJlYW1SdW5SZXF1ZXN0GhwudGV0aGVyLnYxLlN0cmVhbVJ1blJlc3BvbnNlMAESYwoSU3RyZWFtQ29udmVyc2F0aW9uEiQudGV0aGVyLnYxLlN0cmVhbUNvbnZlcnNhdGlvblJlcXVlc3QaJS50ZXRoZXIudjEuU3RyZWFtQ29udmVyc2F0aW9uUmVzcG9uc2UwARJLCgpTdHJlYW1SdW5zEhwudGV0aGVyLnYxLlN0cmVhbVJ1bnNSZXF1ZXN0Gh0udGV0aGVyLnYxLlN0cmVhbVJ1bnNSZXNwb25zZTABEmEKEkdldFBlbmRpbmdRdWVzdGlvbhIkLnRldGhlci52MS5HZXRQZW5kaW5nUXVlc3Rpb25SZXF1ZXN0GiUudGV0aGVyLnYxLkdldFBlbmRpbmdRdWVzdGlvblJlc3BvbnNlElUKDkFuc3dlclF1ZXN0aW9uEiAudGV0aGVyLnYxLkFuc3dlclF1ZXN0aW9uUmVxdWVzdBohLnRldGhlci52MS5BbnN3ZXJRdWVzdGlvblJlc3BvbnNlEmEKEkdldFBlbmRpbmdBcHByb3ZhbBIkLnRldGhlci52MS5HZXRQZW5kaW5nQXBwcm92YWxSZXF1ZXN0GiUudGV0aGVyLnYxLkdldFBlbmRpbmdBcHByb3ZhbFJlc3BvbnNlElUKDkRlY2lkZUFwcHJvdmFsEiAudGV0aGVyLnYxLkRlY2lkZUFwcHJvdmFsUmVxdWVzdBohLnRldGhlci52MS5EZWNpZGVBcHByb3ZhbFJlc3BvbnNlEmcKFEdldFBlbmRpbmdDb25uZWN0aW9uEiYudGV0aGVyLnYxLkdldFBlbmRpbmdDb25uZWN0aW9uUmVxdWVzdBonLnRldGhlci52MS5HZXRQZW5kaW5nQ29ubmVjdGlvblJlc3BvbnNlEmEKEkNvbXBsZXRlQ29ubmVjdGlvbhIkLnRldGhlci52MS5Db21wbGV0ZUNvbm5lY3Rpb25SZXF1ZXN0GiUudGV0aGVyLnYxLkNvbXBsZXRlQ29ubmVjdGlvblJlc3BvbnNlEk8KDENyZWF0ZUFwaUtleRIeLnRldGhlci52MS5DcmVhdGVBcGlLZXlSZXF1ZXN0Gh8udGV0aGVyLnYxLkNyZWF0ZUFwaUtleVJlc3BvbnNlEk8KDFJldm9rZUFwaUtleRIeLnRldGhlci52MS5SZXZva2VBcGlLZXlSZXF1ZXN0Gh8udGV0aGVyLnYxLlJldm9rZUFwaUtleVJlc3BvbnNlEkwKC0FkZERvY3VtZW50Eh0udGV0aGVyLnYxLkFkZERvY3VtZW50UmVxdWVzdBoeLnRldGhlci52MS5BZGREb2N1bWVudFJlc3BvbnNlElIKDUxpc3REb2N1bWVudHMSHy50ZXRoZXIudjEuTGlzdERvY3VtZW50c1JlcXVlc3QaIC50ZXRoZXIudjEuTGlzdERvY3VtZW50c1Jlc3BvbnNlElUKDlJlbW92ZURvY3VtZW50EiAudGV0aGVyLnYxLlJlbW92ZURvY3VtZW50UmVxdWVzdBohLnRldGhlci52MS5SZW1vdmVEb2N1bWVudFJlc3BvbnNlEk8KDERlbGV0ZVRlbmFudBIeLnRldGhlci52MS5EZWxldGVUZW5hbnRSZXF1ZXN0Gh8udGV0aGVyLnYxLkRlbGV0ZVRlbmFudFJlc3BvbnNlEkkKCkFwcGx5QWdlbnQSHC50ZXRoZXIudjEuQXBwbHlBZ2VudFJlcXVlc3QaHS50ZXRoZXIudjEuQXBwbHlBZ2VudFJlc3BvbnNlEkMKCEdldEFnZW50EhoudGV0aGVyLnYxLkdldEFnZW50UmVxdWVzdBobLnRldGhlci52MS5HZXRBZ2VudFJlc3BvbnNlEkkKCkxpc3RBZ2VudHMSHC50ZXRoZXIudjEuTGlzdEFnZW50c1JlcXVlc3QaHS50ZXRoZXIudjEuTGlzdEFnZW50c1Jlc3BvbnNlEl4KEUxpc3RBZ2VudFZlcnNpb25zEiMudGV0aGVyLnYxLkxpc3RBZ2VudFZlcnNpb25zUmVxdWVzdBokLnRldGhlci52MS5MaXN0QWdlbnRWZXJzaW9uc1Jlc3BvbnNlElIKDVJvbGxiYWNrQWdlbnQSHy50ZXRoZXIudjEuUm9sbGJhY2tBZ2VudFJlcXVlc3QaIC50ZXRoZXIudjEuUm9sbGJhY2tBZ2VudFJlc3BvbnNlElgKD1NldERlZmF1bHRBZ2VudBIhLnRldGhlci52MS5TZXREZWZhdWx0QWdlbnRSZXF1ZXN0GiIudGV0aGVyLnYxLlNldERlZmF1bHRBZ2VudFJlc3BvbnNlEkwKC1JlbW92ZUFnZW50Eh0udGV0aGVyLnYxLlJlbW92ZUFnZW50UmVxdWVzdBoeLnRldGhlci52MS5SZW1vdmVBZ2VudFJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_tether_v1_admission, file_tether_v1_common, file_tether_v1_events, file_tether_v1_interactions]);
 
 /**
  * SendMessageRequest is a chat message.
@@ -2545,6 +2545,634 @@ export const DeleteTenantResponseSchema: GenMessage<DeleteTenantResponse, {jsonT
   messageDesc(file_tether_v1_gateway, 45);
 
 /**
+ * GetAgentRequest names an agent of the caller's tenant.
+ *
+ * @generated from message tether.v1.GetAgentRequest
+ */
+export type GetAgentRequest = Message<"tether.v1.GetAgentRequest"> & {
+  /**
+   * The agent.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * A version; the published one when absent.
+   * Limit: 0 to 2147483647.
+   *
+   * @generated from field: optional int32 version = 2;
+   */
+  version?: number | undefined;
+};
+
+/**
+ * GetAgentRequest names an agent of the caller's tenant.
+ *
+ * @generated from message tether.v1.GetAgentRequest
+ */
+export type GetAgentRequestJson = {
+  /**
+   * The agent.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name?: string;
+
+  /**
+   * A version; the published one when absent.
+   * Limit: 0 to 2147483647.
+   *
+   * @generated from field: optional int32 version = 2;
+   */
+  version?: number;
+};
+
+/**
+ * Describes the message tether.v1.GetAgentRequest.
+ * Use `create(GetAgentRequestSchema)` to create a new message.
+ */
+export const GetAgentRequestSchema: GenMessage<GetAgentRequest, {jsonType: GetAgentRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 46);
+
+/**
+ * GetAgentResponse is one version of the agent.
+ *
+ * @generated from message tether.v1.GetAgentResponse
+ */
+export type GetAgentResponse = Message<"tether.v1.GetAgentResponse"> & {
+  /**
+   * The version.
+   *
+   * @generated from field: tether.v1.AgentVersion agent = 1;
+   */
+  agent?: AgentVersion | undefined;
+
+  /**
+   * The agent's published version.
+   *
+   * @generated from field: int32 published_version = 2;
+   */
+  publishedVersion: number;
+
+  /**
+   * Whether it is the tenant's default.
+   *
+   * @generated from field: bool default = 3;
+   */
+  default: boolean;
+};
+
+/**
+ * GetAgentResponse is one version of the agent.
+ *
+ * @generated from message tether.v1.GetAgentResponse
+ */
+export type GetAgentResponseJson = {
+  /**
+   * The version.
+   *
+   * @generated from field: tether.v1.AgentVersion agent = 1;
+   */
+  agent?: AgentVersionJson;
+
+  /**
+   * The agent's published version.
+   *
+   * @generated from field: int32 published_version = 2;
+   */
+  publishedVersion?: number;
+
+  /**
+   * Whether it is the tenant's default.
+   *
+   * @generated from field: bool default = 3;
+   */
+  default?: boolean;
+};
+
+/**
+ * Describes the message tether.v1.GetAgentResponse.
+ * Use `create(GetAgentResponseSchema)` to create a new message.
+ */
+export const GetAgentResponseSchema: GenMessage<GetAgentResponse, {jsonType: GetAgentResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 47);
+
+/**
+ * ListAgentsRequest lists the caller's tenant's agents.
+ *
+ * @generated from message tether.v1.ListAgentsRequest
+ */
+export type ListAgentsRequest = Message<"tether.v1.ListAgentsRequest"> & {
+};
+
+/**
+ * ListAgentsRequest lists the caller's tenant's agents.
+ *
+ * @generated from message tether.v1.ListAgentsRequest
+ */
+export type ListAgentsRequestJson = {
+};
+
+/**
+ * Describes the message tether.v1.ListAgentsRequest.
+ * Use `create(ListAgentsRequestSchema)` to create a new message.
+ */
+export const ListAgentsRequestSchema: GenMessage<ListAgentsRequest, {jsonType: ListAgentsRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 48);
+
+/**
+ * ListAgentsResponse is the tenant's agents by name.
+ *
+ * @generated from message tether.v1.ListAgentsResponse
+ */
+export type ListAgentsResponse = Message<"tether.v1.ListAgentsResponse"> & {
+  /**
+   * By name.
+   *
+   * @generated from field: repeated tether.v1.AgentSummary agents = 1;
+   */
+  agents: AgentSummary[];
+};
+
+/**
+ * ListAgentsResponse is the tenant's agents by name.
+ *
+ * @generated from message tether.v1.ListAgentsResponse
+ */
+export type ListAgentsResponseJson = {
+  /**
+   * By name.
+   *
+   * @generated from field: repeated tether.v1.AgentSummary agents = 1;
+   */
+  agents?: AgentSummaryJson[];
+};
+
+/**
+ * Describes the message tether.v1.ListAgentsResponse.
+ * Use `create(ListAgentsResponseSchema)` to create a new message.
+ */
+export const ListAgentsResponseSchema: GenMessage<ListAgentsResponse, {jsonType: ListAgentsResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 49);
+
+/**
+ * ListAgentVersionsRequest names an agent.
+ *
+ * @generated from message tether.v1.ListAgentVersionsRequest
+ */
+export type ListAgentVersionsRequest = Message<"tether.v1.ListAgentVersionsRequest"> & {
+  /**
+   * The agent.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+};
+
+/**
+ * ListAgentVersionsRequest names an agent.
+ *
+ * @generated from message tether.v1.ListAgentVersionsRequest
+ */
+export type ListAgentVersionsRequestJson = {
+  /**
+   * The agent.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name?: string;
+};
+
+/**
+ * Describes the message tether.v1.ListAgentVersionsRequest.
+ * Use `create(ListAgentVersionsRequestSchema)` to create a new message.
+ */
+export const ListAgentVersionsRequestSchema: GenMessage<ListAgentVersionsRequest, {jsonType: ListAgentVersionsRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 50);
+
+/**
+ * ListAgentVersionsResponse lists its versions.
+ *
+ * @generated from message tether.v1.ListAgentVersionsResponse
+ */
+export type ListAgentVersionsResponse = Message<"tether.v1.ListAgentVersionsResponse"> & {
+  /**
+   * Oldest first.
+   *
+   * @generated from field: repeated tether.v1.AgentVersion versions = 1;
+   */
+  versions: AgentVersion[];
+};
+
+/**
+ * ListAgentVersionsResponse lists its versions.
+ *
+ * @generated from message tether.v1.ListAgentVersionsResponse
+ */
+export type ListAgentVersionsResponseJson = {
+  /**
+   * Oldest first.
+   *
+   * @generated from field: repeated tether.v1.AgentVersion versions = 1;
+   */
+  versions?: AgentVersionJson[];
+};
+
+/**
+ * Describes the message tether.v1.ListAgentVersionsResponse.
+ * Use `create(ListAgentVersionsResponseSchema)` to create a new message.
+ */
+export const ListAgentVersionsResponseSchema: GenMessage<ListAgentVersionsResponse, {jsonType: ListAgentVersionsResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 51);
+
+/**
+ * ApplyAgentRequest is a document to apply in the caller's tenant.
+ *
+ * @generated from message tether.v1.ApplyAgentRequest
+ */
+export type ApplyAgentRequest = Message<"tether.v1.ApplyAgentRequest"> & {
+  /**
+   * The document, JSON or YAML text.
+   * Limit: 262144 characters, no NUL.
+   *
+   * @generated from field: string spec = 1;
+   */
+  spec: string;
+
+  /**
+   * Apply only while this is the published version (0: the agent does not exist yet).
+   * Limit: 0 to 2147483647.
+   *
+   * @generated from field: optional int32 base_version = 2;
+   */
+  baseVersion?: number | undefined;
+};
+
+/**
+ * ApplyAgentRequest is a document to apply in the caller's tenant.
+ *
+ * @generated from message tether.v1.ApplyAgentRequest
+ */
+export type ApplyAgentRequestJson = {
+  /**
+   * The document, JSON or YAML text.
+   * Limit: 262144 characters, no NUL.
+   *
+   * @generated from field: string spec = 1;
+   */
+  spec?: string;
+
+  /**
+   * Apply only while this is the published version (0: the agent does not exist yet).
+   * Limit: 0 to 2147483647.
+   *
+   * @generated from field: optional int32 base_version = 2;
+   */
+  baseVersion?: number;
+};
+
+/**
+ * Describes the message tether.v1.ApplyAgentRequest.
+ * Use `create(ApplyAgentRequestSchema)` to create a new message.
+ */
+export const ApplyAgentRequestSchema: GenMessage<ApplyAgentRequest, {jsonType: ApplyAgentRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 52);
+
+/**
+ * ApplyAgentResponse names the published version.
+ *
+ * @generated from message tether.v1.ApplyAgentResponse
+ */
+export type ApplyAgentResponse = Message<"tether.v1.ApplyAgentResponse"> & {
+  /**
+   * The agent.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Its published version.
+   *
+   * @generated from field: int32 version = 2;
+   */
+  version: number;
+
+  /**
+   * Whether this apply created it (false: identical to the published one).
+   *
+   * @generated from field: bool created = 3;
+   */
+  created: boolean;
+};
+
+/**
+ * ApplyAgentResponse names the published version.
+ *
+ * @generated from message tether.v1.ApplyAgentResponse
+ */
+export type ApplyAgentResponseJson = {
+  /**
+   * The agent.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name?: string;
+
+  /**
+   * Its published version.
+   *
+   * @generated from field: int32 version = 2;
+   */
+  version?: number;
+
+  /**
+   * Whether this apply created it (false: identical to the published one).
+   *
+   * @generated from field: bool created = 3;
+   */
+  created?: boolean;
+};
+
+/**
+ * Describes the message tether.v1.ApplyAgentResponse.
+ * Use `create(ApplyAgentResponseSchema)` to create a new message.
+ */
+export const ApplyAgentResponseSchema: GenMessage<ApplyAgentResponse, {jsonType: ApplyAgentResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 53);
+
+/**
+ * RollbackAgentRequest names the version to publish again.
+ *
+ * @generated from message tether.v1.RollbackAgentRequest
+ */
+export type RollbackAgentRequest = Message<"tether.v1.RollbackAgentRequest"> & {
+  /**
+   * The agent.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * The version to publish.
+   * Limit: 0 to 2147483647.
+   *
+   * @generated from field: int32 to_version = 2;
+   */
+  toVersion: number;
+};
+
+/**
+ * RollbackAgentRequest names the version to publish again.
+ *
+ * @generated from message tether.v1.RollbackAgentRequest
+ */
+export type RollbackAgentRequestJson = {
+  /**
+   * The agent.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name?: string;
+
+  /**
+   * The version to publish.
+   * Limit: 0 to 2147483647.
+   *
+   * @generated from field: int32 to_version = 2;
+   */
+  toVersion?: number;
+};
+
+/**
+ * Describes the message tether.v1.RollbackAgentRequest.
+ * Use `create(RollbackAgentRequestSchema)` to create a new message.
+ */
+export const RollbackAgentRequestSchema: GenMessage<RollbackAgentRequest, {jsonType: RollbackAgentRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 54);
+
+/**
+ * RollbackAgentResponse names the published version.
+ *
+ * @generated from message tether.v1.RollbackAgentResponse
+ */
+export type RollbackAgentResponse = Message<"tether.v1.RollbackAgentResponse"> & {
+  /**
+   * The agent.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Its published version.
+   *
+   * @generated from field: int32 version = 2;
+   */
+  version: number;
+};
+
+/**
+ * RollbackAgentResponse names the published version.
+ *
+ * @generated from message tether.v1.RollbackAgentResponse
+ */
+export type RollbackAgentResponseJson = {
+  /**
+   * The agent.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name?: string;
+
+  /**
+   * Its published version.
+   *
+   * @generated from field: int32 version = 2;
+   */
+  version?: number;
+};
+
+/**
+ * Describes the message tether.v1.RollbackAgentResponse.
+ * Use `create(RollbackAgentResponseSchema)` to create a new message.
+ */
+export const RollbackAgentResponseSchema: GenMessage<RollbackAgentResponse, {jsonType: RollbackAgentResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 55);
+
+/**
+ * SetDefaultAgentRequest names the tenant's new default agent.
+ *
+ * @generated from message tether.v1.SetDefaultAgentRequest
+ */
+export type SetDefaultAgentRequest = Message<"tether.v1.SetDefaultAgentRequest"> & {
+  /**
+   * The agent.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+};
+
+/**
+ * SetDefaultAgentRequest names the tenant's new default agent.
+ *
+ * @generated from message tether.v1.SetDefaultAgentRequest
+ */
+export type SetDefaultAgentRequestJson = {
+  /**
+   * The agent.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name?: string;
+};
+
+/**
+ * Describes the message tether.v1.SetDefaultAgentRequest.
+ * Use `create(SetDefaultAgentRequestSchema)` to create a new message.
+ */
+export const SetDefaultAgentRequestSchema: GenMessage<SetDefaultAgentRequest, {jsonType: SetDefaultAgentRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 56);
+
+/**
+ * SetDefaultAgentResponse names it.
+ *
+ * @generated from message tether.v1.SetDefaultAgentResponse
+ */
+export type SetDefaultAgentResponse = Message<"tether.v1.SetDefaultAgentResponse"> & {
+  /**
+   * The default agent.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+};
+
+/**
+ * SetDefaultAgentResponse names it.
+ *
+ * @generated from message tether.v1.SetDefaultAgentResponse
+ */
+export type SetDefaultAgentResponseJson = {
+  /**
+   * The default agent.
+   *
+   * @generated from field: string name = 1;
+   */
+  name?: string;
+};
+
+/**
+ * Describes the message tether.v1.SetDefaultAgentResponse.
+ * Use `create(SetDefaultAgentResponseSchema)` to create a new message.
+ */
+export const SetDefaultAgentResponseSchema: GenMessage<SetDefaultAgentResponse, {jsonType: SetDefaultAgentResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 57);
+
+/**
+ * RemoveAgentRequest names the agent to remove.
+ *
+ * @generated from message tether.v1.RemoveAgentRequest
+ */
+export type RemoveAgentRequest = Message<"tether.v1.RemoveAgentRequest"> & {
+  /**
+   * The agent.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+};
+
+/**
+ * RemoveAgentRequest names the agent to remove.
+ *
+ * @generated from message tether.v1.RemoveAgentRequest
+ */
+export type RemoveAgentRequestJson = {
+  /**
+   * The agent.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name?: string;
+};
+
+/**
+ * Describes the message tether.v1.RemoveAgentRequest.
+ * Use `create(RemoveAgentRequestSchema)` to create a new message.
+ */
+export const RemoveAgentRequestSchema: GenMessage<RemoveAgentRequest, {jsonType: RemoveAgentRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 58);
+
+/**
+ * RemoveAgentResponse names what was removed.
+ *
+ * @generated from message tether.v1.RemoveAgentResponse
+ */
+export type RemoveAgentResponse = Message<"tether.v1.RemoveAgentResponse"> & {
+  /**
+   * The agent.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * The version that was published.
+   *
+   * @generated from field: int32 version = 2;
+   */
+  version: number;
+};
+
+/**
+ * RemoveAgentResponse names what was removed.
+ *
+ * @generated from message tether.v1.RemoveAgentResponse
+ */
+export type RemoveAgentResponseJson = {
+  /**
+   * The agent.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name?: string;
+
+  /**
+   * The version that was published.
+   *
+   * @generated from field: int32 version = 2;
+   */
+  version?: number;
+};
+
+/**
+ * Describes the message tether.v1.RemoveAgentResponse.
+ * Use `create(RemoveAgentResponseSchema)` to create a new message.
+ */
+export const RemoveAgentResponseSchema: GenMessage<RemoveAgentResponse, {jsonType: RemoveAgentResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 59);
+
+/**
  * GatewayService is the public client API. Callers authenticate with an API key in the
  * "authorization: Bearer <key>" metadata; tenant and principal come from the key, never the body.
  * Every request field states its limit ("Limit: ..."); a request outside one, or one that is not
@@ -2788,6 +3416,78 @@ export const GatewayService: GenService<{
     methodKind: "unary";
     input: typeof DeleteTenantRequestSchema;
     output: typeof DeleteTenantResponseSchema;
+  },
+  /**
+   * ApplyAgent creates a version of one of the caller's tenant's agents from a document (JSON or
+   * YAML) and publishes it; an identical document creates nothing. With base_version, ABORTED
+   * when the published version moved on. Needs agents:write.
+   *
+   * @generated from rpc tether.v1.GatewayService.ApplyAgent
+   */
+  applyAgent: {
+    methodKind: "unary";
+    input: typeof ApplyAgentRequestSchema;
+    output: typeof ApplyAgentResponseSchema;
+  },
+  /**
+   * GetAgent reads one version of an agent (its published one unless named). Needs agents:read.
+   *
+   * @generated from rpc tether.v1.GatewayService.GetAgent
+   */
+  getAgent: {
+    methodKind: "unary";
+    input: typeof GetAgentRequestSchema;
+    output: typeof GetAgentResponseSchema;
+  },
+  /**
+   * ListAgents lists the tenant's agents. Needs agents:read.
+   *
+   * @generated from rpc tether.v1.GatewayService.ListAgents
+   */
+  listAgents: {
+    methodKind: "unary";
+    input: typeof ListAgentsRequestSchema;
+    output: typeof ListAgentsResponseSchema;
+  },
+  /**
+   * ListAgentVersions lists an agent's versions, oldest first. Needs agents:read.
+   *
+   * @generated from rpc tether.v1.GatewayService.ListAgentVersions
+   */
+  listAgentVersions: {
+    methodKind: "unary";
+    input: typeof ListAgentVersionsRequestSchema;
+    output: typeof ListAgentVersionsResponseSchema;
+  },
+  /**
+   * RollbackAgent publishes an earlier version again. Needs agents:write.
+   *
+   * @generated from rpc tether.v1.GatewayService.RollbackAgent
+   */
+  rollbackAgent: {
+    methodKind: "unary";
+    input: typeof RollbackAgentRequestSchema;
+    output: typeof RollbackAgentResponseSchema;
+  },
+  /**
+   * SetDefaultAgent makes an agent the tenant's default. Needs agents:write.
+   *
+   * @generated from rpc tether.v1.GatewayService.SetDefaultAgent
+   */
+  setDefaultAgent: {
+    methodKind: "unary";
+    input: typeof SetDefaultAgentRequestSchema;
+    output: typeof SetDefaultAgentResponseSchema;
+  },
+  /**
+   * RemoveAgent removes an agent no unfinished run pins. Needs agents:write.
+   *
+   * @generated from rpc tether.v1.GatewayService.RemoveAgent
+   */
+  removeAgent: {
+    methodKind: "unary";
+    input: typeof RemoveAgentRequestSchema;
+    output: typeof RemoveAgentResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_tether_v1_gateway, 0);

@@ -1,0 +1,310 @@
+"""A tenant's agents with the services as processes, through the CLI and HTTP v2: two agents
+routed by channel, each run's model request carrying its own agent's instructions and tools; an
+identical apply creates nothing; a conditional apply on a stale base is refused and changes
+nothing; a rollback routes the next run to the old version; another tenant's agent is NOT_FOUND
+like an absent one; a key without agents:write is PERMISSION_DENIED and changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+import pytest_asyncio
+
+from tests.system.execution_support import ExecStack, Tenant, exec_stack, wait_for_status
+from tests.system.streaming_support import prompt
+from tether import agent_spec, apikeys
+from tether.testing.model_server import TextTurn
+from tether.v1 import gateway_pb2, gateway_pb2_grpc
+
+AGENT_SCOPES = (*apikeys.CLIENT_SCOPES, apikeys.AGENTS_READ, apikeys.AGENTS_WRITE)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def stack(
+    pg_server_url: str, template_db: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[ExecStack]:
+    async with exec_stack(
+        pg_server_url,
+        template_db,
+        redis_url,
+        Path(tmp_path_factory.mktemp("agents")),
+        workers=1,
+    ) as running:
+        yield running
+
+
+def document(name: str, instructions: str, tools: list[str], **more: Any) -> str:
+    return json.dumps({"name": name, "instructions": instructions, "tools": tools, **more})
+
+
+def stack_file(stack: ExecStack, key: str, directory: Path) -> str:
+    path = directory / f"stack-{uuid.uuid4().hex[:6]}.json"
+    path.write_text(json.dumps({"gateway": stack.addr("gateway"), "api_key": key}))
+    return str(path)
+
+
+async def tether(*args: str, stdin: str = "") -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tether.cli",
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(stdin.encode()), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode() + err.decode()
+
+
+async def cli_json(*args: str, stdin: str = "") -> list[dict[str, Any]]:
+    code, out = await tether(*args, "--json", stdin=stdin)
+    assert code == 0, out
+    return [json.loads(line) for line in out.splitlines()]
+
+
+async def send(tenant: Tenant, text: str, channel: str) -> str:
+    tenant.stack.model.script(text, [TextTurn("done")])
+    async with grpc.aio.insecure_channel(tenant.stack.addr("gateway")) as channel_:
+        response = await gateway_pb2_grpc.GatewayServiceStub(channel_).SendMessage(
+            gateway_pb2.SendMessageRequest(
+                text=text,
+                conversation_id=f"c-{uuid.uuid4().hex[:8]}",
+                event_id=f"e-{uuid.uuid4().hex}",
+                channel=channel,
+            ),
+            metadata=tenant.metadata,
+        )
+    run_id = str(response.run.run_id)
+    await wait_for_status(tenant.stack.db_url, run_id, "completed")
+    return run_id
+
+
+def model_request(stack: ExecStack, text: str) -> tuple[str, set[str]]:
+    """The system prompt (as JSON text) and tool names of the run's first model request."""
+    body = next(r.body for r in stack.model.requests if r.script_key == text)
+    return json.dumps(body.get("system", "")), {tool["name"] for tool in body.get("tools", [])}
+
+
+async def pinned(tenant: Tenant, run_id: str) -> tuple[str, int]:
+    """The agent and version the run's routing names, as GetRun shows it."""
+    async with grpc.aio.insecure_channel(tenant.stack.addr("gateway")) as channel:
+        response = await gateway_pb2_grpc.GatewayServiceStub(channel).GetRun(
+            gateway_pb2.GetRunRequest(run_id=run_id), metadata=tenant.metadata
+        )
+    return response.run.routing.agent, response.run.routing.agent_version
+
+
+def http_base(stack: ExecStack) -> str:
+    return f"http://{stack.services.http_addresses()['gateway']}"
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_agents_route_by_channel_apply_conditionally_and_roll_back(
+    stack: ExecStack, tmp_path: Path
+) -> None:
+    tenant = await stack.tenant(scopes=AGENT_SCOPES)
+    file = stack_file(stack, tenant.api_key, tmp_path)
+    helper = tmp_path / "helper.json"
+    helper.write_text(document("helper", "You are Helper, brief and exact.", ["get_time"]))
+    support = tmp_path / "support.yaml"
+    support.write_text(
+        "name: support\n"
+        "instructions: You are Support, answering on WhatsApp.\n"
+        "tools: [publish_post]\n"
+        "routes:\n  - channel: whatsapp\n"
+    )
+    assert await cli_json("agents", "apply", str(helper), "--stack", file) == [
+        {"name": "helper", "version": 1, "created": True}
+    ]
+    assert await cli_json("agents", "apply", str(support), "--stack", file) == [
+        {"name": "support", "version": 1, "created": True}
+    ]
+    listed = await cli_json("agents", "list", "--stack", file)
+    assert [(a["name"], a["published_version"], a["default"]) for a in listed] == [
+        ("helper", 1, True),
+        ("support", 1, False),
+    ]
+
+    chat_text, whatsapp_text = prompt("to helper"), prompt("to support")
+    chat_run = await send(tenant, chat_text, "")
+    whatsapp_run = await send(tenant, whatsapp_text, "whatsapp")
+    system, tools = model_request(stack, chat_text)
+    assert "You are Helper" in system and "You are Support" not in system
+    assert "get_time" in tools and "publish_post" not in tools
+    system, tools = model_request(stack, whatsapp_text)
+    assert "You are Support" in system and "You are Helper" not in system
+    assert "publish_post" in tools and "get_time" not in tools
+    assert await pinned(tenant, chat_run) == ("helper", 1)
+    assert await pinned(tenant, whatsapp_run) == ("support", 1)
+    (shown_run,) = await cli_json("run", whatsapp_run, "--parts", "0", "--stack", file)
+    assert shown_run["routing"]["agent"] == "support"
+    assert shown_run["routing"]["agent_version"] == 1
+
+    # An identical apply creates nothing.
+    assert await cli_json("agents", "apply", str(helper), "--stack", file) == [
+        {"name": "helper", "version": 1, "created": False}
+    ]
+    # A second version, then a conditional apply on the stale base: 409 ABORTED, nothing new.
+    helper.write_text(document("helper", "You are Helper v2, chatty.", ["get_time"]))
+    code, out = await tether("agents", "apply", str(helper), "--base-version", "1", "--stack", file)
+    assert code == 0 and "agent helper created version 2" in out, out
+    stale = document("helper", "You are Helper v3.", ["get_time"])
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{http_base(stack)}/v2/agents",
+            json={"spec": stale, "baseVersion": 1},
+            headers=bearer(tenant.api_key),
+        ) as response,
+    ):
+        assert response.status == 409, await response.text()
+        assert (await response.json())["error"]["status"] == "ABORTED"
+    versions = await cli_json("agents", "versions", "helper", "--stack", file)
+    assert [v["version"] for v in versions] == [1, 2]
+    shown = await cli_json("agents", "show", "helper", "--stack", file)
+    assert (shown[0]["version"], shown[0]["published_version"], shown[0]["default"]) == (2, 2, True)
+    assert "Helper v2" in shown[0]["spec"]
+
+    (diff,) = await cli_json("agents", "diff", "helper", "1", "2", "--stack", file)
+    assert '-  "instructions": "You are Helper, brief and exact."' in diff["diff"]
+    assert '+  "instructions": "You are Helper v2, chatty."' in diff["diff"]
+
+    v2_text = prompt("helper v2")
+    v2_run = await send(tenant, v2_text, "")
+    assert "Helper v2" in model_request(stack, v2_text)[0]
+    assert await pinned(tenant, v2_run) == ("helper", 2)
+
+    # A rollback routes the next run to the old version; the run before keeps its own.
+    assert await cli_json("agents", "rollback", "helper", "--to", "1", "--stack", file) == [
+        {"name": "helper", "version": 1}
+    ]
+    back_text = prompt("helper back")
+    back_run = await send(tenant, back_text, "")
+    system, _ = model_request(stack, back_text)
+    assert "You are Helper, brief" in system and "Helper v2" not in system
+    assert await pinned(tenant, back_run) == ("helper", 1)
+    assert await pinned(tenant, v2_run) == ("helper", 2)
+
+    # The default cannot be removed; once another is the default it takes the unrouted runs,
+    # and the old one can go (none of its runs is unfinished).
+    code, out = await tether("agents", "rm", "helper", "--stack", file)
+    assert code == 1 and "FAILED_PRECONDITION" in out and "default" in out, out
+    assert await cli_json("agents", "default", "support", "--stack", file) == [
+        {"name": "support", "default": True}
+    ]
+    unrouted_run = await send(tenant, prompt("to the new default"), "")
+    assert await pinned(tenant, unrouted_run) == ("support", 1)
+    assert await cli_json("agents", "rm", "helper", "--stack", file) == [
+        {"name": "helper", "version": 1, "removed": True}
+    ]
+    code, out = await tether("agents", "show", "helper", "--stack", file)
+    assert code == 1 and "error: NOT_FOUND: " in out, out
+    assert [a["name"] for a in await cli_json("agents", "list", "--stack", file)] == ["support"]
+
+
+async def test_http_serves_the_schema_reads_and_refuses_an_invalid_document(
+    stack: ExecStack,
+) -> None:
+    tenant = await stack.tenant(scopes=AGENT_SCOPES)
+    base, headers = http_base(stack), bearer(tenant.api_key)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{base}/v2/agents/schema") as response:
+            assert response.status == 200
+            assert await response.json() == agent_spec.schema()
+        spec = document("writer", "Write.", ["get_time"])
+        async with http.post(f"{base}/v2/agents", json={"spec": spec}, headers=headers) as r:
+            assert r.status == 201, await r.text()
+            assert await r.json() == {"name": "writer", "version": 1, "created": True}
+        async with http.post(f"{base}/v2/agents", json={"spec": spec}, headers=headers) as r:
+            assert r.status == 200 and await r.json() == {"name": "writer", "version": 1}
+        async with http.get(f"{base}/v2/agents/writer?version=1", headers=headers) as r:
+            shown = await r.json()
+            assert r.status == 200 and shown["publishedVersion"] == 1 and shown["default"]
+            assert json.loads(shown["agent"]["spec"]) == json.loads(spec)
+        async with http.get(f"{base}/v2/agents", headers=headers) as r:
+            assert [a["name"] for a in (await r.json())["agents"]] == ["writer"]
+
+        bad = document("writer", "Write.", ["get_time"], limits={"max_steps": 0})
+        async with http.post(f"{base}/v2/agents", json={"spec": bad}, headers=headers) as r:
+            assert r.status == 400, await r.text()
+            error = (await r.json())["error"]
+            assert error["status"] == "INVALID_ARGUMENT" and "/limits/max_steps" in str(error)
+        async with http.post(
+            f"{base}/v2/agents/writer/rollback", json={"toVersion": 7}, headers=headers
+        ) as r:
+            assert r.status == 404, await r.text()
+        async with http.get(f"{base}/v2/agents/writer/versions", headers=headers) as r:
+            assert [v["version"] for v in (await r.json())["versions"]] == [1]
+
+
+async def test_another_tenants_agent_is_not_found_and_writing_needs_agents_write(
+    stack: ExecStack, tmp_path: Path
+) -> None:
+    owner = await stack.tenant(scopes=AGENT_SCOPES)
+    other = await stack.tenant(scopes=AGENT_SCOPES)
+    reader = await stack.tenant(
+        tenant_id=owner.tenant_id, scopes=(*apikeys.CLIENT_SCOPES, apikeys.AGENTS_READ)
+    )
+    spec = document("private", "Mine alone.", ["get_time"])
+    owner_file = stack_file(stack, owner.api_key, tmp_path)
+    assert (await cli_json("agents", "apply", "-", "--stack", owner_file, stdin=spec))[0]["created"]
+
+    base = http_base(stack)
+    async with aiohttp.ClientSession() as http:
+        bodies = []
+        for name in ("private", "absent"):
+            async with http.get(f"{base}/v2/agents/{name}", headers=bearer(other.api_key)) as r:
+                assert r.status == 404
+                bodies.append(await r.read())
+        assert bodies[0] == bodies[1].replace(b"absent", b"private")
+        async with http.post(
+            f"{base}/v2/agents/private/rollback",
+            json={"toVersion": 1},
+            headers=bearer(other.api_key),
+        ) as r:
+            assert r.status == 404
+
+        # A key that reads agents but may not write them: refused, nothing changes.
+        changed = document("private", "Changed.", ["get_time"])
+        async with http.post(
+            f"{base}/v2/agents", json={"spec": changed}, headers=bearer(reader.api_key)
+        ) as r:
+            assert r.status == 403, await r.text()
+            assert (await r.json())["error"]["status"] == "PERMISSION_DENIED"
+        async with http.delete(f"{base}/v2/agents/private", headers=bearer(reader.api_key)) as r:
+            assert r.status == 403
+        async with http.get(f"{base}/v2/agents/private", headers=bearer(reader.api_key)) as r:
+            shown = await r.json()
+            assert shown["agent"]["version"] == 1 and "Mine alone." in shown["agent"]["spec"]
+
+    async with grpc.aio.insecure_channel(stack.addr("gateway")) as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.GetAgent(
+                gateway_pb2.GetAgentRequest(name="private"), metadata=other.metadata
+            )
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.ApplyAgent(
+                gateway_pb2.ApplyAgentRequest(spec=changed), metadata=reader.metadata
+            )
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    reader_file = stack_file(stack, reader.api_key, tmp_path)
+    code, out = await tether("agents", "rollback", "private", "--to", "1", "--stack", reader_file)
+    assert code == 1 and "error: PERMISSION_DENIED: " in out, out
+    versions = await cli_json("agents", "versions", "private", "--stack", owner_file)
+    assert [v["version"] for v in versions] == [1]
