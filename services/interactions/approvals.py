@@ -3,6 +3,8 @@ mints a grant), and the resumed attempt claims the decision for exactly one exec
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,10 +15,42 @@ from services.interactions import repository as repo
 from services.interactions.domain import ALWAYS_SCOPES, DECISIONS, Orchestrator, Policy
 from services.interactions.lifecycle import Lifecycle
 from tether import audit
+from tether.agent_spec.document import (
+    DEFAULT_ALWAYS_ALLOW_SCOPES,
+    approval_ttl_seconds,
+    offered_decisions,
+)
 from tether.domain import EventType
 from tether.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from tether.ids import new_id
 from tether.visibility import Viewer
+
+
+@dataclass(frozen=True)
+class ApprovalOffer:
+    """What one approval offers, from its run's agent's approval policy: None for the
+    decisions and scopes of a run without one (the tenant's policy decides them)."""
+
+    decisions: list[str] | None
+    always_allow_scopes: list[str] | None
+    ttl_s: float
+
+    @classmethod
+    def of(cls, policy: str, tool: str, risk: str, default_ttl_s: float) -> ApprovalOffer:
+        """The offer `policy` (JSON text, "" for none) makes on `tool` of category `risk`."""
+        if not policy:
+            return cls(None, None, default_ttl_s)
+        try:
+            parsed = json.loads(policy)
+        except ValueError as exc:
+            raise InvalidArgument(f"approval_policy is not JSON: {exc}") from exc
+        if not isinstance(parsed, dict):
+            raise InvalidArgument("approval_policy must be a JSON object")
+        return cls(
+            offered_decisions(parsed, tool, risk, DECISIONS),
+            list(parsed.get("always_allow_scopes", DEFAULT_ALWAYS_ALLOW_SCOPES)),
+            approval_ttl_seconds(parsed, tool, risk, default_ttl_s),
+        )
 
 
 class Approvals:
@@ -61,10 +95,15 @@ class Approvals:
         summary: str,
         estimated_cost_micros: int,
         idempotency_key: str,
+        policy: str = "",
     ) -> str:
-        """Store a pending approval with the normalised input that will run if allowed."""
+        """Store a pending approval with the normalised input that will run if allowed, and
+        what the run's agent's approval `policy` (JSON text) offers on it: its decisions, the
+        scopes allow-always may grant, its expiry. Without a policy (a run routed before agents
+        were documents) the tenant's policy decides when it is decided."""
         if not tool_name or not risk_category:
             raise InvalidArgument("tool_name and risk_category are required")
+        offer = ApprovalOffer.of(policy, tool_name, risk_category, self._policy.approval_ttl_s)
         return await self._lifecycle.store(
             run_id,
             epoch,
@@ -76,11 +115,15 @@ class Approvals:
             summary=summary or f"Run {tool_name}",
             estimated_cost_micros=estimated_cost_micros,
             idempotency_key=idempotency_key,
-            expires_at=datetime.now(UTC) + timedelta(seconds=self._policy.approval_ttl_s),
+            expires_at=datetime.now(UTC) + timedelta(seconds=offer.ttl_s),
+            offered_decisions=offer.decisions,
+            always_allow_scopes=offer.always_allow_scopes,
         )
 
-    async def allowed_decisions(self, tenant_id: str) -> list[str]:
-        """Decisions the tenant's policy permits."""
+    async def allowed_decisions(self, tenant_id: str, approval: Row[Any]) -> list[str]:
+        """Decisions offered on `approval`: its agent's, else the tenant's policy's."""
+        if approval.offered_decisions is not None:
+            return list(approval.offered_decisions)
         async with self._engine.connect() as conn:
             policy = await repo.tenant_policy(conn, tenant_id)
         scopes = policy.get("always_allow_scopes", ["principal"])
@@ -104,11 +147,19 @@ class Approvals:
             )
             if pending is None:
                 raise FailedPrecondition(f"run {run_id!r} has no open approval to decide")
+            offered = pending.offered_decisions
+            if offered is not None and decision not in offered:
+                raise FailedPrecondition(
+                    f"the agent's approval policy does not offer {decision} on "
+                    f"{pending.tool_name}; offered: {list(offered)}"
+                )
             if decision == "allow-always":
                 scope = always_scope or "principal"
-                permitted = (await repo.tenant_policy(conn, tenant_id)).get(
-                    "always_allow_scopes", ["principal"]
-                )
+                permitted = pending.always_allow_scopes
+                if permitted is None:
+                    permitted = (await repo.tenant_policy(conn, tenant_id)).get(
+                        "always_allow_scopes", ["principal"]
+                    )
                 if scope not in ALWAYS_SCOPES:
                     raise InvalidArgument(f"always_scope must be one of {list(ALWAYS_SCOPES)}")
                 if scope not in permitted:

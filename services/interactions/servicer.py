@@ -182,6 +182,7 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
             summary=request.summary,
             estimated_cost_micros=request.estimated_cost_micros,
             idempotency_key=request.idempotency_key,
+            policy=request.approval_policy,
         )
         return interactions_pb2.RequestApprovalResponse(interaction_id=interaction_id)
 
@@ -231,7 +232,7 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         )
         response = interactions_pb2.FindPendingApprovalResponse()
         if row is not None:
-            allowed = await self._approvals.allowed_decisions(request.tenant_id)
+            allowed = await self._approvals.allowed_decisions(request.tenant_id, row)
             response.approval.CopyFrom(pending_approval(row, allowed))
         return response
 

@@ -17,6 +17,7 @@ that one (see `claims`). The keys of `tenants.agent`:
 | `context` | what the context holds (`tether.domain.ContextPolicy`'s fields) |
 | `limits`, `prices` | `Limits` fields; prices by model |
 | `system_prompt` | the persona's instructions, as configured before personas (name `custom`) |
+| `approvals` | an agent document's approval policy (`AgentSpec.approvals()`); unset, the tenant's |
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import replace
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from tether.agent_spec import canonical_json
 from tether.domain import (
     DEFAULT_BACKOFF_INITIAL_S,
     DEFAULT_BACKOFF_MAX_S,
@@ -129,7 +131,17 @@ def resolve(overrides: Mapping[str, Any], source: str = "", channel: str = "") -
         persona=persona,
         skills=tuple(skills),
         context=context,
+        approvals=_approvals(overrides.get("approvals")),
     )
+
+
+def _approvals(policy: Any) -> str:
+    """A document's approval policy as the canonical text the run carries; "" for none."""
+    if policy is None:
+        return ""
+    if not isinstance(policy, Mapping):
+        raise InvalidArgument("tenant agent configuration is invalid: approvals must be a map")
+    return canonical_json(policy)
 
 
 def _persona(overrides: Mapping[str, Any], source: str, channel: str) -> Bundle:

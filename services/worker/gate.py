@@ -150,6 +150,7 @@ class Gate:
             input=normalised,
             risk=risk,
             summary=_summary(name, normalised),
+            policy=self._assignment.config.approvals,
             idempotency_key=idempotency_key(
                 self._assignment.tenant_id, self._run_id, name, normalised
             ),

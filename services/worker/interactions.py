@@ -200,9 +200,11 @@ class LeasedInteractions:
         input: dict[str, Any],
         risk: str,
         summary: str,
+        policy: str,
         idempotency_key: str,
     ) -> str:
-        """Store a pending approval; returns its id."""
+        """Store a pending approval, offered as the run's agent's approval `policy` (JSON text;
+        "" for the tenant's) says; returns its id."""
         request = interactions_pb2.RequestApprovalRequest(
             run_id=self._run_id,
             epoch=self._epoch,
@@ -211,6 +213,7 @@ class LeasedInteractions:
             risk_category=risk,
             summary=summary,
             idempotency_key=idempotency_key,
+            approval_policy=policy,
         )
         json_format.ParseDict(input, request.input)
         response = await self._stub.RequestApproval(request)

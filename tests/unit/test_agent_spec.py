@@ -375,10 +375,15 @@ PAIRS = [("chat", "chat"), ("chat", "whatsapp"), ("messaging", "whatsapp"), ("ta
 
 
 def resolved_alike(spec: AgentSpec, overrides: dict[str, Any]) -> None:
+    """Everything alike but the approvals, which the document's run carries (a run of
+    `tenants.agent` leaves them to the tenant's policy)."""
     for source, channel in PAIRS:
-        assert routing.resolve(spec.overrides(), source, channel) == routing.resolve(
-            overrides, source, channel
-        ), (source, channel)
+        config = routing.resolve(spec.overrides(), source, channel)
+        assert json.loads(config.approvals) == spec.approvals()
+        assert replace(config, approvals="") == routing.resolve(overrides, source, channel), (
+            source,
+            channel,
+        )
 
 
 def test_a_document_resolves_to_the_config_its_tenants_agent_json_gives_today() -> None:
@@ -460,7 +465,9 @@ def test_a_limit_a_document_cannot_hold_becomes_the_nearest_it_can() -> None:
 
 def test_the_examples_are_accepted_and_the_demo_is_todays_demo_agent() -> None:
     demo = agent_spec.parse((EXAMPLES / "demo.yaml").read_text())
-    assert routing.resolve(demo.overrides(), "chat", "chat") == routing.DEFAULT
+    config = routing.resolve(demo.overrides(), "chat", "chat")
+    assert replace(config, approvals="") == routing.DEFAULT
+    assert json.loads(config.approvals) == demo.approvals()
     assert demo.routes == ()
     support = agent_spec.parse((EXAMPLES / "support.yaml").read_bytes())
     agents = [(demo.name, demo.routes), (support.name, support.routes)]

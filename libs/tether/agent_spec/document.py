@@ -57,6 +57,9 @@ class AgentSpec:
             out["limits"] = limits
         if "prices" in doc:
             out["prices"] = doc["prices"]
+        # Always: a run of a document is approved by its document, never by the tenant's
+        # policy of before agents, even when the document leaves every default in place.
+        out["approvals"] = self.approvals()
         return out
 
     def approvals(self) -> dict[str, Any]:

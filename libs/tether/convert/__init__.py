@@ -425,6 +425,7 @@ def config_to_proto(config: AgentConfig) -> orchestrator_pb2.AgentConfig:
             timezone=context.timezone,
             cache_ttl=context.cache_ttl,
         ),
+        approvals=config.approvals,
     )
 
 
@@ -454,6 +455,7 @@ def config_from_proto(message: orchestrator_pb2.AgentConfig) -> AgentConfig:
             timezone=context.timezone or "UTC",
             cache_ttl=context.cache_ttl or "5m",
         ),
+        approvals=message.approvals,
     )
 
 

@@ -143,10 +143,14 @@ class AgentConfig:
     persona: Bundle | None = None
     skills: tuple[Bundle, ...] = ()
     context: ContextPolicy = ContextPolicy()
+    # The agent document's approval policy as canonical JSON text (interactions reads it with
+    # tether.agent_spec); "" for a run routed by `tenants.agent`, whose tenant policy decides.
+    approvals: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        """The stored form (`routings.config`)."""
-        return {
+        """The stored form (`routings.config`); `approvals` only when set, so a decision
+        routed by `tenants.agent` keeps the digest (routing id) it had before."""
+        stored: dict[str, Any] = {
             "agent": self.agent,
             "model": self.model,
             "system_prompt": self.system_prompt,
@@ -158,6 +162,9 @@ class AgentConfig:
             "skills": [s.to_json() for s in self.skills],
             "context": self.context.to_json(),
         }
+        if self.approvals:
+            stored["approvals"] = self.approvals
+        return stored
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AgentConfig:
@@ -175,6 +182,7 @@ class AgentConfig:
             persona=None if persona is None else Bundle.from_json(persona),
             skills=tuple(Bundle.from_json(s) for s in data.get("skills", ())),
             context=ContextPolicy.from_json(data.get("context", {})),
+            approvals=str(data.get("approvals", "")),
         )
 
 

@@ -666,6 +666,7 @@ class RequestApprovalRequest(_message.Message):
     SUMMARY_FIELD_NUMBER: _builtins.int
     ESTIMATED_COST_MICROS_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    APPROVAL_POLICY_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     epoch: _builtins.int
@@ -682,6 +683,10 @@ class RequestApprovalRequest(_message.Message):
     """Estimated cost in micro-US-dollars."""
     idempotency_key: _builtins.str
     """Idempotency key derived from the run and the call's arguments."""
+    approval_policy: _builtins.str
+    """The run's agent's approval policy as JSON text (AgentConfig.approvals); empty: the
+    tenant's policy decides.
+    """
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
         """Normalised input."""
@@ -698,10 +703,11 @@ class RequestApprovalRequest(_message.Message):
         summary: _builtins.str = ...,
         estimated_cost_micros: _builtins.int = ...,
         idempotency_key: _builtins.str = ...,
+        approval_policy: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "estimated_cost_micros", b"estimated_cost_micros", "idempotency_key", b"idempotency_key", "input", b"input", "risk_category", b"risk_category", "run_id", b"run_id", "summary", b"summary", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_policy", b"approval_policy", "epoch", b"epoch", "estimated_cost_micros", b"estimated_cost_micros", "idempotency_key", b"idempotency_key", "input", b"input", "risk_category", b"risk_category", "run_id", b"run_id", "summary", b"summary", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

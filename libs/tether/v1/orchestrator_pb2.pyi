@@ -429,12 +429,17 @@ class AgentConfig(_message.Message):
     PERSONA_FIELD_NUMBER: _builtins.int
     SKILLS_FIELD_NUMBER: _builtins.int
     CONTEXT_FIELD_NUMBER: _builtins.int
+    APPROVALS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Model id."""
     system_prompt: _builtins.str
     """Flat system prompt."""
     agent: _builtins.str
     """Agent name."""
+    approvals: _builtins.str
+    """The agent document's approval policy as JSON text; empty when the run was routed by the
+    tenant's agent of before documents (the tenant's policy decides).
+    """
     @_builtins.property
     def system_blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___SystemBlock]:
         """Structured system blocks, for provider cache handling."""
@@ -476,10 +481,11 @@ class AgentConfig(_message.Message):
         persona: Global___Bundle | None = ...,
         skills: _abc.Iterable[Global___Bundle] | None = ...,
         context: Global___ContextPolicy | None = ...,
+        approvals: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "limits", b"limits", "persona", b"persona"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "context", b"context", "limits", b"limits", "model", b"model", "persona", b"persona", "prices", b"prices", "skills", b"skills", "system_blocks", b"system_blocks", "system_prompt", b"system_prompt", "tool_allowlist", b"tool_allowlist"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "approvals", b"approvals", "context", b"context", "limits", b"limits", "model", b"model", "persona", b"persona", "prices", b"prices", "skills", b"skills", "system_blocks", b"system_blocks", "system_prompt", b"system_prompt", "tool_allowlist", b"tool_allowlist"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

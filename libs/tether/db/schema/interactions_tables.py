@@ -53,6 +53,10 @@ interactions = Table(
     Column("decision", Text),
     Column("decided_by", Text),
     Column("claimed_epoch", BigInteger),
+    # What the run's agent's approval policy offers on it (0021); NULL for an approval of a run
+    # routed before agents were documents, whose tenant's policy decides.
+    Column("offered_decisions", ARRAY(Text)),
+    Column("always_allow_scopes", ARRAY(Text)),
     # Connections: the consent offer, bound to the tenant and the principal who must complete it.
     Column("provider", Text),
     Column("gap", Text),
