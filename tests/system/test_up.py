@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,26 @@ from tether.client import TetherClient, run_to_dict
 
 # `make slow`: the whole `tether up` twice, about half a minute.
 pytestmark = pytest.mark.slow
+
+
+async def listed_agents(stack_file: str) -> list[tuple[str, int, bool]]:
+    """`tether agents list --json` as the dev key: (name, published version, default) each."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tether.cli",
+        "agents",
+        "list",
+        "--json",
+        "--stack",
+        stack_file,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    rows = [json.loads(line) for line in out.decode().splitlines()]
+    return [(r["name"], r["published_version"], r["default"]) for r in rows]
 
 
 async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path: Path) -> None:
@@ -37,6 +59,8 @@ async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path:
         async with TetherClient.from_env(stack_file, operator=True) as operator:
             founded = await operator.create_key("acme", "founder")
         assert founded.tenant_id == "acme"
+        # examples/agents, applied as the dev tenant: the demo first, so it is the default.
+        assert await listed_agents(stack_file) == [("default", 1, True), ("support", 1, False)]
     finally:
         out = await up.interrupt()
     assert "tether stopped" in out
@@ -50,5 +74,9 @@ async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path:
             assert again.run.input_text == "hello"
             replay = await client.send("hello", conversation_id="first", event_id="evt-hello")
             assert replay.run.run_id == sent.run.run_id, "the claim survived the restart"
+        assert await listed_agents(str(data_dir / "stack.json")) == [
+            ("default", 1, True),
+            ("support", 1, False),
+        ], "applied again, identical: no new version"
     finally:
         await up.interrupt()

@@ -36,6 +36,12 @@ class UpSettings(BaseSettings):
         validation_alias=AliasChoices("TETHER_WORKERS"),
         description="Worker processes (two, so a crashed one never leaves runs unserved).",
     )
+    agents_dir: str = Field(
+        "",
+        description="A folder of agent documents (*.yaml, *.json) applied as the development "
+        "tenant once the workers are ready; empty: the repository's examples/agents. An "
+        "identical document creates no version, so a restart changes nothing.",
+    )
     restart_delay_s: float = Field(
         0.5, gt=0, description="Wait before restarting a service that died; doubles each time."
     )

@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import grpc
 
 from tether import apikeys, credentials
+from tether.client import TetherClient
 from tether.db.engine import create_engine
 from tether.db.migrate import upgrade
 from tether.retry import RetryPolicy
@@ -43,6 +45,8 @@ DEV_PRINCIPAL = "dev"
 DATABASE = "tether"
 # Marks the operator's credential apart from API keys (tk_) at a glance.
 OPERATOR_PREFIX = "top_"
+# The example agents a new user sees on the first day (the demo, and one routed by channel).
+EXAMPLE_AGENTS = Path(__file__).resolve().parents[3] / "examples" / "agents"
 
 
 async def ensure_database(server_url: str, name: str) -> str:
@@ -73,14 +77,40 @@ async def dev_key(db_url: str, previous: dict[str, Any]) -> str:
         async with engine.begin() as conn:
             old = previous.get("api_key")
             found = await apikeys.find_key(conn, old) if isinstance(old, str) else None
-            # A key from before the scope was named keys:admin cannot manage keys: replace it.
-            if isinstance(old, str) and found is not None and apikeys.KEYS_ADMIN in found.scopes:
+            # A key from before a scope was named (keys:admin, agents:write) lacks it: replace it.
+            if (
+                isinstance(old, str)
+                and found is not None
+                and set(apikeys.ALL_SCOPES) <= set(found.scopes)
+            ):
                 return old
             await apikeys.ensure_tenant(conn, DEV_TENANT)
             key, _ = await apikeys.create_key(conn, DEV_TENANT, DEV_PRINCIPAL, apikeys.ALL_SCOPES)
             return key
     finally:
         await engine.dispose()
+
+
+async def apply_agents(gateway: str, api_key: str, folder: Path) -> list[tuple[str, int, bool]]:
+    """Apply every agent document in `folder` (in name order, so the first is the tenant's
+    default when it has none): (name, version, created) each. A refused document is logged and
+    skipped: the stack serves without it."""
+    if not folder.is_dir():
+        log.info("no agent documents at %s to apply", folder)
+        return []
+    applied = []
+    async with TetherClient(gateway, api_key) as client:
+        for path in sorted(folder.iterdir()):
+            if path.suffix not in (".yaml", ".yml", ".json"):
+                continue
+            try:
+                answer = await client.apply_agent(path.read_text())
+            except grpc.aio.AioRpcError as exc:
+                log.warning("agent %s not applied: %s", path.name, exc.details())
+                continue
+            applied.append((answer.name, answer.version, answer.created))
+            log.info("agent %s at version %d from %s", answer.name, answer.version, path.name)
+    return applied
 
 
 def http_port_for(previous: dict[str, Any]) -> int:
@@ -208,6 +238,9 @@ class Stack:
         if self._redis is not None:
             self.info["redis_pid"] = self._redis.process.pid
         self._write_info()
+        # After start_all, whose workers are ready: an apply may name the tools they announce.
+        agents_dir = Path(self.settings.agents_dir) if self.settings.agents_dir else EXAMPLE_AGENTS
+        await apply_agents(addresses["gateway"], api_key, agents_dir)
         self.supervisor = ServiceSupervisor(
             self.services,
             backoff=RetryPolicy(
