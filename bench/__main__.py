@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import admission, context, hotpath, runs, stream, telemetry
+from bench import admission, agents, context, hotpath, runs, stream, telemetry
 
 # A group is one or more benches run in turn; `runs` ends with telemetry's cost (its own stacks).
 GROUPS = {
     "admission": (admission.run,),
+    "agents": (agents.run,),
     "context": (context.run,),
     "hotpath": (hotpath.run,),
     "runs": (runs.run, telemetry.run),
