@@ -2,7 +2,8 @@
 its default and its environment variable) and from the tenants' retention policy.
 
 `make docs` (`python -m tether.stack.reference`) rewrites the part of README.md between the
-markers below; `tests/unit/test_settings_reference.py` fails while README.md differs from what
+markers below, and the agent document's reference (`tether.stack.agent_reference`);
+`tests/unit/test_settings_reference.py` fails while README.md differs from what
 this writes. A settings class is found wherever a module of `libs/tether` or `services/` uses
 pydantic-settings, so a new service or setting shows up without a word here.
 """
@@ -22,6 +23,7 @@ from pydantic_settings import BaseSettings
 
 from tether.retention import DAY_S, RetentionPolicy
 from tether.settings import PlatformSettings
+from tether.stack import agent_reference
 
 ROOT = Path(__file__).resolve().parents[3]
 README = ROOT / "README.md"
@@ -175,9 +177,11 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="exit 1 when README.md is stale")
     args = parser.parse_args()
     current = README.read_text()
-    wanted = rewritten(current)
+    wanted = agent_reference.rewritten(rewritten(current))
     if args.check:
-        sys.exit(0 if wanted == current else "README.md's settings reference is stale: make docs")
+        sys.exit(
+            0 if wanted == current else "README.md's generated references are stale: make docs"
+        )
     README.write_text(wanted)
 
 
