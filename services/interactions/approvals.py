@@ -20,6 +20,8 @@ from tether.agent_spec.document import (
     approval_ttl_seconds,
     offered_decisions,
 )
+from tether.agent_spec.validation import violations
+from tether.agent_spec.violations import refusal
 from tether.domain import EventType
 from tether.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from tether.ids import new_id
@@ -44,8 +46,11 @@ class ApprovalOffer:
             parsed = json.loads(policy)
         except ValueError as exc:
             raise InvalidArgument(f"approval_policy is not JSON: {exc}") from exc
-        if not isinstance(parsed, dict):
-            raise InvalidArgument("approval_policy must be a JSON object")
+        # The document's own schema: a policy of the wrong shape is the caller's mistake, never
+        # an INTERNAL from reading it.
+        found = list(violations({"name": "approval-policy", "approvals": parsed}))
+        if found:
+            raise refusal(found)
         return cls(
             offered_decisions(parsed, tool, risk, DECISIONS),
             list(parsed.get("always_allow_scopes", DEFAULT_ALWAYS_ALLOW_SCOPES)),
