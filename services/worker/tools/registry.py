@@ -30,7 +30,7 @@ from services.worker.tools.base import (
 )
 from services.worker.tools.effects import EffectsPort, idempotency_key
 from services.worker.tools.schema import check_schema, normalize, validate
-from tether.domain import EffectState
+from tether.domain import EffectState, ToolAnnouncement, schema_sha256
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +148,18 @@ class ToolRegistry:
     def names(self) -> list[str]:
         """Registered tool names, in registration order."""
         return list(self._tools)
+
+    def announcements(self) -> list[ToolAnnouncement]:
+        """The registered tools as the Work hello announces them to the tool catalog."""
+        return [
+            ToolAnnouncement(
+                t.spec.name,
+                schema_sha256(t.spec.input_schema),
+                str(t.spec.risk),
+                t.spec.writes_externally,
+            )
+            for t in self._tools.values()
+        ]
 
     def get(self, name: str) -> Tool | None:
         """The tool named `name`, or None."""
