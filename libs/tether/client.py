@@ -383,6 +383,13 @@ class TetherClient:
         )
         return response
 
+    async def list_tools(self) -> gateway_pb2.ListToolsResponse:
+        """The tool catalog: the tools the workers announced, which an agent may name."""
+        response: gateway_pb2.ListToolsResponse = await self._idempotent(
+            lambda: self.stub.ListTools(gateway_pb2.ListToolsRequest(), metadata=self._metadata)
+        )
+        return response
+
     async def list_agent_versions(self, name: str) -> gateway_pb2.ListAgentVersionsResponse:
         """An agent's versions, oldest first."""
         response: gateway_pb2.ListAgentVersionsResponse = await self._idempotent(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from services.orchestrator.catalog import ToolCatalog
 from services.orchestrator.repositories import agents as agent_repo
 from tether import audit
 from tether.agent_spec import AgentSpec, parse, route_conflicts
@@ -64,8 +65,9 @@ def _absent(name: str) -> NotFound:
 class Agents:
     """A tenant's agents, on the orchestrator's database."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, catalog: ToolCatalog | None = None) -> None:
         self._engine = engine
+        self._catalog = catalog or ToolCatalog(engine)
 
     async def apply(
         self,
@@ -76,8 +78,10 @@ class Agents:
     ) -> Applied:
         """Create a version of the agent `text` describes and publish it. A document identical
         to the published version creates nothing and answers with it; `base_version` makes it
-        conditional on the published version being that one (0: no such agent yet)."""
+        conditional on the published version being that one (0: no such agent yet). A tool
+        the catalog lacks, or a model without a price, refuses it (`ToolCatalog.check`)."""
         spec = parse(text)
+        await self._catalog.check(spec)
         async with self._engine.begin() as conn:
             found = await agent_repo.lock_set(conn, tenant_id)
             published = await agent_repo.published_version(conn, tenant_id, spec.name)

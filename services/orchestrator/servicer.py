@@ -9,6 +9,7 @@ from datetime import UTC
 import grpc
 
 from services.orchestrator.agents import Agents
+from services.orchestrator.catalog import ToolCatalog
 from services.orchestrator.execution import Execution
 from services.orchestrator.knowledge import Knowledge
 from services.orchestrator.repositories.agents import Published, Version
@@ -27,6 +28,7 @@ from tether.convert import (
     status_to_proto,
     turn_to_proto,
 )
+from tether.convert.catalog import cataloged_to_proto
 from tether.domain import Run, RunRouting
 from tether.errors import InvalidArgument
 from tether.states import RunStatus
@@ -96,7 +98,8 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         self._execution = execution
         self._knowledge = Knowledge(execution.engine)
         self._retention = retention
-        self._agents = Agents(execution.engine)
+        self._catalog = ToolCatalog(execution.engine)
+        self._agents = Agents(execution.engine, self._catalog)
         self.work = Work(
             execution.engine,
             execution.claims,
@@ -107,6 +110,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             lease_ttl_s=work.lease_ttl_s,
             keepalive_interval_s=work.keepalive_interval_s,
             progress_deadline_s=work.progress_deadline_s,
+            announce=self._catalog.announce,
         )
 
     async def LookupRun(
@@ -324,3 +328,10 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             request.actor.tenant_id, request.name, _actor(request.actor)
         )
         return orchestrator_pb2.DeleteAgentResponse(name=request.name, version=version)
+
+    async def ListTools(
+        self, request: orchestrator_pb2.ListCatalogToolsRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.ListCatalogToolsResponse:
+        return orchestrator_pb2.ListCatalogToolsResponse(
+            tools=[cataloged_to_proto(t) for t in await self._catalog.listed()]
+        )

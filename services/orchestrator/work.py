@@ -25,7 +25,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator.claims import Claimed, Claims
 from services.orchestrator.repositories import leases as lease_repo
+from tether.convert.catalog import announcements_from_proto
 from tether.convert.work import OUTCOMES, WRITE_FIELDS
+from tether.domain import ToolAnnouncement
 from tether.errors import FailedPrecondition, InvalidArgument, TetherError, Unavailable
 from tether.runtime.rpc import refuse_undecodable
 from tether.v1 import orchestrator_pb2
@@ -46,6 +48,8 @@ PROTOCOL_VERSION = 1
 
 # A write: the unary handler's request in, its response out (TetherError for a refusal).
 Write = Callable[[Message], Awaitable[Message]]
+# Records the tools a worker's hello announced (its worker id, the tools) in the catalog.
+Announce = Callable[[str, Sequence[ToolAnnouncement]], Awaitable[None]]
 # How long a stream that is ending waits for the acknowledgements of writes still running.
 DRAIN_S = 5.0
 
@@ -65,6 +69,7 @@ class Session:
 
     def __init__(self, hello: orchestrator_pb2.WorkHello) -> None:
         self.worker_id = hello.worker_id
+        self.tools = announcements_from_proto(hello.tools)
         self.takes_batches = hello.takes_batches
         self.outcome_returns_credit = hello.outcome_returns_credit
         self.closed = False
@@ -106,6 +111,17 @@ class Session:
                 return
 
 
+async def _record_tools(announce: Announce, session: Session) -> None:
+    """Record the tools the session's hello announced, beside the stream: a worker is leased
+    to whether or not the catalog could be written."""
+    try:
+        await announce(session.worker_id, session.tools)
+    except Unavailable as exc:
+        # PostgreSQL is down or restarting: the worker announces again at its next hello, and
+        # its tools are very likely in the catalog from an earlier one.
+        log.warning("recording the tools of %s deferred: %s", session.worker_id, exc)
+
+
 # Queued after the last message of a stream that ends.
 _ENDED = orchestrator_pb2.WorkResponse()
 
@@ -125,8 +141,10 @@ class Work:
         lease_ttl_s: float,
         keepalive_interval_s: float,
         progress_deadline_s: float,
+        announce: Announce | None = None,
     ) -> None:
         self._engine = engine
+        self._announce = announce
         self._claims = claims
         self._lease = lease
         self._release = release
@@ -159,6 +177,8 @@ class Work:
             )
         )
         self._sessions.append(session)
+        if self._announce is not None and session.tools:
+            self._spawn(session, _record_tools(self._announce, session))
         reader = asyncio.ensure_future(self._read(session, requests))
         reader.add_done_callback(lambda _: session.end())
         try:

@@ -16,8 +16,8 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from services.worker.tools.base import ConnectionGap
-from tether.domain import Lease
+from services.worker.tools.base import ConnectionGap, RiskCategory
+from tether.domain import Lease, ToolAnnouncement, schema_sha256
 from tether.states import RunStatus
 from tether.v1 import interactions_pb2, interactions_pb2_grpc
 
@@ -70,6 +70,16 @@ BUILTIN_SPECS: dict[str, dict[str, Any]] = {
         },
     },
 }
+
+
+def builtin_announcements() -> list[ToolAnnouncement]:
+    """The built-in interaction tools as the Work hello announces them: the worker runs them
+    (they park the run for a person), so an agent names them as any other tool."""
+    return [
+        ToolAnnouncement(name, schema_sha256(spec["input_schema"]), RiskCategory.INTERACTION, False)
+        for name, spec in BUILTIN_SPECS.items()
+    ]
+
 
 _GAP_PROTO = {
     "absent": interactions_pb2.CONNECTION_GAP_ABSENT,

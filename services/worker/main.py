@@ -13,7 +13,7 @@ import httpx2
 from anthropic import AsyncAnthropic
 
 from services.worker.attempt import Attempt
-from services.worker.interactions import Interactions
+from services.worker.interactions import Interactions, builtin_announcements
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.plugins import load_plugins
 from services.worker.pool import WorkerPool
@@ -44,11 +44,14 @@ async def amain(settings: WorkerSettings, credential: str, tls: MutualTls | None
     channel = internal_channel(
         settings.orchestrator_addr, credential, service="orchestrator", tls=tls
     )
-    stream = WorkStream(channel, settings.worker_id)
+    registry, providers = load_plugins(os.environ)
+    # A built-in interaction tool is run before the registry is asked (the gate), so its
+    # announcement wins over a registered tool of the same name.
+    announced = {t.name: t for t in [*registry.announcements(), *builtin_announcements()]}
+    stream = WorkStream(channel, settings.worker_id, tools=list(announced.values()))
     orchestrator = Orchestrator(stream)
     bus = Bus(settings.redis_url) if settings.redis_url else None
     client = provider_client(settings)
-    registry, providers = load_plugins(os.environ)
 
     interactions_channel = (
         internal_channel(settings.interactions_addr, credential, service="interactions", tls=tls)

@@ -29,8 +29,9 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf.message import Message
 
+from tether.convert.catalog import announcements_to_proto
 from tether.convert.work import OUTCOMES, assignment_from_proto, write_request
-from tether.domain import Assignment
+from tether.domain import Assignment, ToolAnnouncement
 from tether.errors import TetherError, Unavailable, from_status_number
 from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
@@ -71,9 +72,16 @@ class Handler(Protocol):
 class WorkStream:
     """One Work stream, kept open (and reopened) until `close`."""
 
-    def __init__(self, channel: grpc.aio.Channel, worker_id: str) -> None:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        worker_id: str,
+        tools: Sequence[ToolAnnouncement] = (),
+    ) -> None:
+        """`tools`: what every hello announces for the orchestrator's tool catalog."""
         self._stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
         self._worker_id = worker_id
+        self._tools = announcements_to_proto(tools)
         self._ids = itertools.count(1)
         # Writes not yet acknowledged: sent again on every new stream until they are.
         self._unanswered: dict[int, tuple[orchestrator_pb2.WorkRequest, asyncio.Future[Any]]] = {}
@@ -165,6 +173,7 @@ class WorkStream:
             held=[_held(h) for h in handler.held()],
             takes_batches=True,
             outcome_returns_credit=True,
+            tools=self._tools,
         )
         outbox.put_nowait(orchestrator_pb2.WorkRequest(hello=hello))
         self._batches = self._returns_credit = False  # until this stream's welcome says

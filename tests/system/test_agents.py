@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -18,10 +19,16 @@ import aiohttp
 import grpc
 import pytest
 import pytest_asyncio
+from sqlalchemy import select
 
+from services.worker.tools.demo import PublishPost
 from tests.system.execution_support import ExecStack, Tenant, exec_stack, wait_for_status
 from tests.system.streaming_support import prompt
 from tether import agent_spec, apikeys
+from tether.db.engine import create_engine
+from tether.db.schema import tool_catalog
+from tether.domain import schema_sha256
+from tether.testing.eventually import eventually
 from tether.testing.model_server import TextTurn
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -39,7 +46,18 @@ async def stack(
         Path(tmp_path_factory.mktemp("agents")),
         workers=1,
     ) as running:
+        # An apply naming tools needs the catalog the worker's hello fills.
+        await eventually(lambda: catalog(running), what="the worker's tools in the catalog")
         yield running
+
+
+async def catalog(stack: ExecStack) -> list[Any]:
+    engine = create_engine(stack.db_url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            return list(await conn.execute(select(tool_catalog).order_by(tool_catalog.c.name)))
+    finally:
+        await engine.dispose()
 
 
 def document(name: str, instructions: str, tools: list[str], **more: Any) -> str:
@@ -308,3 +326,64 @@ async def test_another_tenants_agent_is_not_found_and_writing_needs_agents_write
     assert code == 1 and "error: PERMISSION_DENIED: " in out, out
     versions = await cli_json("agents", "versions", "private", "--stack", owner_file)
     assert [v["version"] for v in versions] == [1]
+
+
+async def test_the_workers_hello_fills_the_catalog_and_an_apply_must_name_its_tools_and_prices(
+    stack: ExecStack, tmp_path: Path
+) -> None:
+    tenant = await stack.tenant(scopes=AGENT_SCOPES)
+    file = stack_file(stack, tenant.api_key, tmp_path)
+    (worker,) = (p for name, p in stack.services.procs.items() if name.startswith("worker"))
+    worker_id = f"{socket.gethostname()}-{worker.process.pid}"
+
+    listed = {t["name"]: t for t in await cli_json("tools", "list", "--stack", file)}
+    assert set(listed) >= {"get_time", "publish_post", "ask_questions", "request_approval"}
+    assert listed["publish_post"] == {
+        "name": "publish_post",
+        "risk": "publish",
+        "writes_externally": True,
+        "schema_sha256": schema_sha256(PublishPost.spec.input_schema),
+        "announced_by": worker_id,
+    }
+    assert (listed["ask_questions"]["risk"], listed["get_time"]["risk"]) == ("interaction", "read")
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{http_base(stack)}/v2/tools", headers=bearer(tenant.api_key)) as r,
+    ):
+        assert r.status == 200, await r.text()
+        assert [t["name"] for t in (await r.json())["tools"]] == sorted(listed)
+
+    # Unknown tools: refused naming each and `tether tools list`, through the CLI and HTTP.
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(document("faxer", "Fax.", ["get_time", "send_fax", "shred"]))
+    code, out = await tether("agents", "apply", str(unknown), "--stack", file)
+    assert code == 1 and "INVALID_ARGUMENT" in out, out
+    assert "/tools/1: tool 'send_fax' is not in the tool catalog" in out
+    assert "/tools/2: tool 'shred'" in out and "tether tools list" in out
+    unpriced = document("pricey", "Spend.", ["get_time"], model="mystery-9")
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{http_base(stack)}/v2/agents", json={"spec": unpriced}, headers=bearer(tenant.api_key)
+        ) as r,
+    ):
+        assert r.status == 400, await r.text()
+        error = (await r.json())["error"]
+        assert error["status"] == "INVALID_ARGUMENT"
+        assert "/model: model 'mystery-9' has no price" in error["message"]
+    assert await cli_json("agents", "list", "--stack", file) == []
+
+    # The built-in interaction tools are the worker's too, and a priced model is taken.
+    fine = tmp_path / "fine.json"
+    fine.write_text(
+        document(
+            "asker",
+            "Ask first.",
+            ["ask_questions", "request_approval", "get_time"],
+            model="mystery-9",
+            prices={"mystery-9": {"input": 1, "output": 2, "cache_write": 1, "cache_read": 0}},
+        )
+    )
+    assert await cli_json("agents", "apply", str(fine), "--stack", file) == [
+        {"name": "asker", "version": 1, "created": True}
+    ]

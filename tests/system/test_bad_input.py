@@ -333,6 +333,7 @@ async def test_an_oversized_body_answers_in_the_json_error_shape(
         ('{"name": "a", "limits": {"max_steps": -1}}', "/limits/max_steps"),
         ('{"name": "a", "routes": [{"source": "carrier-pigeon"}]}', "/routes/0/source"),
         ('{"name": "a", "temperature": 2}', "temperature"),
+        ('{"name": "a", "model": "no-price-9"}', "/model: model 'no-price-9' has no price"),
         ("name: a\ninstructions: !!python/object:os.system echo\n", "tag"),
         ("", "spec"),
     ],

@@ -17,8 +17,9 @@ from sqlalchemy import select
 
 from tests.system.execution_support import ExecStack, Tenant, exec_stack, run_row, wait_for_status
 from tether.db.engine import create_engine
-from tether.db.schema import runs
+from tether.db.schema import runs, tool_catalog
 from tether.runtime.rpc import internal_channel
+from tether.testing.eventually import eventually
 from tether.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -432,5 +433,54 @@ async def test_a_batch_inside_a_batch_is_refused(stack: ExecStack) -> None:
             await stream.next("lease")
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "holds no batch" in str(refused.value.details())
+    finally:
+        await stream.close()
+
+
+async def catalog_rows(stack: ExecStack) -> list[Any]:
+    engine = create_engine(stack.db_url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            return list(await conn.execute(select(tool_catalog).order_by(tool_catalog.c.name)))
+    finally:
+        await engine.dispose()
+
+
+async def test_a_hello_fills_the_tool_catalog_and_a_malformed_announcement_is_refused(
+    stack: ExecStack,
+) -> None:
+    digest = "ab" * 32
+    bad = Stream(stack)
+    try:
+        tools = [
+            orchestrator_pb2.ToolAnnouncement(name=n, input_schema_sha256=digest, risk="read")
+            for n in ("fine", "bad\n")
+        ]
+        hello = orchestrator_pb2.WorkHello(protocol_version=1, worker_id=WORKER, tools=tools)
+        bad.send(hello=hello)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await bad.next("welcome")
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "hello.tools[1].name" in str(refused.value.details())
+    finally:
+        await bad.close()
+    assert await catalog_rows(stack) == [], "a refused hello writes nothing"
+
+    stream = Stream(stack)
+    try:
+        announced = orchestrator_pb2.ToolAnnouncement(
+            name="fax", input_schema_sha256=digest, risk="send_reply", writes_externally=True
+        )
+        hello = orchestrator_pb2.WorkHello(protocol_version=1, worker_id=WORKER, tools=[announced])
+        stream.send(hello=hello)
+        await stream.next("welcome")
+        (row,) = await eventually(lambda: catalog_rows(stack), what="the announced tool")
+        assert (row.name, row.schema_sha256, row.risk, row.writes_externally) == (
+            "fax",
+            digest,
+            "send_reply",
+            True,
+        )
+        assert row.announced_by == WORKER
     finally:
         await stream.close()

@@ -28,6 +28,7 @@ OWNER = {
     "agents": "orchestrator",
     "agent_versions": "orchestrator",
     "agent_sets": "orchestrator",
+    "tool_catalog": "orchestrator",
     # Inbound events and conversations.
     "event_claims": "admission",
     "messages": "admission",

@@ -25,6 +25,7 @@ import services.worker.tools.registry as registry_module
 from services.worker.tools import (
     CallContext,
     EffectState,
+    InputSchema,
     RiskCategory,
     SchemaError,
     Tool,
@@ -204,12 +205,13 @@ def test_duplicate_names_are_refused() -> None:
 
 
 def test_a_schema_keyword_the_validator_does_not_enforce_is_refused_at_construction() -> None:
+    # jsonschema ignores a keyword it does not know: a typo would leave the input unchecked.
     bad = ToolSpec(
         name="patterned",
         description="",
-        input_schema={"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}},
+        input_schema={"type": "object", "properties": {"a": {"type": "string", "patern": "x"}}},
     )
-    with pytest.raises(SchemaError, match="pattern"):
+    with pytest.raises(SchemaError, match=r"patterned\.input_schema\.a: .*'patern'"):
         ToolRegistry([ScriptedTool(bad, returning("x"))])
 
 
@@ -822,9 +824,9 @@ def test_the_schema_subset_accepts(instance: dict[str, Any]) -> None:
         (
             {"count": 9, "flag": "no"},
             [
-                "input.name: is required",
                 "input.count: must be <= 3",
                 "input.flag: must be of type boolean",
+                "input.name: is required",
             ],
         ),
     ],
@@ -877,15 +879,52 @@ def test_true_is_not_one_in_an_enum() -> None:
     ("schema", "match"),
     [
         ({"type": "object", "oneOf": []}, "oneOf"),
-        ({"type": "object", "properties": {"a": {"format": "email"}}}, r"input\.a.*format"),
-        ({"type": "tuple"}, "unknown type"),
-        ({"type": 3}, "type must be"),
-        ({"type": "object", "required": "a"}, "required"),
-        ({"type": "object", "properties": {"a": 1}}, "schema object"),
-        ({"type": "array", "items": {"pattern": "x"}}, "pattern"),
-        ({"type": "object", "additionalProperties": {"const": 1}}, "const"),
+        ({"type": "object", "properties": {"a": {"format": "uri"}}}, r"input\.a: format 'uri'"),
+        ({"type": "tuple"}, "invalid schema at '/type'"),
+        ({"type": 3}, "invalid schema at '/type'"),
+        ({"type": "object", "required": "a"}, "invalid schema at '/required'"),
+        ({"type": "object", "properties": {"a": 1}}, "invalid schema at '/properties/a'"),
+        ({"type": "array", "items": {"maxLenght": 2}}, r"input\.items: .*\['maxLenght'\]"),
+        ({"type": "object", "additionalProperties": {"contentMediaType": "x"}}, "contentMediaType"),
     ],
 )
 def test_check_schema_refuses_what_it_cannot_enforce(schema: dict[str, Any], match: str) -> None:
     with pytest.raises(SchemaError, match=match):
         check_schema(schema)
+
+
+# Keywords beyond the subset the worker once enforced by hand, now jsonschema's.
+RICHER: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "slug": {"type": "string", "pattern": "^[a-z-]+$"},
+        "kind": {"const": "post"},
+        "to": {"type": "string", "format": "email"},
+        "tags": {"type": "array", "minItems": 1, "uniqueItems": True},
+        "when": {"oneOf": [{"type": "integer"}, {"type": "string", "maxLength": 5}]},
+    },
+    "patternProperties": {"^x-": {"type": "string"}},
+    "additionalProperties": False,
+}
+
+
+def test_keywords_beyond_the_old_subset_are_enforced_and_worded_for_the_model() -> None:
+    check_schema(RICHER)
+    good = {"slug": "a-b", "kind": "post", "to": "a@b.c", "tags": [1], "when": 3, "x-y": "z"}
+    assert validate(RICHER, good) == []
+    bad = {"slug": "A B", "kind": "page", "to": "nobody", "tags": [], "when": 1.5, "x-y": 1, "q": 0}
+    assert [str(v) for v in validate(RICHER, bad)] == [
+        "input.kind: 'post' was expected",
+        "input.q: is not an allowed property",
+        "input.slug: 'A B' does not match '^[a-z-]+$'",
+        "input.tags: [] should be non-empty",
+        "input.to: 'nobody' is not a 'email'",
+        "input.when: 1.5 is not valid under any of the given schemas",
+        "input.x-y: must be of type string",
+    ]
+
+
+def test_a_compiled_input_schema_answers_as_validate_does() -> None:
+    compiled = InputSchema(SCHEMA)
+    for instance in ({}, {"name": "ab", "count": 9, "zzz": 1}, {"name": "ok"}):
+        assert compiled.violations(instance) == validate(SCHEMA, instance)

@@ -14,6 +14,7 @@ from tether.agent_spec.document import (
 )
 from tether.agent_spec.legacy import from_overrides
 from tether.agent_spec.loading import MAX_DEPTH, MAX_DOCUMENT_BYTES
+from tether.agent_spec.references import tool_references, unpriced_models
 from tether.agent_spec.routes import SOURCES, Route, pick, route_conflicts
 from tether.agent_spec.validation import schema
 from tether.agent_spec.violations import Violation
@@ -34,4 +35,6 @@ __all__ = [
     "pick",
     "route_conflicts",
     "schema",
+    "tool_references",
+    "unpriced_models",
 ]

@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from tether.cli import agents, docs, interactions, operations, watch
+from tether.cli import agents, docs, interactions, operations, tools, watch
 from tether.client import TetherClient, run_to_dict
 from tether.convert import disposition_name, status_to_proto
 from tether.states import RunStatus
@@ -272,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     watch.register(sub, lambda p: _common(p, top=False), wrap)
     operations.register(sub, lambda p: _common(p, top=False), wrap)
     agents.register(sub, lambda p: _common(p, top=False), wrap)
+    tools.register(sub, lambda p: _common(p, top=False), wrap)
     return parser
 
 

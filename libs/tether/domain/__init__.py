@@ -1,7 +1,8 @@
 """The run's domain model: parts, events, errors and endings as frozen types, and the rules on
-them that the orchestrator and the worker both apply. One package, nine rooms:
+them that the orchestrator and the worker both apply. One package, ten rooms:
 
 - `agents`: the agent an attempt runs as (model, system blocks, tools, limits, prices);
+- `catalog`: a tool as a worker announces it and as the tool catalog keeps it;
 - `assignment`: what a lease hands the worker (the lease, the run's facts, the history);
 - `knowledge`: a knowledge document as a list shows it;
 - `outcomes`: run errors, model-turn usage, and the endings of a run (completed, failed, cancelled);
@@ -31,6 +32,7 @@ from tether.domain.agents import (
     SystemBlock,
 )
 from tether.domain.assignment import Assignment, EarlierRun, Lease, Origin
+from tether.domain.catalog import CatalogedTool, ToolAnnouncement, schema_sha256
 from tether.domain.events import (
     TERMINAL_EVENTS,
     Event,
@@ -110,6 +112,7 @@ __all__ = [
     "Batch",
     "Bundle",
     "Cancelled",
+    "CatalogedTool",
     "Closing",
     "Completed",
     "Completion",
@@ -142,6 +145,7 @@ __all__ = [
     "SystemBlock",
     "Text",
     "Thinking",
+    "ToolAnnouncement",
     "ToolCall",
     "ToolResult",
     "camel",
@@ -167,6 +171,7 @@ __all__ = [
     "run_queued",
     "run_retry_pending",
     "run_started",
+    "schema_sha256",
     "superseded_on_close",
     "text_delta",
     "tool_completed",

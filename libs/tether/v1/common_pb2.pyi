@@ -987,3 +987,47 @@ class AgentSummary(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AgentSummary: _TypeAlias = AgentSummary  # noqa: Y015
+
+@_typing.final
+class CatalogTool(_message.Message):
+    """CatalogTool is one tool of the catalog: what the last worker announcing it said."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    RISK_FIELD_NUMBER: _builtins.int
+    WRITES_EXTERNALLY_FIELD_NUMBER: _builtins.int
+    SCHEMA_SHA256_FIELD_NUMBER: _builtins.int
+    ANNOUNCED_BY_FIELD_NUMBER: _builtins.int
+    ANNOUNCED_AT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The tool's name."""
+    risk: _builtins.str
+    """Its risk category (read, publish, ..., interaction)."""
+    writes_externally: _builtins.bool
+    """Whether its calls go behind the effects record."""
+    schema_sha256: _builtins.str
+    """sha256 (hex) of its input schema as canonical JSON."""
+    announced_by: _builtins.str
+    """The worker id that announced it last."""
+    @_builtins.property
+    def announced_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was last announced."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        risk: _builtins.str = ...,
+        writes_externally: _builtins.bool = ...,
+        schema_sha256: _builtins.str = ...,
+        announced_by: _builtins.str = ...,
+        announced_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["announced_at", b"announced_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["announced_at", b"announced_at", "announced_by", b"announced_by", "name", b"name", "risk", b"risk", "schema_sha256", b"schema_sha256", "writes_externally", b"writes_externally"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CatalogTool: _TypeAlias = CatalogTool  # noqa: Y015

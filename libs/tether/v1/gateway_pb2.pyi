@@ -1852,3 +1852,44 @@ class RemoveAgentResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RemoveAgentResponse: _TypeAlias = RemoveAgentResponse  # noqa: Y015
+
+@_typing.final
+class ListToolsRequest(_message.Message):
+    """ListToolsRequest asks for the tool catalog."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListToolsRequest: _TypeAlias = ListToolsRequest  # noqa: Y015
+
+@_typing.final
+class ListToolsResponse(_message.Message):
+    """ListToolsResponse is the tool catalog, by name."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.CatalogTool]:
+        """One entry per tool name."""
+
+    def __init__(
+        self,
+        *,
+        tools: _abc.Iterable[_common_pb2.CatalogTool] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tools", b"tools"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListToolsResponse: _TypeAlias = ListToolsResponse  # noqa: Y015

@@ -183,6 +183,11 @@ class GatewayServiceStub:
                 request_serializer=tether_dot_v1_dot_gateway__pb2.RemoveAgentRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveAgentResponse.FromString,
                 _registered_method=True)
+        self.ListTools = channel.unary_unary(
+                '/tether.v1.GatewayService/ListTools',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.ListToolsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.ListToolsResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServiceServicer:
@@ -413,6 +418,14 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTools(self, request, context):
+        """ListTools lists the tool catalog, the tools an agent may name (deployment-wide). Needs
+        agents:read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -560,6 +573,11 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.RemoveAgent,
                     request_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveAgentRequest.FromString,
                     response_serializer=tether_dot_v1_dot_gateway__pb2.RemoveAgentResponse.SerializeToString,
+            ),
+            'ListTools': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTools,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.ListToolsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.ListToolsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1349,6 +1367,33 @@ class GatewayService:
             '/tether.v1.GatewayService/RemoveAgent',
             tether_dot_v1_dot_gateway__pb2.RemoveAgentRequest.SerializeToString,
             tether_dot_v1_dot_gateway__pb2.RemoveAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/ListTools',
+            tether_dot_v1_dot_gateway__pb2.ListToolsRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.ListToolsResponse.FromString,
             options,
             channel_credentials,
             insecure,

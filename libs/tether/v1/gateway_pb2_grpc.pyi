@@ -124,6 +124,10 @@ class GatewayServiceStub:
     """SetDefaultAgent makes an agent the tenant's default. Needs agents:write."""
     RemoveAgent: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RemoveAgentRequest, _gateway_pb2.RemoveAgentResponse]
     """RemoveAgent removes an agent no unfinished run pins. Needs agents:write."""
+    ListTools: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListToolsRequest, _gateway_pb2.ListToolsResponse]
+    """ListTools lists the tool catalog, the tools an agent may name (deployment-wide). Needs
+    agents:read.
+    """
 
 @_typing.type_check_only
 class GatewayServiceAsyncStub(GatewayServiceStub):
@@ -221,6 +225,10 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     """SetDefaultAgent makes an agent the tenant's default. Needs agents:write."""
     RemoveAgent: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RemoveAgentRequest, _gateway_pb2.RemoveAgentResponse]  # type: ignore[assignment]
     """RemoveAgent removes an agent no unfinished run pins. Needs agents:write."""
+    ListTools: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListToolsRequest, _gateway_pb2.ListToolsResponse]  # type: ignore[assignment]
+    """ListTools lists the tool catalog, the tools an agent may name (deployment-wide). Needs
+    agents:read.
+    """
 
 class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
     """GatewayService is the public client API. Callers authenticate with an API key in the
@@ -489,5 +497,15 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.RemoveAgentResponse, _abc.Awaitable[_gateway_pb2.RemoveAgentResponse]]:
         """RemoveAgent removes an agent no unfinished run pins. Needs agents:write."""
+
+    @_abc_1.abstractmethod
+    def ListTools(
+        self,
+        request: _gateway_pb2.ListToolsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ListToolsResponse, _abc.Awaitable[_gateway_pb2.ListToolsResponse]]:
+        """ListTools lists the tool catalog, the tools an agent may name (deployment-wide). Needs
+        agents:read.
+        """
 
 def add_GatewayServiceServicer_to_server(servicer: GatewayServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -2018,6 +2018,7 @@ class WorkHello(_message.Message):
     HELD_FIELD_NUMBER: _builtins.int
     TAKES_BATCHES_FIELD_NUMBER: _builtins.int
     OUTCOME_RETURNS_CREDIT_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
     protocol_version: _builtins.int
     """The Work protocol version the worker speaks; a peer speaking another is refused with
     FAILED_PRECONDITION naming both.
@@ -2035,6 +2036,12 @@ class WorkHello(_message.Message):
     def held(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldLease]:
         """Leases the worker still holds, announced after a reconnect; it carries on with them."""
 
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolAnnouncement]:
+        """The tools the worker runs, for the orchestrator's catalog (an agent naming a tool no
+        worker announced is refused).
+        """
+
     def __init__(
         self,
         *,
@@ -2043,14 +2050,51 @@ class WorkHello(_message.Message):
         held: _abc.Iterable[Global___HeldLease] | None = ...,
         takes_batches: _builtins.bool = ...,
         outcome_returns_credit: _builtins.bool = ...,
+        tools: _abc.Iterable[Global___ToolAnnouncement] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "outcome_returns_credit", b"outcome_returns_credit", "protocol_version", b"protocol_version", "takes_batches", b"takes_batches", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "outcome_returns_credit", b"outcome_returns_credit", "protocol_version", b"protocol_version", "takes_batches", b"takes_batches", "tools", b"tools", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WorkHello: _TypeAlias = WorkHello  # noqa: Y015
+
+@_typing.final
+class ToolAnnouncement(_message.Message):
+    """ToolAnnouncement is one tool a worker runs, as its hello announces it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    INPUT_SCHEMA_SHA256_FIELD_NUMBER: _builtins.int
+    RISK_FIELD_NUMBER: _builtins.int
+    WRITES_EXTERNALLY_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The tool's name, as an agent's tools name it."""
+    input_schema_sha256: _builtins.str
+    """sha256 (hex) of the tool's input schema as canonical JSON: two workers announcing one name
+    with different digests run different versions of it.
+    """
+    risk: _builtins.str
+    """The tool's risk category (read, publish, ..., interaction)."""
+    writes_externally: _builtins.bool
+    """Whether every call goes behind the effects record and an idempotency key."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        input_schema_sha256: _builtins.str = ...,
+        risk: _builtins.str = ...,
+        writes_externally: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_schema_sha256", b"input_schema_sha256", "name", b"name", "risk", b"risk", "writes_externally", b"writes_externally"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolAnnouncement: _TypeAlias = ToolAnnouncement  # noqa: Y015
 
 @_typing.final
 class WorkCredits(_message.Message):
@@ -3312,3 +3356,46 @@ class DeleteAgentResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteAgentResponse: _TypeAlias = DeleteAgentResponse  # noqa: Y015
+
+@_typing.final
+class ListCatalogToolsRequest(_message.Message):
+    """ListCatalogToolsRequest asks for the tool catalog (the gateway's ListToolsRequest has the
+    name in this package).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCatalogToolsRequest: _TypeAlias = ListCatalogToolsRequest  # noqa: Y015
+
+@_typing.final
+class ListCatalogToolsResponse(_message.Message):
+    """ListCatalogToolsResponse is the tool catalog, by name."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.CatalogTool]:
+        """One entry per tool name."""
+
+    def __init__(
+        self,
+        *,
+        tools: _abc.Iterable[_common_pb2.CatalogTool] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tools", b"tools"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCatalogToolsResponse: _TypeAlias = ListCatalogToolsResponse  # noqa: Y015

@@ -201,6 +201,11 @@ class OrchestratorServiceStub:
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.DeleteAgentRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_orchestrator__pb2.DeleteAgentResponse.FromString,
                 _registered_method=True)
+        self.ListTools = channel.unary_unary(
+                '/tether.v1.OrchestratorService/ListTools',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.ListCatalogToolsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.ListCatalogToolsResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServiceServicer:
@@ -462,6 +467,14 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTools(self, request, context):
+        """ListTools lists the tool catalog: every tool a worker of any replica announced in its
+        Work hello, with who announced it last. Deployment-wide, not a tenant's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -629,6 +642,11 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.DeleteAgent,
                     request_deserializer=tether_dot_v1_dot_orchestrator__pb2.DeleteAgentRequest.FromString,
                     response_serializer=tether_dot_v1_dot_orchestrator__pb2.DeleteAgentResponse.SerializeToString,
+            ),
+            'ListTools': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTools,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.ListCatalogToolsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.ListCatalogToolsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1524,6 +1542,33 @@ class OrchestratorService:
             '/tether.v1.OrchestratorService/DeleteAgent',
             tether_dot_v1_dot_orchestrator__pb2.DeleteAgentRequest.SerializeToString,
             tether_dot_v1_dot_orchestrator__pb2.DeleteAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/ListTools',
+            tether_dot_v1_dot_orchestrator__pb2.ListCatalogToolsRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.ListCatalogToolsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -148,6 +148,10 @@ class OrchestratorServiceStub:
     """DeleteAgent removes an agent and its versions: FAILED_PRECONDITION while it is the default
     or an unfinished run is pinned to it.
     """
+    ListTools: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ListCatalogToolsRequest, _orchestrator_pb2.ListCatalogToolsResponse]
+    """ListTools lists the tool catalog: every tool a worker of any replica announced in its
+    Work hello, with who announced it last. Deployment-wide, not a tenant's.
+    """
 
 @_typing.type_check_only
 class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
@@ -262,6 +266,10 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     DeleteAgent: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.DeleteAgentRequest, _orchestrator_pb2.DeleteAgentResponse]  # type: ignore[assignment]
     """DeleteAgent removes an agent and its versions: FAILED_PRECONDITION while it is the default
     or an unfinished run is pinned to it.
+    """
+    ListTools: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ListCatalogToolsRequest, _orchestrator_pb2.ListCatalogToolsResponse]  # type: ignore[assignment]
+    """ListTools lists the tool catalog: every tool a worker of any replica announced in its
+    Work hello, with who announced it last. Deployment-wide, not a tenant's.
     """
 
 class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -569,6 +577,16 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_orchestrator_pb2.DeleteAgentResponse, _abc.Awaitable[_orchestrator_pb2.DeleteAgentResponse]]:
         """DeleteAgent removes an agent and its versions: FAILED_PRECONDITION while it is the default
         or an unfinished run is pinned to it.
+        """
+
+    @_abc_1.abstractmethod
+    def ListTools(
+        self,
+        request: _orchestrator_pb2.ListCatalogToolsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.ListCatalogToolsResponse, _abc.Awaitable[_orchestrator_pb2.ListCatalogToolsResponse]]:
+        """ListTools lists the tool catalog: every tool a worker of any replica announced in its
+        Work hello, with who announced it last. Deployment-wide, not a tenant's.
         """
 
 def add_OrchestratorServiceServicer_to_server(servicer: OrchestratorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

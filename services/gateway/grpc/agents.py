@@ -102,3 +102,10 @@ class AgentRpcs:
             orchestrator_pb2.DeleteAgentRequest(actor=_actor(principal), name=request.name)
         )
         return gateway_pb2.RemoveAgentResponse(name=done.name, version=done.version)
+
+    async def ListTools(
+        self, request: gateway_pb2.ListToolsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListToolsResponse:
+        await self._callers.authenticated(context, "ListTools", request)
+        found = await self._orchestrator.ListTools(orchestrator_pb2.ListCatalogToolsRequest())
+        return gateway_pb2.ListToolsResponse(tools=found.tools)

@@ -24,6 +24,7 @@ from services.worker.tools.registry import (
     truncate_inline,
 )
 from services.worker.tools.schema import (
+    InputSchema,
     SchemaError,
     Violation,
     check_schema,
@@ -37,6 +38,7 @@ __all__ = [
     "CallContext",
     "EffectState",
     "EffectsPort",
+    "InputSchema",
     "RiskCategory",
     "SchemaError",
     "Tool",

@@ -31,7 +31,7 @@ class ToolSpec:
     """A tool's contract.
 
     `input_schema` is the JSON Schema the model is shown and the input is validated against
-    before the tool runs (the subset in `services.worker.tools.schema`). `writes_externally`
+    before the tool runs (`services.worker.tools.schema`, draft 2020-12). `writes_externally`
     puts every call behind the effects record and an idempotency key.
     """
 

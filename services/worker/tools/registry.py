@@ -29,8 +29,8 @@ from services.worker.tools.base import (
     ToolProvider,
 )
 from services.worker.tools.effects import EffectsPort, idempotency_key
-from services.worker.tools.schema import check_schema, normalize, validate
-from tether.domain import EffectState
+from services.worker.tools.schema import InputSchema, normalize
+from tether.domain import EffectState, ToolAnnouncement, schema_sha256
 
 log = logging.getLogger(__name__)
 
@@ -114,16 +114,17 @@ class ToolRegistry:
     def __init__(self, tools: Iterable[Tool]) -> None:
         """Index `tools`; raises ValueError on a duplicate name, SchemaError on a bad schema.
 
-        Schemas are checked here, once, so that a keyword the validator does not enforce fails
-        the worker at startup instead of letting input through unchecked.
+        Schemas are checked and compiled here, once, so that a keyword the validator does not
+        enforce fails the worker at startup instead of letting input through unchecked.
         """
         self._tools: dict[str, Tool] = {}
+        self._inputs: dict[str, InputSchema] = {}
         self._specs: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         for tool in tools:
             spec = tool.spec
             if spec.name in self._tools:
                 raise ValueError(f"two tools are named {spec.name!r}")
-            check_schema(spec.input_schema, f"{spec.name}.input_schema")
+            self._inputs[spec.name] = InputSchema(spec.input_schema, f"{spec.name}.input_schema")
             if spec.input_schema.get("type") != "object":
                 raise ValueError(f"{spec.name}: input_schema must have type object")
             self._tools[spec.name] = tool
@@ -148,6 +149,18 @@ class ToolRegistry:
     def names(self) -> list[str]:
         """Registered tool names, in registration order."""
         return list(self._tools)
+
+    def announcements(self) -> list[ToolAnnouncement]:
+        """The registered tools as the Work hello announces them to the tool catalog."""
+        return [
+            ToolAnnouncement(
+                t.spec.name,
+                schema_sha256(t.spec.input_schema),
+                str(t.spec.risk),
+                t.spec.writes_externally,
+            )
+            for t in self._tools.values()
+        ]
 
     def get(self, name: str) -> Tool | None:
         """The tool named `name`, or None."""
@@ -218,7 +231,7 @@ class ToolRegistry:
         spec = tool.spec
         # Normalized before the key is derived, so 5 and 5.0 name the same effect.
         input = normalize(spec.input_schema, input)
-        violations = validate(spec.input_schema, input)
+        violations = self._inputs[name].violations(input)
         if violations:
             reasons = "; ".join(str(v) for v in violations[:MAX_REPORTED_VIOLATIONS])
             more = len(violations) - MAX_REPORTED_VIOLATIONS
@@ -260,7 +273,7 @@ class ToolRegistry:
         if tool is None:
             return input, f"tool {name} is not registered"
         normalised = normalize(tool.spec.input_schema, input)
-        violations = validate(tool.spec.input_schema, normalised)
+        violations = self._inputs[name].violations(normalised)
         return normalised, "; ".join(str(v) for v in violations[:MAX_REPORTED_VIOLATIONS])
 
     def _replay(

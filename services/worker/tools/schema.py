@@ -1,53 +1,66 @@
-"""A small JSON Schema subset: enough to check tool input before a tool runs.
+"""Tool input checked against the tool's JSON Schema (draft 2020-12, by `jsonschema`) before
+the tool runs, with violations worded for the model that has to fix its call.
 
-`jsonschema` is not among the pinned dependencies, and tool schemas need only a few keywords:
-`type` (object, string, integer, number, boolean, array, null, or a list of them),
-`properties`, `required`, `additionalProperties` (a boolean or a schema), `enum`,
-`minLength`/`maxLength`, `minimum`/`maximum`, `items` (one schema), plus the annotations
-`description`, `title`, `default` and `examples`. A schema using any other keyword is refused by
-`check_schema` when the registry is built, so a constraint is never silently not enforced.
+`check_schema` runs when the registry is built: the schema must be valid under the metaschema,
+and every keyword must be one the validator enforces or a plain annotation, so a typo
+(`"maxLenght"`) or a format no checker knows fails the worker at startup instead of letting
+input through unchecked (jsonschema itself ignores unknown keywords and unchecked formats).
 
 `normalize` runs first: where the schema says `integer`, an integral float (`5.0`) becomes the
 `int` 5. Input arrives with every number a float (a tool call keeps them as doubles, as protobuf's
 `Struct` carries them, see `tether.domain.ToolCall`), and a tool declaring an integer should get an
-`int`; `validate` itself then refuses any float for `integer`. `number` refuses NaN and
-infinities, which have no JSON spelling.
+`int`; validation itself then refuses any float for `integer` (jsonschema's own type checker would
+take 5.0). `number` refuses NaN and infinities, which have no JSON spelling, and booleans are
+never numbers.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_KEYWORDS = frozenset(
+import jsonschema
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+ROOT = "input"
+# Keywords that constrain nothing, so accepting them never lets input through unchecked.
+ANNOTATIONS = frozenset(
     {
-        "type",
-        "properties",
-        "required",
-        "additionalProperties",
-        "enum",
-        "minLength",
-        "maxLength",
-        "minimum",
-        "maximum",
-        "items",
-        "description",
+        "$schema",
+        "$id",
+        "$defs",
+        "$comment",
         "title",
+        "description",
         "default",
         "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
     }
 )
-TYPE_NAMES = frozenset({"object", "string", "integer", "number", "boolean", "array", "null"})
-ROOT = "input"
+SUPPORTED_KEYWORDS = frozenset(Draft202012Validator.VALIDATORS) | ANNOTATIONS
+CHECKED_FORMATS = frozenset(Draft202012Validator.FORMAT_CHECKER.checkers)
+# Where a schema holds subschemas: one, a list of them, or a mapping of names to them.
+_ONE = (
+    *("additionalProperties", "items", "contains", "not", "if", "then", "else"),
+    *("propertyNames", "unevaluatedItems", "unevaluatedProperties"),
+)
+_LIST = ("allOf", "anyOf", "oneOf", "prefixItems")
+_NAMED = ("properties", "patternProperties", "$defs", "dependentSchemas")
+# A message jsonschema words itself can quote the whole input; the model needs the start.
+MAX_MESSAGE_CHARS = 300
 
 
 class SchemaError(ValueError):
-    """The schema itself uses something this validator does not enforce, or is malformed."""
+    """The schema itself is malformed, or uses something this validator does not enforce."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class Violation:
     """One reason an instance does not match: where (`input.items[2].name`) and why."""
 
@@ -58,34 +71,80 @@ class Violation:
         return f"{self.path}: {self.message}"
 
 
+def _is_integer(_: Any, instance: Any) -> bool:
+    # bool is a subclass of int in Python but a distinct type in JSON.
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+def _is_number(_: Any, instance: Any) -> bool:
+    if isinstance(instance, bool):
+        return False
+    return isinstance(instance, int) or (isinstance(instance, float) and math.isfinite(instance))
+
+
+_Validator = jsonschema.validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine_many(
+        {"integer": _is_integer, "number": _is_number}
+    ),
+)
+
+
+class InputSchema:
+    """A tool's input schema, checked and compiled once; `violations` per call."""
+
+    def __init__(self, schema: Mapping[str, Any], path: str = ROOT) -> None:
+        """Raises SchemaError unless `schema` is valid and enforced whole (see the module)."""
+        check_schema(schema, path)
+        self.schema = schema
+        self._validator = _Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+    def violations(self, instance: Any, path: str = ROOT) -> list[Violation]:
+        """Every violation of the schema by `instance`, by path; empty when it matches."""
+        return _worded(self._validator.iter_errors(instance), path)
+
+
 def check_schema(schema: Mapping[str, Any], path: str = ROOT) -> None:
-    """Raise SchemaError unless every keyword in `schema`, at every depth, is supported."""
+    """Raise SchemaError unless `schema` is valid under draft 2020-12 and every keyword, at
+    every depth, is enforced (or an annotation), every format checked."""
+    try:
+        Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "".join(f"/{p}" for p in exc.path)
+        raise SchemaError(f"{path}: invalid schema at '{where or '/'}': {exc.message}") from exc
+    _check_keywords(schema, path)
+
+
+def _check_keywords(schema: Any, path: str) -> None:
+    if not isinstance(schema, Mapping):
+        return  # a boolean schema: true takes anything, false nothing
     unknown = sorted(set(schema) - SUPPORTED_KEYWORDS)
     if unknown:
         raise SchemaError(f"{path}: unsupported schema keywords {unknown}")
-    declared = schema.get("type")
-    if declared is not None and not set(_as_list(declared)) <= TYPE_NAMES:
-        raise SchemaError(f"{path}: unknown type {declared!r}")
-    required = schema.get("required", [])
-    if not isinstance(required, list) or not all(isinstance(name, str) for name in required):
-        raise SchemaError(f"{path}: required must be a list of property names")
-    for name, child in _mapping(schema.get("properties", {}), path).items():
-        check_schema(_mapping(child, path), f"{path}.{name}")
-    extra = schema.get("additionalProperties", True)
-    if not isinstance(extra, bool):
-        check_schema(_mapping(extra, path), f"{path}.*")
-    if "items" in schema:
-        check_schema(_mapping(schema["items"], path), f"{path}[]")
+    if "format" in schema and schema["format"] not in CHECKED_FORMATS:
+        raise SchemaError(
+            f"{path}: format {schema['format']!r} is not checked (checked: "
+            f"{', '.join(sorted(CHECKED_FORMATS))})"
+        )
+    for key in _ONE:
+        if key in schema:
+            _check_keywords(schema[key], f"{path}.{key}")
+    for key in _LIST:
+        for index, child in enumerate(schema.get(key, ())):
+            _check_keywords(child, f"{path}.{key}[{index}]")
+    for key in _NAMED:
+        for name, child in schema.get(key, {}).items():
+            _check_keywords(child, f"{path}.{name}" if key == "properties" else f"{path}.{key}")
 
 
 def normalize(schema: Mapping[str, Any], instance: Any) -> Any:
     """`instance` with integral floats turned into ints where `schema` says integer (not number).
 
     Returns a new value and leaves `instance` alone; parts the schema does not describe, or that
-    do not match it, come back unchanged for `validate` to judge.
+    do not match it, come back unchanged for validation to judge.
     """
     declared = schema.get("type")
-    types = _as_list(declared) if declared is not None else []
+    types = [declared] if isinstance(declared, str) else list(declared or [])
     if (
         isinstance(instance, float)
         and instance.is_integer()
@@ -93,8 +152,9 @@ def normalize(schema: Mapping[str, Any], instance: Any) -> Any:
         and "number" not in types
     ):
         return int(instance)
-    if isinstance(instance, list) and "items" in schema:
-        return [normalize(schema["items"], item) for item in instance]
+    items = schema.get("items")
+    if isinstance(instance, list) and isinstance(items, Mapping):
+        return [normalize(items, item) for item in instance]
     if isinstance(instance, dict):
         return {
             name: normalize(_property_schema(schema, name), value)
@@ -105,113 +165,59 @@ def normalize(schema: Mapping[str, Any], instance: Any) -> Any:
 
 def _property_schema(schema: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     properties: Mapping[str, Any] = schema.get("properties", {})
-    if name in properties:
-        return _mapping(properties[name], name)
-    extra = schema.get("additionalProperties", True)
-    return extra if isinstance(extra, Mapping) else {}
+    found = properties.get(name, schema.get("additionalProperties"))
+    return found if isinstance(found, Mapping) else {}
 
 
 def validate(schema: Mapping[str, Any], instance: Any, path: str = ROOT) -> list[Violation]:
-    """Every violation of `schema` by `instance`, in document order; empty when it matches."""
-    declared = schema.get("type")
-    if declared is not None:
-        types = _as_list(declared)
-        if not any(_is_type(instance, name) for name in types):
-            return [Violation(path, f"must be of type {' or '.join(types)}")]
-    if "enum" in schema and not any(_json_equal(instance, option) for option in schema["enum"]):
-        return [Violation(path, f"must be one of {schema['enum']!r}")]
-    if isinstance(instance, str):
-        return _string_violations(schema, instance, path)
-    if _is_type(instance, "number"):
-        return _number_violations(schema, instance, path)
-    if isinstance(instance, list):
-        item_schema = schema.get("items")
-        if item_schema is None:
-            return []
-        return [
-            violation
-            for index, item in enumerate(instance)
-            for violation in validate(item_schema, item, f"{path}[{index}]")
-        ]
-    if isinstance(instance, dict):
-        return _object_violations(schema, instance, path)
-    return []
+    """Every violation of `schema` by `instance`, by path; empty when it matches. Compiles the
+    schema each call: a caller checking many inputs keeps an `InputSchema`."""
+    validator = _Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    return _worded(validator.iter_errors(instance), path)
 
 
-def _string_violations(schema: Mapping[str, Any], instance: str, path: str) -> list[Violation]:
-    if "minLength" in schema and len(instance) < schema["minLength"]:
-        return [Violation(path, f"must be at least {schema['minLength']} characters long")]
-    if "maxLength" in schema and len(instance) > schema["maxLength"]:
-        return [Violation(path, f"must be at most {schema['maxLength']} characters long")]
-    return []
+def _worded(errors: Iterable[ValidationError], root: str) -> list[Violation]:
+    """The errors as violations, one per place and reason, sorted; where the type is wrong,
+    only that is said (the other rules there follow once the type is right)."""
+    found = {v for error in errors for v in _violations(error, root)}
+    mistyped = {v.path for v in found if v.message.startswith("must be of type ")}
+    return sorted(
+        v for v in found if v.path not in mistyped or v.message.startswith("must be of type ")
+    )
 
 
-def _number_violations(schema: Mapping[str, Any], instance: float, path: str) -> list[Violation]:
-    if "minimum" in schema and instance < schema["minimum"]:
-        return [Violation(path, f"must be >= {schema['minimum']}")]
-    if "maximum" in schema and instance > schema["maximum"]:
-        return [Violation(path, f"must be <= {schema['maximum']}")]
-    return []
+def _violations(error: ValidationError, root: str) -> Iterator[Violation]:
+    path = root + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+    keyword, value, instance = error.validator, error.validator_value, error.instance
+    if keyword == "type":
+        types = [value] if isinstance(value, str) else list(value)
+        yield Violation(path, f"must be of type {' or '.join(types)}")
+    elif keyword == "required":
+        for name in value:
+            if isinstance(instance, dict) and name not in instance:
+                yield Violation(f"{path}.{name}", "is required")
+    elif keyword == "additionalProperties" and value is False and isinstance(instance, dict):
+        for name in _additional(error.schema, instance):
+            yield Violation(f"{path}.{name}", "is not an allowed property")
+    elif keyword == "enum":
+        yield Violation(path, f"must be one of {value!r}")
+    elif keyword == "minLength":
+        yield Violation(path, f"must be at least {value} characters long")
+    elif keyword == "maxLength":
+        yield Violation(path, f"must be at most {value} characters long")
+    elif keyword == "minimum":
+        yield Violation(path, f"must be >= {value}")
+    elif keyword == "maximum":
+        yield Violation(path, f"must be <= {value}")
+    else:
+        yield Violation(path, error.message[:MAX_MESSAGE_CHARS])
 
 
-def _object_violations(
-    schema: Mapping[str, Any], instance: dict[Any, Any], path: str
-) -> list[Violation]:
-    properties: Mapping[str, Any] = schema.get("properties", {})
-    found = [
-        Violation(f"{path}.{name}", "is required")
-        for name in schema.get("required", [])
-        if name not in instance
+def _additional(schema: Mapping[str, Any], instance: Mapping[str, Any]) -> list[str]:
+    """The properties of `instance` that neither `properties` nor `patternProperties` allow."""
+    properties, patterns = schema.get("properties", {}), schema.get("patternProperties", {})
+    return [
+        name
+        for name in instance
+        if name not in properties and not any(re.search(p, name) for p in patterns)
     ]
-    extra = schema.get("additionalProperties", True)
-    for name, value in instance.items():
-        child_path = f"{path}.{name}"
-        if name in properties:
-            found.extend(validate(properties[name], value, child_path))
-        elif extra is False:
-            found.append(Violation(child_path, "is not an allowed property"))
-        elif isinstance(extra, Mapping):
-            found.extend(validate(extra, value, child_path))
-    return found
-
-
-def _is_type(instance: Any, name: str) -> bool:
-    # bool is a subclass of int in Python but a distinct type in JSON.
-    if name == "boolean":
-        return isinstance(instance, bool)
-    if name == "integer":
-        return isinstance(instance, int) and not isinstance(instance, bool)
-    if name == "number":
-        if isinstance(instance, bool):
-            return False
-        if isinstance(instance, int):
-            return True
-        return isinstance(instance, float) and math.isfinite(instance)
-    if name == "string":
-        return isinstance(instance, str)
-    if name == "array":
-        return isinstance(instance, list)
-    if name == "object":
-        return isinstance(instance, dict) and all(isinstance(key, str) for key in instance)
-    return instance is None  # "null"; check_schema admits no other name
-
-
-def _json_equal(left: Any, right: Any) -> bool:
-    # Python says True == 1; JSON does not.
-    if isinstance(left, bool) or isinstance(right, bool):
-        return isinstance(left, bool) and isinstance(right, bool) and left == right
-    return bool(left == right)
-
-
-def _as_list(declared: Any) -> list[str]:
-    if isinstance(declared, str):
-        return [declared]
-    if isinstance(declared, list) and all(isinstance(name, str) for name in declared):
-        return declared
-    raise SchemaError(f"type must be a name or a list of names, not {declared!r}")
-
-
-def _mapping(value: Any, path: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise SchemaError(f"{path}: expected a schema object, got {value!r}")
-    return value

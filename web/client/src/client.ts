@@ -11,6 +11,7 @@ import type {
   GetAgentResponseJson,
   ListAgentsResponseJson,
   ListAgentVersionsResponseJson,
+  ListToolsResponseJson,
   RemoveAgentResponseJson,
   RollbackAgentResponseJson,
   SetDefaultAgentResponseJson,
@@ -321,6 +322,11 @@ export class TetherClient {
 
   removeAgent(name: string, options: RequestOptions = {}): Promise<RemoveAgentResponseJson> {
     return this.call("DELETE", agentPath(name), undefined, options);
+  }
+
+  /** The tool catalog: the tools the workers announced, which an agent's `tools` may name. */
+  listTools(options: RequestOptions = {}): Promise<ListToolsResponseJson> {
+    return this.call("GET", "/v2/tools", undefined, options);
   }
 
   // ---- streams ----------------------------------------------------------------------------

@@ -152,4 +152,12 @@ describe("agents", () => {
     expect(rollback!.body).toEqual({ toVersion: 1 });
     expect(fake.requests.map((r) => r.method)).toEqual(["POST", "GET", "GET", "POST", "POST", "DELETE"]);
   });
+
+  it("lists the tool catalog from /v2/tools", async () => {
+    const tool = { name: "get_time", risk: "read", schemaSha256: "ab".repeat(32), announcedBy: "w-1" };
+    const fake = new FakeFetch().on("GET", "/v2/tools", () => json(200, { tools: [tool] }));
+    const client = new TetherClient({ fetch: fake.fetch, auth: { type: "bearer", token: "tk_1" } });
+    expect((await client.listTools()).tools).toEqual([tool]);
+    expect(fake.requests.map((r) => `${r.method} ${r.url}`)).toEqual(["GET /v2/tools"]);
+  });
 });

@@ -6,7 +6,7 @@ service (README, "Who owns which table"):
   the orchestrator's intake);
 - `orchestrator_tables`: the run aggregate (runs, run_events, run_parts, attempts, effects,
   usage_turns, tool_outputs, routings, context_summaries), documents and agents (agents,
-  agent_versions, agent_sets);
+  agent_versions, agent_sets) and the tool catalog (tool_catalog);
 - `interactions_tables`: interactions, grants, connections;
 - `audit_tables`: audit_log, appended to by every service.
 
@@ -33,6 +33,7 @@ from tether.db.schema.orchestrator_tables import (
     run_events,
     run_parts,
     runs,
+    tool_catalog,
     tool_outputs,
     usage_turns,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "runs",
     "sessions",
     "tenants",
+    "tool_catalog",
     "tool_outputs",
     "usage_turns",
 ]

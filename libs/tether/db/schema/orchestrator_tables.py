@@ -354,3 +354,18 @@ agent_sets = Table(
         ["tenant_id", "default_agent"], ["agents.tenant_id", "agents.name"], name="default_agent"
     ),
 )
+
+# The tool catalog: every tool a worker announced in its Work hello, whichever replica it
+# reached, one row per name with what the last announcement said. Deployment-wide, not a
+# tenant's: every tenant's agents run on the same workers. A row outlives the worker that wrote
+# it, so a tool stays nameable while its workers restart or roll out.
+tool_catalog = Table(
+    "tool_catalog",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("schema_sha256", Text, nullable=False),
+    Column("risk", Text, nullable=False),
+    Column("writes_externally", Boolean, nullable=False),
+    Column("announced_by", Text, nullable=False),
+    Column("announced_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
