@@ -51,6 +51,7 @@ class AgentRenders:
         version: int | None = None,
         source: str = "",
         channel: str = "",
+        actor_id: str = "",
     ) -> AgentRender:
         """The first request of agent `name` (its published version unless `version`) for
         `message` from `source` on `channel`. NotFound for an absent agent (another tenant's
@@ -69,7 +70,8 @@ class AgentRenders:
         )
         routed = {v.name: v.version for v in published}
         config = config_for(chosen.name, parse(chosen.written), source, channel)
-        job = RenderJob(0, tenant_id, config, message, source, channel)
+        # The caller stands in for the actor, as the user a run of theirs would have.
+        job = RenderJob(0, tenant_id, config, message, source, channel, "user", actor_id)
         rendered = await self._work.render(job, self._timeout_s)
         if rendered.error_code:
             raise FailedPrecondition(rendered.error_message, code=rendered.error_code)

@@ -339,6 +339,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             version=request.version if request.HasField("version") else None,
             source=request.source,
             channel=request.channel,
+            actor_id=request.actor_id,
         )
         return orchestrator_pb2.AgentRenderResponse(
             agent=rendered.agent,

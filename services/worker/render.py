@@ -93,7 +93,7 @@ async def render(
         config,
         tenant_id=job.tenant_id,
         run_id="",
-        origin=Origin(job.source, job.channel, "user", ""),
+        origin=Origin(job.source, job.channel, job.actor_type, job.actor_id),
         input_text=job.message,
         has_documents=False,
     )

@@ -20,6 +20,8 @@ def render_job_to_proto(job: RenderJob) -> orchestrator_pb2.WorkRender:
         message=job.message,
         source=job.source,
         channel=job.channel,
+        actor_type=job.actor_type,
+        actor_id=job.actor_id,
     )
 
 
@@ -32,6 +34,8 @@ def render_job_from_proto(message: orchestrator_pb2.WorkRender) -> RenderJob:
         message=message.message,
         source=message.source,
         channel=message.channel,
+        actor_type=message.actor_type,
+        actor_id=message.actor_id,
     )
 
 

@@ -22,6 +22,8 @@ class RenderJob:
     message: str
     source: str = ""
     channel: str = ""
+    actor_type: str = ""
+    actor_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

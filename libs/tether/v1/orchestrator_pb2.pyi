@@ -3333,6 +3333,8 @@ class WorkRender(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
     CHANNEL_FIELD_NUMBER: _builtins.int
+    ACTOR_TYPE_FIELD_NUMBER: _builtins.int
+    ACTOR_ID_FIELD_NUMBER: _builtins.int
     render_id: _builtins.int
     """Correlates the answer (WorkRendered.render_id), unique on this replica."""
     tenant_id: _builtins.str
@@ -3343,6 +3345,10 @@ class WorkRender(_message.Message):
     """The source a run would come from."""
     channel: _builtins.str
     """The channel a run would come from."""
+    actor_type: _builtins.str
+    """The actor's kind a run would have ("user": the caller)."""
+    actor_id: _builtins.str
+    """The actor's id a run would have (the caller's principal)."""
     @_builtins.property
     def config(self) -> Global___AgentConfig:
         """The configuration a claim would resolve for this source and channel."""
@@ -3356,10 +3362,12 @@ class WorkRender(_message.Message):
         message: _builtins.str = ...,
         source: _builtins.str = ...,
         channel: _builtins.str = ...,
+        actor_type: _builtins.str = ...,
+        actor_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "config", b"config", "message", b"message", "render_id", b"render_id", "source", b"source", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_type", b"actor_type", "channel", b"channel", "config", b"config", "message", b"message", "render_id", b"render_id", "source", b"source", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -3419,6 +3427,7 @@ class AgentRenderRequest(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
     CHANNEL_FIELD_NUMBER: _builtins.int
+    ACTOR_ID_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Tenant."""
     name: _builtins.str
@@ -3431,6 +3440,8 @@ class AgentRenderRequest(_message.Message):
     """The source a run would come from (any when empty)."""
     channel: _builtins.str
     """The channel a run would come from (any when empty)."""
+    actor_id: _builtins.str
+    """The caller, as the actor a run of theirs would have (its live facts name it)."""
     def __init__(
         self,
         *,
@@ -3440,10 +3451,11 @@ class AgentRenderRequest(_message.Message):
         message: _builtins.str = ...,
         source: _builtins.str = ...,
         channel: _builtins.str = ...,
+        actor_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_version", b"_version", "version", b"version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_version", b"_version", "channel", b"channel", "message", b"message", "name", b"name", "source", b"source", "tenant_id", b"tenant_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_version", b"_version", "actor_id", b"actor_id", "channel", b"channel", "message", b"message", "name", b"name", "source", b"source", "tenant_id", b"tenant_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__version: _TypeAlias = _typing.Literal["version"]  # noqa: Y015
     _WhichOneofArgType__version: _TypeAlias = _typing.Literal["_version", b"_version"]  # noqa: Y015

@@ -113,6 +113,7 @@ class AgentRpcs:
             message=request.message,
             source=request.source,
             channel=request.channel,
+            actor_id=principal.principal_id,
         )
         if request.HasField("version"):
             forwarded.version = request.version
