@@ -13,10 +13,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator.agent_routing import config_for
 from services.orchestrator.agents import Agents
+from services.orchestrator.knowledge import Knowledge
 from services.orchestrator.repositories import agents as agent_repo
 from services.orchestrator.work import Work
 from tether.agent_spec import parse, pick
-from tether.domain import RenderJob
+from tether.domain import FoundDocument, RenderJob
 from tether.errors import FailedPrecondition, InvalidArgument
 
 
@@ -36,9 +37,17 @@ class AgentRender:
 class AgentRenders:
     """Renders of a tenant's agents, by the workers on this replica's Work streams."""
 
-    def __init__(self, engine: AsyncEngine, agents: Agents, work: Work, timeout_s: float) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        agents: Agents,
+        knowledge: Knowledge,
+        work: Work,
+        timeout_s: float,
+    ) -> None:
         self._engine = engine
         self._agents = agents
+        self._knowledge = knowledge
         self._work = work
         self._timeout_s = timeout_s
 
@@ -70,8 +79,20 @@ class AgentRenders:
         )
         routed = {v.name: v.version for v in published}
         config = config_for(chosen.name, parse(chosen.written), source, channel)
+        policy = config.context
+        found = (
+            await self._knowledge.search(
+                tenant_id,
+                message,
+                limit=policy.knowledge_documents,
+                max_chars=policy.knowledge_chars,
+            )
+            if policy.retriever
+            else []
+        )
+        documents = tuple(FoundDocument(m.document_id, m.title, m.text) for m in found)
         # The caller stands in for the actor, as the user a run of theirs would have.
-        job = RenderJob(0, tenant_id, config, message, source, channel, "user", actor_id)
+        job = RenderJob(0, tenant_id, config, message, source, channel, "user", actor_id, documents)
         rendered = await self._work.render(job, self._timeout_s)
         if rendered.error_code:
             raise FailedPrecondition(rendered.error_message, code=rendered.error_code)

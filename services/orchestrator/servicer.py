@@ -110,7 +110,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             progress_deadline_s=work.progress_deadline_s,
         )
         self._renders = AgentRenders(
-            execution.engine, self._agents, self.work, work.render_timeout_s
+            execution.engine, self._agents, self._knowledge, self.work, work.render_timeout_s
         )
 
     async def LookupRun(

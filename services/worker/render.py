@@ -4,8 +4,9 @@ context builder) with no lease, no run and no model call. Its input tokens are t
 estimate compaction uses (`request_tokens`, about four characters of JSON a token), priced at
 the agent's input price.
 
-No run means no lease to fence a search of Tether's document store, so the built-in retriever
-is told the tenant has no documents; any other installed retriever runs as it would.
+No run means no lease to fence a search of Tether's document store by, so the orchestrator
+searches the tenant's documents for the message and sends the matches with the job: the
+built-in retriever takes them from there, and any other installed retriever runs as it would.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from services.worker.context.providers import (
 )
 from services.worker.interactions import BUILTIN_SPECS
 from services.worker.tools.registry import ToolRegistry
-from tether.domain import AgentConfig, Origin, Rendered, RenderJob
+from tether.domain import AgentConfig, FoundDocument, Origin, Rendered, RenderJob
 from tether.pricing import cost_micros
 
 # The output budget of a turn whose agent sets none (the attempt's own default).
@@ -76,12 +77,17 @@ def context_requests(
     return facts, retrieval
 
 
-class _NoStore:
-    """The document store of a render: nothing (there is no lease to fence a search)."""
+class _Found:
+    """The document store of a render: the matches the orchestrator sent with the job."""
+
+    def __init__(self, documents: Sequence[FoundDocument]) -> None:
+        self._documents = documents
 
     async def search(self, query: str, *, limit: int, max_chars: int) -> list[Document]:
-        """No documents."""
-        return []
+        """The matches, best first, as a leased search would cut them."""
+        return [
+            Document(d.document_id, d.title, d.text[:max_chars]) for d in self._documents[:limit]
+        ]
 
 
 async def render(
@@ -95,10 +101,10 @@ async def render(
         run_id="",
         origin=Origin(job.source, job.channel, job.actor_type, job.actor_id),
         input_text=job.message,
-        has_documents=False,
+        has_documents=bool(job.documents),
     )
     try:
-        gathered = await providers.gather(config.context, facts, retrieval, _NoStore())
+        gathered = await providers.gather(config.context, facts, retrieval, _Found(job.documents))
     except ContextFailed as failed:
         return Rendered(job.render_id, {}, error_code=failed.code, error_message=failed.message)
     builder = ContextBuilder(

@@ -29,6 +29,7 @@ from tests.system.test_agents import (
     send,
     stack_file,
 )
+from tether import apikeys
 from tether.db.engine import create_engine
 from tether.testing.eventually import eventually
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
@@ -55,7 +56,7 @@ async def stack(
 async def two_agents(stack: ExecStack, directory: Path) -> tuple[Tenant, str]:
     """A tenant with helper (the default, get_time) and support (routed from whatsapp,
     publish_post), and a stack file for its key."""
-    tenant = await stack.tenant(scopes=AGENT_SCOPES)
+    tenant = await stack.tenant(scopes=(*AGENT_SCOPES, apikeys.DOCUMENTS_WRITE))
     file = stack_file(stack, tenant.api_key, directory)
     helper = directory / "helper.json"
     helper.write_text(document("helper", "You are Helper, brief and exact.", ["get_time"]))
@@ -109,7 +110,14 @@ async def test_render_is_the_routed_agents_first_request_with_no_model_call_and_
     stack: ExecStack, tmp_path: Path
 ) -> None:
     tenant, file = await two_agents(stack, tmp_path)
-    message = prompt("render me")
+    message = prompt("render my parcel tracking")
+    async with grpc.aio.insecure_channel(stack.addr("gateway")) as channel:
+        await gateway_pb2_grpc.GatewayServiceStub(channel).AddDocument(
+            gateway_pb2.AddDocumentRequest(
+                title="Parcel tracking", content="Parcel tracking numbers start with TRK."
+            ),
+            metadata=tenant.metadata,
+        )
     heard_before = len(stack.model.requests)
     runs_before = await run_count(stack, tenant.tenant_id)
 
@@ -122,7 +130,9 @@ async def test_render_is_the_routed_agents_first_request_with_no_model_call_and_
     assert "You are Support" in json.dumps(support["system"])
     assert support["system"][-1]["cache_control"]["type"] == "ephemeral"
     assert tool_names(support) == {"publish_post"}
-    assert support["messages"][-1]["content"][-1]["text"] == message
+    lead = support["messages"][-1]["content"]
+    assert lead[-1]["text"] == message
+    assert any('title="Parcel tracking"' in block["text"] for block in lead[:-1]), lead
     assert support["estimated_input_tokens"] > 0
     assert support["estimated_cost_usd"] > 0
 

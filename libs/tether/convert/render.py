@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from tether.convert import config_from_proto, config_to_proto
-from tether.domain import Rendered, RenderJob
+from tether.domain import FoundDocument, Rendered, RenderJob
 from tether.v1 import orchestrator_pb2
 
 
@@ -22,6 +22,12 @@ def render_job_to_proto(job: RenderJob) -> orchestrator_pb2.WorkRender:
         channel=job.channel,
         actor_type=job.actor_type,
         actor_id=job.actor_id,
+        documents=[
+            orchestrator_pb2.RetrievedDocument(
+                document_id=d.document_id, title=d.title, text=d.text
+            )
+            for d in job.documents
+        ],
     )
 
 
@@ -36,6 +42,7 @@ def render_job_from_proto(message: orchestrator_pb2.WorkRender) -> RenderJob:
         channel=message.channel,
         actor_type=message.actor_type,
         actor_id=message.actor_id,
+        documents=tuple(FoundDocument(d.document_id, d.title, d.text) for d in message.documents),
     )
 
 

@@ -87,7 +87,7 @@ from tether.domain.parts import (
     part_json,
 )
 from tether.domain.progress import Batch, Completion, EffectState
-from tether.domain.render import Rendered, RenderJob
+from tether.domain.render import FoundDocument, Rendered, RenderJob
 from tether.domain.rules import (
     Closing,
     Interruption,
@@ -125,6 +125,7 @@ __all__ = [
     "Event",
     "EventType",
     "Failed",
+    "FoundDocument",
     "Interruption",
     "Lease",
     "Limits",

@@ -12,6 +12,15 @@ from tether.domain.agents import AgentConfig
 
 
 @dataclass(frozen=True, slots=True)
+class FoundDocument:
+    """A document of the tenant matching the message, as the orchestrator's search found it."""
+
+    document_id: str
+    title: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class RenderJob:
     """What a worker is asked to render: the configuration a claim would resolve for the
     source and channel, and the new message."""
@@ -24,6 +33,7 @@ class RenderJob:
     channel: str = ""
     actor_type: str = ""
     actor_id: str = ""
+    documents: tuple[FoundDocument, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -3335,6 +3335,7 @@ class WorkRender(_message.Message):
     CHANNEL_FIELD_NUMBER: _builtins.int
     ACTOR_TYPE_FIELD_NUMBER: _builtins.int
     ACTOR_ID_FIELD_NUMBER: _builtins.int
+    DOCUMENTS_FIELD_NUMBER: _builtins.int
     render_id: _builtins.int
     """Correlates the answer (WorkRendered.render_id), unique on this replica."""
     tenant_id: _builtins.str
@@ -3353,6 +3354,12 @@ class WorkRender(_message.Message):
     def config(self) -> Global___AgentConfig:
         """The configuration a claim would resolve for this source and channel."""
 
+    @_builtins.property
+    def documents(self) -> _containers.RepeatedCompositeFieldContainer[Global___RetrievedDocument]:
+        """The tenant's documents matching the message (the orchestrator searched: a render has no
+        lease to fence a worker's search by), within the agent's retrieval limits.
+        """
+
     def __init__(
         self,
         *,
@@ -3364,10 +3371,11 @@ class WorkRender(_message.Message):
         channel: _builtins.str = ...,
         actor_type: _builtins.str = ...,
         actor_id: _builtins.str = ...,
+        documents: _abc.Iterable[Global___RetrievedDocument] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_type", b"actor_type", "channel", b"channel", "config", b"config", "message", b"message", "render_id", b"render_id", "source", b"source", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_type", b"actor_type", "channel", b"channel", "config", b"config", "documents", b"documents", "message", b"message", "render_id", b"render_id", "source", b"source", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
