@@ -1,11 +1,13 @@
 """Render without spending, with the services as processes: `tether agents render` (CLI, HTTP v2
 and gRPC) returns the request a worker builds for a message in a new conversation, the same one
 a run's first model call sends, naming the agent the routes pick, while the model server hears
-nothing and no run is created; another tenant's agent is NOT_FOUND; with no worker connected
-the answer is UNAVAILABLE."""
+nothing and no run is created; another tenant's agent is NOT_FOUND; with no worker connected,
+or one that does not answer in time, the answer is UNAVAILABLE, and a worker's answer reaches
+the caller by its render id."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -29,12 +31,15 @@ from tests.system.test_agents import (
     send,
     stack_file,
 )
+from tests.system.test_work_stream import Stream
 from tether import apikeys
 from tether.db.engine import create_engine
 from tether.testing.eventually import eventually
-from tether.v1 import gateway_pb2, gateway_pb2_grpc
+from tether.v1 import gateway_pb2, gateway_pb2_grpc, orchestrator_pb2
 
 TIME_FACT = re.compile(r"time: [^\\]*")
+# How long the orchestrator waits for a worker's render: a worker answers in milliseconds.
+RENDER_TIMEOUT_S = 2.0
 # What a request carries that the render shows (the recorded call adds `stream`).
 REQUEST_KEYS = ("model", "max_tokens", "system", "tools", "messages")
 
@@ -49,6 +54,7 @@ async def stack(
         redis_url,
         Path(tmp_path_factory.mktemp("agent-render")),
         workers=1,
+        extra_env={"TETHER_ORCHESTRATOR_RENDER_TIMEOUT_S": str(RENDER_TIMEOUT_S)},
     ) as running:
         yield running
 
@@ -179,11 +185,12 @@ async def test_another_tenants_agent_renders_as_not_found(stack: ExecStack, tmp_
     assert (await grpc_render(owner, "support", "hello")).agent == "support"
 
 
-async def test_with_no_worker_connected_a_render_is_unavailable(
+async def test_a_render_goes_to_a_connected_worker_and_without_one_is_unavailable(
     stack: ExecStack, tmp_path: Path
 ) -> None:
     tenant, _ = await two_agents(stack, tmp_path)
-    await stack.services.stop("worker", grace=5)
+    await stack.services.stop("worker", grace=2)
+    hand: Stream | None = None
     try:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await grpc_render(tenant, "support", "hello")
@@ -199,7 +206,38 @@ async def test_with_no_worker_connected_a_render_is_unavailable(
         ):
             assert response.status == 503, await response.text()
             assert (await response.json())["error"]["status"] == "UNAVAILABLE"
+
+        # A worker spoken by hand: the render is pushed to it with the resolved configuration
+        # and no lease; unanswered, the caller is told UNAVAILABLE once the timeout passes.
+        hand = Stream(stack)
+        await hand.hello()
+        silent = asyncio.ensure_future(grpc_render(tenant, "support", "left unanswered"))
+        pushed = (await hand.next("render")).render
+        assert (pushed.tenant_id, pushed.message) == (tenant.tenant_id, "left unanswered")
+        assert "You are Support" in pushed.config.system_prompt
+        assert list(pushed.config.tool_allowlist) == ["publish_post"]
+        with pytest.raises(grpc.aio.AioRpcError) as timed_out:
+            await silent
+        assert timed_out.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "did not answer the render" in str(timed_out.value.details())
+
+        # Its answer, matched by the render id, is what the caller gets.
+        answered = asyncio.ensure_future(grpc_render(tenant, "support", "answer this one"))
+        pushed = (await hand.next("render")).render
+        assert pushed.message == "answer this one"
+        hand.send(
+            rendered=orchestrator_pb2.WorkRendered(
+                render_id=pushed.render_id,
+                request_json='{"model": "by-hand", "messages": []}',
+                estimated_input_tokens=7,
+            )
+        )
+        done = await answered
+        assert (done.agent, done.estimated_input_tokens) == ("support", 7)
+        assert json.loads(done.request_json)["model"] == "by-hand"
     finally:
+        if hand is not None:
+            await hand.close()
         await stack.start_worker()
 
     async def rendered() -> gateway_pb2.RenderAgentResponse | None:
