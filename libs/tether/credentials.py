@@ -76,7 +76,8 @@ POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
                 "RepublishAgent",
                 "ChooseDefaultAgent",
                 "DeleteAgent",
-                "ListTools",
+                "ListCatalogTools",
+                "AgentRender",
             }
         ),
         "worker": _WORKER_ON_ORCHESTRATOR,

@@ -60,6 +60,7 @@ SCOPES: Mapping[str, str] = {
     "SetDefaultAgent": AGENTS_WRITE,
     "RemoveAgent": AGENTS_WRITE,
     "ListTools": AGENTS_READ,
+    "RenderAgent": AGENTS_READ,
 }
 AGENT_METHODS = frozenset(m for m, scope in SCOPES.items() if scope.startswith("agents:"))
 # What the platform operator's credential may call: it manages tenants and keys...

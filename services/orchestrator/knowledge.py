@@ -88,3 +88,16 @@ class Knowledge:
             return await documents_repo.search_leased(
                 conn, run_id, epoch, query, limit=limit, max_chars=max_chars
             )
+
+    async def search(
+        self, tenant_id: str, query: str, *, limit: int, max_chars: int
+    ) -> list[Match]:
+        """The tenant's documents matching `query`, best first, within the retrieval limits (a
+        render's, which has no lease to fence the search by)."""
+        limit, max_chars = min(limit, MAX_RETRIEVED), min(max_chars, DOCUMENT_CHARS)
+        if limit <= 0 or max_chars <= 0:
+            return []
+        async with self._autocommit.connect() as conn:
+            return await documents_repo.search_tenant(
+                conn, tenant_id, query, limit=limit, max_chars=max_chars
+            )

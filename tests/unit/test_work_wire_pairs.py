@@ -9,6 +9,12 @@ from datetime import UTC, datetime
 import pytest
 
 from services.orchestrator.worker_edge import ExecutionServicer
+from tether.convert.render import (
+    render_job_from_proto,
+    render_job_to_proto,
+    rendered_from_proto,
+    rendered_to_proto,
+)
 from tether.convert.work import (
     OUTCOMES,
     STAGES,
@@ -36,11 +42,14 @@ from tether.domain import (
     EffectState,
     Ending,
     Failed,
+    FoundDocument,
     Lease,
     Limits,
     ModelTurn,
     Origin,
     Part,
+    Rendered,
+    RenderJob,
     Role,
     RunError,
     Summary,
@@ -205,3 +214,32 @@ def test_every_write_has_its_field_on_both_messages_and_a_handler_on_the_orchest
         "release",
     }
     assert ExecutionServicer()._work_writes().keys() == WRITE_FIELDS.keys()
+
+
+def test_a_render_job_and_its_answer_come_back_as_sent() -> None:
+    job = RenderJob(
+        render_id=9,
+        tenant_id="acme",
+        config=AgentConfig(
+            model="claude-test",
+            agent="support",
+            system_prompt="Be brief.",
+            system_blocks=(SystemBlock("Be brief.", "ephemeral"),),
+            tool_allowlist=("post",),
+            limits=Limits(max_steps=4, max_tokens_per_turn=512),
+        ),
+        message="where is my parcel?",
+        source="chat",
+        channel="whatsapp",
+        actor_type="user",
+        actor_id="U7",
+        documents=(FoundDocument("doc_1", "Parcels", "They start with TRK."),),
+    )
+    assert render_job_from_proto(render_job_to_proto(job)) == job
+    # An integer stays an integer: the request travels as JSON text, not a Struct.
+    request = {"model": "claude-test", "max_tokens": 512, "messages": [{"role": "user"}]}
+    rendered = Rendered(9, request, 1234, 3702)
+    back = rendered_from_proto(rendered_to_proto(rendered))
+    assert back == rendered and isinstance(back.request["max_tokens"], int)
+    refused = Rendered(9, {}, error_code="live_fact_failed", error_message="the clock stopped")
+    assert rendered_from_proto(rendered_to_proto(refused)) == refused

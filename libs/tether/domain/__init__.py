@@ -8,6 +8,7 @@ them that the orchestrator and the worker both apply. One package, ten rooms:
 - `outcomes`: run errors, model-turn usage, and the endings of a run (completed, failed, cancelled);
 - `parts`: the transcript's typed parts and their JSON form;
 - `events`: every event type, and the one constructor that builds each event's payload;
+- `render`: the request a worker builds for an agent without a run or a model call;
 - `progress`: what an attempt writes under its lease (a numbered batch, its completion, the
   state of a side effect's record);
 - `runs`: what is read back of a run (the run, its attempts, priced turns, logged events and
@@ -88,6 +89,7 @@ from tether.domain.parts import (
     part_json,
 )
 from tether.domain.progress import Batch, Completion, EffectState
+from tether.domain.render import FoundDocument, Rendered, RenderJob
 from tether.domain.rules import (
     Closing,
     Interruption,
@@ -126,6 +128,7 @@ __all__ = [
     "Event",
     "EventType",
     "Failed",
+    "FoundDocument",
     "Interruption",
     "Lease",
     "Limits",
@@ -136,6 +139,8 @@ __all__ = [
     "PartKind",
     "PricedTurn",
     "QuestionMarker",
+    "RenderJob",
+    "Rendered",
     "Role",
     "Run",
     "RunError",

@@ -128,6 +128,12 @@ class GatewayServiceStub:
     """ListTools lists the tool catalog, the tools an agent may name (deployment-wide). Needs
     agents:read.
     """
+    RenderAgent: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RenderAgentRequest, _gateway_pb2.RenderAgentResponse]
+    """RenderAgent returns the request a worker would send for a message in a new conversation
+    with one version of an agent, its estimated input tokens and cost, and which agent the
+    routes pick for a source and channel: no model call, no run. UNAVAILABLE when no worker
+    answers. Needs agents:read.
+    """
 
 @_typing.type_check_only
 class GatewayServiceAsyncStub(GatewayServiceStub):
@@ -228,6 +234,12 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     ListTools: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListToolsRequest, _gateway_pb2.ListToolsResponse]  # type: ignore[assignment]
     """ListTools lists the tool catalog, the tools an agent may name (deployment-wide). Needs
     agents:read.
+    """
+    RenderAgent: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RenderAgentRequest, _gateway_pb2.RenderAgentResponse]  # type: ignore[assignment]
+    """RenderAgent returns the request a worker would send for a message in a new conversation
+    with one version of an agent, its estimated input tokens and cost, and which agent the
+    routes pick for a source and channel: no model call, no run. UNAVAILABLE when no worker
+    answers. Needs agents:read.
     """
 
 class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -506,6 +518,18 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_gateway_pb2.ListToolsResponse, _abc.Awaitable[_gateway_pb2.ListToolsResponse]]:
         """ListTools lists the tool catalog, the tools an agent may name (deployment-wide). Needs
         agents:read.
+        """
+
+    @_abc_1.abstractmethod
+    def RenderAgent(
+        self,
+        request: _gateway_pb2.RenderAgentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.RenderAgentResponse, _abc.Awaitable[_gateway_pb2.RenderAgentResponse]]:
+        """RenderAgent returns the request a worker would send for a message in a new conversation
+        with one version of an agent, its estimated input tokens and cost, and which agent the
+        routes pick for a source and channel: no model call, no run. UNAVAILABLE when no worker
+        answers. Needs agents:read.
         """
 
 def add_GatewayServiceServicer_to_server(servicer: GatewayServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -201,10 +201,15 @@ class OrchestratorServiceStub:
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.DeleteAgentRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_orchestrator__pb2.DeleteAgentResponse.FromString,
                 _registered_method=True)
-        self.ListTools = channel.unary_unary(
-                '/tether.v1.OrchestratorService/ListTools',
+        self.ListCatalogTools = channel.unary_unary(
+                '/tether.v1.OrchestratorService/ListCatalogTools',
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.ListCatalogToolsRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_orchestrator__pb2.ListCatalogToolsResponse.FromString,
+                _registered_method=True)
+        self.AgentRender = channel.unary_unary(
+                '/tether.v1.OrchestratorService/AgentRender',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.AgentRenderRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.AgentRenderResponse.FromString,
                 _registered_method=True)
 
 
@@ -467,9 +472,18 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def ListTools(self, request, context):
-        """ListTools lists the tool catalog: every tool a worker of any replica announced in its
+    def ListCatalogTools(self, request, context):
+        """ListCatalogTools lists the tool catalog: every tool a worker of any replica announced in its
         Work hello, with who announced it last. Deployment-wide, not a tenant's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AgentRender(self, request, context):
+        """AgentRender has a connected worker build the first request an attempt of the agent would
+        send for a message in a new conversation, with no model call and no run: UNAVAILABLE when
+        no worker is connected here or none answers in time; another tenant's agent is NOT_FOUND.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -643,10 +657,15 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     request_deserializer=tether_dot_v1_dot_orchestrator__pb2.DeleteAgentRequest.FromString,
                     response_serializer=tether_dot_v1_dot_orchestrator__pb2.DeleteAgentResponse.SerializeToString,
             ),
-            'ListTools': grpc.unary_unary_rpc_method_handler(
-                    servicer.ListTools,
+            'ListCatalogTools': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCatalogTools,
                     request_deserializer=tether_dot_v1_dot_orchestrator__pb2.ListCatalogToolsRequest.FromString,
                     response_serializer=tether_dot_v1_dot_orchestrator__pb2.ListCatalogToolsResponse.SerializeToString,
+            ),
+            'AgentRender': grpc.unary_unary_rpc_method_handler(
+                    servicer.AgentRender,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.AgentRenderRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.AgentRenderResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1553,7 +1572,7 @@ class OrchestratorService:
             _registered_method=True)
 
     @staticmethod
-    def ListTools(request,
+    def ListCatalogTools(request,
             target,
             options=(),
             channel_credentials=None,
@@ -1566,9 +1585,36 @@ class OrchestratorService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/tether.v1.OrchestratorService/ListTools',
+            '/tether.v1.OrchestratorService/ListCatalogTools',
             tether_dot_v1_dot_orchestrator__pb2.ListCatalogToolsRequest.SerializeToString,
             tether_dot_v1_dot_orchestrator__pb2.ListCatalogToolsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AgentRender(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/AgentRender',
+            tether_dot_v1_dot_orchestrator__pb2.AgentRenderRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.AgentRenderResponse.FromString,
             options,
             channel_credentials,
             insecure,

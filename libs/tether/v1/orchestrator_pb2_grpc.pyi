@@ -148,9 +148,14 @@ class OrchestratorServiceStub:
     """DeleteAgent removes an agent and its versions: FAILED_PRECONDITION while it is the default
     or an unfinished run is pinned to it.
     """
-    ListTools: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ListCatalogToolsRequest, _orchestrator_pb2.ListCatalogToolsResponse]
-    """ListTools lists the tool catalog: every tool a worker of any replica announced in its
+    ListCatalogTools: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ListCatalogToolsRequest, _orchestrator_pb2.ListCatalogToolsResponse]
+    """ListCatalogTools lists the tool catalog: every tool a worker of any replica announced in its
     Work hello, with who announced it last. Deployment-wide, not a tenant's.
+    """
+    AgentRender: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.AgentRenderRequest, _orchestrator_pb2.AgentRenderResponse]
+    """AgentRender has a connected worker build the first request an attempt of the agent would
+    send for a message in a new conversation, with no model call and no run: UNAVAILABLE when
+    no worker is connected here or none answers in time; another tenant's agent is NOT_FOUND.
     """
 
 @_typing.type_check_only
@@ -267,9 +272,14 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     """DeleteAgent removes an agent and its versions: FAILED_PRECONDITION while it is the default
     or an unfinished run is pinned to it.
     """
-    ListTools: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ListCatalogToolsRequest, _orchestrator_pb2.ListCatalogToolsResponse]  # type: ignore[assignment]
-    """ListTools lists the tool catalog: every tool a worker of any replica announced in its
+    ListCatalogTools: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ListCatalogToolsRequest, _orchestrator_pb2.ListCatalogToolsResponse]  # type: ignore[assignment]
+    """ListCatalogTools lists the tool catalog: every tool a worker of any replica announced in its
     Work hello, with who announced it last. Deployment-wide, not a tenant's.
+    """
+    AgentRender: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.AgentRenderRequest, _orchestrator_pb2.AgentRenderResponse]  # type: ignore[assignment]
+    """AgentRender has a connected worker build the first request an attempt of the agent would
+    send for a message in a new conversation, with no model call and no run: UNAVAILABLE when
+    no worker is connected here or none answers in time; another tenant's agent is NOT_FOUND.
     """
 
 class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -580,13 +590,24 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
-    def ListTools(
+    def ListCatalogTools(
         self,
         request: _orchestrator_pb2.ListCatalogToolsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_orchestrator_pb2.ListCatalogToolsResponse, _abc.Awaitable[_orchestrator_pb2.ListCatalogToolsResponse]]:
-        """ListTools lists the tool catalog: every tool a worker of any replica announced in its
+        """ListCatalogTools lists the tool catalog: every tool a worker of any replica announced in its
         Work hello, with who announced it last. Deployment-wide, not a tenant's.
+        """
+
+    @_abc_1.abstractmethod
+    def AgentRender(
+        self,
+        request: _orchestrator_pb2.AgentRenderRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.AgentRenderResponse, _abc.Awaitable[_orchestrator_pb2.AgentRenderResponse]]:
+        """AgentRender has a connected worker build the first request an attempt of the agent would
+        send for a message in a new conversation, with no model call and no run: UNAVAILABLE when
+        no worker is connected here or none answers in time; another tenant's agent is NOT_FOUND.
         """
 
 def add_OrchestratorServiceServicer_to_server(servicer: OrchestratorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -69,6 +69,7 @@ _UNARY: tuple[tuple[str, str, str, type[Message], bool], ...] = (
     ("POST", "/v2/agents/{name}/default", "SetDefaultAgent", _G.SetDefaultAgentRequest, True),
     ("DELETE", "/v2/agents/{name}", "RemoveAgent", _G.RemoveAgentRequest, False),
     ("GET", "/v2/tools", "ListTools", _G.ListToolsRequest, False),
+    ("POST", "/v2/agents/{name}/render", "RenderAgent", _G.RenderAgentRequest, True),
 )  # fmt: skip
 # RPCs whose success creates something: 201.
 _CREATES = frozenset({"AddDocument"})

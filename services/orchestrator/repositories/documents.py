@@ -208,6 +208,22 @@ _FENCED_WORDS = (
     .select_from(runs.outerjoin(_QUERY_WORD, literal_column("true")))
     .where(runs.c.run_id == bindparam("k_run_id", type_=Text), LEASE_HELD)
 )
+# How many of a named tenant's documents hold each word of the query (as _FENCED_WORDS counts).
+_TENANT_WITH_WORD = (
+    select(literal(1))
+    .select_from(documents)
+    .where(
+        func.concat(documents.c.tenant_id, "") == bindparam("k_tenant_id", type_=Text),
+        documents.c.search.op("@@")(func.to_tsquery(_ENGLISH, _QUERY_WORD.c.word)),
+    )
+    .correlate(_QUERY_WORD)
+    .limit(bindparam("k_common", type_=Integer))
+    .subquery("with_word")
+)
+_TENANT_WORDS = select(
+    _QUERY_WORD.c.word,
+    select(func.count()).select_from(_TENANT_WITH_WORD).scalar_subquery().label("found_in"),
+).select_from(_QUERY_WORD)
 _QUERY = func.to_tsquery(_ENGLISH, bindparam("k_query", type_=Text))
 _SEARCH = (
     select(
@@ -247,13 +263,31 @@ async def search_leased(
     ).all()
     if not fenced:
         raise StaleLease(f"lease epoch {epoch} of run {run_id} is not current")
-    found = [row for row in fenced if row.word is not None and row.found_in]
+    return await _ranked(conn, fenced[0].tenant_id, fenced, limit=limit, max_chars=max_chars)
+
+
+async def search_tenant(
+    conn: AsyncConnection, tenant_id: str, query: str, *, limit: int, max_chars: int
+) -> list[Match]:
+    """The documents of `tenant_id` that match the words of `query`, ranked as
+    `search_leased` ranks them, for a caller the tenant is already known to (a render of its
+    agent, which has no run to fence). Two statements: how common each word is, the search."""
+    params = {"k_tenant_id": tenant_id, "k_words": query_words(query), "k_common": COMMON_DOCUMENTS}
+    counted = (await conn.execute(_TENANT_WORDS, params)).all()
+    return await _ranked(conn, tenant_id, counted, limit=limit, max_chars=max_chars)
+
+
+async def _ranked(
+    conn: AsyncConnection, tenant_id: str, counted: Any, *, limit: int, max_chars: int
+) -> list[Match]:
+    """The search by the rare words of `counted` (rows of word and found_in), else by all."""
+    found = [row for row in counted if row.word is not None and row.found_in]
     rare = [row.word for row in found if row.found_in < COMMON_DOCUMENTS]
     ranked_by = rare or [row.word for row in found]
     if not ranked_by:
         return []
     params = {
-        "k_tenant_id": fenced[0].tenant_id,
+        "k_tenant_id": tenant_id,
         "k_query": " | ".join(ranked_by),
         "k_chars": max_chars,
         "k_limit": limit,
