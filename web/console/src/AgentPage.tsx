@@ -16,7 +16,7 @@ export function AgentPage({ name }: { name: string }) {
   const [error, setError] = useState<TetherError | null>(null);
   // The version the editor's text was loaded from: the base of a conditional apply. It moves only
   // when the person loads the published version, never behind their back.
-  const [edited, setEdited] = useState<{ base: number; text: string; key: number } | null>(null);
+  const [edited, setEdited] = useState<{ base: number; text: string; loaded: number } | null>(null);
   const [rolled, setRolled] = useState("");
   const [rollbackError, setRollbackError] = useState<TetherError | null>(null);
 
@@ -26,7 +26,7 @@ export function AgentPage({ name }: { name: string }) {
       setAgent(got);
       setVersions(listed.versions ?? []);
       setError(null);
-      if (resetEditor) setEdited((e) => ({ base: got.publishedVersion ?? 0, text: got.agent?.spec ?? "", key: (e?.key ?? 0) + 1 }));
+      if (resetEditor) setEdited((e) => ({ base: got.publishedVersion ?? 0, text: got.agent?.spec ?? "", loaded: (e?.loaded ?? 0) + 1 }));
     } catch (exc) {
       setError(asTetherError(exc));
     }
@@ -91,15 +91,15 @@ export function AgentPage({ name }: { name: string }) {
       {rolled && <p role="status">{rolled}</p>}
       {rollbackError && <p className="tether-error" role="alert">{rollbackError.status}: {rollbackError.message}</p>}
 
-      {versions.length > 0 && <VersionDiff key={versions.length} versions={versions} published={published} />}
+      {versions.length > 0 && <VersionDiff versions={versions} published={published} />}
 
       <h2 id="edit-title">Edit</h2>
       {edited && (
         <ApplyForm
-          key={edited.key}
           label="Edit agent"
           initial={edited.text}
           base={edited.base}
+          loaded={edited.loaded}
           onApplied={() => void load(true)}
           onReload={() => void load(true)}
         />
@@ -113,25 +113,27 @@ export function AgentPage({ name }: { name: string }) {
 
 function VersionDiff({ versions, published }: { versions: AgentVersionJson[]; published: number }) {
   const numbers = versions.map((v) => v.version ?? 0);
-  const [to, setTo] = useState(published || numbers[numbers.length - 1]!);
-  const [from, setFrom] = useState(numbers[Math.max(0, numbers.indexOf(to) - 1)]!);
+  // Until the person picks, the diff is the published version against the one before it.
+  const [picked, setPicked] = useState<{ from?: number; to?: number }>({});
+  const to = picked.to ?? (published || numbers[numbers.length - 1]!);
+  const from = picked.from ?? numbers[Math.max(0, numbers.indexOf(to) - 1)]!;
   const diff = useMemo(() => {
     const doc = (n: number) => versions.find((v) => v.version === n)?.normalised ?? "{}";
     return lineDiff(documentLines(doc(from)), documentLines(doc(to)));
   }, [versions, from, to]);
   return (
-    <>
+    <div className="version-diff">
       <h2 id="diff-title">Diff</h2>
       <form className="filters" aria-label="Versions to compare" onSubmit={(e) => e.preventDefault()}>
         <label>
           From version
-          <select value={from} onChange={(e) => setFrom(Number(e.target.value))}>
+          <select aria-label="From version" value={from} onChange={(e) => setPicked({ from: Number(e.target.value), to })}>
             {numbers.map((n) => <option key={n} value={n}>{n}</option>)}
           </select>
         </label>
         <label>
           To version
-          <select value={to} onChange={(e) => setTo(Number(e.target.value))}>
+          <select aria-label="To version" value={to} onChange={(e) => setPicked({ from, to: Number(e.target.value) })}>
             {numbers.map((n) => <option key={n} value={n}>{n}</option>)}
           </select>
         </label>
@@ -149,6 +151,6 @@ function VersionDiff({ versions, published }: { versions: AgentVersionJson[]; pu
       ) : (
         <p className="hint" role="status">Versions {from} and {to} have the same document.</p>
       )}
-    </>
+    </div>
   );
 }

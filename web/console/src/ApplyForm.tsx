@@ -1,4 +1,4 @@
-import { useState, type FormEvent } from "react";
+import { useEffect, useState, type FormEvent } from "react";
 import type { ApplyAgentResponseJson, TetherError } from "@tether/client";
 import { useTetherClient } from "@tether/react";
 import { applyRefusal, asTetherError } from "./agents.js";
@@ -12,12 +12,15 @@ export function ApplyForm({
   label,
   initial,
   base,
+  loaded = 0,
   onApplied,
   onReload,
 }: {
   label: string;
   initial: string;
   base: number | undefined;
+  /** Counts the loads of `initial`: each puts the text back, even when it is the same. */
+  loaded?: number;
   onApplied: (out: ApplyAgentResponseJson) => void;
   onReload?: () => void;
 }) {
@@ -26,6 +29,10 @@ export function ApplyForm({
   const [busy, setBusy] = useState(false);
   const [refused, setRefused] = useState<TetherError | null>(null);
   const [done, setDone] = useState("");
+  useEffect(() => {
+    setText(initial);
+    setRefused(null);
+  }, [initial, base, loaded]);
   const submit = async (e: FormEvent) => {
     e.preventDefault();
     if (busy) return;
