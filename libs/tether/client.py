@@ -407,6 +407,27 @@ class TetherClient:
         )
         return response
 
+    async def render_agent(
+        self,
+        name: str,
+        message: str,
+        *,
+        source: str = "",
+        channel: str = "",
+        version: int | None = None,
+    ) -> gateway_pb2.RenderAgentResponse:
+        """The request an agent's worker would send first for `message` (no model call, no
+        run). Not retried: UNAVAILABLE says no worker answered, which waiting here would hide."""
+        request = gateway_pb2.RenderAgentRequest(
+            name=name, message=message, source=source, channel=channel
+        )
+        if version is not None:
+            request.version = version
+        response: gateway_pb2.RenderAgentResponse = await self.stub.RenderAgent(
+            request, metadata=self._metadata
+        )
+        return response
+
     async def remove_agent(self, name: str) -> gateway_pb2.RemoveAgentResponse:
         """Remove an agent no unfinished run pins."""
         response: gateway_pb2.RemoveAgentResponse = await self.stub.RemoveAgent(

@@ -76,6 +76,7 @@ POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
                 "RepublishAgent",
                 "ChooseDefaultAgent",
                 "DeleteAgent",
+                "RenderAgent",
             }
         ),
         "worker": _WORKER_ON_ORCHESTRATOR,

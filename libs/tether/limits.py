@@ -233,6 +233,11 @@ LIMITS: Mapping[str, Limit] = {
     "tether.v1.RollbackAgentRequest.to_version": Limit("integer", INT32_MAX),
     "tether.v1.SetDefaultAgentRequest.name": identifier(required=True),
     "tether.v1.RemoveAgentRequest.name": identifier(required=True),
+    "tether.v1.RenderAgentRequest.name": identifier(required=True),
+    "tether.v1.RenderAgentRequest.message": text(TEXT_CHARS),
+    "tether.v1.RenderAgentRequest.source": identifier(),
+    "tether.v1.RenderAgentRequest.channel": identifier(),
+    "tether.v1.RenderAgentRequest.version": Limit("integer", INT32_MAX),
 }
 
 

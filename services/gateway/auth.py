@@ -59,6 +59,7 @@ SCOPES: Mapping[str, str] = {
     "RollbackAgent": AGENTS_WRITE,
     "SetDefaultAgent": AGENTS_WRITE,
     "RemoveAgent": AGENTS_WRITE,
+    "RenderAgent": AGENTS_READ,
 }
 AGENT_METHODS = frozenset(m for m, scope in SCOPES.items() if scope.startswith("agents:"))
 # What the platform operator's credential may call: it manages tenants and keys...

@@ -38,6 +38,11 @@ class Picked:
     config: AgentConfig
 
 
+def config_for(name: str, spec: AgentSpec, source: str, channel: str) -> AgentConfig:
+    """The configuration a version of agent `name` gives a run from `source` on `channel`."""
+    return routing.resolve({**spec.overrides(), "agent": name}, source, channel)
+
+
 class AgentRouting:
     """Routes runs among their tenants' agents, on this replica."""
 
@@ -62,8 +67,7 @@ class AgentRouting:
         if name is None or name not in agents.published:
             return None
         version, spec = agents.published[name]
-        config = routing.resolve({**spec.overrides(), "agent": name}, source, channel)
-        return Picked(name, version, config)
+        return Picked(name, version, config_for(name, spec, source, channel))
 
     async def _agents(self, conn: AsyncConnection, tenant_id: str, revision: int) -> TenantAgents:
         known = self._tenants.get(tenant_id)

@@ -43,6 +43,7 @@ async def amain(
         lease_ttl_s=settings.lease_ttl_s,
         keepalive_interval_s=settings.keepalive_interval_s or settings.lease_ttl_s / 4,
         progress_deadline_s=settings.progress_deadline_s,
+        render_timeout_s=settings.render_timeout_s,
     )
     retention = Retention(engine, settings)
     servicer = OrchestratorServicer(

@@ -8,6 +8,7 @@ from datetime import UTC
 
 import grpc
 
+from services.orchestrator.agent_render import AgentRenders
 from services.orchestrator.agents import Agents
 from services.orchestrator.execution import Execution
 from services.orchestrator.knowledge import Knowledge
@@ -107,6 +108,9 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             lease_ttl_s=work.lease_ttl_s,
             keepalive_interval_s=work.keepalive_interval_s,
             progress_deadline_s=work.progress_deadline_s,
+        )
+        self._renders = AgentRenders(
+            execution.engine, self._agents, self.work, work.render_timeout_s
         )
 
     async def LookupRun(
@@ -324,3 +328,25 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             request.actor.tenant_id, request.name, _actor(request.actor)
         )
         return orchestrator_pb2.DeleteAgentResponse(name=request.name, version=version)
+
+    async def RenderAgent(
+        self, request: orchestrator_pb2.AgentRenderRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.AgentRenderResponse:
+        rendered = await self._renders.render(
+            request.tenant_id,
+            request.name,
+            request.message,
+            version=request.version if request.HasField("version") else None,
+            source=request.source,
+            channel=request.channel,
+            actor_id=request.actor_id,
+        )
+        return orchestrator_pb2.AgentRenderResponse(
+            agent=rendered.agent,
+            version=rendered.version,
+            request_json=json.dumps(rendered.request, ensure_ascii=False),
+            estimated_input_tokens=rendered.estimated_input_tokens,
+            estimated_cost_micros=rendered.estimated_cost_micros,
+            routed_agent=rendered.routed_agent,
+            routed_version=rendered.routed_version,
+        )

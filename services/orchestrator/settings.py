@@ -50,6 +50,11 @@ class OrchestratorSettings(RetainingSettings):
         "write) before its lease is no longer renewed: its worker cancels it and the reaper "
         "requeues the run. Above the longest tool call a run may make.",
     )
+    render_timeout_s: float = Field(
+        5.0,
+        description="How long a render of an agent (tether agents render) waits for the worker "
+        "it was pushed to; past it the caller is told UNAVAILABLE.",
+    )
     max_connection_age_s: float = Field(
         600.0,
         description="A Work stream's connection is asked to go away (GOAWAY) after this long, "

@@ -26,7 +26,7 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from google.protobuf.message import Message
@@ -34,7 +34,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator.claims import Claimed, Claims
 from services.orchestrator.repositories import leases as lease_repo
+from tether.convert.render import render_job_to_proto, rendered_from_proto
 from tether.convert.work import OUTCOMES, WRITE_FIELDS
+from tether.domain import Rendered, RenderJob
 from tether.errors import FailedPrecondition, InvalidArgument, TetherError, Unavailable
 from tether.runtime.rpc import refuse_undecodable
 from tether.v1 import orchestrator_pb2
@@ -58,6 +60,7 @@ class WorkSettings:
     lease_ttl_s: float
     keepalive_interval_s: float
     progress_deadline_s: float
+    render_timeout_s: float = 5.0
 
 
 class Session:
@@ -139,6 +142,9 @@ class Work:
         # Set when a session may take leases it could not before: credits granted, a probe
         # answered.
         self._may_lease = asyncio.Event()
+        self._render_ids = itertools.count(1)
+        # render id -> its caller, waiting for the worker's answer
+        self._renders: dict[int, asyncio.Future[Rendered]] = {}
 
     # -- one stream ---------------------------------------------------------------------------
 
@@ -234,6 +240,10 @@ class Work:
             self._may_lease.set()
         elif kind == "keepalive":
             self._spawn(session, self._keepalive(session, request.keepalive))
+        elif kind == "rendered":
+            waiting = self._renders.get(request.rendered.render_id)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(rendered_from_proto(request.rendered))
         elif kind == "goodbye":
             # The worker is stopping: no more leases; its last writes still come, until it
             # closes its side.
@@ -302,6 +312,36 @@ class Work:
             if row.cancel_requested:
                 cancel = orchestrator_pb2.WorkCancel(run_id=row.run_id, epoch=row.lease_epoch)
                 session.send(orchestrator_pb2.WorkResponse(cancel=cancel))
+
+    # -- renders --------------------------------------------------------------------------------
+
+    async def render(self, job: RenderJob, timeout_s: float) -> Rendered:
+        """Have a worker on a stream here build `job` (its render id is assigned here) and
+        return its answer; Unavailable when no worker is connected or none answers within
+        `timeout_s`. It takes no credit: a render calls no model and holds no slot."""
+        sessions = [s for s in self._sessions if not (s.closed or s.leaving)]
+        if not sessions:
+            raise Unavailable(
+                "no worker is connected to render the agent; start a worker and try again",
+                code="no_worker",
+            )
+        # The worker heard from last is the likeliest to be there.
+        session = max(sessions, key=lambda s: s.heard_at)
+        job = replace(job, render_id=next(self._render_ids))
+        answer: asyncio.Future[Rendered] = asyncio.get_running_loop().create_future()
+        self._renders[job.render_id] = answer
+        try:
+            session.send(orchestrator_pb2.WorkResponse(render=render_job_to_proto(job)))
+            async with asyncio.timeout(timeout_s):
+                return await answer
+        except TimeoutError:
+            raise Unavailable(
+                f"worker {session.worker_id} did not answer the render within {timeout_s:g} s; "
+                "try again",
+                code="render_timed_out",
+            ) from None
+        finally:
+            self._renders.pop(job.render_id, None)
 
     # -- cancels --------------------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any
 
 from anthropic import AsyncAnthropic
@@ -23,19 +22,14 @@ from services.worker.compactor import Compactor
 from services.worker.context.builder import ContextBuilder, EarlierRun
 from services.worker.context.compaction import Budget, request_tokens
 from services.worker.context.knowledge import LeasedKnowledge
-from services.worker.context.providers import (
-    ContextFailed,
-    ContextProviders,
-    FactRequest,
-    Gathered,
-    RetrievalRequest,
-)
+from services.worker.context.providers import ContextFailed, ContextProviders, Gathered
 from services.worker.gate import Gate, RunFailed
-from services.worker.interactions import BUILTIN_SPECS, LeasedInteractions, Parked
+from services.worker.interactions import LeasedInteractions, Parked
 from services.worker.model import stream_turn
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.outcomes import Outcomes, ms_since
 from services.worker.provider_errors import classify_exception
+from services.worker.render import context_requests, max_tokens, tool_specs
 from services.worker.tools.registry import ToolRegistry
 from services.worker.transcript import Transcript
 from tether import telemetry
@@ -205,23 +199,12 @@ class Attempt:
     async def _gather(self) -> Gathered:
         """This attempt's live facts and knowledge (see `ContextProviders.gather`)."""
         assignment, policy = self.assignment, self.config.context
-        origin = assignment.origin
-        facts = FactRequest(
+        facts, retrieval = context_requests(
+            self.config,
             tenant_id=assignment.tenant_id,
             run_id=self.run_id,
-            source=origin.source,
-            channel=origin.channel,
-            actor_type=origin.actor_type,
-            actor_id=origin.actor_id,
-            timezone=policy.timezone,
-            now=datetime.now(UTC),
-        )
-        retrieval = RetrievalRequest(
-            tenant_id=assignment.tenant_id,
-            run_id=self.run_id,
-            query=assignment.input_text,
-            limit=policy.knowledge_documents,
-            max_chars=policy.knowledge_chars,
+            origin=assignment.origin,
+            input_text=assignment.input_text,
             has_documents=assignment.has_documents,
         )
         knowledge = LeasedKnowledge(self._orchestrator, self.lease)
@@ -236,14 +219,9 @@ class Attempt:
         """The context of this attempt's requests: routing's persona, skills and tools, the
         session's history (the latest summary standing in for what it covers), the live facts
         and knowledge gathered."""
-        allowlist = list(self.config.tool_allowlist)
-        tools = [
-            *self._registry.specs([n for n in allowlist if n not in BUILTIN_SPECS]),
-            *(BUILTIN_SPECS[n] for n in allowlist if n in BUILTIN_SPECS),
-        ]
         builder = ContextBuilder(
             self.config,
-            tools=tools,
+            tools=tool_specs(self._registry, self.config.tool_allowlist),
             summary=self.assignment.summary,
             earlier=_earlier_runs(self.assignment),
             facts=gathered.facts,
@@ -295,7 +273,7 @@ class Attempt:
         return context.request(
             self.transcript.parts,
             model=self.config.model,
-            max_tokens=self.limits.max_tokens_per_turn or 1024,
+            max_tokens=max_tokens(self.config),
         )
 
     async def _within_budget(

@@ -17,6 +17,7 @@ from services.worker.interactions import Interactions
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.plugins import load_plugins
 from services.worker.pool import WorkerPool
+from services.worker.render import render
 from services.worker.settings import WorkerSettings
 from services.worker.work_stream import WorkStream
 from tether.bus import Bus
@@ -70,7 +71,12 @@ async def amain(settings: WorkerSettings, credential: str, tls: MutualTls | None
             providers=providers,
         )
 
-    pool = WorkerPool(stream=stream, make_attempt=make_attempt, concurrency=settings.concurrency)
+    pool = WorkerPool(
+        stream=stream,
+        make_attempt=make_attempt,
+        concurrency=settings.concurrency,
+        render=lambda job: render(job, registry=registry, providers=providers),
+    )
     # It has no database: ready once it serves (what it needs of the schema, the
     # orchestrator it calls waits for).
     served = await start_server(

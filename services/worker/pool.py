@@ -14,14 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from opentelemetry.trace import Span
 
 from services.worker import observed
 from services.worker.attempt import Attempt
 from services.worker.work_stream import Held, WorkStream
-from tether.domain import CANCELLED_BY_CALLER, Assignment, Failed, RunError
+from tether.domain import CANCELLED_BY_CALLER, Assignment, Failed, Rendered, RenderJob, RunError
 from tether.errors import StaleLease, Unavailable
 
 log = logging.getLogger(__name__)
@@ -40,9 +40,11 @@ class WorkerPool:
         stream: WorkStream,
         make_attempt: Callable[[Assignment], Attempt],
         concurrency: int,
+        render: Callable[[RenderJob], Awaitable[Rendered]] | None = None,
     ) -> None:
         self._stream = stream
         self._make_attempt = make_attempt
+        self._render = render
         self._concurrency = concurrency
         self._running: dict[str, tuple[Attempt, asyncio.Task[None]]] = {}
         self._stopping = False
@@ -106,6 +108,36 @@ class WorkerPool:
             Held(attempt.lease.run_id, attempt.lease.epoch, now - attempt.progressed_at)
             for attempt, _ in self._running.values()
         ]
+
+    def render(self, job: RenderJob) -> None:
+        """Build a render job's request beside the attempts (it takes no slot: it calls no
+        model) and answer it on the stream."""
+        rendering = asyncio.ensure_future(self._answer_render(job))
+        self._supervised.add(rendering)
+        rendering.add_done_callback(self._supervised.discard)
+
+    async def _answer_render(self, job: RenderJob) -> None:
+        if self._render is None:
+            rendered = Rendered(
+                job.render_id,
+                {},
+                error_code="render_unsupported",
+                error_message="this worker builds no renders",
+            )
+        else:
+            try:
+                rendered = await self._render(job)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("render %d failed", job.render_id)
+                rendered = Rendered(
+                    job.render_id,
+                    {},
+                    error_code="render_failed",
+                    error_message=f"the worker could not build the request: {type(exc).__name__}",
+                )
+        self._stream.rendered(rendered)
 
     # -- an attempt -----------------------------------------------------------------------------
 

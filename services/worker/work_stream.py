@@ -29,8 +29,9 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf.message import Message
 
+from tether.convert.render import render_job_from_proto, rendered_to_proto
 from tether.convert.work import OUTCOMES, assignment_from_proto, write_request
-from tether.domain import Assignment
+from tether.domain import Assignment, Rendered, RenderJob
 from tether.errors import TetherError, Unavailable, from_status_number
 from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
@@ -66,6 +67,9 @@ class Handler(Protocol):
 
     def held(self) -> Sequence[Held]:
         """Every lease the worker holds now."""
+
+    def render(self, job: RenderJob) -> None:
+        """Build the request `job` asks for and answer it (`WorkStream.rendered`)."""
 
 
 class WorkStream:
@@ -125,6 +129,14 @@ class WorkStream:
         if self._outbox is not None and credits:
             self._outbox.put_nowait(
                 orchestrator_pb2.WorkRequest(credits=orchestrator_pb2.WorkCredits(credits=credits))
+            )
+
+    def rendered(self, rendered: Rendered) -> None:
+        """Answer a render job; an answer the stream broke under is lost (the orchestrator's
+        caller is told no worker answered in time)."""
+        if self._outbox is not None:
+            self._outbox.put_nowait(
+                orchestrator_pb2.WorkRequest(rendered=rendered_to_proto(rendered))
             )
 
     def keepalive_now(self) -> None:
@@ -228,6 +240,8 @@ class WorkStream:
                 handler.lost(lease.run_id, lease.epoch)
         elif kind == "probe":
             self._keepalive_due.set()  # the answer: a keepalive, now
+        elif kind == "render":
+            handler.render(render_job_from_proto(response.render))
 
     def _acknowledged(self, ack: orchestrator_pb2.WorkAck) -> None:
         entry = self._unanswered.get(ack.id)

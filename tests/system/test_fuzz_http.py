@@ -88,6 +88,7 @@ ROUTES: tuple[tuple[str, str, Any, tuple[str, ...], bool], ...] = (
     ("POST", "/v2/agents/{id}/rollback", gateway_pb2.RollbackAgentRequest, (), False),
     ("POST", "/v2/agents/{id}/default", gateway_pb2.SetDefaultAgentRequest, (), False),
     ("DELETE", "/v2/agents/{id}", None, (), False),
+    ("POST", "/v2/agents/{id}/render", gateway_pb2.RenderAgentRequest, (), False),
     ("POST", "/v2/session", None, (), False),
     ("GET", "/v2/session", None, (), False),
     ("POST", "/v2/tokens", None, (), False),

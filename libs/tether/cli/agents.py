@@ -170,6 +170,41 @@ async def cmd_rm(args: argparse.Namespace, emit: Emit) -> int:
     return 0
 
 
+async def cmd_render(args: argparse.Namespace, emit: Emit) -> int:
+    """The request a worker would send first for a message, with no model call and no run."""
+    async with _client(args) as client:
+        done = await client.render_agent(
+            args.name,
+            args.message,
+            source=args.source,
+            channel=args.channel,
+            version=args.version,
+        )
+    request = json.loads(done.request_json)
+    emit(
+        args,
+        {
+            "agent": done.agent,
+            "version": done.version,
+            "system": request.get("system", []),
+            "tools": request.get("tools", []),
+            "messages": request.get("messages", []),
+            "model": request.get("model"),
+            "max_tokens": request.get("max_tokens"),
+            "estimated_input_tokens": done.estimated_input_tokens,
+            # Micro-USD to USD: the estimate's precision, exactly.
+            "estimated_cost_usd": done.estimated_cost_micros / 1_000_000,
+            "routed_agent": done.routed_agent or None,
+            "routed_version": done.routed_version or None,
+        },
+        json.dumps(request, indent=2, ensure_ascii=False)
+        + f"\n# {done.agent} v{done.version}: about {done.estimated_input_tokens} input tokens, "
+        f"${done.estimated_cost_micros / 1_000_000:.6f}; the routes pick "
+        + (f"{done.routed_agent} v{done.routed_version}" if done.routed_agent else "no agent"),
+    )
+    return 0
+
+
 def register(sub: Any, common: Any, wrap: Any) -> None:
     """Add `tether agents` and its commands to the CLI's subparsers."""
     agents = sub.add_parser("agents", help="a tenant's agents: apply, show, roll back, remove")
@@ -207,3 +242,11 @@ def register(sub: Any, common: Any, wrap: Any) -> None:
     default.add_argument("name")
     rm = command("rm", cmd_rm, "remove an agent no unfinished run pins")
     rm.add_argument("name")
+    render = command(
+        "render", cmd_render, "the request a worker would send for a message (no model call)"
+    )
+    render.add_argument("name")
+    render.add_argument("--message", required=True, metavar="TEXT")
+    render.add_argument("--source", default="", metavar="S", help="the run's source (any if unset)")
+    render.add_argument("--channel", default="", metavar="C", help="the channel (any if unset)")
+    render.add_argument("--version", type=_version, metavar="N")

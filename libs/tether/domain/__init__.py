@@ -1,5 +1,5 @@
 """The run's domain model: parts, events, errors and endings as frozen types, and the rules on
-them that the orchestrator and the worker both apply. One package, nine rooms:
+them that the orchestrator and the worker both apply. One package, ten rooms:
 
 - `agents`: the agent an attempt runs as (model, system blocks, tools, limits, prices);
 - `assignment`: what a lease hands the worker (the lease, the run's facts, the history);
@@ -7,6 +7,7 @@ them that the orchestrator and the worker both apply. One package, nine rooms:
 - `outcomes`: run errors, model-turn usage, and the endings of a run (completed, failed, cancelled);
 - `parts`: the transcript's typed parts and their JSON form;
 - `events`: every event type, and the one constructor that builds each event's payload;
+- `render`: the request a worker builds for an agent without a run or a model call;
 - `progress`: what an attempt writes under its lease (a numbered batch, its completion, the
   state of a side effect's record);
 - `runs`: what is read back of a run (the run, its attempts, priced turns, logged events and
@@ -86,6 +87,7 @@ from tether.domain.parts import (
     part_json,
 )
 from tether.domain.progress import Batch, Completion, EffectState
+from tether.domain.render import Rendered, RenderJob
 from tether.domain.rules import (
     Closing,
     Interruption,
@@ -133,6 +135,8 @@ __all__ = [
     "PartKind",
     "PricedTurn",
     "QuestionMarker",
+    "RenderJob",
+    "Rendered",
     "Role",
     "Run",
     "RunError",

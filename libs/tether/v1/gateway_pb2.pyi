@@ -1852,3 +1852,103 @@ class RemoveAgentResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RemoveAgentResponse: _TypeAlias = RemoveAgentResponse  # noqa: Y015
+
+@_typing.final
+class RenderAgentRequest(_message.Message):
+    """RenderAgentRequest asks for the request an agent's attempt would send for a message."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The agent rendered.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    message: _builtins.str
+    """The new message.
+    Limit: 32000 characters, no NUL.
+    """
+    source: _builtins.str
+    """The source a run would come from ("chat", "messaging", "task", "decision"); any when empty.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    """
+    channel: _builtins.str
+    """The channel a run would come from; any when empty.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    """
+    version: _builtins.int
+    """A version; the published one when absent.
+    Limit: 0 to 2147483647.
+    """
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        message: _builtins.str = ...,
+        source: _builtins.str = ...,
+        channel: _builtins.str = ...,
+        version: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_version", b"_version", "version", b"version"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_version", b"_version", "channel", b"channel", "message", b"message", "name", b"name", "source", b"source", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__version: _TypeAlias = _typing.Literal["version"]  # noqa: Y015
+    _WhichOneofArgType__version: _TypeAlias = _typing.Literal["_version", b"_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__version) -> _WhichOneofReturnType__version | None: ...
+
+Global___RenderAgentRequest: _TypeAlias = RenderAgentRequest  # noqa: Y015
+
+@_typing.final
+class RenderAgentResponse(_message.Message):
+    """RenderAgentResponse is the request, its estimate and the routes' pick."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    REQUEST_JSON_FIELD_NUMBER: _builtins.int
+    ESTIMATED_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    ESTIMATED_COST_MICROS_FIELD_NUMBER: _builtins.int
+    ROUTED_AGENT_FIELD_NUMBER: _builtins.int
+    ROUTED_VERSION_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    """The agent rendered."""
+    version: _builtins.int
+    """Its version rendered."""
+    request_json: _builtins.str
+    """The Messages API request (model, max_tokens, system blocks with their cache breakpoints,
+    tools, messages with the live facts and retrieved documents), as JSON text.
+    """
+    estimated_input_tokens: _builtins.int
+    """A local estimate of its input tokens (about four characters a token; nothing is sent to the
+    model to count them).
+    """
+    estimated_cost_micros: _builtins.int
+    """That estimate priced at the agent's input price, in micro-USD."""
+    routed_agent: _builtins.str
+    """The agent the tenant's routes pick for the source and channel (empty: none)."""
+    routed_version: _builtins.int
+    """That agent's published version."""
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+        version: _builtins.int = ...,
+        request_json: _builtins.str = ...,
+        estimated_input_tokens: _builtins.int = ...,
+        estimated_cost_micros: _builtins.int = ...,
+        routed_agent: _builtins.str = ...,
+        routed_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "estimated_cost_micros", b"estimated_cost_micros", "estimated_input_tokens", b"estimated_input_tokens", "request_json", b"request_json", "routed_agent", b"routed_agent", "routed_version", b"routed_version", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenderAgentResponse: _TypeAlias = RenderAgentResponse  # noqa: Y015

@@ -183,6 +183,11 @@ class GatewayServiceStub:
                 request_serializer=tether_dot_v1_dot_gateway__pb2.RemoveAgentRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveAgentResponse.FromString,
                 _registered_method=True)
+        self.RenderAgent = channel.unary_unary(
+                '/tether.v1.GatewayService/RenderAgent',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.RenderAgentRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.RenderAgentResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServiceServicer:
@@ -413,6 +418,16 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RenderAgent(self, request, context):
+        """RenderAgent returns the request a worker would send for a message in a new conversation
+        with one version of an agent, its estimated input tokens and cost, and which agent the
+        routes pick for a source and channel: no model call, no run. UNAVAILABLE when no worker
+        answers. Needs agents:read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -560,6 +575,11 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.RemoveAgent,
                     request_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveAgentRequest.FromString,
                     response_serializer=tether_dot_v1_dot_gateway__pb2.RemoveAgentResponse.SerializeToString,
+            ),
+            'RenderAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenderAgent,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.RenderAgentRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.RenderAgentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1349,6 +1369,33 @@ class GatewayService:
             '/tether.v1.GatewayService/RemoveAgent',
             tether_dot_v1_dot_gateway__pb2.RemoveAgentRequest.SerializeToString,
             tether_dot_v1_dot_gateway__pb2.RemoveAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenderAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/RenderAgent',
+            tether_dot_v1_dot_gateway__pb2.RenderAgentRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.RenderAgentResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -124,6 +124,12 @@ class GatewayServiceStub:
     """SetDefaultAgent makes an agent the tenant's default. Needs agents:write."""
     RemoveAgent: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RemoveAgentRequest, _gateway_pb2.RemoveAgentResponse]
     """RemoveAgent removes an agent no unfinished run pins. Needs agents:write."""
+    RenderAgent: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RenderAgentRequest, _gateway_pb2.RenderAgentResponse]
+    """RenderAgent returns the request a worker would send for a message in a new conversation
+    with one version of an agent, its estimated input tokens and cost, and which agent the
+    routes pick for a source and channel: no model call, no run. UNAVAILABLE when no worker
+    answers. Needs agents:read.
+    """
 
 @_typing.type_check_only
 class GatewayServiceAsyncStub(GatewayServiceStub):
@@ -221,6 +227,12 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     """SetDefaultAgent makes an agent the tenant's default. Needs agents:write."""
     RemoveAgent: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RemoveAgentRequest, _gateway_pb2.RemoveAgentResponse]  # type: ignore[assignment]
     """RemoveAgent removes an agent no unfinished run pins. Needs agents:write."""
+    RenderAgent: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RenderAgentRequest, _gateway_pb2.RenderAgentResponse]  # type: ignore[assignment]
+    """RenderAgent returns the request a worker would send for a message in a new conversation
+    with one version of an agent, its estimated input tokens and cost, and which agent the
+    routes pick for a source and channel: no model call, no run. UNAVAILABLE when no worker
+    answers. Needs agents:read.
+    """
 
 class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
     """GatewayService is the public client API. Callers authenticate with an API key in the
@@ -489,5 +501,17 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.RemoveAgentResponse, _abc.Awaitable[_gateway_pb2.RemoveAgentResponse]]:
         """RemoveAgent removes an agent no unfinished run pins. Needs agents:write."""
+
+    @_abc_1.abstractmethod
+    def RenderAgent(
+        self,
+        request: _gateway_pb2.RenderAgentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.RenderAgentResponse, _abc.Awaitable[_gateway_pb2.RenderAgentResponse]]:
+        """RenderAgent returns the request a worker would send for a message in a new conversation
+        with one version of an agent, its estimated input tokens and cost, and which agent the
+        routes pick for a source and channel: no model call, no run. UNAVAILABLE when no worker
+        answers. Needs agents:read.
+        """
 
 def add_GatewayServiceServicer_to_server(servicer: GatewayServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1881,6 +1881,7 @@ class WorkRequest(_message.Message):
     BATCH_FIELD_NUMBER: _builtins.int
     RETRIEVE_KNOWLEDGE_FIELD_NUMBER: _builtins.int
     STORE_SUMMARY_FIELD_NUMBER: _builtins.int
+    RENDERED_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """Correlates a write with its acknowledgement (WorkAck.id), unique on the stream; 0 for a
     message that needs none (hello, credits, keepalive, goodbye).
@@ -1947,6 +1948,10 @@ class WorkRequest(_message.Message):
     def store_summary(self) -> Global___StoreSummaryRequest:
         """Stores a compaction summary."""
 
+    @_builtins.property
+    def rendered(self) -> Global___WorkRendered:
+        """Answers a WorkRender."""
+
     def __init__(
         self,
         *,
@@ -1966,12 +1971,13 @@ class WorkRequest(_message.Message):
         batch: Global___WorkRequests | None = ...,
         retrieve_knowledge: Global___RetrieveKnowledgeRequest | None = ...,
         store_summary: Global___StoreSummaryRequest | None = ...,
+        rendered: Global___WorkRendered | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "rendered", b"rendered", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "id", b"id", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "id", b"id", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "rendered", b"rendered", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "credits", "keepalive", "checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "goodbye", "batch", "retrieve_knowledge", "store_summary"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "credits", "keepalive", "checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "goodbye", "batch", "retrieve_knowledge", "store_summary", "rendered"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -2155,6 +2161,7 @@ class WorkResponse(_message.Message):
     LOST_FIELD_NUMBER: _builtins.int
     PROBE_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
+    RENDER_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___WorkWelcome:
         """Answers the hello."""
@@ -2185,6 +2192,10 @@ class WorkResponse(_message.Message):
         to a worker whose hello says it takes them (WorkHello.takes_batches).
         """
 
+    @_builtins.property
+    def render(self) -> Global___WorkRender:
+        """Build a request without sending it (no lease, no credit spent)."""
+
     def __init__(
         self,
         *,
@@ -2195,12 +2206,13 @@ class WorkResponse(_message.Message):
         lost: Global___WorkLost | None = ...,
         probe: Global___WorkProbe | None = ...,
         batch: Global___WorkResponses | None = ...,
+        render: Global___WorkRender | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "batch", b"batch", "cancel", b"cancel", "kind", b"kind", "lease", b"lease", "lost", b"lost", "probe", b"probe", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "batch", b"batch", "cancel", b"cancel", "kind", b"kind", "lease", b"lease", "lost", b"lost", "probe", b"probe", "render", b"render", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "batch", b"batch", "cancel", b"cancel", "kind", b"kind", "lease", b"lease", "lost", b"lost", "probe", b"probe", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "batch", b"batch", "cancel", b"cancel", "kind", b"kind", "lease", b"lease", "lost", b"lost", "probe", b"probe", "render", b"render", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["welcome", "lease", "ack", "cancel", "lost", "probe", "batch"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["welcome", "lease", "ack", "cancel", "lost", "probe", "batch", "render"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -3306,3 +3318,195 @@ class DeleteAgentResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteAgentResponse: _TypeAlias = DeleteAgentResponse  # noqa: Y015
+
+@_typing.final
+class WorkRender(_message.Message):
+    """WorkRender asks a worker to build, with the builder its attempts use, the first request of an
+    attempt of `config` for `message` in a new conversation, and send nothing to the model.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RENDER_ID_FIELD_NUMBER: _builtins.int
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    CONFIG_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    ACTOR_TYPE_FIELD_NUMBER: _builtins.int
+    ACTOR_ID_FIELD_NUMBER: _builtins.int
+    render_id: _builtins.int
+    """Correlates the answer (WorkRendered.render_id), unique on this replica."""
+    tenant_id: _builtins.str
+    """Tenant."""
+    message: _builtins.str
+    """The new message."""
+    source: _builtins.str
+    """The source a run would come from."""
+    channel: _builtins.str
+    """The channel a run would come from."""
+    actor_type: _builtins.str
+    """The actor's kind a run would have ("user": the caller)."""
+    actor_id: _builtins.str
+    """The actor's id a run would have (the caller's principal)."""
+    @_builtins.property
+    def config(self) -> Global___AgentConfig:
+        """The configuration a claim would resolve for this source and channel."""
+
+    def __init__(
+        self,
+        *,
+        render_id: _builtins.int = ...,
+        tenant_id: _builtins.str = ...,
+        config: Global___AgentConfig | None = ...,
+        message: _builtins.str = ...,
+        source: _builtins.str = ...,
+        channel: _builtins.str = ...,
+        actor_type: _builtins.str = ...,
+        actor_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_type", b"actor_type", "channel", b"channel", "config", b"config", "message", b"message", "render_id", b"render_id", "source", b"source", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkRender: _TypeAlias = WorkRender  # noqa: Y015
+
+@_typing.final
+class WorkRendered(_message.Message):
+    """WorkRendered answers one WorkRender."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RENDER_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_JSON_FIELD_NUMBER: _builtins.int
+    ESTIMATED_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    ESTIMATED_COST_MICROS_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    render_id: _builtins.int
+    """The WorkRender answered."""
+    request_json: _builtins.str
+    """The Messages API request, as JSON text (its integers kept exact)."""
+    estimated_input_tokens: _builtins.int
+    """A local estimate of its input tokens (no model call counts them)."""
+    estimated_cost_micros: _builtins.int
+    """That estimate priced at the agent's input price, in micro-USD."""
+    error_code: _builtins.str
+    """Why it could not be built (a required context provider failed); empty when it was."""
+    error_message: _builtins.str
+    """Said for a person."""
+    def __init__(
+        self,
+        *,
+        render_id: _builtins.int = ...,
+        request_json: _builtins.str = ...,
+        estimated_input_tokens: _builtins.int = ...,
+        estimated_cost_micros: _builtins.int = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "estimated_cost_micros", b"estimated_cost_micros", "estimated_input_tokens", b"estimated_input_tokens", "render_id", b"render_id", "request_json", b"request_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkRendered: _TypeAlias = WorkRendered  # noqa: Y015
+
+@_typing.final
+class AgentRenderRequest(_message.Message):
+    """AgentRenderRequest asks for a render of one version of a tenant's agent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    ACTOR_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    name: _builtins.str
+    """The agent rendered."""
+    version: _builtins.int
+    """A version; its published one when absent."""
+    message: _builtins.str
+    """The new message."""
+    source: _builtins.str
+    """The source a run would come from (any when empty)."""
+    channel: _builtins.str
+    """The channel a run would come from (any when empty)."""
+    actor_id: _builtins.str
+    """The caller, as the actor a run of theirs would have (its live facts name it)."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        version: _builtins.int | None = ...,
+        message: _builtins.str = ...,
+        source: _builtins.str = ...,
+        channel: _builtins.str = ...,
+        actor_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_version", b"_version", "version", b"version"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_version", b"_version", "actor_id", b"actor_id", "channel", b"channel", "message", b"message", "name", b"name", "source", b"source", "tenant_id", b"tenant_id", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__version: _TypeAlias = _typing.Literal["version"]  # noqa: Y015
+    _WhichOneofArgType__version: _TypeAlias = _typing.Literal["_version", b"_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__version) -> _WhichOneofReturnType__version | None: ...
+
+Global___AgentRenderRequest: _TypeAlias = AgentRenderRequest  # noqa: Y015
+
+@_typing.final
+class AgentRenderResponse(_message.Message):
+    """AgentRenderResponse is the request a worker built, and what the routes pick."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    REQUEST_JSON_FIELD_NUMBER: _builtins.int
+    ESTIMATED_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    ESTIMATED_COST_MICROS_FIELD_NUMBER: _builtins.int
+    ROUTED_AGENT_FIELD_NUMBER: _builtins.int
+    ROUTED_VERSION_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    """The agent rendered."""
+    version: _builtins.int
+    """Its version rendered."""
+    request_json: _builtins.str
+    """The Messages API request, as JSON text."""
+    estimated_input_tokens: _builtins.int
+    """A local estimate of its input tokens."""
+    estimated_cost_micros: _builtins.int
+    """That estimate priced at the agent's input price, in micro-USD."""
+    routed_agent: _builtins.str
+    """The agent the tenant's routes pick for the source and channel (empty: none, the run would
+    be routed by the tenant's legacy agent).
+    """
+    routed_version: _builtins.int
+    """That agent's published version."""
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+        version: _builtins.int = ...,
+        request_json: _builtins.str = ...,
+        estimated_input_tokens: _builtins.int = ...,
+        estimated_cost_micros: _builtins.int = ...,
+        routed_agent: _builtins.str = ...,
+        routed_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "estimated_cost_micros", b"estimated_cost_micros", "estimated_input_tokens", b"estimated_input_tokens", "request_json", b"request_json", "routed_agent", b"routed_agent", "routed_version", b"routed_version", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentRenderResponse: _TypeAlias = AgentRenderResponse  # noqa: Y015

@@ -201,6 +201,11 @@ class OrchestratorServiceStub:
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.DeleteAgentRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_orchestrator__pb2.DeleteAgentResponse.FromString,
                 _registered_method=True)
+        self.RenderAgent = channel.unary_unary(
+                '/tether.v1.OrchestratorService/RenderAgent',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.AgentRenderRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.AgentRenderResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServiceServicer:
@@ -462,6 +467,15 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RenderAgent(self, request, context):
+        """RenderAgent has a connected worker build the first request an attempt of the agent would
+        send for a message in a new conversation, with no model call and no run: UNAVAILABLE when
+        no worker is connected here or none answers in time; another tenant's agent is NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -629,6 +643,11 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.DeleteAgent,
                     request_deserializer=tether_dot_v1_dot_orchestrator__pb2.DeleteAgentRequest.FromString,
                     response_serializer=tether_dot_v1_dot_orchestrator__pb2.DeleteAgentResponse.SerializeToString,
+            ),
+            'RenderAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenderAgent,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.AgentRenderRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.AgentRenderResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1524,6 +1543,33 @@ class OrchestratorService:
             '/tether.v1.OrchestratorService/DeleteAgent',
             tether_dot_v1_dot_orchestrator__pb2.DeleteAgentRequest.SerializeToString,
             tether_dot_v1_dot_orchestrator__pb2.DeleteAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenderAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/RenderAgent',
+            tether_dot_v1_dot_orchestrator__pb2.AgentRenderRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.AgentRenderResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -148,6 +148,11 @@ class OrchestratorServiceStub:
     """DeleteAgent removes an agent and its versions: FAILED_PRECONDITION while it is the default
     or an unfinished run is pinned to it.
     """
+    RenderAgent: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.AgentRenderRequest, _orchestrator_pb2.AgentRenderResponse]
+    """RenderAgent has a connected worker build the first request an attempt of the agent would
+    send for a message in a new conversation, with no model call and no run: UNAVAILABLE when
+    no worker is connected here or none answers in time; another tenant's agent is NOT_FOUND.
+    """
 
 @_typing.type_check_only
 class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
@@ -262,6 +267,11 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     DeleteAgent: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.DeleteAgentRequest, _orchestrator_pb2.DeleteAgentResponse]  # type: ignore[assignment]
     """DeleteAgent removes an agent and its versions: FAILED_PRECONDITION while it is the default
     or an unfinished run is pinned to it.
+    """
+    RenderAgent: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.AgentRenderRequest, _orchestrator_pb2.AgentRenderResponse]  # type: ignore[assignment]
+    """RenderAgent has a connected worker build the first request an attempt of the agent would
+    send for a message in a new conversation, with no model call and no run: UNAVAILABLE when
+    no worker is connected here or none answers in time; another tenant's agent is NOT_FOUND.
     """
 
 class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -569,6 +579,17 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_orchestrator_pb2.DeleteAgentResponse, _abc.Awaitable[_orchestrator_pb2.DeleteAgentResponse]]:
         """DeleteAgent removes an agent and its versions: FAILED_PRECONDITION while it is the default
         or an unfinished run is pinned to it.
+        """
+
+    @_abc_1.abstractmethod
+    def RenderAgent(
+        self,
+        request: _orchestrator_pb2.AgentRenderRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.AgentRenderResponse, _abc.Awaitable[_orchestrator_pb2.AgentRenderResponse]]:
+        """RenderAgent has a connected worker build the first request an attempt of the agent would
+        send for a message in a new conversation, with no model call and no run: UNAVAILABLE when
+        no worker is connected here or none answers in time; another tenant's agent is NOT_FOUND.
         """
 
 def add_OrchestratorServiceServicer_to_server(servicer: OrchestratorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

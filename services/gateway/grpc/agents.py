@@ -102,3 +102,28 @@ class AgentRpcs:
             orchestrator_pb2.DeleteAgentRequest(actor=_actor(principal), name=request.name)
         )
         return gateway_pb2.RemoveAgentResponse(name=done.name, version=done.version)
+
+    async def RenderAgent(
+        self, request: gateway_pb2.RenderAgentRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.RenderAgentResponse:
+        principal = await self._callers.authenticated(context, "RenderAgent", request)
+        forwarded = orchestrator_pb2.AgentRenderRequest(
+            tenant_id=principal.tenant_id,
+            name=request.name,
+            message=request.message,
+            source=request.source,
+            channel=request.channel,
+            actor_id=principal.principal_id,
+        )
+        if request.HasField("version"):
+            forwarded.version = request.version
+        done = await self._orchestrator.RenderAgent(forwarded)
+        return gateway_pb2.RenderAgentResponse(
+            agent=done.agent,
+            version=done.version,
+            request_json=done.request_json,
+            estimated_input_tokens=done.estimated_input_tokens,
+            estimated_cost_micros=done.estimated_cost_micros,
+            routed_agent=done.routed_agent,
+            routed_version=done.routed_version,
+        )

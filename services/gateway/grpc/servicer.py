@@ -171,6 +171,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> gateway_pb2.RemoveAgentResponse:
         return await self._agents.RemoveAgent(request, context)
 
+    async def RenderAgent(
+        self, request: gateway_pb2.RenderAgentRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.RenderAgentResponse:
+        return await self._agents.RenderAgent(request, context)
+
     async def DeleteTenant(
         self, request: gateway_pb2.DeleteTenantRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.DeleteTenantResponse:

@@ -68,6 +68,7 @@ _UNARY: tuple[tuple[str, str, str, type[Message], bool], ...] = (
     ("POST", "/v2/agents/{name}/rollback", "RollbackAgent", _G.RollbackAgentRequest, True),
     ("POST", "/v2/agents/{name}/default", "SetDefaultAgent", _G.SetDefaultAgentRequest, True),
     ("DELETE", "/v2/agents/{name}", "RemoveAgent", _G.RemoveAgentRequest, False),
+    ("POST", "/v2/agents/{name}/render", "RenderAgent", _G.RenderAgentRequest, True),
 )  # fmt: skip
 # RPCs whose success creates something: 201.
 _CREATES = frozenset({"AddDocument"})

@@ -1,0 +1,116 @@
+"""Render without spending: the first request an attempt of an agent would send for a message
+in a new conversation, built by the attempt's own helpers (its tools, its live facts, its
+context builder) with no lease, no run and no model call. Its input tokens are the local
+estimate compaction uses (`request_tokens`, about four characters of JSON a token), priced at
+the agent's input price.
+
+No run means no lease to fence a search of Tether's document store, so the built-in retriever
+is told the tenant has no documents; any other installed retriever runs as it would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from services.worker.context.builder import ContextBuilder, Document
+from services.worker.context.compaction import request_tokens
+from services.worker.context.providers import (
+    ContextFailed,
+    ContextProviders,
+    FactRequest,
+    RetrievalRequest,
+)
+from services.worker.interactions import BUILTIN_SPECS
+from services.worker.tools.registry import ToolRegistry
+from tether.domain import AgentConfig, Origin, Rendered, RenderJob
+from tether.pricing import cost_micros
+
+# The output budget of a turn whose agent sets none (the attempt's own default).
+DEFAULT_MAX_TOKENS = 1024
+
+
+def tool_specs(registry: ToolRegistry, allowlist: Sequence[str]) -> list[dict[str, Any]]:
+    """The tools an agent's requests carry: the registry's, then the built-in interactions'."""
+    return [
+        *registry.specs([n for n in allowlist if n not in BUILTIN_SPECS]),
+        *(BUILTIN_SPECS[n] for n in allowlist if n in BUILTIN_SPECS),
+    ]
+
+
+def max_tokens(config: AgentConfig) -> int:
+    """A turn's output budget."""
+    return config.limits.max_tokens_per_turn or DEFAULT_MAX_TOKENS
+
+
+def context_requests(
+    config: AgentConfig,
+    *,
+    tenant_id: str,
+    run_id: str,
+    origin: Origin,
+    input_text: str,
+    has_documents: bool,
+) -> tuple[FactRequest, RetrievalRequest]:
+    """What the live-fact providers and the retriever are asked for one attempt."""
+    policy = config.context
+    facts = FactRequest(
+        tenant_id=tenant_id,
+        run_id=run_id,
+        source=origin.source,
+        channel=origin.channel,
+        actor_type=origin.actor_type,
+        actor_id=origin.actor_id,
+        timezone=policy.timezone,
+        now=datetime.now(UTC),
+    )
+    retrieval = RetrievalRequest(
+        tenant_id=tenant_id,
+        run_id=run_id,
+        query=input_text,
+        limit=policy.knowledge_documents,
+        max_chars=policy.knowledge_chars,
+        has_documents=has_documents,
+    )
+    return facts, retrieval
+
+
+class _NoStore:
+    """The document store of a render: nothing (there is no lease to fence a search)."""
+
+    async def search(self, query: str, *, limit: int, max_chars: int) -> list[Document]:
+        """No documents."""
+        return []
+
+
+async def render(
+    job: RenderJob, *, registry: ToolRegistry, providers: ContextProviders
+) -> Rendered:
+    """The request `job`'s agent would send first for its message, and its estimate."""
+    config = job.config
+    facts, retrieval = context_requests(
+        config,
+        tenant_id=job.tenant_id,
+        run_id="",
+        origin=Origin(job.source, job.channel, job.actor_type, job.actor_id),
+        input_text=job.message,
+        has_documents=False,
+    )
+    try:
+        gathered = await providers.gather(config.context, facts, retrieval, _NoStore())
+    except ContextFailed as failed:
+        return Rendered(job.render_id, {}, error_code=failed.code, error_message=failed.message)
+    builder = ContextBuilder(
+        config,
+        tools=tool_specs(registry, config.tool_allowlist),
+        summary=None,
+        earlier=(),
+        facts=gathered.facts,
+        documents=gathered.documents,
+        input_text=job.message,
+    )
+    request = builder.request((), model=config.model, max_tokens=max_tokens(config))
+    tokens = request_tokens(request)
+    cost = cost_micros({"input_tokens": tokens}, config.prices.get(config.model))
+    return Rendered(job.render_id, request, tokens, cost)
