@@ -136,3 +136,46 @@ async def test_agents_are_changed_diffed_and_rolled_back_from_the_console_a_stal
     )
     await expect(rows.nth(1).locator("td")).to_have_text(["helper", "1", "", "channel web"])
     assert await axe_violations(page) == []
+
+
+async def test_the_render_panel_shows_the_request_for_a_sample_message_without_a_model_call(
+    stack: ExecStack, watched: Watched
+) -> None:
+    tenant = await stack.tenant(scopes=AGENT_SCOPES)
+    helper = json.dumps({"name": "helper", "instructions": "You are Helper, brief.", "tools": []})
+    await agent_api(stack, tenant, "POST", "", spec=helper)
+    support = json.dumps(
+        {
+            "name": "support",
+            "instructions": "You are Support, on WhatsApp.",
+            "tools": ["get_time"],
+            "routes": [{"channel": "whatsapp"}],
+        }
+    )
+    await agent_api(stack, tenant, "POST", "", spec=support)
+    heard_before = len(stack.model.requests)
+    page = watched.page
+    await sign_in(watched, stack, tenant, "/console/agents/support")
+    panel = page.get_by_role("form", name="Render")
+    message = "Where is my parcel?"
+    await panel.get_by_label("Message").fill(message)
+    await panel.get_by_label("Channel").fill("whatsapp")
+    await panel.get_by_role("button", name="Render").click()
+    rendered = panel.get_by_role("region", name="Rendered request")
+    await expect(rendered.get_by_test_id("rendered-agent")).to_have_text("support version 1")
+    await expect(rendered.get_by_test_id("routed-agent")).to_have_text("support version 1")
+    request = json.loads(await rendered.get_by_test_id("rendered-request").inner_text())
+    assert "You are Support, on WhatsApp." in json.dumps(request["system"])
+    assert [t["name"] for t in request["tools"]] == ["get_time"]
+    assert message in json.dumps(request["messages"])
+    await shot(page, "agent-render", panel)
+    # For the web channel no route claims the message: the default, helper, would take it.
+    await panel.get_by_label("Channel").fill("web")
+    await panel.get_by_role("button", name="Render").click()
+    await expect(rendered.get_by_test_id("routed-agent")).to_have_text("helper version 1")
+    assert len(stack.model.requests) == heard_before, "a render called the model"
+    renders = watched.posts("/v2/agents/support/render")
+    assert [json.loads(r.post_data or "{}") for r in renders] == [
+        {"message": message, "source": "", "channel": "whatsapp"},
+        {"message": message, "source": "", "channel": "web"},
+    ]

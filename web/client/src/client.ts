@@ -12,6 +12,8 @@ import type {
   ListAgentsResponseJson,
   ListAgentVersionsResponseJson,
   RemoveAgentResponseJson,
+  RenderAgentRequestJson,
+  RenderAgentResponseJson,
   RollbackAgentResponseJson,
   SetDefaultAgentResponseJson,
   AnswerQuestionRequestJson,
@@ -321,6 +323,11 @@ export class TetherClient {
 
   removeAgent(name: string, options: RequestOptions = {}): Promise<RemoveAgentResponseJson> {
     return this.call("DELETE", agentPath(name), undefined, options);
+  }
+
+  /** The request a worker would send first for a message, with no model call and no run. */
+  renderAgent(name: string, body: Omit<RenderAgentRequestJson, "name">, options: RequestOptions = {}): Promise<RenderAgentResponseJson> {
+    return this.call("POST", `${agentPath(name)}/render`, body, options);
   }
 
   // ---- streams ----------------------------------------------------------------------------

@@ -1,14 +1,13 @@
 import { useState, type FormEvent } from "react";
-import { agentPath, type TetherError } from "@tether/client";
+import type { RenderAgentResponseJson, TetherError } from "@tether/client";
 import { useTetherClient } from "@tether/react";
 import { asTetherError } from "./agents.js";
-
-/** RenderAgent's answer in protobuf's JSON mapping (issue 29 item 5), read loosely: shown as given. */
-type Rendered = { agent?: string; version?: number; estimatedInputTokens?: string | number; estimatedCostUsd?: string | number } & Record<string, unknown>;
+import { formatMicros, tokens } from "./format.js";
 
 /**
- * The exact request a worker would send for a sample message in a new conversation, with no model
- * call and no run: `POST /v2/agents/{name}/render`.
+ * The exact request a worker would send first for a sample message in a new conversation, built
+ * by a worker with no model call and no run, and which agent the tenant's routes pick for the
+ * source and channel.
  */
 export function RenderPanel({ name }: { name: string }) {
   const client = useTetherClient();
@@ -16,7 +15,7 @@ export function RenderPanel({ name }: { name: string }) {
   const [source, setSource] = useState("");
   const [channel, setChannel] = useState("");
   const [busy, setBusy] = useState(false);
-  const [rendered, setRendered] = useState<Rendered | null>(null);
+  const [rendered, setRendered] = useState<RenderAgentResponseJson | null>(null);
   const [error, setError] = useState<TetherError | null>(null);
   const submit = async (e: FormEvent) => {
     e.preventDefault();
@@ -24,7 +23,7 @@ export function RenderPanel({ name }: { name: string }) {
     setBusy(true);
     setError(null);
     try {
-      setRendered(await client.call<Rendered>("POST", `${agentPath(name)}/render`, { message, source, channel }));
+      setRendered(await client.renderAgent(name, { message, source: source.trim(), channel: channel.trim() }));
     } catch (exc) {
       setRendered(null);
       setError(asTetherError(exc));
@@ -32,7 +31,6 @@ export function RenderPanel({ name }: { name: string }) {
       setBusy(false);
     }
   };
-  const { agent, version, estimatedInputTokens, estimatedCostUsd, ...request } = rendered ?? {};
   return (
     <form className="card render" onSubmit={submit} aria-label="Render">
       <label htmlFor="render-message">Message</label>
@@ -46,13 +44,23 @@ export function RenderPanel({ name }: { name: string }) {
       {rendered && (
         <div role="region" aria-label="Rendered request">
           <dl className="facts">
-            <dt>Routed to</dt><dd>{agent} version {version}</dd>
-            <dt>Input tokens (estimate)</dt><dd>{String(estimatedInputTokens ?? "")}</dd>
-            <dt>Cost (estimate, USD)</dt><dd>{String(estimatedCostUsd ?? "")}</dd>
+            <dt>Rendered</dt><dd data-testid="rendered-agent">{rendered.agent} version {rendered.version ?? 0}</dd>
+            <dt>The routes pick</dt>
+            <dd data-testid="routed-agent">{rendered.routedAgent ? `${rendered.routedAgent} version ${rendered.routedVersion ?? 0}` : "no agent"}</dd>
+            <dt>Input tokens (estimate)</dt><dd>{tokens(rendered.estimatedInputTokens)}</dd>
+            <dt>Cost (estimate)</dt><dd>{formatMicros(rendered.estimatedCostMicros)}</dd>
           </dl>
-          <pre>{JSON.stringify(request, null, 2)}</pre>
+          <pre aria-label="Request" data-testid="rendered-request">{pretty(rendered.requestJson)}</pre>
         </div>
       )}
     </form>
   );
+}
+
+function pretty(requestJson: string | undefined): string {
+  try {
+    return JSON.stringify(JSON.parse(requestJson ?? "{}"), null, 2);
+  } catch {
+    return requestJson ?? "";
+  }
 }
