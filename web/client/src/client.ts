@@ -13,6 +13,8 @@ import type {
   ListAgentVersionsResponseJson,
   ListToolsResponseJson,
   RemoveAgentResponseJson,
+  RenderAgentRequestJson,
+  RenderAgentResponseJson,
   RollbackAgentResponseJson,
   SetDefaultAgentResponseJson,
   AnswerQuestionRequestJson,
@@ -327,6 +329,11 @@ export class TetherClient {
   /** The tool catalog: the tools the workers announced, which an agent's `tools` may name. */
   listTools(options: RequestOptions = {}): Promise<ListToolsResponseJson> {
     return this.call("GET", "/v2/tools", undefined, options);
+  }
+
+  /** The request a worker would send first for a message, with no model call and no run. */
+  renderAgent(name: string, body: Omit<RenderAgentRequestJson, "name">, options: RequestOptions = {}): Promise<RenderAgentResponseJson> {
+    return this.call("POST", `${agentPath(name)}/render`, body, options);
   }
 
   // ---- streams ----------------------------------------------------------------------------

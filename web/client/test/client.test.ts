@@ -160,4 +160,14 @@ describe("agents", () => {
     expect((await client.listTools()).tools).toEqual([tool]);
     expect(fake.requests.map((r) => `${r.method} ${r.url}`)).toEqual(["GET /v2/tools"]);
   });
+
+  it("renders an agent's request for a message at /v2/agents/{name}/render", async () => {
+    const fake = new FakeFetch().on("POST", "/v2/agents/sup%40port/render", () =>
+      json(200, { agent: "sup@port", version: 2, requestJson: "{}", estimatedInputTokens: "12" }),
+    );
+    const client = new TetherClient({ fetch: fake.fetch, auth: { type: "bearer", token: "tk_1" } });
+    const out = await client.renderAgent("sup@port", { message: "hi", source: "", channel: "whatsapp" });
+    expect(out.estimatedInputTokens).toBe("12");
+    expect(fake.requests[0]!.body).toEqual({ message: "hi", source: "", channel: "whatsapp" });
+  });
 });

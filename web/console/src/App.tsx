@@ -1,5 +1,7 @@
 import { useEffect, useState, type FormEvent } from "react";
 import { useSession } from "@tether/react";
+import { AgentPage } from "./AgentPage.js";
+import { AgentsPage } from "./AgentsPage.js";
 import { ConnectedPage } from "./ConnectedPage.js";
 import { RunPage } from "./RunPage.js";
 import { RunsPage } from "./RunsPage.js";
@@ -23,6 +25,10 @@ export function App() {
     <>
       <header className="bar">
         <a href={`${BASE}/`} onClick={onLinkClick} className="brand">Tether</a>
+        <nav aria-label="Pages" className="pages">
+          <a href={`${BASE}/`} onClick={onLinkClick} aria-current={route.page === "runs" || route.page === "run" ? "page" : undefined}>Runs</a>
+          <a href={`${BASE}/agents`} onClick={onLinkClick} aria-current={route.page === "agents" || route.page === "agent" ? "page" : undefined}>Agents</a>
+        </nav>
         <span className="who" aria-label="Signed in as">
           {session.principal} · {session.tenantId}
         </span>
@@ -32,6 +38,8 @@ export function App() {
         {route.page === "runs" && <RunsPage />}
         {route.page === "run" && <RunPage key={route.runId} runId={route.runId} />}
         {route.page === "connected" && <ConnectedPage />}
+        {route.page === "agents" && <AgentsPage />}
+        {route.page === "agent" && <AgentPage key={route.name} name={route.name} />}
         {route.page === "missing" && <NotFound what="page" />}
       </main>
     </>

@@ -1,4 +1,4 @@
-/** A small history router for the console's three pages under /console/. */
+/** A small history router for the console's pages under /console/. */
 import { useEffect, useState } from "react";
 
 export const BASE = "/console";
@@ -7,6 +7,8 @@ export type Route =
   | { page: "runs" }
   | { page: "run"; runId: string }
   | { page: "connected" }
+  | { page: "agents" }
+  | { page: "agent"; name: string }
   | { page: "missing" };
 
 export function parse(pathname: string): Route {
@@ -15,6 +17,8 @@ export function parse(pathname: string): Route {
   if (parts.length === 0 || (parts.length === 1 && parts[0] === "runs")) return { page: "runs" };
   if (parts.length === 2 && parts[0] === "runs") return { page: "run", runId: decodeURIComponent(parts[1]!) };
   if (parts.length === 1 && parts[0] === "connected") return { page: "connected" };
+  if (parts.length === 1 && parts[0] === "agents") return { page: "agents" };
+  if (parts.length === 2 && parts[0] === "agents") return { page: "agent", name: decodeURIComponent(parts[1]!) };
   return { page: "missing" };
 }
 
@@ -24,6 +28,10 @@ export function href(route: Route): string {
       return `${BASE}/runs/${encodeURIComponent(route.runId)}`;
     case "connected":
       return `${BASE}/connected`;
+    case "agents":
+      return `${BASE}/agents`;
+    case "agent":
+      return `${BASE}/agents/${encodeURIComponent(route.name)}`;
     default:
       return `${BASE}/`;
   }
