@@ -100,6 +100,8 @@ async def apply_agents(gateway: str, api_key: str, folder: Path) -> list[tuple[s
         return []
     applied = []
     async with TetherClient(gateway, api_key) as client:
+        if not await _catalog_announced(client):
+            log.warning("no worker announced its tools within %.0f s", CATALOG_WAIT_S)
         for path in sorted(folder.iterdir()):
             if path.suffix not in (".yaml", ".yml", ".json"):
                 continue
@@ -111,6 +113,23 @@ async def apply_agents(gateway: str, api_key: str, folder: Path) -> list[tuple[s
             applied.append((answer.name, answer.version, answer.created))
             log.info("agent %s at version %d from %s", answer.name, answer.version, path.name)
     return applied
+
+
+# How long the examples wait for the tool catalog: a ready worker's hello is recorded beside its
+# stream, a moment after the worker says it is ready, and an apply naming tools before any is
+# recorded is refused (tool_catalog_empty).
+CATALOG_WAIT_S = 15.0
+CATALOG_POLL_S = 0.1
+
+
+async def _catalog_announced(client: TetherClient) -> bool:
+    """Whether the tool catalog holds a tool, waiting up to CATALOG_WAIT_S for one."""
+    deadline = asyncio.get_running_loop().time() + CATALOG_WAIT_S
+    while not (await client.list_tools()).tools:
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(CATALOG_POLL_S)
+    return True
 
 
 def http_port_for(previous: dict[str, Any]) -> int:
