@@ -171,6 +171,7 @@ class _Kept:
             event.source,
             event.channel,
             agent,
+            0,  # the bench tenant has no agents: its routing is resolved from tenants.agent
             routed.routing_id,
             routed.config.limits.max_attempts,
         )
