@@ -9,7 +9,7 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.orchestrator.repositories import leases as lease_repo
+from services.orchestrator.repositories import queue as queue_repo
 from tether.domain import Run
 from tether.states import RunStatus
 from tether.telemetry import metrics, tracing
@@ -77,7 +77,7 @@ def watch_queue(engine: AsyncEngine) -> Callable[[], Awaitable[float | None]]:
 
     async def read() -> float | None:
         async with autocommit.connect() as conn:
-            depth, oldest_s = await lease_repo.queue_stats(conn)
+            depth, oldest_s = await queue_repo.queue_stats(conn)
         report(depth, oldest_s)
         return None  # every round's longest wait: the export interval
 

@@ -16,6 +16,7 @@ from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import leases as lease_repo
 from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories import progress
+from services.orchestrator.repositories import queue as queue_repo
 from services.orchestrator.repositories import runs as runs_repo
 from services.orchestrator.repositories.transitions import NOW, Moved, apply
 from tether import states, telemetry
@@ -150,7 +151,7 @@ class Recovery:
         TTL from now, so sleeping until the earlier of the two misses none."""
         await self.reap_expired()
         async with self._autocommit.connect() as conn:
-            return await lease_repo.next_expiry_in(conn)
+            return await queue_repo.next_expiry_in(conn)
 
     async def reap_expired(self, limit: int = 100) -> int:
         """Requeue (attempt + 1) or fail runs whose worker stopped heartbeating."""
@@ -211,7 +212,7 @@ class Recovery:
         """Queue the retries that are due; the seconds until the next one is."""
         await self.queue_due_retries()
         async with self._autocommit.connect() as conn:
-            return await lease_repo.next_retry_in(conn)
+            return await queue_repo.next_retry_in(conn)
 
     async def queue_due_retries(self, limit: int = 100) -> int:
         """Move retry-pending runs whose backoff elapsed back to queued (attempt + 1)."""

@@ -18,7 +18,7 @@ from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.interactions import repository as interactions_repo
-from services.orchestrator.repositories import leases, transitions
+from services.orchestrator.repositories import leases, queue, transitions
 from tether import apikeys
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -50,9 +50,9 @@ SEARCHES: list[tuple[str, Search, str, str]] = [
         "ix_runs_running",
     ),
     ("due retries", lambda conn: leases.due_retries(conn, 8), "runs", "ix_runs_retry_due"),
-    ("the queue's gauges", leases.queue_stats, "runs", "ix_runs_session_queued"),
-    ("the next lease expiry", leases.next_expiry_in, "runs", "ix_runs_running"),
-    ("the next retry", leases.next_retry_in, "runs", "ix_runs_retry_due"),
+    ("the queue's gauges", queue.queue_stats, "runs", "ix_runs_session_queued"),
+    ("the next lease expiry", queue.next_expiry_in, "runs", "ix_runs_running"),
+    ("the next retry", queue.next_retry_in, "runs", "ix_runs_retry_due"),
     (
         "expired interactions",
         lambda conn: interactions_repo.expired_pending(conn, 8),

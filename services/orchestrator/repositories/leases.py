@@ -390,44 +390,6 @@ async def due_retries(conn: AsyncConnection, limit: int) -> list[tuple[str, int]
     return [(row.run_id, row.attempt) for row in await conn.execute(stmt)]
 
 
-_QUEUE = select(
-    func.count(),
-    func.coalesce(func.extract("epoch", func.now() - func.min(runs.c.updated_at)), 0),
-).where(in_state(runs.c.status, RunStatus.QUEUED))
-
-
-async def queue_stats(conn: AsyncConnection) -> tuple[int, float]:
-    """How many runs are queued, and how many seconds the one queued longest has waited (0
-    when none is): one scan of the queued runs (the partial ix_runs_session_queued), for the
-    queue gauges, once per metric export."""
-    depth, oldest_s = (await conn.execute(_QUEUE)).one()
-    return int(depth), float(oldest_s)
-
-
-_NEXT_EXPIRY_IN = select(
-    func.extract("epoch", func.min(runs.c.lease_expires_at) - func.now())
-).where(in_state(runs.c.status, RunStatus.RUNNING))
-
-
-async def next_expiry_in(conn: AsyncConnection) -> float | None:
-    """Seconds until the earliest running lease expires (negative: expired), or None when no
-    run is leased (one scan of the running runs, ix_runs_running: expiries are not indexed, so
-    that renewing a lease adds no index entry)."""
-    value = (await conn.execute(_NEXT_EXPIRY_IN)).scalar()
-    return None if value is None else float(value)
-
-
-_NEXT_RETRY_IN = select(func.extract("epoch", func.min(runs.c.next_attempt_at) - func.now())).where(
-    in_state(runs.c.status, RunStatus.RETRY_PENDING)
-)
-
-
-async def next_retry_in(conn: AsyncConnection) -> float | None:
-    """Seconds until the earliest retry-pending run is due (negative: overdue), or None."""
-    value = (await conn.execute(_NEXT_RETRY_IN)).scalar()
-    return None if value is None else float(value)
-
-
 _END_ATTEMPT = (
     update(attempts)
     .where(
