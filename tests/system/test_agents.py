@@ -269,6 +269,43 @@ async def test_http_serves_the_schema_reads_and_refuses_an_invalid_document(
             assert [v["version"] for v in (await r.json())["versions"]] == [1]
 
 
+async def test_a_rollback_from_a_stale_base_is_aborted_and_changes_nothing(
+    stack: ExecStack, tmp_path: Path
+) -> None:
+    tenant = await stack.tenant(scopes=AGENT_SCOPES)
+    base, headers = http_base(stack), bearer(tenant.api_key)
+    async with aiohttp.ClientSession() as http:
+        for words in ("First.", "Second."):
+            spec = document("notes", words, ["get_time"])
+            async with http.post(f"{base}/v2/agents", json={"spec": spec}, headers=headers) as r:
+                assert r.status == 201, await r.text()
+        code, out = await tether(
+            "agents",
+            "rollback",
+            "notes",
+            "--to",
+            "1",
+            "--base-version",
+            "1",
+            "--stack",
+            stack_file(stack, tenant.api_key, tmp_path),
+        )
+        assert code == 1 and "error: ABORTED: " in out and "at version 2, not 1" in out, out
+        rollback = f"{base}/v2/agents/notes/rollback"
+        stale = {"toVersion": 1, "baseVersion": 1}
+        async with http.post(rollback, json=stale, headers=headers) as r:
+            assert r.status == 409, await r.text()
+            assert (await r.json())["error"]["status"] == "ABORTED"
+        async with http.get(f"{base}/v2/agents/notes", headers=headers) as r:
+            shown = await r.json()
+            assert shown["publishedVersion"] == 2 and "Second." in shown["agent"]["spec"]
+        async with http.get(f"{base}/v2/agents/notes/versions", headers=headers) as r:
+            assert [v["version"] for v in (await r.json())["versions"]] == [1, 2]
+        fresh = {"toVersion": 1, "baseVersion": 2}
+        async with http.post(rollback, json=fresh, headers=headers) as r:
+            assert r.status == 200 and await r.json() == {"name": "notes", "version": 1}
+
+
 async def test_another_tenants_agent_is_not_found_and_writing_needs_agents_write(
     stack: ExecStack, tmp_path: Path
 ) -> None:
