@@ -399,11 +399,15 @@ class TetherClient:
         )
         return response
 
-    async def rollback_agent(self, name: str, to_version: int) -> gateway_pb2.RollbackAgentResponse:
-        """Publish an earlier version of an agent again."""
+    async def rollback_agent(
+        self, name: str, to_version: int, *, base_version: int | None = None
+    ) -> gateway_pb2.RollbackAgentResponse:
+        """Publish an earlier version of an agent again, conditionally on `base_version`."""
+        request = gateway_pb2.RollbackAgentRequest(name=name, to_version=to_version)
+        if base_version is not None:
+            request.base_version = base_version
         response: gateway_pb2.RollbackAgentResponse = await self.stub.RollbackAgent(
-            gateway_pb2.RollbackAgentRequest(name=name, to_version=to_version),
-            metadata=self._metadata,
+            request, metadata=self._metadata
         )
         return response
 

@@ -231,6 +231,7 @@ LIMITS: Mapping[str, Limit] = {
     "tether.v1.ListAgentVersionsRequest.name": identifier(required=True),
     "tether.v1.RollbackAgentRequest.name": identifier(required=True),
     "tether.v1.RollbackAgentRequest.to_version": Limit("integer", INT32_MAX),
+    "tether.v1.RollbackAgentRequest.base_version": Limit("integer", INT32_MAX),
     "tether.v1.SetDefaultAgentRequest.name": identifier(required=True),
     "tether.v1.RemoveAgentRequest.name": identifier(required=True),
     "tether.v1.RenderAgentRequest.name": identifier(required=True),

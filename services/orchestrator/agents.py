@@ -167,14 +167,26 @@ class Agents:
         return found
 
     async def rollback(
-        self, tenant_id: str, name: str, to: int, actor: Mapping[str, str]
+        self,
+        tenant_id: str,
+        name: str,
+        to: int,
+        actor: Mapping[str, str],
+        base_version: int | None = None,
     ) -> Applied:
-        """Publish version `to` of the agent again (runs routed from now on get it)."""
+        """Publish version `to` of the agent again (runs routed from now on get it);
+        `base_version` makes it conditional, like an apply's (Aborted, nothing written)."""
         async with self._engine.begin() as conn:
             found = await agent_repo.lock_set(conn, tenant_id)
             published = await agent_repo.published_version(conn, tenant_id, _name(name))
             if published is None:
                 raise _absent(name)
+            if base_version is not None and base_version != published.version:
+                raise Aborted(
+                    f"agent {name!r} is at version {published.version}, not {base_version}: "
+                    "read it again, then roll back from the version it is at",
+                    details={"agent": name, "published_version": published.version},
+                )
             target = await agent_repo.version_of(conn, tenant_id, name, to)
             if target is None:
                 raise NotFound(f"agent {name!r} has no version {to}")

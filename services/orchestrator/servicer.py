@@ -313,7 +313,11 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         if request.to_version < 1:
             raise InvalidArgument("to_version must be a version number, 1 or more")
         applied = await self._agents.rollback(
-            request.actor.tenant_id, request.name, request.to_version, _actor(request.actor)
+            request.actor.tenant_id,
+            request.name,
+            request.to_version,
+            _actor(request.actor),
+            base_version=request.base_version if request.HasField("base_version") else None,
         )
         return orchestrator_pb2.RepublishAgentResponse(name=applied.name, version=applied.version)
 

@@ -121,7 +121,9 @@ async def test_agents_are_changed_diffed_and_rolled_back_from_the_console_a_stal
     shown = await agent_api(stack, tenant, "GET", "/helper")
     assert (shown["publishedVersion"], shown["agent"]["version"]) == (1, 1)
     rollbacks = watched.posts("/v2/agents/helper/rollback")
-    assert [json.loads(r.post_data or "{}") for r in rollbacks] == [{"toVersion": 1}]
+    assert [json.loads(r.post_data or "{}") for r in rollbacks] == [
+        {"toVersion": 1, "baseVersion": 3}
+    ]
     assert await axe_violations(page) == []
     await shot(page, "agent-page")
 
@@ -135,6 +137,43 @@ async def test_agents_are_changed_diffed_and_rolled_back_from_the_console_a_stal
         ["fallback", "1", "default", "none: takes the unrouted runs"]
     )
     await expect(rows.nth(1).locator("td")).to_have_text(["helper", "1", "", "channel web"])
+    assert await axe_violations(page) == []
+
+
+async def test_a_rollback_from_a_stale_view_shows_the_conflict_and_changes_nothing(
+    stack: ExecStack, watched: Watched
+) -> None:
+    tenant = await stack.tenant(scopes=AGENT_SCOPES)
+    for words in ("You are Helper, brief.", "You are Helper v2, chatty."):
+        await agent_api(stack, tenant, "POST", "", spec=document(words))
+    page = watched.page
+    await sign_in(watched, stack, tenant, "/console/agents/helper")
+    await expect(page.get_by_test_id("published-version")).to_have_text("2")
+
+    # Someone else publishes version 3 while this page still shows version 2 as published.
+    other = await agent_api(stack, tenant, "POST", "", spec=document("You are Helper v3."))
+    assert other["version"] == 3
+    await page.get_by_role("button", name="Roll back to version 1").click()
+    conflict = page.get_by_role("alert").filter(has_text="Conflict")
+    await expect(conflict).to_contain_text(
+        "Conflict: version 2 is no longer the published version; nothing was rolled back."
+    )
+    await expect(conflict).to_contain_text("at version 3, not 2")
+    await shot(page, "agent-rollback-conflict", conflict)
+    (refused,) = watched.posts("/v2/agents/helper/rollback")
+    assert json.loads(refused.post_data or "{}") == {"toVersion": 1, "baseVersion": 2}
+    answer = await refused.response()
+    assert answer is not None and answer.status == 409
+    assert (await answer.json())["error"]["status"] == "ABORTED"
+    shown = await agent_api(stack, tenant, "GET", "/helper")
+    assert (shown["publishedVersion"], shown["agent"]["version"]) == (3, 3)
+    versions = await agent_api(stack, tenant, "GET", "/helper/versions")
+    assert [v["version"] for v in versions["versions"]] == [1, 2, 3]
+
+    # Loading the published version clears the conflict and shows version 3.
+    await conflict.get_by_role("button", name="Load the published version").click()
+    await expect(page.get_by_test_id("published-version")).to_have_text("3")
+    await expect(conflict).to_have_count(0)
     assert await axe_violations(page) == []
 
 

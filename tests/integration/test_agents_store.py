@@ -71,6 +71,37 @@ async def test_versions_are_numbered_published_and_audited(engine: AsyncEngine) 
     assert rows[0].detail["actor"] == ACTOR
 
 
+async def test_a_rollback_from_a_stale_base_is_aborted_and_writes_nothing(
+    engine: AsyncEngine,
+) -> None:
+    await _tenant(engine, "t1")
+    agents = Agents(engine)
+    await agents.apply("t1", _doc("helper", "Be brief."), ACTOR)
+    await agents.apply("t1", _doc("helper", "Be kind."), ACTOR)
+    await agents.apply("t1", _doc("helper", "Be quick."), ACTOR)
+
+    async def written() -> tuple[list[Any], list[Any]]:
+        async with engine.connect() as conn:
+            audited = (
+                await conn.execute(select(audit_log.c.id).where(audit_log.c.tenant_id == "t1"))
+            ).all()
+            revision = (
+                await conn.execute(select(agent_sets).where(agent_sets.c.tenant_id == "t1"))
+            ).all()
+        return list(audited), list(revision)
+
+    before = await written()
+    with pytest.raises(Aborted, match="at version 3, not 2") as refused:
+        await agents.rollback("t1", "helper", 1, ACTOR, base_version=2)
+    assert refused.value.details == {"agent": "helper", "published_version": 3}
+    assert (await agents.show("t1", "helper")).published_version == 3
+    assert await written() == before, "a refused rollback audits and bumps nothing"
+
+    rolled = await agents.rollback("t1", "helper", 1, ACTOR, base_version=3)
+    assert (rolled.version, rolled.created) == (1, True)
+    assert (await agents.show("t1", "helper")).published_version == 1
+
+
 async def test_another_tenants_agent_is_not_found_like_an_absent_one(engine: AsyncEngine) -> None:
     await _tenant(engine, "t1")
     await _tenant(engine, "t2")

@@ -1,13 +1,15 @@
 """A tenant's agents with the services as processes, through the CLI and HTTP v2: two agents
 routed by channel, each run's model request carrying its own agent's instructions and tools; an
 identical apply creates nothing; a conditional apply on a stale base is refused and changes
-nothing; a rollback routes the next run to the old version; another tenant's agent is NOT_FOUND
-like an absent one; a key without agents:write is PERMISSION_DENIED and changes nothing."""
+nothing, as is a rollback on one; a rollback routes the next run to the old version; another
+tenant's agent is NOT_FOUND like an absent one; a key without agents:write is PERMISSION_DENIED and
+changes nothing; the operator acts within a tenant it names and mints its first agents key."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import socket
 import sys
 import uuid
@@ -24,7 +26,7 @@ from sqlalchemy import select
 from services.worker.tools.demo import PublishPost
 from tests.system.execution_support import ExecStack, Tenant, exec_stack, wait_for_status
 from tests.system.streaming_support import prompt
-from tether import agent_spec, apikeys
+from tether import agent_spec, apikeys, credentials
 from tether.db.engine import create_engine
 from tether.db.schema import tool_catalog
 from tether.domain import schema_sha256
@@ -33,6 +35,7 @@ from tether.testing.model_server import TextTurn
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
 
 AGENT_SCOPES = (*apikeys.CLIENT_SCOPES, apikeys.AGENTS_READ, apikeys.AGENTS_WRITE)
+OPERATOR = "top_" + secrets.token_urlsafe(32)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -45,6 +48,7 @@ async def stack(
         redis_url,
         Path(tmp_path_factory.mktemp("agents")),
         workers=1,
+        extra_env={"TETHER_GATEWAY_OPERATOR_CREDENTIAL_SHA256": credentials.verifier(OPERATOR)},
     ) as running:
         # An apply naming tools needs the catalog the worker's hello fills.
         await eventually(lambda: catalog(running), what="the worker's tools in the catalog")
@@ -64,9 +68,9 @@ def document(name: str, instructions: str, tools: list[str], **more: Any) -> str
     return json.dumps({"name": name, "instructions": instructions, "tools": tools, **more})
 
 
-def stack_file(stack: ExecStack, key: str, directory: Path) -> str:
+def stack_file(stack: ExecStack, key: str, directory: Path, **more: str) -> str:
     path = directory / f"stack-{uuid.uuid4().hex[:6]}.json"
-    path.write_text(json.dumps({"gateway": stack.addr("gateway"), "api_key": key}))
+    path.write_text(json.dumps({"gateway": stack.addr("gateway"), "api_key": key, **more}))
     return str(path)
 
 
@@ -269,6 +273,43 @@ async def test_http_serves_the_schema_reads_and_refuses_an_invalid_document(
             assert [v["version"] for v in (await r.json())["versions"]] == [1]
 
 
+async def test_a_rollback_from_a_stale_base_is_aborted_and_changes_nothing(
+    stack: ExecStack, tmp_path: Path
+) -> None:
+    tenant = await stack.tenant(scopes=AGENT_SCOPES)
+    base, headers = http_base(stack), bearer(tenant.api_key)
+    async with aiohttp.ClientSession() as http:
+        for words in ("First.", "Second."):
+            spec = document("notes", words, ["get_time"])
+            async with http.post(f"{base}/v2/agents", json={"spec": spec}, headers=headers) as r:
+                assert r.status == 201, await r.text()
+        code, out = await tether(
+            "agents",
+            "rollback",
+            "notes",
+            "--to",
+            "1",
+            "--base-version",
+            "1",
+            "--stack",
+            stack_file(stack, tenant.api_key, tmp_path),
+        )
+        assert code == 1 and "error: ABORTED: " in out and "at version 2, not 1" in out, out
+        rollback = f"{base}/v2/agents/notes/rollback"
+        stale = {"toVersion": 1, "baseVersion": 1}
+        async with http.post(rollback, json=stale, headers=headers) as r:
+            assert r.status == 409, await r.text()
+            assert (await r.json())["error"]["status"] == "ABORTED"
+        async with http.get(f"{base}/v2/agents/notes", headers=headers) as r:
+            shown = await r.json()
+            assert shown["publishedVersion"] == 2 and "Second." in shown["agent"]["spec"]
+        async with http.get(f"{base}/v2/agents/notes/versions", headers=headers) as r:
+            assert [v["version"] for v in (await r.json())["versions"]] == [1, 2]
+        fresh = {"toVersion": 1, "baseVersion": 2}
+        async with http.post(rollback, json=fresh, headers=headers) as r:
+            assert r.status == 200 and await r.json() == {"name": "notes", "version": 1}
+
+
 async def test_another_tenants_agent_is_not_found_and_writing_needs_agents_write(
     stack: ExecStack, tmp_path: Path
 ) -> None:
@@ -387,3 +428,57 @@ async def test_the_workers_hello_fills_the_catalog_and_an_apply_must_name_its_to
     assert await cli_json("agents", "apply", str(fine), "--stack", file) == [
         {"name": "asker", "version": 1, "created": True}
     ]
+
+
+async def test_the_operator_acts_on_a_named_tenants_agents_and_mints_its_first_agents_key(
+    stack: ExecStack, tmp_path: Path
+) -> None:
+    # A tenant with no key that may write agents; the operator's stack file carries no key at all.
+    tenant = await stack.tenant()
+    other = await stack.tenant(scopes=AGENT_SCOPES)
+    operator_file = stack_file(stack, "", tmp_path, operator_credential=OPERATOR)
+    first = tmp_path / "first.json"
+    first.write_text(document("concierge", "You greet.", ["get_time"]))
+    within = ("--tenant", tenant.tenant_id, "--stack", operator_file)
+    assert await cli_json("agents", "apply", str(first), *within) == [
+        {"name": "concierge", "version": 1, "created": True}
+    ]
+    listed = await cli_json("agents", "list", *within)
+    assert [(a["name"], a["published_version"]) for a in listed] == [("concierge", 1)]
+
+    # Over gRPC: the tenant in the metadata, and only the tenant it names.
+    as_operator = (("authorization", f"Bearer {OPERATOR}"), ("tether-tenant", tenant.tenant_id))
+    async with grpc.aio.insecure_channel(stack.addr("gateway")) as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        applied = await stub.ApplyAgent(
+            gateway_pb2.ApplyAgentRequest(
+                spec=document("concierge", "You greet warmly.", ["get_time"]), base_version=1
+            ),
+            metadata=as_operator,
+        )
+        assert (applied.version, applied.created) == (2, True)
+        found = await stub.ListAgents(gateway_pb2.ListAgentsRequest(), metadata=as_operator)
+        assert [(a.name, a.published_version) for a in found.agents] == [("concierge", 2)]
+        with pytest.raises(grpc.aio.AioRpcError) as unnamed:
+            await stub.ListAgents(gateway_pb2.ListAgentsRequest(), metadata=as_operator[:1])
+        assert unnamed.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+    # The operator mints the tenant's first agents:write key, which then applies in its tenant
+    # and sees no other tenant's agents.
+    (minted,) = await cli_json(
+        "keys", "create", "--operator", "--tenant", tenant.tenant_id, "--principal", "p",
+        "--scope", "agents:read", "--scope", "agents:write", "--stack", operator_file,
+    )  # fmt: skip
+    assert minted["tenant_id"] == tenant.tenant_id, minted
+    key_file = stack_file(stack, minted["api_key"], tmp_path)
+    second = tmp_path / "second.json"
+    second.write_text(document("porter", "You carry.", ["get_time"], routes=[{"channel": "x"}]))
+    assert await cli_json("agents", "apply", str(second), "--stack", key_file) == [
+        {"name": "porter", "version": 1, "created": True}
+    ]
+    await cli_json("agents", "apply", "-", "--stack", stack_file(stack, other.api_key, tmp_path),
+                   stdin=document("hidden", "Not yours.", ["get_time"]))  # fmt: skip
+    names = [a["name"] for a in await cli_json("agents", "list", "--stack", key_file)]
+    assert names == ["concierge", "porter"]
+    code, out = await tether("agents", "show", "hidden", "--stack", key_file)
+    assert code == 1 and "error: NOT_FOUND: " in out, out

@@ -141,7 +141,7 @@ async def cmd_diff(args: argparse.Namespace, emit: Emit) -> int:
 async def cmd_rollback(args: argparse.Namespace, emit: Emit) -> int:
     """Publish an earlier version again."""
     async with _client(args) as client:
-        done = await client.rollback_agent(args.name, args.to)
+        done = await client.rollback_agent(args.name, args.to, base_version=args.base_version)
     emit(
         args,
         {"name": done.name, "version": done.version},
@@ -238,6 +238,12 @@ def register(sub: Any, common: Any, wrap: Any) -> None:
     rollback = command("rollback", cmd_rollback, "publish an earlier version again")
     rollback.add_argument("name")
     rollback.add_argument("--to", type=_version, required=True, metavar="N")
+    rollback.add_argument(
+        "--base-version",
+        type=_version,
+        metavar="B",
+        help="roll back only while B is the published version",
+    )
     default = command("default", cmd_default, "make an agent the tenant's default")
     default.add_argument("name")
     rm = command("rm", cmd_rm, "remove an agent no unfinished run pins")

@@ -1705,6 +1705,7 @@ class RollbackAgentRequest(_message.Message):
 
     NAME_FIELD_NUMBER: _builtins.int
     TO_VERSION_FIELD_NUMBER: _builtins.int
+    BASE_VERSION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The agent.
     Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
@@ -1713,17 +1714,24 @@ class RollbackAgentRequest(_message.Message):
     """The version to publish.
     Limit: 0 to 2147483647.
     """
+    base_version: _builtins.int
+    """Roll back only while this is the published version.
+    Limit: 0 to 2147483647.
+    """
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         to_version: _builtins.int = ...,
+        base_version: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_base_version", b"_base_version", "base_version", b"base_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "to_version", b"to_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_base_version", b"_base_version", "base_version", b"base_version", "name", b"name", "to_version", b"to_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__base_version: _TypeAlias = _typing.Literal["base_version"]  # noqa: Y015
+    _WhichOneofArgType__base_version: _TypeAlias = _typing.Literal["_base_version", b"_base_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__base_version) -> _WhichOneofReturnType__base_version | None: ...
 
 Global___RollbackAgentRequest: _TypeAlias = RollbackAgentRequest  # noqa: Y015
 

@@ -403,7 +403,8 @@ class GatewayServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RollbackAgent(self, request, context):
-        """RollbackAgent publishes an earlier version again. Needs agents:write.
+        """RollbackAgent publishes an earlier version again. With base_version, ABORTED when the
+        published version moved on. Needs agents:write.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -119,7 +119,9 @@ class GatewayServiceStub:
     ListAgentVersions: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListAgentVersionsRequest, _gateway_pb2.ListAgentVersionsResponse]
     """ListAgentVersions lists an agent's versions, oldest first. Needs agents:read."""
     RollbackAgent: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RollbackAgentRequest, _gateway_pb2.RollbackAgentResponse]
-    """RollbackAgent publishes an earlier version again. Needs agents:write."""
+    """RollbackAgent publishes an earlier version again. With base_version, ABORTED when the
+    published version moved on. Needs agents:write.
+    """
     SetDefaultAgent: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.SetDefaultAgentRequest, _gateway_pb2.SetDefaultAgentResponse]
     """SetDefaultAgent makes an agent the tenant's default. Needs agents:write."""
     RemoveAgent: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RemoveAgentRequest, _gateway_pb2.RemoveAgentResponse]
@@ -226,7 +228,9 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     ListAgentVersions: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListAgentVersionsRequest, _gateway_pb2.ListAgentVersionsResponse]  # type: ignore[assignment]
     """ListAgentVersions lists an agent's versions, oldest first. Needs agents:read."""
     RollbackAgent: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RollbackAgentRequest, _gateway_pb2.RollbackAgentResponse]  # type: ignore[assignment]
-    """RollbackAgent publishes an earlier version again. Needs agents:write."""
+    """RollbackAgent publishes an earlier version again. With base_version, ABORTED when the
+    published version moved on. Needs agents:write.
+    """
     SetDefaultAgent: _aio.UnaryUnaryMultiCallable[_gateway_pb2.SetDefaultAgentRequest, _gateway_pb2.SetDefaultAgentResponse]  # type: ignore[assignment]
     """SetDefaultAgent makes an agent the tenant's default. Needs agents:write."""
     RemoveAgent: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RemoveAgentRequest, _gateway_pb2.RemoveAgentResponse]  # type: ignore[assignment]
@@ -492,7 +496,9 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.RollbackAgentRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.RollbackAgentResponse, _abc.Awaitable[_gateway_pb2.RollbackAgentResponse]]:
-        """RollbackAgent publishes an earlier version again. Needs agents:write."""
+        """RollbackAgent publishes an earlier version again. With base_version, ABORTED when the
+        published version moved on. Needs agents:write.
+        """
 
     @_abc_1.abstractmethod
     def SetDefaultAgent(

@@ -3216,10 +3216,13 @@ class RepublishAgentRequest(_message.Message):
     ACTOR_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     TO_VERSION_FIELD_NUMBER: _builtins.int
+    BASE_VERSION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The agent."""
     to_version: _builtins.int
     """The version to publish."""
+    base_version: _builtins.int
+    """Roll back only while this is the published version."""
     @_builtins.property
     def actor(self) -> Global___AgentActor:
         """Who rolls back, in which tenant."""
@@ -3230,12 +3233,15 @@ class RepublishAgentRequest(_message.Message):
         actor: Global___AgentActor | None = ...,
         name: _builtins.str = ...,
         to_version: _builtins.int = ...,
+        base_version: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_base_version", b"_base_version", "actor", b"actor", "base_version", b"base_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "name", b"name", "to_version", b"to_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_base_version", b"_base_version", "actor", b"actor", "base_version", b"base_version", "name", b"name", "to_version", b"to_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__base_version: _TypeAlias = _typing.Literal["base_version"]  # noqa: Y015
+    _WhichOneofArgType__base_version: _TypeAlias = _typing.Literal["_base_version", b"_base_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__base_version) -> _WhichOneofReturnType__base_version | None: ...
 
 Global___RepublishAgentRequest: _TypeAlias = RepublishAgentRequest  # noqa: Y015
 

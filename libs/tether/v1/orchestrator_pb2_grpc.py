@@ -451,7 +451,8 @@ class OrchestratorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RepublishAgent(self, request, context):
-        """RepublishAgent publishes an earlier version of a tenant's agent again.
+        """RepublishAgent publishes an earlier version of a tenant's agent again. With base_version,
+        ABORTED when the published version is no longer that one (nothing changes).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

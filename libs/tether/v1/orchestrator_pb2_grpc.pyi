@@ -141,7 +141,9 @@ class OrchestratorServiceStub:
     LookupAgentVersions: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupAgentVersionsRequest, _orchestrator_pb2.LookupAgentVersionsResponse]
     """LookupAgentVersions lists every version of a tenant's agent, oldest first."""
     RepublishAgent: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.RepublishAgentRequest, _orchestrator_pb2.RepublishAgentResponse]
-    """RepublishAgent publishes an earlier version of a tenant's agent again."""
+    """RepublishAgent publishes an earlier version of a tenant's agent again. With base_version,
+    ABORTED when the published version is no longer that one (nothing changes).
+    """
     ChooseDefaultAgent: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ChooseDefaultAgentRequest, _orchestrator_pb2.ChooseDefaultAgentResponse]
     """ChooseDefaultAgent makes an agent the tenant's default."""
     DeleteAgent: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.DeleteAgentRequest, _orchestrator_pb2.DeleteAgentResponse]
@@ -265,7 +267,9 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     LookupAgentVersions: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.LookupAgentVersionsRequest, _orchestrator_pb2.LookupAgentVersionsResponse]  # type: ignore[assignment]
     """LookupAgentVersions lists every version of a tenant's agent, oldest first."""
     RepublishAgent: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.RepublishAgentRequest, _orchestrator_pb2.RepublishAgentResponse]  # type: ignore[assignment]
-    """RepublishAgent publishes an earlier version of a tenant's agent again."""
+    """RepublishAgent publishes an earlier version of a tenant's agent again. With base_version,
+    ABORTED when the published version is no longer that one (nothing changes).
+    """
     ChooseDefaultAgent: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ChooseDefaultAgentRequest, _orchestrator_pb2.ChooseDefaultAgentResponse]  # type: ignore[assignment]
     """ChooseDefaultAgent makes an agent the tenant's default."""
     DeleteAgent: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.DeleteAgentRequest, _orchestrator_pb2.DeleteAgentResponse]  # type: ignore[assignment]
@@ -569,7 +573,9 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _orchestrator_pb2.RepublishAgentRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_orchestrator_pb2.RepublishAgentResponse, _abc.Awaitable[_orchestrator_pb2.RepublishAgentResponse]]:
-        """RepublishAgent publishes an earlier version of a tenant's agent again."""
+        """RepublishAgent publishes an earlier version of a tenant's agent again. With base_version,
+        ABORTED when the published version is no longer that one (nothing changes).
+        """
 
     @_abc_1.abstractmethod
     def ChooseDefaultAgent(

@@ -78,11 +78,12 @@ class AgentRpcs:
         self, request: gateway_pb2.RollbackAgentRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.RollbackAgentResponse:
         principal = await self._callers.authenticated(context, "RollbackAgent", request)
-        done = await self._orchestrator.RepublishAgent(
-            orchestrator_pb2.RepublishAgentRequest(
-                actor=_actor(principal), name=request.name, to_version=request.to_version
-            )
+        republish = orchestrator_pb2.RepublishAgentRequest(
+            actor=_actor(principal), name=request.name, to_version=request.to_version
         )
+        if request.HasField("base_version"):
+            republish.base_version = request.base_version
+        done = await self._orchestrator.RepublishAgent(republish)
         return gateway_pb2.RollbackAgentResponse(name=done.name, version=done.version)
 
     async def SetDefaultAgent(

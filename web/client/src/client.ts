@@ -314,8 +314,10 @@ export class TetherClient {
     return this.call("GET", `${agentPath(name)}/versions`, undefined, options);
   }
 
-  rollbackAgent(name: string, toVersion: number, options: RequestOptions = {}): Promise<RollbackAgentResponseJson> {
-    return this.call("POST", `${agentPath(name)}/rollback`, { toVersion }, options);
+  /** Publishes version `toVersion` again; with `baseVersion`, only while that one is published (409 ABORTED). */
+  rollbackAgent(name: string, toVersion: number, baseVersion?: number, options: RequestOptions = {}): Promise<RollbackAgentResponseJson> {
+    const body = baseVersion === undefined ? { toVersion } : { toVersion, baseVersion };
+    return this.call("POST", `${agentPath(name)}/rollback`, body, options);
   }
 
   setDefaultAgent(name: string, options: RequestOptions = {}): Promise<SetDefaultAgentResponseJson> {

@@ -144,13 +144,15 @@ describe("agents", () => {
     expect((await client.getAgent("sup@port", 1)).agent?.version).toBe(1);
     expect((await client.listAgentVersions("sup@port")).versions).toHaveLength(1);
     await client.rollbackAgent("sup@port", 1);
+    await client.rollbackAgent("sup@port", 1, 3);
     await client.setDefaultAgent("sup@port");
     await client.removeAgent("sup@port");
-    const [apply, get, , rollback] = fake.requests;
+    const [apply, get, , rollback, conditional] = fake.requests;
     expect(get!.url).toBe("/v2/agents/sup%40port?version=1");
     expect(apply!.body).toEqual({ spec: "name: sup@port\n", baseVersion: 0 });
     expect(rollback!.body).toEqual({ toVersion: 1 });
-    expect(fake.requests.map((r) => r.method)).toEqual(["POST", "GET", "GET", "POST", "POST", "DELETE"]);
+    expect(conditional!.body).toEqual({ toVersion: 1, baseVersion: 3 });
+    expect(fake.requests.map((r) => r.method)).toEqual(["POST", "GET", "GET", "POST", "POST", "POST", "DELETE"]);
   });
 
   it("lists the tool catalog from /v2/tools", async () => {

@@ -2,7 +2,7 @@ import { useCallback, useEffect, useMemo, useState } from "react";
 import type { AgentVersionJson, GetAgentResponseJson, TetherError } from "@tether/client";
 import { useTetherClient } from "@tether/react";
 import { NotFound, SessionEnded } from "./App.js";
-import { ApplyForm } from "./ApplyForm.js";
+import { ApplyForm, Refusal } from "./ApplyForm.js";
 import { RenderPanel } from "./RenderPanel.js";
 import { asTetherError, routesOf } from "./agents.js";
 import { changed, documentLines, lineDiff } from "./diff.js";
@@ -18,7 +18,7 @@ export function AgentPage({ name }: { name: string }) {
   // when the person loads the published version, never behind their back.
   const [edited, setEdited] = useState<{ base: number; text: string; loaded: number } | null>(null);
   const [rolled, setRolled] = useState("");
-  const [rollbackError, setRollbackError] = useState<TetherError | null>(null);
+  const [rollbackError, setRollbackError] = useState<{ refused: TetherError; base: number } | null>(null);
 
   const load = useCallback(async (resetEditor: boolean) => {
     try {
@@ -35,16 +35,22 @@ export function AgentPage({ name }: { name: string }) {
     void load(true);
   }, [load]);
 
-  const rollback = async (to: number) => {
+  // The base is the version this page shows as published: a rollback decided on a view another
+  // apply has since made stale is refused (409) rather than undoing a change nobody here saw.
+  const rollback = async (to: number, base: number) => {
     setRolled("");
     setRollbackError(null);
     try {
-      const out = await client.rollbackAgent(name, to);
+      const out = await client.rollbackAgent(name, to, base);
       setRolled(`Version ${out.version} is published again; runs routed from now on get it.`);
       await load(true);
     } catch (exc) {
-      setRollbackError(asTetherError(exc));
+      setRollbackError({ refused: asTetherError(exc), base });
     }
+  };
+  const reloadAfterConflict = () => {
+    setRollbackError(null);
+    void load(false);
   };
 
   if (error?.status === "NOT_FOUND") return <NotFound what="agent" />;
@@ -79,7 +85,7 @@ export function AgentPage({ name }: { name: string }) {
               <td>{v.version === published ? "published" : ""}</td>
               <td>
                 {v.version !== published && (
-                  <button type="button" className="quiet" onClick={() => void rollback(v.version ?? 0)}>
+                  <button type="button" className="quiet" onClick={() => void rollback(v.version ?? 0, published)}>
                     Roll back to version {v.version}
                   </button>
                 )}
@@ -89,7 +95,9 @@ export function AgentPage({ name }: { name: string }) {
         </tbody>
       </table>
       {rolled && <p role="status">{rolled}</p>}
-      {rollbackError && <p className="tether-error" role="alert">{rollbackError.status}: {rollbackError.message}</p>}
+      {rollbackError && (
+        <Refusal refused={rollbackError.refused} base={rollbackError.base} change="rolled back" onReload={reloadAfterConflict} />
+      )}
 
       {versions.length > 0 && <VersionDiff versions={versions} published={published} />}
 

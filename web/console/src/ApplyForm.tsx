@@ -49,7 +49,6 @@ export function ApplyForm({
       setBusy(false);
     }
   };
-  const said = refused && applyRefusal(refused, base);
   return (
     <form className="card apply" onSubmit={submit} aria-label={label}>
       <label htmlFor={`${label}-doc`}>Document (JSON or YAML)</label>
@@ -59,15 +58,31 @@ export function ApplyForm({
         {base !== undefined && <span className="hint" data-testid="base-version">Applies only while version {base} is published.</span>}
       </div>
       {done && <p role="status">{done}</p>}
-      {said && (
-        <div className={refused?.status === "ABORTED" ? "conflict" : "refusal"} role="alert">
-          <p><strong>{said.title}</strong></p>
-          <pre>{said.detail}</pre>
-          {refused?.status === "ABORTED" && onReload && (
-            <button type="button" className="quiet" onClick={onReload}>Load the published version</button>
-          )}
-        </div>
-      )}
+      {refused && <Refusal refused={refused} base={base} change="applied" onReload={onReload} />}
     </form>
+  );
+}
+
+/** A refused apply or rollback: a conflict offers to load the published version. */
+export function Refusal({
+  refused,
+  base,
+  change,
+  onReload,
+}: {
+  refused: TetherError;
+  base: number | undefined;
+  change: "applied" | "rolled back";
+  onReload?: (() => void) | undefined;
+}) {
+  const said = applyRefusal(refused, base, change);
+  return (
+    <div className={refused.status === "ABORTED" ? "conflict" : "refusal"} role="alert">
+      <p><strong>{said.title}</strong></p>
+      <pre>{said.detail}</pre>
+      {refused.status === "ABORTED" && onReload && (
+        <button type="button" className="quiet" onClick={onReload}>Load the published version</button>
+      )}
+    </div>
   );
 }

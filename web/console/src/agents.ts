@@ -13,18 +13,24 @@ export function routesOf(normalised: string | undefined): string[] {
 }
 
 /**
- * An apply's refusal in words: a stale base version (ABORTED, HTTP 409) says what happened and
- * what to do, since the page's document is kept for the person to redo the change on the new one.
+ * An apply's (or a rollback's) refusal in words: a stale base version (ABORTED, HTTP 409) says
+ * what happened and what to do, since the page keeps what the person asked for to redo it on the
+ * published version.
  */
-export function applyRefusal(exc: TetherError, base: number | undefined): { title: string; detail: string } {
+export function applyRefusal(
+  exc: TetherError,
+  base: number | undefined,
+  change: "applied" | "rolled back" = "applied",
+): { title: string; detail: string } {
   if (exc.status === "ABORTED") {
+    const redo = change === "applied" ? "make the change again" : "roll back again if you still want to";
     return {
-      title: `Conflict: version ${base ?? "?"} is no longer the published version; nothing was applied.`,
-      detail: `${exc.message} Load the published version and make the change again.`,
+      title: `Conflict: version ${base ?? "?"} is no longer the published version; nothing was ${change}.`,
+      detail: `${exc.message} Load the published version and ${redo}.`,
     };
   }
-  if (exc.status === "INVALID_ARGUMENT") return { title: "The document was refused; nothing was applied.", detail: exc.message };
-  return { title: `${exc.status}: nothing was applied.`, detail: exc.message };
+  if (exc.status === "INVALID_ARGUMENT") return { title: `The document was refused; nothing was ${change}.`, detail: exc.message };
+  return { title: `${exc.status}: nothing was ${change}.`, detail: exc.message };
 }
 
 export function asTetherError(exc: unknown): TetherError {

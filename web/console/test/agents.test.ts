@@ -22,6 +22,13 @@ describe("applyRefusal", () => {
     expect(said.detail).toContain("agent helper is at version 3, not 2");
   });
 
+  it("says a rollback on a stale base rolled nothing back", () => {
+    const stale = new TetherError(409, "ABORTED", "aborted", "agent helper is at version 3, not 2");
+    const said = applyRefusal(stale, 2, "rolled back");
+    expect(said.title).toBe("Conflict: version 2 is no longer the published version; nothing was rolled back.");
+    expect(said.detail).toContain("agent helper is at version 3, not 2");
+  });
+
   it("lists an invalid document's violations as the server gave them", () => {
     const bad = new TetherError(400, "INVALID_ARGUMENT", "invalid_argument", "/limits/max_steps: must be >= 1");
     expect(applyRefusal(bad, 1)).toEqual({
