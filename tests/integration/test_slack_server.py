@@ -116,6 +116,15 @@ async def test_replies_page_with_a_cursor(slack: SlackServer) -> None:
     assert texts == ["count", "0", "1", "2", "3"]
 
 
+async def test_replies_named_by_a_reply_list_the_whole_thread(slack: SlackServer) -> None:
+    parent = slack.user_message("C1", "U1", "question")["event"]["ts"]
+    slack.user_message("C1", "U2", "elsewhere")
+    client = client_for(slack)
+    reply = await client.chat_postMessage(channel="C1", text="answer", thread_ts=parent)
+    listed = await client.conversations_replies(channel="C1", ts=reply["ts"])
+    assert [m["text"] for m in listed["messages"]] == ["question", "answer"]
+
+
 async def test_refusals_are_ok_false_with_http_200_and_store_nothing(slack: SlackServer) -> None:
     for token, error in (("xoxb-wrong", "invalid_auth"), ("", "not_authed")):
         with pytest.raises(SlackApiError) as refused:
@@ -203,6 +212,18 @@ async def test_a_caller_gone_while_held_leaves_the_post_stored(slack: SlackServe
     async with asyncio.timeout(10):
         await slack.wait_until(lambda log: log[-1].outcome == "disconnected")
     assert [m.text for m in slack.posts("C1")] == ["lost"]
+
+
+async def test_a_held_answer_is_never_sent_when_the_stand_in_stops(slack: SlackServer) -> None:
+    slack.hold_post_answers()
+    post = asyncio.create_task(client_for(slack).chat_postMessage(channel="C1", text="kept"))
+    async with asyncio.timeout(10):
+        await slack.wait_until(lambda log: any(c.outcome == "held" for c in log))
+    await slack.stop()
+    with pytest.raises(aiohttp.ClientError):
+        await post
+    assert slack.calls[-1].outcome == "server_stopped"
+    assert [m.text for m in slack.posts("C1")] == ["kept"]
 
 
 def test_slack_sdks_verifier_accepts_what_the_stand_in_signs_and_nothing_else() -> None:

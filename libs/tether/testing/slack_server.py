@@ -186,12 +186,11 @@ class SlackServer(LocalServer):
 
     def thread(self, channel: str, thread_ts: str) -> list[SlackMessage]:
         """The thread's parent (when stored) then its replies, as `conversations.replies` lists
-        them."""
-        return [
-            m
-            for m in self._channels.get(channel, _Channel()).messages
-            if thread_ts in (m.ts, m.thread_ts)
-        ]
+        them; `thread_ts` may name the parent or any reply, as Slack allows."""
+        stored = self._channels.get(channel, _Channel()).messages
+        named = next((m for m in stored if m.ts == thread_ts), None)
+        parent = thread_ts if named is None or named.thread_ts is None else named.thread_ts
+        return [m for m in stored if parent in (m.ts, m.thread_ts)]
 
     def posts(self, channel: str | None = None) -> list[SlackMessage]:
         """What the bot posted (in `channel`, or anywhere), oldest first."""
