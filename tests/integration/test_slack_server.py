@@ -324,6 +324,8 @@ async def test_the_cli_serves_in_a_separate_process() -> None:
             }
             async with control.post("/_script", json=script) as r:
                 assert r.status == 200
+            async with control.post("/_hold", data=b"not json") as r:
+                assert r.status == 400
             with pytest.raises(SlackApiError):
                 await client.chat_postMessage(channel="C9", text="a", thread_ts=parent)
             await client.chat_postMessage(channel="C9", text="a", thread_ts=parent)

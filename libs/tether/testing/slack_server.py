@@ -420,8 +420,12 @@ class SlackServer(LocalServer):
         return web.json_response({"ok": True})
 
     async def _control_hold(self, request: web.Request) -> web.StreamResponse:
-        payload = await request.json()
-        if payload.get("held"):
+        try:
+            payload = await request.json()
+            held = payload["held"]
+        except (ValueError, KeyError, TypeError) as exc:
+            return web.json_response({"error": f"expected {{'held': bool}}: {exc}"}, status=400)
+        if held:
             self.hold_post_answers()
         else:
             self.release_post_answers()
