@@ -323,8 +323,9 @@ async def test_the_cli_serves_in_a_separate_process(receiver: Receiver) -> None:
             script = {"fault": {"kind": "rate_limited", "retry_after": 2}}
             async with control.post("/_script", json=script) as r:
                 assert r.status == 200
-            async with control.post("/_statuses", json={"plan": "drop"}) as r:
-                assert r.status == 400
+            for bad_plan in ("drop", {"drop": "yes"}, {"delay_s": "nan"}, {"delay_s": -1}):
+                async with control.post("/_statuses", json={"plan": bad_plan}) as r:
+                    assert r.status == 400, bad_plan
             async with control.post("/_hold", data=b"not json") as r:
                 assert r.status == 400
             path = "/v21.0/106540352242922/messages"

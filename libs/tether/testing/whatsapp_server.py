@@ -39,6 +39,7 @@ from aiohttp import web
 from tether.testing.local_server import LocalServer, run_cli
 from tether.testing.whatsapp_events import encode, new_message_id, sign, status_update
 from tether.testing.whatsapp_wire import (
+    CALLBACK_TIMEOUT_S,
     DEFAULT_ACCESS_TOKEN,
     DEFAULT_APP_SECRET,
     DEFAULT_BUSINESS_ACCOUNT_ID,
@@ -76,8 +77,6 @@ __all__ = [
 ]
 
 _VERSION = re.compile(r"v\d+\.\d+")
-CALLBACK_TIMEOUT_S = 10.0
-"""Meta gives a webhook a few seconds; a test receiver slower than this is reported as an error."""
 
 
 class _Stopped(Exception):
@@ -286,7 +285,9 @@ class WhatsAppServer(LocalServer):
         fault = self._faults.take()
         if isinstance(fault, RateLimited):
             headers = None if fault.retry_after is None else {"Retry-After": str(fault.retry_after)}
-            return self._refuse(call, 429, fault.code, "(#130429) Rate limit hit", headers=headers)
+            return self._refuse(
+                call, 429, fault.code, f"(#{fault.code}) Rate limit hit", headers=headers
+            )
         if isinstance(fault, HttpFailure):
             call.status, call.outcome = fault.status, "answered"
             return web.Response(status=fault.status, text="upstream unavailable")

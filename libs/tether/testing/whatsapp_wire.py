@@ -3,6 +3,7 @@ test scripts, Graph's error body, the stored messages, the call and callback log
 
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import asdict, dataclass, field
 from typing import Any, Generic, TypeVar
@@ -17,6 +18,8 @@ DEFAULT_BUSINESS_ACCOUNT_ID = "102290129340398"
 MAX_TEXT_CHARS = 4096
 """A text message's body is at most 4,096 characters; longer is refused with code 100."""
 
+CALLBACK_TIMEOUT_S = 10.0
+"""Meta gives a webhook a few seconds; a test receiver slower than this is reported as an error."""
 INVALID_TOKEN = 190
 """Graph's `OAuthException` code for a missing, malformed or expired access token."""
 INVALID_PARAMETER = 100
@@ -88,9 +91,12 @@ def status_plan_from_json(raw: Any) -> StatusPlan:
     if not isinstance(raw, dict):
         raise TypeError("expected an object with delay_s and/or drop")
     delay = float(raw.get("delay_s", 0.0))
-    if delay < 0:
-        raise ValueError("delay_s must not be negative")
-    return StatusPlan(delay, bool(raw.get("drop", False)))
+    if not math.isfinite(delay) or delay < 0:
+        raise ValueError("delay_s must be a finite number of seconds, at least 0")
+    drop = raw.get("drop", False)
+    if not isinstance(drop, bool):
+        raise TypeError("drop must be true or false")
+    return StatusPlan(delay, drop)
 
 
 def graph_error(
