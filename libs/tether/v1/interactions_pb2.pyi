@@ -1240,3 +1240,182 @@ class DeleteTenantInteractionsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteTenantInteractionsResponse: _TypeAlias = DeleteTenantInteractionsResponse  # noqa: Y015
+
+@_typing.final
+class SecretInfo(_message.Message):
+    """SecretInfo is what a read shows of a secret: never its value."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    LAST_FOUR_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Name (tether.ids identifier rules)."""
+    last_four: _builtins.str
+    """The value's last four characters (fewer for a short value, none for binary)."""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was stored."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        last_four: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "last_four", b"last_four", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SecretInfo: _TypeAlias = SecretInfo  # noqa: Y015
+
+@_typing.final
+class AddSecretRequest(_message.Message):
+    """AddSecretRequest stores a named secret for a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    principal_id: _builtins.str
+    """Who stores it (recorded as created_by)."""
+    name: _builtins.str
+    """Name."""
+    value: _builtins.bytes
+    """The value: 1 byte to 64 KiB."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        value: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "principal_id", b"principal_id", "tenant_id", b"tenant_id", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddSecretRequest: _TypeAlias = AddSecretRequest  # noqa: Y015
+
+@_typing.final
+class AddSecretResponse(_message.Message):
+    """AddSecretResponse shows what was stored, without the value."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SECRET_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def secret(self) -> Global___SecretInfo:
+        """The stored secret."""
+
+    def __init__(
+        self,
+        *,
+        secret: Global___SecretInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["secret", b"secret"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["secret", b"secret"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddSecretResponse: _TypeAlias = AddSecretResponse  # noqa: Y015
+
+@_typing.final
+class ListSecretsRequest(_message.Message):
+    """ListSecretsRequest names a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSecretsRequest: _TypeAlias = ListSecretsRequest  # noqa: Y015
+
+@_typing.final
+class ListSecretsResponse(_message.Message):
+    """ListSecretsResponse lists the tenant's secrets by name."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SECRETS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def secrets(self) -> _containers.RepeatedCompositeFieldContainer[Global___SecretInfo]:
+        """Secrets."""
+
+    def __init__(
+        self,
+        *,
+        secrets: _abc.Iterable[Global___SecretInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["secrets", b"secrets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSecretsResponse: _TypeAlias = ListSecretsResponse  # noqa: Y015
+
+@_typing.final
+class RemoveSecretRequest(_message.Message):
+    """RemoveSecretRequest names the secret to remove."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    name: _builtins.str
+    """Name."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveSecretRequest: _TypeAlias = RemoveSecretRequest  # noqa: Y015
+
+@_typing.final
+class RemoveSecretResponse(_message.Message):
+    """RemoveSecretResponse is empty: the secret is gone."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveSecretResponse: _TypeAlias = RemoveSecretResponse  # noqa: Y015

@@ -12,7 +12,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/interactions.proto.
  */
 export const file_tether_v1_interactions: GenFile = /*@__PURE__*/
-  fileDesc("Chx0ZXRoZXIvdjEvaW50ZXJhY3Rpb25zLnByb3RvEgl0ZXRoZXIudjEiWwoYUmVzb2x2ZUNvbm5lY3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIQCghwcm92aWRlchgDIAEoCRIOCgZzY29wZXMYBCADKAkicAoZUmVzb2x2ZUNvbm5lY3Rpb25SZXNwb25zZRIlCgNnYXAYASABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIUCgxhY2Nlc3NfdG9rZW4YAiABKAkSFgoOY3JlZGVudGlhbF9yZWYYAyABKAkiYwoMUXVlc3Rpb25TcGVjEgsKA2tleRgBIAEoCRIOCgZwcm9tcHQYAiABKAkSDwoHb3B0aW9ucxgDIAMoCRIQCghtdWx0aXBsZRgEIAEoCBITCgthbGxvd19vdGhlchgFIAEoCCIgCg5RdWVzdGlvbkFuc3dlchIOCgZ2YWx1ZXMYASADKAkilQEKD1BlbmRpbmdRdWVzdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSKgoJcXVlc3Rpb25zGAMgAygLMhcudGV0aGVyLnYxLlF1ZXN0aW9uU3BlYxIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ2ChNBc2tRdWVzdGlvbnNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIUCgx0b29sX2NhbGxfaWQYAyABKAkSKgoJcXVlc3Rpb25zGAQgAygLMhcudGV0aGVyLnYxLlF1ZXN0aW9uU3BlYyIuChRBc2tRdWVzdGlvbnNSZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCSLrAQoUUmVjb3JkQW5zd2Vyc1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSPQoHYW5zd2VycxgEIAMoCzIsLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVxdWVzdC5BbnN3ZXJzRW50cnkSEAoIYWxsX3J1bnMYBSABKAgaSQoMQW5zd2Vyc0VudHJ5EgsKA2tleRgBIAEoCRIoCgV2YWx1ZRgCIAEoCzIZLnRldGhlci52MS5RdWVzdGlvbkFuc3dlcjoCOAEiQAoVUmVjb3JkQW5zd2Vyc1Jlc3BvbnNlEhYKDmludGVyYWN0aW9uX2lkGAEgASgJEg8KB3Jlc3VtZWQYAiABKAgiZwoaRmluZFBlbmRpbmdRdWVzdGlvblJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIUCgxwcmluY2lwYWxfaWQYAyABKAkSEAoIYWxsX3J1bnMYBCABKAgiSwobRmluZFBlbmRpbmdRdWVzdGlvblJlc3BvbnNlEiwKCHF1ZXN0aW9uGAEgASgLMhoudGV0aGVyLnYxLlBlbmRpbmdRdWVzdGlvbiI9ChxGaW5kQW5zd2VyZWRRdWVzdGlvbnNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAyLyAQoQQW5zd2VyZWRRdWVzdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIqCglxdWVzdGlvbnMYAiADKAsyFy50ZXRoZXIudjEuUXVlc3Rpb25TcGVjEjkKB2Fuc3dlcnMYAyADKAsyKC50ZXRoZXIudjEuQW5zd2VyZWRRdWVzdGlvbi5BbnN3ZXJzRW50cnkSFAoMdG9vbF9jYWxsX2lkGAQgASgJGkkKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKAoFdmFsdWUYAiABKAsyGS50ZXRoZXIudjEuUXVlc3Rpb25BbnN3ZXI6AjgBIk4KHUZpbmRBbnN3ZXJlZFF1ZXN0aW9uc1Jlc3BvbnNlEi0KCGFuc3dlcmVkGAEgAygLMhsudGV0aGVyLnYxLkFuc3dlcmVkUXVlc3Rpb24iXAoRQ2hlY2tHcmFudFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIVCg1yaXNrX2NhdGVnb3J5GAMgASgJEg0KBWVwb2NoGAQgASgDIjcKEkNoZWNrR3JhbnRSZXNwb25zZRIPCgdhbGxvd2VkGAEgASgIEhAKCGdyYW50X2lkGAIgASgJIoYCCg9QZW5kaW5nQXBwcm92YWwSFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDgoGcnVuX2lkGAIgASgJEhEKCXRvb2xfbmFtZRgDIAEoCRIPCgdzdW1tYXJ5GAQgASgJEhUKDXJpc2tfY2F0ZWdvcnkYBSABKAkSJgoFaW5wdXQYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eh0KFWVzdGltYXRlZF9jb3N0X21pY3JvcxgHIAEoAxIuCgpleHBpcmVzX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIZChFhbGxvd2VkX2RlY2lzaW9ucxgJIAMoCSKBAgoWUmVxdWVzdEFwcHJvdmFsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDQoFZXBvY2gYAiABKAMSFAoMdG9vbF9jYWxsX2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRImCgVpbnB1dBgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFQoNcmlza19jYXRlZ29yeRgGIAEoCRIPCgdzdW1tYXJ5GAcgASgJEh0KFWVzdGltYXRlZF9jb3N0X21pY3JvcxgIIAEoAxIXCg9pZGVtcG90ZW5jeV9rZXkYCSABKAkSFwoPYXBwcm92YWxfcG9saWN5GAogASgJIjEKF1JlcXVlc3RBcHByb3ZhbFJlc3BvbnNlEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIooBChVSZWNvcmREZWNpc2lvblJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSEAoIZGVjaXNpb24YBCABKAkSFAoMYWx3YXlzX3Njb3BlGAUgASgJEhAKCGFsbF9ydW5zGAYgASgIIlMKFlJlY29yZERlY2lzaW9uUmVzcG9uc2USFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHcmVzdW1lZBgCIAEoCBIQCghncmFudF9pZBgDIAEoCSJeChRDbGFpbUFwcHJvdmFsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDQoFZXBvY2gYAiABKAMSEQoJdG9vbF9uYW1lGAMgASgJEhQKDHRvb2xfY2FsbF9pZBgEIAEoCSK8AQoVQ2xhaW1BcHByb3ZhbFJlc3BvbnNlEg8KB2NsYWltZWQYASABKAgSFgoOaW50ZXJhY3Rpb25faWQYAiABKAkSEAoIZGVjaXNpb24YAyABKAkSFAoMdG9vbF9jYWxsX2lkGAQgASgJEhEKCXRvb2xfbmFtZRgFIAEoCRImCgVpbnB1dBgGIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJImcKGkZpbmRQZW5kaW5nQXBwcm92YWxSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSFAoMcHJpbmNpcGFsX2lkGAMgASgJEhAKCGFsbF9ydW5zGAQgASgIIksKG0ZpbmRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRIsCghhcHByb3ZhbBgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nQXBwcm92YWwixwEKEVBlbmRpbmdDb25uZWN0aW9uEhYKDmludGVyYWN0aW9uX2lkGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIQCghwcm92aWRlchgDIAEoCRIlCgNnYXAYBCABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIRCglsb2dpbl91cmwYBSABKAkSLgoKZXhwaXJlc19hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGc2NvcGVzGAcgAygJIrABChhSZXF1ZXN0Q29ubmVjdGlvblJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg0KBWVwb2NoGAIgASgDEhQKDHRvb2xfY2FsbF9pZBgDIAEoCRIQCghwcm92aWRlchgEIAEoCRIlCgNnYXAYBSABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIOCgZzY29wZXMYBiADKAkSFgoOY3JlZGVudGlhbF9yZWYYByABKAkiRgoZUmVxdWVzdENvbm5lY3Rpb25SZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIRCglsb2dpbl91cmwYAiABKAkiggEKGENvbmZpcm1Db25uZWN0aW9uUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSFAoMcHJpbmNpcGFsX2lkGAIgASgJEg4KBnJ1bl9pZBgDIAEoCRINCgVzdGF0ZRgEIAEoCRIMCgRjb2RlGAUgASgJEhAKCGFsbF9ydW5zGAYgASgIIiwKGUNvbmZpcm1Db25uZWN0aW9uUmVzcG9uc2USDwoHcmVzdW1lZBgBIAEoCCJpChxGaW5kUGVuZGluZ0Nvbm5lY3Rpb25SZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSFAoMcHJpbmNpcGFsX2lkGAMgASgJEhAKCGFsbF9ydW5zGAQgASgIIlEKHUZpbmRQZW5kaW5nQ29ubmVjdGlvblJlc3BvbnNlEjAKCmNvbm5lY3Rpb24YASABKAsyHC50ZXRoZXIudjEuUGVuZGluZ0Nvbm5lY3Rpb24iNAofRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkiRgogRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVzcG9uc2USDwoHcmVtb3ZlZBgBIAEoAxIRCglyZW1haW5pbmcYAiABKAgqjQEKDUNvbm5lY3Rpb25HYXASHgoaQ09OTkVDVElPTl9HQVBfVU5TUEVDSUZJRUQQABIZChVDT05ORUNUSU9OX0dBUF9BQlNFTlQQARIaChZDT05ORUNUSU9OX0dBUF9FWFBJUkVEEAISJQohQ09OTkVDVElPTl9HQVBfSU5TVUZGSUNJRU5UX1NDT1BFEAMywwoKE0ludGVyYWN0aW9uc1NlcnZpY2USTwoMQXNrUXVlc3Rpb25zEh4udGV0aGVyLnYxLkFza1F1ZXN0aW9uc1JlcXVlc3QaHy50ZXRoZXIudjEuQXNrUXVlc3Rpb25zUmVzcG9uc2USUgoNUmVjb3JkQW5zd2VycxIfLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVxdWVzdBogLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVzcG9uc2USZAoTRmluZFBlbmRpbmdRdWVzdGlvbhIlLnRldGhlci52MS5GaW5kUGVuZGluZ1F1ZXN0aW9uUmVxdWVzdBomLnRldGhlci52MS5GaW5kUGVuZGluZ1F1ZXN0aW9uUmVzcG9uc2USagoVRmluZEFuc3dlcmVkUXVlc3Rpb25zEicudGV0aGVyLnYxLkZpbmRBbnN3ZXJlZFF1ZXN0aW9uc1JlcXVlc3QaKC50ZXRoZXIudjEuRmluZEFuc3dlcmVkUXVlc3Rpb25zUmVzcG9uc2USSQoKQ2hlY2tHcmFudBIcLnRldGhlci52MS5DaGVja0dyYW50UmVxdWVzdBodLnRldGhlci52MS5DaGVja0dyYW50UmVzcG9uc2USWAoPUmVxdWVzdEFwcHJvdmFsEiEudGV0aGVyLnYxLlJlcXVlc3RBcHByb3ZhbFJlcXVlc3QaIi50ZXRoZXIudjEuUmVxdWVzdEFwcHJvdmFsUmVzcG9uc2USVQoOUmVjb3JkRGVjaXNpb24SIC50ZXRoZXIudjEuUmVjb3JkRGVjaXNpb25SZXF1ZXN0GiEudGV0aGVyLnYxLlJlY29yZERlY2lzaW9uUmVzcG9uc2USUgoNQ2xhaW1BcHByb3ZhbBIfLnRldGhlci52MS5DbGFpbUFwcHJvdmFsUmVxdWVzdBogLnRldGhlci52MS5DbGFpbUFwcHJvdmFsUmVzcG9uc2USZAoTRmluZFBlbmRpbmdBcHByb3ZhbBIlLnRldGhlci52MS5GaW5kUGVuZGluZ0FwcHJvdmFsUmVxdWVzdBomLnRldGhlci52MS5GaW5kUGVuZGluZ0FwcHJvdmFsUmVzcG9uc2USXgoRUmVxdWVzdENvbm5lY3Rpb24SIy50ZXRoZXIudjEuUmVxdWVzdENvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLlJlcXVlc3RDb25uZWN0aW9uUmVzcG9uc2USXgoRQ29uZmlybUNvbm5lY3Rpb24SIy50ZXRoZXIudjEuQ29uZmlybUNvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLkNvbmZpcm1Db25uZWN0aW9uUmVzcG9uc2USagoVRmluZFBlbmRpbmdDb25uZWN0aW9uEicudGV0aGVyLnYxLkZpbmRQZW5kaW5nQ29ubmVjdGlvblJlcXVlc3QaKC50ZXRoZXIudjEuRmluZFBlbmRpbmdDb25uZWN0aW9uUmVzcG9uc2USXgoRUmVzb2x2ZUNvbm5lY3Rpb24SIy50ZXRoZXIudjEuUmVzb2x2ZUNvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLlJlc29sdmVDb25uZWN0aW9uUmVzcG9uc2UScwoYRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zEioudGV0aGVyLnYxLkRlbGV0ZVRlbmFudEludGVyYWN0aW9uc1JlcXVlc3QaKy50ZXRoZXIudjEuRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Chx0ZXRoZXIvdjEvaW50ZXJhY3Rpb25zLnByb3RvEgl0ZXRoZXIudjEiWwoYUmVzb2x2ZUNvbm5lY3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIQCghwcm92aWRlchgDIAEoCRIOCgZzY29wZXMYBCADKAkicAoZUmVzb2x2ZUNvbm5lY3Rpb25SZXNwb25zZRIlCgNnYXAYASABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIUCgxhY2Nlc3NfdG9rZW4YAiABKAkSFgoOY3JlZGVudGlhbF9yZWYYAyABKAkiYwoMUXVlc3Rpb25TcGVjEgsKA2tleRgBIAEoCRIOCgZwcm9tcHQYAiABKAkSDwoHb3B0aW9ucxgDIAMoCRIQCghtdWx0aXBsZRgEIAEoCBITCgthbGxvd19vdGhlchgFIAEoCCIgCg5RdWVzdGlvbkFuc3dlchIOCgZ2YWx1ZXMYASADKAkilQEKD1BlbmRpbmdRdWVzdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSKgoJcXVlc3Rpb25zGAMgAygLMhcudGV0aGVyLnYxLlF1ZXN0aW9uU3BlYxIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ2ChNBc2tRdWVzdGlvbnNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIUCgx0b29sX2NhbGxfaWQYAyABKAkSKgoJcXVlc3Rpb25zGAQgAygLMhcudGV0aGVyLnYxLlF1ZXN0aW9uU3BlYyIuChRBc2tRdWVzdGlvbnNSZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCSLrAQoUUmVjb3JkQW5zd2Vyc1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSPQoHYW5zd2VycxgEIAMoCzIsLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVxdWVzdC5BbnN3ZXJzRW50cnkSEAoIYWxsX3J1bnMYBSABKAgaSQoMQW5zd2Vyc0VudHJ5EgsKA2tleRgBIAEoCRIoCgV2YWx1ZRgCIAEoCzIZLnRldGhlci52MS5RdWVzdGlvbkFuc3dlcjoCOAEiQAoVUmVjb3JkQW5zd2Vyc1Jlc3BvbnNlEhYKDmludGVyYWN0aW9uX2lkGAEgASgJEg8KB3Jlc3VtZWQYAiABKAgiZwoaRmluZFBlbmRpbmdRdWVzdGlvblJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIUCgxwcmluY2lwYWxfaWQYAyABKAkSEAoIYWxsX3J1bnMYBCABKAgiSwobRmluZFBlbmRpbmdRdWVzdGlvblJlc3BvbnNlEiwKCHF1ZXN0aW9uGAEgASgLMhoudGV0aGVyLnYxLlBlbmRpbmdRdWVzdGlvbiI9ChxGaW5kQW5zd2VyZWRRdWVzdGlvbnNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAyLyAQoQQW5zd2VyZWRRdWVzdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIqCglxdWVzdGlvbnMYAiADKAsyFy50ZXRoZXIudjEuUXVlc3Rpb25TcGVjEjkKB2Fuc3dlcnMYAyADKAsyKC50ZXRoZXIudjEuQW5zd2VyZWRRdWVzdGlvbi5BbnN3ZXJzRW50cnkSFAoMdG9vbF9jYWxsX2lkGAQgASgJGkkKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKAoFdmFsdWUYAiABKAsyGS50ZXRoZXIudjEuUXVlc3Rpb25BbnN3ZXI6AjgBIk4KHUZpbmRBbnN3ZXJlZFF1ZXN0aW9uc1Jlc3BvbnNlEi0KCGFuc3dlcmVkGAEgAygLMhsudGV0aGVyLnYxLkFuc3dlcmVkUXVlc3Rpb24iXAoRQ2hlY2tHcmFudFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIVCg1yaXNrX2NhdGVnb3J5GAMgASgJEg0KBWVwb2NoGAQgASgDIjcKEkNoZWNrR3JhbnRSZXNwb25zZRIPCgdhbGxvd2VkGAEgASgIEhAKCGdyYW50X2lkGAIgASgJIoYCCg9QZW5kaW5nQXBwcm92YWwSFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDgoGcnVuX2lkGAIgASgJEhEKCXRvb2xfbmFtZRgDIAEoCRIPCgdzdW1tYXJ5GAQgASgJEhUKDXJpc2tfY2F0ZWdvcnkYBSABKAkSJgoFaW5wdXQYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eh0KFWVzdGltYXRlZF9jb3N0X21pY3JvcxgHIAEoAxIuCgpleHBpcmVzX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIZChFhbGxvd2VkX2RlY2lzaW9ucxgJIAMoCSKBAgoWUmVxdWVzdEFwcHJvdmFsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDQoFZXBvY2gYAiABKAMSFAoMdG9vbF9jYWxsX2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRImCgVpbnB1dBgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFQoNcmlza19jYXRlZ29yeRgGIAEoCRIPCgdzdW1tYXJ5GAcgASgJEh0KFWVzdGltYXRlZF9jb3N0X21pY3JvcxgIIAEoAxIXCg9pZGVtcG90ZW5jeV9rZXkYCSABKAkSFwoPYXBwcm92YWxfcG9saWN5GAogASgJIjEKF1JlcXVlc3RBcHByb3ZhbFJlc3BvbnNlEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIooBChVSZWNvcmREZWNpc2lvblJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSEAoIZGVjaXNpb24YBCABKAkSFAoMYWx3YXlzX3Njb3BlGAUgASgJEhAKCGFsbF9ydW5zGAYgASgIIlMKFlJlY29yZERlY2lzaW9uUmVzcG9uc2USFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHcmVzdW1lZBgCIAEoCBIQCghncmFudF9pZBgDIAEoCSJeChRDbGFpbUFwcHJvdmFsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDQoFZXBvY2gYAiABKAMSEQoJdG9vbF9uYW1lGAMgASgJEhQKDHRvb2xfY2FsbF9pZBgEIAEoCSK8AQoVQ2xhaW1BcHByb3ZhbFJlc3BvbnNlEg8KB2NsYWltZWQYASABKAgSFgoOaW50ZXJhY3Rpb25faWQYAiABKAkSEAoIZGVjaXNpb24YAyABKAkSFAoMdG9vbF9jYWxsX2lkGAQgASgJEhEKCXRvb2xfbmFtZRgFIAEoCRImCgVpbnB1dBgGIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJImcKGkZpbmRQZW5kaW5nQXBwcm92YWxSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSFAoMcHJpbmNpcGFsX2lkGAMgASgJEhAKCGFsbF9ydW5zGAQgASgIIksKG0ZpbmRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRIsCghhcHByb3ZhbBgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nQXBwcm92YWwixwEKEVBlbmRpbmdDb25uZWN0aW9uEhYKDmludGVyYWN0aW9uX2lkGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIQCghwcm92aWRlchgDIAEoCRIlCgNnYXAYBCABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIRCglsb2dpbl91cmwYBSABKAkSLgoKZXhwaXJlc19hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGc2NvcGVzGAcgAygJIrABChhSZXF1ZXN0Q29ubmVjdGlvblJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg0KBWVwb2NoGAIgASgDEhQKDHRvb2xfY2FsbF9pZBgDIAEoCRIQCghwcm92aWRlchgEIAEoCRIlCgNnYXAYBSABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIOCgZzY29wZXMYBiADKAkSFgoOY3JlZGVudGlhbF9yZWYYByABKAkiRgoZUmVxdWVzdENvbm5lY3Rpb25SZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIRCglsb2dpbl91cmwYAiABKAkiggEKGENvbmZpcm1Db25uZWN0aW9uUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSFAoMcHJpbmNpcGFsX2lkGAIgASgJEg4KBnJ1bl9pZBgDIAEoCRINCgVzdGF0ZRgEIAEoCRIMCgRjb2RlGAUgASgJEhAKCGFsbF9ydW5zGAYgASgIIiwKGUNvbmZpcm1Db25uZWN0aW9uUmVzcG9uc2USDwoHcmVzdW1lZBgBIAEoCCJpChxGaW5kUGVuZGluZ0Nvbm5lY3Rpb25SZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSFAoMcHJpbmNpcGFsX2lkGAMgASgJEhAKCGFsbF9ydW5zGAQgASgIIlEKHUZpbmRQZW5kaW5nQ29ubmVjdGlvblJlc3BvbnNlEjAKCmNvbm5lY3Rpb24YASABKAsyHC50ZXRoZXIudjEuUGVuZGluZ0Nvbm5lY3Rpb24iNAofRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkiRgogRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVzcG9uc2USDwoHcmVtb3ZlZBgBIAEoAxIRCglyZW1haW5pbmcYAiABKAgiXQoKU2VjcmV0SW5mbxIMCgRuYW1lGAEgASgJEhEKCWxhc3RfZm91chgCIAEoCRIuCgpjcmVhdGVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJYChBBZGRTZWNyZXRSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIUCgxwcmluY2lwYWxfaWQYAiABKAkSDAoEbmFtZRgDIAEoCRINCgV2YWx1ZRgEIAEoDCI6ChFBZGRTZWNyZXRSZXNwb25zZRIlCgZzZWNyZXQYASABKAsyFS50ZXRoZXIudjEuU2VjcmV0SW5mbyInChJMaXN0U2VjcmV0c1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJIj0KE0xpc3RTZWNyZXRzUmVzcG9uc2USJgoHc2VjcmV0cxgBIAMoCzIVLnRldGhlci52MS5TZWNyZXRJbmZvIjYKE1JlbW92ZVNlY3JldFJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEgwKBG5hbWUYAiABKAkiFgoUUmVtb3ZlU2VjcmV0UmVzcG9uc2UqjQEKDUNvbm5lY3Rpb25HYXASHgoaQ09OTkVDVElPTl9HQVBfVU5TUEVDSUZJRUQQABIZChVDT05ORUNUSU9OX0dBUF9BQlNFTlQQARIaChZDT05ORUNUSU9OX0dBUF9FWFBJUkVEEAISJQohQ09OTkVDVElPTl9HQVBfSU5TVUZGSUNJRU5UX1NDT1BFEAMyqgwKE0ludGVyYWN0aW9uc1NlcnZpY2USTwoMQXNrUXVlc3Rpb25zEh4udGV0aGVyLnYxLkFza1F1ZXN0aW9uc1JlcXVlc3QaHy50ZXRoZXIudjEuQXNrUXVlc3Rpb25zUmVzcG9uc2USUgoNUmVjb3JkQW5zd2VycxIfLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVxdWVzdBogLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVzcG9uc2USZAoTRmluZFBlbmRpbmdRdWVzdGlvbhIlLnRldGhlci52MS5GaW5kUGVuZGluZ1F1ZXN0aW9uUmVxdWVzdBomLnRldGhlci52MS5GaW5kUGVuZGluZ1F1ZXN0aW9uUmVzcG9uc2USagoVRmluZEFuc3dlcmVkUXVlc3Rpb25zEicudGV0aGVyLnYxLkZpbmRBbnN3ZXJlZFF1ZXN0aW9uc1JlcXVlc3QaKC50ZXRoZXIudjEuRmluZEFuc3dlcmVkUXVlc3Rpb25zUmVzcG9uc2USSQoKQ2hlY2tHcmFudBIcLnRldGhlci52MS5DaGVja0dyYW50UmVxdWVzdBodLnRldGhlci52MS5DaGVja0dyYW50UmVzcG9uc2USWAoPUmVxdWVzdEFwcHJvdmFsEiEudGV0aGVyLnYxLlJlcXVlc3RBcHByb3ZhbFJlcXVlc3QaIi50ZXRoZXIudjEuUmVxdWVzdEFwcHJvdmFsUmVzcG9uc2USVQoOUmVjb3JkRGVjaXNpb24SIC50ZXRoZXIudjEuUmVjb3JkRGVjaXNpb25SZXF1ZXN0GiEudGV0aGVyLnYxLlJlY29yZERlY2lzaW9uUmVzcG9uc2USUgoNQ2xhaW1BcHByb3ZhbBIfLnRldGhlci52MS5DbGFpbUFwcHJvdmFsUmVxdWVzdBogLnRldGhlci52MS5DbGFpbUFwcHJvdmFsUmVzcG9uc2USZAoTRmluZFBlbmRpbmdBcHByb3ZhbBIlLnRldGhlci52MS5GaW5kUGVuZGluZ0FwcHJvdmFsUmVxdWVzdBomLnRldGhlci52MS5GaW5kUGVuZGluZ0FwcHJvdmFsUmVzcG9uc2USXgoRUmVxdWVzdENvbm5lY3Rpb24SIy50ZXRoZXIudjEuUmVxdWVzdENvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLlJlcXVlc3RDb25uZWN0aW9uUmVzcG9uc2USXgoRQ29uZmlybUNvbm5lY3Rpb24SIy50ZXRoZXIudjEuQ29uZmlybUNvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLkNvbmZpcm1Db25uZWN0aW9uUmVzcG9uc2USagoVRmluZFBlbmRpbmdDb25uZWN0aW9uEicudGV0aGVyLnYxLkZpbmRQZW5kaW5nQ29ubmVjdGlvblJlcXVlc3QaKC50ZXRoZXIudjEuRmluZFBlbmRpbmdDb25uZWN0aW9uUmVzcG9uc2USXgoRUmVzb2x2ZUNvbm5lY3Rpb24SIy50ZXRoZXIudjEuUmVzb2x2ZUNvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLlJlc29sdmVDb25uZWN0aW9uUmVzcG9uc2UScwoYRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zEioudGV0aGVyLnYxLkRlbGV0ZVRlbmFudEludGVyYWN0aW9uc1JlcXVlc3QaKy50ZXRoZXIudjEuRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVzcG9uc2USRgoJQWRkU2VjcmV0EhsudGV0aGVyLnYxLkFkZFNlY3JldFJlcXVlc3QaHC50ZXRoZXIudjEuQWRkU2VjcmV0UmVzcG9uc2USTAoLTGlzdFNlY3JldHMSHS50ZXRoZXIudjEuTGlzdFNlY3JldHNSZXF1ZXN0Gh4udGV0aGVyLnYxLkxpc3RTZWNyZXRzUmVzcG9uc2USTwoMUmVtb3ZlU2VjcmV0Eh4udGV0aGVyLnYxLlJlbW92ZVNlY3JldFJlcXVlc3QaHy50ZXRoZXIudjEuUmVtb3ZlU2VjcmV0UmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * ResolveConnectionRequest asks for a usable connection under a lease.
@@ -2455,6 +2455,323 @@ export const DeleteTenantInteractionsResponseSchema: GenMessage<DeleteTenantInte
   messageDesc(file_tether_v1_interactions, 33);
 
 /**
+ * SecretInfo is what a read shows of a secret: never its value.
+ *
+ * @generated from message tether.v1.SecretInfo
+ */
+export type SecretInfo = Message<"tether.v1.SecretInfo"> & {
+  /**
+   * Name (tether.ids identifier rules).
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * The value's last four characters (fewer for a short value, none for binary).
+   *
+   * @generated from field: string last_four = 2;
+   */
+  lastFour: string;
+
+  /**
+   * When it was stored.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 3;
+   */
+  createdAt?: Timestamp | undefined;
+};
+
+/**
+ * SecretInfo is what a read shows of a secret: never its value.
+ *
+ * @generated from message tether.v1.SecretInfo
+ */
+export type SecretInfoJson = {
+  /**
+   * Name (tether.ids identifier rules).
+   *
+   * @generated from field: string name = 1;
+   */
+  name?: string;
+
+  /**
+   * The value's last four characters (fewer for a short value, none for binary).
+   *
+   * @generated from field: string last_four = 2;
+   */
+  lastFour?: string;
+
+  /**
+   * When it was stored.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 3;
+   */
+  createdAt?: TimestampJson;
+};
+
+/**
+ * Describes the message tether.v1.SecretInfo.
+ * Use `create(SecretInfoSchema)` to create a new message.
+ */
+export const SecretInfoSchema: GenMessage<SecretInfo, {jsonType: SecretInfoJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 34);
+
+/**
+ * AddSecretRequest stores a named secret for a tenant.
+ *
+ * @generated from message tether.v1.AddSecretRequest
+ */
+export type AddSecretRequest = Message<"tether.v1.AddSecretRequest"> & {
+  /**
+   * Tenant.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId: string;
+
+  /**
+   * Who stores it (recorded as created_by).
+   *
+   * @generated from field: string principal_id = 2;
+   */
+  principalId: string;
+
+  /**
+   * Name.
+   *
+   * @generated from field: string name = 3;
+   */
+  name: string;
+
+  /**
+   * The value: 1 byte to 64 KiB.
+   *
+   * @generated from field: bytes value = 4;
+   */
+  value: Uint8Array;
+};
+
+/**
+ * AddSecretRequest stores a named secret for a tenant.
+ *
+ * @generated from message tether.v1.AddSecretRequest
+ */
+export type AddSecretRequestJson = {
+  /**
+   * Tenant.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId?: string;
+
+  /**
+   * Who stores it (recorded as created_by).
+   *
+   * @generated from field: string principal_id = 2;
+   */
+  principalId?: string;
+
+  /**
+   * Name.
+   *
+   * @generated from field: string name = 3;
+   */
+  name?: string;
+
+  /**
+   * The value: 1 byte to 64 KiB.
+   *
+   * @generated from field: bytes value = 4;
+   */
+  value?: string;
+};
+
+/**
+ * Describes the message tether.v1.AddSecretRequest.
+ * Use `create(AddSecretRequestSchema)` to create a new message.
+ */
+export const AddSecretRequestSchema: GenMessage<AddSecretRequest, {jsonType: AddSecretRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 35);
+
+/**
+ * AddSecretResponse shows what was stored, without the value.
+ *
+ * @generated from message tether.v1.AddSecretResponse
+ */
+export type AddSecretResponse = Message<"tether.v1.AddSecretResponse"> & {
+  /**
+   * The stored secret.
+   *
+   * @generated from field: tether.v1.SecretInfo secret = 1;
+   */
+  secret?: SecretInfo | undefined;
+};
+
+/**
+ * AddSecretResponse shows what was stored, without the value.
+ *
+ * @generated from message tether.v1.AddSecretResponse
+ */
+export type AddSecretResponseJson = {
+  /**
+   * The stored secret.
+   *
+   * @generated from field: tether.v1.SecretInfo secret = 1;
+   */
+  secret?: SecretInfoJson;
+};
+
+/**
+ * Describes the message tether.v1.AddSecretResponse.
+ * Use `create(AddSecretResponseSchema)` to create a new message.
+ */
+export const AddSecretResponseSchema: GenMessage<AddSecretResponse, {jsonType: AddSecretResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 36);
+
+/**
+ * ListSecretsRequest names a tenant.
+ *
+ * @generated from message tether.v1.ListSecretsRequest
+ */
+export type ListSecretsRequest = Message<"tether.v1.ListSecretsRequest"> & {
+  /**
+   * Tenant.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId: string;
+};
+
+/**
+ * ListSecretsRequest names a tenant.
+ *
+ * @generated from message tether.v1.ListSecretsRequest
+ */
+export type ListSecretsRequestJson = {
+  /**
+   * Tenant.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId?: string;
+};
+
+/**
+ * Describes the message tether.v1.ListSecretsRequest.
+ * Use `create(ListSecretsRequestSchema)` to create a new message.
+ */
+export const ListSecretsRequestSchema: GenMessage<ListSecretsRequest, {jsonType: ListSecretsRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 37);
+
+/**
+ * ListSecretsResponse lists the tenant's secrets by name.
+ *
+ * @generated from message tether.v1.ListSecretsResponse
+ */
+export type ListSecretsResponse = Message<"tether.v1.ListSecretsResponse"> & {
+  /**
+   * Secrets.
+   *
+   * @generated from field: repeated tether.v1.SecretInfo secrets = 1;
+   */
+  secrets: SecretInfo[];
+};
+
+/**
+ * ListSecretsResponse lists the tenant's secrets by name.
+ *
+ * @generated from message tether.v1.ListSecretsResponse
+ */
+export type ListSecretsResponseJson = {
+  /**
+   * Secrets.
+   *
+   * @generated from field: repeated tether.v1.SecretInfo secrets = 1;
+   */
+  secrets?: SecretInfoJson[];
+};
+
+/**
+ * Describes the message tether.v1.ListSecretsResponse.
+ * Use `create(ListSecretsResponseSchema)` to create a new message.
+ */
+export const ListSecretsResponseSchema: GenMessage<ListSecretsResponse, {jsonType: ListSecretsResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 38);
+
+/**
+ * RemoveSecretRequest names the secret to remove.
+ *
+ * @generated from message tether.v1.RemoveSecretRequest
+ */
+export type RemoveSecretRequest = Message<"tether.v1.RemoveSecretRequest"> & {
+  /**
+   * Tenant.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId: string;
+
+  /**
+   * Name.
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+};
+
+/**
+ * RemoveSecretRequest names the secret to remove.
+ *
+ * @generated from message tether.v1.RemoveSecretRequest
+ */
+export type RemoveSecretRequestJson = {
+  /**
+   * Tenant.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId?: string;
+
+  /**
+   * Name.
+   *
+   * @generated from field: string name = 2;
+   */
+  name?: string;
+};
+
+/**
+ * Describes the message tether.v1.RemoveSecretRequest.
+ * Use `create(RemoveSecretRequestSchema)` to create a new message.
+ */
+export const RemoveSecretRequestSchema: GenMessage<RemoveSecretRequest, {jsonType: RemoveSecretRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 39);
+
+/**
+ * RemoveSecretResponse is empty: the secret is gone.
+ *
+ * @generated from message tether.v1.RemoveSecretResponse
+ */
+export type RemoveSecretResponse = Message<"tether.v1.RemoveSecretResponse"> & {
+};
+
+/**
+ * RemoveSecretResponse is empty: the secret is gone.
+ *
+ * @generated from message tether.v1.RemoveSecretResponse
+ */
+export type RemoveSecretResponseJson = {
+};
+
+/**
+ * Describes the message tether.v1.RemoveSecretResponse.
+ * Use `create(RemoveSecretResponseSchema)` to create a new message.
+ */
+export const RemoveSecretResponseSchema: GenMessage<RemoveSecretResponse, {jsonType: RemoveSecretResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 40);
+
+/**
  * ConnectionGap classifies why a tool lacks a usable connection.
  *
  * @generated from enum tether.v1.ConnectionGap
@@ -2649,6 +2966,36 @@ export const InteractionsService: GenService<{
     methodKind: "unary";
     input: typeof DeleteTenantInteractionsRequestSchema;
     output: typeof DeleteTenantInteractionsResponseSchema;
+  },
+  /**
+   * AddSecret seals a tenant's named secret (ALREADY_EXISTS when the name is taken).
+   *
+   * @generated from rpc tether.v1.InteractionsService.AddSecret
+   */
+  addSecret: {
+    methodKind: "unary";
+    input: typeof AddSecretRequestSchema;
+    output: typeof AddSecretResponseSchema;
+  },
+  /**
+   * ListSecrets names the tenant's secrets: never a value, its last four characters at most.
+   *
+   * @generated from rpc tether.v1.InteractionsService.ListSecrets
+   */
+  listSecrets: {
+    methodKind: "unary";
+    input: typeof ListSecretsRequestSchema;
+    output: typeof ListSecretsResponseSchema;
+  },
+  /**
+   * RemoveSecret removes one; another tenant's is NOT_FOUND exactly like an absent one.
+   *
+   * @generated from rpc tether.v1.InteractionsService.RemoveSecret
+   */
+  removeSecret: {
+    methodKind: "unary";
+    input: typeof RemoveSecretRequestSchema;
+    output: typeof RemoveSecretResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_tether_v1_interactions, 0);
