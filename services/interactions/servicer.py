@@ -104,30 +104,30 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         self._secrets = secrets
 
     async def AddSecret(
-        self, request: interactions_pb2.AddSecretRequest, context: grpc.aio.ServicerContext
-    ) -> interactions_pb2.AddSecretResponse:
+        self, request: interactions_pb2.SecretToStore, context: grpc.aio.ServicerContext
+    ) -> interactions_pb2.SecretStored:
         if not request.tenant_id:
             raise InvalidArgument("tenant_id is required")
         info = await self._secrets.add(
             request.tenant_id, request.principal_id, request.name, request.value
         )
-        return interactions_pb2.AddSecretResponse(secret=_secret_info(info))
+        return interactions_pb2.SecretStored(secret=_secret_info(info))
 
     async def ListSecrets(
-        self, request: interactions_pb2.ListSecretsRequest, context: grpc.aio.ServicerContext
-    ) -> interactions_pb2.ListSecretsResponse:
+        self, request: interactions_pb2.TenantSecretsQuery, context: grpc.aio.ServicerContext
+    ) -> interactions_pb2.TenantSecrets:
         if not request.tenant_id:
             raise InvalidArgument("tenant_id is required")
         listed = await self._secrets.list(request.tenant_id)
-        return interactions_pb2.ListSecretsResponse(secrets=[_secret_info(i) for i in listed])
+        return interactions_pb2.TenantSecrets(secrets=[_secret_info(i) for i in listed])
 
     async def RemoveSecret(
-        self, request: interactions_pb2.RemoveSecretRequest, context: grpc.aio.ServicerContext
-    ) -> interactions_pb2.RemoveSecretResponse:
+        self, request: interactions_pb2.SecretToRemove, context: grpc.aio.ServicerContext
+    ) -> interactions_pb2.SecretRemoved:
         if not request.tenant_id:
             raise InvalidArgument("tenant_id is required")
         await self._secrets.remove(request.tenant_id, request.name)
-        return interactions_pb2.RemoveSecretResponse()
+        return interactions_pb2.SecretRemoved()
 
     async def DeleteTenantInteractions(
         self,

@@ -1274,8 +1274,8 @@ class SecretInfo(_message.Message):
 Global___SecretInfo: _TypeAlias = SecretInfo  # noqa: Y015
 
 @_typing.final
-class AddSecretRequest(_message.Message):
-    """AddSecretRequest stores a named secret for a tenant."""
+class SecretToStore(_message.Message):
+    """SecretToStore stores a named secret for a tenant."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1305,11 +1305,11 @@ class AddSecretRequest(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___AddSecretRequest: _TypeAlias = AddSecretRequest  # noqa: Y015
+Global___SecretToStore: _TypeAlias = SecretToStore  # noqa: Y015
 
 @_typing.final
-class AddSecretResponse(_message.Message):
-    """AddSecretResponse shows what was stored, without the value."""
+class SecretStored(_message.Message):
+    """SecretStored shows what was stored, without the value."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1329,11 +1329,11 @@ class AddSecretResponse(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___AddSecretResponse: _TypeAlias = AddSecretResponse  # noqa: Y015
+Global___SecretStored: _TypeAlias = SecretStored  # noqa: Y015
 
 @_typing.final
-class ListSecretsRequest(_message.Message):
-    """ListSecretsRequest names a tenant."""
+class TenantSecretsQuery(_message.Message):
+    """TenantSecretsQuery names a tenant."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1351,11 +1351,11 @@ class ListSecretsRequest(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ListSecretsRequest: _TypeAlias = ListSecretsRequest  # noqa: Y015
+Global___TenantSecretsQuery: _TypeAlias = TenantSecretsQuery  # noqa: Y015
 
 @_typing.final
-class ListSecretsResponse(_message.Message):
-    """ListSecretsResponse lists the tenant's secrets by name."""
+class TenantSecrets(_message.Message):
+    """TenantSecrets lists the tenant's secrets by name."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1375,11 +1375,11 @@ class ListSecretsResponse(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ListSecretsResponse: _TypeAlias = ListSecretsResponse  # noqa: Y015
+Global___TenantSecrets: _TypeAlias = TenantSecrets  # noqa: Y015
 
 @_typing.final
-class RemoveSecretRequest(_message.Message):
-    """RemoveSecretRequest names the secret to remove."""
+class SecretToRemove(_message.Message):
+    """SecretToRemove names the secret to remove."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1401,11 +1401,11 @@ class RemoveSecretRequest(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___RemoveSecretRequest: _TypeAlias = RemoveSecretRequest  # noqa: Y015
+Global___SecretToRemove: _TypeAlias = SecretToRemove  # noqa: Y015
 
 @_typing.final
-class RemoveSecretResponse(_message.Message):
-    """RemoveSecretResponse is empty: the secret is gone."""
+class SecretRemoved(_message.Message):
+    """SecretRemoved is empty: the secret is gone."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1418,4 +1418,4 @@ class RemoveSecretResponse(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___RemoveSecretResponse: _TypeAlias = RemoveSecretResponse  # noqa: Y015
+Global___SecretRemoved: _TypeAlias = SecretRemoved  # noqa: Y015

@@ -108,18 +108,18 @@ class InteractionsServiceStub:
                 _registered_method=True)
         self.AddSecret = channel.unary_unary(
                 '/tether.v1.InteractionsService/AddSecret',
-                request_serializer=tether_dot_v1_dot_interactions__pb2.AddSecretRequest.SerializeToString,
-                response_deserializer=tether_dot_v1_dot_interactions__pb2.AddSecretResponse.FromString,
+                request_serializer=tether_dot_v1_dot_interactions__pb2.SecretToStore.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.SecretStored.FromString,
                 _registered_method=True)
         self.ListSecrets = channel.unary_unary(
                 '/tether.v1.InteractionsService/ListSecrets',
-                request_serializer=tether_dot_v1_dot_interactions__pb2.ListSecretsRequest.SerializeToString,
-                response_deserializer=tether_dot_v1_dot_interactions__pb2.ListSecretsResponse.FromString,
+                request_serializer=tether_dot_v1_dot_interactions__pb2.TenantSecretsQuery.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.TenantSecrets.FromString,
                 _registered_method=True)
         self.RemoveSecret = channel.unary_unary(
                 '/tether.v1.InteractionsService/RemoveSecret',
-                request_serializer=tether_dot_v1_dot_interactions__pb2.RemoveSecretRequest.SerializeToString,
-                response_deserializer=tether_dot_v1_dot_interactions__pb2.RemoveSecretResponse.FromString,
+                request_serializer=tether_dot_v1_dot_interactions__pb2.SecretToRemove.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.SecretRemoved.FromString,
                 _registered_method=True)
 
 
@@ -323,18 +323,18 @@ def add_InteractionsServiceServicer_to_server(servicer, server):
             ),
             'AddSecret': grpc.unary_unary_rpc_method_handler(
                     servicer.AddSecret,
-                    request_deserializer=tether_dot_v1_dot_interactions__pb2.AddSecretRequest.FromString,
-                    response_serializer=tether_dot_v1_dot_interactions__pb2.AddSecretResponse.SerializeToString,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.SecretToStore.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.SecretStored.SerializeToString,
             ),
             'ListSecrets': grpc.unary_unary_rpc_method_handler(
                     servicer.ListSecrets,
-                    request_deserializer=tether_dot_v1_dot_interactions__pb2.ListSecretsRequest.FromString,
-                    response_serializer=tether_dot_v1_dot_interactions__pb2.ListSecretsResponse.SerializeToString,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.TenantSecretsQuery.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.TenantSecrets.SerializeToString,
             ),
             'RemoveSecret': grpc.unary_unary_rpc_method_handler(
                     servicer.RemoveSecret,
-                    request_deserializer=tether_dot_v1_dot_interactions__pb2.RemoveSecretRequest.FromString,
-                    response_serializer=tether_dot_v1_dot_interactions__pb2.RemoveSecretResponse.SerializeToString,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.SecretToRemove.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.SecretRemoved.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -742,8 +742,8 @@ class InteractionsService:
             request,
             target,
             '/tether.v1.InteractionsService/AddSecret',
-            tether_dot_v1_dot_interactions__pb2.AddSecretRequest.SerializeToString,
-            tether_dot_v1_dot_interactions__pb2.AddSecretResponse.FromString,
+            tether_dot_v1_dot_interactions__pb2.SecretToStore.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.SecretStored.FromString,
             options,
             channel_credentials,
             insecure,
@@ -769,8 +769,8 @@ class InteractionsService:
             request,
             target,
             '/tether.v1.InteractionsService/ListSecrets',
-            tether_dot_v1_dot_interactions__pb2.ListSecretsRequest.SerializeToString,
-            tether_dot_v1_dot_interactions__pb2.ListSecretsResponse.FromString,
+            tether_dot_v1_dot_interactions__pb2.TenantSecretsQuery.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.TenantSecrets.FromString,
             options,
             channel_credentials,
             insecure,
@@ -796,8 +796,8 @@ class InteractionsService:
             request,
             target,
             '/tether.v1.InteractionsService/RemoveSecret',
-            tether_dot_v1_dot_interactions__pb2.RemoveSecretRequest.SerializeToString,
-            tether_dot_v1_dot_interactions__pb2.RemoveSecretResponse.FromString,
+            tether_dot_v1_dot_interactions__pb2.SecretToRemove.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.SecretRemoved.FromString,
             options,
             channel_credentials,
             insecure,

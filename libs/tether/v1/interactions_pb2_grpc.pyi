@@ -65,11 +65,11 @@ class InteractionsServiceStub:
     """DeleteTenantInteractions removes a batch of a deleted tenant's grants, connections and
     interactions; call it again while it says some remain.
     """
-    AddSecret: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.AddSecretRequest, _interactions_pb2.AddSecretResponse]
+    AddSecret: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.SecretToStore, _interactions_pb2.SecretStored]
     """AddSecret seals a tenant's named secret (ALREADY_EXISTS when the name is taken)."""
-    ListSecrets: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.ListSecretsRequest, _interactions_pb2.ListSecretsResponse]
+    ListSecrets: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.TenantSecretsQuery, _interactions_pb2.TenantSecrets]
     """ListSecrets names the tenant's secrets: never a value, its last four characters at most."""
-    RemoveSecret: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.RemoveSecretRequest, _interactions_pb2.RemoveSecretResponse]
+    RemoveSecret: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.SecretToRemove, _interactions_pb2.SecretRemoved]
     """RemoveSecret removes one; another tenant's is NOT_FOUND exactly like an absent one."""
 
 @_typing.type_check_only
@@ -109,11 +109,11 @@ class InteractionsServiceAsyncStub(InteractionsServiceStub):
     """DeleteTenantInteractions removes a batch of a deleted tenant's grants, connections and
     interactions; call it again while it says some remain.
     """
-    AddSecret: _aio.UnaryUnaryMultiCallable[_interactions_pb2.AddSecretRequest, _interactions_pb2.AddSecretResponse]  # type: ignore[assignment]
+    AddSecret: _aio.UnaryUnaryMultiCallable[_interactions_pb2.SecretToStore, _interactions_pb2.SecretStored]  # type: ignore[assignment]
     """AddSecret seals a tenant's named secret (ALREADY_EXISTS when the name is taken)."""
-    ListSecrets: _aio.UnaryUnaryMultiCallable[_interactions_pb2.ListSecretsRequest, _interactions_pb2.ListSecretsResponse]  # type: ignore[assignment]
+    ListSecrets: _aio.UnaryUnaryMultiCallable[_interactions_pb2.TenantSecretsQuery, _interactions_pb2.TenantSecrets]  # type: ignore[assignment]
     """ListSecrets names the tenant's secrets: never a value, its last four characters at most."""
-    RemoveSecret: _aio.UnaryUnaryMultiCallable[_interactions_pb2.RemoveSecretRequest, _interactions_pb2.RemoveSecretResponse]  # type: ignore[assignment]
+    RemoveSecret: _aio.UnaryUnaryMultiCallable[_interactions_pb2.SecretToRemove, _interactions_pb2.SecretRemoved]  # type: ignore[assignment]
     """RemoveSecret removes one; another tenant's is NOT_FOUND exactly like an absent one."""
 
 class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -238,25 +238,25 @@ class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def AddSecret(
         self,
-        request: _interactions_pb2.AddSecretRequest,
+        request: _interactions_pb2.SecretToStore,
         context: _ServicerContext,
-    ) -> _typing.Union[_interactions_pb2.AddSecretResponse, _abc.Awaitable[_interactions_pb2.AddSecretResponse]]:
+    ) -> _typing.Union[_interactions_pb2.SecretStored, _abc.Awaitable[_interactions_pb2.SecretStored]]:
         """AddSecret seals a tenant's named secret (ALREADY_EXISTS when the name is taken)."""
 
     @_abc_1.abstractmethod
     def ListSecrets(
         self,
-        request: _interactions_pb2.ListSecretsRequest,
+        request: _interactions_pb2.TenantSecretsQuery,
         context: _ServicerContext,
-    ) -> _typing.Union[_interactions_pb2.ListSecretsResponse, _abc.Awaitable[_interactions_pb2.ListSecretsResponse]]:
+    ) -> _typing.Union[_interactions_pb2.TenantSecrets, _abc.Awaitable[_interactions_pb2.TenantSecrets]]:
         """ListSecrets names the tenant's secrets: never a value, its last four characters at most."""
 
     @_abc_1.abstractmethod
     def RemoveSecret(
         self,
-        request: _interactions_pb2.RemoveSecretRequest,
+        request: _interactions_pb2.SecretToRemove,
         context: _ServicerContext,
-    ) -> _typing.Union[_interactions_pb2.RemoveSecretResponse, _abc.Awaitable[_interactions_pb2.RemoveSecretResponse]]:
+    ) -> _typing.Union[_interactions_pb2.SecretRemoved, _abc.Awaitable[_interactions_pb2.SecretRemoved]]:
         """RemoveSecret removes one; another tenant's is NOT_FOUND exactly like an absent one."""
 
 def add_InteractionsServiceServicer_to_server(servicer: InteractionsServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -12,7 +12,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/interactions.proto.
  */
 export const file_tether_v1_interactions: GenFile = /*@__PURE__*/
-  fileDesc("Chx0ZXRoZXIvdjEvaW50ZXJhY3Rpb25zLnByb3RvEgl0ZXRoZXIudjEiWwoYUmVzb2x2ZUNvbm5lY3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIQCghwcm92aWRlchgDIAEoCRIOCgZzY29wZXMYBCADKAkicAoZUmVzb2x2ZUNvbm5lY3Rpb25SZXNwb25zZRIlCgNnYXAYASABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIUCgxhY2Nlc3NfdG9rZW4YAiABKAkSFgoOY3JlZGVudGlhbF9yZWYYAyABKAkiYwoMUXVlc3Rpb25TcGVjEgsKA2tleRgBIAEoCRIOCgZwcm9tcHQYAiABKAkSDwoHb3B0aW9ucxgDIAMoCRIQCghtdWx0aXBsZRgEIAEoCBITCgthbGxvd19vdGhlchgFIAEoCCIgCg5RdWVzdGlvbkFuc3dlchIOCgZ2YWx1ZXMYASADKAkilQEKD1BlbmRpbmdRdWVzdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSKgoJcXVlc3Rpb25zGAMgAygLMhcudGV0aGVyLnYxLlF1ZXN0aW9uU3BlYxIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ2ChNBc2tRdWVzdGlvbnNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIUCgx0b29sX2NhbGxfaWQYAyABKAkSKgoJcXVlc3Rpb25zGAQgAygLMhcudGV0aGVyLnYxLlF1ZXN0aW9uU3BlYyIuChRBc2tRdWVzdGlvbnNSZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCSLrAQoUUmVjb3JkQW5zd2Vyc1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSPQoHYW5zd2VycxgEIAMoCzIsLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVxdWVzdC5BbnN3ZXJzRW50cnkSEAoIYWxsX3J1bnMYBSABKAgaSQoMQW5zd2Vyc0VudHJ5EgsKA2tleRgBIAEoCRIoCgV2YWx1ZRgCIAEoCzIZLnRldGhlci52MS5RdWVzdGlvbkFuc3dlcjoCOAEiQAoVUmVjb3JkQW5zd2Vyc1Jlc3BvbnNlEhYKDmludGVyYWN0aW9uX2lkGAEgASgJEg8KB3Jlc3VtZWQYAiABKAgiZwoaRmluZFBlbmRpbmdRdWVzdGlvblJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIUCgxwcmluY2lwYWxfaWQYAyABKAkSEAoIYWxsX3J1bnMYBCABKAgiSwobRmluZFBlbmRpbmdRdWVzdGlvblJlc3BvbnNlEiwKCHF1ZXN0aW9uGAEgASgLMhoudGV0aGVyLnYxLlBlbmRpbmdRdWVzdGlvbiI9ChxGaW5kQW5zd2VyZWRRdWVzdGlvbnNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAyLyAQoQQW5zd2VyZWRRdWVzdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIqCglxdWVzdGlvbnMYAiADKAsyFy50ZXRoZXIudjEuUXVlc3Rpb25TcGVjEjkKB2Fuc3dlcnMYAyADKAsyKC50ZXRoZXIudjEuQW5zd2VyZWRRdWVzdGlvbi5BbnN3ZXJzRW50cnkSFAoMdG9vbF9jYWxsX2lkGAQgASgJGkkKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKAoFdmFsdWUYAiABKAsyGS50ZXRoZXIudjEuUXVlc3Rpb25BbnN3ZXI6AjgBIk4KHUZpbmRBbnN3ZXJlZFF1ZXN0aW9uc1Jlc3BvbnNlEi0KCGFuc3dlcmVkGAEgAygLMhsudGV0aGVyLnYxLkFuc3dlcmVkUXVlc3Rpb24iXAoRQ2hlY2tHcmFudFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIVCg1yaXNrX2NhdGVnb3J5GAMgASgJEg0KBWVwb2NoGAQgASgDIjcKEkNoZWNrR3JhbnRSZXNwb25zZRIPCgdhbGxvd2VkGAEgASgIEhAKCGdyYW50X2lkGAIgASgJIoYCCg9QZW5kaW5nQXBwcm92YWwSFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDgoGcnVuX2lkGAIgASgJEhEKCXRvb2xfbmFtZRgDIAEoCRIPCgdzdW1tYXJ5GAQgASgJEhUKDXJpc2tfY2F0ZWdvcnkYBSABKAkSJgoFaW5wdXQYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eh0KFWVzdGltYXRlZF9jb3N0X21pY3JvcxgHIAEoAxIuCgpleHBpcmVzX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIZChFhbGxvd2VkX2RlY2lzaW9ucxgJIAMoCSKBAgoWUmVxdWVzdEFwcHJvdmFsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDQoFZXBvY2gYAiABKAMSFAoMdG9vbF9jYWxsX2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRImCgVpbnB1dBgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFQoNcmlza19jYXRlZ29yeRgGIAEoCRIPCgdzdW1tYXJ5GAcgASgJEh0KFWVzdGltYXRlZF9jb3N0X21pY3JvcxgIIAEoAxIXCg9pZGVtcG90ZW5jeV9rZXkYCSABKAkSFwoPYXBwcm92YWxfcG9saWN5GAogASgJIjEKF1JlcXVlc3RBcHByb3ZhbFJlc3BvbnNlEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIooBChVSZWNvcmREZWNpc2lvblJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSEAoIZGVjaXNpb24YBCABKAkSFAoMYWx3YXlzX3Njb3BlGAUgASgJEhAKCGFsbF9ydW5zGAYgASgIIlMKFlJlY29yZERlY2lzaW9uUmVzcG9uc2USFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHcmVzdW1lZBgCIAEoCBIQCghncmFudF9pZBgDIAEoCSJeChRDbGFpbUFwcHJvdmFsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDQoFZXBvY2gYAiABKAMSEQoJdG9vbF9uYW1lGAMgASgJEhQKDHRvb2xfY2FsbF9pZBgEIAEoCSK8AQoVQ2xhaW1BcHByb3ZhbFJlc3BvbnNlEg8KB2NsYWltZWQYASABKAgSFgoOaW50ZXJhY3Rpb25faWQYAiABKAkSEAoIZGVjaXNpb24YAyABKAkSFAoMdG9vbF9jYWxsX2lkGAQgASgJEhEKCXRvb2xfbmFtZRgFIAEoCRImCgVpbnB1dBgGIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJImcKGkZpbmRQZW5kaW5nQXBwcm92YWxSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSFAoMcHJpbmNpcGFsX2lkGAMgASgJEhAKCGFsbF9ydW5zGAQgASgIIksKG0ZpbmRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRIsCghhcHByb3ZhbBgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nQXBwcm92YWwixwEKEVBlbmRpbmdDb25uZWN0aW9uEhYKDmludGVyYWN0aW9uX2lkGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIQCghwcm92aWRlchgDIAEoCRIlCgNnYXAYBCABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIRCglsb2dpbl91cmwYBSABKAkSLgoKZXhwaXJlc19hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGc2NvcGVzGAcgAygJIrABChhSZXF1ZXN0Q29ubmVjdGlvblJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg0KBWVwb2NoGAIgASgDEhQKDHRvb2xfY2FsbF9pZBgDIAEoCRIQCghwcm92aWRlchgEIAEoCRIlCgNnYXAYBSABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIOCgZzY29wZXMYBiADKAkSFgoOY3JlZGVudGlhbF9yZWYYByABKAkiRgoZUmVxdWVzdENvbm5lY3Rpb25SZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIRCglsb2dpbl91cmwYAiABKAkiggEKGENvbmZpcm1Db25uZWN0aW9uUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSFAoMcHJpbmNpcGFsX2lkGAIgASgJEg4KBnJ1bl9pZBgDIAEoCRINCgVzdGF0ZRgEIAEoCRIMCgRjb2RlGAUgASgJEhAKCGFsbF9ydW5zGAYgASgIIiwKGUNvbmZpcm1Db25uZWN0aW9uUmVzcG9uc2USDwoHcmVzdW1lZBgBIAEoCCJpChxGaW5kUGVuZGluZ0Nvbm5lY3Rpb25SZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSFAoMcHJpbmNpcGFsX2lkGAMgASgJEhAKCGFsbF9ydW5zGAQgASgIIlEKHUZpbmRQZW5kaW5nQ29ubmVjdGlvblJlc3BvbnNlEjAKCmNvbm5lY3Rpb24YASABKAsyHC50ZXRoZXIudjEuUGVuZGluZ0Nvbm5lY3Rpb24iNAofRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkiRgogRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVzcG9uc2USDwoHcmVtb3ZlZBgBIAEoAxIRCglyZW1haW5pbmcYAiABKAgiXQoKU2VjcmV0SW5mbxIMCgRuYW1lGAEgASgJEhEKCWxhc3RfZm91chgCIAEoCRIuCgpjcmVhdGVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJYChBBZGRTZWNyZXRSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIUCgxwcmluY2lwYWxfaWQYAiABKAkSDAoEbmFtZRgDIAEoCRINCgV2YWx1ZRgEIAEoDCI6ChFBZGRTZWNyZXRSZXNwb25zZRIlCgZzZWNyZXQYASABKAsyFS50ZXRoZXIudjEuU2VjcmV0SW5mbyInChJMaXN0U2VjcmV0c1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJIj0KE0xpc3RTZWNyZXRzUmVzcG9uc2USJgoHc2VjcmV0cxgBIAMoCzIVLnRldGhlci52MS5TZWNyZXRJbmZvIjYKE1JlbW92ZVNlY3JldFJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEgwKBG5hbWUYAiABKAkiFgoUUmVtb3ZlU2VjcmV0UmVzcG9uc2UqjQEKDUNvbm5lY3Rpb25HYXASHgoaQ09OTkVDVElPTl9HQVBfVU5TUEVDSUZJRUQQABIZChVDT05ORUNUSU9OX0dBUF9BQlNFTlQQARIaChZDT05ORUNUSU9OX0dBUF9FWFBJUkVEEAISJQohQ09OTkVDVElPTl9HQVBfSU5TVUZGSUNJRU5UX1NDT1BFEAMyqgwKE0ludGVyYWN0aW9uc1NlcnZpY2USTwoMQXNrUXVlc3Rpb25zEh4udGV0aGVyLnYxLkFza1F1ZXN0aW9uc1JlcXVlc3QaHy50ZXRoZXIudjEuQXNrUXVlc3Rpb25zUmVzcG9uc2USUgoNUmVjb3JkQW5zd2VycxIfLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVxdWVzdBogLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVzcG9uc2USZAoTRmluZFBlbmRpbmdRdWVzdGlvbhIlLnRldGhlci52MS5GaW5kUGVuZGluZ1F1ZXN0aW9uUmVxdWVzdBomLnRldGhlci52MS5GaW5kUGVuZGluZ1F1ZXN0aW9uUmVzcG9uc2USagoVRmluZEFuc3dlcmVkUXVlc3Rpb25zEicudGV0aGVyLnYxLkZpbmRBbnN3ZXJlZFF1ZXN0aW9uc1JlcXVlc3QaKC50ZXRoZXIudjEuRmluZEFuc3dlcmVkUXVlc3Rpb25zUmVzcG9uc2USSQoKQ2hlY2tHcmFudBIcLnRldGhlci52MS5DaGVja0dyYW50UmVxdWVzdBodLnRldGhlci52MS5DaGVja0dyYW50UmVzcG9uc2USWAoPUmVxdWVzdEFwcHJvdmFsEiEudGV0aGVyLnYxLlJlcXVlc3RBcHByb3ZhbFJlcXVlc3QaIi50ZXRoZXIudjEuUmVxdWVzdEFwcHJvdmFsUmVzcG9uc2USVQoOUmVjb3JkRGVjaXNpb24SIC50ZXRoZXIudjEuUmVjb3JkRGVjaXNpb25SZXF1ZXN0GiEudGV0aGVyLnYxLlJlY29yZERlY2lzaW9uUmVzcG9uc2USUgoNQ2xhaW1BcHByb3ZhbBIfLnRldGhlci52MS5DbGFpbUFwcHJvdmFsUmVxdWVzdBogLnRldGhlci52MS5DbGFpbUFwcHJvdmFsUmVzcG9uc2USZAoTRmluZFBlbmRpbmdBcHByb3ZhbBIlLnRldGhlci52MS5GaW5kUGVuZGluZ0FwcHJvdmFsUmVxdWVzdBomLnRldGhlci52MS5GaW5kUGVuZGluZ0FwcHJvdmFsUmVzcG9uc2USXgoRUmVxdWVzdENvbm5lY3Rpb24SIy50ZXRoZXIudjEuUmVxdWVzdENvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLlJlcXVlc3RDb25uZWN0aW9uUmVzcG9uc2USXgoRQ29uZmlybUNvbm5lY3Rpb24SIy50ZXRoZXIudjEuQ29uZmlybUNvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLkNvbmZpcm1Db25uZWN0aW9uUmVzcG9uc2USagoVRmluZFBlbmRpbmdDb25uZWN0aW9uEicudGV0aGVyLnYxLkZpbmRQZW5kaW5nQ29ubmVjdGlvblJlcXVlc3QaKC50ZXRoZXIudjEuRmluZFBlbmRpbmdDb25uZWN0aW9uUmVzcG9uc2USXgoRUmVzb2x2ZUNvbm5lY3Rpb24SIy50ZXRoZXIudjEuUmVzb2x2ZUNvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLlJlc29sdmVDb25uZWN0aW9uUmVzcG9uc2UScwoYRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zEioudGV0aGVyLnYxLkRlbGV0ZVRlbmFudEludGVyYWN0aW9uc1JlcXVlc3QaKy50ZXRoZXIudjEuRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVzcG9uc2USRgoJQWRkU2VjcmV0EhsudGV0aGVyLnYxLkFkZFNlY3JldFJlcXVlc3QaHC50ZXRoZXIudjEuQWRkU2VjcmV0UmVzcG9uc2USTAoLTGlzdFNlY3JldHMSHS50ZXRoZXIudjEuTGlzdFNlY3JldHNSZXF1ZXN0Gh4udGV0aGVyLnYxLkxpc3RTZWNyZXRzUmVzcG9uc2USTwoMUmVtb3ZlU2VjcmV0Eh4udGV0aGVyLnYxLlJlbW92ZVNlY3JldFJlcXVlc3QaHy50ZXRoZXIudjEuUmVtb3ZlU2VjcmV0UmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Chx0ZXRoZXIvdjEvaW50ZXJhY3Rpb25zLnByb3RvEgl0ZXRoZXIudjEiWwoYUmVzb2x2ZUNvbm5lY3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIQCghwcm92aWRlchgDIAEoCRIOCgZzY29wZXMYBCADKAkicAoZUmVzb2x2ZUNvbm5lY3Rpb25SZXNwb25zZRIlCgNnYXAYASABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIUCgxhY2Nlc3NfdG9rZW4YAiABKAkSFgoOY3JlZGVudGlhbF9yZWYYAyABKAkiYwoMUXVlc3Rpb25TcGVjEgsKA2tleRgBIAEoCRIOCgZwcm9tcHQYAiABKAkSDwoHb3B0aW9ucxgDIAMoCRIQCghtdWx0aXBsZRgEIAEoCBITCgthbGxvd19vdGhlchgFIAEoCCIgCg5RdWVzdGlvbkFuc3dlchIOCgZ2YWx1ZXMYASADKAkilQEKD1BlbmRpbmdRdWVzdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSKgoJcXVlc3Rpb25zGAMgAygLMhcudGV0aGVyLnYxLlF1ZXN0aW9uU3BlYxIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ2ChNBc2tRdWVzdGlvbnNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIUCgx0b29sX2NhbGxfaWQYAyABKAkSKgoJcXVlc3Rpb25zGAQgAygLMhcudGV0aGVyLnYxLlF1ZXN0aW9uU3BlYyIuChRBc2tRdWVzdGlvbnNSZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCSLrAQoUUmVjb3JkQW5zd2Vyc1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSPQoHYW5zd2VycxgEIAMoCzIsLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVxdWVzdC5BbnN3ZXJzRW50cnkSEAoIYWxsX3J1bnMYBSABKAgaSQoMQW5zd2Vyc0VudHJ5EgsKA2tleRgBIAEoCRIoCgV2YWx1ZRgCIAEoCzIZLnRldGhlci52MS5RdWVzdGlvbkFuc3dlcjoCOAEiQAoVUmVjb3JkQW5zd2Vyc1Jlc3BvbnNlEhYKDmludGVyYWN0aW9uX2lkGAEgASgJEg8KB3Jlc3VtZWQYAiABKAgiZwoaRmluZFBlbmRpbmdRdWVzdGlvblJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIUCgxwcmluY2lwYWxfaWQYAyABKAkSEAoIYWxsX3J1bnMYBCABKAgiSwobRmluZFBlbmRpbmdRdWVzdGlvblJlc3BvbnNlEiwKCHF1ZXN0aW9uGAEgASgLMhoudGV0aGVyLnYxLlBlbmRpbmdRdWVzdGlvbiI9ChxGaW5kQW5zd2VyZWRRdWVzdGlvbnNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAyLyAQoQQW5zd2VyZWRRdWVzdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIqCglxdWVzdGlvbnMYAiADKAsyFy50ZXRoZXIudjEuUXVlc3Rpb25TcGVjEjkKB2Fuc3dlcnMYAyADKAsyKC50ZXRoZXIudjEuQW5zd2VyZWRRdWVzdGlvbi5BbnN3ZXJzRW50cnkSFAoMdG9vbF9jYWxsX2lkGAQgASgJGkkKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKAoFdmFsdWUYAiABKAsyGS50ZXRoZXIudjEuUXVlc3Rpb25BbnN3ZXI6AjgBIk4KHUZpbmRBbnN3ZXJlZFF1ZXN0aW9uc1Jlc3BvbnNlEi0KCGFuc3dlcmVkGAEgAygLMhsudGV0aGVyLnYxLkFuc3dlcmVkUXVlc3Rpb24iXAoRQ2hlY2tHcmFudFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIVCg1yaXNrX2NhdGVnb3J5GAMgASgJEg0KBWVwb2NoGAQgASgDIjcKEkNoZWNrR3JhbnRSZXNwb25zZRIPCgdhbGxvd2VkGAEgASgIEhAKCGdyYW50X2lkGAIgASgJIoYCCg9QZW5kaW5nQXBwcm92YWwSFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDgoGcnVuX2lkGAIgASgJEhEKCXRvb2xfbmFtZRgDIAEoCRIPCgdzdW1tYXJ5GAQgASgJEhUKDXJpc2tfY2F0ZWdvcnkYBSABKAkSJgoFaW5wdXQYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eh0KFWVzdGltYXRlZF9jb3N0X21pY3JvcxgHIAEoAxIuCgpleHBpcmVzX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIZChFhbGxvd2VkX2RlY2lzaW9ucxgJIAMoCSKBAgoWUmVxdWVzdEFwcHJvdmFsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDQoFZXBvY2gYAiABKAMSFAoMdG9vbF9jYWxsX2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRImCgVpbnB1dBgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFQoNcmlza19jYXRlZ29yeRgGIAEoCRIPCgdzdW1tYXJ5GAcgASgJEh0KFWVzdGltYXRlZF9jb3N0X21pY3JvcxgIIAEoAxIXCg9pZGVtcG90ZW5jeV9rZXkYCSABKAkSFwoPYXBwcm92YWxfcG9saWN5GAogASgJIjEKF1JlcXVlc3RBcHByb3ZhbFJlc3BvbnNlEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIooBChVSZWNvcmREZWNpc2lvblJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSEAoIZGVjaXNpb24YBCABKAkSFAoMYWx3YXlzX3Njb3BlGAUgASgJEhAKCGFsbF9ydW5zGAYgASgIIlMKFlJlY29yZERlY2lzaW9uUmVzcG9uc2USFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHcmVzdW1lZBgCIAEoCBIQCghncmFudF9pZBgDIAEoCSJeChRDbGFpbUFwcHJvdmFsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDQoFZXBvY2gYAiABKAMSEQoJdG9vbF9uYW1lGAMgASgJEhQKDHRvb2xfY2FsbF9pZBgEIAEoCSK8AQoVQ2xhaW1BcHByb3ZhbFJlc3BvbnNlEg8KB2NsYWltZWQYASABKAgSFgoOaW50ZXJhY3Rpb25faWQYAiABKAkSEAoIZGVjaXNpb24YAyABKAkSFAoMdG9vbF9jYWxsX2lkGAQgASgJEhEKCXRvb2xfbmFtZRgFIAEoCRImCgVpbnB1dBgGIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJImcKGkZpbmRQZW5kaW5nQXBwcm92YWxSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSFAoMcHJpbmNpcGFsX2lkGAMgASgJEhAKCGFsbF9ydW5zGAQgASgIIksKG0ZpbmRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRIsCghhcHByb3ZhbBgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nQXBwcm92YWwixwEKEVBlbmRpbmdDb25uZWN0aW9uEhYKDmludGVyYWN0aW9uX2lkGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIQCghwcm92aWRlchgDIAEoCRIlCgNnYXAYBCABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIRCglsb2dpbl91cmwYBSABKAkSLgoKZXhwaXJlc19hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGc2NvcGVzGAcgAygJIrABChhSZXF1ZXN0Q29ubmVjdGlvblJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg0KBWVwb2NoGAIgASgDEhQKDHRvb2xfY2FsbF9pZBgDIAEoCRIQCghwcm92aWRlchgEIAEoCRIlCgNnYXAYBSABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIOCgZzY29wZXMYBiADKAkSFgoOY3JlZGVudGlhbF9yZWYYByABKAkiRgoZUmVxdWVzdENvbm5lY3Rpb25SZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIRCglsb2dpbl91cmwYAiABKAkiggEKGENvbmZpcm1Db25uZWN0aW9uUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSFAoMcHJpbmNpcGFsX2lkGAIgASgJEg4KBnJ1bl9pZBgDIAEoCRINCgVzdGF0ZRgEIAEoCRIMCgRjb2RlGAUgASgJEhAKCGFsbF9ydW5zGAYgASgIIiwKGUNvbmZpcm1Db25uZWN0aW9uUmVzcG9uc2USDwoHcmVzdW1lZBgBIAEoCCJpChxGaW5kUGVuZGluZ0Nvbm5lY3Rpb25SZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSFAoMcHJpbmNpcGFsX2lkGAMgASgJEhAKCGFsbF9ydW5zGAQgASgIIlEKHUZpbmRQZW5kaW5nQ29ubmVjdGlvblJlc3BvbnNlEjAKCmNvbm5lY3Rpb24YASABKAsyHC50ZXRoZXIudjEuUGVuZGluZ0Nvbm5lY3Rpb24iNAofRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkiRgogRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVzcG9uc2USDwoHcmVtb3ZlZBgBIAEoAxIRCglyZW1haW5pbmcYAiABKAgiXQoKU2VjcmV0SW5mbxIMCgRuYW1lGAEgASgJEhEKCWxhc3RfZm91chgCIAEoCRIuCgpjcmVhdGVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJVCg1TZWNyZXRUb1N0b3JlEhEKCXRlbmFudF9pZBgBIAEoCRIUCgxwcmluY2lwYWxfaWQYAiABKAkSDAoEbmFtZRgDIAEoCRINCgV2YWx1ZRgEIAEoDCI1CgxTZWNyZXRTdG9yZWQSJQoGc2VjcmV0GAEgASgLMhUudGV0aGVyLnYxLlNlY3JldEluZm8iJwoSVGVuYW50U2VjcmV0c1F1ZXJ5EhEKCXRlbmFudF9pZBgBIAEoCSI3Cg1UZW5hbnRTZWNyZXRzEiYKB3NlY3JldHMYASADKAsyFS50ZXRoZXIudjEuU2VjcmV0SW5mbyIxCg5TZWNyZXRUb1JlbW92ZRIRCgl0ZW5hbnRfaWQYASABKAkSDAoEbmFtZRgCIAEoCSIPCg1TZWNyZXRSZW1vdmVkKo0BCg1Db25uZWN0aW9uR2FwEh4KGkNPTk5FQ1RJT05fR0FQX1VOU1BFQ0lGSUVEEAASGQoVQ09OTkVDVElPTl9HQVBfQUJTRU5UEAESGgoWQ09OTkVDVElPTl9HQVBfRVhQSVJFRBACEiUKIUNPTk5FQ1RJT05fR0FQX0lOU1VGRklDSUVOVF9TQ09QRRADMpAMChNJbnRlcmFjdGlvbnNTZXJ2aWNlEk8KDEFza1F1ZXN0aW9ucxIeLnRldGhlci52MS5Bc2tRdWVzdGlvbnNSZXF1ZXN0Gh8udGV0aGVyLnYxLkFza1F1ZXN0aW9uc1Jlc3BvbnNlElIKDVJlY29yZEFuc3dlcnMSHy50ZXRoZXIudjEuUmVjb3JkQW5zd2Vyc1JlcXVlc3QaIC50ZXRoZXIudjEuUmVjb3JkQW5zd2Vyc1Jlc3BvbnNlEmQKE0ZpbmRQZW5kaW5nUXVlc3Rpb24SJS50ZXRoZXIudjEuRmluZFBlbmRpbmdRdWVzdGlvblJlcXVlc3QaJi50ZXRoZXIudjEuRmluZFBlbmRpbmdRdWVzdGlvblJlc3BvbnNlEmoKFUZpbmRBbnN3ZXJlZFF1ZXN0aW9ucxInLnRldGhlci52MS5GaW5kQW5zd2VyZWRRdWVzdGlvbnNSZXF1ZXN0GigudGV0aGVyLnYxLkZpbmRBbnN3ZXJlZFF1ZXN0aW9uc1Jlc3BvbnNlEkkKCkNoZWNrR3JhbnQSHC50ZXRoZXIudjEuQ2hlY2tHcmFudFJlcXVlc3QaHS50ZXRoZXIudjEuQ2hlY2tHcmFudFJlc3BvbnNlElgKD1JlcXVlc3RBcHByb3ZhbBIhLnRldGhlci52MS5SZXF1ZXN0QXBwcm92YWxSZXF1ZXN0GiIudGV0aGVyLnYxLlJlcXVlc3RBcHByb3ZhbFJlc3BvbnNlElUKDlJlY29yZERlY2lzaW9uEiAudGV0aGVyLnYxLlJlY29yZERlY2lzaW9uUmVxdWVzdBohLnRldGhlci52MS5SZWNvcmREZWNpc2lvblJlc3BvbnNlElIKDUNsYWltQXBwcm92YWwSHy50ZXRoZXIudjEuQ2xhaW1BcHByb3ZhbFJlcXVlc3QaIC50ZXRoZXIudjEuQ2xhaW1BcHByb3ZhbFJlc3BvbnNlEmQKE0ZpbmRQZW5kaW5nQXBwcm92YWwSJS50ZXRoZXIudjEuRmluZFBlbmRpbmdBcHByb3ZhbFJlcXVlc3QaJi50ZXRoZXIudjEuRmluZFBlbmRpbmdBcHByb3ZhbFJlc3BvbnNlEl4KEVJlcXVlc3RDb25uZWN0aW9uEiMudGV0aGVyLnYxLlJlcXVlc3RDb25uZWN0aW9uUmVxdWVzdBokLnRldGhlci52MS5SZXF1ZXN0Q29ubmVjdGlvblJlc3BvbnNlEl4KEUNvbmZpcm1Db25uZWN0aW9uEiMudGV0aGVyLnYxLkNvbmZpcm1Db25uZWN0aW9uUmVxdWVzdBokLnRldGhlci52MS5Db25maXJtQ29ubmVjdGlvblJlc3BvbnNlEmoKFUZpbmRQZW5kaW5nQ29ubmVjdGlvbhInLnRldGhlci52MS5GaW5kUGVuZGluZ0Nvbm5lY3Rpb25SZXF1ZXN0GigudGV0aGVyLnYxLkZpbmRQZW5kaW5nQ29ubmVjdGlvblJlc3BvbnNlEl4KEVJlc29sdmVDb25uZWN0aW9uEiMudGV0aGVyLnYxLlJlc29sdmVDb25uZWN0aW9uUmVxdWVzdBokLnRldGhlci52MS5SZXNvbHZlQ29ubmVjdGlvblJlc3BvbnNlEnMKGERlbGV0ZVRlbmFudEludGVyYWN0aW9ucxIqLnRldGhlci52MS5EZWxldGVUZW5hbnRJbnRlcmFjdGlvbnNSZXF1ZXN0GisudGV0aGVyLnYxLkRlbGV0ZVRlbmFudEludGVyYWN0aW9uc1Jlc3BvbnNlEj4KCUFkZFNlY3JldBIYLnRldGhlci52MS5TZWNyZXRUb1N0b3JlGhcudGV0aGVyLnYxLlNlY3JldFN0b3JlZBJGCgtMaXN0U2VjcmV0cxIdLnRldGhlci52MS5UZW5hbnRTZWNyZXRzUXVlcnkaGC50ZXRoZXIudjEuVGVuYW50U2VjcmV0cxJDCgxSZW1vdmVTZWNyZXQSGS50ZXRoZXIudjEuU2VjcmV0VG9SZW1vdmUaGC50ZXRoZXIudjEuU2VjcmV0UmVtb3ZlZGIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * ResolveConnectionRequest asks for a usable connection under a lease.
@@ -2518,11 +2518,11 @@ export const SecretInfoSchema: GenMessage<SecretInfo, {jsonType: SecretInfoJson}
   messageDesc(file_tether_v1_interactions, 34);
 
 /**
- * AddSecretRequest stores a named secret for a tenant.
+ * SecretToStore stores a named secret for a tenant.
  *
- * @generated from message tether.v1.AddSecretRequest
+ * @generated from message tether.v1.SecretToStore
  */
-export type AddSecretRequest = Message<"tether.v1.AddSecretRequest"> & {
+export type SecretToStore = Message<"tether.v1.SecretToStore"> & {
   /**
    * Tenant.
    *
@@ -2553,11 +2553,11 @@ export type AddSecretRequest = Message<"tether.v1.AddSecretRequest"> & {
 };
 
 /**
- * AddSecretRequest stores a named secret for a tenant.
+ * SecretToStore stores a named secret for a tenant.
  *
- * @generated from message tether.v1.AddSecretRequest
+ * @generated from message tether.v1.SecretToStore
  */
-export type AddSecretRequestJson = {
+export type SecretToStoreJson = {
   /**
    * Tenant.
    *
@@ -2588,18 +2588,18 @@ export type AddSecretRequestJson = {
 };
 
 /**
- * Describes the message tether.v1.AddSecretRequest.
- * Use `create(AddSecretRequestSchema)` to create a new message.
+ * Describes the message tether.v1.SecretToStore.
+ * Use `create(SecretToStoreSchema)` to create a new message.
  */
-export const AddSecretRequestSchema: GenMessage<AddSecretRequest, {jsonType: AddSecretRequestJson}> = /*@__PURE__*/
+export const SecretToStoreSchema: GenMessage<SecretToStore, {jsonType: SecretToStoreJson}> = /*@__PURE__*/
   messageDesc(file_tether_v1_interactions, 35);
 
 /**
- * AddSecretResponse shows what was stored, without the value.
+ * SecretStored shows what was stored, without the value.
  *
- * @generated from message tether.v1.AddSecretResponse
+ * @generated from message tether.v1.SecretStored
  */
-export type AddSecretResponse = Message<"tether.v1.AddSecretResponse"> & {
+export type SecretStored = Message<"tether.v1.SecretStored"> & {
   /**
    * The stored secret.
    *
@@ -2609,11 +2609,11 @@ export type AddSecretResponse = Message<"tether.v1.AddSecretResponse"> & {
 };
 
 /**
- * AddSecretResponse shows what was stored, without the value.
+ * SecretStored shows what was stored, without the value.
  *
- * @generated from message tether.v1.AddSecretResponse
+ * @generated from message tether.v1.SecretStored
  */
-export type AddSecretResponseJson = {
+export type SecretStoredJson = {
   /**
    * The stored secret.
    *
@@ -2623,18 +2623,18 @@ export type AddSecretResponseJson = {
 };
 
 /**
- * Describes the message tether.v1.AddSecretResponse.
- * Use `create(AddSecretResponseSchema)` to create a new message.
+ * Describes the message tether.v1.SecretStored.
+ * Use `create(SecretStoredSchema)` to create a new message.
  */
-export const AddSecretResponseSchema: GenMessage<AddSecretResponse, {jsonType: AddSecretResponseJson}> = /*@__PURE__*/
+export const SecretStoredSchema: GenMessage<SecretStored, {jsonType: SecretStoredJson}> = /*@__PURE__*/
   messageDesc(file_tether_v1_interactions, 36);
 
 /**
- * ListSecretsRequest names a tenant.
+ * TenantSecretsQuery names a tenant.
  *
- * @generated from message tether.v1.ListSecretsRequest
+ * @generated from message tether.v1.TenantSecretsQuery
  */
-export type ListSecretsRequest = Message<"tether.v1.ListSecretsRequest"> & {
+export type TenantSecretsQuery = Message<"tether.v1.TenantSecretsQuery"> & {
   /**
    * Tenant.
    *
@@ -2644,11 +2644,11 @@ export type ListSecretsRequest = Message<"tether.v1.ListSecretsRequest"> & {
 };
 
 /**
- * ListSecretsRequest names a tenant.
+ * TenantSecretsQuery names a tenant.
  *
- * @generated from message tether.v1.ListSecretsRequest
+ * @generated from message tether.v1.TenantSecretsQuery
  */
-export type ListSecretsRequestJson = {
+export type TenantSecretsQueryJson = {
   /**
    * Tenant.
    *
@@ -2658,18 +2658,18 @@ export type ListSecretsRequestJson = {
 };
 
 /**
- * Describes the message tether.v1.ListSecretsRequest.
- * Use `create(ListSecretsRequestSchema)` to create a new message.
+ * Describes the message tether.v1.TenantSecretsQuery.
+ * Use `create(TenantSecretsQuerySchema)` to create a new message.
  */
-export const ListSecretsRequestSchema: GenMessage<ListSecretsRequest, {jsonType: ListSecretsRequestJson}> = /*@__PURE__*/
+export const TenantSecretsQuerySchema: GenMessage<TenantSecretsQuery, {jsonType: TenantSecretsQueryJson}> = /*@__PURE__*/
   messageDesc(file_tether_v1_interactions, 37);
 
 /**
- * ListSecretsResponse lists the tenant's secrets by name.
+ * TenantSecrets lists the tenant's secrets by name.
  *
- * @generated from message tether.v1.ListSecretsResponse
+ * @generated from message tether.v1.TenantSecrets
  */
-export type ListSecretsResponse = Message<"tether.v1.ListSecretsResponse"> & {
+export type TenantSecrets = Message<"tether.v1.TenantSecrets"> & {
   /**
    * Secrets.
    *
@@ -2679,11 +2679,11 @@ export type ListSecretsResponse = Message<"tether.v1.ListSecretsResponse"> & {
 };
 
 /**
- * ListSecretsResponse lists the tenant's secrets by name.
+ * TenantSecrets lists the tenant's secrets by name.
  *
- * @generated from message tether.v1.ListSecretsResponse
+ * @generated from message tether.v1.TenantSecrets
  */
-export type ListSecretsResponseJson = {
+export type TenantSecretsJson = {
   /**
    * Secrets.
    *
@@ -2693,18 +2693,18 @@ export type ListSecretsResponseJson = {
 };
 
 /**
- * Describes the message tether.v1.ListSecretsResponse.
- * Use `create(ListSecretsResponseSchema)` to create a new message.
+ * Describes the message tether.v1.TenantSecrets.
+ * Use `create(TenantSecretsSchema)` to create a new message.
  */
-export const ListSecretsResponseSchema: GenMessage<ListSecretsResponse, {jsonType: ListSecretsResponseJson}> = /*@__PURE__*/
+export const TenantSecretsSchema: GenMessage<TenantSecrets, {jsonType: TenantSecretsJson}> = /*@__PURE__*/
   messageDesc(file_tether_v1_interactions, 38);
 
 /**
- * RemoveSecretRequest names the secret to remove.
+ * SecretToRemove names the secret to remove.
  *
- * @generated from message tether.v1.RemoveSecretRequest
+ * @generated from message tether.v1.SecretToRemove
  */
-export type RemoveSecretRequest = Message<"tether.v1.RemoveSecretRequest"> & {
+export type SecretToRemove = Message<"tether.v1.SecretToRemove"> & {
   /**
    * Tenant.
    *
@@ -2721,11 +2721,11 @@ export type RemoveSecretRequest = Message<"tether.v1.RemoveSecretRequest"> & {
 };
 
 /**
- * RemoveSecretRequest names the secret to remove.
+ * SecretToRemove names the secret to remove.
  *
- * @generated from message tether.v1.RemoveSecretRequest
+ * @generated from message tether.v1.SecretToRemove
  */
-export type RemoveSecretRequestJson = {
+export type SecretToRemoveJson = {
   /**
    * Tenant.
    *
@@ -2742,33 +2742,33 @@ export type RemoveSecretRequestJson = {
 };
 
 /**
- * Describes the message tether.v1.RemoveSecretRequest.
- * Use `create(RemoveSecretRequestSchema)` to create a new message.
+ * Describes the message tether.v1.SecretToRemove.
+ * Use `create(SecretToRemoveSchema)` to create a new message.
  */
-export const RemoveSecretRequestSchema: GenMessage<RemoveSecretRequest, {jsonType: RemoveSecretRequestJson}> = /*@__PURE__*/
+export const SecretToRemoveSchema: GenMessage<SecretToRemove, {jsonType: SecretToRemoveJson}> = /*@__PURE__*/
   messageDesc(file_tether_v1_interactions, 39);
 
 /**
- * RemoveSecretResponse is empty: the secret is gone.
+ * SecretRemoved is empty: the secret is gone.
  *
- * @generated from message tether.v1.RemoveSecretResponse
+ * @generated from message tether.v1.SecretRemoved
  */
-export type RemoveSecretResponse = Message<"tether.v1.RemoveSecretResponse"> & {
+export type SecretRemoved = Message<"tether.v1.SecretRemoved"> & {
 };
 
 /**
- * RemoveSecretResponse is empty: the secret is gone.
+ * SecretRemoved is empty: the secret is gone.
  *
- * @generated from message tether.v1.RemoveSecretResponse
+ * @generated from message tether.v1.SecretRemoved
  */
-export type RemoveSecretResponseJson = {
+export type SecretRemovedJson = {
 };
 
 /**
- * Describes the message tether.v1.RemoveSecretResponse.
- * Use `create(RemoveSecretResponseSchema)` to create a new message.
+ * Describes the message tether.v1.SecretRemoved.
+ * Use `create(SecretRemovedSchema)` to create a new message.
  */
-export const RemoveSecretResponseSchema: GenMessage<RemoveSecretResponse, {jsonType: RemoveSecretResponseJson}> = /*@__PURE__*/
+export const SecretRemovedSchema: GenMessage<SecretRemoved, {jsonType: SecretRemovedJson}> = /*@__PURE__*/
   messageDesc(file_tether_v1_interactions, 40);
 
 /**
@@ -2974,8 +2974,8 @@ export const InteractionsService: GenService<{
    */
   addSecret: {
     methodKind: "unary";
-    input: typeof AddSecretRequestSchema;
-    output: typeof AddSecretResponseSchema;
+    input: typeof SecretToStoreSchema;
+    output: typeof SecretStoredSchema;
   },
   /**
    * ListSecrets names the tenant's secrets: never a value, its last four characters at most.
@@ -2984,8 +2984,8 @@ export const InteractionsService: GenService<{
    */
   listSecrets: {
     methodKind: "unary";
-    input: typeof ListSecretsRequestSchema;
-    output: typeof ListSecretsResponseSchema;
+    input: typeof TenantSecretsQuerySchema;
+    output: typeof TenantSecretsSchema;
   },
   /**
    * RemoveSecret removes one; another tenant's is NOT_FOUND exactly like an absent one.
@@ -2994,8 +2994,8 @@ export const InteractionsService: GenService<{
    */
   removeSecret: {
     methodKind: "unary";
-    input: typeof RemoveSecretRequestSchema;
-    output: typeof RemoveSecretResponseSchema;
+    input: typeof SecretToRemoveSchema;
+    output: typeof SecretRemovedSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_tether_v1_interactions, 0);
