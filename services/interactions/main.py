@@ -13,7 +13,7 @@ from services.interactions.secret_store import ConnectionTokens, SecretStore
 from services.interactions.servicer import InteractionsServicer
 from services.interactions.settings import InteractionsSettings
 from services.interactions.upkeep import Upkeep
-from tether.credentials import require_credential, require_verifiers
+from tether.credentials import CredentialMissing, require_credential, require_verifiers
 from tether.db.engine import create_engine
 from tether.runtime.process import announce, run, serve
 from tether.runtime.readiness import await_schema
@@ -31,6 +31,7 @@ async def amain(
     credential: str,
     verifiers: dict[str, str],
     tls: MutualTls | None,
+    keyring: Keyring,
 ) -> None:
     """Run the interactions service until signalled."""
     engine = create_engine(settings.database_url, pool_size=settings.pool_size)
@@ -52,7 +53,6 @@ async def amain(
         settings.approval_ttl_s, settings.consent_ttl_s, providers, settings.orphan_grace_s
     )
     lifecycle = Lifecycle(engine, orchestrator)
-    keyring = Keyring.parse(settings.secrets_key.get_secret_value())
     tokens = ConnectionTokens(keyring)
     upkeep = Upkeep(engine, orchestrator, lifecycle, policy)
     servicer = InteractionsServicer(
@@ -121,7 +121,11 @@ def main() -> None:
     credential = require_credential("interactions", settings.service_credential)
     verifiers = require_verifiers("interactions", settings.service_verifiers)
     tls = mutual_tls("interactions", settings, serves=True, calls=True)
-    run(amain(settings, credential, verifiers, tls))
+    try:
+        keyring = Keyring.parse(settings.secrets_key.get_secret_value())
+    except ValueError as exc:
+        raise CredentialMissing(f"interactions: {exc}") from None
+    run(amain(settings, credential, verifiers, tls, keyring))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -17,6 +19,7 @@ from sqlalchemy import text
 
 from tests.system.conftest import RunningStack
 from tether import apikeys
+from tether.credentials import SECRETS_KEY_ENV, generate, service_env
 from tether.db.engine import create_engine
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -189,3 +192,22 @@ async def test_bad_input_and_another_tenant_change_nothing(
         await engine.dispose()
     assert any(name in row[0] for row in stored)
     assert not any(value in row[0] for row in stored)
+
+
+def test_interactions_with_a_malformed_key_exits_naming_the_setting() -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TETHER_")},
+        **service_env(generate(), "interactions"),
+        SECRETS_KEY_ENV: "dev1:not-a-key",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "services.interactions"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "TETHER_SECRETS_KEY" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
