@@ -42,6 +42,11 @@ DOCUMENTS_WRITE = "documents:write"
 AGENTS_READ = "agents:read"
 AGENTS_WRITE = "agents:write"
 
+# The tenant's secrets (interactions' store), which channels and later features reference: given
+# on purpose, never by default. No read returns a value.
+SECRETS_READ = "secrets:read"
+SECRETS_WRITE = "secrets:write"
+
 CLIENT_SCOPES = (RUNS_READ, RUNS_WRITE, INTERACTIONS_WRITE, APPROVALS_DECIDE)
 ALL_SCOPES = (
     *CLIENT_SCOPES,
@@ -51,6 +56,8 @@ ALL_SCOPES = (
     DOCUMENTS_WRITE,
     AGENTS_READ,
     AGENTS_WRITE,
+    SECRETS_READ,
+    SECRETS_WRITE,
 )
 OPERATOR_ID = "operator"
 

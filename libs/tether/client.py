@@ -290,6 +290,27 @@ class TetherClient:
         )
         return response
 
+    async def add_secret(self, name: str, value: str) -> gateway_pb2.AddSecretResponse:
+        """Seal a named secret of the tenant (not retried: a repeat is ALREADY_EXISTS)."""
+        response: gateway_pb2.AddSecretResponse = await self.stub.AddSecret(
+            gateway_pb2.AddSecretRequest(name=name, value=value), metadata=self._metadata
+        )
+        return response
+
+    async def list_secrets(self) -> gateway_pb2.ListSecretsResponse:
+        """The tenant's secrets by name, never their values."""
+        response: gateway_pb2.ListSecretsResponse = await self._idempotent(
+            lambda: self.stub.ListSecrets(gateway_pb2.ListSecretsRequest(), metadata=self._metadata)
+        )
+        return response
+
+    async def remove_secret(self, name: str) -> gateway_pb2.RemoveSecretResponse:
+        """Remove one of the tenant's secrets."""
+        response: gateway_pb2.RemoveSecretResponse = await self.stub.RemoveSecret(
+            gateway_pb2.RemoveSecretRequest(name=name), metadata=self._metadata
+        )
+        return response
+
     async def pending_question(self, run_id: str) -> gateway_pb2.GetPendingQuestionResponse:
         """The run's open question (unset once answered)."""
         response: gateway_pb2.GetPendingQuestionResponse = await self._idempotent(

@@ -9,13 +9,20 @@ a method it does not list is refused to everyone.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import os
 import secrets
 from collections.abc import Iterable, Mapping
 
 CREDENTIAL_KEY = "x-tether-service-credential"
 CREDENTIAL_ENV = "TETHER_SERVICE_CREDENTIAL"
 VERIFIERS_ENV = "TETHER_SERVICE_VERIFIERS"
+# The secret store's keys (services.interactions.sealing): interactions' alone, never another
+# service's, so no other process can open a sealed secret.
+SECRETS_KEY_ENV = "TETHER_SECRETS_KEY"
+# AES-256.
+SECRETS_KEY_BYTES = 32
 
 # The services that call others, and so hold a credential of their own.
 CALLERS = ("gateway", "worker", "interactions")
@@ -96,6 +103,9 @@ POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
                 "FindPendingConnection",
                 "ConfirmConnection",
                 "DeleteTenantInteractions",
+                "AddSecret",
+                "ListSecrets",
+                "RemoveSecret",
             }
         ),
         "worker": _WORKER_ON_INTERACTIONS,
@@ -173,3 +183,8 @@ def require_verifiers(service: str, text: str) -> dict[str, str]:
             "name=<sha256 hex of that service's credential>,... for the services that call it"
         )
     return verifiers
+
+
+def new_secrets_key(key_id: str = "dev1") -> str:
+    """A TETHER_SECRETS_KEY value holding one fresh key: `KEYID:base64key`."""
+    return f"{key_id}:{base64.b64encode(os.urandom(SECRETS_KEY_BYTES)).decode()}"

@@ -26,6 +26,7 @@ TEXT_CHARS = 32_000
 # A knowledge document: a title to list it by, and text enough for a policy or a manual's page.
 DOCUMENT_TITLE_CHARS = 200
 DOCUMENT_CHARS = 64_000
+SECRET_CHARS = 65_536
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
 
@@ -223,6 +224,10 @@ LIMITS: Mapping[str, Limit] = {
     "tether.v1.ListDocumentsRequest.page_size": Limit("integer", INT32_MAX),
     "tether.v1.ListDocumentsRequest.page_token": token(512),
     "tether.v1.RemoveDocumentRequest.document_id": identifier(required=True),
+    # A provider's token or signing secret is far shorter; the store refuses past 64 KiB of UTF-8.
+    "tether.v1.AddSecretRequest.name": identifier(required=True),
+    "tether.v1.AddSecretRequest.value": Limit("text", SECRET_CHARS, required=True),
+    "tether.v1.RemoveSecretRequest.name": identifier(required=True),
     # An agent document is refused past 256 KiB before it is parsed (tether.agent_spec).
     "tether.v1.ApplyAgentRequest.spec": Limit("text", AGENT_DOCUMENT_BYTES, required=True),
     "tether.v1.ApplyAgentRequest.base_version": Limit("integer", INT32_MAX),

@@ -13,6 +13,7 @@ from services.gateway.grpc.documents import DocumentRpcs
 from services.gateway.grpc.interactions import InteractionRpcs
 from services.gateway.grpc.keys import KeyRpcs
 from services.gateway.grpc.runs import RunRpcs
+from services.gateway.grpc.secrets import SecretRpcs
 from services.gateway.grpc.servicer import GatewayServicer
 from services.gateway.grpc.streaming import StreamRpcs
 from services.gateway.grpc.tenants import TenantRpcs
@@ -95,6 +96,7 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
         keys=KeyRpcs(callers, auth, engine),
         documents=DocumentRpcs(callers, orchestrator_stub),
         agents=AgentRpcs(callers, orchestrator_stub),
+        secrets=SecretRpcs(callers, interactions_stub),
         tenants=TenantRpcs(
             callers=callers,
             auth=auth,

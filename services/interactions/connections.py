@@ -16,6 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.interactions import repository as repo
 from services.interactions.domain import GAPS, Orchestrator, Policy, TokenExchange
 from services.interactions.lifecycle import Lifecycle
+from services.interactions.sealing import Sealed
+from services.interactions.secret_store import ConnectionTokens
 from tether import audit
 from tether.domain import EventType
 from tether.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -36,12 +38,14 @@ class Connections:
         orchestrator: Orchestrator,
         lifecycle: Lifecycle,
         policy: Policy,
+        tokens: ConnectionTokens,
         exchange: TokenExchange | None = None,
     ) -> None:
         self._engine = engine
         self._orchestrator = orchestrator
         self._lifecycle = lifecycle
         self._policy = policy
+        self._tokens = tokens
         self._exchange = exchange
 
     async def resolve_connection(
@@ -64,7 +68,21 @@ class Connections:
             return "expired", "", ref
         if not set(scopes) <= set(row.scopes):
             return "insufficient_scope", "", ref
-        return None, str(row.access_token), ref
+        return None, await self._token_of(row), ref
+
+    async def _token_of(self, row: Row[Any]) -> str:
+        """The connection's token: opened, or (stored plaintext by the previous release during a
+        rollout) sealed and cleared now, so it stays in the table no longer than one read."""
+        if not row.access_token:
+            sealed = Sealed(row.token_ciphertext, row.token_nonce, row.token_key_id)
+            return self._tokens.open(row.tenant_id, row.principal_id, row.provider, sealed)
+        plaintext = str(row.access_token)
+        token = self._tokens.seal(row.tenant_id, row.principal_id, row.provider, plaintext)
+        async with self._engine.begin() as conn:
+            await repo.seal_connection_token(
+                conn, row.tenant_id, row.principal_id, row.provider, plaintext, token
+            )
+        return plaintext
 
     async def request_connection(
         self,
@@ -153,7 +171,7 @@ class Connections:
                 principal_id=principal_id,
                 provider=offer.provider,
                 scopes=granted or offer.scopes,
-                access_token=token,
+                token=self._tokens.seal(tenant_id, principal_id, offer.provider, token),
                 expires_at=datetime.now(UTC) + timedelta(seconds=lifetime),
             )
             if await repo.resolve(conn, offer.interaction_id, "completed") is None:

@@ -8,10 +8,12 @@ from services.interactions.connections import Connections
 from services.interactions.domain import OAuthProvider, Policy
 from services.interactions.lifecycle import Lifecycle
 from services.interactions.questions import Questions
+from services.interactions.sealing import Keyring
+from services.interactions.secret_store import ConnectionTokens, SecretStore
 from services.interactions.servicer import InteractionsServicer
 from services.interactions.settings import InteractionsSettings
 from services.interactions.upkeep import Upkeep
-from tether.credentials import require_credential, require_verifiers
+from tether.credentials import CredentialMissing, require_credential, require_verifiers
 from tether.db.engine import create_engine
 from tether.runtime.process import announce, run, serve
 from tether.runtime.readiness import await_schema
@@ -29,6 +31,7 @@ async def amain(
     credential: str,
     verifiers: dict[str, str],
     tls: MutualTls | None,
+    keyring: Keyring,
 ) -> None:
     """Run the interactions service until signalled."""
     engine = create_engine(settings.database_url, pool_size=settings.pool_size)
@@ -50,6 +53,7 @@ async def amain(
         settings.approval_ttl_s, settings.consent_ttl_s, providers, settings.orphan_grace_s
     )
     lifecycle = Lifecycle(engine, orchestrator)
+    tokens = ConnectionTokens(keyring)
     upkeep = Upkeep(engine, orchestrator, lifecycle, policy)
     servicer = InteractionsServicer(
         Questions(engine, orchestrator, lifecycle),
@@ -59,9 +63,11 @@ async def amain(
             orchestrator,
             lifecycle,
             policy,
+            tokens,
             HttpTokenExchange(token_urls, settings.oauth_client_id),
         ),
         upkeep,
+        SecretStore(engine, keyring),
     )
     served = await start_server(
         host=settings.host,
@@ -79,6 +85,9 @@ async def amain(
     )
     announce(settings.ready_file, served)
     await await_schema(engine, poll_s=settings.schema_poll_s)
+    if settings.secrets_key.get_secret_value():
+        # Tokens stored in plaintext before 0023 leave the table before this replica serves.
+        await tokens.seal_plaintext(engine)
     supervisor = Supervisor()
     # Anything made after a round (here or on another replica) is due no sooner than the
     # shortest TTL or the orphan grace from then: no round need wait longer to see it.
@@ -112,7 +121,11 @@ def main() -> None:
     credential = require_credential("interactions", settings.service_credential)
     verifiers = require_verifiers("interactions", settings.service_verifiers)
     tls = mutual_tls("interactions", settings, serves=True, calls=True)
-    run(amain(settings, credential, verifiers, tls))
+    try:
+        keyring = Keyring.parse(settings.secrets_key.get_secret_value())
+    except ValueError as exc:
+        raise CredentialMissing(f"interactions: {exc}") from None
+    run(amain(settings, credential, verifiers, tls, keyring))
 
 
 if __name__ == "__main__":

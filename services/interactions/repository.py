@@ -1,6 +1,6 @@
 """All SQL of the interactions service: interactions, grants and connections (and the tenant's
-policy). Nothing here reads the run aggregate: whose a run is, its lease and the interaction it
-is parked on are the orchestrator's to say, over gRPC."""
+policy); a tenant's secrets are in secrets_repository. Nothing here reads the run aggregate: whose
+a run is, its lease and the interaction it is parked on are the orchestrator's to say, over gRPC."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from services.interactions.sealing import Sealed
 from tether import formats
-from tether.db.schema import connections, grants, in_state, interactions, tenants
+from tether.db.schema import connections, grants, in_state, interactions, secrets, tenants
 
 # The sweeps leave an interaction a newer release stored to that release's replicas.
 _READABLE = interactions.c.format <= formats.CURRENT
@@ -210,16 +211,20 @@ async def upsert_connection(
     principal_id: str,
     provider: str,
     scopes: Sequence[str],
-    access_token: str,
+    token: Sealed,
     expires_at: datetime,
 ) -> None:
-    """Store (or replace) a principal's connection to a provider."""
+    """Store (or replace) a principal's connection to a provider, its token sealed; the
+    plaintext column keeps '' (NOT NULL for the previous release's reads)."""
     stmt = pg_insert(connections).values(
         tenant_id=tenant_id,
         principal_id=principal_id,
         provider=provider,
         scopes=list(scopes),
-        access_token=access_token,
+        access_token="",
+        token_ciphertext=token.ciphertext,
+        token_nonce=token.nonce,
+        token_key_id=token.key_id,
         expires_at=expires_at,
     )
     await conn.execute(
@@ -228,10 +233,60 @@ async def upsert_connection(
             set_={
                 "scopes": stmt.excluded.scopes,
                 "access_token": stmt.excluded.access_token,
+                "token_ciphertext": stmt.excluded.token_ciphertext,
+                "token_nonce": stmt.excluded.token_nonce,
+                "token_key_id": stmt.excluded.token_key_id,
                 "expires_at": stmt.excluded.expires_at,
             },
         )
     )
+
+
+async def plaintext_connections(
+    conn: AsyncConnection, limit: int
+) -> Sequence[Row[Any, Any, Any, Any]]:
+    """Connections whose token is still plaintext (stored before 0023, or by the previous
+    release during a rollout)."""
+    return (
+        await conn.execute(
+            select(
+                connections.c.tenant_id,
+                connections.c.principal_id,
+                connections.c.provider,
+                connections.c.access_token,
+            )
+            .where(connections.c.access_token != "")
+            .limit(limit)
+        )
+    ).all()
+
+
+async def seal_connection_token(
+    conn: AsyncConnection,
+    tenant_id: str,
+    principal_id: str,
+    provider: str,
+    plaintext: str,
+    token: Sealed,
+) -> bool:
+    """Replace a plaintext token by its sealed form; a miss means the row changed since it was
+    read (replaced or sealed by another replica), which then holds the newer token."""
+    result = await conn.execute(
+        update(connections)
+        .where(
+            connections.c.tenant_id == tenant_id,
+            connections.c.principal_id == principal_id,
+            connections.c.provider == provider,
+            connections.c.access_token == plaintext,
+        )
+        .values(
+            access_token="",
+            token_ciphertext=token.ciphertext,
+            token_nonce=token.nonce,
+            token_key_id=token.key_id,
+        )
+    )
+    return bool(result.rowcount)
 
 
 async def find_connection(
@@ -364,12 +419,13 @@ async def mark_delivered(conn: AsyncConnection, interaction_id: str) -> None:
 
 async def delete_tenant_rows(conn: AsyncConnection, tenant_id: str, batch: int) -> int:
     """Remove up to `batch` each of a deleted tenant's grants, interactions (those its runs'
-    removal left) and connections; how many rows in all."""
+    removal left), connections and secrets; how many rows in all."""
     removed = 0
     for table, key in (
         (grants, grants.c.grant_id),
         (interactions, interactions.c.interaction_id),
         (connections, connections.c.principal_id),
+        (secrets, secrets.c.name),
     ):
         picked = select(key).where(table.c.tenant_id == tenant_id).limit(batch)
         where = key.in_(picked.with_for_update(skip_locked=True))
@@ -379,10 +435,11 @@ async def delete_tenant_rows(conn: AsyncConnection, tenant_id: str, batch: int) 
 
 
 async def tenant_has_rows(conn: AsyncConnection, tenant_id: str) -> bool:
-    """Whether any grant, interaction or connection of the tenant is left."""
+    """Whether any grant, interaction, connection or secret of the tenant is left."""
     left = (
         exists().where(grants.c.tenant_id == tenant_id)
         | exists().where(interactions.c.tenant_id == tenant_id)
         | exists().where(connections.c.tenant_id == tenant_id)
+        | exists().where(secrets.c.tenant_id == tenant_id)
     )
     return bool((await conn.execute(select(left))).scalar())

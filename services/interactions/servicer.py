@@ -11,6 +11,7 @@ from services.interactions.approvals import Approvals
 from services.interactions.connections import Connections
 from services.interactions.domain import QuestionSpec
 from services.interactions.questions import Questions
+from services.interactions.secret_store import SecretInfo, SecretStore
 from services.interactions.upkeep import Upkeep
 from tether.convert import timestamp
 from tether.errors import InvalidArgument
@@ -37,6 +38,12 @@ def _spec_proto(data: dict[str, Any]) -> interactions_pb2.QuestionSpec:
         options=list(spec.options),
         multiple=spec.multiple,
         allow_other=spec.allow_other,
+    )
+
+
+def _secret_info(info: SecretInfo) -> interactions_pb2.SecretInfo:
+    return interactions_pb2.SecretInfo(
+        name=info.name, last_four=info.last_four, created_at=timestamp(info.created_at)
     )
 
 
@@ -83,12 +90,52 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
     """Implements tether.v1.InteractionsService."""
 
     def __init__(
-        self, questions: Questions, approvals: Approvals, connections: Connections, upkeep: Upkeep
+        self,
+        questions: Questions,
+        approvals: Approvals,
+        connections: Connections,
+        upkeep: Upkeep,
+        secrets: SecretStore,
     ) -> None:
         self._questions = questions
         self._approvals = approvals
         self._connections = connections
         self._upkeep = upkeep
+        self._secrets = secrets
+
+    async def AddSecret(
+        self,
+        request: interactions_pb2.InteractionsServiceAddSecretRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.InteractionsServiceAddSecretResponse:
+        if not request.tenant_id:
+            raise InvalidArgument("tenant_id is required")
+        info = await self._secrets.add(
+            request.tenant_id, request.principal_id, request.name, request.value
+        )
+        return interactions_pb2.InteractionsServiceAddSecretResponse(secret=_secret_info(info))
+
+    async def ListSecrets(
+        self,
+        request: interactions_pb2.InteractionsServiceListSecretsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.InteractionsServiceListSecretsResponse:
+        if not request.tenant_id:
+            raise InvalidArgument("tenant_id is required")
+        listed = await self._secrets.list(request.tenant_id)
+        return interactions_pb2.InteractionsServiceListSecretsResponse(
+            secrets=[_secret_info(i) for i in listed]
+        )
+
+    async def RemoveSecret(
+        self,
+        request: interactions_pb2.InteractionsServiceRemoveSecretRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.InteractionsServiceRemoveSecretResponse:
+        if not request.tenant_id:
+            raise InvalidArgument("tenant_id is required")
+        await self._secrets.remove(request.tenant_id, request.name)
+        return interactions_pb2.InteractionsServiceRemoveSecretResponse()
 
     async def DeleteTenantInteractions(
         self,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from tether.settings import PlatformSettings
@@ -34,3 +34,11 @@ class InteractionsSettings(PlatformSettings):
     )
     oauth_redirect_uri: str = Field("", description="Where the provider sends the person back.")
     oauth_client_id: str = Field("tether-demo", description="OAuth client id.")
+    secrets_key: SecretStr = Field(
+        SecretStr(""),
+        validation_alias=AliasChoices("TETHER_SECRETS_KEY"),
+        description="TETHER_SECRETS_KEY (no service prefix; only interactions is given it): "
+        "`KEYID:base64key[,KEYID:base64key...]`, AES-256 keys (32 bytes); the first seals "
+        "secrets and connection tokens, all open, so a key rotates by listing a new one first. "
+        "Empty: the secret store and connection consents answer FAILED_PRECONDITION.",
+    )

@@ -139,6 +139,8 @@ async def world(
             "TETHER_TOOL_LEDGER_URL": ledger.base_url,
             "TETHER_INTERACTIONS_OAUTH_BASE_URL": oauth.base_url,
             "TETHER_INTERACTIONS_OAUTH_REDIRECT_URI": "http://127.0.0.1/v1/oauth/callback",
+            # The consents the load completes seal their tokens.
+            credentials.SECRETS_KEY_ENV: credentials.new_secrets_key(),
             **FAST,
         }
         services = ServiceSet(work_dir / "run", env, credentials.generate())

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
 from services.interactions import repository as repo
+from services.interactions.sealing import Sealed
 from tests.integration.test_admission import _tenant, chat
 
 # The run aggregate, written and read only by the orchestrator (admission creates the run).
@@ -91,10 +92,14 @@ CALLS: dict[str, Call] = {
         principal_id="alice",
         provider="democal",
         scopes=["calendar.read"],
-        access_token="token",
+        token=Sealed(b"ciphertext", b"nonce", "k1"),
         expires_at=datetime.now(UTC),
     ),
     "find_connection": lambda conn, *_: repo.find_connection(conn, "t1", "alice", "democal"),
+    "plaintext_connections": lambda conn, *_: repo.plaintext_connections(conn, 10),
+    "seal_connection_token": lambda conn, *_: repo.seal_connection_token(
+        conn, "t1", "alice", "democal", "token", Sealed(b"ciphertext", b"nonce", "k1")
+    ),
     "tenant_has_rows": lambda conn, *_: repo.tenant_has_rows(conn, "t1"),
     "delete_tenant_rows": lambda conn, *_: repo.delete_tenant_rows(conn, "t1", 10),
 }

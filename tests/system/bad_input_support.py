@@ -85,6 +85,8 @@ async def hostile_stack(
         {
             "TETHER_DATABASE_URL": seeded.url,
             "TETHER_REDIS_URL": redis_url,
+            # The secret store's RPCs reach the store, not its refusal for want of a key.
+            "TETHER_SECRETS_KEY": credentials.new_secrets_key(),
             # A quiet stream that was accepted says so soon (its first keepalive).
             "TETHER_GATEWAY_KEEPALIVE_INTERVAL_S": "0.2",
         },

@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import pytest_asyncio
 
+from services.interactions.sealing import Keyring
 from tests.conftest import drop_database
 from tests.durable_postgres import DurablePostgres
 from tests.system.bad_input_support import hostile_stack  # noqa: F401  # bad-input modules' stack
@@ -56,6 +57,7 @@ async def stack(
             "TETHER_DATABASE_URL": seeded.url,
             "TETHER_REDIS_URL": redis_url,
             "TETHER_GATEWAY_OPERATOR_CREDENTIAL_SHA256": credentials.verifier(operator),
+            "TETHER_SECRETS_KEY": Keyring.generate_setting(),
         },
         service_credentials,
     )

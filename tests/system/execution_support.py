@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 from sqlalchemy import insert, select, update
 
+from services.interactions.sealing import Keyring
 from tests.conftest import clone_database, drop_database
 from tether import apikeys, credentials
 from tether.db.engine import create_engine
@@ -227,6 +228,7 @@ async def exec_stack(
         "TETHER_INTERACTIONS_OAUTH_BASE_URL": oauth.base_url,
         "TETHER_INTERACTIONS_OAUTH_REDIRECT_URI": "http://127.0.0.1/v1/oauth/callback",
         "TETHER_INTERACTIONS_SWEEP_INTERVAL_S": "0.2",
+        "TETHER_SECRETS_KEY": Keyring.generate_setting(),
         **FAST,
         **(extra_env or {}),
     }

@@ -361,3 +361,29 @@ async def test_an_agent_name_outside_the_identifier_rules_is_invalid_argument(
         )
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, error)
         assert "name" in (error.details() or ""), error
+
+
+async def test_a_secret_refused_over_grpc_and_http_writes_nothing(
+    hostile_stack: HostileStack, channel: grpc.aio.Channel, http: httpx2.AsyncClient
+) -> None:
+    before = await hostile_stack.row_counts()
+    stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    meta = hostile_stack.metadata(hostile_stack.admin_key)
+    for name, value in (("ok-name", ""), ("a/b", "v"), ("ok-name", "\x00v"), ("", "v")):
+        error = await refused(
+            stub.AddSecret(gateway_pb2.AddSecretRequest(name=name, value=value), metadata=meta)
+        )
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, error)
+    mangled = with_bytes(gateway_pb2.AddSecretRequest(name="n1", value=MARK), b"\xff" * 12)
+    error = await call_raw(channel, "AddSecret", mangled, hostile_stack.admin_key)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+    for body in ({"name": "n2", "value": 7}, {"name": "n3"}, {"name": "n4", "value": "v", "x": 1}):
+        response = await http.post(
+            "/v2/secrets", json=body, headers=bearer(hostile_stack.admin_key)
+        )
+        assert_json_error(response, 400, "INVALID_ARGUMENT")
+    absent = await http.delete("/v2/secrets/never-was", headers=bearer(hostile_stack.admin_key))
+    assert_json_error(absent, 404, "NOT_FOUND")
+    no_scope = await http.get("/v2/secrets", headers=bearer(hostile_stack.key_a))
+    assert_json_error(no_scope, 403, "PERMISSION_DENIED")
+    assert await hostile_stack.row_counts() == before

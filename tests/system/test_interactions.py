@@ -8,13 +8,15 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 import pytest_asyncio
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
+from sqlalchemy import text as sql
 
 from tests.system.execution_support import (
     ExecStack,
@@ -27,7 +29,7 @@ from tests.system.execution_support import (
 )
 from tether.client import TetherClient
 from tether.db.engine import create_engine
-from tether.db.schema import audit_log, grants, interactions
+from tether.db.schema import audit_log, connections, grants, interactions
 from tether.runtime.rpc import internal_channel
 from tether.testing.eventually import eventually
 from tether.testing.model_server import TextTurn, ToolUseTurn
@@ -93,6 +95,29 @@ async def count(stack: ExecStack, table: Any, **where: Any) -> int:
             return int((await conn.execute(stmt)).scalar_one())
     finally:
         await engine.dispose()
+
+
+async def connection_rows(stack: ExecStack, tenant_id: str) -> list[str]:
+    """Each of the tenant's connections: 'sealed', or what gives its token away."""
+    engine = create_engine(stack.db_url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    sql(
+                        "SELECT c::text, c.access_token, c.token_ciphertext IS NOT NULL "
+                        "FROM connections c WHERE tenant_id = :t"
+                    ),
+                    {"t": tenant_id},
+                )
+            ).all()
+    finally:
+        await engine.dispose()
+    # The demo provider's tokens start tok_ (tether.testing.oauth); a bytea reads as hex.
+    return [
+        "sealed" if sealed and not plain and "tok_" not in whole else whole
+        for whole, plain, sealed in rows
+    ]
 
 
 async def test_three_questions_resume_once_and_the_model_is_not_asked_again(
@@ -384,6 +409,35 @@ async def test_consent_completes_once_and_a_leaked_url_is_useless_to_another_ten
     run = await wait_for_status(stack.db_url, run_id, "completed")
     assert run.result_text == "You have two."
     assert [t for _, t, _ in await events_of(stack.db_url, run_id)].count("run.queued") == 2
+    # The run used the token, opened from its sealed form; the table never shows it.
+    assert await connection_rows(stack, tenant.tenant_id) == ["sealed"]
+
+
+async def test_a_plaintext_token_from_the_previous_release_is_used_then_sealed(
+    stack: ExecStack,
+) -> None:
+    tenant = await stack.tenant()
+    engine = create_engine(stack.db_url, pool_size=1)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                insert(connections).values(
+                    tenant_id=tenant.tenant_id,
+                    principal_id="tester",
+                    provider="democal",
+                    scopes=["calendar.read"],
+                    access_token="tok_stored-by-the-previous-release",
+                    expires_at=datetime.now(UTC) + timedelta(hours=1),
+                )
+            )
+    finally:
+        await engine.dispose()
+    text = prompt("calendar with an old token")
+    stack.model.script(text, [ToolUseTurn("calendar_list_events"), TextTurn("Two events.")])
+    run_id = await tenant.send(text)
+    run = await wait_for_status(stack.db_url, run_id, "completed")
+    assert run.result_text == "Two events."
+    assert await connection_rows(stack, tenant.tenant_id) == ["sealed"]
 
 
 async def test_cli_answer_decide_and_connect_drive_paused_runs(

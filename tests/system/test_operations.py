@@ -24,7 +24,7 @@ from sqlalchemy import func, select
 from tests.conftest import drop_database
 from tests.system.execution_support import ExecStack, Tenant, exec_stack, wait_for_status
 from tests.system.streaming_support import key_with, prompt
-from tether import credentials
+from tether import apikeys, credentials
 from tether.db.engine import create_engine
 from tether.db.schema import (
     api_keys,
@@ -37,6 +37,7 @@ from tether.db.schema import (
     sessions,
     tenants,
 )
+from tether.db.schema import secrets as secrets_table
 from tether.testing.eventually import eventually
 from tether.testing.model_server import ErrorTurn, TextTurn
 from tether.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -350,6 +351,7 @@ async def tenant_rows(stack: ExecStack, tenant_id: str) -> dict[str, int]:
                     sessions,
                     interactions,
                     grants,
+                    secrets_table,
                     audit_log,
                 )
             }
@@ -360,8 +362,12 @@ async def tenant_rows(stack: ExecStack, tenant_id: str) -> dict[str, int]:
 async def test_the_operator_deletes_a_tenant_from_every_service_and_no_one_else(
     stack: ExecStack,
 ) -> None:
-    doomed = await stack.tenant(grant=["get_time"])
-    kept = await stack.tenant()
+    with_secrets = [*apikeys.CLIENT_SCOPES, apikeys.SECRETS_WRITE]
+    doomed = await stack.tenant(grant=["get_time"], scopes=with_secrets)
+    kept = await stack.tenant(scopes=with_secrets)
+    for owner in (doomed, kept):
+        secret = gateway_pb2.AddSecretRequest(name="bot-token", value="xoxb-doomed-or-kept")
+        await call(stack, "AddSecret", secret, owner.metadata)
     done = await send(doomed, prompt("doomed"))
     parked = await send(doomed, "please publish: this tenant is going away")
     await failed_then_fixed(stack, doomed)

@@ -62,6 +62,7 @@ SECRET_ENV = {
     "POSTGRES_PASSWORD": "tether-dev-postgres",
     "REDIS_PASSWORD": "tether-dev-redis",
     "WORKER_REDIS_PASSWORD": "tether-dev-redis",
+    "TETHER_SECRETS_KEY": "tether-secrets-key",
 }
 # The worker's own: a Redis user that may only publish live deltas.
 WORKER_SECRET_ENV = {"TETHER_REDIS_URL": "tether-worker-redis"}
@@ -393,3 +394,9 @@ def test_each_service_has_its_own_policy(rendered: Rendered, service: str) -> No
         and selects(p["spec"]["podSelector"]["matchLabels"], labels)
     ]
     assert own, f"no NetworkPolicy of its own for {service}"
+
+
+def test_only_interactions_holds_the_secrets_key(rendered: Rendered) -> None:
+    for service in SERVICES:
+        ref = secret_refs(rendered.deployment(service)).get("TETHER_SECRETS_KEY")
+        assert (ref is not None) == (service == "interactions"), service

@@ -37,6 +37,7 @@ OWNER = {
     "interactions": "interactions",
     "grants": "interactions",
     "connections": "interactions",
+    "secrets": "interactions",
     # Callers and their tenants (through libs/tether/apikeys.py, which the gateway serves).
     "api_keys": "gateway",
     "tenants": "gateway",

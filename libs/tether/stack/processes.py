@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tether.credentials import VERIFIERS_ENV, service_env
+from tether.credentials import SECRETS_KEY_ENV, VERIFIERS_ENV, service_env
 from tether.runtime.process import companion_ready_file
 from tether.settings import TOOL_PREFIX
 
@@ -32,12 +32,15 @@ NOT_FOR_WORKERS = frozenset(
 def meant_for(service: str, name: str) -> bool:
     """Whether the setting `name` of the stack's (or its caller's) environment reaches
     `service`'s process: never another service's own (TETHER_<OTHER>_..., addresses aside),
-    `tether up`'s, a tool's (the worker's alone) or the model key (the worker's alone); and
+    `tether up`'s, a tool's (the worker's alone), the model key (the worker's alone) or the
+    secrets key (interactions' alone: no other service may open a sealed secret); and
     never, to a worker, what `NOT_FOR_WORKERS` and PostgreSQL's client variables name."""
     if name.startswith("TETHER_UP_") or name == "TETHER_WORKERS":
         return False
     if name.startswith(TOOL_PREFIX) or name == "ANTHROPIC_API_KEY":
         return service == "worker"
+    if name == SECRETS_KEY_ENV:
+        return service == "interactions"
     for other in SERVICES:
         prefix = f"TETHER_{other.upper()}_"
         if other != service and name.startswith(prefix) and not name.endswith("_ADDR"):

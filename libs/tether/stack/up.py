@@ -70,6 +70,19 @@ def _read_secret(path: Path, prefix: str = "") -> str:
     return value
 
 
+def _secrets_key(path: Path) -> str:
+    """The dev stack's TETHER_SECRETS_KEY, generated once: secrets sealed under it stay
+    readable across restarts. Created owner-only (never readable by others, not even for the
+    moment between writing and a chmod)."""
+    if path.exists():
+        return path.read_text().strip()
+    setting = credentials.new_secrets_key("dev1")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(setting)
+    return setting
+
+
 async def dev_key(db_url: str, previous: dict[str, Any]) -> str:
     """The development tenant's admin key: the previous one if still valid, else a new one."""
     engine = create_engine(db_url, pool_size=1)
@@ -208,6 +221,8 @@ class Stack:
             "TETHER_DATABASE_URL": db_url,
             "TETHER_REDIS_URL": redis_url,
             "TETHER_GATEWAY_OPERATOR_CREDENTIAL_SHA256": credentials.verifier(operator),
+            # processes.meant_for hands it to interactions alone.
+            credentials.SECRETS_KEY_ENV: _secrets_key(self.data_dir / "secrets_key"),
             **self.extra_env,
         }
         model_url = ""

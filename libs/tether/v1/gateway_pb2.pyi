@@ -1283,6 +1283,147 @@ class RemoveDocumentResponse(_message.Message):
 Global___RemoveDocumentResponse: _TypeAlias = RemoveDocumentResponse  # noqa: Y015
 
 @_typing.final
+class AddSecretRequest(_message.Message):
+    """AddSecretRequest is one named secret."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Name.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    value: _builtins.str
+    """The value (required; at most 64 KiB encoded as UTF-8).
+    Limit: 65536 characters, no NUL.
+    """
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        value: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddSecretRequest: _TypeAlias = AddSecretRequest  # noqa: Y015
+
+@_typing.final
+class AddSecretResponse(_message.Message):
+    """AddSecretResponse is the secret stored, without its value."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SECRET_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def secret(self) -> _interactions_pb2.SecretInfo:
+        """The secret."""
+
+    def __init__(
+        self,
+        *,
+        secret: _interactions_pb2.SecretInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["secret", b"secret"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["secret", b"secret"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddSecretResponse: _TypeAlias = AddSecretResponse  # noqa: Y015
+
+@_typing.final
+class ListSecretsRequest(_message.Message):
+    """ListSecretsRequest lists the caller's tenant's secrets."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSecretsRequest: _TypeAlias = ListSecretsRequest  # noqa: Y015
+
+@_typing.final
+class ListSecretsResponse(_message.Message):
+    """ListSecretsResponse is the tenant's secrets by name, without their values."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SECRETS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def secrets(self) -> _containers.RepeatedCompositeFieldContainer[_interactions_pb2.SecretInfo]:
+        """Secrets."""
+
+    def __init__(
+        self,
+        *,
+        secrets: _abc.Iterable[_interactions_pb2.SecretInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["secrets", b"secrets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSecretsResponse: _TypeAlias = ListSecretsResponse  # noqa: Y015
+
+@_typing.final
+class RemoveSecretRequest(_message.Message):
+    """RemoveSecretRequest names the secret to remove."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Name.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveSecretRequest: _TypeAlias = RemoveSecretRequest  # noqa: Y015
+
+@_typing.final
+class RemoveSecretResponse(_message.Message):
+    """RemoveSecretResponse confirms the removal."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The secret removed."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveSecretResponse: _TypeAlias = RemoveSecretResponse  # noqa: Y015
+
+@_typing.final
 class GetRunAttemptsRequest(_message.Message):
     """GetRunAttemptsRequest names a run."""
 

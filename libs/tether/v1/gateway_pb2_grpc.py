@@ -143,6 +143,21 @@ class GatewayServiceStub:
                 request_serializer=tether_dot_v1_dot_gateway__pb2.RemoveDocumentRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveDocumentResponse.FromString,
                 _registered_method=True)
+        self.AddSecret = channel.unary_unary(
+                '/tether.v1.GatewayService/AddSecret',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.AddSecretRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.AddSecretResponse.FromString,
+                _registered_method=True)
+        self.ListSecrets = channel.unary_unary(
+                '/tether.v1.GatewayService/ListSecrets',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.ListSecretsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.ListSecretsResponse.FromString,
+                _registered_method=True)
+        self.RemoveSecret = channel.unary_unary(
+                '/tether.v1.GatewayService/RemoveSecret',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.RemoveSecretRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveSecretResponse.FromString,
+                _registered_method=True)
         self.DeleteTenant = channel.unary_unary(
                 '/tether.v1.GatewayService/DeleteTenant',
                 request_serializer=tether_dot_v1_dot_gateway__pb2.DeleteTenantRequest.SerializeToString,
@@ -362,6 +377,31 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddSecret(self, request, context):
+        """AddSecret seals a named secret of the caller's tenant in interactions' secret store (scope
+        "secrets:write"); a name already taken is ALREADY_EXISTS (remove it first). The answer
+        never carries the value.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSecrets(self, request, context):
+        """ListSecrets lists the caller's tenant's secrets by name: the last four characters of each
+        value at most, never the value (scope "secrets:read").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveSecret(self, request, context):
+        """RemoveSecret removes one of the caller's tenant's secrets; another tenant's is NOT_FOUND,
+        as an absent one (scope "secrets:write").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DeleteTenant(self, request, context):
         """DeleteTenant removes a tenant and all of its data from every service (the platform
         operator's credential only). Its keys are revoked at once; each call removes a batch and
@@ -549,6 +589,21 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.RemoveDocument,
                     request_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveDocumentRequest.FromString,
                     response_serializer=tether_dot_v1_dot_gateway__pb2.RemoveDocumentResponse.SerializeToString,
+            ),
+            'AddSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddSecret,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.AddSecretRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.AddSecretResponse.SerializeToString,
+            ),
+            'ListSecrets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSecrets,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.ListSecretsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.ListSecretsResponse.SerializeToString,
+            ),
+            'RemoveSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveSecret,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveSecretRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.RemoveSecretResponse.SerializeToString,
             ),
             'DeleteTenant': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteTenant,
@@ -1172,6 +1227,87 @@ class GatewayService:
             '/tether.v1.GatewayService/RemoveDocument',
             tether_dot_v1_dot_gateway__pb2.RemoveDocumentRequest.SerializeToString,
             tether_dot_v1_dot_gateway__pb2.RemoveDocumentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/AddSecret',
+            tether_dot_v1_dot_gateway__pb2.AddSecretRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.AddSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSecrets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/ListSecrets',
+            tether_dot_v1_dot_gateway__pb2.ListSecretsRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.ListSecretsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/RemoveSecret',
+            tether_dot_v1_dot_gateway__pb2.RemoveSecretRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.RemoveSecretResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -101,6 +101,19 @@ class GatewayServiceStub:
     """RemoveDocument removes one of the caller's tenant's documents; another tenant's is
     NOT_FOUND, as an absent one (scope "documents:write").
     """
+    AddSecret: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.AddSecretRequest, _gateway_pb2.AddSecretResponse]
+    """AddSecret seals a named secret of the caller's tenant in interactions' secret store (scope
+    "secrets:write"); a name already taken is ALREADY_EXISTS (remove it first). The answer
+    never carries the value.
+    """
+    ListSecrets: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListSecretsRequest, _gateway_pb2.ListSecretsResponse]
+    """ListSecrets lists the caller's tenant's secrets by name: the last four characters of each
+    value at most, never the value (scope "secrets:read").
+    """
+    RemoveSecret: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RemoveSecretRequest, _gateway_pb2.RemoveSecretResponse]
+    """RemoveSecret removes one of the caller's tenant's secrets; another tenant's is NOT_FOUND,
+    as an absent one (scope "secrets:write").
+    """
     DeleteTenant: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.DeleteTenantRequest, _gateway_pb2.DeleteTenantResponse]
     """DeleteTenant removes a tenant and all of its data from every service (the platform
     operator's credential only). Its keys are revoked at once; each call removes a batch and
@@ -209,6 +222,19 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     RemoveDocument: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RemoveDocumentRequest, _gateway_pb2.RemoveDocumentResponse]  # type: ignore[assignment]
     """RemoveDocument removes one of the caller's tenant's documents; another tenant's is
     NOT_FOUND, as an absent one (scope "documents:write").
+    """
+    AddSecret: _aio.UnaryUnaryMultiCallable[_gateway_pb2.AddSecretRequest, _gateway_pb2.AddSecretResponse]  # type: ignore[assignment]
+    """AddSecret seals a named secret of the caller's tenant in interactions' secret store (scope
+    "secrets:write"); a name already taken is ALREADY_EXISTS (remove it first). The answer
+    never carries the value.
+    """
+    ListSecrets: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListSecretsRequest, _gateway_pb2.ListSecretsResponse]  # type: ignore[assignment]
+    """ListSecrets lists the caller's tenant's secrets by name: the last four characters of each
+    value at most, never the value (scope "secrets:read").
+    """
+    RemoveSecret: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RemoveSecretRequest, _gateway_pb2.RemoveSecretResponse]  # type: ignore[assignment]
+    """RemoveSecret removes one of the caller's tenant's secrets; another tenant's is NOT_FOUND,
+    as an absent one (scope "secrets:write").
     """
     DeleteTenant: _aio.UnaryUnaryMultiCallable[_gateway_pb2.DeleteTenantRequest, _gateway_pb2.DeleteTenantResponse]  # type: ignore[assignment]
     """DeleteTenant removes a tenant and all of its data from every service (the platform
@@ -441,6 +467,37 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_gateway_pb2.RemoveDocumentResponse, _abc.Awaitable[_gateway_pb2.RemoveDocumentResponse]]:
         """RemoveDocument removes one of the caller's tenant's documents; another tenant's is
         NOT_FOUND, as an absent one (scope "documents:write").
+        """
+
+    @_abc_1.abstractmethod
+    def AddSecret(
+        self,
+        request: _gateway_pb2.AddSecretRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.AddSecretResponse, _abc.Awaitable[_gateway_pb2.AddSecretResponse]]:
+        """AddSecret seals a named secret of the caller's tenant in interactions' secret store (scope
+        "secrets:write"); a name already taken is ALREADY_EXISTS (remove it first). The answer
+        never carries the value.
+        """
+
+    @_abc_1.abstractmethod
+    def ListSecrets(
+        self,
+        request: _gateway_pb2.ListSecretsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ListSecretsResponse, _abc.Awaitable[_gateway_pb2.ListSecretsResponse]]:
+        """ListSecrets lists the caller's tenant's secrets by name: the last four characters of each
+        value at most, never the value (scope "secrets:read").
+        """
+
+    @_abc_1.abstractmethod
+    def RemoveSecret(
+        self,
+        request: _gateway_pb2.RemoveSecretRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.RemoveSecretResponse, _abc.Awaitable[_gateway_pb2.RemoveSecretResponse]]:
+        """RemoveSecret removes one of the caller's tenant's secrets; another tenant's is NOT_FOUND,
+        as an absent one (scope "secrets:write").
         """
 
     @_abc_1.abstractmethod

@@ -1240,3 +1240,182 @@ class DeleteTenantInteractionsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteTenantInteractionsResponse: _TypeAlias = DeleteTenantInteractionsResponse  # noqa: Y015
+
+@_typing.final
+class SecretInfo(_message.Message):
+    """SecretInfo is what a read shows of a secret: never its value."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    LAST_FOUR_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Name (tether.ids identifier rules)."""
+    last_four: _builtins.str
+    """The value's last four characters (fewer for a short value, none for binary)."""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was stored."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        last_four: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "last_four", b"last_four", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SecretInfo: _TypeAlias = SecretInfo  # noqa: Y015
+
+@_typing.final
+class InteractionsServiceAddSecretRequest(_message.Message):
+    """InteractionsServiceAddSecretRequest stores a named secret for a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    principal_id: _builtins.str
+    """Who stores it (recorded as created_by)."""
+    name: _builtins.str
+    """Name."""
+    value: _builtins.bytes
+    """The value: 1 byte to 64 KiB."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        value: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "principal_id", b"principal_id", "tenant_id", b"tenant_id", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractionsServiceAddSecretRequest: _TypeAlias = InteractionsServiceAddSecretRequest  # noqa: Y015
+
+@_typing.final
+class InteractionsServiceAddSecretResponse(_message.Message):
+    """InteractionsServiceAddSecretResponse shows what was stored, without the value."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SECRET_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def secret(self) -> Global___SecretInfo:
+        """The stored secret."""
+
+    def __init__(
+        self,
+        *,
+        secret: Global___SecretInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["secret", b"secret"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["secret", b"secret"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractionsServiceAddSecretResponse: _TypeAlias = InteractionsServiceAddSecretResponse  # noqa: Y015
+
+@_typing.final
+class InteractionsServiceListSecretsRequest(_message.Message):
+    """InteractionsServiceListSecretsRequest names a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractionsServiceListSecretsRequest: _TypeAlias = InteractionsServiceListSecretsRequest  # noqa: Y015
+
+@_typing.final
+class InteractionsServiceListSecretsResponse(_message.Message):
+    """InteractionsServiceListSecretsResponse lists the tenant's secrets by name."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SECRETS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def secrets(self) -> _containers.RepeatedCompositeFieldContainer[Global___SecretInfo]:
+        """Secrets."""
+
+    def __init__(
+        self,
+        *,
+        secrets: _abc.Iterable[Global___SecretInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["secrets", b"secrets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractionsServiceListSecretsResponse: _TypeAlias = InteractionsServiceListSecretsResponse  # noqa: Y015
+
+@_typing.final
+class InteractionsServiceRemoveSecretRequest(_message.Message):
+    """InteractionsServiceRemoveSecretRequest names the secret to remove."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    name: _builtins.str
+    """Name."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractionsServiceRemoveSecretRequest: _TypeAlias = InteractionsServiceRemoveSecretRequest  # noqa: Y015
+
+@_typing.final
+class InteractionsServiceRemoveSecretResponse(_message.Message):
+    """InteractionsServiceRemoveSecretResponse is empty: the secret is gone."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractionsServiceRemoveSecretResponse: _TypeAlias = InteractionsServiceRemoveSecretResponse  # noqa: Y015

@@ -106,6 +106,21 @@ class InteractionsServiceStub:
                 request_serializer=tether_dot_v1_dot_interactions__pb2.DeleteTenantInteractionsRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_interactions__pb2.DeleteTenantInteractionsResponse.FromString,
                 _registered_method=True)
+        self.AddSecret = channel.unary_unary(
+                '/tether.v1.InteractionsService/AddSecret',
+                request_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceAddSecretRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceAddSecretResponse.FromString,
+                _registered_method=True)
+        self.ListSecrets = channel.unary_unary(
+                '/tether.v1.InteractionsService/ListSecrets',
+                request_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceListSecretsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceListSecretsResponse.FromString,
+                _registered_method=True)
+        self.RemoveSecret = channel.unary_unary(
+                '/tether.v1.InteractionsService/RemoveSecret',
+                request_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveSecretRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveSecretResponse.FromString,
+                _registered_method=True)
 
 
 class InteractionsServiceServicer:
@@ -212,6 +227,27 @@ class InteractionsServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddSecret(self, request, context):
+        """AddSecret seals a tenant's named secret (ALREADY_EXISTS when the name is taken).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSecrets(self, request, context):
+        """ListSecrets names the tenant's secrets: never a value, its last four characters at most.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveSecret(self, request, context):
+        """RemoveSecret removes one; another tenant's is NOT_FOUND exactly like an absent one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InteractionsServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -284,6 +320,21 @@ def add_InteractionsServiceServicer_to_server(servicer, server):
                     servicer.DeleteTenantInteractions,
                     request_deserializer=tether_dot_v1_dot_interactions__pb2.DeleteTenantInteractionsRequest.FromString,
                     response_serializer=tether_dot_v1_dot_interactions__pb2.DeleteTenantInteractionsResponse.SerializeToString,
+            ),
+            'AddSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddSecret,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceAddSecretRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceAddSecretResponse.SerializeToString,
+            ),
+            'ListSecrets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSecrets,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceListSecretsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceListSecretsResponse.SerializeToString,
+            ),
+            'RemoveSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveSecret,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveSecretRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveSecretResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -666,6 +717,87 @@ class InteractionsService:
             '/tether.v1.InteractionsService/DeleteTenantInteractions',
             tether_dot_v1_dot_interactions__pb2.DeleteTenantInteractionsRequest.SerializeToString,
             tether_dot_v1_dot_interactions__pb2.DeleteTenantInteractionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.InteractionsService/AddSecret',
+            tether_dot_v1_dot_interactions__pb2.InteractionsServiceAddSecretRequest.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.InteractionsServiceAddSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSecrets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.InteractionsService/ListSecrets',
+            tether_dot_v1_dot_interactions__pb2.InteractionsServiceListSecretsRequest.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.InteractionsServiceListSecretsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.InteractionsService/RemoveSecret',
+            tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveSecretRequest.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveSecretResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -65,6 +65,12 @@ class InteractionsServiceStub:
     """DeleteTenantInteractions removes a batch of a deleted tenant's grants, connections and
     interactions; call it again while it says some remain.
     """
+    AddSecret: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceAddSecretRequest, _interactions_pb2.InteractionsServiceAddSecretResponse]
+    """AddSecret seals a tenant's named secret (ALREADY_EXISTS when the name is taken)."""
+    ListSecrets: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceListSecretsRequest, _interactions_pb2.InteractionsServiceListSecretsResponse]
+    """ListSecrets names the tenant's secrets: never a value, its last four characters at most."""
+    RemoveSecret: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceRemoveSecretRequest, _interactions_pb2.InteractionsServiceRemoveSecretResponse]
+    """RemoveSecret removes one; another tenant's is NOT_FOUND exactly like an absent one."""
 
 @_typing.type_check_only
 class InteractionsServiceAsyncStub(InteractionsServiceStub):
@@ -103,6 +109,12 @@ class InteractionsServiceAsyncStub(InteractionsServiceStub):
     """DeleteTenantInteractions removes a batch of a deleted tenant's grants, connections and
     interactions; call it again while it says some remain.
     """
+    AddSecret: _aio.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceAddSecretRequest, _interactions_pb2.InteractionsServiceAddSecretResponse]  # type: ignore[assignment]
+    """AddSecret seals a tenant's named secret (ALREADY_EXISTS when the name is taken)."""
+    ListSecrets: _aio.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceListSecretsRequest, _interactions_pb2.InteractionsServiceListSecretsResponse]  # type: ignore[assignment]
+    """ListSecrets names the tenant's secrets: never a value, its last four characters at most."""
+    RemoveSecret: _aio.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceRemoveSecretRequest, _interactions_pb2.InteractionsServiceRemoveSecretResponse]  # type: ignore[assignment]
+    """RemoveSecret removes one; another tenant's is NOT_FOUND exactly like an absent one."""
 
 class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
     """InteractionsService owns questions, approvals (with grants) and connections: the three ways a
@@ -222,5 +234,29 @@ class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
         """DeleteTenantInteractions removes a batch of a deleted tenant's grants, connections and
         interactions; call it again while it says some remain.
         """
+
+    @_abc_1.abstractmethod
+    def AddSecret(
+        self,
+        request: _interactions_pb2.InteractionsServiceAddSecretRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_interactions_pb2.InteractionsServiceAddSecretResponse, _abc.Awaitable[_interactions_pb2.InteractionsServiceAddSecretResponse]]:
+        """AddSecret seals a tenant's named secret (ALREADY_EXISTS when the name is taken)."""
+
+    @_abc_1.abstractmethod
+    def ListSecrets(
+        self,
+        request: _interactions_pb2.InteractionsServiceListSecretsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_interactions_pb2.InteractionsServiceListSecretsResponse, _abc.Awaitable[_interactions_pb2.InteractionsServiceListSecretsResponse]]:
+        """ListSecrets names the tenant's secrets: never a value, its last four characters at most."""
+
+    @_abc_1.abstractmethod
+    def RemoveSecret(
+        self,
+        request: _interactions_pb2.InteractionsServiceRemoveSecretRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_interactions_pb2.InteractionsServiceRemoveSecretResponse, _abc.Awaitable[_interactions_pb2.InteractionsServiceRemoveSecretResponse]]:
+        """RemoveSecret removes one; another tenant's is NOT_FOUND exactly like an absent one."""
 
 def add_InteractionsServiceServicer_to_server(servicer: InteractionsServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

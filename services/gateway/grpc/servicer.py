@@ -1,6 +1,6 @@
 """The public edge: every RPC of tether.v1.GatewayService, each handed to the handler that serves
-its part (runs, interactions, keys, documents, tenants, streams). A handler authenticates the
-call, then forwards it to the service that owns it: tenant and principal always come from the
+its part (runs, interactions, keys, documents, secrets, tenants, streams). A handler authenticates
+the call, then forwards it to the service that owns it: tenant and principal always come from the
 API key, and errors from internal services are rebuilt as TetherError so the caller sees the
 status and message the owner chose.
 
@@ -19,6 +19,7 @@ from services.gateway.grpc.documents import DocumentRpcs
 from services.gateway.grpc.interactions import InteractionRpcs
 from services.gateway.grpc.keys import KeyRpcs
 from services.gateway.grpc.runs import RunRpcs
+from services.gateway.grpc.secrets import SecretRpcs
 from services.gateway.grpc.streaming import StreamRpcs
 from services.gateway.grpc.tenants import TenantRpcs
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
@@ -37,6 +38,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         tenants: TenantRpcs,
         streams: StreamRpcs,
         agents: AgentRpcs,
+        secrets: SecretRpcs,
     ) -> None:
         self._runs = runs
         self._interactions = interactions
@@ -45,6 +47,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self._tenants = tenants
         self._streams = streams
         self._agents = agents
+        self._secrets = secrets
 
     async def SendMessage(
         self, request: gateway_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
@@ -135,6 +138,21 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self, request: gateway_pb2.RemoveDocumentRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.RemoveDocumentResponse:
         return await self._documents.RemoveDocument(request, context)
+
+    async def AddSecret(
+        self, request: gateway_pb2.AddSecretRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.AddSecretResponse:
+        return await self._secrets.AddSecret(request, context)
+
+    async def ListSecrets(
+        self, request: gateway_pb2.ListSecretsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListSecretsResponse:
+        return await self._secrets.ListSecrets(request, context)
+
+    async def RemoveSecret(
+        self, request: gateway_pb2.RemoveSecretRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.RemoveSecretResponse:
+        return await self._secrets.RemoveSecret(request, context)
 
     async def ApplyAgent(
         self, request: gateway_pb2.ApplyAgentRequest, context: grpc.aio.ServicerContext

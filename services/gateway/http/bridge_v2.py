@@ -61,6 +61,9 @@ _UNARY: tuple[tuple[str, str, str, type[Message], bool], ...] = (
      _G.CompleteConnectionRequest, True),
     ("POST", "/v2/documents", "AddDocument", _G.AddDocumentRequest, True),
     ("DELETE", "/v2/documents/{document_id}", "RemoveDocument", _G.RemoveDocumentRequest, False),
+    ("POST", "/v2/secrets", "AddSecret", _G.AddSecretRequest, True),
+    ("GET", "/v2/secrets", "ListSecrets", _G.ListSecretsRequest, False),
+    ("DELETE", "/v2/secrets/{name}", "RemoveSecret", _G.RemoveSecretRequest, False),
     ("POST", "/v2/agents", "ApplyAgent", _G.ApplyAgentRequest, True),
     ("GET", "/v2/agents", "ListAgents", _G.ListAgentsRequest, False),
     ("GET", "/v2/agents/{name}/versions", "ListAgentVersions", _G.ListAgentVersionsRequest,
@@ -72,7 +75,7 @@ _UNARY: tuple[tuple[str, str, str, type[Message], bool], ...] = (
     ("POST", "/v2/agents/{name}/render", "RenderAgent", _G.RenderAgentRequest, True),
 )  # fmt: skip
 # RPCs whose success creates something: 201.
-_CREATES = frozenset({"AddDocument"})
+_CREATES = frozenset({"AddDocument", "AddSecret"})
 
 
 def to_json(message: Message) -> dict[str, Any]:

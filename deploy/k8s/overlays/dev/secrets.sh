@@ -55,6 +55,13 @@ if ! exists tether-service-verifiers; then
   create tether-service-verifiers --from-literal=TETHER_SERVICE_VERIFIERS="$verifiers"
 fi
 
+# The secret store's key (interactions only): one AES-256 key, id dev1. Kept once made: what
+# it sealed opens only under it.
+if ! exists tether-secrets-key; then
+  create tether-secrets-key \
+    --from-literal=TETHER_SECRETS_KEY="dev1:$(openssl rand -base64 32)"
+fi
+
 # The platform operator (creates tenants and keys); shown once, the cluster keeps its hash.
 if ! exists tether-operator; then
   operator="top_$(rand)"

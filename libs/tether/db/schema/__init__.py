@@ -7,7 +7,7 @@ service (README, "Who owns which table"):
 - `orchestrator_tables`: the run aggregate (runs, run_events, run_parts, attempts, effects,
   usage_turns, tool_outputs, routings, context_summaries), documents and agents (agents,
   agent_versions, agent_sets) and the tool catalog (tool_catalog);
-- `interactions_tables`: interactions, grants, connections;
+- `interactions_tables`: interactions, grants, connections, secrets;
 - `audit_tables`: audit_log, appended to by every service.
 
 Import tables from here (`from tether.db.schema import runs`): `metadata` holds them all. A search
@@ -20,7 +20,7 @@ from tether.db.schema.admission_tables import event_claims, messages, sessions
 from tether.db.schema.audit_tables import audit_log
 from tether.db.schema.base import in_state, metadata
 from tether.db.schema.gateway_tables import api_keys, browser_credentials, tenants
-from tether.db.schema.interactions_tables import connections, grants, interactions
+from tether.db.schema.interactions_tables import connections, grants, interactions, secrets
 from tether.db.schema.orchestrator_tables import (
     agent_sets,
     agent_versions,
@@ -60,6 +60,7 @@ __all__ = [
     "run_events",
     "run_parts",
     "runs",
+    "secrets",
     "sessions",
     "tenants",
     "tool_catalog",

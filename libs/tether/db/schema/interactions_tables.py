@@ -1,5 +1,5 @@
-"""The interactions service's tables: questions, approvals and connections in the loop, and the
-grants approvals mint."""
+"""The interactions service's tables: questions, approvals and connections in the loop, the
+grants approvals mint, and the tenants' sealed secrets."""
 
 from __future__ import annotations
 
@@ -133,9 +133,30 @@ connections = Table(
     Column("principal_id", Text, nullable=False),
     Column("provider", Text, nullable=False),
     Column("scopes", ARRAY(Text), nullable=False),
-    # The provider's access token; a production deployment keeps it in a secret store.
+    # Plaintext, as releases before 0023 stored it: '' once sealed. The previous release reads
+    # it during a rollout; interactions seals and clears any it finds (dropped in 0.3.0).
     Column("access_token", Text, nullable=False),
+    # The token sealed (services.interactions.sealing), bound to tenant, principal, provider.
+    Column("token_ciphertext", LargeBinary),
+    Column("token_nonce", LargeBinary),
+    Column("token_key_id", Text),
     Column("expires_at", DateTime(timezone=True), nullable=False),
     _now(),
     PrimaryKeyConstraint("tenant_id", "principal_id", "provider"),
+)
+
+secrets = Table(
+    "secrets",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    # AES-GCM under the key `key_id` names, bound to (tenant_id, name): never the value.
+    Column("ciphertext", LargeBinary, nullable=False),
+    Column("nonce", LargeBinary, nullable=False),
+    Column("key_id", Text, nullable=False),
+    # What a read may show of the value, so a person can tell two apart.
+    Column("last_four", Text, nullable=False),
+    Column("created_by", Text, nullable=False),
+    _now(),
+    PrimaryKeyConstraint("tenant_id", "name"),
 )

@@ -12,7 +12,7 @@ import type { AgentSummary, AgentSummaryJson, AgentVersion, AgentVersionJson, At
 import { file_tether_v1_common } from "./common_pb.js";
 import type { RunEvent, RunEventJson } from "./events_pb.js";
 import { file_tether_v1_events } from "./events_pb.js";
-import type { PendingApproval, PendingApprovalJson, PendingConnection, PendingConnectionJson, PendingQuestion, PendingQuestionJson, QuestionAnswer, QuestionAnswerJson } from "./interactions_pb.js";
+import type { PendingApproval, PendingApprovalJson, PendingConnection, PendingConnectionJson, PendingQuestion, PendingQuestionJson, QuestionAnswer, QuestionAnswerJson, SecretInfo, SecretInfoJson } from "./interactions_pb.js";
 import { file_tether_v1_interactions } from "./interactions_pb.js";
 import type { JsonObject, Message } from "@bufbuild/protobuf";
 
@@ -20,7 +20,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/gateway.proto.
  */
 export const file_tether_v1_gateway: GenFile = /*@__PURE__*/
-  fileDesc("Chd0ZXRoZXIvdjEvZ2F0ZXdheS5wcm90bxIJdGV0aGVyLnYxInEKElNlbmRNZXNzYWdlUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSDAoEdGV4dBgDIAEoCRIPCgdjaGFubmVsGAQgASgJEhEKCXRlbmFudF9pZBgFIAEoCSJfChNTZW5kTWVzc2FnZVJlc3BvbnNlEisKC2Rpc3Bvc2l0aW9uGAEgASgOMhYudGV0aGVyLnYxLkRpc3Bvc2l0aW9uEhsKA3J1bhgCIAEoCzIOLnRldGhlci52MS5SdW4itQEKElN1Ym1pdEV2ZW50UmVxdWVzdBI1CgltZXNzYWdpbmcYASABKAsyIC50ZXRoZXIudjEuTWVzc2FnaW5nV2ViaG9va0lucHV0SAASMQoLdGFza19zdGF0dXMYAiABKAsyGi50ZXRoZXIudjEuVGFza1N0YXR1c0lucHV0SAASLAoIZGVjaXNpb24YAyABKAsyGC50ZXRoZXIudjEuRGVjaXNpb25JbnB1dEgAQgcKBWlucHV0Il8KE1N1Ym1pdEV2ZW50UmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1biI7Cg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIaChJpbmNsdWRlX3N1cGVyc2VkZWQYAiABKAgiTQoOR2V0UnVuUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIeCgVwYXJ0cxgCIAMoCzIPLnRldGhlci52MS5QYXJ0IqwBCg9MaXN0UnVuc1JlcXVlc3QSJgoIc3RhdHVzZXMYASADKA4yFC50ZXRoZXIudjEuUnVuU3RhdHVzEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCRIxCg1jcmVhdGVkX2FmdGVyGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJJChBMaXN0UnVuc1Jlc3BvbnNlEhwKBHJ1bnMYASADKAsyDi50ZXRoZXIudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiQQoRQ2FuY2VsUnVuUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIImUKEFN0cmVhbVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAxIWCg5pbmNsdWRlX2RlbHRhcxgDIAEoCBIWCg5iYXRjaF9jYXRjaF91cBgEIAEoCCKYAQoRU3RyZWFtUnVuUmVzcG9uc2USKgoIc25hcHNob3QYASABKAsyFi50ZXRoZXIudjEuUnVuU25hcHNob3RIABIkCgVldmVudBgCIAEoCzITLnRldGhlci52MS5SdW5FdmVudEgAEikKBWJhdGNoGAMgASgLMhgudGV0aGVyLnYxLlJ1bkV2ZW50QmF0Y2hIAEIGCgRpdGVtIjQKDVJ1bkV2ZW50QmF0Y2gSIwoGZXZlbnRzGAEgAygLMhMudGV0aGVyLnYxLlJ1bkV2ZW50IkoKC1J1blNuYXBzaG90EhsKA3J1bhgBIAEoCzIOLnRldGhlci52MS5SdW4SHgoFcGFydHMYAiADKAsyDy50ZXRoZXIudjEuUGFydCJnChFTdHJlYW1SdW5zUmVxdWVzdBImCghzdGF0dXNlcxgBIAMoDjIULnRldGhlci52MS5SdW5TdGF0dXMSFwoPY29udmVyc2F0aW9uX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBSJoChJTdHJlYW1SdW5zUmVzcG9uc2USKwoEcGFnZRgBIAEoCzIbLnRldGhlci52MS5MaXN0UnVuc1Jlc3BvbnNlSAASHQoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1bkgAQgYKBGl0ZW0iXAoZU3RyZWFtQ29udmVyc2F0aW9uUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSDgoGY3Vyc29yGAIgASgJEhYKDmluY2x1ZGVfZGVsdGFzGAMgASgIIlAKGlN0cmVhbUNvbnZlcnNhdGlvblJlc3BvbnNlEiIKBWV2ZW50GAEgASgLMhMudGV0aGVyLnYxLlJ1bkV2ZW50Eg4KBmN1cnNvchgCIAEoCSIrChlHZXRQZW5kaW5nUXVlc3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJKChpHZXRQZW5kaW5nUXVlc3Rpb25SZXNwb25zZRIsCghxdWVzdGlvbhgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nUXVlc3Rpb24isgEKFUFuc3dlclF1ZXN0aW9uUmVxdWVzdBIOCgZydW5faWQYASABKAkSPgoHYW5zd2VycxgCIAMoCzItLnRldGhlci52MS5BbnN3ZXJRdWVzdGlvblJlcXVlc3QuQW5zd2Vyc0VudHJ5GkkKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKAoFdmFsdWUYAiABKAsyGS50ZXRoZXIudjEuUXVlc3Rpb25BbnN3ZXI6AjgBIkEKFkFuc3dlclF1ZXN0aW9uUmVzcG9uc2USFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHcmVzdW1lZBgCIAEoCCIrChlHZXRQZW5kaW5nQXBwcm92YWxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJKChpHZXRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRIsCghhcHByb3ZhbBgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nQXBwcm92YWwiTwoVRGVjaWRlQXBwcm92YWxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIQCghkZWNpc2lvbhgCIAEoCRIUCgxhbHdheXNfc2NvcGUYAyABKAkiUwoWRGVjaWRlQXBwcm92YWxSZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIPCgdyZXN1bWVkGAIgASgIEhAKCGdyYW50X2lkGAMgASgJIi0KG0dldFBlbmRpbmdDb25uZWN0aW9uUmVxdWVzdBIOCgZydW5faWQYASABKAkiUAocR2V0UGVuZGluZ0Nvbm5lY3Rpb25SZXNwb25zZRIwCgpjb25uZWN0aW9uGAEgASgLMhwudGV0aGVyLnYxLlBlbmRpbmdDb25uZWN0aW9uIkgKGUNvbXBsZXRlQ29ubmVjdGlvblJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg0KBXN0YXRlGAIgASgJEgwKBGNvZGUYAyABKAkiLQoaQ29tcGxldGVDb25uZWN0aW9uUmVzcG9uc2USDwoHcmVzdW1lZBgBIAEoCCKnAQoTQ3JlYXRlQXBpS2V5UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSFAoMcHJpbmNpcGFsX2lkGAIgASgJEg4KBnNjb3BlcxgDIAMoCRInCgZsYWJlbHMYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei4KCmV4cGlyZXNfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqABChRDcmVhdGVBcGlLZXlSZXNwb25zZRIPCgdhcGlfa2V5GAEgASgJEg4KBmtleV9pZBgCIAEoCRIRCgl0ZW5hbnRfaWQYAyABKAkSFAoMcHJpbmNpcGFsX2lkGAQgASgJEg4KBnNjb3BlcxgFIAMoCRIuCgpleHBpcmVzX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIlChNSZXZva2VBcGlLZXlSZXF1ZXN0Eg4KBmtleV9pZBgBIAEoCSI3ChRSZXZva2VBcGlLZXlSZXNwb25zZRIOCgZrZXlfaWQYASABKAkSDwoHcmV2b2tlZBgCIAEoCCI0ChJBZGREb2N1bWVudFJlcXVlc3QSDQoFdGl0bGUYASABKAkSDwoHY29udGVudBgCIAEoCSI8ChNBZGREb2N1bWVudFJlc3BvbnNlEiUKCGRvY3VtZW50GAEgASgLMhMudGV0aGVyLnYxLkRvY3VtZW50Ij0KFExpc3REb2N1bWVudHNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJIlgKFUxpc3REb2N1bWVudHNSZXNwb25zZRImCglkb2N1bWVudHMYASADKAsyEy50ZXRoZXIudjEuRG9jdW1lbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIiwKFVJlbW92ZURvY3VtZW50UmVxdWVzdBITCgtkb2N1bWVudF9pZBgBIAEoCSItChZSZW1vdmVEb2N1bWVudFJlc3BvbnNlEhMKC2RvY3VtZW50X2lkGAEgASgJIicKFUdldFJ1bkF0dGVtcHRzUmVxdWVzdBIOCgZydW5faWQYASABKAkioQEKFkdldFJ1bkF0dGVtcHRzUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIkCghhdHRlbXB0cxgCIAMoCzISLnRldGhlci52MS5BdHRlbXB0EiMKBXR1cm5zGAMgAygLMhQudGV0aGVyLnYxLk1vZGVsVHVybhIfCgdsaW5lYWdlGAQgAygLMg4udGV0aGVyLnYxLlJ1biIhCg9SZXRyeVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIlwKEFJldHJ5UnVuUmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1biIoChNEZWxldGVUZW5hbnRSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCSKnAQoURGVsZXRlVGVuYW50UmVzcG9uc2USPQoHcmVtb3ZlZBgBIAMoCzIsLnRldGhlci52MS5EZWxldGVUZW5hbnRSZXNwb25zZS5SZW1vdmVkRW50cnkSDwoHZGVsZXRlZBgCIAEoCBIPCgdwZW5kaW5nGAMgASgJGi4KDFJlbW92ZWRFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAM6AjgBIkEKD0dldEFnZW50UmVxdWVzdBIMCgRuYW1lGAEgASgJEhQKB3ZlcnNpb24YAiABKAVIAIgBAUIKCghfdmVyc2lvbiJmChBHZXRBZ2VudFJlc3BvbnNlEiYKBWFnZW50GAEgASgLMhcudGV0aGVyLnYxLkFnZW50VmVyc2lvbhIZChFwdWJsaXNoZWRfdmVyc2lvbhgCIAEoBRIPCgdkZWZhdWx0GAMgASgIIhMKEUxpc3RBZ2VudHNSZXF1ZXN0Ij0KEkxpc3RBZ2VudHNSZXNwb25zZRInCgZhZ2VudHMYASADKAsyFy50ZXRoZXIudjEuQWdlbnRTdW1tYXJ5IigKGExpc3RBZ2VudFZlcnNpb25zUmVxdWVzdBIMCgRuYW1lGAEgASgJIkYKGUxpc3RBZ2VudFZlcnNpb25zUmVzcG9uc2USKQoIdmVyc2lvbnMYASADKAsyFy50ZXRoZXIudjEuQWdlbnRWZXJzaW9uIk0KEUFwcGx5QWdlbnRSZXF1ZXN0EgwKBHNwZWMYASABKAkSGQoMYmFzZV92ZXJzaW9uGAIgASgFSACIAQFCDwoNX2Jhc2VfdmVyc2lvbiJEChJBcHBseUFnZW50UmVzcG9uc2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgFEg8KB2NyZWF0ZWQYAyABKAgiZAoUUm9sbGJhY2tBZ2VudFJlcXVlc3QSDAoEbmFtZRgBIAEoCRISCgp0b192ZXJzaW9uGAIgASgFEhkKDGJhc2VfdmVyc2lvbhgDIAEoBUgAiAEBQg8KDV9iYXNlX3ZlcnNpb24iNgoVUm9sbGJhY2tBZ2VudFJlc3BvbnNlEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoBSImChZTZXREZWZhdWx0QWdlbnRSZXF1ZXN0EgwKBG5hbWUYASABKAkiJwoXU2V0RGVmYXVsdEFnZW50UmVzcG9uc2USDAoEbmFtZRgBIAEoCSIiChJSZW1vdmVBZ2VudFJlcXVlc3QSDAoEbmFtZRgBIAEoCSI0ChNSZW1vdmVBZ2VudFJlc3BvbnNlEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoBSISChBMaXN0VG9vbHNSZXF1ZXN0IjoKEUxpc3RUb29sc1Jlc3BvbnNlEiUKBXRvb2xzGAEgAygLMhYudGV0aGVyLnYxLkNhdGFsb2dUb29sInYKElJlbmRlckFnZW50UmVxdWVzdBIMCgRuYW1lGAEgASgJEg8KB21lc3NhZ2UYAiABKAkSDgoGc291cmNlGAMgASgJEg8KB2NoYW5uZWwYBCABKAkSFAoHdmVyc2lvbhgFIAEoBUgAiAEBQgoKCF92ZXJzaW9uIrgBChNSZW5kZXJBZ2VudFJlc3BvbnNlEg0KBWFnZW50GAEgASgJEg8KB3ZlcnNpb24YAiABKAUSFAoMcmVxdWVzdF9qc29uGAMgASgJEh4KFmVzdGltYXRlZF9pbnB1dF90b2tlbnMYBCABKAMSHQoVZXN0aW1hdGVkX2Nvc3RfbWljcm9zGAUgASgDEhQKDHJvdXRlZF9hZ2VudBgGIAEoCRIWCg5yb3V0ZWRfdmVyc2lvbhgHIAEoBTKJFAoOR2F0ZXdheVNlcnZpY2USTAoLU2VuZE1lc3NhZ2USHS50ZXRoZXIudjEuU2VuZE1lc3NhZ2VSZXF1ZXN0Gh4udGV0aGVyLnYxLlNlbmRNZXNzYWdlUmVzcG9uc2USTAoLU3VibWl0RXZlbnQSHS50ZXRoZXIudjEuU3VibWl0RXZlbnRSZXF1ZXN0Gh4udGV0aGVyLnYxLlN1Ym1pdEV2ZW50UmVzcG9uc2USPQoGR2V0UnVuEhgudGV0aGVyLnYxLkdldFJ1blJlcXVlc3QaGS50ZXRoZXIudjEuR2V0UnVuUmVzcG9uc2USQwoITGlzdFJ1bnMSGi50ZXRoZXIudjEuTGlzdFJ1bnNSZXF1ZXN0GhsudGV0aGVyLnYxLkxpc3RSdW5zUmVzcG9uc2USVQoOR2V0UnVuQXR0ZW1wdHMSIC50ZXRoZXIudjEuR2V0UnVuQXR0ZW1wdHNSZXF1ZXN0GiEudGV0aGVyLnYxLkdldFJ1bkF0dGVtcHRzUmVzcG9uc2USQwoIUmV0cnlSdW4SGi50ZXRoZXIudjEuUmV0cnlSdW5SZXF1ZXN0GhsudGV0aGVyLnYxLlJldHJ5UnVuUmVzcG9uc2USRgoJQ2FuY2VsUnVuEhsudGV0aGVyLnYxLkNhbmNlbFJ1blJlcXVlc3QaHC50ZXRoZXIudjEuQ2FuY2VsUnVuUmVzcG9uc2USSAoJU3RyZWFtUnVuEhsudGV0aGVyLnYxLlN0cmVhbVJ1blJlcXVlc3QaHC50ZXRoZXIudjEuU3RyZWFtUnVuUmVzcG9uc2UwARJjChJTdHJlYW1Db252ZXJzYXRpb24SJC50ZXRoZXIudjEuU3RyZWFtQ29udmVyc2F0aW9uUmVxdWVzdBolLnRldGhlci52MS5TdHJlYW1Db252ZXJzYXRpb25SZXNwb25zZTABEksKClN0cmVhbVJ1bnMSHC50ZXRoZXIudjEuU3RyZWFtUnVuc1JlcXVlc3QaHS50ZXRoZXIudjEuU3RyZWFtUnVuc1Jlc3BvbnNlMAESYQoSR2V0UGVuZGluZ1F1ZXN0aW9uEiQudGV0aGVyLnYxLkdldFBlbmRpbmdRdWVzdGlvblJlcXVlc3QaJS50ZXRoZXIudjEuR2V0UGVuZGluZ1F1ZXN0aW9uUmVzcG9uc2USVQoOQW5zd2VyUXVlc3Rpb24SIC50ZXRoZXIudjEuQW5zd2VyUXVlc3Rpb25SZXF1ZXN0GiEudGV0aGVyLnYxLkFuc3dlclF1ZXN0aW9uUmVzcG9uc2USYQoSR2V0UGVuZGluZ0FwcHJvdmFsEiQudGV0aGVyLnYxLkdldFBlbmRpbmdBcHByb3ZhbFJlcXVlc3QaJS50ZXRoZXIudjEuR2V0UGVuZGluZ0FwcHJvdmFsUmVzcG9uc2USVQoORGVjaWRlQXBwcm92YWwSIC50ZXRoZXIudjEuRGVjaWRlQXBwcm92YWxSZXF1ZXN0GiEudGV0aGVyLnYxLkRlY2lkZUFwcHJvdmFsUmVzcG9uc2USZwoUR2V0UGVuZGluZ0Nvbm5lY3Rpb24SJi50ZXRoZXIudjEuR2V0UGVuZGluZ0Nvbm5lY3Rpb25SZXF1ZXN0GicudGV0aGVyLnYxLkdldFBlbmRpbmdDb25uZWN0aW9uUmVzcG9uc2USYQoSQ29tcGxldGVDb25uZWN0aW9uEiQudGV0aGVyLnYxLkNvbXBsZXRlQ29ubmVjdGlvblJlcXVlc3QaJS50ZXRoZXIudjEuQ29tcGxldGVDb25uZWN0aW9uUmVzcG9uc2USTwoMQ3JlYXRlQXBpS2V5Eh4udGV0aGVyLnYxLkNyZWF0ZUFwaUtleVJlcXVlc3QaHy50ZXRoZXIudjEuQ3JlYXRlQXBpS2V5UmVzcG9uc2USTwoMUmV2b2tlQXBpS2V5Eh4udGV0aGVyLnYxLlJldm9rZUFwaUtleVJlcXVlc3QaHy50ZXRoZXIudjEuUmV2b2tlQXBpS2V5UmVzcG9uc2USTAoLQWRkRG9jdW1lbnQSHS50ZXRoZXIudjEuQWRkRG9jdW1lbnRSZXF1ZXN0Gh4udGV0aGVyLnYxLkFkZERvY3VtZW50UmVzcG9uc2USUgoNTGlzdERvY3VtZW50cxIfLnRldGhlci52MS5MaXN0RG9jdW1lbnRzUmVxdWVzdBogLnRldGhlci52MS5MaXN0RG9jdW1lbnRzUmVzcG9uc2USVQoOUmVtb3ZlRG9jdW1lbnQSIC50ZXRoZXIudjEuUmVtb3ZlRG9jdW1lbnRSZXF1ZXN0GiEudGV0aGVyLnYxLlJlbW92ZURvY3VtZW50UmVzcG9uc2USTwoMRGVsZXRlVGVuYW50Eh4udGV0aGVyLnYxLkRlbGV0ZVRlbmFudFJlcXVlc3QaHy50ZXRoZXIudjEuRGVsZXRlVGVuYW50UmVzcG9uc2USSQoKQXBwbHlBZ2VudBIcLnRldGhlci52MS5BcHBseUFnZW50UmVxdWVzdBodLnRldGhlci52MS5BcHBseUFnZW50UmVzcG9uc2USQwoIR2V0QWdlbnQSGi50ZXRoZXIudjEuR2V0QWdlbnRSZXF1ZXN0GhsudGV0aGVyLnYxLkdldEFnZW50UmVzcG9uc2USSQoKTGlzdEFnZW50cxIcLnRldGhlci52MS5MaXN0QWdlbnRzUmVxdWVzdBodLnRldGhlci52MS5MaXN0QWdlbnRzUmVzcG9uc2USXgoRTGlzdEFnZW50VmVyc2lvbnMSIy50ZXRoZXIudjEuTGlzdEFnZW50VmVyc2lvbnNSZXF1ZXN0GiQudGV0aGVyLnYxLkxpc3RBZ2VudFZlcnNpb25zUmVzcG9uc2USUgoNUm9sbGJhY2tBZ2VudBIfLnRldGhlci52MS5Sb2xsYmFja0FnZW50UmVxdWVzdBogLnRldGhlci52MS5Sb2xsYmFja0FnZW50UmVzcG9uc2USWAoPU2V0RGVmYXVsdEFnZW50EiEudGV0aGVyLnYxLlNldERlZmF1bHRBZ2VudFJlcXVlc3QaIi50ZXRoZXIudjEuU2V0RGVmYXVsdEFnZW50UmVzcG9uc2USTAoLUmVtb3ZlQWdlbnQSHS50ZXRoZXIudjEuUmVtb3ZlQWdlbnRSZXF1ZXN0Gh4udGV0aGVyLnYxLlJlbW92ZUFnZW50UmVzcG9uc2USRgoJTGlzdFRvb2xzEhsudGV0aGVyLnYxLkxpc3RUb29sc1JlcXVlc3QaHC50ZXRoZXIudjEuTGlzdFRvb2xzUmVzcG9uc2USTAoLUmVuZGVyQWdlbnQSHS50ZXRoZXIudjEuUmVuZGVyQWdlbnRSZXF1ZXN0Gh4udGV0aGVyLnYxLlJlbmRlckFnZW50UmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_tether_v1_admission, file_tether_v1_common, file_tether_v1_events, file_tether_v1_interactions]);
+  fileDesc("Chd0ZXRoZXIvdjEvZ2F0ZXdheS5wcm90bxIJdGV0aGVyLnYxInEKElNlbmRNZXNzYWdlUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSDAoEdGV4dBgDIAEoCRIPCgdjaGFubmVsGAQgASgJEhEKCXRlbmFudF9pZBgFIAEoCSJfChNTZW5kTWVzc2FnZVJlc3BvbnNlEisKC2Rpc3Bvc2l0aW9uGAEgASgOMhYudGV0aGVyLnYxLkRpc3Bvc2l0aW9uEhsKA3J1bhgCIAEoCzIOLnRldGhlci52MS5SdW4itQEKElN1Ym1pdEV2ZW50UmVxdWVzdBI1CgltZXNzYWdpbmcYASABKAsyIC50ZXRoZXIudjEuTWVzc2FnaW5nV2ViaG9va0lucHV0SAASMQoLdGFza19zdGF0dXMYAiABKAsyGi50ZXRoZXIudjEuVGFza1N0YXR1c0lucHV0SAASLAoIZGVjaXNpb24YAyABKAsyGC50ZXRoZXIudjEuRGVjaXNpb25JbnB1dEgAQgcKBWlucHV0Il8KE1N1Ym1pdEV2ZW50UmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1biI7Cg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIaChJpbmNsdWRlX3N1cGVyc2VkZWQYAiABKAgiTQoOR2V0UnVuUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIeCgVwYXJ0cxgCIAMoCzIPLnRldGhlci52MS5QYXJ0IqwBCg9MaXN0UnVuc1JlcXVlc3QSJgoIc3RhdHVzZXMYASADKA4yFC50ZXRoZXIudjEuUnVuU3RhdHVzEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCRIxCg1jcmVhdGVkX2FmdGVyGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJJChBMaXN0UnVuc1Jlc3BvbnNlEhwKBHJ1bnMYASADKAsyDi50ZXRoZXIudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiQQoRQ2FuY2VsUnVuUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIImUKEFN0cmVhbVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAxIWCg5pbmNsdWRlX2RlbHRhcxgDIAEoCBIWCg5iYXRjaF9jYXRjaF91cBgEIAEoCCKYAQoRU3RyZWFtUnVuUmVzcG9uc2USKgoIc25hcHNob3QYASABKAsyFi50ZXRoZXIudjEuUnVuU25hcHNob3RIABIkCgVldmVudBgCIAEoCzITLnRldGhlci52MS5SdW5FdmVudEgAEikKBWJhdGNoGAMgASgLMhgudGV0aGVyLnYxLlJ1bkV2ZW50QmF0Y2hIAEIGCgRpdGVtIjQKDVJ1bkV2ZW50QmF0Y2gSIwoGZXZlbnRzGAEgAygLMhMudGV0aGVyLnYxLlJ1bkV2ZW50IkoKC1J1blNuYXBzaG90EhsKA3J1bhgBIAEoCzIOLnRldGhlci52MS5SdW4SHgoFcGFydHMYAiADKAsyDy50ZXRoZXIudjEuUGFydCJnChFTdHJlYW1SdW5zUmVxdWVzdBImCghzdGF0dXNlcxgBIAMoDjIULnRldGhlci52MS5SdW5TdGF0dXMSFwoPY29udmVyc2F0aW9uX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBSJoChJTdHJlYW1SdW5zUmVzcG9uc2USKwoEcGFnZRgBIAEoCzIbLnRldGhlci52MS5MaXN0UnVuc1Jlc3BvbnNlSAASHQoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1bkgAQgYKBGl0ZW0iXAoZU3RyZWFtQ29udmVyc2F0aW9uUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSDgoGY3Vyc29yGAIgASgJEhYKDmluY2x1ZGVfZGVsdGFzGAMgASgIIlAKGlN0cmVhbUNvbnZlcnNhdGlvblJlc3BvbnNlEiIKBWV2ZW50GAEgASgLMhMudGV0aGVyLnYxLlJ1bkV2ZW50Eg4KBmN1cnNvchgCIAEoCSIrChlHZXRQZW5kaW5nUXVlc3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJKChpHZXRQZW5kaW5nUXVlc3Rpb25SZXNwb25zZRIsCghxdWVzdGlvbhgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nUXVlc3Rpb24isgEKFUFuc3dlclF1ZXN0aW9uUmVxdWVzdBIOCgZydW5faWQYASABKAkSPgoHYW5zd2VycxgCIAMoCzItLnRldGhlci52MS5BbnN3ZXJRdWVzdGlvblJlcXVlc3QuQW5zd2Vyc0VudHJ5GkkKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKAoFdmFsdWUYAiABKAsyGS50ZXRoZXIudjEuUXVlc3Rpb25BbnN3ZXI6AjgBIkEKFkFuc3dlclF1ZXN0aW9uUmVzcG9uc2USFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHcmVzdW1lZBgCIAEoCCIrChlHZXRQZW5kaW5nQXBwcm92YWxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJKChpHZXRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRIsCghhcHByb3ZhbBgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nQXBwcm92YWwiTwoVRGVjaWRlQXBwcm92YWxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIQCghkZWNpc2lvbhgCIAEoCRIUCgxhbHdheXNfc2NvcGUYAyABKAkiUwoWRGVjaWRlQXBwcm92YWxSZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIPCgdyZXN1bWVkGAIgASgIEhAKCGdyYW50X2lkGAMgASgJIi0KG0dldFBlbmRpbmdDb25uZWN0aW9uUmVxdWVzdBIOCgZydW5faWQYASABKAkiUAocR2V0UGVuZGluZ0Nvbm5lY3Rpb25SZXNwb25zZRIwCgpjb25uZWN0aW9uGAEgASgLMhwudGV0aGVyLnYxLlBlbmRpbmdDb25uZWN0aW9uIkgKGUNvbXBsZXRlQ29ubmVjdGlvblJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg0KBXN0YXRlGAIgASgJEgwKBGNvZGUYAyABKAkiLQoaQ29tcGxldGVDb25uZWN0aW9uUmVzcG9uc2USDwoHcmVzdW1lZBgBIAEoCCKnAQoTQ3JlYXRlQXBpS2V5UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSFAoMcHJpbmNpcGFsX2lkGAIgASgJEg4KBnNjb3BlcxgDIAMoCRInCgZsYWJlbHMYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei4KCmV4cGlyZXNfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqABChRDcmVhdGVBcGlLZXlSZXNwb25zZRIPCgdhcGlfa2V5GAEgASgJEg4KBmtleV9pZBgCIAEoCRIRCgl0ZW5hbnRfaWQYAyABKAkSFAoMcHJpbmNpcGFsX2lkGAQgASgJEg4KBnNjb3BlcxgFIAMoCRIuCgpleHBpcmVzX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIlChNSZXZva2VBcGlLZXlSZXF1ZXN0Eg4KBmtleV9pZBgBIAEoCSI3ChRSZXZva2VBcGlLZXlSZXNwb25zZRIOCgZrZXlfaWQYASABKAkSDwoHcmV2b2tlZBgCIAEoCCI0ChJBZGREb2N1bWVudFJlcXVlc3QSDQoFdGl0bGUYASABKAkSDwoHY29udGVudBgCIAEoCSI8ChNBZGREb2N1bWVudFJlc3BvbnNlEiUKCGRvY3VtZW50GAEgASgLMhMudGV0aGVyLnYxLkRvY3VtZW50Ij0KFExpc3REb2N1bWVudHNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJIlgKFUxpc3REb2N1bWVudHNSZXNwb25zZRImCglkb2N1bWVudHMYASADKAsyEy50ZXRoZXIudjEuRG9jdW1lbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIiwKFVJlbW92ZURvY3VtZW50UmVxdWVzdBITCgtkb2N1bWVudF9pZBgBIAEoCSItChZSZW1vdmVEb2N1bWVudFJlc3BvbnNlEhMKC2RvY3VtZW50X2lkGAEgASgJIi8KEEFkZFNlY3JldFJlcXVlc3QSDAoEbmFtZRgBIAEoCRINCgV2YWx1ZRgCIAEoCSI6ChFBZGRTZWNyZXRSZXNwb25zZRIlCgZzZWNyZXQYASABKAsyFS50ZXRoZXIudjEuU2VjcmV0SW5mbyIUChJMaXN0U2VjcmV0c1JlcXVlc3QiPQoTTGlzdFNlY3JldHNSZXNwb25zZRImCgdzZWNyZXRzGAEgAygLMhUudGV0aGVyLnYxLlNlY3JldEluZm8iIwoTUmVtb3ZlU2VjcmV0UmVxdWVzdBIMCgRuYW1lGAEgASgJIiQKFFJlbW92ZVNlY3JldFJlc3BvbnNlEgwKBG5hbWUYASABKAkiJwoVR2V0UnVuQXR0ZW1wdHNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSKhAQoWR2V0UnVuQXR0ZW1wdHNSZXNwb25zZRIbCgNydW4YASABKAsyDi50ZXRoZXIudjEuUnVuEiQKCGF0dGVtcHRzGAIgAygLMhIudGV0aGVyLnYxLkF0dGVtcHQSIwoFdHVybnMYAyADKAsyFC50ZXRoZXIudjEuTW9kZWxUdXJuEh8KB2xpbmVhZ2UYBCADKAsyDi50ZXRoZXIudjEuUnVuIiEKD1JldHJ5UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiXAoQUmV0cnlSdW5SZXNwb25zZRIrCgtkaXNwb3NpdGlvbhgBIAEoDjIWLnRldGhlci52MS5EaXNwb3NpdGlvbhIbCgNydW4YAiABKAsyDi50ZXRoZXIudjEuUnVuIigKE0RlbGV0ZVRlbmFudFJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJIqcBChREZWxldGVUZW5hbnRSZXNwb25zZRI9CgdyZW1vdmVkGAEgAygLMiwudGV0aGVyLnYxLkRlbGV0ZVRlbmFudFJlc3BvbnNlLlJlbW92ZWRFbnRyeRIPCgdkZWxldGVkGAIgASgIEg8KB3BlbmRpbmcYAyABKAkaLgoMUmVtb3ZlZEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAzoCOAEiQQoPR2V0QWdlbnRSZXF1ZXN0EgwKBG5hbWUYASABKAkSFAoHdmVyc2lvbhgCIAEoBUgAiAEBQgoKCF92ZXJzaW9uImYKEEdldEFnZW50UmVzcG9uc2USJgoFYWdlbnQYASABKAsyFy50ZXRoZXIudjEuQWdlbnRWZXJzaW9uEhkKEXB1Ymxpc2hlZF92ZXJzaW9uGAIgASgFEg8KB2RlZmF1bHQYAyABKAgiEwoRTGlzdEFnZW50c1JlcXVlc3QiPQoSTGlzdEFnZW50c1Jlc3BvbnNlEicKBmFnZW50cxgBIAMoCzIXLnRldGhlci52MS5BZ2VudFN1bW1hcnkiKAoYTGlzdEFnZW50VmVyc2lvbnNSZXF1ZXN0EgwKBG5hbWUYASABKAkiRgoZTGlzdEFnZW50VmVyc2lvbnNSZXNwb25zZRIpCgh2ZXJzaW9ucxgBIAMoCzIXLnRldGhlci52MS5BZ2VudFZlcnNpb24iTQoRQXBwbHlBZ2VudFJlcXVlc3QSDAoEc3BlYxgBIAEoCRIZCgxiYXNlX3ZlcnNpb24YAiABKAVIAIgBAUIPCg1fYmFzZV92ZXJzaW9uIkQKEkFwcGx5QWdlbnRSZXNwb25zZRIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSDwoHY3JlYXRlZBgDIAEoCCJkChRSb2xsYmFja0FnZW50UmVxdWVzdBIMCgRuYW1lGAEgASgJEhIKCnRvX3ZlcnNpb24YAiABKAUSGQoMYmFzZV92ZXJzaW9uGAMgASgFSACIAQFCDwoNX2Jhc2VfdmVyc2lvbiI2ChVSb2xsYmFja0FnZW50UmVzcG9uc2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgFIiYKFlNldERlZmF1bHRBZ2VudFJlcXVlc3QSDAoEbmFtZRgBIAEoCSInChdTZXREZWZhdWx0QWdlbnRSZXNwb25zZRIMCgRuYW1lGAEgASgJIiIKElJlbW92ZUFnZW50UmVxdWVzdBIMCgRuYW1lGAEgASgJIjQKE1JlbW92ZUFnZW50UmVzcG9uc2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgFIhIKEExpc3RUb29sc1JlcXVlc3QiOgoRTGlzdFRvb2xzUmVzcG9uc2USJQoFdG9vbHMYASADKAsyFi50ZXRoZXIudjEuQ2F0YWxvZ1Rvb2widgoSUmVuZGVyQWdlbnRSZXF1ZXN0EgwKBG5hbWUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIOCgZzb3VyY2UYAyABKAkSDwoHY2hhbm5lbBgEIAEoCRIUCgd2ZXJzaW9uGAUgASgFSACIAQFCCgoIX3ZlcnNpb24iuAEKE1JlbmRlckFnZW50UmVzcG9uc2USDQoFYWdlbnQYASABKAkSDwoHdmVyc2lvbhgCIAEoBRIUCgxyZXF1ZXN0X2pzb24YAyABKAkSHgoWZXN0aW1hdGVkX2lucHV0X3Rva2VucxgEIAEoAxIdChVlc3RpbWF0ZWRfY29zdF9taWNyb3MYBSABKAMSFAoMcm91dGVkX2FnZW50GAYgASgJEhYKDnJvdXRlZF92ZXJzaW9uGAcgASgFMvAVCg5HYXRld2F5U2VydmljZRJMCgtTZW5kTWVzc2FnZRIdLnRldGhlci52MS5TZW5kTWVzc2FnZVJlcXVlc3QaHi50ZXRoZXIudjEuU2VuZE1lc3NhZ2VSZXNwb25zZRJMCgtTdWJtaXRFdmVudBIdLnRldGhlci52MS5TdWJtaXRFdmVudFJlcXVlc3QaHi50ZXRoZXIudjEuU3VibWl0RXZlbnRSZXNwb25zZRI9CgZHZXRSdW4SGC50ZXRoZXIudjEuR2V0UnVuUmVxdWVzdBoZLnRldGhlci52MS5HZXRSdW5SZXNwb25zZRJDCghMaXN0UnVucxIaLnRldGhlci52MS5MaXN0UnVuc1JlcXVlc3QaGy50ZXRoZXIudjEuTGlzdFJ1bnNSZXNwb25zZRJVCg5HZXRSdW5BdHRlbXB0cxIgLnRldGhlci52MS5HZXRSdW5BdHRlbXB0c1JlcXVlc3QaIS50ZXRoZXIudjEuR2V0UnVuQXR0ZW1wdHNSZXNwb25zZRJDCghSZXRyeVJ1bhIaLnRldGhlci52MS5SZXRyeVJ1blJlcXVlc3QaGy50ZXRoZXIudjEuUmV0cnlSdW5SZXNwb25zZRJGCglDYW5jZWxSdW4SGy50ZXRoZXIudjEuQ2FuY2VsUnVuUmVxdWVzdBocLnRldGhlci52MS5DYW5jZWxSdW5SZXNwb25zZRJICglTdHJlYW1SdW4SGy50ZXRoZXIudjEuU3RyZWFtUnVuUmVxdWVzdBocLnRldGhlci52MS5TdHJlYW1SdW5SZXNwb25zZTABEmMKElN0cmVhbUNvbnZlcnNhdGlvbhIkLnRldGhlci52MS5TdHJlYW1Db252ZXJzYXRpb25SZXF1ZXN0GiUudGV0aGVyLnYxLlN0cmVhbUNvbnZlcnNhdGlvblJlc3BvbnNlMAESSwoKU3RyZWFtUnVucxIcLnRldGhlci52MS5TdHJlYW1SdW5zUmVxdWVzdBodLnRldGhlci52MS5TdHJlYW1SdW5zUmVzcG9uc2UwARJhChJHZXRQZW5kaW5nUXVlc3Rpb24SJC50ZXRoZXIudjEuR2V0UGVuZGluZ1F1ZXN0aW9uUmVxdWVzdBolLnRldGhlci52MS5HZXRQZW5kaW5nUXVlc3Rpb25SZXNwb25zZRJVCg5BbnN3ZXJRdWVzdGlvbhIgLnRldGhlci52MS5BbnN3ZXJRdWVzdGlvblJlcXVlc3QaIS50ZXRoZXIudjEuQW5zd2VyUXVlc3Rpb25SZXNwb25zZRJhChJHZXRQZW5kaW5nQXBwcm92YWwSJC50ZXRoZXIudjEuR2V0UGVuZGluZ0FwcHJvdmFsUmVxdWVzdBolLnRldGhlci52MS5HZXRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRJVCg5EZWNpZGVBcHByb3ZhbBIgLnRldGhlci52MS5EZWNpZGVBcHByb3ZhbFJlcXVlc3QaIS50ZXRoZXIudjEuRGVjaWRlQXBwcm92YWxSZXNwb25zZRJnChRHZXRQZW5kaW5nQ29ubmVjdGlvbhImLnRldGhlci52MS5HZXRQZW5kaW5nQ29ubmVjdGlvblJlcXVlc3QaJy50ZXRoZXIudjEuR2V0UGVuZGluZ0Nvbm5lY3Rpb25SZXNwb25zZRJhChJDb21wbGV0ZUNvbm5lY3Rpb24SJC50ZXRoZXIudjEuQ29tcGxldGVDb25uZWN0aW9uUmVxdWVzdBolLnRldGhlci52MS5Db21wbGV0ZUNvbm5lY3Rpb25SZXNwb25zZRJPCgxDcmVhdGVBcGlLZXkSHi50ZXRoZXIudjEuQ3JlYXRlQXBpS2V5UmVxdWVzdBofLnRldGhlci52MS5DcmVhdGVBcGlLZXlSZXNwb25zZRJPCgxSZXZva2VBcGlLZXkSHi50ZXRoZXIudjEuUmV2b2tlQXBpS2V5UmVxdWVzdBofLnRldGhlci52MS5SZXZva2VBcGlLZXlSZXNwb25zZRJMCgtBZGREb2N1bWVudBIdLnRldGhlci52MS5BZGREb2N1bWVudFJlcXVlc3QaHi50ZXRoZXIudjEuQWRkRG9jdW1lbnRSZXNwb25zZRJSCg1MaXN0RG9jdW1lbnRzEh8udGV0aGVyLnYxLkxpc3REb2N1bWVudHNSZXF1ZXN0GiAudGV0aGVyLnYxLkxpc3REb2N1bWVudHNSZXNwb25zZRJVCg5SZW1vdmVEb2N1bWVudBIgLnRldGhlci52MS5SZW1vdmVEb2N1bWVudFJlcXVlc3QaIS50ZXRoZXIudjEuUmVtb3ZlRG9jdW1lbnRSZXNwb25zZRJGCglBZGRTZWNyZXQSGy50ZXRoZXIudjEuQWRkU2VjcmV0UmVxdWVzdBocLnRldGhlci52MS5BZGRTZWNyZXRSZXNwb25zZRJMCgtMaXN0U2VjcmV0cxIdLnRldGhlci52MS5MaXN0U2VjcmV0c1JlcXVlc3QaHi50ZXRoZXIudjEuTGlzdFNlY3JldHNSZXNwb25zZRJPCgxSZW1vdmVTZWNyZXQSHi50ZXRoZXIudjEuUmVtb3ZlU2VjcmV0UmVxdWVzdBofLnRldGhlci52MS5SZW1vdmVTZWNyZXRSZXNwb25zZRJPCgxEZWxldGVUZW5hbnQSHi50ZXRoZXIudjEuRGVsZXRlVGVuYW50UmVxdWVzdBofLnRldGhlci52MS5EZWxldGVUZW5hbnRSZXNwb25zZRJJCgpBcHBseUFnZW50EhwudGV0aGVyLnYxLkFwcGx5QWdlbnRSZXF1ZXN0Gh0udGV0aGVyLnYxLkFwcGx5QWdlbnRSZXNwb25zZRJDCghHZXRBZ2VudBIaLnRldGhlci52MS5HZXRBZ2VudFJlcXVlc3QaGy50ZXRoZXIudjEuR2V0QWdlbnRSZXNwb25zZRJJCgpMaXN0QWdlbnRzEhwudGV0aGVyLnYxLkxpc3RBZ2VudHNSZXF1ZXN0Gh0udGV0aGVyLnYxLkxpc3RBZ2VudHNSZXNwb25zZRJeChFMaXN0QWdlbnRWZXJzaW9ucxIjLnRldGhlci52MS5MaXN0QWdlbnRWZXJzaW9uc1JlcXVlc3QaJC50ZXRoZXIudjEuTGlzdEFnZW50VmVyc2lvbnNSZXNwb25zZRJSCg1Sb2xsYmFja0FnZW50Eh8udGV0aGVyLnYxLlJvbGxiYWNrQWdlbnRSZXF1ZXN0GiAudGV0aGVyLnYxLlJvbGxiYWNrQWdlbnRSZXNwb25zZRJYCg9TZXREZWZhdWx0QWdlbnQSIS50ZXRoZXIudjEuU2V0RGVmYXVsdEFnZW50UmVxdWVzdBoiLnRldGhlci52MS5TZXREZWZhdWx0QWdlbnRSZXNwb25zZRJMCgtSZW1vdmVBZ2VudBIdLnRldGhlci52MS5SZW1vdmVBZ2VudFJlcXVlc3QaHi50ZXRoZXIudjEuUmVtb3ZlQWdlbnRSZXNwb25zZRJGCglMaXN0VG9vbHMSGy50ZXRoZXIudjEuTGlzdFRvb2xzUmVxdWVzdBocLnRldGhlci52MS5MaXN0VG9vbHNSZXNwb25zZRJMCgtSZW5kZXJBZ2VudBIdLnRldGhlci52MS5SZW5kZXJBZ2VudFJlcXVlc3QaHi50ZXRoZXIudjEuUmVuZGVyQWdlbnRSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_tether_v1_admission, file_tether_v1_common, file_tether_v1_events, file_tether_v1_interactions]);
 
 /**
  * SendMessageRequest is a chat message.
@@ -2241,6 +2241,224 @@ export const RemoveDocumentResponseSchema: GenMessage<RemoveDocumentResponse, {j
   messageDesc(file_tether_v1_gateway, 39);
 
 /**
+ * AddSecretRequest is one named secret.
+ *
+ * @generated from message tether.v1.AddSecretRequest
+ */
+export type AddSecretRequest = Message<"tether.v1.AddSecretRequest"> & {
+  /**
+   * Name.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * The value (required; at most 64 KiB encoded as UTF-8).
+   * Limit: 65536 characters, no NUL.
+   *
+   * @generated from field: string value = 2;
+   */
+  value: string;
+};
+
+/**
+ * AddSecretRequest is one named secret.
+ *
+ * @generated from message tether.v1.AddSecretRequest
+ */
+export type AddSecretRequestJson = {
+  /**
+   * Name.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name?: string;
+
+  /**
+   * The value (required; at most 64 KiB encoded as UTF-8).
+   * Limit: 65536 characters, no NUL.
+   *
+   * @generated from field: string value = 2;
+   */
+  value?: string;
+};
+
+/**
+ * Describes the message tether.v1.AddSecretRequest.
+ * Use `create(AddSecretRequestSchema)` to create a new message.
+ */
+export const AddSecretRequestSchema: GenMessage<AddSecretRequest, {jsonType: AddSecretRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 40);
+
+/**
+ * AddSecretResponse is the secret stored, without its value.
+ *
+ * @generated from message tether.v1.AddSecretResponse
+ */
+export type AddSecretResponse = Message<"tether.v1.AddSecretResponse"> & {
+  /**
+   * The secret.
+   *
+   * @generated from field: tether.v1.SecretInfo secret = 1;
+   */
+  secret?: SecretInfo | undefined;
+};
+
+/**
+ * AddSecretResponse is the secret stored, without its value.
+ *
+ * @generated from message tether.v1.AddSecretResponse
+ */
+export type AddSecretResponseJson = {
+  /**
+   * The secret.
+   *
+   * @generated from field: tether.v1.SecretInfo secret = 1;
+   */
+  secret?: SecretInfoJson;
+};
+
+/**
+ * Describes the message tether.v1.AddSecretResponse.
+ * Use `create(AddSecretResponseSchema)` to create a new message.
+ */
+export const AddSecretResponseSchema: GenMessage<AddSecretResponse, {jsonType: AddSecretResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 41);
+
+/**
+ * ListSecretsRequest lists the caller's tenant's secrets.
+ *
+ * @generated from message tether.v1.ListSecretsRequest
+ */
+export type ListSecretsRequest = Message<"tether.v1.ListSecretsRequest"> & {
+};
+
+/**
+ * ListSecretsRequest lists the caller's tenant's secrets.
+ *
+ * @generated from message tether.v1.ListSecretsRequest
+ */
+export type ListSecretsRequestJson = {
+};
+
+/**
+ * Describes the message tether.v1.ListSecretsRequest.
+ * Use `create(ListSecretsRequestSchema)` to create a new message.
+ */
+export const ListSecretsRequestSchema: GenMessage<ListSecretsRequest, {jsonType: ListSecretsRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 42);
+
+/**
+ * ListSecretsResponse is the tenant's secrets by name, without their values.
+ *
+ * @generated from message tether.v1.ListSecretsResponse
+ */
+export type ListSecretsResponse = Message<"tether.v1.ListSecretsResponse"> & {
+  /**
+   * Secrets.
+   *
+   * @generated from field: repeated tether.v1.SecretInfo secrets = 1;
+   */
+  secrets: SecretInfo[];
+};
+
+/**
+ * ListSecretsResponse is the tenant's secrets by name, without their values.
+ *
+ * @generated from message tether.v1.ListSecretsResponse
+ */
+export type ListSecretsResponseJson = {
+  /**
+   * Secrets.
+   *
+   * @generated from field: repeated tether.v1.SecretInfo secrets = 1;
+   */
+  secrets?: SecretInfoJson[];
+};
+
+/**
+ * Describes the message tether.v1.ListSecretsResponse.
+ * Use `create(ListSecretsResponseSchema)` to create a new message.
+ */
+export const ListSecretsResponseSchema: GenMessage<ListSecretsResponse, {jsonType: ListSecretsResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 43);
+
+/**
+ * RemoveSecretRequest names the secret to remove.
+ *
+ * @generated from message tether.v1.RemoveSecretRequest
+ */
+export type RemoveSecretRequest = Message<"tether.v1.RemoveSecretRequest"> & {
+  /**
+   * Name.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+};
+
+/**
+ * RemoveSecretRequest names the secret to remove.
+ *
+ * @generated from message tether.v1.RemoveSecretRequest
+ */
+export type RemoveSecretRequestJson = {
+  /**
+   * Name.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 1;
+   */
+  name?: string;
+};
+
+/**
+ * Describes the message tether.v1.RemoveSecretRequest.
+ * Use `create(RemoveSecretRequestSchema)` to create a new message.
+ */
+export const RemoveSecretRequestSchema: GenMessage<RemoveSecretRequest, {jsonType: RemoveSecretRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 44);
+
+/**
+ * RemoveSecretResponse confirms the removal.
+ *
+ * @generated from message tether.v1.RemoveSecretResponse
+ */
+export type RemoveSecretResponse = Message<"tether.v1.RemoveSecretResponse"> & {
+  /**
+   * The secret removed.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+};
+
+/**
+ * RemoveSecretResponse confirms the removal.
+ *
+ * @generated from message tether.v1.RemoveSecretResponse
+ */
+export type RemoveSecretResponseJson = {
+  /**
+   * The secret removed.
+   *
+   * @generated from field: string name = 1;
+   */
+  name?: string;
+};
+
+/**
+ * Describes the message tether.v1.RemoveSecretResponse.
+ * Use `create(RemoveSecretResponseSchema)` to create a new message.
+ */
+export const RemoveSecretResponseSchema: GenMessage<RemoveSecretResponse, {jsonType: RemoveSecretResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 45);
+
+/**
  * GetRunAttemptsRequest names a run.
  *
  * @generated from message tether.v1.GetRunAttemptsRequest
@@ -2275,7 +2493,7 @@ export type GetRunAttemptsRequestJson = {
  * Use `create(GetRunAttemptsRequestSchema)` to create a new message.
  */
 export const GetRunAttemptsRequestSchema: GenMessage<GetRunAttemptsRequest, {jsonType: GetRunAttemptsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 40);
+  messageDesc(file_tether_v1_gateway, 46);
 
 /**
  * GetRunAttemptsResponse is a run's execution record.
@@ -2354,7 +2572,7 @@ export type GetRunAttemptsResponseJson = {
  * Use `create(GetRunAttemptsResponseSchema)` to create a new message.
  */
 export const GetRunAttemptsResponseSchema: GenMessage<GetRunAttemptsResponse, {jsonType: GetRunAttemptsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 41);
+  messageDesc(file_tether_v1_gateway, 47);
 
 /**
  * RetryRunRequest names the run to retry.
@@ -2391,7 +2609,7 @@ export type RetryRunRequestJson = {
  * Use `create(RetryRunRequestSchema)` to create a new message.
  */
 export const RetryRunRequestSchema: GenMessage<RetryRunRequest, {jsonType: RetryRunRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 42);
+  messageDesc(file_tether_v1_gateway, 48);
 
 /**
  * RetryRunResponse says which run handles the retry.
@@ -2440,7 +2658,7 @@ export type RetryRunResponseJson = {
  * Use `create(RetryRunResponseSchema)` to create a new message.
  */
 export const RetryRunResponseSchema: GenMessage<RetryRunResponse, {jsonType: RetryRunResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 43);
+  messageDesc(file_tether_v1_gateway, 49);
 
 /**
  * DeleteTenantRequest names the tenant to delete.
@@ -2477,7 +2695,7 @@ export type DeleteTenantRequestJson = {
  * Use `create(DeleteTenantRequestSchema)` to create a new message.
  */
 export const DeleteTenantRequestSchema: GenMessage<DeleteTenantRequest, {jsonType: DeleteTenantRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 44);
+  messageDesc(file_tether_v1_gateway, 50);
 
 /**
  * DeleteTenantResponse says how far the deletion got.
@@ -2542,7 +2760,7 @@ export type DeleteTenantResponseJson = {
  * Use `create(DeleteTenantResponseSchema)` to create a new message.
  */
 export const DeleteTenantResponseSchema: GenMessage<DeleteTenantResponse, {jsonType: DeleteTenantResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 45);
+  messageDesc(file_tether_v1_gateway, 51);
 
 /**
  * GetAgentRequest names an agent of the caller's tenant.
@@ -2595,7 +2813,7 @@ export type GetAgentRequestJson = {
  * Use `create(GetAgentRequestSchema)` to create a new message.
  */
 export const GetAgentRequestSchema: GenMessage<GetAgentRequest, {jsonType: GetAgentRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 46);
+  messageDesc(file_tether_v1_gateway, 52);
 
 /**
  * GetAgentResponse is one version of the agent.
@@ -2658,7 +2876,7 @@ export type GetAgentResponseJson = {
  * Use `create(GetAgentResponseSchema)` to create a new message.
  */
 export const GetAgentResponseSchema: GenMessage<GetAgentResponse, {jsonType: GetAgentResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 47);
+  messageDesc(file_tether_v1_gateway, 53);
 
 /**
  * ListAgentsRequest lists the caller's tenant's agents.
@@ -2681,7 +2899,7 @@ export type ListAgentsRequestJson = {
  * Use `create(ListAgentsRequestSchema)` to create a new message.
  */
 export const ListAgentsRequestSchema: GenMessage<ListAgentsRequest, {jsonType: ListAgentsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 48);
+  messageDesc(file_tether_v1_gateway, 54);
 
 /**
  * ListAgentsResponse is the tenant's agents by name.
@@ -2716,7 +2934,7 @@ export type ListAgentsResponseJson = {
  * Use `create(ListAgentsResponseSchema)` to create a new message.
  */
 export const ListAgentsResponseSchema: GenMessage<ListAgentsResponse, {jsonType: ListAgentsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 49);
+  messageDesc(file_tether_v1_gateway, 55);
 
 /**
  * ListAgentVersionsRequest names an agent.
@@ -2753,7 +2971,7 @@ export type ListAgentVersionsRequestJson = {
  * Use `create(ListAgentVersionsRequestSchema)` to create a new message.
  */
 export const ListAgentVersionsRequestSchema: GenMessage<ListAgentVersionsRequest, {jsonType: ListAgentVersionsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 50);
+  messageDesc(file_tether_v1_gateway, 56);
 
 /**
  * ListAgentVersionsResponse lists its versions.
@@ -2788,7 +3006,7 @@ export type ListAgentVersionsResponseJson = {
  * Use `create(ListAgentVersionsResponseSchema)` to create a new message.
  */
 export const ListAgentVersionsResponseSchema: GenMessage<ListAgentVersionsResponse, {jsonType: ListAgentVersionsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 51);
+  messageDesc(file_tether_v1_gateway, 57);
 
 /**
  * ApplyAgentRequest is a document to apply in the caller's tenant.
@@ -2841,7 +3059,7 @@ export type ApplyAgentRequestJson = {
  * Use `create(ApplyAgentRequestSchema)` to create a new message.
  */
 export const ApplyAgentRequestSchema: GenMessage<ApplyAgentRequest, {jsonType: ApplyAgentRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 52);
+  messageDesc(file_tether_v1_gateway, 58);
 
 /**
  * ApplyAgentResponse names the published version.
@@ -2906,7 +3124,7 @@ export type ApplyAgentResponseJson = {
  * Use `create(ApplyAgentResponseSchema)` to create a new message.
  */
 export const ApplyAgentResponseSchema: GenMessage<ApplyAgentResponse, {jsonType: ApplyAgentResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 53);
+  messageDesc(file_tether_v1_gateway, 59);
 
 /**
  * RollbackAgentRequest names the version to publish again.
@@ -2975,7 +3193,7 @@ export type RollbackAgentRequestJson = {
  * Use `create(RollbackAgentRequestSchema)` to create a new message.
  */
 export const RollbackAgentRequestSchema: GenMessage<RollbackAgentRequest, {jsonType: RollbackAgentRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 54);
+  messageDesc(file_tether_v1_gateway, 60);
 
 /**
  * RollbackAgentResponse names the published version.
@@ -3026,7 +3244,7 @@ export type RollbackAgentResponseJson = {
  * Use `create(RollbackAgentResponseSchema)` to create a new message.
  */
 export const RollbackAgentResponseSchema: GenMessage<RollbackAgentResponse, {jsonType: RollbackAgentResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 55);
+  messageDesc(file_tether_v1_gateway, 61);
 
 /**
  * SetDefaultAgentRequest names the tenant's new default agent.
@@ -3063,7 +3281,7 @@ export type SetDefaultAgentRequestJson = {
  * Use `create(SetDefaultAgentRequestSchema)` to create a new message.
  */
 export const SetDefaultAgentRequestSchema: GenMessage<SetDefaultAgentRequest, {jsonType: SetDefaultAgentRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 56);
+  messageDesc(file_tether_v1_gateway, 62);
 
 /**
  * SetDefaultAgentResponse names it.
@@ -3098,7 +3316,7 @@ export type SetDefaultAgentResponseJson = {
  * Use `create(SetDefaultAgentResponseSchema)` to create a new message.
  */
 export const SetDefaultAgentResponseSchema: GenMessage<SetDefaultAgentResponse, {jsonType: SetDefaultAgentResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 57);
+  messageDesc(file_tether_v1_gateway, 63);
 
 /**
  * RemoveAgentRequest names the agent to remove.
@@ -3135,7 +3353,7 @@ export type RemoveAgentRequestJson = {
  * Use `create(RemoveAgentRequestSchema)` to create a new message.
  */
 export const RemoveAgentRequestSchema: GenMessage<RemoveAgentRequest, {jsonType: RemoveAgentRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 58);
+  messageDesc(file_tether_v1_gateway, 64);
 
 /**
  * RemoveAgentResponse names what was removed.
@@ -3186,7 +3404,7 @@ export type RemoveAgentResponseJson = {
  * Use `create(RemoveAgentResponseSchema)` to create a new message.
  */
 export const RemoveAgentResponseSchema: GenMessage<RemoveAgentResponse, {jsonType: RemoveAgentResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 59);
+  messageDesc(file_tether_v1_gateway, 65);
 
 /**
  * ListToolsRequest asks for the tool catalog.
@@ -3209,7 +3427,7 @@ export type ListToolsRequestJson = {
  * Use `create(ListToolsRequestSchema)` to create a new message.
  */
 export const ListToolsRequestSchema: GenMessage<ListToolsRequest, {jsonType: ListToolsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 60);
+  messageDesc(file_tether_v1_gateway, 66);
 
 /**
  * ListToolsResponse is the tool catalog, by name.
@@ -3244,7 +3462,7 @@ export type ListToolsResponseJson = {
  * Use `create(ListToolsResponseSchema)` to create a new message.
  */
 export const ListToolsResponseSchema: GenMessage<ListToolsResponse, {jsonType: ListToolsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 61);
+  messageDesc(file_tether_v1_gateway, 67);
 
 /**
  * RenderAgentRequest asks for the request an agent's attempt would send for a message.
@@ -3345,7 +3563,7 @@ export type RenderAgentRequestJson = {
  * Use `create(RenderAgentRequestSchema)` to create a new message.
  */
 export const RenderAgentRequestSchema: GenMessage<RenderAgentRequest, {jsonType: RenderAgentRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 62);
+  messageDesc(file_tether_v1_gateway, 68);
 
 /**
  * RenderAgentResponse is the request, its estimate and the routes' pick.
@@ -3468,7 +3686,7 @@ export type RenderAgentResponseJson = {
  * Use `create(RenderAgentResponseSchema)` to create a new message.
  */
 export const RenderAgentResponseSchema: GenMessage<RenderAgentResponse, {jsonType: RenderAgentResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_gateway, 63);
+  messageDesc(file_tether_v1_gateway, 69);
 
 /**
  * GatewayService is the public client API. Callers authenticate with an API key in the
@@ -3701,6 +3919,40 @@ export const GatewayService: GenService<{
     methodKind: "unary";
     input: typeof RemoveDocumentRequestSchema;
     output: typeof RemoveDocumentResponseSchema;
+  },
+  /**
+   * AddSecret seals a named secret of the caller's tenant in interactions' secret store (scope
+   * "secrets:write"); a name already taken is ALREADY_EXISTS (remove it first). The answer
+   * never carries the value.
+   *
+   * @generated from rpc tether.v1.GatewayService.AddSecret
+   */
+  addSecret: {
+    methodKind: "unary";
+    input: typeof AddSecretRequestSchema;
+    output: typeof AddSecretResponseSchema;
+  },
+  /**
+   * ListSecrets lists the caller's tenant's secrets by name: the last four characters of each
+   * value at most, never the value (scope "secrets:read").
+   *
+   * @generated from rpc tether.v1.GatewayService.ListSecrets
+   */
+  listSecrets: {
+    methodKind: "unary";
+    input: typeof ListSecretsRequestSchema;
+    output: typeof ListSecretsResponseSchema;
+  },
+  /**
+   * RemoveSecret removes one of the caller's tenant's secrets; another tenant's is NOT_FOUND,
+   * as an absent one (scope "secrets:write").
+   *
+   * @generated from rpc tether.v1.GatewayService.RemoveSecret
+   */
+  removeSecret: {
+    methodKind: "unary";
+    input: typeof RemoveSecretRequestSchema;
+    output: typeof RemoveSecretResponseSchema;
   },
   /**
    * DeleteTenant removes a tenant and all of its data from every service (the platform

@@ -12,7 +12,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/interactions.proto.
  */
 export const file_tether_v1_interactions: GenFile = /*@__PURE__*/
-  fileDesc("Chx0ZXRoZXIvdjEvaW50ZXJhY3Rpb25zLnByb3RvEgl0ZXRoZXIudjEiWwoYUmVzb2x2ZUNvbm5lY3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIQCghwcm92aWRlchgDIAEoCRIOCgZzY29wZXMYBCADKAkicAoZUmVzb2x2ZUNvbm5lY3Rpb25SZXNwb25zZRIlCgNnYXAYASABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIUCgxhY2Nlc3NfdG9rZW4YAiABKAkSFgoOY3JlZGVudGlhbF9yZWYYAyABKAkiYwoMUXVlc3Rpb25TcGVjEgsKA2tleRgBIAEoCRIOCgZwcm9tcHQYAiABKAkSDwoHb3B0aW9ucxgDIAMoCRIQCghtdWx0aXBsZRgEIAEoCBITCgthbGxvd19vdGhlchgFIAEoCCIgCg5RdWVzdGlvbkFuc3dlchIOCgZ2YWx1ZXMYASADKAkilQEKD1BlbmRpbmdRdWVzdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSKgoJcXVlc3Rpb25zGAMgAygLMhcudGV0aGVyLnYxLlF1ZXN0aW9uU3BlYxIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ2ChNBc2tRdWVzdGlvbnNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIUCgx0b29sX2NhbGxfaWQYAyABKAkSKgoJcXVlc3Rpb25zGAQgAygLMhcudGV0aGVyLnYxLlF1ZXN0aW9uU3BlYyIuChRBc2tRdWVzdGlvbnNSZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCSLrAQoUUmVjb3JkQW5zd2Vyc1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSPQoHYW5zd2VycxgEIAMoCzIsLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVxdWVzdC5BbnN3ZXJzRW50cnkSEAoIYWxsX3J1bnMYBSABKAgaSQoMQW5zd2Vyc0VudHJ5EgsKA2tleRgBIAEoCRIoCgV2YWx1ZRgCIAEoCzIZLnRldGhlci52MS5RdWVzdGlvbkFuc3dlcjoCOAEiQAoVUmVjb3JkQW5zd2Vyc1Jlc3BvbnNlEhYKDmludGVyYWN0aW9uX2lkGAEgASgJEg8KB3Jlc3VtZWQYAiABKAgiZwoaRmluZFBlbmRpbmdRdWVzdGlvblJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIUCgxwcmluY2lwYWxfaWQYAyABKAkSEAoIYWxsX3J1bnMYBCABKAgiSwobRmluZFBlbmRpbmdRdWVzdGlvblJlc3BvbnNlEiwKCHF1ZXN0aW9uGAEgASgLMhoudGV0aGVyLnYxLlBlbmRpbmdRdWVzdGlvbiI9ChxGaW5kQW5zd2VyZWRRdWVzdGlvbnNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAyLyAQoQQW5zd2VyZWRRdWVzdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIqCglxdWVzdGlvbnMYAiADKAsyFy50ZXRoZXIudjEuUXVlc3Rpb25TcGVjEjkKB2Fuc3dlcnMYAyADKAsyKC50ZXRoZXIudjEuQW5zd2VyZWRRdWVzdGlvbi5BbnN3ZXJzRW50cnkSFAoMdG9vbF9jYWxsX2lkGAQgASgJGkkKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKAoFdmFsdWUYAiABKAsyGS50ZXRoZXIudjEuUXVlc3Rpb25BbnN3ZXI6AjgBIk4KHUZpbmRBbnN3ZXJlZFF1ZXN0aW9uc1Jlc3BvbnNlEi0KCGFuc3dlcmVkGAEgAygLMhsudGV0aGVyLnYxLkFuc3dlcmVkUXVlc3Rpb24iXAoRQ2hlY2tHcmFudFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIVCg1yaXNrX2NhdGVnb3J5GAMgASgJEg0KBWVwb2NoGAQgASgDIjcKEkNoZWNrR3JhbnRSZXNwb25zZRIPCgdhbGxvd2VkGAEgASgIEhAKCGdyYW50X2lkGAIgASgJIoYCCg9QZW5kaW5nQXBwcm92YWwSFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDgoGcnVuX2lkGAIgASgJEhEKCXRvb2xfbmFtZRgDIAEoCRIPCgdzdW1tYXJ5GAQgASgJEhUKDXJpc2tfY2F0ZWdvcnkYBSABKAkSJgoFaW5wdXQYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eh0KFWVzdGltYXRlZF9jb3N0X21pY3JvcxgHIAEoAxIuCgpleHBpcmVzX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIZChFhbGxvd2VkX2RlY2lzaW9ucxgJIAMoCSKBAgoWUmVxdWVzdEFwcHJvdmFsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDQoFZXBvY2gYAiABKAMSFAoMdG9vbF9jYWxsX2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRImCgVpbnB1dBgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFQoNcmlza19jYXRlZ29yeRgGIAEoCRIPCgdzdW1tYXJ5GAcgASgJEh0KFWVzdGltYXRlZF9jb3N0X21pY3JvcxgIIAEoAxIXCg9pZGVtcG90ZW5jeV9rZXkYCSABKAkSFwoPYXBwcm92YWxfcG9saWN5GAogASgJIjEKF1JlcXVlc3RBcHByb3ZhbFJlc3BvbnNlEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIooBChVSZWNvcmREZWNpc2lvblJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSEAoIZGVjaXNpb24YBCABKAkSFAoMYWx3YXlzX3Njb3BlGAUgASgJEhAKCGFsbF9ydW5zGAYgASgIIlMKFlJlY29yZERlY2lzaW9uUmVzcG9uc2USFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHcmVzdW1lZBgCIAEoCBIQCghncmFudF9pZBgDIAEoCSJeChRDbGFpbUFwcHJvdmFsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDQoFZXBvY2gYAiABKAMSEQoJdG9vbF9uYW1lGAMgASgJEhQKDHRvb2xfY2FsbF9pZBgEIAEoCSK8AQoVQ2xhaW1BcHByb3ZhbFJlc3BvbnNlEg8KB2NsYWltZWQYASABKAgSFgoOaW50ZXJhY3Rpb25faWQYAiABKAkSEAoIZGVjaXNpb24YAyABKAkSFAoMdG9vbF9jYWxsX2lkGAQgASgJEhEKCXRvb2xfbmFtZRgFIAEoCRImCgVpbnB1dBgGIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJImcKGkZpbmRQZW5kaW5nQXBwcm92YWxSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSFAoMcHJpbmNpcGFsX2lkGAMgASgJEhAKCGFsbF9ydW5zGAQgASgIIksKG0ZpbmRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRIsCghhcHByb3ZhbBgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nQXBwcm92YWwixwEKEVBlbmRpbmdDb25uZWN0aW9uEhYKDmludGVyYWN0aW9uX2lkGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIQCghwcm92aWRlchgDIAEoCRIlCgNnYXAYBCABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIRCglsb2dpbl91cmwYBSABKAkSLgoKZXhwaXJlc19hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGc2NvcGVzGAcgAygJIrABChhSZXF1ZXN0Q29ubmVjdGlvblJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg0KBWVwb2NoGAIgASgDEhQKDHRvb2xfY2FsbF9pZBgDIAEoCRIQCghwcm92aWRlchgEIAEoCRIlCgNnYXAYBSABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIOCgZzY29wZXMYBiADKAkSFgoOY3JlZGVudGlhbF9yZWYYByABKAkiRgoZUmVxdWVzdENvbm5lY3Rpb25SZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIRCglsb2dpbl91cmwYAiABKAkiggEKGENvbmZpcm1Db25uZWN0aW9uUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSFAoMcHJpbmNpcGFsX2lkGAIgASgJEg4KBnJ1bl9pZBgDIAEoCRINCgVzdGF0ZRgEIAEoCRIMCgRjb2RlGAUgASgJEhAKCGFsbF9ydW5zGAYgASgIIiwKGUNvbmZpcm1Db25uZWN0aW9uUmVzcG9uc2USDwoHcmVzdW1lZBgBIAEoCCJpChxGaW5kUGVuZGluZ0Nvbm5lY3Rpb25SZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSFAoMcHJpbmNpcGFsX2lkGAMgASgJEhAKCGFsbF9ydW5zGAQgASgIIlEKHUZpbmRQZW5kaW5nQ29ubmVjdGlvblJlc3BvbnNlEjAKCmNvbm5lY3Rpb24YASABKAsyHC50ZXRoZXIudjEuUGVuZGluZ0Nvbm5lY3Rpb24iNAofRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkiRgogRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVzcG9uc2USDwoHcmVtb3ZlZBgBIAEoAxIRCglyZW1haW5pbmcYAiABKAgqjQEKDUNvbm5lY3Rpb25HYXASHgoaQ09OTkVDVElPTl9HQVBfVU5TUEVDSUZJRUQQABIZChVDT05ORUNUSU9OX0dBUF9BQlNFTlQQARIaChZDT05ORUNUSU9OX0dBUF9FWFBJUkVEEAISJQohQ09OTkVDVElPTl9HQVBfSU5TVUZGSUNJRU5UX1NDT1BFEAMywwoKE0ludGVyYWN0aW9uc1NlcnZpY2USTwoMQXNrUXVlc3Rpb25zEh4udGV0aGVyLnYxLkFza1F1ZXN0aW9uc1JlcXVlc3QaHy50ZXRoZXIudjEuQXNrUXVlc3Rpb25zUmVzcG9uc2USUgoNUmVjb3JkQW5zd2VycxIfLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVxdWVzdBogLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVzcG9uc2USZAoTRmluZFBlbmRpbmdRdWVzdGlvbhIlLnRldGhlci52MS5GaW5kUGVuZGluZ1F1ZXN0aW9uUmVxdWVzdBomLnRldGhlci52MS5GaW5kUGVuZGluZ1F1ZXN0aW9uUmVzcG9uc2USagoVRmluZEFuc3dlcmVkUXVlc3Rpb25zEicudGV0aGVyLnYxLkZpbmRBbnN3ZXJlZFF1ZXN0aW9uc1JlcXVlc3QaKC50ZXRoZXIudjEuRmluZEFuc3dlcmVkUXVlc3Rpb25zUmVzcG9uc2USSQoKQ2hlY2tHcmFudBIcLnRldGhlci52MS5DaGVja0dyYW50UmVxdWVzdBodLnRldGhlci52MS5DaGVja0dyYW50UmVzcG9uc2USWAoPUmVxdWVzdEFwcHJvdmFsEiEudGV0aGVyLnYxLlJlcXVlc3RBcHByb3ZhbFJlcXVlc3QaIi50ZXRoZXIudjEuUmVxdWVzdEFwcHJvdmFsUmVzcG9uc2USVQoOUmVjb3JkRGVjaXNpb24SIC50ZXRoZXIudjEuUmVjb3JkRGVjaXNpb25SZXF1ZXN0GiEudGV0aGVyLnYxLlJlY29yZERlY2lzaW9uUmVzcG9uc2USUgoNQ2xhaW1BcHByb3ZhbBIfLnRldGhlci52MS5DbGFpbUFwcHJvdmFsUmVxdWVzdBogLnRldGhlci52MS5DbGFpbUFwcHJvdmFsUmVzcG9uc2USZAoTRmluZFBlbmRpbmdBcHByb3ZhbBIlLnRldGhlci52MS5GaW5kUGVuZGluZ0FwcHJvdmFsUmVxdWVzdBomLnRldGhlci52MS5GaW5kUGVuZGluZ0FwcHJvdmFsUmVzcG9uc2USXgoRUmVxdWVzdENvbm5lY3Rpb24SIy50ZXRoZXIudjEuUmVxdWVzdENvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLlJlcXVlc3RDb25uZWN0aW9uUmVzcG9uc2USXgoRQ29uZmlybUNvbm5lY3Rpb24SIy50ZXRoZXIudjEuQ29uZmlybUNvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLkNvbmZpcm1Db25uZWN0aW9uUmVzcG9uc2USagoVRmluZFBlbmRpbmdDb25uZWN0aW9uEicudGV0aGVyLnYxLkZpbmRQZW5kaW5nQ29ubmVjdGlvblJlcXVlc3QaKC50ZXRoZXIudjEuRmluZFBlbmRpbmdDb25uZWN0aW9uUmVzcG9uc2USXgoRUmVzb2x2ZUNvbm5lY3Rpb24SIy50ZXRoZXIudjEuUmVzb2x2ZUNvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLlJlc29sdmVDb25uZWN0aW9uUmVzcG9uc2UScwoYRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zEioudGV0aGVyLnYxLkRlbGV0ZVRlbmFudEludGVyYWN0aW9uc1JlcXVlc3QaKy50ZXRoZXIudjEuRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Chx0ZXRoZXIvdjEvaW50ZXJhY3Rpb25zLnByb3RvEgl0ZXRoZXIudjEiWwoYUmVzb2x2ZUNvbm5lY3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIQCghwcm92aWRlchgDIAEoCRIOCgZzY29wZXMYBCADKAkicAoZUmVzb2x2ZUNvbm5lY3Rpb25SZXNwb25zZRIlCgNnYXAYASABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIUCgxhY2Nlc3NfdG9rZW4YAiABKAkSFgoOY3JlZGVudGlhbF9yZWYYAyABKAkiYwoMUXVlc3Rpb25TcGVjEgsKA2tleRgBIAEoCRIOCgZwcm9tcHQYAiABKAkSDwoHb3B0aW9ucxgDIAMoCRIQCghtdWx0aXBsZRgEIAEoCBITCgthbGxvd19vdGhlchgFIAEoCCIgCg5RdWVzdGlvbkFuc3dlchIOCgZ2YWx1ZXMYASADKAkilQEKD1BlbmRpbmdRdWVzdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSKgoJcXVlc3Rpb25zGAMgAygLMhcudGV0aGVyLnYxLlF1ZXN0aW9uU3BlYxIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ2ChNBc2tRdWVzdGlvbnNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIUCgx0b29sX2NhbGxfaWQYAyABKAkSKgoJcXVlc3Rpb25zGAQgAygLMhcudGV0aGVyLnYxLlF1ZXN0aW9uU3BlYyIuChRBc2tRdWVzdGlvbnNSZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCSLrAQoUUmVjb3JkQW5zd2Vyc1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSPQoHYW5zd2VycxgEIAMoCzIsLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVxdWVzdC5BbnN3ZXJzRW50cnkSEAoIYWxsX3J1bnMYBSABKAgaSQoMQW5zd2Vyc0VudHJ5EgsKA2tleRgBIAEoCRIoCgV2YWx1ZRgCIAEoCzIZLnRldGhlci52MS5RdWVzdGlvbkFuc3dlcjoCOAEiQAoVUmVjb3JkQW5zd2Vyc1Jlc3BvbnNlEhYKDmludGVyYWN0aW9uX2lkGAEgASgJEg8KB3Jlc3VtZWQYAiABKAgiZwoaRmluZFBlbmRpbmdRdWVzdGlvblJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIUCgxwcmluY2lwYWxfaWQYAyABKAkSEAoIYWxsX3J1bnMYBCABKAgiSwobRmluZFBlbmRpbmdRdWVzdGlvblJlc3BvbnNlEiwKCHF1ZXN0aW9uGAEgASgLMhoudGV0aGVyLnYxLlBlbmRpbmdRdWVzdGlvbiI9ChxGaW5kQW5zd2VyZWRRdWVzdGlvbnNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAyLyAQoQQW5zd2VyZWRRdWVzdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIqCglxdWVzdGlvbnMYAiADKAsyFy50ZXRoZXIudjEuUXVlc3Rpb25TcGVjEjkKB2Fuc3dlcnMYAyADKAsyKC50ZXRoZXIudjEuQW5zd2VyZWRRdWVzdGlvbi5BbnN3ZXJzRW50cnkSFAoMdG9vbF9jYWxsX2lkGAQgASgJGkkKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKAoFdmFsdWUYAiABKAsyGS50ZXRoZXIudjEuUXVlc3Rpb25BbnN3ZXI6AjgBIk4KHUZpbmRBbnN3ZXJlZFF1ZXN0aW9uc1Jlc3BvbnNlEi0KCGFuc3dlcmVkGAEgAygLMhsudGV0aGVyLnYxLkFuc3dlcmVkUXVlc3Rpb24iXAoRQ2hlY2tHcmFudFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIVCg1yaXNrX2NhdGVnb3J5GAMgASgJEg0KBWVwb2NoGAQgASgDIjcKEkNoZWNrR3JhbnRSZXNwb25zZRIPCgdhbGxvd2VkGAEgASgIEhAKCGdyYW50X2lkGAIgASgJIoYCCg9QZW5kaW5nQXBwcm92YWwSFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDgoGcnVuX2lkGAIgASgJEhEKCXRvb2xfbmFtZRgDIAEoCRIPCgdzdW1tYXJ5GAQgASgJEhUKDXJpc2tfY2F0ZWdvcnkYBSABKAkSJgoFaW5wdXQYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eh0KFWVzdGltYXRlZF9jb3N0X21pY3JvcxgHIAEoAxIuCgpleHBpcmVzX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIZChFhbGxvd2VkX2RlY2lzaW9ucxgJIAMoCSKBAgoWUmVxdWVzdEFwcHJvdmFsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDQoFZXBvY2gYAiABKAMSFAoMdG9vbF9jYWxsX2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRImCgVpbnB1dBgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFQoNcmlza19jYXRlZ29yeRgGIAEoCRIPCgdzdW1tYXJ5GAcgASgJEh0KFWVzdGltYXRlZF9jb3N0X21pY3JvcxgIIAEoAxIXCg9pZGVtcG90ZW5jeV9rZXkYCSABKAkSFwoPYXBwcm92YWxfcG9saWN5GAogASgJIjEKF1JlcXVlc3RBcHByb3ZhbFJlc3BvbnNlEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIooBChVSZWNvcmREZWNpc2lvblJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSEAoIZGVjaXNpb24YBCABKAkSFAoMYWx3YXlzX3Njb3BlGAUgASgJEhAKCGFsbF9ydW5zGAYgASgIIlMKFlJlY29yZERlY2lzaW9uUmVzcG9uc2USFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHcmVzdW1lZBgCIAEoCBIQCghncmFudF9pZBgDIAEoCSJeChRDbGFpbUFwcHJvdmFsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDQoFZXBvY2gYAiABKAMSEQoJdG9vbF9uYW1lGAMgASgJEhQKDHRvb2xfY2FsbF9pZBgEIAEoCSK8AQoVQ2xhaW1BcHByb3ZhbFJlc3BvbnNlEg8KB2NsYWltZWQYASABKAgSFgoOaW50ZXJhY3Rpb25faWQYAiABKAkSEAoIZGVjaXNpb24YAyABKAkSFAoMdG9vbF9jYWxsX2lkGAQgASgJEhEKCXRvb2xfbmFtZRgFIAEoCRImCgVpbnB1dBgGIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJImcKGkZpbmRQZW5kaW5nQXBwcm92YWxSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSFAoMcHJpbmNpcGFsX2lkGAMgASgJEhAKCGFsbF9ydW5zGAQgASgIIksKG0ZpbmRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRIsCghhcHByb3ZhbBgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nQXBwcm92YWwixwEKEVBlbmRpbmdDb25uZWN0aW9uEhYKDmludGVyYWN0aW9uX2lkGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIQCghwcm92aWRlchgDIAEoCRIlCgNnYXAYBCABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIRCglsb2dpbl91cmwYBSABKAkSLgoKZXhwaXJlc19hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGc2NvcGVzGAcgAygJIrABChhSZXF1ZXN0Q29ubmVjdGlvblJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg0KBWVwb2NoGAIgASgDEhQKDHRvb2xfY2FsbF9pZBgDIAEoCRIQCghwcm92aWRlchgEIAEoCRIlCgNnYXAYBSABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIOCgZzY29wZXMYBiADKAkSFgoOY3JlZGVudGlhbF9yZWYYByABKAkiRgoZUmVxdWVzdENvbm5lY3Rpb25SZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIRCglsb2dpbl91cmwYAiABKAkiggEKGENvbmZpcm1Db25uZWN0aW9uUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSFAoMcHJpbmNpcGFsX2lkGAIgASgJEg4KBnJ1bl9pZBgDIAEoCRINCgVzdGF0ZRgEIAEoCRIMCgRjb2RlGAUgASgJEhAKCGFsbF9ydW5zGAYgASgIIiwKGUNvbmZpcm1Db25uZWN0aW9uUmVzcG9uc2USDwoHcmVzdW1lZBgBIAEoCCJpChxGaW5kUGVuZGluZ0Nvbm5lY3Rpb25SZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSFAoMcHJpbmNpcGFsX2lkGAMgASgJEhAKCGFsbF9ydW5zGAQgASgIIlEKHUZpbmRQZW5kaW5nQ29ubmVjdGlvblJlc3BvbnNlEjAKCmNvbm5lY3Rpb24YASABKAsyHC50ZXRoZXIudjEuUGVuZGluZ0Nvbm5lY3Rpb24iNAofRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkiRgogRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVzcG9uc2USDwoHcmVtb3ZlZBgBIAEoAxIRCglyZW1haW5pbmcYAiABKAgiXQoKU2VjcmV0SW5mbxIMCgRuYW1lGAEgASgJEhEKCWxhc3RfZm91chgCIAEoCRIuCgpjcmVhdGVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJrCiNJbnRlcmFjdGlvbnNTZXJ2aWNlQWRkU2VjcmV0UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSFAoMcHJpbmNpcGFsX2lkGAIgASgJEgwKBG5hbWUYAyABKAkSDQoFdmFsdWUYBCABKAwiTQokSW50ZXJhY3Rpb25zU2VydmljZUFkZFNlY3JldFJlc3BvbnNlEiUKBnNlY3JldBgBIAEoCzIVLnRldGhlci52MS5TZWNyZXRJbmZvIjoKJUludGVyYWN0aW9uc1NlcnZpY2VMaXN0U2VjcmV0c1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJIlAKJkludGVyYWN0aW9uc1NlcnZpY2VMaXN0U2VjcmV0c1Jlc3BvbnNlEiYKB3NlY3JldHMYASADKAsyFS50ZXRoZXIudjEuU2VjcmV0SW5mbyJJCiZJbnRlcmFjdGlvbnNTZXJ2aWNlUmVtb3ZlU2VjcmV0UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDAoEbmFtZRgCIAEoCSIpCidJbnRlcmFjdGlvbnNTZXJ2aWNlUmVtb3ZlU2VjcmV0UmVzcG9uc2UqjQEKDUNvbm5lY3Rpb25HYXASHgoaQ09OTkVDVElPTl9HQVBfVU5TUEVDSUZJRUQQABIZChVDT05ORUNUSU9OX0dBUF9BQlNFTlQQARIaChZDT05ORUNUSU9OX0dBUF9FWFBJUkVEEAISJQohQ09OTkVDVElPTl9HQVBfSU5TVUZGSUNJRU5UX1NDT1BFEAMynA0KE0ludGVyYWN0aW9uc1NlcnZpY2USTwoMQXNrUXVlc3Rpb25zEh4udGV0aGVyLnYxLkFza1F1ZXN0aW9uc1JlcXVlc3QaHy50ZXRoZXIudjEuQXNrUXVlc3Rpb25zUmVzcG9uc2USUgoNUmVjb3JkQW5zd2VycxIfLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVxdWVzdBogLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVzcG9uc2USZAoTRmluZFBlbmRpbmdRdWVzdGlvbhIlLnRldGhlci52MS5GaW5kUGVuZGluZ1F1ZXN0aW9uUmVxdWVzdBomLnRldGhlci52MS5GaW5kUGVuZGluZ1F1ZXN0aW9uUmVzcG9uc2USagoVRmluZEFuc3dlcmVkUXVlc3Rpb25zEicudGV0aGVyLnYxLkZpbmRBbnN3ZXJlZFF1ZXN0aW9uc1JlcXVlc3QaKC50ZXRoZXIudjEuRmluZEFuc3dlcmVkUXVlc3Rpb25zUmVzcG9uc2USSQoKQ2hlY2tHcmFudBIcLnRldGhlci52MS5DaGVja0dyYW50UmVxdWVzdBodLnRldGhlci52MS5DaGVja0dyYW50UmVzcG9uc2USWAoPUmVxdWVzdEFwcHJvdmFsEiEudGV0aGVyLnYxLlJlcXVlc3RBcHByb3ZhbFJlcXVlc3QaIi50ZXRoZXIudjEuUmVxdWVzdEFwcHJvdmFsUmVzcG9uc2USVQoOUmVjb3JkRGVjaXNpb24SIC50ZXRoZXIudjEuUmVjb3JkRGVjaXNpb25SZXF1ZXN0GiEudGV0aGVyLnYxLlJlY29yZERlY2lzaW9uUmVzcG9uc2USUgoNQ2xhaW1BcHByb3ZhbBIfLnRldGhlci52MS5DbGFpbUFwcHJvdmFsUmVxdWVzdBogLnRldGhlci52MS5DbGFpbUFwcHJvdmFsUmVzcG9uc2USZAoTRmluZFBlbmRpbmdBcHByb3ZhbBIlLnRldGhlci52MS5GaW5kUGVuZGluZ0FwcHJvdmFsUmVxdWVzdBomLnRldGhlci52MS5GaW5kUGVuZGluZ0FwcHJvdmFsUmVzcG9uc2USXgoRUmVxdWVzdENvbm5lY3Rpb24SIy50ZXRoZXIudjEuUmVxdWVzdENvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLlJlcXVlc3RDb25uZWN0aW9uUmVzcG9uc2USXgoRQ29uZmlybUNvbm5lY3Rpb24SIy50ZXRoZXIudjEuQ29uZmlybUNvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLkNvbmZpcm1Db25uZWN0aW9uUmVzcG9uc2USagoVRmluZFBlbmRpbmdDb25uZWN0aW9uEicudGV0aGVyLnYxLkZpbmRQZW5kaW5nQ29ubmVjdGlvblJlcXVlc3QaKC50ZXRoZXIudjEuRmluZFBlbmRpbmdDb25uZWN0aW9uUmVzcG9uc2USXgoRUmVzb2x2ZUNvbm5lY3Rpb24SIy50ZXRoZXIudjEuUmVzb2x2ZUNvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLlJlc29sdmVDb25uZWN0aW9uUmVzcG9uc2UScwoYRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zEioudGV0aGVyLnYxLkRlbGV0ZVRlbmFudEludGVyYWN0aW9uc1JlcXVlc3QaKy50ZXRoZXIudjEuRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVzcG9uc2USbAoJQWRkU2VjcmV0Ei4udGV0aGVyLnYxLkludGVyYWN0aW9uc1NlcnZpY2VBZGRTZWNyZXRSZXF1ZXN0Gi8udGV0aGVyLnYxLkludGVyYWN0aW9uc1NlcnZpY2VBZGRTZWNyZXRSZXNwb25zZRJyCgtMaXN0U2VjcmV0cxIwLnRldGhlci52MS5JbnRlcmFjdGlvbnNTZXJ2aWNlTGlzdFNlY3JldHNSZXF1ZXN0GjEudGV0aGVyLnYxLkludGVyYWN0aW9uc1NlcnZpY2VMaXN0U2VjcmV0c1Jlc3BvbnNlEnUKDFJlbW92ZVNlY3JldBIxLnRldGhlci52MS5JbnRlcmFjdGlvbnNTZXJ2aWNlUmVtb3ZlU2VjcmV0UmVxdWVzdBoyLnRldGhlci52MS5JbnRlcmFjdGlvbnNTZXJ2aWNlUmVtb3ZlU2VjcmV0UmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * ResolveConnectionRequest asks for a usable connection under a lease.
@@ -2455,6 +2455,323 @@ export const DeleteTenantInteractionsResponseSchema: GenMessage<DeleteTenantInte
   messageDesc(file_tether_v1_interactions, 33);
 
 /**
+ * SecretInfo is what a read shows of a secret: never its value.
+ *
+ * @generated from message tether.v1.SecretInfo
+ */
+export type SecretInfo = Message<"tether.v1.SecretInfo"> & {
+  /**
+   * Name (tether.ids identifier rules).
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * The value's last four characters (fewer for a short value, none for binary).
+   *
+   * @generated from field: string last_four = 2;
+   */
+  lastFour: string;
+
+  /**
+   * When it was stored.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 3;
+   */
+  createdAt?: Timestamp | undefined;
+};
+
+/**
+ * SecretInfo is what a read shows of a secret: never its value.
+ *
+ * @generated from message tether.v1.SecretInfo
+ */
+export type SecretInfoJson = {
+  /**
+   * Name (tether.ids identifier rules).
+   *
+   * @generated from field: string name = 1;
+   */
+  name?: string;
+
+  /**
+   * The value's last four characters (fewer for a short value, none for binary).
+   *
+   * @generated from field: string last_four = 2;
+   */
+  lastFour?: string;
+
+  /**
+   * When it was stored.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 3;
+   */
+  createdAt?: TimestampJson;
+};
+
+/**
+ * Describes the message tether.v1.SecretInfo.
+ * Use `create(SecretInfoSchema)` to create a new message.
+ */
+export const SecretInfoSchema: GenMessage<SecretInfo, {jsonType: SecretInfoJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 34);
+
+/**
+ * InteractionsServiceAddSecretRequest stores a named secret for a tenant.
+ *
+ * @generated from message tether.v1.InteractionsServiceAddSecretRequest
+ */
+export type InteractionsServiceAddSecretRequest = Message<"tether.v1.InteractionsServiceAddSecretRequest"> & {
+  /**
+   * Tenant.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId: string;
+
+  /**
+   * Who stores it (recorded as created_by).
+   *
+   * @generated from field: string principal_id = 2;
+   */
+  principalId: string;
+
+  /**
+   * Name.
+   *
+   * @generated from field: string name = 3;
+   */
+  name: string;
+
+  /**
+   * The value: 1 byte to 64 KiB.
+   *
+   * @generated from field: bytes value = 4;
+   */
+  value: Uint8Array;
+};
+
+/**
+ * InteractionsServiceAddSecretRequest stores a named secret for a tenant.
+ *
+ * @generated from message tether.v1.InteractionsServiceAddSecretRequest
+ */
+export type InteractionsServiceAddSecretRequestJson = {
+  /**
+   * Tenant.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId?: string;
+
+  /**
+   * Who stores it (recorded as created_by).
+   *
+   * @generated from field: string principal_id = 2;
+   */
+  principalId?: string;
+
+  /**
+   * Name.
+   *
+   * @generated from field: string name = 3;
+   */
+  name?: string;
+
+  /**
+   * The value: 1 byte to 64 KiB.
+   *
+   * @generated from field: bytes value = 4;
+   */
+  value?: string;
+};
+
+/**
+ * Describes the message tether.v1.InteractionsServiceAddSecretRequest.
+ * Use `create(InteractionsServiceAddSecretRequestSchema)` to create a new message.
+ */
+export const InteractionsServiceAddSecretRequestSchema: GenMessage<InteractionsServiceAddSecretRequest, {jsonType: InteractionsServiceAddSecretRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 35);
+
+/**
+ * InteractionsServiceAddSecretResponse shows what was stored, without the value.
+ *
+ * @generated from message tether.v1.InteractionsServiceAddSecretResponse
+ */
+export type InteractionsServiceAddSecretResponse = Message<"tether.v1.InteractionsServiceAddSecretResponse"> & {
+  /**
+   * The stored secret.
+   *
+   * @generated from field: tether.v1.SecretInfo secret = 1;
+   */
+  secret?: SecretInfo | undefined;
+};
+
+/**
+ * InteractionsServiceAddSecretResponse shows what was stored, without the value.
+ *
+ * @generated from message tether.v1.InteractionsServiceAddSecretResponse
+ */
+export type InteractionsServiceAddSecretResponseJson = {
+  /**
+   * The stored secret.
+   *
+   * @generated from field: tether.v1.SecretInfo secret = 1;
+   */
+  secret?: SecretInfoJson;
+};
+
+/**
+ * Describes the message tether.v1.InteractionsServiceAddSecretResponse.
+ * Use `create(InteractionsServiceAddSecretResponseSchema)` to create a new message.
+ */
+export const InteractionsServiceAddSecretResponseSchema: GenMessage<InteractionsServiceAddSecretResponse, {jsonType: InteractionsServiceAddSecretResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 36);
+
+/**
+ * InteractionsServiceListSecretsRequest names a tenant.
+ *
+ * @generated from message tether.v1.InteractionsServiceListSecretsRequest
+ */
+export type InteractionsServiceListSecretsRequest = Message<"tether.v1.InteractionsServiceListSecretsRequest"> & {
+  /**
+   * Tenant.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId: string;
+};
+
+/**
+ * InteractionsServiceListSecretsRequest names a tenant.
+ *
+ * @generated from message tether.v1.InteractionsServiceListSecretsRequest
+ */
+export type InteractionsServiceListSecretsRequestJson = {
+  /**
+   * Tenant.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId?: string;
+};
+
+/**
+ * Describes the message tether.v1.InteractionsServiceListSecretsRequest.
+ * Use `create(InteractionsServiceListSecretsRequestSchema)` to create a new message.
+ */
+export const InteractionsServiceListSecretsRequestSchema: GenMessage<InteractionsServiceListSecretsRequest, {jsonType: InteractionsServiceListSecretsRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 37);
+
+/**
+ * InteractionsServiceListSecretsResponse lists the tenant's secrets by name.
+ *
+ * @generated from message tether.v1.InteractionsServiceListSecretsResponse
+ */
+export type InteractionsServiceListSecretsResponse = Message<"tether.v1.InteractionsServiceListSecretsResponse"> & {
+  /**
+   * Secrets.
+   *
+   * @generated from field: repeated tether.v1.SecretInfo secrets = 1;
+   */
+  secrets: SecretInfo[];
+};
+
+/**
+ * InteractionsServiceListSecretsResponse lists the tenant's secrets by name.
+ *
+ * @generated from message tether.v1.InteractionsServiceListSecretsResponse
+ */
+export type InteractionsServiceListSecretsResponseJson = {
+  /**
+   * Secrets.
+   *
+   * @generated from field: repeated tether.v1.SecretInfo secrets = 1;
+   */
+  secrets?: SecretInfoJson[];
+};
+
+/**
+ * Describes the message tether.v1.InteractionsServiceListSecretsResponse.
+ * Use `create(InteractionsServiceListSecretsResponseSchema)` to create a new message.
+ */
+export const InteractionsServiceListSecretsResponseSchema: GenMessage<InteractionsServiceListSecretsResponse, {jsonType: InteractionsServiceListSecretsResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 38);
+
+/**
+ * InteractionsServiceRemoveSecretRequest names the secret to remove.
+ *
+ * @generated from message tether.v1.InteractionsServiceRemoveSecretRequest
+ */
+export type InteractionsServiceRemoveSecretRequest = Message<"tether.v1.InteractionsServiceRemoveSecretRequest"> & {
+  /**
+   * Tenant.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId: string;
+
+  /**
+   * Name.
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+};
+
+/**
+ * InteractionsServiceRemoveSecretRequest names the secret to remove.
+ *
+ * @generated from message tether.v1.InteractionsServiceRemoveSecretRequest
+ */
+export type InteractionsServiceRemoveSecretRequestJson = {
+  /**
+   * Tenant.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId?: string;
+
+  /**
+   * Name.
+   *
+   * @generated from field: string name = 2;
+   */
+  name?: string;
+};
+
+/**
+ * Describes the message tether.v1.InteractionsServiceRemoveSecretRequest.
+ * Use `create(InteractionsServiceRemoveSecretRequestSchema)` to create a new message.
+ */
+export const InteractionsServiceRemoveSecretRequestSchema: GenMessage<InteractionsServiceRemoveSecretRequest, {jsonType: InteractionsServiceRemoveSecretRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 39);
+
+/**
+ * InteractionsServiceRemoveSecretResponse is empty: the secret is gone.
+ *
+ * @generated from message tether.v1.InteractionsServiceRemoveSecretResponse
+ */
+export type InteractionsServiceRemoveSecretResponse = Message<"tether.v1.InteractionsServiceRemoveSecretResponse"> & {
+};
+
+/**
+ * InteractionsServiceRemoveSecretResponse is empty: the secret is gone.
+ *
+ * @generated from message tether.v1.InteractionsServiceRemoveSecretResponse
+ */
+export type InteractionsServiceRemoveSecretResponseJson = {
+};
+
+/**
+ * Describes the message tether.v1.InteractionsServiceRemoveSecretResponse.
+ * Use `create(InteractionsServiceRemoveSecretResponseSchema)` to create a new message.
+ */
+export const InteractionsServiceRemoveSecretResponseSchema: GenMessage<InteractionsServiceRemoveSecretResponse, {jsonType: InteractionsServiceRemoveSecretResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 40);
+
+/**
  * ConnectionGap classifies why a tool lacks a usable connection.
  *
  * @generated from enum tether.v1.ConnectionGap
@@ -2649,6 +2966,36 @@ export const InteractionsService: GenService<{
     methodKind: "unary";
     input: typeof DeleteTenantInteractionsRequestSchema;
     output: typeof DeleteTenantInteractionsResponseSchema;
+  },
+  /**
+   * AddSecret seals a tenant's named secret (ALREADY_EXISTS when the name is taken).
+   *
+   * @generated from rpc tether.v1.InteractionsService.AddSecret
+   */
+  addSecret: {
+    methodKind: "unary";
+    input: typeof InteractionsServiceAddSecretRequestSchema;
+    output: typeof InteractionsServiceAddSecretResponseSchema;
+  },
+  /**
+   * ListSecrets names the tenant's secrets: never a value, its last four characters at most.
+   *
+   * @generated from rpc tether.v1.InteractionsService.ListSecrets
+   */
+  listSecrets: {
+    methodKind: "unary";
+    input: typeof InteractionsServiceListSecretsRequestSchema;
+    output: typeof InteractionsServiceListSecretsResponseSchema;
+  },
+  /**
+   * RemoveSecret removes one; another tenant's is NOT_FOUND exactly like an absent one.
+   *
+   * @generated from rpc tether.v1.InteractionsService.RemoveSecret
+   */
+  removeSecret: {
+    methodKind: "unary";
+    input: typeof InteractionsServiceRemoveSecretRequestSchema;
+    output: typeof InteractionsServiceRemoveSecretResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_tether_v1_interactions, 0);
