@@ -6,8 +6,10 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
+from pydantic import ValidationError
 
 from tether.errors import InvalidArgument
+from tether.settings import PlatformSettings
 from tether.targets import AddressClass, TargetPolicy, check_url, classify
 
 NONE = TargetPolicy.parse("")
@@ -114,3 +116,15 @@ async def test_an_allowed_or_public_literal_is_accepted() -> None:
 async def test_a_malformed_url_is_refused_saying_what_is_wrong(url: str, says: str) -> None:
     with pytest.raises(InvalidArgument, match=says):
         await check_url(url, TargetPolicy.parse("all"))
+
+
+def test_every_service_reads_the_setting_and_refuses_a_misspelt_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TETHER_ALLOW_PRIVATE_TARGETS", "loopback, private")
+    assert PlatformSettings().target_policy == TargetPolicy.parse("private,loopback")
+    monkeypatch.setenv("TETHER_ALLOW_PRIVATE_TARGETS", "loopbak")
+    with pytest.raises(ValidationError, match="'loopbak' is not a class of address"):
+        PlatformSettings()
+    monkeypatch.delenv("TETHER_ALLOW_PRIVATE_TARGETS")
+    assert PlatformSettings().target_policy.allowed == frozenset()
