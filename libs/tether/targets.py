@@ -233,7 +233,8 @@ async def check_url(url: str, policy: TargetPolicy, *, what: str = "URL") -> str
 async def _resolve(host: str, port: int, what: str) -> list[IPAddress]:
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
+    except (socket.gaierror, UnicodeError) as exc:
+        # UnicodeError: a name that is not a valid DNS name (a label over 63 characters).
         raise InvalidArgument(f"{what}: the host {host!r} does not resolve ({exc})") from exc
     return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
 

@@ -111,6 +111,7 @@ async def test_an_allowed_or_public_literal_is_accepted() -> None:
         ("https://8.8.8.8:70000/", "not a valid URL"),
         ("https://8.8.8.8:port/", "not a valid URL"),
         ("http://8.8.8.8/hook", "plain http is only for an allowed non-public address"),
+        ("https://" + "a" * 64 + ".example/", "does not resolve"),
     ],
 )
 async def test_a_malformed_url_is_refused_saying_what_is_wrong(url: str, says: str) -> None:
