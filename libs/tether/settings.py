@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from tether.targets import SETTING as TARGETS_SETTING
+from tether.targets import TargetPolicy
 
 # The prefix of the settings meant for the tools and context providers a worker loads: they are
 # given these and nothing else of its environment (`services.worker.plugins`).
@@ -86,6 +89,16 @@ class PlatformSettings(BaseSettings):
         description="Record message text, model output and tool inputs on spans. Off: spans and "
         "logs carry ids, counts and timings only, never what people or the model wrote.",
     )
+    allow_private_targets: str = Field(
+        "",
+        validation_alias=_env(TARGETS_SETTING),
+        description="The non-public addresses a tenant's outbound URL (a channel's "
+        "api_base_url or reply-url, a run-event webhook) may reach, checked when configured and "
+        "again on every connection: empty, public addresses only; else a comma-separated list "
+        "of loopback (127/8, ::1), private (RFC 1918, fc00::/7, 100.64/10), link-local "
+        "(169.254/16 with the cloud metadata endpoint, fe80::/10), or all. Unspecified, "
+        "multicast and reserved addresses are never reached. `tether up` sets loopback.",
+    )
     health_port: int | None = Field(
         None,
         description="A second, plaintext port serving only gRPC health, for probes that speak "
@@ -125,6 +138,18 @@ class PlatformSettings(BaseSettings):
         validation_alias=_env("TETHER_TLS_CLIENT_KEY_FILE"),
         description="PEM private key of the client certificate.",
     )
+
+    @field_validator("allow_private_targets")
+    @classmethod
+    def _a_policy(cls, value: str) -> str:
+        # A misspelt class fails at startup, not at the first tenant's URL.
+        TargetPolicy.parse(value)
+        return value
+
+    @property
+    def target_policy(self) -> TargetPolicy:
+        """The outbound-target policy `allow_private_targets` names."""
+        return TargetPolicy.parse(self.allow_private_targets)
 
 
 class RetainingSettings(PlatformSettings):

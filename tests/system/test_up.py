@@ -51,6 +51,11 @@ async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path:
         (interactions,) = up.children("services.interactions")
         redirect = interactions.environ()["TETHER_INTERACTIONS_OAUTH_REDIRECT_URI"]
         assert redirect == f"{console}/connected", "a login comes back to the console"
+        (worker, *_) = up.children("services.worker")
+        for service in (interactions, worker):
+            assert service.environ()["TETHER_ALLOW_PRIVATE_TARGETS"] == "loopback", (
+                "the stand-ins on loopback are allowed targets"
+            )
         async with TetherClient.from_env(str(data_dir / "stack.json")) as client:
             sent = await client.send("hello", conversation_id="first", event_id="evt-hello")
             assert run_to_dict(sent.run)["status"] == "queued"

@@ -37,6 +37,7 @@ from tether.stack.postgres import ChildPostgres
 from tether.stack.processes import ServiceProcess, ServiceSet
 from tether.stack.settings import UpSettings
 from tether.stack.supervisor import ServiceSupervisor
+from tether.targets import SETTING as TARGETS_SETTING
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +226,10 @@ class Stack:
             credentials.SECRETS_KEY_ENV: _secrets_key(self.data_dir / "secrets_key"),
             **self.extra_env,
         }
+        # The stand-ins and a developer's own receivers listen on loopback; an operator's own
+        # choice, in the environment or the stack's, is kept.
+        if TARGETS_SETTING not in env and TARGETS_SETTING not in os.environ:
+            env[TARGETS_SETTING] = "loopback"
         model_url = ""
         if not os.environ.get("ANTHROPIC_API_KEY"):
             model, model_url = await start_local_server(
