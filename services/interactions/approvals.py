@@ -100,20 +100,25 @@ class Approvals:
         summary: str,
         estimated_cost_micros: int,
         idempotency_key: str,
-        policy: str = "",
     ) -> str:
         """Store a pending approval with the normalised input that will run if allowed, and
-        what the run's agent's approval `policy` (JSON text) offers on it: its decisions, the
+        what the approval policy of the run's pinned agent offers on it: its decisions, the
         scopes allow-always may grant, its expiry. Without a policy (a run routed before agents
         were documents) the tenant's policy decides when it is decided."""
         if not tool_name or not risk_category:
             raise InvalidArgument("tool_name and risk_category are required")
-        offer = ApprovalOffer.of(policy, tool_name, risk_category, self._policy.approval_ttl_s)
+        # The policy is the orchestrator's to tell, never the lease holder's: a worker naming
+        # its own could offer a person wider decisions or allow-always scopes.
+        run = await self._orchestrator.leased_run(run_id, epoch)
+        offer = ApprovalOffer.of(
+            run.approval_policy, tool_name, risk_category, self._policy.approval_ttl_s
+        )
         return await self._lifecycle.store(
             run_id,
             epoch,
             "approval",
             tool_call_id,
+            run=run,
             tool_name=tool_name,
             input=input,
             risk_category=risk_category,

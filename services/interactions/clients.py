@@ -70,6 +70,7 @@ class GrpcOrchestrator:
             status=status,
             waiting_interaction_id=response.waiting_interaction_id,
             lease_held=lease_held,
+            approval_policy=response.approval_policy,
         )
 
     async def resume(

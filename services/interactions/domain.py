@@ -64,6 +64,9 @@ class RunFacts:
     # Whether the run is running under the lease epoch the lookup asked about (False when it
     # asked about none).
     lease_held: bool
+    # The approval policy of the agent version the run is pinned to (JSON text), told for a
+    # lease lookup only; "" for none, and then the tenant's policy decides.
+    approval_policy: str = ""
 
     def parked_on(self, kind: str, interaction_id: str) -> bool:
         """Whether the run waits on exactly this interaction, of this kind."""

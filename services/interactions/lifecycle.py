@@ -20,7 +20,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.interactions import repository as repo
-from services.interactions.domain import RESOLUTIONS, Orchestrator
+from services.interactions.domain import RESOLUTIONS, Orchestrator, RunFacts
 from tether.errors import Unavailable
 from tether.ids import new_id
 
@@ -38,15 +38,24 @@ class Lifecycle:
         self.undelivered = asyncio.Event()
 
     async def store(
-        self, run_id: str, epoch: int, kind: str, tool_call_id: str, **fields: Any
+        self,
+        run_id: str,
+        epoch: int,
+        kind: str,
+        tool_call_id: str,
+        *,
+        run: RunFacts | None = None,
+        **fields: Any,
     ) -> str:
-        """Store a pending interaction of a run whose lease `epoch` is live; returns its id."""
+        """Store a pending interaction of a run whose lease `epoch` is live (`run`, when the
+        caller has already looked it up by that lease); returns its id."""
         interaction_id = new_id("int")
         # Checked before the insert, not in its transaction: the lease may end in between, and
         # that is harmless, for an interaction is inert until the orchestrator's fenced park
         # (checked by the same lease) binds the run to it. One whose park never lands stays
         # unbound, can be neither resolved nor claimed, and is swept as orphaned.
-        run = await self._orchestrator.leased_run(run_id, epoch)
+        if run is None:
+            run = await self._orchestrator.leased_run(run_id, epoch)
         async with self._engine.begin() as conn:
             await repo.insert_interaction(
                 conn,

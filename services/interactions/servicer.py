@@ -229,7 +229,6 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
             summary=request.summary,
             estimated_cost_micros=request.estimated_cost_micros,
             idempotency_key=request.idempotency_key,
-            policy=request.approval_policy,
         )
         return interactions_pb2.RequestApprovalResponse(interaction_id=interaction_id)
 

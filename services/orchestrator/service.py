@@ -104,10 +104,13 @@ class Runs:
         async with self._autocommit.connect() as conn:
             return await runs_repo.visible_run_facts(conn, viewer, run_id, held_epoch)
 
-    async def leased(self, run_id: str, epoch: int) -> Run:
-        """The run while `epoch` is its live lease; StaleLease otherwise."""
+    async def leased(self, run_id: str, epoch: int) -> tuple[Run, str]:
+        """The run while `epoch` is its live lease, and the approval policy of the routing it
+        runs with ("" for none); StaleLease otherwise."""
         async with self._autocommit.connect() as conn:
-            return await runs_repo.leased_run(conn, run_id, epoch)
+            run = await runs_repo.leased_run(conn, run_id, epoch)
+            routing = await runs_repo.routing_of(conn, run_id)
+        return run, str(routing.get("approvals", ""))
 
     async def search(
         self,

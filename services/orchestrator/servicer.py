@@ -140,8 +140,9 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
                 request.run_id,
                 held_epoch,
             )
+            approval_policy = ""  # only the lease holder's interactions need it
         elif asker == "lease_epoch":
-            run = await self._runs.leased(request.run_id, request.lease_epoch)
+            run, approval_policy = await self._runs.leased(request.run_id, request.lease_epoch)
             lease_held = True  # the read itself is fenced by the lease
         else:
             raise InvalidArgument("name who asks: a viewer or a lease_epoch")
@@ -153,6 +154,7 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             lease_epoch=run.lease_epoch,
             waiting_interaction_id=run.waiting_interaction_id or "",
             lease_held=lease_held,
+            approval_policy=approval_policy,
         )
 
     async def LookupBinding(

@@ -213,8 +213,9 @@ class LeasedInteractions:
         policy: str,
         idempotency_key: str,
     ) -> str:
-        """Store a pending approval, offered as the run's agent's approval `policy` (JSON text;
-        "" for the tenant's) says; returns its id."""
+        """Store a pending approval; returns its id. `policy` (the agent's approvals, JSON text)
+        is read only by interactions replicas of the previous release, during a rollout: this
+        release takes it from the orchestrator."""
         request = interactions_pb2.RequestApprovalRequest(
             run_id=self._run_id,
             epoch=self._epoch,

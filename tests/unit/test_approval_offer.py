@@ -1,6 +1,6 @@
 """What one approval offers, read from its run's agent's approval policy (the JSON text the
-worker sends): the tool's entry, else its risk category's, else every decision; a policy of the
-wrong shape is the caller's mistake."""
+orchestrator tells for the run's pinned version): the tool's entry, else its risk category's,
+else every decision; a policy of the wrong shape is the caller's mistake."""
 
 from __future__ import annotations
 

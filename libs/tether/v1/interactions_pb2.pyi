@@ -19,6 +19,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _ConnectionGap:
@@ -683,10 +688,20 @@ class RequestApprovalRequest(_message.Message):
     """Estimated cost in micro-US-dollars."""
     idempotency_key: _builtins.str
     """Idempotency key derived from the run and the call's arguments."""
-    approval_policy: _builtins.str
-    """The run's agent's approval policy as JSON text (AgentConfig.approvals); empty: the
-    tenant's policy decides.
-    """
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def approval_policy(self) -> _builtins.str:
+        """Ignored: what an approval offers is read from the orchestrator (the run's pinned agent),
+        never taken from the lease holder. Kept for workers of the previous release.
+        """
+
+    @approval_policy.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def approval_policy(self, value: _builtins.str) -> None:
+        """Ignored: what an approval offers is read from the orchestrator (the run's pinned agent),
+        never taken from the lease holder. Kept for workers of the previous release.
+        """
+
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
         """Normalised input."""
