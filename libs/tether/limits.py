@@ -144,12 +144,12 @@ def token(size: int) -> Limit:
 
 RUN_ID = identifier(required=True)
 
+# An agent document, in bytes: tether.agent_spec refuses a larger one before parsing it.
+AGENT_DOCUMENT_BYTES = 256 * 1024
+
 # "<message full name>.<field>" -> its limit. Bool and enum fields need none (every value of a
 # bool is fine; an enum is checked against its declared numbers); a message field without an
 # entry is checked field by field.
-# The agent document's size limit (tether.agent_spec.MAX_DOCUMENT_BYTES).
-AGENT_DOCUMENT_BYTES = 256 * 1024
-
 LIMITS: Mapping[str, Limit] = {
     # Admission's inputs (a gateway request carries them; admission checks them again).
     "tether.v1.Caller.tenant_id": identifier(required=True),

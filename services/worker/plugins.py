@@ -1,8 +1,10 @@
 """The tools and context providers a worker loads, and what they are told.
 
-They run inside the worker's process, beside its credential, its Redis user and the model key,
-so they are handed only the settings meant for them (`TETHER_TOOL_...`), never the worker's
-environment whole: a tool that is given no secret cannot pass one on.
+They run inside the worker's process, beside its credential, its Redis user and the model key.
+They are handed only the settings meant for them (`TETHER_TOOL_...`), never the worker's
+environment whole, so a well-behaved tool never holds the worker's secrets by accident. This is
+not isolation: code in the process can still read `os.environ` or `/proc/self/environ`. A tool
+the operator does not trust runs in a process (or pod) of its own, as the README says.
 """
 
 from __future__ import annotations

@@ -16,8 +16,10 @@ from typing import Any
 import yaml
 
 from tether.agent_spec.violations import Violation, pointer, refusal, refuse
+from tether.limits import AGENT_DOCUMENT_BYTES
 
-MAX_DOCUMENT_BYTES = 256 * 1024
+# One size for the document, wherever it is checked (the gateway's request limits too).
+MAX_DOCUMENT_BYTES = AGENT_DOCUMENT_BYTES
 # The document's deepest legitimate path is five levels (/approvals/tools/x/decisions/0);
 # anything far deeper is an attack on the parsers' recursion, refused before it recurses.
 MAX_DEPTH = 16
