@@ -45,7 +45,8 @@ def document(index: int) -> dict[str, object]:
     return {
         "name": f"agent-{index}",
         "instructions": f"You are agent {index}.",
-        "tools": ["get_time"],
+        # No tools: the bench is the worker and announces none, and an apply naming a tool no
+        # worker announced is refused; routing's cost does not depend on them.
         "routes": [{"channel": channel}, {"source": "chat", "channel": channel}],
     }
 
