@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.interactions import channels_repository as channels_repo
 from services.interactions.sealing import Keyring, Sealed, associated_data
-from services.interactions.secret_store import MAX_SECRET_BYTES, _last_four
+from services.interactions.secret_store import MAX_SECRET_BYTES, last_four_of
 from tether.errors import AlreadyExists, InvalidArgument, NotFound
 from tether.ids import is_identifier, new_id
 from tether.targets import TargetPolicy, check_url
@@ -204,7 +204,7 @@ class ChannelStore:
                 reply_url=reply_url,
                 settings=dict(spec.settings),
                 sealed=sealed,
-                secret_hints={k: _last_four(v) for k, v in spec.secrets.items()},
+                secret_hints={k: last_four_of(v) for k, v in spec.secrets.items()},
                 created_by=principal_id,
             )
         if row is None:
@@ -250,7 +250,7 @@ class ChannelStore:
             )
             secrets[verifying] = new_secret
             hints = dict(row.secret_hints)
-            hints[verifying] = _last_four(new_secret)
+            hints[verifying] = last_four_of(new_secret)
             await channels_repo.store_rotation(
                 conn,
                 tenant_id=tenant_id,

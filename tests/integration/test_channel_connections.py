@@ -164,3 +164,12 @@ async def test_deleting_a_tenant_removes_its_connections(engine: AsyncEngine) ->
         assert not await repo.tenant_has_rows(conn, "t1")
     assert await store.list("t1") == []
     assert [c.channel_id for c in await store.list("t2")] == [kept.channel_id]
+
+
+async def test_a_grace_past_a_week_is_refused_and_changes_nothing(engine: AsyncEngine) -> None:
+    store = _store(engine)
+    added = await store.add("t1", "alice", _slack())
+    with pytest.raises(InvalidArgument, match="grace must be between 0 and 7 days"):
+        await store.rotate("t1", added.channel_id, b"new-secret-value", timedelta(days=8))
+    assert (await store.verification(added.channel_id)).secrets == (SIGNING,)
+    assert (await store.get("t1", added.channel_id)).previous_secret_expires_at is None

@@ -11,13 +11,11 @@ from datetime import timedelta
 import grpc
 
 from services.gateway.grpc.callers import Callers
-from tether.errors import InvalidArgument
 from tether.v1 import gateway_pb2, interactions_pb2, interactions_pb2_grpc
 
 # A provider keeps signing with the old secret until someone updates its configuration: a day
 # covers that without keeping a leaked secret useful for long.
 DEFAULT_GRACE = timedelta(hours=24)
-MAX_GRACE = timedelta(days=7)
 
 
 class ChannelRpcs:
@@ -109,8 +107,7 @@ class ChannelRpcs:
             if request.HasField("grace_seconds")
             else DEFAULT_GRACE
         )
-        if grace > MAX_GRACE:
-            raise InvalidArgument(f"grace_seconds must be at most {MAX_GRACE.days} days")
+        # Interactions refuses a grace past its bound: the rule lives once, in its store.
         rotated = await self._interactions.RotateChannelSecret(
             interactions_pb2.InteractionsServiceRotateChannelSecretRequest(
                 tenant_id=principal.tenant_id,
