@@ -46,6 +46,9 @@ AGENTS_WRITE = "agents:write"
 # on purpose, never by default. No read returns a value.
 SECRETS_READ = "secrets:read"
 SECRETS_WRITE = "secrets:write"
+# A tenant's channel connections (Slack, WhatsApp, signed webhooks): given on purpose.
+CHANNELS_READ = "channels:read"
+CHANNELS_WRITE = "channels:write"
 
 CLIENT_SCOPES = (RUNS_READ, RUNS_WRITE, INTERACTIONS_WRITE, APPROVALS_DECIDE)
 ALL_SCOPES = (
@@ -58,6 +61,8 @@ ALL_SCOPES = (
     AGENTS_WRITE,
     SECRETS_READ,
     SECRETS_WRITE,
+    CHANNELS_READ,
+    CHANNELS_WRITE,
 )
 OPERATOR_ID = "operator"
 

@@ -311,6 +311,52 @@ class TetherClient:
         )
         return response
 
+    async def add_channel(
+        self, request: gateway_pb2.AddChannelRequest
+    ) -> gateway_pb2.AddChannelResponse:
+        """Connect a channel (not retried: a repeat is ALREADY_EXISTS)."""
+        response: gateway_pb2.AddChannelResponse = await self.stub.AddChannel(
+            request, metadata=self._metadata
+        )
+        return response
+
+    async def list_channels(self) -> gateway_pb2.ListChannelsResponse:
+        """The tenant's channel connections, never their secrets."""
+        response: gateway_pb2.ListChannelsResponse = await self._idempotent(
+            lambda: self.stub.ListChannels(
+                gateway_pb2.ListChannelsRequest(), metadata=self._metadata
+            )
+        )
+        return response
+
+    async def get_channel(self, channel_id: str) -> gateway_pb2.GetChannelResponse:
+        """One channel connection, never its secrets."""
+        response: gateway_pb2.GetChannelResponse = await self._idempotent(
+            lambda: self.stub.GetChannel(
+                gateway_pb2.GetChannelRequest(channel_id=channel_id), metadata=self._metadata
+            )
+        )
+        return response
+
+    async def remove_channel(self, channel_id: str) -> gateway_pb2.RemoveChannelResponse:
+        """Remove a channel connection."""
+        response: gateway_pb2.RemoveChannelResponse = await self.stub.RemoveChannel(
+            gateway_pb2.RemoveChannelRequest(channel_id=channel_id), metadata=self._metadata
+        )
+        return response
+
+    async def rotate_channel_secret(
+        self, channel_id: str, secret: str, grace_seconds: int | None
+    ) -> gateway_pb2.RotateChannelSecretResponse:
+        """Replace a channel's verification secret (not retried: each call rotates)."""
+        request = gateway_pb2.RotateChannelSecretRequest(channel_id=channel_id, secret=secret)
+        if grace_seconds is not None:
+            request.grace_seconds = grace_seconds
+        response: gateway_pb2.RotateChannelSecretResponse = await self.stub.RotateChannelSecret(
+            request, metadata=self._metadata
+        )
+        return response
+
     async def pending_question(self, run_id: str) -> gateway_pb2.GetPendingQuestionResponse:
         """The run's open question (unset once answered)."""
         response: gateway_pb2.GetPendingQuestionResponse = await self._idempotent(

@@ -106,6 +106,14 @@ POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
                 "AddSecret",
                 "ListSecrets",
                 "RemoveSecret",
+                "AddChannel",
+                "ListChannels",
+                "GetChannel",
+                "RemoveChannel",
+                "RotateChannelSecret",
+                # The gateway verifies providers' webhooks; no other service may read a
+                # connection's verification secrets.
+                "LookupChannelVerification",
             }
         ),
         "worker": _WORKER_ON_INTERACTIONS,

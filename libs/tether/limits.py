@@ -27,6 +27,8 @@ TEXT_CHARS = 32_000
 DOCUMENT_TITLE_CHARS = 200
 DOCUMENT_CHARS = 64_000
 SECRET_CHARS = 65_536
+# A channel's URL or JSON pointer.
+CHANNEL_SETTING_CHARS = 2048
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
 
@@ -228,6 +230,33 @@ LIMITS: Mapping[str, Limit] = {
     "tether.v1.AddSecretRequest.name": identifier(required=True),
     "tether.v1.AddSecretRequest.value": Limit("text", SECRET_CHARS, required=True),
     "tether.v1.RemoveSecretRequest.name": identifier(required=True),
+    # Channel connections: a URL or JSON pointer is far shorter than 2048 characters.
+    "tether.v1.AddChannelRequest.kind": identifier(required=True),
+    "tether.v1.AddChannelRequest.name": identifier(required=True),
+    "tether.v1.AddChannelRequest.agent": identifier(),
+    "tether.v1.AddChannelRequest.api_base_url": text(CHANNEL_SETTING_CHARS),
+    "tether.v1.AddChannelRequest.reply_url": text(CHANNEL_SETTING_CHARS),
+    **{
+        f"tether.v1.ChannelSecrets.{name}": text(SECRET_CHARS)
+        for name in (
+            "signing_secret",
+            "bot_token",
+            "app_secret",
+            "verify_token",
+            "access_token",
+            "secret",
+        )
+    },
+    "tether.v1.ChannelSettings.phone_number_id": identifier(),
+    **{
+        f"tether.v1.ChannelSettings.{name}": text(CHANNEL_SETTING_CHARS)
+        for name in ("text_field", "thread_field", "sender_field", "event_id_field")
+    },
+    "tether.v1.GetChannelRequest.channel_id": identifier(required=True),
+    "tether.v1.RemoveChannelRequest.channel_id": identifier(required=True),
+    "tether.v1.RotateChannelSecretRequest.channel_id": identifier(required=True),
+    "tether.v1.RotateChannelSecretRequest.secret": text(SECRET_CHARS),
+    "tether.v1.RotateChannelSecretRequest.grace_seconds": Limit("integer", INT32_MAX),
     # An agent document is refused past 256 KiB before it is parsed (tether.agent_spec).
     "tether.v1.ApplyAgentRequest.spec": Limit("text", AGENT_DOCUMENT_BYTES, required=True),
     "tether.v1.ApplyAgentRequest.base_version": Limit("integer", INT32_MAX),

@@ -9,6 +9,7 @@ from services.gateway.auth import Authenticator
 from services.gateway.grpc.admissions import Admissions
 from services.gateway.grpc.agents import AgentRpcs
 from services.gateway.grpc.callers import Callers
+from services.gateway.grpc.channels import ChannelRpcs
 from services.gateway.grpc.documents import DocumentRpcs
 from services.gateway.grpc.interactions import InteractionRpcs
 from services.gateway.grpc.keys import KeyRpcs
@@ -90,6 +91,7 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
     )
     interactions_stub = interactions_pb2_grpc.InteractionsServiceStub(interactions)
     callers = Callers(auth)
+    channels = ChannelRpcs(callers, interactions_stub, settings.public_url)
     servicer = GatewayServicer(
         runs=RunRpcs(callers, admissions, admission_stub, orchestrator_stub),
         interactions=InteractionRpcs(callers, interactions_stub),
@@ -97,6 +99,7 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
         documents=DocumentRpcs(callers, orchestrator_stub),
         agents=AgentRpcs(callers, orchestrator_stub),
         secrets=SecretRpcs(callers, interactions_stub),
+        channels=channels,
         tenants=TenantRpcs(
             callers=callers,
             auth=auth,
@@ -138,6 +141,7 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
         Edge(settings.cors_origin_list()),
     )
     http, http_port = await start_http(app, settings.host, settings.http_port, settings.grace_s)
+    channels.listening_at(f"http://{settings.host}:{http_port}")
     announce(settings.ready_file, served, http=http_port)
     await await_schema(engine, poll_s=settings.schema_poll_s)
     supervisor.start(

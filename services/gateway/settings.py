@@ -48,6 +48,12 @@ class GatewaySettings(PlatformSettings):
         False, description="Serve gRPC server reflection on the public port (off by default)."
     )
     grace_s: float = Field(5.0, description="Drain period on SIGTERM.")
+    public_url: str = Field(
+        "",
+        description="The gateway's HTTP address as providers reach it (e.g. "
+        "https://tether.example.com), which channel webhook URLs start with; empty: the "
+        "address the HTTP bridge listens on.",
+    )
     http_port: int = Field(
         0, description="Port of the HTTP/SSE bridge for browsers; 0 picks a free one."
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from services.interactions.approvals import Approvals
+from services.interactions.channel_store import ChannelStore
+from services.interactions.channels_edge import ChannelRpcs
 from services.interactions.clients import GrpcOrchestrator, HttpTokenExchange
 from services.interactions.connections import Connections
 from services.interactions.domain import OAuthProvider, Policy
@@ -68,6 +70,7 @@ async def amain(
         ),
         upkeep,
         SecretStore(engine, keyring),
+        ChannelRpcs(ChannelStore(engine, keyring, settings.target_policy)),
     )
     served = await start_server(
         host=settings.host,

@@ -15,7 +15,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.interactions.sealing import Sealed
 from tether import formats
-from tether.db.schema import connections, grants, in_state, interactions, secrets, tenants
+from tether.db.schema import (
+    channel_connections,
+    connections,
+    grants,
+    in_state,
+    interactions,
+    secrets,
+    tenants,
+)
 
 # The sweeps leave an interaction a newer release stored to that release's replicas.
 _READABLE = interactions.c.format <= formats.CURRENT
@@ -419,13 +427,15 @@ async def mark_delivered(conn: AsyncConnection, interaction_id: str) -> None:
 
 async def delete_tenant_rows(conn: AsyncConnection, tenant_id: str, batch: int) -> int:
     """Remove up to `batch` each of a deleted tenant's grants, interactions (those its runs'
-    removal left), connections and secrets; how many rows in all."""
+    removal left), connections, secrets and
+    channel connections; how many rows in all."""
     removed = 0
     for table, key in (
         (grants, grants.c.grant_id),
         (interactions, interactions.c.interaction_id),
         (connections, connections.c.principal_id),
         (secrets, secrets.c.name),
+        (channel_connections, channel_connections.c.channel_id),
     ):
         picked = select(key).where(table.c.tenant_id == tenant_id).limit(batch)
         where = key.in_(picked.with_for_update(skip_locked=True))
@@ -441,5 +451,6 @@ async def tenant_has_rows(conn: AsyncConnection, tenant_id: str) -> bool:
         | exists().where(interactions.c.tenant_id == tenant_id)
         | exists().where(connections.c.tenant_id == tenant_id)
         | exists().where(secrets.c.tenant_id == tenant_id)
+        | exists().where(channel_connections.c.tenant_id == tenant_id)
     )
     return bool((await conn.execute(select(left))).scalar())

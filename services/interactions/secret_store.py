@@ -31,7 +31,7 @@ class SecretInfo:
     created_at: datetime
 
 
-def _last_four(value: bytes) -> str:
+def last_four_of(value: bytes) -> str:
     """The last four characters when the value is text, else nothing: a short value shows at
     most half of itself."""
     try:
@@ -64,7 +64,7 @@ class SecretStore:
                 tenant_id=tenant_id,
                 name=name,
                 sealed=sealed,
-                last_four=_last_four(value),
+                last_four=last_four_of(value),
                 created_by=principal_id,
             )
         if row is None:

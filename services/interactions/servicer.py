@@ -8,6 +8,7 @@ import grpc
 from google.protobuf import json_format
 
 from services.interactions.approvals import Approvals
+from services.interactions.channels_edge import ChannelRpcs
 from services.interactions.connections import Connections
 from services.interactions.domain import QuestionSpec
 from services.interactions.questions import Questions
@@ -96,12 +97,14 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         connections: Connections,
         upkeep: Upkeep,
         secrets: SecretStore,
+        channels: ChannelRpcs,
     ) -> None:
         self._questions = questions
         self._approvals = approvals
         self._connections = connections
         self._upkeep = upkeep
         self._secrets = secrets
+        self._channels = channels
 
     async def AddSecret(
         self,
@@ -136,6 +139,48 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
             raise InvalidArgument("tenant_id is required")
         await self._secrets.remove(request.tenant_id, request.name)
         return interactions_pb2.InteractionsServiceRemoveSecretResponse()
+
+    async def AddChannel(
+        self,
+        request: interactions_pb2.InteractionsServiceAddChannelRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.InteractionsServiceAddChannelResponse:
+        return await self._channels.AddChannel(request, context)
+
+    async def ListChannels(
+        self,
+        request: interactions_pb2.InteractionsServiceListChannelsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.InteractionsServiceListChannelsResponse:
+        return await self._channels.ListChannels(request, context)
+
+    async def GetChannel(
+        self,
+        request: interactions_pb2.InteractionsServiceGetChannelRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.InteractionsServiceGetChannelResponse:
+        return await self._channels.GetChannel(request, context)
+
+    async def RemoveChannel(
+        self,
+        request: interactions_pb2.InteractionsServiceRemoveChannelRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.InteractionsServiceRemoveChannelResponse:
+        return await self._channels.RemoveChannel(request, context)
+
+    async def RotateChannelSecret(
+        self,
+        request: interactions_pb2.InteractionsServiceRotateChannelSecretRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.InteractionsServiceRotateChannelSecretResponse:
+        return await self._channels.RotateChannelSecret(request, context)
+
+    async def LookupChannelVerification(
+        self,
+        request: interactions_pb2.LookupChannelVerificationRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.LookupChannelVerificationResponse:
+        return await self._channels.LookupChannelVerification(request, context)
 
     async def DeleteTenantInteractions(
         self,

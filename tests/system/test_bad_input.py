@@ -21,7 +21,7 @@ from tests.system.bad_input_support import (
     HostileStack,
     assert_json_error,
 )
-from tether.v1 import admission_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc
+from tether.v1 import admission_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc, interactions_pb2
 
 MARK = "\u2603" * 4  # 12 UTF-8 bytes that nothing else in a request contains
 
@@ -385,5 +385,57 @@ async def test_a_secret_refused_over_grpc_and_http_writes_nothing(
     absent = await http.delete("/v2/secrets/never-was", headers=bearer(hostile_stack.admin_key))
     assert_json_error(absent, 404, "NOT_FOUND")
     no_scope = await http.get("/v2/secrets", headers=bearer(hostile_stack.key_a))
+    assert_json_error(no_scope, 403, "PERMISSION_DENIED")
+    assert await hostile_stack.row_counts() == before
+
+
+async def test_a_channel_refused_over_grpc_and_http_writes_nothing(
+    hostile_stack: HostileStack, channel: grpc.aio.Channel, http: httpx2.AsyncClient
+) -> None:
+    before = await hostile_stack.row_counts()
+    stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    meta = hostile_stack.metadata(hostile_stack.admin_key)
+    slack = interactions_pb2.ChannelSecrets(signing_secret="s" * 20, bot_token="b" * 20)
+    for kind, name, agent, secrets in (
+        ("telegram", "ok-name", "", slack),
+        ("slack", "a/b", "", slack),
+        ("slack", "ok\x00name", "", slack),
+        ("slack", "ok-name", "no spaces", slack),
+        ("slack", "ok-name", "", interactions_pb2.ChannelSecrets(signing_secret="s")),
+        (
+            "slack",
+            "ok-name",
+            "",
+            interactions_pb2.ChannelSecrets(signing_secret="s\x00", bot_token="b"),
+        ),
+    ):
+        request = gateway_pb2.AddChannelRequest(kind=kind, name=name, agent=agent, secrets=secrets)
+        error = await refused(stub.AddChannel(request, metadata=meta))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (kind, name, error)
+    for bad in ("/v2/channels/never-was", "/v2/channels/a%00b"):
+        for answer in (
+            await http.get(bad, headers=bearer(hostile_stack.admin_key)),
+            await http.delete(bad, headers=bearer(hostile_stack.admin_key)),
+        ):
+            assert answer.status_code in (400, 404), answer.text
+            assert answer.json()["error"]["status"] in ("INVALID_ARGUMENT", "NOT_FOUND")
+    for body in (
+        {"kind": "slack", "name": 7},
+        {"kind": "webhook", "name": "w", "secrets": {"secret": "w" * 20},
+         "settings": {"textField": "no-slash", "threadField": "/t", "senderField": "/s",
+                      "eventIdField": "/e"}},
+        {"kind": "slack", "name": "s", "x": 1},
+    ):  # fmt: skip
+        response = await http.post(
+            "/v2/channels", json=body, headers=bearer(hostile_stack.admin_key)
+        )
+        assert_json_error(response, 400, "INVALID_ARGUMENT")
+    rotate = await http.post(
+        "/v2/channels/never-was/rotate-secret",
+        json={"secret": "x", "graceSeconds": -1},
+        headers=bearer(hostile_stack.admin_key),
+    )
+    assert_json_error(rotate, 400, "INVALID_ARGUMENT")
+    no_scope = await http.get("/v2/channels", headers=bearer(hostile_stack.key_a))
     assert_json_error(no_scope, 403, "PERMISSION_DENIED")
     assert await hostile_stack.row_counts() == before

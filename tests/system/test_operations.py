@@ -29,6 +29,7 @@ from tether.db.engine import create_engine
 from tether.db.schema import (
     api_keys,
     audit_log,
+    channel_connections,
     event_claims,
     grants,
     interactions,
@@ -40,7 +41,7 @@ from tether.db.schema import (
 from tether.db.schema import secrets as secrets_table
 from tether.testing.eventually import eventually
 from tether.testing.model_server import ErrorTurn, TextTurn
-from tether.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tether.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, interactions_pb2
 
 OPERATOR = "top_" + secrets.token_urlsafe(32)
 
@@ -352,6 +353,7 @@ async def tenant_rows(stack: ExecStack, tenant_id: str) -> dict[str, int]:
                     interactions,
                     grants,
                     secrets_table,
+                    channel_connections,
                     audit_log,
                 )
             }
@@ -362,12 +364,15 @@ async def tenant_rows(stack: ExecStack, tenant_id: str) -> dict[str, int]:
 async def test_the_operator_deletes_a_tenant_from_every_service_and_no_one_else(
     stack: ExecStack,
 ) -> None:
-    with_secrets = [*apikeys.CLIENT_SCOPES, apikeys.SECRETS_WRITE]
+    with_secrets = [*apikeys.CLIENT_SCOPES, apikeys.SECRETS_WRITE, apikeys.CHANNELS_WRITE]
     doomed = await stack.tenant(grant=["get_time"], scopes=with_secrets)
     kept = await stack.tenant(scopes=with_secrets)
     for owner in (doomed, kept):
         secret = gateway_pb2.AddSecretRequest(name="bot-token", value="xoxb-doomed-or-kept")
         await call(stack, "AddSecret", secret, owner.metadata)
+        slack = interactions_pb2.ChannelSecrets(signing_secret="s" * 20, bot_token="b" * 20)
+        channel = gateway_pb2.AddChannelRequest(kind="slack", name="support", secrets=slack)
+        await call(stack, "AddChannel", channel, owner.metadata)
     done = await send(doomed, prompt("doomed"))
     parked = await send(doomed, "please publish: this tenant is going away")
     await failed_then_fixed(stack, doomed)
@@ -380,7 +385,8 @@ async def test_the_operator_deletes_a_tenant_from_every_service_and_no_one_else(
     # Only the platform operator deletes a tenant.
     not_operator = await refused(call(stack, "DeleteTenant", request, kept.metadata))
     assert not_operator.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert (await tenant_rows(stack, doomed.tenant_id))["runs"] == 3
+    before = await tenant_rows(stack, doomed.tenant_id)
+    assert (before["runs"], before["channel_connections"]) == (3, 1), before
 
     async def deleted() -> gateway_pb2.DeleteTenantResponse | None:
         step = await call(stack, "DeleteTenant", request, meta(OPERATOR))

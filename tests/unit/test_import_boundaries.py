@@ -33,6 +33,7 @@ WIRE_EDGES = {
     "services/orchestrator/worker_edge.py": "the worker-facing calls, converted to domain types",
     "services/orchestrator/work.py": "the Work stream, the orchestrator's end",
     "services/interactions/servicer.py": "interactions' gRPC edge",
+    "services/interactions/channels_edge.py": "the channel-connection RPCs of interactions' edge",
     "services/interactions/clients.py": "interactions' calls to the orchestrator",
     "services/worker/orchestrator_client.py": "the worker's writes, built into their requests",
     "services/worker/interactions.py": "the worker's calls to interactions",

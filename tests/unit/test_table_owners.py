@@ -38,6 +38,7 @@ OWNER = {
     "grants": "interactions",
     "connections": "interactions",
     "secrets": "interactions",
+    "channel_connections": "interactions",
     # Callers and their tenants (through libs/tether/apikeys.py, which the gateway serves).
     "api_keys": "gateway",
     "tenants": "gateway",

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 
 from tether.cli import agents, docs, interactions, operations, tools, watch
+from tether.cli import channels as channels_cli
 from tether.cli import secrets as secrets_cli
 from tether.client import TetherClient, run_to_dict
 from tether.convert import disposition_name, status_to_proto
@@ -271,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     interactions.register(sub, lambda p: _common(p, top=False), wrap)
     docs.register(sub, lambda p: _common(p, top=False), wrap)
     secrets_cli.register(sub, lambda p: _common(p, top=False), wrap)
+    channels_cli.register(sub, lambda p: _common(p, top=False), wrap)
     watch.register(sub, lambda p: _common(p, top=False), wrap)
     operations.register(sub, lambda p: _common(p, top=False), wrap)
     agents.register(sub, lambda p: _common(p, top=False), wrap)

@@ -2142,3 +2142,297 @@ class RenderAgentResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RenderAgentResponse: _TypeAlias = RenderAgentResponse  # noqa: Y015
+
+@_typing.final
+class AddChannelRequest(_message.Message):
+    """AddChannelRequest is one channel connection: its kind takes its own secrets and settings."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    API_BASE_URL_FIELD_NUMBER: _builtins.int
+    REPLY_URL_FIELD_NUMBER: _builtins.int
+    SECRETS_FIELD_NUMBER: _builtins.int
+    SETTINGS_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """slack, whatsapp or webhook.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    name: _builtins.str
+    """Name, unique in the tenant.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    agent: _builtins.str
+    """The agent it routes to; empty: the tenant's routes (source messaging, channel = kind).
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    """
+    api_base_url: _builtins.str
+    """Slack and WhatsApp: the provider's API (default its real one); a private address is
+    refused unless the operator allows it.
+    Limit: 2048 characters, no NUL.
+    """
+    reply_url: _builtins.str
+    """Webhook: where replies go; a private address is refused unless the operator allows it.
+    Limit: 2048 characters, no NUL.
+    """
+    @_builtins.property
+    def secrets(self) -> _interactions_pb2.ChannelSecrets:
+        """The kind's secrets (every one it takes is required)."""
+
+    @_builtins.property
+    def settings(self) -> _interactions_pb2.ChannelSettings:
+        """The kind's settings (every one it takes is required)."""
+
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        name: _builtins.str = ...,
+        agent: _builtins.str = ...,
+        api_base_url: _builtins.str = ...,
+        reply_url: _builtins.str = ...,
+        secrets: _interactions_pb2.ChannelSecrets | None = ...,
+        settings: _interactions_pb2.ChannelSettings | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["secrets", b"secrets", "settings", b"settings"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "api_base_url", b"api_base_url", "kind", b"kind", "name", b"name", "reply_url", b"reply_url", "secrets", b"secrets", "settings", b"settings"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddChannelRequest: _TypeAlias = AddChannelRequest  # noqa: Y015
+
+@_typing.final
+class AddChannelResponse(_message.Message):
+    """AddChannelResponse is the connection stored, without its secrets."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    WEBHOOK_URL_FIELD_NUMBER: _builtins.int
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    channel_id: _builtins.str
+    """Channel id."""
+    webhook_url: _builtins.str
+    """The URL to give the provider: its webhooks come there."""
+    @_builtins.property
+    def channel(self) -> _interactions_pb2.ChannelInfo:
+        """The connection."""
+
+    def __init__(
+        self,
+        *,
+        channel_id: _builtins.str = ...,
+        webhook_url: _builtins.str = ...,
+        channel: _interactions_pb2.ChannelInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "channel_id", b"channel_id", "webhook_url", b"webhook_url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddChannelResponse: _TypeAlias = AddChannelResponse  # noqa: Y015
+
+@_typing.final
+class ListChannelsRequest(_message.Message):
+    """ListChannelsRequest lists the caller's tenant's channel connections."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListChannelsRequest: _TypeAlias = ListChannelsRequest  # noqa: Y015
+
+@_typing.final
+class ListChannelsResponse(_message.Message):
+    """ListChannelsResponse is the tenant's connections by name, without their secrets."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNELS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def channels(self) -> _containers.RepeatedCompositeFieldContainer[_interactions_pb2.ChannelInfo]:
+        """Channels."""
+
+    def __init__(
+        self,
+        *,
+        channels: _abc.Iterable[_interactions_pb2.ChannelInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channels", b"channels"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListChannelsResponse: _TypeAlias = ListChannelsResponse  # noqa: Y015
+
+@_typing.final
+class GetChannelRequest(_message.Message):
+    """GetChannelRequest names a connection."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    channel_id: _builtins.str
+    """Channel id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    def __init__(
+        self,
+        *,
+        channel_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetChannelRequest: _TypeAlias = GetChannelRequest  # noqa: Y015
+
+@_typing.final
+class GetChannelResponse(_message.Message):
+    """GetChannelResponse is the connection, without its secrets."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    WEBHOOK_URL_FIELD_NUMBER: _builtins.int
+    webhook_url: _builtins.str
+    """The URL its provider's webhooks come to."""
+    @_builtins.property
+    def channel(self) -> _interactions_pb2.ChannelInfo:
+        """The connection."""
+
+    def __init__(
+        self,
+        *,
+        channel: _interactions_pb2.ChannelInfo | None = ...,
+        webhook_url: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "webhook_url", b"webhook_url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetChannelResponse: _TypeAlias = GetChannelResponse  # noqa: Y015
+
+@_typing.final
+class RemoveChannelRequest(_message.Message):
+    """RemoveChannelRequest names the connection to remove."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    channel_id: _builtins.str
+    """Channel id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    def __init__(
+        self,
+        *,
+        channel_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveChannelRequest: _TypeAlias = RemoveChannelRequest  # noqa: Y015
+
+@_typing.final
+class RemoveChannelResponse(_message.Message):
+    """RemoveChannelResponse confirms the removal."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    channel_id: _builtins.str
+    """The connection removed."""
+    def __init__(
+        self,
+        *,
+        channel_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveChannelResponse: _TypeAlias = RemoveChannelResponse  # noqa: Y015
+
+@_typing.final
+class RotateChannelSecretRequest(_message.Message):
+    """RotateChannelSecretRequest replaces a connection's verification secret."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
+    GRACE_SECONDS_FIELD_NUMBER: _builtins.int
+    channel_id: _builtins.str
+    """Channel id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    secret: _builtins.str
+    """The new verification secret (required).
+    Limit: 65536 characters, no NUL.
+    """
+    grace_seconds: _builtins.int
+    """How long the replaced secret still verifies, in seconds (unset: 24 h; at most 7 days).
+    Limit: 0 to 2147483647.
+    """
+    def __init__(
+        self,
+        *,
+        channel_id: _builtins.str = ...,
+        secret: _builtins.str = ...,
+        grace_seconds: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_grace_seconds", b"_grace_seconds", "grace_seconds", b"grace_seconds"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_grace_seconds", b"_grace_seconds", "channel_id", b"channel_id", "grace_seconds", b"grace_seconds", "secret", b"secret"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__grace_seconds: _TypeAlias = _typing.Literal["grace_seconds"]  # noqa: Y015
+    _WhichOneofArgType__grace_seconds: _TypeAlias = _typing.Literal["_grace_seconds", b"_grace_seconds"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__grace_seconds) -> _WhichOneofReturnType__grace_seconds | None: ...
+
+Global___RotateChannelSecretRequest: _TypeAlias = RotateChannelSecretRequest  # noqa: Y015
+
+@_typing.final
+class RotateChannelSecretResponse(_message.Message):
+    """RotateChannelSecretResponse is the connection after the rotation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def channel(self) -> _interactions_pb2.ChannelInfo:
+        """The connection."""
+
+    def __init__(
+        self,
+        *,
+        channel: _interactions_pb2.ChannelInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RotateChannelSecretResponse: _TypeAlias = RotateChannelSecretResponse  # noqa: Y015

@@ -158,6 +158,31 @@ class GatewayServiceStub:
                 request_serializer=tether_dot_v1_dot_gateway__pb2.RemoveSecretRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveSecretResponse.FromString,
                 _registered_method=True)
+        self.AddChannel = channel.unary_unary(
+                '/tether.v1.GatewayService/AddChannel',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.AddChannelRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.AddChannelResponse.FromString,
+                _registered_method=True)
+        self.ListChannels = channel.unary_unary(
+                '/tether.v1.GatewayService/ListChannels',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.ListChannelsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.ListChannelsResponse.FromString,
+                _registered_method=True)
+        self.GetChannel = channel.unary_unary(
+                '/tether.v1.GatewayService/GetChannel',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.GetChannelRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.GetChannelResponse.FromString,
+                _registered_method=True)
+        self.RemoveChannel = channel.unary_unary(
+                '/tether.v1.GatewayService/RemoveChannel',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.RemoveChannelRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveChannelResponse.FromString,
+                _registered_method=True)
+        self.RotateChannelSecret = channel.unary_unary(
+                '/tether.v1.GatewayService/RotateChannelSecret',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.RotateChannelSecretRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.RotateChannelSecretResponse.FromString,
+                _registered_method=True)
         self.DeleteTenant = channel.unary_unary(
                 '/tether.v1.GatewayService/DeleteTenant',
                 request_serializer=tether_dot_v1_dot_gateway__pb2.DeleteTenantRequest.SerializeToString,
@@ -402,6 +427,46 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddChannel(self, request, context):
+        """AddChannel connects a Slack app, a WhatsApp number or any system signing its webhooks to
+        the caller's tenant (scope "channels:write"): its secrets are sealed in interactions and
+        never shown again; the answer names the webhook URL to give the provider.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListChannels(self, request, context):
+        """ListChannels lists the caller's tenant's channel connections (scope "channels:read").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetChannel(self, request, context):
+        """GetChannel shows one; another tenant's is NOT_FOUND, as an absent one (scope
+        "channels:read").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveChannel(self, request, context):
+        """RemoveChannel removes one; another tenant's is NOT_FOUND, as an absent one (scope
+        "channels:write").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RotateChannelSecret(self, request, context):
+        """RotateChannelSecret replaces a connection's verification secret; the replaced one still
+        verifies for the grace (default 24 h, at most 7 days) (scope "channels:write").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DeleteTenant(self, request, context):
         """DeleteTenant removes a tenant and all of its data from every service (the platform
         operator's credential only). Its keys are revoked at once; each call removes a batch and
@@ -604,6 +669,31 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.RemoveSecret,
                     request_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveSecretRequest.FromString,
                     response_serializer=tether_dot_v1_dot_gateway__pb2.RemoveSecretResponse.SerializeToString,
+            ),
+            'AddChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddChannel,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.AddChannelRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.AddChannelResponse.SerializeToString,
+            ),
+            'ListChannels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListChannels,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.ListChannelsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.ListChannelsResponse.SerializeToString,
+            ),
+            'GetChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetChannel,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.GetChannelRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.GetChannelResponse.SerializeToString,
+            ),
+            'RemoveChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveChannel,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveChannelRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.RemoveChannelResponse.SerializeToString,
+            ),
+            'RotateChannelSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateChannelSecret,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.RotateChannelSecretRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.RotateChannelSecretResponse.SerializeToString,
             ),
             'DeleteTenant': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteTenant,
@@ -1308,6 +1398,141 @@ class GatewayService:
             '/tether.v1.GatewayService/RemoveSecret',
             tether_dot_v1_dot_gateway__pb2.RemoveSecretRequest.SerializeToString,
             tether_dot_v1_dot_gateway__pb2.RemoveSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/AddChannel',
+            tether_dot_v1_dot_gateway__pb2.AddChannelRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.AddChannelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListChannels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/ListChannels',
+            tether_dot_v1_dot_gateway__pb2.ListChannelsRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.ListChannelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/GetChannel',
+            tether_dot_v1_dot_gateway__pb2.GetChannelRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.GetChannelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/RemoveChannel',
+            tether_dot_v1_dot_gateway__pb2.RemoveChannelRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.RemoveChannelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateChannelSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/RotateChannelSecret',
+            tether_dot_v1_dot_gateway__pb2.RotateChannelSecretRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.RotateChannelSecretResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -114,6 +114,25 @@ class GatewayServiceStub:
     """RemoveSecret removes one of the caller's tenant's secrets; another tenant's is NOT_FOUND,
     as an absent one (scope "secrets:write").
     """
+    AddChannel: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.AddChannelRequest, _gateway_pb2.AddChannelResponse]
+    """AddChannel connects a Slack app, a WhatsApp number or any system signing its webhooks to
+    the caller's tenant (scope "channels:write"): its secrets are sealed in interactions and
+    never shown again; the answer names the webhook URL to give the provider.
+    """
+    ListChannels: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListChannelsRequest, _gateway_pb2.ListChannelsResponse]
+    """ListChannels lists the caller's tenant's channel connections (scope "channels:read")."""
+    GetChannel: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GetChannelRequest, _gateway_pb2.GetChannelResponse]
+    """GetChannel shows one; another tenant's is NOT_FOUND, as an absent one (scope
+    "channels:read").
+    """
+    RemoveChannel: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RemoveChannelRequest, _gateway_pb2.RemoveChannelResponse]
+    """RemoveChannel removes one; another tenant's is NOT_FOUND, as an absent one (scope
+    "channels:write").
+    """
+    RotateChannelSecret: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RotateChannelSecretRequest, _gateway_pb2.RotateChannelSecretResponse]
+    """RotateChannelSecret replaces a connection's verification secret; the replaced one still
+    verifies for the grace (default 24 h, at most 7 days) (scope "channels:write").
+    """
     DeleteTenant: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.DeleteTenantRequest, _gateway_pb2.DeleteTenantResponse]
     """DeleteTenant removes a tenant and all of its data from every service (the platform
     operator's credential only). Its keys are revoked at once; each call removes a batch and
@@ -235,6 +254,25 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     RemoveSecret: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RemoveSecretRequest, _gateway_pb2.RemoveSecretResponse]  # type: ignore[assignment]
     """RemoveSecret removes one of the caller's tenant's secrets; another tenant's is NOT_FOUND,
     as an absent one (scope "secrets:write").
+    """
+    AddChannel: _aio.UnaryUnaryMultiCallable[_gateway_pb2.AddChannelRequest, _gateway_pb2.AddChannelResponse]  # type: ignore[assignment]
+    """AddChannel connects a Slack app, a WhatsApp number or any system signing its webhooks to
+    the caller's tenant (scope "channels:write"): its secrets are sealed in interactions and
+    never shown again; the answer names the webhook URL to give the provider.
+    """
+    ListChannels: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListChannelsRequest, _gateway_pb2.ListChannelsResponse]  # type: ignore[assignment]
+    """ListChannels lists the caller's tenant's channel connections (scope "channels:read")."""
+    GetChannel: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GetChannelRequest, _gateway_pb2.GetChannelResponse]  # type: ignore[assignment]
+    """GetChannel shows one; another tenant's is NOT_FOUND, as an absent one (scope
+    "channels:read").
+    """
+    RemoveChannel: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RemoveChannelRequest, _gateway_pb2.RemoveChannelResponse]  # type: ignore[assignment]
+    """RemoveChannel removes one; another tenant's is NOT_FOUND, as an absent one (scope
+    "channels:write").
+    """
+    RotateChannelSecret: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RotateChannelSecretRequest, _gateway_pb2.RotateChannelSecretResponse]  # type: ignore[assignment]
+    """RotateChannelSecret replaces a connection's verification secret; the replaced one still
+    verifies for the grace (default 24 h, at most 7 days) (scope "channels:write").
     """
     DeleteTenant: _aio.UnaryUnaryMultiCallable[_gateway_pb2.DeleteTenantRequest, _gateway_pb2.DeleteTenantResponse]  # type: ignore[assignment]
     """DeleteTenant removes a tenant and all of its data from every service (the platform
@@ -498,6 +536,55 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_gateway_pb2.RemoveSecretResponse, _abc.Awaitable[_gateway_pb2.RemoveSecretResponse]]:
         """RemoveSecret removes one of the caller's tenant's secrets; another tenant's is NOT_FOUND,
         as an absent one (scope "secrets:write").
+        """
+
+    @_abc_1.abstractmethod
+    def AddChannel(
+        self,
+        request: _gateway_pb2.AddChannelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.AddChannelResponse, _abc.Awaitable[_gateway_pb2.AddChannelResponse]]:
+        """AddChannel connects a Slack app, a WhatsApp number or any system signing its webhooks to
+        the caller's tenant (scope "channels:write"): its secrets are sealed in interactions and
+        never shown again; the answer names the webhook URL to give the provider.
+        """
+
+    @_abc_1.abstractmethod
+    def ListChannels(
+        self,
+        request: _gateway_pb2.ListChannelsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ListChannelsResponse, _abc.Awaitable[_gateway_pb2.ListChannelsResponse]]:
+        """ListChannels lists the caller's tenant's channel connections (scope "channels:read")."""
+
+    @_abc_1.abstractmethod
+    def GetChannel(
+        self,
+        request: _gateway_pb2.GetChannelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.GetChannelResponse, _abc.Awaitable[_gateway_pb2.GetChannelResponse]]:
+        """GetChannel shows one; another tenant's is NOT_FOUND, as an absent one (scope
+        "channels:read").
+        """
+
+    @_abc_1.abstractmethod
+    def RemoveChannel(
+        self,
+        request: _gateway_pb2.RemoveChannelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.RemoveChannelResponse, _abc.Awaitable[_gateway_pb2.RemoveChannelResponse]]:
+        """RemoveChannel removes one; another tenant's is NOT_FOUND, as an absent one (scope
+        "channels:write").
+        """
+
+    @_abc_1.abstractmethod
+    def RotateChannelSecret(
+        self,
+        request: _gateway_pb2.RotateChannelSecretRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.RotateChannelSecretResponse, _abc.Awaitable[_gateway_pb2.RotateChannelSecretResponse]]:
+        """RotateChannelSecret replaces a connection's verification secret; the replaced one still
+        verifies for the grace (default 24 h, at most 7 days) (scope "channels:write").
         """
 
     @_abc_1.abstractmethod

@@ -1434,3 +1434,530 @@ class InteractionsServiceRemoveSecretResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___InteractionsServiceRemoveSecretResponse: _TypeAlias = InteractionsServiceRemoveSecretResponse  # noqa: Y015
+
+@_typing.final
+class ChannelInfo(_message.Message):
+    """ChannelInfo is what a read shows of a channel connection: never a secret's value."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class SettingsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    API_BASE_URL_FIELD_NUMBER: _builtins.int
+    REPLY_URL_FIELD_NUMBER: _builtins.int
+    SETTINGS_FIELD_NUMBER: _builtins.int
+    SECRETS_FIELD_NUMBER: _builtins.int
+    PREVIOUS_SECRET_EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    CREATED_BY_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    channel_id: _builtins.str
+    """Channel id (ch_...)."""
+    kind: _builtins.str
+    """slack, whatsapp or webhook."""
+    name: _builtins.str
+    """Name, unique in the tenant."""
+    agent: _builtins.str
+    """The agent it routes to; empty: the tenant's routes (source messaging, channel = kind)."""
+    api_base_url: _builtins.str
+    """Where Slack or WhatsApp replies go."""
+    reply_url: _builtins.str
+    """Where a generic webhook channel's replies go (empty: nowhere yet)."""
+    created_by: _builtins.str
+    """Who added it."""
+    @_builtins.property
+    def settings(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The kind's non-secret settings (phone_number_id, the webhook's JSON pointers)."""
+
+    @_builtins.property
+    def secrets(self) -> _containers.RepeatedCompositeFieldContainer[Global___SecretInfo]:
+        """Each secret's name and last four characters."""
+
+    @_builtins.property
+    def previous_secret_expires_at(self) -> _timestamp_pb2.Timestamp:
+        """Until when the verification secret a rotation replaced still verifies (unset: none)."""
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was added."""
+
+    def __init__(
+        self,
+        *,
+        channel_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        name: _builtins.str = ...,
+        agent: _builtins.str = ...,
+        api_base_url: _builtins.str = ...,
+        reply_url: _builtins.str = ...,
+        settings: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        secrets: _abc.Iterable[Global___SecretInfo] | None = ...,
+        previous_secret_expires_at: _timestamp_pb2.Timestamp | None = ...,
+        created_by: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "previous_secret_expires_at", b"previous_secret_expires_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "api_base_url", b"api_base_url", "channel_id", b"channel_id", "created_at", b"created_at", "created_by", b"created_by", "kind", b"kind", "name", b"name", "previous_secret_expires_at", b"previous_secret_expires_at", "reply_url", b"reply_url", "secrets", b"secrets", "settings", b"settings"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChannelInfo: _TypeAlias = ChannelInfo  # noqa: Y015
+
+@_typing.final
+class ChannelSecrets(_message.Message):
+    """ChannelSecrets are a connection's secrets; each kind takes its own and refuses the others."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SIGNING_SECRET_FIELD_NUMBER: _builtins.int
+    BOT_TOKEN_FIELD_NUMBER: _builtins.int
+    APP_SECRET_FIELD_NUMBER: _builtins.int
+    VERIFY_TOKEN_FIELD_NUMBER: _builtins.int
+    ACCESS_TOKEN_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
+    signing_secret: _builtins.str
+    """Slack: the signing secret (verifies Slack's requests).
+    Limit: 65536 characters, no NUL.
+    """
+    bot_token: _builtins.str
+    """Slack: the bot token (posts replies).
+    Limit: 65536 characters, no NUL.
+    """
+    app_secret: _builtins.str
+    """WhatsApp: the app secret (verifies Meta's requests).
+    Limit: 65536 characters, no NUL.
+    """
+    verify_token: _builtins.str
+    """WhatsApp: the verify token of the subscription handshake.
+    Limit: 65536 characters, no NUL.
+    """
+    access_token: _builtins.str
+    """WhatsApp: the access token (sends replies).
+    Limit: 65536 characters, no NUL.
+    """
+    secret: _builtins.str
+    """Webhook: the Standard Webhooks secret.
+    Limit: 65536 characters, no NUL.
+    """
+    def __init__(
+        self,
+        *,
+        signing_secret: _builtins.str = ...,
+        bot_token: _builtins.str = ...,
+        app_secret: _builtins.str = ...,
+        verify_token: _builtins.str = ...,
+        access_token: _builtins.str = ...,
+        secret: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access_token", b"access_token", "app_secret", b"app_secret", "bot_token", b"bot_token", "secret", b"secret", "signing_secret", b"signing_secret", "verify_token", b"verify_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChannelSecrets: _TypeAlias = ChannelSecrets  # noqa: Y015
+
+@_typing.final
+class ChannelSettings(_message.Message):
+    """ChannelSettings are a connection's non-secret settings, each for its kind."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PHONE_NUMBER_ID_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_FIELD_NUMBER: _builtins.int
+    THREAD_FIELD_FIELD_NUMBER: _builtins.int
+    SENDER_FIELD_FIELD_NUMBER: _builtins.int
+    EVENT_ID_FIELD_FIELD_NUMBER: _builtins.int
+    phone_number_id: _builtins.str
+    """WhatsApp: the business phone number's id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    """
+    text_field: _builtins.str
+    """Webhook: JSON pointer to the message text.
+    Limit: 2048 characters, no NUL.
+    """
+    thread_field: _builtins.str
+    """Webhook: JSON pointer to the thread id.
+    Limit: 2048 characters, no NUL.
+    """
+    sender_field: _builtins.str
+    """Webhook: JSON pointer to the sender id.
+    Limit: 2048 characters, no NUL.
+    """
+    event_id_field: _builtins.str
+    """Webhook: JSON pointer to the event id (the idempotency key).
+    Limit: 2048 characters, no NUL.
+    """
+    def __init__(
+        self,
+        *,
+        phone_number_id: _builtins.str = ...,
+        text_field: _builtins.str = ...,
+        thread_field: _builtins.str = ...,
+        sender_field: _builtins.str = ...,
+        event_id_field: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_id_field", b"event_id_field", "phone_number_id", b"phone_number_id", "sender_field", b"sender_field", "text_field", b"text_field", "thread_field", b"thread_field"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChannelSettings: _TypeAlias = ChannelSettings  # noqa: Y015
+
+@_typing.final
+class InteractionsServiceAddChannelRequest(_message.Message):
+    """InteractionsServiceAddChannelRequest stores a channel connection for a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    API_BASE_URL_FIELD_NUMBER: _builtins.int
+    REPLY_URL_FIELD_NUMBER: _builtins.int
+    SECRETS_FIELD_NUMBER: _builtins.int
+    SETTINGS_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant id."""
+    principal_id: _builtins.str
+    """Who adds it."""
+    kind: _builtins.str
+    """slack, whatsapp or webhook."""
+    name: _builtins.str
+    """Name."""
+    agent: _builtins.str
+    """The agent it routes to (optional)."""
+    api_base_url: _builtins.str
+    """Slack and WhatsApp: the provider's API (default its real one)."""
+    reply_url: _builtins.str
+    """Webhook: where replies go (optional)."""
+    @_builtins.property
+    def secrets(self) -> Global___ChannelSecrets:
+        """The kind's secrets."""
+
+    @_builtins.property
+    def settings(self) -> Global___ChannelSettings:
+        """The kind's settings."""
+
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        name: _builtins.str = ...,
+        agent: _builtins.str = ...,
+        api_base_url: _builtins.str = ...,
+        reply_url: _builtins.str = ...,
+        secrets: Global___ChannelSecrets | None = ...,
+        settings: Global___ChannelSettings | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["secrets", b"secrets", "settings", b"settings"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "api_base_url", b"api_base_url", "kind", b"kind", "name", b"name", "principal_id", b"principal_id", "reply_url", b"reply_url", "secrets", b"secrets", "settings", b"settings", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractionsServiceAddChannelRequest: _TypeAlias = InteractionsServiceAddChannelRequest  # noqa: Y015
+
+@_typing.final
+class InteractionsServiceAddChannelResponse(_message.Message):
+    """InteractionsServiceAddChannelResponse shows what was stored, without its secrets."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def channel(self) -> Global___ChannelInfo:
+        """The connection."""
+
+    def __init__(
+        self,
+        *,
+        channel: Global___ChannelInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractionsServiceAddChannelResponse: _TypeAlias = InteractionsServiceAddChannelResponse  # noqa: Y015
+
+@_typing.final
+class InteractionsServiceListChannelsRequest(_message.Message):
+    """InteractionsServiceListChannelsRequest names a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant id."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractionsServiceListChannelsRequest: _TypeAlias = InteractionsServiceListChannelsRequest  # noqa: Y015
+
+@_typing.final
+class InteractionsServiceListChannelsResponse(_message.Message):
+    """InteractionsServiceListChannelsResponse lists the tenant's connections by name."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNELS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def channels(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChannelInfo]:
+        """Channels."""
+
+    def __init__(
+        self,
+        *,
+        channels: _abc.Iterable[Global___ChannelInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channels", b"channels"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractionsServiceListChannelsResponse: _TypeAlias = InteractionsServiceListChannelsResponse  # noqa: Y015
+
+@_typing.final
+class InteractionsServiceGetChannelRequest(_message.Message):
+    """InteractionsServiceGetChannelRequest names a connection."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant id."""
+    channel_id: _builtins.str
+    """Channel id."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        channel_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractionsServiceGetChannelRequest: _TypeAlias = InteractionsServiceGetChannelRequest  # noqa: Y015
+
+@_typing.final
+class InteractionsServiceGetChannelResponse(_message.Message):
+    """InteractionsServiceGetChannelResponse is the connection, without its secrets."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def channel(self) -> Global___ChannelInfo:
+        """The connection."""
+
+    def __init__(
+        self,
+        *,
+        channel: Global___ChannelInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractionsServiceGetChannelResponse: _TypeAlias = InteractionsServiceGetChannelResponse  # noqa: Y015
+
+@_typing.final
+class InteractionsServiceRemoveChannelRequest(_message.Message):
+    """InteractionsServiceRemoveChannelRequest names the connection to remove."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant id."""
+    channel_id: _builtins.str
+    """Channel id."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        channel_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractionsServiceRemoveChannelRequest: _TypeAlias = InteractionsServiceRemoveChannelRequest  # noqa: Y015
+
+@_typing.final
+class InteractionsServiceRemoveChannelResponse(_message.Message):
+    """InteractionsServiceRemoveChannelResponse is empty: the connection is gone."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractionsServiceRemoveChannelResponse: _TypeAlias = InteractionsServiceRemoveChannelResponse  # noqa: Y015
+
+@_typing.final
+class InteractionsServiceRotateChannelSecretRequest(_message.Message):
+    """InteractionsServiceRotateChannelSecretRequest replaces a connection's verification secret."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
+    GRACE_MS_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant id."""
+    channel_id: _builtins.str
+    """Channel id."""
+    secret: _builtins.str
+    """The new verification secret."""
+    grace_ms: _builtins.int
+    """How long the replaced secret still verifies, in milliseconds."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        channel_id: _builtins.str = ...,
+        secret: _builtins.str = ...,
+        grace_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id", "grace_ms", b"grace_ms", "secret", b"secret", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractionsServiceRotateChannelSecretRequest: _TypeAlias = InteractionsServiceRotateChannelSecretRequest  # noqa: Y015
+
+@_typing.final
+class InteractionsServiceRotateChannelSecretResponse(_message.Message):
+    """InteractionsServiceRotateChannelSecretResponse is the connection after the rotation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def channel(self) -> Global___ChannelInfo:
+        """The connection."""
+
+    def __init__(
+        self,
+        *,
+        channel: Global___ChannelInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InteractionsServiceRotateChannelSecretResponse: _TypeAlias = InteractionsServiceRotateChannelSecretResponse  # noqa: Y015
+
+@_typing.final
+class LookupChannelVerificationRequest(_message.Message):
+    """LookupChannelVerificationRequest names a connection by id alone (a webhook's URL carries it)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    channel_id: _builtins.str
+    """Channel id."""
+    def __init__(
+        self,
+        *,
+        channel_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LookupChannelVerificationRequest: _TypeAlias = LookupChannelVerificationRequest  # noqa: Y015
+
+@_typing.final
+class LookupChannelVerificationResponse(_message.Message):
+    """LookupChannelVerificationResponse is what verifies the connection's webhooks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    SECRETS_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """The connection's tenant."""
+    kind: _builtins.str
+    """slack, whatsapp or webhook."""
+    @_builtins.property
+    def secrets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The valid verification secrets: the current one first, then the previous one while its
+        grace lasts.
+        """
+
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        secrets: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "secrets", b"secrets", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LookupChannelVerificationResponse: _TypeAlias = LookupChannelVerificationResponse  # noqa: Y015

@@ -121,6 +121,36 @@ class InteractionsServiceStub:
                 request_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveSecretRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveSecretResponse.FromString,
                 _registered_method=True)
+        self.AddChannel = channel.unary_unary(
+                '/tether.v1.InteractionsService/AddChannel',
+                request_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceAddChannelRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceAddChannelResponse.FromString,
+                _registered_method=True)
+        self.ListChannels = channel.unary_unary(
+                '/tether.v1.InteractionsService/ListChannels',
+                request_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceListChannelsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceListChannelsResponse.FromString,
+                _registered_method=True)
+        self.GetChannel = channel.unary_unary(
+                '/tether.v1.InteractionsService/GetChannel',
+                request_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceGetChannelRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceGetChannelResponse.FromString,
+                _registered_method=True)
+        self.RemoveChannel = channel.unary_unary(
+                '/tether.v1.InteractionsService/RemoveChannel',
+                request_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveChannelRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveChannelResponse.FromString,
+                _registered_method=True)
+        self.RotateChannelSecret = channel.unary_unary(
+                '/tether.v1.InteractionsService/RotateChannelSecret',
+                request_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceRotateChannelSecretRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceRotateChannelSecretResponse.FromString,
+                _registered_method=True)
+        self.LookupChannelVerification = channel.unary_unary(
+                '/tether.v1.InteractionsService/LookupChannelVerification',
+                request_serializer=tether_dot_v1_dot_interactions__pb2.LookupChannelVerificationRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.LookupChannelVerificationResponse.FromString,
+                _registered_method=True)
 
 
 class InteractionsServiceServicer:
@@ -248,6 +278,51 @@ class InteractionsServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddChannel(self, request, context):
+        """AddChannel stores a tenant's channel connection, its secrets sealed (ALREADY_EXISTS when
+        the name is taken; INVALID_ARGUMENT naming a refused field or target URL).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListChannels(self, request, context):
+        """ListChannels lists the tenant's connections: never a secret, its last four characters at most.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetChannel(self, request, context):
+        """GetChannel shows one; another tenant's is NOT_FOUND exactly like an absent one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveChannel(self, request, context):
+        """RemoveChannel removes one; another tenant's is NOT_FOUND exactly like an absent one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RotateChannelSecret(self, request, context):
+        """RotateChannelSecret replaces the verification secret; the one replaced still verifies for
+        the grace asked for.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LookupChannelVerification(self, request, context):
+        """LookupChannelVerification gives the gateway, and only the gateway, what verifies a
+        provider's webhook: the connection's tenant, kind and valid verification secrets.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InteractionsServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -335,6 +410,36 @@ def add_InteractionsServiceServicer_to_server(servicer, server):
                     servicer.RemoveSecret,
                     request_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveSecretRequest.FromString,
                     response_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveSecretResponse.SerializeToString,
+            ),
+            'AddChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddChannel,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceAddChannelRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceAddChannelResponse.SerializeToString,
+            ),
+            'ListChannels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListChannels,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceListChannelsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceListChannelsResponse.SerializeToString,
+            ),
+            'GetChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetChannel,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceGetChannelRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceGetChannelResponse.SerializeToString,
+            ),
+            'RemoveChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveChannel,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveChannelRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveChannelResponse.SerializeToString,
+            ),
+            'RotateChannelSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateChannelSecret,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceRotateChannelSecretRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.InteractionsServiceRotateChannelSecretResponse.SerializeToString,
+            ),
+            'LookupChannelVerification': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupChannelVerification,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.LookupChannelVerificationRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.LookupChannelVerificationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -798,6 +903,168 @@ class InteractionsService:
             '/tether.v1.InteractionsService/RemoveSecret',
             tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveSecretRequest.SerializeToString,
             tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.InteractionsService/AddChannel',
+            tether_dot_v1_dot_interactions__pb2.InteractionsServiceAddChannelRequest.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.InteractionsServiceAddChannelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListChannels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.InteractionsService/ListChannels',
+            tether_dot_v1_dot_interactions__pb2.InteractionsServiceListChannelsRequest.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.InteractionsServiceListChannelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.InteractionsService/GetChannel',
+            tether_dot_v1_dot_interactions__pb2.InteractionsServiceGetChannelRequest.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.InteractionsServiceGetChannelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.InteractionsService/RemoveChannel',
+            tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveChannelRequest.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.InteractionsServiceRemoveChannelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateChannelSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.InteractionsService/RotateChannelSecret',
+            tether_dot_v1_dot_interactions__pb2.InteractionsServiceRotateChannelSecretRequest.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.InteractionsServiceRotateChannelSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupChannelVerification(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.InteractionsService/LookupChannelVerification',
+            tether_dot_v1_dot_interactions__pb2.LookupChannelVerificationRequest.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.LookupChannelVerificationResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -71,6 +71,24 @@ class InteractionsServiceStub:
     """ListSecrets names the tenant's secrets: never a value, its last four characters at most."""
     RemoveSecret: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceRemoveSecretRequest, _interactions_pb2.InteractionsServiceRemoveSecretResponse]
     """RemoveSecret removes one; another tenant's is NOT_FOUND exactly like an absent one."""
+    AddChannel: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceAddChannelRequest, _interactions_pb2.InteractionsServiceAddChannelResponse]
+    """AddChannel stores a tenant's channel connection, its secrets sealed (ALREADY_EXISTS when
+    the name is taken; INVALID_ARGUMENT naming a refused field or target URL).
+    """
+    ListChannels: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceListChannelsRequest, _interactions_pb2.InteractionsServiceListChannelsResponse]
+    """ListChannels lists the tenant's connections: never a secret, its last four characters at most."""
+    GetChannel: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceGetChannelRequest, _interactions_pb2.InteractionsServiceGetChannelResponse]
+    """GetChannel shows one; another tenant's is NOT_FOUND exactly like an absent one."""
+    RemoveChannel: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceRemoveChannelRequest, _interactions_pb2.InteractionsServiceRemoveChannelResponse]
+    """RemoveChannel removes one; another tenant's is NOT_FOUND exactly like an absent one."""
+    RotateChannelSecret: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceRotateChannelSecretRequest, _interactions_pb2.InteractionsServiceRotateChannelSecretResponse]
+    """RotateChannelSecret replaces the verification secret; the one replaced still verifies for
+    the grace asked for.
+    """
+    LookupChannelVerification: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.LookupChannelVerificationRequest, _interactions_pb2.LookupChannelVerificationResponse]
+    """LookupChannelVerification gives the gateway, and only the gateway, what verifies a
+    provider's webhook: the connection's tenant, kind and valid verification secrets.
+    """
 
 @_typing.type_check_only
 class InteractionsServiceAsyncStub(InteractionsServiceStub):
@@ -115,6 +133,24 @@ class InteractionsServiceAsyncStub(InteractionsServiceStub):
     """ListSecrets names the tenant's secrets: never a value, its last four characters at most."""
     RemoveSecret: _aio.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceRemoveSecretRequest, _interactions_pb2.InteractionsServiceRemoveSecretResponse]  # type: ignore[assignment]
     """RemoveSecret removes one; another tenant's is NOT_FOUND exactly like an absent one."""
+    AddChannel: _aio.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceAddChannelRequest, _interactions_pb2.InteractionsServiceAddChannelResponse]  # type: ignore[assignment]
+    """AddChannel stores a tenant's channel connection, its secrets sealed (ALREADY_EXISTS when
+    the name is taken; INVALID_ARGUMENT naming a refused field or target URL).
+    """
+    ListChannels: _aio.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceListChannelsRequest, _interactions_pb2.InteractionsServiceListChannelsResponse]  # type: ignore[assignment]
+    """ListChannels lists the tenant's connections: never a secret, its last four characters at most."""
+    GetChannel: _aio.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceGetChannelRequest, _interactions_pb2.InteractionsServiceGetChannelResponse]  # type: ignore[assignment]
+    """GetChannel shows one; another tenant's is NOT_FOUND exactly like an absent one."""
+    RemoveChannel: _aio.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceRemoveChannelRequest, _interactions_pb2.InteractionsServiceRemoveChannelResponse]  # type: ignore[assignment]
+    """RemoveChannel removes one; another tenant's is NOT_FOUND exactly like an absent one."""
+    RotateChannelSecret: _aio.UnaryUnaryMultiCallable[_interactions_pb2.InteractionsServiceRotateChannelSecretRequest, _interactions_pb2.InteractionsServiceRotateChannelSecretResponse]  # type: ignore[assignment]
+    """RotateChannelSecret replaces the verification secret; the one replaced still verifies for
+    the grace asked for.
+    """
+    LookupChannelVerification: _aio.UnaryUnaryMultiCallable[_interactions_pb2.LookupChannelVerificationRequest, _interactions_pb2.LookupChannelVerificationResponse]  # type: ignore[assignment]
+    """LookupChannelVerification gives the gateway, and only the gateway, what verifies a
+    provider's webhook: the connection's tenant, kind and valid verification secrets.
+    """
 
 class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
     """InteractionsService owns questions, approvals (with grants) and connections: the three ways a
@@ -258,5 +294,59 @@ class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_interactions_pb2.InteractionsServiceRemoveSecretResponse, _abc.Awaitable[_interactions_pb2.InteractionsServiceRemoveSecretResponse]]:
         """RemoveSecret removes one; another tenant's is NOT_FOUND exactly like an absent one."""
+
+    @_abc_1.abstractmethod
+    def AddChannel(
+        self,
+        request: _interactions_pb2.InteractionsServiceAddChannelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_interactions_pb2.InteractionsServiceAddChannelResponse, _abc.Awaitable[_interactions_pb2.InteractionsServiceAddChannelResponse]]:
+        """AddChannel stores a tenant's channel connection, its secrets sealed (ALREADY_EXISTS when
+        the name is taken; INVALID_ARGUMENT naming a refused field or target URL).
+        """
+
+    @_abc_1.abstractmethod
+    def ListChannels(
+        self,
+        request: _interactions_pb2.InteractionsServiceListChannelsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_interactions_pb2.InteractionsServiceListChannelsResponse, _abc.Awaitable[_interactions_pb2.InteractionsServiceListChannelsResponse]]:
+        """ListChannels lists the tenant's connections: never a secret, its last four characters at most."""
+
+    @_abc_1.abstractmethod
+    def GetChannel(
+        self,
+        request: _interactions_pb2.InteractionsServiceGetChannelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_interactions_pb2.InteractionsServiceGetChannelResponse, _abc.Awaitable[_interactions_pb2.InteractionsServiceGetChannelResponse]]:
+        """GetChannel shows one; another tenant's is NOT_FOUND exactly like an absent one."""
+
+    @_abc_1.abstractmethod
+    def RemoveChannel(
+        self,
+        request: _interactions_pb2.InteractionsServiceRemoveChannelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_interactions_pb2.InteractionsServiceRemoveChannelResponse, _abc.Awaitable[_interactions_pb2.InteractionsServiceRemoveChannelResponse]]:
+        """RemoveChannel removes one; another tenant's is NOT_FOUND exactly like an absent one."""
+
+    @_abc_1.abstractmethod
+    def RotateChannelSecret(
+        self,
+        request: _interactions_pb2.InteractionsServiceRotateChannelSecretRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_interactions_pb2.InteractionsServiceRotateChannelSecretResponse, _abc.Awaitable[_interactions_pb2.InteractionsServiceRotateChannelSecretResponse]]:
+        """RotateChannelSecret replaces the verification secret; the one replaced still verifies for
+        the grace asked for.
+        """
+
+    @_abc_1.abstractmethod
+    def LookupChannelVerification(
+        self,
+        request: _interactions_pb2.LookupChannelVerificationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_interactions_pb2.LookupChannelVerificationResponse, _abc.Awaitable[_interactions_pb2.LookupChannelVerificationResponse]]:
+        """LookupChannelVerification gives the gateway, and only the gateway, what verifies a
+        provider's webhook: the connection's tenant, kind and valid verification secrets.
+        """
 
 def add_InteractionsServiceServicer_to_server(servicer: InteractionsServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,8 +1,8 @@
 """The public edge: every RPC of tether.v1.GatewayService, each handed to the handler that serves
-its part (runs, interactions, keys, documents, secrets, tenants, streams). A handler authenticates
-the call, then forwards it to the service that owns it: tenant and principal always come from the
-API key, and errors from internal services are rebuilt as TetherError so the caller sees the
-status and message the owner chose.
+its part (runs, interactions, keys, documents, secrets, channels, tenants, streams). A handler
+authenticates the call, then forwards it to the service that owns it: tenant and principal always
+come from the API key, and errors from internal services are rebuilt as TetherError so the caller
+sees the status and message the owner chose.
 
 Both HTTP bridges call these same methods, so a call means the same over gRPC and HTTP.
 """
@@ -15,6 +15,7 @@ from contextlib import aclosing
 import grpc
 
 from services.gateway.grpc.agents import AgentRpcs
+from services.gateway.grpc.channels import ChannelRpcs
 from services.gateway.grpc.documents import DocumentRpcs
 from services.gateway.grpc.interactions import InteractionRpcs
 from services.gateway.grpc.keys import KeyRpcs
@@ -39,6 +40,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         streams: StreamRpcs,
         agents: AgentRpcs,
         secrets: SecretRpcs,
+        channels: ChannelRpcs,
     ) -> None:
         self._runs = runs
         self._interactions = interactions
@@ -48,6 +50,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self._streams = streams
         self._agents = agents
         self._secrets = secrets
+        self._channels = channels
 
     async def SendMessage(
         self, request: gateway_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
@@ -153,6 +156,31 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self, request: gateway_pb2.RemoveSecretRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.RemoveSecretResponse:
         return await self._secrets.RemoveSecret(request, context)
+
+    async def AddChannel(
+        self, request: gateway_pb2.AddChannelRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.AddChannelResponse:
+        return await self._channels.AddChannel(request, context)
+
+    async def ListChannels(
+        self, request: gateway_pb2.ListChannelsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListChannelsResponse:
+        return await self._channels.ListChannels(request, context)
+
+    async def GetChannel(
+        self, request: gateway_pb2.GetChannelRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GetChannelResponse:
+        return await self._channels.GetChannel(request, context)
+
+    async def RemoveChannel(
+        self, request: gateway_pb2.RemoveChannelRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.RemoveChannelResponse:
+        return await self._channels.RemoveChannel(request, context)
+
+    async def RotateChannelSecret(
+        self, request: gateway_pb2.RotateChannelSecretRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.RotateChannelSecretResponse:
+        return await self._channels.RotateChannelSecret(request, context)
 
     async def ApplyAgent(
         self, request: gateway_pb2.ApplyAgentRequest, context: grpc.aio.ServicerContext

@@ -64,6 +64,12 @@ _UNARY: tuple[tuple[str, str, str, type[Message], bool], ...] = (
     ("POST", "/v2/secrets", "AddSecret", _G.AddSecretRequest, True),
     ("GET", "/v2/secrets", "ListSecrets", _G.ListSecretsRequest, False),
     ("DELETE", "/v2/secrets/{name}", "RemoveSecret", _G.RemoveSecretRequest, False),
+    ("POST", "/v2/channels", "AddChannel", _G.AddChannelRequest, True),
+    ("GET", "/v2/channels", "ListChannels", _G.ListChannelsRequest, False),
+    ("GET", "/v2/channels/{channel_id}", "GetChannel", _G.GetChannelRequest, False),
+    ("DELETE", "/v2/channels/{channel_id}", "RemoveChannel", _G.RemoveChannelRequest, False),
+    ("POST", "/v2/channels/{channel_id}/rotate-secret", "RotateChannelSecret",
+     _G.RotateChannelSecretRequest, True),
     ("POST", "/v2/agents", "ApplyAgent", _G.ApplyAgentRequest, True),
     ("GET", "/v2/agents", "ListAgents", _G.ListAgentsRequest, False),
     ("GET", "/v2/agents/{name}/versions", "ListAgentVersions", _G.ListAgentVersionsRequest,
@@ -75,7 +81,7 @@ _UNARY: tuple[tuple[str, str, str, type[Message], bool], ...] = (
     ("POST", "/v2/agents/{name}/render", "RenderAgent", _G.RenderAgentRequest, True),
 )  # fmt: skip
 # RPCs whose success creates something: 201.
-_CREATES = frozenset({"AddDocument", "AddSecret"})
+_CREATES = frozenset({"AddDocument", "AddSecret", "AddChannel"})
 
 
 def to_json(message: Message) -> dict[str, Any]:

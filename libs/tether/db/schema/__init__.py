@@ -7,7 +7,8 @@ service (README, "Who owns which table"):
 - `orchestrator_tables`: the run aggregate (runs, run_events, run_parts, attempts, effects,
   usage_turns, tool_outputs, routings, context_summaries), documents and agents (agents,
   agent_versions, agent_sets) and the tool catalog (tool_catalog);
-- `interactions_tables`: interactions, grants, connections, secrets;
+- `interactions_tables`: interactions, grants, connections, secrets,
+  channel_connections;
 - `audit_tables`: audit_log, appended to by every service.
 
 Import tables from here (`from tether.db.schema import runs`): `metadata` holds them all. A search
@@ -20,7 +21,13 @@ from tether.db.schema.admission_tables import event_claims, messages, sessions
 from tether.db.schema.audit_tables import audit_log
 from tether.db.schema.base import in_state, metadata
 from tether.db.schema.gateway_tables import api_keys, browser_credentials, tenants
-from tether.db.schema.interactions_tables import connections, grants, interactions, secrets
+from tether.db.schema.interactions_tables import (
+    channel_connections,
+    connections,
+    grants,
+    interactions,
+    secrets,
+)
 from tether.db.schema.orchestrator_tables import (
     agent_sets,
     agent_versions,
@@ -46,6 +53,7 @@ __all__ = [
     "attempts",
     "audit_log",
     "browser_credentials",
+    "channel_connections",
     "connections",
     "context_summaries",
     "documents",

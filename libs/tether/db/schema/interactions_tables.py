@@ -160,3 +160,37 @@ secrets = Table(
     _now(),
     PrimaryKeyConstraint("tenant_id", "name"),
 )
+
+channel_connections = Table(
+    "channel_connections",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("channel_id", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    # None: the tenant's routes with source `messaging` and channel = kind choose the agent.
+    Column("agent", Text),
+    # Where replies go: a provider's API (slack, whatsapp) or the receiver's URL (webhook).
+    Column("api_base_url", Text),
+    Column("reply_url", Text),
+    # The kind's non-secret settings (phone_number_id, the webhook's JSON pointers).
+    Column("settings", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # Every secret of the connection, one JSON object sealed and bound to (tenant, channel).
+    Column("ciphertext", LargeBinary, nullable=False),
+    Column("nonce", LargeBinary, nullable=False),
+    Column("key_id", Text, nullable=False),
+    # Each secret's name and last four characters: what a read may show.
+    Column("secret_hints", JSONB, nullable=False),
+    # The verification secret a rotation replaced, still accepted until previous_expires_at.
+    Column("previous_ciphertext", LargeBinary),
+    Column("previous_nonce", LargeBinary),
+    Column("previous_key_id", Text),
+    Column("previous_expires_at", DateTime(timezone=True)),
+    Column("created_by", Text, nullable=False),
+    _now(),
+    PrimaryKeyConstraint("tenant_id", "channel_id"),
+    CheckConstraint("kind IN ('slack', 'whatsapp', 'webhook')", name="channel_connections_kind"),
+    # A webhook names its connection by id alone: the gateway finds the tenant from it.
+    Index("channel_connections_channel_id", "channel_id", unique=True),
+    Index("channel_connections_name", "tenant_id", "name", unique=True),
+)

@@ -12,7 +12,7 @@ import type { AgentSummary, AgentSummaryJson, AgentVersion, AgentVersionJson, At
 import { file_tether_v1_common } from "./common_pb.js";
 import type { RunEvent, RunEventJson } from "./events_pb.js";
 import { file_tether_v1_events } from "./events_pb.js";
-import type { PendingApproval, PendingApprovalJson, PendingConnection, PendingConnectionJson, PendingQuestion, PendingQuestionJson, QuestionAnswer, QuestionAnswerJson, SecretInfo, SecretInfoJson } from "./interactions_pb.js";
+import type { ChannelInfo, ChannelInfoJson, ChannelSecrets, ChannelSecretsJson, ChannelSettings, ChannelSettingsJson, PendingApproval, PendingApprovalJson, PendingConnection, PendingConnectionJson, PendingQuestion, PendingQuestionJson, QuestionAnswer, QuestionAnswerJson, SecretInfo, SecretInfoJson } from "./interactions_pb.js";
 import { file_tether_v1_interactions } from "./interactions_pb.js";
 import type { JsonObject, Message } from "@bufbuild/protobuf";
 
@@ -20,7 +20,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/gateway.proto.
  */
 export const file_tether_v1_gateway: GenFile = /*@__PURE__*/
-  fileDesc("Chd0ZXRoZXIvdjEvZ2F0ZXdheS5wcm90bxIJdGV0aGVyLnYxInEKElNlbmRNZXNzYWdlUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSDAoEdGV4dBgDIAEoCRIPCgdjaGFubmVsGAQgASgJEhEKCXRlbmFudF9pZBgFIAEoCSJfChNTZW5kTWVzc2FnZVJlc3BvbnNlEisKC2Rpc3Bvc2l0aW9uGAEgASgOMhYudGV0aGVyLnYxLkRpc3Bvc2l0aW9uEhsKA3J1bhgCIAEoCzIOLnRldGhlci52MS5SdW4itQEKElN1Ym1pdEV2ZW50UmVxdWVzdBI1CgltZXNzYWdpbmcYASABKAsyIC50ZXRoZXIudjEuTWVzc2FnaW5nV2ViaG9va0lucHV0SAASMQoLdGFza19zdGF0dXMYAiABKAsyGi50ZXRoZXIudjEuVGFza1N0YXR1c0lucHV0SAASLAoIZGVjaXNpb24YAyABKAsyGC50ZXRoZXIudjEuRGVjaXNpb25JbnB1dEgAQgcKBWlucHV0Il8KE1N1Ym1pdEV2ZW50UmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1biI7Cg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIaChJpbmNsdWRlX3N1cGVyc2VkZWQYAiABKAgiTQoOR2V0UnVuUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIeCgVwYXJ0cxgCIAMoCzIPLnRldGhlci52MS5QYXJ0IqwBCg9MaXN0UnVuc1JlcXVlc3QSJgoIc3RhdHVzZXMYASADKA4yFC50ZXRoZXIudjEuUnVuU3RhdHVzEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCRIxCg1jcmVhdGVkX2FmdGVyGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJJChBMaXN0UnVuc1Jlc3BvbnNlEhwKBHJ1bnMYASADKAsyDi50ZXRoZXIudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiQQoRQ2FuY2VsUnVuUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIImUKEFN0cmVhbVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAxIWCg5pbmNsdWRlX2RlbHRhcxgDIAEoCBIWCg5iYXRjaF9jYXRjaF91cBgEIAEoCCKYAQoRU3RyZWFtUnVuUmVzcG9uc2USKgoIc25hcHNob3QYASABKAsyFi50ZXRoZXIudjEuUnVuU25hcHNob3RIABIkCgVldmVudBgCIAEoCzITLnRldGhlci52MS5SdW5FdmVudEgAEikKBWJhdGNoGAMgASgLMhgudGV0aGVyLnYxLlJ1bkV2ZW50QmF0Y2hIAEIGCgRpdGVtIjQKDVJ1bkV2ZW50QmF0Y2gSIwoGZXZlbnRzGAEgAygLMhMudGV0aGVyLnYxLlJ1bkV2ZW50IkoKC1J1blNuYXBzaG90EhsKA3J1bhgBIAEoCzIOLnRldGhlci52MS5SdW4SHgoFcGFydHMYAiADKAsyDy50ZXRoZXIudjEuUGFydCJnChFTdHJlYW1SdW5zUmVxdWVzdBImCghzdGF0dXNlcxgBIAMoDjIULnRldGhlci52MS5SdW5TdGF0dXMSFwoPY29udmVyc2F0aW9uX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBSJoChJTdHJlYW1SdW5zUmVzcG9uc2USKwoEcGFnZRgBIAEoCzIbLnRldGhlci52MS5MaXN0UnVuc1Jlc3BvbnNlSAASHQoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1bkgAQgYKBGl0ZW0iXAoZU3RyZWFtQ29udmVyc2F0aW9uUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSDgoGY3Vyc29yGAIgASgJEhYKDmluY2x1ZGVfZGVsdGFzGAMgASgIIlAKGlN0cmVhbUNvbnZlcnNhdGlvblJlc3BvbnNlEiIKBWV2ZW50GAEgASgLMhMudGV0aGVyLnYxLlJ1bkV2ZW50Eg4KBmN1cnNvchgCIAEoCSIrChlHZXRQZW5kaW5nUXVlc3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJKChpHZXRQZW5kaW5nUXVlc3Rpb25SZXNwb25zZRIsCghxdWVzdGlvbhgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nUXVlc3Rpb24isgEKFUFuc3dlclF1ZXN0aW9uUmVxdWVzdBIOCgZydW5faWQYASABKAkSPgoHYW5zd2VycxgCIAMoCzItLnRldGhlci52MS5BbnN3ZXJRdWVzdGlvblJlcXVlc3QuQW5zd2Vyc0VudHJ5GkkKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKAoFdmFsdWUYAiABKAsyGS50ZXRoZXIudjEuUXVlc3Rpb25BbnN3ZXI6AjgBIkEKFkFuc3dlclF1ZXN0aW9uUmVzcG9uc2USFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHcmVzdW1lZBgCIAEoCCIrChlHZXRQZW5kaW5nQXBwcm92YWxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJKChpHZXRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRIsCghhcHByb3ZhbBgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nQXBwcm92YWwiTwoVRGVjaWRlQXBwcm92YWxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIQCghkZWNpc2lvbhgCIAEoCRIUCgxhbHdheXNfc2NvcGUYAyABKAkiUwoWRGVjaWRlQXBwcm92YWxSZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIPCgdyZXN1bWVkGAIgASgIEhAKCGdyYW50X2lkGAMgASgJIi0KG0dldFBlbmRpbmdDb25uZWN0aW9uUmVxdWVzdBIOCgZydW5faWQYASABKAkiUAocR2V0UGVuZGluZ0Nvbm5lY3Rpb25SZXNwb25zZRIwCgpjb25uZWN0aW9uGAEgASgLMhwudGV0aGVyLnYxLlBlbmRpbmdDb25uZWN0aW9uIkgKGUNvbXBsZXRlQ29ubmVjdGlvblJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg0KBXN0YXRlGAIgASgJEgwKBGNvZGUYAyABKAkiLQoaQ29tcGxldGVDb25uZWN0aW9uUmVzcG9uc2USDwoHcmVzdW1lZBgBIAEoCCKnAQoTQ3JlYXRlQXBpS2V5UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSFAoMcHJpbmNpcGFsX2lkGAIgASgJEg4KBnNjb3BlcxgDIAMoCRInCgZsYWJlbHMYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei4KCmV4cGlyZXNfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqABChRDcmVhdGVBcGlLZXlSZXNwb25zZRIPCgdhcGlfa2V5GAEgASgJEg4KBmtleV9pZBgCIAEoCRIRCgl0ZW5hbnRfaWQYAyABKAkSFAoMcHJpbmNpcGFsX2lkGAQgASgJEg4KBnNjb3BlcxgFIAMoCRIuCgpleHBpcmVzX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIlChNSZXZva2VBcGlLZXlSZXF1ZXN0Eg4KBmtleV9pZBgBIAEoCSI3ChRSZXZva2VBcGlLZXlSZXNwb25zZRIOCgZrZXlfaWQYASABKAkSDwoHcmV2b2tlZBgCIAEoCCI0ChJBZGREb2N1bWVudFJlcXVlc3QSDQoFdGl0bGUYASABKAkSDwoHY29udGVudBgCIAEoCSI8ChNBZGREb2N1bWVudFJlc3BvbnNlEiUKCGRvY3VtZW50GAEgASgLMhMudGV0aGVyLnYxLkRvY3VtZW50Ij0KFExpc3REb2N1bWVudHNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJIlgKFUxpc3REb2N1bWVudHNSZXNwb25zZRImCglkb2N1bWVudHMYASADKAsyEy50ZXRoZXIudjEuRG9jdW1lbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIiwKFVJlbW92ZURvY3VtZW50UmVxdWVzdBITCgtkb2N1bWVudF9pZBgBIAEoCSItChZSZW1vdmVEb2N1bWVudFJlc3BvbnNlEhMKC2RvY3VtZW50X2lkGAEgASgJIi8KEEFkZFNlY3JldFJlcXVlc3QSDAoEbmFtZRgBIAEoCRINCgV2YWx1ZRgCIAEoCSI6ChFBZGRTZWNyZXRSZXNwb25zZRIlCgZzZWNyZXQYASABKAsyFS50ZXRoZXIudjEuU2VjcmV0SW5mbyIUChJMaXN0U2VjcmV0c1JlcXVlc3QiPQoTTGlzdFNlY3JldHNSZXNwb25zZRImCgdzZWNyZXRzGAEgAygLMhUudGV0aGVyLnYxLlNlY3JldEluZm8iIwoTUmVtb3ZlU2VjcmV0UmVxdWVzdBIMCgRuYW1lGAEgASgJIiQKFFJlbW92ZVNlY3JldFJlc3BvbnNlEgwKBG5hbWUYASABKAkiJwoVR2V0UnVuQXR0ZW1wdHNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSKhAQoWR2V0UnVuQXR0ZW1wdHNSZXNwb25zZRIbCgNydW4YASABKAsyDi50ZXRoZXIudjEuUnVuEiQKCGF0dGVtcHRzGAIgAygLMhIudGV0aGVyLnYxLkF0dGVtcHQSIwoFdHVybnMYAyADKAsyFC50ZXRoZXIudjEuTW9kZWxUdXJuEh8KB2xpbmVhZ2UYBCADKAsyDi50ZXRoZXIudjEuUnVuIiEKD1JldHJ5UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiXAoQUmV0cnlSdW5SZXNwb25zZRIrCgtkaXNwb3NpdGlvbhgBIAEoDjIWLnRldGhlci52MS5EaXNwb3NpdGlvbhIbCgNydW4YAiABKAsyDi50ZXRoZXIudjEuUnVuIigKE0RlbGV0ZVRlbmFudFJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJIqcBChREZWxldGVUZW5hbnRSZXNwb25zZRI9CgdyZW1vdmVkGAEgAygLMiwudGV0aGVyLnYxLkRlbGV0ZVRlbmFudFJlc3BvbnNlLlJlbW92ZWRFbnRyeRIPCgdkZWxldGVkGAIgASgIEg8KB3BlbmRpbmcYAyABKAkaLgoMUmVtb3ZlZEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAzoCOAEiQQoPR2V0QWdlbnRSZXF1ZXN0EgwKBG5hbWUYASABKAkSFAoHdmVyc2lvbhgCIAEoBUgAiAEBQgoKCF92ZXJzaW9uImYKEEdldEFnZW50UmVzcG9uc2USJgoFYWdlbnQYASABKAsyFy50ZXRoZXIudjEuQWdlbnRWZXJzaW9uEhkKEXB1Ymxpc2hlZF92ZXJzaW9uGAIgASgFEg8KB2RlZmF1bHQYAyABKAgiEwoRTGlzdEFnZW50c1JlcXVlc3QiPQoSTGlzdEFnZW50c1Jlc3BvbnNlEicKBmFnZW50cxgBIAMoCzIXLnRldGhlci52MS5BZ2VudFN1bW1hcnkiKAoYTGlzdEFnZW50VmVyc2lvbnNSZXF1ZXN0EgwKBG5hbWUYASABKAkiRgoZTGlzdEFnZW50VmVyc2lvbnNSZXNwb25zZRIpCgh2ZXJzaW9ucxgBIAMoCzIXLnRldGhlci52MS5BZ2VudFZlcnNpb24iTQoRQXBwbHlBZ2VudFJlcXVlc3QSDAoEc3BlYxgBIAEoCRIZCgxiYXNlX3ZlcnNpb24YAiABKAVIAIgBAUIPCg1fYmFzZV92ZXJzaW9uIkQKEkFwcGx5QWdlbnRSZXNwb25zZRIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSDwoHY3JlYXRlZBgDIAEoCCJkChRSb2xsYmFja0FnZW50UmVxdWVzdBIMCgRuYW1lGAEgASgJEhIKCnRvX3ZlcnNpb24YAiABKAUSGQoMYmFzZV92ZXJzaW9uGAMgASgFSACIAQFCDwoNX2Jhc2VfdmVyc2lvbiI2ChVSb2xsYmFja0FnZW50UmVzcG9uc2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgFIiYKFlNldERlZmF1bHRBZ2VudFJlcXVlc3QSDAoEbmFtZRgBIAEoCSInChdTZXREZWZhdWx0QWdlbnRSZXNwb25zZRIMCgRuYW1lGAEgASgJIiIKElJlbW92ZUFnZW50UmVxdWVzdBIMCgRuYW1lGAEgASgJIjQKE1JlbW92ZUFnZW50UmVzcG9uc2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgFIhIKEExpc3RUb29sc1JlcXVlc3QiOgoRTGlzdFRvb2xzUmVzcG9uc2USJQoFdG9vbHMYASADKAsyFi50ZXRoZXIudjEuQ2F0YWxvZ1Rvb2widgoSUmVuZGVyQWdlbnRSZXF1ZXN0EgwKBG5hbWUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIOCgZzb3VyY2UYAyABKAkSDwoHY2hhbm5lbBgEIAEoCRIUCgd2ZXJzaW9uGAUgASgFSACIAQFCCgoIX3ZlcnNpb24iuAEKE1JlbmRlckFnZW50UmVzcG9uc2USDQoFYWdlbnQYASABKAkSDwoHdmVyc2lvbhgCIAEoBRIUCgxyZXF1ZXN0X2pzb24YAyABKAkSHgoWZXN0aW1hdGVkX2lucHV0X3Rva2VucxgEIAEoAxIdChVlc3RpbWF0ZWRfY29zdF9taWNyb3MYBSABKAMSFAoMcm91dGVkX2FnZW50GAYgASgJEhYKDnJvdXRlZF92ZXJzaW9uGAcgASgFMvAVCg5HYXRld2F5U2VydmljZRJMCgtTZW5kTWVzc2FnZRIdLnRldGhlci52MS5TZW5kTWVzc2FnZVJlcXVlc3QaHi50ZXRoZXIudjEuU2VuZE1lc3NhZ2VSZXNwb25zZRJMCgtTdWJtaXRFdmVudBIdLnRldGhlci52MS5TdWJtaXRFdmVudFJlcXVlc3QaHi50ZXRoZXIudjEuU3VibWl0RXZlbnRSZXNwb25zZRI9CgZHZXRSdW4SGC50ZXRoZXIudjEuR2V0UnVuUmVxdWVzdBoZLnRldGhlci52MS5HZXRSdW5SZXNwb25zZRJDCghMaXN0UnVucxIaLnRldGhlci52MS5MaXN0UnVuc1JlcXVlc3QaGy50ZXRoZXIudjEuTGlzdFJ1bnNSZXNwb25zZRJVCg5HZXRSdW5BdHRlbXB0cxIgLnRldGhlci52MS5HZXRSdW5BdHRlbXB0c1JlcXVlc3QaIS50ZXRoZXIudjEuR2V0UnVuQXR0ZW1wdHNSZXNwb25zZRJDCghSZXRyeVJ1bhIaLnRldGhlci52MS5SZXRyeVJ1blJlcXVlc3QaGy50ZXRoZXIudjEuUmV0cnlSdW5SZXNwb25zZRJGCglDYW5jZWxSdW4SGy50ZXRoZXIudjEuQ2FuY2VsUnVuUmVxdWVzdBocLnRldGhlci52MS5DYW5jZWxSdW5SZXNwb25zZRJICglTdHJlYW1SdW4SGy50ZXRoZXIudjEuU3RyZWFtUnVuUmVxdWVzdBocLnRldGhlci52MS5TdHJlYW1SdW5SZXNwb25zZTABEmMKElN0cmVhbUNvbnZlcnNhdGlvbhIkLnRldGhlci52MS5TdHJlYW1Db252ZXJzYXRpb25SZXF1ZXN0GiUudGV0aGVyLnYxLlN0cmVhbUNvbnZlcnNhdGlvblJlc3BvbnNlMAESSwoKU3RyZWFtUnVucxIcLnRldGhlci52MS5TdHJlYW1SdW5zUmVxdWVzdBodLnRldGhlci52MS5TdHJlYW1SdW5zUmVzcG9uc2UwARJhChJHZXRQZW5kaW5nUXVlc3Rpb24SJC50ZXRoZXIudjEuR2V0UGVuZGluZ1F1ZXN0aW9uUmVxdWVzdBolLnRldGhlci52MS5HZXRQZW5kaW5nUXVlc3Rpb25SZXNwb25zZRJVCg5BbnN3ZXJRdWVzdGlvbhIgLnRldGhlci52MS5BbnN3ZXJRdWVzdGlvblJlcXVlc3QaIS50ZXRoZXIudjEuQW5zd2VyUXVlc3Rpb25SZXNwb25zZRJhChJHZXRQZW5kaW5nQXBwcm92YWwSJC50ZXRoZXIudjEuR2V0UGVuZGluZ0FwcHJvdmFsUmVxdWVzdBolLnRldGhlci52MS5HZXRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRJVCg5EZWNpZGVBcHByb3ZhbBIgLnRldGhlci52MS5EZWNpZGVBcHByb3ZhbFJlcXVlc3QaIS50ZXRoZXIudjEuRGVjaWRlQXBwcm92YWxSZXNwb25zZRJnChRHZXRQZW5kaW5nQ29ubmVjdGlvbhImLnRldGhlci52MS5HZXRQZW5kaW5nQ29ubmVjdGlvblJlcXVlc3QaJy50ZXRoZXIudjEuR2V0UGVuZGluZ0Nvbm5lY3Rpb25SZXNwb25zZRJhChJDb21wbGV0ZUNvbm5lY3Rpb24SJC50ZXRoZXIudjEuQ29tcGxldGVDb25uZWN0aW9uUmVxdWVzdBolLnRldGhlci52MS5Db21wbGV0ZUNvbm5lY3Rpb25SZXNwb25zZRJPCgxDcmVhdGVBcGlLZXkSHi50ZXRoZXIudjEuQ3JlYXRlQXBpS2V5UmVxdWVzdBofLnRldGhlci52MS5DcmVhdGVBcGlLZXlSZXNwb25zZRJPCgxSZXZva2VBcGlLZXkSHi50ZXRoZXIudjEuUmV2b2tlQXBpS2V5UmVxdWVzdBofLnRldGhlci52MS5SZXZva2VBcGlLZXlSZXNwb25zZRJMCgtBZGREb2N1bWVudBIdLnRldGhlci52MS5BZGREb2N1bWVudFJlcXVlc3QaHi50ZXRoZXIudjEuQWRkRG9jdW1lbnRSZXNwb25zZRJSCg1MaXN0RG9jdW1lbnRzEh8udGV0aGVyLnYxLkxpc3REb2N1bWVudHNSZXF1ZXN0GiAudGV0aGVyLnYxLkxpc3REb2N1bWVudHNSZXNwb25zZRJVCg5SZW1vdmVEb2N1bWVudBIgLnRldGhlci52MS5SZW1vdmVEb2N1bWVudFJlcXVlc3QaIS50ZXRoZXIudjEuUmVtb3ZlRG9jdW1lbnRSZXNwb25zZRJGCglBZGRTZWNyZXQSGy50ZXRoZXIudjEuQWRkU2VjcmV0UmVxdWVzdBocLnRldGhlci52MS5BZGRTZWNyZXRSZXNwb25zZRJMCgtMaXN0U2VjcmV0cxIdLnRldGhlci52MS5MaXN0U2VjcmV0c1JlcXVlc3QaHi50ZXRoZXIudjEuTGlzdFNlY3JldHNSZXNwb25zZRJPCgxSZW1vdmVTZWNyZXQSHi50ZXRoZXIudjEuUmVtb3ZlU2VjcmV0UmVxdWVzdBofLnRldGhlci52MS5SZW1vdmVTZWNyZXRSZXNwb25zZRJPCgxEZWxldGVUZW5hbnQSHi50ZXRoZXIudjEuRGVsZXRlVGVuYW50UmVxdWVzdBofLnRldGhlci52MS5EZWxldGVUZW5hbnRSZXNwb25zZRJJCgpBcHBseUFnZW50EhwudGV0aGVyLnYxLkFwcGx5QWdlbnRSZXF1ZXN0Gh0udGV0aGVyLnYxLkFwcGx5QWdlbnRSZXNwb25zZRJDCghHZXRBZ2VudBIaLnRldGhlci52MS5HZXRBZ2VudFJlcXVlc3QaGy50ZXRoZXIudjEuR2V0QWdlbnRSZXNwb25zZRJJCgpMaXN0QWdlbnRzEhwudGV0aGVyLnYxLkxpc3RBZ2VudHNSZXF1ZXN0Gh0udGV0aGVyLnYxLkxpc3RBZ2VudHNSZXNwb25zZRJeChFMaXN0QWdlbnRWZXJzaW9ucxIjLnRldGhlci52MS5MaXN0QWdlbnRWZXJzaW9uc1JlcXVlc3QaJC50ZXRoZXIudjEuTGlzdEFnZW50VmVyc2lvbnNSZXNwb25zZRJSCg1Sb2xsYmFja0FnZW50Eh8udGV0aGVyLnYxLlJvbGxiYWNrQWdlbnRSZXF1ZXN0GiAudGV0aGVyLnYxLlJvbGxiYWNrQWdlbnRSZXNwb25zZRJYCg9TZXREZWZhdWx0QWdlbnQSIS50ZXRoZXIudjEuU2V0RGVmYXVsdEFnZW50UmVxdWVzdBoiLnRldGhlci52MS5TZXREZWZhdWx0QWdlbnRSZXNwb25zZRJMCgtSZW1vdmVBZ2VudBIdLnRldGhlci52MS5SZW1vdmVBZ2VudFJlcXVlc3QaHi50ZXRoZXIudjEuUmVtb3ZlQWdlbnRSZXNwb25zZRJGCglMaXN0VG9vbHMSGy50ZXRoZXIudjEuTGlzdFRvb2xzUmVxdWVzdBocLnRldGhlci52MS5MaXN0VG9vbHNSZXNwb25zZRJMCgtSZW5kZXJBZ2VudBIdLnRldGhlci52MS5SZW5kZXJBZ2VudFJlcXVlc3QaHi50ZXRoZXIudjEuUmVuZGVyQWdlbnRSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_tether_v1_admission, file_tether_v1_common, file_tether_v1_events, file_tether_v1_interactions]);
+  fileDesc("Chd0ZXRoZXIvdjEvZ2F0ZXdheS5wcm90bxIJdGV0aGVyLnYxInEKElNlbmRNZXNzYWdlUmVxdWVzdBIQCghldmVudF9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSDAoEdGV4dBgDIAEoCRIPCgdjaGFubmVsGAQgASgJEhEKCXRlbmFudF9pZBgFIAEoCSJfChNTZW5kTWVzc2FnZVJlc3BvbnNlEisKC2Rpc3Bvc2l0aW9uGAEgASgOMhYudGV0aGVyLnYxLkRpc3Bvc2l0aW9uEhsKA3J1bhgCIAEoCzIOLnRldGhlci52MS5SdW4itQEKElN1Ym1pdEV2ZW50UmVxdWVzdBI1CgltZXNzYWdpbmcYASABKAsyIC50ZXRoZXIudjEuTWVzc2FnaW5nV2ViaG9va0lucHV0SAASMQoLdGFza19zdGF0dXMYAiABKAsyGi50ZXRoZXIudjEuVGFza1N0YXR1c0lucHV0SAASLAoIZGVjaXNpb24YAyABKAsyGC50ZXRoZXIudjEuRGVjaXNpb25JbnB1dEgAQgcKBWlucHV0Il8KE1N1Ym1pdEV2ZW50UmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1biI7Cg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIaChJpbmNsdWRlX3N1cGVyc2VkZWQYAiABKAgiTQoOR2V0UnVuUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIeCgVwYXJ0cxgCIAMoCzIPLnRldGhlci52MS5QYXJ0IqwBCg9MaXN0UnVuc1JlcXVlc3QSJgoIc3RhdHVzZXMYASADKA4yFC50ZXRoZXIudjEuUnVuU3RhdHVzEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCRIxCg1jcmVhdGVkX2FmdGVyGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJJChBMaXN0UnVuc1Jlc3BvbnNlEhwKBHJ1bnMYASADKAsyDi50ZXRoZXIudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiQQoRQ2FuY2VsUnVuUmVzcG9uc2USGwoDcnVuGAEgASgLMg4udGV0aGVyLnYxLlJ1bhIPCgdjaGFuZ2VkGAIgASgIImUKEFN0cmVhbVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAxIWCg5pbmNsdWRlX2RlbHRhcxgDIAEoCBIWCg5iYXRjaF9jYXRjaF91cBgEIAEoCCKYAQoRU3RyZWFtUnVuUmVzcG9uc2USKgoIc25hcHNob3QYASABKAsyFi50ZXRoZXIudjEuUnVuU25hcHNob3RIABIkCgVldmVudBgCIAEoCzITLnRldGhlci52MS5SdW5FdmVudEgAEikKBWJhdGNoGAMgASgLMhgudGV0aGVyLnYxLlJ1bkV2ZW50QmF0Y2hIAEIGCgRpdGVtIjQKDVJ1bkV2ZW50QmF0Y2gSIwoGZXZlbnRzGAEgAygLMhMudGV0aGVyLnYxLlJ1bkV2ZW50IkoKC1J1blNuYXBzaG90EhsKA3J1bhgBIAEoCzIOLnRldGhlci52MS5SdW4SHgoFcGFydHMYAiADKAsyDy50ZXRoZXIudjEuUGFydCJnChFTdHJlYW1SdW5zUmVxdWVzdBImCghzdGF0dXNlcxgBIAMoDjIULnRldGhlci52MS5SdW5TdGF0dXMSFwoPY29udmVyc2F0aW9uX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBSJoChJTdHJlYW1SdW5zUmVzcG9uc2USKwoEcGFnZRgBIAEoCzIbLnRldGhlci52MS5MaXN0UnVuc1Jlc3BvbnNlSAASHQoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1bkgAQgYKBGl0ZW0iXAoZU3RyZWFtQ29udmVyc2F0aW9uUmVxdWVzdBIXCg9jb252ZXJzYXRpb25faWQYASABKAkSDgoGY3Vyc29yGAIgASgJEhYKDmluY2x1ZGVfZGVsdGFzGAMgASgIIlAKGlN0cmVhbUNvbnZlcnNhdGlvblJlc3BvbnNlEiIKBWV2ZW50GAEgASgLMhMudGV0aGVyLnYxLlJ1bkV2ZW50Eg4KBmN1cnNvchgCIAEoCSIrChlHZXRQZW5kaW5nUXVlc3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJKChpHZXRQZW5kaW5nUXVlc3Rpb25SZXNwb25zZRIsCghxdWVzdGlvbhgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nUXVlc3Rpb24isgEKFUFuc3dlclF1ZXN0aW9uUmVxdWVzdBIOCgZydW5faWQYASABKAkSPgoHYW5zd2VycxgCIAMoCzItLnRldGhlci52MS5BbnN3ZXJRdWVzdGlvblJlcXVlc3QuQW5zd2Vyc0VudHJ5GkkKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKAoFdmFsdWUYAiABKAsyGS50ZXRoZXIudjEuUXVlc3Rpb25BbnN3ZXI6AjgBIkEKFkFuc3dlclF1ZXN0aW9uUmVzcG9uc2USFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHcmVzdW1lZBgCIAEoCCIrChlHZXRQZW5kaW5nQXBwcm92YWxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJKChpHZXRQZW5kaW5nQXBwcm92YWxSZXNwb25zZRIsCghhcHByb3ZhbBgBIAEoCzIaLnRldGhlci52MS5QZW5kaW5nQXBwcm92YWwiTwoVRGVjaWRlQXBwcm92YWxSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIQCghkZWNpc2lvbhgCIAEoCRIUCgxhbHdheXNfc2NvcGUYAyABKAkiUwoWRGVjaWRlQXBwcm92YWxSZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIPCgdyZXN1bWVkGAIgASgIEhAKCGdyYW50X2lkGAMgASgJIi0KG0dldFBlbmRpbmdDb25uZWN0aW9uUmVxdWVzdBIOCgZydW5faWQYASABKAkiUAocR2V0UGVuZGluZ0Nvbm5lY3Rpb25SZXNwb25zZRIwCgpjb25uZWN0aW9uGAEgASgLMhwudGV0aGVyLnYxLlBlbmRpbmdDb25uZWN0aW9uIkgKGUNvbXBsZXRlQ29ubmVjdGlvblJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg0KBXN0YXRlGAIgASgJEgwKBGNvZGUYAyABKAkiLQoaQ29tcGxldGVDb25uZWN0aW9uUmVzcG9uc2USDwoHcmVzdW1lZBgBIAEoCCKnAQoTQ3JlYXRlQXBpS2V5UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSFAoMcHJpbmNpcGFsX2lkGAIgASgJEg4KBnNjb3BlcxgDIAMoCRInCgZsYWJlbHMYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei4KCmV4cGlyZXNfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqABChRDcmVhdGVBcGlLZXlSZXNwb25zZRIPCgdhcGlfa2V5GAEgASgJEg4KBmtleV9pZBgCIAEoCRIRCgl0ZW5hbnRfaWQYAyABKAkSFAoMcHJpbmNpcGFsX2lkGAQgASgJEg4KBnNjb3BlcxgFIAMoCRIuCgpleHBpcmVzX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCIlChNSZXZva2VBcGlLZXlSZXF1ZXN0Eg4KBmtleV9pZBgBIAEoCSI3ChRSZXZva2VBcGlLZXlSZXNwb25zZRIOCgZrZXlfaWQYASABKAkSDwoHcmV2b2tlZBgCIAEoCCI0ChJBZGREb2N1bWVudFJlcXVlc3QSDQoFdGl0bGUYASABKAkSDwoHY29udGVudBgCIAEoCSI8ChNBZGREb2N1bWVudFJlc3BvbnNlEiUKCGRvY3VtZW50GAEgASgLMhMudGV0aGVyLnYxLkRvY3VtZW50Ij0KFExpc3REb2N1bWVudHNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJIlgKFUxpc3REb2N1bWVudHNSZXNwb25zZRImCglkb2N1bWVudHMYASADKAsyEy50ZXRoZXIudjEuRG9jdW1lbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIiwKFVJlbW92ZURvY3VtZW50UmVxdWVzdBITCgtkb2N1bWVudF9pZBgBIAEoCSItChZSZW1vdmVEb2N1bWVudFJlc3BvbnNlEhMKC2RvY3VtZW50X2lkGAEgASgJIi8KEEFkZFNlY3JldFJlcXVlc3QSDAoEbmFtZRgBIAEoCRINCgV2YWx1ZRgCIAEoCSI6ChFBZGRTZWNyZXRSZXNwb25zZRIlCgZzZWNyZXQYASABKAsyFS50ZXRoZXIudjEuU2VjcmV0SW5mbyIUChJMaXN0U2VjcmV0c1JlcXVlc3QiPQoTTGlzdFNlY3JldHNSZXNwb25zZRImCgdzZWNyZXRzGAEgAygLMhUudGV0aGVyLnYxLlNlY3JldEluZm8iIwoTUmVtb3ZlU2VjcmV0UmVxdWVzdBIMCgRuYW1lGAEgASgJIiQKFFJlbW92ZVNlY3JldFJlc3BvbnNlEgwKBG5hbWUYASABKAkiJwoVR2V0UnVuQXR0ZW1wdHNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSKhAQoWR2V0UnVuQXR0ZW1wdHNSZXNwb25zZRIbCgNydW4YASABKAsyDi50ZXRoZXIudjEuUnVuEiQKCGF0dGVtcHRzGAIgAygLMhIudGV0aGVyLnYxLkF0dGVtcHQSIwoFdHVybnMYAyADKAsyFC50ZXRoZXIudjEuTW9kZWxUdXJuEh8KB2xpbmVhZ2UYBCADKAsyDi50ZXRoZXIudjEuUnVuIiEKD1JldHJ5UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiXAoQUmV0cnlSdW5SZXNwb25zZRIrCgtkaXNwb3NpdGlvbhgBIAEoDjIWLnRldGhlci52MS5EaXNwb3NpdGlvbhIbCgNydW4YAiABKAsyDi50ZXRoZXIudjEuUnVuIigKE0RlbGV0ZVRlbmFudFJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJIqcBChREZWxldGVUZW5hbnRSZXNwb25zZRI9CgdyZW1vdmVkGAEgAygLMiwudGV0aGVyLnYxLkRlbGV0ZVRlbmFudFJlc3BvbnNlLlJlbW92ZWRFbnRyeRIPCgdkZWxldGVkGAIgASgIEg8KB3BlbmRpbmcYAyABKAkaLgoMUmVtb3ZlZEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAzoCOAEiQQoPR2V0QWdlbnRSZXF1ZXN0EgwKBG5hbWUYASABKAkSFAoHdmVyc2lvbhgCIAEoBUgAiAEBQgoKCF92ZXJzaW9uImYKEEdldEFnZW50UmVzcG9uc2USJgoFYWdlbnQYASABKAsyFy50ZXRoZXIudjEuQWdlbnRWZXJzaW9uEhkKEXB1Ymxpc2hlZF92ZXJzaW9uGAIgASgFEg8KB2RlZmF1bHQYAyABKAgiEwoRTGlzdEFnZW50c1JlcXVlc3QiPQoSTGlzdEFnZW50c1Jlc3BvbnNlEicKBmFnZW50cxgBIAMoCzIXLnRldGhlci52MS5BZ2VudFN1bW1hcnkiKAoYTGlzdEFnZW50VmVyc2lvbnNSZXF1ZXN0EgwKBG5hbWUYASABKAkiRgoZTGlzdEFnZW50VmVyc2lvbnNSZXNwb25zZRIpCgh2ZXJzaW9ucxgBIAMoCzIXLnRldGhlci52MS5BZ2VudFZlcnNpb24iTQoRQXBwbHlBZ2VudFJlcXVlc3QSDAoEc3BlYxgBIAEoCRIZCgxiYXNlX3ZlcnNpb24YAiABKAVIAIgBAUIPCg1fYmFzZV92ZXJzaW9uIkQKEkFwcGx5QWdlbnRSZXNwb25zZRIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSDwoHY3JlYXRlZBgDIAEoCCJkChRSb2xsYmFja0FnZW50UmVxdWVzdBIMCgRuYW1lGAEgASgJEhIKCnRvX3ZlcnNpb24YAiABKAUSGQoMYmFzZV92ZXJzaW9uGAMgASgFSACIAQFCDwoNX2Jhc2VfdmVyc2lvbiI2ChVSb2xsYmFja0FnZW50UmVzcG9uc2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgFIiYKFlNldERlZmF1bHRBZ2VudFJlcXVlc3QSDAoEbmFtZRgBIAEoCSInChdTZXREZWZhdWx0QWdlbnRSZXNwb25zZRIMCgRuYW1lGAEgASgJIiIKElJlbW92ZUFnZW50UmVxdWVzdBIMCgRuYW1lGAEgASgJIjQKE1JlbW92ZUFnZW50UmVzcG9uc2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgFIhIKEExpc3RUb29sc1JlcXVlc3QiOgoRTGlzdFRvb2xzUmVzcG9uc2USJQoFdG9vbHMYASADKAsyFi50ZXRoZXIudjEuQ2F0YWxvZ1Rvb2widgoSUmVuZGVyQWdlbnRSZXF1ZXN0EgwKBG5hbWUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIOCgZzb3VyY2UYAyABKAkSDwoHY2hhbm5lbBgEIAEoCRIUCgd2ZXJzaW9uGAUgASgFSACIAQFCCgoIX3ZlcnNpb24iuAEKE1JlbmRlckFnZW50UmVzcG9uc2USDQoFYWdlbnQYASABKAkSDwoHdmVyc2lvbhgCIAEoBRIUCgxyZXF1ZXN0X2pzb24YAyABKAkSHgoWZXN0aW1hdGVkX2lucHV0X3Rva2VucxgEIAEoAxIdChVlc3RpbWF0ZWRfY29zdF9taWNyb3MYBSABKAMSFAoMcm91dGVkX2FnZW50GAYgASgJEhYKDnJvdXRlZF92ZXJzaW9uGAcgASgFIsEBChFBZGRDaGFubmVsUmVxdWVzdBIMCgRraW5kGAEgASgJEgwKBG5hbWUYAiABKAkSDQoFYWdlbnQYAyABKAkSFAoMYXBpX2Jhc2VfdXJsGAQgASgJEhEKCXJlcGx5X3VybBgFIAEoCRIqCgdzZWNyZXRzGAYgASgLMhkudGV0aGVyLnYxLkNoYW5uZWxTZWNyZXRzEiwKCHNldHRpbmdzGAcgASgLMhoudGV0aGVyLnYxLkNoYW5uZWxTZXR0aW5ncyJmChJBZGRDaGFubmVsUmVzcG9uc2USEgoKY2hhbm5lbF9pZBgBIAEoCRITCgt3ZWJob29rX3VybBgCIAEoCRInCgdjaGFubmVsGAMgASgLMhYudGV0aGVyLnYxLkNoYW5uZWxJbmZvIhUKE0xpc3RDaGFubmVsc1JlcXVlc3QiQAoUTGlzdENoYW5uZWxzUmVzcG9uc2USKAoIY2hhbm5lbHMYASADKAsyFi50ZXRoZXIudjEuQ2hhbm5lbEluZm8iJwoRR2V0Q2hhbm5lbFJlcXVlc3QSEgoKY2hhbm5lbF9pZBgBIAEoCSJSChJHZXRDaGFubmVsUmVzcG9uc2USJwoHY2hhbm5lbBgBIAEoCzIWLnRldGhlci52MS5DaGFubmVsSW5mbxITCgt3ZWJob29rX3VybBgCIAEoCSIqChRSZW1vdmVDaGFubmVsUmVxdWVzdBISCgpjaGFubmVsX2lkGAEgASgJIisKFVJlbW92ZUNoYW5uZWxSZXNwb25zZRISCgpjaGFubmVsX2lkGAEgASgJIm4KGlJvdGF0ZUNoYW5uZWxTZWNyZXRSZXF1ZXN0EhIKCmNoYW5uZWxfaWQYASABKAkSDgoGc2VjcmV0GAIgASgJEhoKDWdyYWNlX3NlY29uZHMYAyABKANIAIgBAUIQCg5fZ3JhY2Vfc2Vjb25kcyJGChtSb3RhdGVDaGFubmVsU2VjcmV0UmVzcG9uc2USJwoHY2hhbm5lbBgBIAEoCzIWLnRldGhlci52MS5DaGFubmVsSW5mbzKRGQoOR2F0ZXdheVNlcnZpY2USTAoLU2VuZE1lc3NhZ2USHS50ZXRoZXIudjEuU2VuZE1lc3NhZ2VSZXF1ZXN0Gh4udGV0aGVyLnYxLlNlbmRNZXNzYWdlUmVzcG9uc2USTAoLU3VibWl0RXZlbnQSHS50ZXRoZXIudjEuU3VibWl0RXZlbnRSZXF1ZXN0Gh4udGV0aGVyLnYxLlN1Ym1pdEV2ZW50UmVzcG9uc2USPQoGR2V0UnVuEhgudGV0aGVyLnYxLkdldFJ1blJlcXVlc3QaGS50ZXRoZXIudjEuR2V0UnVuUmVzcG9uc2USQwoITGlzdFJ1bnMSGi50ZXRoZXIudjEuTGlzdFJ1bnNSZXF1ZXN0GhsudGV0aGVyLnYxLkxpc3RSdW5zUmVzcG9uc2USVQoOR2V0UnVuQXR0ZW1wdHMSIC50ZXRoZXIudjEuR2V0UnVuQXR0ZW1wdHNSZXF1ZXN0GiEudGV0aGVyLnYxLkdldFJ1bkF0dGVtcHRzUmVzcG9uc2USQwoIUmV0cnlSdW4SGi50ZXRoZXIudjEuUmV0cnlSdW5SZXF1ZXN0GhsudGV0aGVyLnYxLlJldHJ5UnVuUmVzcG9uc2USRgoJQ2FuY2VsUnVuEhsudGV0aGVyLnYxLkNhbmNlbFJ1blJlcXVlc3QaHC50ZXRoZXIudjEuQ2FuY2VsUnVuUmVzcG9uc2USSAoJU3RyZWFtUnVuEhsudGV0aGVyLnYxLlN0cmVhbVJ1blJlcXVlc3QaHC50ZXRoZXIudjEuU3RyZWFtUnVuUmVzcG9uc2UwARJjChJTdHJlYW1Db252ZXJzYXRpb24SJC50ZXRoZXIudjEuU3RyZWFtQ29udmVyc2F0aW9uUmVxdWVzdBolLnRldGhlci52MS5TdHJlYW1Db252ZXJzYXRpb25SZXNwb25zZTABEksKClN0cmVhbVJ1bnMSHC50ZXRoZXIudjEuU3RyZWFtUnVuc1JlcXVlc3QaHS50ZXRoZXIudjEuU3RyZWFtUnVuc1Jlc3BvbnNlMAESYQoSR2V0UGVuZGluZ1F1ZXN0aW9uEiQudGV0aGVyLnYxLkdldFBlbmRpbmdRdWVzdGlvblJlcXVlc3QaJS50ZXRoZXIudjEuR2V0UGVuZGluZ1F1ZXN0aW9uUmVzcG9uc2USVQoOQW5zd2VyUXVlc3Rpb24SIC50ZXRoZXIudjEuQW5zd2VyUXVlc3Rpb25SZXF1ZXN0GiEudGV0aGVyLnYxLkFuc3dlclF1ZXN0aW9uUmVzcG9uc2USYQoSR2V0UGVuZGluZ0FwcHJvdmFsEiQudGV0aGVyLnYxLkdldFBlbmRpbmdBcHByb3ZhbFJlcXVlc3QaJS50ZXRoZXIudjEuR2V0UGVuZGluZ0FwcHJvdmFsUmVzcG9uc2USVQoORGVjaWRlQXBwcm92YWwSIC50ZXRoZXIudjEuRGVjaWRlQXBwcm92YWxSZXF1ZXN0GiEudGV0aGVyLnYxLkRlY2lkZUFwcHJvdmFsUmVzcG9uc2USZwoUR2V0UGVuZGluZ0Nvbm5lY3Rpb24SJi50ZXRoZXIudjEuR2V0UGVuZGluZ0Nvbm5lY3Rpb25SZXF1ZXN0GicudGV0aGVyLnYxLkdldFBlbmRpbmdDb25uZWN0aW9uUmVzcG9uc2USYQoSQ29tcGxldGVDb25uZWN0aW9uEiQudGV0aGVyLnYxLkNvbXBsZXRlQ29ubmVjdGlvblJlcXVlc3QaJS50ZXRoZXIudjEuQ29tcGxldGVDb25uZWN0aW9uUmVzcG9uc2USTwoMQ3JlYXRlQXBpS2V5Eh4udGV0aGVyLnYxLkNyZWF0ZUFwaUtleVJlcXVlc3QaHy50ZXRoZXIudjEuQ3JlYXRlQXBpS2V5UmVzcG9uc2USTwoMUmV2b2tlQXBpS2V5Eh4udGV0aGVyLnYxLlJldm9rZUFwaUtleVJlcXVlc3QaHy50ZXRoZXIudjEuUmV2b2tlQXBpS2V5UmVzcG9uc2USTAoLQWRkRG9jdW1lbnQSHS50ZXRoZXIudjEuQWRkRG9jdW1lbnRSZXF1ZXN0Gh4udGV0aGVyLnYxLkFkZERvY3VtZW50UmVzcG9uc2USUgoNTGlzdERvY3VtZW50cxIfLnRldGhlci52MS5MaXN0RG9jdW1lbnRzUmVxdWVzdBogLnRldGhlci52MS5MaXN0RG9jdW1lbnRzUmVzcG9uc2USVQoOUmVtb3ZlRG9jdW1lbnQSIC50ZXRoZXIudjEuUmVtb3ZlRG9jdW1lbnRSZXF1ZXN0GiEudGV0aGVyLnYxLlJlbW92ZURvY3VtZW50UmVzcG9uc2USRgoJQWRkU2VjcmV0EhsudGV0aGVyLnYxLkFkZFNlY3JldFJlcXVlc3QaHC50ZXRoZXIudjEuQWRkU2VjcmV0UmVzcG9uc2USTAoLTGlzdFNlY3JldHMSHS50ZXRoZXIudjEuTGlzdFNlY3JldHNSZXF1ZXN0Gh4udGV0aGVyLnYxLkxpc3RTZWNyZXRzUmVzcG9uc2USTwoMUmVtb3ZlU2VjcmV0Eh4udGV0aGVyLnYxLlJlbW92ZVNlY3JldFJlcXVlc3QaHy50ZXRoZXIudjEuUmVtb3ZlU2VjcmV0UmVzcG9uc2USSQoKQWRkQ2hhbm5lbBIcLnRldGhlci52MS5BZGRDaGFubmVsUmVxdWVzdBodLnRldGhlci52MS5BZGRDaGFubmVsUmVzcG9uc2USTwoMTGlzdENoYW5uZWxzEh4udGV0aGVyLnYxLkxpc3RDaGFubmVsc1JlcXVlc3QaHy50ZXRoZXIudjEuTGlzdENoYW5uZWxzUmVzcG9uc2USSQoKR2V0Q2hhbm5lbBIcLnRldGhlci52MS5HZXRDaGFubmVsUmVxdWVzdBodLnRldGhlci52MS5HZXRDaGFubmVsUmVzcG9uc2USUgoNUmVtb3ZlQ2hhbm5lbBIfLnRldGhlci52MS5SZW1vdmVDaGFubmVsUmVxdWVzdBogLnRldGhlci52MS5SZW1vdmVDaGFubmVsUmVzcG9uc2USZAoTUm90YXRlQ2hhbm5lbFNlY3JldBIlLnRldGhlci52MS5Sb3RhdGVDaGFubmVsU2VjcmV0UmVxdWVzdBomLnRldGhlci52MS5Sb3RhdGVDaGFubmVsU2VjcmV0UmVzcG9uc2USTwoMRGVsZXRlVGVuYW50Eh4udGV0aGVyLnYxLkRlbGV0ZVRlbmFudFJlcXVlc3QaHy50ZXRoZXIudjEuRGVsZXRlVGVuYW50UmVzcG9uc2USSQoKQXBwbHlBZ2VudBIcLnRldGhlci52MS5BcHBseUFnZW50UmVxdWVzdBodLnRldGhlci52MS5BcHBseUFnZW50UmVzcG9uc2USQwoIR2V0QWdlbnQSGi50ZXRoZXIudjEuR2V0QWdlbnRSZXF1ZXN0GhsudGV0aGVyLnYxLkdldEFnZW50UmVzcG9uc2USSQoKTGlzdEFnZW50cxIcLnRldGhlci52MS5MaXN0QWdlbnRzUmVxdWVzdBodLnRldGhlci52MS5MaXN0QWdlbnRzUmVzcG9uc2USXgoRTGlzdEFnZW50VmVyc2lvbnMSIy50ZXRoZXIudjEuTGlzdEFnZW50VmVyc2lvbnNSZXF1ZXN0GiQudGV0aGVyLnYxLkxpc3RBZ2VudFZlcnNpb25zUmVzcG9uc2USUgoNUm9sbGJhY2tBZ2VudBIfLnRldGhlci52MS5Sb2xsYmFja0FnZW50UmVxdWVzdBogLnRldGhlci52MS5Sb2xsYmFja0FnZW50UmVzcG9uc2USWAoPU2V0RGVmYXVsdEFnZW50EiEudGV0aGVyLnYxLlNldERlZmF1bHRBZ2VudFJlcXVlc3QaIi50ZXRoZXIudjEuU2V0RGVmYXVsdEFnZW50UmVzcG9uc2USTAoLUmVtb3ZlQWdlbnQSHS50ZXRoZXIudjEuUmVtb3ZlQWdlbnRSZXF1ZXN0Gh4udGV0aGVyLnYxLlJlbW92ZUFnZW50UmVzcG9uc2USRgoJTGlzdFRvb2xzEhsudGV0aGVyLnYxLkxpc3RUb29sc1JlcXVlc3QaHC50ZXRoZXIudjEuTGlzdFRvb2xzUmVzcG9uc2USTAoLUmVuZGVyQWdlbnQSHS50ZXRoZXIudjEuUmVuZGVyQWdlbnRSZXF1ZXN0Gh4udGV0aGVyLnYxLlJlbmRlckFnZW50UmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_tether_v1_admission, file_tether_v1_common, file_tether_v1_events, file_tether_v1_interactions]);
 
 /**
  * SendMessageRequest is a chat message.
@@ -3689,6 +3689,520 @@ export const RenderAgentResponseSchema: GenMessage<RenderAgentResponse, {jsonTyp
   messageDesc(file_tether_v1_gateway, 69);
 
 /**
+ * AddChannelRequest is one channel connection: its kind takes its own secrets and settings.
+ *
+ * @generated from message tether.v1.AddChannelRequest
+ */
+export type AddChannelRequest = Message<"tether.v1.AddChannelRequest"> & {
+  /**
+   * slack, whatsapp or webhook.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string kind = 1;
+   */
+  kind: string;
+
+  /**
+   * Name, unique in the tenant.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+
+  /**
+   * The agent it routes to; empty: the tenant's routes (source messaging, channel = kind).
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+   *
+   * @generated from field: string agent = 3;
+   */
+  agent: string;
+
+  /**
+   * Slack and WhatsApp: the provider's API (default its real one); a private address is
+   * refused unless the operator allows it.
+   * Limit: 2048 characters, no NUL.
+   *
+   * @generated from field: string api_base_url = 4;
+   */
+  apiBaseUrl: string;
+
+  /**
+   * Webhook: where replies go; a private address is refused unless the operator allows it.
+   * Limit: 2048 characters, no NUL.
+   *
+   * @generated from field: string reply_url = 5;
+   */
+  replyUrl: string;
+
+  /**
+   * The kind's secrets (every one it takes is required).
+   *
+   * @generated from field: tether.v1.ChannelSecrets secrets = 6;
+   */
+  secrets?: ChannelSecrets | undefined;
+
+  /**
+   * The kind's settings (every one it takes is required).
+   *
+   * @generated from field: tether.v1.ChannelSettings settings = 7;
+   */
+  settings?: ChannelSettings | undefined;
+};
+
+/**
+ * AddChannelRequest is one channel connection: its kind takes its own secrets and settings.
+ *
+ * @generated from message tether.v1.AddChannelRequest
+ */
+export type AddChannelRequestJson = {
+  /**
+   * slack, whatsapp or webhook.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string kind = 1;
+   */
+  kind?: string;
+
+  /**
+   * Name, unique in the tenant.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string name = 2;
+   */
+  name?: string;
+
+  /**
+   * The agent it routes to; empty: the tenant's routes (source messaging, channel = kind).
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+   *
+   * @generated from field: string agent = 3;
+   */
+  agent?: string;
+
+  /**
+   * Slack and WhatsApp: the provider's API (default its real one); a private address is
+   * refused unless the operator allows it.
+   * Limit: 2048 characters, no NUL.
+   *
+   * @generated from field: string api_base_url = 4;
+   */
+  apiBaseUrl?: string;
+
+  /**
+   * Webhook: where replies go; a private address is refused unless the operator allows it.
+   * Limit: 2048 characters, no NUL.
+   *
+   * @generated from field: string reply_url = 5;
+   */
+  replyUrl?: string;
+
+  /**
+   * The kind's secrets (every one it takes is required).
+   *
+   * @generated from field: tether.v1.ChannelSecrets secrets = 6;
+   */
+  secrets?: ChannelSecretsJson;
+
+  /**
+   * The kind's settings (every one it takes is required).
+   *
+   * @generated from field: tether.v1.ChannelSettings settings = 7;
+   */
+  settings?: ChannelSettingsJson;
+};
+
+/**
+ * Describes the message tether.v1.AddChannelRequest.
+ * Use `create(AddChannelRequestSchema)` to create a new message.
+ */
+export const AddChannelRequestSchema: GenMessage<AddChannelRequest, {jsonType: AddChannelRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 70);
+
+/**
+ * AddChannelResponse is the connection stored, without its secrets.
+ *
+ * @generated from message tether.v1.AddChannelResponse
+ */
+export type AddChannelResponse = Message<"tether.v1.AddChannelResponse"> & {
+  /**
+   * Channel id.
+   *
+   * @generated from field: string channel_id = 1;
+   */
+  channelId: string;
+
+  /**
+   * The URL to give the provider: its webhooks come there.
+   *
+   * @generated from field: string webhook_url = 2;
+   */
+  webhookUrl: string;
+
+  /**
+   * The connection.
+   *
+   * @generated from field: tether.v1.ChannelInfo channel = 3;
+   */
+  channel?: ChannelInfo | undefined;
+};
+
+/**
+ * AddChannelResponse is the connection stored, without its secrets.
+ *
+ * @generated from message tether.v1.AddChannelResponse
+ */
+export type AddChannelResponseJson = {
+  /**
+   * Channel id.
+   *
+   * @generated from field: string channel_id = 1;
+   */
+  channelId?: string;
+
+  /**
+   * The URL to give the provider: its webhooks come there.
+   *
+   * @generated from field: string webhook_url = 2;
+   */
+  webhookUrl?: string;
+
+  /**
+   * The connection.
+   *
+   * @generated from field: tether.v1.ChannelInfo channel = 3;
+   */
+  channel?: ChannelInfoJson;
+};
+
+/**
+ * Describes the message tether.v1.AddChannelResponse.
+ * Use `create(AddChannelResponseSchema)` to create a new message.
+ */
+export const AddChannelResponseSchema: GenMessage<AddChannelResponse, {jsonType: AddChannelResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 71);
+
+/**
+ * ListChannelsRequest lists the caller's tenant's channel connections.
+ *
+ * @generated from message tether.v1.ListChannelsRequest
+ */
+export type ListChannelsRequest = Message<"tether.v1.ListChannelsRequest"> & {
+};
+
+/**
+ * ListChannelsRequest lists the caller's tenant's channel connections.
+ *
+ * @generated from message tether.v1.ListChannelsRequest
+ */
+export type ListChannelsRequestJson = {
+};
+
+/**
+ * Describes the message tether.v1.ListChannelsRequest.
+ * Use `create(ListChannelsRequestSchema)` to create a new message.
+ */
+export const ListChannelsRequestSchema: GenMessage<ListChannelsRequest, {jsonType: ListChannelsRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 72);
+
+/**
+ * ListChannelsResponse is the tenant's connections by name, without their secrets.
+ *
+ * @generated from message tether.v1.ListChannelsResponse
+ */
+export type ListChannelsResponse = Message<"tether.v1.ListChannelsResponse"> & {
+  /**
+   * Channels.
+   *
+   * @generated from field: repeated tether.v1.ChannelInfo channels = 1;
+   */
+  channels: ChannelInfo[];
+};
+
+/**
+ * ListChannelsResponse is the tenant's connections by name, without their secrets.
+ *
+ * @generated from message tether.v1.ListChannelsResponse
+ */
+export type ListChannelsResponseJson = {
+  /**
+   * Channels.
+   *
+   * @generated from field: repeated tether.v1.ChannelInfo channels = 1;
+   */
+  channels?: ChannelInfoJson[];
+};
+
+/**
+ * Describes the message tether.v1.ListChannelsResponse.
+ * Use `create(ListChannelsResponseSchema)` to create a new message.
+ */
+export const ListChannelsResponseSchema: GenMessage<ListChannelsResponse, {jsonType: ListChannelsResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 73);
+
+/**
+ * GetChannelRequest names a connection.
+ *
+ * @generated from message tether.v1.GetChannelRequest
+ */
+export type GetChannelRequest = Message<"tether.v1.GetChannelRequest"> & {
+  /**
+   * Channel id.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string channel_id = 1;
+   */
+  channelId: string;
+};
+
+/**
+ * GetChannelRequest names a connection.
+ *
+ * @generated from message tether.v1.GetChannelRequest
+ */
+export type GetChannelRequestJson = {
+  /**
+   * Channel id.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string channel_id = 1;
+   */
+  channelId?: string;
+};
+
+/**
+ * Describes the message tether.v1.GetChannelRequest.
+ * Use `create(GetChannelRequestSchema)` to create a new message.
+ */
+export const GetChannelRequestSchema: GenMessage<GetChannelRequest, {jsonType: GetChannelRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 74);
+
+/**
+ * GetChannelResponse is the connection, without its secrets.
+ *
+ * @generated from message tether.v1.GetChannelResponse
+ */
+export type GetChannelResponse = Message<"tether.v1.GetChannelResponse"> & {
+  /**
+   * The connection.
+   *
+   * @generated from field: tether.v1.ChannelInfo channel = 1;
+   */
+  channel?: ChannelInfo | undefined;
+
+  /**
+   * The URL its provider's webhooks come to.
+   *
+   * @generated from field: string webhook_url = 2;
+   */
+  webhookUrl: string;
+};
+
+/**
+ * GetChannelResponse is the connection, without its secrets.
+ *
+ * @generated from message tether.v1.GetChannelResponse
+ */
+export type GetChannelResponseJson = {
+  /**
+   * The connection.
+   *
+   * @generated from field: tether.v1.ChannelInfo channel = 1;
+   */
+  channel?: ChannelInfoJson;
+
+  /**
+   * The URL its provider's webhooks come to.
+   *
+   * @generated from field: string webhook_url = 2;
+   */
+  webhookUrl?: string;
+};
+
+/**
+ * Describes the message tether.v1.GetChannelResponse.
+ * Use `create(GetChannelResponseSchema)` to create a new message.
+ */
+export const GetChannelResponseSchema: GenMessage<GetChannelResponse, {jsonType: GetChannelResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 75);
+
+/**
+ * RemoveChannelRequest names the connection to remove.
+ *
+ * @generated from message tether.v1.RemoveChannelRequest
+ */
+export type RemoveChannelRequest = Message<"tether.v1.RemoveChannelRequest"> & {
+  /**
+   * Channel id.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string channel_id = 1;
+   */
+  channelId: string;
+};
+
+/**
+ * RemoveChannelRequest names the connection to remove.
+ *
+ * @generated from message tether.v1.RemoveChannelRequest
+ */
+export type RemoveChannelRequestJson = {
+  /**
+   * Channel id.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string channel_id = 1;
+   */
+  channelId?: string;
+};
+
+/**
+ * Describes the message tether.v1.RemoveChannelRequest.
+ * Use `create(RemoveChannelRequestSchema)` to create a new message.
+ */
+export const RemoveChannelRequestSchema: GenMessage<RemoveChannelRequest, {jsonType: RemoveChannelRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 76);
+
+/**
+ * RemoveChannelResponse confirms the removal.
+ *
+ * @generated from message tether.v1.RemoveChannelResponse
+ */
+export type RemoveChannelResponse = Message<"tether.v1.RemoveChannelResponse"> & {
+  /**
+   * The connection removed.
+   *
+   * @generated from field: string channel_id = 1;
+   */
+  channelId: string;
+};
+
+/**
+ * RemoveChannelResponse confirms the removal.
+ *
+ * @generated from message tether.v1.RemoveChannelResponse
+ */
+export type RemoveChannelResponseJson = {
+  /**
+   * The connection removed.
+   *
+   * @generated from field: string channel_id = 1;
+   */
+  channelId?: string;
+};
+
+/**
+ * Describes the message tether.v1.RemoveChannelResponse.
+ * Use `create(RemoveChannelResponseSchema)` to create a new message.
+ */
+export const RemoveChannelResponseSchema: GenMessage<RemoveChannelResponse, {jsonType: RemoveChannelResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 77);
+
+/**
+ * RotateChannelSecretRequest replaces a connection's verification secret.
+ *
+ * @generated from message tether.v1.RotateChannelSecretRequest
+ */
+export type RotateChannelSecretRequest = Message<"tether.v1.RotateChannelSecretRequest"> & {
+  /**
+   * Channel id.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string channel_id = 1;
+   */
+  channelId: string;
+
+  /**
+   * The new verification secret (required).
+   * Limit: 65536 characters, no NUL.
+   *
+   * @generated from field: string secret = 2;
+   */
+  secret: string;
+
+  /**
+   * How long the replaced secret still verifies, in seconds (unset: 24 h; at most 7 days).
+   * Limit: 0 to 2147483647.
+   *
+   * @generated from field: optional int64 grace_seconds = 3;
+   */
+  graceSeconds?: bigint | undefined;
+};
+
+/**
+ * RotateChannelSecretRequest replaces a connection's verification secret.
+ *
+ * @generated from message tether.v1.RotateChannelSecretRequest
+ */
+export type RotateChannelSecretRequestJson = {
+  /**
+   * Channel id.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string channel_id = 1;
+   */
+  channelId?: string;
+
+  /**
+   * The new verification secret (required).
+   * Limit: 65536 characters, no NUL.
+   *
+   * @generated from field: string secret = 2;
+   */
+  secret?: string;
+
+  /**
+   * How long the replaced secret still verifies, in seconds (unset: 24 h; at most 7 days).
+   * Limit: 0 to 2147483647.
+   *
+   * @generated from field: optional int64 grace_seconds = 3;
+   */
+  graceSeconds?: string;
+};
+
+/**
+ * Describes the message tether.v1.RotateChannelSecretRequest.
+ * Use `create(RotateChannelSecretRequestSchema)` to create a new message.
+ */
+export const RotateChannelSecretRequestSchema: GenMessage<RotateChannelSecretRequest, {jsonType: RotateChannelSecretRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 78);
+
+/**
+ * RotateChannelSecretResponse is the connection after the rotation.
+ *
+ * @generated from message tether.v1.RotateChannelSecretResponse
+ */
+export type RotateChannelSecretResponse = Message<"tether.v1.RotateChannelSecretResponse"> & {
+  /**
+   * The connection.
+   *
+   * @generated from field: tether.v1.ChannelInfo channel = 1;
+   */
+  channel?: ChannelInfo | undefined;
+};
+
+/**
+ * RotateChannelSecretResponse is the connection after the rotation.
+ *
+ * @generated from message tether.v1.RotateChannelSecretResponse
+ */
+export type RotateChannelSecretResponseJson = {
+  /**
+   * The connection.
+   *
+   * @generated from field: tether.v1.ChannelInfo channel = 1;
+   */
+  channel?: ChannelInfoJson;
+};
+
+/**
+ * Describes the message tether.v1.RotateChannelSecretResponse.
+ * Use `create(RotateChannelSecretResponseSchema)` to create a new message.
+ */
+export const RotateChannelSecretResponseSchema: GenMessage<RotateChannelSecretResponse, {jsonType: RotateChannelSecretResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_gateway, 79);
+
+/**
  * GatewayService is the public client API. Callers authenticate with an API key in the
  * "authorization: Bearer <key>" metadata; tenant and principal come from the key, never the body.
  * Every request field states its limit ("Limit: ..."); a request outside one, or one that is not
@@ -3953,6 +4467,61 @@ export const GatewayService: GenService<{
     methodKind: "unary";
     input: typeof RemoveSecretRequestSchema;
     output: typeof RemoveSecretResponseSchema;
+  },
+  /**
+   * AddChannel connects a Slack app, a WhatsApp number or any system signing its webhooks to
+   * the caller's tenant (scope "channels:write"): its secrets are sealed in interactions and
+   * never shown again; the answer names the webhook URL to give the provider.
+   *
+   * @generated from rpc tether.v1.GatewayService.AddChannel
+   */
+  addChannel: {
+    methodKind: "unary";
+    input: typeof AddChannelRequestSchema;
+    output: typeof AddChannelResponseSchema;
+  },
+  /**
+   * ListChannels lists the caller's tenant's channel connections (scope "channels:read").
+   *
+   * @generated from rpc tether.v1.GatewayService.ListChannels
+   */
+  listChannels: {
+    methodKind: "unary";
+    input: typeof ListChannelsRequestSchema;
+    output: typeof ListChannelsResponseSchema;
+  },
+  /**
+   * GetChannel shows one; another tenant's is NOT_FOUND, as an absent one (scope
+   * "channels:read").
+   *
+   * @generated from rpc tether.v1.GatewayService.GetChannel
+   */
+  getChannel: {
+    methodKind: "unary";
+    input: typeof GetChannelRequestSchema;
+    output: typeof GetChannelResponseSchema;
+  },
+  /**
+   * RemoveChannel removes one; another tenant's is NOT_FOUND, as an absent one (scope
+   * "channels:write").
+   *
+   * @generated from rpc tether.v1.GatewayService.RemoveChannel
+   */
+  removeChannel: {
+    methodKind: "unary";
+    input: typeof RemoveChannelRequestSchema;
+    output: typeof RemoveChannelResponseSchema;
+  },
+  /**
+   * RotateChannelSecret replaces a connection's verification secret; the replaced one still
+   * verifies for the grace (default 24 h, at most 7 days) (scope "channels:write").
+   *
+   * @generated from rpc tether.v1.GatewayService.RotateChannelSecret
+   */
+  rotateChannelSecret: {
+    methodKind: "unary";
+    input: typeof RotateChannelSecretRequestSchema;
+    output: typeof RotateChannelSecretResponseSchema;
   },
   /**
    * DeleteTenant removes a tenant and all of its data from every service (the platform

@@ -12,7 +12,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/interactions.proto.
  */
 export const file_tether_v1_interactions: GenFile = /*@__PURE__*/
-  fileDesc("Chx0ZXRoZXIvdjEvaW50ZXJhY3Rpb25zLnByb3RvEgl0ZXRoZXIudjEiWwoYUmVzb2x2ZUNvbm5lY3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIQCghwcm92aWRlchgDIAEoCRIOCgZzY29wZXMYBCADKAkicAoZUmVzb2x2ZUNvbm5lY3Rpb25SZXNwb25zZRIlCgNnYXAYASABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIUCgxhY2Nlc3NfdG9rZW4YAiABKAkSFgoOY3JlZGVudGlhbF9yZWYYAyABKAkiYwoMUXVlc3Rpb25TcGVjEgsKA2tleRgBIAEoCRIOCgZwcm9tcHQYAiABKAkSDwoHb3B0aW9ucxgDIAMoCRIQCghtdWx0aXBsZRgEIAEoCBITCgthbGxvd19vdGhlchgFIAEoCCIgCg5RdWVzdGlvbkFuc3dlchIOCgZ2YWx1ZXMYASADKAkilQEKD1BlbmRpbmdRdWVzdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSKgoJcXVlc3Rpb25zGAMgAygLMhcudGV0aGVyLnYxLlF1ZXN0aW9uU3BlYxIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ2ChNBc2tRdWVzdGlvbnNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIUCgx0b29sX2NhbGxfaWQYAyABKAkSKgoJcXVlc3Rpb25zGAQgAygLMhcudGV0aGVyLnYxLlF1ZXN0aW9uU3BlYyIuChRBc2tRdWVzdGlvbnNSZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCSLrAQoUUmVjb3JkQW5zd2Vyc1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSPQoHYW5zd2VycxgEIAMoCzIsLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVxdWVzdC5BbnN3ZXJzRW50cnkSEAoIYWxsX3J1bnMYBSABKAgaSQoMQW5zd2Vyc0VudHJ5EgsKA2tleRgBIAEoCRIoCgV2YWx1ZRgCIAEoCzIZLnRldGhlci52MS5RdWVzdGlvbkFuc3dlcjoCOAEiQAoVUmVjb3JkQW5zd2Vyc1Jlc3BvbnNlEhYKDmludGVyYWN0aW9uX2lkGAEgASgJEg8KB3Jlc3VtZWQYAiABKAgiZwoaRmluZFBlbmRpbmdRdWVzdGlvblJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIUCgxwcmluY2lwYWxfaWQYAyABKAkSEAoIYWxsX3J1bnMYBCABKAgiSwobRmluZFBlbmRpbmdRdWVzdGlvblJlc3BvbnNlEiwKCHF1ZXN0aW9uGAEgASgLMhoudGV0aGVyLnYxLlBlbmRpbmdRdWVzdGlvbiI9ChxGaW5kQW5zd2VyZWRRdWVzdGlvbnNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAyLyAQoQQW5zd2VyZWRRdWVzdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIqCglxdWVzdGlvbnMYAiADKAsyFy50ZXRoZXIudjEuUXVlc3Rpb25TcGVjEjkKB2Fuc3dlcnMYAyADKAsyKC50ZXRoZXIudjEuQW5zd2VyZWRRdWVzdGlvbi5BbnN3ZXJzRW50cnkSFAoMdG9vbF9jYWxsX2lkGAQgASgJGkkKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKAoFdmFsdWUYAiABKAsyGS50ZXRoZXIudjEuUXVlc3Rpb25BbnN3ZXI6AjgBIk4KHUZpbmRBbnN3ZXJlZFF1ZXN0aW9uc1Jlc3BvbnNlEi0KCGFuc3dlcmVkGAEgAygLMhsudGV0aGVyLnYxLkFuc3dlcmVkUXVlc3Rpb24iXAoRQ2hlY2tHcmFudFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIVCg1yaXNrX2NhdGVnb3J5GAMgASgJEg0KBWVwb2NoGAQgASgDIjcKEkNoZWNrR3JhbnRSZXNwb25zZRIPCgdhbGxvd2VkGAEgASgIEhAKCGdyYW50X2lkGAIgASgJIoYCCg9QZW5kaW5nQXBwcm92YWwSFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDgoGcnVuX2lkGAIgASgJEhEKCXRvb2xfbmFtZRgDIAEoCRIPCgdzdW1tYXJ5GAQgASgJEhUKDXJpc2tfY2F0ZWdvcnkYBSABKAkSJgoFaW5wdXQYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eh0KFWVzdGltYXRlZF9jb3N0X21pY3JvcxgHIAEoAxIuCgpleHBpcmVzX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIZChFhbGxvd2VkX2RlY2lzaW9ucxgJIAMoCSKFAgoWUmVxdWVzdEFwcHJvdmFsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDQoFZXBvY2gYAiABKAMSFAoMdG9vbF9jYWxsX2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRImCgVpbnB1dBgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFQoNcmlza19jYXRlZ29yeRgGIAEoCRIPCgdzdW1tYXJ5GAcgASgJEh0KFWVzdGltYXRlZF9jb3N0X21pY3JvcxgIIAEoAxIXCg9pZGVtcG90ZW5jeV9rZXkYCSABKAkSGwoPYXBwcm92YWxfcG9saWN5GAogASgJQgIYASIxChdSZXF1ZXN0QXBwcm92YWxSZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCSKKAQoVUmVjb3JkRGVjaXNpb25SZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIUCgxwcmluY2lwYWxfaWQYAiABKAkSDgoGcnVuX2lkGAMgASgJEhAKCGRlY2lzaW9uGAQgASgJEhQKDGFsd2F5c19zY29wZRgFIAEoCRIQCghhbGxfcnVucxgGIAEoCCJTChZSZWNvcmREZWNpc2lvblJlc3BvbnNlEhYKDmludGVyYWN0aW9uX2lkGAEgASgJEg8KB3Jlc3VtZWQYAiABKAgSEAoIZ3JhbnRfaWQYAyABKAkiXgoUQ2xhaW1BcHByb3ZhbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg0KBWVwb2NoGAIgASgDEhEKCXRvb2xfbmFtZRgDIAEoCRIUCgx0b29sX2NhbGxfaWQYBCABKAkivAEKFUNsYWltQXBwcm92YWxSZXNwb25zZRIPCgdjbGFpbWVkGAEgASgIEhYKDmludGVyYWN0aW9uX2lkGAIgASgJEhAKCGRlY2lzaW9uGAMgASgJEhQKDHRvb2xfY2FsbF9pZBgEIAEoCRIRCgl0b29sX25hbWUYBSABKAkSJgoFaW5wdXQYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhcKD2lkZW1wb3RlbmN5X2tleRgHIAEoCSJnChpGaW5kUGVuZGluZ0FwcHJvdmFsUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDgoGcnVuX2lkGAIgASgJEhQKDHByaW5jaXBhbF9pZBgDIAEoCRIQCghhbGxfcnVucxgEIAEoCCJLChtGaW5kUGVuZGluZ0FwcHJvdmFsUmVzcG9uc2USLAoIYXBwcm92YWwYASABKAsyGi50ZXRoZXIudjEuUGVuZGluZ0FwcHJvdmFsIscBChFQZW5kaW5nQ29ubmVjdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSEAoIcHJvdmlkZXIYAyABKAkSJQoDZ2FwGAQgASgOMhgudGV0aGVyLnYxLkNvbm5lY3Rpb25HYXASEQoJbG9naW5fdXJsGAUgASgJEi4KCmV4cGlyZXNfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBnNjb3BlcxgHIAMoCSKwAQoYUmVxdWVzdENvbm5lY3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIUCgx0b29sX2NhbGxfaWQYAyABKAkSEAoIcHJvdmlkZXIYBCABKAkSJQoDZ2FwGAUgASgOMhgudGV0aGVyLnYxLkNvbm5lY3Rpb25HYXASDgoGc2NvcGVzGAYgAygJEhYKDmNyZWRlbnRpYWxfcmVmGAcgASgJIkYKGVJlcXVlc3RDb25uZWN0aW9uUmVzcG9uc2USFgoOaW50ZXJhY3Rpb25faWQYASABKAkSEQoJbG9naW5fdXJsGAIgASgJIoIBChhDb25maXJtQ29ubmVjdGlvblJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSDQoFc3RhdGUYBCABKAkSDAoEY29kZRgFIAEoCRIQCghhbGxfcnVucxgGIAEoCCIsChlDb25maXJtQ29ubmVjdGlvblJlc3BvbnNlEg8KB3Jlc3VtZWQYASABKAgiaQocRmluZFBlbmRpbmdDb25uZWN0aW9uUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDgoGcnVuX2lkGAIgASgJEhQKDHByaW5jaXBhbF9pZBgDIAEoCRIQCghhbGxfcnVucxgEIAEoCCJRCh1GaW5kUGVuZGluZ0Nvbm5lY3Rpb25SZXNwb25zZRIwCgpjb25uZWN0aW9uGAEgASgLMhwudGV0aGVyLnYxLlBlbmRpbmdDb25uZWN0aW9uIjQKH0RlbGV0ZVRlbmFudEludGVyYWN0aW9uc1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJIkYKIERlbGV0ZVRlbmFudEludGVyYWN0aW9uc1Jlc3BvbnNlEg8KB3JlbW92ZWQYASABKAMSEQoJcmVtYWluaW5nGAIgASgIIl0KClNlY3JldEluZm8SDAoEbmFtZRgBIAEoCRIRCglsYXN0X2ZvdXIYAiABKAkSLgoKY3JlYXRlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiawojSW50ZXJhY3Rpb25zU2VydmljZUFkZFNlY3JldFJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIMCgRuYW1lGAMgASgJEg0KBXZhbHVlGAQgASgMIk0KJEludGVyYWN0aW9uc1NlcnZpY2VBZGRTZWNyZXRSZXNwb25zZRIlCgZzZWNyZXQYASABKAsyFS50ZXRoZXIudjEuU2VjcmV0SW5mbyI6CiVJbnRlcmFjdGlvbnNTZXJ2aWNlTGlzdFNlY3JldHNSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCSJQCiZJbnRlcmFjdGlvbnNTZXJ2aWNlTGlzdFNlY3JldHNSZXNwb25zZRImCgdzZWNyZXRzGAEgAygLMhUudGV0aGVyLnYxLlNlY3JldEluZm8iSQomSW50ZXJhY3Rpb25zU2VydmljZVJlbW92ZVNlY3JldFJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEgwKBG5hbWUYAiABKAkiKQonSW50ZXJhY3Rpb25zU2VydmljZVJlbW92ZVNlY3JldFJlc3BvbnNlKo0BCg1Db25uZWN0aW9uR2FwEh4KGkNPTk5FQ1RJT05fR0FQX1VOU1BFQ0lGSUVEEAASGQoVQ09OTkVDVElPTl9HQVBfQUJTRU5UEAESGgoWQ09OTkVDVElPTl9HQVBfRVhQSVJFRBACEiUKIUNPTk5FQ1RJT05fR0FQX0lOU1VGRklDSUVOVF9TQ09QRRADMpwNChNJbnRlcmFjdGlvbnNTZXJ2aWNlEk8KDEFza1F1ZXN0aW9ucxIeLnRldGhlci52MS5Bc2tRdWVzdGlvbnNSZXF1ZXN0Gh8udGV0aGVyLnYxLkFza1F1ZXN0aW9uc1Jlc3BvbnNlElIKDVJlY29yZEFuc3dlcnMSHy50ZXRoZXIudjEuUmVjb3JkQW5zd2Vyc1JlcXVlc3QaIC50ZXRoZXIudjEuUmVjb3JkQW5zd2Vyc1Jlc3BvbnNlEmQKE0ZpbmRQZW5kaW5nUXVlc3Rpb24SJS50ZXRoZXIudjEuRmluZFBlbmRpbmdRdWVzdGlvblJlcXVlc3QaJi50ZXRoZXIudjEuRmluZFBlbmRpbmdRdWVzdGlvblJlc3BvbnNlEmoKFUZpbmRBbnN3ZXJlZFF1ZXN0aW9ucxInLnRldGhlci52MS5GaW5kQW5zd2VyZWRRdWVzdGlvbnNSZXF1ZXN0GigudGV0aGVyLnYxLkZpbmRBbnN3ZXJlZFF1ZXN0aW9uc1Jlc3BvbnNlEkkKCkNoZWNrR3JhbnQSHC50ZXRoZXIudjEuQ2hlY2tHcmFudFJlcXVlc3QaHS50ZXRoZXIudjEuQ2hlY2tHcmFudFJlc3BvbnNlElgKD1JlcXVlc3RBcHByb3ZhbBIhLnRldGhlci52MS5SZXF1ZXN0QXBwcm92YWxSZXF1ZXN0GiIudGV0aGVyLnYxLlJlcXVlc3RBcHByb3ZhbFJlc3BvbnNlElUKDlJlY29yZERlY2lzaW9uEiAudGV0aGVyLnYxLlJlY29yZERlY2lzaW9uUmVxdWVzdBohLnRldGhlci52MS5SZWNvcmREZWNpc2lvblJlc3BvbnNlElIKDUNsYWltQXBwcm92YWwSHy50ZXRoZXIudjEuQ2xhaW1BcHByb3ZhbFJlcXVlc3QaIC50ZXRoZXIudjEuQ2xhaW1BcHByb3ZhbFJlc3BvbnNlEmQKE0ZpbmRQZW5kaW5nQXBwcm92YWwSJS50ZXRoZXIudjEuRmluZFBlbmRpbmdBcHByb3ZhbFJlcXVlc3QaJi50ZXRoZXIudjEuRmluZFBlbmRpbmdBcHByb3ZhbFJlc3BvbnNlEl4KEVJlcXVlc3RDb25uZWN0aW9uEiMudGV0aGVyLnYxLlJlcXVlc3RDb25uZWN0aW9uUmVxdWVzdBokLnRldGhlci52MS5SZXF1ZXN0Q29ubmVjdGlvblJlc3BvbnNlEl4KEUNvbmZpcm1Db25uZWN0aW9uEiMudGV0aGVyLnYxLkNvbmZpcm1Db25uZWN0aW9uUmVxdWVzdBokLnRldGhlci52MS5Db25maXJtQ29ubmVjdGlvblJlc3BvbnNlEmoKFUZpbmRQZW5kaW5nQ29ubmVjdGlvbhInLnRldGhlci52MS5GaW5kUGVuZGluZ0Nvbm5lY3Rpb25SZXF1ZXN0GigudGV0aGVyLnYxLkZpbmRQZW5kaW5nQ29ubmVjdGlvblJlc3BvbnNlEl4KEVJlc29sdmVDb25uZWN0aW9uEiMudGV0aGVyLnYxLlJlc29sdmVDb25uZWN0aW9uUmVxdWVzdBokLnRldGhlci52MS5SZXNvbHZlQ29ubmVjdGlvblJlc3BvbnNlEnMKGERlbGV0ZVRlbmFudEludGVyYWN0aW9ucxIqLnRldGhlci52MS5EZWxldGVUZW5hbnRJbnRlcmFjdGlvbnNSZXF1ZXN0GisudGV0aGVyLnYxLkRlbGV0ZVRlbmFudEludGVyYWN0aW9uc1Jlc3BvbnNlEmwKCUFkZFNlY3JldBIuLnRldGhlci52MS5JbnRlcmFjdGlvbnNTZXJ2aWNlQWRkU2VjcmV0UmVxdWVzdBovLnRldGhlci52MS5JbnRlcmFjdGlvbnNTZXJ2aWNlQWRkU2VjcmV0UmVzcG9uc2UScgoLTGlzdFNlY3JldHMSMC50ZXRoZXIudjEuSW50ZXJhY3Rpb25zU2VydmljZUxpc3RTZWNyZXRzUmVxdWVzdBoxLnRldGhlci52MS5JbnRlcmFjdGlvbnNTZXJ2aWNlTGlzdFNlY3JldHNSZXNwb25zZRJ1CgxSZW1vdmVTZWNyZXQSMS50ZXRoZXIudjEuSW50ZXJhY3Rpb25zU2VydmljZVJlbW92ZVNlY3JldFJlcXVlc3QaMi50ZXRoZXIudjEuSW50ZXJhY3Rpb25zU2VydmljZVJlbW92ZVNlY3JldFJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Chx0ZXRoZXIvdjEvaW50ZXJhY3Rpb25zLnByb3RvEgl0ZXRoZXIudjEiWwoYUmVzb2x2ZUNvbm5lY3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIQCghwcm92aWRlchgDIAEoCRIOCgZzY29wZXMYBCADKAkicAoZUmVzb2x2ZUNvbm5lY3Rpb25SZXNwb25zZRIlCgNnYXAYASABKA4yGC50ZXRoZXIudjEuQ29ubmVjdGlvbkdhcBIUCgxhY2Nlc3NfdG9rZW4YAiABKAkSFgoOY3JlZGVudGlhbF9yZWYYAyABKAkiYwoMUXVlc3Rpb25TcGVjEgsKA2tleRgBIAEoCRIOCgZwcm9tcHQYAiABKAkSDwoHb3B0aW9ucxgDIAMoCRIQCghtdWx0aXBsZRgEIAEoCBITCgthbGxvd19vdGhlchgFIAEoCCIgCg5RdWVzdGlvbkFuc3dlchIOCgZ2YWx1ZXMYASADKAkilQEKD1BlbmRpbmdRdWVzdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSKgoJcXVlc3Rpb25zGAMgAygLMhcudGV0aGVyLnYxLlF1ZXN0aW9uU3BlYxIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ2ChNBc2tRdWVzdGlvbnNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIUCgx0b29sX2NhbGxfaWQYAyABKAkSKgoJcXVlc3Rpb25zGAQgAygLMhcudGV0aGVyLnYxLlF1ZXN0aW9uU3BlYyIuChRBc2tRdWVzdGlvbnNSZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCSLrAQoUUmVjb3JkQW5zd2Vyc1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSPQoHYW5zd2VycxgEIAMoCzIsLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVxdWVzdC5BbnN3ZXJzRW50cnkSEAoIYWxsX3J1bnMYBSABKAgaSQoMQW5zd2Vyc0VudHJ5EgsKA2tleRgBIAEoCRIoCgV2YWx1ZRgCIAEoCzIZLnRldGhlci52MS5RdWVzdGlvbkFuc3dlcjoCOAEiQAoVUmVjb3JkQW5zd2Vyc1Jlc3BvbnNlEhYKDmludGVyYWN0aW9uX2lkGAEgASgJEg8KB3Jlc3VtZWQYAiABKAgiZwoaRmluZFBlbmRpbmdRdWVzdGlvblJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIUCgxwcmluY2lwYWxfaWQYAyABKAkSEAoIYWxsX3J1bnMYBCABKAgiSwobRmluZFBlbmRpbmdRdWVzdGlvblJlc3BvbnNlEiwKCHF1ZXN0aW9uGAEgASgLMhoudGV0aGVyLnYxLlBlbmRpbmdRdWVzdGlvbiI9ChxGaW5kQW5zd2VyZWRRdWVzdGlvbnNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAyLyAQoQQW5zd2VyZWRRdWVzdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIqCglxdWVzdGlvbnMYAiADKAsyFy50ZXRoZXIudjEuUXVlc3Rpb25TcGVjEjkKB2Fuc3dlcnMYAyADKAsyKC50ZXRoZXIudjEuQW5zd2VyZWRRdWVzdGlvbi5BbnN3ZXJzRW50cnkSFAoMdG9vbF9jYWxsX2lkGAQgASgJGkkKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKAoFdmFsdWUYAiABKAsyGS50ZXRoZXIudjEuUXVlc3Rpb25BbnN3ZXI6AjgBIk4KHUZpbmRBbnN3ZXJlZFF1ZXN0aW9uc1Jlc3BvbnNlEi0KCGFuc3dlcmVkGAEgAygLMhsudGV0aGVyLnYxLkFuc3dlcmVkUXVlc3Rpb24iXAoRQ2hlY2tHcmFudFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIVCg1yaXNrX2NhdGVnb3J5GAMgASgJEg0KBWVwb2NoGAQgASgDIjcKEkNoZWNrR3JhbnRSZXNwb25zZRIPCgdhbGxvd2VkGAEgASgIEhAKCGdyYW50X2lkGAIgASgJIoYCCg9QZW5kaW5nQXBwcm92YWwSFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDgoGcnVuX2lkGAIgASgJEhEKCXRvb2xfbmFtZRgDIAEoCRIPCgdzdW1tYXJ5GAQgASgJEhUKDXJpc2tfY2F0ZWdvcnkYBSABKAkSJgoFaW5wdXQYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eh0KFWVzdGltYXRlZF9jb3N0X21pY3JvcxgHIAEoAxIuCgpleHBpcmVzX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIZChFhbGxvd2VkX2RlY2lzaW9ucxgJIAMoCSKFAgoWUmVxdWVzdEFwcHJvdmFsUmVxdWVzdBIOCgZydW5faWQYASABKAkSDQoFZXBvY2gYAiABKAMSFAoMdG9vbF9jYWxsX2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRImCgVpbnB1dBgFIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFQoNcmlza19jYXRlZ29yeRgGIAEoCRIPCgdzdW1tYXJ5GAcgASgJEh0KFWVzdGltYXRlZF9jb3N0X21pY3JvcxgIIAEoAxIXCg9pZGVtcG90ZW5jeV9rZXkYCSABKAkSGwoPYXBwcm92YWxfcG9saWN5GAogASgJQgIYASIxChdSZXF1ZXN0QXBwcm92YWxSZXNwb25zZRIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCSKKAQoVUmVjb3JkRGVjaXNpb25SZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIUCgxwcmluY2lwYWxfaWQYAiABKAkSDgoGcnVuX2lkGAMgASgJEhAKCGRlY2lzaW9uGAQgASgJEhQKDGFsd2F5c19zY29wZRgFIAEoCRIQCghhbGxfcnVucxgGIAEoCCJTChZSZWNvcmREZWNpc2lvblJlc3BvbnNlEhYKDmludGVyYWN0aW9uX2lkGAEgASgJEg8KB3Jlc3VtZWQYAiABKAgSEAoIZ3JhbnRfaWQYAyABKAkiXgoUQ2xhaW1BcHByb3ZhbFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg0KBWVwb2NoGAIgASgDEhEKCXRvb2xfbmFtZRgDIAEoCRIUCgx0b29sX2NhbGxfaWQYBCABKAkivAEKFUNsYWltQXBwcm92YWxSZXNwb25zZRIPCgdjbGFpbWVkGAEgASgIEhYKDmludGVyYWN0aW9uX2lkGAIgASgJEhAKCGRlY2lzaW9uGAMgASgJEhQKDHRvb2xfY2FsbF9pZBgEIAEoCRIRCgl0b29sX25hbWUYBSABKAkSJgoFaW5wdXQYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhcKD2lkZW1wb3RlbmN5X2tleRgHIAEoCSJnChpGaW5kUGVuZGluZ0FwcHJvdmFsUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDgoGcnVuX2lkGAIgASgJEhQKDHByaW5jaXBhbF9pZBgDIAEoCRIQCghhbGxfcnVucxgEIAEoCCJLChtGaW5kUGVuZGluZ0FwcHJvdmFsUmVzcG9uc2USLAoIYXBwcm92YWwYASABKAsyGi50ZXRoZXIudjEuUGVuZGluZ0FwcHJvdmFsIscBChFQZW5kaW5nQ29ubmVjdGlvbhIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSEAoIcHJvdmlkZXIYAyABKAkSJQoDZ2FwGAQgASgOMhgudGV0aGVyLnYxLkNvbm5lY3Rpb25HYXASEQoJbG9naW5fdXJsGAUgASgJEi4KCmV4cGlyZXNfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBnNjb3BlcxgHIAMoCSKwAQoYUmVxdWVzdENvbm5lY3Rpb25SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRINCgVlcG9jaBgCIAEoAxIUCgx0b29sX2NhbGxfaWQYAyABKAkSEAoIcHJvdmlkZXIYBCABKAkSJQoDZ2FwGAUgASgOMhgudGV0aGVyLnYxLkNvbm5lY3Rpb25HYXASDgoGc2NvcGVzGAYgAygJEhYKDmNyZWRlbnRpYWxfcmVmGAcgASgJIkYKGVJlcXVlc3RDb25uZWN0aW9uUmVzcG9uc2USFgoOaW50ZXJhY3Rpb25faWQYASABKAkSEQoJbG9naW5fdXJsGAIgASgJIoIBChhDb25maXJtQ29ubmVjdGlvblJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIOCgZydW5faWQYAyABKAkSDQoFc3RhdGUYBCABKAkSDAoEY29kZRgFIAEoCRIQCghhbGxfcnVucxgGIAEoCCIsChlDb25maXJtQ29ubmVjdGlvblJlc3BvbnNlEg8KB3Jlc3VtZWQYASABKAgiaQocRmluZFBlbmRpbmdDb25uZWN0aW9uUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDgoGcnVuX2lkGAIgASgJEhQKDHByaW5jaXBhbF9pZBgDIAEoCRIQCghhbGxfcnVucxgEIAEoCCJRCh1GaW5kUGVuZGluZ0Nvbm5lY3Rpb25SZXNwb25zZRIwCgpjb25uZWN0aW9uGAEgASgLMhwudGV0aGVyLnYxLlBlbmRpbmdDb25uZWN0aW9uIjQKH0RlbGV0ZVRlbmFudEludGVyYWN0aW9uc1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJIkYKIERlbGV0ZVRlbmFudEludGVyYWN0aW9uc1Jlc3BvbnNlEg8KB3JlbW92ZWQYASABKAMSEQoJcmVtYWluaW5nGAIgASgIIl0KClNlY3JldEluZm8SDAoEbmFtZRgBIAEoCRIRCglsYXN0X2ZvdXIYAiABKAkSLgoKY3JlYXRlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiawojSW50ZXJhY3Rpb25zU2VydmljZUFkZFNlY3JldFJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIMCgRuYW1lGAMgASgJEg0KBXZhbHVlGAQgASgMIk0KJEludGVyYWN0aW9uc1NlcnZpY2VBZGRTZWNyZXRSZXNwb25zZRIlCgZzZWNyZXQYASABKAsyFS50ZXRoZXIudjEuU2VjcmV0SW5mbyI6CiVJbnRlcmFjdGlvbnNTZXJ2aWNlTGlzdFNlY3JldHNSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCSJQCiZJbnRlcmFjdGlvbnNTZXJ2aWNlTGlzdFNlY3JldHNSZXNwb25zZRImCgdzZWNyZXRzGAEgAygLMhUudGV0aGVyLnYxLlNlY3JldEluZm8iSQomSW50ZXJhY3Rpb25zU2VydmljZVJlbW92ZVNlY3JldFJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEgwKBG5hbWUYAiABKAkiKQonSW50ZXJhY3Rpb25zU2VydmljZVJlbW92ZVNlY3JldFJlc3BvbnNlIooDCgtDaGFubmVsSW5mbxISCgpjaGFubmVsX2lkGAEgASgJEgwKBGtpbmQYAiABKAkSDAoEbmFtZRgDIAEoCRINCgVhZ2VudBgEIAEoCRIUCgxhcGlfYmFzZV91cmwYBSABKAkSEQoJcmVwbHlfdXJsGAYgASgJEjYKCHNldHRpbmdzGAcgAygLMiQudGV0aGVyLnYxLkNoYW5uZWxJbmZvLlNldHRpbmdzRW50cnkSJgoHc2VjcmV0cxgIIAMoCzIVLnRldGhlci52MS5TZWNyZXRJbmZvEj4KGnByZXZpb3VzX3NlY3JldF9leHBpcmVzX2F0GAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjcmVhdGVkX2J5GAogASgJEi4KCmNyZWF0ZWRfYXQYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wGi8KDVNldHRpbmdzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKLAQoOQ2hhbm5lbFNlY3JldHMSFgoOc2lnbmluZ19zZWNyZXQYASABKAkSEQoJYm90X3Rva2VuGAIgASgJEhIKCmFwcF9zZWNyZXQYAyABKAkSFAoMdmVyaWZ5X3Rva2VuGAQgASgJEhQKDGFjY2Vzc190b2tlbhgFIAEoCRIOCgZzZWNyZXQYBiABKAkiggEKD0NoYW5uZWxTZXR0aW5ncxIXCg9waG9uZV9udW1iZXJfaWQYASABKAkSEgoKdGV4dF9maWVsZBgCIAEoCRIUCgx0aHJlYWRfZmllbGQYAyABKAkSFAoMc2VuZGVyX2ZpZWxkGAQgASgJEhYKDmV2ZW50X2lkX2ZpZWxkGAUgASgJIv0BCiRJbnRlcmFjdGlvbnNTZXJ2aWNlQWRkQ2hhbm5lbFJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRIMCgRraW5kGAMgASgJEgwKBG5hbWUYBCABKAkSDQoFYWdlbnQYBSABKAkSFAoMYXBpX2Jhc2VfdXJsGAYgASgJEhEKCXJlcGx5X3VybBgHIAEoCRIqCgdzZWNyZXRzGAggASgLMhkudGV0aGVyLnYxLkNoYW5uZWxTZWNyZXRzEiwKCHNldHRpbmdzGAkgASgLMhoudGV0aGVyLnYxLkNoYW5uZWxTZXR0aW5ncyJQCiVJbnRlcmFjdGlvbnNTZXJ2aWNlQWRkQ2hhbm5lbFJlc3BvbnNlEicKB2NoYW5uZWwYASABKAsyFi50ZXRoZXIudjEuQ2hhbm5lbEluZm8iOwomSW50ZXJhY3Rpb25zU2VydmljZUxpc3RDaGFubmVsc1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJIlMKJ0ludGVyYWN0aW9uc1NlcnZpY2VMaXN0Q2hhbm5lbHNSZXNwb25zZRIoCghjaGFubmVscxgBIAMoCzIWLnRldGhlci52MS5DaGFubmVsSW5mbyJNCiRJbnRlcmFjdGlvbnNTZXJ2aWNlR2V0Q2hhbm5lbFJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhIKCmNoYW5uZWxfaWQYAiABKAkiUAolSW50ZXJhY3Rpb25zU2VydmljZUdldENoYW5uZWxSZXNwb25zZRInCgdjaGFubmVsGAEgASgLMhYudGV0aGVyLnYxLkNoYW5uZWxJbmZvIlAKJ0ludGVyYWN0aW9uc1NlcnZpY2VSZW1vdmVDaGFubmVsUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSEgoKY2hhbm5lbF9pZBgCIAEoCSIqCihJbnRlcmFjdGlvbnNTZXJ2aWNlUmVtb3ZlQ2hhbm5lbFJlc3BvbnNlIngKLUludGVyYWN0aW9uc1NlcnZpY2VSb3RhdGVDaGFubmVsU2VjcmV0UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSEgoKY2hhbm5lbF9pZBgCIAEoCRIOCgZzZWNyZXQYAyABKAkSEAoIZ3JhY2VfbXMYBCABKAQiWQouSW50ZXJhY3Rpb25zU2VydmljZVJvdGF0ZUNoYW5uZWxTZWNyZXRSZXNwb25zZRInCgdjaGFubmVsGAEgASgLMhYudGV0aGVyLnYxLkNoYW5uZWxJbmZvIjYKIExvb2t1cENoYW5uZWxWZXJpZmljYXRpb25SZXF1ZXN0EhIKCmNoYW5uZWxfaWQYASABKAkiVQohTG9va3VwQ2hhbm5lbFZlcmlmaWNhdGlvblJlc3BvbnNlEhEKCXRlbmFudF9pZBgBIAEoCRIMCgRraW5kGAIgASgJEg8KB3NlY3JldHMYAyADKAkqjQEKDUNvbm5lY3Rpb25HYXASHgoaQ09OTkVDVElPTl9HQVBfVU5TUEVDSUZJRUQQABIZChVDT05ORUNUSU9OX0dBUF9BQlNFTlQQARIaChZDT05ORUNUSU9OX0dBUF9FWFBJUkVEEAISJQohQ09OTkVDVElPTl9HQVBfSU5TVUZGSUNJRU5UX1NDT1BFEAMy9BIKE0ludGVyYWN0aW9uc1NlcnZpY2USTwoMQXNrUXVlc3Rpb25zEh4udGV0aGVyLnYxLkFza1F1ZXN0aW9uc1JlcXVlc3QaHy50ZXRoZXIudjEuQXNrUXVlc3Rpb25zUmVzcG9uc2USUgoNUmVjb3JkQW5zd2VycxIfLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVxdWVzdBogLnRldGhlci52MS5SZWNvcmRBbnN3ZXJzUmVzcG9uc2USZAoTRmluZFBlbmRpbmdRdWVzdGlvbhIlLnRldGhlci52MS5GaW5kUGVuZGluZ1F1ZXN0aW9uUmVxdWVzdBomLnRldGhlci52MS5GaW5kUGVuZGluZ1F1ZXN0aW9uUmVzcG9uc2USagoVRmluZEFuc3dlcmVkUXVlc3Rpb25zEicudGV0aGVyLnYxLkZpbmRBbnN3ZXJlZFF1ZXN0aW9uc1JlcXVlc3QaKC50ZXRoZXIudjEuRmluZEFuc3dlcmVkUXVlc3Rpb25zUmVzcG9uc2USSQoKQ2hlY2tHcmFudBIcLnRldGhlci52MS5DaGVja0dyYW50UmVxdWVzdBodLnRldGhlci52MS5DaGVja0dyYW50UmVzcG9uc2USWAoPUmVxdWVzdEFwcHJvdmFsEiEudGV0aGVyLnYxLlJlcXVlc3RBcHByb3ZhbFJlcXVlc3QaIi50ZXRoZXIudjEuUmVxdWVzdEFwcHJvdmFsUmVzcG9uc2USVQoOUmVjb3JkRGVjaXNpb24SIC50ZXRoZXIudjEuUmVjb3JkRGVjaXNpb25SZXF1ZXN0GiEudGV0aGVyLnYxLlJlY29yZERlY2lzaW9uUmVzcG9uc2USUgoNQ2xhaW1BcHByb3ZhbBIfLnRldGhlci52MS5DbGFpbUFwcHJvdmFsUmVxdWVzdBogLnRldGhlci52MS5DbGFpbUFwcHJvdmFsUmVzcG9uc2USZAoTRmluZFBlbmRpbmdBcHByb3ZhbBIlLnRldGhlci52MS5GaW5kUGVuZGluZ0FwcHJvdmFsUmVxdWVzdBomLnRldGhlci52MS5GaW5kUGVuZGluZ0FwcHJvdmFsUmVzcG9uc2USXgoRUmVxdWVzdENvbm5lY3Rpb24SIy50ZXRoZXIudjEuUmVxdWVzdENvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLlJlcXVlc3RDb25uZWN0aW9uUmVzcG9uc2USXgoRQ29uZmlybUNvbm5lY3Rpb24SIy50ZXRoZXIudjEuQ29uZmlybUNvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLkNvbmZpcm1Db25uZWN0aW9uUmVzcG9uc2USagoVRmluZFBlbmRpbmdDb25uZWN0aW9uEicudGV0aGVyLnYxLkZpbmRQZW5kaW5nQ29ubmVjdGlvblJlcXVlc3QaKC50ZXRoZXIudjEuRmluZFBlbmRpbmdDb25uZWN0aW9uUmVzcG9uc2USXgoRUmVzb2x2ZUNvbm5lY3Rpb24SIy50ZXRoZXIudjEuUmVzb2x2ZUNvbm5lY3Rpb25SZXF1ZXN0GiQudGV0aGVyLnYxLlJlc29sdmVDb25uZWN0aW9uUmVzcG9uc2UScwoYRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zEioudGV0aGVyLnYxLkRlbGV0ZVRlbmFudEludGVyYWN0aW9uc1JlcXVlc3QaKy50ZXRoZXIudjEuRGVsZXRlVGVuYW50SW50ZXJhY3Rpb25zUmVzcG9uc2USbAoJQWRkU2VjcmV0Ei4udGV0aGVyLnYxLkludGVyYWN0aW9uc1NlcnZpY2VBZGRTZWNyZXRSZXF1ZXN0Gi8udGV0aGVyLnYxLkludGVyYWN0aW9uc1NlcnZpY2VBZGRTZWNyZXRSZXNwb25zZRJyCgtMaXN0U2VjcmV0cxIwLnRldGhlci52MS5JbnRlcmFjdGlvbnNTZXJ2aWNlTGlzdFNlY3JldHNSZXF1ZXN0GjEudGV0aGVyLnYxLkludGVyYWN0aW9uc1NlcnZpY2VMaXN0U2VjcmV0c1Jlc3BvbnNlEnUKDFJlbW92ZVNlY3JldBIxLnRldGhlci52MS5JbnRlcmFjdGlvbnNTZXJ2aWNlUmVtb3ZlU2VjcmV0UmVxdWVzdBoyLnRldGhlci52MS5JbnRlcmFjdGlvbnNTZXJ2aWNlUmVtb3ZlU2VjcmV0UmVzcG9uc2USbwoKQWRkQ2hhbm5lbBIvLnRldGhlci52MS5JbnRlcmFjdGlvbnNTZXJ2aWNlQWRkQ2hhbm5lbFJlcXVlc3QaMC50ZXRoZXIudjEuSW50ZXJhY3Rpb25zU2VydmljZUFkZENoYW5uZWxSZXNwb25zZRJ1CgxMaXN0Q2hhbm5lbHMSMS50ZXRoZXIudjEuSW50ZXJhY3Rpb25zU2VydmljZUxpc3RDaGFubmVsc1JlcXVlc3QaMi50ZXRoZXIudjEuSW50ZXJhY3Rpb25zU2VydmljZUxpc3RDaGFubmVsc1Jlc3BvbnNlEm8KCkdldENoYW5uZWwSLy50ZXRoZXIudjEuSW50ZXJhY3Rpb25zU2VydmljZUdldENoYW5uZWxSZXF1ZXN0GjAudGV0aGVyLnYxLkludGVyYWN0aW9uc1NlcnZpY2VHZXRDaGFubmVsUmVzcG9uc2USeAoNUmVtb3ZlQ2hhbm5lbBIyLnRldGhlci52MS5JbnRlcmFjdGlvbnNTZXJ2aWNlUmVtb3ZlQ2hhbm5lbFJlcXVlc3QaMy50ZXRoZXIudjEuSW50ZXJhY3Rpb25zU2VydmljZVJlbW92ZUNoYW5uZWxSZXNwb25zZRKKAQoTUm90YXRlQ2hhbm5lbFNlY3JldBI4LnRldGhlci52MS5JbnRlcmFjdGlvbnNTZXJ2aWNlUm90YXRlQ2hhbm5lbFNlY3JldFJlcXVlc3QaOS50ZXRoZXIudjEuSW50ZXJhY3Rpb25zU2VydmljZVJvdGF0ZUNoYW5uZWxTZWNyZXRSZXNwb25zZRJ2ChlMb29rdXBDaGFubmVsVmVyaWZpY2F0aW9uEisudGV0aGVyLnYxLkxvb2t1cENoYW5uZWxWZXJpZmljYXRpb25SZXF1ZXN0GiwudGV0aGVyLnYxLkxvb2t1cENoYW5uZWxWZXJpZmljYXRpb25SZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * ResolveConnectionRequest asks for a usable connection under a lease.
@@ -2774,6 +2774,1019 @@ export const InteractionsServiceRemoveSecretResponseSchema: GenMessage<Interacti
   messageDesc(file_tether_v1_interactions, 40);
 
 /**
+ * ChannelInfo is what a read shows of a channel connection: never a secret's value.
+ *
+ * @generated from message tether.v1.ChannelInfo
+ */
+export type ChannelInfo = Message<"tether.v1.ChannelInfo"> & {
+  /**
+   * Channel id (ch_...).
+   *
+   * @generated from field: string channel_id = 1;
+   */
+  channelId: string;
+
+  /**
+   * slack, whatsapp or webhook.
+   *
+   * @generated from field: string kind = 2;
+   */
+  kind: string;
+
+  /**
+   * Name, unique in the tenant.
+   *
+   * @generated from field: string name = 3;
+   */
+  name: string;
+
+  /**
+   * The agent it routes to; empty: the tenant's routes (source messaging, channel = kind).
+   *
+   * @generated from field: string agent = 4;
+   */
+  agent: string;
+
+  /**
+   * Where Slack or WhatsApp replies go.
+   *
+   * @generated from field: string api_base_url = 5;
+   */
+  apiBaseUrl: string;
+
+  /**
+   * Where a generic webhook channel's replies go (empty: nowhere yet).
+   *
+   * @generated from field: string reply_url = 6;
+   */
+  replyUrl: string;
+
+  /**
+   * The kind's non-secret settings (phone_number_id, the webhook's JSON pointers).
+   *
+   * @generated from field: map<string, string> settings = 7;
+   */
+  settings: { [key: string]: string };
+
+  /**
+   * Each secret's name and last four characters.
+   *
+   * @generated from field: repeated tether.v1.SecretInfo secrets = 8;
+   */
+  secrets: SecretInfo[];
+
+  /**
+   * Until when the verification secret a rotation replaced still verifies (unset: none).
+   *
+   * @generated from field: google.protobuf.Timestamp previous_secret_expires_at = 9;
+   */
+  previousSecretExpiresAt?: Timestamp | undefined;
+
+  /**
+   * Who added it.
+   *
+   * @generated from field: string created_by = 10;
+   */
+  createdBy: string;
+
+  /**
+   * When it was added.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 11;
+   */
+  createdAt?: Timestamp | undefined;
+};
+
+/**
+ * ChannelInfo is what a read shows of a channel connection: never a secret's value.
+ *
+ * @generated from message tether.v1.ChannelInfo
+ */
+export type ChannelInfoJson = {
+  /**
+   * Channel id (ch_...).
+   *
+   * @generated from field: string channel_id = 1;
+   */
+  channelId?: string;
+
+  /**
+   * slack, whatsapp or webhook.
+   *
+   * @generated from field: string kind = 2;
+   */
+  kind?: string;
+
+  /**
+   * Name, unique in the tenant.
+   *
+   * @generated from field: string name = 3;
+   */
+  name?: string;
+
+  /**
+   * The agent it routes to; empty: the tenant's routes (source messaging, channel = kind).
+   *
+   * @generated from field: string agent = 4;
+   */
+  agent?: string;
+
+  /**
+   * Where Slack or WhatsApp replies go.
+   *
+   * @generated from field: string api_base_url = 5;
+   */
+  apiBaseUrl?: string;
+
+  /**
+   * Where a generic webhook channel's replies go (empty: nowhere yet).
+   *
+   * @generated from field: string reply_url = 6;
+   */
+  replyUrl?: string;
+
+  /**
+   * The kind's non-secret settings (phone_number_id, the webhook's JSON pointers).
+   *
+   * @generated from field: map<string, string> settings = 7;
+   */
+  settings?: { [key: string]: string };
+
+  /**
+   * Each secret's name and last four characters.
+   *
+   * @generated from field: repeated tether.v1.SecretInfo secrets = 8;
+   */
+  secrets?: SecretInfoJson[];
+
+  /**
+   * Until when the verification secret a rotation replaced still verifies (unset: none).
+   *
+   * @generated from field: google.protobuf.Timestamp previous_secret_expires_at = 9;
+   */
+  previousSecretExpiresAt?: TimestampJson;
+
+  /**
+   * Who added it.
+   *
+   * @generated from field: string created_by = 10;
+   */
+  createdBy?: string;
+
+  /**
+   * When it was added.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 11;
+   */
+  createdAt?: TimestampJson;
+};
+
+/**
+ * Describes the message tether.v1.ChannelInfo.
+ * Use `create(ChannelInfoSchema)` to create a new message.
+ */
+export const ChannelInfoSchema: GenMessage<ChannelInfo, {jsonType: ChannelInfoJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 41);
+
+/**
+ * ChannelSecrets are a connection's secrets; each kind takes its own and refuses the others.
+ *
+ * @generated from message tether.v1.ChannelSecrets
+ */
+export type ChannelSecrets = Message<"tether.v1.ChannelSecrets"> & {
+  /**
+   * Slack: the signing secret (verifies Slack's requests).
+   * Limit: 65536 characters, no NUL.
+   *
+   * @generated from field: string signing_secret = 1;
+   */
+  signingSecret: string;
+
+  /**
+   * Slack: the bot token (posts replies).
+   * Limit: 65536 characters, no NUL.
+   *
+   * @generated from field: string bot_token = 2;
+   */
+  botToken: string;
+
+  /**
+   * WhatsApp: the app secret (verifies Meta's requests).
+   * Limit: 65536 characters, no NUL.
+   *
+   * @generated from field: string app_secret = 3;
+   */
+  appSecret: string;
+
+  /**
+   * WhatsApp: the verify token of the subscription handshake.
+   * Limit: 65536 characters, no NUL.
+   *
+   * @generated from field: string verify_token = 4;
+   */
+  verifyToken: string;
+
+  /**
+   * WhatsApp: the access token (sends replies).
+   * Limit: 65536 characters, no NUL.
+   *
+   * @generated from field: string access_token = 5;
+   */
+  accessToken: string;
+
+  /**
+   * Webhook: the Standard Webhooks secret.
+   * Limit: 65536 characters, no NUL.
+   *
+   * @generated from field: string secret = 6;
+   */
+  secret: string;
+};
+
+/**
+ * ChannelSecrets are a connection's secrets; each kind takes its own and refuses the others.
+ *
+ * @generated from message tether.v1.ChannelSecrets
+ */
+export type ChannelSecretsJson = {
+  /**
+   * Slack: the signing secret (verifies Slack's requests).
+   * Limit: 65536 characters, no NUL.
+   *
+   * @generated from field: string signing_secret = 1;
+   */
+  signingSecret?: string;
+
+  /**
+   * Slack: the bot token (posts replies).
+   * Limit: 65536 characters, no NUL.
+   *
+   * @generated from field: string bot_token = 2;
+   */
+  botToken?: string;
+
+  /**
+   * WhatsApp: the app secret (verifies Meta's requests).
+   * Limit: 65536 characters, no NUL.
+   *
+   * @generated from field: string app_secret = 3;
+   */
+  appSecret?: string;
+
+  /**
+   * WhatsApp: the verify token of the subscription handshake.
+   * Limit: 65536 characters, no NUL.
+   *
+   * @generated from field: string verify_token = 4;
+   */
+  verifyToken?: string;
+
+  /**
+   * WhatsApp: the access token (sends replies).
+   * Limit: 65536 characters, no NUL.
+   *
+   * @generated from field: string access_token = 5;
+   */
+  accessToken?: string;
+
+  /**
+   * Webhook: the Standard Webhooks secret.
+   * Limit: 65536 characters, no NUL.
+   *
+   * @generated from field: string secret = 6;
+   */
+  secret?: string;
+};
+
+/**
+ * Describes the message tether.v1.ChannelSecrets.
+ * Use `create(ChannelSecretsSchema)` to create a new message.
+ */
+export const ChannelSecretsSchema: GenMessage<ChannelSecrets, {jsonType: ChannelSecretsJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 42);
+
+/**
+ * ChannelSettings are a connection's non-secret settings, each for its kind.
+ *
+ * @generated from message tether.v1.ChannelSettings
+ */
+export type ChannelSettings = Message<"tether.v1.ChannelSettings"> & {
+  /**
+   * WhatsApp: the business phone number's id.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+   *
+   * @generated from field: string phone_number_id = 1;
+   */
+  phoneNumberId: string;
+
+  /**
+   * Webhook: JSON pointer to the message text.
+   * Limit: 2048 characters, no NUL.
+   *
+   * @generated from field: string text_field = 2;
+   */
+  textField: string;
+
+  /**
+   * Webhook: JSON pointer to the thread id.
+   * Limit: 2048 characters, no NUL.
+   *
+   * @generated from field: string thread_field = 3;
+   */
+  threadField: string;
+
+  /**
+   * Webhook: JSON pointer to the sender id.
+   * Limit: 2048 characters, no NUL.
+   *
+   * @generated from field: string sender_field = 4;
+   */
+  senderField: string;
+
+  /**
+   * Webhook: JSON pointer to the event id (the idempotency key).
+   * Limit: 2048 characters, no NUL.
+   *
+   * @generated from field: string event_id_field = 5;
+   */
+  eventIdField: string;
+};
+
+/**
+ * ChannelSettings are a connection's non-secret settings, each for its kind.
+ *
+ * @generated from message tether.v1.ChannelSettings
+ */
+export type ChannelSettingsJson = {
+  /**
+   * WhatsApp: the business phone number's id.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+   *
+   * @generated from field: string phone_number_id = 1;
+   */
+  phoneNumberId?: string;
+
+  /**
+   * Webhook: JSON pointer to the message text.
+   * Limit: 2048 characters, no NUL.
+   *
+   * @generated from field: string text_field = 2;
+   */
+  textField?: string;
+
+  /**
+   * Webhook: JSON pointer to the thread id.
+   * Limit: 2048 characters, no NUL.
+   *
+   * @generated from field: string thread_field = 3;
+   */
+  threadField?: string;
+
+  /**
+   * Webhook: JSON pointer to the sender id.
+   * Limit: 2048 characters, no NUL.
+   *
+   * @generated from field: string sender_field = 4;
+   */
+  senderField?: string;
+
+  /**
+   * Webhook: JSON pointer to the event id (the idempotency key).
+   * Limit: 2048 characters, no NUL.
+   *
+   * @generated from field: string event_id_field = 5;
+   */
+  eventIdField?: string;
+};
+
+/**
+ * Describes the message tether.v1.ChannelSettings.
+ * Use `create(ChannelSettingsSchema)` to create a new message.
+ */
+export const ChannelSettingsSchema: GenMessage<ChannelSettings, {jsonType: ChannelSettingsJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 43);
+
+/**
+ * InteractionsServiceAddChannelRequest stores a channel connection for a tenant.
+ *
+ * @generated from message tether.v1.InteractionsServiceAddChannelRequest
+ */
+export type InteractionsServiceAddChannelRequest = Message<"tether.v1.InteractionsServiceAddChannelRequest"> & {
+  /**
+   * Tenant id.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId: string;
+
+  /**
+   * Who adds it.
+   *
+   * @generated from field: string principal_id = 2;
+   */
+  principalId: string;
+
+  /**
+   * slack, whatsapp or webhook.
+   *
+   * @generated from field: string kind = 3;
+   */
+  kind: string;
+
+  /**
+   * Name.
+   *
+   * @generated from field: string name = 4;
+   */
+  name: string;
+
+  /**
+   * The agent it routes to (optional).
+   *
+   * @generated from field: string agent = 5;
+   */
+  agent: string;
+
+  /**
+   * Slack and WhatsApp: the provider's API (default its real one).
+   *
+   * @generated from field: string api_base_url = 6;
+   */
+  apiBaseUrl: string;
+
+  /**
+   * Webhook: where replies go (optional).
+   *
+   * @generated from field: string reply_url = 7;
+   */
+  replyUrl: string;
+
+  /**
+   * The kind's secrets.
+   *
+   * @generated from field: tether.v1.ChannelSecrets secrets = 8;
+   */
+  secrets?: ChannelSecrets | undefined;
+
+  /**
+   * The kind's settings.
+   *
+   * @generated from field: tether.v1.ChannelSettings settings = 9;
+   */
+  settings?: ChannelSettings | undefined;
+};
+
+/**
+ * InteractionsServiceAddChannelRequest stores a channel connection for a tenant.
+ *
+ * @generated from message tether.v1.InteractionsServiceAddChannelRequest
+ */
+export type InteractionsServiceAddChannelRequestJson = {
+  /**
+   * Tenant id.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId?: string;
+
+  /**
+   * Who adds it.
+   *
+   * @generated from field: string principal_id = 2;
+   */
+  principalId?: string;
+
+  /**
+   * slack, whatsapp or webhook.
+   *
+   * @generated from field: string kind = 3;
+   */
+  kind?: string;
+
+  /**
+   * Name.
+   *
+   * @generated from field: string name = 4;
+   */
+  name?: string;
+
+  /**
+   * The agent it routes to (optional).
+   *
+   * @generated from field: string agent = 5;
+   */
+  agent?: string;
+
+  /**
+   * Slack and WhatsApp: the provider's API (default its real one).
+   *
+   * @generated from field: string api_base_url = 6;
+   */
+  apiBaseUrl?: string;
+
+  /**
+   * Webhook: where replies go (optional).
+   *
+   * @generated from field: string reply_url = 7;
+   */
+  replyUrl?: string;
+
+  /**
+   * The kind's secrets.
+   *
+   * @generated from field: tether.v1.ChannelSecrets secrets = 8;
+   */
+  secrets?: ChannelSecretsJson;
+
+  /**
+   * The kind's settings.
+   *
+   * @generated from field: tether.v1.ChannelSettings settings = 9;
+   */
+  settings?: ChannelSettingsJson;
+};
+
+/**
+ * Describes the message tether.v1.InteractionsServiceAddChannelRequest.
+ * Use `create(InteractionsServiceAddChannelRequestSchema)` to create a new message.
+ */
+export const InteractionsServiceAddChannelRequestSchema: GenMessage<InteractionsServiceAddChannelRequest, {jsonType: InteractionsServiceAddChannelRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 44);
+
+/**
+ * InteractionsServiceAddChannelResponse shows what was stored, without its secrets.
+ *
+ * @generated from message tether.v1.InteractionsServiceAddChannelResponse
+ */
+export type InteractionsServiceAddChannelResponse = Message<"tether.v1.InteractionsServiceAddChannelResponse"> & {
+  /**
+   * The connection.
+   *
+   * @generated from field: tether.v1.ChannelInfo channel = 1;
+   */
+  channel?: ChannelInfo | undefined;
+};
+
+/**
+ * InteractionsServiceAddChannelResponse shows what was stored, without its secrets.
+ *
+ * @generated from message tether.v1.InteractionsServiceAddChannelResponse
+ */
+export type InteractionsServiceAddChannelResponseJson = {
+  /**
+   * The connection.
+   *
+   * @generated from field: tether.v1.ChannelInfo channel = 1;
+   */
+  channel?: ChannelInfoJson;
+};
+
+/**
+ * Describes the message tether.v1.InteractionsServiceAddChannelResponse.
+ * Use `create(InteractionsServiceAddChannelResponseSchema)` to create a new message.
+ */
+export const InteractionsServiceAddChannelResponseSchema: GenMessage<InteractionsServiceAddChannelResponse, {jsonType: InteractionsServiceAddChannelResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 45);
+
+/**
+ * InteractionsServiceListChannelsRequest names a tenant.
+ *
+ * @generated from message tether.v1.InteractionsServiceListChannelsRequest
+ */
+export type InteractionsServiceListChannelsRequest = Message<"tether.v1.InteractionsServiceListChannelsRequest"> & {
+  /**
+   * Tenant id.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId: string;
+};
+
+/**
+ * InteractionsServiceListChannelsRequest names a tenant.
+ *
+ * @generated from message tether.v1.InteractionsServiceListChannelsRequest
+ */
+export type InteractionsServiceListChannelsRequestJson = {
+  /**
+   * Tenant id.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId?: string;
+};
+
+/**
+ * Describes the message tether.v1.InteractionsServiceListChannelsRequest.
+ * Use `create(InteractionsServiceListChannelsRequestSchema)` to create a new message.
+ */
+export const InteractionsServiceListChannelsRequestSchema: GenMessage<InteractionsServiceListChannelsRequest, {jsonType: InteractionsServiceListChannelsRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 46);
+
+/**
+ * InteractionsServiceListChannelsResponse lists the tenant's connections by name.
+ *
+ * @generated from message tether.v1.InteractionsServiceListChannelsResponse
+ */
+export type InteractionsServiceListChannelsResponse = Message<"tether.v1.InteractionsServiceListChannelsResponse"> & {
+  /**
+   * Channels.
+   *
+   * @generated from field: repeated tether.v1.ChannelInfo channels = 1;
+   */
+  channels: ChannelInfo[];
+};
+
+/**
+ * InteractionsServiceListChannelsResponse lists the tenant's connections by name.
+ *
+ * @generated from message tether.v1.InteractionsServiceListChannelsResponse
+ */
+export type InteractionsServiceListChannelsResponseJson = {
+  /**
+   * Channels.
+   *
+   * @generated from field: repeated tether.v1.ChannelInfo channels = 1;
+   */
+  channels?: ChannelInfoJson[];
+};
+
+/**
+ * Describes the message tether.v1.InteractionsServiceListChannelsResponse.
+ * Use `create(InteractionsServiceListChannelsResponseSchema)` to create a new message.
+ */
+export const InteractionsServiceListChannelsResponseSchema: GenMessage<InteractionsServiceListChannelsResponse, {jsonType: InteractionsServiceListChannelsResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 47);
+
+/**
+ * InteractionsServiceGetChannelRequest names a connection.
+ *
+ * @generated from message tether.v1.InteractionsServiceGetChannelRequest
+ */
+export type InteractionsServiceGetChannelRequest = Message<"tether.v1.InteractionsServiceGetChannelRequest"> & {
+  /**
+   * Tenant id.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId: string;
+
+  /**
+   * Channel id.
+   *
+   * @generated from field: string channel_id = 2;
+   */
+  channelId: string;
+};
+
+/**
+ * InteractionsServiceGetChannelRequest names a connection.
+ *
+ * @generated from message tether.v1.InteractionsServiceGetChannelRequest
+ */
+export type InteractionsServiceGetChannelRequestJson = {
+  /**
+   * Tenant id.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId?: string;
+
+  /**
+   * Channel id.
+   *
+   * @generated from field: string channel_id = 2;
+   */
+  channelId?: string;
+};
+
+/**
+ * Describes the message tether.v1.InteractionsServiceGetChannelRequest.
+ * Use `create(InteractionsServiceGetChannelRequestSchema)` to create a new message.
+ */
+export const InteractionsServiceGetChannelRequestSchema: GenMessage<InteractionsServiceGetChannelRequest, {jsonType: InteractionsServiceGetChannelRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 48);
+
+/**
+ * InteractionsServiceGetChannelResponse is the connection, without its secrets.
+ *
+ * @generated from message tether.v1.InteractionsServiceGetChannelResponse
+ */
+export type InteractionsServiceGetChannelResponse = Message<"tether.v1.InteractionsServiceGetChannelResponse"> & {
+  /**
+   * The connection.
+   *
+   * @generated from field: tether.v1.ChannelInfo channel = 1;
+   */
+  channel?: ChannelInfo | undefined;
+};
+
+/**
+ * InteractionsServiceGetChannelResponse is the connection, without its secrets.
+ *
+ * @generated from message tether.v1.InteractionsServiceGetChannelResponse
+ */
+export type InteractionsServiceGetChannelResponseJson = {
+  /**
+   * The connection.
+   *
+   * @generated from field: tether.v1.ChannelInfo channel = 1;
+   */
+  channel?: ChannelInfoJson;
+};
+
+/**
+ * Describes the message tether.v1.InteractionsServiceGetChannelResponse.
+ * Use `create(InteractionsServiceGetChannelResponseSchema)` to create a new message.
+ */
+export const InteractionsServiceGetChannelResponseSchema: GenMessage<InteractionsServiceGetChannelResponse, {jsonType: InteractionsServiceGetChannelResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 49);
+
+/**
+ * InteractionsServiceRemoveChannelRequest names the connection to remove.
+ *
+ * @generated from message tether.v1.InteractionsServiceRemoveChannelRequest
+ */
+export type InteractionsServiceRemoveChannelRequest = Message<"tether.v1.InteractionsServiceRemoveChannelRequest"> & {
+  /**
+   * Tenant id.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId: string;
+
+  /**
+   * Channel id.
+   *
+   * @generated from field: string channel_id = 2;
+   */
+  channelId: string;
+};
+
+/**
+ * InteractionsServiceRemoveChannelRequest names the connection to remove.
+ *
+ * @generated from message tether.v1.InteractionsServiceRemoveChannelRequest
+ */
+export type InteractionsServiceRemoveChannelRequestJson = {
+  /**
+   * Tenant id.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId?: string;
+
+  /**
+   * Channel id.
+   *
+   * @generated from field: string channel_id = 2;
+   */
+  channelId?: string;
+};
+
+/**
+ * Describes the message tether.v1.InteractionsServiceRemoveChannelRequest.
+ * Use `create(InteractionsServiceRemoveChannelRequestSchema)` to create a new message.
+ */
+export const InteractionsServiceRemoveChannelRequestSchema: GenMessage<InteractionsServiceRemoveChannelRequest, {jsonType: InteractionsServiceRemoveChannelRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 50);
+
+/**
+ * InteractionsServiceRemoveChannelResponse is empty: the connection is gone.
+ *
+ * @generated from message tether.v1.InteractionsServiceRemoveChannelResponse
+ */
+export type InteractionsServiceRemoveChannelResponse = Message<"tether.v1.InteractionsServiceRemoveChannelResponse"> & {
+};
+
+/**
+ * InteractionsServiceRemoveChannelResponse is empty: the connection is gone.
+ *
+ * @generated from message tether.v1.InteractionsServiceRemoveChannelResponse
+ */
+export type InteractionsServiceRemoveChannelResponseJson = {
+};
+
+/**
+ * Describes the message tether.v1.InteractionsServiceRemoveChannelResponse.
+ * Use `create(InteractionsServiceRemoveChannelResponseSchema)` to create a new message.
+ */
+export const InteractionsServiceRemoveChannelResponseSchema: GenMessage<InteractionsServiceRemoveChannelResponse, {jsonType: InteractionsServiceRemoveChannelResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 51);
+
+/**
+ * InteractionsServiceRotateChannelSecretRequest replaces a connection's verification secret.
+ *
+ * @generated from message tether.v1.InteractionsServiceRotateChannelSecretRequest
+ */
+export type InteractionsServiceRotateChannelSecretRequest = Message<"tether.v1.InteractionsServiceRotateChannelSecretRequest"> & {
+  /**
+   * Tenant id.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId: string;
+
+  /**
+   * Channel id.
+   *
+   * @generated from field: string channel_id = 2;
+   */
+  channelId: string;
+
+  /**
+   * The new verification secret.
+   *
+   * @generated from field: string secret = 3;
+   */
+  secret: string;
+
+  /**
+   * How long the replaced secret still verifies, in milliseconds.
+   *
+   * @generated from field: uint64 grace_ms = 4;
+   */
+  graceMs: bigint;
+};
+
+/**
+ * InteractionsServiceRotateChannelSecretRequest replaces a connection's verification secret.
+ *
+ * @generated from message tether.v1.InteractionsServiceRotateChannelSecretRequest
+ */
+export type InteractionsServiceRotateChannelSecretRequestJson = {
+  /**
+   * Tenant id.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId?: string;
+
+  /**
+   * Channel id.
+   *
+   * @generated from field: string channel_id = 2;
+   */
+  channelId?: string;
+
+  /**
+   * The new verification secret.
+   *
+   * @generated from field: string secret = 3;
+   */
+  secret?: string;
+
+  /**
+   * How long the replaced secret still verifies, in milliseconds.
+   *
+   * @generated from field: uint64 grace_ms = 4;
+   */
+  graceMs?: string;
+};
+
+/**
+ * Describes the message tether.v1.InteractionsServiceRotateChannelSecretRequest.
+ * Use `create(InteractionsServiceRotateChannelSecretRequestSchema)` to create a new message.
+ */
+export const InteractionsServiceRotateChannelSecretRequestSchema: GenMessage<InteractionsServiceRotateChannelSecretRequest, {jsonType: InteractionsServiceRotateChannelSecretRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 52);
+
+/**
+ * InteractionsServiceRotateChannelSecretResponse is the connection after the rotation.
+ *
+ * @generated from message tether.v1.InteractionsServiceRotateChannelSecretResponse
+ */
+export type InteractionsServiceRotateChannelSecretResponse = Message<"tether.v1.InteractionsServiceRotateChannelSecretResponse"> & {
+  /**
+   * The connection.
+   *
+   * @generated from field: tether.v1.ChannelInfo channel = 1;
+   */
+  channel?: ChannelInfo | undefined;
+};
+
+/**
+ * InteractionsServiceRotateChannelSecretResponse is the connection after the rotation.
+ *
+ * @generated from message tether.v1.InteractionsServiceRotateChannelSecretResponse
+ */
+export type InteractionsServiceRotateChannelSecretResponseJson = {
+  /**
+   * The connection.
+   *
+   * @generated from field: tether.v1.ChannelInfo channel = 1;
+   */
+  channel?: ChannelInfoJson;
+};
+
+/**
+ * Describes the message tether.v1.InteractionsServiceRotateChannelSecretResponse.
+ * Use `create(InteractionsServiceRotateChannelSecretResponseSchema)` to create a new message.
+ */
+export const InteractionsServiceRotateChannelSecretResponseSchema: GenMessage<InteractionsServiceRotateChannelSecretResponse, {jsonType: InteractionsServiceRotateChannelSecretResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 53);
+
+/**
+ * LookupChannelVerificationRequest names a connection by id alone (a webhook's URL carries it).
+ *
+ * @generated from message tether.v1.LookupChannelVerificationRequest
+ */
+export type LookupChannelVerificationRequest = Message<"tether.v1.LookupChannelVerificationRequest"> & {
+  /**
+   * Channel id.
+   *
+   * @generated from field: string channel_id = 1;
+   */
+  channelId: string;
+};
+
+/**
+ * LookupChannelVerificationRequest names a connection by id alone (a webhook's URL carries it).
+ *
+ * @generated from message tether.v1.LookupChannelVerificationRequest
+ */
+export type LookupChannelVerificationRequestJson = {
+  /**
+   * Channel id.
+   *
+   * @generated from field: string channel_id = 1;
+   */
+  channelId?: string;
+};
+
+/**
+ * Describes the message tether.v1.LookupChannelVerificationRequest.
+ * Use `create(LookupChannelVerificationRequestSchema)` to create a new message.
+ */
+export const LookupChannelVerificationRequestSchema: GenMessage<LookupChannelVerificationRequest, {jsonType: LookupChannelVerificationRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 54);
+
+/**
+ * LookupChannelVerificationResponse is what verifies the connection's webhooks.
+ *
+ * @generated from message tether.v1.LookupChannelVerificationResponse
+ */
+export type LookupChannelVerificationResponse = Message<"tether.v1.LookupChannelVerificationResponse"> & {
+  /**
+   * The connection's tenant.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId: string;
+
+  /**
+   * slack, whatsapp or webhook.
+   *
+   * @generated from field: string kind = 2;
+   */
+  kind: string;
+
+  /**
+   * The valid verification secrets: the current one first, then the previous one while its
+   * grace lasts.
+   *
+   * @generated from field: repeated string secrets = 3;
+   */
+  secrets: string[];
+};
+
+/**
+ * LookupChannelVerificationResponse is what verifies the connection's webhooks.
+ *
+ * @generated from message tether.v1.LookupChannelVerificationResponse
+ */
+export type LookupChannelVerificationResponseJson = {
+  /**
+   * The connection's tenant.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId?: string;
+
+  /**
+   * slack, whatsapp or webhook.
+   *
+   * @generated from field: string kind = 2;
+   */
+  kind?: string;
+
+  /**
+   * The valid verification secrets: the current one first, then the previous one while its
+   * grace lasts.
+   *
+   * @generated from field: repeated string secrets = 3;
+   */
+  secrets?: string[];
+};
+
+/**
+ * Describes the message tether.v1.LookupChannelVerificationResponse.
+ * Use `create(LookupChannelVerificationResponseSchema)` to create a new message.
+ */
+export const LookupChannelVerificationResponseSchema: GenMessage<LookupChannelVerificationResponse, {jsonType: LookupChannelVerificationResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_interactions, 55);
+
+/**
  * ConnectionGap classifies why a tool lacks a usable connection.
  *
  * @generated from enum tether.v1.ConnectionGap
@@ -2998,6 +4011,69 @@ export const InteractionsService: GenService<{
     methodKind: "unary";
     input: typeof InteractionsServiceRemoveSecretRequestSchema;
     output: typeof InteractionsServiceRemoveSecretResponseSchema;
+  },
+  /**
+   * AddChannel stores a tenant's channel connection, its secrets sealed (ALREADY_EXISTS when
+   * the name is taken; INVALID_ARGUMENT naming a refused field or target URL).
+   *
+   * @generated from rpc tether.v1.InteractionsService.AddChannel
+   */
+  addChannel: {
+    methodKind: "unary";
+    input: typeof InteractionsServiceAddChannelRequestSchema;
+    output: typeof InteractionsServiceAddChannelResponseSchema;
+  },
+  /**
+   * ListChannels lists the tenant's connections: never a secret, its last four characters at most.
+   *
+   * @generated from rpc tether.v1.InteractionsService.ListChannels
+   */
+  listChannels: {
+    methodKind: "unary";
+    input: typeof InteractionsServiceListChannelsRequestSchema;
+    output: typeof InteractionsServiceListChannelsResponseSchema;
+  },
+  /**
+   * GetChannel shows one; another tenant's is NOT_FOUND exactly like an absent one.
+   *
+   * @generated from rpc tether.v1.InteractionsService.GetChannel
+   */
+  getChannel: {
+    methodKind: "unary";
+    input: typeof InteractionsServiceGetChannelRequestSchema;
+    output: typeof InteractionsServiceGetChannelResponseSchema;
+  },
+  /**
+   * RemoveChannel removes one; another tenant's is NOT_FOUND exactly like an absent one.
+   *
+   * @generated from rpc tether.v1.InteractionsService.RemoveChannel
+   */
+  removeChannel: {
+    methodKind: "unary";
+    input: typeof InteractionsServiceRemoveChannelRequestSchema;
+    output: typeof InteractionsServiceRemoveChannelResponseSchema;
+  },
+  /**
+   * RotateChannelSecret replaces the verification secret; the one replaced still verifies for
+   * the grace asked for.
+   *
+   * @generated from rpc tether.v1.InteractionsService.RotateChannelSecret
+   */
+  rotateChannelSecret: {
+    methodKind: "unary";
+    input: typeof InteractionsServiceRotateChannelSecretRequestSchema;
+    output: typeof InteractionsServiceRotateChannelSecretResponseSchema;
+  },
+  /**
+   * LookupChannelVerification gives the gateway, and only the gateway, what verifies a
+   * provider's webhook: the connection's tenant, kind and valid verification secrets.
+   *
+   * @generated from rpc tether.v1.InteractionsService.LookupChannelVerification
+   */
+  lookupChannelVerification: {
+    methodKind: "unary";
+    input: typeof LookupChannelVerificationRequestSchema;
+    output: typeof LookupChannelVerificationResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_tether_v1_interactions, 0);

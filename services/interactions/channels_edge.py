@@ -1,0 +1,119 @@
+"""The channel-connection RPCs of tether.v1.InteractionsService: protobuf stops here, the store
+sees ChannelSpec and answers ChannelInfo."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import grpc
+
+from services.interactions.channel_store import ChannelInfo, ChannelSpec, ChannelStore
+from tether.convert import timestamp
+from tether.errors import InvalidArgument
+from tether.v1 import interactions_pb2 as pb
+
+
+def channel_info(info: ChannelInfo) -> pb.ChannelInfo:
+    """The read model of a connection: each secret's name and last four, never a value."""
+    message = pb.ChannelInfo(
+        channel_id=info.channel_id,
+        kind=info.kind,
+        name=info.name,
+        agent=info.agent,
+        api_base_url=info.api_base_url,
+        reply_url=info.reply_url,
+        settings=info.settings,
+        secrets=[
+            pb.SecretInfo(name=name, last_four=last_four)
+            for name, last_four in info.secret_hints.items()
+        ],
+        created_by=info.created_by,
+        created_at=timestamp(info.created_at),
+    )
+    previous = timestamp(info.previous_secret_expires_at)
+    if previous is not None:
+        message.previous_secret_expires_at.CopyFrom(previous)
+    return message
+
+
+def _spec(request: pb.InteractionsServiceAddChannelRequest) -> ChannelSpec:
+    secrets = {
+        field.name: value.encode()
+        for field, value in request.secrets.ListFields()
+        if isinstance(value, str)
+    }
+    settings = {field.name: value for field, value in request.settings.ListFields()}
+    return ChannelSpec(
+        kind=request.kind,
+        name=request.name,
+        agent=request.agent,
+        api_base_url=request.api_base_url,
+        reply_url=request.reply_url,
+        settings=settings,
+        secrets=secrets,
+    )
+
+
+def _tenant(tenant_id: str) -> str:
+    if not tenant_id:
+        raise InvalidArgument("tenant_id is required")
+    return tenant_id
+
+
+class ChannelRpcs:
+    """Serves the channel-connection RPCs from the store."""
+
+    def __init__(self, store: ChannelStore) -> None:
+        self._store = store
+
+    async def AddChannel(
+        self, request: pb.InteractionsServiceAddChannelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.InteractionsServiceAddChannelResponse:
+        tenant_id = _tenant(request.tenant_id)
+        info = await self._store.add(tenant_id, request.principal_id, _spec(request))
+        return pb.InteractionsServiceAddChannelResponse(channel=channel_info(info))
+
+    async def ListChannels(
+        self, request: pb.InteractionsServiceListChannelsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.InteractionsServiceListChannelsResponse:
+        listed = await self._store.list(_tenant(request.tenant_id))
+        return pb.InteractionsServiceListChannelsResponse(
+            channels=[channel_info(i) for i in listed]
+        )
+
+    async def GetChannel(
+        self, request: pb.InteractionsServiceGetChannelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.InteractionsServiceGetChannelResponse:
+        info = await self._store.get(_tenant(request.tenant_id), request.channel_id)
+        return pb.InteractionsServiceGetChannelResponse(channel=channel_info(info))
+
+    async def RemoveChannel(
+        self,
+        request: pb.InteractionsServiceRemoveChannelRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> pb.InteractionsServiceRemoveChannelResponse:
+        await self._store.remove(_tenant(request.tenant_id), request.channel_id)
+        return pb.InteractionsServiceRemoveChannelResponse()
+
+    async def RotateChannelSecret(
+        self,
+        request: pb.InteractionsServiceRotateChannelSecretRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> pb.InteractionsServiceRotateChannelSecretResponse:
+        info = await self._store.rotate(
+            _tenant(request.tenant_id),
+            request.channel_id,
+            request.secret.encode(),
+            timedelta(milliseconds=request.grace_ms),
+        )
+        return pb.InteractionsServiceRotateChannelSecretResponse(channel=channel_info(info))
+
+    async def LookupChannelVerification(
+        self, request: pb.LookupChannelVerificationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LookupChannelVerificationResponse:
+        found = await self._store.verification(request.channel_id)
+        return pb.LookupChannelVerificationResponse(
+            tenant_id=found.tenant_id,
+            kind=found.kind,
+            secrets=[s.decode() for s in found.secrets],
+        )
