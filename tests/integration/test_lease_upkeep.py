@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
 from services.orchestrator.execution import Execution
-from services.orchestrator.repositories import leases, progress
+from services.orchestrator.repositories import leases, progress, queue
 from tests.integration.test_admission import _tenant, chat
 from tether.db.schema import runs
 from tether.domain import Part, Role, Text, part_updated
@@ -135,4 +135,4 @@ async def test_the_reaper_finds_a_lapsed_lease_among_the_running_runs(
     async with engine.begin() as conn:
         expired = await leases.expired_leases(conn, 10)
         assert [row.run_id for row in expired] == [lapsed[0]]
-        assert await leases.next_expiry_in(conn) is not None
+        assert await queue.next_expiry_in(conn) is not None
