@@ -10,18 +10,17 @@ connection) is never retried: its UNAVAILABLE reaches the caller.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import grpc
 from google.protobuf import json_format
 
+from tether.client_address import load_stack, operator_from_env
 from tether.convert import status_from_proto
 from tether.retry import RetryPolicy
 from tether.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -45,27 +44,6 @@ def run_to_dict(run: common_pb2.Run) -> dict[str, Any]:
     status = status_from_proto(run.status)
     data["status"] = status.value if status else "unspecified"
     return data
-
-
-def load_stack(path: str | Path) -> tuple[str, str]:
-    """(gateway address, API key) from a stack.json."""
-    info = json.loads(Path(path).read_text())
-    return str(info["gateway"]), str(info["api_key"])
-
-
-def _operator_from_env(stack: str | None) -> tuple[str, str]:
-    """(gateway address, operator credential) from a stack.json or the environment."""
-    gateway = os.environ.get("TETHER_GATEWAY", "")
-    secret = os.environ.get("TETHER_OPERATOR_CREDENTIAL", "")
-    if stack:
-        info = json.loads(Path(stack).read_text())
-        gateway, secret = str(info["gateway"]), str(info.get("operator_credential", ""))
-    if not gateway or not secret:
-        raise ValueError(
-            "no operator credential: pass --stack <data-dir>/stack.json or set "
-            "TETHER_GATEWAY and TETHER_OPERATOR_CREDENTIAL"
-        )
-    return gateway, secret
 
 
 class TetherClient:
@@ -112,7 +90,7 @@ class TetherClient:
         stack's `operator_credential`, else TETHER_OPERATOR_CREDENTIAL); with `tenant` too,
         as the operator within that tenant."""
         if operator or tenant:
-            return cls(*_operator_from_env(stack), tenant=tenant)
+            return cls(*operator_from_env(stack), tenant=tenant)
         if stack:
             return cls(*load_stack(stack))
         gateway, key = os.environ.get("TETHER_GATEWAY"), os.environ.get("TETHER_API_KEY")
