@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.system.up_support import UpProcess
 from tether.client import TetherClient, run_to_dict
+from tether.stack.up import EXAMPLE_AGENTS
 
 # `make slow`: the whole `tether up` twice, about half a minute.
 pytestmark = pytest.mark.slow
@@ -66,6 +68,11 @@ async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path:
         assert founded.tenant_id == "acme"
         # examples/agents, applied as the dev tenant: the demo first, so it is the default.
         assert await listed_agents(stack_file) == [("default", 1, True), ("support", 1, False)]
+        # A change the tenant makes to an example survives a restart (version 2, below).
+        changed = yaml.safe_load((EXAMPLE_AGENTS / "support.yaml").read_text())
+        async with TetherClient.from_env(stack_file) as client:
+            answer = await client.apply_agent(json.dumps({**changed, "instructions": "Be brief."}))
+        assert (answer.name, answer.version) == ("support", 2)
     finally:
         out = await up.interrupt()
     assert "tether stopped" in out
@@ -81,7 +88,7 @@ async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path:
             assert replay.run.run_id == sent.run.run_id, "the claim survived the restart"
         assert await listed_agents(str(data_dir / "stack.json")) == [
             ("default", 1, True),
-            ("support", 1, False),
-        ], "applied again, identical: no new version"
+            ("support", 2, False),
+        ], "an example the tenant has is not applied again: its change is kept"
     finally:
         await up.interrupt()

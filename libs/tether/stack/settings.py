@@ -39,8 +39,8 @@ class UpSettings(BaseSettings):
     agents_dir: str = Field(
         "",
         description="A folder of agent documents (*.yaml, *.json) applied as the development "
-        "tenant once the workers are ready; empty: the repository's examples/agents. An "
-        "identical document creates no version, so a restart changes nothing.",
+        "tenant once the workers are ready, each only while the tenant has no agent of its "
+        "name (a change made since survives a restart); empty: the repository's examples/agents.",
     )
     restart_delay_s: float = Field(
         0.5, gt=0, description="Wait before restarting a service that died; doubles each time."

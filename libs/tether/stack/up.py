@@ -26,10 +26,11 @@ from typing import Any
 import asyncpg
 import grpc
 
-from tether import apikeys, credentials
+from tether import agent_spec, apikeys, credentials
 from tether.client import TetherClient
 from tether.db.engine import create_engine
 from tether.db.migrate import upgrade
+from tether.errors import InvalidArgument
 from tether.retry import RetryPolicy
 from tether.runtime.process import wait_for_signal
 from tether.stack.embedded import EmbeddedRedis, database_url, worker_redis_user
@@ -107,8 +108,10 @@ async def dev_key(db_url: str, previous: dict[str, Any]) -> str:
 
 async def apply_agents(gateway: str, api_key: str, folder: Path) -> list[tuple[str, int, bool]]:
     """Apply every agent document in `folder` (in name order, so the first is the tenant's
-    default when it has none): (name, version, created) each. A refused document is logged and
-    skipped: the stack serves without it."""
+    default when it has none) whose agent the tenant does not have yet: (name, version,
+    created) each. An agent it has is left as it is, so a change made with the CLI or the
+    console survives a restart. A refused document is logged and skipped: the stack serves
+    without it."""
     if not folder.is_dir():
         log.info("no agent documents at %s to apply", folder)
         return []
@@ -116,11 +119,21 @@ async def apply_agents(gateway: str, api_key: str, folder: Path) -> list[tuple[s
     async with TetherClient(gateway, api_key) as client:
         if not await _catalog_announced(client):
             log.warning("no worker announced its tools within %.0f s", CATALOG_WAIT_S)
+        held = {agent.name for agent in (await client.list_agents()).agents}
         for path in sorted(folder.iterdir()):
             if path.suffix not in (".yaml", ".yml", ".json"):
                 continue
+            text = path.read_text()
             try:
-                answer = await client.apply_agent(path.read_text())
+                name = agent_spec.parse(text).name
+            except InvalidArgument as exc:
+                log.warning("agent %s not applied: %s", path.name, exc)
+                continue
+            if name in held:
+                log.info("agent %s kept as the tenant has it (%s not applied)", name, path.name)
+                continue
+            try:
+                answer = await client.apply_agent(text)
             except grpc.aio.AioRpcError as exc:
                 log.warning("agent %s not applied: %s", path.name, exc.details())
                 continue
