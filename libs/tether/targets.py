@@ -202,8 +202,13 @@ async def check_url(url: str, policy: TargetPolicy, *, what: str = "URL") -> str
     try:
         parts = urlsplit(url)
         port = parts.port
-    except ValueError as exc:
-        raise InvalidArgument(f"{what} {url!r} is not a valid URL: {exc}") from exc
+    except ValueError:
+        # Neither the URL nor the parser's words: both can quote a password given in it
+        # (the parser reads 'user:pass' before a '/' in it as host and port).
+        raise InvalidArgument(
+            f"{what} is not a valid URL: its host or port cannot be read "
+            "(a port is 0 to 65535, an IPv6 address is in [])"
+        ) from None
     if parts.scheme not in ("https", "http"):
         raise InvalidArgument(f"{what} must be an https URL, not {parts.scheme or 'schemeless'}")
     if parts.username is not None or parts.password is not None:

@@ -129,3 +129,21 @@ def test_every_service_reads_the_setting_and_refuses_a_misspelt_one(
         PlatformSettings()
     monkeypatch.delenv("TETHER_ALLOW_PRIVATE_TARGETS")
     assert PlatformSettings().target_policy.allowed == frozenset()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://bot:xoxb-SECRET-TOKEN@hooks.example.com:80a/x",
+        "https://bot:xoxb-SECRET[TOKEN@hooks.example.com/x",
+        "https://bot:xoxb-SECRET-TOKEN@hooks.example.com:99999/",
+        "https://bot:xoxb/SECRET-TOKEN@hooks.example.com/",
+    ],
+)
+async def test_a_malformed_url_carrying_a_password_is_refused_without_quoting_it(
+    url: str,
+) -> None:
+    with pytest.raises(InvalidArgument, match="not a valid URL") as refused:
+        await check_url(url, TargetPolicy.parse("all"))
+    assert "SECRET" not in refused.value.message
+    assert "xoxb" not in refused.value.message
