@@ -57,6 +57,10 @@ _SHARED = ipaddress.ip_network("100.64.0.0/10")
 _THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _UNIQUE_LOCAL = ipaddress.ip_network("fc00::/7")
+# IPv6's global unicast (RFC 4291): outside it, what is not named above is deprecated or
+# translated (::/96, ::ffff:0:0/96, 64:ff9b:1::/48, fec0::/10), and this Python's is_global
+# calls several of those global.
+_GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
 _RFC1918 = tuple(
     ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
 )
@@ -104,6 +108,8 @@ def classify(address: IPAddress) -> AddressClass:
         return AddressClass.PRIVATE
     if address in _UNIQUE_LOCAL or any(address in net for net in _RFC1918):
         return AddressClass.PRIVATE
+    if isinstance(address, ipaddress.IPv6Address) and address not in _GLOBAL_UNICAST:
+        return AddressClass.RESERVED
     if not address.is_global:
         return AddressClass.RESERVED
     return AddressClass.PUBLIC

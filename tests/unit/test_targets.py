@@ -147,3 +147,18 @@ async def test_a_malformed_url_carrying_a_password_is_refused_without_quoting_it
         await check_url(url, TargetPolicy.parse("all"))
     assert "SECRET" not in refused.value.message
     assert "xoxb" not in refused.value.message
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "::127.0.0.1",  # IPv4-compatible (::/96, deprecated by RFC 4291)
+        "::a9fe:a9fe",  # the same, embedding 169.254.169.254
+        "::ffff:0:7f00:1",  # IPv4-translated (RFC 2765): a SIIT translator reaches 127.0.0.1
+        "64:ff9b:1::a9fe:a9fe",  # local-use NAT64 (RFC 8215): a local translator's prefix
+        "fec0::1",  # site-local (deprecated by RFC 3879), still routed inside some sites
+    ],
+)
+def test_an_ipv6_address_outside_global_unicast_is_never_public(address: str) -> None:
+    assert classify(ipaddress.ip_address(address)) is AddressClass.RESERVED
+    assert not TargetPolicy.parse("all").allows(ipaddress.ip_address(address))
