@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import ipaddress
+import re
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,8 @@ _UNIQUE_LOCAL = ipaddress.ip_network("fc00::/7")
 # translated (::/96, ::ffff:0:0/96, 64:ff9b:1::/48, fec0::/10), and this Python's is_global
 # calls several of those global.
 _GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
+# C0 controls, space and DEL: never part of a URL as written (RFC 3986 encodes them).
+_UNSAFE_IN_URL = re.compile(r"[\x00-\x20\x7f]")
 _RFC1918 = tuple(
     ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
 )
@@ -205,6 +208,10 @@ async def check_url(url: str, policy: TargetPolicy, *, what: str = "URL") -> str
     sent to whoever the URL names, and logged with it). A name is resolved and refused when any
     of its addresses is forbidden: the one connected to later could be any of them.
     """
+    if _UNSAFE_IN_URL.search(url):
+        # urlsplit drops tabs and newlines before reading: it would check another URL than the
+        # one stored, shown and logged.
+        raise InvalidArgument(f"{what} must not contain control characters or spaces")
     try:
         parts = urlsplit(url)
         port = parts.port

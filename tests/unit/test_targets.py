@@ -162,3 +162,19 @@ async def test_a_malformed_url_carrying_a_password_is_refused_without_quoting_it
 def test_an_ipv6_address_outside_global_unicast_is_never_public(address: str) -> None:
     assert classify(ipaddress.ip_address(address)) is AddressClass.RESERVED
     assert not TargetPolicy.parse("all").allows(ipaddress.ip_address(address))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://8.8.8.8\n/x",
+        "https://8.8.\t8.8/x",
+        "https://8.8.8.8/x\r\nHost: evil",
+        "https://8.8.8.8/a b",
+    ],
+)
+async def test_a_url_with_control_characters_or_spaces_is_refused(url: str) -> None:
+    # The parser drops tabs and newlines before reading the URL: what it checked would not be
+    # what is stored, shown and logged.
+    with pytest.raises(InvalidArgument, match="control characters or spaces"):
+        await check_url(url, TargetPolicy.parse("all"))
