@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import ipaddress
+import re
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,12 @@ _SHARED = ipaddress.ip_network("100.64.0.0/10")
 _THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _UNIQUE_LOCAL = ipaddress.ip_network("fc00::/7")
+# IPv6's global unicast (RFC 4291): outside it, what is not named above is deprecated or
+# translated (::/96, ::ffff:0:0/96, 64:ff9b:1::/48, fec0::/10), and this Python's is_global
+# calls several of those global.
+_GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
+# C0 controls, space and DEL: never part of a URL as written (RFC 3986 encodes them).
+_UNSAFE_IN_URL = re.compile(r"[\x00-\x20\x7f]")
 _RFC1918 = tuple(
     ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
 )
@@ -104,6 +111,8 @@ def classify(address: IPAddress) -> AddressClass:
         return AddressClass.PRIVATE
     if address in _UNIQUE_LOCAL or any(address in net for net in _RFC1918):
         return AddressClass.PRIVATE
+    if isinstance(address, ipaddress.IPv6Address) and address not in _GLOBAL_UNICAST:
+        return AddressClass.RESERVED
     if not address.is_global:
         return AddressClass.RESERVED
     return AddressClass.PUBLIC
@@ -199,11 +208,20 @@ async def check_url(url: str, policy: TargetPolicy, *, what: str = "URL") -> str
     sent to whoever the URL names, and logged with it). A name is resolved and refused when any
     of its addresses is forbidden: the one connected to later could be any of them.
     """
+    if _UNSAFE_IN_URL.search(url):
+        # urlsplit drops tabs and newlines before reading: it would check another URL than the
+        # one stored, shown and logged.
+        raise InvalidArgument(f"{what} must not contain control characters or spaces")
     try:
         parts = urlsplit(url)
         port = parts.port
-    except ValueError as exc:
-        raise InvalidArgument(f"{what} {url!r} is not a valid URL: {exc}") from exc
+    except ValueError:
+        # Neither the URL nor the parser's words: both can quote a password given in it
+        # (the parser reads 'user:pass' before a '/' in it as host and port).
+        raise InvalidArgument(
+            f"{what} is not a valid URL: its host or port cannot be read "
+            "(a port is 0 to 65535, an IPv6 address is in [])"
+        ) from None
     if parts.scheme not in ("https", "http"):
         raise InvalidArgument(f"{what} must be an https URL, not {parts.scheme or 'schemeless'}")
     if parts.username is not None or parts.password is not None:

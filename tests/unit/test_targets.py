@@ -129,3 +129,52 @@ def test_every_service_reads_the_setting_and_refuses_a_misspelt_one(
         PlatformSettings()
     monkeypatch.delenv("TETHER_ALLOW_PRIVATE_TARGETS")
     assert PlatformSettings().target_policy.allowed == frozenset()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://bot:xoxb-SECRET-TOKEN@hooks.example.com:80a/x",
+        "https://bot:xoxb-SECRET[TOKEN@hooks.example.com/x",
+        "https://bot:xoxb-SECRET-TOKEN@hooks.example.com:99999/",
+        "https://bot:xoxb/SECRET-TOKEN@hooks.example.com/",
+    ],
+)
+async def test_a_malformed_url_carrying_a_password_is_refused_without_quoting_it(
+    url: str,
+) -> None:
+    with pytest.raises(InvalidArgument, match="not a valid URL") as refused:
+        await check_url(url, TargetPolicy.parse("all"))
+    assert "SECRET" not in refused.value.message
+    assert "xoxb" not in refused.value.message
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "::127.0.0.1",  # IPv4-compatible (::/96, deprecated by RFC 4291)
+        "::a9fe:a9fe",  # the same, embedding 169.254.169.254
+        "::ffff:0:7f00:1",  # IPv4-translated (RFC 2765): a SIIT translator reaches 127.0.0.1
+        "64:ff9b:1::a9fe:a9fe",  # local-use NAT64 (RFC 8215): a local translator's prefix
+        "fec0::1",  # site-local (deprecated by RFC 3879), still routed inside some sites
+    ],
+)
+def test_an_ipv6_address_outside_global_unicast_is_never_public(address: str) -> None:
+    assert classify(ipaddress.ip_address(address)) is AddressClass.RESERVED
+    assert not TargetPolicy.parse("all").allows(ipaddress.ip_address(address))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://8.8.8.8\n/x",
+        "https://8.8.\t8.8/x",
+        "https://8.8.8.8/x\r\nHost: evil",
+        "https://8.8.8.8/a b",
+    ],
+)
+async def test_a_url_with_control_characters_or_spaces_is_refused(url: str) -> None:
+    # The parser drops tabs and newlines before reading the URL: what it checked would not be
+    # what is stored, shown and logged.
+    with pytest.raises(InvalidArgument, match="control characters or spaces"):
+        await check_url(url, TargetPolicy.parse("all"))
