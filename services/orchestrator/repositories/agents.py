@@ -124,21 +124,23 @@ def _version(row: Any) -> Version:
     )
 
 
+# Each agent with its published version's row.
+_PUBLISHED = agents.join(
+    agent_versions,
+    and_(
+        agent_versions.c.tenant_id == agents.c.tenant_id,
+        agent_versions.c.name == agents.c.name,
+        agent_versions.c.version == agents.c.published_version,
+    ),
+)
+
+
 async def published_version(conn: AsyncConnection, tenant_id: str, name: str) -> Version | None:
     """The agent's published version, or None when the tenant has no such agent."""
     row = (
         await conn.execute(
             select(agent_versions)
-            .select_from(
-                agents.join(
-                    agent_versions,
-                    and_(
-                        agent_versions.c.tenant_id == agents.c.tenant_id,
-                        agent_versions.c.name == agents.c.name,
-                        agent_versions.c.version == agents.c.published_version,
-                    ),
-                )
-            )
+            .select_from(_PUBLISHED)
             .where(agents.c.tenant_id == tenant_id, agents.c.name == name)
         )
     ).first()
@@ -185,16 +187,7 @@ async def published_all(conn: AsyncConnection, tenant_id: str) -> list[Version]:
     """The published version of every agent of the tenant (routing's input), in one statement."""
     rows = await conn.execute(
         select(agent_versions)
-        .select_from(
-            agents.join(
-                agent_versions,
-                and_(
-                    agent_versions.c.tenant_id == agents.c.tenant_id,
-                    agent_versions.c.name == agents.c.name,
-                    agent_versions.c.version == agents.c.published_version,
-                ),
-            )
-        )
+        .select_from(_PUBLISHED)
         .where(agents.c.tenant_id == tenant_id)
         .order_by(agents.c.name)
     )
