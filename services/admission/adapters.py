@@ -10,6 +10,7 @@ from __future__ import annotations
 from google.protobuf import json_format
 
 from services.admission.domain import ConversationKind, InboundEvent
+from tether.domain.channels import ChannelOrigin, ReplyTarget, channel_principal
 from tether.errors import InvalidArgument, PermissionDenied
 from tether.ids import is_identifier
 from tether.limits import ID_CHARS, TEXT_CHARS
@@ -65,6 +66,8 @@ def normalise(request: admission_pb2.AdmitRequest) -> InboundEvent:
         return _task(caller, request.task_status)
     if kind == "decision":
         return _decision(caller, request.decision)
+    if kind == "channel_message":
+        return _channel_message(caller, request.channel_message)
     raise InvalidArgument("exactly one input (chat, messaging, task_status, decision) is required")
 
 
@@ -108,6 +111,51 @@ def _messaging(
         conversation_id=_identifier("thread_id", msg.thread_id),
         text=_text("text", msg.text),
         visibility=Visibility.TENANT,
+    )
+
+
+def _channel_message(
+    caller: admission_pb2.Caller, msg: admission_pb2.ChannelMessageInput
+) -> InboundEvent:
+    channel_id = _identifier("channel_id", msg.channel_id)
+    # The gateway builds this input only from a webhook verified against the connection's
+    # secret, as the connection's principal: any other caller naming a connection is refused.
+    if caller.principal_id != channel_principal(channel_id):
+        raise PermissionDenied(
+            "a channel message is admitted only as its connection's principal",
+            details={"field": "channel_id"},
+        )
+    reply = msg.reply
+    if reply.channel_id != channel_id:
+        raise InvalidArgument(
+            "the reply target names another connection", details={"field": "reply.channel_id"}
+        )
+    kind = _identifier("reply.kind", reply.kind)
+    event_id = _identifier("event_id", msg.event_id)
+    target = ReplyTarget(
+        channel_id,
+        kind,
+        _identifier("reply.address", reply.address),
+        _identifier("reply.thread", reply.thread, required=False),
+        _identifier("reply.reply_to", reply.reply_to, required=False),
+    )
+    return InboundEvent(
+        tenant_id=caller.tenant_id,
+        principal_id=caller.principal_id,
+        source="messaging",
+        event_id=event_id,
+        # Keyed within the connection: two connections' providers may reuse an id.
+        idempotency_key=f"channel:{channel_id}:{event_id}",
+        actor_type="guest",
+        actor_id=_identifier("sender_id", msg.sender_id),
+        # The session is the connection's (its principal) and the provider's thread: two
+        # connections naming the same thread id never share a conversation.
+        conversation_kind=ConversationKind.THREAD,
+        channel=kind,
+        conversation_id=_identifier("thread_id", msg.thread_id),
+        text=_text("text", msg.text),
+        visibility=Visibility.TENANT,
+        channel_origin=ChannelOrigin(target, _identifier("agent", msg.agent, required=False)),
     )
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from tether.domain.channels import ChannelOrigin
 from tether.visibility import Visibility
 
 INBOUND_SCOPE = "inbound"
@@ -50,6 +51,8 @@ class InboundEvent:
     idempotency_scope: str = INBOUND_SCOPE
     # Who besides runs:all keys sees the run (tether.visibility.Visibility).
     visibility: Visibility = Visibility.PRIVATE
+    # Where the answer goes, for a message a verified channel connection delivered.
+    channel_origin: ChannelOrigin | None = None
 
     @property
     def actor_scope(self) -> str:

@@ -34,7 +34,7 @@ from services.admission.domain import InboundEvent
 from services.orchestrator.repositories import intake
 from tether.db.direct import Direct
 from tether.db.schema import event_claims, messages, sessions
-from tether.domain import Run
+from tether.domain import Run, origin_to_json
 from tether.errors import NotFound
 from tether.retention import Key, walk_params
 
@@ -101,6 +101,7 @@ def _build_admit_new() -> Select[Any]:
                 "actor_id",
                 "text",
                 "context",
+                "channel_origin",
             ],
             select(
                 p("message_id"),
@@ -112,6 +113,7 @@ def _build_admit_new() -> Select[Any]:
                 p("actor_id"),
                 p("text"),
                 p("context", JSONB),
+                p("channel_origin", JSONB(none_as_null=True)),
             ),
         )
         .returning(messages.c.message_id, messages.c.session_id)
@@ -184,6 +186,9 @@ def admit_params(
         "actor_id": event.actor_id,
         "text": event.text,
         "context": event.context,
+        "channel_origin": (
+            None if event.channel_origin is None else origin_to_json(event.channel_origin)
+        ),
         "max_attempts": max_attempts,
         "traceparent": traceparent,
         "owner_principal_id": event.principal_id,

@@ -245,7 +245,7 @@ class Claims:
             config = configs[one.routing_id]
             started = run_started(run.attempt, worker_id, run.lease_epoch)
             found = inputs[run.run_id]
-            origin = Origin(one.source, run.channel, one.actor_type, one.actor_id)
+            origin = Origin(one.source, run.channel, one.actor_type, one.actor_id, one.reply)
             claimed.append(
                 Claimed(
                     Moved(run, numbered(run.last_seq, [started])),

@@ -126,6 +126,21 @@ async def test_a_tenant_key_creates_keys_only_in_its_tenant_and_never_wider(
     assert "runs:write" in (escalate.details() or "")
 
 
+async def test_no_key_is_issued_to_a_channel_connections_principal(
+    stack: RunningStack, gateway_channel: grpc.aio.Channel
+) -> None:
+    # A channel connection's runs and conversations belong to `channel:<channel_id>`: a key
+    # issued to that principal would read them and continue its threads as if it were the
+    # verified connection.
+    stub = gateway_pb2_grpc.GatewayServiceStub(gateway_channel)
+    admin = await tenant_admin(stack)
+    for principal_id in ("channel:ch_1", "channel:anything"):
+        error = await refused(create_key(stub, admin, principal_id=principal_id))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "channel" in (error.details() or "")
+    assert (await create_key(stub, admin, principal_id="channels-bot")).principal_id
+
+
 async def test_the_operator_creates_a_tenant_and_a_key_there_and_nothing_else(
     stack: RunningStack, gateway_channel: grpc.aio.Channel
 ) -> None:

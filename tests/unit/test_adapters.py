@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from services.admission.adapters import normalise
-from tether.errors import InvalidArgument, PermissionDenied
+from tether.domain import ChannelOrigin, ReplyTarget, origin_from_json, origin_to_json
+from tether.errors import InvalidArgument, PermissionDenied, StoredFormatTooNew
 from tether.ids import is_identifier, new_id
-from tether.v1 import admission_pb2
+from tether.v1 import admission_pb2, common_pb2
 
 CALLER = admission_pb2.Caller(tenant_id="acme", principal_id="alice")
 
@@ -160,3 +161,53 @@ def test_ids_are_time_ordered_and_valid_identifiers() -> None:
     ids = [new_id("run") for _ in range(100)]
     assert all(is_identifier(i) for i in ids)
     assert [i[4:16] for i in ids] == sorted(i[4:16] for i in ids)
+
+
+def _channel_request(principal: str, **reply: str) -> admission_pb2.AdmitRequest:
+    target = {"channel_id": "ch_1", "kind": "slack", "address": "C1", "thread": "17.1"} | reply
+    return admission_pb2.AdmitRequest(
+        caller=admission_pb2.Caller(tenant_id="t1", principal_id=principal),
+        channel_message=admission_pb2.ChannelMessageInput(
+            channel_id="ch_1",
+            event_id="Ev9",
+            thread_id="C1:17.1",
+            sender_id="U1",
+            text="hello",
+            reply=common_pb2.ReplyTarget(**target),
+            agent="support",
+        ),
+    )
+
+
+def test_a_channel_message_is_the_connections_and_records_where_its_answer_goes() -> None:
+    event = normalise(_channel_request("channel:ch_1"))
+    assert (event.principal_id, event.actor_scope) == ("channel:ch_1", "thread:channel:ch_1")
+    assert event.idempotency_key == "channel:ch_1:Ev9"
+    assert (event.source, event.channel, event.conversation_id) == ("messaging", "slack", "C1:17.1")
+    assert event.actor_id == "U1" and event.visibility.value == "tenant"
+    assert event.channel_origin == ChannelOrigin(
+        ReplyTarget("ch_1", "slack", "C1", "17.1", ""), "support"
+    )
+    assert origin_from_json(origin_to_json(event.channel_origin)) == event.channel_origin
+
+
+def test_a_channel_message_from_any_other_principal_or_naming_another_connection_is_refused() -> (
+    None
+):
+    for principal in ("alice", "channel:ch_2", "channel:"):
+        with pytest.raises(PermissionDenied):
+            normalise(_channel_request(principal))
+    with pytest.raises(InvalidArgument, match="another connection"):
+        normalise(_channel_request("channel:ch_1", channel_id="ch_2"))
+    with pytest.raises(InvalidArgument):
+        normalise(_channel_request("channel:ch_1", address=""))
+
+
+def test_a_stored_channel_origin_of_a_newer_format_or_with_unknown_fields_is_refused() -> None:
+    stored = origin_to_json(ChannelOrigin(ReplyTarget("ch_1", "slack", "C1")))
+    assert origin_from_json(None) is None
+    for newer in ({**stored, "v": 2}, {**stored, "extra": 1}):
+        with pytest.raises(StoredFormatTooNew):
+            origin_from_json(newer)
+    with pytest.raises(StoredFormatTooNew):
+        origin_from_json({**stored, "reply": {**stored["reply"], "extra": "x"}})

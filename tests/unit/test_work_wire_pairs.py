@@ -50,6 +50,7 @@ from tether.domain import (
     Part,
     Rendered,
     RenderJob,
+    ReplyTarget,
     Role,
     RunError,
     Summary,
@@ -106,7 +107,9 @@ def test_an_assignment_comes_back_as_sent() -> None:
         prior_part_count=1,
         last_seq=12,
         traceparent="00-abc-def-01",
-        origin=Origin("slack", "C42", "user", "U7"),
+        origin=Origin(
+            "slack", "C42", "user", "U7", ReplyTarget("ch_1", "slack", "C42", "1.2", "3")
+        ),
         has_documents=True,
         summary_part=Part(9, Role.ASSISTANT, summary, final=True),
         earlier_runs=(EarlierRun("run_a", 1),),

@@ -50,6 +50,7 @@ from tether.domain import (
     ModelTurn,
     Origin,
     Part,
+    ReplyTarget,
 )
 from tether.errors import InvalidArgument
 from tether.states import RunStatus
@@ -150,6 +151,7 @@ def assignment_to_proto(
             ],
             last_turn_tokens=assignment.last_turn_tokens,
             last_turn_own=assignment.last_turn_own,
+            reply=None if origin.reply is None else reply_to_proto(origin.reply),
         ),
     )
 
@@ -167,13 +169,35 @@ def assignment_from_proto(response: orchestrator_pb2.ClaimRunResponse) -> Assign
         prior_part_count=response.prior_part_count,
         last_seq=response.last_seq,
         traceparent=response.traceparent,
-        origin=Origin(context.source, run.channel, context.actor_type, context.actor_id),
+        origin=Origin(
+            context.source,
+            run.channel,
+            context.actor_type,
+            context.actor_id,
+            reply_from_proto(context.reply) if context.HasField("reply") else None,
+        ),
         has_documents=context.has_documents,
         summary_part=part_from_proto(context.summary) if context.HasField("summary") else None,
         earlier_runs=tuple(EarlierRun(e.run_id, e.parts) for e in context.earlier_runs),
         last_turn_tokens=context.last_turn_tokens,
         last_turn_own=context.last_turn_own,
     )
+
+
+def reply_to_proto(reply: ReplyTarget) -> common_pb2.ReplyTarget:
+    """Where an answer goes, on the wire."""
+    return common_pb2.ReplyTarget(
+        channel_id=reply.channel_id,
+        kind=reply.kind,
+        address=reply.address,
+        thread=reply.thread,
+        reply_to=reply.reply_to,
+    )
+
+
+def reply_from_proto(reply: common_pb2.ReplyTarget) -> ReplyTarget:
+    """Where an answer goes, from the wire."""
+    return ReplyTarget(reply.channel_id, reply.kind, reply.address, reply.thread, reply.reply_to)
 
 
 # -- progress -----------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The run's domain model: parts, events, errors and endings as frozen types, and the rules on
-them that the orchestrator and the worker both apply. One package, ten rooms:
+them that the orchestrator and the worker both apply. One package, eleven rooms:
 
 - `agents`: the agent an attempt runs as (model, system blocks, tools, limits, prices);
 - `catalog`: a tool as a worker announces it and as the tool catalog keeps it;
+- `channels`: where a channel run's answer goes, and its message's stored origin;
 - `assignment`: what a lease hands the worker (the lease, the run's facts, the history);
 - `knowledge`: a knowledge document as a list shows it;
 - `outcomes`: run errors, model-turn usage, and the endings of a run (completed, failed, cancelled);
@@ -34,6 +35,7 @@ from tether.domain.agents import (
 )
 from tether.domain.assignment import Assignment, EarlierRun, Lease, Origin
 from tether.domain.catalog import CatalogedTool, ToolAnnouncement, schema_sha256
+from tether.domain.channels import ChannelOrigin, ReplyTarget, origin_from_json, origin_to_json
 from tether.domain.events import (
     TERMINAL_EVENTS,
     Event,
@@ -115,6 +117,7 @@ __all__ = [
     "Bundle",
     "Cancelled",
     "CatalogedTool",
+    "ChannelOrigin",
     "Closing",
     "Completed",
     "Completion",
@@ -141,6 +144,7 @@ __all__ = [
     "QuestionMarker",
     "RenderJob",
     "Rendered",
+    "ReplyTarget",
     "Role",
     "Run",
     "RunError",
@@ -165,6 +169,8 @@ __all__ = [
     "interrupted_results",
     "is_whole_call",
     "json_doubles",
+    "origin_from_json",
+    "origin_to_json",
     "part_added",
     "part_from_json",
     "part_json",

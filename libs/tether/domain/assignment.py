@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tether.domain.agents import AgentConfig
+from tether.domain.channels import ReplyTarget
 from tether.domain.parts import Part, Summary
 
 
@@ -23,12 +24,14 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class Origin:
-    """Where the run came from: its source and channel, and who sent it."""
+    """Where the run came from: its source and channel, who sent it, and where its answer goes
+    when it came through a channel connection (`reply`)."""
 
     source: str = ""
     channel: str = ""
     actor_type: str = ""
     actor_id: str = ""
+    reply: ReplyTarget | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -255,6 +255,71 @@ class DecisionInput(_message.Message):
 Global___DecisionInput: _TypeAlias = DecisionInput  # noqa: Y015
 
 @_typing.final
+class ChannelMessageInput(_message.Message):
+    """ChannelMessageInput is one message a provider delivered to a verified channel connection.
+    Only the gateway's webhook endpoints build it, from a body whose signature verified against
+    the connection's secret, with the caller (the connection's tenant, principal
+    "channel:<channel_id>"); admission refuses one whose principal is not its connection's.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    SENDER_ID_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    REPLY_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    channel_id: _builtins.str
+    """The connection (ch_...).
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    event_id: _builtins.str
+    """The provider's own id of the event; the idempotency key within the connection.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    thread_id: _builtins.str
+    """The provider's thread; a correlation value within the connection, never access.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    sender_id: _builtins.str
+    """Sender id at the provider (actor data, never a principal).
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    text: _builtins.str
+    """The message text.
+    Limit: 32000 characters, no NUL.
+    """
+    agent: _builtins.str
+    """The agent the connection routes to (empty: the tenant's routes for source messaging and
+    channel = the connection's kind).
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    """
+    @_builtins.property
+    def reply(self) -> _common_pb2.ReplyTarget:
+        """Where the answer goes."""
+
+    def __init__(
+        self,
+        *,
+        channel_id: _builtins.str = ...,
+        event_id: _builtins.str = ...,
+        thread_id: _builtins.str = ...,
+        sender_id: _builtins.str = ...,
+        text: _builtins.str = ...,
+        reply: _common_pb2.ReplyTarget | None = ...,
+        agent: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["reply", b"reply"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "channel_id", b"channel_id", "event_id", b"event_id", "reply", b"reply", "sender_id", b"sender_id", "text", b"text", "thread_id", b"thread_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChannelMessageInput: _TypeAlias = ChannelMessageInput  # noqa: Y015
+
+@_typing.final
 class InboundEvent(_message.Message):
     """InboundEvent is the normalised form every adapter produces."""
 
@@ -329,6 +394,7 @@ class AdmitRequest(_message.Message):
     MESSAGING_FIELD_NUMBER: _builtins.int
     TASK_STATUS_FIELD_NUMBER: _builtins.int
     DECISION_FIELD_NUMBER: _builtins.int
+    CHANNEL_MESSAGE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def caller(self) -> Global___Caller:
         """Authenticated identity."""
@@ -349,6 +415,12 @@ class AdmitRequest(_message.Message):
     def decision(self) -> Global___DecisionInput:
         """External decision."""
 
+    @_builtins.property
+    def channel_message(self) -> Global___ChannelMessageInput:
+        """A message a verified channel connection delivered (set by the gateway's webhook
+        endpoints only, after the provider's signature verified).
+        """
+
     def __init__(
         self,
         *,
@@ -357,12 +429,13 @@ class AdmitRequest(_message.Message):
         messaging: Global___MessagingWebhookInput | None = ...,
         task_status: Global___TaskStatusInput | None = ...,
         decision: Global___DecisionInput | None = ...,
+        channel_message: Global___ChannelMessageInput | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "chat", b"chat", "decision", b"decision", "input", b"input", "messaging", b"messaging", "task_status", b"task_status"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "channel_message", b"channel_message", "chat", b"chat", "decision", b"decision", "input", b"input", "messaging", b"messaging", "task_status", b"task_status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "chat", b"chat", "decision", b"decision", "input", b"input", "messaging", b"messaging", "task_status", b"task_status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "channel_message", b"channel_message", "chat", b"chat", "decision", b"decision", "input", b"input", "messaging", b"messaging", "task_status", b"task_status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["chat", "messaging", "task_status", "decision"]  # noqa: Y015
+    _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["chat", "messaging", "task_status", "decision", "channel_message"]  # noqa: Y015
     _WhichOneofArgType_input: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_input) -> _WhichOneofReturnType_input | None: ...
 

@@ -1031,3 +1031,54 @@ class CatalogTool(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CatalogTool: _TypeAlias = CatalogTool  # noqa: Y015
+
+@_typing.final
+class ReplyTarget(_message.Message):
+    """ReplyTarget is where a channel run's answer goes: recorded from the verified webhook that
+    admitted it, carried by each attempt, never chosen by a request body.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    THREAD_FIELD_NUMBER: _builtins.int
+    REPLY_TO_FIELD_NUMBER: _builtins.int
+    channel_id: _builtins.str
+    """The channel connection (ch_...) the event came through.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    kind: _builtins.str
+    """slack, whatsapp or webhook.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    address: _builtins.str
+    """Where at the provider: Slack's channel id, WhatsApp's sender number, the webhook's thread.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    thread: _builtins.str
+    """The thread within it: Slack's thread_ts (empty where the provider has none).
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    """
+    reply_to: _builtins.str
+    """The provider's id of the message being answered (Slack ts, WhatsApp message id, the
+    webhook's event id).
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    """
+    def __init__(
+        self,
+        *,
+        channel_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        address: _builtins.str = ...,
+        thread: _builtins.str = ...,
+        reply_to: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "channel_id", b"channel_id", "kind", b"kind", "reply_to", b"reply_to", "thread", b"thread"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplyTarget: _TypeAlias = ReplyTarget  # noqa: Y015

@@ -605,6 +605,7 @@ class AttemptContext(_message.Message):
     EARLIER_RUNS_FIELD_NUMBER: _builtins.int
     LAST_TURN_TOKENS_FIELD_NUMBER: _builtins.int
     LAST_TURN_OWN_FIELD_NUMBER: _builtins.int
+    REPLY_FIELD_NUMBER: _builtins.int
     source: _builtins.str
     """The run's source ("chat", "messaging", "task", "decision")."""
     actor_type: _builtins.str
@@ -629,6 +630,10 @@ class AttemptContext(_message.Message):
         first), in history order.
         """
 
+    @_builtins.property
+    def reply(self) -> _common_pb2.ReplyTarget:
+        """Where the answer goes when the run came through a channel connection (unset otherwise)."""
+
     def __init__(
         self,
         *,
@@ -640,10 +645,11 @@ class AttemptContext(_message.Message):
         earlier_runs: _abc.Iterable[Global___EarlierRunSpan] | None = ...,
         last_turn_tokens: _builtins.int = ...,
         last_turn_own: _builtins.bool = ...,
+        reply: _common_pb2.ReplyTarget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["summary", b"summary"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["reply", b"reply", "summary", b"summary"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_type", b"actor_type", "earlier_runs", b"earlier_runs", "has_documents", b"has_documents", "last_turn_own", b"last_turn_own", "last_turn_tokens", b"last_turn_tokens", "source", b"source", "summary", b"summary"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_type", b"actor_type", "earlier_runs", b"earlier_runs", "has_documents", b"has_documents", "last_turn_own", b"last_turn_own", "last_turn_tokens", b"last_turn_tokens", "reply", b"reply", "source", b"source", "summary", b"summary"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -12,6 +12,7 @@ from services.gateway.auth import Authenticator
 from services.gateway.grpc.callers import Callers
 from tether import apikeys, audit
 from tether.apikeys import Principal
+from tether.domain.channels import CHANNEL_PRINCIPAL_PREFIX
 from tether.errors import InvalidArgument, NotFound, PermissionDenied
 from tether.ids import is_identifier
 from tether.v1 import gateway_pb2
@@ -36,6 +37,12 @@ class KeyRpcs:
                 raise InvalidArgument(
                     f"{name} must be 1-128 characters of letters, digits and . _ : @ -"
                 )
+        if request.principal_id.startswith(CHANNEL_PRINCIPAL_PREFIX):
+            raise InvalidArgument(
+                f"principal ids starting with {CHANNEL_PRINCIPAL_PREFIX!r} belong to channel "
+                "connections (their runs and conversations); choose another principal id",
+                details={"field": "principal_id"},
+            )
         if not caller.is_operator and tenant_id != caller.tenant_id:
             # The same answer whether that tenant exists or not.
             raise PermissionDenied("a tenant's key creates keys only in its own tenant")

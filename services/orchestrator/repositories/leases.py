@@ -216,6 +216,7 @@ CLAIM = Direct(
         _PICKED.c.channel.label("picked_channel"),
         messages.c.actor_type,
         messages.c.actor_id,
+        messages.c.channel_origin,
         case((_LEASED.c.run_id.is_(None), _AGENT)).label("unrouted_agent"),
         _REVISION.label("unrouted_revision"),
         _HAS_HISTORY.label("has_history"),

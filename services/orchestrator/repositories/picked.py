@@ -8,7 +8,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from tether.domain import Run
+from tether.domain import ReplyTarget, Run, origin_from_json
+
+
+def _reply(stored: Mapping[str, Any] | None) -> ReplyTarget | None:
+    origin = origin_from_json(stored)
+    return None if origin is None else origin.reply
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +34,8 @@ class Leased:
     has_documents: bool
     queued_at: datetime
     routing_ms: float | None
+    # Where its answer goes, when its message came through a channel connection.
+    reply: ReplyTarget | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +79,7 @@ def picked(rows: Sequence[Mapping[Any, Any]]) -> tuple[list[Leased], list[Unrout
                 bool(row["has_documents"]),
                 row["queued_at"],
                 row["routing_ms"],
+                _reply(row["channel_origin"]),
             )
         )
     return leased, unrouted

@@ -51,6 +51,9 @@ messages = Table(
     Column("actor_id", Text, nullable=False),
     Column("text", Text, nullable=False),
     Column("context", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # Where a channel connection's message came from and its answer goes
+    # (`tether.domain.channels`); NULL for every other message.
+    Column("channel_origin", JSONB),
     _now(),
 )
 # Retention: a tenant's messages oldest first, and a session's (to find whether it is empty).

@@ -6,7 +6,7 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { StructJson } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_struct } from "@bufbuild/protobuf/wkt";
-import type { Disposition, DispositionJson, Run, RunJson } from "./common_pb.js";
+import type { Disposition, DispositionJson, ReplyTarget, ReplyTargetJson, Run, RunJson } from "./common_pb.js";
 import { file_tether_v1_common } from "./common_pb.js";
 import type { JsonObject, Message } from "@bufbuild/protobuf";
 
@@ -14,7 +14,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/admission.proto.
  */
 export const file_tether_v1_admission: GenFile = /*@__PURE__*/
-  fileDesc("Chl0ZXRoZXIvdjEvYWRtaXNzaW9uLnByb3RvEgl0ZXRoZXIudjEiMQoGQ2FsbGVyEhEKCXRlbmFudF9pZBgBIAEoCRIUCgxwcmluY2lwYWxfaWQYAiABKAkiaAoJQ2hhdElucHV0EhAKCGV2ZW50X2lkGAEgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIMCgR0ZXh0GAMgASgJEg8KB2NoYW5uZWwYBCABKAkSEQoJdGVuYW50X2lkGAUgASgJIqABChVNZXNzYWdpbmdXZWJob29rSW5wdXQSEAoIcHJvdmlkZXIYASABKAkSGQoRcHJvdmlkZXJfZXZlbnRfaWQYAiABKAkSEQoJdGhyZWFkX2lkGAMgASgJEhEKCXNlbmRlcl9pZBgEIAEoCRITCgtzZW5kZXJfdHlwZRgFIAEoCRIMCgR0ZXh0GAYgASgJEhEKCXRlbmFudF9pZBgHIAEoCSJuCg9UYXNrU3RhdHVzSW5wdXQSDwoHdGFza19pZBgBIAEoCRIXCg9zdGF0dXNfZXZlbnRfaWQYAiABKAkSDgoGc3RhdHVzGAMgASgJEg4KBmRldGFpbBgEIAEoCRIRCgl0ZW5hbnRfaWQYBSABKAkicAoNRGVjaXNpb25JbnB1dBITCgtkZWNpc2lvbl9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSEAoIZGVjaXNpb24YAyABKAkSDAoEbm90ZRgEIAEoCRIRCgl0ZW5hbnRfaWQYBSABKAkihwIKDEluYm91bmRFdmVudBIRCgl0ZW5hbnRfaWQYASABKAkSEAoIZXZlbnRfaWQYAiABKAkSGQoRaWRlbXBvdGVuY3lfc2NvcGUYAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEg4KBnNvdXJjZRgFIAEoCRISCgphY3Rvcl90eXBlGAYgASgJEhAKCGFjdG9yX2lkGAcgASgJEg8KB2NoYW5uZWwYCCABKAkSHwoXY2hhbm5lbF9jb252ZXJzYXRpb25faWQYCSABKAkSDAoEdGV4dBgKIAEoCRIoCgdjb250ZXh0GAsgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdCL4AQoMQWRtaXRSZXF1ZXN0EiEKBmNhbGxlchgBIAEoCzIRLnRldGhlci52MS5DYWxsZXISJAoEY2hhdBgKIAEoCzIULnRldGhlci52MS5DaGF0SW5wdXRIABI1CgltZXNzYWdpbmcYCyABKAsyIC50ZXRoZXIudjEuTWVzc2FnaW5nV2ViaG9va0lucHV0SAASMQoLdGFza19zdGF0dXMYDCABKAsyGi50ZXRoZXIudjEuVGFza1N0YXR1c0lucHV0SAASLAoIZGVjaXNpb24YDSABKAsyGC50ZXRoZXIudjEuRGVjaXNpb25JbnB1dEgAQgcKBWlucHV0IoEBCg1BZG1pdFJlc3BvbnNlEisKC2Rpc3Bvc2l0aW9uGAEgASgOMhYudGV0aGVyLnYxLkRpc3Bvc2l0aW9uEhsKA3J1bhgCIAEoCzIOLnRldGhlci52MS5SdW4SJgoFZXZlbnQYAyABKAsyFy50ZXRoZXIudjEuSW5ib3VuZEV2ZW50InAKEkFkbWl0U3RyZWFtUmVxdWVzdBIkCgVoZWxsbxgBIAEoCzIVLnRldGhlci52MS5BZG1pdEhlbGxvEiMKBWNhbGxzGAIgAygLMhQudGV0aGVyLnYxLkFkbWl0Q2FsbBIPCgdjYW5jZWxzGAMgAygEIiYKCkFkbWl0SGVsbG8SGAoQcHJvdG9jb2xfdmVyc2lvbhgBIAEoBSJqCglBZG1pdENhbGwSCgoCaWQYASABKAQSKAoHcmVxdWVzdBgCIAEoCzIXLnRldGhlci52MS5BZG1pdFJlcXVlc3QSEgoKdGltZW91dF9tcxgDIAEoDRITCgt0cmFjZXBhcmVudBgEIAEoCSJ3ChNBZG1pdFN0cmVhbVJlc3BvbnNlEigKB3dlbGNvbWUYASABKAsyFy50ZXRoZXIudjEuQWRtaXRXZWxjb21lEicKB2Fuc3dlcnMYAiADKAsyFi50ZXRoZXIudjEuQWRtaXRBbnN3ZXISDQoFZHJhaW4YAyABKAgiKAoMQWRtaXRXZWxjb21lEhgKEHByb3RvY29sX3ZlcnNpb24YASABKAUieAoLQWRtaXRBbnN3ZXISCgoCaWQYASABKAQSKgoIcmVzcG9uc2UYAiABKAsyGC50ZXRoZXIudjEuQWRtaXRSZXNwb25zZRIMCgRjb2RlGAMgASgFEg8KB21lc3NhZ2UYBCABKAkSEgoKZXJyb3JfY29kZRgFIAEoCSJ0ChFSZWNsYWltUnVuUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSFAoMcHJpbmNpcGFsX2lkGAIgASgJEhAKCGFsbF9ydW5zGAMgASgIEg4KBnJ1bl9pZBgEIAEoCRIUCgxhY3Rvcl9rZXlfaWQYBSABKAkiXgoSUmVjbGFpbVJ1blJlc3BvbnNlEisKC2Rpc3Bvc2l0aW9uGAEgASgOMhYudGV0aGVyLnYxLkRpc3Bvc2l0aW9uEhsKA3J1bhgCIAEoCzIOLnRldGhlci52MS5SdW4iLgoZRGVsZXRlVGVuYW50RXZlbnRzUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkiQAoaRGVsZXRlVGVuYW50RXZlbnRzUmVzcG9uc2USDwoHcmVtb3ZlZBgBIAEoAxIRCglyZW1haW5pbmcYAiABKAgyzgIKEEFkbWlzc2lvblNlcnZpY2USOgoFQWRtaXQSFy50ZXRoZXIudjEuQWRtaXRSZXF1ZXN0GhgudGV0aGVyLnYxLkFkbWl0UmVzcG9uc2USUAoLQWRtaXRTdHJlYW0SHS50ZXRoZXIudjEuQWRtaXRTdHJlYW1SZXF1ZXN0Gh4udGV0aGVyLnYxLkFkbWl0U3RyZWFtUmVzcG9uc2UoATABEkkKClJlY2xhaW1SdW4SHC50ZXRoZXIudjEuUmVjbGFpbVJ1blJlcXVlc3QaHS50ZXRoZXIudjEuUmVjbGFpbVJ1blJlc3BvbnNlEmEKEkRlbGV0ZVRlbmFudEV2ZW50cxIkLnRldGhlci52MS5EZWxldGVUZW5hbnRFdmVudHNSZXF1ZXN0GiUudGV0aGVyLnYxLkRlbGV0ZVRlbmFudEV2ZW50c1Jlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_struct, file_tether_v1_common]);
+  fileDesc("Chl0ZXRoZXIvdjEvYWRtaXNzaW9uLnByb3RvEgl0ZXRoZXIudjEiMQoGQ2FsbGVyEhEKCXRlbmFudF9pZBgBIAEoCRIUCgxwcmluY2lwYWxfaWQYAiABKAkiaAoJQ2hhdElucHV0EhAKCGV2ZW50X2lkGAEgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIMCgR0ZXh0GAMgASgJEg8KB2NoYW5uZWwYBCABKAkSEQoJdGVuYW50X2lkGAUgASgJIqABChVNZXNzYWdpbmdXZWJob29rSW5wdXQSEAoIcHJvdmlkZXIYASABKAkSGQoRcHJvdmlkZXJfZXZlbnRfaWQYAiABKAkSEQoJdGhyZWFkX2lkGAMgASgJEhEKCXNlbmRlcl9pZBgEIAEoCRITCgtzZW5kZXJfdHlwZRgFIAEoCRIMCgR0ZXh0GAYgASgJEhEKCXRlbmFudF9pZBgHIAEoCSJuCg9UYXNrU3RhdHVzSW5wdXQSDwoHdGFza19pZBgBIAEoCRIXCg9zdGF0dXNfZXZlbnRfaWQYAiABKAkSDgoGc3RhdHVzGAMgASgJEg4KBmRldGFpbBgEIAEoCRIRCgl0ZW5hbnRfaWQYBSABKAkicAoNRGVjaXNpb25JbnB1dBITCgtkZWNpc2lvbl9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSEAoIZGVjaXNpb24YAyABKAkSDAoEbm90ZRgEIAEoCRIRCgl0ZW5hbnRfaWQYBSABKAkipQEKE0NoYW5uZWxNZXNzYWdlSW5wdXQSEgoKY2hhbm5lbF9pZBgBIAEoCRIQCghldmVudF9pZBgCIAEoCRIRCgl0aHJlYWRfaWQYAyABKAkSEQoJc2VuZGVyX2lkGAQgASgJEgwKBHRleHQYBSABKAkSJQoFcmVwbHkYBiABKAsyFi50ZXRoZXIudjEuUmVwbHlUYXJnZXQSDQoFYWdlbnQYByABKAkihwIKDEluYm91bmRFdmVudBIRCgl0ZW5hbnRfaWQYASABKAkSEAoIZXZlbnRfaWQYAiABKAkSGQoRaWRlbXBvdGVuY3lfc2NvcGUYAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEg4KBnNvdXJjZRgFIAEoCRISCgphY3Rvcl90eXBlGAYgASgJEhAKCGFjdG9yX2lkGAcgASgJEg8KB2NoYW5uZWwYCCABKAkSHwoXY2hhbm5lbF9jb252ZXJzYXRpb25faWQYCSABKAkSDAoEdGV4dBgKIAEoCRIoCgdjb250ZXh0GAsgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdCKzAgoMQWRtaXRSZXF1ZXN0EiEKBmNhbGxlchgBIAEoCzIRLnRldGhlci52MS5DYWxsZXISJAoEY2hhdBgKIAEoCzIULnRldGhlci52MS5DaGF0SW5wdXRIABI1CgltZXNzYWdpbmcYCyABKAsyIC50ZXRoZXIudjEuTWVzc2FnaW5nV2ViaG9va0lucHV0SAASMQoLdGFza19zdGF0dXMYDCABKAsyGi50ZXRoZXIudjEuVGFza1N0YXR1c0lucHV0SAASLAoIZGVjaXNpb24YDSABKAsyGC50ZXRoZXIudjEuRGVjaXNpb25JbnB1dEgAEjkKD2NoYW5uZWxfbWVzc2FnZRgOIAEoCzIeLnRldGhlci52MS5DaGFubmVsTWVzc2FnZUlucHV0SABCBwoFaW5wdXQigQEKDUFkbWl0UmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1bhImCgVldmVudBgDIAEoCzIXLnRldGhlci52MS5JbmJvdW5kRXZlbnQicAoSQWRtaXRTdHJlYW1SZXF1ZXN0EiQKBWhlbGxvGAEgASgLMhUudGV0aGVyLnYxLkFkbWl0SGVsbG8SIwoFY2FsbHMYAiADKAsyFC50ZXRoZXIudjEuQWRtaXRDYWxsEg8KB2NhbmNlbHMYAyADKAQiJgoKQWRtaXRIZWxsbxIYChBwcm90b2NvbF92ZXJzaW9uGAEgASgFImoKCUFkbWl0Q2FsbBIKCgJpZBgBIAEoBBIoCgdyZXF1ZXN0GAIgASgLMhcudGV0aGVyLnYxLkFkbWl0UmVxdWVzdBISCgp0aW1lb3V0X21zGAMgASgNEhMKC3RyYWNlcGFyZW50GAQgASgJIncKE0FkbWl0U3RyZWFtUmVzcG9uc2USKAoHd2VsY29tZRgBIAEoCzIXLnRldGhlci52MS5BZG1pdFdlbGNvbWUSJwoHYW5zd2VycxgCIAMoCzIWLnRldGhlci52MS5BZG1pdEFuc3dlchINCgVkcmFpbhgDIAEoCCIoCgxBZG1pdFdlbGNvbWUSGAoQcHJvdG9jb2xfdmVyc2lvbhgBIAEoBSJ4CgtBZG1pdEFuc3dlchIKCgJpZBgBIAEoBBIqCghyZXNwb25zZRgCIAEoCzIYLnRldGhlci52MS5BZG1pdFJlc3BvbnNlEgwKBGNvZGUYAyABKAUSDwoHbWVzc2FnZRgEIAEoCRISCgplcnJvcl9jb2RlGAUgASgJInQKEVJlY2xhaW1SdW5SZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIUCgxwcmluY2lwYWxfaWQYAiABKAkSEAoIYWxsX3J1bnMYAyABKAgSDgoGcnVuX2lkGAQgASgJEhQKDGFjdG9yX2tleV9pZBgFIAEoCSJeChJSZWNsYWltUnVuUmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1biIuChlEZWxldGVUZW5hbnRFdmVudHNSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCSJAChpEZWxldGVUZW5hbnRFdmVudHNSZXNwb25zZRIPCgdyZW1vdmVkGAEgASgDEhEKCXJlbWFpbmluZxgCIAEoCDLOAgoQQWRtaXNzaW9uU2VydmljZRI6CgVBZG1pdBIXLnRldGhlci52MS5BZG1pdFJlcXVlc3QaGC50ZXRoZXIudjEuQWRtaXRSZXNwb25zZRJQCgtBZG1pdFN0cmVhbRIdLnRldGhlci52MS5BZG1pdFN0cmVhbVJlcXVlc3QaHi50ZXRoZXIudjEuQWRtaXRTdHJlYW1SZXNwb25zZSgBMAESSQoKUmVjbGFpbVJ1bhIcLnRldGhlci52MS5SZWNsYWltUnVuUmVxdWVzdBodLnRldGhlci52MS5SZWNsYWltUnVuUmVzcG9uc2USYQoSRGVsZXRlVGVuYW50RXZlbnRzEiQudGV0aGVyLnYxLkRlbGV0ZVRlbmFudEV2ZW50c1JlcXVlc3QaJS50ZXRoZXIudjEuRGVsZXRlVGVuYW50RXZlbnRzUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_struct, file_tether_v1_common]);
 
 /**
  * Caller is the authenticated identity, set by the gateway from the API key; never from a body.
@@ -506,6 +506,145 @@ export const DecisionInputSchema: GenMessage<DecisionInput, {jsonType: DecisionI
   messageDesc(file_tether_v1_admission, 4);
 
 /**
+ * ChannelMessageInput is one message a provider delivered to a verified channel connection.
+ * Only the gateway's webhook endpoints build it, from a body whose signature verified against
+ * the connection's secret, with the caller (the connection's tenant, principal
+ * "channel:<channel_id>"); admission refuses one whose principal is not its connection's.
+ *
+ * @generated from message tether.v1.ChannelMessageInput
+ */
+export type ChannelMessageInput = Message<"tether.v1.ChannelMessageInput"> & {
+  /**
+   * The connection (ch_...).
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string channel_id = 1;
+   */
+  channelId: string;
+
+  /**
+   * The provider's own id of the event; the idempotency key within the connection.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string event_id = 2;
+   */
+  eventId: string;
+
+  /**
+   * The provider's thread; a correlation value within the connection, never access.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string thread_id = 3;
+   */
+  threadId: string;
+
+  /**
+   * Sender id at the provider (actor data, never a principal).
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string sender_id = 4;
+   */
+  senderId: string;
+
+  /**
+   * The message text.
+   * Limit: 32000 characters, no NUL.
+   *
+   * @generated from field: string text = 5;
+   */
+  text: string;
+
+  /**
+   * Where the answer goes.
+   *
+   * @generated from field: tether.v1.ReplyTarget reply = 6;
+   */
+  reply?: ReplyTarget | undefined;
+
+  /**
+   * The agent the connection routes to (empty: the tenant's routes for source messaging and
+   * channel = the connection's kind).
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+   *
+   * @generated from field: string agent = 7;
+   */
+  agent: string;
+};
+
+/**
+ * ChannelMessageInput is one message a provider delivered to a verified channel connection.
+ * Only the gateway's webhook endpoints build it, from a body whose signature verified against
+ * the connection's secret, with the caller (the connection's tenant, principal
+ * "channel:<channel_id>"); admission refuses one whose principal is not its connection's.
+ *
+ * @generated from message tether.v1.ChannelMessageInput
+ */
+export type ChannelMessageInputJson = {
+  /**
+   * The connection (ch_...).
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string channel_id = 1;
+   */
+  channelId?: string;
+
+  /**
+   * The provider's own id of the event; the idempotency key within the connection.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string event_id = 2;
+   */
+  eventId?: string;
+
+  /**
+   * The provider's thread; a correlation value within the connection, never access.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string thread_id = 3;
+   */
+  threadId?: string;
+
+  /**
+   * Sender id at the provider (actor data, never a principal).
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+   *
+   * @generated from field: string sender_id = 4;
+   */
+  senderId?: string;
+
+  /**
+   * The message text.
+   * Limit: 32000 characters, no NUL.
+   *
+   * @generated from field: string text = 5;
+   */
+  text?: string;
+
+  /**
+   * Where the answer goes.
+   *
+   * @generated from field: tether.v1.ReplyTarget reply = 6;
+   */
+  reply?: ReplyTargetJson;
+
+  /**
+   * The agent the connection routes to (empty: the tenant's routes for source messaging and
+   * channel = the connection's kind).
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+   *
+   * @generated from field: string agent = 7;
+   */
+  agent?: string;
+};
+
+/**
+ * Describes the message tether.v1.ChannelMessageInput.
+ * Use `create(ChannelMessageInputSchema)` to create a new message.
+ */
+export const ChannelMessageInputSchema: GenMessage<ChannelMessageInput, {jsonType: ChannelMessageInputJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_admission, 5);
+
+/**
  * InboundEvent is the normalised form every adapter produces.
  *
  * @generated from message tether.v1.InboundEvent
@@ -678,7 +817,7 @@ export type InboundEventJson = {
  * Use `create(InboundEventSchema)` to create a new message.
  */
 export const InboundEventSchema: GenMessage<InboundEvent, {jsonType: InboundEventJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_admission, 5);
+  messageDesc(file_tether_v1_admission, 6);
 
 /**
  * AdmitRequest carries the caller and exactly one adapter input.
@@ -730,6 +869,15 @@ export type AdmitRequest = Message<"tether.v1.AdmitRequest"> & {
      */
     value: DecisionInput;
     case: "decision";
+  } | {
+    /**
+     * A message a verified channel connection delivered (set by the gateway's webhook
+     * endpoints only, after the provider's signature verified).
+     *
+     * @generated from field: tether.v1.ChannelMessageInput channel_message = 14;
+     */
+    value: ChannelMessageInput;
+    case: "channelMessage";
   } | { case: undefined; value?: undefined };
 };
 
@@ -773,6 +921,14 @@ export type AdmitRequestJson = {
    * @generated from field: tether.v1.DecisionInput decision = 13;
    */
   decision?: DecisionInputJson;
+
+  /**
+   * A message a verified channel connection delivered (set by the gateway's webhook
+   * endpoints only, after the provider's signature verified).
+   *
+   * @generated from field: tether.v1.ChannelMessageInput channel_message = 14;
+   */
+  channelMessage?: ChannelMessageInputJson;
 };
 
 /**
@@ -780,7 +936,7 @@ export type AdmitRequestJson = {
  * Use `create(AdmitRequestSchema)` to create a new message.
  */
 export const AdmitRequestSchema: GenMessage<AdmitRequest, {jsonType: AdmitRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_admission, 6);
+  messageDesc(file_tether_v1_admission, 7);
 
 /**
  * AdmitResponse says which run handles the event and how.
@@ -843,7 +999,7 @@ export type AdmitResponseJson = {
  * Use `create(AdmitResponseSchema)` to create a new message.
  */
 export const AdmitResponseSchema: GenMessage<AdmitResponse, {jsonType: AdmitResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_admission, 7);
+  messageDesc(file_tether_v1_admission, 8);
 
 /**
  * AdmitStreamRequest is one message of the caller on an AdmitStream.
@@ -908,7 +1064,7 @@ export type AdmitStreamRequestJson = {
  * Use `create(AdmitStreamRequestSchema)` to create a new message.
  */
 export const AdmitStreamRequestSchema: GenMessage<AdmitStreamRequest, {jsonType: AdmitStreamRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_admission, 8);
+  messageDesc(file_tether_v1_admission, 9);
 
 /**
  * AdmitHello opens an AdmitStream.
@@ -943,7 +1099,7 @@ export type AdmitHelloJson = {
  * Use `create(AdmitHelloSchema)` to create a new message.
  */
 export const AdmitHelloSchema: GenMessage<AdmitHello, {jsonType: AdmitHelloJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_admission, 9);
+  messageDesc(file_tether_v1_admission, 10);
 
 /**
  * AdmitCall is one admission on an AdmitStream.
@@ -1022,7 +1178,7 @@ export type AdmitCallJson = {
  * Use `create(AdmitCallSchema)` to create a new message.
  */
 export const AdmitCallSchema: GenMessage<AdmitCall, {jsonType: AdmitCallJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_admission, 10);
+  messageDesc(file_tether_v1_admission, 11);
 
 /**
  * AdmitStreamResponse is one message of admission on an AdmitStream.
@@ -1087,7 +1243,7 @@ export type AdmitStreamResponseJson = {
  * Use `create(AdmitStreamResponseSchema)` to create a new message.
  */
 export const AdmitStreamResponseSchema: GenMessage<AdmitStreamResponse, {jsonType: AdmitStreamResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_admission, 11);
+  messageDesc(file_tether_v1_admission, 12);
 
 /**
  * AdmitWelcome accepts an AdmitStream.
@@ -1122,7 +1278,7 @@ export type AdmitWelcomeJson = {
  * Use `create(AdmitWelcomeSchema)` to create a new message.
  */
 export const AdmitWelcomeSchema: GenMessage<AdmitWelcome, {jsonType: AdmitWelcomeJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_admission, 12);
+  messageDesc(file_tether_v1_admission, 13);
 
 /**
  * AdmitAnswer is how one call on an AdmitStream ended.
@@ -1213,7 +1369,7 @@ export type AdmitAnswerJson = {
  * Use `create(AdmitAnswerSchema)` to create a new message.
  */
 export const AdmitAnswerSchema: GenMessage<AdmitAnswer, {jsonType: AdmitAnswerJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_admission, 13);
+  messageDesc(file_tether_v1_admission, 14);
 
 /**
  * ReclaimRunRequest names the run to retry and who asks.
@@ -1304,7 +1460,7 @@ export type ReclaimRunRequestJson = {
  * Use `create(ReclaimRunRequestSchema)` to create a new message.
  */
 export const ReclaimRunRequestSchema: GenMessage<ReclaimRunRequest, {jsonType: ReclaimRunRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_admission, 14);
+  messageDesc(file_tether_v1_admission, 15);
 
 /**
  * ReclaimRunResponse says which run handles the retry.
@@ -1353,7 +1509,7 @@ export type ReclaimRunResponseJson = {
  * Use `create(ReclaimRunResponseSchema)` to create a new message.
  */
 export const ReclaimRunResponseSchema: GenMessage<ReclaimRunResponse, {jsonType: ReclaimRunResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_admission, 15);
+  messageDesc(file_tether_v1_admission, 16);
 
 /**
  * DeleteTenantEventsRequest names the tenant being deleted.
@@ -1388,7 +1544,7 @@ export type DeleteTenantEventsRequestJson = {
  * Use `create(DeleteTenantEventsRequestSchema)` to create a new message.
  */
 export const DeleteTenantEventsRequestSchema: GenMessage<DeleteTenantEventsRequest, {jsonType: DeleteTenantEventsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_admission, 16);
+  messageDesc(file_tether_v1_admission, 17);
 
 /**
  * DeleteTenantEventsResponse says how far the deletion got.
@@ -1437,7 +1593,7 @@ export type DeleteTenantEventsResponseJson = {
  * Use `create(DeleteTenantEventsResponseSchema)` to create a new message.
  */
 export const DeleteTenantEventsResponseSchema: GenMessage<DeleteTenantEventsResponse, {jsonType: DeleteTenantEventsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_admission, 17);
+  messageDesc(file_tether_v1_admission, 18);
 
 /**
  * AdmissionService turns inbound events into queued runs, deduplicating before any paid work.
