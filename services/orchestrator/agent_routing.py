@@ -15,6 +15,7 @@ from services.orchestrator import routing
 from services.orchestrator.repositories import agents as agent_repo
 from tether.agent_spec import AgentSpec, parse, pick
 from tether.domain import AgentConfig
+from tether.errors import FailedPrecondition
 
 # Tenants whose agents are kept; past this many the cache starts over.
 MAX_TENANTS = 10_000
@@ -50,15 +51,30 @@ class AgentRouting:
         self._tenants: dict[str, TenantAgents] = {}
 
     async def pick(
-        self, conn: AsyncConnection, tenant_id: str, revision: int, source: str, channel: str
+        self,
+        conn: AsyncConnection,
+        tenant_id: str,
+        revision: int,
+        source: str,
+        channel: str,
+        *,
+        pinned: str = "",
     ) -> Picked | None:
         """The agent of `tenant_id` (whose agents are at `revision`) that takes a run from
-        `source` on `channel`; None when the tenant has no agents or none takes it (the run is
-        then routed with `tenants.agent`). InvalidArgument when the picked version is broken."""
-        if revision == 0:
+        `source` on `channel`: `pinned` when the run's channel connection names one, else the
+        most specific route's; None when the tenant has no agents or none takes it (the run is
+        then routed with `tenants.agent`). InvalidArgument when the picked version is broken;
+        FailedPrecondition when the pinned agent is not the tenant's."""
+        if revision == 0 and not pinned:
             return None
         agents = await self._agents(conn, tenant_id, revision)
-        name = pick(
+        if pinned and pinned not in agents.published:
+            raise FailedPrecondition(
+                f"the run's channel connection routes to agent {pinned!r}, which the tenant "
+                "does not have; apply it (tether agents apply) or change the connection's agent",
+                details={"agent": pinned},
+            )
+        name = pinned or pick(
             ((n, spec.routes) for n, (_, spec) in agents.published.items()),
             agents.default,
             source,

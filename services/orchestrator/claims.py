@@ -315,12 +315,14 @@ class Claims:
             ):
                 continue  # resolved for a run before this one
             started = time.perf_counter()
+            # A channel connection naming an agent pins its runs to it (`slack/support`).
+            channel, _, pinned = run.channel.partition(lease_repo.PIN_SEPARATOR)
             try:
                 picked = await self._agents.pick(
-                    conn, run.tenant_id, run.revision, run.source, run.channel
+                    conn, run.tenant_id, run.revision, run.source, channel, pinned=pinned
                 )
                 if picked is None:
-                    config = routing.resolve(agent, run.source, run.channel)
+                    config = routing.resolve(agent, run.source, channel)
                     routed = Routing(agent, config, run.revision)
                 else:
                     routed = Routing(None, picked.config, run.revision, picked.version)

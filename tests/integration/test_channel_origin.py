@@ -3,6 +3,8 @@ principal with where its answer goes, and the claim hands that to the attempt.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -10,9 +12,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.admission.adapters import normalise
 from services.admission.domain import FreshnessPolicy, InboundEvent
 from services.admission.service import Admitter
+from services.orchestrator.agents import Agents
 from services.orchestrator.execution import Execution
 from tests.integration.test_admission import _tenant, chat
-from tether.db.schema import messages
+from tether.db.schema import messages, runs
 from tether.domain import ReplyTarget
 from tether.v1 import admission_pb2, common_pb2
 
@@ -20,7 +23,13 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 def channel_message(
-    channel_id: str, event_id: str, thread: str, *, tenant: str = "t1", text: str = "hi"
+    channel_id: str,
+    event_id: str,
+    thread: str,
+    *,
+    tenant: str = "t1",
+    text: str = "hi",
+    agent: str = "",
 ) -> InboundEvent:
     return normalise(
         admission_pb2.AdmitRequest(
@@ -38,6 +47,7 @@ def channel_message(
                     thread=thread,
                     reply_to=event_id,
                 ),
+                agent=agent,
             ),
         )
     )
@@ -95,3 +105,44 @@ async def test_plain_messages_store_no_channel_origin(engine: AsyncEngine) -> No
             )
         ).scalar_one()
     assert stored is True  # SQL NULL, not JSON null
+
+
+async def test_a_connection_naming_an_agent_pins_its_runs_to_it_over_the_routes(
+    engine: AsyncEngine,
+) -> None:
+    await _tenant(engine, "t-pin")
+    agents = Agents(engine)
+    actor = {"key_id": "key-1", "principal_id": "alice"}
+    doc = {"name": "general", "instructions": "You are general."}
+    await agents.apply("t-pin", json.dumps(doc), actor)
+    routed = {
+        "name": "slacker",
+        "instructions": "You answer Slack.",
+        "routes": [{"channel": "slack"}],
+    }
+    await agents.apply("t-pin", json.dumps(routed), actor)
+    await agents.apply(
+        "t-pin", json.dumps({"name": "support", "instructions": "You support."}), actor
+    )
+    execution = Execution.build(engine, None, lease_ttl_s=30, claim_poll_s=60)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    pinned = await admitter.admit(
+        channel_message("ch_pin1", "Pin1", "1.1", tenant="t-pin", agent="support")
+    )
+    by_route = await admitter.admit(channel_message("ch_pin2", "Pin2", "1.1", tenant="t-pin"))
+    missing = await admitter.admit(
+        channel_message("ch_pin3", "Pin3", "1.1", tenant="t-pin", agent="gone")
+    )
+    claimed = {c.run.run_id: c for c in await execution.claims.claim_many("w-pin", 3)}
+    assert claimed[pinned.run.run_id].config.agent == "support"
+    assert claimed[by_route.run.run_id].config.agent == "slacker"
+    # A connection routing to an agent the tenant lacks fails its run, saying why.
+    assert missing.run.run_id not in claimed
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(
+                select(runs.c.status, runs.c.error).where(runs.c.run_id == missing.run.run_id)
+            )
+        ).one()
+    assert row.status == "failed" and row.error["code"] == "routing_failed"
+    assert "'gone'" in row.error["message"]

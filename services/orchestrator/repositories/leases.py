@@ -112,6 +112,13 @@ _WITH_AGENT = (
     .outerjoin(agent_sets, agent_sets.c.tenant_id == _PICKED.c.tenant_id)
     .join(messages, messages.c.message_id == _PICKED.c.message_id)
 )
+# The channel a run is routed by: its channel, and the agent its channel connection routes to
+# when the connection names one (`slack/support`; channels and agent names are identifiers,
+# which never hold a `/`).
+PIN_SEPARATOR = "/"
+_ROUTE_CHANNEL = _PICKED.c.channel + func.coalesce(
+    PIN_SEPARATOR + func.nullif(messages.c.channel_origin["agent"].astext, ""), ""
+)
 _ROUTED = (
     select(_PICKED.c.run_id, _ROUTES.c.routing_id, _ROUTES.c.max_attempts, _ROUTES.c.routing_ms)
     .select_from(
@@ -120,7 +127,7 @@ _ROUTED = (
             and_(
                 _ROUTES.c.tenant_id == _PICKED.c.tenant_id,
                 _ROUTES.c.source == messages.c.source,
-                _ROUTES.c.channel == _PICKED.c.channel,
+                _ROUTES.c.channel == _ROUTE_CHANNEL,
                 _ROUTES.c.revision == _REVISION,
                 # A route to one of the tenant's agents holds while its revision does; one
                 # resolved from `tenants.agent`, while that is unchanged too.
@@ -213,7 +220,7 @@ CLAIM = Direct(
         _PICKED.c.run_id.label("picked_run_id"),
         _PICKED.c.tenant_id.label("picked_tenant_id"),
         messages.c.source.label("picked_source"),
-        _PICKED.c.channel.label("picked_channel"),
+        _ROUTE_CHANNEL.label("picked_channel"),
         messages.c.actor_type,
         messages.c.actor_id,
         messages.c.channel_origin,
