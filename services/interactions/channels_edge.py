@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import grpc
 
-from services.interactions.channel_store import ChannelInfo, ChannelSpec, ChannelStore
+from services.interactions.channel_store import MAX_GRACE, ChannelInfo, ChannelSpec, ChannelStore
 from tether.convert import timestamp
 from tether.errors import InvalidArgument
 from tether.v1 import interactions_pb2 as pb
@@ -60,6 +60,9 @@ def _tenant(tenant_id: str) -> str:
     return tenant_id
 
 
+_PAST_MAX_GRACE_MS = int(MAX_GRACE.total_seconds() * 1000) + 1
+
+
 class ChannelRpcs:
     """Serves the channel-connection RPCs from the store."""
 
@@ -104,7 +107,9 @@ class ChannelRpcs:
             _tenant(request.tenant_id),
             request.channel_id,
             request.secret.encode(),
-            timedelta(milliseconds=request.grace_ms),
+            # Past the store's bound by a millisecond at most, so the one rule there refuses it
+            # (an unbounded uint64 would not fit a duration at all).
+            timedelta(milliseconds=min(request.grace_ms, _PAST_MAX_GRACE_MS)),
         )
         return pb.InteractionsServiceRotateChannelSecretResponse(channel=channel_info(info))
 

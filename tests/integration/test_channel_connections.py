@@ -12,10 +12,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.interactions import repository as repo
 from services.interactions.channel_store import ChannelSpec, ChannelStore
+from services.interactions.channels_edge import ChannelRpcs
 from services.interactions.sealing import Keyring
 from tether.errors import AlreadyExists, InvalidArgument, NotFound
 from tether.targets import TargetPolicy
 from tether.testing.eventually import eventually
+from tether.v1 import interactions_pb2
 
 SIGNING = b"slack-signing-secret-0123456789"
 BOT = b"xoxb-bot-token-abcdefghij"
@@ -173,3 +175,23 @@ async def test_a_grace_past_a_week_is_refused_and_changes_nothing(engine: AsyncE
         await store.rotate("t1", added.channel_id, b"new-secret-value", timedelta(days=8))
     assert (await store.verification(added.channel_id)).secrets == (SIGNING,)
     assert (await store.get("t1", added.channel_id)).previous_secret_expires_at is None
+
+
+async def test_a_grace_too_large_for_a_duration_is_refused_not_an_internal_error(
+    engine: AsyncEngine,
+) -> None:
+    store = _store(engine)
+    added = await store.add("t1", "alice", _slack())
+    rpcs = ChannelRpcs(store)
+    for grace_ms in (2**64 - 1, 10**17):
+        with pytest.raises(InvalidArgument, match="grace must be between 0 and 7 days"):
+            await rpcs.RotateChannelSecret(
+                interactions_pb2.InteractionsServiceRotateChannelSecretRequest(
+                    tenant_id="t1",
+                    channel_id=added.channel_id,
+                    secret="new-secret-value",
+                    grace_ms=grace_ms,
+                ),
+                None,  # type: ignore[arg-type]
+            )
+    assert (await store.verification(added.channel_id)).secrets == (SIGNING,)
