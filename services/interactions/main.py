@@ -10,6 +10,7 @@ from services.interactions.connections import Connections
 from services.interactions.domain import OAuthProvider, Policy
 from services.interactions.lifecycle import Lifecycle
 from services.interactions.questions import Questions
+from services.interactions.resealing import Resealer
 from services.interactions.sealing import Keyring
 from services.interactions.secret_store import ConnectionTokens, SecretStore
 from services.interactions.servicer import InteractionsServicer
@@ -26,6 +27,10 @@ from tether.telemetry.setup import configure
 from tether.v1 import interactions_pb2, interactions_pb2_grpc, orchestrator_pb2_grpc
 
 DEMO_PROVIDER = "democal"
+
+
+# How often a replica looks for values sealed under an older key (a key rotation is rare).
+RESEAL_S = 600.0
 
 
 async def amain(
@@ -103,6 +108,13 @@ async def amain(
         supervisor.start(
             name,
             rounds(work, name, least_s=settings.sweep_interval_s, most_s=most_s, nudge=nudge),
+        )
+    if keyring.sealing_key_id is not None:
+        # Values an older key sealed move under the current one, so the old can be dropped.
+        reseal = Resealer(engine, keyring).round
+        supervisor.start(
+            "reseal sweep",
+            rounds(reseal, "reseal sweep", least_s=settings.sweep_interval_s, most_s=RESEAL_S),
         )
     await served.ready()
 

@@ -2,8 +2,9 @@
 interactions service holds.
 
 The setting is `KEYID:base64key[,KEYID:base64key...]`: the first key seals, every key listed
-opens, so a key rotates by putting a new one first and dropping the old once nothing sealed
-under it is left. Each sealed value records its key's id beside it. The associated data binds a
+opens, so a key rotates by putting a new one first (interactions then seals again under it
+what the older keys sealed: `resealing`) and dropping the old once nothing sealed under it is
+left. Each sealed value records its key's id beside it. The associated data binds a
 ciphertext to its tenant and its name, so a row copied to another tenant or name does not open.
 """
 
@@ -51,6 +52,16 @@ class Keyring:
     def __init__(self, keys: dict[str, bytes], sealing_key_id: str | None) -> None:
         self._keys = keys
         self._sealing_key_id = sealing_key_id
+
+    @property
+    def sealing_key_id(self) -> str | None:
+        """The key that seals (the setting's first), None when there is none."""
+        return self._sealing_key_id
+
+    @property
+    def key_ids(self) -> frozenset[str]:
+        """Every key that opens."""
+        return frozenset(self._keys)
 
     @classmethod
     def parse(cls, setting: str) -> Keyring:
