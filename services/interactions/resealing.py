@@ -98,6 +98,7 @@ class Resealer:
         self._keyring = keyring
         self._batch = batch
         self._warned: set[tuple[str, str]] = set()
+        self._said_done = False
 
     async def round(self) -> float | None:
         """One pass; 0 when a batch was full (more may wait), else None (nothing known due)."""
@@ -116,6 +117,14 @@ class Resealer:
             unopenable += stuck
         if resealed:
             log.info("re-sealed %d secrets under key %r", resealed, current)
+            self._said_done = False
+        older = sorted(self._keyring.key_ids - {current})
+        if not resealed and older and not self._said_done:
+            self._said_done = True
+            log.info(
+                "nothing is sealed under keys %s any more: TETHER_SECRETS_KEY may drop them",
+                older,
+            )
         return Resealed(resealed, unopenable)
 
     async def _reseal(self, sealed: SealedColumns, current: str) -> tuple[int, int]:

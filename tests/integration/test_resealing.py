@@ -5,6 +5,7 @@ listed is left as it is and counted."""
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -104,3 +105,16 @@ async def test_a_full_batch_asks_for_another_round_at_once(engine: AsyncEngine) 
     while await resealer.round() == 0.0:
         pass
     assert await _key_ids(engine, "t-batch") == {"new1"}
+
+
+async def test_the_log_says_when_the_older_keys_may_be_dropped(
+    engine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    await _seal_under_old(engine, "t-log")
+    resealer = Resealer(engine, Keyring.parse(f"{NEW},{OLD}"))
+    with caplog.at_level(logging.INFO, logger="services.interactions.resealing"):
+        await resealer.reseal()
+        assert "may drop" not in caplog.text
+        while (await resealer.reseal()).resealed:
+            pass
+    assert "nothing is sealed under keys ['old1'] any more" in caplog.text
