@@ -113,9 +113,13 @@ async def test_the_control_api_sets_the_webhook_and_answers_with_its_status(
                 assert r.status == 400, wrong
         async with control.post("/_webhook", data=b"not json") as r:
             assert r.status == 400
+        async with control.get("/_webhook") as r:
+            assert await r.json() == {"url": None}
         webhook = {"url": receiver.url, "signing_secret": SECRET}
         async with control.post("/_webhook", json=webhook) as r:
             assert r.status == 200
+        async with control.get("/_webhook") as r:
+            assert await r.json() == {"url": receiver.url}, "the URL, never the secret"
 
         message = {"channel": "C7", "user": "U2", "text": "hello"}
         async with control.post("/_user_message", json=message) as r:

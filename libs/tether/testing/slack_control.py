@@ -5,7 +5,8 @@ delivered, post one as a person, read back, reset.
 - `POST /_script` `{"method", "fault", "times"}` (fault as in `slack_wire.fault_from_json`);
 - `POST /_hold` `{"held": bool}`;
 - `POST /_webhook` `{"url", "signing_secret"}` (url null: deliver nowhere): the app's Request
-  URL and the signing secret Slack signs its deliveries with;
+  URL and the signing secret Slack signs its deliveries with (`GET /_webhook` shows the URL,
+  never the secret);
 - `POST /_user_message` `{"channel", "user", "text", "thread_ts"?}`: stores the message and
   answers its `event_callback`; with a webhook set, that body is first POSTed there, signed, and
   the answer's HTTP status is the webhook's (502 when it was not reached);
@@ -40,6 +41,7 @@ class SlackControl:
         app.router.add_post("/_script", self._script)
         app.router.add_post("/_hold", self._hold)
         app.router.add_post("/_webhook", self._webhook)
+        app.router.add_get("/_webhook", self._webhook_shown)
         app.router.add_post("/_user_message", self._user_message)
         app.router.add_get("/_requests", self._requests)
         app.router.add_get("/_messages", self._messages)
@@ -84,6 +86,10 @@ class SlackControl:
             return _refused("signing_secret is required with a url")
         self._server.set_webhook(url, secret)
         return web.json_response({"ok": True})
+
+    async def _webhook_shown(self, request: web.Request) -> web.StreamResponse:
+        target = self._server.webhook
+        return web.json_response({"url": None if target is None else target.url})
 
     async def _user_message(self, request: web.Request) -> web.StreamResponse:
         try:
