@@ -21,6 +21,7 @@ from tether import apikeys
 from tether.db.engine import create_engine
 from tether.runtime.rpc import internal_channel
 from tether.testing.eventually import eventually
+from tether.testing.slack_wire import DEMO_BOT_TOKEN, DEMO_SIGNING_SECRET
 from tether.v1 import interactions_pb2, interactions_pb2_grpc
 
 
@@ -347,3 +348,40 @@ async def test_bad_input_is_refused_clearly_and_stores_nothing(
     )
     assert code != 0
     assert "absent" in out and "Traceback" not in out, out
+
+
+async def test_a_demo_slack_channel_takes_the_stand_ins_secrets_without_files(
+    stack: RunningStack, tmp_path: Path
+) -> None:
+    name = f"demo-{uuid.uuid4().hex[:6]}"
+    # A public address: this stack allows no private targets (tether up allows loopback).
+    code, out = await _tether(
+        stack,
+        tmp_path,
+        *("channels", "add", "slack", "--demo", "--name", name),
+        *("--api-base-url", "https://8.8.8.8/api/", "--json"),
+    )
+    assert code == 0, out
+    added = json.loads(out)
+    code, out = await _tether(stack, tmp_path, "channels", "show", added["channel_id"], "--json")
+    assert code == 0, out
+    shown = json.loads(out)
+    assert (shown["name"], shown["kind"], shown["api_base_url"]) == (
+        name,
+        "slack",
+        "https://8.8.8.8/api/",
+    )
+    hints = {s["name"]: s["last_four"] for s in shown["secrets"]}
+    assert hints == {
+        "signing_secret": DEMO_SIGNING_SECRET[-4:],
+        "bot_token": DEMO_BOT_TOKEN[-4:],
+    }
+    assert DEMO_SIGNING_SECRET not in out and DEMO_BOT_TOKEN not in out
+
+    refused = await _tether(
+        stack,
+        tmp_path,
+        *("channels", "add", "slack", "--demo", "--signing-secret-file", "s.txt"),
+        *("--api-base-url", "https://8.8.8.8/api/"),
+    )
+    assert refused[0] == 2 and "leave out --signing-secret-file" in refused[1]

@@ -7,14 +7,18 @@ import json
 import sys
 from pathlib import Path
 
+import aiohttp
+import psutil
 import pytest
 import yaml
 
 from tests.system.up_support import UpProcess
 from tether.client import TetherClient, run_to_dict
 from tether.stack.up import EXAMPLE_AGENTS
+from tether.testing.eventually import eventually
+from tether.testing.slack_wire import DEMO_BOT_TOKEN, DEMO_SIGNING_SECRET
 
-# `make slow`: the whole `tether up` twice, about half a minute.
+# `make slow`: the whole `tether up` three times, under a minute.
 pytestmark = pytest.mark.slow
 
 
@@ -36,6 +40,29 @@ async def listed_agents(stack_file: str) -> list[tuple[str, int, bool]]:
     assert process.returncode == 0, err.decode()
     rows = [json.loads(line) for line in out.decode().splitlines()]
     return [(r["name"], r["published_version"], r["default"]) for r in rows]
+
+
+async def demo_channels(stack_file: str) -> list[tuple[str, str, str]]:
+    """The dev tenant's connections named demo-slack: (id, API base URL, webhook URL) each."""
+    async with TetherClient.from_env(stack_file) as client:
+        listed = (await client.list_channels()).channels
+        found = [c for c in listed if c.name == "demo-slack"]
+        hints = [{s.name: s.last_four for s in c.secrets} for c in found]
+        assert hints == [
+            {"signing_secret": DEMO_SIGNING_SECRET[-4:], "bot_token": DEMO_BOT_TOKEN[-4:]}
+        ] * len(found), "the stand-in's demo secrets"
+        shown = [await client.get_channel(c.channel_id) for c in found]
+    pairs = zip(found, shown, strict=True)
+    return [(c.channel_id, c.api_base_url, s.webhook_url) for c, s in pairs]
+
+
+async def slack_webhook(up: UpProcess) -> str | None:
+    """Where the running Slack stand-in delivers a person's messages."""
+    base = up.info()["slack_api_url"].removesuffix("/api/")
+    async with aiohttp.ClientSession(base) as control, control.get("/_webhook") as answer:
+        assert answer.status == 200
+        url: str | None = (await answer.json())["url"]
+        return url
 
 
 async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path: Path) -> None:
@@ -73,6 +100,29 @@ async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path:
         async with TetherClient.from_env(stack_file) as client:
             answer = await client.apply_agent(json.dumps({**changed, "instructions": "Be brief."}))
         assert (answer.name, answer.version) == ("support", 2)
+
+        # The Slack stand-in, a supervised child, and the dev tenant's demo connection to it,
+        # whose webhook URL the stand-in delivers a person's messages to.
+        slack_api = info["slack_api_url"]
+        assert slack_api.startswith("http://127.0.0.1:") and slack_api.endswith("/api/")
+        assert f"slack stand-in (channel demo-slack): {slack_api.removesuffix('/api/')}" in (
+            up.output
+        )
+        ((channel_id, api_base_url, webhook_url),) = await demo_channels(stack_file)
+        assert api_base_url == slack_api
+        assert webhook_url == f"http://{info['http']}/v2/webhooks/slack/{channel_id}"
+        assert await slack_webhook(up) == webhook_url
+        (slack,) = up.children("tether.testing.slack_server")
+        assert slack.pid == info["slack_pid"]
+        slack.kill()
+
+        async def restarted() -> int | None:
+            pid = up.info().get("slack_pid")
+            return pid if pid != slack.pid and psutil.pid_exists(pid) else None
+
+        await eventually(restarted, timeout=30, interval=0.1, what="the stand-in restarted")
+        assert up.info()["slack_api_url"] == slack_api, "on its port"
+        assert await slack_webhook(up) == webhook_url, "still delivering to the demo channel"
     finally:
         out = await up.interrupt()
     assert "tether stopped" in out
@@ -90,5 +140,19 @@ async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path:
             ("default", 1, True),
             ("support", 2, False),
         ], "an example the tenant has is not applied again: its change is kept"
+        assert await demo_channels(str(data_dir / "stack.json")) == [
+            (channel_id, slack_api, webhook_url)
+        ], "the demo connection once, after two starts, at the stand-in kept on its port"
+        assert await slack_webhook(up) == webhook_url
+    finally:
+        await up.interrupt()
+
+    # Opted out: no stand-in; the tenant's demo connection is left as it is.
+    up = UpProcess(data_dir, TETHER_UP_DEMO_SLACK="false")
+    await up.ready()
+    try:
+        assert "slack_api_url" not in up.info()
+        assert up.children("tether.testing.slack_server") == []
+        assert [c for c, _, _ in await demo_channels(str(data_dir / "stack.json"))] == [channel_id]
     finally:
         await up.interrupt()

@@ -1,19 +1,27 @@
 """`tether channels add|list|show|rm|rotate-secret`: the tenant's channel connections (Slack,
 WhatsApp, any system signing its webhooks). Secrets are read from files, sealed by the
 interactions service and never printed: a read shows each secret's name and last four
-characters at most."""
+characters at most.
+
+`tether channels add slack --demo [--name N] [--api-base-url URL]` connects the local Slack
+stand-in with its well-known demo signing secret and bot token (`tether.testing.slack_wire`), so
+the demo needs no files; the stand-in's URL defaults to the one `tether up` wrote to stack.json.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
 
 from tether.cli.secrets import _read
 from tether.client import TetherClient
+from tether.testing.slack_wire import DEMO_BOT_TOKEN, DEMO_SIGNING_SECRET
 from tether.v1 import gateway_pb2, interactions_pb2
 
 Emit = Any
@@ -36,6 +44,12 @@ _SETTINGS = {
     "whatsapp": ("phone_number_id",),
     "webhook": ("text_field", "thread_field", "sender_field", "event_id_field"),
 }
+
+
+DEMO_NAME = "demo-slack"
+"""The demo Slack connection's name when `--demo` is given none (the one `tether up` creates)."""
+STACK_SLACK_URL = "slack_api_url"
+"""The stand-in's API URL in the stack.json `tether up` writes."""
 
 
 def _client(args: argparse.Namespace) -> TetherClient:
@@ -61,11 +75,55 @@ def _summary(channel: interactions_pb2.ChannelInfo) -> str:
     return f"{channel.channel_id}  {channel.kind:<8}  {channel.name}  {target}  [{hints}]"
 
 
-async def cmd_add(args: argparse.Namespace, emit: Emit) -> int:
-    """Connect a channel of the kind named; its secrets are read from the files given."""
+def _stack_slack_url(stack: str | None) -> str:
+    """The Slack stand-in's API URL named by the stack file, or ""."""
+    if not stack or not Path(stack).is_file():
+        return ""
+    found = json.loads(Path(stack).read_text()).get(STACK_SLACK_URL)
+    return found if isinstance(found, str) else ""
+
+
+def _check_slack(args: argparse.Namespace) -> None:
+    """`--demo` or both secret files, never both; a name without `--demo`. A usage error (exit
+    code 2, with the usage) otherwise, before anything is read or sent."""
+    files = [f"--{o.replace('_', '-')}" for o, _ in _SECRET_FILES["slack"] if getattr(args, o)]
+    if args.demo:
+        if files:
+            args.usage_error(
+                f"--demo uses the stand-in's demo signing secret and bot token: leave out "
+                f"{' and '.join(files)}"
+            )
+        args.name = args.name or DEMO_NAME
+        args.api_base_url = args.api_base_url or _stack_slack_url(getattr(args, "stack", None))
+        if not args.api_base_url:
+            args.usage_error(
+                "--demo needs the Slack stand-in's URL: pass --api-base-url "
+                "http://HOST:PORT/api/ or --stack with a stack.json from `tether up`"
+            )
+        return
+    if len(files) < len(_SECRET_FILES["slack"]):
+        args.usage_error("give --signing-secret-file and --bot-token-file, or --demo")
+    if not args.name:
+        args.usage_error("--name is required (without --demo)")
+
+
+async def _secrets(args: argparse.Namespace) -> interactions_pb2.ChannelSecrets:
+    if args.kind == "slack" and args.demo:
+        return interactions_pb2.ChannelSecrets(
+            signing_secret=DEMO_SIGNING_SECRET, bot_token=DEMO_BOT_TOKEN
+        )
     secrets = interactions_pb2.ChannelSecrets()
     for option, field in _SECRET_FILES[args.kind]:
         setattr(secrets, field, await asyncio.to_thread(_read, getattr(args, option)))
+    return secrets
+
+
+async def cmd_add(args: argparse.Namespace, emit: Emit) -> int:
+    """Connect a channel of the kind named; its secrets are read from the files given (or, for
+    `slack --demo`, are the stand-in's demo ones)."""
+    if args.kind == "slack":
+        _check_slack(args)
+    secrets = await _secrets(args)
     settings = interactions_pb2.ChannelSettings(
         **{name: getattr(args, name) for name in _SETTINGS[args.kind]}
     )
@@ -129,8 +187,14 @@ def _add_parsers(channels_sub: Any) -> list[Any]:
     add = channels_sub.add_parser("add", help="connect a channel (secrets read from files)")
     kinds = add.add_subparsers(dest="kind", required=True)
     slack = kinds.add_parser("slack", help="a Slack app (Events API)")
-    slack.add_argument("--signing-secret-file", required=True)
-    slack.add_argument("--bot-token-file", required=True)
+    slack.add_argument("--signing-secret-file", help="required without --demo")
+    slack.add_argument("--bot-token-file", help="required without --demo")
+    slack.add_argument(
+        "--demo",
+        action="store_true",
+        help="the local Slack stand-in's demo secrets (no files); name default " + DEMO_NAME,
+    )
+    slack.set_defaults(usage_error=slack.error)
     whatsapp = kinds.add_parser("whatsapp", help="a WhatsApp Cloud API number")
     whatsapp.add_argument("--app-secret-file", required=True)
     whatsapp.add_argument("--verify-token-file", required=True)
@@ -144,8 +208,10 @@ def _add_parsers(channels_sub: Any) -> list[Any]:
     webhook.add_argument("--reply-url", help="where replies are posted")
     for parser in (slack, whatsapp):
         parser.add_argument("--api-base-url", help="the provider's API (default its real one)")
-    for parser in (slack, whatsapp, webhook):
+    slack.add_argument("--name", help="required without --demo")
+    for parser in (whatsapp, webhook):
         parser.add_argument("--name", required=True)
+    for parser in (slack, whatsapp, webhook):
         parser.add_argument("--agent", help="the agent it routes to (default: the routes)")
     return [slack, whatsapp, webhook]
 

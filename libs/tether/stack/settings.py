@@ -42,6 +42,12 @@ class UpSettings(BaseSettings):
         "tenant once the workers are ready, each only while the tenant has no agent of its "
         "name (a change made since survives a restart); empty: the repository's examples/agents.",
     )
+    demo_slack: bool = Field(
+        True,
+        description="Start the local Slack stand-in as a supervised child and give the "
+        "development tenant a Slack connection named demo-slack pointing at it (added only "
+        "while it has none of that name); false: neither.",
+    )
     restart_delay_s: float = Field(
         0.5, gt=0, description="Wait before restarting a service that died; doubles each time."
     )

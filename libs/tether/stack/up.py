@@ -33,6 +33,8 @@ from tether.db.migrate import upgrade
 from tether.errors import InvalidArgument
 from tether.retry import RetryPolicy
 from tether.runtime.process import wait_for_signal
+from tether.stack import demo_slack
+from tether.stack.demo_slack import SlackStandIn
 from tether.stack.embedded import EmbeddedRedis, database_url, worker_redis_user
 from tether.stack.postgres import ChildPostgres
 from tether.stack.processes import ServiceProcess, ServiceSet
@@ -206,6 +208,7 @@ class Stack:
     _pg: ChildPostgres | None = None
     _redis: EmbeddedRedis | None = None
     _helpers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _slack: SlackStandIn | None = None
 
     async def start(self) -> dict[str, Any]:
         """Bring everything up; returns what is written to stack.json."""
@@ -257,6 +260,10 @@ class Stack:
         env["TETHER_INTERACTIONS_OAUTH_BASE_URL"] = oauth_url
         stack_file = self.data_dir / "stack.json"
         previous = json.loads(stack_file.read_text()) if stack_file.exists() else {}
+        if self.settings.demo_slack:
+            port = demo_slack.port_for(previous)
+            self._slack = SlackStandIn(run_dir / "slack.log", port)
+            await self._slack.start()
         chosen = env.get("TETHER_GATEWAY_HTTP_PORT") or os.environ.get("TETHER_GATEWAY_HTTP_PORT")
         if not chosen or chosen == "0":
             chosen = str(http_port_for(previous))
@@ -289,10 +296,19 @@ class Stack:
             self.info["postgres_pid"] = self._pg.process.pid
         if self._redis is not None:
             self.info["redis_pid"] = self._redis.process.pid
+        if self._slack is not None:
+            self.info[demo_slack.STACK_KEY] = self._slack.api_url
+            self.info["slack_pid"] = self._slack.current().pid
         self._write_info()
         # After start_all, whose workers are ready: an apply may name the tools they announce.
         agents_dir = Path(self.settings.agents_dir) if self.settings.agents_dir else EXAMPLE_AGENTS
         await apply_agents(addresses["gateway"], api_key, agents_dir)
+        if self._slack is not None:
+            webhook = await demo_slack.ensure_demo_channel(
+                addresses["gateway"], api_key, self._slack.api_url
+            )
+            if webhook is not None:
+                await self._slack.deliver_to(webhook)
         self.supervisor = ServiceSupervisor(
             self.services,
             backoff=RetryPolicy(
@@ -310,6 +326,8 @@ class Stack:
         if self._redis is not None:
             redis = self._redis
             self.supervisor.supervise("redis", lambda: redis.process, self._restart_redis)
+        if self._slack is not None:
+            self.supervisor.supervise("slack", self._slack.current, self._restart_slack)
         return self.info
 
     async def _restart_postgres(self) -> None:
@@ -324,6 +342,14 @@ class Stack:
         await self._redis.start()
         log.info("redis restarted: pid %d on port %d", self._redis.process.pid, self._redis.port)
         self.info["redis_pid"] = self._redis.process.pid
+        self._write_info()
+
+    async def _restart_slack(self) -> None:
+        slack = self._slack
+        assert slack is not None
+        await slack.start()
+        log.info("slack stand-in restarted: pid %d on %s", slack.current().pid, slack.base_url)
+        self.info["slack_pid"] = slack.current().pid
         self._write_info()
 
     def _write_info(self) -> None:
@@ -347,6 +373,8 @@ class Stack:
         for helper in self._helpers:
             helper.terminate()
             await asyncio.to_thread(helper.wait)
+        if self._slack is not None:
+            await self._slack.stop()
         if self._redis is not None:
             self._redis.stop()
         if self._pg is not None:
@@ -372,6 +400,9 @@ async def run_until_signalled(data_dir: Path) -> None:
         print(f"http bridge: http://{info['http']}", flush=True)  # noqa: T201
         print(f"console: http://{info['http']}/console", flush=True)  # noqa: T201
         print(f"dev API key ({DEV_TENANT}/{DEV_PRINCIPAL}): {info['api_key']}", flush=True)  # noqa: T201
+        if demo_slack.STACK_KEY in info:
+            slack = info[demo_slack.STACK_KEY].removesuffix("/api/")
+            print(f"slack stand-in (channel demo-slack): {slack}", flush=True)  # noqa: T201
         print(f"operator credential: {info['operator_credential']}", flush=True)  # noqa: T201
         print(f"tether ready gateway={info['gateway']}", flush=True)  # noqa: T201
         assert stack.supervisor is not None

@@ -14,30 +14,36 @@ As Slack answers: HTTP 200 with `{"ok": false, "error": ...}` for every refusal 
 limit (429 with `Retry-After`); `not_authed` without a token, `invalid_auth` for a wrong one.
 Tokens come as `Authorization: Bearer xoxb-...` or a `token` form field; bodies are form or JSON.
 
-Out of process: `python -m tether.testing.slack_server --port 0 [--bot-token T]` prints
-`slack listening http://HOST:PORT`; script it with `POST /_script` (`{"method", "fault", "times"}`,
-fault as in `fault_from_json`), `POST /_hold` (`{"held": bool}`), `POST /_user_message`
-(`{"channel", "user", "text", "thread_ts"?}` answers the event body), read `GET /_requests` and
-`GET /_messages?channel=C`, clear everything with `POST /_reset`.
+Out of process: `python -m tether.testing.slack_server --port 0 [--bot-token T]
+[--webhook-url URL] [--signing-secret S]` prints `slack listening http://HOST:PORT`; drive it with
+the control API (`tether.testing.slack_control`): `POST /_script`, `POST /_hold`, `POST /_webhook`
+(`{"url", "signing_secret"}`: where a person's messages are delivered), `POST /_user_message`
+(`{"channel", "user", "text", "thread_ts"?}`: stored, delivered to the webhook signed as Slack
+signs, answered with the webhook's status), `GET /_requests`, `GET /_messages?channel=C`,
+`POST /_reset`.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from tether.testing.local_server import LocalServer, run_cli
+from tether.testing.slack_control import SlackControl
 from tether.testing.slack_events import DEFAULT_TEAM_ID, message_event
+from tether.testing.slack_push import Pushed, WebhookTarget, push
 from tether.testing.slack_wire import (
     BOT_ID,
     BOT_USER_ID,
     DEFAULT_BOT_TOKEN,
+    DEMO_SIGNING_SECRET,
     MAX_REPLIES_PAGE,
     MAX_TEXT_CHARS,
     ApiError,
@@ -94,10 +100,13 @@ class SlackServer(LocalServer):
         *,
         bot_token: str = DEFAULT_BOT_TOKEN,
         team_id: str = DEFAULT_TEAM_ID,
+        webhook_url: str | None = None,
+        signing_secret: str = DEMO_SIGNING_SECRET,
     ) -> None:
         super().__init__(host, port)
         self.bot_token = bot_token
         self.team_id = team_id
+        self.webhook = None if webhook_url is None else WebhookTarget(webhook_url, signing_secret)
         self._channels: dict[str, _Channel] = {}
         self._scripts: dict[str, list[_Scripted]] = {}
         self._calls: list[RecordedCall] = []
@@ -171,6 +180,20 @@ class SlackServer(LocalServer):
             **event,
         )
 
+    def set_webhook(self, url: str | None, signing_secret: str = DEMO_SIGNING_SECRET) -> None:
+        """Deliver a person's messages to `url` (the app's Request URL), signed with
+        `signing_secret`; None: deliver nowhere."""
+        self.webhook = None if url is None else WebhookTarget(url, signing_secret)
+
+    async def send_user_message(
+        self, channel: str, user: str, text: str, *, thread_ts: str | None = None, **event: Any
+    ) -> tuple[dict[str, Any], Pushed | None]:
+        """`user_message`, then its `event_callback` POSTed to the webhook, signed as Slack signs
+        it: the body and how the app answered (None: no webhook set)."""
+        body = self.user_message(channel, user, text, thread_ts=thread_ts, **event)
+        target = self.webhook
+        return body, None if target is None else await push(target, body)
+
     def reset(self) -> None:
         """Forget messages, scripts and the call log, and answer posts at once again."""
         self._channels.clear()
@@ -223,13 +246,7 @@ class SlackServer(LocalServer):
         """The aiohttp application."""
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._api)
-        app.router.add_post("/_script", self._control_script)
-        app.router.add_post("/_hold", self._control_hold)
-        app.router.add_post("/_user_message", self._control_user_message)
-        app.router.add_get("/_requests", self._control_requests)
-        app.router.add_get("/_messages", self._control_messages)
-        app.router.add_post("/_reset", self._control_reset)
-        app.router.add_get("/_health", self._control_health)
+        SlackControl(self).add_routes(app)
         return app
 
     async def _api(self, request: web.Request) -> web.StreamResponse:
@@ -407,68 +424,32 @@ class SlackServer(LocalServer):
         """Slack's `SECONDS.SEQUENCE`: unique and increasing, compared as text by callers."""
         return f"{self._seconds}.{next(self._sequence):06d}"
 
-    # Control (for a stand-in run as a subprocess) ---------------------------------------------
-
-    async def _control_script(self, request: web.Request) -> web.StreamResponse:
-        try:
-            payload = await request.json()
-            fault = fault_from_json(payload["fault"])
-            times = payload.get("times", 1)
-            self.script(str(payload["method"]), fault, None if times is None else int(times))
-        except (ValueError, KeyError, TypeError) as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        return web.json_response({"ok": True})
-
-    async def _control_hold(self, request: web.Request) -> web.StreamResponse:
-        try:
-            payload = await request.json()
-            held = payload["held"]
-        except (ValueError, KeyError, TypeError) as exc:
-            return web.json_response({"error": f"expected {{'held': bool}}: {exc}"}, status=400)
-        if held:
-            self.hold_post_answers()
-        else:
-            self.release_post_answers()
-        return web.json_response({"ok": True})
-
-    async def _control_user_message(self, request: web.Request) -> web.StreamResponse:
-        try:
-            payload = await request.json()
-            event = self.user_message(
-                str(payload["channel"]),
-                str(payload["user"]),
-                str(payload["text"]),
-                thread_ts=payload.get("thread_ts"),
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        return web.json_response(event)
-
-    async def _control_requests(self, request: web.Request) -> web.StreamResponse:
-        return web.json_response({"requests": [c.to_json() for c in self._calls]})
-
-    async def _control_messages(self, request: web.Request) -> web.StreamResponse:
-        shown = self.messages(request.query.get("channel", ""))
-        return web.json_response({"messages": [asdict(m) for m in shown]})
-
-    async def _control_reset(self, request: web.Request) -> web.StreamResponse:
-        self.reset()
-        return web.json_response({"ok": True})
-
-    async def _control_health(self, request: web.Request) -> web.StreamResponse:
-        return web.json_response({"ok": True})
-
 
 # Command line ---------------------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m tether.testing.slack_server [--host H] [--port P] [--bot-token T]`."""
+    """`python -m tether.testing.slack_server [--host H] [--port P] [--bot-token T]
+    [--webhook-url URL] [--signing-secret S]`."""
+
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--bot-token", default=DEFAULT_BOT_TOKEN)
+        parser.add_argument("--webhook-url", help="where a person's messages are delivered")
+        parser.add_argument(
+            "--signing-secret", default=DEMO_SIGNING_SECRET, help="what deliveries are signed with"
+        )
+
     run_cli(
         __doc__,
-        lambda args: SlackServer(args.host, args.port, bot_token=args.bot_token),
+        lambda args: SlackServer(
+            args.host,
+            args.port,
+            bot_token=args.bot_token,
+            webhook_url=args.webhook_url,
+            signing_secret=args.signing_secret,
+        ),
         argv,
-        extra=lambda parser: parser.add_argument("--bot-token", default=DEFAULT_BOT_TOKEN),
+        extra=options,
     )
 
 

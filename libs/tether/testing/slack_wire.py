@@ -10,6 +10,10 @@ from typing import Any
 from aiohttp import web
 
 DEFAULT_BOT_TOKEN = "xoxb-tether-test-token"
+# The demo Slack channel of `make run` (`tether channels add slack --demo`): the stand-in's
+# well-known signing secret and bot token, so the demo needs no files. Never a real app's.
+DEMO_SIGNING_SECRET = "tether-demo-signing-secret-not-for-production"
+DEMO_BOT_TOKEN = DEFAULT_BOT_TOKEN
 BOT_USER_ID = "U0TETHERBOT"
 BOT_ID = "B0TETHERBOT"
 MAX_TEXT_CHARS = 40_000

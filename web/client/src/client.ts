@@ -4,6 +4,12 @@
  */
 import type { RunJson, RunStatusJson } from "./gen/tether/v1/common_pb.js";
 import type {
+  AddChannelRequestJson,
+  AddChannelResponseJson,
+  GetChannelResponseJson,
+  ListChannelsResponseJson,
+  RemoveChannelResponseJson,
+  RotateChannelSecretResponseJson,
   AddDocumentRequestJson,
   AddDocumentResponseJson,
   ApplyAgentRequestJson,
@@ -338,6 +344,30 @@ export class TetherClient {
     return this.call("POST", `${agentPath(name)}/render`, body, options);
   }
 
+  /** Connects a channel; the answer carries the webhook URL to give the provider, never a secret. */
+  addChannel(body: AddChannelRequestJson, options: RequestOptions = {}): Promise<AddChannelResponseJson> {
+    return this.call("POST", "/v2/channels", body, options);
+  }
+
+  /** The tenant's channel connections: each secret as its name and last four characters. */
+  listChannels(options: RequestOptions = {}): Promise<ListChannelsResponseJson> {
+    return this.call("GET", "/v2/channels", undefined, options);
+  }
+
+  getChannel(channelId: string, options: RequestOptions = {}): Promise<GetChannelResponseJson> {
+    return this.call("GET", channelPath(channelId), undefined, options);
+  }
+
+  removeChannel(channelId: string, options: RequestOptions = {}): Promise<RemoveChannelResponseJson> {
+    return this.call("DELETE", channelPath(channelId), undefined, options);
+  }
+
+  /** Replaces the verification secret; the replaced one still verifies for `graceSeconds` (unset: 24 h). */
+  rotateChannelSecret(channelId: string, secret: string, graceSeconds?: number, options: RequestOptions = {}): Promise<RotateChannelSecretResponseJson> {
+    const body = graceSeconds === undefined ? { secret } : { secret, graceSeconds: String(graceSeconds) };
+    return this.call("POST", `${channelPath(channelId)}/rotate-secret`, body, options);
+  }
+
   // ---- streams ----------------------------------------------------------------------------
 
   /**
@@ -366,6 +396,10 @@ export function runPath(runId: string): string {
 }
 
 /** The path of an agent (its name escaped: a name may hold `:` and `@`). */
+export function channelPath(channelId: string): string {
+  return `/v2/channels/${encodeURIComponent(channelId)}`;
+}
+
 export function agentPath(name: string): string {
   return `/v2/agents/${encodeURIComponent(name)}`;
 }

@@ -172,4 +172,32 @@ describe("agents", () => {
     expect(out.estimatedInputTokens).toBe("12");
     expect(fake.requests[0]!.body).toEqual({ message: "hi", source: "", channel: "whatsapp" });
   });
+
+  it("adds, lists, shows, rotates and removes channels under /v2/channels", async () => {
+    const info = { channelId: "ch/1", kind: "slack", name: "demo", secrets: [{ name: "signing_secret", lastFour: "cret" }] };
+    const fake = new FakeFetch()
+      .on("POST", "/v2/channels", () => json(201, { channelId: "ch/1", webhookUrl: "http://gw/v2/webhooks/slack/ch/1", channel: info }))
+      .on("GET", "/v2/channels", () => json(200, { channels: [info] }))
+      .on("GET", "/v2/channels/ch%2F1", () => json(200, { channel: info, webhookUrl: "http://gw/x" }))
+      .on("POST", "/v2/channels/ch%2F1/rotate-secret", () => json(200, { channel: info }))
+      .on("DELETE", "/v2/channels/ch%2F1", () => json(200, { channelId: "ch/1" }));
+    const client = new TetherClient({ fetch: fake.fetch, auth: { type: "bearer", token: "tk_1" } });
+    const added = await client.addChannel({ kind: "slack", name: "demo", secrets: { signingSecret: "s", botToken: "b" } });
+    expect(added.webhookUrl).toBe("http://gw/v2/webhooks/slack/ch/1");
+    expect((await client.listChannels()).channels).toEqual([info]);
+    expect((await client.getChannel("ch/1")).webhookUrl).toBe("http://gw/x");
+    await client.rotateChannelSecret("ch/1", "new", 3600);
+    await client.rotateChannelSecret("ch/1", "newer");
+    expect((await client.removeChannel("ch/1")).channelId).toBe("ch/1");
+    expect(fake.requests.map((r) => `${r.method} ${r.url}`)).toEqual([
+      "POST /v2/channels",
+      "GET /v2/channels",
+      "GET /v2/channels/ch%2F1",
+      "POST /v2/channels/ch%2F1/rotate-secret",
+      "POST /v2/channels/ch%2F1/rotate-secret",
+      "DELETE /v2/channels/ch%2F1",
+    ]);
+    expect(fake.requests[3]!.body).toEqual({ secret: "new", graceSeconds: "3600" });
+    expect(fake.requests[4]!.body).toEqual({ secret: "newer" });
+  });
 });

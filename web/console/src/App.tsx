@@ -2,6 +2,8 @@ import { useEffect, useState, type FormEvent } from "react";
 import { useSession } from "@tether/react";
 import { AgentPage } from "./AgentPage.js";
 import { AgentsPage } from "./AgentsPage.js";
+import { ChannelPage } from "./ChannelPage.js";
+import { ChannelsPage } from "./ChannelsPage.js";
 import { ConnectedPage } from "./ConnectedPage.js";
 import { RunPage } from "./RunPage.js";
 import { RunsPage } from "./RunsPage.js";
@@ -28,6 +30,7 @@ export function App() {
         <nav aria-label="Pages" className="pages">
           <a href={`${BASE}/`} onClick={onLinkClick} aria-current={route.page === "runs" || route.page === "run" ? "page" : undefined}>Runs</a>
           <a href={`${BASE}/agents`} onClick={onLinkClick} aria-current={route.page === "agents" || route.page === "agent" ? "page" : undefined}>Agents</a>
+          <a href={`${BASE}/channels`} onClick={onLinkClick} aria-current={route.page === "channels" || route.page === "channel" ? "page" : undefined}>Channels</a>
         </nav>
         <span className="who" aria-label="Signed in as">
           {session.principal} · {session.tenantId}
@@ -40,6 +43,8 @@ export function App() {
         {route.page === "connected" && <ConnectedPage />}
         {route.page === "agents" && <AgentsPage />}
         {route.page === "agent" && <AgentPage key={route.name} name={route.name} />}
+        {route.page === "channels" && <ChannelsPage />}
+        {route.page === "channel" && <ChannelPage key={route.channelId} channelId={route.channelId} />}
         {route.page === "missing" && <NotFound what="page" />}
       </main>
     </>

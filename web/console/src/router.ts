@@ -9,6 +9,8 @@ export type Route =
   | { page: "connected" }
   | { page: "agents" }
   | { page: "agent"; name: string }
+  | { page: "channels" }
+  | { page: "channel"; channelId: string }
   | { page: "missing" };
 
 export function parse(pathname: string): Route {
@@ -19,6 +21,8 @@ export function parse(pathname: string): Route {
   if (parts.length === 1 && parts[0] === "connected") return { page: "connected" };
   if (parts.length === 1 && parts[0] === "agents") return { page: "agents" };
   if (parts.length === 2 && parts[0] === "agents") return { page: "agent", name: decodeURIComponent(parts[1]!) };
+  if (parts.length === 1 && parts[0] === "channels") return { page: "channels" };
+  if (parts.length === 2 && parts[0] === "channels") return { page: "channel", channelId: decodeURIComponent(parts[1]!) };
   return { page: "missing" };
 }
 
@@ -32,6 +36,10 @@ export function href(route: Route): string {
       return `${BASE}/agents`;
     case "agent":
       return `${BASE}/agents/${encodeURIComponent(route.name)}`;
+    case "channels":
+      return `${BASE}/channels`;
+    case "channel":
+      return `${BASE}/channels/${encodeURIComponent(route.channelId)}`;
     default:
       return `${BASE}/`;
   }
