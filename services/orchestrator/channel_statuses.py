@@ -15,6 +15,8 @@ MAX_STATUSES = 1000
 MAX_MESSAGE_ID_CHARS = 256
 MAX_CALLBACK_DATA_CHARS = 512
 MAX_ERRORS_CHARS = 16384
+# What datetime can hold: 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z as Unix seconds.
+_FIRST_SECOND, _LAST_SECOND = -62_135_596_800, 253_402_300_799
 
 
 def _text(what: str, value: str, most: int, *, required: bool = False) -> None:
@@ -45,12 +47,17 @@ def channel_statuses_of(
             raise InvalidArgument(f"{where}.status must be a word such as sent or delivered")
         _text(f"{where}.callback_data", status.callback_data, MAX_CALLBACK_DATA_CHARS)
         _text(f"{where}.errors_json", status.errors_json, MAX_ERRORS_CHARS)
+        if "\\u0000" in status.errors_json:
+            raise InvalidArgument(f"{where}.errors_json holds a NUL, which JSONB cannot store")
         try:
             errors = json.loads(status.errors_json) if status.errors_json else None
-        except ValueError as exc:
-            raise InvalidArgument(f"{where}.errors_json is not JSON: {exc}") from exc
-        if not status.HasField("reported_at"):
-            raise InvalidArgument(f"{where}.reported_at is required")
+            json.dumps(errors, ensure_ascii=False).encode()  # a lone surrogate is not Unicode
+        except (ValueError, RecursionError) as exc:
+            raise InvalidArgument(f"{where}.errors_json is not JSON of Unicode: {exc}") from exc
+        reported = status.reported_at
+        in_range = _FIRST_SECOND <= reported.seconds <= _LAST_SECOND
+        if not (status.HasField("reported_at") and in_range and 0 <= reported.nanos < 10**9):
+            raise InvalidArgument(f"{where}.reported_at must be a time in the years 1 to 9999")
         out.append(
             ChannelStatus(
                 provider_message_id=status.provider_message_id,
