@@ -25,10 +25,14 @@ from tests.system.webhook_support import (
     statuses_of,
     whsec,
 )
+from tether.runtime.rpc import internal_channel
 from tether.testing import slack_events, whatsapp_events
 from tether.testing.eventually import eventually
+from tether.v1 import interactions_pb2, interactions_pb2_grpc
 
 USED = Secrets()
+# Long enough, on a loaded machine, to see the new secret verify and the old one still verify.
+GRACE_S = 12
 
 
 async def _slack_channel(stack: RunningStack, agent: str = "") -> tuple[str, str, str]:
@@ -42,6 +46,20 @@ async def _slack_channel(stack: RunningStack, agent: str = "") -> tuple[str, str
         },
     )
     return added["channelId"], added["webhookUrl"], signing
+
+
+async def _lookup(
+    stack: RunningStack, channel_id: str
+) -> interactions_pb2.LookupChannelVerificationResponse:
+    address = stack.services.addresses()["interactions"]
+    async with internal_channel(address, stack.credentials["gateway"]) as channel:
+        stub = interactions_pb2_grpc.InteractionsServiceStub(channel)
+        found: interactions_pb2.LookupChannelVerificationResponse = (
+            await stub.LookupChannelVerification(
+                interactions_pb2.LookupChannelVerificationRequest(channel_id=channel_id)
+            )
+        )
+        return found
 
 
 def _ts() -> str:
@@ -205,7 +223,7 @@ async def test_the_previous_secret_verifies_during_the_grace_and_not_after(
     async with aiohttp.ClientSession() as http:
         rotated = await http.post(
             f"{http_base(stack)}/v2/channels/{channel_id}/rotate-secret",
-            json={"secret": new, "graceSeconds": 8},
+            json={"secret": new, "graceSeconds": GRACE_S},
             headers={"Authorization": f"Bearer {stack.admin_key}"},
         )
         assert rotated.status == 200, await rotated.text()
@@ -217,18 +235,19 @@ async def test_the_previous_secret_verifies_during_the_grace_and_not_after(
     # The kept answer knows only the old secret: a miss asks again within seconds.
     await eventually(new_one_verifies, timeout=6, interval=0.2, what="the new secret to verify")
     assert (await slack_events.deliver(url, event(), old)).status == 200
-    assert time.monotonic() - rotated_at < 8, "the grace ended before the old secret was tried"
+    assert time.monotonic() - rotated_at < GRACE_S, "the grace ended before the old one was tried"
 
     async def old_one_refused() -> bool:
         return (await slack_events.deliver(url, event(), old)).status == 401
 
-    await eventually(old_one_refused, timeout=12, interval=0.2, what="the grace to end")
-    assert time.monotonic() - rotated_at >= 7  # the gateway's clock against the database's
+    await eventually(old_one_refused, timeout=GRACE_S + 5, interval=0.2, what="the grace to end")
+    assert time.monotonic() - rotated_at >= GRACE_S - 1  # the gateway's clock against the DB's
     assert (await slack_events.deliver(url, event(), new)).status == 200
 
 
 async def test_whatsapp_handshake_messages_and_statuses(stack: RunningStack) -> None:
     app_secret, verify_token = USED.new("app"), USED.new("verify")
+    access_token = USED.new("access")
     added = await add_channel(
         stack,
         {
@@ -237,12 +256,17 @@ async def test_whatsapp_handshake_messages_and_statuses(stack: RunningStack) -> 
             "secrets": {
                 "appSecret": app_secret,
                 "verifyToken": verify_token,
-                "accessToken": USED.new("access"),
+                "accessToken": access_token,
             },
             "settings": {"phoneNumberId": "106540352242922"},
         },
     )
     channel_id, url = added["channelId"], added["webhookUrl"]
+    # What the gateway is given verifies; nothing in it sends.
+    looked_up = await _lookup(stack, channel_id)
+    assert (list(looked_up.secrets), looked_up.verify_token) == ([app_secret], verify_token)
+    assert (looked_up.agent, looked_up.settings.phone_number_id) == ("sales", "106540352242922")
+    assert access_token.encode() not in looked_up.SerializeToString()
 
     ok = await whatsapp_events.handshake(url, verify_token, challenge="1158201444")
     assert ok.status == 200 and ok.text == "1158201444", ok.text
