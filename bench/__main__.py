@@ -5,12 +5,23 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import admission, agents, context, hotpath, runs, stream, telemetry, tool_input
+from bench import (
+    admission,
+    agents,
+    channels,
+    context,
+    hotpath,
+    runs,
+    stream,
+    telemetry,
+    tool_input,
+)
 
 # A group is one or more benches run in turn; `runs` ends with telemetry's cost (its own stacks).
 GROUPS = {
     "admission": (admission.run,),
     "agents": (agents.run,),
+    "channels": (channels.run,),
     "context": (context.run,),
     "hotpath": (hotpath.run,),
     "runs": (runs.run, telemetry.run),

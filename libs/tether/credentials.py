@@ -85,6 +85,8 @@ POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
                 "DeleteAgent",
                 "ListCatalogTools",
                 "AgentRender",
+                # What a verified channel webhook reports of messages sent (WhatsApp statuses).
+                "RecordChannelStatuses",
             }
         ),
         "worker": _WORKER_ON_ORCHESTRATOR,

@@ -24,6 +24,8 @@ from services.gateway.http.bridge_v2 import BridgeV2
 from services.gateway.http.console import Console
 from services.gateway.http.edge import Edge
 from services.gateway.http.signin import SignIn, SignInPolicy
+from services.gateway.http.webhook_lookup import Verifications
+from services.gateway.http.webhooks_in import Webhooks
 from services.gateway.live.run_list import LiveListTiming, LiveRuns
 from services.gateway.live.streams import build_streams
 from services.gateway.settings import GatewaySettings
@@ -137,6 +139,7 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
             BridgeV2(servicer, streams, live_runs, auth),
             sign_in,
             Console(settings.console_path()),
+            Webhooks(Verifications(interactions_stub), admissions, orchestrator_stub),
         ],
         Edge(settings.cors_origin_list()),
     )

@@ -6,6 +6,8 @@ signing with the old secret is not refused while its configuration catches up.""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -77,11 +79,16 @@ class ChannelInfo:
 
 @dataclass(frozen=True)
 class Verification:
-    """What the gateway verifies a provider's webhook with."""
+    """What the gateway verifies a provider's webhook with, and what it admits the verified
+    message with: never a secret that sends (a bot token, an access token)."""
 
     tenant_id: str
     kind: str
     secrets: tuple[bytes, ...]
+    verify_token: bytes = b""
+    settings: dict[str, str] = field(default_factory=dict)
+    agent: str = ""
+    previous_expires_at: datetime | None = None
 
 
 def _info(row: Row[Any, *tuple[Any, ...]]) -> ChannelInfo:
@@ -129,6 +136,31 @@ def _secret(what: str, value: bytes) -> None:
         raise InvalidArgument(f"{what} contains a NUL byte")
 
 
+# Standard Webhooks secrets: `whsec_` and the base64 of 24 to 64 random bytes, as a sender
+# (Svix, and every implementation of the specification) hands them out.
+WHSEC_PREFIX = "whsec_"
+WHSEC_BYTES = (24, 64)
+
+
+def check_webhook_secret(value: bytes) -> None:
+    """A generic webhook's secret is stored as the sender gave it, `whsec_<base64>`; the gateway
+    hands that string to the `standardwebhooks` package, which signs with the decoded bytes. A
+    secret in any other form would verify nothing the sender signs, so it is refused here."""
+    text = value.decode("latin-1")
+    encoded = text.removeprefix(WHSEC_PREFIX)
+    try:
+        key = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        key = b""
+    low, high = WHSEC_BYTES
+    if not text.startswith(WHSEC_PREFIX) or not low <= len(key) <= high:
+        raise InvalidArgument(
+            "a webhook channel's secret must be a Standard Webhooks secret: whsec_ followed by "
+            f"the base64 of {low} to {high} random bytes (e.g. whsec_"
+            "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw), as the sending system shows it"
+        )
+
+
 def _aad(tenant_id: str, channel_id: str, which: str) -> bytes:
     return associated_data(tenant_id, which, channel_id)
 
@@ -164,6 +196,7 @@ class ChannelStore:
             if name.endswith("_field") and not is_json_pointer(value):
                 raise InvalidArgument(f"{name} must be a JSON pointer (RFC 6901), e.g. /text")
         if spec.kind == "webhook":
+            check_webhook_secret(spec.secrets["secret"])
             if spec.api_base_url:
                 raise InvalidArgument("a webhook channel takes reply_url, not api_base_url")
             _no_nul("reply_url", spec.reply_url)
@@ -245,6 +278,8 @@ class ChannelStore:
                 tenant_id, channel_id, Sealed(row.ciphertext, row.nonce, row.key_id)
             )
             verifying = SECRET_NAMES[row.kind][0]
+            if row.kind == "webhook":
+                check_webhook_secret(new_secret)
             previous = self._keyring.seal(
                 secrets[verifying], _aad(tenant_id, channel_id, "channel-previous")
             )
@@ -266,7 +301,8 @@ class ChannelStore:
 
     async def verification(self, channel_id: str) -> Verification:
         """A connection's tenant, kind and the verification secrets valid now (the current one,
-        then the previous one while its grace lasts)."""
+        then the previous one while its grace lasts), WhatsApp's verify token, the settings and
+        the agent."""
         if not is_identifier(channel_id):
             raise NotFound(f"no channel {channel_id!r}")
         async with self._engine.connect() as conn:
@@ -283,4 +319,12 @@ class ChannelStore:
                     _aad(tenant_id, channel_id, "channel-previous"),
                 )
             )
-        return Verification(tenant_id, row.kind, tuple(valid))
+        return Verification(
+            tenant_id,
+            row.kind,
+            tuple(valid),
+            verify_token=current.get("verify_token", b""),
+            settings=dict(row.settings),
+            agent=row.agent or "",
+            previous_expires_at=row.previous_expires_at if row.previous_valid else None,
+        )

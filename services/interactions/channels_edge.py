@@ -117,8 +117,15 @@ class ChannelRpcs:
         self, request: pb.LookupChannelVerificationRequest, context: grpc.aio.ServicerContext
     ) -> pb.LookupChannelVerificationResponse:
         found = await self._store.verification(request.channel_id)
-        return pb.LookupChannelVerificationResponse(
+        answer = pb.LookupChannelVerificationResponse(
             tenant_id=found.tenant_id,
             kind=found.kind,
             secrets=[s.decode() for s in found.secrets],
+            verify_token=found.verify_token.decode(),
+            settings=pb.ChannelSettings(**found.settings),
+            agent=found.agent,
         )
+        expires = timestamp(found.previous_expires_at)
+        if expires is not None:
+            answer.previous_secret_expires_at.CopyFrom(expires)
+        return answer

@@ -145,19 +145,23 @@ async def store_rotation(
 
 
 async def verification_row(conn: AsyncConnection, channel_id: str) -> ChannelRow | None:
-    """A connection's tenant, kind and sealed secrets by id alone, for the gateway's webhook
-    verification; the previous secret's columns with the database's clock to judge them by."""
+    """A connection's tenant, kind, agent, settings and sealed secrets by id alone, for the
+    gateway's webhook verification; the previous secret's columns with the database's clock to
+    judge them by."""
     return (
         await conn.execute(
             select(
                 cc.c.tenant_id,
                 cc.c.kind,
+                cc.c.agent,
+                cc.c.settings,
                 cc.c.ciphertext,
                 cc.c.nonce,
                 cc.c.key_id,
                 cc.c.previous_ciphertext,
                 cc.c.previous_nonce,
                 cc.c.previous_key_id,
+                cc.c.previous_expires_at,
                 # The database's clock, so replicas with skewed clocks judge an expiry alike.
                 (cc.c.previous_expires_at > func.now()).label("previous_valid"),
             ).where(cc.c.channel_id == channel_id)

@@ -11,8 +11,10 @@ import grpc
 from services.orchestrator.agent_render import AgentRenders
 from services.orchestrator.agents import Agents
 from services.orchestrator.catalog import ToolCatalog
+from services.orchestrator.channel_statuses import channel_statuses_of
 from services.orchestrator.execution import Execution
 from services.orchestrator.knowledge import Knowledge
+from services.orchestrator.repositories import channel_statuses as statuses_repo
 from services.orchestrator.repositories.agents import Published, Version
 from services.orchestrator.retention import Retention
 from services.orchestrator.service import Runs
@@ -208,6 +210,16 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             raise InvalidArgument("tenant_id is required")
         removed, remaining = await self._retention.delete_tenant(request.tenant_id)
         return orchestrator_pb2.DeleteTenantRunsResponse(removed=removed, remaining=remaining)
+
+    async def RecordChannelStatuses(
+        self,
+        request: orchestrator_pb2.RecordChannelStatusesRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> orchestrator_pb2.RecordChannelStatusesResponse:
+        tenant_id, channel_id, statuses = channel_statuses_of(request)
+        async with self._execution.engine.begin() as conn:
+            recorded = await statuses_repo.record(conn, tenant_id, channel_id, statuses)
+        return orchestrator_pb2.RecordChannelStatusesResponse(recorded=recorded)
 
     async def ReadEvents(
         self, request: orchestrator_pb2.ReadEventsRequest, context: grpc.aio.ServicerContext

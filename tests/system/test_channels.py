@@ -6,6 +6,7 @@ double for a while; a loopback target is refused under the default policy."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import secrets
 import sys
@@ -97,6 +98,8 @@ async def test_each_kind_is_added_shown_rotated_and_removed_without_a_secret_sho
             "rotated2",
         )
     }
+    # A webhook connection's secret is a Standard Webhooks one, as its sender shows it.
+    values["whsec"] = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
     answers: list[str] = []
     http_base = f"http://{stack.services.http_addresses()['gateway']}"
     auth = {"Authorization": f"Bearer {stack.admin_key}"}

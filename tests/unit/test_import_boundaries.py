@@ -32,6 +32,8 @@ WIRE_EDGES = {
     "services/orchestrator/servicer.py": "the orchestrator's gRPC edge",
     "services/orchestrator/worker_edge.py": "the worker-facing calls, converted to domain types",
     "services/orchestrator/work.py": "the Work stream, the orchestrator's end",
+    "services/orchestrator/channel_statuses.py": "RecordChannelStatuses' request read into "
+    "the repository's ChannelStatus",
     "services/interactions/servicer.py": "interactions' gRPC edge",
     "services/interactions/channels_edge.py": "the channel-connection RPCs of interactions' edge",
     "services/interactions/clients.py": "interactions' calls to the orchestrator",

@@ -29,6 +29,7 @@ OWNER = {
     "agent_versions": "orchestrator",
     "agent_sets": "orchestrator",
     "tool_catalog": "orchestrator",
+    "channel_statuses": "orchestrator",
     # Inbound events and conversations.
     "event_claims": "admission",
     "messages": "admission",

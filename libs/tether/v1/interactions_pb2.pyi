@@ -1937,14 +1937,34 @@ class LookupChannelVerificationResponse(_message.Message):
     TENANT_ID_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     SECRETS_FIELD_NUMBER: _builtins.int
+    VERIFY_TOKEN_FIELD_NUMBER: _builtins.int
+    SETTINGS_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    PREVIOUS_SECRET_EXPIRES_AT_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """The connection's tenant."""
     kind: _builtins.str
     """slack, whatsapp or webhook."""
+    verify_token: _builtins.str
+    """WhatsApp: the token Meta's subscription check (GET hub.verify_token) must carry; empty for
+    the other kinds. Never a secret that sends (bot token, access token).
+    """
+    agent: _builtins.str
+    """The agent the connection routes to (empty: the tenant's routes)."""
     @_builtins.property
     def secrets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The valid verification secrets: the current one first, then the previous one while its
         grace lasts.
+        """
+
+    @_builtins.property
+    def settings(self) -> Global___ChannelSettings:
+        """The connection's settings (the generic webhook's JSON pointers)."""
+
+    @_builtins.property
+    def previous_secret_expires_at(self) -> _timestamp_pb2.Timestamp:
+        """When the previous secret (the second of `secrets`, when there are two) stops verifying:
+        the gateway drops it then even while it keeps this answer.
         """
 
     def __init__(
@@ -1953,10 +1973,14 @@ class LookupChannelVerificationResponse(_message.Message):
         tenant_id: _builtins.str = ...,
         kind: _builtins.str = ...,
         secrets: _abc.Iterable[_builtins.str] | None = ...,
+        verify_token: _builtins.str = ...,
+        settings: Global___ChannelSettings | None = ...,
+        agent: _builtins.str = ...,
+        previous_secret_expires_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["previous_secret_expires_at", b"previous_secret_expires_at", "settings", b"settings"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "secrets", b"secrets", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "kind", b"kind", "previous_secret_expires_at", b"previous_secret_expires_at", "secrets", b"secrets", "settings", b"settings", "tenant_id", b"tenant_id", "verify_token", b"verify_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

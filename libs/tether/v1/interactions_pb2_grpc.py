@@ -317,7 +317,8 @@ class InteractionsServiceServicer:
 
     def LookupChannelVerification(self, request, context):
         """LookupChannelVerification gives the gateway, and only the gateway, what verifies a
-        provider's webhook: the connection's tenant, kind and valid verification secrets.
+        provider's webhook: the connection's tenant, kind, valid verification secrets, WhatsApp's
+        verify token, its settings and agent; never a secret that sends.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -87,7 +87,8 @@ class InteractionsServiceStub:
     """
     LookupChannelVerification: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.LookupChannelVerificationRequest, _interactions_pb2.LookupChannelVerificationResponse]
     """LookupChannelVerification gives the gateway, and only the gateway, what verifies a
-    provider's webhook: the connection's tenant, kind and valid verification secrets.
+    provider's webhook: the connection's tenant, kind, valid verification secrets, WhatsApp's
+    verify token, its settings and agent; never a secret that sends.
     """
 
 @_typing.type_check_only
@@ -149,7 +150,8 @@ class InteractionsServiceAsyncStub(InteractionsServiceStub):
     """
     LookupChannelVerification: _aio.UnaryUnaryMultiCallable[_interactions_pb2.LookupChannelVerificationRequest, _interactions_pb2.LookupChannelVerificationResponse]  # type: ignore[assignment]
     """LookupChannelVerification gives the gateway, and only the gateway, what verifies a
-    provider's webhook: the connection's tenant, kind and valid verification secrets.
+    provider's webhook: the connection's tenant, kind, valid verification secrets, WhatsApp's
+    verify token, its settings and agent; never a secret that sends.
     """
 
 class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -346,7 +348,8 @@ class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_interactions_pb2.LookupChannelVerificationResponse, _abc.Awaitable[_interactions_pb2.LookupChannelVerificationResponse]]:
         """LookupChannelVerification gives the gateway, and only the gateway, what verifies a
-        provider's webhook: the connection's tenant, kind and valid verification secrets.
+        provider's webhook: the connection's tenant, kind, valid verification secrets, WhatsApp's
+        verify token, its settings and agent; never a secret that sends.
         """
 
 def add_InteractionsServiceServicer_to_server(servicer: InteractionsServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -2967,6 +2967,112 @@ class DeleteTenantRunsResponse(_message.Message):
 Global___DeleteTenantRunsResponse: _TypeAlias = DeleteTenantRunsResponse  # noqa: Y015
 
 @_typing.final
+class ChannelStatus(_message.Message):
+    """ChannelStatus is one status a provider reported about a message it sent for a connection."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROVIDER_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    CALLBACK_DATA_FIELD_NUMBER: _builtins.int
+    ERRORS_JSON_FIELD_NUMBER: _builtins.int
+    REPORTED_AT_FIELD_NUMBER: _builtins.int
+    provider_message_id: _builtins.str
+    """The provider's id of the message (WhatsApp's wamid).
+    At most: 256 characters, no NUL.
+    """
+    status: _builtins.str
+    """sent, delivered, read or failed.
+    At most: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    callback_data: _builtins.str
+    """The sender's own correlation value (WhatsApp's biz_opaque_callback_data), empty when none.
+    At most: 512 characters, no NUL.
+    """
+    errors_json: _builtins.str
+    """The provider's errors, as the JSON it sent (empty when none).
+    At most: 16384 characters, no NUL.
+    """
+    @_builtins.property
+    def reported_at(self) -> _timestamp_pb2.Timestamp:
+        """When the provider says the status happened."""
+
+    def __init__(
+        self,
+        *,
+        provider_message_id: _builtins.str = ...,
+        status: _builtins.str = ...,
+        callback_data: _builtins.str = ...,
+        errors_json: _builtins.str = ...,
+        reported_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["reported_at", b"reported_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["callback_data", b"callback_data", "errors_json", b"errors_json", "provider_message_id", b"provider_message_id", "reported_at", b"reported_at", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChannelStatus: _TypeAlias = ChannelStatus  # noqa: Y015
+
+@_typing.final
+class RecordChannelStatusesRequest(_message.Message):
+    """RecordChannelStatusesRequest carries a verified webhook's statuses for one connection."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    STATUSES_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """The connection's tenant."""
+    channel_id: _builtins.str
+    """The connection (ch_...).
+    At most: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    @_builtins.property
+    def statuses(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChannelStatus]:
+        """The statuses.
+        At most: 1000 items.
+        """
+
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        channel_id: _builtins.str = ...,
+        statuses: _abc.Iterable[Global___ChannelStatus] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id", "statuses", b"statuses", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordChannelStatusesRequest: _TypeAlias = RecordChannelStatusesRequest  # noqa: Y015
+
+@_typing.final
+class RecordChannelStatusesResponse(_message.Message):
+    """RecordChannelStatusesResponse says how many statuses were new."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDED_FIELD_NUMBER: _builtins.int
+    recorded: _builtins.int
+    """Statuses stored by this call (a status already recorded is not counted)."""
+    def __init__(
+        self,
+        *,
+        recorded: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["recorded", b"recorded"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordChannelStatusesResponse: _TypeAlias = RecordChannelStatusesResponse  # noqa: Y015
+
+@_typing.final
 class AgentActor(_message.Message):
     """AgentActor names who changes a tenant's agents, for the audit log."""
 

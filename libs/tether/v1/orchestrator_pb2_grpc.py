@@ -56,6 +56,11 @@ class OrchestratorServiceStub:
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.DeleteTenantRunsRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_orchestrator__pb2.DeleteTenantRunsResponse.FromString,
                 _registered_method=True)
+        self.RecordChannelStatuses = channel.unary_unary(
+                '/tether.v1.OrchestratorService/RecordChannelStatuses',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.RecordChannelStatusesRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.RecordChannelStatusesResponse.FromString,
+                _registered_method=True)
         self.ReadEvents = channel.unary_unary(
                 '/tether.v1.OrchestratorService/ReadEvents',
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.ReadEventsRequest.SerializeToString,
@@ -243,6 +248,15 @@ class OrchestratorServiceServicer:
     def DeleteTenantRuns(self, request, context):
         """DeleteTenantRuns removes a batch of a deleted tenant's runs, whatever their status, with
         everything of theirs; call it again while it says some remain.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordChannelStatuses(self, request, context):
+        """RecordChannelStatuses records what a channel provider reported about messages sent through
+        a connection (WhatsApp's status callbacks), idempotently: a status reported again is one
+        row. The gateway calls it from a verified webhook.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -513,6 +527,11 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     request_deserializer=tether_dot_v1_dot_orchestrator__pb2.DeleteTenantRunsRequest.FromString,
                     response_serializer=tether_dot_v1_dot_orchestrator__pb2.DeleteTenantRunsResponse.SerializeToString,
             ),
+            'RecordChannelStatuses': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordChannelStatuses,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.RecordChannelStatusesRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.RecordChannelStatusesResponse.SerializeToString,
+            ),
             'ReadEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.ReadEvents,
                     request_deserializer=tether_dot_v1_dot_orchestrator__pb2.ReadEventsRequest.FromString,
@@ -779,6 +798,33 @@ class OrchestratorService:
             '/tether.v1.OrchestratorService/DeleteTenantRuns',
             tether_dot_v1_dot_orchestrator__pb2.DeleteTenantRunsRequest.SerializeToString,
             tether_dot_v1_dot_orchestrator__pb2.DeleteTenantRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordChannelStatuses(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/RecordChannelStatuses',
+            tether_dot_v1_dot_orchestrator__pb2.RecordChannelStatusesRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.RecordChannelStatusesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -53,6 +53,11 @@ class OrchestratorServiceStub:
     """DeleteTenantRuns removes a batch of a deleted tenant's runs, whatever their status, with
     everything of theirs; call it again while it says some remain.
     """
+    RecordChannelStatuses: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.RecordChannelStatusesRequest, _orchestrator_pb2.RecordChannelStatusesResponse]
+    """RecordChannelStatuses records what a channel provider reported about messages sent through
+    a connection (WhatsApp's status callbacks), idempotently: a status reported again is one
+    row. The gateway calls it from a verified webhook.
+    """
     ReadEvents: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ReadEventsRequest, _orchestrator_pb2.ReadEventsResponse]
     """ReadEvents returns durable events after a cursor, with the run's persisted parts."""
     @_builtins.property
@@ -178,6 +183,11 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     DeleteTenantRuns: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.DeleteTenantRunsRequest, _orchestrator_pb2.DeleteTenantRunsResponse]  # type: ignore[assignment]
     """DeleteTenantRuns removes a batch of a deleted tenant's runs, whatever their status, with
     everything of theirs; call it again while it says some remain.
+    """
+    RecordChannelStatuses: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.RecordChannelStatusesRequest, _orchestrator_pb2.RecordChannelStatusesResponse]  # type: ignore[assignment]
+    """RecordChannelStatuses records what a channel provider reported about messages sent through
+    a connection (WhatsApp's status callbacks), idempotently: a status reported again is one
+    row. The gateway calls it from a verified webhook.
     """
     ReadEvents: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ReadEventsRequest, _orchestrator_pb2.ReadEventsResponse]  # type: ignore[assignment]
     """ReadEvents returns durable events after a cursor, with the run's persisted parts."""
@@ -325,6 +335,17 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_orchestrator_pb2.DeleteTenantRunsResponse, _abc.Awaitable[_orchestrator_pb2.DeleteTenantRunsResponse]]:
         """DeleteTenantRuns removes a batch of a deleted tenant's runs, whatever their status, with
         everything of theirs; call it again while it says some remain.
+        """
+
+    @_abc_1.abstractmethod
+    def RecordChannelStatuses(
+        self,
+        request: _orchestrator_pb2.RecordChannelStatusesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.RecordChannelStatusesResponse, _abc.Awaitable[_orchestrator_pb2.RecordChannelStatusesResponse]]:
+        """RecordChannelStatuses records what a channel provider reported about messages sent through
+        a connection (WhatsApp's status callbacks), idempotently: a status reported again is one
+        row. The gateway calls it from a verified webhook.
         """
 
     @_abc_1.abstractmethod

@@ -6,7 +6,8 @@ service (README, "Who owns which table"):
   the orchestrator's intake);
 - `orchestrator_tables`: the run aggregate (runs, run_events, run_parts, attempts, effects,
   usage_turns, tool_outputs, routings, context_summaries), documents and agents (agents,
-  agent_versions, agent_sets) and the tool catalog (tool_catalog);
+  agent_versions, agent_sets), the tool catalog (tool_catalog) and what channel providers report
+  of sent messages (channel_statuses);
 - `interactions_tables`: interactions, grants, connections, secrets,
   channel_connections;
 - `audit_tables`: audit_log, appended to by every service.
@@ -33,6 +34,7 @@ from tether.db.schema.orchestrator_tables import (
     agent_versions,
     agents,
     attempts,
+    channel_statuses,
     context_summaries,
     documents,
     effects,
@@ -54,6 +56,7 @@ __all__ = [
     "audit_log",
     "browser_credentials",
     "channel_connections",
+    "channel_statuses",
     "connections",
     "context_summaries",
     "documents",

@@ -369,3 +369,27 @@ tool_catalog = Table(
     Column("announced_by", Text, nullable=False),
     Column("announced_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
+
+# What channel providers reported about messages sent through a connection (WhatsApp's status
+# callbacks: sent, delivered, read, failed), one row per message and status, written from the
+# gateway's verified webhooks. A delivery finds its own message again by `callback_data` (the
+# `biz_opaque_callback_data` it sent: its delivery id). No foreign key to the connection: the
+# connections are interactions' and a status may outlive its connection's removal.
+channel_statuses = Table(
+    "channel_statuses",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("channel_id", Text, nullable=False),
+    Column("provider_message_id", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("callback_data", Text),
+    Column("errors", JSONB),
+    Column("reported_at", DateTime(timezone=True), nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("tenant_id", "channel_id", "provider_message_id", "status"),
+)
+Index(
+    "ix_channel_statuses_tenant_id_callback_data",
+    channel_statuses.c.tenant_id,
+    channel_statuses.c.callback_data,
+)
