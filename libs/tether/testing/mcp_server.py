@@ -192,12 +192,19 @@ class McpServer(LocalServer):
         self._release = asyncio.Event()
         self._notify()
 
-    async def wait_until(self, predicate: Callable[[McpLedger], bool], timeout: float = 10) -> None:
-        """Until `predicate(ledger)` holds; AssertionError after `timeout` seconds."""
-        async with asyncio.timeout(timeout):
-            while not predicate(self.ledger):
-                self._changed.clear()
-                await self._changed.wait()
+    async def wait_until(
+        self, predicate: Callable[[McpLedger], bool], within_s: float = 10
+    ) -> None:
+        """Until `predicate(ledger)` holds; AssertionError after `within_s` seconds."""
+        try:
+            async with asyncio.timeout(within_s):
+                while not predicate(self.ledger):
+                    self._changed.clear()
+                    await self._changed.wait()
+        except TimeoutError:
+            raise AssertionError(
+                f"the MCP stand-in's ledger did not get there: {self.ledger}"
+            ) from None
 
     def _notify(self) -> None:
         self._changed.set()
@@ -209,8 +216,8 @@ class McpServer(LocalServer):
         verifier: BearerVerifier | None = None
         if self._auth is not None:
             auth = AuthSettings(
-                issuer_url=self.base_url,  # type: ignore[arg-type]
-                resource_server_url=self.url,  # type: ignore[arg-type]
+                issuer_url=self.base_url,
+                resource_server_url=self.url,
                 required_scopes=[SCOPE],
                 validate_token_resource=False,
                 client_registration_options=ClientRegistrationOptions(
@@ -228,7 +235,9 @@ class McpServer(LocalServer):
             log_level="WARNING",
         )
         read = ToolAnnotations(read_only_hint=True, open_world_hint=False)
-        destroy = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
+        destroy = ToolAnnotations(
+            read_only_hint=False, destructive_hint=True, open_world_hint=False
+        )
         share = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True)
 
         @app.tool(annotations=read, description="An order's status and total.")
