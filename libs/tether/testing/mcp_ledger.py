@@ -1,7 +1,7 @@
 """What the local MCP server keeps across sessions and restarts, as a real server's database
 would: its orders, the results stored per idempotency key, and what a test reads back (how
 many times each tool really ran, per tool and per key; replays; `notifications/cancelled`
-seen; handshakes)."""
+seen; handshakes and `tools/list` requests)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ class McpLedger:
     emails: list[tuple[str, str]] = field(default_factory=list)
     cancel_notifications: list[Any] = field(default_factory=list)
     initializations: int = 0
+    listings: int = 0
     slow_started: int = 0
     slow_interrupted: int = 0
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict, repr=False)
@@ -67,6 +68,7 @@ class McpLedger:
             "emails": [list(e) for e in self.emails],
             "cancel_notifications": self.cancel_notifications,
             "initializations": self.initializations,
+            "listings": self.listings,
             "slow_started": self.slow_started,
             "slow_interrupted": self.slow_interrupted,
         }

@@ -266,6 +266,9 @@ class McpServer(LocalServer):
         elif ctx.method == "initialize":
             self.ledger.initializations += 1
             self._notify()
+        elif ctx.method == "tools/list":
+            self.ledger.listings += 1
+            self._notify()
         return await call_next(ctx)
 
     async def _once(self, ctx: Context, tool: str, work: Callable[[], Awaitable[str]]) -> str:
