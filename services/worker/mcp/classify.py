@@ -29,8 +29,14 @@ def expired_session(exc: BaseException, seen: Sequence[Seen]) -> bool:
 
 
 def connection_closed(exc: BaseException) -> bool:
-    """Whether `exc` says the session's transport has closed (its session is unusable)."""
-    return isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED
+    """Whether `exc` says the session's transport has closed (its session is unusable), not
+    only one request's stream ("SSE stream ended without a response", same code): the SDK's
+    dispatcher answers every waiter, and every later request, so once it is closed."""
+    return (
+        isinstance(exc, MCPError)
+        and exc.code == CONNECTION_CLOSED
+        and exc.message == "Connection closed"
+    )
 
 
 def classify(exc: BaseException, seen: Sequence[Seen], *, definite: bool) -> McpOutcome:
