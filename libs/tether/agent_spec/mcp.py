@@ -1,6 +1,7 @@
 """What the schema cannot say about an agent's `mcp_servers`: names unique, a risk override
-only for an allowlisted tool, and each `server__tool` name the model would see short enough
-for the Messages API and distinct from every other tool the agent offers."""
+only for an allowlisted tool, each `server__tool` name the model would see short enough for the
+Messages API and distinct from every other tool the agent offers, and a bearer secret given by
+its name, not as the token itself (as far as a token can be told from a name)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,15 @@ def mcp_violations(doc: Mapping[str, Any]) -> Iterator[Violation]:
                 )
             else:
                 taken[offered] = where
+        auth = server.get("auth")
+        secret = auth.get("bearer") if isinstance(auth, Mapping) else None
+        if isinstance(secret, str) and looks_like_a_token(secret):
+            yield Violation(
+                pointer(["mcp_servers", at, "auth", "bearer"]),
+                "looks like a token, not a secret's name: store the token with `tether secrets "
+                "add NAME` and give NAME here (a document is read back by anyone who may read "
+                "the agent)",
+            )
         risk = server.get("risk")
         if isinstance(risk, Mapping):
             for tool in sorted(set(risk) - set(tools)):
@@ -58,6 +68,19 @@ def mcp_violations(doc: Mapping[str, Any]) -> Iterator[Violation]:
                     pointer(["mcp_servers", at, "risk", tool]),
                     f"names a tool not in /mcp_servers/{at}/tools: allowlist it or drop the entry",
                 )
+
+
+TOKEN_PREFIXES = ("sk-", "sk_", "xox", "ghp_", "gho_", "github_pat_", "eyj", "bearer")
+"""How tokens of common issuers begin (an OpenAI/Stripe key, a Slack or GitHub token, a JWT)."""
+
+
+def looks_like_a_token(name: str) -> bool:
+    """Whether a bearer secret's *name* is more likely the token itself: a known token
+    prefix, or long and without a separator a person would name a secret with."""
+    lowered = name.lower()
+    if lowered.startswith(TOKEN_PREFIXES):
+        return True
+    return len(name) >= 32 and not any(c in name for c in "._:-@") and "_" not in name[:32]
 
 
 def _tool_lists(doc: Mapping[str, Any]) -> Iterator[tuple[list[str | int], Any]]:
