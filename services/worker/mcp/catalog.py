@@ -124,7 +124,9 @@ def schema_problem(schema: Any) -> str | None:
 
 def canonical(value: Any) -> str:
     """The one JSON text of `value`: keys sorted, no spaces."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
 
 
 def server_offer(server: McpServer, listed: Iterable[ListedTool]) -> Offer:
