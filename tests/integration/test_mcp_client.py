@@ -264,3 +264,19 @@ async def test_a_url_the_target_policy_forbids_is_refused_before_any_connection(
     assert "loopback" in refused.content
     assert allowed.failure is None
     assert server.ledger.initializations == 1
+
+
+async def test_past_max_sessions_the_least_recently_used_idle_one_is_closed() -> None:
+    clients = McpClients(max_sessions=1)
+    try:
+        async with McpServer() as server:
+            first, second = entry(server, "first"), entry(server, "second")
+            outcomes = [
+                await clients.call(e, "lookup_order", {"order_id": "A-1001"}, f"k{i}")
+                for i, e in enumerate((first, second, first))
+            ]
+            initializations = server.ledger.initializations
+    finally:
+        await clients.aclose()
+    assert [o.failure for o in outcomes] == [None, None, None]
+    assert initializations == 3, "the first session was closed for the second, then reopened"

@@ -39,6 +39,9 @@ from tether.targets import TargetPolicy, check_url
 DEFAULT_LIST_TTL_S = 30.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_CALL_TIMEOUT_S = 30.0
+DEFAULT_MAX_SESSIONS = 64
+"""Sessions kept open at once (one per server and credential: with OAuth, per principal); the
+least recently used idle one is closed past it, and opened again when next needed."""
 MAX_LIST_PAGES = 20
 
 _Key = tuple[str, str, str]
@@ -63,9 +66,11 @@ class McpClients:
         target_policy: TargetPolicy | None = None,
         list_ttl_s: float = DEFAULT_LIST_TTL_S,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._policy = target_policy
+        self._max_sessions = max_sessions
         self._ttl = list_ttl_s
         self._connect_timeout = connect_timeout_s
         self._clock = clock
@@ -110,7 +115,8 @@ class McpClients:
                 return Listing(failure=connection)
             mark = connection.observer.mark()
             try:
-                tools = await self._whole_listing(connection)
+                with connection.in_use():
+                    tools = await self._whole_listing(connection)
             except Exception as exc:
                 gone = connection_closed(exc) or expired_session(
                     exc, connection.observer.since(mark)
@@ -165,7 +171,8 @@ class McpClients:
                 tool, dict(input), read_timeout_seconds=timeout_s, meta=meta
             )
             try:
-                result = await _or_holder(connection, request, cancellation)
+                with connection.in_use():
+                    result = await _or_holder(connection, request, cancellation)
             except _Cancelled:
                 return failed(
                     McpFailure.CANCELLED,
@@ -209,6 +216,7 @@ class McpClients:
         async with lock:
             current = self._connections.get(key)
             if current is not None and current.alive:
+                self._connections[key] = self._connections.pop(key)  # the most recently used
                 return current
             if current is not None:
                 self._connections.pop(key, None)
@@ -226,7 +234,16 @@ class McpClients:
                 # Nothing of the call was sent: whatever failed, failed before it.
                 return await self._failure(connection, exc, mark, definite=True)
             self._connections[key] = connection
+            await self._evict()
             return connection
+
+    async def _evict(self) -> None:
+        """Close the least recently used idle sessions past `max_sessions`."""
+        idle = [k for k, c in self._connections.items() if not c.busy]
+        for key in idle[: max(0, len(self._connections) - self._max_sessions)]:
+            connection = self._connections.pop(key)
+            self._listings.pop(key, None)
+            await connection.close()
 
     async def _drop(self, key: _Key, connection: Connection) -> None:
         if self._connections.get(key) is connection:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx2
@@ -90,6 +91,16 @@ class Connection:
         self._ready = asyncio.Event()
         self._closing = asyncio.Event()
         self._holder: asyncio.Task[None] | None = None
+        self.busy = 0
+
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[None]:
+        """While a request is in flight on this session (it is not closed as idle then)."""
+        self.busy += 1
+        try:
+            yield
+        finally:
+            self.busy -= 1
 
     @property
     def session(self) -> ClientSession:
@@ -118,6 +129,11 @@ class Connection:
                 timeout=self._timeout_s,
                 return_when=asyncio.FIRST_COMPLETED,
             )
+        except asyncio.CancelledError:
+            # The caller gave up while the session opened: no session is left behind.
+            self._closing.set()
+            self._holder.cancel()
+            raise
         finally:
             ready.cancel()
         if self._ready.is_set():
@@ -156,7 +172,10 @@ class Connection:
                     event_hooks={"response": [self.observer.on_response]},
                 ) as http,
                 streamable_http_client(self.url, http_client=http) as (read, write),
-                ClientSession(read, write, client_info=CLIENT_INFO) as session,
+                # Every request is bounded: a call by its own timeout, a listing by this one.
+                ClientSession(
+                    read, write, read_timeout_seconds=self._timeout_s, client_info=CLIENT_INFO
+                ) as session,
             ):
                 await session.initialize()
                 self._session = session
