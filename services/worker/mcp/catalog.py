@@ -16,6 +16,7 @@ Warnings are returned as data (`Offer.warnings`), for the run to carry.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -115,8 +116,15 @@ def schema_problem(schema: Any) -> str | None:
         return "its input schema is not JSON"
     if size > MAX_SCHEMA_BYTES:
         return f"its input schema is {size} bytes, over the {MAX_SCHEMA_BYTES} allowed"
+    return _metaschema_problem(canonical(schema))
+
+
+@functools.lru_cache(maxsize=1024)
+def _metaschema_problem(text: str) -> str | None:
+    """Checked once per distinct schema: the metaschema check costs milliseconds, and a lease
+    on a warm listing should cost next to nothing."""
     try:
-        jsonschema.Draft202012Validator.check_schema(schema)
+        jsonschema.Draft202012Validator.check_schema(json.loads(text))
     except jsonschema.SchemaError as exc:
         return f"its input schema is not a valid JSON Schema: {exc.message}"
     return None
