@@ -16,9 +16,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from services.orchestrator.catalog import ToolCatalog
 from services.orchestrator.repositories import agents as agent_repo
 from tether import audit
-from tether.agent_spec import AgentSpec, parse, route_conflicts
+from tether.agent_spec import AgentSpec, Violation, parse, route_conflicts
+from tether.agent_spec.violations import pointer, refusal
 from tether.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from tether.ids import is_identifier
+from tether.targets import TargetPolicy, check_url
 
 # How many of the runs that pin an agent a refused removal names.
 NAMED_PINNED_RUNS = 3
@@ -65,9 +67,16 @@ def _absent(name: str) -> NotFound:
 class Agents:
     """A tenant's agents, on the orchestrator's database."""
 
-    def __init__(self, engine: AsyncEngine, catalog: ToolCatalog | None = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        catalog: ToolCatalog | None = None,
+        target_policy: TargetPolicy | None = None,
+    ) -> None:
         self._engine = engine
         self._catalog = catalog or ToolCatalog(engine)
+        # Where an agent's MCP servers may be: the deployment's outbound-target policy.
+        self._targets = target_policy or TargetPolicy.parse("")
 
     async def apply(
         self,
@@ -81,6 +90,7 @@ class Agents:
         conditional on the published version being that one (0: no such agent yet). A tool
         the catalog lacks, or a model without a price, refuses it (`ToolCatalog.check`)."""
         spec = parse(text)
+        await self._check_mcp_urls(spec)
         await self._catalog.check(spec)
         async with self._engine.begin() as conn:
             found = await agent_repo.lock_set(conn, tenant_id)
@@ -118,6 +128,19 @@ class Agents:
                 to_version=version,
             )
         return Applied(spec.name, version, created=True)
+
+    async def _check_mcp_urls(self, spec: AgentSpec) -> None:
+        """Refuse an MCP server URL the outbound-target policy forbids (a private address the
+        operator does not allow, plain http over the internet, credentials in it), at its
+        pointer, as channel URLs are refused."""
+        found = []
+        for at, server in enumerate(spec.normalised.get("mcp_servers", ())):
+            try:
+                await check_url(server["url"], self._targets, what="an MCP server's url")
+            except InvalidArgument as exc:
+                found.append(Violation(pointer(["mcp_servers", at, "url"]), exc.message))
+        if found:
+            raise refusal(found)
 
     async def _refuse_conflicts(
         self, conn: AsyncConnection, tenant_id: str, name: str, spec: AgentSpec

@@ -47,7 +47,11 @@ async def amain(
     )
     retention = Retention(engine, settings)
     servicer = OrchestratorServicer(
-        Runs(engine, execution.publisher, bus), execution, work, retention
+        Runs(engine, execution.publisher, bus),
+        execution,
+        work,
+        retention,
+        target_policy=settings.target_policy,
     )
     served = await start_server(
         host=settings.host,

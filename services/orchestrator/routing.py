@@ -18,6 +18,7 @@ that one (see `claims`). The keys of `tenants.agent`:
 | `limits`, `prices` | `Limits` fields; prices by model |
 | `system_prompt` | the persona's instructions, as configured before personas (name `custom`) |
 | `approvals` | an agent document's approval policy (`AgentSpec.approvals()`); unset, the tenant's |
+| `mcp_servers` | an agent document's MCP servers, as it writes them (`tether.domain.McpServer`) |
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from tether.domain import (
     Limits,
     SystemBlock,
 )
-from tether.domain.agents import Bundle, ContextPolicy, merged_tools
+from tether.domain.agents import Bundle, ContextPolicy, McpServer, merged_tools
 from tether.errors import InvalidArgument
 from tether.ids import is_identifier
 from tether.pricing import DEFAULT_PRICES, Price
@@ -132,6 +133,7 @@ def resolve(overrides: Mapping[str, Any], source: str = "", channel: str = "") -
         skills=tuple(skills),
         context=context,
         approvals=_approvals(overrides.get("approvals")),
+        mcp_servers=_mcp_servers(overrides.get("mcp_servers", ())),
     )
 
 
@@ -142,6 +144,18 @@ def _approvals(policy: Any) -> str:
     if not isinstance(policy, Mapping):
         raise InvalidArgument("tenant agent configuration is invalid: approvals must be a map")
     return canonical_json(policy)
+
+
+def _mcp_servers(raw: Any) -> tuple[McpServer, ...]:
+    """The MCP servers an agent document names (checked when it was applied)."""
+    if not isinstance(raw, Sequence) or isinstance(raw, str):
+        raise InvalidArgument("tenant agent configuration is invalid: mcp_servers must be a list")
+    try:
+        return tuple(McpServer.from_json(entry) for entry in raw)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise InvalidArgument(
+            f"tenant agent configuration is invalid: an mcp_servers entry lacks {exc}"
+        ) from exc
 
 
 def _persona(overrides: Mapping[str, Any], source: str, channel: str) -> Bundle:

@@ -35,6 +35,7 @@ from tether.convert.catalog import cataloged_to_proto
 from tether.domain import Run, RunRouting
 from tether.errors import InvalidArgument
 from tether.states import RunStatus
+from tether.targets import TargetPolicy
 from tether.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 from tether.visibility import Viewer
 
@@ -95,14 +96,19 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
     """Implements tether.v1.OrchestratorService."""
 
     def __init__(
-        self, runs: Runs, execution: Execution, work: WorkSettings, retention: Retention
+        self,
+        runs: Runs,
+        execution: Execution,
+        work: WorkSettings,
+        retention: Retention,
+        target_policy: TargetPolicy | None = None,
     ) -> None:
         self._runs = runs
         self._execution = execution
         self._knowledge = Knowledge(execution.engine)
         self._retention = retention
         self._catalog = ToolCatalog(execution.engine)
-        self._agents = Agents(execution.engine, self._catalog)
+        self._agents = Agents(execution.engine, self._catalog, target_policy)
         self.work = Work(
             execution.engine,
             execution.claims,

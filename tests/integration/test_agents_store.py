@@ -21,6 +21,7 @@ from tether.db.schema import agent_sets, agent_versions, audit_log, routings
 from tether.db.schema import agents as agents_table
 from tether.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from tether.settings import RetainingSettings
+from tether.targets import TargetPolicy
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -211,3 +212,34 @@ async def test_a_deleted_tenants_agents_go_with_its_runs_and_no_one_elses(
             )
             assert {row.tenant_id for row in found} == {"t2"}, table.name
     assert [a.agent.name for a in await agents.listed("t2")] == ["general"]
+
+
+async def test_an_mcp_server_url_the_target_policy_forbids_is_refused_at_its_pointer(
+    engine: AsyncEngine,
+) -> None:
+    await _tenant(engine, "t1")
+    server = {"name": "orders", "tools": ["lookup_order"]}
+    doc = _doc(
+        "helper",
+        "Be brief.",
+        mcp_servers=[
+            {**server, "url": "https://93.184.215.14/mcp"},
+            {**server, "name": "local", "url": "http://127.0.0.1:8931/mcp"},
+            {**server, "name": "intranet", "url": "http://10.1.2.3/mcp"},
+            {**server, "name": "secret", "url": "https://user:pw@93.184.215.14/mcp"},
+        ],
+    )
+    with pytest.raises(InvalidArgument) as refused:
+        await Agents(engine).apply("t1", doc, ACTOR)
+    pointers = [v["pointer"] for v in refused.value.details["violations"]]  # type: ignore[index]
+    assert pointers == ["/mcp_servers/1/url", "/mcp_servers/2/url", "/mcp_servers/3/url"]
+    assert "loopback address, refused unless the operator allows it" in refused.value.message
+    assert "pw" not in refused.value.message
+    with pytest.raises(NotFound):  # nothing was written
+        await Agents(engine).versions("t1", "helper")
+
+    local_only = _doc("helper", "Be brief.", mcp_servers=[json.loads(doc)["mcp_servers"][1]])
+    applied = await Agents(engine, target_policy=TargetPolicy.parse("loopback")).apply(
+        "t1", local_only, ACTOR
+    )
+    assert (applied.version, applied.created) == (1, True)

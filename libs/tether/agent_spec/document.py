@@ -12,6 +12,7 @@ from decimal import Decimal
 from typing import Any, TypeGuard
 
 from tether.agent_spec.loading import load
+from tether.agent_spec.mcp import mcp_violations
 from tether.agent_spec.routes import Route
 from tether.agent_spec.validation import schema, violations
 from tether.agent_spec.violations import Violation, pointer, refusal
@@ -57,6 +58,8 @@ class AgentSpec:
             out["limits"] = limits
         if "prices" in doc:
             out["prices"] = doc["prices"]
+        if "mcp_servers" in doc:
+            out["mcp_servers"] = doc["mcp_servers"]
         # Always: a run of a document is approved by its document, never by the tenant's
         # policy of before agents, even when the document leaves every default in place.
         out["approvals"] = self.approvals()
@@ -131,6 +134,7 @@ def _beyond_schema(doc: Any) -> Iterator[Violation]:
         for r in _list(doc, "routes")
     ]
     yield from _repeats("routes", routes, "")
+    yield from mcp_violations(doc)
     limits = _map(doc, "limits")
     initial, most = limits.get("backoff_initial_seconds"), limits.get("backoff_max_seconds")
     if _is_number(initial) and _is_number(most) and initial > most:

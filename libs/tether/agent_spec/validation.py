@@ -167,4 +167,8 @@ def _words(kind: str, limit: Any, error: Any) -> str:
         return _FORMAT_WORDS.get(limit, f"must be a {limit}")
     if kind == "pattern" and limit == "\\S":
         return "must not be blank"
+    if kind in ("oneOf", "anyOf"):
+        # Never the value itself: it may be a secret given where its name belongs.
+        described = error.schema.get("description")
+        return "is none of the forms allowed here" + (f": {described}" if described else "")
     return str(error.message)

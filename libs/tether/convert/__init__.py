@@ -14,6 +14,7 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from tether import formats
+from tether.convert.mcp import mcp_servers_from_proto, mcp_servers_to_proto
 from tether.domain import (
     AgentConfig,
     ApprovalMarker,
@@ -426,6 +427,7 @@ def config_to_proto(config: AgentConfig) -> orchestrator_pb2.AgentConfig:
             cache_ttl=context.cache_ttl,
         ),
         approvals=config.approvals,
+        mcp_servers=mcp_servers_to_proto(config.mcp_servers),
     )
 
 
@@ -456,6 +458,7 @@ def config_from_proto(message: orchestrator_pb2.AgentConfig) -> AgentConfig:
             cache_ttl=context.cache_ttl or "5m",
         ),
         approvals=message.approvals,
+        mcp_servers=mcp_servers_from_proto(message.mcp_servers),
     )
 
 

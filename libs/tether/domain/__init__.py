@@ -1,7 +1,8 @@
 """The run's domain model: parts, events, errors and endings as frozen types, and the rules on
 them that the orchestrator and the worker both apply. One package, eleven rooms:
 
-- `agents`: the agent an attempt runs as (model, system blocks, tools, limits, prices);
+- `agents`: the agent an attempt runs as (model, system blocks, tools, MCP servers, limits,
+  prices);
 - `catalog`: a tool as a worker announces it and as the tool catalog keeps it;
 - `channels`: where a channel run's answer goes, and its message's stored origin;
 - `assignment`: what a lease hands the worker (the lease, the run's facts, the history);
@@ -31,6 +32,7 @@ from tether.domain.agents import (
     Bundle,
     ContextPolicy,
     Limits,
+    McpServer,
     SystemBlock,
 )
 from tether.domain.assignment import Assignment, EarlierRun, Lease, Origin
@@ -136,6 +138,7 @@ __all__ = [
     "Lease",
     "Limits",
     "LoggedEvent",
+    "McpServer",
     "ModelTurn",
     "Origin",
     "Part",

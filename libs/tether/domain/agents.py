@@ -127,6 +127,56 @@ class ContextPolicy:
         return cls(**values)
 
 
+MCP_AUTH_MODES = ("none", "bearer", "oauth")
+
+
+@dataclass(frozen=True, slots=True)
+class McpServer:
+    """An MCP server an agent uses as a tool source. `auth` is "none", "bearer" (the token is
+    the secret named `bearer_secret`, read from the secret store: never the value itself) or
+    "oauth" (the run principal's token, from a connection). `tools` is the allowlist of the
+    server's tool names; `risk` overrides the category a tool's annotations give it."""
+
+    name: str
+    url: str
+    tools: tuple[str, ...]
+    transport: str = "streamable-http"
+    auth: str = "none"
+    bearer_secret: str = ""
+    risk: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form, as the agent document writes it (`auth` a mode or `{bearer}`)."""
+        stored: dict[str, Any] = {
+            "name": self.name,
+            "url": self.url,
+            "transport": self.transport,
+            "auth": {"bearer": self.bearer_secret} if self.auth == "bearer" else self.auth,
+            "tools": list(self.tools),
+        }
+        if self.risk:
+            stored["risk"] = dict(sorted(self.risk.items()))
+        return stored
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> McpServer:
+        """What `to_json` stored, or an agent document's `mcp_servers` entry."""
+        auth = data.get("auth", "none")
+        bearer = ""
+        if isinstance(auth, Mapping):
+            bearer = str(auth["bearer"])
+            auth = "bearer"
+        return cls(
+            name=str(data["name"]),
+            url=str(data["url"]),
+            tools=tuple(str(t) for t in data.get("tools", ())),
+            transport=str(data.get("transport", "streamable-http")),
+            auth=str(auth),
+            bearer_secret=bearer,
+            risk={str(k): str(v) for k, v in dict(data.get("risk", {})).items()},
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     """The agent an attempt runs as. `system_blocks` are the persona's instructions and then
@@ -146,10 +196,13 @@ class AgentConfig:
     # The agent document's approval policy as canonical JSON text (interactions reads it with
     # tether.agent_spec); "" for a run routed by `tenants.agent`, whose tenant policy decides.
     approvals: str = ""
+    # The agent document's MCP servers, whose allowlisted tools the worker offers beside
+    # `tool_allowlist`'s as `server__tool`.
+    mcp_servers: tuple[McpServer, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """The stored form (`routings.config`); `approvals` only when set, so a decision
-        routed by `tenants.agent` keeps the digest (routing id) it had before."""
+        """The stored form (`routings.config`); `approvals` and `mcp_servers` only when set,
+        so a decision routed by `tenants.agent` keeps the digest (routing id) it had before."""
         stored: dict[str, Any] = {
             "agent": self.agent,
             "model": self.model,
@@ -164,6 +217,8 @@ class AgentConfig:
         }
         if self.approvals:
             stored["approvals"] = self.approvals
+        if self.mcp_servers:
+            stored["mcp_servers"] = [m.to_json() for m in self.mcp_servers]
         return stored
 
     @classmethod
@@ -183,6 +238,7 @@ class AgentConfig:
             skills=tuple(Bundle.from_json(s) for s in data.get("skills", ())),
             context=ContextPolicy.from_json(data.get("context", {})),
             approvals=str(data.get("approvals", "")),
+            mcp_servers=tuple(McpServer.from_json(m) for m in data.get("mcp_servers", ())),
         )
 
 

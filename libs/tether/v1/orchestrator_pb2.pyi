@@ -430,6 +430,7 @@ class AgentConfig(_message.Message):
     SKILLS_FIELD_NUMBER: _builtins.int
     CONTEXT_FIELD_NUMBER: _builtins.int
     APPROVALS_FIELD_NUMBER: _builtins.int
+    MCP_SERVERS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Model id."""
     system_prompt: _builtins.str
@@ -468,6 +469,10 @@ class AgentConfig(_message.Message):
     def context(self) -> Global___ContextPolicy:
         """What the attempt's context holds beyond persona, skills and history."""
 
+    @_builtins.property
+    def mcp_servers(self) -> _containers.RepeatedCompositeFieldContainer[Global___McpServer]:
+        """The agent document's MCP servers: their allowlisted tools are offered as `server__tool`."""
+
     def __init__(
         self,
         *,
@@ -482,14 +487,85 @@ class AgentConfig(_message.Message):
         skills: _abc.Iterable[Global___Bundle] | None = ...,
         context: Global___ContextPolicy | None = ...,
         approvals: _builtins.str = ...,
+        mcp_servers: _abc.Iterable[Global___McpServer] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "limits", b"limits", "persona", b"persona"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "approvals", b"approvals", "context", b"context", "limits", b"limits", "model", b"model", "persona", b"persona", "prices", b"prices", "skills", b"skills", "system_blocks", b"system_blocks", "system_prompt", b"system_prompt", "tool_allowlist", b"tool_allowlist"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "approvals", b"approvals", "context", b"context", "limits", b"limits", "mcp_servers", b"mcp_servers", "model", b"model", "persona", b"persona", "prices", b"prices", "skills", b"skills", "system_blocks", b"system_blocks", "system_prompt", b"system_prompt", "tool_allowlist", b"tool_allowlist"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AgentConfig: _TypeAlias = AgentConfig  # noqa: Y015
+
+@_typing.final
+class McpServer(_message.Message):
+    """McpServer is an MCP server an agent uses as a tool source."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class RiskEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    NAME_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    TRANSPORT_FIELD_NUMBER: _builtins.int
+    AUTH_FIELD_NUMBER: _builtins.int
+    BEARER_SECRET_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    RISK_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Unique within the agent; the prefix of its tools' names."""
+    url: _builtins.str
+    """The streamable-HTTP endpoint."""
+    transport: _builtins.str
+    """Always "streamable-http" today."""
+    auth: _builtins.str
+    """"none", "bearer" or "oauth"."""
+    bearer_secret: _builtins.str
+    """With auth "bearer": the name of the secret holding the token (never the token)."""
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The server's tools the agent may call."""
+
+    @_builtins.property
+    def risk(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Risk categories overriding the tools' annotations, by tool name."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        url: _builtins.str = ...,
+        transport: _builtins.str = ...,
+        auth: _builtins.str = ...,
+        bearer_secret: _builtins.str = ...,
+        tools: _abc.Iterable[_builtins.str] | None = ...,
+        risk: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth", b"auth", "bearer_secret", b"bearer_secret", "name", b"name", "risk", b"risk", "tools", b"tools", "transport", b"transport", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___McpServer: _TypeAlias = McpServer  # noqa: Y015
 
 @_typing.final
 class Bundle(_message.Message):
