@@ -141,8 +141,14 @@ def normalize(schema: Mapping[str, Any], instance: Any) -> Any:
     """`instance` with integral floats turned into ints where `schema` says integer (not number).
 
     Returns a new value and leaves `instance` alone; parts the schema does not describe, or that
-    do not match it, come back unchanged for validation to judge.
+    do not match it, come back unchanged for validation to judge. Under `anyOf`/`oneOf` (an
+    optional value: `{"anyOf": [{"type": "integer"}, {"type": "null"}]}`) the first branch whose
+    type fits the instance normalises it.
     """
+    for key in ("anyOf", "oneOf"):
+        for branch in schema.get(key, ()):
+            if isinstance(branch, Mapping) and _fits(branch, instance):
+                return normalize(branch, instance)
     declared = schema.get("type")
     types = [declared] if isinstance(declared, str) else list(declared or [])
     if (
@@ -161,6 +167,19 @@ def normalize(schema: Mapping[str, Any], instance: Any) -> Any:
             for name, value in instance.items()
         }
     return instance
+
+
+def _fits(schema: Mapping[str, Any], instance: Any) -> bool:
+    """Whether `schema` declares a type the instance has (an integral float fits integer)."""
+    declared = schema.get("type")
+    types = [declared] if isinstance(declared, str) else list(declared or [])
+    if isinstance(instance, float):
+        return "number" in types or ("integer" in types and instance.is_integer())
+    if isinstance(instance, list):
+        return "array" in types
+    if isinstance(instance, dict):
+        return "object" in types
+    return False
 
 
 def _property_schema(schema: Mapping[str, Any], name: str) -> Mapping[str, Any]:
