@@ -18,9 +18,9 @@ from tether.tools import (
     ToolContext,
     ToolDefinition,
     ToolError,
+    Toolkit,
     ToolOutput,
     ToolSpec,
-    Toolkit,
     tool,
     tools_of,
 )
@@ -231,7 +231,7 @@ async def test_a_pydantic_validator_refusal_is_a_tool_error_in_the_models_words(
     async def even(value: Even) -> str:
         return "ok"
 
-    with pytest.raises(ToolError, match="invalid input for tool even: .*n must be even"):
+    with pytest.raises(ToolError, match=r"invalid input for tool even: .*n must be even"):
         await even.run(ctx(), {"value": {"n": 3}})
 
 

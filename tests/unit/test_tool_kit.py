@@ -89,7 +89,7 @@ async def test_allow_once_runs_the_stored_input_once_and_a_retry_replays() -> No
     again = await kit.call({"copies": 2, "text": "launch"})
     assert (again.content, again.fired, again.replayed) == ("announced 'launch' x2", 0, True)
     assert again.idempotency_key == first.idempotency_key
-    assert SENT == [(first.idempotency_key, "launch")]
+    assert [(first.idempotency_key, "launch")] == SENT
     assert kit.effects.state(first.idempotency_key) is EffectState.DONE
 
 
