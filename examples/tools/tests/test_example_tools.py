@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
+from tether_example_tools import TicketDesk, lookup_order, toolkit
+
 from tether.testing.tools import ToolKit
 from tether.tools import tools_of
-from tether_example_tools import TicketDesk, lookup_order, toolkit
 
 
 async def test_lookup_order_reads_an_order_without_approval() -> None:
