@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import admission, agents, context, hotpath, runs, stream, telemetry, tool_input
+from bench import admission, agents, context, hotpath, runs, stream, telemetry, tool_input, tools
 
 # A group is one or more benches run in turn; `runs` ends with telemetry's cost (its own stacks).
 GROUPS = {
@@ -16,6 +16,7 @@ GROUPS = {
     "runs": (runs.run, telemetry.run),
     "stream": (stream.run,),
     "tool_input": (tool_input.run,),
+    "tools": (tools.run,),
 }
 
 
