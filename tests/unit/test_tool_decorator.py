@@ -5,6 +5,8 @@ function receiving pydantic's values; the class form; what the decorator refuses
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, Literal
@@ -283,3 +285,14 @@ async def test_the_context_carries_a_cancellation_the_tool_can_wait_on() -> None
     waited = asyncio.ensure_future(context.cancelled.wait())
     context.cancelled.set()
     await asyncio.wait_for(waited, 1)
+
+
+def test_the_package_and_its_kit_import_without_the_worker() -> None:
+    probe = (
+        "import sys, tether.tools, tether.testing.tools; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'services'))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]", f"tether.tools loads {loaded}"
