@@ -219,7 +219,7 @@ class ToolKit:
         entered = asyncio.ensure_future(self._watched.entered.wait())
         try:
             await asyncio.wait(
-                {task, entered}, timeout=START_DEADLINE_S, return_when="FIRST_COMPLETED"
+                {task, entered}, timeout=START_DEADLINE_S, return_when=asyncio.FIRST_COMPLETED
             )
         finally:
             entered.cancel()
