@@ -20,19 +20,23 @@ CONSOLE_SOURCES := $(shell find web/client/src web/react/src web/console/src -ty
 
 venv: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml
+# The example tool package (examples/tools) is installed the way a team installs its own tools
+# beside the worker: its `tether.tools` entry point makes every worker offer them.
+$(STAMP): requirements.lock pyproject.toml examples/tools/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
 	@echo "installing into $(VENV) from requirements.lock" >&2
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --upgrade pip >&2
 	@$(BIN)/python -m pip install --quiet -r requirements.lock >&2
 	@$(BIN)/python -m pip install --quiet --no-deps -e . >&2
+	@$(BIN)/python -m pip install --quiet --no-deps -e examples/tools >&2
 	@touch $(STAMP)
 
 run: venv $(CONSOLE_DIST)
 	$(BIN)/tether up
 
-# Vitest (the TypeScript client, hooks and generated types) first, then the Python suite.
+# Vitest (the TypeScript client, hooks and generated types) first, then the Python suite (its
+# testpaths include examples/tools/tests, the example tool package's own tests).
 test: venv $(NODE_STAMP)
 	node_modules/.bin/vitest run --silent
 	$(BIN)/python -m pytest -q

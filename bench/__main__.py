@@ -15,6 +15,7 @@ from bench import (
     stream,
     telemetry,
     tool_input,
+    tools,
 )
 
 # A group is one or more benches run in turn; `runs` ends with telemetry's cost (its own stacks).
@@ -27,6 +28,7 @@ GROUPS = {
     "runs": (runs.run, telemetry.run),
     "stream": (stream.run,),
     "tool_input": (tool_input.run,),
+    "tools": (tools.run,),
 }
 
 

@@ -4,12 +4,18 @@ A call is refused before the gate when the agent lacks the tool; a gated call ru
 standing grant or parks the run for approval; a question parks it until answered; a missing
 connection parks it for consent, or fails the run when nobody could consent. On resume the
 open calls are finished first: answers delivered, claimed approvals run with their stored input.
+
+The approval gate and the connection pause of a tool call are `tether.tools.calls.ToolCalls`, the
+one path every call takes (the test kit takes it too); this module implements its ports over the
+worker's gRPC clients (`_InteractionsPorts`, `LeasedEffects`) and turns its answers into the
+run's transcript: results, markers, parking and failing. The questions (`ask_questions`) and the
+`request_approval` wrapper are the worker's own interaction tools and stay here.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from services.worker import observed
@@ -22,9 +28,7 @@ from services.worker.interactions import (
     answers_text,
 )
 from services.worker.orchestrator_client import LeasedEffects, Orchestrator
-from services.worker.tools.base import GATED_RISKS, Authorization, CallContext, ConnectionGap
-from services.worker.tools.effects import idempotency_key
-from services.worker.tools.registry import ToolErrorCode, ToolRegistry
+from services.worker.tools.registry import ToolRegistry
 from services.worker.transcript import Transcript
 from tether import telemetry
 from tether.domain import (
@@ -42,6 +46,9 @@ from tether.domain import (
 from tether.errors import InvalidArgument
 from tether.ids import new_id
 from tether.states import RunStatus
+from tether.tools.base import CallContext, ConnectionGap
+from tether.tools.calls import ApprovalRequest, Decision, Paused, ToolCalls
+from tether.tools.path import ToolResult as CallResult
 
 T = TypeVar("T")
 # A tool that returns within this is announced in the same checkpoint as its result.
@@ -74,10 +81,20 @@ class Gate:
         self._run_id = assignment.run_id
         self._config = assignment.config
         self._orchestrator = orchestrator
-        self._registry = registry
         self._interactions = interactions
         self._transcript = transcript
         self._checkpoints = checkpoints
+        ports = None if interactions is None else _InteractionsPorts(interactions, assignment)
+        self._calls = ToolCalls(
+            catalog=registry,
+            effects=LeasedEffects(orchestrator, assignment.lease),
+            allowlist=list(self._config.tool_allowlist),
+            max_inline_bytes=self._config.limits.max_inline_tool_output_bytes or 16_384,
+            approvals=ports,
+            consent=ports,
+            before_fire=checkpoints.sync,
+            running=self._while_announced,
+        )
 
     async def run(self, tool_call: ToolCall) -> None:
         """Run one call the model made, or give it its (error) result, or park the run."""
@@ -94,18 +111,13 @@ class Gate:
             return  # it parked, or it gave the call its one (error) result
         if name == REQUEST_APPROVAL and name in self._config.tool_allowlist:
             name, input = str(input.get("tool_name", "")), dict(input.get("input") or {})
-        if name not in self._config.tool_allowlist:
-            # Refused before the gate: nobody is asked to approve a tool this agent lacks.
-            self._result(
-                tool_call.tool_call_id,
-                name,
-                f"tool {name} is not available to this agent",
-                is_error=True,
-                code=ToolErrorCode.NOT_ALLOWED,
-            )
-            return
-        authorization = await self._gate(tool_call.tool_call_id, name, input)
-        await self._execute(tool_call.tool_call_id, name, input, authorization)
+        await self._settle(
+            tool_call.tool_call_id,
+            name,
+            lambda ref: self._calls.call(
+                self._call(tool_call.tool_call_id), name, input, output_ref=ref
+            ),
+        )
 
     async def _ask(self, tool_call_id: str, input: dict[str, Any]) -> None:
         """Store the questions and park (never returns normally)."""
@@ -129,81 +141,52 @@ class Gate:
         self._transcript.add(Role.ASSISTANT, QuestionMarker(interaction_id))
         raise Parked(RunStatus.WAITING_FOR_QUESTION, interaction_id)
 
-    async def _gate(
-        self, tool_call_id: str, name: str, input: dict[str, Any]
-    ) -> Authorization | None:
-        """The approval gate: a standing grant authorises a gated call; otherwise the call
-        becomes a pending approval with its normalised input and the run parks."""
-        tool = self._registry.get(name)
-        if tool is None or tool.spec.risk not in GATED_RISKS or self._interactions is None:
-            return None  # ungated, unknown (the registry refuses it) or no store: fail closed
-        risk = str(tool.spec.risk)
-        grant = await self._interactions.check_grant(name, risk)
-        if grant is not None:
-            return Authorization("grant", grant, name, self._run_id)
-        normalised, problem = self._registry.validate_input(name, input)
-        if problem:
-            return None  # nobody is asked to authorise a call that cannot succeed
-        interaction_id = await self._interactions.request_approval(
+    def _call(self, tool_call_id: str) -> CallContext:
+        return CallContext(
+            tenant_id=self._assignment.tenant_id,
+            run_id=self._run_id,
+            root_run_id=self._assignment.root_run_id,
             tool_call_id=tool_call_id,
-            tool_name=name,
-            input=normalised,
-            risk=risk,
-            summary=_summary(name, normalised),
-            policy=self._assignment.config.approvals,
-            idempotency_key=idempotency_key(
-                self._assignment.tenant_id, self._run_id, name, normalised
-            ),
+            connections=self._interactions,
         )
-        self._transcript.add(Role.ASSISTANT, ApprovalMarker(interaction_id, name))
-        raise Parked(RunStatus.WAITING_FOR_APPROVAL, interaction_id)
 
-    async def _execute(
+    async def _settle(
         self,
         tool_call_id: str,
         name: str,
-        input: dict[str, Any],
-        authorization: Authorization | None,
+        call: Callable[[str], Awaitable[CallResult | Paused]],
     ) -> None:
+        """Take a call through `ToolCalls` and write what came of it: its result (the whole
+        output stored when cut), a pause (marker, then park) or a run that cannot go on."""
         output_ref = new_id("out")
-        tool = self._registry.get(name)
-        if tool is not None and tool.spec.writes_externally:
-            await self._checkpoints.sync()  # the call is durable before its side effect can fire
-        try:
-            result = await self._while_announced(
-                self._registry.execute(
-                    name,
-                    input,
-                    CallContext(
-                        tenant_id=self._assignment.tenant_id,
-                        run_id=self._run_id,
-                        root_run_id=self._assignment.root_run_id,
-                        tool_call_id=tool_call_id,
-                        connections=self._interactions,
-                    ),
-                    effects=LeasedEffects(self._orchestrator, self._assignment.lease),
-                    allowlist=list(self._config.tool_allowlist),
-                    max_inline_bytes=self._config.limits.max_inline_tool_output_bytes or 16_384,
-                    output_ref=output_ref,
-                    authorization=authorization,
+        outcome = await call(output_ref)
+        if isinstance(outcome, Paused):
+            if outcome.reason == "approval":
+                self._transcript.add(
+                    Role.ASSISTANT, ApprovalMarker(outcome.interaction_id, outcome.tool_name)
                 )
+                raise Parked(RunStatus.WAITING_FOR_APPROVAL, outcome.interaction_id)
+            self._transcript.add(
+                Role.ASSISTANT, ConnectionMarker(outcome.interaction_id, outcome.provider)
             )
-        except ConnectionGap as gap:
-            await self._connection_gap(tool_call_id, gap)
-            return
-        if result.full_content is not None:
+            raise Parked(RunStatus.WAITING_FOR_CONNECTION, outcome.interaction_id)
+        if outcome.ends_run:
+            code = outcome.error_code or "tool_error"
+            self._result(tool_call_id, "", outcome.content, is_error=True, code=code)
+            raise RunFailed(code, outcome.content)
+        if outcome.full_content is not None:
             await self._orchestrator.store_tool_output(
-                self._assignment.lease, output_ref, result.full_content
+                self._assignment.lease, output_ref, outcome.full_content
             )
         self._result(
             tool_call_id,
             name,
-            result.content,
-            is_error=result.is_error,
-            code=result.error_code,
-            replayed=result.replayed,
-            output_ref=output_ref if result.truncated else "",
-            truncated=result.truncated,
+            outcome.content,
+            is_error=outcome.is_error,
+            code=outcome.error_code,
+            replayed=outcome.replayed,
+            output_ref=output_ref if outcome.truncated else "",
+            truncated=outcome.truncated,
         )
 
     async def _while_announced(self, work: Coroutine[Any, Any, T]) -> T:
@@ -218,19 +201,6 @@ class Gate:
         except BaseException:
             task.cancel()  # cancellation of the run cancels the tool with it
             raise
-
-    async def _connection_gap(self, tool_call_id: str, gap: ConnectionGap) -> None:
-        """Pause for consent only when all three hold: a marked gap, a consent callback wired
-        (the interactions service), and an offer it made (the provider has a login URL).
-        Otherwise fail: failing is recoverable, hanging on a screen nobody can reach is not."""
-        offer = None
-        if self._interactions is not None and "oauth" in gap.login_modes:
-            offer = await self._interactions.offer_connection(tool_call_id, gap)
-        if offer is None:
-            self._result(tool_call_id, "", str(gap), is_error=True, code=f"connection_{gap.gap}")
-            raise RunFailed(f"connection_{gap.gap}", str(gap))
-        self._transcript.add(Role.ASSISTANT, ConnectionMarker(offer.interaction_id, gap.provider))
-        raise Parked(RunStatus.WAITING_FOR_CONNECTION, offer.interaction_id)
 
     def _result(
         self,
@@ -272,11 +242,13 @@ class Gate:
             return
         if name == REQUEST_APPROVAL:
             name = str(input.get("tool_name", ""))
-        tool = self._registry.get(name)
-        if tool is not None and tool.spec.risk in GATED_RISKS:
-            await self._run_claimed(tool_call.tool_call_id, name)
-        else:
-            await self._execute(tool_call.tool_call_id, name, input, None)
+        await self._settle(
+            tool_call.tool_call_id,
+            name,
+            lambda ref: self._calls.resume(
+                self._call(tool_call.tool_call_id), name, input, output_ref=ref
+            ),
+        )
 
     async def _deliver_answers(self, tool_call_id: str) -> None:
         answered = [] if self._interactions is None else await self._interactions.answered()
@@ -292,41 +264,35 @@ class Gate:
             code="question_unanswered",
         )
 
-    async def _run_claimed(self, tool_call_id: str, name: str) -> None:
-        claim = (
-            None
-            if self._interactions is None
-            else await self._interactions.claim(name, tool_call_id)
+
+class _InteractionsPorts:
+    """The approval decision and the connection offer of `ToolCalls`, over the interactions
+    service under the attempt's lease."""
+
+    def __init__(self, interactions: LeasedInteractions, assignment: Assignment) -> None:
+        self._interactions = interactions
+        self._policy = assignment.config.approvals
+
+    async def check_grant(self, tool_name: str, risk: str) -> str | None:
+        return await self._interactions.check_grant(tool_name, risk)
+
+    async def request_approval(self, request: ApprovalRequest) -> str:
+        return await self._interactions.request_approval(
+            tool_call_id=request.tool_call_id,
+            tool_name=request.tool_name,
+            input=request.input,
+            risk=request.risk,
+            summary=request.summary,
+            policy=self._policy,
+            idempotency_key=request.idempotency_key,
         )
+
+    async def claim(self, tool_name: str, tool_call_id: str) -> Decision | None:
+        claim = await self._interactions.claim(tool_name, tool_call_id)
         if claim is None:
-            # Fail closed: nothing decided could be claimed, so nothing runs.
-            self._result(
-                tool_call_id,
-                name,
-                f"approval for {name} could not be claimed",
-                is_error=True,
-                code="approval_unclaimed",
-            )
-            return
-        if claim.decision in ("deny", "expired"):
-            verdict = "denied" if claim.decision == "deny" else "expired before anyone decided"
-            self._result(
-                tool_call_id,
-                name,
-                f"the approval for {name} was {verdict}; it did not run",
-                is_error=True,
-                code=f"approval_{claim.decision}",
-            )
-            return
-        # What runs is what was shown: the stored, normalised input, not a regenerated call.
-        await self._execute(
-            tool_call_id,
-            claim.tool_name,
-            dict(claim.input),
-            Authorization("approval", claim.interaction_id, claim.tool_name, self._run_id),
-        )
+            return None
+        return Decision(claim.interaction_id, claim.decision, claim.tool_name, claim.input)
 
-
-def _summary(name: str, input: dict[str, Any]) -> str:
-    shown = ", ".join(f"{k}={str(v)[:80]!r}" for k, v in sorted(input.items()))
-    return f"Run {name}({shown})"
+    async def offer_connection(self, tool_call_id: str, gap: ConnectionGap) -> str | None:
+        offer = await self._interactions.offer_connection(tool_call_id, gap)
+        return None if offer is None else offer.interaction_id

@@ -16,9 +16,9 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from services.worker.tools.base import ConnectionGap, RiskCategory
 from tether.domain import Lease, ToolAnnouncement, schema_sha256
 from tether.states import RunStatus
+from tether.tools.base import ConnectionGap, RiskCategory
 from tether.v1 import interactions_pb2, interactions_pb2_grpc
 
 ASK_QUESTIONS = "ask_questions"

@@ -1,8 +1,9 @@
-"""The tool registry: tool contracts, the effects port, the registry itself, the demo tools.
+"""The worker's tools: the registry of installed tools and the demo tools.
 
-Tools are contributed by `ToolProvider`s under the `tether.tools` entry-point group and executed
-through `ToolRegistry.execute`, which validates input, guards external writes with the effects
-record and an idempotency key, enforces timeouts and caps the inline output.
+The tool contract, the schema check, the effects port and the call path live in `tether.tools`
+(the public package for tool authors) and are re-exported here. Tools are contributed by
+`ToolProvider`s under the `tether.tools` entry-point group and executed through
+`ToolRegistry.execute`, which hands each call to `tether.tools.path.execute`.
 """
 
 from services.worker.tools.base import (

@@ -1,198 +1,34 @@
-"""What a tool is: its spec (what the model sees), its context, its output, and how it fails.
+"""The tool contract, which lives in `tether.tools.base` (the public package for tool authors);
+re-exported here for the worker's modules."""
 
-A tool is any object with a `spec` and an async `run`; tools arrive through `ToolProvider`s
-registered under the `tether.tools` entry-point group, so a deployment adds tools by installing a
-package, not by editing the worker.
-"""
-
-from __future__ import annotations
-
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
-
-
-class RiskCategory(StrEnum):
-    """The policy class of a tool's action; every category but READ needs approval by policy."""
-
-    READ = "read"
-    PUBLISH = "publish"
-    SCHEDULE = "schedule"
-    SEND_REPLY = "send_reply"
-    DELETE = "delete"
-    EXTERNAL_SHARE = "external_share"
-    PAID_MARKETING = "paid_marketing"
-    INTERACTION = "interaction"
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    """A tool's contract.
-
-    `input_schema` is the JSON Schema the model is shown and the input is validated against
-    before the tool runs (`services.worker.tools.schema`, draft 2020-12). `writes_externally`
-    puts every call behind the effects record and an idempotency key.
-    """
-
-    name: str
-    description: str
-    input_schema: dict[str, Any]
-    risk: RiskCategory = RiskCategory.READ
-    timeout_s: float = 30.0
-    writes_externally: bool = False
-
-    def to_anthropic(self) -> dict[str, Any]:
-        """The Messages API tool parameter: `{"name", "description", "input_schema"}`."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "input_schema": self.input_schema,
-        }
-
-
-@dataclass(frozen=True)
-class CallContext:
-    """Who is calling: the identity of one tool call, before the registry derives its key."""
-
-    tenant_id: str
-    run_id: str
-    root_run_id: str
-    tool_call_id: str
-    connections: ConnectionResolver | None = None
-
-    def with_key(self, idempotency_key: str | None) -> ToolContext:
-        """The context a tool receives, carrying the key the registry derived (or None)."""
-        return ToolContext(
-            tenant_id=self.tenant_id,
-            run_id=self.run_id,
-            root_run_id=self.root_run_id,
-            tool_call_id=self.tool_call_id,
-            idempotency_key=idempotency_key,
-            connections=self.connections,
-        )
-
-
-@dataclass(frozen=True)
-class ToolContext:
-    """What a running tool knows about its call.
-
-    `idempotency_key` is set for tools that write externally and None otherwise; such a tool must
-    pass it to the external system, which is what makes a re-fired call harmless.
-    """
-
-    tenant_id: str
-    run_id: str
-    root_run_id: str
-    tool_call_id: str
-    idempotency_key: str | None
-    connections: ConnectionResolver | None = None
-
-
-class ConnectionResolver(Protocol):
-    """Gives a tool the run principal's credential for a provider, or raises ConnectionGap."""
-
-    async def token(self, provider: str, scopes: Sequence[str]) -> str:
-        """An access token with `scopes`; ConnectionGap when there is none usable."""
-
-
-@dataclass(frozen=True)
-class ToolOutput:
-    """What a tool returns: text for the model, whether it is an error, optional structure."""
-
-    content: str
-    is_error: bool = False
-    data: dict[str, Any] | None = None
-
-
-class ToolError(Exception):
-    """An expected failure: the message becomes an error result the model can act on.
-
-    For a tool that writes externally, a ToolError is an outcome like any other: it is recorded
-    as the call's result and replayed, so raise it only when the external system gave a definite
-    answer (refused, not found). When the outcome is unknown (connection lost mid-request), raise
-    anything else, so the record stays open and a retry fires again under the same key.
-    """
-
-
-@runtime_checkable
-class Tool(Protocol):
-    """One tool: a spec and an async `run`. Cancellation of `run` must stop the work."""
-
-    @property
-    def spec(self) -> ToolSpec:
-        """The tool's contract."""
-        ...
-
-    async def run(self, ctx: ToolContext, input: dict[str, Any]) -> ToolOutput:
-        """Do the work for an input already validated against `spec.input_schema`."""
-        ...
-
-
-@runtime_checkable
-class ToolProvider(Protocol):
-    """A source of tools; the object an entry point in the `tether.tools` group names."""
-
-    def tools(self, settings: Mapping[str, str]) -> Sequence[Tool]:
-        """Build the tools; `settings` is env-like configuration: the worker's `TETHER_TOOL_...`
-        settings only (e.g. `TETHER_TOOL_LEDGER_URL`)."""
-        ...
-
-
-# Policy-classified actions: a call in one of these runs only with an approval or a grant.
-GATED_RISKS = frozenset(
-    {
-        RiskCategory.PUBLISH,
-        RiskCategory.SCHEDULE,
-        RiskCategory.SEND_REPLY,
-        RiskCategory.DELETE,
-        RiskCategory.EXTERNAL_SHARE,
-        RiskCategory.PAID_MARKETING,
-    }
+from tether.tools.base import (
+    GAP_MESSAGES,
+    GATED_RISKS,
+    Authorization,
+    CallContext,
+    ConnectionGap,
+    ConnectionResolver,
+    RiskCategory,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolOutput,
+    ToolProvider,
+    ToolSpec,
 )
 
-
-@dataclass(frozen=True)
-class Authorization:
-    """What lets a gated call run: a standing grant, or a claimed approval, for one tool of one
-    run."""
-
-    kind: str  # "grant" | "approval"
-    ref: str
-    tool_name: str
-    run_id: str
-
-
-class ConnectionGap(ToolError):
-    """A tool lacks a usable connection. The marker is structural (`gap`, `provider`), so
-    rewording a message never turns a pausable failure into a fatal one or back."""
-
-    def __init__(
-        self,
-        *,
-        provider: str,
-        gap: str,
-        scopes: Sequence[str],
-        credential_ref: str,
-        login_modes: Sequence[str] = ("oauth",),
-    ) -> None:
-        self.provider = provider
-        self.gap = gap
-        self.scopes = tuple(scopes)
-        self.credential_ref = credential_ref
-        # How the toolkit authenticates: only "oauth" has a login URL to send a person to.
-        self.login_modes = tuple(login_modes)
-        super().__init__(
-            GAP_MESSAGES[gap].format(
-                provider=provider, ref=credential_ref, scopes=", ".join(scopes)
-            )
-        )
-
-
-# Three gaps, three sentences: a person told the wrong one looks in the wrong place.
-GAP_MESSAGES = {
-    "absent": "no {provider} connection exists ({ref}); connect your {provider} account",
-    "expired": "the {provider} connection expired ({ref}); sign in to {provider} again",
-    "insufficient_scope": "the {provider} connection ({ref}) lacks the scope(s) {scopes}; "
-    "grant them when reconnecting",
-}
+__all__ = [
+    "GAP_MESSAGES",
+    "GATED_RISKS",
+    "Authorization",
+    "CallContext",
+    "ConnectionGap",
+    "ConnectionResolver",
+    "RiskCategory",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "ToolOutput",
+    "ToolProvider",
+    "ToolSpec",
+]

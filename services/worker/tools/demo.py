@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx2
 
-from services.worker.tools.base import (
+from tether.tools.base import (
     RiskCategory,
     Tool,
     ToolContext,
