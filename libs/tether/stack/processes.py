@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -93,6 +94,9 @@ class ServiceSet:
     # no users; `tether up` always names one.
     worker_redis_url: str | None = None
     procs: dict[str, ServiceProcess] = field(default_factory=dict)
+    # Service name -> the port it is started on whatever its instance, for a service that one
+    # started before it calls (the orchestrator calls interactions, which calls it back).
+    reserved_ports: dict[str, int] = field(default_factory=dict)
 
     def addresses(self) -> dict[str, str]:
         """Service name -> host:port."""
@@ -113,7 +117,16 @@ class ServiceSet:
         `replicas` says how many processes of a service to start (default one: `worker`,
         then `worker-2`, ...)."""
         counts = replicas or {}
+        held = None
+        if "interactions" in names and "interactions" not in self.reserved_ports:
+            # Held open until interactions starts, so no service of the first wave binds it.
+            held = socket.socket()
+            held.bind(("127.0.0.1", 0))
+            self.reserved_ports["interactions"] = held.getsockname()[1]
         for wave in WAVES:
+            if held is not None and "interactions" in wave:
+                held.close()
+                held = None
             batch = [
                 (name, instance_name(name, n))
                 for name in wave
@@ -139,6 +152,10 @@ class ServiceSet:
         if name == "worker":
             credentials.pop(VERIFIERS_ENV)  # it serves no internal call
         env.update(credentials)
+        for dep, port in self.reserved_ports.items():
+            env[f"TETHER_{dep.upper()}_ADDR"] = f"127.0.0.1:{port}"
+            if dep == name:
+                env[f"TETHER_{dep.upper()}_PORT"] = str(port)
         for dep, addr in self.addresses().items():
             env[f"TETHER_{dep.upper()}_ADDR"] = addr
         env[f"TETHER_{name.upper()}_HOST"] = "127.0.0.1"
