@@ -14,7 +14,7 @@ from services.interactions.domain import QuestionSpec
 from services.interactions.questions import Questions
 from services.interactions.secret_store import SecretInfo, SecretStore
 from services.interactions.upkeep import Upkeep
-from services.interactions.webhook_secrets import WebhookSecretRpcs
+from services.interactions.webhook_secrets_edge import WebhookSecretRpcs
 from tether.convert import timestamp
 from tether.errors import InvalidArgument
 from tether.v1 import interactions_pb2, interactions_pb2_grpc

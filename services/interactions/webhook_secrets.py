@@ -4,7 +4,6 @@ and it keeps an opened one in memory briefly to sign deliveries. No caller's rea
 
 from __future__ import annotations
 
-import grpc
 from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -12,7 +11,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from services.interactions.sealing import Keyring, Sealed, associated_data
 from tether.db.schema import webhook_secrets
 from tether.errors import InvalidArgument, NotFound
-from tether.v1 import interactions_pb2 as pb
 
 # A Standard Webhooks secret is 24 to 64 random bytes, base64 behind "whsec_": far below this.
 MAX_WEBHOOK_SECRET_CHARS = 1024
@@ -75,38 +73,33 @@ def _named(tenant_id: str, subscription_id: str) -> bytes:
     return associated_data(tenant_id, _KIND, subscription_id)
 
 
-class WebhookSecretRpcs:
-    """Serves SealWebhookSecret, OpenWebhookSecret and DiscardWebhookSecret."""
+class WebhookSecrets:
+    """Seals, opens and discards subscriptions' signing secrets."""
 
     def __init__(self, engine: AsyncEngine, keyring: Keyring) -> None:
         self._engine = engine
         self._keyring = keyring
 
-    async def SealWebhookSecret(
-        self, request: pb.SealWebhookSecretRequest, context: grpc.aio.ServicerContext
-    ) -> pb.SealWebhookSecretResponse:
-        aad = _named(request.tenant_id, request.subscription_id)
-        if not request.secret or len(request.secret) > MAX_WEBHOOK_SECRET_CHARS:
+    async def seal(self, tenant_id: str, subscription_id: str, secret: str) -> None:
+        """Seal and store (or replace) a subscription's secret."""
+        aad = _named(tenant_id, subscription_id)
+        if not secret or len(secret) > MAX_WEBHOOK_SECRET_CHARS:
             raise InvalidArgument(f"secret must be 1..{MAX_WEBHOOK_SECRET_CHARS} characters")
-        sealed = self._keyring.seal(request.secret.encode(), aad)
+        sealed = self._keyring.seal(secret.encode(), aad)
         async with self._engine.begin() as conn:
-            await upsert_secret(conn, request.tenant_id, request.subscription_id, sealed)
-        return pb.SealWebhookSecretResponse()
+            await upsert_secret(conn, tenant_id, subscription_id, sealed)
 
-    async def OpenWebhookSecret(
-        self, request: pb.OpenWebhookSecretRequest, context: grpc.aio.ServicerContext
-    ) -> pb.OpenWebhookSecretResponse:
-        aad = _named(request.tenant_id, request.subscription_id)
+    async def open(self, tenant_id: str, subscription_id: str) -> str:
+        """A subscription's secret; NotFound when none is stored (in that tenant)."""
+        aad = _named(tenant_id, subscription_id)
         async with self._engine.connect() as conn:
-            sealed = await sealed_secret(conn, request.tenant_id, request.subscription_id)
+            sealed = await sealed_secret(conn, tenant_id, subscription_id)
         if sealed is None:
-            raise NotFound(f"no secret for subscription {request.subscription_id!r}")
-        return pb.OpenWebhookSecretResponse(secret=self._keyring.open(sealed, aad).decode())
+            raise NotFound(f"no secret for subscription {subscription_id!r}")
+        return self._keyring.open(sealed, aad).decode()
 
-    async def DiscardWebhookSecret(
-        self, request: pb.DiscardWebhookSecretRequest, context: grpc.aio.ServicerContext
-    ) -> pb.DiscardWebhookSecretResponse:
-        _named(request.tenant_id, request.subscription_id)
+    async def discard(self, tenant_id: str, subscription_id: str) -> None:
+        """Remove a subscription's secret (absent: nothing to do)."""
+        _named(tenant_id, subscription_id)
         async with self._engine.begin() as conn:
-            await delete_secret(conn, request.tenant_id, request.subscription_id)
-        return pb.DiscardWebhookSecretResponse()
+            await delete_secret(conn, tenant_id, subscription_id)

@@ -74,7 +74,7 @@ async def amain(
     # Run-event webhooks need interactions (the subscriptions' secrets are sealed there).
     interactions = (
         internal_channel(settings.interactions_addr, credential, service="interactions", tls=tls)
-        if settings.interactions_addr and credential and (tls is None or tls.client is not None)
+        if settings.interactions_addr and credential
         else None
     )
     secrets = (
@@ -174,13 +174,7 @@ def main() -> None:
     # Its own credential: it calls interactions for run-event webhooks' secrets (without one,
     # webhooks are refused and nothing is dispatched; everything else serves).
     credential = settings.service_credential
-    # Under mutual TLS it needs a client certificate for that; without one, the same.
-    calls = bool(
-        credential
-        and settings.interactions_addr
-        and (not settings.tls_ca_file or settings.tls_client_cert_file)
-    )
-    tls = mutual_tls("orchestrator", settings, serves=True, calls=calls)
+    tls = mutual_tls("orchestrator", settings, serves=True, calls=True)
     run(amain(settings, verifiers, tls, credential))
 
 

@@ -12,16 +12,14 @@ has failed for the disable window."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 import aiohttp
-from google.protobuf import json_format
 from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks import Webhook
 
@@ -29,8 +27,7 @@ from services.orchestrator.repositories import webhooks as repo
 from services.orchestrator.repositories.webhooks import Claimed
 from services.orchestrator.webhooks import retry_delay
 from tether import audit
-from tether.convert import event_to_proto
-from tether.errors import StoredFormatTooNew
+from tether.convert.webhooks import webhook_body
 from tether.targets import TargetPolicy, refused_target, target_session
 
 log = logging.getLogger(__name__)
@@ -80,28 +77,6 @@ class SecretCache:
         self._held = {k: v for k, v in self._held.items() if now - v[0] < self._ttl_s}
         self._held[key] = (now, signer)
         return signer
-
-
-def webhook_body(row: Any) -> str:
-    """The JSON a subscriber receives: Standard Webhooks' {type, timestamp, data}, `data` the
-    event as the run's event stream carries it (protobuf's JSON mapping of RunEvent)."""
-    created_at: datetime = row.created_at
-    try:
-        event = event_to_proto(
-            row.run_id, row.seq, row.type, row.payload, created_at, format=row.format
-        )
-        data: dict[str, Any] = json_format.MessageToDict(event)
-    except StoredFormatTooNew:
-        # A type this release cannot parse yet: the stored JSON as it is, in the same shape.
-        data = {
-            "runId": row.run_id,
-            "seq": str(row.seq),
-            "createdAt": created_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
-            "type": row.type,
-            row.type.replace(".", "_").replace("-", "_"): dict(row.payload),
-        }
-    stamp = created_at.astimezone(UTC).isoformat().replace("+00:00", "Z")
-    return json.dumps({"type": row.type, "timestamp": stamp, "data": data}, separators=(",", ":"))
 
 
 def signed_headers(signer: Webhook, webhook_id: str, body: str, now: datetime) -> dict[str, str]:
@@ -179,7 +154,9 @@ class Dispatcher:
         if row is None:
             await self._failed(claimed, None, "the event was removed with its run (retention)", 0)
             return
-        body = webhook_body(row)
+        body = webhook_body(
+            row.run_id, row.seq, row.type, row.payload, row.created_at, format=row.format
+        )
         try:
             signer = await self._signers.signer(delivery.tenant_id, delivery.subscription_id)
         except Exception as exc:

@@ -30,8 +30,6 @@ from tether.testing.model_server import TextTurn, ToolUseTurn
 from tether.testing.webhook_receiver import WebhookReceiver
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
 
-pytestmark = pytest.mark.slow
-
 DISABLE_AFTER_S = 3.0
 SCOPES = [*apikeys.CLIENT_SCOPES, apikeys.WEBHOOKS_READ, apikeys.WEBHOOKS_WRITE]
 
@@ -219,8 +217,9 @@ async def test_an_endpoint_failing_past_the_window_is_disabled_and_redelivery_st
             ).all()
     finally:
         await engine.dispose()
-    assert [a.action for a in actions] == ["webhook.added", "webhook.disabled"]
-    assert actions[1].detail["subscription_id"] == subscription_id
+    webhook_acts = [a for a in actions if a.action.startswith("webhook.")]
+    assert [a.action for a in webhook_acts] == ["webhook.added", "webhook.disabled"]
+    assert webhook_acts[1].detail["subscription_id"] == subscription_id
     assert secret not in json.dumps([a.detail for a in actions])
 
     # Redelivery of that delivery still works on the disabled subscription, same webhook-id.

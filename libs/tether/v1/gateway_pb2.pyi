@@ -2447,14 +2447,19 @@ class AddWebhookRequest(_message.Message):
     EVENTS_FIELD_NUMBER: _builtins.int
     SECRET_FIELD_NUMBER: _builtins.int
     url: _builtins.str
-    """Where events are POSTed (http or https; private addresses only where the operator allows)."""
+    """Where events are POSTed (http or https; private addresses only where the operator allows).
+    Limit: 2048 characters, no NUL.
+    """
     secret: _builtins.str
-    """The Standard Webhooks signing secret (whsec_ and base64)."""
+    """The Standard Webhooks signing secret (whsec_ and base64).
+    Limit: 1024 characters, no NUL.
+    """
     @_builtins.property
     def events(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The event types: run.completed, run.failed, run.cancelled, question.requested,
         approval.requested, connection.requested, delivery.sent, delivery.failed,
         delivery.unknown, delivery.denied.
+        Limit: 32 items, each 64 characters, no control characters.
         """
 
     def __init__(
@@ -2549,7 +2554,9 @@ class RemoveWebhookRequest(_message.Message):
 
     SUBSCRIPTION_ID_FIELD_NUMBER: _builtins.int
     subscription_id: _builtins.str
-    """Subscription id."""
+    """Subscription id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     def __init__(
         self,
         *,
@@ -2594,9 +2601,13 @@ class ListWebhookDeliveriesRequest(_message.Message):
     SUBSCRIPTION_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     subscription_id: _builtins.str
-    """Subscription id."""
+    """Subscription id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     page_size: _builtins.int
-    """At most this many, newest first (0: 100; at most 1000)."""
+    """At most this many, newest first (0: 100; at most 1000, a larger one is INVALID_ARGUMENT).
+    Limit: 0 to 2147483647.
+    """
     def __init__(
         self,
         *,
@@ -2643,7 +2654,9 @@ class RedeliverWebhookRequest(_message.Message):
 
     DELIVERY_ID_FIELD_NUMBER: _builtins.int
     delivery_id: _builtins.str
-    """Delivery id."""
+    """Delivery id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
     def __init__(
         self,
         *,

@@ -4210,6 +4210,7 @@ export const RotateChannelSecretResponseSchema: GenMessage<RotateChannelSecretRe
 export type AddWebhookRequest = Message<"tether.v1.AddWebhookRequest"> & {
   /**
    * Where events are POSTed (http or https; private addresses only where the operator allows).
+   * Limit: 2048 characters, no NUL.
    *
    * @generated from field: string url = 1;
    */
@@ -4219,6 +4220,7 @@ export type AddWebhookRequest = Message<"tether.v1.AddWebhookRequest"> & {
    * The event types: run.completed, run.failed, run.cancelled, question.requested,
    * approval.requested, connection.requested, delivery.sent, delivery.failed,
    * delivery.unknown, delivery.denied.
+   * Limit: 32 items, each 64 characters, no control characters.
    *
    * @generated from field: repeated string events = 2;
    */
@@ -4226,6 +4228,7 @@ export type AddWebhookRequest = Message<"tether.v1.AddWebhookRequest"> & {
 
   /**
    * The Standard Webhooks signing secret (whsec_ and base64).
+   * Limit: 1024 characters, no NUL.
    *
    * @generated from field: string secret = 3;
    */
@@ -4240,6 +4243,7 @@ export type AddWebhookRequest = Message<"tether.v1.AddWebhookRequest"> & {
 export type AddWebhookRequestJson = {
   /**
    * Where events are POSTed (http or https; private addresses only where the operator allows).
+   * Limit: 2048 characters, no NUL.
    *
    * @generated from field: string url = 1;
    */
@@ -4249,6 +4253,7 @@ export type AddWebhookRequestJson = {
    * The event types: run.completed, run.failed, run.cancelled, question.requested,
    * approval.requested, connection.requested, delivery.sent, delivery.failed,
    * delivery.unknown, delivery.denied.
+   * Limit: 32 items, each 64 characters, no control characters.
    *
    * @generated from field: repeated string events = 2;
    */
@@ -4256,6 +4261,7 @@ export type AddWebhookRequestJson = {
 
   /**
    * The Standard Webhooks signing secret (whsec_ and base64).
+   * Limit: 1024 characters, no NUL.
    *
    * @generated from field: string secret = 3;
    */
@@ -4384,6 +4390,7 @@ export const ListWebhooksResponseSchema: GenMessage<ListWebhooksResponse, {jsonT
 export type RemoveWebhookRequest = Message<"tether.v1.RemoveWebhookRequest"> & {
   /**
    * Subscription id.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
    *
    * @generated from field: string subscription_id = 1;
    */
@@ -4398,6 +4405,7 @@ export type RemoveWebhookRequest = Message<"tether.v1.RemoveWebhookRequest"> & {
 export type RemoveWebhookRequestJson = {
   /**
    * Subscription id.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
    *
    * @generated from field: string subscription_id = 1;
    */
@@ -4454,13 +4462,15 @@ export const RemoveWebhookResponseSchema: GenMessage<RemoveWebhookResponse, {jso
 export type ListWebhookDeliveriesRequest = Message<"tether.v1.ListWebhookDeliveriesRequest"> & {
   /**
    * Subscription id.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
    *
    * @generated from field: string subscription_id = 1;
    */
   subscriptionId: string;
 
   /**
-   * At most this many, newest first (0: 100; at most 1000).
+   * At most this many, newest first (0: 100; at most 1000, a larger one is INVALID_ARGUMENT).
+   * Limit: 0 to 2147483647.
    *
    * @generated from field: int32 page_size = 2;
    */
@@ -4475,13 +4485,15 @@ export type ListWebhookDeliveriesRequest = Message<"tether.v1.ListWebhookDeliver
 export type ListWebhookDeliveriesRequestJson = {
   /**
    * Subscription id.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
    *
    * @generated from field: string subscription_id = 1;
    */
   subscriptionId?: string;
 
   /**
-   * At most this many, newest first (0: 100; at most 1000).
+   * At most this many, newest first (0: 100; at most 1000, a larger one is INVALID_ARGUMENT).
+   * Limit: 0 to 2147483647.
    *
    * @generated from field: int32 page_size = 2;
    */
@@ -4538,6 +4550,7 @@ export const ListWebhookDeliveriesResponseSchema: GenMessage<ListWebhookDeliveri
 export type RedeliverWebhookRequest = Message<"tether.v1.RedeliverWebhookRequest"> & {
   /**
    * Delivery id.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
    *
    * @generated from field: string delivery_id = 1;
    */
@@ -4552,6 +4565,7 @@ export type RedeliverWebhookRequest = Message<"tether.v1.RedeliverWebhookRequest
 export type RedeliverWebhookRequestJson = {
   /**
    * Delivery id.
+   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
    *
    * @generated from field: string delivery_id = 1;
    */
