@@ -21,7 +21,8 @@ from sqlalchemy import select
 from tests.system.conftest import RunningStack
 from tether.db.engine import create_engine
 from tether.db.schema import audit_log
-from tether.v1 import gateway_pb2, gateway_pb2_grpc
+from tether.runtime.rpc import internal_channel
+from tether.v1 import gateway_pb2, gateway_pb2_grpc, interactions_pb2, interactions_pb2_grpc
 
 # A public address given literally: accepted with no DNS, and never sent to (no run of the
 # stack's ends: it has no worker).
@@ -167,3 +168,45 @@ async def test_the_cli_adds_lists_and_removes_and_never_shows_the_secret(
     assert await _audit_actions(stack, subscription_id) == ["webhook.added", "webhook.removed"]
     for proc in stack.services.procs.values():
         assert secret.removeprefix("whsec_") not in proc.log_path.read_text(errors="replace")
+
+
+async def _open_secret(
+    stack: RunningStack, caller: str, tenant_id: str, subscription_id: str
+) -> str:
+    address = stack.services.addresses()["interactions"]
+    async with internal_channel(address, stack.credentials[caller]) as channel:
+        opened = await interactions_pb2_grpc.InteractionsServiceStub(channel).OpenWebhookSecret(
+            interactions_pb2.OpenWebhookSecretRequest(
+                tenant_id=tenant_id, subscription_id=subscription_id
+            )
+        )
+        return str(opened.secret)
+
+
+async def test_only_the_orchestrator_opens_a_subscriptions_secret(
+    stack: RunningStack, gateway_channel: grpc.aio.Channel
+) -> None:
+    stub = gateway_pb2_grpc.GatewayServiceStub(gateway_channel)
+    secret = new_secret()
+    added = await stub.AddWebhook(
+        gateway_pb2.AddWebhookRequest(url=PUBLIC_URL, events=["run.failed"], secret=secret),
+        metadata=stack.metadata(stack.admin_key),
+    )
+    assert secret not in str(added)
+    subscription_id = added.subscription_id
+    assert await _open_secret(stack, "orchestrator", "ops", subscription_id) == secret
+    for caller in ("gateway", "worker", "interactions"):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await _open_secret(stack, caller, "ops", subscription_id)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, caller
+    # Bound to its tenant: the same id under another tenant opens nothing.
+    with pytest.raises(grpc.aio.AioRpcError) as elsewhere:
+        await _open_secret(stack, "orchestrator", "tenant-a", subscription_id)
+    assert elsewhere.value.code() == grpc.StatusCode.NOT_FOUND
+    await stub.RemoveWebhook(
+        gateway_pb2.RemoveWebhookRequest(subscription_id=subscription_id),
+        metadata=stack.metadata(stack.admin_key),
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as removed:
+        await _open_secret(stack, "orchestrator", "ops", subscription_id)
+    assert removed.value.code() == grpc.StatusCode.NOT_FOUND

@@ -426,3 +426,16 @@ async def disable_if_failing(
         .values(status="failed", next_attempt_at=None, last_error="the subscription was disabled")
     )
     return _subscription(row)
+
+
+async def delete_tenant_subscriptions(conn: AsyncConnection, tenant_id: str) -> int:
+    """Remove a deleted tenant's subscriptions and (by cascade) their delivery logs; how many
+    subscriptions."""
+    result = await conn.execute(delete(_S).where(_S.c.tenant_id == tenant_id))
+    return int(result.rowcount or 0)
+
+
+async def tenant_has_subscriptions(conn: AsyncConnection, tenant_id: str) -> bool:
+    """Whether any subscription of the tenant is left."""
+    found = select(_S.c.subscription_id).where(_S.c.tenant_id == tenant_id).limit(1)
+    return (await conn.execute(found)).first() is not None
