@@ -152,7 +152,7 @@ class Dispatcher:
         async with self._engine.connect() as conn:
             row = await repo.stored_event(conn, delivery.run_id, delivery.seq)
         if row is None:
-            await self._failed(claimed, None, "the event was removed with its run (retention)", 0)
+            await self._postpone(claimed, "the event was removed with its run (retention)", None)
             return
         body = webhook_body(
             row.run_id, row.seq, row.type, row.payload, row.created_at, format=row.format
@@ -160,7 +160,11 @@ class Dispatcher:
         try:
             signer = await self._signers.signer(delivery.tenant_id, delivery.subscription_id)
         except Exception as exc:
-            await self._failed(claimed, None, f"the signing secret could not be opened: {exc}")
+            # Not the endpoint's failure: no step towards disabling it.
+            delay = retry_delay(
+                delivery.attempts, self._settings.backoff_base_s, self._settings.backoff_max_s
+            )
+            await self._postpone(claimed, f"the signing secret could not be opened: {exc}", delay)
             return
         headers = signed_headers(signer, delivery.delivery_id, body, datetime.now(UTC))
         status, error = await self._post(claimed.url, body, headers)
@@ -195,18 +199,16 @@ class Dispatcher:
                 return 0, f"no answer within {self._settings.send_timeout_s:g} s"
             return 0, f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
 
-    async def _failed(
-        self, claimed: Claimed, http_status: int | None, error: str, retry_s: float | None = None
-    ) -> None:
+    async def _postpone(self, claimed: Claimed, error: str, delay: timedelta | None) -> None:
+        async with self._engine.begin() as conn:
+            await repo.postpone(
+                conn, claimed.delivery, error=error[:MAX_ERROR_CHARS], retry_in=delay
+            )
+
+    async def _failed(self, claimed: Claimed, http_status: int | None, error: str) -> None:
         settings = self._settings
         delivery = claimed.delivery
-        delay = (
-            timedelta(seconds=retry_s)
-            if retry_s is not None
-            else retry_delay(delivery.attempts, settings.backoff_base_s, settings.backoff_max_s)
-        )
-        # retry_s 0: nothing to try again (the event is gone): give up at once.
-        give_up = timedelta(0) if retry_s == 0 else settings.disable_after
+        delay = retry_delay(delivery.attempts, settings.backoff_base_s, settings.backoff_max_s)
         async with self._engine.begin() as conn:
             await repo.mark_failed(
                 conn,
@@ -214,7 +216,7 @@ class Dispatcher:
                 http_status=http_status,
                 error=error[:MAX_ERROR_CHARS],
                 retry_in=delay,
-                give_up_after=give_up,
+                give_up_after=settings.disable_after,
             )
             disabled = await repo.disable_if_failing(
                 conn, delivery.tenant_id, delivery.subscription_id, settings.disable_after

@@ -396,6 +396,20 @@ async def mark_failed(
     return None if row is None else str(row.status)
 
 
+async def postpone(
+    conn: AsyncConnection, claimed: Delivery, *, error: str, retry_in: timedelta | None
+) -> None:
+    """A try that failed on this side, not the endpoint's (its secret could not be opened, its
+    event is gone): due again after `retry_in`, or given up when None; the endpoint's failing
+    streak is left as it is."""
+    values: dict[str, Any] = {"last_error": error}
+    if retry_in is None:
+        values.update(status="failed", next_attempt_at=None)
+    else:
+        values.update(next_attempt_at=func.now() + retry_in)
+    await conn.execute(update(_D).where(*_fenced(claimed)).values(**values))
+
+
 async def disable_if_failing(
     conn: AsyncConnection, tenant_id: str, subscription_id: str, window: timedelta
 ) -> Subscription | None:
