@@ -304,6 +304,16 @@ async def stored_event(conn: AsyncConnection, run_id: str, seq: int) -> Row[Any]
     ).first()
 
 
+async def _lock_subscription(conn: AsyncConnection, claimed: Delivery) -> None:
+    """Take the delivery's subscription row first, as a scan does before it records
+    deliveries: one lock order (subscription, then delivery), so the two never deadlock."""
+    await conn.execute(
+        select(_S.c.subscription_id)
+        .where(_S.c.tenant_id == claimed.tenant_id, _S.c.subscription_id == claimed.subscription_id)
+        .with_for_update()
+    )
+
+
 def _fenced(claimed: Delivery) -> list[Any]:
     return [
         _D.c.tenant_id == claimed.tenant_id,
@@ -316,6 +326,7 @@ def _fenced(claimed: Delivery) -> list[Any]:
 async def mark_sent(conn: AsyncConnection, claimed: Delivery, http_status: int) -> bool:
     """Record a success and clear its subscription's failing streak; a miss means the delivery
     was redelivered or removed meanwhile (a later try owns it)."""
+    await _lock_subscription(conn, claimed)
     result = await conn.execute(
         update(_D)
         .where(*_fenced(claimed))
@@ -374,6 +385,7 @@ async def mark_failed(
     """Record a failed try: due again after `retry_in`, or given up ("failed") as `_MARK_FAILED`
     says, and start (or continue) its subscription's failing streak; the status the delivery is
     left in (None: a later try owns it)."""
+    await _lock_subscription(conn, claimed)
     row = (
         await conn.execute(
             _MARK_FAILED,
