@@ -45,6 +45,7 @@ def _dispatch_settings(settings: OrchestratorSettings) -> DispatchSettings:
         scan_lookback=timedelta(seconds=settings.webhook_scan_lookback_s),
         batch=WEBHOOK_BATCH,
         secret_ttl_s=settings.webhook_secret_ttl_s,
+        log_keep=timedelta(seconds=settings.webhook_log_keep_s),
     )
 
 

@@ -98,6 +98,12 @@ class OrchestratorSettings(RetainingSettings):
         "runs, for events whose transaction committed late; longer than any run-finishing "
         "transaction takes.",
     )
+    webhook_log_keep_s: float = Field(
+        7 * 86400.0,
+        ge=3600.0,
+        description="How long a subscription's delivery log keeps the deliveries of a run "
+        "that finished (sent or given up); at least an hour, far beyond webhook_scan_lookback_s.",
+    )
     webhook_secret_ttl_s: float = Field(
         60.0,
         gt=0,

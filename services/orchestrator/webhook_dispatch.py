@@ -23,7 +23,7 @@ import aiohttp
 from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks import Webhook
 
-from services.orchestrator.repositories import webhooks as repo
+from services.orchestrator.repositories import webhook_dispatch as repo
 from services.orchestrator.repositories.webhooks import Claimed
 from services.orchestrator.webhooks import retry_delay
 from tether import audit
@@ -55,6 +55,8 @@ class DispatchSettings:
     scan_lookback: timedelta
     batch: int
     secret_ttl_s: float
+    # How long the log keeps a finished run's deliveries; far longer than scan_lookback.
+    log_keep: timedelta = timedelta(days=7)
 
 
 class SecretCache:
@@ -132,6 +134,9 @@ class Dispatcher:
             for subscription in await repo.lock_subscriptions_to_scan(conn, self._settings.batch):
                 recorded += await repo.record_new_deliveries(
                     conn, subscription, self._settings.scan_lookback
+                )
+                await repo.prune_log(
+                    conn, subscription, self._settings.log_keep, self._settings.batch
                 )
         return recorded
 

@@ -12,7 +12,8 @@ import pytest
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.orchestrator.repositories import webhooks as repo
+from services.orchestrator.repositories import webhook_dispatch as repo
+from services.orchestrator.repositories import webhooks as reads
 from tether.db.schema import webhook_deliveries, webhook_subscriptions
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -24,7 +25,7 @@ HOUR = timedelta(hours=1)
 
 async def _seed(engine: AsyncEngine, deliveries: list[tuple[str, int]]) -> None:
     async with engine.begin() as conn:
-        await repo.insert_subscription(
+        await reads.insert_subscription(
             conn,
             tenant_id=TENANT,
             subscription_id="whsub_1",
@@ -45,12 +46,12 @@ async def _seed(engine: AsyncEngine, deliveries: list[tuple[str, int]]) -> None:
             )
 
 
-async def _claim(engine: AsyncEngine, limit: int = 10) -> list[repo.Claimed]:
+async def _claim(engine: AsyncEngine, limit: int = 10) -> list[reads.Claimed]:
     async with engine.begin() as conn:
         return await repo.claim_due(conn, limit, LEASE)
 
 
-def _names(claimed: list[repo.Claimed]) -> set[str]:
+def _names(claimed: list[reads.Claimed]) -> set[str]:
     return {c.delivery.delivery_id for c in claimed}
 
 
@@ -161,7 +162,30 @@ async def test_an_endpoint_failing_for_the_window_is_disabled_with_its_pending_d
     # A disabled subscription is not scanned; a redelivered delivery is sent all the same.
     async with engine.begin() as conn:
         assert await repo.lock_subscriptions_to_scan(conn, 10) == []
-        requeued = await repo.requeue_delivery(conn, TENANT, "msg_r2_1")
+        requeued = await reads.requeue_delivery(conn, TENANT, "msg_r2_1")
         assert requeued is not None and requeued.status == "pending"
-        assert await repo.requeue_delivery(conn, "another-tenant", "msg_r2_1") is None
+        assert await reads.requeue_delivery(conn, "another-tenant", "msg_r2_1") is None
     assert _names(await _claim(engine)) == {"msg_r2_1"}
+
+
+async def test_the_log_forgets_only_what_no_scan_will_look_at_again(engine: AsyncEngine) -> None:
+    await _seed(engine, [("gone", 1), ("gone", 2), ("pending", 1)])
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(webhook_deliveries)
+            .where(webhook_deliveries.c.run_id == "gone")
+            .values(status="sent", created_at=func.now() - 2 * HOUR)
+        )
+        await conn.execute(
+            update(webhook_deliveries)
+            .where(webhook_deliveries.c.run_id == "pending")
+            .values(created_at=func.now() - 2 * HOUR)
+        )
+        [subscription] = await reads.list_subscriptions(conn, TENANT)
+        # Kept while younger than the window, then at most a batch at a time.
+        assert await repo.prune_log(conn, subscription, 3 * HOUR, 10) == 0
+        assert await repo.prune_log(conn, subscription, HOUR, 1) == 1
+        assert await repo.prune_log(conn, subscription, HOUR, 10) == 1
+        assert await repo.prune_log(conn, subscription, HOUR, 10) == 0
+        left = (await conn.execute(select(webhook_deliveries.c.delivery_id))).scalars().all()
+    assert left == ["msg_pending_1"]
