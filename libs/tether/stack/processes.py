@@ -123,19 +123,26 @@ class ServiceSet:
             held = socket.socket()
             held.bind(("127.0.0.1", 0))
             self.reserved_ports["interactions"] = held.getsockname()[1]
-        for wave in WAVES:
-            if held is not None and "interactions" in wave:
+        try:
+            for wave in WAVES:
+                if held is not None and "interactions" in wave:
+                    held.close()
+                    held = None
+                batch = [
+                    (name, instance_name(name, n))
+                    for name in wave
+                    if name in names
+                    for n in range(1, counts.get(name, 1) + 1)
+                ]
+                await asyncio.gather(
+                    *(
+                        self.start(name, timeout=timeout, instance=instance)
+                        for name, instance in batch
+                    )
+                )
+        finally:
+            if held is not None:
                 held.close()
-                held = None
-            batch = [
-                (name, instance_name(name, n))
-                for name in wave
-                if name in names
-                for n in range(1, counts.get(name, 1) + 1)
-            ]
-            await asyncio.gather(
-                *(self.start(name, timeout=timeout, instance=instance) for name, instance in batch)
-            )
 
     def _env_for(self, name: str, extra: Mapping[str, str]) -> dict[str, str]:
         """The process's environment: what of the stack's is `meant_for` it (a worker's Redis
@@ -154,8 +161,6 @@ class ServiceSet:
         env.update(credentials)
         for dep, port in self.reserved_ports.items():
             env[f"TETHER_{dep.upper()}_ADDR"] = f"127.0.0.1:{port}"
-            if dep == name:
-                env[f"TETHER_{dep.upper()}_PORT"] = str(port)
         for dep, addr in self.addresses().items():
             env[f"TETHER_{dep.upper()}_ADDR"] = addr
         env[f"TETHER_{name.upper()}_HOST"] = "127.0.0.1"
@@ -188,7 +193,13 @@ class ServiceSet:
         for companion in companions.values():
             companion.unlink(missing_ok=True)
         log_path = self.run_dir / f"{instance}.log"
-        env = self._env_for(name, {"TETHER_READY_FILE": str(ready), **(extra_env or {})})
+        reserved = {}
+        if instance == name and name in self.reserved_ports:
+            # Its first instance serves where the services that started before it call it.
+            reserved[f"TETHER_{name.upper()}_PORT"] = str(self.reserved_ports[name])
+        env = self._env_for(
+            name, {"TETHER_READY_FILE": str(ready), **reserved, **(extra_env or {})}
+        )
         with log_path.open("ab") as log_file:
             process = subprocess.Popen(
                 [sys.executable, "-m", f"services.{name}"],
