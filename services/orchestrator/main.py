@@ -46,6 +46,7 @@ def _dispatch_settings(settings: OrchestratorSettings) -> DispatchSettings:
         batch=WEBHOOK_BATCH,
         secret_ttl_s=settings.webhook_secret_ttl_s,
         log_keep=timedelta(seconds=settings.webhook_log_keep_s),
+        scan_every_s=settings.webhook_poll_s,
     )
 
 

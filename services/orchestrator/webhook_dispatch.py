@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -57,6 +58,8 @@ class DispatchSettings:
     secret_ttl_s: float
     # How long the log keeps a finished run's deliveries; far longer than scan_lookback.
     log_keep: timedelta = timedelta(days=7)
+    # How often new events are looked for; sends due sooner go sooner.
+    scan_every_s: float = 1.0
 
 
 class SecretCache:
@@ -106,6 +109,7 @@ class Dispatcher:
         self._signers = SecretCache(secrets, settings.secret_ttl_s)
         self._policy = policy
         self._session: aiohttp.ClientSession | None = None
+        self._scanned_at = -math.inf
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -117,15 +121,20 @@ class Dispatcher:
         if self._session is not None:
             await self._session.close()
 
-    async def round(self) -> float | None:
-        """Scan, then send what is due; the seconds until the next delivery is due."""
-        await self.scan()
-        sent = await self.send_due()
+    async def round(self) -> float:
+        """Scan when a scan is due, then send what is due; the seconds until either is due
+        again (0 after a send: a run's next event may be due at once)."""
+        if time.monotonic() - self._scanned_at >= self._settings.scan_every_s:
+            self._scanned_at = time.monotonic()
+            await self.scan()
+        if await self.send_due():
+            return 0.0
+        until_scan = self._scanned_at + self._settings.scan_every_s - time.monotonic()
         async with self._engine.connect() as conn:
             due = await repo.earliest_due(conn)
-        if sent or due is None:
-            return 0.0 if sent else None
-        return max((due - datetime.now(UTC)).total_seconds(), 0.0)
+        if due is not None:
+            until_scan = min(until_scan, (due - datetime.now(UTC)).total_seconds())
+        return max(until_scan, 0.0)
 
     async def scan(self) -> int:
         """Record the new events of subscribed types; how many deliveries were recorded."""

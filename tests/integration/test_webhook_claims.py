@@ -189,3 +189,18 @@ async def test_the_log_forgets_only_what_no_scan_will_look_at_again(engine: Asyn
         assert await repo.prune_log(conn, subscription, HOUR, 10) == 0
         left = (await conn.execute(select(webhook_deliveries.c.delivery_id))).scalars().all()
     assert left == ["msg_pending_1"]
+
+
+async def test_the_next_due_time_skips_deliveries_waiting_on_an_earlier_one(
+    engine: AsyncEngine,
+) -> None:
+    await _seed(engine, [("r1", 1), ("r1", 2)])
+    async with engine.connect() as conn:
+        due_now = await repo.earliest_due(conn)
+    [claimed] = await _claim(engine)
+    async with engine.connect() as conn:
+        # r1#2 is due but waits on r1#1, leased: the next round is due when the lease ends.
+        due = await repo.earliest_due(conn)
+        now = (await conn.execute(select(func.now()))).scalar_one()
+    assert claimed.delivery.seq == 1 and due_now is not None and due is not None
+    assert due - now > LEASE - timedelta(seconds=5)

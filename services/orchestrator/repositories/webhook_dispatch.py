@@ -164,10 +164,25 @@ async def claim_due(conn: AsyncConnection, limit: int, lease: timedelta) -> list
     return [Claimed(delivery_of(r), r.url) for r in rows]
 
 
+_EARLIEST_DUE = text(
+    """
+SELECT p.next_attempt_at FROM webhook_deliveries p
+WHERE p.status = 'pending'
+  AND NOT EXISTS (
+    SELECT 1 FROM webhook_deliveries e
+    WHERE e.tenant_id = p.tenant_id AND e.subscription_id = p.subscription_id
+      AND e.run_id = p.run_id AND e.seq < p.seq AND e.status = 'pending')
+ORDER BY p.next_attempt_at
+LIMIT 1
+"""
+)
+
+
 async def earliest_due(conn: AsyncConnection) -> datetime | None:
-    """When the next pending delivery is due (None: none pending)."""
-    found = select(_D.c.next_attempt_at).where(_D.c.status == "pending")
-    return (await conn.execute(found.order_by(_D.c.next_attempt_at).limit(1))).scalar_one_or_none()
+    """When the next claimable delivery is due: the earliest of each run's first pending one,
+    since a later one waits for it (None: none pending)."""
+    due: datetime | None = (await conn.execute(_EARLIEST_DUE)).scalar_one_or_none()
+    return due
 
 
 async def stored_event(conn: AsyncConnection, run_id: str, seq: int) -> Row[Any] | None:
