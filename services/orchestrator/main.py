@@ -47,6 +47,7 @@ def _dispatch_settings(settings: OrchestratorSettings) -> DispatchSettings:
         secret_ttl_s=settings.webhook_secret_ttl_s,
         log_keep=timedelta(seconds=settings.webhook_log_keep_s),
         scan_every_s=settings.webhook_poll_s,
+        waiting_scan_every_s=settings.webhook_waiting_poll_s,
     )
 
 

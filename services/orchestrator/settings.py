@@ -79,6 +79,14 @@ class OrchestratorSettings(RetainingSettings):
         description="Longest wait between the webhook dispatcher's looks for new events of "
         "subscribed types and for due deliveries.",
     )
+    webhook_waiting_poll_s: float = Field(
+        10.0,
+        gt=0,
+        description="How often the dispatcher also looks at the runs waiting now, for a "
+        "subscribed question.requested, approval.requested or connection.requested (a look "
+        "reads the tenant's retained runs, about 2 us each); one whose run resumed before that "
+        "look is sent when the run finishes.",
+    )
     webhook_backoff_base_s: float = Field(
         5.0, gt=0, description="A webhook delivery's first retry comes this long after it failed."
     )

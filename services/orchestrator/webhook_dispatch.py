@@ -60,6 +60,9 @@ class DispatchSettings:
     log_keep: timedelta = timedelta(days=7)
     # How often new events are looked for; sends due sooner go sooner.
     scan_every_s: float = 1.0
+    # How often the runs waiting now are looked at too (the dearer look; a waiting event is
+    # otherwise sent when its run finishes).
+    waiting_scan_every_s: float = 10.0
 
 
 class SecretCache:
@@ -110,6 +113,7 @@ class Dispatcher:
         self._policy = policy
         self._session: aiohttp.ClientSession | None = None
         self._scanned_at = -math.inf
+        self._waiting_scanned_at = -math.inf
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -139,10 +143,13 @@ class Dispatcher:
     async def scan(self) -> int:
         """Record the new events of subscribed types; how many deliveries were recorded."""
         recorded = 0
+        waiting = time.monotonic() - self._waiting_scanned_at >= self._settings.waiting_scan_every_s
+        if waiting:
+            self._waiting_scanned_at = time.monotonic()
         async with self._engine.begin() as conn:
             for subscription in await repo.lock_subscriptions_to_scan(conn, self._settings.batch):
                 recorded += await repo.record_new_deliveries(
-                    conn, subscription, self._settings.scan_lookback
+                    conn, subscription, self._settings.scan_lookback, waiting=waiting
                 )
                 await repo.prune_log(
                     conn, subscription, self._settings.log_keep, self._settings.batch

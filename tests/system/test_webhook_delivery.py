@@ -42,6 +42,7 @@ async def stack(
         "TETHER_ALLOW_PRIVATE_TARGETS": "loopback",
         "TETHER_WEBHOOK_DISABLE_AFTER": f"{DISABLE_AFTER_S:g}s",
         "TETHER_ORCHESTRATOR_WEBHOOK_POLL_S": "0.1",
+        "TETHER_ORCHESTRATOR_WEBHOOK_WAITING_POLL_S": "0.2",
         "TETHER_ORCHESTRATOR_WEBHOOK_BACKOFF_BASE_S": "0.1",
         "TETHER_ORCHESTRATOR_WEBHOOK_BACKOFF_MAX_S": "0.3",
     }
@@ -118,6 +119,12 @@ async def test_a_failing_subscriber_gets_each_event_once_in_order_with_one_webho
     )
     run_id = await tenant.send(text)
     await wait_for_status(stack.db_url, run_id, "waiting-for-question")
+
+    async def question_taken() -> bool:
+        return any(r.answered == 200 for r in receiver.received)
+
+    # Sent while the run waits, after three failures.
+    await eventually(question_taken, timeout=15, what="question.requested sent while waiting")
     async with TetherClient(stack.addr("gateway"), tenant.api_key) as client:
         await client.answer(run_id, {"city": ["Lisbon"]})
     await wait_for_status(stack.db_url, run_id, "completed")
