@@ -49,6 +49,9 @@ SECRETS_WRITE = "secrets:write"
 # A tenant's channel connections (Slack, WhatsApp, signed webhooks): given on purpose.
 CHANNELS_READ = "channels:read"
 CHANNELS_WRITE = "channels:write"
+# A tenant's run-event webhook subscriptions (events pushed to its endpoints): given on purpose.
+WEBHOOKS_READ = "webhooks:read"
+WEBHOOKS_WRITE = "webhooks:write"
 
 CLIENT_SCOPES = (RUNS_READ, RUNS_WRITE, INTERACTIONS_WRITE, APPROVALS_DECIDE)
 ALL_SCOPES = (
@@ -63,6 +66,8 @@ ALL_SCOPES = (
     SECRETS_WRITE,
     CHANNELS_READ,
     CHANNELS_WRITE,
+    WEBHOOKS_READ,
+    WEBHOOKS_WRITE,
 )
 OPERATOR_ID = "operator"
 

@@ -64,6 +64,11 @@ class TetherClient:
         self._retry_for_s = retry_for_s
         self.stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
 
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """What every call presents: the key (and the operator's tenant)."""
+        return self._metadata
+
     async def _idempotent(self, call: Callable[[], Awaitable[T]]) -> T:
         """`call()`, made again with backoff while it answers UNAVAILABLE, until
         `retry_for_s` would be exceeded (then its last UNAVAILABLE is raised)."""

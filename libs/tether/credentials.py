@@ -25,7 +25,7 @@ SECRETS_KEY_ENV = "TETHER_SECRETS_KEY"
 SECRETS_KEY_BYTES = 32
 
 # The services that call others, and so hold a credential of their own.
-CALLERS = ("gateway", "worker", "interactions")
+CALLERS = ("gateway", "worker", "interactions", "orchestrator")
 # The services whose gRPC servers take internal calls, and so need their callers' verifiers.
 SERVERS = ("admission", "orchestrator", "interactions")
 
@@ -87,6 +87,11 @@ POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
                 "AgentRender",
                 # What a verified channel webhook reports of messages sent (WhatsApp statuses).
                 "RecordChannelStatuses",
+                "CreateWebhookSubscription",
+                "SearchWebhookSubscriptions",
+                "DeleteWebhookSubscription",
+                "SearchWebhookDeliveries",
+                "RequeueWebhookDelivery",
             }
         ),
         "worker": _WORKER_ON_ORCHESTRATOR,
@@ -119,6 +124,11 @@ POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
             }
         ),
         "worker": _WORKER_ON_INTERACTIONS,
+        # Run-event webhook subscriptions are the orchestrator's: it alone seals and opens
+        # their signing secrets.
+        "orchestrator": frozenset(
+            {"SealWebhookSecret", "OpenWebhookSecret", "DiscardWebhookSecret"}
+        ),
     },
 }
 

@@ -268,6 +268,15 @@ LIMITS: Mapping[str, Limit] = {
     "tether.v1.RotateChannelSecretRequest.channel_id": identifier(required=True),
     "tether.v1.RotateChannelSecretRequest.secret": text(SECRET_CHARS),
     "tether.v1.RotateChannelSecretRequest.grace_seconds": Limit("integer", INT32_MAX),
+    # Run-event webhooks: a URL as a channel's; a dozen event types exist; a Standard Webhooks
+    # secret is under a hundred characters, refused by interactions past 1024.
+    "tether.v1.AddWebhookRequest.url": text(CHANNEL_SETTING_CHARS),
+    "tether.v1.AddWebhookRequest.events": Limit("items", 32, each=Limit("label", 64)),
+    "tether.v1.AddWebhookRequest.secret": text(1024),
+    "tether.v1.RemoveWebhookRequest.subscription_id": identifier(required=True),
+    "tether.v1.ListWebhookDeliveriesRequest.subscription_id": identifier(required=True),
+    "tether.v1.ListWebhookDeliveriesRequest.page_size": Limit("integer", INT32_MAX),
+    "tether.v1.RedeliverWebhookRequest.delivery_id": identifier(required=True),
     # An agent document is refused past 256 KiB before it is parsed (tether.agent_spec).
     "tether.v1.ApplyAgentRequest.spec": Limit("text", AGENT_DOCUMENT_BYTES, required=True),
     "tether.v1.ApplyAgentRequest.base_version": Limit("integer", INT32_MAX),

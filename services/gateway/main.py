@@ -18,6 +18,7 @@ from services.gateway.grpc.secrets import SecretRpcs
 from services.gateway.grpc.servicer import GatewayServicer
 from services.gateway.grpc.streaming import StreamRpcs
 from services.gateway.grpc.tenants import TenantRpcs
+from services.gateway.grpc.webhooks import WebhookRpcs
 from services.gateway.http.app import http_app, start_http
 from services.gateway.http.bridge_v1 import BridgeV1
 from services.gateway.http.bridge_v2 import BridgeV2
@@ -102,6 +103,7 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
         agents=AgentRpcs(callers, orchestrator_stub),
         secrets=SecretRpcs(callers, interactions_stub),
         channels=channels,
+        webhooks=WebhookRpcs(callers, orchestrator_stub),
         tenants=TenantRpcs(
             callers=callers,
             auth=auth,

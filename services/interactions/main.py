@@ -16,6 +16,8 @@ from services.interactions.secret_store import ConnectionTokens, SecretStore
 from services.interactions.servicer import InteractionsServicer
 from services.interactions.settings import InteractionsSettings
 from services.interactions.upkeep import Upkeep
+from services.interactions.webhook_secrets import WebhookSecrets
+from services.interactions.webhook_secrets_edge import WebhookSecretRpcs
 from tether.credentials import CredentialMissing, require_credential, require_verifiers
 from tether.db.engine import create_engine
 from tether.runtime.process import announce, run, serve
@@ -76,6 +78,7 @@ async def amain(
         upkeep,
         SecretStore(engine, keyring),
         ChannelRpcs(ChannelStore(engine, keyring, settings.target_policy)),
+        WebhookSecretRpcs(WebhookSecrets(engine, keyring)),
     )
     served = await start_server(
         host=settings.host,

@@ -23,6 +23,7 @@ from tether.db.schema import (
     interactions,
     secrets,
     tenants,
+    webhook_secrets,
 )
 
 # The sweeps leave an interaction a newer release stored to that release's replicas.
@@ -427,8 +428,8 @@ async def mark_delivered(conn: AsyncConnection, interaction_id: str) -> None:
 
 async def delete_tenant_rows(conn: AsyncConnection, tenant_id: str, batch: int) -> int:
     """Remove up to `batch` each of a deleted tenant's grants, interactions (those its runs'
-    removal left), connections, secrets and
-    channel connections; how many rows in all."""
+    removal left), connections, secrets,
+    channel connections and webhook subscriptions' secrets; how many rows in all."""
     removed = 0
     for table, key in (
         (grants, grants.c.grant_id),
@@ -436,6 +437,7 @@ async def delete_tenant_rows(conn: AsyncConnection, tenant_id: str, batch: int) 
         (connections, connections.c.principal_id),
         (secrets, secrets.c.name),
         (channel_connections, channel_connections.c.channel_id),
+        (webhook_secrets, webhook_secrets.c.subscription_id),
     ):
         picked = select(key).where(table.c.tenant_id == tenant_id).limit(batch)
         where = key.in_(picked.with_for_update(skip_locked=True))
@@ -452,5 +454,6 @@ async def tenant_has_rows(conn: AsyncConnection, tenant_id: str) -> bool:
         | exists().where(connections.c.tenant_id == tenant_id)
         | exists().where(secrets.c.tenant_id == tenant_id)
         | exists().where(channel_connections.c.tenant_id == tenant_id)
+        | exists().where(webhook_secrets.c.tenant_id == tenant_id)
     )
     return bool((await conn.execute(select(left))).scalar())

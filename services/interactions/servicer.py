@@ -14,6 +14,7 @@ from services.interactions.domain import QuestionSpec
 from services.interactions.questions import Questions
 from services.interactions.secret_store import SecretInfo, SecretStore
 from services.interactions.upkeep import Upkeep
+from services.interactions.webhook_secrets_edge import WebhookSecretRpcs
 from tether.convert import timestamp
 from tether.errors import InvalidArgument
 from tether.v1 import interactions_pb2, interactions_pb2_grpc
@@ -98,6 +99,7 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         upkeep: Upkeep,
         secrets: SecretStore,
         channels: ChannelRpcs,
+        webhook_secrets: WebhookSecretRpcs,
     ) -> None:
         self._questions = questions
         self._approvals = approvals
@@ -105,6 +107,7 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         self._upkeep = upkeep
         self._secrets = secrets
         self._channels = channels
+        self._webhook_secrets = webhook_secrets
 
     async def AddSecret(
         self,
@@ -181,6 +184,23 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> interactions_pb2.LookupChannelVerificationResponse:
         return await self._channels.LookupChannelVerification(request, context)
+
+    async def SealWebhookSecret(
+        self, request: interactions_pb2.SealWebhookSecretRequest, context: grpc.aio.ServicerContext
+    ) -> interactions_pb2.SealWebhookSecretResponse:
+        return await self._webhook_secrets.SealWebhookSecret(request, context)
+
+    async def OpenWebhookSecret(
+        self, request: interactions_pb2.OpenWebhookSecretRequest, context: grpc.aio.ServicerContext
+    ) -> interactions_pb2.OpenWebhookSecretResponse:
+        return await self._webhook_secrets.OpenWebhookSecret(request, context)
+
+    async def DiscardWebhookSecret(
+        self,
+        request: interactions_pb2.DiscardWebhookSecretRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.DiscardWebhookSecretResponse:
+        return await self._webhook_secrets.DiscardWebhookSecret(request, context)
 
     async def DeleteTenantInteractions(
         self,

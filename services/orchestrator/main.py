@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+
 from services.orchestrator import observed
 from services.orchestrator.execution import Execution
 from services.orchestrator.maintenance import listen_for_hints
@@ -9,6 +12,9 @@ from services.orchestrator.retention import Retention
 from services.orchestrator.service import Runs
 from services.orchestrator.servicer import OrchestratorServicer
 from services.orchestrator.settings import OrchestratorSettings
+from services.orchestrator.webhook_dispatch import Dispatcher, DispatchSettings
+from services.orchestrator.webhooks import Subscriptions
+from services.orchestrator.webhooks_edge import InteractionsSecrets
 from services.orchestrator.work import WorkSettings
 from tether import telemetry
 from tether.bus import Bus
@@ -16,18 +22,40 @@ from tether.credentials import require_verifiers
 from tether.db.engine import create_engine
 from tether.runtime.process import announce, run, serve
 from tether.runtime.readiness import await_schema
-from tether.runtime.rpc import start_server
+from tether.runtime.rpc import internal_channel, start_server
 from tether.runtime.tasks import Supervisor, rounds
 from tether.runtime.tls import MutualTls, mutual_tls
 from tether.telemetry.setup import configure, metric_export_interval_s
-from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from tether.v1 import interactions_pb2_grpc, orchestrator_pb2, orchestrator_pb2_grpc
 
 # A due retry another replica holds locked is looked at again this soon, not spun on.
 RETRY_ROUND_LEAST_S = 0.05
+# A round that sent something looks again this soon: a run's next event waits on the previous.
+WEBHOOK_ROUND_LEAST_S = 0.05
+# Subscriptions scanned, and deliveries sent at once, per round.
+WEBHOOK_BATCH = 50
+
+
+def _dispatch_settings(settings: OrchestratorSettings) -> DispatchSettings:
+    return DispatchSettings(
+        disable_after=settings.webhook_disable_window,
+        backoff_base_s=settings.webhook_backoff_base_s,
+        backoff_max_s=settings.webhook_backoff_max_s,
+        send_timeout_s=settings.webhook_send_timeout_s,
+        scan_lookback=timedelta(seconds=settings.webhook_scan_lookback_s),
+        batch=WEBHOOK_BATCH,
+        secret_ttl_s=settings.webhook_secret_ttl_s,
+        log_keep=timedelta(seconds=settings.webhook_log_keep_s),
+        scan_every_s=settings.webhook_poll_s,
+        waiting_scan_every_s=settings.webhook_waiting_poll_s,
+    )
 
 
 async def amain(
-    settings: OrchestratorSettings, verifiers: dict[str, str], tls: MutualTls | None
+    settings: OrchestratorSettings,
+    verifiers: dict[str, str],
+    tls: MutualTls | None,
+    credential: str = "",
 ) -> None:
     """Run the orchestrator until signalled."""
     engine = create_engine(settings.database_url, pool_size=settings.pool_size)
@@ -46,11 +74,24 @@ async def amain(
         render_timeout_s=settings.render_timeout_s,
     )
     retention = Retention(engine, settings)
+    # Run-event webhooks need interactions (the subscriptions' secrets are sealed there).
+    interactions = (
+        internal_channel(settings.interactions_addr, credential, service="interactions", tls=tls)
+        if settings.interactions_addr and credential
+        else None
+    )
+    secrets = (
+        None
+        if interactions is None
+        else InteractionsSecrets(interactions_pb2_grpc.InteractionsServiceStub(interactions))
+    )
+    policy = settings.target_policy
     servicer = OrchestratorServicer(
         Runs(engine, execution.publisher, bus),
         execution,
         work,
         retention,
+        Subscriptions(engine, secrets, policy),
         target_policy=settings.target_policy,
     )
     served = await start_server(
@@ -99,6 +140,20 @@ async def amain(
     supervisor.start("hint-listener", listen_for_hints(bus, execution.publisher, servicer.work))
     supervisor.start("claim-poll", execution.claims.poll_claimable())
     supervisor.start("lease-dispatcher", servicer.work.dispatch(settings.claim_poll_s))
+    cleanups: list[Callable[[], Awaitable[None]]] = [engine.dispose, bus.close, supervisor.stop]
+    if secrets is not None and interactions is not None:
+        dispatcher = Dispatcher(engine, secrets, policy, _dispatch_settings(settings))
+        supervisor.start(
+            "webhook-dispatcher",
+            rounds(
+                dispatcher.round,
+                "webhook dispatcher",
+                least_s=WEBHOOK_ROUND_LEAST_S,
+                most_s=settings.webhook_poll_s,
+            ),
+        )
+        # After the supervisor: no round is using them when they close.
+        cleanups += [dispatcher.close, interactions.close]
     if telemetry.on:
         # Read once per metric export: what the queue gauges report.
         every_s = metric_export_interval_s()
@@ -110,7 +165,7 @@ async def amain(
     await serve(
         served,
         grace=settings.grace_s,
-        cleanups=[engine.dispose, bus.close, supervisor.stop],
+        cleanups=cleanups,
         failed=supervisor.failed,
     )
 
@@ -120,8 +175,11 @@ def main() -> None:
     settings = OrchestratorSettings()
     configure("orchestrator", settings)
     verifiers = require_verifiers("orchestrator", settings.service_verifiers)
-    tls = mutual_tls("orchestrator", settings, serves=True, calls=False)
-    run(amain(settings, verifiers, tls))
+    # Its own credential: it calls interactions for run-event webhooks' secrets (without one,
+    # webhooks are refused and nothing is dispatched; everything else serves).
+    credential = settings.service_credential
+    tls = mutual_tls("orchestrator", settings, serves=True, calls=True)
+    run(amain(settings, verifiers, tls, credential))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from services.orchestrator.repositories import agents as agent_repo
 from services.orchestrator.repositories import channel_statuses as statuses_repo
 from services.orchestrator.repositories import documents as documents_repo
 from services.orchestrator.repositories import retention as repo
+from services.orchestrator.repositories import webhooks as webhooks_repo
 from tether.retention import Key, RetentionPolicy, Step, Sweeps
 from tether.settings import RetainingSettings
 
@@ -67,7 +68,8 @@ class Retention:
 
     async def delete_tenant(self, tenant_id: str) -> tuple[int, bool]:
         """Remove a batch of a deleted tenant's runs, then of its knowledge documents, then its
-        agents, then what its channels' providers reported: (how many, whether any is left)."""
+        agents, its webhook subscriptions, then what its channels' providers reported: (how
+        many, whether any is left)."""
         async with self._engine.begin() as conn:
             removed = await repo.delete_tenant_runs(conn, tenant_id, self._batch)
             if removed < self._batch:
@@ -78,6 +80,8 @@ class Retention:
                 # All at once: a tenant's agents are documents people write (thousands at
                 # most, one statement), and going last no run is still pinned to one.
                 removed += await agent_repo.delete_tenant(conn, tenant_id)
+                # A tenant has a handful of subscriptions; their logs go with them.
+                removed += await webhooks_repo.delete_tenant_subscriptions(conn, tenant_id)
             if removed < self._batch:
                 removed += await statuses_repo.delete_tenant(conn, tenant_id, self._batch - removed)
         async with self._autocommit.connect() as conn:
@@ -85,4 +89,5 @@ class Retention:
             left = left or await documents_repo.tenant_has_documents(conn, tenant_id)
             left = left or await agent_repo.tenant_has_agents(conn, tenant_id)
             left = left or await statuses_repo.tenant_has_statuses(conn, tenant_id)
+            left = left or await webhooks_repo.tenant_has_subscriptions(conn, tenant_id)
         return removed, left

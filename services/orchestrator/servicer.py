@@ -18,6 +18,8 @@ from services.orchestrator.repositories import channel_statuses as statuses_repo
 from services.orchestrator.repositories.agents import Published, Version
 from services.orchestrator.retention import Retention
 from services.orchestrator.service import Runs
+from services.orchestrator.webhooks import Subscriptions
+from services.orchestrator.webhooks_edge import WebhookRpcs
 from services.orchestrator.work import Work, WorkSettings
 from services.orchestrator.worker_edge import ExecutionServicer, lease_response
 from tether.convert import (
@@ -92,7 +94,9 @@ def _viewer(
     return Viewer(request.tenant_id, request.principal_id, request.all_runs)
 
 
-class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.OrchestratorServiceServicer):
+class OrchestratorServicer(
+    WebhookRpcs, ExecutionServicer, orchestrator_pb2_grpc.OrchestratorServiceServicer
+):
     """Implements tether.v1.OrchestratorService."""
 
     def __init__(
@@ -101,8 +105,10 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         execution: Execution,
         work: WorkSettings,
         retention: Retention,
+        webhooks: Subscriptions,
         target_policy: TargetPolicy | None = None,
     ) -> None:
+        WebhookRpcs.__init__(self, webhooks)
         self._runs = runs
         self._execution = execution
         self._knowledge = Knowledge(execution.engine)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import re
+from datetime import timedelta
+
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from tether.settings import RetainingSettings
@@ -63,3 +66,78 @@ class OrchestratorSettings(RetainingSettings):
     max_connection_age_grace_s: float = Field(
         30.0, description="How long a connection that was asked to go away may finish."
     )
+    webhook_disable_after: str = Field(
+        "24h",
+        validation_alias=AliasChoices("TETHER_WEBHOOK_DISABLE_AFTER"),
+        description="How long a run-event webhook endpoint may fail every try before its "
+        "subscription is disabled (with an audit record) and a delivery is given up: a "
+        "duration such as 90s, 30m, 24h or 7d.",
+    )
+    webhook_poll_s: float = Field(
+        1.0,
+        gt=0,
+        description="Longest wait between the webhook dispatcher's looks for new events of "
+        "subscribed types and for due deliveries.",
+    )
+    webhook_waiting_poll_s: float = Field(
+        10.0,
+        gt=0,
+        description="How often the dispatcher also looks at the runs waiting now, for a "
+        "subscribed question.requested, approval.requested or connection.requested (a look "
+        "reads the tenant's retained runs, about 2 us each); one whose run resumed before that "
+        "look is sent when the run finishes.",
+    )
+    webhook_backoff_base_s: float = Field(
+        5.0, gt=0, description="A webhook delivery's first retry comes this long after it failed."
+    )
+    webhook_backoff_max_s: float = Field(
+        3600.0,
+        gt=0,
+        description="The longest wait between two tries of a webhook delivery (the wait "
+        "doubles from webhook_backoff_base_s, less up to half at random).",
+    )
+    webhook_send_timeout_s: float = Field(
+        10.0, gt=0, description="How long one webhook POST may take before it counts as failed."
+    )
+    webhook_scan_lookback_s: float = Field(
+        30.0,
+        ge=0,
+        description="How far before its previous look the dispatcher looks again for finished "
+        "runs, for events whose transaction committed late; longer than any run-finishing "
+        "transaction takes.",
+    )
+    webhook_log_keep_s: float = Field(
+        7 * 86400.0,
+        ge=3600.0,
+        description="How long a subscription's delivery log keeps the deliveries of a run "
+        "that finished (sent or given up); at least an hour, far beyond webhook_scan_lookback_s.",
+    )
+    webhook_secret_ttl_s: float = Field(
+        60.0,
+        gt=0,
+        le=60.0,
+        description="How long an opened signing secret is kept in memory (at most 60 s).",
+    )
+
+    @field_validator("webhook_disable_after")
+    @classmethod
+    def _a_duration(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @property
+    def webhook_disable_window(self) -> timedelta:
+        """TETHER_WEBHOOK_DISABLE_AFTER as a duration."""
+        return parse_duration(self.webhook_disable_after)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """A duration such as 90s, 30m, 24h, 7d (a bare number is seconds); ValueError else."""
+    found = _DURATION.fullmatch(text.strip())
+    if found is None:
+        raise ValueError(f"{text!r} is not a duration such as 90s, 30m, 24h or 7d")
+    return timedelta(seconds=float(found.group(1)) * _UNIT_SECONDS[found.group(2)])

@@ -24,6 +24,7 @@ from services.orchestrator.repositories.documents import COMMON_DOCUMENTS
 from services.orchestrator.retention import Retention
 from services.orchestrator.service import Runs
 from services.orchestrator.servicer import OrchestratorServicer
+from services.orchestrator.webhooks import Subscriptions
 from services.orchestrator.work import WorkSettings
 from services.worker.context.conformance import check_retriever
 from services.worker.context.knowledge import LeasedKnowledge, documents
@@ -34,6 +35,7 @@ from tether.db.schema import documents as documents_table
 from tether.domain import Assignment, Lease
 from tether.errors import InvalidArgument, NotFound, ResourceExhausted, StaleLease
 from tether.settings import RetainingSettings
+from tether.targets import TargetPolicy
 from tether.v1 import orchestrator_pb2_grpc
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -109,6 +111,7 @@ async def orchestrator(engine: AsyncEngine) -> AsyncIterator[tuple[Execution, Or
         execution,
         WorkSettings(lease_ttl_s=30, keepalive_interval_s=5, progress_deadline_s=60),
         Retention(engine, RetainingSettings()),
+        Subscriptions(engine, None, TargetPolicy.parse("")),
     )
     server = grpc.aio.server()
     orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server(servicer, server)

@@ -22,10 +22,11 @@ from tether import credentials
 from tether.stack.processes import ServiceSet
 from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc
 
-# What each service does over internal gRPC: admission and the orchestrator serve, the
+# What each service does over internal gRPC: admission and the orchestrator serve (the
+# orchestrator calls interactions too, for run-event webhooks), the
 # gateway calls (its own port is the public edge, plaintext behind an ingress).
 ROLES = {
-    "orchestrator": {"serves": True, "calls": False},
+    "orchestrator": {"serves": True, "calls": True},
     "admission": {"serves": True, "calls": False},
     "gateway": {"serves": False, "calls": True},
 }

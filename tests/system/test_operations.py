@@ -6,6 +6,7 @@ refusal changes nothing, and another tenant's run is NOT_FOUND like an absent on
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import secrets
 import sys
@@ -37,6 +38,8 @@ from tether.db.schema import (
     runs,
     sessions,
     tenants,
+    webhook_secrets,
+    webhook_subscriptions,
 )
 from tether.db.schema import secrets as secrets_table
 from tether.testing.eventually import eventually
@@ -354,6 +357,8 @@ async def tenant_rows(stack: ExecStack, tenant_id: str) -> dict[str, int]:
                     grants,
                     secrets_table,
                     channel_connections,
+                    webhook_subscriptions,
+                    webhook_secrets,
                     audit_log,
                 )
             }
@@ -364,7 +369,12 @@ async def tenant_rows(stack: ExecStack, tenant_id: str) -> dict[str, int]:
 async def test_the_operator_deletes_a_tenant_from_every_service_and_no_one_else(
     stack: ExecStack,
 ) -> None:
-    with_secrets = [*apikeys.CLIENT_SCOPES, apikeys.SECRETS_WRITE, apikeys.CHANNELS_WRITE]
+    with_secrets = [
+        *apikeys.CLIENT_SCOPES,
+        apikeys.SECRETS_WRITE,
+        apikeys.CHANNELS_WRITE,
+        apikeys.WEBHOOKS_WRITE,
+    ]
     doomed = await stack.tenant(grant=["get_time"], scopes=with_secrets)
     kept = await stack.tenant(scopes=with_secrets)
     for owner in (doomed, kept):
@@ -373,6 +383,13 @@ async def test_the_operator_deletes_a_tenant_from_every_service_and_no_one_else(
         slack = interactions_pb2.ChannelSecrets(signing_secret="s" * 20, bot_token="b" * 20)
         channel = gateway_pb2.AddChannelRequest(kind="slack", name="support", secrets=slack)
         await call(stack, "AddChannel", channel, owner.metadata)
+        # An event no run here emits: nothing is sent to the (public) address.
+        hook = gateway_pb2.AddWebhookRequest(
+            url="https://8.8.8.8/hook",
+            events=["connection.requested"],
+            secret="whsec_" + base64.b64encode(b"k" * 32).decode(),
+        )
+        await call(stack, "AddWebhook", hook, owner.metadata)
     done = await send(doomed, prompt("doomed"))
     parked = await send(doomed, "please publish: this tenant is going away")
     await failed_then_fixed(stack, doomed)
@@ -387,6 +404,7 @@ async def test_the_operator_deletes_a_tenant_from_every_service_and_no_one_else(
     assert not_operator.code() == grpc.StatusCode.PERMISSION_DENIED
     before = await tenant_rows(stack, doomed.tenant_id)
     assert (before["runs"], before["channel_connections"]) == (3, 1), before
+    assert (before["webhook_subscriptions"], before["webhook_secrets"]) == (1, 1), before
 
     async def deleted() -> gateway_pb2.DeleteTenantResponse | None:
         step = await call(stack, "DeleteTenant", request, meta(OPERATOR))

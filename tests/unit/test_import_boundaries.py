@@ -37,6 +37,10 @@ WIRE_EDGES = {
     "services/interactions/servicer.py": "interactions' gRPC edge",
     "services/interactions/channels_edge.py": "the channel-connection RPCs of interactions' edge",
     "services/interactions/clients.py": "interactions' calls to the orchestrator",
+    "services/interactions/webhook_secrets_edge.py": "the webhook-secret RPCs of interactions' "
+    "edge",
+    "services/orchestrator/webhooks_edge.py": "the run-event webhook RPCs of the orchestrator's "
+    "edge, and its calls to interactions for their secrets",
     "services/worker/orchestrator_client.py": "the worker's writes, built into their requests",
     "services/worker/interactions.py": "the worker's calls to interactions",
     "services/worker/work_stream.py": "the Work stream, the worker's end: a lease becomes an "

@@ -44,7 +44,7 @@ CALLERS: dict[str, set[str]] = {
     "gateway": {"*"},
     "admission": {"gateway"},
     "orchestrator": {"gateway", "worker", "interactions"},
-    "interactions": {"gateway", "worker"},
+    "interactions": {"gateway", "worker", "orchestrator"},
     "worker": set(),
     "postgres": {"gateway", "admission", "orchestrator", "interactions", "migrate"},
     "redis": {"gateway", "admission", "orchestrator", "worker"},
@@ -68,7 +68,7 @@ SECRET_ENV = {
 WORKER_SECRET_ENV = {"TETHER_REDIS_URL": "tether-worker-redis"}
 # Each calling service's own credential, from a Secret no other service reads.
 CREDENTIAL_ENV = "TETHER_SERVICE_CREDENTIAL"
-CREDENTIAL_HOLDERS = ("gateway", "worker", "interactions")
+CREDENTIAL_HOLDERS = ("gateway", "worker", "interactions", "orchestrator")
 VERIFIER_HOLDERS = ("admission", "orchestrator", "interactions")
 MIGRATE = (
     "import asyncio,os; from tether.db.migrate import upgrade; "

@@ -30,6 +30,9 @@ OWNER = {
     "agent_sets": "orchestrator",
     "tool_catalog": "orchestrator",
     "channel_statuses": "orchestrator",
+    # Run-event webhooks: the orchestrator owns the events they carry.
+    "webhook_subscriptions": "orchestrator",
+    "webhook_deliveries": "orchestrator",
     # Inbound events and conversations.
     "event_claims": "admission",
     "messages": "admission",
@@ -40,6 +43,7 @@ OWNER = {
     "connections": "interactions",
     "secrets": "interactions",
     "channel_connections": "interactions",
+    "webhook_secrets": "interactions",
     # Callers and their tenants (through libs/tether/apikeys.py, which the gateway serves).
     "api_keys": "gateway",
     "tenants": "gateway",

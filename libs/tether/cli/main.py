@@ -26,6 +26,7 @@ import grpc
 from tether.cli import agents, docs, interactions, operations, tools, watch
 from tether.cli import channels as channels_cli
 from tether.cli import secrets as secrets_cli
+from tether.cli import webhooks as webhooks_cli
 from tether.client import TetherClient, run_to_dict
 from tether.convert import disposition_name, status_to_proto
 from tether.states import RunStatus
@@ -273,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     docs.register(sub, lambda p: _common(p, top=False), wrap)
     secrets_cli.register(sub, lambda p: _common(p, top=False), wrap)
     channels_cli.register(sub, lambda p: _common(p, top=False), wrap)
+    webhooks_cli.register(sub, lambda p: _common(p, top=False), wrap)
     watch.register(sub, lambda p: _common(p, top=False), wrap)
     operations.register(sub, lambda p: _common(p, top=False), wrap)
     agents.register(sub, lambda p: _common(p, top=False), wrap)

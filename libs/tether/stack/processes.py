@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -93,6 +94,9 @@ class ServiceSet:
     # no users; `tether up` always names one.
     worker_redis_url: str | None = None
     procs: dict[str, ServiceProcess] = field(default_factory=dict)
+    # Service name -> the port it is started on whatever its instance, for a service that one
+    # started before it calls (the orchestrator calls interactions, which calls it back).
+    reserved_ports: dict[str, int] = field(default_factory=dict)
 
     def addresses(self) -> dict[str, str]:
         """Service name -> host:port."""
@@ -113,16 +117,32 @@ class ServiceSet:
         `replicas` says how many processes of a service to start (default one: `worker`,
         then `worker-2`, ...)."""
         counts = replicas or {}
-        for wave in WAVES:
-            batch = [
-                (name, instance_name(name, n))
-                for name in wave
-                if name in names
-                for n in range(1, counts.get(name, 1) + 1)
-            ]
-            await asyncio.gather(
-                *(self.start(name, timeout=timeout, instance=instance) for name, instance in batch)
-            )
+        held = None
+        if "interactions" in names and "interactions" not in self.reserved_ports:
+            # Held open until interactions starts, so no service of the first wave binds it.
+            held = socket.socket()
+            held.bind(("127.0.0.1", 0))
+            self.reserved_ports["interactions"] = held.getsockname()[1]
+        try:
+            for wave in WAVES:
+                if held is not None and "interactions" in wave:
+                    held.close()
+                    held = None
+                batch = [
+                    (name, instance_name(name, n))
+                    for name in wave
+                    if name in names
+                    for n in range(1, counts.get(name, 1) + 1)
+                ]
+                await asyncio.gather(
+                    *(
+                        self.start(name, timeout=timeout, instance=instance)
+                        for name, instance in batch
+                    )
+                )
+        finally:
+            if held is not None:
+                held.close()
 
     def _env_for(self, name: str, extra: Mapping[str, str]) -> dict[str, str]:
         """The process's environment: what of the stack's is `meant_for` it (a worker's Redis
@@ -139,6 +159,8 @@ class ServiceSet:
         if name == "worker":
             credentials.pop(VERIFIERS_ENV)  # it serves no internal call
         env.update(credentials)
+        for dep, port in self.reserved_ports.items():
+            env[f"TETHER_{dep.upper()}_ADDR"] = f"127.0.0.1:{port}"
         for dep, addr in self.addresses().items():
             env[f"TETHER_{dep.upper()}_ADDR"] = addr
         env[f"TETHER_{name.upper()}_HOST"] = "127.0.0.1"
@@ -171,7 +193,13 @@ class ServiceSet:
         for companion in companions.values():
             companion.unlink(missing_ok=True)
         log_path = self.run_dir / f"{instance}.log"
-        env = self._env_for(name, {"TETHER_READY_FILE": str(ready), **(extra_env or {})})
+        reserved = {}
+        if instance == name and name in self.reserved_ports:
+            # Its first instance serves where the services that started before it call it.
+            reserved[f"TETHER_{name.upper()}_PORT"] = str(self.reserved_ports[name])
+        env = self._env_for(
+            name, {"TETHER_READY_FILE": str(ready), **reserved, **(extra_env or {})}
+        )
         with log_path.open("ab") as log_file:
             process = subprocess.Popen(
                 [sys.executable, "-m", f"services.{name}"],

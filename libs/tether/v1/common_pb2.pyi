@@ -1082,3 +1082,137 @@ class ReplyTarget(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReplyTarget: _TypeAlias = ReplyTarget  # noqa: Y015
+
+@_typing.final
+class WebhookSubscription(_message.Message):
+    """WebhookSubscription is a tenant's endpoint receiving run events; its signing secret is sealed
+    in interactions and never shown.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIPTION_ID_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    CREATED_BY_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    DISABLED_AT_FIELD_NUMBER: _builtins.int
+    FAILING_SINCE_FIELD_NUMBER: _builtins.int
+    subscription_id: _builtins.str
+    """Subscription id."""
+    url: _builtins.str
+    """Where events are POSTed."""
+    created_by: _builtins.str
+    """Who added it."""
+    status: _builtins.str
+    """"enabled", or "disabled" once its endpoint failed for TETHER_WEBHOOK_DISABLE_AFTER."""
+    @_builtins.property
+    def events(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The event types it receives, e.g. "run.completed"."""
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was added."""
+
+    @_builtins.property
+    def disabled_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was disabled (unset while enabled)."""
+
+    @_builtins.property
+    def failing_since(self) -> _timestamp_pb2.Timestamp:
+        """Since when every send to it failed (unset after a success)."""
+
+    def __init__(
+        self,
+        *,
+        subscription_id: _builtins.str = ...,
+        url: _builtins.str = ...,
+        events: _abc.Iterable[_builtins.str] | None = ...,
+        created_by: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        status: _builtins.str = ...,
+        disabled_at: _timestamp_pb2.Timestamp | None = ...,
+        failing_since: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "disabled_at", b"disabled_at", "failing_since", b"failing_since"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "created_by", b"created_by", "disabled_at", b"disabled_at", "events", b"events", "failing_since", b"failing_since", "status", b"status", "subscription_id", b"subscription_id", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WebhookSubscription: _TypeAlias = WebhookSubscription  # noqa: Y015
+
+@_typing.final
+class WebhookDelivery(_message.Message):
+    """WebhookDelivery is one event sent (or to be sent) to one subscription. Its id is the
+    `webhook-id` header, the same on every try and on a redelivery.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERY_ID_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    EVENT_TYPE_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    LAST_HTTP_STATUS_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    NEXT_ATTEMPT_AT_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    SENT_AT_FIELD_NUMBER: _builtins.int
+    delivery_id: _builtins.str
+    """Delivery id, the webhook-id header."""
+    subscription_id: _builtins.str
+    """Subscription id."""
+    run_id: _builtins.str
+    """The run the event belongs to."""
+    seq: _builtins.int
+    """The event's seq in its run."""
+    event_type: _builtins.str
+    """The event's type."""
+    status: _builtins.str
+    """"pending", "sent", or "failed" (given up, or its subscription was disabled)."""
+    attempts: _builtins.int
+    """How many sends were tried."""
+    last_http_status: _builtins.int
+    """The last answer's HTTP status (0: none, e.g. the connection failed)."""
+    last_error: _builtins.str
+    """What went wrong last ("" after a success)."""
+    @_builtins.property
+    def next_attempt_at(self) -> _timestamp_pb2.Timestamp:
+        """When the next try is due (unset unless pending)."""
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was recorded."""
+
+    @_builtins.property
+    def sent_at(self) -> _timestamp_pb2.Timestamp:
+        """When the endpoint accepted it (unset until then)."""
+
+    def __init__(
+        self,
+        *,
+        delivery_id: _builtins.str = ...,
+        subscription_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        seq: _builtins.int = ...,
+        event_type: _builtins.str = ...,
+        status: _builtins.str = ...,
+        attempts: _builtins.int = ...,
+        last_http_status: _builtins.int = ...,
+        last_error: _builtins.str = ...,
+        next_attempt_at: _timestamp_pb2.Timestamp | None = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        sent_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "next_attempt_at", b"next_attempt_at", "sent_at", b"sent_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "created_at", b"created_at", "delivery_id", b"delivery_id", "event_type", b"event_type", "last_error", b"last_error", "last_http_status", b"last_http_status", "next_attempt_at", b"next_attempt_at", "run_id", b"run_id", "sent_at", b"sent_at", "seq", b"seq", "status", b"status", "subscription_id", b"subscription_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WebhookDelivery: _TypeAlias = WebhookDelivery  # noqa: Y015

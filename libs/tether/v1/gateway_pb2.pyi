@@ -2436,3 +2436,260 @@ class RotateChannelSecretResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RotateChannelSecretResponse: _TypeAlias = RotateChannelSecretResponse  # noqa: Y015
+
+@_typing.final
+class AddWebhookRequest(_message.Message):
+    """AddWebhookRequest subscribes an endpoint to run events."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    """Where events are POSTed (http or https; private addresses only where the operator allows).
+    Limit: 2048 characters, no NUL.
+    """
+    secret: _builtins.str
+    """The Standard Webhooks signing secret (whsec_ and base64).
+    Limit: 1024 characters, no NUL.
+    """
+    @_builtins.property
+    def events(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The event types: run.completed, run.failed, run.cancelled, question.requested,
+        approval.requested, connection.requested, delivery.sent, delivery.failed,
+        delivery.unknown, delivery.denied.
+        Limit: 32 items, each 64 characters, no control characters.
+        """
+
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        events: _abc.Iterable[_builtins.str] | None = ...,
+        secret: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "secret", b"secret", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddWebhookRequest: _TypeAlias = AddWebhookRequest  # noqa: Y015
+
+@_typing.final
+class AddWebhookResponse(_message.Message):
+    """AddWebhookResponse is the subscription stored, without its secret."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIPTION_ID_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_FIELD_NUMBER: _builtins.int
+    subscription_id: _builtins.str
+    """Subscription id."""
+    @_builtins.property
+    def subscription(self) -> _common_pb2.WebhookSubscription:
+        """The subscription."""
+
+    def __init__(
+        self,
+        *,
+        subscription_id: _builtins.str = ...,
+        subscription: _common_pb2.WebhookSubscription | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["subscription", b"subscription"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscription", b"subscription", "subscription_id", b"subscription_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddWebhookResponse: _TypeAlias = AddWebhookResponse  # noqa: Y015
+
+@_typing.final
+class ListWebhooksRequest(_message.Message):
+    """ListWebhooksRequest lists the caller's tenant's subscriptions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWebhooksRequest: _TypeAlias = ListWebhooksRequest  # noqa: Y015
+
+@_typing.final
+class ListWebhooksResponse(_message.Message):
+    """ListWebhooksResponse is the tenant's subscriptions, oldest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.WebhookSubscription]:
+        """Subscriptions."""
+
+    def __init__(
+        self,
+        *,
+        subscriptions: _abc.Iterable[_common_pb2.WebhookSubscription] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscriptions", b"subscriptions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWebhooksResponse: _TypeAlias = ListWebhooksResponse  # noqa: Y015
+
+@_typing.final
+class RemoveWebhookRequest(_message.Message):
+    """RemoveWebhookRequest names a subscription."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIPTION_ID_FIELD_NUMBER: _builtins.int
+    subscription_id: _builtins.str
+    """Subscription id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    def __init__(
+        self,
+        *,
+        subscription_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscription_id", b"subscription_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveWebhookRequest: _TypeAlias = RemoveWebhookRequest  # noqa: Y015
+
+@_typing.final
+class RemoveWebhookResponse(_message.Message):
+    """RemoveWebhookResponse confirms the removal."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIPTION_ID_FIELD_NUMBER: _builtins.int
+    subscription_id: _builtins.str
+    """Subscription id."""
+    def __init__(
+        self,
+        *,
+        subscription_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscription_id", b"subscription_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveWebhookResponse: _TypeAlias = RemoveWebhookResponse  # noqa: Y015
+
+@_typing.final
+class ListWebhookDeliveriesRequest(_message.Message):
+    """ListWebhookDeliveriesRequest names a subscription."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIPTION_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    subscription_id: _builtins.str
+    """Subscription id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    page_size: _builtins.int
+    """At most this many, newest first (0: 100; at most 1000, a larger one is INVALID_ARGUMENT).
+    Limit: 0 to 2147483647.
+    """
+    def __init__(
+        self,
+        *,
+        subscription_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "subscription_id", b"subscription_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWebhookDeliveriesRequest: _TypeAlias = ListWebhookDeliveriesRequest  # noqa: Y015
+
+@_typing.final
+class ListWebhookDeliveriesResponse(_message.Message):
+    """ListWebhookDeliveriesResponse is the subscription's delivery log, newest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def deliveries(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.WebhookDelivery]:
+        """Deliveries."""
+
+    def __init__(
+        self,
+        *,
+        deliveries: _abc.Iterable[_common_pb2.WebhookDelivery] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deliveries", b"deliveries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWebhookDeliveriesResponse: _TypeAlias = ListWebhookDeliveriesResponse  # noqa: Y015
+
+@_typing.final
+class RedeliverWebhookRequest(_message.Message):
+    """RedeliverWebhookRequest names a delivery."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERY_ID_FIELD_NUMBER: _builtins.int
+    delivery_id: _builtins.str
+    """Delivery id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    def __init__(
+        self,
+        *,
+        delivery_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery_id", b"delivery_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RedeliverWebhookRequest: _TypeAlias = RedeliverWebhookRequest  # noqa: Y015
+
+@_typing.final
+class RedeliverWebhookResponse(_message.Message):
+    """RedeliverWebhookResponse is the delivery, pending again."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def delivery(self) -> _common_pb2.WebhookDelivery:
+        """The delivery."""
+
+    def __init__(
+        self,
+        *,
+        delivery: _common_pb2.WebhookDelivery | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RedeliverWebhookResponse: _TypeAlias = RedeliverWebhookResponse  # noqa: Y015

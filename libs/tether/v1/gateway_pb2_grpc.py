@@ -183,6 +183,31 @@ class GatewayServiceStub:
                 request_serializer=tether_dot_v1_dot_gateway__pb2.RotateChannelSecretRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_gateway__pb2.RotateChannelSecretResponse.FromString,
                 _registered_method=True)
+        self.AddWebhook = channel.unary_unary(
+                '/tether.v1.GatewayService/AddWebhook',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.AddWebhookRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.AddWebhookResponse.FromString,
+                _registered_method=True)
+        self.ListWebhooks = channel.unary_unary(
+                '/tether.v1.GatewayService/ListWebhooks',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.ListWebhooksRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.ListWebhooksResponse.FromString,
+                _registered_method=True)
+        self.RemoveWebhook = channel.unary_unary(
+                '/tether.v1.GatewayService/RemoveWebhook',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.RemoveWebhookRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveWebhookResponse.FromString,
+                _registered_method=True)
+        self.ListWebhookDeliveries = channel.unary_unary(
+                '/tether.v1.GatewayService/ListWebhookDeliveries',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.ListWebhookDeliveriesRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.ListWebhookDeliveriesResponse.FromString,
+                _registered_method=True)
+        self.RedeliverWebhook = channel.unary_unary(
+                '/tether.v1.GatewayService/RedeliverWebhook',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.RedeliverWebhookRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.RedeliverWebhookResponse.FromString,
+                _registered_method=True)
         self.DeleteTenant = channel.unary_unary(
                 '/tether.v1.GatewayService/DeleteTenant',
                 request_serializer=tether_dot_v1_dot_gateway__pb2.DeleteTenantRequest.SerializeToString,
@@ -467,6 +492,46 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddWebhook(self, request, context):
+        """AddWebhook subscribes an HTTPS endpoint to run events of the caller's tenant (scope
+        "webhooks:write"): each event of the types named is POSTed signed per Standard Webhooks
+        with the secret given, which is sealed and never shown again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWebhooks(self, request, context):
+        """ListWebhooks lists the tenant's subscriptions (scope "webhooks:read").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveWebhook(self, request, context):
+        """RemoveWebhook removes a subscription and its delivery log; another tenant's is NOT_FOUND,
+        as an absent one (scope "webhooks:write").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWebhookDeliveries(self, request, context):
+        """ListWebhookDeliveries is a subscription's delivery log, newest first (scope
+        "webhooks:read").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RedeliverWebhook(self, request, context):
+        """RedeliverWebhook sends a delivery again, with the same webhook-id, even to a disabled
+        subscription (scope "webhooks:write").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DeleteTenant(self, request, context):
         """DeleteTenant removes a tenant and all of its data from every service (the platform
         operator's credential only). Its keys are revoked at once; each call removes a batch and
@@ -694,6 +759,31 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.RotateChannelSecret,
                     request_deserializer=tether_dot_v1_dot_gateway__pb2.RotateChannelSecretRequest.FromString,
                     response_serializer=tether_dot_v1_dot_gateway__pb2.RotateChannelSecretResponse.SerializeToString,
+            ),
+            'AddWebhook': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddWebhook,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.AddWebhookRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.AddWebhookResponse.SerializeToString,
+            ),
+            'ListWebhooks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWebhooks,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.ListWebhooksRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.ListWebhooksResponse.SerializeToString,
+            ),
+            'RemoveWebhook': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveWebhook,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveWebhookRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.RemoveWebhookResponse.SerializeToString,
+            ),
+            'ListWebhookDeliveries': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWebhookDeliveries,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.ListWebhookDeliveriesRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.ListWebhookDeliveriesResponse.SerializeToString,
+            ),
+            'RedeliverWebhook': grpc.unary_unary_rpc_method_handler(
+                    servicer.RedeliverWebhook,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.RedeliverWebhookRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.RedeliverWebhookResponse.SerializeToString,
             ),
             'DeleteTenant': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteTenant,
@@ -1533,6 +1623,141 @@ class GatewayService:
             '/tether.v1.GatewayService/RotateChannelSecret',
             tether_dot_v1_dot_gateway__pb2.RotateChannelSecretRequest.SerializeToString,
             tether_dot_v1_dot_gateway__pb2.RotateChannelSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddWebhook(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/AddWebhook',
+            tether_dot_v1_dot_gateway__pb2.AddWebhookRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.AddWebhookResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWebhooks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/ListWebhooks',
+            tether_dot_v1_dot_gateway__pb2.ListWebhooksRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.ListWebhooksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveWebhook(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/RemoveWebhook',
+            tether_dot_v1_dot_gateway__pb2.RemoveWebhookRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.RemoveWebhookResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWebhookDeliveries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/ListWebhookDeliveries',
+            tether_dot_v1_dot_gateway__pb2.ListWebhookDeliveriesRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.ListWebhookDeliveriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RedeliverWebhook(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/RedeliverWebhook',
+            tether_dot_v1_dot_gateway__pb2.RedeliverWebhookRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.RedeliverWebhookResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -133,6 +133,25 @@ class GatewayServiceStub:
     """RotateChannelSecret replaces a connection's verification secret; the replaced one still
     verifies for the grace (default 24 h, at most 7 days) (scope "channels:write").
     """
+    AddWebhook: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.AddWebhookRequest, _gateway_pb2.AddWebhookResponse]
+    """AddWebhook subscribes an HTTPS endpoint to run events of the caller's tenant (scope
+    "webhooks:write"): each event of the types named is POSTed signed per Standard Webhooks
+    with the secret given, which is sealed and never shown again.
+    """
+    ListWebhooks: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListWebhooksRequest, _gateway_pb2.ListWebhooksResponse]
+    """ListWebhooks lists the tenant's subscriptions (scope "webhooks:read")."""
+    RemoveWebhook: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RemoveWebhookRequest, _gateway_pb2.RemoveWebhookResponse]
+    """RemoveWebhook removes a subscription and its delivery log; another tenant's is NOT_FOUND,
+    as an absent one (scope "webhooks:write").
+    """
+    ListWebhookDeliveries: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListWebhookDeliveriesRequest, _gateway_pb2.ListWebhookDeliveriesResponse]
+    """ListWebhookDeliveries is a subscription's delivery log, newest first (scope
+    "webhooks:read").
+    """
+    RedeliverWebhook: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RedeliverWebhookRequest, _gateway_pb2.RedeliverWebhookResponse]
+    """RedeliverWebhook sends a delivery again, with the same webhook-id, even to a disabled
+    subscription (scope "webhooks:write").
+    """
     DeleteTenant: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.DeleteTenantRequest, _gateway_pb2.DeleteTenantResponse]
     """DeleteTenant removes a tenant and all of its data from every service (the platform
     operator's credential only). Its keys are revoked at once; each call removes a batch and
@@ -273,6 +292,25 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     RotateChannelSecret: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RotateChannelSecretRequest, _gateway_pb2.RotateChannelSecretResponse]  # type: ignore[assignment]
     """RotateChannelSecret replaces a connection's verification secret; the replaced one still
     verifies for the grace (default 24 h, at most 7 days) (scope "channels:write").
+    """
+    AddWebhook: _aio.UnaryUnaryMultiCallable[_gateway_pb2.AddWebhookRequest, _gateway_pb2.AddWebhookResponse]  # type: ignore[assignment]
+    """AddWebhook subscribes an HTTPS endpoint to run events of the caller's tenant (scope
+    "webhooks:write"): each event of the types named is POSTed signed per Standard Webhooks
+    with the secret given, which is sealed and never shown again.
+    """
+    ListWebhooks: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListWebhooksRequest, _gateway_pb2.ListWebhooksResponse]  # type: ignore[assignment]
+    """ListWebhooks lists the tenant's subscriptions (scope "webhooks:read")."""
+    RemoveWebhook: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RemoveWebhookRequest, _gateway_pb2.RemoveWebhookResponse]  # type: ignore[assignment]
+    """RemoveWebhook removes a subscription and its delivery log; another tenant's is NOT_FOUND,
+    as an absent one (scope "webhooks:write").
+    """
+    ListWebhookDeliveries: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListWebhookDeliveriesRequest, _gateway_pb2.ListWebhookDeliveriesResponse]  # type: ignore[assignment]
+    """ListWebhookDeliveries is a subscription's delivery log, newest first (scope
+    "webhooks:read").
+    """
+    RedeliverWebhook: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RedeliverWebhookRequest, _gateway_pb2.RedeliverWebhookResponse]  # type: ignore[assignment]
+    """RedeliverWebhook sends a delivery again, with the same webhook-id, even to a disabled
+    subscription (scope "webhooks:write").
     """
     DeleteTenant: _aio.UnaryUnaryMultiCallable[_gateway_pb2.DeleteTenantRequest, _gateway_pb2.DeleteTenantResponse]  # type: ignore[assignment]
     """DeleteTenant removes a tenant and all of its data from every service (the platform
@@ -585,6 +623,55 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_gateway_pb2.RotateChannelSecretResponse, _abc.Awaitable[_gateway_pb2.RotateChannelSecretResponse]]:
         """RotateChannelSecret replaces a connection's verification secret; the replaced one still
         verifies for the grace (default 24 h, at most 7 days) (scope "channels:write").
+        """
+
+    @_abc_1.abstractmethod
+    def AddWebhook(
+        self,
+        request: _gateway_pb2.AddWebhookRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.AddWebhookResponse, _abc.Awaitable[_gateway_pb2.AddWebhookResponse]]:
+        """AddWebhook subscribes an HTTPS endpoint to run events of the caller's tenant (scope
+        "webhooks:write"): each event of the types named is POSTed signed per Standard Webhooks
+        with the secret given, which is sealed and never shown again.
+        """
+
+    @_abc_1.abstractmethod
+    def ListWebhooks(
+        self,
+        request: _gateway_pb2.ListWebhooksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ListWebhooksResponse, _abc.Awaitable[_gateway_pb2.ListWebhooksResponse]]:
+        """ListWebhooks lists the tenant's subscriptions (scope "webhooks:read")."""
+
+    @_abc_1.abstractmethod
+    def RemoveWebhook(
+        self,
+        request: _gateway_pb2.RemoveWebhookRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.RemoveWebhookResponse, _abc.Awaitable[_gateway_pb2.RemoveWebhookResponse]]:
+        """RemoveWebhook removes a subscription and its delivery log; another tenant's is NOT_FOUND,
+        as an absent one (scope "webhooks:write").
+        """
+
+    @_abc_1.abstractmethod
+    def ListWebhookDeliveries(
+        self,
+        request: _gateway_pb2.ListWebhookDeliveriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ListWebhookDeliveriesResponse, _abc.Awaitable[_gateway_pb2.ListWebhookDeliveriesResponse]]:
+        """ListWebhookDeliveries is a subscription's delivery log, newest first (scope
+        "webhooks:read").
+        """
+
+    @_abc_1.abstractmethod
+    def RedeliverWebhook(
+        self,
+        request: _gateway_pb2.RedeliverWebhookRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.RedeliverWebhookResponse, _abc.Awaitable[_gateway_pb2.RedeliverWebhookResponse]]:
+        """RedeliverWebhook sends a delivery again, with the same webhook-id, even to a disabled
+        subscription (scope "webhooks:write").
         """
 
     @_abc_1.abstractmethod

@@ -1985,3 +1985,141 @@ class LookupChannelVerificationResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LookupChannelVerificationResponse: _TypeAlias = LookupChannelVerificationResponse  # noqa: Y015
+
+@_typing.final
+class SealWebhookSecretRequest(_message.Message):
+    """SealWebhookSecretRequest is a subscription's signing secret to seal."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_ID_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    subscription_id: _builtins.str
+    """Subscription id."""
+    secret: _builtins.str
+    """The secret."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        subscription_id: _builtins.str = ...,
+        secret: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["secret", b"secret", "subscription_id", b"subscription_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SealWebhookSecretRequest: _TypeAlias = SealWebhookSecretRequest  # noqa: Y015
+
+@_typing.final
+class SealWebhookSecretResponse(_message.Message):
+    """SealWebhookSecretResponse confirms it is stored."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SealWebhookSecretResponse: _TypeAlias = SealWebhookSecretResponse  # noqa: Y015
+
+@_typing.final
+class OpenWebhookSecretRequest(_message.Message):
+    """OpenWebhookSecretRequest names a subscription."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    subscription_id: _builtins.str
+    """Subscription id."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        subscription_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscription_id", b"subscription_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenWebhookSecretRequest: _TypeAlias = OpenWebhookSecretRequest  # noqa: Y015
+
+@_typing.final
+class OpenWebhookSecretResponse(_message.Message):
+    """OpenWebhookSecretResponse is the subscription's signing secret."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SECRET_FIELD_NUMBER: _builtins.int
+    secret: _builtins.str
+    """The secret."""
+    def __init__(
+        self,
+        *,
+        secret: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["secret", b"secret"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenWebhookSecretResponse: _TypeAlias = OpenWebhookSecretResponse  # noqa: Y015
+
+@_typing.final
+class DiscardWebhookSecretRequest(_message.Message):
+    """DiscardWebhookSecretRequest names a subscription."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    subscription_id: _builtins.str
+    """Subscription id."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        subscription_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscription_id", b"subscription_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DiscardWebhookSecretRequest: _TypeAlias = DiscardWebhookSecretRequest  # noqa: Y015
+
+@_typing.final
+class DiscardWebhookSecretResponse(_message.Message):
+    """DiscardWebhookSecretResponse confirms the removal."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DiscardWebhookSecretResponse: _TypeAlias = DiscardWebhookSecretResponse  # noqa: Y015

@@ -151,6 +151,21 @@ class InteractionsServiceStub:
                 request_serializer=tether_dot_v1_dot_interactions__pb2.LookupChannelVerificationRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_interactions__pb2.LookupChannelVerificationResponse.FromString,
                 _registered_method=True)
+        self.SealWebhookSecret = channel.unary_unary(
+                '/tether.v1.InteractionsService/SealWebhookSecret',
+                request_serializer=tether_dot_v1_dot_interactions__pb2.SealWebhookSecretRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.SealWebhookSecretResponse.FromString,
+                _registered_method=True)
+        self.OpenWebhookSecret = channel.unary_unary(
+                '/tether.v1.InteractionsService/OpenWebhookSecret',
+                request_serializer=tether_dot_v1_dot_interactions__pb2.OpenWebhookSecretRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.OpenWebhookSecretResponse.FromString,
+                _registered_method=True)
+        self.DiscardWebhookSecret = channel.unary_unary(
+                '/tether.v1.InteractionsService/DiscardWebhookSecret',
+                request_serializer=tether_dot_v1_dot_interactions__pb2.DiscardWebhookSecretRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.DiscardWebhookSecretResponse.FromString,
+                _registered_method=True)
 
 
 class InteractionsServiceServicer:
@@ -324,6 +339,29 @@ class InteractionsServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SealWebhookSecret(self, request, context):
+        """SealWebhookSecret seals a run-event webhook subscription's signing secret (the
+        orchestrator's alone: it owns the subscriptions).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenWebhookSecret(self, request, context):
+        """OpenWebhookSecret gives the orchestrator, and only it, a subscription's signing secret to
+        sign a delivery with; NOT_FOUND when none is stored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DiscardWebhookSecret(self, request, context):
+        """DiscardWebhookSecret removes a subscription's secret (absent: nothing to do).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InteractionsServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -441,6 +479,21 @@ def add_InteractionsServiceServicer_to_server(servicer, server):
                     servicer.LookupChannelVerification,
                     request_deserializer=tether_dot_v1_dot_interactions__pb2.LookupChannelVerificationRequest.FromString,
                     response_serializer=tether_dot_v1_dot_interactions__pb2.LookupChannelVerificationResponse.SerializeToString,
+            ),
+            'SealWebhookSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.SealWebhookSecret,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.SealWebhookSecretRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.SealWebhookSecretResponse.SerializeToString,
+            ),
+            'OpenWebhookSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenWebhookSecret,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.OpenWebhookSecretRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.OpenWebhookSecretResponse.SerializeToString,
+            ),
+            'DiscardWebhookSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.DiscardWebhookSecret,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.DiscardWebhookSecretRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.DiscardWebhookSecretResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1066,6 +1119,87 @@ class InteractionsService:
             '/tether.v1.InteractionsService/LookupChannelVerification',
             tether_dot_v1_dot_interactions__pb2.LookupChannelVerificationRequest.SerializeToString,
             tether_dot_v1_dot_interactions__pb2.LookupChannelVerificationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SealWebhookSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.InteractionsService/SealWebhookSecret',
+            tether_dot_v1_dot_interactions__pb2.SealWebhookSecretRequest.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.SealWebhookSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenWebhookSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.InteractionsService/OpenWebhookSecret',
+            tether_dot_v1_dot_interactions__pb2.OpenWebhookSecretRequest.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.OpenWebhookSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DiscardWebhookSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.InteractionsService/DiscardWebhookSecret',
+            tether_dot_v1_dot_interactions__pb2.DiscardWebhookSecretRequest.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.DiscardWebhookSecretResponse.FromString,
             options,
             channel_credentials,
             insecure,

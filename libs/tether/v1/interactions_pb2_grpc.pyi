@@ -90,6 +90,16 @@ class InteractionsServiceStub:
     provider's webhook: the connection's tenant, kind, valid verification secrets, WhatsApp's
     verify token, its settings and agent; never a secret that sends.
     """
+    SealWebhookSecret: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.SealWebhookSecretRequest, _interactions_pb2.SealWebhookSecretResponse]
+    """SealWebhookSecret seals a run-event webhook subscription's signing secret (the
+    orchestrator's alone: it owns the subscriptions).
+    """
+    OpenWebhookSecret: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.OpenWebhookSecretRequest, _interactions_pb2.OpenWebhookSecretResponse]
+    """OpenWebhookSecret gives the orchestrator, and only it, a subscription's signing secret to
+    sign a delivery with; NOT_FOUND when none is stored.
+    """
+    DiscardWebhookSecret: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.DiscardWebhookSecretRequest, _interactions_pb2.DiscardWebhookSecretResponse]
+    """DiscardWebhookSecret removes a subscription's secret (absent: nothing to do)."""
 
 @_typing.type_check_only
 class InteractionsServiceAsyncStub(InteractionsServiceStub):
@@ -153,6 +163,16 @@ class InteractionsServiceAsyncStub(InteractionsServiceStub):
     provider's webhook: the connection's tenant, kind, valid verification secrets, WhatsApp's
     verify token, its settings and agent; never a secret that sends.
     """
+    SealWebhookSecret: _aio.UnaryUnaryMultiCallable[_interactions_pb2.SealWebhookSecretRequest, _interactions_pb2.SealWebhookSecretResponse]  # type: ignore[assignment]
+    """SealWebhookSecret seals a run-event webhook subscription's signing secret (the
+    orchestrator's alone: it owns the subscriptions).
+    """
+    OpenWebhookSecret: _aio.UnaryUnaryMultiCallable[_interactions_pb2.OpenWebhookSecretRequest, _interactions_pb2.OpenWebhookSecretResponse]  # type: ignore[assignment]
+    """OpenWebhookSecret gives the orchestrator, and only it, a subscription's signing secret to
+    sign a delivery with; NOT_FOUND when none is stored.
+    """
+    DiscardWebhookSecret: _aio.UnaryUnaryMultiCallable[_interactions_pb2.DiscardWebhookSecretRequest, _interactions_pb2.DiscardWebhookSecretResponse]  # type: ignore[assignment]
+    """DiscardWebhookSecret removes a subscription's secret (absent: nothing to do)."""
 
 class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
     """InteractionsService owns questions, approvals (with grants) and connections: the three ways a
@@ -351,5 +371,33 @@ class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
         provider's webhook: the connection's tenant, kind, valid verification secrets, WhatsApp's
         verify token, its settings and agent; never a secret that sends.
         """
+
+    @_abc_1.abstractmethod
+    def SealWebhookSecret(
+        self,
+        request: _interactions_pb2.SealWebhookSecretRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_interactions_pb2.SealWebhookSecretResponse, _abc.Awaitable[_interactions_pb2.SealWebhookSecretResponse]]:
+        """SealWebhookSecret seals a run-event webhook subscription's signing secret (the
+        orchestrator's alone: it owns the subscriptions).
+        """
+
+    @_abc_1.abstractmethod
+    def OpenWebhookSecret(
+        self,
+        request: _interactions_pb2.OpenWebhookSecretRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_interactions_pb2.OpenWebhookSecretResponse, _abc.Awaitable[_interactions_pb2.OpenWebhookSecretResponse]]:
+        """OpenWebhookSecret gives the orchestrator, and only it, a subscription's signing secret to
+        sign a delivery with; NOT_FOUND when none is stored.
+        """
+
+    @_abc_1.abstractmethod
+    def DiscardWebhookSecret(
+        self,
+        request: _interactions_pb2.DiscardWebhookSecretRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_interactions_pb2.DiscardWebhookSecretResponse, _abc.Awaitable[_interactions_pb2.DiscardWebhookSecretResponse]]:
+        """DiscardWebhookSecret removes a subscription's secret (absent: nothing to do)."""
 
 def add_InteractionsServiceServicer_to_server(servicer: InteractionsServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

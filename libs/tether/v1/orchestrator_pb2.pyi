@@ -3812,3 +3812,262 @@ class AgentRenderResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AgentRenderResponse: _TypeAlias = AgentRenderResponse  # noqa: Y015
+
+@_typing.final
+class CreateWebhookSubscriptionRequest(_message.Message):
+    """CreateWebhookSubscriptionRequest is a subscription to store."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTOR_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    """Where events are POSTed."""
+    secret: _builtins.str
+    """The signing secret (sealed by interactions, never stored here)."""
+    @_builtins.property
+    def actor(self) -> Global___AgentActor:
+        """Who adds it, and for which tenant."""
+
+    @_builtins.property
+    def events(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The event types."""
+
+    def __init__(
+        self,
+        *,
+        actor: Global___AgentActor | None = ...,
+        url: _builtins.str = ...,
+        events: _abc.Iterable[_builtins.str] | None = ...,
+        secret: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "events", b"events", "secret", b"secret", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateWebhookSubscriptionRequest: _TypeAlias = CreateWebhookSubscriptionRequest  # noqa: Y015
+
+@_typing.final
+class CreateWebhookSubscriptionResponse(_message.Message):
+    """CreateWebhookSubscriptionResponse is the subscription stored."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIPTION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def subscription(self) -> _common_pb2.WebhookSubscription:
+        """The subscription."""
+
+    def __init__(
+        self,
+        *,
+        subscription: _common_pb2.WebhookSubscription | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["subscription", b"subscription"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscription", b"subscription"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateWebhookSubscriptionResponse: _TypeAlias = CreateWebhookSubscriptionResponse  # noqa: Y015
+
+@_typing.final
+class SearchWebhookSubscriptionsRequest(_message.Message):
+    """SearchWebhookSubscriptionsRequest names a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchWebhookSubscriptionsRequest: _TypeAlias = SearchWebhookSubscriptionsRequest  # noqa: Y015
+
+@_typing.final
+class SearchWebhookSubscriptionsResponse(_message.Message):
+    """SearchWebhookSubscriptionsResponse is its subscriptions, oldest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.WebhookSubscription]:
+        """Subscriptions."""
+
+    def __init__(
+        self,
+        *,
+        subscriptions: _abc.Iterable[_common_pb2.WebhookSubscription] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscriptions", b"subscriptions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchWebhookSubscriptionsResponse: _TypeAlias = SearchWebhookSubscriptionsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteWebhookSubscriptionRequest(_message.Message):
+    """DeleteWebhookSubscriptionRequest names a subscription of a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTOR_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_ID_FIELD_NUMBER: _builtins.int
+    subscription_id: _builtins.str
+    """Subscription id."""
+    @_builtins.property
+    def actor(self) -> Global___AgentActor:
+        """Who removes it, and for which tenant."""
+
+    def __init__(
+        self,
+        *,
+        actor: Global___AgentActor | None = ...,
+        subscription_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "subscription_id", b"subscription_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteWebhookSubscriptionRequest: _TypeAlias = DeleteWebhookSubscriptionRequest  # noqa: Y015
+
+@_typing.final
+class DeleteWebhookSubscriptionResponse(_message.Message):
+    """DeleteWebhookSubscriptionResponse confirms the removal."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteWebhookSubscriptionResponse: _TypeAlias = DeleteWebhookSubscriptionResponse  # noqa: Y015
+
+@_typing.final
+class SearchWebhookDeliveriesRequest(_message.Message):
+    """SearchWebhookDeliveriesRequest names a subscription of a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    subscription_id: _builtins.str
+    """Subscription id."""
+    limit: _builtins.int
+    """At most this many, newest first."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        subscription_id: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "subscription_id", b"subscription_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchWebhookDeliveriesRequest: _TypeAlias = SearchWebhookDeliveriesRequest  # noqa: Y015
+
+@_typing.final
+class SearchWebhookDeliveriesResponse(_message.Message):
+    """SearchWebhookDeliveriesResponse is the delivery log, newest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def deliveries(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.WebhookDelivery]:
+        """Deliveries."""
+
+    def __init__(
+        self,
+        *,
+        deliveries: _abc.Iterable[_common_pb2.WebhookDelivery] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deliveries", b"deliveries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchWebhookDeliveriesResponse: _TypeAlias = SearchWebhookDeliveriesResponse  # noqa: Y015
+
+@_typing.final
+class RequeueWebhookDeliveryRequest(_message.Message):
+    """RequeueWebhookDeliveryRequest names a delivery of a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTOR_FIELD_NUMBER: _builtins.int
+    DELIVERY_ID_FIELD_NUMBER: _builtins.int
+    delivery_id: _builtins.str
+    """Delivery id."""
+    @_builtins.property
+    def actor(self) -> Global___AgentActor:
+        """Who asks, and for which tenant."""
+
+    def __init__(
+        self,
+        *,
+        actor: Global___AgentActor | None = ...,
+        delivery_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "delivery_id", b"delivery_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequeueWebhookDeliveryRequest: _TypeAlias = RequeueWebhookDeliveryRequest  # noqa: Y015
+
+@_typing.final
+class RequeueWebhookDeliveryResponse(_message.Message):
+    """RequeueWebhookDeliveryResponse is the delivery, pending again."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def delivery(self) -> _common_pb2.WebhookDelivery:
+        """The delivery."""
+
+    def __init__(
+        self,
+        *,
+        delivery: _common_pb2.WebhookDelivery | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequeueWebhookDeliveryResponse: _TypeAlias = RequeueWebhookDeliveryResponse  # noqa: Y015

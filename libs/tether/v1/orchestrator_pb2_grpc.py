@@ -216,6 +216,31 @@ class OrchestratorServiceStub:
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.AgentRenderRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_orchestrator__pb2.AgentRenderResponse.FromString,
                 _registered_method=True)
+        self.CreateWebhookSubscription = channel.unary_unary(
+                '/tether.v1.OrchestratorService/CreateWebhookSubscription',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.CreateWebhookSubscriptionRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.CreateWebhookSubscriptionResponse.FromString,
+                _registered_method=True)
+        self.SearchWebhookSubscriptions = channel.unary_unary(
+                '/tether.v1.OrchestratorService/SearchWebhookSubscriptions',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.SearchWebhookSubscriptionsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.SearchWebhookSubscriptionsResponse.FromString,
+                _registered_method=True)
+        self.DeleteWebhookSubscription = channel.unary_unary(
+                '/tether.v1.OrchestratorService/DeleteWebhookSubscription',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.DeleteWebhookSubscriptionRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.DeleteWebhookSubscriptionResponse.FromString,
+                _registered_method=True)
+        self.SearchWebhookDeliveries = channel.unary_unary(
+                '/tether.v1.OrchestratorService/SearchWebhookDeliveries',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.SearchWebhookDeliveriesRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.SearchWebhookDeliveriesResponse.FromString,
+                _registered_method=True)
+        self.RequeueWebhookDelivery = channel.unary_unary(
+                '/tether.v1.OrchestratorService/RequeueWebhookDelivery',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.RequeueWebhookDeliveryRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.RequeueWebhookDeliveryResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServiceServicer:
@@ -504,6 +529,43 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateWebhookSubscription(self, request, context):
+        """CreateWebhookSubscription stores a tenant's subscription to run events, its secret sealed
+        by interactions, with an audit record.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SearchWebhookSubscriptions(self, request, context):
+        """SearchWebhookSubscriptions lists a tenant's subscriptions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteWebhookSubscription(self, request, context):
+        """DeleteWebhookSubscription removes a subscription and its delivery log, with an audit
+        record; another tenant's is NOT_FOUND, like an absent one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SearchWebhookDeliveries(self, request, context):
+        """SearchWebhookDeliveries is a subscription's delivery log, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RequeueWebhookDelivery(self, request, context):
+        """RequeueWebhookDelivery makes a delivery due again (same webhook-id), with an audit record.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -686,6 +748,31 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.AgentRender,
                     request_deserializer=tether_dot_v1_dot_orchestrator__pb2.AgentRenderRequest.FromString,
                     response_serializer=tether_dot_v1_dot_orchestrator__pb2.AgentRenderResponse.SerializeToString,
+            ),
+            'CreateWebhookSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateWebhookSubscription,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.CreateWebhookSubscriptionRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.CreateWebhookSubscriptionResponse.SerializeToString,
+            ),
+            'SearchWebhookSubscriptions': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchWebhookSubscriptions,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.SearchWebhookSubscriptionsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.SearchWebhookSubscriptionsResponse.SerializeToString,
+            ),
+            'DeleteWebhookSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteWebhookSubscription,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.DeleteWebhookSubscriptionRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.DeleteWebhookSubscriptionResponse.SerializeToString,
+            ),
+            'SearchWebhookDeliveries': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchWebhookDeliveries,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.SearchWebhookDeliveriesRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.SearchWebhookDeliveriesResponse.SerializeToString,
+            ),
+            'RequeueWebhookDelivery': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequeueWebhookDelivery,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.RequeueWebhookDeliveryRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.RequeueWebhookDeliveryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1662,6 +1749,141 @@ class OrchestratorService:
             '/tether.v1.OrchestratorService/AgentRender',
             tether_dot_v1_dot_orchestrator__pb2.AgentRenderRequest.SerializeToString,
             tether_dot_v1_dot_orchestrator__pb2.AgentRenderResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateWebhookSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/CreateWebhookSubscription',
+            tether_dot_v1_dot_orchestrator__pb2.CreateWebhookSubscriptionRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.CreateWebhookSubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchWebhookSubscriptions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/SearchWebhookSubscriptions',
+            tether_dot_v1_dot_orchestrator__pb2.SearchWebhookSubscriptionsRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.SearchWebhookSubscriptionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteWebhookSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/DeleteWebhookSubscription',
+            tether_dot_v1_dot_orchestrator__pb2.DeleteWebhookSubscriptionRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.DeleteWebhookSubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchWebhookDeliveries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/SearchWebhookDeliveries',
+            tether_dot_v1_dot_orchestrator__pb2.SearchWebhookDeliveriesRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.SearchWebhookDeliveriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequeueWebhookDelivery(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/RequeueWebhookDelivery',
+            tether_dot_v1_dot_orchestrator__pb2.RequeueWebhookDeliveryRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.RequeueWebhookDeliveryResponse.FromString,
             options,
             channel_credentials,
             insecure,

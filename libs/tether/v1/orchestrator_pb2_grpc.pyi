@@ -164,6 +164,20 @@ class OrchestratorServiceStub:
     send for a message in a new conversation, with no model call and no run: UNAVAILABLE when
     no worker is connected here or none answers in time; another tenant's agent is NOT_FOUND.
     """
+    CreateWebhookSubscription: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.CreateWebhookSubscriptionRequest, _orchestrator_pb2.CreateWebhookSubscriptionResponse]
+    """CreateWebhookSubscription stores a tenant's subscription to run events, its secret sealed
+    by interactions, with an audit record.
+    """
+    SearchWebhookSubscriptions: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.SearchWebhookSubscriptionsRequest, _orchestrator_pb2.SearchWebhookSubscriptionsResponse]
+    """SearchWebhookSubscriptions lists a tenant's subscriptions."""
+    DeleteWebhookSubscription: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.DeleteWebhookSubscriptionRequest, _orchestrator_pb2.DeleteWebhookSubscriptionResponse]
+    """DeleteWebhookSubscription removes a subscription and its delivery log, with an audit
+    record; another tenant's is NOT_FOUND, like an absent one.
+    """
+    SearchWebhookDeliveries: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.SearchWebhookDeliveriesRequest, _orchestrator_pb2.SearchWebhookDeliveriesResponse]
+    """SearchWebhookDeliveries is a subscription's delivery log, newest first."""
+    RequeueWebhookDelivery: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.RequeueWebhookDeliveryRequest, _orchestrator_pb2.RequeueWebhookDeliveryResponse]
+    """RequeueWebhookDelivery makes a delivery due again (same webhook-id), with an audit record."""
 
 @_typing.type_check_only
 class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
@@ -295,6 +309,20 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     send for a message in a new conversation, with no model call and no run: UNAVAILABLE when
     no worker is connected here or none answers in time; another tenant's agent is NOT_FOUND.
     """
+    CreateWebhookSubscription: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.CreateWebhookSubscriptionRequest, _orchestrator_pb2.CreateWebhookSubscriptionResponse]  # type: ignore[assignment]
+    """CreateWebhookSubscription stores a tenant's subscription to run events, its secret sealed
+    by interactions, with an audit record.
+    """
+    SearchWebhookSubscriptions: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.SearchWebhookSubscriptionsRequest, _orchestrator_pb2.SearchWebhookSubscriptionsResponse]  # type: ignore[assignment]
+    """SearchWebhookSubscriptions lists a tenant's subscriptions."""
+    DeleteWebhookSubscription: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.DeleteWebhookSubscriptionRequest, _orchestrator_pb2.DeleteWebhookSubscriptionResponse]  # type: ignore[assignment]
+    """DeleteWebhookSubscription removes a subscription and its delivery log, with an audit
+    record; another tenant's is NOT_FOUND, like an absent one.
+    """
+    SearchWebhookDeliveries: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.SearchWebhookDeliveriesRequest, _orchestrator_pb2.SearchWebhookDeliveriesResponse]  # type: ignore[assignment]
+    """SearchWebhookDeliveries is a subscription's delivery log, newest first."""
+    RequeueWebhookDelivery: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.RequeueWebhookDeliveryRequest, _orchestrator_pb2.RequeueWebhookDeliveryResponse]  # type: ignore[assignment]
+    """RequeueWebhookDelivery makes a delivery due again (same webhook-id), with an audit record."""
 
 class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
     """OrchestratorService owns runs after admission: routing, leases, checkpoints, retries,
@@ -636,5 +664,49 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
         send for a message in a new conversation, with no model call and no run: UNAVAILABLE when
         no worker is connected here or none answers in time; another tenant's agent is NOT_FOUND.
         """
+
+    @_abc_1.abstractmethod
+    def CreateWebhookSubscription(
+        self,
+        request: _orchestrator_pb2.CreateWebhookSubscriptionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.CreateWebhookSubscriptionResponse, _abc.Awaitable[_orchestrator_pb2.CreateWebhookSubscriptionResponse]]:
+        """CreateWebhookSubscription stores a tenant's subscription to run events, its secret sealed
+        by interactions, with an audit record.
+        """
+
+    @_abc_1.abstractmethod
+    def SearchWebhookSubscriptions(
+        self,
+        request: _orchestrator_pb2.SearchWebhookSubscriptionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.SearchWebhookSubscriptionsResponse, _abc.Awaitable[_orchestrator_pb2.SearchWebhookSubscriptionsResponse]]:
+        """SearchWebhookSubscriptions lists a tenant's subscriptions."""
+
+    @_abc_1.abstractmethod
+    def DeleteWebhookSubscription(
+        self,
+        request: _orchestrator_pb2.DeleteWebhookSubscriptionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.DeleteWebhookSubscriptionResponse, _abc.Awaitable[_orchestrator_pb2.DeleteWebhookSubscriptionResponse]]:
+        """DeleteWebhookSubscription removes a subscription and its delivery log, with an audit
+        record; another tenant's is NOT_FOUND, like an absent one.
+        """
+
+    @_abc_1.abstractmethod
+    def SearchWebhookDeliveries(
+        self,
+        request: _orchestrator_pb2.SearchWebhookDeliveriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.SearchWebhookDeliveriesResponse, _abc.Awaitable[_orchestrator_pb2.SearchWebhookDeliveriesResponse]]:
+        """SearchWebhookDeliveries is a subscription's delivery log, newest first."""
+
+    @_abc_1.abstractmethod
+    def RequeueWebhookDelivery(
+        self,
+        request: _orchestrator_pb2.RequeueWebhookDeliveryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.RequeueWebhookDeliveryResponse, _abc.Awaitable[_orchestrator_pb2.RequeueWebhookDeliveryResponse]]:
+        """RequeueWebhookDelivery makes a delivery due again (same webhook-id), with an audit record."""
 
 def add_OrchestratorServiceServicer_to_server(servicer: OrchestratorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -23,6 +23,7 @@ from services.gateway.grpc.runs import RunRpcs
 from services.gateway.grpc.secrets import SecretRpcs
 from services.gateway.grpc.streaming import StreamRpcs
 from services.gateway.grpc.tenants import TenantRpcs
+from services.gateway.grpc.webhooks import WebhookRpcs
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
 
 
@@ -41,6 +42,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         agents: AgentRpcs,
         secrets: SecretRpcs,
         channels: ChannelRpcs,
+        webhooks: WebhookRpcs,
     ) -> None:
         self._runs = runs
         self._interactions = interactions
@@ -51,6 +53,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self._agents = agents
         self._secrets = secrets
         self._channels = channels
+        self._webhooks = webhooks
 
     async def SendMessage(
         self, request: gateway_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
@@ -181,6 +184,31 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self, request: gateway_pb2.RotateChannelSecretRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.RotateChannelSecretResponse:
         return await self._channels.RotateChannelSecret(request, context)
+
+    async def AddWebhook(
+        self, request: gateway_pb2.AddWebhookRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.AddWebhookResponse:
+        return await self._webhooks.AddWebhook(request, context)
+
+    async def ListWebhooks(
+        self, request: gateway_pb2.ListWebhooksRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListWebhooksResponse:
+        return await self._webhooks.ListWebhooks(request, context)
+
+    async def RemoveWebhook(
+        self, request: gateway_pb2.RemoveWebhookRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.RemoveWebhookResponse:
+        return await self._webhooks.RemoveWebhook(request, context)
+
+    async def ListWebhookDeliveries(
+        self, request: gateway_pb2.ListWebhookDeliveriesRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListWebhookDeliveriesResponse:
+        return await self._webhooks.ListWebhookDeliveries(request, context)
+
+    async def RedeliverWebhook(
+        self, request: gateway_pb2.RedeliverWebhookRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.RedeliverWebhookResponse:
+        return await self._webhooks.RedeliverWebhook(request, context)
 
     async def ApplyAgent(
         self, request: gateway_pb2.ApplyAgentRequest, context: grpc.aio.ServicerContext

@@ -70,6 +70,12 @@ _UNARY: tuple[tuple[str, str, str, type[Message], bool], ...] = (
     ("DELETE", "/v2/channels/{channel_id}", "RemoveChannel", _G.RemoveChannelRequest, False),
     ("POST", "/v2/channels/{channel_id}/rotate-secret", "RotateChannelSecret",
      _G.RotateChannelSecretRequest, True),
+    ("POST", "/v2/webhooks/subscriptions", "AddWebhook", _G.AddWebhookRequest, True),
+    ("GET", "/v2/webhooks/subscriptions", "ListWebhooks", _G.ListWebhooksRequest, False),
+    ("DELETE", "/v2/webhooks/subscriptions/{subscription_id}", "RemoveWebhook",
+     _G.RemoveWebhookRequest, False),
+    ("POST", "/v2/webhooks/deliveries/{delivery_id}/redeliver", "RedeliverWebhook",
+     _G.RedeliverWebhookRequest, True),
     ("POST", "/v2/agents", "ApplyAgent", _G.ApplyAgentRequest, True),
     ("GET", "/v2/agents", "ListAgents", _G.ListAgentsRequest, False),
     ("GET", "/v2/agents/{name}/versions", "ListAgentVersions", _G.ListAgentVersionsRequest,
@@ -81,7 +87,7 @@ _UNARY: tuple[tuple[str, str, str, type[Message], bool], ...] = (
     ("POST", "/v2/agents/{name}/render", "RenderAgent", _G.RenderAgentRequest, True),
 )  # fmt: skip
 # RPCs whose success creates something: 201.
-_CREATES = frozenset({"AddDocument", "AddSecret", "AddChannel"})
+_CREATES = frozenset({"AddDocument", "AddSecret", "AddChannel", "AddWebhook"})
 
 
 def to_json(message: Message) -> dict[str, Any]:
@@ -163,6 +169,9 @@ class BridgeV2:
         # Before /v2/agents/{name}: the schema's path is not an agent's.
         router.add_get("/v2/agents/schema", self.agent_schema)
         router.add_get("/v2/agents/{name}", self.get_agent)
+        router.add_get(
+            "/v2/webhooks/subscriptions/{subscription_id}/deliveries", self.webhook_deliveries
+        )
         for method, path, rpc, request_type, has_body in _UNARY:
             router.add_route(method, path, self._unary(rpc, request_type, has_body=has_body))
 
@@ -220,6 +229,13 @@ class BridgeV2:
         if version is not None:
             message.version = non_negative(version, "version", INT32_MAX)
         return await self._call("GetAgent", message, request)
+
+    async def webhook_deliveries(self, request: web.Request) -> web.Response:
+        message = gateway_pb2.ListWebhookDeliveriesRequest(
+            subscription_id=request.match_info["subscription_id"],
+            page_size=non_negative(request.query.get("pageSize", "0"), "pageSize", INT32_MAX),
+        )
+        return await self._call("ListWebhookDeliveries", message, request)
 
     async def agent_schema(self, request: web.Request) -> web.Response:
         """The agent document's JSON Schema. Public, as a published format is: it holds no

@@ -46,7 +46,7 @@ fi
 # Each calling service's own credential; the servers get only their SHA-256 (the verifiers).
 if ! exists tether-service-verifiers; then
   verifiers=""
-  for svc in gateway worker interactions; do
+  for svc in gateway worker interactions orchestrator; do
     secret="$(rand)"
     "$KUBECTL" -n "$NS" delete secret "tether-$svc-credential" --ignore-not-found >/dev/null
     create "tether-$svc-credential" --from-literal=TETHER_SERVICE_CREDENTIAL="$secret"

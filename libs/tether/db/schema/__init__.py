@@ -28,6 +28,7 @@ from tether.db.schema.interactions_tables import (
     grants,
     interactions,
     secrets,
+    webhook_secrets,
 )
 from tether.db.schema.orchestrator_tables import (
     agent_sets,
@@ -46,6 +47,7 @@ from tether.db.schema.orchestrator_tables import (
     tool_outputs,
     usage_turns,
 )
+from tether.db.schema.webhook_tables import webhook_deliveries, webhook_subscriptions
 
 __all__ = [
     "agent_sets",
@@ -77,4 +79,7 @@ __all__ = [
     "tool_catalog",
     "tool_outputs",
     "usage_turns",
+    "webhook_deliveries",
+    "webhook_secrets",
+    "webhook_subscriptions",
 ]

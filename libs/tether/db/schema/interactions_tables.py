@@ -194,3 +194,17 @@ channel_connections = Table(
     Index("channel_connections_channel_id", "channel_id", unique=True),
     Index("channel_connections_name", "tenant_id", "name", unique=True),
 )
+
+# A run-event webhook subscription's signing secret (the subscription is the orchestrator's).
+webhook_secrets = Table(
+    "webhook_secrets",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("subscription_id", Text, nullable=False),
+    # AES-GCM under the key `key_id` names, bound to (tenant_id, subscription_id).
+    Column("ciphertext", LargeBinary, nullable=False),
+    Column("nonce", LargeBinary, nullable=False),
+    Column("key_id", Text, nullable=False),
+    _now(),
+    PrimaryKeyConstraint("tenant_id", "subscription_id"),
+)

@@ -7,7 +7,7 @@ status (a status reported again is the same row). A delivery finds its own messa
 names the table.
 
 Revision ID: 0027
-Revises: 0025 (0026 on main once the branch adding it merges: re-point then)
+Revises: 0026
 """
 
 import sqlalchemy as sa
@@ -15,7 +15,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0027"
-down_revision = "0025"
+down_revision = "0026"
 branch_labels = None
 depends_on = None
 

@@ -12,7 +12,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/common.proto.
  */
 export const file_tether_v1_common: GenFile = /*@__PURE__*/
-  fileDesc("ChZ0ZXRoZXIvdjEvY29tbW9uLnByb3RvEgl0ZXRoZXIudjEiVgoJRXJyb3JJbmZvEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIRCglyZXRyeWFibGUYAyABKAgSFwoPcHJvdmlkZXJfc3RhdHVzGAQgASgFIp4BCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAMSFQoNb3V0cHV0X3Rva2VucxgCIAEoAxIjChtjYWNoZV9jcmVhdGlvbl9pbnB1dF90b2tlbnMYAyABKAMSHwoXY2FjaGVfcmVhZF9pbnB1dF90b2tlbnMYBCABKAMSEwoLY29zdF9taWNyb3MYBSABKAMSDQoFbW9kZWwYBiABKAkiGAoIVGV4dFBhcnQSDAoEdGV4dBgBIAEoCSIzCgxUaGlua2luZ1BhcnQSEAoIdGhpbmtpbmcYASABKAkSEQoJc2lnbmF0dXJlGAIgASgJImsKDFRvb2xDYWxsUGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRImCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDwoDY3V0GAQgASgIQgIYASJwCg5Ub29sUmVzdWx0UGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDwoHY29udGVudBgCIAEoCRIQCghpc19lcnJvchgDIAEoCBISCgpvdXRwdXRfcmVmGAQgASgJEhEKCXRydW5jYXRlZBgFIAEoCCImCgxRdWVzdGlvblBhcnQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkiOQoMQXBwcm92YWxQYXJ0EhYKDmludGVyYWN0aW9uX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCSI6Cg5Db25uZWN0aW9uUGFydBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghwcm92aWRlchgCIAEoCSKSAQoLU3VtbWFyeVBhcnQSDAoEdGV4dBgBIAEoCRITCgtmcm9tX3J1bl9pZBgCIAEoCRIWCg50aHJvdWdoX3J1bl9pZBgDIAEoCRIMCgRydW5zGAQgASgFEg0KBXBhcnRzGAUgASgFEhUKDXRva2Vuc19iZWZvcmUYBiABKAMSFAoMdG9rZW5zX2FmdGVyGAcgASgDIrYDCgRQYXJ0Eg0KBWluZGV4GAEgASgFEgwKBHJvbGUYAiABKAkSDQoFZmluYWwYAyABKAgSEgoKc3VwZXJzZWRlZBgEIAEoCBIjCgR0ZXh0GAogASgLMhMudGV0aGVyLnYxLlRleHRQYXJ0SAASKwoIdGhpbmtpbmcYCyABKAsyFy50ZXRoZXIudjEuVGhpbmtpbmdQYXJ0SAASLAoJdG9vbF9jYWxsGAwgASgLMhcudGV0aGVyLnYxLlRvb2xDYWxsUGFydEgAEjAKC3Rvb2xfcmVzdWx0GA0gASgLMhkudGV0aGVyLnYxLlRvb2xSZXN1bHRQYXJ0SAASKwoIcXVlc3Rpb24YDiABKAsyFy50ZXRoZXIudjEuUXVlc3Rpb25QYXJ0SAASKwoIYXBwcm92YWwYDyABKAsyFy50ZXRoZXIudjEuQXBwcm92YWxQYXJ0SAASLwoKY29ubmVjdGlvbhgQIAEoCzIZLnRldGhlci52MS5Db25uZWN0aW9uUGFydEgAEikKB3N1bW1hcnkYESABKAsyFi50ZXRoZXIudjEuU3VtbWFyeVBhcnRIAEIGCgRraW5kIpIBCghEb2N1bWVudBITCgtkb2N1bWVudF9pZBgBIAEoCRINCgV0aXRsZRgCIAEoCRIPCgdjb250ZW50GAMgASgJEg0KBWNoYXJzGAQgASgFEhIKCmNyZWF0ZWRfYnkYBSABKAkSLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiKgoJQnVuZGxlUmVmEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoBSK6AQoKUnVuUm91dGluZxISCgpyb3V0aW5nX2lkGAEgASgJEg0KBWFnZW50GAIgASgJEg0KBW1vZGVsGAMgASgJEiUKB3BlcnNvbmEYBCABKAsyFC50ZXRoZXIudjEuQnVuZGxlUmVmEiQKBnNraWxscxgFIAMoCzIULnRldGhlci52MS5CdW5kbGVSZWYSFgoOdG9vbF9hbGxvd2xpc3QYBiADKAkSFQoNYWdlbnRfdmVyc2lvbhgHIAEoBSKmBQoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIRCgl0ZW5hbnRfaWQYAiABKAkSEgoKc2Vzc2lvbl9pZBgDIAEoCRIXCg9jb252ZXJzYXRpb25faWQYBCABKAkSJAoGc3RhdHVzGAUgASgOMhQudGV0aGVyLnYxLlJ1blN0YXR1cxIPCgdhdHRlbXB0GAYgASgFEhQKDG1heF9hdHRlbXB0cxgHIAEoBRIVCg1wYXJlbnRfcnVuX2lkGAggASgJEhMKC3Jvb3RfcnVuX2lkGAkgASgJEhMKC3Jlc3VsdF90ZXh0GAogASgJEhQKDHRhc2tfb3V0Y29tZRgLIAEoCRIQCgh3YXJuaW5ncxgMIAMoCRIjCgVlcnJvchgNIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SHwoFdXNhZ2UYDiABKAsyEC50ZXRoZXIudjEuVXNhZ2USMwoPbmV4dF9hdHRlbXB0X2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX2F0GBAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GBEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgSIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIbGFzdF9zZXEYEyABKAMSEgoKaW5wdXRfdGV4dBgUIAEoCRIPCgdjaGFubmVsGBUgASgJEhoKEm93bmVyX3ByaW5jaXBhbF9pZBgWIAEoCRISCgp2aXNpYmlsaXR5GBcgASgJEiYKB3JvdXRpbmcYGCABKAsyFS50ZXRoZXIudjEuUnVuUm91dGluZyK5AgoHQXR0ZW1wdBIPCgdhdHRlbXB0GAEgASgFEhMKC2xlYXNlX2Vwb2NoGAIgASgDEhEKCXdvcmtlcl9pZBgDIAEoCRIuCgpzdGFydGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHb3V0Y29tZRgGIAEoCRIjCgVlcnJvchgHIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SMQoIc3RhZ2VfbXMYCCADKAsyHy50ZXRoZXIudjEuQXR0ZW1wdC5TdGFnZU1zRW50cnkaLgoMU3RhZ2VNc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEibQoJTW9kZWxUdXJuEh8KBXVzYWdlGAEgASgLMhAudGV0aGVyLnYxLlVzYWdlEi4KCmNyZWF0ZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB2F0dGVtcHQYAyABKAUijwEKDEFnZW50VmVyc2lvbhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSDAoEc3BlYxgDIAEoCRISCgpub3JtYWxpc2VkGAQgASgJEg4KBmRpZ2VzdBgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ4CgxBZ2VudFN1bW1hcnkSDAoEbmFtZRgBIAEoCRIZChFwdWJsaXNoZWRfdmVyc2lvbhgCIAEoBRIPCgdkZWZhdWx0GAMgASgIEi4KCnVwZGF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqMBCgtDYXRhbG9nVG9vbBIMCgRuYW1lGAEgASgJEgwKBHJpc2sYAiABKAkSGQoRd3JpdGVzX2V4dGVybmFsbHkYAyABKAgSFQoNc2NoZW1hX3NoYTI1NhgEIAEoCRIUCgxhbm5vdW5jZWRfYnkYBSABKAkSMAoMYW5ub3VuY2VkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJiCgtSZXBseVRhcmdldBISCgpjaGFubmVsX2lkGAEgASgJEgwKBGtpbmQYAiABKAkSDwoHYWRkcmVzcxgDIAEoCRIOCgZ0aHJlYWQYBCABKAkSEAoIcmVwbHlfdG8YBSABKAkqsAIKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFQoRUlVOX1NUQVRVU19RVUVVRUQQARIWChJSVU5fU1RBVFVTX1JVTk5JTkcQAhIcChhSVU5fU1RBVFVTX1JFVFJZX1BFTkRJTkcQAxIjCh9SVU5fU1RBVFVTX1dBSVRJTkdfRk9SX1FVRVNUSU9OEAQSIwofUlVOX1NUQVRVU19XQUlUSU5HX0ZPUl9BUFBST1ZBTBAFEiUKIVJVTl9TVEFUVVNfV0FJVElOR19GT1JfQ09OTkVDVElPThAGEhgKFFJVTl9TVEFUVVNfQ09NUExFVEVEEAcSFQoRUlVOX1NUQVRVU19GQUlMRUQQCBIYChRSVU5fU1RBVFVTX0NBTkNFTExFRBAJKpABCgtEaXNwb3NpdGlvbhIbChdESVNQT1NJVElPTl9VTlNQRUNJRklFRBAAEhcKE0RJU1BPU0lUSU9OX0NSRUFURUQQARIYChRESVNQT1NJVElPTl9BVFRBQ0hFRBACEhgKFERJU1BPU0lUSU9OX1JFUExBWUVEEAMSFwoTRElTUE9TSVRJT05fUkVUUklFRBAEYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChZ0ZXRoZXIvdjEvY29tbW9uLnByb3RvEgl0ZXRoZXIudjEiVgoJRXJyb3JJbmZvEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIRCglyZXRyeWFibGUYAyABKAgSFwoPcHJvdmlkZXJfc3RhdHVzGAQgASgFIp4BCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAMSFQoNb3V0cHV0X3Rva2VucxgCIAEoAxIjChtjYWNoZV9jcmVhdGlvbl9pbnB1dF90b2tlbnMYAyABKAMSHwoXY2FjaGVfcmVhZF9pbnB1dF90b2tlbnMYBCABKAMSEwoLY29zdF9taWNyb3MYBSABKAMSDQoFbW9kZWwYBiABKAkiGAoIVGV4dFBhcnQSDAoEdGV4dBgBIAEoCSIzCgxUaGlua2luZ1BhcnQSEAoIdGhpbmtpbmcYASABKAkSEQoJc2lnbmF0dXJlGAIgASgJImsKDFRvb2xDYWxsUGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRImCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDwoDY3V0GAQgASgIQgIYASJwCg5Ub29sUmVzdWx0UGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDwoHY29udGVudBgCIAEoCRIQCghpc19lcnJvchgDIAEoCBISCgpvdXRwdXRfcmVmGAQgASgJEhEKCXRydW5jYXRlZBgFIAEoCCImCgxRdWVzdGlvblBhcnQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkiOQoMQXBwcm92YWxQYXJ0EhYKDmludGVyYWN0aW9uX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCSI6Cg5Db25uZWN0aW9uUGFydBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghwcm92aWRlchgCIAEoCSKSAQoLU3VtbWFyeVBhcnQSDAoEdGV4dBgBIAEoCRITCgtmcm9tX3J1bl9pZBgCIAEoCRIWCg50aHJvdWdoX3J1bl9pZBgDIAEoCRIMCgRydW5zGAQgASgFEg0KBXBhcnRzGAUgASgFEhUKDXRva2Vuc19iZWZvcmUYBiABKAMSFAoMdG9rZW5zX2FmdGVyGAcgASgDIrYDCgRQYXJ0Eg0KBWluZGV4GAEgASgFEgwKBHJvbGUYAiABKAkSDQoFZmluYWwYAyABKAgSEgoKc3VwZXJzZWRlZBgEIAEoCBIjCgR0ZXh0GAogASgLMhMudGV0aGVyLnYxLlRleHRQYXJ0SAASKwoIdGhpbmtpbmcYCyABKAsyFy50ZXRoZXIudjEuVGhpbmtpbmdQYXJ0SAASLAoJdG9vbF9jYWxsGAwgASgLMhcudGV0aGVyLnYxLlRvb2xDYWxsUGFydEgAEjAKC3Rvb2xfcmVzdWx0GA0gASgLMhkudGV0aGVyLnYxLlRvb2xSZXN1bHRQYXJ0SAASKwoIcXVlc3Rpb24YDiABKAsyFy50ZXRoZXIudjEuUXVlc3Rpb25QYXJ0SAASKwoIYXBwcm92YWwYDyABKAsyFy50ZXRoZXIudjEuQXBwcm92YWxQYXJ0SAASLwoKY29ubmVjdGlvbhgQIAEoCzIZLnRldGhlci52MS5Db25uZWN0aW9uUGFydEgAEikKB3N1bW1hcnkYESABKAsyFi50ZXRoZXIudjEuU3VtbWFyeVBhcnRIAEIGCgRraW5kIpIBCghEb2N1bWVudBITCgtkb2N1bWVudF9pZBgBIAEoCRINCgV0aXRsZRgCIAEoCRIPCgdjb250ZW50GAMgASgJEg0KBWNoYXJzGAQgASgFEhIKCmNyZWF0ZWRfYnkYBSABKAkSLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiKgoJQnVuZGxlUmVmEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoBSK6AQoKUnVuUm91dGluZxISCgpyb3V0aW5nX2lkGAEgASgJEg0KBWFnZW50GAIgASgJEg0KBW1vZGVsGAMgASgJEiUKB3BlcnNvbmEYBCABKAsyFC50ZXRoZXIudjEuQnVuZGxlUmVmEiQKBnNraWxscxgFIAMoCzIULnRldGhlci52MS5CdW5kbGVSZWYSFgoOdG9vbF9hbGxvd2xpc3QYBiADKAkSFQoNYWdlbnRfdmVyc2lvbhgHIAEoBSKmBQoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIRCgl0ZW5hbnRfaWQYAiABKAkSEgoKc2Vzc2lvbl9pZBgDIAEoCRIXCg9jb252ZXJzYXRpb25faWQYBCABKAkSJAoGc3RhdHVzGAUgASgOMhQudGV0aGVyLnYxLlJ1blN0YXR1cxIPCgdhdHRlbXB0GAYgASgFEhQKDG1heF9hdHRlbXB0cxgHIAEoBRIVCg1wYXJlbnRfcnVuX2lkGAggASgJEhMKC3Jvb3RfcnVuX2lkGAkgASgJEhMKC3Jlc3VsdF90ZXh0GAogASgJEhQKDHRhc2tfb3V0Y29tZRgLIAEoCRIQCgh3YXJuaW5ncxgMIAMoCRIjCgVlcnJvchgNIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SHwoFdXNhZ2UYDiABKAsyEC50ZXRoZXIudjEuVXNhZ2USMwoPbmV4dF9hdHRlbXB0X2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX2F0GBAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GBEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgSIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIbGFzdF9zZXEYEyABKAMSEgoKaW5wdXRfdGV4dBgUIAEoCRIPCgdjaGFubmVsGBUgASgJEhoKEm93bmVyX3ByaW5jaXBhbF9pZBgWIAEoCRISCgp2aXNpYmlsaXR5GBcgASgJEiYKB3JvdXRpbmcYGCABKAsyFS50ZXRoZXIudjEuUnVuUm91dGluZyK5AgoHQXR0ZW1wdBIPCgdhdHRlbXB0GAEgASgFEhMKC2xlYXNlX2Vwb2NoGAIgASgDEhEKCXdvcmtlcl9pZBgDIAEoCRIuCgpzdGFydGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHb3V0Y29tZRgGIAEoCRIjCgVlcnJvchgHIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SMQoIc3RhZ2VfbXMYCCADKAsyHy50ZXRoZXIudjEuQXR0ZW1wdC5TdGFnZU1zRW50cnkaLgoMU3RhZ2VNc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEibQoJTW9kZWxUdXJuEh8KBXVzYWdlGAEgASgLMhAudGV0aGVyLnYxLlVzYWdlEi4KCmNyZWF0ZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB2F0dGVtcHQYAyABKAUijwEKDEFnZW50VmVyc2lvbhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSDAoEc3BlYxgDIAEoCRISCgpub3JtYWxpc2VkGAQgASgJEg4KBmRpZ2VzdBgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ4CgxBZ2VudFN1bW1hcnkSDAoEbmFtZRgBIAEoCRIZChFwdWJsaXNoZWRfdmVyc2lvbhgCIAEoBRIPCgdkZWZhdWx0GAMgASgIEi4KCnVwZGF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqMBCgtDYXRhbG9nVG9vbBIMCgRuYW1lGAEgASgJEgwKBHJpc2sYAiABKAkSGQoRd3JpdGVzX2V4dGVybmFsbHkYAyABKAgSFQoNc2NoZW1hX3NoYTI1NhgEIAEoCRIUCgxhbm5vdW5jZWRfYnkYBSABKAkSMAoMYW5ub3VuY2VkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJiCgtSZXBseVRhcmdldBISCgpjaGFubmVsX2lkGAEgASgJEgwKBGtpbmQYAiABKAkSDwoHYWRkcmVzcxgDIAEoCRIOCgZ0aHJlYWQYBCABKAkSEAoIcmVwbHlfdG8YBSABKAkigwIKE1dlYmhvb2tTdWJzY3JpcHRpb24SFwoPc3Vic2NyaXB0aW9uX2lkGAEgASgJEgsKA3VybBgCIAEoCRIOCgZldmVudHMYAyADKAkSEgoKY3JlYXRlZF9ieRgEIAEoCRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZzdGF0dXMYBiABKAkSLwoLZGlzYWJsZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjEKDWZhaWxpbmdfc2luY2UYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wItICCg9XZWJob29rRGVsaXZlcnkSEwoLZGVsaXZlcnlfaWQYASABKAkSFwoPc3Vic2NyaXB0aW9uX2lkGAIgASgJEg4KBnJ1bl9pZBgDIAEoCRILCgNzZXEYBCABKAMSEgoKZXZlbnRfdHlwZRgFIAEoCRIOCgZzdGF0dXMYBiABKAkSEAoIYXR0ZW1wdHMYByABKAUSGAoQbGFzdF9odHRwX3N0YXR1cxgIIAEoBRISCgpsYXN0X2Vycm9yGAkgASgJEjMKD25leHRfYXR0ZW1wdF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoHc2VudF9hdBgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAqsAIKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFQoRUlVOX1NUQVRVU19RVUVVRUQQARIWChJSVU5fU1RBVFVTX1JVTk5JTkcQAhIcChhSVU5fU1RBVFVTX1JFVFJZX1BFTkRJTkcQAxIjCh9SVU5fU1RBVFVTX1dBSVRJTkdfRk9SX1FVRVNUSU9OEAQSIwofUlVOX1NUQVRVU19XQUlUSU5HX0ZPUl9BUFBST1ZBTBAFEiUKIVJVTl9TVEFUVVNfV0FJVElOR19GT1JfQ09OTkVDVElPThAGEhgKFFJVTl9TVEFUVVNfQ09NUExFVEVEEAcSFQoRUlVOX1NUQVRVU19GQUlMRUQQCBIYChRSVU5fU1RBVFVTX0NBTkNFTExFRBAJKpABCgtEaXNwb3NpdGlvbhIbChdESVNQT1NJVElPTl9VTlNQRUNJRklFRBAAEhcKE0RJU1BPU0lUSU9OX0NSRUFURUQQARIYChRESVNQT1NJVElPTl9BVFRBQ0hFRBACEhgKFERJU1BPU0lUSU9OX1JFUExBWUVEEAMSFwoTRElTUE9TSVRJT05fUkVUUklFRBAEYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * ErrorInfo is a classified failure kept on a run or an event.
@@ -2151,6 +2151,332 @@ export type ReplyTargetJson = {
  */
 export const ReplyTargetSchema: GenMessage<ReplyTarget, {jsonType: ReplyTargetJson}> = /*@__PURE__*/
   messageDesc(file_tether_v1_common, 20);
+
+/**
+ * WebhookSubscription is a tenant's endpoint receiving run events; its signing secret is sealed
+ * in interactions and never shown.
+ *
+ * @generated from message tether.v1.WebhookSubscription
+ */
+export type WebhookSubscription = Message<"tether.v1.WebhookSubscription"> & {
+  /**
+   * Subscription id.
+   *
+   * @generated from field: string subscription_id = 1;
+   */
+  subscriptionId: string;
+
+  /**
+   * Where events are POSTed.
+   *
+   * @generated from field: string url = 2;
+   */
+  url: string;
+
+  /**
+   * The event types it receives, e.g. "run.completed".
+   *
+   * @generated from field: repeated string events = 3;
+   */
+  events: string[];
+
+  /**
+   * Who added it.
+   *
+   * @generated from field: string created_by = 4;
+   */
+  createdBy: string;
+
+  /**
+   * When it was added.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 5;
+   */
+  createdAt?: Timestamp | undefined;
+
+  /**
+   * "enabled", or "disabled" once its endpoint failed for TETHER_WEBHOOK_DISABLE_AFTER.
+   *
+   * @generated from field: string status = 6;
+   */
+  status: string;
+
+  /**
+   * When it was disabled (unset while enabled).
+   *
+   * @generated from field: google.protobuf.Timestamp disabled_at = 7;
+   */
+  disabledAt?: Timestamp | undefined;
+
+  /**
+   * Since when every send to it failed (unset after a success).
+   *
+   * @generated from field: google.protobuf.Timestamp failing_since = 8;
+   */
+  failingSince?: Timestamp | undefined;
+};
+
+/**
+ * WebhookSubscription is a tenant's endpoint receiving run events; its signing secret is sealed
+ * in interactions and never shown.
+ *
+ * @generated from message tether.v1.WebhookSubscription
+ */
+export type WebhookSubscriptionJson = {
+  /**
+   * Subscription id.
+   *
+   * @generated from field: string subscription_id = 1;
+   */
+  subscriptionId?: string;
+
+  /**
+   * Where events are POSTed.
+   *
+   * @generated from field: string url = 2;
+   */
+  url?: string;
+
+  /**
+   * The event types it receives, e.g. "run.completed".
+   *
+   * @generated from field: repeated string events = 3;
+   */
+  events?: string[];
+
+  /**
+   * Who added it.
+   *
+   * @generated from field: string created_by = 4;
+   */
+  createdBy?: string;
+
+  /**
+   * When it was added.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 5;
+   */
+  createdAt?: TimestampJson;
+
+  /**
+   * "enabled", or "disabled" once its endpoint failed for TETHER_WEBHOOK_DISABLE_AFTER.
+   *
+   * @generated from field: string status = 6;
+   */
+  status?: string;
+
+  /**
+   * When it was disabled (unset while enabled).
+   *
+   * @generated from field: google.protobuf.Timestamp disabled_at = 7;
+   */
+  disabledAt?: TimestampJson;
+
+  /**
+   * Since when every send to it failed (unset after a success).
+   *
+   * @generated from field: google.protobuf.Timestamp failing_since = 8;
+   */
+  failingSince?: TimestampJson;
+};
+
+/**
+ * Describes the message tether.v1.WebhookSubscription.
+ * Use `create(WebhookSubscriptionSchema)` to create a new message.
+ */
+export const WebhookSubscriptionSchema: GenMessage<WebhookSubscription, {jsonType: WebhookSubscriptionJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_common, 21);
+
+/**
+ * WebhookDelivery is one event sent (or to be sent) to one subscription. Its id is the
+ * `webhook-id` header, the same on every try and on a redelivery.
+ *
+ * @generated from message tether.v1.WebhookDelivery
+ */
+export type WebhookDelivery = Message<"tether.v1.WebhookDelivery"> & {
+  /**
+   * Delivery id, the webhook-id header.
+   *
+   * @generated from field: string delivery_id = 1;
+   */
+  deliveryId: string;
+
+  /**
+   * Subscription id.
+   *
+   * @generated from field: string subscription_id = 2;
+   */
+  subscriptionId: string;
+
+  /**
+   * The run the event belongs to.
+   *
+   * @generated from field: string run_id = 3;
+   */
+  runId: string;
+
+  /**
+   * The event's seq in its run.
+   *
+   * @generated from field: int64 seq = 4;
+   */
+  seq: bigint;
+
+  /**
+   * The event's type.
+   *
+   * @generated from field: string event_type = 5;
+   */
+  eventType: string;
+
+  /**
+   * "pending", "sent", or "failed" (given up, or its subscription was disabled).
+   *
+   * @generated from field: string status = 6;
+   */
+  status: string;
+
+  /**
+   * How many sends were tried.
+   *
+   * @generated from field: int32 attempts = 7;
+   */
+  attempts: number;
+
+  /**
+   * The last answer's HTTP status (0: none, e.g. the connection failed).
+   *
+   * @generated from field: int32 last_http_status = 8;
+   */
+  lastHttpStatus: number;
+
+  /**
+   * What went wrong last ("" after a success).
+   *
+   * @generated from field: string last_error = 9;
+   */
+  lastError: string;
+
+  /**
+   * When the next try is due (unset unless pending).
+   *
+   * @generated from field: google.protobuf.Timestamp next_attempt_at = 10;
+   */
+  nextAttemptAt?: Timestamp | undefined;
+
+  /**
+   * When it was recorded.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 11;
+   */
+  createdAt?: Timestamp | undefined;
+
+  /**
+   * When the endpoint accepted it (unset until then).
+   *
+   * @generated from field: google.protobuf.Timestamp sent_at = 12;
+   */
+  sentAt?: Timestamp | undefined;
+};
+
+/**
+ * WebhookDelivery is one event sent (or to be sent) to one subscription. Its id is the
+ * `webhook-id` header, the same on every try and on a redelivery.
+ *
+ * @generated from message tether.v1.WebhookDelivery
+ */
+export type WebhookDeliveryJson = {
+  /**
+   * Delivery id, the webhook-id header.
+   *
+   * @generated from field: string delivery_id = 1;
+   */
+  deliveryId?: string;
+
+  /**
+   * Subscription id.
+   *
+   * @generated from field: string subscription_id = 2;
+   */
+  subscriptionId?: string;
+
+  /**
+   * The run the event belongs to.
+   *
+   * @generated from field: string run_id = 3;
+   */
+  runId?: string;
+
+  /**
+   * The event's seq in its run.
+   *
+   * @generated from field: int64 seq = 4;
+   */
+  seq?: string;
+
+  /**
+   * The event's type.
+   *
+   * @generated from field: string event_type = 5;
+   */
+  eventType?: string;
+
+  /**
+   * "pending", "sent", or "failed" (given up, or its subscription was disabled).
+   *
+   * @generated from field: string status = 6;
+   */
+  status?: string;
+
+  /**
+   * How many sends were tried.
+   *
+   * @generated from field: int32 attempts = 7;
+   */
+  attempts?: number;
+
+  /**
+   * The last answer's HTTP status (0: none, e.g. the connection failed).
+   *
+   * @generated from field: int32 last_http_status = 8;
+   */
+  lastHttpStatus?: number;
+
+  /**
+   * What went wrong last ("" after a success).
+   *
+   * @generated from field: string last_error = 9;
+   */
+  lastError?: string;
+
+  /**
+   * When the next try is due (unset unless pending).
+   *
+   * @generated from field: google.protobuf.Timestamp next_attempt_at = 10;
+   */
+  nextAttemptAt?: TimestampJson;
+
+  /**
+   * When it was recorded.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 11;
+   */
+  createdAt?: TimestampJson;
+
+  /**
+   * When the endpoint accepted it (unset until then).
+   *
+   * @generated from field: google.protobuf.Timestamp sent_at = 12;
+   */
+  sentAt?: TimestampJson;
+};
+
+/**
+ * Describes the message tether.v1.WebhookDelivery.
+ * Use `create(WebhookDeliverySchema)` to create a new message.
+ */
+export const WebhookDeliverySchema: GenMessage<WebhookDelivery, {jsonType: WebhookDeliveryJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_common, 22);
 
 /**
  * RunStatus is where a run stands in its lifecycle. Transitions are listed in libs/tether/states.py.
