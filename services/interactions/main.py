@@ -70,7 +70,7 @@ async def amain(
         ),
         upkeep,
         SecretStore(engine, keyring),
-        ChannelRpcs(ChannelStore(engine, keyring, settings.target_policy)),
+        ChannelRpcs(ChannelStore(engine, keyring, settings.target_policy), orchestrator),
     )
     served = await start_server(
         host=settings.host,

@@ -19,6 +19,8 @@ OWNER = {
     "run_parts": "orchestrator",
     "attempts": "orchestrator",
     "effects": "orchestrator",
+    "deliveries": "orchestrator",
+    "channel_statuses": "orchestrator",
     "usage_turns": "orchestrator",
     "tool_outputs": "orchestrator",
     "routings": "orchestrator",

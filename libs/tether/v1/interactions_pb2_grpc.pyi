@@ -89,6 +89,11 @@ class InteractionsServiceStub:
     """LookupChannelVerification gives the gateway, and only the gateway, what verifies a
     provider's webhook: the connection's tenant, kind and valid verification secrets.
     """
+    LookupChannelDelivery: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.LookupChannelDeliveryRequest, _interactions_pb2.LookupChannelDeliveryResponse]
+    """LookupChannelDelivery gives a worker, under the live lease of a run the connection's
+    principal owns, what sends that run's answer: the sending credential, the API base URL and
+    the kind's settings. NOT_FOUND when the connection was removed.
+    """
 
 @_typing.type_check_only
 class InteractionsServiceAsyncStub(InteractionsServiceStub):
@@ -150,6 +155,11 @@ class InteractionsServiceAsyncStub(InteractionsServiceStub):
     LookupChannelVerification: _aio.UnaryUnaryMultiCallable[_interactions_pb2.LookupChannelVerificationRequest, _interactions_pb2.LookupChannelVerificationResponse]  # type: ignore[assignment]
     """LookupChannelVerification gives the gateway, and only the gateway, what verifies a
     provider's webhook: the connection's tenant, kind and valid verification secrets.
+    """
+    LookupChannelDelivery: _aio.UnaryUnaryMultiCallable[_interactions_pb2.LookupChannelDeliveryRequest, _interactions_pb2.LookupChannelDeliveryResponse]  # type: ignore[assignment]
+    """LookupChannelDelivery gives a worker, under the live lease of a run the connection's
+    principal owns, what sends that run's answer: the sending credential, the API base URL and
+    the kind's settings. NOT_FOUND when the connection was removed.
     """
 
 class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -347,6 +357,17 @@ class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_interactions_pb2.LookupChannelVerificationResponse, _abc.Awaitable[_interactions_pb2.LookupChannelVerificationResponse]]:
         """LookupChannelVerification gives the gateway, and only the gateway, what verifies a
         provider's webhook: the connection's tenant, kind and valid verification secrets.
+        """
+
+    @_abc_1.abstractmethod
+    def LookupChannelDelivery(
+        self,
+        request: _interactions_pb2.LookupChannelDeliveryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_interactions_pb2.LookupChannelDeliveryResponse, _abc.Awaitable[_interactions_pb2.LookupChannelDeliveryResponse]]:
+        """LookupChannelDelivery gives a worker, under the live lease of a run the connection's
+        principal owns, what sends that run's answer: the sending credential, the API base URL and
+        the kind's settings. NOT_FOUND when the connection was removed.
         """
 
 def add_InteractionsServiceServicer_to_server(servicer: InteractionsServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

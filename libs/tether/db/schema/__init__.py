@@ -5,8 +5,8 @@ service (README, "Who owns which table"):
 - `admission_tables`: sessions, messages, event_claims (admission creates the queued run, through
   the orchestrator's intake);
 - `orchestrator_tables`: the run aggregate (runs, run_events, run_parts, attempts, effects,
-  usage_turns, tool_outputs, routings, context_summaries), documents and agents (agents,
-  agent_versions, agent_sets) and the tool catalog (tool_catalog);
+  usage_turns, tool_outputs, routings, context_summaries, deliveries), channel_statuses,
+  documents and agents (agents, agent_versions, agent_sets) and the tool catalog (tool_catalog);
 - `interactions_tables`: interactions, grants, connections, secrets,
   channel_connections;
 - `audit_tables`: audit_log, appended to by every service.
@@ -33,7 +33,9 @@ from tether.db.schema.orchestrator_tables import (
     agent_versions,
     agents,
     attempts,
+    channel_statuses,
     context_summaries,
+    deliveries,
     documents,
     effects,
     routings,
@@ -54,8 +56,10 @@ __all__ = [
     "audit_log",
     "browser_credentials",
     "channel_connections",
+    "channel_statuses",
     "connections",
     "context_summaries",
+    "deliveries",
     "documents",
     "effects",
     "event_claims",
