@@ -20,9 +20,8 @@ from tether.db.schema import deliveries
 from tether.runtime.rpc import internal_channel
 from tether.testing.slack_server import SlackServer
 from tether.testing.whatsapp_server import WhatsAppServer
-from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2
+from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2, interactions_pb2_grpc
 from tether.v1 import interactions_pb2 as ipb
-from tether.v1 import interactions_pb2_grpc
 
 RECONCILE_S = 1.5
 
