@@ -11,16 +11,23 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import pytest_asyncio
+from sqlalchemy import insert
 
 from tests.system.delivery_support import Rig, delivery_of, delivery_rig
 from tests.system.execution_support import events_of, wait_for_status
+from tether import apikeys
+from tether.db.engine import create_engine
+from tether.db.schema import channel_statuses
 from tether.testing.model_server import TextTurn
 from tether.testing.slack_server import ApiError, HttpFailure, RateLimited
+from tether.v1 import gateway_pb2, gateway_pb2_grpc
 
 pytestmark = pytest.mark.system
 
@@ -226,3 +233,125 @@ async def test_the_bot_token_never_reaches_a_log_line(rig: Rig) -> None:
     token = rig.slack.bot_token
     for name, proc in rig.stack.services.procs.items():
         assert token not in proc.log_path.read_text(errors="replace"), name
+
+
+GATED = {"approvals": {"risks": {"send_reply": {"decisions": ["allow-once", "deny"]}}}}
+
+
+async def decide(rig: Rig, key: str, run_id: str, decision: str) -> None:
+    async with grpc.aio.insecure_channel(rig.stack.addr("gateway")) as channel:
+        await gateway_pb2_grpc.GatewayServiceStub(channel).DecideApproval(
+            gateway_pb2.DecideApprovalRequest(run_id=run_id, decision=decision),
+            metadata=(("authorization", f"Bearer {key}"),),
+        )
+
+
+async def parked_draft(rig: Rig, text: str) -> tuple[Any, str, str, str, Any]:
+    """A gated channel run parked with its draft: (tenant, run, channel, thread, delivery)."""
+    tenant = await rig.stack.tenant(agent=GATED, scopes=(*apikeys.CLIENT_SCOPES, apikeys.RUNS_ALL))
+    channel_id = await rig.add_channel(tenant, "slack")
+    rig.stack.model.script(text, [TextTurn("The drafted answer."), TextTurn("A regenerated one.")])
+    run_id, slack_channel, ts = await rig.slack_run(tenant, channel_id, text)
+    await wait_for_status(rig.db_url, run_id, "waiting-for-approval", "completed", timeout=30)
+    delivery = await delivery_of(rig.db_url, run_id)
+    assert (delivery.state, delivery.text, delivery.attempts) == (
+        "awaiting-approval",
+        "The drafted answer.",
+        0,
+    )
+    assert rig.slack.posts(slack_channel) == [], "nothing goes out before a person allows it"
+    return tenant, run_id, slack_channel, ts, delivery
+
+
+async def test_an_approval_gated_reply_sends_the_stored_draft_once_when_allowed(rig: Rig) -> None:
+    tenant, run_id, slack_channel, ts, _ = await parked_draft(rig, prompt("gated allow"))
+    await decide(rig, tenant.api_key, run_id, "allow-once")
+    run = await wait_for_status(rig.db_url, run_id, "completed", "failed", timeout=30)
+    assert run.status == "completed"
+    replies = [m.text for m in rig.slack.thread(slack_channel, ts) if m.bot_id is not None]
+    assert replies == ["The drafted answer."], "the stored draft, once, never a regenerated one"
+    delivery = await delivery_of(rig.db_url, run_id)
+    assert (delivery.state, delivery.attempts) == ("sent", 1)
+    assert run.result_text == "The drafted answer."
+    events = delivery_events(await events_of(rig.db_url, run_id))
+    assert events == ["delivery.sent", "run.completed"]
+
+
+async def test_an_approval_gated_reply_denied_is_never_posted(rig: Rig) -> None:
+    tenant, run_id, slack_channel, _, _ = await parked_draft(rig, prompt("gated deny"))
+    await decide(rig, tenant.api_key, run_id, "deny")
+    run = await wait_for_status(rig.db_url, run_id, "completed", "failed", timeout=30)
+    assert run.status == "completed"
+    delivery = await delivery_of(rig.db_url, run_id)
+    assert (delivery.state, delivery.attempts) == ("denied", 0)
+    assert rig.slack.posts(slack_channel) == []
+    assert delivery_events(await events_of(rig.db_url, run_id)) == [
+        "delivery.denied",
+        "run.completed",
+    ]
+
+
+async def test_a_whatsapp_reply_carries_its_delivery_as_callback_data(rig: Rig) -> None:
+    tenant = await rig.stack.tenant()
+    channel_id = await rig.add_channel(tenant, "whatsapp")
+    text = prompt("hello from whatsapp")
+    sender = f"1555{uuid.uuid4().int % 10**7:07d}"
+    rig.stack.model.script(text, [TextTurn("WhatsApp answer.")])
+    run_id = await rig.admit(
+        tenant, channel_id, "whatsapp", text, address=sender, thread="", reply_to="wamid.IN1"
+    )
+    run = await wait_for_status(rig.db_url, run_id, "completed", "failed", timeout=30)
+    assert run.status == "completed"
+    (message,) = rig.whatsapp.messages(sender)
+    delivery = await delivery_of(rig.db_url, run_id)
+    assert (message.text, message.context_message_id) == ("WhatsApp answer.", "wamid.IN1")
+    assert message.biz_opaque_callback_data == delivery.delivery_id
+    assert (delivery.state, delivery.provider_message_id) == ("sent", message.id)
+
+
+async def test_a_whatsapp_reply_sent_before_a_crash_is_reconciled_by_its_status(rig: Rig) -> None:
+    tenant = await rig.stack.tenant()
+    channel_id = await rig.add_channel(tenant, "whatsapp")
+    text = prompt("whatsapp kill")
+    sender = f"1555{uuid.uuid4().int % 10**7:07d}"
+    rig.stack.model.script(text, [TextTurn("Sent once."), TextTurn("A second draft.")])
+    rig.whatsapp.hold_answers()
+    run_id = await rig.admit(
+        tenant, channel_id, "whatsapp", text, address=sender, thread="", reply_to="wamid.IN2"
+    )
+    async with asyncio.timeout(30):
+        await rig.whatsapp.wait_until(lambda server: bool(server.messages(sender)))
+    worker = worker_of(rig)
+    rig.stack.services.kill(worker)
+    rig.whatsapp.release_answers()
+    (message,) = rig.whatsapp.messages(sender)
+    # The status callback as the gateway's webhook records it (its stand-in's body: "sent").
+    await record_status(
+        rig, tenant.tenant_id, channel_id, message.id, message.biz_opaque_callback_data
+    )
+    await rig.stack.services.restart(worker)
+    run = await wait_for_status(rig.db_url, run_id, "completed", "failed", timeout=60)
+    assert (run.status, run.attempt) == ("completed", 2)
+    assert [m.text for m in rig.whatsapp.messages(sender)] == ["Sent once."]
+    delivery = await delivery_of(rig.db_url, run_id)
+    assert (delivery.state, delivery.provider_message_id) == ("sent", message.id)
+
+
+async def record_status(
+    rig: Rig, tenant_id: str, channel_id: str, message_id: str, callback_data: str | None
+) -> None:
+    engine = create_engine(rig.db_url, pool_size=1)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                insert(channel_statuses).values(
+                    tenant_id=tenant_id,
+                    channel_id=channel_id,
+                    provider_message_id=message_id,
+                    status="sent",
+                    callback_data=callback_data,
+                    reported_at=datetime.now(UTC),
+                )
+            )
+    finally:
+        await engine.dispose()
