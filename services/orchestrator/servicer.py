@@ -30,6 +30,7 @@ from tether.convert import (
     turn_to_proto,
 )
 from tether.convert.catalog import cataloged_to_proto
+from tether.convert.deliveries import delivery_to_proto
 from tether.domain import Run, RunRouting
 from tether.errors import InvalidArgument
 from tether.states import RunStatus
@@ -124,6 +125,8 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             _viewer(request), request.run_id, include_superseded=request.include_superseded
         )
         run = _routed(view.run, view.routing)
+        if view.delivery is not None:
+            run.delivery.CopyFrom(delivery_to_proto(view.delivery))
         return orchestrator_pb2.LookupRunResponse(
             run=run, parts=[part_to_proto(p) for p in view.parts]
         )

@@ -9,6 +9,8 @@ agent's approvals; WhatsApp reconciled through its status callback."""
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -63,8 +65,30 @@ def worker_of(rig: Rig) -> str:
     return name
 
 
-async def test_a_slack_run_gets_one_threaded_reply_carrying_its_delivery(rig: Rig) -> None:
-    tenant = await rig.stack.tenant()
+async def tether_json(rig: Rig, key: str, tmp_path: Path, *args: str) -> Any:
+    """`tether ARGS --json` against the stack, as `key`; its JSON answer."""
+    stack_file = tmp_path / f"stack-{uuid.uuid4().hex[:6]}.json"
+    stack_file.write_text(json.dumps({"gateway": rig.stack.addr("gateway"), "api_key": key}))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tether.cli",
+        *args,
+        "--json",
+        "--stack",
+        str(stack_file),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    return json.loads(out)
+
+
+async def test_a_slack_run_gets_one_threaded_reply_carrying_its_delivery(
+    rig: Rig, tmp_path: Path
+) -> None:
+    tenant = await rig.stack.tenant(scopes=(*apikeys.CLIENT_SCOPES, apikeys.RUNS_ALL))
     channel_id = await rig.add_channel(tenant, "slack")
     text = prompt("hello from slack")
     rig.stack.model.script(text, [TextTurn("Here is your answer.")])
@@ -87,6 +111,15 @@ async def test_a_slack_run_gets_one_threaded_reply_carrying_its_delivery(rig: Ri
     assert sent["deliveryId"] == delivery.delivery_id
     assert sent["providerMessageId"] == thread[1].ts
     assert delivery.attempts == 1
+    shown = await tether_json(rig, tenant.api_key, tmp_path, "run", run_id)
+    assert {
+        k: shown["delivery"].get(k) for k in ("state", "channel_id", "provider_message_id")
+    } == {
+        "state": "sent",
+        "channel_id": channel_id,
+        "provider_message_id": thread[1].ts,
+    }
+    assert "error" not in shown["delivery"]
 
 
 async def test_a_worker_killed_after_slack_stored_the_post_never_posts_twice(rig: Rig) -> None:
@@ -182,8 +215,10 @@ async def test_a_rate_limited_post_waits_its_retry_after(rig: Rig) -> None:
     assert len(rig.slack.posts(slack_channel)) == 1
 
 
-async def test_a_refused_post_fails_the_delivery_at_once_with_slacks_error(rig: Rig) -> None:
-    tenant = await rig.stack.tenant()
+async def test_a_refused_post_fails_the_delivery_at_once_with_slacks_error(
+    rig: Rig, tmp_path: Path
+) -> None:
+    tenant = await rig.stack.tenant(scopes=(*apikeys.CLIENT_SCOPES, apikeys.RUNS_ALL))
     channel_id = await rig.add_channel(tenant, "slack")
     text = prompt("refused")
     rig.stack.model.script(text, [TextTurn("Nobody will see this.")])
@@ -204,6 +239,9 @@ async def test_a_refused_post_fails_the_delivery_at_once_with_slacks_error(rig: 
     assert delivery_events(events) == ["delivery.failed", "run.completed"]
     failed = next(p for _, t, p in events if t == "delivery.failed")
     assert "channel_not_found" in failed["error"]["message"]
+    shown = (await tether_json(rig, tenant.api_key, tmp_path, "run", run_id))["delivery"]
+    assert shown["state"] == "failed"
+    assert "channel_not_found" in shown["error"]["message"]
 
 
 async def test_a_removed_connection_fails_the_delivery_saying_so(rig: Rig) -> None:
