@@ -12,12 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
 from sqlalchemy import select
+from standardwebhooks import Webhook, WebhookVerificationError
 
 from tests.system.execution_support import ExecStack, Tenant, exec_stack
 from tether.db.engine import create_engine
 from tether.db.schema import deliveries
 from tether.runtime.rpc import internal_channel
+from tether.testing.local_server import LocalServer
 from tether.testing.slack_server import SlackServer
 from tether.testing.whatsapp_server import WhatsAppServer
 from tether.v1 import admission_pb2, admission_pb2_grpc, common_pb2, interactions_pb2_grpc
@@ -66,6 +69,29 @@ class Rig:
                     api_base_url=base,
                     secrets=secrets,
                     settings=settings,
+                )
+            )
+        return str(response.channel.channel_id)
+
+    async def add_webhook_channel(self, tenant: Tenant, secret: str, reply_url: str) -> str:
+        """A generic webhook connection whose answers go to `reply_url`."""
+        async with internal_channel(
+            self.stack.addr("interactions"), self.stack.credentials["gateway"]
+        ) as channel:
+            response = await interactions_pb2_grpc.InteractionsServiceStub(channel).AddChannel(
+                ipb.InteractionsServiceAddChannelRequest(
+                    tenant_id=tenant.tenant_id,
+                    principal_id="tester",
+                    kind="webhook",
+                    name=f"webhook-{uuid.uuid4().hex[:8]}",
+                    reply_url=reply_url,
+                    secrets=ipb.ChannelSecrets(secret=secret),
+                    settings=ipb.ChannelSettings(
+                        text_field="/text",
+                        thread_field="/thread",
+                        sender_field="/sender",
+                        event_id_field="/id",
+                    ),
                 )
             )
         return str(response.channel.channel_id)
@@ -167,3 +193,36 @@ async def delivery_rig(
     finally:
         await slack.stop()
         await whatsapp.stop()
+
+
+class Receiver(LocalServer):
+    """A generic connection's reply URL: verifies each POST per Standard Webhooks and keeps
+    what arrived; answers `fail_first` 503s first."""
+
+    name = "receiver"
+
+    def __init__(self, secret: str) -> None:
+        super().__init__()
+        self._verifier = Webhook(secret)
+        self.fail_first = 0
+        self.received: list[tuple[str, dict[str, Any]]] = []
+        self.refused: list[str] = []
+
+    def build_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/reply", self._reply)
+        return app
+
+    async def _reply(self, request: web.Request) -> web.StreamResponse:
+        body = await request.text()
+        try:
+            payload = self._verifier.verify(body, dict(request.headers))
+        except WebhookVerificationError as exc:
+            self.refused.append(str(exc))
+            return web.Response(status=401)
+        if self.fail_first > 0:
+            self.fail_first -= 1
+            self.received.append((request.headers["webhook-id"], {"refused": True}))
+            return web.Response(status=503)
+        self.received.append((request.headers["webhook-id"], payload))
+        return web.json_response({"ok": True})

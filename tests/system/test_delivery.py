@@ -9,7 +9,9 @@ agent's approvals; WhatsApp reconciled through its status callback."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -22,14 +24,16 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import insert
 
-from tests.system.delivery_support import Rig, delivery_of, delivery_rig
+from tests.system.delivery_support import Receiver, Rig, delivery_of, delivery_rig
 from tests.system.execution_support import events_of, wait_for_status
 from tether import apikeys
 from tether.db.engine import create_engine
 from tether.db.schema import channel_statuses
+from tether.runtime.rpc import internal_channel
 from tether.testing.model_server import TextTurn
 from tether.testing.slack_server import ApiError, HttpFailure, RateLimited
-from tether.v1 import gateway_pb2, gateway_pb2_grpc
+from tether.v1 import gateway_pb2, gateway_pb2_grpc, interactions_pb2_grpc
+from tether.v1 import interactions_pb2 as ipb
 
 pytestmark = pytest.mark.system
 
@@ -393,3 +397,65 @@ async def record_status(
             )
     finally:
         await engine.dispose()
+
+
+async def test_a_generic_reply_is_signed_with_its_delivery_as_webhook_id(rig: Rig) -> None:
+    secret = "whsec_" + base64.b64encode(os.urandom(24)).decode()
+    receiver = Receiver(secret)
+    receiver.fail_first = 1
+    await receiver.start()
+    try:
+        tenant = await rig.stack.tenant()
+        channel_id = await rig.add_webhook_channel(tenant, secret, receiver.base_url + "/reply")
+        text = prompt("generic")
+        rig.stack.model.script(text, [TextTurn("Signed answer.")])
+        run_id = await rig.admit(
+            tenant,
+            channel_id,
+            "webhook",
+            text,
+            address="thread-9",
+            thread="thread-9",
+            reply_to="m1",
+        )
+        run = await wait_for_status(rig.db_url, run_id, "completed", "failed", timeout=30)
+        assert run.status == "completed"
+        delivery = await delivery_of(rig.db_url, run_id)
+        assert (delivery.state, delivery.attempts) == ("sent", 2)
+        assert receiver.refused == [], "every POST verified"
+        # The 503 and the retry carry the same webhook-id: the receiver deduplicates on it.
+        assert [webhook_id for webhook_id, _ in receiver.received] == [delivery.delivery_id] * 2
+        answered = receiver.received[-1][1]
+        assert (answered["text"], answered["thread"], answered["reply_to"]) == (
+            "Signed answer.",
+            "thread-9",
+            "m1",
+        )
+    finally:
+        await receiver.stop()
+
+
+async def test_only_a_live_lease_of_the_connections_run_gets_its_sending_credential(
+    rig: Rig,
+) -> None:
+    tenant = await rig.stack.tenant()
+    channel_id = await rig.add_channel(tenant, "slack")
+    text = prompt("credential")
+    rig.stack.model.script(text, [TextTurn("Done.")])
+    run_id, _, _ = await rig.slack_run(tenant, channel_id, text)
+    run = await wait_for_status(rig.db_url, run_id, "completed", "failed", timeout=30)
+    request = ipb.LookupChannelDeliveryRequest(
+        run_id=run_id, epoch=run.lease_epoch, channel_id=channel_id
+    )
+    address = rig.stack.addr("interactions")
+    async with internal_channel(address, rig.stack.credentials["worker"]) as channel:
+        stub = interactions_pb2_grpc.InteractionsServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as stale:
+            await stub.LookupChannelDelivery(request)
+    assert stale.value.code() == grpc.StatusCode.FAILED_PRECONDITION, "the run's lease is over"
+    async with internal_channel(address, rig.stack.credentials["gateway"]) as channel:
+        stub = interactions_pb2_grpc.InteractionsServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.LookupChannelDelivery(request)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, "the worker's alone"
+    assert rig.slack.bot_token not in (stale.value.details() or "")
