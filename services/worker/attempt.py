@@ -195,6 +195,12 @@ class Attempt:
         if self._task is not None and not self._task.done():
             self._task.cancel()
 
+    async def abandon_delivery(self, why: str) -> None:
+        """Give the run's open delivery its outcome when the attempt ends without finishing
+        it (`Deliverer.abandon`); nothing for a run that came through no channel."""
+        if self._deliverer is not None:
+            await self._deliverer.abandon(why)
+
     # -- the loop -------------------------------------------------------------------------------
 
     def start(self) -> asyncio.Task[None]:

@@ -130,6 +130,30 @@ class Deliverer:
             return None
         return await self._carry_on(found)
 
+    async def abandon(self, why: str) -> None:
+        """The attempt ends without finishing its delivery (a caller's cancel, a crash): an open
+        delivery gets its outcome now, so none is left without one. `unknown` when a counted
+        call may have landed (never sent again to find out), `failed` when none was made."""
+        found, _ = await self._orchestrator.begin_delivery(
+            self._lease, self._target, "", find_only=True
+        )
+        if found is None or found.finished:
+            return
+        if found.attempts > 0:
+            await self._end(
+                found,
+                UNKNOWN,
+                RunError(
+                    "delivery_unknown",
+                    f"{why} while the answer was going out; it may "
+                    "have been posted, and it was not sent again",
+                ),
+            )
+        else:
+            await self._end(
+                found, FAILED, RunError("delivery_abandoned", f"{why} before the answer went out")
+            )
+
     async def deliver(self, text: str) -> Delivery:
         """Deliver the final answer `text` (Parked when a person must approve it first)."""
         # The answer is durable before its side effect can fire.

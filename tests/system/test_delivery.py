@@ -459,3 +459,27 @@ async def test_only_a_live_lease_of_the_connections_run_gets_its_sending_credent
             await stub.LookupChannelDelivery(request)
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, "the worker's alone"
     assert rig.slack.bot_token not in (stale.value.details() or "")
+
+
+async def test_a_run_cancelled_while_its_answer_waits_to_go_out_leaves_no_delivery_open(
+    rig: Rig,
+) -> None:
+    tenant = await rig.stack.tenant(scopes=(*apikeys.CLIENT_SCOPES, apikeys.RUNS_ALL))
+    channel_id = await rig.add_channel(tenant, "slack")
+    text = prompt("cancelled mid-delivery")
+    rig.stack.model.script(text, [TextTurn("Never mind.")])
+    rig.slack.script("chat.postMessage", RateLimited(retry_after=30), times=1)
+    run_id, slack_channel, _ = await rig.slack_run(tenant, channel_id, text)
+    async with asyncio.timeout(30):
+        await rig.slack.wait_until(
+            lambda calls: any(c.method == "chat.postMessage" and c.status == 429 for c in calls)
+        )
+    await tenant.cancel(run_id)
+    run = await wait_for_status(rig.db_url, run_id, "cancelled", "completed", "failed", timeout=15)
+    assert run.status == "cancelled"
+    delivery = await delivery_of(rig.db_url, run_id)
+    assert delivery.state == "unknown", "a counted call: never sent again to find out"
+    assert "cancelled" in delivery.error["message"]
+    assert rig.slack.posts(slack_channel) == []
+    types = [t for _, t, _ in await events_of(rig.db_url, run_id)]
+    assert types.index("delivery.unknown") < types.index("run.cancelled")
