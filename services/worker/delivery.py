@@ -27,6 +27,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
+from typing import NoReturn
 
 from services.worker.checkpoints import CheckpointWriter
 from services.worker.interactions import LeasedInteractions, Parked
@@ -158,12 +159,14 @@ class Deliverer:
         """Deliver the final answer `text` (Parked when a person must approve it first)."""
         # The answer is durable before its side effect can fire.
         await self._checkpoints.sync()
+        # Without an interactions service nobody can decide: a gated answer is drafted and
+        # fails (fail closed), never sent.
         gated = gates_replies(self._config.approvals) and not await self._granted()
         delivery, created = await self._orchestrator.begin_delivery(
             self._lease, self._target, text, awaiting_approval=gated
         )
         assert delivery is not None  # begin without find_only always answers one
-        if created and delivery.state == AWAITING_APPROVAL:
+        if created and delivery.state == AWAITING_APPROVAL and self._interactions is not None:
             await self._park_for_approval(delivery)
         return await self._carry_on(delivery)
 
@@ -172,9 +175,9 @@ class Deliverer:
             return False
         return await self._interactions.check_grant(SEND_REPLY, SEND_REPLY) is not None
 
-    async def _park_for_approval(self, delivery: Delivery) -> None:
+    async def _park_for_approval(self, delivery: Delivery) -> NoReturn:
         if self._interactions is None:
-            return  # _carry_on fails it: nobody could approve
+            raise RuntimeError("an answer is gated only with an interactions service")
         interaction_id = await self._interactions.request_approval(
             tool_call_id=delivery.delivery_id,
             tool_name=SEND_REPLY,
@@ -202,20 +205,19 @@ class Deliverer:
         return await self._send(delivery, maybe_sent=delivery.attempts > 0)
 
     async def _decided(self, delivery: Delivery) -> Delivery:
-        claim = (
-            None
-            if self._interactions is None
-            else await self._interactions.claim(SEND_REPLY, delivery.delivery_id)
-        )
-        if claim is None:
-            # Fail closed: nothing decided could be claimed, so nothing is sent.
+        if self._interactions is None:
             return await self._end(
                 delivery,
                 FAILED,
-                RunError(
-                    "approval_unclaimed", "the approval to send the answer could not be claimed"
-                ),
+                RunError("approval_unavailable", "no interactions service to ask for a decision"),
             )
+        claim = await self._interactions.claim(SEND_REPLY, delivery.delivery_id)
+        if claim is None:
+            # Nothing decided to claim: an earlier attempt drafted the answer and died before
+            # its approval was stored or the run parked on it (or after claiming it). Nothing
+            # is sent without a decision: a person is asked again (the stray interaction, never
+            # bound to the run, is swept as orphaned).
+            await self._park_for_approval(delivery)
         if claim.decision in ("deny", "expired"):
             verdict = "denied" if claim.decision == "deny" else "expired before anyone decided"
             return await self._end(

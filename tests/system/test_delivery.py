@@ -135,7 +135,12 @@ async def test_a_worker_killed_after_slack_stored_the_post_never_posts_twice(rig
     run_id, slack_channel, ts = await rig.slack_run(tenant, channel_id, text)
 
     def held(calls: Any) -> bool:
-        return any(c.method == "chat.postMessage" and c.outcome == "held" for c in calls)
+        return any(
+            c.method == "chat.postMessage"
+            and c.outcome == "held"
+            and c.params.get("channel") == slack_channel
+            for c in calls
+        )
 
     async with asyncio.timeout(30):
         await rig.slack.wait_until(held)
@@ -178,7 +183,12 @@ async def test_a_provider_that_cannot_be_asked_after_a_crash_leaves_the_delivery
     run_id, slack_channel, ts = await rig.slack_run(tenant, channel_id, text)
     async with asyncio.timeout(30):
         await rig.slack.wait_until(
-            lambda calls: any(c.method == "chat.postMessage" and c.outcome == "held" for c in calls)
+            lambda calls: any(
+                c.method == "chat.postMessage"
+                and c.outcome == "held"
+                and c.params.get("channel") == slack_channel
+                for c in calls
+            )
         )
     worker = worker_of(rig)
     rig.stack.services.kill(worker)
@@ -472,7 +482,12 @@ async def test_a_run_cancelled_while_its_answer_waits_to_go_out_leaves_no_delive
     run_id, slack_channel, _ = await rig.slack_run(tenant, channel_id, text)
     async with asyncio.timeout(30):
         await rig.slack.wait_until(
-            lambda calls: any(c.method == "chat.postMessage" and c.status == 429 for c in calls)
+            lambda calls: any(
+                c.method == "chat.postMessage"
+                and c.status == 429
+                and c.params.get("channel") == slack_channel
+                for c in calls
+            )
         )
     await tenant.cancel(run_id)
     run = await wait_for_status(rig.db_url, run_id, "cancelled", "completed", "failed", timeout=15)
