@@ -17,7 +17,7 @@ states, and what each obliges the next attempt to do:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -81,6 +81,22 @@ class Delivery:
     def finished(self) -> bool:
         """Whether it reached its outcome."""
         return self.state in OUTCOMES
+
+
+def ended_with_run(delivery: Delivery, status: str) -> Delivery:
+    """The outcome of a delivery still open when its run ended `status` without the worker
+    finishing it (the reaper spent the attempts, a parked run was cancelled): `unknown` when a
+    counted call may have landed (it is never sent again to find out), `failed` when none was
+    made."""
+    if delivery.attempts > 0:
+        error = RunError(
+            "delivery_unknown",
+            f"the run ended {status} while its answer was going out; it may have been posted, "
+            "and it was not sent again",
+        )
+        return replace(delivery, state=UNKNOWN, error=error)
+    error = RunError("delivery_abandoned", f"the run ended {status} before its answer went out")
+    return replace(delivery, state=FAILED, error=error)
 
 
 def delivery_event(delivery: Delivery) -> Event:

@@ -143,3 +143,30 @@ async def find_status(
             .limit(1)
         )
     ).first()
+
+
+async def open_deliveries(conn: AsyncConnection, run_id: str) -> list[Delivery]:
+    """The run's deliveries not yet at an outcome. Not locked: a worker's write takes the run's
+    row first, then its delivery's, and so does the transition that reads these (its UPDATE of
+    the run comes before it closes them); the lease fence decides which of the two moves."""
+    rows = await conn.execute(
+        select(deliveries).where(deliveries.c.run_id == run_id, deliveries.c.state.in_(OPEN))
+    )
+    return [delivery_of(r) for r in rows]
+
+
+async def close_delivery(conn: AsyncConnection, delivery: Delivery) -> None:
+    """Record the outcome `delivery` carries, if it is still open (`deliveries.ended_with_run`)."""
+    await conn.execute(
+        update(deliveries)
+        .where(
+            deliveries.c.run_id == delivery.run_id,
+            deliveries.c.delivery_id == delivery.delivery_id,
+            deliveries.c.state.in_(OPEN),
+        )
+        .values(
+            state=delivery.state,
+            error=None if delivery.error is None else delivery.error.to_row(),
+            finished_at=func.now(),
+        )
+    )
