@@ -172,6 +172,43 @@ async def test_a_worker_killed_after_slack_stored_the_post_never_posts_twice(rig
     ]
 
 
+@pytest.mark.slow
+async def test_every_service_killed_after_slack_stored_the_post_never_posts_twice(
+    rig: Rig,
+) -> None:
+    tenant = await rig.stack.tenant()
+    channel_id = await rig.add_channel(tenant, "slack")
+    text = prompt("kill the whole stack mid-post")
+    rig.stack.model.script(text, [TextTurn("Posted before the crash."), TextTurn("Not this.")])
+    rig.slack.hold_post_answers()
+    run_id, slack_channel, ts = await rig.slack_run(tenant, channel_id, text)
+    async with asyncio.timeout(30):
+        await rig.slack.wait_until(
+            lambda calls: any(
+                c.method == "chat.postMessage"
+                and c.outcome == "held"
+                and c.params.get("channel") == slack_channel
+                for c in calls
+            )
+        )
+    services = rig.stack.services
+    names = list(services.procs)
+    for name in names:
+        services.kill(name)
+    rig.slack.release_post_answers()
+    for name in ("orchestrator", "interactions", "admission", "gateway"):
+        await services.restart(name)
+    for name in names:
+        if name.startswith("worker"):
+            await services.restart(name)
+    run = await wait_for_status(rig.db_url, run_id, "completed", "failed", timeout=60)
+    assert (run.status, run.attempt) == ("completed", 2)
+    replies = [m for m in rig.slack.thread(slack_channel, ts) if m.bot_id is not None]
+    assert [m.text for m in replies] == ["Posted before the crash."]
+    delivery = await delivery_of(rig.db_url, run_id)
+    assert (delivery.state, delivery.provider_message_id) == ("sent", replies[0].ts)
+
+
 async def test_a_provider_that_cannot_be_asked_after_a_crash_leaves_the_delivery_unknown(
     rig: Rig,
 ) -> None:
