@@ -311,17 +311,27 @@ async def test_a_removed_connection_fails_the_delivery_saying_so(rig: Rig) -> No
     assert rig.slack.posts(slack_channel) == []
 
 
-async def test_the_bot_token_never_reaches_a_log_line(rig: Rig) -> None:
+async def test_the_sending_credentials_never_reach_a_log_line(rig: Rig) -> None:
     tenant = await rig.stack.tenant()
-    channel_id = await rig.add_channel(tenant, "slack")
+    slack_id = await rig.add_channel(tenant, "slack")
+    whatsapp_id = await rig.add_channel(tenant, "whatsapp")
     text = prompt("token")
     rig.stack.model.script(text, [TextTurn("Logged nowhere.")])
-    run_id, slack_channel, _ = await rig.slack_run(tenant, channel_id, text)
+    run_id, slack_channel, _ = await rig.slack_run(tenant, slack_id, text)
     await wait_for_status(rig.db_url, run_id, "completed", "failed", timeout=30)
     assert len(rig.slack.posts(slack_channel)) == 1
-    token = rig.slack.bot_token
+    text = prompt("token too")
+    sender = f"1555{uuid.uuid4().int % 10**7:07d}"
+    rig.stack.model.script(text, [TextTurn("Nor here.")])
+    run_id = await rig.admit(
+        tenant, whatsapp_id, "whatsapp", text, address=sender, thread="", reply_to=""
+    )
+    await wait_for_status(rig.db_url, run_id, "completed", "failed", timeout=30)
+    assert len(rig.whatsapp.messages(sender)) == 1
     for name, proc in rig.stack.services.procs.items():
-        assert token not in proc.log_path.read_text(errors="replace"), name
+        logged = proc.log_path.read_text(errors="replace")
+        assert rig.slack.bot_token not in logged, name
+        assert rig.whatsapp.access_token not in logged, name
 
 
 GATED = {"approvals": {"risks": {"send_reply": {"decisions": ["allow-once", "deny"]}}}}
