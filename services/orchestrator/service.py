@@ -165,7 +165,8 @@ class Runs:
             rows = await runs_repo.read_events(conn, run_id, max(after_seq, 0), size + 1)
             if include_state:
                 parts = await parts_repo.list_parts(conn, run_id, include_superseded=False)
-                view: RunView | None = RunView(run, parts)
+                delivery = await deliveries_repo.find_run_delivery(conn, run.tenant_id, run_id)
+                view: RunView | None = RunView(run, parts, delivery=delivery)
             else:
                 view = None
         return EventSlice(rows[:size], len(rows) > size, view)

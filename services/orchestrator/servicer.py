@@ -233,6 +233,8 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         )
         if sliced.view is not None:
             response.run.CopyFrom(run_to_proto(sliced.view.run))
+            if sliced.view.delivery is not None:
+                response.run.delivery.CopyFrom(delivery_to_proto(sliced.view.delivery))
             response.parts.extend(part_to_proto(p) for p in sliced.view.parts)
         return response
 

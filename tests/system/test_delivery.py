@@ -32,7 +32,13 @@ from tether.db.schema import channel_statuses
 from tether.runtime.rpc import internal_channel
 from tether.testing.model_server import TextTurn
 from tether.testing.slack_server import ApiError, HttpFailure, RateLimited
-from tether.v1 import gateway_pb2, gateway_pb2_grpc, interactions_pb2_grpc
+from tether.v1 import (
+    gateway_pb2,
+    gateway_pb2_grpc,
+    interactions_pb2_grpc,
+    orchestrator_pb2,
+    orchestrator_pb2_grpc,
+)
 from tether.v1 import interactions_pb2 as ipb
 
 pytestmark = pytest.mark.system
@@ -124,6 +130,19 @@ async def test_a_slack_run_gets_one_threaded_reply_carrying_its_delivery(
         "provider_message_id": thread[1].ts,
     }
     assert "error" not in shown["delivery"]
+    # A stream's snapshot (ReadEvents with its state, as the gateway reads it) carries it too.
+    async with internal_channel(
+        rig.stack.addr("orchestrator"), rig.stack.credentials["gateway"]
+    ) as channel:
+        read = await orchestrator_pb2_grpc.OrchestratorServiceStub(channel).ReadEvents(
+            orchestrator_pb2.ReadEventsRequest(
+                tenant_id=tenant.tenant_id, run_id=run_id, include_state=True, all_runs=True
+            )
+        )
+    assert (read.run.delivery.state, read.run.delivery.delivery_id) == (
+        "sent",
+        delivery.delivery_id,
+    )
 
 
 async def test_a_worker_killed_after_slack_stored_the_post_never_posts_twice(rig: Rig) -> None:

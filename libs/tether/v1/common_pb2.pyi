@@ -762,7 +762,7 @@ class Run(_message.Message):
     @_builtins.property
     def delivery(self) -> Global___Delivery:
         """A channel run's answer going out (its task outcome), when the run came through a channel
-        connection and answered; set by single-run reads only.
+        connection and answered; set by single-run reads (GetRun, a stream's snapshot) only.
         """
 
     def __init__(

@@ -1378,7 +1378,7 @@ export type Run = Message<"tether.v1.Run"> & {
 
   /**
    * A channel run's answer going out (its task outcome), when the run came through a channel
-   * connection and answered; set by single-run reads only.
+   * connection and answered; set by single-run reads (GetRun, a stream's snapshot) only.
    *
    * @generated from field: tether.v1.Delivery delivery = 25;
    */
@@ -1564,7 +1564,7 @@ export type RunJson = {
 
   /**
    * A channel run's answer going out (its task outcome), when the run came through a channel
-   * connection and answered; set by single-run reads only.
+   * connection and answered; set by single-run reads (GetRun, a stream's snapshot) only.
    *
    * @generated from field: tether.v1.Delivery delivery = 25;
    */
