@@ -45,6 +45,9 @@ _WORKER_ON_ORCHESTRATOR = frozenset(
         "StoreToolOutput",
         "RetrieveKnowledge",
         "StoreSummary",
+        "BeginDelivery",
+        "RecordDelivery",
+        "FindChannelStatus",
     }
 )
 _WORKER_ON_INTERACTIONS = frozenset(
@@ -56,6 +59,8 @@ _WORKER_ON_INTERACTIONS = frozenset(
         "ClaimApproval",
         "RequestConnection",
         "ResolveConnection",
+        # A channel run's sending credential, for its one delivery (under the run's lease).
+        "LookupChannelDelivery",
     }
 )
 

@@ -91,6 +91,26 @@ class Verification:
     previous_expires_at: datetime | None = None
 
 
+@dataclass(frozen=True)
+class Sending:
+    """What sends a channel run's answer, for that one delivery: never stored, logged or shown."""
+
+    kind: str
+    api_base_url: str
+    reply_url: str
+    settings: dict[str, str]
+    credential: bytes
+    signing_secret: bytes
+
+    def __repr__(self) -> str:
+        return f"Sending(kind={self.kind!r}, api_base_url={self.api_base_url!r}, secrets hidden)"
+
+
+# Each kind's sending credential (Slack's bot token, WhatsApp's access token); a generic
+# connection signs its answers with its verification secret instead.
+SENDING_SECRET = {"slack": "bot_token", "whatsapp": "access_token"}
+
+
 def _info(row: Row[Any, *tuple[Any, ...]]) -> ChannelInfo:
     return ChannelInfo(
         channel_id=row.channel_id,
@@ -298,6 +318,26 @@ class ChannelStore:
             shown = await channels_repo.find_channel(conn, tenant_id, channel_id)
         assert shown is not None  # the row is locked by this transaction
         return _info(shown)
+
+    async def sending(self, tenant_id: str, channel_id: str) -> Sending:
+        """What sends an answer through the tenant's connection; NotFound when it is gone."""
+        async with self._engine.connect() as conn:
+            row = await channels_repo.sealed_for_sending(conn, tenant_id, channel_id)
+        if row is None:
+            raise NotFound(f"no channel {channel_id!r}")
+        secrets = self._open(tenant_id, channel_id, Sealed(row.ciphertext, row.nonce, row.key_id))
+        if row.kind == "webhook":
+            credential, signing = b"", secrets["secret"]
+        else:
+            credential, signing = secrets[SENDING_SECRET[row.kind]], b""
+        return Sending(
+            kind=row.kind,
+            api_base_url=row.api_base_url or "",
+            reply_url=row.reply_url or "",
+            settings=dict(row.settings),
+            credential=credential,
+            signing_secret=signing,
+        )
 
     async def verification(self, channel_id: str) -> Verification:
         """A connection's tenant, kind and the verification secrets valid now (the current one,

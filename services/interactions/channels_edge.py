@@ -8,8 +8,10 @@ from datetime import timedelta
 import grpc
 
 from services.interactions.channel_store import MAX_GRACE, ChannelInfo, ChannelSpec, ChannelStore
+from services.interactions.domain import Orchestrator
 from tether.convert import timestamp
-from tether.errors import InvalidArgument
+from tether.domain.channels import channel_principal
+from tether.errors import InvalidArgument, NotFound
 from tether.v1 import interactions_pb2 as pb
 
 
@@ -66,8 +68,9 @@ _PAST_MAX_GRACE_MS = int(MAX_GRACE.total_seconds() * 1000) + 1
 class ChannelRpcs:
     """Serves the channel-connection RPCs from the store."""
 
-    def __init__(self, store: ChannelStore) -> None:
+    def __init__(self, store: ChannelStore, orchestrator: Orchestrator) -> None:
         self._store = store
+        self._orchestrator = orchestrator
 
     async def AddChannel(
         self, request: pb.InteractionsServiceAddChannelRequest, context: grpc.aio.ServicerContext
@@ -129,3 +132,21 @@ class ChannelRpcs:
         if expires is not None:
             answer.previous_secret_expires_at.CopyFrom(expires)
         return answer
+
+    async def LookupChannelDelivery(
+        self, request: pb.LookupChannelDeliveryRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LookupChannelDeliveryResponse:
+        """The sending credential of a connection, for the live lease of a run its principal
+        owns: a worker holding some other run's lease learns nothing (NOT_FOUND, as absent)."""
+        run = await self._orchestrator.leased_run(request.run_id, request.epoch)
+        if run.owner_principal_id != channel_principal(request.channel_id):
+            raise NotFound(f"no channel {request.channel_id!r}")
+        found = await self._store.sending(run.tenant_id, request.channel_id)
+        return pb.LookupChannelDeliveryResponse(
+            kind=found.kind,
+            api_base_url=found.api_base_url,
+            reply_url=found.reply_url,
+            settings=found.settings,
+            credential=found.credential,
+            signing_secret=found.signing_secret,
+        )

@@ -144,6 +144,26 @@ async def store_rotation(
     return result.first() is not None
 
 
+async def sealed_for_sending(
+    conn: AsyncConnection, tenant_id: str, channel_id: str
+) -> ChannelRow | None:
+    """A connection's kind, targets, settings and sealed secrets, to send an answer through it;
+    None when absent or another tenant's."""
+    return (
+        await conn.execute(
+            select(
+                cc.c.kind,
+                cc.c.api_base_url,
+                cc.c.reply_url,
+                cc.c.settings,
+                cc.c.ciphertext,
+                cc.c.nonce,
+                cc.c.key_id,
+            ).where(cc.c.tenant_id == tenant_id, cc.c.channel_id == channel_id)
+        )
+    ).first()
+
+
 async def verification_row(conn: AsyncConnection, channel_id: str) -> ChannelRow | None:
     """A connection's tenant, kind, agent, settings and sealed secrets by id alone, for the
     gateway's webhook verification; the previous secret's columns with the database's clock to

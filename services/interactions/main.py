@@ -77,7 +77,7 @@ async def amain(
         ),
         upkeep,
         SecretStore(engine, keyring),
-        ChannelRpcs(ChannelStore(engine, keyring, settings.target_policy)),
+        ChannelRpcs(ChannelStore(engine, keyring, settings.target_policy), orchestrator),
         WebhookSecretRpcs(WebhookSecrets(engine, keyring)),
     )
     served = await start_server(

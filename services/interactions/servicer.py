@@ -202,6 +202,13 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
     ) -> interactions_pb2.DiscardWebhookSecretResponse:
         return await self._webhook_secrets.DiscardWebhookSecret(request, context)
 
+    async def LookupChannelDelivery(
+        self,
+        request: interactions_pb2.LookupChannelDeliveryRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.LookupChannelDeliveryResponse:
+        return await self._channels.LookupChannelDelivery(request, context)
+
     async def DeleteTenantInteractions(
         self,
         request: interactions_pb2.DeleteTenantInteractionsRequest,

@@ -6,6 +6,7 @@
 | `attempts.py` | what a worker writes under its lease, and how an attempt ends |
 | `pauses.py` | park a run for a person; resume or expire it by its bound interaction |
 | `recovery.py` | retries with backoff, due retries, the reaper of dead workers |
+| `deliveries.py` | a channel run's answer going out, recorded before it is sent |
 | `cancellation.py` | a cancel that wins the race against a worker's move |
 | `publisher.py` | committed events and wake-ups out to Redis |
 | `prices.py` | the prices of leased runs, for pricing model turns |
@@ -19,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator.attempts import Attempts
 from services.orchestrator.claims import Claims
+from services.orchestrator.deliveries import Deliveries
 from services.orchestrator.pauses import Pauses
 from services.orchestrator.prices import Prices
 from services.orchestrator.publisher import Publisher
@@ -37,6 +39,7 @@ class Execution:
     attempts: Attempts
     pauses: Pauses
     recovery: Recovery
+    deliveries: Deliveries
 
     @classmethod
     def build(
@@ -67,4 +70,5 @@ class Execution:
             Attempts(engine, publisher, prices, lease_ttl_s=lease_ttl_s),
             Pauses(engine, publisher),
             Recovery(engine, publisher),
+            Deliveries(engine, publisher, lease_ttl_s=lease_ttl_s),
         )

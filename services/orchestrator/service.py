@@ -10,6 +10,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator.publisher import Publisher
+from services.orchestrator.repositories import deliveries as deliveries_repo
 from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories import runs as runs_repo
 from services.orchestrator.repositories.transitions import NOW, apply
@@ -17,6 +18,7 @@ from tether import states
 from tether.bus import Bus
 from tether.domain import (
     Attempt,
+    Delivery,
     Interruption,
     LoggedEvent,
     Part,
@@ -44,6 +46,8 @@ class RunView:
     run: Run
     parts: Sequence[Part]
     routing: RunRouting | None = None
+    delivery: Delivery | None = None
+    """A channel run's answer going out (its task outcome), when it has one."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,9 @@ class Runs:
         async with self._engine.connect() as conn:
             run = await runs_repo.visible_run(conn, viewer, run_id)
             parts = await parts_repo.list_parts(conn, run_id, include_superseded=include_superseded)
-            return RunView(run, parts, await runs_repo.pinned_routing(conn, run))
+            routing = await runs_repo.pinned_routing(conn, run)
+            delivery = await deliveries_repo.find_run_delivery(conn, run.tenant_id, run_id)
+            return RunView(run, parts, routing, delivery)
 
     async def visible(self, viewer: Viewer, run_id: str) -> Run:
         """The run (without its parts); NotFound for absent or not the viewer's to see."""
@@ -159,7 +165,8 @@ class Runs:
             rows = await runs_repo.read_events(conn, run_id, max(after_seq, 0), size + 1)
             if include_state:
                 parts = await parts_repo.list_parts(conn, run_id, include_superseded=False)
-                view: RunView | None = RunView(run, parts)
+                delivery = await deliveries_repo.find_run_delivery(conn, run.tenant_id, run_id)
+                view: RunView | None = RunView(run, parts, delivery=delivery)
             else:
                 view = None
         return EventSlice(rows[:size], len(rows) > size, view)

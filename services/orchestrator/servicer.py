@@ -34,6 +34,7 @@ from tether.convert import (
     turn_to_proto,
 )
 from tether.convert.catalog import cataloged_to_proto
+from tether.convert.deliveries import delivery_to_proto
 from tether.domain import Run, RunRouting
 from tether.errors import InvalidArgument
 from tether.states import RunStatus
@@ -138,6 +139,8 @@ class OrchestratorServicer(
             _viewer(request), request.run_id, include_superseded=request.include_superseded
         )
         run = _routed(view.run, view.routing)
+        if view.delivery is not None:
+            run.delivery.CopyFrom(delivery_to_proto(view.delivery))
         return orchestrator_pb2.LookupRunResponse(
             run=run, parts=[part_to_proto(p) for p in view.parts]
         )
@@ -254,6 +257,8 @@ class OrchestratorServicer(
         )
         if sliced.view is not None:
             response.run.CopyFrom(run_to_proto(sliced.view.run))
+            if sliced.view.delivery is not None:
+                response.run.delivery.CopyFrom(delivery_to_proto(sliced.view.delivery))
             response.parts.extend(part_to_proto(p) for p in sliced.view.parts)
         return response
 

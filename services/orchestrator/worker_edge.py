@@ -25,6 +25,7 @@ from tether.convert import (
     status_to_proto,
     timestamp,
 )
+from tether.convert.deliveries import delivery_to_proto
 from tether.convert.work import (
     OUTCOMES,
     WRITE_FIELDS,
@@ -113,6 +114,9 @@ class ExecutionServicer:
             orchestrator_pb2.StoreToolOutputRequest: self.StoreToolOutput,
             orchestrator_pb2.RetrieveKnowledgeRequest: self.RetrieveKnowledge,
             orchestrator_pb2.StoreSummaryRequest: self.StoreSummary,
+            orchestrator_pb2.BeginDeliveryRequest: self.BeginDelivery,
+            orchestrator_pb2.RecordDeliveryRequest: self.RecordDelivery,
+            orchestrator_pb2.FindChannelStatusRequest: self.FindChannelStatus,
         }
 
         def write(call: Any) -> Write:
@@ -264,6 +268,59 @@ class ExecutionServicer:
             request.run_id, request.epoch, request.key, json_format.MessageToDict(request.result)
         )
         return orchestrator_pb2.FinishEffectResponse()
+
+    async def BeginDelivery(
+        self, request: orchestrator_pb2.BeginDeliveryRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.BeginDeliveryResponse:
+        begun = await self._execution.deliveries.begin(
+            request.run_id,
+            request.epoch,
+            channel_id=request.channel_id,
+            kind=request.kind,
+            text=request.text,
+            awaiting_approval=request.awaiting_approval,
+            find_only=request.find_only,
+        )
+        response = orchestrator_pb2.BeginDeliveryResponse(
+            found=begun.delivery is not None, created=begun.created
+        )
+        if begun.delivery is not None:
+            response.delivery.CopyFrom(delivery_to_proto(begun.delivery))
+        return response
+
+    async def RecordDelivery(
+        self, request: orchestrator_pb2.RecordDeliveryRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.RecordDeliveryResponse:
+        if not request.delivery_id:
+            raise InvalidArgument("delivery_id is required")
+        moved, delivery = await self._execution.deliveries.record(
+            request.run_id,
+            request.epoch,
+            request.delivery_id,
+            state=request.state,
+            provider_message_id=request.provider_message_id,
+            error=error_from_proto(request.error) if request.HasField("error") else None,
+            calls=request.calls,
+        )
+        return orchestrator_pb2.RecordDeliveryResponse(
+            moved=moved, delivery=delivery_to_proto(delivery)
+        )
+
+    async def FindChannelStatus(
+        self,
+        request: orchestrator_pb2.FindChannelStatusRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> orchestrator_pb2.FindChannelStatusResponse:
+        if not request.callback_data:
+            raise InvalidArgument("callback_data is required")
+        found = await self._execution.deliveries.status(
+            request.run_id, request.epoch, request.channel_id, request.callback_data
+        )
+        if found is None:
+            return orchestrator_pb2.FindChannelStatusResponse(found=False)
+        return orchestrator_pb2.FindChannelStatusResponse(
+            found=True, provider_message_id=found.provider_message_id, status=found.status
+        )
 
     async def ExpireWaitingRun(
         self,

@@ -23,6 +23,7 @@ from services.worker.context.builder import ContextBuilder, EarlierRun
 from services.worker.context.compaction import Budget, request_tokens
 from services.worker.context.knowledge import LeasedKnowledge
 from services.worker.context.providers import ContextFailed, ContextProviders, Gathered
+from services.worker.delivery import Deliverer, DeliverySettings
 from services.worker.gate import Gate, RunFailed
 from services.worker.interactions import LeasedInteractions, Parked
 from services.worker.model import stream_turn
@@ -95,6 +96,7 @@ class Attempt:
         checkpoint_interval_s: float,
         interactions: LeasedInteractions | None = None,
         providers: ContextProviders | None = None,
+        delivery: DeliverySettings | None = None,
     ) -> None:
         self.assignment = assignment
         self._orchestrator = orchestrator
@@ -146,6 +148,20 @@ class Attempt:
             checkpoints=self.checkpoints,
         )
         self.stages = self.outcomes.stages
+        reply = assignment.origin.reply
+        self._deliverer = (
+            None
+            if reply is None or delivery is None
+            else Deliverer(
+                assignment,
+                reply,
+                orchestrator=orchestrator,
+                interactions=interactions,
+                transcript=self.transcript,
+                checkpoints=self.checkpoints,
+                settings=delivery,
+            )
+        )
 
     # -- stopping -------------------------------------------------------------------------------
 
@@ -178,6 +194,12 @@ class Attempt:
             return  # the outcome is on its way; let it land (a stale one is refused there)
         if self._task is not None and not self._task.done():
             self._task.cancel()
+
+    async def abandon_delivery(self, why: str) -> None:
+        """Give the run's open delivery its outcome when the attempt ends without finishing
+        it (`Deliverer.abandon`); nothing for a run that came through no channel."""
+        if self._deliverer is not None:
+            await self._deliverer.abandon(why)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -234,6 +256,13 @@ class Attempt:
         return builder
 
     async def _execute_attempt(self) -> None:
+        if self._deliverer is not None:
+            delivered = await self._deliverer.resume()
+            if delivered is not None:
+                # An earlier attempt drafted the answer and recorded its delivery: the model
+                # is not asked again, and the run completes with what went out.
+                await self.outcomes.finish(Completed(delivered.text))
+                return
         context_start = time.monotonic()
         loop_start = time.monotonic()
         ending: Ending
@@ -267,6 +296,12 @@ class Attempt:
         self.stages["attempt_ms"] = ms_since(loop_start)
         if isinstance(ending, Completed) and self.context_warnings:
             ending = replace(ending, warnings=(*ending.warnings, *self.context_warnings))
+        if self._deliverer is not None and isinstance(ending, Completed) and _answered(ending):
+            try:
+                await self._deliverer.deliver(ending.result_text)
+            except Parked as parked:
+                await self.outcomes.parked(parked)
+                return
         await self.outcomes.finish(ending)
 
     def _request(self, context: ContextBuilder) -> dict[str, Any]:
@@ -394,6 +429,12 @@ class Attempt:
         self.state.tool_calls += 1
         self.transcript.record(tool_started(tool_call.tool_call_id, tool_call.name))
         await self._gate.run(tool_call)
+
+
+def _answered(ending: Completed) -> bool:
+    """Whether a completion carries an answer for the channel: the model's final turn answered
+    (not a limit cutting it short)."""
+    return ending.task_outcome == "resolved" and bool(ending.result_text.strip())
 
 
 def _earlier_runs(assignment: Assignment) -> list[EarlierRun]:

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from services.worker.senders import Sending
 from tether.domain import Lease, ToolAnnouncement, schema_sha256
 from tether.states import RunStatus
 from tether.tools.base import ConnectionGap, RiskCategory
@@ -260,6 +261,23 @@ class LeasedInteractions:
         if not response.interaction_id:
             return None
         return ConnectionOffer(response.interaction_id, response.login_url)
+
+    async def channel_sending(self, channel_id: str) -> Sending:
+        """What sends this run's answer through its channel connection, for this one delivery;
+        NotFound when the connection was removed."""
+        response = await self._stub.LookupChannelDelivery(
+            interactions_pb2.LookupChannelDeliveryRequest(
+                run_id=self._run_id, epoch=self._epoch, channel_id=channel_id
+            )
+        )
+        return Sending(
+            kind=response.kind,
+            api_base_url=response.api_base_url,
+            reply_url=response.reply_url,
+            settings=dict(response.settings),
+            credential=response.credential,
+            signing_secret=response.signing_secret,
+        )
 
     async def token(self, provider: str, scopes: Sequence[str]) -> str:
         """The run principal's token for `provider`, or ConnectionGap."""

@@ -13,6 +13,7 @@ import httpx2
 from anthropic import AsyncAnthropic
 
 from services.worker.attempt import Attempt
+from services.worker.delivery import DeliverySettings
 from services.worker.interactions import Interactions, builtin_announcements
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.plugins import load_plugins
@@ -61,6 +62,8 @@ async def amain(settings: WorkerSettings, credential: str, tls: MutualTls | None
     )
     interactions = Interactions(interactions_channel) if interactions_channel else None
 
+    delivery = DeliverySettings(settings.target_policy, settings.delivery_reconcile_s)
+
     def make_attempt(assignment: Assignment) -> Attempt:
         leased = interactions.under(assignment.lease) if interactions is not None else None
         return Attempt(
@@ -72,6 +75,7 @@ async def amain(settings: WorkerSettings, credential: str, tls: MutualTls | None
             checkpoint_interval_s=settings.checkpoint_interval_s,
             interactions=leased,
             providers=providers,
+            delivery=delivery,
         )
 
     pool = WorkerPool(

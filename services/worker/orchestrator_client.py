@@ -18,15 +18,18 @@ from services.worker.context.builder import Document
 from services.worker.work_stream import WorkStream
 from tether import telemetry
 from tether.convert import error_to_proto, event_to_wire, part_to_proto, status_to_proto
+from tether.convert.deliveries import delivery_from_proto
 from tether.convert.work import checkpoint_to_proto, completion_to_proto, effect_from_proto
 from tether.domain import (
     Batch,
     Completion,
+    Delivery,
     EffectState,
     Ending,
     Event,
     Lease,
     Part,
+    ReplyTarget,
     RunError,
 )
 from tether.states import RunStatus
@@ -130,6 +133,70 @@ class Orchestrator:
         )
         json_format.ParseDict(result, request.result)
         await self._stream.write(request)
+
+    async def begin_delivery(
+        self,
+        lease: Lease,
+        target: ReplyTarget,
+        text: str,
+        *,
+        awaiting_approval: bool = False,
+        find_only: bool = False,
+    ) -> tuple[Delivery | None, bool]:
+        """Record the run's answer before it goes out (or find the record an earlier attempt
+        made, with its text): (the delivery, whether this call recorded it)."""
+        response: orchestrator_pb2.BeginDeliveryResponse = await self._stream.write(
+            orchestrator_pb2.BeginDeliveryRequest(
+                run_id=lease.run_id,
+                epoch=lease.epoch,
+                channel_id=target.channel_id,
+                kind=target.kind,
+                text=text,
+                awaiting_approval=awaiting_approval,
+                find_only=find_only,
+            ),
+        )
+        if not response.found:
+            return None, False
+        return delivery_from_proto(response.delivery, lease.run_id), response.created
+
+    async def record_delivery(
+        self,
+        lease: Lease,
+        delivery_id: str,
+        state: str,
+        *,
+        provider_message_id: str = "",
+        error: RunError | None = None,
+        calls: int = 0,
+    ) -> Delivery:
+        """Move the delivery on (an outcome appends its delivery.* event); as recorded now."""
+        request = orchestrator_pb2.RecordDeliveryRequest(
+            run_id=lease.run_id,
+            epoch=lease.epoch,
+            delivery_id=delivery_id,
+            state=state,
+            provider_message_id=provider_message_id,
+            calls=calls,
+        )
+        if error is not None:
+            request.error.CopyFrom(error_to_proto(error))
+        response: orchestrator_pb2.RecordDeliveryResponse = await self._stream.write(request)
+        return delivery_from_proto(response.delivery, lease.run_id)
+
+    async def find_channel_status(
+        self, lease: Lease, channel_id: str, callback_data: str
+    ) -> str | None:
+        """The provider message id a status callback reported for `callback_data`, or None."""
+        response: orchestrator_pb2.FindChannelStatusResponse = await self._stream.write(
+            orchestrator_pb2.FindChannelStatusRequest(
+                run_id=lease.run_id,
+                epoch=lease.epoch,
+                channel_id=channel_id,
+                callback_data=callback_data,
+            ),
+        )
+        return response.provider_message_id if response.found else None
 
     async def retrieve_knowledge(
         self, lease: Lease, query: str, *, limit: int, max_chars: int

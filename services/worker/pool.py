@@ -188,6 +188,7 @@ class WorkerPool:
                     )
                 )
             else:
+                await attempt.abandon_delivery("the run was cancelled")
                 await attempt.outcomes.cancelled(attempt.cancel_reason)
         except StaleLease:
             pass
@@ -198,6 +199,7 @@ class WorkerPool:
         # An unexpected exception is still an outcome: finalise as failed rather than leave
         # the run running until its lease expires.
         try:
+            await attempt.abandon_delivery("the worker hit an unexpected error")
             await attempt.outcomes.finish(
                 Failed(RunError("worker_error", "the worker hit an unexpected error", True))
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
 from tether.settings import PlatformSettings
@@ -31,4 +31,13 @@ class WorkerSettings(PlatformSettings):
     anthropic_api_key: str = Field("", description="API key; empty = ANTHROPIC_API_KEY.")
     provider_timeout_s: float = Field(
         600.0, description="Read timeout of one model call (the longest gap between bytes)."
+    )
+    delivery_reconcile_s: float = Field(
+        30.0,
+        validation_alias=AliasChoices(
+            "TETHER_DELIVERY_RECONCILE_S", "TETHER_WORKER_DELIVERY_RECONCILE_S"
+        ),
+        description="How long a WhatsApp answer that may have been sent before a crash waits "
+        "for the status callback that names it (TETHER_DELIVERY_RECONCILE_S) before it is sent "
+        "again.",
     )

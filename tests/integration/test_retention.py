@@ -29,6 +29,7 @@ from tether.db.schema import (
     attempts,
     audit_log,
     context_summaries,
+    deliveries,
     documents,
     effects,
     event_claims,
@@ -51,7 +52,16 @@ DAY = 86_400.0
 # Short enough that moving a row's times back an hour expires it; long enough that nothing
 # made during the test expires on its own.
 POLICY = {"runs_s": 600, "tool_outputs_s": 300, "conversations_s": 600, "claims_s": DAY}
-AGGREGATE = (run_events, run_parts, attempts, usage_turns, effects, tool_outputs, audit_log)
+AGGREGATE = (
+    run_events,
+    run_parts,
+    attempts,
+    usage_turns,
+    effects,
+    tool_outputs,
+    deliveries,
+    audit_log,
+)
 
 
 @pytest.fixture
@@ -160,6 +170,17 @@ async def with_aggregate(engine: AsyncEngine, run_id: str) -> None:
         )
         await conn.execute(
             insert(tool_outputs).values(output_ref=f"out-{run_id}", run_id=run_id, content="x")
+        )
+        await conn.execute(
+            insert(deliveries).values(
+                tenant_id="t1",
+                delivery_id=f"dlv-{run_id}",
+                run_id=run_id,
+                channel_id="ch_1",
+                kind="slack",
+                state="sent",
+                text="hi",
+            )
         )
         await conn.execute(
             insert(audit_log).values(tenant_id="t1", run_id=run_id, action="run.completed")

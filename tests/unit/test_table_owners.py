@@ -19,6 +19,8 @@ OWNER = {
     "run_parts": "orchestrator",
     "attempts": "orchestrator",
     "effects": "orchestrator",
+    "deliveries": "orchestrator",
+    "channel_statuses": "orchestrator",
     "usage_turns": "orchestrator",
     "tool_outputs": "orchestrator",
     "routings": "orchestrator",
@@ -29,7 +31,6 @@ OWNER = {
     "agent_versions": "orchestrator",
     "agent_sets": "orchestrator",
     "tool_catalog": "orchestrator",
-    "channel_statuses": "orchestrator",
     # Run-event webhooks: the orchestrator owns the events they carry.
     "webhook_subscriptions": "orchestrator",
     "webhook_deliveries": "orchestrator",

@@ -90,11 +90,23 @@ async def cmd_run(args: argparse.Namespace) -> int:
     text = f"run {run['run_id']} status={run['status']} attempt={run.get('attempt', 0)}"
     if response.run.result_text:
         text += f"\n{response.run.result_text}"
+    if response.run.HasField("delivery"):
+        text += "\n" + _delivery_line(response.run.delivery)
     parts = list(response.parts)
     shown = parts if args.parts is None else parts[max(len(parts) - args.parts, 0) :]
     data = {**run, "part_count": len(parts), "parts": [part_to_json(p) for p in shown]}
     _emit(args, data, text)
     return 0
+
+
+def _delivery_line(delivery: Any) -> str:
+    """A channel run's answer going out, in one line: its outcome, where, and why not."""
+    line = f"delivery {delivery.state} via {delivery.kind} {delivery.channel_id}"
+    if delivery.provider_message_id:
+        line += f" (message {delivery.provider_message_id})"
+    if delivery.HasField("error"):
+        line += f": {delivery.error.message or delivery.error.code}"
+    return line
 
 
 def _part_limit(value: str) -> int:

@@ -9,6 +9,7 @@ them that the orchestrator and the worker both apply. One package, eleven rooms:
 - `knowledge`: a knowledge document as a list shows it;
 - `outcomes`: run errors, model-turn usage, and the endings of a run (completed, failed, cancelled);
 - `parts`: the transcript's typed parts and their JSON form;
+- `deliveries`: a channel run's answer going out, recorded before it is sent;
 - `events`: every event type, and the one constructor that builds each event's payload;
 - `render`: the request a worker builds for an agent without a run or a model call;
 - `progress`: what an attempt writes under its lease (a numbered batch, its completion, the
@@ -38,6 +39,7 @@ from tether.domain.agents import (
 from tether.domain.assignment import Assignment, EarlierRun, Lease, Origin
 from tether.domain.catalog import CatalogedTool, ToolAnnouncement, schema_sha256
 from tether.domain.channels import ChannelOrigin, ReplyTarget, origin_from_json, origin_to_json
+from tether.domain.deliveries import Delivery, delivery_event, delivery_id
 from tether.domain.events import (
     TERMINAL_EVENTS,
     Event,
@@ -126,6 +128,7 @@ __all__ = [
     "ConnectionMarker",
     "Content",
     "ContextPolicy",
+    "Delivery",
     "Document",
     "EarlierRun",
     "EffectState",
@@ -168,6 +171,8 @@ __all__ = [
     "content_json",
     "context_compacted",
     "dangling_tool_calls",
+    "delivery_event",
+    "delivery_id",
     "interaction_event",
     "interrupted_results",
     "is_whole_call",

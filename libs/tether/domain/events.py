@@ -35,6 +35,10 @@ class EventType(enum.StrEnum):
     CONNECTION_COMPLETED = "connection.completed"
     USAGE_UPDATED = "usage.updated"
     CONTEXT_COMPACTED = "context.compacted"
+    DELIVERY_SENT = "delivery.sent"
+    DELIVERY_FAILED = "delivery.failed"
+    DELIVERY_UNKNOWN = "delivery.unknown"
+    DELIVERY_DENIED = "delivery.denied"
     TEXT_DELTA = "text.delta"
     KEEPALIVE = "keepalive"
 

@@ -688,6 +688,7 @@ class Run(_message.Message):
     OWNER_PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
     VISIBILITY_FIELD_NUMBER: _builtins.int
     ROUTING_FIELD_NUMBER: _builtins.int
+    DELIVERY_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id (run_...)."""
     tenant_id: _builtins.str
@@ -758,6 +759,12 @@ class Run(_message.Message):
         not in lists.
         """
 
+    @_builtins.property
+    def delivery(self) -> Global___Delivery:
+        """A channel run's answer going out (its task outcome), when the run came through a channel
+        connection and answered; set by single-run reads (GetRun, a stream's snapshot) only.
+        """
+
     def __init__(
         self,
         *,
@@ -785,10 +792,11 @@ class Run(_message.Message):
         owner_principal_id: _builtins.str = ...,
         visibility: _builtins.str = ...,
         routing: Global___RunRouting | None = ...,
+        delivery: Global___Delivery | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "error", b"error", "finished_at", b"finished_at", "next_attempt_at", b"next_attempt_at", "routing", b"routing", "updated_at", b"updated_at", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "delivery", b"delivery", "error", b"error", "finished_at", b"finished_at", "next_attempt_at", b"next_attempt_at", "routing", b"routing", "updated_at", b"updated_at", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "channel", b"channel", "conversation_id", b"conversation_id", "created_at", b"created_at", "error", b"error", "finished_at", b"finished_at", "input_text", b"input_text", "last_seq", b"last_seq", "max_attempts", b"max_attempts", "next_attempt_at", b"next_attempt_at", "owner_principal_id", b"owner_principal_id", "parent_run_id", b"parent_run_id", "result_text", b"result_text", "root_run_id", b"root_run_id", "routing", b"routing", "run_id", b"run_id", "session_id", b"session_id", "status", b"status", "task_outcome", b"task_outcome", "tenant_id", b"tenant_id", "updated_at", b"updated_at", "usage", b"usage", "visibility", b"visibility", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "channel", b"channel", "conversation_id", b"conversation_id", "created_at", b"created_at", "delivery", b"delivery", "error", b"error", "finished_at", b"finished_at", "input_text", b"input_text", "last_seq", b"last_seq", "max_attempts", b"max_attempts", "next_attempt_at", b"next_attempt_at", "owner_principal_id", b"owner_principal_id", "parent_run_id", b"parent_run_id", "result_text", b"result_text", "root_run_id", b"root_run_id", "routing", b"routing", "run_id", b"run_id", "session_id", b"session_id", "status", b"status", "task_outcome", b"task_outcome", "tenant_id", b"tenant_id", "updated_at", b"updated_at", "usage", b"usage", "visibility", b"visibility", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1216,3 +1224,71 @@ class WebhookDelivery(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WebhookDelivery: _TypeAlias = WebhookDelivery  # noqa: Y015
+
+@_typing.final
+class Delivery(_message.Message):
+    """Delivery is a channel run's answer going out through the connection it came from: recorded
+    before it is sent, sent at most once.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERY_ID_FIELD_NUMBER: _builtins.int
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    PROVIDER_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    FINISHED_AT_FIELD_NUMBER: _builtins.int
+    delivery_id: _builtins.str
+    """Derived from the tenant, the run and "answer": every attempt of the run names the same one
+    (Slack's message metadata, WhatsApp's biz_opaque_callback_data, the generic webhook-id).
+    """
+    channel_id: _builtins.str
+    """The channel connection."""
+    kind: _builtins.str
+    """slack, whatsapp or webhook."""
+    state: _builtins.str
+    """pending, awaiting-approval, sent, failed, unknown or denied."""
+    text: _builtins.str
+    """The text sent (or drafted, while pending or awaiting approval)."""
+    provider_message_id: _builtins.str
+    """The provider's id of the message sent (Slack's ts, WhatsApp's wamid), when known."""
+    attempts: _builtins.int
+    """Provider calls made, over every attempt of the run."""
+    @_builtins.property
+    def error(self) -> Global___ErrorInfo:
+        """Why it failed or is unknown (the provider's own message kept)."""
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was recorded."""
+
+    @_builtins.property
+    def finished_at(self) -> _timestamp_pb2.Timestamp:
+        """When it reached its outcome."""
+
+    def __init__(
+        self,
+        *,
+        delivery_id: _builtins.str = ...,
+        channel_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        state: _builtins.str = ...,
+        text: _builtins.str = ...,
+        provider_message_id: _builtins.str = ...,
+        attempts: _builtins.int = ...,
+        error: Global___ErrorInfo | None = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        finished_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "error", b"error", "finished_at", b"finished_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "channel_id", b"channel_id", "created_at", b"created_at", "delivery_id", b"delivery_id", "error", b"error", "finished_at", b"finished_at", "kind", b"kind", "provider_message_id", b"provider_message_id", "state", b"state", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Delivery: _TypeAlias = Delivery  # noqa: Y015

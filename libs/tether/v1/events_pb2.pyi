@@ -604,6 +604,48 @@ class ContextCompacted(_message.Message):
 Global___ContextCompacted: _TypeAlias = ContextCompacted  # noqa: Y015
 
 @_typing.final
+class DeliveryReported(_message.Message):
+    """DeliveryReported: a channel run's answer reached its outcome (the event's type names it),
+    before run.completed.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERY_ID_FIELD_NUMBER: _builtins.int
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    PROVIDER_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    delivery_id: _builtins.str
+    """The delivery."""
+    channel_id: _builtins.str
+    """The channel connection."""
+    kind: _builtins.str
+    """slack, whatsapp or webhook."""
+    provider_message_id: _builtins.str
+    """The provider's id of the message sent, for delivery.sent."""
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorInfo:
+        """Why, for delivery.failed and delivery.unknown."""
+
+    def __init__(
+        self,
+        *,
+        delivery_id: _builtins.str = ...,
+        channel_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        provider_message_id: _builtins.str = ...,
+        error: _common_pb2.ErrorInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id", "delivery_id", b"delivery_id", "error", b"error", "kind", b"kind", "provider_message_id", b"provider_message_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeliveryReported: _TypeAlias = DeliveryReported  # noqa: Y015
+
+@_typing.final
 class TextDelta(_message.Message):
     """TextDelta is ephemeral: a streamed token delta, published live and never persisted."""
 
@@ -688,6 +730,10 @@ class RunEvent(_message.Message):
     TEXT_DELTA_FIELD_NUMBER: _builtins.int
     KEEPALIVE_FIELD_NUMBER: _builtins.int
     PART_SUPERSEDED_FIELD_NUMBER: _builtins.int
+    DELIVERY_SENT_FIELD_NUMBER: _builtins.int
+    DELIVERY_FAILED_FIELD_NUMBER: _builtins.int
+    DELIVERY_UNKNOWN_FIELD_NUMBER: _builtins.int
+    DELIVERY_DENIED_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run the event belongs to."""
     seq: _builtins.int
@@ -790,6 +836,22 @@ class RunEvent(_message.Message):
     def part_superseded(self) -> Global___PartSuperseded:
         """part.superseded"""
 
+    @_builtins.property
+    def delivery_sent(self) -> Global___DeliveryReported:
+        """delivery.sent"""
+
+    @_builtins.property
+    def delivery_failed(self) -> Global___DeliveryReported:
+        """delivery.failed"""
+
+    @_builtins.property
+    def delivery_unknown(self) -> Global___DeliveryReported:
+        """delivery.unknown"""
+
+    @_builtins.property
+    def delivery_denied(self) -> Global___DeliveryReported:
+        """delivery.denied"""
+
     def __init__(
         self,
         *,
@@ -820,12 +882,16 @@ class RunEvent(_message.Message):
         text_delta: Global___TextDelta | None = ...,
         keepalive: Global___Keepalive | None = ...,
         part_superseded: Global___PartSuperseded | None = ...,
+        delivery_sent: Global___DeliveryReported | None = ...,
+        delivery_failed: Global___DeliveryReported | None = ...,
+        delivery_unknown: Global___DeliveryReported | None = ...,
+        delivery_denied: Global___DeliveryReported | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_requested", b"approval_requested", "connection_completed", b"connection_completed", "connection_requested", b"connection_requested", "context_compacted", b"context_compacted", "created_at", b"created_at", "keepalive", b"keepalive", "part_added", b"part_added", "part_superseded", b"part_superseded", "part_updated", b"part_updated", "payload", b"payload", "question_answered", b"question_answered", "question_requested", b"question_requested", "run_cancelled", b"run_cancelled", "run_checkpointed", b"run_checkpointed", "run_completed", b"run_completed", "run_failed", b"run_failed", "run_queued", b"run_queued", "run_retry_pending", b"run_retry_pending", "run_started", b"run_started", "text_delta", b"text_delta", "tool_completed", b"tool_completed", "tool_failed", b"tool_failed", "tool_started", b"tool_started", "usage_updated", b"usage_updated"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_requested", b"approval_requested", "connection_completed", b"connection_completed", "connection_requested", b"connection_requested", "context_compacted", b"context_compacted", "created_at", b"created_at", "delivery_denied", b"delivery_denied", "delivery_failed", b"delivery_failed", "delivery_sent", b"delivery_sent", "delivery_unknown", b"delivery_unknown", "keepalive", b"keepalive", "part_added", b"part_added", "part_superseded", b"part_superseded", "part_updated", b"part_updated", "payload", b"payload", "question_answered", b"question_answered", "question_requested", b"question_requested", "run_cancelled", b"run_cancelled", "run_checkpointed", b"run_checkpointed", "run_completed", b"run_completed", "run_failed", b"run_failed", "run_queued", b"run_queued", "run_retry_pending", b"run_retry_pending", "run_started", b"run_started", "text_delta", b"text_delta", "tool_completed", b"tool_completed", "tool_failed", b"tool_failed", "tool_started", b"tool_started", "usage_updated", b"usage_updated"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_requested", b"approval_requested", "connection_completed", b"connection_completed", "connection_requested", b"connection_requested", "context_compacted", b"context_compacted", "created_at", b"created_at", "keepalive", b"keepalive", "part_added", b"part_added", "part_superseded", b"part_superseded", "part_updated", b"part_updated", "payload", b"payload", "question_answered", b"question_answered", "question_requested", b"question_requested", "run_cancelled", b"run_cancelled", "run_checkpointed", b"run_checkpointed", "run_completed", b"run_completed", "run_failed", b"run_failed", "run_id", b"run_id", "run_queued", b"run_queued", "run_retry_pending", b"run_retry_pending", "run_started", b"run_started", "seq", b"seq", "text_delta", b"text_delta", "tool_completed", b"tool_completed", "tool_failed", b"tool_failed", "tool_started", b"tool_started", "type", b"type", "usage_updated", b"usage_updated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_requested", b"approval_requested", "connection_completed", b"connection_completed", "connection_requested", b"connection_requested", "context_compacted", b"context_compacted", "created_at", b"created_at", "delivery_denied", b"delivery_denied", "delivery_failed", b"delivery_failed", "delivery_sent", b"delivery_sent", "delivery_unknown", b"delivery_unknown", "keepalive", b"keepalive", "part_added", b"part_added", "part_superseded", b"part_superseded", "part_updated", b"part_updated", "payload", b"payload", "question_answered", b"question_answered", "question_requested", b"question_requested", "run_cancelled", b"run_cancelled", "run_checkpointed", b"run_checkpointed", "run_completed", b"run_completed", "run_failed", b"run_failed", "run_id", b"run_id", "run_queued", b"run_queued", "run_retry_pending", b"run_retry_pending", "run_started", b"run_started", "seq", b"seq", "text_delta", b"text_delta", "tool_completed", b"tool_completed", "tool_failed", b"tool_failed", "tool_started", b"tool_started", "type", b"type", "usage_updated", b"usage_updated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["run_queued", "run_started", "run_checkpointed", "run_completed", "run_failed", "run_cancelled", "run_retry_pending", "part_added", "part_updated", "tool_started", "tool_completed", "tool_failed", "question_requested", "question_answered", "approval_requested", "approval_decided", "connection_requested", "connection_completed", "usage_updated", "context_compacted", "text_delta", "keepalive", "part_superseded"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["run_queued", "run_started", "run_checkpointed", "run_completed", "run_failed", "run_cancelled", "run_retry_pending", "part_added", "part_updated", "tool_started", "tool_completed", "tool_failed", "question_requested", "question_answered", "approval_requested", "approval_decided", "connection_requested", "connection_completed", "usage_updated", "context_compacted", "text_delta", "keepalive", "part_superseded", "delivery_sent", "delivery_failed", "delivery_unknown", "delivery_denied"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 

@@ -2123,3 +2123,97 @@ class DiscardWebhookSecretResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DiscardWebhookSecretResponse: _TypeAlias = DiscardWebhookSecretResponse  # noqa: Y015
+
+@_typing.final
+class LookupChannelDeliveryRequest(_message.Message):
+    """LookupChannelDeliveryRequest asks, under a lease, for what sends a channel run's answer."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    epoch: _builtins.int
+    """Fencing epoch of the caller's lease."""
+    channel_id: _builtins.str
+    """The channel connection the run's answer goes to."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        channel_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id", "epoch", b"epoch", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LookupChannelDeliveryRequest: _TypeAlias = LookupChannelDeliveryRequest  # noqa: Y015
+
+@_typing.final
+class LookupChannelDeliveryResponse(_message.Message):
+    """LookupChannelDeliveryResponse is what sends the answer: for this one delivery, never stored."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class SettingsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    KIND_FIELD_NUMBER: _builtins.int
+    API_BASE_URL_FIELD_NUMBER: _builtins.int
+    REPLY_URL_FIELD_NUMBER: _builtins.int
+    SETTINGS_FIELD_NUMBER: _builtins.int
+    CREDENTIAL_FIELD_NUMBER: _builtins.int
+    SIGNING_SECRET_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """slack, whatsapp or webhook."""
+    api_base_url: _builtins.str
+    """The provider's API base URL (slack, whatsapp)."""
+    reply_url: _builtins.str
+    """Where a generic webhook connection's answers go ("" when it takes none)."""
+    credential: _builtins.bytes
+    """The sending credential: Slack's bot token, WhatsApp's access token."""
+    signing_secret: _builtins.bytes
+    """The Standard Webhooks secret a generic connection's answers are signed with."""
+    @_builtins.property
+    def settings(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The kind's settings (whatsapp: phone_number_id)."""
+
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        api_base_url: _builtins.str = ...,
+        reply_url: _builtins.str = ...,
+        settings: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        credential: _builtins.bytes = ...,
+        signing_secret: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_base_url", b"api_base_url", "credential", b"credential", "kind", b"kind", "reply_url", b"reply_url", "settings", b"settings", "signing_secret", b"signing_secret"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LookupChannelDeliveryResponse: _TypeAlias = LookupChannelDeliveryResponse  # noqa: Y015

@@ -166,6 +166,11 @@ class InteractionsServiceStub:
                 request_serializer=tether_dot_v1_dot_interactions__pb2.DiscardWebhookSecretRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_interactions__pb2.DiscardWebhookSecretResponse.FromString,
                 _registered_method=True)
+        self.LookupChannelDelivery = channel.unary_unary(
+                '/tether.v1.InteractionsService/LookupChannelDelivery',
+                request_serializer=tether_dot_v1_dot_interactions__pb2.LookupChannelDeliveryRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.LookupChannelDeliveryResponse.FromString,
+                _registered_method=True)
 
 
 class InteractionsServiceServicer:
@@ -362,6 +367,15 @@ class InteractionsServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LookupChannelDelivery(self, request, context):
+        """LookupChannelDelivery gives a worker, under the live lease of a run the connection's
+        principal owns, what sends that run's answer: the sending credential, the API base URL and
+        the kind's settings. NOT_FOUND when the connection was removed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InteractionsServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -494,6 +508,11 @@ def add_InteractionsServiceServicer_to_server(servicer, server):
                     servicer.DiscardWebhookSecret,
                     request_deserializer=tether_dot_v1_dot_interactions__pb2.DiscardWebhookSecretRequest.FromString,
                     response_serializer=tether_dot_v1_dot_interactions__pb2.DiscardWebhookSecretResponse.SerializeToString,
+            ),
+            'LookupChannelDelivery': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupChannelDelivery,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.LookupChannelDeliveryRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.LookupChannelDeliveryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1200,6 +1219,33 @@ class InteractionsService:
             '/tether.v1.InteractionsService/DiscardWebhookSecret',
             tether_dot_v1_dot_interactions__pb2.DiscardWebhookSecretRequest.SerializeToString,
             tether_dot_v1_dot_interactions__pb2.DiscardWebhookSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupChannelDelivery(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.InteractionsService/LookupChannelDelivery',
+            tether_dot_v1_dot_interactions__pb2.LookupChannelDeliveryRequest.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.LookupChannelDeliveryResponse.FromString,
             options,
             channel_credentials,
             insecure,

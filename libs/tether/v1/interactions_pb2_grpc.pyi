@@ -100,6 +100,11 @@ class InteractionsServiceStub:
     """
     DiscardWebhookSecret: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.DiscardWebhookSecretRequest, _interactions_pb2.DiscardWebhookSecretResponse]
     """DiscardWebhookSecret removes a subscription's secret (absent: nothing to do)."""
+    LookupChannelDelivery: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.LookupChannelDeliveryRequest, _interactions_pb2.LookupChannelDeliveryResponse]
+    """LookupChannelDelivery gives a worker, under the live lease of a run the connection's
+    principal owns, what sends that run's answer: the sending credential, the API base URL and
+    the kind's settings. NOT_FOUND when the connection was removed.
+    """
 
 @_typing.type_check_only
 class InteractionsServiceAsyncStub(InteractionsServiceStub):
@@ -173,6 +178,11 @@ class InteractionsServiceAsyncStub(InteractionsServiceStub):
     """
     DiscardWebhookSecret: _aio.UnaryUnaryMultiCallable[_interactions_pb2.DiscardWebhookSecretRequest, _interactions_pb2.DiscardWebhookSecretResponse]  # type: ignore[assignment]
     """DiscardWebhookSecret removes a subscription's secret (absent: nothing to do)."""
+    LookupChannelDelivery: _aio.UnaryUnaryMultiCallable[_interactions_pb2.LookupChannelDeliveryRequest, _interactions_pb2.LookupChannelDeliveryResponse]  # type: ignore[assignment]
+    """LookupChannelDelivery gives a worker, under the live lease of a run the connection's
+    principal owns, what sends that run's answer: the sending credential, the API base URL and
+    the kind's settings. NOT_FOUND when the connection was removed.
+    """
 
 class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
     """InteractionsService owns questions, approvals (with grants) and connections: the three ways a
@@ -399,5 +409,16 @@ class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_interactions_pb2.DiscardWebhookSecretResponse, _abc.Awaitable[_interactions_pb2.DiscardWebhookSecretResponse]]:
         """DiscardWebhookSecret removes a subscription's secret (absent: nothing to do)."""
+
+    @_abc_1.abstractmethod
+    def LookupChannelDelivery(
+        self,
+        request: _interactions_pb2.LookupChannelDeliveryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_interactions_pb2.LookupChannelDeliveryResponse, _abc.Awaitable[_interactions_pb2.LookupChannelDeliveryResponse]]:
+        """LookupChannelDelivery gives a worker, under the live lease of a run the connection's
+        principal owns, what sends that run's answer: the sending credential, the API base URL and
+        the kind's settings. NOT_FOUND when the connection was removed.
+        """
 
 def add_InteractionsServiceServicer_to_server(servicer: InteractionsServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

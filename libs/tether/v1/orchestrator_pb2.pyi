@@ -1887,6 +1887,226 @@ class StoreToolOutputResponse(_message.Message):
 Global___StoreToolOutputResponse: _TypeAlias = StoreToolOutputResponse  # noqa: Y015
 
 @_typing.final
+class BeginDeliveryRequest(_message.Message):
+    """BeginDeliveryRequest records a channel run's answer before it goes out."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    AWAITING_APPROVAL_FIELD_NUMBER: _builtins.int
+    FIND_ONLY_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    epoch: _builtins.int
+    """Fencing epoch."""
+    channel_id: _builtins.str
+    """The channel connection (the run's ReplyTarget)."""
+    kind: _builtins.str
+    """slack, whatsapp or webhook."""
+    text: _builtins.str
+    """The answer to send; a delivery already recorded keeps the text it has."""
+    awaiting_approval: _builtins.bool
+    """Record it awaiting a person's approval rather than pending."""
+    find_only: _builtins.bool
+    """Only find the run's delivery; record nothing."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        channel_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        text: _builtins.str = ...,
+        awaiting_approval: _builtins.bool = ...,
+        find_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["awaiting_approval", b"awaiting_approval", "channel_id", b"channel_id", "epoch", b"epoch", "find_only", b"find_only", "kind", b"kind", "run_id", b"run_id", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BeginDeliveryRequest: _TypeAlias = BeginDeliveryRequest  # noqa: Y015
+
+@_typing.final
+class BeginDeliveryResponse(_message.Message):
+    """BeginDeliveryResponse is the run's delivery as recorded."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FOUND_FIELD_NUMBER: _builtins.int
+    DELIVERY_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    found: _builtins.bool
+    """False only for find_only when the run has none."""
+    created: _builtins.bool
+    """Whether this call recorded it (false: an earlier attempt did)."""
+    @_builtins.property
+    def delivery(self) -> _common_pb2.Delivery:
+        """The delivery."""
+
+    def __init__(
+        self,
+        *,
+        found: _builtins.bool = ...,
+        delivery: _common_pb2.Delivery | None = ...,
+        created: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "delivery", b"delivery", "found", b"found"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BeginDeliveryResponse: _TypeAlias = BeginDeliveryResponse  # noqa: Y015
+
+@_typing.final
+class RecordDeliveryRequest(_message.Message):
+    """RecordDeliveryRequest moves a delivery on."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    DELIVERY_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    PROVIDER_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    CALLS_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    epoch: _builtins.int
+    """Fencing epoch."""
+    delivery_id: _builtins.str
+    """The delivery."""
+    state: _builtins.str
+    """The new state: pending (from awaiting-approval, or to count a provider call), sent, failed,
+    unknown or denied.
+    """
+    provider_message_id: _builtins.str
+    """The provider's message id, for sent."""
+    calls: _builtins.int
+    """Provider calls to add to the count."""
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorInfo:
+        """Why, for failed and unknown."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        delivery_id: _builtins.str = ...,
+        state: _builtins.str = ...,
+        provider_message_id: _builtins.str = ...,
+        error: _common_pb2.ErrorInfo | None = ...,
+        calls: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "delivery_id", b"delivery_id", "epoch", b"epoch", "error", b"error", "provider_message_id", b"provider_message_id", "run_id", b"run_id", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordDeliveryRequest: _TypeAlias = RecordDeliveryRequest  # noqa: Y015
+
+@_typing.final
+class RecordDeliveryResponse(_message.Message):
+    """RecordDeliveryResponse says whether the delivery moved."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MOVED_FIELD_NUMBER: _builtins.int
+    DELIVERY_FIELD_NUMBER: _builtins.int
+    moved: _builtins.bool
+    """False when it had already reached an outcome (nothing changed)."""
+    @_builtins.property
+    def delivery(self) -> _common_pb2.Delivery:
+        """The delivery as recorded now."""
+
+    def __init__(
+        self,
+        *,
+        moved: _builtins.bool = ...,
+        delivery: _common_pb2.Delivery | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "moved", b"moved"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordDeliveryResponse: _TypeAlias = RecordDeliveryResponse  # noqa: Y015
+
+@_typing.final
+class FindChannelStatusRequest(_message.Message):
+    """FindChannelStatusRequest asks for a status callback reporting on a delivery."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    CALLBACK_DATA_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    epoch: _builtins.int
+    """Fencing epoch."""
+    channel_id: _builtins.str
+    """The channel connection."""
+    callback_data: _builtins.str
+    """The callback data the delivery was sent with (its delivery id)."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        channel_id: _builtins.str = ...,
+        callback_data: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["callback_data", b"callback_data", "channel_id", b"channel_id", "epoch", b"epoch", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FindChannelStatusRequest: _TypeAlias = FindChannelStatusRequest  # noqa: Y015
+
+@_typing.final
+class FindChannelStatusResponse(_message.Message):
+    """FindChannelStatusResponse is the provider's message id a status callback reported, if any."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FOUND_FIELD_NUMBER: _builtins.int
+    PROVIDER_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    found: _builtins.bool
+    """Whether one was recorded."""
+    provider_message_id: _builtins.str
+    """The provider's message id it reported on."""
+    status: _builtins.str
+    """The status it reported (sent, delivered, read, failed)."""
+    def __init__(
+        self,
+        *,
+        found: _builtins.bool = ...,
+        provider_message_id: _builtins.str = ...,
+        status: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["found", b"found", "provider_message_id", b"provider_message_id", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FindChannelStatusResponse: _TypeAlias = FindChannelStatusResponse  # noqa: Y015
+
+@_typing.final
 class ExpireWaitingRunRequest(_message.Message):
     """ExpireWaitingRunRequest names a paused run and why its pause ended."""
 
@@ -1977,6 +2197,9 @@ class WorkRequest(_message.Message):
     RETRIEVE_KNOWLEDGE_FIELD_NUMBER: _builtins.int
     STORE_SUMMARY_FIELD_NUMBER: _builtins.int
     RENDERED_FIELD_NUMBER: _builtins.int
+    BEGIN_DELIVERY_FIELD_NUMBER: _builtins.int
+    RECORD_DELIVERY_FIELD_NUMBER: _builtins.int
+    FIND_CHANNEL_STATUS_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """Correlates a write with its acknowledgement (WorkAck.id), unique on the stream; 0 for a
     message that needs none (hello, credits, keepalive, goodbye).
@@ -2047,6 +2270,18 @@ class WorkRequest(_message.Message):
     def rendered(self) -> Global___WorkRendered:
         """Answers a WorkRender."""
 
+    @_builtins.property
+    def begin_delivery(self) -> Global___BeginDeliveryRequest:
+        """Records a channel run's answer before it goes out."""
+
+    @_builtins.property
+    def record_delivery(self) -> Global___RecordDeliveryRequest:
+        """Moves a delivery on."""
+
+    @_builtins.property
+    def find_channel_status(self) -> Global___FindChannelStatusRequest:
+        """Finds a provider's status callback on a delivery."""
+
     def __init__(
         self,
         *,
@@ -2067,12 +2302,15 @@ class WorkRequest(_message.Message):
         retrieve_knowledge: Global___RetrieveKnowledgeRequest | None = ...,
         store_summary: Global___StoreSummaryRequest | None = ...,
         rendered: Global___WorkRendered | None = ...,
+        begin_delivery: Global___BeginDeliveryRequest | None = ...,
+        record_delivery: Global___RecordDeliveryRequest | None = ...,
+        find_channel_status: Global___FindChannelStatusRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "rendered", b"rendered", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "rendered", b"rendered", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "id", b"id", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "release", b"release", "rendered", b"rendered", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "id", b"id", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "rendered", b"rendered", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "credits", "keepalive", "checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "goodbye", "batch", "retrieve_knowledge", "store_summary", "rendered"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "credits", "keepalive", "checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "goodbye", "batch", "retrieve_knowledge", "store_summary", "rendered", "begin_delivery", "record_delivery", "find_channel_status"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -2473,6 +2711,9 @@ class WorkAck(_message.Message):
     STORE_TOOL_OUTPUT_FIELD_NUMBER: _builtins.int
     RETRIEVE_KNOWLEDGE_FIELD_NUMBER: _builtins.int
     STORE_SUMMARY_FIELD_NUMBER: _builtins.int
+    BEGIN_DELIVERY_FIELD_NUMBER: _builtins.int
+    RECORD_DELIVERY_FIELD_NUMBER: _builtins.int
+    FIND_CHANNEL_STATUS_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """The write answered."""
     code: _builtins.int
@@ -2521,6 +2762,18 @@ class WorkAck(_message.Message):
     def store_summary(self) -> Global___StoreSummaryResponse:
         """For a summary stored."""
 
+    @_builtins.property
+    def begin_delivery(self) -> Global___BeginDeliveryResponse:
+        """For a delivery recorded."""
+
+    @_builtins.property
+    def record_delivery(self) -> Global___RecordDeliveryResponse:
+        """For a delivery moved on."""
+
+    @_builtins.property
+    def find_channel_status(self) -> Global___FindChannelStatusResponse:
+        """For a status callback found."""
+
     def __init__(
         self,
         *,
@@ -2538,12 +2791,15 @@ class WorkAck(_message.Message):
         store_tool_output: Global___StoreToolOutputResponse | None = ...,
         retrieve_knowledge: Global___RetrieveKnowledgeResponse | None = ...,
         store_summary: Global___StoreSummaryResponse | None = ...,
+        begin_delivery: Global___BeginDeliveryResponse | None = ...,
+        record_delivery: Global___RecordDeliveryResponse | None = ...,
+        find_channel_status: Global___FindChannelStatusResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "finish_effect", b"finish_effect", "park", b"park", "release", b"release", "result", b"result", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "result", b"result", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "code", b"code", "complete", b"complete", "error_code", b"error_code", "finish_effect", b"finish_effect", "id", b"id", "message", b"message", "park", b"park", "release", b"release", "result", b"result", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "code", b"code", "complete", b"complete", "error_code", b"error_code", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "id", b"id", "message", b"message", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "result", b"result", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "retrieve_knowledge", "store_summary"]  # noqa: Y015
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "retrieve_knowledge", "store_summary", "begin_delivery", "record_delivery", "find_channel_status"]  # noqa: Y015
     _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
 

@@ -131,6 +131,21 @@ class OrchestratorServiceStub:
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.FinishEffectRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_orchestrator__pb2.FinishEffectResponse.FromString,
                 _registered_method=True)
+        self.BeginDelivery = channel.unary_unary(
+                '/tether.v1.OrchestratorService/BeginDelivery',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.BeginDeliveryRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.BeginDeliveryResponse.FromString,
+                _registered_method=True)
+        self.RecordDelivery = channel.unary_unary(
+                '/tether.v1.OrchestratorService/RecordDelivery',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.RecordDeliveryRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.RecordDeliveryResponse.FromString,
+                _registered_method=True)
+        self.FindChannelStatus = channel.unary_unary(
+                '/tether.v1.OrchestratorService/FindChannelStatus',
+                request_serializer=tether_dot_v1_dot_orchestrator__pb2.FindChannelStatusRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_orchestrator__pb2.FindChannelStatusResponse.FromString,
+                _registered_method=True)
         self.ExpireWaitingRun = channel.unary_unary(
                 '/tether.v1.OrchestratorService/ExpireWaitingRun',
                 request_serializer=tether_dot_v1_dot_orchestrator__pb2.ExpireWaitingRunRequest.SerializeToString,
@@ -388,6 +403,30 @@ class OrchestratorServiceServicer:
 
     def FinishEffect(self, request, context):
         """FinishEffect stores the result of an external side effect.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BeginDelivery(self, request, context):
+        """BeginDelivery records (or finds) the run's answer going out to its channel, under the lease,
+        before anything is sent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordDelivery(self, request, context):
+        """RecordDelivery moves a delivery on (a provider call counted, its outcome) under the lease;
+        an outcome appends its delivery.* event in the same transaction.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FindChannelStatus(self, request, context):
+        """FindChannelStatus says whether a provider's status callback reported on a delivery
+        (WhatsApp's biz_opaque_callback_data), under the lease.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -663,6 +702,21 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.FinishEffect,
                     request_deserializer=tether_dot_v1_dot_orchestrator__pb2.FinishEffectRequest.FromString,
                     response_serializer=tether_dot_v1_dot_orchestrator__pb2.FinishEffectResponse.SerializeToString,
+            ),
+            'BeginDelivery': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginDelivery,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.BeginDeliveryRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.BeginDeliveryResponse.SerializeToString,
+            ),
+            'RecordDelivery': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordDelivery,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.RecordDeliveryRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.RecordDeliveryResponse.SerializeToString,
+            ),
+            'FindChannelStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.FindChannelStatus,
+                    request_deserializer=tether_dot_v1_dot_orchestrator__pb2.FindChannelStatusRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_orchestrator__pb2.FindChannelStatusResponse.SerializeToString,
             ),
             'ExpireWaitingRun': grpc.unary_unary_rpc_method_handler(
                     servicer.ExpireWaitingRun,
@@ -1290,6 +1344,87 @@ class OrchestratorService:
             '/tether.v1.OrchestratorService/FinishEffect',
             tether_dot_v1_dot_orchestrator__pb2.FinishEffectRequest.SerializeToString,
             tether_dot_v1_dot_orchestrator__pb2.FinishEffectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginDelivery(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/BeginDelivery',
+            tether_dot_v1_dot_orchestrator__pb2.BeginDeliveryRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.BeginDeliveryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordDelivery(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/RecordDelivery',
+            tether_dot_v1_dot_orchestrator__pb2.RecordDeliveryRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.RecordDeliveryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FindChannelStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.OrchestratorService/FindChannelStatus',
+            tether_dot_v1_dot_orchestrator__pb2.FindChannelStatusRequest.SerializeToString,
+            tether_dot_v1_dot_orchestrator__pb2.FindChannelStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

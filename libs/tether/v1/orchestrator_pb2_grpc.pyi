@@ -104,6 +104,18 @@ class OrchestratorServiceStub:
     """BeginEffect opens (or finds) the effects record of an external side effect."""
     FinishEffect: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.FinishEffectRequest, _orchestrator_pb2.FinishEffectResponse]
     """FinishEffect stores the result of an external side effect."""
+    BeginDelivery: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.BeginDeliveryRequest, _orchestrator_pb2.BeginDeliveryResponse]
+    """BeginDelivery records (or finds) the run's answer going out to its channel, under the lease,
+    before anything is sent.
+    """
+    RecordDelivery: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.RecordDeliveryRequest, _orchestrator_pb2.RecordDeliveryResponse]
+    """RecordDelivery moves a delivery on (a provider call counted, its outcome) under the lease;
+    an outcome appends its delivery.* event in the same transaction.
+    """
+    FindChannelStatus: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.FindChannelStatusRequest, _orchestrator_pb2.FindChannelStatusResponse]
+    """FindChannelStatus says whether a provider's status callback reported on a delivery
+    (WhatsApp's biz_opaque_callback_data), under the lease.
+    """
     ExpireWaitingRun: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ExpireWaitingRunRequest, _orchestrator_pb2.ExpireWaitingRunResponse]
     """ExpireWaitingRun fails a run whose pause outlived its TTL (e.g. an abandoned consent)."""
     StoreToolOutput: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.StoreToolOutputRequest, _orchestrator_pb2.StoreToolOutputResponse]
@@ -249,6 +261,18 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     """BeginEffect opens (or finds) the effects record of an external side effect."""
     FinishEffect: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.FinishEffectRequest, _orchestrator_pb2.FinishEffectResponse]  # type: ignore[assignment]
     """FinishEffect stores the result of an external side effect."""
+    BeginDelivery: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.BeginDeliveryRequest, _orchestrator_pb2.BeginDeliveryResponse]  # type: ignore[assignment]
+    """BeginDelivery records (or finds) the run's answer going out to its channel, under the lease,
+    before anything is sent.
+    """
+    RecordDelivery: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.RecordDeliveryRequest, _orchestrator_pb2.RecordDeliveryResponse]  # type: ignore[assignment]
+    """RecordDelivery moves a delivery on (a provider call counted, its outcome) under the lease;
+    an outcome appends its delivery.* event in the same transaction.
+    """
+    FindChannelStatus: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.FindChannelStatusRequest, _orchestrator_pb2.FindChannelStatusResponse]  # type: ignore[assignment]
+    """FindChannelStatus says whether a provider's status callback reported on a delivery
+    (WhatsApp's biz_opaque_callback_data), under the lease.
+    """
     ExpireWaitingRun: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ExpireWaitingRunRequest, _orchestrator_pb2.ExpireWaitingRunResponse]  # type: ignore[assignment]
     """ExpireWaitingRun fails a run whose pause outlived its TTL (e.g. an abandoned consent)."""
     StoreToolOutput: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.StoreToolOutputRequest, _orchestrator_pb2.StoreToolOutputResponse]  # type: ignore[assignment]
@@ -502,6 +526,36 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_orchestrator_pb2.FinishEffectResponse, _abc.Awaitable[_orchestrator_pb2.FinishEffectResponse]]:
         """FinishEffect stores the result of an external side effect."""
+
+    @_abc_1.abstractmethod
+    def BeginDelivery(
+        self,
+        request: _orchestrator_pb2.BeginDeliveryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.BeginDeliveryResponse, _abc.Awaitable[_orchestrator_pb2.BeginDeliveryResponse]]:
+        """BeginDelivery records (or finds) the run's answer going out to its channel, under the lease,
+        before anything is sent.
+        """
+
+    @_abc_1.abstractmethod
+    def RecordDelivery(
+        self,
+        request: _orchestrator_pb2.RecordDeliveryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.RecordDeliveryResponse, _abc.Awaitable[_orchestrator_pb2.RecordDeliveryResponse]]:
+        """RecordDelivery moves a delivery on (a provider call counted, its outcome) under the lease;
+        an outcome appends its delivery.* event in the same transaction.
+        """
+
+    @_abc_1.abstractmethod
+    def FindChannelStatus(
+        self,
+        request: _orchestrator_pb2.FindChannelStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.FindChannelStatusResponse, _abc.Awaitable[_orchestrator_pb2.FindChannelStatusResponse]]:
+        """FindChannelStatus says whether a provider's status callback reported on a delivery
+        (WhatsApp's biz_opaque_callback_data), under the lease.
+        """
 
     @_abc_1.abstractmethod
     def ExpireWaitingRun(

@@ -38,6 +38,7 @@ from services.orchestrator.repositories.parts import HISTORY_RUNS, read_as_histo
 from tether import audit
 from tether.db.schema import (
     attempts,
+    deliveries,
     effects,
     run_events,
     run_parts,
@@ -136,7 +137,15 @@ def _removal(doomed: CTE) -> Select[Any]:
     ids = select(doomed.c.run_id)
     children = [
         delete(table).where(table.c.run_id.in_(ids)).cte(f"gone_{table.name}")
-        for table in (run_events, run_parts, attempts, usage_turns, effects, tool_outputs)
+        for table in (
+            run_events,
+            run_parts,
+            attempts,
+            usage_turns,
+            effects,
+            tool_outputs,
+            deliveries,
+        )
     ]
     gone = delete(runs).where(runs.c.run_id.in_(ids)).returning(runs.c.run_id).cte("gone")
     stmt = select(gone.c.run_id)

@@ -38,9 +38,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import func
 from sqlalchemy.sql.elements import BindParameter, ClauseElement, ColumnElement
 
+from services.orchestrator.repositories import deliveries as deliveries_repo
 from tether import formats
 from tether.db.schema import run_events, runs, sessions
-from tether.domain import Event, Run, StoredEvent
+from tether.domain import Delivery, Event, Run, StoredEvent, delivery_event
+from tether.domain.deliveries import ended_with_run
 from tether.states import RunStatus, Transition
 
 # -- the lease fence: every write under a lease is refused once the lease has moved on ----------
@@ -194,6 +196,15 @@ async def apply(
     """
     if transition.fenced and epoch is None:
         raise ValueError(f"transition {transition.name} needs the lease epoch")
+    # A run ending with its answer's delivery still open (the reaper spent its attempts, a
+    # parked run was cancelled) gives that delivery its outcome in the same transaction, its
+    # delivery.* event before the run's own: no delivery is left without one.
+    closing: list[Delivery] = []
+    if transition.target.terminal:
+        status = transition.target.value
+        opened = await deliveries_repo.open_deliveries(conn, run_id)
+        closing = [ended_with_run(d, status) for d in opened]
+        events = [*(delivery_event(d) for d in closing), *events]
     values = dict(values or {})
     stmt = _shape(transition, tenant_id is not None, bool(events), values, waiting_on is not None)
     bound: dict[str, Any] = {
@@ -211,6 +222,8 @@ async def apply(
     handed_over = None
     if transition.target.terminal:
         handed_over = await hand_over_session(conn, row.session_id, run_id)
+        for delivery in closing:
+            await deliveries_repo.close_delivery(conn, delivery)
     return Moved(Run.from_row(row._mapping), numbered(row.last_seq, events), handed_over)
 
 

@@ -3,7 +3,14 @@
  * else. Parts are replaced by index (never appended to), so replaying events the snapshot
  * already holds changes nothing.
  */
-import type { ErrorInfoJson, PartJson, RunJson, RunStatusJson, UsageJson } from "./gen/tether/v1/common_pb.js";
+import type {
+  DeliveryJson,
+  ErrorInfoJson,
+  PartJson,
+  RunJson,
+  RunStatusJson,
+  UsageJson,
+} from "./gen/tether/v1/common_pb.js";
 import type { RunEventJson } from "./gen/tether/v1/events_pb.js";
 import type { Pending, RunStreamItem } from "./streams.js";
 
@@ -229,6 +236,21 @@ export function applyEvent(state: RunState, event: RunEventJson, pending?: Pendi
     case "connection.completed":
       next.pending = null;
       break;
+    case "delivery.sent":
+    case "delivery.failed":
+    case "delivery.unknown":
+    case "delivery.denied": {
+      // A channel run's answer reached its outcome (before run.completed): the task outcome.
+      const d = event.deliverySent ?? event.deliveryFailed ?? event.deliveryUnknown ?? event.deliveryDenied;
+      const delivery: DeliveryJson = { ...(run.delivery ?? {}), state: event.type.slice("delivery.".length) };
+      if (d?.deliveryId) delivery.deliveryId = d.deliveryId;
+      if (d?.channelId) delivery.channelId = d.channelId;
+      if (d?.kind) delivery.kind = d.kind;
+      if (d?.providerMessageId) delivery.providerMessageId = d.providerMessageId;
+      if (d?.error) delivery.error = d.error;
+      run.delivery = delivery;
+      break;
+    }
     case "usage.updated":
       if (event.usageUpdated?.total) run.usage = event.usageUpdated.total;
       if (event.usageUpdated?.turn) next.turns = [...state.turns, event.usageUpdated.turn];

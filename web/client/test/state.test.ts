@@ -50,6 +50,26 @@ describe("reduceRun", () => {
     expect(partText(s, s.parts[0]!)).toBe("one");
   });
 
+  it("shows a channel run's delivery outcome, reported before run.completed", () => {
+    const s = fold([
+      { kind: "snapshot", run: { runId: "r", status: "RUN_STATUS_RUNNING" }, parts: [], resumed: false },
+      ev({
+        seq: "1",
+        type: "delivery.failed",
+        deliveryFailed: { deliveryId: "dlv_1", channelId: "ch_1", kind: "slack", error: { code: "delivery_refused", message: "channel_not_found" } },
+      }),
+      ev({ seq: "2", type: "run.completed", runCompleted: { resultText: "hi" } }),
+    ]);
+    expect(s.run?.delivery).toEqual({
+      state: "failed",
+      deliveryId: "dlv_1",
+      channelId: "ch_1",
+      kind: "slack",
+      error: { code: "delivery_refused", message: "channel_not_found" },
+    });
+    expect(s.run?.status).toBe("RUN_STATUS_COMPLETED");
+  });
+
   it("tracks retry-pending, the pending interaction and the terminal status", () => {
     const s = fold([
       { kind: "snapshot", run: { runId: "r", status: "RUN_STATUS_RUNNING", attempt: 1, maxAttempts: 3 }, parts: [], resumed: false },

@@ -89,6 +89,16 @@ export function RunPage({ runId }: { runId: string }) {
         <dt>Cost</dt><dd data-testid="run-cost">{formatMicros(run.usage?.costMicros)}</dd>
         <dt>Created</dt><dd><time dateTime={run.createdAt}>{run.createdAt ? new Date(run.createdAt).toLocaleString() : ""}</time></dd>
         {run.error && <><dt>Error</dt><dd className="tether-error">{run.error.code}: {run.error.message}</dd></>}
+        {run.delivery && (
+          <>
+            <dt>Reply</dt>
+            <dd data-testid="run-delivery" className={run.delivery.error ? "tether-error" : undefined}>
+              {run.delivery.state} via {run.delivery.kind} <code>{run.delivery.channelId}</code>
+              {run.delivery.providerMessageId && <> (message <code>{run.delivery.providerMessageId}</code>)</>}
+              {run.delivery.error && <>: {run.delivery.error.message || run.delivery.error.code}</>}
+            </dd>
+          </>
+        )}
       </dl>
       <div className="actions">
         {!terminal && <button type="button" className="quiet" onClick={() => void act("cancel")}>Cancel run</button>}

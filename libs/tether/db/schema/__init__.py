@@ -5,9 +5,9 @@ service (README, "Who owns which table"):
 - `admission_tables`: sessions, messages, event_claims (admission creates the queued run, through
   the orchestrator's intake);
 - `orchestrator_tables`: the run aggregate (runs, run_events, run_parts, attempts, effects,
-  usage_turns, tool_outputs, routings, context_summaries), documents and agents (agents,
-  agent_versions, agent_sets), the tool catalog (tool_catalog) and what channel providers report
-  of sent messages (channel_statuses);
+  usage_turns, tool_outputs, routings, context_summaries, deliveries), documents and agents
+  (agents, agent_versions, agent_sets), the tool catalog (tool_catalog), what channel providers
+  report of sent messages (channel_statuses) and run-event webhooks;
 - `interactions_tables`: interactions, grants, connections, secrets,
   channel_connections;
 - `audit_tables`: audit_log, appended to by every service.
@@ -37,6 +37,7 @@ from tether.db.schema.orchestrator_tables import (
     attempts,
     channel_statuses,
     context_summaries,
+    deliveries,
     documents,
     effects,
     routings,
@@ -61,6 +62,7 @@ __all__ = [
     "channel_statuses",
     "connections",
     "context_summaries",
+    "deliveries",
     "documents",
     "effects",
     "event_claims",

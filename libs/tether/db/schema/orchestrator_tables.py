@@ -221,6 +221,55 @@ effects = Table(
 )
 Index("ix_effects_run", effects.c.run_id)
 
+# A channel run's answer going out (issue 30): one row per run, named by a key derived from the
+# tenant, the run and "answer", written BEFORE the provider is called so that a later attempt
+# finds it and asks the provider whether the post landed before it posts (never twice).
+DELIVERY_STATES = ("pending", "awaiting-approval", "sent", "failed", "unknown", "denied")
+deliveries = Table(
+    "deliveries",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("delivery_id", Text, nullable=False),
+    Column("run_id", Text, ForeignKey("runs.run_id"), nullable=False),
+    Column("channel_id", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    # What is (or was) sent: the drafted answer, as an approval shows it.
+    Column("text", Text, nullable=False),
+    Column("provider_message_id", Text),
+    # Provider calls made so far, over every attempt of the run.
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("error", JSONB),
+    _now(),
+    Column("finished_at", DateTime(timezone=True)),
+    PrimaryKeyConstraint("tenant_id", "delivery_id"),
+    CheckConstraint(
+        "state IN ('pending', 'awaiting-approval', 'sent', 'failed', 'unknown', 'denied')",
+        name="state",
+    ),
+)
+Index("ix_deliveries_run", deliveries.c.run_id)
+
+# WhatsApp's status callbacks, as the gateway's webhook records them through the orchestrator
+# (the other helper's migration 0027; defined here with its shape until that branch merges):
+# `callback_data` is the `biz_opaque_callback_data` a delivery was sent with.
+channel_statuses = Table(
+    "channel_statuses",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("channel_id", Text, nullable=False),
+    Column("provider_message_id", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("callback_data", Text),
+    Column("errors", JSONB),
+    Column("reported_at", DateTime(timezone=True), nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("tenant_id", "channel_id", "provider_message_id", "status"),
+)
+Index(
+    "ix_channel_statuses_callback", channel_statuses.c.tenant_id, channel_statuses.c.callback_data
+)
+
 usage_turns = Table(
     "usage_turns",
     metadata,

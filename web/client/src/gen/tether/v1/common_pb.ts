@@ -12,7 +12,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/common.proto.
  */
 export const file_tether_v1_common: GenFile = /*@__PURE__*/
-  fileDesc("ChZ0ZXRoZXIvdjEvY29tbW9uLnByb3RvEgl0ZXRoZXIudjEiVgoJRXJyb3JJbmZvEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIRCglyZXRyeWFibGUYAyABKAgSFwoPcHJvdmlkZXJfc3RhdHVzGAQgASgFIp4BCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAMSFQoNb3V0cHV0X3Rva2VucxgCIAEoAxIjChtjYWNoZV9jcmVhdGlvbl9pbnB1dF90b2tlbnMYAyABKAMSHwoXY2FjaGVfcmVhZF9pbnB1dF90b2tlbnMYBCABKAMSEwoLY29zdF9taWNyb3MYBSABKAMSDQoFbW9kZWwYBiABKAkiGAoIVGV4dFBhcnQSDAoEdGV4dBgBIAEoCSIzCgxUaGlua2luZ1BhcnQSEAoIdGhpbmtpbmcYASABKAkSEQoJc2lnbmF0dXJlGAIgASgJImsKDFRvb2xDYWxsUGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRImCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDwoDY3V0GAQgASgIQgIYASJwCg5Ub29sUmVzdWx0UGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDwoHY29udGVudBgCIAEoCRIQCghpc19lcnJvchgDIAEoCBISCgpvdXRwdXRfcmVmGAQgASgJEhEKCXRydW5jYXRlZBgFIAEoCCImCgxRdWVzdGlvblBhcnQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkiOQoMQXBwcm92YWxQYXJ0EhYKDmludGVyYWN0aW9uX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCSI6Cg5Db25uZWN0aW9uUGFydBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghwcm92aWRlchgCIAEoCSKSAQoLU3VtbWFyeVBhcnQSDAoEdGV4dBgBIAEoCRITCgtmcm9tX3J1bl9pZBgCIAEoCRIWCg50aHJvdWdoX3J1bl9pZBgDIAEoCRIMCgRydW5zGAQgASgFEg0KBXBhcnRzGAUgASgFEhUKDXRva2Vuc19iZWZvcmUYBiABKAMSFAoMdG9rZW5zX2FmdGVyGAcgASgDIrYDCgRQYXJ0Eg0KBWluZGV4GAEgASgFEgwKBHJvbGUYAiABKAkSDQoFZmluYWwYAyABKAgSEgoKc3VwZXJzZWRlZBgEIAEoCBIjCgR0ZXh0GAogASgLMhMudGV0aGVyLnYxLlRleHRQYXJ0SAASKwoIdGhpbmtpbmcYCyABKAsyFy50ZXRoZXIudjEuVGhpbmtpbmdQYXJ0SAASLAoJdG9vbF9jYWxsGAwgASgLMhcudGV0aGVyLnYxLlRvb2xDYWxsUGFydEgAEjAKC3Rvb2xfcmVzdWx0GA0gASgLMhkudGV0aGVyLnYxLlRvb2xSZXN1bHRQYXJ0SAASKwoIcXVlc3Rpb24YDiABKAsyFy50ZXRoZXIudjEuUXVlc3Rpb25QYXJ0SAASKwoIYXBwcm92YWwYDyABKAsyFy50ZXRoZXIudjEuQXBwcm92YWxQYXJ0SAASLwoKY29ubmVjdGlvbhgQIAEoCzIZLnRldGhlci52MS5Db25uZWN0aW9uUGFydEgAEikKB3N1bW1hcnkYESABKAsyFi50ZXRoZXIudjEuU3VtbWFyeVBhcnRIAEIGCgRraW5kIpIBCghEb2N1bWVudBITCgtkb2N1bWVudF9pZBgBIAEoCRINCgV0aXRsZRgCIAEoCRIPCgdjb250ZW50GAMgASgJEg0KBWNoYXJzGAQgASgFEhIKCmNyZWF0ZWRfYnkYBSABKAkSLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiKgoJQnVuZGxlUmVmEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoBSK6AQoKUnVuUm91dGluZxISCgpyb3V0aW5nX2lkGAEgASgJEg0KBWFnZW50GAIgASgJEg0KBW1vZGVsGAMgASgJEiUKB3BlcnNvbmEYBCABKAsyFC50ZXRoZXIudjEuQnVuZGxlUmVmEiQKBnNraWxscxgFIAMoCzIULnRldGhlci52MS5CdW5kbGVSZWYSFgoOdG9vbF9hbGxvd2xpc3QYBiADKAkSFQoNYWdlbnRfdmVyc2lvbhgHIAEoBSKmBQoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIRCgl0ZW5hbnRfaWQYAiABKAkSEgoKc2Vzc2lvbl9pZBgDIAEoCRIXCg9jb252ZXJzYXRpb25faWQYBCABKAkSJAoGc3RhdHVzGAUgASgOMhQudGV0aGVyLnYxLlJ1blN0YXR1cxIPCgdhdHRlbXB0GAYgASgFEhQKDG1heF9hdHRlbXB0cxgHIAEoBRIVCg1wYXJlbnRfcnVuX2lkGAggASgJEhMKC3Jvb3RfcnVuX2lkGAkgASgJEhMKC3Jlc3VsdF90ZXh0GAogASgJEhQKDHRhc2tfb3V0Y29tZRgLIAEoCRIQCgh3YXJuaW5ncxgMIAMoCRIjCgVlcnJvchgNIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SHwoFdXNhZ2UYDiABKAsyEC50ZXRoZXIudjEuVXNhZ2USMwoPbmV4dF9hdHRlbXB0X2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX2F0GBAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GBEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgSIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIbGFzdF9zZXEYEyABKAMSEgoKaW5wdXRfdGV4dBgUIAEoCRIPCgdjaGFubmVsGBUgASgJEhoKEm93bmVyX3ByaW5jaXBhbF9pZBgWIAEoCRISCgp2aXNpYmlsaXR5GBcgASgJEiYKB3JvdXRpbmcYGCABKAsyFS50ZXRoZXIudjEuUnVuUm91dGluZyK5AgoHQXR0ZW1wdBIPCgdhdHRlbXB0GAEgASgFEhMKC2xlYXNlX2Vwb2NoGAIgASgDEhEKCXdvcmtlcl9pZBgDIAEoCRIuCgpzdGFydGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHb3V0Y29tZRgGIAEoCRIjCgVlcnJvchgHIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SMQoIc3RhZ2VfbXMYCCADKAsyHy50ZXRoZXIudjEuQXR0ZW1wdC5TdGFnZU1zRW50cnkaLgoMU3RhZ2VNc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEibQoJTW9kZWxUdXJuEh8KBXVzYWdlGAEgASgLMhAudGV0aGVyLnYxLlVzYWdlEi4KCmNyZWF0ZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB2F0dGVtcHQYAyABKAUijwEKDEFnZW50VmVyc2lvbhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSDAoEc3BlYxgDIAEoCRISCgpub3JtYWxpc2VkGAQgASgJEg4KBmRpZ2VzdBgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ4CgxBZ2VudFN1bW1hcnkSDAoEbmFtZRgBIAEoCRIZChFwdWJsaXNoZWRfdmVyc2lvbhgCIAEoBRIPCgdkZWZhdWx0GAMgASgIEi4KCnVwZGF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqMBCgtDYXRhbG9nVG9vbBIMCgRuYW1lGAEgASgJEgwKBHJpc2sYAiABKAkSGQoRd3JpdGVzX2V4dGVybmFsbHkYAyABKAgSFQoNc2NoZW1hX3NoYTI1NhgEIAEoCRIUCgxhbm5vdW5jZWRfYnkYBSABKAkSMAoMYW5ub3VuY2VkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJiCgtSZXBseVRhcmdldBISCgpjaGFubmVsX2lkGAEgASgJEgwKBGtpbmQYAiABKAkSDwoHYWRkcmVzcxgDIAEoCRIOCgZ0aHJlYWQYBCABKAkSEAoIcmVwbHlfdG8YBSABKAkigwIKE1dlYmhvb2tTdWJzY3JpcHRpb24SFwoPc3Vic2NyaXB0aW9uX2lkGAEgASgJEgsKA3VybBgCIAEoCRIOCgZldmVudHMYAyADKAkSEgoKY3JlYXRlZF9ieRgEIAEoCRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZzdGF0dXMYBiABKAkSLwoLZGlzYWJsZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjEKDWZhaWxpbmdfc2luY2UYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wItICCg9XZWJob29rRGVsaXZlcnkSEwoLZGVsaXZlcnlfaWQYASABKAkSFwoPc3Vic2NyaXB0aW9uX2lkGAIgASgJEg4KBnJ1bl9pZBgDIAEoCRILCgNzZXEYBCABKAMSEgoKZXZlbnRfdHlwZRgFIAEoCRIOCgZzdGF0dXMYBiABKAkSEAoIYXR0ZW1wdHMYByABKAUSGAoQbGFzdF9odHRwX3N0YXR1cxgIIAEoBRISCgpsYXN0X2Vycm9yGAkgASgJEjMKD25leHRfYXR0ZW1wdF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoHc2VudF9hdBgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAqsAIKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFQoRUlVOX1NUQVRVU19RVUVVRUQQARIWChJSVU5fU1RBVFVTX1JVTk5JTkcQAhIcChhSVU5fU1RBVFVTX1JFVFJZX1BFTkRJTkcQAxIjCh9SVU5fU1RBVFVTX1dBSVRJTkdfRk9SX1FVRVNUSU9OEAQSIwofUlVOX1NUQVRVU19XQUlUSU5HX0ZPUl9BUFBST1ZBTBAFEiUKIVJVTl9TVEFUVVNfV0FJVElOR19GT1JfQ09OTkVDVElPThAGEhgKFFJVTl9TVEFUVVNfQ09NUExFVEVEEAcSFQoRUlVOX1NUQVRVU19GQUlMRUQQCBIYChRSVU5fU1RBVFVTX0NBTkNFTExFRBAJKpABCgtEaXNwb3NpdGlvbhIbChdESVNQT1NJVElPTl9VTlNQRUNJRklFRBAAEhcKE0RJU1BPU0lUSU9OX0NSRUFURUQQARIYChRESVNQT1NJVElPTl9BVFRBQ0hFRBACEhgKFERJU1BPU0lUSU9OX1JFUExBWUVEEAMSFwoTRElTUE9TSVRJT05fUkVUUklFRBAEYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChZ0ZXRoZXIvdjEvY29tbW9uLnByb3RvEgl0ZXRoZXIudjEiVgoJRXJyb3JJbmZvEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIRCglyZXRyeWFibGUYAyABKAgSFwoPcHJvdmlkZXJfc3RhdHVzGAQgASgFIp4BCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAMSFQoNb3V0cHV0X3Rva2VucxgCIAEoAxIjChtjYWNoZV9jcmVhdGlvbl9pbnB1dF90b2tlbnMYAyABKAMSHwoXY2FjaGVfcmVhZF9pbnB1dF90b2tlbnMYBCABKAMSEwoLY29zdF9taWNyb3MYBSABKAMSDQoFbW9kZWwYBiABKAkiGAoIVGV4dFBhcnQSDAoEdGV4dBgBIAEoCSIzCgxUaGlua2luZ1BhcnQSEAoIdGhpbmtpbmcYASABKAkSEQoJc2lnbmF0dXJlGAIgASgJImsKDFRvb2xDYWxsUGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRImCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDwoDY3V0GAQgASgIQgIYASJwCg5Ub29sUmVzdWx0UGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDwoHY29udGVudBgCIAEoCRIQCghpc19lcnJvchgDIAEoCBISCgpvdXRwdXRfcmVmGAQgASgJEhEKCXRydW5jYXRlZBgFIAEoCCImCgxRdWVzdGlvblBhcnQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkiOQoMQXBwcm92YWxQYXJ0EhYKDmludGVyYWN0aW9uX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCSI6Cg5Db25uZWN0aW9uUGFydBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghwcm92aWRlchgCIAEoCSKSAQoLU3VtbWFyeVBhcnQSDAoEdGV4dBgBIAEoCRITCgtmcm9tX3J1bl9pZBgCIAEoCRIWCg50aHJvdWdoX3J1bl9pZBgDIAEoCRIMCgRydW5zGAQgASgFEg0KBXBhcnRzGAUgASgFEhUKDXRva2Vuc19iZWZvcmUYBiABKAMSFAoMdG9rZW5zX2FmdGVyGAcgASgDIrYDCgRQYXJ0Eg0KBWluZGV4GAEgASgFEgwKBHJvbGUYAiABKAkSDQoFZmluYWwYAyABKAgSEgoKc3VwZXJzZWRlZBgEIAEoCBIjCgR0ZXh0GAogASgLMhMudGV0aGVyLnYxLlRleHRQYXJ0SAASKwoIdGhpbmtpbmcYCyABKAsyFy50ZXRoZXIudjEuVGhpbmtpbmdQYXJ0SAASLAoJdG9vbF9jYWxsGAwgASgLMhcudGV0aGVyLnYxLlRvb2xDYWxsUGFydEgAEjAKC3Rvb2xfcmVzdWx0GA0gASgLMhkudGV0aGVyLnYxLlRvb2xSZXN1bHRQYXJ0SAASKwoIcXVlc3Rpb24YDiABKAsyFy50ZXRoZXIudjEuUXVlc3Rpb25QYXJ0SAASKwoIYXBwcm92YWwYDyABKAsyFy50ZXRoZXIudjEuQXBwcm92YWxQYXJ0SAASLwoKY29ubmVjdGlvbhgQIAEoCzIZLnRldGhlci52MS5Db25uZWN0aW9uUGFydEgAEikKB3N1bW1hcnkYESABKAsyFi50ZXRoZXIudjEuU3VtbWFyeVBhcnRIAEIGCgRraW5kIpIBCghEb2N1bWVudBITCgtkb2N1bWVudF9pZBgBIAEoCRINCgV0aXRsZRgCIAEoCRIPCgdjb250ZW50GAMgASgJEg0KBWNoYXJzGAQgASgFEhIKCmNyZWF0ZWRfYnkYBSABKAkSLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiKgoJQnVuZGxlUmVmEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoBSK6AQoKUnVuUm91dGluZxISCgpyb3V0aW5nX2lkGAEgASgJEg0KBWFnZW50GAIgASgJEg0KBW1vZGVsGAMgASgJEiUKB3BlcnNvbmEYBCABKAsyFC50ZXRoZXIudjEuQnVuZGxlUmVmEiQKBnNraWxscxgFIAMoCzIULnRldGhlci52MS5CdW5kbGVSZWYSFgoOdG9vbF9hbGxvd2xpc3QYBiADKAkSFQoNYWdlbnRfdmVyc2lvbhgHIAEoBSLNBQoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIRCgl0ZW5hbnRfaWQYAiABKAkSEgoKc2Vzc2lvbl9pZBgDIAEoCRIXCg9jb252ZXJzYXRpb25faWQYBCABKAkSJAoGc3RhdHVzGAUgASgOMhQudGV0aGVyLnYxLlJ1blN0YXR1cxIPCgdhdHRlbXB0GAYgASgFEhQKDG1heF9hdHRlbXB0cxgHIAEoBRIVCg1wYXJlbnRfcnVuX2lkGAggASgJEhMKC3Jvb3RfcnVuX2lkGAkgASgJEhMKC3Jlc3VsdF90ZXh0GAogASgJEhQKDHRhc2tfb3V0Y29tZRgLIAEoCRIQCgh3YXJuaW5ncxgMIAMoCRIjCgVlcnJvchgNIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SHwoFdXNhZ2UYDiABKAsyEC50ZXRoZXIudjEuVXNhZ2USMwoPbmV4dF9hdHRlbXB0X2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX2F0GBAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GBEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgSIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIbGFzdF9zZXEYEyABKAMSEgoKaW5wdXRfdGV4dBgUIAEoCRIPCgdjaGFubmVsGBUgASgJEhoKEm93bmVyX3ByaW5jaXBhbF9pZBgWIAEoCRISCgp2aXNpYmlsaXR5GBcgASgJEiYKB3JvdXRpbmcYGCABKAsyFS50ZXRoZXIudjEuUnVuUm91dGluZxIlCghkZWxpdmVyeRgZIAEoCzITLnRldGhlci52MS5EZWxpdmVyeSK5AgoHQXR0ZW1wdBIPCgdhdHRlbXB0GAEgASgFEhMKC2xlYXNlX2Vwb2NoGAIgASgDEhEKCXdvcmtlcl9pZBgDIAEoCRIuCgpzdGFydGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHb3V0Y29tZRgGIAEoCRIjCgVlcnJvchgHIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SMQoIc3RhZ2VfbXMYCCADKAsyHy50ZXRoZXIudjEuQXR0ZW1wdC5TdGFnZU1zRW50cnkaLgoMU3RhZ2VNc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEibQoJTW9kZWxUdXJuEh8KBXVzYWdlGAEgASgLMhAudGV0aGVyLnYxLlVzYWdlEi4KCmNyZWF0ZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB2F0dGVtcHQYAyABKAUijwEKDEFnZW50VmVyc2lvbhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSDAoEc3BlYxgDIAEoCRISCgpub3JtYWxpc2VkGAQgASgJEg4KBmRpZ2VzdBgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ4CgxBZ2VudFN1bW1hcnkSDAoEbmFtZRgBIAEoCRIZChFwdWJsaXNoZWRfdmVyc2lvbhgCIAEoBRIPCgdkZWZhdWx0GAMgASgIEi4KCnVwZGF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqMBCgtDYXRhbG9nVG9vbBIMCgRuYW1lGAEgASgJEgwKBHJpc2sYAiABKAkSGQoRd3JpdGVzX2V4dGVybmFsbHkYAyABKAgSFQoNc2NoZW1hX3NoYTI1NhgEIAEoCRIUCgxhbm5vdW5jZWRfYnkYBSABKAkSMAoMYW5ub3VuY2VkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJiCgtSZXBseVRhcmdldBISCgpjaGFubmVsX2lkGAEgASgJEgwKBGtpbmQYAiABKAkSDwoHYWRkcmVzcxgDIAEoCRIOCgZ0aHJlYWQYBCABKAkSEAoIcmVwbHlfdG8YBSABKAkigwIKE1dlYmhvb2tTdWJzY3JpcHRpb24SFwoPc3Vic2NyaXB0aW9uX2lkGAEgASgJEgsKA3VybBgCIAEoCRIOCgZldmVudHMYAyADKAkSEgoKY3JlYXRlZF9ieRgEIAEoCRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZzdGF0dXMYBiABKAkSLwoLZGlzYWJsZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjEKDWZhaWxpbmdfc2luY2UYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wItICCg9XZWJob29rRGVsaXZlcnkSEwoLZGVsaXZlcnlfaWQYASABKAkSFwoPc3Vic2NyaXB0aW9uX2lkGAIgASgJEg4KBnJ1bl9pZBgDIAEoCRILCgNzZXEYBCABKAMSEgoKZXZlbnRfdHlwZRgFIAEoCRIOCgZzdGF0dXMYBiABKAkSEAoIYXR0ZW1wdHMYByABKAUSGAoQbGFzdF9odHRwX3N0YXR1cxgIIAEoBRISCgpsYXN0X2Vycm9yGAkgASgJEjMKD25leHRfYXR0ZW1wdF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoHc2VudF9hdBgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAikwIKCERlbGl2ZXJ5EhMKC2RlbGl2ZXJ5X2lkGAEgASgJEhIKCmNoYW5uZWxfaWQYAiABKAkSDAoEa2luZBgDIAEoCRINCgVzdGF0ZRgEIAEoCRIMCgR0ZXh0GAUgASgJEhsKE3Byb3ZpZGVyX21lc3NhZ2VfaWQYBiABKAkSEAoIYXR0ZW1wdHMYByABKAUSIwoFZXJyb3IYCCABKAsyFC50ZXRoZXIudjEuRXJyb3JJbmZvEi4KCmNyZWF0ZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCqwAgoJUnVuU3RhdHVzEhoKFlJVTl9TVEFUVVNfVU5TUEVDSUZJRUQQABIVChFSVU5fU1RBVFVTX1FVRVVFRBABEhYKElJVTl9TVEFUVVNfUlVOTklORxACEhwKGFJVTl9TVEFUVVNfUkVUUllfUEVORElORxADEiMKH1JVTl9TVEFUVVNfV0FJVElOR19GT1JfUVVFU1RJT04QBBIjCh9SVU5fU1RBVFVTX1dBSVRJTkdfRk9SX0FQUFJPVkFMEAUSJQohUlVOX1NUQVRVU19XQUlUSU5HX0ZPUl9DT05ORUNUSU9OEAYSGAoUUlVOX1NUQVRVU19DT01QTEVURUQQBxIVChFSVU5fU1RBVFVTX0ZBSUxFRBAIEhgKFFJVTl9TVEFUVVNfQ0FOQ0VMTEVEEAkqkAEKC0Rpc3Bvc2l0aW9uEhsKF0RJU1BPU0lUSU9OX1VOU1BFQ0lGSUVEEAASFwoTRElTUE9TSVRJT05fQ1JFQVRFRBABEhgKFERJU1BPU0lUSU9OX0FUVEFDSEVEEAISGAoURElTUE9TSVRJT05fUkVQTEFZRUQQAxIXChNESVNQT1NJVElPTl9SRVRSSUVEEARiBnByb3RvMw", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * ErrorInfo is a classified failure kept on a run or an event.
@@ -1375,6 +1375,14 @@ export type Run = Message<"tether.v1.Run"> & {
    * @generated from field: tether.v1.RunRouting routing = 24;
    */
   routing?: RunRouting | undefined;
+
+  /**
+   * A channel run's answer going out (its task outcome), when the run came through a channel
+   * connection and answered; set by single-run reads (GetRun, a stream's snapshot) only.
+   *
+   * @generated from field: tether.v1.Delivery delivery = 25;
+   */
+  delivery?: Delivery | undefined;
 };
 
 /**
@@ -1553,6 +1561,14 @@ export type RunJson = {
    * @generated from field: tether.v1.RunRouting routing = 24;
    */
   routing?: RunRoutingJson;
+
+  /**
+   * A channel run's answer going out (its task outcome), when the run came through a channel
+   * connection and answered; set by single-run reads (GetRun, a stream's snapshot) only.
+   *
+   * @generated from field: tether.v1.Delivery delivery = 25;
+   */
+  delivery?: DeliveryJson;
 };
 
 /**
@@ -2477,6 +2493,171 @@ export type WebhookDeliveryJson = {
  */
 export const WebhookDeliverySchema: GenMessage<WebhookDelivery, {jsonType: WebhookDeliveryJson}> = /*@__PURE__*/
   messageDesc(file_tether_v1_common, 22);
+
+/**
+ * Delivery is a channel run's answer going out through the connection it came from: recorded
+ * before it is sent, sent at most once.
+ *
+ * @generated from message tether.v1.Delivery
+ */
+export type Delivery = Message<"tether.v1.Delivery"> & {
+  /**
+   * Derived from the tenant, the run and "answer": every attempt of the run names the same one
+   * (Slack's message metadata, WhatsApp's biz_opaque_callback_data, the generic webhook-id).
+   *
+   * @generated from field: string delivery_id = 1;
+   */
+  deliveryId: string;
+
+  /**
+   * The channel connection.
+   *
+   * @generated from field: string channel_id = 2;
+   */
+  channelId: string;
+
+  /**
+   * slack, whatsapp or webhook.
+   *
+   * @generated from field: string kind = 3;
+   */
+  kind: string;
+
+  /**
+   * pending, awaiting-approval, sent, failed, unknown or denied.
+   *
+   * @generated from field: string state = 4;
+   */
+  state: string;
+
+  /**
+   * The text sent (or drafted, while pending or awaiting approval).
+   *
+   * @generated from field: string text = 5;
+   */
+  text: string;
+
+  /**
+   * The provider's id of the message sent (Slack's ts, WhatsApp's wamid), when known.
+   *
+   * @generated from field: string provider_message_id = 6;
+   */
+  providerMessageId: string;
+
+  /**
+   * Provider calls made, over every attempt of the run.
+   *
+   * @generated from field: int32 attempts = 7;
+   */
+  attempts: number;
+
+  /**
+   * Why it failed or is unknown (the provider's own message kept).
+   *
+   * @generated from field: tether.v1.ErrorInfo error = 8;
+   */
+  error?: ErrorInfo | undefined;
+
+  /**
+   * When it was recorded.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 9;
+   */
+  createdAt?: Timestamp | undefined;
+
+  /**
+   * When it reached its outcome.
+   *
+   * @generated from field: google.protobuf.Timestamp finished_at = 10;
+   */
+  finishedAt?: Timestamp | undefined;
+};
+
+/**
+ * Delivery is a channel run's answer going out through the connection it came from: recorded
+ * before it is sent, sent at most once.
+ *
+ * @generated from message tether.v1.Delivery
+ */
+export type DeliveryJson = {
+  /**
+   * Derived from the tenant, the run and "answer": every attempt of the run names the same one
+   * (Slack's message metadata, WhatsApp's biz_opaque_callback_data, the generic webhook-id).
+   *
+   * @generated from field: string delivery_id = 1;
+   */
+  deliveryId?: string;
+
+  /**
+   * The channel connection.
+   *
+   * @generated from field: string channel_id = 2;
+   */
+  channelId?: string;
+
+  /**
+   * slack, whatsapp or webhook.
+   *
+   * @generated from field: string kind = 3;
+   */
+  kind?: string;
+
+  /**
+   * pending, awaiting-approval, sent, failed, unknown or denied.
+   *
+   * @generated from field: string state = 4;
+   */
+  state?: string;
+
+  /**
+   * The text sent (or drafted, while pending or awaiting approval).
+   *
+   * @generated from field: string text = 5;
+   */
+  text?: string;
+
+  /**
+   * The provider's id of the message sent (Slack's ts, WhatsApp's wamid), when known.
+   *
+   * @generated from field: string provider_message_id = 6;
+   */
+  providerMessageId?: string;
+
+  /**
+   * Provider calls made, over every attempt of the run.
+   *
+   * @generated from field: int32 attempts = 7;
+   */
+  attempts?: number;
+
+  /**
+   * Why it failed or is unknown (the provider's own message kept).
+   *
+   * @generated from field: tether.v1.ErrorInfo error = 8;
+   */
+  error?: ErrorInfoJson;
+
+  /**
+   * When it was recorded.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 9;
+   */
+  createdAt?: TimestampJson;
+
+  /**
+   * When it reached its outcome.
+   *
+   * @generated from field: google.protobuf.Timestamp finished_at = 10;
+   */
+  finishedAt?: TimestampJson;
+};
+
+/**
+ * Describes the message tether.v1.Delivery.
+ * Use `create(DeliverySchema)` to create a new message.
+ */
+export const DeliverySchema: GenMessage<Delivery, {jsonType: DeliveryJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_common, 23);
 
 /**
  * RunStatus is where a run stands in its lifecycle. Transitions are listed in libs/tether/states.py.

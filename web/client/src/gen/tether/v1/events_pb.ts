@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/events.proto.
  */
 export const file_tether_v1_events: GenFile = /*@__PURE__*/
-  fileDesc("ChZ0ZXRoZXIvdjEvZXZlbnRzLnByb3RvEgl0ZXRoZXIudjEiLAoJUnVuUXVldWVkEg8KB2F0dGVtcHQYASABKAUSDgoGcmVhc29uGAIgASgJIkUKClJ1blN0YXJ0ZWQSDwoHYXR0ZW1wdBgBIAEoBRIRCgl3b3JrZXJfaWQYAiABKAkSEwoLbGVhc2VfZXBvY2gYAyABKAMiJQoPUnVuQ2hlY2twb2ludGVkEhIKCnBhcnRfY291bnQYASABKAUibAoMUnVuQ29tcGxldGVkEhMKC3Jlc3VsdF90ZXh0GAEgASgJEhQKDHRhc2tfb3V0Y29tZRgCIAEoCRIQCgh3YXJuaW5ncxgDIAMoCRIfCgV1c2FnZRgEIAEoCzIQLnRldGhlci52MS5Vc2FnZSIwCglSdW5GYWlsZWQSIwoFZXJyb3IYASABKAsyFC50ZXRoZXIudjEuRXJyb3JJbmZvIh4KDFJ1bkNhbmNlbGxlZBIOCgZyZWFzb24YASABKAkikgEKD1J1blJldHJ5UGVuZGluZxIPCgdhdHRlbXB0GAEgASgFEhQKDG1heF9hdHRlbXB0cxgCIAEoBRIzCg9uZXh0X2F0dGVtcHRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiMKBWVycm9yGAQgASgLMhQudGV0aGVyLnYxLkVycm9ySW5mbyIqCglQYXJ0QWRkZWQSHQoEcGFydBgBIAEoCzIPLnRldGhlci52MS5QYXJ0IiwKC1BhcnRVcGRhdGVkEh0KBHBhcnQYASABKAsyDy50ZXRoZXIudjEuUGFydCI1Cg5QYXJ0U3VwZXJzZWRlZBISCgpwYXJ0X2luZGV4GAEgASgFEg8KB2F0dGVtcHQYAiABKAUiMQoLVG9vbFN0YXJ0ZWQSFAoMdG9vbF9jYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkiRQoNVG9vbENvbXBsZXRlZBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIQCghyZXBsYXllZBgDIAEoCCJVCgpUb29sRmFpbGVkEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEiMKBWVycm9yGAMgASgLMhQudGV0aGVyLnYxLkVycm9ySW5mbyIrChFRdWVzdGlvblJlcXVlc3RlZBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCSIqChBRdWVzdGlvbkFuc3dlcmVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIisKEUFwcHJvdmFsUmVxdWVzdGVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIjsKD0FwcHJvdmFsRGVjaWRlZBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghkZWNpc2lvbhgCIAEoCSItChNDb25uZWN0aW9uUmVxdWVzdGVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIj4KE0Nvbm5lY3Rpb25Db21wbGV0ZWQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHb3V0Y29tZRgCIAEoCSJPCgxVc2FnZVVwZGF0ZWQSHgoEdHVybhgBIAEoCzIQLnRldGhlci52MS5Vc2FnZRIfCgV0b3RhbBgCIAEoCzIQLnRldGhlci52MS5Vc2FnZSK5AQoQQ29udGV4dENvbXBhY3RlZBIXCg9wYXJ0c19jb21wYWN0ZWQYASABKAUSEwoLZnJvbV9ydW5faWQYAiABKAkSFgoOdGhyb3VnaF9ydW5faWQYAyABKAkSFgoOcnVuc19jb21wYWN0ZWQYBCABKAUSFQoNdG9rZW5zX2JlZm9yZRgFIAEoAxIUCgx0b2tlbnNfYWZ0ZXIYBiABKAMSGgoSc3VtbWFyeV9wYXJ0X2luZGV4GAcgASgFIj0KCVRleHREZWx0YRISCgpwYXJ0X2luZGV4GAEgASgFEgwKBHRleHQYAiABKAkSDgoGb2Zmc2V0GAMgASgDIjEKCUtlZXBhbGl2ZRIkCgZzdGF0dXMYASABKA4yFC50ZXRoZXIudjEuUnVuU3RhdHVzIpwKCghSdW5FdmVudBIOCgZydW5faWQYASABKAkSCwoDc2VxGAIgASgDEi4KCmNyZWF0ZWRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEgwKBHR5cGUYBCABKAkSKgoKcnVuX3F1ZXVlZBgKIAEoCzIULnRldGhlci52MS5SdW5RdWV1ZWRIABIsCgtydW5fc3RhcnRlZBgLIAEoCzIVLnRldGhlci52MS5SdW5TdGFydGVkSAASNgoQcnVuX2NoZWNrcG9pbnRlZBgMIAEoCzIaLnRldGhlci52MS5SdW5DaGVja3BvaW50ZWRIABIwCg1ydW5fY29tcGxldGVkGA0gASgLMhcudGV0aGVyLnYxLlJ1bkNvbXBsZXRlZEgAEioKCnJ1bl9mYWlsZWQYDiABKAsyFC50ZXRoZXIudjEuUnVuRmFpbGVkSAASMAoNcnVuX2NhbmNlbGxlZBgPIAEoCzIXLnRldGhlci52MS5SdW5DYW5jZWxsZWRIABI3ChFydW5fcmV0cnlfcGVuZGluZxgQIAEoCzIaLnRldGhlci52MS5SdW5SZXRyeVBlbmRpbmdIABIqCgpwYXJ0X2FkZGVkGBEgASgLMhQudGV0aGVyLnYxLlBhcnRBZGRlZEgAEi4KDHBhcnRfdXBkYXRlZBgSIAEoCzIWLnRldGhlci52MS5QYXJ0VXBkYXRlZEgAEi4KDHRvb2xfc3RhcnRlZBgTIAEoCzIWLnRldGhlci52MS5Ub29sU3RhcnRlZEgAEjIKDnRvb2xfY29tcGxldGVkGBQgASgLMhgudGV0aGVyLnYxLlRvb2xDb21wbGV0ZWRIABIsCgt0b29sX2ZhaWxlZBgVIAEoCzIVLnRldGhlci52MS5Ub29sRmFpbGVkSAASOgoScXVlc3Rpb25fcmVxdWVzdGVkGBYgASgLMhwudGV0aGVyLnYxLlF1ZXN0aW9uUmVxdWVzdGVkSAASOAoRcXVlc3Rpb25fYW5zd2VyZWQYFyABKAsyGy50ZXRoZXIudjEuUXVlc3Rpb25BbnN3ZXJlZEgAEjoKEmFwcHJvdmFsX3JlcXVlc3RlZBgYIAEoCzIcLnRldGhlci52MS5BcHByb3ZhbFJlcXVlc3RlZEgAEjYKEGFwcHJvdmFsX2RlY2lkZWQYGSABKAsyGi50ZXRoZXIudjEuQXBwcm92YWxEZWNpZGVkSAASPgoUY29ubmVjdGlvbl9yZXF1ZXN0ZWQYGiABKAsyHi50ZXRoZXIudjEuQ29ubmVjdGlvblJlcXVlc3RlZEgAEj4KFGNvbm5lY3Rpb25fY29tcGxldGVkGBsgASgLMh4udGV0aGVyLnYxLkNvbm5lY3Rpb25Db21wbGV0ZWRIABIwCg11c2FnZV91cGRhdGVkGBwgASgLMhcudGV0aGVyLnYxLlVzYWdlVXBkYXRlZEgAEjgKEWNvbnRleHRfY29tcGFjdGVkGB0gASgLMhsudGV0aGVyLnYxLkNvbnRleHRDb21wYWN0ZWRIABIqCgp0ZXh0X2RlbHRhGB4gASgLMhQudGV0aGVyLnYxLlRleHREZWx0YUgAEikKCWtlZXBhbGl2ZRgfIAEoCzIULnRldGhlci52MS5LZWVwYWxpdmVIABI0Cg9wYXJ0X3N1cGVyc2VkZWQYICABKAsyGS50ZXRoZXIudjEuUGFydFN1cGVyc2VkZWRIAEIJCgdwYXlsb2FkYgZwcm90bzM", [file_google_protobuf_timestamp, file_tether_v1_common]);
+  fileDesc("ChZ0ZXRoZXIvdjEvZXZlbnRzLnByb3RvEgl0ZXRoZXIudjEiLAoJUnVuUXVldWVkEg8KB2F0dGVtcHQYASABKAUSDgoGcmVhc29uGAIgASgJIkUKClJ1blN0YXJ0ZWQSDwoHYXR0ZW1wdBgBIAEoBRIRCgl3b3JrZXJfaWQYAiABKAkSEwoLbGVhc2VfZXBvY2gYAyABKAMiJQoPUnVuQ2hlY2twb2ludGVkEhIKCnBhcnRfY291bnQYASABKAUibAoMUnVuQ29tcGxldGVkEhMKC3Jlc3VsdF90ZXh0GAEgASgJEhQKDHRhc2tfb3V0Y29tZRgCIAEoCRIQCgh3YXJuaW5ncxgDIAMoCRIfCgV1c2FnZRgEIAEoCzIQLnRldGhlci52MS5Vc2FnZSIwCglSdW5GYWlsZWQSIwoFZXJyb3IYASABKAsyFC50ZXRoZXIudjEuRXJyb3JJbmZvIh4KDFJ1bkNhbmNlbGxlZBIOCgZyZWFzb24YASABKAkikgEKD1J1blJldHJ5UGVuZGluZxIPCgdhdHRlbXB0GAEgASgFEhQKDG1heF9hdHRlbXB0cxgCIAEoBRIzCg9uZXh0X2F0dGVtcHRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiMKBWVycm9yGAQgASgLMhQudGV0aGVyLnYxLkVycm9ySW5mbyIqCglQYXJ0QWRkZWQSHQoEcGFydBgBIAEoCzIPLnRldGhlci52MS5QYXJ0IiwKC1BhcnRVcGRhdGVkEh0KBHBhcnQYASABKAsyDy50ZXRoZXIudjEuUGFydCI1Cg5QYXJ0U3VwZXJzZWRlZBISCgpwYXJ0X2luZGV4GAEgASgFEg8KB2F0dGVtcHQYAiABKAUiMQoLVG9vbFN0YXJ0ZWQSFAoMdG9vbF9jYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkiRQoNVG9vbENvbXBsZXRlZBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIQCghyZXBsYXllZBgDIAEoCCJVCgpUb29sRmFpbGVkEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEiMKBWVycm9yGAMgASgLMhQudGV0aGVyLnYxLkVycm9ySW5mbyIrChFRdWVzdGlvblJlcXVlc3RlZBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCSIqChBRdWVzdGlvbkFuc3dlcmVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIisKEUFwcHJvdmFsUmVxdWVzdGVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIjsKD0FwcHJvdmFsRGVjaWRlZBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghkZWNpc2lvbhgCIAEoCSItChNDb25uZWN0aW9uUmVxdWVzdGVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIj4KE0Nvbm5lY3Rpb25Db21wbGV0ZWQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHb3V0Y29tZRgCIAEoCSJPCgxVc2FnZVVwZGF0ZWQSHgoEdHVybhgBIAEoCzIQLnRldGhlci52MS5Vc2FnZRIfCgV0b3RhbBgCIAEoCzIQLnRldGhlci52MS5Vc2FnZSK5AQoQQ29udGV4dENvbXBhY3RlZBIXCg9wYXJ0c19jb21wYWN0ZWQYASABKAUSEwoLZnJvbV9ydW5faWQYAiABKAkSFgoOdGhyb3VnaF9ydW5faWQYAyABKAkSFgoOcnVuc19jb21wYWN0ZWQYBCABKAUSFQoNdG9rZW5zX2JlZm9yZRgFIAEoAxIUCgx0b2tlbnNfYWZ0ZXIYBiABKAMSGgoSc3VtbWFyeV9wYXJ0X2luZGV4GAcgASgFIosBChBEZWxpdmVyeVJlcG9ydGVkEhMKC2RlbGl2ZXJ5X2lkGAEgASgJEhIKCmNoYW5uZWxfaWQYAiABKAkSDAoEa2luZBgDIAEoCRIbChNwcm92aWRlcl9tZXNzYWdlX2lkGAQgASgJEiMKBWVycm9yGAUgASgLMhQudGV0aGVyLnYxLkVycm9ySW5mbyI9CglUZXh0RGVsdGESEgoKcGFydF9pbmRleBgBIAEoBRIMCgR0ZXh0GAIgASgJEg4KBm9mZnNldBgDIAEoAyIxCglLZWVwYWxpdmUSJAoGc3RhdHVzGAEgASgOMhQudGV0aGVyLnYxLlJ1blN0YXR1cyL7CwoIUnVuRXZlbnQSDgoGcnVuX2lkGAEgASgJEgsKA3NlcRgCIAEoAxIuCgpjcmVhdGVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgR0eXBlGAQgASgJEioKCnJ1bl9xdWV1ZWQYCiABKAsyFC50ZXRoZXIudjEuUnVuUXVldWVkSAASLAoLcnVuX3N0YXJ0ZWQYCyABKAsyFS50ZXRoZXIudjEuUnVuU3RhcnRlZEgAEjYKEHJ1bl9jaGVja3BvaW50ZWQYDCABKAsyGi50ZXRoZXIudjEuUnVuQ2hlY2twb2ludGVkSAASMAoNcnVuX2NvbXBsZXRlZBgNIAEoCzIXLnRldGhlci52MS5SdW5Db21wbGV0ZWRIABIqCgpydW5fZmFpbGVkGA4gASgLMhQudGV0aGVyLnYxLlJ1bkZhaWxlZEgAEjAKDXJ1bl9jYW5jZWxsZWQYDyABKAsyFy50ZXRoZXIudjEuUnVuQ2FuY2VsbGVkSAASNwoRcnVuX3JldHJ5X3BlbmRpbmcYECABKAsyGi50ZXRoZXIudjEuUnVuUmV0cnlQZW5kaW5nSAASKgoKcGFydF9hZGRlZBgRIAEoCzIULnRldGhlci52MS5QYXJ0QWRkZWRIABIuCgxwYXJ0X3VwZGF0ZWQYEiABKAsyFi50ZXRoZXIudjEuUGFydFVwZGF0ZWRIABIuCgx0b29sX3N0YXJ0ZWQYEyABKAsyFi50ZXRoZXIudjEuVG9vbFN0YXJ0ZWRIABIyCg50b29sX2NvbXBsZXRlZBgUIAEoCzIYLnRldGhlci52MS5Ub29sQ29tcGxldGVkSAASLAoLdG9vbF9mYWlsZWQYFSABKAsyFS50ZXRoZXIudjEuVG9vbEZhaWxlZEgAEjoKEnF1ZXN0aW9uX3JlcXVlc3RlZBgWIAEoCzIcLnRldGhlci52MS5RdWVzdGlvblJlcXVlc3RlZEgAEjgKEXF1ZXN0aW9uX2Fuc3dlcmVkGBcgASgLMhsudGV0aGVyLnYxLlF1ZXN0aW9uQW5zd2VyZWRIABI6ChJhcHByb3ZhbF9yZXF1ZXN0ZWQYGCABKAsyHC50ZXRoZXIudjEuQXBwcm92YWxSZXF1ZXN0ZWRIABI2ChBhcHByb3ZhbF9kZWNpZGVkGBkgASgLMhoudGV0aGVyLnYxLkFwcHJvdmFsRGVjaWRlZEgAEj4KFGNvbm5lY3Rpb25fcmVxdWVzdGVkGBogASgLMh4udGV0aGVyLnYxLkNvbm5lY3Rpb25SZXF1ZXN0ZWRIABI+ChRjb25uZWN0aW9uX2NvbXBsZXRlZBgbIAEoCzIeLnRldGhlci52MS5Db25uZWN0aW9uQ29tcGxldGVkSAASMAoNdXNhZ2VfdXBkYXRlZBgcIAEoCzIXLnRldGhlci52MS5Vc2FnZVVwZGF0ZWRIABI4ChFjb250ZXh0X2NvbXBhY3RlZBgdIAEoCzIbLnRldGhlci52MS5Db250ZXh0Q29tcGFjdGVkSAASKgoKdGV4dF9kZWx0YRgeIAEoCzIULnRldGhlci52MS5UZXh0RGVsdGFIABIpCglrZWVwYWxpdmUYHyABKAsyFC50ZXRoZXIudjEuS2VlcGFsaXZlSAASNAoPcGFydF9zdXBlcnNlZGVkGCAgASgLMhkudGV0aGVyLnYxLlBhcnRTdXBlcnNlZGVkSAASNAoNZGVsaXZlcnlfc2VudBghIAEoCzIbLnRldGhlci52MS5EZWxpdmVyeVJlcG9ydGVkSAASNgoPZGVsaXZlcnlfZmFpbGVkGCIgASgLMhsudGV0aGVyLnYxLkRlbGl2ZXJ5UmVwb3J0ZWRIABI3ChBkZWxpdmVyeV91bmtub3duGCMgASgLMhsudGV0aGVyLnYxLkRlbGl2ZXJ5UmVwb3J0ZWRIABI2Cg9kZWxpdmVyeV9kZW5pZWQYJCABKAsyGy50ZXRoZXIudjEuRGVsaXZlcnlSZXBvcnRlZEgAQgkKB3BheWxvYWRiBnByb3RvMw", [file_google_protobuf_timestamp, file_tether_v1_common]);
 
 /**
  * RunQueued: the run entered the queue (admission, retry, resumption or lease reaping).
@@ -1094,6 +1094,99 @@ export const ContextCompactedSchema: GenMessage<ContextCompacted, {jsonType: Con
   messageDesc(file_tether_v1_events, 20);
 
 /**
+ * DeliveryReported: a channel run's answer reached its outcome (the event's type names it),
+ * before run.completed.
+ *
+ * @generated from message tether.v1.DeliveryReported
+ */
+export type DeliveryReported = Message<"tether.v1.DeliveryReported"> & {
+  /**
+   * The delivery.
+   *
+   * @generated from field: string delivery_id = 1;
+   */
+  deliveryId: string;
+
+  /**
+   * The channel connection.
+   *
+   * @generated from field: string channel_id = 2;
+   */
+  channelId: string;
+
+  /**
+   * slack, whatsapp or webhook.
+   *
+   * @generated from field: string kind = 3;
+   */
+  kind: string;
+
+  /**
+   * The provider's id of the message sent, for delivery.sent.
+   *
+   * @generated from field: string provider_message_id = 4;
+   */
+  providerMessageId: string;
+
+  /**
+   * Why, for delivery.failed and delivery.unknown.
+   *
+   * @generated from field: tether.v1.ErrorInfo error = 5;
+   */
+  error?: ErrorInfo | undefined;
+};
+
+/**
+ * DeliveryReported: a channel run's answer reached its outcome (the event's type names it),
+ * before run.completed.
+ *
+ * @generated from message tether.v1.DeliveryReported
+ */
+export type DeliveryReportedJson = {
+  /**
+   * The delivery.
+   *
+   * @generated from field: string delivery_id = 1;
+   */
+  deliveryId?: string;
+
+  /**
+   * The channel connection.
+   *
+   * @generated from field: string channel_id = 2;
+   */
+  channelId?: string;
+
+  /**
+   * slack, whatsapp or webhook.
+   *
+   * @generated from field: string kind = 3;
+   */
+  kind?: string;
+
+  /**
+   * The provider's id of the message sent, for delivery.sent.
+   *
+   * @generated from field: string provider_message_id = 4;
+   */
+  providerMessageId?: string;
+
+  /**
+   * Why, for delivery.failed and delivery.unknown.
+   *
+   * @generated from field: tether.v1.ErrorInfo error = 5;
+   */
+  error?: ErrorInfoJson;
+};
+
+/**
+ * Describes the message tether.v1.DeliveryReported.
+ * Use `create(DeliveryReportedSchema)` to create a new message.
+ */
+export const DeliveryReportedSchema: GenMessage<DeliveryReported, {jsonType: DeliveryReportedJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_events, 21);
+
+/**
  * TextDelta is ephemeral: a streamed token delta, published live and never persisted.
  *
  * @generated from message tether.v1.TextDelta
@@ -1154,7 +1247,7 @@ export type TextDeltaJson = {
  * Use `create(TextDeltaSchema)` to create a new message.
  */
 export const TextDeltaSchema: GenMessage<TextDelta, {jsonType: TextDeltaJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_events, 21);
+  messageDesc(file_tether_v1_events, 22);
 
 /**
  * Keepalive is ephemeral: sent to stream subscribers while a run is paused or idle.
@@ -1189,7 +1282,7 @@ export type KeepaliveJson = {
  * Use `create(KeepaliveSchema)` to create a new message.
  */
 export const KeepaliveSchema: GenMessage<Keepalive, {jsonType: KeepaliveJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_events, 22);
+  messageDesc(file_tether_v1_events, 23);
 
 /**
  * RunEvent is the stable transport event. Durable events carry seq > 0; ephemeral ones carry 0.
@@ -1414,6 +1507,38 @@ export type RunEvent = Message<"tether.v1.RunEvent"> & {
      */
     value: PartSuperseded;
     case: "partSuperseded";
+  } | {
+    /**
+     * delivery.sent
+     *
+     * @generated from field: tether.v1.DeliveryReported delivery_sent = 33;
+     */
+    value: DeliveryReported;
+    case: "deliverySent";
+  } | {
+    /**
+     * delivery.failed
+     *
+     * @generated from field: tether.v1.DeliveryReported delivery_failed = 34;
+     */
+    value: DeliveryReported;
+    case: "deliveryFailed";
+  } | {
+    /**
+     * delivery.unknown
+     *
+     * @generated from field: tether.v1.DeliveryReported delivery_unknown = 35;
+     */
+    value: DeliveryReported;
+    case: "deliveryUnknown";
+  } | {
+    /**
+     * delivery.denied
+     *
+     * @generated from field: tether.v1.DeliveryReported delivery_denied = 36;
+     */
+    value: DeliveryReported;
+    case: "deliveryDenied";
   } | { case: undefined; value?: undefined };
 };
 
@@ -1611,6 +1736,34 @@ export type RunEventJson = {
    * @generated from field: tether.v1.PartSuperseded part_superseded = 32;
    */
   partSuperseded?: PartSupersededJson;
+
+  /**
+   * delivery.sent
+   *
+   * @generated from field: tether.v1.DeliveryReported delivery_sent = 33;
+   */
+  deliverySent?: DeliveryReportedJson;
+
+  /**
+   * delivery.failed
+   *
+   * @generated from field: tether.v1.DeliveryReported delivery_failed = 34;
+   */
+  deliveryFailed?: DeliveryReportedJson;
+
+  /**
+   * delivery.unknown
+   *
+   * @generated from field: tether.v1.DeliveryReported delivery_unknown = 35;
+   */
+  deliveryUnknown?: DeliveryReportedJson;
+
+  /**
+   * delivery.denied
+   *
+   * @generated from field: tether.v1.DeliveryReported delivery_denied = 36;
+   */
+  deliveryDenied?: DeliveryReportedJson;
 };
 
 /**
@@ -1618,5 +1771,5 @@ export type RunEventJson = {
  * Use `create(RunEventSchema)` to create a new message.
  */
 export const RunEventSchema: GenMessage<RunEvent, {jsonType: RunEventJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_events, 23);
+  messageDesc(file_tether_v1_events, 24);
 
