@@ -80,8 +80,17 @@ def test_the_body_is_the_streamed_event_and_its_signature_verifies() -> None:
 
 
 def test_a_type_this_release_cannot_parse_is_sent_as_stored() -> None:
-    stored = {"deliveryId": "dl_1"}
+    # A later release's event type, stored by it while this one dispatches.
+    stored = {"timerId": "tm_1"}
     created = datetime(2026, 12, 4, tzinfo=UTC)
-    parsed = json.loads(webhook_body("run_1", 3, "delivery.sent", stored, created, format=1))
-    assert parsed["type"] == "delivery.sent"
-    assert parsed["data"]["delivery_sent"] == {"deliveryId": "dl_1"}
+    parsed = json.loads(webhook_body("run_1", 3, "timer.fired", stored, created, format=1))
+    assert parsed["type"] == "timer.fired"
+    assert parsed["data"]["timer_fired"] == {"timerId": "tm_1"}
+
+
+def test_a_delivery_event_is_sent_in_the_event_streams_shape() -> None:
+    stored = {"deliveryId": "dl_1", "channelId": "ch_1", "kind": "slack"}
+    created = datetime(2026, 12, 4, tzinfo=UTC)
+    parsed = json.loads(webhook_body("run_1", 3, "delivery.sent", stored, created))
+    assert parsed["type"] == "delivery.sent" and parsed["data"]["type"] == "delivery.sent"
+    assert parsed["data"]["deliverySent"]["deliveryId"] == "dl_1"

@@ -250,26 +250,6 @@ deliveries = Table(
 )
 Index("ix_deliveries_run", deliveries.c.run_id)
 
-# WhatsApp's status callbacks, as the gateway's webhook records them through the orchestrator
-# (the other helper's migration 0027; defined here with its shape until that branch merges):
-# `callback_data` is the `biz_opaque_callback_data` a delivery was sent with.
-channel_statuses = Table(
-    "channel_statuses",
-    metadata,
-    Column("tenant_id", Text, nullable=False),
-    Column("channel_id", Text, nullable=False),
-    Column("provider_message_id", Text, nullable=False),
-    Column("status", Text, nullable=False),
-    Column("callback_data", Text),
-    Column("errors", JSONB),
-    Column("reported_at", DateTime(timezone=True), nullable=False),
-    Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    PrimaryKeyConstraint("tenant_id", "channel_id", "provider_message_id", "status"),
-)
-Index(
-    "ix_channel_statuses_callback", channel_statuses.c.tenant_id, channel_statuses.c.callback_data
-)
-
 usage_turns = Table(
     "usage_turns",
     metadata,
