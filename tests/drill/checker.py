@@ -14,7 +14,15 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tether.db.engine import create_engine
-from tether.db.schema import grants, interactions, messages, run_events, run_parts, runs
+from tether.db.schema import (
+    deliveries,
+    grants,
+    interactions,
+    messages,
+    run_events,
+    run_parts,
+    runs,
+)
 from tether.testing.ledger import LedgerRecord
 
 TERMINAL = ("completed", "failed", "cancelled")
@@ -37,7 +45,12 @@ INVARIANTS = (
     "internal_or_unknown_outside_outage",
     "conflicting_deliveries_accepted",
     "decisions_accepted_twice",
+    "channel_runs_per_event_above_one",
+    "channel_events_answered_twice",
+    "channel_deliveries_without_outcome",
 )
+# A channel answer's outcomes (`deliveries.state`): anything else is still on its way.
+DELIVERY_OUTCOMES = ("sent", "failed", "unknown", "denied")
 
 
 @dataclass
@@ -51,6 +64,8 @@ class DbState:
     grants: list[dict[str, Any]]
     parts: dict[str, list[dict[str, Any]]]
     event_seqs: dict[str, set[int]]
+    # run id -> its channel answer's delivery record (state, provider message id)
+    deliveries: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -67,6 +82,10 @@ class Seen:
     decisions_accepted_twice: Sequence[str] = ()
     recoveries_s: Sequence[float] = ()
     unrecovered: Sequence[str] = ()
+    # Slack event id -> the run ids its webhook deliveries were answered with
+    channel_runs: Mapping[str, set[str]] = field(default_factory=dict)
+    # Slack event id -> how many answers the bot posted in its message's thread
+    channel_replies: Mapping[str, int] = field(default_factory=dict)
 
 
 async def read_state(db_url: str) -> DbState:
@@ -103,7 +122,15 @@ async def read_state_for(engine: AsyncEngine) -> DbState:
         seqs: dict[str, set[int]] = defaultdict(set)
         for r in await conn.execute(select(run_events.c.run_id, run_events.c.seq)):
             seqs[r.run_id].add(int(r.seq))
-    return DbState(now, run_rows, message_rows, interaction_rows, grant_rows, parts, seqs)
+        delivery_rows = {
+            r.run_id: dict(r._mapping)
+            for r in await conn.execute(
+                select(deliveries.c.run_id, deliveries.c.state, deliveries.c.provider_message_id)
+            )
+        }
+    return DbState(
+        now, run_rows, message_rows, interaction_rows, grant_rows, parts, seqs, delivery_rows
+    )
 
 
 def evaluate(state: DbState, ledger: Iterable[LedgerRecord], seen: Seen) -> dict[str, Any]:
@@ -131,6 +158,7 @@ def evaluate(state: DbState, ledger: Iterable[LedgerRecord], seen: Seen) -> dict
                 else ("internal_or_unknown_outside_outage")
             )
             found[name].append(f"{call.method}: {call.code} {call.detail}")
+    _channel_answers(state, by_id, seen, found)
     found["conflicting_deliveries_accepted"] = list(seen.conflicts_accepted)
     found["decisions_accepted_twice"] = list(seen.decisions_accepted_twice)
 
@@ -163,6 +191,30 @@ def evaluate(state: DbState, ledger: Iterable[LedgerRecord], seen: Seen) -> dict
         },
         "failed_invariants": sorted(name for name, n in invariants.items() if n),
     }
+
+
+def _channel_answers(
+    state: DbState, by_id: Mapping[str, Any], seen: Seen, found: dict[str, list[str]]
+) -> None:
+    """Every admitted channel event is one run, answered in its thread at most once, and a
+    finished channel run's answer has an outcome (a completed run's always has a record)."""
+    for event_id, run_ids in seen.channel_runs.items():
+        if len(run_ids) > 1:
+            found["channel_runs_per_event_above_one"].append(f"{event_id}: {sorted(run_ids)}")
+        if seen.channel_replies.get(event_id, 0) > 1:
+            replies = seen.channel_replies[event_id]
+            found["channel_events_answered_twice"].append(f"{event_id}: {replies} replies")
+        for run_id in run_ids:
+            status = by_id.get(run_id, {}).get("status")
+            delivery = state.deliveries.get(run_id)
+            if status == "completed" and delivery is None:
+                found["channel_deliveries_without_outcome"].append(f"{run_id}: no record")
+            elif (
+                status in TERMINAL
+                and delivery is not None
+                and delivery["state"] not in DELIVERY_OUTCOMES
+            ):
+                found["channel_deliveries_without_outcome"].append(f"{run_id}: {delivery['state']}")
 
 
 def _stuck(state: DbState, out: list[str]) -> int:

@@ -15,15 +15,19 @@ from typing import Any
 
 from sqlalchemy import insert, update
 
+from services.interactions.channel_store import ChannelSpec, ChannelStore
+from services.interactions.sealing import Keyring
 from tests.durable_postgres import DurablePostgres
 from tether import apikeys, credentials
 from tether.db.engine import create_engine
 from tether.db.schema import grants, tenants
 from tether.stack.embedded import EmbeddedRedis
 from tether.stack.processes import ServiceSet
+from tether.targets import TargetPolicy
 from tether.testing.ledger import Ledger
 from tether.testing.model_server import ModelServer
 from tether.testing.oauth import OAuthServer
+from tether.testing.slack_server import SlackServer
 
 DATABASE = "tether_drill"
 
@@ -86,6 +90,36 @@ async def provision_tenant(db_url: str, index: int, *, granted: bool) -> DrillTe
     return DrillTenant(tenant_id, key, granted)
 
 
+async def connect_slack(
+    db_url: str, secrets_key: str, slack: SlackServer, tenants_list: list[DrillTenant]
+) -> dict[str, tuple[str, str]]:
+    """A Slack connection per tenant, answering to the stand-in, stored as interactions stores
+    one (its channel id and signing secret by tenant)."""
+    engine = create_engine(db_url, pool_size=1)
+    store = ChannelStore(engine, Keyring.parse(secrets_key), TargetPolicy.parse("loopback"))
+    connections = {}
+    try:
+        for tenant in tenants_list:
+            signing = f"drill-signing-{uuid.uuid4().hex}"
+            added = await store.add(
+                tenant.tenant_id,
+                "drill-admin",
+                ChannelSpec(
+                    kind="slack",
+                    name="drill-slack",
+                    api_base_url=slack.api_url,
+                    secrets={
+                        "signing_secret": signing.encode(),
+                        "bot_token": slack.bot_token.encode(),
+                    },
+                ),
+            )
+            connections[tenant.tenant_id] = (added.channel_id, signing)
+    finally:
+        await engine.dispose()
+    return connections
+
+
 @dataclass
 class World:
     """Everything the soak runs against."""
@@ -98,10 +132,17 @@ class World:
     ledger: Ledger
     oauth: OAuthServer
     tenants: list[DrillTenant]
+    slack: SlackServer
+    # tenant id -> its Slack connection's (channel id, signing secret)
+    slack_connections: dict[str, tuple[str, str]]
 
     def gateways(self) -> list[str]:
         """host:port of every gateway replica."""
         return [p.address for n, p in self.services.procs.items() if n.startswith("gateway")]
+
+    def gateway_http(self) -> list[str]:
+        """host:port of every gateway replica's HTTP side (where providers' webhooks arrive)."""
+        return [a for n, a in self.services.http_addresses().items() if n.startswith("gateway")]
 
     async def restart_redis(self, *, flush: bool) -> None:
         """FLUSHALL (every hint gone), then stop the server and start it on the same port."""
@@ -125,12 +166,14 @@ async def world(
     postgres = DurablePostgres(work_dir / "pg")
     redis_server = EmbeddedRedis(work_dir / "redis")
     model, ledger, oauth = ModelServer(), Ledger(), OAuthServer()
+    slack = SlackServer()
+    secrets_key = credentials.new_secrets_key()
     services: ServiceSet | None = None
     try:
         await postgres.start()
         db_url = await postgres.create_database(DATABASE)
         await redis_server.start()
-        for server in (model, ledger, oauth):
+        for server in (model, ledger, oauth, slack):
             await server.start()
         env: dict[str, Any] = {
             "TETHER_DATABASE_URL": db_url,
@@ -140,7 +183,9 @@ async def world(
             "TETHER_INTERACTIONS_OAUTH_BASE_URL": oauth.base_url,
             "TETHER_INTERACTIONS_OAUTH_REDIRECT_URI": "http://127.0.0.1/v1/oauth/callback",
             # The consents the load completes seal their tokens.
-            credentials.SECRETS_KEY_ENV: credentials.new_secrets_key(),
+            credentials.SECRETS_KEY_ENV: secrets_key,
+            # Channel answers go to the Slack stand-in on loopback.
+            "TETHER_ALLOW_PRIVATE_TARGETS": "loopback",
             **FAST,
         }
         services = ServiceSet(work_dir / "run", env, credentials.generate())
@@ -155,14 +200,26 @@ async def world(
                 *(provision_tenant(db_url, i, granted=i % 2 == 0) for i in range(tenants_count))
             )
         )
-        yield World(services, postgres, redis_server, db_url, model, ledger, oauth, tenants_list)
+        connections = await connect_slack(db_url, secrets_key, slack, tenants_list)
+        yield World(
+            services,
+            postgres,
+            redis_server,
+            db_url,
+            model,
+            ledger,
+            oauth,
+            tenants_list,
+            slack,
+            connections,
+        )
     finally:
         if services is not None:
             for proc in services.procs.values():
                 if proc.process.poll() is None:
                     proc.process.send_signal(18)  # SIGCONT: a frozen worker must hear SIGTERM
             await services.stop_all(grace=5)
-        for server in (model, ledger, oauth):
+        for server in (model, ledger, oauth, slack):
             await server.stop()
         redis_server.stop()
         postgres.stop()

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from tests.drill import checker
+from tests.drill.channel_load import ChannelLoad, ChannelObservations
 from tests.drill.chaos import OUTAGE_TAIL_S, Chaos, ChaosLog, schedule
 from tests.drill.infra import World, world
 from tests.drill.load import Load, Observations
@@ -45,12 +46,15 @@ async def soak(config: SoakConfig, work_dir: Path) -> dict[str, Any]:
         obs = Observations()
         chaos_log = ChaosLog()
         load = Load(w, random.Random(config.seed), obs)
+        channel_obs = ChannelObservations()
+        channel_load = ChannelLoad(w, random.Random(config.seed + 1), channel_obs)
         chaos = Chaos(w, config.seed, chaos_log, workers=config.workers)
         t0 = time.monotonic()
         load_end = t0 + duration
         load.settle_until = load_end + config.settle_s
         log.info("load and faults for %.0f s: %d faults planned", duration, len(plan))
         load_task = asyncio.create_task(load.run(config.conversations, load_end))
+        channel_task = asyncio.create_task(channel_load.run(load_end))
         try:
             await chaos.run(plan, t0, load_end)
             remaining = load_end - time.monotonic()
@@ -61,9 +65,10 @@ async def soak(config: SoakConfig, work_dir: Path) -> dict[str, Any]:
             log.info("load stopped; settling for at most %.0f s", config.settle_s)
             await _settle(w, obs, load.settle_until)
         finally:
-            load_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await load_task
+            for task in (load_task, channel_task):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await load.close()
             await chaos.finish()
         state = await checker.read_state(w.db_url)
@@ -77,8 +82,14 @@ async def soak(config: SoakConfig, work_dir: Path) -> dict[str, Any]:
             decisions_accepted_twice=obs.decisions_accepted_twice,
             recoveries_s=chaos_log.recoveries_s,
             unrecovered=chaos_log.unrecovered,
+            channel_runs=channel_obs.runs_by_event,
+            channel_replies={
+                event_id: sum(1 for m in w.slack.thread(*where) if m.bot_id is not None)
+                for event_id, where in channel_obs.threads.items()
+            },
         )
         report = checker.evaluate(state, w.ledger.records, seen)
+        report_replies = seen.channel_replies
         report["durability"] = w.postgres.settings
         report["faults"] = dict(sorted(Counter(o.kind for o in chaos_log.outages).items()))
         report["faults_failed"] = chaos_log.errors
@@ -95,6 +106,10 @@ async def soak(config: SoakConfig, work_dir: Path) -> dict[str, Any]:
             "accepted_cancels": len(obs.accepted_cancels),
             "stream_resumes": sum(t.resumes for t in obs.transcripts.values()),
             "ledger_records": len(w.ledger.records),
+            "channel_messages": channel_obs.sent,
+            "channel_redeliveries": channel_obs.redelivered,
+            "channel_refused": {str(k): v for k, v in sorted(channel_obs.refused.items())},
+            "channel_answers": sum(report_replies.values()),
         }
     return report
 

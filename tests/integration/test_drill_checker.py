@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tests.drill import checker
 from tests.drill.load import Call, Transcript
 from tether.db.schema import (
+    deliveries,
     grants,
     interactions,
     messages,
@@ -361,4 +362,47 @@ async def test_what_the_clients_saw_fail_is_counted(world: World) -> None:
     assert failing(await world.report()) == {
         "conflicting_deliveries_accepted": 1,
         "decisions_accepted_twice": 1,
+    }
+
+
+async def _delivered(world: World, run_id: str, state: str) -> None:
+    await world.add(
+        deliveries,
+        tenant_id=TENANT,
+        delivery_id=f"dl_{uuid.uuid4().hex}",
+        run_id=run_id,
+        channel_id="ch_1",
+        kind="slack",
+        state=state,
+        text="the answer",
+    )
+
+
+async def test_a_channel_event_answered_once_with_an_outcome_counts_zero(world: World) -> None:
+    run_id = await world.answered_run()
+    await _delivered(world, run_id, "sent")
+    world.seen.channel_runs = {"Ev1": {run_id}}
+    world.seen.channel_replies = {"Ev1": 1}
+    assert failing(await world.report()) == {}
+
+
+async def test_channel_events_answered_twice_or_left_without_an_outcome_are_counted(
+    world: World,
+) -> None:
+    twice_id = await world.answered_run()
+    pending_id = await world.answered_run()
+    unrecorded_id = await world.answered_run()
+    await _delivered(world, twice_id, "sent")
+    await _delivered(world, pending_id, "pending")
+    world.seen.channel_runs = {
+        "Ev1": {twice_id},
+        "Ev2": {pending_id},
+        "Ev3": {unrecorded_id},
+        "Ev4": {pending_id, unrecorded_id},
+    }
+    world.seen.channel_replies = {"Ev1": 2, "Ev2": 1}
+    assert failing(await world.report()) == {
+        "channel_events_answered_twice": 1,
+        "channel_deliveries_without_outcome": 4,
+        "channel_runs_per_event_above_one": 1,
     }
