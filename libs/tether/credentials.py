@@ -56,6 +56,7 @@ _WORKER_ON_INTERACTIONS = frozenset(
         "ClaimApproval",
         "RequestConnection",
         "ResolveConnection",
+        "RevealRunSecret",
     }
 )
 

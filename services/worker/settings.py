@@ -32,3 +32,8 @@ class WorkerSettings(PlatformSettings):
     provider_timeout_s: float = Field(
         600.0, description="Read timeout of one model call (the longest gap between bytes)."
     )
+    mcp_call_timeout_s: float = Field(
+        30.0,
+        description="Longest wait for an MCP server's answer to one tool call; past it the "
+        "call ends tool_outcome_unknown (it may have run) and a retry re-sends its key.",
+    )
