@@ -53,7 +53,7 @@ async def test_the_lease_offers_sorted_tools_says_what_it_left_out_and_a_warm_on
         listings = server.ledger.listings
     assert [s["name"] for s in first.specs] == ["shop__lookup_order", "shop__slow_report"]
     assert first.warnings == ("mcp_tool_omitted:shop__gone", "mcp_tool_omitted:shop__cancel_order")
-    assert first.tools["shop__lookup_order"].spec.writes_externally
+    assert not first.tools["shop__lookup_order"].spec.writes_externally, "a read: no record"
     assert str(first.tools["shop__slow_report"].spec.risk) == "read"
     assert listings == 1, "the second lease was served from the cache"
     assert again.specs == first.specs
@@ -82,16 +82,24 @@ async def test_a_bearer_server_whose_secret_is_missing_is_left_out_with_a_warnin
     assert not looked.is_error and '"shipped"' in looked.content
 
 
-async def test_a_call_carries_its_key_and_a_bad_input_never_leaves(box: McpToolbox) -> None:
+async def test_a_read_carries_its_key_unrecorded_and_a_bad_input_never_leaves(
+    box: McpToolbox,
+) -> None:
+    effects = MemoryEffects()
     async with McpServer() as server:
         leased = await box.lease(agent(shop(server)), None, ())
-        lookup = kit(leased, "shop__lookup_order")
+        lookup = kit(leased, "shop__lookup_order", effects=effects)
         refused = await lookup.call({"order_id": 7})
         looked = await lookup.call({"order_id": "A-1002"})
+        again = await lookup.call({"order_id": "A-1002"})
         executions = dict(server.ledger.executions_by_key)
+        replays = dict(server.ledger.replays)
     assert refused.error_code == "tool_invalid_input" and refused.fired == 0
     assert not looked.is_error and '"processing"' in looked.content
-    assert executions == {looked.idempotency_key: 1}
+    assert again.fired == 1 and not again.replayed, "a read is not recorded: it runs again"
+    assert looked.idempotency_key is None and effects.state("") is None
+    # ... and re-sends the key the record would have used: the server answers it once.
+    assert list(executions.values()) == [1] and list(replays.values()) == [1]
 
 
 async def test_an_unknown_outcome_leaves_the_record_open_and_the_retry_runs_once(
@@ -99,8 +107,10 @@ async def test_an_unknown_outcome_leaves_the_record_open_and_the_retry_runs_once
 ) -> None:
     effects = MemoryEffects()
     async with McpServer() as server:
-        leased = await box.lease(agent(shop(server)), None, ())
-        slow = kit(leased, "shop__slow_report", effects=effects)
+        # An effect (its risk not read), run under a standing grant.
+        config = agent(shop(server, risk={"slow_report": "publish"}))
+        leased = await box.lease(config, None, ())
+        slow = kit(leased, "shop__slow_report", effects=effects, approval="grant")
         timed_out = await slow.call({"topic": "q1"})
         assert timed_out.idempotency_key is not None
         state = effects.state(timed_out.idempotency_key)

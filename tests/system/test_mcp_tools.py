@@ -99,8 +99,10 @@ def shop(url: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-async def shop_tenant(stack: ExecStack, url: str, **extra: Any) -> Tenant:
-    tenant = await stack.tenant(scopes=SCOPES)
+async def shop_tenant(
+    stack: ExecStack, url: str, grant: tuple[str, ...] = (), **extra: Any
+) -> Tenant:
+    tenant = await stack.tenant(scopes=SCOPES, grant=grant)
     await apply(tenant, shop(url, **extra))
     return tenant
 
@@ -125,7 +127,9 @@ async def decide(tenant: Tenant, run_id: str, decision: str) -> gateway_pb2.Deci
 async def test_a_read_call_is_offered_sorted_refused_by_its_schema_then_runs_once(
     stack: ExecStack, fresh: McpServer
 ) -> None:
-    tenant = await shop_tenant(stack, fresh.url)
+    # `gone` is allowlisted but the server lists no such tool: left out, said on the run.
+    tools = ["lookup_order", "cancel_order", "slow_report", "gone"]
+    tenant = await shop_tenant(stack, fresh.url, tools=tools)
     text = prompt("mcp read")
     stack.model.script(
         text,
@@ -151,6 +155,7 @@ async def test_a_read_call_is_offered_sorted_refused_by_its_schema_then_runs_onc
     assert not any(n.startswith("shop__") for n in names[:-3])
     assert len({json.dumps(b["tools"]) for b in bodies}) == 1
     assert run.result_text == "It shipped."
+    assert list(run.warnings) == ["mcp_tool_omitted:shop__gone"]
     assert key
 
 
@@ -251,7 +256,11 @@ async def test_a_bearer_secret_is_sent_and_never_logged(
 async def test_a_worker_killed_mid_call_resends_the_same_key_and_the_server_runs_it_once(
     stack: ExecStack, fresh: McpServer
 ) -> None:
-    tenant = await shop_tenant(stack, fresh.url)
+    # An effect (its risk overridden to publish), run under a standing grant: the call is
+    # durable before it fires, and its record stays open when the worker dies under it.
+    tenant = await shop_tenant(
+        stack, fresh.url, grant=("shop__slow_report",), risk={"slow_report": "publish"}
+    )
     text = prompt("mcp kill")
     stack.model.script(
         text,

@@ -3,15 +3,23 @@ one tool path (`tether.tools`).
 
 At lease (`McpToolbox.lease`) the run's servers are listed (a warm cache costs no round trip),
 each bearer server's token is fetched from the secret store for this run, and each offered
-`server__tool` becomes a `tether.tools` tool (`McpTool`) prepared once per distinct listing: so
-its input is validated against the server's schema, refused before any gate in the schema's
-words; its risk (annotations, or the agent's override) decides the approval gate; and, since
-every MCP call leaves the worker, each is an effect recorded under its idempotency key, which
-`McpClients.call` sends in `_meta`.
+`server__tool` becomes a `tether.tools` tool prepared once per distinct listing: so its input is
+validated against the server's schema, refused before any gate in the schema's words; its risk
+(annotations, or the agent's override) decides the approval gate; and every call carries its
+idempotency key in `_meta` (`McpClients.call`).
+
+A call whose risk is not `read` is an effect of the run (`writes_externally`): recorded under
+that key before it fires, its result stored and replayed on a retry. A `read` call is not
+recorded, as a built-in read is not: by the server's own `readOnlyHint` (or the agent's word) it
+changes nothing, so a retry reads again; it still sends the key the record would have used, so
+a server that deduplicates by key answers a re-sent read once too. (Recording reads would cost a
+read call two durable writes at the orchestrator and the checkpoint before firing: most of a
+light run; `make bench BENCH=tools`, `mcp_run_vs_local_tool_p50`.)
 
 An outcome maps onto the path's three kinds:
 
-- a result, or a tool error / a refusal the server gave (definite): recorded, replayed on retry;
+- a result, or a tool error / a refusal the server gave (definite): returned, or raised as
+  `ToolError`: recorded (for an effect), replayed on retry;
 - a call whose outcome cannot be known (timeout, connection lost mid-call, cancelled): an
   `UnsettledCall` coded `tool_outcome_unknown`, which leaves the record open, so a retry (after
   a worker died, or the model calling again) re-sends the SAME key: a server that honours it
@@ -49,6 +57,7 @@ from tether.tools.base import (
     UnsettledCall,
 )
 from tether.tools.decorator import ToolDefinition
+from tether.tools.effects import idempotency_key
 from tether.tools.path import PreparedTool
 
 log = logging.getLogger(__name__)
@@ -153,7 +162,7 @@ class McpToolbox:
             input_schema=dict(offered.input_schema),
             risk=risk,
             timeout_s=self._timeout + _PATH_MARGIN_S,
-            writes_externally=True,
+            writes_externally=risk is not RiskCategory.READ,
         )
         tool = ToolDefinition(
             spec, _handler(self.clients, server, offered.tool, token, self._timeout)
@@ -187,17 +196,20 @@ def _handler(
     clients: McpClients, server: McpServer, tool: str, token: str | None, timeout_s: float
 ) -> Callable[[ToolContext, dict[str, Any]], Awaitable[ToolOutput]]:
     async def call(ctx: ToolContext, input: dict[str, Any]) -> ToolOutput:
+        # A read is not an effect (no key from the path): it sends the key the record would.
+        key = ctx.idempotency_key or idempotency_key(ctx.tenant_id, ctx.root_run_id, name, input)
         outcome = await clients.call(
             server,
             tool,
             input,
-            ctx.idempotency_key or "",
+            key,
             ctx.cancelled,
             token=token,
             timeout_s=timeout_s,
         )
-        return settle(outcome, offered_name(server.name, tool))
+        return settle(outcome, name)
 
+    name = offered_name(server.name, tool)
     return call
 
 
