@@ -32,9 +32,10 @@ from tests.system.streaming_support import prompt
 from tests.system.test_agents import AGENT_SCOPES
 from tests.system.test_tool_package import apply
 from tether import apikeys
+from tether.runtime.rpc import internal_channel
 from tether.testing.mcp_server import McpServer
 from tether.testing.model_server import TextTurn, ToolUseTurn
-from tether.v1 import gateway_pb2, gateway_pb2_grpc
+from tether.v1 import gateway_pb2, gateway_pb2_grpc, interactions_pb2, interactions_pb2_grpc
 
 pytestmark = pytest.mark.slow
 
@@ -288,3 +289,27 @@ async def test_a_worker_killed_mid_call_resends_the_same_key_and_the_server_runs
     assert result["content"] == "report on q4", result
     assert fresh.ledger.executions == {"slow_report": 1}, "one execution under one key"
     assert list(fresh.ledger.replays.values()) == [1], "the retry got the stored answer"
+
+
+async def test_a_secret_is_revealed_only_to_a_worker_under_the_runs_live_lease(
+    stack: ExecStack,
+) -> None:
+    absent = "run_" + "0" * 32
+    ask = interactions_pb2.RevealRunSecretRequest(run_id=absent, epoch=1, name="shop-token")
+    codes = {}
+    for caller in ("gateway", "worker"):
+        async with internal_channel(stack.addr("interactions"), stack.credentials[caller]) as ch:
+            stub = interactions_pb2_grpc.InteractionsServiceStub(ch)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.RevealRunSecret(ask)
+            codes[caller] = refused.value.code()
+            if caller == "worker":
+                with pytest.raises(grpc.aio.AioRpcError) as nameless:
+                    await stub.RevealRunSecret(
+                        interactions_pb2.RevealRunSecretRequest(run_id=absent, epoch=1)
+                    )
+    assert codes == {
+        "gateway": grpc.StatusCode.PERMISSION_DENIED,
+        "worker": grpc.StatusCode.FAILED_PRECONDITION,  # no live lease of that run
+    }
+    assert nameless.value.code() == grpc.StatusCode.INVALID_ARGUMENT
