@@ -7,6 +7,9 @@
   tools, answered with a `tool_use` of the slowest one). The stand-in answers faster than any
   real provider, so the share is an upper bound. Goal: <= 0.01.
 
+- `mcp_run_vs_local_tool_p50` (bench/tools_mcp.py): p50 of a run making one MCP read call over
+  the same run making one built-in read tool call, at light load, end to end. Goal: <= 1.2.
+
 Each figure is a function in FIGURES; a figure that needs more (a stack, an MCP server) adds its
 own and its setup stays inside it.
 """
@@ -24,6 +27,7 @@ from anthropic import AsyncAnthropic
 
 from bench.common import emit
 from bench.model import BENCH_REQUEST, model_server, streamed_call
+from bench.tools_mcp import mcp_run_vs_local_tool_p50
 from services.worker.tools.demo import DemoProvider
 from tether.tools.path import PreparedTool
 
@@ -98,7 +102,10 @@ async def tool_validate_share_of_turn() -> None:
     )
 
 
-FIGURES: tuple[Callable[[], Awaitable[None]], ...] = (tool_validate_share_of_turn,)
+FIGURES: tuple[Callable[[], Awaitable[None]], ...] = (
+    tool_validate_share_of_turn,
+    mcp_run_vs_local_tool_p50,
+)
 
 
 async def run() -> None:

@@ -61,6 +61,7 @@ _WORKER_ON_INTERACTIONS = frozenset(
         "ResolveConnection",
         # A channel run's sending credential, for its one delivery (under the run's lease).
         "LookupChannelDelivery",
+        "RevealRunSecret",
     }
 )
 

@@ -70,6 +70,11 @@ class Connections:
             return "insufficient_scope", "", ref
         return None, await self._token_of(row), ref
 
+    async def leased_tenant(self, run_id: str, epoch: int) -> str:
+        """The tenant of the run the caller holds the live lease of (FailedPrecondition for a
+        stale lease, NotFound for no such run), as `resolve_connection` checks it."""
+        return (await self._orchestrator.leased_run(run_id, epoch)).tenant_id
+
     async def _token_of(self, row: Row[Any]) -> str:
         """The connection's token: opened, or (stored plaintext by the previous release during a
         rollout) sealed and cleared now, so it stays in the table no longer than one read."""

@@ -415,3 +415,16 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
             access_token=token,
             credential_ref=ref,
         )
+
+    async def RevealRunSecret(
+        self,
+        request: interactions_pb2.RevealRunSecretRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> interactions_pb2.RevealRunSecretResponse:
+        # Worker-only (POWERS), and only under the run's live lease: the tenant is the leased
+        # run's, never the caller's say. The value is neither logged nor traced here.
+        if not request.name:
+            raise InvalidArgument("name is required")
+        tenant_id = await self._connections.leased_tenant(request.run_id, request.epoch)
+        value = await self._secrets.reveal(tenant_id, request.name)
+        return interactions_pb2.RevealRunSecretResponse(value=value)

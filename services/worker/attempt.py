@@ -25,7 +25,8 @@ from services.worker.context.knowledge import LeasedKnowledge
 from services.worker.context.providers import ContextFailed, ContextProviders, Gathered
 from services.worker.delivery import Deliverer, DeliverySettings
 from services.worker.gate import Gate, RunFailed
-from services.worker.interactions import LeasedInteractions, Parked
+from services.worker.interactions import BUILTIN_SPECS, LeasedInteractions, Parked
+from services.worker.mcp.tools import LeasedTools, McpToolbox
 from services.worker.model import stream_turn
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.outcomes import Outcomes, ms_since
@@ -97,8 +98,12 @@ class Attempt:
         interactions: LeasedInteractions | None = None,
         providers: ContextProviders | None = None,
         delivery: DeliverySettings | None = None,
+        mcp: McpToolbox | None = None,
     ) -> None:
         self.assignment = assignment
+        self._mcp = mcp
+        self._interactions = interactions
+        self._mcp_tools = LeasedTools({})
         self._orchestrator = orchestrator
         self._providers = providers or ContextProviders([], [])
         # What the run records about its context: optional providers left out.
@@ -234,8 +239,19 @@ class Attempt:
             gathered = await self._providers.gather(policy, facts, retrieval, knowledge)
         except ContextFailed as failed:
             raise RunFailed(failed.code, failed.message) from failed
-        self.context_warnings = gathered.warnings
+        self.context_warnings = (*self.context_warnings, *gathered.warnings)
         return gathered
+
+    async def _offer_mcp(self) -> None:
+        """The agent's MCP tools for this attempt (see `services.worker.mcp.tools`): offered
+        after the built-in ones, and what is left out said on the run."""
+        if self._mcp is None or not self.config.mcp_servers:
+            return
+        secret = None if self._interactions is None else self._interactions.secret
+        taken = {*self.config.tool_allowlist, *self._registry.names, *BUILTIN_SPECS}
+        self._mcp_tools = await self._mcp.lease(self.config, secret, taken)
+        self._gate.offer(self._mcp_tools)
+        self.context_warnings = (*self.context_warnings, *self._mcp_tools.warnings)
 
     def _builder(self, gathered: Gathered) -> ContextBuilder:
         """The context of this attempt's requests: routing's persona, skills and tools, the
@@ -243,7 +259,10 @@ class Attempt:
         and knowledge gathered."""
         builder = ContextBuilder(
             self.config,
-            tools=tool_specs(self._registry, self.config.tool_allowlist),
+            tools=[
+                *tool_specs(self._registry, self.config.tool_allowlist),
+                *self._mcp_tools.specs,
+            ],
             summary=self.assignment.summary,
             earlier=_earlier_runs(self.assignment),
             facts=gathered.facts,
@@ -268,6 +287,7 @@ class Attempt:
         ending: Ending
         try:
             async with asyncio.timeout(self.limits.wall_clock_seconds or None):
+                await self._offer_mcp()
                 context = self._builder(await self._gather())
                 self.stages["context_ms"] = ms_since(context_start)
                 loop_start = time.monotonic()

@@ -27,6 +27,7 @@ from services.worker.interactions import (
     Parked,
     answers_text,
 )
+from services.worker.mcp.tools import LeasedTools
 from services.worker.orchestrator_client import LeasedEffects, Orchestrator
 from services.worker.tools.registry import ToolRegistry
 from services.worker.transcript import Transcript
@@ -48,6 +49,7 @@ from tether.ids import new_id
 from tether.states import RunStatus
 from tether.tools.base import CallContext, ConnectionGap
 from tether.tools.calls import ApprovalRequest, Decision, Paused, ToolCalls
+from tether.tools.path import PreparedTool
 from tether.tools.path import ToolResult as CallResult
 
 T = TypeVar("T")
@@ -84,6 +86,7 @@ class Gate:
         self._interactions = interactions
         self._transcript = transcript
         self._checkpoints = checkpoints
+        self._registry = registry
         ports = None if interactions is None else _InteractionsPorts(interactions, assignment)
         self._calls = ToolCalls(
             catalog=registry,
@@ -95,6 +98,14 @@ class Gate:
             before_fire=checkpoints.sync,
             running=self._while_announced,
         )
+
+    def offer(self, mcp: LeasedTools) -> None:
+        """Add the run's MCP tools (offered at lease) to what its calls may use: they take the
+        same path as every other tool."""
+        if not mcp.tools:
+            return
+        self._calls.catalog = _WithMcp(self._registry, mcp)
+        self._calls.allowlist = [*self._config.tool_allowlist, *mcp.tools]
 
     async def run(self, tool_call: ToolCall) -> None:
         """Run one call the model made, or give it its (error) result, or park the run."""
@@ -263,6 +274,18 @@ class Gate:
             is_error=True,
             code="question_unanswered",
         )
+
+
+class _WithMcp:
+    """The registry's tools and the run's MCP tools, as one catalog of the call path (an MCP
+    name never shadows one the run offers: the offer leaves a colliding tool out)."""
+
+    def __init__(self, registry: ToolRegistry, mcp: LeasedTools) -> None:
+        self._registry = registry
+        self._mcp = mcp.tools
+
+    def prepared(self, name: str) -> PreparedTool | None:
+        return self._mcp.get(name) or self._registry.prepared(name)
 
 
 class _InteractionsPorts:

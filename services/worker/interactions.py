@@ -293,6 +293,15 @@ class LeasedInteractions:
             )
         return str(response.access_token)
 
+    async def secret(self, name: str) -> str:
+        """The value of the run tenant's secret `name` (NotFound when there is none)."""
+        response = await self._stub.RevealRunSecret(
+            interactions_pb2.RevealRunSecretRequest(
+                run_id=self._run_id, epoch=self._epoch, name=name
+            )
+        )
+        return bytes(response.value).decode("utf-8", "replace")
+
 
 def approval_claim_from_proto(response: interactions_pb2.ClaimApprovalResponse) -> ApprovalClaim:
     """The claim a ClaimApprovalResponse (claimed) carries."""

@@ -15,6 +15,8 @@ from anthropic import AsyncAnthropic
 from services.worker.attempt import Attempt
 from services.worker.delivery import DeliverySettings
 from services.worker.interactions import Interactions, builtin_announcements
+from services.worker.mcp.client import McpClients
+from services.worker.mcp.tools import McpToolbox
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.plugins import load_plugins
 from services.worker.pool import WorkerPool
@@ -61,6 +63,12 @@ async def amain(settings: WorkerSettings, credential: str, tls: MutualTls | None
         else None
     )
     interactions = Interactions(interactions_channel) if interactions_channel else None
+    # One set of MCP sessions per process; a server URL is checked against the deployment's
+    # outbound-target rule before each session opens.
+    mcp = McpToolbox(
+        McpClients(target_policy=settings.target_policy),
+        call_timeout_s=settings.mcp_call_timeout_s,
+    )
 
     delivery = DeliverySettings(settings.target_policy, settings.delivery_reconcile_s)
 
@@ -76,6 +84,7 @@ async def amain(settings: WorkerSettings, credential: str, tls: MutualTls | None
             interactions=leased,
             providers=providers,
             delivery=delivery,
+            mcp=mcp,
         )
 
     pool = WorkerPool(
@@ -106,6 +115,7 @@ async def amain(settings: WorkerSettings, credential: str, tls: MutualTls | None
     finally:
         await served.stop(1.0)
         await client.close()
+        await mcp.clients.aclose()
         if bus is not None:
             await bus.close()
         await channel.close()

@@ -41,3 +41,8 @@ class WorkerSettings(PlatformSettings):
         "for the status callback that names it (TETHER_DELIVERY_RECONCILE_S) before it is sent "
         "again.",
     )
+    mcp_call_timeout_s: float = Field(
+        30.0,
+        description="Longest wait for an MCP server's answer to one tool call; past it the "
+        "call ends tool_outcome_unknown (it may have run) and a retry re-sends its key.",
+    )

@@ -94,7 +94,29 @@ async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path:
             founded = await operator.create_key("acme", "founder")
         assert founded.tenant_id == "acme"
         # examples/agents, applied as the dev tenant: the demo first, so it is the default.
-        assert await listed_agents(stack_file) == [("default", 1, True), ("support", 1, False)]
+        assert await listed_agents(stack_file) == [
+            ("default", 1, True),
+            ("shop", 1, False),
+            ("support", 1, False),
+        ]
+        # The MCP stand-in, a supervised child, named by the shop agent: a message on the
+        # `shop` channel makes the demo model call shop__lookup_order at the stand-in.
+        mcp_url = info["mcp_demo_url"]
+        assert mcp_url.startswith("http://127.0.0.1:") and mcp_url.endswith("/mcp")
+        assert f"MCP stand-in (agent shop): {mcp_url}" in up.output
+        (mcp,) = up.children("tether.testing.mcp_server")
+        assert mcp.pid == info["mcp_pid"]
+        async with TetherClient.from_env(stack_file) as client:
+            asked = await client.send(
+                "where is order A-1001", conversation_id="shop", event_id="e-shop", channel="shop"
+            )
+
+            async def answered() -> str | None:
+                run = (await client.get_run(asked.run.run_id)).run
+                return run.result_text if run_to_dict(run)["status"] == "completed" else None
+
+            text = await eventually(answered, timeout=60, what="the shop run")
+        assert "shop__lookup_order returned" in text and "shipped" in text, text
         # A change the tenant makes to an example survives a restart (version 2, below).
         changed = yaml.safe_load((EXAMPLE_AGENTS / "support.yaml").read_text())
         async with TetherClient.from_env(stack_file) as client:
@@ -138,6 +160,7 @@ async def test_up_serves_a_run_stops_cleanly_and_keeps_data_on_restart(tmp_path:
             assert replay.run.run_id == sent.run.run_id, "the claim survived the restart"
         assert await listed_agents(str(data_dir / "stack.json")) == [
             ("default", 1, True),
+            ("shop", 1, False),
             ("support", 2, False),
         ], "an example the tenant has is not applied again: its change is kept"
         assert await demo_channels(str(data_dir / "stack.json")) == [

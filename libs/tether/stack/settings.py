@@ -48,6 +48,12 @@ class UpSettings(BaseSettings):
         "development tenant a Slack connection named demo-slack pointing at it (added only "
         "while it has none of that name); false: neither.",
     )
+    demo_mcp: bool = Field(
+        True,
+        description="Start the local MCP stand-in (an order desk) as a supervised child; the "
+        "agent documents' ${TETHER_DEMO_MCP_URL} is its URL (examples/agents/shop.yaml); "
+        "false: neither, and a document naming it is skipped.",
+    )
     restart_delay_s: float = Field(
         0.5, gt=0, description="Wait before restarting a service that died; doubles each time."
     )

@@ -33,7 +33,8 @@ from tether.db.migrate import upgrade
 from tether.errors import InvalidArgument
 from tether.retry import RetryPolicy
 from tether.runtime.process import wait_for_signal
-from tether.stack import demo_slack
+from tether.stack import demo_mcp, demo_slack
+from tether.stack.demo_mcp import McpStandIn
 from tether.stack.demo_slack import SlackStandIn
 from tether.stack.embedded import EmbeddedRedis, database_url, worker_redis_user
 from tether.stack.postgres import ChildPostgres
@@ -108,12 +109,15 @@ async def dev_key(db_url: str, previous: dict[str, Any]) -> str:
         await engine.dispose()
 
 
-async def apply_agents(gateway: str, api_key: str, folder: Path) -> list[tuple[str, int, bool]]:
+async def apply_agents(
+    gateway: str, api_key: str, folder: Path, *, mcp_url: str | None = None
+) -> list[tuple[str, int, bool]]:
     """Apply every agent document in `folder` (in name order, so the first is the tenant's
     default when it has none) whose agent the tenant does not have yet: (name, version,
     created) each. An agent it has is left as it is, so a change made with the CLI or the
     console survives a restart. A refused document is logged and skipped: the stack serves
-    without it."""
+    without it. `${TETHER_DEMO_MCP_URL}` in a document is the demo MCP server's URL
+    (`mcp_url`)."""
     if not folder.is_dir():
         log.info("no agent documents at %s to apply", folder)
         return []
@@ -125,7 +129,7 @@ async def apply_agents(gateway: str, api_key: str, folder: Path) -> list[tuple[s
         for path in sorted(folder.iterdir()):
             if path.suffix not in (".yaml", ".yml", ".json"):
                 continue
-            text = path.read_text()
+            text = demo_mcp.resolve(path.read_text(), mcp_url)
             try:
                 name = agent_spec.parse(text).name
             except InvalidArgument as exc:
@@ -209,6 +213,7 @@ class Stack:
     _redis: EmbeddedRedis | None = None
     _helpers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _slack: SlackStandIn | None = None
+    _mcp: McpStandIn | None = None
 
     async def start(self) -> dict[str, Any]:
         """Bring everything up; returns what is written to stack.json."""
@@ -264,6 +269,9 @@ class Stack:
             port = demo_slack.port_for(previous)
             self._slack = SlackStandIn(run_dir / "slack.log", port)
             await self._slack.start()
+        if self.settings.demo_mcp:
+            self._mcp = McpStandIn(run_dir / "mcp.log", demo_mcp.port_for(previous))
+            await self._mcp.start()
         chosen = env.get("TETHER_GATEWAY_HTTP_PORT") or os.environ.get("TETHER_GATEWAY_HTTP_PORT")
         if not chosen or chosen == "0":
             chosen = str(http_port_for(previous))
@@ -299,10 +307,14 @@ class Stack:
         if self._slack is not None:
             self.info[demo_slack.STACK_KEY] = self._slack.api_url
             self.info["slack_pid"] = self._slack.current().pid
+        if self._mcp is not None:
+            self.info[demo_mcp.STACK_KEY] = self._mcp.url
+            self.info["mcp_pid"] = self._mcp.current().pid
         self._write_info()
         # After start_all, whose workers are ready: an apply may name the tools they announce.
         agents_dir = Path(self.settings.agents_dir) if self.settings.agents_dir else EXAMPLE_AGENTS
-        await apply_agents(addresses["gateway"], api_key, agents_dir)
+        mcp_url = self._mcp.url if self._mcp is not None else None
+        await apply_agents(addresses["gateway"], api_key, agents_dir, mcp_url=mcp_url)
         if self._slack is not None:
             webhook = await demo_slack.ensure_demo_channel(
                 addresses["gateway"], api_key, self._slack.api_url
@@ -328,6 +340,8 @@ class Stack:
             self.supervisor.supervise("redis", lambda: redis.process, self._restart_redis)
         if self._slack is not None:
             self.supervisor.supervise("slack", self._slack.current, self._restart_slack)
+        if self._mcp is not None:
+            self.supervisor.supervise("mcp", self._mcp.current, self._restart_mcp)
         return self.info
 
     async def _restart_postgres(self) -> None:
@@ -350,6 +364,14 @@ class Stack:
         await slack.start()
         log.info("slack stand-in restarted: pid %d on %s", slack.current().pid, slack.base_url)
         self.info["slack_pid"] = slack.current().pid
+        self._write_info()
+
+    async def _restart_mcp(self) -> None:
+        mcp = self._mcp
+        assert mcp is not None
+        await mcp.start()
+        log.info("MCP stand-in restarted: pid %d on %s", mcp.current().pid, mcp.url)
+        self.info["mcp_pid"] = mcp.current().pid
         self._write_info()
 
     def _write_info(self) -> None:
@@ -375,6 +397,8 @@ class Stack:
             await asyncio.to_thread(helper.wait)
         if self._slack is not None:
             await self._slack.stop()
+        if self._mcp is not None:
+            await self._mcp.stop()
         if self._redis is not None:
             self._redis.stop()
         if self._pg is not None:
@@ -403,6 +427,8 @@ async def run_until_signalled(data_dir: Path) -> None:
         if demo_slack.STACK_KEY in info:
             slack = info[demo_slack.STACK_KEY].removesuffix("/api/")
             print(f"slack stand-in (channel demo-slack): {slack}", flush=True)  # noqa: T201
+        if demo_mcp.STACK_KEY in info:
+            print(f"MCP stand-in (agent shop): {info[demo_mcp.STACK_KEY]}", flush=True)  # noqa: T201
         print(f"operator credential: {info['operator_credential']}", flush=True)  # noqa: T201
         print(f"tether ready gateway={info['gateway']}", flush=True)  # noqa: T201
         assert stack.supervisor is not None

@@ -29,6 +29,8 @@ _PUBLISH = re.compile(r"\bpublish\b[\s:,\-]*", re.IGNORECASE)
 _ASK_ME = re.compile(r"\bask me\b", re.IGNORECASE)
 _CALENDAR = re.compile(r"\bcalendar\b", re.IGNORECASE)
 _TIME = re.compile(r"\b(time|clock)\b", re.IGNORECASE)
+_ORDER = re.compile(r"\border\s+([A-Za-z]-?\d+)", re.IGNORECASE)
+_CANCEL = re.compile(r"\bcancel\b", re.IGNORECASE)
 
 
 def demo_turn(body: Mapping[str, Any]) -> MessageTurn:
@@ -70,6 +72,13 @@ def _choose_tool(text: str, offered: set[str]) -> tuple[str, dict[str, Any]] | N
             "allow_other": True,
         }
         return "ask_questions", {"questions": [question]}
+    order = _ORDER.search(text)
+    if order:
+        # An MCP order desk's tools, whatever its server is called (`<server>__lookup_order`).
+        wanted = "__cancel_order" if _CANCEL.search(text) else "__lookup_order"
+        tool = next((n for n in sorted(offered) if n.endswith(wanted)), None)
+        if tool is not None:
+            return tool, {"order_id": order.group(1).upper()}
     if _CALENDAR.search(text) and "calendar_list_events" in offered:
         return "calendar_list_events", {}
     if _TIME.search(text) and "get_time" in offered:

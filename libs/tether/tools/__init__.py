@@ -27,6 +27,7 @@ from tether.tools.base import (
     ToolOutput,
     ToolProvider,
     ToolSpec,
+    UnsettledCall,
 )
 from tether.tools.calls import (
     ApprovalRequest,
@@ -75,6 +76,7 @@ __all__ = [
     "ToolResult",
     "ToolSpec",
     "Toolkit",
+    "UnsettledCall",
     "idempotency_key",
     "tool",
     "tools_of",

@@ -134,6 +134,20 @@ class ToolError(Exception):
     """
 
 
+class UnsettledCall(Exception):
+    """A failure the model reads (`str(exc)`, with the stable `code`) that the effects record
+    must NOT keep: the call did not run (the remote end was down, refused the credential), or
+    whether it ran cannot be known (a timeout, a connection lost after the request left).
+
+    Unlike a `ToolError` it is not recorded, so the record stays open: a retry of the same call
+    (after a worker's death, or the model calling it again) fires again under the same
+    idempotency key, which the external system deduplicates. The run goes on."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 @runtime_checkable
 class Tool(Protocol):
     """One tool: a spec and an async `run`. Cancellation of `run` must stop the work."""

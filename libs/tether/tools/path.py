@@ -28,6 +28,7 @@ from tether.tools.base import (
     Tool,
     ToolContext,
     ToolError,
+    UnsettledCall,
 )
 from tether.tools.effects import EffectsPort, idempotency_key
 from tether.tools.schema import InputSchema, normalize
@@ -270,6 +271,8 @@ async def _run(tool: Tool, ctx: ToolContext, input: dict[str, Any]) -> tuple[_Ou
         raise
     except ConnectionGap:
         raise  # structural: the caller decides whether the run pauses for consent
+    except UnsettledCall as exc:
+        return _Outcome(str(exc) or f"tool {spec.name} failed", True, exc.code), False
     except ToolError as exc:
         return _Outcome(str(exc) or f"tool {spec.name} failed", True, ToolErrorCode.ERROR), True
     except TimeoutError:

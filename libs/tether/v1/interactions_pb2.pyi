@@ -121,6 +121,58 @@ class ResolveConnectionResponse(_message.Message):
 Global___ResolveConnectionResponse: _TypeAlias = ResolveConnectionResponse  # noqa: Y015
 
 @_typing.final
+class RevealRunSecretRequest(_message.Message):
+    """RevealRunSecretRequest names a secret of the leased run's tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    epoch: _builtins.int
+    """Fencing epoch of the caller's lease."""
+    name: _builtins.str
+    """The secret's name in the tenant's secret store."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "name", b"name", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevealRunSecretRequest: _TypeAlias = RevealRunSecretRequest  # noqa: Y015
+
+@_typing.final
+class RevealRunSecretResponse(_message.Message):
+    """RevealRunSecretResponse carries the secret's value (never logged, never traced)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VALUE_FIELD_NUMBER: _builtins.int
+    value: _builtins.bytes
+    """The value."""
+    def __init__(
+        self,
+        *,
+        value: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevealRunSecretResponse: _TypeAlias = RevealRunSecretResponse  # noqa: Y015
+
+@_typing.final
 class QuestionSpec(_message.Message):
     """QuestionSpec is one question within an interaction."""
 

@@ -101,6 +101,11 @@ class InteractionsServiceStub:
                 request_serializer=tether_dot_v1_dot_interactions__pb2.ResolveConnectionRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_interactions__pb2.ResolveConnectionResponse.FromString,
                 _registered_method=True)
+        self.RevealRunSecret = channel.unary_unary(
+                '/tether.v1.InteractionsService/RevealRunSecret',
+                request_serializer=tether_dot_v1_dot_interactions__pb2.RevealRunSecretRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_interactions__pb2.RevealRunSecretResponse.FromString,
+                _registered_method=True)
         self.DeleteTenantInteractions = channel.unary_unary(
                 '/tether.v1.InteractionsService/DeleteTenantInteractions',
                 request_serializer=tether_dot_v1_dot_interactions__pb2.DeleteTenantInteractionsRequest.SerializeToString,
@@ -264,6 +269,14 @@ class InteractionsServiceServicer:
 
     def ResolveConnection(self, request, context):
         """ResolveConnection gives a running tool the credential of the run's principal, or its gap.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevealRunSecret(self, request, context):
+        """RevealRunSecret gives a worker, under the run's live lease, the value of one of the run's
+        tenant's named secrets (an MCP server's bearer token); NOT_FOUND when there is none.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -443,6 +456,11 @@ def add_InteractionsServiceServicer_to_server(servicer, server):
                     servicer.ResolveConnection,
                     request_deserializer=tether_dot_v1_dot_interactions__pb2.ResolveConnectionRequest.FromString,
                     response_serializer=tether_dot_v1_dot_interactions__pb2.ResolveConnectionResponse.SerializeToString,
+            ),
+            'RevealRunSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevealRunSecret,
+                    request_deserializer=tether_dot_v1_dot_interactions__pb2.RevealRunSecretRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_interactions__pb2.RevealRunSecretResponse.SerializeToString,
             ),
             'DeleteTenantInteractions': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteTenantInteractions,
@@ -868,6 +886,33 @@ class InteractionsService:
             '/tether.v1.InteractionsService/ResolveConnection',
             tether_dot_v1_dot_interactions__pb2.ResolveConnectionRequest.SerializeToString,
             tether_dot_v1_dot_interactions__pb2.ResolveConnectionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevealRunSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.InteractionsService/RevealRunSecret',
+            tether_dot_v1_dot_interactions__pb2.RevealRunSecretRequest.SerializeToString,
+            tether_dot_v1_dot_interactions__pb2.RevealRunSecretResponse.FromString,
             options,
             channel_credentials,
             insecure,

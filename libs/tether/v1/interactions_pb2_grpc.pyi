@@ -61,6 +61,10 @@ class InteractionsServiceStub:
     """FindPendingConnection returns the run's open connection offer, or nothing once completed."""
     ResolveConnection: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.ResolveConnectionRequest, _interactions_pb2.ResolveConnectionResponse]
     """ResolveConnection gives a running tool the credential of the run's principal, or its gap."""
+    RevealRunSecret: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.RevealRunSecretRequest, _interactions_pb2.RevealRunSecretResponse]
+    """RevealRunSecret gives a worker, under the run's live lease, the value of one of the run's
+    tenant's named secrets (an MCP server's bearer token); NOT_FOUND when there is none.
+    """
     DeleteTenantInteractions: _grpc.UnaryUnaryMultiCallable[_interactions_pb2.DeleteTenantInteractionsRequest, _interactions_pb2.DeleteTenantInteractionsResponse]
     """DeleteTenantInteractions removes a batch of a deleted tenant's grants, connections and
     interactions; call it again while it says some remain.
@@ -139,6 +143,10 @@ class InteractionsServiceAsyncStub(InteractionsServiceStub):
     """FindPendingConnection returns the run's open connection offer, or nothing once completed."""
     ResolveConnection: _aio.UnaryUnaryMultiCallable[_interactions_pb2.ResolveConnectionRequest, _interactions_pb2.ResolveConnectionResponse]  # type: ignore[assignment]
     """ResolveConnection gives a running tool the credential of the run's principal, or its gap."""
+    RevealRunSecret: _aio.UnaryUnaryMultiCallable[_interactions_pb2.RevealRunSecretRequest, _interactions_pb2.RevealRunSecretResponse]  # type: ignore[assignment]
+    """RevealRunSecret gives a worker, under the run's live lease, the value of one of the run's
+    tenant's named secrets (an MCP server's bearer token); NOT_FOUND when there is none.
+    """
     DeleteTenantInteractions: _aio.UnaryUnaryMultiCallable[_interactions_pb2.DeleteTenantInteractionsRequest, _interactions_pb2.DeleteTenantInteractionsResponse]  # type: ignore[assignment]
     """DeleteTenantInteractions removes a batch of a deleted tenant's grants, connections and
     interactions; call it again while it says some remain.
@@ -292,6 +300,16 @@ class InteractionsServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_interactions_pb2.ResolveConnectionResponse, _abc.Awaitable[_interactions_pb2.ResolveConnectionResponse]]:
         """ResolveConnection gives a running tool the credential of the run's principal, or its gap."""
+
+    @_abc_1.abstractmethod
+    def RevealRunSecret(
+        self,
+        request: _interactions_pb2.RevealRunSecretRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_interactions_pb2.RevealRunSecretResponse, _abc.Awaitable[_interactions_pb2.RevealRunSecretResponse]]:
+        """RevealRunSecret gives a worker, under the run's live lease, the value of one of the run's
+        tenant's named secrets (an MCP server's bearer token); NOT_FOUND when there is none.
+        """
 
     @_abc_1.abstractmethod
     def DeleteTenantInteractions(
