@@ -5,6 +5,7 @@ from __future__ import annotations
 from services.orchestrator import observed
 from services.orchestrator.execution import Execution
 from services.orchestrator.maintenance import listen_for_hints
+from services.orchestrator.rate_limits import ModelLimits
 from services.orchestrator.retention import Retention
 from services.orchestrator.service import Runs
 from services.orchestrator.servicer import OrchestratorServicer
@@ -52,6 +53,9 @@ async def amain(
         work,
         retention,
         target_policy=settings.target_policy,
+        model_limits=ModelLimits.from_text(settings.model_limits, settings.model_limit_share)
+        if settings.model_limits.strip()
+        else None,
     )
     served = await start_server(
         host=settings.host,

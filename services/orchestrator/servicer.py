@@ -14,12 +14,17 @@ from services.orchestrator.catalog import ToolCatalog
 from services.orchestrator.channel_statuses import channel_statuses_of
 from services.orchestrator.execution import Execution
 from services.orchestrator.knowledge import Knowledge
+from services.orchestrator.rate_limits import ModelLimits
 from services.orchestrator.repositories import channel_statuses as statuses_repo
 from services.orchestrator.repositories.agents import Published, Version
 from services.orchestrator.retention import Retention
 from services.orchestrator.service import Runs
 from services.orchestrator.work import Work, WorkSettings
-from services.orchestrator.worker_edge import ExecutionServicer, lease_response
+from services.orchestrator.worker_edge import (
+    ExecutionServicer,
+    lease_response,
+    model_limit_writes,
+)
 from tether.convert import (
     attempt_to_proto,
     document_to_proto,
@@ -102,8 +107,14 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         work: WorkSettings,
         retention: Retention,
         target_policy: TargetPolicy | None = None,
+        model_limits: ModelLimits | None = None,
     ) -> None:
         self._runs = runs
+        # Model rate limits (TETHER_MODEL_LIMITS): None, the workers reserve nothing.
+        self.model_limits = model_limits
+        writes = dict(self._work_writes())
+        if model_limits is not None:
+            writes.update(model_limit_writes(model_limits))
         self._execution = execution
         self._knowledge = Knowledge(execution.engine)
         self._retention = retention
@@ -114,12 +125,13 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             execution.claims,
             lease_response,
             execution.attempts.release,
-            self._work_writes(),
+            writes,
             replica_id=execution.publisher.wake_marker,
             lease_ttl_s=work.lease_ttl_s,
             keepalive_interval_s=work.keepalive_interval_s,
             progress_deadline_s=work.progress_deadline_s,
             announce=self._catalog.announce,
+            let_go=None if model_limits is None else model_limits.let_go,
         )
         self._renders = AgentRenders(
             execution.engine, self._agents, self._knowledge, self.work, work.render_timeout_s
