@@ -20,7 +20,7 @@ import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from tether.errors import InvalidArgument
 
@@ -34,6 +34,7 @@ _HEADER_NAMES = {
     "output_tokens": "output-tokens",
 }
 DEFAULT_WINDOW_S = 60.0
+MIN_WINDOW_S, MAX_WINDOW_S = 0.1, 3600.0  # what a window learned from -reset is kept within
 
 
 @dataclass(frozen=True)
@@ -127,11 +128,21 @@ class Bucket:
     def give(self, amount: float) -> None:
         self.level = min(self.capacity, self.level + amount)
 
-    def learn(self, limit: float | None, remaining: float | None, now: float) -> None:
-        """What the provider said: its limit (never above the operator's) and what remains."""
+    def learn(
+        self,
+        limit: float | None,
+        remaining: float | None,
+        now: float,
+        full_in_s: float | None = None,
+    ) -> None:
+        """What the provider said: its limit (never above the operator's), what remains, and
+        when the bucket is full again (which gives its refill rate, so its window)."""
         self.refill(now)
         if limit is not None and limit > 0:
             self.capacity = limit if self.configured is None else min(limit, self.configured)
+        if full_in_s and remaining is not None and 0 <= remaining < self.capacity:
+            window = full_in_s * self.capacity / (self.capacity - remaining)
+            self.window_s = min(max(window, MIN_WINDOW_S), MAX_WINDOW_S)
         if remaining is not None:
             self.level = min(self.level, remaining)
         self.level = min(self.level, self.capacity)
@@ -149,22 +160,29 @@ class Headers:
     limits: dict[str, float] = field(default_factory=dict)
     remaining: dict[str, float] = field(default_factory=dict)
     retry_after_s: float | None = None
+    full_in_s: dict[str, float] = field(default_factory=dict)  # from the -reset times
 
     @classmethod
-    def read(cls, headers: Mapping[str, str]) -> Headers:
-        """Parse the headers (names in any case); absent or malformed values are skipped."""
+    def read(cls, headers: Mapping[str, str], now: datetime | None = None) -> Headers:
+        """Parse the headers (names in any case); absent or malformed values are skipped.
+        `now` (default: the wall clock) turns the -reset times into seconds from now."""
         lower = {k.lower(): v for k, v in headers.items()}
         limits: dict[str, float] = {}
         remaining: dict[str, float] = {}
+        full_in: dict[str, float] = {}
+        wall = now or datetime.now(UTC)
         for kind, name in _HEADER_NAMES.items():
             for target, part in ((limits, "limit"), (remaining, "remaining")):
                 value = _number(lower.get(f"anthropic-ratelimit-{name}-{part}"))
                 if value is not None:
                     target[kind] = value
+            reset = parse_reset(lower.get(f"anthropic-ratelimit-{name}-reset"))
+            if reset is not None:
+                full_in[kind] = max(0.0, (reset - wall).total_seconds())
         retry = _number(lower.get("retry-after"))
         if retry is None and (ms := _number(lower.get("retry-after-ms"))) is not None:
             retry = ms / 1000
-        return cls(limits, remaining, retry)
+        return cls(limits, remaining, retry, full_in)
 
     def __bool__(self) -> bool:
         return bool(self.limits or self.remaining or self.retry_after_s is not None)
@@ -185,9 +203,10 @@ def parse_reset(raw: str | None) -> datetime | None:
     if not raw:
         return None
     try:
-        return datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
     except ValueError:
         return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 class ModelBuckets:
@@ -253,7 +272,7 @@ class ModelBuckets:
                     continue
                 bucket = Bucket(limit, self.window_s, limit, now)
                 self.buckets[kind] = bucket
-            bucket.learn(limit, remaining, now)
+            bucket.learn(limit, remaining, now, headers.full_in_s.get(kind))
         if headers.retry_after_s is not None:
             exhausted = [k for k in KINDS if headers.remaining.get(k) == 0] or list(KINDS)
             for kind in exhausted:

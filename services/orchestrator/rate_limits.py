@@ -163,4 +163,5 @@ def _share_of(headers: Headers, share: float) -> Headers:
         {k: v * share for k, v in headers.limits.items()},
         {k: v * share for k, v in headers.remaining.items()},
         headers.retry_after_s,
+        headers.full_in_s,
     )

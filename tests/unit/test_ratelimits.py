@@ -3,6 +3,8 @@ grants from memory (services/orchestrator/rate_limits.ModelLimits), on a hand cl
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from services.orchestrator.rate_limits import ModelLimits
@@ -154,3 +156,25 @@ def test_unlimited_until_named_and_credentials_are_digests() -> None:
     assert grants.reserve("r", 1, "c", "m", 10**9, 10**9)[0]
     assert credential_id("sk-secret").startswith("cred-")
     assert "sk-secret" not in credential_id("sk-secret")
+
+
+def test_the_reset_time_teaches_the_refill_rate() -> None:
+    clock = Clock()
+    grants = limits(clock, "*:")
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    headers = Headers.read(
+        {
+            "anthropic-ratelimit-requests-limit": "10",
+            "anthropic-ratelimit-requests-remaining": "5",
+            # Half empty and full again in 1 s: the whole bucket refills in 2 s.
+            "anthropic-ratelimit-requests-reset": "2026-01-01T00:00:01.000Z",
+        },
+        now=now,
+    )
+    grants.settle(0, "c", "m", None, headers)
+    bucket = grants.buckets("c", "m").buckets["requests"]
+    assert bucket is not None and bucket.window_s == pytest.approx(2.0)
+    assert bucket.level == pytest.approx(5)
+    clock.now += 0.5
+    bucket.refill(clock.now)
+    assert bucket.level == pytest.approx(7.5)
