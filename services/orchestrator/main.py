@@ -53,7 +53,9 @@ async def amain(
         work,
         retention,
         target_policy=settings.target_policy,
-        model_limits=ModelLimits.from_text(settings.model_limits, settings.model_limit_share)
+        model_limits=ModelLimits.from_text(
+            settings.model_limits, settings.model_limit_share, settings.model_limit_recheck_s
+        )
         if settings.model_limits.strip()
         else None,
     )

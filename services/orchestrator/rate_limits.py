@@ -48,12 +48,17 @@ class ModelLimits:
         limits: Mapping[tuple[str, str], Limit] | None = None,
         *,
         share: float = 1.0,
+        recheck_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not 0 < share <= 1:
             raise InvalidArgument(f"the model limit share must be in (0, 1], not {share}")
         self._limits = dict(limits or {})
         self._share = share
+        # A refusal while calls are in flight waits at most this long: they give back what
+        # they reserved and did not use (most of max_tokens, as a rule) when they settle.
+        self._recheck_s = recheck_s
+        self._in_flight: dict[tuple[str, str], int] = {}
         self._clock = clock
         self._buckets: dict[tuple[str, str], ModelBuckets] = {}
         self._reservations: dict[int, Reservation] = {}
@@ -62,9 +67,9 @@ class ModelLimits:
         self.refused = 0
 
     @classmethod
-    def from_text(cls, text: str, share: float = 1.0) -> ModelLimits:
+    def from_text(cls, text: str, share: float = 1.0, recheck_s: float = 1.0) -> ModelLimits:
         """From `TETHER_MODEL_LIMITS` (see tether.ratelimits.parse_model_limits)."""
-        return cls(parse_model_limits(text), share=share)
+        return cls(parse_model_limits(text), share=share, recheck_s=recheck_s)
 
     def buckets(self, credential: str, model: str) -> ModelBuckets:
         key = (credential, model)
@@ -92,11 +97,15 @@ class ModelLimits:
             raise InvalidArgument("a reservation's token counts must not be negative")
         wanted = {"requests": 1.0, "input_tokens": input_tokens, "output_tokens": output_tokens}
         wait = self.buckets(credential, model).try_reserve(wanted, self._clock())
+        key = (credential, model)
         if wait > 0:
             self.refused += 1
+            if self._in_flight.get(key):
+                wait = min(wait, self._recheck_s)
             return 0, wait
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
         reservation_id = next(self._ids)
-        self._reservations[reservation_id] = Reservation((credential, model), run_id, epoch, wanted)
+        self._reservations[reservation_id] = Reservation(key, run_id, epoch, wanted)
         self._by_run.setdefault(run_id, set()).add(reservation_id)
         return reservation_id, 0.0
 
@@ -125,6 +134,7 @@ class ModelLimits:
         for reservation_id in ids:
             held = self._reservations.pop(reservation_id, None)
             if held is not None:
+                self._landed(held.key)
                 buckets = self.buckets(*held.key)
                 buckets.refill(self._clock())
                 buckets.release(held.wanted)
@@ -133,12 +143,20 @@ class ModelLimits:
     def _forget(self, reservation_id: int) -> Reservation | None:
         held = self._reservations.pop(reservation_id, None)
         if held is not None:
+            self._landed(held.key)
             ids = self._by_run.get(held.run_id)
             if ids is not None:
                 ids.discard(reservation_id)
                 if not ids:
                     del self._by_run[held.run_id]
         return held
+
+    def _landed(self, key: tuple[str, str]) -> None:
+        left = self._in_flight.get(key, 0) - 1
+        if left > 0:
+            self._in_flight[key] = left
+        else:
+            self._in_flight.pop(key, None)
 
     @property
     def outstanding(self) -> int:

@@ -68,6 +68,11 @@ class OrchestratorSettings(RetainingSettings):
         "window=S]` entries separated by `;` (see Model rate limits); `*:` learns them from "
         "the provider's headers alone. Empty: off, and workers reserve nothing.",
     )
+    model_limit_recheck_s: float = Field(
+        1.0,
+        description="Longest a run refused by a model rate limit waits while other calls "
+        "hold reservations: they give back what they do not use when they settle.",
+    )
     model_limit_share: float = Field(
         1.0,
         description="This replica's share of every model limit (1 / the replicas running).",

@@ -178,3 +178,21 @@ def test_the_reset_time_teaches_the_refill_rate() -> None:
     clock.now += 0.5
     bucket.refill(clock.now)
     assert bucket.level == pytest.approx(7.5)
+
+
+def test_a_refusal_while_calls_are_in_flight_waits_at_most_the_recheck() -> None:
+    clock = Clock()
+    grants = ModelLimits(parse_model_limits("m: output_tokens=1000, window=600"), clock=clock)
+    held, _ = grants.reserve("r1", 1, "c", "m", 0, 700)
+    _, wait = grants.reserve("r2", 1, "c", "m", 0, 700)
+    assert wait == pytest.approx(1.0)  # r1 will give back what it does not use
+    grants.settle(held, "c", "m", {"input_tokens": 0, "output_tokens": 10}, Headers())
+    assert grants.reserve("r2", 1, "c", "m", 0, 700)[0]
+    _, wait = grants.reserve("r3", 1, "c", "m", 0, 700)
+    assert wait == pytest.approx(1.0)
+    grants.let_go("r2")
+    spent, _ = grants.reserve("r4", 1, "c", "m", 0, 990)
+    grants.settle(spent, "c", "m", {"input_tokens": 0, "output_tokens": 990}, Headers())
+    # Nothing in flight: the wait is the refill's, 700 tokens at 1000 per 600 s.
+    _, wait = grants.reserve("r5", 1, "c", "m", 0, 700)
+    assert wait == pytest.approx(420.0)
