@@ -45,6 +45,17 @@ async def _log(model: Model) -> list[dict[str, Any]]:
     return [r for r in log if r["path"] == "/v1/messages"]
 
 
+def _prompt_tokens(request: dict[str, Any]) -> int:
+    """The input tokens the model server's limiter counted for a request: the whole prompt,
+    cached or not."""
+    usage = request["usage"]
+    return int(
+        usage["input_tokens"]
+        + usage.get("cache_creation_input_tokens", 0)
+        + usage.get("cache_read_input_tokens", 0)
+    )
+
+
 async def _wait_done(client: TetherClient, run_ids: list[str]) -> dict[str, int]:
     """Every run's terminal status (polled), within TIMEOUT_S."""
     deadline = time.monotonic() + TIMEOUT_S
@@ -84,7 +95,7 @@ async def run() -> None:
         first = await client.send(PROMPT, conversation_id=f"rl-warm-{tag}", event_id=tag)
         await _wait_done(client, [first.run.run_id])
         warm = [r for r in await _log(model) if r["usage"]]
-        per_run = warm[-1]["usage"]["input_tokens"]
+        per_run = _prompt_tokens(warm[-1])
         # Twice the limit's pace: 2 * (LIMIT / WINDOW_S) tokens a second, per_run each.
         pace_s = per_run * WINDOW_S / (2 * LIMIT)
         count = int(DEMAND_S / pace_s)
@@ -100,7 +111,7 @@ async def run() -> None:
         outcomes = await _wait_done(client, run_ids)
         log = [r for r in await _log(model) if r["timestamp"] >= started]
     refused = sum(1 for r in log if r["served"] == "rate_limited")
-    answered = sorted((r["timestamp"], r["usage"]["input_tokens"]) for r in log if r["usage"])
+    answered = sorted((r["timestamp"], _prompt_tokens(r)) for r in log if r["usage"])
     contended_from = started + WINDOW_S
     contended_to = answered[-1][0] if answered else contended_from
     used = sum(tokens for at, tokens in answered if contended_from <= at <= contended_to)
