@@ -112,9 +112,9 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
         self._runs = runs
         # Model rate limits (TETHER_MODEL_LIMITS): None, the workers reserve nothing.
         self.model_limits = model_limits
-        writes = dict(self._work_writes())
-        if model_limits is not None:
-            writes.update(model_limit_writes(model_limits))
+        # Handled even with no limits kept: a worker's reservation may reach this replica after
+        # a reconnect from one that keeps them.
+        writes = {**self._work_writes(), **model_limit_writes(model_limits)}
         self._execution = execution
         self._knowledge = Knowledge(execution.engine)
         self._retention = retention

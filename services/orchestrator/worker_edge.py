@@ -92,10 +92,18 @@ def lease_response(claimed: Claimed) -> orchestrator_pb2.ClaimRunResponse:
     )
 
 
-def model_limit_writes(limits: ModelLimits) -> dict[type[Message], Write]:
-    """The Work stream's reservation and settlement of model calls, granted from memory."""
+# What a replica that keeps no limits grants: a reservation no replica that keeps them issues
+# (a worker's reserve re-sent to it after a reconnect, during a deploy that turns limits on).
+UNLIMITED_RESERVATION = 2**64 - 1
+
+
+def model_limit_writes(limits: ModelLimits | None) -> dict[type[Message], Write]:
+    """The Work stream's reservation and settlement of model calls, granted from memory; with
+    no limits kept, every reservation is granted and every settlement dropped."""
 
     async def reserve(request: Any) -> Message:
+        if limits is None:
+            return orchestrator_pb2.ReserveModelResponse(reservation_id=UNLIMITED_RESERVATION)
         if not request.model:
             raise InvalidArgument("a reservation names its model")
         reservation_id, wait = limits.reserve(
@@ -111,6 +119,8 @@ def model_limit_writes(limits: ModelLimits) -> dict[type[Message], Write]:
         )
 
     async def settle(request: Any) -> Message:
+        if limits is None:
+            return orchestrator_pb2.SettleModelResponse()
         used = (
             {"input_tokens": float(request.input_tokens), "output_tokens": request.output_tokens}
             if request.used

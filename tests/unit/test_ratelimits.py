@@ -8,8 +8,10 @@ from datetime import UTC, datetime
 import pytest
 
 from services.orchestrator.rate_limits import ModelLimits
+from services.orchestrator.worker_edge import UNLIMITED_RESERVATION, model_limit_writes
 from tether.errors import InvalidArgument
 from tether.ratelimits import Headers, Limit, credential_id, limit_for, parse_model_limits
+from tether.v1 import orchestrator_pb2
 
 
 class Clock:
@@ -196,3 +198,18 @@ def test_a_refusal_while_calls_are_in_flight_waits_at_most_the_recheck() -> None
     # Nothing in flight: the wait is the refill's, 700 tokens at 1000 per 600 s.
     _, wait = grants.reserve("r5", 1, "c", "m", 0, 700)
     assert wait == pytest.approx(420.0)
+
+
+async def test_a_replica_keeping_no_limits_grants_a_re_sent_reservation() -> None:
+    writes = model_limit_writes(None)
+    request = orchestrator_pb2.ReserveModelRequest(run_id="r", epoch=1, model="m")
+    answer = await writes[orchestrator_pb2.ReserveModelRequest](request)
+    assert isinstance(answer, orchestrator_pb2.ReserveModelResponse)
+    assert answer.reservation_id == UNLIMITED_RESERVATION and answer.wait_ms == 0
+    kept = model_limit_writes(limits(Clock(), "m: requests=1"))
+    reserve = kept[orchestrator_pb2.ReserveModelRequest]
+    granted = await reserve(request)
+    refused = await reserve(request)
+    assert isinstance(granted, orchestrator_pb2.ReserveModelResponse)
+    assert isinstance(refused, orchestrator_pb2.ReserveModelResponse)
+    assert granted.reservation_id == 1 and refused.reservation_id == 0 and refused.wait_ms > 0

@@ -217,9 +217,10 @@ def test_every_write_has_its_field_on_both_messages_and_a_handler_on_the_orchest
         "schedule_retry",
         "release",
     }
-    # The model rate limits' two writes are handled only by a replica that keeps limits.
+    # The model rate limits' two writes, answered with or without limits kept.
     limited = {**ExecutionServicer()._work_writes(), **model_limit_writes(ModelLimits())}
     assert limited.keys() == WRITE_FIELDS.keys()
+    assert model_limit_writes(None).keys() == model_limit_writes(ModelLimits()).keys()
     assert ExecutionServicer()._work_writes().keys() == WRITE_FIELDS.keys() - {
         orchestrator_pb2.ReserveModelRequest,
         orchestrator_pb2.SettleModelRequest,
