@@ -65,11 +65,10 @@ async def test_a_fan_out_past_the_limit_completes_with_no_429_after_the_first_wi
         assert refused(stack, since=started + window) == 0
         # Two attempts each at most, yet every run completed: a wait spent none of them.
         assert len(answered) == 24
-        waited = 0
-        for run_id in run_ids:
-            row = await run_row(stack.db_url, run_id)
-            waited += row.attempt - 1
-        assert waited > 0, "the fan-out never met the limit: the test proves nothing"
+        attempts = [(await run_row(stack.db_url, r)).attempt for r in run_ids]
+        # Some run waited for the bucket more often than its attempt budget allows: the
+        # waits spent none of it.
+        assert max(attempts) > 2, f"the fan-out never waited twice: {attempts}"
 
 
 async def test_a_worker_killed_mid_call_gives_its_reservation_back_within_a_lease(
