@@ -39,14 +39,15 @@ class Model:
 
 
 @contextlib.asynccontextmanager
-async def model_server() -> AsyncIterator[Model]:
-    """`python -m tether.testing.model_server --port 0`, stopped on exit."""
+async def model_server(*args: str) -> AsyncIterator[Model]:
+    """`python -m tether.testing.model_server --port 0 ARGS...`, stopped on exit."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "tether.testing.model_server",
         "--port",
         "0",
+        *args,
         stdout=asyncio.subprocess.PIPE,
     )
     try:

@@ -8,6 +8,7 @@ from datetime import timedelta
 from services.orchestrator import observed
 from services.orchestrator.execution import Execution
 from services.orchestrator.maintenance import listen_for_hints
+from services.orchestrator.rate_limits import ModelLimits
 from services.orchestrator.retention import Retention
 from services.orchestrator.service import Runs
 from services.orchestrator.servicer import OrchestratorServicer
@@ -93,6 +94,11 @@ async def amain(
         retention,
         Subscriptions(engine, secrets, policy),
         target_policy=settings.target_policy,
+        model_limits=ModelLimits.from_text(
+            settings.model_limits, settings.model_limit_share, settings.model_limit_recheck_s
+        )
+        if settings.model_limits.strip()
+        else None,
     )
     served = await start_server(
         host=settings.host,

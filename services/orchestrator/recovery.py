@@ -8,6 +8,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.orchestrator import observed
@@ -20,6 +21,7 @@ from services.orchestrator.repositories import queue as queue_repo
 from services.orchestrator.repositories import runs as runs_repo
 from services.orchestrator.repositories.transitions import NOW, Moved, apply
 from tether import states, telemetry
+from tether.db.schema import attempts
 from tether.domain import (
     DEFAULT_BACKOFF_INITIAL_S,
     DEFAULT_BACKOFF_MAX_S,
@@ -33,6 +35,7 @@ from tether.domain import (
     run_retry_pending,
 )
 from tether.errors import StaleLease
+from tether.ratelimits import RATE_LIMITED
 from tether.retry import RetryPolicy
 from tether.states import RunStatus
 from tether.telemetry import metrics
@@ -67,10 +70,15 @@ class Recovery:
                 max_delay=float(limits.get("backoff_max_seconds", DEFAULT_BACKOFF_MAX_S)),
             )
             moved: Moved | None
-            if run.attempt >= policy.max_attempts:
+            # A wait for a shared model rate limit spends no attempt, and waits exactly until
+            # the bucket refills (no backoff: the orchestrator said when).
+            limited = error.code == RATE_LIMITED
+            spent = run.attempt - (0 if limited else await _rate_limited_waits(conn, run_id))
+            if not limited and spent >= policy.max_attempts:
                 moved = await self._fail_exhausted(conn, run, epoch, error)
             else:
-                delay = max(policy.backoff(run.attempt - 1), retry_after_s)
+                backoff = 0.0 if limited else policy.backoff(spent - 1)
+                delay = max(backoff, retry_after_s)
                 next_at = datetime.now(UTC) + timedelta(seconds=delay)
                 # The next attempt streams the cut-off turn anew; its calls left whole run then.
                 closing = close_attempt(
@@ -233,3 +241,12 @@ class Recovery:
         if queued:
             self._publisher.wake([m.run.run_id for m in queued])
         return len(queued)
+
+
+async def _rate_limited_waits(conn: AsyncConnection, run_id: str) -> int:
+    """How many of the run's attempts ended waiting for a model rate limit (they spend none of
+    its attempt budget). Read only when a retry is scheduled, never on the hot path."""
+    stmt = select(func.count()).where(
+        attempts.c.run_id == run_id, attempts.c.error["code"].astext == RATE_LIMITED
+    )
+    return int((await conn.execute(stmt)).scalar_one())

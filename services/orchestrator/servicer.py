@@ -14,6 +14,7 @@ from services.orchestrator.catalog import ToolCatalog
 from services.orchestrator.channel_statuses import channel_statuses_of
 from services.orchestrator.execution import Execution
 from services.orchestrator.knowledge import Knowledge
+from services.orchestrator.rate_limits import ModelLimits
 from services.orchestrator.repositories import channel_statuses as statuses_repo
 from services.orchestrator.repositories.agents import Published, Version
 from services.orchestrator.retention import Retention
@@ -21,7 +22,11 @@ from services.orchestrator.service import Runs
 from services.orchestrator.webhooks import Subscriptions
 from services.orchestrator.webhooks_edge import WebhookRpcs
 from services.orchestrator.work import Work, WorkSettings
-from services.orchestrator.worker_edge import ExecutionServicer, lease_response
+from services.orchestrator.worker_edge import (
+    ExecutionServicer,
+    lease_response,
+    model_limit_writes,
+)
 from tether.convert import (
     attempt_to_proto,
     document_to_proto,
@@ -108,9 +113,15 @@ class OrchestratorServicer(
         retention: Retention,
         webhooks: Subscriptions,
         target_policy: TargetPolicy | None = None,
+        model_limits: ModelLimits | None = None,
     ) -> None:
         WebhookRpcs.__init__(self, webhooks)
         self._runs = runs
+        # Model rate limits (TETHER_MODEL_LIMITS): None, the workers reserve nothing.
+        self.model_limits = model_limits
+        # Handled even with no limits kept: a worker's reservation may reach this replica after
+        # a reconnect from one that keeps them.
+        writes = {**self._work_writes(), **model_limit_writes(model_limits)}
         self._execution = execution
         self._knowledge = Knowledge(execution.engine)
         self._retention = retention
@@ -121,12 +132,13 @@ class OrchestratorServicer(
             execution.claims,
             lease_response,
             execution.attempts.release,
-            self._work_writes(),
+            writes,
             replica_id=execution.publisher.wake_marker,
             lease_ttl_s=work.lease_ttl_s,
             keepalive_interval_s=work.keepalive_interval_s,
             progress_deadline_s=work.progress_deadline_s,
             announce=self._catalog.announce,
+            let_go=None if model_limits is None else model_limits.let_go,
         )
         self._renders = AgentRenders(
             execution.engine, self._agents, self._knowledge, self.work, work.render_timeout_s

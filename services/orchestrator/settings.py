@@ -63,6 +63,23 @@ class OrchestratorSettings(RetainingSettings):
         description="A Work stream's connection is asked to go away (GOAWAY) after this long, "
         "so workers rebalance across replicas; they reconnect and carry on.",
     )
+    model_limits: str = Field(
+        "",
+        validation_alias=AliasChoices("TETHER_MODEL_LIMITS", "TETHER_ORCHESTRATOR_MODEL_LIMITS"),
+        description="Model rate limits per provider credential and model, shared by every "
+        "worker: `[CREDENTIAL/]MODEL: requests=N, input_tokens=N, output_tokens=N[, "
+        "window=S]` entries separated by `;` (see Model rate limits); `*:` learns them from "
+        "the provider's headers alone. Empty: off, and workers reserve nothing.",
+    )
+    model_limit_recheck_s: float = Field(
+        1.0,
+        description="Longest a run refused by a model rate limit waits while other calls "
+        "hold reservations: they give back what they do not use when they settle.",
+    )
+    model_limit_share: float = Field(
+        1.0,
+        description="This replica's share of every model limit (1 / the replicas running).",
+    )
     max_connection_age_grace_s: float = Field(
         30.0, description="How long a connection that was asked to go away may finish."
     )

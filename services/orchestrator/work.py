@@ -144,8 +144,11 @@ class Work:
         keepalive_interval_s: float,
         progress_deadline_s: float,
         announce: Announce | None = None,
+        let_go: Callable[[str], object] | None = None,
     ) -> None:
         self._engine = engine
+        # Told each run whose lease leaves a worker here (model rate-limit reservations).
+        self._let_go = let_go
         self._announce = announce
         self._claims = claims
         self._lease = lease
@@ -179,6 +182,7 @@ class Work:
                 probes_quiet_workers=True,
                 takes_batches=True,
                 outcome_returns_credit=True,
+                model_limits=self._let_go is not None,
             )
         )
         self._sessions.append(session)
@@ -199,6 +203,9 @@ class Work:
         finally:
             session.closed = True
             self._sessions.remove(session)
+            if self._let_go is not None:
+                for run_id in session.held:
+                    self._let_go(run_id)
             reader.cancel()
             for task in session.writes:
                 task.cancel()
@@ -293,6 +300,8 @@ class Work:
             getattr(ack, WRITE_FIELDS[kind]).CopyFrom(answer)
             if kind in OUTCOMES:
                 session.held.pop(request.run_id, None)  # the run left this worker's hands
+                if self._let_go is not None:
+                    self._let_go(request.run_id)
                 if session.outcome_returns_credit and not session.leaving:
                     session.credits += 1  # and its slot is free (WorkHello)
                     self._may_lease.set()
@@ -326,6 +335,8 @@ class Work:
         if lost:
             for lease in lost:
                 session.held.pop(lease.run_id, None)
+                if self._let_go is not None:
+                    self._let_go(lease.run_id)
             session.send(orchestrator_pb2.WorkResponse(lost=orchestrator_pb2.WorkLost(leases=lost)))
         for row in renewed:
             if row.cancel_requested:

@@ -15,6 +15,7 @@ from services.orchestrator import observed
 from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
 from services.orchestrator.knowledge import Knowledge
+from services.orchestrator.rate_limits import ModelLimits
 from services.orchestrator.work import Work, Write
 from tether import telemetry
 from tether.convert import (
@@ -38,6 +39,7 @@ from tether.convert.work import (
 from tether.domain import Assignment, EarlierRun, EffectState, Lease, Part, Role, Text
 from tether.domain.runs import Run
 from tether.errors import InvalidArgument
+from tether.ratelimits import Headers
 from tether.telemetry import metrics, tracing
 from tether.telemetry.logs import bind_run
 from tether.v1 import orchestrator_pb2
@@ -89,6 +91,50 @@ def lease_response(claimed: Claimed) -> orchestrator_pb2.ClaimRunResponse:
         expires_at=run.lease_expires_at,
         run=run_to_proto(run),
     )
+
+
+# What a replica that keeps no limits grants: a reservation no replica that keeps them issues
+# (a worker's reserve re-sent to it after a reconnect, during a deploy that turns limits on).
+UNLIMITED_RESERVATION = 2**64 - 1
+
+
+def model_limit_writes(limits: ModelLimits | None) -> dict[type[Message], Write]:
+    """The Work stream's reservation and settlement of model calls, granted from memory; with
+    no limits kept, every reservation is granted and every settlement dropped."""
+
+    async def reserve(request: Any) -> Message:
+        if limits is None:
+            return orchestrator_pb2.ReserveModelResponse(reservation_id=UNLIMITED_RESERVATION)
+        if not request.model:
+            raise InvalidArgument("a reservation names its model")
+        reservation_id, wait = limits.reserve(
+            request.run_id,
+            request.epoch,
+            request.credential_id,
+            request.model,
+            request.input_tokens,
+            request.output_tokens,
+        )
+        return orchestrator_pb2.ReserveModelResponse(
+            reservation_id=reservation_id, wait_ms=int(wait * 1000) + (1 if wait else 0)
+        )
+
+    async def settle(request: Any) -> Message:
+        if limits is None:
+            return orchestrator_pb2.SettleModelResponse()
+        used = (
+            {"input_tokens": float(request.input_tokens), "output_tokens": request.output_tokens}
+            if request.used
+            else None
+        )
+        headers = Headers.read(dict(request.headers))
+        limits.settle(request.reservation_id, request.credential_id, request.model, used, headers)
+        return orchestrator_pb2.SettleModelResponse()
+
+    return {
+        orchestrator_pb2.ReserveModelRequest: reserve,
+        orchestrator_pb2.SettleModelRequest: settle,
+    }
 
 
 class ExecutionServicer:

@@ -28,6 +28,7 @@ from services.worker.gate import Gate, RunFailed
 from services.worker.interactions import BUILTIN_SPECS, LeasedInteractions, Parked
 from services.worker.mcp.tools import LeasedTools, McpToolbox
 from services.worker.model import stream_turn
+from services.worker.model_limits import ModelReservations, RateLimited, headers_of
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.outcomes import Outcomes, ms_since
 from services.worker.provider_errors import classify_exception
@@ -53,6 +54,7 @@ from tether.domain import (
 )
 from tether.errors import TetherError
 from tether.pricing import add_usage, cost_micros
+from tether.ratelimits import RATE_LIMITED
 from tether.retry import ProviderFailure
 
 
@@ -138,6 +140,7 @@ class Attempt:
             transcript=self.transcript,
             checkpoints=self.checkpoints,
         )
+        self._reservations = ModelReservations(orchestrator, self.lease, client)
         self._compactor = Compactor(
             client=client,
             orchestrator=orchestrator,
@@ -313,6 +316,11 @@ class Attempt:
         except ProviderError as failure:
             await self.outcomes.provider_failed(failure.failure)
             return
+        except RateLimited as limited:
+            # Waits without holding a worker, and spends no attempt (Recovery.schedule_retry).
+            error = RunError(RATE_LIMITED, str(limited), True)
+            await self.outcomes.retry_later(error, limited.wait_s)
+            return
         self.stages["attempt_ms"] = ms_since(loop_start)
         if isinstance(ending, Completed) and self.context_warnings:
             ending = replace(ending, warnings=(*ending.warnings, *self.context_warnings))
@@ -369,6 +377,11 @@ class Attempt:
                 )
             request = await self._within_budget(context, budget, self._request(context))
             turn_start_index = self.transcript.next_index
+            reservation = 0
+            if self._reservations.on:
+                estimate = budget.estimate(context, self.transcript.parts, request)
+                reservation = await self._reservations.reserve(request, estimate)
+            seen: dict[str, str] = {}
             try:
                 streaming = stream_turn(
                     self._client,
@@ -377,6 +390,7 @@ class Attempt:
                     checkpoint=self.checkpoints.checkpoint,
                     publish_delta=self.checkpoints.publish_delta,
                     checkpoint_interval_s=self._interval,
+                    headers=seen if reservation else None,
                 )
                 if telemetry.on:
                     streaming = observed.model_turn(self.config, request, streaming)
@@ -384,9 +398,13 @@ class Attempt:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if reservation:
+                    await self._reservations.settle(reservation, request, None, headers_of(exc))
                 if isinstance(exc, TetherError):
                     raise  # our own (e.g. StaleLease from a checkpoint), not the provider's
                 raise ProviderError(classify_exception(exc)) from exc
+            if reservation:
+                await self._reservations.settle(reservation, request, turn.usage, seen)
             self.state.steps += 1
             self._account(turn.usage)
             budget.turned(turn.usage, turn_start_index)

@@ -54,8 +54,10 @@ async def stream_turn(
     checkpoint: Checkpoint,
     publish_delta: Delta,
     checkpoint_interval_s: float,
+    headers: dict[str, str] | None = None,
 ) -> TurnResult:
-    """Run one streamed model call, writing its blocks into `transcript`."""
+    """Run one streamed model call, writing its blocks into `transcript` (and the answer's
+    rate-limit headers into `headers`, when given)."""
     result = TurnResult(stop_reason=None)
     drafts: dict[int, Draft] = {}  # by the stream's block index
     loop = asyncio.get_running_loop()
@@ -69,7 +71,7 @@ async def stream_turn(
             checkpoint()
 
     try:
-        async for event in sse.events(client, request):
+        async for event in sse.events(client, request, headers):
             kind = event["type"]
             if kind == "content_block_delta":
                 draft = drafts.get(event["index"])

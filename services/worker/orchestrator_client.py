@@ -87,6 +87,47 @@ class Orchestrator:
             ),
         )
 
+    @property
+    def model_limits(self) -> bool:
+        """Whether the replica keeps model rate limits (calls are reserved and settled)."""
+        return bool(getattr(self._stream, "model_limits", False))
+
+    async def reserve_model(
+        self, lease: Lease, credential: str, model: str, input_tokens: int, output_tokens: int
+    ) -> tuple[int, float]:
+        """(reservation id, 0), or (0, seconds until the buckets hold the call)."""
+        response: orchestrator_pb2.ReserveModelResponse = await self._stream.write(
+            orchestrator_pb2.ReserveModelRequest(
+                run_id=lease.run_id,
+                epoch=lease.epoch,
+                credential_id=credential,
+                model=model,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+            )
+        )
+        return response.reservation_id, response.wait_ms / 1000
+
+    async def settle_model(
+        self,
+        reservation_id: int,
+        credential: str,
+        model: str,
+        used: tuple[int, int] | None,
+        headers: dict[str, str],
+    ) -> None:
+        """Settle a reservation with the (input, output) tokens used and the headers seen."""
+        request = orchestrator_pb2.SettleModelRequest(
+            reservation_id=reservation_id,
+            credential_id=credential,
+            model=model,
+            used=used is not None,
+            headers=headers,
+        )
+        if used is not None:
+            request.input_tokens, request.output_tokens = used
+        await self._stream.write(request)
+
     async def park(self, lease: Lease, status: RunStatus, interaction_id: str) -> None:
         """Park the run for a person; the lease is released."""
         await self._stream.write(

@@ -24,10 +24,17 @@ import httpx2
 _LINE_ENDS = (b"\n", b"\r")
 
 
-async def events(client: anthropic.AsyncAnthropic, request: dict[str, Any]) -> AsyncIterator[Any]:
-    """Send `request` as a streamed Messages call; yield each event's JSON object."""
+async def events(
+    client: anthropic.AsyncAnthropic,
+    request: dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> AsyncIterator[Any]:
+    """Send `request` as a streamed Messages call; yield each event's JSON object. `headers`,
+    when given, receives the answer's rate-limit headers (`anthropic-ratelimit-*`)."""
     async with client.messages.with_streaming_response.create(**request, stream=True) as response:
         http = response.http_response
+        if headers is not None:
+            headers.update(rate_limit_headers(http.headers))
         async for name, data in server_sent_events(http.aiter_bytes()):
             if name == "error":
                 raise stream_error(data, http)
@@ -102,3 +109,13 @@ def stream_error(data: bytes, response: httpx2.Response) -> anthropic.APIStatusE
         body = data.decode(errors="replace")
         message = str(body) or f"Error code: {response.status_code}"
     return anthropic.APIStatusError(message, response=response, body=body)
+
+
+def rate_limit_headers(headers: Any) -> dict[str, str]:
+    """The `anthropic-ratelimit-*` and `retry-after` headers of an answer, by lower-case name."""
+    return {
+        name.lower(): value
+        for name, value in headers.items()
+        if name.lower().startswith("anthropic-ratelimit-")
+        or name.lower() in ("retry-after", "retry-after-ms")
+    }

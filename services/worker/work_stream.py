@@ -100,6 +100,7 @@ class WorkStream:
         # Whether the replica probes a quiet worker (then one holding no lease sends nothing).
         self._probed = False
         self.progress_deadline_s = 120.0
+        self.model_limits = False  # the replica keeps model rate limits (its welcome says)
         self._closing = False
         self._leaving = False
         self._keepalive_due = asyncio.Event()
@@ -221,6 +222,7 @@ class WorkStream:
         self._batches = welcome.takes_batches
         self._returns_credit = welcome.outcome_returns_credit
         self.progress_deadline_s = welcome.progress_deadline_ms / 1000 or self.progress_deadline_s
+        self.model_limits = welcome.model_limits
         if self._leaving:
             outbox.put_nowait(orchestrator_pb2.WorkRequest(goodbye=orchestrator_pb2.WorkGoodbye()))
         elif self._free:

@@ -23,7 +23,7 @@ from tether.stack.embedded import database_url
 from tether.stack.processes import ServiceSet
 from tether.testing.eventually import eventually
 from tether.testing.ledger import Ledger
-from tether.testing.model_server import ModelServer
+from tether.testing.model_server import ModelServer, RateLimits
 from tether.testing.oauth import OAuthServer
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -209,12 +209,14 @@ async def exec_stack(
     *,
     workers: int,
     extra_env: dict[str, str] | None = None,
+    model_limits: RateLimits | None = None,
 ) -> AsyncIterator[ExecStack]:
-    """A fresh database and services, with `workers` workers started."""
+    """A fresh database and services, with `workers` workers started (and the model server
+    enforcing `model_limits`, when given)."""
     name = await clone_database(pg_server_url, template_db)
     db_url = database_url(pg_server_url, name)
     service_credentials = credentials.generate()
-    model = ModelServer()
+    model = ModelServer(limits=model_limits)
     ledger = Ledger()
     oauth = OAuthServer()
     await model.start()

@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from services.orchestrator.worker_edge import ExecutionServicer
+from services.orchestrator.rate_limits import ModelLimits
+from services.orchestrator.worker_edge import ExecutionServicer, model_limit_writes
 from tether.convert.render import (
     render_job_from_proto,
     render_job_to_proto,
@@ -208,7 +209,7 @@ def test_every_write_has_its_field_on_both_messages_and_a_handler_on_the_orchest
         message = write_request(5, kind())
         assert (message.id, message.WhichOneof("kind")) == (5, field)
         assert field in kinds
-    assert len(WRITE_FIELDS) == 13
+    assert len(WRITE_FIELDS) == 15
     assert WRITE_FIELDS.keys() >= OUTCOMES
     assert {WRITE_FIELDS[kind] for kind in OUTCOMES} == {
         "complete",
@@ -216,7 +217,14 @@ def test_every_write_has_its_field_on_both_messages_and_a_handler_on_the_orchest
         "schedule_retry",
         "release",
     }
-    assert ExecutionServicer()._work_writes().keys() == WRITE_FIELDS.keys()
+    # The model rate limits' two writes, answered with or without limits kept.
+    limited = {**ExecutionServicer()._work_writes(), **model_limit_writes(ModelLimits())}
+    assert limited.keys() == WRITE_FIELDS.keys()
+    assert model_limit_writes(None).keys() == model_limit_writes(ModelLimits()).keys()
+    assert ExecutionServicer()._work_writes().keys() == WRITE_FIELDS.keys() - {
+        orchestrator_pb2.ReserveModelRequest,
+        orchestrator_pb2.SettleModelRequest,
+    }
 
 
 def test_a_render_job_and_its_answer_come_back_as_sent() -> None:

@@ -11,7 +11,9 @@ script what it answers per test; with nothing scripted it runs the demo agent. I
 Out of process: `python -m tether.testing.model_server --port 0` prints
 `model-server listening http://HOST:PORT`; script it with `POST /_script`
 (`{"key": ..., "turns": [...]}`, format in `model_script.turn_from_json`), read the request log
-with `GET /_requests`, clear both with `POST /_reset`.
+with `GET /_requests`, clear both with `POST /_reset`. `limits=RateLimits(...)` (or
+`--rate-limit requests=N,input_tokens=N,output_tokens=N,window=SECONDS`) enforces the provider's
+rate limits per API key; see model_limits.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from aiohttp import web
 from tether.testing.demo_agent import demo_turn
 from tether.testing.local_server import LocalServer, run_cli
 from tether.testing.model_cache import CacheRequestError, PromptCache
+from tether.testing.model_limits import ModelRateLimiter, RateLimits
 from tether.testing.model_log import (
     LOGGED_HEADERS,
     RecordedRequest,
@@ -83,6 +86,7 @@ __all__ = [
     "ErrorTurn",
     "MidStreamError",
     "ModelServer",
+    "RateLimits",
     "RecordedRequest",
     "Stall",
     "TextBlock",
@@ -116,8 +120,11 @@ class ModelServer(LocalServer):
         shutdown_grace: float = 1.0,
         access_log: bool = False,
         cache_clock: Callable[[], float] = time.monotonic,
+        limits: RateLimits | None = None,
     ) -> None:
         super().__init__(host, port)
+        # Rate limits per API key as the provider enforces them (model_limits); off when None.
+        self.limiter = None if limits is None else ModelRateLimiter(limits)
         # The prompt cache, as the real API keeps it (see model_cache): usage reports its hits.
         self.cache = PromptCache(cache_clock)
         self._shutdown_grace = shutdown_grace
@@ -171,6 +178,8 @@ class ModelServer(LocalServer):
         self._book.clear()
         self._requests.clear()
         self.cache.clear()
+        if self.limiter is not None:
+            self.limiter.clear()
 
     @property
     def requests(self) -> list[RecordedRequest]:
@@ -200,6 +209,8 @@ class ModelServer(LocalServer):
     def build_app(self) -> web.Application:
         """The aiohttp application (exposed for embedding in another app or runner)."""
         app = web.Application(client_max_size=MAX_BODY_BYTES)
+        if self.limiter is not None:
+            app.on_response_prepare.append(self.limiter.on_prepare)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         app.router.add_post("/_script", self._control_script)
@@ -246,6 +257,8 @@ class ModelServer(LocalServer):
                 record.outcome = "disconnected"
             return web.Response(status=499)
         finally:
+            if self.limiter is not None:
+                self.limiter.settle(request, record)
             self._notify()
 
     async def _answer(
@@ -266,6 +279,9 @@ class ModelServer(LocalServer):
         if problem is not None:
             record.served = "invalid_request"
             return error_response(400, "invalid_request_error", problem, rid, record)
+        refused = None if self.limiter is None else self.limiter.admit(request, record, body)
+        if refused is not None:
+            return refused  # 429 rate_limit_error, retry-after and the anthropic-ratelimit-*
 
         scripted = self._book.take(record.script_key)
         record.served = "script" if scripted is not None else "demo"
@@ -448,16 +464,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     def make(args: argparse.Namespace) -> ModelServer:
         if args.access_log:
             logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-        return ModelServer(args.host, args.port, access_log=args.access_log)
+        limits = None if not args.rate_limit else RateLimits.parse(args.rate_limit)
+        return ModelServer(args.host, args.port, access_log=args.access_log, limits=limits)
 
-    run_cli(
-        __doc__,
-        make,
-        argv,
-        extra=lambda parser: parser.add_argument(
-            "--access-log", action="store_true", help="log each request to stderr"
-        ),
-    )
+    def extra(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--access-log", action="store_true", help="log each request")
+        parser.add_argument(
+            "--rate-limit",
+            default="",
+            help="limits per API key, e.g. requests=50,input_tokens=40000,output_tokens=8000,"
+            "window=60 (seconds); off when absent",
+        )
+
+    run_cli(__doc__, make, argv, extra=extra)
 
 
 if __name__ == "__main__":

@@ -2200,6 +2200,8 @@ class WorkRequest(_message.Message):
     BEGIN_DELIVERY_FIELD_NUMBER: _builtins.int
     RECORD_DELIVERY_FIELD_NUMBER: _builtins.int
     FIND_CHANNEL_STATUS_FIELD_NUMBER: _builtins.int
+    RESERVE_MODEL_FIELD_NUMBER: _builtins.int
+    SETTLE_MODEL_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """Correlates a write with its acknowledgement (WorkAck.id), unique on the stream; 0 for a
     message that needs none (hello, credits, keepalive, goodbye).
@@ -2282,6 +2284,14 @@ class WorkRequest(_message.Message):
     def find_channel_status(self) -> Global___FindChannelStatusRequest:
         """Finds a provider's status callback on a delivery."""
 
+    @_builtins.property
+    def reserve_model(self) -> Global___ReserveModelRequest:
+        """Reserves a model call's share of its (credential, model) rate-limit buckets."""
+
+    @_builtins.property
+    def settle_model(self) -> Global___SettleModelRequest:
+        """Reconciles a reservation with what the call used and what the provider's headers said."""
+
     def __init__(
         self,
         *,
@@ -2305,16 +2315,175 @@ class WorkRequest(_message.Message):
         begin_delivery: Global___BeginDeliveryRequest | None = ...,
         record_delivery: Global___RecordDeliveryRequest | None = ...,
         find_channel_status: Global___FindChannelStatusRequest | None = ...,
+        reserve_model: Global___ReserveModelRequest | None = ...,
+        settle_model: Global___SettleModelRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "rendered", b"rendered", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "rendered", b"rendered", "reserve_model", b"reserve_model", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "settle_model", b"settle_model", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "id", b"id", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "rendered", b"rendered", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "id", b"id", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "rendered", b"rendered", "reserve_model", b"reserve_model", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "settle_model", b"settle_model", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "credits", "keepalive", "checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "goodbye", "batch", "retrieve_knowledge", "store_summary", "rendered", "begin_delivery", "record_delivery", "find_channel_status"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "credits", "keepalive", "checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "goodbye", "batch", "retrieve_knowledge", "store_summary", "rendered", "begin_delivery", "record_delivery", "find_channel_status", "reserve_model", "settle_model"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___WorkRequest: _TypeAlias = WorkRequest  # noqa: Y015
+
+@_typing.final
+class ReserveModelRequest(_message.Message):
+    """ReserveModelRequest asks for one model call's room in the shared rate-limit buckets of its
+    provider credential and model, before the call starts.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    CREDENTIAL_ID_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id (the reservation is let go with its lease)."""
+    epoch: _builtins.int
+    """Fencing epoch."""
+    credential_id: _builtins.str
+    """Which provider credential the call uses: an id derived from it, never the credential."""
+    model: _builtins.str
+    """The model."""
+    input_tokens: _builtins.int
+    """The request's estimated input tokens."""
+    output_tokens: _builtins.int
+    """The request's max_tokens."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        credential_id: _builtins.str = ...,
+        model: _builtins.str = ...,
+        input_tokens: _builtins.int = ...,
+        output_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credential_id", b"credential_id", "epoch", b"epoch", "input_tokens", b"input_tokens", "model", b"model", "output_tokens", b"output_tokens", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveModelRequest: _TypeAlias = ReserveModelRequest  # noqa: Y015
+
+@_typing.final
+class ReserveModelResponse(_message.Message):
+    """ReserveModelResponse grants a reservation or says when to ask again."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    WAIT_MS_FIELD_NUMBER: _builtins.int
+    reservation_id: _builtins.int
+    """Nonzero when granted: what SettleModelRequest names."""
+    wait_ms: _builtins.int
+    """When not granted: how long until the buckets hold the call, in milliseconds."""
+    def __init__(
+        self,
+        *,
+        reservation_id: _builtins.int = ...,
+        wait_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reservation_id", b"reservation_id", "wait_ms", b"wait_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveModelResponse: _TypeAlias = ReserveModelResponse  # noqa: Y015
+
+@_typing.final
+class SettleModelRequest(_message.Message):
+    """SettleModelRequest ends a reservation (or, with none, only teaches the buckets)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class HeadersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    CREDENTIAL_ID_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    USED_FIELD_NUMBER: _builtins.int
+    INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    HEADERS_FIELD_NUMBER: _builtins.int
+    reservation_id: _builtins.int
+    """The reservation, or 0 when the call held none."""
+    credential_id: _builtins.str
+    """The provider credential's id."""
+    model: _builtins.str
+    """The model."""
+    used: _builtins.bool
+    """Whether the call reported its usage (the counts below); false leaves the reservation
+    spent as reserved.
+    """
+    input_tokens: _builtins.int
+    """Input tokens the call used (cache writes included)."""
+    output_tokens: _builtins.int
+    """Output tokens the call produced."""
+    @_builtins.property
+    def headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The provider answer's anthropic-ratelimit-* and retry-after headers, by lower-case name."""
+
+    def __init__(
+        self,
+        *,
+        reservation_id: _builtins.int = ...,
+        credential_id: _builtins.str = ...,
+        model: _builtins.str = ...,
+        used: _builtins.bool = ...,
+        input_tokens: _builtins.int = ...,
+        output_tokens: _builtins.int = ...,
+        headers: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credential_id", b"credential_id", "headers", b"headers", "input_tokens", b"input_tokens", "model", b"model", "output_tokens", b"output_tokens", "reservation_id", b"reservation_id", "used", b"used"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettleModelRequest: _TypeAlias = SettleModelRequest  # noqa: Y015
+
+@_typing.final
+class SettleModelResponse(_message.Message):
+    """SettleModelResponse acknowledges a settlement."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettleModelResponse: _TypeAlias = SettleModelResponse  # noqa: Y015
 
 @_typing.final
 class WorkRequests(_message.Message):
@@ -2634,6 +2803,7 @@ class WorkWelcome(_message.Message):
     PROBES_QUIET_WORKERS_FIELD_NUMBER: _builtins.int
     TAKES_BATCHES_FIELD_NUMBER: _builtins.int
     OUTCOME_RETURNS_CREDIT_FIELD_NUMBER: _builtins.int
+    MODEL_LIMITS_FIELD_NUMBER: _builtins.int
     protocol_version: _builtins.int
     """The protocol version this orchestrator speaks."""
     replica_id: _builtins.str
@@ -2653,6 +2823,10 @@ class WorkWelcome(_message.Message):
     """The replica reads WorkRequest.batch; a worker sends batches only to a replica that says so."""
     outcome_returns_credit: _builtins.bool
     """The replica honours WorkHello.outcome_returns_credit: the worker may rely on it."""
+    model_limits: _builtins.bool
+    """The replica keeps model rate limits (TETHER_MODEL_LIMITS): the worker reserves each model
+    call (ReserveModelRequest) and settles it (SettleModelRequest). Off: neither is sent.
+    """
     def __init__(
         self,
         *,
@@ -2663,10 +2837,11 @@ class WorkWelcome(_message.Message):
         probes_quiet_workers: _builtins.bool = ...,
         takes_batches: _builtins.bool = ...,
         outcome_returns_credit: _builtins.bool = ...,
+        model_limits: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["keepalive_interval_ms", b"keepalive_interval_ms", "outcome_returns_credit", b"outcome_returns_credit", "probes_quiet_workers", b"probes_quiet_workers", "progress_deadline_ms", b"progress_deadline_ms", "protocol_version", b"protocol_version", "replica_id", b"replica_id", "takes_batches", b"takes_batches"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keepalive_interval_ms", b"keepalive_interval_ms", "model_limits", b"model_limits", "outcome_returns_credit", b"outcome_returns_credit", "probes_quiet_workers", b"probes_quiet_workers", "progress_deadline_ms", b"progress_deadline_ms", "protocol_version", b"protocol_version", "replica_id", b"replica_id", "takes_batches", b"takes_batches"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2714,6 +2889,8 @@ class WorkAck(_message.Message):
     BEGIN_DELIVERY_FIELD_NUMBER: _builtins.int
     RECORD_DELIVERY_FIELD_NUMBER: _builtins.int
     FIND_CHANNEL_STATUS_FIELD_NUMBER: _builtins.int
+    RESERVE_MODEL_FIELD_NUMBER: _builtins.int
+    SETTLE_MODEL_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """The write answered."""
     code: _builtins.int
@@ -2774,6 +2951,14 @@ class WorkAck(_message.Message):
     def find_channel_status(self) -> Global___FindChannelStatusResponse:
         """For a status callback found."""
 
+    @_builtins.property
+    def reserve_model(self) -> Global___ReserveModelResponse:
+        """For a model call's reservation."""
+
+    @_builtins.property
+    def settle_model(self) -> Global___SettleModelResponse:
+        """For a reservation settled."""
+
     def __init__(
         self,
         *,
@@ -2794,12 +2979,14 @@ class WorkAck(_message.Message):
         begin_delivery: Global___BeginDeliveryResponse | None = ...,
         record_delivery: Global___RecordDeliveryResponse | None = ...,
         find_channel_status: Global___FindChannelStatusResponse | None = ...,
+        reserve_model: Global___ReserveModelResponse | None = ...,
+        settle_model: Global___SettleModelResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "result", b"result", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "reserve_model", b"reserve_model", "result", b"result", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "settle_model", b"settle_model", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "code", b"code", "complete", b"complete", "error_code", b"error_code", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "id", b"id", "message", b"message", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "result", b"result", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "code", b"code", "complete", b"complete", "error_code", b"error_code", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "id", b"id", "message", b"message", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "reserve_model", b"reserve_model", "result", b"result", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "settle_model", b"settle_model", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "retrieve_knowledge", "store_summary", "begin_delivery", "record_delivery", "find_channel_status"]  # noqa: Y015
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "retrieve_knowledge", "store_summary", "begin_delivery", "record_delivery", "find_channel_status", "reserve_model", "settle_model"]  # noqa: Y015
     _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
 

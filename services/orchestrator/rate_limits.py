@@ -1,0 +1,185 @@
+"""Model rate limits, granted from memory: the buckets of every (credential, model) this
+replica's workers call, and the reservations their calls hold.
+
+A worker reserves a call's room before it starts (ReserveModelRequest on its Work stream: one
+request, the estimated input tokens, `max_tokens`) and settles it when the call ends
+(SettleModelRequest: the usage it reported and the provider's `anthropic-ratelimit-*` headers,
+which teach the buckets; a 429's `retry-after` empties them until then). A grant is arithmetic
+on this replica's memory: no PostgreSQL statement, no Redis round trip. A reservation is let go
+with its lease: when the run's outcome is written, when its worker's stream ends (a worker
+killed mid-call: its stream breaks at once, or its lease lapses within one lease TTL and the
+keepalive that no longer names it lets it go), and the tokens it held come back.
+
+Several replicas: each grants from its share of every configured limit
+(`TETHER_ORCHESTRATOR_MODEL_LIMIT_SHARE`, by default 1 / the replica count the operator runs),
+and the provider's headers, which every replica's workers see, pull every replica's buckets
+down to what the provider says remains pool-wide. See the README's "Model rate limits".
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from tether.errors import InvalidArgument
+from tether.ratelimits import Headers, Limit, ModelBuckets, limit_for, parse_model_limits
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """One call's room, held until it is settled or its lease is let go."""
+
+    key: tuple[str, str]
+    run_id: str
+    epoch: int
+    wanted: dict[str, float]
+
+
+class ModelLimits:
+    """The buckets and reservations of this replica."""
+
+    def __init__(
+        self,
+        limits: Mapping[tuple[str, str], Limit] | None = None,
+        *,
+        share: float = 1.0,
+        recheck_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not 0 < share <= 1:
+            raise InvalidArgument(f"the model limit share must be in (0, 1], not {share}")
+        self._limits = dict(limits or {})
+        self._share = share
+        # A refusal while calls are in flight waits at most this long: they give back what
+        # they reserved and did not use (most of max_tokens, as a rule) when they settle.
+        self._recheck_s = recheck_s
+        self._in_flight: dict[tuple[str, str], int] = {}
+        self._clock = clock
+        self._buckets: dict[tuple[str, str], ModelBuckets] = {}
+        self._reservations: dict[int, Reservation] = {}
+        self._by_run: dict[str, set[int]] = {}
+        self._ids = itertools.count(1)
+        self.refused = 0
+
+    @classmethod
+    def from_text(cls, text: str, share: float = 1.0, recheck_s: float = 1.0) -> ModelLimits:
+        """From `TETHER_MODEL_LIMITS` (see tether.ratelimits.parse_model_limits)."""
+        return cls(parse_model_limits(text), share=share, recheck_s=recheck_s)
+
+    def buckets(self, credential: str, model: str) -> ModelBuckets:
+        key = (credential, model)
+        held = self._buckets.get(key)
+        if held is None:
+            limit = limit_for(self._limits, credential, model)
+            if self._share < 1:
+                limit = _scaled(limit, self._share)
+            held = self._buckets[key] = ModelBuckets(limit, self._clock())
+        return held
+
+    # -- reservations ---------------------------------------------------------------------------
+
+    def reserve(
+        self,
+        run_id: str,
+        epoch: int,
+        credential: str,
+        model: str,
+        input_tokens: int,
+        output_tokens: int,
+    ) -> tuple[int, float]:
+        """(reservation id, 0) when the call fits now; (0, seconds until it does) when not."""
+        if input_tokens < 0 or output_tokens < 0:
+            raise InvalidArgument("a reservation's token counts must not be negative")
+        wanted = {"requests": 1.0, "input_tokens": input_tokens, "output_tokens": output_tokens}
+        wait = self.buckets(credential, model).try_reserve(wanted, self._clock())
+        key = (credential, model)
+        if wait > 0:
+            self.refused += 1
+            if self._in_flight.get(key):
+                wait = min(wait, self._recheck_s)
+            return 0, wait
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        reservation_id = next(self._ids)
+        self._reservations[reservation_id] = Reservation(key, run_id, epoch, wanted)
+        self._by_run.setdefault(run_id, set()).add(reservation_id)
+        return reservation_id, 0.0
+
+    def settle(
+        self,
+        reservation_id: int,
+        credential: str,
+        model: str,
+        used: Mapping[str, float] | None,
+        headers: Headers,
+    ) -> None:
+        """A call ended: reconcile its reservation with `used` (None: it reported nothing, the
+        reservation stays spent) and learn from the provider's headers."""
+        buckets = self.buckets(credential, model)
+        held = self._forget(reservation_id)
+        if held is not None and used is not None:
+            buckets.refill(self._clock())
+            buckets.reconcile(held.wanted, {"requests": 1.0, **used})
+        if headers:
+            buckets.learn(_share_of(headers, self._share), self._clock())
+
+    def let_go(self, run_id: str) -> int:
+        """The run's lease left this replica's worker (an outcome, a lost lease, a stream that
+        ended): its unsettled reservations give their tokens back. How many there were."""
+        ids = self._by_run.pop(run_id, set())
+        for reservation_id in ids:
+            held = self._reservations.pop(reservation_id, None)
+            if held is not None:
+                self._landed(held.key)
+                buckets = self.buckets(*held.key)
+                buckets.refill(self._clock())
+                buckets.release(held.wanted)
+        return len(ids)
+
+    def _forget(self, reservation_id: int) -> Reservation | None:
+        held = self._reservations.pop(reservation_id, None)
+        if held is not None:
+            self._landed(held.key)
+            ids = self._by_run.get(held.run_id)
+            if ids is not None:
+                ids.discard(reservation_id)
+                if not ids:
+                    del self._by_run[held.run_id]
+        return held
+
+    def _landed(self, key: tuple[str, str]) -> None:
+        left = self._in_flight.get(key, 0) - 1
+        if left > 0:
+            self._in_flight[key] = left
+        else:
+            self._in_flight.pop(key, None)
+
+    @property
+    def outstanding(self) -> int:
+        """Reservations granted and not yet settled or let go."""
+        return len(self._reservations)
+
+
+def _scaled(limit: Limit, share: float) -> Limit:
+    def part(value: int | None) -> int | None:
+        return None if value is None else max(1, int(value * share))
+
+    return Limit(
+        part(limit.requests), part(limit.input_tokens), part(limit.output_tokens), limit.window_s
+    )
+
+
+def _share_of(headers: Headers, share: float) -> Headers:
+    """The provider speaks for the whole pool: this replica keeps its share of it."""
+    if share >= 1:
+        return headers
+    return Headers(
+        {k: v * share for k, v in headers.limits.items()},
+        {k: v * share for k, v in headers.remaining.items()},
+        headers.retry_after_s,
+        headers.full_in_s,
+    )
