@@ -178,7 +178,7 @@ LIMITS: Mapping[str, Limit] = {
     "tether.v1.ReplyTarget.kind": identifier(required=True),
     "tether.v1.ReplyTarget.address": identifier(required=True),
     "tether.v1.ReplyTarget.thread": identifier(),
-    "tether.v1.ReplyTarget.reply_to": identifier(),
+    "tether.v1.ReplyTarget.reply_to": token(256),
     "tether.v1.TaskStatusInput.task_id": identifier(required=True),
     "tether.v1.TaskStatusInput.status_event_id": identifier(required=True),
     "tether.v1.TaskStatusInput.status": identifier(required=True),

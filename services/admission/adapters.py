@@ -33,6 +33,15 @@ def _identifier(name: str, value: str, *, required: bool = True) -> str:
     return value
 
 
+def _printable(name: str, value: str, size: int = 256) -> str:
+    if len(value) > size or not all(" " < c < "\x7f" for c in value):
+        raise InvalidArgument(
+            f"{name} must be at most {size} printable ASCII characters without spaces",
+            details={"field": name},
+        )
+    return value
+
+
 def _text(name: str, value: str) -> str:
     if not value.strip():
         raise InvalidArgument(f"{name} must not be empty", details={"field": name})
@@ -137,7 +146,7 @@ def _channel_message(
         kind,
         _identifier("reply.address", reply.address),
         _identifier("reply.thread", reply.thread, required=False),
-        _identifier("reply.reply_to", reply.reply_to, required=False),
+        _printable("reply.reply_to", reply.reply_to),
     )
     return InboundEvent(
         tenant_id=caller.tenant_id,

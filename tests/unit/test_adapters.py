@@ -211,3 +211,12 @@ def test_a_stored_channel_origin_of_a_newer_format_or_with_unknown_fields_is_ref
             origin_from_json(newer)
     with pytest.raises(StoredFormatTooNew):
         origin_from_json({**stored, "reply": {**stored["reply"], "extra": "x"}})
+
+
+def test_a_reply_target_keeps_the_providers_message_id_as_written() -> None:
+    event = normalise(_channel_request("channel:ch_1", reply_to="wamid.HBgLMTU1NTEy+/QA="))
+    assert event.channel_origin is not None
+    assert event.channel_origin.reply.reply_to == "wamid.HBgLMTU1NTEy+/QA="
+    for bad in ("has space", "tab\there", "x" * 257, "caf\u00e9"):
+        with pytest.raises(InvalidArgument, match="reply.reply_to"):
+            normalise(_channel_request("channel:ch_1", reply_to=bad))

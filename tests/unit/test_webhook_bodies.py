@@ -41,11 +41,12 @@ def test_a_slack_message_in_a_thread_replies_in_it() -> None:
     assert (found.address, found.thread, found.reply_to) == ("C1", "1.000100", "2.000200")
 
 
-def test_whatsapp_ids_that_are_not_identifiers_still_dedupe() -> None:
+def test_whatsapp_ids_that_are_not_identifiers_still_dedupe_and_are_answered_as_named() -> None:
     body = whatsapp_events.text_message(sender="15551234567", text="hi", message_id="wamid.AB+c=")
     found = webhooks_whatsapp.parse(json.dumps(body).encode()).messages
     assert len(found) == 1
-    assert found[0].event_id.startswith("wamid-sha256:") and found[0].reply_to == ""
+    assert found[0].event_id.startswith("wamid-sha256:")
+    assert found[0].reply_to == "wamid.AB+c="  # the answer quotes the message as WhatsApp named it
     again = webhooks_whatsapp.parse(json.dumps(body).encode()).messages
     assert again[0].event_id == found[0].event_id
 

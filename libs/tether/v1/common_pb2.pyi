@@ -1071,8 +1071,8 @@ class ReplyTarget(_message.Message):
     """
     reply_to: _builtins.str
     """The provider's id of the message being answered (Slack ts, WhatsApp message id, the
-    webhook's event id).
-    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+    webhook's event id), as the provider wrote it (a WhatsApp id is base64 and may end in =).
+    Limit: 256 printable ASCII characters.
     """
     def __init__(
         self,

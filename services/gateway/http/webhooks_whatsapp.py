@@ -112,7 +112,12 @@ def _message(raw: Any, where: str) -> InboundMessage | None:
     if not isinstance(text, str):
         raise not_shaped(PROVIDER, f"{where}.text.body must be a string")
     message_id = message.get("id")
-    if not isinstance(message_id, str) or not message_id or len(message_id) > 256:
+    if (
+        not isinstance(message_id, str)
+        or not message_id
+        or len(message_id) > 256
+        or not all(" " < c < "\x7f" for c in message_id)
+    ):
         raise not_shaped(PROVIDER, f"{where}.id must be the message's id")
     sender = identifier_field(PROVIDER, f"{where}.from", message.get("from"))
     if not text:
@@ -123,14 +128,20 @@ def _message(raw: Any, where: str) -> InboundMessage | None:
         sender_id=sender,
         text=text,
         address=sender,
-        reply_to=message_id if is_identifier(message_id) else "",
+        # Answered as the provider named it (a wamid is base64, often ending in '=').
+        reply_to=message_id,
     )
 
 
 def _status(raw: Any, where: str) -> StatusReport:
     status = _dict(raw, where)
     message_id = status.get("id")
-    if not isinstance(message_id, str) or not message_id or len(message_id) > 256:
+    if (
+        not isinstance(message_id, str)
+        or not message_id
+        or len(message_id) > 256
+        or not all(" " < c < "\x7f" for c in message_id)
+    ):
         raise not_shaped(PROVIDER, f"{where}.id must be the message's id")
     state = identifier_field(PROVIDER, f"{where}.status", status.get("status"))
     stamp = status.get("timestamp")

@@ -2104,8 +2104,8 @@ export type ReplyTarget = Message<"tether.v1.ReplyTarget"> & {
 
   /**
    * The provider's id of the message being answered (Slack ts, WhatsApp message id, the
-   * webhook's event id).
-   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+   * webhook's event id), as the provider wrote it (a WhatsApp id is base64 and may end in =).
+   * Limit: 256 printable ASCII characters.
    *
    * @generated from field: string reply_to = 5;
    */
@@ -2153,8 +2153,8 @@ export type ReplyTargetJson = {
 
   /**
    * The provider's id of the message being answered (Slack ts, WhatsApp message id, the
-   * webhook's event id).
-   * Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
+   * webhook's event id), as the provider wrote it (a WhatsApp id is base64 and may end in =).
+   * Limit: 256 printable ASCII characters.
    *
    * @generated from field: string reply_to = 5;
    */
