@@ -35,6 +35,7 @@ class SendMessageRequest(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     CHANNEL_FIELD_NUMBER: _builtins.int
     TENANT_ID_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     event_id: _builtins.str
     """Unique id of the message; the idempotency key. Clients generate one per message.
     Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
@@ -55,6 +56,12 @@ class SendMessageRequest(_message.Message):
     """Optional: the tenant the caller believes it is; refused when it differs from the key's.
     Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
     """
+    priority: _builtins.str
+    """The run's priority within the caller's tenant: "high", "normal" or "low" ("normal" when
+    empty); it orders the tenant's own queued runs, never another tenant's. Naming one needs a
+    key holding runs:priority (PERMISSION_DENIED otherwise).
+    Limit: one of high, normal, low (optional).
+    """
     def __init__(
         self,
         *,
@@ -63,10 +70,11 @@ class SendMessageRequest(_message.Message):
         text: _builtins.str = ...,
         channel: _builtins.str = ...,
         tenant_id: _builtins.str = ...,
+        priority: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "conversation_id", b"conversation_id", "event_id", b"event_id", "tenant_id", b"tenant_id", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "conversation_id", b"conversation_id", "event_id", b"event_id", "priority", b"priority", "tenant_id", b"tenant_id", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -30,6 +30,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    true,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
@@ -90,15 +91,38 @@ _ROUTES = (
     )
     .render_derived("route", with_types=False)
 )
-# The claimable runs, oldest first: queued session heads (one indexed scan, ix_runs_claimable),
-# locked, skipping those another claimer holds. Materialized: it is read more than once.
-_PICKED = (
-    # updated_at: when the run last moved (queued, or handed its session): claim latency.
-    select(runs.c.run_id, runs.c.tenant_id, runs.c.channel, runs.c.message_id, runs.c.updated_at)
-    .where(in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head)
-    .order_by(runs.c.created_at, runs.c.run_id)
+_CLAIMABLE = and_(in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head)
+# Whose turn it is (fair leases): the claimable runs (queued session heads) with the least start
+# tags, one indexed scan of ix_runs_fair, locked, skipping those another claimer holds. Each is
+# a slot of its tenant's, filled below with that tenant's best run.
+_SLOTS = (
+    select(runs.c.tenant_id)
+    .where(_CLAIMABLE)
+    .order_by(runs.c.fair_key, runs.c.run_id)
     .limit(bindparam("c_limit"))
     .with_for_update(skip_locked=True)
+    .cte("slots")
+    .prefix_with("MATERIALIZED")
+)
+_TURNS = (
+    select(_SLOTS.c.tenant_id, func.count().label("n")).group_by(_SLOTS.c.tenant_id).cte("turns")
+)
+# Each tenant's best claimable runs, as many as its slots: by priority, then start tag (one
+# probe of ix_runs_tenant_claimable per tenant with a slot). A run leased in another's slot
+# leaves its own tag queued for the tenant's next turn, so the tenant's share is its slots'.
+_BEST = (
+    # updated_at: when the run last moved (queued, or handed its session): claim latency.
+    select(runs.c.run_id, runs.c.tenant_id, runs.c.channel, runs.c.message_id, runs.c.updated_at)
+    .where(runs.c.tenant_id == _TURNS.c.tenant_id, _CLAIMABLE)
+    .order_by(runs.c.priority, runs.c.fair_key, runs.c.run_id)
+    .limit(_TURNS.c.n)
+    .with_for_update(skip_locked=True)
+    .lateral("best")
+)
+# The runs picked, locked. Materialized: it is read more than once.
+_PICKED = (
+    select(*_BEST.c)
+    .select_from(_TURNS.join(_BEST, true()))
     .cte("picked")
     .prefix_with("MATERIALIZED")
 )
@@ -310,9 +334,11 @@ async def routings_of(conn: AsyncConnection, routing_ids: Collection[str]) -> di
     return {row.routing_id: dict(row.config) for row in rows}
 
 
-_CLAIMABLE = select(func.count()).select_from(
+_CLAIMABLE_COUNT = select(func.count()).select_from(
+    # In the claim's order: its index (ix_runs_fair), however the planner weighs the two.
     select(runs.c.run_id)
-    .where(in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head)
+    .where(_CLAIMABLE)
+    .order_by(runs.c.fair_key)
     .limit(bindparam("limit"))
     .subquery()
 )
@@ -320,7 +346,7 @@ _CLAIMABLE = select(func.count()).select_from(
 
 async def count_claimable(conn: AsyncConnection, limit: int) -> int:
     """How many claimable runs there are, counting at most `limit` (locked ones too)."""
-    return int((await conn.execute(_CLAIMABLE, {"limit": limit})).scalar_one())
+    return int((await conn.execute(_CLAIMABLE_COUNT, {"limit": limit})).scalar_one())
 
 
 _HELD = (
