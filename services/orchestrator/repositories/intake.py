@@ -40,8 +40,8 @@ from services.orchestrator.repositories.transitions import (
 from tether import formats
 from tether.db.schema import in_state, runs, sessions, tenant_queues, tenants
 from tether.domain import Run, run_queued
-from tether.priorities import NORMAL, PRIORITIES
 from tether.errors import NotFound
+from tether.priorities import NORMAL, PRIORITIES
 from tether.states import RunStatus
 from tether.visibility import Viewer
 

@@ -1,9 +1,10 @@
 """Leases: the claim (PostgreSQL as the queue), heartbeats, release and the reaper's reads.
 
-The claim takes the oldest claimable runs with FOR UPDATE SKIP LOCKED. Claimable means queued
+The claim takes claimable runs with FOR UPDATE SKIP LOCKED, fairly across tenants (`fair`: the
+least start tags, each filled with its tenant's best run by priority). Claimable means queued
 AND its session's head: admission makes a run the head of an idle session, and a finishing
 head hands the session to the oldest queued message (`transitions`), so a conversation
-runs one message at a time, in order, and the claim is one indexed scan of one table.
+runs one message at a time, in order, and the claim's search is two indexed scans of one table.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from sqlalchemy import (
     or_,
     select,
     text,
-    true,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
@@ -38,6 +38,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from services.orchestrator.repositories import fair
 from services.orchestrator.repositories.picked import Leased, Unrouted, picked
 from services.orchestrator.repositories.transitions import (
     LEASE_UNTIL,
@@ -91,41 +92,7 @@ _ROUTES = (
     )
     .render_derived("route", with_types=False)
 )
-_CLAIMABLE = and_(in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head)
-# Whose turn it is (fair leases): the claimable runs (queued session heads) with the least start
-# tags, one indexed scan of ix_runs_fair, locked, skipping those another claimer holds. Each is
-# a slot of its tenant's, filled below with that tenant's best run.
-_SLOTS = (
-    select(runs.c.tenant_id)
-    .where(_CLAIMABLE)
-    .order_by(runs.c.fair_key, runs.c.run_id)
-    .limit(bindparam("c_limit"))
-    .with_for_update(skip_locked=True)
-    .cte("slots")
-    .prefix_with("MATERIALIZED")
-)
-_TURNS = (
-    select(_SLOTS.c.tenant_id, func.count().label("n")).group_by(_SLOTS.c.tenant_id).cte("turns")
-)
-# Each tenant's best claimable runs, as many as its slots: by priority, then start tag (one
-# probe of ix_runs_tenant_claimable per tenant with a slot). A run leased in another's slot
-# leaves its own tag queued for the tenant's next turn, so the tenant's share is its slots'.
-_BEST = (
-    # updated_at: when the run last moved (queued, or handed its session): claim latency.
-    select(runs.c.run_id, runs.c.tenant_id, runs.c.channel, runs.c.message_id, runs.c.updated_at)
-    .where(runs.c.tenant_id == _TURNS.c.tenant_id, _CLAIMABLE)
-    .order_by(runs.c.priority, runs.c.fair_key, runs.c.run_id)
-    .limit(_TURNS.c.n)
-    .with_for_update(skip_locked=True)
-    .lateral("best")
-)
-# The runs picked, locked. Materialized: it is read more than once.
-_PICKED = (
-    select(*_BEST.c)
-    .select_from(_TURNS.join(_BEST, true()))
-    .cte("picked")
-    .prefix_with("MATERIALIZED")
-)
+_PICKED = fair.PICKED
 _AGENT = func.coalesce(tenants.c.agent, text("'{}'::jsonb"))  # as routing reads a missing one
 # The revision of the tenant's agents (0: it has none, and runs with `tenants.agent`).
 _REVISION = func.coalesce(agent_sets.c.revision, 0)
@@ -161,6 +128,7 @@ _ROUTED = (
     )
     .cte("routed")
 )
+
 # A run keeps the routing its first lease pinned on it: a resume days later, or a retry after
 # the tenant changed its agent, runs with what the run started with.
 _PINNED = runs.c.routing_id.is_not(None)
@@ -199,6 +167,8 @@ _LEASED = (
     .returning(*runs.c, _ROUTED.c.routing_ms)
     .cte("moved")
 )
+
+
 _NEW_ATTEMPTS = insert(attempts).from_select(
     ["run_id", "lease_epoch", "attempt", "worker_id", "stages"],
     select(
@@ -261,6 +231,7 @@ CLAIM = Direct(
         appended_events(_LEASED, _started(_LEASED)),
         _NEW_ATTEMPTS.cte("new_attempts"),
         _NEW_ROUTINGS.cte("new_routings"),
+        fair.swapped(_LEASED),
     )
 )
 
@@ -337,7 +308,7 @@ async def routings_of(conn: AsyncConnection, routing_ids: Collection[str]) -> di
 _CLAIMABLE_COUNT = select(func.count()).select_from(
     # In the claim's order: its index (ix_runs_fair), however the planner weighs the two.
     select(runs.c.run_id)
-    .where(_CLAIMABLE)
+    .where(fair.CLAIMABLE)
     .order_by(runs.c.fair_key)
     .limit(bindparam("limit"))
     .subquery()

@@ -1,0 +1,95 @@
+"""Fair leases: whose turn it is when the claim leases (`leases.CLAIM` picks its runs here).
+
+Admission gives every run a start tag (`runs.fair_key`, start-time fair queueing: see
+`intake`): the later of its tenant's finish tag and the queue's virtual time, its tenant's tag
+moving on by 1 / weight. The claim's slots are the claimable runs with the least tags (one
+indexed scan of ix_runs_fair, as many rows as it leases); each slot is its tenant's turn, filled
+with that tenant's best claimable run by priority, then tag (one probe of
+ix_runs_tenant_claimable per tenant with a slot). Neither grows with the number of tenants queued
+or their backlog.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import and_, bindparam, func, select, true, update
+
+from tether.db.schema import in_state, runs
+from tether.states import RunStatus
+
+CLAIMABLE = and_(in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head)
+# Whose turn it is (fair leases): the claimable runs (queued session heads) with the least start
+# tags, one indexed scan of ix_runs_fair, locked, skipping those another claimer holds. Each is
+# a slot of its tenant's, filled below with that tenant's best run.
+SLOTS = (
+    select(runs.c.run_id, runs.c.tenant_id, runs.c.fair_key)
+    .where(CLAIMABLE)
+    .order_by(runs.c.fair_key, runs.c.run_id)
+    .limit(bindparam("c_limit"))
+    .with_for_update(skip_locked=True)
+    .cte("slots")
+    .prefix_with("MATERIALIZED")
+)
+_TURNS = select(SLOTS.c.tenant_id, func.count().label("n")).group_by(SLOTS.c.tenant_id).cte("turns")
+# Each tenant's best claimable runs, as many as its slots: by priority, then start tag (one
+# probe of ix_runs_tenant_claimable per tenant with a slot). A run leased in another's slot
+# leaves its own tag queued for the tenant's next turn, so the tenant's share is its slots'.
+_BEST = (
+    # updated_at: when the run last moved (queued, or handed its session): claim latency.
+    select(
+        runs.c.run_id,
+        runs.c.tenant_id,
+        runs.c.channel,
+        runs.c.message_id,
+        runs.c.updated_at,
+        runs.c.fair_key,
+    )
+    .where(runs.c.tenant_id == _TURNS.c.tenant_id, CLAIMABLE)
+    .order_by(runs.c.priority, runs.c.fair_key, runs.c.run_id)
+    .limit(_TURNS.c.n)
+    .with_for_update(skip_locked=True)
+    .lateral("best")
+)
+# The runs picked, locked. Materialized: it is read more than once.
+PICKED = (
+    select(*_BEST.c)
+    .select_from(_TURNS.join(_BEST, true()))
+    .cte("picked")
+    .prefix_with("MATERIALIZED")
+)
+
+
+def _ranked(cte: Any, *, unless_in: Any) -> Any:
+    """`cte`'s runs not in `unless_in`, numbered within their tenant in tag order."""
+    return select(
+        cte.c.run_id,
+        cte.c.tenant_id,
+        cte.c.fair_key,
+        func.row_number()
+        .over(partition_by=cte.c.tenant_id, order_by=(cte.c.fair_key, cte.c.run_id))
+        .label("nth"),
+    ).where(cte.c.run_id.not_in(select(unless_in.c.run_id)))
+
+
+# A tenant's run leased before older ones for its priority takes a slot's tag with it: the slot's
+# run takes the leased run's later tag (the n-th slot passed over the n-th run leased past it),
+# so the tenant's queued tags stay the ones a lease in tag order would leave, and its priorities
+# reorder its own runs without moving its turns.
+
+
+def swapped(leased: Any) -> Any:
+    """The update (a CTE) that hands the slots passed over the tags of the runs `leased` (the
+    claim's moved runs: a CTE with run_id, tenant_id and fair_key) past them."""
+    passed = _ranked(SLOTS, unless_in=leased).cte("passed")
+    past = _ranked(leased, unless_in=SLOTS).cte("past")
+    return (
+        update(runs)
+        .where(
+            runs.c.run_id == passed.c.run_id,
+            past.c.tenant_id == passed.c.tenant_id,
+            past.c.nth == passed.c.nth,
+        )
+        .values(fair_key=past.c.fair_key)
+        .cte("swapped")
+    )
