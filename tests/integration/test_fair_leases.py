@@ -36,7 +36,11 @@ async def _queue(
         (
             await admitter.admit(
                 replace(
-                    chat(f"{tenant}-{priority}-{i}", tenant=tenant, conversation=f"{tenant}-{priority}-{i}"),
+                    chat(
+                        f"{tenant}-{priority}-{i}",
+                        tenant=tenant,
+                        conversation=f"{tenant}-{priority}-{i}",
+                    ),
                     priority=rank,
                 )
             )

@@ -85,7 +85,7 @@ class ChatInput(_message.Message):
     priority: _builtins.str
     """The run's priority within its tenant: "high", "normal" or "low" ("normal" when empty). The
     gateway passes it only for a key holding runs:priority.
-    Limit: one of high, normal, low (optional).
+    Limit: 6 printable ASCII characters.
     """
     def __init__(
         self,

@@ -258,7 +258,12 @@ def upgrade() -> None:
     op.create_check_constraint(op.f("ck_runs_priority"), "runs", "priority IN (0, 1, 2)")
     op.create_table(
         "tenant_queues",
-        sa.Column("tenant_id", sa.Text(), sa.ForeignKey("tenants.tenant_id", name=op.f("fk_tenant_queues_tenant_id_tenants")), nullable=False),
+        sa.Column(
+            "tenant_id",
+            sa.Text(),
+            sa.ForeignKey("tenants.tenant_id", name=op.f("fk_tenant_queues_tenant_id_tenants")),
+            nullable=False,
+        ),
         sa.Column("tail", sa.Float(precision=53), server_default="0", nullable=False),
         sa.PrimaryKeyConstraint("tenant_id", name=op.f("pk_tenant_queues")),
     )

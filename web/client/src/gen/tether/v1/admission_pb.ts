@@ -118,7 +118,7 @@ export type ChatInput = Message<"tether.v1.ChatInput"> & {
   /**
    * The run's priority within its tenant: "high", "normal" or "low" ("normal" when empty). The
    * gateway passes it only for a key holding runs:priority.
-   * Limit: one of high, normal, low (optional).
+   * Limit: 6 printable ASCII characters.
    *
    * @generated from field: string priority = 6;
    */
@@ -174,7 +174,7 @@ export type ChatInputJson = {
   /**
    * The run's priority within its tenant: "high", "normal" or "low" ("normal" when empty). The
    * gateway passes it only for a key holding runs:priority.
-   * Limit: one of high, normal, low (optional).
+   * Limit: 6 printable ASCII characters.
    *
    * @generated from field: string priority = 6;
    */
