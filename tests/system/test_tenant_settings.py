@@ -5,6 +5,7 @@ by a key holding runs:priority only, and an unknown one is refused before anythi
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from sqlalchemy import func, select
 
 from tests.system.execution_support import ExecStack
+from tests.system.streaming_support import prompt
 from tests.system.test_operations import (
     OPERATOR,
     call,
@@ -28,6 +30,7 @@ from tests.system.test_operations import (
 from tether import apikeys
 from tether.db.engine import create_engine
 from tether.db.schema import audit_log, runs, tenants
+from tether.testing.model_server import TextTurn
 from tether.v1 import gateway_pb2
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -159,3 +162,64 @@ async def test_a_runs_priority_is_named_by_a_key_holding_runs_priority_only(
     finally:
         await engine.dispose()
     assert stored == 0
+
+
+async def running_now(stack: ExecStack, tenant_id: str) -> int:
+    engine = create_engine(stack.db_url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            stmt = (
+                select(func.count())
+                .select_from(runs)
+                .where(runs.c.tenant_id == tenant_id, runs.c.status == "running")
+            )
+            return int((await conn.execute(stmt)).scalar_one())
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.slow  # a second replica and worker, 20 runs through a cap of 3: some seconds
+async def test_a_tenants_cap_holds_across_two_replicas_racing(stack: ExecStack) -> None:
+    """Two orchestrator replicas, each with a worker of 8 slots, lease a capped tenant's 20
+    runs: no sample ever sees more than 3 running, the cap is reached (it is what holds them
+    back), and every run completes."""
+    second = await stack.services.start("orchestrator")
+    await stack.start_worker(TETHER_ORCHESTRATOR_ADDR=second.address)
+    tenant = await stack.tenant()
+    await call(
+        stack,
+        "SetTenant",
+        gateway_pb2.SetTenantRequest(tenant_id=tenant.tenant_id, max_running=3),
+        meta(OPERATOR),
+    )
+    words = [f"w{i} " for i in range(8)]
+    texts = [prompt(f"capped {i}") for i in range(20)]
+    for text in texts:
+        stack.model.script(text, [TextTurn("".join(words), chunks=words, delay_ms=40)])
+    run_ids = [await tenant.send(text) for text in texts]
+
+    most = 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while True:
+        now = await running_now(stack, tenant.tenant_id)
+        most = max(most, now)
+        assert now <= 3, f"{now} runs of a tenant capped at 3 running at once"
+        if await completed(stack, run_ids) == len(run_ids):
+            break
+        assert loop.time() < deadline, "the capped tenant's runs did not all complete"
+    assert most == 3
+
+
+async def completed(stack: ExecStack, run_ids: list[str]) -> int:
+    engine = create_engine(stack.db_url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            stmt = (
+                select(func.count())
+                .select_from(runs)
+                .where(runs.c.run_id.in_(run_ids), runs.c.status == "completed")
+            )
+            return int((await conn.execute(stmt)).scalar_one())
+    finally:
+        await engine.dispose()

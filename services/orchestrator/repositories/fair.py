@@ -11,27 +11,62 @@ or their backlog.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, select, true, update
+from sqlalchemy import Text, and_, bindparam, func, select, true, update
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tether.db.schema import in_state, runs
+from tether.db.schema import in_state, runs, tenant_queues, tenants
 from tether.states import RunStatus
 
 CLAIMABLE = and_(in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head)
+# Caps (tenants.max_running): the capped tenants this claim's transaction locked first
+# (`lock_capped`); the runs of any other capped tenant wait for a claim that locks it (read
+# here, through ix_tenants_capped: a cap set a moment ago holds at once, whatever this replica
+# knows of it yet).
+_LOCKED = bindparam("c_capped", type_=ARRAY(Text))
+_UNLOCKED = select(tenants.c.tenant_id).where(
+    tenants.c.max_running.is_not(None), tenants.c.tenant_id != func.all(_LOCKED)
+)
+_RUNNING_OF_TENANT = (
+    select(func.count())
+    .where(in_state(runs.c.status, RunStatus.RUNNING), runs.c.tenant_id == tenants.c.tenant_id)
+    .scalar_subquery()
+)
+# How many more runs each locked capped tenant may run: its cap less its running runs, counted
+# after the lock (this statement's snapshot is taken once it was granted, so it sees every lease
+# committed before; no other claim leases for the tenant until this one commits). The running
+# runs are bounded by the pool's slots, read through ix_runs_running.
+_ROOM = (
+    select(tenants.c.tenant_id, (tenants.c.max_running - _RUNNING_OF_TENANT).label("room"))
+    .where(tenants.c.tenant_id == func.any(_LOCKED), tenants.c.max_running.is_not(None))
+    .cte("room")
+)
+_HELD_BACK = and_(
+    runs.c.tenant_id.not_in(select(_ROOM.c.tenant_id).where(_ROOM.c.room <= 0)),
+    runs.c.tenant_id.not_in(_UNLOCKED),
+)
 # Whose turn it is (fair leases): the claimable runs (queued session heads) with the least start
 # tags, one indexed scan of ix_runs_fair, locked, skipping those another claimer holds. Each is
 # a slot of its tenant's, filled below with that tenant's best run.
 SLOTS = (
     select(runs.c.run_id, runs.c.tenant_id, runs.c.fair_key)
-    .where(CLAIMABLE)
+    .where(CLAIMABLE, _HELD_BACK)
     .order_by(runs.c.fair_key, runs.c.run_id)
     .limit(bindparam("c_limit"))
     .with_for_update(skip_locked=True)
     .cte("slots")
     .prefix_with("MATERIALIZED")
 )
-_TURNS = select(SLOTS.c.tenant_id, func.count().label("n")).group_by(SLOTS.c.tenant_id).cte("turns")
+# Each tenant's slots, no more than its room under its cap (least() passes over no cap's NULL).
+_TURNS = (
+    select(SLOTS.c.tenant_id, func.least(func.count(), func.max(_ROOM.c.room)).label("n"))
+    .select_from(SLOTS.outerjoin(_ROOM, _ROOM.c.tenant_id == SLOTS.c.tenant_id))
+    .group_by(SLOTS.c.tenant_id)
+    .cte("turns")
+)
 # Each tenant's best claimable runs, as many as its slots: by priority, then start tag (one
 # probe of ix_runs_tenant_claimable per tenant with a slot). A run leased in another's slot
 # leaves its own tag queued for the tenant's next turn, so the tenant's share is its slots'.
@@ -93,3 +128,28 @@ def swapped(leased: Any) -> Any:
         .values(fair_key=past.c.fair_key)
         .cte("swapped")
     )
+
+
+_LOCK_CAPPED = (
+    select(tenant_queues.c.tenant_id)
+    .where(tenant_queues.c.tenant_id == func.any(bindparam("l_capped", type_=ARRAY(Text))))
+    .order_by(tenant_queues.c.tenant_id)
+    .with_for_update()
+)
+
+
+async def lock_capped(conn: AsyncConnection, capped: Sequence[str]) -> list[str]:
+    """Lock the rows of the `capped` tenants (tenant_queues, in tenant order: two claims never
+    wait for each other in a cycle) until the caller's transaction ends: those with a row (a
+    tenant has one from its first run on). The claim that follows in the transaction leases
+    for these within their caps, and for the others not at all."""
+    rows = await conn.execute(_LOCK_CAPPED, {"l_capped": sorted(capped)})
+    return [row.tenant_id for row in rows]
+
+
+_CAPPED = select(tenants.c.tenant_id).where(tenants.c.max_running.is_not(None))
+
+
+async def capped_tenants(conn: AsyncConnection) -> list[str]:
+    """The tenants with a cap on runs running at once."""
+    return [row.tenant_id for row in await conn.execute(_CAPPED)]

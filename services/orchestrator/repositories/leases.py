@@ -273,10 +273,13 @@ def claim_params(
     ttl_s: float,
     routes: Sequence[Route],
     stored: Mapping[str, dict[str, Any]],
+    locked: Collection[str] = (),
 ) -> dict[str, Any]:
     """The values `CLAIM` binds to lease up to `limit` runs to `worker_id` for `ttl_s`, on
     `routes`; `stored` are routing decisions (by routing id) to store with it: those the routes
-    name that this replica has not stored yet."""
+    name that this replica has not stored yet; `locked`, the capped tenants the claim's
+    transaction locked (`fair.lock_capped`): it leases for those within their caps, and for
+    any other capped one not at all."""
     return {
         "c_limit": limit,
         "c_worker_id": worker_id,
@@ -288,6 +291,7 @@ def claim_params(
         "rt_revisions": [r.revision for r in routes],
         "rt_routing_ids": [r.routing_id for r in routes],
         "ro_ids": list(stored),
+        "c_capped": list(locked),
         "ro_configs": [json.dumps(config) for config in stored.values()],
         "rt_max_attempts": [r.max_attempts for r in routes],
         "rt_routing_ms": [r.routing_ms for r in routes],

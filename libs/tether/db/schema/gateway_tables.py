@@ -36,6 +36,9 @@ tenants = Table(
     CheckConstraint("max_running IS NULL OR max_running >= 0", name="max_running"),
 )
 
+# The capped tenants, for the claim (it leaves out those it did not lock first).
+Index("ix_tenants_capped", tenants.c.tenant_id, postgresql_where=tenants.c.max_running.is_not(None))
+
 api_keys = Table(
     "api_keys",
     metadata,
