@@ -1,9 +1,9 @@
 """`tether.client`: a small async Python client for the gateway.
 
 A call that is safe to repeat (a send with its event id, a read, a cancel, a tenant's settings)
-is retried with bounded backoff while the gateway answers UNAVAILABLE for up to `retry_for_s`; the same event id is sent every time, so one logical send makes one
-run. A call that is not safe to repeat (issuing a key, answering, deciding, completing a
-connection) is never retried: its UNAVAILABLE reaches the caller.
+is retried with backoff while the gateway answers UNAVAILABLE, for up to `retry_for_s`, sending
+the same event id every time (one logical send makes one run). One that is not (issuing a key,
+answering, deciding, completing a connection) is never retried.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator.publisher import Publisher
+from services.orchestrator.repositories import fair
 from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories import runs as runs_repo
 from services.orchestrator.repositories.transitions import NOW, apply
@@ -44,6 +45,8 @@ class RunView:
     run: Run
     parts: Sequence[Part]
     routing: RunRouting | None = None
+    # The cap on its tenant's runs running at once, when the run is queued behind it.
+    held_by_cap: int | None = None
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,10 @@ class Runs:
         async with self._engine.connect() as conn:
             run = await runs_repo.visible_run(conn, viewer, run_id)
             parts = await parts_repo.list_parts(conn, run_id, include_superseded=include_superseded)
-            return RunView(run, parts, await runs_repo.pinned_routing(conn, run))
+            held = None
+            if run.status == RunStatus.QUEUED.value:
+                held = await fair.tenant_at_cap(conn, run.tenant_id)
+            return RunView(run, parts, await runs_repo.pinned_routing(conn, run), held)
 
     async def visible(self, viewer: Viewer, run_id: str) -> Run:
         """The run (without its parts); NotFound for absent or not the viewer's to see."""

@@ -132,6 +132,10 @@ class OrchestratorServicer(ExecutionServicer, orchestrator_pb2_grpc.Orchestrator
             _viewer(request), request.run_id, include_superseded=request.include_superseded
         )
         run = _routed(view.run, view.routing)
+        if view.held_by_cap is not None:
+            run.waiting_for.CopyFrom(
+                common_pb2.WaitingFor(reason="tenant_concurrency", cap=view.held_by_cap)
+            )
         return orchestrator_pb2.LookupRunResponse(
             run=run, parts=[part_to_proto(p) for p in view.parts]
         )

@@ -28,6 +28,7 @@ from tests.system.test_operations import (
     tether,
 )
 from tether import apikeys
+from tether.client import run_to_dict
 from tether.db.engine import create_engine
 from tether.db.schema import audit_log, runs, tenants
 from tether.testing.model_server import TextTurn
@@ -199,16 +200,26 @@ async def test_a_tenants_cap_holds_across_two_replicas_racing(stack: ExecStack) 
     run_ids = [await tenant.send(text) for text in texts]
 
     most = 0
+    said: dict[str, Any] = {}
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 60
     while True:
         now = await running_now(stack, tenant.tenant_id)
         most = max(most, now)
         assert now <= 3, f"{now} runs of a tenant capped at 3 running at once"
+        if not said:
+            # The last run waits behind the cap for most of the test: GetRun says why.
+            last = (await get_run(stack, tenant, run_ids[-1])).run
+            if last.HasField("waiting_for"):
+                said = run_to_dict(last)
         if await completed(stack, run_ids) == len(run_ids):
             break
         assert loop.time() < deadline, "the capped tenant's runs did not all complete"
     assert most == 3
+    assert said["status"] == "queued"
+    assert said["waiting_for"] == {"reason": "tenant_concurrency", "cap": 3}
+    done = (await get_run(stack, tenant, run_ids[-1])).run
+    assert not done.HasField("waiting_for")
 
 
 async def completed(stack: ExecStack, run_ids: list[str]) -> int:
@@ -223,3 +234,9 @@ async def completed(stack: ExecStack, run_ids: list[str]) -> int:
             return int((await conn.execute(stmt)).scalar_one())
     finally:
         await engine.dispose()
+
+
+async def get_run(stack: ExecStack, tenant: Any, run_id: str) -> gateway_pb2.GetRunResponse:
+    request = gateway_pb2.GetRunRequest(run_id=run_id)
+    response: gateway_pb2.GetRunResponse = await call(stack, "GetRun", request, tenant.metadata)
+    return response

@@ -153,3 +153,17 @@ _CAPPED = select(tenants.c.tenant_id).where(tenants.c.max_running.is_not(None))
 async def capped_tenants(conn: AsyncConnection) -> list[str]:
     """The tenants with a cap on runs running at once."""
     return [row.tenant_id for row in await conn.execute(_CAPPED)]
+
+
+_AT_CAP = select(tenants.c.max_running).where(
+    tenants.c.tenant_id == bindparam("t_tenant_id"),
+    tenants.c.max_running.is_not(None),
+    tenants.c.max_running <= _RUNNING_OF_TENANT,
+)
+
+
+async def tenant_at_cap(conn: AsyncConnection, tenant_id: str) -> int | None:
+    """The tenant's cap when as many of its runs run as it allows (its queued runs wait for
+    one to end); None otherwise."""
+    cap = (await conn.execute(_AT_CAP, {"t_tenant_id": tenant_id})).scalar_one_or_none()
+    return None if cap is None else int(cap)

@@ -12,7 +12,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/common.proto.
  */
 export const file_tether_v1_common: GenFile = /*@__PURE__*/
-  fileDesc("ChZ0ZXRoZXIvdjEvY29tbW9uLnByb3RvEgl0ZXRoZXIudjEiVgoJRXJyb3JJbmZvEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIRCglyZXRyeWFibGUYAyABKAgSFwoPcHJvdmlkZXJfc3RhdHVzGAQgASgFIp4BCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAMSFQoNb3V0cHV0X3Rva2VucxgCIAEoAxIjChtjYWNoZV9jcmVhdGlvbl9pbnB1dF90b2tlbnMYAyABKAMSHwoXY2FjaGVfcmVhZF9pbnB1dF90b2tlbnMYBCABKAMSEwoLY29zdF9taWNyb3MYBSABKAMSDQoFbW9kZWwYBiABKAkiGAoIVGV4dFBhcnQSDAoEdGV4dBgBIAEoCSIzCgxUaGlua2luZ1BhcnQSEAoIdGhpbmtpbmcYASABKAkSEQoJc2lnbmF0dXJlGAIgASgJImsKDFRvb2xDYWxsUGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRImCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDwoDY3V0GAQgASgIQgIYASJwCg5Ub29sUmVzdWx0UGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDwoHY29udGVudBgCIAEoCRIQCghpc19lcnJvchgDIAEoCBISCgpvdXRwdXRfcmVmGAQgASgJEhEKCXRydW5jYXRlZBgFIAEoCCImCgxRdWVzdGlvblBhcnQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkiOQoMQXBwcm92YWxQYXJ0EhYKDmludGVyYWN0aW9uX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCSI6Cg5Db25uZWN0aW9uUGFydBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghwcm92aWRlchgCIAEoCSKSAQoLU3VtbWFyeVBhcnQSDAoEdGV4dBgBIAEoCRITCgtmcm9tX3J1bl9pZBgCIAEoCRIWCg50aHJvdWdoX3J1bl9pZBgDIAEoCRIMCgRydW5zGAQgASgFEg0KBXBhcnRzGAUgASgFEhUKDXRva2Vuc19iZWZvcmUYBiABKAMSFAoMdG9rZW5zX2FmdGVyGAcgASgDIrYDCgRQYXJ0Eg0KBWluZGV4GAEgASgFEgwKBHJvbGUYAiABKAkSDQoFZmluYWwYAyABKAgSEgoKc3VwZXJzZWRlZBgEIAEoCBIjCgR0ZXh0GAogASgLMhMudGV0aGVyLnYxLlRleHRQYXJ0SAASKwoIdGhpbmtpbmcYCyABKAsyFy50ZXRoZXIudjEuVGhpbmtpbmdQYXJ0SAASLAoJdG9vbF9jYWxsGAwgASgLMhcudGV0aGVyLnYxLlRvb2xDYWxsUGFydEgAEjAKC3Rvb2xfcmVzdWx0GA0gASgLMhkudGV0aGVyLnYxLlRvb2xSZXN1bHRQYXJ0SAASKwoIcXVlc3Rpb24YDiABKAsyFy50ZXRoZXIudjEuUXVlc3Rpb25QYXJ0SAASKwoIYXBwcm92YWwYDyABKAsyFy50ZXRoZXIudjEuQXBwcm92YWxQYXJ0SAASLwoKY29ubmVjdGlvbhgQIAEoCzIZLnRldGhlci52MS5Db25uZWN0aW9uUGFydEgAEikKB3N1bW1hcnkYESABKAsyFi50ZXRoZXIudjEuU3VtbWFyeVBhcnRIAEIGCgRraW5kIpIBCghEb2N1bWVudBITCgtkb2N1bWVudF9pZBgBIAEoCRINCgV0aXRsZRgCIAEoCRIPCgdjb250ZW50GAMgASgJEg0KBWNoYXJzGAQgASgFEhIKCmNyZWF0ZWRfYnkYBSABKAkSLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiKgoJQnVuZGxlUmVmEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoBSK6AQoKUnVuUm91dGluZxISCgpyb3V0aW5nX2lkGAEgASgJEg0KBWFnZW50GAIgASgJEg0KBW1vZGVsGAMgASgJEiUKB3BlcnNvbmEYBCABKAsyFC50ZXRoZXIudjEuQnVuZGxlUmVmEiQKBnNraWxscxgFIAMoCzIULnRldGhlci52MS5CdW5kbGVSZWYSFgoOdG9vbF9hbGxvd2xpc3QYBiADKAkSFQoNYWdlbnRfdmVyc2lvbhgHIAEoBSKmBQoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIRCgl0ZW5hbnRfaWQYAiABKAkSEgoKc2Vzc2lvbl9pZBgDIAEoCRIXCg9jb252ZXJzYXRpb25faWQYBCABKAkSJAoGc3RhdHVzGAUgASgOMhQudGV0aGVyLnYxLlJ1blN0YXR1cxIPCgdhdHRlbXB0GAYgASgFEhQKDG1heF9hdHRlbXB0cxgHIAEoBRIVCg1wYXJlbnRfcnVuX2lkGAggASgJEhMKC3Jvb3RfcnVuX2lkGAkgASgJEhMKC3Jlc3VsdF90ZXh0GAogASgJEhQKDHRhc2tfb3V0Y29tZRgLIAEoCRIQCgh3YXJuaW5ncxgMIAMoCRIjCgVlcnJvchgNIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SHwoFdXNhZ2UYDiABKAsyEC50ZXRoZXIudjEuVXNhZ2USMwoPbmV4dF9hdHRlbXB0X2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX2F0GBAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GBEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgSIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIbGFzdF9zZXEYEyABKAMSEgoKaW5wdXRfdGV4dBgUIAEoCRIPCgdjaGFubmVsGBUgASgJEhoKEm93bmVyX3ByaW5jaXBhbF9pZBgWIAEoCRISCgp2aXNpYmlsaXR5GBcgASgJEiYKB3JvdXRpbmcYGCABKAsyFS50ZXRoZXIudjEuUnVuUm91dGluZyK5AgoHQXR0ZW1wdBIPCgdhdHRlbXB0GAEgASgFEhMKC2xlYXNlX2Vwb2NoGAIgASgDEhEKCXdvcmtlcl9pZBgDIAEoCRIuCgpzdGFydGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHb3V0Y29tZRgGIAEoCRIjCgVlcnJvchgHIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SMQoIc3RhZ2VfbXMYCCADKAsyHy50ZXRoZXIudjEuQXR0ZW1wdC5TdGFnZU1zRW50cnkaLgoMU3RhZ2VNc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEibQoJTW9kZWxUdXJuEh8KBXVzYWdlGAEgASgLMhAudGV0aGVyLnYxLlVzYWdlEi4KCmNyZWF0ZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB2F0dGVtcHQYAyABKAUijwEKDEFnZW50VmVyc2lvbhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSDAoEc3BlYxgDIAEoCRISCgpub3JtYWxpc2VkGAQgASgJEg4KBmRpZ2VzdBgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ4CgxBZ2VudFN1bW1hcnkSDAoEbmFtZRgBIAEoCRIZChFwdWJsaXNoZWRfdmVyc2lvbhgCIAEoBRIPCgdkZWZhdWx0GAMgASgIEi4KCnVwZGF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqMBCgtDYXRhbG9nVG9vbBIMCgRuYW1lGAEgASgJEgwKBHJpc2sYAiABKAkSGQoRd3JpdGVzX2V4dGVybmFsbHkYAyABKAgSFQoNc2NoZW1hX3NoYTI1NhgEIAEoCRIUCgxhbm5vdW5jZWRfYnkYBSABKAkSMAoMYW5ub3VuY2VkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJiCgtSZXBseVRhcmdldBISCgpjaGFubmVsX2lkGAEgASgJEgwKBGtpbmQYAiABKAkSDwoHYWRkcmVzcxgDIAEoCRIOCgZ0aHJlYWQYBCABKAkSEAoIcmVwbHlfdG8YBSABKAkqsAIKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFQoRUlVOX1NUQVRVU19RVUVVRUQQARIWChJSVU5fU1RBVFVTX1JVTk5JTkcQAhIcChhSVU5fU1RBVFVTX1JFVFJZX1BFTkRJTkcQAxIjCh9SVU5fU1RBVFVTX1dBSVRJTkdfRk9SX1FVRVNUSU9OEAQSIwofUlVOX1NUQVRVU19XQUlUSU5HX0ZPUl9BUFBST1ZBTBAFEiUKIVJVTl9TVEFUVVNfV0FJVElOR19GT1JfQ09OTkVDVElPThAGEhgKFFJVTl9TVEFUVVNfQ09NUExFVEVEEAcSFQoRUlVOX1NUQVRVU19GQUlMRUQQCBIYChRSVU5fU1RBVFVTX0NBTkNFTExFRBAJKpABCgtEaXNwb3NpdGlvbhIbChdESVNQT1NJVElPTl9VTlNQRUNJRklFRBAAEhcKE0RJU1BPU0lUSU9OX0NSRUFURUQQARIYChRESVNQT1NJVElPTl9BVFRBQ0hFRBACEhgKFERJU1BPU0lUSU9OX1JFUExBWUVEEAMSFwoTRElTUE9TSVRJT05fUkVUUklFRBAEYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChZ0ZXRoZXIvdjEvY29tbW9uLnByb3RvEgl0ZXRoZXIudjEiVgoJRXJyb3JJbmZvEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIRCglyZXRyeWFibGUYAyABKAgSFwoPcHJvdmlkZXJfc3RhdHVzGAQgASgFIp4BCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAMSFQoNb3V0cHV0X3Rva2VucxgCIAEoAxIjChtjYWNoZV9jcmVhdGlvbl9pbnB1dF90b2tlbnMYAyABKAMSHwoXY2FjaGVfcmVhZF9pbnB1dF90b2tlbnMYBCABKAMSEwoLY29zdF9taWNyb3MYBSABKAMSDQoFbW9kZWwYBiABKAkiGAoIVGV4dFBhcnQSDAoEdGV4dBgBIAEoCSIzCgxUaGlua2luZ1BhcnQSEAoIdGhpbmtpbmcYASABKAkSEQoJc2lnbmF0dXJlGAIgASgJImsKDFRvb2xDYWxsUGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRImCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDwoDY3V0GAQgASgIQgIYASJwCg5Ub29sUmVzdWx0UGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDwoHY29udGVudBgCIAEoCRIQCghpc19lcnJvchgDIAEoCBISCgpvdXRwdXRfcmVmGAQgASgJEhEKCXRydW5jYXRlZBgFIAEoCCImCgxRdWVzdGlvblBhcnQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkiOQoMQXBwcm92YWxQYXJ0EhYKDmludGVyYWN0aW9uX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCSI6Cg5Db25uZWN0aW9uUGFydBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghwcm92aWRlchgCIAEoCSKSAQoLU3VtbWFyeVBhcnQSDAoEdGV4dBgBIAEoCRITCgtmcm9tX3J1bl9pZBgCIAEoCRIWCg50aHJvdWdoX3J1bl9pZBgDIAEoCRIMCgRydW5zGAQgASgFEg0KBXBhcnRzGAUgASgFEhUKDXRva2Vuc19iZWZvcmUYBiABKAMSFAoMdG9rZW5zX2FmdGVyGAcgASgDIrYDCgRQYXJ0Eg0KBWluZGV4GAEgASgFEgwKBHJvbGUYAiABKAkSDQoFZmluYWwYAyABKAgSEgoKc3VwZXJzZWRlZBgEIAEoCBIjCgR0ZXh0GAogASgLMhMudGV0aGVyLnYxLlRleHRQYXJ0SAASKwoIdGhpbmtpbmcYCyABKAsyFy50ZXRoZXIudjEuVGhpbmtpbmdQYXJ0SAASLAoJdG9vbF9jYWxsGAwgASgLMhcudGV0aGVyLnYxLlRvb2xDYWxsUGFydEgAEjAKC3Rvb2xfcmVzdWx0GA0gASgLMhkudGV0aGVyLnYxLlRvb2xSZXN1bHRQYXJ0SAASKwoIcXVlc3Rpb24YDiABKAsyFy50ZXRoZXIudjEuUXVlc3Rpb25QYXJ0SAASKwoIYXBwcm92YWwYDyABKAsyFy50ZXRoZXIudjEuQXBwcm92YWxQYXJ0SAASLwoKY29ubmVjdGlvbhgQIAEoCzIZLnRldGhlci52MS5Db25uZWN0aW9uUGFydEgAEikKB3N1bW1hcnkYESABKAsyFi50ZXRoZXIudjEuU3VtbWFyeVBhcnRIAEIGCgRraW5kIpIBCghEb2N1bWVudBITCgtkb2N1bWVudF9pZBgBIAEoCRINCgV0aXRsZRgCIAEoCRIPCgdjb250ZW50GAMgASgJEg0KBWNoYXJzGAQgASgFEhIKCmNyZWF0ZWRfYnkYBSABKAkSLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiKgoJQnVuZGxlUmVmEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoBSK6AQoKUnVuUm91dGluZxISCgpyb3V0aW5nX2lkGAEgASgJEg0KBWFnZW50GAIgASgJEg0KBW1vZGVsGAMgASgJEiUKB3BlcnNvbmEYBCABKAsyFC50ZXRoZXIudjEuQnVuZGxlUmVmEiQKBnNraWxscxgFIAMoCzIULnRldGhlci52MS5CdW5kbGVSZWYSFgoOdG9vbF9hbGxvd2xpc3QYBiADKAkSFQoNYWdlbnRfdmVyc2lvbhgHIAEoBSLSBQoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIRCgl0ZW5hbnRfaWQYAiABKAkSEgoKc2Vzc2lvbl9pZBgDIAEoCRIXCg9jb252ZXJzYXRpb25faWQYBCABKAkSJAoGc3RhdHVzGAUgASgOMhQudGV0aGVyLnYxLlJ1blN0YXR1cxIPCgdhdHRlbXB0GAYgASgFEhQKDG1heF9hdHRlbXB0cxgHIAEoBRIVCg1wYXJlbnRfcnVuX2lkGAggASgJEhMKC3Jvb3RfcnVuX2lkGAkgASgJEhMKC3Jlc3VsdF90ZXh0GAogASgJEhQKDHRhc2tfb3V0Y29tZRgLIAEoCRIQCgh3YXJuaW5ncxgMIAMoCRIjCgVlcnJvchgNIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SHwoFdXNhZ2UYDiABKAsyEC50ZXRoZXIudjEuVXNhZ2USMwoPbmV4dF9hdHRlbXB0X2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX2F0GBAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GBEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgSIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIbGFzdF9zZXEYEyABKAMSEgoKaW5wdXRfdGV4dBgUIAEoCRIPCgdjaGFubmVsGBUgASgJEhoKEm93bmVyX3ByaW5jaXBhbF9pZBgWIAEoCRISCgp2aXNpYmlsaXR5GBcgASgJEiYKB3JvdXRpbmcYGCABKAsyFS50ZXRoZXIudjEuUnVuUm91dGluZxIqCgt3YWl0aW5nX2ZvchgZIAEoCzIVLnRldGhlci52MS5XYWl0aW5nRm9yIikKCldhaXRpbmdGb3ISDgoGcmVhc29uGAEgASgJEgsKA2NhcBgCIAEoBSK5AgoHQXR0ZW1wdBIPCgdhdHRlbXB0GAEgASgFEhMKC2xlYXNlX2Vwb2NoGAIgASgDEhEKCXdvcmtlcl9pZBgDIAEoCRIuCgpzdGFydGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHb3V0Y29tZRgGIAEoCRIjCgVlcnJvchgHIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SMQoIc3RhZ2VfbXMYCCADKAsyHy50ZXRoZXIudjEuQXR0ZW1wdC5TdGFnZU1zRW50cnkaLgoMU3RhZ2VNc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEibQoJTW9kZWxUdXJuEh8KBXVzYWdlGAEgASgLMhAudGV0aGVyLnYxLlVzYWdlEi4KCmNyZWF0ZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB2F0dGVtcHQYAyABKAUijwEKDEFnZW50VmVyc2lvbhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSDAoEc3BlYxgDIAEoCRISCgpub3JtYWxpc2VkGAQgASgJEg4KBmRpZ2VzdBgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ4CgxBZ2VudFN1bW1hcnkSDAoEbmFtZRgBIAEoCRIZChFwdWJsaXNoZWRfdmVyc2lvbhgCIAEoBRIPCgdkZWZhdWx0GAMgASgIEi4KCnVwZGF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqMBCgtDYXRhbG9nVG9vbBIMCgRuYW1lGAEgASgJEgwKBHJpc2sYAiABKAkSGQoRd3JpdGVzX2V4dGVybmFsbHkYAyABKAgSFQoNc2NoZW1hX3NoYTI1NhgEIAEoCRIUCgxhbm5vdW5jZWRfYnkYBSABKAkSMAoMYW5ub3VuY2VkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJiCgtSZXBseVRhcmdldBISCgpjaGFubmVsX2lkGAEgASgJEgwKBGtpbmQYAiABKAkSDwoHYWRkcmVzcxgDIAEoCRIOCgZ0aHJlYWQYBCABKAkSEAoIcmVwbHlfdG8YBSABKAkqsAIKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFQoRUlVOX1NUQVRVU19RVUVVRUQQARIWChJSVU5fU1RBVFVTX1JVTk5JTkcQAhIcChhSVU5fU1RBVFVTX1JFVFJZX1BFTkRJTkcQAxIjCh9SVU5fU1RBVFVTX1dBSVRJTkdfRk9SX1FVRVNUSU9OEAQSIwofUlVOX1NUQVRVU19XQUlUSU5HX0ZPUl9BUFBST1ZBTBAFEiUKIVJVTl9TVEFUVVNfV0FJVElOR19GT1JfQ09OTkVDVElPThAGEhgKFFJVTl9TVEFUVVNfQ09NUExFVEVEEAcSFQoRUlVOX1NUQVRVU19GQUlMRUQQCBIYChRSVU5fU1RBVFVTX0NBTkNFTExFRBAJKpABCgtEaXNwb3NpdGlvbhIbChdESVNQT1NJVElPTl9VTlNQRUNJRklFRBAAEhcKE0RJU1BPU0lUSU9OX0NSRUFURUQQARIYChRESVNQT1NJVElPTl9BVFRBQ0hFRBACEhgKFERJU1BPU0lUSU9OX1JFUExBWUVEEAMSFwoTRElTUE9TSVRJT05fUkVUUklFRBAEYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * ErrorInfo is a classified failure kept on a run or an event.
@@ -1375,6 +1375,14 @@ export type Run = Message<"tether.v1.Run"> & {
    * @generated from field: tether.v1.RunRouting routing = 24;
    */
   routing?: RunRouting | undefined;
+
+  /**
+   * Why a queued run is not leased yet, when a cap holds it back; set when one run is read
+   * (GetRun), not in lists.
+   *
+   * @generated from field: tether.v1.WaitingFor waiting_for = 25;
+   */
+  waitingFor?: WaitingFor | undefined;
 };
 
 /**
@@ -1553,6 +1561,14 @@ export type RunJson = {
    * @generated from field: tether.v1.RunRouting routing = 24;
    */
   routing?: RunRoutingJson;
+
+  /**
+   * Why a queued run is not leased yet, when a cap holds it back; set when one run is read
+   * (GetRun), not in lists.
+   *
+   * @generated from field: tether.v1.WaitingFor waiting_for = 25;
+   */
+  waitingFor?: WaitingForJson;
 };
 
 /**
@@ -1561,6 +1577,55 @@ export type RunJson = {
  */
 export const RunSchema: GenMessage<Run, {jsonType: RunJson}> = /*@__PURE__*/
   messageDesc(file_tether_v1_common, 14);
+
+/**
+ * WaitingFor says what holds a queued run back.
+ *
+ * @generated from message tether.v1.WaitingFor
+ */
+export type WaitingFor = Message<"tether.v1.WaitingFor"> & {
+  /**
+   * "tenant_concurrency": its tenant runs as many runs as its cap allows.
+   *
+   * @generated from field: string reason = 1;
+   */
+  reason: string;
+
+  /**
+   * The cap.
+   *
+   * @generated from field: int32 cap = 2;
+   */
+  cap: number;
+};
+
+/**
+ * WaitingFor says what holds a queued run back.
+ *
+ * @generated from message tether.v1.WaitingFor
+ */
+export type WaitingForJson = {
+  /**
+   * "tenant_concurrency": its tenant runs as many runs as its cap allows.
+   *
+   * @generated from field: string reason = 1;
+   */
+  reason?: string;
+
+  /**
+   * The cap.
+   *
+   * @generated from field: int32 cap = 2;
+   */
+  cap?: number;
+};
+
+/**
+ * Describes the message tether.v1.WaitingFor.
+ * Use `create(WaitingForSchema)` to create a new message.
+ */
+export const WaitingForSchema: GenMessage<WaitingFor, {jsonType: WaitingForJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_common, 15);
 
 /**
  * Attempt is one lease of a run to a worker and how it ended.
@@ -1695,7 +1760,7 @@ export type AttemptJson = {
  * Use `create(AttemptSchema)` to create a new message.
  */
 export const AttemptSchema: GenMessage<Attempt, {jsonType: AttemptJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 15);
+  messageDesc(file_tether_v1_common, 16);
 
 /**
  * ModelTurn is one priced model call of a run.
@@ -1758,7 +1823,7 @@ export type ModelTurnJson = {
  * Use `create(ModelTurnSchema)` to create a new message.
  */
 export const ModelTurnSchema: GenMessage<ModelTurn, {jsonType: ModelTurnJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 16);
+  messageDesc(file_tether_v1_common, 17);
 
 /**
  * AgentVersion is one immutable version of a tenant's agent.
@@ -1863,7 +1928,7 @@ export type AgentVersionJson = {
  * Use `create(AgentVersionSchema)` to create a new message.
  */
 export const AgentVersionSchema: GenMessage<AgentVersion, {jsonType: AgentVersionJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 17);
+  messageDesc(file_tether_v1_common, 18);
 
 /**
  * AgentSummary is an agent of a tenant as listed.
@@ -1940,7 +2005,7 @@ export type AgentSummaryJson = {
  * Use `create(AgentSummarySchema)` to create a new message.
  */
 export const AgentSummarySchema: GenMessage<AgentSummary, {jsonType: AgentSummaryJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 18);
+  messageDesc(file_tether_v1_common, 19);
 
 /**
  * CatalogTool is one tool of the catalog: what the last worker announcing it said.
@@ -2045,7 +2110,7 @@ export type CatalogToolJson = {
  * Use `create(CatalogToolSchema)` to create a new message.
  */
 export const CatalogToolSchema: GenMessage<CatalogTool, {jsonType: CatalogToolJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 19);
+  messageDesc(file_tether_v1_common, 20);
 
 /**
  * ReplyTarget is where a channel run's answer goes: recorded from the verified webhook that
@@ -2150,7 +2215,7 @@ export type ReplyTargetJson = {
  * Use `create(ReplyTargetSchema)` to create a new message.
  */
 export const ReplyTargetSchema: GenMessage<ReplyTarget, {jsonType: ReplyTargetJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 20);
+  messageDesc(file_tether_v1_common, 21);
 
 /**
  * RunStatus is where a run stands in its lifecycle. Transitions are listed in libs/tether/states.py.
