@@ -30,6 +30,7 @@ OWNER = {
     "agent_sets": "orchestrator",
     "tool_catalog": "orchestrator",
     "channel_statuses": "orchestrator",
+    "tenant_queues": "orchestrator",
     # Inbound events and conversations.
     "event_claims": "admission",
     "messages": "admission",
@@ -59,6 +60,10 @@ EXCEPTIONS = {
     ("services/orchestrator/repositories/retention.py", "sessions"),
     # Reads of a tenant's configuration: its agent (routing) and its approval policy.
     ("services/orchestrator/repositories/leases.py", "tenants"),
+    # Reads of the operator's settings of a tenant: its weight (admission's start tag) and its
+    # cap on runs running at once (the claim).
+    ("services/orchestrator/repositories/intake.py", "tenants"),
+    ("services/orchestrator/repositories/fair.py", "tenants"),
     # Where a leased run came from (its message's source and actor): routing picks persona and
     # skills by its source, and the live facts name its actor.
     ("services/orchestrator/repositories/leases.py", "messages"),
