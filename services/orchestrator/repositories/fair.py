@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Text, and_, bindparam, func, select, true, update
+from sqlalchemy import Text, and_, bindparam, delete, func, select, true, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -167,3 +167,15 @@ async def tenant_at_cap(conn: AsyncConnection, tenant_id: str) -> int | None:
     one to end); None otherwise."""
     cap = (await conn.execute(_AT_CAP, {"t_tenant_id": tenant_id})).scalar_one_or_none()
     return None if cap is None else int(cap)
+
+
+async def delete_tenant(conn: AsyncConnection, tenant_id: str) -> int:
+    """Remove a deleted tenant's finish tag (its runs gone first); how many rows (0 or 1)."""
+    gone = await conn.execute(delete(tenant_queues).where(tenant_queues.c.tenant_id == tenant_id))
+    return int(gone.rowcount)
+
+
+async def tenant_has_tags(conn: AsyncConnection, tenant_id: str) -> bool:
+    """Whether the tenant still has a finish tag."""
+    found = select(tenant_queues.c.tenant_id).where(tenant_queues.c.tenant_id == tenant_id)
+    return (await conn.execute(found)).first() is not None
