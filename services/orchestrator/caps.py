@@ -24,12 +24,12 @@ class CapWatch:
     def __init__(self, engine: AsyncEngine, ttl_s: float = CAPS_TTL_S) -> None:
         self._engine = engine
         self._ttl_s = ttl_s
-        self.capped: list[str] = []
+        self.capped: frozenset[str] = frozenset()
 
-    async def read(self) -> list[str]:
+    async def read(self) -> frozenset[str]:
         """Read the capped tenants now."""
         async with self._engine.connect() as conn:
-            self.capped = await fair.capped_tenants(conn)
+            self.capped = frozenset(await fair.capped_tenants(conn))
         return self.capped
 
     async def watch(self) -> None:

@@ -144,6 +144,7 @@ class Claims:
         self._pinned: dict[str, AgentConfig] = {}
         self._agents = AgentRouting()
         self.caps = CapWatch(self._autocommit)
+        publisher.capped = lambda: self.caps.capped
 
     async def claim(self, worker_id: str, wait_s: float) -> Claimed | None:
         """Lease the oldest claimable run, waiting up to `wait_s` for one to appear."""

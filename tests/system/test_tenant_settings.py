@@ -179,7 +179,6 @@ async def running_now(stack: ExecStack, tenant_id: str) -> int:
         await engine.dispose()
 
 
-@pytest.mark.slow  # a second replica and worker, 20 runs through a cap of 3: some seconds
 async def test_a_tenants_cap_holds_across_two_replicas_racing(stack: ExecStack) -> None:
     """Two orchestrator replicas, each with a worker of 8 slots, lease a capped tenant's 20
     runs: no sample ever sees more than 3 running, the cap is reached (it is what holds them

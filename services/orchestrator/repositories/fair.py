@@ -11,7 +11,7 @@ or their backlog.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection
 from typing import Any
 
 from sqlalchemy import Text, and_, bindparam, delete, func, select, true, update
@@ -138,7 +138,7 @@ _LOCK_CAPPED = (
 )
 
 
-async def lock_capped(conn: AsyncConnection, capped: Sequence[str]) -> list[str]:
+async def lock_capped(conn: AsyncConnection, capped: Collection[str]) -> list[str]:
     """Lock the rows of the `capped` tenants (tenant_queues, in tenant order: two claims never
     wait for each other in a cycle) until the caller's transaction ends: those with a row (a
     tenant has one from its first run on). The claim that follows in the transaction leases
