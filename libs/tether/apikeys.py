@@ -29,6 +29,8 @@ KEY_PREFIX = "tk_"
 RUNS_READ = "runs:read"
 RUNS_WRITE = "runs:write"
 RUNS_ALL = "runs:all"
+# Names a run's priority within its tenant at admission (fair leases): given on purpose.
+RUNS_PRIORITY = "runs:priority"
 INTERACTIONS_WRITE = "interactions:write"  # answer questions, complete connections
 APPROVALS_DECIDE = "approvals:decide"
 # Creates and revokes keys of the key's own tenant, never with scopes wider than its own.
@@ -57,6 +59,7 @@ CLIENT_SCOPES = (RUNS_READ, RUNS_WRITE, INTERACTIONS_WRITE, APPROVALS_DECIDE)
 ALL_SCOPES = (
     *CLIENT_SCOPES,
     RUNS_ALL,
+    RUNS_PRIORITY,
     KEYS_ADMIN,
     DOCUMENTS_READ,
     DOCUMENTS_WRITE,

@@ -1,10 +1,9 @@
 """`tether.client`: a small async Python client for the gateway.
 
-A call that is safe to repeat (a send with its event id, a read, a cancel) is retried with
-bounded backoff while the gateway answers UNAVAILABLE (a dependency outage, a restart),
-for up to `retry_for_s`; the same event id is sent every time, so one logical send makes one
-run. A call that is not safe to repeat (issuing a key, answering, deciding, completing a
-connection) is never retried: its UNAVAILABLE reaches the caller.
+A call that is safe to repeat (a send with its event id, a read, a cancel, a tenant's settings)
+is retried with backoff while the gateway answers UNAVAILABLE, for up to `retry_for_s`, sending
+the same event id every time (one logical send makes one run). One that is not (issuing a key,
+answering, deciding, completing a connection) is never retried.
 """
 
 from __future__ import annotations
@@ -180,6 +179,15 @@ class TetherClient:
             lambda: self.stub.DeleteTenant(
                 gateway_pb2.DeleteTenantRequest(tenant_id=tenant_id), metadata=self._metadata
             )
+        )
+        return response
+
+    async def set_tenant(
+        self, request: gateway_pb2.SetTenantRequest
+    ) -> gateway_pb2.SetTenantResponse:
+        """Set a tenant's weight in fair leases and its cap (the platform operator)."""
+        response: gateway_pb2.SetTenantResponse = await self._idempotent(
+            lambda: self.stub.SetTenant(request, metadata=self._metadata)
         )
         return response
 

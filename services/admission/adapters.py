@@ -10,6 +10,7 @@ from __future__ import annotations
 from google.protobuf import json_format
 
 from services.admission.domain import ConversationKind, InboundEvent
+from tether import priorities
 from tether.domain.channels import ChannelOrigin, ReplyTarget, channel_principal
 from tether.errors import InvalidArgument, PermissionDenied
 from tether.ids import is_identifier
@@ -95,6 +96,7 @@ def _chat(caller: admission_pb2.Caller, chat: admission_pb2.ChatInput) -> Inboun
         channel=_identifier("channel", chat.channel or "chat"),
         conversation_id=_identifier("conversation_id", chat.conversation_id),
         text=_text("text", chat.text),
+        priority=priorities.rank(chat.priority),
     )
 
 

@@ -9,6 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from tether.domain.channels import ChannelOrigin
+from tether.priorities import NORMAL, PRIORITIES
 from tether.visibility import Visibility
 
 INBOUND_SCOPE = "inbound"
@@ -53,6 +54,8 @@ class InboundEvent:
     visibility: Visibility = Visibility.PRIVATE
     # Where the answer goes, for a message a verified channel connection delivered.
     channel_origin: ChannelOrigin | None = None
+    # Its order within its tenant's queued runs (tether.priorities: the stored rank).
+    priority: int = PRIORITIES[NORMAL]
 
     @property
     def actor_scope(self) -> str:

@@ -193,7 +193,7 @@ def admit_params(
         "traceparent": traceparent,
         "owner_principal_id": event.principal_id,
         "visibility": event.visibility.value,
-        **intake.queued_params("admitted"),
+        **intake.queued_params("admitted", event.tenant_id, event.priority),
     }
 
 

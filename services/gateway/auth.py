@@ -83,7 +83,7 @@ SCOPES: Mapping[str, str] = {
 }
 AGENT_METHODS = frozenset(m for m, scope in SCOPES.items() if scope.startswith("agents:"))
 # What the platform operator's credential may call: it manages tenants and keys...
-OPERATOR_METHODS = frozenset({"CreateApiKey", "RevokeApiKey", "DeleteTenant"})
+OPERATOR_METHODS = frozenset({"CreateApiKey", "RevokeApiKey", "DeleteTenant", "SetTenant"})
 # ...and, within one tenant it names (metadata TENANT_METADATA), reads and retries runs as a
 # runs:all key of that tenant would.
 # ...and acts on its agents.

@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.orchestrator import routing
 from services.orchestrator.agent_routing import AgentRouting
+from services.orchestrator.caps import CapWatch
 from services.orchestrator.prices import Prices
 from services.orchestrator.publisher import Publisher
+from services.orchestrator.repositories import fair
 from services.orchestrator.repositories import leases as lease_repo
 from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories.picked import Leased, Unrouted
@@ -141,6 +143,8 @@ class Claims:
         # Decisions by name, for the runs that lease again with the one they were pinned to.
         self._pinned: dict[str, AgentConfig] = {}
         self._agents = AgentRouting()
+        self.caps = CapWatch(self._autocommit)
+        publisher.capped = lambda: self.caps.capped
 
     async def claim(self, worker_id: str, wait_s: float) -> Claimed | None:
         """Lease the oldest claimable run, waiting up to `wait_s` for one to appear."""
@@ -193,6 +197,20 @@ class Claims:
             if claimable:
                 self.wakeups.wake([""] * claimable)
 
+    async def _look(
+        self, conn: AsyncConnection, params: dict[str, Any]
+    ) -> tuple[list[Leased], list[Unrouted]]:
+        """One claim statement. While some tenant has a cap, in a transaction that locks the
+        capped tenants first (`fair.lock_capped`): then the claim's own snapshot, taken after
+        the lock, counts every lease committed before, and no other replica leases for them
+        until it commits."""
+        capped = self.caps.capped
+        if not capped:
+            return await lease_repo.claim(conn, lease_repo.claim_params(**params))
+        async with self._engine.connect() as held, held.begin():
+            locked = await fair.lock_capped(held, capped)
+            return await lease_repo.claim(held, lease_repo.claim_params(**params, locked=locked))
+
     async def _claim_once(self, worker_id: str) -> Claimed | None:
         claimed = await self.claim_many(worker_id, 1)
         return claimed[0] if claimed else None
@@ -218,15 +236,15 @@ class Claims:
                     for r in routes.values()
                     if r.routing_id not in self._stored_routings
                 }
-                taken, unrouted = await lease_repo.claim(
+                taken, unrouted = await self._look(
                     conn,
-                    lease_repo.claim_params(
-                        worker_id=worker_id,
-                        limit=n - len(leased),
-                        ttl_s=self._ttl,
-                        routes=[self._route(k, r, routed_now) for k, r in routes.items()],
-                        stored=unstored,
-                    ),
+                    {
+                        "worker_id": worker_id,
+                        "limit": n - len(leased),
+                        "ttl_s": self._ttl,
+                        "routes": [self._route(k, r, routed_now) for k, r in routes.items()],
+                        "stored": unstored,
+                    },
                 )
                 self._stored_routings.update(unstored)
                 for route in routes.values():

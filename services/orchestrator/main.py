@@ -145,6 +145,7 @@ async def amain(
     supervisor.start("retention", retention.sweeps.run())
     supervisor.start("hint-listener", listen_for_hints(bus, execution.publisher, servicer.work))
     supervisor.start("claim-poll", execution.claims.poll_claimable())
+    supervisor.start("cap-watch", execution.claims.caps.watch())
     supervisor.start("lease-dispatcher", servicer.work.dispatch(settings.claim_poll_s))
     cleanups: list[Callable[[], Awaitable[None]]] = [engine.dispose, bus.close, supervisor.stop]
     if secrets is not None and interactions is not None:

@@ -5,7 +5,7 @@ transaction commits; every message is a hint (see `tether.bus`)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -39,6 +39,8 @@ class Publisher:
         self.wakeups = Wakeups()
         # Marks this replica's own wake-up messages, which come back to it through Redis.
         self.wake_marker = f"orchestrator-{uuid.uuid4().hex}"
+        # The tenants with a cap, as this replica last read them (`caps.CapWatch`).
+        self.capped: Callable[[], Collection[str]] = frozenset
 
     async def publish(
         self, run: Addressed, events: Sequence[StoredEvent], *, delivered: bool = False
@@ -72,3 +74,6 @@ class Publisher:
             observed.moved(moved.run)
         if moved.handed_over is not None:
             self.wake([moved.handed_over])
+        elif moved.run.tenant_id in self.capped():
+            # A run of a capped tenant ended: one of its queued runs may lease now.
+            self.wake()

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.orchestrator.repositories import agents as agent_repo
 from services.orchestrator.repositories import channel_statuses as statuses_repo
 from services.orchestrator.repositories import documents as documents_repo
+from services.orchestrator.repositories import fair
 from services.orchestrator.repositories import retention as repo
 from services.orchestrator.repositories import webhooks as webhooks_repo
 from tether.retention import Key, RetentionPolicy, Step, Sweeps
@@ -68,8 +69,8 @@ class Retention:
 
     async def delete_tenant(self, tenant_id: str) -> tuple[int, bool]:
         """Remove a batch of a deleted tenant's runs, then of its knowledge documents, then its
-        agents, its webhook subscriptions, then what its channels' providers reported: (how
-        many, whether any is left)."""
+        agents, its webhook subscriptions, then what its channels' providers reported, then its
+        finish tag in fair leases: (how many, whether any is left)."""
         async with self._engine.begin() as conn:
             removed = await repo.delete_tenant_runs(conn, tenant_id, self._batch)
             if removed < self._batch:
@@ -84,10 +85,14 @@ class Retention:
                 removed += await webhooks_repo.delete_tenant_subscriptions(conn, tenant_id)
             if removed < self._batch:
                 removed += await statuses_repo.delete_tenant(conn, tenant_id, self._batch - removed)
+            if removed < self._batch:
+                # Its finish tag in fair leases: bookkeeping, not data, so not counted.
+                await fair.delete_tenant(conn, tenant_id)
         async with self._autocommit.connect() as conn:
             left = await repo.tenant_has_runs(conn, tenant_id)
             left = left or await documents_repo.tenant_has_documents(conn, tenant_id)
             left = left or await agent_repo.tenant_has_agents(conn, tenant_id)
             left = left or await statuses_repo.tenant_has_statuses(conn, tenant_id)
             left = left or await webhooks_repo.tenant_has_subscriptions(conn, tenant_id)
+            left = left or await fair.tenant_has_tags(conn, tenant_id)
         return removed, left

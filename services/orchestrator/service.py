@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import deliveries as deliveries_repo
+from services.orchestrator.repositories import fair
 from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories import runs as runs_repo
 from services.orchestrator.repositories.transitions import NOW, apply
@@ -48,6 +49,8 @@ class RunView:
     routing: RunRouting | None = None
     delivery: Delivery | None = None
     """A channel run's answer going out (its task outcome), when it has one."""
+    # The cap on its tenant's runs running at once, when the run is queued behind it.
+    held_by_cap: int | None = None
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,10 @@ class Runs:
             parts = await parts_repo.list_parts(conn, run_id, include_superseded=include_superseded)
             routing = await runs_repo.pinned_routing(conn, run)
             delivery = await deliveries_repo.find_run_delivery(conn, run.tenant_id, run_id)
-            return RunView(run, parts, routing, delivery)
+            held = None
+            if run.status == RunStatus.QUEUED.value:
+                held = await fair.tenant_at_cap(conn, run.tenant_id)
+            return RunView(run, parts, routing, delivery, held)
 
     async def visible(self, viewer: Viewer, run_id: str) -> Run:
         """The run (without its parts); NotFound for absent or not the viewer's to see."""

@@ -153,6 +153,10 @@ class OrchestratorServicer(
         run = _routed(view.run, view.routing)
         if view.delivery is not None:
             run.delivery.CopyFrom(delivery_to_proto(view.delivery))
+        if view.held_by_cap is not None:
+            run.waiting_for.CopyFrom(
+                common_pb2.WaitingFor(reason="tenant_concurrency", cap=view.held_by_cap)
+            )
         return orchestrator_pb2.LookupRunResponse(
             run=run, parts=[part_to_proto(p) for p in view.parts]
         )

@@ -35,13 +35,13 @@ SEARCHES: list[tuple[str, Search, str, str]] = [
             conn, leases.claim_params(worker_id="w-1", limit=8, ttl_s=30, routes=[], stored={})
         ),
         "runs",
-        "ix_runs_claimable",
+        "ix_runs_fair",
     ),
     (
         "claimable runs counted",
         lambda conn: leases.count_claimable(conn, 8),
         "runs",
-        "ix_runs_claimable",
+        "ix_runs_fair",
     ),
     (
         "the reaper's expired leases",

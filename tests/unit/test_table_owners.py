@@ -34,6 +34,7 @@ OWNER = {
     # Run-event webhooks: the orchestrator owns the events they carry.
     "webhook_subscriptions": "orchestrator",
     "webhook_deliveries": "orchestrator",
+    "tenant_queues": "orchestrator",
     # Inbound events and conversations.
     "event_claims": "admission",
     "messages": "admission",
@@ -64,6 +65,10 @@ EXCEPTIONS = {
     ("services/orchestrator/repositories/retention.py", "sessions"),
     # Reads of a tenant's configuration: its agent (routing) and its approval policy.
     ("services/orchestrator/repositories/leases.py", "tenants"),
+    # Reads of the operator's settings of a tenant: its weight (admission's start tag) and its
+    # cap on runs running at once (the claim).
+    ("services/orchestrator/repositories/intake.py", "tenants"),
+    ("services/orchestrator/repositories/fair.py", "tenants"),
     # Where a leased run came from (its message's source and actor): routing picks persona and
     # skills by its source, and the live facts name its actor.
     ("services/orchestrator/repositories/leases.py", "messages"),

@@ -88,6 +88,9 @@ async def cmd_run(args: argparse.Namespace) -> int:
         response = await client.get_run(args.run_id)
     run = run_to_dict(response.run)
     text = f"run {run['run_id']} status={run['status']} attempt={run.get('attempt', 0)}"
+    if response.run.HasField("waiting_for"):
+        waiting = response.run.waiting_for
+        text += f" waiting_for={waiting.reason} (cap {waiting.cap})"
     if response.run.result_text:
         text += f"\n{response.run.result_text}"
     if response.run.HasField("delivery"):

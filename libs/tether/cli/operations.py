@@ -163,6 +163,27 @@ async def cmd_tenant_delete(args: argparse.Namespace, emit: Emit) -> int:
     return 0
 
 
+async def cmd_tenant_set(args: argparse.Namespace, emit: Emit) -> int:
+    """Set a tenant's weight and cap (the platform operator)."""
+    async with TetherClient.from_env(getattr(args, "stack", None), operator=True) as client:
+        done = await client.set_tenant(
+            gateway_pb2.SetTenantRequest(
+                tenant_id=args.tenant_id,
+                weight=args.weight,
+                max_running=args.max_running,
+                clear_max_running=args.no_max_running,
+            )
+        )
+    cap = done.max_running if done.HasField("max_running") else None
+    emit(
+        args,
+        {"tenant_id": done.tenant_id, "weight": done.weight, "max_running": cap},
+        f"tenant {done.tenant_id}: weight {done.weight}, "
+        + ("no cap on runs running at once" if cap is None else f"at most {cap} runs at once"),
+    )
+    return 0
+
+
 def _client(args: argparse.Namespace) -> TetherClient:
     return TetherClient.from_env(getattr(args, "stack", None), tenant=getattr(args, "tenant", ""))
 
@@ -382,6 +403,16 @@ def register(
     delete.add_argument("tenant_id")
     common(delete)
     delete.set_defaults(func=wrap(cmd_tenant_delete))
+    settings = tenant_sub.add_parser(
+        "set", help="set a tenant's weight in fair leases and its cap on runs running at once"
+    )
+    settings.add_argument("tenant_id")
+    settings.add_argument("--weight", type=int, help="its share of the pool (default 1)")
+    cap = settings.add_mutually_exclusive_group()
+    cap.add_argument("--max-running", type=int, help="how many of its runs may run at once")
+    cap.add_argument("--no-max-running", action="store_true", help="remove its cap")
+    common(settings)
+    settings.set_defaults(func=wrap(cmd_tenant_set))
 
     for name, func, helptext in (
         ("doctor", cmd_doctor, "check the database, migrations, clock, Redis and services"),

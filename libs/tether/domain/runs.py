@@ -57,6 +57,10 @@ class Run:
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    # Its order within its tenant's queued runs (tether.priorities), and its start tag among
+    # every tenant's (fair leases).
+    priority: int
+    fair_key: float
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Self:

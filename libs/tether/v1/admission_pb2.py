@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from tether.v1 import common_pb2 as tether_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tether/v1/admission.proto\x12\ttether.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x16tether/v1/common.proto\"1\n\x06\x43\x61ller\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0cprincipal_id\x18\x02 \x01(\t\"h\n\tChatInput\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x04 \x01(\t\x12\x11\n\ttenant_id\x18\x05 \x01(\t\"\xa0\x01\n\x15MessagingWebhookInput\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x19\n\x11provider_event_id\x18\x02 \x01(\t\x12\x11\n\tthread_id\x18\x03 \x01(\t\x12\x11\n\tsender_id\x18\x04 \x01(\t\x12\x13\n\x0bsender_type\x18\x05 \x01(\t\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\x11\n\ttenant_id\x18\x07 \x01(\t\"n\n\x0fTaskStatusInput\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x17\n\x0fstatus_event_id\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x11\n\ttenant_id\x18\x05 \x01(\t\"p\n\rDecisionInput\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x10\n\x08\x64\x65\x63ision\x18\x03 \x01(\t\x12\x0c\n\x04note\x18\x04 \x01(\t\x12\x11\n\ttenant_id\x18\x05 \x01(\t\"\xa5\x01\n\x13\x43hannelMessageInput\x12\x12\n\nchannel_id\x18\x01 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\t\x12\x11\n\tthread_id\x18\x03 \x01(\t\x12\x11\n\tsender_id\x18\x04 \x01(\t\x12\x0c\n\x04text\x18\x05 \x01(\t\x12%\n\x05reply\x18\x06 \x01(\x0b\x32\x16.tether.v1.ReplyTarget\x12\r\n\x05\x61gent\x18\x07 \x01(\t\"\x87\x02\n\x0cInboundEvent\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\t\x12\x19\n\x11idempotency_scope\x18\x03 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\t\x12\x12\n\nactor_type\x18\x06 \x01(\t\x12\x10\n\x08\x61\x63tor_id\x18\x07 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x08 \x01(\t\x12\x1f\n\x17\x63hannel_conversation_id\x18\t \x01(\t\x12\x0c\n\x04text\x18\n \x01(\t\x12(\n\x07\x63ontext\x18\x0b \x01(\x0b\x32\x17.google.protobuf.Struct\"\xb3\x02\n\x0c\x41\x64mitRequest\x12!\n\x06\x63\x61ller\x18\x01 \x01(\x0b\x32\x11.tether.v1.Caller\x12$\n\x04\x63hat\x18\n \x01(\x0b\x32\x14.tether.v1.ChatInputH\x00\x12\x35\n\tmessaging\x18\x0b \x01(\x0b\x32 .tether.v1.MessagingWebhookInputH\x00\x12\x31\n\x0btask_status\x18\x0c \x01(\x0b\x32\x1a.tether.v1.TaskStatusInputH\x00\x12,\n\x08\x64\x65\x63ision\x18\r \x01(\x0b\x32\x18.tether.v1.DecisionInputH\x00\x12\x39\n\x0f\x63hannel_message\x18\x0e \x01(\x0b\x32\x1e.tether.v1.ChannelMessageInputH\x00\x42\x07\n\x05input\"\x81\x01\n\rAdmitResponse\x12+\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32\x16.tether.v1.Disposition\x12\x1b\n\x03run\x18\x02 \x01(\x0b\x32\x0e.tether.v1.Run\x12&\n\x05\x65vent\x18\x03 \x01(\x0b\x32\x17.tether.v1.InboundEvent\"p\n\x12\x41\x64mitStreamRequest\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x15.tether.v1.AdmitHello\x12#\n\x05\x63\x61lls\x18\x02 \x03(\x0b\x32\x14.tether.v1.AdmitCall\x12\x0f\n\x07\x63\x61ncels\x18\x03 \x03(\x04\"&\n\nAdmitHello\x12\x18\n\x10protocol_version\x18\x01 \x01(\x05\"j\n\tAdmitCall\x12\n\n\x02id\x18\x01 \x01(\x04\x12(\n\x07request\x18\x02 \x01(\x0b\x32\x17.tether.v1.AdmitRequest\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\x12\x13\n\x0btraceparent\x18\x04 \x01(\t\"w\n\x13\x41\x64mitStreamResponse\x12(\n\x07welcome\x18\x01 \x01(\x0b\x32\x17.tether.v1.AdmitWelcome\x12\'\n\x07\x61nswers\x18\x02 \x03(\x0b\x32\x16.tether.v1.AdmitAnswer\x12\r\n\x05\x64rain\x18\x03 \x01(\x08\"(\n\x0c\x41\x64mitWelcome\x12\x18\n\x10protocol_version\x18\x01 \x01(\x05\"x\n\x0b\x41\x64mitAnswer\x12\n\n\x02id\x18\x01 \x01(\x04\x12*\n\x08response\x18\x02 \x01(\x0b\x32\x18.tether.v1.AdmitResponse\x12\x0c\n\x04\x63ode\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x12\n\nerror_code\x18\x05 \x01(\t\"t\n\x11ReclaimRunRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0cprincipal_id\x18\x02 \x01(\t\x12\x10\n\x08\x61ll_runs\x18\x03 \x01(\x08\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12\x14\n\x0c\x61\x63tor_key_id\x18\x05 \x01(\t\"^\n\x12ReclaimRunResponse\x12+\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32\x16.tether.v1.Disposition\x12\x1b\n\x03run\x18\x02 \x01(\x0b\x32\x0e.tether.v1.Run\".\n\x19\x44\x65leteTenantEventsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"@\n\x1a\x44\x65leteTenantEventsResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x03\x12\x11\n\tremaining\x18\x02 \x01(\x08\x32\xce\x02\n\x10\x41\x64missionService\x12:\n\x05\x41\x64mit\x12\x17.tether.v1.AdmitRequest\x1a\x18.tether.v1.AdmitResponse\x12P\n\x0b\x41\x64mitStream\x12\x1d.tether.v1.AdmitStreamRequest\x1a\x1e.tether.v1.AdmitStreamResponse(\x01\x30\x01\x12I\n\nReclaimRun\x12\x1c.tether.v1.ReclaimRunRequest\x1a\x1d.tether.v1.ReclaimRunResponse\x12\x61\n\x12\x44\x65leteTenantEvents\x12$.tether.v1.DeleteTenantEventsRequest\x1a%.tether.v1.DeleteTenantEventsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tether/v1/admission.proto\x12\ttether.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x16tether/v1/common.proto\"1\n\x06\x43\x61ller\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0cprincipal_id\x18\x02 \x01(\t\"z\n\tChatInput\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x04 \x01(\t\x12\x11\n\ttenant_id\x18\x05 \x01(\t\x12\x10\n\x08priority\x18\x06 \x01(\t\"\xa0\x01\n\x15MessagingWebhookInput\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x19\n\x11provider_event_id\x18\x02 \x01(\t\x12\x11\n\tthread_id\x18\x03 \x01(\t\x12\x11\n\tsender_id\x18\x04 \x01(\t\x12\x13\n\x0bsender_type\x18\x05 \x01(\t\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\x11\n\ttenant_id\x18\x07 \x01(\t\"n\n\x0fTaskStatusInput\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x17\n\x0fstatus_event_id\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x11\n\ttenant_id\x18\x05 \x01(\t\"p\n\rDecisionInput\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x10\n\x08\x64\x65\x63ision\x18\x03 \x01(\t\x12\x0c\n\x04note\x18\x04 \x01(\t\x12\x11\n\ttenant_id\x18\x05 \x01(\t\"\xa5\x01\n\x13\x43hannelMessageInput\x12\x12\n\nchannel_id\x18\x01 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\t\x12\x11\n\tthread_id\x18\x03 \x01(\t\x12\x11\n\tsender_id\x18\x04 \x01(\t\x12\x0c\n\x04text\x18\x05 \x01(\t\x12%\n\x05reply\x18\x06 \x01(\x0b\x32\x16.tether.v1.ReplyTarget\x12\r\n\x05\x61gent\x18\x07 \x01(\t\"\x87\x02\n\x0cInboundEvent\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\t\x12\x19\n\x11idempotency_scope\x18\x03 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\t\x12\x12\n\nactor_type\x18\x06 \x01(\t\x12\x10\n\x08\x61\x63tor_id\x18\x07 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x08 \x01(\t\x12\x1f\n\x17\x63hannel_conversation_id\x18\t \x01(\t\x12\x0c\n\x04text\x18\n \x01(\t\x12(\n\x07\x63ontext\x18\x0b \x01(\x0b\x32\x17.google.protobuf.Struct\"\xb3\x02\n\x0c\x41\x64mitRequest\x12!\n\x06\x63\x61ller\x18\x01 \x01(\x0b\x32\x11.tether.v1.Caller\x12$\n\x04\x63hat\x18\n \x01(\x0b\x32\x14.tether.v1.ChatInputH\x00\x12\x35\n\tmessaging\x18\x0b \x01(\x0b\x32 .tether.v1.MessagingWebhookInputH\x00\x12\x31\n\x0btask_status\x18\x0c \x01(\x0b\x32\x1a.tether.v1.TaskStatusInputH\x00\x12,\n\x08\x64\x65\x63ision\x18\r \x01(\x0b\x32\x18.tether.v1.DecisionInputH\x00\x12\x39\n\x0f\x63hannel_message\x18\x0e \x01(\x0b\x32\x1e.tether.v1.ChannelMessageInputH\x00\x42\x07\n\x05input\"\x81\x01\n\rAdmitResponse\x12+\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32\x16.tether.v1.Disposition\x12\x1b\n\x03run\x18\x02 \x01(\x0b\x32\x0e.tether.v1.Run\x12&\n\x05\x65vent\x18\x03 \x01(\x0b\x32\x17.tether.v1.InboundEvent\"p\n\x12\x41\x64mitStreamRequest\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x15.tether.v1.AdmitHello\x12#\n\x05\x63\x61lls\x18\x02 \x03(\x0b\x32\x14.tether.v1.AdmitCall\x12\x0f\n\x07\x63\x61ncels\x18\x03 \x03(\x04\"&\n\nAdmitHello\x12\x18\n\x10protocol_version\x18\x01 \x01(\x05\"j\n\tAdmitCall\x12\n\n\x02id\x18\x01 \x01(\x04\x12(\n\x07request\x18\x02 \x01(\x0b\x32\x17.tether.v1.AdmitRequest\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\x12\x13\n\x0btraceparent\x18\x04 \x01(\t\"w\n\x13\x41\x64mitStreamResponse\x12(\n\x07welcome\x18\x01 \x01(\x0b\x32\x17.tether.v1.AdmitWelcome\x12\'\n\x07\x61nswers\x18\x02 \x03(\x0b\x32\x16.tether.v1.AdmitAnswer\x12\r\n\x05\x64rain\x18\x03 \x01(\x08\"(\n\x0c\x41\x64mitWelcome\x12\x18\n\x10protocol_version\x18\x01 \x01(\x05\"x\n\x0b\x41\x64mitAnswer\x12\n\n\x02id\x18\x01 \x01(\x04\x12*\n\x08response\x18\x02 \x01(\x0b\x32\x18.tether.v1.AdmitResponse\x12\x0c\n\x04\x63ode\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x12\n\nerror_code\x18\x05 \x01(\t\"t\n\x11ReclaimRunRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0cprincipal_id\x18\x02 \x01(\t\x12\x10\n\x08\x61ll_runs\x18\x03 \x01(\x08\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12\x14\n\x0c\x61\x63tor_key_id\x18\x05 \x01(\t\"^\n\x12ReclaimRunResponse\x12+\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32\x16.tether.v1.Disposition\x12\x1b\n\x03run\x18\x02 \x01(\x0b\x32\x0e.tether.v1.Run\".\n\x19\x44\x65leteTenantEventsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"@\n\x1a\x44\x65leteTenantEventsResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x03\x12\x11\n\tremaining\x18\x02 \x01(\x08\x32\xce\x02\n\x10\x41\x64missionService\x12:\n\x05\x41\x64mit\x12\x17.tether.v1.AdmitRequest\x1a\x18.tether.v1.AdmitResponse\x12P\n\x0b\x41\x64mitStream\x12\x1d.tether.v1.AdmitStreamRequest\x1a\x1e.tether.v1.AdmitStreamResponse(\x01\x30\x01\x12I\n\nReclaimRun\x12\x1c.tether.v1.ReclaimRunRequest\x1a\x1d.tether.v1.ReclaimRunResponse\x12\x61\n\x12\x44\x65leteTenantEvents\x12$.tether.v1.DeleteTenantEventsRequest\x1a%.tether.v1.DeleteTenantEventsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,41 +36,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CALLER']._serialized_start=94
   _globals['_CALLER']._serialized_end=143
   _globals['_CHATINPUT']._serialized_start=145
-  _globals['_CHATINPUT']._serialized_end=249
-  _globals['_MESSAGINGWEBHOOKINPUT']._serialized_start=252
-  _globals['_MESSAGINGWEBHOOKINPUT']._serialized_end=412
-  _globals['_TASKSTATUSINPUT']._serialized_start=414
-  _globals['_TASKSTATUSINPUT']._serialized_end=524
-  _globals['_DECISIONINPUT']._serialized_start=526
-  _globals['_DECISIONINPUT']._serialized_end=638
-  _globals['_CHANNELMESSAGEINPUT']._serialized_start=641
-  _globals['_CHANNELMESSAGEINPUT']._serialized_end=806
-  _globals['_INBOUNDEVENT']._serialized_start=809
-  _globals['_INBOUNDEVENT']._serialized_end=1072
-  _globals['_ADMITREQUEST']._serialized_start=1075
-  _globals['_ADMITREQUEST']._serialized_end=1382
-  _globals['_ADMITRESPONSE']._serialized_start=1385
-  _globals['_ADMITRESPONSE']._serialized_end=1514
-  _globals['_ADMITSTREAMREQUEST']._serialized_start=1516
-  _globals['_ADMITSTREAMREQUEST']._serialized_end=1628
-  _globals['_ADMITHELLO']._serialized_start=1630
-  _globals['_ADMITHELLO']._serialized_end=1668
-  _globals['_ADMITCALL']._serialized_start=1670
-  _globals['_ADMITCALL']._serialized_end=1776
-  _globals['_ADMITSTREAMRESPONSE']._serialized_start=1778
-  _globals['_ADMITSTREAMRESPONSE']._serialized_end=1897
-  _globals['_ADMITWELCOME']._serialized_start=1899
-  _globals['_ADMITWELCOME']._serialized_end=1939
-  _globals['_ADMITANSWER']._serialized_start=1941
-  _globals['_ADMITANSWER']._serialized_end=2061
-  _globals['_RECLAIMRUNREQUEST']._serialized_start=2063
-  _globals['_RECLAIMRUNREQUEST']._serialized_end=2179
-  _globals['_RECLAIMRUNRESPONSE']._serialized_start=2181
-  _globals['_RECLAIMRUNRESPONSE']._serialized_end=2275
-  _globals['_DELETETENANTEVENTSREQUEST']._serialized_start=2277
-  _globals['_DELETETENANTEVENTSREQUEST']._serialized_end=2323
-  _globals['_DELETETENANTEVENTSRESPONSE']._serialized_start=2325
-  _globals['_DELETETENANTEVENTSRESPONSE']._serialized_end=2389
-  _globals['_ADMISSIONSERVICE']._serialized_start=2392
-  _globals['_ADMISSIONSERVICE']._serialized_end=2726
+  _globals['_CHATINPUT']._serialized_end=267
+  _globals['_MESSAGINGWEBHOOKINPUT']._serialized_start=270
+  _globals['_MESSAGINGWEBHOOKINPUT']._serialized_end=430
+  _globals['_TASKSTATUSINPUT']._serialized_start=432
+  _globals['_TASKSTATUSINPUT']._serialized_end=542
+  _globals['_DECISIONINPUT']._serialized_start=544
+  _globals['_DECISIONINPUT']._serialized_end=656
+  _globals['_CHANNELMESSAGEINPUT']._serialized_start=659
+  _globals['_CHANNELMESSAGEINPUT']._serialized_end=824
+  _globals['_INBOUNDEVENT']._serialized_start=827
+  _globals['_INBOUNDEVENT']._serialized_end=1090
+  _globals['_ADMITREQUEST']._serialized_start=1093
+  _globals['_ADMITREQUEST']._serialized_end=1400
+  _globals['_ADMITRESPONSE']._serialized_start=1403
+  _globals['_ADMITRESPONSE']._serialized_end=1532
+  _globals['_ADMITSTREAMREQUEST']._serialized_start=1534
+  _globals['_ADMITSTREAMREQUEST']._serialized_end=1646
+  _globals['_ADMITHELLO']._serialized_start=1648
+  _globals['_ADMITHELLO']._serialized_end=1686
+  _globals['_ADMITCALL']._serialized_start=1688
+  _globals['_ADMITCALL']._serialized_end=1794
+  _globals['_ADMITSTREAMRESPONSE']._serialized_start=1796
+  _globals['_ADMITSTREAMRESPONSE']._serialized_end=1915
+  _globals['_ADMITWELCOME']._serialized_start=1917
+  _globals['_ADMITWELCOME']._serialized_end=1957
+  _globals['_ADMITANSWER']._serialized_start=1959
+  _globals['_ADMITANSWER']._serialized_end=2079
+  _globals['_RECLAIMRUNREQUEST']._serialized_start=2081
+  _globals['_RECLAIMRUNREQUEST']._serialized_end=2197
+  _globals['_RECLAIMRUNRESPONSE']._serialized_start=2199
+  _globals['_RECLAIMRUNRESPONSE']._serialized_end=2293
+  _globals['_DELETETENANTEVENTSREQUEST']._serialized_start=2295
+  _globals['_DELETETENANTEVENTSREQUEST']._serialized_end=2341
+  _globals['_DELETETENANTEVENTSRESPONSE']._serialized_start=2343
+  _globals['_DELETETENANTEVENTSRESPONSE']._serialized_end=2407
+  _globals['_ADMISSIONSERVICE']._serialized_start=2410
+  _globals['_ADMISSIONSERVICE']._serialized_end=2744
 # @@protoc_insertion_point(module_scope)

@@ -61,6 +61,7 @@ class ChatInput(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     CHANNEL_FIELD_NUMBER: _builtins.int
     TENANT_ID_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     event_id: _builtins.str
     """Client-generated unique id of this message; the idempotency key.
     Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
@@ -81,6 +82,11 @@ class ChatInput(_message.Message):
     """Tenant the payload claims; must equal the caller's tenant when set.
     Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
     """
+    priority: _builtins.str
+    """The run's priority within its tenant: "high", "normal" or "low" ("normal" when empty). The
+    gateway passes it only for a key holding runs:priority.
+    Limit: 6 printable ASCII characters.
+    """
     def __init__(
         self,
         *,
@@ -89,10 +95,11 @@ class ChatInput(_message.Message):
         text: _builtins.str = ...,
         channel: _builtins.str = ...,
         tenant_id: _builtins.str = ...,
+        priority: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "conversation_id", b"conversation_id", "event_id", b"event_id", "tenant_id", b"tenant_id", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "conversation_id", b"conversation_id", "event_id", b"event_id", "priority", b"priority", "tenant_id", b"tenant_id", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -689,6 +689,7 @@ class Run(_message.Message):
     VISIBILITY_FIELD_NUMBER: _builtins.int
     ROUTING_FIELD_NUMBER: _builtins.int
     DELIVERY_FIELD_NUMBER: _builtins.int
+    WAITING_FOR_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id (run_...)."""
     tenant_id: _builtins.str
@@ -765,6 +766,12 @@ class Run(_message.Message):
         connection and answered; set by single-run reads (GetRun, a stream's snapshot) only.
         """
 
+    @_builtins.property
+    def waiting_for(self) -> Global___WaitingFor:
+        """Why a queued run is not leased yet, when a cap holds it back; set when one run is read
+        (GetRun), not in lists.
+        """
+
     def __init__(
         self,
         *,
@@ -793,14 +800,41 @@ class Run(_message.Message):
         visibility: _builtins.str = ...,
         routing: Global___RunRouting | None = ...,
         delivery: Global___Delivery | None = ...,
+        waiting_for: Global___WaitingFor | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "delivery", b"delivery", "error", b"error", "finished_at", b"finished_at", "next_attempt_at", b"next_attempt_at", "routing", b"routing", "updated_at", b"updated_at", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "delivery", b"delivery", "error", b"error", "finished_at", b"finished_at", "next_attempt_at", b"next_attempt_at", "routing", b"routing", "updated_at", b"updated_at", "usage", b"usage", "waiting_for", b"waiting_for"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "channel", b"channel", "conversation_id", b"conversation_id", "created_at", b"created_at", "delivery", b"delivery", "error", b"error", "finished_at", b"finished_at", "input_text", b"input_text", "last_seq", b"last_seq", "max_attempts", b"max_attempts", "next_attempt_at", b"next_attempt_at", "owner_principal_id", b"owner_principal_id", "parent_run_id", b"parent_run_id", "result_text", b"result_text", "root_run_id", b"root_run_id", "routing", b"routing", "run_id", b"run_id", "session_id", b"session_id", "status", b"status", "task_outcome", b"task_outcome", "tenant_id", b"tenant_id", "updated_at", b"updated_at", "usage", b"usage", "visibility", b"visibility", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "channel", b"channel", "conversation_id", b"conversation_id", "created_at", b"created_at", "delivery", b"delivery", "error", b"error", "finished_at", b"finished_at", "input_text", b"input_text", "last_seq", b"last_seq", "max_attempts", b"max_attempts", "next_attempt_at", b"next_attempt_at", "owner_principal_id", b"owner_principal_id", "parent_run_id", b"parent_run_id", "result_text", b"result_text", "root_run_id", b"root_run_id", "routing", b"routing", "run_id", b"run_id", "session_id", b"session_id", "status", b"status", "task_outcome", b"task_outcome", "tenant_id", b"tenant_id", "updated_at", b"updated_at", "usage", b"usage", "visibility", b"visibility", "waiting_for", b"waiting_for", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Run: _TypeAlias = Run  # noqa: Y015
+
+@_typing.final
+class WaitingFor(_message.Message):
+    """WaitingFor says what holds a queued run back."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    CAP_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """"tenant_concurrency": its tenant runs as many runs as its cap allows."""
+    cap: _builtins.int
+    """The cap."""
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        cap: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cap", b"cap", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WaitingFor: _TypeAlias = WaitingFor  # noqa: Y015
 
 @_typing.final
 class Attempt(_message.Message):

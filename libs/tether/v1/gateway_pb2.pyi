@@ -35,6 +35,7 @@ class SendMessageRequest(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     CHANNEL_FIELD_NUMBER: _builtins.int
     TENANT_ID_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     event_id: _builtins.str
     """Unique id of the message; the idempotency key. Clients generate one per message.
     Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
@@ -55,6 +56,12 @@ class SendMessageRequest(_message.Message):
     """Optional: the tenant the caller believes it is; refused when it differs from the key's.
     Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
     """
+    priority: _builtins.str
+    """The run's priority within the caller's tenant: "high", "normal" or "low" ("normal" when
+    empty); it orders the tenant's own queued runs, never another tenant's. Naming one needs a
+    key holding runs:priority (PERMISSION_DENIED otherwise).
+    Limit: 6 printable ASCII characters.
+    """
     def __init__(
         self,
         *,
@@ -63,10 +70,11 @@ class SendMessageRequest(_message.Message):
         text: _builtins.str = ...,
         channel: _builtins.str = ...,
         tenant_id: _builtins.str = ...,
+        priority: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "conversation_id", b"conversation_id", "event_id", b"event_id", "tenant_id", b"tenant_id", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "conversation_id", b"conversation_id", "event_id", b"event_id", "priority", b"priority", "tenant_id", b"tenant_id", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1620,6 +1628,86 @@ class DeleteTenantResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteTenantResponse: _TypeAlias = DeleteTenantResponse  # noqa: Y015
+
+@_typing.final
+class SetTenantRequest(_message.Message):
+    """SetTenantRequest names a tenant and the settings to change."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    MAX_RUNNING_FIELD_NUMBER: _builtins.int
+    CLEAR_MAX_RUNNING_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant id.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    weight: _builtins.int
+    """Its weight in fair leases: its share of the pool is weight / the sum of the weights of the
+    tenants with runs queued.
+    Limit: 0 to 1000.
+    """
+    max_running: _builtins.int
+    """How many of its runs may run at once, across every orchestrator replica.
+    Limit: 0 to 100000.
+    """
+    clear_max_running: _builtins.bool
+    """Remove the tenant's cap (max_running must then be unset)."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        weight: _builtins.int | None = ...,
+        max_running: _builtins.int | None = ...,
+        clear_max_running: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_running", b"_max_running", "_weight", b"_weight", "max_running", b"max_running", "weight", b"weight"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_running", b"_max_running", "_weight", b"_weight", "clear_max_running", b"clear_max_running", "max_running", b"max_running", "tenant_id", b"tenant_id", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_running: _TypeAlias = _typing.Literal["max_running"]  # noqa: Y015
+    _WhichOneofArgType__max_running: _TypeAlias = _typing.Literal["_max_running", b"_max_running"]  # noqa: Y015
+    _WhichOneofReturnType__weight: _TypeAlias = _typing.Literal["weight"]  # noqa: Y015
+    _WhichOneofArgType__weight: _TypeAlias = _typing.Literal["_weight", b"_weight"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_running) -> _WhichOneofReturnType__max_running | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__weight) -> _WhichOneofReturnType__weight | None: ...
+
+Global___SetTenantRequest: _TypeAlias = SetTenantRequest  # noqa: Y015
+
+@_typing.final
+class SetTenantResponse(_message.Message):
+    """SetTenantResponse is the tenant's settings as they now stand."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    MAX_RUNNING_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant id."""
+    weight: _builtins.int
+    """Its weight in fair leases."""
+    max_running: _builtins.int
+    """Its cap on runs running at once; unset: none."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        weight: _builtins.int = ...,
+        max_running: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_running", b"_max_running", "max_running", b"max_running"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_running", b"_max_running", "max_running", b"max_running", "tenant_id", b"tenant_id", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_running: _TypeAlias = _typing.Literal["max_running"]  # noqa: Y015
+    _WhichOneofArgType__max_running: _TypeAlias = _typing.Literal["_max_running", b"_max_running"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_running) -> _WhichOneofReturnType__max_running | None: ...
+
+Global___SetTenantResponse: _TypeAlias = SetTenantResponse  # noqa: Y015
 
 @_typing.final
 class GetAgentRequest(_message.Message):

@@ -213,6 +213,11 @@ class GatewayServiceStub:
                 request_serializer=tether_dot_v1_dot_gateway__pb2.DeleteTenantRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_gateway__pb2.DeleteTenantResponse.FromString,
                 _registered_method=True)
+        self.SetTenant = channel.unary_unary(
+                '/tether.v1.GatewayService/SetTenant',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.SetTenantRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.SetTenantResponse.FromString,
+                _registered_method=True)
         self.ApplyAgent = channel.unary_unary(
                 '/tether.v1.GatewayService/ApplyAgent',
                 request_serializer=tether_dot_v1_dot_gateway__pb2.ApplyAgentRequest.SerializeToString,
@@ -542,6 +547,16 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetTenant(self, request, context):
+        """SetTenant sets a tenant's share of the pool against the other tenants' (weight, default 1)
+        and how many of its runs may run at once (max_running; none: no cap), the platform
+        operator's credential only, audited (tenant.updated). A field left unset keeps its value.
+        An absent tenant is NOT_FOUND; a weight below 1 or a negative cap INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ApplyAgent(self, request, context):
         """ApplyAgent creates a version of one of the caller's tenant's agents from a document (JSON or
         YAML) and publishes it; an identical document creates nothing. With base_version, ABORTED
@@ -789,6 +804,11 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.DeleteTenant,
                     request_deserializer=tether_dot_v1_dot_gateway__pb2.DeleteTenantRequest.FromString,
                     response_serializer=tether_dot_v1_dot_gateway__pb2.DeleteTenantResponse.SerializeToString,
+            ),
+            'SetTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTenant,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.SetTenantRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.SetTenantResponse.SerializeToString,
             ),
             'ApplyAgent': grpc.unary_unary_rpc_method_handler(
                     servicer.ApplyAgent,
@@ -1785,6 +1805,33 @@ class GatewayService:
             '/tether.v1.GatewayService/DeleteTenant',
             tether_dot_v1_dot_gateway__pb2.DeleteTenantRequest.SerializeToString,
             tether_dot_v1_dot_gateway__pb2.DeleteTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/SetTenant',
+            tether_dot_v1_dot_gateway__pb2.SetTenantRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.SetTenantResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -158,6 +158,12 @@ class GatewayServiceStub:
     says whether anything remains: call it again until `deleted`. An absent tenant is
     NOT_FOUND.
     """
+    SetTenant: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.SetTenantRequest, _gateway_pb2.SetTenantResponse]
+    """SetTenant sets a tenant's share of the pool against the other tenants' (weight, default 1)
+    and how many of its runs may run at once (max_running; none: no cap), the platform
+    operator's credential only, audited (tenant.updated). A field left unset keeps its value.
+    An absent tenant is NOT_FOUND; a weight below 1 or a negative cap INVALID_ARGUMENT.
+    """
     ApplyAgent: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ApplyAgentRequest, _gateway_pb2.ApplyAgentResponse]
     """ApplyAgent creates a version of one of the caller's tenant's agents from a document (JSON or
     YAML) and publishes it; an identical document creates nothing. With base_version, ABORTED
@@ -317,6 +323,12 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     operator's credential only). Its keys are revoked at once; each call removes a batch and
     says whether anything remains: call it again until `deleted`. An absent tenant is
     NOT_FOUND.
+    """
+    SetTenant: _aio.UnaryUnaryMultiCallable[_gateway_pb2.SetTenantRequest, _gateway_pb2.SetTenantResponse]  # type: ignore[assignment]
+    """SetTenant sets a tenant's share of the pool against the other tenants' (weight, default 1)
+    and how many of its runs may run at once (max_running; none: no cap), the platform
+    operator's credential only, audited (tenant.updated). A field left unset keeps its value.
+    An absent tenant is NOT_FOUND; a weight below 1 or a negative cap INVALID_ARGUMENT.
     """
     ApplyAgent: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ApplyAgentRequest, _gateway_pb2.ApplyAgentResponse]  # type: ignore[assignment]
     """ApplyAgent creates a version of one of the caller's tenant's agents from a document (JSON or
@@ -684,6 +696,18 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         operator's credential only). Its keys are revoked at once; each call removes a batch and
         says whether anything remains: call it again until `deleted`. An absent tenant is
         NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def SetTenant(
+        self,
+        request: _gateway_pb2.SetTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.SetTenantResponse, _abc.Awaitable[_gateway_pb2.SetTenantResponse]]:
+        """SetTenant sets a tenant's share of the pool against the other tenants' (weight, default 1)
+        and how many of its runs may run at once (max_running; none: no cap), the platform
+        operator's credential only, audited (tenant.updated). A field left unset keeps its value.
+        An absent tenant is NOT_FOUND; a weight below 1 or a negative cap INVALID_ARGUMENT.
         """
 
     @_abc_1.abstractmethod

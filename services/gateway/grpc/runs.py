@@ -8,8 +8,9 @@ import grpc
 
 from services.gateway.grpc.admissions import Admissions
 from services.gateway.grpc.callers import Callers
+from tether import apikeys, priorities
 from tether.apikeys import Principal
-from tether.errors import InvalidArgument
+from tether.errors import InvalidArgument, PermissionDenied
 from tether.v1 import (
     admission_pb2,
     admission_pb2_grpc,
@@ -50,6 +51,12 @@ class RunRpcs:
         self, request: gateway_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SendMessageResponse:
         principal = await self._callers.authenticated(context, "SendMessage", request)
+        if request.priority:
+            priorities.rank(request.priority)  # an unknown name is the caller's mistake first
+            if apikeys.RUNS_PRIORITY not in principal.scopes:
+                raise PermissionDenied(
+                    f"naming a run's priority needs a key holding {apikeys.RUNS_PRIORITY}"
+                )
         admitted = await self._admit(
             principal,
             context,
@@ -59,6 +66,7 @@ class RunRpcs:
                 text=request.text,
                 channel=request.channel,
                 tenant_id=request.tenant_id,
+                priority=request.priority,
             ),
         )
         return gateway_pb2.SendMessageResponse(disposition=admitted.disposition, run=admitted.run)

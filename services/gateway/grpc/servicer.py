@@ -260,6 +260,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> gateway_pb2.DeleteTenantResponse:
         return await self._tenants.DeleteTenant(request, context)
 
+    async def SetTenant(
+        self, request: gateway_pb2.SetTenantRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.SetTenantResponse:
+        return await self._tenants.SetTenant(request, context)
+
     # Each streaming RPC is itself an async generator, the shape grpc.aio serves as a server
     # stream; it relays its handler's items and closes the handler's stream when it ends.
 

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.gateway.auth import Authenticator
 from services.gateway.grpc.callers import Callers
+from services.gateway.grpc.tenant_settings import TenantSettingsRpcs
 from tether import apikeys, audit
 from tether.errors import NotFound
 from tether.v1 import (
@@ -35,7 +36,7 @@ from tether.v1 import (
 
 
 class TenantRpcs:
-    """Implements DeleteTenant of tether.v1.GatewayService."""
+    """Implements DeleteTenant and SetTenant (`tenant_settings`) of tether.v1.GatewayService."""
 
     def __init__(
         self,
@@ -58,6 +59,12 @@ class TenantRpcs:
         # How long a revoked key may still be trusted from a replica's cache: the tenant row
         # goes only after that.
         self._revocation_bound_s = revocation_bound_s
+        self._settings = TenantSettingsRpcs(callers=callers, engine=engine)
+
+    async def SetTenant(
+        self, request: gateway_pb2.SetTenantRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.SetTenantResponse:
+        return await self._settings.SetTenant(request, context)
 
     async def DeleteTenant(
         self, request: gateway_pb2.DeleteTenantRequest, context: grpc.aio.ServicerContext

@@ -65,6 +65,7 @@ _UNARY: tuple[tuple[str, str, str, type[Message], bool], ...] = (
     ("GET", "/v2/secrets", "ListSecrets", _G.ListSecretsRequest, False),
     ("DELETE", "/v2/secrets/{name}", "RemoveSecret", _G.RemoveSecretRequest, False),
     ("POST", "/v2/channels", "AddChannel", _G.AddChannelRequest, True),
+    ("POST", "/v2/tenants/{tenant_id}", "SetTenant", _G.SetTenantRequest, True),
     ("GET", "/v2/channels", "ListChannels", _G.ListChannelsRequest, False),
     ("GET", "/v2/channels/{channel_id}", "GetChannel", _G.GetChannelRequest, False),
     ("DELETE", "/v2/channels/{channel_id}", "RemoveChannel", _G.RemoveChannelRequest, False),

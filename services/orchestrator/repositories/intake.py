@@ -16,6 +16,7 @@ from sqlalchemy import (
     CTE,
     BigInteger,
     ColumnElement,
+    Double,
     Integer,
     Select,
     SmallInteger,
@@ -28,6 +29,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.orchestrator.repositories.transitions import (
@@ -36,9 +38,10 @@ from services.orchestrator.repositories.transitions import (
     event_params,
 )
 from tether import formats
-from tether.db.schema import runs, sessions
+from tether.db.schema import in_state, runs, sessions, tenant_queues, tenants
 from tether.domain import Run, run_queued
 from tether.errors import NotFound
+from tether.priorities import NORMAL, PRIORITIES
 from tether.states import RunStatus
 from tether.visibility import Viewer
 
@@ -69,18 +72,53 @@ FACTS = (
 )
 
 
+_FAIR_TENANT = bindparam("fq_tenant_id", type_=Text)
+# The queue's virtual time: the least start tag of a claimable run (one probe of ix_runs_fair);
+# with none queued, the latest finish tag of any tenant (one probe of ix_tenant_queues_tail), so
+# that a tenant busy long ago starts level with the rest, not behind them.
+_VIRTUAL_TIME = func.coalesce(
+    select(runs.c.fair_key)
+    .where(in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head)
+    .order_by(runs.c.fair_key)
+    .limit(1)
+    .scalar_subquery(),
+    select(func.max(tenant_queues.c.tail)).scalar_subquery(),
+    literal(0.0, Double),
+)
+# What one run costs its tenant's tags: 1 / weight (tenants.weight, 1 when unset).
+_STEP = literal(1.0, Double) / func.coalesce(
+    select(tenants.c.weight).where(tenants.c.tenant_id == _FAIR_TENANT).scalar_subquery(), 1
+)
+# The run's start tag (start-time fair queueing): the later of its tenant's finish tag and the
+# virtual time; its tenant's finish tag moves on by one step. One row per tenant, locked for
+# the admitting statement only.
+_FAIR = (
+    pg_insert(tenant_queues)
+    .values(tenant_id=_FAIR_TENANT, tail=_VIRTUAL_TIME + _STEP)
+    .on_conflict_do_update(
+        index_elements=[tenant_queues.c.tenant_id],
+        set_={"tail": func.greatest(tenant_queues.c.tail, _VIRTUAL_TIME) + _STEP},
+    )
+    .returning((tenant_queues.c.tail - _STEP).label("start"))
+    .cte("fair")
+)
+
+
 def queued_run(source: Select[Any]) -> tuple[CTE, CTE]:
-    """The insert of a queued run whose facts `source` selects (FACTS, in order), and the
+    """The insert of a queued run whose facts `source` selects (FACTS, in order), with its
+    priority and its start tag among every tenant's runs (its tenant's tags move on), and the
     insert of its run.queued event (seq 1): CTEs for one statement. Bind `queued_params`."""
     run = (
         insert(runs)
         .from_select(
-            [*FACTS, "status", "attempt", "last_seq", "format"],
+            [*FACTS, "status", "attempt", "last_seq", "format", "priority", "fair_key"],
             source.add_columns(
                 literal(RunStatus.QUEUED.value, Text),
                 literal(1, Integer),
                 EVENT_COUNT.cast(BigInteger),
                 literal(formats.CURRENT, SmallInteger),
+                bindparam("fq_priority", type_=SmallInteger),
+                select(_FAIR.c.start).scalar_subquery(),
             ),
         )
         .returning(*runs.c)
@@ -89,9 +127,16 @@ def queued_run(source: Select[Any]) -> tuple[CTE, CTE]:
     return run, appended_events(run)
 
 
-def queued_params(reason: str) -> dict[str, Any]:
-    """The bound values `queued_run`'s event takes."""
-    return event_params([run_queued(1, reason)])
+def queued_params(
+    reason: str, tenant_id: str, priority: int = PRIORITIES[NORMAL]
+) -> dict[str, Any]:
+    """The bound values `queued_run` takes: its event's, and the tenant and priority (its rank)
+    its start tag is taken for."""
+    return {
+        **event_params([run_queued(1, reason)]),
+        "fq_tenant_id": tenant_id,
+        "fq_priority": priority,
+    }
 
 
 def _bound(name: str, type_: Any = Text) -> Any:
@@ -123,7 +168,10 @@ async def create_queued_run(conn: AsyncConnection, facts: dict[str, Any], *, rea
     """Create a queued run of an existing session (`facts`: FACTS but `session_head`), heading
     it when the session is idle, with its run.queued event; one statement, in the caller's
     transaction."""
-    params = {**{f"q_{k}": v for k, v in facts.items()}, **queued_params(reason)}
+    params = {
+        **{f"q_{k}": v for k, v in facts.items()},
+        **queued_params(reason, facts["tenant_id"]),
+    }
     row = (await conn.execute(_CREATE, params)).one()
     return Run.from_row(row._mapping)
 

@@ -1,9 +1,10 @@
 """Leases: the claim (PostgreSQL as the queue), heartbeats, release and the reaper's reads.
 
-The claim takes the oldest claimable runs with FOR UPDATE SKIP LOCKED. Claimable means queued
+The claim takes claimable runs with FOR UPDATE SKIP LOCKED, fairly across tenants (`fair`: the
+least start tags, each filled with its tenant's best run by priority). Claimable means queued
 AND its session's head: admission makes a run the head of an idle session, and a finishing
 head hands the session to the oldest queued message (`transitions`), so a conversation
-runs one message at a time, in order, and the claim is one indexed scan of one table.
+runs one message at a time, in order, and the claim's search is two indexed scans of one table.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from services.orchestrator.repositories import fair
 from services.orchestrator.repositories.picked import Leased, Unrouted, picked
 from services.orchestrator.repositories.transitions import (
     LEASE_UNTIL,
@@ -90,18 +92,7 @@ _ROUTES = (
     )
     .render_derived("route", with_types=False)
 )
-# The claimable runs, oldest first: queued session heads (one indexed scan, ix_runs_claimable),
-# locked, skipping those another claimer holds. Materialized: it is read more than once.
-_PICKED = (
-    # updated_at: when the run last moved (queued, or handed its session): claim latency.
-    select(runs.c.run_id, runs.c.tenant_id, runs.c.channel, runs.c.message_id, runs.c.updated_at)
-    .where(in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head)
-    .order_by(runs.c.created_at, runs.c.run_id)
-    .limit(bindparam("c_limit"))
-    .with_for_update(skip_locked=True)
-    .cte("picked")
-    .prefix_with("MATERIALIZED")
-)
+_PICKED = fair.PICKED
 _AGENT = func.coalesce(tenants.c.agent, text("'{}'::jsonb"))  # as routing reads a missing one
 # The revision of the tenant's agents (0: it has none, and runs with `tenants.agent`).
 _REVISION = func.coalesce(agent_sets.c.revision, 0)
@@ -137,6 +128,7 @@ _ROUTED = (
     )
     .cte("routed")
 )
+
 # A run keeps the routing its first lease pinned on it: a resume days later, or a retry after
 # the tenant changed its agent, runs with what the run started with.
 _PINNED = runs.c.routing_id.is_not(None)
@@ -175,6 +167,8 @@ _LEASED = (
     .returning(*runs.c, _ROUTED.c.routing_ms)
     .cte("moved")
 )
+
+
 _NEW_ATTEMPTS = insert(attempts).from_select(
     ["run_id", "lease_epoch", "attempt", "worker_id", "stages"],
     select(
@@ -237,6 +231,7 @@ CLAIM = Direct(
         appended_events(_LEASED, _started(_LEASED)),
         _NEW_ATTEMPTS.cte("new_attempts"),
         _NEW_ROUTINGS.cte("new_routings"),
+        fair.swapped(_LEASED),
     )
 )
 
@@ -278,10 +273,13 @@ def claim_params(
     ttl_s: float,
     routes: Sequence[Route],
     stored: Mapping[str, dict[str, Any]],
+    locked: Collection[str] = (),
 ) -> dict[str, Any]:
     """The values `CLAIM` binds to lease up to `limit` runs to `worker_id` for `ttl_s`, on
     `routes`; `stored` are routing decisions (by routing id) to store with it: those the routes
-    name that this replica has not stored yet."""
+    name that this replica has not stored yet; `locked`, the capped tenants the claim's
+    transaction locked (`fair.lock_capped`): it leases for those within their caps, and for
+    any other capped one not at all."""
     return {
         "c_limit": limit,
         "c_worker_id": worker_id,
@@ -293,6 +291,7 @@ def claim_params(
         "rt_revisions": [r.revision for r in routes],
         "rt_routing_ids": [r.routing_id for r in routes],
         "ro_ids": list(stored),
+        "c_capped": list(locked),
         "ro_configs": [json.dumps(config) for config in stored.values()],
         "rt_max_attempts": [r.max_attempts for r in routes],
         "rt_routing_ms": [r.routing_ms for r in routes],
@@ -310,9 +309,11 @@ async def routings_of(conn: AsyncConnection, routing_ids: Collection[str]) -> di
     return {row.routing_id: dict(row.config) for row in rows}
 
 
-_CLAIMABLE = select(func.count()).select_from(
+_CLAIMABLE_COUNT = select(func.count()).select_from(
+    # In the claim's order: its index (ix_runs_fair), however the planner weighs the two.
     select(runs.c.run_id)
-    .where(in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head)
+    .where(fair.CLAIMABLE)
+    .order_by(runs.c.fair_key)
     .limit(bindparam("limit"))
     .subquery()
 )
@@ -320,7 +321,7 @@ _CLAIMABLE = select(func.count()).select_from(
 
 async def count_claimable(conn: AsyncConnection, limit: int) -> int:
     """How many claimable runs there are, counting at most `limit` (locked ones too)."""
-    return int((await conn.execute(_CLAIMABLE, {"limit": limit})).scalar_one())
+    return int((await conn.execute(_CLAIMABLE_COUNT, {"limit": limit})).scalar_one())
 
 
 _HELD = (

@@ -8,6 +8,7 @@ from sqlalchemy import (
     DateTime,
     ForeignKey,
     Index,
+    Integer,
     LargeBinary,
     Table,
     Text,
@@ -27,7 +28,16 @@ tenants = Table(
     # Tenant policy, e.g. which approval decisions are permitted.
     Column("policy", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     _now(),
+    # The tenant's share of the pool against the others' (fair leases), and how many of its runs
+    # may run at once (None: no cap); the operator's (`tether tenant set`), read by the claim.
+    Column("weight", Integer, nullable=False, server_default=text("1")),
+    Column("max_running", Integer),
+    CheckConstraint("weight > 0", name="weight"),
+    CheckConstraint("max_running IS NULL OR max_running >= 0", name="max_running"),
 )
+
+# The capped tenants, for the claim (it leaves out those it did not lock first).
+Index("ix_tenants_capped", tenants.c.tenant_id, postgresql_where=tenants.c.max_running.is_not(None))
 
 api_keys = Table(
     "api_keys",

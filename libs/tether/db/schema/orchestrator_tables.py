@@ -10,6 +10,7 @@ from sqlalchemy import (
     Column,
     Computed,
     DateTime,
+    Double,
     ForeignKey,
     ForeignKeyConstraint,
     Identity,
@@ -89,6 +90,10 @@ runs = Table(
     # The stored format of the row's JSON payloads (tether.formats); 1 for rows stored before
     # formats were recorded, and for rows a release that does not know them writes.
     Column("format", SmallInteger, nullable=False, server_default=text("1")),
+    # Its order within its tenant's runs (PRIORITIES: 0 high, 1 normal, 2 low), and its start tag
+    # among every tenant's (fair leases: start-time fair queueing; see tenant_queues).
+    Column("priority", SmallInteger, nullable=False, server_default=text("1")),
+    Column("fair_key", Double, nullable=False, server_default=text("0")),
     _now(),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("started_at", DateTime(timezone=True)),
@@ -97,6 +102,7 @@ runs = Table(
         "status IN (" + ", ".join(f"'{s.value}'" for s in RunStatus) + ")", name="status"
     ),
     CheckConstraint("visibility IN ('private', 'tenant')", name="visibility"),
+    CheckConstraint("priority IN (0, 1, 2)", name="priority"),
     # Room on each page for the new versions of its running runs' rows (see ix_runs_running).
     postgresql_with={"fillfactor": RUNS_FILLFACTOR},
 )
@@ -110,10 +116,19 @@ Index(
     runs.c.run_id.desc(),
 )
 Index("ix_runs_session_created", runs.c.session_id, runs.c.created_at)
-# The claim's whole search: claimable runs in arrival order, one index, no join.
+# The claim's slots: claimable runs in start-tag order (whose turn it is, across tenants).
 Index(
-    "ix_runs_claimable",
-    runs.c.created_at,
+    "ix_runs_fair",
+    runs.c.fair_key,
+    runs.c.run_id,
+    postgresql_where=(runs.c.status == "queued") & runs.c.session_head,
+)
+# The claim's pick for a tenant's slot: its claimable runs by priority, then start tag.
+Index(
+    "ix_runs_tenant_claimable",
+    runs.c.tenant_id,
+    runs.c.priority,
+    runs.c.fair_key,
     runs.c.run_id,
     postgresql_where=(runs.c.status == "queued") & runs.c.session_head,
 )
@@ -422,3 +437,14 @@ Index(
     channel_statuses.c.tenant_id,
     channel_statuses.c.callback_data,
 )
+
+# Each tenant's finish tag (fair leases, start-time fair queueing): the tag after its last
+# admitted run. Admission gives a run the start tag max(tail, the queue's virtual time) and moves
+# the tail on by 1 / tenants.weight, in its own statement (intake.queued_run).
+tenant_queues = Table(
+    "tenant_queues",
+    metadata,
+    Column("tenant_id", Text, ForeignKey("tenants.tenant_id"), primary_key=True),
+    Column("tail", Double, nullable=False, server_default=text("0")),
+)
+Index("ix_tenant_queues_tail", tenant_queues.c.tail)

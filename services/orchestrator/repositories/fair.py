@@ -1,0 +1,181 @@
+"""Fair leases: whose turn it is when the claim leases (`leases.CLAIM` picks its runs here).
+
+Admission gives every run a start tag (`runs.fair_key`, start-time fair queueing: see
+`intake`): the later of its tenant's finish tag and the queue's virtual time, its tenant's tag
+moving on by 1 / weight. The claim's slots are the claimable runs with the least tags (one
+indexed scan of ix_runs_fair, as many rows as it leases); each slot is its tenant's turn, filled
+with that tenant's best claimable run by priority, then tag (one probe of
+ix_runs_tenant_claimable per tenant with a slot). Neither grows with the number of tenants queued
+or their backlog.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from sqlalchemy import Text, and_, bindparam, delete, func, select, true, update
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from tether.db.schema import in_state, runs, tenant_queues, tenants
+from tether.states import RunStatus
+
+CLAIMABLE = and_(in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head)
+# Caps (tenants.max_running): the capped tenants this claim's transaction locked first
+# (`lock_capped`); the runs of any other capped tenant wait for a claim that locks it (read
+# here, through ix_tenants_capped: a cap set a moment ago holds at once, whatever this replica
+# knows of it yet).
+_LOCKED = bindparam("c_capped", type_=ARRAY(Text))
+_UNLOCKED = select(tenants.c.tenant_id).where(
+    tenants.c.max_running.is_not(None), tenants.c.tenant_id != func.all(_LOCKED)
+)
+_RUNNING_OF_TENANT = (
+    select(func.count())
+    .where(in_state(runs.c.status, RunStatus.RUNNING), runs.c.tenant_id == tenants.c.tenant_id)
+    .scalar_subquery()
+)
+# How many more runs each locked capped tenant may run: its cap less its running runs, counted
+# after the lock (this statement's snapshot is taken once it was granted, so it sees every lease
+# committed before; no other claim leases for the tenant until this one commits). The running
+# runs are bounded by the pool's slots, read through ix_runs_running.
+_ROOM = (
+    select(tenants.c.tenant_id, (tenants.c.max_running - _RUNNING_OF_TENANT).label("room"))
+    .where(tenants.c.tenant_id == func.any(_LOCKED), tenants.c.max_running.is_not(None))
+    .cte("room")
+)
+_HELD_BACK = and_(
+    runs.c.tenant_id.not_in(select(_ROOM.c.tenant_id).where(_ROOM.c.room <= 0)),
+    runs.c.tenant_id.not_in(_UNLOCKED),
+)
+# Whose turn it is (fair leases): the claimable runs (queued session heads) with the least start
+# tags, one indexed scan of ix_runs_fair, locked, skipping those another claimer holds. Each is
+# a slot of its tenant's, filled below with that tenant's best run.
+SLOTS = (
+    select(runs.c.run_id, runs.c.tenant_id, runs.c.fair_key)
+    .where(CLAIMABLE, _HELD_BACK)
+    .order_by(runs.c.fair_key, runs.c.run_id)
+    .limit(bindparam("c_limit"))
+    .with_for_update(skip_locked=True)
+    .cte("slots")
+    .prefix_with("MATERIALIZED")
+)
+# Each tenant's slots, no more than its room under its cap (least() passes over no cap's NULL).
+_TURNS = (
+    select(SLOTS.c.tenant_id, func.least(func.count(), func.max(_ROOM.c.room)).label("n"))
+    .select_from(SLOTS.outerjoin(_ROOM, _ROOM.c.tenant_id == SLOTS.c.tenant_id))
+    .group_by(SLOTS.c.tenant_id)
+    .cte("turns")
+)
+# Each tenant's best claimable runs, as many as its slots: by priority, then start tag (one
+# probe of ix_runs_tenant_claimable per tenant with a slot). A run leased in another's slot
+# leaves its own tag queued for the tenant's next turn, so the tenant's share is its slots'.
+_BEST = (
+    # updated_at: when the run last moved (queued, or handed its session): claim latency.
+    select(
+        runs.c.run_id,
+        runs.c.tenant_id,
+        runs.c.channel,
+        runs.c.message_id,
+        runs.c.updated_at,
+        runs.c.fair_key,
+    )
+    .where(runs.c.tenant_id == _TURNS.c.tenant_id, CLAIMABLE)
+    .order_by(runs.c.priority, runs.c.fair_key, runs.c.run_id)
+    .limit(_TURNS.c.n)
+    .with_for_update(skip_locked=True)
+    .lateral("best")
+)
+# The runs picked, locked. Materialized: it is read more than once.
+PICKED = (
+    select(*_BEST.c)
+    .select_from(_TURNS.join(_BEST, true()))
+    .cte("picked")
+    .prefix_with("MATERIALIZED")
+)
+
+
+def _ranked(cte: Any, *, unless_in: Any) -> Any:
+    """`cte`'s runs not in `unless_in`, numbered within their tenant in tag order."""
+    return select(
+        cte.c.run_id,
+        cte.c.tenant_id,
+        cte.c.fair_key,
+        func.row_number()
+        .over(partition_by=cte.c.tenant_id, order_by=(cte.c.fair_key, cte.c.run_id))
+        .label("nth"),
+    ).where(cte.c.run_id.not_in(select(unless_in.c.run_id)))
+
+
+# A tenant's run leased before older ones for its priority takes a slot's tag with it: the slot's
+# run takes the leased run's later tag (the n-th slot passed over the n-th run leased past it),
+# so the tenant's queued tags stay the ones a lease in tag order would leave, and its priorities
+# reorder its own runs without moving its turns.
+
+
+def swapped(leased: Any) -> Any:
+    """The update (a CTE) that hands the slots passed over the tags of the runs `leased` (the
+    claim's moved runs: a CTE with run_id, tenant_id and fair_key) past them."""
+    passed = _ranked(SLOTS, unless_in=leased).cte("passed")
+    past = _ranked(leased, unless_in=SLOTS).cte("past")
+    return (
+        update(runs)
+        .where(
+            runs.c.run_id == passed.c.run_id,
+            past.c.tenant_id == passed.c.tenant_id,
+            past.c.nth == passed.c.nth,
+        )
+        .values(fair_key=past.c.fair_key)
+        .cte("swapped")
+    )
+
+
+_LOCK_CAPPED = (
+    select(tenant_queues.c.tenant_id)
+    .where(tenant_queues.c.tenant_id == func.any(bindparam("l_capped", type_=ARRAY(Text))))
+    .order_by(tenant_queues.c.tenant_id)
+    .with_for_update()
+)
+
+
+async def lock_capped(conn: AsyncConnection, capped: Collection[str]) -> list[str]:
+    """Lock the rows of the `capped` tenants (tenant_queues, in tenant order: two claims never
+    wait for each other in a cycle) until the caller's transaction ends: those with a row (a
+    tenant has one from its first run on). The claim that follows in the transaction leases
+    for these within their caps, and for the others not at all."""
+    rows = await conn.execute(_LOCK_CAPPED, {"l_capped": sorted(capped)})
+    return [row.tenant_id for row in rows]
+
+
+_CAPPED = select(tenants.c.tenant_id).where(tenants.c.max_running.is_not(None))
+
+
+async def capped_tenants(conn: AsyncConnection) -> list[str]:
+    """The tenants with a cap on runs running at once."""
+    return [row.tenant_id for row in await conn.execute(_CAPPED)]
+
+
+_AT_CAP = select(tenants.c.max_running).where(
+    tenants.c.tenant_id == bindparam("t_tenant_id"),
+    tenants.c.max_running.is_not(None),
+    tenants.c.max_running <= _RUNNING_OF_TENANT,
+)
+
+
+async def tenant_at_cap(conn: AsyncConnection, tenant_id: str) -> int | None:
+    """The tenant's cap when as many of its runs run as it allows (its queued runs wait for
+    one to end); None otherwise."""
+    cap = (await conn.execute(_AT_CAP, {"t_tenant_id": tenant_id})).scalar_one_or_none()
+    return None if cap is None else int(cap)
+
+
+async def delete_tenant(conn: AsyncConnection, tenant_id: str) -> int:
+    """Remove a deleted tenant's finish tag (its runs gone first); how many rows (0 or 1)."""
+    gone = await conn.execute(delete(tenant_queues).where(tenant_queues.c.tenant_id == tenant_id))
+    return int(gone.rowcount)
+
+
+async def tenant_has_tags(conn: AsyncConnection, tenant_id: str) -> bool:
+    """Whether the tenant still has a finish tag."""
+    found = select(tenant_queues.c.tenant_id).where(tenant_queues.c.tenant_id == tenant_id)
+    return (await conn.execute(found)).first() is not None
