@@ -26,7 +26,8 @@ GROUPS = {
     "agents": (agents.run,),
     "channels": (channels.run,),
     "context": (context.run,),
-    "fairness": (fairness.run,),
+    # Issue 32's four figures: fair shares and a hot tenant's wait, then the model rate limits.
+    "fairness": (fairness.run, ratelimit.run),
     "hotpath": (hotpath.run,),
     "ratelimit": (ratelimit.run,),
     "runs": (runs.run, telemetry.run),
