@@ -64,7 +64,7 @@ async def test_a_wrong_verifier_or_a_spent_code_is_refused_without_echoing_it(
     guarded: McpServer,
 ) -> None:
     client = McpOAuth(PUBLIC_CLIENT_ID, REDIRECT, TargetPolicy.parse("loopback"))
-    code, verifier = await consent(client, guarded)
+    code, _ = await consent(client, guarded)
     token_url = f"{guarded.base_url}/token"
     with pytest.raises(FailedPrecondition) as wrong:
         await client.exchange(token_url, PUBLIC_CLIENT_ID, code, pkce_pair()[0])

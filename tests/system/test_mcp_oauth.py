@@ -36,7 +36,9 @@ from tether.v1 import interactions_pb2
 
 pytestmark = pytest.mark.slow
 
-CALLBACK = "http://127.0.0.1/v1/oauth/callback"  # the stack's TETHER_INTERACTIONS_OAUTH_REDIRECT_URI
+CALLBACK = (
+    "http://127.0.0.1/v1/oauth/callback"  # the stack's TETHER_INTERACTIONS_OAUTH_REDIRECT_URI
+)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -90,9 +92,7 @@ async def connect(stack: ExecStack, tenant: Tenant, run_id: str, guarded: McpSer
     returned = parse_qs(back.query)
     assert returned["state"] == query["state"]
     async with client(stack, tenant) as tc:
-        completed = await tc.complete_connection(
-            run_id, returned["state"][0], returned["code"][0]
-        )
+        completed = await tc.complete_connection(run_id, returned["state"][0], returned["code"][0])
     assert completed.resumed
 
 
