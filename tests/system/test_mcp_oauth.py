@@ -7,7 +7,8 @@ The model calls the protected tool; the server refuses the worker (no token), so
 follows it as a browser would (the authorisation endpoint redirects to the callback with a code
 and the state), the consent is completed at the gateway, interactions exchanges the code (with
 the PKCE verifier it kept) at the discovered token endpoint, and the resumed run calls the tool
-with the token. An expired access token is refreshed at the token endpoint instead of pausing.
+with the token. An expired access token is refreshed at the token endpoint instead of pausing;
+one whose refresh token was revoked pauses again, saying "expired".
 No token ever appears in a service's log."""
 
 from __future__ import annotations
@@ -72,12 +73,18 @@ async def oauth_tenant(stack: ExecStack, url: str) -> Tenant:
     return tenant
 
 
-async def connect(stack: ExecStack, tenant: Tenant, run_id: str, guarded: McpServer) -> None:
+async def connect(
+    stack: ExecStack,
+    tenant: Tenant,
+    run_id: str,
+    guarded: McpServer,
+    gap: int = interactions_pb2.CONNECTION_GAP_ABSENT,
+) -> None:
     """The person follows the consent URL and the callback's code completes the consent."""
     async with client(stack, tenant) as tc:
         offer = (await tc.pending_connection(run_id)).connection
     assert offer.provider == "mcp:shop"
-    assert offer.gap == interactions_pb2.CONNECTION_GAP_ABSENT
+    assert offer.gap == gap
     url = urlsplit(offer.login_url)
     query = parse_qs(url.query)
     assert f"{url.scheme}://{url.netloc}{url.path}" == f"{guarded.base_url}/authorize"
@@ -109,7 +116,7 @@ def assert_never_logged(stack: ExecStack, guarded: McpServer) -> None:
     assert all(t not in json.dumps(r.body) for r in stack.model.requests for t in issued)
 
 
-async def test_an_oauth_server_pauses_for_consent_then_the_resumed_run_calls_it_with_the_token(
+async def test_an_oauth_server_pauses_for_consent_resumes_with_the_token_and_refreshes_it(
     stack: ExecStack, guarded: McpServer
 ) -> None:
     tenant = await oauth_tenant(stack, guarded.url)
@@ -131,6 +138,36 @@ async def test_an_oauth_server_pauses_for_consent_then_the_resumed_run_calls_it_
 
     # The access token expires: the next run's lease has it refreshed at the token endpoint
     # with the sealed refresh token, and calls the tool without pausing.
+    await expire(stack, tenant, guarded)
+    again = prompt("mcp oauth refreshed")
+    stack.model.script(
+        again, [ToolUseTurn("shop__lookup_order", {"order_id": "A-1001"}), TextTurn("Shipped.")]
+    )
+    second = await tenant.send(again)
+    run = await wait_for_status(stack.db_url, second, "completed")
+    assert run.result_text == "Shipped."
+    assert guarded.ledger.executions == {"lookup_order": 2}
+    assert_never_logged(stack, guarded)
+
+    # Expired again, and the refresh token revoked: the run pauses, and says "expired".
+    await expire(stack, tenant, guarded)
+    assert guarded.oauth is not None
+    guarded.oauth.refresh.clear()
+    third = prompt("mcp oauth revoked")
+    stack.model.script(
+        third, [ToolUseTurn("shop__lookup_order", {"order_id": "A-1001"}), TextTurn("Again.")]
+    )
+    run_id = await tenant.send(third)
+    await wait_for_status(stack.db_url, run_id, "waiting-for-connection")
+    await connect(stack, tenant, run_id, guarded, interactions_pb2.CONNECTION_GAP_EXPIRED)
+    run = await wait_for_status(stack.db_url, run_id, "completed")
+    assert run.result_text == "Again."
+    assert guarded.ledger.executions == {"lookup_order": 3}
+    assert_never_logged(stack, guarded)
+
+
+async def expire(stack: ExecStack, tenant: Tenant, guarded: McpServer) -> None:
+    """The tenant's connection past its expiry, and every access token issued refused."""
     engine = create_engine(stack.db_url, pool_size=1)
     try:
         async with engine.begin() as conn:
@@ -143,12 +180,3 @@ async def test_an_oauth_server_pauses_for_consent_then_the_resumed_run_calls_it_
         await engine.dispose()
     assert guarded.oauth is not None
     guarded.oauth.expire_access_tokens()
-    again = prompt("mcp oauth refreshed")
-    stack.model.script(
-        again, [ToolUseTurn("shop__lookup_order", {"order_id": "A-1001"}), TextTurn("Shipped.")]
-    )
-    second = await tenant.send(again)
-    run = await wait_for_status(stack.db_url, second, "completed")
-    assert run.result_text == "Shipped."
-    assert guarded.ledger.executions == {"lookup_order": 2}
-    assert_never_logged(stack, guarded)
