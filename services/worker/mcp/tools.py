@@ -2,7 +2,10 @@
 one tool path (`tether.tools`).
 
 At lease (`McpToolbox.lease`) the run's servers are listed (a warm cache costs no round trip),
-each bearer server's token is fetched from the secret store for this run, and each offered
+each bearer server's token is fetched from the secret store for this run, each `auth: oauth`
+server's is the run principal's connection `mcp:<server>` (without a usable one, or refused with
+OAuth metadata, its allowlisted tools are offered connect-first: a call raises an
+`McpConnectionGap` and the run pauses `waiting-for-connection`), and each offered
 `server__tool` becomes a `tether.tools` tool prepared once per distinct listing: so its input is
 validated against the server's schema, refused before any gate in the schema's words; its risk
 (annotations, or the agent's override) decides the approval gate; and every call carries its
