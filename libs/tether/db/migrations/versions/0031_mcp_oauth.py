@@ -3,15 +3,15 @@ callback (the discovered token endpoint, the client id, the PKCE code verifier s
 a connection keeps to refresh itself (the token endpoint, the client id, the refresh token
 sealed). Expand only: nullable columns a release before never names.
 
-Revision ID: 0033
-Revises: 0028
+Revision ID: 0031
+Revises: 0030
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0033"
-down_revision = "0028"
+revision = "0031"
+down_revision = "0030"
 branch_labels = None
 depends_on = None
 
