@@ -34,8 +34,8 @@ from tether.visibility import Viewer
 
 log = logging.getLogger(__name__)
 # What else is sealed under a connection's provider, each bound to its purpose.
-_PKCE = "#pkce-verifier"
-_REFRESH = "#refresh-token"
+PKCE_PURPOSE = "#pkce-verifier"
+REFRESH_PURPOSE = "#refresh-token"
 
 
 def _hash_state(state: str) -> bytes:
@@ -178,7 +178,7 @@ class Connections:
         state = secrets.token_urlsafe(24)
         verifier, challenge = pkce_pair()
         url = await self._mcp.consent_url(endpoints, state, challenge, scopes)
-        sealed = self._tokens.seal(run.tenant_id, owner, provider + _PKCE, verifier)
+        sealed = self._tokens.seal(run.tenant_id, owner, provider + PKCE_PURPOSE, verifier)
         interaction_id = await self._lifecycle.store(
             run_id,
             epoch,
@@ -208,7 +208,7 @@ class Connections:
         verifier = self._tokens.open(
             tenant_id,
             principal_id,
-            provider + _PKCE,
+            provider + PKCE_PURPOSE,
             Sealed(offer.verifier_ciphertext, offer.verifier_nonce, offer.verifier_key_id),
         )
         got = await self._mcp.exchange(
@@ -237,7 +237,9 @@ class Connections:
         scopes: Sequence[str],
     ) -> None:
         refresh = (
-            self._tokens.seal(tenant_id, principal_id, provider + _REFRESH, got.refresh_token)
+            self._tokens.seal(
+                tenant_id, principal_id, provider + REFRESH_PURPOSE, got.refresh_token
+            )
             if got.refresh_token
             else None
         )
@@ -264,7 +266,7 @@ class Connections:
         refresh_token = self._tokens.open(
             tenant_id,
             principal_id,
-            provider + _REFRESH,
+            provider + REFRESH_PURPOSE,
             Sealed(row.refresh_ciphertext, row.refresh_nonce, row.refresh_key_id),
         )
         try:
