@@ -9,6 +9,7 @@ from services.interactions.clients import GrpcOrchestrator, HttpTokenExchange
 from services.interactions.connections import Connections
 from services.interactions.domain import OAuthProvider, Policy
 from services.interactions.lifecycle import Lifecycle
+from services.interactions.mcp_oauth import McpOAuth
 from services.interactions.questions import Questions
 from services.interactions.resealing import Resealer
 from services.interactions.sealing import Keyring
@@ -74,6 +75,13 @@ async def amain(
             policy,
             tokens,
             HttpTokenExchange(token_urls, settings.oauth_client_id),
+            McpOAuth(
+                settings.mcp_oauth_client_id,
+                settings.oauth_redirect_uri,
+                settings.target_policy,
+            )
+            if settings.mcp_oauth_client_id and settings.oauth_redirect_uri
+            else None,
         ),
         upkeep,
         SecretStore(engine, keyring),

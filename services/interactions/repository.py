@@ -222,10 +222,19 @@ async def upsert_connection(
     scopes: Sequence[str],
     token: Sealed,
     expires_at: datetime,
+    refresh: Sealed | None = None,
+    token_endpoint: str | None = None,
+    client_id: str | None = None,
 ) -> None:
     """Store (or replace) a principal's connection to a provider, its token sealed; the
-    plaintext column keeps '' (NOT NULL for the previous release's reads)."""
+    plaintext column keeps '' (NOT NULL for the previous release's reads). An MCP server's
+    connection also keeps where and as whom to refresh it, and its refresh token sealed."""
     stmt = pg_insert(connections).values(
+        oauth_token_endpoint=token_endpoint,
+        oauth_client_id=client_id,
+        refresh_ciphertext=None if refresh is None else refresh.ciphertext,
+        refresh_nonce=None if refresh is None else refresh.nonce,
+        refresh_key_id=None if refresh is None else refresh.key_id,
         tenant_id=tenant_id,
         principal_id=principal_id,
         provider=provider,
@@ -246,6 +255,11 @@ async def upsert_connection(
                 "token_nonce": stmt.excluded.token_nonce,
                 "token_key_id": stmt.excluded.token_key_id,
                 "expires_at": stmt.excluded.expires_at,
+                "oauth_token_endpoint": stmt.excluded.oauth_token_endpoint,
+                "oauth_client_id": stmt.excluded.oauth_client_id,
+                "refresh_ciphertext": stmt.excluded.refresh_ciphertext,
+                "refresh_nonce": stmt.excluded.refresh_nonce,
+                "refresh_key_id": stmt.excluded.refresh_key_id,
             },
         )
     )

@@ -20,8 +20,9 @@ from typing import Any
 from sqlalchemy import Column, Table, and_, func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.interactions.connections import PKCE_PURPOSE, REFRESH_PURPOSE
 from services.interactions.sealing import Keyring, Sealed, associated_data
-from tether.db.schema import channel_connections, connections, secrets
+from tether.db.schema import channel_connections, connections, interactions, secrets
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,33 @@ SEALED: Sequence[SealedColumns] = (
         connections.c.token_nonce,
         connections.c.token_key_id,
         lambda r: associated_data(r.tenant_id, "connection", f"{r.principal_id}\n{r.provider}"),
+    ),
+    SealedColumns(
+        "connection refresh token",
+        connections,
+        (connections.c.tenant_id, connections.c.principal_id, connections.c.provider),
+        connections.c.refresh_ciphertext,
+        connections.c.refresh_nonce,
+        connections.c.refresh_key_id,
+        lambda r: associated_data(
+            r.tenant_id, "connection", f"{r.principal_id}\n{r.provider}{REFRESH_PURPOSE}"
+        ),
+    ),
+    SealedColumns(
+        "pending consent's PKCE verifier",
+        interactions,
+        (
+            interactions.c.interaction_id,
+            interactions.c.tenant_id,
+            interactions.c.principal_id,
+            interactions.c.provider,
+        ),
+        interactions.c.verifier_ciphertext,
+        interactions.c.verifier_nonce,
+        interactions.c.verifier_key_id,
+        lambda r: associated_data(
+            r.tenant_id, "connection", f"{r.principal_id}\n{r.provider}{PKCE_PURPOSE}"
+        ),
     ),
 )
 

@@ -11,6 +11,7 @@ from services.interactions.approvals import Approvals
 from services.interactions.channels_edge import ChannelRpcs
 from services.interactions.connections import Connections
 from services.interactions.domain import QuestionSpec
+from services.interactions.mcp_oauth import McpEndpoints
 from services.interactions.questions import Questions
 from services.interactions.secret_store import SecretInfo, SecretStore
 from services.interactions.upkeep import Upkeep
@@ -369,6 +370,13 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
             provider=request.provider,
             gap=gap,
             scopes=list(request.scopes),
+            mcp=McpEndpoints(
+                request.mcp.authorization_endpoint,
+                request.mcp.token_endpoint,
+                request.mcp.resource,
+            )
+            if request.HasField("mcp")
+            else None,
         )
         if offer is None:
             return interactions_pb2.RequestConnectionResponse()

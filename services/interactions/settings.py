@@ -34,6 +34,12 @@ class InteractionsSettings(PlatformSettings):
     )
     oauth_redirect_uri: str = Field("", description="Where the provider sends the person back.")
     oauth_client_id: str = Field("tether-demo", description="OAuth client id.")
+    mcp_oauth_client_id: str = Field(
+        "tether",
+        description="The client id Tether is registered under at the authorisation servers of "
+        "`auth: oauth` MCP servers (a public client: PKCE, no secret); their consent sends the "
+        "person back to `oauth_redirect_uri`. Empty: such servers cannot be connected.",
+    )
     secrets_key: SecretStr = Field(
         SecretStr(""),
         validation_alias=AliasChoices("TETHER_SECRETS_KEY"),

@@ -252,7 +252,8 @@ class Attempt:
             return
         secret = None if self._interactions is None else self._interactions.secret
         taken = {*self.config.tool_allowlist, *self._registry.names, *BUILTIN_SPECS}
-        self._mcp_tools = await self._mcp.lease(self.config, secret, taken)
+        token = None if self._interactions is None else self._interactions.token
+        self._mcp_tools = await self._mcp.lease(self.config, secret, taken, token)
         self._gate.offer(self._mcp_tools)
         self.context_warnings = (*self.context_warnings, *self._mcp_tools.warnings)
 

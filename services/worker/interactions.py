@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from services.worker.mcp.gap import McpConnectionGap
 from services.worker.senders import Sending
 from tether.domain import Lease, ToolAnnouncement, schema_sha256
 from tether.states import RunStatus
@@ -256,6 +257,7 @@ class LeasedInteractions:
                 gap=_GAP_PROTO[gap.gap],
                 scopes=list(gap.scopes),
                 credential_ref=gap.credential_ref,
+                mcp=_mcp_authorization(gap),
             )
         )
         if not response.interaction_id:
@@ -301,6 +303,17 @@ class LeasedInteractions:
             )
         )
         return bytes(response.value).decode("utf-8", "replace")
+
+
+def _mcp_authorization(gap: ConnectionGap) -> interactions_pb2.McpAuthorization | None:
+    """An MCP server's discovered endpoints, for its consent URL and code exchange."""
+    if not isinstance(gap, McpConnectionGap):
+        return None
+    return interactions_pb2.McpAuthorization(
+        authorization_endpoint=gap.challenge.authorization_endpoint,
+        token_endpoint=gap.challenge.token_endpoint,
+        resource=gap.challenge.resource,
+    )
 
 
 def approval_claim_from_proto(response: interactions_pb2.ClaimApprovalResponse) -> ApprovalClaim:

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.interactions import repository as repo
 from services.interactions.channel_store import ChannelSpec, ChannelStore
+from services.interactions.connections import REFRESH_PURPOSE
 from services.interactions.resealing import SEALED, Resealer
 from services.interactions.sealing import Keyring, Sealed
 from services.interactions.secret_store import ConnectionTokens, SecretStore
@@ -49,6 +50,9 @@ async def _seal_under_old(engine: AsyncEngine, tenant: str) -> str:
             scopes=["calendar"],
             token=ConnectionTokens(old).seal(tenant, "alice", "google", "ya29.token"),
             expires_at=datetime.now(UTC) + timedelta(hours=1),
+            refresh=ConnectionTokens(old).seal(
+                tenant, "alice", "google" + REFRESH_PURPOSE, "refresh-1"
+            ),
         )
     return added.channel_id
 
@@ -87,6 +91,9 @@ async def test_a_new_key_listed_first_reseals_everything_the_old_one_sealed(
     assert row is not None
     token = Sealed(row.token_ciphertext, row.token_nonce, row.token_key_id)
     assert ConnectionTokens(new).open("t-reseal", "alice", "google", token) == "ya29.token"
+    refresh = Sealed(row.refresh_ciphertext, row.refresh_nonce, row.refresh_key_id)
+    opened = ConnectionTokens(new).open("t-reseal", "alice", "google" + REFRESH_PURPOSE, refresh)
+    assert opened == "refresh-1"
 
 
 async def test_values_under_a_key_no_longer_listed_are_left_and_counted(

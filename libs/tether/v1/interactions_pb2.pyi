@@ -1077,6 +1077,7 @@ class RequestConnectionRequest(_message.Message):
     GAP_FIELD_NUMBER: _builtins.int
     SCOPES_FIELD_NUMBER: _builtins.int
     CREDENTIAL_REF_FIELD_NUMBER: _builtins.int
+    MCP_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     epoch: _builtins.int
@@ -1093,6 +1094,12 @@ class RequestConnectionRequest(_message.Message):
     def scopes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Scopes needed."""
 
+    @_builtins.property
+    def mcp(self) -> Global___McpAuthorization:
+        """For an `mcp:<server>` provider: what the MCP server's metadata said of its authorisation
+        server (the consent URL and the code exchange are built from it, not from configuration).
+        """
+
     def __init__(
         self,
         *,
@@ -1103,14 +1110,45 @@ class RequestConnectionRequest(_message.Message):
         gap: Global___ConnectionGap.ValueType = ...,
         scopes: _abc.Iterable[_builtins.str] | None = ...,
         credential_ref: _builtins.str = ...,
+        mcp: Global___McpAuthorization | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["mcp", b"mcp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["credential_ref", b"credential_ref", "epoch", b"epoch", "gap", b"gap", "provider", b"provider", "run_id", b"run_id", "scopes", b"scopes", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credential_ref", b"credential_ref", "epoch", b"epoch", "gap", b"gap", "mcp", b"mcp", "provider", b"provider", "run_id", b"run_id", "scopes", b"scopes", "tool_call_id", b"tool_call_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RequestConnectionRequest: _TypeAlias = RequestConnectionRequest  # noqa: Y015
+
+@_typing.final
+class McpAuthorization(_message.Message):
+    """McpAuthorization is an MCP server's discovered OAuth metadata (RFC 9728, RFC 8414)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AUTHORIZATION_ENDPOINT_FIELD_NUMBER: _builtins.int
+    TOKEN_ENDPOINT_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    authorization_endpoint: _builtins.str
+    """Authorisation endpoint the person is sent to."""
+    token_endpoint: _builtins.str
+    """Token endpoint the code is exchanged (and the refresh token used) at."""
+    resource: _builtins.str
+    """RFC 8707 resource indicator (the MCP server), sent with the request when known."""
+    def __init__(
+        self,
+        *,
+        authorization_endpoint: _builtins.str = ...,
+        token_endpoint: _builtins.str = ...,
+        resource: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authorization_endpoint", b"authorization_endpoint", "resource", b"resource", "token_endpoint", b"token_endpoint"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___McpAuthorization: _TypeAlias = McpAuthorization  # noqa: Y015
 
 @_typing.final
 class RequestConnectionResponse(_message.Message):

@@ -2,7 +2,10 @@
 one tool path (`tether.tools`).
 
 At lease (`McpToolbox.lease`) the run's servers are listed (a warm cache costs no round trip),
-each bearer server's token is fetched from the secret store for this run, and each offered
+each bearer server's token is fetched from the secret store for this run, each `auth: oauth`
+server's is the run principal's connection `mcp:<server>` (without a usable one, or refused with
+OAuth metadata, its allowlisted tools are offered connect-first: a call raises an
+`McpConnectionGap` and the run pauses `waiting-for-connection`), and each offered
 `server__tool` becomes a `tether.tools` tool prepared once per distinct listing: so its input is
 validated against the server's schema, refused before any gate in the schema's words; its risk
 (annotations, or the agent's override) decides the approval gate; and every call carries its
@@ -44,11 +47,13 @@ import jsonschema
 
 from services.worker.mcp.catalog import OfferedTool, canonical
 from services.worker.mcp.client import DEFAULT_CALL_TIMEOUT_S, McpClients
-from services.worker.mcp.outcome import McpFailure, McpOutcome
+from services.worker.mcp.gap import McpConnectionGap, provider
+from services.worker.mcp.outcome import AuthChallenge, McpFailure, McpOutcome
 from tether.domain import AgentConfig, McpServer
 from tether.errors import TetherError
 from tether.mcp_wire import offered_name
 from tether.tools.base import (
+    ConnectionGap,
     RiskCategory,
     ToolContext,
     ToolError,
@@ -71,6 +76,10 @@ MAX_PREPARED = 4096
 
 SecretSource = Callable[[str], Awaitable[str]]
 """The value of the run tenant's secret by name (the worker's `LeasedInteractions.secret`)."""
+TokenSource = Callable[[str, Sequence[str]], Awaitable[str]]
+"""The run principal's access token for a provider, or `ConnectionGap` (the worker's
+`LeasedInteractions.token`: interactions refreshes an expired one when it can)."""
+_CONNECT_FIRST = {"type": "object", "additionalProperties": True}
 
 
 @dataclass(frozen=True)
@@ -92,20 +101,34 @@ class McpToolbox:
         self._prepared: dict[tuple[str, ...], PreparedTool] = {}
 
     async def lease(
-        self, config: AgentConfig, secret: SecretSource | None, taken: Iterable[str]
+        self,
+        config: AgentConfig,
+        secret: SecretSource | None,
+        taken: Iterable[str],
+        connection: TokenSource | None = None,
     ) -> LeasedTools:
-        """What one attempt of `config`'s agent is offered of its MCP servers."""
+        """What one attempt of `config`'s agent is offered of its MCP servers. An `auth:
+        oauth` server is called with the run principal's token for `mcp:<server>`; without a
+        usable one (or when the server refuses it with its OAuth metadata) its allowlisted tools
+        are offered as connect-first tools, whose call pauses the run for the connection."""
         servers = config.mcp_servers
         if not servers:
             return LeasedTools({})
+        taken = set(taken)
         tokens: dict[str, str | None] = {}
+        gaps: dict[str, str] = {}
         unusable: list[str] = []
         for server in servers:
-            if server.auth != "bearer":
+            if server.auth == "bearer":
+                token = await _bearer(server, secret)
+            elif server.auth == "oauth" and connection is not None:
+                token, gap = await _connected(server, connection)
+                if gap:
+                    gaps[server.name] = gap
+            else:
                 tokens[server.name] = None
                 continue
-            token = await _bearer(server, secret)
-            if token is None:
+            if token is None and server.auth == "bearer":
                 unusable.append(server.name)
             tokens[server.name] = token
         usable = [s for s in servers if s.name not in unusable]
@@ -119,6 +142,19 @@ class McpToolbox:
             prepared = self._prepare(offered, server, tokens.get(server.name))
             if prepared is not None:
                 tools[offered.name] = prepared
+        for name, failure in list(failures.items()):
+            server = by_server[name]
+            if server.auth != "oauth" or connection is None or not _pausable(failure):
+                continue
+            assert failure.challenge is not None
+            # No token sent: the store's word (absent, or expired past refreshing); one sent
+            # and refused: the server's (expired or revoked, or insufficient scope).
+            gap = failure.challenge.gap if tokens[name] else gaps.get(name, "absent")
+            for tool in server.tools:
+                offered_as = offered_name(name, tool)
+                if offered_as not in taken and offered_as not in tools:
+                    tools[offered_as] = _connect_first(server, offered_as, gap, failure.challenge)
+            del failures[name]
         warnings = [f"mcp_server_omitted:{name}" for name in [*unusable, *failures]]
         dropped = set(unusable) | set(failures)
         for server in servers:
@@ -192,6 +228,46 @@ async def _bearer(server: McpServer, secret: SecretSource | None) -> str | None:
         return None
 
 
+async def _connected(server: McpServer, connection: TokenSource) -> tuple[str | None, str]:
+    """(the principal's token for the server, or None and the store's gap)."""
+    try:
+        return await connection(provider(server.name), ()), ""
+    except ConnectionGap as gap:
+        return None, gap.gap
+
+
+def _pausable(failure: McpOutcome) -> bool:
+    """A refusal the person can fix by connecting: a 401/403 with an authorisation server."""
+    return (
+        failure.failure is McpFailure.UNAUTHORISED
+        and failure.challenge is not None
+        and bool(failure.challenge.authorization_endpoint)
+        and bool(failure.challenge.token_endpoint)
+    )
+
+
+def _connect_first(
+    server: McpServer, name: str, gap: str, challenge: AuthChallenge
+) -> PreparedTool:
+    """A tool of a server the person has not connected (yet): calling it pauses the run for
+    the connection; once resumed, the attempt is offered the server's real tool."""
+
+    async def call(ctx: ToolContext, input: dict[str, Any]) -> ToolOutput:
+        raise McpConnectionGap(server=server.name, gap=gap, challenge=challenge)
+
+    spec = ToolSpec(
+        name=name,
+        description=(
+            f"A tool of the MCP server {server.name!r}, which needs the user to connect their "
+            "account first: calling it asks them to, and the call runs once they have."
+        ),
+        input_schema=dict(_CONNECT_FIRST),
+        # It only pauses: no effect, no gate (the real tool's risk gates the real call).
+        risk=RiskCategory.READ,
+    )
+    return PreparedTool(ToolDefinition(spec, call))
+
+
 def _handler(
     clients: McpClients, server: McpServer, tool: str, token: str | None, timeout_s: float
 ) -> Callable[[ToolContext, dict[str, Any]], Awaitable[ToolOutput]]:
@@ -207,6 +283,12 @@ def _handler(
             token=token,
             timeout_s=timeout_s,
         )
+        if server.auth == "oauth" and _pausable(outcome):
+            assert outcome.challenge is not None
+            # Refused mid-run (expired, revoked, or a scope this tool needs): nothing ran.
+            raise McpConnectionGap(
+                server=server.name, gap=outcome.challenge.gap, challenge=outcome.challenge
+            )
         return settle(outcome, name)
 
     name = offered_name(server.name, tool)

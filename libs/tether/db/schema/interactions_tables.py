@@ -64,6 +64,14 @@ interactions = Table(
     Column("principal_id", Text),
     Column("oauth_state_hash", LargeBinary, unique=True),
     Column("login_url", Text),
+    # An MCP server's consent (0033): its discovered token endpoint, the client id the URL
+    # named, and the PKCE code verifier sealed (bound to tenant, principal, provider); never
+    # given to anyone, read once by the callback's code exchange.
+    Column("oauth_token_endpoint", Text),
+    Column("oauth_client_id", Text),
+    Column("verifier_ciphertext", LargeBinary),
+    Column("verifier_nonce", LargeBinary),
+    Column("verifier_key_id", Text),
     Column("expires_at", DateTime(timezone=True)),
     _now(),
     Column("resolved_at", DateTime(timezone=True)),
@@ -141,6 +149,13 @@ connections = Table(
     Column("token_nonce", LargeBinary),
     Column("token_key_id", Text),
     Column("expires_at", DateTime(timezone=True), nullable=False),
+    # An MCP server's connection (0033): where and as whom to refresh it, the refresh token
+    # sealed as the access token is.
+    Column("oauth_token_endpoint", Text),
+    Column("oauth_client_id", Text),
+    Column("refresh_ciphertext", LargeBinary),
+    Column("refresh_nonce", LargeBinary),
+    Column("refresh_key_id", Text),
     _now(),
     PrimaryKeyConstraint("tenant_id", "principal_id", "provider"),
 )
