@@ -51,9 +51,11 @@ RACE_WORKER = {
 # The cancel request reads the run under a row lock before it writes anything.
 CANCEL = "SELECT runs.run_id, runs.tenant_id"
 PARK = "waiting_interaction_id="  # the park sets it
-# The completion's statement (its fence starts like a checkpoint's: only the call tells them
-# apart, and a finished block's own checkpoint may queue between them on a loaded machine).
-COMPLETION = "tether_complete_run("
+# The completion's statement: its fence reads the run under a lock (a checkpoint's fence is an
+# UPDATE). pg_stat_activity keeps a query's first 1024 bytes (track_activity_query_size), and
+# the call to tether_complete_run now starts past them, after the run's every column: so the
+# fence's own words tell it apart.
+COMPLETION = "(SELECT runs.cancel_requested_at AS cancel_requested_at, runs.checkpoint_batch"
 HOLD = "FOR NO KEY UPDATE"
 SETTLED = ("cancelled", "completed", "failed", "queued", "retry-pending", "waiting-for-approval")
 
