@@ -166,6 +166,11 @@ class Work:
         # render id -> its caller, waiting for the worker's answer
         self._renders: dict[int, asyncio.Future[Rendered]] = {}
 
+    @property
+    def connected(self) -> int:
+        """Workers whose Work stream this replica serves now."""
+        return len(self._sessions)
+
     # -- one stream ---------------------------------------------------------------------------
 
     async def serve(
