@@ -66,6 +66,10 @@ class LimitStore:
         self._override = share_override
         self.rounds = 0
         self.level_writes = 0
+        # The other live replicas' workers and count, as of the last round: a worker that
+        # connects or leaves here changes this replica's share at once (workers_changed).
+        self._others = 0
+        self._replicas = 1
         limits.ready = False  # until the first round: see ModelLimits.ready
         if share_override is not None:
             limits.set_share(share_override)
@@ -121,8 +125,10 @@ class LimitStore:
                     )
                 )
             ).one()
-            if self._override is None:
-                self._limits.set_share(proportional_share(mine, int(live[0]), int(live[1])))
+            # The sum counts this replica's row as just written.
+            self._others = max(0, int(live[0]) - mine)
+            self._replicas = max(1, int(live[1]))
+            self._reshare(mine)
             wrote = self._limits.dirty
             if wrote:
                 # A grant while this writes marks them changed again: the next round has it.
@@ -153,6 +159,15 @@ class LimitStore:
         self.rounds += 1
         self._limits.ready = True
         return wrote
+
+    def workers_changed(self) -> None:
+        """A worker's stream began or ended here: the share follows now, from the others'
+        workers as of the last round (no statement; the next round writes the count)."""
+        self._reshare(self._workers())
+
+    def _reshare(self, mine: int) -> None:
+        if self._override is None:
+            self._limits.set_share(proportional_share(mine, mine + self._others, self._replicas))
 
     async def leave(self) -> None:
         """At shutdown: the last levels, and this replica's workers no longer count (PostgreSQL

@@ -161,6 +161,7 @@ async def amain(
     supervisor.start("lease-dispatcher", servicer.work.dispatch(settings.claim_poll_s))
     cleanups: list[Callable[[], Awaitable[None]]] = [engine.dispose, bus.close, supervisor.stop]
     if limit_store is not None:
+        servicer.work.sessions_changed = limit_store.workers_changed
         # Before a grant: the buckets resume from the stored levels (ModelLimits.ready).
         await limit_store.resume()
         supervisor.start(

@@ -159,6 +159,8 @@ class Work:
         self._keepalive_s = keepalive_interval_s
         self._deadline_s = progress_deadline_s
         self._sessions: list[Session] = []
+        # Called when a worker's stream begins or ends (the model limits' share follows).
+        self.sessions_changed: Callable[[], object] | None = None
         # Set when a session may take leases it could not before: credits granted, a probe
         # answered.
         self._may_lease = asyncio.Event()
@@ -191,6 +193,8 @@ class Work:
             )
         )
         self._sessions.append(session)
+        if self.sessions_changed is not None:
+            self.sessions_changed()
         if self._announce is not None and session.tools:
             self._spawn(session, _record_tools(self._announce, session))
         reader = asyncio.ensure_future(self._read(session, requests))
@@ -208,6 +212,8 @@ class Work:
         finally:
             session.closed = True
             self._sessions.remove(session)
+            if self.sessions_changed is not None:
+                self.sessions_changed()
             if self._let_go is not None:
                 for run_id in session.held:
                     self._let_go(run_id)

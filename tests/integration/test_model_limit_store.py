@@ -135,7 +135,7 @@ async def test_shares_follow_connected_workers_and_sum_to_one(engine: AsyncEngin
 
 async def test_a_replica_that_leaves_stops_counting(engine: AsyncEngine) -> None:
     a, store_a = replica(engine, "ra", workers=2)
-    b, store_b = replica(engine, "rb", workers=2)
+    _, store_b = replica(engine, "rb", workers=2)
     await store_a.round()
     await store_b.round()
     await store_a.round()
@@ -152,3 +152,18 @@ async def test_the_operators_share_overrides_the_proportional_one(engine: AsyncE
     await store_a.round()
     assert a.share == 0.5
     assert 490 <= fill(a) <= 560
+
+
+async def test_a_worker_connecting_changes_the_share_before_the_next_round(
+    engine: AsyncEngine,
+) -> None:
+    count = {"n": 0}
+    limits = ModelLimits.from_text(LIMITS)
+    store = LimitStore(engine, limits, "ra", lambda: count["n"], replica_timeout_s=5.0)
+    _, other = replica(engine, "rb", workers=1)
+    await other.round()
+    await store.round()
+    assert limits.share < 0.05  # no worker here: it grants nothing anyway
+    count["n"] = 3
+    store.workers_changed()  # memory only: the others' workers as of the last round
+    assert limits.share == pytest.approx(0.75)
