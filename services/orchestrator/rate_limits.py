@@ -10,10 +10,11 @@ with its lease: when the run's outcome is written, when its worker's stream ends
 killed mid-call: its stream breaks at once, or its lease lapses within one lease TTL and the
 keepalive that no longer names it lets it go), and the tokens it held come back.
 
-Several replicas: each grants from its share of every configured limit
-(`TETHER_ORCHESTRATOR_MODEL_LIMIT_SHARE`, by default 1 / the replica count the operator runs),
-and the provider's headers, which every replica's workers see, pull every replica's buckets
-down to what the provider says remains pool-wide. See the README's "Model rate limits".
+Several replicas: each grants from its share of every limit, its connected workers over every
+live replica's (or the operator's `TETHER_ORCHESTRATOR_MODEL_LIMIT_SHARE`), and the provider's
+headers, which every replica's workers see, pull every replica's buckets down to what the
+provider says remains pool-wide. The levels and the shares' inputs are written to PostgreSQL
+in batches, off the grant's path (limit_store.py). See the README's "Model rate limits".
 """
 
 from __future__ import annotations
