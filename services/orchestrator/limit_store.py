@@ -42,7 +42,9 @@ def proportional_share(mine: int, everyone: int, replicas: int) -> float:
     equal part."""
     if everyone <= 0:
         return 1.0 / max(1, replicas)
-    return min(1.0, max(IDLE_SHARE, mine / everyone))
+    if mine <= 0:
+        return IDLE_SHARE  # grants nothing, having no worker; a share is never 0
+    return min(1.0, mine / everyone)
 
 
 class LimitStore:
