@@ -32,8 +32,8 @@ from tether.ratelimits import KINDS
 
 log = logging.getLogger(__name__)
 
-# A replica with no worker connected keeps this share: it grants nothing meanwhile, and a
-# worker that connects is served (thinly) until the next round gives it its share.
+# A replica with no worker connected keeps this share (it grants nothing meanwhile; a share is
+# never 0): a worker that connects gives it its part at once (LimitStore.workers_changed).
 IDLE_SHARE = 0.01
 
 
