@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from services.orchestrator import observed
 from services.orchestrator.execution import Execution
+from services.orchestrator.limit_store import LimitStore
 from services.orchestrator.maintenance import listen_for_hints
 from services.orchestrator.rate_limits import ModelLimits
 from services.orchestrator.retention import Retention
@@ -95,10 +96,22 @@ async def amain(
         Subscriptions(engine, secrets, policy),
         target_policy=settings.target_policy,
         model_limits=ModelLimits.from_text(
-            settings.model_limits, settings.model_limit_share, settings.model_limit_recheck_s
+            settings.model_limits, recheck_s=settings.model_limit_recheck_s
         )
         if settings.model_limits.strip()
         else None,
+    )
+    limit_store = (
+        None
+        if servicer.model_limits is None
+        else LimitStore(
+            engine,
+            servicer.model_limits,
+            execution.publisher.wake_marker,
+            lambda: servicer.work.connected,
+            replica_timeout_s=settings.model_limit_replica_timeout_s,
+            share_override=settings.model_limit_share,
+        )
     )
     served = await start_server(
         host=settings.host,
@@ -148,6 +161,21 @@ async def amain(
     supervisor.start("cap-watch", execution.claims.caps.watch())
     supervisor.start("lease-dispatcher", servicer.work.dispatch(settings.claim_poll_s))
     cleanups: list[Callable[[], Awaitable[None]]] = [engine.dispose, bus.close, supervisor.stop]
+    if limit_store is not None:
+        servicer.work.sessions_changed = limit_store.workers_changed
+        # Before a grant: the buckets resume from the stored levels (ModelLimits.ready).
+        await limit_store.resume()
+        supervisor.start(
+            "model-limit-store",
+            rounds(
+                limit_store.round,
+                "model limit store",
+                least_s=settings.model_limit_sync_s,
+                most_s=settings.model_limit_sync_s,
+            ),
+        )
+        # After the supervisor stops, before the engine is disposed: the last levels.
+        cleanups.insert(1, limit_store.leave)
     if secrets is not None and interactions is not None:
         dispatcher = Dispatcher(engine, secrets, policy, _dispatch_settings(settings))
         supervisor.start(

@@ -10,10 +10,11 @@ with its lease: when the run's outcome is written, when its worker's stream ends
 killed mid-call: its stream breaks at once, or its lease lapses within one lease TTL and the
 keepalive that no longer names it lets it go), and the tokens it held come back.
 
-Several replicas: each grants from its share of every configured limit
-(`TETHER_ORCHESTRATOR_MODEL_LIMIT_SHARE`, by default 1 / the replica count the operator runs),
-and the provider's headers, which every replica's workers see, pull every replica's buckets
-down to what the provider says remains pool-wide. See the README's "Model rate limits".
+Several replicas: each grants from its share of every limit, its connected workers over every
+live replica's (or the operator's `TETHER_ORCHESTRATOR_MODEL_LIMIT_SHARE`), and the provider's
+headers, which every replica's workers see, pull every replica's buckets down to what the
+provider says remains pool-wide. The levels and the shares' inputs are written to PostgreSQL
+in batches, off the grant's path (limit_store.py). See the README's "Model rate limits".
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ class ModelLimits:
         self._by_run: dict[str, set[int]] = {}
         self._ids = itertools.count(1)
         self.refused = 0
+        # Set by every grant, settlement and let-go: the levels changed since the store last
+        # wrote them (services/orchestrator/limit_store.py).
+        self.dirty = False
+        # False until the first round with the shared state (limit_store.LimitStore) resumed the
+        # buckets and computed this replica's share: a replica that just started grants nothing
+        # before, so it cannot burst from full buckets. Built without a store: ready.
+        self.ready = True
 
     @classmethod
     def from_text(cls, text: str, share: float = 1.0, recheck_s: float = 1.0) -> ModelLimits:
@@ -81,6 +89,56 @@ class ModelLimits:
             held = self._buckets[key] = ModelBuckets(limit, self._clock())
         return held
 
+    # -- shared state (written and read in batches, off the grant's path) ----------------------
+
+    @property
+    def share(self) -> float:
+        return self._share
+
+    def set_share(self, share: float) -> None:
+        """This replica's share of every limit changed (replicas or their workers came or
+        went): every bucket's capacity, level and refill rate scale with it."""
+        if not 0 < share <= 1:
+            raise InvalidArgument(f"the model limit share must be in (0, 1], not {share}")
+        factor = share / self._share
+        if factor == 1:
+            return
+        now = self._clock()
+        for held in self._buckets.values():
+            for bucket in held.buckets.values():
+                if bucket is not None:
+                    bucket.refill(now)
+                    bucket.capacity *= factor
+                    bucket.level *= factor
+                    if bucket.configured is not None:
+                        bucket.configured *= factor
+        self._share = share
+
+    def levels(self) -> list[tuple[str, str, dict[str, float | None]]]:
+        """Every (credential, model)'s levels now, as the pool's: this replica's over its
+        share (None: a kind without a limit)."""
+        now = self._clock()
+        out = []
+        for (credential, model), held in self._buckets.items():
+            held.refill(now)
+            pool = {k: None if v is None else v / self._share for k, v in held.levels().items()}
+            out.append((credential, model, pool))
+        return out
+
+    def resume(
+        self, credential: str, model: str, pool: Mapping[str, float | None], elapsed_s: float
+    ) -> None:
+        """A replica starting: the buckets of (credential, model) hold this replica's share of
+        the pool's levels measured `elapsed_s` ago, refilled since, instead of starting full."""
+        held = self.buckets(credential, model)
+        now = self._clock()
+        for kind, bucket in held.buckets.items():
+            level = pool.get(kind)
+            if bucket is not None and level is not None:
+                refilled = level * self._share + max(0.0, elapsed_s) * bucket.rate
+                bucket.level = min(bucket.capacity, refilled)
+                bucket.updated = now
+
     # -- reservations ---------------------------------------------------------------------------
 
     def reserve(
@@ -96,6 +154,9 @@ class ModelLimits:
         if input_tokens < 0 or output_tokens < 0:
             raise InvalidArgument("a reservation's token counts must not be negative")
         wanted = {"requests": 1.0, "input_tokens": input_tokens, "output_tokens": output_tokens}
+        if not self.ready:
+            self.refused += 1
+            return 0, self._recheck_s
         wait = self.buckets(credential, model).try_reserve(wanted, self._clock())
         key = (credential, model)
         if wait > 0:
@@ -104,6 +165,7 @@ class ModelLimits:
                 wait = min(wait, self._recheck_s)
             return 0, wait
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        self.dirty = True
         reservation_id = next(self._ids)
         self._reservations[reservation_id] = Reservation(key, run_id, epoch, wanted)
         self._by_run.setdefault(run_id, set()).add(reservation_id)
@@ -120,6 +182,7 @@ class ModelLimits:
         """A call ended: reconcile its reservation with `used` (None: it reported nothing, the
         reservation stays spent) and learn from the provider's headers."""
         buckets = self.buckets(credential, model)
+        self.dirty = True
         held = self._forget(reservation_id)
         if held is not None and used is not None:
             buckets.refill(self._clock())
@@ -138,6 +201,7 @@ class ModelLimits:
                 buckets = self.buckets(*held.key)
                 buckets.refill(self._clock())
                 buckets.release(held.wanted)
+                self.dirty = True
         return len(ids)
 
     def _forget(self, reservation_id: int) -> Reservation | None:

@@ -76,9 +76,26 @@ class OrchestratorSettings(RetainingSettings):
         description="Longest a run refused by a model rate limit waits while other calls "
         "hold reservations: they give back what they do not use when they settle.",
     )
-    model_limit_share: float = Field(
-        1.0,
-        description="This replica's share of every model limit (1 / the replicas running).",
+    model_limit_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="This replica's share of every model limit, fixed by the operator. Unset: "
+        "its connected workers over those of every live replica (model_limit_replicas), so "
+        "the shares sum to 1 as replicas and workers come and go.",
+    )
+    model_limit_sync_s: float = Field(
+        0.5,
+        gt=0,
+        description="How often a replica with model limits writes its buckets' levels (only "
+        "while they changed) and its heartbeat and connected workers to PostgreSQL, and "
+        "reads the other replicas' workers for its share. Never on a grant's path.",
+    )
+    model_limit_replica_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="A replica whose model-limit heartbeat is older than this no longer counts "
+        "in the others' shares. More than model_limit_sync_s.",
     )
     max_connection_age_grace_s: float = Field(
         30.0, description="How long a connection that was asked to go away may finish."

@@ -159,12 +159,19 @@ class Work:
         self._keepalive_s = keepalive_interval_s
         self._deadline_s = progress_deadline_s
         self._sessions: list[Session] = []
+        # Called when a worker's stream begins or ends (the model limits' share follows).
+        self.sessions_changed: Callable[[], object] | None = None
         # Set when a session may take leases it could not before: credits granted, a probe
         # answered.
         self._may_lease = asyncio.Event()
         self._render_ids = itertools.count(1)
         # render id -> its caller, waiting for the worker's answer
         self._renders: dict[int, asyncio.Future[Rendered]] = {}
+
+    @property
+    def connected(self) -> int:
+        """Workers whose Work stream this replica serves now."""
+        return len(self._sessions)
 
     # -- one stream ---------------------------------------------------------------------------
 
@@ -186,6 +193,8 @@ class Work:
             )
         )
         self._sessions.append(session)
+        if self.sessions_changed is not None:
+            self.sessions_changed()
         if self._announce is not None and session.tools:
             self._spawn(session, _record_tools(self._announce, session))
         reader = asyncio.ensure_future(self._read(session, requests))
@@ -203,6 +212,8 @@ class Work:
         finally:
             session.closed = True
             self._sessions.remove(session)
+            if self.sessions_changed is not None:
+                self.sessions_changed()
             if self._let_go is not None:
                 for run_id in session.held:
                     self._let_go(run_id)

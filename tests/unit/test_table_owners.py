@@ -24,6 +24,8 @@ OWNER = {
     "usage_turns": "orchestrator",
     "tool_outputs": "orchestrator",
     "routings": "orchestrator",
+    "model_limit_levels": "orchestrator",
+    "model_limit_replicas": "orchestrator",
     "context_summaries": "orchestrator",
     # A tenant's knowledge, served by the orchestrator to its runs' workers.
     "documents": "orchestrator",

@@ -11,6 +11,7 @@ from sqlalchemy import (
     Computed,
     DateTime,
     Double,
+    Float,
     ForeignKey,
     ForeignKeyConstraint,
     Identity,
@@ -448,3 +449,31 @@ tenant_queues = Table(
     Column("tail", Double, nullable=False, server_default=text("0")),
 )
 Index("ix_tenant_queues_tail", tenant_queues.c.tail)
+
+# Model rate limits (README, "Model rate limits"): what each (provider credential, model)'s
+# buckets held, written in batches by the replicas that grant from them, so a replica that
+# starts refills from there instead of starting full. Deployment-wide, not per tenant: a
+# bucket belongs to a provider credential, which every tenant's runs on it share. The
+# levels are the pool's (a replica's own level over its share).
+model_limit_levels = Table(
+    "model_limit_levels",
+    metadata,
+    Column("credential", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("requests", Float),
+    Column("input_tokens", Float),
+    Column("output_tokens", Float),
+    Column("measured_at", DateTime(timezone=True), nullable=False),
+    Column("replica_id", Text, nullable=False),
+    PrimaryKeyConstraint("credential", "model", name="pk_model_limit_levels"),
+)
+
+# The replicas granting from those buckets: each one's connected workers, refreshed with the
+# levels; a replica's share of every limit is its workers over the live replicas' workers.
+model_limit_replicas = Table(
+    "model_limit_replicas",
+    metadata,
+    Column("replica_id", Text, primary_key=True),
+    Column("workers", Integer, nullable=False),
+    Column("heartbeat_at", DateTime(timezone=True), nullable=False),
+)
