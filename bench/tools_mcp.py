@@ -23,6 +23,10 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import httpx2
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
 from bench.common import bench_stack, emit, percentile
 from bench.model import Model, model_server
 from bench.runs import Completions, completions, worker_env
@@ -115,6 +119,26 @@ async def _one(
     return (finished - start) * 1000
 
 
+SDK_CALLS = 100
+
+
+async def sdk_call_ms(mcp_url: str) -> float:
+    """p50 of one `tools/call` of the read tool on an open session of the SDK's own client."""
+    async with (
+        httpx2.AsyncClient() as http,
+        streamable_http_client(mcp_url, http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        times = []
+        for i in range(WARM_UP + SDK_CALLS):
+            started = time.perf_counter()
+            await session.call_tool("lookup_order", {"order_id": "A-1001"})
+            if i >= WARM_UP:
+                times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
 async def mcp_run_vs_local_tool_p50() -> None:
     """The figure (see the module docstring)."""
     env = {"TETHER_ALLOW_PRIVATE_TARGETS": "loopback"}
@@ -140,7 +164,18 @@ async def mcp_run_vs_local_tool_p50() -> None:
                     ms = await _one(client, done, model, channel, tool, args)
                     if i >= WARM_UP:
                         samples[channel].append(ms)
+        sdk = await sdk_call_ms(mcp_url)
     local, mcp = (statistics.median(samples[k]) for k in ("local", "mcp"))
+    # The floor: the same run's local tool run plus one bare SDK call to the same server (an
+    # open session, nothing of Tether's): what no MCP run can go under.
+    emit(
+        "mcp_run_vs_local_tool_p50_floor",
+        (local + sdk) / local,
+        "ratio",
+        sdk_call_p50_ms=round(sdk, 2),
+        local_p50_ms=round(local, 2),
+        calls=SDK_CALLS,
+    )
     emit(
         "mcp_run_vs_local_tool_p50",
         mcp / local,
