@@ -71,6 +71,7 @@ class GrpcOrchestrator:
             waiting_interaction_id=response.waiting_interaction_id,
             lease_held=lease_held,
             approval_policy=response.approval_policy,
+            secret_names=tuple(response.secret_names),
         )
 
     async def resume(

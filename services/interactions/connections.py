@@ -16,7 +16,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.interactions import repository as repo
-from services.interactions.domain import GAPS, Orchestrator, Policy, TokenExchange
+from services.interactions.domain import GAPS, Orchestrator, Policy, RunFacts, TokenExchange
 from services.interactions.lifecycle import Lifecycle
 from services.interactions.mcp_oauth import (
     MCP_PREFIX,
@@ -89,10 +89,10 @@ class Connections:
             return "insufficient_scope", "", ref
         return None, await self._token_of(row), ref
 
-    async def leased_tenant(self, run_id: str, epoch: int) -> str:
-        """The tenant of the run the caller holds the live lease of (FailedPrecondition for a
-        stale lease, NotFound for no such run), as `resolve_connection` checks it."""
-        return (await self._orchestrator.leased_run(run_id, epoch)).tenant_id
+    async def leased_run(self, run_id: str, epoch: int) -> RunFacts:
+        """The run the caller holds the live lease of (FailedPrecondition for a stale lease,
+        NotFound for no such run), as `resolve_connection` checks it."""
+        return await self._orchestrator.leased_run(run_id, epoch)
 
     async def _token_of(self, row: Row[Any]) -> str:
         """The connection's token: opened, or (stored plaintext by the previous release during a

@@ -67,6 +67,9 @@ class RunFacts:
     # The approval policy of the agent version the run is pinned to (JSON text), told for a
     # lease lookup only; "" for none, and then the tenant's policy decides.
     approval_policy: str = ""
+    # The secrets the agent version the run is pinned to names (its MCP servers' bearers), told
+    # for a lease lookup only: the only ones its lease holder may read.
+    secret_names: tuple[str, ...] = ()
 
     def parked_on(self, kind: str, interaction_id: str) -> bool:
         """Whether the run waits on exactly this interaction, of this kind."""

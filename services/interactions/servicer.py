@@ -17,7 +17,7 @@ from services.interactions.secret_store import SecretInfo, SecretStore
 from services.interactions.upkeep import Upkeep
 from services.interactions.webhook_secrets_edge import WebhookSecretRpcs
 from tether.convert import timestamp
-from tether.errors import InvalidArgument
+from tether.errors import InvalidArgument, NotFound
 from tether.v1 import interactions_pb2, interactions_pb2_grpc
 from tether.visibility import Viewer
 
@@ -430,9 +430,13 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> interactions_pb2.RevealRunSecretResponse:
         # Worker-only (POWERS), and only under the run's live lease: the tenant is the leased
-        # run's, never the caller's say. The value is neither logged nor traced here.
+        # run's, never the caller's say, and the secret one its pinned agent names (a lease is a
+        # grant to run that agent, not a key to the tenant's store); any other is NOT_FOUND,
+        # exactly like an absent one. The value is neither logged nor traced here.
         if not request.name:
             raise InvalidArgument("name is required")
-        tenant_id = await self._connections.leased_tenant(request.run_id, request.epoch)
-        value = await self._secrets.reveal(tenant_id, request.name)
+        run = await self._connections.leased_run(request.run_id, request.epoch)
+        if request.name not in run.secret_names:
+            raise NotFound(f"no secret named {request.name!r}")
+        value = await self._secrets.reveal(run.tenant_id, request.name)
         return interactions_pb2.RevealRunSecretResponse(value=value)

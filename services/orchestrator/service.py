@@ -29,6 +29,7 @@ from tether.domain import (
     cancelled_error,
     run_cancelled,
 )
+from tether.domain.agents import secret_names
 from tether.hints import cancel_channel, encode_cancel
 from tether.states import RunStatus
 from tether.visibility import Viewer
@@ -116,13 +117,13 @@ class Runs:
         async with self._autocommit.connect() as conn:
             return await runs_repo.visible_run_facts(conn, viewer, run_id, held_epoch)
 
-    async def leased(self, run_id: str, epoch: int) -> tuple[Run, str]:
-        """The run while `epoch` is its live lease, and the approval policy of the routing it
-        runs with ("" for none); StaleLease otherwise."""
+    async def leased(self, run_id: str, epoch: int) -> tuple[Run, str, tuple[str, ...]]:
+        """The run while `epoch` is its live lease, the approval policy of the routing it runs
+        with ("" for none) and the secrets that routing names; StaleLease otherwise."""
         async with self._autocommit.connect() as conn:
             run = await runs_repo.leased_run(conn, run_id, epoch)
             routing = await runs_repo.routing_of(conn, run_id)
-        return run, str(routing.get("approvals", ""))
+        return run, str(routing.get("approvals", "")), secret_names(routing)
 
     async def search(
         self,

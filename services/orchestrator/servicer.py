@@ -173,9 +173,12 @@ class OrchestratorServicer(
                 request.run_id,
                 held_epoch,
             )
-            approval_policy = ""  # only the lease holder's interactions need it
+            # Only the lease holder's interactions need the policy and the secrets.
+            approval_policy, secrets = "", tuple[str, ...]()
         elif asker == "lease_epoch":
-            run, approval_policy = await self._runs.leased(request.run_id, request.lease_epoch)
+            run, approval_policy, secrets = await self._runs.leased(
+                request.run_id, request.lease_epoch
+            )
             lease_held = True  # the read itself is fenced by the lease
         else:
             raise InvalidArgument("name who asks: a viewer or a lease_epoch")
@@ -188,6 +191,7 @@ class OrchestratorServicer(
             waiting_interaction_id=run.waiting_interaction_id or "",
             lease_held=lease_held,
             approval_policy=approval_policy,
+            secret_names=secrets,
         )
 
     async def LookupBinding(

@@ -26,6 +26,7 @@ from tests.system.execution_support import (
     events_of,
     exec_stack,
     parts_of,
+    run_row,
     wait_for_status,
 )
 from tests.system.streaming_support import prompt
@@ -289,6 +290,55 @@ async def test_a_worker_killed_mid_call_resends_the_same_key_and_the_server_runs
     assert result["content"] == "report on q4", result
     assert fresh.ledger.executions == {"slow_report": 1}, "one execution under one key"
     assert list(fresh.ledger.replays.values()) == [1], "the retry got the stored answer"
+
+
+async def test_a_leased_worker_is_revealed_only_the_secrets_its_runs_agent_names(
+    stack: ExecStack, fresh: McpServer
+) -> None:
+    # The run's agent names `shop-token` as its MCP server's bearer; the tenant also keeps a
+    # channel's bot token. A worker holding the run's live lease gets the first, and the second
+    # is NOT_FOUND, exactly like a secret that does not exist: a lease is a grant to run this
+    # agent, not a key to the tenant's whole secret store.
+    tenant = await shop_tenant(
+        stack, fresh.url, auth={"bearer": "shop-token"}, tools=["slow_report"]
+    )
+    base = f"http://{stack.services.http_addresses()['gateway']}"
+    async with httpx2.AsyncClient(base_url=base) as http:
+        for name, value in (("shop-token", BEARER), ("bot-token", "xoxb-not-for-this-agent")):
+            added = await http.post(
+                "/v2/secrets",
+                json={"name": name, "value": value},
+                headers={"Authorization": f"Bearer {tenant.api_key}"},
+            )
+            assert added.status_code in (200, 201), added.text
+    text = prompt("mcp secret scope")
+    stack.model.script(
+        text, [ToolUseTurn("shop__slow_report", {"topic": "q1"}), TextTurn("Reported.")]
+    )
+    run_id = await tenant.send(text)
+    await fresh.wait_until(lambda ledger: ledger.slow_started == 1)
+    epoch = (await run_row(stack.db_url, run_id)).lease_epoch
+    async with internal_channel(stack.addr("interactions"), stack.credentials["worker"]) as ch:
+        stub = interactions_pb2_grpc.InteractionsServiceStub(ch)
+        named = await stub.RevealRunSecret(
+            interactions_pb2.RevealRunSecretRequest(run_id=run_id, epoch=epoch, name="shop-token")
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as other:
+            await stub.RevealRunSecret(
+                interactions_pb2.RevealRunSecretRequest(
+                    run_id=run_id, epoch=epoch, name="bot-token"
+                )
+            )
+        with pytest.raises(grpc.aio.AioRpcError) as absent:
+            await stub.RevealRunSecret(
+                interactions_pb2.RevealRunSecretRequest(run_id=run_id, epoch=epoch, name="nope")
+            )
+    fresh.release_slow()
+    await wait_for_status(stack.db_url, run_id, "completed", timeout=30)
+    assert bytes(named.value).decode() == BEARER
+    assert other.value.code() == absent.value.code() == grpc.StatusCode.NOT_FOUND
+    assert other.value.details() == absent.value.details().replace("nope", "bot-token")
+    assert "xoxb" not in (other.value.details() or "")
 
 
 async def test_a_secret_is_revealed_only_to_a_worker_under_the_runs_live_lease(

@@ -242,6 +242,13 @@ class AgentConfig:
         )
 
 
+def secret_names(stored: Mapping[str, Any]) -> tuple[str, ...]:
+    """The secrets a stored routing decision (`AgentConfig.to_json`) names: its MCP servers'
+    bearer secrets, each once. A lease holder may read these and no other of the tenant's."""
+    servers = (McpServer.from_json(m) for m in stored.get("mcp_servers", ()))
+    return tuple(dict.fromkeys(s.bearer_secret for s in servers if s.auth == "bearer"))
+
+
 def merged_tools(*lists: Sequence[str]) -> tuple[str, ...]:
     """The tools of every list, first appearance first, each once."""
     return tuple(dict.fromkeys(name for names in lists for name in names))

@@ -1318,6 +1318,7 @@ class LookupRunFactsResponse(_message.Message):
     WAITING_INTERACTION_ID_FIELD_NUMBER: _builtins.int
     LEASE_HELD_FIELD_NUMBER: _builtins.int
     APPROVAL_POLICY_FIELD_NUMBER: _builtins.int
+    SECRET_NAMES_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Tenant of the run."""
     session_id: _builtins.str
@@ -1342,6 +1343,13 @@ class LookupRunFactsResponse(_message.Message):
     text), for a lease_epoch asker; empty when none (the tenant's policy decides). Interactions
     takes an approval's offer from here, not from the lease holder, which could widen it.
     """
+    @_builtins.property
+    def secret_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The secrets the agent version the run is pinned to names (its MCP servers' bearer secrets),
+        for a lease_epoch asker: the only ones interactions reveals to the lease holder. Empty from
+        an orchestrator of the previous release, and then nothing is revealed.
+        """
+
     def __init__(
         self,
         *,
@@ -1353,10 +1361,11 @@ class LookupRunFactsResponse(_message.Message):
         waiting_interaction_id: _builtins.str = ...,
         lease_held: _builtins.bool | None = ...,
         approval_policy: _builtins.str = ...,
+        secret_names: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_lease_held", b"_lease_held", "lease_held", b"lease_held"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_lease_held", b"_lease_held", "approval_policy", b"approval_policy", "lease_epoch", b"lease_epoch", "lease_held", b"lease_held", "owner_principal_id", b"owner_principal_id", "session_id", b"session_id", "status", b"status", "tenant_id", b"tenant_id", "waiting_interaction_id", b"waiting_interaction_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_lease_held", b"_lease_held", "approval_policy", b"approval_policy", "lease_epoch", b"lease_epoch", "lease_held", b"lease_held", "owner_principal_id", b"owner_principal_id", "secret_names", b"secret_names", "session_id", b"session_id", "status", b"status", "tenant_id", b"tenant_id", "waiting_interaction_id", b"waiting_interaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__lease_held: _TypeAlias = _typing.Literal["lease_held"]  # noqa: Y015
     _WhichOneofArgType__lease_held: _TypeAlias = _typing.Literal["_lease_held", b"_lease_held"]  # noqa: Y015
