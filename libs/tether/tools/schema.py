@@ -12,6 +12,15 @@ input through unchecked (jsonschema itself ignores unknown keywords and unchecke
 `int`; validation itself then refuses any float for `integer` (jsonschema's own type checker would
 take 5.0). `number` refuses NaN and infinities, which have no JSON spelling, and booleans are
 never numbers.
+
+Every call pays the check, so an input is first tried against the same schema compiled by
+`jsonschema-rs` (Rust; about a hundredth of the time): where it finds the input valid, so would
+`jsonschema`, for a schema built only from `FAST_KEYWORDS` (where `normalize` has already made
+every integral float an `int` wherever an integer is declared; no `format`, `pattern` or
+`multipleOf`, whose dialects or arithmetic could differ). Any other schema, and every input the
+fast check refuses, takes `jsonschema`, whose words the model reads; so the fast check can only
+ever save time, never decide a refusal. tests/unit/test_schema_fast_path.py holds the two to the
+same verdicts on generated schemas and inputs.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
+import jsonschema_rs
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
@@ -45,6 +55,15 @@ ANNOTATIONS = frozenset(
 )
 SUPPORTED_KEYWORDS = frozenset(Draft202012Validator.VALIDATORS) | ANNOTATIONS
 CHECKED_FORMATS = frozenset(Draft202012Validator.FORMAT_CHECKER.checkers)
+# The keywords of a schema the fast check may pass for `jsonschema` (see the module).
+FAST_KEYWORDS = ANNOTATIONS - {"$defs"} | frozenset(
+    {
+        *("type", "properties", "required", "additionalProperties", "items", "enum", "const"),
+        *("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
+        *("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"),
+        *("anyOf", "oneOf"),
+    }
+)
 # Where a schema holds subschemas: one, a list of them, or a mapping of names to them.
 _ONE = (
     *("additionalProperties", "items", "contains", "not", "if", "then", "else"),
@@ -98,10 +117,50 @@ class InputSchema:
         check_schema(schema, path)
         self.schema = schema
         self._validator = _Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        self._fast = (
+            jsonschema_rs.Draft202012Validator(dict(schema)) if fast_checkable(schema) else None
+        )
 
     def violations(self, instance: Any, path: str = ROOT) -> list[Violation]:
-        """Every violation of the schema by `instance`, by path; empty when it matches."""
+        """Every violation of the schema by `instance` (normalised), by path; empty when it
+        matches."""
+        if self._fast is not None and self._fast.is_valid(instance):
+            return []
         return _worded(self._validator.iter_errors(instance), path)
+
+
+def fast_checkable(schema: Any) -> bool:
+    """Whether the fast check's verdict of valid stands for `schema` (see the module): every
+    subschema, at every depth, uses only FAST_KEYWORDS."""
+    if isinstance(schema, bool):
+        return True
+    if not isinstance(schema, Mapping) or not set(schema) <= FAST_KEYWORDS:
+        return False
+    branches = [*schema.get("anyOf", ()), *schema.get("oneOf", ())]
+    subschemas = [schema.get(k) for k in ("additionalProperties", "items") if k in schema]
+    subschemas += list(schema.get("properties", {}).values())
+    return _one_branch_fits(schema) and all(fast_checkable(s) for s in [*branches, *subschemas])
+
+
+def _one_branch_fits(schema: Mapping[str, Any]) -> bool:
+    """Whether each of the schema's anyOf / oneOf branches declares its types, none shared with
+    another branch (integer and number count as one): then the branch `normalize` follows is
+    the only one an instance can match, and nothing under another is left unnormalised."""
+    for key in ("anyOf", "oneOf"):
+        seen: set[str] = set()
+        for branch in schema.get(key, ()):
+            if not isinstance(branch, Mapping) or "type" not in branch:
+                return False
+            declared = branch["type"]
+            kinds = {"number" if t == "integer" else t for t in _types(declared)}
+            if kinds & seen:
+                return False
+            seen |= kinds
+    return True
+
+
+def _types(declared: Any) -> list[str]:
+    return [declared] if isinstance(declared, str) else list(declared or [])
 
 
 def check_schema(schema: Mapping[str, Any], path: str = ROOT) -> None:
