@@ -36,10 +36,11 @@ run: venv $(CONSOLE_DIST)
 	$(BIN)/tether up
 
 # Vitest (the TypeScript client, hooks and generated types) first, then the Python suite (its
-# testpaths include examples/tools/tests, the example tool package's own tests).
+# testpaths include examples/tools/tests, the example tool package's own tests), printing its 30
+# slowest tests so the 15-minute budget stays in view.
 test: venv $(NODE_STAMP)
 	node_modules/.bin/vitest run --silent
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 # The slow checks, tens of seconds to minutes each, kept out of `make test` (.ci/run runs this
 # after it): the chaos soak's 60 seconds with a fixed seed, the image's install replayed from the
