@@ -14,6 +14,16 @@ from services.worker.timers import (
     woke_text,
     woken,
 )
+from tether.convert import event_to_proto, part_from_proto, part_to_proto
+from tether.domain import (
+    Part,
+    Role,
+    TimerMarker,
+    part_from_json,
+    part_json,
+    timer_fired,
+    timer_set,
+)
 
 NOW = datetime(2026, 12, 5, 9, 0, 0, 250_000, tzinfo=UTC)
 WEEK = 7 * 24 * 3600.0
@@ -81,3 +91,22 @@ def test_the_model_reads_when_it_woke_and_when_it_was_due() -> None:
     due = datetime(2026, 12, 5, 10, 0, 0, tzinfo=UTC)
     woke = datetime(2026, 12, 5, 10, 0, 1, 734_000, tzinfo=UTC)
     assert woke_text(due, woke) == "woke at 2026-12-05T10:00:01Z (due 2026-12-05T10:00:00Z)"
+
+
+def test_the_timer_events_carry_their_due_time_as_their_union_members() -> None:
+    set_ = timer_set("toolu_1", "2026-12-05T10:00:00Z")
+    fired = timer_fired("2026-12-05T10:00:00Z")
+    wire_set = event_to_proto("run_x", 4, set_.type, set_.payload, NOW)
+    wire_fired = event_to_proto("run_x", 5, fired.type, fired.payload, NOW)
+    assert wire_set.WhichOneof("payload") == "timer_set" and wire_set.type == "timer.set"
+    assert wire_set.timer_set.tool_call_id == "toolu_1"
+    assert wire_set.timer_set.due_at.ToJsonString() == "2026-12-05T10:00:00Z"
+    assert wire_fired.WhichOneof("payload") == "timer_fired"
+    assert wire_fired.timer_fired.due_at.ToJsonString() == "2026-12-05T10:00:00Z"
+
+
+def test_a_timer_part_round_trips_through_its_proto_and_json_forms() -> None:
+    part = Part(3, Role.ASSISTANT, TimerMarker("toolu_1", "2026-12-05T10:00:00Z"), final=True)
+    assert part_from_proto(part_to_proto(part)) == part
+    assert part_from_json(part_json(part)) == part
+    assert part_json(part)["timer"] == {"toolCallId": "toolu_1", "dueAt": "2026-12-05T10:00:00Z"}
