@@ -88,7 +88,7 @@ async def parked_on_timer(stack: ExecStack, tenant: Tenant, text: str) -> Any:
     return await wait_for_status(stack.db_url, run_id, "waiting-for-timer")
 
 
-async def test_a_waiting_run_holds_no_worker_wakes_once_when_due_and_the_model_reads_when(
+async def test_a_waiting_run_wakes_once_when_due_and_the_model_reads_when_it_woke(
     stack: ExecStack,
 ) -> None:
     tenant = await stack.tenant(agent=AGENT)
@@ -104,13 +104,6 @@ async def test_a_waiting_run_holds_no_worker_wakes_once_when_due_and_the_model_r
         shown = (await tc.get_run(parked.run_id)).run
     assert shown.status == common_pb2.RUN_STATUS_WAITING_FOR_TIMER
     assert shown.next_wake_at.ToDatetime(UTC) == parked.next_wake_at
-
-    # The worker's one slot is free while the run waits: another conversation runs to its end.
-    other = prompt("meanwhile")
-    stack.model.script(other, [TextTurn("done meanwhile")])
-    meanwhile = await wait_for_status(stack.db_url, await tenant.send(other), "completed")
-    assert meanwhile.finished_at < parked.next_wake_at, "it ran while the timer was pending"
-    assert (await run_row(stack.db_url, parked.run_id)).status == "waiting-for-timer"
 
     done = await wait_for_status(stack.db_url, parked.run_id, "completed", timeout=30)
     assert done.result_text == "The repair is done." and done.next_wake_at is None
@@ -131,6 +124,21 @@ async def test_a_waiting_run_holds_no_worker_wakes_once_when_due_and_the_model_r
     assert at(words.split()[2]) >= parked.next_wake_at.replace(microsecond=0)
     (marker,) = [p for p in await parts_of(stack.db_url, parked.run_id) if p.kind == "timer"]
     assert marker.payload == {"toolCallId": woke["tool_use_id"], "dueAt": set_["dueAt"]}
+
+
+async def test_a_run_waiting_for_its_timer_holds_no_worker(stack: ExecStack) -> None:
+    tenant = await stack.tenant(agent=AGENT)
+    text = prompt("check again in an hour")
+    stack.model.script(text, [ToolUseTurn("wait_until", {"seconds": 3600}), TextTurn("never")])
+    parked = await parked_on_timer(stack, tenant, text)
+    # The worker has one slot: another conversation can run only if the waiting run left it.
+    other = prompt("meanwhile")
+    stack.model.script(other, [TextTurn("done meanwhile")])
+    meanwhile = await wait_for_status(stack.db_url, await tenant.send(other), "completed")
+    assert meanwhile.result_text == "done meanwhile"
+    still = await run_row(stack.db_url, parked.run_id)
+    assert (still.status, still.lease_owner) == ("waiting-for-timer", None)
+    assert (await tenant.cancel(parked.run_id)).changed
 
 
 @pytest.mark.parametrize(
@@ -204,6 +212,8 @@ async def test_a_timer_fires_once_across_a_replica_sigkill_with_a_second_replica
     text = prompt("wait five seconds across a crash")
     replicas.model.script(text, [ToolUseTurn("wait_until", {"seconds": 5}), TextTurn("awake")])
     parked = await parked_on_timer(replicas, tenant, text)
+    # The worker's Work stream (pick-first) is on the first replica, which took the park and
+    # whose waker was nudged to fire it: that one dies, the second must fire it.
     replicas.services.kill("orchestrator")
     assert datetime.now(UTC) < parked.next_wake_at, "killed before the timer was due"
     # Back as a supervisor would bring it: two replicas' wakers race for the one timer.
