@@ -207,7 +207,7 @@ async def test_a_timer_fires_once_across_a_replica_sigkill_with_a_second_replica
 ) -> None:
     second = await replicas.services.start("orchestrator")
     both = f"ipv4:{replicas.addr('orchestrator')},{second.address}"
-    await replicas.start_worker(TETHER_ORCHESTRATOR_ADDR=both)
+    worker = await replicas.start_worker(TETHER_ORCHESTRATOR_ADDR=both)
     tenant = await replicas.tenant(agent=AGENT)
     text = prompt("wait five seconds across a crash")
     replicas.model.script(text, [ToolUseTurn("wait_until", {"seconds": 5}), TextTurn("awake")])
@@ -229,3 +229,5 @@ async def test_a_timer_fires_once_across_a_replica_sigkill_with_a_second_replica
     asked = [r for r in replicas.model.requests if r.script_key == text]
     assert len(asked) == 2, "the model was asked once before the wait and once after"
     assert result_text(tool_results(asked[-1])[0]).startswith("woke at ")
+    log = replicas.services.procs[worker].log_path.read_text()
+    assert "Work stream ended" in log, "the park went through the replica that was killed"
