@@ -24,6 +24,7 @@ class RunStatus(enum.StrEnum):
     WAITING_FOR_QUESTION = "waiting-for-question"
     WAITING_FOR_APPROVAL = "waiting-for-approval"
     WAITING_FOR_CONNECTION = "waiting-for-connection"
+    WAITING_FOR_TIMER = "waiting-for-timer"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -38,6 +39,12 @@ class RunStatus(enum.StrEnum):
         """Whether the run is parked for a person."""
         return self in WAITING
 
+    @property
+    def parked(self) -> bool:
+        """Whether the run waits holding no worker for something other than a retry: a person
+        (`waiting`) or its timer."""
+        return self in PARKED
+
 
 TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 WAITING = frozenset(
@@ -47,6 +54,8 @@ WAITING = frozenset(
         RunStatus.WAITING_FOR_CONNECTION,
     }
 )
+# Parked for a person or for time: no worker held, the session kept.
+PARKED = WAITING | {RunStatus.WAITING_FOR_TIMER}
 ACTIVE = frozenset(RunStatus) - TERMINAL
 
 
@@ -117,6 +126,16 @@ PARK_CONNECTION = _t(
     event=E.CONNECTION_REQUESTED,
     yields=True,
 )
+PARK_TIMER = _t(
+    "park_timer",
+    {S.RUNNING},
+    S.WAITING_FOR_TIMER,
+    fenced=True,
+    event=E.TIMER_SET,
+    yields=True,
+)
+# Its due time came: the one way out of a timer's wait but a cancel (see Timers.fire_due).
+TIMER_FIRED = _t("timer_fired", {S.WAITING_FOR_TIMER}, S.QUEUED, fenced=False, event=E.TIMER_FIRED)
 RESUME = _t("resume", set(WAITING), S.QUEUED, fenced=False, event=E.RUN_QUEUED)
 CONSENT_EXPIRED = _t(
     "consent_expired", {S.WAITING_FOR_CONNECTION}, S.FAILED, fenced=False, event=E.RUN_FAILED
@@ -142,6 +161,8 @@ TRANSITIONS: dict[str, Transition] = {
         PARK_QUESTION,
         PARK_APPROVAL,
         PARK_CONNECTION,
+        PARK_TIMER,
+        TIMER_FIRED,
         RESUME,
         CONSENT_EXPIRED,
         RELEASE,

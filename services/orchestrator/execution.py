@@ -6,6 +6,7 @@
 | `attempts.py` | what a worker writes under its lease, and how an attempt ends |
 | `pauses.py` | park a run for a person; resume or expire it by its bound interaction |
 | `recovery.py` | retries with backoff, due retries, the reaper of dead workers |
+| `timers.py` | park a run on its `wait_until` timer; wake it once when due |
 | `deliveries.py` | a channel run's answer going out, recorded before it is sent |
 | `cancellation.py` | a cancel that wins the race against a worker's move |
 | `publisher.py` | committed events and wake-ups out to Redis |
@@ -26,6 +27,7 @@ from services.orchestrator.prices import Prices
 from services.orchestrator.publisher import Publisher
 from services.orchestrator.recovery import Recovery
 from services.orchestrator.repositories.parts import HISTORY_RUNS
+from services.orchestrator.timers import Timers
 from tether.bus import Bus
 
 
@@ -40,6 +42,7 @@ class Execution:
     pauses: Pauses
     recovery: Recovery
     deliveries: Deliveries
+    timers: Timers
 
     @classmethod
     def build(
@@ -71,4 +74,5 @@ class Execution:
             Pauses(engine, publisher),
             Recovery(engine, publisher),
             Deliveries(engine, publisher, lease_ttl_s=lease_ttl_s),
+            Timers(engine, publisher),
         )

@@ -155,6 +155,16 @@ async def amain(
             nudge=recovery.retry_scheduled,
         ),
     )
+    supervisor.start(
+        "timer-waker",
+        rounds(
+            execution.timers.round,
+            "timer waker",
+            least_s=RETRY_ROUND_LEAST_S,
+            most_s=settings.retry_poll_s,
+            nudge=execution.timers.timer_set,
+        ),
+    )
     supervisor.start("retention", retention.sweeps.run())
     supervisor.start("hint-listener", listen_for_hints(bus, execution.publisher, servicer.work))
     supervisor.start("claim-poll", execution.claims.poll_claimable())

@@ -32,6 +32,7 @@ from tether.agent_spec import canonical_json
 from tether.domain import (
     DEFAULT_BACKOFF_INITIAL_S,
     DEFAULT_BACKOFF_MAX_S,
+    DEFAULT_MAX_WAIT_S,
     AgentConfig,
     Limits,
     SystemBlock,
@@ -81,6 +82,7 @@ DEFAULT = AgentConfig(
         backoff_max_seconds=DEFAULT_BACKOFF_MAX_S,
         max_inline_tool_output_bytes=16_384,
         max_tokens_per_turn=4096,
+        max_wait_seconds=DEFAULT_MAX_WAIT_S,
     ),
     prices=DEFAULT_PRICES,
     persona=BUILTIN_PERSONA,

@@ -199,6 +199,7 @@ class Runs:
                 values={
                     "finished_at": NOW,
                     "cancel_requested_at": NOW,  # kept on every cancelled run: when it was asked
+                    "next_wake_at": None,  # a parked timer never wakes it
                     "error": cancelled_error(reason).to_row(),
                 },
             )

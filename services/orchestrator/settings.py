@@ -37,9 +37,9 @@ class OrchestratorSettings(RetainingSettings):
     )
     retry_poll_s: float = Field(
         10.0,
-        description="Longest wait between looks for due retries, for those scheduled by a "
-        "replica that went away before they were due; a retry this replica schedules is "
-        "queued when due, not at the next look.",
+        description="Longest wait between looks for due retries and due timers, for those "
+        "scheduled by a replica that went away before they were due (or by another replica); "
+        "a retry or timer this replica schedules is queued when due, not at the next look.",
     )
     grace_s: float = Field(5.0, description="Drain period on SIGTERM.")
     keepalive_interval_s: float = Field(

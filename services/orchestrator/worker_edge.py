@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from datetime import UTC
 from typing import Any
 
 import grpc
@@ -40,6 +41,7 @@ from tether.domain import Assignment, EarlierRun, EffectState, Lease, Part, Role
 from tether.domain.runs import Run
 from tether.errors import InvalidArgument
 from tether.ratelimits import Headers
+from tether.states import RunStatus
 from tether.telemetry import metrics, tracing
 from tether.telemetry.logs import bind_run
 from tether.v1 import orchestrator_pb2
@@ -239,6 +241,16 @@ class ExecutionServicer:
         self, request: orchestrator_pb2.ParkRunRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.ParkRunResponse:
         status = status_from_proto(request.status)
+        if status is RunStatus.WAITING_FOR_TIMER:
+            if not request.HasField("wake_at"):
+                raise InvalidArgument("wake_at is required to park a run waiting-for-timer")
+            moved = await self._execution.timers.park(
+                request.run_id,
+                request.epoch,
+                request.wake_at.ToDatetime(UTC),
+                request.tool_call_id,
+            )
+            return orchestrator_pb2.ParkRunResponse(moved=moved)
         if status is None or not status.waiting:
             raise InvalidArgument("status must be one of the waiting-for-* statuses")
         moved = await self._execution.pauses.park(

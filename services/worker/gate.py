@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from services.worker import observed
@@ -29,16 +30,19 @@ from services.worker.interactions import (
 )
 from services.worker.mcp.tools import LeasedTools
 from services.worker.orchestrator_client import LeasedEffects, Orchestrator
+from services.worker.timers import WAIT_UNTIL, WaitRefused, due_time, rfc3339, woke_text, woken
 from services.worker.tools.registry import ToolRegistry
 from services.worker.transcript import Transcript
 from tether import telemetry
 from tether.domain import (
+    DEFAULT_MAX_WAIT_S,
     ApprovalMarker,
     Assignment,
     ConnectionMarker,
     QuestionMarker,
     Role,
     RunError,
+    TimerMarker,
     ToolCall,
     ToolResult,
     tool_completed,
@@ -120,6 +124,9 @@ class Gate:
         if name == ASK_QUESTIONS and name in self._config.tool_allowlist:
             await self._ask(tool_call.tool_call_id, input)
             return  # it parked, or it gave the call its one (error) result
+        if name == WAIT_UNTIL and name in self._config.tool_allowlist:
+            self._wait(tool_call_id=tool_call.tool_call_id, input=input)
+            return  # it gave the call its (error) result: the input was refused
         if name == REQUEST_APPROVAL and name in self._config.tool_allowlist:
             name, input = str(input.get("tool_name", "")), dict(input.get("input") or {})
         await self._settle(
@@ -151,6 +158,39 @@ class Gate:
             return
         self._transcript.add(Role.ASSISTANT, QuestionMarker(interaction_id))
         raise Parked(RunStatus.WAITING_FOR_QUESTION, interaction_id)
+
+    def _wait(self, *, tool_call_id: str, input: dict[str, Any]) -> None:
+        """Record the call's due time and park until then; a refused input is the call's error
+        result (nothing parked), which the model can correct."""
+        max_wait = self._config.limits.max_wait_seconds or DEFAULT_MAX_WAIT_S
+        try:
+            due = due_time(input, datetime.now(UTC), max_wait)
+        except WaitRefused as refused:
+            self._result(
+                tool_call_id, WAIT_UNTIL, str(refused), is_error=True, code="tool_invalid_input"
+            )
+            return
+        self._transcript.add(Role.ASSISTANT, TimerMarker(tool_call_id, rfc3339(due)))
+        raise Parked(RunStatus.WAITING_FOR_TIMER, "", wake_at=due, tool_call_id=tool_call_id)
+
+    def _wake(self, tool_call: ToolCall) -> None:
+        """Answer a `wait_until` call the run was parked on with the time it woke; park again
+        when it came back before its due time, or record it anew when it never parked."""
+        markers = [
+            p.content
+            for p in self._transcript.parts
+            if isinstance(p.content, TimerMarker)
+            and p.content.tool_call_id == tool_call.tool_call_id
+        ]
+        if not markers:
+            self._wait(tool_call_id=tool_call.tool_call_id, input=dict(tool_call.input))
+            return
+        due, now = datetime.fromisoformat(markers[-1].due_at), datetime.now(UTC)
+        if not woken(due, now):
+            raise Parked(
+                RunStatus.WAITING_FOR_TIMER, "", wake_at=due, tool_call_id=tool_call.tool_call_id
+            )
+        self._result(tool_call.tool_call_id, WAIT_UNTIL, woke_text(due, now), is_error=False)
 
     def _call(self, tool_call_id: str) -> CallContext:
         return CallContext(
@@ -250,6 +290,9 @@ class Gate:
         name, input = tool_call.name, dict(tool_call.input)
         if name == ASK_QUESTIONS:
             await self._deliver_answers(tool_call.tool_call_id)
+            return
+        if name == WAIT_UNTIL and name in self._config.tool_allowlist:
+            self._wake(tool_call)
             return
         if name == REQUEST_APPROVAL:
             name = str(input.get("tool_name", ""))

@@ -1,5 +1,6 @@
 """The worker's side of the three pauses: the built-in interaction tools, the interactions
-service under the lease, and the ways a run parks.
+service under the lease, and the ways a run parks (for a person, or on a `wait_until` timer:
+see `timers`).
 
 A tool never blocks on a person: it stores the interaction, the attempt raises Parked, and the
 run is parked with its lease released. The resumed attempt finds the resolution and finishes
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import grpc
@@ -18,6 +20,7 @@ from google.protobuf import json_format
 
 from services.worker.mcp.gap import McpConnectionGap
 from services.worker.senders import Sending
+from services.worker.timers import WAIT_UNTIL, WAIT_UNTIL_SPEC
 from tether.domain import Lease, ToolAnnouncement, schema_sha256
 from tether.states import RunStatus
 from tether.tools.base import ConnectionGap, RiskCategory
@@ -71,6 +74,7 @@ BUILTIN_SPECS: dict[str, dict[str, Any]] = {
             "required": ["tool_name", "input"],
         },
     },
+    WAIT_UNTIL: WAIT_UNTIL_SPEC,
 }
 
 
@@ -92,12 +96,22 @@ _GAP_NAME = {v: k for k, v in _GAP_PROTO.items()}
 
 
 class Parked(Exception):
-    """The attempt stops here: the run waits for a person (`status`, one of the waiting ones)."""
+    """The attempt stops here: the run waits for a person (`status`, one of the waiting ones),
+    or for its timer (waiting-for-timer: until `wake_at`, on the call `tool_call_id`)."""
 
-    def __init__(self, status: RunStatus, interaction_id: str) -> None:
-        super().__init__(interaction_id)
+    def __init__(
+        self,
+        status: RunStatus,
+        interaction_id: str,
+        *,
+        wake_at: datetime | None = None,
+        tool_call_id: str = "",
+    ) -> None:
+        super().__init__(interaction_id or tool_call_id)
         self.status = status
         self.interaction_id = interaction_id
+        self.wake_at = wake_at
+        self.tool_call_id = tool_call_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ Protobuf stops here for writes: each is built into its request, checkpoints and 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from google.protobuf import json_format
@@ -17,7 +18,13 @@ from services.worker import observed
 from services.worker.context.builder import Document
 from services.worker.work_stream import WorkStream
 from tether import telemetry
-from tether.convert import error_to_proto, event_to_wire, part_to_proto, status_to_proto
+from tether.convert import (
+    error_to_proto,
+    event_to_wire,
+    part_to_proto,
+    status_to_proto,
+    timestamp,
+)
 from tether.convert.deliveries import delivery_from_proto
 from tether.convert.work import checkpoint_to_proto, completion_to_proto, effect_from_proto
 from tether.domain import (
@@ -128,8 +135,16 @@ class Orchestrator:
             request.input_tokens, request.output_tokens = used
         await self._stream.write(request)
 
-    async def park(self, lease: Lease, status: RunStatus, interaction_id: str) -> None:
-        """Park the run for a person; the lease is released."""
+    async def park(
+        self,
+        lease: Lease,
+        status: RunStatus,
+        interaction_id: str,
+        *,
+        wake_at: datetime | None = None,
+        tool_call_id: str = "",
+    ) -> None:
+        """Park the run for a person, or on its timer until `wake_at`; the lease is released."""
         await self._stream.write(
             orchestrator_pb2.ParkRunRequest(
                 run_id=lease.run_id,
@@ -137,6 +152,8 @@ class Orchestrator:
                 status=status_to_proto(status),
                 interaction_id=interaction_id,
                 traceparent=observed.traceparent(),
+                wake_at=timestamp(wake_at),
+                tool_call_id=tool_call_id,
             ),
         )
 

@@ -87,7 +87,13 @@ class Outcomes:
     async def parked(self, parked: Parked) -> None:
         """Park the run on its interaction once everything before the pause is durable."""
         await self._checkpoints.sync()
-        await self._orchestrator.park(self._lease, parked.status, parked.interaction_id)
+        await self._orchestrator.park(
+            self._lease,
+            parked.status,
+            parked.interaction_id,
+            wake_at=parked.wake_at,
+            tool_call_id=parked.tool_call_id,
+        )
 
     async def released(self) -> None:
         """Graceful shutdown: persist progress, close open calls, hand the lease back."""

@@ -41,3 +41,13 @@ def test_cancel_by_caller_does_not_take_a_running_run_away_from_its_worker() -> 
     # stream and tool tasks are stopped by whoever owns them.
     assert RunStatus.RUNNING not in states.CANCEL.sources
     assert states.CANCEL_BY_WORKER.fenced
+
+
+def test_a_timer_wait_is_left_only_by_its_firing_or_a_cancel() -> None:
+    ways_out = {t.name for t in TRANSITIONS.values() if RunStatus.WAITING_FOR_TIMER in t.sources}
+    assert ways_out == {"timer_fired", "cancel"}
+    assert states.TIMER_FIRED.target == RunStatus.QUEUED and not states.TIMER_FIRED.fenced
+    # Parked by the worker under its lease, and a cancel accepted first wins.
+    assert states.PARK_TIMER.fenced and states.PARK_TIMER.yields_to_cancel
+    # Not a person's pause: no interaction resumes it.
+    assert not RunStatus.WAITING_FOR_TIMER.waiting and RunStatus.WAITING_FOR_TIMER.parked

@@ -123,6 +123,11 @@ class Renderer:
             self._line(f"[approval] {event.approval_decided.decision}")
         elif kind == "connection_completed":
             self._line(f"[connection] {event.connection_completed.outcome}")
+        elif kind == "timer_set":
+            due = event.timer_set.due_at.ToJsonString()
+            self._line(f"[timer] waiting until {due}, holding no worker")
+        elif kind == "timer_fired":
+            self._line(f"[timer] woke (due {event.timer_fired.due_at.ToJsonString()})")
         elif kind == "context_compacted":
             done = event.context_compacted
             self._line(

@@ -38,6 +38,7 @@ from tether.domain import (
     SystemBlock,
     Text,
     Thinking,
+    TimerMarker,
     ToolCall,
     ToolResult,
 )
@@ -100,6 +101,7 @@ def run_to_proto(row: Run) -> common_pb2.Run:
         error=error,
         usage=usage,
         next_attempt_at=timestamp(row.next_attempt_at),
+        next_wake_at=timestamp(row.next_wake_at),
         created_at=timestamp(row.created_at),
         updated_at=timestamp(row.updated_at),
         finished_at=timestamp(row.finished_at),
@@ -300,6 +302,9 @@ def part_to_proto(part: Part) -> common_pb2.Part:
     elif isinstance(content, ApprovalMarker):
         message.approval.interaction_id = content.interaction_id
         message.approval.tool_name = content.tool_name
+    elif isinstance(content, TimerMarker):
+        message.timer.tool_call_id = content.tool_call_id
+        message.timer.due_at.FromJsonString(content.due_at)
     elif isinstance(content, Summary):
         message.summary.CopyFrom(
             common_pb2.SummaryPart(
@@ -345,6 +350,8 @@ def part_from_proto(message: common_pb2.Part) -> Part:
         content = ApprovalMarker(message.approval.interaction_id, message.approval.tool_name)
     elif kind == "connection":
         content = ConnectionMarker(message.connection.interaction_id, message.connection.provider)
+    elif kind == "timer":
+        content = TimerMarker(message.timer.tool_call_id, message.timer.due_at.ToJsonString())
     elif kind == "summary":
         summary = message.summary
         content = Summary(

@@ -21,6 +21,11 @@ DEFAULT_BACKOFF_MAX_S = 8.0
 `MAX_RETRY_DELAY`)."""
 
 
+DEFAULT_MAX_WAIT_S = 7 * 24 * 3600.0
+"""The longest `wait_until` a run may ask for when its limits set none: a week, long enough for
+"check again on Monday", short enough that a forgotten timer does not outlive its reason."""
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Per-run limits; each ends a run with its own classified reason."""
@@ -36,6 +41,8 @@ class Limits:
     backoff_max_seconds: float = 0.0
     max_inline_tool_output_bytes: int = 0
     max_tokens_per_turn: int = 0
+    # The longest wait one `wait_until` call may ask for (0: DEFAULT_MAX_WAIT_S).
+    max_wait_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

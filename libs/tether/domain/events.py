@@ -33,6 +33,8 @@ class EventType(enum.StrEnum):
     APPROVAL_DECIDED = "approval.decided"
     CONNECTION_REQUESTED = "connection.requested"
     CONNECTION_COMPLETED = "connection.completed"
+    TIMER_SET = "timer.set"
+    TIMER_FIRED = "timer.fired"
     USAGE_UPDATED = "usage.updated"
     CONTEXT_COMPACTED = "context.compacted"
     DELIVERY_SENT = "delivery.sent"
@@ -176,6 +178,17 @@ def interaction_event(type_: EventType, interaction_id: str, **detail: str) -> E
     """A question, approval or connection was requested or resolved (`detail`: the decision
     or outcome)."""
     return Event(type_, {"interactionId": interaction_id, **detail})
+
+
+def timer_set(tool_call_id: str, due_at_iso: str) -> Event:
+    """The run parked on its `wait_until` call `tool_call_id` until `due_at_iso` (RFC 3339,
+    UTC)."""
+    return Event(EventType.TIMER_SET, {"toolCallId": tool_call_id, "dueAt": due_at_iso})
+
+
+def timer_fired(due_at_iso: str) -> Event:
+    """The run's timer, due at `due_at_iso`, woke it (the event's time is when it fired)."""
+    return Event(EventType.TIMER_FIRED, {"dueAt": due_at_iso})
 
 
 def usage_updated(turn: ModelTurn, total: Mapping[str, int]) -> Event:

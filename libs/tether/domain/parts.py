@@ -28,6 +28,7 @@ class PartKind(enum.StrEnum):
     APPROVAL = "approval"
     CONNECTION = "connection"
     SUMMARY = "summary"
+    TIMER = "timer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +115,16 @@ class ConnectionMarker:
 
 
 @dataclass(frozen=True, slots=True)
+class TimerMarker:
+    """A `wait_until` call parked the run until `due_at` (RFC 3339, UTC): the resumed attempt
+    answers the call once that time has passed, and parks again until it has."""
+
+    tool_call_id: str
+    due_at: str
+    kind: ClassVar[PartKind] = PartKind.TIMER
+
+
+@dataclass(frozen=True, slots=True)
 class Summary:
     """A summary standing in for the session's earlier runs from `from_run_id` through
     `through_run_id` in the history the model sees (context compaction); those runs keep their
@@ -138,6 +149,7 @@ Content = (
     | QuestionMarker
     | ApprovalMarker
     | ConnectionMarker
+    | TimerMarker
     | Summary
 )
 
@@ -185,6 +197,7 @@ _CONTENT_TYPES: dict[PartKind, type[Any]] = {
         QuestionMarker,
         ApprovalMarker,
         ConnectionMarker,
+        TimerMarker,
         Summary,
     )
 }

@@ -61,6 +61,8 @@ class Run:
     # every tenant's (fair leases).
     priority: int
     fair_key: float
+    # When its timer wakes a waiting-for-timer run (cleared when it fires or is cancelled).
+    next_wake_at: datetime | None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Self:

@@ -52,6 +52,8 @@ class _RunStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunStatus.V
     """Terminal: the run could not finish; error says why."""
     RUN_STATUS_CANCELLED: _RunStatus.ValueType  # 9
     """Terminal: cancelled by a caller."""
+    RUN_STATUS_WAITING_FOR_TIMER: _RunStatus.ValueType  # 10
+    """Parked by its wait_until call until next_wake_at; no worker is held."""
 
 class RunStatus(_RunStatus, metaclass=_RunStatusEnumTypeWrapper):
     """RunStatus is where a run stands in its lifecycle. Transitions are listed in libs/tether/states.py."""
@@ -76,6 +78,8 @@ RUN_STATUS_FAILED: RunStatus.ValueType  # 8
 """Terminal: the run could not finish; error says why."""
 RUN_STATUS_CANCELLED: RunStatus.ValueType  # 9
 """Terminal: cancelled by a caller."""
+RUN_STATUS_WAITING_FOR_TIMER: RunStatus.ValueType  # 10
+"""Parked by its wait_until call until next_wake_at; no worker is held."""
 Global___RunStatus: _TypeAlias = RunStatus  # noqa: Y015
 
 class _Disposition:
@@ -444,6 +448,36 @@ class SummaryPart(_message.Message):
 Global___SummaryPart: _TypeAlias = SummaryPart  # noqa: Y015
 
 @_typing.final
+class TimerPart(_message.Message):
+    """TimerPart marks a wait_until call that parked the run until due_at (the model sees its call
+    and, once it woke, its result; never this marker).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    DUE_AT_FIELD_NUMBER: _builtins.int
+    tool_call_id: _builtins.str
+    """The wait_until call it parked on."""
+    @_builtins.property
+    def due_at(self) -> _timestamp_pb2.Timestamp:
+        """When the run is woken."""
+
+    def __init__(
+        self,
+        *,
+        tool_call_id: _builtins.str = ...,
+        due_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["due_at", b"due_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["due_at", b"due_at", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TimerPart: _TypeAlias = TimerPart  # noqa: Y015
+
+@_typing.final
 class Part(_message.Message):
     """Part is one typed piece of a run's transcript."""
 
@@ -461,6 +495,7 @@ class Part(_message.Message):
     APPROVAL_FIELD_NUMBER: _builtins.int
     CONNECTION_FIELD_NUMBER: _builtins.int
     SUMMARY_FIELD_NUMBER: _builtins.int
+    TIMER_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     """Position of the part within the run, from 0."""
     role: _builtins.str
@@ -508,6 +543,10 @@ class Part(_message.Message):
     def summary(self) -> Global___SummaryPart:
         """A summary of earlier runs (context compaction)."""
 
+    @_builtins.property
+    def timer(self) -> Global___TimerPart:
+        """A timer marker."""
+
     def __init__(
         self,
         *,
@@ -523,12 +562,13 @@ class Part(_message.Message):
         approval: Global___ApprovalPart | None = ...,
         connection: Global___ConnectionPart | None = ...,
         summary: Global___SummaryPart | None = ...,
+        timer: Global___TimerPart | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connection", b"connection", "kind", b"kind", "question", b"question", "summary", b"summary", "text", b"text", "thinking", b"thinking", "tool_call", b"tool_call", "tool_result", b"tool_result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connection", b"connection", "kind", b"kind", "question", b"question", "summary", b"summary", "text", b"text", "thinking", b"thinking", "timer", b"timer", "tool_call", b"tool_call", "tool_result", b"tool_result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connection", b"connection", "final", b"final", "index", b"index", "kind", b"kind", "question", b"question", "role", b"role", "summary", b"summary", "superseded", b"superseded", "text", b"text", "thinking", b"thinking", "tool_call", b"tool_call", "tool_result", b"tool_result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "connection", b"connection", "final", b"final", "index", b"index", "kind", b"kind", "question", b"question", "role", b"role", "summary", b"summary", "superseded", b"superseded", "text", b"text", "thinking", b"thinking", "timer", b"timer", "tool_call", b"tool_call", "tool_result", b"tool_result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text", "thinking", "tool_call", "tool_result", "question", "approval", "connection", "summary"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text", "thinking", "tool_call", "tool_result", "question", "approval", "connection", "summary", "timer"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -690,6 +730,7 @@ class Run(_message.Message):
     ROUTING_FIELD_NUMBER: _builtins.int
     DELIVERY_FIELD_NUMBER: _builtins.int
     WAITING_FOR_FIELD_NUMBER: _builtins.int
+    NEXT_WAKE_AT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id (run_...)."""
     tenant_id: _builtins.str
@@ -772,6 +813,10 @@ class Run(_message.Message):
         (GetRun), not in lists.
         """
 
+    @_builtins.property
+    def next_wake_at(self) -> _timestamp_pb2.Timestamp:
+        """When its timer wakes the run (waiting-for-timer only)."""
+
     def __init__(
         self,
         *,
@@ -801,10 +846,11 @@ class Run(_message.Message):
         routing: Global___RunRouting | None = ...,
         delivery: Global___Delivery | None = ...,
         waiting_for: Global___WaitingFor | None = ...,
+        next_wake_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "delivery", b"delivery", "error", b"error", "finished_at", b"finished_at", "next_attempt_at", b"next_attempt_at", "routing", b"routing", "updated_at", b"updated_at", "usage", b"usage", "waiting_for", b"waiting_for"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "delivery", b"delivery", "error", b"error", "finished_at", b"finished_at", "next_attempt_at", b"next_attempt_at", "next_wake_at", b"next_wake_at", "routing", b"routing", "updated_at", b"updated_at", "usage", b"usage", "waiting_for", b"waiting_for"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "channel", b"channel", "conversation_id", b"conversation_id", "created_at", b"created_at", "delivery", b"delivery", "error", b"error", "finished_at", b"finished_at", "input_text", b"input_text", "last_seq", b"last_seq", "max_attempts", b"max_attempts", "next_attempt_at", b"next_attempt_at", "owner_principal_id", b"owner_principal_id", "parent_run_id", b"parent_run_id", "result_text", b"result_text", "root_run_id", b"root_run_id", "routing", b"routing", "run_id", b"run_id", "session_id", b"session_id", "status", b"status", "task_outcome", b"task_outcome", "tenant_id", b"tenant_id", "updated_at", b"updated_at", "usage", b"usage", "visibility", b"visibility", "waiting_for", b"waiting_for", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "channel", b"channel", "conversation_id", b"conversation_id", "created_at", b"created_at", "delivery", b"delivery", "error", b"error", "finished_at", b"finished_at", "input_text", b"input_text", "last_seq", b"last_seq", "max_attempts", b"max_attempts", "next_attempt_at", b"next_attempt_at", "next_wake_at", b"next_wake_at", "owner_principal_id", b"owner_principal_id", "parent_run_id", b"parent_run_id", "result_text", b"result_text", "root_run_id", b"root_run_id", "routing", b"routing", "run_id", b"run_id", "session_id", b"session_id", "status", b"status", "task_outcome", b"task_outcome", "tenant_id", b"tenant_id", "updated_at", b"updated_at", "usage", b"usage", "visibility", b"visibility", "waiting_for", b"waiting_for", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -31,7 +31,7 @@ class RunQueued(_message.Message):
     attempt: _builtins.int
     """Attempt number the next claim will run."""
     reason: _builtins.str
-    """Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up"."""
+    """Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up", "timer"."""
     def __init__(
         self,
         *,
@@ -698,6 +698,58 @@ class Keepalive(_message.Message):
 Global___Keepalive: _TypeAlias = Keepalive  # noqa: Y015
 
 @_typing.final
+class TimerSet(_message.Message):
+    """TimerSet: a wait_until call parked the run until due_at, holding no worker."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    DUE_AT_FIELD_NUMBER: _builtins.int
+    tool_call_id: _builtins.str
+    """The wait_until call."""
+    @_builtins.property
+    def due_at(self) -> _timestamp_pb2.Timestamp:
+        """When the run is woken."""
+
+    def __init__(
+        self,
+        *,
+        tool_call_id: _builtins.str = ...,
+        due_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["due_at", b"due_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["due_at", b"due_at", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TimerSet: _TypeAlias = TimerSet  # noqa: Y015
+
+@_typing.final
+class TimerFired(_message.Message):
+    """TimerFired: the run's timer woke it (queued again, once); the event's created_at is when."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DUE_AT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def due_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was due."""
+
+    def __init__(
+        self,
+        *,
+        due_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["due_at", b"due_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["due_at", b"due_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TimerFired: _TypeAlias = TimerFired  # noqa: Y015
+
+@_typing.final
 class RunEvent(_message.Message):
     """RunEvent is the stable transport event. Durable events carry seq > 0; ephemeral ones carry 0."""
 
@@ -734,6 +786,8 @@ class RunEvent(_message.Message):
     DELIVERY_FAILED_FIELD_NUMBER: _builtins.int
     DELIVERY_UNKNOWN_FIELD_NUMBER: _builtins.int
     DELIVERY_DENIED_FIELD_NUMBER: _builtins.int
+    TIMER_SET_FIELD_NUMBER: _builtins.int
+    TIMER_FIRED_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run the event belongs to."""
     seq: _builtins.int
@@ -852,6 +906,14 @@ class RunEvent(_message.Message):
     def delivery_denied(self) -> Global___DeliveryReported:
         """delivery.denied"""
 
+    @_builtins.property
+    def timer_set(self) -> Global___TimerSet:
+        """timer.set"""
+
+    @_builtins.property
+    def timer_fired(self) -> Global___TimerFired:
+        """timer.fired"""
+
     def __init__(
         self,
         *,
@@ -886,12 +948,14 @@ class RunEvent(_message.Message):
         delivery_failed: Global___DeliveryReported | None = ...,
         delivery_unknown: Global___DeliveryReported | None = ...,
         delivery_denied: Global___DeliveryReported | None = ...,
+        timer_set: Global___TimerSet | None = ...,
+        timer_fired: Global___TimerFired | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_requested", b"approval_requested", "connection_completed", b"connection_completed", "connection_requested", b"connection_requested", "context_compacted", b"context_compacted", "created_at", b"created_at", "delivery_denied", b"delivery_denied", "delivery_failed", b"delivery_failed", "delivery_sent", b"delivery_sent", "delivery_unknown", b"delivery_unknown", "keepalive", b"keepalive", "part_added", b"part_added", "part_superseded", b"part_superseded", "part_updated", b"part_updated", "payload", b"payload", "question_answered", b"question_answered", "question_requested", b"question_requested", "run_cancelled", b"run_cancelled", "run_checkpointed", b"run_checkpointed", "run_completed", b"run_completed", "run_failed", b"run_failed", "run_queued", b"run_queued", "run_retry_pending", b"run_retry_pending", "run_started", b"run_started", "text_delta", b"text_delta", "tool_completed", b"tool_completed", "tool_failed", b"tool_failed", "tool_started", b"tool_started", "usage_updated", b"usage_updated"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_requested", b"approval_requested", "connection_completed", b"connection_completed", "connection_requested", b"connection_requested", "context_compacted", b"context_compacted", "created_at", b"created_at", "delivery_denied", b"delivery_denied", "delivery_failed", b"delivery_failed", "delivery_sent", b"delivery_sent", "delivery_unknown", b"delivery_unknown", "keepalive", b"keepalive", "part_added", b"part_added", "part_superseded", b"part_superseded", "part_updated", b"part_updated", "payload", b"payload", "question_answered", b"question_answered", "question_requested", b"question_requested", "run_cancelled", b"run_cancelled", "run_checkpointed", b"run_checkpointed", "run_completed", b"run_completed", "run_failed", b"run_failed", "run_queued", b"run_queued", "run_retry_pending", b"run_retry_pending", "run_started", b"run_started", "text_delta", b"text_delta", "timer_fired", b"timer_fired", "timer_set", b"timer_set", "tool_completed", b"tool_completed", "tool_failed", b"tool_failed", "tool_started", b"tool_started", "usage_updated", b"usage_updated"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_requested", b"approval_requested", "connection_completed", b"connection_completed", "connection_requested", b"connection_requested", "context_compacted", b"context_compacted", "created_at", b"created_at", "delivery_denied", b"delivery_denied", "delivery_failed", b"delivery_failed", "delivery_sent", b"delivery_sent", "delivery_unknown", b"delivery_unknown", "keepalive", b"keepalive", "part_added", b"part_added", "part_superseded", b"part_superseded", "part_updated", b"part_updated", "payload", b"payload", "question_answered", b"question_answered", "question_requested", b"question_requested", "run_cancelled", b"run_cancelled", "run_checkpointed", b"run_checkpointed", "run_completed", b"run_completed", "run_failed", b"run_failed", "run_id", b"run_id", "run_queued", b"run_queued", "run_retry_pending", b"run_retry_pending", "run_started", b"run_started", "seq", b"seq", "text_delta", b"text_delta", "tool_completed", b"tool_completed", "tool_failed", b"tool_failed", "tool_started", b"tool_started", "type", b"type", "usage_updated", b"usage_updated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_requested", b"approval_requested", "connection_completed", b"connection_completed", "connection_requested", b"connection_requested", "context_compacted", b"context_compacted", "created_at", b"created_at", "delivery_denied", b"delivery_denied", "delivery_failed", b"delivery_failed", "delivery_sent", b"delivery_sent", "delivery_unknown", b"delivery_unknown", "keepalive", b"keepalive", "part_added", b"part_added", "part_superseded", b"part_superseded", "part_updated", b"part_updated", "payload", b"payload", "question_answered", b"question_answered", "question_requested", b"question_requested", "run_cancelled", b"run_cancelled", "run_checkpointed", b"run_checkpointed", "run_completed", b"run_completed", "run_failed", b"run_failed", "run_id", b"run_id", "run_queued", b"run_queued", "run_retry_pending", b"run_retry_pending", "run_started", b"run_started", "seq", b"seq", "text_delta", b"text_delta", "timer_fired", b"timer_fired", "timer_set", b"timer_set", "tool_completed", b"tool_completed", "tool_failed", b"tool_failed", "tool_started", b"tool_started", "type", b"type", "usage_updated", b"usage_updated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["run_queued", "run_started", "run_checkpointed", "run_completed", "run_failed", "run_cancelled", "run_retry_pending", "part_added", "part_updated", "tool_started", "tool_completed", "tool_failed", "question_requested", "question_answered", "approval_requested", "approval_decided", "connection_requested", "connection_completed", "usage_updated", "context_compacted", "text_delta", "keepalive", "part_superseded", "delivery_sent", "delivery_failed", "delivery_unknown", "delivery_denied"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["run_queued", "run_started", "run_checkpointed", "run_completed", "run_failed", "run_cancelled", "run_retry_pending", "part_added", "part_updated", "tool_started", "tool_completed", "tool_failed", "question_requested", "question_answered", "approval_requested", "approval_decided", "connection_requested", "connection_completed", "usage_updated", "context_compacted", "text_delta", "keepalive", "part_superseded", "delivery_sent", "delivery_failed", "delivery_unknown", "delivery_denied", "timer_set", "timer_fired"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 

@@ -304,6 +304,7 @@ class Limits(_message.Message):
     BACKOFF_MAX_SECONDS_FIELD_NUMBER: _builtins.int
     MAX_INLINE_TOOL_OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
     MAX_TOKENS_PER_TURN_FIELD_NUMBER: _builtins.int
+    MAX_WAIT_SECONDS_FIELD_NUMBER: _builtins.int
     max_steps: _builtins.int
     """Maximum model turns."""
     max_tool_calls: _builtins.int
@@ -326,6 +327,8 @@ class Limits(_message.Message):
     """Inline cap for tool output, in bytes."""
     max_tokens_per_turn: _builtins.int
     """max_tokens sent with each model turn."""
+    max_wait_seconds: _builtins.float
+    """Longest wait one wait_until call may ask for, in seconds."""
     def __init__(
         self,
         *,
@@ -340,10 +343,11 @@ class Limits(_message.Message):
         backoff_max_seconds: _builtins.float = ...,
         max_inline_tool_output_bytes: _builtins.int = ...,
         max_tokens_per_turn: _builtins.int = ...,
+        max_wait_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backoff_initial_seconds", b"backoff_initial_seconds", "backoff_max_seconds", b"backoff_max_seconds", "max_attempts", b"max_attempts", "max_cost_micros", b"max_cost_micros", "max_inline_tool_output_bytes", b"max_inline_tool_output_bytes", "max_input_tokens", b"max_input_tokens", "max_output_tokens", b"max_output_tokens", "max_steps", b"max_steps", "max_tokens_per_turn", b"max_tokens_per_turn", "max_tool_calls", b"max_tool_calls", "wall_clock_seconds", b"wall_clock_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backoff_initial_seconds", b"backoff_initial_seconds", "backoff_max_seconds", b"backoff_max_seconds", "max_attempts", b"max_attempts", "max_cost_micros", b"max_cost_micros", "max_inline_tool_output_bytes", b"max_inline_tool_output_bytes", "max_input_tokens", b"max_input_tokens", "max_output_tokens", b"max_output_tokens", "max_steps", b"max_steps", "max_tokens_per_turn", b"max_tokens_per_turn", "max_tool_calls", b"max_tool_calls", "max_wait_seconds", b"max_wait_seconds", "wall_clock_seconds", b"wall_clock_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1052,6 +1056,8 @@ class ParkRunRequest(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     INTERACTION_ID_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    WAKE_AT_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     epoch: _builtins.int
@@ -1065,6 +1071,12 @@ class ParkRunRequest(_message.Message):
     it joins the run's trace (one long-lived Work stream carries many runs, so no stream
     metadata can); empty while the worker's telemetry is off.
     """
+    tool_call_id: _builtins.str
+    """The wait_until call a waiting-for-timer run parked on."""
+    @_builtins.property
+    def wake_at(self) -> _timestamp_pb2.Timestamp:
+        """When a waiting-for-timer run is woken (required for that status, ignored for the others)."""
+
     def __init__(
         self,
         *,
@@ -1073,10 +1085,12 @@ class ParkRunRequest(_message.Message):
         status: _common_pb2.RunStatus.ValueType = ...,
         interaction_id: _builtins.str = ...,
         traceparent: _builtins.str = ...,
+        wake_at: _timestamp_pb2.Timestamp | None = ...,
+        tool_call_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["wake_at", b"wake_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "interaction_id", b"interaction_id", "run_id", b"run_id", "status", b"status", "traceparent", b"traceparent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "interaction_id", b"interaction_id", "run_id", b"run_id", "status", b"status", "tool_call_id", b"tool_call_id", "traceparent", b"traceparent", "wake_at", b"wake_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

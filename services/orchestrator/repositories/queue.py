@@ -45,3 +45,15 @@ async def next_retry_in(conn: AsyncConnection) -> float | None:
     """Seconds until the earliest retry-pending run is due (negative: overdue), or None."""
     value = (await conn.execute(_NEXT_RETRY_IN)).scalar()
     return None if value is None else float(value)
+
+
+_NEXT_WAKE_IN = select(func.extract("epoch", func.min(runs.c.next_wake_at) - func.now())).where(
+    in_state(runs.c.status, RunStatus.WAITING_FOR_TIMER)
+)
+
+
+async def next_wake_in(conn: AsyncConnection) -> float | None:
+    """Seconds until the earliest parked timer is due (negative: overdue), or None
+    (ix_runs_timer_due)."""
+    value = (await conn.execute(_NEXT_WAKE_IN)).scalar()
+    return None if value is None else float(value)

@@ -236,6 +236,16 @@ export function applyEvent(state: RunState, event: RunEventJson, pending?: Pendi
     case "connection.completed":
       next.pending = null;
       break;
+    case "timer.set":
+      // Parked by its wait_until call, holding no worker, until the due time.
+      run.status = "RUN_STATUS_WAITING_FOR_TIMER";
+      if (event.timerSet?.dueAt) run.nextWakeAt = event.timerSet.dueAt;
+      next.pending = null;
+      break;
+    case "timer.fired":
+      // Queued again (run.queued follows): nothing is due any more.
+      delete run.nextWakeAt;
+      break;
     case "delivery.sent":
     case "delivery.failed":
     case "delivery.unknown":

@@ -87,4 +87,14 @@ describe("reduceRun", () => {
     const done = reduceRun(answered, ev({ seq: "7", type: "run.completed", runCompleted: { resultText: "ok" } }));
     expect([done.run?.status, done.run?.resultText]).toEqual(["RUN_STATUS_COMPLETED", "ok"]);
   });
+  it("tracks a run parked on its timer and woken", () => {
+    const s = fold([
+      { kind: "snapshot", run: { runId: "r", status: "RUN_STATUS_RUNNING", attempt: 1, maxAttempts: 3 }, parts: [], resumed: false },
+      ev({ seq: "4", type: "timer.set", timerSet: { toolCallId: "toolu_1", dueAt: "2026-12-05T10:00:00Z" } }),
+    ]);
+    expect([s.run?.status, s.run?.nextWakeAt, s.pending]).toEqual(["RUN_STATUS_WAITING_FOR_TIMER", "2026-12-05T10:00:00Z", null]);
+    const fired = reduceRun(s, ev({ seq: "5", type: "timer.fired", timerFired: { dueAt: "2026-12-05T10:00:00Z" } }));
+    const queued = reduceRun(fired, ev({ seq: "6", type: "run.queued", runQueued: { reason: "timer" } }));
+    expect([queued.run?.status, queued.run?.nextWakeAt]).toEqual(["RUN_STATUS_QUEUED", undefined]);
+  });
 });

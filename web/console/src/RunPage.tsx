@@ -107,6 +107,11 @@ export function RunPage({ runId }: { runId: string }) {
       </div>
 
       {state.retry && status === "RUN_STATUS_RETRY_PENDING" && <RetryIndicator retry={state.retry} />}
+      {status === "RUN_STATUS_WAITING_FOR_TIMER" && run.nextWakeAt && (
+        <p className="retry" role="status" data-testid="timer-indicator">
+          Waiting, holding no worker, until <time dateTime={run.nextWakeAt}>{run.nextWakeAt}</time>
+        </p>
+      )}
 
       {shown?.type === "question" && shown.question && (
         <QuestionCard key={shown.question.interactionId} runId={runId} question={shown.question} resolvedElsewhere={resolvedElsewhere} />
@@ -181,6 +186,7 @@ function Parts({ parts, state }: { parts: PartJson[]; state: RunState }) {
         if (p.question) return <p key={key} className="part marker">Asked a question</p>;
         if (p.approval) return <p key={key} className="part marker">Asked to approve <code>{p.approval.toolName}</code></p>;
         if (p.connection) return <p key={key} className="part marker">Needed a connection to {p.connection.provider}</p>;
+        if (p.timer) return <p key={key} className="part marker">Waited until <time dateTime={p.timer.dueAt}>{p.timer.dueAt}</time></p>;
         if (p.summary) return (
           <details key={key} className="part summary"><summary>Summary of {p.summary.runs ?? 0} earlier runs</summary><p>{p.summary.text}</p></details>
         );

@@ -95,6 +95,8 @@ runs = Table(
     # among every tenant's (fair leases: start-time fair queueing; see tenant_queues).
     Column("priority", SmallInteger, nullable=False, server_default=text("1")),
     Column("fair_key", Double, nullable=False, server_default=text("0")),
+    # When its timer wakes a waiting-for-timer run (a `wait_until` call); cleared as it fires.
+    Column("next_wake_at", DateTime(timezone=True)),
     _now(),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("started_at", DateTime(timezone=True)),
@@ -162,6 +164,12 @@ Index(
     "ix_runs_retry_due",
     runs.c.next_attempt_at,
     postgresql_where=runs.c.status == "retry-pending",
+)
+# The timers' waker: parked timers, soonest due first.
+Index(
+    "ix_runs_timer_due",
+    runs.c.next_wake_at,
+    postgresql_where=runs.c.status == "waiting-for-timer",
 )
 
 

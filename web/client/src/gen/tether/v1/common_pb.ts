@@ -12,7 +12,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/common.proto.
  */
 export const file_tether_v1_common: GenFile = /*@__PURE__*/
-  fileDesc("ChZ0ZXRoZXIvdjEvY29tbW9uLnByb3RvEgl0ZXRoZXIudjEiVgoJRXJyb3JJbmZvEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIRCglyZXRyeWFibGUYAyABKAgSFwoPcHJvdmlkZXJfc3RhdHVzGAQgASgFIp4BCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAMSFQoNb3V0cHV0X3Rva2VucxgCIAEoAxIjChtjYWNoZV9jcmVhdGlvbl9pbnB1dF90b2tlbnMYAyABKAMSHwoXY2FjaGVfcmVhZF9pbnB1dF90b2tlbnMYBCABKAMSEwoLY29zdF9taWNyb3MYBSABKAMSDQoFbW9kZWwYBiABKAkiGAoIVGV4dFBhcnQSDAoEdGV4dBgBIAEoCSIzCgxUaGlua2luZ1BhcnQSEAoIdGhpbmtpbmcYASABKAkSEQoJc2lnbmF0dXJlGAIgASgJImsKDFRvb2xDYWxsUGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRImCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDwoDY3V0GAQgASgIQgIYASJwCg5Ub29sUmVzdWx0UGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDwoHY29udGVudBgCIAEoCRIQCghpc19lcnJvchgDIAEoCBISCgpvdXRwdXRfcmVmGAQgASgJEhEKCXRydW5jYXRlZBgFIAEoCCImCgxRdWVzdGlvblBhcnQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkiOQoMQXBwcm92YWxQYXJ0EhYKDmludGVyYWN0aW9uX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCSI6Cg5Db25uZWN0aW9uUGFydBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghwcm92aWRlchgCIAEoCSKSAQoLU3VtbWFyeVBhcnQSDAoEdGV4dBgBIAEoCRITCgtmcm9tX3J1bl9pZBgCIAEoCRIWCg50aHJvdWdoX3J1bl9pZBgDIAEoCRIMCgRydW5zGAQgASgFEg0KBXBhcnRzGAUgASgFEhUKDXRva2Vuc19iZWZvcmUYBiABKAMSFAoMdG9rZW5zX2FmdGVyGAcgASgDIrYDCgRQYXJ0Eg0KBWluZGV4GAEgASgFEgwKBHJvbGUYAiABKAkSDQoFZmluYWwYAyABKAgSEgoKc3VwZXJzZWRlZBgEIAEoCBIjCgR0ZXh0GAogASgLMhMudGV0aGVyLnYxLlRleHRQYXJ0SAASKwoIdGhpbmtpbmcYCyABKAsyFy50ZXRoZXIudjEuVGhpbmtpbmdQYXJ0SAASLAoJdG9vbF9jYWxsGAwgASgLMhcudGV0aGVyLnYxLlRvb2xDYWxsUGFydEgAEjAKC3Rvb2xfcmVzdWx0GA0gASgLMhkudGV0aGVyLnYxLlRvb2xSZXN1bHRQYXJ0SAASKwoIcXVlc3Rpb24YDiABKAsyFy50ZXRoZXIudjEuUXVlc3Rpb25QYXJ0SAASKwoIYXBwcm92YWwYDyABKAsyFy50ZXRoZXIudjEuQXBwcm92YWxQYXJ0SAASLwoKY29ubmVjdGlvbhgQIAEoCzIZLnRldGhlci52MS5Db25uZWN0aW9uUGFydEgAEikKB3N1bW1hcnkYESABKAsyFi50ZXRoZXIudjEuU3VtbWFyeVBhcnRIAEIGCgRraW5kIpIBCghEb2N1bWVudBITCgtkb2N1bWVudF9pZBgBIAEoCRINCgV0aXRsZRgCIAEoCRIPCgdjb250ZW50GAMgASgJEg0KBWNoYXJzGAQgASgFEhIKCmNyZWF0ZWRfYnkYBSABKAkSLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiKgoJQnVuZGxlUmVmEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoBSK6AQoKUnVuUm91dGluZxISCgpyb3V0aW5nX2lkGAEgASgJEg0KBWFnZW50GAIgASgJEg0KBW1vZGVsGAMgASgJEiUKB3BlcnNvbmEYBCABKAsyFC50ZXRoZXIudjEuQnVuZGxlUmVmEiQKBnNraWxscxgFIAMoCzIULnRldGhlci52MS5CdW5kbGVSZWYSFgoOdG9vbF9hbGxvd2xpc3QYBiADKAkSFQoNYWdlbnRfdmVyc2lvbhgHIAEoBSL5BQoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIRCgl0ZW5hbnRfaWQYAiABKAkSEgoKc2Vzc2lvbl9pZBgDIAEoCRIXCg9jb252ZXJzYXRpb25faWQYBCABKAkSJAoGc3RhdHVzGAUgASgOMhQudGV0aGVyLnYxLlJ1blN0YXR1cxIPCgdhdHRlbXB0GAYgASgFEhQKDG1heF9hdHRlbXB0cxgHIAEoBRIVCg1wYXJlbnRfcnVuX2lkGAggASgJEhMKC3Jvb3RfcnVuX2lkGAkgASgJEhMKC3Jlc3VsdF90ZXh0GAogASgJEhQKDHRhc2tfb3V0Y29tZRgLIAEoCRIQCgh3YXJuaW5ncxgMIAMoCRIjCgVlcnJvchgNIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SHwoFdXNhZ2UYDiABKAsyEC50ZXRoZXIudjEuVXNhZ2USMwoPbmV4dF9hdHRlbXB0X2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX2F0GBAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GBEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgSIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIbGFzdF9zZXEYEyABKAMSEgoKaW5wdXRfdGV4dBgUIAEoCRIPCgdjaGFubmVsGBUgASgJEhoKEm93bmVyX3ByaW5jaXBhbF9pZBgWIAEoCRISCgp2aXNpYmlsaXR5GBcgASgJEiYKB3JvdXRpbmcYGCABKAsyFS50ZXRoZXIudjEuUnVuUm91dGluZxIlCghkZWxpdmVyeRgZIAEoCzITLnRldGhlci52MS5EZWxpdmVyeRIqCgt3YWl0aW5nX2ZvchgaIAEoCzIVLnRldGhlci52MS5XYWl0aW5nRm9yIikKCldhaXRpbmdGb3ISDgoGcmVhc29uGAEgASgJEgsKA2NhcBgCIAEoBSK5AgoHQXR0ZW1wdBIPCgdhdHRlbXB0GAEgASgFEhMKC2xlYXNlX2Vwb2NoGAIgASgDEhEKCXdvcmtlcl9pZBgDIAEoCRIuCgpzdGFydGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHb3V0Y29tZRgGIAEoCRIjCgVlcnJvchgHIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SMQoIc3RhZ2VfbXMYCCADKAsyHy50ZXRoZXIudjEuQXR0ZW1wdC5TdGFnZU1zRW50cnkaLgoMU3RhZ2VNc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEibQoJTW9kZWxUdXJuEh8KBXVzYWdlGAEgASgLMhAudGV0aGVyLnYxLlVzYWdlEi4KCmNyZWF0ZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB2F0dGVtcHQYAyABKAUijwEKDEFnZW50VmVyc2lvbhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSDAoEc3BlYxgDIAEoCRISCgpub3JtYWxpc2VkGAQgASgJEg4KBmRpZ2VzdBgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ4CgxBZ2VudFN1bW1hcnkSDAoEbmFtZRgBIAEoCRIZChFwdWJsaXNoZWRfdmVyc2lvbhgCIAEoBRIPCgdkZWZhdWx0GAMgASgIEi4KCnVwZGF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqMBCgtDYXRhbG9nVG9vbBIMCgRuYW1lGAEgASgJEgwKBHJpc2sYAiABKAkSGQoRd3JpdGVzX2V4dGVybmFsbHkYAyABKAgSFQoNc2NoZW1hX3NoYTI1NhgEIAEoCRIUCgxhbm5vdW5jZWRfYnkYBSABKAkSMAoMYW5ub3VuY2VkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJiCgtSZXBseVRhcmdldBISCgpjaGFubmVsX2lkGAEgASgJEgwKBGtpbmQYAiABKAkSDwoHYWRkcmVzcxgDIAEoCRIOCgZ0aHJlYWQYBCABKAkSEAoIcmVwbHlfdG8YBSABKAkigwIKE1dlYmhvb2tTdWJzY3JpcHRpb24SFwoPc3Vic2NyaXB0aW9uX2lkGAEgASgJEgsKA3VybBgCIAEoCRIOCgZldmVudHMYAyADKAkSEgoKY3JlYXRlZF9ieRgEIAEoCRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZzdGF0dXMYBiABKAkSLwoLZGlzYWJsZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjEKDWZhaWxpbmdfc2luY2UYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wItICCg9XZWJob29rRGVsaXZlcnkSEwoLZGVsaXZlcnlfaWQYASABKAkSFwoPc3Vic2NyaXB0aW9uX2lkGAIgASgJEg4KBnJ1bl9pZBgDIAEoCRILCgNzZXEYBCABKAMSEgoKZXZlbnRfdHlwZRgFIAEoCRIOCgZzdGF0dXMYBiABKAkSEAoIYXR0ZW1wdHMYByABKAUSGAoQbGFzdF9odHRwX3N0YXR1cxgIIAEoBRISCgpsYXN0X2Vycm9yGAkgASgJEjMKD25leHRfYXR0ZW1wdF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoHc2VudF9hdBgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAikwIKCERlbGl2ZXJ5EhMKC2RlbGl2ZXJ5X2lkGAEgASgJEhIKCmNoYW5uZWxfaWQYAiABKAkSDAoEa2luZBgDIAEoCRINCgVzdGF0ZRgEIAEoCRIMCgR0ZXh0GAUgASgJEhsKE3Byb3ZpZGVyX21lc3NhZ2VfaWQYBiABKAkSEAoIYXR0ZW1wdHMYByABKAUSIwoFZXJyb3IYCCABKAsyFC50ZXRoZXIudjEuRXJyb3JJbmZvEi4KCmNyZWF0ZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCqwAgoJUnVuU3RhdHVzEhoKFlJVTl9TVEFUVVNfVU5TUEVDSUZJRUQQABIVChFSVU5fU1RBVFVTX1FVRVVFRBABEhYKElJVTl9TVEFUVVNfUlVOTklORxACEhwKGFJVTl9TVEFUVVNfUkVUUllfUEVORElORxADEiMKH1JVTl9TVEFUVVNfV0FJVElOR19GT1JfUVVFU1RJT04QBBIjCh9SVU5fU1RBVFVTX1dBSVRJTkdfRk9SX0FQUFJPVkFMEAUSJQohUlVOX1NUQVRVU19XQUlUSU5HX0ZPUl9DT05ORUNUSU9OEAYSGAoUUlVOX1NUQVRVU19DT01QTEVURUQQBxIVChFSVU5fU1RBVFVTX0ZBSUxFRBAIEhgKFFJVTl9TVEFUVVNfQ0FOQ0VMTEVEEAkqkAEKC0Rpc3Bvc2l0aW9uEhsKF0RJU1BPU0lUSU9OX1VOU1BFQ0lGSUVEEAASFwoTRElTUE9TSVRJT05fQ1JFQVRFRBABEhgKFERJU1BPU0lUSU9OX0FUVEFDSEVEEAISGAoURElTUE9TSVRJT05fUkVQTEFZRUQQAxIXChNESVNQT1NJVElPTl9SRVRSSUVEEARiBnByb3RvMw", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChZ0ZXRoZXIvdjEvY29tbW9uLnByb3RvEgl0ZXRoZXIudjEiVgoJRXJyb3JJbmZvEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIRCglyZXRyeWFibGUYAyABKAgSFwoPcHJvdmlkZXJfc3RhdHVzGAQgASgFIp4BCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAMSFQoNb3V0cHV0X3Rva2VucxgCIAEoAxIjChtjYWNoZV9jcmVhdGlvbl9pbnB1dF90b2tlbnMYAyABKAMSHwoXY2FjaGVfcmVhZF9pbnB1dF90b2tlbnMYBCABKAMSEwoLY29zdF9taWNyb3MYBSABKAMSDQoFbW9kZWwYBiABKAkiGAoIVGV4dFBhcnQSDAoEdGV4dBgBIAEoCSIzCgxUaGlua2luZ1BhcnQSEAoIdGhpbmtpbmcYASABKAkSEQoJc2lnbmF0dXJlGAIgASgJImsKDFRvb2xDYWxsUGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRImCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDwoDY3V0GAQgASgIQgIYASJwCg5Ub29sUmVzdWx0UGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDwoHY29udGVudBgCIAEoCRIQCghpc19lcnJvchgDIAEoCBISCgpvdXRwdXRfcmVmGAQgASgJEhEKCXRydW5jYXRlZBgFIAEoCCImCgxRdWVzdGlvblBhcnQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkiOQoMQXBwcm92YWxQYXJ0EhYKDmludGVyYWN0aW9uX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCSI6Cg5Db25uZWN0aW9uUGFydBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghwcm92aWRlchgCIAEoCSKSAQoLU3VtbWFyeVBhcnQSDAoEdGV4dBgBIAEoCRITCgtmcm9tX3J1bl9pZBgCIAEoCRIWCg50aHJvdWdoX3J1bl9pZBgDIAEoCRIMCgRydW5zGAQgASgFEg0KBXBhcnRzGAUgASgFEhUKDXRva2Vuc19iZWZvcmUYBiABKAMSFAoMdG9rZW5zX2FmdGVyGAcgASgDIk0KCVRpbWVyUGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSKgoGZHVlX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLdAwoEUGFydBINCgVpbmRleBgBIAEoBRIMCgRyb2xlGAIgASgJEg0KBWZpbmFsGAMgASgIEhIKCnN1cGVyc2VkZWQYBCABKAgSIwoEdGV4dBgKIAEoCzITLnRldGhlci52MS5UZXh0UGFydEgAEisKCHRoaW5raW5nGAsgASgLMhcudGV0aGVyLnYxLlRoaW5raW5nUGFydEgAEiwKCXRvb2xfY2FsbBgMIAEoCzIXLnRldGhlci52MS5Ub29sQ2FsbFBhcnRIABIwCgt0b29sX3Jlc3VsdBgNIAEoCzIZLnRldGhlci52MS5Ub29sUmVzdWx0UGFydEgAEisKCHF1ZXN0aW9uGA4gASgLMhcudGV0aGVyLnYxLlF1ZXN0aW9uUGFydEgAEisKCGFwcHJvdmFsGA8gASgLMhcudGV0aGVyLnYxLkFwcHJvdmFsUGFydEgAEi8KCmNvbm5lY3Rpb24YECABKAsyGS50ZXRoZXIudjEuQ29ubmVjdGlvblBhcnRIABIpCgdzdW1tYXJ5GBEgASgLMhYudGV0aGVyLnYxLlN1bW1hcnlQYXJ0SAASJQoFdGltZXIYEiABKAsyFC50ZXRoZXIudjEuVGltZXJQYXJ0SABCBgoEa2luZCKSAQoIRG9jdW1lbnQSEwoLZG9jdW1lbnRfaWQYASABKAkSDQoFdGl0bGUYAiABKAkSDwoHY29udGVudBgDIAEoCRINCgVjaGFycxgEIAEoBRISCgpjcmVhdGVkX2J5GAUgASgJEi4KCmNyZWF0ZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIioKCUJ1bmRsZVJlZhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUiugEKClJ1blJvdXRpbmcSEgoKcm91dGluZ19pZBgBIAEoCRINCgVhZ2VudBgCIAEoCRINCgVtb2RlbBgDIAEoCRIlCgdwZXJzb25hGAQgASgLMhQudGV0aGVyLnYxLkJ1bmRsZVJlZhIkCgZza2lsbHMYBSADKAsyFC50ZXRoZXIudjEuQnVuZGxlUmVmEhYKDnRvb2xfYWxsb3dsaXN0GAYgAygJEhUKDWFnZW50X3ZlcnNpb24YByABKAUiqwYKA1J1bhIOCgZydW5faWQYASABKAkSEQoJdGVuYW50X2lkGAIgASgJEhIKCnNlc3Npb25faWQYAyABKAkSFwoPY29udmVyc2F0aW9uX2lkGAQgASgJEiQKBnN0YXR1cxgFIAEoDjIULnRldGhlci52MS5SdW5TdGF0dXMSDwoHYXR0ZW1wdBgGIAEoBRIUCgxtYXhfYXR0ZW1wdHMYByABKAUSFQoNcGFyZW50X3J1bl9pZBgIIAEoCRITCgtyb290X3J1bl9pZBgJIAEoCRITCgtyZXN1bHRfdGV4dBgKIAEoCRIUCgx0YXNrX291dGNvbWUYCyABKAkSEAoId2FybmluZ3MYDCADKAkSIwoFZXJyb3IYDSABKAsyFC50ZXRoZXIudjEuRXJyb3JJbmZvEh8KBXVzYWdlGA4gASgLMhAudGV0aGVyLnYxLlVzYWdlEjMKD25leHRfYXR0ZW1wdF9hdBgPIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgQIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgRIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYEiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGxhc3Rfc2VxGBMgASgDEhIKCmlucHV0X3RleHQYFCABKAkSDwoHY2hhbm5lbBgVIAEoCRIaChJvd25lcl9wcmluY2lwYWxfaWQYFiABKAkSEgoKdmlzaWJpbGl0eRgXIAEoCRImCgdyb3V0aW5nGBggASgLMhUudGV0aGVyLnYxLlJ1blJvdXRpbmcSJQoIZGVsaXZlcnkYGSABKAsyEy50ZXRoZXIudjEuRGVsaXZlcnkSKgoLd2FpdGluZ19mb3IYGiABKAsyFS50ZXRoZXIudjEuV2FpdGluZ0ZvchIwCgxuZXh0X3dha2VfYXQYGyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIikKCldhaXRpbmdGb3ISDgoGcmVhc29uGAEgASgJEgsKA2NhcBgCIAEoBSK5AgoHQXR0ZW1wdBIPCgdhdHRlbXB0GAEgASgFEhMKC2xlYXNlX2Vwb2NoGAIgASgDEhEKCXdvcmtlcl9pZBgDIAEoCRIuCgpzdGFydGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHb3V0Y29tZRgGIAEoCRIjCgVlcnJvchgHIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SMQoIc3RhZ2VfbXMYCCADKAsyHy50ZXRoZXIudjEuQXR0ZW1wdC5TdGFnZU1zRW50cnkaLgoMU3RhZ2VNc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEibQoJTW9kZWxUdXJuEh8KBXVzYWdlGAEgASgLMhAudGV0aGVyLnYxLlVzYWdlEi4KCmNyZWF0ZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB2F0dGVtcHQYAyABKAUijwEKDEFnZW50VmVyc2lvbhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSDAoEc3BlYxgDIAEoCRISCgpub3JtYWxpc2VkGAQgASgJEg4KBmRpZ2VzdBgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ4CgxBZ2VudFN1bW1hcnkSDAoEbmFtZRgBIAEoCRIZChFwdWJsaXNoZWRfdmVyc2lvbhgCIAEoBRIPCgdkZWZhdWx0GAMgASgIEi4KCnVwZGF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqMBCgtDYXRhbG9nVG9vbBIMCgRuYW1lGAEgASgJEgwKBHJpc2sYAiABKAkSGQoRd3JpdGVzX2V4dGVybmFsbHkYAyABKAgSFQoNc2NoZW1hX3NoYTI1NhgEIAEoCRIUCgxhbm5vdW5jZWRfYnkYBSABKAkSMAoMYW5ub3VuY2VkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJiCgtSZXBseVRhcmdldBISCgpjaGFubmVsX2lkGAEgASgJEgwKBGtpbmQYAiABKAkSDwoHYWRkcmVzcxgDIAEoCRIOCgZ0aHJlYWQYBCABKAkSEAoIcmVwbHlfdG8YBSABKAkigwIKE1dlYmhvb2tTdWJzY3JpcHRpb24SFwoPc3Vic2NyaXB0aW9uX2lkGAEgASgJEgsKA3VybBgCIAEoCRIOCgZldmVudHMYAyADKAkSEgoKY3JlYXRlZF9ieRgEIAEoCRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZzdGF0dXMYBiABKAkSLwoLZGlzYWJsZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjEKDWZhaWxpbmdfc2luY2UYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wItICCg9XZWJob29rRGVsaXZlcnkSEwoLZGVsaXZlcnlfaWQYASABKAkSFwoPc3Vic2NyaXB0aW9uX2lkGAIgASgJEg4KBnJ1bl9pZBgDIAEoCRILCgNzZXEYBCABKAMSEgoKZXZlbnRfdHlwZRgFIAEoCRIOCgZzdGF0dXMYBiABKAkSEAoIYXR0ZW1wdHMYByABKAUSGAoQbGFzdF9odHRwX3N0YXR1cxgIIAEoBRISCgpsYXN0X2Vycm9yGAkgASgJEjMKD25leHRfYXR0ZW1wdF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoHc2VudF9hdBgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAikwIKCERlbGl2ZXJ5EhMKC2RlbGl2ZXJ5X2lkGAEgASgJEhIKCmNoYW5uZWxfaWQYAiABKAkSDAoEa2luZBgDIAEoCRINCgVzdGF0ZRgEIAEoCRIMCgR0ZXh0GAUgASgJEhsKE3Byb3ZpZGVyX21lc3NhZ2VfaWQYBiABKAkSEAoIYXR0ZW1wdHMYByABKAUSIwoFZXJyb3IYCCABKAsyFC50ZXRoZXIudjEuRXJyb3JJbmZvEi4KCmNyZWF0ZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCrSAgoJUnVuU3RhdHVzEhoKFlJVTl9TVEFUVVNfVU5TUEVDSUZJRUQQABIVChFSVU5fU1RBVFVTX1FVRVVFRBABEhYKElJVTl9TVEFUVVNfUlVOTklORxACEhwKGFJVTl9TVEFUVVNfUkVUUllfUEVORElORxADEiMKH1JVTl9TVEFUVVNfV0FJVElOR19GT1JfUVVFU1RJT04QBBIjCh9SVU5fU1RBVFVTX1dBSVRJTkdfRk9SX0FQUFJPVkFMEAUSJQohUlVOX1NUQVRVU19XQUlUSU5HX0ZPUl9DT05ORUNUSU9OEAYSGAoUUlVOX1NUQVRVU19DT01QTEVURUQQBxIVChFSVU5fU1RBVFVTX0ZBSUxFRBAIEhgKFFJVTl9TVEFUVVNfQ0FOQ0VMTEVEEAkSIAocUlVOX1NUQVRVU19XQUlUSU5HX0ZPUl9USU1FUhAKKpABCgtEaXNwb3NpdGlvbhIbChdESVNQT1NJVElPTl9VTlNQRUNJRklFRBAAEhcKE0RJU1BPU0lUSU9OX0NSRUFURUQQARIYChRESVNQT1NJVElPTl9BVFRBQ0hFRBACEhgKFERJU1BPU0lUSU9OX1JFUExBWUVEEAMSFwoTRElTUE9TSVRJT05fUkVUUklFRBAEYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * ErrorInfo is a classified failure kept on a run or an event.
@@ -709,6 +709,57 @@ export const SummaryPartSchema: GenMessage<SummaryPart, {jsonType: SummaryPartJs
   messageDesc(file_tether_v1_common, 9);
 
 /**
+ * TimerPart marks a wait_until call that parked the run until due_at (the model sees its call
+ * and, once it woke, its result; never this marker).
+ *
+ * @generated from message tether.v1.TimerPart
+ */
+export type TimerPart = Message<"tether.v1.TimerPart"> & {
+  /**
+   * The wait_until call it parked on.
+   *
+   * @generated from field: string tool_call_id = 1;
+   */
+  toolCallId: string;
+
+  /**
+   * When the run is woken.
+   *
+   * @generated from field: google.protobuf.Timestamp due_at = 2;
+   */
+  dueAt?: Timestamp | undefined;
+};
+
+/**
+ * TimerPart marks a wait_until call that parked the run until due_at (the model sees its call
+ * and, once it woke, its result; never this marker).
+ *
+ * @generated from message tether.v1.TimerPart
+ */
+export type TimerPartJson = {
+  /**
+   * The wait_until call it parked on.
+   *
+   * @generated from field: string tool_call_id = 1;
+   */
+  toolCallId?: string;
+
+  /**
+   * When the run is woken.
+   *
+   * @generated from field: google.protobuf.Timestamp due_at = 2;
+   */
+  dueAt?: TimestampJson;
+};
+
+/**
+ * Describes the message tether.v1.TimerPart.
+ * Use `create(TimerPartSchema)` to create a new message.
+ */
+export const TimerPartSchema: GenMessage<TimerPart, {jsonType: TimerPartJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_common, 10);
+
+/**
  * Part is one typed piece of a run's transcript.
  *
  * @generated from message tether.v1.Part
@@ -817,6 +868,14 @@ export type Part = Message<"tether.v1.Part"> & {
      */
     value: SummaryPart;
     case: "summary";
+  } | {
+    /**
+     * A timer marker.
+     *
+     * @generated from field: tether.v1.TimerPart timer = 18;
+     */
+    value: TimerPart;
+    case: "timer";
   } | { case: undefined; value?: undefined };
 };
 
@@ -915,6 +974,13 @@ export type PartJson = {
    * @generated from field: tether.v1.SummaryPart summary = 17;
    */
   summary?: SummaryPartJson;
+
+  /**
+   * A timer marker.
+   *
+   * @generated from field: tether.v1.TimerPart timer = 18;
+   */
+  timer?: TimerPartJson;
 };
 
 /**
@@ -922,7 +988,7 @@ export type PartJson = {
  * Use `create(PartSchema)` to create a new message.
  */
 export const PartSchema: GenMessage<Part, {jsonType: PartJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 10);
+  messageDesc(file_tether_v1_common, 11);
 
 /**
  * Document is one knowledge document of a tenant.
@@ -1027,7 +1093,7 @@ export type DocumentJson = {
  * Use `create(DocumentSchema)` to create a new message.
  */
 export const DocumentSchema: GenMessage<Document, {jsonType: DocumentJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 11);
+  messageDesc(file_tether_v1_common, 12);
 
 /**
  * BundleRef names one version of a persona or skill.
@@ -1076,7 +1142,7 @@ export type BundleRefJson = {
  * Use `create(BundleRefSchema)` to create a new message.
  */
 export const BundleRefSchema: GenMessage<BundleRef, {jsonType: BundleRefJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 12);
+  messageDesc(file_tether_v1_common, 13);
 
 /**
  * RunRouting is the routing decision a run is pinned to: every attempt runs with it.
@@ -1197,7 +1263,7 @@ export type RunRoutingJson = {
  * Use `create(RunRoutingSchema)` to create a new message.
  */
 export const RunRoutingSchema: GenMessage<RunRouting, {jsonType: RunRoutingJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 13);
+  messageDesc(file_tether_v1_common, 14);
 
 /**
  * Run is the durable record of handling one admitted event.
@@ -1391,6 +1457,13 @@ export type Run = Message<"tether.v1.Run"> & {
    * @generated from field: tether.v1.WaitingFor waiting_for = 26;
    */
   waitingFor?: WaitingFor | undefined;
+
+  /**
+   * When its timer wakes the run (waiting-for-timer only).
+   *
+   * @generated from field: google.protobuf.Timestamp next_wake_at = 27;
+   */
+  nextWakeAt?: Timestamp | undefined;
 };
 
 /**
@@ -1585,6 +1658,13 @@ export type RunJson = {
    * @generated from field: tether.v1.WaitingFor waiting_for = 26;
    */
   waitingFor?: WaitingForJson;
+
+  /**
+   * When its timer wakes the run (waiting-for-timer only).
+   *
+   * @generated from field: google.protobuf.Timestamp next_wake_at = 27;
+   */
+  nextWakeAt?: TimestampJson;
 };
 
 /**
@@ -1592,7 +1672,7 @@ export type RunJson = {
  * Use `create(RunSchema)` to create a new message.
  */
 export const RunSchema: GenMessage<Run, {jsonType: RunJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 14);
+  messageDesc(file_tether_v1_common, 15);
 
 /**
  * WaitingFor says what holds a queued run back.
@@ -1641,7 +1721,7 @@ export type WaitingForJson = {
  * Use `create(WaitingForSchema)` to create a new message.
  */
 export const WaitingForSchema: GenMessage<WaitingFor, {jsonType: WaitingForJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 15);
+  messageDesc(file_tether_v1_common, 16);
 
 /**
  * Attempt is one lease of a run to a worker and how it ended.
@@ -1776,7 +1856,7 @@ export type AttemptJson = {
  * Use `create(AttemptSchema)` to create a new message.
  */
 export const AttemptSchema: GenMessage<Attempt, {jsonType: AttemptJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 16);
+  messageDesc(file_tether_v1_common, 17);
 
 /**
  * ModelTurn is one priced model call of a run.
@@ -1839,7 +1919,7 @@ export type ModelTurnJson = {
  * Use `create(ModelTurnSchema)` to create a new message.
  */
 export const ModelTurnSchema: GenMessage<ModelTurn, {jsonType: ModelTurnJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 17);
+  messageDesc(file_tether_v1_common, 18);
 
 /**
  * AgentVersion is one immutable version of a tenant's agent.
@@ -1944,7 +2024,7 @@ export type AgentVersionJson = {
  * Use `create(AgentVersionSchema)` to create a new message.
  */
 export const AgentVersionSchema: GenMessage<AgentVersion, {jsonType: AgentVersionJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 18);
+  messageDesc(file_tether_v1_common, 19);
 
 /**
  * AgentSummary is an agent of a tenant as listed.
@@ -2021,7 +2101,7 @@ export type AgentSummaryJson = {
  * Use `create(AgentSummarySchema)` to create a new message.
  */
 export const AgentSummarySchema: GenMessage<AgentSummary, {jsonType: AgentSummaryJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 19);
+  messageDesc(file_tether_v1_common, 20);
 
 /**
  * CatalogTool is one tool of the catalog: what the last worker announcing it said.
@@ -2126,7 +2206,7 @@ export type CatalogToolJson = {
  * Use `create(CatalogToolSchema)` to create a new message.
  */
 export const CatalogToolSchema: GenMessage<CatalogTool, {jsonType: CatalogToolJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 20);
+  messageDesc(file_tether_v1_common, 21);
 
 /**
  * ReplyTarget is where a channel run's answer goes: recorded from the verified webhook that
@@ -2231,7 +2311,7 @@ export type ReplyTargetJson = {
  * Use `create(ReplyTargetSchema)` to create a new message.
  */
 export const ReplyTargetSchema: GenMessage<ReplyTarget, {jsonType: ReplyTargetJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 21);
+  messageDesc(file_tether_v1_common, 22);
 
 /**
  * WebhookSubscription is a tenant's endpoint receiving run events; its signing secret is sealed
@@ -2366,7 +2446,7 @@ export type WebhookSubscriptionJson = {
  * Use `create(WebhookSubscriptionSchema)` to create a new message.
  */
 export const WebhookSubscriptionSchema: GenMessage<WebhookSubscription, {jsonType: WebhookSubscriptionJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 22);
+  messageDesc(file_tether_v1_common, 23);
 
 /**
  * WebhookDelivery is one event sent (or to be sent) to one subscription. Its id is the
@@ -2557,7 +2637,7 @@ export type WebhookDeliveryJson = {
  * Use `create(WebhookDeliverySchema)` to create a new message.
  */
 export const WebhookDeliverySchema: GenMessage<WebhookDelivery, {jsonType: WebhookDeliveryJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 23);
+  messageDesc(file_tether_v1_common, 24);
 
 /**
  * Delivery is a channel run's answer going out through the connection it came from: recorded
@@ -2722,7 +2802,7 @@ export type DeliveryJson = {
  * Use `create(DeliverySchema)` to create a new message.
  */
 export const DeliverySchema: GenMessage<Delivery, {jsonType: DeliveryJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_common, 24);
+  messageDesc(file_tether_v1_common, 25);
 
 /**
  * RunStatus is where a run stands in its lifecycle. Transitions are listed in libs/tether/states.py.
@@ -2799,6 +2879,13 @@ export enum RunStatus {
    * @generated from enum value: RUN_STATUS_CANCELLED = 9;
    */
   CANCELLED = 9,
+
+  /**
+   * Parked by its wait_until call until next_wake_at; no worker is held.
+   *
+   * @generated from enum value: RUN_STATUS_WAITING_FOR_TIMER = 10;
+   */
+  WAITING_FOR_TIMER = 10,
 }
 
 /**
@@ -2806,7 +2893,7 @@ export enum RunStatus {
  *
  * @generated from enum tether.v1.RunStatus
  */
-export type RunStatusJson = "RUN_STATUS_UNSPECIFIED" | "RUN_STATUS_QUEUED" | "RUN_STATUS_RUNNING" | "RUN_STATUS_RETRY_PENDING" | "RUN_STATUS_WAITING_FOR_QUESTION" | "RUN_STATUS_WAITING_FOR_APPROVAL" | "RUN_STATUS_WAITING_FOR_CONNECTION" | "RUN_STATUS_COMPLETED" | "RUN_STATUS_FAILED" | "RUN_STATUS_CANCELLED";
+export type RunStatusJson = "RUN_STATUS_UNSPECIFIED" | "RUN_STATUS_QUEUED" | "RUN_STATUS_RUNNING" | "RUN_STATUS_RETRY_PENDING" | "RUN_STATUS_WAITING_FOR_QUESTION" | "RUN_STATUS_WAITING_FOR_APPROVAL" | "RUN_STATUS_WAITING_FOR_CONNECTION" | "RUN_STATUS_COMPLETED" | "RUN_STATUS_FAILED" | "RUN_STATUS_CANCELLED" | "RUN_STATUS_WAITING_FOR_TIMER";
 
 /**
  * Describes the enum tether.v1.RunStatus.

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/events.proto.
  */
 export const file_tether_v1_events: GenFile = /*@__PURE__*/
-  fileDesc("ChZ0ZXRoZXIvdjEvZXZlbnRzLnByb3RvEgl0ZXRoZXIudjEiLAoJUnVuUXVldWVkEg8KB2F0dGVtcHQYASABKAUSDgoGcmVhc29uGAIgASgJIkUKClJ1blN0YXJ0ZWQSDwoHYXR0ZW1wdBgBIAEoBRIRCgl3b3JrZXJfaWQYAiABKAkSEwoLbGVhc2VfZXBvY2gYAyABKAMiJQoPUnVuQ2hlY2twb2ludGVkEhIKCnBhcnRfY291bnQYASABKAUibAoMUnVuQ29tcGxldGVkEhMKC3Jlc3VsdF90ZXh0GAEgASgJEhQKDHRhc2tfb3V0Y29tZRgCIAEoCRIQCgh3YXJuaW5ncxgDIAMoCRIfCgV1c2FnZRgEIAEoCzIQLnRldGhlci52MS5Vc2FnZSIwCglSdW5GYWlsZWQSIwoFZXJyb3IYASABKAsyFC50ZXRoZXIudjEuRXJyb3JJbmZvIh4KDFJ1bkNhbmNlbGxlZBIOCgZyZWFzb24YASABKAkikgEKD1J1blJldHJ5UGVuZGluZxIPCgdhdHRlbXB0GAEgASgFEhQKDG1heF9hdHRlbXB0cxgCIAEoBRIzCg9uZXh0X2F0dGVtcHRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiMKBWVycm9yGAQgASgLMhQudGV0aGVyLnYxLkVycm9ySW5mbyIqCglQYXJ0QWRkZWQSHQoEcGFydBgBIAEoCzIPLnRldGhlci52MS5QYXJ0IiwKC1BhcnRVcGRhdGVkEh0KBHBhcnQYASABKAsyDy50ZXRoZXIudjEuUGFydCI1Cg5QYXJ0U3VwZXJzZWRlZBISCgpwYXJ0X2luZGV4GAEgASgFEg8KB2F0dGVtcHQYAiABKAUiMQoLVG9vbFN0YXJ0ZWQSFAoMdG9vbF9jYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkiRQoNVG9vbENvbXBsZXRlZBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIQCghyZXBsYXllZBgDIAEoCCJVCgpUb29sRmFpbGVkEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEiMKBWVycm9yGAMgASgLMhQudGV0aGVyLnYxLkVycm9ySW5mbyIrChFRdWVzdGlvblJlcXVlc3RlZBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCSIqChBRdWVzdGlvbkFuc3dlcmVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIisKEUFwcHJvdmFsUmVxdWVzdGVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIjsKD0FwcHJvdmFsRGVjaWRlZBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghkZWNpc2lvbhgCIAEoCSItChNDb25uZWN0aW9uUmVxdWVzdGVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIj4KE0Nvbm5lY3Rpb25Db21wbGV0ZWQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHb3V0Y29tZRgCIAEoCSJPCgxVc2FnZVVwZGF0ZWQSHgoEdHVybhgBIAEoCzIQLnRldGhlci52MS5Vc2FnZRIfCgV0b3RhbBgCIAEoCzIQLnRldGhlci52MS5Vc2FnZSK5AQoQQ29udGV4dENvbXBhY3RlZBIXCg9wYXJ0c19jb21wYWN0ZWQYASABKAUSEwoLZnJvbV9ydW5faWQYAiABKAkSFgoOdGhyb3VnaF9ydW5faWQYAyABKAkSFgoOcnVuc19jb21wYWN0ZWQYBCABKAUSFQoNdG9rZW5zX2JlZm9yZRgFIAEoAxIUCgx0b2tlbnNfYWZ0ZXIYBiABKAMSGgoSc3VtbWFyeV9wYXJ0X2luZGV4GAcgASgFIosBChBEZWxpdmVyeVJlcG9ydGVkEhMKC2RlbGl2ZXJ5X2lkGAEgASgJEhIKCmNoYW5uZWxfaWQYAiABKAkSDAoEa2luZBgDIAEoCRIbChNwcm92aWRlcl9tZXNzYWdlX2lkGAQgASgJEiMKBWVycm9yGAUgASgLMhQudGV0aGVyLnYxLkVycm9ySW5mbyI9CglUZXh0RGVsdGESEgoKcGFydF9pbmRleBgBIAEoBRIMCgR0ZXh0GAIgASgJEg4KBm9mZnNldBgDIAEoAyIxCglLZWVwYWxpdmUSJAoGc3RhdHVzGAEgASgOMhQudGV0aGVyLnYxLlJ1blN0YXR1cyL7CwoIUnVuRXZlbnQSDgoGcnVuX2lkGAEgASgJEgsKA3NlcRgCIAEoAxIuCgpjcmVhdGVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgR0eXBlGAQgASgJEioKCnJ1bl9xdWV1ZWQYCiABKAsyFC50ZXRoZXIudjEuUnVuUXVldWVkSAASLAoLcnVuX3N0YXJ0ZWQYCyABKAsyFS50ZXRoZXIudjEuUnVuU3RhcnRlZEgAEjYKEHJ1bl9jaGVja3BvaW50ZWQYDCABKAsyGi50ZXRoZXIudjEuUnVuQ2hlY2twb2ludGVkSAASMAoNcnVuX2NvbXBsZXRlZBgNIAEoCzIXLnRldGhlci52MS5SdW5Db21wbGV0ZWRIABIqCgpydW5fZmFpbGVkGA4gASgLMhQudGV0aGVyLnYxLlJ1bkZhaWxlZEgAEjAKDXJ1bl9jYW5jZWxsZWQYDyABKAsyFy50ZXRoZXIudjEuUnVuQ2FuY2VsbGVkSAASNwoRcnVuX3JldHJ5X3BlbmRpbmcYECABKAsyGi50ZXRoZXIudjEuUnVuUmV0cnlQZW5kaW5nSAASKgoKcGFydF9hZGRlZBgRIAEoCzIULnRldGhlci52MS5QYXJ0QWRkZWRIABIuCgxwYXJ0X3VwZGF0ZWQYEiABKAsyFi50ZXRoZXIudjEuUGFydFVwZGF0ZWRIABIuCgx0b29sX3N0YXJ0ZWQYEyABKAsyFi50ZXRoZXIudjEuVG9vbFN0YXJ0ZWRIABIyCg50b29sX2NvbXBsZXRlZBgUIAEoCzIYLnRldGhlci52MS5Ub29sQ29tcGxldGVkSAASLAoLdG9vbF9mYWlsZWQYFSABKAsyFS50ZXRoZXIudjEuVG9vbEZhaWxlZEgAEjoKEnF1ZXN0aW9uX3JlcXVlc3RlZBgWIAEoCzIcLnRldGhlci52MS5RdWVzdGlvblJlcXVlc3RlZEgAEjgKEXF1ZXN0aW9uX2Fuc3dlcmVkGBcgASgLMhsudGV0aGVyLnYxLlF1ZXN0aW9uQW5zd2VyZWRIABI6ChJhcHByb3ZhbF9yZXF1ZXN0ZWQYGCABKAsyHC50ZXRoZXIudjEuQXBwcm92YWxSZXF1ZXN0ZWRIABI2ChBhcHByb3ZhbF9kZWNpZGVkGBkgASgLMhoudGV0aGVyLnYxLkFwcHJvdmFsRGVjaWRlZEgAEj4KFGNvbm5lY3Rpb25fcmVxdWVzdGVkGBogASgLMh4udGV0aGVyLnYxLkNvbm5lY3Rpb25SZXF1ZXN0ZWRIABI+ChRjb25uZWN0aW9uX2NvbXBsZXRlZBgbIAEoCzIeLnRldGhlci52MS5Db25uZWN0aW9uQ29tcGxldGVkSAASMAoNdXNhZ2VfdXBkYXRlZBgcIAEoCzIXLnRldGhlci52MS5Vc2FnZVVwZGF0ZWRIABI4ChFjb250ZXh0X2NvbXBhY3RlZBgdIAEoCzIbLnRldGhlci52MS5Db250ZXh0Q29tcGFjdGVkSAASKgoKdGV4dF9kZWx0YRgeIAEoCzIULnRldGhlci52MS5UZXh0RGVsdGFIABIpCglrZWVwYWxpdmUYHyABKAsyFC50ZXRoZXIudjEuS2VlcGFsaXZlSAASNAoPcGFydF9zdXBlcnNlZGVkGCAgASgLMhkudGV0aGVyLnYxLlBhcnRTdXBlcnNlZGVkSAASNAoNZGVsaXZlcnlfc2VudBghIAEoCzIbLnRldGhlci52MS5EZWxpdmVyeVJlcG9ydGVkSAASNgoPZGVsaXZlcnlfZmFpbGVkGCIgASgLMhsudGV0aGVyLnYxLkRlbGl2ZXJ5UmVwb3J0ZWRIABI3ChBkZWxpdmVyeV91bmtub3duGCMgASgLMhsudGV0aGVyLnYxLkRlbGl2ZXJ5UmVwb3J0ZWRIABI2Cg9kZWxpdmVyeV9kZW5pZWQYJCABKAsyGy50ZXRoZXIudjEuRGVsaXZlcnlSZXBvcnRlZEgAQgkKB3BheWxvYWRiBnByb3RvMw", [file_google_protobuf_timestamp, file_tether_v1_common]);
+  fileDesc("ChZ0ZXRoZXIvdjEvZXZlbnRzLnByb3RvEgl0ZXRoZXIudjEiLAoJUnVuUXVldWVkEg8KB2F0dGVtcHQYASABKAUSDgoGcmVhc29uGAIgASgJIkUKClJ1blN0YXJ0ZWQSDwoHYXR0ZW1wdBgBIAEoBRIRCgl3b3JrZXJfaWQYAiABKAkSEwoLbGVhc2VfZXBvY2gYAyABKAMiJQoPUnVuQ2hlY2twb2ludGVkEhIKCnBhcnRfY291bnQYASABKAUibAoMUnVuQ29tcGxldGVkEhMKC3Jlc3VsdF90ZXh0GAEgASgJEhQKDHRhc2tfb3V0Y29tZRgCIAEoCRIQCgh3YXJuaW5ncxgDIAMoCRIfCgV1c2FnZRgEIAEoCzIQLnRldGhlci52MS5Vc2FnZSIwCglSdW5GYWlsZWQSIwoFZXJyb3IYASABKAsyFC50ZXRoZXIudjEuRXJyb3JJbmZvIh4KDFJ1bkNhbmNlbGxlZBIOCgZyZWFzb24YASABKAkikgEKD1J1blJldHJ5UGVuZGluZxIPCgdhdHRlbXB0GAEgASgFEhQKDG1heF9hdHRlbXB0cxgCIAEoBRIzCg9uZXh0X2F0dGVtcHRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiMKBWVycm9yGAQgASgLMhQudGV0aGVyLnYxLkVycm9ySW5mbyIqCglQYXJ0QWRkZWQSHQoEcGFydBgBIAEoCzIPLnRldGhlci52MS5QYXJ0IiwKC1BhcnRVcGRhdGVkEh0KBHBhcnQYASABKAsyDy50ZXRoZXIudjEuUGFydCI1Cg5QYXJ0U3VwZXJzZWRlZBISCgpwYXJ0X2luZGV4GAEgASgFEg8KB2F0dGVtcHQYAiABKAUiMQoLVG9vbFN0YXJ0ZWQSFAoMdG9vbF9jYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkiRQoNVG9vbENvbXBsZXRlZBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIQCghyZXBsYXllZBgDIAEoCCJVCgpUb29sRmFpbGVkEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEiMKBWVycm9yGAMgASgLMhQudGV0aGVyLnYxLkVycm9ySW5mbyIrChFRdWVzdGlvblJlcXVlc3RlZBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCSIqChBRdWVzdGlvbkFuc3dlcmVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIisKEUFwcHJvdmFsUmVxdWVzdGVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIjsKD0FwcHJvdmFsRGVjaWRlZBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghkZWNpc2lvbhgCIAEoCSItChNDb25uZWN0aW9uUmVxdWVzdGVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIj4KE0Nvbm5lY3Rpb25Db21wbGV0ZWQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHb3V0Y29tZRgCIAEoCSJPCgxVc2FnZVVwZGF0ZWQSHgoEdHVybhgBIAEoCzIQLnRldGhlci52MS5Vc2FnZRIfCgV0b3RhbBgCIAEoCzIQLnRldGhlci52MS5Vc2FnZSK5AQoQQ29udGV4dENvbXBhY3RlZBIXCg9wYXJ0c19jb21wYWN0ZWQYASABKAUSEwoLZnJvbV9ydW5faWQYAiABKAkSFgoOdGhyb3VnaF9ydW5faWQYAyABKAkSFgoOcnVuc19jb21wYWN0ZWQYBCABKAUSFQoNdG9rZW5zX2JlZm9yZRgFIAEoAxIUCgx0b2tlbnNfYWZ0ZXIYBiABKAMSGgoSc3VtbWFyeV9wYXJ0X2luZGV4GAcgASgFIosBChBEZWxpdmVyeVJlcG9ydGVkEhMKC2RlbGl2ZXJ5X2lkGAEgASgJEhIKCmNoYW5uZWxfaWQYAiABKAkSDAoEa2luZBgDIAEoCRIbChNwcm92aWRlcl9tZXNzYWdlX2lkGAQgASgJEiMKBWVycm9yGAUgASgLMhQudGV0aGVyLnYxLkVycm9ySW5mbyI9CglUZXh0RGVsdGESEgoKcGFydF9pbmRleBgBIAEoBRIMCgR0ZXh0GAIgASgJEg4KBm9mZnNldBgDIAEoAyIxCglLZWVwYWxpdmUSJAoGc3RhdHVzGAEgASgOMhQudGV0aGVyLnYxLlJ1blN0YXR1cyJMCghUaW1lclNldBIUCgx0b29sX2NhbGxfaWQYASABKAkSKgoGZHVlX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI4CgpUaW1lckZpcmVkEioKBmR1ZV9hdBgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAi0wwKCFJ1bkV2ZW50Eg4KBnJ1bl9pZBgBIAEoCRILCgNzZXEYAiABKAMSLgoKY3JlYXRlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDAoEdHlwZRgEIAEoCRIqCgpydW5fcXVldWVkGAogASgLMhQudGV0aGVyLnYxLlJ1blF1ZXVlZEgAEiwKC3J1bl9zdGFydGVkGAsgASgLMhUudGV0aGVyLnYxLlJ1blN0YXJ0ZWRIABI2ChBydW5fY2hlY2twb2ludGVkGAwgASgLMhoudGV0aGVyLnYxLlJ1bkNoZWNrcG9pbnRlZEgAEjAKDXJ1bl9jb21wbGV0ZWQYDSABKAsyFy50ZXRoZXIudjEuUnVuQ29tcGxldGVkSAASKgoKcnVuX2ZhaWxlZBgOIAEoCzIULnRldGhlci52MS5SdW5GYWlsZWRIABIwCg1ydW5fY2FuY2VsbGVkGA8gASgLMhcudGV0aGVyLnYxLlJ1bkNhbmNlbGxlZEgAEjcKEXJ1bl9yZXRyeV9wZW5kaW5nGBAgASgLMhoudGV0aGVyLnYxLlJ1blJldHJ5UGVuZGluZ0gAEioKCnBhcnRfYWRkZWQYESABKAsyFC50ZXRoZXIudjEuUGFydEFkZGVkSAASLgoMcGFydF91cGRhdGVkGBIgASgLMhYudGV0aGVyLnYxLlBhcnRVcGRhdGVkSAASLgoMdG9vbF9zdGFydGVkGBMgASgLMhYudGV0aGVyLnYxLlRvb2xTdGFydGVkSAASMgoOdG9vbF9jb21wbGV0ZWQYFCABKAsyGC50ZXRoZXIudjEuVG9vbENvbXBsZXRlZEgAEiwKC3Rvb2xfZmFpbGVkGBUgASgLMhUudGV0aGVyLnYxLlRvb2xGYWlsZWRIABI6ChJxdWVzdGlvbl9yZXF1ZXN0ZWQYFiABKAsyHC50ZXRoZXIudjEuUXVlc3Rpb25SZXF1ZXN0ZWRIABI4ChFxdWVzdGlvbl9hbnN3ZXJlZBgXIAEoCzIbLnRldGhlci52MS5RdWVzdGlvbkFuc3dlcmVkSAASOgoSYXBwcm92YWxfcmVxdWVzdGVkGBggASgLMhwudGV0aGVyLnYxLkFwcHJvdmFsUmVxdWVzdGVkSAASNgoQYXBwcm92YWxfZGVjaWRlZBgZIAEoCzIaLnRldGhlci52MS5BcHByb3ZhbERlY2lkZWRIABI+ChRjb25uZWN0aW9uX3JlcXVlc3RlZBgaIAEoCzIeLnRldGhlci52MS5Db25uZWN0aW9uUmVxdWVzdGVkSAASPgoUY29ubmVjdGlvbl9jb21wbGV0ZWQYGyABKAsyHi50ZXRoZXIudjEuQ29ubmVjdGlvbkNvbXBsZXRlZEgAEjAKDXVzYWdlX3VwZGF0ZWQYHCABKAsyFy50ZXRoZXIudjEuVXNhZ2VVcGRhdGVkSAASOAoRY29udGV4dF9jb21wYWN0ZWQYHSABKAsyGy50ZXRoZXIudjEuQ29udGV4dENvbXBhY3RlZEgAEioKCnRleHRfZGVsdGEYHiABKAsyFC50ZXRoZXIudjEuVGV4dERlbHRhSAASKQoJa2VlcGFsaXZlGB8gASgLMhQudGV0aGVyLnYxLktlZXBhbGl2ZUgAEjQKD3BhcnRfc3VwZXJzZWRlZBggIAEoCzIZLnRldGhlci52MS5QYXJ0U3VwZXJzZWRlZEgAEjQKDWRlbGl2ZXJ5X3NlbnQYISABKAsyGy50ZXRoZXIudjEuRGVsaXZlcnlSZXBvcnRlZEgAEjYKD2RlbGl2ZXJ5X2ZhaWxlZBgiIAEoCzIbLnRldGhlci52MS5EZWxpdmVyeVJlcG9ydGVkSAASNwoQZGVsaXZlcnlfdW5rbm93bhgjIAEoCzIbLnRldGhlci52MS5EZWxpdmVyeVJlcG9ydGVkSAASNgoPZGVsaXZlcnlfZGVuaWVkGCQgASgLMhsudGV0aGVyLnYxLkRlbGl2ZXJ5UmVwb3J0ZWRIABIoCgl0aW1lcl9zZXQYJSABKAsyEy50ZXRoZXIudjEuVGltZXJTZXRIABIsCgt0aW1lcl9maXJlZBgmIAEoCzIVLnRldGhlci52MS5UaW1lckZpcmVkSABCCQoHcGF5bG9hZGIGcHJvdG8z", [file_google_protobuf_timestamp, file_tether_v1_common]);
 
 /**
  * RunQueued: the run entered the queue (admission, retry, resumption or lease reaping).
@@ -30,7 +30,7 @@ export type RunQueued = Message<"tether.v1.RunQueued"> & {
   attempt: number;
 
   /**
-   * Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up".
+   * Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up", "timer".
    *
    * @generated from field: string reason = 2;
    */
@@ -51,7 +51,7 @@ export type RunQueuedJson = {
   attempt?: number;
 
   /**
-   * Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up".
+   * Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up", "timer".
    *
    * @generated from field: string reason = 2;
    */
@@ -1285,6 +1285,90 @@ export const KeepaliveSchema: GenMessage<Keepalive, {jsonType: KeepaliveJson}> =
   messageDesc(file_tether_v1_events, 23);
 
 /**
+ * TimerSet: a wait_until call parked the run until due_at, holding no worker.
+ *
+ * @generated from message tether.v1.TimerSet
+ */
+export type TimerSet = Message<"tether.v1.TimerSet"> & {
+  /**
+   * The wait_until call.
+   *
+   * @generated from field: string tool_call_id = 1;
+   */
+  toolCallId: string;
+
+  /**
+   * When the run is woken.
+   *
+   * @generated from field: google.protobuf.Timestamp due_at = 2;
+   */
+  dueAt?: Timestamp | undefined;
+};
+
+/**
+ * TimerSet: a wait_until call parked the run until due_at, holding no worker.
+ *
+ * @generated from message tether.v1.TimerSet
+ */
+export type TimerSetJson = {
+  /**
+   * The wait_until call.
+   *
+   * @generated from field: string tool_call_id = 1;
+   */
+  toolCallId?: string;
+
+  /**
+   * When the run is woken.
+   *
+   * @generated from field: google.protobuf.Timestamp due_at = 2;
+   */
+  dueAt?: TimestampJson;
+};
+
+/**
+ * Describes the message tether.v1.TimerSet.
+ * Use `create(TimerSetSchema)` to create a new message.
+ */
+export const TimerSetSchema: GenMessage<TimerSet, {jsonType: TimerSetJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_events, 24);
+
+/**
+ * TimerFired: the run's timer woke it (queued again, once); the event's created_at is when.
+ *
+ * @generated from message tether.v1.TimerFired
+ */
+export type TimerFired = Message<"tether.v1.TimerFired"> & {
+  /**
+   * When it was due.
+   *
+   * @generated from field: google.protobuf.Timestamp due_at = 1;
+   */
+  dueAt?: Timestamp | undefined;
+};
+
+/**
+ * TimerFired: the run's timer woke it (queued again, once); the event's created_at is when.
+ *
+ * @generated from message tether.v1.TimerFired
+ */
+export type TimerFiredJson = {
+  /**
+   * When it was due.
+   *
+   * @generated from field: google.protobuf.Timestamp due_at = 1;
+   */
+  dueAt?: TimestampJson;
+};
+
+/**
+ * Describes the message tether.v1.TimerFired.
+ * Use `create(TimerFiredSchema)` to create a new message.
+ */
+export const TimerFiredSchema: GenMessage<TimerFired, {jsonType: TimerFiredJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_events, 25);
+
+/**
  * RunEvent is the stable transport event. Durable events carry seq > 0; ephemeral ones carry 0.
  *
  * @generated from message tether.v1.RunEvent
@@ -1539,6 +1623,22 @@ export type RunEvent = Message<"tether.v1.RunEvent"> & {
      */
     value: DeliveryReported;
     case: "deliveryDenied";
+  } | {
+    /**
+     * timer.set
+     *
+     * @generated from field: tether.v1.TimerSet timer_set = 37;
+     */
+    value: TimerSet;
+    case: "timerSet";
+  } | {
+    /**
+     * timer.fired
+     *
+     * @generated from field: tether.v1.TimerFired timer_fired = 38;
+     */
+    value: TimerFired;
+    case: "timerFired";
   } | { case: undefined; value?: undefined };
 };
 
@@ -1764,6 +1864,20 @@ export type RunEventJson = {
    * @generated from field: tether.v1.DeliveryReported delivery_denied = 36;
    */
   deliveryDenied?: DeliveryReportedJson;
+
+  /**
+   * timer.set
+   *
+   * @generated from field: tether.v1.TimerSet timer_set = 37;
+   */
+  timerSet?: TimerSetJson;
+
+  /**
+   * timer.fired
+   *
+   * @generated from field: tether.v1.TimerFired timer_fired = 38;
+   */
+  timerFired?: TimerFiredJson;
 };
 
 /**
@@ -1771,5 +1885,5 @@ export type RunEventJson = {
  * Use `create(RunEventSchema)` to create a new message.
  */
 export const RunEventSchema: GenMessage<RunEvent, {jsonType: RunEventJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_events, 24);
+  messageDesc(file_tether_v1_events, 26);
 
