@@ -13,9 +13,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from tether.db.schema import schedules
 
 _KEY = (
-    schedules.c.tenant_id == bindparam("tenant_id"),
-    schedules.c.schedule_id == bindparam("schedule_id"),
+    schedules.c.tenant_id == bindparam("k_tenant_id"),
+    schedules.c.schedule_id == bindparam("k_schedule_id"),
 )
+
+
+def _key(tenant_id: str, schedule_id: str) -> dict[str, str]:
+    return {"k_tenant_id": tenant_id, "k_schedule_id": schedule_id}
 
 
 async def insert_schedule(conn: AsyncConnection, values: Mapping[str, Any]) -> Row[Any]:
@@ -39,7 +43,7 @@ async def find_schedule(
 ) -> Row[Any] | None:
     """One of the tenant's schedules; None when it has none of that id."""
     stmt = select(schedules).where(*_KEY)
-    params = {"tenant_id": tenant_id, "schedule_id": schedule_id}
+    params = _key(tenant_id, schedule_id)
     return (await conn.execute(stmt, params)).first()
 
 
@@ -52,14 +56,14 @@ _PAUSE = (
 _RESUME = (
     update(schedules)
     .where(*_KEY, schedules.c.paused_at.is_not(None))
-    .values(paused_at=None, next_fire_at=bindparam("next_fire_at"))
+    .values(paused_at=None, next_fire_at=bindparam("v_next_fire_at"))
     .returning(*schedules.c)
 )
 
 
 async def pause(conn: AsyncConnection, tenant_id: str, schedule_id: str) -> Row[Any] | None:
     """Pause a running schedule; None when it is absent or paused already (nothing changed)."""
-    params = {"tenant_id": tenant_id, "schedule_id": schedule_id}
+    params = _key(tenant_id, schedule_id)
     return (await conn.execute(_PAUSE, params)).first()
 
 
@@ -68,14 +72,14 @@ async def resume(
 ) -> Row[Any] | None:
     """Resume a paused schedule from `next_fire_at`; None when it is absent or running already
     (nothing changed)."""
-    params = {"tenant_id": tenant_id, "schedule_id": schedule_id, "next_fire_at": next_fire_at}
+    params = {**_key(tenant_id, schedule_id), "v_next_fire_at": next_fire_at}
     return (await conn.execute(_RESUME, params)).first()
 
 
 async def remove(conn: AsyncConnection, tenant_id: str, schedule_id: str) -> bool:
     """Remove one of the tenant's schedules; False when it has none of that id."""
     stmt = delete(schedules).where(*_KEY).returning(schedules.c.schedule_id)
-    params = {"tenant_id": tenant_id, "schedule_id": schedule_id}
+    params = _key(tenant_id, schedule_id)
     return (await conn.execute(stmt, params)).first() is not None
 
 
@@ -99,9 +103,9 @@ _ADVANCE = (
     update(schedules)
     .where(*_KEY)
     .values(
-        next_fire_at=bindparam("next_fire_at"),
-        last_tick_at=func.coalesce(bindparam("last_tick_at"), schedules.c.last_tick_at),
-        last_run_id=func.coalesce(bindparam("last_run_id"), schedules.c.last_run_id),
+        next_fire_at=bindparam("v_next_fire_at"),
+        last_tick_at=func.coalesce(bindparam("v_last_tick_at"), schedules.c.last_tick_at),
+        last_run_id=func.coalesce(bindparam("v_last_run_id"), schedules.c.last_run_id),
     )
 )
 
@@ -118,11 +122,10 @@ async def advance(
     """Move a locked schedule on to its next fire time, with the last tick that admitted a run
     and that run (None: as they were), in the transaction that admitted it."""
     params = {
-        "tenant_id": tenant_id,
-        "schedule_id": schedule_id,
-        "next_fire_at": next_fire_at,
-        "last_tick_at": last_tick_at,
-        "last_run_id": last_run_id,
+        **_key(tenant_id, schedule_id),
+        "v_next_fire_at": next_fire_at,
+        "v_last_tick_at": last_tick_at,
+        "v_last_run_id": last_run_id,
     }
     await conn.execute(_ADVANCE, params)
 
