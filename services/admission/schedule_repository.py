@@ -38,9 +38,7 @@ async def tenant_schedules(conn: AsyncConnection, tenant_id: str) -> list[Row[An
     return list(await conn.execute(stmt))
 
 
-async def find_schedule(
-    conn: AsyncConnection, tenant_id: str, schedule_id: str
-) -> Row[Any] | None:
+async def find_schedule(conn: AsyncConnection, tenant_id: str, schedule_id: str) -> Row[Any] | None:
     """One of the tenant's schedules; None when it has none of that id."""
     stmt = select(schedules).where(*_KEY)
     params = _key(tenant_id, schedule_id)
@@ -132,15 +130,17 @@ async def advance(
 
 async def delete_tenant_schedules(conn: AsyncConnection, tenant_id: str, batch: int) -> int:
     """Remove up to `batch` of a deleted tenant's schedules; how many."""
+    # A CTE runs once: as a subquery of the DELETE, a locking LIMIT may run again per row.
     held = (
         select(schedules.c.schedule_id)
         .where(schedules.c.tenant_id == tenant_id)
         .limit(batch)
         .with_for_update(skip_locked=True)
+        .cte("held")
     )
     result = await conn.execute(
         delete(schedules).where(
-            schedules.c.tenant_id == tenant_id, schedules.c.schedule_id.in_(held)
+            schedules.c.tenant_id == tenant_id, schedules.c.schedule_id.in_(select(held))
         )
     )
     return int(result.rowcount or 0)

@@ -241,9 +241,7 @@ class Schedules:
         return Schedule.from_row(row._mapping)
 
     @staticmethod
-    async def _audit(
-        conn: AsyncConnection, actor: Actor, action: str, schedule: Schedule
-    ) -> None:
+    async def _audit(conn: AsyncConnection, actor: Actor, action: str, schedule: Schedule) -> None:
         await audit.record(
             conn,
             tenant_id=actor.tenant_id,
@@ -352,9 +350,7 @@ class Ticker:
     def _grace(self) -> float:
         return self._timing.grace_s
 
-    async def _admit(
-        self, conn: AsyncConnection, event: InboundEvent
-    ) -> tuple[str | None, bool]:
+    async def _admit(self, conn: AsyncConnection, event: InboundEvent) -> tuple[str | None, bool]:
         """Admit a tick's event in the caller's transaction: its run (None: removed since) and
         whether this call created it (False: the tick was admitted before, under its key)."""
         run_id = new_id("run")

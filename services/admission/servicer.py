@@ -104,7 +104,6 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         removed, remaining = await self._retention.delete_tenant(request.tenant_id)
         return admission_pb2.DeleteTenantEventsResponse(removed=removed, remaining=remaining)
 
-
     async def CreateSchedule(  # gRPC method name
         self, request: admission_pb2.CreateScheduleRequest, context: grpc.aio.ServicerContext
     ) -> admission_pb2.CreateScheduleResponse:

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.admission.retention import Retention
 from services.admission.schedules import (
     Actor,
     NewSchedule,
@@ -24,6 +25,7 @@ from services.admission.schedules import (
 from tether import apikeys
 from tether.db.schema import audit_log, event_claims, messages, runs, schedules, sessions
 from tether.errors import NotFound
+from tether.settings import RetainingSettings
 from tether.states import RunStatus
 
 T0 = datetime(2026, 3, 2, 9, 0, 0, tzinfo=UTC)
@@ -266,3 +268,17 @@ async def test_each_act_writes_one_audit_record(engine: AsyncEngine, tenants: No
             "principal_id": "alice",
         }
     assert await store.list("t1") == []
+
+
+async def test_a_deleted_tenants_schedules_are_removed_in_batches(
+    engine: AsyncEngine, tenants: None
+) -> None:
+    store = Schedules(engine, Clock(T0))
+    for _ in range(3):
+        await store.create(ALICE, every_minute())
+    kept = await store.create(EVE, every_minute())
+    retention = Retention(engine, RetainingSettings(retention_batch=2))
+    assert await retention.delete_tenant("t1") == (2, True)
+    assert await retention.delete_tenant("t1") == (1, False)
+    assert await store.list("t1") == []
+    assert await store.list("t2") == [kept]

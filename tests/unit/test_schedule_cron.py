@@ -49,11 +49,11 @@ def test_a_bad_cron_or_timezone_is_invalid_argument_naming_the_field(
 
 
 def test_unknown_policies_and_windows_are_refused_naming_what_is_allowed() -> None:
-    with pytest.raises(InvalidArgument, match="latest .* none, or all"):
+    with pytest.raises(InvalidArgument, match=r"latest .* none, or all"):
         CatchUp.parse("burst", 0)
     with pytest.raises(InvalidArgument, match="1 to 604800"):
         CatchUp.parse("all", 8 * 86_400)
-    with pytest.raises(InvalidArgument, match="skip .* or allow"):
+    with pytest.raises(InvalidArgument, match=r"skip .* or allow"):
         parse_overlap("queue")
     assert CatchUp.parse("", 0) == CatchUp("latest", 3600)
     assert parse_overlap("") == "skip"

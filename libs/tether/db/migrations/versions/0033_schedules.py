@@ -39,9 +39,7 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("tenant_id", "schedule_id", name="pk_schedules"),
         sa.CheckConstraint("overlap IN ('skip', 'allow')", name="ck_schedules_overlap"),
-        sa.CheckConstraint(
-            "catch_up IN ('latest', 'none', 'all')", name="ck_schedules_catch_up"
-        ),
+        sa.CheckConstraint("catch_up IN ('latest', 'none', 'all')", name="ck_schedules_catch_up"),
     )
     op.create_index(
         "ix_schedules_due",
