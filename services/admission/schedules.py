@@ -10,7 +10,6 @@ Each tick is a conversation of its own, owned by the schedule's creator and pinn
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from tether.domain.channels import pinned_channel
 from tether.errors import InvalidArgument, NotFound
 from tether.ids import is_identifier, new_id
 from tether.limits import ID_CHARS, TEXT_CHARS
+from tether.runtime.tasks import rounds
 from tether.states import TERMINAL, RunStatus
 
 log = logging.getLogger(__name__)
@@ -288,10 +288,14 @@ class Ticker:
         self._bus = bus
 
     async def run(self) -> None:
-        """Pass after pass, until cancelled."""
-        while True:
-            await self.tick()
-            await asyncio.sleep(self._timing.poll_s)
+        """Pass after pass, until cancelled; a failed pass (the database away) is logged and
+        tried again at the next, and what it would have admitted is admitted then, late (the
+        catch-up policy decides)."""
+        poll_s = self._timing.poll_s
+        await rounds(self._round, "schedules", least_s=poll_s, most_s=poll_s)
+
+    async def _round(self) -> None:
+        await self.tick()
 
     async def tick(self) -> list[str]:
         """One pass: fire every due schedule (a batch at a time); the runs it admitted."""
