@@ -55,11 +55,13 @@ export function SchedulesPage() {
               <td>{policies(s)}</td>
               <td>{s.lastRunId ? <a href={href({ page: "run", runId: s.lastRunId })} onClick={onLinkClick}>{s.lastRunId}</a> : "none yet"}</td>
               <td className="message">{s.message}</td>
-              <td className="actions">
-                {s.paused
-                  ? <button type="button" onClick={() => void act(() => client.resumeSchedule(s.scheduleId ?? ""))}>Resume</button>
-                  : <button type="button" onClick={() => void act(() => client.pauseSchedule(s.scheduleId ?? ""))}>Pause</button>}
-                <button type="button" className="quiet" onClick={() => void act(() => client.removeSchedule(s.scheduleId ?? ""))}>Remove</button>
+              <td>
+                <div className="actions">
+                  {s.paused
+                    ? <button type="button" onClick={() => void act(() => client.resumeSchedule(s.scheduleId ?? ""))}>Resume</button>
+                    : <button type="button" onClick={() => void act(() => client.pauseSchedule(s.scheduleId ?? ""))}>Pause</button>}
+                  <button type="button" className="quiet" onClick={() => void act(() => client.removeSchedule(s.scheduleId ?? ""))}>Remove</button>
+                </div>
               </td>
             </tr>
           ))}
