@@ -333,6 +333,12 @@ class Ticker:
             last_tick, last_run = tick, run_id or last_run
             if created and run_id is not None:
                 admitted.append(run_id)
+                log.info(
+                    "schedule %s: tick %s admitted as run %s",
+                    schedule.schedule_id,
+                    tick.isoformat(),
+                    run_id,
+                )
         if planned.passed_over:
             log.info(
                 "schedule %s: %d missed tick(s) passed over (catch-up %s)",
