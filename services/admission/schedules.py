@@ -381,11 +381,15 @@ class Ticker:
 
 
 async def _active(conn: AsyncConnection, run_id: str | None) -> bool:
-    """Whether the run is queued, running or waiting (one removed since is not)."""
+    """Whether the tick's run is queued, running or waiting (one removed since is not); a
+    failed or cancelled one that a person retried is as active as its latest retry."""
     if not run_id:
         return False
     try:
         run = await intake.claimed_run(conn, run_id)
     except NotFound:
         return False
-    return RunStatus(run.status) not in TERMINAL
+    status = RunStatus(run.status)
+    if status in (RunStatus.FAILED, RunStatus.CANCELLED):
+        status = RunStatus((await intake.latest_retry(conn, run_id)).status)
+    return status not in TERMINAL

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.admission.domain import FreshnessPolicy
 from services.admission.retention import Retention
 from services.admission.schedules import (
     Actor,
@@ -22,11 +23,13 @@ from services.admission.schedules import (
     Ticker,
     TickerTiming,
 )
+from services.admission.service import Admitter, Disposition
 from tether import apikeys
 from tether.db.schema import audit_log, event_claims, messages, runs, schedules, sessions
 from tether.errors import NotFound
 from tether.settings import RetainingSettings
 from tether.states import RunStatus
+from tether.visibility import Viewer
 
 T0 = datetime(2026, 3, 2, 9, 0, 0, tzinfo=UTC)
 ALICE = Actor("t1", "alice", "key-alice")
@@ -282,3 +285,33 @@ async def test_a_deleted_tenants_schedules_are_removed_in_batches(
     assert await retention.delete_tenant("t1") == (1, False)
     assert await store.list("t1") == []
     assert await store.list("t2") == [kept]
+
+
+async def test_skip_waits_for_a_retry_a_person_made_of_the_previous_tick_run(
+    engine: AsyncEngine, tenants: None
+) -> None:
+    clock = Clock(T0)
+    schedule = await Schedules(engine, clock).create(ALICE, every_minute(overlap="skip"))
+    clock.now = T0 + timedelta(minutes=1, seconds=1)
+    [first] = await ticker(engine, clock).tick()
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(runs)
+            .where(runs.c.run_id == first)
+            .values(status=RunStatus.FAILED.value, finished_at=func.now())
+        )
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    retried = await admitter.retry(Viewer("t1", "alice", False), first, ALICE.audited())
+    assert retried.disposition is Disposition.RETRIED
+    # The retry of the tick's run is queued: the next tick is passed over.
+    clock.now = T0 + timedelta(minutes=2, seconds=1)
+    assert await ticker(engine, clock).tick() == []
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(runs)
+            .where(runs.c.run_id == retried.run.run_id)
+            .values(status=RunStatus.COMPLETED.value, finished_at=func.now())
+        )
+    clock.now = T0 + timedelta(minutes=3, seconds=1)
+    assert len(await ticker(engine, clock).tick()) == 1
+    assert len(await runs_of(engine, schedule.schedule_id)) == 3  # two ticks and the retry
