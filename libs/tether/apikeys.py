@@ -54,6 +54,9 @@ CHANNELS_WRITE = "channels:write"
 # A tenant's run-event webhook subscriptions (events pushed to its endpoints): given on purpose.
 WEBHOOKS_READ = "webhooks:read"
 WEBHOOKS_WRITE = "webhooks:write"
+# A tenant's schedules, whose ticks start runs (and spend) with no one asking: given on purpose.
+SCHEDULES_READ = "schedules:read"
+SCHEDULES_WRITE = "schedules:write"
 
 CLIENT_SCOPES = (RUNS_READ, RUNS_WRITE, INTERACTIONS_WRITE, APPROVALS_DECIDE)
 ALL_SCOPES = (
@@ -71,6 +74,8 @@ ALL_SCOPES = (
     CHANNELS_WRITE,
     WEBHOOKS_READ,
     WEBHOOKS_WRITE,
+    SCHEDULES_READ,
+    SCHEDULES_WRITE,
 )
 OPERATOR_ID = "operator"
 

@@ -68,7 +68,18 @@ _WORKER_ON_INTERACTIONS = frozenset(
 # Internal service -> caller -> the methods that caller may call (read from who calls what).
 POWERS: Mapping[str, Mapping[str, frozenset[str]]] = {
     "tether.v1.AdmissionService": {
-        "gateway": frozenset({"Admit", "AdmitStream", "ReclaimRun", "DeleteTenantEvents"})
+        "gateway": frozenset(
+            {
+                "Admit",
+                "AdmitStream",
+                "ReclaimRun",
+                "DeleteTenantEvents",
+                "CreateSchedule",
+                "SearchSchedules",
+                "SetSchedulePaused",
+                "DeleteSchedule",
+            }
+        )
     },
     "tether.v1.OrchestratorService": {
         "gateway": frozenset(

@@ -298,6 +298,18 @@ LIMITS: Mapping[str, Limit] = {
     "tether.v1.RenderAgentRequest.source": identifier(),
     "tether.v1.RenderAgentRequest.channel": identifier(),
     "tether.v1.RenderAgentRequest.version": Limit("integer", INT32_MAX),
+    # Schedules: a cron is five short fields; an IANA zone name is under 40 characters; a
+    # policy is a word; the catch-up window is at most 7 days (services.admission.cron).
+    "tether.v1.AddScheduleRequest.agent": identifier(required=True),
+    "tether.v1.AddScheduleRequest.cron": Limit("label", 256),
+    "tether.v1.AddScheduleRequest.timezone": Limit("label", 64),
+    "tether.v1.AddScheduleRequest.message": text(TEXT_CHARS),
+    "tether.v1.AddScheduleRequest.overlap": Limit("label", 16),
+    "tether.v1.AddScheduleRequest.catch_up": Limit("label", 16),
+    "tether.v1.AddScheduleRequest.catch_up_window_seconds": Limit("integer", 7 * 86_400),
+    "tether.v1.PauseScheduleRequest.schedule_id": identifier(required=True),
+    "tether.v1.ResumeScheduleRequest.schedule_id": identifier(required=True),
+    "tether.v1.RemoveScheduleRequest.schedule_id": identifier(required=True),
 }
 
 

@@ -22,6 +22,7 @@ class ConversationKind(StrEnum):
     CHAT = "principal"  # the form chat sessions were always stored in
     THREAD = "thread"
     TASK = "task"
+    SCHEDULE = "schedule"
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from services.admission.domain import FreshnessPolicy
 from services.admission.retention import Retention
+from services.admission.schedules import Schedules, Ticker, TickerTiming, file_clock, system_clock
 from services.admission.service import Admitter
 from services.admission.servicer import AdmissionServicer
 from services.admission.settings import AdmissionSettings
@@ -33,10 +34,23 @@ async def amain(
         bus=bus,
     )
     retention = Retention(engine, settings)
+    clock = (
+        file_clock(settings.schedule_clock_file) if settings.schedule_clock_file else system_clock
+    )
+    ticker = Ticker(
+        engine,
+        max_attempts=settings.max_attempts,
+        timing=TickerTiming(
+            settings.schedule_poll_s, settings.schedule_batch, settings.schedule_grace_s
+        ),
+        clock=clock,
+        bus=bus,
+    )
     servicer = AdmissionServicer(
         admitter,
         retention,
         StreamTiming(settings.max_stream_age_s, settings.stream_drain_grace_s),
+        Schedules(engine, clock),
     )
     served = await start_server(
         host=settings.host,
@@ -54,6 +68,7 @@ async def amain(
     supervisor = Supervisor()
     # Nothing is swept under a schema older than this release's.
     supervisor.start("retention", retention.sweeps.run())
+    supervisor.start("schedules", ticker.run())
     await served.ready()
     await serve(
         served,

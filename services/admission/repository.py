@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from services.admission.domain import InboundEvent
 from services.orchestrator.repositories import intake
 from tether.db.direct import Direct
-from tether.db.schema import event_claims, messages, sessions
+from tether.db.schema import event_claims, messages, schedules, sessions
 from tether.domain import Run, origin_to_json
 from tether.errors import NotFound
 from tether.retention import Key, walk_params
@@ -469,10 +469,11 @@ async def delete_tenant_rows(conn: AsyncConnection, tenant_id: str, batch: int) 
 
 
 async def tenant_has_rows(conn: AsyncConnection, tenant_id: str) -> bool:
-    """Whether any claim, message or session of the tenant is left."""
+    """Whether any claim, message, session or schedule of the tenant is left."""
     left = select(
         exists(_TENANT_CLAIMS)
         | exists(_TENANT_MESSAGES)
         | exists(select(sessions.c.session_id).where(sessions.c.tenant_id == tenant_id))
+        | exists(select(schedules.c.schedule_id).where(schedules.c.tenant_id == tenant_id))
     )
     return bool((await conn.execute(left, {"tenant_id": tenant_id})).scalar())

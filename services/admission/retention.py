@@ -12,6 +12,7 @@ import math
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission import repository as repo
+from services.admission import schedule_repository as schedule_repo
 from tether.retention import Key, RetentionPolicy, Step, Sweeps
 from tether.settings import RetainingSettings
 
@@ -62,10 +63,11 @@ class Retention:
         return Step(removed, removed, 0, None, next_in)
 
     async def delete_tenant(self, tenant_id: str) -> tuple[int, bool]:
-        """Remove a batch of a deleted tenant's claims, messages and sessions (its runs went
-        first): (how many rows, whether any is left)."""
+        """Remove a batch of a deleted tenant's claims, messages, sessions and schedules (its
+        runs went first): (how many rows, whether any is left)."""
         async with self._engine.begin() as conn:
             removed = await repo.delete_tenant_rows(conn, tenant_id, self._batch)
+            removed += await schedule_repo.delete_tenant_schedules(conn, tenant_id, self._batch)
         async with self._autocommit.connect() as conn:
             left = await repo.tenant_has_rows(conn, tenant_id)
         return removed, left

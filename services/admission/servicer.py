@@ -8,11 +8,12 @@ import grpc
 
 from services.admission.adapters import event_to_proto, normalise
 from services.admission.retention import Retention
+from services.admission.schedules import Actor, NewSchedule, Schedule, Schedules
 from services.admission.service import Admitter, Disposition
 from services.admission.stream import AdmitStreams, StreamTiming
 from tether import telemetry
 from tether.apikeys import OPERATOR_ID
-from tether.convert import run_to_proto
+from tether.convert import run_to_proto, timestamp
 from tether.errors import InvalidArgument
 from tether.limits import check_request
 from tether.telemetry import metrics, tracing
@@ -32,9 +33,16 @@ _DISPOSITIONS = {
 class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     """Implements tether.v1.AdmissionService."""
 
-    def __init__(self, admitter: Admitter, retention: Retention, timing: StreamTiming) -> None:
+    def __init__(
+        self,
+        admitter: Admitter,
+        retention: Retention,
+        timing: StreamTiming,
+        schedules: Schedules,
+    ) -> None:
         self._admitter = admitter
         self._retention = retention
+        self._schedules = schedules
         self.streams = AdmitStreams(self._streamed, timing)
 
     async def Admit(  # gRPC method name
@@ -95,6 +103,74 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             raise InvalidArgument("tenant_id is required")
         removed, remaining = await self._retention.delete_tenant(request.tenant_id)
         return admission_pb2.DeleteTenantEventsResponse(removed=removed, remaining=remaining)
+
+    async def CreateSchedule(  # gRPC method name
+        self, request: admission_pb2.CreateScheduleRequest, context: grpc.aio.ServicerContext
+    ) -> admission_pb2.CreateScheduleResponse:
+        new = NewSchedule.parse(
+            agent=request.agent,
+            cron=request.cron,
+            timezone=request.timezone,
+            message=request.message,
+            overlap=request.overlap,
+            catch_up=request.catch_up,
+            catch_up_window_s=request.catch_up_window_seconds,
+        )
+        created = await self._schedules.create(_actor(request.actor), new)
+        return admission_pb2.CreateScheduleResponse(schedule=schedule_to_proto(created))
+
+    async def SearchSchedules(  # gRPC method name
+        self, request: admission_pb2.SearchSchedulesRequest, context: grpc.aio.ServicerContext
+    ) -> admission_pb2.SearchSchedulesResponse:
+        if not request.tenant_id:
+            raise InvalidArgument("tenant_id is required")
+        found = await self._schedules.list(request.tenant_id)
+        return admission_pb2.SearchSchedulesResponse(
+            schedules=[schedule_to_proto(one) for one in found]
+        )
+
+    async def SetSchedulePaused(  # gRPC method name
+        self, request: admission_pb2.SetSchedulePausedRequest, context: grpc.aio.ServicerContext
+    ) -> admission_pb2.SetSchedulePausedResponse:
+        moved = await self._schedules.set_paused(
+            _actor(request.actor), request.schedule_id, request.paused
+        )
+        return admission_pb2.SetSchedulePausedResponse(schedule=schedule_to_proto(moved))
+
+    async def DeleteSchedule(  # gRPC method name
+        self, request: admission_pb2.DeleteScheduleRequest, context: grpc.aio.ServicerContext
+    ) -> admission_pb2.DeleteScheduleResponse:
+        await self._schedules.remove(_actor(request.actor), request.schedule_id)
+        return admission_pb2.DeleteScheduleResponse(schedule_id=request.schedule_id)
+
+
+def _actor(actor: admission_pb2.ScheduleActor) -> Actor:
+    if not actor.tenant_id or not actor.principal_id:
+        raise InvalidArgument("caller identity is missing; calls must come through the gateway")
+    return Actor(actor.tenant_id, actor.principal_id, actor.key_id)
+
+
+def schedule_to_proto(schedule: Schedule) -> common_pb2.Schedule:
+    """The wire form of a schedule (its next fire time unset while paused)."""
+    out = common_pb2.Schedule(
+        schedule_id=schedule.schedule_id,
+        agent=schedule.agent,
+        cron=schedule.cron.expression,
+        timezone=schedule.cron.timezone,
+        message=schedule.message,
+        overlap=schedule.overlap,
+        catch_up=schedule.catch_up.policy,
+        catch_up_window_seconds=schedule.catch_up.window_s,
+        created_by=schedule.principal_id,
+        created_at=timestamp(schedule.created_at),
+        paused=schedule.paused,
+        last_run_id=schedule.last_run_id or "",
+    )
+    if not schedule.paused:
+        out.next_fire_at.FromDatetime(schedule.next_fire_at)
+    if schedule.last_tick_at is not None:
+        out.last_tick_at.FromDatetime(schedule.last_tick_at)
+    return out
 
 
 def _traceparent(context: grpc.aio.ServicerContext) -> str | None:

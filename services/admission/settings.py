@@ -33,3 +33,19 @@ class AdmissionSettings(RetainingSettings):
         description="How long a draining AdmitStream still takes calls from a gateway that has "
         "not closed its side.",
     )
+    schedule_poll_s: float = Field(
+        1.0, description="How often the schedule ticker looks for due schedules."
+    )
+    schedule_batch: int = Field(
+        100, description="Schedules the ticker claims and fires in one transaction."
+    )
+    schedule_grace_s: float = Field(
+        60.0,
+        description="How late a schedule's tick may be fired and still count as on time; an "
+        "older one was missed (no ticker ran) and its catch-up policy decides.",
+    )
+    schedule_clock_file: str = Field(
+        "",
+        description="Drills and tests only: the ticker reads the time from this file (one "
+        "ISO-8601 instant) instead of the system clock. Empty: the system clock.",
+    )

@@ -14,6 +14,7 @@ from services.gateway.grpc.documents import DocumentRpcs
 from services.gateway.grpc.interactions import InteractionRpcs
 from services.gateway.grpc.keys import KeyRpcs
 from services.gateway.grpc.runs import RunRpcs
+from services.gateway.grpc.schedules import ScheduleRpcs
 from services.gateway.grpc.secrets import SecretRpcs
 from services.gateway.grpc.servicer import GatewayServicer
 from services.gateway.grpc.streaming import StreamRpcs
@@ -104,6 +105,7 @@ async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | Non
         secrets=SecretRpcs(callers, interactions_stub),
         channels=channels,
         webhooks=WebhookRpcs(callers, orchestrator_stub),
+        schedules=ScheduleRpcs(callers, admission_stub, orchestrator_stub),
         tenants=TenantRpcs(
             callers=callers,
             auth=auth,

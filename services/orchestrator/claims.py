@@ -40,6 +40,7 @@ from tether.domain import (
     run_failed,
     run_started,
 )
+from tether.domain.channels import PIN_SEPARATOR
 from tether.errors import TetherError
 
 log = logging.getLogger(__name__)
@@ -334,7 +335,7 @@ class Claims:
                 continue  # resolved for a run before this one
             started = time.perf_counter()
             # A channel connection naming an agent pins its runs to it (`slack/support`).
-            channel, _, pinned = run.channel.partition(lease_repo.PIN_SEPARATOR)
+            channel, _, pinned = run.channel.partition(PIN_SEPARATOR)
             try:
                 picked = await self._agents.pick(
                     conn, run.tenant_id, run.revision, run.source, channel, pinned=pinned

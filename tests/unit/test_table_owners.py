@@ -41,6 +41,7 @@ OWNER = {
     "event_claims": "admission",
     "messages": "admission",
     "sessions": "admission",
+    "schedules": "admission",
     # People in the loop.
     "interactions": "interactions",
     "grants": "interactions",

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The modules above the repositories: the orchestrator's own (its repositories are a package
 # of their own) and admission's but its repository.
 ABOVE = ["services/orchestrator/*.py", "services/admission/*.py"]
-REPOSITORIES = {"services/admission/repository.py"}
+REPOSITORIES = {"services/admission/repository.py", "services/admission/schedule_repository.py"}
 # What a run or a row of one is called where it is passed.
 RUN_NAMES = {"run", "runs", "row", "rows", "previous", "leased", "current"}
 

@@ -25,6 +25,7 @@ import grpc
 
 from tether.cli import agents, docs, interactions, operations, tools, watch
 from tether.cli import channels as channels_cli
+from tether.cli import schedules as schedules_cli
 from tether.cli import secrets as secrets_cli
 from tether.cli import webhooks as webhooks_cli
 from tether.client import TetherClient, run_to_dict
@@ -290,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     secrets_cli.register(sub, lambda p: _common(p, top=False), wrap)
     channels_cli.register(sub, lambda p: _common(p, top=False), wrap)
     webhooks_cli.register(sub, lambda p: _common(p, top=False), wrap)
+    schedules_cli.register(sub, lambda p: _common(p, top=False), wrap)
     watch.register(sub, lambda p: _common(p, top=False), wrap)
     operations.register(sub, lambda p: _common(p, top=False), wrap)
     agents.register(sub, lambda p: _common(p, top=False), wrap)

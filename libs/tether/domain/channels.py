@@ -19,6 +19,9 @@ ORIGIN_FORMAT = 1
 CHANNEL_PRINCIPAL_PREFIX = "channel:"
 """A channel connection's runs belong to the principal `channel:<channel_id>`; no API key is
 issued to a principal so named."""
+PIN_SEPARATOR = "/"
+"""Joins a channel and the agent its runs are pinned to into the channel a run is routed by
+(`slack/support`): channels and agent names are identifiers, which never hold a `/`."""
 _REPLY_FIELDS = frozenset({"channel_id", "kind", "address", "thread", "reply_to"})
 _ORIGIN_FIELDS = frozenset({"v", "reply", "agent"})
 
@@ -48,6 +51,11 @@ class ChannelOrigin:
 
     reply: ReplyTarget
     agent: str = ""
+
+
+def pinned_channel(channel: str, agent: str) -> str:
+    """The channel a run of `channel` pinned to `agent` is routed by."""
+    return f"{channel}{PIN_SEPARATOR}{agent}"
 
 
 def origin_to_json(origin: ChannelOrigin) -> dict[str, Any]:

@@ -791,3 +791,261 @@ class DeleteTenantEventsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteTenantEventsResponse: _TypeAlias = DeleteTenantEventsResponse  # noqa: Y015
+
+@_typing.final
+class ScheduleActor(_message.Message):
+    """ScheduleActor is who acts on a schedule, set by the gateway from the API key."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant the key belongs to."""
+    principal_id: _builtins.str
+    """Principal the key was issued to: a schedule it adds runs as it."""
+    key_id: _builtins.str
+    """The key, for the audit trail."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        principal_id: _builtins.str = ...,
+        key_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_id", b"key_id", "principal_id", b"principal_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScheduleActor: _TypeAlias = ScheduleActor  # noqa: Y015
+
+@_typing.final
+class CreateScheduleRequest(_message.Message):
+    """CreateScheduleRequest is a schedule to add."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTOR_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    CRON_FIELD_NUMBER: _builtins.int
+    TIMEZONE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    OVERLAP_FIELD_NUMBER: _builtins.int
+    CATCH_UP_FIELD_NUMBER: _builtins.int
+    CATCH_UP_WINDOW_SECONDS_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    """The agent each tick's run is routed to."""
+    cron: _builtins.str
+    """The cron expression."""
+    timezone: _builtins.str
+    """The IANA timezone."""
+    message: _builtins.str
+    """The message each tick's run starts with."""
+    overlap: _builtins.str
+    """"skip" (empty: skip) or "allow"."""
+    catch_up: _builtins.str
+    """"latest" (empty: latest), "none" or "all"."""
+    catch_up_window_seconds: _builtins.int
+    """How far back "all" catches up (0: an hour)."""
+    @_builtins.property
+    def actor(self) -> Global___ScheduleActor:
+        """Who adds it."""
+
+    def __init__(
+        self,
+        *,
+        actor: Global___ScheduleActor | None = ...,
+        agent: _builtins.str = ...,
+        cron: _builtins.str = ...,
+        timezone: _builtins.str = ...,
+        message: _builtins.str = ...,
+        overlap: _builtins.str = ...,
+        catch_up: _builtins.str = ...,
+        catch_up_window_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "agent", b"agent", "catch_up", b"catch_up", "catch_up_window_seconds", b"catch_up_window_seconds", "cron", b"cron", "message", b"message", "overlap", b"overlap", "timezone", b"timezone"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateScheduleRequest: _TypeAlias = CreateScheduleRequest  # noqa: Y015
+
+@_typing.final
+class CreateScheduleResponse(_message.Message):
+    """CreateScheduleResponse is the schedule stored."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedule(self) -> _common_pb2.Schedule:
+        """The schedule."""
+
+    def __init__(
+        self,
+        *,
+        schedule: _common_pb2.Schedule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateScheduleResponse: _TypeAlias = CreateScheduleResponse  # noqa: Y015
+
+@_typing.final
+class SearchSchedulesRequest(_message.Message):
+    """SearchSchedulesRequest names a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchSchedulesRequest: _TypeAlias = SearchSchedulesRequest  # noqa: Y015
+
+@_typing.final
+class SearchSchedulesResponse(_message.Message):
+    """SearchSchedulesResponse is the tenant's schedules, oldest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedules(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Schedule]:
+        """The schedules."""
+
+    def __init__(
+        self,
+        *,
+        schedules: _abc.Iterable[_common_pb2.Schedule] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedules", b"schedules"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchSchedulesResponse: _TypeAlias = SearchSchedulesResponse  # noqa: Y015
+
+@_typing.final
+class SetSchedulePausedRequest(_message.Message):
+    """SetSchedulePausedRequest names a schedule and whether it is to be paused."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTOR_FIELD_NUMBER: _builtins.int
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    """The schedule."""
+    paused: _builtins.bool
+    """True: pause; false: resume."""
+    @_builtins.property
+    def actor(self) -> Global___ScheduleActor:
+        """Who pauses or resumes it."""
+
+    def __init__(
+        self,
+        *,
+        actor: Global___ScheduleActor | None = ...,
+        schedule_id: _builtins.str = ...,
+        paused: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "paused", b"paused", "schedule_id", b"schedule_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetSchedulePausedRequest: _TypeAlias = SetSchedulePausedRequest  # noqa: Y015
+
+@_typing.final
+class SetSchedulePausedResponse(_message.Message):
+    """SetSchedulePausedResponse is the schedule as it is now."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedule(self) -> _common_pb2.Schedule:
+        """The schedule."""
+
+    def __init__(
+        self,
+        *,
+        schedule: _common_pb2.Schedule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetSchedulePausedResponse: _TypeAlias = SetSchedulePausedResponse  # noqa: Y015
+
+@_typing.final
+class DeleteScheduleRequest(_message.Message):
+    """DeleteScheduleRequest names a schedule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTOR_FIELD_NUMBER: _builtins.int
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    """The schedule."""
+    @_builtins.property
+    def actor(self) -> Global___ScheduleActor:
+        """Who removes it."""
+
+    def __init__(
+        self,
+        *,
+        actor: Global___ScheduleActor | None = ...,
+        schedule_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "schedule_id", b"schedule_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteScheduleRequest: _TypeAlias = DeleteScheduleRequest  # noqa: Y015
+
+@_typing.final
+class DeleteScheduleResponse(_message.Message):
+    """DeleteScheduleResponse confirms the removal."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    """The schedule removed."""
+    def __init__(
+        self,
+        *,
+        schedule_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule_id", b"schedule_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteScheduleResponse: _TypeAlias = DeleteScheduleResponse  # noqa: Y015

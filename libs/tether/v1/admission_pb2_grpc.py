@@ -55,6 +55,26 @@ class AdmissionServiceStub:
                 request_serializer=tether_dot_v1_dot_admission__pb2.DeleteTenantEventsRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_admission__pb2.DeleteTenantEventsResponse.FromString,
                 _registered_method=True)
+        self.CreateSchedule = channel.unary_unary(
+                '/tether.v1.AdmissionService/CreateSchedule',
+                request_serializer=tether_dot_v1_dot_admission__pb2.CreateScheduleRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admission__pb2.CreateScheduleResponse.FromString,
+                _registered_method=True)
+        self.SearchSchedules = channel.unary_unary(
+                '/tether.v1.AdmissionService/SearchSchedules',
+                request_serializer=tether_dot_v1_dot_admission__pb2.SearchSchedulesRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admission__pb2.SearchSchedulesResponse.FromString,
+                _registered_method=True)
+        self.SetSchedulePaused = channel.unary_unary(
+                '/tether.v1.AdmissionService/SetSchedulePaused',
+                request_serializer=tether_dot_v1_dot_admission__pb2.SetSchedulePausedRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admission__pb2.SetSchedulePausedResponse.FromString,
+                _registered_method=True)
+        self.DeleteSchedule = channel.unary_unary(
+                '/tether.v1.AdmissionService/DeleteSchedule',
+                request_serializer=tether_dot_v1_dot_admission__pb2.DeleteScheduleRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admission__pb2.DeleteScheduleResponse.FromString,
+                _registered_method=True)
 
 
 class AdmissionServiceServicer:
@@ -105,6 +125,39 @@ class AdmissionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSchedule(self, request, context):
+        """CreateSchedule adds a schedule of the actor's tenant, owned by the actor's principal: a cron
+        that does not parse, a timezone that does not exist or an unknown policy is
+        INVALID_ARGUMENT and nothing is stored (the gateway checked that the agent exists).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SearchSchedules(self, request, context):
+        """SearchSchedules lists a tenant's schedules, oldest first, each with its next fire time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetSchedulePaused(self, request, context):
+        """SetSchedulePaused pauses a schedule's ticks, or resumes them from the next tick after now
+        (the ticks it was paused over are not caught up). Another tenant's schedule is NOT_FOUND,
+        as an absent one; pausing a paused one (resuming a running one) changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchedule(self, request, context):
+        """DeleteSchedule removes a schedule (the runs it admitted stay); another tenant's is
+        NOT_FOUND, as an absent one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdmissionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +180,26 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.DeleteTenantEvents,
                     request_deserializer=tether_dot_v1_dot_admission__pb2.DeleteTenantEventsRequest.FromString,
                     response_serializer=tether_dot_v1_dot_admission__pb2.DeleteTenantEventsResponse.SerializeToString,
+            ),
+            'CreateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSchedule,
+                    request_deserializer=tether_dot_v1_dot_admission__pb2.CreateScheduleRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admission__pb2.CreateScheduleResponse.SerializeToString,
+            ),
+            'SearchSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchSchedules,
+                    request_deserializer=tether_dot_v1_dot_admission__pb2.SearchSchedulesRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admission__pb2.SearchSchedulesResponse.SerializeToString,
+            ),
+            'SetSchedulePaused': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSchedulePaused,
+                    request_deserializer=tether_dot_v1_dot_admission__pb2.SetSchedulePausedRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admission__pb2.SetSchedulePausedResponse.SerializeToString,
+            ),
+            'DeleteSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchedule,
+                    request_deserializer=tether_dot_v1_dot_admission__pb2.DeleteScheduleRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admission__pb2.DeleteScheduleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -238,6 +311,114 @@ class AdmissionService:
             '/tether.v1.AdmissionService/DeleteTenantEvents',
             tether_dot_v1_dot_admission__pb2.DeleteTenantEventsRequest.SerializeToString,
             tether_dot_v1_dot_admission__pb2.DeleteTenantEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdmissionService/CreateSchedule',
+            tether_dot_v1_dot_admission__pb2.CreateScheduleRequest.SerializeToString,
+            tether_dot_v1_dot_admission__pb2.CreateScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdmissionService/SearchSchedules',
+            tether_dot_v1_dot_admission__pb2.SearchSchedulesRequest.SerializeToString,
+            tether_dot_v1_dot_admission__pb2.SearchSchedulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSchedulePaused(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdmissionService/SetSchedulePaused',
+            tether_dot_v1_dot_admission__pb2.SetSchedulePausedRequest.SerializeToString,
+            tether_dot_v1_dot_admission__pb2.SetSchedulePausedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdmissionService/DeleteSchedule',
+            tether_dot_v1_dot_admission__pb2.DeleteScheduleRequest.SerializeToString,
+            tether_dot_v1_dot_admission__pb2.DeleteScheduleResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -61,6 +61,22 @@ class AdmissionServiceStub:
     """DeleteTenantEvents removes a batch of a deleted tenant's claims (tombstones too), messages
     and sessions, once its runs are gone; call it again while it says some remain.
     """
+    CreateSchedule: _grpc.UnaryUnaryMultiCallable[_admission_pb2.CreateScheduleRequest, _admission_pb2.CreateScheduleResponse]
+    """CreateSchedule adds a schedule of the actor's tenant, owned by the actor's principal: a cron
+    that does not parse, a timezone that does not exist or an unknown policy is
+    INVALID_ARGUMENT and nothing is stored (the gateway checked that the agent exists).
+    """
+    SearchSchedules: _grpc.UnaryUnaryMultiCallable[_admission_pb2.SearchSchedulesRequest, _admission_pb2.SearchSchedulesResponse]
+    """SearchSchedules lists a tenant's schedules, oldest first, each with its next fire time."""
+    SetSchedulePaused: _grpc.UnaryUnaryMultiCallable[_admission_pb2.SetSchedulePausedRequest, _admission_pb2.SetSchedulePausedResponse]
+    """SetSchedulePaused pauses a schedule's ticks, or resumes them from the next tick after now
+    (the ticks it was paused over are not caught up). Another tenant's schedule is NOT_FOUND,
+    as an absent one; pausing a paused one (resuming a running one) changes nothing.
+    """
+    DeleteSchedule: _grpc.UnaryUnaryMultiCallable[_admission_pb2.DeleteScheduleRequest, _admission_pb2.DeleteScheduleResponse]
+    """DeleteSchedule removes a schedule (the runs it admitted stay); another tenant's is
+    NOT_FOUND, as an absent one.
+    """
 
 @_typing.type_check_only
 class AdmissionServiceAsyncStub(AdmissionServiceStub):
@@ -94,6 +110,22 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     DeleteTenantEvents: _aio.UnaryUnaryMultiCallable[_admission_pb2.DeleteTenantEventsRequest, _admission_pb2.DeleteTenantEventsResponse]  # type: ignore[assignment]
     """DeleteTenantEvents removes a batch of a deleted tenant's claims (tombstones too), messages
     and sessions, once its runs are gone; call it again while it says some remain.
+    """
+    CreateSchedule: _aio.UnaryUnaryMultiCallable[_admission_pb2.CreateScheduleRequest, _admission_pb2.CreateScheduleResponse]  # type: ignore[assignment]
+    """CreateSchedule adds a schedule of the actor's tenant, owned by the actor's principal: a cron
+    that does not parse, a timezone that does not exist or an unknown policy is
+    INVALID_ARGUMENT and nothing is stored (the gateway checked that the agent exists).
+    """
+    SearchSchedules: _aio.UnaryUnaryMultiCallable[_admission_pb2.SearchSchedulesRequest, _admission_pb2.SearchSchedulesResponse]  # type: ignore[assignment]
+    """SearchSchedules lists a tenant's schedules, oldest first, each with its next fire time."""
+    SetSchedulePaused: _aio.UnaryUnaryMultiCallable[_admission_pb2.SetSchedulePausedRequest, _admission_pb2.SetSchedulePausedResponse]  # type: ignore[assignment]
+    """SetSchedulePaused pauses a schedule's ticks, or resumes them from the next tick after now
+    (the ticks it was paused over are not caught up). Another tenant's schedule is NOT_FOUND,
+    as an absent one; pausing a paused one (resuming a running one) changes nothing.
+    """
+    DeleteSchedule: _aio.UnaryUnaryMultiCallable[_admission_pb2.DeleteScheduleRequest, _admission_pb2.DeleteScheduleResponse]  # type: ignore[assignment]
+    """DeleteSchedule removes a schedule (the runs it admitted stay); another tenant's is
+    NOT_FOUND, as an absent one.
     """
 
 class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -149,6 +181,46 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_admission_pb2.DeleteTenantEventsResponse, _abc.Awaitable[_admission_pb2.DeleteTenantEventsResponse]]:
         """DeleteTenantEvents removes a batch of a deleted tenant's claims (tombstones too), messages
         and sessions, once its runs are gone; call it again while it says some remain.
+        """
+
+    @_abc_1.abstractmethod
+    def CreateSchedule(
+        self,
+        request: _admission_pb2.CreateScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.CreateScheduleResponse, _abc.Awaitable[_admission_pb2.CreateScheduleResponse]]:
+        """CreateSchedule adds a schedule of the actor's tenant, owned by the actor's principal: a cron
+        that does not parse, a timezone that does not exist or an unknown policy is
+        INVALID_ARGUMENT and nothing is stored (the gateway checked that the agent exists).
+        """
+
+    @_abc_1.abstractmethod
+    def SearchSchedules(
+        self,
+        request: _admission_pb2.SearchSchedulesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.SearchSchedulesResponse, _abc.Awaitable[_admission_pb2.SearchSchedulesResponse]]:
+        """SearchSchedules lists a tenant's schedules, oldest first, each with its next fire time."""
+
+    @_abc_1.abstractmethod
+    def SetSchedulePaused(
+        self,
+        request: _admission_pb2.SetSchedulePausedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.SetSchedulePausedResponse, _abc.Awaitable[_admission_pb2.SetSchedulePausedResponse]]:
+        """SetSchedulePaused pauses a schedule's ticks, or resumes them from the next tick after now
+        (the ticks it was paused over are not caught up). Another tenant's schedule is NOT_FOUND,
+        as an absent one; pausing a paused one (resuming a running one) changes nothing.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteSchedule(
+        self,
+        request: _admission_pb2.DeleteScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.DeleteScheduleResponse, _abc.Awaitable[_admission_pb2.DeleteScheduleResponse]]:
+        """DeleteSchedule removes a schedule (the runs it admitted stay); another tenant's is
+        NOT_FOUND, as an absent one.
         """
 
 def add_AdmissionServiceServicer_to_server(servicer: AdmissionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

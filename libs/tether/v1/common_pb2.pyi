@@ -1372,3 +1372,87 @@ class Delivery(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Delivery: _TypeAlias = Delivery  # noqa: Y015
+
+@_typing.final
+class Schedule(_message.Message):
+    """Schedule is a tenant's recurring run: each tick of its cron, in its timezone, admits a run of
+    its agent with its message, as its creator, in a conversation of its own.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    CRON_FIELD_NUMBER: _builtins.int
+    TIMEZONE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    OVERLAP_FIELD_NUMBER: _builtins.int
+    CATCH_UP_FIELD_NUMBER: _builtins.int
+    CATCH_UP_WINDOW_SECONDS_FIELD_NUMBER: _builtins.int
+    CREATED_BY_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    NEXT_FIRE_AT_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
+    LAST_TICK_AT_FIELD_NUMBER: _builtins.int
+    LAST_RUN_ID_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    """Schedule id."""
+    agent: _builtins.str
+    """The agent each tick's run is routed to."""
+    cron: _builtins.str
+    """The cron expression (five fields: minute hour day-of-month month day-of-week)."""
+    timezone: _builtins.str
+    """The IANA timezone the cron is read in, e.g. "Europe/Paris"."""
+    message: _builtins.str
+    """The message each tick's run starts with."""
+    overlap: _builtins.str
+    """"skip" (no tick while the previous tick's run is queued, running or waiting) or "allow"."""
+    catch_up: _builtins.str
+    """Ticks missed while no ticker ran: "latest" (one run, for the most recent), "none", or
+    "all" (each one within catch_up_window_seconds of the time it is noticed).
+    """
+    catch_up_window_seconds: _builtins.int
+    """How far back "all" catches up."""
+    created_by: _builtins.str
+    """The principal who added it: each tick's run is theirs."""
+    paused: _builtins.bool
+    """Whether it is paused."""
+    last_run_id: _builtins.str
+    """The run the last tick admitted."""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was added."""
+
+    @_builtins.property
+    def next_fire_at(self) -> _timestamp_pb2.Timestamp:
+        """When it fires next (unset while paused)."""
+
+    @_builtins.property
+    def last_tick_at(self) -> _timestamp_pb2.Timestamp:
+        """The last tick that admitted a run (unset before the first)."""
+
+    def __init__(
+        self,
+        *,
+        schedule_id: _builtins.str = ...,
+        agent: _builtins.str = ...,
+        cron: _builtins.str = ...,
+        timezone: _builtins.str = ...,
+        message: _builtins.str = ...,
+        overlap: _builtins.str = ...,
+        catch_up: _builtins.str = ...,
+        catch_up_window_seconds: _builtins.int = ...,
+        created_by: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        next_fire_at: _timestamp_pb2.Timestamp | None = ...,
+        paused: _builtins.bool = ...,
+        last_tick_at: _timestamp_pb2.Timestamp | None = ...,
+        last_run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "last_tick_at", b"last_tick_at", "next_fire_at", b"next_fire_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "catch_up", b"catch_up", "catch_up_window_seconds", b"catch_up_window_seconds", "created_at", b"created_at", "created_by", b"created_by", "cron", b"cron", "last_run_id", b"last_run_id", "last_tick_at", b"last_tick_at", "message", b"message", "next_fire_at", b"next_fire_at", "overlap", b"overlap", "paused", b"paused", "schedule_id", b"schedule_id", "timezone", b"timezone"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Schedule: _TypeAlias = Schedule  # noqa: Y015

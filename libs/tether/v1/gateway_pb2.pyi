@@ -2781,3 +2781,277 @@ class RedeliverWebhookResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RedeliverWebhookResponse: _TypeAlias = RedeliverWebhookResponse  # noqa: Y015
+
+@_typing.final
+class AddScheduleRequest(_message.Message):
+    """AddScheduleRequest is a schedule to add."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    CRON_FIELD_NUMBER: _builtins.int
+    TIMEZONE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    OVERLAP_FIELD_NUMBER: _builtins.int
+    CATCH_UP_FIELD_NUMBER: _builtins.int
+    CATCH_UP_WINDOW_SECONDS_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    """The agent each tick's run is routed to (one of the tenant's agents).
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    cron: _builtins.str
+    """The cron expression, five fields: minute hour day-of-month month day-of-week, e.g.
+    "0 9 * * 1-5".
+    Limit: 256 characters, no control characters.
+    """
+    timezone: _builtins.str
+    """The IANA timezone the cron is read in, e.g. "Europe/Paris" (empty: UTC).
+    Limit: 64 characters, no control characters.
+    """
+    message: _builtins.str
+    """The message each tick's run starts with.
+    Limit: 32000 characters, no NUL.
+    """
+    overlap: _builtins.str
+    """"skip" (the default: no tick while the previous tick's run is queued, running or waiting)
+    or "allow".
+    Limit: 16 characters, no control characters.
+    """
+    catch_up: _builtins.str
+    """Ticks missed while no ticker ran (an outage): "latest" (the default: one run, for the most
+    recent), "none", or "all" (each one within catch_up_window_seconds).
+    Limit: 16 characters, no control characters.
+    """
+    catch_up_window_seconds: _builtins.int
+    """How far back "all" catches up, in seconds (0: an hour; at most 7 days).
+    Limit: 0 to 604800.
+    """
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+        cron: _builtins.str = ...,
+        timezone: _builtins.str = ...,
+        message: _builtins.str = ...,
+        overlap: _builtins.str = ...,
+        catch_up: _builtins.str = ...,
+        catch_up_window_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "catch_up", b"catch_up", "catch_up_window_seconds", b"catch_up_window_seconds", "cron", b"cron", "message", b"message", "overlap", b"overlap", "timezone", b"timezone"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddScheduleRequest: _TypeAlias = AddScheduleRequest  # noqa: Y015
+
+@_typing.final
+class AddScheduleResponse(_message.Message):
+    """AddScheduleResponse is the schedule stored."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    """Its id."""
+    @_builtins.property
+    def schedule(self) -> _common_pb2.Schedule:
+        """The schedule, with its next fire time."""
+
+    def __init__(
+        self,
+        *,
+        schedule_id: _builtins.str = ...,
+        schedule: _common_pb2.Schedule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule", "schedule_id", b"schedule_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddScheduleResponse: _TypeAlias = AddScheduleResponse  # noqa: Y015
+
+@_typing.final
+class ListSchedulesRequest(_message.Message):
+    """ListSchedulesRequest lists the caller's tenant's schedules."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSchedulesRequest: _TypeAlias = ListSchedulesRequest  # noqa: Y015
+
+@_typing.final
+class ListSchedulesResponse(_message.Message):
+    """ListSchedulesResponse is the tenant's schedules, oldest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedules(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Schedule]:
+        """The schedules."""
+
+    def __init__(
+        self,
+        *,
+        schedules: _abc.Iterable[_common_pb2.Schedule] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedules", b"schedules"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSchedulesResponse: _TypeAlias = ListSchedulesResponse  # noqa: Y015
+
+@_typing.final
+class PauseScheduleRequest(_message.Message):
+    """PauseScheduleRequest names a schedule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    """The schedule.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    def __init__(
+        self,
+        *,
+        schedule_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule_id", b"schedule_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseScheduleRequest: _TypeAlias = PauseScheduleRequest  # noqa: Y015
+
+@_typing.final
+class PauseScheduleResponse(_message.Message):
+    """PauseScheduleResponse is the schedule, paused."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedule(self) -> _common_pb2.Schedule:
+        """The schedule."""
+
+    def __init__(
+        self,
+        *,
+        schedule: _common_pb2.Schedule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseScheduleResponse: _TypeAlias = PauseScheduleResponse  # noqa: Y015
+
+@_typing.final
+class ResumeScheduleRequest(_message.Message):
+    """ResumeScheduleRequest names a schedule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    """The schedule.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    def __init__(
+        self,
+        *,
+        schedule_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule_id", b"schedule_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeScheduleRequest: _TypeAlias = ResumeScheduleRequest  # noqa: Y015
+
+@_typing.final
+class ResumeScheduleResponse(_message.Message):
+    """ResumeScheduleResponse is the schedule, running again."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedule(self) -> _common_pb2.Schedule:
+        """The schedule, with its next fire time."""
+
+    def __init__(
+        self,
+        *,
+        schedule: _common_pb2.Schedule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeScheduleResponse: _TypeAlias = ResumeScheduleResponse  # noqa: Y015
+
+@_typing.final
+class RemoveScheduleRequest(_message.Message):
+    """RemoveScheduleRequest names a schedule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    """The schedule.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (required).
+    """
+    def __init__(
+        self,
+        *,
+        schedule_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule_id", b"schedule_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveScheduleRequest: _TypeAlias = RemoveScheduleRequest  # noqa: Y015
+
+@_typing.final
+class RemoveScheduleResponse(_message.Message):
+    """RemoveScheduleResponse confirms the removal."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    """The schedule removed."""
+    def __init__(
+        self,
+        *,
+        schedule_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule_id", b"schedule_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveScheduleResponse: _TypeAlias = RemoveScheduleResponse  # noqa: Y015

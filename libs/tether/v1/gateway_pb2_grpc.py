@@ -263,6 +263,31 @@ class GatewayServiceStub:
                 request_serializer=tether_dot_v1_dot_gateway__pb2.RenderAgentRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_gateway__pb2.RenderAgentResponse.FromString,
                 _registered_method=True)
+        self.AddSchedule = channel.unary_unary(
+                '/tether.v1.GatewayService/AddSchedule',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.AddScheduleRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.AddScheduleResponse.FromString,
+                _registered_method=True)
+        self.ListSchedules = channel.unary_unary(
+                '/tether.v1.GatewayService/ListSchedules',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.ListSchedulesRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.ListSchedulesResponse.FromString,
+                _registered_method=True)
+        self.PauseSchedule = channel.unary_unary(
+                '/tether.v1.GatewayService/PauseSchedule',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.PauseScheduleRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.PauseScheduleResponse.FromString,
+                _registered_method=True)
+        self.ResumeSchedule = channel.unary_unary(
+                '/tether.v1.GatewayService/ResumeSchedule',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.ResumeScheduleRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.ResumeScheduleResponse.FromString,
+                _registered_method=True)
+        self.RemoveSchedule = channel.unary_unary(
+                '/tether.v1.GatewayService/RemoveSchedule',
+                request_serializer=tether_dot_v1_dot_gateway__pb2.RemoveScheduleRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveScheduleResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServiceServicer:
@@ -627,6 +652,48 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddSchedule(self, request, context):
+        """AddSchedule adds a schedule of the caller's tenant (scope "schedules:write"): each tick of
+        its cron, read in its timezone, admits a run of the named agent with its message, as the
+        caller's principal, in a conversation of its own, once however many admission replicas
+        fire it. A cron that does not parse, a timezone that does not exist, an agent the tenant
+        does not have or an unknown policy is INVALID_ARGUMENT naming it, and nothing is stored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSchedules(self, request, context):
+        """ListSchedules lists the tenant's schedules with each next fire time (scope
+        "schedules:read").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseSchedule(self, request, context):
+        """PauseSchedule stops a schedule's ticks (scope "schedules:write"); another tenant's is
+        NOT_FOUND, as an absent one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeSchedule(self, request, context):
+        """ResumeSchedule starts a paused schedule's ticks again from the next tick after now; the
+        ticks it was paused over are not caught up (scope "schedules:write").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveSchedule(self, request, context):
+        """RemoveSchedule removes a schedule; the runs it admitted stay (scope "schedules:write").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -854,6 +921,31 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.RenderAgent,
                     request_deserializer=tether_dot_v1_dot_gateway__pb2.RenderAgentRequest.FromString,
                     response_serializer=tether_dot_v1_dot_gateway__pb2.RenderAgentResponse.SerializeToString,
+            ),
+            'AddSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddSchedule,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.AddScheduleRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.AddScheduleResponse.SerializeToString,
+            ),
+            'ListSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSchedules,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.ListSchedulesRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.ListSchedulesResponse.SerializeToString,
+            ),
+            'PauseSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseSchedule,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.PauseScheduleRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.PauseScheduleResponse.SerializeToString,
+            ),
+            'ResumeSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeSchedule,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.ResumeScheduleRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.ResumeScheduleResponse.SerializeToString,
+            ),
+            'RemoveSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveSchedule,
+                    request_deserializer=tether_dot_v1_dot_gateway__pb2.RemoveScheduleRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_gateway__pb2.RemoveScheduleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -2075,6 +2167,141 @@ class GatewayService:
             '/tether.v1.GatewayService/RenderAgent',
             tether_dot_v1_dot_gateway__pb2.RenderAgentRequest.SerializeToString,
             tether_dot_v1_dot_gateway__pb2.RenderAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/AddSchedule',
+            tether_dot_v1_dot_gateway__pb2.AddScheduleRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.AddScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/ListSchedules',
+            tether_dot_v1_dot_gateway__pb2.ListSchedulesRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.ListSchedulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/PauseSchedule',
+            tether_dot_v1_dot_gateway__pb2.PauseScheduleRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.PauseScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/ResumeSchedule',
+            tether_dot_v1_dot_gateway__pb2.ResumeScheduleRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.ResumeScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.GatewayService/RemoveSchedule',
+            tether_dot_v1_dot_gateway__pb2.RemoveScheduleRequest.SerializeToString,
+            tether_dot_v1_dot_gateway__pb2.RemoveScheduleResponse.FromString,
             options,
             channel_credentials,
             insecure,

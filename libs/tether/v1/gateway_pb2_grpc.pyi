@@ -193,6 +193,27 @@ class GatewayServiceStub:
     routes pick for a source and channel: no model call, no run. UNAVAILABLE when no worker
     answers. Needs agents:read.
     """
+    AddSchedule: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.AddScheduleRequest, _gateway_pb2.AddScheduleResponse]
+    """AddSchedule adds a schedule of the caller's tenant (scope "schedules:write"): each tick of
+    its cron, read in its timezone, admits a run of the named agent with its message, as the
+    caller's principal, in a conversation of its own, once however many admission replicas
+    fire it. A cron that does not parse, a timezone that does not exist, an agent the tenant
+    does not have or an unknown policy is INVALID_ARGUMENT naming it, and nothing is stored.
+    """
+    ListSchedules: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListSchedulesRequest, _gateway_pb2.ListSchedulesResponse]
+    """ListSchedules lists the tenant's schedules with each next fire time (scope
+    "schedules:read").
+    """
+    PauseSchedule: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.PauseScheduleRequest, _gateway_pb2.PauseScheduleResponse]
+    """PauseSchedule stops a schedule's ticks (scope "schedules:write"); another tenant's is
+    NOT_FOUND, as an absent one.
+    """
+    ResumeSchedule: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ResumeScheduleRequest, _gateway_pb2.ResumeScheduleResponse]
+    """ResumeSchedule starts a paused schedule's ticks again from the next tick after now; the
+    ticks it was paused over are not caught up (scope "schedules:write").
+    """
+    RemoveSchedule: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RemoveScheduleRequest, _gateway_pb2.RemoveScheduleResponse]
+    """RemoveSchedule removes a schedule; the runs it admitted stay (scope "schedules:write")."""
 
 @_typing.type_check_only
 class GatewayServiceAsyncStub(GatewayServiceStub):
@@ -359,6 +380,27 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     routes pick for a source and channel: no model call, no run. UNAVAILABLE when no worker
     answers. Needs agents:read.
     """
+    AddSchedule: _aio.UnaryUnaryMultiCallable[_gateway_pb2.AddScheduleRequest, _gateway_pb2.AddScheduleResponse]  # type: ignore[assignment]
+    """AddSchedule adds a schedule of the caller's tenant (scope "schedules:write"): each tick of
+    its cron, read in its timezone, admits a run of the named agent with its message, as the
+    caller's principal, in a conversation of its own, once however many admission replicas
+    fire it. A cron that does not parse, a timezone that does not exist, an agent the tenant
+    does not have or an unknown policy is INVALID_ARGUMENT naming it, and nothing is stored.
+    """
+    ListSchedules: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListSchedulesRequest, _gateway_pb2.ListSchedulesResponse]  # type: ignore[assignment]
+    """ListSchedules lists the tenant's schedules with each next fire time (scope
+    "schedules:read").
+    """
+    PauseSchedule: _aio.UnaryUnaryMultiCallable[_gateway_pb2.PauseScheduleRequest, _gateway_pb2.PauseScheduleResponse]  # type: ignore[assignment]
+    """PauseSchedule stops a schedule's ticks (scope "schedules:write"); another tenant's is
+    NOT_FOUND, as an absent one.
+    """
+    ResumeSchedule: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ResumeScheduleRequest, _gateway_pb2.ResumeScheduleResponse]  # type: ignore[assignment]
+    """ResumeSchedule starts a paused schedule's ticks again from the next tick after now; the
+    ticks it was paused over are not caught up (scope "schedules:write").
+    """
+    RemoveSchedule: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RemoveScheduleRequest, _gateway_pb2.RemoveScheduleResponse]  # type: ignore[assignment]
+    """RemoveSchedule removes a schedule; the runs it admitted stay (scope "schedules:write")."""
 
 class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
     """GatewayService is the public client API. Callers authenticate with an API key in the
@@ -792,5 +834,56 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         routes pick for a source and channel: no model call, no run. UNAVAILABLE when no worker
         answers. Needs agents:read.
         """
+
+    @_abc_1.abstractmethod
+    def AddSchedule(
+        self,
+        request: _gateway_pb2.AddScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.AddScheduleResponse, _abc.Awaitable[_gateway_pb2.AddScheduleResponse]]:
+        """AddSchedule adds a schedule of the caller's tenant (scope "schedules:write"): each tick of
+        its cron, read in its timezone, admits a run of the named agent with its message, as the
+        caller's principal, in a conversation of its own, once however many admission replicas
+        fire it. A cron that does not parse, a timezone that does not exist, an agent the tenant
+        does not have or an unknown policy is INVALID_ARGUMENT naming it, and nothing is stored.
+        """
+
+    @_abc_1.abstractmethod
+    def ListSchedules(
+        self,
+        request: _gateway_pb2.ListSchedulesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ListSchedulesResponse, _abc.Awaitable[_gateway_pb2.ListSchedulesResponse]]:
+        """ListSchedules lists the tenant's schedules with each next fire time (scope
+        "schedules:read").
+        """
+
+    @_abc_1.abstractmethod
+    def PauseSchedule(
+        self,
+        request: _gateway_pb2.PauseScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.PauseScheduleResponse, _abc.Awaitable[_gateway_pb2.PauseScheduleResponse]]:
+        """PauseSchedule stops a schedule's ticks (scope "schedules:write"); another tenant's is
+        NOT_FOUND, as an absent one.
+        """
+
+    @_abc_1.abstractmethod
+    def ResumeSchedule(
+        self,
+        request: _gateway_pb2.ResumeScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ResumeScheduleResponse, _abc.Awaitable[_gateway_pb2.ResumeScheduleResponse]]:
+        """ResumeSchedule starts a paused schedule's ticks again from the next tick after now; the
+        ticks it was paused over are not caught up (scope "schedules:write").
+        """
+
+    @_abc_1.abstractmethod
+    def RemoveSchedule(
+        self,
+        request: _gateway_pb2.RemoveScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.RemoveScheduleResponse, _abc.Awaitable[_gateway_pb2.RemoveScheduleResponse]]:
+        """RemoveSchedule removes a schedule; the runs it admitted stay (scope "schedules:write")."""
 
 def add_GatewayServiceServicer_to_server(servicer: GatewayServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

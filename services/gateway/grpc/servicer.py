@@ -20,6 +20,7 @@ from services.gateway.grpc.documents import DocumentRpcs
 from services.gateway.grpc.interactions import InteractionRpcs
 from services.gateway.grpc.keys import KeyRpcs
 from services.gateway.grpc.runs import RunRpcs
+from services.gateway.grpc.schedules import ScheduleRpcs
 from services.gateway.grpc.secrets import SecretRpcs
 from services.gateway.grpc.streaming import StreamRpcs
 from services.gateway.grpc.tenants import TenantRpcs
@@ -43,6 +44,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         secrets: SecretRpcs,
         channels: ChannelRpcs,
         webhooks: WebhookRpcs,
+        schedules: ScheduleRpcs,
     ) -> None:
         self._runs = runs
         self._interactions = interactions
@@ -54,6 +56,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self._secrets = secrets
         self._channels = channels
         self._webhooks = webhooks
+        self._schedules = schedules
 
     async def SendMessage(
         self, request: gateway_pb2.SendMessageRequest, context: grpc.aio.ServicerContext
@@ -288,3 +291,28 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         async with aclosing(self._streams.StreamRuns(request, context)) as items:
             async for item in items:
                 yield item
+
+    async def AddSchedule(
+        self, request: gateway_pb2.AddScheduleRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.AddScheduleResponse:
+        return await self._schedules.AddSchedule(request, context)
+
+    async def ListSchedules(
+        self, request: gateway_pb2.ListSchedulesRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListSchedulesResponse:
+        return await self._schedules.ListSchedules(request, context)
+
+    async def PauseSchedule(
+        self, request: gateway_pb2.PauseScheduleRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.PauseScheduleResponse:
+        return await self._schedules.PauseSchedule(request, context)
+
+    async def ResumeSchedule(
+        self, request: gateway_pb2.ResumeScheduleRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ResumeScheduleResponse:
+        return await self._schedules.ResumeSchedule(request, context)
+
+    async def RemoveSchedule(
+        self, request: gateway_pb2.RemoveScheduleRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.RemoveScheduleResponse:
+        return await self._schedules.RemoveSchedule(request, context)

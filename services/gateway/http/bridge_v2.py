@@ -86,9 +86,17 @@ _UNARY: tuple[tuple[str, str, str, type[Message], bool], ...] = (
     ("DELETE", "/v2/agents/{name}", "RemoveAgent", _G.RemoveAgentRequest, False),
     ("GET", "/v2/tools", "ListTools", _G.ListToolsRequest, False),
     ("POST", "/v2/agents/{name}/render", "RenderAgent", _G.RenderAgentRequest, True),
+    ("POST", "/v2/schedules", "AddSchedule", _G.AddScheduleRequest, True),
+    ("GET", "/v2/schedules", "ListSchedules", _G.ListSchedulesRequest, False),
+    ("POST", "/v2/schedules/{schedule_id}/pause", "PauseSchedule", _G.PauseScheduleRequest,
+     True),
+    ("POST", "/v2/schedules/{schedule_id}/resume", "ResumeSchedule", _G.ResumeScheduleRequest,
+     True),
+    ("DELETE", "/v2/schedules/{schedule_id}", "RemoveSchedule", _G.RemoveScheduleRequest,
+     False),
 )  # fmt: skip
 # RPCs whose success creates something: 201.
-_CREATES = frozenset({"AddDocument", "AddSecret", "AddChannel", "AddWebhook"})
+_CREATES = frozenset({"AddDocument", "AddSecret", "AddChannel", "AddWebhook", "AddSchedule"})
 
 
 def to_json(message: Message) -> dict[str, Any]:

@@ -64,6 +64,7 @@ from tether.db.schema import (
     tenants,
 )
 from tether.domain import Event, Run, RunError, run_started
+from tether.domain.channels import PIN_SEPARATOR
 from tether.states import RunStatus
 
 # The routing the runs of each tenant, source and channel are leased with, resolved by the
@@ -105,8 +106,8 @@ _WITH_AGENT = (
 )
 # The channel a run is routed by: its channel, and the agent its channel connection routes to
 # when the connection names one (`slack/support`; channels and agent names are identifiers,
-# which never hold a `/`).
-PIN_SEPARATOR = "/"
+# which never hold a `/`). A schedule's tick is stored on the channel it is routed by already
+# (`schedule/reporter`, `tether.domain.channels.pinned_channel`).
 _ROUTE_CHANNEL = _PICKED.c.channel + func.coalesce(
     PIN_SEPARATOR + func.nullif(messages.c.channel_origin["agent"].astext, ""), ""
 )

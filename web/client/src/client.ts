@@ -10,6 +10,12 @@ import type {
   ListChannelsResponseJson,
   RemoveChannelResponseJson,
   RotateChannelSecretResponseJson,
+  AddScheduleRequestJson,
+  AddScheduleResponseJson,
+  ListSchedulesResponseJson,
+  PauseScheduleResponseJson,
+  RemoveScheduleResponseJson,
+  ResumeScheduleResponseJson,
   AddDocumentRequestJson,
   AddDocumentResponseJson,
   ApplyAgentRequestJson,
@@ -368,6 +374,29 @@ export class TetherClient {
     return this.call("POST", `${channelPath(channelId)}/rotate-secret`, body, options);
   }
 
+  /** Adds a schedule: each tick of its cron, in its timezone, starts a run of its agent. */
+  addSchedule(body: AddScheduleRequestJson, options: RequestOptions = {}): Promise<AddScheduleResponseJson> {
+    return this.call("POST", "/v2/schedules", body, options);
+  }
+
+  /** The tenant's schedules, each with its next fire time (unset while paused). */
+  listSchedules(options: RequestOptions = {}): Promise<ListSchedulesResponseJson> {
+    return this.call("GET", "/v2/schedules", undefined, options);
+  }
+
+  pauseSchedule(scheduleId: string, options: RequestOptions = {}): Promise<PauseScheduleResponseJson> {
+    return this.call("POST", `${schedulePath(scheduleId)}/pause`, {}, options);
+  }
+
+  /** Resumes from the next tick after now: the ticks it was paused over are not caught up. */
+  resumeSchedule(scheduleId: string, options: RequestOptions = {}): Promise<ResumeScheduleResponseJson> {
+    return this.call("POST", `${schedulePath(scheduleId)}/resume`, {}, options);
+  }
+
+  removeSchedule(scheduleId: string, options: RequestOptions = {}): Promise<RemoveScheduleResponseJson> {
+    return this.call("DELETE", schedulePath(scheduleId), undefined, options);
+  }
+
   // ---- streams ----------------------------------------------------------------------------
 
   /**
@@ -398,6 +427,10 @@ export function runPath(runId: string): string {
 /** The path of an agent (its name escaped: a name may hold `:` and `@`). */
 export function channelPath(channelId: string): string {
   return `/v2/channels/${encodeURIComponent(channelId)}`;
+}
+
+export function schedulePath(scheduleId: string): string {
+  return `/v2/schedules/${encodeURIComponent(scheduleId)}`;
 }
 
 export function agentPath(name: string): string {

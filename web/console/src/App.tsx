@@ -7,6 +7,7 @@ import { ChannelsPage } from "./ChannelsPage.js";
 import { ConnectedPage } from "./ConnectedPage.js";
 import { RunPage } from "./RunPage.js";
 import { RunsPage } from "./RunsPage.js";
+import { SchedulesPage } from "./SchedulesPage.js";
 import { BASE, onLinkClick, useRoute } from "./router.js";
 
 export function useNow(everyMs = 1000): number {
@@ -31,6 +32,7 @@ export function App() {
           <a href={`${BASE}/`} onClick={onLinkClick} aria-current={route.page === "runs" || route.page === "run" ? "page" : undefined}>Runs</a>
           <a href={`${BASE}/agents`} onClick={onLinkClick} aria-current={route.page === "agents" || route.page === "agent" ? "page" : undefined}>Agents</a>
           <a href={`${BASE}/channels`} onClick={onLinkClick} aria-current={route.page === "channels" || route.page === "channel" ? "page" : undefined}>Channels</a>
+          <a href={`${BASE}/schedules`} onClick={onLinkClick} aria-current={route.page === "schedules" ? "page" : undefined}>Schedules</a>
         </nav>
         <span className="who" aria-label="Signed in as">
           {session.principal} · {session.tenantId}
@@ -45,6 +47,7 @@ export function App() {
         {route.page === "agent" && <AgentPage key={route.name} name={route.name} />}
         {route.page === "channels" && <ChannelsPage />}
         {route.page === "channel" && <ChannelPage key={route.channelId} channelId={route.channelId} />}
+        {route.page === "schedules" && <SchedulesPage />}
         {route.page === "missing" && <NotFound what="page" />}
       </main>
     </>

@@ -11,6 +11,7 @@ export type Route =
   | { page: "agent"; name: string }
   | { page: "channels" }
   | { page: "channel"; channelId: string }
+  | { page: "schedules" }
   | { page: "missing" };
 
 export function parse(pathname: string): Route {
@@ -23,6 +24,7 @@ export function parse(pathname: string): Route {
   if (parts.length === 2 && parts[0] === "agents") return { page: "agent", name: decodeURIComponent(parts[1]!) };
   if (parts.length === 1 && parts[0] === "channels") return { page: "channels" };
   if (parts.length === 2 && parts[0] === "channels") return { page: "channel", channelId: decodeURIComponent(parts[1]!) };
+  if (parts.length === 1 && parts[0] === "schedules") return { page: "schedules" };
   return { page: "missing" };
 }
 
@@ -40,6 +42,8 @@ export function href(route: Route): string {
       return `${BASE}/channels`;
     case "channel":
       return `${BASE}/channels/${encodeURIComponent(route.channelId)}`;
+    case "schedules":
+      return `${BASE}/schedules`;
     default:
       return `${BASE}/`;
   }

@@ -2,8 +2,8 @@
 service (README, "Who owns which table"):
 
 - `gateway_tables`: tenants, api_keys, browser_credentials;
-- `admission_tables`: sessions, messages, event_claims (admission creates the queued run, through
-  the orchestrator's intake);
+- `admission_tables`: sessions, messages, event_claims, schedules (admission creates the queued
+  run, through the orchestrator's intake);
 - `orchestrator_tables`: the run aggregate (runs, run_events, run_parts, attempts, effects,
   usage_turns, tool_outputs, routings, context_summaries, deliveries), documents and agents
   (agents, agent_versions, agent_sets), the tool catalog (tool_catalog), what channel providers
@@ -18,7 +18,7 @@ by state goes through `in_state`, so that the state's partial index serves it.
 
 from __future__ import annotations
 
-from tether.db.schema.admission_tables import event_claims, messages, sessions
+from tether.db.schema.admission_tables import event_claims, messages, schedules, sessions
 from tether.db.schema.audit_tables import audit_log
 from tether.db.schema.base import in_state, metadata
 from tether.db.schema.gateway_tables import api_keys, browser_credentials, tenants
@@ -76,6 +76,7 @@ __all__ = [
     "run_events",
     "run_parts",
     "runs",
+    "schedules",
     "secrets",
     "sessions",
     "tenant_queues",

@@ -1,14 +1,16 @@
-"""Admission's tables: conversations (sessions), inbound messages, and the event claims that
-make admission idempotent."""
+"""Admission's tables: conversations (sessions), inbound messages, the event claims that make
+admission idempotent, and the schedules whose ticks it admits."""
 
 from __future__ import annotations
 
 from sqlalchemy import (
+    CheckConstraint,
     Column,
     DateTime,
     ForeignKey,
     ForeignKeyConstraint,
     Index,
+    Integer,
     LargeBinary,
     PrimaryKeyConstraint,
     Table,
@@ -92,4 +94,40 @@ Index(
     event_claims.c.tenant_id,
     event_claims.c.claimed_at,
     postgresql_where=event_claims.c.run_id.is_(None),
+)
+
+
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("schedule_id", Text, nullable=False),
+    # Who added it: each tick's run is this principal's.
+    Column("principal_id", Text, nullable=False),
+    Column("agent", Text, nullable=False),
+    Column("cron", Text, nullable=False),
+    Column("timezone", Text, nullable=False),
+    Column("message", Text, nullable=False),
+    Column("overlap", Text, nullable=False),
+    Column("catch_up", Text, nullable=False),
+    Column("catch_up_window_s", Integer, nullable=False),
+    # The earliest tick not yet fired; a ticker claims the schedule once this has passed and
+    # moves it on in the transaction that admits the tick's run.
+    Column("next_fire_at", DateTime(timezone=True), nullable=False),
+    # Set while paused: no ticker picks it.
+    Column("paused_at", DateTime(timezone=True)),
+    # The last tick that admitted a run, and that run (the overlap policy asks whether it is
+    # still active; no foreign key: retention removes runs on the orchestrator's own terms).
+    Column("last_tick_at", DateTime(timezone=True)),
+    Column("last_run_id", Text),
+    _now(),
+    PrimaryKeyConstraint("tenant_id", "schedule_id"),
+    CheckConstraint("overlap IN ('skip', 'allow')", name="overlap"),
+    CheckConstraint("catch_up IN ('latest', 'none', 'all')", name="catch_up"),
+)
+# The tickers' search: the schedules due, earliest first, paused ones left out.
+Index(
+    "ix_schedules_due",
+    schedules.c.next_fire_at,
+    postgresql_where=schedules.c.paused_at.is_(None),
 )

@@ -6,7 +6,7 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { StructJson } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_struct } from "@bufbuild/protobuf/wkt";
-import type { Disposition, DispositionJson, ReplyTarget, ReplyTargetJson, Run, RunJson } from "./common_pb.js";
+import type { Disposition, DispositionJson, ReplyTarget, ReplyTargetJson, Run, RunJson, Schedule, ScheduleJson } from "./common_pb.js";
 import { file_tether_v1_common } from "./common_pb.js";
 import type { JsonObject, Message } from "@bufbuild/protobuf";
 
@@ -14,7 +14,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/admission.proto.
  */
 export const file_tether_v1_admission: GenFile = /*@__PURE__*/
-  fileDesc("Chl0ZXRoZXIvdjEvYWRtaXNzaW9uLnByb3RvEgl0ZXRoZXIudjEiMQoGQ2FsbGVyEhEKCXRlbmFudF9pZBgBIAEoCRIUCgxwcmluY2lwYWxfaWQYAiABKAkiegoJQ2hhdElucHV0EhAKCGV2ZW50X2lkGAEgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIMCgR0ZXh0GAMgASgJEg8KB2NoYW5uZWwYBCABKAkSEQoJdGVuYW50X2lkGAUgASgJEhAKCHByaW9yaXR5GAYgASgJIqABChVNZXNzYWdpbmdXZWJob29rSW5wdXQSEAoIcHJvdmlkZXIYASABKAkSGQoRcHJvdmlkZXJfZXZlbnRfaWQYAiABKAkSEQoJdGhyZWFkX2lkGAMgASgJEhEKCXNlbmRlcl9pZBgEIAEoCRITCgtzZW5kZXJfdHlwZRgFIAEoCRIMCgR0ZXh0GAYgASgJEhEKCXRlbmFudF9pZBgHIAEoCSJuCg9UYXNrU3RhdHVzSW5wdXQSDwoHdGFza19pZBgBIAEoCRIXCg9zdGF0dXNfZXZlbnRfaWQYAiABKAkSDgoGc3RhdHVzGAMgASgJEg4KBmRldGFpbBgEIAEoCRIRCgl0ZW5hbnRfaWQYBSABKAkicAoNRGVjaXNpb25JbnB1dBITCgtkZWNpc2lvbl9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSEAoIZGVjaXNpb24YAyABKAkSDAoEbm90ZRgEIAEoCRIRCgl0ZW5hbnRfaWQYBSABKAkipQEKE0NoYW5uZWxNZXNzYWdlSW5wdXQSEgoKY2hhbm5lbF9pZBgBIAEoCRIQCghldmVudF9pZBgCIAEoCRIRCgl0aHJlYWRfaWQYAyABKAkSEQoJc2VuZGVyX2lkGAQgASgJEgwKBHRleHQYBSABKAkSJQoFcmVwbHkYBiABKAsyFi50ZXRoZXIudjEuUmVwbHlUYXJnZXQSDQoFYWdlbnQYByABKAkihwIKDEluYm91bmRFdmVudBIRCgl0ZW5hbnRfaWQYASABKAkSEAoIZXZlbnRfaWQYAiABKAkSGQoRaWRlbXBvdGVuY3lfc2NvcGUYAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEg4KBnNvdXJjZRgFIAEoCRISCgphY3Rvcl90eXBlGAYgASgJEhAKCGFjdG9yX2lkGAcgASgJEg8KB2NoYW5uZWwYCCABKAkSHwoXY2hhbm5lbF9jb252ZXJzYXRpb25faWQYCSABKAkSDAoEdGV4dBgKIAEoCRIoCgdjb250ZXh0GAsgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdCKzAgoMQWRtaXRSZXF1ZXN0EiEKBmNhbGxlchgBIAEoCzIRLnRldGhlci52MS5DYWxsZXISJAoEY2hhdBgKIAEoCzIULnRldGhlci52MS5DaGF0SW5wdXRIABI1CgltZXNzYWdpbmcYCyABKAsyIC50ZXRoZXIudjEuTWVzc2FnaW5nV2ViaG9va0lucHV0SAASMQoLdGFza19zdGF0dXMYDCABKAsyGi50ZXRoZXIudjEuVGFza1N0YXR1c0lucHV0SAASLAoIZGVjaXNpb24YDSABKAsyGC50ZXRoZXIudjEuRGVjaXNpb25JbnB1dEgAEjkKD2NoYW5uZWxfbWVzc2FnZRgOIAEoCzIeLnRldGhlci52MS5DaGFubmVsTWVzc2FnZUlucHV0SABCBwoFaW5wdXQigQEKDUFkbWl0UmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1bhImCgVldmVudBgDIAEoCzIXLnRldGhlci52MS5JbmJvdW5kRXZlbnQicAoSQWRtaXRTdHJlYW1SZXF1ZXN0EiQKBWhlbGxvGAEgASgLMhUudGV0aGVyLnYxLkFkbWl0SGVsbG8SIwoFY2FsbHMYAiADKAsyFC50ZXRoZXIudjEuQWRtaXRDYWxsEg8KB2NhbmNlbHMYAyADKAQiJgoKQWRtaXRIZWxsbxIYChBwcm90b2NvbF92ZXJzaW9uGAEgASgFImoKCUFkbWl0Q2FsbBIKCgJpZBgBIAEoBBIoCgdyZXF1ZXN0GAIgASgLMhcudGV0aGVyLnYxLkFkbWl0UmVxdWVzdBISCgp0aW1lb3V0X21zGAMgASgNEhMKC3RyYWNlcGFyZW50GAQgASgJIncKE0FkbWl0U3RyZWFtUmVzcG9uc2USKAoHd2VsY29tZRgBIAEoCzIXLnRldGhlci52MS5BZG1pdFdlbGNvbWUSJwoHYW5zd2VycxgCIAMoCzIWLnRldGhlci52MS5BZG1pdEFuc3dlchINCgVkcmFpbhgDIAEoCCIoCgxBZG1pdFdlbGNvbWUSGAoQcHJvdG9jb2xfdmVyc2lvbhgBIAEoBSJ4CgtBZG1pdEFuc3dlchIKCgJpZBgBIAEoBBIqCghyZXNwb25zZRgCIAEoCzIYLnRldGhlci52MS5BZG1pdFJlc3BvbnNlEgwKBGNvZGUYAyABKAUSDwoHbWVzc2FnZRgEIAEoCRISCgplcnJvcl9jb2RlGAUgASgJInQKEVJlY2xhaW1SdW5SZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIUCgxwcmluY2lwYWxfaWQYAiABKAkSEAoIYWxsX3J1bnMYAyABKAgSDgoGcnVuX2lkGAQgASgJEhQKDGFjdG9yX2tleV9pZBgFIAEoCSJeChJSZWNsYWltUnVuUmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1biIuChlEZWxldGVUZW5hbnRFdmVudHNSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCSJAChpEZWxldGVUZW5hbnRFdmVudHNSZXNwb25zZRIPCgdyZW1vdmVkGAEgASgDEhEKCXJlbWFpbmluZxgCIAEoCDLOAgoQQWRtaXNzaW9uU2VydmljZRI6CgVBZG1pdBIXLnRldGhlci52MS5BZG1pdFJlcXVlc3QaGC50ZXRoZXIudjEuQWRtaXRSZXNwb25zZRJQCgtBZG1pdFN0cmVhbRIdLnRldGhlci52MS5BZG1pdFN0cmVhbVJlcXVlc3QaHi50ZXRoZXIudjEuQWRtaXRTdHJlYW1SZXNwb25zZSgBMAESSQoKUmVjbGFpbVJ1bhIcLnRldGhlci52MS5SZWNsYWltUnVuUmVxdWVzdBodLnRldGhlci52MS5SZWNsYWltUnVuUmVzcG9uc2USYQoSRGVsZXRlVGVuYW50RXZlbnRzEiQudGV0aGVyLnYxLkRlbGV0ZVRlbmFudEV2ZW50c1JlcXVlc3QaJS50ZXRoZXIudjEuRGVsZXRlVGVuYW50RXZlbnRzUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_struct, file_tether_v1_common]);
+  fileDesc("Chl0ZXRoZXIvdjEvYWRtaXNzaW9uLnByb3RvEgl0ZXRoZXIudjEiMQoGQ2FsbGVyEhEKCXRlbmFudF9pZBgBIAEoCRIUCgxwcmluY2lwYWxfaWQYAiABKAkiegoJQ2hhdElucHV0EhAKCGV2ZW50X2lkGAEgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgCIAEoCRIMCgR0ZXh0GAMgASgJEg8KB2NoYW5uZWwYBCABKAkSEQoJdGVuYW50X2lkGAUgASgJEhAKCHByaW9yaXR5GAYgASgJIqABChVNZXNzYWdpbmdXZWJob29rSW5wdXQSEAoIcHJvdmlkZXIYASABKAkSGQoRcHJvdmlkZXJfZXZlbnRfaWQYAiABKAkSEQoJdGhyZWFkX2lkGAMgASgJEhEKCXNlbmRlcl9pZBgEIAEoCRITCgtzZW5kZXJfdHlwZRgFIAEoCRIMCgR0ZXh0GAYgASgJEhEKCXRlbmFudF9pZBgHIAEoCSJuCg9UYXNrU3RhdHVzSW5wdXQSDwoHdGFza19pZBgBIAEoCRIXCg9zdGF0dXNfZXZlbnRfaWQYAiABKAkSDgoGc3RhdHVzGAMgASgJEg4KBmRldGFpbBgEIAEoCRIRCgl0ZW5hbnRfaWQYBSABKAkicAoNRGVjaXNpb25JbnB1dBITCgtkZWNpc2lvbl9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSEAoIZGVjaXNpb24YAyABKAkSDAoEbm90ZRgEIAEoCRIRCgl0ZW5hbnRfaWQYBSABKAkipQEKE0NoYW5uZWxNZXNzYWdlSW5wdXQSEgoKY2hhbm5lbF9pZBgBIAEoCRIQCghldmVudF9pZBgCIAEoCRIRCgl0aHJlYWRfaWQYAyABKAkSEQoJc2VuZGVyX2lkGAQgASgJEgwKBHRleHQYBSABKAkSJQoFcmVwbHkYBiABKAsyFi50ZXRoZXIudjEuUmVwbHlUYXJnZXQSDQoFYWdlbnQYByABKAkihwIKDEluYm91bmRFdmVudBIRCgl0ZW5hbnRfaWQYASABKAkSEAoIZXZlbnRfaWQYAiABKAkSGQoRaWRlbXBvdGVuY3lfc2NvcGUYAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEg4KBnNvdXJjZRgFIAEoCRISCgphY3Rvcl90eXBlGAYgASgJEhAKCGFjdG9yX2lkGAcgASgJEg8KB2NoYW5uZWwYCCABKAkSHwoXY2hhbm5lbF9jb252ZXJzYXRpb25faWQYCSABKAkSDAoEdGV4dBgKIAEoCRIoCgdjb250ZXh0GAsgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdCKzAgoMQWRtaXRSZXF1ZXN0EiEKBmNhbGxlchgBIAEoCzIRLnRldGhlci52MS5DYWxsZXISJAoEY2hhdBgKIAEoCzIULnRldGhlci52MS5DaGF0SW5wdXRIABI1CgltZXNzYWdpbmcYCyABKAsyIC50ZXRoZXIudjEuTWVzc2FnaW5nV2ViaG9va0lucHV0SAASMQoLdGFza19zdGF0dXMYDCABKAsyGi50ZXRoZXIudjEuVGFza1N0YXR1c0lucHV0SAASLAoIZGVjaXNpb24YDSABKAsyGC50ZXRoZXIudjEuRGVjaXNpb25JbnB1dEgAEjkKD2NoYW5uZWxfbWVzc2FnZRgOIAEoCzIeLnRldGhlci52MS5DaGFubmVsTWVzc2FnZUlucHV0SABCBwoFaW5wdXQigQEKDUFkbWl0UmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1bhImCgVldmVudBgDIAEoCzIXLnRldGhlci52MS5JbmJvdW5kRXZlbnQicAoSQWRtaXRTdHJlYW1SZXF1ZXN0EiQKBWhlbGxvGAEgASgLMhUudGV0aGVyLnYxLkFkbWl0SGVsbG8SIwoFY2FsbHMYAiADKAsyFC50ZXRoZXIudjEuQWRtaXRDYWxsEg8KB2NhbmNlbHMYAyADKAQiJgoKQWRtaXRIZWxsbxIYChBwcm90b2NvbF92ZXJzaW9uGAEgASgFImoKCUFkbWl0Q2FsbBIKCgJpZBgBIAEoBBIoCgdyZXF1ZXN0GAIgASgLMhcudGV0aGVyLnYxLkFkbWl0UmVxdWVzdBISCgp0aW1lb3V0X21zGAMgASgNEhMKC3RyYWNlcGFyZW50GAQgASgJIncKE0FkbWl0U3RyZWFtUmVzcG9uc2USKAoHd2VsY29tZRgBIAEoCzIXLnRldGhlci52MS5BZG1pdFdlbGNvbWUSJwoHYW5zd2VycxgCIAMoCzIWLnRldGhlci52MS5BZG1pdEFuc3dlchINCgVkcmFpbhgDIAEoCCIoCgxBZG1pdFdlbGNvbWUSGAoQcHJvdG9jb2xfdmVyc2lvbhgBIAEoBSJ4CgtBZG1pdEFuc3dlchIKCgJpZBgBIAEoBBIqCghyZXNwb25zZRgCIAEoCzIYLnRldGhlci52MS5BZG1pdFJlc3BvbnNlEgwKBGNvZGUYAyABKAUSDwoHbWVzc2FnZRgEIAEoCRISCgplcnJvcl9jb2RlGAUgASgJInQKEVJlY2xhaW1SdW5SZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIUCgxwcmluY2lwYWxfaWQYAiABKAkSEAoIYWxsX3J1bnMYAyABKAgSDgoGcnVuX2lkGAQgASgJEhQKDGFjdG9yX2tleV9pZBgFIAEoCSJeChJSZWNsYWltUnVuUmVzcG9uc2USKwoLZGlzcG9zaXRpb24YASABKA4yFi50ZXRoZXIudjEuRGlzcG9zaXRpb24SGwoDcnVuGAIgASgLMg4udGV0aGVyLnYxLlJ1biIuChlEZWxldGVUZW5hbnRFdmVudHNSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCSJAChpEZWxldGVUZW5hbnRFdmVudHNSZXNwb25zZRIPCgdyZW1vdmVkGAEgASgDEhEKCXJlbWFpbmluZxgCIAEoCCJICg1TY2hlZHVsZUFjdG9yEhEKCXRlbmFudF9pZBgBIAEoCRIUCgxwcmluY2lwYWxfaWQYAiABKAkSDgoGa2V5X2lkGAMgASgJIsQBChVDcmVhdGVTY2hlZHVsZVJlcXVlc3QSJwoFYWN0b3IYASABKAsyGC50ZXRoZXIudjEuU2NoZWR1bGVBY3RvchINCgVhZ2VudBgCIAEoCRIMCgRjcm9uGAMgASgJEhAKCHRpbWV6b25lGAQgASgJEg8KB21lc3NhZ2UYBSABKAkSDwoHb3ZlcmxhcBgGIAEoCRIQCghjYXRjaF91cBgHIAEoCRIfChdjYXRjaF91cF93aW5kb3dfc2Vjb25kcxgIIAEoAyI/ChZDcmVhdGVTY2hlZHVsZVJlc3BvbnNlEiUKCHNjaGVkdWxlGAEgASgLMhMudGV0aGVyLnYxLlNjaGVkdWxlIisKFlNlYXJjaFNjaGVkdWxlc1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJIkEKF1NlYXJjaFNjaGVkdWxlc1Jlc3BvbnNlEiYKCXNjaGVkdWxlcxgBIAMoCzITLnRldGhlci52MS5TY2hlZHVsZSJoChhTZXRTY2hlZHVsZVBhdXNlZFJlcXVlc3QSJwoFYWN0b3IYASABKAsyGC50ZXRoZXIudjEuU2NoZWR1bGVBY3RvchITCgtzY2hlZHVsZV9pZBgCIAEoCRIOCgZwYXVzZWQYAyABKAgiQgoZU2V0U2NoZWR1bGVQYXVzZWRSZXNwb25zZRIlCghzY2hlZHVsZRgBIAEoCzITLnRldGhlci52MS5TY2hlZHVsZSJVChVEZWxldGVTY2hlZHVsZVJlcXVlc3QSJwoFYWN0b3IYASABKAsyGC50ZXRoZXIudjEuU2NoZWR1bGVBY3RvchITCgtzY2hlZHVsZV9pZBgCIAEoCSItChZEZWxldGVTY2hlZHVsZVJlc3BvbnNlEhMKC3NjaGVkdWxlX2lkGAEgASgJMrYFChBBZG1pc3Npb25TZXJ2aWNlEjoKBUFkbWl0EhcudGV0aGVyLnYxLkFkbWl0UmVxdWVzdBoYLnRldGhlci52MS5BZG1pdFJlc3BvbnNlElAKC0FkbWl0U3RyZWFtEh0udGV0aGVyLnYxLkFkbWl0U3RyZWFtUmVxdWVzdBoeLnRldGhlci52MS5BZG1pdFN0cmVhbVJlc3BvbnNlKAEwARJJCgpSZWNsYWltUnVuEhwudGV0aGVyLnYxLlJlY2xhaW1SdW5SZXF1ZXN0Gh0udGV0aGVyLnYxLlJlY2xhaW1SdW5SZXNwb25zZRJhChJEZWxldGVUZW5hbnRFdmVudHMSJC50ZXRoZXIudjEuRGVsZXRlVGVuYW50RXZlbnRzUmVxdWVzdBolLnRldGhlci52MS5EZWxldGVUZW5hbnRFdmVudHNSZXNwb25zZRJVCg5DcmVhdGVTY2hlZHVsZRIgLnRldGhlci52MS5DcmVhdGVTY2hlZHVsZVJlcXVlc3QaIS50ZXRoZXIudjEuQ3JlYXRlU2NoZWR1bGVSZXNwb25zZRJYCg9TZWFyY2hTY2hlZHVsZXMSIS50ZXRoZXIudjEuU2VhcmNoU2NoZWR1bGVzUmVxdWVzdBoiLnRldGhlci52MS5TZWFyY2hTY2hlZHVsZXNSZXNwb25zZRJeChFTZXRTY2hlZHVsZVBhdXNlZBIjLnRldGhlci52MS5TZXRTY2hlZHVsZVBhdXNlZFJlcXVlc3QaJC50ZXRoZXIudjEuU2V0U2NoZWR1bGVQYXVzZWRSZXNwb25zZRJVCg5EZWxldGVTY2hlZHVsZRIgLnRldGhlci52MS5EZWxldGVTY2hlZHVsZVJlcXVlc3QaIS50ZXRoZXIudjEuRGVsZXRlU2NoZWR1bGVSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_struct, file_tether_v1_common]);
 
 /**
  * Caller is the authenticated identity, set by the gateway from the API key; never from a body.
@@ -1614,6 +1614,489 @@ export const DeleteTenantEventsResponseSchema: GenMessage<DeleteTenantEventsResp
   messageDesc(file_tether_v1_admission, 18);
 
 /**
+ * ScheduleActor is who acts on a schedule, set by the gateway from the API key.
+ *
+ * @generated from message tether.v1.ScheduleActor
+ */
+export type ScheduleActor = Message<"tether.v1.ScheduleActor"> & {
+  /**
+   * Tenant the key belongs to.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId: string;
+
+  /**
+   * Principal the key was issued to: a schedule it adds runs as it.
+   *
+   * @generated from field: string principal_id = 2;
+   */
+  principalId: string;
+
+  /**
+   * The key, for the audit trail.
+   *
+   * @generated from field: string key_id = 3;
+   */
+  keyId: string;
+};
+
+/**
+ * ScheduleActor is who acts on a schedule, set by the gateway from the API key.
+ *
+ * @generated from message tether.v1.ScheduleActor
+ */
+export type ScheduleActorJson = {
+  /**
+   * Tenant the key belongs to.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId?: string;
+
+  /**
+   * Principal the key was issued to: a schedule it adds runs as it.
+   *
+   * @generated from field: string principal_id = 2;
+   */
+  principalId?: string;
+
+  /**
+   * The key, for the audit trail.
+   *
+   * @generated from field: string key_id = 3;
+   */
+  keyId?: string;
+};
+
+/**
+ * Describes the message tether.v1.ScheduleActor.
+ * Use `create(ScheduleActorSchema)` to create a new message.
+ */
+export const ScheduleActorSchema: GenMessage<ScheduleActor, {jsonType: ScheduleActorJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_admission, 19);
+
+/**
+ * CreateScheduleRequest is a schedule to add.
+ *
+ * @generated from message tether.v1.CreateScheduleRequest
+ */
+export type CreateScheduleRequest = Message<"tether.v1.CreateScheduleRequest"> & {
+  /**
+   * Who adds it.
+   *
+   * @generated from field: tether.v1.ScheduleActor actor = 1;
+   */
+  actor?: ScheduleActor | undefined;
+
+  /**
+   * The agent each tick's run is routed to.
+   *
+   * @generated from field: string agent = 2;
+   */
+  agent: string;
+
+  /**
+   * The cron expression.
+   *
+   * @generated from field: string cron = 3;
+   */
+  cron: string;
+
+  /**
+   * The IANA timezone.
+   *
+   * @generated from field: string timezone = 4;
+   */
+  timezone: string;
+
+  /**
+   * The message each tick's run starts with.
+   *
+   * @generated from field: string message = 5;
+   */
+  message: string;
+
+  /**
+   * "skip" (empty: skip) or "allow".
+   *
+   * @generated from field: string overlap = 6;
+   */
+  overlap: string;
+
+  /**
+   * "latest" (empty: latest), "none" or "all".
+   *
+   * @generated from field: string catch_up = 7;
+   */
+  catchUp: string;
+
+  /**
+   * How far back "all" catches up (0: an hour).
+   *
+   * @generated from field: int64 catch_up_window_seconds = 8;
+   */
+  catchUpWindowSeconds: bigint;
+};
+
+/**
+ * CreateScheduleRequest is a schedule to add.
+ *
+ * @generated from message tether.v1.CreateScheduleRequest
+ */
+export type CreateScheduleRequestJson = {
+  /**
+   * Who adds it.
+   *
+   * @generated from field: tether.v1.ScheduleActor actor = 1;
+   */
+  actor?: ScheduleActorJson;
+
+  /**
+   * The agent each tick's run is routed to.
+   *
+   * @generated from field: string agent = 2;
+   */
+  agent?: string;
+
+  /**
+   * The cron expression.
+   *
+   * @generated from field: string cron = 3;
+   */
+  cron?: string;
+
+  /**
+   * The IANA timezone.
+   *
+   * @generated from field: string timezone = 4;
+   */
+  timezone?: string;
+
+  /**
+   * The message each tick's run starts with.
+   *
+   * @generated from field: string message = 5;
+   */
+  message?: string;
+
+  /**
+   * "skip" (empty: skip) or "allow".
+   *
+   * @generated from field: string overlap = 6;
+   */
+  overlap?: string;
+
+  /**
+   * "latest" (empty: latest), "none" or "all".
+   *
+   * @generated from field: string catch_up = 7;
+   */
+  catchUp?: string;
+
+  /**
+   * How far back "all" catches up (0: an hour).
+   *
+   * @generated from field: int64 catch_up_window_seconds = 8;
+   */
+  catchUpWindowSeconds?: string;
+};
+
+/**
+ * Describes the message tether.v1.CreateScheduleRequest.
+ * Use `create(CreateScheduleRequestSchema)` to create a new message.
+ */
+export const CreateScheduleRequestSchema: GenMessage<CreateScheduleRequest, {jsonType: CreateScheduleRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_admission, 20);
+
+/**
+ * CreateScheduleResponse is the schedule stored.
+ *
+ * @generated from message tether.v1.CreateScheduleResponse
+ */
+export type CreateScheduleResponse = Message<"tether.v1.CreateScheduleResponse"> & {
+  /**
+   * The schedule.
+   *
+   * @generated from field: tether.v1.Schedule schedule = 1;
+   */
+  schedule?: Schedule | undefined;
+};
+
+/**
+ * CreateScheduleResponse is the schedule stored.
+ *
+ * @generated from message tether.v1.CreateScheduleResponse
+ */
+export type CreateScheduleResponseJson = {
+  /**
+   * The schedule.
+   *
+   * @generated from field: tether.v1.Schedule schedule = 1;
+   */
+  schedule?: ScheduleJson;
+};
+
+/**
+ * Describes the message tether.v1.CreateScheduleResponse.
+ * Use `create(CreateScheduleResponseSchema)` to create a new message.
+ */
+export const CreateScheduleResponseSchema: GenMessage<CreateScheduleResponse, {jsonType: CreateScheduleResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_admission, 21);
+
+/**
+ * SearchSchedulesRequest names a tenant.
+ *
+ * @generated from message tether.v1.SearchSchedulesRequest
+ */
+export type SearchSchedulesRequest = Message<"tether.v1.SearchSchedulesRequest"> & {
+  /**
+   * Tenant.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId: string;
+};
+
+/**
+ * SearchSchedulesRequest names a tenant.
+ *
+ * @generated from message tether.v1.SearchSchedulesRequest
+ */
+export type SearchSchedulesRequestJson = {
+  /**
+   * Tenant.
+   *
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId?: string;
+};
+
+/**
+ * Describes the message tether.v1.SearchSchedulesRequest.
+ * Use `create(SearchSchedulesRequestSchema)` to create a new message.
+ */
+export const SearchSchedulesRequestSchema: GenMessage<SearchSchedulesRequest, {jsonType: SearchSchedulesRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_admission, 22);
+
+/**
+ * SearchSchedulesResponse is the tenant's schedules, oldest first.
+ *
+ * @generated from message tether.v1.SearchSchedulesResponse
+ */
+export type SearchSchedulesResponse = Message<"tether.v1.SearchSchedulesResponse"> & {
+  /**
+   * The schedules.
+   *
+   * @generated from field: repeated tether.v1.Schedule schedules = 1;
+   */
+  schedules: Schedule[];
+};
+
+/**
+ * SearchSchedulesResponse is the tenant's schedules, oldest first.
+ *
+ * @generated from message tether.v1.SearchSchedulesResponse
+ */
+export type SearchSchedulesResponseJson = {
+  /**
+   * The schedules.
+   *
+   * @generated from field: repeated tether.v1.Schedule schedules = 1;
+   */
+  schedules?: ScheduleJson[];
+};
+
+/**
+ * Describes the message tether.v1.SearchSchedulesResponse.
+ * Use `create(SearchSchedulesResponseSchema)` to create a new message.
+ */
+export const SearchSchedulesResponseSchema: GenMessage<SearchSchedulesResponse, {jsonType: SearchSchedulesResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_admission, 23);
+
+/**
+ * SetSchedulePausedRequest names a schedule and whether it is to be paused.
+ *
+ * @generated from message tether.v1.SetSchedulePausedRequest
+ */
+export type SetSchedulePausedRequest = Message<"tether.v1.SetSchedulePausedRequest"> & {
+  /**
+   * Who pauses or resumes it.
+   *
+   * @generated from field: tether.v1.ScheduleActor actor = 1;
+   */
+  actor?: ScheduleActor | undefined;
+
+  /**
+   * The schedule.
+   *
+   * @generated from field: string schedule_id = 2;
+   */
+  scheduleId: string;
+
+  /**
+   * True: pause; false: resume.
+   *
+   * @generated from field: bool paused = 3;
+   */
+  paused: boolean;
+};
+
+/**
+ * SetSchedulePausedRequest names a schedule and whether it is to be paused.
+ *
+ * @generated from message tether.v1.SetSchedulePausedRequest
+ */
+export type SetSchedulePausedRequestJson = {
+  /**
+   * Who pauses or resumes it.
+   *
+   * @generated from field: tether.v1.ScheduleActor actor = 1;
+   */
+  actor?: ScheduleActorJson;
+
+  /**
+   * The schedule.
+   *
+   * @generated from field: string schedule_id = 2;
+   */
+  scheduleId?: string;
+
+  /**
+   * True: pause; false: resume.
+   *
+   * @generated from field: bool paused = 3;
+   */
+  paused?: boolean;
+};
+
+/**
+ * Describes the message tether.v1.SetSchedulePausedRequest.
+ * Use `create(SetSchedulePausedRequestSchema)` to create a new message.
+ */
+export const SetSchedulePausedRequestSchema: GenMessage<SetSchedulePausedRequest, {jsonType: SetSchedulePausedRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_admission, 24);
+
+/**
+ * SetSchedulePausedResponse is the schedule as it is now.
+ *
+ * @generated from message tether.v1.SetSchedulePausedResponse
+ */
+export type SetSchedulePausedResponse = Message<"tether.v1.SetSchedulePausedResponse"> & {
+  /**
+   * The schedule.
+   *
+   * @generated from field: tether.v1.Schedule schedule = 1;
+   */
+  schedule?: Schedule | undefined;
+};
+
+/**
+ * SetSchedulePausedResponse is the schedule as it is now.
+ *
+ * @generated from message tether.v1.SetSchedulePausedResponse
+ */
+export type SetSchedulePausedResponseJson = {
+  /**
+   * The schedule.
+   *
+   * @generated from field: tether.v1.Schedule schedule = 1;
+   */
+  schedule?: ScheduleJson;
+};
+
+/**
+ * Describes the message tether.v1.SetSchedulePausedResponse.
+ * Use `create(SetSchedulePausedResponseSchema)` to create a new message.
+ */
+export const SetSchedulePausedResponseSchema: GenMessage<SetSchedulePausedResponse, {jsonType: SetSchedulePausedResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_admission, 25);
+
+/**
+ * DeleteScheduleRequest names a schedule.
+ *
+ * @generated from message tether.v1.DeleteScheduleRequest
+ */
+export type DeleteScheduleRequest = Message<"tether.v1.DeleteScheduleRequest"> & {
+  /**
+   * Who removes it.
+   *
+   * @generated from field: tether.v1.ScheduleActor actor = 1;
+   */
+  actor?: ScheduleActor | undefined;
+
+  /**
+   * The schedule.
+   *
+   * @generated from field: string schedule_id = 2;
+   */
+  scheduleId: string;
+};
+
+/**
+ * DeleteScheduleRequest names a schedule.
+ *
+ * @generated from message tether.v1.DeleteScheduleRequest
+ */
+export type DeleteScheduleRequestJson = {
+  /**
+   * Who removes it.
+   *
+   * @generated from field: tether.v1.ScheduleActor actor = 1;
+   */
+  actor?: ScheduleActorJson;
+
+  /**
+   * The schedule.
+   *
+   * @generated from field: string schedule_id = 2;
+   */
+  scheduleId?: string;
+};
+
+/**
+ * Describes the message tether.v1.DeleteScheduleRequest.
+ * Use `create(DeleteScheduleRequestSchema)` to create a new message.
+ */
+export const DeleteScheduleRequestSchema: GenMessage<DeleteScheduleRequest, {jsonType: DeleteScheduleRequestJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_admission, 26);
+
+/**
+ * DeleteScheduleResponse confirms the removal.
+ *
+ * @generated from message tether.v1.DeleteScheduleResponse
+ */
+export type DeleteScheduleResponse = Message<"tether.v1.DeleteScheduleResponse"> & {
+  /**
+   * The schedule removed.
+   *
+   * @generated from field: string schedule_id = 1;
+   */
+  scheduleId: string;
+};
+
+/**
+ * DeleteScheduleResponse confirms the removal.
+ *
+ * @generated from message tether.v1.DeleteScheduleResponse
+ */
+export type DeleteScheduleResponseJson = {
+  /**
+   * The schedule removed.
+   *
+   * @generated from field: string schedule_id = 1;
+   */
+  scheduleId?: string;
+};
+
+/**
+ * Describes the message tether.v1.DeleteScheduleResponse.
+ * Use `create(DeleteScheduleResponseSchema)` to create a new message.
+ */
+export const DeleteScheduleResponseSchema: GenMessage<DeleteScheduleResponse, {jsonType: DeleteScheduleResponseJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_admission, 27);
+
+/**
  * AdmissionService turns inbound events into queued runs, deduplicating before any paid work.
  *
  * @generated from service tether.v1.AdmissionService
@@ -1674,6 +2157,51 @@ export const AdmissionService: GenService<{
     methodKind: "unary";
     input: typeof DeleteTenantEventsRequestSchema;
     output: typeof DeleteTenantEventsResponseSchema;
+  },
+  /**
+   * CreateSchedule adds a schedule of the actor's tenant, owned by the actor's principal: a cron
+   * that does not parse, a timezone that does not exist or an unknown policy is
+   * INVALID_ARGUMENT and nothing is stored (the gateway checked that the agent exists).
+   *
+   * @generated from rpc tether.v1.AdmissionService.CreateSchedule
+   */
+  createSchedule: {
+    methodKind: "unary";
+    input: typeof CreateScheduleRequestSchema;
+    output: typeof CreateScheduleResponseSchema;
+  },
+  /**
+   * SearchSchedules lists a tenant's schedules, oldest first, each with its next fire time.
+   *
+   * @generated from rpc tether.v1.AdmissionService.SearchSchedules
+   */
+  searchSchedules: {
+    methodKind: "unary";
+    input: typeof SearchSchedulesRequestSchema;
+    output: typeof SearchSchedulesResponseSchema;
+  },
+  /**
+   * SetSchedulePaused pauses a schedule's ticks, or resumes them from the next tick after now
+   * (the ticks it was paused over are not caught up). Another tenant's schedule is NOT_FOUND,
+   * as an absent one; pausing a paused one (resuming a running one) changes nothing.
+   *
+   * @generated from rpc tether.v1.AdmissionService.SetSchedulePaused
+   */
+  setSchedulePaused: {
+    methodKind: "unary";
+    input: typeof SetSchedulePausedRequestSchema;
+    output: typeof SetSchedulePausedResponseSchema;
+  },
+  /**
+   * DeleteSchedule removes a schedule (the runs it admitted stay); another tenant's is
+   * NOT_FOUND, as an absent one.
+   *
+   * @generated from rpc tether.v1.AdmissionService.DeleteSchedule
+   */
+  deleteSchedule: {
+    methodKind: "unary";
+    input: typeof DeleteScheduleRequestSchema;
+    output: typeof DeleteScheduleResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_tether_v1_admission, 0);

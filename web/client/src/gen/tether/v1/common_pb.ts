@@ -12,7 +12,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/common.proto.
  */
 export const file_tether_v1_common: GenFile = /*@__PURE__*/
-  fileDesc("ChZ0ZXRoZXIvdjEvY29tbW9uLnByb3RvEgl0ZXRoZXIudjEiVgoJRXJyb3JJbmZvEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIRCglyZXRyeWFibGUYAyABKAgSFwoPcHJvdmlkZXJfc3RhdHVzGAQgASgFIp4BCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAMSFQoNb3V0cHV0X3Rva2VucxgCIAEoAxIjChtjYWNoZV9jcmVhdGlvbl9pbnB1dF90b2tlbnMYAyABKAMSHwoXY2FjaGVfcmVhZF9pbnB1dF90b2tlbnMYBCABKAMSEwoLY29zdF9taWNyb3MYBSABKAMSDQoFbW9kZWwYBiABKAkiGAoIVGV4dFBhcnQSDAoEdGV4dBgBIAEoCSIzCgxUaGlua2luZ1BhcnQSEAoIdGhpbmtpbmcYASABKAkSEQoJc2lnbmF0dXJlGAIgASgJImsKDFRvb2xDYWxsUGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRImCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDwoDY3V0GAQgASgIQgIYASJwCg5Ub29sUmVzdWx0UGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDwoHY29udGVudBgCIAEoCRIQCghpc19lcnJvchgDIAEoCBISCgpvdXRwdXRfcmVmGAQgASgJEhEKCXRydW5jYXRlZBgFIAEoCCImCgxRdWVzdGlvblBhcnQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkiOQoMQXBwcm92YWxQYXJ0EhYKDmludGVyYWN0aW9uX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCSI6Cg5Db25uZWN0aW9uUGFydBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghwcm92aWRlchgCIAEoCSKSAQoLU3VtbWFyeVBhcnQSDAoEdGV4dBgBIAEoCRITCgtmcm9tX3J1bl9pZBgCIAEoCRIWCg50aHJvdWdoX3J1bl9pZBgDIAEoCRIMCgRydW5zGAQgASgFEg0KBXBhcnRzGAUgASgFEhUKDXRva2Vuc19iZWZvcmUYBiABKAMSFAoMdG9rZW5zX2FmdGVyGAcgASgDIk0KCVRpbWVyUGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSKgoGZHVlX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLdAwoEUGFydBINCgVpbmRleBgBIAEoBRIMCgRyb2xlGAIgASgJEg0KBWZpbmFsGAMgASgIEhIKCnN1cGVyc2VkZWQYBCABKAgSIwoEdGV4dBgKIAEoCzITLnRldGhlci52MS5UZXh0UGFydEgAEisKCHRoaW5raW5nGAsgASgLMhcudGV0aGVyLnYxLlRoaW5raW5nUGFydEgAEiwKCXRvb2xfY2FsbBgMIAEoCzIXLnRldGhlci52MS5Ub29sQ2FsbFBhcnRIABIwCgt0b29sX3Jlc3VsdBgNIAEoCzIZLnRldGhlci52MS5Ub29sUmVzdWx0UGFydEgAEisKCHF1ZXN0aW9uGA4gASgLMhcudGV0aGVyLnYxLlF1ZXN0aW9uUGFydEgAEisKCGFwcHJvdmFsGA8gASgLMhcudGV0aGVyLnYxLkFwcHJvdmFsUGFydEgAEi8KCmNvbm5lY3Rpb24YECABKAsyGS50ZXRoZXIudjEuQ29ubmVjdGlvblBhcnRIABIpCgdzdW1tYXJ5GBEgASgLMhYudGV0aGVyLnYxLlN1bW1hcnlQYXJ0SAASJQoFdGltZXIYEiABKAsyFC50ZXRoZXIudjEuVGltZXJQYXJ0SABCBgoEa2luZCKSAQoIRG9jdW1lbnQSEwoLZG9jdW1lbnRfaWQYASABKAkSDQoFdGl0bGUYAiABKAkSDwoHY29udGVudBgDIAEoCRINCgVjaGFycxgEIAEoBRISCgpjcmVhdGVkX2J5GAUgASgJEi4KCmNyZWF0ZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIioKCUJ1bmRsZVJlZhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUiugEKClJ1blJvdXRpbmcSEgoKcm91dGluZ19pZBgBIAEoCRINCgVhZ2VudBgCIAEoCRINCgVtb2RlbBgDIAEoCRIlCgdwZXJzb25hGAQgASgLMhQudGV0aGVyLnYxLkJ1bmRsZVJlZhIkCgZza2lsbHMYBSADKAsyFC50ZXRoZXIudjEuQnVuZGxlUmVmEhYKDnRvb2xfYWxsb3dsaXN0GAYgAygJEhUKDWFnZW50X3ZlcnNpb24YByABKAUiqwYKA1J1bhIOCgZydW5faWQYASABKAkSEQoJdGVuYW50X2lkGAIgASgJEhIKCnNlc3Npb25faWQYAyABKAkSFwoPY29udmVyc2F0aW9uX2lkGAQgASgJEiQKBnN0YXR1cxgFIAEoDjIULnRldGhlci52MS5SdW5TdGF0dXMSDwoHYXR0ZW1wdBgGIAEoBRIUCgxtYXhfYXR0ZW1wdHMYByABKAUSFQoNcGFyZW50X3J1bl9pZBgIIAEoCRITCgtyb290X3J1bl9pZBgJIAEoCRITCgtyZXN1bHRfdGV4dBgKIAEoCRIUCgx0YXNrX291dGNvbWUYCyABKAkSEAoId2FybmluZ3MYDCADKAkSIwoFZXJyb3IYDSABKAsyFC50ZXRoZXIudjEuRXJyb3JJbmZvEh8KBXVzYWdlGA4gASgLMhAudGV0aGVyLnYxLlVzYWdlEjMKD25leHRfYXR0ZW1wdF9hdBgPIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgQIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgRIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYEiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGxhc3Rfc2VxGBMgASgDEhIKCmlucHV0X3RleHQYFCABKAkSDwoHY2hhbm5lbBgVIAEoCRIaChJvd25lcl9wcmluY2lwYWxfaWQYFiABKAkSEgoKdmlzaWJpbGl0eRgXIAEoCRImCgdyb3V0aW5nGBggASgLMhUudGV0aGVyLnYxLlJ1blJvdXRpbmcSJQoIZGVsaXZlcnkYGSABKAsyEy50ZXRoZXIudjEuRGVsaXZlcnkSKgoLd2FpdGluZ19mb3IYGiABKAsyFS50ZXRoZXIudjEuV2FpdGluZ0ZvchIwCgxuZXh0X3dha2VfYXQYGyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIikKCldhaXRpbmdGb3ISDgoGcmVhc29uGAEgASgJEgsKA2NhcBgCIAEoBSK5AgoHQXR0ZW1wdBIPCgdhdHRlbXB0GAEgASgFEhMKC2xlYXNlX2Vwb2NoGAIgASgDEhEKCXdvcmtlcl9pZBgDIAEoCRIuCgpzdGFydGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHb3V0Y29tZRgGIAEoCRIjCgVlcnJvchgHIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SMQoIc3RhZ2VfbXMYCCADKAsyHy50ZXRoZXIudjEuQXR0ZW1wdC5TdGFnZU1zRW50cnkaLgoMU3RhZ2VNc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEibQoJTW9kZWxUdXJuEh8KBXVzYWdlGAEgASgLMhAudGV0aGVyLnYxLlVzYWdlEi4KCmNyZWF0ZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB2F0dGVtcHQYAyABKAUijwEKDEFnZW50VmVyc2lvbhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSDAoEc3BlYxgDIAEoCRISCgpub3JtYWxpc2VkGAQgASgJEg4KBmRpZ2VzdBgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ4CgxBZ2VudFN1bW1hcnkSDAoEbmFtZRgBIAEoCRIZChFwdWJsaXNoZWRfdmVyc2lvbhgCIAEoBRIPCgdkZWZhdWx0GAMgASgIEi4KCnVwZGF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqMBCgtDYXRhbG9nVG9vbBIMCgRuYW1lGAEgASgJEgwKBHJpc2sYAiABKAkSGQoRd3JpdGVzX2V4dGVybmFsbHkYAyABKAgSFQoNc2NoZW1hX3NoYTI1NhgEIAEoCRIUCgxhbm5vdW5jZWRfYnkYBSABKAkSMAoMYW5ub3VuY2VkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJiCgtSZXBseVRhcmdldBISCgpjaGFubmVsX2lkGAEgASgJEgwKBGtpbmQYAiABKAkSDwoHYWRkcmVzcxgDIAEoCRIOCgZ0aHJlYWQYBCABKAkSEAoIcmVwbHlfdG8YBSABKAkigwIKE1dlYmhvb2tTdWJzY3JpcHRpb24SFwoPc3Vic2NyaXB0aW9uX2lkGAEgASgJEgsKA3VybBgCIAEoCRIOCgZldmVudHMYAyADKAkSEgoKY3JlYXRlZF9ieRgEIAEoCRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZzdGF0dXMYBiABKAkSLwoLZGlzYWJsZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjEKDWZhaWxpbmdfc2luY2UYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wItICCg9XZWJob29rRGVsaXZlcnkSEwoLZGVsaXZlcnlfaWQYASABKAkSFwoPc3Vic2NyaXB0aW9uX2lkGAIgASgJEg4KBnJ1bl9pZBgDIAEoCRILCgNzZXEYBCABKAMSEgoKZXZlbnRfdHlwZRgFIAEoCRIOCgZzdGF0dXMYBiABKAkSEAoIYXR0ZW1wdHMYByABKAUSGAoQbGFzdF9odHRwX3N0YXR1cxgIIAEoBRISCgpsYXN0X2Vycm9yGAkgASgJEjMKD25leHRfYXR0ZW1wdF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoHc2VudF9hdBgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAikwIKCERlbGl2ZXJ5EhMKC2RlbGl2ZXJ5X2lkGAEgASgJEhIKCmNoYW5uZWxfaWQYAiABKAkSDAoEa2luZBgDIAEoCRINCgVzdGF0ZRgEIAEoCRIMCgR0ZXh0GAUgASgJEhsKE3Byb3ZpZGVyX21lc3NhZ2VfaWQYBiABKAkSEAoIYXR0ZW1wdHMYByABKAUSIwoFZXJyb3IYCCABKAsyFC50ZXRoZXIudjEuRXJyb3JJbmZvEi4KCmNyZWF0ZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCrSAgoJUnVuU3RhdHVzEhoKFlJVTl9TVEFUVVNfVU5TUEVDSUZJRUQQABIVChFSVU5fU1RBVFVTX1FVRVVFRBABEhYKElJVTl9TVEFUVVNfUlVOTklORxACEhwKGFJVTl9TVEFUVVNfUkVUUllfUEVORElORxADEiMKH1JVTl9TVEFUVVNfV0FJVElOR19GT1JfUVVFU1RJT04QBBIjCh9SVU5fU1RBVFVTX1dBSVRJTkdfRk9SX0FQUFJPVkFMEAUSJQohUlVOX1NUQVRVU19XQUlUSU5HX0ZPUl9DT05ORUNUSU9OEAYSGAoUUlVOX1NUQVRVU19DT01QTEVURUQQBxIVChFSVU5fU1RBVFVTX0ZBSUxFRBAIEhgKFFJVTl9TVEFUVVNfQ0FOQ0VMTEVEEAkSIAocUlVOX1NUQVRVU19XQUlUSU5HX0ZPUl9USU1FUhAKKpABCgtEaXNwb3NpdGlvbhIbChdESVNQT1NJVElPTl9VTlNQRUNJRklFRBAAEhcKE0RJU1BPU0lUSU9OX0NSRUFURUQQARIYChRESVNQT1NJVElPTl9BVFRBQ0hFRBACEhgKFERJU1BPU0lUSU9OX1JFUExBWUVEEAMSFwoTRElTUE9TSVRJT05fUkVUUklFRBAEYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChZ0ZXRoZXIvdjEvY29tbW9uLnByb3RvEgl0ZXRoZXIudjEiVgoJRXJyb3JJbmZvEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIRCglyZXRyeWFibGUYAyABKAgSFwoPcHJvdmlkZXJfc3RhdHVzGAQgASgFIp4BCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAMSFQoNb3V0cHV0X3Rva2VucxgCIAEoAxIjChtjYWNoZV9jcmVhdGlvbl9pbnB1dF90b2tlbnMYAyABKAMSHwoXY2FjaGVfcmVhZF9pbnB1dF90b2tlbnMYBCABKAMSEwoLY29zdF9taWNyb3MYBSABKAMSDQoFbW9kZWwYBiABKAkiGAoIVGV4dFBhcnQSDAoEdGV4dBgBIAEoCSIzCgxUaGlua2luZ1BhcnQSEAoIdGhpbmtpbmcYASABKAkSEQoJc2lnbmF0dXJlGAIgASgJImsKDFRvb2xDYWxsUGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRImCgVpbnB1dBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDwoDY3V0GAQgASgIQgIYASJwCg5Ub29sUmVzdWx0UGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSDwoHY29udGVudBgCIAEoCRIQCghpc19lcnJvchgDIAEoCBISCgpvdXRwdXRfcmVmGAQgASgJEhEKCXRydW5jYXRlZBgFIAEoCCImCgxRdWVzdGlvblBhcnQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkiOQoMQXBwcm92YWxQYXJ0EhYKDmludGVyYWN0aW9uX2lkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCSI6Cg5Db25uZWN0aW9uUGFydBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghwcm92aWRlchgCIAEoCSKSAQoLU3VtbWFyeVBhcnQSDAoEdGV4dBgBIAEoCRITCgtmcm9tX3J1bl9pZBgCIAEoCRIWCg50aHJvdWdoX3J1bl9pZBgDIAEoCRIMCgRydW5zGAQgASgFEg0KBXBhcnRzGAUgASgFEhUKDXRva2Vuc19iZWZvcmUYBiABKAMSFAoMdG9rZW5zX2FmdGVyGAcgASgDIk0KCVRpbWVyUGFydBIUCgx0b29sX2NhbGxfaWQYASABKAkSKgoGZHVlX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLdAwoEUGFydBINCgVpbmRleBgBIAEoBRIMCgRyb2xlGAIgASgJEg0KBWZpbmFsGAMgASgIEhIKCnN1cGVyc2VkZWQYBCABKAgSIwoEdGV4dBgKIAEoCzITLnRldGhlci52MS5UZXh0UGFydEgAEisKCHRoaW5raW5nGAsgASgLMhcudGV0aGVyLnYxLlRoaW5raW5nUGFydEgAEiwKCXRvb2xfY2FsbBgMIAEoCzIXLnRldGhlci52MS5Ub29sQ2FsbFBhcnRIABIwCgt0b29sX3Jlc3VsdBgNIAEoCzIZLnRldGhlci52MS5Ub29sUmVzdWx0UGFydEgAEisKCHF1ZXN0aW9uGA4gASgLMhcudGV0aGVyLnYxLlF1ZXN0aW9uUGFydEgAEisKCGFwcHJvdmFsGA8gASgLMhcudGV0aGVyLnYxLkFwcHJvdmFsUGFydEgAEi8KCmNvbm5lY3Rpb24YECABKAsyGS50ZXRoZXIudjEuQ29ubmVjdGlvblBhcnRIABIpCgdzdW1tYXJ5GBEgASgLMhYudGV0aGVyLnYxLlN1bW1hcnlQYXJ0SAASJQoFdGltZXIYEiABKAsyFC50ZXRoZXIudjEuVGltZXJQYXJ0SABCBgoEa2luZCKSAQoIRG9jdW1lbnQSEwoLZG9jdW1lbnRfaWQYASABKAkSDQoFdGl0bGUYAiABKAkSDwoHY29udGVudBgDIAEoCRINCgVjaGFycxgEIAEoBRISCgpjcmVhdGVkX2J5GAUgASgJEi4KCmNyZWF0ZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIioKCUJ1bmRsZVJlZhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUiugEKClJ1blJvdXRpbmcSEgoKcm91dGluZ19pZBgBIAEoCRINCgVhZ2VudBgCIAEoCRINCgVtb2RlbBgDIAEoCRIlCgdwZXJzb25hGAQgASgLMhQudGV0aGVyLnYxLkJ1bmRsZVJlZhIkCgZza2lsbHMYBSADKAsyFC50ZXRoZXIudjEuQnVuZGxlUmVmEhYKDnRvb2xfYWxsb3dsaXN0GAYgAygJEhUKDWFnZW50X3ZlcnNpb24YByABKAUiqwYKA1J1bhIOCgZydW5faWQYASABKAkSEQoJdGVuYW50X2lkGAIgASgJEhIKCnNlc3Npb25faWQYAyABKAkSFwoPY29udmVyc2F0aW9uX2lkGAQgASgJEiQKBnN0YXR1cxgFIAEoDjIULnRldGhlci52MS5SdW5TdGF0dXMSDwoHYXR0ZW1wdBgGIAEoBRIUCgxtYXhfYXR0ZW1wdHMYByABKAUSFQoNcGFyZW50X3J1bl9pZBgIIAEoCRITCgtyb290X3J1bl9pZBgJIAEoCRITCgtyZXN1bHRfdGV4dBgKIAEoCRIUCgx0YXNrX291dGNvbWUYCyABKAkSEAoId2FybmluZ3MYDCADKAkSIwoFZXJyb3IYDSABKAsyFC50ZXRoZXIudjEuRXJyb3JJbmZvEh8KBXVzYWdlGA4gASgLMhAudGV0aGVyLnYxLlVzYWdlEjMKD25leHRfYXR0ZW1wdF9hdBgPIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgQIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgRIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYEiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGxhc3Rfc2VxGBMgASgDEhIKCmlucHV0X3RleHQYFCABKAkSDwoHY2hhbm5lbBgVIAEoCRIaChJvd25lcl9wcmluY2lwYWxfaWQYFiABKAkSEgoKdmlzaWJpbGl0eRgXIAEoCRImCgdyb3V0aW5nGBggASgLMhUudGV0aGVyLnYxLlJ1blJvdXRpbmcSJQoIZGVsaXZlcnkYGSABKAsyEy50ZXRoZXIudjEuRGVsaXZlcnkSKgoLd2FpdGluZ19mb3IYGiABKAsyFS50ZXRoZXIudjEuV2FpdGluZ0ZvchIwCgxuZXh0X3dha2VfYXQYGyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIikKCldhaXRpbmdGb3ISDgoGcmVhc29uGAEgASgJEgsKA2NhcBgCIAEoBSK5AgoHQXR0ZW1wdBIPCgdhdHRlbXB0GAEgASgFEhMKC2xlYXNlX2Vwb2NoGAIgASgDEhEKCXdvcmtlcl9pZBgDIAEoCRIuCgpzdGFydGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHb3V0Y29tZRgGIAEoCRIjCgVlcnJvchgHIAEoCzIULnRldGhlci52MS5FcnJvckluZm8SMQoIc3RhZ2VfbXMYCCADKAsyHy50ZXRoZXIudjEuQXR0ZW1wdC5TdGFnZU1zRW50cnkaLgoMU3RhZ2VNc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEibQoJTW9kZWxUdXJuEh8KBXVzYWdlGAEgASgLMhAudGV0aGVyLnYxLlVzYWdlEi4KCmNyZWF0ZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB2F0dGVtcHQYAyABKAUijwEKDEFnZW50VmVyc2lvbhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSDAoEc3BlYxgDIAEoCRISCgpub3JtYWxpc2VkGAQgASgJEg4KBmRpZ2VzdBgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ4CgxBZ2VudFN1bW1hcnkSDAoEbmFtZRgBIAEoCRIZChFwdWJsaXNoZWRfdmVyc2lvbhgCIAEoBRIPCgdkZWZhdWx0GAMgASgIEi4KCnVwZGF0ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqMBCgtDYXRhbG9nVG9vbBIMCgRuYW1lGAEgASgJEgwKBHJpc2sYAiABKAkSGQoRd3JpdGVzX2V4dGVybmFsbHkYAyABKAgSFQoNc2NoZW1hX3NoYTI1NhgEIAEoCRIUCgxhbm5vdW5jZWRfYnkYBSABKAkSMAoMYW5ub3VuY2VkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJiCgtSZXBseVRhcmdldBISCgpjaGFubmVsX2lkGAEgASgJEgwKBGtpbmQYAiABKAkSDwoHYWRkcmVzcxgDIAEoCRIOCgZ0aHJlYWQYBCABKAkSEAoIcmVwbHlfdG8YBSABKAkigwIKE1dlYmhvb2tTdWJzY3JpcHRpb24SFwoPc3Vic2NyaXB0aW9uX2lkGAEgASgJEgsKA3VybBgCIAEoCRIOCgZldmVudHMYAyADKAkSEgoKY3JlYXRlZF9ieRgEIAEoCRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZzdGF0dXMYBiABKAkSLwoLZGlzYWJsZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjEKDWZhaWxpbmdfc2luY2UYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wItICCg9XZWJob29rRGVsaXZlcnkSEwoLZGVsaXZlcnlfaWQYASABKAkSFwoPc3Vic2NyaXB0aW9uX2lkGAIgASgJEg4KBnJ1bl9pZBgDIAEoCRILCgNzZXEYBCABKAMSEgoKZXZlbnRfdHlwZRgFIAEoCRIOCgZzdGF0dXMYBiABKAkSEAoIYXR0ZW1wdHMYByABKAUSGAoQbGFzdF9odHRwX3N0YXR1cxgIIAEoBRISCgpsYXN0X2Vycm9yGAkgASgJEjMKD25leHRfYXR0ZW1wdF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoHc2VudF9hdBgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAikwIKCERlbGl2ZXJ5EhMKC2RlbGl2ZXJ5X2lkGAEgASgJEhIKCmNoYW5uZWxfaWQYAiABKAkSDAoEa2luZBgDIAEoCRINCgVzdGF0ZRgEIAEoCRIMCgR0ZXh0GAUgASgJEhsKE3Byb3ZpZGVyX21lc3NhZ2VfaWQYBiABKAkSEAoIYXR0ZW1wdHMYByABKAUSIwoFZXJyb3IYCCABKAsyFC50ZXRoZXIudjEuRXJyb3JJbmZvEi4KCmNyZWF0ZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLwAgoIU2NoZWR1bGUSEwoLc2NoZWR1bGVfaWQYASABKAkSDQoFYWdlbnQYAiABKAkSDAoEY3JvbhgDIAEoCRIQCgh0aW1lem9uZRgEIAEoCRIPCgdtZXNzYWdlGAUgASgJEg8KB292ZXJsYXAYBiABKAkSEAoIY2F0Y2hfdXAYByABKAkSHwoXY2F0Y2hfdXBfd2luZG93X3NlY29uZHMYCCABKAMSEgoKY3JlYXRlZF9ieRgJIAEoCRIuCgpjcmVhdGVkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxuZXh0X2ZpcmVfYXQYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBnBhdXNlZBgMIAEoCBIwCgxsYXN0X3RpY2tfYXQYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC2xhc3RfcnVuX2lkGA4gASgJKtICCglSdW5TdGF0dXMSGgoWUlVOX1NUQVRVU19VTlNQRUNJRklFRBAAEhUKEVJVTl9TVEFUVVNfUVVFVUVEEAESFgoSUlVOX1NUQVRVU19SVU5OSU5HEAISHAoYUlVOX1NUQVRVU19SRVRSWV9QRU5ESU5HEAMSIwofUlVOX1NUQVRVU19XQUlUSU5HX0ZPUl9RVUVTVElPThAEEiMKH1JVTl9TVEFUVVNfV0FJVElOR19GT1JfQVBQUk9WQUwQBRIlCiFSVU5fU1RBVFVTX1dBSVRJTkdfRk9SX0NPTk5FQ1RJT04QBhIYChRSVU5fU1RBVFVTX0NPTVBMRVRFRBAHEhUKEVJVTl9TVEFUVVNfRkFJTEVEEAgSGAoUUlVOX1NUQVRVU19DQU5DRUxMRUQQCRIgChxSVU5fU1RBVFVTX1dBSVRJTkdfRk9SX1RJTUVSEAoqkAEKC0Rpc3Bvc2l0aW9uEhsKF0RJU1BPU0lUSU9OX1VOU1BFQ0lGSUVEEAASFwoTRElTUE9TSVRJT05fQ1JFQVRFRBABEhgKFERJU1BPU0lUSU9OX0FUVEFDSEVEEAISGAoURElTUE9TSVRJT05fUkVQTEFZRUQQAxIXChNESVNQT1NJVElPTl9SRVRSSUVEEARiBnByb3RvMw", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * ErrorInfo is a classified failure kept on a run or an event.
@@ -2803,6 +2803,227 @@ export type DeliveryJson = {
  */
 export const DeliverySchema: GenMessage<Delivery, {jsonType: DeliveryJson}> = /*@__PURE__*/
   messageDesc(file_tether_v1_common, 25);
+
+/**
+ * Schedule is a tenant's recurring run: each tick of its cron, in its timezone, admits a run of
+ * its agent with its message, as its creator, in a conversation of its own.
+ *
+ * @generated from message tether.v1.Schedule
+ */
+export type Schedule = Message<"tether.v1.Schedule"> & {
+  /**
+   * Schedule id.
+   *
+   * @generated from field: string schedule_id = 1;
+   */
+  scheduleId: string;
+
+  /**
+   * The agent each tick's run is routed to.
+   *
+   * @generated from field: string agent = 2;
+   */
+  agent: string;
+
+  /**
+   * The cron expression (five fields: minute hour day-of-month month day-of-week).
+   *
+   * @generated from field: string cron = 3;
+   */
+  cron: string;
+
+  /**
+   * The IANA timezone the cron is read in, e.g. "Europe/Paris".
+   *
+   * @generated from field: string timezone = 4;
+   */
+  timezone: string;
+
+  /**
+   * The message each tick's run starts with.
+   *
+   * @generated from field: string message = 5;
+   */
+  message: string;
+
+  /**
+   * "skip" (no tick while the previous tick's run is queued, running or waiting) or "allow".
+   *
+   * @generated from field: string overlap = 6;
+   */
+  overlap: string;
+
+  /**
+   * Ticks missed while no ticker ran: "latest" (one run, for the most recent), "none", or
+   * "all" (each one within catch_up_window_seconds of the time it is noticed).
+   *
+   * @generated from field: string catch_up = 7;
+   */
+  catchUp: string;
+
+  /**
+   * How far back "all" catches up.
+   *
+   * @generated from field: int64 catch_up_window_seconds = 8;
+   */
+  catchUpWindowSeconds: bigint;
+
+  /**
+   * The principal who added it: each tick's run is theirs.
+   *
+   * @generated from field: string created_by = 9;
+   */
+  createdBy: string;
+
+  /**
+   * When it was added.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 10;
+   */
+  createdAt?: Timestamp | undefined;
+
+  /**
+   * When it fires next (unset while paused).
+   *
+   * @generated from field: google.protobuf.Timestamp next_fire_at = 11;
+   */
+  nextFireAt?: Timestamp | undefined;
+
+  /**
+   * Whether it is paused.
+   *
+   * @generated from field: bool paused = 12;
+   */
+  paused: boolean;
+
+  /**
+   * The last tick that admitted a run (unset before the first).
+   *
+   * @generated from field: google.protobuf.Timestamp last_tick_at = 13;
+   */
+  lastTickAt?: Timestamp | undefined;
+
+  /**
+   * The run the last tick admitted.
+   *
+   * @generated from field: string last_run_id = 14;
+   */
+  lastRunId: string;
+};
+
+/**
+ * Schedule is a tenant's recurring run: each tick of its cron, in its timezone, admits a run of
+ * its agent with its message, as its creator, in a conversation of its own.
+ *
+ * @generated from message tether.v1.Schedule
+ */
+export type ScheduleJson = {
+  /**
+   * Schedule id.
+   *
+   * @generated from field: string schedule_id = 1;
+   */
+  scheduleId?: string;
+
+  /**
+   * The agent each tick's run is routed to.
+   *
+   * @generated from field: string agent = 2;
+   */
+  agent?: string;
+
+  /**
+   * The cron expression (five fields: minute hour day-of-month month day-of-week).
+   *
+   * @generated from field: string cron = 3;
+   */
+  cron?: string;
+
+  /**
+   * The IANA timezone the cron is read in, e.g. "Europe/Paris".
+   *
+   * @generated from field: string timezone = 4;
+   */
+  timezone?: string;
+
+  /**
+   * The message each tick's run starts with.
+   *
+   * @generated from field: string message = 5;
+   */
+  message?: string;
+
+  /**
+   * "skip" (no tick while the previous tick's run is queued, running or waiting) or "allow".
+   *
+   * @generated from field: string overlap = 6;
+   */
+  overlap?: string;
+
+  /**
+   * Ticks missed while no ticker ran: "latest" (one run, for the most recent), "none", or
+   * "all" (each one within catch_up_window_seconds of the time it is noticed).
+   *
+   * @generated from field: string catch_up = 7;
+   */
+  catchUp?: string;
+
+  /**
+   * How far back "all" catches up.
+   *
+   * @generated from field: int64 catch_up_window_seconds = 8;
+   */
+  catchUpWindowSeconds?: string;
+
+  /**
+   * The principal who added it: each tick's run is theirs.
+   *
+   * @generated from field: string created_by = 9;
+   */
+  createdBy?: string;
+
+  /**
+   * When it was added.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 10;
+   */
+  createdAt?: TimestampJson;
+
+  /**
+   * When it fires next (unset while paused).
+   *
+   * @generated from field: google.protobuf.Timestamp next_fire_at = 11;
+   */
+  nextFireAt?: TimestampJson;
+
+  /**
+   * Whether it is paused.
+   *
+   * @generated from field: bool paused = 12;
+   */
+  paused?: boolean;
+
+  /**
+   * The last tick that admitted a run (unset before the first).
+   *
+   * @generated from field: google.protobuf.Timestamp last_tick_at = 13;
+   */
+  lastTickAt?: TimestampJson;
+
+  /**
+   * The run the last tick admitted.
+   *
+   * @generated from field: string last_run_id = 14;
+   */
+  lastRunId?: string;
+};
+
+/**
+ * Describes the message tether.v1.Schedule.
+ * Use `create(ScheduleSchema)` to create a new message.
+ */
+export const ScheduleSchema: GenMessage<Schedule, {jsonType: ScheduleJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_common, 26);
 
 /**
  * RunStatus is where a run stands in its lifecycle. Transitions are listed in libs/tether/states.py.
