@@ -61,6 +61,8 @@ class Run:
     # every tenant's (fair leases).
     priority: int
     fair_key: float
+    # The agent it is routed to, written by the lease that pins its routing (None before).
+    agent_name: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Self:
