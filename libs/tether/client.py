@@ -118,13 +118,24 @@ class TetherClient:
         await self._channel.close()
 
     async def send(
-        self, text: str, *, conversation_id: str, event_id: str, channel: str = ""
+        self,
+        text: str,
+        *,
+        conversation_id: str,
+        event_id: str,
+        channel: str = "",
+        priority: str = "",
     ) -> gateway_pb2.SendMessageResponse:
         """Send a chat message; returns the disposition and the run. `event_id` names this
         logical send: retried through an outage with it, and sent again later with it, the
-        message makes one run."""
+        message makes one run. `priority` ("high", "normal" or "low"; "" is normal) orders the
+        run among its tenant's queued runs, and needs a key holding runs:priority."""
         request = gateway_pb2.SendMessageRequest(
-            text=text, conversation_id=conversation_id, event_id=event_id, channel=channel
+            text=text,
+            conversation_id=conversation_id,
+            event_id=event_id,
+            channel=channel,
+            priority=priority,
         )
 
         async def send_once() -> gateway_pb2.SendMessageResponse:

@@ -24,7 +24,7 @@ from services.orchestrator.agent_routing import AgentRouting
 from services.orchestrator.caps import CapWatch
 from services.orchestrator.prices import Prices
 from services.orchestrator.publisher import Publisher
-from services.orchestrator.repositories import fair
+from services.orchestrator.repositories import agent_caps, fair
 from services.orchestrator.repositories import leases as lease_repo
 from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories.picked import Leased, Unrouted
@@ -50,6 +50,17 @@ FRESH_RUN_SEQ = 2
 
 # Tenants whose routing is kept; past this many the cache starts over.
 MAX_ROUTES = 10_000
+
+
+def capped_agents(routes: list[lease_repo.Route]) -> dict[tuple[str, str], int]:
+    """The capped agents `routes` name ((tenant, agent) to its cap; the least, should two
+    routes resolved at different revisions disagree)."""
+    capped: dict[tuple[str, str], int] = {}
+    for route in routes:
+        if route.max_running:
+            key = (route.tenant_id, route.agent_name)
+            capped[key] = min(capped.get(key, route.max_running), route.max_running)
+    return capped
 
 
 @dataclass(frozen=True)
@@ -145,7 +156,10 @@ class Claims:
         self._pinned: dict[str, AgentConfig] = {}
         self._agents = AgentRouting()
         self.caps = CapWatch(self._autocommit)
-        publisher.capped = lambda: self.caps.capped
+        # Tenants one of whose agents this replica routed to with a cap (agent_caps): a run of
+        # theirs that ends wakes a claim, as one of a capped tenant does.
+        self._agent_capped: set[str] = set()
+        publisher.capped = lambda: self.caps.capped | self._agent_capped
 
     async def claim(self, worker_id: str, wait_s: float) -> Claimed | None:
         """Lease the oldest claimable run, waiting up to `wait_s` for one to appear."""
@@ -202,15 +216,22 @@ class Claims:
         self, conn: AsyncConnection, params: dict[str, Any]
     ) -> tuple[list[Leased], list[Unrouted]]:
         """One claim statement. While some tenant has a cap, in a transaction that locks the
-        capped tenants first (`fair.lock_capped`): then the claim's own snapshot, taken after
-        the lock, counts every lease committed before, and no other replica leases for them
+        capped tenants first (`fair.lock_capped`), and while some route names a capped agent,
+        those agents too (`agent_caps.lock_agents`): then the claim's own snapshot, taken after
+        the locks, counts every lease committed before, and no other replica leases for them
         until it commits."""
         capped = self.caps.capped
-        if not capped:
+        agents = capped_agents(params["routes"])
+        if not capped and not agents:
             return await lease_repo.claim(conn, lease_repo.claim_params(**params))
         async with self._engine.connect() as held, held.begin():
-            locked = await fair.lock_capped(held, capped)
-            return await lease_repo.claim(held, lease_repo.claim_params(**params, locked=locked))
+            # Tenants first, then agents, each in order: every claim locks in one order.
+            locked = await fair.lock_capped(held, capped) if capped else []
+            if agents:
+                await agent_caps.lock_agents(held, agents)
+            return await lease_repo.claim(
+                held, lease_repo.claim_params(**params, locked=locked, locked_agents=agents)
+            )
 
     async def _claim_once(self, worker_id: str) -> Claimed | None:
         claimed = await self.claim_many(worker_id, 1)
@@ -315,6 +336,8 @@ class Claims:
             routing.routing_id,
             routing.config.limits.max_attempts,
             routed_now.get(key, 0.0),
+            routing.config.agent,
+            routing.config.max_running,
         )
 
     async def _resolve(
@@ -326,25 +349,11 @@ class Claims:
         for run in unrouted:
             key = (run.tenant_id, run.source, run.channel)
             agent = dict(run.agent)
-            known = self._routes.get(key)
-            if (
-                known is not None
-                and known.revision == run.revision
-                and (known.agent is None or known.agent == agent)
-            ):
+            if self._known(key, agent, run.revision) is not None:
                 continue  # resolved for a run before this one
             started = time.perf_counter()
-            # A channel connection naming an agent pins its runs to it (`slack/support`).
-            channel, _, pinned = run.channel.partition(PIN_SEPARATOR)
             try:
-                picked = await self._agents.pick(
-                    conn, run.tenant_id, run.revision, run.source, channel, pinned=pinned
-                )
-                if picked is None:
-                    config = routing.resolve(agent, run.source, channel)
-                    routed = Routing(agent, config, run.revision)
-                else:
-                    routed = Routing(None, picked.config, run.revision, picked.version)
+                routed = await self._routing_for(conn, key, agent, run.revision)
             except TetherError as exc:
                 broken.append((run.run_id, RunError("routing_failed", exc.message)))
                 continue
@@ -352,8 +361,57 @@ class Claims:
                 self._routes.clear()
                 self._stored_routings.clear()
             self._routes[key] = routed
+            if routed.config.max_running:
+                self._agent_capped.add(run.tenant_id)
             routed_now[key] = (time.perf_counter() - started) * 1000
         return broken
+
+    def _known(self, key: RouteKey, agent: dict[str, Any], revision: int) -> Routing | None:
+        """The route this replica resolved for `key`, while it still holds: at the tenant's
+        agents' `revision`, and, resolved from `tenants.agent`, while that is `agent`."""
+        known = self._routes.get(key)
+        if (
+            known is not None
+            and known.revision == revision
+            and (known.agent is None or known.agent == agent)
+        ):
+            return known
+        return None
+
+    async def _routing_for(
+        self, conn: Any, key: RouteKey, agent: dict[str, Any], revision: int
+    ) -> Routing:
+        """Resolve the routing of a tenant's runs from a source on a channel (`key`), its
+        agents at `revision` and its `tenants.agent` `agent`; TetherError when it is broken."""
+        tenant_id, source, routed_channel = key
+        # A channel connection naming an agent pins its runs to it (`slack/support`).
+        channel, _, pinned = routed_channel.partition(PIN_SEPARATOR)
+        picked = await self._agents.pick(conn, tenant_id, revision, source, channel, pinned=pinned)
+        if picked is None:
+            return Routing(agent, routing.resolve(agent, source, channel), revision)
+        return Routing(None, picked.config, revision, picked.version)
+
+    async def agent_held(self, run: Run) -> int | None:
+        """The cap of a queued run's agent (`limits.max_running`) when as many of the agent's
+        runs run as it allows (the run waits for one to end); None otherwise, or when its
+        routing is broken (its claim fails it)."""
+        async with self._autocommit.connect() as conn:
+            facts = await lease_repo.route_facts(conn, run.run_id)
+            if facts is None:
+                return None
+            key = (run.tenant_id, facts.source, facts.channel)
+            try:
+                routed = self._known(key, facts.agent, facts.revision) or (
+                    await self._routing_for(conn, key, facts.agent, facts.revision)
+                )
+            except TetherError:
+                return None
+            config = routed.config
+            name = facts.agent_name or config.agent
+            if not config.max_running or config.agent != name:
+                return None
+            running = await agent_caps.running_of_agent(conn, run.tenant_id, name)
+        return config.max_running if running >= config.max_running else None
 
     @staticmethod
     def _wanted(leased: Leased) -> parts_repo.Wanted:

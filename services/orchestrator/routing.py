@@ -15,7 +15,7 @@ that one (see `claims`). The keys of `tenants.agent`:
 | `skills` | enabled skills: `{name, version, instructions, tools, sources, channels}` |
 | `tool_allowlist` | the agent's own tools |
 | `context` | what the context holds (`tether.domain.ContextPolicy`'s fields) |
-| `limits`, `prices` | `Limits` fields; prices by model |
+| `limits`, `prices` | `Limits` fields and `max_running` (runs at once); prices by model |
 | `system_prompt` | the persona's instructions, as configured before personas (name `custom`) |
 | `approvals` | an agent document's approval policy (`AgentSpec.approvals()`); unset, the tenant's |
 | `mcp_servers` | an agent document's MCP servers, as it writes them (`tether.domain.McpServer`) |
@@ -100,8 +100,16 @@ def resolve(overrides: Mapping[str, Any], source: str = "", channel: str = "") -
     `overrides` (tenants.agent): the defaults with it applied, persona and skills picked.
     InvalidArgument names what is wrong with a broken configuration."""
     base = DEFAULT
+    # The cap on runs at once is the claim's, not the attempt's (`AgentConfig.max_running`).
+    limited = dict(overrides.get("limits", {}))
+    max_running = limited.pop("max_running", 0)
+    if not isinstance(max_running, int) or isinstance(max_running, bool) or max_running < 0:
+        raise InvalidArgument(
+            "tenant agent configuration is invalid: limits.max_running must be a whole number "
+            "of runs (0: no cap)"
+        )
     try:
-        limits = replace(base.limits, **dict(overrides.get("limits", {})))
+        limits = replace(base.limits, **limited)
         prices = {m: Price(**p) for m, p in overrides.get("prices", {}).items()}
         context = _context(overrides.get("context", {}), base.context)
     except TypeError as exc:
@@ -136,6 +144,7 @@ def resolve(overrides: Mapping[str, Any], source: str = "", channel: str = "") -
         context=context,
         approvals=_approvals(overrides.get("approvals")),
         mcp_servers=_mcp_servers(overrides.get("mcp_servers", ())),
+        max_running=max_running,
     )
 
 

@@ -157,6 +157,12 @@ class OrchestratorServicer(
             run.waiting_for.CopyFrom(
                 common_pb2.WaitingFor(reason="tenant_concurrency", cap=view.held_by_cap)
             )
+        elif view.run.status == RunStatus.QUEUED.value:
+            agent_cap = await self._execution.claims.agent_held(view.run)
+            if agent_cap is not None:
+                run.waiting_for.CopyFrom(
+                    common_pb2.WaitingFor(reason="agent_concurrency", cap=agent_cap)
+                )
         return orchestrator_pb2.LookupRunResponse(
             run=run, parts=[part_to_proto(p) for p in view.parts]
         )

@@ -165,6 +165,44 @@ async def test_a_runs_priority_is_named_by_a_key_holding_runs_priority_only(
     assert stored == 0
 
 
+async def priority_of(stack: ExecStack, run_id: str) -> int:
+    """The run's stored priority (its rank: 0 high, 1 normal, 2 low)."""
+    engine = create_engine(stack.db_url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            stmt = select(runs.c.priority).where(runs.c.run_id == run_id)
+            return int((await conn.execute(stmt)).scalar_one())
+    finally:
+        await engine.dispose()
+
+
+async def test_the_cli_sends_with_a_priority_only_for_a_key_holding_runs_priority(
+    stack: ExecStack, tmp_path: Path
+) -> None:
+    trusted = await stack.tenant(scopes=[*apikeys.CLIENT_SCOPES, apikeys.RUNS_PRIORITY])
+    text = prompt("cli priority")
+    stack.model.script(text, [TextTurn("ok")])
+    sent = ("send", text, "--conversation", "c-priority", "--json")
+    code, out = await tether(
+        *sent, "--priority", "low", "--stack", stack_file(stack, trusted, tmp_path)
+    )
+    assert code == 0, out
+    assert await priority_of(stack, json.loads(out)["run_id"]) == 2
+
+    plain = await stack.tenant()
+    plain_file = stack_file(stack, plain, tmp_path)
+    code, out = await tether(*sent, "--priority", "high", "--stack", plain_file)
+    assert code == 1 and "PERMISSION_DENIED" in out and "runs:priority" in out, out
+    code, out = await tether(*sent, "--priority", "urgent", "--stack", plain_file)
+    assert code == 2 and "invalid choice: 'urgent'" in out and "'high', 'normal', 'low'" in out, out
+    assert await run_count(stack, plain.tenant_id) == 0
+    # Without the flag the key needs nothing more: the run is normal.
+    stack.model.script(prompt("cli no priority"), [TextTurn("ok")])
+    code, out = await tether("send", prompt("cli no priority"), "--json", "--stack", plain_file)
+    assert code == 0, out
+    assert await priority_of(stack, json.loads(out)["run_id"]) == 1
+
+
 async def running_now(stack: ExecStack, tenant_id: str) -> int:
     engine = create_engine(stack.db_url, pool_size=1)
     try:

@@ -17,6 +17,7 @@ import yaml
 from services.orchestrator import routing
 from tether import agent_spec
 from tether.agent_spec import MAX_DOCUMENT_BYTES, AgentSpec, Route
+from tether.domain import AgentConfig
 from tether.errors import InvalidArgument
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agents"
@@ -265,6 +266,11 @@ def test_nul_bytes_and_values_json_cannot_hold_are_refused_where_they_are(
         ({"max_cost_usd": 0}, "/limits/max_cost_usd", "must be > 0"),
         ({"max_cost_usd": 1e300}, "/limits/max_cost_usd", "must be <= 100000"),
         ({"max_tokens_per_turn": 10**9}, "/limits/max_tokens_per_turn", "must be <= 128000"),
+        ({"max_running": 0}, "/limits/max_running", "must be >= 1"),
+        ({"max_running": -2}, "/limits/max_running", "must be >= 1"),
+        ({"max_running": 2.5}, "/limits/max_running", "must be a whole number"),
+        ({"max_running": "3"}, "/limits/max_running", "must be a whole number"),
+        ({"max_running": 10**6}, "/limits/max_running", "must be <= 100000"),
         (
             {"backoff_initial_seconds": 9, "backoff_max_seconds": 2},
             "/limits/backoff_initial_seconds",
@@ -499,3 +505,14 @@ def test_the_schema_refuses_unknown_fields_and_bounds_every_limit() -> None:
     for name, limit in schema["$defs"]["limits"]["properties"].items():
         assert "maximum" in limit and limit.get("description"), name
         assert limit.get("minimum", 0) >= 1 or "exclusiveMinimum" in limit, name
+
+
+def test_an_agents_cap_on_runs_at_once_is_its_routings_and_only_a_cap_is_stored() -> None:
+    capped = agent_spec.parse('{"name": "a", "limits": {"max_running": 3, "max_steps": 2}}')
+    config = routing.resolve(capped.overrides())
+    assert (config.max_running, config.limits.max_steps) == (3, 2)
+    assert config.to_json()["max_running"] == 3
+    assert AgentConfig.from_json(config.to_json()) == config
+    # No cap: the stored form (so the routing's name, its digest) is what it was before caps.
+    uncapped = routing.resolve(agent_spec.parse('{"name": "a"}').overrides())
+    assert uncapped.max_running == 0 and "max_running" not in uncapped.to_json()

@@ -75,6 +75,9 @@ EXCEPTIONS = {
     # Where a leased run came from (its message's source and actor): routing picks persona and
     # skills by its source, and the live facts name its actor.
     ("services/orchestrator/repositories/leases.py", "messages"),
+    # The claim passes over a queued run whose agent is at its cap: its route is read by its
+    # message's source and channel connection (agent caps).
+    ("services/orchestrator/repositories/agent_caps.py", "messages"),
     ("services/interactions/repository.py", "tenants"),
     # Each owner's retention sweep reads every tenant's retention policy.
     ("libs/tether/retention.py", "tenants"),

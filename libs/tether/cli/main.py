@@ -30,6 +30,7 @@ from tether.cli import secrets as secrets_cli
 from tether.cli import webhooks as webhooks_cli
 from tether.client import TetherClient, run_to_dict
 from tether.convert import disposition_name, status_to_proto
+from tether.priorities import PRIORITIES
 from tether.states import RunStatus
 from tether.transport import part_to_json
 
@@ -63,6 +64,7 @@ async def cmd_send(args: argparse.Namespace) -> int:
             conversation_id=args.conversation,
             event_id=args.event_id or f"cli-{uuid.uuid4().hex}",
             channel=args.channel,
+            priority=args.priority,
         )
     run = run_to_dict(response.run)
     disposition = disposition_name(response.disposition)
@@ -225,6 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--conversation", default="default", help="conversation id")
     send.add_argument("--event-id", help="idempotency key (default: a new unique id)")
     send.add_argument("--channel", default="", help="channel (default chat)")
+    send.add_argument(
+        "--priority",
+        choices=list(PRIORITIES),
+        default="",
+        help="the run's order among the tenant's queued runs (default normal); the key needs "
+        "runs:priority",
+    )
     watch.add_follow_flag(send)
     _common(send, top=False)
     send.set_defaults(func=cmd_send)

@@ -206,9 +206,14 @@ class AgentConfig:
     # The agent document's MCP servers, whose allowlisted tools the worker offers beside
     # `tool_allowlist`'s as `server__tool`.
     mcp_servers: tuple[McpServer, ...] = ()
+    # How many of the agent's runs may run at once across the pool (its document's
+    # `limits.max_running`); 0: no cap. The orchestrator's claim holds it, the worker never
+    # reads it.
+    max_running: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        """The stored form (`routings.config`); `approvals` and `mcp_servers` only when set,
+        """The stored form (`routings.config`); `approvals`, `mcp_servers` and `max_running`
+        only when set,
         so a decision routed by `tenants.agent` keeps the digest (routing id) it had before."""
         stored: dict[str, Any] = {
             "agent": self.agent,
@@ -226,6 +231,8 @@ class AgentConfig:
             stored["approvals"] = self.approvals
         if self.mcp_servers:
             stored["mcp_servers"] = [m.to_json() for m in self.mcp_servers]
+        if self.max_running:
+            stored["max_running"] = self.max_running
         return stored
 
     @classmethod
@@ -246,6 +253,7 @@ class AgentConfig:
             context=ContextPolicy.from_json(data.get("context", {})),
             approvals=str(data.get("approvals", "")),
             mcp_servers=tuple(McpServer.from_json(m) for m in data.get("mcp_servers", ())),
+            max_running=int(data.get("max_running", 0)),
         )
 
 

@@ -63,6 +63,8 @@ class Run:
     fair_key: float
     # When its timer wakes a waiting-for-timer run (cleared when it fires or is cancelled).
     next_wake_at: datetime | None
+    # The agent it is routed to, written by the lease that pins its routing (None before).
+    agent_name: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Self:

@@ -865,7 +865,9 @@ class WaitingFor(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     CAP_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
-    """"tenant_concurrency": its tenant runs as many runs as its cap allows."""
+    """"tenant_concurrency": its tenant runs as many runs as its cap allows; "agent_concurrency":
+    its agent does (limits.max_running in the agent document).
+    """
     cap: _builtins.int
     """The cap."""
     def __init__(

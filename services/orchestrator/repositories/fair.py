@@ -18,6 +18,7 @@ from sqlalchemy import Text, and_, bindparam, delete, func, select, true, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from services.orchestrator.repositories import agent_caps
 from tether.db.schema import in_state, runs, tenant_queues, tenants
 from tether.states import RunStatus
 
@@ -53,7 +54,7 @@ _HELD_BACK = and_(
 # a slot of its tenant's, filled below with that tenant's best run.
 SLOTS = (
     select(runs.c.run_id, runs.c.tenant_id, runs.c.fair_key)
-    .where(CLAIMABLE, _HELD_BACK)
+    .where(CLAIMABLE, _HELD_BACK, agent_caps.NOT_HELD)
     .order_by(runs.c.fair_key, runs.c.run_id)
     .limit(bindparam("c_limit"))
     .with_for_update(skip_locked=True)
@@ -79,8 +80,10 @@ _BEST = (
         runs.c.message_id,
         runs.c.updated_at,
         runs.c.fair_key,
+        runs.c.priority,
+        runs.c.agent_name,
     )
-    .where(runs.c.tenant_id == _TURNS.c.tenant_id, CLAIMABLE)
+    .where(runs.c.tenant_id == _TURNS.c.tenant_id, CLAIMABLE, agent_caps.NOT_HELD)
     .order_by(runs.c.priority, runs.c.fair_key, runs.c.run_id)
     .limit(_TURNS.c.n)
     .with_for_update(skip_locked=True)

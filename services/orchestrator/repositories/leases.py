@@ -17,8 +17,6 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
-    Float,
-    Integer,
     Interval,
     Text,
     and_,
@@ -38,7 +36,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from services.orchestrator.repositories import fair
+from services.orchestrator.repositories import agent_caps, fair
 from services.orchestrator.repositories.picked import Leased, Unrouted, picked
 from services.orchestrator.repositories.transitions import (
     LEASE_UNTIL,
@@ -64,35 +62,10 @@ from tether.db.schema import (
     tenants,
 )
 from tether.domain import Event, Run, RunError, run_started
-from tether.domain.channels import PIN_SEPARATOR
 from tether.states import RunStatus
 
-# The routing the runs of each tenant, source and channel are leased with, resolved by the
-# caller from the agent it was given (`Route`): a run whose tenant, source and channel have no
-# route, or whose tenant's agent changed since, is not leased.
-_ROUTES = (
-    func.unnest(
-        bindparam("rt_tenant_ids", type_=ARRAY(Text)),
-        bindparam("rt_sources", type_=ARRAY(Text)),
-        bindparam("rt_channels", type_=ARRAY(Text)),
-        bindparam("rt_agents", type_=ARRAY(Text)),
-        bindparam("rt_revisions", type_=ARRAY(BigInteger)),
-        bindparam("rt_routing_ids", type_=ARRAY(Text)),
-        bindparam("rt_max_attempts", type_=ARRAY(Integer)),
-        bindparam("rt_routing_ms", type_=ARRAY(Float)),
-    )
-    .table_valued(
-        "tenant_id",
-        "source",
-        "channel",
-        "agent",
-        "revision",
-        "routing_id",
-        "max_attempts",
-        "routing_ms",
-    )
-    .render_derived("route", with_types=False)
-)
+# The routing the runs of each tenant, source and channel are leased with (`Route`).
+_ROUTES = agent_caps.routes("route")
 _PICKED = fair.PICKED
 _AGENT = func.coalesce(tenants.c.agent, text("'{}'::jsonb"))  # as routing reads a missing one
 # The revision of the tenant's agents (0: it has none, and runs with `tenants.agent`).
@@ -104,15 +77,24 @@ _WITH_AGENT = (
     .outerjoin(agent_sets, agent_sets.c.tenant_id == _PICKED.c.tenant_id)
     .join(messages, messages.c.message_id == _PICKED.c.message_id)
 )
-# The channel a run is routed by: its channel, and the agent its channel connection routes to
-# when the connection names one (`slack/support`; channels and agent names are identifiers,
-# which never hold a `/`). A schedule's tick is stored on the channel it is routed by already
-# (`schedule/reporter`, `tether.domain.channels.pinned_channel`).
-_ROUTE_CHANNEL = _PICKED.c.channel + func.coalesce(
-    PIN_SEPARATOR + func.nullif(messages.c.channel_origin["agent"].astext, ""), ""
+_ROUTE_CHANNEL = agent_caps.route_channel(_PICKED.c.channel, messages)
+# The agent a picked run runs as: the one its first lease wrote, else its route's; and its rank
+# among the picked runs of its agent, in the order its tenant's turns took them (agent caps).
+_RUN_AGENT = func.coalesce(_PICKED.c.agent_name, _ROUTES.c.agent_name)
+_AGENT_NTH = func.row_number().over(
+    partition_by=(_PICKED.c.tenant_id, _RUN_AGENT),
+    order_by=(_PICKED.c.priority, _PICKED.c.fair_key, _PICKED.c.run_id),
 )
 _ROUTED = (
-    select(_PICKED.c.run_id, _ROUTES.c.routing_id, _ROUTES.c.max_attempts, _ROUTES.c.routing_ms)
+    select(
+        _PICKED.c.run_id,
+        _ROUTES.c.routing_id,
+        _ROUTES.c.max_attempts,
+        _ROUTES.c.routing_ms,
+        _RUN_AGENT.label("agent_name"),
+        _AGENT_NTH.label("agent_nth"),
+        agent_caps.room_of(_PICKED.c.tenant_id, _RUN_AGENT).label("agent_room"),
+    )
     .select_from(
         _WITH_AGENT.join(
             _ROUTES,
@@ -148,6 +130,8 @@ _LEASED = (
     .where(
         runs.c.run_id == _ROUTED.c.run_id,
         runs.c.status.in_([s.value for s in states.CLAIM.sources]),
+        # Within its agent's cap, if it has one (agent_caps): the rest stay queued.
+        or_(_ROUTED.c.agent_room.is_(None), _ROUTED.c.agent_nth <= _ROUTED.c.agent_room),
     )
     .values(
         status=states.CLAIM.target.value,
@@ -161,6 +145,7 @@ _LEASED = (
         started_at=STARTED_ONCE,
         next_attempt_at=null(),
         routing_id=func.coalesce(runs.c.routing_id, _ROUTED.c.routing_id),
+        agent_name=_ROUTED.c.agent_name,
         config=null(),  # written by releases before routings: the row sheds it
         max_attempts=case((_PINNED, runs.c.max_attempts), else_=_ROUTED.c.max_attempts),
         format=formats.CURRENT,
@@ -220,6 +205,8 @@ CLAIM = Direct(
         messages.c.actor_id,
         messages.c.channel_origin,
         case((_LEASED.c.run_id.is_(None), _AGENT)).label("unrouted_agent"),
+        # Routed but left queued: its agent's cap had no room for it.
+        and_(_ROUTED.c.run_id.is_not(None), _LEASED.c.run_id.is_(None)).label("held_back"),
         _REVISION.label("unrouted_revision"),
         _HAS_HISTORY.label("has_history"),
         _HAS_DOCUMENTS.label("has_documents"),
@@ -227,7 +214,11 @@ CLAIM = Direct(
         _PICKED.c.updated_at.label("queued_at"),
         _LEASED.c.routing_ms,
     )
-    .select_from(_WITH_AGENT.outerjoin(_LEASED, _LEASED.c.run_id == _PICKED.c.run_id))
+    .select_from(
+        _WITH_AGENT.outerjoin(_ROUTED, _ROUTED.c.run_id == _PICKED.c.run_id).outerjoin(
+            _LEASED, _LEASED.c.run_id == _PICKED.c.run_id
+        )
+    )
     .add_cte(
         appended_events(_LEASED, _started(_LEASED)),
         _NEW_ATTEMPTS.cte("new_attempts"),
@@ -252,6 +243,10 @@ class Route:
     routing_id: str
     max_attempts: int
     routing_ms: float = 0.0
+    # The agent it routes to (its configuration's `agent`), and that agent's cap on runs at
+    # once (0: none).
+    agent_name: str = ""
+    max_running: int = 0
 
 
 async def claim(
@@ -275,13 +270,17 @@ def claim_params(
     routes: Sequence[Route],
     stored: Mapping[str, dict[str, Any]],
     locked: Collection[str] = (),
+    locked_agents: Mapping[tuple[str, str], int] | None = None,
 ) -> dict[str, Any]:
     """The values `CLAIM` binds to lease up to `limit` runs to `worker_id` for `ttl_s`, on
     `routes`; `stored` are routing decisions (by routing id) to store with it: those the routes
     name that this replica has not stored yet; `locked`, the capped tenants the claim's
     transaction locked (`fair.lock_capped`): it leases for those within their caps, and for
-    any other capped one not at all."""
+    any other capped one not at all; `locked_agents`, the capped agents ((tenant, agent) to
+    cap) it locked (`agent_caps.lock_agents`): it leases for those within their caps."""
     return {
+        **agent_caps.cap_params(locked_agents or {}),
+        "rt_agent_names": [r.agent_name for r in routes],
         "c_limit": limit,
         "c_worker_id": worker_id,
         "lease_ttl": timedelta(seconds=ttl_s),
@@ -297,6 +296,46 @@ def claim_params(
         "rt_max_attempts": [r.max_attempts for r in routes],
         "rt_routing_ms": [r.routing_ms for r in routes],
     }
+
+
+@dataclass(frozen=True)
+class RouteFacts:
+    """What routes a run: its message's `source`, the `channel` it routes by (with its
+    connection's agent), its tenant's `agent` (`tenants.agent`) and agents' `revision`, and
+    the agent its first lease wrote on it ("" until then)."""
+
+    source: str
+    channel: str
+    agent: dict[str, Any]
+    revision: int
+    agent_name: str
+
+
+_FACTS = (
+    select(
+        messages.c.source,
+        agent_caps.route_channel(runs.c.channel, messages).label("channel"),
+        func.coalesce(tenants.c.agent, text("'{}'::jsonb")).label("agent"),
+        func.coalesce(agent_sets.c.revision, 0).label("revision"),
+        runs.c.agent_name,
+    )
+    .select_from(
+        runs.join(messages, messages.c.message_id == runs.c.message_id)
+        .outerjoin(tenants, tenants.c.tenant_id == runs.c.tenant_id)
+        .outerjoin(agent_sets, agent_sets.c.tenant_id == runs.c.tenant_id)
+    )
+    .where(runs.c.run_id == bindparam("f_run_id"))
+)
+
+
+async def route_facts(conn: AsyncConnection, run_id: str) -> RouteFacts | None:
+    """What routes the run (None: absent)."""
+    row = (await conn.execute(_FACTS, {"f_run_id": run_id})).first()
+    if row is None:
+        return None
+    return RouteFacts(
+        row.source, row.channel, dict(row.agent), int(row.revision), row.agent_name or ""
+    )
 
 
 _ROUTINGS = select(routings.c.routing_id, routings.c.config).where(

@@ -52,10 +52,13 @@ class Unrouted:
 
 
 def picked(rows: Sequence[Mapping[Any, Any]]) -> tuple[list[Leased], list[Unrouted]]:
-    """The claim's rows (their mappings), each read once: the leased runs and the unrouted."""
+    """The claim's rows (their mappings), each read once: the leased runs and the unrouted
+    (a run its agent's cap held back is neither)."""
     leased: list[Leased] = []
     unrouted: list[Unrouted] = []
     for row in rows:
+        if row["held_back"]:
+            continue  # routed, and left queued within its agent's cap (agent_caps)
         if row["run_id"] is None:
             unrouted.append(
                 Unrouted(

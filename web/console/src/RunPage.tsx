@@ -1,11 +1,14 @@
 import { useCallback, useEffect, useMemo, useState } from "react";
-import { TERMINAL_STATUSES, partText, type GetRunAttemptsResponseJson, type PartJson, type RetryInfo, type RunState, type RunStatusJson } from "@tether/client";
+import { TERMINAL_STATUSES, partText, type GetRunAttemptsResponseJson, type PartJson, type RetryInfo, type RunState, type RunStatusJson, type WaitingForJson } from "@tether/client";
 import { ApprovalCard, ConnectionCard, QuestionCard, useRun, useTetherClient } from "@tether/react";
 import { NotFound, SessionEnded, useNow } from "./App.js";
 import { age, formatMicros, ms, statusClass, statusWords, tokens } from "./format.js";
 import { href, navigate, onLinkClick } from "./router.js";
+import { WaitingFor } from "./WaitingFor.js";
 
 const CURSOR_KEY = "tether.cursor.";
+// How often a queued run's page asks again why it waits: a cap frees up as runs end.
+const WAITING_POLL_MS = 3000;
 
 function storedCursor(runId: string): number {
   try {
@@ -39,13 +42,25 @@ export function RunPage({ runId }: { runId: string }) {
   const resolvedElsewhere = shown !== null && state.pending === null;
   const terminal = status !== undefined && TERMINAL_STATUSES.has(status);
 
-  // The routing (model) is on a run read by id, not on the stream's snapshot.
+  // The routing (model) and what holds a queued run back (waitingFor) are on a run read by id,
+  // not on the stream's snapshot: read again while it stays queued, as a cap frees up.
   const [model, setModel] = useState<string>("");
+  const [waiting, setWaiting] = useState<WaitingForJson | undefined>(undefined);
+  const queued = status === "RUN_STATUS_QUEUED";
   useEffect(() => {
     const abort = new AbortController();
-    client.getRun(runId, { signal: abort.signal }).then((r) => setModel(r.run?.routing?.model ?? ""), () => undefined);
-    return () => abort.abort();
-  }, [client, runId, run?.attempt, status === "RUN_STATUS_QUEUED"]); // eslint-disable-line react-hooks/exhaustive-deps
+    const read = () =>
+      client.getRun(runId, { signal: abort.signal }).then((r) => {
+        setModel(r.run?.routing?.model ?? "");
+        setWaiting(r.run?.waitingFor);
+      }, () => undefined);
+    void read();
+    const every = queued ? window.setInterval(() => void read(), WAITING_POLL_MS) : undefined;
+    return () => {
+      abort.abort();
+      window.clearInterval(every);
+    };
+  }, [client, runId, run?.attempt, queued]); // eslint-disable-line react-hooks/exhaustive-deps
 
   // The execution record: read again when the attempt or the status changes.
   useEffect(() => {
@@ -112,6 +127,7 @@ export function RunPage({ runId }: { runId: string }) {
           Waiting, holding no worker, until <time dateTime={run.nextWakeAt}>{run.nextWakeAt}</time>
         </p>
       )}
+      {queued && <WaitingFor waiting={waiting} />}
 
       {shown?.type === "question" && shown.question && (
         <QuestionCard key={shown.question.interactionId} runId={runId} question={shown.question} resolvedElsewhere={resolvedElsewhere} />

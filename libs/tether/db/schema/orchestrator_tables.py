@@ -75,6 +75,9 @@ runs = Table(
     # reads it during a rolling deploy); it is no longer written, and goes in a later release.
     Column("config", JSONB),
     Column("routing_id", Text),
+    # The agent the run is routed to (the routing's `agent`), written with `routing_id` by the
+    # lease that pins it: the claim counts a capped agent's running runs by it (0033).
+    Column("agent_name", Text),
     Column("traceparent", Text),
     Column("last_seq", BigInteger, nullable=False, server_default=text("0")),
     # Whether the run is its session's head (sessions.active_run_id): only a head runs, so

@@ -1681,7 +1681,8 @@ export const RunSchema: GenMessage<Run, {jsonType: RunJson}> = /*@__PURE__*/
  */
 export type WaitingFor = Message<"tether.v1.WaitingFor"> & {
   /**
-   * "tenant_concurrency": its tenant runs as many runs as its cap allows.
+   * "tenant_concurrency": its tenant runs as many runs as its cap allows; "agent_concurrency":
+   * its agent does (limits.max_running in the agent document).
    *
    * @generated from field: string reason = 1;
    */
@@ -1702,7 +1703,8 @@ export type WaitingFor = Message<"tether.v1.WaitingFor"> & {
  */
 export type WaitingForJson = {
   /**
-   * "tenant_concurrency": its tenant runs as many runs as its cap allows.
+   * "tenant_concurrency": its tenant runs as many runs as its cap allows; "agent_concurrency":
+   * its agent does (limits.max_running in the agent document).
    *
    * @generated from field: string reason = 1;
    */
