@@ -19,10 +19,6 @@ from tether.domain import Assignment, Part
 from tether.domain.held_histories import HeldHistories
 from tether.v1 import orchestrator_pb2
 
-# What a worker holds of its sessions' histories unless told otherwise (64 MiB): a 50-run
-# history of chat turns is tens of kilobytes, so a few thousand conversations.
-DEFAULT_BUDGET_BYTES = 64 << 20
-
 
 class HistoryOutOfStep(Exception):
     """A lease counts on history this worker does not hold as it names it."""
@@ -54,7 +50,7 @@ class HeldSession:
 class HistoryCache:
     """Sessions' histories this worker holds, LRU by bytes within `budget_bytes`."""
 
-    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
+    def __init__(self, budget_bytes: int) -> None:
         self._held: HeldHistories[HeldSession] = HeldHistories(budget_bytes)
 
     @property

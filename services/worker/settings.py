@@ -41,6 +41,7 @@ class WorkerSettings(PlatformSettings):
         "for the status callback that names it (TETHER_DELIVERY_RECONCILE_S) before it is sent "
         "again.",
     )
+    # 64 MiB: a 50-run history of chat turns is tens of kilobytes, so thousands of sessions.
     history_cache_bytes: int = Field(
         64 << 20,
         description="Bytes of sessions' histories kept between leases (least recently used "
