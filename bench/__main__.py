@@ -31,6 +31,8 @@ GROUPS = {
     "hotpath": (hotpath.run,),
     "ratelimit": (ratelimit.run,),
     "runs": (runs.run, telemetry.run),
+    # The pushed lease's cost alone (issue 34), also printed by `runs`.
+    "claims": (runs.run_claim_cost,),
     "stream": (stream.run,),
     "tool_input": (tool_input.run,),
     "tools": (tools.run,),

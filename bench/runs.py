@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import statistics
 import time
@@ -31,6 +32,7 @@ from tether.client import TetherClient
 from tether.db import schema
 from tether.hints import EVENTS_PATTERN, decode_events
 from tether.runtime.rpc import internal_channel
+from tether.testing.model_script import newest_text
 from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
 SERVICES = ("orchestrator", "admission", "interactions", "gateway")
@@ -51,6 +53,7 @@ RUN_TIMEOUT_S = 30.0
 HISTORY_TURNS = 500  # the measured run is this turn of its conversation
 CHECKPOINTS = 200
 CHECKPOINT_WARMUP = 20
+CLAIM_LEASES = 50  # pushed leases measured per depth
 
 TERMINAL = {"run.completed": "completed", "run.failed": "failed", "run.cancelled": "cancelled"}
 
@@ -139,9 +142,10 @@ def clone_sql(table: Table, key: str, overrides: dict[str, str], source: str | N
     )
 
 
-async def _clone_turns(db_url: str, run_id: str, copies: int) -> None:
+async def _clone_turns(db_url: str, run_id: str, copies: int, *, analyze: bool = True) -> None:
     """Give the run's conversation `copies` more earlier completed turns, copies of `run_id`
-    (its message, run row, parts, events, usage and attempts) with older timestamps."""
+    (its message, run row, parts, events, usage and attempts) with older timestamps; then
+    ANALYZE, unless told not to (the caller does once it has cloned every conversation)."""
     new_run = "t.run_id || '-h' || g"
     conn = await asyncpg.connect(db_url)
     try:
@@ -178,7 +182,8 @@ async def _clone_turns(db_url: str, run_id: str, copies: int) -> None:
             )
             for table in (schema.run_parts, schema.run_events, schema.usage_turns, schema.attempts):
                 await conn.execute(clone_sql(table, "run_id", {"run_id": new_run}), run_id, copies)
-        await conn.execute("ANALYZE")
+        if analyze:
+            await conn.execute("ANALYZE")
     finally:
         await conn.close()
 
@@ -285,6 +290,140 @@ async def checkpoint_cost(stack: BenchStack, client: TetherClient) -> None:
         claim_ms_t1=round(claim_ms[fresh], 3),
         claim_ms_t500=round(claim_ms[deep], 3),
         claimed_history_parts_t500=len(claims[deep].history),
+        goal="<= 1.5",
+    )
+
+
+# -- a pushed lease's cost at turn 1 and deep into a conversation ------------------------------
+
+
+async def _first_requests(model: Model, texts: set[str]) -> dict[str, tuple[float, dict[str, Any]]]:
+    """The first request whose newest user text is one of `texts`, by that text: when the model
+    server received it (its clock, time.time()) and its body."""
+    async with model.http.get(f"{model.base_url}/_requests") as response:
+        response.raise_for_status()
+        log = (await response.json())["requests"]
+    first: dict[str, tuple[float, dict[str, Any]]] = {}
+    for record in log:
+        body = record["body"]
+        users = [m for m in body.get("messages", ()) if m.get("role") == "user"]
+        text = newest_text(users[-1].get("content")) if users else ""
+        if text in texts and text not in first:
+            first[text] = (record["timestamp"], body)
+    return first
+
+
+async def _bare_request_ms(
+    model: Model, bodies: dict[str, dict[str, Any]], rounds: int
+) -> dict[str, list[float]]:
+    """ms from a bare SDK call's start to the model server's answer beginning (its headers),
+    for each body by label, `rounds` of each interleaved: what the same model request costs
+    without the runtime, the floor under a lease's growth with the history it carries."""
+    sdk = AsyncAnthropic(base_url=model.base_url, api_key="x", max_retries=0)
+    samples: dict[str, list[float]] = {label: [] for label in bodies}
+    try:
+        for _ in range(rounds + 5):  # the first five warm the connection up
+            for label, body in bodies.items():
+                request = {k: v for k, v in body.items() if k != "stream"}
+                start = time.perf_counter()
+                stream = await sdk.messages.create(**request, stream=True)
+                samples[label].append((time.perf_counter() - start) * 1000)
+                async for _event in stream:
+                    pass
+    finally:
+        await sdk.close()
+    return {label: ms[5:] for label, ms in samples.items()}
+
+
+async def _lease_taken_at(db: asyncpg.Connection, run_ids: list[str]) -> dict[str, float]:
+    """When each run's first lease was taken: its attempt row's started_at, the claim
+    statement's now() (the database's clock, the machine's: the server runs here)."""
+    rows = await db.fetch(
+        "SELECT run_id, extract(epoch FROM started_at)::float8 AS at FROM attempts "
+        "WHERE run_id = ANY($1) AND attempt = 1",
+        run_ids,
+    )
+    return {row["run_id"]: row["at"] for row in rows}
+
+
+async def claim_cost(
+    stack: BenchStack, client: TetherClient, done: Completions, model: Model
+) -> None:
+    """ms from a pushed lease being taken to its worker's first model request, one worker
+    running: on a conversation's first turn (t1), on turn HISTORY_TURNS of a conversation the
+    worker never saw (cold: it gets the whole history) and on the turn after (warm: it ran the
+    turn before), CLAIM_LEASES of each, interleaved so drift hits all three alike."""
+    tag = uuid.uuid4().hex[:8]
+    deep = [f"claim-deep-{tag}-{i}" for i in range(CLAIM_LEASES)]
+    for conv in deep:
+        text = f"bench claim {conv} turn 1"
+        run_id = (await client.send(text, conversation_id=conv, event_id=f"{conv}-1")).run.run_id
+        _, outcome = await done.wait(run_id)
+        if outcome != "completed":
+            raise RuntimeError(f"the first turn of {conv} ended {outcome}")
+        await _clone_turns(stack.db_url, run_id, HISTORY_TURNS - 2, analyze=False)
+    db = await asyncpg.connect(stack.db_url)
+    try:
+        await db.execute("ANALYZE")
+        texts: dict[str, dict[str, str]] = {"t1": {}, "cold": {}, "warm": {}}
+        for i, conv in enumerate(deep):
+            turns = (
+                ("t1", f"claim-fresh-{tag}-{i}", 1),
+                ("cold", conv, HISTORY_TURNS),
+                ("warm", conv, HISTORY_TURNS + 1),
+            )
+            for label, conversation, turn in turns:
+                text = f"bench claim {conversation} turn {turn}"
+                event_id = f"{conversation}-t{turn}"
+                sent = await client.send(text, conversation_id=conversation, event_id=event_id)
+                _, outcome = await done.wait(sent.run.run_id)
+                if outcome != "completed":
+                    raise RuntimeError(f"{text!r} ended {outcome}")
+                texts[label][sent.run.run_id] = text
+        every = {run_id for by in texts.values() for run_id in by}
+        taken = await _lease_taken_at(db, list(every))
+        parts = await db.fetchval(
+            "SELECT count(*) FROM run_parts p JOIN runs r USING (run_id) "
+            "JOIN runs w ON w.session_id = r.session_id AND w.run_id = $1 "
+            "WHERE r.status = 'completed' AND r.run_id <> $1",
+            next(iter(texts["warm"])),
+        )
+    finally:
+        await db.close()
+    asked = await _first_requests(model, {t for by in texts.values() for t in by.values()})
+    ms = {
+        label: [(asked[text][0] - taken[run_id]) * 1000 for run_id, text in by.items()]
+        for label, by in texts.items()
+    }
+    t1, cold, warm = (statistics.median(ms[k]) for k in ("t1", "cold", "warm"))
+    last = {label: asked[next(reversed(by.values()))][1] for label, by in texts.items()}
+    bare = await _bare_request_ms(model, {"t1": last["t1"], "t500": last["warm"]}, CLAIM_LEASES)
+    bare_t1, bare_t500 = statistics.median(bare["t1"]), statistics.median(bare["t500"])
+    emit(
+        "claim_cost_ratio_t500_t1",
+        warm / t1,
+        "ratio",
+        method=f"median over {CLAIM_LEASES} pushed leases per depth of ms from the lease taken "
+        "(the claim statement's now()) to the worker's first model request (the model server's "
+        "clock), one worker; warm: the worker ran the conversation's turn before",
+        median_ms_t1=round(t1, 3),
+        median_ms_t500_warm=round(warm, 3),
+        median_ms_t500_cold=round(cold, 3),
+        cold_ratio_t500_t1=round(cold / t1, 3),
+        p90_ms_t1=round(percentile(ms["t1"], 90), 3),
+        p90_ms_t500_warm=round(percentile(ms["warm"], 90), 3),
+        p90_ms_t500_cold=round(percentile(ms["cold"], 90), 3),
+        leases_per_depth=CLAIM_LEASES,
+        prior_turns_t500=HISTORY_TURNS - 1,
+        session_parts_t500=parts,
+        request_bytes_t1=len(json.dumps(last["t1"])),
+        request_bytes_t500=len(json.dumps(last["warm"])),
+        bare_sdk_ms_t1=round(bare_t1, 3),
+        bare_sdk_ms_t500=round(bare_t500, 3),
+        floor_ratio_t500_t1=round((t1 + bare_t500 - bare_t1) / t1, 3),
+        floor="t1's lease plus what the same model request at t500 costs a bare SDK call more "
+        "than at t1 (start to the server's answer beginning, median of as many, interleaved): "
+        "the request itself carries the history",
         goal="<= 1.5",
     )
 
@@ -569,9 +708,24 @@ async def run() -> None:
         TetherClient(stack.services.addresses()["gateway"], stack.api_key) as client,
     ):
         await checkpoint_cost(stack, client)
-        for _ in range(WORKERS):
-            await stack.services.start("worker", extra_env=worker_env(model))
         async with completions(stack.redis_url) as done:
+            # One worker first, so that a conversation's every lease goes to the same worker.
+            await stack.services.start("worker", extra_env=worker_env(model))
+            await claim_cost(stack, client, done, model)
+            for _ in range(WORKERS - 1):
+                await stack.services.start("worker", extra_env=worker_env(model))
             await latency(client, done, model)
         await throughput(stack, client)
         await floor(stack, model)
+
+
+async def run_claim_cost() -> None:
+    """Only the pushed lease's cost (`make bench BENCH=claims`): its own stack and one worker."""
+    async with (
+        model_server() as model,
+        bench_stack(SERVICES) as stack,
+        TetherClient(stack.services.addresses()["gateway"], stack.api_key) as client,
+        completions(stack.redis_url) as done,
+    ):
+        await stack.services.start("worker", extra_env=worker_env(model))
+        await claim_cost(stack, client, done, model)

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -91,6 +92,10 @@ class Routing:
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
 
+# What a worker holds of a session's history: its newest earlier run's created_at, and its
+# summary (run id, part index).
+Known = tuple[datetime | None, tuple[str, int] | None]
+
 # Where a run came from, as routing sees it: its tenant, source and channel.
 RouteKey = tuple[str, str, str]
 
@@ -117,6 +122,8 @@ class Claimed:
     has_documents: bool = False
     summary: Part | None = None
     last_turn: parts_repo.LastTurn = parts_repo.NO_TURN
+    # The latest summary's place, also when its part was not read (the worker holds it).
+    summary_mark: parts_repo.SummaryMark | None = None
 
     @property
     def run(self) -> Run:
@@ -237,9 +244,18 @@ class Claims:
         claimed = await self.claim_many(worker_id, 1)
         return claimed[0] if claimed else None
 
-    async def claim_many(self, worker_id: str, n: int) -> list[Claimed]:
+    @property
+    def history_runs(self) -> int:
+        """How many of its session's earlier completed runs a lease's history holds at most."""
+        return self._history_runs
+
+    async def claim_many(
+        self, worker_id: str, n: int, held: Callable[[str], Known] | None = None
+    ) -> list[Claimed]:
         """Lease up to `n` claimable runs to `worker_id` now (oldest session heads first; never
         waits): one statement, and one more for the history and parts of those that have any.
+        `held` says, by session id, what the worker holds of a session's history already (its
+        newest earlier run's created_at, its summary): that much is not read again.
 
         A tenant this replica has no routing for yet (or whose agent changed) costs one more
         claim statement, once: its runs come back unleased with the agent to resolve."""
@@ -276,7 +292,7 @@ class Claims:
                     break
                 broken.extend(await self._resolve(conn, unrouted, routed_now))
             inputs = await parts_repo.attempt_inputs(
-                conn, [self._wanted(one) for one in leased], limit_runs=self._history_runs
+                conn, [self._wanted(one, held) for one in leased], limit_runs=self._history_runs
             )
             configs = await self._configs(conn, leased)
         claimed = []
@@ -298,6 +314,7 @@ class Claims:
                     one.has_documents,
                     found.summary,
                     found.last_turn,
+                    found.summary_mark,
                 )
             )
             self._prices.remember(run.run_id, config.prices)
@@ -414,12 +431,19 @@ class Claims:
         return config.max_running if running >= config.max_running else None
 
     @staticmethod
-    def _wanted(leased: Leased) -> parts_repo.Wanted:
+    def _wanted(leased: Leased, held: Callable[[str], Known] | None) -> parts_repo.Wanted:
         run = leased.run
         # A log of only run.queued and this run.started means nothing was written yet.
         fresh = run.last_seq <= FRESH_RUN_SEQ
+        after, summary = (None, None) if held is None else held(run.session_id)
         return parts_repo.Wanted(
-            run.run_id, run.session_id, run.created_at, leased.has_history, not fresh
+            run.run_id,
+            run.session_id,
+            run.created_at,
+            leased.has_history,
+            not fresh,
+            after,
+            summary,
         )
 
     async def fail_unleased(self, run_id: str, error: RunError) -> None:

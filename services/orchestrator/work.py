@@ -22,6 +22,7 @@ without a WorkCredits message of its own (WorkHello.outcome_returns_credit).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -32,7 +33,8 @@ from typing import Any
 from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.orchestrator.claims import Claimed, Claims
+from services.orchestrator.claims import Claimed, Claims, Known
+from services.orchestrator.lease_histories import StreamHistories, known, stream_histories
 from services.orchestrator.repositories import leases as lease_repo
 from tether.convert.catalog import announcements_from_proto
 from tether.convert.render import render_job_to_proto, rendered_from_proto
@@ -66,6 +68,11 @@ class WorkSettings:
     render_timeout_s: float = 5.0
 
 
+def _known(histories: StreamHistories, session_id: str) -> Known:
+    """What a stream's worker holds of a session's history, as a claim reads it."""
+    return known(histories.peek(session_id))
+
+
 class Session:
     """One worker's stream: what it may still be given, what it holds, what goes out."""
 
@@ -79,6 +86,8 @@ class Session:
         self.credits = 0
         # run id -> lease epoch, as last pushed or announced
         self.held: dict[str, int] = {lease.run_id: lease.epoch for lease in hello.held}
+        # What the worker holds of its sessions' histories (None: it keeps none).
+        self.histories = stream_histories(hello)
         self.heard_at = time.monotonic()  # the last message from the worker
         self.probed_at: float | None = None  # asked whether it is there, and not answered yet
         self.outbox: asyncio.Queue[orchestrator_pb2.WorkResponse] = asyncio.Queue()
@@ -135,7 +144,7 @@ class Work:
         self,
         engine: AsyncEngine,
         claims: Claims,
-        lease: Callable[[Claimed], orchestrator_pb2.ClaimRunResponse],
+        lease: Callable[[Claimed, StreamHistories | None, int], orchestrator_pb2.ClaimRunResponse],
         release: Callable[[str, int], Awaitable[bool]],
         writes: Mapping[type[Message], Write],
         *,
@@ -469,7 +478,9 @@ class Work:
         leased = 0
         for session in sessions[start:] + sessions[:start]:
             wanted = session.credits
-            claimed = await self._claims.claim_many(session.worker_id, wanted)
+            histories = session.histories
+            held = None if histories is None else functools.partial(_known, histories)
+            claimed = await self._claims.claim_many(session.worker_id, wanted, held)
             if session.closed:
                 # The stream ended during the claim: nobody will run these, give them back.
                 for one in claimed:
@@ -478,7 +489,8 @@ class Work:
             for one in claimed:
                 session.credits -= 1
                 session.held[one.run.run_id] = one.run.lease_epoch
-                session.send(orchestrator_pb2.WorkResponse(lease=self._lease(one)))
+                lease = self._lease(one, histories, self._claims.history_runs)
+                session.send(orchestrator_pb2.WorkResponse(lease=lease))
             leased += len(claimed)
             if len(claimed) < wanted:
                 return leased, True

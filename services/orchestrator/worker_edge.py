@@ -16,6 +16,14 @@ from services.orchestrator import observed
 from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
 from services.orchestrator.knowledge import Knowledge
+from services.orchestrator.lease_histories import (
+    HeldRun,
+    StreamHistories,
+    history_parts,
+    spans,
+    split,
+    with_history,
+)
 from services.orchestrator.rate_limits import ModelLimits
 from services.orchestrator.work import Work, Write
 from tether import telemetry
@@ -37,7 +45,7 @@ from tether.convert.work import (
     effect_to_proto,
     events_from_proto,
 )
-from tether.domain import Assignment, EarlierRun, EffectState, Lease, Part, Role, Text
+from tether.domain import Assignment, EarlierRun, EffectState, Lease, Part
 from tether.domain.runs import Run
 from tether.errors import InvalidArgument
 from tether.ratelimits import Headers
@@ -52,47 +60,61 @@ _NO_CONTEXT: Any = None
 _MOVED = orchestrator_pb2.CompleteRunResponse(moved=True)
 
 
-def _assignment(claimed: Claimed, traceparent: str) -> Assignment:
-    """What a claim hands the worker. Its history is each earlier run's input (a user part
-    with index -1) and transcript, then the run's own parts."""
+def _assignment(
+    claimed: Claimed,
+    traceparent: str,
+    history: list[Part],
+    earlier_runs: tuple[EarlierRun, ...],
+) -> Assignment:
+    """What a claim hands the worker: `history` is the earlier runs' parts it sends (each
+    run's input, a user part with index -1, then its transcript), spanned by `earlier_runs`
+    (those the worker holds first), then the run's own parts."""
     run = claimed.run
-    history: list[Part] = []
-    for earlier in claimed.earlier:
-        history.append(Part(-1, Role.USER, Text(earlier.input_text), final=True))
-        history.extend(earlier.parts)
-    history.extend(claimed.own)
+    own = list(claimed.own)
     return Assignment(
         lease=Lease(run.run_id, run.lease_epoch, run.attempt),
         tenant_id=run.tenant_id,
         root_run_id=run.root_run_id or "",
         input_text=run.input_text,
         config=claimed.config,
-        history=tuple(history),
-        prior_part_count=len(history) - len(claimed.own),
+        history=tuple(history + own),
+        prior_part_count=len(history),
         last_seq=run.last_seq,
         traceparent=traceparent,
         origin=claimed.origin,
         has_documents=claimed.has_documents,
         summary_part=claimed.summary,
-        earlier_runs=tuple(EarlierRun(e.run_id, len(e.parts) + 1) for e in claimed.earlier),
+        earlier_runs=earlier_runs,
         last_turn_tokens=claimed.last_turn.tokens,
         last_turn_own=claimed.last_turn.own,
     )
 
 
-def lease_response(claimed: Claimed) -> orchestrator_pb2.ClaimRunResponse:
-    """A lease with the attempt's explicit inputs, as the worker receives it."""
+def lease_response(
+    claimed: Claimed, histories: StreamHistories | None = None, limit_runs: int = 0
+) -> orchestrator_pb2.ClaimRunResponse:
+    """A lease with the attempt's explicit inputs, as the worker receives it: with the
+    histories a Work stream's worker holds (and the claim did not read again), only the rest of
+    its history (see `lease_histories`)."""
     run = claimed.run
     traceparent = (
         observed.claimed(run, claimed.queued_at, claimed.routing_ms)
         if telemetry.on
         else run.traceparent or ""
     )
-    return assignment_to_proto(
-        _assignment(claimed, traceparent),
+    if histories is None:
+        held: list[HeldRun] = []
+        new = list(claimed.earlier)
+    else:
+        held, new = split(claimed, histories, limit_runs)
+    response = assignment_to_proto(
+        _assignment(claimed, traceparent, history_parts(new), spans(held, new)),
         expires_at=run.lease_expires_at,
         run=run_to_proto(run),
     )
+    if histories is None:
+        return response
+    return with_history(response, claimed, histories, held, new)
 
 
 # What a replica that keeps no limits grants: a reservation no replica that keeps them issues

@@ -14,6 +14,7 @@ from anthropic import AsyncAnthropic
 
 from services.worker.attempt import Attempt
 from services.worker.delivery import DeliverySettings
+from services.worker.history_cache import HistoryCache
 from services.worker.interactions import Interactions, builtin_announcements
 from services.worker.mcp.client import McpClients
 from services.worker.mcp.tools import McpToolbox
@@ -52,7 +53,12 @@ async def amain(settings: WorkerSettings, credential: str, tls: MutualTls | None
     # A built-in interaction tool is run before the registry is asked (the gate), so its
     # announcement wins over a registered tool of the same name.
     announced = {t.name: t for t in [*registry.announcements(), *builtin_announcements()]}
-    stream = WorkStream(channel, settings.worker_id, tools=list(announced.values()))
+    histories = (
+        HistoryCache(settings.history_cache_bytes) if settings.history_cache_bytes > 0 else None
+    )
+    stream = WorkStream(
+        channel, settings.worker_id, tools=list(announced.values()), histories=histories
+    )
     orchestrator = Orchestrator(stream)
     bus = Bus(settings.redis_url) if settings.redis_url else None
     client = provider_client(settings)

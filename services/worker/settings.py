@@ -41,6 +41,13 @@ class WorkerSettings(PlatformSettings):
         "for the status callback that names it (TETHER_DELIVERY_RECONCILE_S) before it is sent "
         "again.",
     )
+    # 64 MiB: a 50-run history of chat turns is tens of kilobytes, so thousands of sessions.
+    history_cache_bytes: int = Field(
+        64 << 20,
+        description="Bytes of sessions' histories kept between leases (least recently used "
+        "forgotten first), so a long conversation's lease carries only what is new; 0 keeps "
+        "none (every lease carries its whole history).",
+    )
     mcp_call_timeout_s: float = Field(
         30.0,
         description="Longest wait for an MCP server's answer to one tool call; past it the "

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf.message import Message
 
+from services.worker.history_cache import HistoryCache, HistoryOutOfStep
 from tether.convert.catalog import announcements_to_proto
 from tether.convert.render import render_job_from_proto, rendered_to_proto
 from tether.convert.work import OUTCOMES, assignment_from_proto, write_request
@@ -81,8 +82,11 @@ class WorkStream:
         channel: grpc.aio.Channel,
         worker_id: str,
         tools: Sequence[ToolAnnouncement] = (),
+        histories: HistoryCache | None = None,
     ) -> None:
-        """`tools`: what every hello announces for the orchestrator's tool catalog."""
+        """`tools`: what every hello announces for the orchestrator's tool catalog;
+        `histories`: where sessions' histories are kept between leases (None: nothing is, and
+        every lease carries its whole history)."""
         self._stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
         self._worker_id = worker_id
         self._tools = announcements_to_proto(tools)
@@ -105,6 +109,11 @@ class WorkStream:
         self._leaving = False
         self._keepalive_due = asyncio.Event()
         self.connected = asyncio.Event()
+        self._histories = histories
+        # Set when a lease counted on history not held as it named it: the stream is opened
+        # again (both ends then start from nothing held) once what arrived with it is handled.
+        self._out_of_step = False
+        self._releases: set[asyncio.Task[None]] = set()
 
     # -- what attempts and the pool call --------------------------------------------------------
 
@@ -187,7 +196,11 @@ class WorkStream:
             takes_batches=True,
             outcome_returns_credit=True,
             tools=self._tools,
+            history_cache_bytes=0 if self._histories is None else self._histories.budget_bytes,
         )
+        if self._histories is not None:
+            self._histories.clear()  # this stream's orchestrator counts on nothing held
+        self._out_of_step = False
         outbox.put_nowait(orchestrator_pb2.WorkRequest(hello=hello))
         self._batches = self._returns_credit = False  # until this stream's welcome says
         call = self._stub.Work(self._drain(outbox))
@@ -199,6 +212,8 @@ class WorkStream:
                     keepalive = asyncio.ensure_future(self._keepalive(handler, outbox))
                 else:
                     self._receive(handler, response)
+                if self._out_of_step:
+                    raise Unavailable("a lease counted on history this worker does not hold")
             if not self._closing:
                 raise Unavailable("the orchestrator ended the Work stream")
         finally:
@@ -243,7 +258,7 @@ class WorkStream:
             self._acknowledged(response.ack)
         elif kind == "lease":
             self._free = max(self._free - 1, 0)
-            handler.leased(assignment_from_proto(response.lease))
+            self._leased(handler, response.lease)
         elif kind == "cancel":
             handler.cancelled(response.cancel.run_id, response.cancel.epoch)
         elif kind == "lost":
@@ -253,6 +268,30 @@ class WorkStream:
             self._keepalive_due.set()  # the answer: a keepalive, now
         elif kind == "render":
             handler.render(render_job_from_proto(response.render))
+
+    def _leased(self, handler: Handler, lease: orchestrator_pb2.ClaimRunResponse) -> None:
+        if self._histories is None:
+            handler.leased(assignment_from_proto(lease))
+            return
+        try:
+            assignment = self._histories.assignment(lease)
+        except HistoryOutOfStep as exc:
+            # Never run on a history not as the lease names it: give the lease back (no attempt
+            # spent; it is leased again, whole, to a stream that holds nothing).
+            log.error("lease of %s refused: %s", lease.lease.run_id, exc)
+            self._out_of_step = True
+            release = asyncio.ensure_future(self._release(lease.lease.run_id, lease.lease.epoch))
+            self._releases.add(release)
+            release.add_done_callback(self._releases.discard)
+            return
+        handler.leased(assignment)
+
+    async def _release(self, run_id: str, epoch: int) -> None:
+        try:
+            await self.write(orchestrator_pb2.ReleaseRunRequest(run_id=run_id, epoch=epoch))
+        except TetherError as exc:
+            log.warning("releasing %s failed (its lease lapses): %s", run_id, exc)
+        self.slot_freed(run_id, epoch)
 
     def _acknowledged(self, ack: orchestrator_pb2.WorkAck) -> None:
         entry = self._unanswered.get(ack.id)

@@ -23,7 +23,9 @@ class Line:
         self.runs: list[str] = []
         self.looks: list[int] = []
 
-    async def claim_many(self, worker_id: str, n: int) -> list[Any]:
+    history_runs = 50
+
+    async def claim_many(self, worker_id: str, n: int, held: Any = None) -> list[Any]:
         self.looks.append(n)
         taken, self.runs[:n] = self.runs[:n], []
         return [SimpleNamespace(run=SimpleNamespace(run_id=r, lease_epoch=1)) for r in taken]
@@ -46,7 +48,7 @@ async def test_a_slot_given_back_looks_only_once_something_woke_since_the_queue_
     work = Work(
         None,  # type: ignore[arg-type]  # no keepalive here: nothing reads the database
         line,  # type: ignore[arg-type]
-        lambda one: orchestrator_pb2.ClaimRunResponse(
+        lambda one, histories, limit_runs: orchestrator_pb2.ClaimRunResponse(
             claimed=True, lease=orchestrator_pb2.Lease(run_id=one.run.run_id, epoch=1)
         ),
         _release,

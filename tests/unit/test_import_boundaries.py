@@ -32,6 +32,8 @@ WIRE_EDGES = {
     "services/orchestrator/servicer.py": "the orchestrator's gRPC edge",
     "services/orchestrator/worker_edge.py": "the worker-facing calls, converted to domain types",
     "services/orchestrator/work.py": "the Work stream, the orchestrator's end",
+    "services/orchestrator/lease_histories.py": "a pushed lease told how its history stands "
+    "to what the stream's worker holds (LeaseHistory)",
     "services/orchestrator/channel_statuses.py": "RecordChannelStatuses' request read into "
     "the repository's ChannelStatus",
     "services/interactions/servicer.py": "interactions' gRPC edge",
@@ -45,6 +47,8 @@ WIRE_EDGES = {
     "services/worker/interactions.py": "the worker's calls to interactions",
     "services/worker/work_stream.py": "the Work stream, the worker's end: a lease becomes an "
     "Assignment here",
+    "services/worker/history_cache.py": "a pushed lease made whole from the histories the "
+    "worker holds, then an Assignment (the Work stream's end, beside work_stream.py)",
 }
 # Every main.py wires its servicers and channels (the composition root).
 WIRE_MAINS = "main.py"

@@ -838,6 +838,7 @@ class ClaimRunResponse(_message.Message):
     LAST_SEQ_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
     CONTEXT_FIELD_NUMBER: _builtins.int
+    HISTORY_CACHE_FIELD_NUMBER: _builtins.int
     claimed: _builtins.bool
     """Whether a run was claimed."""
     prior_part_count: _builtins.int
@@ -869,6 +870,14 @@ class ClaimRunResponse(_message.Message):
     def context(self) -> Global___AttemptContext:
         """Where the run came from, and what its context builder needs beyond the history."""
 
+    @_builtins.property
+    def history_cache(self) -> Global___LeaseHistory:
+        """Set on a lease pushed on a Work stream to a worker that keeps histories
+        (WorkHello.history_cache_bytes): which of the history the worker already holds from an
+        earlier lease on the same stream (then `history` and `context.summary` leave it out), and
+        what to keep. Unset: `history` is whole, and the worker keeps nothing of it.
+        """
+
     def __init__(
         self,
         *,
@@ -881,14 +890,68 @@ class ClaimRunResponse(_message.Message):
         last_seq: _builtins.int = ...,
         traceparent: _builtins.str = ...,
         context: Global___AttemptContext | None = ...,
+        history_cache: Global___LeaseHistory | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "context", b"context", "lease", b"lease", "run", b"run"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "context", b"context", "history_cache", b"history_cache", "lease", b"lease", "run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimed", b"claimed", "config", b"config", "context", b"context", "history", b"history", "last_seq", b"last_seq", "lease", b"lease", "prior_part_count", b"prior_part_count", "run", b"run", "traceparent", b"traceparent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimed", b"claimed", "config", b"config", "context", b"context", "history", b"history", "history_cache", b"history_cache", "last_seq", b"last_seq", "lease", b"lease", "prior_part_count", b"prior_part_count", "run", b"run", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClaimRunResponse: _TypeAlias = ClaimRunResponse  # noqa: Y015
+
+@_typing.final
+class LeaseHistory(_message.Message):
+    """LeaseHistory says how a pushed lease's history stands to what the worker holds of its session
+    from earlier leases on the same stream. The orchestrator keeps a mirror of what each stream's
+    worker holds (bounded by the worker's WorkHello.history_cache_bytes, measured as the serialized
+    size of the parts) and is the one that evicts: the worker forgets only what it is told to.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    HELD_RUNS_FIELD_NUMBER: _builtins.int
+    SUMMARY_KEY_FIELD_NUMBER: _builtins.int
+    KEEP_FIELD_NUMBER: _builtins.int
+    FORGET_SESSIONS_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session the history is of: the key of what the worker holds."""
+    held_runs: _builtins.int
+    """How many leading spans of context.earlier_runs the worker holds (their parts, its input
+    first, as an earlier lease on this stream carried them) and `history` leaves out: `history`
+    starts with the parts of the spans after them. The worker checks each held span's run id and
+    part count; a mismatch is never served from what it holds.
+    """
+    summary_key: _builtins.str
+    """The session's summary, "run_id/part_index" ("" when none): when it names the summary the
+    worker holds and context.summary is unset, the worker's copy stands in; a session compacted
+    since names another, sent in context.summary.
+    """
+    keep: _builtins.bool
+    """Keep this lease's earlier runs and summary (replacing what is held of the session) for later
+    leases on this stream.
+    """
+    @_builtins.property
+    def forget_sessions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Sessions the worker must forget first: evicted from the orchestrator's mirror."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        held_runs: _builtins.int = ...,
+        summary_key: _builtins.str = ...,
+        keep: _builtins.bool = ...,
+        forget_sessions: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forget_sessions", b"forget_sessions", "held_runs", b"held_runs", "keep", b"keep", "session_id", b"session_id", "summary_key", b"summary_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaseHistory: _TypeAlias = LeaseHistory  # noqa: Y015
 
 @_typing.final
 class HeartbeatRequest(_message.Message):
@@ -2544,6 +2607,7 @@ class WorkHello(_message.Message):
     TAKES_BATCHES_FIELD_NUMBER: _builtins.int
     OUTCOME_RETURNS_CREDIT_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
+    HISTORY_CACHE_BYTES_FIELD_NUMBER: _builtins.int
     protocol_version: _builtins.int
     """The Work protocol version the worker speaks; a peer speaking another is refused with
     FAILED_PRECONDITION naming both.
@@ -2556,6 +2620,12 @@ class WorkHello(_message.Message):
     """An outcome write (complete, park, schedule_retry, release) acknowledged OK frees the
     worker's slot: the replica counts it as one more credit, and the worker sends no
     WorkCredits for it. Every other way an attempt ends is granted back with WorkCredits.
+    """
+    history_cache_bytes: _builtins.int
+    """The worker keeps the histories of the sessions it is leased runs of, up to this many bytes
+    (the serialized size of their parts), forgotten when the stream ends: pushed leases then
+    carry only what it does not hold (ClaimRunResponse.history_cache). 0 (a worker of a release
+    before): every lease carries its whole history.
     """
     @_builtins.property
     def held(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldLease]:
@@ -2576,10 +2646,11 @@ class WorkHello(_message.Message):
         takes_batches: _builtins.bool = ...,
         outcome_returns_credit: _builtins.bool = ...,
         tools: _abc.Iterable[Global___ToolAnnouncement] | None = ...,
+        history_cache_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "outcome_returns_credit", b"outcome_returns_credit", "protocol_version", b"protocol_version", "takes_batches", b"takes_batches", "tools", b"tools", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "history_cache_bytes", b"history_cache_bytes", "outcome_returns_credit", b"outcome_returns_credit", "protocol_version", b"protocol_version", "takes_batches", b"takes_batches", "tools", b"tools", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -239,6 +239,7 @@ class EarlierRun:
     run_id: str
     input_text: str
     parts: list[Part]
+    created_at: datetime
 
 
 # Per leased run that needs them: its session's latest summary (the context compaction that
@@ -252,8 +253,19 @@ _WANTED = (
         bindparam("w_session_ids", type_=ARRAY(Text)),
         bindparam("w_before", type_=ARRAY(DateTime(timezone=True))),
         bindparam("w_history", type_=ARRAY(Boolean)),
+        bindparam("w_known_after", type_=ARRAY(DateTime(timezone=True))),
+        bindparam("w_known_summary_run", type_=ARRAY(Text)),
+        bindparam("w_known_summary_index", type_=ARRAY(Integer)),
     )
-    .table_valued("run_id", "session_id", "before", "history")
+    .table_valued(
+        "run_id",
+        "session_id",
+        "before",
+        "history",
+        "known_after",
+        "known_summary_run",
+        "known_summary_index",
+    )
     .render_derived("wanted", with_types=False)
 )
 _LATEST_SUMMARY = (
@@ -281,6 +293,9 @@ _RECENT_RUNS = (
         runs.c.status == RunStatus.COMPLETED.value,
         runs.c.created_at < _WANTED.c.before,
         runs.c.created_at > func.coalesce(_LATEST_SUMMARY.c.through_created_at, _NEVER),
+        # What the worker holds already (its newest run's created_at) is not read again: the
+        # runs of a session complete in the order they were created (one head at a time).
+        runs.c.created_at > func.coalesce(_WANTED.c.known_after, _NEVER),
     )
     .order_by(runs.c.created_at.desc())
     .limit(bindparam("limit_runs"))
@@ -346,20 +361,30 @@ _HISTORY = select(
         (run_parts.c.run_id == _RECENT_RUNS.c.run_id) & run_parts.c.superseded_at.is_(None),
     )
 )
-_SUMMARY_PART = select(
-    _WANTED.c.run_id.label("for_run"),
-    _kind("summary"),
-    _LATEST_SUMMARY.c.summary_run_id.label("earlier_run_id"),
-    null().cast(Text).label("input_text"),
-    _NEVER.label("earlier_created_at"),
-    null().cast(BigInteger).label("turn_tokens"),
-    *_PART_COLUMNS,
-).select_from(
-    _WITH_SUMMARY.join(
-        run_parts,
-        (run_parts.c.run_id == _LATEST_SUMMARY.c.summary_run_id)
-        & (run_parts.c.part_index == _LATEST_SUMMARY.c.summary_part_index),
+# The latest summary: which part it is and the run it ends at (`earlier_created_at`: that run's
+# created_at), with the part unless it is the one the worker holds (then its columns are NULL).
+_SUMMARY_PART = (
+    select(
+        _WANTED.c.run_id.label("for_run"),
+        _kind("summary"),
+        _LATEST_SUMMARY.c.summary_run_id.label("earlier_run_id"),
+        null().cast(Text).label("input_text"),
+        _LATEST_SUMMARY.c.through_created_at.label("earlier_created_at"),
+        _LATEST_SUMMARY.c.summary_part_index.cast(BigInteger).label("turn_tokens"),
+        *_PART_COLUMNS,
     )
+    .select_from(
+        _WITH_SUMMARY.outerjoin(
+            run_parts,
+            (run_parts.c.run_id == _LATEST_SUMMARY.c.summary_run_id)
+            & (run_parts.c.part_index == _LATEST_SUMMARY.c.summary_part_index)
+            & ~(
+                (_LATEST_SUMMARY.c.summary_run_id == _WANTED.c.known_summary_run)
+                & (_LATEST_SUMMARY.c.summary_part_index == _WANTED.c.known_summary_index)
+            ),
+        )
+    )
+    .where(_LATEST_SUMMARY.c.summary_run_id.is_not(None))
 )
 _PREVIOUS = runs.alias("previous")
 _PREVIOUS_RUN = (
@@ -431,6 +456,25 @@ class Wanted:
     created_at: datetime
     history: bool
     own: bool
+    # What the worker to be leased the run holds of its session already: the created_at of its
+    # newest earlier run (None: no run), and its summary (run id, part index).
+    known_after: datetime | None = None
+    known_summary: tuple[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class SummaryMark:
+    """Which part a session's latest summary is (`run_id`, `part_index`), and the created_at of
+    the run it ends at (the history's earlier runs are those after it)."""
+
+    run_id: str
+    part_index: int
+    through_created_at: datetime
+
+    @property
+    def key(self) -> str:
+        """Its name on the wire (LeaseHistory.summary_key)."""
+        return f"{self.run_id}/{self.part_index}"
 
 
 @dataclass
@@ -443,6 +487,8 @@ class AttemptInputs:
     own: list[Part] = field(default_factory=list)
     summary: Part | None = None
     last_turn: LastTurn = NO_TURN
+    # The latest summary's place, read even when its part is not (the worker holds it).
+    summary_mark: SummaryMark | None = None
 
 
 async def attempt_inputs(
@@ -460,6 +506,10 @@ async def attempt_inputs(
         "w_session_ids": [w.session_id for w in asked],
         "w_before": [w.created_at for w in asked],
         "w_history": [w.history for w in asked],
+        "w_known_after": [w.known_after for w in asked],
+        # Never NULL: the summary's join compares them, and a NULL would hide the part.
+        "w_known_summary_run": [w.known_summary[0] if w.known_summary else "" for w in asked],
+        "w_known_summary_index": [w.known_summary[1] if w.known_summary else -1 for w in asked],
         "limit_runs": limit_runs,
         "o_run_ids": [w.run_id for w in asked if w.own],
     }
@@ -468,13 +518,19 @@ async def attempt_inputs(
         if row.row_kind == "own":
             inputs.own.append(read(row, row.for_run))
         elif row.row_kind == "summary":
-            inputs.summary = read(row, row.earlier_run_id)
+            inputs.summary_mark = SummaryMark(
+                row.earlier_run_id, int(row.turn_tokens), row.earlier_created_at
+            )
+            if row.part_index is not None:  # else the worker holds it
+                inputs.summary = read(row, row.earlier_run_id)
         elif row.row_kind == "turn":
             inputs.last_turn = LastTurn(int(row.turn_tokens), row.earlier_run_id == row.for_run)
         else:
             earlier = inputs.earlier
             if not earlier or earlier[-1].run_id != row.earlier_run_id:
-                earlier.append(EarlierRun(row.earlier_run_id, row.input_text, []))
+                earlier.append(
+                    EarlierRun(row.earlier_run_id, row.input_text, [], row.earlier_created_at)
+                )
             if row.part_index is not None:
                 earlier[-1].parts.append(read(row, row.earlier_run_id))
     return found
