@@ -20,6 +20,7 @@ from services.admission.retention import Retention as AdmissionRetention
 from services.admission.service import Admitter, Disposition
 from services.orchestrator.knowledge import Knowledge
 from services.orchestrator.repositories import retention as retention_repo
+from services.orchestrator.repositories.intake import STRIPES
 from services.orchestrator.repositories.parts import HISTORY_RUNS
 from services.orchestrator.retention import Retention as RunRetention
 from tests.integration.test_admission import chat
@@ -38,6 +39,8 @@ from tether.db.schema import (
     run_parts,
     runs,
     sessions,
+    tenant_queues,
+    tenant_stripes,
     tenants,
     tool_outputs,
     usage_turns,
@@ -414,10 +417,11 @@ async def test_a_deleted_tenants_rows_go_whatever_their_status_and_no_one_elses(
         _, left = await admission_sweep.delete_tenant("t1")
     ids = [r.run_id for r in doomed] + [retried.run.run_id]
     assert not await kept(engine, ids)
-    for table in (runs, messages, sessions, event_claims):
+    for table in (runs, messages, sessions, event_claims, tenant_queues, tenant_stripes):
         assert await count(engine, table, table.c.tenant_id == "t1") == 0, table.name
     assert await kept(engine, [other.run_id]) == {other.run_id}
     assert await count(engine, messages, messages.c.tenant_id == "t2") == 1
+    assert await count(engine, tenant_stripes, tenant_stripes.c.tenant_id == "t2") == STRIPES
 
 
 async def test_a_live_conversation_keeps_its_summary_and_a_removed_summary_run_takes_it_along(
