@@ -408,6 +408,9 @@ async def test_a_deleted_tenants_rows_go_whatever_their_status_and_no_one_elses(
     retried = await admitter.admit(chat("e0", "hi", tenant="t1"))  # a lineage of two
     await with_aggregate(engine, doomed[1].run_id)
     other = (await admitter.admit(chat("e0", "hi", tenant="t2"))).run
+    # Its first run gave the tenant its finish tags and the row a claim locks under a cap.
+    assert await count(engine, tenant_queues, tenant_queues.c.tenant_id == "t1") == 1
+    assert await count(engine, tenant_stripes, tenant_stripes.c.tenant_id == "t1") == STRIPES
     run_sweep, admission_sweep = sweeps(engine)
     left = True
     while left:

@@ -245,6 +245,7 @@ def queued_run(source: Select[Any]) -> tuple[CTE, CTE]:
             ),
         )
         .returning(*runs.c)
+        .add_cte(_QUEUE_ROW)
         .cte("queued_run")
     )
     return run, appended_events(run)
