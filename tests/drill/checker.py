@@ -4,6 +4,8 @@ be 0, with a few example ids beside it so a failure can be looked up."""
 
 from __future__ import annotations
 
+import bisect
+import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +50,23 @@ INVARIANTS = (
     "channel_runs_per_event_above_one",
     "channel_events_answered_twice",
     "channel_deliveries_without_outcome",
+    "quiet_runs_waiting_past_bound",
+    "flood_without_quiet_runs_measured",
 )
+# The flood (tests.drill.flood_load): while the flooding tenant has at least FLOOD_BACKLOG runs
+# queued, a quiet tenant's run (its tenant had no other run waiting for a lease when it could be
+# leased) waits, from that moment to its lease, for no more than QUIET_WAIT_BOUND of the flood's
+# leases. The bound is counted in the flood's leases, not in seconds: how fast the pool goes is
+# the machine's (a shared one halves it), whom the claim leases next is the claim's. Fair leases
+# give a quiet tenant's run a tag at the queue's head (within one run's tag of the virtual time),
+# so the flood's runs leased ahead of it are the few tied with it, plus the claims already under
+# way: fewer than the pool's slots (3 workers of 8: 24). A claim in admission order would lease
+# the whole backlog queued ahead of it first: FLOOD_BACKLOG or more. (A run of a tenant with
+# runs of its own still waiting queues behind them, as it should: not measured.) The report
+# gives the waits in seconds beside it, and the flood's own.
+QUIET_WAIT_BOUND = 24
+FLOOD_BACKLOG = 50
+
 # A channel answer's outcomes (`deliveries.state`): anything else is still on its way.
 DELIVERY_OUTCOMES = ("sent", "failed", "unknown", "denied")
 
@@ -86,6 +104,8 @@ class Seen:
     channel_runs: Mapping[str, set[str]] = field(default_factory=dict)
     # Slack event id -> how many answers the bot posted in its message's thread
     channel_replies: Mapping[str, int] = field(default_factory=dict)
+    # The tenant flooding the pool (tests.drill.flood_load); None: no flood.
+    flood_tenant: str | None = None
 
 
 async def read_state(db_url: str) -> DbState:
@@ -159,6 +179,7 @@ def evaluate(state: DbState, ledger: Iterable[LedgerRecord], seen: Seen) -> dict
             )
             found[name].append(f"{call.method}: {call.code} {call.detail}")
     _channel_answers(state, by_id, seen, found)
+    flood = _quiet_waits(state, seen, found)
     found["conflicting_deliveries_accepted"] = list(seen.conflicts_accepted)
     found["decisions_accepted_twice"] = list(seen.decisions_accepted_twice)
 
@@ -189,7 +210,107 @@ def evaluate(state: DbState, ledger: Iterable[LedgerRecord], seen: Seen) -> dict
             # a run that never moved again is counted as stuck at the end.
             "not_within_bound": list(seen.unrecovered),
         },
+        "flood": flood,
         "failed_invariants": sorted(name for name, n in invariants.items() if n),
+    }
+
+
+def _quiet_waits(state: DbState, seen: Seen, found: dict[str, list[str]]) -> dict[str, Any]:
+    """While the flooding tenant had FLOOD_BACKLOG runs or more queued, each quiet tenant's run
+    is leased before the flood is leased QUIET_WAIT_BOUND more runs, counted from the moment the
+    run could be leased: its admission, or, queued behind an earlier run of its session, that
+    run's end (when the session was handed to it); quiet: no other run of its tenant was then
+    admitted and not yet leased. From the runs' own times (a run's first lease, `started_at`,
+    is its claim's transaction time, the same for every run of one claim)."""
+    if seen.flood_tenant is None:
+        return {}
+    flood = [r for r in state.runs if r["tenant_id"] == seen.flood_tenant]
+    flood_admitted = sorted(r["created_at"].timestamp() for r in flood)
+    flood_leased = sorted(r["started_at"].timestamp() for r in flood if r["started_at"] is not None)
+    # Each tenant's runs from admission to their first lease (or their end, never leased).
+    waiting_from: dict[str, list[float]] = defaultdict(list)
+    waiting_to: dict[str, list[float]] = defaultdict(list)
+    for r in state.runs:
+        end = r["started_at"] or r["finished_at"]
+        waiting_from[r["tenant_id"]].append(r["created_at"].timestamp())
+        waiting_to[r["tenant_id"]].append(float("inf") if end is None else end.timestamp())
+    for times in (*waiting_from.values(), *waiting_to.values()):
+        times.sort()
+
+    def waiting(tenant: str, at: float) -> int:
+        """The tenant's runs admitted by `at` and not leased (nor ended) by then."""
+        return bisect.bisect_right(waiting_from[tenant], at) - bisect.bisect_right(
+            waiting_to[tenant], at
+        )
+
+    def flood_leases(after: float, before: float) -> int:
+        """The flood's first leases after `after` and before `before` (not in the same claim)."""
+        return max(
+            0, bisect.bisect_left(flood_leased, before) - bisect.bisect_right(flood_leased, after)
+        )
+
+    by_session: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in state.runs:
+        by_session[r["session_id"]].append(r)
+    overtaken, waits = [], []
+    for session_runs in by_session.values():
+        session_runs.sort(key=lambda r: (r["created_at"], r["run_id"]))
+        before: dict[str, Any] | None = None
+        for r in session_runs:
+            ready, prior = r["created_at"].timestamp(), before
+            before = r
+            tenant = r["tenant_id"]
+            if tenant == seen.flood_tenant or r["started_at"] is None:
+                continue
+            if prior is not None:
+                if prior["finished_at"] is None:
+                    continue  # leased while an earlier run held the session: not a queue wait
+                ready = max(ready, prior["finished_at"].timestamp())
+            lease = r["started_at"].timestamp()
+            queued = bisect.bisect_right(flood_admitted, ready) - bisect.bisect_right(
+                flood_leased, ready
+            )
+            # Itself, admitted and not leased at `ready` (unless leased at that very moment).
+            own = 1 if r["created_at"].timestamp() <= ready < lease else 0
+            if queued < FLOOD_BACKLOG or waiting(tenant, ready) > own:
+                continue
+            ahead = flood_leases(ready, lease)
+            overtaken.append(ahead)
+            waits.append(max(0.0, lease - ready))
+            if ahead > QUIET_WAIT_BOUND:
+                found["quiet_runs_waiting_past_bound"].append(
+                    f"{r['run_id']} ({tenant}): {ahead} flood runs leased in its"
+                    f" {lease - ready:.2f} s wait, {queued} queued when it could be leased"
+                )
+    if flood and not waits:
+        found["flood_without_quiet_runs_measured"].append(
+            f"no quiet tenant's run became leasable while {FLOOD_BACKLOG}+ flood runs were queued"
+        )
+    flood_waits = [
+        r["started_at"].timestamp() - r["created_at"].timestamp()
+        for r in flood
+        if r["started_at"] is not None
+    ]
+    return {
+        "bound_flood_leases": QUIET_WAIT_BOUND,
+        "backlog_at_least": FLOOD_BACKLOG,
+        "quiet_runs_measured": len(waits),
+        "quiet_flood_leases_in_wait": _spread([float(n) for n in overtaken]),
+        "quiet_wait_s": _spread(waits),
+        "flood_runs": len(flood),
+        "flood_wait_s": _spread(flood_waits),
+    }
+
+
+def _spread(samples: Sequence[float]) -> dict[str, float] | None:
+    """p50, p99 and max of `samples`, or None when there are none."""
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    return {
+        "p50": round(statistics.median(ordered), 3),
+        "p99": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 3),
+        "max": round(ordered[-1], 3),
     }
 
 

@@ -59,9 +59,10 @@ class DrillTenant:
     granted: bool
 
 
-async def provision_tenant(db_url: str, index: int, *, granted: bool) -> DrillTenant:
-    """Create tenant `index` with the soak's agent and a client key (one place, so a change in
-    how keys and principals are made is adapted here only)."""
+async def provision_tenant(db_url: str, index: int | str, *, granted: bool) -> DrillTenant:
+    """Create tenant `index` (a number, or a name such as "flood") with the soak's agent and a
+    client key (one place, so a change in how keys and principals are made is adapted here
+    only)."""
     tenant_id = f"drill-{index}-{uuid.uuid4().hex[:6]}"
     agent = {
         "tool_allowlist": TOOLS,
@@ -135,6 +136,10 @@ class World:
     slack: SlackServer
     # tenant id -> its Slack connection's (channel id, signing secret)
     slack_connections: dict[str, tuple[str, str]]
+    # The tenant flooding the pool and a quiet one beside it (tests.drill.flood_load), apart
+    # from `tenants`.
+    flood_tenant: DrillTenant
+    quiet_tenant: DrillTenant
 
     def gateways(self) -> list[str]:
         """host:port of every gateway replica."""
@@ -201,6 +206,8 @@ async def world(
             )
         )
         connections = await connect_slack(db_url, secrets_key, slack, tenants_list)
+        flood_tenant = await provision_tenant(db_url, "flood", granted=False)
+        quiet_tenant = await provision_tenant(db_url, "quiet", granted=False)
         yield World(
             services,
             postgres,
@@ -212,6 +219,8 @@ async def world(
             tenants_list,
             slack,
             connections,
+            flood_tenant,
+            quiet_tenant,
         )
     finally:
         if services is not None:

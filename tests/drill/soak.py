@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 from tests.drill import checker
 from tests.drill.channel_load import ChannelLoad, ChannelObservations
 from tests.drill.chaos import OUTAGE_TAIL_S, Chaos, ChaosLog, schedule
+from tests.drill.flood_load import FloodLoad, FloodObservations
 from tests.drill.infra import World, world
 from tests.drill.load import Load, Observations
 from tether.db.engine import create_engine
@@ -48,6 +49,8 @@ async def soak(config: SoakConfig, work_dir: Path) -> dict[str, Any]:
         load = Load(w, random.Random(config.seed), obs)
         channel_obs = ChannelObservations()
         channel_load = ChannelLoad(w, random.Random(config.seed + 1), channel_obs)
+        flood_obs = FloodObservations()
+        flood_load = FloodLoad(w, random.Random(config.seed + 2), flood_obs)
         chaos = Chaos(w, config.seed, chaos_log, workers=config.workers)
         t0 = time.monotonic()
         load_end = t0 + duration
@@ -55,6 +58,7 @@ async def soak(config: SoakConfig, work_dir: Path) -> dict[str, Any]:
         log.info("load and faults for %.0f s: %d faults planned", duration, len(plan))
         load_task = asyncio.create_task(load.run(config.conversations, load_end))
         channel_task = asyncio.create_task(channel_load.run(load_end))
+        flood_task = asyncio.create_task(flood_load.run(load_end))
         try:
             await chaos.run(plan, t0, load_end)
             remaining = load_end - time.monotonic()
@@ -65,7 +69,7 @@ async def soak(config: SoakConfig, work_dir: Path) -> dict[str, Any]:
             log.info("load stopped; settling for at most %.0f s", config.settle_s)
             await _settle(w, obs, load.settle_until)
         finally:
-            for task in (load_task, channel_task):
+            for task in (load_task, channel_task, flood_task):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -87,6 +91,7 @@ async def soak(config: SoakConfig, work_dir: Path) -> dict[str, Any]:
                 event_id: sum(1 for m in w.slack.thread(*where) if m.bot_id is not None)
                 for event_id, where in channel_obs.threads.items()
             },
+            flood_tenant=w.flood_tenant.tenant_id,
         )
         report = checker.evaluate(state, w.ledger.records, seen)
         report_replies = seen.channel_replies
@@ -110,6 +115,10 @@ async def soak(config: SoakConfig, work_dir: Path) -> dict[str, Any]:
             "channel_redeliveries": channel_obs.redelivered,
             "channel_refused": {str(k): v for k, v in sorted(channel_obs.refused.items())},
             "channel_answers": sum(report_replies.values()),
+            "flood_sent": flood_obs.sent,
+            "flood_sends_failed": flood_obs.failed,
+            "flood_backlog_max": flood_obs.backlog_max,
+            "quiet_tenant_runs": flood_obs.quiet_sent,
         }
     return report
 

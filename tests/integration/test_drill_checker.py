@@ -49,6 +49,7 @@ class World:
         message_id: str | None = None,
         parent: str | None = None,
         event_id: str | None = None,
+        tenant: str = TENANT,
         **values: Any,
     ) -> str:
         run_id = f"run_{uuid.uuid4().hex}"
@@ -59,7 +60,7 @@ class World:
                 await conn.execute(
                     insert(sessions).values(
                         session_id=session_id,
-                        tenant_id=TENANT,
+                        tenant_id=tenant,
                         channel="chat",
                         conversation_id=f"c-{uuid.uuid4().hex[:6]}",
                         actor_scope="principal:p",
@@ -68,7 +69,7 @@ class World:
                 await conn.execute(
                     insert(messages).values(
                         message_id=message_id,
-                        tenant_id=TENANT,
+                        tenant_id=tenant,
                         session_id=session_id,
                         source="chat",
                         event_id=event_id or f"ev-{uuid.uuid4().hex}",
@@ -82,7 +83,7 @@ class World:
             await conn.execute(
                 insert(runs).values(
                     run_id=run_id,
-                    tenant_id=TENANT,
+                    tenant_id=tenant,
                     session_id=session_id,
                     message_id=message_id,
                     conversation_id="c",
@@ -406,3 +407,67 @@ async def test_channel_events_answered_twice_or_left_without_an_outcome_are_coun
         "channel_deliveries_without_outcome": 4,
         "channel_runs_per_event_above_one": 1,
     }
+
+
+FLOOD = "t-flood"
+
+
+async def _flood(world: World, start: datetime, runs_count: int) -> None:
+    """The flooding tenant's runs: all admitted at `start`, leased one a second from 50 s on."""
+    await world.add(tenants, tenant_id=FLOOD, name=FLOOD)
+    for i in range(runs_count):
+        await world.run(
+            tenant=FLOOD,
+            created_at=start,
+            started_at=start + timedelta(seconds=50 + i),
+            finished_at=start + timedelta(seconds=51 + i),
+        )
+    world.seen.flood_tenant = FLOOD
+
+
+async def test_a_quiet_tenants_run_the_flood_was_leased_past_is_counted(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checker, "FLOOD_BACKLOG", 3)
+    monkeypatch.setattr(checker, "QUIET_WAIT_BOUND", 2)
+    t0 = datetime.now(UTC) - timedelta(seconds=200)
+
+    def at(seconds: float) -> datetime:
+        return t0 + timedelta(seconds=seconds)
+
+    await _flood(world, t0, 10)  # leased at 50, 51, ..., 59 s
+    for quiet in ("q1", "q2", "q3", "q4", "q5", "q6"):
+        await world.add(tenants, tenant_id=quiet, name=quiet)
+    # Quiet tenants' runs queued while the flood had 10 queued: one flood lease before one,
+    # four before the other.
+    await world.run(tenant="q1", created_at=at(10), started_at=at(50.5), finished_at=at(60))
+    late = await world.run(tenant="q2", created_at=at(10), started_at=at(53.5), finished_at=at(60))
+    # Leased in the same claim as a flood run (52 s): that one is not ahead of it.
+    await world.run(tenant="q3", created_at=at(20), started_at=at(52), finished_at=at(60))
+    # Queued once the flood was all leased: nothing to wait behind, not measured.
+    await world.run(tenant="q4", created_at=at(60), started_at=at(80), finished_at=at(81))
+    # Queued behind its session's earlier run (here its retry): its wait starts when that run
+    # ended (54.2 s: one flood lease after, five queued), not at its admission (six leases).
+    first = await world.run(tenant="q5", created_at=at(5), started_at=at(5.2), finished_at=at(54.2))
+    await world.run(
+        tenant="q5",
+        message_id=(await world.row(runs, run_id=first))["message_id"],
+        parent=first,
+        created_at=at(6),
+        started_at=at(55.5),
+        finished_at=at(56),
+    )
+    # Queued behind its own tenant's earlier run, still waiting: not a quiet tenant's run, so
+    # not measured (eight flood leases in its wait).
+    await world.run(tenant="q6", created_at=at(10), started_at=at(50.5), finished_at=at(60))
+    await world.run(tenant="q6", created_at=at(11), started_at=at(58.6), finished_at=at(60))
+    report = await world.report()
+    assert failing(report) == {"quiet_runs_waiting_past_bound": 1}
+    assert report["examples"]["quiet_runs_waiting_past_bound"][0].startswith(late)
+    assert report["flood"]["quiet_runs_measured"] == 6
+
+
+async def test_a_flood_no_quiet_run_waited_behind_is_counted(world: World) -> None:
+    await _flood(world, datetime.now(UTC) - timedelta(seconds=200), 3)
+    await world.run()  # admitted now, the flood long leased: nothing to measure
+    assert failing(await world.report()) == {"flood_without_quiet_runs_measured": 1}

@@ -1,22 +1,28 @@
 """Fair leases against the real PostgreSQL: tenants share the leases by weight whatever backlog
 one of them has queued first, a tenant that queues its first run gets it leased in the next
-claim, and a run's priority orders it within its own tenant (never against another tenant)."""
+claim, and a run's priority orders it within its own tenant (never against another tenant);
+one tenant's admissions take their tags without waiting for each other's commits."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import Counter
 from dataclasses import replace
 
 import pytest
-from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import select, text, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from services.admission import repository as admission
 from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
 from services.orchestrator.execution import Execution
+from services.orchestrator.repositories.intake import STRIPES
 from tests.integration.test_admission import _tenant, chat
 from tether import priorities
 from tether.db.schema import runs, tenants
+from tether.ids import new_id
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -118,3 +124,78 @@ async def test_an_unknown_priority_is_refused_before_anything_is_written() -> No
         priorities.rank("urgent")
     assert type(refused.value).__name__ == "InvalidArgument"
     assert "high, normal, low" in str(refused.value)
+
+
+async def _admit_uncommitted(engine: AsyncEngine, tenant: str, name: str) -> AsyncConnection:
+    """Admit a run of `tenant` in a transaction left open (the caller commits it): what it
+    holds, it holds until then."""
+    conn = await engine.connect()
+    await conn.begin()
+    params = admission.admit_params(
+        event=chat(name, tenant=tenant, conversation=name),
+        request_hash=b"h" * 32,
+        run_id=new_id("run"),
+        session_id=new_id("ses"),
+        message_id=new_id("msg"),
+        max_attempts=3,
+        traceparent=None,
+    )
+    assert await admission.admit_new(conn, params) is not None
+    return conn
+
+
+async def _tags(engine: AsyncEngine, tenant: str) -> list[float]:
+    async with engine.connect() as conn:
+        found = await conn.execute(
+            select(runs.c.fair_key).where(runs.c.tenant_id == tenant).order_by(runs.c.fair_key)
+        )
+        return list(found.scalars())
+
+
+async def test_a_tenants_admission_does_not_wait_for_another_of_its_admissions_to_commit(
+    engine: AsyncEngine,
+) -> None:
+    await _weigh(engine, {"tw": 1})
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    await _queue(admitter, "tw", 1)
+    held = await _admit_uncommitted(engine, "tw", "tw-held")
+    try:
+        # Admitted and committed while the tenant's other admission is still open.
+        await asyncio.wait_for(admitter.admit(chat("tw-2", tenant="tw", conversation="tw-2")), 10)
+    finally:
+        await held.commit()
+        await held.close()
+    # The tenant's tags go on one run at a time, whichever admission commits first.
+    assert await _tags(engine, "tw") == [0, 1, 2]
+
+
+async def test_with_every_stripe_held_an_admission_waits_for_the_next_tag(
+    engine: AsyncEngine,
+) -> None:
+    await _weigh(engine, {"ts": 1})
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    await _queue(admitter, "ts", 1)
+    # As many admissions of the tenant open at once as it has stripes: tags 1 to STRIPES.
+    held = [await _admit_uncommitted(engine, "ts", f"ts-held-{i}") for i in range(STRIPES)]
+    late = asyncio.create_task(admitter.admit(chat("ts-late", tenant="ts", conversation="ts-late")))
+    try:
+        async with engine.connect() as conn:
+            waiting = text(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+            deadline = time.monotonic() + 10
+            while (await conn.execute(waiting)).scalar_one() == 0:
+                assert time.monotonic() < deadline, "the late admission never waited"
+                assert not late.done(), "admitted while every stripe was held"
+                await asyncio.sleep(0.05)  # polling pg_stat_activity for the wait
+        # It waits for the stripe with the least next tag (the first held), and takes that
+        # stripe's next one once it commits.
+        await held[0].commit()
+        await asyncio.wait_for(late, 10)
+    finally:
+        for conn in held:
+            if conn.in_transaction():
+                await conn.commit()
+            await conn.close()
+    assert await _tags(engine, "ts") == list(range(STRIPES + 2))

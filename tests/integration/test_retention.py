@@ -20,6 +20,7 @@ from services.admission.retention import Retention as AdmissionRetention
 from services.admission.service import Admitter, Disposition
 from services.orchestrator.knowledge import Knowledge
 from services.orchestrator.repositories import retention as retention_repo
+from services.orchestrator.repositories.intake import STRIPES
 from services.orchestrator.repositories.parts import HISTORY_RUNS
 from services.orchestrator.retention import Retention as RunRetention
 from tests.integration.test_admission import chat
@@ -38,6 +39,8 @@ from tether.db.schema import (
     run_parts,
     runs,
     sessions,
+    tenant_queues,
+    tenant_stripes,
     tenants,
     tool_outputs,
     usage_turns,
@@ -405,6 +408,9 @@ async def test_a_deleted_tenants_rows_go_whatever_their_status_and_no_one_elses(
     retried = await admitter.admit(chat("e0", "hi", tenant="t1"))  # a lineage of two
     await with_aggregate(engine, doomed[1].run_id)
     other = (await admitter.admit(chat("e0", "hi", tenant="t2"))).run
+    # Its first run gave the tenant its finish tags and the row a claim locks under a cap.
+    assert await count(engine, tenant_queues, tenant_queues.c.tenant_id == "t1") == 1
+    assert await count(engine, tenant_stripes, tenant_stripes.c.tenant_id == "t1") == STRIPES
     run_sweep, admission_sweep = sweeps(engine)
     left = True
     while left:
@@ -414,10 +420,11 @@ async def test_a_deleted_tenants_rows_go_whatever_their_status_and_no_one_elses(
         _, left = await admission_sweep.delete_tenant("t1")
     ids = [r.run_id for r in doomed] + [retried.run.run_id]
     assert not await kept(engine, ids)
-    for table in (runs, messages, sessions, event_claims):
+    for table in (runs, messages, sessions, event_claims, tenant_queues, tenant_stripes):
         assert await count(engine, table, table.c.tenant_id == "t1") == 0, table.name
     assert await kept(engine, [other.run_id]) == {other.run_id}
     assert await count(engine, messages, messages.c.tenant_id == "t2") == 1
+    assert await count(engine, tenant_stripes, tenant_stripes.c.tenant_id == "t2") == STRIPES
 
 
 async def test_a_live_conversation_keeps_its_summary_and_a_removed_summary_run_takes_it_along(

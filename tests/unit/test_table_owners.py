@@ -37,6 +37,7 @@ OWNER = {
     "webhook_subscriptions": "orchestrator",
     "webhook_deliveries": "orchestrator",
     "tenant_queues": "orchestrator",
+    "tenant_stripes": "orchestrator",
     # Inbound events and conversations.
     "event_claims": "admission",
     "messages": "admission",

@@ -19,7 +19,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.orchestrator.repositories import agent_caps
-from tether.db.schema import in_state, runs, tenant_queues, tenants
+from tether.db.schema import in_state, runs, tenant_queues, tenant_stripes, tenants
 from tether.states import RunStatus
 
 CLAIMABLE = and_(in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head)
@@ -173,12 +173,20 @@ async def tenant_at_cap(conn: AsyncConnection, tenant_id: str) -> int | None:
 
 
 async def delete_tenant(conn: AsyncConnection, tenant_id: str) -> int:
-    """Remove a deleted tenant's finish tag (its runs gone first); how many rows (0 or 1)."""
-    gone = await conn.execute(delete(tenant_queues).where(tenant_queues.c.tenant_id == tenant_id))
-    return int(gone.rowcount)
+    """Remove a deleted tenant's finish tags (its runs gone first): its stripes and its row in
+    tenant_queues; how many rows."""
+    gone = await conn.execute(delete(tenant_stripes).where(tenant_stripes.c.tenant_id == tenant_id))
+    row = await conn.execute(delete(tenant_queues).where(tenant_queues.c.tenant_id == tenant_id))
+    return int(gone.rowcount) + int(row.rowcount)
 
 
 async def tenant_has_tags(conn: AsyncConnection, tenant_id: str) -> bool:
-    """Whether the tenant still has a finish tag."""
-    found = select(tenant_queues.c.tenant_id).where(tenant_queues.c.tenant_id == tenant_id)
+    """Whether the tenant still has a finish tag (a stripe, or its row in tenant_queues)."""
+    found = (
+        select(tenant_queues.c.tenant_id)
+        .where(tenant_queues.c.tenant_id == tenant_id)
+        .union_all(
+            select(tenant_stripes.c.tenant_id).where(tenant_stripes.c.tenant_id == tenant_id)
+        )
+    )
     return (await conn.execute(found)).first() is not None

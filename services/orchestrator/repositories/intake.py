@@ -10,6 +10,7 @@ first attempt, event, stored format, whether it heads its session) is written he
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import (
@@ -22,11 +23,14 @@ from sqlalchemy import (
     SmallInteger,
     Text,
     bindparam,
+    case,
+    cast,
     exists,
     func,
     insert,
     literal,
     select,
+    true,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -38,7 +42,7 @@ from services.orchestrator.repositories.transitions import (
     event_params,
 )
 from tether import formats
-from tether.db.schema import in_state, runs, sessions, tenant_queues, tenants
+from tether.db.schema import in_state, runs, sessions, tenant_queues, tenant_stripes, tenants
 from tether.domain import Run, run_queued
 from tether.errors import NotFound
 from tether.priorities import NORMAL, PRIORITIES
@@ -73,34 +77,153 @@ FACTS = (
 
 
 _FAIR_TENANT = bindparam("fq_tenant_id", type_=Text)
+# A tenant's finish tag is striped over this many rows (tenant_stripes): its admissions take
+# tags from different stripes at once, so as many admissions of one tenant as this go on
+# without waiting for each other's commits.
+STRIPES = 16
 # The queue's virtual time: the least start tag of a claimable run (one probe of ix_runs_fair);
-# with none queued, the latest finish tag of any tenant (one probe of ix_tenant_queues_tail), so
-# that a tenant busy long ago starts level with the rest, not behind them.
+# with none queued, the latest finish tag of any tenant (one probe of ix_tenant_stripes_tail),
+# so that a tenant busy long ago starts level with the rest, not behind them.
 _VIRTUAL_TIME = func.coalesce(
     select(runs.c.fair_key)
     .where(in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head)
     .order_by(runs.c.fair_key)
     .limit(1)
     .scalar_subquery(),
-    select(func.max(tenant_queues.c.tail)).scalar_subquery(),
+    select(func.max(tenant_stripes.c.tail)).scalar_subquery(),
     literal(0.0, Double),
 )
-# What one run costs its tenant's tags: 1 / weight (tenants.weight, 1 when unset).
-_STEP = literal(1.0, Double) / func.coalesce(
-    select(tenants.c.weight).where(tenants.c.tenant_id == _FAIR_TENANT).scalar_subquery(), 1
+# The virtual time and the tenant's weight (tenants.weight, 1 when unset), read once.
+_CLOCK = select(
+    _VIRTUAL_TIME.label("vt"),
+    cast(
+        func.coalesce(
+            select(tenants.c.weight).where(tenants.c.tenant_id == _FAIR_TENANT).scalar_subquery(),
+            1,
+        ),
+        Double,
+    ).label("w"),
+).cte("fair_clock")
+
+
+def _stride(clock: Any) -> Any:
+    """One run's worth of a stripe's tags: STRIPES runs of the tenant, 1 / weight each."""
+    return literal(float(STRIPES), Double) / clock.c.w
+
+
+_STRIDE = _stride(_CLOCK)
+
+
+def _offer(stripe: Any, clock: Any = _CLOCK) -> Any:
+    """A stripe's next tag: its tail, or, when the virtual time has passed it, the first tag of
+    the stripe's from the virtual time on (in the tenant's units u = vt * weight: the least
+    u + d, 0 <= d < STRIPES, with u + d = the stripe's number modulo STRIPES). The stripes'
+    first tags past the virtual time are the tenant's next STRIPES tags, the least within one
+    run's tag of it."""
+    u = clock.c.vt * clock.c.w
+    behind = cast(stripe.c.stripe, Double) - u
+    stripes = literal(float(STRIPES), Double)
+    first = (u + behind - stripes * func.floor(behind / stripes)) / clock.c.w
+    return func.greatest(stripe.c.tail, first)
+
+
+# The run's start tag (start-time fair queueing), in this order:
+# - the tenant's free stripe with the least next tag, locked without waiting (SKIP LOCKED: a
+#   stripe another admission holds is left to it), the stripe's tail moving on by _STRIDE;
+_PICK = (
+    select(tenant_stripes.c.tenant_id, tenant_stripes.c.stripe)
+    .select_from(tenant_stripes.join(_CLOCK, true()))
+    .where(tenant_stripes.c.tenant_id == _FAIR_TENANT)
+    .order_by(_offer(tenant_stripes), tenant_stripes.c.stripe)
+    .limit(1)
+    .with_for_update(skip_locked=True, of=tenant_stripes)
+    .cte("fair_pick")
 )
-# The run's start tag (start-time fair queueing): the later of its tenant's finish tag and the
-# virtual time; its tenant's finish tag moves on by one step. One row per tenant, locked for
-# the admitting statement only.
-_FAIR = (
-    pg_insert(tenant_queues)
-    .values(tenant_id=_FAIR_TENANT, tail=_VIRTUAL_TIME + _STEP)
-    .on_conflict_do_update(
-        index_elements=[tenant_queues.c.tenant_id],
-        set_={"tail": func.greatest(tenant_queues.c.tail, _VIRTUAL_TIME) + _STEP},
+# The clock read in scalar subqueries (in an upsert's SET and RETURNING).
+_CLOCK_READ = SimpleNamespace(
+    c=SimpleNamespace(
+        vt=select(_CLOCK.c.vt).scalar_subquery(), w=select(_CLOCK.c.w).scalar_subquery()
     )
-    .returning((tenant_queues.c.tail - _STEP).label("start"))
-    .cte("fair")
+)
+
+
+def _moved_on(source: Select[Any], name: str) -> CTE:
+    """The stripe `source` selects (tenant_id, stripe, 0) moved on by one run: an upsert on
+    the existing row (an UPDATE would take the admission's `tenant_id` parameter as a value
+    to SET), returning the run's start tag."""
+    return (
+        pg_insert(tenant_stripes)
+        .from_select(["tenant_id", "stripe", "tail"], source)
+        .on_conflict_do_update(
+            index_elements=[tenant_stripes.c.tenant_id, tenant_stripes.c.stripe],
+            set_={"tail": _offer(tenant_stripes, _CLOCK_READ) + _stride(_CLOCK_READ)},
+        )
+        .returning((tenant_stripes.c.tail - _stride(_CLOCK_READ)).label("start"))
+        .cte(name)
+    )
+
+
+_TAKEN = _moved_on(select(_PICK.c.tenant_id, _PICK.c.stripe, literal(0.0, Double)), "fair_taken")
+# - when every stripe is held (more admissions of the tenant at once than STRIPES), the one
+#   with the least next tag, waiting for it;
+_LEAST = tenant_stripes.alias("least_stripe")
+_WAITED = _moved_on(
+    select(_LEAST.c.tenant_id, _LEAST.c.stripe, literal(0.0, Double))
+    .select_from(_LEAST.join(_CLOCK, true()))
+    .where(_LEAST.c.tenant_id == _FAIR_TENANT, ~exists(select(_PICK.c.stripe)))
+    .order_by(_offer(_LEAST), _LEAST.c.stripe)
+    .limit(1),
+    "fair_waited",
+)
+# - the tenant's first run: its stripes are made, the first of them taken (and its row in
+#   tenant_queues, which a claim locks when the tenant has a cap). Two first runs at once: the
+#   later finds the stripes made by the other and starts at the virtual time.
+_NO_STRIPES = ~exists(
+    select(tenant_stripes.c.stripe).where(tenant_stripes.c.tenant_id == _FAIR_TENANT)
+)
+_UNITS = func.ceil(_CLOCK.c.vt * _CLOCK.c.w)
+_NUMBERS = (
+    func.generate_series(0, STRIPES - 1).table_valued("n").render_derived(name="stripe_numbers")
+)
+_MADE = (
+    pg_insert(tenant_stripes)
+    .from_select(
+        ["tenant_id", "stripe", "tail"],
+        select(
+            tenants.c.tenant_id,
+            _NUMBERS.c.n,
+            case(
+                (
+                    _NUMBERS.c.n == func.mod(cast(_UNITS, BigInteger), STRIPES),
+                    _UNITS / _CLOCK.c.w + _STRIDE,
+                ),
+                else_=literal(0.0, Double),
+            ),
+        )
+        .select_from(tenants.join(_NUMBERS, true()).join(_CLOCK, true()))
+        .where(tenants.c.tenant_id == _FAIR_TENANT, _NO_STRIPES),
+    )
+    .on_conflict_do_nothing()
+    .returning(tenant_stripes.c.tail)
+    .cte("fair_made")
+)
+_QUEUE_ROW = (
+    pg_insert(tenant_queues)
+    .from_select(
+        ["tenant_id"],
+        select(tenants.c.tenant_id).where(tenants.c.tenant_id == _FAIR_TENANT, _NO_STRIPES),
+    )
+    .on_conflict_do_nothing()
+    .returning(tenant_queues.c.tenant_id)
+    .cte("fair_queue_row")
+)
+_START = func.coalesce(
+    select(_TAKEN.c.start).scalar_subquery(),
+    select(_WAITED.c.start).scalar_subquery(),
+    select(func.max(_MADE.c.tail - _STRIDE))
+    .select_from(_MADE.join(_CLOCK, true()))
+    .scalar_subquery(),
+    select(_CLOCK.c.vt).scalar_subquery(),
 )
 
 
@@ -118,10 +241,11 @@ def queued_run(source: Select[Any]) -> tuple[CTE, CTE]:
                 EVENT_COUNT.cast(BigInteger),
                 literal(formats.CURRENT, SmallInteger),
                 bindparam("fq_priority", type_=SmallInteger),
-                select(_FAIR.c.start).scalar_subquery(),
+                _START,
             ),
         )
         .returning(*runs.c)
+        .add_cte(_QUEUE_ROW)
         .cte("queued_run")
     )
     return run, appended_events(run)

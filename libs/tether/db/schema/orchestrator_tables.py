@@ -450,9 +450,9 @@ Index(
     channel_statuses.c.callback_data,
 )
 
-# Each tenant's finish tag (fair leases, start-time fair queueing): the tag after its last
-# admitted run. Admission gives a run the start tag max(tail, the queue's virtual time) and moves
-# the tail on by 1 / tenants.weight, in its own statement (intake.queued_run).
+# A row per tenant that has queued a run: the row a claim locks to lease within the tenant's
+# cap (fair.lock_capped). Its `tail` was the tenant's finish tag before the tags were striped
+# (tenant_stripes); a release before still moves it on, this one reads it only to seed stripes.
 tenant_queues = Table(
     "tenant_queues",
     metadata,
@@ -460,6 +460,21 @@ tenant_queues = Table(
     Column("tail", Double, nullable=False, server_default=text("0")),
 )
 Index("ix_tenant_queues_tail", tenant_queues.c.tail)
+
+# Each tenant's finish tag (fair leases, start-time fair queueing), striped over
+# intake.STRIPES rows so that the tenant's admissions do not wait for each other: stripe s hands
+# out the tenant's tags s, s + STRIPES, s + 2 STRIPES, ... (in steps of 1 / tenants.weight), its
+# `tail` the next of them; an admission takes the stripe with the least next tag that no other
+# admission holds (intake.queued_run).
+tenant_stripes = Table(
+    "tenant_stripes",
+    metadata,
+    Column("tenant_id", Text, ForeignKey("tenants.tenant_id"), nullable=False),
+    Column("stripe", SmallInteger, nullable=False),
+    Column("tail", Double, nullable=False, server_default=text("0")),
+    PrimaryKeyConstraint("tenant_id", "stripe"),
+)
+Index("ix_tenant_stripes_tail", tenant_stripes.c.tail)
 
 # Model rate limits (README, "Model rate limits"): what each (provider credential, model)'s
 # buckets held, written in batches by the replicas that grant from them, so a replica that
