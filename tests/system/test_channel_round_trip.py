@@ -17,7 +17,8 @@ from tests.system.execution_support import wait_for_status
 from tether.testing import slack_events, whatsapp_events
 from tether.testing.model_server import TextTurn
 
-pytestmark = pytest.mark.system
+# a whole stack of processes per module: tens of seconds, so in `make slow` (the 15-minute budget)
+pytestmark = [pytest.mark.system, pytest.mark.slow]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

@@ -20,7 +20,8 @@ from tests.system.test_work_stream import Stream
 from tether.testing.model_script import ErrorTurn, newest_text
 from tether.v1 import common_pb2, orchestrator_pb2
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+# a whole stack of processes per module: tens of seconds, so in `make slow` (the 15-minute budget)
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 
 BUDGET = 1 << 20
 TURNS = 12  # the conversation's turns before the compared one

@@ -30,6 +30,10 @@ from tether.db.schema import audit_log, messages, runs
 from tether.testing.eventually import eventually
 from tether.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
+# a whole stack of processes per module: tens of seconds, so in `make slow` (the 15-minute budget)
+pytestmark = pytest.mark.slow
+
+
 SCHEDULE_SCOPES = (
     *apikeys.CLIENT_SCOPES,
     apikeys.AGENTS_READ,

@@ -34,7 +34,8 @@ from tether.db.schema import audit_log, runs, tenants
 from tether.testing.model_server import TextTurn
 from tether.v1 import gateway_pb2
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+# a whole stack of processes per module: tens of seconds, so in `make slow` (the 15-minute budget)
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 __all__ = ["stack"]  # the module's stack, with the operator's credential
 
 

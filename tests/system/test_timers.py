@@ -30,6 +30,10 @@ from tether.db.schema import run_events
 from tether.testing.model_server import TextTurn, ToolUseTurn
 from tether.v1 import common_pb2
 
+# a whole stack of processes per module: tens of seconds, so in `make slow` (the 15-minute budget)
+pytestmark = pytest.mark.slow
+
+
 AGENT = {"tool_allowlist": [*TOOLS, "wait_until"]}
 
 

@@ -23,6 +23,9 @@ from tether.domain import schema_sha256
 from tether.testing.eventually import eventually
 from tether.testing.model_server import TextTurn, ToolUseTurn
 
+# a whole stack of processes per module: tens of seconds, so in `make slow` (the 15-minute budget)
+pytestmark = pytest.mark.slow
+
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(

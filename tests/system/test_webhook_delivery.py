@@ -30,6 +30,10 @@ from tether.testing.model_server import TextTurn, ToolUseTurn
 from tether.testing.webhook_receiver import WebhookReceiver
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
 
+# a whole stack of processes per module: tens of seconds, so in `make slow` (the 15-minute budget)
+pytestmark = pytest.mark.slow
+
+
 DISABLE_AFTER_S = 3.0
 SCOPES = [*apikeys.CLIENT_SCOPES, apikeys.WEBHOOKS_READ, apikeys.WEBHOOKS_WRITE]
 

@@ -26,6 +26,10 @@ from tether.v1 import gateway_pb2, gateway_pb2_grpc, interactions_pb2, interacti
 
 # A public address given literally: accepted with no DNS, and never sent to (no run of the
 # stack's ends: it has no worker).
+# a whole stack of processes per module: tens of seconds, so in `make slow` (the 15-minute budget)
+pytestmark = pytest.mark.slow
+
+
 PUBLIC_URL = "https://8.8.8.8/tether-test-hook"
 
 
