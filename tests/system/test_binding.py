@@ -45,6 +45,9 @@ from tether.v1 import (
     orchestrator_pb2_grpc,
 )
 
+# processes killed and restarted, services outlived: seconds each, so in `make slow` (the budget)
+pytestmark = pytest.mark.slow
+
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(

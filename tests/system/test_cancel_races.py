@@ -38,6 +38,10 @@ from tether.hints import cancel_channel
 from tether.testing.eventually import eventually
 from tether.testing.model_server import MidStreamError, TextTurn, ToolUseTurn
 
+# processes killed and restarted, services outlived: seconds each, so in `make slow` (the budget)
+pytestmark = pytest.mark.slow
+
+
 # Leases outlive every test here: no keepalive or reap may interleave with a held race.
 LONG_LEASE = {
     "TETHER_ORCHESTRATOR_LEASE_TTL_S": "60",

@@ -29,6 +29,9 @@ from tether.testing.eventually import eventually
 from tether.testing.model_server import TextTurn, ToolUseTurn
 from tether.v1 import common_pb2, events_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
+# processes killed and restarted, services outlived: seconds each, so in `make slow` (the budget)
+pytestmark = pytest.mark.slow
+
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def drill(

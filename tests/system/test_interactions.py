@@ -41,6 +41,10 @@ from tether.v1 import (
     orchestrator_pb2_grpc,
 )
 
+# processes killed and restarted, services outlived: seconds each, so in `make slow` (the budget)
+pytestmark = pytest.mark.slow
+
+
 THREE_QUESTIONS = {
     "questions": [
         {"key": "size", "prompt": "Which size?", "options": ["S", "M", "L"]},

@@ -40,7 +40,8 @@ from tether.testing.eventually import eventually
 from tether.testing.model_server import TextTurn
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+# processes killed and restarted, services outlived: seconds each, so in `make slow` (the budget)
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 
 # Long enough that calls made while it lasts must have met it (and the clients' retries run
 # across it); short enough to keep the suite fast.

@@ -37,6 +37,9 @@ from tether.testing.model_server import ErrorTurn, TextTurn, ToolUseTurn
 from tether.transport import RESUME_SEQ_KEY, TERMINAL_TYPES
 from tether.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
+# processes killed and restarted, services outlived: seconds each, so in `make slow` (the budget)
+pytestmark = pytest.mark.slow
+
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def redis_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EmbeddedRedis]:
