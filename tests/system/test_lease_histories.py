@@ -7,6 +7,7 @@ sent every history whole."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -183,10 +184,17 @@ def _newest_user_text(body: dict[str, Any]) -> str:
     return newest_text(users[-1]["content"]) if users else ""
 
 
+# The live clock fact (`2026-12-01 14:03 Tuesday, ...`): two attempts of one turn, seconds apart,
+# may fall either side of a minute's turn, so it is compared as a placeholder; all else byte for
+# byte.
+_CLOCK = re.compile(rb"\d{4}-\d{2}-\d{2} \d{2}:\d{2} [A-Z][a-z]+day")
+
+
 async def _attempts_of(stack: ExecStack, text: str) -> list[bytes]:
-    """The request bodies (canonical JSON) the model server saw for the turn `text`."""
+    """The request bodies (canonical JSON) the model server saw for the turn `text`, the live
+    clock read as a placeholder."""
     return [
-        json.dumps(r.body, sort_keys=True).encode()
+        _CLOCK.sub(b"<clock>", json.dumps(r.body, sort_keys=True).encode())
         for r in stack.model.requests
         if isinstance(r.body, dict) and _newest_user_text(r.body) == text
     ]
