@@ -44,7 +44,9 @@ test: venv $(NODE_STAMP)
 
 # The slow checks, tens of seconds to minutes each, kept out of `make test` (.ci/run runs this
 # after it): the chaos soak's 60 seconds with a fixed seed, the image's install replayed from the
-# lock, `tether up` and its supervision, a rolling restart, the long growth checks.
+# lock, `tether up` and its supervision, a rolling restart, the long growth checks, and the system
+# modules that start whole stacks or kill and restart processes (interactions, drills, streaming,
+# outages, timers, schedules, channels and webhooks end to end, ...).
 slow: venv
 	$(BIN)/python -m pytest -q -m slow
 
