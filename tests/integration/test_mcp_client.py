@@ -74,6 +74,20 @@ async def test_a_call_sends_its_key_and_a_retry_with_it_runs_once(clients: McpCl
     assert server.ledger.initializations == 1, "one session for every call"
 
 
+async def test_calls_on_one_session_share_one_connection(clients: McpClients) -> None:
+    """The server ends each call's event stream right after its answer; the client reads that
+    end before it lets the response go, so the connection is used again rather than a new one
+    opened per call (measured before: one TCP connection per call)."""
+    async with McpServer() as server:
+        agent = entry(server)
+        for i in range(10):
+            outcome = await clients.call(agent, "lookup_order", {"order_id": "A-1001"}, f"k{i}")
+            assert outcome.failure is None
+        connections = len(server.ledger.post_connections)
+    assert server.ledger.executions["lookup_order"] == 10
+    assert connections <= 2, f"{connections} connections for 10 calls and the initialize"
+
+
 async def test_a_tool_error_is_an_outcome_the_model_reads(clients: McpClients) -> None:
     async with McpServer() as server:
         agent = entry(server)

@@ -29,7 +29,9 @@ def _orders() -> dict[str, dict[str, str]]:
 @dataclass
 class McpLedger:
     """`executions[tool]` counts real runs (a replay is not one); `executions_by_key[key]` the
-    runs under one idempotency key; `replays[key]` the answers served from the store."""
+    runs under one idempotency key; `replays[key]` the answers served from the store;
+    `post_connections` the client addresses (host, port) MCP POSTs came in on: one per TCP
+    connection a client opened for its requests."""
 
     orders: dict[str, dict[str, str]] = field(default_factory=_orders)
     executions: dict[str, int] = field(default_factory=dict)
@@ -42,6 +44,7 @@ class McpLedger:
     listings: int = 0
     slow_started: int = 0
     slow_interrupted: int = 0
+    post_connections: set[tuple[str, int]] = field(default_factory=set)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict, repr=False)
 
     def lock(self, key: str) -> asyncio.Lock:
@@ -71,4 +74,5 @@ class McpLedger:
             "listings": self.listings,
             "slow_started": self.slow_started,
             "slow_interrupted": self.slow_interrupted,
+            "post_connections": len(self.post_connections),
         }

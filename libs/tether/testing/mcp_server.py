@@ -107,7 +107,11 @@ class McpServer(LocalServer):
 
     async def start(self) -> None:
         """Bind (port 0 picks a free one; a restart binds the same one) and serve."""
-        sock = socket.socket(socket.AF_INET6 if ":" in self._host else socket.AF_INET)
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        # IPPROTO_TCP named, so asyncio turns Nagle off on every accepted connection (it checks
+        # the protocol): else a reused connection's response body waits ~40 ms for the client's
+        # delayed acknowledgement of its headers.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self._host, self._port))
         sock.listen(128)
@@ -341,6 +345,9 @@ class McpServer(LocalServer):
                 response = Response(b"unavailable", status_code=503, media_type="text/plain")
             await response(scope, receive, send)
             return
+        client = scope.get("client")
+        if scope["type"] == "http" and scope["method"] == "POST" and client is not None:
+            self.ledger.post_connections.add((client[0], client[1]))
         inner = self._inner
         if inner is None:
             await Response(b"restarting", status_code=503)(scope, receive, send)
