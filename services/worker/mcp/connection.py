@@ -21,6 +21,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import MCP_SESSION_ID, streamable_http_client
 from mcp.types import Implementation
 
+from services.worker.mcp.reuse import ReusingTransport
 from tether.mcp_wire import IDEMPOTENCY_KEY_META
 
 CLIENT_INFO = Implementation(name="tether-worker", version="1")
@@ -167,6 +168,7 @@ class Connection:
         try:
             async with (
                 httpx2.AsyncClient(
+                    transport=ReusingTransport(),
                     headers=headers,
                     timeout=timeout,
                     event_hooks={"response": [self.observer.on_response]},
