@@ -32,6 +32,7 @@ class AgentRender:
     estimated_cost_micros: int
     routed_agent: str
     routed_version: int
+    warnings: tuple[str, ...] = ()
 
 
 class AgentRenders:
@@ -104,4 +105,5 @@ class AgentRenders:
             rendered.estimated_cost_micros,
             routed_name if routed_name in routed else "",
             routed.get(routed_name or "", 0),
+            rendered.warnings,
         )

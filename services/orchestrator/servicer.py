@@ -421,4 +421,5 @@ class OrchestratorServicer(
             estimated_cost_micros=rendered.estimated_cost_micros,
             routed_agent=rendered.routed_agent,
             routed_version=rendered.routed_version,
+            warnings=rendered.warnings,
         )

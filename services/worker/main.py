@@ -97,7 +97,7 @@ async def amain(settings: WorkerSettings, credential: str, tls: MutualTls | None
         stream=stream,
         make_attempt=make_attempt,
         concurrency=settings.concurrency,
-        render=lambda job: render(job, registry=registry, providers=providers),
+        render=lambda job: render(job, registry=registry, providers=providers, mcp=mcp),
     )
     # It has no database: ready once it serves (what it needs of the schema, the
     # orchestrator it calls waits for).

@@ -7,11 +7,18 @@ the agent's input price.
 No run means no lease to fence a search of Tether's document store by, so the orchestrator
 searches the tenant's documents for the message and sends the matches with the job: the
 built-in retriever takes them from there, and any other installed retriever runs as it would.
+
+An agent's MCP servers are listed as a lease lists them (from the same cache), offered after the
+other tools as an attempt offers them, when a render can reach them: a server that needs a
+credential (a bearer secret, revealed only to a leased run of the agent, or a person's OAuth
+connection) is not asked, and the render says `mcp_server_omitted:<name>` for it, as it says
+what a listing left out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +31,7 @@ from services.worker.context.providers import (
     RetrievalRequest,
 )
 from services.worker.interactions import BUILTIN_SPECS
+from services.worker.mcp.tools import McpToolbox
 from services.worker.tools.registry import ToolRegistry
 from tether.domain import AgentConfig, FoundDocument, Origin, Rendered, RenderJob
 from tether.pricing import cost_micros
@@ -90,8 +98,25 @@ class _Found:
         ]
 
 
+async def _mcp_tools(
+    config: AgentConfig, registry: ToolRegistry, mcp: McpToolbox | None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The MCP tools an attempt would be offered that a render can list, and what it cannot."""
+    if mcp is None or not config.mcp_servers:
+        return [], []
+    open_ones = tuple(s for s in config.mcp_servers if s.auth == "none")
+    closed = [f"mcp_server_omitted:{s.name}" for s in config.mcp_servers if s.auth != "none"]
+    taken = {*config.tool_allowlist, *registry.names, *BUILTIN_SPECS}
+    leased = await mcp.lease(replace(config, mcp_servers=open_ones), None, taken)
+    return list(leased.specs), [*leased.warnings, *closed]
+
+
 async def render(
-    job: RenderJob, *, registry: ToolRegistry, providers: ContextProviders
+    job: RenderJob,
+    *,
+    registry: ToolRegistry,
+    providers: ContextProviders,
+    mcp: McpToolbox | None = None,
 ) -> Rendered:
     """The request `job`'s agent would send first for its message, and its estimate."""
     config = job.config
@@ -107,9 +132,10 @@ async def render(
         gathered = await providers.gather(config.context, facts, retrieval, _Found(job.documents))
     except ContextFailed as failed:
         return Rendered(job.render_id, {}, error_code=failed.code, error_message=failed.message)
+    mcp_specs, warnings = await _mcp_tools(config, registry, mcp)
     builder = ContextBuilder(
         config,
-        tools=tool_specs(registry, config.tool_allowlist),
+        tools=[*tool_specs(registry, config.tool_allowlist), *mcp_specs],
         summary=None,
         earlier=(),
         facts=gathered.facts,
@@ -119,4 +145,4 @@ async def render(
     request = builder.request((), model=config.model, max_tokens=max_tokens(config))
     tokens = request_tokens(request)
     cost = cost_micros({"input_tokens": tokens}, config.prices.get(config.model))
-    return Rendered(job.render_id, request, tokens, cost)
+    return Rendered(job.render_id, request, tokens, cost, warnings=tuple(warnings))

@@ -161,6 +161,33 @@ async def test_a_read_call_is_offered_sorted_refused_by_its_schema_then_runs_onc
     assert key
 
 
+async def test_a_render_offers_the_servers_tools_a_run_would_and_names_what_it_cannot_list(
+    stack: ExecStack, fresh: McpServer, locked: McpServer
+) -> None:
+    tenant = await stack.tenant(scopes=SCOPES)
+    agent = shop(fresh.url, tools=["lookup_order", "cancel_order", "gone"], risk={})
+    agent["mcp_servers"].append(
+        {"name": "vault", "url": locked.url, "auth": {"bearer": "vault-token"}, "tools": ["x"]}
+    )
+    await apply(tenant, agent)
+    text = prompt("mcp render")
+    async with grpc.aio.insecure_channel(stack.addr("gateway")) as channel:
+        rendered = await gateway_pb2_grpc.GatewayServiceStub(channel).RenderAgent(
+            gateway_pb2.RenderAgentRequest(name="shop", message=text), metadata=tenant.metadata
+        )
+    request = json.loads(rendered.request_json)
+    names = [t["name"] for t in request["tools"]]
+    # As a run's first request offers them: after the built-in tools, sorted.
+    assert names[-2:] == ["shop__cancel_order", "shop__lookup_order"], names
+    lookup = next(t for t in request["tools"] if t["name"] == "shop__lookup_order")
+    assert lookup["input_schema"]["required"] == ["order_id"]
+    # The bearer server is not asked (its secret is revealed only to a leased run).
+    assert list(rendered.warnings) == ["mcp_tool_omitted:shop__gone", "mcp_server_omitted:vault"]
+    assert locked.ledger.initializations == 0
+    assert fresh.ledger.executions == {}
+    assert not [r for r in stack.model.requests if r.script_key == text], "no model call"
+
+
 async def test_a_destructive_call_waits_for_approval_and_runs_the_stored_input_once(
     stack: ExecStack, fresh: McpServer
 ) -> None:

@@ -196,11 +196,13 @@ async def cmd_render(args: argparse.Namespace, emit: Emit) -> int:
             "estimated_cost_usd": done.estimated_cost_micros / 1_000_000,
             "routed_agent": done.routed_agent or None,
             "routed_version": done.routed_version or None,
+            "warnings": list(done.warnings),
         },
         json.dumps(request, indent=2, ensure_ascii=False)
         + f"\n# {done.agent} v{done.version}: about {done.estimated_input_tokens} input tokens, "
         f"${done.estimated_cost_micros / 1_000_000:.6f}; the routes pick "
-        + (f"{done.routed_agent} v{done.routed_version}" if done.routed_agent else "no agent"),
+        + (f"{done.routed_agent} v{done.routed_version}" if done.routed_agent else "no agent")
+        + "".join(f"\n# warning: {w}" for w in done.warnings),
     )
     return 0
 

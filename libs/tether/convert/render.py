@@ -55,6 +55,7 @@ def rendered_to_proto(rendered: Rendered) -> orchestrator_pb2.WorkRendered:
         estimated_cost_micros=rendered.estimated_cost_micros,
         error_code=rendered.error_code,
         error_message=rendered.error_message,
+        warnings=rendered.warnings,
     )
 
 
@@ -67,4 +68,5 @@ def rendered_from_proto(message: orchestrator_pb2.WorkRendered) -> Rendered:
         estimated_cost_micros=message.estimated_cost_micros,
         error_code=message.error_code,
         error_message=message.error_message,
+        warnings=tuple(message.warnings),
     )

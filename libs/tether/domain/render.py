@@ -47,3 +47,5 @@ class Rendered:
     estimated_cost_micros: int = 0
     error_code: str = ""
     error_message: str = ""
+    warnings: tuple[str, ...] = ()
+    """What the request leaves out and why, in a completion's warning words."""

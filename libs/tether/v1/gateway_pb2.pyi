@@ -2194,6 +2194,7 @@ class RenderAgentResponse(_message.Message):
     ESTIMATED_COST_MICROS_FIELD_NUMBER: _builtins.int
     ROUTED_AGENT_FIELD_NUMBER: _builtins.int
     ROUTED_VERSION_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     agent: _builtins.str
     """The agent rendered."""
     version: _builtins.int
@@ -2212,6 +2213,13 @@ class RenderAgentResponse(_message.Message):
     """The agent the tenant's routes pick for the source and channel (empty: none)."""
     routed_version: _builtins.int
     """That agent's published version."""
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What the request leaves out and why: `mcp_server_omitted:<name>` for an MCP server whose
+        tools a render cannot list (one that needs a run's secret or a person's connection, or did
+        not answer), `mcp_tool_omitted:<server__tool>` for an allowlisted tool it does not list.
+        """
+
     def __init__(
         self,
         *,
@@ -2222,10 +2230,11 @@ class RenderAgentResponse(_message.Message):
         estimated_cost_micros: _builtins.int = ...,
         routed_agent: _builtins.str = ...,
         routed_version: _builtins.int = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "estimated_cost_micros", b"estimated_cost_micros", "estimated_input_tokens", b"estimated_input_tokens", "request_json", b"request_json", "routed_agent", b"routed_agent", "routed_version", b"routed_version", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "estimated_cost_micros", b"estimated_cost_micros", "estimated_input_tokens", b"estimated_input_tokens", "request_json", b"request_json", "routed_agent", b"routed_agent", "routed_version", b"routed_version", "version", b"version", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

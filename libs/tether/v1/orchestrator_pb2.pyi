@@ -4224,6 +4224,7 @@ class WorkRendered(_message.Message):
     ESTIMATED_COST_MICROS_FIELD_NUMBER: _builtins.int
     ERROR_CODE_FIELD_NUMBER: _builtins.int
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     render_id: _builtins.int
     """The WorkRender answered."""
     request_json: _builtins.str
@@ -4236,6 +4237,12 @@ class WorkRendered(_message.Message):
     """Why it could not be built (a required context provider failed); empty when it was."""
     error_message: _builtins.str
     """Said for a person."""
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What the request leaves out and why, as a run's completion warnings say it (an MCP
+        server whose tools a render cannot list: `mcp_server_omitted:<name>`).
+        """
+
     def __init__(
         self,
         *,
@@ -4245,10 +4252,11 @@ class WorkRendered(_message.Message):
         estimated_cost_micros: _builtins.int = ...,
         error_code: _builtins.str = ...,
         error_message: _builtins.str = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "estimated_cost_micros", b"estimated_cost_micros", "estimated_input_tokens", b"estimated_input_tokens", "render_id", b"render_id", "request_json", b"request_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "estimated_cost_micros", b"estimated_cost_micros", "estimated_input_tokens", b"estimated_input_tokens", "render_id", b"render_id", "request_json", b"request_json", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -4315,6 +4323,7 @@ class AgentRenderResponse(_message.Message):
     ESTIMATED_COST_MICROS_FIELD_NUMBER: _builtins.int
     ROUTED_AGENT_FIELD_NUMBER: _builtins.int
     ROUTED_VERSION_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     agent: _builtins.str
     """The agent rendered."""
     version: _builtins.int
@@ -4331,6 +4340,10 @@ class AgentRenderResponse(_message.Message):
     """
     routed_version: _builtins.int
     """That agent's published version."""
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What the request leaves out and why (see WorkRendered.warnings)."""
+
     def __init__(
         self,
         *,
@@ -4341,10 +4354,11 @@ class AgentRenderResponse(_message.Message):
         estimated_cost_micros: _builtins.int = ...,
         routed_agent: _builtins.str = ...,
         routed_version: _builtins.int = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "estimated_cost_micros", b"estimated_cost_micros", "estimated_input_tokens", b"estimated_input_tokens", "request_json", b"request_json", "routed_agent", b"routed_agent", "routed_version", b"routed_version", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "estimated_cost_micros", b"estimated_cost_micros", "estimated_input_tokens", b"estimated_input_tokens", "request_json", b"request_json", "routed_agent", b"routed_agent", "routed_version", b"routed_version", "version", b"version", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

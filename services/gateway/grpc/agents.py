@@ -136,4 +136,5 @@ class AgentRpcs:
             estimated_cost_micros=done.estimated_cost_micros,
             routed_agent=done.routed_agent,
             routed_version=done.routed_version,
+            warnings=done.warnings,
         )
