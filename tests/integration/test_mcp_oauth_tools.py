@@ -6,7 +6,7 @@ a call pauses for the connection with the server's discovered endpoints, the gap
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
 
@@ -26,17 +26,25 @@ def agent(server: McpServer) -> AgentConfig:
     return AgentConfig(model="m", agent="shop", mcp_servers=(entry,))
 
 
-def store(token: str | None = None, gap: str = "absent") -> tuple[TokenSource, list[str]]:
-    """The principal's connections as interactions answers them; which providers were asked."""
+def store(
+    token: str | None = None, gap: str = "absent", refreshed: Callable[[], str] | None = None
+) -> tuple[TokenSource, list[str]]:
+    """The principal's connections as interactions answers them (a token reported refused is
+    `refreshed`, or `expired` when there is none to refresh it with); which providers were
+    asked, a refresh as `<provider> refresh`."""
     asked: list[str] = []
 
-    async def resolve(provider: str, scopes: Sequence[str]) -> str:
-        asked.append(provider)
-        if token is None:
+    async def resolve(provider: str, scopes: Sequence[str], refused: str = "") -> str:
+        asked.append(f"{provider} refresh" if refused else provider)
+        if token is None or (refused and refreshed is None):
             raise ConnectionGap(
-                provider=provider, gap=gap, scopes=scopes, credential_ref=f"connection:{provider}"
+                provider=provider,
+                gap=gap if token is None else "expired",
+                scopes=scopes,
+                credential_ref=f"connection:{provider}",
             )
-        return token
+        assert not refused or refused == token, "the refused token is the one the store gave"
+        return refreshed() if refused and refreshed is not None else token
 
     return resolve, asked
 
@@ -117,3 +125,34 @@ async def test_a_token_refused_mid_run_pauses_the_call_instead_of_failing_it(
     gap = await paused_gap(leased)
     assert (gap.provider, gap.gap) == ("mcp:shop", "expired")
     assert guarded.ledger.executions == {}
+
+
+async def test_a_token_refused_before_its_expiry_is_refreshed_at_lease_and_the_tool_offered(
+    box: McpToolbox, guarded: McpServer
+) -> None:
+    assert guarded.oauth is not None
+    stale = guarded.oauth.issue([SCOPE])
+    guarded.oauth.expire_access_tokens()  # revoked at the server; the store thinks it good
+    new = guarded.oauth.issue([SCOPE])
+    resolve, asked = store(stale, refreshed=lambda: new)
+    leased = await box.lease(agent(guarded), None, (), resolve)
+    kit = ToolKit(leased.tools["shop__lookup_order"].tool)  # type: ignore[arg-type]
+    outcome = await kit.call({"order_id": "A-1001"})
+    assert not outcome.paused and not outcome.is_error, outcome
+    assert asked == ["mcp:shop", "mcp:shop refresh"]
+    assert guarded.ledger.executions == {"lookup_order": 1}
+
+
+async def test_a_token_refused_mid_run_is_refreshed_once_and_the_call_runs_once(
+    box: McpToolbox, guarded: McpServer
+) -> None:
+    oauth = guarded.oauth
+    assert oauth is not None
+    resolve, asked = store(oauth.issue([SCOPE]), refreshed=lambda: oauth.issue([SCOPE]))
+    leased = await box.lease(agent(guarded), None, (), resolve)
+    oauth.expire_access_tokens()  # revoked after the lease listed the tools with it
+    kit = ToolKit(leased.tools["shop__lookup_order"].tool)  # type: ignore[arg-type]
+    outcome = await kit.call({"order_id": "A-1001"})
+    assert not outcome.paused and not outcome.is_error, outcome
+    assert asked == ["mcp:shop", "mcp:shop refresh"]
+    assert guarded.ledger.executions == {"lookup_order": 1}
