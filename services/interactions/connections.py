@@ -4,6 +4,7 @@ an OAuth consent when not, and the owner completes it once (its state single-use
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import secrets
 from collections.abc import Sequence
@@ -65,10 +66,18 @@ class Connections:
         self._mcp = mcp
 
     async def resolve_connection(
-        self, run_id: str, epoch: int, provider: str, scopes: Sequence[str]
+        self,
+        run_id: str,
+        epoch: int,
+        provider: str,
+        scopes: Sequence[str],
+        *,
+        refused_sha256: str = "",
     ) -> tuple[str | None, str, str]:
         """(gap or None, access token, credential ref) for the run's owner principal: a
-        connection serves only runs its principal owns."""
+        connection serves only runs its principal owns. `refused_sha256` names a token the
+        provider refused before its expiry: refreshed when it is still the stored one (once,
+        however many workers report it: the first refresh replaces it)."""
         run = await self._orchestrator.leased_run(run_id, epoch)
         owner = run.owner_principal_id
         async with self._engine.connect() as conn:
@@ -87,7 +96,15 @@ class Connections:
             row = refreshed
         if not set(scopes) <= set(row.scopes):
             return "insufficient_scope", "", ref
-        return None, await self._token_of(row), ref
+        token = await self._token_of(row)
+        if refused_sha256 and hmac.compare_digest(
+            hashlib.sha256(token.encode()).hexdigest(), refused_sha256
+        ):
+            refreshed = await self._refreshed(row)
+            if refreshed is None:
+                return "expired", "", ref
+            token = await self._token_of(refreshed)
+        return None, token, ref
 
     async def leased_run(self, run_id: str, epoch: int) -> RunFacts:
         """The run the caller holds the live lease of (FailedPrecondition for a stale lease,

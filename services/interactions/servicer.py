@@ -416,7 +416,11 @@ class InteractionsServicer(interactions_pb2_grpc.InteractionsServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> interactions_pb2.ResolveConnectionResponse:
         gap, token, ref = await self._connections.resolve_connection(
-            request.run_id, request.epoch, request.provider, list(request.scopes)
+            request.run_id,
+            request.epoch,
+            request.provider,
+            list(request.scopes),
+            refused_sha256=request.refused_token_sha256,
         )
         return interactions_pb2.ResolveConnectionResponse(
             gap=_GAPS[gap] if gap else interactions_pb2.CONNECTION_GAP_UNSPECIFIED,

@@ -10,6 +10,7 @@ below.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -295,11 +296,18 @@ class LeasedInteractions:
             signing_secret=response.signing_secret,
         )
 
-    async def token(self, provider: str, scopes: Sequence[str]) -> str:
-        """The run principal's token for `provider`, or ConnectionGap."""
+    async def token(self, provider: str, scopes: Sequence[str], refused: str = "") -> str:
+        """The run principal's token for `provider`, or ConnectionGap. `refused`: a token the
+        provider refused before its expiry, refreshed by the store if it still holds it."""
         response = await self._stub.ResolveConnection(
             interactions_pb2.ResolveConnectionRequest(
-                run_id=self._run_id, epoch=self._epoch, provider=provider, scopes=list(scopes)
+                run_id=self._run_id,
+                epoch=self._epoch,
+                provider=provider,
+                scopes=list(scopes),
+                refused_token_sha256=hashlib.sha256(refused.encode()).hexdigest()
+                if refused
+                else "",
             )
         )
         gap = _GAP_NAME.get(response.gap)

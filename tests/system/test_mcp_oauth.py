@@ -149,6 +149,18 @@ async def test_an_oauth_server_pauses_for_consent_resumes_with_the_token_and_ref
     assert guarded.ledger.executions == {"lookup_order": 2}
     assert_never_logged(stack, guarded)
 
+    # Revoked at the server while the store holds it unexpired: the lease's listing is refused,
+    # the store refreshes the token it still holds, and the run goes on without pausing.
+    assert guarded.oauth is not None
+    guarded.oauth.expire_access_tokens()
+    revoked = prompt("mcp oauth revoked early")
+    stack.model.script(
+        revoked, [ToolUseTurn("shop__lookup_order", {"order_id": "A-1001"}), TextTurn("Still.")]
+    )
+    run = await wait_for_status(stack.db_url, await tenant.send(revoked), "completed")
+    assert run.result_text == "Still."
+    assert guarded.ledger.executions == {"lookup_order": 3}
+
     # Expired again, and the refresh token revoked: the run pauses, and says "expired".
     await expire(stack, tenant, guarded)
     assert guarded.oauth is not None
@@ -162,7 +174,7 @@ async def test_an_oauth_server_pauses_for_consent_resumes_with_the_token_and_ref
     await connect(stack, tenant, run_id, guarded, interactions_pb2.CONNECTION_GAP_EXPIRED)
     run = await wait_for_status(stack.db_url, run_id, "completed")
     assert run.result_text == "Again."
-    assert guarded.ledger.executions == {"lookup_order": 3}
+    assert guarded.ledger.executions == {"lookup_order": 4}
     assert_never_logged(stack, guarded)
 
 

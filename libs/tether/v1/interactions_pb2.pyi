@@ -64,12 +64,18 @@ class ResolveConnectionRequest(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     PROVIDER_FIELD_NUMBER: _builtins.int
     SCOPES_FIELD_NUMBER: _builtins.int
+    REFUSED_TOKEN_SHA256_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     epoch: _builtins.int
     """Fencing epoch of the caller's lease."""
     provider: _builtins.str
     """Provider."""
+    refused_token_sha256: _builtins.str
+    """The SHA-256 (hex) of an access token the provider refused (401) though the store held it
+    unexpired (revoked, or the provider's clock): refreshed now when it is still the stored one;
+    when another caller refreshed it already, the new one is answered as is. Empty: none.
+    """
     @_builtins.property
     def scopes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Scopes the call needs."""
@@ -81,10 +87,11 @@ class ResolveConnectionRequest(_message.Message):
         epoch: _builtins.int = ...,
         provider: _builtins.str = ...,
         scopes: _abc.Iterable[_builtins.str] | None = ...,
+        refused_token_sha256: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "provider", b"provider", "run_id", b"run_id", "scopes", b"scopes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "provider", b"provider", "refused_token_sha256", b"refused_token_sha256", "run_id", b"run_id", "scopes", b"scopes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

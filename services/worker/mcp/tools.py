@@ -41,7 +41,7 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import jsonschema
 
@@ -76,9 +76,18 @@ MAX_PREPARED = 4096
 
 SecretSource = Callable[[str], Awaitable[str]]
 """The value of the run tenant's secret by name (the worker's `LeasedInteractions.secret`)."""
-TokenSource = Callable[[str, Sequence[str]], Awaitable[str]]
-"""The run principal's access token for a provider, or `ConnectionGap` (the worker's
-`LeasedInteractions.token`: interactions refreshes an expired one when it can)."""
+
+
+class TokenSource(Protocol):
+    """The run principal's access token for a provider, or `ConnectionGap` (the worker's
+    `LeasedInteractions.token`: interactions refreshes an expired one when it can, and one the
+    server refused before its expiry when `refused` names it)."""
+
+    def __call__(
+        self, provider: str, scopes: Sequence[str], refused: str = ""
+    ) -> Awaitable[str]: ...
+
+
 _CONNECT_FIRST = {"type": "object", "additionalProperties": True}
 
 
@@ -133,13 +142,18 @@ class McpToolbox:
             tokens[server.name] = token
         usable = [s for s in servers if s.name not in unusable]
         offer, failures = await self.clients.offer(usable, tokens, taken)
+        if connection is not None:
+            refreshed = await _refresh_refused(servers, tokens, failures, connection, gaps)
+            if refreshed:
+                # Listed again with the new tokens (the other servers from the cache).
+                offer, failures = await self.clients.offer(usable, tokens, taken)
         for sentence in offer.warnings:
             log.warning("agent %r: %s", config.agent, sentence)
         by_server = {s.name: s for s in servers}
         tools: dict[str, PreparedTool] = {}
         for offered in offer.tools:
             server = by_server[offered.server]
-            prepared = self._prepare(offered, server, tokens.get(server.name))
+            prepared = self._prepare(offered, server, tokens.get(server.name), connection)
             if prepared is not None:
                 tools[offered.name] = prepared
         for name, failure in list(failures.items()):
@@ -168,7 +182,11 @@ class McpToolbox:
         return LeasedTools(tools, specs, tuple(warnings))
 
     def _prepare(
-        self, offered: OfferedTool, server: McpServer, token: str | None
+        self,
+        offered: OfferedTool,
+        server: McpServer,
+        token: str | None,
+        connection: TokenSource | None = None,
     ) -> PreparedTool | None:
         """The offered tool as the path runs it; prepared (its schema compiled) once per
         distinct listing, not per lease. None, with a log line, when the path's schema check
@@ -182,7 +200,10 @@ class McpToolbox:
             # A digest: the token is bound into the handler, never kept as a key.
             hashlib.sha256(token.encode()).hexdigest() if token else "",
         )
-        cached = self._prepared.get(key)
+        # An OAuth server's tool binds the attempt's own connection source (to refresh a token
+        # the server refuses): prepared for that attempt alone, never cached.
+        refresh = connection if server.auth == "oauth" and token else None
+        cached = self._prepared.get(key) if refresh is None else None
         if cached is not None:
             return cached
         try:
@@ -201,7 +222,7 @@ class McpToolbox:
             writes_externally=risk is not RiskCategory.READ,
         )
         tool = ToolDefinition(
-            spec, _handler(self.clients, server, offered.tool, token, self._timeout)
+            spec, _handler(self.clients, server, offered.tool, token, self._timeout, refresh)
         )
         try:
             prepared = PreparedTool(tool)
@@ -210,6 +231,8 @@ class McpToolbox:
                 "MCP tool %s left out: its input schema cannot be enforced (%s)", offered.name, exc
             )
             return None
+        if refresh is not None:
+            return prepared
         if len(self._prepared) >= MAX_PREPARED:
             self._prepared.clear()
         self._prepared[key] = prepared
@@ -226,6 +249,42 @@ async def _bearer(server: McpServer, secret: SecretSource | None) -> str | None:
         # The message names the secret, never its value.
         log.warning("MCP server %r left out: its bearer secret: %s", server.name, exc)
         return None
+
+
+def _refused(failure: McpOutcome | None) -> bool:
+    """A token sent and refused with 401 (not a scope it lacks): a refresh may cure it."""
+    return (
+        failure is not None
+        and _pausable(failure)
+        and failure.challenge is not None
+        and failure.challenge.gap == "expired"
+    )
+
+
+async def _refresh_refused(
+    servers: Sequence[McpServer],
+    tokens: dict[str, str | None],
+    failures: Mapping[str, McpOutcome],
+    connection: TokenSource,
+    gaps: dict[str, str],
+) -> bool:
+    """For each `auth: oauth` server that refused the token the store held unexpired (revoked,
+    or its clock ahead of ours), the store asked to refresh it: `tokens` updated with each new
+    one, `gaps` with each refresh that failed. Whether any token changed."""
+    changed = False
+    for server in servers:
+        token = tokens.get(server.name)
+        if server.auth != "oauth" or not token or not _refused(failures.get(server.name)):
+            continue
+        try:
+            fresh = await connection(provider(server.name), (), token)
+        except ConnectionGap as gap:
+            gaps[server.name] = gap.gap
+            continue
+        if fresh != token:
+            tokens[server.name] = fresh
+            changed = True
+    return changed
 
 
 async def _connected(server: McpServer, connection: TokenSource) -> tuple[str | None, str]:
@@ -269,20 +328,29 @@ def _connect_first(
 
 
 def _handler(
-    clients: McpClients, server: McpServer, tool: str, token: str | None, timeout_s: float
+    clients: McpClients,
+    server: McpServer,
+    tool: str,
+    token: str | None,
+    timeout_s: float,
+    refresh: TokenSource | None = None,
 ) -> Callable[[ToolContext, dict[str, Any]], Awaitable[ToolOutput]]:
     async def call(ctx: ToolContext, input: dict[str, Any]) -> ToolOutput:
         # A read is not an effect (no key from the path): it sends the key the record would.
         key = ctx.idempotency_key or idempotency_key(ctx.tenant_id, ctx.root_run_id, name, input)
         outcome = await clients.call(
-            server,
-            tool,
-            input,
-            key,
-            ctx.cancelled,
-            token=token,
-            timeout_s=timeout_s,
+            server, tool, input, key, ctx.cancelled, token=token, timeout_s=timeout_s
         )
+        if refresh is not None and token and _refused(outcome):
+            # Refused unseen (401: nothing ran): once more with a refreshed token, same key.
+            try:
+                fresh = await refresh(provider(server.name), (), token)
+            except ConnectionGap:
+                fresh = token  # not refreshable: the pause below says so
+            if fresh != token:
+                outcome = await clients.call(
+                    server, tool, input, key, ctx.cancelled, token=fresh, timeout_s=timeout_s
+                )
         if server.auth == "oauth" and _pausable(outcome):
             assert outcome.challenge is not None
             # Refused mid-run (expired, revoked, or a scope this tool needs): nothing ran.
