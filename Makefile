@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.bench-installed
 BENCH ?=
 # Protos are checked for breaking changes against main as it was when the execution-core change
 # began (not only the previous commit); intentional breaks are declared in buf.yaml's ignore list.
@@ -94,9 +95,15 @@ gen: venv $(NODE_STAMP)
 docs: venv
 	$(BIN)/python -m tether.stack.reference
 
-# Figures only on stdout: one JSON object per line.
-bench: venv
+# Figures only on stdout: one JSON object per line. The peers the bench runs beside Tether
+# (pgqueuer, procrastinate) come from their own lock, installed here and nowhere else.
+bench: venv $(BENCH_STAMP)
 	@$(BIN)/python -m bench $(BENCH)
+
+$(BENCH_STAMP): $(STAMP) requirements-bench.lock
+	@echo "installing the bench's peers into $(VENV) from requirements-bench.lock" >&2
+	@$(BIN)/python -m pip install --quiet -r requirements-bench.lock -c requirements.lock >&2
+	@touch $(BENCH_STAMP)
 
 # The chaos soak on its own durable PostgreSQL: progress on stderr, one JSON report last on
 # stdout, non-zero exit when an invariant fails. SEED= replays a run's fault schedule.

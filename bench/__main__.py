@@ -12,6 +12,7 @@ from bench import (
     context,
     fairness,
     hotpath,
+    peers,
     ratelimit,
     runs,
     stream,
@@ -29,6 +30,8 @@ GROUPS = {
     # Issue 32's four figures: fair shares and a hot tenant's wait, then the model rate limits.
     "fairness": (fairness.run, ratelimit.run),
     "hotpath": (hotpath.run,),
+    # Issue 34: Tether beside pgqueuer and procrastinate, the same model call (its own lock).
+    "peers": (peers.run,),
     "ratelimit": (ratelimit.run,),
     "runs": (runs.run, telemetry.run),
     # The pushed lease's cost alone (issue 34), also printed by `runs`.
