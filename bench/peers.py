@@ -149,7 +149,15 @@ async def _batch(
         await submitters
 
 
+async def _model_calls(model: Model) -> int:
+    """Messages requests the model server has answered so far."""
+    async with model.http.get(f"{model.base_url}/_requests") as response:
+        response.raise_for_status()
+        return len((await response.json())["requests"])
+
+
 async def queue_peer(servers: Servers, model: Model, peer: Peer) -> Measured:
+    calls_before = await _model_calls(model)
     async with plain_database(servers) as db_url:
         await peer.install(db_url)
         processes: list[asyncio.subprocess.Process] = []
@@ -193,6 +201,9 @@ async def queue_peer(servers: Servers, model: Model, peer: Peer) -> Measured:
                 if process.returncode is None:
                     process.terminate()
                 await process.wait()
+    calls = await _model_calls(model) - calls_before
+    if calls != WARM_UP + RUNS:  # every job made its one call, none more
+        raise RuntimeError(f"{peer.name}: {calls} model calls for {WARM_UP + RUNS} jobs")
     return Measured(RUNS, seconds, used.total)
 
 
