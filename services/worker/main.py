@@ -41,6 +41,10 @@ def provider_client(settings: WorkerSettings) -> AsyncAnthropic:
         base_url=settings.anthropic_base_url or None,
         max_retries=0,
         timeout=httpx2.Timeout(settings.provider_timeout_s, connect=5.0),
+        # The worker's own `chat` span is the model call's (GenAI conventions, usage, finish
+        # reason): the SDK's span of the same call, and the trace context it would send the
+        # provider, are left out.
+        open_telemetry={"traces": False, "propagation": False},
     )
 
 

@@ -21,6 +21,12 @@ identifiers they are (short, lower-case), else `other`, so no input grows a seri
 | `tether.stream.slow_consumer_cuts` | counter | | the gateway |
 
 Everything here is called only while `tether.telemetry.on` is True.
+
+A counter costs its hot path a dictionary addition, not the SDK's measurement (about 6 us with
+its attributes checked and its view matched, where the addition takes 0.1 us): each is tallied
+here, by its label values, and reported cumulatively when the metrics are collected (an
+observable counter, read off the request path by the exporting thread), its attributes built
+then, once per series and export, not per event.
 """
 
 from __future__ import annotations
@@ -41,6 +47,25 @@ _STAGES = ("routing", "context", "attempt", "finalisation", "total")
 _SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 
+class _Tally:
+    """A counter kept as cumulative sums by label values (`keys` names them, in order),
+    reported as an observable counter when the metrics are collected."""
+
+    def __init__(self, meter: Meter, name: str, keys: tuple[str, ...], **described: str) -> None:
+        self._keys = keys
+        self._sums: dict[tuple[str, ...], float] = {}
+        meter.create_observable_counter(name, [self._observe], **described)
+
+    def add(self, amount: float, *values: str) -> None:
+        """Count `amount` for the series `values` (one per key, in order)."""
+        self._sums[values] = self._sums.get(values, 0) + amount
+
+    def _observe(self, _: CallbackOptions) -> Iterable[Observation]:
+        # A copy is taken whole under the GIL: the event loop's thread goes on adding.
+        sums = self._sums.copy()
+        return [Observation(v, dict(zip(self._keys, k, strict=True))) for k, v in sums.items()]
+
+
 @dataclass
 class _QueueReading:
     """The queue as last read: depth, and how long its oldest run had waited then."""
@@ -52,11 +77,17 @@ class _QueueReading:
 
 class _Instruments:
     def __init__(self, meter: Meter) -> None:
-        self.runs = meter.create_counter(
-            "tether.runs", description="Runs that reached a status, by status and tenant."
+        self.runs = _Tally(
+            meter,
+            "tether.runs",
+            ("tether.run.status", "tether.tenant"),
+            description="Runs that reached a status, by status and tenant.",
         )
-        self.admissions = meter.create_counter(
-            "tether.admissions", description="Admissions, by disposition and tenant."
+        self.admissions = _Tally(
+            meter,
+            "tether.admissions",
+            ("tether.disposition", "tether.tenant"),
+            description="Admissions, by disposition and tenant.",
         )
         self.claim_latency = meter.create_histogram(
             "tether.claim.latency",
@@ -65,14 +96,23 @@ class _Instruments:
             "worker leased it.",
             explicit_bucket_boundaries_advisory=_SECONDS,
         )
-        self.lease_expirations = meter.create_counter(
-            "tether.lease.expirations", description="Leases that lapsed (their worker went quiet)."
+        self.lease_expirations = _Tally(
+            meter,
+            "tether.lease.expirations",
+            (),
+            description="Leases that lapsed (their worker went quiet).",
         )
-        self.reaps = meter.create_counter(
-            "tether.reaps", description="Runs the reaper moved, by what it did with them."
+        self.reaps = _Tally(
+            meter,
+            "tether.reaps",
+            ("tether.reap.outcome",),
+            description="Runs the reaper moved, by what it did with them.",
         )
-        self.retries = meter.create_counter(
-            "tether.retries", description="Retries scheduled, by error class and tenant."
+        self.retries = _Tally(
+            meter,
+            "tether.retries",
+            ("error.type", "tether.tenant"),
+            description="Retries scheduled, by error class and tenant.",
         )
         self.stage_duration = meter.create_histogram(
             "tether.stage.duration",
@@ -80,14 +120,24 @@ class _Instruments:
             description="Where an attempt spent its time, by stage.",
             explicit_bucket_boundaries_advisory=_SECONDS,
         )
-        self.tokens = meter.create_counter(
-            "tether.tokens", unit="{token}", description="Model tokens, by tenant, model and type."
+        self.tokens = _Tally(
+            meter,
+            "tether.tokens",
+            ("tether.tenant", "gen_ai.request.model", "gen_ai.token.type"),
+            unit="{token}",
+            description="Model tokens, by tenant, model and type.",
         )
-        self.cost = meter.create_counter(
-            "tether.cost", unit="uUSD", description="Model cost in micro-USD, by tenant and model."
+        self.cost = _Tally(
+            meter,
+            "tether.cost",
+            ("tether.tenant", "gen_ai.request.model"),
+            unit="uUSD",
+            description="Model cost in micro-USD, by tenant and model.",
         )
-        self.cuts = meter.create_counter(
+        self.cuts = _Tally(
+            meter,
             "tether.stream.slow_consumer_cuts",
+            (),
             description="Streams ended because their client fell behind.",
         )
         self.meter = meter
@@ -126,7 +176,7 @@ def identifier_label(value: str) -> str:
 
 def run_moved(status: str, tenant_id: str) -> None:
     """A run reached `status`."""
-    _m().runs.add(1, {"tether.run.status": status, "tether.tenant": tenant_label(tenant_id)})
+    _m().runs.add(1, status, tenant_label(tenant_id))
 
 
 def claimed(queue_wait_s: float, routing_ms: float, tenant_id: str) -> None:
@@ -147,11 +197,7 @@ def stages(durations_ms: Mapping[str, float]) -> None:
 
 def retry(error_code: str, tenant_id: str) -> None:
     """A retry was scheduled after an error of class `error_code`."""
-    attributes = {
-        "error.type": identifier_label(error_code),
-        "tether.tenant": tenant_label(tenant_id),
-    }
-    _m().retries.add(1, attributes)
+    _m().retries.add(1, identifier_label(error_code), tenant_label(tenant_id))
 
 
 def reaped(outcome: str) -> None:
@@ -159,7 +205,7 @@ def reaped(outcome: str) -> None:
     cancelled)."""
     m = _m()
     m.lease_expirations.add(1)
-    m.reaps.add(1, {"tether.reap.outcome": outcome})
+    m.reaps.add(1, outcome)
 
 
 def observe_queue() -> Callable[[int, float], None]:
@@ -201,8 +247,7 @@ def observe_queue() -> Callable[[int, float], None]:
 
 def admitted(disposition: str, tenant_id: str) -> None:
     """An event was admitted with `disposition` (created, attached, replayed, retried)."""
-    attributes = {"tether.disposition": disposition, "tether.tenant": tenant_label(tenant_id)}
-    _m().admissions.add(1, attributes)
+    _m().admissions.add(1, disposition, tenant_label(tenant_id))
 
 
 def model_turn(tenant_id: str, model: str, usage: Mapping[str, int], cost_micros: int) -> None:
@@ -212,16 +257,9 @@ def model_turn(tenant_id: str, model: str, usage: Mapping[str, int], cost_micros
     for field, count in usage.items():
         if count:
             kind = field.removesuffix("_tokens").removesuffix("_input")
-            m.tokens.add(
-                count,
-                {
-                    "tether.tenant": tenant,
-                    "gen_ai.request.model": model_label,
-                    "gen_ai.token.type": kind,
-                },
-            )
+            m.tokens.add(count, tenant, model_label, kind)
     if cost_micros:
-        m.cost.add(cost_micros, {"tether.tenant": tenant, "gen_ai.request.model": model_label})
+        m.cost.add(cost_micros, tenant, model_label)
 
 
 def observe_subscribers(count: Callable[[], int]) -> None:
