@@ -66,6 +66,7 @@ class Received:
     points: list[MetricPoint] = field(default_factory=list)
     span_batches: int = 0
     metric_batches: int = 0
+    span_count: int = 0  # spans received, kept or not
 
 
 def _value(value: common_pb2.AnyValue) -> Any:
@@ -90,6 +91,9 @@ class _Traces(trace_service_pb2_grpc.TraceServiceServicer):
         self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
     ) -> trace_service_pb2.ExportTraceServiceResponse:
         self._received.span_batches += 1
+        self._received.span_count += sum(
+            len(scope.spans) for spans in request.resource_spans for scope in spans.scope_spans
+        )
         if not self._keep:
             return trace_service_pb2.ExportTraceServiceResponse()
         for resource_spans in request.resource_spans:
@@ -264,7 +268,7 @@ async def _serve(port: int) -> None:
     received = collector.received
     print(  # noqa: T201
         f"collector received {received.span_batches} span batches, "
-        f"{received.metric_batches} metric batches",
+        f"{received.metric_batches} metric batches, {received.span_count} spans",
         file=sys.stderr,
         flush=True,
     )
