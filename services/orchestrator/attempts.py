@@ -288,15 +288,11 @@ class Attempts:
                     transition.target.value,
                     error=ending_error(ending),
                     stages=worker_stages,
-                    audit=lease_repo.Audit(
-                        moved.run.tenant_id,
-                        transition.event_type,  # the audit action is the event it records
-                        {
-                            **done.audit,
-                            "usage": usage,
-                            "warnings": list(ending_warnings(ending)),
-                        },
-                    ),
+                    detail={
+                        **done.audit,
+                        "usage": usage,
+                        "warnings": list(ending_warnings(ending)),
+                    },
                 )
         self._prices.forget(run_id)
         if landed is not None:

@@ -85,6 +85,6 @@ async def test_the_claim_leases_what_was_admitted_and_the_completion_ends_it(
             "parts": 1,
             "turns": 1,
             "attempt": "completed",
-            "audited": 1,
+            "audited": 0,  # an attempt's end is its own record (attempts.detail)
         }
     ] * 2

@@ -105,4 +105,5 @@ async def test_a_runs_admission_rows_come_first_and_the_rest_after(
         assert admission[-1][1]["type"] == "run.queued"
         tables = [t for t, _ in execution]
         assert "runs" not in tables and "run_events" in tables
-        assert {"attempts", "run_parts", "usage_turns", "audit_log"} <= set(tables)
+        assert {"attempts", "run_parts", "usage_turns"} <= set(tables)
+        assert "audit_log" not in tables, "an attempt's end is its own record"

@@ -142,6 +142,7 @@ async def _stored(engine: AsyncEngine, run_id: str) -> dict[str, Any]:
                 a.outcome,
                 a.error,
                 {k: v for k, v in a.stages.items() if k != "routing_ms"},
+                a.detail,
             )
             for a in await _rows(engine, select(attempts).where(attempts.c.run_id == run_id))
         ],
@@ -230,6 +231,30 @@ async def test_the_function_writes_what_the_statements_it_is_built_from_write(
     # Each session was handed to its next message, which may now be claimed.
     handed = {c.run.run_id for c in await execution.claims.claim_many("w", 4)}
     assert handed == set(nexts)
+
+
+async def test_a_completion_is_recorded_on_its_attempt_and_not_in_the_audit_log(
+    engine: AsyncEngine,
+) -> None:
+    """The audit information of a completion is its attempt's own record: what the worker
+    reported, the usage, the warnings, on the attempts row it closes; audit_log keeps the acts
+    of people and the operator."""
+    await _tenant(engine, "t1")
+    execution = _execution(engine)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    await admitter.admit(chat("e1", conversation="c1"))
+    [claimed] = await _claim(execution)
+    await execution.attempts.complete(claimed.run.run_id, 1, _tool_turn_then_answer())
+    stored = await _stored(engine, claimed.run.run_id)
+    assert stored["audit"] == []
+    [(epoch, outcome, _, _, detail)] = stored["attempts"]
+    assert (epoch, outcome) == (1, "completed")
+    assert detail == {
+        "model": MODEL,
+        "steps": 2,
+        "usage": stored["run"]["usage"],
+        "warnings": ["max_steps_near"],
+    }
 
 
 async def test_a_completion_publishes_what_it_stored(engine: AsyncEngine) -> None:

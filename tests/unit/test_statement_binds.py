@@ -26,7 +26,7 @@ def _statements() -> dict[str, Any]:
         "create_queued_run": intake._CREATE,
         "admit_new": admission.ADMIT_NEW.statement,
         "supersede": parts._SUPERSEDE,
-        "end_attempt": leases._AUDITED_END_ATTEMPT,
+        "end_attempt": leases._END_ATTEMPT,
     }
     for transition in states.TRANSITIONS.values():
         for scoped in (False, True):

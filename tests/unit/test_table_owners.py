@@ -82,8 +82,6 @@ EXCEPTIONS = {
     ("services/interactions/repository.py", "tenants"),
     # Each owner's retention sweep reads every tenant's retention policy.
     ("libs/tether/retention.py", "tenants"),
-    # The orchestrator records the end of an attempt in the journal in the same statement.
-    ("services/orchestrator/repositories/leases.py", "audit_log"),
     # The viewer's filter, applied where runs are read (the orchestrator's repositories).
     ("libs/tether/visibility.py", "runs"),
 }

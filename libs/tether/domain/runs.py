@@ -75,7 +75,8 @@ class Run:
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """An `attempts` row: one lease of a run, from its start to how it ended. `stages` holds
-    its stage durations as stored (`<stage>_ms`)."""
+    its stage durations as stored (`<stage>_ms`); `detail` what its worker reported of the
+    ending (the model, the usage, the warnings): its audit record."""
 
     run_id: str
     lease_epoch: int
@@ -86,6 +87,7 @@ class Attempt:
     outcome: str | None
     error: Mapping[str, Any] | None
     stages: Mapping[str, Any] | None
+    detail: Mapping[str, Any] | None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Self:

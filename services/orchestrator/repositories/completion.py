@@ -323,9 +323,7 @@ def function_ddl() -> str:
             "a_outcome": _literal(_COMPLETE.target.value),
             "a_error": "NULL",
             "a_stages": "_stages",
-            "au_tenant_id": "_moved.tenant_id",
-            "au_action": _literal(str(_COMPLETE.event_type)),
-            "au_detail": "(_audit_detail || jsonb_build_object('usage', _usage))",
+            "a_detail": "(_audit_detail || jsonb_build_object('usage', _usage))",
         },
     )
     run_columns = "\n".join(f"    {c.name} := _moved.{c.name};" for c in runs.c)

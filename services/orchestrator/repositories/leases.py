@@ -53,7 +53,6 @@ from tether.db.direct import Direct
 from tether.db.schema import (
     agent_sets,
     attempts,
-    audit_log,
     documents,
     in_state,
     messages,
@@ -468,35 +467,15 @@ _END_ATTEMPT = (
         stages=func.coalesce(attempts.c.stages, text("'{}'::jsonb")).op("||")(
             bindparam("a_stages", type_=JSONB)
         ),
+        detail=bindparam("a_detail", type_=JSONB(none_as_null=True)),
     )
 )
-
-
-_AUDITED_END_ATTEMPT = (
-    insert(audit_log)
-    .values(
-        tenant_id=bindparam("au_tenant_id"),
-        run_id=bindparam("a_run_id"),
-        action=bindparam("au_action"),
-        detail=bindparam("au_detail", type_=JSONB),
-    )
-    .add_cte(_END_ATTEMPT.cte("closed"))
-)
-
-
-@dataclass(frozen=True)
-class Audit:
-    """An audit record written with the attempt's close, in the same statement."""
-
-    tenant_id: str
-    action: str
-    detail: dict[str, Any]
 
 
 def end_attempt_statement() -> Any:
-    """`end_attempt`'s statement with its audit record, for the SQL functions built from the
-    aggregate's own statements (`completion`)."""
-    return _AUDITED_END_ATTEMPT
+    """`end_attempt`'s statement, for the SQL functions built from the aggregate's own
+    statements (`completion`)."""
+    return _END_ATTEMPT
 
 
 async def end_attempt(
@@ -507,26 +486,19 @@ async def end_attempt(
     *,
     error: RunError | None = None,
     stages: dict[str, Any] | None = None,
-    audit: Audit | None = None,
+    detail: dict[str, Any] | None = None,
 ) -> None:
-    """Close the attempt row of a lease epoch, adding `stages` to those recorded at claim, and
-    write `audit` with it (one round trip)."""
+    """Close the attempt row of a lease epoch, adding `stages` to those recorded at claim, with
+    `detail`: what the worker reported of how it ended (its audit record)."""
     params = {
         "a_run_id": run_id,
         "a_epoch": epoch,
         "a_outcome": outcome,
         "a_error": None if error is None else error.to_row(),
         "a_stages": stages or {},
+        "a_detail": detail,
     }
-    if audit is None:
-        await conn.execute(_END_ATTEMPT, params)
-        return
-    params |= {
-        "au_tenant_id": audit.tenant_id,
-        "au_action": audit.action,
-        "au_detail": audit.detail,
-    }
-    await conn.execute(_AUDITED_END_ATTEMPT, params)
+    await conn.execute(_END_ATTEMPT, params)
 
 
 def lease_cleared() -> dict[str, Any]:

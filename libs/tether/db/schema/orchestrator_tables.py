@@ -226,6 +226,11 @@ attempts = Table(
     Column("error", JSONB),
     # Stage durations in ms: routing, context, attempt, finalisation, total.
     Column("stages", JSONB),
+    # What the worker reported of how it ended (its audit detail: the model, the usage, the
+    # warnings): the attempt's own record of a completion, written with its close (no audit_log
+    # row, which keeps the acts of people and the operator). NULL for attempts closed without a
+    # report, and for those closed before it was written (0037: their detail is in audit_log).
+    Column("detail", JSONB),
     PrimaryKeyConstraint("run_id", "lease_epoch"),
 )
 
