@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -234,6 +234,19 @@ class ModelBuckets:
         self.refill(now)
         waits = [b.wait_for(wanted[k]) for k, b in self.buckets.items() if b is not None]
         return max(waits, default=0.0)
+
+    def wait_behind(
+        self, ahead: Sequence[Mapping[str, float]], wanted: Mapping[str, float], now: float
+    ) -> float:
+        """Seconds until the buckets, having served every call `ahead` first, hold `wanted`
+        too (0: now)."""
+        self.refill(now)
+        waits = [
+            (sum(a[k] for a in ahead) + min(wanted[k], b.capacity) - b.level) / b.rate
+            for k, b in self.buckets.items()
+            if b is not None
+        ]
+        return max(0.0, *waits)
 
     def try_reserve(self, wanted: Mapping[str, float], now: float) -> float:
         """Take `wanted` when it all fits and return 0; else take nothing and return the

@@ -31,6 +31,16 @@ from tether.ratelimits import Headers, Limit, ModelBuckets, limit_for, parse_mod
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class Waiter:
+    """A run whose call a bucket refused, in the order the calls were refused: it keeps its
+    place until it is granted or `until` passes (it did not come back: cancelled, or leased
+    by another replica)."""
+
+    wanted: dict[str, float]
+    until: float
+
+
 @dataclass(frozen=True)
 class Reservation:
     """One call's room, held until it is settled or its lease is let go."""
@@ -66,6 +76,13 @@ class ModelLimits:
         self._by_run: dict[str, set[int]] = {}
         self._ids = itertools.count(1)
         self.refused = 0
+        # Until when (this clock) the latest refusal said its bucket cannot hold a call: see
+        # `leases_held_for`.
+        self._refused_until = 0.0
+        # The runs refused by each (credential, model)'s buckets and not yet granted, first
+        # refused first: a call is granted only once the buckets hold the calls of those ahead
+        # of it too, so the grants follow the order the runs were leased in.
+        self._waiting: dict[tuple[str, str], dict[str, Waiter]] = {}
         # Set by every grant, settlement and let-go: the levels changed since the store last
         # wrote them (services/orchestrator/limit_store.py).
         self.dirty = False
@@ -157,19 +174,57 @@ class ModelLimits:
         if not self.ready:
             self.refused += 1
             return 0, self._recheck_s
-        wait = self.buckets(credential, model).try_reserve(wanted, self._clock())
         key = (credential, model)
+        now = self._clock()
+        ahead = self._ahead_of(key, run_id, now)
+        buckets = self.buckets(credential, model)
+        wait = buckets.wait_behind(ahead, wanted, now) if ahead else 0.0
+        if wait <= 0:
+            wait = buckets.try_reserve(wanted, now)
         if wait > 0:
             self.refused += 1
             if self._in_flight.get(key):
                 wait = min(wait, self._recheck_s)
+            waiting = self._waiting.setdefault(key, {})
+            until = now + wait + 2 * self._recheck_s
+            if run_id in waiting:
+                waiting[run_id].until = until
+            else:
+                waiting[run_id] = Waiter(wanted, until)
+            self._refused_until = max(self._refused_until, now + wait)
             return 0, wait
+        self._waiting.get(key, {}).pop(run_id, None)
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
         self.dirty = True
         reservation_id = next(self._ids)
         self._reservations[reservation_id] = Reservation(key, run_id, epoch, wanted)
         self._by_run.setdefault(run_id, set()).add(reservation_id)
         return reservation_id, 0.0
+
+    def _ahead_of(self, key: tuple[str, str], run_id: str, now: float) -> list[dict[str, float]]:
+        """What the runs refused before `run_id` by `key`'s buckets, still waiting, want (the
+        runs that did not come back in time dropped)."""
+        waiting = self._waiting.get(key)
+        if not waiting:
+            return []
+        for gone in [r for r, w in waiting.items() if w.until < now]:
+            del waiting[gone]
+        ahead = []
+        for waiter_id, waiter in waiting.items():
+            if waiter_id == run_id:
+                break
+            ahead.append(waiter.wanted)
+        return ahead
+
+    def leases_held_for(self) -> float:
+        """Seconds this replica should lease no run yet (0: lease): a call was refused until
+        then. A run leased meanwhile would take the room the refused runs wait for when it comes
+        back (they are parked retry-pending, outside the fair queue) or be refused and parked
+        in its turn, and the grants would go to whichever call asked first after a refill, not
+        in the fair order: a run can then be refused again and again while runs leased after it
+        complete. Held, the refused runs are leased again first (their start tags are the
+        least queued) and the pool takes no more runs than the limit serves."""
+        return max(0.0, self._refused_until - self._clock())
 
     def settle(
         self,

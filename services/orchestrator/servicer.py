@@ -139,6 +139,7 @@ class OrchestratorServicer(
             progress_deadline_s=work.progress_deadline_s,
             announce=self._catalog.announce,
             let_go=None if model_limits is None else model_limits.let_go,
+            leases_held_for=None if model_limits is None else model_limits.leases_held_for,
         )
         self._renders = AgentRenders(
             execution.engine, self._agents, self._knowledge, self.work, work.render_timeout_s

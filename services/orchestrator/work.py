@@ -154,10 +154,13 @@ class Work:
         progress_deadline_s: float,
         announce: Announce | None = None,
         let_go: Callable[[str], object] | None = None,
+        leases_held_for: Callable[[], float] | None = None,
     ) -> None:
         self._engine = engine
         # Told each run whose lease leaves a worker here (model rate-limit reservations).
         self._let_go = let_go
+        # Seconds to lease nothing yet (a model rate limit refused a call: ModelLimits).
+        self._leases_held_for = leases_held_for
         self._announce = announce
         self._claims = claims
         self._lease = lease
@@ -429,6 +432,10 @@ class Work:
             if not any(s.credits for s in self._sessions):
                 self._may_lease.clear()
                 await self._may_lease.wait()
+                continue
+            held_s = self._leases_held_for() if self._leases_held_for is not None else 0.0
+            if held_s > 0:
+                await asyncio.sleep(held_s)  # a wake-up meanwhile is seen by the look after
                 continue
             self._may_lease.clear()
             ticket = wakeups.ticket()  # before looking: a wake-up during the look counts

@@ -193,11 +193,30 @@ def test_a_refusal_while_calls_are_in_flight_waits_at_most_the_recheck() -> None
     _, wait = grants.reserve("r3", 1, "c", "m", 0, 700)
     assert wait == pytest.approx(1.0)
     grants.let_go("r2")
+    clock.now += 3.5  # r3 did not come back within its wait and two rechecks: its place lapses
     spent, _ = grants.reserve("r4", 1, "c", "m", 0, 990)
     grants.settle(spent, "c", "m", {"input_tokens": 0, "output_tokens": 990}, Headers())
-    # Nothing in flight: the wait is the refill's, 700 tokens at 1000 per 600 s.
+    # Nothing in flight: the wait is the refill's, 700 tokens (less the few refilled in those
+    # 3.5 s) at 1000 per 600 s.
     _, wait = grants.reserve("r5", 1, "c", "m", 0, 700)
-    assert wait == pytest.approx(420.0)
+    assert wait == pytest.approx(420.0 - 3.5)
+
+
+def test_a_refused_run_keeps_its_place_ahead_of_calls_asking_after_it() -> None:
+    clock = Clock()
+    grants = ModelLimits(parse_model_limits("m: requests=2, window=2"), clock=clock)
+    assert grants.reserve("r1", 1, "c", "m", 0, 0)[0]
+    assert grants.reserve("r2", 1, "c", "m", 0, 0)[0]
+    _, first_wait = grants.reserve("r3", 1, "c", "m", 0, 0)
+    assert first_wait == pytest.approx(1.0)
+    assert grants.leases_held_for() == pytest.approx(1.0)
+    clock.now += 1.0  # room for one call: r3's, though r4 asks first
+    _, wait = grants.reserve("r4", 1, "c", "m", 0, 0)
+    assert wait == pytest.approx(1.0)  # behind r3: until the buckets hold both
+    assert grants.reserve("r3", 2, "c", "m", 0, 0)[0]
+    clock.now += 1.0
+    assert grants.reserve("r4", 2, "c", "m", 0, 0)[0]
+    assert grants.leases_held_for() == 0.0
 
 
 async def test_a_replica_keeping_no_limits_grants_a_re_sent_reservation() -> None:
