@@ -165,6 +165,16 @@ async def amain(
             nudge=execution.timers.timer_set,
         ),
     )
+    supervisor.start(
+        "children-waker",
+        rounds(
+            execution.children.round,
+            "children waker",
+            least_s=RETRY_ROUND_LEAST_S,
+            most_s=settings.retry_poll_s,
+            nudge=execution.children.nudge,
+        ),
+    )
     supervisor.start("retention", retention.sweeps.run())
     supervisor.start("hint-listener", listen_for_hints(bus, execution.publisher, servicer.work))
     supervisor.start("claim-poll", execution.claims.poll_claimable())

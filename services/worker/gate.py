@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from services.worker import observed
 from services.worker.checkpoints import CheckpointWriter
+from services.worker.delegation import DELEGATE, DelegateRefused, child_result, delegate_input
 from services.worker.interactions import (
     ASK_QUESTIONS,
     REQUEST_APPROVAL,
@@ -91,6 +92,8 @@ class Gate:
         self._transcript = transcript
         self._checkpoints = checkpoints
         self._registry = registry
+        # The delegate calls of this attempt whose children have not ended yet.
+        self._children: list[str] = []
         ports = None if interactions is None else _InteractionsPorts(interactions, assignment)
         self._calls = ToolCalls(
             catalog=registry,
@@ -127,6 +130,9 @@ class Gate:
         if name == WAIT_UNTIL and name in self._config.tool_allowlist:
             self._wait(tool_call_id=tool_call.tool_call_id, input=input)
             return  # it gave the call its (error) result: the input was refused
+        if name == DELEGATE and self._config.delegation is not None:
+            await self._delegate(tool_call.tool_call_id, input)
+            return  # its child started (the run parks after the turn), or it was refused
         if name == REQUEST_APPROVAL and name in self._config.tool_allowlist:
             name, input = str(input.get("tool_name", "")), dict(input.get("input") or {})
         await self._settle(
@@ -191,6 +197,44 @@ class Gate:
                 RunStatus.WAITING_FOR_TIMER, "", wake_at=due, tool_call_id=tool_call.tool_call_id
             )
         self._result(tool_call.tool_call_id, WAIT_UNTIL, woke_text(due, now), is_error=False)
+
+    async def _delegate(self, tool_call_id: str, input: dict[str, Any]) -> None:
+        """Start (or find) the call's child run: its result when it has ended already, else
+        the call waits with the turn's others (`park_children`). A refused input or delegation
+        is the call's error result, which the model can act on."""
+        delegation = self._config.delegation
+        assert delegation is not None
+        try:
+            agent, message = delegate_input(input, delegation)
+        except DelegateRefused as refused:
+            self._result(
+                tool_call_id, DELEGATE, str(refused), is_error=True, code="tool_invalid_input"
+            )
+            return
+        # The call is durable before its child exists: a later attempt issues it again and
+        # finds the same child, never a second.
+        await self._checkpoints.sync()
+        try:
+            child = await self._orchestrator.start_child(
+                self._assignment.lease, tool_call_id, agent, message, delegation
+            )
+        except InvalidArgument as exc:
+            self._result(
+                tool_call_id, DELEGATE, exc.message, is_error=True, code="tool_invalid_input"
+            )
+            return
+        if child.ended:
+            content, is_error, code = child_result(child)
+            self._result(tool_call_id, DELEGATE, content, is_error=is_error, code=code)
+            return
+        self._children.append(tool_call_id)
+
+    def park_children(self) -> None:
+        """Park the run until the children of this turn's delegate calls have all ended, when
+        some have not."""
+        if self._children:
+            waiting, self._children = tuple(self._children), []
+            raise Parked(RunStatus.WAITING_FOR_CHILDREN, "", tool_call_ids=waiting)
 
     def _call(self, tool_call_id: str) -> CallContext:
         return CallContext(
@@ -293,6 +337,9 @@ class Gate:
             return
         if name == WAIT_UNTIL and name in self._config.tool_allowlist:
             self._wake(tool_call)
+            return
+        if name == DELEGATE and self._config.delegation is not None:
+            await self._delegate(tool_call.tool_call_id, input)
             return
         if name == REQUEST_APPROVAL:
             name = str(input.get("tool_name", ""))

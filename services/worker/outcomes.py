@@ -93,6 +93,7 @@ class Outcomes:
             parked.interaction_id,
             wake_at=parked.wake_at,
             tool_call_id=parked.tool_call_id,
+            tool_call_ids=parked.tool_call_ids,
         )
 
     async def released(self) -> None:

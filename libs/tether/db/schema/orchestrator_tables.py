@@ -100,6 +100,14 @@ runs = Table(
     Column("fair_key", Double, nullable=False, server_default=text("0")),
     # When its timer wakes a waiting-for-timer run (a `wait_until` call); cleared as it fires.
     Column("next_wake_at", DateTime(timezone=True)),
+    # Its run tree (issue 33), apart from the retry lineage above: the run whose `delegate` call
+    # `tree_call_id` started it, the tree's root (itself for a run no call started) and how deep
+    # it is (0 at the root). `tree_reported_at`: when its parent's log got its child.completed.
+    Column("tree_parent_run_id", Text),
+    Column("tree_call_id", Text),
+    Column("tree_root_run_id", Text),
+    Column("tree_depth", Integer, nullable=False, server_default=text("0")),
+    Column("tree_reported_at", DateTime(timezone=True)),
     _now(),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("started_at", DateTime(timezone=True)),
@@ -167,6 +175,21 @@ Index(
     "ix_runs_retry_due",
     runs.c.next_attempt_at,
     postgresql_where=runs.c.status == "retry-pending",
+)
+# A delegate call starts one child, however often its parent's attempts issue it; a parent's
+# children (the tree below a run, cancels and budgets).
+Index(
+    "ux_runs_tree_call",
+    runs.c.tree_parent_run_id,
+    runs.c.tree_call_id,
+    unique=True,
+    postgresql_where=runs.c.tree_parent_run_id.is_not(None),
+)
+# The children's waker: parents waiting for their children.
+Index(
+    "ix_runs_children_waiting",
+    runs.c.updated_at,
+    postgresql_where=runs.c.status == "waiting-for-children",
 )
 # The timers' waker: parked timers, soonest due first.
 Index(

@@ -1,0 +1,258 @@
+"""Run trees with the services as real processes: a run's `delegate` calls start child runs of
+other agents, the parent waits holding no worker and resumes once with every child's answer, and
+a worker SIGKILLed mid-delegation leaves exactly one child per call."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from sqlalchemy import select
+
+from tests.system.execution_support import (
+    ExecStack,
+    Tenant,
+    events_of,
+    exec_stack,
+    run_row,
+    wait_for_status,
+)
+from tether import apikeys
+from tether.client import TetherClient
+from tether.db.engine import create_engine
+from tether.db.schema import runs
+from tether.testing.eventually import eventually
+from tether.testing.model_server import BlocksTurn, TextTurn
+from tether.testing.model_script import ToolUseBlock
+
+# a whole stack of processes per module, and a worker killed and replaced: in `make slow`
+pytestmark = pytest.mark.slow
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def stack(
+    pg_server_url: str, template_db: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[ExecStack]:
+    run_dir = Path(tmp_path_factory.mktemp("trees"))
+    async with exec_stack(pg_server_url, template_db, redis_url, run_dir, workers=0) as running:
+        # One slot: a parent that held it while its children ran would never see them start.
+        await running.start_worker(TETHER_WORKER_CONCURRENCY="1")
+        yield running
+
+
+def prompt(label: str) -> str:
+    return f"{label} {uuid.uuid4().hex}"
+
+
+def of_type(events: list[tuple[int, str, dict[str, Any]]], kind: str) -> list[dict[str, Any]]:
+    return [payload for _, t, payload in events if t == kind]
+
+
+def tool_results(request: Any) -> list[dict[str, Any]]:
+    """The tool_result blocks of a request's last (user) message."""
+    last = request.body["messages"][-1]
+    return [b for b in last["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
+
+
+def result_text(block: dict[str, Any]) -> str:
+    content = block["content"]
+    if isinstance(content, str):
+        return content
+    return "".join(c.get("text", "") for c in content)
+
+
+async def lead_tenant(stack: ExecStack) -> Tenant:
+    """A tenant whose default agent `lead` may delegate to `researcher` (and to itself)."""
+    tenant = await stack.tenant(scopes=[*apikeys.CLIENT_SCOPES, apikeys.AGENTS_WRITE])
+    async with TetherClient(stack.addr("gateway"), tenant.api_key) as tc:
+        # The first agent applied without routes takes the tenant's runs.
+        await tc.apply_agent(json.dumps({"name": "lead", "tools": ["slow_task"]}))
+        await tc.apply_agent(json.dumps({"name": "researcher"}))
+        await tc.apply_agent(
+            json.dumps(
+                {
+                    "name": "lead",
+                    "tools": ["slow_task"],
+                    "delegation": {"agents": ["researcher", "lead"]},
+                }
+            )
+        )
+    return tenant
+
+
+async def children_of(stack: ExecStack, run_id: str) -> list[Any]:
+    engine = create_engine(stack.db_url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(
+                select(runs)
+                .where(runs.c.tree_parent_run_id == run_id)
+                .order_by(runs.c.created_at, runs.c.run_id)
+            )
+            return list(rows)
+    finally:
+        await engine.dispose()
+
+
+def delegate(tool_id: str, message: str, agent: str = "researcher") -> ToolUseBlock:
+    return ToolUseBlock("delegate", {"agent": agent, "message": message}, id=tool_id)
+
+
+async def test_a_parent_delegating_to_two_children_resumes_once_with_both_answers(
+    stack: ExecStack,
+) -> None:
+    tenant = await lead_tenant(stack)
+    text, first, second = prompt("plan the trip"), prompt("find trains"), prompt("find hotels")
+    stack.model.script(
+        text,
+        [
+            BlocksTurn([delegate("toolu_a", first), delegate("toolu_b", second)]),
+            TextTurn("Trains and hotels are found."),
+        ],
+    )
+    stack.model.script(first, [TextTurn("The 9:12 train.")])
+    stack.model.script(second, [TextTurn("Hotel Bristol.")])
+    parent_id = await tenant.send(text)
+
+    done = await wait_for_status(stack.db_url, parent_id, "completed", timeout=40)
+    assert done.result_text == "Trains and hotels are found."
+    children = await children_of(stack, parent_id)
+    assert [c.tree_call_id for c in children] == ["toolu_a", "toolu_b"]
+    for child, message in zip(children, (first, second), strict=True):
+        assert child.status == "completed"
+        assert child.input_text == message
+        assert (child.tree_root_run_id, child.tree_depth) == (parent_id, 1)
+        assert child.tenant_id == done.tenant_id
+        assert child.owner_principal_id == done.owner_principal_id
+        assert child.session_id != done.session_id, "each child has its own session"
+        assert child.agent_name == "researcher"
+    assert (done.tree_parent_run_id, done.tree_depth) == (None, 0)
+
+    events = await events_of(stack.db_url, parent_id)
+    kinds = [t for _, t, _ in events]
+    assert kinds.count("run.started") == 2, "parked once, resumed once"
+    assert [e["childRunId"] for e in of_type(events, "child.started")] == [
+        c.run_id for c in children
+    ]
+    (waiting,) = of_type(events, "children.waiting")
+    assert waiting["toolCallIds"] == ["toolu_a", "toolu_b"]
+    ended = of_type(events, "child.completed")
+    assert sorted((e["toolCallId"], e["status"]) for e in ended) == [
+        ("toolu_a", "completed"),
+        ("toolu_b", "completed"),
+    ]
+    assert kinds.index("children.waiting") < kinds.index("child.completed")
+
+    asked = [r for r in stack.model.requests if r.script_key == text]
+    assert len(asked) == 2, "the parent's model was asked once more, after both children"
+    answers = {b["tool_use_id"]: result_text(b) for b in tool_results(asked[-1])}
+    assert answers == {"toolu_a": "The 9:12 train.", "toolu_b": "Hotel Bristol."}
+
+    async with TetherClient(stack.addr("gateway"), tenant.api_key) as tc:
+        shown = (await tc.get_run(children[0].run_id)).run
+    assert (shown.tree_parent_run_id, shown.tree_root_run_id, shown.tree_depth) == (
+        parent_id,
+        parent_id,
+        1,
+    )
+
+
+async def test_a_refused_delegation_is_a_tool_error_the_model_reads_and_nothing_starts(
+    stack: ExecStack,
+) -> None:
+    tenant = await lead_tenant(stack)
+    text = prompt("delegate wrongly")
+    stack.model.script(
+        text,
+        [
+            BlocksTurn([delegate("toolu_x", "anything", agent="stranger")]),
+            TextTurn("I will do it myself."),
+        ],
+    )
+    done = await wait_for_status(stack.db_url, await tenant.send(text), "completed")
+    assert await children_of(stack, done.run_id) == []
+    events = await events_of(stack.db_url, done.run_id)
+    assert not of_type(events, "child.started")
+    (failed,) = of_type(events, "tool.failed")
+    assert failed["error"]["code"] == "tool_invalid_input"
+    (refused,) = tool_results([r for r in stack.model.requests if r.script_key == text][-1])
+    assert refused["is_error"] and "may not delegate to 'stranger'" in result_text(refused)
+
+
+async def test_a_tree_deeper_than_its_limit_is_refused_to_the_model(stack: ExecStack) -> None:
+    tenant = await stack.tenant(scopes=[*apikeys.CLIENT_SCOPES, apikeys.AGENTS_WRITE])
+    async with TetherClient(stack.addr("gateway"), tenant.api_key) as tc:
+        await tc.apply_agent(
+            json.dumps({"name": "lead", "delegation": {"agents": ["lead"], "max_depth": 1}})
+        )
+    text, inner = prompt("delegate to myself"), prompt("and again")
+    stack.model.script(
+        text, [BlocksTurn([delegate("toolu_1", inner, "lead")]), TextTurn("outer done")]
+    )
+    stack.model.script(
+        inner, [BlocksTurn([delegate("toolu_2", "too deep", "lead")]), TextTurn("inner done")]
+    )
+    done = await wait_for_status(stack.db_url, await tenant.send(text), "completed", timeout=40)
+    (child,) = await children_of(stack, done.run_id)
+    assert child.status == "completed" and child.tree_depth == 1
+    assert await children_of(stack, child.run_id) == []
+    (refused,) = tool_results([r for r in stack.model.requests if r.script_key == inner][-1])
+    assert refused["is_error"] and "at most 1 deep" in result_text(refused)
+
+
+async def test_a_worker_sigkilled_after_the_delegate_calls_leaves_exactly_two_children(
+    stack: ExecStack,
+) -> None:
+    tenant = await lead_tenant(stack)
+    text, first, second = prompt("research twice"), prompt("topic one"), prompt("topic two")
+    stack.model.script(
+        text,
+        [
+            # Both children are started, then the attempt holds its one slot in slow_task:
+            # the worker dies with the two calls recorded and their children made.
+            BlocksTurn(
+                [
+                    delegate("toolu_1", first),
+                    delegate("toolu_2", second),
+                    ToolUseBlock("slow_task", {"seconds": 60}, id="toolu_slow"),
+                ]
+            ),
+            TextTurn("Both topics are researched."),
+        ],
+    )
+    stack.model.script(first, [TextTurn("one: done")])
+    stack.model.script(second, [TextTurn("two: done")])
+    parent_id = await tenant.send(text)
+
+    async def both_started() -> bool:
+        events = await events_of(stack.db_url, parent_id)
+        started = of_type(events, "tool.started")
+        return len(of_type(events, "child.started")) == 2 and any(
+            e["toolCallId"] == "toolu_slow" for e in started
+        )
+
+    await eventually(both_started, timeout=20, interval=0.05, what="two children and slow_task")
+    worker = next(name for name in stack.services.procs if name.startswith("worker"))
+    stack.services.kill(worker)
+    before = await children_of(stack, parent_id)
+    assert [c.status for c in before] == ["queued", "queued"], "no slot ran them yet"
+    await stack.start_worker(TETHER_WORKER_CONCURRENCY="1")
+
+    done = await wait_for_status(stack.db_url, parent_id, "completed", timeout=60)
+    assert done.result_text == "Both topics are researched."
+    after = await children_of(stack, parent_id)
+    assert [c.run_id for c in after] == [c.run_id for c in before], "never a second child"
+    assert [c.status for c in after] == ["completed", "completed"]
+    events = await events_of(stack.db_url, parent_id)
+    assert len(of_type(events, "child.started")) == 2
+    asked = [r for r in stack.model.requests if r.script_key == text]
+    answers = {b["tool_use_id"]: result_text(b) for b in tool_results(asked[-1])}
+    assert answers["toolu_1"] == "one: done" and answers["toolu_2"] == "two: done"
+    assert answers["toolu_slow"].startswith("interrupted")
+    still = await run_row(stack.db_url, parent_id)
+    assert still.lease_owner is None
