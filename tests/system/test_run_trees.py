@@ -27,8 +27,8 @@ from tether.client import TetherClient
 from tether.db.engine import create_engine
 from tether.db.schema import runs
 from tether.testing.eventually import eventually
-from tether.testing.model_server import BlocksTurn, TextTurn
 from tether.testing.model_script import ToolUseBlock
+from tether.testing.model_server import BlocksTurn, TextTurn
 
 # a whole stack of processes per module, and a worker killed and replaced: in `make slow`
 pytestmark = pytest.mark.slow
