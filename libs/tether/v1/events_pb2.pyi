@@ -31,7 +31,7 @@ class RunQueued(_message.Message):
     attempt: _builtins.int
     """Attempt number the next claim will run."""
     reason: _builtins.str
-    """Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up", "timer"."""
+    """Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up", "timer", "children" (its children ended), "delegated" (a child run)."""
     def __init__(
         self,
         *,

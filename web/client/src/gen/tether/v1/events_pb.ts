@@ -30,7 +30,7 @@ export type RunQueued = Message<"tether.v1.RunQueued"> & {
   attempt: number;
 
   /**
-   * Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up", "timer".
+   * Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up", "timer", "children" (its children ended), "delegated" (a child run).
    *
    * @generated from field: string reason = 2;
    */
@@ -51,7 +51,7 @@ export type RunQueuedJson = {
   attempt?: number;
 
   /**
-   * Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up", "timer".
+   * Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up", "timer", "children" (its children ended), "delegated" (a child run).
    *
    * @generated from field: string reason = 2;
    */
