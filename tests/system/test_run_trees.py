@@ -28,7 +28,7 @@ from tether.db.engine import create_engine
 from tether.db.schema import runs
 from tether.testing.eventually import eventually
 from tether.testing.model_script import ToolUseBlock
-from tether.testing.model_server import BlocksTurn, TextTurn
+from tether.testing.model_server import BlocksTurn, TextTurn, ToolUseTurn
 
 # a whole stack of processes per module, and a worker killed and replaced: in `make slow`
 pytestmark = pytest.mark.slow
@@ -72,7 +72,7 @@ async def lead_tenant(stack: ExecStack) -> Tenant:
     async with TetherClient(stack.addr("gateway"), tenant.api_key) as tc:
         # The first agent applied without routes takes the tenant's runs.
         await tc.apply_agent(json.dumps({"name": "lead", "tools": ["slow_task"]}))
-        await tc.apply_agent(json.dumps({"name": "researcher"}))
+        await tc.apply_agent(json.dumps({"name": "researcher", "tools": ["slow_task"]}))
         await tc.apply_agent(
             json.dumps(
                 {
@@ -256,3 +256,100 @@ async def test_a_worker_sigkilled_after_the_delegate_calls_leaves_exactly_two_ch
     assert answers["toolu_slow"].startswith("interrupted")
     still = await run_row(stack.db_url, parent_id)
     assert still.lease_owner is None
+
+
+async def slow_task_started(stack: ExecStack, run_id: str) -> None:
+    async def started() -> bool:
+        events = await events_of(stack.db_url, run_id)
+        return any(e["name"] == "slow_task" for e in of_type(events, "tool.started"))
+
+    await eventually(started, timeout=30, interval=0.05, what=f"slow_task to start in {run_id}")
+
+
+async def test_cancelling_the_root_cancels_its_whole_depth_3_tree_and_no_model_call_follows(
+    stack: ExecStack,
+) -> None:
+    tenant = await stack.tenant(scopes=[*apikeys.CLIENT_SCOPES, apikeys.AGENTS_WRITE])
+    async with TetherClient(stack.addr("gateway"), tenant.api_key) as tc:
+        await tc.apply_agent(
+            json.dumps({"name": "lead", "tools": ["slow_task"], "delegation": {"agents": ["lead"]}})
+        )
+    texts = [prompt(f"level {depth}") for depth in range(4)]
+    for depth, text in enumerate(texts[:-1]):
+        stack.model.script(
+            text,
+            [
+                BlocksTurn([delegate(f"toolu_{depth}", texts[depth + 1], "lead")]),
+                TextTurn(f"level {depth} must never answer"),
+            ],
+        )
+    stack.model.script(
+        texts[-1],
+        [
+            BlocksTurn([ToolUseBlock("slow_task", {"seconds": 60}, id="toolu_slow")]),
+            TextTurn("the deepest must never answer"),
+        ],
+    )
+    root_id = await tenant.send(texts[0])
+    tree = [root_id]
+    for _ in range(3):
+
+        async def next_child(parent: str = tree[-1]) -> str | None:
+            found = await children_of(stack, parent)
+            return found[0].run_id if found else None
+
+        tree.append(await eventually(next_child, timeout=30, interval=0.05, what="a child"))
+    deepest = tree[-1]
+    await slow_task_started(stack, deepest)
+    assert [(await run_row(stack.db_url, r)).status for r in tree] == [
+        "waiting-for-children",
+        "waiting-for-children",
+        "waiting-for-children",
+        "running",
+    ]
+    asked_before = len(stack.model.requests)
+
+    assert (await tenant.cancel(root_id)).changed
+    for run_id in tree:
+        row = await wait_for_status(stack.db_url, run_id, "cancelled", timeout=10)
+        assert row.lease_owner is None
+    # The deepest run's worker ended it: its slow_task was cut short, not run out.
+    deepest_row = await run_row(stack.db_url, deepest)
+    asked_at = deepest_row.cancel_requested_at
+    assert (deepest_row.finished_at - asked_at).total_seconds() < 1.5, "within one keepalive"
+    # A run below that held no worker ended at once, saying why.
+    (cancelled,) = of_type(await events_of(stack.db_url, tree[1]), "run.cancelled")
+    assert cancelled["reason"] == f"run {root_id}, above it in its tree, was cancelled"
+    assert len(stack.model.requests) == asked_before, "no model call started after the cancel"
+    for text in texts:
+        assert stack.model.pending(text) == 1, "every run's answer is left unasked"
+    for run_id in tree[:-1]:
+        assert not of_type(await events_of(stack.db_url, run_id), "child.completed")
+
+
+async def test_a_child_cancelled_alone_is_a_tool_error_its_parent_reads(stack: ExecStack) -> None:
+    tenant = await lead_tenant(stack)
+    text, task = prompt("delegate a long task"), prompt("a long task")
+    stack.model.script(
+        text, [BlocksTurn([delegate("toolu_long", task)]), TextTurn("It was cancelled.")]
+    )
+    stack.model.script(
+        task, [ToolUseTurn("slow_task", {"seconds": 60}), TextTurn("must never be said")]
+    )
+    parent_id = await tenant.send(text)
+
+    async def the_child() -> str | None:
+        found = await children_of(stack, parent_id)
+        return found[0].run_id if found else None
+
+    child_id = await eventually(the_child, timeout=30, interval=0.05, what="the child")
+    await slow_task_started(stack, child_id)
+    assert (await tenant.cancel(child_id)).changed
+    await wait_for_status(stack.db_url, child_id, "cancelled", timeout=10)
+    done = await wait_for_status(stack.db_url, parent_id, "completed", timeout=30)
+    assert done.result_text == "It was cancelled."
+    (ended,) = of_type(await events_of(stack.db_url, parent_id), "child.completed")
+    assert (ended["childRunId"], ended["status"]) == (child_id, "cancelled")
+    (result,) = tool_results([r for r in stack.model.requests if r.script_key == text][-1])
+    assert result["is_error"]
+    assert result_text(result).startswith(f"the child run {child_id} cancelled")
