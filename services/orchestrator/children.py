@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator.cancellation import cancel_instead
+from services.orchestrator.cascade import Cancelled, cancel_orphans
 from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import agents as agent_repo
 from services.orchestrator.repositories import children as children_repo
@@ -26,6 +27,7 @@ from services.orchestrator.repositories import intake
 from services.orchestrator.repositories import leases as lease_repo
 from services.orchestrator.repositories.transitions import Moved, apply
 from tether import states
+from tether.bus import Bus
 from tether.domain import (
     Run,
     RunError,
@@ -34,7 +36,7 @@ from tether.domain import (
     children_waiting,
     run_queued,
 )
-from tether.errors import InvalidArgument, StaleLease
+from tether.errors import FailedPrecondition, InvalidArgument, StaleLease
 from tether.ids import new_id
 from tether.states import RunStatus
 
@@ -55,9 +57,10 @@ class ChildRun:
 class Children:
     """Starts child runs, parks their parents and wakes them, on this replica."""
 
-    def __init__(self, engine: AsyncEngine, publisher: Publisher) -> None:
+    def __init__(self, engine: AsyncEngine, publisher: Publisher, bus: Bus | None = None) -> None:
         self._engine = engine
         self._publisher = publisher
+        self._bus = bus
         # Set when a run parks on its children here, or a child ends here: the waker looks
         # again at once.
         self.nudge = asyncio.Event()
@@ -84,6 +87,12 @@ class Children:
             parent = await children_repo.held_parent(conn, run_id, epoch)
             if parent is None:
                 raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+            if parent.cancel_requested_at is not None:
+                # Its subtree was cancelled with it: a child made now would outlive it.
+                raise FailedPrecondition(
+                    f"run {run_id} is being cancelled: it starts no more children",
+                    code="cancel_requested",
+                )
             found = await children_repo.child_of(conn, run_id, tool_call_id)
             if found is not None:
                 return ChildRun(found, created=False)
@@ -147,9 +156,19 @@ class Children:
         return True
 
     async def round(self) -> float | None:
-        """Queue the parents whose children have all ended; nothing is due at a known time."""
+        """Cancel the children of parents that ended, queue the parents whose children have
+        all ended; nothing is due at a known time."""
+        await self.cancel_orphans()
         await self.resume_done()
         return None
+
+    async def cancel_orphans(self, limit: int = 100) -> int:
+        """Cancel the active children of runs that have ended (failed, reaped), and theirs."""
+        done = Cancelled()
+        async with self._engine.begin() as conn:
+            found = await cancel_orphans(conn, limit, done)
+        await done.publish(self._publisher, self._bus)
+        return found
 
     async def resume_done(self, limit: int = 100) -> int:
         """Queue each run waiting for its children once all of them have ended, with a

@@ -78,5 +78,5 @@ class Execution:
             Recovery(engine, publisher),
             Deliveries(engine, publisher, lease_ttl_s=lease_ttl_s),
             Timers(engine, publisher),
-            Children(engine, publisher),
+            Children(engine, publisher, bus),
         )

@@ -49,7 +49,7 @@ from tether.domain import (
     tool_completed,
     tool_failed,
 )
-from tether.errors import InvalidArgument
+from tether.errors import FailedPrecondition, InvalidArgument
 from tether.ids import new_id
 from tether.states import RunStatus
 from tether.tools.base import CallContext, ConnectionGap
@@ -222,6 +222,12 @@ class Gate:
             self._result(
                 tool_call_id, DELEGATE, exc.message, is_error=True, code="tool_invalid_input"
             )
+            return
+        except FailedPrecondition as exc:
+            if exc.code != "cancel_requested":
+                raise  # a stale lease: this attempt is over
+            # The run is being cancelled (its worker is told at once): the call goes unrun.
+            self._result(tool_call_id, DELEGATE, exc.message, is_error=True, code=exc.code)
             return
         if child.ended:
             content, is_error, code = child_result(child)

@@ -138,3 +138,31 @@ async def subtree(conn: AsyncConnection, run_id: str) -> list[Run]:
         select(runs).join(below, below.c.run_id == runs.c.run_id).order_by(runs.c.tree_depth)
     )
     return [Run.from_row(r._mapping) for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    """An active child run whose parent has ended."""
+
+    run_id: str
+    tenant_id: str
+    tree_parent_run_id: str
+    parent_status: str
+
+
+async def orphans(conn: AsyncConnection, limit: int) -> list[Orphan]:
+    """Active child runs whose parent has ended, locked for the waker (one another holds is
+    skipped)."""
+    parent = runs.alias("parent")
+    rows = await conn.execute(
+        select(runs.c.run_id, runs.c.tenant_id, runs.c.tree_parent_run_id, parent.c.status)
+        .join(parent, parent.c.run_id == runs.c.tree_parent_run_id)
+        .where(
+            runs.c.tree_parent_run_id.is_not(None),
+            runs.c.status.not_in(_TERMINAL),
+            parent.c.status.in_(_TERMINAL),
+        )
+        .limit(limit)
+        .with_for_update(of=runs, skip_locked=True)
+    )
+    return [Orphan(r.run_id, r.tenant_id, r.tree_parent_run_id, r.status) for r in rows]
