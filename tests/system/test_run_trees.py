@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from tests.system.execution_support import (
     ExecStack,
@@ -25,10 +25,10 @@ from tests.system.execution_support import (
 from tether import apikeys
 from tether.client import TetherClient
 from tether.db.engine import create_engine
-from tether.db.schema import runs
+from tether.db.schema import runs, usage_turns
 from tether.testing.eventually import eventually
 from tether.testing.model_script import ToolUseBlock
-from tether.testing.model_server import BlocksTurn, TextTurn, ToolUseTurn
+from tether.testing.model_server import BlocksTurn, TextTurn, ToolUseTurn, Usage
 
 # a whole stack of processes per module, and a worker killed and replaced: in `make slow`
 pytestmark = pytest.mark.slow
@@ -353,3 +353,68 @@ async def test_a_child_cancelled_alone_is_a_tool_error_its_parent_reads(stack: E
     (result,) = tool_results([r for r in stack.model.requests if r.script_key == text][-1])
     assert result["is_error"]
     assert result_text(result).startswith(f"the child run {child_id} cancelled")
+
+
+async def tree_output_tokens(stack: ExecStack, run_ids: list[str]) -> int:
+    engine = create_engine(stack.db_url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            total = await conn.scalar(
+                select(func.coalesce(func.sum(usage_turns.c.output_tokens), 0)).where(
+                    usage_turns.c.run_id.in_(run_ids)
+                )
+            )
+            return int(total or 0)
+    finally:
+        await engine.dispose()
+
+
+async def test_children_share_what_their_parent_has_left_and_the_tree_stays_in_its_ceiling(
+    stack: ExecStack,
+) -> None:
+    tenant = await stack.tenant(scopes=[*apikeys.CLIENT_SCOPES, apikeys.AGENTS_WRITE])
+    async with TetherClient(stack.addr("gateway"), tenant.api_key) as tc:
+        await tc.apply_agent(json.dumps({"name": "lead"}))
+        await tc.apply_agent(json.dumps({"name": "researcher"}))  # 100,000 output tokens
+        await tc.apply_agent(
+            json.dumps(
+                {
+                    "name": "lead",
+                    "limits": {"max_output_tokens": 1000},
+                    "delegation": {"agents": ["researcher"]},
+                }
+            )
+        )
+    text, first, second = prompt("spend freely"), prompt("long essay"), prompt("longer essay")
+    # Each turn would write 5,000 tokens if nothing held it back.
+    lavish = Usage(input_tokens=10, output_tokens=5000)
+    stack.model.script(
+        text,
+        [
+            BlocksTurn(
+                [delegate("toolu_a", first), delegate("toolu_b", second)],
+                usage=Usage(input_tokens=10, output_tokens=100),
+            ),
+            TextTurn("Here is what they wrote.", usage=lavish),
+        ],
+    )
+    stack.model.script(first, [TextTurn("essay one", usage=lavish)])
+    stack.model.script(second, [TextTurn("essay two", usage=lavish)])
+    parent_id = await tenant.send(text)
+    done = await wait_for_status(stack.db_url, parent_id, "completed", timeout=40)
+
+    children = await children_of(stack, parent_id)
+    # 900 left after the parent's first turn, split between the two, not given to each.
+    assert [c.tree_budget["max_output_tokens"] for c in children] == [450, 450]
+    for child, key in zip(children, (first, second), strict=True):
+        assert child.status == "completed"
+        (asked,) = [r for r in stack.model.requests if r.script_key == key]
+        assert asked.body["max_tokens"] == 450, "the child's turn is clamped to its share"
+        assert child.warnings == ["output_tokens_exceeded", "budget_exhausted"]
+    # The parent resumed with its children's spend charged to it: nothing was left.
+    last = [r for r in stack.model.requests if r.script_key == text][-1]
+    assert last.body["max_tokens"] == 1
+    assert done.warnings == ["output_tokens_exceeded", "budget_exhausted"]
+    spent = await tree_output_tokens(stack, [parent_id, *(c.run_id for c in children)])
+    assert spent <= 1000 + last.body["max_tokens"], "at most one turn's max_tokens past it"
+    assert spent == 1001

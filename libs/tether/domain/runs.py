@@ -72,6 +72,9 @@ class Run:
     tree_root_run_id: str | None = None
     tree_depth: int = 0
     tree_reported_at: datetime | None = None
+    # A child's ceilings, reserved out of what its parent had left (`services.orchestrator.
+    # budgets`); None for a root.
+    tree_budget: Mapping[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Self:

@@ -2487,6 +2487,7 @@ class StartChildRequest(_message.Message):
     MAX_DEPTH_FIELD_NUMBER: _builtins.int
     MAX_CHILDREN_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    SHARE_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The parent run."""
     epoch: _builtins.int
@@ -2503,6 +2504,10 @@ class StartChildRequest(_message.Message):
     """The parent's delegation.max_children: how many children the parent may start in all."""
     traceparent: _builtins.str
     """Trace context (W3C traceparent) of the attempt that sends this."""
+    share: _builtins.int
+    """How many of the turn's delegate calls are not started yet, this one included: the child
+    reserves 1/share of what the parent has left (parallel children split it); 0 is 1.
+    """
     def __init__(
         self,
         *,
@@ -2514,10 +2519,11 @@ class StartChildRequest(_message.Message):
         max_depth: _builtins.int = ...,
         max_children: _builtins.int = ...,
         traceparent: _builtins.str = ...,
+        share: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "epoch", b"epoch", "max_children", b"max_children", "max_depth", b"max_depth", "message", b"message", "run_id", b"run_id", "tool_call_id", b"tool_call_id", "traceparent", b"traceparent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "epoch", b"epoch", "max_children", b"max_children", "max_depth", b"max_depth", "message", b"message", "run_id", b"run_id", "share", b"share", "tool_call_id", b"tool_call_id", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -108,6 +108,10 @@ runs = Table(
     Column("tree_root_run_id", Text),
     Column("tree_depth", Integer, nullable=False, server_default=text("0")),
     Column("tree_reported_at", DateTime(timezone=True)),
+    # A child's share of what its parent had left when it started (`Limits` ceilings by name:
+    # max_input_tokens, max_output_tokens, max_cost_micros, max_steps), for its whole subtree;
+    # NULL for a root, whose agent's limits are its tree's.
+    Column("tree_budget", JSONB),
     _now(),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("started_at", DateTime(timezone=True)),

@@ -3,7 +3,8 @@
 `runs.tree_parent_run_id` / `tree_call_id` name the run and the call that started a child (one
 child per call: ux_runs_tree_call), `tree_root_run_id` and `tree_depth` place it in its tree
 (apart from the retry lineage `parent_run_id` / `root_run_id`), and `tree_reported_at` marks the
-child whose end its parent's log recorded (child.completed). The status check gains
+child whose end its parent's log recorded (child.completed); `tree_budget` is a child's share
+of what its parent had left when it started. The status check gains
 `waiting-for-children`; the children's waker scans ix_runs_children_waiting. The completion
 function, which returns the run's row, is made anew. Expand only: a release before never names
 the columns and never parks a run on its children.
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 revision = "0037"
 down_revision = "0036"
@@ -113,6 +115,7 @@ COMPLETE_RUN = """CREATE OR REPLACE FUNCTION tether_complete_run(
     tree_root_run_id TEXT,
     tree_depth INTEGER,
     tree_reported_at TIMESTAMP WITH TIME ZONE,
+    tree_budget JSONB,
     created_at TIMESTAMP WITH TIME ZONE,
     updated_at TIMESTAMP WITH TIME ZONE,
     started_at TIMESTAMP WITH TIME ZONE,
@@ -155,11 +158,11 @@ BEGIN
         || jsonb_build_object('usage', jsonb_strip_nulls(jsonb_build_object('inputTokens', NULLIF(_total.input_tokens, 0), 'outputTokens', NULLIF(_total.output_tokens, 0), 'cacheCreationInputTokens', NULLIF(_total.cache_creation_input_tokens, 0), 'cacheReadInputTokens', NULLIF(_total.cache_read_input_tokens, 0), 'costMicros', NULLIF(_total.cost_micros, 0))))
     )::text;
     WITH moved AS
-    (UPDATE runs SET status='completed', lease_owner=NULL, lease_expires_at=NULL, result_text=_result_text, task_outcome=_task_outcome, warnings=_warnings, error=NULL, usage=_usage, last_seq=(runs.last_seq + coalesce(cardinality(_e_types), 0)), updated_at=now(), finished_at=now() WHERE runs.run_id = _run_id AND runs.status = 'running' AND runs.lease_epoch = _held_epoch AND runs.cancel_requested_at IS NULL RETURNING runs.run_id, runs.tenant_id, runs.session_id, runs.message_id, runs.conversation_id, runs.channel, runs.input_text, runs.status, runs.attempt, runs.max_attempts, runs.lease_owner, runs.lease_epoch, runs.lease_expires_at, runs.next_attempt_at, runs.cancel_requested_at, runs.waiting_interaction_id, runs.parent_run_id, runs.root_run_id, runs.result_text, runs.task_outcome, runs.warnings, runs.error, runs.usage, runs.config, runs.routing_id, runs.agent_name, runs.traceparent, runs.last_seq, runs.session_head, runs.checkpoint_batch, runs.owner_principal_id, runs.visibility, runs.format, runs.priority, runs.fair_key, runs.next_wake_at, runs.tree_parent_run_id, runs.tree_call_id, runs.tree_root_run_id, runs.tree_depth, runs.tree_reported_at, runs.created_at, runs.updated_at, runs.started_at, runs.finished_at),
+    (UPDATE runs SET status='completed', lease_owner=NULL, lease_expires_at=NULL, result_text=_result_text, task_outcome=_task_outcome, warnings=_warnings, error=NULL, usage=_usage, last_seq=(runs.last_seq + coalesce(cardinality(_e_types), 0)), updated_at=now(), finished_at=now() WHERE runs.run_id = _run_id AND runs.status = 'running' AND runs.lease_epoch = _held_epoch AND runs.cancel_requested_at IS NULL RETURNING runs.run_id, runs.tenant_id, runs.session_id, runs.message_id, runs.conversation_id, runs.channel, runs.input_text, runs.status, runs.attempt, runs.max_attempts, runs.lease_owner, runs.lease_epoch, runs.lease_expires_at, runs.next_attempt_at, runs.cancel_requested_at, runs.waiting_interaction_id, runs.parent_run_id, runs.root_run_id, runs.result_text, runs.task_outcome, runs.warnings, runs.error, runs.usage, runs.config, runs.routing_id, runs.agent_name, runs.traceparent, runs.last_seq, runs.session_head, runs.checkpoint_batch, runs.owner_principal_id, runs.visibility, runs.format, runs.priority, runs.fair_key, runs.next_wake_at, runs.tree_parent_run_id, runs.tree_call_id, runs.tree_root_run_id, runs.tree_depth, runs.tree_reported_at, runs.tree_budget, runs.created_at, runs.updated_at, runs.started_at, runs.finished_at),
     moved_events AS
     (INSERT INTO run_events (run_id, seq, type, payload, format) SELECT moved.run_id AS run_id, (moved.last_seq - coalesce(cardinality(_e_types), 0)) + e.ord AS anon_1, e.type AS type, CAST(e.payload AS JSONB) AS payload, 2 AS anon_2
     FROM moved JOIN unnest(_e_types, _e_payloads) WITH ORDINALITY AS e(type, payload, ord) ON true)
-     SELECT moved.run_id, moved.tenant_id, moved.session_id, moved.message_id, moved.conversation_id, moved.channel, moved.input_text, moved.status, moved.attempt, moved.max_attempts, moved.lease_owner, moved.lease_epoch, moved.lease_expires_at, moved.next_attempt_at, moved.cancel_requested_at, moved.waiting_interaction_id, moved.parent_run_id, moved.root_run_id, moved.result_text, moved.task_outcome, moved.warnings, moved.error, moved.usage, moved.config, moved.routing_id, moved.agent_name, moved.traceparent, moved.last_seq, moved.session_head, moved.checkpoint_batch, moved.owner_principal_id, moved.visibility, moved.format, moved.priority, moved.fair_key, moved.next_wake_at, moved.tree_parent_run_id, moved.tree_call_id, moved.tree_root_run_id, moved.tree_depth, moved.tree_reported_at, moved.created_at, moved.updated_at, moved.started_at, moved.finished_at
+     SELECT moved.run_id, moved.tenant_id, moved.session_id, moved.message_id, moved.conversation_id, moved.channel, moved.input_text, moved.status, moved.attempt, moved.max_attempts, moved.lease_owner, moved.lease_epoch, moved.lease_expires_at, moved.next_attempt_at, moved.cancel_requested_at, moved.waiting_interaction_id, moved.parent_run_id, moved.root_run_id, moved.result_text, moved.task_outcome, moved.warnings, moved.error, moved.usage, moved.config, moved.routing_id, moved.agent_name, moved.traceparent, moved.last_seq, moved.session_head, moved.checkpoint_batch, moved.owner_principal_id, moved.visibility, moved.format, moved.priority, moved.fair_key, moved.next_wake_at, moved.tree_parent_run_id, moved.tree_call_id, moved.tree_root_run_id, moved.tree_depth, moved.tree_reported_at, moved.tree_budget, moved.created_at, moved.updated_at, moved.started_at, moved.finished_at
     FROM moved
     INTO _moved;
     IF NOT FOUND THEN
@@ -233,6 +236,7 @@ BEGIN
     tree_root_run_id := _moved.tree_root_run_id;
     tree_depth := _moved.tree_depth;
     tree_reported_at := _moved.tree_reported_at;
+    tree_budget := _moved.tree_budget;
     created_at := _moved.created_at;
     updated_at := _moved.updated_at;
     started_at := _moved.started_at;
@@ -260,6 +264,7 @@ def upgrade() -> None:
         op.add_column("runs", sa.Column(name, sa.Text(), nullable=True))
     op.add_column("runs", sa.Column("tree_depth", sa.Integer(), nullable=False, server_default="0"))
     op.add_column("runs", sa.Column("tree_reported_at", sa.DateTime(timezone=True)))
+    op.add_column("runs", sa.Column("tree_budget", postgresql.JSONB(), nullable=True))
     op.drop_constraint(op.f("ck_runs_status"), "runs")
     op.create_check_constraint(op.f("ck_runs_status"), "runs", _AFTER)
     op.execute(
@@ -287,6 +292,6 @@ def downgrade() -> None:
     )
     op.drop_constraint(op.f("ck_runs_status"), "runs")
     op.create_check_constraint(op.f("ck_runs_status"), "runs", _BEFORE)
-    for name in ("tree_reported_at", "tree_depth", *_COLUMNS):
+    for name in ("tree_budget", "tree_reported_at", "tree_depth", *_COLUMNS):
         op.drop_column("runs", name)
     op.execute(_previous_function())
