@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.orchestrator import budgets
 from services.orchestrator.cancellation import cancel_instead
 from services.orchestrator.cascade import Cancelled, cancel_orphans
 from services.orchestrator.publisher import Publisher
@@ -76,11 +77,13 @@ class Children:
         message: str,
         max_depth: int,
         max_children: int,
+        share: int = 1,
     ) -> ChildRun:
         """The child run of `run_id`'s delegate call `tool_call_id`: the one it started before,
         or a new queued run of `agent` with `message`. InvalidArgument (nothing made) for an
         agent the tenant lacks, a child deeper than `max_depth` or more children than
-        `max_children`; StaleLease when the parent's lease is no longer current."""
+        `max_children`, or when the parent has no budget left to reserve it 1/`share` of
+        (`budgets`); StaleLease when the parent's lease is no longer current."""
         if not tool_call_id or not agent or not message:
             raise InvalidArgument("a child run needs its delegate call, agent and message")
         async with self._engine.begin() as conn:
@@ -111,9 +114,11 @@ class Children:
                     f"this run has started its {max_children} children, as many as it may: "
                     "do the rest yourself"
                 )
+            budget = await budgets.child_budget(conn, parent, share)
             child = await intake.create_child_run(
                 conn,
                 parent,
+                budget=budget,
                 run_id=new_id("run"),
                 session_id=new_id("ses"),
                 message_id=new_id("msg"),

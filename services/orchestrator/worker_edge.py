@@ -405,6 +405,7 @@ class ExecutionServicer:
             message=request.message,
             max_depth=request.max_depth,
             max_children=request.max_children,
+            share=request.share,
         )
         error = child.error
         return orchestrator_pb2.StartChildResponse(

@@ -33,7 +33,7 @@ from services.worker.model_limits import ModelReservations, RateLimited, headers
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.outcomes import Outcomes, ms_since
 from services.worker.provider_errors import classify_exception
-from services.worker.render import context_requests, max_tokens, tool_specs
+from services.worker.render import context_requests, tool_specs, turn_max_tokens
 from services.worker.tools.registry import ToolRegistry
 from services.worker.transcript import Transcript
 from tether import telemetry
@@ -340,7 +340,7 @@ class Attempt:
         return context.request(
             self.transcript.parts,
             model=self.config.model,
-            max_tokens=max_tokens(self.config),
+            max_tokens=turn_max_tokens(self.config, self.state.usage.get("output_tokens", 0)),
         )
 
     async def _within_budget(
@@ -416,6 +416,7 @@ class Attempt:
                 # No flush: what is left goes with the completion, in the same transaction.
                 warnings = ("max_tokens",) if turn.stop_reason == "max_tokens" else ()
                 return Completed(self.transcript.final_text(turn_start_index), warnings=warnings)
+            self._gate.calls(turn.tool_calls)
             for call in turn.tool_calls:
                 await self._run_tool(call)
             self._gate.park_children()
@@ -444,7 +445,8 @@ class Attempt:
             )
         if (
             limits.max_output_tokens
-            and self.state.usage.get("output_tokens", 0) > limits.max_output_tokens
+            # Reached is spent: each turn is clamped to what is left, so it ends there.
+            and self.state.usage.get("output_tokens", 0) >= limits.max_output_tokens
         ):
             raise LimitReached(
                 "output_tokens_exceeded",

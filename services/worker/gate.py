@@ -15,7 +15,7 @@ run's transcript: results, markers, parking and failing. The questions (`ask_que
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -92,8 +92,11 @@ class Gate:
         self._transcript = transcript
         self._checkpoints = checkpoints
         self._registry = registry
-        # The delegate calls of this attempt whose children have not ended yet.
+        # The delegate calls of this attempt whose children have not ended yet, and those of
+        # the calls being run (a turn's, or those a pause left open), in order: a child
+        # reserves its share of what the run has left by how many are still to start.
         self._children: list[str] = []
+        self._delegates: list[str] = []
         ports = None if interactions is None else _InteractionsPorts(interactions, assignment)
         self._calls = ToolCalls(
             catalog=registry,
@@ -113,6 +116,10 @@ class Gate:
             return
         self._calls.catalog = _WithMcp(self._registry, mcp)
         self._calls.allowlist = [*self._config.tool_allowlist, *mcp.tools]
+
+    def calls(self, tool_calls: Sequence[ToolCall]) -> None:
+        """The calls about to be run, in order (a turn's, or those a pause left open)."""
+        self._delegates = [c.tool_call_id for c in tool_calls if c.name == DELEGATE]
 
     async def run(self, tool_call: ToolCall) -> None:
         """Run one call the model made, or give it its (error) result, or park the run."""
@@ -214,9 +221,11 @@ class Gate:
         # The call is durable before its child exists: a later attempt issues it again and
         # finds the same child, never a second.
         await self._checkpoints.sync()
+        after = self._delegates
+        share = len(after) - after.index(tool_call_id) if tool_call_id in after else 1
         try:
             child = await self._orchestrator.start_child(
-                self._assignment.lease, tool_call_id, agent, message, delegation
+                self._assignment.lease, tool_call_id, agent, message, delegation, share=share
             )
         except InvalidArgument as exc:
             self._result(
@@ -329,7 +338,9 @@ class Gate:
         """Finish the calls a pause left open: answers become the call's result (a user-role
         line in the history), a claimed approval runs its stored input, a completed consent
         runs the call again."""
-        for tool_call in self._transcript.dangling_tool_calls():
+        dangling = self._transcript.dangling_tool_calls()
+        self.calls(dangling)
+        for tool_call in dangling:
             if telemetry.on:
                 with observed.tool_call(tool_call):
                     await self._finish_paused(tool_call)

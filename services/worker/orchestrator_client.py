@@ -171,8 +171,11 @@ class Orchestrator:
         agent: str,
         message: str,
         delegation: Delegation,
+        *,
+        share: int = 1,
     ) -> Child:
-        """Start (or find: one per call) the child run of the delegate call `tool_call_id`;
+        """Start (or find: one per call) the child run of the delegate call `tool_call_id`,
+        reserving 1/`share` of what the run has left;
         InvalidArgument when the orchestrator refuses it (the model may act on its message)."""
         response: orchestrator_pb2.StartChildResponse = await self._stream.write(
             orchestrator_pb2.StartChildRequest(
@@ -184,6 +187,7 @@ class Orchestrator:
                 max_depth=delegation.max_depth,
                 max_children=delegation.max_children,
                 traceparent=observed.traceparent(),
+                share=share,
             ),
         )
         return Child(

@@ -10,6 +10,7 @@ first attempt, event, stored format, whether it heads its session) is written he
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -324,11 +325,13 @@ async def create_child_run(
     tool_call_id: str,
     agent: str,
     text: str,
+    budget: Mapping[str, int] | None = None,
 ) -> Run:
     """Create the queued child run of `parent`'s delegate call `tool_call_id`: a run of
     `agent` in the parent's tenant and principal, heading a session of its own (the child's
     conversation, `delegate` channel, pinned to `agent`), its input `text`, placed in the
-    parent's tree. In the caller's transaction, which holds the parent; a second child of the
+    parent's tree with `budget`, its share of what the parent had left. In the caller's
+    transaction, which holds the parent; a second child of the
     same call is refused by ux_runs_tree_call.
 
     The session and message rows are admission's tables written here, as admission writes the
@@ -384,6 +387,7 @@ async def create_child_run(
                 tree_call_id=tool_call_id,
                 tree_root_run_id=parent.tree_root_run_id or parent.run_id,
                 tree_depth=parent.tree_depth + 1,
+                tree_budget=None if budget is None else dict(budget),
             )
             .returning(runs)
         )
