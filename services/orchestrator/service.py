@@ -129,6 +129,7 @@ class Runs:
         page_size: int,
         page_token: str,
         created_after: datetime | None = None,
+        tree_root_run_id: str = "",
     ) -> tuple[Sequence[tuple[Run, RunRouting | None]], str]:
         """One page of runs, newest first, each with the routing decision it is pinned to."""
         size = min(page_size, MAX_PAGE) if page_size > 0 else DEFAULT_PAGE
@@ -141,6 +142,7 @@ class Runs:
                 page_size=size,
                 page_token=page_token,
                 created_after=created_after,
+                tree_root_run_id=tree_root_run_id,
             )
 
     async def execution_record(self, viewer: Viewer, run_id: str) -> ExecutionRecord:

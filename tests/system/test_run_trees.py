@@ -4,7 +4,10 @@ a worker SIGKILLed mid-delegation leaves exactly one child per call."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -99,6 +102,23 @@ async def children_of(stack: ExecStack, run_id: str) -> list[Any]:
         await engine.dispose()
 
 
+async def tether_cli(stack: ExecStack, tenant: Tenant, *args: str) -> tuple[int, str]:
+    """`tether ARGS` as a person runs it, against the stack's gateway with the tenant's key."""
+    env = {**os.environ, "TETHER_GATEWAY": stack.addr("gateway"), "TETHER_API_KEY": tenant.api_key}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tether.cli",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode() + err.decode()
+
+
 def delegate(tool_id: str, message: str, agent: str = "researcher") -> ToolUseBlock:
     return ToolUseBlock("delegate", {"agent": agent, "message": message}, id=tool_id)
 
@@ -155,11 +175,36 @@ async def test_a_parent_delegating_to_two_children_resumes_once_with_both_answer
 
     async with TetherClient(stack.addr("gateway"), tenant.api_key) as tc:
         shown = (await tc.get_run(children[0].run_id)).run
+        listed = (await tc.list_runs(tree_root_run_id=parent_id)).runs
+        other = await lead_tenant(stack)
+        async with TetherClient(stack.addr("gateway"), other.api_key) as stranger:
+            assert not (await stranger.list_runs(tree_root_run_id=parent_id)).runs
     assert (shown.tree_parent_run_id, shown.tree_root_run_id, shown.tree_depth) == (
         parent_id,
         parent_id,
         1,
     )
+    assert sorted(r.run_id for r in listed) == sorted([parent_id, *(c.run_id for c in children)])
+
+    # `tether run CHILD --tree` shows the whole tree from its root, each node's status and spend.
+    code, out = await tether_cli(stack, tenant, "run", children[1].run_id, "--tree", "--json")
+    assert code == 0, out
+    shown_tree = json.loads(out)
+    assert shown_tree["root"] == parent_id
+    nodes = shown_tree["runs"]
+    assert [(n["run_id"], n["depth"], n["status"]) for n in nodes] == [
+        (parent_id, 0, "completed"),
+        (children[0].run_id, 1, "completed"),
+        (children[1].run_id, 1, "completed"),
+    ]
+    own = [int(n["usage"].get("output_tokens", 0)) for n in nodes]
+    assert all(own) and nodes[0]["tree_usage"]["output_tokens"] == sum(own)
+    code, out = await tether_cli(stack, tenant, "run", parent_id, "--tree")
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].startswith(f"{parent_id} lead completed in=")
+    assert lines[1].startswith(f"  {children[0].run_id} researcher (toolu_a) completed")
+    assert " tree: out=" in lines[0]
 
 
 async def test_a_refused_delegation_is_a_tool_error_the_model_reads_and_nothing_starts(

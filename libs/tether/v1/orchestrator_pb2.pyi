@@ -133,6 +133,7 @@ class SearchRunsRequest(_message.Message):
     PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
     ALL_RUNS_FIELD_NUMBER: _builtins.int
     CREATED_AFTER_FIELD_NUMBER: _builtins.int
+    TREE_ROOT_RUN_ID_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Caller's tenant."""
     conversation_id: _builtins.str
@@ -145,6 +146,8 @@ class SearchRunsRequest(_message.Message):
     """Caller's principal: only its own runs are visible unless all_runs is set."""
     all_runs: _builtins.bool
     """Whether the caller's key holds runs:all (every run of its tenant is visible)."""
+    tree_root_run_id: _builtins.str
+    """Only the run tree of this root (the run and every run below it); all when empty."""
     @_builtins.property
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.RunStatus.ValueType]:
         """Only runs in these statuses; all when empty."""
@@ -164,10 +167,11 @@ class SearchRunsRequest(_message.Message):
         principal_id: _builtins.str = ...,
         all_runs: _builtins.bool = ...,
         created_after: _timestamp_pb2.Timestamp | None = ...,
+        tree_root_run_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "conversation_id", b"conversation_id", "created_after", b"created_after", "page_size", b"page_size", "page_token", b"page_token", "principal_id", b"principal_id", "statuses", b"statuses", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "conversation_id", b"conversation_id", "created_after", b"created_after", "page_size", b"page_size", "page_token", b"page_token", "principal_id", b"principal_id", "statuses", b"statuses", "tenant_id", b"tenant_id", "tree_root_run_id", b"tree_root_run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

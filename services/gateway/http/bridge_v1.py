@@ -177,6 +177,7 @@ class BridgeV1:
             conversation_id=query.get("conversation_id", ""),
             page_size=non_negative(query.get("page_size", "0"), "page_size", INT32_MAX),
             page_token=query.get("page_token", ""),
+            tree_root_run_id=query.get("tree_root_run_id", ""),
         )
         time_query(query, "created_after", listed.created_after)
         response = await self._servicer.ListRuns(listed, CallContext(request))

@@ -189,6 +189,12 @@ Index(
     unique=True,
     postgresql_where=runs.c.tree_parent_run_id.is_not(None),
 )
+# A tree's runs below its root (ListRuns of a tree, `tether run --tree`).
+Index(
+    "ix_runs_tree_root",
+    runs.c.tree_root_run_id,
+    postgresql_where=runs.c.tree_root_run_id.is_not(None),
+)
 # The children's waker: parents waiting for their children.
 Index(
     "ix_runs_children_waiting",

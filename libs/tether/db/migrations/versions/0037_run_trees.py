@@ -275,6 +275,10 @@ def upgrade() -> None:
         "CREATE INDEX ix_runs_children_waiting ON runs (updated_at)"
         " WHERE status = 'waiting-for-children'"
     )
+    op.execute(
+        "CREATE INDEX ix_runs_tree_root ON runs (tree_root_run_id)"
+        " WHERE tree_root_run_id IS NOT NULL"
+    )
     # The row type changed: the function is dropped and made anew.
     op.execute("DROP FUNCTION IF EXISTS tether_complete_run")
     op.execute(COMPLETE_RUN)
@@ -282,6 +286,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("DROP FUNCTION IF EXISTS tether_complete_run")
+    op.drop_index("ix_runs_tree_root", table_name="runs")
     op.drop_index("ix_runs_children_waiting", table_name="runs")
     op.drop_index("ux_runs_tree_call", table_name="runs")
     # A run waiting for its children has no status the previous release knows: it ends
