@@ -18,6 +18,7 @@ from bench import (
     telemetry,
     tool_input,
     tools,
+    trees,
 )
 
 # A group is one or more benches run in turn; `runs` ends with telemetry's cost (its own stacks).
@@ -36,6 +37,8 @@ GROUPS = {
     "stream": (stream.run,),
     "tool_input": (tool_input.run,),
     "tools": (tools.run,),
+    # Issue 33's two figures: a delegation's overhead and the timers' lateness.
+    "trees": (trees.run,),
 }
 
 
