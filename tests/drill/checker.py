@@ -52,7 +52,13 @@ INVARIANTS = (
     "channel_deliveries_without_outcome",
     "quiet_runs_waiting_past_bound",
     "flood_without_quiet_runs_measured",
+    "children_active_after_root_ended",
+    "timers_fired_twice",
+    "timers_lost",
 )
+# A timer this far past its due time and still not fired was lost (the waker looks at least
+# every TETHER_ORCHESTRATOR_RETRY_POLL_S, 10 s by default, on every replica).
+TIMER_LOST_AFTER = timedelta(seconds=30)
 # The flood (tests.drill.flood_load): while the flooding tenant has at least FLOOD_BACKLOG runs
 # queued, a quiet tenant's run (its tenant had no other run waiting for a lease when it could be
 # leased) waits, from that moment to its lease, for no more than QUIET_WAIT_BOUND of the flood's
@@ -84,6 +90,8 @@ class DbState:
     event_seqs: dict[str, set[int]]
     # run id -> its channel answer's delivery record (state, provider message id)
     deliveries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # run id -> how many timer.set and timer.fired events its log holds
+    timer_events: dict[str, Counter[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -148,8 +156,23 @@ async def read_state_for(engine: AsyncEngine) -> DbState:
                 select(deliveries.c.run_id, deliveries.c.state, deliveries.c.provider_message_id)
             )
         }
+        timer_events: dict[str, Counter[str]] = defaultdict(Counter)
+        for r in await conn.execute(
+            select(run_events.c.run_id, run_events.c.type).where(
+                run_events.c.type.in_(("timer.set", "timer.fired"))
+            )
+        ):
+            timer_events[r.run_id][r.type] += 1
     return DbState(
-        now, run_rows, message_rows, interaction_rows, grant_rows, parts, seqs, delivery_rows
+        now,
+        run_rows,
+        message_rows,
+        interaction_rows,
+        grant_rows,
+        parts,
+        seqs,
+        delivery_rows,
+        timer_events,
     )
 
 
@@ -179,6 +202,7 @@ def evaluate(state: DbState, ledger: Iterable[LedgerRecord], seen: Seen) -> dict
             )
             found[name].append(f"{call.method}: {call.code} {call.detail}")
     _channel_answers(state, by_id, seen, found)
+    _trees_and_timers(state, by_id, found)
     flood = _quiet_waits(state, seen, found)
     found["conflicting_deliveries_accepted"] = list(seen.conflicts_accepted)
     found["decisions_accepted_twice"] = list(seen.decisions_accepted_twice)
@@ -338,6 +362,29 @@ def _channel_answers(
                 found["channel_deliveries_without_outcome"].append(f"{run_id}: {delivery['state']}")
 
 
+def _trees_and_timers(
+    state: DbState, by_id: Mapping[str, dict[str, Any]], found: dict[str, list[str]]
+) -> None:
+    """No child active once its tree's root ended; no timer fired more often than it was set;
+    none left unfired well past its due time."""
+    for run in state.runs:
+        root = by_id.get(run.get("tree_root_run_id") or "")
+        if root is not None and run["status"] not in TERMINAL and root["status"] in TERMINAL:
+            found["children_active_after_root_ended"].append(
+                f"{run['run_id']} {run['status']} (root {root['run_id']} {root['status']})"
+            )
+        counts = state.timer_events.get(run["run_id"], Counter())
+        if counts["timer.fired"] > counts["timer.set"]:
+            found["timers_fired_twice"].append(
+                f"{run['run_id']}: set {counts['timer.set']}, fired {counts['timer.fired']}"
+            )
+        due = run.get("next_wake_at")
+        if run["status"] == "waiting-for-timer" and (
+            due is None or due < state.now - TIMER_LOST_AFTER
+        ):
+            found["timers_lost"].append(f"{run['run_id']} due {due}")
+
+
 def _stuck(state: DbState, out: list[str]) -> int:
     """Runs not terminal that nothing will move: no live lease, no retry due to be taken, no
     pending interaction. Returns how many wait on a person (counted apart)."""
@@ -364,6 +411,13 @@ def _stuck(state: DbState, out: list[str]) -> int:
             due = run["next_attempt_at"]
             if due is not None and due > state.now:
                 continue
+        elif status == "waiting-for-timer":
+            continue  # its waker moves it (one that never does is counted as lost)
+        elif status == "waiting-for-children" and any(
+            r.get("tree_parent_run_id") == run["run_id"] and r["status"] not in TERMINAL
+            for r in state.runs
+        ):
+            continue  # a child of it is still on its way
         out.append(f"{run['run_id']} {status}")
     return waiting_on_person
 
