@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.drill.tree_checks import trees_and_timers
 from tether.db.engine import create_engine
 from tether.db.schema import (
     deliveries,
@@ -56,9 +57,7 @@ INVARIANTS = (
     "timers_fired_twice",
     "timers_lost",
 )
-# A timer this far past its due time and still not fired was lost (the waker looks at least
-# every TETHER_ORCHESTRATOR_RETRY_POLL_S, 10 s by default, on every replica).
-TIMER_LOST_AFTER = timedelta(seconds=30)
+
 # The flood (tests.drill.flood_load): while the flooding tenant has at least FLOOD_BACKLOG runs
 # queued, a quiet tenant's run (its tenant had no other run waiting for a lease when it could be
 # leased) waits, from that moment to its lease, for no more than QUIET_WAIT_BOUND of the flood's
@@ -202,7 +201,7 @@ def evaluate(state: DbState, ledger: Iterable[LedgerRecord], seen: Seen) -> dict
             )
             found[name].append(f"{call.method}: {call.code} {call.detail}")
     _channel_answers(state, by_id, seen, found)
-    _trees_and_timers(state, by_id, found)
+    trees_and_timers(state, by_id, found)
     flood = _quiet_waits(state, seen, found)
     found["conflicting_deliveries_accepted"] = list(seen.conflicts_accepted)
     found["decisions_accepted_twice"] = list(seen.decisions_accepted_twice)
@@ -360,29 +359,6 @@ def _channel_answers(
                 and delivery["state"] not in DELIVERY_OUTCOMES
             ):
                 found["channel_deliveries_without_outcome"].append(f"{run_id}: {delivery['state']}")
-
-
-def _trees_and_timers(
-    state: DbState, by_id: Mapping[str, dict[str, Any]], found: dict[str, list[str]]
-) -> None:
-    """No child active once its tree's root ended; no timer fired more often than it was set;
-    none left unfired well past its due time."""
-    for run in state.runs:
-        root = by_id.get(run.get("tree_root_run_id") or "")
-        if root is not None and run["status"] not in TERMINAL and root["status"] in TERMINAL:
-            found["children_active_after_root_ended"].append(
-                f"{run['run_id']} {run['status']} (root {root['run_id']} {root['status']})"
-            )
-        counts = state.timer_events.get(run["run_id"], Counter())
-        if counts["timer.fired"] > counts["timer.set"]:
-            found["timers_fired_twice"].append(
-                f"{run['run_id']}: set {counts['timer.set']}, fired {counts['timer.fired']}"
-            )
-        due = run.get("next_wake_at")
-        if run["status"] == "waiting-for-timer" and (
-            due is None or due < state.now - TIMER_LOST_AFTER
-        ):
-            found["timers_lost"].append(f"{run['run_id']} due {due}")
 
 
 def _stuck(state: DbState, out: list[str]) -> int:
