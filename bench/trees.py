@@ -46,7 +46,8 @@ RUN_TIMEOUT_S = 30.0
 POLL_S = 0.01
 TIMERS = 1_000
 DUE_IN_S = 8.0  # from the first park: long enough for every park to land before
-SCOPES = (*apikeys.CLIENT_SCOPES, apikeys.AGENTS_WRITE)
+SCOPES = (*apikeys.CLIENT_SCOPES, apikeys.AGENTS_READ, apikeys.AGENTS_WRITE)
+CATALOG_WAIT_S = 30.0
 
 
 async def _tenant(stack: BenchStack) -> str:
@@ -92,6 +93,12 @@ async def delegate_overhead(stack: BenchStack, model: Model) -> None:
     gateway = stack.services.addresses()["gateway"]
     samples: dict[str, list[float]] = {"delegating": [], "local_tool": [], "child_alone": []}
     async with TetherClient(gateway, key) as client:
+        # An agent may name only a tool a worker announced: wait for the worker's hello.
+        deadline = time.perf_counter() + CATALOG_WAIT_S
+        while "get_time" not in {t.name for t in (await client.list_tools()).tools}:
+            if time.perf_counter() > deadline:
+                raise RuntimeError("no worker announced get_time")
+            await asyncio.sleep(0.1)
         await client.apply_agent(json.dumps({"name": "lead", "tools": ["get_time"]}))
         await client.apply_agent(
             json.dumps({"name": "researcher", "routes": [{"channel": "research"}]})

@@ -69,10 +69,23 @@ def result_text(block: dict[str, Any]) -> str:
     return "".join(c.get("text", "") for c in content)
 
 
+SCOPES = [*apikeys.CLIENT_SCOPES, apikeys.AGENTS_READ, apikeys.AGENTS_WRITE]
+
+
+async def announced(tc: TetherClient) -> None:
+    """Once the worker's hello announced slow_task (an agent may name only such a tool)."""
+
+    async def listed() -> bool:
+        return "slow_task" in {t.name for t in (await tc.list_tools()).tools}
+
+    await eventually(listed, timeout=30, interval=0.05, what="the worker's tools")
+
+
 async def lead_tenant(stack: ExecStack) -> Tenant:
     """A tenant whose default agent `lead` may delegate to `researcher` (and to itself)."""
-    tenant = await stack.tenant(scopes=[*apikeys.CLIENT_SCOPES, apikeys.AGENTS_WRITE])
+    tenant = await stack.tenant(scopes=SCOPES)
     async with TetherClient(stack.addr("gateway"), tenant.api_key) as tc:
+        await announced(tc)
         # The first agent applied without routes takes the tenant's runs.
         await tc.apply_agent(json.dumps({"name": "lead", "tools": ["slow_task"]}))
         await tc.apply_agent(json.dumps({"name": "researcher", "tools": ["slow_task"]}))
@@ -230,7 +243,7 @@ async def test_a_refused_delegation_is_a_tool_error_the_model_reads_and_nothing_
 
 
 async def test_a_tree_deeper_than_its_limit_is_refused_to_the_model(stack: ExecStack) -> None:
-    tenant = await stack.tenant(scopes=[*apikeys.CLIENT_SCOPES, apikeys.AGENTS_WRITE])
+    tenant = await stack.tenant(scopes=SCOPES)
     async with TetherClient(stack.addr("gateway"), tenant.api_key) as tc:
         await tc.apply_agent(
             json.dumps({"name": "lead", "delegation": {"agents": ["lead"], "max_depth": 1}})
@@ -314,7 +327,7 @@ async def slow_task_started(stack: ExecStack, run_id: str) -> None:
 async def test_cancelling_the_root_cancels_its_whole_depth_3_tree_and_no_model_call_follows(
     stack: ExecStack,
 ) -> None:
-    tenant = await stack.tenant(scopes=[*apikeys.CLIENT_SCOPES, apikeys.AGENTS_WRITE])
+    tenant = await stack.tenant(scopes=SCOPES)
     async with TetherClient(stack.addr("gateway"), tenant.api_key) as tc:
         await tc.apply_agent(
             json.dumps({"name": "lead", "tools": ["slow_task"], "delegation": {"agents": ["lead"]}})
@@ -417,7 +430,7 @@ async def tree_output_tokens(stack: ExecStack, run_ids: list[str]) -> int:
 async def test_children_share_what_their_parent_has_left_and_the_tree_stays_in_its_ceiling(
     stack: ExecStack,
 ) -> None:
-    tenant = await stack.tenant(scopes=[*apikeys.CLIENT_SCOPES, apikeys.AGENTS_WRITE])
+    tenant = await stack.tenant(scopes=SCOPES)
     async with TetherClient(stack.addr("gateway"), tenant.api_key) as tc:
         await tc.apply_agent(json.dumps({"name": "lead"}))
         await tc.apply_agent(json.dumps({"name": "researcher"}))  # 100,000 output tokens
