@@ -263,8 +263,9 @@ async def test_a_tree_deeper_than_its_limit_is_refused_to_the_model(stack: ExecS
     assert refused["is_error"] and "at most 1 deep" in result_text(refused)
 
 
+@pytest.mark.parametrize("ending", ["sigkill", "sigterm"])
 async def test_a_worker_sigkilled_after_the_delegate_calls_leaves_exactly_two_children(
-    stack: ExecStack,
+    stack: ExecStack, ending: str
 ) -> None:
     tenant = await lead_tenant(stack)
     text, first, second = prompt("research twice"), prompt("topic one"), prompt("topic two")
@@ -296,7 +297,10 @@ async def test_a_worker_sigkilled_after_the_delegate_calls_leaves_exactly_two_ch
 
     await eventually(both_started, timeout=20, interval=0.05, what="two children and slow_task")
     worker = next(name for name in stack.services.procs if name.startswith("worker"))
-    stack.services.kill(worker)
+    if ending == "sigkill":
+        stack.services.kill(worker)  # its lease lapses: the reaper requeues the parent
+    else:
+        await stack.services.stop(worker)  # it hands the parent's lease back, calls closed
     before = await children_of(stack, parent_id)
     assert [c.status for c in before] == ["queued", "queued"], "no slot ran them yet"
     await stack.start_worker(TETHER_WORKER_CONCURRENCY="1")
@@ -312,6 +316,10 @@ async def test_a_worker_sigkilled_after_the_delegate_calls_leaves_exactly_two_ch
     answers = {b["tool_use_id"]: result_text(b) for b in tool_results(asked[-1])}
     assert answers["toolu_1"] == "one: done" and answers["toolu_2"] == "two: done"
     assert answers["toolu_slow"].startswith("interrupted")
+    failed = [e["toolCallId"] for e in of_type(events, "tool.failed")]
+    assert failed == ["toolu_slow"], (
+        "only slow_task was closed: the delegate calls were issued again"
+    )
     still = await run_row(stack.db_url, parent_id)
     assert still.lease_owner is None
 
