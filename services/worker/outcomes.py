@@ -25,6 +25,7 @@ from tether.domain import (
     Lease,
     RunError,
 )
+from tether.domain.rules import REISSUED_CALLS
 from tether.retry import ProviderFailure
 
 
@@ -98,7 +99,9 @@ class Outcomes:
 
     async def released(self) -> None:
         """Graceful shutdown: persist progress, close open calls, hand the lease back."""
-        self._transcript.close_dangling(Interruption.WORKER_SHUT_DOWN)
+        # The run is queued again: its next attempt issues its delegate calls again and finds
+        # their children (as after a lost lease).
+        self._transcript.close_dangling(Interruption.WORKER_SHUT_DOWN, keep=REISSUED_CALLS)
         await self._checkpoints.sync()
         await self._checkpoints.deltas_out()
         await self._orchestrator.release(self._lease)
