@@ -12,7 +12,6 @@ each child's end (`child.completed`, once per child) in the same transaction.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,8 +63,7 @@ class Children:
         self._bus = bus
         # Set when a run parks on its children here, or a child ends here: the waker looks
         # again at once.
-        self.nudge = asyncio.Event()
-        publisher.child_ended = self.nudge
+        self.nudge = publisher.child_ended
 
     async def start(
         self,
