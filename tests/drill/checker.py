@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.drill.tree_checks import trees_and_timers
+from tests.drill.tree_checks import tree_and_timer_counts, trees_and_timers
 from tether.db.engine import create_engine
 from tether.db.schema import (
     deliveries,
@@ -234,6 +234,7 @@ def evaluate(state: DbState, ledger: Iterable[LedgerRecord], seen: Seen) -> dict
             "not_within_bound": list(seen.unrecovered),
         },
         "flood": flood,
+        "trees_and_timers": tree_and_timer_counts(state),
         "failed_invariants": sorted(name for name, n in invariants.items() if n),
     }
 

@@ -36,3 +36,17 @@ def trees_and_timers(
             due is None or due < state.now - TIMER_LOST_AFTER
         ):
             found["timers_lost"].append(f"{run['run_id']} due {due}")
+
+
+def tree_and_timer_counts(state: Any) -> dict[str, int]:
+    """How much of the soak's load was trees and timers: child runs, and timers set and fired."""
+    children = [r for r in state.runs if r.get("tree_parent_run_id")]
+    totals: Counter[str] = Counter()
+    for counts in state.timer_events.values():
+        totals.update(counts)
+    return {
+        "children": len(children),
+        "children_completed": sum(1 for r in children if r["status"] == "completed"),
+        "timers_set": totals["timer.set"],
+        "timers_fired": totals["timer.fired"],
+    }
