@@ -159,10 +159,10 @@ class Children:
         return True
 
     async def round(self) -> float | None:
-        """Cancel the children of parents that ended, queue the parents whose children have
-        all ended; nothing is due at a known time."""
-        await self.cancel_orphans()
+        """Queue the parents whose children have all ended (first: a parent waits on it),
+        cancel the children of parents that ended; nothing is due at a known time."""
         await self.resume_done()
+        await self.cancel_orphans()
         return None
 
     async def cancel_orphans(self, limit: int = 100) -> int:
