@@ -18,10 +18,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import func, literal, select
+from sqlalchemy import case, func, literal, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tether.db.schema import routings, runs, usage_turns
+from tether.db.schema import attempts, routings, runs, usage_turns
 from tether.domain import AgentConfig, Limits, Run
 from tether.errors import InvalidArgument
 from tether.states import TERMINAL
@@ -79,6 +79,36 @@ async def spent(conn: AsyncConnection, run_id: str) -> dict[str, int]:
     }
 
 
+# The run-level deadline: `limits.wall_clock_seconds` counts the time the run's attempts ran,
+# from its first start; time parked (for a person, a timer, its children) or waiting for a
+# retry holds no attempt and does not count. A ceiling this close to spent still bounds the
+# attempt (0 would be none).
+WALL_CLOCK = "wall_clock_seconds"
+LEAST_WALL_CLOCK_S = 0.001
+
+
+def wall_clock_ceiling(limits: Limits, budget: Mapping[str, Any] | None) -> float:
+    """The run's wall-clock ceiling in seconds (0: none): its agent's, lowered to its budget."""
+    own, share = float(limits.wall_clock_seconds), float((budget or {}).get(WALL_CLOCK, 0))
+    held = [v for v in (own, share) if v > 0]
+    return min(held) if held else 0.0
+
+
+async def elapsed_s(conn: AsyncConnection, run_id: str, *, current: bool) -> float:
+    """Seconds the run's attempts have run: those that ended, and with `current` the one under
+    way, until now."""
+    ran = case(
+        (attempts.c.ended_at.is_not(None), attempts.c.ended_at - attempts.c.started_at),
+        else_=(func.now() - attempts.c.started_at) if current else func.make_interval(),
+    )
+    seconds = await conn.scalar(
+        select(func.coalesce(func.sum(func.extract("epoch", ran)), 0)).where(
+            attempts.c.run_id == run_id
+        )
+    )
+    return float(seconds or 0)
+
+
 def _left(held: Mapping[str, int], used: Mapping[str, int]) -> dict[str, int]:
     return {name: held[name] - used.get(name, 0) for name in held}
 
@@ -109,33 +139,51 @@ async def left(conn: AsyncConnection, run: Run, limits: Limits) -> dict[str, int
     return remaining
 
 
-async def child_budget(conn: AsyncConnection, parent: Run, share: int) -> dict[str, int]:
+async def child_budget(conn: AsyncConnection, parent: Run, share: int) -> dict[str, float]:
     """The ceilings a new child of `parent` reserves: 1/`share` of what the parent has left in
-    each dimension it has a ceiling in. InvalidArgument (the model reads it) when the parent has
-    nothing left to give in one of them."""
-    remaining = await left(conn, parent, await _limits_of(conn, parent))
-    exhausted = [name for name, value in remaining.items() if value <= 0]
+    each dimension it has a ceiling in, and its wall-clock time left (children run at once: each
+    may take all of it). InvalidArgument (the model reads it) when the parent has nothing left
+    to give in one of them."""
+    limits = await _limits_of(conn, parent)
+    remaining = await left(conn, parent, limits)
+    exhausted = [_WORDS[name] for name, value in remaining.items() if value <= 0]
+    clock = wall_clock_ceiling(limits, parent.tree_budget)
+    time_left = clock - await elapsed_s(conn, parent.run_id, current=True) if clock else 0.0
+    if clock and time_left <= 0:
+        exhausted.append("wall-clock time")
     if exhausted:
-        words = ", ".join(_WORDS[n] for n in exhausted)
         raise InvalidArgument(
-            f"this run has no budget left for a child ({words} spent or reserved by its other "
-            "children): do the task yourself, or answer with what you have"
+            f"this run has no budget left for a child ({', '.join(exhausted)} spent or "
+            "reserved by its other children): do the task yourself, or answer with what you have"
         )
-    return {name: max(value // max(share, 1), 1) for name, value in remaining.items()}
+    budget: dict[str, float] = {
+        name: max(value // max(share, 1), 1) for name, value in remaining.items()
+    }
+    if clock:
+        budget[WALL_CLOCK] = round(time_left, 3)
+    return budget
 
 
 async def leased_configs(
     conn: AsyncConnection, leased: Iterable[tuple[Run, AgentConfig]]
 ) -> dict[str, AgentConfig]:
-    """The configuration each leased run of a tree runs with, by run id: its ceilings lowered
-    to what it has left (runs in no tree, and that may start none, are left out)."""
+    """The configuration each leased run runs with, by run id, when it differs from its
+    routing's: a run of a tree has its ceilings lowered to what it has left, and a run leased
+    before has its wall clock lowered by what its attempts ran (the others are left out)."""
     found: dict[str, AgentConfig] = {}
     for run, config in leased:
-        if run.tree_budget is None and config.delegation is None:
-            continue
-        remaining = await left(conn, run, config.limits)
-        lowered = {
-            name: max(value, 0 if name == "max_steps" else 1) for name, value in remaining.items()
-        }
-        found[run.run_id] = replace(config, limits=replace(config.limits, **lowered))
+        lowered: dict[str, Any] = {}
+        clock = wall_clock_ceiling(config.limits, run.tree_budget)
+        # A run leased before (a retry, a resume, a requeue) has spent some of its wall clock.
+        if clock and (run.lease_epoch > 1 or run.tree_budget is not None):
+            ran = await elapsed_s(conn, run.run_id, current=False)
+            lowered[WALL_CLOCK] = max(clock - ran, LEAST_WALL_CLOCK_S)
+        if run.tree_budget is not None or config.delegation is not None:
+            remaining = await left(conn, run, config.limits)
+            lowered |= {
+                name: max(value, 0 if name == "max_steps" else 1)
+                for name, value in remaining.items()
+            }
+        if lowered:
+            found[run.run_id] = replace(config, limits=replace(config.limits, **lowered))
     return found

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import func, insert, select, update
@@ -14,13 +16,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
+from services.orchestrator import budgets
 from services.orchestrator.agents import Agents
 from services.orchestrator.children import Children
 from services.orchestrator.publisher import Publisher
 from tests.integration.test_admission import _tenant, chat
 from tests.integration.test_transitions import _claim
 from tether.db.engine import create_engine
-from tether.db.schema import run_events, runs, usage_turns
+from tether.db.schema import attempts, run_events, runs, usage_turns
+from tether.domain import AgentConfig, Limits, Run
 from tether.errors import FailedPrecondition, InvalidArgument, StaleLease
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -200,3 +204,52 @@ async def test_the_active_children_of_a_parent_that_ended_are_cancelled(
     assert row.status == "cancelled"
     assert f"its parent run {parent} ended failed" in row.error["message"]
     assert await children.cancel_orphans() == 0
+
+
+async def test_the_wall_clock_counts_what_earlier_attempts_ran_and_children_get_what_is_left(
+    engine: AsyncEngine,
+) -> None:
+    parent = await _parent(engine, "e-clock")
+    async with engine.begin() as conn:
+        # Its first lease ran 2 s; then it was parked (no attempt) and leased again (epoch 2).
+        await conn.execute(
+            insert(attempts).values(
+                run_id=parent,
+                lease_epoch=1,
+                attempt=1,
+                worker_id="w-1",
+                started_at=func.now() - timedelta(seconds=60),
+                ended_at=func.now() - timedelta(seconds=58),
+            )
+        )
+        await conn.execute(
+            insert(attempts).values(
+                run_id=parent, lease_epoch=2, attempt=1, worker_id="w-1", started_at=func.now()
+            )
+        )
+        await conn.execute(
+            update(runs)
+            .where(runs.c.run_id == parent)
+            .values(lease_epoch=2, tree_budget={"wall_clock_seconds": 10})
+        )
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(runs).where(runs.c.run_id == parent))).one()
+        run = Run.from_row(row._mapping)
+        config = AgentConfig(model="m", limits=Limits(max_steps=8, wall_clock_seconds=30))
+        (lowered,) = (await budgets.leased_configs(conn, [(run, config)])).values()
+        plain = replace(run, lease_epoch=1, tree_budget=None)
+        assert await budgets.leased_configs(conn, [(plain, config)]) == {}, "a first lease"
+        assert await budgets.elapsed_s(conn, parent, current=False) == pytest.approx(2)
+    # Its own 10 s (its share, below its agent's 30), less the 2 s its first attempt ran: the
+    # minute it was parked does not count.
+    assert lowered.limits.wall_clock_seconds == pytest.approx(8, abs=0.01)
+    child = await _children(engine).start(
+        parent,
+        2,
+        tool_call_id="toolu_a",
+        agent="researcher",
+        message="m",
+        max_depth=3,
+        max_children=8,
+    )
+    assert child.run.tree_budget["wall_clock_seconds"] == pytest.approx(8, abs=0.5)

@@ -325,7 +325,7 @@ async def create_child_run(
     tool_call_id: str,
     agent: str,
     text: str,
-    budget: Mapping[str, int] | None = None,
+    budget: Mapping[str, float] | None = None,
 ) -> Run:
     """Create the queued child run of `parent`'s delegate call `tool_call_id`: a run of
     `agent` in the parent's tenant and principal, heading a session of its own (the child's
