@@ -19,6 +19,7 @@ from bench import (
     telemetry,
     tool_input,
     tools,
+    trees,
 )
 
 # A group is one or more benches run in turn; `runs` ends with telemetry's cost (its own stacks).
@@ -39,6 +40,8 @@ GROUPS = {
     "stream": (stream.run,),
     "tool_input": (tool_input.run,),
     "tools": (tools.run,),
+    # Issue 33's two figures: a delegation's overhead and the timers' lateness.
+    "trees": (trees.run,),
 }
 
 

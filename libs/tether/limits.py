@@ -203,6 +203,7 @@ LIMITS: Mapping[str, Limit] = {
     "tether.v1.ListRunsRequest.page_size": Limit("integer", INT32_MAX),
     "tether.v1.ListRunsRequest.page_token": token(512),
     "tether.v1.ListRunsRequest.created_after": Limit("timestamp", 0),
+    "tether.v1.ListRunsRequest.tree_root_run_id": identifier(),
     "tether.v1.GetRunAttemptsRequest.run_id": RUN_ID,
     "tether.v1.RetryRunRequest.run_id": RUN_ID,
     "tether.v1.DeleteTenantRequest.tenant_id": identifier(required=True),

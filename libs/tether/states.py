@@ -25,6 +25,7 @@ class RunStatus(enum.StrEnum):
     WAITING_FOR_APPROVAL = "waiting-for-approval"
     WAITING_FOR_CONNECTION = "waiting-for-connection"
     WAITING_FOR_TIMER = "waiting-for-timer"
+    WAITING_FOR_CHILDREN = "waiting-for-children"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -42,7 +43,7 @@ class RunStatus(enum.StrEnum):
     @property
     def parked(self) -> bool:
         """Whether the run waits holding no worker for something other than a retry: a person
-        (`waiting`) or its timer."""
+        (`waiting`), its timer or its child runs."""
         return self in PARKED
 
 
@@ -54,8 +55,8 @@ WAITING = frozenset(
         RunStatus.WAITING_FOR_CONNECTION,
     }
 )
-# Parked for a person or for time: no worker held, the session kept.
-PARKED = WAITING | {RunStatus.WAITING_FOR_TIMER}
+# Parked for a person, for time or for its children: no worker held, the session kept.
+PARKED = WAITING | {RunStatus.WAITING_FOR_TIMER, RunStatus.WAITING_FOR_CHILDREN}
 ACTIVE = frozenset(RunStatus) - TERMINAL
 
 
@@ -136,6 +137,19 @@ PARK_TIMER = _t(
 )
 # Its due time came: the one way out of a timer's wait but a cancel (see Timers.fire_due).
 TIMER_FIRED = _t("timer_fired", {S.WAITING_FOR_TIMER}, S.QUEUED, fenced=False, event=E.TIMER_FIRED)
+PARK_CHILDREN = _t(
+    "park_children",
+    {S.RUNNING},
+    S.WAITING_FOR_CHILDREN,
+    fenced=True,
+    event=E.CHILDREN_WAITING,
+    yields=True,
+)
+# Every child its delegate calls started has ended: the one way out of the wait but a cancel
+# (see Children.resume_done), taken once however many children ended.
+CHILDREN_DONE = _t(
+    "children_done", {S.WAITING_FOR_CHILDREN}, S.QUEUED, fenced=False, event=E.RUN_QUEUED
+)
 RESUME = _t("resume", set(WAITING), S.QUEUED, fenced=False, event=E.RUN_QUEUED)
 CONSENT_EXPIRED = _t(
     "consent_expired", {S.WAITING_FOR_CONNECTION}, S.FAILED, fenced=False, event=E.RUN_FAILED
@@ -163,6 +177,8 @@ TRANSITIONS: dict[str, Transition] = {
         PARK_CONNECTION,
         PARK_TIMER,
         TIMER_FIRED,
+        PARK_CHILDREN,
+        CHILDREN_DONE,
         RESUME,
         CONSENT_EXPIRED,
         RELEASE,

@@ -105,6 +105,7 @@ class Agents:
             if published is not None and published.digest == spec.digest:
                 return Applied(spec.name, current, created=False)
             await self._refuse_conflicts(conn, tenant_id, spec.name, spec)
+            await self._check_delegation(conn, tenant_id, spec)
             version = await agent_repo.add_version(
                 conn,
                 tenant_id,
@@ -139,6 +140,27 @@ class Agents:
                 await check_url(server["url"], self._targets, what="an MCP server's url")
             except InvalidArgument as exc:
                 found.append(Violation(pointer(["mcp_servers", at, "url"]), exc.message))
+        if found:
+            raise refusal(found)
+
+    async def _check_delegation(
+        self, conn: AsyncConnection, tenant_id: str, spec: AgentSpec
+    ) -> None:
+        """Refuse a `delegation` naming an agent the tenant does not have (the agent itself
+        may be named: its tree's depth bounds it), at its pointer."""
+        named = spec.normalised.get("delegation", {}).get("agents", ())
+        if not named:
+            return
+        known = {v.name for v in await agent_repo.published_all(conn, tenant_id)} | {spec.name}
+        found = [
+            Violation(
+                pointer(["delegation", "agents", at]),
+                f"names agent {name!r}, which this tenant does not have: apply it first, or "
+                "drop it from delegation.agents",
+            )
+            for at, name in enumerate(named)
+            if name not in known
+        ]
         if found:
             raise refusal(found)
 

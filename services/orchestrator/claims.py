@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from services.orchestrator import routing
+from services.orchestrator import budgets, routing
 from services.orchestrator.agent_routing import AgentRouting
 from services.orchestrator.caps import CapWatch
 from services.orchestrator.prices import Prices
@@ -295,10 +295,13 @@ class Claims:
                 conn, [self._wanted(one, held) for one in leased], limit_runs=self._history_runs
             )
             configs = await self._configs(conn, leased)
+            trees = await budgets.leased_configs(
+                conn, [(one.run, configs[one.routing_id]) for one in leased]
+            )
         claimed = []
         for one in leased:
             run = one.run
-            config = configs[one.routing_id]
+            config = trees.get(run.run_id) or configs[one.routing_id]
             started = run_started(run.attempt, worker_id, run.lease_epoch)
             found = inputs[run.run_id]
             origin = Origin(one.source, run.channel, one.actor_type, one.actor_id, one.reply)

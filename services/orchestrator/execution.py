@@ -7,6 +7,7 @@
 | `pauses.py` | park a run for a person; resume or expire it by its bound interaction |
 | `recovery.py` | retries with backoff, due retries, the reaper of dead workers |
 | `timers.py` | park a run on its `wait_until` timer; wake it once when due |
+| `children.py` | start a `delegate` call's child run; park its parent; wake it when all ended |
 | `deliveries.py` | a channel run's answer going out, recorded before it is sent |
 | `cancellation.py` | a cancel that wins the race against a worker's move |
 | `publisher.py` | committed events and wake-ups out to Redis |
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator.attempts import Attempts
+from services.orchestrator.children import Children
 from services.orchestrator.claims import Claims
 from services.orchestrator.deliveries import Deliveries
 from services.orchestrator.pauses import Pauses
@@ -43,6 +45,7 @@ class Execution:
     recovery: Recovery
     deliveries: Deliveries
     timers: Timers
+    children: Children
 
     @classmethod
     def build(
@@ -75,4 +78,5 @@ class Execution:
             Recovery(engine, publisher),
             Deliveries(engine, publisher, lease_ttl_s=lease_ttl_s),
             Timers(engine, publisher),
+            Children(engine, publisher, bus),
         )

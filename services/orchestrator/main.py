@@ -32,6 +32,8 @@ from tether.v1 import interactions_pb2_grpc, orchestrator_pb2, orchestrator_pb2_
 
 # A due retry another replica holds locked is looked at again this soon, not spun on.
 RETRY_ROUND_LEAST_S = 0.05
+# The children's waker looks at least this seldom for work it was not nudged about.
+CHILDREN_POLL_LEAST_S = 1.0
 # A round that sent something looks again this soon: a run's next event waits on the previous.
 WEBHOOK_ROUND_LEAST_S = 0.05
 # Subscriptions scanned, and deliveries sent at once, per round.
@@ -163,6 +165,18 @@ async def amain(
             least_s=RETRY_ROUND_LEAST_S,
             most_s=settings.retry_poll_s,
             nudge=execution.timers.timer_set,
+        ),
+    )
+    supervisor.start(
+        "children-waker",
+        rounds(
+            execution.children.round,
+            "children waker",
+            least_s=RETRY_ROUND_LEAST_S,
+            # Nudged when a child ends or a parent parks here: the look for those another
+            # replica saw need not be as eager as the retries' (a fast test setting).
+            most_s=max(settings.retry_poll_s, CHILDREN_POLL_LEAST_S),
+            nudge=execution.children.nudge,
         ),
     )
     supervisor.start("retention", retention.sweeps.run())

@@ -4,6 +4,7 @@ transaction commits; every message is a hint (see `tether.bus`)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ from tether import telemetry
 from tether.bus import Bus
 from tether.domain import StoredEvent
 from tether.hints import Audience, LiveMessage, encode_events, events_channel
+from tether.states import RunStatus
 
 
 class Addressed(Protocol):
@@ -41,6 +43,8 @@ class Publisher:
         self.wake_marker = f"orchestrator-{uuid.uuid4().hex}"
         # The tenants with a cap, as this replica last read them (`caps.CapWatch`).
         self.capped: Callable[[], Collection[str]] = frozenset
+        # Set when a child run ends here: its parent may be waiting for it (`children`).
+        self.child_ended = asyncio.Event()
 
     async def publish(
         self, run: Addressed, events: Sequence[StoredEvent], *, delivered: bool = False
@@ -72,6 +76,8 @@ class Publisher:
         message: that run may now run. Every such move passes here, so it is counted here."""
         if telemetry.on:
             observed.moved(moved.run)
+        if moved.run.tree_parent_run_id is not None and RunStatus(moved.run.status).terminal:
+            self.child_ended.set()
         if moved.handed_over is not None:
             self.wake([moved.handed_over])
         elif moved.run.tenant_id in self.capped():

@@ -34,6 +34,7 @@ from tether.domain import (
     run_queued,
     run_retry_pending,
 )
+from tether.domain.rules import REISSUED_CALLS
 from tether.errors import StaleLease
 from tether.ratelimits import RATE_LIMITED
 from tether.retry import RetryPolicy
@@ -172,6 +173,9 @@ class Recovery:
                     run.attempt,
                     regenerated=requeue,
                     interrupted=Interruption.LEASE_LOST,
+                    # A requeued run's next attempt issues its delegate calls again and finds
+                    # their children.
+                    keep=REISSUED_CALLS if requeue else frozenset(),
                 )
                 error = RunError(
                     "lease_expired",

@@ -37,7 +37,7 @@ from tether.domain import (
     Limits,
     SystemBlock,
 )
-from tether.domain.agents import Bundle, ContextPolicy, McpServer, merged_tools
+from tether.domain.agents import Bundle, ContextPolicy, Delegation, McpServer, merged_tools
 from tether.errors import InvalidArgument
 from tether.ids import is_identifier
 from tether.pricing import DEFAULT_PRICES, Price
@@ -145,7 +145,17 @@ def resolve(overrides: Mapping[str, Any], source: str = "", channel: str = "") -
         approvals=_approvals(overrides.get("approvals")),
         mcp_servers=_mcp_servers(overrides.get("mcp_servers", ())),
         max_running=max_running,
+        delegation=_delegation(overrides.get("delegation")),
     )
+
+
+def _delegation(raw: Any) -> Delegation | None:
+    """An agent document's `delegation` (checked when it was applied)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise _invalid("delegation must be a map")
+    return Delegation.from_json(raw)
 
 
 def _approvals(policy: Any) -> str:

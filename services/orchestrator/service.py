@@ -9,28 +9,23 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.orchestrator.cascade import Cancelled, cancel_below, cancel_one
 from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import deliveries as deliveries_repo
 from services.orchestrator.repositories import fair
 from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories import runs as runs_repo
-from services.orchestrator.repositories.transitions import NOW, apply
-from tether import states
 from tether.bus import Bus
 from tether.domain import (
     Attempt,
     Delivery,
-    Interruption,
     LoggedEvent,
     Part,
     PricedTurn,
     Run,
     RunRouting,
-    cancelled_error,
-    run_cancelled,
 )
 from tether.domain.agents import secret_names
-from tether.hints import cancel_channel, encode_cancel
 from tether.states import RunStatus
 from tether.visibility import Viewer
 
@@ -134,6 +129,7 @@ class Runs:
         page_size: int,
         page_token: str,
         created_after: datetime | None = None,
+        tree_root_run_id: str = "",
     ) -> tuple[Sequence[tuple[Run, RunRouting | None]], str]:
         """One page of runs, newest first, each with the routing decision it is pinned to."""
         size = min(page_size, MAX_PAGE) if page_size > 0 else DEFAULT_PAGE
@@ -146,6 +142,7 @@ class Runs:
                 page_size=size,
                 page_token=page_token,
                 created_after=created_after,
+                tree_root_run_id=tree_root_run_id,
             )
 
     async def execution_record(self, viewer: Viewer, run_id: str) -> ExecutionRecord:
@@ -184,41 +181,19 @@ class Runs:
         A finished run is reported unchanged; a run the viewer may not see is NotFound.
         """
         tenant_id = viewer.tenant_id
+        done = Cancelled()
         async with self._engine.begin() as conn:
             # Locked: a park, retry or completion landing between this read and the writes
             # below would otherwise leave a live run answered "unchanged".
             run = await runs_repo.visible_run(conn, viewer, run_id, lock=True)
             if RunStatus(run.status).terminal:
                 return CancelOutcome(run, changed=False)
-            moved = await apply(
-                conn,
-                states.CANCEL,
-                run_id,
-                tenant_id=tenant_id,
-                events=[run_cancelled(reason)],
-                values={
-                    "finished_at": NOW,
-                    "cancel_requested_at": NOW,  # kept on every cancelled run: when it was asked
-                    "next_wake_at": None,  # a parked timer never wakes it
-                    "error": cancelled_error(reason).to_row(),
-                },
-            )
-            flagged = None
-            if moved is not None:
-                # A run cancelled while parked leaves the call that paused it open; close it.
-                await parts_repo.close_dangling(conn, moved.run, Interruption.RUN_CANCELLED)
-            else:
-                # Running: the worker holding the lease sees the flag on its next heartbeat, or
-                # at once through the Redis signal below.
-                flagged = await runs_repo.flag_cancel(conn, run_id)
+            moved, flagged = await cancel_one(conn, run_id, tenant_id, reason, done)
+            # The run's whole subtree with it: no child runs on after its root was cancelled.
+            await cancel_below(conn, run, done)
             current = (
                 moved.run if moved else flagged or await runs_repo.visible_run(conn, viewer, run_id)
             )
-        if moved is not None:
-            # Streams learn at once (they would find it in PostgreSQL a little later).
-            await self._publisher.publish(moved.run, moved.events)
-            self._publisher.wake_next(moved)
-            return CancelOutcome(moved.run, changed=True)
-        if flagged is not None and self._bus is not None:
-            self._bus.post(cancel_channel(run_id), encode_cancel(reason))
-        return CancelOutcome(current, changed=flagged is not None)
+        # Streams learn at once (they would find it in PostgreSQL a little later).
+        await done.publish(self._publisher, self._bus)
+        return CancelOutcome(current, changed=moved is not None or flagged is not None)

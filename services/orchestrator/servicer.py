@@ -228,6 +228,7 @@ class OrchestratorServicer(
                 if request.HasField("created_after")
                 else None
             ),
+            tree_root_run_id=request.tree_root_run_id,
         )
         return orchestrator_pb2.SearchRunsResponse(
             runs=[_routed(run, routing) for run, routing in found],

@@ -29,6 +29,7 @@ from services.orchestrator.work import Work, Write
 from tether import telemetry
 from tether.convert import (
     error_from_proto,
+    error_to_proto,
     part_from_proto,
     run_to_proto,
     status_from_proto,
@@ -187,6 +188,8 @@ class ExecutionServicer:
             orchestrator_pb2.BeginDeliveryRequest: self.BeginDelivery,
             orchestrator_pb2.RecordDeliveryRequest: self.RecordDelivery,
             orchestrator_pb2.FindChannelStatusRequest: self.FindChannelStatus,
+            # Only on the Work stream: no unary call starts a child.
+            orchestrator_pb2.StartChildRequest: self._start_child,
         }
 
         def write(call: Any) -> Write:
@@ -271,6 +274,11 @@ class ExecutionServicer:
                 request.epoch,
                 request.wake_at.ToDatetime(UTC),
                 request.tool_call_id,
+            )
+            return orchestrator_pb2.ParkRunResponse(moved=moved)
+        if status is RunStatus.WAITING_FOR_CHILDREN:
+            moved = await self._execution.children.park(
+                request.run_id, request.epoch, list(request.tool_call_ids)
             )
             return orchestrator_pb2.ParkRunResponse(moved=moved)
         if status is None or not status.waiting:
@@ -384,6 +392,28 @@ class ExecutionServicer:
         )
         return orchestrator_pb2.RecordDeliveryResponse(
             moved=moved, delivery=delivery_to_proto(delivery)
+        )
+
+    async def _start_child(
+        self, request: orchestrator_pb2.StartChildRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.StartChildResponse:
+        child = await self._execution.children.start(
+            request.run_id,
+            request.epoch,
+            tool_call_id=request.tool_call_id,
+            agent=request.agent,
+            message=request.message,
+            max_depth=request.max_depth,
+            max_children=request.max_children,
+            share=request.share,
+        )
+        error = child.error
+        return orchestrator_pb2.StartChildResponse(
+            child_run_id=child.run.run_id,
+            status=status_to_proto(child.run.status),
+            result_text=child.run.result_text or "",
+            error=None if error is None else error_to_proto(error),
+            created=child.created,
         )
 
     async def FindChannelStatus(

@@ -23,6 +23,7 @@ from services.worker.context.builder import ContextBuilder, EarlierRun
 from services.worker.context.compaction import Budget, request_tokens
 from services.worker.context.knowledge import LeasedKnowledge
 from services.worker.context.providers import ContextFailed, ContextProviders, Gathered
+from services.worker.delegation import DELEGATE, delegate_specs
 from services.worker.delivery import Deliverer, DeliverySettings
 from services.worker.gate import Gate, RunFailed
 from services.worker.interactions import BUILTIN_SPECS, LeasedInteractions, Parked
@@ -32,7 +33,7 @@ from services.worker.model_limits import ModelReservations, RateLimited, headers
 from services.worker.orchestrator_client import Orchestrator
 from services.worker.outcomes import Outcomes, ms_since
 from services.worker.provider_errors import classify_exception
-from services.worker.render import context_requests, max_tokens, tool_specs
+from services.worker.render import context_requests, tool_specs, turn_max_tokens
 from services.worker.tools.registry import ToolRegistry
 from services.worker.transcript import Transcript
 from tether import telemetry
@@ -251,7 +252,7 @@ class Attempt:
         if self._mcp is None or not self.config.mcp_servers:
             return
         secret = None if self._interactions is None else self._interactions.secret
-        taken = {*self.config.tool_allowlist, *self._registry.names, *BUILTIN_SPECS}
+        taken = {*self.config.tool_allowlist, *self._registry.names, *BUILTIN_SPECS, DELEGATE}
         token = None if self._interactions is None else self._interactions.token
         self._mcp_tools = await self._mcp.lease(self.config, secret, taken, token)
         self._gate.offer(self._mcp_tools)
@@ -265,6 +266,7 @@ class Attempt:
             self.config,
             tools=[
                 *tool_specs(self._registry, self.config.tool_allowlist),
+                *delegate_specs(self.config),
                 *self._mcp_tools.specs,
             ],
             summary=self.assignment.summary,
@@ -296,6 +298,7 @@ class Attempt:
                 self.stages["context_ms"] = ms_since(context_start)
                 loop_start = time.monotonic()
                 await self._gate.resume_paused()
+                self._gate.park_children()
                 ending = await self._loop(context)
         except TimeoutError:
             budget = f"{self.limits.wall_clock_seconds:g} s"
@@ -337,7 +340,7 @@ class Attempt:
         return context.request(
             self.transcript.parts,
             model=self.config.model,
-            max_tokens=max_tokens(self.config),
+            max_tokens=turn_max_tokens(self.config, self.state.usage.get("output_tokens", 0)),
         )
 
     async def _within_budget(
@@ -413,8 +416,10 @@ class Attempt:
                 # No flush: what is left goes with the completion, in the same transaction.
                 warnings = ("max_tokens",) if turn.stop_reason == "max_tokens" else ()
                 return Completed(self.transcript.final_text(turn_start_index), warnings=warnings)
+            self._gate.calls(turn.tool_calls)
             for call in turn.tool_calls:
                 await self._run_tool(call)
+            self._gate.park_children()
             self.checkpoints.checkpoint()
 
     def _account(self, usage: dict[str, int], model: str | None = None) -> None:
@@ -440,7 +445,8 @@ class Attempt:
             )
         if (
             limits.max_output_tokens
-            and self.state.usage.get("output_tokens", 0) > limits.max_output_tokens
+            # Reached is spent: each turn is clamped to what is left, so it ends there.
+            and self.state.usage.get("output_tokens", 0) >= limits.max_output_tokens
         ):
             raise LimitReached(
                 "output_tokens_exceeded",

@@ -15,12 +15,13 @@ run's transcript: results, markers, parking and failing. The questions (`ask_que
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from services.worker import observed
 from services.worker.checkpoints import CheckpointWriter
+from services.worker.delegation import DELEGATE, DelegateRefused, child_result, delegate_input
 from services.worker.interactions import (
     ASK_QUESTIONS,
     REQUEST_APPROVAL,
@@ -48,7 +49,7 @@ from tether.domain import (
     tool_completed,
     tool_failed,
 )
-from tether.errors import InvalidArgument
+from tether.errors import FailedPrecondition, InvalidArgument
 from tether.ids import new_id
 from tether.states import RunStatus
 from tether.tools.base import CallContext, ConnectionGap
@@ -91,6 +92,11 @@ class Gate:
         self._transcript = transcript
         self._checkpoints = checkpoints
         self._registry = registry
+        # The delegate calls of this attempt whose children have not ended yet, and those of
+        # the calls being run (a turn's, or those a pause left open), in order: a child
+        # reserves its share of what the run has left by how many are still to start.
+        self._children: list[str] = []
+        self._delegates: list[str] = []
         ports = None if interactions is None else _InteractionsPorts(interactions, assignment)
         self._calls = ToolCalls(
             catalog=registry,
@@ -111,6 +117,10 @@ class Gate:
         self._calls.catalog = _WithMcp(self._registry, mcp)
         self._calls.allowlist = [*self._config.tool_allowlist, *mcp.tools]
 
+    def calls(self, tool_calls: Sequence[ToolCall]) -> None:
+        """The calls about to be run, in order (a turn's, or those a pause left open)."""
+        self._delegates = [c.tool_call_id for c in tool_calls if c.name == DELEGATE]
+
     async def run(self, tool_call: ToolCall) -> None:
         """Run one call the model made, or give it its (error) result, or park the run."""
         if telemetry.on:
@@ -127,6 +137,9 @@ class Gate:
         if name == WAIT_UNTIL and name in self._config.tool_allowlist:
             self._wait(tool_call_id=tool_call.tool_call_id, input=input)
             return  # it gave the call its (error) result: the input was refused
+        if name == DELEGATE and self._config.delegation is not None:
+            await self._delegate(tool_call.tool_call_id, input)
+            return  # its child started (the run parks after the turn), or it was refused
         if name == REQUEST_APPROVAL and name in self._config.tool_allowlist:
             name, input = str(input.get("tool_name", "")), dict(input.get("input") or {})
         await self._settle(
@@ -191,6 +204,52 @@ class Gate:
                 RunStatus.WAITING_FOR_TIMER, "", wake_at=due, tool_call_id=tool_call.tool_call_id
             )
         self._result(tool_call.tool_call_id, WAIT_UNTIL, woke_text(due, now), is_error=False)
+
+    async def _delegate(self, tool_call_id: str, input: dict[str, Any]) -> None:
+        """Start (or find) the call's child run: its result when it has ended already, else
+        the call waits with the turn's others (`park_children`). A refused input or delegation
+        is the call's error result, which the model can act on."""
+        delegation = self._config.delegation
+        assert delegation is not None
+        try:
+            agent, message = delegate_input(input, delegation)
+        except DelegateRefused as refused:
+            self._result(
+                tool_call_id, DELEGATE, str(refused), is_error=True, code="tool_invalid_input"
+            )
+            return
+        # The call is durable before its child exists: a later attempt issues it again and
+        # finds the same child, never a second.
+        await self._checkpoints.sync()
+        after = self._delegates
+        share = len(after) - after.index(tool_call_id) if tool_call_id in after else 1
+        try:
+            child = await self._orchestrator.start_child(
+                self._assignment.lease, tool_call_id, agent, message, delegation, share=share
+            )
+        except InvalidArgument as exc:
+            self._result(
+                tool_call_id, DELEGATE, exc.message, is_error=True, code="tool_invalid_input"
+            )
+            return
+        except FailedPrecondition as exc:
+            if exc.code != "cancel_requested":
+                raise  # a stale lease: this attempt is over
+            # The run is being cancelled (its worker is told at once): the call goes unrun.
+            self._result(tool_call_id, DELEGATE, exc.message, is_error=True, code=exc.code)
+            return
+        if child.ended:
+            content, is_error, code = child_result(child)
+            self._result(tool_call_id, DELEGATE, content, is_error=is_error, code=code)
+            return
+        self._children.append(tool_call_id)
+
+    def park_children(self) -> None:
+        """Park the run until the children of this turn's delegate calls have all ended, when
+        some have not."""
+        if self._children:
+            waiting, self._children = tuple(self._children), []
+            raise Parked(RunStatus.WAITING_FOR_CHILDREN, "", tool_call_ids=waiting)
 
     def _call(self, tool_call_id: str) -> CallContext:
         return CallContext(
@@ -279,7 +338,9 @@ class Gate:
         """Finish the calls a pause left open: answers become the call's result (a user-role
         line in the history), a claimed approval runs its stored input, a completed consent
         runs the call again."""
-        for tool_call in self._transcript.dangling_tool_calls():
+        dangling = self._transcript.dangling_tool_calls()
+        self.calls(dangling)
+        for tool_call in dangling:
             if telemetry.on:
                 with observed.tool_call(tool_call):
                     await self._finish_paused(tool_call)
@@ -293,6 +354,9 @@ class Gate:
             return
         if name == WAIT_UNTIL and name in self._config.tool_allowlist:
             self._wake(tool_call)
+            return
+        if name == DELEGATE and self._config.delegation is not None:
+            await self._delegate(tool_call.tool_call_id, input)
             return
         if name == REQUEST_APPROVAL:
             name = str(input.get("tool_name", ""))

@@ -98,7 +98,8 @@ _GAP_NAME = {v: k for k, v in _GAP_PROTO.items()}
 
 class Parked(Exception):
     """The attempt stops here: the run waits for a person (`status`, one of the waiting ones),
-    or for its timer (waiting-for-timer: until `wake_at`, on the call `tool_call_id`)."""
+    for its timer (waiting-for-timer: until `wake_at`, on the call `tool_call_id`), or for its
+    children (waiting-for-children: those of the delegate calls `tool_call_ids`)."""
 
     def __init__(
         self,
@@ -107,12 +108,15 @@ class Parked(Exception):
         *,
         wake_at: datetime | None = None,
         tool_call_id: str = "",
+        tool_call_ids: Sequence[str] = (),
     ) -> None:
-        super().__init__(interaction_id or tool_call_id)
+        super().__init__(interaction_id or tool_call_id or ",".join(tool_call_ids))
         self.status = status
         self.interaction_id = interaction_id
         self.wake_at = wake_at
         self.tool_call_id = tool_call_id
+        # waiting-for-children: the delegate calls whose children it waits for.
+        self.tool_call_ids = tuple(tool_call_ids)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,12 +16,15 @@ from google.protobuf import json_format
 
 from services.worker import observed
 from services.worker.context.builder import Document
+from services.worker.delegation import Child
 from services.worker.work_stream import WorkStream
 from tether import telemetry
 from tether.convert import (
+    error_from_proto,
     error_to_proto,
     event_to_wire,
     part_to_proto,
+    status_from_proto,
     status_to_proto,
     timestamp,
 )
@@ -30,6 +33,7 @@ from tether.convert.work import checkpoint_to_proto, completion_to_proto, effect
 from tether.domain import (
     Batch,
     Completion,
+    Delegation,
     Delivery,
     EffectState,
     Ending,
@@ -143,8 +147,10 @@ class Orchestrator:
         *,
         wake_at: datetime | None = None,
         tool_call_id: str = "",
+        tool_call_ids: Sequence[str] = (),
     ) -> None:
-        """Park the run for a person, or on its timer until `wake_at`; the lease is released."""
+        """Park the run for a person, on its timer until `wake_at`, or until the children of
+        its delegate calls `tool_call_ids` have ended; the lease is released."""
         await self._stream.write(
             orchestrator_pb2.ParkRunRequest(
                 run_id=lease.run_id,
@@ -154,7 +160,42 @@ class Orchestrator:
                 traceparent=observed.traceparent(),
                 wake_at=timestamp(wake_at),
                 tool_call_id=tool_call_id,
+                tool_call_ids=list(tool_call_ids),
             ),
+        )
+
+    async def start_child(
+        self,
+        lease: Lease,
+        tool_call_id: str,
+        agent: str,
+        message: str,
+        delegation: Delegation,
+        *,
+        share: int = 1,
+    ) -> Child:
+        """Start (or find: one per call) the child run of the delegate call `tool_call_id`,
+        reserving 1/`share` of what the run has left;
+        InvalidArgument when the orchestrator refuses it (the model may act on its message)."""
+        response: orchestrator_pb2.StartChildResponse = await self._stream.write(
+            orchestrator_pb2.StartChildRequest(
+                run_id=lease.run_id,
+                epoch=lease.epoch,
+                tool_call_id=tool_call_id,
+                agent=agent,
+                message=message,
+                max_depth=delegation.max_depth,
+                max_children=delegation.max_children,
+                traceparent=observed.traceparent(),
+                share=share,
+            ),
+        )
+        return Child(
+            response.child_run_id,
+            status_from_proto(response.status) or RunStatus.QUEUED,
+            response.result_text,
+            error_from_proto(response.error) if response.HasField("error") else None,
+            response.created,
         )
 
     async def release(self, lease: Lease) -> None:

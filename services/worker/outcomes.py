@@ -25,6 +25,7 @@ from tether.domain import (
     Lease,
     RunError,
 )
+from tether.domain.rules import REISSUED_CALLS
 from tether.retry import ProviderFailure
 
 
@@ -93,11 +94,14 @@ class Outcomes:
             parked.interaction_id,
             wake_at=parked.wake_at,
             tool_call_id=parked.tool_call_id,
+            tool_call_ids=parked.tool_call_ids,
         )
 
     async def released(self) -> None:
         """Graceful shutdown: persist progress, close open calls, hand the lease back."""
-        self._transcript.close_dangling(Interruption.WORKER_SHUT_DOWN)
+        # The run is queued again: its next attempt issues its delegate calls again and finds
+        # their children (as after a lost lease).
+        self._transcript.close_dangling(Interruption.WORKER_SHUT_DOWN, keep=REISSUED_CALLS)
         await self._checkpoints.sync()
         await self._checkpoints.deltas_out()
         await self._orchestrator.release(self._lease)

@@ -53,6 +53,17 @@ def max_tokens(config: AgentConfig) -> int:
     return config.limits.max_tokens_per_turn or DEFAULT_MAX_TOKENS
 
 
+def turn_max_tokens(config: AgentConfig, used_output: int) -> int:
+    """A turn's output budget, clamped to the output tokens the run has left after
+    `used_output` (in a run tree, what it has left of its share: the orchestrator lowered its
+    ceiling when it leased it)."""
+    cap = max_tokens(config)
+    ceiling = config.limits.max_output_tokens
+    if ceiling:
+        cap = min(cap, max(ceiling - used_output, 1))
+    return cap
+
+
 def context_requests(
     config: AgentConfig,
     *,

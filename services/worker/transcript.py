@@ -191,9 +191,10 @@ class Transcript:
             p.content for p in dangling_tool_calls(self.parts) if isinstance(p.content, ToolCall)
         ]
 
-    def close_dangling(self, reason: Interruption) -> None:
-        """Close every open tool call with an interrupted error result saying why."""
-        results, events = interrupted_results(self.parts, reason, self.next_index)
+    def close_dangling(self, reason: Interruption, *, keep: frozenset[str] = frozenset()) -> None:
+        """Close every open tool call (but those named in `keep`, which the next attempt
+        issues again) with an interrupted error result saying why."""
+        results, events = interrupted_results(self.parts, reason, self.next_index, keep=keep)
         for part in results:
             self._parts.append(part)
             self._dirty[part.index] = part

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.drill.tree_checks import tree_and_timer_counts, trees_and_timers
 from tether.db.engine import create_engine
 from tether.db.schema import (
     deliveries,
@@ -52,7 +53,11 @@ INVARIANTS = (
     "channel_deliveries_without_outcome",
     "quiet_runs_waiting_past_bound",
     "flood_without_quiet_runs_measured",
+    "children_active_after_root_ended",
+    "timers_fired_twice",
+    "timers_lost",
 )
+
 # The flood (tests.drill.flood_load): while the flooding tenant has at least FLOOD_BACKLOG runs
 # queued, a quiet tenant's run (its tenant had no other run waiting for a lease when it could be
 # leased) waits, from that moment to its lease, for no more than QUIET_WAIT_BOUND of the flood's
@@ -84,6 +89,8 @@ class DbState:
     event_seqs: dict[str, set[int]]
     # run id -> its channel answer's delivery record (state, provider message id)
     deliveries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # run id -> how many timer.set and timer.fired events its log holds
+    timer_events: dict[str, Counter[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -148,8 +155,23 @@ async def read_state_for(engine: AsyncEngine) -> DbState:
                 select(deliveries.c.run_id, deliveries.c.state, deliveries.c.provider_message_id)
             )
         }
+        timer_events: dict[str, Counter[str]] = defaultdict(Counter)
+        for r in await conn.execute(
+            select(run_events.c.run_id, run_events.c.type).where(
+                run_events.c.type.in_(("timer.set", "timer.fired"))
+            )
+        ):
+            timer_events[r.run_id][r.type] += 1
     return DbState(
-        now, run_rows, message_rows, interaction_rows, grant_rows, parts, seqs, delivery_rows
+        now,
+        run_rows,
+        message_rows,
+        interaction_rows,
+        grant_rows,
+        parts,
+        seqs,
+        delivery_rows,
+        timer_events,
     )
 
 
@@ -179,6 +201,7 @@ def evaluate(state: DbState, ledger: Iterable[LedgerRecord], seen: Seen) -> dict
             )
             found[name].append(f"{call.method}: {call.code} {call.detail}")
     _channel_answers(state, by_id, seen, found)
+    trees_and_timers(state, by_id, found)
     flood = _quiet_waits(state, seen, found)
     found["conflicting_deliveries_accepted"] = list(seen.conflicts_accepted)
     found["decisions_accepted_twice"] = list(seen.decisions_accepted_twice)
@@ -211,6 +234,7 @@ def evaluate(state: DbState, ledger: Iterable[LedgerRecord], seen: Seen) -> dict
             "not_within_bound": list(seen.unrecovered),
         },
         "flood": flood,
+        "trees_and_timers": tree_and_timer_counts(state),
         "failed_invariants": sorted(name for name, n in invariants.items() if n),
     }
 
@@ -364,6 +388,13 @@ def _stuck(state: DbState, out: list[str]) -> int:
             due = run["next_attempt_at"]
             if due is not None and due > state.now:
                 continue
+        elif status == "waiting-for-timer":
+            continue  # its waker moves it (one that never does is counted as lost)
+        elif status == "waiting-for-children" and any(
+            r.get("tree_parent_run_id") == run["run_id"] and r["status"] not in TERMINAL
+            for r in state.runs
+        ):
+            continue  # a child of it is still on its way
         out.append(f"{run['run_id']} {status}")
     return waiting_on_person
 

@@ -6,6 +6,7 @@ with an immediate shutdown and started again, Redis flushed and restarted)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ from sqlalchemy import insert, update
 
 from services.interactions.channel_store import ChannelSpec, ChannelStore
 from services.interactions.sealing import Keyring
+from services.orchestrator.agents import Agents
 from tests.durable_postgres import DurablePostgres
 from tether import apikeys, credentials
 from tether.db.engine import create_engine
@@ -44,7 +46,10 @@ FAST = {
 }
 LEASE_TTL_S = float(FAST["TETHER_ORCHESTRATOR_LEASE_TTL_S"])
 
-TOOLS = ["get_time", "publish_post", "calendar_list_events", "ask_questions"]
+TOOLS = ["get_time", "publish_post", "calendar_list_events", "ask_questions", "wait_until"]
+# The agent a soak run's delegate calls start children of (issue 33): published with a route no
+# message takes, so the tenant's own runs keep the soak's agent and only children run as it.
+HELPER = {"name": "helper", "routes": [{"channel": "drill-delegation-only"}]}
 PRINCIPAL = "drill-user"
 BACKEND = ("orchestrator", "admission", "interactions")
 
@@ -67,6 +72,7 @@ async def provision_tenant(db_url: str, index: int | str, *, granted: bool) -> D
     agent = {
         "tool_allowlist": TOOLS,
         "limits": {"backoff_initial_seconds": 0.05, "backoff_max_seconds": 0.5},
+        "delegation": {"agents": [HELPER["name"]]},
     }
     engine = create_engine(db_url, pool_size=1)
     try:
@@ -86,6 +92,9 @@ async def provision_tenant(db_url: str, index: int | str, *, granted: bool) -> D
                     )
                 )
             key, _ = await apikeys.create_key(conn, tenant_id, PRINCIPAL, apikeys.CLIENT_SCOPES)
+        await Agents(engine).apply(
+            tenant_id, json.dumps(HELPER), {"key_id": "drill", "principal_id": PRINCIPAL}
+        )
     finally:
         await engine.dispose()
     return DrillTenant(tenant_id, key, granted)

@@ -56,6 +56,8 @@ SCENARIOS = (
     ("connection", 1),
     ("provider_fault", 3),
     ("cancel", 2),
+    ("timer", 2),
+    ("tree", 2),
 )
 
 
@@ -109,6 +111,11 @@ class Observations:
         self.calls.append(Call(time.monotonic(), method, code.name, detail[:200]))
 
 
+def child_text(tag: str) -> str:
+    """The message a tree scenario's delegate call gives its child (its script key)."""
+    return f"drill child {tag}"
+
+
 def turns_for(scenario: str, tag: str, rng: random.Random) -> list[Turn]:
     """The model's scripted answers for one message of `scenario` (`tag` makes them unique)."""
     words = [f"{tag[:4]}{i} " for i in range(rng.randint(20, 60))]
@@ -135,6 +142,11 @@ def turns_for(scenario: str, tag: str, rng: random.Random) -> list[Turn]:
         ]
         fault = rng.choice(faults)
         return [fault, TextTurn(f"recovered {tag}")]
+    if scenario == "timer":
+        return [ToolUseTurn("wait_until", {"seconds": 1}), TextTurn(f"woke {tag}")]
+    if scenario == "tree":
+        call = {"agent": "helper", "message": child_text(tag)}
+        return [ToolUseTurn("delegate", call), TextTurn(f"delegated {tag}")]
     if scenario == "cancel":
         slow = [f"{tag[:4]}{i} " for i in range(200)]
         return [TextTurn("".join(slow), chunks=slow, delay_ms=30), TextTurn(f"late {tag}")]
@@ -210,6 +222,8 @@ class Load:
                 key = key or text  # the model server keys a conversation by its first text
                 self._world.model.drop_script(key)
                 self._world.model.script(key, turns_for(scenario, tag, rng))
+                if scenario == "tree":
+                    self._world.model.script(child_text(tag), [TextTurn(f"child {tag}")])
                 self._obs.scenarios[scenario] = self._obs.scenarios.get(scenario, 0) + 1
                 await self._message(tenant.tenant_id, metadata, conversation, text, scenario, rng)
 

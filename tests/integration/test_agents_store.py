@@ -243,3 +243,25 @@ async def test_an_mcp_server_url_the_target_policy_forbids_is_refused_at_its_poi
         "t1", local_only, ACTOR
     )
     assert (applied.version, applied.created) == (1, True)
+
+
+async def test_a_delegation_to_an_agent_the_tenant_lacks_is_refused_and_nothing_written(
+    engine: AsyncEngine,
+) -> None:
+    await _tenant(engine, "t1")
+    await _tenant(engine, "t2")
+    agents = Agents(engine)
+    await agents.apply("t2", _doc("researcher", "Find things."), ACTOR)  # another tenant's
+    lead = _doc("lead", "Plan.", delegation={"agents": ["lead", "researcher", "writer"]})
+    with pytest.raises(InvalidArgument) as refused:
+        await agents.apply("t1", lead, ACTOR)
+    pointers = [v["pointer"] for v in refused.value.details["violations"]]  # type: ignore[index]
+    assert pointers == ["/delegation/agents/1", "/delegation/agents/2"]
+    assert "names agent 'researcher', which this tenant does not have" in refused.value.message
+    with pytest.raises(NotFound):
+        await agents.versions("t1", "lead")
+
+    await agents.apply("t1", _doc("researcher", "Find things."), ACTOR)
+    await agents.apply("t1", _doc("writer", "Write."), ACTOR)
+    applied = await agents.apply("t1", lead, ACTOR)
+    assert (applied.version, applied.created) == (1, True)

@@ -471,3 +471,39 @@ async def test_a_flood_no_quiet_run_waited_behind_is_counted(world: World) -> No
     await _flood(world, datetime.now(UTC) - timedelta(seconds=200), 3)
     await world.run()  # admitted now, the flood long leased: nothing to measure
     assert failing(await world.report()) == {"flood_without_quiet_runs_measured": 1}
+
+
+async def test_a_tree_whose_root_ended_with_a_child_active_is_counted(world: World) -> None:
+    root = await world.run("cancelled")
+    await world.run("completed", tree_parent_run_id=root, tree_root_run_id=root, tree_depth=1)
+    assert failing(await world.report()) == {}
+    child = await world.run("waiting-for-children", tree_parent_run_id=root, tree_root_run_id=root)
+    await world.run(
+        "running",
+        tree_parent_run_id=child,
+        tree_root_run_id=root,
+        tree_depth=2,
+        lease_owner="w",
+        lease_expires_at=datetime.now(UTC) + timedelta(hours=1),
+    )
+    assert failing(await world.report()) == {"children_active_after_root_ended": 2}
+
+
+async def test_a_parent_waiting_for_children_that_all_ended_is_stuck(world: World) -> None:
+    parent = await world.run("waiting-for-children")
+    await world.run("completed", tree_parent_run_id=parent, tree_root_run_id=parent)
+    assert failing(await world.report()) == {"stuck_runs": 1}
+
+
+async def test_a_timer_fired_twice_or_left_unfired_past_its_due_time_is_counted(
+    world: World,
+) -> None:
+    waiting = await world.run("waiting-for-timer", next_wake_at=datetime.now(UTC) + timedelta(1))
+    assert failing(await world.report()) == {}, "a timer not yet due is neither stuck nor lost"
+    await world.run("waiting-for-timer", next_wake_at=datetime.now(UTC) - timedelta(minutes=5))
+    twice = await world.run("completed")
+    for seq, kind in enumerate(("timer.set", "timer.fired", "timer.fired"), start=1):
+        await world.add(run_events, run_id=twice, seq=seq, type=kind, payload={})
+    for seq, kind in enumerate(("timer.set", "timer.fired"), start=1):
+        await world.add(run_events, run_id=waiting, seq=seq, type=kind, payload={})
+    assert failing(await world.report()) == {"timers_fired_twice": 1, "timers_lost": 1}

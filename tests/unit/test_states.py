@@ -51,3 +51,12 @@ def test_a_timer_wait_is_left_only_by_its_firing_or_a_cancel() -> None:
     assert states.PARK_TIMER.fenced and states.PARK_TIMER.yields_to_cancel
     # Not a person's pause: no interaction resumes it.
     assert not RunStatus.WAITING_FOR_TIMER.waiting and RunStatus.WAITING_FOR_TIMER.parked
+
+
+def test_a_wait_for_children_is_left_only_when_they_have_ended_or_by_a_cancel() -> None:
+    waiting = RunStatus.WAITING_FOR_CHILDREN
+    ways_out = {t.name for t in TRANSITIONS.values() if waiting in t.sources}
+    assert ways_out == {"children_done", "cancel"}
+    assert states.CHILDREN_DONE.target == RunStatus.QUEUED and not states.CHILDREN_DONE.fenced
+    assert states.PARK_CHILDREN.fenced and states.PARK_CHILDREN.yields_to_cancel
+    assert not waiting.waiting and waiting.parked

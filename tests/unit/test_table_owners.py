@@ -72,6 +72,10 @@ EXCEPTIONS = {
     # Reads of the operator's settings of a tenant: its weight (admission's start tag) and its
     # cap on runs running at once (the claim).
     ("services/orchestrator/repositories/intake.py", "tenants"),
+    # A child run (a `delegate` call's) is made with its own session and the message that is its
+    # input, in one transaction with its parent's child.started: the intake's crossing, the
+    # other way (run trees, issue 33).
+    ("services/orchestrator/repositories/intake.py", "messages"),
     ("services/orchestrator/repositories/fair.py", "tenants"),
     # Where a leased run came from (its message's source and actor): routing picks persona and
     # skills by its source, and the live facts name its actor.

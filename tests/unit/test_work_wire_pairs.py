@@ -209,7 +209,7 @@ def test_every_write_has_its_field_on_both_messages_and_a_handler_on_the_orchest
         message = write_request(5, kind())
         assert (message.id, message.WhichOneof("kind")) == (5, field)
         assert field in kinds
-    assert len(WRITE_FIELDS) == 15
+    assert len(WRITE_FIELDS) == 16  # start_child: run trees
     assert WRITE_FIELDS.keys() >= OUTCOMES
     assert {WRITE_FIELDS[kind] for kind in OUTCOMES} == {
         "complete",

@@ -60,6 +60,8 @@ class AgentSpec:
             out["prices"] = doc["prices"]
         if "mcp_servers" in doc:
             out["mcp_servers"] = doc["mcp_servers"]
+        if "delegation" in doc:
+            out["delegation"] = doc["delegation"]
         # Always: a run of a document is approved by its document, never by the tenant's
         # policy of before agents, even when the document leaves every default in place.
         out["approvals"] = self.approvals()

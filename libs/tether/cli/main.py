@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from tether.cli import agents, docs, interactions, operations, tools, watch
+from tether.cli import agents, docs, interactions, operations, tools, trees, watch
 from tether.cli import channels as channels_cli
 from tether.cli import schedules as schedules_cli
 from tether.cli import secrets as secrets_cli
@@ -82,6 +82,13 @@ async def cmd_send(args: argparse.Namespace) -> int:
 async def cmd_run(args: argparse.Namespace) -> int:
     """Show one run; with --json, its persisted parts too (the last --parts N of them); with
     --attempts, its attempts, lineage, stage durations and usage by model turn instead."""
+    if args.tree:
+        async with _client(args) as client:
+            root, runs = await trees.tree_runs(client, args.run_id)
+        _emit(
+            args, {"root": root, "runs": trees.tree_nodes(root, runs)}, trees.tree_text(root, runs)
+        )
+        return 0
     if args.attempts:
         async with _client(args) as client:
             record = await client.get_run_attempts(args.run_id)
@@ -250,6 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--attempts",
         action="store_true",
         help="its attempts, lineage, stage durations and usage and cost by model turn",
+    )
+    run.add_argument(
+        "--tree",
+        action="store_true",
+        help="its run tree from the root: each run its delegate calls started, with its status "
+        "and spend (its own and its subtree's)",
     )
     operations.add_tenant_flag(run)
     _common(run, top=False)

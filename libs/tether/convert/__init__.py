@@ -23,6 +23,7 @@ from tether.domain import (
     ConnectionMarker,
     Content,
     ContextPolicy,
+    Delegation,
     Document,
     Event,
     EventType,
@@ -108,6 +109,10 @@ def run_to_proto(row: Run) -> common_pb2.Run:
         last_seq=row.last_seq,
         owner_principal_id=row.owner_principal_id or "",
         visibility=row.visibility,
+        tree_parent_run_id=row.tree_parent_run_id or "",
+        tree_root_run_id=row.tree_root_run_id or row.run_id,
+        tree_depth=row.tree_depth,
+        tree_call_id=row.tree_call_id or "",
     )
 
 
@@ -435,6 +440,15 @@ def config_to_proto(config: AgentConfig) -> orchestrator_pb2.AgentConfig:
         ),
         approvals=config.approvals,
         mcp_servers=mcp_servers_to_proto(config.mcp_servers),
+        delegation=(
+            None
+            if config.delegation is None
+            else orchestrator_pb2.Delegation(
+                agents=list(config.delegation.agents),
+                max_depth=config.delegation.max_depth,
+                max_children=config.delegation.max_children,
+            )
+        ),
     )
 
 
@@ -466,6 +480,15 @@ def config_from_proto(message: orchestrator_pb2.AgentConfig) -> AgentConfig:
         ),
         approvals=message.approvals,
         mcp_servers=mcp_servers_from_proto(message.mcp_servers),
+        delegation=(
+            Delegation(
+                tuple(message.delegation.agents),
+                message.delegation.max_depth,
+                message.delegation.max_children,
+            )
+            if message.HasField("delegation")
+            else None
+        ),
     )
 
 

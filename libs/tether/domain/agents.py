@@ -184,6 +184,38 @@ class McpServer:
         )
 
 
+DEFAULT_MAX_DEPTH = 3
+"""How deep a run tree may grow when an agent's `delegation` sets no `max_depth` (root 0)."""
+DEFAULT_MAX_CHILDREN = 8
+"""How many child runs one run may start when its `delegation` sets no `max_children`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delegation:
+    """Whom an agent's runs may hand work to with the built-in `delegate` tool (its document's
+    `delegation`): `agents` by name, a tree at most `max_depth` deep (the root is 0), at most
+    `max_children` children per run."""
+
+    agents: tuple[str, ...] = ()
+    max_depth: int = DEFAULT_MAX_DEPTH
+    max_children: int = DEFAULT_MAX_CHILDREN
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "agents": list(self.agents),
+            "max_depth": self.max_depth,
+            "max_children": self.max_children,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Delegation:
+        return cls(
+            tuple(str(a) for a in data.get("agents", ())),
+            int(data.get("max_depth", DEFAULT_MAX_DEPTH)),
+            int(data.get("max_children", DEFAULT_MAX_CHILDREN)),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     """The agent an attempt runs as. `system_blocks` are the persona's instructions and then
@@ -210,6 +242,8 @@ class AgentConfig:
     # `limits.max_running`); 0: no cap. The orchestrator's claim holds it, the worker never
     # reads it.
     max_running: int = 0
+    # Whom its runs may delegate to (the `delegate` tool is offered only when set).
+    delegation: Delegation | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The stored form (`routings.config`); `approvals`, `mcp_servers` and `max_running`
@@ -233,6 +267,8 @@ class AgentConfig:
             stored["mcp_servers"] = [m.to_json() for m in self.mcp_servers]
         if self.max_running:
             stored["max_running"] = self.max_running
+        if self.delegation is not None:
+            stored["delegation"] = self.delegation.to_json()
         return stored
 
     @classmethod
@@ -254,6 +290,9 @@ class AgentConfig:
             approvals=str(data.get("approvals", "")),
             mcp_servers=tuple(McpServer.from_json(m) for m in data.get("mcp_servers", ())),
             max_running=int(data.get("max_running", 0)),
+            delegation=(
+                Delegation.from_json(data["delegation"]) if data.get("delegation") else None
+            ),
         )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,9 @@ class EventType(enum.StrEnum):
     CONNECTION_COMPLETED = "connection.completed"
     TIMER_SET = "timer.set"
     TIMER_FIRED = "timer.fired"
+    CHILDREN_WAITING = "children.waiting"
+    CHILD_STARTED = "child.started"
+    CHILD_COMPLETED = "child.completed"
     USAGE_UPDATED = "usage.updated"
     CONTEXT_COMPACTED = "context.compacted"
     DELIVERY_SENT = "delivery.sent"
@@ -189,6 +192,29 @@ def timer_set(tool_call_id: str, due_at_iso: str) -> Event:
 def timer_fired(due_at_iso: str) -> Event:
     """The run's timer, due at `due_at_iso`, woke it (the event's time is when it fired)."""
     return Event(EventType.TIMER_FIRED, {"dueAt": due_at_iso})
+
+
+def child_started(tool_call_id: str, child_run_id: str, agent: str) -> Event:
+    """The run's `delegate` call `tool_call_id` started child run `child_run_id` of `agent`."""
+    return Event(
+        EventType.CHILD_STARTED,
+        {"toolCallId": tool_call_id, "childRunId": child_run_id, "agent": agent},
+    )
+
+
+def children_waiting(tool_call_ids: Sequence[str]) -> Event:
+    """The run parked until the children its `delegate` calls `tool_call_ids` started have all
+    ended, holding no worker."""
+    return Event(EventType.CHILDREN_WAITING, {"toolCallIds": list(tool_call_ids)})
+
+
+def child_completed(tool_call_id: str, child_run_id: str, status: str) -> Event:
+    """Child run `child_run_id` (of the `delegate` call `tool_call_id`) ended `status`
+    (completed, failed or cancelled)."""
+    return Event(
+        EventType.CHILD_COMPLETED,
+        {"toolCallId": tool_call_id, "childRunId": child_run_id, "status": status},
+    )
 
 
 def usage_updated(turn: ModelTurn, total: Mapping[str, int]) -> Event:

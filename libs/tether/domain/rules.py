@@ -49,15 +49,29 @@ def dangling_tool_calls(parts: Sequence[Part]) -> list[Part]:
     ]
 
 
+# Calls a later attempt of the same run issues again rather than losing: a `delegate` call's
+# child is keyed by the run and the call (one per call, however often it is issued), so an
+# attempt that follows a lost lease finds the child the dead one started instead of the model
+# being told the call failed and starting another.
+REISSUED_CALLS = frozenset({"delegate"})
+
+
 def interrupted_results(
-    parts: Sequence[Part], reason: Interruption, next_index: int
+    parts: Sequence[Part],
+    reason: Interruption,
+    next_index: int,
+    *,
+    keep: frozenset[str] = frozenset(),
 ) -> tuple[list[Part], list[Event]]:
-    """Close every dangling call with an error result saying why, from position `next_index`
-    on: the new parts and their events (part.added, tool.failed)."""
+    """Close every dangling call (but those named in `keep`, which the next attempt issues
+    again) with an error result saying why, from position `next_index` on: the new parts and
+    their events (part.added, tool.failed)."""
     new_parts: list[Part] = []
     events: list[Event] = []
     for call in dangling_tool_calls(parts):
         assert isinstance(call.content, ToolCall)
+        if call.content.name in keep:
+            continue
         result = Part(
             next_index + len(new_parts),
             Role.TOOL,
@@ -111,7 +125,12 @@ class Closing:
 
 
 def close_attempt(
-    parts: Sequence[Part], attempt: int, *, regenerated: bool, interrupted: Interruption | None
+    parts: Sequence[Part],
+    attempt: int,
+    *,
+    regenerated: bool,
+    interrupted: Interruption | None,
+    keep: frozenset[str] = frozenset(),
 ) -> Closing:
     """Settle attempt number `attempt`, which is over: its superseded parts (see
     `superseded_on_close`) each announced by part.superseded and, with an `interrupted`
@@ -122,6 +141,6 @@ def close_attempt(
     new_parts: list[Part] = []
     if interrupted is not None:
         next_index = max((p.index for p in parts), default=-1) + 1
-        new_parts, closed = interrupted_results(parts, interrupted, next_index)
+        new_parts, closed = interrupted_results(parts, interrupted, next_index, keep=keep)
         events.extend(closed)
     return Closing(new_parts, superseded, events)

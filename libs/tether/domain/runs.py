@@ -65,6 +65,16 @@ class Run:
     next_wake_at: datetime | None
     # The agent it is routed to, written by the lease that pins its routing (None before).
     agent_name: str | None = None
+    # Its run tree: the run whose `delegate` call (`tree_call_id`) started it, the tree's root
+    # (None for a run no call started: it is its own root) and its depth (0 at the root).
+    tree_parent_run_id: str | None = None
+    tree_call_id: str | None = None
+    tree_root_run_id: str | None = None
+    tree_depth: int = 0
+    tree_reported_at: datetime | None = None
+    # A child's ceilings, reserved out of what its parent had left (`services.orchestrator.
+    # budgets`); None for a root.
+    tree_budget: Mapping[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Self:

@@ -7,6 +7,7 @@ reproduce a recorded stream exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -170,6 +171,13 @@ def resolve_turn(
         ephemeral_5m_input_tokens=cache.ephemeral_5m_input_tokens,
         ephemeral_1h_input_tokens=cache.ephemeral_1h_input_tokens,
     )
+    stop_reason = turn.stop_reason or ("tool_use" if has_tool else "end_turn")
+    # As the API does, a turn never produces more than the request's max_tokens: its count is
+    # cut there and it stops for that reason (its content is sent as scripted).
+    limit = body.get("max_tokens")
+    if isinstance(limit, int) and 0 < limit < usage.output_tokens:
+        usage = dataclasses.replace(usage, output_tokens=limit)
+        stop_reason = "max_tokens"
     tool_ids = tuple(
         (block.id or f"toolu_{tool_id_seed}{index:02d}")
         if isinstance(block, ToolUseBlock)
@@ -182,7 +190,7 @@ def resolve_turn(
         message_id=turn.message_id or new_message_id(),
         model=turn.model or str(body.get("model", "claude-tether-demo")),
         usage=usage,
-        stop_reason=turn.stop_reason or ("tool_use" if has_tool else "end_turn"),
+        stop_reason=stop_reason,
         tool_ids=tool_ids,
     )
 

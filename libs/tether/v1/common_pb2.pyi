@@ -54,6 +54,8 @@ class _RunStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunStatus.V
     """Terminal: cancelled by a caller."""
     RUN_STATUS_WAITING_FOR_TIMER: _RunStatus.ValueType  # 10
     """Parked by its wait_until call until next_wake_at; no worker is held."""
+    RUN_STATUS_WAITING_FOR_CHILDREN: _RunStatus.ValueType  # 11
+    """Parked until every child run its delegate calls started has ended; no worker is held."""
 
 class RunStatus(_RunStatus, metaclass=_RunStatusEnumTypeWrapper):
     """RunStatus is where a run stands in its lifecycle. Transitions are listed in libs/tether/states.py."""
@@ -80,6 +82,8 @@ RUN_STATUS_CANCELLED: RunStatus.ValueType  # 9
 """Terminal: cancelled by a caller."""
 RUN_STATUS_WAITING_FOR_TIMER: RunStatus.ValueType  # 10
 """Parked by its wait_until call until next_wake_at; no worker is held."""
+RUN_STATUS_WAITING_FOR_CHILDREN: RunStatus.ValueType  # 11
+"""Parked until every child run its delegate calls started has ended; no worker is held."""
 Global___RunStatus: _TypeAlias = RunStatus  # noqa: Y015
 
 class _Disposition:
@@ -731,6 +735,10 @@ class Run(_message.Message):
     DELIVERY_FIELD_NUMBER: _builtins.int
     WAITING_FOR_FIELD_NUMBER: _builtins.int
     NEXT_WAKE_AT_FIELD_NUMBER: _builtins.int
+    TREE_PARENT_RUN_ID_FIELD_NUMBER: _builtins.int
+    TREE_ROOT_RUN_ID_FIELD_NUMBER: _builtins.int
+    TREE_DEPTH_FIELD_NUMBER: _builtins.int
+    TREE_CALL_ID_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id (run_...)."""
     tenant_id: _builtins.str
@@ -767,6 +775,16 @@ class Run(_message.Message):
     """"private" (a chat run: its owner and runs:all keys see it) or "tenant" (admitted by an
     integration key: webhooks and task events).
     """
+    tree_parent_run_id: _builtins.str
+    """The run whose delegate call started this one (a child run); empty for a run no call
+    started. Apart from the retry lineage (parent_run_id, root_run_id).
+    """
+    tree_root_run_id: _builtins.str
+    """The root of its run tree: the run itself when no call started it."""
+    tree_depth: _builtins.int
+    """How deep in its run tree: 0 at the root."""
+    tree_call_id: _builtins.str
+    """The delegate call of tree_parent_run_id that started it."""
     @_builtins.property
     def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Warnings such as "budget_exhausted"."""
@@ -847,10 +865,14 @@ class Run(_message.Message):
         delivery: Global___Delivery | None = ...,
         waiting_for: Global___WaitingFor | None = ...,
         next_wake_at: _timestamp_pb2.Timestamp | None = ...,
+        tree_parent_run_id: _builtins.str = ...,
+        tree_root_run_id: _builtins.str = ...,
+        tree_depth: _builtins.int = ...,
+        tree_call_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "delivery", b"delivery", "error", b"error", "finished_at", b"finished_at", "next_attempt_at", b"next_attempt_at", "next_wake_at", b"next_wake_at", "routing", b"routing", "updated_at", b"updated_at", "usage", b"usage", "waiting_for", b"waiting_for"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "channel", b"channel", "conversation_id", b"conversation_id", "created_at", b"created_at", "delivery", b"delivery", "error", b"error", "finished_at", b"finished_at", "input_text", b"input_text", "last_seq", b"last_seq", "max_attempts", b"max_attempts", "next_attempt_at", b"next_attempt_at", "next_wake_at", b"next_wake_at", "owner_principal_id", b"owner_principal_id", "parent_run_id", b"parent_run_id", "result_text", b"result_text", "root_run_id", b"root_run_id", "routing", b"routing", "run_id", b"run_id", "session_id", b"session_id", "status", b"status", "task_outcome", b"task_outcome", "tenant_id", b"tenant_id", "updated_at", b"updated_at", "usage", b"usage", "visibility", b"visibility", "waiting_for", b"waiting_for", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "channel", b"channel", "conversation_id", b"conversation_id", "created_at", b"created_at", "delivery", b"delivery", "error", b"error", "finished_at", b"finished_at", "input_text", b"input_text", "last_seq", b"last_seq", "max_attempts", b"max_attempts", "next_attempt_at", b"next_attempt_at", "next_wake_at", b"next_wake_at", "owner_principal_id", b"owner_principal_id", "parent_run_id", b"parent_run_id", "result_text", b"result_text", "root_run_id", b"root_run_id", "routing", b"routing", "run_id", b"run_id", "session_id", b"session_id", "status", b"status", "task_outcome", b"task_outcome", "tenant_id", b"tenant_id", "tree_call_id", b"tree_call_id", "tree_depth", b"tree_depth", "tree_parent_run_id", b"tree_parent_run_id", "tree_root_run_id", b"tree_root_run_id", "updated_at", b"updated_at", "usage", b"usage", "visibility", b"visibility", "waiting_for", b"waiting_for", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

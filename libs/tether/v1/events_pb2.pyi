@@ -31,7 +31,7 @@ class RunQueued(_message.Message):
     attempt: _builtins.int
     """Attempt number the next claim will run."""
     reason: _builtins.str
-    """Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up", "timer"."""
+    """Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up", "timer", "children" (its children ended), "delegated" (a child run)."""
     def __init__(
         self,
         *,
@@ -750,6 +750,96 @@ class TimerFired(_message.Message):
 Global___TimerFired: _TypeAlias = TimerFired  # noqa: Y015
 
 @_typing.final
+class ChildStarted(_message.Message):
+    """ChildStarted: the run's delegate call started a child run of another agent (in the run's tenant
+    and principal, with a session of its own).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    CHILD_RUN_ID_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    tool_call_id: _builtins.str
+    """The delegate call."""
+    child_run_id: _builtins.str
+    """The child run."""
+    agent: _builtins.str
+    """The child's agent."""
+    def __init__(
+        self,
+        *,
+        tool_call_id: _builtins.str = ...,
+        child_run_id: _builtins.str = ...,
+        agent: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "child_run_id", b"child_run_id", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChildStarted: _TypeAlias = ChildStarted  # noqa: Y015
+
+@_typing.final
+class ChildrenWaiting(_message.Message):
+    """ChildrenWaiting: the run parked until every child its delegate calls started has ended,
+    holding no worker.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_CALL_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tool_call_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The delegate calls whose children it waits for."""
+
+    def __init__(
+        self,
+        *,
+        tool_call_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tool_call_ids", b"tool_call_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChildrenWaiting: _TypeAlias = ChildrenWaiting  # noqa: Y015
+
+@_typing.final
+class ChildCompleted(_message.Message):
+    """ChildCompleted: a child run the run's delegate call started ended; its answer (or its failure)
+    is that call's result.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    CHILD_RUN_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    tool_call_id: _builtins.str
+    """The delegate call."""
+    child_run_id: _builtins.str
+    """The child run."""
+    status: _builtins.str
+    """How it ended: "completed", "failed" or "cancelled"."""
+    def __init__(
+        self,
+        *,
+        tool_call_id: _builtins.str = ...,
+        child_run_id: _builtins.str = ...,
+        status: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["child_run_id", b"child_run_id", "status", b"status", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChildCompleted: _TypeAlias = ChildCompleted  # noqa: Y015
+
+@_typing.final
 class RunEvent(_message.Message):
     """RunEvent is the stable transport event. Durable events carry seq > 0; ephemeral ones carry 0."""
 
@@ -788,6 +878,9 @@ class RunEvent(_message.Message):
     DELIVERY_DENIED_FIELD_NUMBER: _builtins.int
     TIMER_SET_FIELD_NUMBER: _builtins.int
     TIMER_FIRED_FIELD_NUMBER: _builtins.int
+    CHILD_STARTED_FIELD_NUMBER: _builtins.int
+    CHILDREN_WAITING_FIELD_NUMBER: _builtins.int
+    CHILD_COMPLETED_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run the event belongs to."""
     seq: _builtins.int
@@ -914,6 +1007,18 @@ class RunEvent(_message.Message):
     def timer_fired(self) -> Global___TimerFired:
         """timer.fired"""
 
+    @_builtins.property
+    def child_started(self) -> Global___ChildStarted:
+        """child.started"""
+
+    @_builtins.property
+    def children_waiting(self) -> Global___ChildrenWaiting:
+        """children.waiting"""
+
+    @_builtins.property
+    def child_completed(self) -> Global___ChildCompleted:
+        """child.completed"""
+
     def __init__(
         self,
         *,
@@ -950,12 +1055,15 @@ class RunEvent(_message.Message):
         delivery_denied: Global___DeliveryReported | None = ...,
         timer_set: Global___TimerSet | None = ...,
         timer_fired: Global___TimerFired | None = ...,
+        child_started: Global___ChildStarted | None = ...,
+        children_waiting: Global___ChildrenWaiting | None = ...,
+        child_completed: Global___ChildCompleted | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_requested", b"approval_requested", "connection_completed", b"connection_completed", "connection_requested", b"connection_requested", "context_compacted", b"context_compacted", "created_at", b"created_at", "delivery_denied", b"delivery_denied", "delivery_failed", b"delivery_failed", "delivery_sent", b"delivery_sent", "delivery_unknown", b"delivery_unknown", "keepalive", b"keepalive", "part_added", b"part_added", "part_superseded", b"part_superseded", "part_updated", b"part_updated", "payload", b"payload", "question_answered", b"question_answered", "question_requested", b"question_requested", "run_cancelled", b"run_cancelled", "run_checkpointed", b"run_checkpointed", "run_completed", b"run_completed", "run_failed", b"run_failed", "run_queued", b"run_queued", "run_retry_pending", b"run_retry_pending", "run_started", b"run_started", "text_delta", b"text_delta", "timer_fired", b"timer_fired", "timer_set", b"timer_set", "tool_completed", b"tool_completed", "tool_failed", b"tool_failed", "tool_started", b"tool_started", "usage_updated", b"usage_updated"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_requested", b"approval_requested", "child_completed", b"child_completed", "child_started", b"child_started", "children_waiting", b"children_waiting", "connection_completed", b"connection_completed", "connection_requested", b"connection_requested", "context_compacted", b"context_compacted", "created_at", b"created_at", "delivery_denied", b"delivery_denied", "delivery_failed", b"delivery_failed", "delivery_sent", b"delivery_sent", "delivery_unknown", b"delivery_unknown", "keepalive", b"keepalive", "part_added", b"part_added", "part_superseded", b"part_superseded", "part_updated", b"part_updated", "payload", b"payload", "question_answered", b"question_answered", "question_requested", b"question_requested", "run_cancelled", b"run_cancelled", "run_checkpointed", b"run_checkpointed", "run_completed", b"run_completed", "run_failed", b"run_failed", "run_queued", b"run_queued", "run_retry_pending", b"run_retry_pending", "run_started", b"run_started", "text_delta", b"text_delta", "timer_fired", b"timer_fired", "timer_set", b"timer_set", "tool_completed", b"tool_completed", "tool_failed", b"tool_failed", "tool_started", b"tool_started", "usage_updated", b"usage_updated"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_requested", b"approval_requested", "connection_completed", b"connection_completed", "connection_requested", b"connection_requested", "context_compacted", b"context_compacted", "created_at", b"created_at", "delivery_denied", b"delivery_denied", "delivery_failed", b"delivery_failed", "delivery_sent", b"delivery_sent", "delivery_unknown", b"delivery_unknown", "keepalive", b"keepalive", "part_added", b"part_added", "part_superseded", b"part_superseded", "part_updated", b"part_updated", "payload", b"payload", "question_answered", b"question_answered", "question_requested", b"question_requested", "run_cancelled", b"run_cancelled", "run_checkpointed", b"run_checkpointed", "run_completed", b"run_completed", "run_failed", b"run_failed", "run_id", b"run_id", "run_queued", b"run_queued", "run_retry_pending", b"run_retry_pending", "run_started", b"run_started", "seq", b"seq", "text_delta", b"text_delta", "timer_fired", b"timer_fired", "timer_set", b"timer_set", "tool_completed", b"tool_completed", "tool_failed", b"tool_failed", "tool_started", b"tool_started", "type", b"type", "usage_updated", b"usage_updated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_decided", b"approval_decided", "approval_requested", b"approval_requested", "child_completed", b"child_completed", "child_started", b"child_started", "children_waiting", b"children_waiting", "connection_completed", b"connection_completed", "connection_requested", b"connection_requested", "context_compacted", b"context_compacted", "created_at", b"created_at", "delivery_denied", b"delivery_denied", "delivery_failed", b"delivery_failed", "delivery_sent", b"delivery_sent", "delivery_unknown", b"delivery_unknown", "keepalive", b"keepalive", "part_added", b"part_added", "part_superseded", b"part_superseded", "part_updated", b"part_updated", "payload", b"payload", "question_answered", b"question_answered", "question_requested", b"question_requested", "run_cancelled", b"run_cancelled", "run_checkpointed", b"run_checkpointed", "run_completed", b"run_completed", "run_failed", b"run_failed", "run_id", b"run_id", "run_queued", b"run_queued", "run_retry_pending", b"run_retry_pending", "run_started", b"run_started", "seq", b"seq", "text_delta", b"text_delta", "timer_fired", b"timer_fired", "timer_set", b"timer_set", "tool_completed", b"tool_completed", "tool_failed", b"tool_failed", "tool_started", b"tool_started", "type", b"type", "usage_updated", b"usage_updated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["run_queued", "run_started", "run_checkpointed", "run_completed", "run_failed", "run_cancelled", "run_retry_pending", "part_added", "part_updated", "tool_started", "tool_completed", "tool_failed", "question_requested", "question_answered", "approval_requested", "approval_decided", "connection_requested", "connection_completed", "usage_updated", "context_compacted", "text_delta", "keepalive", "part_superseded", "delivery_sent", "delivery_failed", "delivery_unknown", "delivery_denied", "timer_set", "timer_fired"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["run_queued", "run_started", "run_checkpointed", "run_completed", "run_failed", "run_cancelled", "run_retry_pending", "part_added", "part_updated", "tool_started", "tool_completed", "tool_failed", "question_requested", "question_answered", "approval_requested", "approval_decided", "connection_requested", "connection_completed", "usage_updated", "context_compacted", "text_delta", "keepalive", "part_superseded", "delivery_sent", "delivery_failed", "delivery_unknown", "delivery_denied", "timer_set", "timer_fired", "child_started", "children_waiting", "child_completed"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 

@@ -243,6 +243,7 @@ class ListRunsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     CREATED_AFTER_FIELD_NUMBER: _builtins.int
+    TREE_ROOT_RUN_ID_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """Only this conversation; all when empty.
     Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
@@ -254,6 +255,11 @@ class ListRunsRequest(_message.Message):
     page_token: _builtins.str
     """Cursor from a previous response.
     Limit: 512 printable ASCII characters.
+    """
+    tree_root_run_id: _builtins.str
+    """Only the run tree of this root: the run itself and every run its delegate calls (and
+    theirs) started; all when empty.
+    Limit: identifier, 1-128 of A-Z a-z 0-9 . _ : @ - (optional).
     """
     @_builtins.property
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.RunStatus.ValueType]:
@@ -275,10 +281,11 @@ class ListRunsRequest(_message.Message):
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
         created_after: _timestamp_pb2.Timestamp | None = ...,
+        tree_root_run_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "created_after", b"created_after", "page_size", b"page_size", "page_token", b"page_token", "statuses", b"statuses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "created_after", b"created_after", "page_size", b"page_size", "page_token", b"page_token", "statuses", b"statuses", "tree_root_run_id", b"tree_root_run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

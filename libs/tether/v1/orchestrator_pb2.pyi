@@ -133,6 +133,7 @@ class SearchRunsRequest(_message.Message):
     PRINCIPAL_ID_FIELD_NUMBER: _builtins.int
     ALL_RUNS_FIELD_NUMBER: _builtins.int
     CREATED_AFTER_FIELD_NUMBER: _builtins.int
+    TREE_ROOT_RUN_ID_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Caller's tenant."""
     conversation_id: _builtins.str
@@ -145,6 +146,8 @@ class SearchRunsRequest(_message.Message):
     """Caller's principal: only its own runs are visible unless all_runs is set."""
     all_runs: _builtins.bool
     """Whether the caller's key holds runs:all (every run of its tenant is visible)."""
+    tree_root_run_id: _builtins.str
+    """Only the run tree of this root (the run and every run below it); all when empty."""
     @_builtins.property
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.RunStatus.ValueType]:
         """Only runs in these statuses; all when empty."""
@@ -164,10 +167,11 @@ class SearchRunsRequest(_message.Message):
         principal_id: _builtins.str = ...,
         all_runs: _builtins.bool = ...,
         created_after: _timestamp_pb2.Timestamp | None = ...,
+        tree_root_run_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "conversation_id", b"conversation_id", "created_after", b"created_after", "page_size", b"page_size", "page_token", b"page_token", "principal_id", b"principal_id", "statuses", b"statuses", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_runs", b"all_runs", "conversation_id", b"conversation_id", "created_after", b"created_after", "page_size", b"page_size", "page_token", b"page_token", "principal_id", b"principal_id", "statuses", b"statuses", "tenant_id", b"tenant_id", "tree_root_run_id", b"tree_root_run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -435,6 +439,7 @@ class AgentConfig(_message.Message):
     CONTEXT_FIELD_NUMBER: _builtins.int
     APPROVALS_FIELD_NUMBER: _builtins.int
     MCP_SERVERS_FIELD_NUMBER: _builtins.int
+    DELEGATION_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Model id."""
     system_prompt: _builtins.str
@@ -477,6 +482,10 @@ class AgentConfig(_message.Message):
     def mcp_servers(self) -> _containers.RepeatedCompositeFieldContainer[Global___McpServer]:
         """The agent document's MCP servers: their allowlisted tools are offered as `server__tool`."""
 
+    @_builtins.property
+    def delegation(self) -> Global___Delegation:
+        """Whom the run may delegate to (the delegate tool is offered only when set)."""
+
     def __init__(
         self,
         *,
@@ -492,10 +501,11 @@ class AgentConfig(_message.Message):
         context: Global___ContextPolicy | None = ...,
         approvals: _builtins.str = ...,
         mcp_servers: _abc.Iterable[Global___McpServer] | None = ...,
+        delegation: Global___Delegation | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "limits", b"limits", "persona", b"persona"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "delegation", b"delegation", "limits", b"limits", "persona", b"persona"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "approvals", b"approvals", "context", b"context", "limits", b"limits", "mcp_servers", b"mcp_servers", "model", b"model", "persona", b"persona", "prices", b"prices", "skills", b"skills", "system_blocks", b"system_blocks", "system_prompt", b"system_prompt", "tool_allowlist", b"tool_allowlist"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "approvals", b"approvals", "context", b"context", "delegation", b"delegation", "limits", b"limits", "mcp_servers", b"mcp_servers", "model", b"model", "persona", b"persona", "prices", b"prices", "skills", b"skills", "system_blocks", b"system_blocks", "system_prompt", b"system_prompt", "tool_allowlist", b"tool_allowlist"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1121,12 +1131,15 @@ class ParkRunRequest(_message.Message):
     TRACEPARENT_FIELD_NUMBER: _builtins.int
     WAKE_AT_FIELD_NUMBER: _builtins.int
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_IDS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     epoch: _builtins.int
     """Fencing epoch."""
     status: _common_pb2.RunStatus.ValueType
-    """One of the waiting-for-* statuses."""
+    """One of the waiting-for-* statuses (waiting-for-children: until every child the run's
+    delegate calls started has ended; tool_call_ids names those calls).
+    """
     interaction_id: _builtins.str
     """The interaction it waits for."""
     traceparent: _builtins.str
@@ -1140,6 +1153,10 @@ class ParkRunRequest(_message.Message):
     def wake_at(self) -> _timestamp_pb2.Timestamp:
         """When a waiting-for-timer run is woken (required for that status, ignored for the others)."""
 
+    @_builtins.property
+    def tool_call_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The delegate calls a waiting-for-children run waits on."""
+
     def __init__(
         self,
         *,
@@ -1150,10 +1167,11 @@ class ParkRunRequest(_message.Message):
         traceparent: _builtins.str = ...,
         wake_at: _timestamp_pb2.Timestamp | None = ...,
         tool_call_id: _builtins.str = ...,
+        tool_call_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["wake_at", b"wake_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "interaction_id", b"interaction_id", "run_id", b"run_id", "status", b"status", "tool_call_id", b"tool_call_id", "traceparent", b"traceparent", "wake_at", b"wake_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "interaction_id", b"interaction_id", "run_id", b"run_id", "status", b"status", "tool_call_id", b"tool_call_id", "tool_call_ids", b"tool_call_ids", "traceparent", b"traceparent", "wake_at", b"wake_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2288,6 +2306,7 @@ class WorkRequest(_message.Message):
     FIND_CHANNEL_STATUS_FIELD_NUMBER: _builtins.int
     RESERVE_MODEL_FIELD_NUMBER: _builtins.int
     SETTLE_MODEL_FIELD_NUMBER: _builtins.int
+    START_CHILD_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """Correlates a write with its acknowledgement (WorkAck.id), unique on the stream; 0 for a
     message that needs none (hello, credits, keepalive, goodbye).
@@ -2378,6 +2397,10 @@ class WorkRequest(_message.Message):
     def settle_model(self) -> Global___SettleModelRequest:
         """Reconciles a reservation with what the call used and what the provider's headers said."""
 
+    @_builtins.property
+    def start_child(self) -> Global___StartChildRequest:
+        """Starts (or finds) the child run of a delegate call."""
+
     def __init__(
         self,
         *,
@@ -2403,16 +2426,152 @@ class WorkRequest(_message.Message):
         find_channel_status: Global___FindChannelStatusRequest | None = ...,
         reserve_model: Global___ReserveModelRequest | None = ...,
         settle_model: Global___SettleModelRequest | None = ...,
+        start_child: Global___StartChildRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "rendered", b"rendered", "reserve_model", b"reserve_model", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "settle_model", b"settle_model", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "rendered", b"rendered", "reserve_model", b"reserve_model", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "settle_model", b"settle_model", "start_child", b"start_child", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "id", b"id", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "rendered", b"rendered", "reserve_model", b"reserve_model", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "settle_model", b"settle_model", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "credits", b"credits", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "goodbye", b"goodbye", "hello", b"hello", "id", b"id", "keepalive", b"keepalive", "kind", b"kind", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "rendered", b"rendered", "reserve_model", b"reserve_model", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "settle_model", b"settle_model", "start_child", b"start_child", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "credits", "keepalive", "checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "goodbye", "batch", "retrieve_knowledge", "store_summary", "rendered", "begin_delivery", "record_delivery", "find_channel_status", "reserve_model", "settle_model"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "credits", "keepalive", "checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "goodbye", "batch", "retrieve_knowledge", "store_summary", "rendered", "begin_delivery", "record_delivery", "find_channel_status", "reserve_model", "settle_model", "start_child"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___WorkRequest: _TypeAlias = WorkRequest  # noqa: Y015
+
+@_typing.final
+class Delegation(_message.Message):
+    """Delegation is an agent document's `delegation`: the agents its runs may start child runs of,
+    and the tree's limits.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENTS_FIELD_NUMBER: _builtins.int
+    MAX_DEPTH_FIELD_NUMBER: _builtins.int
+    MAX_CHILDREN_FIELD_NUMBER: _builtins.int
+    max_depth: _builtins.int
+    """How deep a tree may grow below its root (the root is 0)."""
+    max_children: _builtins.int
+    """How many children one run may start in all."""
+    @_builtins.property
+    def agents(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The agents, by name."""
+
+    def __init__(
+        self,
+        *,
+        agents: _abc.Iterable[_builtins.str] | None = ...,
+        max_depth: _builtins.int = ...,
+        max_children: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "max_children", b"max_children", "max_depth", b"max_depth"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Delegation: _TypeAlias = Delegation  # noqa: Y015
+
+@_typing.final
+class StartChildRequest(_message.Message):
+    """StartChildRequest starts the child run of a run's delegate call, under the parent's lease: a
+    run of `agent` in the parent's tenant and principal, with a session of its own and `message`
+    as its input. The same (run, tool_call_id) always answers the same child, never a second.
+    A refusal the model can act on (an agent the tenant lacks, a tree as deep or a run with as
+    many children as its limits allow) is INVALID_ARGUMENT and nothing is created.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    MAX_DEPTH_FIELD_NUMBER: _builtins.int
+    MAX_CHILDREN_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
+    SHARE_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The parent run."""
+    epoch: _builtins.int
+    """Fencing epoch of the parent's lease."""
+    tool_call_id: _builtins.str
+    """The delegate call."""
+    agent: _builtins.str
+    """The child's agent (one the parent's document allows: the worker checked)."""
+    message: _builtins.str
+    """The child's input."""
+    max_depth: _builtins.int
+    """The parent's delegation.max_depth: the deepest a child may be (the root is 0)."""
+    max_children: _builtins.int
+    """The parent's delegation.max_children: how many children the parent may start in all."""
+    traceparent: _builtins.str
+    """Trace context (W3C traceparent) of the attempt that sends this."""
+    share: _builtins.int
+    """How many of the turn's delegate calls are not started yet, this one included: the child
+    reserves 1/share of what the parent has left (parallel children split it); 0 is 1.
+    """
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        tool_call_id: _builtins.str = ...,
+        agent: _builtins.str = ...,
+        message: _builtins.str = ...,
+        max_depth: _builtins.int = ...,
+        max_children: _builtins.int = ...,
+        traceparent: _builtins.str = ...,
+        share: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "epoch", b"epoch", "max_children", b"max_children", "max_depth", b"max_depth", "message", b"message", "run_id", b"run_id", "share", b"share", "tool_call_id", b"tool_call_id", "traceparent", b"traceparent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartChildRequest: _TypeAlias = StartChildRequest  # noqa: Y015
+
+@_typing.final
+class StartChildResponse(_message.Message):
+    """StartChildResponse names the child and, once it ended, how."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHILD_RUN_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    RESULT_TEXT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    child_run_id: _builtins.str
+    """The child run."""
+    status: _common_pb2.RunStatus.ValueType
+    """Where it stands."""
+    result_text: _builtins.str
+    """Its answer, once completed."""
+    created: _builtins.bool
+    """Whether this call created it (false: an earlier call of the same delegate call did)."""
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorInfo:
+        """Why it failed or was cancelled, once it did."""
+
+    def __init__(
+        self,
+        *,
+        child_run_id: _builtins.str = ...,
+        status: _common_pb2.RunStatus.ValueType = ...,
+        result_text: _builtins.str = ...,
+        error: _common_pb2.ErrorInfo | None = ...,
+        created: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["child_run_id", b"child_run_id", "created", b"created", "error", b"error", "result_text", b"result_text", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartChildResponse: _TypeAlias = StartChildResponse  # noqa: Y015
 
 @_typing.final
 class ReserveModelRequest(_message.Message):
@@ -2985,6 +3144,7 @@ class WorkAck(_message.Message):
     FIND_CHANNEL_STATUS_FIELD_NUMBER: _builtins.int
     RESERVE_MODEL_FIELD_NUMBER: _builtins.int
     SETTLE_MODEL_FIELD_NUMBER: _builtins.int
+    START_CHILD_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """The write answered."""
     code: _builtins.int
@@ -3053,6 +3213,10 @@ class WorkAck(_message.Message):
     def settle_model(self) -> Global___SettleModelResponse:
         """For a reservation settled."""
 
+    @_builtins.property
+    def start_child(self) -> Global___StartChildResponse:
+        """For a child started."""
+
     def __init__(
         self,
         *,
@@ -3075,12 +3239,13 @@ class WorkAck(_message.Message):
         find_channel_status: Global___FindChannelStatusResponse | None = ...,
         reserve_model: Global___ReserveModelResponse | None = ...,
         settle_model: Global___SettleModelResponse | None = ...,
+        start_child: Global___StartChildResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "reserve_model", b"reserve_model", "result", b"result", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "settle_model", b"settle_model", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "complete", b"complete", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "reserve_model", b"reserve_model", "result", b"result", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "settle_model", b"settle_model", "start_child", b"start_child", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "code", b"code", "complete", b"complete", "error_code", b"error_code", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "id", b"id", "message", b"message", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "reserve_model", b"reserve_model", "result", b"result", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "settle_model", b"settle_model", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin_delivery", b"begin_delivery", "begin_effect", b"begin_effect", "checkpoint", b"checkpoint", "code", b"code", "complete", b"complete", "error_code", b"error_code", "find_channel_status", b"find_channel_status", "finish_effect", b"finish_effect", "id", b"id", "message", b"message", "park", b"park", "record_delivery", b"record_delivery", "release", b"release", "reserve_model", b"reserve_model", "result", b"result", "retrieve_knowledge", b"retrieve_knowledge", "schedule_retry", b"schedule_retry", "settle_model", b"settle_model", "start_child", b"start_child", "store_summary", b"store_summary", "store_tool_output", b"store_tool_output"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "retrieve_knowledge", "store_summary", "begin_delivery", "record_delivery", "find_channel_status", "reserve_model", "settle_model"]  # noqa: Y015
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["checkpoint", "complete", "park", "schedule_retry", "release", "begin_effect", "finish_effect", "store_tool_output", "retrieve_knowledge", "store_summary", "begin_delivery", "record_delivery", "find_channel_status", "reserve_model", "settle_model", "start_child"]  # noqa: Y015
     _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
 

@@ -108,6 +108,7 @@ class RunRpcs:
                 created_after=(
                     request.created_after if request.HasField("created_after") else None
                 ),
+                tree_root_run_id=request.tree_root_run_id,
             )
         )
         return gateway_pb2.ListRunsResponse(runs=page.runs, next_page_token=page.next_page_token)

@@ -10,7 +10,8 @@ same streams as gRPC, so authentication, tenancy and errors mean the same. Route
     GET  /v1/conversations/{conversation_id}/events   SSE (Last-Event-ID or ?cursor=)
     POST /v1/messages                          SendMessage (Idempotency-Key may give event_id)
     GET  /v1/runs                              ListRuns (?status=&conversation_id=&page_size=
-                                               &page_token=&created_after=RFC 3339 time)
+                                               &page_token=&created_after=RFC 3339 time
+                                               &tree_root_run_id=)
     GET  /v1/runs/{run_id}                     GetRun (?superseded=1: include_superseded)
     GET  /v1/runs/{run_id}/attempts            GetRunAttempts
     POST /v1/runs/{run_id}/cancel              CancelRun
@@ -177,6 +178,7 @@ class BridgeV1:
             conversation_id=query.get("conversation_id", ""),
             page_size=non_negative(query.get("page_size", "0"), "page_size", INT32_MAX),
             page_token=query.get("page_token", ""),
+            tree_root_run_id=query.get("tree_root_run_id", ""),
         )
         time_query(query, "created_after", listed.created_after)
         response = await self._servicer.ListRuns(listed, CallContext(request))

@@ -220,6 +220,7 @@ class BridgeV2:
             conversation_id=query.get("conversationId", ""),
             page_size=non_negative(query.get("pageSize", "0"), "pageSize", INT32_MAX),
             page_token=query.get("pageToken", ""),
+            tree_root_run_id=query.get("treeRootRunId", ""),
         )
         time_query(query, "createdAfter", message.created_after)
         return await self._call("ListRuns", message, request)

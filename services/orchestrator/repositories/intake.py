@@ -10,6 +10,7 @@ first attempt, event, stored format, whether it heads its session) is written he
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -42,8 +43,17 @@ from services.orchestrator.repositories.transitions import (
     event_params,
 )
 from tether import formats
-from tether.db.schema import in_state, runs, sessions, tenant_queues, tenant_stripes, tenants
+from tether.db.schema import (
+    in_state,
+    messages,
+    runs,
+    sessions,
+    tenant_queues,
+    tenant_stripes,
+    tenants,
+)
 from tether.domain import Run, run_queued
+from tether.domain.channels import pinned_channel
 from tether.errors import NotFound
 from tether.priorities import NORMAL, PRIORITIES
 from tether.states import RunStatus
@@ -297,6 +307,91 @@ async def create_queued_run(conn: AsyncConnection, facts: dict[str, Any], *, rea
         **queued_params(reason, facts["tenant_id"]),
     }
     row = (await conn.execute(_CREATE, params)).one()
+    return Run.from_row(row._mapping)
+
+
+# A child run's channel: its runs are routed to the child's agent (pinned, as a channel
+# connection's are), never to the tenant's routes.
+CHILD_CHANNEL = "delegate"
+
+
+async def create_child_run(
+    conn: AsyncConnection,
+    parent: Run,
+    *,
+    run_id: str,
+    session_id: str,
+    message_id: str,
+    tool_call_id: str,
+    agent: str,
+    text: str,
+    budget: Mapping[str, float] | None = None,
+) -> Run:
+    """Create the queued child run of `parent`'s delegate call `tool_call_id`: a run of
+    `agent` in the parent's tenant and principal, heading a session of its own (the child's
+    conversation, `delegate` channel, pinned to `agent`), its input `text`, placed in the
+    parent's tree with `budget`, its share of what the parent had left. In the caller's
+    transaction, which holds the parent; a second child of the
+    same call is refused by ux_runs_tree_call.
+
+    The session and message rows are admission's tables written here, as admission writes the
+    run aggregate through this module: the one sanctioned crossing, both ways, so a child and
+    everything it needs commit with its parent's `child.started`."""
+    owner = parent.owner_principal_id or ""
+    await conn.execute(
+        insert(sessions).values(
+            session_id=session_id,
+            tenant_id=parent.tenant_id,
+            channel=CHILD_CHANNEL,
+            conversation_id=run_id,
+            actor_scope=f"task:{owner}",
+        )
+    )
+    await conn.execute(
+        insert(messages).values(
+            message_id=message_id,
+            tenant_id=parent.tenant_id,
+            session_id=session_id,
+            source=CHILD_CHANNEL,
+            event_id=f"{parent.run_id}:{tool_call_id}",
+            actor_type="system",
+            actor_id=owner,
+            text=text,
+        )
+    )
+    await create_queued_run(
+        conn,
+        {
+            "run_id": run_id,
+            "tenant_id": parent.tenant_id,
+            "session_id": session_id,
+            "message_id": message_id,
+            "conversation_id": run_id,
+            "channel": pinned_channel(CHILD_CHANNEL, agent),
+            "input_text": text,
+            "max_attempts": parent.max_attempts,
+            "parent_run_id": None,
+            "root_run_id": run_id,
+            "traceparent": parent.traceparent,
+            "owner_principal_id": parent.owner_principal_id,
+            "visibility": parent.visibility,
+        },
+        reason="delegated",
+    )
+    row = (
+        await conn.execute(
+            update(runs)
+            .where(runs.c.run_id == run_id)
+            .values(
+                tree_parent_run_id=parent.run_id,
+                tree_call_id=tool_call_id,
+                tree_root_run_id=parent.tree_root_run_id or parent.run_id,
+                tree_depth=parent.tree_depth + 1,
+                tree_budget=None if budget is None else dict(budget),
+            )
+            .returning(runs)
+        )
+    ).one()
     return Run.from_row(row._mapping)
 
 

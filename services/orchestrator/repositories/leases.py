@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -436,22 +436,6 @@ async def due_retries(conn: AsyncConnection, limit: int) -> list[tuple[str, int]
         .with_for_update(skip_locked=True)
     )
     return [(row.run_id, row.attempt) for row in await conn.execute(stmt)]
-
-
-async def due_timers(conn: AsyncConnection, limit: int) -> list[tuple[str, datetime]]:
-    """Waiting-for-timer runs whose due time has passed (run id, due time), soonest first,
-    locked for the waker (ix_runs_timer_due); a run another waker holds is skipped."""
-    stmt = (
-        select(runs.c.run_id, runs.c.next_wake_at)
-        .where(
-            in_state(runs.c.status, RunStatus.WAITING_FOR_TIMER),
-            runs.c.next_wake_at <= func.now(),
-        )
-        .order_by(runs.c.next_wake_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
-    return [(row.run_id, row.next_wake_at) for row in await conn.execute(stmt)]
 
 
 _END_ATTEMPT = (

@@ -207,6 +207,7 @@ async def search_runs(
     page_size: int,
     page_token: str,
     created_after: datetime | None = None,
+    tree_root_run_id: str = "",
 ) -> tuple[list[tuple[Run, RunRouting | None]], str]:
     """One page of the runs the viewer may see (created at or after `created_after` when
     given), newest first, each with the routing decision it is pinned to (None before its
@@ -226,6 +227,11 @@ async def search_runs(
         stmt = stmt.where(runs.c.conversation_id == conversation_id)
     if created_after is not None:
         stmt = stmt.where(runs.c.created_at >= created_after)
+    if tree_root_run_id:
+        # The root (its own root, unrecorded) and every run below it (ix_runs_tree_root).
+        stmt = stmt.where(
+            or_(runs.c.run_id == tree_root_run_id, runs.c.tree_root_run_id == tree_root_run_id)
+        )
     if page_token:
         created_at, run_id = decode_page_token(page_token)
         stmt = stmt.where(

@@ -100,6 +100,18 @@ runs = Table(
     Column("fair_key", Double, nullable=False, server_default=text("0")),
     # When its timer wakes a waiting-for-timer run (a `wait_until` call); cleared as it fires.
     Column("next_wake_at", DateTime(timezone=True)),
+    # Its run tree (issue 33), apart from the retry lineage above: the run whose `delegate` call
+    # `tree_call_id` started it, the tree's root (itself for a run no call started) and how deep
+    # it is (0 at the root). `tree_reported_at`: when its parent's log got its child.completed.
+    Column("tree_parent_run_id", Text),
+    Column("tree_call_id", Text),
+    Column("tree_root_run_id", Text),
+    Column("tree_depth", Integer, nullable=False, server_default=text("0")),
+    Column("tree_reported_at", DateTime(timezone=True)),
+    # A child's share of what its parent had left when it started (`Limits` ceilings by name:
+    # max_input_tokens, max_output_tokens, max_cost_micros, max_steps), for its whole subtree;
+    # NULL for a root, whose agent's limits are its tree's.
+    Column("tree_budget", JSONB),
     _now(),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("started_at", DateTime(timezone=True)),
@@ -168,6 +180,27 @@ Index(
     runs.c.next_attempt_at,
     postgresql_where=runs.c.status == "retry-pending",
 )
+# A delegate call starts one child, however often its parent's attempts issue it; a parent's
+# children (the tree below a run, cancels and budgets).
+Index(
+    "ux_runs_tree_call",
+    runs.c.tree_parent_run_id,
+    runs.c.tree_call_id,
+    unique=True,
+    postgresql_where=runs.c.tree_parent_run_id.is_not(None),
+)
+# A tree's runs below its root (ListRuns of a tree, `tether run --tree`).
+Index(
+    "ix_runs_tree_root",
+    runs.c.tree_root_run_id,
+    postgresql_where=runs.c.tree_root_run_id.is_not(None),
+)
+# The children's waker: parents waiting for their children.
+Index(
+    "ix_runs_children_waiting",
+    runs.c.updated_at,
+    postgresql_where=runs.c.status == "waiting-for-children",
+)
 # The timers' waker: parked timers, soonest due first.
 Index(
     "ix_runs_timer_due",
@@ -229,7 +262,7 @@ attempts = Table(
     # What the worker reported of how it ended (its audit detail: the model, the usage, the
     # warnings): the attempt's own record of a completion, written with its close (no audit_log
     # row, which keeps the acts of people and the operator). NULL for attempts closed without a
-    # report, and for those closed before it was written (0037: their detail is in audit_log).
+    # report, and for those closed before it was written (0038: their detail is in audit_log).
     Column("detail", JSONB),
     PrimaryKeyConstraint("run_id", "lease_epoch"),
 )

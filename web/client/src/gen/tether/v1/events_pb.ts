@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/events.proto.
  */
 export const file_tether_v1_events: GenFile = /*@__PURE__*/
-  fileDesc("ChZ0ZXRoZXIvdjEvZXZlbnRzLnByb3RvEgl0ZXRoZXIudjEiLAoJUnVuUXVldWVkEg8KB2F0dGVtcHQYASABKAUSDgoGcmVhc29uGAIgASgJIkUKClJ1blN0YXJ0ZWQSDwoHYXR0ZW1wdBgBIAEoBRIRCgl3b3JrZXJfaWQYAiABKAkSEwoLbGVhc2VfZXBvY2gYAyABKAMiJQoPUnVuQ2hlY2twb2ludGVkEhIKCnBhcnRfY291bnQYASABKAUibAoMUnVuQ29tcGxldGVkEhMKC3Jlc3VsdF90ZXh0GAEgASgJEhQKDHRhc2tfb3V0Y29tZRgCIAEoCRIQCgh3YXJuaW5ncxgDIAMoCRIfCgV1c2FnZRgEIAEoCzIQLnRldGhlci52MS5Vc2FnZSIwCglSdW5GYWlsZWQSIwoFZXJyb3IYASABKAsyFC50ZXRoZXIudjEuRXJyb3JJbmZvIh4KDFJ1bkNhbmNlbGxlZBIOCgZyZWFzb24YASABKAkikgEKD1J1blJldHJ5UGVuZGluZxIPCgdhdHRlbXB0GAEgASgFEhQKDG1heF9hdHRlbXB0cxgCIAEoBRIzCg9uZXh0X2F0dGVtcHRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiMKBWVycm9yGAQgASgLMhQudGV0aGVyLnYxLkVycm9ySW5mbyIqCglQYXJ0QWRkZWQSHQoEcGFydBgBIAEoCzIPLnRldGhlci52MS5QYXJ0IiwKC1BhcnRVcGRhdGVkEh0KBHBhcnQYASABKAsyDy50ZXRoZXIudjEuUGFydCI1Cg5QYXJ0U3VwZXJzZWRlZBISCgpwYXJ0X2luZGV4GAEgASgFEg8KB2F0dGVtcHQYAiABKAUiMQoLVG9vbFN0YXJ0ZWQSFAoMdG9vbF9jYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkiRQoNVG9vbENvbXBsZXRlZBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIQCghyZXBsYXllZBgDIAEoCCJVCgpUb29sRmFpbGVkEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEiMKBWVycm9yGAMgASgLMhQudGV0aGVyLnYxLkVycm9ySW5mbyIrChFRdWVzdGlvblJlcXVlc3RlZBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCSIqChBRdWVzdGlvbkFuc3dlcmVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIisKEUFwcHJvdmFsUmVxdWVzdGVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIjsKD0FwcHJvdmFsRGVjaWRlZBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghkZWNpc2lvbhgCIAEoCSItChNDb25uZWN0aW9uUmVxdWVzdGVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIj4KE0Nvbm5lY3Rpb25Db21wbGV0ZWQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHb3V0Y29tZRgCIAEoCSJPCgxVc2FnZVVwZGF0ZWQSHgoEdHVybhgBIAEoCzIQLnRldGhlci52MS5Vc2FnZRIfCgV0b3RhbBgCIAEoCzIQLnRldGhlci52MS5Vc2FnZSK5AQoQQ29udGV4dENvbXBhY3RlZBIXCg9wYXJ0c19jb21wYWN0ZWQYASABKAUSEwoLZnJvbV9ydW5faWQYAiABKAkSFgoOdGhyb3VnaF9ydW5faWQYAyABKAkSFgoOcnVuc19jb21wYWN0ZWQYBCABKAUSFQoNdG9rZW5zX2JlZm9yZRgFIAEoAxIUCgx0b2tlbnNfYWZ0ZXIYBiABKAMSGgoSc3VtbWFyeV9wYXJ0X2luZGV4GAcgASgFIosBChBEZWxpdmVyeVJlcG9ydGVkEhMKC2RlbGl2ZXJ5X2lkGAEgASgJEhIKCmNoYW5uZWxfaWQYAiABKAkSDAoEa2luZBgDIAEoCRIbChNwcm92aWRlcl9tZXNzYWdlX2lkGAQgASgJEiMKBWVycm9yGAUgASgLMhQudGV0aGVyLnYxLkVycm9ySW5mbyI9CglUZXh0RGVsdGESEgoKcGFydF9pbmRleBgBIAEoBRIMCgR0ZXh0GAIgASgJEg4KBm9mZnNldBgDIAEoAyIxCglLZWVwYWxpdmUSJAoGc3RhdHVzGAEgASgOMhQudGV0aGVyLnYxLlJ1blN0YXR1cyJMCghUaW1lclNldBIUCgx0b29sX2NhbGxfaWQYASABKAkSKgoGZHVlX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI4CgpUaW1lckZpcmVkEioKBmR1ZV9hdBgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAi0wwKCFJ1bkV2ZW50Eg4KBnJ1bl9pZBgBIAEoCRILCgNzZXEYAiABKAMSLgoKY3JlYXRlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDAoEdHlwZRgEIAEoCRIqCgpydW5fcXVldWVkGAogASgLMhQudGV0aGVyLnYxLlJ1blF1ZXVlZEgAEiwKC3J1bl9zdGFydGVkGAsgASgLMhUudGV0aGVyLnYxLlJ1blN0YXJ0ZWRIABI2ChBydW5fY2hlY2twb2ludGVkGAwgASgLMhoudGV0aGVyLnYxLlJ1bkNoZWNrcG9pbnRlZEgAEjAKDXJ1bl9jb21wbGV0ZWQYDSABKAsyFy50ZXRoZXIudjEuUnVuQ29tcGxldGVkSAASKgoKcnVuX2ZhaWxlZBgOIAEoCzIULnRldGhlci52MS5SdW5GYWlsZWRIABIwCg1ydW5fY2FuY2VsbGVkGA8gASgLMhcudGV0aGVyLnYxLlJ1bkNhbmNlbGxlZEgAEjcKEXJ1bl9yZXRyeV9wZW5kaW5nGBAgASgLMhoudGV0aGVyLnYxLlJ1blJldHJ5UGVuZGluZ0gAEioKCnBhcnRfYWRkZWQYESABKAsyFC50ZXRoZXIudjEuUGFydEFkZGVkSAASLgoMcGFydF91cGRhdGVkGBIgASgLMhYudGV0aGVyLnYxLlBhcnRVcGRhdGVkSAASLgoMdG9vbF9zdGFydGVkGBMgASgLMhYudGV0aGVyLnYxLlRvb2xTdGFydGVkSAASMgoOdG9vbF9jb21wbGV0ZWQYFCABKAsyGC50ZXRoZXIudjEuVG9vbENvbXBsZXRlZEgAEiwKC3Rvb2xfZmFpbGVkGBUgASgLMhUudGV0aGVyLnYxLlRvb2xGYWlsZWRIABI6ChJxdWVzdGlvbl9yZXF1ZXN0ZWQYFiABKAsyHC50ZXRoZXIudjEuUXVlc3Rpb25SZXF1ZXN0ZWRIABI4ChFxdWVzdGlvbl9hbnN3ZXJlZBgXIAEoCzIbLnRldGhlci52MS5RdWVzdGlvbkFuc3dlcmVkSAASOgoSYXBwcm92YWxfcmVxdWVzdGVkGBggASgLMhwudGV0aGVyLnYxLkFwcHJvdmFsUmVxdWVzdGVkSAASNgoQYXBwcm92YWxfZGVjaWRlZBgZIAEoCzIaLnRldGhlci52MS5BcHByb3ZhbERlY2lkZWRIABI+ChRjb25uZWN0aW9uX3JlcXVlc3RlZBgaIAEoCzIeLnRldGhlci52MS5Db25uZWN0aW9uUmVxdWVzdGVkSAASPgoUY29ubmVjdGlvbl9jb21wbGV0ZWQYGyABKAsyHi50ZXRoZXIudjEuQ29ubmVjdGlvbkNvbXBsZXRlZEgAEjAKDXVzYWdlX3VwZGF0ZWQYHCABKAsyFy50ZXRoZXIudjEuVXNhZ2VVcGRhdGVkSAASOAoRY29udGV4dF9jb21wYWN0ZWQYHSABKAsyGy50ZXRoZXIudjEuQ29udGV4dENvbXBhY3RlZEgAEioKCnRleHRfZGVsdGEYHiABKAsyFC50ZXRoZXIudjEuVGV4dERlbHRhSAASKQoJa2VlcGFsaXZlGB8gASgLMhQudGV0aGVyLnYxLktlZXBhbGl2ZUgAEjQKD3BhcnRfc3VwZXJzZWRlZBggIAEoCzIZLnRldGhlci52MS5QYXJ0U3VwZXJzZWRlZEgAEjQKDWRlbGl2ZXJ5X3NlbnQYISABKAsyGy50ZXRoZXIudjEuRGVsaXZlcnlSZXBvcnRlZEgAEjYKD2RlbGl2ZXJ5X2ZhaWxlZBgiIAEoCzIbLnRldGhlci52MS5EZWxpdmVyeVJlcG9ydGVkSAASNwoQZGVsaXZlcnlfdW5rbm93bhgjIAEoCzIbLnRldGhlci52MS5EZWxpdmVyeVJlcG9ydGVkSAASNgoPZGVsaXZlcnlfZGVuaWVkGCQgASgLMhsudGV0aGVyLnYxLkRlbGl2ZXJ5UmVwb3J0ZWRIABIoCgl0aW1lcl9zZXQYJSABKAsyEy50ZXRoZXIudjEuVGltZXJTZXRIABIsCgt0aW1lcl9maXJlZBgmIAEoCzIVLnRldGhlci52MS5UaW1lckZpcmVkSABCCQoHcGF5bG9hZGIGcHJvdG8z", [file_google_protobuf_timestamp, file_tether_v1_common]);
+  fileDesc("ChZ0ZXRoZXIvdjEvZXZlbnRzLnByb3RvEgl0ZXRoZXIudjEiLAoJUnVuUXVldWVkEg8KB2F0dGVtcHQYASABKAUSDgoGcmVhc29uGAIgASgJIkUKClJ1blN0YXJ0ZWQSDwoHYXR0ZW1wdBgBIAEoBRIRCgl3b3JrZXJfaWQYAiABKAkSEwoLbGVhc2VfZXBvY2gYAyABKAMiJQoPUnVuQ2hlY2twb2ludGVkEhIKCnBhcnRfY291bnQYASABKAUibAoMUnVuQ29tcGxldGVkEhMKC3Jlc3VsdF90ZXh0GAEgASgJEhQKDHRhc2tfb3V0Y29tZRgCIAEoCRIQCgh3YXJuaW5ncxgDIAMoCRIfCgV1c2FnZRgEIAEoCzIQLnRldGhlci52MS5Vc2FnZSIwCglSdW5GYWlsZWQSIwoFZXJyb3IYASABKAsyFC50ZXRoZXIudjEuRXJyb3JJbmZvIh4KDFJ1bkNhbmNlbGxlZBIOCgZyZWFzb24YASABKAkikgEKD1J1blJldHJ5UGVuZGluZxIPCgdhdHRlbXB0GAEgASgFEhQKDG1heF9hdHRlbXB0cxgCIAEoBRIzCg9uZXh0X2F0dGVtcHRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiMKBWVycm9yGAQgASgLMhQudGV0aGVyLnYxLkVycm9ySW5mbyIqCglQYXJ0QWRkZWQSHQoEcGFydBgBIAEoCzIPLnRldGhlci52MS5QYXJ0IiwKC1BhcnRVcGRhdGVkEh0KBHBhcnQYASABKAsyDy50ZXRoZXIudjEuUGFydCI1Cg5QYXJ0U3VwZXJzZWRlZBISCgpwYXJ0X2luZGV4GAEgASgFEg8KB2F0dGVtcHQYAiABKAUiMQoLVG9vbFN0YXJ0ZWQSFAoMdG9vbF9jYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkiRQoNVG9vbENvbXBsZXRlZBIUCgx0b29sX2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIQCghyZXBsYXllZBgDIAEoCCJVCgpUb29sRmFpbGVkEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEiMKBWVycm9yGAMgASgLMhQudGV0aGVyLnYxLkVycm9ySW5mbyIrChFRdWVzdGlvblJlcXVlc3RlZBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCSIqChBRdWVzdGlvbkFuc3dlcmVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIisKEUFwcHJvdmFsUmVxdWVzdGVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIjsKD0FwcHJvdmFsRGVjaWRlZBIWCg5pbnRlcmFjdGlvbl9pZBgBIAEoCRIQCghkZWNpc2lvbhgCIAEoCSItChNDb25uZWN0aW9uUmVxdWVzdGVkEhYKDmludGVyYWN0aW9uX2lkGAEgASgJIj4KE0Nvbm5lY3Rpb25Db21wbGV0ZWQSFgoOaW50ZXJhY3Rpb25faWQYASABKAkSDwoHb3V0Y29tZRgCIAEoCSJPCgxVc2FnZVVwZGF0ZWQSHgoEdHVybhgBIAEoCzIQLnRldGhlci52MS5Vc2FnZRIfCgV0b3RhbBgCIAEoCzIQLnRldGhlci52MS5Vc2FnZSK5AQoQQ29udGV4dENvbXBhY3RlZBIXCg9wYXJ0c19jb21wYWN0ZWQYASABKAUSEwoLZnJvbV9ydW5faWQYAiABKAkSFgoOdGhyb3VnaF9ydW5faWQYAyABKAkSFgoOcnVuc19jb21wYWN0ZWQYBCABKAUSFQoNdG9rZW5zX2JlZm9yZRgFIAEoAxIUCgx0b2tlbnNfYWZ0ZXIYBiABKAMSGgoSc3VtbWFyeV9wYXJ0X2luZGV4GAcgASgFIosBChBEZWxpdmVyeVJlcG9ydGVkEhMKC2RlbGl2ZXJ5X2lkGAEgASgJEhIKCmNoYW5uZWxfaWQYAiABKAkSDAoEa2luZBgDIAEoCRIbChNwcm92aWRlcl9tZXNzYWdlX2lkGAQgASgJEiMKBWVycm9yGAUgASgLMhQudGV0aGVyLnYxLkVycm9ySW5mbyI9CglUZXh0RGVsdGESEgoKcGFydF9pbmRleBgBIAEoBRIMCgR0ZXh0GAIgASgJEg4KBm9mZnNldBgDIAEoAyIxCglLZWVwYWxpdmUSJAoGc3RhdHVzGAEgASgOMhQudGV0aGVyLnYxLlJ1blN0YXR1cyJMCghUaW1lclNldBIUCgx0b29sX2NhbGxfaWQYASABKAkSKgoGZHVlX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI4CgpUaW1lckZpcmVkEioKBmR1ZV9hdBgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiSQoMQ2hpbGRTdGFydGVkEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIUCgxjaGlsZF9ydW5faWQYAiABKAkSDQoFYWdlbnQYAyABKAkiKAoPQ2hpbGRyZW5XYWl0aW5nEhUKDXRvb2xfY2FsbF9pZHMYASADKAkiTAoOQ2hpbGRDb21wbGV0ZWQSFAoMdG9vbF9jYWxsX2lkGAEgASgJEhQKDGNoaWxkX3J1bl9pZBgCIAEoCRIOCgZzdGF0dXMYAyABKAki8w0KCFJ1bkV2ZW50Eg4KBnJ1bl9pZBgBIAEoCRILCgNzZXEYAiABKAMSLgoKY3JlYXRlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDAoEdHlwZRgEIAEoCRIqCgpydW5fcXVldWVkGAogASgLMhQudGV0aGVyLnYxLlJ1blF1ZXVlZEgAEiwKC3J1bl9zdGFydGVkGAsgASgLMhUudGV0aGVyLnYxLlJ1blN0YXJ0ZWRIABI2ChBydW5fY2hlY2twb2ludGVkGAwgASgLMhoudGV0aGVyLnYxLlJ1bkNoZWNrcG9pbnRlZEgAEjAKDXJ1bl9jb21wbGV0ZWQYDSABKAsyFy50ZXRoZXIudjEuUnVuQ29tcGxldGVkSAASKgoKcnVuX2ZhaWxlZBgOIAEoCzIULnRldGhlci52MS5SdW5GYWlsZWRIABIwCg1ydW5fY2FuY2VsbGVkGA8gASgLMhcudGV0aGVyLnYxLlJ1bkNhbmNlbGxlZEgAEjcKEXJ1bl9yZXRyeV9wZW5kaW5nGBAgASgLMhoudGV0aGVyLnYxLlJ1blJldHJ5UGVuZGluZ0gAEioKCnBhcnRfYWRkZWQYESABKAsyFC50ZXRoZXIudjEuUGFydEFkZGVkSAASLgoMcGFydF91cGRhdGVkGBIgASgLMhYudGV0aGVyLnYxLlBhcnRVcGRhdGVkSAASLgoMdG9vbF9zdGFydGVkGBMgASgLMhYudGV0aGVyLnYxLlRvb2xTdGFydGVkSAASMgoOdG9vbF9jb21wbGV0ZWQYFCABKAsyGC50ZXRoZXIudjEuVG9vbENvbXBsZXRlZEgAEiwKC3Rvb2xfZmFpbGVkGBUgASgLMhUudGV0aGVyLnYxLlRvb2xGYWlsZWRIABI6ChJxdWVzdGlvbl9yZXF1ZXN0ZWQYFiABKAsyHC50ZXRoZXIudjEuUXVlc3Rpb25SZXF1ZXN0ZWRIABI4ChFxdWVzdGlvbl9hbnN3ZXJlZBgXIAEoCzIbLnRldGhlci52MS5RdWVzdGlvbkFuc3dlcmVkSAASOgoSYXBwcm92YWxfcmVxdWVzdGVkGBggASgLMhwudGV0aGVyLnYxLkFwcHJvdmFsUmVxdWVzdGVkSAASNgoQYXBwcm92YWxfZGVjaWRlZBgZIAEoCzIaLnRldGhlci52MS5BcHByb3ZhbERlY2lkZWRIABI+ChRjb25uZWN0aW9uX3JlcXVlc3RlZBgaIAEoCzIeLnRldGhlci52MS5Db25uZWN0aW9uUmVxdWVzdGVkSAASPgoUY29ubmVjdGlvbl9jb21wbGV0ZWQYGyABKAsyHi50ZXRoZXIudjEuQ29ubmVjdGlvbkNvbXBsZXRlZEgAEjAKDXVzYWdlX3VwZGF0ZWQYHCABKAsyFy50ZXRoZXIudjEuVXNhZ2VVcGRhdGVkSAASOAoRY29udGV4dF9jb21wYWN0ZWQYHSABKAsyGy50ZXRoZXIudjEuQ29udGV4dENvbXBhY3RlZEgAEioKCnRleHRfZGVsdGEYHiABKAsyFC50ZXRoZXIudjEuVGV4dERlbHRhSAASKQoJa2VlcGFsaXZlGB8gASgLMhQudGV0aGVyLnYxLktlZXBhbGl2ZUgAEjQKD3BhcnRfc3VwZXJzZWRlZBggIAEoCzIZLnRldGhlci52MS5QYXJ0U3VwZXJzZWRlZEgAEjQKDWRlbGl2ZXJ5X3NlbnQYISABKAsyGy50ZXRoZXIudjEuRGVsaXZlcnlSZXBvcnRlZEgAEjYKD2RlbGl2ZXJ5X2ZhaWxlZBgiIAEoCzIbLnRldGhlci52MS5EZWxpdmVyeVJlcG9ydGVkSAASNwoQZGVsaXZlcnlfdW5rbm93bhgjIAEoCzIbLnRldGhlci52MS5EZWxpdmVyeVJlcG9ydGVkSAASNgoPZGVsaXZlcnlfZGVuaWVkGCQgASgLMhsudGV0aGVyLnYxLkRlbGl2ZXJ5UmVwb3J0ZWRIABIoCgl0aW1lcl9zZXQYJSABKAsyEy50ZXRoZXIudjEuVGltZXJTZXRIABIsCgt0aW1lcl9maXJlZBgmIAEoCzIVLnRldGhlci52MS5UaW1lckZpcmVkSAASMAoNY2hpbGRfc3RhcnRlZBgnIAEoCzIXLnRldGhlci52MS5DaGlsZFN0YXJ0ZWRIABI2ChBjaGlsZHJlbl93YWl0aW5nGCggASgLMhoudGV0aGVyLnYxLkNoaWxkcmVuV2FpdGluZ0gAEjQKD2NoaWxkX2NvbXBsZXRlZBgpIAEoCzIZLnRldGhlci52MS5DaGlsZENvbXBsZXRlZEgAQgkKB3BheWxvYWRiBnByb3RvMw", [file_google_protobuf_timestamp, file_tether_v1_common]);
 
 /**
  * RunQueued: the run entered the queue (admission, retry, resumption or lease reaping).
@@ -30,7 +30,7 @@ export type RunQueued = Message<"tether.v1.RunQueued"> & {
   attempt: number;
 
   /**
-   * Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up", "timer".
+   * Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up", "timer", "children" (its children ended), "delegated" (a child run).
    *
    * @generated from field: string reason = 2;
    */
@@ -51,7 +51,7 @@ export type RunQueuedJson = {
   attempt?: number;
 
   /**
-   * Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up", "timer".
+   * Why it was queued: "admitted", "retry", "resumed", "lease_expired", "follow_up", "timer", "children" (its children ended), "delegated" (a child run).
    *
    * @generated from field: string reason = 2;
    */
@@ -1369,6 +1369,173 @@ export const TimerFiredSchema: GenMessage<TimerFired, {jsonType: TimerFiredJson}
   messageDesc(file_tether_v1_events, 25);
 
 /**
+ * ChildStarted: the run's delegate call started a child run of another agent (in the run's tenant
+ * and principal, with a session of its own).
+ *
+ * @generated from message tether.v1.ChildStarted
+ */
+export type ChildStarted = Message<"tether.v1.ChildStarted"> & {
+  /**
+   * The delegate call.
+   *
+   * @generated from field: string tool_call_id = 1;
+   */
+  toolCallId: string;
+
+  /**
+   * The child run.
+   *
+   * @generated from field: string child_run_id = 2;
+   */
+  childRunId: string;
+
+  /**
+   * The child's agent.
+   *
+   * @generated from field: string agent = 3;
+   */
+  agent: string;
+};
+
+/**
+ * ChildStarted: the run's delegate call started a child run of another agent (in the run's tenant
+ * and principal, with a session of its own).
+ *
+ * @generated from message tether.v1.ChildStarted
+ */
+export type ChildStartedJson = {
+  /**
+   * The delegate call.
+   *
+   * @generated from field: string tool_call_id = 1;
+   */
+  toolCallId?: string;
+
+  /**
+   * The child run.
+   *
+   * @generated from field: string child_run_id = 2;
+   */
+  childRunId?: string;
+
+  /**
+   * The child's agent.
+   *
+   * @generated from field: string agent = 3;
+   */
+  agent?: string;
+};
+
+/**
+ * Describes the message tether.v1.ChildStarted.
+ * Use `create(ChildStartedSchema)` to create a new message.
+ */
+export const ChildStartedSchema: GenMessage<ChildStarted, {jsonType: ChildStartedJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_events, 26);
+
+/**
+ * ChildrenWaiting: the run parked until every child its delegate calls started has ended,
+ * holding no worker.
+ *
+ * @generated from message tether.v1.ChildrenWaiting
+ */
+export type ChildrenWaiting = Message<"tether.v1.ChildrenWaiting"> & {
+  /**
+   * The delegate calls whose children it waits for.
+   *
+   * @generated from field: repeated string tool_call_ids = 1;
+   */
+  toolCallIds: string[];
+};
+
+/**
+ * ChildrenWaiting: the run parked until every child its delegate calls started has ended,
+ * holding no worker.
+ *
+ * @generated from message tether.v1.ChildrenWaiting
+ */
+export type ChildrenWaitingJson = {
+  /**
+   * The delegate calls whose children it waits for.
+   *
+   * @generated from field: repeated string tool_call_ids = 1;
+   */
+  toolCallIds?: string[];
+};
+
+/**
+ * Describes the message tether.v1.ChildrenWaiting.
+ * Use `create(ChildrenWaitingSchema)` to create a new message.
+ */
+export const ChildrenWaitingSchema: GenMessage<ChildrenWaiting, {jsonType: ChildrenWaitingJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_events, 27);
+
+/**
+ * ChildCompleted: a child run the run's delegate call started ended; its answer (or its failure)
+ * is that call's result.
+ *
+ * @generated from message tether.v1.ChildCompleted
+ */
+export type ChildCompleted = Message<"tether.v1.ChildCompleted"> & {
+  /**
+   * The delegate call.
+   *
+   * @generated from field: string tool_call_id = 1;
+   */
+  toolCallId: string;
+
+  /**
+   * The child run.
+   *
+   * @generated from field: string child_run_id = 2;
+   */
+  childRunId: string;
+
+  /**
+   * How it ended: "completed", "failed" or "cancelled".
+   *
+   * @generated from field: string status = 3;
+   */
+  status: string;
+};
+
+/**
+ * ChildCompleted: a child run the run's delegate call started ended; its answer (or its failure)
+ * is that call's result.
+ *
+ * @generated from message tether.v1.ChildCompleted
+ */
+export type ChildCompletedJson = {
+  /**
+   * The delegate call.
+   *
+   * @generated from field: string tool_call_id = 1;
+   */
+  toolCallId?: string;
+
+  /**
+   * The child run.
+   *
+   * @generated from field: string child_run_id = 2;
+   */
+  childRunId?: string;
+
+  /**
+   * How it ended: "completed", "failed" or "cancelled".
+   *
+   * @generated from field: string status = 3;
+   */
+  status?: string;
+};
+
+/**
+ * Describes the message tether.v1.ChildCompleted.
+ * Use `create(ChildCompletedSchema)` to create a new message.
+ */
+export const ChildCompletedSchema: GenMessage<ChildCompleted, {jsonType: ChildCompletedJson}> = /*@__PURE__*/
+  messageDesc(file_tether_v1_events, 28);
+
+/**
  * RunEvent is the stable transport event. Durable events carry seq > 0; ephemeral ones carry 0.
  *
  * @generated from message tether.v1.RunEvent
@@ -1639,6 +1806,30 @@ export type RunEvent = Message<"tether.v1.RunEvent"> & {
      */
     value: TimerFired;
     case: "timerFired";
+  } | {
+    /**
+     * child.started
+     *
+     * @generated from field: tether.v1.ChildStarted child_started = 39;
+     */
+    value: ChildStarted;
+    case: "childStarted";
+  } | {
+    /**
+     * children.waiting
+     *
+     * @generated from field: tether.v1.ChildrenWaiting children_waiting = 40;
+     */
+    value: ChildrenWaiting;
+    case: "childrenWaiting";
+  } | {
+    /**
+     * child.completed
+     *
+     * @generated from field: tether.v1.ChildCompleted child_completed = 41;
+     */
+    value: ChildCompleted;
+    case: "childCompleted";
   } | { case: undefined; value?: undefined };
 };
 
@@ -1878,6 +2069,27 @@ export type RunEventJson = {
    * @generated from field: tether.v1.TimerFired timer_fired = 38;
    */
   timerFired?: TimerFiredJson;
+
+  /**
+   * child.started
+   *
+   * @generated from field: tether.v1.ChildStarted child_started = 39;
+   */
+  childStarted?: ChildStartedJson;
+
+  /**
+   * children.waiting
+   *
+   * @generated from field: tether.v1.ChildrenWaiting children_waiting = 40;
+   */
+  childrenWaiting?: ChildrenWaitingJson;
+
+  /**
+   * child.completed
+   *
+   * @generated from field: tether.v1.ChildCompleted child_completed = 41;
+   */
+  childCompleted?: ChildCompletedJson;
 };
 
 /**
@@ -1885,5 +2097,5 @@ export type RunEventJson = {
  * Use `create(RunEventSchema)` to create a new message.
  */
 export const RunEventSchema: GenMessage<RunEvent, {jsonType: RunEventJson}> = /*@__PURE__*/
-  messageDesc(file_tether_v1_events, 26);
+  messageDesc(file_tether_v1_events, 29);
 

@@ -7,8 +7,8 @@ audit_log keeps the acts of people and the operator). The completion function, w
 attempt, is made anew. Expand only: a release before writes audit_log rows and no detail, and
 its rows stay where they are (an attempt closed before this has its detail in audit_log).
 
-Revision ID: 0037
-Revises: 0036
+Revision ID: 0038
+Revises: 0037
 """
 
 import importlib.util
@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = "0037"
-down_revision = "0036"
+revision = "0038"
+down_revision = "0037"
 branch_labels = None
 depends_on = None
 
@@ -100,6 +100,12 @@ COMPLETE_RUN = """CREATE OR REPLACE FUNCTION tether_complete_run(
     priority SMALLINT,
     fair_key DOUBLE PRECISION,
     next_wake_at TIMESTAMP WITH TIME ZONE,
+    tree_parent_run_id TEXT,
+    tree_call_id TEXT,
+    tree_root_run_id TEXT,
+    tree_depth INTEGER,
+    tree_reported_at TIMESTAMP WITH TIME ZONE,
+    tree_budget JSONB,
     created_at TIMESTAMP WITH TIME ZONE,
     updated_at TIMESTAMP WITH TIME ZONE,
     started_at TIMESTAMP WITH TIME ZONE,
@@ -142,11 +148,11 @@ BEGIN
         || jsonb_build_object('usage', jsonb_strip_nulls(jsonb_build_object('inputTokens', NULLIF(_total.input_tokens, 0), 'outputTokens', NULLIF(_total.output_tokens, 0), 'cacheCreationInputTokens', NULLIF(_total.cache_creation_input_tokens, 0), 'cacheReadInputTokens', NULLIF(_total.cache_read_input_tokens, 0), 'costMicros', NULLIF(_total.cost_micros, 0))))
     )::text;
     WITH moved AS
-    (UPDATE runs SET status='completed', lease_owner=NULL, lease_expires_at=NULL, result_text=_result_text, task_outcome=_task_outcome, warnings=_warnings, error=NULL, usage=_usage, last_seq=(runs.last_seq + coalesce(cardinality(_e_types), 0)), updated_at=now(), finished_at=now() WHERE runs.run_id = _run_id AND runs.status = 'running' AND runs.lease_epoch = _held_epoch AND runs.cancel_requested_at IS NULL RETURNING runs.run_id, runs.tenant_id, runs.session_id, runs.message_id, runs.conversation_id, runs.channel, runs.input_text, runs.status, runs.attempt, runs.max_attempts, runs.lease_owner, runs.lease_epoch, runs.lease_expires_at, runs.next_attempt_at, runs.cancel_requested_at, runs.waiting_interaction_id, runs.parent_run_id, runs.root_run_id, runs.result_text, runs.task_outcome, runs.warnings, runs.error, runs.usage, runs.config, runs.routing_id, runs.agent_name, runs.traceparent, runs.last_seq, runs.session_head, runs.checkpoint_batch, runs.owner_principal_id, runs.visibility, runs.format, runs.priority, runs.fair_key, runs.next_wake_at, runs.created_at, runs.updated_at, runs.started_at, runs.finished_at),
+    (UPDATE runs SET status='completed', lease_owner=NULL, lease_expires_at=NULL, result_text=_result_text, task_outcome=_task_outcome, warnings=_warnings, error=NULL, usage=_usage, last_seq=(runs.last_seq + coalesce(cardinality(_e_types), 0)), updated_at=now(), finished_at=now() WHERE runs.run_id = _run_id AND runs.status = 'running' AND runs.lease_epoch = _held_epoch AND runs.cancel_requested_at IS NULL RETURNING runs.run_id, runs.tenant_id, runs.session_id, runs.message_id, runs.conversation_id, runs.channel, runs.input_text, runs.status, runs.attempt, runs.max_attempts, runs.lease_owner, runs.lease_epoch, runs.lease_expires_at, runs.next_attempt_at, runs.cancel_requested_at, runs.waiting_interaction_id, runs.parent_run_id, runs.root_run_id, runs.result_text, runs.task_outcome, runs.warnings, runs.error, runs.usage, runs.config, runs.routing_id, runs.agent_name, runs.traceparent, runs.last_seq, runs.session_head, runs.checkpoint_batch, runs.owner_principal_id, runs.visibility, runs.format, runs.priority, runs.fair_key, runs.next_wake_at, runs.tree_parent_run_id, runs.tree_call_id, runs.tree_root_run_id, runs.tree_depth, runs.tree_reported_at, runs.tree_budget, runs.created_at, runs.updated_at, runs.started_at, runs.finished_at),
     moved_events AS
     (INSERT INTO run_events (run_id, seq, type, payload, format) SELECT moved.run_id AS run_id, (moved.last_seq - coalesce(cardinality(_e_types), 0)) + e.ord AS anon_1, e.type AS type, CAST(e.payload AS JSONB) AS payload, 2 AS anon_2
     FROM moved JOIN unnest(_e_types, _e_payloads) WITH ORDINALITY AS e(type, payload, ord) ON true)
-     SELECT moved.run_id, moved.tenant_id, moved.session_id, moved.message_id, moved.conversation_id, moved.channel, moved.input_text, moved.status, moved.attempt, moved.max_attempts, moved.lease_owner, moved.lease_epoch, moved.lease_expires_at, moved.next_attempt_at, moved.cancel_requested_at, moved.waiting_interaction_id, moved.parent_run_id, moved.root_run_id, moved.result_text, moved.task_outcome, moved.warnings, moved.error, moved.usage, moved.config, moved.routing_id, moved.agent_name, moved.traceparent, moved.last_seq, moved.session_head, moved.checkpoint_batch, moved.owner_principal_id, moved.visibility, moved.format, moved.priority, moved.fair_key, moved.next_wake_at, moved.created_at, moved.updated_at, moved.started_at, moved.finished_at
+     SELECT moved.run_id, moved.tenant_id, moved.session_id, moved.message_id, moved.conversation_id, moved.channel, moved.input_text, moved.status, moved.attempt, moved.max_attempts, moved.lease_owner, moved.lease_epoch, moved.lease_expires_at, moved.next_attempt_at, moved.cancel_requested_at, moved.waiting_interaction_id, moved.parent_run_id, moved.root_run_id, moved.result_text, moved.task_outcome, moved.warnings, moved.error, moved.usage, moved.config, moved.routing_id, moved.agent_name, moved.traceparent, moved.last_seq, moved.session_head, moved.checkpoint_batch, moved.owner_principal_id, moved.visibility, moved.format, moved.priority, moved.fair_key, moved.next_wake_at, moved.tree_parent_run_id, moved.tree_call_id, moved.tree_root_run_id, moved.tree_depth, moved.tree_reported_at, moved.tree_budget, moved.created_at, moved.updated_at, moved.started_at, moved.finished_at
     FROM moved
     INTO _moved;
     IF NOT FOUND THEN
@@ -213,6 +219,12 @@ BEGIN
     priority := _moved.priority;
     fair_key := _moved.fair_key;
     next_wake_at := _moved.next_wake_at;
+    tree_parent_run_id := _moved.tree_parent_run_id;
+    tree_call_id := _moved.tree_call_id;
+    tree_root_run_id := _moved.tree_root_run_id;
+    tree_depth := _moved.tree_depth;
+    tree_reported_at := _moved.tree_reported_at;
+    tree_budget := _moved.tree_budget;
     created_at := _moved.created_at;
     updated_at := _moved.updated_at;
     started_at := _moved.started_at;
@@ -224,9 +236,9 @@ $function$
 
 
 def _previous_function() -> str:
-    """0035's function, for the way back."""
-    path = Path(__file__).with_name("0035_agent_caps.py")
-    spec = importlib.util.spec_from_file_location("migration_0035", path)
+    """0037's function, for the way back."""
+    path = Path(__file__).with_name("0037_run_trees.py")
+    spec = importlib.util.spec_from_file_location("migration_0037", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

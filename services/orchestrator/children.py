@@ -1,0 +1,198 @@
+"""Run trees: the child runs a run's `delegate` calls start, the parent parked
+`waiting-for-children` holding no worker, and its one way back but a cancel: queued again once,
+when every child it started has ended, by whichever replica's waker finds it first.
+
+A child is made under its parent's lease, in one transaction with the parent's `child.started`
+(`intake.create_child_run`): the same (parent, call) always finds the same child
+(ux_runs_tree_call), so a parent attempt that died after its call was recorded and issues it
+again never starts a second. The waker locks the parents whose children have all ended with
+SKIP LOCKED and moves each with one guarded UPDATE (waiting-for-children -> queued), recording
+each child's end (`child.completed`, once per child) in the same transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.orchestrator import budgets
+from services.orchestrator.cancellation import cancel_instead
+from services.orchestrator.cascade import Cancelled, cancel_orphans
+from services.orchestrator.publisher import Publisher
+from services.orchestrator.repositories import agents as agent_repo
+from services.orchestrator.repositories import children as children_repo
+from services.orchestrator.repositories import intake
+from services.orchestrator.repositories import leases as lease_repo
+from services.orchestrator.repositories.transitions import Moved, apply
+from tether import states
+from tether.bus import Bus
+from tether.domain import (
+    Run,
+    RunError,
+    child_completed,
+    child_started,
+    children_waiting,
+    run_queued,
+)
+from tether.errors import FailedPrecondition, InvalidArgument, StaleLease
+from tether.ids import new_id
+from tether.states import RunStatus
+
+
+@dataclass(frozen=True, slots=True)
+class ChildRun:
+    """A delegate call's child as its parent's worker is answered: the run, and whether this
+    call made it."""
+
+    run: Run
+    created: bool
+
+    @property
+    def error(self) -> RunError | None:
+        return None if self.run.error is None else RunError.from_row(self.run.error)
+
+
+class Children:
+    """Starts child runs, parks their parents and wakes them, on this replica."""
+
+    def __init__(self, engine: AsyncEngine, publisher: Publisher, bus: Bus | None = None) -> None:
+        self._engine = engine
+        self._publisher = publisher
+        self._bus = bus
+        # Set when a run parks on its children here, or a child ends here: the waker looks
+        # again at once.
+        self.nudge = publisher.child_ended
+
+    async def start(
+        self,
+        run_id: str,
+        epoch: int,
+        *,
+        tool_call_id: str,
+        agent: str,
+        message: str,
+        max_depth: int,
+        max_children: int,
+        share: int = 1,
+    ) -> ChildRun:
+        """The child run of `run_id`'s delegate call `tool_call_id`: the one it started before,
+        or a new queued run of `agent` with `message`. InvalidArgument (nothing made) for an
+        agent the tenant lacks, a child deeper than `max_depth` or more children than
+        `max_children`, or when the parent has no budget left to reserve it 1/`share` of
+        (`budgets`); StaleLease when the parent's lease is no longer current."""
+        if not tool_call_id or not agent or not message:
+            raise InvalidArgument("a child run needs its delegate call, agent and message")
+        async with self._engine.begin() as conn:
+            parent = await children_repo.held_parent(conn, run_id, epoch)
+            if parent is None:
+                raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+            if parent.cancel_requested_at is not None:
+                # Its subtree was cancelled with it: a child made now would outlive it.
+                raise FailedPrecondition(
+                    f"run {run_id} is being cancelled: it starts no more children",
+                    code="cancel_requested",
+                )
+            found = await children_repo.child_of(conn, run_id, tool_call_id)
+            if found is not None:
+                return ChildRun(found, created=False)
+            if await agent_repo.published_version(conn, parent.tenant_id, agent) is None:
+                raise InvalidArgument(
+                    f"there is no agent {agent!r} to delegate to (it was removed or never "
+                    "applied); delegate to another agent or do the task yourself"
+                )
+            if parent.tree_depth + 1 > max_depth:
+                raise InvalidArgument(
+                    f"this run is {parent.tree_depth} deep in its tree and children may be at "
+                    f"most {max_depth} deep: do the task yourself"
+                )
+            if await children_repo.child_count(conn, run_id) >= max_children:
+                raise InvalidArgument(
+                    f"this run has started its {max_children} children, as many as it may: "
+                    "do the rest yourself"
+                )
+            budget = await budgets.child_budget(conn, parent, share)
+            child = await intake.create_child_run(
+                conn,
+                parent,
+                budget=budget,
+                run_id=new_id("run"),
+                session_id=new_id("ses"),
+                message_id=new_id("msg"),
+                tool_call_id=tool_call_id,
+                agent=agent,
+                text=message,
+            )
+            started = await children_repo.append(
+                conn, run_id, [child_started(tool_call_id, child.run_id, agent)]
+            )
+        await self._publisher.publish(parent, started)
+        self._publisher.wake([child.run_id])
+        return ChildRun(child, created=True)
+
+    async def park(self, run_id: str, epoch: int, tool_call_ids: Sequence[str]) -> bool:
+        """Park a run until its children have ended: lease released, session kept, no worker
+        held. A run whose cancel was accepted ends cancelled instead."""
+        async with self._engine.begin() as conn:
+            moved = await apply(
+                conn,
+                states.PARK_CHILDREN,
+                run_id,
+                epoch=epoch,
+                events=[children_waiting(tool_call_ids)],
+                values=lease_repo.lease_cleared(),
+            )
+            if moved is not None:
+                await lease_repo.end_attempt(
+                    conn, run_id, epoch, RunStatus.WAITING_FOR_CHILDREN.value
+                )
+            else:
+                moved = await cancel_instead(conn, run_id, epoch)
+                if moved is None:
+                    raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+        await self._publisher.publish(moved.run, moved.events)
+        if moved.run.status == RunStatus.WAITING_FOR_CHILDREN.value:
+            self.nudge.set()  # its children may all have ended already
+        else:
+            self._publisher.wake_next(moved)
+        return True
+
+    async def round(self) -> float | None:
+        """Queue the parents whose children have all ended (first: a parent waits on it),
+        cancel the children of parents that ended; nothing is due at a known time."""
+        await self.resume_done()
+        await self.cancel_orphans()
+        return None
+
+    async def cancel_orphans(self, limit: int = 100) -> int:
+        """Cancel the active children of runs that have ended (failed, reaped), and theirs."""
+        done = Cancelled()
+        async with self._engine.begin() as conn:
+            found = await cancel_orphans(conn, limit, done)
+        await done.publish(self._publisher, self._bus)
+        return found
+
+    async def resume_done(self, limit: int = 100) -> int:
+        """Queue each run waiting for its children once all of them have ended, with a
+        child.completed for each child not reported before."""
+        resumed: list[Moved] = []
+        async with self._engine.begin() as conn:
+            for run_id in await children_repo.parents_done(conn, limit):
+                ended = await children_repo.report_ended(conn, run_id)
+                moved = await apply(
+                    conn,
+                    states.CHILDREN_DONE,
+                    run_id,
+                    events=[
+                        *(child_completed(e.tool_call_id, e.run_id, e.status) for e in ended),
+                        run_queued(0, "children"),
+                    ],
+                )
+                if moved is not None:
+                    resumed.append(moved)
+        for moved in resumed:
+            await self._publisher.publish(moved.run, moved.events)
+        if resumed:
+            self._publisher.wake([m.run.run_id for m in resumed])
+        return len(resumed)

@@ -1,0 +1,168 @@
+"""The SQL of run trees: a parent held under its lease while its delegate call's child is found
+or made, its children counted, events appended to its log, and the parents whose children have
+all ended, locked for the children's waker."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import bindparam, func, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from services.orchestrator.repositories.transitions import (
+    EVENT_COUNT,
+    appended_events,
+    event_params,
+    numbered,
+)
+from tether.db.schema import in_state, runs
+from tether.domain import Event, Run, StoredEvent
+from tether.states import TERMINAL, RunStatus
+
+_TERMINAL = [s.value for s in TERMINAL]
+
+
+async def held_parent(conn: AsyncConnection, run_id: str, epoch: int) -> Run | None:
+    """The run under lease `epoch`, locked until the transaction ends (its children are made
+    one at a time); None when the lease is no longer current."""
+    row = (
+        await conn.execute(
+            select(runs)
+            .where(
+                runs.c.run_id == run_id,
+                runs.c.status == RunStatus.RUNNING.value,
+                runs.c.lease_epoch == epoch,
+            )
+            .with_for_update()
+        )
+    ).first()
+    return None if row is None else Run.from_row(row._mapping)
+
+
+async def child_of(conn: AsyncConnection, parent_run_id: str, tool_call_id: str) -> Run | None:
+    """The child run the parent's delegate call `tool_call_id` started, if it did."""
+    row = (
+        await conn.execute(
+            select(runs).where(
+                runs.c.tree_parent_run_id == parent_run_id, runs.c.tree_call_id == tool_call_id
+            )
+        )
+    ).first()
+    return None if row is None else Run.from_row(row._mapping)
+
+
+async def child_count(conn: AsyncConnection, parent_run_id: str) -> int:
+    """How many children the run has started."""
+    found = await conn.scalar(
+        select(func.count()).select_from(runs).where(runs.c.tree_parent_run_id == parent_run_id)
+    )
+    return int(found or 0)
+
+
+_APPENDED = (
+    update(runs)
+    .where(runs.c.run_id == bindparam("c_run_id"))
+    .values(last_seq=runs.c.last_seq + EVENT_COUNT)
+    .returning(runs.c.run_id, runs.c.last_seq)
+    .cte("appended")
+)
+_APPEND = select(_APPENDED.c.run_id, _APPENDED.c.last_seq).add_cte(appended_events(_APPENDED))
+
+
+async def append(conn: AsyncConnection, run_id: str, events: Sequence[Event]) -> list[StoredEvent]:
+    """Append `events` to the run's log (a parent's child.started while it runs)."""
+    row = (await conn.execute(_APPEND, {"c_run_id": run_id, **event_params(events)})).one()
+    return numbered(row.last_seq, events)
+
+
+async def parents_done(conn: AsyncConnection, limit: int) -> list[str]:
+    """Runs waiting for their children none of which is still active, oldest wait first,
+    locked for the waker (ix_runs_children_waiting); one another waker holds is skipped."""
+    child = runs.alias("child")
+    active = (
+        select(child.c.run_id)
+        .where(child.c.tree_parent_run_id == runs.c.run_id, child.c.status.not_in(_TERMINAL))
+        .exists()
+    )
+    stmt = (
+        select(runs.c.run_id)
+        .where(in_state(runs.c.status, RunStatus.WAITING_FOR_CHILDREN), ~active)
+        .order_by(runs.c.updated_at)
+        .limit(limit)
+        .with_for_update(of=runs, skip_locked=True)
+    )
+    return list((await conn.scalars(stmt)).all())
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A child whose end its parent's log has not recorded yet."""
+
+    run_id: str
+    tool_call_id: str
+    status: str
+
+
+async def report_ended(conn: AsyncConnection, parent_run_id: str) -> list[Ended]:
+    """The parent's ended children not reported to it yet, marked reported (each once)."""
+    rows = await conn.execute(
+        update(runs)
+        .where(
+            runs.c.tree_parent_run_id == parent_run_id,
+            runs.c.tree_reported_at.is_(None),
+            runs.c.status.in_(_TERMINAL),
+        )
+        .values(tree_reported_at=func.now())
+        .returning(runs.c.run_id, runs.c.tree_call_id, runs.c.status, runs.c.finished_at)
+    )
+    found: list[Any] = sorted(rows, key=lambda r: (r.finished_at, r.run_id))
+    return [Ended(r.run_id, r.tree_call_id or "", r.status) for r in found]
+
+
+async def subtree(conn: AsyncConnection, run_id: str) -> list[Run]:
+    """Every run below `run_id` in its tree (children first, then theirs), at any depth."""
+    below = (
+        select(runs.c.run_id, runs.c.tree_depth)
+        .where(runs.c.tree_parent_run_id == run_id)
+        .cte("below", recursive=True)
+    )
+    deeper = runs.alias("deeper")
+    below = below.union_all(
+        select(deeper.c.run_id, deeper.c.tree_depth).where(
+            deeper.c.tree_parent_run_id == below.c.run_id
+        )
+    )
+    rows = await conn.execute(
+        select(runs).join(below, below.c.run_id == runs.c.run_id).order_by(runs.c.tree_depth)
+    )
+    return [Run.from_row(r._mapping) for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    """An active child run whose parent has ended."""
+
+    run_id: str
+    tenant_id: str
+    tree_parent_run_id: str
+    parent_status: str
+
+
+async def orphans(conn: AsyncConnection, limit: int) -> list[Orphan]:
+    """Active child runs whose parent has ended, locked for the waker (one another holds is
+    skipped)."""
+    parent = runs.alias("parent")
+    rows = await conn.execute(
+        select(runs.c.run_id, runs.c.tenant_id, runs.c.tree_parent_run_id, parent.c.status)
+        .join(parent, parent.c.run_id == runs.c.tree_parent_run_id)
+        .where(
+            runs.c.tree_parent_run_id.is_not(None),
+            runs.c.status.not_in(_TERMINAL),
+            parent.c.status.in_(_TERMINAL),
+        )
+        .limit(limit)
+        .with_for_update(of=runs, skip_locked=True)
+    )
+    return [Orphan(r.run_id, r.tenant_id, r.tree_parent_run_id, r.status) for r in rows]

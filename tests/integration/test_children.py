@@ -1,0 +1,255 @@
+"""Run trees' statements against the real PostgreSQL: one child per delegate call however many
+attempts issue it at once, the refusals that create nothing, a parent woken once when its
+children have all ended (and not before), budgets reserved out of what a parent has left, and
+the children of a parent that ended cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.admission.domain import FreshnessPolicy
+from services.admission.service import Admitter
+from services.orchestrator import budgets
+from services.orchestrator.agents import Agents
+from services.orchestrator.children import Children
+from services.orchestrator.publisher import Publisher
+from tests.integration.test_admission import _tenant, chat
+from tests.integration.test_transitions import _claim
+from tether.db.engine import create_engine
+from tether.db.schema import attempts, run_events, runs, usage_turns
+from tether.domain import AgentConfig, Limits, Run
+from tether.errors import FailedPrecondition, InvalidArgument, StaleLease
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+ACTOR = {"key_id": "key-1", "principal_id": "alice"}
+
+
+async def _parent(engine: AsyncEngine, event_id: str) -> str:
+    """A leased run (epoch 1) of tenant t1, whose agents include `researcher`."""
+    await _tenant(engine, "t1")
+    await Agents(engine).apply("t1", json.dumps({"name": "researcher"}), ACTOR)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    run_id = (await admitter.admit(chat(event_id, conversation=event_id))).run.run_id
+    await _claim(engine, run_id, "w-1", 30)
+    return str(run_id)
+
+
+def _children(engine: AsyncEngine) -> Children:
+    return Children(engine, Publisher(None))
+
+
+async def _start(children: Children, parent: str, call: str, **more: object) -> object:
+    args: dict[str, object] = {
+        "tool_call_id": call,
+        "agent": "researcher",
+        "message": f"task of {call}",
+        "max_depth": 3,
+        "max_children": 8,
+        **more,
+    }
+    return await children.start(parent, 1, **args)  # type: ignore[arg-type]
+
+
+async def _count(engine: AsyncEngine, parent: str) -> int:
+    async with engine.connect() as conn:
+        found = await conn.scalar(
+            select(func.count()).select_from(runs).where(runs.c.tree_parent_run_id == parent)
+        )
+    return int(found or 0)
+
+
+async def _types(engine: AsyncEngine, run_id: str) -> list[str]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            select(run_events.c.type).where(run_events.c.run_id == run_id).order_by("seq")
+        )
+        return [r.type for r in rows]
+
+
+async def _end(engine: AsyncEngine, run_id: str, status: str) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(runs).where(runs.c.run_id == run_id).values(status=status, session_head=False)
+        )
+
+
+async def test_attempts_issuing_one_call_at_once_start_one_child(
+    engine: AsyncEngine, db_url: str
+) -> None:
+    parent = await _parent(engine, "e-one-child")
+    engines = [create_engine(db_url, pool_size=2) for _ in range(4)]
+    try:
+        started = await asyncio.gather(*(_start(_children(e), parent, "toolu_1") for e in engines))
+    finally:
+        for e in engines:
+            await e.dispose()
+    assert len({s.run.run_id for s in started}) == 1  # type: ignore[attr-defined]
+    assert sorted(s.created for s in started) == [False, False, False, True]  # type: ignore[attr-defined]
+    assert await _count(engine, parent) == 1
+    assert (await _types(engine, parent)).count("child.started") == 1
+    child = started[0].run  # type: ignore[attr-defined]
+    assert (child.status, child.tree_depth, child.tree_root_run_id) == ("queued", 1, parent)
+    assert child.channel == "delegate/researcher" and child.session_head
+
+
+async def test_a_refused_delegation_creates_nothing(engine: AsyncEngine) -> None:
+    parent = await _parent(engine, "e-refused")
+    children = _children(engine)
+    with pytest.raises(InvalidArgument, match="no agent 'stranger'"):
+        await _start(children, parent, "toolu_1", agent="stranger")
+    with pytest.raises(InvalidArgument, match="at most 0 deep"):
+        await _start(children, parent, "toolu_2", max_depth=0)
+    await _start(children, parent, "toolu_3", max_children=1)
+    with pytest.raises(InvalidArgument, match="started its 1 children"):
+        await _start(children, parent, "toolu_4", max_children=1)
+    with pytest.raises(StaleLease):
+        await children.start(
+            parent,
+            7,
+            tool_call_id="toolu_5",
+            agent="researcher",
+            message="m",
+            max_depth=3,
+            max_children=8,
+        )
+    assert await _count(engine, parent) == 1
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(runs).where(runs.c.run_id == parent).values(cancel_requested_at=func.now())
+        )
+    with pytest.raises(FailedPrecondition, match="being cancelled"):
+        await _start(children, parent, "toolu_6")
+    assert await _count(engine, parent) == 1
+
+
+async def test_wakers_racing_resume_a_parent_once_and_only_when_every_child_ended(
+    engine: AsyncEngine, db_url: str
+) -> None:
+    parent = await _parent(engine, "e-wake")
+    children = _children(engine)
+    first = (await _start(children, parent, "toolu_a")).run.run_id  # type: ignore[attr-defined]
+    second = (await _start(children, parent, "toolu_b")).run.run_id  # type: ignore[attr-defined]
+    assert await children.park(parent, 1, ["toolu_a", "toolu_b"])
+    assert children.nudge.is_set()
+    await _end(engine, first, "completed")
+    assert await children.resume_done() == 0, "one child is still active"
+    await _end(engine, second, "failed")
+    engines = [create_engine(db_url, pool_size=2) for _ in range(4)]
+    try:
+        woken = await asyncio.gather(*(_children(e).resume_done() for e in engines))
+    finally:
+        for e in engines:
+            await e.dispose()
+    assert sorted(woken) == [0, 0, 0, 1]
+    types = await _types(engine, parent)
+    assert types[-4:] == ["children.waiting", "child.completed", "child.completed", "run.queued"]
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(runs).where(runs.c.run_id == parent))).one()
+    assert (row.status, row.lease_owner) == ("queued", None)
+
+
+async def test_parallel_children_split_what_their_parent_has_left(engine: AsyncEngine) -> None:
+    parent = await _parent(engine, "e-budget")
+    async with engine.begin() as conn:
+        # The parent ran as an agent with 1,000 output tokens and spent 100 of them.
+        routing = await conn.scalar(select(runs.c.routing_id).where(runs.c.run_id == parent))
+        assert routing is None  # leased by hand: no routing pinned, so no agent ceilings
+        await conn.execute(
+            insert(usage_turns).values(
+                run_id=parent,
+                model="m",
+                input_tokens=10,
+                output_tokens=100,
+                cache_creation_input_tokens=0,
+                cache_read_input_tokens=0,
+                cost_micros=5,
+            )
+        )
+        await conn.execute(
+            update(runs)
+            .where(runs.c.run_id == parent)
+            .values(tree_budget={"max_output_tokens": 1000, "max_steps": 8})
+        )
+    children = _children(engine)
+    first = await _start(children, parent, "toolu_a", share=3)
+    second = await _start(children, parent, "toolu_b", share=2)
+    third = await _start(children, parent, "toolu_c", share=1)
+    budgets = [c.run.tree_budget for c in (first, second, third)]  # type: ignore[attr-defined]
+    assert [b["max_output_tokens"] for b in budgets] == [300, 300, 300]
+    assert [b["max_steps"] for b in budgets] == [2, 2, 3]
+    with pytest.raises(InvalidArgument, match="no budget left for a child"):
+        await _start(children, parent, "toolu_d")
+    assert await _count(engine, parent) == 3
+
+
+async def test_the_active_children_of_a_parent_that_ended_are_cancelled(
+    engine: AsyncEngine,
+) -> None:
+    parent = await _parent(engine, "e-orphan")
+    children = _children(engine)
+    child = (await _start(children, parent, "toolu_a")).run.run_id  # type: ignore[attr-defined]
+    assert await children.cancel_orphans() == 0
+    await _end(engine, parent, "failed")
+    assert await children.cancel_orphans() == 1
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(runs).where(runs.c.run_id == child))).one()
+    assert row.status == "cancelled"
+    assert f"its parent run {parent} ended failed" in row.error["message"]
+    assert await children.cancel_orphans() == 0
+
+
+async def test_the_wall_clock_counts_what_earlier_attempts_ran_and_children_get_what_is_left(
+    engine: AsyncEngine,
+) -> None:
+    parent = await _parent(engine, "e-clock")
+    async with engine.begin() as conn:
+        # Its first lease ran 2 s; then it was parked (no attempt) and leased again (epoch 2).
+        await conn.execute(
+            insert(attempts).values(
+                run_id=parent,
+                lease_epoch=1,
+                attempt=1,
+                worker_id="w-1",
+                started_at=func.now() - timedelta(seconds=60),
+                ended_at=func.now() - timedelta(seconds=58),
+            )
+        )
+        await conn.execute(
+            insert(attempts).values(
+                run_id=parent, lease_epoch=2, attempt=1, worker_id="w-1", started_at=func.now()
+            )
+        )
+        await conn.execute(
+            update(runs)
+            .where(runs.c.run_id == parent)
+            .values(lease_epoch=2, tree_budget={"wall_clock_seconds": 10})
+        )
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(runs).where(runs.c.run_id == parent))).one()
+        run = Run.from_row(row._mapping)
+        config = AgentConfig(model="m", limits=Limits(max_steps=8, wall_clock_seconds=30))
+        (lowered,) = (await budgets.leased_configs(conn, [(run, config)])).values()
+        plain = replace(run, lease_epoch=1, tree_budget=None)
+        assert await budgets.leased_configs(conn, [(plain, config)]) == {}, "a first lease"
+        assert await budgets.elapsed_s(conn, parent, current=False) == pytest.approx(2)
+    # Its own 10 s (its share, below its agent's 30), less the 2 s its first attempt ran: the
+    # minute it was parked does not count.
+    assert lowered.limits.wall_clock_seconds == pytest.approx(8, abs=0.01)
+    child = await _children(engine).start(
+        parent,
+        2,
+        tool_call_id="toolu_a",
+        agent="researcher",
+        message="m",
+        max_depth=3,
+        max_children=8,
+    )
+    assert child.run.tree_budget["wall_clock_seconds"] == pytest.approx(8, abs=0.5)
