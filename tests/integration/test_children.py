@@ -23,22 +23,33 @@ from services.orchestrator.publisher import Publisher
 from tests.integration.test_admission import _tenant, chat
 from tests.integration.test_transitions import _claim
 from tether.db.engine import create_engine
-from tether.db.schema import attempts, run_events, runs, usage_turns
-from tether.domain import AgentConfig, Limits, Run
+from tether.db.schema import attempts, routings, run_events, runs, usage_turns
+from tether.domain import AgentConfig, Delegation, Limits, Run
 from tether.errors import FailedPrecondition, InvalidArgument, StaleLease
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 ACTOR = {"key_id": "key-1", "principal_id": "alice"}
+# The parent's document allows `stranger` too, an agent the tenant does not have.
+ALLOWED = Delegation(("researcher", "stranger"))
 
 
-async def _parent(engine: AsyncEngine, event_id: str) -> str:
-    """A leased run (epoch 1) of tenant t1, whose agents include `researcher`."""
+async def _parent(engine: AsyncEngine, event_id: str, delegation: Delegation = ALLOWED) -> str:
+    """A leased run (epoch 1) of tenant t1, whose agents include `researcher`, pinned to a
+    routing whose agent may delegate as `delegation` says."""
     await _tenant(engine, "t1")
     await Agents(engine).apply("t1", json.dumps({"name": "researcher"}), ACTOR)
     admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
     run_id = (await admitter.admit(chat(event_id, conversation=event_id))).run.run_id
     await _claim(engine, run_id, "w-1", 30)
+    config = AgentConfig(model="m", agent="lead", delegation=delegation)
+    async with engine.begin() as conn:
+        await conn.execute(
+            insert(routings).values(routing_id=f"rt-{event_id}", config=config.to_json())
+        )
+        await conn.execute(
+            update(runs).where(runs.c.run_id == run_id).values(routing_id=f"rt-{event_id}")
+        )
     return str(run_id)
 
 
@@ -130,6 +141,26 @@ async def test_a_refused_delegation_creates_nothing(engine: AsyncEngine) -> None
     assert await _count(engine, parent) == 1
 
 
+async def test_the_parents_document_bounds_a_delegation_whatever_the_worker_asks(
+    engine: AsyncEngine,
+) -> None:
+    """The agents, the depth and the fan-out a parent may delegate with are its pinned
+    routing's, not the worker's request's: a worker may ask for less, never for more."""
+    parent = await _parent(engine, "e-bounded", Delegation(("researcher",), max_children=1))
+    await Agents(engine).apply("t1", json.dumps({"name": "outsider"}), ACTOR)
+    children = _children(engine)
+    with pytest.raises(InvalidArgument, match="may not delegate to 'outsider'"):
+        await _start(children, parent, "toolu_1", agent="outsider")
+    await _start(children, parent, "toolu_2", max_children=8)
+    with pytest.raises(InvalidArgument, match="started its 1 children"):
+        await _start(children, parent, "toolu_3", max_children=8)
+    assert await _count(engine, parent) == 1
+    unpinned = await _parent(engine, "e-unpinned", Delegation())
+    with pytest.raises(InvalidArgument, match="may not delegate to 'researcher'"):
+        await _start(children, unpinned, "toolu_1")
+    assert await _count(engine, unpinned) == 0
+
+
 async def test_wakers_racing_resume_a_parent_once_and_only_when_every_child_ended(
     engine: AsyncEngine, db_url: str
 ) -> None:
@@ -161,7 +192,12 @@ async def test_parallel_children_split_what_their_parent_has_left(engine: AsyncE
     async with engine.begin() as conn:
         # The parent ran as an agent with 1,000 output tokens and spent 100 of them.
         routing = await conn.scalar(select(runs.c.routing_id).where(runs.c.run_id == parent))
-        assert routing is None  # leased by hand: no routing pinned, so no agent ceilings
+        # Pinned by hand to a routing with the default limits: no output-token ceiling of its
+        # agent's, so the tree budget below is what bounds it.
+        pinned = await conn.scalar(
+            select(routings.c.config).where(routings.c.routing_id == routing)
+        )
+        assert AgentConfig.from_json(pinned).limits.max_output_tokens == 0
         await conn.execute(
             insert(usage_turns).values(
                 run_id=parent,
