@@ -128,12 +128,18 @@ def _left(held: Mapping[str, int], used: Mapping[str, int]) -> dict[str, int]:
     return {name: held[name] - used.get(name, 0) for name in held}
 
 
-async def _limits_of(conn: AsyncConnection, run: Run) -> Limits:
-    """The limits of the routing a run is pinned to (a leased run's)."""
+async def pinned_config(conn: AsyncConnection, run: Run) -> AgentConfig | None:
+    """The configuration of the routing a run is pinned to (a leased run's), None before."""
     stored = await conn.scalar(
         select(routings.c.config).where(routings.c.routing_id == run.routing_id)
     )
-    return AgentConfig.from_json(stored).limits if stored else Limits()
+    return AgentConfig.from_json(stored) if stored else None
+
+
+async def _limits_of(conn: AsyncConnection, run: Run) -> Limits:
+    """The limits of the routing a run is pinned to (a leased run's)."""
+    config = await pinned_config(conn, run)
+    return config.limits if config is not None else Limits()
 
 
 async def left(conn: AsyncConnection, run: Run, limits: Limits) -> dict[str, int]:

@@ -97,6 +97,18 @@ class Children:
             found = await children_repo.child_of(conn, run_id, tool_call_id)
             if found is not None:
                 return ChildRun(found, created=False)
+            # What the parent's agent allows is read from the routing it is pinned to, not
+            # taken from the worker's word: the worker's limits may only be tighter.
+            config = await budgets.pinned_config(conn, parent)
+            allowed = None if config is None else config.delegation
+            if allowed is None or agent not in allowed.agents:
+                raise InvalidArgument(
+                    f"this run's agent may not delegate to {agent!r} (its document's "
+                    "delegation.agents does not name it): delegate to an agent it names, or do "
+                    "the task yourself"
+                )
+            max_depth = min(max_depth, allowed.max_depth)
+            max_children = min(max_children, allowed.max_children)
             if await agent_repo.published_version(conn, parent.tenant_id, agent) is None:
                 raise InvalidArgument(
                     f"there is no agent {agent!r} to delegate to (it was removed or never "
