@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -23,6 +24,16 @@ from anthropic import AsyncAnthropic
 from bench.model import BENCH_REQUEST, streamed_call
 
 JOB = "model_call"
+
+
+@dataclass(frozen=True)
+class Producer:
+    """A queue's client side: `enqueue` one job, `close` when done."""
+
+    enqueue: Callable[[], Awaitable[None]]
+    close: Callable[[], Awaitable[None]]
+
+
 PGQUEUER_BATCH = 4  # its worker takes at least twice the batch: 8 in flight, as a Tether worker
 
 
@@ -59,7 +70,7 @@ async def pgqueuer_worker(db_url: str, model_url: str, concurrency: int) -> None
     await manager.run(batch_size=max(1, concurrency // 2), max_concurrent_tasks=concurrency)
 
 
-async def pgqueuer_producer(db_url: str) -> Callable[[], Awaitable[None]]:
+async def pgqueuer_producer(db_url: str) -> Producer:
     """One enqueue per call (a job each, as a run is admitted one at a time)."""
     from pgqueuer import AsyncpgDriver, Queries
 
@@ -69,8 +80,7 @@ async def pgqueuer_producer(db_url: str) -> Callable[[], Awaitable[None]]:
     async def enqueue() -> None:
         await queries.enqueue(JOB, None)
 
-    enqueue.pool = pool  # type: ignore[attr-defined]
-    return enqueue
+    return Producer(enqueue, pool.close)
 
 
 PGQUEUER_LEFT = "SELECT count(*) FROM pgqueuer"
@@ -108,15 +118,14 @@ async def procrastinate_worker(db_url: str, model_url: str, concurrency: int) ->
         await app.run_worker_async(concurrency=concurrency, wait=True, install_signal_handlers=True)
 
 
-async def procrastinate_producer(db_url: str) -> Callable[[], Awaitable[None]]:
+async def procrastinate_producer(db_url: str) -> Producer:
     app = _procrastinate_app(db_url)
     await app.open_async()
 
     async def enqueue() -> None:
         await app.model_call.defer_async()
 
-    enqueue.app = app  # type: ignore[attr-defined]
-    return enqueue
+    return Producer(enqueue, app.close_async)
 
 
 PROCRASTINATE_LEFT = "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'"

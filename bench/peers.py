@@ -103,7 +103,7 @@ class Peer:
 
     name: str
     install: Callable[[str], Awaitable[None]]
-    producer: Callable[[str], Awaitable[Callable[[], Awaitable[None]]]]
+    producer: Callable[[str], Awaitable[peer_jobs.Producer]]
     left_sql: str
 
 
@@ -188,14 +188,14 @@ async def queue_peer(servers: Servers, model: Model, peer: Peer) -> Measured:
                 },
                 frozenset({"postgres"}),
             )
-            enqueue = await peer.producer(db_url)
+            producer = await peer.producer(db_url)
             try:
-                await _batch(enqueue, db_url, peer.left_sql, WARM_UP)
+                await _batch(producer.enqueue, db_url, peer.left_sql, WARM_UP)
                 before = meter.sample()
-                seconds = await _batch(enqueue, db_url, peer.left_sql, RUNS)
+                seconds = await _batch(producer.enqueue, db_url, peer.left_sql, RUNS)
                 used = meter.sample() - before
             finally:
-                await _close(enqueue)
+                await producer.close()
         finally:
             for process in processes:
                 if process.returncode is None:
@@ -205,13 +205,6 @@ async def queue_peer(servers: Servers, model: Model, peer: Peer) -> Measured:
     if calls != WARM_UP + RUNS:  # every job made its one call, none more
         raise RuntimeError(f"{peer.name}: {calls} model calls for {WARM_UP + RUNS} jobs")
     return Measured(RUNS, seconds, used.total)
-
-
-async def _close(enqueue: Any) -> None:
-    if hasattr(enqueue, "pool"):
-        await enqueue.pool.close()
-    if hasattr(enqueue, "app"):
-        await enqueue.app.close_async()
 
 
 async def run() -> None:
