@@ -21,7 +21,9 @@ from services.orchestrator.execution import Execution
 from services.orchestrator.repositories.intake import STRIPES
 from tests.integration.test_admission import _tenant, chat
 from tether import priorities
+from tether.ratelimits import RATE_LIMITED
 from tether.db.schema import runs, tenants
+from tether.domain import RunError
 from tether.ids import new_id
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -91,6 +93,36 @@ async def test_tenants_share_the_leases_by_weight_behind_one_tenants_backlog(
     for tenant, weight_share in {"ta": 0.25, "tb": 0.25, "tc": 0.5}.items():
         share = shares[tenant] / 160
         assert abs(share - weight_share) / weight_share <= 0.10, (tenant, share, shares)
+
+
+async def test_runs_waiting_to_be_leased_again_do_not_set_a_newcomers_place(
+    engine: AsyncEngine,
+) -> None:
+    """A run leased once and queued again (here: a call refused by the model rate limit, whose
+    run waits retry-pending and keeps its start tag) was already served its turn: a tenant that
+    queues now starts level with the runs not yet leased, not with the one waiting again."""
+    await _weigh(engine, {"ra": 1, "rb": 1})
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    execution = _execution(engine)
+    await _queue(admitter, "ra", 20)
+    leased = await execution.claims.claim_many("w", SLOTS)  # A's tags 0 to 7
+    for claimed in leased:
+        await execution.recovery.schedule_retry(
+            claimed.run.run_id,
+            claimed.lease.run.lease_epoch,
+            RunError(code=RATE_LIMITED, message="the bucket is empty", retryable=True),
+            0.0,
+        )
+    assert await execution.recovery.queue_due_retries() == SLOTS  # queued again, tags kept
+
+    [b_run] = await _queue(admitter, "rb", 1)
+    async with engine.connect() as conn:
+        tag = (
+            await conn.execute(select(runs.c.fair_key).where(runs.c.run_id == b_run))
+        ).scalar_one()
+    # A's next run not yet leased has tag 8: B's first starts there, not at 0 (which would
+    # put B's first eight runs ahead of every run of A's not yet leased).
+    assert tag == SLOTS
 
 
 async def test_a_tenants_priorities_order_its_own_runs_and_no_one_elses(
