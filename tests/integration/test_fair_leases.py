@@ -231,3 +231,33 @@ async def test_with_every_stripe_held_an_admission_waits_for_the_next_tag(
                 await conn.commit()
             await conn.close()
     assert await _tags(engine, "ts") == list(range(STRIPES + 2))
+
+
+async def test_a_tenants_first_admissions_at_once_take_their_own_tags(
+    engine: AsyncEngine,
+) -> None:
+    """Two first runs of a tenant admitted at once: the later waits for the earlier's stripes
+    and takes the next tag from them, instead of both starting at the virtual time (a burst of
+    a new tenant's first runs would otherwise all share one tag, and go ahead of everyone)."""
+    await _weigh(engine, {"tf": 1})
+    held = await _admit_uncommitted(engine, "tf", "tf-first")
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    second = asyncio.create_task(admitter.admit(chat("tf-2", tenant="tf", conversation="tf-2")))
+    try:
+        async with engine.connect() as conn:
+            waiting = text(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+            deadline = time.monotonic() + 10
+            while (await conn.execute(waiting)).scalar_one() == 0:
+                assert time.monotonic() < deadline, "the second admission never waited"
+                assert not second.done(), "admitted while the first one's stripes were held"
+                await asyncio.sleep(0.05)  # polling pg_stat_activity for the wait
+        await held.commit()
+        await asyncio.wait_for(second, 10)
+    finally:
+        if held.in_transaction():
+            await held.commit()
+        await held.close()
+    assert await _tags(engine, "tf") == [0, 1]
