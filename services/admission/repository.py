@@ -137,7 +137,7 @@ def _build_admit_new() -> Select[Any]:
             p("visibility"),
         ).select_from(message.join(session, literal(True)))
     )
-    return select(run).add_cte(queued_event)
+    return select(run, intake.RACED).add_cte(queued_event)
 
 
 # Admission's statement (bench.topology_floor sends it on a bare driver connection, to measure
@@ -154,7 +154,10 @@ async def admit_new(conn: AsyncConnection, params: Mapping[str, Any]) -> Run | N
     `params`: what `admit_params` gives.
     """
     row = await ADMIT_NEW.first(conn, params)
-    return None if row is None else Run.from_row(row._mapping)
+    if row is None:
+        return None
+    run = Run.from_row(row._mapping)
+    return await intake.retag(conn, run) if row.fair_raced else run
 
 
 def admit_params(

@@ -11,6 +11,7 @@ first attempt, event, stored format, whether it heads its session) is written he
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,6 +24,7 @@ from sqlalchemy import (
     Select,
     SmallInteger,
     Text,
+    and_,
     bindparam,
     case,
     cast,
@@ -91,12 +93,17 @@ _FAIR_TENANT = bindparam("fq_tenant_id", type_=Text)
 # tags from different stripes at once, so as many admissions of one tenant as this go on
 # without waiting for each other's commits.
 STRIPES = 16
-# The queue's virtual time: the least start tag of a claimable run (one probe of ix_runs_fair);
-# with none queued, the latest finish tag of any tenant (one probe of ix_tenant_stripes_tail),
-# so that a tenant busy long ago starts level with the rest, not behind them.
+# The queue's virtual time: the least start tag of a claimable run not leased before (one scan
+# of ix_runs_fair, past the runs queued again: a run refused by the model rate limit, retried or
+# resumed keeps its tag, but its turn was served, and a newcomer starting level with it would
+# go ahead of every run not yet leased); with none queued, the latest finish tag of any tenant
+# (one probe of ix_tenant_stripes_tail), so that a tenant busy long ago starts level with the
+# rest, not behind them.
 _VIRTUAL_TIME = func.coalesce(
     select(runs.c.fair_key)
-    .where(in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head)
+    .where(
+        in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head, runs.c.started_at.is_(None)
+    )
     .order_by(runs.c.fair_key)
     .limit(1)
     .scalar_subquery(),
@@ -235,6 +242,37 @@ _START = func.coalesce(
     .scalar_subquery(),
     select(_CLOCK.c.vt).scalar_subquery(),
 )
+# Whether the run's tag fell through to the virtual time: it was one of its tenant's first runs
+# admitted at once, and another admission made the stripes, which this statement, having waited
+# for that one to commit, could not see. The caller then has `retag` take it a tag from them
+# (one more statement, for these runs only); left at the virtual time, a burst of a new tenant's
+# first runs would all share one tag and go ahead of every other tenant's.
+RACED = and_(
+    ~exists(select(_TAKEN.c.start)),
+    ~exists(select(_WAITED.c.start)),
+    ~exists(select(_MADE.c.tail)),
+).label("fair_raced")
+_RETAG = (
+    update(runs)
+    .where(runs.c.run_id == bindparam("rt_run_id"))
+    .values(
+        fair_key=func.coalesce(
+            select(_TAKEN.c.start).scalar_subquery(),
+            select(_WAITED.c.start).scalar_subquery(),
+            select(_CLOCK.c.vt).scalar_subquery(),
+        )
+    )
+    .returning(runs.c.fair_key)
+)
+
+
+async def retag(conn: AsyncConnection, run: Run) -> Run:
+    """`run` (just queued, its statement RACED) with a start tag taken from its tenant's
+    stripes, now that the admission that made them committed."""
+    tag = (
+        await conn.execute(_RETAG, {"rt_run_id": run.run_id, "fq_tenant_id": run.tenant_id})
+    ).scalar_one()
+    return replace(run, fair_key=tag)
 
 
 def queued_run(source: Select[Any]) -> tuple[CTE, CTE]:
@@ -295,7 +333,7 @@ _RUN, _QUEUED = queued_run(
         *[_bound(name) for name in FACTS[12:]],
     ).select_from(_SET_HEAD)
 )
-_CREATE = select(_RUN).add_cte(_QUEUED)
+_CREATE = select(_RUN, RACED).add_cte(_QUEUED)
 
 
 async def create_queued_run(conn: AsyncConnection, facts: dict[str, Any], *, reason: str) -> Run:
@@ -307,7 +345,8 @@ async def create_queued_run(conn: AsyncConnection, facts: dict[str, Any], *, rea
         **queued_params(reason, facts["tenant_id"]),
     }
     row = (await conn.execute(_CREATE, params)).one()
-    return Run.from_row(row._mapping)
+    run = Run.from_row(row._mapping)
+    return await retag(conn, run) if row.fair_raced else run
 
 
 # A child run's channel: its runs are routed to the child's agent (pinned, as a channel
