@@ -3,7 +3,7 @@ grants from memory (services/orchestrator/rate_limits.ModelLimits), on a hand cl
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -232,3 +232,45 @@ async def test_a_replica_keeping_no_limits_grants_a_re_sent_reservation() -> Non
     assert isinstance(granted, orchestrator_pb2.ReserveModelResponse)
     assert isinstance(refused, orchestrator_pb2.ReserveModelResponse)
     assert granted.reservation_id == 1 and refused.reservation_id == 0 and refused.wait_ms > 0
+
+
+def test_a_learned_window_never_refills_a_configured_bucket_faster_than_its_operator_said() -> None:
+    clock = Clock()
+    grants = limits(clock, "m: requests=10, window=2")
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    headers = Headers.read(
+        {
+            "anthropic-ratelimit-requests-limit": "10",
+            "anthropic-ratelimit-requests-remaining": "5",
+            # Half empty and full in 0.5 s: a 1 s window, faster than the operator's 2 s.
+            "anthropic-ratelimit-requests-reset": "2026-01-01T00:00:00.500Z",
+        },
+        now=now,
+    )
+    grants.settle(0, "c", "m", None, headers)
+    bucket = grants.buckets("c", "m").buckets["requests"]
+    assert bucket is not None and bucket.window_s == pytest.approx(2.0)
+
+
+async def test_a_settlement_reads_the_reset_times_as_of_when_the_headers_arrived() -> None:
+    clock = Clock()
+    grants = limits(clock, "*:")
+    reset = datetime.now(UTC) + timedelta(seconds=0.5)
+    settle = model_limit_writes(grants)[orchestrator_pb2.SettleModelRequest]
+    # Half empty, full 1.5 s after the headers arrived (so a 3 s window); settled 1 s later,
+    # at the end of the call's stream.
+    await settle(
+        orchestrator_pb2.SettleModelRequest(
+            model="m",
+            credential_id="c",
+            headers={
+                "anthropic-ratelimit-requests-limit": "10",
+                "anthropic-ratelimit-requests-remaining": "5",
+                "anthropic-ratelimit-requests-reset": reset.isoformat().replace("+00:00", "Z"),
+            },
+            headers_age_s=1.0,
+        )
+    )
+    bucket = grants.buckets("c", "m").buckets["requests"]
+    # Read as of now, the 0.5 s left would have taught a 1 s window: refills 3 times too fast.
+    assert bucket is not None and bucket.window_s == pytest.approx(3.0, rel=0.05)

@@ -2676,6 +2676,7 @@ class SettleModelRequest(_message.Message):
     INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     HEADERS_FIELD_NUMBER: _builtins.int
+    HEADERS_AGE_S_FIELD_NUMBER: _builtins.int
     reservation_id: _builtins.int
     """The reservation, or 0 when the call held none."""
     credential_id: _builtins.str
@@ -2690,6 +2691,11 @@ class SettleModelRequest(_message.Message):
     """Input tokens the call used (cache writes included)."""
     output_tokens: _builtins.int
     """Output tokens the call produced."""
+    headers_age_s: _builtins.float
+    """Seconds from the headers' arrival at the worker to this settlement (the call's stream and
+    the trip here): the -reset times are read as of then, not as of now, or every call's
+    length would shorten the window they teach (0: as of now).
+    """
     @_builtins.property
     def headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """The provider answer's anthropic-ratelimit-* and retry-after headers, by lower-case name."""
@@ -2704,10 +2710,11 @@ class SettleModelRequest(_message.Message):
         input_tokens: _builtins.int = ...,
         output_tokens: _builtins.int = ...,
         headers: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        headers_age_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["credential_id", b"credential_id", "headers", b"headers", "input_tokens", b"input_tokens", "model", b"model", "output_tokens", b"output_tokens", "reservation_id", b"reservation_id", "used", b"used"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credential_id", b"credential_id", "headers", b"headers", "headers_age_s", b"headers_age_s", "input_tokens", b"input_tokens", "model", b"model", "output_tokens", b"output_tokens", "reservation_id", b"reservation_id", "used", b"used"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
