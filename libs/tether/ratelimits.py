@@ -108,6 +108,8 @@ class Bucket:
     level: float
     updated: float
     configured: float | None = None  # the operator's limit, which a learned one never exceeds
+    # The operator's window: a learned one never refills the bucket faster than it.
+    configured_window_s: float | None = None
 
     @property
     def rate(self) -> float:
@@ -142,6 +144,8 @@ class Bucket:
             self.capacity = limit if self.configured is None else min(limit, self.configured)
         if full_in_s and remaining is not None and 0 <= remaining < self.capacity:
             window = full_in_s * self.capacity / (self.capacity - remaining)
+            if self.configured_window_s is not None:
+                window = max(window, self.configured_window_s)
             self.window_s = min(max(window, MIN_WINDOW_S), MAX_WINDOW_S)
         if remaining is not None:
             self.level = min(self.level, remaining)
@@ -221,7 +225,7 @@ class ModelBuckets:
             self.buckets[kind] = (
                 None
                 if configured is None
-                else Bucket(configured, limit.window_s, configured, now, configured)
+                else Bucket(configured, limit.window_s, configured, now, configured, limit.window_s)
             )
 
     def refill(self, now: float) -> None:

@@ -3,9 +3,10 @@ calls and on its Work stream, and the leases pushed to it. Protobuf stops here."
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
-from datetime import UTC
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import grpc
@@ -120,6 +121,8 @@ def lease_response(
 
 # What a replica that keeps no limits grants: a reservation no replica that keeps them issues
 # (a worker's reserve re-sent to it after a reconnect, during a deploy that turns limits on).
+# The most a settlement's headers_age_s is taken at (a call's stream and the trip here).
+MAX_HEADERS_AGE_S = 600.0
 UNLIMITED_RESERVATION = 2**64 - 1
 
 
@@ -152,7 +155,11 @@ def model_limit_writes(limits: ModelLimits | None) -> dict[type[Message], Write]
             if request.used
             else None
         )
-        headers = Headers.read(dict(request.headers))
+        # The -reset times as of when the worker received them (what they say is "full in so
+        # many seconds from then").
+        age = request.headers_age_s if math.isfinite(request.headers_age_s) else 0.0
+        received = datetime.now(UTC) - timedelta(seconds=min(max(0.0, age), MAX_HEADERS_AGE_S))
+        headers = Headers.read(dict(request.headers), now=received)
         limits.settle(request.reservation_id, request.credential_id, request.model, used, headers)
         return orchestrator_pb2.SettleModelResponse()
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from anthropic import AsyncAnthropic
 
-from services.worker import observed
+from services.worker import observed, sse
 from services.worker.checkpoints import CheckpointWriter
 from services.worker.compactor import Compactor
 from services.worker.context.builder import ContextBuilder, EarlierRun
@@ -385,7 +385,7 @@ class Attempt:
             if self._reservations.on:
                 estimate = budget.estimate(context, self.transcript.parts, request)
                 reservation = await self._reservations.reserve(request, estimate)
-            seen: dict[str, str] = {}
+            seen = sse.AnswerHeaders()
             try:
                 streaming = stream_turn(
                     self._client,
@@ -408,7 +408,9 @@ class Attempt:
                     raise  # our own (e.g. StaleLease from a checkpoint), not the provider's
                 raise ProviderError(classify_exception(exc)) from exc
             if reservation:
-                await self._reservations.settle(reservation, request, turn.usage, seen)
+                await self._reservations.settle(
+                    reservation, request, turn.usage, seen.values, seen.age_s()
+                )
             self.state.steps += 1
             self._account(turn.usage)
             budget.turned(turn.usage, turn_start_index)

@@ -54,7 +54,7 @@ async def stream_turn(
     checkpoint: Checkpoint,
     publish_delta: Delta,
     checkpoint_interval_s: float,
-    headers: dict[str, str] | None = None,
+    headers: sse.AnswerHeaders | None = None,
 ) -> TurnResult:
     """Run one streamed model call, writing its blocks into `transcript` (and the answer's
     rate-limit headers into `headers`, when given)."""

@@ -67,10 +67,11 @@ class ModelReservations:
         request: Mapping[str, Any],
         usage: Mapping[str, int] | None,
         headers: Mapping[str, str],
+        headers_age_s: float = 0.0,
     ) -> None:
         """The call ended: what it used (None: it reported nothing) and what the provider's
-        headers said. A settlement that cannot be written is dropped: the reservation is let go
-        with the lease anyway."""
+        headers said, `headers_age_s` ago. A settlement that cannot be written is dropped: the
+        reservation is let go with the lease anyway."""
         if not self.on:
             return
         used = None
@@ -83,7 +84,12 @@ class ModelReservations:
             )
         try:
             await self._orchestrator.settle_model(
-                reservation_id, self._credential, str(request["model"]), used, dict(headers)
+                reservation_id,
+                self._credential,
+                str(request["model"]),
+                used,
+                dict(headers),
+                headers_age_s,
             )
         except TetherError as exc:
             log.warning("settling a model reservation failed: %s", exc)

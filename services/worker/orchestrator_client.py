@@ -126,14 +126,17 @@ class Orchestrator:
         model: str,
         used: tuple[int, int] | None,
         headers: dict[str, str],
+        headers_age_s: float = 0.0,
     ) -> None:
-        """Settle a reservation with the (input, output) tokens used and the headers seen."""
+        """Settle a reservation with the (input, output) tokens used and the headers seen
+        `headers_age_s` ago."""
         request = orchestrator_pb2.SettleModelRequest(
             reservation_id=reservation_id,
             credential_id=credential,
             model=model,
             used=used is not None,
             headers=headers,
+            headers_age_s=headers_age_s,
         )
         if used is not None:
             request.input_tokens, request.output_tokens = used

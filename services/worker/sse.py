@@ -15,7 +15,9 @@ needs an `event:` line; `ping` and empty events are skipped; an `error` event ra
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import anthropic
@@ -24,17 +26,31 @@ import httpx2
 _LINE_ENDS = (b"\n", b"\r")
 
 
+@dataclass
+class AnswerHeaders:
+    """An answer's rate-limit headers, by lower-case name, and when they arrived (the monotonic
+    clock; None until they have)."""
+
+    values: dict[str, str] = field(default_factory=dict)
+    arrived: float | None = None
+
+    def age_s(self) -> float:
+        """Seconds since they arrived (0 when they have not)."""
+        return 0.0 if self.arrived is None else max(0.0, time.monotonic() - self.arrived)
+
+
 async def events(
     client: anthropic.AsyncAnthropic,
     request: dict[str, Any],
-    headers: dict[str, str] | None = None,
+    headers: AnswerHeaders | None = None,
 ) -> AsyncIterator[Any]:
     """Send `request` as a streamed Messages call; yield each event's JSON object. `headers`,
     when given, receives the answer's rate-limit headers (`anthropic-ratelimit-*`)."""
     async with client.messages.with_streaming_response.create(**request, stream=True) as response:
         http = response.http_response
         if headers is not None:
-            headers.update(rate_limit_headers(http.headers))
+            headers.values.update(rate_limit_headers(http.headers))
+            headers.arrived = time.monotonic()
         async for name, data in server_sent_events(http.aiter_bytes()):
             if name == "error":
                 raise stream_error(data, http)
