@@ -21,10 +21,10 @@ from services.orchestrator.execution import Execution
 from services.orchestrator.repositories.intake import STRIPES
 from tests.integration.test_admission import _tenant, chat
 from tether import priorities
-from tether.ratelimits import RATE_LIMITED
 from tether.db.schema import runs, tenants
 from tether.domain import RunError
 from tether.ids import new_id
+from tether.ratelimits import RATE_LIMITED
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
