@@ -261,3 +261,22 @@ async def test_a_tenants_first_admissions_at_once_take_their_own_tags(
             await held.commit()
         await held.close()
     assert await _tags(engine, "tf") == [0, 1]
+
+
+async def test_a_tenants_admissions_at_once_take_tags_that_follow_on(engine: AsyncEngine) -> None:
+    """Eight admissions of one tenant at a time, 400 in all: each takes the least free tag of
+    its tenant's. A statement picks its stripe by the tails it read when it began, and may lock
+    it only after another admission took that stripe's tag and committed: it must then not
+    take the stripe's next tag (16 runs on) while a stripe with the next tag of all is free."""
+    await _weigh(engine, {"tq": 1})
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+
+    async def admit(first: int) -> None:
+        for n in range(first, 400, 8):
+            await admitter.admit(chat(f"tq-{n}", tenant="tq", conversation=f"tq-{n}"))
+
+    await asyncio.gather(*(admit(i) for i in range(8)))
+    tags = await _tags(engine, "tq")
+    gaps = [after - before for before, after in zip(tags, tags[1:], strict=False)]
+    # A tag a statement took and handed back to no run leaves a gap of 2 at most.
+    assert max(gaps) <= 2, [(t, g) for t, g in zip(tags, gaps, strict=False) if g > 2]

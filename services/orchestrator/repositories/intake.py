@@ -32,6 +32,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    or_,
     select,
     true,
     update,
@@ -164,23 +165,37 @@ _CLOCK_READ = SimpleNamespace(
 )
 
 
-def _moved_on(source: Select[Any], name: str) -> CTE:
-    """The stripe `source` selects (tenant_id, stripe, 0) moved on by one run: an upsert on
+def _moved_on(source: Select[Any], name: str, *, unless_moved: bool = False) -> CTE:
+    """The stripe `source` selects (tenant_id, stripe, tail) moved on by one run: an upsert on
     the existing row (an UPDATE would take the admission's `tenant_id` parameter as a value
-    to SET), returning the run's start tag."""
+    to SET), returning the run's start tag. `unless_moved`: only while its tail is still the
+    one `source` read (else nothing, and no row comes back)."""
+    upsert = pg_insert(tenant_stripes).from_select(["tenant_id", "stripe", "tail"], source)
     return (
-        pg_insert(tenant_stripes)
-        .from_select(["tenant_id", "stripe", "tail"], source)
-        .on_conflict_do_update(
+        upsert.on_conflict_do_update(
             index_elements=[tenant_stripes.c.tenant_id, tenant_stripes.c.stripe],
             set_={"tail": _offer(tenant_stripes, _CLOCK_READ) + _stride(_CLOCK_READ)},
+            where=(tenant_stripes.c.tail == upsert.excluded.tail) if unless_moved else None,
         )
         .returning((tenant_stripes.c.tail - _stride(_CLOCK_READ)).label("start"))
         .cte(name)
     )
 
 
-_TAKEN = _moved_on(select(_PICK.c.tenant_id, _PICK.c.stripe, literal(0.0, Double)), "fair_taken")
+# The picked stripe's tail as this statement's snapshot has it. The pick chose by it; but when
+# another admission took the stripe and committed after the snapshot and before the pick's lock,
+# the lock goes to the row as it is now (PostgreSQL re-reads a row updated meanwhile, and the
+# pick's own columns with it), whose next tag is a round of stripes on while a lower one may be
+# free. The stripe is then left as it is, and the run retagged (`retag`, a new snapshot).
+_AS_READ = tenant_stripes.alias("stripe_as_read")
+_TAIL_AS_READ = (
+    select(_AS_READ.c.tail)
+    .where(_AS_READ.c.tenant_id == _PICK.c.tenant_id, _AS_READ.c.stripe == _PICK.c.stripe)
+    .scalar_subquery()
+)
+_TAKEN = _moved_on(
+    select(_PICK.c.tenant_id, _PICK.c.stripe, _TAIL_AS_READ), "fair_taken", unless_moved=True
+)
 # - when every stripe is held (more admissions of the tenant at once than STRIPES), the one
 #   with the least next tag, waiting for it;
 _LEAST = tenant_stripes.alias("least_stripe")
@@ -244,14 +259,12 @@ _START = func.coalesce(
 )
 # Whether the run's tag fell through to the virtual time: it was one of its tenant's first runs
 # admitted at once, and another admission made the stripes, which this statement, having waited
-# for that one to commit, could not see. The caller then has `retag` take it a tag from them
-# (one more statement, for these runs only); left at the virtual time, a burst of a new tenant's
-# first runs would all share one tag and go ahead of every other tenant's.
-RACED = and_(
-    ~exists(select(_TAKEN.c.start)),
-    ~exists(select(_WAITED.c.start)),
-    ~exists(select(_MADE.c.tail)),
-).label("fair_raced")
+# for that one to commit, could not see; or the stripe it picked moved before it locked it. The
+# caller then has `retag` take it a tag (one more statement, for these runs only); left at the
+# virtual time, a burst of a new tenant's first runs would all share one tag and go ahead of
+# every other tenant's.
+_TOOK = or_(exists(select(_TAKEN.c.start)), exists(select(_WAITED.c.start)))
+RACED = and_(~_TOOK, ~exists(select(_MADE.c.tail))).label("fair_raced")
 _RETAG = (
     update(runs)
     .where(runs.c.run_id == bindparam("rt_run_id"))
@@ -262,17 +275,22 @@ _RETAG = (
             select(_CLOCK.c.vt).scalar_subquery(),
         )
     )
-    .returning(runs.c.fair_key)
+    .returning(runs.c.fair_key, _TOOK.label("took"))
 )
+# How many times `retag` tries again when the stripe it picked moved before it locked it.
+RETAGS = 3
 
 
 async def retag(conn: AsyncConnection, run: Run) -> Run:
     """`run` (just queued, its statement RACED) with a start tag taken from its tenant's
     stripes, now that the admission that made them committed."""
-    tag = (
-        await conn.execute(_RETAG, {"rt_run_id": run.run_id, "fq_tenant_id": run.tenant_id})
-    ).scalar_one()
-    return replace(run, fair_key=tag)
+    for _ in range(RETAGS):
+        row = (
+            await conn.execute(_RETAG, {"rt_run_id": run.run_id, "fq_tenant_id": run.tenant_id})
+        ).one()
+        if row.took:
+            break
+    return replace(run, fair_key=row.fair_key)
 
 
 def queued_run(source: Select[Any]) -> tuple[CTE, CTE]:
