@@ -149,13 +149,11 @@ async def test_three_tenants_share_a_rate_limited_pool_by_their_weights(
         tenant = await _weighted_tenants(stack)
         began = time.time()
         await _send(tenant["A"], COUNTS["A"], "from A")
-        # B's and C's at once, two of each at a time: admitted far faster than the limit serves
-        # them, and each admission's tag follows on from the last (a tenant's admissions at once
-        # can take a tag a round of stripes past a free one, when the stripe an admission picked
-        # was taken before it locked it: issue 32 names this).
+        # B's and C's at once, 8 of each at a time: admitted far faster than the limit serves
+        # them, each admission taking its tenant's next tag.
         (b_first, b_last), (c_first, c_last) = await asyncio.gather(
-            _send(tenant["B"], COUNTS["B"], "from B", at_once=2),
-            _send(tenant["C"], COUNTS["C"], "from C", at_once=2),
+            _send(tenant["B"], COUNTS["B"], "from B", at_once=8),
+            _send(tenant["C"], COUNTS["C"], "from C", at_once=8),
         )
         first_queued = {"fair-b": b_first, "fair-c": c_first}
 
