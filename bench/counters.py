@@ -11,6 +11,7 @@ message, so the markers' order in the file is the order in time.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections import Counter
@@ -30,6 +31,7 @@ LINE_PREFIX = "%m [%p] %q%d %v "
 # autovacuum, whose transactions and WAL come at times of its own, inside a short window or
 # after it, and are never in the statement log.
 SETTINGS = {"log_statement": "all", "log_line_prefix": LINE_PREFIX, "autovacuum": "off"}
+RELOAD_WAIT_S = 10.0
 _ENTRY = re.compile(
     r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \S+ \[(?P<pid>\d+)\] "
     r"(?:(?P<database>\S*) (?P<vxid>\S*) )?(?P<level>[A-Z]+\d?):  (?P<message>.*)$"
@@ -178,8 +180,16 @@ class StatementLog:
 
     async def enable(self) -> None:
         """Log every statement from now on (each backend from its next command), with no
-        autovacuum."""
+        autovacuum. Returns once the settings are in force: pg_reload_conf() only signals the
+        server, which re-reads its files and signals every backend after it returns; once this
+        session sees them, every backend was signalled, and each takes them at its next command
+        (before, a loaded machine let a marker run unlogged)."""
         await self._set(True)
+        deadline = asyncio.get_running_loop().time() + RELOAD_WAIT_S
+        while await self.admin.fetchval("SELECT current_setting('log_statement')") != "all":
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"the server did not reload within {RELOAD_WAIT_S} s")
+            await asyncio.sleep(0.01)  # polling the setting until the reload reached us
 
     async def disable(self) -> None:
         """Back to the server's defaults."""
