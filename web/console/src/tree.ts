@@ -14,9 +14,12 @@ export interface TreeNode {
   depth: number;
   /** The run's own spend and that of every run below it. */
   treeSpend: Spend;
+  /** The nodes one level below, oldest first (the same objects as in the list). */
+  children: TreeNode[];
 }
 
-function ownSpend(run: RunJson): Spend {
+/** The run's own spend, without the runs below it. */
+export function ownSpend(run: RunJson): Spend {
   return {
     inputTokens: Number(run.usage?.inputTokens ?? 0),
     outputTokens: Number(run.usage?.outputTokens ?? 0),
@@ -34,7 +37,7 @@ function oldestFirst(a: RunJson, b: RunJson): number {
 }
 
 /** The tree's runs depth first from `rootRunId`, children oldest first, each with its depth and
- * its subtree's spend. */
+ * its subtree's spend. The nodes at depth 0 (the root, then any orphans) start its branches. */
 export function treeNodes(rootRunId: string, runs: readonly RunJson[]): TreeNode[] {
   const byId = new Map(runs.map((r) => [r.runId ?? "", r]));
   const below = new Map<string, RunJson[]>();
@@ -70,15 +73,17 @@ export function treeNodes(rootRunId: string, runs: readonly RunJson[]): TreeNode
   const tops = [...(root ? [root] : []), ...orphans];
   const nodes: TreeNode[] = [];
   const seen = new Set<string>();
-  const stack: [RunJson, number][] = tops.reverse().map((r) => [r, 0]);
+  const stack: [RunJson, TreeNode | null][] = tops.reverse().map((r) => [r, null]);
   while (stack.length > 0) {
-    const [run, depth] = stack.pop()!;
+    const [run, parent] = stack.pop()!;
     const runId = run.runId ?? "";
     if (seen.has(runId)) continue;
     seen.add(runId);
-    nodes.push({ run, depth, treeSpend: treeSpend(runId) });
+    const node: TreeNode = { run, depth: parent ? parent.depth + 1 : 0, treeSpend: treeSpend(runId), children: [] };
+    nodes.push(node);
+    parent?.children.push(node);
     const children = below.get(runId) ?? [];
-    for (let i = children.length - 1; i >= 0; i--) stack.push([children[i]!, depth + 1]);
+    for (let i = children.length - 1; i >= 0; i--) stack.push([children[i]!, node]);
   }
   return nodes;
 }

@@ -42,6 +42,9 @@ describe("treeNodes", () => {
       ["b1", 2],
       ["b2", 2],
     ]);
+    const [root] = nodes;
+    expect(root!.children.map((n) => n.run.runId)).toEqual(["a", "b"]);
+    expect(root!.children[1]!.children.map((n) => n.run.runId)).toEqual(["b1", "b2"]);
   });
 
   it("sums each node's subtree: input, output and cost", () => {
