@@ -3,7 +3,8 @@ as real processes: sign-in, a run appearing live and streaming, a question answe
 approval decided from the page (the run resumes), a reload mid-stream that loses and repeats
 nothing, the retry indicator counting down while the model server answers 529, the same "not
 found" page for another tenant's run as for a random id, a mutation without the CSRF token
-refused, sign-out ending the session. Screenshots go to tests/browser/screenshots/.
+refused, sign-out ending the session, a parent run's tree with the child its delegate call
+started. Screenshots go to tests/browser/screenshots/.
 
 Run with `make browser` (it builds the console and installs chromium when missing); the
 default `make test` collection leaves these out (marker `browser`).
@@ -36,6 +37,8 @@ from playwright.async_api import (
 )
 
 from tests.system.execution_support import ExecStack, Tenant, exec_stack, wait_for_status
+from tether import apikeys
+from tether.client import TetherClient
 from tether.testing.model_server import ErrorTurn, TextTurn, ToolUseTurn
 
 pytestmark = pytest.mark.browser
@@ -602,3 +605,46 @@ async def test_another_apps_page_embeds_the_approval_card_with_short_lived_token
     assert not [r for r in watched.requests if tenant.api_key in r.url]
     storage = await page.evaluate("JSON.stringify([{...localStorage}, {...sessionStorage}])")
     assert tenant.api_key not in storage
+
+
+async def test_a_parent_runs_page_shows_its_tree_with_the_child_its_delegate_call_started(
+    stack: ExecStack, watched: Watched
+) -> None:
+    tenant = await stack.tenant(scopes=(*apikeys.CLIENT_SCOPES, apikeys.AGENTS_WRITE))
+    async with TetherClient(stack.addr("gateway"), tenant.api_key) as tc:
+        # The first agent applied takes the tenant's runs; it may delegate once the other exists.
+        await tc.apply_agent(json.dumps({"name": "lead"}))
+        await tc.apply_agent(json.dumps({"name": "researcher"}))
+        await tc.apply_agent(json.dumps({"name": "lead", "delegation": {"agents": ["researcher"]}}))
+    text, asked = prompt("plan the trip"), prompt("find trains")
+    stack.model.script(
+        text,
+        [
+            ToolUseTurn("delegate", {"agent": "researcher", "message": asked}),
+            TextTurn("Trains are found."),
+        ],
+    )
+    chunks = words(8, "train")
+    stack.model.script(asked, [TextTurn("".join(chunks), chunks=chunks, delay_ms=150)])
+    parent_id = await tenant.send(text)
+
+    page = watched.page
+    await sign_in(watched, stack, tenant, f"/console/runs/{parent_id}")
+    tree = page.get_by_role("region", name="Run tree")
+    root = tree.locator(f'li[data-run-id="{parent_id}"]')
+    child = root.locator("li")
+    await expect(child).to_have_count(1)
+    # Read again as the parent resumes and ends: the child is shown as it ended.
+    await expect(page.get_by_test_id("run-status")).to_have_text("completed")
+    await expect(child.locator(".status")).to_have_text("completed")
+    await expect(tree.get_by_role("link", name=parent_id)).to_have_attribute("aria-current", "page")
+    await expect(root.locator(":scope > .spend").last).to_contain_text("with the runs below")
+    assert await axe_violations(page) == []
+    await shot(page, "run-tree", tree)
+
+    child_id = await child.get_attribute("data-run-id")
+    assert child_id and child_id != parent_id
+    await child.get_by_role("link", name=child_id).click()
+    await expect(page.get_by_role("heading", name=child_id)).to_be_visible()
+    await expect(tree.get_by_role("link", name=child_id)).to_have_attribute("aria-current", "page")
+    await expect(tree.get_by_role("link", name=parent_id)).to_be_visible()

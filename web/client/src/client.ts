@@ -103,6 +103,8 @@ export interface ListRunsQuery {
   pageSize?: number;
   pageToken?: string;
   createdAfter?: string;
+  /** Every run of this run tree (the root and the runs its delegate calls started). */
+  treeRootRunId?: string;
 }
 
 export interface RequestOptions {
@@ -444,6 +446,7 @@ export function listQuery(query: ListRunsQuery & { pageSize?: number }): string 
   if (query.pageSize) params.set("pageSize", String(query.pageSize));
   if (query.pageToken) params.set("pageToken", query.pageToken);
   if (query.createdAfter) params.set("createdAfter", query.createdAfter);
+  if (query.treeRootRunId) params.set("treeRootRunId", query.treeRootRunId);
   const q = params.toString();
   return q ? `?${q}` : "";
 }

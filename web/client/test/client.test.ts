@@ -114,10 +114,12 @@ describe("routes", () => {
     const client = new TetherClient({ fetch: fake.fetch, baseUrl: "http://gw:8080/" });
     await client.listRuns({ statuses: ["RUN_STATUS_RUNNING", "RUN_STATUS_QUEUED"], conversationId: "c 1", pageSize: 20 });
     await client.getRun("../x?y", { includeSuperseded: true });
+    await client.listRuns({ treeRootRunId: "run_root", pageToken: "p2" });
     expect(fake.requests[0]!.url).toBe(
       "http://gw:8080/v2/runs?status=RUN_STATUS_RUNNING&status=RUN_STATUS_QUEUED&conversationId=c+1&pageSize=20",
     );
     expect(fake.requests[1]!.url).toBe("http://gw:8080/v2/runs/..%2Fx%3Fy?includeSuperseded=true");
+    expect(fake.requests[2]!.url).toBe("http://gw:8080/v2/runs?pageToken=p2&treeRootRunId=run_root");
   });
 
   it("sends the Idempotency-Key header with a message", async () => {

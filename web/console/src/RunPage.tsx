@@ -4,6 +4,7 @@ import { ApprovalCard, ConnectionCard, QuestionCard, useRun, useTetherClient } f
 import { NotFound, SessionEnded, useNow } from "./App.js";
 import { age, formatMicros, ms, statusClass, statusWords, tokens } from "./format.js";
 import { href, navigate, onLinkClick } from "./router.js";
+import { RunTree } from "./RunTree.js";
 import { WaitingFor } from "./WaitingFor.js";
 
 const CURSOR_KEY = "tether.cursor.";
@@ -138,6 +139,8 @@ export function RunPage({ runId }: { runId: string }) {
       {shown?.type === "connection" && shown.connection && (
         <ConnectionCard key={shown.connection.interactionId} runId={runId} connection={shown.connection} resolvedElsewhere={resolvedElsewhere} />
       )}
+
+      <RunTree runId={runId} rootRunId={run.treeRootRunId} status={status} />
 
       <section aria-labelledby="transcript" className="transcript">
         <h2 id="transcript">Transcript</h2>
