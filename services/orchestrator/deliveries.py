@@ -9,6 +9,7 @@ the tenant (the lease's, never the worker's word) and the run: every attempt fin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -101,9 +102,10 @@ class Deliveries:
         provider_message_id: str = "",
         error: RunError | None = None,
         calls: int = 0,
-    ) -> tuple[bool, Delivery]:
-        """Move the delivery on under the lease: (moved, as recorded now). An outcome appends its
-        event in the same transaction; one recorded already stands (moved False)."""
+    ) -> tuple[bool, Delivery, datetime]:
+        """Move the delivery on under the lease: (moved, as recorded now, when the lease this
+        write extended lapses). An outcome appends its event in the same transaction; one
+        recorded already stands (moved False)."""
         if state not in STATES or calls < 0:
             raise InvalidArgument(f"state must be one of {', '.join(STATES)}")
         async with self._engine.begin() as conn:
@@ -114,7 +116,7 @@ class Deliveries:
             if current is None or current.run_id != run_id:
                 raise InvalidArgument(f"run {run_id} has no delivery {named!r}")
             if current.state not in OPEN:
-                return False, current
+                return False, current, held.lease_expires_at
             if not may_move(current.state, state):
                 raise FailedPrecondition(
                     f"delivery {named} is {current.state}; it cannot become {state}"
@@ -138,7 +140,7 @@ class Deliveries:
                     raise _stale(run_id, epoch)
         if stored is not None:
             await self._publisher.publish(stored[0], stored[1], delivered=True)
-        return True, moved
+        return True, moved, held.lease_expires_at
 
     async def status(
         self, run_id: str, epoch: int, channel_id: str, callback_data: str

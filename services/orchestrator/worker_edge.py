@@ -388,7 +388,7 @@ class ExecutionServicer:
     ) -> orchestrator_pb2.RecordDeliveryResponse:
         if not request.delivery_id:
             raise InvalidArgument("delivery_id is required")
-        moved, delivery = await self._execution.deliveries.record(
+        moved, delivery, expires_at = await self._execution.deliveries.record(
             request.run_id,
             request.epoch,
             request.delivery_id,
@@ -397,9 +397,11 @@ class ExecutionServicer:
             error=error_from_proto(request.error) if request.HasField("error") else None,
             calls=request.calls,
         )
-        return orchestrator_pb2.RecordDeliveryResponse(
+        response = orchestrator_pb2.RecordDeliveryResponse(
             moved=moved, delivery=delivery_to_proto(delivery)
         )
+        response.lease_expires_at.FromDatetime(expires_at)
+        return response
 
     async def _start_child(
         self, request: orchestrator_pb2.StartChildRequest, context: grpc.aio.ServicerContext

@@ -27,6 +27,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import NoReturn
 
 from services.worker.checkpoints import CheckpointWriter
@@ -60,13 +61,16 @@ from tether.domain.deliveries import (
     SENT,
     UNKNOWN,
 )
-from tether.errors import NotFound
+from tether.errors import NotFound, StaleLease
 from tether.retry import RetryPolicy
 from tether.states import RunStatus
 from tether.targets import TargetPolicy, target_session
 
 # A summary shows this much of the drafted answer; the approval's input holds all of it.
 SUMMARY_CHARS = 200
+# How long before its lease lapses a worker stops making a counted provider call: the call's
+# trip to the provider, and the clocks of the worker and the database apart.
+SEND_MARGIN = timedelta(seconds=0.5)
 
 
 @dataclass(frozen=True)
@@ -287,10 +291,16 @@ class Deliverer:
                 if found is not None:
                     return found
             # Counted before the call: an attempt after a crash knows it may have landed.
-            await self._orchestrator.record_delivery(
-                self._lease, delivery.delivery_id, PENDING, calls=1
-            )
+            lapses = await self._orchestrator.count_delivery_call(self._lease, delivery.delivery_id)
             self._transcript.progressed_at = time.monotonic()
+            # Made only while the lease surely holds: a worker frozen after the count (its
+            # answer waiting in its socket) that posted when it woke would post beside the
+            # attempt that took the run over, looked, found nothing and posted.
+            if lapses is not None and datetime.now(UTC) >= lapses - SEND_MARGIN:
+                raise StaleLease(
+                    f"the lease of run {self._lease.run_id} lapses at {lapses.isoformat()}: "
+                    "too late to post its answer under it"
+                )
             try:
                 message_id = await sender.send(delivery.delivery_id, delivery.text)
             except Refused as refused:

@@ -9,7 +9,7 @@ Protobuf stops here for writes: each is built into its request, checkpoints and 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf import json_format
@@ -43,6 +43,7 @@ from tether.domain import (
     ReplyTarget,
     RunError,
 )
+from tether.domain.deliveries import PENDING
 from tether.states import RunStatus
 from tether.v1 import orchestrator_pb2
 
@@ -285,6 +286,23 @@ class Orchestrator:
             request.error.CopyFrom(error_to_proto(error))
         response: orchestrator_pb2.RecordDeliveryResponse = await self._stream.write(request)
         return delivery_from_proto(response.delivery, lease.run_id)
+
+    async def count_delivery_call(self, lease: Lease, delivery_id: str) -> datetime | None:
+        """Count a provider call about to be made (before it is: a later attempt knows one may
+        have landed); when the lease that write extended lapses (None: the orchestrator did not
+        say, a release before it did)."""
+        response: orchestrator_pb2.RecordDeliveryResponse = await self._stream.write(
+            orchestrator_pb2.RecordDeliveryRequest(
+                run_id=lease.run_id,
+                epoch=lease.epoch,
+                delivery_id=delivery_id,
+                state=PENDING,
+                calls=1,
+            )
+        )
+        if not response.HasField("lease_expires_at"):
+            return None
+        return response.lease_expires_at.ToDatetime(tzinfo=UTC)
 
     async def find_channel_status(
         self, lease: Lease, channel_id: str, callback_data: str

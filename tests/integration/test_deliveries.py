@@ -15,7 +15,7 @@ from services.orchestrator.execution import Execution
 from services.orchestrator.service import Runs
 from tests.integration.test_admission import _tenant
 from tests.integration.test_channel_origin import channel_message
-from tether.db.schema import deliveries, run_events
+from tether.db.schema import deliveries, run_events, runs
 from tether.domain import RunError, delivery_id
 from tether.errors import FailedPrecondition, StaleLease
 from tether.states import RunStatus
@@ -82,11 +82,19 @@ async def test_every_attempt_finds_the_one_delivery_and_its_outcome_lands_once(
         "the first text stands"
     )
     named = first.delivery.delivery_id
-    moved, counted = await rooms.record(run_id, epoch, named, state="pending", calls=1)
+    moved, counted, lapses = await rooms.record(run_id, epoch, named, state="pending", calls=1)
     assert moved and counted.attempts == 1
-    moved, sent = await rooms.record(run_id, epoch, named, state="sent", provider_message_id="1.2")
+    # The write extended the lease: it lapses one TTL from now, which the worker posts within.
+    async with engine.connect() as conn:
+        expires = (
+            await conn.execute(select(runs.c.lease_expires_at).where(runs.c.run_id == run_id))
+        ).scalar_one()
+    assert lapses == expires
+    moved, sent, _ = await rooms.record(
+        run_id, epoch, named, state="sent", provider_message_id="1.2"
+    )
     assert moved and (sent.state, sent.provider_message_id) == ("sent", "1.2")
-    again_moved, stands = await rooms.record(
+    again_moved, stands, _ = await rooms.record(
         run_id, epoch, named, state="failed", error=RunError("late", "too late")
     )
     assert not again_moved and stands.state == "sent", "an outcome recorded stands"

@@ -2126,21 +2126,31 @@ class RecordDeliveryResponse(_message.Message):
 
     MOVED_FIELD_NUMBER: _builtins.int
     DELIVERY_FIELD_NUMBER: _builtins.int
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
     moved: _builtins.bool
     """False when it had already reached an outcome (nothing changed)."""
     @_builtins.property
     def delivery(self) -> _common_pb2.Delivery:
         """The delivery as recorded now."""
 
+    @_builtins.property
+    def lease_expires_at(self) -> _timestamp_pb2.Timestamp:
+        """When the lease this write held (and extended) lapses, by the database's clock. A worker
+        makes the provider call a write counted only while its own clock is well before then: a
+        worker frozen past it (its answer waiting in its socket) would otherwise post after another
+        attempt had looked, found nothing and posted. Unset from a release before this field.
+        """
+
     def __init__(
         self,
         *,
         moved: _builtins.bool = ...,
         delivery: _common_pb2.Delivery | None = ...,
+        lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "lease_expires_at", b"lease_expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "moved", b"moved"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "lease_expires_at", b"lease_expires_at", "moved", b"moved"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
