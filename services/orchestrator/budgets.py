@@ -194,21 +194,29 @@ async def leased_configs(
     found: dict[str, AgentConfig] = {}
     leased = list(leased)
     # A run leased before (a retry, a resume, a requeue) has spent some of its wall clock: what
-    # the batch's such runs ran, in one statement for the batch.
+    # the batch's such runs ran, in one statement for the batch. A run at its first lease
+    # (epoch 1) has run nothing, spent nothing and started no child: its ceilings stand as its
+    # agent and its budget set them, with no statement.
     clocks = {
         run.run_id: clock
         for run, config in leased
         if (clock := wall_clock_ceiling(config.limits, run.tree_budget))
         and (run.lease_epoch > 1 or run.tree_budget is not None)
     }
-    ran = await elapsed_of(conn, clocks)
+    ran = await elapsed_of(
+        conn, [r.run_id for r, _ in leased if r.lease_epoch > 1 and r.run_id in clocks]
+    )
     for run, config in leased:
         lowered: dict[str, Any] = {}
         if run.run_id in clocks:
             spent_s = ran.get(run.run_id, 0.0)
             lowered[WALL_CLOCK] = max(clocks[run.run_id] - spent_s, LEAST_WALL_CLOCK_S)
         if run.tree_budget is not None or config.delegation is not None:
-            remaining = await left(conn, run, config.limits)
+            remaining = (
+                ceilings(config.limits, run.tree_budget)
+                if run.lease_epoch == 1
+                else await left(conn, run, config.limits)
+            )
             lowered |= {
                 name: max(value, 0 if name == "max_steps" else 1)
                 for name, value in remaining.items()
