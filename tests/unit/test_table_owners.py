@@ -71,7 +71,7 @@ EXCEPTIONS = {
     ("services/orchestrator/repositories/leases.py", "tenants"),
     # Reads of the operator's settings of a tenant: its weight (admission's start tag) and its
     # cap on runs running at once (the claim).
-    ("services/orchestrator/repositories/intake.py", "tenants"),
+    ("services/orchestrator/repositories/fair_tags.py", "tenants"),
     # A child run (a `delegate` call's) is made with its own session and the message that is its
     # input, in one transaction with its parent's child.started: the intake's crossing, the
     # other way (run trees, issue 33).

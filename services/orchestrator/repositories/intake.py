@@ -11,35 +11,30 @@ first attempt, event, stored format, whether it heads its session) is written he
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
-from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import (
     CTE,
     BigInteger,
     ColumnElement,
-    Double,
     Integer,
     Select,
     SmallInteger,
     Text,
-    and_,
     bindparam,
-    case,
-    cast,
     exists,
     func,
     insert,
     literal,
-    or_,
     select,
-    true,
     update,
 )
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+# RACED and retag are admission's too (it may import the intake alone of the orchestrator).
+from services.orchestrator.repositories.fair_tags import QUEUE_ROW, START
+from services.orchestrator.repositories.fair_tags import RACED as RACED
+from services.orchestrator.repositories.fair_tags import retag as retag
 from services.orchestrator.repositories.transitions import (
     EVENT_COUNT,
     appended_events,
@@ -47,13 +42,9 @@ from services.orchestrator.repositories.transitions import (
 )
 from tether import formats
 from tether.db.schema import (
-    in_state,
     messages,
     runs,
     sessions,
-    tenant_queues,
-    tenant_stripes,
-    tenants,
 )
 from tether.domain import Run, run_queued
 from tether.domain.channels import pinned_channel
@@ -89,210 +80,6 @@ FACTS = (
 )
 
 
-_FAIR_TENANT = bindparam("fq_tenant_id", type_=Text)
-# A tenant's finish tag is striped over this many rows (tenant_stripes): its admissions take
-# tags from different stripes at once, so as many admissions of one tenant as this go on
-# without waiting for each other's commits.
-STRIPES = 16
-# The queue's virtual time: the least start tag of a claimable run not leased before (one scan
-# of ix_runs_fair, past the runs queued again: a run refused by the model rate limit, retried or
-# resumed keeps its tag, but its turn was served, and a newcomer starting level with it would
-# go ahead of every run not yet leased); with none queued, the latest finish tag of any tenant
-# (one probe of ix_tenant_stripes_tail), so that a tenant busy long ago starts level with the
-# rest, not behind them.
-_VIRTUAL_TIME = func.coalesce(
-    select(runs.c.fair_key)
-    .where(
-        in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head, runs.c.started_at.is_(None)
-    )
-    .order_by(runs.c.fair_key)
-    .limit(1)
-    .scalar_subquery(),
-    select(func.max(tenant_stripes.c.tail)).scalar_subquery(),
-    literal(0.0, Double),
-)
-# The virtual time and the tenant's weight (tenants.weight, 1 when unset), read once.
-_CLOCK = select(
-    _VIRTUAL_TIME.label("vt"),
-    cast(
-        func.coalesce(
-            select(tenants.c.weight).where(tenants.c.tenant_id == _FAIR_TENANT).scalar_subquery(),
-            1,
-        ),
-        Double,
-    ).label("w"),
-).cte("fair_clock")
-
-
-def _stride(clock: Any) -> Any:
-    """One run's worth of a stripe's tags: STRIPES runs of the tenant, 1 / weight each."""
-    return literal(float(STRIPES), Double) / clock.c.w
-
-
-_STRIDE = _stride(_CLOCK)
-
-
-def _offer(stripe: Any, clock: Any = _CLOCK) -> Any:
-    """A stripe's next tag: its tail, or, when the virtual time has passed it, the first tag of
-    the stripe's from the virtual time on (in the tenant's units u = vt * weight: the least
-    u + d, 0 <= d < STRIPES, with u + d = the stripe's number modulo STRIPES). The stripes'
-    first tags past the virtual time are the tenant's next STRIPES tags, the least within one
-    run's tag of it."""
-    u = clock.c.vt * clock.c.w
-    behind = cast(stripe.c.stripe, Double) - u
-    stripes = literal(float(STRIPES), Double)
-    first = (u + behind - stripes * func.floor(behind / stripes)) / clock.c.w
-    return func.greatest(stripe.c.tail, first)
-
-
-# The run's start tag (start-time fair queueing), in this order:
-# - the tenant's free stripe with the least next tag, locked without waiting (SKIP LOCKED: a
-#   stripe another admission holds is left to it), the stripe's tail moving on by _STRIDE;
-_PICK = (
-    select(tenant_stripes.c.tenant_id, tenant_stripes.c.stripe)
-    .select_from(tenant_stripes.join(_CLOCK, true()))
-    .where(tenant_stripes.c.tenant_id == _FAIR_TENANT)
-    .order_by(_offer(tenant_stripes), tenant_stripes.c.stripe)
-    .limit(1)
-    .with_for_update(skip_locked=True, of=tenant_stripes)
-    .cte("fair_pick")
-)
-# The clock read in scalar subqueries (in an upsert's SET and RETURNING).
-_CLOCK_READ = SimpleNamespace(
-    c=SimpleNamespace(
-        vt=select(_CLOCK.c.vt).scalar_subquery(), w=select(_CLOCK.c.w).scalar_subquery()
-    )
-)
-
-
-def _moved_on(source: Select[Any], name: str, *, unless_moved: bool = False) -> CTE:
-    """The stripe `source` selects (tenant_id, stripe, tail) moved on by one run: an upsert on
-    the existing row (an UPDATE would take the admission's `tenant_id` parameter as a value
-    to SET), returning the run's start tag. `unless_moved`: only while its tail is still the
-    one `source` read (else nothing, and no row comes back)."""
-    upsert = pg_insert(tenant_stripes).from_select(["tenant_id", "stripe", "tail"], source)
-    return (
-        upsert.on_conflict_do_update(
-            index_elements=[tenant_stripes.c.tenant_id, tenant_stripes.c.stripe],
-            set_={"tail": _offer(tenant_stripes, _CLOCK_READ) + _stride(_CLOCK_READ)},
-            where=(tenant_stripes.c.tail == upsert.excluded.tail) if unless_moved else None,
-        )
-        .returning((tenant_stripes.c.tail - _stride(_CLOCK_READ)).label("start"))
-        .cte(name)
-    )
-
-
-# The picked stripe's tail as this statement's snapshot has it. The pick chose by it; but when
-# another admission took the stripe and committed after the snapshot and before the pick's lock,
-# the lock goes to the row as it is now (PostgreSQL re-reads a row updated meanwhile, and the
-# pick's own columns with it), whose next tag is a round of stripes on while a lower one may be
-# free. The stripe is then left as it is, and the run retagged (`retag`, a new snapshot).
-_AS_READ = tenant_stripes.alias("stripe_as_read")
-_TAIL_AS_READ = (
-    select(_AS_READ.c.tail)
-    .where(_AS_READ.c.tenant_id == _PICK.c.tenant_id, _AS_READ.c.stripe == _PICK.c.stripe)
-    .scalar_subquery()
-)
-_TAKEN = _moved_on(
-    select(_PICK.c.tenant_id, _PICK.c.stripe, _TAIL_AS_READ), "fair_taken", unless_moved=True
-)
-# - when every stripe is held (more admissions of the tenant at once than STRIPES), the one
-#   with the least next tag, waiting for it;
-_LEAST = tenant_stripes.alias("least_stripe")
-_WAITED = _moved_on(
-    select(_LEAST.c.tenant_id, _LEAST.c.stripe, literal(0.0, Double))
-    .select_from(_LEAST.join(_CLOCK, true()))
-    .where(_LEAST.c.tenant_id == _FAIR_TENANT, ~exists(select(_PICK.c.stripe)))
-    .order_by(_offer(_LEAST), _LEAST.c.stripe)
-    .limit(1),
-    "fair_waited",
-)
-# - the tenant's first run: its stripes are made, the first of them taken (and its row in
-#   tenant_queues, which a claim locks when the tenant has a cap). Two first runs at once: the
-#   later finds the stripes made by the other and starts at the virtual time.
-_NO_STRIPES = ~exists(
-    select(tenant_stripes.c.stripe).where(tenant_stripes.c.tenant_id == _FAIR_TENANT)
-)
-_UNITS = func.ceil(_CLOCK.c.vt * _CLOCK.c.w)
-_NUMBERS = (
-    func.generate_series(0, STRIPES - 1).table_valued("n").render_derived(name="stripe_numbers")
-)
-_MADE = (
-    pg_insert(tenant_stripes)
-    .from_select(
-        ["tenant_id", "stripe", "tail"],
-        select(
-            tenants.c.tenant_id,
-            _NUMBERS.c.n,
-            case(
-                (
-                    _NUMBERS.c.n == func.mod(cast(_UNITS, BigInteger), STRIPES),
-                    _UNITS / _CLOCK.c.w + _STRIDE,
-                ),
-                else_=literal(0.0, Double),
-            ),
-        )
-        .select_from(tenants.join(_NUMBERS, true()).join(_CLOCK, true()))
-        .where(tenants.c.tenant_id == _FAIR_TENANT, _NO_STRIPES),
-    )
-    .on_conflict_do_nothing()
-    .returning(tenant_stripes.c.tail)
-    .cte("fair_made")
-)
-_QUEUE_ROW = (
-    pg_insert(tenant_queues)
-    .from_select(
-        ["tenant_id"],
-        select(tenants.c.tenant_id).where(tenants.c.tenant_id == _FAIR_TENANT, _NO_STRIPES),
-    )
-    .on_conflict_do_nothing()
-    .returning(tenant_queues.c.tenant_id)
-    .cte("fair_queue_row")
-)
-_START = func.coalesce(
-    select(_TAKEN.c.start).scalar_subquery(),
-    select(_WAITED.c.start).scalar_subquery(),
-    select(func.max(_MADE.c.tail - _STRIDE))
-    .select_from(_MADE.join(_CLOCK, true()))
-    .scalar_subquery(),
-    select(_CLOCK.c.vt).scalar_subquery(),
-)
-# Whether the run's tag fell through to the virtual time: it was one of its tenant's first runs
-# admitted at once, and another admission made the stripes, which this statement, having waited
-# for that one to commit, could not see; or the stripe it picked moved before it locked it. The
-# caller then has `retag` take it a tag (one more statement, for these runs only); left at the
-# virtual time, a burst of a new tenant's first runs would all share one tag and go ahead of
-# every other tenant's.
-_TOOK = or_(exists(select(_TAKEN.c.start)), exists(select(_WAITED.c.start)))
-RACED = and_(~_TOOK, ~exists(select(_MADE.c.tail))).label("fair_raced")
-_RETAG = (
-    update(runs)
-    .where(runs.c.run_id == bindparam("rt_run_id"))
-    .values(
-        fair_key=func.coalesce(
-            select(_TAKEN.c.start).scalar_subquery(),
-            select(_WAITED.c.start).scalar_subquery(),
-            select(_CLOCK.c.vt).scalar_subquery(),
-        )
-    )
-    .returning(runs.c.fair_key, _TOOK.label("took"))
-)
-# How many times `retag` tries again when the stripe it picked moved before it locked it.
-RETAGS = 3
-
-
-async def retag(conn: AsyncConnection, run: Run) -> Run:
-    """`run` (just queued, its statement RACED) with a start tag taken from its tenant's
-    stripes, now that the admission that made them committed."""
-    for _ in range(RETAGS):
-        row = (
-            await conn.execute(_RETAG, {"rt_run_id": run.run_id, "fq_tenant_id": run.tenant_id})
-        ).one()
-        if row.took:
-            break
-    return replace(run, fair_key=row.fair_key)
-
-
 def queued_run(source: Select[Any]) -> tuple[CTE, CTE]:
     """The insert of a queued run whose facts `source` selects (FACTS, in order), with its
     priority and its start tag among every tenant's runs (its tenant's tags move on), and the
@@ -307,11 +94,11 @@ def queued_run(source: Select[Any]) -> tuple[CTE, CTE]:
                 EVENT_COUNT.cast(BigInteger),
                 literal(formats.CURRENT, SmallInteger),
                 bindparam("fq_priority", type_=SmallInteger),
-                _START,
+                START,
             ),
         )
         .returning(*runs.c)
-        .add_cte(_QUEUE_ROW)
+        .add_cte(QUEUE_ROW)
         .cte("queued_run")
     )
     return run, appended_events(run)

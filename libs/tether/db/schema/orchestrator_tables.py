@@ -500,7 +500,7 @@ tenant_queues = Table(
 Index("ix_tenant_queues_tail", tenant_queues.c.tail)
 
 # Each tenant's finish tag (fair leases, start-time fair queueing), striped over
-# intake.STRIPES rows so that the tenant's admissions do not wait for each other: stripe s hands
+# fair_tags.STRIPES rows so that the tenant's admissions do not wait for each other: stripe s hands
 # out the tenant's tags s, s + STRIPES, s + 2 STRIPES, ... (in steps of 1 / tenants.weight), its
 # `tail` the next of them; an admission takes the stripe with the least next tag that no other
 # admission holds (intake.queued_run).
