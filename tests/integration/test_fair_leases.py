@@ -10,6 +10,7 @@ import itertools
 import time
 from collections import Counter
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from sqlalchemy import select, text, update
@@ -19,7 +20,7 @@ from services.admission import repository as admission
 from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
 from services.orchestrator.execution import Execution
-from services.orchestrator.repositories.intake import STRIPES
+from services.orchestrator.repositories.fair_tags import STRIPES
 from tests.integration.test_admission import _tenant, chat
 from tether import priorities
 from tether.db.schema import runs, tenants
@@ -159,6 +160,22 @@ async def test_an_unknown_priority_is_refused_before_anything_is_written() -> No
     assert "high, normal, low" in str(refused.value)
 
 
+async def _until_waiting(engine: AsyncEngine, admission: asyncio.Task[Any]) -> None:
+    """Return once a statement of the test's database waits for a lock (`admission`'s: it must
+    not have ended meanwhile). Each look is its own transaction: PostgreSQL keeps what a
+    transaction first saw of pg_stat_activity until it ends."""
+    waiting = text(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    )
+    deadline = time.monotonic() + 10
+    async with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
+        while (await conn.execute(waiting)).scalar_one() == 0:
+            assert time.monotonic() < deadline, "the admission never waited"
+            assert not admission.done(), "admitted while what it waits for was held"
+            await asyncio.sleep(0.05)  # polling pg_stat_activity for the wait
+
+
 async def _admit_uncommitted(engine: AsyncEngine, tenant: str, name: str) -> AsyncConnection:
     """Admit a run of `tenant` in a transaction left open (the caller commits it): what it
     holds, it holds until then."""
@@ -212,16 +229,7 @@ async def test_with_every_stripe_held_an_admission_waits_for_the_next_tag(
     held = [await _admit_uncommitted(engine, "ts", f"ts-held-{i}") for i in range(STRIPES)]
     late = asyncio.create_task(admitter.admit(chat("ts-late", tenant="ts", conversation="ts-late")))
     try:
-        async with engine.connect() as conn:
-            waiting = text(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-            )
-            deadline = time.monotonic() + 10
-            while (await conn.execute(waiting)).scalar_one() == 0:
-                assert time.monotonic() < deadline, "the late admission never waited"
-                assert not late.done(), "admitted while every stripe was held"
-                await asyncio.sleep(0.05)  # polling pg_stat_activity for the wait
+        await _until_waiting(engine, late)
         # It waits for the stripe with the least next tag (the first held), and takes that
         # stripe's next one once it commits.
         await held[0].commit()
@@ -245,16 +253,7 @@ async def test_a_tenants_first_admissions_at_once_take_their_own_tags(
     admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
     second = asyncio.create_task(admitter.admit(chat("tf-2", tenant="tf", conversation="tf-2")))
     try:
-        async with engine.connect() as conn:
-            waiting = text(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-            )
-            deadline = time.monotonic() + 10
-            while (await conn.execute(waiting)).scalar_one() == 0:
-                assert time.monotonic() < deadline, "the second admission never waited"
-                assert not second.done(), "admitted while the first one's stripes were held"
-                await asyncio.sleep(0.05)  # polling pg_stat_activity for the wait
+        await _until_waiting(engine, second)
         await held.commit()
         await asyncio.wait_for(second, 10)
     finally:

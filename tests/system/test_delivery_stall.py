@@ -53,7 +53,9 @@ async def _waiting_on_a_lock(db_url: str) -> None:
         " WHERE wait_event_type = 'Lock' AND datname = current_database()"
     )
     try:
-        async with engine.connect() as conn:
+        # Each look its own transaction: PostgreSQL keeps what a transaction first saw of
+        # pg_stat_activity until it ends.
+        async with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
 
             async def some() -> bool | None:
                 return (await conn.execute(waiting)).scalar_one() > 0 or None
