@@ -14,6 +14,7 @@ from services.orchestrator.catalog import ToolCatalog
 from services.orchestrator.channel_statuses import channel_statuses_of
 from services.orchestrator.execution import Execution
 from services.orchestrator.knowledge import Knowledge
+from services.orchestrator.model_limit_edge import model_limit_writes
 from services.orchestrator.rate_limits import ModelLimits
 from services.orchestrator.repositories import channel_statuses as statuses_repo
 from services.orchestrator.repositories.agents import Published, Version
@@ -22,11 +23,7 @@ from services.orchestrator.service import Runs
 from services.orchestrator.webhooks import Subscriptions
 from services.orchestrator.webhooks_edge import WebhookRpcs
 from services.orchestrator.work import Work, WorkSettings
-from services.orchestrator.worker_edge import (
-    ExecutionServicer,
-    lease_response,
-    model_limit_writes,
-)
+from services.orchestrator.worker_edge import ExecutionServicer, lease_response
 from tether.convert import (
     attempt_to_proto,
     document_to_proto,

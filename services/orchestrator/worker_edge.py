@@ -3,10 +3,9 @@ calls and on its Work stream, and the leases pushed to it. Protobuf stops here."
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC
 from typing import Any
 
 import grpc
@@ -25,7 +24,6 @@ from services.orchestrator.lease_histories import (
     split,
     with_history,
 )
-from services.orchestrator.rate_limits import ModelLimits
 from services.orchestrator.work import Work, Write
 from tether import telemetry
 from tether.convert import (
@@ -50,7 +48,6 @@ from tether.convert.work import (
 from tether.domain import Assignment, EarlierRun, EffectState, Lease, Part
 from tether.domain.runs import Run
 from tether.errors import InvalidArgument
-from tether.ratelimits import Headers
 from tether.states import RunStatus
 from tether.telemetry import metrics, tracing
 from tether.telemetry.logs import bind_run
@@ -117,56 +114,6 @@ def lease_response(
     if histories is None:
         return response
     return with_history(response, claimed, histories, held, new)
-
-
-# What a replica that keeps no limits grants: a reservation no replica that keeps them issues
-# (a worker's reserve re-sent to it after a reconnect, during a deploy that turns limits on).
-# The most a settlement's headers_age_s is taken at (a call's stream and the trip here).
-MAX_HEADERS_AGE_S = 600.0
-UNLIMITED_RESERVATION = 2**64 - 1
-
-
-def model_limit_writes(limits: ModelLimits | None) -> dict[type[Message], Write]:
-    """The Work stream's reservation and settlement of model calls, granted from memory; with
-    no limits kept, every reservation is granted and every settlement dropped."""
-
-    async def reserve(request: Any) -> Message:
-        if limits is None:
-            return orchestrator_pb2.ReserveModelResponse(reservation_id=UNLIMITED_RESERVATION)
-        if not request.model:
-            raise InvalidArgument("a reservation names its model")
-        reservation_id, wait = limits.reserve(
-            request.run_id,
-            request.epoch,
-            request.credential_id,
-            request.model,
-            request.input_tokens,
-            request.output_tokens,
-        )
-        return orchestrator_pb2.ReserveModelResponse(
-            reservation_id=reservation_id, wait_ms=int(wait * 1000) + (1 if wait else 0)
-        )
-
-    async def settle(request: Any) -> Message:
-        if limits is None:
-            return orchestrator_pb2.SettleModelResponse()
-        used = (
-            {"input_tokens": float(request.input_tokens), "output_tokens": request.output_tokens}
-            if request.used
-            else None
-        )
-        # The -reset times as of when the worker received them (what they say is "full in so
-        # many seconds from then").
-        age = request.headers_age_s if math.isfinite(request.headers_age_s) else 0.0
-        received = datetime.now(UTC) - timedelta(seconds=min(max(0.0, age), MAX_HEADERS_AGE_S))
-        headers = Headers.read(dict(request.headers), now=received)
-        limits.settle(request.reservation_id, request.credential_id, request.model, used, headers)
-        return orchestrator_pb2.SettleModelResponse()
-
-    return {
-        orchestrator_pb2.ReserveModelRequest: reserve,
-        orchestrator_pb2.SettleModelRequest: settle,
-    }
 
 
 class ExecutionServicer:

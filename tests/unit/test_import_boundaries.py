@@ -31,6 +31,7 @@ WIRE_EDGES = {
     "services/admission/stream.py": "the AdmitStream, admission's end: each call as Admit's",
     "services/orchestrator/servicer.py": "the orchestrator's gRPC edge",
     "services/orchestrator/worker_edge.py": "the worker-facing calls, converted to domain types",
+    "services/orchestrator/model_limit_edge.py": "the Work stream's model-limit writes",
     "services/orchestrator/work.py": "the Work stream, the orchestrator's end",
     "services/orchestrator/lease_histories.py": "a pushed lease told how its history stands "
     "to what the stream's worker holds (LeaseHistory)",

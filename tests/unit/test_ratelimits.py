@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from services.orchestrator.model_limit_edge import UNLIMITED_RESERVATION, model_limit_writes
 from services.orchestrator.rate_limits import ModelLimits
-from services.orchestrator.worker_edge import UNLIMITED_RESERVATION, model_limit_writes
 from tether.errors import InvalidArgument
 from tether.ratelimits import Headers, Limit, credential_id, limit_for, parse_model_limits
 from tether.v1 import orchestrator_pb2

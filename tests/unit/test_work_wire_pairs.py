@@ -8,8 +8,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from services.orchestrator.model_limit_edge import model_limit_writes
 from services.orchestrator.rate_limits import ModelLimits
-from services.orchestrator.worker_edge import ExecutionServicer, model_limit_writes
+from services.orchestrator.worker_edge import ExecutionServicer
 from tether.convert.render import (
     render_job_from_proto,
     render_job_to_proto,
