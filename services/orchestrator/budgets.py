@@ -136,12 +136,6 @@ async def pinned_config(conn: AsyncConnection, run: Run) -> AgentConfig | None:
     return AgentConfig.from_json(stored) if stored else None
 
 
-async def _limits_of(conn: AsyncConnection, run: Run) -> Limits:
-    """The limits of the routing a run is pinned to (a leased run's)."""
-    config = await pinned_config(conn, run)
-    return config.limits if config is not None else Limits()
-
-
 async def left(conn: AsyncConnection, run: Run, limits: Limits) -> dict[str, int]:
     """What the run has left for itself and new children: its ceilings less what its subtree
     spent, less what its active children still hold in reserve."""
@@ -160,12 +154,14 @@ async def left(conn: AsyncConnection, run: Run, limits: Limits) -> dict[str, int
     return remaining
 
 
-async def child_budget(conn: AsyncConnection, parent: Run, share: int) -> dict[str, float]:
-    """The ceilings a new child of `parent` reserves: 1/`share` of what the parent has left in
+async def child_budget(
+    conn: AsyncConnection, parent: Run, limits: Limits, share: int
+) -> dict[str, float]:
+    """The ceilings a new child of `parent` (whose pinned routing's limits are `limits`)
+    reserves: 1/`share` of what the parent has left in
     each dimension it has a ceiling in, and its wall-clock time left (children run at once: each
     may take all of it). InvalidArgument (the model reads it) when the parent has nothing left
     to give in one of them."""
-    limits = await _limits_of(conn, parent)
     remaining = await left(conn, parent, limits)
     exhausted = [_WORDS[name] for name, value in remaining.items() if value <= 0]
     clock = wall_clock_ceiling(limits, parent.tree_budget)

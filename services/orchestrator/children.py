@@ -29,6 +29,7 @@ from services.orchestrator.repositories.transitions import Moved, apply
 from tether import states
 from tether.bus import Bus
 from tether.domain import (
+    Limits,
     Run,
     RunError,
     child_completed,
@@ -124,7 +125,8 @@ class Children:
                     f"this run has started its {max_children} children, as many as it may: "
                     "do the rest yourself"
                 )
-            budget = await budgets.child_budget(conn, parent, share)
+            limits = config.limits if config is not None else Limits()
+            budget = await budgets.child_budget(conn, parent, limits, share)
             child = await intake.create_child_run(
                 conn,
                 parent,
