@@ -274,6 +274,35 @@ class Orchestrator:
         calls: int = 0,
     ) -> Delivery:
         """Move the delivery on (an outcome appends its delivery.* event); as recorded now."""
+        response = await self._write_delivery(
+            lease,
+            delivery_id,
+            state,
+            provider_message_id=provider_message_id,
+            error=error,
+            calls=calls,
+        )
+        return delivery_from_proto(response.delivery, lease.run_id)
+
+    async def count_delivery_call(self, lease: Lease, delivery_id: str) -> datetime | None:
+        """Count a provider call about to be made (before it is: a later attempt knows one may
+        have landed); when the lease that write extended lapses (None: the orchestrator did not
+        say, a release before it did)."""
+        response = await self._write_delivery(lease, delivery_id, PENDING, calls=1)
+        if not response.HasField("lease_expires_at"):
+            return None
+        return response.lease_expires_at.ToDatetime(tzinfo=UTC)
+
+    async def _write_delivery(
+        self,
+        lease: Lease,
+        delivery_id: str,
+        state: str,
+        *,
+        provider_message_id: str = "",
+        error: RunError | None = None,
+        calls: int = 0,
+    ) -> orchestrator_pb2.RecordDeliveryResponse:
         request = orchestrator_pb2.RecordDeliveryRequest(
             run_id=lease.run_id,
             epoch=lease.epoch,
@@ -285,24 +314,7 @@ class Orchestrator:
         if error is not None:
             request.error.CopyFrom(error_to_proto(error))
         response: orchestrator_pb2.RecordDeliveryResponse = await self._stream.write(request)
-        return delivery_from_proto(response.delivery, lease.run_id)
-
-    async def count_delivery_call(self, lease: Lease, delivery_id: str) -> datetime | None:
-        """Count a provider call about to be made (before it is: a later attempt knows one may
-        have landed); when the lease that write extended lapses (None: the orchestrator did not
-        say, a release before it did)."""
-        response: orchestrator_pb2.RecordDeliveryResponse = await self._stream.write(
-            orchestrator_pb2.RecordDeliveryRequest(
-                run_id=lease.run_id,
-                epoch=lease.epoch,
-                delivery_id=delivery_id,
-                state=PENDING,
-                calls=1,
-            )
-        )
-        if not response.HasField("lease_expires_at"):
-            return None
-        return response.lease_expires_at.ToDatetime(tzinfo=UTC)
+        return response
 
     async def find_channel_status(
         self, lease: Lease, channel_id: str, callback_data: str
