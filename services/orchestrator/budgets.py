@@ -15,16 +15,18 @@ input tokens and cost pass it by at most one turn (they are known only once the 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import case, func, literal, select
+from sqlalchemy import Text, bindparam, case, func, literal, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tether.db.schema import attempts, routings, runs, usage_turns
+from tether.db.schema import attempts, runs, usage_turns
 from tether.domain import AgentConfig, Limits, Run
 from tether.errors import InvalidArgument
 from tether.states import TERMINAL
+
+_ENDED = frozenset(s.value for s in TERMINAL)
 
 # The ceilings a tree shares, by their `Limits` names (0: none, but for max_steps).
 DIMENSIONS = ("max_input_tokens", "max_output_tokens", "max_cost_micros", "max_steps")
@@ -49,36 +51,6 @@ def ceilings(limits: Limits, budget: Mapping[str, Any] | None) -> dict[str, int]
     return found
 
 
-def _subtree_ids(run_id: str) -> Any:
-    """The run and every run below it in its tree (a recursive CTE of run ids)."""
-    below = select(literal(run_id).label("run_id")).cte("tree_ids", recursive=True)
-    child = runs.alias("tree_child")
-    return below.union_all(
-        select(child.c.run_id).where(child.c.tree_parent_run_id == below.c.run_id)
-    )
-
-
-async def spent(conn: AsyncConnection, run_id: str) -> dict[str, int]:
-    """What the run and every run below it have spent, over all their attempts."""
-    ids = _subtree_ids(run_id)
-    row = (
-        await conn.execute(
-            select(
-                func.coalesce(func.sum(usage_turns.c.input_tokens), 0).label("input"),
-                func.coalesce(func.sum(usage_turns.c.output_tokens), 0).label("output"),
-                func.coalesce(func.sum(usage_turns.c.cost_micros), 0).label("cost"),
-                func.count(usage_turns.c.id).label("steps"),
-            ).where(usage_turns.c.run_id.in_(select(ids.c.run_id)))
-        )
-    ).one()
-    return {
-        "max_input_tokens": int(row.input),
-        "max_output_tokens": int(row.output),
-        "max_cost_micros": int(row.cost),
-        "max_steps": int(row.steps),
-    }
-
-
 # The run-level deadline: `limits.wall_clock_seconds` counts the time the run's attempts ran,
 # from its first start; time parked (for a person, a timer, its children) or waiting for a
 # retry holds no attempt and does not count. A ceiling this close to spent still bounds the
@@ -101,17 +73,6 @@ def _ran(current: bool) -> Any:
     )
 
 
-async def elapsed_s(conn: AsyncConnection, run_id: str, *, current: bool) -> float:
-    """Seconds the run's attempts have run: those that ended, and with `current` the one under
-    way, until now."""
-    seconds = await conn.scalar(
-        select(func.coalesce(func.sum(func.extract("epoch", _ran(current))), 0)).where(
-            attempts.c.run_id == run_id
-        )
-    )
-    return float(seconds or 0)
-
-
 async def elapsed_of(conn: AsyncConnection, run_ids: Collection[str]) -> dict[str, float]:
     """Seconds each run's ended attempts ran, by run id, in one statement (none for none)."""
     if not run_ids:
@@ -124,34 +85,74 @@ async def elapsed_of(conn: AsyncConnection, run_ids: Collection[str]) -> dict[st
     return {row[0]: float(row[1] or 0) for row in found}
 
 
-def _left(held: Mapping[str, int], used: Mapping[str, int]) -> dict[str, int]:
-    return {name: held[name] - used.get(name, 0) for name in held}
-
-
-async def pinned_config(conn: AsyncConnection, run: Run) -> AgentConfig | None:
-    """The configuration of the routing a run is pinned to (a leased run's), None before."""
-    stored = await conn.scalar(
-        select(routings.c.config).where(routings.c.routing_id == run.routing_id)
+# What a run's subtree spent, by the branch it was spent in: the run's own turns (top NULL) and
+# each child's subtree (top: that child), with each child's status and reserve; and the
+# seconds the run's attempts ran. One statement (a recursive walk of the subtree), however many
+# children the run has.
+_TREE = (
+    select(runs.c.run_id.label("run_id"), literal(None, Text).label("top"))
+    .where(runs.c.run_id == bindparam("b_run_id"))
+    .cte("tree_ids", recursive=True)
+)
+_BELOW = runs.alias("tree_child")
+_TREE = _TREE.union_all(
+    select(_BELOW.c.run_id, func.coalesce(_TREE.c.top, _BELOW.c.run_id)).where(
+        _BELOW.c.tree_parent_run_id == _TREE.c.run_id
     )
-    return AgentConfig.from_json(stored) if stored else None
-
-
-async def left(conn: AsyncConnection, run: Run, limits: Limits) -> dict[str, int]:
-    """What the run has left for itself and new children: its ceilings less what its subtree
-    spent, less what its active children still hold in reserve."""
-    remaining = _left(ceilings(limits, run.tree_budget), await spent(conn, run.run_id))
-    active = await conn.execute(
-        select(runs.c.run_id, runs.c.tree_budget).where(
-            runs.c.tree_parent_run_id == run.run_id,
-            runs.c.status.not_in([s.value for s in TERMINAL]),
-        )
+)
+_USED = (
+    select(
+        _TREE.c.top,
+        func.coalesce(func.sum(usage_turns.c.input_tokens), 0).label("max_input_tokens"),
+        func.coalesce(func.sum(usage_turns.c.output_tokens), 0).label("max_output_tokens"),
+        func.coalesce(func.sum(usage_turns.c.cost_micros), 0).label("max_cost_micros"),
+        func.count(usage_turns.c.id).label("max_steps"),
     )
-    for child in list(active):
-        child_used = await spent(conn, child.run_id)
-        for name, reserved in (child.tree_budget or {}).items():
-            if name in remaining:
-                remaining[name] -= max(int(reserved) - child_used.get(name, 0), 0)
-    return remaining
+    .select_from(_TREE.outerjoin(usage_turns, usage_turns.c.run_id == _TREE.c.run_id))
+    .group_by(_TREE.c.top)
+    .cte("used")
+)
+_TOP = runs.alias("top_run")
+
+
+def _account(current: bool) -> Any:
+    ran = (
+        select(func.coalesce(func.sum(func.extract("epoch", _ran(current))), 0))
+        .where(attempts.c.run_id == bindparam("b_run_id"))
+        .scalar_subquery()
+    )
+    return select(*_USED.c, _TOP.c.status, _TOP.c.tree_budget, ran.label("elapsed_s")).select_from(
+        _USED.outerjoin(_TOP, _TOP.c.run_id == _USED.c.top)
+    )
+
+
+_ACCOUNT = {current: _account(current) for current in (False, True)}
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    """What a run has left for itself and new children in each dimension it has a ceiling in
+    (its ceilings less what its subtree spent, less what its active children still hold in
+    reserve), and the seconds its attempts ran (the one under way too when asked)."""
+
+    left: dict[str, int]
+    elapsed_s: float
+
+
+async def account(
+    conn: AsyncConnection, run: Run, limits: Limits, *, current: bool = False
+) -> Account:
+    """The run's account (see `Account`): one statement."""
+    remaining = ceilings(limits, run.tree_budget)
+    elapsed = 0.0
+    for row in await conn.execute(_ACCOUNT[current], {"b_run_id": run.run_id}):
+        elapsed = float(row.elapsed_s or 0)
+        active = row.top is not None and row.status not in _ENDED
+        reserve = (row.tree_budget or {}) if active else {}
+        for name in remaining:
+            used = int(getattr(row, name))
+            remaining[name] -= used + max(int(reserve.get(name, 0)) - used, 0)
+    return Account(remaining, elapsed)
 
 
 async def child_budget(
@@ -162,10 +163,11 @@ async def child_budget(
     each dimension it has a ceiling in, and its wall-clock time left (children run at once: each
     may take all of it). InvalidArgument (the model reads it) when the parent has nothing left
     to give in one of them."""
-    remaining = await left(conn, parent, limits)
+    found = await account(conn, parent, limits, current=True)
+    remaining = found.left
     exhausted = [_WORDS[name] for name, value in remaining.items() if value <= 0]
     clock = wall_clock_ceiling(limits, parent.tree_budget)
-    time_left = clock - await elapsed_s(conn, parent.run_id, current=True) if clock else 0.0
+    time_left = clock - found.elapsed_s if clock else 0.0
     if clock and time_left <= 0:
         exhausted.append("wall-clock time")
     if exhausted:
@@ -189,29 +191,41 @@ async def leased_configs(
     before has its wall clock lowered by what its attempts ran (the others are left out)."""
     found: dict[str, AgentConfig] = {}
     leased = list(leased)
-    # A run leased before (a retry, a resume, a requeue) has spent some of its wall clock: what
-    # the batch's such runs ran, in one statement for the batch. A run at its first lease
-    # (epoch 1) has run nothing, spent nothing and started no child: its ceilings stand as its
-    # agent and its budget set them, with no statement.
+
+    # A run leased before (a retry, a resume, a requeue) has spent some of its wall clock, and
+    # one of a tree some of its ceilings: a tree's such run reads both in its account (one
+    # statement each), the batch's other such runs their time in one statement. A run at its
+    # first lease (epoch 1) has run nothing, spent nothing and started no child: its ceilings
+    # stand as its agent and its budget set them, with no statement.
+    def in_tree(run: Run, config: AgentConfig) -> bool:
+        return run.tree_budget is not None or config.delegation is not None
+
+    accounts = {
+        run.run_id: await account(conn, run, config.limits)
+        for run, config in leased
+        if run.lease_epoch > 1 and in_tree(run, config)
+    }
     clocks = {
         run.run_id: clock
         for run, config in leased
         if (clock := wall_clock_ceiling(config.limits, run.tree_budget))
         and (run.lease_epoch > 1 or run.tree_budget is not None)
     }
-    ran = await elapsed_of(
-        conn, [r.run_id for r, _ in leased if r.lease_epoch > 1 and r.run_id in clocks]
+    ran = {run_id: found.elapsed_s for run_id, found in accounts.items()}
+    ran |= await elapsed_of(
+        conn,
+        [r.run_id for r, _ in leased if r.lease_epoch > 1 and r.run_id in clocks.keys() - ran],
     )
     for run, config in leased:
         lowered: dict[str, Any] = {}
         if run.run_id in clocks:
             spent_s = ran.get(run.run_id, 0.0)
             lowered[WALL_CLOCK] = max(clocks[run.run_id] - spent_s, LEAST_WALL_CLOCK_S)
-        if run.tree_budget is not None or config.delegation is not None:
+        if in_tree(run, config):
             remaining = (
-                ceilings(config.limits, run.tree_budget)
-                if run.lease_epoch == 1
-                else await left(conn, run, config.limits)
+                accounts[run.run_id].left
+                if run.run_id in accounts
+                else ceilings(config.limits, run.tree_budget)
             )
             lowered |= {
                 name: max(value, 0 if name == "max_steps" else 1)

@@ -29,6 +29,7 @@ from services.orchestrator.repositories.transitions import Moved, apply
 from tether import states
 from tether.bus import Bus
 from tether.domain import (
+    AgentConfig,
     Limits,
     Run,
     RunError,
@@ -86,21 +87,21 @@ class Children:
         if not tool_call_id or not agent or not message:
             raise InvalidArgument("a child run needs its delegate call, agent and message")
         async with self._engine.begin() as conn:
-            parent = await children_repo.held_parent(conn, run_id, epoch)
-            if parent is None:
+            held = await children_repo.held_parent(conn, run_id, epoch, tool_call_id)
+            if held is None:
                 raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+            parent = held.run
             if parent.cancel_requested_at is not None:
                 # Its subtree was cancelled with it: a child made now would outlive it.
                 raise FailedPrecondition(
                     f"run {run_id} is being cancelled: it starts no more children",
                     code="cancel_requested",
                 )
-            found = await children_repo.child_of(conn, run_id, tool_call_id)
-            if found is not None:
-                return ChildRun(found, created=False)
+            if held.child_id is not None:
+                return ChildRun(await children_repo.child(conn, held.child_id), created=False)
             # What the parent's agent allows is read from the routing it is pinned to, not
             # taken from the worker's word: the worker's limits may only be tighter.
-            config = await budgets.pinned_config(conn, parent)
+            config = AgentConfig.from_json(held.config) if held.config else None
             allowed = None if config is None else config.delegation
             if allowed is None or agent not in allowed.agents:
                 raise InvalidArgument(
@@ -120,7 +121,7 @@ class Children:
                     f"this run is {parent.tree_depth} deep in its tree and children may be at "
                     f"most {max_depth} deep: do the task yourself"
                 )
-            if await children_repo.child_count(conn, run_id) >= max_children:
+            if held.children >= max_children:
                 raise InvalidArgument(
                     f"this run has started its {max_children} children, as many as it may: "
                     "do the rest yourself"

@@ -279,7 +279,7 @@ async def test_the_wall_clock_counts_what_earlier_attempts_ran_and_children_get_
         (lowered,) = (await budgets.leased_configs(conn, [(run, config)])).values()
         plain = replace(run, lease_epoch=1, tree_budget=None)
         assert await budgets.leased_configs(conn, [(plain, config)]) == {}, "a first lease"
-        assert await budgets.elapsed_s(conn, parent, current=False) == pytest.approx(2)
+        assert (await budgets.account(conn, run, config.limits)).elapsed_s == pytest.approx(2)
     # Its own 10 s (its share, below its agent's 30), less the 2 s its first attempt ran: the
     # minute it was parked does not count.
     assert lowered.limits.wall_clock_seconds == pytest.approx(8, abs=0.01)

@@ -17,48 +17,78 @@ from services.orchestrator.repositories.transitions import (
     event_params,
     numbered,
 )
-from tether.db.schema import in_state, runs
+from tether.db.schema import in_state, routings, runs
 from tether.domain import Event, Run, StoredEvent
 from tether.states import TERMINAL, RunStatus
 
 _TERMINAL = [s.value for s in TERMINAL]
 
 
-async def held_parent(conn: AsyncConnection, run_id: str, epoch: int) -> Run | None:
-    """The run under lease `epoch`, locked until the transaction ends (its children are made
-    one at a time); None when the lease is no longer current."""
-    row = (
-        await conn.execute(
-            select(runs)
-            .where(
-                runs.c.run_id == run_id,
-                runs.c.status == RunStatus.RUNNING.value,
-                runs.c.lease_epoch == epoch,
-            )
-            .with_for_update()
-        )
-    ).first()
-    return None if row is None else Run.from_row(row._mapping)
+@dataclass(frozen=True, slots=True)
+class HeldParent:
+    """A run under its lease, locked, as a delegate call finds it: whether the call started a
+    child before (its id), how many children it has started, and the configuration of the
+    routing it is pinned to (stored, None before its lease)."""
+
+    run: Run
+    child_id: str | None
+    children: int
+    config: Any
 
 
-async def child_of(conn: AsyncConnection, parent_run_id: str, tool_call_id: str) -> Run | None:
-    """The child run the parent's delegate call `tool_call_id` started, if it did."""
-    row = (
-        await conn.execute(
-            select(runs).where(
-                runs.c.tree_parent_run_id == parent_run_id, runs.c.tree_call_id == tool_call_id
-            )
-        )
-    ).first()
-    return None if row is None else Run.from_row(row._mapping)
-
-
-async def child_count(conn: AsyncConnection, parent_run_id: str) -> int:
-    """How many children the run has started."""
-    found = await conn.scalar(
-        select(func.count()).select_from(runs).where(runs.c.tree_parent_run_id == parent_run_id)
+# The parent, locked, with its pinned routing's configuration (which its lease does not change).
+_HELD_PARENT = (
+    select(
+        runs,
+        select(routings.c.config)
+        .where(routings.c.routing_id == runs.c.routing_id)
+        .scalar_subquery()
+        .label("h_config"),
     )
-    return int(found or 0)
+    .where(
+        runs.c.run_id == bindparam("h_run_id"),
+        runs.c.status == RunStatus.RUNNING.value,
+        runs.c.lease_epoch == bindparam("h_epoch"),
+    )
+    .with_for_update(of=runs)
+)
+# Its children, read once it is locked (in a statement of its own: a statement that waited for
+# the lock would read them as they were before the holder's child committed).
+_CHILD = runs.alias("child")
+_CHILDREN = select(
+    select(_CHILD.c.run_id)
+    .where(
+        _CHILD.c.tree_parent_run_id == bindparam("h_run_id"),
+        _CHILD.c.tree_call_id == bindparam("h_call_id"),
+    )
+    .scalar_subquery()
+    .label("child_id"),
+    select(func.count())
+    .select_from(_CHILD)
+    .where(_CHILD.c.tree_parent_run_id == bindparam("h_run_id"))
+    .scalar_subquery()
+    .label("children"),
+)
+
+
+async def held_parent(
+    conn: AsyncConnection, run_id: str, epoch: int, tool_call_id: str
+) -> HeldParent | None:
+    """The run under lease `epoch`, locked until the transaction ends (its children are made
+    one at a time), as its delegate call `tool_call_id` finds it; None when the lease is no
+    longer current."""
+    params = {"h_run_id": run_id, "h_epoch": epoch, "h_call_id": tool_call_id}
+    row = (await conn.execute(_HELD_PARENT, params)).first()
+    if row is None:
+        return None
+    found = (await conn.execute(_CHILDREN, params)).one()
+    return HeldParent(Run.from_row(row._mapping), found.child_id, int(found.children), row.h_config)
+
+
+async def child(conn: AsyncConnection, run_id: str) -> Run:
+    """A child run (one its parent's delegate call started)."""
+    row = (await conn.execute(select(runs).where(runs.c.run_id == run_id))).one()
+    return Run.from_row(row._mapping)
 
 
 _APPENDED = (

@@ -80,14 +80,15 @@ FACTS = (
 )
 
 
-def queued_run(source: Select[Any]) -> tuple[CTE, CTE]:
-    """The insert of a queued run whose facts `source` selects (FACTS, in order), with its
-    priority and its start tag among every tenant's runs (its tenant's tags move on), and the
-    insert of its run.queued event (seq 1): CTEs for one statement. Bind `queued_params`."""
+def queued_run(source: Select[Any], more: tuple[str, ...] = ()) -> tuple[CTE, CTE]:
+    """The insert of a queued run whose facts `source` selects (FACTS, in order, then the
+    columns `more` names), with its priority and its start tag among every tenant's runs (its
+    tenant's tags move on), and the insert of its run.queued event (seq 1): CTEs for one
+    statement. Bind `queued_params`."""
     run = (
         insert(runs)
         .from_select(
-            [*FACTS, "status", "attempt", "last_seq", "format", "priority", "fair_key"],
+            [*FACTS, *more, "status", "attempt", "last_seq", "format", "priority", "fair_key"],
             source.add_columns(
                 literal(RunStatus.QUEUED.value, Text),
                 literal(1, Integer),
@@ -159,6 +160,53 @@ async def create_queued_run(conn: AsyncConnection, facts: dict[str, Any], *, rea
 CHILD_CHANNEL = "delegate"
 
 
+# A child run, in one statement: its session (which it heads: a child's session is new), its
+# message, and the run with its place in the tree and its run.queued event.
+_TREE = ("tree_parent_run_id", "tree_call_id", "tree_root_run_id", "tree_depth", "tree_budget")
+_CHILD_SESSION = (
+    insert(sessions)
+    .values(
+        session_id=_bound("session_id"),
+        tenant_id=_bound("tenant_id"),
+        channel=CHILD_CHANNEL,
+        conversation_id=_bound("run_id"),
+        actor_scope=_bound("actor_scope"),
+        active_run_id=_bound("run_id"),
+    )
+    .returning(sessions.c.session_id)
+    .cte("child_session")
+)
+_CHILD_MESSAGE = (
+    insert(messages)
+    .values(
+        message_id=_bound("message_id"),
+        tenant_id=_bound("tenant_id"),
+        session_id=_bound("session_id"),
+        source=CHILD_CHANNEL,
+        event_id=_bound("event_id"),
+        actor_type="system",
+        actor_id=_bound("actor_id"),
+        text=_bound("input_text"),
+    )
+    .returning(messages.c.message_id)
+    .cte("child_message")
+)
+_CHILD_RUN, _CHILD_QUEUED = queued_run(
+    select(
+        *[_bound(name) for name in FACTS[:7]],
+        _bound("max_attempts", Integer),
+        *[_bound(name) for name in FACTS[8:11]],
+        literal(True),
+        *[_bound(name) for name in FACTS[12:]],
+        *[_bound(name) for name in _TREE[:3]],
+        _bound("tree_depth", Integer),
+        bindparam("q_tree_budget", type_=runs.c.tree_budget.type),
+    ).select_from(_CHILD_SESSION.join(_CHILD_MESSAGE, literal(True))),
+    more=_TREE,
+)
+_CREATE_CHILD = select(_CHILD_RUN, RACED).add_cte(_CHILD_QUEUED)
+
+
 async def create_child_run(
     conn: AsyncConnection,
     parent: Run,
@@ -182,61 +230,36 @@ async def create_child_run(
     run aggregate through this module: the one sanctioned crossing, both ways, so a child and
     everything it needs commit with its parent's `child.started`."""
     owner = parent.owner_principal_id or ""
-    await conn.execute(
-        insert(sessions).values(
-            session_id=session_id,
-            tenant_id=parent.tenant_id,
-            channel=CHILD_CHANNEL,
-            conversation_id=run_id,
-            actor_scope=f"task:{owner}",
-        )
-    )
-    await conn.execute(
-        insert(messages).values(
-            message_id=message_id,
-            tenant_id=parent.tenant_id,
-            session_id=session_id,
-            source=CHILD_CHANNEL,
-            event_id=f"{parent.run_id}:{tool_call_id}",
-            actor_type="system",
-            actor_id=owner,
-            text=text,
-        )
-    )
-    await create_queued_run(
-        conn,
-        {
-            "run_id": run_id,
-            "tenant_id": parent.tenant_id,
-            "session_id": session_id,
-            "message_id": message_id,
-            "conversation_id": run_id,
-            "channel": pinned_channel(CHILD_CHANNEL, agent),
-            "input_text": text,
-            "max_attempts": parent.max_attempts,
-            "parent_run_id": None,
-            "root_run_id": run_id,
-            "traceparent": parent.traceparent,
-            "owner_principal_id": parent.owner_principal_id,
-            "visibility": parent.visibility,
-        },
-        reason="delegated",
-    )
-    row = (
-        await conn.execute(
-            update(runs)
-            .where(runs.c.run_id == run_id)
-            .values(
-                tree_parent_run_id=parent.run_id,
-                tree_call_id=tool_call_id,
-                tree_root_run_id=parent.tree_root_run_id or parent.run_id,
-                tree_depth=parent.tree_depth + 1,
-                tree_budget=None if budget is None else dict(budget),
-            )
-            .returning(runs)
-        )
-    ).one()
-    return Run.from_row(row._mapping)
+    facts = {
+        "run_id": run_id,
+        "tenant_id": parent.tenant_id,
+        "session_id": session_id,
+        "message_id": message_id,
+        "conversation_id": run_id,
+        "channel": pinned_channel(CHILD_CHANNEL, agent),
+        "input_text": text,
+        "max_attempts": parent.max_attempts,
+        "parent_run_id": None,
+        "root_run_id": run_id,
+        "traceparent": parent.traceparent,
+        "owner_principal_id": parent.owner_principal_id,
+        "visibility": parent.visibility,
+        "actor_scope": f"task:{owner}",
+        "actor_id": owner,
+        "event_id": f"{parent.run_id}:{tool_call_id}",
+        "tree_parent_run_id": parent.run_id,
+        "tree_call_id": tool_call_id,
+        "tree_root_run_id": parent.tree_root_run_id or parent.run_id,
+        "tree_depth": parent.tree_depth + 1,
+        "tree_budget": None if budget is None else dict(budget),
+    }
+    params = {
+        **{f"q_{k}": v for k, v in facts.items()},
+        **queued_params("delegated", parent.tenant_id),
+    }
+    row = (await conn.execute(_CREATE_CHILD, params)).one()
+    run = Run.from_row(row._mapping)
+    return await retag(conn, run) if row.fair_raced else run
 
 
 _RUN_BY_ID = select(runs).where(runs.c.run_id == bindparam("run_id"))
