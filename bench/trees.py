@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bench.common import BenchStack, bench_stack, emit, percentile
 from bench.model import Model, model_server
-from bench.runs import SERVICES, worker_env
+from bench.runs import SERVICES, Completions, completions, worker_env
 from services.worker.work_stream import Held, WorkStream
 from tether import apikeys
 from tether.client import TetherClient
@@ -38,12 +38,10 @@ from tether.db.schema import run_events, runs
 from tether.domain import Assignment, RenderJob
 from tether.runtime.rpc import internal_channel
 from tether.states import RunStatus
-from tether.v1 import common_pb2, orchestrator_pb2
+from tether.v1 import orchestrator_pb2
 
 PAIRS = 10  # each kind of run, after the warm-up
 WARM_UP = 2
-RUN_TIMEOUT_S = 30.0
-POLL_S = 0.01
 TIMERS = 1_000
 DUE_IN_S = 8.0  # from the first park: long enough for every park to land before
 SCOPES = (*apikeys.CLIENT_SCOPES, apikeys.AGENTS_READ, apikeys.AGENTS_WRITE)
@@ -62,26 +60,17 @@ async def _tenant(stack: BenchStack) -> str:
     return key
 
 
-async def _done(client: TetherClient, run_id: str) -> None:
-    deadline = time.perf_counter() + RUN_TIMEOUT_S
-    while time.perf_counter() < deadline:
-        run = (await client.get_run(run_id)).run
-        if run.status == common_pb2.RUN_STATUS_COMPLETED:
-            return
-        if run.status in (common_pb2.RUN_STATUS_FAILED, common_pb2.RUN_STATUS_CANCELLED):
-            raise RuntimeError(f"bench run {run_id} ended {run.status}: {run.error.message}")
-        await asyncio.sleep(POLL_S)
-    raise TimeoutError(f"bench run {run_id} did not complete in {RUN_TIMEOUT_S:g} s")
-
-
-async def _timed(client: TetherClient, text: str, channel: str = "") -> float:
-    """Milliseconds from sending `text` to its run's completion."""
+async def _timed(client: TetherClient, done: Completions, text: str, channel: str = "") -> float:
+    """Milliseconds from sending `text` to its run's terminal event (as a client watching it
+    sees it: no polling between)."""
     start = time.perf_counter()
     sent = await client.send(
         text, conversation_id=f"b-{uuid.uuid4().hex}", event_id=uuid.uuid4().hex, channel=channel
     )
-    await _done(client, sent.run.run_id)
-    return (time.perf_counter() - start) * 1000
+    ended, outcome = await done.wait(sent.run.run_id)
+    if outcome != "completed":
+        raise RuntimeError(f"bench run {sent.run.run_id} ended {outcome}")
+    return (ended - start) * 1000
 
 
 def _turn(text: str) -> dict[str, object]:
@@ -92,7 +81,7 @@ async def delegate_overhead(stack: BenchStack, model: Model) -> None:
     key = await _tenant(stack)
     gateway = stack.services.addresses()["gateway"]
     samples: dict[str, list[float]] = {"delegating": [], "local_tool": [], "child_alone": []}
-    async with TetherClient(gateway, key) as client:
+    async with TetherClient(gateway, key) as client, completions(stack.redis_url) as done:
         # An agent may name only a tool a worker announced: wait for the worker's hello.
         deadline = time.perf_counter() + CATALOG_WAIT_S
         while "get_time" not in {t.name for t in (await client.list_tools()).tools}:
@@ -124,9 +113,9 @@ async def delegate_overhead(stack: BenchStack, model: Model) -> None:
             alone = f"child alone {tag}"
             await model.script(alone, [_turn("the child's answer")])
             timed = {
-                "delegating": await _timed(client, parent),
-                "local_tool": await _timed(client, local),
-                "child_alone": await _timed(client, alone, channel="research"),
+                "delegating": await _timed(client, done, parent),
+                "local_tool": await _timed(client, done, local),
+                "child_alone": await _timed(client, done, alone, channel="research"),
             }
             if i >= WARM_UP:
                 for kind, ms in timed.items():
