@@ -162,8 +162,7 @@ class Claims:
         # Decisions by name, for the runs that lease again with the one they were pinned to.
         self._pinned: dict[str, AgentConfig] = {}
         self._agents = AgentRouting()
-        # A change of caps (or of the runs flagged by them) may leave runs claimable.
-        self.caps = CapWatch(self._autocommit, changed=lambda: self.wakeups.wake_all())
+        self.caps = CapWatch(self._autocommit)
         # Tenants one of whose agents this replica routed to with a cap (agent_caps): a run of
         # theirs that ends wakes a claim, as one of a capped tenant does.
         self._agent_capped: set[str] = set()

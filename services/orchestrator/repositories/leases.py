@@ -128,11 +128,7 @@ _LEASED = (
     update(runs)
     .where(
         runs.c.run_id == _ROUTED.c.run_id,
-        # Through coalesce: a plain `status = 'queued'` lets the planner reach the run by a
-        # partial index of queued runs, every queued run read past, when it thinks them few
-        # (a generic plan on a stale index size did, 15 ms a claim past 10,000 held runs);
-        # this way only pk_runs reaches it.
-        func.coalesce(runs.c.status, "").in_([s.value for s in states.CLAIM.sources]),
+        runs.c.status.in_([s.value for s in states.CLAIM.sources]),
         # Within its agent's cap, if it has one (agent_caps): the rest stay queued.
         or_(_ROUTED.c.agent_room.is_(None), _ROUTED.c.agent_nth <= _ROUTED.c.agent_room),
     )
@@ -355,7 +351,7 @@ async def routings_of(conn: AsyncConnection, routing_ids: Collection[str]) -> di
 _CLAIMABLE_COUNT = select(func.count()).select_from(
     # In the claim's order: its index (ix_runs_fair), however the planner weighs the two.
     select(runs.c.run_id)
-    .where(fair.CLAIMABLE, ~runs.c.capped)
+    .where(fair.CLAIMABLE)
     .order_by(runs.c.fair_key)
     .limit(bindparam("limit"))
     .subquery()
