@@ -86,6 +86,12 @@ class Children:
         (`budgets`); StaleLease when the parent's lease is no longer current."""
         if not tool_call_id or not agent or not message:
             raise InvalidArgument("a child run needs its delegate call, agent and message")
+        # A call that started its child before (a resumed parent asks for each of its calls'):
+        # one read, no lock. Anything else is decided under the parent's lock.
+        async with self._engine.connect() as conn:
+            before = await children_repo.started_child(conn, run_id, epoch, tool_call_id)
+        if before is not None:
+            return ChildRun(before, created=False)
         async with self._engine.begin() as conn:
             held = await children_repo.held_parent(conn, run_id, epoch, tool_call_id)
             if held is None:

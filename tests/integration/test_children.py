@@ -119,26 +119,31 @@ async def test_a_refused_delegation_creates_nothing(engine: AsyncEngine) -> None
         await _start(children, parent, "toolu_1", agent="stranger")
     with pytest.raises(InvalidArgument, match="at most 0 deep"):
         await _start(children, parent, "toolu_2", max_depth=0)
-    await _start(children, parent, "toolu_3", max_children=1)
+    started = await _start(children, parent, "toolu_3", max_children=1)
     with pytest.raises(InvalidArgument, match="started its 1 children"):
         await _start(children, parent, "toolu_4", max_children=1)
-    with pytest.raises(StaleLease):
-        await children.start(
-            parent,
-            7,
-            tool_call_id="toolu_5",
-            agent="researcher",
-            message="m",
-            max_depth=3,
-            max_children=8,
-        )
+    again = await _start(children, parent, "toolu_3", max_children=1)
+    assert (again.run.run_id, again.created) == (started.run.run_id, False)  # type: ignore[attr-defined]
+    # Another lease's attempt gets no child, a new call's nor the one started before.
+    for call in ("toolu_5", "toolu_3"):
+        with pytest.raises(StaleLease):
+            await children.start(
+                parent,
+                7,
+                tool_call_id=call,
+                agent="researcher",
+                message="m",
+                max_depth=3,
+                max_children=8,
+            )
     assert await _count(engine, parent) == 1
     async with engine.begin() as conn:
         await conn.execute(
             update(runs).where(runs.c.run_id == parent).values(cancel_requested_at=func.now())
         )
-    with pytest.raises(FailedPrecondition, match="being cancelled"):
-        await _start(children, parent, "toolu_6")
+    for call in ("toolu_6", "toolu_3"):
+        with pytest.raises(FailedPrecondition, match="being cancelled"):
+            await _start(children, parent, call)
     assert await _count(engine, parent) == 1
 
 

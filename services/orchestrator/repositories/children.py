@@ -85,6 +85,35 @@ async def held_parent(
     return HeldParent(Run.from_row(row._mapping), found.child_id, int(found.children), row.h_config)
 
 
+_PARENT = runs.alias("parent")
+_STARTED = (
+    select(runs)
+    .join(_PARENT, _PARENT.c.run_id == runs.c.tree_parent_run_id)
+    .where(
+        _PARENT.c.run_id == bindparam("s_run_id"),
+        _PARENT.c.status == RunStatus.RUNNING.value,
+        _PARENT.c.lease_epoch == bindparam("s_epoch"),
+        _PARENT.c.cancel_requested_at.is_(None),
+        runs.c.tree_call_id == bindparam("s_call_id"),
+    )
+)
+
+
+async def started_child(
+    conn: AsyncConnection, run_id: str, epoch: int, tool_call_id: str
+) -> Run | None:
+    """The child the delegate call `tool_call_id` of run `run_id` started, read without a lock,
+    while the run is under lease `epoch` and no cancel of it was accepted; None otherwise (not
+    started, or the caller must look under the lock: `held_parent`). One statement: what a
+    resumed parent's attempt asks of each of its calls."""
+    row = (
+        await conn.execute(
+            _STARTED, {"s_run_id": run_id, "s_epoch": epoch, "s_call_id": tool_call_id}
+        )
+    ).first()
+    return None if row is None else Run.from_row(row._mapping)
+
+
 async def child(conn: AsyncConnection, run_id: str) -> Run:
     """A child run (one its parent's delegate call started)."""
     row = (await conn.execute(select(runs).where(runs.c.run_id == run_id))).one()
