@@ -128,7 +128,11 @@ _LEASED = (
     update(runs)
     .where(
         runs.c.run_id == _ROUTED.c.run_id,
-        runs.c.status.in_([s.value for s in states.CLAIM.sources]),
+        # Through coalesce: a plain `status = 'queued'` lets the planner reach the run by a
+        # partial index of queued runs, reading every queued run past, when it thinks them
+        # few (a reusable plan, or statistics older than a burst of admissions); this way only
+        # pk_runs reaches it.
+        func.coalesce(runs.c.status, "").in_([s.value for s in states.CLAIM.sources]),
         # Within its agent's cap, if it has one (agent_caps): the rest stay queued.
         or_(_ROUTED.c.agent_room.is_(None), _ROUTED.c.agent_nth <= _ROUTED.c.agent_room),
     )
