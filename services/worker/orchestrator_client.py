@@ -274,47 +274,22 @@ class Orchestrator:
         calls: int = 0,
     ) -> Delivery:
         """Move the delivery on (an outcome appends its delivery.* event); as recorded now."""
-        response = await self._write_delivery(
-            lease,
-            delivery_id,
-            state,
-            provider_message_id=provider_message_id,
-            error=error,
-            calls=calls,
-        )
+        request = _delivery_request(lease, delivery_id, state, calls)
+        request.provider_message_id = provider_message_id
+        if error is not None:
+            request.error.CopyFrom(error_to_proto(error))
+        response: orchestrator_pb2.RecordDeliveryResponse = await self._stream.write(request)
         return delivery_from_proto(response.delivery, lease.run_id)
 
     async def count_delivery_call(self, lease: Lease, delivery_id: str) -> datetime | None:
         """Count a provider call about to be made (before it is: a later attempt knows one may
         have landed); when the lease that write extended lapses (None: the orchestrator did not
         say, a release before it did)."""
-        response = await self._write_delivery(lease, delivery_id, PENDING, calls=1)
+        request = _delivery_request(lease, delivery_id, PENDING, calls=1)
+        response: orchestrator_pb2.RecordDeliveryResponse = await self._stream.write(request)
         if not response.HasField("lease_expires_at"):
             return None
         return response.lease_expires_at.ToDatetime(tzinfo=UTC)
-
-    async def _write_delivery(
-        self,
-        lease: Lease,
-        delivery_id: str,
-        state: str,
-        *,
-        provider_message_id: str = "",
-        error: RunError | None = None,
-        calls: int = 0,
-    ) -> orchestrator_pb2.RecordDeliveryResponse:
-        request = orchestrator_pb2.RecordDeliveryRequest(
-            run_id=lease.run_id,
-            epoch=lease.epoch,
-            delivery_id=delivery_id,
-            state=state,
-            provider_message_id=provider_message_id,
-            calls=calls,
-        )
-        if error is not None:
-            request.error.CopyFrom(error_to_proto(error))
-        response: orchestrator_pb2.RecordDeliveryResponse = await self._stream.write(request)
-        return response
 
     async def find_channel_status(
         self, lease: Lease, channel_id: str, callback_data: str
@@ -371,3 +346,12 @@ class LeasedEffects:
     async def finish(self, key: str, result: dict[str, Any]) -> None:
         """Store the result."""
         await self._orchestrator.finish_effect(self._lease, key, result)
+
+
+def _delivery_request(
+    lease: Lease, delivery_id: str, state: str, calls: int
+) -> orchestrator_pb2.RecordDeliveryRequest:
+    """A RecordDeliveryRequest for the delivery under `lease`: its state and calls counted."""
+    return orchestrator_pb2.RecordDeliveryRequest(
+        run_id=lease.run_id, epoch=lease.epoch, delivery_id=delivery_id, state=state, calls=calls
+    )
