@@ -5,9 +5,11 @@ when every child it started has ended, by whichever replica's waker finds it fir
 A child is made under its parent's lease, in one transaction with the parent's `child.started`
 (`intake.create_child_run`): the same (parent, call) always finds the same child
 (ux_runs_tree_call), so a parent attempt that died after its call was recorded and issues it
-again never starts a second. The waker locks the parents whose children have all ended with
-SKIP LOCKED and moves each with one guarded UPDATE (waiting-for-children -> queued), recording
-each child's end (`child.completed`, once per child) in the same transaction.
+again never starts a second. A turn's last delegate call parks its parent in that same
+transaction (`park`), so a delegation costs its worker no park of its own. The waker locks the
+parents whose children have all ended with SKIP LOCKED and moves each with one guarded UPDATE
+(waiting-for-children -> queued), recording each child's end (`child.completed`, once per
+child) in the same transaction.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.orchestrator import budgets
 from services.orchestrator.cancellation import cancel_instead
@@ -33,6 +35,7 @@ from tether.domain import (
     Limits,
     Run,
     RunError,
+    StoredEvent,
     child_completed,
     child_started,
     children_waiting,
@@ -50,10 +53,37 @@ class ChildRun:
 
     run: Run
     created: bool
+    # Whether the parent parked waiting for its children in the same transaction (`park`).
+    parked: bool = False
 
     @property
     def error(self) -> RunError | None:
         return None if self.run.error is None else RunError.from_row(self.run.error)
+
+
+def _waiting(park: Sequence[str], tool_call_id: str, child: Run) -> list[str]:
+    """The calls of `park` whose children the parent is to wait for, given the child of its
+    call `tool_call_id` (one that ended already is waited for no more)."""
+    ended = RunStatus(child.status).terminal
+    return [c for c in park if c != tool_call_id or not ended]
+
+
+async def _park(
+    conn: AsyncConnection, run_id: str, epoch: int, tool_call_ids: Sequence[str]
+) -> Moved | None:
+    """Park the run under lease `epoch` on the children of its calls `tool_call_ids`, its
+    attempt ended; None when it is not running under that lease (or a cancel was accepted)."""
+    moved = await apply(
+        conn,
+        states.PARK_CHILDREN,
+        run_id,
+        epoch=epoch,
+        events=[children_waiting(tool_call_ids)],
+        values=lease_repo.lease_cleared(),
+    )
+    if moved is not None:
+        await lease_repo.end_attempt(conn, run_id, epoch, RunStatus.WAITING_FOR_CHILDREN.value)
+    return moved
 
 
 class Children:
@@ -78,97 +108,118 @@ class Children:
         max_depth: int,
         max_children: int,
         share: int = 1,
+        park: Sequence[str] = (),
     ) -> ChildRun:
         """The child run of `run_id`'s delegate call `tool_call_id`: the one it started before,
         or a new queued run of `agent` with `message`. InvalidArgument (nothing made) for an
         agent the tenant lacks, a child deeper than `max_depth` or more children than
         `max_children`, or when the parent has no budget left to reserve it 1/`share` of
-        (`budgets`); StaleLease when the parent's lease is no longer current."""
+        (`budgets`); StaleLease when the parent's lease is no longer current.
+
+        `park`, on a turn's last delegate call, names the turn's calls whose children had not
+        ended when started (this one among them): the parent then parks on those it still
+        waits for in the same transaction, as `park` would, and its worker sends no park of
+        its own (one round trip and one transaction fewer per delegation)."""
         if not tool_call_id or not agent or not message:
             raise InvalidArgument("a child run needs its delegate call, agent and message")
         # A call that started its child before (a resumed parent asks for each of its calls'):
         # one read, no lock. Anything else is decided under the parent's lock.
         async with self._engine.connect() as conn:
             before = await children_repo.started_child(conn, run_id, epoch, tool_call_id)
-        if before is not None:
+        if before is not None and not _waiting(park, tool_call_id, before):
             return ChildRun(before, created=False)
         async with self._engine.begin() as conn:
             held = await children_repo.held_parent(conn, run_id, epoch, tool_call_id)
             if held is None:
                 raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
-            parent = held.run
-            if parent.cancel_requested_at is not None:
+            if held.run.cancel_requested_at is not None:
                 # Its subtree was cancelled with it: a child made now would outlive it.
                 raise FailedPrecondition(
                     f"run {run_id} is being cancelled: it starts no more children",
                     code="cancel_requested",
                 )
+            started: list[StoredEvent] = []
             if held.child_id is not None:
-                return ChildRun(await children_repo.child(conn, held.child_id), created=False)
-            # What the parent's agent allows is read from the routing it is pinned to, not
-            # taken from the worker's word: the worker's limits may only be tighter.
-            config = AgentConfig.from_json(held.config) if held.config else None
-            allowed = None if config is None else config.delegation
-            if allowed is None or agent not in allowed.agents:
-                raise InvalidArgument(
-                    f"this run's agent may not delegate to {agent!r} (its document's "
-                    "delegation.agents does not name it): delegate to an agent it names, or do "
-                    "the task yourself"
+                child = await children_repo.child(conn, held.child_id)
+            else:
+                child = await self._create(
+                    conn, held, tool_call_id, agent, message, max_depth, max_children, share
                 )
-            max_depth = min(max_depth, allowed.max_depth)
-            max_children = min(max_children, allowed.max_children)
-            if await agent_repo.published_version(conn, parent.tenant_id, agent) is None:
-                raise InvalidArgument(
-                    f"there is no agent {agent!r} to delegate to (it was removed or never "
-                    "applied); delegate to another agent or do the task yourself"
+                started = await children_repo.append(
+                    conn, run_id, [child_started(tool_call_id, child.run_id, agent)]
                 )
-            if parent.tree_depth + 1 > max_depth:
-                raise InvalidArgument(
-                    f"this run is {parent.tree_depth} deep in its tree and children may be at "
-                    f"most {max_depth} deep: do the task yourself"
-                )
-            if held.children >= max_children:
-                raise InvalidArgument(
-                    f"this run has started its {max_children} children, as many as it may: "
-                    "do the rest yourself"
-                )
-            limits = config.limits if config is not None else Limits()
-            budget = await budgets.child_budget(conn, parent, limits, share)
-            child = await intake.create_child_run(
-                conn,
-                parent,
-                budget=budget,
-                run_id=new_id("run"),
-                session_id=new_id("ses"),
-                message_id=new_id("msg"),
-                tool_call_id=tool_call_id,
-                agent=agent,
-                text=message,
+            waiting = _waiting(park, tool_call_id, child)
+            parked = await _park(conn, run_id, epoch, waiting) if waiting else None
+        if started:
+            await self._publisher.publish(held.run, started)
+            self._publisher.wake([child.run_id])
+        if parked is not None:
+            await self._publisher.publish(parked.run, parked.events)
+            self.nudge.set()  # its children may all have ended already
+        return ChildRun(child, created=bool(started), parked=parked is not None)
+
+    @staticmethod
+    async def _create(
+        conn: AsyncConnection,
+        held: children_repo.HeldParent,
+        tool_call_id: str,
+        agent: str,
+        message: str,
+        max_depth: int,
+        max_children: int,
+        share: int,
+    ) -> Run:
+        """A new queued child run of the held parent's call `tool_call_id`; InvalidArgument
+        (nothing made) when the parent's pinned agent does not allow it or has no budget
+        left for it."""
+        parent = held.run
+        # What the parent's agent allows is read from the routing it is pinned to, not
+        # taken from the worker's word: the worker's limits may only be tighter.
+        config = AgentConfig.from_json(held.config) if held.config else None
+        allowed = None if config is None else config.delegation
+        if allowed is None or agent not in allowed.agents:
+            raise InvalidArgument(
+                f"this run's agent may not delegate to {agent!r} (its document's "
+                "delegation.agents does not name it): delegate to an agent it names, or do "
+                "the task yourself"
             )
-            started = await children_repo.append(
-                conn, run_id, [child_started(tool_call_id, child.run_id, agent)]
+        max_depth = min(max_depth, allowed.max_depth)
+        max_children = min(max_children, allowed.max_children)
+        if await agent_repo.published_version(conn, parent.tenant_id, agent) is None:
+            raise InvalidArgument(
+                f"there is no agent {agent!r} to delegate to (it was removed or never "
+                "applied); delegate to another agent or do the task yourself"
             )
-        await self._publisher.publish(parent, started)
-        self._publisher.wake([child.run_id])
-        return ChildRun(child, created=True)
+        if parent.tree_depth + 1 > max_depth:
+            raise InvalidArgument(
+                f"this run is {parent.tree_depth} deep in its tree and children may be at "
+                f"most {max_depth} deep: do the task yourself"
+            )
+        if held.children >= max_children:
+            raise InvalidArgument(
+                f"this run has started its {max_children} children, as many as it may: "
+                "do the rest yourself"
+            )
+        limits = config.limits if config is not None else Limits()
+        budget = await budgets.child_budget(conn, parent, limits, share)
+        return await intake.create_child_run(
+            conn,
+            parent,
+            budget=budget,
+            run_id=new_id("run"),
+            session_id=new_id("ses"),
+            message_id=new_id("msg"),
+            tool_call_id=tool_call_id,
+            agent=agent,
+            text=message,
+        )
 
     async def park(self, run_id: str, epoch: int, tool_call_ids: Sequence[str]) -> bool:
         """Park a run until its children have ended: lease released, session kept, no worker
         held. A run whose cancel was accepted ends cancelled instead."""
         async with self._engine.begin() as conn:
-            moved = await apply(
-                conn,
-                states.PARK_CHILDREN,
-                run_id,
-                epoch=epoch,
-                events=[children_waiting(tool_call_ids)],
-                values=lease_repo.lease_cleared(),
-            )
-            if moved is not None:
-                await lease_repo.end_attempt(
-                    conn, run_id, epoch, RunStatus.WAITING_FOR_CHILDREN.value
-                )
-            else:
+            moved = await _park(conn, run_id, epoch, tool_call_ids)
+            if moved is None:
                 moved = await cancel_instead(conn, run_id, epoch)
                 if moved is None:
                     raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")

@@ -362,6 +362,7 @@ class ExecutionServicer:
             max_depth=request.max_depth,
             max_children=request.max_children,
             share=request.share,
+            park=list(request.park_tool_call_ids),
         )
         error = child.error
         return orchestrator_pb2.StartChildResponse(
@@ -370,6 +371,7 @@ class ExecutionServicer:
             result_text=child.run.result_text or "",
             error=None if error is None else error_to_proto(error),
             created=child.created,
+            parked=child.parked,
         )
 
     async def FindChannelStatus(

@@ -83,6 +83,8 @@ class Child:
     result_text: str
     error: RunError | None
     created: bool
+    # Whether the run parked waiting for its children when this child was started.
+    parked: bool = False
 
     @property
     def ended(self) -> bool:

@@ -97,6 +97,8 @@ class Gate:
         # reserves its share of what the run has left by how many are still to start.
         self._children: list[str] = []
         self._delegates: list[str] = []
+        # The last of the calls being run: a delegate call there parks the run with its child.
+        self._last_call = ""
         ports = None if interactions is None else _InteractionsPorts(interactions, assignment)
         self._calls = ToolCalls(
             catalog=registry,
@@ -120,6 +122,7 @@ class Gate:
     def calls(self, tool_calls: Sequence[ToolCall]) -> None:
         """The calls about to be run, in order (a turn's, or those a pause left open)."""
         self._delegates = [c.tool_call_id for c in tool_calls if c.name == DELEGATE]
+        self._last_call = tool_calls[-1].tool_call_id if tool_calls else ""
 
     async def run(self, tool_call: ToolCall) -> None:
         """Run one call the model made, or give it its (error) result, or park the run."""
@@ -223,9 +226,18 @@ class Gate:
         await self._checkpoints.sync()
         after = self._delegates
         share = len(after) - after.index(tool_call_id) if tool_call_id in after else 1
+        # The calls' last: the run parks on the children not ended in the same transaction as
+        # this child starts, when any (its worker then sends no park of its own).
+        park = (*self._children, tool_call_id) if tool_call_id == self._last_call else ()
         try:
             child = await self._orchestrator.start_child(
-                self._assignment.lease, tool_call_id, agent, message, delegation, share=share
+                self._assignment.lease,
+                tool_call_id,
+                agent,
+                message,
+                delegation,
+                share=share,
+                park=park,
             )
         except InvalidArgument as exc:
             self._result(
@@ -238,6 +250,10 @@ class Gate:
             # The run is being cancelled (its worker is told at once): the call goes unrun.
             self._result(tool_call_id, DELEGATE, exc.message, is_error=True, code=exc.code)
             return
+        if child.parked:
+            waiting = tuple(c for c in park if c != tool_call_id or not child.ended)
+            self._children = []
+            raise Parked(RunStatus.WAITING_FOR_CHILDREN, "", tool_call_ids=waiting, done=True)
         if child.ended:
             content, is_error, code = child_result(child)
             self._result(tool_call_id, DELEGATE, content, is_error=is_error, code=code)

@@ -99,7 +99,8 @@ _GAP_NAME = {v: k for k, v in _GAP_PROTO.items()}
 class Parked(Exception):
     """The attempt stops here: the run waits for a person (`status`, one of the waiting ones),
     for its timer (waiting-for-timer: until `wake_at`, on the call `tool_call_id`), or for its
-    children (waiting-for-children: those of the delegate calls `tool_call_ids`)."""
+    children (waiting-for-children: those of the delegate calls `tool_call_ids`; parked already
+    when `done`, with the last of them)."""
 
     def __init__(
         self,
@@ -109,6 +110,7 @@ class Parked(Exception):
         wake_at: datetime | None = None,
         tool_call_id: str = "",
         tool_call_ids: Sequence[str] = (),
+        done: bool = False,
     ) -> None:
         super().__init__(interaction_id or tool_call_id or ",".join(tool_call_ids))
         self.status = status
@@ -117,6 +119,9 @@ class Parked(Exception):
         self.tool_call_id = tool_call_id
         # waiting-for-children: the delegate calls whose children it waits for.
         self.tool_call_ids = tuple(tool_call_ids)
+        # Whether the orchestrator parked it already (with the turn's last child): no park is
+        # sent.
+        self.done = done
 
 
 @dataclass(frozen=True, slots=True)

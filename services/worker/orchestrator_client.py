@@ -177,9 +177,11 @@ class Orchestrator:
         delegation: Delegation,
         *,
         share: int = 1,
+        park: Sequence[str] = (),
     ) -> Child:
         """Start (or find: one per call) the child run of the delegate call `tool_call_id`,
-        reserving 1/`share` of what the run has left;
+        reserving 1/`share` of what the run has left, and park the run on the children of the
+        calls `park` (the turn's last call: see StartChildRequest) in the same transaction;
         InvalidArgument when the orchestrator refuses it (the model may act on its message)."""
         response: orchestrator_pb2.StartChildResponse = await self._stream.write(
             orchestrator_pb2.StartChildRequest(
@@ -192,6 +194,7 @@ class Orchestrator:
                 max_children=delegation.max_children,
                 traceparent=observed.traceparent(),
                 share=share,
+                park_tool_call_ids=list(park),
             ),
         )
         return Child(
@@ -200,6 +203,7 @@ class Orchestrator:
             response.result_text,
             error_from_proto(response.error) if response.HasField("error") else None,
             response.created,
+            response.parked,
         )
 
     async def release(self, lease: Lease) -> None:

@@ -86,7 +86,10 @@ class Outcomes:
         await self.finish(Cancelled(reason or CANCELLED_BY_CALLER))
 
     async def parked(self, parked: Parked) -> None:
-        """Park the run on its interaction once everything before the pause is durable."""
+        """Park the run on its interaction once everything before the pause is durable (the
+        orchestrator parked it already when `parked.done`)."""
+        if parked.done:
+            return
         await self._checkpoints.sync()
         await self._orchestrator.park(
             self._lease,

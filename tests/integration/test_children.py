@@ -193,6 +193,68 @@ async def test_wakers_racing_resume_a_parent_once_and_only_when_every_child_ende
     assert (row.status, row.lease_owner) == ("queued", None)
 
 
+async def test_the_turns_last_delegate_call_parks_its_parent_with_its_child(
+    engine: AsyncEngine,
+) -> None:
+    """`park` on the turn's last call parks the parent in the child's own transaction, on the
+    calls whose children it still waits for: as ParkRun would (lease cleared,
+    children.waiting), with no park of the worker's own; a refused call parks nothing."""
+    children = _children(engine)
+    refused = await _parent(engine, "e-park-refused")
+    with pytest.raises(InvalidArgument, match="no agent 'stranger'"):
+        await _start(children, refused, "toolu_1", agent="stranger", park=["toolu_1"])
+    async with engine.connect() as conn:
+        status = await conn.scalar(select(runs.c.status).where(runs.c.run_id == refused))
+    assert status == "running" and "children.waiting" not in await _types(engine, refused)
+
+    parent = await _parent(engine, "e-park")
+    first = await _start(children, parent, "toolu_a")
+    assert not first.parked  # type: ignore[attr-defined]
+    children.nudge.clear()
+    last = await _start(children, parent, "toolu_b", park=["toolu_a", "toolu_b"])
+    assert (last.created, last.parked) == (True, True)  # type: ignore[attr-defined]
+    assert children.nudge.is_set()
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(runs).where(runs.c.run_id == parent))).one()
+        waiting = await conn.scalar(
+            select(run_events.c.payload)
+            .where(run_events.c.run_id == parent, run_events.c.type == "children.waiting")
+        )
+    assert (row.status, row.lease_owner, row.lease_expires_at) == (
+        "waiting-for-children",
+        None,
+        None,
+    )
+    assert waiting["toolCallIds"] == ["toolu_a", "toolu_b"]
+    types = await _types(engine, parent)
+    assert types[-3:] == ["child.started", "child.started", "children.waiting"]
+    # The lease is over: the call issued again under it (a worker that missed the answer) is
+    # refused, and nothing is made or parked twice.
+    with pytest.raises(StaleLease):
+        await _start(children, parent, "toolu_b", park=["toolu_b"])
+    assert await _count(engine, parent) == 2
+
+
+async def test_a_last_call_whose_child_ended_parks_only_on_the_others(engine: AsyncEngine) -> None:
+    """A resumed attempt's last call finds its child ended: the parent parks on the turn's
+    other calls still waiting, and not at all when there are none."""
+    children = _children(engine)
+    parent = await _parent(engine, "e-park-ended")
+    done = (await _start(children, parent, "toolu_a")).run.run_id  # type: ignore[attr-defined]
+    await _end(engine, done, "completed")
+    again = await _start(children, parent, "toolu_a", park=["toolu_a"])
+    assert (again.created, again.parked, again.run.status) == (False, False, "completed")  # type: ignore[attr-defined]
+    await _start(children, parent, "toolu_b")
+    parked = await _start(children, parent, "toolu_a", park=["toolu_b", "toolu_a"])
+    assert (parked.created, parked.parked) == (False, True)  # type: ignore[attr-defined]
+    async with engine.connect() as conn:
+        waiting = await conn.scalar(
+            select(run_events.c.payload)
+            .where(run_events.c.run_id == parent, run_events.c.type == "children.waiting")
+        )
+    assert waiting["toolCallIds"] == ["toolu_b"]
+
+
 async def test_parallel_children_split_what_their_parent_has_left(engine: AsyncEngine) -> None:
     parent = await _parent(engine, "e-budget")
     async with engine.begin() as conn:

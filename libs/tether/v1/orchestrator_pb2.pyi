@@ -2502,6 +2502,7 @@ class StartChildRequest(_message.Message):
     MAX_CHILDREN_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
     SHARE_FIELD_NUMBER: _builtins.int
+    PARK_TOOL_CALL_IDS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The parent run."""
     epoch: _builtins.int
@@ -2522,6 +2523,14 @@ class StartChildRequest(_message.Message):
     """How many of the turn's delegate calls are not started yet, this one included: the child
     reserves 1/share of what the parent has left (parallel children split it); 0 is 1.
     """
+    @_builtins.property
+    def park_tool_call_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Set on the turn's last call when the run is to wait for its children: the turn's delegate
+        calls whose children had not ended when started, this one included. Once the child is
+        made (or found), the run parks waiting-for-children in the same transaction, on those of
+        them whose children it waits for, as ParkRun would (nothing parks when none is left).
+        """
+
     def __init__(
         self,
         *,
@@ -2534,10 +2543,11 @@ class StartChildRequest(_message.Message):
         max_children: _builtins.int = ...,
         traceparent: _builtins.str = ...,
         share: _builtins.int = ...,
+        park_tool_call_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "epoch", b"epoch", "max_children", b"max_children", "max_depth", b"max_depth", "message", b"message", "run_id", b"run_id", "share", b"share", "tool_call_id", b"tool_call_id", "traceparent", b"traceparent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "epoch", b"epoch", "max_children", b"max_children", "max_depth", b"max_depth", "message", b"message", "park_tool_call_ids", b"park_tool_call_ids", "run_id", b"run_id", "share", b"share", "tool_call_id", b"tool_call_id", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2554,6 +2564,7 @@ class StartChildResponse(_message.Message):
     RESULT_TEXT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     CREATED_FIELD_NUMBER: _builtins.int
+    PARKED_FIELD_NUMBER: _builtins.int
     child_run_id: _builtins.str
     """The child run."""
     status: _common_pb2.RunStatus.ValueType
@@ -2562,6 +2573,10 @@ class StartChildResponse(_message.Message):
     """Its answer, once completed."""
     created: _builtins.bool
     """Whether this call created it (false: an earlier call of the same delegate call did)."""
+    parked: _builtins.bool
+    """Whether the run parked waiting-for-children (park_tool_call_ids): its lease is released
+    and the attempt is over.
+    """
     @_builtins.property
     def error(self) -> _common_pb2.ErrorInfo:
         """Why it failed or was cancelled, once it did."""
@@ -2574,10 +2589,11 @@ class StartChildResponse(_message.Message):
         result_text: _builtins.str = ...,
         error: _common_pb2.ErrorInfo | None = ...,
         created: _builtins.bool = ...,
+        parked: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["child_run_id", b"child_run_id", "created", b"created", "error", b"error", "result_text", b"result_text", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["child_run_id", b"child_run_id", "created", b"created", "error", b"error", "parked", b"parked", "result_text", b"result_text", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
