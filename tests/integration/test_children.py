@@ -217,8 +217,9 @@ async def test_the_turns_last_delegate_call_parks_its_parent_with_its_child(
     async with engine.connect() as conn:
         row = (await conn.execute(select(runs).where(runs.c.run_id == parent))).one()
         waiting = await conn.scalar(
-            select(run_events.c.payload)
-            .where(run_events.c.run_id == parent, run_events.c.type == "children.waiting")
+            select(run_events.c.payload).where(
+                run_events.c.run_id == parent, run_events.c.type == "children.waiting"
+            )
         )
     assert (row.status, row.lease_owner, row.lease_expires_at) == (
         "waiting-for-children",
@@ -249,8 +250,9 @@ async def test_a_last_call_whose_child_ended_parks_only_on_the_others(engine: As
     assert (parked.created, parked.parked) == (False, True)  # type: ignore[attr-defined]
     async with engine.connect() as conn:
         waiting = await conn.scalar(
-            select(run_events.c.payload)
-            .where(run_events.c.run_id == parent, run_events.c.type == "children.waiting")
+            select(run_events.c.payload).where(
+                run_events.c.run_id == parent, run_events.c.type == "children.waiting"
+            )
         )
     assert waiting["toolCallIds"] == ["toolu_b"]
 
