@@ -23,7 +23,6 @@ from services.orchestrator import budgets
 from services.orchestrator.cancellation import cancel_instead
 from services.orchestrator.cascade import Cancelled, cancel_orphans
 from services.orchestrator.publisher import Publisher
-from services.orchestrator.repositories import agents as agent_repo
 from services.orchestrator.repositories import children as children_repo
 from services.orchestrator.repositories import intake
 from services.orchestrator.repositories import leases as lease_repo
@@ -109,6 +108,7 @@ class Children:
         max_children: int,
         share: int = 1,
         park: Sequence[str] = (),
+        new_call: bool = False,
     ) -> ChildRun:
         """The child run of `run_id`'s delegate call `tool_call_id`: the one it started before,
         or a new queued run of `agent` with `message`. InvalidArgument (nothing made) for an
@@ -119,17 +119,19 @@ class Children:
         `park`, on a turn's last delegate call, names the turn's calls whose children had not
         ended when started (this one among them): the parent then parks on those it still
         waits for in the same transaction, as `park` would, and its worker sends no park of
-        its own (one round trip and one transaction fewer per delegation)."""
+        its own (one round trip and one transaction fewer per delegation). A `new_call` (made
+        in the attempt's own turn) has no child yet: it is not looked for before the lock."""
         if not tool_call_id or not agent or not message:
             raise InvalidArgument("a child run needs its delegate call, agent and message")
         # A call that started its child before (a resumed parent asks for each of its calls'):
         # one read, no lock. Anything else is decided under the parent's lock.
-        async with self._engine.connect() as conn:
-            before = await children_repo.started_child(conn, run_id, epoch, tool_call_id)
-        if before is not None and not _waiting(park, tool_call_id, before):
-            return ChildRun(before, created=False)
+        if not new_call:
+            async with self._engine.connect() as conn:
+                before = await children_repo.started_child(conn, run_id, epoch, tool_call_id)
+            if before is not None and not _waiting(park, tool_call_id, before):
+                return ChildRun(before, created=False)
         async with self._engine.begin() as conn:
-            held = await children_repo.held_parent(conn, run_id, epoch, tool_call_id)
+            held = await children_repo.held_parent(conn, run_id, epoch, tool_call_id, agent)
             if held is None:
                 raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
             if held.run.cancel_requested_at is not None:
@@ -185,7 +187,7 @@ class Children:
             )
         max_depth = min(max_depth, allowed.max_depth)
         max_children = min(max_children, allowed.max_children)
-        if await agent_repo.published_version(conn, parent.tenant_id, agent) is None:
+        if not held.agent_published:
             raise InvalidArgument(
                 f"there is no agent {agent!r} to delegate to (it was removed or never "
                 "applied); delegate to another agent or do the task yourself"

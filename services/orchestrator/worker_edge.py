@@ -363,6 +363,7 @@ class ExecutionServicer:
             max_children=request.max_children,
             share=request.share,
             park=list(request.park_tool_call_ids),
+            new_call=request.new_call,
         )
         error = child.error
         return orchestrator_pb2.StartChildResponse(

@@ -141,7 +141,7 @@ class Gate:
             self._wait(tool_call_id=tool_call.tool_call_id, input=input)
             return  # it gave the call its (error) result: the input was refused
         if name == DELEGATE and self._config.delegation is not None:
-            await self._delegate(tool_call.tool_call_id, input)
+            await self._delegate(tool_call.tool_call_id, input, new_call=True)
             return  # its child started (the run parks after the turn), or it was refused
         if name == REQUEST_APPROVAL and name in self._config.tool_allowlist:
             name, input = str(input.get("tool_name", "")), dict(input.get("input") or {})
@@ -208,10 +208,11 @@ class Gate:
             )
         self._result(tool_call.tool_call_id, WAIT_UNTIL, woke_text(due, now), is_error=False)
 
-    async def _delegate(self, tool_call_id: str, input: dict[str, Any]) -> None:
-        """Start (or find) the call's child run: its result when it has ended already, else
-        the call waits with the turn's others (`park_children`). A refused input or delegation
-        is the call's error result, which the model can act on."""
+    async def _delegate(self, tool_call_id: str, input: dict[str, Any], *, new_call: bool) -> None:
+        """Start (or find: a call an earlier attempt left open, not `new_call`) the call's
+        child run: its result when it has ended already, else the call waits with the turn's
+        others (`park_children`). A refused input or delegation is the call's error result,
+        which the model can act on."""
         delegation = self._config.delegation
         assert delegation is not None
         try:
@@ -238,6 +239,7 @@ class Gate:
                 delegation,
                 share=share,
                 park=park,
+                new_call=new_call,
             )
         except InvalidArgument as exc:
             self._result(
@@ -372,7 +374,7 @@ class Gate:
             self._wake(tool_call)
             return
         if name == DELEGATE and self._config.delegation is not None:
-            await self._delegate(tool_call.tool_call_id, input)
+            await self._delegate(tool_call.tool_call_id, input, new_call=False)
             return
         if name == REQUEST_APPROVAL:
             name = str(input.get("tool_name", ""))

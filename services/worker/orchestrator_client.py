@@ -178,10 +178,12 @@ class Orchestrator:
         *,
         share: int = 1,
         park: Sequence[str] = (),
+        new_call: bool = False,
     ) -> Child:
         """Start (or find: one per call) the child run of the delegate call `tool_call_id`,
         reserving 1/`share` of what the run has left, and park the run on the children of the
-        calls `park` (the turn's last call: see StartChildRequest) in the same transaction;
+        calls `park` (the turn's last call: see StartChildRequest) in the same transaction; a
+        `new_call` (made in this attempt's turn) is not looked for before the parent's lock;
         InvalidArgument when the orchestrator refuses it (the model may act on its message)."""
         response: orchestrator_pb2.StartChildResponse = await self._stream.write(
             orchestrator_pb2.StartChildRequest(
@@ -195,6 +197,7 @@ class Orchestrator:
                 traceparent=observed.traceparent(),
                 share=share,
                 park_tool_call_ids=list(park),
+                new_call=new_call,
             ),
         )
         return Child(

@@ -99,7 +99,14 @@ async def test_attempts_issuing_one_call_at_once_start_one_child(
     parent = await _parent(engine, "e-one-child")
     engines = [create_engine(db_url, pool_size=2) for _ in range(4)]
     try:
-        started = await asyncio.gather(*(_start(_children(e), parent, "toolu_1") for e in engines))
+        # Whether the worker says the call is new is only a hint: under the lock the call's
+        # child is looked for all the same.
+        started = await asyncio.gather(
+            *(
+                _start(_children(e), parent, "toolu_1", new_call=i % 2 == 0)
+                for i, e in enumerate(engines)
+            )
+        )
     finally:
         for e in engines:
             await e.dispose()

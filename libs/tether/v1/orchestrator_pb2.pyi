@@ -2503,6 +2503,7 @@ class StartChildRequest(_message.Message):
     TRACEPARENT_FIELD_NUMBER: _builtins.int
     SHARE_FIELD_NUMBER: _builtins.int
     PARK_TOOL_CALL_IDS_FIELD_NUMBER: _builtins.int
+    NEW_CALL_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The parent run."""
     epoch: _builtins.int
@@ -2522,6 +2523,11 @@ class StartChildRequest(_message.Message):
     share: _builtins.int
     """How many of the turn's delegate calls are not started yet, this one included: the child
     reserves 1/share of what the parent has left (parallel children split it); 0 is 1.
+    """
+    new_call: _builtins.bool
+    """Whether the model made the call in this attempt's own turn (not a call an earlier attempt
+    left open): no child of it can exist yet, so none is looked for before the parent's lock.
+    Only a hint: under the lock the call's child is looked for all the same.
     """
     @_builtins.property
     def park_tool_call_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -2544,10 +2550,11 @@ class StartChildRequest(_message.Message):
         traceparent: _builtins.str = ...,
         share: _builtins.int = ...,
         park_tool_call_ids: _abc.Iterable[_builtins.str] | None = ...,
+        new_call: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "epoch", b"epoch", "max_children", b"max_children", "max_depth", b"max_depth", "message", b"message", "park_tool_call_ids", b"park_tool_call_ids", "run_id", b"run_id", "share", b"share", "tool_call_id", b"tool_call_id", "traceparent", b"traceparent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "epoch", b"epoch", "max_children", b"max_children", "max_depth", b"max_depth", "message", b"message", "new_call", b"new_call", "park_tool_call_ids", b"park_tool_call_ids", "run_id", b"run_id", "share", b"share", "tool_call_id", b"tool_call_id", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, func, select, update
+from sqlalchemy import Exists, and_, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -133,6 +133,16 @@ _PUBLISHED = agents.join(
         agent_versions.c.version == agents.c.published_version,
     ),
 )
+
+
+def published(tenant_id: Any, name: Any) -> Exists:
+    """Whether the tenant has the agent `name`, published (an expression)."""
+    return (
+        select(agents.c.name)
+        .select_from(_PUBLISHED)
+        .where(agents.c.tenant_id == tenant_id, agents.c.name == name)
+        .exists()
+    )
 
 
 async def published_version(conn: AsyncConnection, tenant_id: str, name: str) -> Version | None:

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from services.orchestrator.repositories.agents import published
 from services.orchestrator.repositories.transitions import (
     EVENT_COUNT,
     appended_events,
@@ -28,12 +29,15 @@ _TERMINAL = [s.value for s in TERMINAL]
 class HeldParent:
     """A run under its lease, locked, as a delegate call finds it: whether the call started a
     child before (its id), how many children it has started, and the configuration of the
-    routing it is pinned to (stored, None before its lease)."""
+    routing it is pinned to (stored, None before its lease), and whether the agent its call
+    names is one its tenant has."""
 
     run: Run
     child_id: str | None
     children: int
     config: Any
+    # Whether its tenant has the agent the call names, published.
+    agent_published: bool
 
 
 # The parent, locked, with its pinned routing's configuration (which its lease does not change).
@@ -68,21 +72,31 @@ _CHILDREN = select(
     .where(_CHILD.c.tree_parent_run_id == bindparam("h_run_id"))
     .scalar_subquery()
     .label("children"),
+    published(
+        select(runs.c.tenant_id).where(runs.c.run_id == bindparam("h_run_id")).scalar_subquery(),
+        bindparam("h_agent"),
+    ).label("agent_published"),
 )
 
 
 async def held_parent(
-    conn: AsyncConnection, run_id: str, epoch: int, tool_call_id: str
+    conn: AsyncConnection, run_id: str, epoch: int, tool_call_id: str, agent: str
 ) -> HeldParent | None:
     """The run under lease `epoch`, locked until the transaction ends (its children are made
-    one at a time), as its delegate call `tool_call_id` finds it; None when the lease is no
-    longer current."""
-    params = {"h_run_id": run_id, "h_epoch": epoch, "h_call_id": tool_call_id}
+    one at a time), as its delegate call `tool_call_id` of `agent` finds it; None when the
+    lease is no longer current."""
+    params = {"h_run_id": run_id, "h_epoch": epoch, "h_call_id": tool_call_id, "h_agent": agent}
     row = (await conn.execute(_HELD_PARENT, params)).first()
     if row is None:
         return None
     found = (await conn.execute(_CHILDREN, params)).one()
-    return HeldParent(Run.from_row(row._mapping), found.child_id, int(found.children), row.h_config)
+    return HeldParent(
+        Run.from_row(row._mapping),
+        found.child_id,
+        int(found.children),
+        row.h_config,
+        bool(found.agent_published),
+    )
 
 
 _PARENT = runs.alias("parent")
