@@ -14,7 +14,8 @@ child) in the same transaction.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -43,6 +44,10 @@ from tether.domain import (
 from tether.errors import FailedPrecondition, InvalidArgument, StaleLease
 from tether.ids import new_id
 from tether.states import RunStatus
+
+# The waker's looks at every waiting parent and every active child, at least this often while
+# children ending here keep it busy with the parents they name.
+SCAN_EVERY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,13 +93,21 @@ async def _park(
 class Children:
     """Starts child runs, parks their parents and wakes them, on this replica."""
 
-    def __init__(self, engine: AsyncEngine, publisher: Publisher, bus: Bus | None = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        publisher: Publisher,
+        bus: Bus | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._engine = engine
+        self._clock = clock
         self._publisher = publisher
         self._bus = bus
         # Set when a run parks on its children here, or a child ends here: the waker looks
-        # again at once.
+        # again at once, at the parents named (`Publisher.look_at_parent`).
         self.nudge = publisher.child_ended
+        self._scanned: float | None = None  # the last look at every waiting parent
 
     async def start(
         self,
@@ -157,7 +170,7 @@ class Children:
             self._publisher.wake([child.run_id])
         if parked is not None:
             await self._publisher.publish(parked.run, parked.events)
-            self.nudge.set()  # its children may all have ended already
+            self._publisher.look_at_parent(run_id)  # its children may all have ended already
         return ChildRun(child, created=bool(started), parked=parked is not None)
 
     @staticmethod
@@ -227,16 +240,28 @@ class Children:
                     raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
         await self._publisher.publish(moved.run, moved.events)
         if moved.run.status == RunStatus.WAITING_FOR_CHILDREN.value:
-            self.nudge.set()  # its children may all have ended already
+            self._publisher.look_at_parent(run_id)  # its children may all have ended already
         else:
             self._publisher.wake_next(moved)
         return True
 
     async def round(self) -> float | None:
         """Queue the parents whose children have all ended (first: a parent waits on it),
-        cancel the children of parents that ended; nothing is due at a known time."""
-        await self.resume_done()
-        await self.cancel_orphans()
+        cancel the children of parents that ended; nothing is due at a known time.
+
+        A round a child's end (or a park) here started looks at the parents named, by id; the
+        looks at every waiting parent and every active child (for what another replica saw,
+        or a parent that ended) are made at least every SCAN_EVERY_S, not for each child's
+        end: under a wide fan-out they read every parent waiting and every child running."""
+        named = sorted(self._publisher.parents_to_look)
+        self._publisher.parents_to_look.clear()
+        if named:
+            await self.resume_done(among=named)
+        now = self._clock()
+        if not named or self._scanned is None or now - self._scanned >= SCAN_EVERY_S:
+            self._scanned = now
+            await self.resume_done()
+            await self.cancel_orphans()
         return None
 
     async def cancel_orphans(self, limit: int = 100) -> int:
@@ -247,12 +272,12 @@ class Children:
         await done.publish(self._publisher, self._bus)
         return found
 
-    async def resume_done(self, limit: int = 100) -> int:
-        """Queue each run waiting for its children once all of them have ended, with a
-        child.completed for each child not reported before."""
+    async def resume_done(self, limit: int = 100, *, among: Sequence[str] | None = None) -> int:
+        """Queue each run waiting for its children (of those `among`, when given) once all of
+        them have ended, with a child.completed for each child not reported before."""
         resumed: list[Moved] = []
         async with self._engine.begin() as conn:
-            for run_id in await children_repo.parents_done(conn, limit):
+            for run_id in await children_repo.parents_done(conn, limit, among):
                 ended = await children_repo.report_ended(conn, run_id)
                 moved = await apply(
                     conn,

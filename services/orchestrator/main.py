@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 from services.orchestrator import observed
+from services.orchestrator.children import SCAN_EVERY_S
 from services.orchestrator.execution import Execution
 from services.orchestrator.limit_store import LimitStore
 from services.orchestrator.maintenance import listen_for_hints
@@ -32,8 +33,6 @@ from tether.v1 import interactions_pb2_grpc, orchestrator_pb2, orchestrator_pb2_
 
 # A due retry another replica holds locked is looked at again this soon, not spun on.
 RETRY_ROUND_LEAST_S = 0.05
-# The children's waker looks at least this seldom for work it was not nudged about.
-CHILDREN_POLL_LEAST_S = 1.0
 # A round that sent something looks again this soon: a run's next event waits on the previous.
 WEBHOOK_ROUND_LEAST_S = 0.05
 # Subscriptions scanned, and deliveries sent at once, per round.
@@ -173,9 +172,10 @@ async def amain(
             execution.children.round,
             "children waker",
             least_s=RETRY_ROUND_LEAST_S,
-            # Nudged when a child ends or a parent parks here: the look for those another
-            # replica saw need not be as eager as the retries' (a fast test setting).
-            most_s=max(settings.retry_poll_s, CHILDREN_POLL_LEAST_S),
+            # Nudged when a child ends or a parent parks here (a look at that parent): the
+            # look for those another replica saw need not be as eager as the retries' (a
+            # fast test setting).
+            most_s=max(settings.retry_poll_s, SCAN_EVERY_S),
             nudge=execution.children.nudge,
         ),
     )

@@ -43,8 +43,10 @@ class Publisher:
         self.wake_marker = f"orchestrator-{uuid.uuid4().hex}"
         # The tenants with a cap, as this replica last read them (`caps.CapWatch`).
         self.capped: Callable[[], Collection[str]] = frozenset
-        # Set when a child run ends here: its parent may be waiting for it (`children`).
+        # Set when a child run ends here, or a parent parks on its children here: the parents
+        # named in `parents_to_look` may have no active child left (`children`).
         self.child_ended = asyncio.Event()
+        self.parents_to_look: set[str] = set()
 
     async def publish(
         self, run: Addressed, events: Sequence[StoredEvent], *, delivered: bool = False
@@ -71,13 +73,19 @@ class Publisher:
             for run_id in run_ids:
                 self._bus.notify_queued(run_id, self.wake_marker)
 
+    def look_at_parent(self, run_id: str) -> None:
+        """The run may be waiting for children none of which is active any more: the children
+        waker looks at it now."""
+        self.parents_to_look.add(run_id)
+        self.child_ended.set()
+
     def wake_next(self, moved: Moved) -> None:
         """A move that lets go of its session (an ending, a park) handed it to the next
         message: that run may now run. Every such move passes here, so it is counted here."""
         if telemetry.on:
             observed.moved(moved.run)
         if moved.run.tree_parent_run_id is not None and RunStatus(moved.run.status).terminal:
-            self.child_ended.set()
+            self.look_at_parent(moved.run.tree_parent_run_id)
         if moved.handed_over is not None:
             self.wake([moved.handed_over])
         elif moved.run.tenant_id in self.capped():

@@ -19,7 +19,7 @@ from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
 from services.orchestrator import budgets
 from services.orchestrator.agents import Agents
-from services.orchestrator.children import Children
+from services.orchestrator.children import SCAN_EVERY_S, Children
 from services.orchestrator.publisher import Publisher
 from tests.integration.test_admission import _tenant, chat
 from tests.integration.test_transitions import _claim
@@ -262,6 +262,43 @@ async def test_a_last_call_whose_child_ended_parks_only_on_the_others(engine: As
             )
         )
     assert waiting["toolCallIds"] == ["toolu_b"]
+
+
+async def test_a_childs_end_here_resumes_its_parent_by_a_look_at_it_alone(
+    engine: AsyncEngine,
+) -> None:
+    """A child's end (or a park) on this replica names its parent: the waker looks at that
+    parent by id, and at every waiting parent (for children that ended on another replica)
+    once per SCAN_EVERY_S, not for each child's end."""
+    now = [100.0]
+    publisher = Publisher(None)
+    children = Children(engine, publisher, clock=lambda: now[0])
+    here, elsewhere = await _parent(engine, "e-named"), await _parent(engine, "e-unnamed")
+    ended = []
+    for parent in (here, elsewhere):
+        ended.append((await _start(children, parent, "toolu_1", park=["toolu_1"])).run.run_id)  # type: ignore[attr-defined]
+    assert publisher.parents_to_look == {here, elsewhere}
+    await children.round()  # named, and the first look at all: every child is still active
+    assert publisher.parents_to_look == set()
+    for child in ended:
+        await _end(engine, child, "completed")
+    publisher.look_at_parent(here)  # as its child's end here does (Publisher.wake_next)
+    now[0] += SCAN_EVERY_S / 2
+    await children.round()
+
+    async def statuses() -> list[str]:
+        async with engine.connect() as conn:
+            rows = await conn.execute(
+                select(runs.c.run_id, runs.c.status).where(runs.c.run_id.in_([here, elsewhere]))
+            )
+            found = {r.run_id: r.status for r in rows}
+        return [found[here], found[elsewhere]]
+
+    assert await statuses() == ["queued", "waiting-for-children"]
+    now[0] += SCAN_EVERY_S / 2
+    await children.round()  # not nudged: the look at every waiting parent
+    assert await statuses() == ["queued", "queued"]
+    assert (await _types(engine, elsewhere))[-2:] == ["child.completed", "run.queued"]
 
 
 async def test_parallel_children_split_what_their_parent_has_left(engine: AsyncEngine) -> None:

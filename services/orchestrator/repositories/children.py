@@ -150,9 +150,12 @@ async def append(conn: AsyncConnection, run_id: str, events: Sequence[Event]) ->
     return numbered(row.last_seq, events)
 
 
-async def parents_done(conn: AsyncConnection, limit: int) -> list[str]:
-    """Runs waiting for their children none of which is still active, oldest wait first,
-    locked for the waker (ix_runs_children_waiting); one another waker holds is skipped."""
+async def parents_done(
+    conn: AsyncConnection, limit: int, among: Sequence[str] | None = None
+) -> list[str]:
+    """Runs waiting for their children none of which is still active (of those `among`, by
+    id, when given), oldest wait first, locked for the waker (ix_runs_children_waiting, or
+    pk_runs); one another waker holds is skipped."""
     child = runs.alias("child")
     active = (
         select(child.c.run_id)
@@ -162,6 +165,7 @@ async def parents_done(conn: AsyncConnection, limit: int) -> list[str]:
     stmt = (
         select(runs.c.run_id)
         .where(in_state(runs.c.status, RunStatus.WAITING_FOR_CHILDREN), ~active)
+        .where(*([] if among is None else [runs.c.run_id.in_(among)]))
         .order_by(runs.c.updated_at)
         .limit(limit)
         .with_for_update(of=runs, skip_locked=True)
