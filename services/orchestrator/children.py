@@ -32,10 +32,10 @@ from tether import states
 from tether.bus import Bus
 from tether.domain import (
     AgentConfig,
+    Event,
     Limits,
     Run,
     RunError,
-    StoredEvent,
     child_completed,
     child_started,
     children_waiting,
@@ -73,16 +73,21 @@ def _waiting(park: Sequence[str], tool_call_id: str, child: Run) -> list[str]:
 
 
 async def _park(
-    conn: AsyncConnection, run_id: str, epoch: int, tool_call_ids: Sequence[str]
+    conn: AsyncConnection,
+    run_id: str,
+    epoch: int,
+    tool_call_ids: Sequence[str],
+    before: Sequence[Event] = (),
 ) -> Moved | None:
     """Park the run under lease `epoch` on the children of its calls `tool_call_ids`, its
-    attempt ended; None when it is not running under that lease (or a cancel was accepted)."""
+    attempt ended, with `before` in its log ahead of children.waiting; None when it is not
+    running under that lease (or a cancel was accepted)."""
     moved = await apply(
         conn,
         states.PARK_CHILDREN,
         run_id,
         epoch=epoch,
-        events=[children_waiting(tool_call_ids)],
+        events=[*before, children_waiting(tool_call_ids)],
         values=lease_repo.lease_cleared(),
     )
     if moved is not None:
@@ -153,24 +158,26 @@ class Children:
                     f"run {run_id} is being cancelled: it starts no more children",
                     code="cancel_requested",
                 )
-            started: list[StoredEvent] = []
+            started: list[Event] = []
             if held.child_id is not None:
                 child = await children_repo.child(conn, held.child_id)
             else:
                 child = await self._create(
                     conn, held, tool_call_id, agent, message, max_depth, max_children, share
                 )
-                started = await children_repo.append(
-                    conn, run_id, [child_started(tool_call_id, child.run_id, agent)]
-                )
+                started = [child_started(tool_call_id, child.run_id, agent)]
+            # Parking, its child.started goes in the park's own move.
             waiting = _waiting(park, tool_call_id, child)
-            parked = await _park(conn, run_id, epoch, waiting) if waiting else None
+            parked = await _park(conn, run_id, epoch, waiting, started) if waiting else None
+            logged = parked.events if parked is not None else []
+            if parked is None and started:
+                logged = await children_repo.append(conn, run_id, started)
+        await self._publisher.publish(held.run if parked is None else parked.run, logged)
         if started:
-            await self._publisher.publish(held.run, started)
             self._publisher.wake([child.run_id])
-        if parked is not None:
-            await self._publisher.publish(parked.run, parked.events)
-            self._publisher.look_at_parent(run_id)  # its children may all have ended already
+        if parked is not None and (not started or len(waiting) > 1):
+            # A child it found (not the one just made) may have ended already.
+            self._publisher.look_at_parent(run_id)
         return ChildRun(child, created=bool(started), parked=parked is not None)
 
     @staticmethod

@@ -277,7 +277,9 @@ async def test_a_childs_end_here_resumes_its_parent_by_a_look_at_it_alone(
     ended = []
     for parent in (here, elsewhere):
         ended.append((await _start(children, parent, "toolu_1", park=["toolu_1"])).run.run_id)  # type: ignore[attr-defined]
-    assert publisher.parents_to_look == {here, elsewhere}
+    # Parked with the child just made, which cannot have ended yet: nothing to look at.
+    assert publisher.parents_to_look == set()
+    publisher.look_at_parent(here)
     await children.round()  # named, and the first look at all: every child is still active
     assert publisher.parents_to_look == set()
     for child in ended:
