@@ -108,7 +108,7 @@ class Attempts:
         async def write(
             conn: AsyncConnection,
         ) -> tuple[progress.Checkpointed, list[StoredEvent]] | None:
-            return await self._write(conn, run_id, epoch, batch)
+            return await self.write_batch(conn, run_id, epoch, batch)
 
         written = await self._committer.write(run_id, write)
         if written is None:
@@ -137,9 +137,12 @@ class Attempts:
         await self._publisher.publish(row, stored, delivered=True)
         return row
 
-    async def _write(
+    async def write_batch(
         self, conn: AsyncConnection, run_id: str, epoch: int, batch: Batch
     ) -> tuple[progress.Checkpointed, list[StoredEvent]] | None:
+        """Write a checkpoint's batch under the lease on `conn` (its turns priced): the fence's
+        row and the events appended, or None when the lease is stale (or a numbered batch
+        landed already)."""
         priced = await self._prices.priced(conn, run_id, batch.turns)
         return await progress.checkpoint(
             conn, run_id, epoch, self._ttl, batch.parts, batch.events, priced, batch=batch.number
@@ -233,7 +236,7 @@ class Attempts:
             if done.in_flight is not None:
                 # The checkpoint the worker sent but had no answer for, unless it landed already
                 # (a stale lease writes nothing here, and the fenced write below refuses it).
-                landed = await self._write(conn, run_id, epoch, done.in_flight)
+                landed = await self.write_batch(conn, run_id, epoch, done.in_flight)
             parts = list(done.parts)
             closing_events: list[Event] = []
             superseded: list[Part] = []
@@ -253,7 +256,7 @@ class Attempts:
                 parts = [*parts, *closing.parts]
                 closing_events, superseded = closing.events, closing.superseded
             # Parts and turns in one fenced statement: a stale lease writes nothing, here.
-            written = await self._write(conn, run_id, epoch, Batch(0, parts, (), done.turns))
+            written = await self.write_batch(conn, run_id, epoch, Batch(0, parts, (), done.turns))
             if written is None:
                 raise _stale(run_id, epoch)
             await parts_repo.supersede(conn, run_id, superseded)

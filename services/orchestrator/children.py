@@ -15,8 +15,9 @@ child) in the same transaction.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -32,10 +33,12 @@ from tether import states
 from tether.bus import Bus
 from tether.domain import (
     AgentConfig,
+    Batch,
     Event,
     Limits,
     Run,
     RunError,
+    StoredEvent,
     child_completed,
     child_started,
     children_waiting,
@@ -95,6 +98,13 @@ async def _park(
     return moved
 
 
+# Writes a checkpoint's batch under the lease on a connection: the events appended, with the
+# fence's row; None when the lease is stale (`Attempts.write_batch`).
+BatchWriter = Callable[
+    [AsyncConnection, str, int, Batch], Awaitable[tuple[Any, list[StoredEvent]] | None]
+]
+
+
 class Children:
     """Starts child runs, parks their parents and wakes them, on this replica."""
 
@@ -104,9 +114,12 @@ class Children:
         publisher: Publisher,
         bus: Bus | None = None,
         clock: Callable[[], float] = time.monotonic,
+        write_batch: BatchWriter | None = None,
     ) -> None:
         self._engine = engine
         self._clock = clock
+        # How a checkpoint the call carries is written (`Attempts.write_batch`).
+        self._write_batch = write_batch
         self._publisher = publisher
         self._bus = bus
         # Set when a run parks on its children here, or a child ends here: the waker looks
@@ -127,6 +140,7 @@ class Children:
         share: int = 1,
         park: Sequence[str] = (),
         new_call: bool = False,
+        checkpoint: Batch | None = None,
     ) -> ChildRun:
         """The child run of `run_id`'s delegate call `tool_call_id`: the one it started before,
         or a new queued run of `agent` with `message`. InvalidArgument (nothing made) for an
@@ -138,40 +152,56 @@ class Children:
         ended when started (this one among them): the parent then parks on those it still
         waits for in the same transaction, as `park` would, and its worker sends no park of
         its own (one round trip and one transaction fewer per delegation). A `new_call` (made
-        in the attempt's own turn) has no child yet: it is not looked for before the lock."""
+        in the attempt's own turn) has no child yet: it is not looked for before the lock.
+        `checkpoint`, the attempt's progress not written yet, is written under the lock before
+        anything else, and committed even when the child is refused."""
         if not tool_call_id or not agent or not message:
             raise InvalidArgument("a child run needs its delegate call, agent and message")
         # A call that started its child before (a resumed parent asks for each of its calls'):
         # one read, no lock. Anything else is decided under the parent's lock.
-        if not new_call:
+        if not new_call and checkpoint is None:
             async with self._engine.connect() as conn:
                 before = await children_repo.started_child(conn, run_id, epoch, tool_call_id)
             if before is not None and not _waiting(park, tool_call_id, before):
                 return ChildRun(before, created=False)
+        refused: InvalidArgument | FailedPrecondition | None = None
+        carried: list[StoredEvent] = []
+        started: list[Event] = []
+        logged: list[StoredEvent] = []
+        parked = None
         async with self._engine.begin() as conn:
             held = await children_repo.held_parent(conn, run_id, epoch, tool_call_id, agent)
             if held is None:
                 raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
-            if held.run.cancel_requested_at is not None:
-                # Its subtree was cancelled with it: a child made now would outlive it.
-                raise FailedPrecondition(
-                    f"run {run_id} is being cancelled: it starts no more children",
-                    code="cancel_requested",
-                )
-            started: list[Event] = []
-            if held.child_id is not None:
-                child = await children_repo.child(conn, held.child_id)
+            if checkpoint is not None:
+                carried = await self._carry(conn, run_id, epoch, checkpoint)
+            try:
+                if held.run.cancel_requested_at is not None:
+                    # Its subtree was cancelled with it: a child made now would outlive it.
+                    raise FailedPrecondition(
+                        f"run {run_id} is being cancelled: it starts no more children",
+                        code="cancel_requested",
+                    )
+                if held.child_id is not None:
+                    child = await children_repo.child(conn, held.child_id)
+                else:
+                    child = await self._create(
+                        conn, held, tool_call_id, agent, message, max_depth, max_children, share
+                    )
+                    started = [child_started(tool_call_id, child.run_id, agent)]
+            except (InvalidArgument, FailedPrecondition) as exc:
+                refused = exc  # nothing of the child was written; the checkpoint commits
             else:
-                child = await self._create(
-                    conn, held, tool_call_id, agent, message, max_depth, max_children, share
-                )
-                started = [child_started(tool_call_id, child.run_id, agent)]
-            # Parking, its child.started goes in the park's own move.
-            waiting = _waiting(park, tool_call_id, child)
-            parked = await _park(conn, run_id, epoch, waiting, started) if waiting else None
-            logged = parked.events if parked is not None else []
-            if parked is None and started:
-                logged = await children_repo.append(conn, run_id, started)
+                # Parking, its child.started goes in the park's own move.
+                waiting = _waiting(park, tool_call_id, child)
+                parked = await _park(conn, run_id, epoch, waiting, started) if waiting else None
+                logged = parked.events if parked is not None else []
+                if parked is None and started:
+                    logged = await children_repo.append(conn, run_id, started)
+        # The worker's next live deltas go out once this returns: they must not overtake these.
+        await self._publisher.publish(held.run, carried, delivered=True)
+        if refused is not None:
+            raise refused
         await self._publisher.publish(held.run if parked is None else parked.run, logged)
         if started:
             self._publisher.wake([child.run_id])
@@ -179,6 +209,17 @@ class Children:
             # A child it found (not the one just made) may have ended already.
             self._publisher.look_at_parent(run_id)
         return ChildRun(child, created=bool(started), parked=parked is not None)
+
+    async def _carry(
+        self, conn: AsyncConnection, run_id: str, epoch: int, checkpoint: Batch
+    ) -> list[StoredEvent]:
+        """Write the checkpoint a delegate call carries, under the lock its call holds."""
+        if self._write_batch is None:
+            raise InvalidArgument("this orchestrator takes no checkpoint with a delegate call")
+        written = await self._write_batch(conn, run_id, epoch, checkpoint)
+        if written is None:
+            raise StaleLease(f"lease epoch {epoch} of run {run_id} is no longer current")
+        return written[1]
 
     @staticmethod
     async def _create(

@@ -61,6 +61,7 @@ class Execution:
         """The rooms over one engine and bus."""
         publisher = Publisher(bus)
         prices = Prices()
+        attempts = Attempts(engine, publisher, prices, lease_ttl_s=lease_ttl_s)
         return cls(
             engine,
             publisher,
@@ -73,10 +74,10 @@ class Execution:
                 claim_poll_hinted_s=claim_poll_hinted_s or claim_poll_s,
                 history_runs=history_runs,
             ),
-            Attempts(engine, publisher, prices, lease_ttl_s=lease_ttl_s),
+            attempts,
             Pauses(engine, publisher),
             Recovery(engine, publisher),
             Deliveries(engine, publisher, lease_ttl_s=lease_ttl_s),
             Timers(engine, publisher),
-            Children(engine, publisher, bus),
+            Children(engine, publisher, bus, write_batch=attempts.write_batch),
         )

@@ -364,6 +364,11 @@ class ExecutionServicer:
             share=request.share,
             park=list(request.park_tool_call_ids),
             new_call=request.new_call,
+            checkpoint=(
+                checkpoint_from_proto(request.checkpoint)
+                if request.HasField("checkpoint")
+                else None
+            ),
         )
         error = child.error
         return orchestrator_pb2.StartChildResponse(

@@ -121,6 +121,21 @@ class CheckpointWriter:
         if self.error is not None:
             raise self.error
 
+    async def carry(self) -> Batch | None:
+        """Everything that changed as the next numbered checkpoint, once the one in flight has
+        landed, for a request that writes it in its own transaction (a delegate call's
+        StartChild) instead of a round trip of its own; None when nothing changed. Raise what
+        stopped the writer. Unlike `sync`, nothing is written here: if that request fails,
+        the attempt is over (its lease lost, or its orchestrator gone)."""
+        if self._writer is not None:
+            await asyncio.shield(self._writer)
+        if self.error is not None:
+            raise self.error
+        if not self._transcript.pending:
+            return None
+        self._batches += 1
+        return self._transcript.take(self._batches, whole=True)
+
     def seal(self) -> Handover:
         """Hand the completion everything not yet written (the checkpoint in flight too); from
         here the writer sends nothing more. Raise what stopped the writer."""

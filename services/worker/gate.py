@@ -223,8 +223,9 @@ class Gate:
             )
             return
         # The call is durable before its child exists: a later attempt issues it again and
-        # finds the same child, never a second.
-        await self._checkpoints.sync()
+        # finds the same child, never a second. What is not written yet goes with the call,
+        # in the child's own transaction.
+        carried = await self._checkpoints.carry()
         after = self._delegates
         share = len(after) - after.index(tool_call_id) if tool_call_id in after else 1
         # The calls' last: the run parks on the children not ended in the same transaction as
@@ -240,6 +241,7 @@ class Gate:
                 share=share,
                 park=park,
                 new_call=new_call,
+                checkpoint=carried,
             )
         except InvalidArgument as exc:
             self._result(

@@ -179,11 +179,13 @@ class Orchestrator:
         share: int = 1,
         park: Sequence[str] = (),
         new_call: bool = False,
+        checkpoint: Batch | None = None,
     ) -> Child:
         """Start (or find: one per call) the child run of the delegate call `tool_call_id`,
         reserving 1/`share` of what the run has left, and park the run on the children of the
         calls `park` (the turn's last call: see StartChildRequest) in the same transaction; a
         `new_call` (made in this attempt's turn) is not looked for before the parent's lock;
+        `checkpoint` (`CheckpointWriter.carry`) is written first, in the same transaction;
         InvalidArgument when the orchestrator refuses it (the model may act on its message)."""
         response: orchestrator_pb2.StartChildResponse = await self._stream.write(
             orchestrator_pb2.StartChildRequest(
@@ -198,6 +200,7 @@ class Orchestrator:
                 share=share,
                 park_tool_call_ids=list(park),
                 new_call=new_call,
+                checkpoint=None if checkpoint is None else checkpoint_to_proto(lease, checkpoint),
             ),
         )
         return Child(

@@ -12,7 +12,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission.domain import FreshnessPolicy
@@ -20,12 +20,24 @@ from services.admission.service import Admitter
 from services.orchestrator import budgets
 from services.orchestrator.agents import Agents
 from services.orchestrator.children import SCAN_EVERY_S, Children
+from services.orchestrator.execution import Execution
 from services.orchestrator.publisher import Publisher
 from tests.integration.test_admission import _tenant, chat
 from tests.integration.test_transitions import _claim
 from tether.db.engine import create_engine
-from tether.db.schema import attempts, routings, run_events, runs, usage_turns
-from tether.domain import AgentConfig, Delegation, Limits, Run
+from tether.db.schema import attempts, routings, run_events, run_parts, runs, usage_turns
+from tether.domain import (
+    AgentConfig,
+    Batch,
+    Delegation,
+    Limits,
+    Part,
+    Role,
+    Run,
+    Text,
+    ToolCall,
+    part_added,
+)
 from tether.errors import FailedPrecondition, InvalidArgument, StaleLease
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -262,6 +274,85 @@ async def test_a_last_call_whose_child_ended_parks_only_on_the_others(engine: As
             )
         )
     assert waiting["toolCallIds"] == ["toolu_b"]
+
+
+def _turn(number: int, index: int, content: ToolCall | Text) -> Batch:
+    """A checkpoint of one final part, announced."""
+    part = Part(index, Role.ASSISTANT, content, final=True)
+    return Batch(number, [part], [part_added(part)])
+
+
+async def _parts(engine: AsyncEngine, run_id: str) -> list[int]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            select(run_parts.c.part_index)
+            .where(run_parts.c.run_id == run_id)
+            .order_by("part_index")
+        )
+        return [r.part_index for r in rows]
+
+
+async def test_a_delegate_call_carries_its_turn_into_the_childs_own_transaction(
+    engine: AsyncEngine,
+) -> None:
+    """The progress a delegate call carries (the turn that made the call) is written under
+    the parent's lock ahead of the child, in one transaction: its part, then child.started and
+    the park. A call refused, or one a cancel came before, writes it all the same (the attempt
+    goes on), and no child."""
+    children = Execution.build(engine, None, lease_ttl_s=30, claim_poll_s=60).children
+    parent = await _parent(engine, "e-carried")
+    call = ToolCall("toolu_1", "delegate", {"agent": "researcher", "message": "m"})
+    started = await _start(
+        children, parent, "toolu_1", park=["toolu_1"], new_call=True, checkpoint=_turn(1, 0, call)
+    )
+    assert (started.created, started.parked) == (True, True)  # type: ignore[attr-defined]
+    assert await _parts(engine, parent) == [0]
+    assert (await _types(engine, parent))[-3:] == [
+        "part.added",
+        "child.started",
+        "children.waiting",
+    ]
+    async with engine.connect() as conn:
+        xmins = await conn.execute(
+            select(text("xmin::text"))
+            .select_from(run_events)
+            .where(run_events.c.run_id == parent)
+            .order_by(run_events.c.seq.desc())
+            .limit(3)
+        )
+        assert len({r[0] for r in xmins}) == 1, "one transaction wrote all three"
+
+    refused = await _parent(engine, "e-carried-refused")
+    with pytest.raises(InvalidArgument, match="no agent 'stranger'"):
+        await _start(
+            children,
+            refused,
+            "toolu_1",
+            agent="stranger",
+            new_call=True,
+            checkpoint=_turn(1, 0, Text("let me ask")),
+        )
+    assert await _parts(engine, refused) == [0] and await _count(engine, refused) == 0
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(runs).where(runs.c.run_id == refused).values(cancel_requested_at=func.now())
+        )
+    with pytest.raises(FailedPrecondition, match="being cancelled"):
+        await _start(children, refused, "toolu_2", new_call=True, checkpoint=_turn(2, 1, Text("x")))
+    assert await _parts(engine, refused) == [0, 1] and await _count(engine, refused) == 0
+    # Under a stale lease nothing is written.
+    with pytest.raises(StaleLease):
+        await children.start(
+            refused,
+            7,
+            tool_call_id="toolu_3",
+            agent="researcher",
+            message="m",
+            max_depth=3,
+            max_children=8,
+            checkpoint=_turn(3, 2, Text("y")),
+        )
+    assert await _parts(engine, refused) == [0, 1]
 
 
 async def test_a_childs_end_here_resumes_its_parent_by_a_look_at_it_alone(

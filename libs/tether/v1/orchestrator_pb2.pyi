@@ -2504,6 +2504,7 @@ class StartChildRequest(_message.Message):
     SHARE_FIELD_NUMBER: _builtins.int
     PARK_TOOL_CALL_IDS_FIELD_NUMBER: _builtins.int
     NEW_CALL_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The parent run."""
     epoch: _builtins.int
@@ -2537,6 +2538,14 @@ class StartChildRequest(_message.Message):
         them whose children it waits for, as ParkRun would (nothing parks when none is left).
         """
 
+    @_builtins.property
+    def checkpoint(self) -> Global___CheckpointRequest:
+        """The attempt's progress not written yet (the turn that made the call among it), written
+        under the lease in the child's own transaction, before the child: a checkpoint that needs
+        no round trip of its own (its run_id and epoch are this request's). It is written even
+        when the child is refused (INVALID_ARGUMENT, or FAILED_PRECONDITION for a cancel).
+        """
+
     def __init__(
         self,
         *,
@@ -2551,10 +2560,11 @@ class StartChildRequest(_message.Message):
         share: _builtins.int = ...,
         park_tool_call_ids: _abc.Iterable[_builtins.str] | None = ...,
         new_call: _builtins.bool = ...,
+        checkpoint: Global___CheckpointRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "epoch", b"epoch", "max_children", b"max_children", "max_depth", b"max_depth", "message", b"message", "new_call", b"new_call", "park_tool_call_ids", b"park_tool_call_ids", "run_id", b"run_id", "share", b"share", "tool_call_id", b"tool_call_id", "traceparent", b"traceparent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "checkpoint", b"checkpoint", "epoch", b"epoch", "max_children", b"max_children", "max_depth", b"max_depth", "message", b"message", "new_call", b"new_call", "park_tool_call_ids", b"park_tool_call_ids", "run_id", b"run_id", "share", b"share", "tool_call_id", b"tool_call_id", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
