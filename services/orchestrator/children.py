@@ -39,10 +39,8 @@ from tether.domain import (
     Run,
     RunError,
     StoredEvent,
-    child_completed,
     child_started,
     children_waiting,
-    run_queued,
 )
 from tether.errors import FailedPrecondition, InvalidArgument, StaleLease
 from tether.ids import new_id
@@ -117,6 +115,7 @@ class Children:
         write_batch: BatchWriter | None = None,
     ) -> None:
         self._engine = engine
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._clock = clock
         # How a checkpoint the call carries is written (`Attempts.write_batch`).
         self._write_batch = write_batch
@@ -321,25 +320,20 @@ class Children:
         return found
 
     async def resume_done(self, limit: int = 100, *, among: Sequence[str] | None = None) -> int:
-        """Queue each run waiting for its children (of those `among`, when given) once all of
-        them have ended, with a child.completed for each child not reported before."""
-        resumed: list[Moved] = []
-        async with self._engine.begin() as conn:
-            for run_id in await children_repo.parents_done(conn, limit, among):
-                ended = await children_repo.report_ended(conn, run_id)
-                moved = await apply(
-                    conn,
-                    states.CHILDREN_DONE,
-                    run_id,
-                    events=[
-                        *(child_completed(e.tool_call_id, e.run_id, e.status) for e in ended),
-                        run_queued(0, "children"),
-                    ],
-                )
-                if moved is not None:
-                    resumed.append(moved)
-        for moved in resumed:
-            await self._publisher.publish(moved.run, moved.events)
+        """Queue each run waiting for its children (those `among`, else the `limit` longest
+        waiting with none active) once all of them have ended, with a child.completed for each
+        child not reported before: one statement each (`children_repo.resume`)."""
+        resumed: list[children_repo.Resumed] = []
+        async with self._autocommit.connect() as conn:
+            parents = list(among) if among is not None else None
+            if parents is None:
+                parents = await children_repo.parents_done(conn, limit)
+            for parent in parents:
+                found = await children_repo.resume(conn, parent)
+                if found is not None:
+                    resumed.append(found)
+        for one in resumed:
+            await self._publisher.publish(one, one.events)
         if resumed:
-            self._publisher.wake([m.run.run_id for m in resumed])
+            self._publisher.wake([one.run_id for one in resumed])
         return len(resumed)

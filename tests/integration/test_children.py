@@ -36,7 +36,9 @@ from tether.domain import (
     Run,
     Text,
     ToolCall,
+    child_completed,
     part_added,
+    run_queued,
 )
 from tether.errors import FailedPrecondition, InvalidArgument, StaleLease
 
@@ -209,7 +211,21 @@ async def test_wakers_racing_resume_a_parent_once_and_only_when_every_child_ende
     assert types[-4:] == ["children.waiting", "child.completed", "child.completed", "run.queued"]
     async with engine.connect() as conn:
         row = (await conn.execute(select(runs).where(runs.c.run_id == parent))).one()
+        logged = await conn.execute(
+            select(run_events.c.seq, run_events.c.payload)
+            .where(run_events.c.run_id == parent)
+            .order_by(run_events.c.seq.desc())
+            .limit(3)
+        )
+        tail = sorted(logged, key=lambda r: r.seq)
     assert (row.status, row.lease_owner) == ("queued", None)
+    # The statement writes the events the domain's own constructors make, seqs in a row.
+    assert [r.payload for r in tail] == [
+        child_completed("toolu_a", first, "completed").payload,
+        child_completed("toolu_b", second, "failed").payload,
+        run_queued(0, "children").payload,
+    ]
+    assert [r.seq for r in tail] == list(range(row.last_seq - 2, row.last_seq + 1))
 
 
 async def test_the_turns_last_delegate_call_parks_its_parent_with_its_child(

@@ -4,12 +4,28 @@ all ended, locked for the children's waker."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from typing import cast as cast_type
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import (
+    SmallInteger,
+    Text,
+    bindparam,
+    cast,
+    func,
+    insert,
+    literal,
+    select,
+    true,
+    union_all,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.selectable import Alias
 
 from services.orchestrator.repositories.agents import published
 from services.orchestrator.repositories.transitions import (
@@ -18,8 +34,9 @@ from services.orchestrator.repositories.transitions import (
     event_params,
     numbered,
 )
-from tether.db.schema import in_state, routings, runs
-from tether.domain import Event, Run, StoredEvent
+from tether import formats
+from tether.db.schema import in_state, routings, run_events, runs
+from tether.domain import Event, EventType, Run, StoredEvent, child_completed, run_queued
 from tether.states import TERMINAL, RunStatus
 
 _TERMINAL = [s.value for s in TERMINAL]
@@ -150,52 +167,149 @@ async def append(conn: AsyncConnection, run_id: str, events: Sequence[Event]) ->
     return numbered(row.last_seq, events)
 
 
-async def parents_done(
-    conn: AsyncConnection, limit: int, among: Sequence[str] | None = None
-) -> list[str]:
-    """Runs waiting for their children none of which is still active (of those `among`, by
-    id, when given), oldest wait first, locked for the waker (ix_runs_children_waiting, or
-    pk_runs); one another waker holds is skipped."""
-    child = runs.alias("child")
-    active = (
-        select(child.c.run_id)
-        .where(child.c.tree_parent_run_id == runs.c.run_id, child.c.status.not_in(_TERMINAL))
-        .exists()
+_ACTIVE_CHILD = runs.alias("active_child")
+# Whether the run in the statement's `runs` has a child still active.
+_HAS_ACTIVE_CHILD = (
+    select(_ACTIVE_CHILD.c.run_id)
+    .where(
+        _ACTIVE_CHILD.c.tree_parent_run_id == runs.c.run_id,
+        _ACTIVE_CHILD.c.status.not_in(_TERMINAL),
     )
+    .exists()
+)
+
+
+async def parents_done(conn: AsyncConnection, limit: int) -> list[str]:
+    """Runs waiting for their children none of which is still active, oldest wait first
+    (ix_runs_children_waiting): each to be resumed by `resume`, which looks again under the
+    parent's lock."""
     stmt = (
         select(runs.c.run_id)
-        .where(in_state(runs.c.status, RunStatus.WAITING_FOR_CHILDREN), ~active)
-        .where(*([] if among is None else [runs.c.run_id.in_(among)]))
+        .where(in_state(runs.c.status, RunStatus.WAITING_FOR_CHILDREN), ~_HAS_ACTIVE_CHILD)
         .order_by(runs.c.updated_at)
         .limit(limit)
-        .with_for_update(of=runs, skip_locked=True)
     )
     return list((await conn.scalars(stmt)).all())
 
 
+# One parent's resume as ONE statement (what `parents_done`, `report_ended` and the
+# children_done move do in three): the parent locked (skipped when another holds it) while it
+# waits for children none of which is still active; each ended child not reported yet marked
+# reported, with its child.completed (in the order they finished); the move to queued with
+# run.queued last. Nothing is written when the parent is not waiting, is locked, or has a
+# child still active.
+_DONE_PARENT = (
+    select(runs.c.run_id)
+    .where(
+        runs.c.run_id == bindparam("r_parent"),
+        in_state(runs.c.status, RunStatus.WAITING_FOR_CHILDREN),
+        ~_HAS_ACTIVE_CHILD,
+    )
+    .with_for_update(of=runs, skip_locked=True)
+    .cte("done_parent")
+)
+# (An alias of runs to update, which SQLAlchemy types as a read-only FROM.)
+_ENDED = cast_type(Alias, runs.alias("ended_child"))
+_REPORTED = (
+    update(_ENDED)
+    .where(
+        _ENDED.c.tree_parent_run_id == _DONE_PARENT.c.run_id,
+        _ENDED.c.tree_reported_at.is_(None),
+        _ENDED.c.status.in_(_TERMINAL),
+    )
+    .values(tree_reported_at=func.now())
+    .returning(_ENDED.c.run_id, _ENDED.c.tree_call_id, _ENDED.c.status, _ENDED.c.finished_at)
+    .cte("reported")
+)
+_KEYS = tuple(child_completed("call", "run", "status").payload)  # toolCallId, childRunId, status
+_RESUME_EVENTS = union_all(
+    select(
+        literal(EventType.CHILD_COMPLETED.value, Text).label("type"),
+        cast(
+            func.jsonb_build_object(
+                _KEYS[0],
+                func.coalesce(_REPORTED.c.tree_call_id, ""),
+                _KEYS[1],
+                _REPORTED.c.run_id,
+                _KEYS[2],
+                _REPORTED.c.status,
+            ),
+            Text,
+        ).label("payload"),
+        func.row_number().over(order_by=(_REPORTED.c.finished_at, _REPORTED.c.run_id)).label("ord"),
+    ),
+    select(
+        literal(EventType.RUN_QUEUED.value, Text),
+        literal(json.dumps(run_queued(0, "children").payload), Text),
+        select(func.count()).select_from(_REPORTED).scalar_subquery() + 1,
+    ),
+).cte("resume_events")
+_EVENTS_COUNT = select(func.count()).select_from(_RESUME_EVENTS).scalar_subquery()
+_RESUMED = (
+    update(runs)
+    .where(
+        runs.c.run_id == _DONE_PARENT.c.run_id,
+        in_state(runs.c.status, RunStatus.WAITING_FOR_CHILDREN),
+    )
+    .values(
+        status=RunStatus.QUEUED.value,
+        updated_at=func.now(),
+        last_seq=runs.c.last_seq + _EVENTS_COUNT,
+    )
+    .returning(runs.c.run_id, runs.c.tenant_id, runs.c.owner_principal_id, runs.c.last_seq)
+    .cte("resumed")
+)
+_RESUMED_LOG = (
+    insert(run_events)
+    .from_select(
+        ["run_id", "seq", "type", "payload", "format"],
+        select(
+            _RESUMED.c.run_id,
+            _RESUMED.c.last_seq - _EVENTS_COUNT + _RESUME_EVENTS.c.ord,
+            _RESUME_EVENTS.c.type,
+            cast(_RESUME_EVENTS.c.payload, JSONB),
+            literal(formats.CURRENT, SmallInteger),
+        ).select_from(_RESUMED.join(_RESUME_EVENTS, true())),
+    )
+    .cte("resumed_log")
+)
+_RESUME = (
+    select(
+        _RESUMED.c.run_id,
+        _RESUMED.c.tenant_id,
+        _RESUMED.c.owner_principal_id,
+        _RESUMED.c.last_seq,
+        _RESUME_EVENTS.c.type,
+        _RESUME_EVENTS.c.payload,
+    )
+    .select_from(_RESUMED.join(_RESUME_EVENTS, true()))
+    .add_cte(_RESUMED_LOG)
+    .order_by(_RESUME_EVENTS.c.ord)
+)
+
+
 @dataclass(frozen=True, slots=True)
-class Ended:
-    """A child whose end its parent's log has not recorded yet."""
+class Resumed:
+    """A parent queued again once its children had all ended, with the events that did it
+    (a child.completed per child not reported before, then run.queued)."""
 
     run_id: str
-    tool_call_id: str
-    status: str
+    tenant_id: str
+    owner_principal_id: str | None
+    events: list[StoredEvent]
 
 
-async def report_ended(conn: AsyncConnection, parent_run_id: str) -> list[Ended]:
-    """The parent's ended children not reported to it yet, marked reported (each once)."""
-    rows = await conn.execute(
-        update(runs)
-        .where(
-            runs.c.tree_parent_run_id == parent_run_id,
-            runs.c.tree_reported_at.is_(None),
-            runs.c.status.in_(_TERMINAL),
-        )
-        .values(tree_reported_at=func.now())
-        .returning(runs.c.run_id, runs.c.tree_call_id, runs.c.status, runs.c.finished_at)
+async def resume(conn: AsyncConnection, parent_run_id: str) -> Resumed | None:
+    """Queue the parent again when it waits for children none of which is still active, in
+    one statement (see `_RESUME`); None when it does not (or another waker holds it)."""
+    rows = (await conn.execute(_RESUME, {"r_parent": parent_run_id})).all()
+    if not rows:
+        return None
+    first = rows[0]
+    events = [Event(EventType(r.type), json.loads(r.payload)) for r in rows]
+    return Resumed(
+        first.run_id, first.tenant_id, first.owner_principal_id, numbered(first.last_seq, events)
     )
-    found: list[Any] = sorted(rows, key=lambda r: (r.finished_at, r.run_id))
-    return [Ended(r.run_id, r.tree_call_id or "", r.status) for r in found]
 
 
 async def subtree(conn: AsyncConnection, run_id: str) -> list[Run]:
