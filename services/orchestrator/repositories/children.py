@@ -37,7 +37,7 @@ from services.orchestrator.repositories.transitions import (
 from tether import formats
 from tether.db.schema import in_state, routings, run_events, runs
 from tether.domain import Event, EventType, Run, StoredEvent, child_completed, run_queued
-from tether.states import TERMINAL, RunStatus
+from tether.states import CHILDREN_DONE, TERMINAL, RunStatus
 
 _TERMINAL = [s.value for s in TERMINAL]
 
@@ -192,17 +192,16 @@ async def parents_done(conn: AsyncConnection, limit: int) -> list[str]:
     return list((await conn.scalars(stmt)).all())
 
 
-# One parent's resume as ONE statement (what `parents_done`, `report_ended` and the
-# children_done move do in three): the parent locked (skipped when another holds it) while it
-# waits for children none of which is still active; each ended child not reported yet marked
-# reported, with its child.completed (in the order they finished); the move to queued with
-# run.queued last. Nothing is written when the parent is not waiting, is locked, or has a
-# child still active.
+# One parent's resume (tether.states.CHILDREN_DONE) as ONE statement: the parent locked
+# (skipped when another holds it) while it waits for children none of which is still active;
+# each ended child not reported yet marked reported, with its child.completed (in the order
+# they finished); the move to queued with run.queued last. Nothing is written when the parent
+# is not waiting, is locked, or has a child still active.
 _DONE_PARENT = (
     select(runs.c.run_id)
     .where(
         runs.c.run_id == bindparam("r_parent"),
-        in_state(runs.c.status, RunStatus.WAITING_FOR_CHILDREN),
+        in_state(runs.c.status, *CHILDREN_DONE.sources),
         ~_HAS_ACTIVE_CHILD,
     )
     .with_for_update(of=runs, skip_locked=True)
@@ -249,10 +248,10 @@ _RESUMED = (
     update(runs)
     .where(
         runs.c.run_id == _DONE_PARENT.c.run_id,
-        in_state(runs.c.status, RunStatus.WAITING_FOR_CHILDREN),
+        in_state(runs.c.status, *CHILDREN_DONE.sources),
     )
     .values(
-        status=RunStatus.QUEUED.value,
+        status=CHILDREN_DONE.target.value,
         updated_at=func.now(),
         last_seq=runs.c.last_seq + _EVENTS_COUNT,
     )
