@@ -22,7 +22,7 @@ from sqlalchemy import Text, bindparam, case, func, literal, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tether.db.schema import attempts, runs, usage_turns
-from tether.domain import AgentConfig, Limits, Run
+from tether.domain import AgentConfig, EndedChild, Limits, Run, RunError
 from tether.errors import InvalidArgument
 from tether.states import TERMINAL
 
@@ -121,9 +121,12 @@ def _account(current: bool) -> Any:
         .where(attempts.c.run_id == bindparam("b_run_id"))
         .scalar_subquery()
     )
-    return select(*_USED.c, _TOP.c.status, _TOP.c.tree_budget, ran.label("elapsed_s")).select_from(
-        _USED.outerjoin(_TOP, _TOP.c.run_id == _USED.c.top)
-    )
+    # At a lease (not `current`), each child's end too: a resumed run's delegate calls are
+    # answered from the lease.
+    ends = () if current else (_TOP.c.tree_call_id, _TOP.c.result_text, _TOP.c.error)
+    return select(
+        *_USED.c, _TOP.c.status, _TOP.c.tree_budget, *ends, ran.label("elapsed_s")
+    ).select_from(_USED.outerjoin(_TOP, _TOP.c.run_id == _USED.c.top))
 
 
 _ACCOUNT = {current: _account(current) for current in (False, True)}
@@ -137,6 +140,8 @@ class Account:
 
     left: dict[str, int]
     elapsed_s: float
+    # The children that have ended (read at a lease only).
+    ended: tuple[EndedChild, ...] = ()
 
 
 async def account(
@@ -145,6 +150,7 @@ async def account(
     """The run's account (see `Account`): one statement."""
     remaining = ceilings(limits, run.tree_budget)
     elapsed = 0.0
+    ended: list[EndedChild] = []
     for row in await conn.execute(_ACCOUNT[current], {"b_run_id": run.run_id}):
         elapsed = float(row.elapsed_s or 0)
         active = row.top is not None and row.status not in _ENDED
@@ -152,7 +158,12 @@ async def account(
         for name in remaining:
             used = int(getattr(row, name))
             remaining[name] -= used + max(int(reserve.get(name, 0)) - used, 0)
-    return Account(remaining, elapsed)
+        if not current and row.top is not None and not active and row.tree_call_id:
+            error = RunError.from_row(row.error) if row.error else None
+            ended.append(
+                EndedChild(row.tree_call_id, row.top, row.status, row.result_text or "", error)
+            )
+    return Account(remaining, elapsed, tuple(ended))
 
 
 async def child_budget(
@@ -183,12 +194,22 @@ async def child_budget(
     return budget
 
 
+@dataclass(frozen=True, slots=True)
+class LeasedTrees:
+    """What leased runs of trees run with, by run id: a configuration where it differs from
+    its routing's (`configs`), and the children that have ended, where any have (`ended`)."""
+
+    configs: dict[str, AgentConfig]
+    ended: dict[str, tuple[EndedChild, ...]]
+
+
 async def leased_configs(
     conn: AsyncConnection, leased: Iterable[tuple[Run, AgentConfig]]
-) -> dict[str, AgentConfig]:
+) -> LeasedTrees:
     """The configuration each leased run runs with, by run id, when it differs from its
     routing's: a run of a tree has its ceilings lowered to what it has left, and a run leased
-    before has its wall clock lowered by what its attempts ran (the others are left out)."""
+    before has its wall clock lowered by what its attempts ran (the others are left out); and
+    the children of each that have ended, read in the same account."""
     found: dict[str, AgentConfig] = {}
     leased = list(leased)
 
@@ -233,4 +254,5 @@ async def leased_configs(
             }
         if lowered:
             found[run.run_id] = replace(config, limits=replace(config.limits, **lowered))
-    return found
+    ended = {run_id: found.ended for run_id, found in accounts.items() if found.ended}
+    return LeasedTrees(found, ended)

@@ -34,6 +34,7 @@ from tether import states
 from tether.domain import (
     AGENT_VERSION,
     AgentConfig,
+    EndedChild,
     Origin,
     Part,
     Run,
@@ -124,6 +125,8 @@ class Claimed:
     last_turn: parts_repo.LastTurn = parts_repo.NO_TURN
     # The latest summary's place, also when its part was not read (the worker holds it).
     summary_mark: parts_repo.SummaryMark | None = None
+    # Its children that have ended (a run queued again once they had).
+    ended_children: tuple[EndedChild, ...] = ()
 
     @property
     def run(self) -> Run:
@@ -301,7 +304,7 @@ class Claims:
         claimed = []
         for one in leased:
             run = one.run
-            config = trees.get(run.run_id) or configs[one.routing_id]
+            config = trees.configs.get(run.run_id) or configs[one.routing_id]
             started = run_started(run.attempt, worker_id, run.lease_epoch)
             found = inputs[run.run_id]
             origin = Origin(one.source, run.channel, one.actor_type, one.actor_id, one.reply)
@@ -318,6 +321,7 @@ class Claims:
                     found.summary,
                     found.last_turn,
                     found.summary_mark,
+                    trees.ended.get(run.run_id, ()),
                 )
             )
             self._prices.remember(run.run_id, config.prices)

@@ -86,6 +86,7 @@ def _assignment(
         earlier_runs=earlier_runs,
         last_turn_tokens=claimed.last_turn.tokens,
         last_turn_own=claimed.last_turn.own,
+        ended_children=claimed.ended_children,
     )
 
 

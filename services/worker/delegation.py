@@ -82,7 +82,7 @@ class Child:
     status: RunStatus
     result_text: str
     error: RunError | None
-    created: bool
+    created: bool = False
     # Whether the run parked waiting for its children when this child was started.
     parked: bool = False
 

@@ -21,7 +21,13 @@ from typing import Any, TypeVar
 
 from services.worker import observed
 from services.worker.checkpoints import CheckpointWriter
-from services.worker.delegation import DELEGATE, DelegateRefused, child_result, delegate_input
+from services.worker.delegation import (
+    DELEGATE,
+    Child,
+    DelegateRefused,
+    child_result,
+    delegate_input,
+)
 from services.worker.interactions import (
     ASK_QUESTIONS,
     REQUEST_APPROVAL,
@@ -51,7 +57,7 @@ from tether.domain import (
 )
 from tether.errors import FailedPrecondition, InvalidArgument
 from tether.ids import new_id
-from tether.states import RunStatus
+from tether.states import TERMINAL, RunStatus
 from tether.tools.base import CallContext, ConnectionGap
 from tether.tools.calls import ApprovalRequest, Decision, Paused, ToolCalls
 from tether.tools.path import PreparedTool
@@ -69,6 +75,9 @@ class RunFailed(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+_ENDED_STATUSES = frozenset(s.value for s in TERMINAL)
 
 
 class Gate:
@@ -99,6 +108,10 @@ class Gate:
         self._delegates: list[str] = []
         # The last of the calls being run: a delegate call there parks the run with its child.
         self._last_call = ""
+        # The children that ended before this lease, by their delegate call.
+        self._ended = {
+            c.tool_call_id: c for c in assignment.ended_children if c.status in _ENDED_STATUSES
+        }
         ports = None if interactions is None else _InteractionsPorts(interactions, assignment)
         self._calls = ToolCalls(
             catalog=registry,
@@ -221,6 +234,13 @@ class Gate:
             self._result(
                 tool_call_id, DELEGATE, str(refused), is_error=True, code="tool_invalid_input"
             )
+            return
+        ended = None if new_call else self._ended.get(tool_call_id)
+        if ended is not None:
+            # Its child ended before this lease, which says how: no StartChild.
+            child = Child(ended.run_id, RunStatus(ended.status), ended.result_text, ended.error)
+            content, is_error, code = child_result(child)
+            self._result(tool_call_id, DELEGATE, content, is_error=is_error, code=code)
             return
         # The call is durable before its child exists: a later attempt issues it again and
         # finds the same child, never a second. What is not written yet goes with the call,

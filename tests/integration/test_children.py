@@ -30,10 +30,12 @@ from tether.domain import (
     AgentConfig,
     Batch,
     Delegation,
+    EndedChild,
     Limits,
     Part,
     Role,
     Run,
+    RunError,
     Text,
     ToolCall,
     child_completed,
@@ -371,6 +373,38 @@ async def test_a_delegate_call_carries_its_turn_into_the_childs_own_transaction(
     assert await _parts(engine, refused) == [0, 1]
 
 
+async def test_a_parent_queued_again_is_leased_with_how_each_child_ended(
+    engine: AsyncEngine,
+) -> None:
+    """The lease of a parent its children's ends queued again says how each ended (answer, or
+    error), read in the account the lease makes anyway: its worker answers the delegate calls
+    it issues again from there, with no StartChild each."""
+    execution = Execution.build(engine, None, lease_ttl_s=30, claim_poll_s=60)
+    children = execution.children
+    parent = await _parent(engine, "e-ended-lease")
+    answered = (await _start(children, parent, "toolu_a", new_call=True)).run.run_id  # type: ignore[attr-defined]
+    last = await _start(children, parent, "toolu_b", park=["toolu_a", "toolu_b"], new_call=True)
+    gone = last.run.run_id  # type: ignore[attr-defined]
+    why = RunError("max_steps_exceeded", "the run used its 4 model turns")
+    async with engine.begin() as conn:
+        for child, values in (
+            (answered, {"status": "completed", "result_text": "the answer"}),
+            (gone, {"status": "failed", "error": why.to_row()}),
+        ):
+            await conn.execute(
+                update(runs)
+                .where(runs.c.run_id == child)
+                .values(**values, session_head=False, finished_at=func.now())
+            )
+    assert await children.resume_done(among=[parent]) == 1
+    (claimed,) = await execution.claims.claim_many("w-2", 1)
+    assert claimed.run.run_id == parent
+    assert sorted(claimed.ended_children, key=lambda c: c.tool_call_id) == [
+        EndedChild("toolu_a", answered, "completed", "the answer"),
+        EndedChild("toolu_b", gone, "failed", "", why),
+    ]
+
+
 async def test_a_childs_end_here_resumes_its_parent_by_a_look_at_it_alone(
     engine: AsyncEngine,
 ) -> None:
@@ -498,9 +532,10 @@ async def test_the_wall_clock_counts_what_earlier_attempts_ran_and_children_get_
         row = (await conn.execute(select(runs).where(runs.c.run_id == parent))).one()
         run = Run.from_row(row._mapping)
         config = AgentConfig(model="m", limits=Limits(max_steps=8, wall_clock_seconds=30))
-        (lowered,) = (await budgets.leased_configs(conn, [(run, config)])).values()
+        (lowered,) = (await budgets.leased_configs(conn, [(run, config)])).configs.values()
         plain = replace(run, lease_epoch=1, tree_budget=None)
-        assert await budgets.leased_configs(conn, [(plain, config)]) == {}, "a first lease"
+        first = await budgets.leased_configs(conn, [(plain, config)])
+        assert (first.configs, first.ended) == ({}, {}), "a first lease"
         assert (await budgets.account(conn, run, config.limits)).elapsed_s == pytest.approx(2)
     # Its own 10 s (its share, below its agent's 30), less the 2 s its first attempt ran: the
     # minute it was parked does not count.

@@ -42,6 +42,7 @@ from tether.domain import (
     Completion,
     EarlierRun,
     EffectState,
+    EndedChild,
     Ending,
     Failed,
     FoundDocument,
@@ -117,6 +118,10 @@ def test_an_assignment_comes_back_as_sent() -> None:
         earlier_runs=(EarlierRun("run_a", 1),),
         last_turn_tokens=1300,
         last_turn_own=True,
+        ended_children=(
+            EndedChild("toolu_a", "run_c1", "completed", "the answer"),
+            EndedChild("toolu_b", "run_c2", "failed", error=RunError("max_steps_exceeded", "x")),
+        ),
     )
     response = assignment_to_proto(assignment, expires_at=datetime(2026, 12, 4, 19, tzinfo=UTC))
     assert response.claimed and response.lease.expires_at.seconds > 0

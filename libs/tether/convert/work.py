@@ -31,6 +31,7 @@ from tether.convert import (
     part_from_proto,
     part_to_proto,
     status_from_proto,
+    status_to_proto,
     timestamp,
 )
 from tether.domain import (
@@ -43,6 +44,7 @@ from tether.domain import (
     Completion,
     EarlierRun,
     EffectState,
+    EndedChild,
     Ending,
     Event,
     Failed,
@@ -150,6 +152,7 @@ def assignment_to_proto(
                 for e in assignment.earlier_runs
             ],
             last_turn_tokens=assignment.last_turn_tokens,
+            ended_children=[ended_child_to_proto(c) for c in assignment.ended_children],
             last_turn_own=assignment.last_turn_own,
             reply=None if origin.reply is None else reply_to_proto(origin.reply),
         ),
@@ -181,6 +184,30 @@ def assignment_from_proto(response: orchestrator_pb2.ClaimRunResponse) -> Assign
         earlier_runs=tuple(EarlierRun(e.run_id, e.parts) for e in context.earlier_runs),
         last_turn_tokens=context.last_turn_tokens,
         last_turn_own=context.last_turn_own,
+        ended_children=tuple(ended_child_from_proto(c) for c in context.ended_children),
+    )
+
+
+def ended_child_to_proto(child: EndedChild) -> orchestrator_pb2.EndedChild:
+    """A child that has ended, on the wire."""
+    return orchestrator_pb2.EndedChild(
+        tool_call_id=child.tool_call_id,
+        child_run_id=child.run_id,
+        status=status_to_proto(child.status),
+        result_text=child.result_text,
+        error=None if child.error is None else error_to_proto(child.error),
+    )
+
+
+def ended_child_from_proto(child: orchestrator_pb2.EndedChild) -> EndedChild:
+    """A child that has ended, from the wire."""
+    status = status_from_proto(child.status)
+    return EndedChild(
+        child.tool_call_id,
+        child.child_run_id,
+        status.value if status is not None else "",
+        child.result_text,
+        error_from_proto(child.error) if child.HasField("error") else None,
     )
 
 

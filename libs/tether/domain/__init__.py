@@ -40,7 +40,7 @@ from tether.domain.agents import (
     McpServer,
     SystemBlock,
 )
-from tether.domain.assignment import Assignment, EarlierRun, Lease, Origin
+from tether.domain.assignment import Assignment, EarlierRun, EndedChild, Lease, Origin
 from tether.domain.catalog import CatalogedTool, ToolAnnouncement, schema_sha256
 from tether.domain.channels import ChannelOrigin, ReplyTarget, origin_from_json, origin_to_json
 from tether.domain.deliveries import Delivery, delivery_event, delivery_id
@@ -146,6 +146,7 @@ __all__ = [
     "Document",
     "EarlierRun",
     "EffectState",
+    "EndedChild",
     "Ending",
     "Event",
     "EventType",

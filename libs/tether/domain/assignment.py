@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from tether.domain.agents import AgentConfig
 from tether.domain.channels import ReplyTarget
+from tether.domain.outcomes import RunError
 from tether.domain.parts import Part, Summary
 
 
@@ -32,6 +33,18 @@ class Origin:
     actor_type: str = ""
     actor_id: str = ""
     reply: ReplyTarget | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EndedChild:
+    """A child run that has ended, as its delegate call `tool_call_id` is answered: its answer
+    (`result_text`) or why not (`error`)."""
+
+    tool_call_id: str
+    run_id: str
+    status: str
+    result_text: str = ""
+    error: RunError | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +81,9 @@ class Assignment:
     earlier_runs: tuple[EarlierRun, ...] = ()
     last_turn_tokens: int = 0
     last_turn_own: bool = False
+    # The run's children that have ended (a run queued again once they had): its delegate
+    # calls issued again are answered from here.
+    ended_children: tuple[EndedChild, ...] = ()
 
     @property
     def run_id(self) -> str:

@@ -696,6 +696,7 @@ class AttemptContext(_message.Message):
     LAST_TURN_TOKENS_FIELD_NUMBER: _builtins.int
     LAST_TURN_OWN_FIELD_NUMBER: _builtins.int
     REPLY_FIELD_NUMBER: _builtins.int
+    ENDED_CHILDREN_FIELD_NUMBER: _builtins.int
     source: _builtins.str
     """The run's source ("chat", "messaging", "task", "decision")."""
     actor_type: _builtins.str
@@ -724,6 +725,12 @@ class AttemptContext(_message.Message):
     def reply(self) -> _common_pb2.ReplyTarget:
         """Where the answer goes when the run came through a channel connection (unset otherwise)."""
 
+    @_builtins.property
+    def ended_children(self) -> _containers.RepeatedCompositeFieldContainer[Global___EndedChild]:
+        """The run's child runs that have ended, for a run queued again once its children ended: a
+        delegate call the attempt issues again is answered from here, with no StartChild.
+        """
+
     def __init__(
         self,
         *,
@@ -736,14 +743,55 @@ class AttemptContext(_message.Message):
         last_turn_tokens: _builtins.int = ...,
         last_turn_own: _builtins.bool = ...,
         reply: _common_pb2.ReplyTarget | None = ...,
+        ended_children: _abc.Iterable[Global___EndedChild] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["reply", b"reply", "summary", b"summary"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_type", b"actor_type", "earlier_runs", b"earlier_runs", "has_documents", b"has_documents", "last_turn_own", b"last_turn_own", "last_turn_tokens", b"last_turn_tokens", "reply", b"reply", "source", b"source", "summary", b"summary"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor_id", b"actor_id", "actor_type", b"actor_type", "earlier_runs", b"earlier_runs", "ended_children", b"ended_children", "has_documents", b"has_documents", "last_turn_own", b"last_turn_own", "last_turn_tokens", b"last_turn_tokens", "reply", b"reply", "source", b"source", "summary", b"summary"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AttemptContext: _TypeAlias = AttemptContext  # noqa: Y015
+
+@_typing.final
+class EndedChild(_message.Message):
+    """EndedChild is a child run that has ended, as the delegate call that started it is answered."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    CHILD_RUN_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    RESULT_TEXT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    tool_call_id: _builtins.str
+    """The delegate call."""
+    child_run_id: _builtins.str
+    """The child run."""
+    status: _common_pb2.RunStatus.ValueType
+    """completed, failed or cancelled."""
+    result_text: _builtins.str
+    """Its answer, when it completed."""
+    @_builtins.property
+    def error(self) -> _common_pb2.ErrorInfo:
+        """Why it failed or was cancelled."""
+
+    def __init__(
+        self,
+        *,
+        tool_call_id: _builtins.str = ...,
+        child_run_id: _builtins.str = ...,
+        status: _common_pb2.RunStatus.ValueType = ...,
+        result_text: _builtins.str = ...,
+        error: _common_pb2.ErrorInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["child_run_id", b"child_run_id", "error", b"error", "result_text", b"result_text", "status", b"status", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndedChild: _TypeAlias = EndedChild  # noqa: Y015
 
 @_typing.final
 class EarlierRunSpan(_message.Message):
