@@ -191,7 +191,10 @@ class ModelLimits:
                 waiting[run_id].until = until
             else:
                 waiting[run_id] = Waiter(wanted, until)
-            self._refused_until = max(self._refused_until, now + wait)
+            if not ahead:
+                # The first in line: no run is leased before its call fits. Those behind it
+                # (`_ahead_of` keeps them there) stretch nothing.
+                self._refused_until = max(self._refused_until, now + wait)
             return 0, wait
         self._waiting.get(key, {}).pop(run_id, None)
         self._in_flight[key] = self._in_flight.get(key, 0) + 1

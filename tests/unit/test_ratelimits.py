@@ -233,9 +233,9 @@ def test_leases_are_held_until_the_first_refused_call_fits_not_while_those_behin
     _, behind = grants.reserve("r3", 1, "c", "m", 500, 0)
     assert behind == pytest.approx(1.0)  # behind r2 (900 to wait for), rechecked each second
     assert grants.leases_held_for() == pytest.approx(first)
-    clock.now += first
+    clock.now += first + 0.001
     assert grants.leases_held_for() == 0.0
-    assert grants.reserve("r2", 2, "c", "m", 500, 0)[0]
+    assert grants.reserve("r2", 2, "c", "m", 500, 0)[0]  # back then, it fits
 
 
 async def test_a_replica_keeping_no_limits_grants_a_re_sent_reservation() -> None:
