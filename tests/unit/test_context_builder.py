@@ -16,6 +16,7 @@ from services.worker.context.builder import (
     Fact,
     summary_text,
 )
+from services.worker.context.messages import join
 from tether.domain import Part, Role, Summary, Text, ToolCall, ToolResult
 
 AGENT = {
@@ -149,3 +150,13 @@ def test_a_summary_stands_in_for_the_runs_it_covers_and_moves_breakpoint_two_onc
     # A later attempt that starts from the stored summary builds the same bytes.
     resumed = builder(earlier[3:], summary=summary).request([], model="m", max_tokens=9)
     assert stable_prefix(resumed) == stable_prefix(after)
+
+
+def test_a_join_shares_the_messages_it_does_not_merge_and_copies_one_it_merges_into() -> None:
+    user = {"role": "user", "content": [{"type": "text", "text": "q"}]}
+    also = {"role": "user", "content": [{"type": "text", "text": "more"}]}
+    answer = {"role": "assistant", "content": [{"type": "text", "text": "a"}]}
+    joined = join([user], [also, answer])
+    assert joined[1] is answer
+    assert joined[0] is not user and [b["text"] for b in joined[0]["content"]] == ["q", "more"]
+    assert user["content"] == [{"type": "text", "text": "q"}], "the stretch's own is unchanged"

@@ -150,8 +150,10 @@ class ContextBuilder:
             block = {"type": "text", "text": summary_text(self.summary)}
             messages = join([{"role": "user", "content": [block]}], messages)
         if messages:
-            last = messages[-1]["content"]
-            last[-1] = {**last[-1], "cache_control": self._marker}
+            # A message of its own: `join` shares the messages it does not merge.
+            *blocks, closing = messages[-1]["content"]
+            marked = {**closing, "cache_control": self._marker}
+            messages[-1] = {"role": messages[-1]["role"], "content": [*blocks, marked]}
         return messages
 
     @staticmethod

@@ -115,20 +115,29 @@ def build_messages(prior: Sequence[Part], input_text: str, own: Sequence[Part]) 
 
 def join(*stretches: Sequence[Message]) -> list[Message]:
     """The messages of each stretch in order, one after another, neighbours of one role merged
-    into one message (roles must alternate). The blocks are shared, the lists are new."""
+    into one message (roles must alternate). The list is new; a message no neighbour merged
+    into is the stretch's own (shared, never copied: a long history's messages are many), a
+    merged one new. Never change what it returns: copy first."""
     out: list[Message] = []
+    merged = False  # whether out[-1] is a message of join's own
     for stretch in stretches:
         for message in stretch:
             if out and out[-1]["role"] == message["role"]:
+                if not merged:
+                    out[-1] = {"role": out[-1]["role"], "content": list(out[-1]["content"])}
+                    merged = True
                 out[-1]["content"].extend(message["content"])
             else:
-                out.append({"role": message["role"], "content": list(message["content"])})
+                out.append(message)
+                merged = False
     return out
 
 
 def _without_calls(messages: list[Message], call_ids: set[str]) -> list[Message]:
     """The messages without the tool_use blocks of `call_ids`; a message left empty goes, and
     the neighbours it parted merge (roles must alternate)."""
+    if not call_ids:
+        return messages  # nothing to take out (nearly always): not copied, a lease's history long
     out: list[Message] = []
     for message in messages:
         content = [
