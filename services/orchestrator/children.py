@@ -6,10 +6,12 @@ A child is made under its parent's lease, in one transaction with the parent's `
 (`intake.create_child_run`): the same (parent, call) always finds the same child
 (ux_runs_tree_call), so a parent attempt that died after its call was recorded and issues it
 again never starts a second. A turn's last delegate call parks its parent in that same
-transaction (`park`), so a delegation costs its worker no park of its own. The waker locks the
-parents whose children have all ended with SKIP LOCKED and moves each with one guarded UPDATE
-(waiting-for-children -> queued), recording each child's end (`child.completed`, once per
-child) in the same transaction.
+transaction (`park`), with the turn's progress not written yet (`checkpoint`): a delegation
+costs its worker no park and no checkpoint of its own. The waker queues a parent whose children
+have all ended in one statement (`children_repo.resume`: the parent locked with SKIP LOCKED,
+each child's end recorded once as `child.completed`, the move waiting-for-children -> queued),
+at once for the parent a child's end here names, and for every other one at least every
+SCAN_EVERY_S. The parent's next lease says how each child ended (`budgets.leased_configs`).
 """
 
 from __future__ import annotations
