@@ -254,5 +254,5 @@ async def leased_configs(
             }
         if lowered:
             found[run.run_id] = replace(config, limits=replace(config.limits, **lowered))
-    ended = {run_id: found.ended for run_id, found in accounts.items() if found.ended}
+    ended = {run_id: held.ended for run_id, held in accounts.items() if held.ended}
     return LeasedTrees(found, ended)
