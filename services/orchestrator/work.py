@@ -38,7 +38,7 @@ from services.orchestrator.lease_histories import StreamHistories, known, stream
 from services.orchestrator.repositories import leases as lease_repo
 from tether.convert.catalog import announcements_from_proto
 from tether.convert.render import render_job_to_proto, rendered_from_proto
-from tether.convert.work import OUTCOMES, WRITE_FIELDS
+from tether.convert.work import WRITE_FIELDS, ends_lease
 from tether.domain import Rendered, RenderJob, ToolAnnouncement
 from tether.errors import FailedPrecondition, InvalidArgument, TetherError, Unavailable
 from tether.runtime.rpc import refuse_undecodable
@@ -321,7 +321,7 @@ class Work:
             ack.code, ack.message = 13, "internal error; see the orchestrator's log"  # INTERNAL
         else:
             getattr(ack, WRITE_FIELDS[kind]).CopyFrom(answer)
-            if kind in OUTCOMES:
+            if ends_lease(request, answer):
                 session.held.pop(request.run_id, None)  # the run left this worker's hands
                 if self._let_go is not None:
                     self._let_go(request.run_id)

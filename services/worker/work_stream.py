@@ -6,9 +6,10 @@ lost leases, handed to the pool as domain types (a pushed lease becomes an `Assi
 protobuf stops at this module and `orchestrator_client`).
 
 What is queued when the stream can write goes as one message to a replica that reads batches,
-and a lone message goes at once. An outcome (complete, park, retry, release) acknowledged OK
-frees its slot on a replica that says so (WorkWelcome.outcome_returns_credit): the pool grants
-no credit for it, so a run costs the stream three messages, not four.
+and a lone message goes at once. An outcome (complete, park, retry, release, or a delegate call
+answered parked: `ends_lease`) acknowledged OK frees its slot on a replica that says so
+(WorkWelcome.outcome_returns_credit): the pool grants no credit for it, so a run costs the
+stream three messages, not four.
 
 When the stream breaks (a replica stopped or asked the connection to go away, the network) it
 reconnects, to whichever replica answers, announces the leases it holds and sends again every
@@ -32,7 +33,7 @@ from google.protobuf.message import Message
 from services.worker.history_cache import HistoryCache, HistoryOutOfStep
 from tether.convert.catalog import announcements_to_proto
 from tether.convert.render import render_job_from_proto, rendered_to_proto
-from tether.convert.work import OUTCOMES, assignment_from_proto, write_request
+from tether.convert.work import assignment_from_proto, ends_lease, write_request
 from tether.domain import Assignment, Rendered, RenderJob, ToolAnnouncement
 from tether.errors import TetherError, Unavailable, from_status_number
 from tether.v1 import orchestrator_pb2, orchestrator_pb2_grpc
@@ -303,10 +304,11 @@ class WorkStream:
             return
         message = entry[0]
         written = getattr(message, str(message.WhichOneof("kind")))
-        if type(written) in OUTCOMES and self._returns_credit and not self._leaving:
+        result = getattr(ack, str(ack.WhichOneof("result")))
+        if ends_lease(written, result) and self._returns_credit and not self._leaving:
             self._returned.add((written.run_id, written.epoch))
             self._free += 1  # the replica counted the slot free again
-        answer.set_result(getattr(ack, str(ack.WhichOneof("result"))))
+        answer.set_result(result)
 
     async def _keepalive(
         self, handler: Handler, outbox: asyncio.Queue[orchestrator_pb2.WorkRequest]

@@ -31,6 +31,7 @@ from tether.convert.work import (
     effect_to_proto,
     ending_from_proto,
     ending_to_proto,
+    ends_lease,
     write_request,
 )
 from tether.domain import (
@@ -260,3 +261,14 @@ def test_a_render_job_and_its_answer_come_back_as_sent() -> None:
     assert back == rendered and isinstance(back.request["max_tokens"], int)
     refused = Rendered(9, {}, error_code="live_fact_failed", error_message="the clock stopped")
     assert rendered_from_proto(rendered_to_proto(refused)) == refused
+
+
+def test_a_slot_is_given_back_by_an_outcome_or_a_delegate_call_answered_parked() -> None:
+    """Both ends of the Work stream count a slot freed by `ends_lease`, and only by it."""
+    start = orchestrator_pb2.StartChildRequest(run_id="r", epoch=1, tool_call_id="toolu_1")
+    release = orchestrator_pb2.ReleaseRunRequest(run_id="r", epoch=1)
+    checkpoint = orchestrator_pb2.CheckpointRequest(run_id="r", epoch=1)
+    assert ends_lease(release, orchestrator_pb2.ReleaseRunResponse())
+    assert ends_lease(start, orchestrator_pb2.StartChildResponse(parked=True))
+    assert not ends_lease(start, orchestrator_pb2.StartChildResponse(created=True))
+    assert not ends_lease(checkpoint, orchestrator_pb2.CheckpointResponse())

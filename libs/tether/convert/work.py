@@ -79,6 +79,16 @@ OUTCOMES: frozenset[type[Message]] = frozenset(
 )
 """The writes after which the run is out of the worker's hands (and its slot free)."""
 
+
+def ends_lease(written: Message, answer: Message) -> bool:
+    """Whether a write, as answered, took its run out of the worker's hands (its slot free):
+    an outcome, or a delegate call that parked the run (StartChildResponse.parked). Both ends
+    of the Work stream count a slot given back by this, and only this."""
+    if type(written) in OUTCOMES:
+        return True
+    return isinstance(answer, orchestrator_pb2.StartChildResponse) and answer.parked
+
+
 STAGES = tuple(f.name for f in orchestrator_pb2.StageDurations.DESCRIPTOR.fields)
 """An attempt's stage durations by name: every field of StageDurations."""
 _STAGE_NAMES = frozenset(STAGES)

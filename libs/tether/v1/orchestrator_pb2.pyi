@@ -2874,9 +2874,10 @@ class WorkHello(_message.Message):
     takes_batches: _builtins.bool
     """The worker reads WorkResponse.batch; a replica sends batches only to a worker that says so."""
     outcome_returns_credit: _builtins.bool
-    """An outcome write (complete, park, schedule_retry, release) acknowledged OK frees the
-    worker's slot: the replica counts it as one more credit, and the worker sends no
-    WorkCredits for it. Every other way an attempt ends is granted back with WorkCredits.
+    """An outcome write (complete, park, schedule_retry, release, or a start_child answered
+    parked) acknowledged OK frees the worker's slot: the replica counts it as one more credit,
+    and the worker sends no WorkCredits for it. Every other way an attempt ends is granted
+    back with WorkCredits.
     """
     history_cache_bytes: _builtins.int
     """The worker keeps the histories of the sessions it is leased runs of, up to this many bytes
