@@ -14,6 +14,11 @@ here).
   hot tenant with `HOT` runs queued, waits from admission to its lease; the median over
   `QUIET_RUNS` such runs, over the same median while the hot tenant has only `COLD` queued
   (topped up as they lease).
+- `capped_backlog_claim_ratio`: the median claim of a quiet tenant's run while a tenant at its
+  cap (`--max-running 1`, its one run running) holds `HOT` runs queued, over the same median
+  while it holds `COLD`: what a backlog held back by its cap costs everyone else's lease.
+
+The claims run on a pool of their own planned as the orchestrator's is (`CLAIM_PLANNER`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from bench.common import bench_database, bench_servers, emit
 from services.admission.adapters import normalise
 from services.admission.domain import FreshnessPolicy, InboundEvent
 from services.admission.service import Admitter
+from services.orchestrator.claims import CLAIM_PLANNER, Claims
 from services.orchestrator.execution import Execution
 from tether import apikeys
 from tether.db.engine import create_engine
@@ -44,6 +50,7 @@ HOT = 10_000
 COLD = 10
 QUIET_RUNS = 30
 ADMITTERS = 8
+CAPPED_CLAIMS = 200
 
 
 def _event(tenant: str, n: int, label: str) -> InboundEvent:
@@ -78,12 +85,19 @@ async def _tenants(engine: AsyncEngine, weights: dict[str, int]) -> None:
             )
 
 
+def _claims(engine: AsyncEngine, claim_engine: AsyncEngine) -> Claims:
+    return Execution.build(
+        engine, None, lease_ttl_s=300, claim_poll_s=60, claim_engine=claim_engine
+    ).claims
+
+
 async def _fair_share(db_url: str) -> None:
     engine = create_engine(db_url, pool_size=SLOTS + ADMITTERS)
+    claim_engine = create_engine(db_url, pool_size=SLOTS, planner=CLAIM_PLANNER)
     try:
         await _tenants(engine, {"ta": 1, "tb": 1, "tc": 2})
         admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
-        claims = Execution.build(engine, None, lease_ttl_s=300, claim_poll_s=60).claims
+        claims = _claims(engine, claim_engine)
         await _queue(admitter, "ta", BACKLOG, "a")
         busy = await claims.claim_many("w-busy", SLOTS)  # the pool is busy with A's runs
         await _queue(admitter, "tb", WINDOW // 2, "b")
@@ -106,6 +120,7 @@ async def _fair_share(db_url: str) -> None:
             goal="<= 10",
         )
     finally:
+        await claim_engine.dispose()
         await engine.dispose()
 
 
@@ -113,11 +128,12 @@ async def _quiet_wait(db_url: str, hot: int, label: str) -> tuple[float, float]:
     """The median wait (s) of a quiet tenant's run from admission to lease, with the hot tenant
     holding `hot` queued runs and the pool saturated; and the median claim's duration (ms)."""
     engine = create_engine(db_url, pool_size=SLOTS + ADMITTERS + 2)
+    claim_engine = create_engine(db_url, pool_size=SLOTS, planner=CLAIM_PLANNER)
     try:
         hot_tenant, quiet = f"hot-{label}", f"quiet-{label}"
         await _tenants(engine, {hot_tenant: 1, quiet: 1})
         admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
-        claims = Execution.build(engine, None, lease_ttl_s=300, claim_poll_s=60).claims
+        claims = _claims(engine, claim_engine)
         await _queue(admitter, hot_tenant, hot, f"{label}-h")
         admitted_at: dict[str, tuple[float, asyncio.Event]] = {}
         waits: list[float] = []
@@ -153,6 +169,38 @@ async def _quiet_wait(db_url: str, hot: int, label: str) -> tuple[float, float]:
         await asyncio.gather(*slots)
         return statistics.median(waits), statistics.median(claim_ms)
     finally:
+        await claim_engine.dispose()
+        await engine.dispose()
+
+
+async def _capped_claim(db_url: str, held: int, label: str) -> float:
+    """The median claim (ms) of a quiet tenant's run, one at a time, while a tenant at its cap
+    of 1 holds `held` runs queued."""
+    engine = create_engine(db_url, pool_size=ADMITTERS + 2)
+    claim_engine = create_engine(db_url, pool_size=2, planner=CLAIM_PLANNER)
+    try:
+        capped, quiet = f"capped-{label}", f"quiet-{label}"
+        await _tenants(engine, {capped: 1, quiet: 1})
+        async with engine.begin() as conn:
+            await conn.execute(
+                update(tenants).where(tenants.c.tenant_id == capped).values(max_running=1)
+            )
+        admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+        claims = _claims(engine, claim_engine)
+        await claims.caps.read()
+        await _queue(admitter, capped, held + 1, f"{label}-c")
+        first = await claims.claim_many(f"w-{label}", 1)  # its one run running: at its cap
+        assert [c.run.tenant_id for c in first] == [capped], first
+        claim_ms: list[float] = []
+        for n in range(CAPPED_CLAIMS):
+            run = (await admitter.admit(_event(quiet, n, f"{label}-q"))).run
+            began = time.perf_counter()
+            got = await claims.claim_many(f"w-{label}", 1)
+            claim_ms.append(1000 * (time.perf_counter() - began))
+            assert [c.run.run_id for c in got] == [run.run_id], (got, run.run_id)
+        return statistics.median(claim_ms)
+    finally:
+        await claim_engine.dispose()
         await engine.dispose()
 
 
@@ -164,6 +212,10 @@ async def run() -> None:
             cold_wait, cold_claim = await _quiet_wait(db_url, COLD, "cold")
         async with bench_database(servers.server_url) as (db_url, _):
             hot_wait, hot_claim = await _quiet_wait(db_url, HOT, "hot")
+        async with bench_database(servers.server_url) as (db_url, _):
+            few_held = await _capped_claim(db_url, COLD, "few")
+        async with bench_database(servers.server_url) as (db_url, _):
+            many_held = await _capped_claim(db_url, HOT, "many")
     emit(
         "hot_tenant_claim_wait_ratio",
         round(hot_wait / cold_wait, 2),
@@ -178,4 +230,16 @@ async def run() -> None:
         hold_ms=1000 * HOLD_S,
         quiet_runs=QUIET_RUNS,
         goal="<= 2",
+    )
+    emit(
+        "capped_backlog_claim_ratio",
+        round(many_held / few_held, 2),
+        "ratio",
+        claim_ms_p50_held_many=round(many_held, 2),
+        claim_ms_p50_held_few=round(few_held, 2),
+        held_many=HOT,
+        held_few=COLD,
+        cap=1,
+        claims=CAPPED_CLAIMS,
+        goal="<= 1.25",
     )

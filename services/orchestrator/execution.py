@@ -57,8 +57,10 @@ class Execution:
         claim_poll_s: float,
         claim_poll_hinted_s: float | None = None,
         history_runs: int = HISTORY_RUNS,
+        claim_engine: AsyncEngine | None = None,
     ) -> Execution:
-        """The rooms over one engine and bus."""
+        """The rooms over one engine and bus (and the claims over `claim_engine`, if given: a
+        pool of their own, planned with `claims.CLAIM_PLANNER`)."""
         publisher = Publisher(bus)
         prices = Prices()
         attempts = Attempts(engine, publisher, prices, lease_ttl_s=lease_ttl_s)
@@ -73,6 +75,7 @@ class Execution:
                 claim_poll_s=claim_poll_s,
                 claim_poll_hinted_s=claim_poll_hinted_s or claim_poll_s,
                 history_runs=history_runs,
+                claim_engine=claim_engine,
             ),
             attempts,
             Pauses(engine, publisher),

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from services.orchestrator import observed
 from services.orchestrator.children import SCAN_EVERY_S
+from services.orchestrator.claims import CLAIM_PLANNER
 from services.orchestrator.execution import Execution
 from services.orchestrator.limit_store import LimitStore
 from services.orchestrator.maintenance import listen_for_hints
@@ -62,6 +63,9 @@ async def amain(
 ) -> None:
     """Run the orchestrator until signalled."""
     engine = create_engine(settings.database_url, pool_size=settings.pool_size)
+    claim_engine = create_engine(
+        settings.database_url, pool_size=settings.claim_pool_size, planner=CLAIM_PLANNER
+    )
     bus = Bus(settings.redis_url)
     execution = Execution.build(
         engine,
@@ -69,6 +73,7 @@ async def amain(
         lease_ttl_s=settings.lease_ttl_s,
         claim_poll_s=settings.claim_poll_s,
         claim_poll_hinted_s=settings.claim_poll_hinted_s,
+        claim_engine=claim_engine,
     )
     work = WorkSettings(
         lease_ttl_s=settings.lease_ttl_s,
@@ -184,7 +189,12 @@ async def amain(
     supervisor.start("claim-poll", execution.claims.poll_claimable())
     supervisor.start("cap-watch", execution.claims.caps.watch())
     supervisor.start("lease-dispatcher", servicer.work.dispatch(settings.claim_poll_s))
-    cleanups: list[Callable[[], Awaitable[None]]] = [engine.dispose, bus.close, supervisor.stop]
+    cleanups: list[Callable[[], Awaitable[None]]] = [
+        engine.dispose,
+        claim_engine.dispose,
+        bus.close,
+        supervisor.stop,
+    ]
     if limit_store is not None:
         servicer.work.sessions_changed = limit_store.workers_changed
         # Before a grant: the buckets resume from the stored levels (ModelLimits.ready).

@@ -19,6 +19,11 @@ class OrchestratorSettings(RetainingSettings):
     )
 
     pool_size: int = Field(10, description="Database connections.")
+    claim_pool_size: int = Field(
+        2,
+        description="Database connections of the claims' own pool (the lease dispatcher "
+        "claims one worker's batch at a time; a unary ClaimRun takes the other).",
+    )
     lease_ttl_s: float = Field(10.0, description="Lease lifetime; workers heartbeat well within.")
     claim_poll_s: float = Field(
         0.5,

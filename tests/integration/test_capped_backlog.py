@@ -7,17 +7,19 @@ its own, as many as its room)."""
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import event, update
+from sqlalchemy import event, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
+from services.orchestrator.caps import CapWatch
 from services.orchestrator.execution import Execution
 from tests.integration.test_admission import _tenant, chat
-from tether.db.schema import tenants
+from tether.db.schema import runs, tenants
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -27,11 +29,10 @@ SLOTS = 8
 
 async def _queue(admitter: Admitter, tenant: str, count: int) -> list[str]:
     """`count` runs of `tenant`, each its own conversation (each a session head)."""
+    names = [f"{tenant}-{uuid.uuid4().hex[:8]}" for _ in range(count)]
     return [
-        (
-            await admitter.admit(chat(f"{tenant}-{i}", tenant=tenant, conversation=f"{tenant}-{i}"))
-        ).run.run_id
-        for i in range(count)
+        (await admitter.admit(chat(name, tenant=tenant, conversation=name))).run.run_id
+        for name in names
     ]
 
 
@@ -62,6 +63,9 @@ async def test_a_capped_tenants_held_backlog_is_not_read_by_the_claim(
     assert [c.run.run_id for c in await replica.claims.claim_many("w-1", SLOTS)] == [running]
     await _queue(admitter, "theld", HELD)  # held: the tenant runs as many as its cap
     quiet = await _queue(admitter, "tquiet", 2)
+    async with engine.connect() as conn:
+        # The statistics autovacuum would have gathered by now on a server under such a load.
+        await conn.exec_driver_sql("ANALYZE")
 
     sent: list[tuple[str, Any]] = []
 
@@ -92,3 +96,58 @@ async def test_a_capped_tenants_held_backlog_is_not_read_by_the_claim(
     plan = json.loads(found)[0]["Plan"] if isinstance(found, str) else found[0]["Plan"]
     visited = _rows_visited(plan)
     assert visited < HELD // 10, f"the claim read {visited} runs rows past {HELD} held"
+
+
+async def _flags(engine: AsyncEngine, run_ids: list[str]) -> list[bool]:
+    async with engine.connect() as conn:
+        found = await conn.execute(
+            select(runs.c.run_id, runs.c.capped).where(runs.c.run_id.in_(run_ids))
+        )
+        flags = {row.run_id: row.capped for row in found}
+    return [flags[r] for r in run_ids]
+
+
+async def _cap(engine: AsyncEngine, tenant: str, cap: int | None) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(tenants).where(tenants.c.tenant_id == tenant).values(max_running=cap)
+        )
+
+
+async def test_the_runs_flags_follow_their_tenants_cap_and_no_run_is_stranded(
+    engine: AsyncEngine,
+) -> None:
+    await _tenant(engine, "tflip")
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    woken: list[bool] = []
+    caps = CapWatch(engine, changed=lambda: woken.append(True))
+    queued = await _queue(admitter, "tflip", 3)
+    assert await _flags(engine, queued) == [False] * 3
+    await caps.read()
+    woken.clear()
+
+    # A cap set on a tenant with runs queued: they are flagged, and the claims woken.
+    await _cap(engine, "tflip", 2)
+    assert await caps.read() == {"tflip"}
+    assert await _flags(engine, queued) == [True] * 3 and woken
+    # A run queued from then on is flagged as it is queued.
+    (later,) = await _queue(admitter, "tflip", 1)
+    assert await _flags(engine, [later]) == [True]
+
+    # The cap removed: the flags are cleared; a run an admission flagged as the cap went (it
+    # read the cap before) is cleared at the next read, though the caps did not change again.
+    await _cap(engine, "tflip", None)
+    woken.clear()
+    assert await caps.read() == set()
+    assert await _flags(engine, [*queued, later]) == [False] * 4 and woken
+    async with engine.begin() as conn:
+        await conn.execute(update(runs).where(runs.c.run_id == later).values(capped=True))
+    woken.clear()
+    await caps.read()
+    assert await _flags(engine, [later]) == [False] and woken
+
+    # None is stranded: an uncapped tenant's claim leases every one.
+    replica = Execution.build(engine, None, lease_ttl_s=30, claim_poll_s=60)
+    await replica.claims.caps.read()
+    leased = await replica.claims.claim_many("w-flip", SLOTS)
+    assert sorted(c.run.run_id for c in leased) == sorted([*queued, later])

@@ -4,6 +4,7 @@ a PostgreSQL outage becomes `tether.errors.Unavailable`."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
@@ -74,8 +75,12 @@ def async_url(url: str) -> str:
     raise ValueError(f"not a PostgreSQL URL: {url!r}")
 
 
-def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+def create_engine(
+    url: str, *, pool_size: int = 10, planner: Mapping[str, str] | None = None
+) -> AsyncEngine:
     """An engine with a bounded pool; statements are prepared and cached per connection.
+    `planner`: settings every connection of the pool plans its statements with (for a pool
+    that runs one statement whose plan must not depend on the statistics of the moment).
 
     A database outage raises `Unavailable` from every use of it (connecting, executing,
     committing), never the driver's own exception."""
@@ -89,7 +94,10 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
         max_overflow=0,
         pool_pre_ping=False,
         # Every transaction here is short; a stuck one should fail, not hold locks for minutes.
-        connect_args={"command_timeout": 30, "server_settings": {"application_name": "tether"}},
+        connect_args={
+            "command_timeout": 30,
+            "server_settings": {"application_name": "tether", **(planner or {})},
+        },
         # A failed statement's parameters (message text, tool inputs) never reach an error
         # message, a log line or a span: the statement and the error say what went wrong.
         hide_parameters=True,

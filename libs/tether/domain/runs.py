@@ -75,6 +75,9 @@ class Run:
     # A child's ceilings, reserved out of what its parent had left (`services.orchestrator.
     # budgets`); None for a root.
     tree_budget: Mapping[str, Any] | None = None
+    # Whether its tenant had a cap when it was queued (the claim finds it by a probe of its
+    # tenant's, not in its fair scan); kept in step with the caps by the orchestrator.
+    capped: bool = False
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Self:

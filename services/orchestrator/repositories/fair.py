@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import Text, and_, bindparam, delete, func, select, true, update
+from sqlalchemy import Text, and_, bindparam, delete, func, select, true, union_all, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -39,9 +39,25 @@ _RUNNING_OF_TENANT = (
 # How many more runs each locked capped tenant may run: its cap less its running runs, counted
 # after the lock (this statement's snapshot is taken once it was granted, so it sees every lease
 # committed before; no other claim leases for the tenant until this one commits). The running
-# runs are bounded by the pool's slots, read through ix_runs_running.
+# runs are bounded by the pool's slots: read once through ix_runs_running, whole (by the tenant
+# too, the planner would AND in the tenant's index, every run the tenant ever had).
+_RUNNING = (
+    select(runs.c.tenant_id)
+    .where(in_state(runs.c.status, RunStatus.RUNNING))
+    .cte("running")
+    .prefix_with("MATERIALIZED")
+)
 _ROOM = (
-    select(tenants.c.tenant_id, (tenants.c.max_running - _RUNNING_OF_TENANT).label("room"))
+    select(
+        tenants.c.tenant_id,
+        (
+            tenants.c.max_running
+            - select(func.count())
+            .select_from(_RUNNING)
+            .where(_RUNNING.c.tenant_id == tenants.c.tenant_id)
+            .scalar_subquery()
+        ).label("room"),
+    )
     .where(tenants.c.tenant_id == func.any(_LOCKED), tenants.c.max_running.is_not(None))
     .cte("room")
 )
@@ -50,14 +66,40 @@ _HELD_BACK = and_(
     runs.c.tenant_id.not_in(_UNLOCKED),
 )
 # Whose turn it is (fair leases): the claimable runs (queued session heads) with the least start
-# tags, one indexed scan of ix_runs_fair, locked, skipping those another claimer holds. Each is
-# a slot of its tenant's, filled below with that tenant's best run.
-SLOTS = (
+# tags, locked, skipping those another claimer holds. Each is a slot of its tenant's, filled
+# below with that tenant's best run. An uncapped tenant's come from one indexed scan of
+# ix_runs_fair; a capped tenant's (`runs.capped`) are not in it, so that a backlog held back by
+# its cap is never passed over: each locked capped tenant's come from a probe of ix_runs_capped,
+# as many as its room. A run queued as its tenant's cap was set may be in the scan: it is passed
+# over while the tenant is held back (_HELD_BACK).
+_OPEN = (
     select(runs.c.run_id, runs.c.tenant_id, runs.c.fair_key)
-    .where(CLAIMABLE, _HELD_BACK, agent_caps.NOT_HELD)
+    .where(CLAIMABLE, ~runs.c.capped, _HELD_BACK, agent_caps.NOT_HELD)
     .order_by(runs.c.fair_key, runs.c.run_id)
     .limit(bindparam("c_limit"))
     .with_for_update(skip_locked=True)
+    .cte("open_slots")
+    .prefix_with("MATERIALIZED")
+)
+_IN_ROOM = (
+    select(runs.c.run_id, runs.c.tenant_id, runs.c.fair_key)
+    .where(runs.c.tenant_id == _ROOM.c.tenant_id, CLAIMABLE, runs.c.capped, agent_caps.NOT_HELD)
+    .order_by(runs.c.fair_key, runs.c.run_id)
+    .limit(func.least(func.greatest(_ROOM.c.room, 0), bindparam("c_limit")))
+    .with_for_update(skip_locked=True)
+    .lateral("in_room")
+)
+_CAPPED_SLOTS = (
+    select(*_IN_ROOM.c)
+    .select_from(_ROOM.join(_IN_ROOM, true()))
+    .cte("capped_slots")
+    .prefix_with("MATERIALIZED")
+)
+_BOTH = union_all(select(*_OPEN.c), select(*_CAPPED_SLOTS.c)).subquery("both_slots")
+SLOTS = (
+    select(_BOTH.c.run_id, _BOTH.c.tenant_id, _BOTH.c.fair_key)
+    .order_by(_BOTH.c.fair_key, _BOTH.c.run_id)
+    .limit(bindparam("c_limit"))
     .cte("slots")
     .prefix_with("MATERIALIZED")
 )
@@ -90,9 +132,13 @@ _BEST = (
     .lateral("best")
 )
 # The runs picked, locked. Materialized: it is read more than once.
+# The limit changes nothing (a tenant has no more picks than slots, and there are c_limit
+# slots at most) but what the planner expects: without it, it reckons each tenant's picks at a
+# tenth of its backlog, and past a few thousand held runs read every message to join them.
 PICKED = (
     select(*_BEST.c)
     .select_from(_TURNS.join(_BEST, true()))
+    .limit(bindparam("c_limit"))
     .cte("picked")
     .prefix_with("MATERIALIZED")
 )
@@ -151,6 +197,44 @@ async def lock_capped(conn: AsyncConnection, capped: Collection[str]) -> list[st
 
 
 _CAPPED = select(tenants.c.tenant_id).where(tenants.c.max_running.is_not(None))
+_TENANT_IDS = bindparam("f_tenant_ids", type_=ARRAY(Text))
+
+
+async def flag_capped(conn: AsyncConnection, tenant_ids: Collection[str], capped: bool) -> int:
+    """Set `runs.capped` on the queued runs of these tenants (their cap was set, or removed):
+    the claim finds them where it looks for such a tenant's runs. How many runs moved."""
+    if not tenant_ids:
+        return 0
+    moved = await conn.execute(
+        update(runs)
+        .where(
+            runs.c.tenant_id == func.any(_TENANT_IDS),
+            in_state(runs.c.status, RunStatus.QUEUED),
+            runs.c.capped.is_not(capped),
+        )
+        .values(capped=capped),
+        {"f_tenant_ids": sorted(tenant_ids)},
+    )
+    return int(moved.rowcount)
+
+
+# The tenants with a claimable capped run, one probe of ix_runs_capped per tenant (a skip scan:
+# as many steps as such tenants, whatever their backlog).
+_FLAGGED = select(func.min(runs.c.tenant_id).label("tenant_id")).where(CLAIMABLE, runs.c.capped)
+_STEP = _FLAGGED.cte("flagged", recursive=True)
+_STEP = _STEP.union_all(
+    select(
+        select(func.min(runs.c.tenant_id))
+        .where(CLAIMABLE, runs.c.capped, runs.c.tenant_id > _STEP.c.tenant_id)
+        .scalar_subquery()
+    ).where(_STEP.c.tenant_id.is_not(None))
+)
+_FLAGGED_TENANTS = select(_STEP.c.tenant_id).where(_STEP.c.tenant_id.is_not(None))
+
+
+async def flagged_tenants(conn: AsyncConnection) -> list[str]:
+    """The tenants with a claimable run flagged `capped`."""
+    return [row.tenant_id for row in await conn.execute(_FLAGGED_TENANTS)]
 
 
 async def capped_tenants(conn: AsyncConnection) -> list[str]:

@@ -41,7 +41,8 @@ _FAIR_TENANT = bindparam("fq_tenant_id", type_=Text)
 # tags from different stripes at once, so as many admissions of one tenant as this go on
 # without waiting for each other's commits.
 STRIPES = 16
-# The queue's virtual time: the least start tag of a claimable run not leased before (one scan
+# The queue's virtual time: the least start tag of a claimable run not leased before, of an
+# uncapped tenant (a capped tenant's held back wait for their room, not their turn) (one scan
 # of ix_runs_fair, past the runs queued again: a run refused by the model rate limit, retried or
 # resumed keeps its tag, but its turn was served, and a newcomer starting level with it would
 # go ahead of every run not yet leased); with none queued, the latest finish tag of any tenant
@@ -50,13 +51,22 @@ STRIPES = 16
 _VIRTUAL_TIME = func.coalesce(
     select(runs.c.fair_key)
     .where(
-        in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head, runs.c.started_at.is_(None)
+        in_state(runs.c.status, RunStatus.QUEUED),
+        runs.c.session_head,
+        ~runs.c.capped,
+        runs.c.started_at.is_(None),
     )
     .order_by(runs.c.fair_key)
     .limit(1)
     .scalar_subquery(),
     select(func.max(tenant_stripes.c.tail)).scalar_subquery(),
     literal(0.0, Double),
+)
+# Whether the tenant has a cap on runs at once (tenants.max_running): its run is `capped`.
+CAPPED = (
+    select(tenants.c.tenant_id)
+    .where(tenants.c.tenant_id == _FAIR_TENANT, tenants.c.max_running.is_not(None))
+    .exists()
 )
 # The virtual time and the tenant's weight (tenants.weight, 1 when unset), read once.
 _CLOCK = select(

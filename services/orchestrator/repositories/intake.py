@@ -32,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 # RACED and retag are admission's too (it may import the intake alone of the orchestrator).
-from services.orchestrator.repositories.fair_tags import QUEUE_ROW, START
+from services.orchestrator.repositories.fair_tags import CAPPED, QUEUE_ROW, START
 from services.orchestrator.repositories.fair_tags import RACED as RACED
 from services.orchestrator.repositories.fair_tags import retag as retag
 from services.orchestrator.repositories.transitions import (
@@ -88,7 +88,17 @@ def queued_run(source: Select[Any], more: tuple[str, ...] = ()) -> tuple[CTE, CT
     run = (
         insert(runs)
         .from_select(
-            [*FACTS, *more, "status", "attempt", "last_seq", "format", "priority", "fair_key"],
+            [
+                *FACTS,
+                *more,
+                "status",
+                "attempt",
+                "last_seq",
+                "format",
+                "priority",
+                "fair_key",
+                "capped",
+            ],
             source.add_columns(
                 literal(RunStatus.QUEUED.value, Text),
                 literal(1, Integer),
@@ -96,6 +106,7 @@ def queued_run(source: Select[Any], more: tuple[str, ...] = ()) -> tuple[CTE, CT
                 literal(formats.CURRENT, SmallInteger),
                 bindparam("fq_priority", type_=SmallInteger),
                 START,
+                CAPPED,
             ),
         )
         .returning(*runs.c)

@@ -355,7 +355,7 @@ async def routings_of(conn: AsyncConnection, routing_ids: Collection[str]) -> di
 _CLAIMABLE_COUNT = select(func.count()).select_from(
     # In the claim's order: its index (ix_runs_fair), however the planner weighs the two.
     select(runs.c.run_id)
-    .where(fair.CLAIMABLE)
+    .where(fair.CLAIMABLE, ~runs.c.capped)
     .order_by(runs.c.fair_key)
     .limit(bindparam("limit"))
     .subquery()

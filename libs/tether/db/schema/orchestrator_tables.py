@@ -98,6 +98,11 @@ runs = Table(
     # among every tenant's (fair leases: start-time fair queueing; see tenant_queues).
     Column("priority", SmallInteger, nullable=False, server_default=text("1")),
     Column("fair_key", Double, nullable=False, server_default=text("0")),
+    # Whether its tenant had a cap (tenants.max_running) when it was queued: the claim finds a
+    # capped tenant's runs by a probe of its own (ix_runs_capped, as many as its room), not in
+    # its fair scan (ix_runs_fair), which a held backlog would slow. Kept in step with the caps
+    # by the orchestrator (`caps.CapWatch`).
+    Column("capped", Boolean, nullable=False, server_default=text("false")),
     # When its timer wakes a waiting-for-timer run (a `wait_until` call); cleared as it fires.
     Column("next_wake_at", DateTime(timezone=True)),
     # Its run tree (issue 33), apart from the retry lineage above: the run whose `delegate` call
@@ -139,7 +144,15 @@ Index(
     "ix_runs_fair",
     runs.c.fair_key,
     runs.c.run_id,
-    postgresql_where=(runs.c.status == "queued") & runs.c.session_head,
+    postgresql_where=(runs.c.status == "queued") & runs.c.session_head & ~runs.c.capped,
+)
+# A capped tenant's claimable runs in start-tag order: the claim's probe of its room.
+Index(
+    "ix_runs_capped",
+    runs.c.tenant_id,
+    runs.c.fair_key,
+    runs.c.run_id,
+    postgresql_where=(runs.c.status == "queued") & runs.c.session_head & runs.c.capped,
 )
 # The claim's pick for a tenant's slot: its claimable runs by priority, then start tag.
 Index(
