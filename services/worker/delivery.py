@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import NoReturn
@@ -39,6 +40,8 @@ from services.worker.senders import (
     Sender,
     StatusLookup,
     Transient,
+    delivery_session,
+    posting_before,
     sender_for,
 )
 from services.worker.transcript import Transcript
@@ -64,7 +67,7 @@ from tether.domain.deliveries import (
 from tether.errors import NotFound, StaleLease
 from tether.retry import RetryPolicy
 from tether.states import RunStatus
-from tether.targets import TargetPolicy, target_session
+from tether.targets import TargetPolicy
 
 # A summary shows this much of the drafted answer; the approval's input holds all of it.
 SUMMARY_CHARS = 200
@@ -264,7 +267,7 @@ class Deliverer:
                     "answer went out",
                 ),
             )
-        async with target_session(self._settings.policy) as session:
+        async with delivery_session(self._settings.policy) as session:
             sender = sender_for(
                 sending,
                 self._target,
@@ -295,14 +298,16 @@ class Deliverer:
             self._transcript.progressed_at = time.monotonic()
             # Made only while the lease surely holds: a worker frozen after the count (its
             # answer waiting in its socket) that posted when it woke would post beside the
-            # attempt that took the run over, looked, found nothing and posted.
+            # attempt that took the run over, looked, found nothing and posted. Checked here,
+            # and again by the session right before the request is written (`posting_before`).
             if lapses is not None and datetime.now(UTC) >= lapses - SEND_MARGIN:
                 raise StaleLease(
                     f"the lease of run {self._lease.run_id} lapses at {lapses.isoformat()}: "
                     "too late to post its answer under it"
                 )
             try:
-                message_id = await sender.send(delivery.delivery_id, delivery.text)
+                with posting_before(lapses - SEND_MARGIN) if lapses is not None else nullcontext():
+                    message_id = await sender.send(delivery.delivery_id, delivery.text)
             except Refused as refused:
                 return await self._end(delivery, FAILED, refused.error)
             except Transient as transient:

@@ -18,11 +18,13 @@ call goes through a `tether.targets` session, so the private-address rule holds 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -33,8 +35,9 @@ from slack_sdk.web.async_client import AsyncWebClient
 from standardwebhooks import Webhook
 
 from tether.domain import ReplyTarget, RunError
+from tether.errors import StaleLease
 from tether.retry import ProviderCode, ProviderFailure, parse_retry_after, should_retry_status
-from tether.targets import refused_target
+from tether.targets import TargetPolicy, refused_target, target_session
 
 METADATA_EVENT = "tether_delivery"
 """Slack message metadata's `event_type` on every answer Tether posts."""
@@ -46,6 +49,52 @@ _SDK_LOG = logging.getLogger("tether.worker.slack_sdk")
 _SDK_LOG.setLevel(logging.WARNING)
 # A provider call that hears nothing back within this is treated as maybe-sent.
 CALL_TIMEOUT_S = 30.0
+
+# When the post being made must be on its way by (`posting_before`): the delivery checks it
+# before it calls the sender, and the session checks it again once the connection is made,
+# right before the request is written. Between the two lie the sender's own work, the name's
+# resolution and the connect: a worker frozen (or starved) there past its lease would otherwise
+# wake and post beside the attempt that took its run over, looked, found nothing and posted (the
+# drill found one: a SIGSTOP landed in that window).
+_POST_BY: ContextVar[datetime | None] = ContextVar("tether_post_by", default=None)
+
+
+@contextlib.contextmanager
+def posting_before(deadline: datetime) -> Iterator[None]:
+    """Within this block, a request of a `delivery_session` is written only before `deadline`
+    (an aware datetime); past it, the request raises StaleLease unwritten."""
+    token = _POST_BY.set(deadline)
+    try:
+        yield
+    finally:
+        _POST_BY.reset(token)
+
+
+async def _check_post_by(*_: Any) -> None:
+    deadline = _POST_BY.get()
+    if deadline is not None and datetime.now(UTC) >= deadline:
+        raise StaleLease(
+            f"the post was due on its way by {deadline.isoformat()}: too late to write it under "
+            "the lease that counted it"
+        )
+
+
+def _post_fence() -> aiohttp.TraceConfig:
+    fence = aiohttp.TraceConfig()
+    # Called once the connection is had (made, or taken from the pool), with nothing between
+    # it and the request's writing but the client's own bookkeeping.
+    fence.on_connection_create_end.append(_check_post_by)
+    fence.on_connection_reuseconn.append(_check_post_by)
+    return fence
+
+
+def delivery_session(
+    policy: TargetPolicy, more: tuple[aiohttp.TraceConfig, ...] = ()
+) -> aiohttp.ClientSession:
+    """The session a delivery's provider calls go through: a `tether.targets` session (the
+    private-address rule at connect time) whose requests honour `posting_before`; `more`: other
+    trace configurations, called before the fence."""
+    return target_session(policy, trace_configs=[*more, _post_fence()])
 
 
 @dataclass(frozen=True)
