@@ -17,6 +17,9 @@ here).
 - `capped_backlog_claim_ratio`: the median claim of a quiet tenant's run while a tenant at its
   cap (`--max-running 1`, its one run running) holds `HOT` runs queued, over the same median
   while it holds `COLD`: what a backlog held back by its cap costs everyone else's lease.
+  `agent_capped_backlog_claim_ratio`: the same, the cap the tenant's agent's
+  (`limits.max_running: 1`). Over `CAPPED_CLAIMS` quiet runs: each one served moves the quiet
+  tenant's tag on past one more of the held runs' (they keep the tags they were queued with).
 
 The claims run on a pool of their own planned as the orchestrator's is (`CLAIM_PLANNER`).
 """
@@ -50,7 +53,7 @@ HOT = 10_000
 COLD = 10
 QUIET_RUNS = 30
 ADMITTERS = 8
-CAPPED_CLAIMS = 200
+CAPPED_CLAIMS = 1000
 
 
 def _event(tenant: str, n: int, label: str) -> InboundEvent:
@@ -173,18 +176,21 @@ async def _quiet_wait(db_url: str, hot: int, label: str) -> tuple[float, float]:
         await engine.dispose()
 
 
-async def _capped_claim(db_url: str, held: int, label: str) -> float:
+async def _capped_claim(db_url: str, held: int, label: str, *, agent: bool = False) -> float:
     """The median claim (ms) of a quiet tenant's run, one at a time, while a tenant at its cap
-    of 1 holds `held` runs queued."""
+    of 1 (its agent's, if `agent`) holds `held` runs queued."""
     engine = create_engine(db_url, pool_size=ADMITTERS + 2)
     claim_engine = create_engine(db_url, pool_size=2, planner=CLAIM_PLANNER)
     try:
         capped, quiet = f"capped-{label}", f"quiet-{label}"
         await _tenants(engine, {capped: 1, quiet: 1})
         async with engine.begin() as conn:
-            await conn.execute(
-                update(tenants).where(tenants.c.tenant_id == capped).values(max_running=1)
+            cap = (
+                {"agent": {"agent": "capped", "limits": {"max_running": 1}}}
+                if agent
+                else {"max_running": 1}
             )
+            await conn.execute(update(tenants).where(tenants.c.tenant_id == capped).values(**cap))
         admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
         claims = _claims(engine, claim_engine)
         await claims.caps.read()
@@ -216,6 +222,10 @@ async def run() -> None:
             few_held = await _capped_claim(db_url, COLD, "few")
         async with bench_database(servers.server_url) as (db_url, _):
             many_held = await _capped_claim(db_url, HOT, "many")
+        async with bench_database(servers.server_url) as (db_url, _):
+            few_agent = await _capped_claim(db_url, COLD, "afew", agent=True)
+        async with bench_database(servers.server_url) as (db_url, _):
+            many_agent = await _capped_claim(db_url, HOT, "amany", agent=True)
     emit(
         "hot_tenant_claim_wait_ratio",
         round(hot_wait / cold_wait, 2),
@@ -240,6 +250,18 @@ async def run() -> None:
         held_many=HOT,
         held_few=COLD,
         cap=1,
+        claims=CAPPED_CLAIMS,
+        goal="<= 1.25",
+    )
+    emit(
+        "agent_capped_backlog_claim_ratio",
+        round(many_agent / few_agent, 2),
+        "ratio",
+        claim_ms_p50_held_many=round(many_agent, 2),
+        claim_ms_p50_held_few=round(few_agent, 2),
+        held_many=HOT,
+        held_few=COLD,
+        agent_cap=1,
         claims=CAPPED_CLAIMS,
         goal="<= 1.25",
     )
