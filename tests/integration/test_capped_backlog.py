@@ -6,18 +6,17 @@ its own, as many as its room)."""
 
 from __future__ import annotations
 
-import json
 import uuid
-from typing import Any
 
 import pytest
-from sqlalchemy import event, select, update
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
 from services.orchestrator.caps import CapWatch
 from services.orchestrator.execution import Execution
+from tests.integration.claim_plans import claimed_and_explained, rows_read
 from tests.integration.test_admission import _tenant, chat
 from tether.db.schema import runs, tenants
 
@@ -34,18 +33,6 @@ async def _queue(admitter: Admitter, tenant: str, count: int) -> list[str]:
         (await admitter.admit(chat(name, tenant=tenant, conversation=name))).run.run_id
         for name in names
     ]
-
-
-def _rows_visited(plan: dict[str, Any]) -> int:
-    """The `runs` rows a plan's nodes read: those they returned and those their filters passed
-    over, every loop."""
-    visited = 0
-    if plan.get("Relation Name") == "runs":
-        loops = int(plan.get("Actual Loops", 1))
-        visited += (int(plan["Actual Rows"]) + int(plan.get("Rows Removed by Filter", 0))) * loops
-    for child in plan.get("Plans", []):
-        visited += _rows_visited(child)
-    return visited
 
 
 async def test_a_capped_tenants_held_backlog_is_not_read_by_the_claim(
@@ -67,34 +54,10 @@ async def test_a_capped_tenants_held_backlog_is_not_read_by_the_claim(
         # The statistics autovacuum would have gathered by now on a server under such a load.
         await conn.exec_driver_sql("ANALYZE")
 
-    sent: list[tuple[str, Any]] = []
-
-    def caught(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> None:
-        if "slots" in statement:
-            sent.append((statement, parameters))
-
-    event.listen(engine.sync_engine, "before_cursor_execute", caught)
-    try:
-        leased = await replica.claims.claim_many("w-2", SLOTS)
-    finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", caught)
+    # The claim made again, now with nothing to lease but the held runs, measured and undone.
+    leased, plan = await claimed_and_explained(engine, replica.claims.claim_many("w-2", SLOTS))
     assert sorted(c.run.run_id for c in leased) == sorted(quiet)
-    statement, parameters = sent[-1]
-
-    # The same claim again, now with nothing to lease but the held runs, measured and undone.
-    async with engine.connect() as conn:
-        driver = (await conn.get_raw_connection()).driver_connection
-        assert driver is not None
-        undone = driver.transaction()
-        await undone.start()
-        try:
-            found = await driver.fetchval(
-                f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *parameters
-            )
-        finally:
-            await undone.rollback()
-    plan = json.loads(found)[0]["Plan"] if isinstance(found, str) else found[0]["Plan"]
-    visited = _rows_visited(plan)
+    visited = rows_read(plan, {"runs"})
     assert visited < HELD // 10, f"the claim read {visited} runs rows past {HELD} held"
 
 
