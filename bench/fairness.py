@@ -246,7 +246,7 @@ async def run() -> None:
         claim_ms_p50_hot=round(hot_claim, 2),
         claim_ms_p50_cold=round(cold_claim, 2),
         slots=SLOTS,
-        hold_ms=1000 * HOLD_S,
+        hold_ms_range=[500 * HOLD_S, 1500 * HOLD_S],
         quiet_runs=QUIET_RUNS,
         goal="<= 2",
     )
