@@ -2,7 +2,8 @@
 with hundreds of runs queued, and another tenant's runs queued after them, the claim leases the
 other tenant's runs, and its statement visits a handful of `runs` rows, not the held ones (its
 slots come from a scan that holds no capped tenant's runs, and a capped tenant's from a probe of
-its own, as many as its room)."""
+its own, as many as its room). So does an agent's at its cap (`limits.max_running`), once a
+claim has met it: its runs are marked held, out of the scans, and probed while it has room."""
 
 from __future__ import annotations
 
@@ -56,6 +57,38 @@ async def test_a_capped_tenants_held_backlog_is_not_read_by_the_claim(
 
     # The claim made again, now with nothing to lease but the held runs, measured and undone.
     leased, plan = await claimed_and_explained(engine, replica.claims.claim_many("w-2", SLOTS))
+    assert sorted(c.run.run_id for c in leased) == sorted(quiet)
+    visited = rows_read(plan, {"runs"})
+    assert visited < HELD // 10, f"the claim read {visited} runs rows past {HELD} held"
+
+
+AGENT_CAPPED = {"agent": "capped", "limits": {"max_running": 1}}
+
+
+async def _agent_capped(engine: AsyncEngine, tenant: str, agent: dict[str, object]) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(update(tenants).where(tenants.c.tenant_id == tenant).values(agent=agent))
+
+
+async def test_an_agents_held_backlog_is_not_read_by_the_claim_once_one_met_it(
+    engine: AsyncEngine,
+) -> None:
+    await _tenant(engine, "aheld", "aquiet")
+    await _agent_capped(engine, "aheld", AGENT_CAPPED)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    replica = Execution.build(engine, None, lease_ttl_s=30, claim_poll_s=60)
+    (running,) = await _queue(admitter, "aheld", 1)
+    assert [c.run.run_id for c in await replica.claims.claim_many("w-1", SLOTS)] == [running]
+    await _queue(admitter, "aheld", HELD)  # held: the agent runs as many as its cap
+    first = await _queue(admitter, "aquiet", 2)
+    # The claim that meets the held runs leases the other tenant's.
+    met = await replica.claims.claim_many("w-2", SLOTS)
+    assert sorted(c.run.run_id for c in met) == sorted(first)
+    quiet = await _queue(admitter, "aquiet", 2)
+    async with engine.connect() as conn:
+        await conn.exec_driver_sql("ANALYZE")
+
+    leased, plan = await claimed_and_explained(engine, replica.claims.claim_many("w-3", SLOTS))
     assert sorted(c.run.run_id for c in leased) == sorted(quiet)
     visited = rows_read(plan, {"runs"})
     assert visited < HELD // 10, f"the claim read {visited} runs rows past {HELD} held"
