@@ -9,13 +9,15 @@ claim finds such runs by a probe per capped tenant, not in its fair scan. The ca
 from the runs (the gateway's `tether tenant set`), so each read keeps the flags in step: a
 tenant newly capped has its queued runs flagged, one no longer capped cleared, and a flagged run
 of an uncapped tenant (queued by an admission that read the cap just before it was removed) is
-cleared at the next read. Any change wakes the replica's waiting claims."""
+cleared at the next read. Any change wakes the replica's waiting claims. After each read the
+replica's claims keep the runs held back by agents' caps reachable (`also`:
+`Claims.settle_held`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -34,8 +36,10 @@ class CapWatch:
         engine: AsyncEngine,
         ttl_s: float = CAPS_TTL_S,
         changed: Callable[[], None] = lambda: None,
+        also: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self._engine = engine
+        self._also = also  # done after each read in the background (the agents' held runs)
         self._ttl_s = ttl_s
         self._changed = changed
         self.capped: frozenset[str] = frozenset()
@@ -65,8 +69,8 @@ class CapWatch:
         while True:
             try:
                 await self.read()
+                if self._also is not None:
+                    await self._also()
             except Exception:
-                log.exception(
-                    "reading the tenants' caps failed; trying again in %.1f s", self._ttl_s
-                )
+                log.exception("reading the caps failed; trying again in %.1f s", self._ttl_s)
             await asyncio.sleep(self._ttl_s)

@@ -28,7 +28,7 @@ from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import agent_caps, fair
 from services.orchestrator.repositories import leases as lease_repo
 from services.orchestrator.repositories import parts as parts_repo
-from services.orchestrator.repositories.picked import Leased, Unrouted
+from services.orchestrator.repositories.picked import Leased, Picked, Unrouted
 from services.orchestrator.repositories.transitions import NOW, Moved, apply, numbered
 from tether import states
 from tether.domain import (
@@ -183,7 +183,9 @@ class Claims:
         self._pinned: dict[str, AgentConfig] = {}
         self._agents = AgentRouting()
         # A change of caps (or of the runs flagged by them) may leave runs claimable.
-        self.caps = CapWatch(self._autocommit, changed=lambda: self.wakeups.wake_all())
+        self.caps = CapWatch(
+            self._autocommit, changed=lambda: self.wakeups.wake_all(), also=self.settle_held
+        )
         # Tenants one of whose agents this replica routed to with a cap (agent_caps): a run of
         # theirs that ends wakes a claim, as one of a capped tenant does.
         self._agent_capped: set[str] = set()
@@ -240,9 +242,7 @@ class Claims:
             if claimable:
                 self.wakeups.wake([""] * claimable)
 
-    async def _look(
-        self, conn: AsyncConnection, params: dict[str, Any]
-    ) -> tuple[list[Leased], list[Unrouted]]:
+    async def _look(self, conn: AsyncConnection, params: dict[str, Any]) -> Picked:
         """One claim statement. While some tenant has a cap, in a transaction that locks the
         capped tenants first (`fair.lock_capped`), and while some route names a capped agent,
         those agents too (`agent_caps.lock_agents`): then the claim's own snapshot, taken after
@@ -300,7 +300,7 @@ class Claims:
                     for r in routes.values()
                     if r.routing_id not in self._stored_routings
                 }
-                taken, unrouted = await self._look(
+                look = await self._look(
                     conn,
                     {
                         "worker_id": worker_id,
@@ -313,10 +313,13 @@ class Claims:
                 self._stored_routings.update(unstored)
                 for route in routes.values():
                     self._pinned[route.routing_id] = route.config
-                leased.extend(taken)
-                if not unrouted or len(leased) >= n:
+                leased.extend(look.leased)
+                # Runs a cap held back took slots others could have had: their agents' runs are
+                # marked held, out of every scan, and the next look fills those slots.
+                await self._hold(conn, look.held)
+                if not (look.unrouted or look.held) or len(leased) >= n:
                     break
-                broken.extend(await self._resolve(conn, unrouted, routed_now))
+                broken.extend(await self._resolve(conn, look.unrouted, routed_now))
             inputs = await parts_repo.attempt_inputs(
                 conn, [self._wanted(one, held) for one in leased], limit_runs=self._history_runs
             )
@@ -412,6 +415,48 @@ class Claims:
                 self._agent_capped.add(run.tenant_id)
             routed_now[key] = (time.perf_counter() - started) * 1000
         return broken
+
+    async def _hold(self, conn: AsyncConnection, held: set[tuple[str, str]]) -> int:
+        """Mark the claimable runs of each (tenant, agent) in `held` held back by the agent's
+        cap (`agent_caps.hold`): those pinned to it, and those of the routes this replica
+        resolved to it. How many were marked."""
+        marked = 0
+        for tenant_id, agent in sorted(held):
+            keys = [
+                agent_caps.route_key(source, channel)
+                for (tenant, source, channel), routed in self._routes.items()
+                if tenant == tenant_id and routed.config.agent == agent
+            ]
+            marked += await agent_caps.hold(conn, tenant_id, agent, keys)
+        return marked
+
+    async def settle_held(self) -> int:
+        """Keep the runs held back by agents' caps (`runs.held_agent`) reachable, and their caps
+        known: for each agent with runs held for it, the route of one of them as it stands now
+        (resolved again when the tenant's agents changed, or this replica never routed it: it
+        restarted), so that the claim probes the agent within its cap as it is; if no cap holds
+        the agent now, the marks of its runs are cleared, the claim's scans find them again,
+        and the claims are woken. How many runs were cleared."""
+        cleared = 0
+        async with self._autocommit.connect() as conn:
+            for tenant_id, agent, run_id in await agent_caps.held_pairs(conn):
+                facts = await lease_repo.route_facts(conn, run_id)
+                if facts is None:
+                    continue  # gone since
+                key = (tenant_id, facts.source, facts.channel)
+                if self._known(key, facts.agent, facts.revision) is None:
+                    unrouted = Unrouted(
+                        run_id, tenant_id, facts.source, facts.channel, facts.agent, facts.revision
+                    )
+                    await self._resolve(conn, [unrouted], {})
+                routed = self._known(key, facts.agent, facts.revision)
+                if routed is None or not (
+                    routed.config.max_running and routed.config.agent == agent
+                ):
+                    cleared += await agent_caps.release(conn, tenant_id, agent)
+        if cleared:
+            self.wakeups.wake_all()
+        return cleared
 
     def _known(self, key: RouteKey, agent: dict[str, Any], revision: int) -> Routing | None:
         """The route this replica resolved for `key`, while it still holds: at the tenant's

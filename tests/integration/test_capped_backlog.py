@@ -16,9 +16,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
 from services.orchestrator.caps import CapWatch
+from services.orchestrator.claims import CLAIM_PLANNER
 from services.orchestrator.execution import Execution
 from tests.integration.claim_plans import claimed_and_explained, rows_read
 from tests.integration.test_admission import _tenant, chat
+from tether.db.engine import create_engine
 from tether.db.schema import runs, tenants
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -71,24 +73,33 @@ async def _agent_capped(engine: AsyncEngine, tenant: str, agent: dict[str, objec
 
 
 async def test_an_agents_held_backlog_is_not_read_by_the_claim_once_one_met_it(
-    engine: AsyncEngine,
+    engine: AsyncEngine, db_url: str
 ) -> None:
     await _tenant(engine, "aheld", "aquiet")
     await _agent_capped(engine, "aheld", AGENT_CAPPED)
     admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
-    replica = Execution.build(engine, None, lease_ttl_s=30, claim_poll_s=60)
-    (running,) = await _queue(admitter, "aheld", 1)
-    assert [c.run.run_id for c in await replica.claims.claim_many("w-1", SLOTS)] == [running]
-    await _queue(admitter, "aheld", HELD)  # held: the agent runs as many as its cap
-    first = await _queue(admitter, "aquiet", 2)
-    # The claim that meets the held runs leases the other tenant's.
-    met = await replica.claims.claim_many("w-2", SLOTS)
-    assert sorted(c.run.run_id for c in met) == sorted(first)
-    quiet = await _queue(admitter, "aquiet", 2)
-    async with engine.connect() as conn:
-        await conn.exec_driver_sql("ANALYZE")
+    # The claims on a pool of their own, as the orchestrator's (`CLAIM_PLANNER`).
+    claim_engine = create_engine(db_url, pool_size=1, planner=CLAIM_PLANNER)
+    try:
+        replica = Execution.build(
+            engine, None, lease_ttl_s=30, claim_poll_s=60, claim_engine=claim_engine
+        )
+        (running,) = await _queue(admitter, "aheld", 1)
+        assert [c.run.run_id for c in await replica.claims.claim_many("w-1", SLOTS)] == [running]
+        await _queue(admitter, "aheld", HELD)  # held: the agent runs as many as its cap
+        first = await _queue(admitter, "aquiet", 2)
+        # The claim that meets the held runs leases the other tenant's.
+        met = await replica.claims.claim_many("w-2", SLOTS)
+        assert sorted(c.run.run_id for c in met) == sorted(first)
+        quiet = await _queue(admitter, "aquiet", 2)
+        async with engine.connect() as conn:
+            await conn.exec_driver_sql("ANALYZE")
 
-    leased, plan = await claimed_and_explained(engine, replica.claims.claim_many("w-3", SLOTS))
+        leased, plan = await claimed_and_explained(
+            claim_engine, replica.claims.claim_many("w-3", SLOTS)
+        )
+    finally:
+        await claim_engine.dispose()
     assert sorted(c.run.run_id for c in leased) == sorted(quiet)
     visited = rows_read(plan, {"runs"})
     assert visited < HELD // 10, f"the claim read {visited} runs rows past {HELD} held"
@@ -147,3 +158,44 @@ async def test_the_runs_flags_follow_their_tenants_cap_and_no_run_is_stranded(
     await replica.claims.caps.read()
     leased = await replica.claims.claim_many("w-flip", SLOTS)
     assert sorted(c.run.run_id for c in leased) == sorted([*queued, later])
+
+
+async def _held_for(engine: AsyncEngine, run_ids: list[str]) -> list[str | None]:
+    async with engine.connect() as conn:
+        found = await conn.execute(
+            select(runs.c.run_id, runs.c.held_agent).where(runs.c.run_id.in_(run_ids))
+        )
+        held = {row.run_id: row.held_agent for row in found}
+    return [held[r] for r in run_ids]
+
+
+async def test_runs_held_for_an_agent_are_reached_by_a_new_replica_and_freed_with_its_cap(
+    engine: AsyncEngine,
+) -> None:
+    await _tenant(engine, "asettle")
+    await _agent_capped(engine, "asettle", AGENT_CAPPED)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    first = Execution.build(engine, None, lease_ttl_s=30, claim_poll_s=60)
+    (running,) = await _queue(admitter, "asettle", 1)
+    assert [c.run.run_id for c in await first.claims.claim_many("w-1", SLOTS)] == [running]
+    held = await _queue(admitter, "asettle", 5)
+    assert await first.claims.claim_many("w-1", SLOTS) == []
+    assert await _held_for(engine, held) == ["capped"] * 5
+
+    # A replica that never routed the tenant (one restarted) routes one of the held runs before
+    # anything else, learns the cap, and leaves the marks: its claims reach them by the probe.
+    second = Execution.build(engine, None, lease_ttl_s=30, claim_poll_s=60)
+    assert await second.claims.settle_held() == 0
+    assert await _held_for(engine, held) == ["capped"] * 5
+    await _agent_capped(engine, "asettle", {"agent": "capped", "limits": {"max_running": 2}})
+    assert await second.claims.settle_held() == 0  # still capped, at 2 now
+    # Room for one more: the oldest held run, by the agent's probe.
+    assert [c.run.run_id for c in await second.claims.claim_many("w-2", SLOTS)] == held[:1]
+    assert await _held_for(engine, held[:1]) == [None]  # its lease cleared the mark
+
+    # The cap lifted: the marks are cleared, and every run is the claim's again.
+    await _agent_capped(engine, "asettle", {"agent": "capped"})
+    assert await first.claims.settle_held() == 4
+    assert await _held_for(engine, held[1:]) == [None] * 4
+    leased = await first.claims.claim_many("w-1", SLOTS)
+    assert sorted(c.run.run_id for c in leased) == sorted(held[1:])

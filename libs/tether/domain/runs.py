@@ -78,6 +78,9 @@ class Run:
     # Whether its tenant had a cap when it was queued (the claim finds it by a probe of its
     # tenant's, not in its fair scan); kept in step with the caps by the orchestrator.
     capped: bool = False
+    # The agent whose cap held it back when a claim routed it (the claim finds it by a probe of
+    # that agent's while it has room); cleared by its lease.
+    held_agent: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Self:

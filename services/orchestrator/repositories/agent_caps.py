@@ -12,14 +12,35 @@ counts in the claim's statement, whose snapshot is taken after the locks: the ag
 runs (through ix_runs_running: as many rows as the pool runs, never its queued backlog), its
 room left, and how many of the claim's picked runs it may take. A claim that knows no capped
 agent binds empty arrays, and pays for none of it.
+
+A run the claim picked and its agent's cap held back stays queued; the orchestrator then marks
+every claimable run of that agent's held (`hold`: `runs.held_agent`), so that no scan of the
+claim's passes over them again, however many wait: the claim reaches them by a probe of the
+agent's, as many as its room, while it has any (`fair`). A lease clears the mark; so does the
+orchestrator once no cap holds the agent (`release`: the cap was lifted, or the runs route
+elsewhere now), and a replica that finds runs held for an agent it does not know (restarted)
+routes one of them first, learning the cap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
-from sqlalchemy import BigInteger, Float, Integer, Text, bindparam, func, literal, or_, select
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    Integer,
+    Text,
+    and_,
+    bindparam,
+    func,
+    or_,
+    select,
+    true,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -93,33 +114,105 @@ _RUNNING_OF_AGENT = (
 ROOM = select(
     _CAPS.c.tenant_id, _CAPS.c.agent, (_CAPS.c.cap - _RUNNING_OF_AGENT).label("room")
 ).cte("agent_room")
-_FULL = select(ROOM.c.tenant_id).where(ROOM.c.room <= 0)
 
-# A queued run's agent, as the claim's routes name it: the one it is pinned to, else its route's.
-_MESSAGE = messages.alias("capped_message")
-_ROUTE = routes("capped_route")
-_ROUTE_AGENT = (
-    select(_ROUTE.c.agent_name)
-    .select_from(_MESSAGE)
-    .join(
-        _ROUTE,
-        (_ROUTE.c.tenant_id == runs.c.tenant_id)
-        & (_ROUTE.c.source == _MESSAGE.c.source)
-        & (_ROUTE.c.channel == route_channel(runs.c.channel, _MESSAGE)),
+_HELD_PAIR = and_(
+    runs.c.tenant_id == bindparam("h_tenant_id"), runs.c.held_agent == bindparam("h_agent")
+)
+_CLAIMABLE = and_(in_state(runs.c.status, RunStatus.QUEUED), runs.c.session_head)
+# The channel key a run routes by: its message's source and route channel, as one string
+# (`route_key`), so that a set of routes binds as one array.
+_KEY_SEPARATOR = "\x1f"
+
+
+def route_key(source: str, channel: str) -> str:
+    """How `hold` names a route by its source and channel (neither holds the separator)."""
+    return f"{source}{_KEY_SEPARATOR}{channel}"
+
+
+_HOLD = (
+    update(runs)
+    .where(
+        runs.c.tenant_id == bindparam("h_tenant_id"),
+        _CLAIMABLE,
+        runs.c.held_agent.is_(None),
+        messages.c.message_id == runs.c.message_id,
+        or_(
+            runs.c.agent_name == bindparam("h_agent"),
+            and_(
+                runs.c.agent_name.is_(None),
+                (messages.c.source + _KEY_SEPARATOR + route_channel(runs.c.channel, messages)).in_(
+                    bindparam("h_keys", expanding=True)
+                ),
+            ),
+        ),
     )
-    .where(_MESSAGE.c.message_id == runs.c.message_id)
+    .values(held_agent=bindparam("h_agent"))
+)
+
+
+async def hold(conn: AsyncConnection, tenant_id: str, agent: str, keys: Collection[str]) -> int:
+    """Mark the tenant's claimable runs of `agent` held back by its cap (`runs.held_agent`):
+    those its first lease pinned to it, and the others whose source and channel (`route_key`)
+    are among `keys`, the routes to it. The claim finds them by the agent's probe from then on,
+    and its scans no longer pass over them. How many were marked."""
+    marked = await conn.execute(
+        _HOLD, {"h_tenant_id": tenant_id, "h_agent": agent, "h_keys": sorted(keys) or [""]}
+    )
+    return int(marked.rowcount)
+
+
+_RELEASE = (
+    update(runs)
+    .where(_HELD_PAIR, in_state(runs.c.status, RunStatus.QUEUED))
+    .values(held_agent=None)
+)
+
+
+async def release(conn: AsyncConnection, tenant_id: str, agent: str) -> int:
+    """Clear the mark of the tenant's queued runs held for `agent` (no cap holds it now): they
+    are the claim's to find in its scans again. How many."""
+    cleared = await conn.execute(_RELEASE, {"h_tenant_id": tenant_id, "h_agent": agent})
+    return int(cleared.rowcount)
+
+
+# The tenants and agents with a held claimable run, one probe of ix_runs_agent_held per pair (a
+# skip scan: as many steps as pairs, whatever their backlog).
+_PAIR = (runs.c.tenant_id, runs.c.held_agent)
+_FIRST = (
+    select(*_PAIR)
+    .where(_CLAIMABLE, runs.c.held_agent.is_not(None))
+    .order_by(*_PAIR)
     .limit(1)
-    .scalar_subquery()
+    .subquery("first_pair")
 )
-# Runs the claim passes over: those of an agent with no room left. Only a tenant with a full
-# agent reads its runs' routes (the first arm answers for every other, and for all while none
-# is full); a run with no route here ('') is picked, to be routed.
-NOT_HELD = or_(
-    runs.c.tenant_id.not_in(_FULL),
-    func.coalesce(runs.c.agent_name, _ROUTE_AGENT, literal("")).not_in(
-        select(ROOM.c.agent).where(ROOM.c.tenant_id == runs.c.tenant_id, ROOM.c.room <= 0)
-    ),
+_PAIRS = select(_FIRST.c.tenant_id, _FIRST.c.held_agent).cte("held_pairs", recursive=True)
+_NEXT = (
+    select(*_PAIR)
+    .where(
+        _CLAIMABLE,
+        runs.c.held_agent.is_not(None),
+        tuple_(*_PAIR) > tuple_(_PAIRS.c.tenant_id, _PAIRS.c.held_agent),
+    )
+    .order_by(*_PAIR)
+    .limit(1)
+    .lateral("next_pair")
 )
+_PAIRS = _PAIRS.union_all(
+    select(_NEXT.c.tenant_id, _NEXT.c.held_agent).select_from(_PAIRS.join(_NEXT, true()))
+)
+_HELD_PAIRS = select(_PAIRS.c.tenant_id, _PAIRS.c.held_agent)
+_ONE_HELD = select(runs.c.run_id).where(_HELD_PAIR, _CLAIMABLE).limit(1)
+
+
+async def held_pairs(conn: AsyncConnection) -> list[tuple[str, str, str]]:
+    """Each tenant and agent with claimable runs held for it, and one of those runs' ids."""
+    found = []
+    for row in (await conn.execute(_HELD_PAIRS)).all():
+        params = {"h_tenant_id": row.tenant_id, "h_agent": row.held_agent}
+        run_id = (await conn.execute(_ONE_HELD, params)).scalar_one_or_none()
+        if run_id is not None:
+            found.append((row.tenant_id, row.held_agent, run_id))
+    return found
 
 
 def room_of(tenant_id: Any, agent: Any) -> Any:

@@ -65,16 +65,20 @@ _HELD_BACK = and_(
     runs.c.tenant_id.not_in(select(_ROOM.c.tenant_id).where(_ROOM.c.room <= 0)),
     runs.c.tenant_id.not_in(_UNLOCKED),
 )
+# Not held back by an agent's cap (`runs.held_agent`): such a run is found by its agent's probe
+# (`_AGENT_PICKS`), in no other scan (each holds only the others: the indexes' predicates).
+_UNHELD = runs.c.held_agent.is_(None)
 # Whose turn it is (fair leases): the claimable runs (queued session heads) with the least start
 # tags, locked, skipping those another claimer holds. Each is a slot of its tenant's, filled
 # below with that tenant's best run. An uncapped tenant's come from one indexed scan of
 # ix_runs_fair; a capped tenant's (`runs.capped`) are not in it, so that a backlog held back by
 # its cap is never passed over: each locked capped tenant's come from a probe of ix_runs_capped,
 # as many as its room. A run queued as its tenant's cap was set may be in the scan: it is passed
-# over while the tenant is held back (_HELD_BACK).
+# over while the tenant is held back (_HELD_BACK). A run an agent's cap held back is in neither
+# (see `_AGENT_PICKS`).
 _OPEN = (
     select(runs.c.run_id, runs.c.tenant_id, runs.c.fair_key)
-    .where(CLAIMABLE, ~runs.c.capped, _HELD_BACK, agent_caps.NOT_HELD)
+    .where(CLAIMABLE, ~runs.c.capped, _UNHELD, _HELD_BACK)
     .order_by(runs.c.fair_key, runs.c.run_id)
     .limit(bindparam("c_limit"))
     .with_for_update(skip_locked=True)
@@ -83,7 +87,7 @@ _OPEN = (
 )
 _IN_ROOM = (
     select(runs.c.run_id, runs.c.tenant_id, runs.c.fair_key)
-    .where(runs.c.tenant_id == _ROOM.c.tenant_id, CLAIMABLE, runs.c.capped, agent_caps.NOT_HELD)
+    .where(runs.c.tenant_id == _ROOM.c.tenant_id, CLAIMABLE, runs.c.capped, _UNHELD)
     .order_by(runs.c.fair_key, runs.c.run_id)
     .limit(func.least(func.greatest(_ROOM.c.room, 0), bindparam("c_limit")))
     .with_for_update(skip_locked=True)
@@ -95,7 +99,50 @@ _CAPPED_SLOTS = (
     .cte("capped_slots")
     .prefix_with("MATERIALIZED")
 )
-_BOTH = union_all(select(*_OPEN.c), select(*_CAPPED_SLOTS.c)).subquery("both_slots")
+# The columns a pick carries. updated_at: when the run last moved (queued, or handed its
+# session): claim latency.
+_PICK = (
+    runs.c.run_id,
+    runs.c.tenant_id,
+    runs.c.channel,
+    runs.c.message_id,
+    runs.c.updated_at,
+    runs.c.fair_key,
+    runs.c.priority,
+    runs.c.agent_name,
+)
+_PICK_ORDER = (runs.c.priority, runs.c.fair_key, runs.c.run_id)
+# A run an agent's cap held back (`runs.held_agent`, marked by the orchestrator once a claim
+# routed it and its agent had no room: `agent_caps.hold`) is in none of the scans above: a held
+# backlog is never passed over. Each capped agent this claim locked with room left (its room
+# counted after the lock) has its best held runs probed instead (ix_runs_agent_held: by
+# priority, then tag), as many as its room: each is a slot of its tenant's, and one of the
+# tenant's picks to choose from.
+_AGENT_PROBE = (
+    select(*_PICK)
+    .where(
+        runs.c.tenant_id == agent_caps.ROOM.c.tenant_id,
+        runs.c.held_agent == agent_caps.ROOM.c.agent,
+        CLAIMABLE,
+        _HELD_BACK,
+    )
+    .order_by(*_PICK_ORDER)
+    .limit(func.least(func.greatest(agent_caps.ROOM.c.room, 0), bindparam("c_limit")))
+    .with_for_update(skip_locked=True)
+    .lateral("agent_probe")
+)
+_AGENT_PICKS = (
+    select(*_AGENT_PROBE.c)
+    .select_from(agent_caps.ROOM.join(_AGENT_PROBE, true()))
+    .where(agent_caps.ROOM.c.room > 0)
+    .cte("agent_picks")
+    .prefix_with("MATERIALIZED")
+)
+_BOTH = union_all(
+    select(*_OPEN.c),
+    select(*_CAPPED_SLOTS.c),
+    select(_AGENT_PICKS.c.run_id, _AGENT_PICKS.c.tenant_id, _AGENT_PICKS.c.fair_key),
+).subquery("both_slots")
 SLOTS = (
     select(_BOTH.c.run_id, _BOTH.c.tenant_id, _BOTH.c.fair_key)
     .order_by(_BOTH.c.fair_key, _BOTH.c.run_id)
@@ -111,24 +158,26 @@ _TURNS = (
     .cte("turns")
 )
 # Each tenant's best claimable runs, as many as its slots: by priority, then start tag (one
-# probe of ix_runs_tenant_claimable per tenant with a slot). A run leased in another's slot
-# leaves its own tag queued for the tenant's next turn, so the tenant's share is its slots'.
-_BEST = (
-    # updated_at: when the run last moved (queued, or handed its session): claim latency.
-    select(
-        runs.c.run_id,
-        runs.c.tenant_id,
-        runs.c.channel,
-        runs.c.message_id,
-        runs.c.updated_at,
-        runs.c.fair_key,
-        runs.c.priority,
-        runs.c.agent_name,
-    )
-    .where(runs.c.tenant_id == _TURNS.c.tenant_id, CLAIMABLE, agent_caps.NOT_HELD)
-    .order_by(runs.c.priority, runs.c.fair_key, runs.c.run_id)
+# probe of ix_runs_tenant_claimable per tenant with a slot, and its agents' held runs probed
+# above). A run leased in another's slot leaves its own tag queued for the tenant's next turn,
+# so the tenant's share is its slots'.
+_OWN = (
+    select(*_PICK)
+    .where(runs.c.tenant_id == _TURNS.c.tenant_id, CLAIMABLE, _UNHELD)
+    .order_by(*_PICK_ORDER)
     .limit(_TURNS.c.n)
     .with_for_update(skip_locked=True)
+    .correlate(_TURNS)
+    .subquery("own")
+)
+_CANDIDATES = union_all(
+    select(*_OWN.c),
+    select(*_AGENT_PICKS.c).where(_AGENT_PICKS.c.tenant_id == _TURNS.c.tenant_id).correlate(_TURNS),
+).subquery("candidates")
+_BEST = (
+    select(*_CANDIDATES.c)
+    .order_by(_CANDIDATES.c.priority, _CANDIDATES.c.fair_key, _CANDIDATES.c.run_id)
+    .limit(_TURNS.c.n)
     .lateral("best")
 )
 # The runs picked, locked. Materialized: it is read more than once.

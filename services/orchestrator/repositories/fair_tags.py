@@ -41,8 +41,8 @@ _FAIR_TENANT = bindparam("fq_tenant_id", type_=Text)
 # tags from different stripes at once, so as many admissions of one tenant as this go on
 # without waiting for each other's commits.
 STRIPES = 16
-# The queue's virtual time: the least start tag of a claimable run not leased before, of an
-# uncapped tenant (a capped tenant's held back wait for their room, not their turn) (one scan
+# The queue's virtual time: the least start tag of a claimable run not leased before, not held
+# back by a cap (a tenant's or an agent's: those wait for their room, not their turn) (one scan
 # of ix_runs_fair, past the runs queued again: a run refused by the model rate limit, retried or
 # resumed keeps its tag, but its turn was served, and a newcomer starting level with it would
 # go ahead of every run not yet leased); with none queued, the latest finish tag of any tenant
@@ -54,6 +54,7 @@ _VIRTUAL_TIME = func.coalesce(
         in_state(runs.c.status, RunStatus.QUEUED),
         runs.c.session_head,
         ~runs.c.capped,
+        runs.c.held_agent.is_(None),
         runs.c.started_at.is_(None),
     )
     .order_by(runs.c.fair_key)

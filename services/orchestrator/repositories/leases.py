@@ -37,7 +37,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.orchestrator.repositories import agent_caps, fair
-from services.orchestrator.repositories.picked import Leased, Unrouted, picked
+from services.orchestrator.repositories.picked import Picked, picked
 from services.orchestrator.repositories.transitions import (
     LEASE_UNTIL,
     NEXT_EPOCH,
@@ -149,6 +149,7 @@ _LEASED = (
         next_attempt_at=null(),
         routing_id=func.coalesce(runs.c.routing_id, _ROUTED.c.routing_id),
         agent_name=_ROUTED.c.agent_name,
+        held_agent=null(),
         config=null(),  # written by releases before routings: the row sheds it
         max_attempts=case((_PINNED, runs.c.max_attempts), else_=_ROUTED.c.max_attempts),
         format=formats.CURRENT,
@@ -210,6 +211,7 @@ CLAIM = Direct(
         case((_LEASED.c.run_id.is_(None), _AGENT)).label("unrouted_agent"),
         # Routed but left queued: its agent's cap had no room for it.
         and_(_ROUTED.c.run_id.is_not(None), _LEASED.c.run_id.is_(None)).label("held_back"),
+        _ROUTED.c.agent_name.label("routed_agent"),
         _REVISION.label("unrouted_revision"),
         _HAS_HISTORY.label("has_history"),
         _HAS_DOCUMENTS.label("has_documents"),
@@ -228,6 +230,8 @@ CLAIM = Direct(
         _NEW_ROUTINGS.cte("new_routings"),
         fair.swapped(_LEASED),
     )
+    # In the order the tenants' turns took them (a plan's joins may shuffle them).
+    .order_by(_PICKED.c.fair_key, _PICKED.c.run_id)
 )
 
 
@@ -252,16 +256,15 @@ class Route:
     max_running: int = 0
 
 
-async def claim(
-    conn: AsyncConnection, params: Mapping[str, Any]
-) -> tuple[list[Leased], list[Unrouted]]:
+async def claim(conn: AsyncConnection, params: Mapping[str, Any]) -> Picked:
     """Lease up to `limit` claimable runs (queued session heads, oldest first, skipping those
     other claimers hold) to `worker_id` in ONE statement: each moves to running under a new
     lease epoch with its run.started event, its routing pinned on it (unless an earlier lease
     pinned one) and its attempt recorded. `params`: what `claim_params` gives.
 
-    The runs picked: those leased, and those left queued (`Unrouted`) because their tenant,
-    source and channel have no route here or its agent changed since."""
+    The runs picked: those leased, those left queued (`Unrouted`) because their tenant,
+    source and channel have no route here or its agent changed since, and the agents whose
+    caps held some back."""
     return picked([row._mapping for row in await CLAIM.all(conn, params)])
 
 
@@ -355,7 +358,7 @@ async def routings_of(conn: AsyncConnection, routing_ids: Collection[str]) -> di
 _CLAIMABLE_COUNT = select(func.count()).select_from(
     # In the claim's order: its index (ix_runs_fair), however the planner weighs the two.
     select(runs.c.run_id)
-    .where(fair.CLAIMABLE, ~runs.c.capped)
+    .where(fair.CLAIMABLE, ~runs.c.capped, runs.c.held_agent.is_(None))
     .order_by(runs.c.fair_key)
     .limit(bindparam("limit"))
     .subquery()

@@ -51,14 +51,26 @@ class Unrouted:
     revision: int
 
 
-def picked(rows: Sequence[Mapping[Any, Any]]) -> tuple[list[Leased], list[Unrouted]]:
-    """The claim's rows (their mappings), each read once: the leased runs and the unrouted
-    (a run its agent's cap held back is neither)."""
+@dataclass(frozen=True, slots=True)
+class Picked:
+    """What a claim did with the runs it picked: those `leased`, those left queued `unrouted`,
+    and the (tenant, agent) pairs whose caps `held` some back (routed, and left queued)."""
+
+    leased: list[Leased]
+    unrouted: list[Unrouted]
+    held: set[tuple[str, str]]
+
+
+def picked(rows: Sequence[Mapping[Any, Any]]) -> Picked:
+    """The claim's rows (their mappings), each read once."""
     leased: list[Leased] = []
     unrouted: list[Unrouted] = []
+    held: set[tuple[str, str]] = set()
     for row in rows:
         if row["held_back"]:
-            continue  # routed, and left queued within its agent's cap (agent_caps)
+            # Routed, and left queued within its agent's cap (agent_caps).
+            held.add((row["picked_tenant_id"], row["routed_agent"]))
+            continue
         if row["run_id"] is None:
             unrouted.append(
                 Unrouted(
@@ -85,4 +97,4 @@ def picked(rows: Sequence[Mapping[Any, Any]]) -> tuple[list[Leased], list[Unrout
                 _reply(row["channel_origin"]),
             )
         )
-    return leased, unrouted
+    return Picked(leased, unrouted, held)

@@ -103,6 +103,11 @@ runs = Table(
     # its fair scan (ix_runs_fair), which a held backlog would slow. Kept in step with the caps
     # by the orchestrator (`caps.CapWatch`).
     Column("capped", Boolean, nullable=False, server_default=text("false")),
+    # The agent whose cap (`limits.max_running`) held it back when a claim routed it: the claim
+    # finds such a run by a probe of that agent's (ix_runs_agent_held, while the agent has
+    # room), not in its fair scan or its tenant's picks, which a held backlog would slow.
+    # Cleared by its lease, and by the orchestrator once no cap holds it (`claims.Claims`).
+    Column("held_agent", Text),
     # When its timer wakes a waiting-for-timer run (a `wait_until` call); cleared as it fires.
     Column("next_wake_at", DateTime(timezone=True)),
     # Its run tree (issue 33), apart from the retry lineage above: the run whose `delegate` call
@@ -144,7 +149,10 @@ Index(
     "ix_runs_fair",
     runs.c.fair_key,
     runs.c.run_id,
-    postgresql_where=(runs.c.status == "queued") & runs.c.session_head & ~runs.c.capped,
+    postgresql_where=(runs.c.status == "queued")
+    & runs.c.session_head
+    & ~runs.c.capped
+    & runs.c.held_agent.is_(None),
 )
 # A capped tenant's claimable runs in start-tag order: the claim's probe of its room.
 Index(
@@ -152,7 +160,10 @@ Index(
     runs.c.tenant_id,
     runs.c.fair_key,
     runs.c.run_id,
-    postgresql_where=(runs.c.status == "queued") & runs.c.session_head & runs.c.capped,
+    postgresql_where=(runs.c.status == "queued")
+    & runs.c.session_head
+    & runs.c.capped
+    & runs.c.held_agent.is_(None),
 )
 # The claim's pick for a tenant's slot: its claimable runs by priority, then start tag.
 Index(
@@ -161,7 +172,22 @@ Index(
     runs.c.priority,
     runs.c.fair_key,
     runs.c.run_id,
-    postgresql_where=(runs.c.status == "queued") & runs.c.session_head,
+    postgresql_where=(runs.c.status == "queued")
+    & runs.c.session_head
+    & runs.c.held_agent.is_(None),
+)
+# A held agent's claimable runs (`held_agent`) by priority, then start tag: the claim's probe of
+# its room.
+Index(
+    "ix_runs_agent_held",
+    runs.c.tenant_id,
+    runs.c.held_agent,
+    runs.c.priority,
+    runs.c.fair_key,
+    runs.c.run_id,
+    postgresql_where=(runs.c.status == "queued")
+    & runs.c.session_head
+    & runs.c.held_agent.is_not(None),
 )
 # Finding a session's next message when its head finishes.
 Index(
