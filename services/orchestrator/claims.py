@@ -52,6 +52,9 @@ FRESH_RUN_SEQ = 2
 
 # Tenants whose routing is kept; past this many the cache starts over.
 MAX_ROUTES = 10_000
+# How often, at most, a replica marks every queued run of an agent its cap holds back (a scan of
+# the tenant's claimable runs); in between, a claim marks the runs it held back.
+HOLD_ALL_EVERY_S = 60.0
 
 
 def capped_agents(routes: list[lease_repo.Route]) -> dict[tuple[str, str], int]:
@@ -190,6 +193,10 @@ class Claims:
         # theirs that ends wakes a claim, as one of a capped tenant does.
         self._agent_capped: set[str] = set()
         publisher.capped = lambda: self.caps.capped | self._agent_capped
+        # When each (tenant, agent)'s queued runs were last all marked held (`_hold`), and the
+        # markings under way.
+        self._held_all: dict[tuple[str, str], float] = {}
+        self._holding: set[asyncio.Task[None]] = set()
 
     async def claim(self, worker_id: str, wait_s: float) -> Claimed | None:
         """Lease the oldest claimable run, waiting up to `wait_s` for one to appear."""
@@ -314,8 +321,9 @@ class Claims:
                 for route in routes.values():
                     self._pinned[route.routing_id] = route.config
                 leased.extend(look.leased)
-                # Runs a cap held back took slots others could have had: their agents' runs are
-                # marked held, out of every scan, and the next look fills those slots.
+                # Runs a cap held back took slots others could have had: they (and, soon, their
+                # agents' other queued runs) are marked held, out of every scan, and the next
+                # look fills those slots.
                 await self._hold(conn, look.held)
                 if not (look.unrouted or look.held) or len(leased) >= n:
                     break
@@ -416,19 +424,42 @@ class Claims:
             routed_now[key] = (time.perf_counter() - started) * 1000
         return broken
 
-    async def _hold(self, conn: AsyncConnection, held: set[tuple[str, str]]) -> int:
-        """Mark the claimable runs of each (tenant, agent) in `held` held back by the agent's
-        cap (`agent_caps.hold`): those pinned to it, and those of the routes this replica
-        resolved to it. How many were marked."""
-        marked = 0
-        for tenant_id, agent in sorted(held):
-            keys = [
-                agent_caps.route_key(source, channel)
-                for (tenant, source, channel), routed in self._routes.items()
-                if tenant == tenant_id and routed.config.agent == agent
-            ]
-            marked += await agent_caps.hold(conn, tenant_id, agent, keys)
-        return marked
+    async def _hold(self, conn: AsyncConnection, held: dict[tuple[str, str], list[str]]) -> None:
+        """Mark the runs the claim held back (`held`, by tenant and agent) held by their agents'
+        caps (`agent_caps.hold_runs`), and, in the background, every other claimable run of
+        those agents (`agent_caps.hold`: a scan of the tenant's claimable runs), at most once
+        every HOLD_ALL_EVERY_S per agent; its runs queued since are marked as claims meet them."""
+        now = asyncio.get_running_loop().time()
+        for (tenant_id, agent), run_ids in sorted(held.items()):
+            await agent_caps.hold_runs(conn, agent, run_ids)
+            if now - self._held_all.get((tenant_id, agent), -HOLD_ALL_EVERY_S) < HOLD_ALL_EVERY_S:
+                continue
+            if len(self._held_all) >= MAX_ROUTES:
+                self._held_all.clear()
+            self._held_all[(tenant_id, agent)] = now
+            task = asyncio.create_task(self._hold_all(tenant_id, agent))
+            self._holding.add(task)
+            task.add_done_callback(self._holding.discard)
+
+    async def _hold_all(self, tenant_id: str, agent: str) -> None:
+        """Mark every claimable run of the tenant's `agent` held: those pinned to it, and those
+        of the routes this replica resolved to it."""
+        keys = [
+            agent_caps.route_key(source, channel)
+            for (tenant, source, channel), routed in self._routes.items()
+            if tenant == tenant_id and routed.config.agent == agent
+        ]
+        try:
+            async with self._autocommit.connect() as conn:
+                await agent_caps.hold(conn, tenant_id, agent, keys)
+        except Exception:
+            self._held_all.pop((tenant_id, agent), None)
+            log.exception("marking the runs %s's cap holds back failed", agent)
+
+    async def holds_done(self) -> None:
+        """Wait until the markings under way (`_hold`) are done."""
+        while self._holding:
+            await asyncio.gather(*self._holding)
 
     async def settle_held(self) -> int:
         """Keep the runs held back by agents' caps (`runs.held_agent`) reachable, and their caps
@@ -454,6 +485,7 @@ class Claims:
                     routed.config.max_running and routed.config.agent == agent
                 ):
                     cleared += await agent_caps.release(conn, tenant_id, agent)
+                    self._held_all.pop((tenant_id, agent), None)
         if cleared:
             self.wakeups.wake_all()
         return cleared

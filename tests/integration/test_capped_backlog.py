@@ -91,6 +91,7 @@ async def test_an_agents_held_backlog_is_not_read_by_the_claim_once_one_met_it(
         # The claim that meets the held runs leases the other tenant's.
         met = await replica.claims.claim_many("w-2", SLOTS)
         assert sorted(c.run.run_id for c in met) == sorted(first)
+        await replica.claims.holds_done()  # its agent's other held runs, marked meanwhile
         quiet = await _queue(admitter, "aquiet", 2)
         async with engine.connect() as conn:
             await conn.exec_driver_sql("ANALYZE")
@@ -98,11 +99,17 @@ async def test_an_agents_held_backlog_is_not_read_by_the_claim_once_one_met_it(
         leased, plan = await claimed_and_explained(
             claim_engine, replica.claims.claim_many("w-3", SLOTS)
         )
+        assert sorted(c.run.run_id for c in leased) == sorted(quiet)
+        visited = rows_read(plan, {"runs"})
+        assert visited < HELD // 10, f"the claim read {visited} runs rows past {HELD} held"
+
+        # A run of the agent's queued since is marked by the claim that meets it.
+        later = await _queue(admitter, "aheld", 1)
+        (another,) = await _queue(admitter, "aquiet", 1)
+        assert [c.run.run_id for c in await replica.claims.claim_many("w-4", SLOTS)] == [another]
+        assert await _held_for(engine, later) == ["capped"]
     finally:
         await claim_engine.dispose()
-    assert sorted(c.run.run_id for c in leased) == sorted(quiet)
-    visited = rows_read(plan, {"runs"})
-    assert visited < HELD // 10, f"the claim read {visited} runs rows past {HELD} held"
 
 
 async def _flags(engine: AsyncEngine, run_ids: list[str]) -> list[bool]:
@@ -180,6 +187,7 @@ async def test_runs_held_for_an_agent_are_reached_by_a_new_replica_and_freed_wit
     assert [c.run.run_id for c in await first.claims.claim_many("w-1", SLOTS)] == [running]
     held = await _queue(admitter, "asettle", 5)
     assert await first.claims.claim_many("w-1", SLOTS) == []
+    await first.claims.holds_done()
     assert await _held_for(engine, held) == ["capped"] * 5
 
     # A replica that never routed the tenant (one restarted) routes one of the held runs before

@@ -14,12 +14,12 @@ room left, and how many of the claim's picked runs it may take. A claim that kno
 agent binds empty arrays, and pays for none of it.
 
 A run the claim picked and its agent's cap held back stays queued; the orchestrator then marks
-every claimable run of that agent's held (`hold`: `runs.held_agent`), so that no scan of the
-claim's passes over them again, however many wait: the claim reaches them by a probe of the
-agent's, as many as its room, while it has any (`fair`). A lease clears the mark; so does the
-orchestrator once no cap holds the agent (`release`: the cap was lifted, or the runs route
-elsewhere now), and a replica that finds runs held for an agent it does not know (restarted)
-routes one of them first, learning the cap.
+it held (`hold_runs`: `runs.held_agent`), and every other claimable run of that agent's in the
+background (`hold`), so that no scan of the claim's passes over them again, however many wait:
+the claim reaches them by a probe of the agent's, as many as its room, while it has any
+(`fair`). A lease clears the mark; so does the orchestrator once no cap holds the agent
+(`release`: the cap was lifted, or the runs route elsewhere now), and a replica that finds runs
+held for an agent it does not know (restarted) routes one of them first, learning the cap.
 """
 
 from __future__ import annotations
@@ -158,6 +158,24 @@ async def hold(conn: AsyncConnection, tenant_id: str, agent: str, keys: Collecti
     marked = await conn.execute(
         _HOLD, {"h_tenant_id": tenant_id, "h_agent": agent, "h_keys": sorted(keys) or [""]}
     )
+    return int(marked.rowcount)
+
+
+_HOLD_RUNS = (
+    update(runs)
+    .where(
+        runs.c.run_id == func.any(bindparam("h_run_ids", type_=ARRAY(Text))),
+        _CLAIMABLE,
+        runs.c.held_agent.is_(None),
+    )
+    .values(held_agent=bindparam("h_agent"))
+)
+
+
+async def hold_runs(conn: AsyncConnection, agent: str, run_ids: Collection[str]) -> int:
+    """Mark these claimable runs held back by `agent`'s cap (those a claim just held back: the
+    claim's next look passes them by). How many were marked."""
+    marked = await conn.execute(_HOLD_RUNS, {"h_agent": agent, "h_run_ids": sorted(run_ids)})
     return int(marked.rowcount)
 
 

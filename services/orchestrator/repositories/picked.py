@@ -54,22 +54,23 @@ class Unrouted:
 @dataclass(frozen=True, slots=True)
 class Picked:
     """What a claim did with the runs it picked: those `leased`, those left queued `unrouted`,
-    and the (tenant, agent) pairs whose caps `held` some back (routed, and left queued)."""
+    and those their agents' caps `held` back (routed, and left queued), by tenant and agent."""
 
     leased: list[Leased]
     unrouted: list[Unrouted]
-    held: set[tuple[str, str]]
+    held: dict[tuple[str, str], list[str]]
 
 
 def picked(rows: Sequence[Mapping[Any, Any]]) -> Picked:
     """The claim's rows (their mappings), each read once."""
     leased: list[Leased] = []
     unrouted: list[Unrouted] = []
-    held: set[tuple[str, str]] = set()
+    held: dict[tuple[str, str], list[str]] = {}
     for row in rows:
         if row["held_back"]:
             # Routed, and left queued within its agent's cap (agent_caps).
-            held.add((row["picked_tenant_id"], row["routed_agent"]))
+            pair = (row["picked_tenant_id"], row["routed_agent"])
+            held.setdefault(pair, []).append(row["picked_run_id"])
             continue
         if row["run_id"] is None:
             unrouted.append(
