@@ -11,7 +11,7 @@ tenant newly capped has its queued runs flagged, one no longer capped cleared, a
 of an uncapped tenant (queued by an admission that read the cap just before it was removed) is
 cleared at the next read. Any change wakes the replica's waiting claims. After each read the
 replica's claims keep the runs held back by agents' caps reachable (`also`:
-`Claims.settle_held`)."""
+`held_agents.HeldAgents.settle`)."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from services.orchestrator import budgets, routing
 from services.orchestrator.agent_routing import AgentRouting
 from services.orchestrator.caps import CapWatch
+from services.orchestrator.held_agents import HeldAgents, capped_agents
 from services.orchestrator.prices import Prices
 from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import agent_caps, fair
@@ -52,20 +53,6 @@ FRESH_RUN_SEQ = 2
 
 # Tenants whose routing is kept; past this many the cache starts over.
 MAX_ROUTES = 10_000
-# How often, at most, a replica marks every queued run of an agent its cap holds back (a scan of
-# the tenant's claimable runs); in between, a claim marks the runs it held back.
-HOLD_ALL_EVERY_S = 60.0
-
-
-def capped_agents(routes: list[lease_repo.Route]) -> dict[tuple[str, str], int]:
-    """The capped agents `routes` name ((tenant, agent) to its cap; the least, should two
-    routes resolved at different revisions disagree)."""
-    capped: dict[tuple[str, str], int] = {}
-    for route in routes:
-        if route.max_running:
-            key = (route.tenant_id, route.agent_name)
-            capped[key] = min(capped.get(key, route.max_running), route.max_running)
-    return capped
 
 
 @dataclass(frozen=True)
@@ -185,18 +172,21 @@ class Claims:
         # Decisions by name, for the runs that lease again with the one they were pinned to.
         self._pinned: dict[str, AgentConfig] = {}
         self._agents = AgentRouting()
+        # The runs agents' caps held back, marked as the claims meet them.
+        self.held = HeldAgents(
+            self._autocommit,
+            route_keys=self._route_keys,
+            capped_agent=self._capped_agent,
+            wake=lambda: self.wakeups.wake_all(),
+        )
         # A change of caps (or of the runs flagged by them) may leave runs claimable.
         self.caps = CapWatch(
-            self._autocommit, changed=lambda: self.wakeups.wake_all(), also=self.settle_held
+            self._autocommit, changed=lambda: self.wakeups.wake_all(), also=self.held.settle
         )
         # Tenants one of whose agents this replica routed to with a cap (agent_caps): a run of
         # theirs that ends wakes a claim, as one of a capped tenant does.
         self._agent_capped: set[str] = set()
         publisher.capped = lambda: self.caps.capped | self._agent_capped
-        # When each (tenant, agent)'s queued runs were last all marked held (`_hold`), and the
-        # markings under way.
-        self._held_all: dict[tuple[str, str], float] = {}
-        self._holding: set[asyncio.Task[None]] = set()
 
     async def claim(self, worker_id: str, wait_s: float) -> Claimed | None:
         """Lease the oldest claimable run, waiting up to `wait_s` for one to appear."""
@@ -324,7 +314,7 @@ class Claims:
                 # Runs a cap held back took slots others could have had: they (and, soon, their
                 # agents' other queued runs) are marked held, out of every scan, and the next
                 # look fills those slots.
-                await self._hold(conn, look.held)
+                await self.held.hold(conn, look.held)
                 if not (look.unrouted or look.held) or len(leased) >= n:
                     break
                 broken.extend(await self._resolve(conn, look.unrouted, routed_now))
@@ -424,71 +414,35 @@ class Claims:
             routed_now[key] = (time.perf_counter() - started) * 1000
         return broken
 
-    async def _hold(self, conn: AsyncConnection, held: dict[tuple[str, str], list[str]]) -> None:
-        """Mark the runs the claim held back (`held`, by tenant and agent) held by their agents'
-        caps (`agent_caps.hold_runs`), and, in the background, every other claimable run of
-        those agents (`agent_caps.hold`: a scan of the tenant's claimable runs), at most once
-        every HOLD_ALL_EVERY_S per agent; its runs queued since are marked as claims meet them."""
-        now = asyncio.get_running_loop().time()
-        for (tenant_id, agent), run_ids in sorted(held.items()):
-            await agent_caps.hold_runs(conn, agent, run_ids)
-            if now - self._held_all.get((tenant_id, agent), -HOLD_ALL_EVERY_S) < HOLD_ALL_EVERY_S:
-                continue
-            if len(self._held_all) >= MAX_ROUTES:
-                self._held_all.clear()
-            self._held_all[(tenant_id, agent)] = now
-            task = asyncio.create_task(self._hold_all(tenant_id, agent))
-            self._holding.add(task)
-            task.add_done_callback(self._holding.discard)
-
-    async def _hold_all(self, tenant_id: str, agent: str) -> None:
-        """Mark every claimable run of the tenant's `agent` held: those pinned to it, and those
-        of the routes this replica resolved to it."""
-        keys = [
+    def _route_keys(self, tenant_id: str, agent: str) -> list[str]:
+        """The routes this replica resolved to the tenant's `agent` (`agent_caps.route_key`)."""
+        return [
             agent_caps.route_key(source, channel)
             for (tenant, source, channel), routed in self._routes.items()
             if tenant == tenant_id and routed.config.agent == agent
         ]
-        try:
-            async with self._autocommit.connect() as conn:
-                await agent_caps.hold(conn, tenant_id, agent, keys)
-        except Exception:
-            self._held_all.pop((tenant_id, agent), None)
-            log.exception("marking the runs %s's cap holds back failed", agent)
 
-    async def holds_done(self) -> None:
-        """Wait until the markings under way (`_hold`) are done."""
-        while self._holding:
-            await asyncio.gather(*self._holding)
-
-    async def settle_held(self) -> int:
-        """Keep the runs held back by agents' caps (`runs.held_agent`) reachable, and their caps
-        known: for each agent with runs held for it, the route of one of them as it stands now
-        (resolved again when the tenant's agents changed, or this replica never routed it: it
-        restarted), so that the claim probes the agent within its cap as it is; if no cap holds
-        the agent now, the marks of its runs are cleared, the claim's scans find them again,
-        and the claims are woken. How many runs were cleared."""
-        cleared = 0
-        async with self._autocommit.connect() as conn:
-            for tenant_id, agent, run_id in await agent_caps.held_pairs(conn):
-                facts = await lease_repo.route_facts(conn, run_id)
-                if facts is None:
-                    continue  # gone since
-                key = (tenant_id, facts.source, facts.channel)
-                if self._known(key, facts.agent, facts.revision) is None:
-                    unrouted = Unrouted(
-                        run_id, tenant_id, facts.source, facts.channel, facts.agent, facts.revision
-                    )
-                    await self._resolve(conn, [unrouted], {})
-                routed = self._known(key, facts.agent, facts.revision)
-                if routed is None or not (
-                    routed.config.max_running and routed.config.agent == agent
-                ):
-                    cleared += await agent_caps.release(conn, tenant_id, agent)
-                    self._held_all.pop((tenant_id, agent), None)
-        if cleared:
-            self.wakeups.wake_all()
-        return cleared
+    async def _capped_agent(
+        self, conn: AsyncConnection, tenant_id: str, run_id: str
+    ) -> tuple[str, int] | None:
+        """The agent a queued run runs as (the one its first lease pinned, else its route's as
+        its tenant's agents stand now: resolved again when this replica's route is not current,
+        and kept, so the claim leases within it) and that agent's cap (0: none); None when the
+        run is gone or its routing broken."""
+        facts = await lease_repo.route_facts(conn, run_id)
+        if facts is None:
+            return None
+        key = (tenant_id, facts.source, facts.channel)
+        if self._known(key, facts.agent, facts.revision) is None:
+            unrouted = Unrouted(
+                run_id, tenant_id, facts.source, facts.channel, facts.agent, facts.revision
+            )
+            await self._resolve(conn, [unrouted], {})
+        routed = self._known(key, facts.agent, facts.revision)
+        if routed is None:
+            return None
+        name = facts.agent_name or routed.config.agent
+        return name, routed.config.max_running if routed.config.agent == name else 0
 
     def _known(self, key: RouteKey, agent: dict[str, Any], revision: int) -> Routing | None:
         """The route this replica resolved for `key`, while it still holds: at the tenant's
@@ -514,28 +468,6 @@ class Claims:
         if picked is None:
             return Routing(agent, routing.resolve(agent, source, channel), revision)
         return Routing(None, picked.config, revision, picked.version)
-
-    async def agent_held(self, run: Run) -> int | None:
-        """The cap of a queued run's agent (`limits.max_running`) when as many of the agent's
-        runs run as it allows (the run waits for one to end); None otherwise, or when its
-        routing is broken (its claim fails it)."""
-        async with self._autocommit.connect() as conn:
-            facts = await lease_repo.route_facts(conn, run.run_id)
-            if facts is None:
-                return None
-            key = (run.tenant_id, facts.source, facts.channel)
-            try:
-                routed = self._known(key, facts.agent, facts.revision) or (
-                    await self._routing_for(conn, key, facts.agent, facts.revision)
-                )
-            except TetherError:
-                return None
-            config = routed.config
-            name = facts.agent_name or config.agent
-            if not config.max_running or config.agent != name:
-                return None
-            running = await agent_caps.running_of_agent(conn, run.tenant_id, name)
-        return config.max_running if running >= config.max_running else None
 
     @staticmethod
     def _wanted(leased: Leased, held: Callable[[str], Known] | None) -> parts_repo.Wanted:

@@ -156,7 +156,9 @@ class OrchestratorServicer(
                 common_pb2.WaitingFor(reason="tenant_concurrency", cap=view.held_by_cap)
             )
         elif view.run.status == RunStatus.QUEUED.value:
-            agent_cap = await self._execution.claims.agent_held(view.run)
+            agent_cap = await self._execution.claims.held.cap_reached(
+                view.run.tenant_id, view.run.run_id
+            )
             if agent_cap is not None:
                 run.waiting_for.CopyFrom(
                     common_pb2.WaitingFor(reason="agent_concurrency", cap=agent_cap)

@@ -75,7 +75,7 @@ async def test_two_replicas_racing_lease_no_more_of_a_capped_agent_than_its_cap(
     async with engine.connect() as conn:
         run = await runs_repo.get_run(conn, "tcap", queued)
     for replica in (first, second):
-        assert await replica.claims.agent_held(run) == CAP
+        assert await replica.claims.held.cap_reached(run.tenant_id, run.run_id) == CAP
 
     # One of its runs ends: the next claims, racing again, lease exactly one more.
     ended = leased[0]

@@ -91,7 +91,7 @@ async def test_an_agents_held_backlog_is_not_read_by_the_claim_once_one_met_it(
         # The claim that meets the held runs leases the other tenant's.
         met = await replica.claims.claim_many("w-2", SLOTS)
         assert sorted(c.run.run_id for c in met) == sorted(first)
-        await replica.claims.holds_done()  # its agent's other held runs, marked meanwhile
+        await replica.claims.held.done()  # its agent's other held runs, marked meanwhile
         quiet = await _queue(admitter, "aquiet", 2)
         async with engine.connect() as conn:
             await conn.exec_driver_sql("ANALYZE")
@@ -187,23 +187,23 @@ async def test_runs_held_for_an_agent_are_reached_by_a_new_replica_and_freed_wit
     assert [c.run.run_id for c in await first.claims.claim_many("w-1", SLOTS)] == [running]
     held = await _queue(admitter, "asettle", 5)
     assert await first.claims.claim_many("w-1", SLOTS) == []
-    await first.claims.holds_done()
+    await first.claims.held.done()
     assert await _held_for(engine, held) == ["capped"] * 5
 
     # A replica that never routed the tenant (one restarted) routes one of the held runs before
     # anything else, learns the cap, and leaves the marks: its claims reach them by the probe.
     second = Execution.build(engine, None, lease_ttl_s=30, claim_poll_s=60)
-    assert await second.claims.settle_held() == 0
+    assert await second.claims.held.settle() == 0
     assert await _held_for(engine, held) == ["capped"] * 5
     await _agent_capped(engine, "asettle", {"agent": "capped", "limits": {"max_running": 2}})
-    assert await second.claims.settle_held() == 0  # still capped, at 2 now
+    assert await second.claims.held.settle() == 0  # still capped, at 2 now
     # Room for one more: the oldest held run, by the agent's probe.
     assert [c.run.run_id for c in await second.claims.claim_many("w-2", SLOTS)] == held[:1]
     assert await _held_for(engine, held[:1]) == [None]  # its lease cleared the mark
 
     # The cap lifted: the marks are cleared, and every run is the claim's again.
     await _agent_capped(engine, "asettle", {"agent": "capped"})
-    assert await first.claims.settle_held() == 4
+    assert await first.claims.held.settle() == 4
     assert await _held_for(engine, held[1:]) == [None] * 4
     leased = await first.claims.claim_many("w-1", SLOTS)
     assert sorted(c.run.run_id for c in leased) == sorted(held[1:])
