@@ -207,3 +207,34 @@ async def test_runs_held_for_an_agent_are_reached_by_a_new_replica_and_freed_wit
     assert await _held_for(engine, held[1:]) == [None] * 4
     leased = await first.claims.claim_many("w-1", SLOTS)
     assert sorted(c.run.run_id for c in leased) == sorted(held[1:])
+
+
+async def test_a_run_queued_beside_an_agents_held_backlog_is_not_tagged_behind_it(
+    engine: AsyncEngine,
+) -> None:
+    """The queue's virtual time counts the runs an agent's cap holds back (as it did while they
+    sat in the fair scan): a quiet tenant's run queued beside them starts level with their head,
+    and takes turns with them once the agent has room, instead of behind every one of them (a
+    capped flood would then take each slot its own runs free, ahead of it: the drill's
+    quiet_runs_waiting_past_bound)."""
+    await _tenant(engine, "aflood", "aquiet2")
+    await _agent_capped(engine, "aflood", AGENT_CAPPED)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    replica = Execution.build(engine, None, lease_ttl_s=30, claim_poll_s=60)
+    (running,) = await _queue(admitter, "aflood", 1)
+    assert [c.run.run_id for c in await replica.claims.claim_many("w-1", SLOTS)] == [running]
+    held = await _queue(admitter, "aflood", 20)
+    assert await replica.claims.claim_many("w-1", SLOTS) == []
+    await replica.claims.held.done()
+    assert await _held_for(engine, held) == ["capped"] * 20
+
+    (quiet,) = await _queue(admitter, "aquiet2", 1)
+    async with engine.connect() as conn:
+        tags = dict(
+            (
+                await conn.execute(
+                    select(runs.c.run_id, runs.c.fair_key).where(runs.c.run_id.in_([*held, quiet]))
+                )
+            ).all()
+        )
+    assert tags[quiet] <= min(tags[r] for r in held), (tags[quiet], sorted(tags[r] for r in held))
