@@ -51,6 +51,9 @@ TOOLS = ["get_time", "publish_post", "calendar_list_events", "ask_questions", "w
 # message takes, so the tenant's own runs keep the soak's agent and only children run as it.
 HELPER = {"name": "helper", "routes": [{"channel": "drill-delegation-only"}]}
 PRINCIPAL = "drill-user"
+# The flood tenant's agent's cap on runs at once (`limits.max_running`): a third of the pool of
+# three workers' 8 slots each.
+FLOOD_AGENT_CAP = 8
 BACKEND = ("orchestrator", "admission", "interactions")
 
 
@@ -64,14 +67,19 @@ class DrillTenant:
     granted: bool
 
 
-async def provision_tenant(db_url: str, index: int | str, *, granted: bool) -> DrillTenant:
-    """Create tenant `index` (a number, or a name such as "flood") with the soak's agent and a
-    client key (one place, so a change in how keys and principals are made is adapted here
-    only)."""
+async def provision_tenant(
+    db_url: str, index: int | str, *, granted: bool, max_running: int = 0
+) -> DrillTenant:
+    """Create tenant `index` (a number, or a name such as "flood") with the soak's agent (capped
+    at `max_running` runs at once, if given) and a client key (one place, so a change in how
+    keys and principals are made is adapted here only)."""
     tenant_id = f"drill-{index}-{uuid.uuid4().hex[:6]}"
+    limits: dict[str, float] = {"backoff_initial_seconds": 0.05, "backoff_max_seconds": 0.5}
+    if max_running:
+        limits["max_running"] = max_running
     agent = {
         "tool_allowlist": TOOLS,
-        "limits": {"backoff_initial_seconds": 0.05, "backoff_max_seconds": 0.5},
+        "limits": limits,
         "delegation": {"agents": [HELPER["name"]]},
     }
     engine = create_engine(db_url, pool_size=1)
@@ -215,7 +223,11 @@ async def world(
             )
         )
         connections = await connect_slack(db_url, secrets_key, slack, tenants_list)
-        flood_tenant = await provision_tenant(db_url, "flood", granted=False)
+        # The flood's agent is capped below the pool: most of its backlog is held back by the
+        # cap (marked held, probed as it has room) while the quiet tenant's runs go by.
+        flood_tenant = await provision_tenant(
+            db_url, "flood", granted=False, max_running=FLOOD_AGENT_CAP
+        )
         quiet_tenant = await provision_tenant(db_url, "quiet", granted=False)
         yield World(
             services,

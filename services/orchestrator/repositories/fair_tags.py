@@ -41,25 +41,35 @@ _FAIR_TENANT = bindparam("fq_tenant_id", type_=Text)
 # tags from different stripes at once, so as many admissions of one tenant as this go on
 # without waiting for each other's commits.
 STRIPES = 16
-# The queue's virtual time: the least start tag of a claimable run not leased before, not held
-# back by a cap (a tenant's or an agent's: those wait for their room, not their turn) (one scan
-# of ix_runs_fair, past the runs queued again: a run refused by the model rate limit, retried or
-# resumed keeps its tag, but its turn was served, and a newcomer starting level with it would
-# go ahead of every run not yet leased); with none queued, the latest finish tag of any tenant
-# (one probe of ix_tenant_stripes_tail), so that a tenant busy long ago starts level with the
-# rest, not behind them.
-_VIRTUAL_TIME = func.coalesce(
-    select(runs.c.fair_key)
-    .where(
-        in_state(runs.c.status, RunStatus.QUEUED),
-        runs.c.session_head,
-        ~runs.c.capped,
-        runs.c.held_agent.is_(None),
-        runs.c.started_at.is_(None),
+
+
+# The queue's virtual time: the least start tag of a claimable run not leased before, but for a
+# capped tenant's (those wait for their room, not their turn) (one scan of ix_runs_fair, past
+# the runs queued again: a run refused by the model rate limit, retried or resumed keeps its
+# tag, but its turn was served, and a newcomer starting level with it would go ahead of every
+# run not yet leased); a run an agent's cap holds back counts (ix_runs_held_tags), as it did
+# while it sat in the fair scan: a quiet tenant's run queued beside a capped flood starts level
+# with the flood's head and takes turns with it, not behind all of it. With none queued, the
+# latest finish tag of any tenant (one probe of ix_tenant_stripes_tail), so that a tenant busy
+# long ago starts level with the rest, not behind them.
+def _least_tag(held: bool) -> Any:
+    return (
+        select(runs.c.fair_key)
+        .where(
+            in_state(runs.c.status, RunStatus.QUEUED),
+            runs.c.session_head,
+            ~runs.c.capped,
+            runs.c.held_agent.is_not(None) if held else runs.c.held_agent.is_(None),
+            runs.c.started_at.is_(None),
+        )
+        .order_by(runs.c.fair_key)
+        .limit(1)
+        .scalar_subquery()
     )
-    .order_by(runs.c.fair_key)
-    .limit(1)
-    .scalar_subquery(),
+
+
+_VIRTUAL_TIME = func.coalesce(
+    func.least(_least_tag(False), _least_tag(True)),
     select(func.max(tenant_stripes.c.tail)).scalar_subquery(),
     literal(0.0, Double),
 )

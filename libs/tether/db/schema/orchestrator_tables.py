@@ -189,6 +189,16 @@ Index(
     & runs.c.session_head
     & runs.c.held_agent.is_not(None),
 )
+# The held runs' start tags: the queue's virtual time counts them (`fair_tags`).
+Index(
+    "ix_runs_held_tags",
+    runs.c.fair_key,
+    runs.c.run_id,
+    postgresql_where=(runs.c.status == "queued")
+    & runs.c.session_head
+    & ~runs.c.capped
+    & runs.c.held_agent.is_not(None),
+)
 # Finding a session's next message when its head finishes.
 Index(
     "ix_runs_session_queued",

@@ -7,7 +7,8 @@ past it: an agent at its cap with 10,000 runs queued slowed every other tenant's
 fair scan, the capped tenants' probe and the tenant's picks hold only the others, and the claim
 probes each capped agent it locked for as many of its runs as it has room for (ix_runs_agent_held,
 by tenant, agent, priority and tag). A lease clears the mark; the orchestrator clears it once
-no cap holds the agent.
+no cap holds the agent. The queue's virtual time still counts the marked runs
+(ix_runs_held_tags), as it did while they were in the fair scan.
 
 The three indexes are made anew with the narrower predicate (a release before's claim, whose
 statement does not exclude held runs, reads through other indexes during the rollout, and
@@ -285,12 +286,17 @@ def upgrade() -> None:
         "(tenant_id, held_agent, priority, fair_key, run_id) "
         f"WHERE {_CLAIMABLE} AND held_agent IS NOT NULL"
     )
+    op.execute(
+        "CREATE INDEX ix_runs_held_tags ON runs (fair_key, run_id) "
+        f"WHERE {_CLAIMABLE} AND NOT capped AND held_agent IS NOT NULL"
+    )
     op.execute("DROP FUNCTION IF EXISTS tether_complete_run")
     op.execute(COMPLETE_RUN)
 
 
 def downgrade() -> None:
     op.execute("DROP FUNCTION IF EXISTS tether_complete_run")
+    op.drop_index("ix_runs_held_tags", table_name="runs")
     op.drop_index("ix_runs_agent_held", table_name="runs")
     _drop_indexes()
     op.drop_column("runs", "held_agent")
