@@ -156,7 +156,7 @@ async def hold(conn: AsyncConnection, tenant_id: str, agent: str, keys: Collecti
     are among `keys`, the routes to it. The claim finds them by the agent's probe from then on,
     and its scans no longer pass over them. How many were marked."""
     marked = await conn.execute(
-        _HOLD, {"h_tenant_id": tenant_id, "h_agent": agent, "h_keys": sorted(keys) or [""]}
+        _HOLD, {"h_tenant_id": tenant_id, "h_agent": agent, "h_keys": sorted(keys)}
     )
     return int(marked.rowcount)
 
@@ -193,44 +193,37 @@ async def release(conn: AsyncConnection, tenant_id: str, agent: str) -> int:
     return int(cleared.rowcount)
 
 
-# The tenants and agents with a held claimable run, one probe of ix_runs_agent_held per pair (a
-# skip scan: as many steps as pairs, whatever their backlog).
-_PAIR = (runs.c.tenant_id, runs.c.held_agent)
+# The tenants and agents with a held claimable run, each with one of those runs: one probe of
+# ix_runs_agent_held per pair (a skip scan: as many steps as pairs, whatever their backlog).
+_HELD_COLUMNS = (runs.c.tenant_id, runs.c.held_agent, runs.c.run_id)
 _FIRST = (
-    select(*_PAIR)
+    select(*_HELD_COLUMNS)
     .where(_CLAIMABLE, runs.c.held_agent.is_not(None))
-    .order_by(*_PAIR)
+    .order_by(runs.c.tenant_id, runs.c.held_agent)
     .limit(1)
     .subquery("first_pair")
 )
-_PAIRS = select(_FIRST.c.tenant_id, _FIRST.c.held_agent).cte("held_pairs", recursive=True)
+_PAIRS = select(*_FIRST.c).cte("held_pairs", recursive=True)
 _NEXT = (
-    select(*_PAIR)
+    select(*_HELD_COLUMNS)
     .where(
         _CLAIMABLE,
         runs.c.held_agent.is_not(None),
-        tuple_(*_PAIR) > tuple_(_PAIRS.c.tenant_id, _PAIRS.c.held_agent),
+        tuple_(runs.c.tenant_id, runs.c.held_agent)
+        > tuple_(_PAIRS.c.tenant_id, _PAIRS.c.held_agent),
     )
-    .order_by(*_PAIR)
+    .order_by(runs.c.tenant_id, runs.c.held_agent)
     .limit(1)
     .lateral("next_pair")
 )
-_PAIRS = _PAIRS.union_all(
-    select(_NEXT.c.tenant_id, _NEXT.c.held_agent).select_from(_PAIRS.join(_NEXT, true()))
-)
-_HELD_PAIRS = select(_PAIRS.c.tenant_id, _PAIRS.c.held_agent)
-_ONE_HELD = select(runs.c.run_id).where(_HELD_PAIR, _CLAIMABLE).limit(1)
+_PAIRS = _PAIRS.union_all(select(*_NEXT.c).select_from(_PAIRS.join(_NEXT, true())))
+_HELD_PAIRS = select(*_PAIRS.c)
 
 
 async def held_pairs(conn: AsyncConnection) -> list[tuple[str, str, str]]:
     """Each tenant and agent with claimable runs held for it, and one of those runs' ids."""
-    found = []
-    for row in (await conn.execute(_HELD_PAIRS)).all():
-        params = {"h_tenant_id": row.tenant_id, "h_agent": row.held_agent}
-        run_id = (await conn.execute(_ONE_HELD, params)).scalar_one_or_none()
-        if run_id is not None:
-            found.append((row.tenant_id, row.held_agent, run_id))
-    return found
+    rows = await conn.execute(_HELD_PAIRS)
+    return [(row.tenant_id, row.held_agent, row.run_id) for row in rows]
 
 
 def room_of(tenant_id: Any, agent: Any) -> Any:

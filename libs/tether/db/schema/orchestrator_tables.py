@@ -106,7 +106,7 @@ runs = Table(
     # The agent whose cap (`limits.max_running`) held it back when a claim routed it: the claim
     # finds such a run by a probe of that agent's (ix_runs_agent_held, while the agent has
     # room), not in its fair scan or its tenant's picks, which a held backlog would slow.
-    # Cleared by its lease, and by the orchestrator once no cap holds it (`claims.Claims`).
+    # Cleared by its lease, and by the orchestrator once no cap holds it (`held_agents`).
     Column("held_agent", Text),
     # When its timer wakes a waiting-for-timer run (a `wait_until` call); cleared as it fires.
     Column("next_wake_at", DateTime(timezone=True)),
