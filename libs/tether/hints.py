@@ -208,7 +208,7 @@ def decode_events(data: bytes | str) -> list[LiveMessage]:
         ]
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a live event: {exc}") from exc
-    if format > formats.CURRENT:
+    if format > formats.NEWEST:
         raise ValueError(f"a live event in format {format}, newer than this release reads")
     return messages
 

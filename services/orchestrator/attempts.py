@@ -76,8 +76,10 @@ class Attempts:
         *,
         lease_ttl_s: float,
         writers: int = 4,  # transactions the group committer keeps open at once (Committer)
+        by_reference: bool = True,  # run.completed stored by reference (formats.BY_REFERENCE)
     ) -> None:
         self._engine = engine
+        self._by_reference = by_reference
         self._publisher = publisher
         self._prices = prices
         self._ttl = lease_ttl_s
@@ -212,6 +214,7 @@ class Attempts:
                 turns=await self._prices.priced(conn, run_id, done.turns),
                 stages=_worker_stages(done),
                 audit=audit,  # the usage is added by the statement, which totals it
+                by_reference=self._by_reference,
             )
 
         ended = await self._committer.write(run_id, write)

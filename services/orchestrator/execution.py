@@ -30,6 +30,7 @@ from services.orchestrator.publisher import Publisher
 from services.orchestrator.recovery import Recovery
 from services.orchestrator.repositories.parts import HISTORY_RUNS
 from services.orchestrator.timers import Timers
+from tether import formats
 from tether.bus import Bus
 
 
@@ -58,12 +59,20 @@ class Execution:
         claim_poll_hinted_s: float | None = None,
         history_runs: int = HISTORY_RUNS,
         claim_engine: AsyncEngine | None = None,
+        stored_format: int = formats.NEWEST,
     ) -> Execution:
         """The rooms over one engine and bus (and the claims over `claim_engine`, if given: a
-        pool of their own, planned with `claims.CLAIM_PLANNER`)."""
+        pool of their own, planned with `claims.CLAIM_PLANNER`); completions are stored in
+        `stored_format` (see `OrchestratorSettings.stored_format`)."""
         publisher = Publisher(bus)
         prices = Prices()
-        attempts = Attempts(engine, publisher, prices, lease_ttl_s=lease_ttl_s)
+        attempts = Attempts(
+            engine,
+            publisher,
+            prices,
+            lease_ttl_s=lease_ttl_s,
+            by_reference=stored_format >= formats.BY_REFERENCE,
+        )
         return cls(
             engine,
             publisher,

@@ -74,6 +74,7 @@ async def amain(
         claim_poll_s=settings.claim_poll_s,
         claim_poll_hinted_s=settings.claim_poll_hinted_s,
         claim_engine=claim_engine,
+        stored_format=settings.stored_format,
     )
     work = WorkSettings(
         lease_ttl_s=settings.lease_ttl_s,

@@ -15,6 +15,7 @@ from services.orchestrator.repositories import deliveries as deliveries_repo
 from services.orchestrator.repositories import fair
 from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories import runs as runs_repo
+from tether import formats
 from tether.bus import Bus
 from tether.domain import (
     Attempt,
@@ -166,7 +167,8 @@ class Runs:
         async with self._engine.connect() as conn, conn.begin():
             await conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             run = await runs_repo.visible_run(conn, viewer, run_id)
-            rows = await runs_repo.read_events(conn, run_id, max(after_seq, 0), size + 1)
+            stored = await runs_repo.read_events(conn, run_id, max(after_seq, 0), size + 1)
+            rows = [formats.fill_completed(e, run.result_text, run.usage) for e in stored]
             if include_state:
                 parts = await parts_repo.list_parts(conn, run_id, include_superseded=False)
                 delivery = await deliveries_repo.find_run_delivery(conn, run.tenant_id, run_id)

@@ -8,6 +8,7 @@ from datetime import timedelta
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from tether import formats
 from tether.settings import RetainingSettings
 
 
@@ -19,6 +20,15 @@ class OrchestratorSettings(RetainingSettings):
     )
 
     pool_size: int = Field(10, description="Database connections.")
+    stored_format: int = Field(
+        formats.NEWEST,
+        ge=formats.CURRENT,
+        le=formats.NEWEST,
+        description="The newest stored format this replica writes (tether.formats). Set it to "
+        f"{formats.CURRENT} while replicas of the release before this one still run (a rolling "
+        "deploy from it: run.completed is then stored whole, as that release reads it), and "
+        "unset it once none does.",
+    )
     claim_pool_size: int = Field(
         2,
         description="Database connections of the claims' own pool (the lease dispatcher "

@@ -18,6 +18,7 @@ from services.orchestrator.execution import Execution
 from services.orchestrator.repositories import runs as runs_repo
 from tests.integration.statements import counting
 from tests.integration.test_admission import _tenant, chat
+from tether import formats
 from tether.db.schema import attempts, audit_log, run_events, run_parts, runs, sessions, usage_turns
 from tether.domain import (
     Batch,
@@ -42,8 +43,10 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 MODEL = "claude-sonnet-5-5"  # the default routing's model, priced by it
 
 
-def _execution(engine: AsyncEngine) -> Execution:
-    return Execution.build(engine, None, lease_ttl_s=30, claim_poll_s=60)
+def _execution(engine: AsyncEngine, stored_format: int = formats.NEWEST) -> Execution:
+    return Execution.build(
+        engine, None, lease_ttl_s=30, claim_poll_s=60, stored_format=stored_format
+    )
 
 
 def _answer(text: str = "the answer") -> Completion:
@@ -197,9 +200,10 @@ async def test_the_function_writes_what_the_statements_it_is_built_from_write(
 ) -> None:
     """Twin runs, each with a next message queued in its conversation, end with the same
     completion: one through the function, one through the aggregate's statements one by one
-    (the path a completion takes when a cancel came first)."""
+    (the path a completion takes when a cancel came first), both storing run.completed whole
+    (format 2, as a release before this one does, and reads)."""
     await _tenant(engine, "t1")
-    execution = _execution(engine)
+    execution = _execution(engine, stored_format=formats.CURRENT)
     admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
     for twin in ("a", "b"):
         await admitter.admit(chat(f"{twin}1", "what time is it", conversation=twin))
@@ -219,12 +223,13 @@ async def test_the_function_writes_what_the_statements_it_is_built_from_write(
     function, statements = [await _stored(engine, c.run.run_id) for c in (at_once, one_by_one)]
     assert function == statements
     # The run.completed stored is the one its constructor builds from the stored usage.
-    [*_, (_, kind, payload, _)] = function["events"]
+    [*_, (_, kind, payload, format)] = function["events"]
     done = _tool_turn_then_answer()
     assert isinstance(done.ending, Completed)
-    assert (kind, payload) == (
+    assert (kind, payload, format) == (
         "run.completed",
         run_completed(done.ending, function["run"]["usage"]).payload,
+        formats.CURRENT,
     )
     assert function["run"]["usage"]["cache_read_input_tokens"] == 7
     assert function["run"]["usage"]["cache_creation_input_tokens"] == 0
@@ -272,8 +277,40 @@ async def test_a_completion_publishes_what_it_stored(engine: AsyncEngine) -> Non
 
     execution.publisher.publish = publish  # type: ignore[method-assign]
     await execution.attempts.complete(run_id, 1, _tool_turn_then_answer())
-    stored = (await _stored(engine, run_id))["events"]
-    assert published == [(run_id, seq, kind, payload) for seq, kind, payload, _ in stored[2:]]
+    async with engine.connect() as conn:
+        stored = await runs_repo.read_events(conn, run_id, 2, 100)
+        run = await runs_repo.get_run(conn, "t1", run_id)
+    read = [formats.fill_completed(e, run.result_text, run.usage) for e in stored]
+    assert published == [(run_id, e.seq, e.type, dict(e.payload)) for e in read]
+    # Read back, the run.completed stored by reference is the one published, whole.
+    assert [(e.type, e.format) for e in stored][-1] == ("run.completed", formats.BY_REFERENCE)
+
+
+async def test_a_completion_stores_its_answer_and_usage_once_on_the_run(
+    engine: AsyncEngine,
+) -> None:
+    """run.completed is stored by reference (format 3): neither the answer nor the usage total,
+    which the run keeps; a reader fills both in, and gets what the constructor builds whole.
+    Stored whole (format 2) while a release before this one runs."""
+    await _tenant(engine, "t1")
+    for stored_format, expected in (
+        (formats.NEWEST, {"taskOutcome": "resolved", "warnings": ["max_steps_near"]}),
+        (formats.CURRENT, None),
+    ):
+        execution = _execution(engine, stored_format)
+        admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+        conversation = f"c{stored_format}"
+        await admitter.admit(chat(f"e{stored_format}", conversation=conversation))
+        [claimed] = await _claim(execution)
+        done = _tool_turn_then_answer()
+        run = await execution.attempts.complete(claimed.run.run_id, 1, done)
+        assert isinstance(done.ending, Completed)
+        whole = run_completed(done.ending, run.usage).payload
+        async with engine.connect() as conn:
+            [*_, terminal] = await runs_repo.read_events(conn, run.run_id, 0, 100)
+        assert terminal.type == "run.completed" and terminal.format == stored_format
+        assert terminal.payload == (expected or whole)
+        assert formats.fill_completed(terminal, run.result_text, run.usage).payload == whole
 
 
 async def test_a_batch_that_landed_already_is_not_written_again(engine: AsyncEngine) -> None:

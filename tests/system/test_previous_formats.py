@@ -2,7 +2,10 @@
 before it stored: parts, events and pending interactions in format 1, kept as fixtures that
 release (71abcdb) wrote on its own stack through its own CLI (`fixtures/format1_71abcdb.json`).
 Runs it left parked resume here and finish; a payload in a format newer than this release's is
-refused with a clear error, never read with a field dropped."""
+refused with a clear error, never read with a field dropped. And the other way: a run completed
+here stores its answer once (format 3, run.completed by reference) and streams whole, and while a
+release before this one still runs, the orchestrator pinned to its format stores nothing it
+cannot read."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import grpc
 import pytest
 import pytest_asyncio
 from google.protobuf import json_format
-from sqlalchemy import insert, update
+from sqlalchemy import insert, select, update
 
 from tests.system.execution_support import ExecStack, exec_stack, wait_for_status
 from tether import apikeys, formats
@@ -197,12 +200,12 @@ async def test_a_part_in_a_newer_format_is_refused_not_read_with_a_field_dropped
             await conn.execute(
                 update(schema.run_parts)
                 .where(schema.run_parts.c.run_id == run_id)
-                .values(format=formats.CURRENT + 1)
+                .values(format=formats.NEWEST + 1)
             )
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await client.get_run(run_id)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert f"stored in format {formats.CURRENT + 1}, newer than this release reads" in str(
+        assert f"stored in format {formats.NEWEST + 1}, newer than this release reads" in str(
             refused.value.details()
         )
     finally:
@@ -211,3 +214,73 @@ async def test_a_part_in_a_newer_format_is_refused_not_read_with_a_field_dropped
                 update(schema.run_parts).where(schema.run_parts.c.run_id == run_id).values(format=1)
             )
         await engine.dispose()
+
+
+async def _completed_rows(db_url: str, run_id: str) -> tuple[Any, Any]:
+    """The run's row and its stored run.completed."""
+    engine = create_engine(db_url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            run = (
+                await conn.execute(select(schema.runs).where(schema.runs.c.run_id == run_id))
+            ).one()
+            terminal = (
+                await conn.execute(
+                    select(schema.run_events).where(
+                        schema.run_events.c.run_id == run_id,
+                        schema.run_events.c.type == "run.completed",
+                    )
+                )
+            ).one()
+    finally:
+        await engine.dispose()
+    return run, terminal
+
+
+async def _streamed_completion(client: TetherClient, run_id: str) -> Any:
+    async for item in client.watch(run_id, give_up_after_s=10):
+        events = item.batch.events if item.HasField("batch") else [item.event]
+        for event in events:
+            if event.type == "run.completed":
+                return event.run_completed
+    raise AssertionError(f"no run.completed streamed for {run_id}")
+
+
+async def test_a_run_this_release_completes_stores_its_answer_once_and_streams_it_whole(
+    stack: tuple[ExecStack, TetherClient],
+) -> None:
+    running, client = stack
+    sent = await client.send("hello", conversation_id="stored-once", event_id="stored-once")
+    run_id = sent.run.run_id
+    await wait_for_status(running.db_url, run_id, "completed")
+    run, terminal = await _completed_rows(running.db_url, run_id)
+    assert run.result_text
+    assert terminal.format == formats.BY_REFERENCE
+    assert "resultText" not in terminal.payload and "usage" not in terminal.payload
+    streamed = await _streamed_completion(client, run_id)
+    assert streamed.result_text == run.result_text
+    assert streamed.usage.output_tokens == run.usage["output_tokens"] > 0
+
+
+async def test_while_a_release_before_runs_a_completion_is_stored_as_it_reads_it(
+    pg_server_url: str, template_db: str, redis_url: str, tmp_path_factory: Any
+) -> None:
+    """During a rolling deploy from the release before (TETHER_ORCHESTRATOR_STORED_FORMAT=2),
+    every event a run stores is in a format that release reads, whole: run.completed carries
+    its answer and usage as that release wrote them."""
+    run_dir = Path(tmp_path_factory.mktemp("pinned-format"))
+    pinned = {"TETHER_ORCHESTRATOR_STORED_FORMAT": str(formats.CURRENT)}
+    async with exec_stack(
+        pg_server_url, template_db, redis_url, run_dir, workers=1, extra_env=pinned
+    ) as running:
+        key = await load_fixture(running.db_url)
+        async with TetherClient(running.addr("gateway"), key, retry_for_s=0) as client:
+            sent = await client.send("hello", conversation_id="pinned", event_id="pinned")
+            run_id = sent.run.run_id
+            await wait_for_status(running.db_url, run_id, "completed")
+            run, terminal = await _completed_rows(running.db_url, run_id)
+            assert terminal.format == formats.CURRENT
+            assert terminal.payload["resultText"] == run.result_text
+            assert terminal.payload["usage"]["outputTokens"] == run.usage["output_tokens"]
+            streamed = await _streamed_completion(client, run_id)
+            assert streamed.result_text == run.result_text

@@ -118,6 +118,29 @@ def run_completed(done: Completed, usage: Mapping[str, int]) -> Event:
     )
 
 
+def run_completed_stored(done: Completed) -> Event:
+    """run.completed as stored by reference (`tether.formats.BY_REFERENCE`): without the answer
+    and the usage, which the run keeps (`runs.result_text`, `runs.usage`) and a reader fills in
+    (`completed_by_reference`)."""
+    return Event(
+        EventType.RUN_COMPLETED,
+        {"taskOutcome": done.task_outcome, "warnings": list(done.warnings)},
+    )
+
+
+def completed_by_reference(
+    stored: Mapping[str, Any], result_text: str | None, usage: Mapping[str, int]
+) -> dict[str, Any]:
+    """A run.completed stored by reference (`run_completed_stored`) whole again, with its run's
+    answer and usage: the payload `run_completed` builds."""
+    return {
+        "resultText": result_text or "",
+        "taskOutcome": stored.get("taskOutcome", ""),
+        "warnings": list(stored.get("warnings", [])),
+        "usage": _usage_json(usage),
+    }
+
+
 def run_failed(error: RunError) -> Event:
     """The run failed for good."""
     return Event(EventType.RUN_FAILED, {"error": error.to_json()})

@@ -47,7 +47,7 @@ from services.orchestrator.repositories.transitions import (
     move_statement,
     numbered,
 )
-from tether import states
+from tether import formats, states
 from tether.db.direct import Direct
 from tether.db.schema import runs
 from tether.domain import (
@@ -65,6 +65,7 @@ from tether.domain import (
     camel,
     cancelled_error,
     run_completed,
+    run_completed_stored,
 )
 from tether.pricing import TOKEN_FIELDS
 
@@ -172,12 +173,15 @@ async def complete(
     turns: Sequence[ModelTurn],
     stages: Mapping[str, Any],
     audit: Mapping[str, Any],
+    by_reference: bool = True,
 ) -> Ended | None:
     """Complete the run under lease `epoch` in ONE statement: the in-flight batch (`in_flight`,
     its turns priced) unless it landed already, `parts` and priced `turns`, the move to completed
     with `events` and run.completed (its usage totalled in the statement), the session handed
     to its next message, the attempt closed with `stages` and its audit record (`audit`, and
-    the usage). None when the lease is stale: nothing was written."""
+    the usage). run.completed is stored by reference (`formats.BY_REFERENCE`) unless
+    `by_reference` is False (the format a release before reads). None when the lease is stale:
+    nothing was written."""
     flight = in_flight or Batch(0)
     params = complete_params(
         run_id,
@@ -189,6 +193,7 @@ async def complete(
         turns=turns,
         stages=stages,
         audit=audit,
+        by_reference=by_reference,
     )
     row = await COMPLETE.first(conn, params)
     if row is None:
@@ -213,10 +218,12 @@ def complete_params(
     turns: Sequence[ModelTurn],
     stages: Mapping[str, Any],
     audit: Mapping[str, Any],
+    by_reference: bool = True,
 ) -> dict[str, Any]:
     """The values `COMPLETE` binds to complete the run `run_id` under lease `epoch` (see
     `complete`)."""
-    terminal = run_completed(ending, {})  # its usage is totalled, and filled in, by the function
+    # Whole, its usage is totalled, and filled in, by the function.
+    terminal = run_completed_stored(ending) if by_reference else run_completed(ending, {})
     reported = ending_values(ending)
     return {
         "r_run_id": run_id,
@@ -358,10 +365,15 @@ BEGIN
 {_sql(progress.USAGE_TOTAL, {"run_id": "_run_id"})}
     INTO _total;
     _usage := jsonb_build_object({usage});
-    _e_payloads[cardinality(_e_payloads)] := (
-        _e_payloads[cardinality(_e_payloads)]::jsonb
-        || jsonb_build_object('usage', jsonb_strip_nulls(jsonb_build_object({usage_event})))
-    )::text;
+    IF _e_payloads[cardinality(_e_payloads)]::jsonb ? {_literal(formats.ANSWER)} THEN
+        -- Stored whole (format {formats.CURRENT}): the total goes on it. Stored by reference
+        -- (format {formats.BY_REFERENCE}), it carries neither the answer nor the total: the
+        -- run's own.
+        _e_payloads[cardinality(_e_payloads)] := (
+            _e_payloads[cardinality(_e_payloads)]::jsonb
+            || jsonb_build_object('usage', jsonb_strip_nulls(jsonb_build_object({usage_event})))
+        )::text;
+    END IF;
 {move}
     INTO _moved;
     IF NOT FOUND THEN

@@ -25,6 +25,7 @@ from sqlalchemy import (
     Update,
     and_,
     bindparam,
+    case,
     cast,
     insert,
     literal,
@@ -41,7 +42,7 @@ from sqlalchemy.sql.elements import BindParameter, ClauseElement, ColumnElement
 from services.orchestrator.repositories import deliveries as deliveries_repo
 from tether import formats
 from tether.db.schema import run_events, runs, sessions
-from tether.domain import Delivery, Event, Run, StoredEvent, delivery_event
+from tether.domain import Delivery, Event, EventType, Run, StoredEvent, delivery_event
 from tether.domain.deliveries import ended_with_run
 from tether.states import RunStatus, Transition
 
@@ -102,15 +103,29 @@ def appended_events(moved: CTE, computed: Sequence[Event] = ()) -> CTE:
         .table_valued("type", "payload", with_ordinality="ord")
         .render_derived("e", with_types=False)
     )
+    payload = cast(batch.c.payload, JSONB)
     rows = select(
         moved.c.run_id,
         moved.c.last_seq - event_count(computed) + batch.c.ord,
         batch.c.type,
-        cast(batch.c.payload, JSONB),
-        literal(formats.CURRENT, SmallInteger),
+        payload,
+        _stored_format(batch.c.type, payload),
     ).select_from(moved.join(batch, true()))
     insert_ = insert(run_events).from_select(["run_id", "seq", "type", "payload", "format"], rows)
     return insert_.cte(f"{moved.name}_events")
+
+
+def _stored_format(type_: Any, payload: Any) -> ColumnElement[Any]:
+    """The format an event is stored in, as `formats.written` says: BY_REFERENCE for a
+    run.completed without its answer, CURRENT for every other (test_completion_statement's
+    test_a_completion_stores_its_answer_and_usage_once_on_the_run holds the two equal)."""
+    return case(
+        (
+            (type_ == str(EventType.RUN_COMPLETED)) & ~payload.has_key(formats.ANSWER),
+            literal(formats.BY_REFERENCE, SmallInteger),
+        ),
+        else_=literal(formats.CURRENT, SmallInteger),
+    )
 
 
 def computed_payload(event: Event) -> ColumnElement[Any]:

@@ -9,7 +9,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select, text, update
-from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.orchestrator.repositories.webhooks import (
@@ -20,7 +19,9 @@ from services.orchestrator.repositories.webhooks import (
     delivery_of,
     subscription_of,
 )
-from tether.db.schema import run_events, webhook_deliveries, webhook_subscriptions
+from tether import formats
+from tether.db.schema import run_events, runs, webhook_deliveries, webhook_subscriptions
+from tether.domain import LoggedEvent
 
 _S = webhook_subscriptions
 _D = webhook_deliveries
@@ -192,13 +193,19 @@ async def earliest_due(conn: AsyncConnection) -> datetime | None:
     return due
 
 
-async def stored_event(conn: AsyncConnection, run_id: str, seq: int) -> Row[Any] | None:
-    """The event a delivery carries; None once retention removed its run."""
-    return (
+async def stored_event(conn: AsyncConnection, run_id: str, seq: int) -> LoggedEvent | None:
+    """The event a delivery carries, as its readers take it (`formats.fill_completed`); None
+    once retention removed its run."""
+    row = (
         await conn.execute(
-            select(run_events).where(run_events.c.run_id == run_id, run_events.c.seq == seq)
+            select(run_events, runs.c.result_text, runs.c.usage)
+            .join(runs, runs.c.run_id == run_events.c.run_id)
+            .where(run_events.c.run_id == run_id, run_events.c.seq == seq)
         )
     ).first()
+    if row is None:
+        return None
+    return formats.fill_completed(LoggedEvent.from_row(row._mapping), row.result_text, row.usage)
 
 
 async def _lock_subscription(conn: AsyncConnection, claimed: Delivery) -> None:
