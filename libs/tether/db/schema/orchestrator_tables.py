@@ -43,6 +43,7 @@ routings = Table(
 # A page of runs keeps this share for new row versions: a running run's row is rewritten on
 # every renewal and checkpoint, and a version that fits on its own page is a HOT update.
 RUNS_FILLFACTOR = 70
+ATTEMPTS_FILLFACTOR = 50
 runs = Table(
     "runs",
     metadata,
@@ -314,6 +315,9 @@ attempts = Table(
     # report, and for those closed before it was written (0038: their detail is in audit_log).
     Column("detail", JSONB),
     PrimaryKeyConstraint("run_id", "lease_epoch"),
+    # Half of each page kept for the rows' closes, which triple a row's size: a close is then a
+    # HOT update on the same page, with no new primary-key entry (0042).
+    postgresql_with={"fillfactor": ATTEMPTS_FILLFACTOR},
 )
 
 effects = Table(
