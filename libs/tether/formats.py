@@ -15,16 +15,18 @@ Formats:
   before parts were superseded.
 - 2: the domain's JSON forms (`tether.domain.part_json`, the event constructors). A cut call is
   superseded (`run_parts.superseded_at`, `Part.superseded`) and never carries `cut`.
-- 3: a stored run.completed carries neither `resultText` nor `usage`: the answer is stored once,
-  as the run's parts and `runs.result_text`, and the total once, as `runs.usage`; a reader fills
-  both in from the run (`fill_completed`). Every other payload is unchanged from 2, and is still
-  written as 2. The orchestrator writes run.completed as 2 while a release before this one
-  still runs (`TETHER_ORCHESTRATOR_STORED_FORMAT=2` during a rolling deploy from it).
+- 3: events stored by reference, without what their run's rows keep whole
+  (`tether.domain.stored_by_reference`): run.completed without `resultText` and `usage`
+  (`runs.result_text`, `runs.usage`), and part.added and part.updated of a final part as its
+  `partIndex` (its `run_parts` row). A reader fills them in from those rows (`fill`). Every
+  other payload is unchanged from 2, and is still written as 2. The orchestrator stores them
+  whole, as 2, while a release before this one still runs (`TETHER_ORCHESTRATOR_STORED_FORMAT=2`
+  during a rolling deploy from it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -33,8 +35,8 @@ from tether.domain import (
     LoggedEvent,
     Part,
     PartKind,
-    completed_by_reference,
     content_from_json,
+    filled_by_reference,
     part_from_json,
 )
 from tether.errors import StoredFormatTooNew
@@ -103,10 +105,10 @@ def read_event_payload(
                 part["superseded"] = True
             part["toolCall"] = call
             data["part"] = part
-    if format == BY_REFERENCE and type_ == EventType.RUN_COMPLETED and ANSWER not in data:
-        # A reader fills it in from the run before it converts it (`fill_completed`): reaching
-        # here without it is this release's own mistake, never the stored row's.
-        raise RuntimeError(f"{what} was read without its run's answer (fill_completed)")
+    if format == BY_REFERENCE and written(type_, data) == BY_REFERENCE:
+        # A reader fills it in from its run's rows before it converts it (`fill`): reaching
+        # here without them is this release's own mistake, never the stored row's.
+        raise RuntimeError(f"{what} was read without the rows it refers to (formats.fill)")
     if type_ in (EventType.PART_ADDED, EventType.PART_UPDATED):
         try:
             part_from_json(data.get("part") or {})  # the part it carries is the domain's
@@ -115,22 +117,49 @@ def read_event_payload(
     return data
 
 
-ANSWER = "resultText"
+# The events that may be stored by reference, each with the key its whole payload always has
+# and its stored-by-reference form never does (`tether.domain.stored_by_reference`).
+BY_REFERENCE_WITHOUT: dict[str, str] = {
+    EventType.RUN_COMPLETED: "resultText",
+    EventType.PART_ADDED: "part",
+    EventType.PART_UPDATED: "part",
+}
 
 
 def written(type_: str, payload: Mapping[str, Any]) -> int:
     """The format an event is stored in: the oldest that reads it whole (see the module)."""
-    if type_ == EventType.RUN_COMPLETED and ANSWER not in payload:
-        return BY_REFERENCE
-    return CURRENT
+    missing = BY_REFERENCE_WITHOUT.get(type_)
+    return BY_REFERENCE if missing is not None and missing not in payload else CURRENT
 
 
-def fill_completed(
-    event: LoggedEvent, result_text: str | None, usage: Mapping[str, int]
+def _by_reference(event: LoggedEvent) -> bool:
+    return event.format == BY_REFERENCE and written(event.type, event.payload) == BY_REFERENCE
+
+
+def referenced_parts(events: Sequence[LoggedEvent]) -> list[int]:
+    """The indexes of the parts `events` stored by reference name: what `fill` needs."""
+    return sorted(
+        {
+            int(e.payload.get("partIndex", 0))
+            for e in events
+            if e.type != EventType.RUN_COMPLETED and _by_reference(e)
+        }
+    )
+
+
+def fill(
+    event: LoggedEvent,
+    *,
+    result_text: str | None,
+    usage: Mapping[str, int],
+    parts: Mapping[int, Part],
 ) -> LoggedEvent:
-    """A stored event as its readers take it: a run.completed stored by reference
-    (BY_REFERENCE) with the answer and usage its run keeps (`runs.result_text`, `runs.usage`);
-    any other event as it is."""
-    if event.format != BY_REFERENCE or event.type != EventType.RUN_COMPLETED:
+    """A stored event as its readers take it: one stored by reference (BY_REFERENCE) whole
+    again from its run's rows (`runs.result_text`, `runs.usage`, and `parts` by index, at
+    least those `referenced_parts` named); any other as it is."""
+    if not _by_reference(event):
         return event
-    return replace(event, payload=completed_by_reference(event.payload, result_text, usage))
+    payload = filled_by_reference(
+        event.type, event.payload, result_text=result_text, usage=usage, parts=parts
+    )
+    return replace(event, payload=payload)

@@ -147,7 +147,15 @@ class Attempts:
         landed already)."""
         priced = await self._prices.priced(conn, run_id, batch.turns)
         return await progress.checkpoint(
-            conn, run_id, epoch, self._ttl, batch.parts, batch.events, priced, batch=batch.number
+            conn,
+            run_id,
+            epoch,
+            self._ttl,
+            batch.parts,
+            batch.events,
+            priced,
+            batch=batch.number,
+            by_reference=self._by_reference,
         )
 
     async def store_tool_output(self, run_id: str, epoch: int, ref: str, content: str) -> None:

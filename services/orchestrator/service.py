@@ -168,7 +168,11 @@ class Runs:
             await conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             run = await runs_repo.visible_run(conn, viewer, run_id)
             stored = await runs_repo.read_events(conn, run_id, max(after_seq, 0), size + 1)
-            rows = [formats.fill_completed(e, run.result_text, run.usage) for e in stored]
+            parts = await parts_repo.parts_at(conn, run_id, formats.referenced_parts(stored))
+            rows = [
+                formats.fill(e, result_text=run.result_text, usage=run.usage, parts=parts)
+                for e in stored
+            ]
             if include_state:
                 parts = await parts_repo.list_parts(conn, run_id, include_superseded=False)
                 delivery = await deliveries_repo.find_run_delivery(conn, run.tenant_id, run_id)

@@ -15,6 +15,7 @@ from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
 from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
+from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories import runs as runs_repo
 from tests.integration.statements import counting
 from tests.integration.test_admission import _tenant, chat
@@ -24,6 +25,7 @@ from tether.domain import (
     Batch,
     Completed,
     Completion,
+    LoggedEvent,
     ModelTurn,
     Part,
     Role,
@@ -268,49 +270,63 @@ async def test_a_completion_publishes_what_it_stored(engine: AsyncEngine) -> Non
     admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
     run_id = (await admitter.admit(chat("e1", conversation="c1"))).run.run_id
     await _claim(execution)
+    published = _recording(execution)
+    await execution.attempts.complete(run_id, 1, _tool_turn_then_answer())
+    read = await _read_back(engine, run_id)
+    assert published == [(e.seq, e.type, dict(e.payload)) for e in read[2:]]
+
+
+def _recording(execution: Execution) -> list[Any]:
+    """What `execution` publishes from now on: (seq, type, payload) of each event."""
     published: list[Any] = []
 
     async def publish(run: Any, events: Any, *, delivered: bool = False) -> None:
-        published.extend(
-            (run.run_id, e.seq, str(e.event.type), dict(e.event.payload)) for e in events
-        )
+        published.extend((e.seq, str(e.event.type), dict(e.event.payload)) for e in events)
 
     execution.publisher.publish = publish  # type: ignore[method-assign]
-    await execution.attempts.complete(run_id, 1, _tool_turn_then_answer())
+    return published
+
+
+async def _read_back(engine: AsyncEngine, run_id: str) -> list[LoggedEvent]:
+    """The run's events as the orchestrator's readers take them (`formats.fill`)."""
     async with engine.connect() as conn:
-        stored = await runs_repo.read_events(conn, run_id, 2, 100)
+        stored = await runs_repo.read_events(conn, run_id, 0, 100)
         run = await runs_repo.get_run(conn, "t1", run_id)
-    read = [formats.fill_completed(e, run.result_text, run.usage) for e in stored]
-    assert published == [(run_id, e.seq, e.type, dict(e.payload)) for e in read]
-    # Read back, the run.completed stored by reference is the one published, whole.
-    assert [(e.type, e.format) for e in stored][-1] == ("run.completed", formats.BY_REFERENCE)
+        parts = await parts_repo.parts_at(conn, run_id, formats.referenced_parts(stored))
+    return [
+        formats.fill(e, result_text=run.result_text, usage=run.usage, parts=parts) for e in stored
+    ]
 
 
-async def test_a_completion_stores_its_answer_and_usage_once_on_the_run(
-    engine: AsyncEngine,
-) -> None:
-    """run.completed is stored by reference (format 3): neither the answer nor the usage total,
-    which the run keeps; a reader fills both in, and gets what the constructor builds whole.
-    Stored whole (format 2) while a release before this one runs."""
+async def test_a_completion_stores_each_record_once(engine: AsyncEngine) -> None:
+    """Stored by reference (format 3): run.completed without the answer and the usage total,
+    which the run keeps, and each part.added of a final part as its index, whose row holds it;
+    every other event whole, as format 2. Read back, each is what was published, whole. While
+    a release before this one runs (format 2), every event is stored whole."""
     await _tenant(engine, "t1")
-    for stored_format, expected in (
-        (formats.NEWEST, {"taskOutcome": "resolved", "warnings": ["max_steps_near"]}),
-        (formats.CURRENT, None),
-    ):
+    for stored_format in (formats.NEWEST, formats.CURRENT):
         execution = _execution(engine, stored_format)
         admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
         conversation = f"c{stored_format}"
         await admitter.admit(chat(f"e{stored_format}", conversation=conversation))
         [claimed] = await _claim(execution)
-        done = _tool_turn_then_answer()
-        run = await execution.attempts.complete(claimed.run.run_id, 1, done)
-        assert isinstance(done.ending, Completed)
-        whole = run_completed(done.ending, run.usage).payload
-        async with engine.connect() as conn:
-            [*_, terminal] = await runs_repo.read_events(conn, run.run_id, 0, 100)
-        assert terminal.type == "run.completed" and terminal.format == stored_format
-        assert terminal.payload == (expected or whole)
-        assert formats.fill_completed(terminal, run.result_text, run.usage).payload == whole
+        published = _recording(execution)
+        run = await execution.attempts.complete(claimed.run.run_id, 1, _tool_turn_then_answer())
+        stored = (await _stored(engine, run.run_id))["events"][2:]
+        if stored_format == formats.NEWEST:
+            assert [(kind, payload, format) for _, kind, payload, format in stored] == [
+                ("part.added", {"partIndex": 0}, 3),
+                ("tool.started", {"toolCallId": "toolu_1", "name": "get_time"}, 2),
+                ("tool.completed", {"toolCallId": "toolu_1", "name": "get_time"}, 2),
+                ("usage.updated", published[3][2], 2),
+                ("part.added", {"partIndex": 2}, 3),
+                ("run.completed", {"taskOutcome": "resolved", "warnings": ["max_steps_near"]}, 3),
+            ]
+        else:
+            assert [(seq, kind, payload) for seq, kind, payload, _ in stored] == published
+            assert {format for *_, format in stored} == {formats.CURRENT}
+        read = await _read_back(engine, run.run_id)
+        assert [(e.seq, e.type, dict(e.payload)) for e in read[2:]] == published
 
 
 async def test_a_batch_that_landed_already_is_not_written_again(engine: AsyncEngine) -> None:

@@ -12,14 +12,18 @@ from tether import formats
 from tether.convert import event_to_proto
 from tether.domain import (
     Completed,
+    Event,
     EventType,
     LoggedEvent,
     Part,
     Role,
+    Text,
     ToolCall,
     part_added,
+    part_updated,
     run_completed,
-    run_completed_stored,
+    run_queued,
+    stored_by_reference,
 )
 from tether.errors import StoredFormatTooNew
 from tether.hints import LiveMessage, decode_events, encode_events
@@ -71,28 +75,53 @@ def test_live_messages_carry_their_format_and_a_newer_one_is_dropped() -> None:
         decode_events(newer)
 
 
-def test_a_run_completed_stored_by_reference_reads_whole_once_filled_from_its_run() -> None:
+ANSWER = Part(4, Role.ASSISTANT, Text("It is noon."), final=True)
+
+
+def _logged(event: Event, seq: int) -> LoggedEvent:
+    return LoggedEvent(
+        "run_1", seq, event.type, event.payload, formats.written(event.type, event.payload), NOW
+    )
+
+
+def test_events_stored_by_reference_read_whole_once_filled_from_their_runs_rows() -> None:
     done = Completed("It is noon.", "resolved", ("max_steps_near",))
     usage = {"input_tokens": 140, "output_tokens": 12, "cache_read_input_tokens": 0}
-    stored = run_completed_stored(done)
-    assert formats.written(stored.type, stored.payload) == formats.BY_REFERENCE
-    whole = run_completed(done, usage)
-    assert formats.written(whole.type, whole.payload) == formats.CURRENT
-    logged = LoggedEvent("run_1", 9, "run.completed", stored.payload, formats.BY_REFERENCE, NOW)
-    filled = formats.fill_completed(logged, "It is noon.", usage)
-    assert filled.payload == whole.payload
-    event = event_to_proto("run_1", 9, filled.type, filled.payload, NOW, format=filled.format)
+    whole = [part_added(ANSWER), run_completed(done, usage)]
+    stored = [_logged(stored_by_reference(e, {ANSWER.index}), i) for i, e in enumerate(whole)]
+    assert [(e.payload, e.format) for e in stored] == [
+        ({"partIndex": 4}, formats.BY_REFERENCE),
+        ({"taskOutcome": "resolved", "warnings": ["max_steps_near"]}, formats.BY_REFERENCE),
+    ]
+    assert formats.referenced_parts(stored) == [4]
+    # The part as its row stands now: superseded since, it reads as it was when announced.
+    row = replace(ANSWER, superseded=True)
+    filled = [
+        formats.fill(e, result_text="It is noon.", usage=usage, parts={4: row}) for e in stored
+    ]
+    assert [e.payload for e in filled] == [e.payload for e in whole]
+    event = event_to_proto("run_1", 1, filled[1].type, filled[1].payload, NOW, format=3)
     assert event.run_completed.result_text == "It is noon."
     assert event.run_completed.usage.input_tokens == 140
-    # Stored whole (a release before wrote it), or another event: read as it is.
-    assert formats.fill_completed(replace(logged, format=2), "x", usage) == replace(
-        logged, format=2
-    )
-    other = LoggedEvent("run_1", 1, "run.queued", {"reason": "admitted"}, 3, NOW)
-    assert formats.fill_completed(other, "x", usage) is other
 
 
-def test_a_run_completed_by_reference_read_without_its_run_is_this_releases_mistake() -> None:
-    stored = run_completed_stored(Completed("answer")).payload
-    with pytest.raises(RuntimeError, match="without its run's answer"):
+def test_only_what_a_row_of_the_same_write_holds_as_it_was_is_stored_by_reference() -> None:
+    streaming = replace(ANSWER, final=False)
+    superseded = replace(ANSWER, superseded=True)
+    for event, written in (
+        (part_added(streaming), {4}),  # its row changes as it streams on
+        (part_updated(superseded), {4}),
+        (part_added(ANSWER), {3}),  # its row is not written with it
+        (run_queued(0, "admitted"), {4}),
+    ):
+        kept = stored_by_reference(event, written)
+        assert kept == event
+        logged = _logged(kept, 1)
+        assert logged.format == formats.CURRENT
+        assert formats.fill(logged, result_text="", usage={}, parts={}) is logged
+
+
+def test_an_event_stored_by_reference_read_without_its_rows_is_this_releases_mistake() -> None:
+    stored = stored_by_reference(run_completed(Completed("answer"), {}), set()).payload
+    with pytest.raises(RuntimeError, match="without the rows it refers to"):
         event_to_proto("run_1", 9, "run.completed", stored, NOW, format=formats.BY_REFERENCE)

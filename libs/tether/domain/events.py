@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tether.domain.outcomes import Completed, ModelTurn, RunError
@@ -118,27 +118,49 @@ def run_completed(done: Completed, usage: Mapping[str, int]) -> Event:
     )
 
 
-def run_completed_stored(done: Completed) -> Event:
-    """run.completed as stored by reference (`tether.formats.BY_REFERENCE`): without the answer
-    and the usage, which the run keeps (`runs.result_text`, `runs.usage`) and a reader fills in
-    (`completed_by_reference`)."""
-    return Event(
-        EventType.RUN_COMPLETED,
-        {"taskOutcome": done.task_outcome, "warnings": list(done.warnings)},
-    )
+def stored_by_reference(event: Event, written: Container[int]) -> Event:
+    """`event` as it is stored by reference (`tether.formats.BY_REFERENCE`), without what its
+    run's rows keep whole: run.completed without the answer and the usage (`runs.result_text`,
+    `runs.usage`); part.added and part.updated of a final part, not superseded, written as it is
+    in the same statement (its index in `written`), as the part's index (its `run_parts` row,
+    which no later write changes but to mark it superseded). Any other event as it is. A reader
+    fills them in (`filled_by_reference`)."""
+    payload = event.payload
+    if event.type == EventType.RUN_COMPLETED:
+        return Event(event.type, {k: v for k, v in payload.items() if k not in _RUN_KEEPS})
+    if event.type in _PART_EVENTS:
+        part = payload.get("part") or {}
+        index = int(part.get("index", 0))
+        if part.get("final") and not part.get("superseded") and index in written:
+            return Event(event.type, {"partIndex": index})
+    return event
 
 
-def completed_by_reference(
-    stored: Mapping[str, Any], result_text: str | None, usage: Mapping[str, int]
+def filled_by_reference(
+    type_: str,
+    stored: Mapping[str, Any],
+    *,
+    result_text: str | None,
+    usage: Mapping[str, int],
+    parts: Mapping[int, Part],
 ) -> dict[str, Any]:
-    """A run.completed stored by reference (`run_completed_stored`) whole again, with its run's
-    answer and usage: the payload `run_completed` builds."""
-    return {
-        "resultText": result_text or "",
-        "taskOutcome": stored.get("taskOutcome", ""),
-        "warnings": list(stored.get("warnings", [])),
-        "usage": _usage_json(usage),
-    }
+    """The payload `stored_by_reference` stored, whole again from its run's rows: its answer and
+    usage, and its parts by index (as they stood when the event was written: final, not yet
+    superseded)."""
+    if type_ == EventType.RUN_COMPLETED:
+        return {
+            "resultText": result_text or "",
+            "taskOutcome": stored.get("taskOutcome", ""),
+            "warnings": list(stored.get("warnings", [])),
+            "usage": _usage_json(usage),
+        }
+    index = int(stored.get("partIndex", 0))
+    return {"part": part_json(replace(parts[index], superseded=False))}
+
+
+# What a stored-by-reference event leaves to its run's rows.
+_RUN_KEEPS = frozenset({"resultText", "usage"})
+_PART_EVENTS = frozenset({EventType.PART_ADDED, EventType.PART_UPDATED})
 
 
 def run_failed(error: RunError) -> Event:

@@ -56,6 +56,7 @@ from tether.domain import (
     Completed,
     Ending,
     Event,
+    EventType,
     Failed,
     ModelTurn,
     Part,
@@ -65,11 +66,12 @@ from tether.domain import (
     camel,
     cancelled_error,
     run_completed,
-    run_completed_stored,
 )
 from tether.pricing import TOKEN_FIELDS
 
 FUNCTION = "tether_complete_run"
+# The key run.completed has whole and not stored by reference.
+_ANSWER = formats.BY_REFERENCE_WITHOUT[EventType.RUN_COMPLETED]
 _COMPLETE = states.COMPLETE
 _USAGE_FIELDS = (*TOKEN_FIELDS, "cost_micros")
 
@@ -223,7 +225,11 @@ def complete_params(
     """The values `COMPLETE` binds to complete the run `run_id` under lease `epoch` (see
     `complete`)."""
     # Whole, its usage is totalled, and filled in, by the function.
-    terminal = run_completed_stored(ending) if by_reference else run_completed(ending, {})
+    terminal = run_completed(ending, {})
+    # The parts the statement writes, which its events may refer to (stored by reference): the
+    # in-flight batch's (written unless they landed already) and the completion's.
+    flown = frozenset(p.index for p in in_flight.parts) if by_reference else None
+    written = (flown or frozenset()) | {p.index for p in parts} if by_reference else None
     reported = ending_values(ending)
     return {
         "r_run_id": run_id,
@@ -233,9 +239,9 @@ def complete_params(
             f"flight_{k}": v
             for k, v in progress.batch_params(in_flight.parts, in_flight.turns).items()
         },
-        **{f"flight_{k}": v for k, v in event_params(in_flight.events).items()},
+        **{f"flight_{k}": v for k, v in event_params(in_flight.events, referable=flown).items()},
         **progress.batch_params(parts, turns),
-        **event_params([*events, terminal]),
+        **event_params([*events, terminal], referable=written),
         **{k: reported[k] for k in _REPORTED},
         "stages": dict(stages),
         "audit_detail": dict(audit),
@@ -365,7 +371,7 @@ BEGIN
 {_sql(progress.USAGE_TOTAL, {"run_id": "_run_id"})}
     INTO _total;
     _usage := jsonb_build_object({usage});
-    IF _e_payloads[cardinality(_e_payloads)]::jsonb ? {_literal(formats.ANSWER)} THEN
+    IF _e_payloads[cardinality(_e_payloads)]::jsonb ? {_literal(_ANSWER)} THEN
         -- Stored whole (format {formats.CURRENT}): the total goes on it. Stored by reference
         -- (format {formats.BY_REFERENCE}), it carries neither the answer nor the total: the
         -- run's own.

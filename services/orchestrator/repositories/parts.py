@@ -134,6 +134,16 @@ async def list_parts(
     return [read(r, run_id) for r in rows]
 
 
+async def parts_at(conn: AsyncConnection, run_id: str, indexes: Sequence[int]) -> dict[int, Part]:
+    """The run's parts at `indexes`, by index (none asked: no query)."""
+    if not indexes:
+        return {}
+    stmt = select(run_parts).where(
+        run_parts.c.run_id == run_id, run_parts.c.part_index.in_(list(indexes))
+    )
+    return {r.part_index: read(r, run_id) for r in await conn.execute(stmt)}
+
+
 _ATTEMPT_PARTS = (
     select(runs.c.attempt, run_parts)
     .select_from(runs.outerjoin(run_parts, run_parts.c.run_id == runs.c.run_id))

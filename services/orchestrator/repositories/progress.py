@@ -190,17 +190,19 @@ async def checkpoint(
     turns: Sequence[ModelTurn],
     *,
     batch: int = 0,
+    by_reference: bool = False,
 ) -> tuple[Checkpointed, list[StoredEvent]] | None:
     """Write parts, events and priced turns under the lease and extend it: what the fence
-    returned of the run and the events with their seqs. None when the
-    lease is stale or batch `batch` (> 0) of this lease already landed: nothing was written."""
+    returned of the run and the events with their seqs (as given: whole). None when the
+    lease is stale or batch `batch` (> 0) of this lease already landed: nothing was written.
+    The events that may be are stored by reference when `by_reference` (format 3)."""
     params: dict[str, Any] = {
         "r_run_id": run_id,
         "held_epoch": epoch,
         "batch": batch,
         "lease_ttl": timedelta(seconds=ttl_s),
         **batch_params(parts, turns),
-        **event_params(events),
+        **event_params(events, referable=_indexes(parts) if by_reference else None),
     }
     row = await _CHECKPOINT.first(conn, params)
     if row is None:
@@ -209,6 +211,10 @@ async def checkpoint(
         row.run_id, row.last_seq, row.cancel_requested_at, row.tenant_id, row.owner_principal_id
     )
     return fenced, numbered(row.last_seq, events)
+
+
+def _indexes(parts: Sequence[Part]) -> frozenset[int]:
+    return frozenset(p.index for p in parts)
 
 
 _HOLD = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from sqlalchemy import (
     insert,
     literal,
     null,
+    or_,
     select,
     true,
     update,
@@ -42,7 +43,14 @@ from sqlalchemy.sql.elements import BindParameter, ClauseElement, ColumnElement
 from services.orchestrator.repositories import deliveries as deliveries_repo
 from tether import formats
 from tether.db.schema import run_events, runs, sessions
-from tether.domain import Delivery, Event, EventType, Run, StoredEvent, delivery_event
+from tether.domain import (
+    Delivery,
+    Event,
+    Run,
+    StoredEvent,
+    delivery_event,
+    stored_by_reference,
+)
 from tether.domain.deliveries import ended_with_run
 from tether.states import RunStatus, Transition
 
@@ -75,8 +83,14 @@ def event_count(computed: Sequence[Event] = ()) -> ColumnElement[Any]:
     return literal(len(computed), BigInteger) if computed else EVENT_COUNT
 
 
-def event_params(events: Sequence[Event]) -> dict[str, Any]:
-    """The bound values of `appended_events`."""
+def event_params(
+    events: Sequence[Event], *, referable: Container[int] | None = None
+) -> dict[str, Any]:
+    """The bound values of `appended_events`: `events` whole, or, given the indexes of the parts
+    the statement writes (`referable`), those that may be stored by reference so
+    (`stored_by_reference`, format 3)."""
+    if referable is not None:
+        events = [stored_by_reference(e, referable) for e in events]
     return {
         "e_types": [str(e.type) for e in events],
         "e_payloads": [json.dumps(dict(e.payload)) for e in events],
@@ -116,14 +130,18 @@ def appended_events(moved: CTE, computed: Sequence[Event] = ()) -> CTE:
 
 
 def _stored_format(type_: Any, payload: Any) -> ColumnElement[Any]:
-    """The format an event is stored in, as `formats.written` says: BY_REFERENCE for a
-    run.completed without its answer, CURRENT for every other (test_completion_statement's
-    test_a_completion_stores_its_answer_and_usage_once_on_the_run holds the two equal)."""
+    """The format an event is stored in, as `formats.written` says: BY_REFERENCE for an event
+    stored without the key only its whole form has, CURRENT for every other
+    (test_completion_statement's test_a_completion_stores_each_record_once holds the two
+    equal)."""
+    referenced = or_(
+        *[
+            (type_ == str(kind)) & ~payload.has_key(whole)
+            for kind, whole in formats.BY_REFERENCE_WITHOUT.items()
+        ]
+    )
     return case(
-        (
-            (type_ == str(EventType.RUN_COMPLETED)) & ~payload.has_key(formats.ANSWER),
-            literal(formats.BY_REFERENCE, SmallInteger),
-        ),
+        (referenced, literal(formats.BY_REFERENCE, SmallInteger)),
         else_=literal(formats.CURRENT, SmallInteger),
     )
 

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories.webhooks import (
     WAITING,
     Claimed,
@@ -194,7 +195,7 @@ async def earliest_due(conn: AsyncConnection) -> datetime | None:
 
 
 async def stored_event(conn: AsyncConnection, run_id: str, seq: int) -> LoggedEvent | None:
-    """The event a delivery carries, as its readers take it (`formats.fill_completed`); None
+    """The event a delivery carries, as its readers take it (`formats.fill`); None
     once retention removed its run."""
     row = (
         await conn.execute(
@@ -205,7 +206,9 @@ async def stored_event(conn: AsyncConnection, run_id: str, seq: int) -> LoggedEv
     ).first()
     if row is None:
         return None
-    return formats.fill_completed(LoggedEvent.from_row(row._mapping), row.result_text, row.usage)
+    event = LoggedEvent.from_row(row._mapping)
+    parts = await parts_repo.parts_at(conn, run_id, formats.referenced_parts([event]))
+    return formats.fill(event, result_text=row.result_text, usage=row.usage, parts=parts)
 
 
 async def _lock_subscription(conn: AsyncConnection, claimed: Delivery) -> None:

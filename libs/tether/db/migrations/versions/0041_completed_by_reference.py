@@ -1,11 +1,13 @@
-"""run.completed stored by reference: the answer and the usage once, on the run
+"""Events stored by reference: the answer, its parts and its usage written once
 
 A completion stored its answer four times (the part, part.added, run.completed's `resultText`,
 `runs.result_text`) and its usage total twice (run.completed's `usage`, `runs.usage`). The
-completion function now stores run.completed without either when the orchestrator sends it so
-(stored format 3, `tether.formats.BY_REFERENCE`): a reader fills both in from the run. The
-function keeps its arguments and its result: a release before this one calls it as before, and
-its run.completed, whole, is stored whole (format 2), as that release reads it.
+orchestrator now stores run.completed without either, and part.added and part.updated of a final
+part as the part's index (stored format 3, `tether.formats.BY_REFERENCE`): a reader fills them
+in from the run's rows. The event append stamps each row with the format it is in, so the
+completion function, which appends events, is made anew; it keeps its arguments and its result:
+a release before this one calls it as before, and its events, whole, are stored whole (format
+2), as that release reads them.
 
 Revision ID: 0041
 Revises: 0040
@@ -155,7 +157,7 @@ BEGIN
     WITH moved AS
     (UPDATE runs SET status='completed', lease_owner=NULL, lease_expires_at=NULL, result_text=_result_text, task_outcome=_task_outcome, warnings=_warnings, error=NULL, usage=_usage, last_seq=(runs.last_seq + coalesce(cardinality(_e_types), 0)), updated_at=now(), finished_at=now() WHERE runs.run_id = _run_id AND runs.status = 'running' AND runs.lease_epoch = _held_epoch AND runs.cancel_requested_at IS NULL RETURNING runs.run_id, runs.tenant_id, runs.session_id, runs.message_id, runs.conversation_id, runs.channel, runs.input_text, runs.status, runs.attempt, runs.max_attempts, runs.lease_owner, runs.lease_epoch, runs.lease_expires_at, runs.next_attempt_at, runs.cancel_requested_at, runs.waiting_interaction_id, runs.parent_run_id, runs.root_run_id, runs.result_text, runs.task_outcome, runs.warnings, runs.error, runs.usage, runs.config, runs.routing_id, runs.agent_name, runs.traceparent, runs.last_seq, runs.session_head, runs.checkpoint_batch, runs.owner_principal_id, runs.visibility, runs.format, runs.priority, runs.fair_key, runs.capped, runs.held_agent, runs.next_wake_at, runs.tree_parent_run_id, runs.tree_call_id, runs.tree_root_run_id, runs.tree_depth, runs.tree_reported_at, runs.tree_budget, runs.created_at, runs.updated_at, runs.started_at, runs.finished_at),
     moved_events AS
-    (INSERT INTO run_events (run_id, seq, type, payload, format) SELECT moved.run_id AS run_id, (moved.last_seq - coalesce(cardinality(_e_types), 0)) + e.ord AS anon_1, e.type AS type, CAST(e.payload AS JSONB) AS payload, CASE WHEN (e.type = 'run.completed' AND NOT ((CAST(e.payload AS JSONB) ? 'resultText'))) THEN 3 ELSE 2 END AS anon_2
+    (INSERT INTO run_events (run_id, seq, type, payload, format) SELECT moved.run_id AS run_id, (moved.last_seq - coalesce(cardinality(_e_types), 0)) + e.ord AS anon_1, e.type AS type, CAST(e.payload AS JSONB) AS payload, CASE WHEN (e.type = 'run.completed' AND NOT ((CAST(e.payload AS JSONB) ? 'resultText')) OR e.type = 'part.added' AND NOT ((CAST(e.payload AS JSONB) ? 'part')) OR e.type = 'part.updated' AND NOT ((CAST(e.payload AS JSONB) ? 'part'))) THEN 3 ELSE 2 END AS anon_2
     FROM moved JOIN unnest(_e_types, _e_payloads) WITH ORDINALITY AS e(type, payload, ord) ON true)
      SELECT moved.run_id, moved.tenant_id, moved.session_id, moved.message_id, moved.conversation_id, moved.channel, moved.input_text, moved.status, moved.attempt, moved.max_attempts, moved.lease_owner, moved.lease_epoch, moved.lease_expires_at, moved.next_attempt_at, moved.cancel_requested_at, moved.waiting_interaction_id, moved.parent_run_id, moved.root_run_id, moved.result_text, moved.task_outcome, moved.warnings, moved.error, moved.usage, moved.config, moved.routing_id, moved.agent_name, moved.traceparent, moved.last_seq, moved.session_head, moved.checkpoint_batch, moved.owner_principal_id, moved.visibility, moved.format, moved.priority, moved.fair_key, moved.capped, moved.held_agent, moved.next_wake_at, moved.tree_parent_run_id, moved.tree_call_id, moved.tree_root_run_id, moved.tree_depth, moved.tree_reported_at, moved.tree_budget, moved.created_at, moved.updated_at, moved.started_at, moved.finished_at
     FROM moved
