@@ -26,7 +26,7 @@ class OrchestratorSettings(RetainingSettings):
         le=formats.NEWEST,
         description="The newest stored format this replica writes (tether.formats). Set it to "
         f"{formats.CURRENT} while replicas of the release before this one still run (a rolling "
-        "deploy from it: run.completed is then stored whole, as that release reads it), and "
+        "deploy from it: every event is then stored whole, as that release reads it), and "
         "unset it once none does.",
     )
     claim_pool_size: int = Field(
