@@ -149,6 +149,9 @@ async def test_a_failing_subscriber_gets_each_event_once_in_order_with_one_webho
     seqs = [int(b["data"]["seq"]) for b in bodies]
     assert seqs[:4] == [seqs[0]] * 4 and seqs[4] > seqs[0]
     assert "runCompleted" in bodies[4]["data"] and "questionRequested" in bodies[0]["data"]
+    # The run.completed stored by reference goes out whole, its answer and usage filled in.
+    completed = bodies[4]["data"]["runCompleted"]
+    assert completed["resultText"] == "Lisbon it is." and int(completed["usage"]["outputTokens"])
     by_id = {d.delivery_id: d for d in logged}
     assert by_id[ids[0]].attempts == 4 and by_id[ids[0]].event_type == "question.requested"
     assert by_id[ids[4]].attempts == 1 and by_id[ids[4]].last_http_status == 200
