@@ -216,50 +216,57 @@ async def test_a_part_in_a_newer_format_is_refused_not_read_with_a_field_dropped
         await engine.dispose()
 
 
-async def _completed_rows(db_url: str, run_id: str) -> tuple[Any, Any]:
-    """The run's row and its stored run.completed."""
+async def _stored(db_url: str, run_id: str) -> tuple[Any, list[Any]]:
+    """The run's row and its stored events, in order."""
     engine = create_engine(db_url, pool_size=1)
     try:
         async with engine.connect() as conn:
-            run = (
-                await conn.execute(select(schema.runs).where(schema.runs.c.run_id == run_id))
-            ).one()
-            terminal = (
+            runs, events = schema.runs, schema.run_events
+            run = (await conn.execute(select(runs).where(runs.c.run_id == run_id))).one()
+            stored = (
                 await conn.execute(
-                    select(schema.run_events).where(
-                        schema.run_events.c.run_id == run_id,
-                        schema.run_events.c.type == "run.completed",
-                    )
+                    select(events).where(events.c.run_id == run_id).order_by(events.c.seq)
                 )
-            ).one()
+            ).all()
     finally:
         await engine.dispose()
-    return run, terminal
+    return run, list(stored)
 
 
-async def _streamed_completion(client: TetherClient, run_id: str) -> Any:
+async def _streamed(client: TetherClient, run_id: str) -> dict[str, Any]:
+    """What a client replaying the finished run gets: each event's payload by type (the last
+    of each)."""
+    seen: dict[str, Any] = {}
     async for item in client.watch(run_id, give_up_after_s=10):
         events = item.batch.events if item.HasField("batch") else [item.event]
         for event in events:
+            kind = event.WhichOneof("payload")
+            if item.WhichOneof("item") == "snapshot" or kind is None:
+                continue
+            seen[event.type] = getattr(event, kind)
             if event.type == "run.completed":
-                return event.run_completed
+                return seen
     raise AssertionError(f"no run.completed streamed for {run_id}")
 
 
-async def test_a_run_this_release_completes_stores_its_answer_once_and_streams_it_whole(
+async def test_a_run_this_release_completes_stores_each_record_once_and_streams_whole(
     stack: tuple[ExecStack, TetherClient],
 ) -> None:
     running, client = stack
     sent = await client.send("hello", conversation_id="stored-once", event_id="stored-once")
     run_id = sent.run.run_id
     await wait_for_status(running.db_url, run_id, "completed")
-    run, terminal = await _completed_rows(running.db_url, run_id)
+    run, stored = await _stored(running.db_url, run_id)
     assert run.result_text
-    assert terminal.format == formats.BY_REFERENCE
+    by_type = {e.type: e for e in stored}
+    terminal, added = by_type["run.completed"], by_type["part.added"]
+    assert (terminal.format, added.format) == (formats.BY_REFERENCE, formats.BY_REFERENCE)
     assert "resultText" not in terminal.payload and "usage" not in terminal.payload
-    streamed = await _streamed_completion(client, run_id)
-    assert streamed.result_text == run.result_text
-    assert streamed.usage.output_tokens == run.usage["output_tokens"] > 0
+    assert set(added.payload) == {"partIndex"}
+    streamed = await _streamed(client, run_id)
+    completed, part = streamed["run.completed"], streamed["part.added"].part
+    assert completed.result_text == run.result_text == part.text.text and part.final
+    assert completed.usage.output_tokens == run.usage["output_tokens"] > 0
 
 
 async def test_while_a_release_before_runs_a_completion_is_stored_as_it_reads_it(
@@ -267,7 +274,7 @@ async def test_while_a_release_before_runs_a_completion_is_stored_as_it_reads_it
 ) -> None:
     """During a rolling deploy from the release before (TETHER_ORCHESTRATOR_STORED_FORMAT=2),
     every event a run stores is in a format that release reads, whole: run.completed carries
-    its answer and usage as that release wrote them."""
+    its answer and usage, and part.added its part, as that release wrote them."""
     run_dir = Path(tmp_path_factory.mktemp("pinned-format"))
     pinned = {"TETHER_ORCHESTRATOR_STORED_FORMAT": str(formats.CURRENT)}
     async with exec_stack(
@@ -278,9 +285,11 @@ async def test_while_a_release_before_runs_a_completion_is_stored_as_it_reads_it
             sent = await client.send("hello", conversation_id="pinned", event_id="pinned")
             run_id = sent.run.run_id
             await wait_for_status(running.db_url, run_id, "completed")
-            run, terminal = await _completed_rows(running.db_url, run_id)
-            assert terminal.format == formats.CURRENT
-            assert terminal.payload["resultText"] == run.result_text
-            assert terminal.payload["usage"]["outputTokens"] == run.usage["output_tokens"]
-            streamed = await _streamed_completion(client, run_id)
-            assert streamed.result_text == run.result_text
+            run, stored = await _stored(running.db_url, run_id)
+            assert {e.format for e in stored} == {formats.CURRENT}
+            by_type = {e.type: e.payload for e in stored}
+            assert by_type["run.completed"]["resultText"] == run.result_text
+            assert by_type["run.completed"]["usage"]["outputTokens"] == run.usage["output_tokens"]
+            assert by_type["part.added"]["part"]["text"]["text"] == run.result_text
+            streamed = await _streamed(client, run_id)
+            assert streamed["run.completed"].result_text == run.result_text
