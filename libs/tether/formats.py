@@ -5,7 +5,7 @@ A rolling deploy runs two releases side by side, so each must read what the othe
 stored payload (a run's parts, events and JSON columns, an interaction's questions, answers and
 input, a live message on Redis) records its format: the oldest one that reads it whole, so a
 release before this one reads every payload it could read before. This release writes
-`CURRENT`, and `BY_REFERENCE` for the one payload that format changed (see below); it reads
+`CURRENT`, and `BY_REFERENCE` for the events that format stores by reference (below); it reads
 `OLDEST` to `NEWEST` (upgrading an older one as it reads), and refuses a newer format, or a
 field it does not know, with StoredFormatTooNew: never a payload read with a field dropped.
 

@@ -76,7 +76,7 @@ class Attempts:
         *,
         lease_ttl_s: float,
         writers: int = 4,  # transactions the group committer keeps open at once (Committer)
-        by_reference: bool = True,  # run.completed stored by reference (formats.BY_REFERENCE)
+        by_reference: bool = True,  # events stored by reference (formats.BY_REFERENCE)
     ) -> None:
         self._engine = engine
         self._by_reference = by_reference

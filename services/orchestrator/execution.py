@@ -62,7 +62,7 @@ class Execution:
         stored_format: int = formats.NEWEST,
     ) -> Execution:
         """The rooms over one engine and bus (and the claims over `claim_engine`, if given: a
-        pool of their own, planned with `claims.CLAIM_PLANNER`); completions are stored in
+        pool of their own, planned with `claims.CLAIM_PLANNER`); the lease's writes are stored in
         `stored_format` (see `OrchestratorSettings.stored_format`)."""
         publisher = Publisher(bus)
         prices = Prices()

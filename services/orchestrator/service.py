@@ -168,9 +168,9 @@ class Runs:
             await conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             run = await runs_repo.visible_run(conn, viewer, run_id)
             stored = await runs_repo.read_events(conn, run_id, max(after_seq, 0), size + 1)
-            parts = await parts_repo.parts_at(conn, run_id, formats.referenced_parts(stored))
+            referred = await parts_repo.parts_at(conn, run_id, formats.referenced_parts(stored))
             rows = [
-                formats.fill(e, result_text=run.result_text, usage=run.usage, parts=parts)
+                formats.fill(e, result_text=run.result_text, usage=run.usage, parts=referred)
                 for e in stored
             ]
             if include_state:

@@ -181,9 +181,9 @@ async def complete(
     its turns priced) unless it landed already, `parts` and priced `turns`, the move to completed
     with `events` and run.completed (its usage totalled in the statement), the session handed
     to its next message, the attempt closed with `stages` and its audit record (`audit`, and
-    the usage). run.completed is stored by reference (`formats.BY_REFERENCE`) unless
-    `by_reference` is False (the format a release before reads). None when the lease is stale:
-    nothing was written."""
+    the usage). Its events are stored by reference where they may be (`formats.BY_REFERENCE`)
+    unless `by_reference` is False (whole, as a release before reads them). None when the lease
+    is stale: nothing was written."""
     flight = in_flight or Batch(0)
     params = complete_params(
         run_id,
@@ -226,10 +226,11 @@ def complete_params(
     `complete`)."""
     # Whole, its usage is totalled, and filled in, by the function.
     terminal = run_completed(ending, {})
-    # The parts the statement writes, which its events may refer to (stored by reference): the
-    # in-flight batch's (written unless they landed already) and the completion's.
-    flown = frozenset(p.index for p in in_flight.parts) if by_reference else None
-    written = (flown or frozenset()) | {p.index for p in parts} if by_reference else None
+    # The parts its events may refer to when stored by reference: those the statement writes,
+    # the in-flight batch's (or landed already, with its events) and the completion's.
+    written = None
+    if by_reference:
+        written = frozenset(p.index for p in [*in_flight.parts, *parts])
     reported = ending_values(ending)
     return {
         "r_run_id": run_id,
@@ -239,7 +240,7 @@ def complete_params(
             f"flight_{k}": v
             for k, v in progress.batch_params(in_flight.parts, in_flight.turns).items()
         },
-        **{f"flight_{k}": v for k, v in event_params(in_flight.events, referable=flown).items()},
+        **{f"flight_{k}": v for k, v in event_params(in_flight.events, referable=written).items()},
         **progress.batch_params(parts, turns),
         **event_params([*events, terminal], referable=written),
         **{k: reported[k] for k in _REPORTED},

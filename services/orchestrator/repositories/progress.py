@@ -195,7 +195,7 @@ async def checkpoint(
     """Write parts, events and priced turns under the lease and extend it: what the fence
     returned of the run and the events with their seqs (as given: whole). None when the
     lease is stale or batch `batch` (> 0) of this lease already landed: nothing was written.
-    The events that may be are stored by reference when `by_reference` (format 3)."""
+    With `by_reference`, each event that may be is stored by reference (format 3)."""
     params: dict[str, Any] = {
         "r_run_id": run_id,
         "held_epoch": epoch,
