@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from services.orchestrator.cancellation import cancel_instead
 from services.orchestrator.prices import Prices
 from services.orchestrator.publisher import Publisher
-from services.orchestrator.repositories import completion, progress
+from services.orchestrator.repositories import completion, history, progress
 from services.orchestrator.repositories import leases as lease_repo
 from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories.committer import Committer
@@ -134,7 +134,7 @@ class Attempts:
             written = await progress.checkpoint(conn, run_id, epoch, self._ttl, [part], events, [])
             if written is None:
                 raise _stale(run_id, epoch)
-            await parts_repo.record_summary(conn, run_id, part)
+            await history.record_summary(conn, run_id, part)
         row, stored = written
         await self._publisher.publish(row, stored, delivered=True)
         return row

@@ -26,9 +26,8 @@ from services.orchestrator.caps import CapWatch
 from services.orchestrator.held_agents import HeldAgents, capped_agents
 from services.orchestrator.prices import Prices
 from services.orchestrator.publisher import Publisher
-from services.orchestrator.repositories import agent_caps, fair
+from services.orchestrator.repositories import agent_caps, fair, history
 from services.orchestrator.repositories import leases as lease_repo
-from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories.picked import Leased, Picked, Unrouted
 from services.orchestrator.repositories.transitions import NOW, Moved, apply, numbered
 from tether import states
@@ -103,7 +102,7 @@ class Claimed:
 
     lease: Moved
     config: AgentConfig
-    earlier: list[parts_repo.EarlierRun]
+    earlier: list[history.EarlierRun]
     own: list[Part]
     # When it was last moved before this lease (the database's clock), and what resolving its
     # routing took in this claim: its claim's latency, for telemetry.
@@ -112,9 +111,9 @@ class Claimed:
     origin: Origin = _NOWHERE
     has_documents: bool = False
     summary: Part | None = None
-    last_turn: parts_repo.LastTurn = parts_repo.NO_TURN
+    last_turn: history.LastTurn = history.NO_TURN
     # The latest summary's place, also when its part was not read (the worker holds it).
-    summary_mark: parts_repo.SummaryMark | None = None
+    summary_mark: history.SummaryMark | None = None
     # Its children that have ended (a run queued again once they had).
     ended_children: tuple[EndedChild, ...] = ()
 
@@ -149,7 +148,7 @@ class Claims:
         lease_ttl_s: float,
         claim_poll_s: float,
         claim_poll_hinted_s: float,
-        history_runs: int = parts_repo.HISTORY_RUNS,
+        history_runs: int = history.HISTORY_RUNS,
         claim_engine: AsyncEngine | None = None,
     ) -> None:
         self._engine = engine
@@ -318,7 +317,7 @@ class Claims:
                 if not (look.unrouted or look.held) or len(leased) >= n:
                     break
                 broken.extend(await self._resolve(conn, look.unrouted, routed_now))
-            inputs = await parts_repo.attempt_inputs(
+            inputs = await history.attempt_inputs(
                 conn, [self._wanted(one, held) for one in leased], limit_runs=self._history_runs
             )
             configs = await self._configs(conn, leased)
@@ -470,12 +469,12 @@ class Claims:
         return Routing(None, picked.config, revision, picked.version)
 
     @staticmethod
-    def _wanted(leased: Leased, held: Callable[[str], Known] | None) -> parts_repo.Wanted:
+    def _wanted(leased: Leased, held: Callable[[str], Known] | None) -> history.Wanted:
         run = leased.run
         # A log of only run.queued and this run.started means nothing was written yet.
         fresh = run.last_seq <= FRESH_RUN_SEQ
         after, summary = (None, None) if held is None else held(run.session_id)
-        return parts_repo.Wanted(
+        return history.Wanted(
             run.run_id,
             run.session_id,
             run.created_at,

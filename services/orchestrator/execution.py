@@ -28,7 +28,7 @@ from services.orchestrator.pauses import Pauses
 from services.orchestrator.prices import Prices
 from services.orchestrator.publisher import Publisher
 from services.orchestrator.recovery import Recovery
-from services.orchestrator.repositories.parts import HISTORY_RUNS
+from services.orchestrator.repositories.history import HISTORY_RUNS
 from services.orchestrator.timers import Timers
 from tether import formats
 from tether.bus import Bus

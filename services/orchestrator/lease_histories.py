@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from services.orchestrator.claims import Claimed
-from services.orchestrator.repositories.parts import EarlierRun as ReadRun
+from services.orchestrator.repositories.history import EarlierRun as ReadRun
 from tether.domain import EarlierRun, Part, Role, Text
 from tether.domain.held_histories import HeldHistories
 from tether.v1 import orchestrator_pb2

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
 from services.orchestrator.execution import Execution
-from services.orchestrator.repositories import parts as parts_repo
+from services.orchestrator.repositories import history
 from services.orchestrator.repositories import runs as runs_repo
 from tests.integration.statements import counting
 from tests.integration.test_admission import _tenant, chat, messaging
@@ -265,7 +265,7 @@ async def test_a_summary_is_stored_once_per_range_and_stands_in_for_the_runs_it_
     current = (await admitter.admit(chat("s3", "question 3", conversation="s"))).run.run_id
     [leased] = await execution.claims.claim_many("w", 1)
     assert [e.run_id for e in leased.earlier] == done and leased.summary is None
-    assert leased.last_turn == parts_repo.LastTurn(300 + 10, own=False)
+    assert leased.last_turn == history.LastTurn(300 + 10, own=False)
 
     summary = Summary("questions 0 and 1 were answered", done[0], done[1], runs=2, parts=4)
     part = Part(0, Role.ASSISTANT, summary, final=True)
@@ -293,7 +293,7 @@ async def test_a_summary_is_stored_once_per_range_and_stands_in_for_the_runs_it_
     assert resumed.summary == part
     assert [e.run_id for e in resumed.earlier] == [done[2]]
     assert resumed.own == [part]
-    assert resumed.last_turn == parts_repo.NO_TURN, "the turns before the summary are stale"
+    assert resumed.last_turn == history.NO_TURN, "the turns before the summary are stale"
     turn = ModelTurn("claude-sonnet-5-5", 50, 5)
     answer = Part(1, Role.ASSISTANT, Text("answer 3"), final=True)
     await execution.attempts.complete(
@@ -305,4 +305,4 @@ async def test_a_summary_is_stored_once_per_range_and_stands_in_for_the_runs_it_
     [later] = await execution.claims.claim_many("w", 1)
     assert later.summary == part
     assert [e.run_id for e in later.earlier] == [done[2], current]
-    assert later.last_turn == parts_repo.LastTurn(55, own=False)
+    assert later.last_turn == history.LastTurn(55, own=False)

@@ -21,7 +21,7 @@ from services.admission.service import Admitter, Disposition
 from services.orchestrator.knowledge import Knowledge
 from services.orchestrator.repositories import retention as retention_repo
 from services.orchestrator.repositories.fair_tags import STRIPES
-from services.orchestrator.repositories.parts import HISTORY_RUNS
+from services.orchestrator.repositories.history import HISTORY_RUNS
 from services.orchestrator.retention import Retention as RunRetention
 from tests.integration.test_admission import chat
 from tether import apikeys

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy.dialects.postgresql import asyncpg
 
-from services.orchestrator.repositories import completion, leases, parts, progress
+from services.orchestrator.repositories import completion, history, leases, progress
 
 VERSIONS = Path(__file__).resolve().parents[2] / "libs/tether/db/migrations/versions"
 DIALECT = asyncpg.dialect()
@@ -57,7 +57,7 @@ def test_the_function_runs_the_one_fence_and_the_one_event_append() -> None:
 
 NEW_STATEMENTS = {
     "claim": leases.CLAIM.statement,
-    "attempt_inputs": parts._INPUTS.statement,
+    "attempt_inputs": history._INPUTS.statement,
     "complete": completion.COMPLETE.statement,
     "batch_parts": progress.PARTS,
     "batch_turns": progress.TURNS,

@@ -34,7 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from services.orchestrator.repositories.parts import HISTORY_RUNS, read_as_history
+from services.orchestrator.repositories.history import HISTORY_RUNS, read_as_history
 from tether import audit
 from tether.db.schema import (
     attempts,
