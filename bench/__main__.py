@@ -20,6 +20,7 @@ from bench import (
     tool_input,
     tools,
     trees,
+    wal_relations,
 )
 
 # A group is one or more benches run in turn; `runs` ends with telemetry's cost (its own stacks).
@@ -42,6 +43,8 @@ GROUPS = {
     "tools": (tools.run,),
     # Issue 33's two figures: a delegation's overhead and the timers' lateness.
     "trees": (trees.run,),
+    # Issue 34: where wal_bytes_per_run goes, by relation and record kind.
+    "wal": (wal_relations.run,),
 }
 
 
