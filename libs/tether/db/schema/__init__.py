@@ -7,7 +7,8 @@ service (README, "Who owns which table"):
 - `orchestrator_tables`: the run aggregate (runs, run_events, run_parts, attempts, effects,
   usage_turns, tool_outputs, routings, context_summaries, deliveries), documents and agents
   (agents, agent_versions, agent_sets), the tool catalog (tool_catalog), what channel providers
-  report of sent messages (channel_statuses) and run-event webhooks;
+  report of sent messages (channel_statuses) and run-event webhooks; `runs`' indexes are
+  `run_indexes`;
 - `interactions_tables`: interactions, grants, connections, secrets,
   channel_connections;
 - `audit_tables`: audit_log, appended to by every service.
@@ -18,6 +19,7 @@ by state goes through `in_state`, so that the state's partial index serves it.
 
 from __future__ import annotations
 
+from tether.db.schema import run_indexes  # noqa: F401  (the indexes of runs, on `metadata`)
 from tether.db.schema.admission_tables import event_claims, messages, schedules, sessions
 from tether.db.schema.audit_tables import audit_log
 from tether.db.schema.base import in_state, metadata

@@ -1,0 +1,135 @@
+"""The indexes of `runs`: the claim's scans and probes (its fair slots, capped tenants and held
+agents), the reads by tenant, owner, session and message, and the wakers' (the reaper, retries,
+timers, parents waiting for children). Each is a partial index where the state it serves is,
+so a search by state goes through `in_state`; every index of `runs` is one more entry per
+non-HOT update of a run's row (issue 34's WAL), so one is added here only for a read that needs
+it."""
+
+from __future__ import annotations
+
+from sqlalchemy import Index
+
+from tether.db.schema.orchestrator_tables import runs
+
+Index("ix_runs_tenant_created", runs.c.tenant_id, runs.c.created_at.desc(), runs.c.run_id.desc())
+# A principal's runs, newest first (ListRuns of a key without runs:all).
+Index(
+    "ix_runs_tenant_owner_created",
+    runs.c.tenant_id,
+    runs.c.owner_principal_id,
+    runs.c.created_at.desc(),
+    runs.c.run_id.desc(),
+)
+Index("ix_runs_session_created", runs.c.session_id, runs.c.created_at)
+# The claim's slots: claimable runs in start-tag order (whose turn it is, across tenants).
+Index(
+    "ix_runs_fair",
+    runs.c.fair_key,
+    runs.c.run_id,
+    postgresql_where=(runs.c.status == "queued")
+    & runs.c.session_head
+    & ~runs.c.capped
+    & runs.c.held_agent.is_(None),
+)
+# A capped tenant's claimable runs in start-tag order: the claim's probe of its room.
+Index(
+    "ix_runs_capped",
+    runs.c.tenant_id,
+    runs.c.fair_key,
+    runs.c.run_id,
+    postgresql_where=(runs.c.status == "queued")
+    & runs.c.session_head
+    & runs.c.capped
+    & runs.c.held_agent.is_(None),
+)
+# The claim's pick for a tenant's slot: its claimable runs by priority, then start tag.
+Index(
+    "ix_runs_tenant_claimable",
+    runs.c.tenant_id,
+    runs.c.priority,
+    runs.c.fair_key,
+    runs.c.run_id,
+    postgresql_where=(runs.c.status == "queued")
+    & runs.c.session_head
+    & runs.c.held_agent.is_(None),
+)
+# A held agent's claimable runs (`held_agent`) by priority, then start tag: the claim's probe of
+# its room.
+Index(
+    "ix_runs_agent_held",
+    runs.c.tenant_id,
+    runs.c.held_agent,
+    runs.c.priority,
+    runs.c.fair_key,
+    runs.c.run_id,
+    postgresql_where=(runs.c.status == "queued")
+    & runs.c.session_head
+    & runs.c.held_agent.is_not(None),
+)
+# The held runs' start tags: the queue's virtual time counts them (`fair_tags`).
+Index(
+    "ix_runs_held_tags",
+    runs.c.fair_key,
+    runs.c.run_id,
+    postgresql_where=(runs.c.status == "queued")
+    & runs.c.session_head
+    & ~runs.c.capped
+    & runs.c.held_agent.is_not(None),
+)
+# Finding a session's next message when its head finishes.
+Index(
+    "ix_runs_session_queued",
+    runs.c.session_id,
+    runs.c.created_at,
+    runs.c.run_id,
+    postgresql_where=runs.c.status == "queued",
+)
+# The running runs, oldest first, for the reaper: keyed by what never changes while a run runs,
+# so a lease's renewal and a checkpoint (which move lease_expires_at, last_seq and
+# checkpoint_batch) change no indexed column and are HOT updates, given room on the page
+# (RUNS_FILLFACTOR): a new row version on the same page and no new index entries, instead of
+# one in every index of the table.
+Index("ix_runs_running", runs.c.started_at, postgresql_where=runs.c.status == "running")
+# Retention: a tenant's finished runs oldest first; whether a message still has a run; the runs
+# that retried a run (only retried runs have a parent).
+Index(
+    "ix_runs_tenant_finished",
+    runs.c.tenant_id,
+    runs.c.finished_at,
+    runs.c.run_id,
+    postgresql_where=runs.c.finished_at.is_not(None),
+)
+Index("ix_runs_message", runs.c.message_id)
+Index("ix_runs_parent", runs.c.parent_run_id, postgresql_where=runs.c.parent_run_id.is_not(None))
+Index(
+    "ix_runs_retry_due",
+    runs.c.next_attempt_at,
+    postgresql_where=runs.c.status == "retry-pending",
+)
+# A delegate call starts one child, however often its parent's attempts issue it; a parent's
+# children (the tree below a run, cancels and budgets).
+Index(
+    "ux_runs_tree_call",
+    runs.c.tree_parent_run_id,
+    runs.c.tree_call_id,
+    unique=True,
+    postgresql_where=runs.c.tree_parent_run_id.is_not(None),
+)
+# A tree's runs below its root (ListRuns of a tree, `tether run --tree`).
+Index(
+    "ix_runs_tree_root",
+    runs.c.tree_root_run_id,
+    postgresql_where=runs.c.tree_root_run_id.is_not(None),
+)
+# The children's waker: parents waiting for their children.
+Index(
+    "ix_runs_children_waiting",
+    runs.c.updated_at,
+    postgresql_where=runs.c.status == "waiting-for-children",
+)
+# The timers' waker: parked timers, soonest due first.
+Index(
+    "ix_runs_timer_due",
+    runs.c.next_wake_at,
+    postgresql_where=runs.c.status == "waiting-for-timer",
+)
