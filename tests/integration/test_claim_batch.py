@@ -306,3 +306,53 @@ async def test_a_summary_is_stored_once_per_range_and_stands_in_for_the_runs_it_
     assert later.summary == part
     assert [e.run_id for e in later.earlier] == [done[2], current]
     assert later.last_turn == history.LastTurn(55, own=False)
+
+
+async def test_the_history_statement_is_planned_once_per_connection_not_per_lease(
+    engine: AsyncEngine,
+) -> None:
+    # Planning the history statement costs more than running it (issue 34's lease cost), so
+    # its plan must not depend on the values bound: PostgreSQL then keeps a generic plan after
+    # its fifth custom one, on each connection, and reads every later lease's history with it.
+    await _tenant(engine, "t1")
+    execution = _execution(engine)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    done_id = (await admitter.admit(chat("g1", "first", conversation="g"))).run.run_id
+    [done] = await execution.claims.claim_many("w", 1)
+    answer = Part(0, Role.ASSISTANT, Text("the first answer"), final=True)
+    await execution.attempts.complete(
+        done_id, done.run.lease_epoch, Completion(Completed("the first answer"), parts=[answer])
+    )
+    later = await admitter.admit(chat("g2", "second", conversation="g"))
+    [done_row] = await _rows(engine, select(runs.c.created_at).where(runs.c.run_id == done_id))
+    [later_row] = await _rows(engine, select(runs).where(runs.c.run_id == later.run.run_id))
+    autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+    async with autocommit.connect() as conn:
+        # With statistics, as a live database has them: a value bound where the plan could
+        # have taken a constant (a status, a LIMIT) is then estimated differently.
+        await conn.execute(text("ANALYZE runs, run_parts, usage_turns, context_summaries"))
+        for i in range(12):
+            # Values that differ from lease to lease: a worker that holds the run before, one
+            # that holds nothing; with its own parts asked for or not.
+            held = done_row.created_at if i % 2 else None
+            own = bool(i % 3)
+            wanted = history.Wanted(
+                later_row.run_id, later_row.session_id, later_row.created_at, True, own, held
+            )
+            found = await history.attempt_inputs(conn, [wanted], limit_runs=50)
+            earlier = found[later_row.run_id].earlier
+            assert [e.run_id for e in earlier] == ([] if held else [done_id])
+        planned = (
+            await conn.execute(
+                text(
+                    "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                    "WHERE statement LIKE '%AS wanted%' AND statement LIKE '%row_kind%' "
+                    "AND statement NOT LIKE '%pg_prepared_statements%'"
+                )
+            )
+        ).all()
+    # Nothing but the wanted runs is bound: no value for the plan to be estimated by.
+    assert set(history._INPUTS.statement.compile(dialect=engine.dialect).binds) == {"wanted"}
+    assert planned, "the statement is prepared on the connection"
+    [(generic, custom)] = planned
+    assert custom <= 5 and generic == 12 - custom, planned

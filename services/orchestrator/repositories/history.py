@@ -19,8 +19,8 @@ from sqlalchemy import (
     Integer,
     Text,
     bindparam,
+    column,
     func,
-    literal,
     literal_column,
     null,
     or_,
@@ -28,7 +28,7 @@ from sqlalchemy import (
     true,
     union_all,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -124,26 +124,32 @@ class EarlierRun:
 # and before the run, each with its transcript (superseded parts left out), the run's own parts
 # (superseded ones flagged), and the last model turn of the run or of the session's previous
 # run, when it is newer than the summary (its tokens start the context budget's estimate).
+#
+# The wanted runs are one JSON parameter, and the history's length a column of each, so that the
+# statement plans alike for any values: PostgreSQL estimates jsonb_to_recordset at 100 rows
+# whatever its argument, where it sizes an array's unnest from the values bound (a custom plan)
+# but guesses 10 without them (a generic one), and so never chose the generic plan. Planning
+# this statement costs more than running it (0.8 ms against 0.2 at turn 500 of a conversation);
+# with estimates that do not depend on the values, a connection plans it for its first five
+# executions and then keeps one generic plan (tests/integration/test_claim_batch.py, "planned
+# once"). Its constants are written inline for the same reason: a bound 'completed' or LIMIT 1
+# is estimated one way with its value and another without.
+_ONE = literal_column("1", Integer)
+_COMPLETED = literal_column(f"'{RunStatus.COMPLETED.value}'", Text)
 _WANTED = (
-    func.unnest(
-        bindparam("w_run_ids", type_=ARRAY(Text)),
-        bindparam("w_session_ids", type_=ARRAY(Text)),
-        bindparam("w_before", type_=ARRAY(DateTime(timezone=True))),
-        bindparam("w_history", type_=ARRAY(Boolean)),
-        bindparam("w_known_after", type_=ARRAY(DateTime(timezone=True))),
-        bindparam("w_known_summary_run", type_=ARRAY(Text)),
-        bindparam("w_known_summary_index", type_=ARRAY(Integer)),
-    )
+    func.jsonb_to_recordset(bindparam("wanted", type_=JSONB))
     .table_valued(
-        "run_id",
-        "session_id",
-        "before",
-        "history",
-        "known_after",
-        "known_summary_run",
-        "known_summary_index",
+        column("run_id", Text),
+        column("session_id", Text),
+        column("before", DateTime(timezone=True)),
+        column("history", Boolean),
+        column("own", Boolean),
+        column("known_after", DateTime(timezone=True)),
+        column("known_summary_run", Text),
+        column("known_summary_index", Integer),
+        column("limit_runs", Integer),
     )
-    .render_derived("wanted", with_types=False)
+    .render_derived("wanted", with_types=True)
 )
 _LATEST_SUMMARY = (
     select(
@@ -158,7 +164,7 @@ _LATEST_SUMMARY = (
         context_summaries.c.through_created_at < _WANTED.c.before,
     )
     .order_by(context_summaries.c.through_created_at.desc())
-    .limit(1)
+    .limit(_ONE)
     .lateral("summary")
 )
 _NEVER: Any = literal_column("'-infinity'::timestamptz")
@@ -167,7 +173,7 @@ _RECENT_RUNS = (
     .where(
         _WANTED.c.history,
         runs.c.session_id == _WANTED.c.session_id,
-        runs.c.status == RunStatus.COMPLETED.value,
+        runs.c.status == _COMPLETED,
         runs.c.created_at < _WANTED.c.before,
         runs.c.created_at > func.coalesce(_LATEST_SUMMARY.c.through_created_at, _NEVER),
         # What the worker holds already (its newest run's created_at) is not read again: the
@@ -175,7 +181,7 @@ _RECENT_RUNS = (
         runs.c.created_at > func.coalesce(_WANTED.c.known_after, _NEVER),
     )
     .order_by(runs.c.created_at.desc())
-    .limit(bindparam("limit_runs"))
+    .limit(_WANTED.c.limit_runs)
     .lateral("earlier")
 )
 _WITH_SUMMARY = _WANTED.outerjoin(_LATEST_SUMMARY, true())
@@ -183,7 +189,7 @@ _PART_COLUMNS = [c for c in run_parts.c if c.name != "run_id"]
 
 
 def _kind(name: str) -> Any:
-    return literal(name, Text).label("row_kind")
+    return literal_column(f"'{name}'", Text).label("row_kind")
 
 
 def read_as_history(run: FromClause) -> ColumnElement[bool]:
@@ -269,11 +275,11 @@ _PREVIOUS_RUN = (
     .where(
         _WANTED.c.history,
         _PREVIOUS.c.session_id == _WANTED.c.session_id,
-        _PREVIOUS.c.status == RunStatus.COMPLETED.value,
+        _PREVIOUS.c.status == _COMPLETED,
         _PREVIOUS.c.created_at < _WANTED.c.before,
     )
     .order_by(_PREVIOUS.c.created_at.desc())
-    .limit(1)
+    .limit(_ONE)
     .lateral("previous_run")
 )
 _LAST_TURN = (
@@ -295,7 +301,7 @@ _LAST_TURN = (
         usage_turns.c.created_at > func.coalesce(_LATEST_SUMMARY.c.summarised_at, _NEVER),
     )
     .order_by(usage_turns.c.id.desc())
-    .limit(1)
+    .limit(_ONE)
     .lateral("last_turn")
 )
 _TURN = select(
@@ -308,14 +314,14 @@ _TURN = select(
     *[null().cast(c.type).label(c.name) for c in _PART_COLUMNS],
 ).select_from(_WITH_SUMMARY.outerjoin(_PREVIOUS_RUN, true()).join(_LAST_TURN, true()))
 _OWN = select(
-    run_parts.c.run_id.label("for_run"),
+    _WANTED.c.run_id.label("for_run"),
     _kind("own"),
     null().cast(Text).label("earlier_run_id"),
     null().cast(Text).label("input_text"),
     null().cast(DateTime(timezone=True)).label("earlier_created_at"),
     null().cast(BigInteger).label("turn_tokens"),
     *_PART_COLUMNS,
-).where(run_parts.c.run_id == func.any(bindparam("o_run_ids", type_=ARRAY(Text))))
+).select_from(_WANTED.join(run_parts, (run_parts.c.run_id == _WANTED.c.run_id) & _WANTED.c.own))
 _INPUTS = Direct(
     union_all(_HISTORY, _SUMMARY_PART, _TURN, _OWN).order_by(
         "for_run", "earlier_created_at", "earlier_run_id", "part_index"
@@ -378,19 +384,22 @@ async def attempt_inputs(
     found: dict[str, AttemptInputs] = {w.run_id: AttemptInputs() for w in wanted}
     if not asked:
         return found
-    params = {
-        "w_run_ids": [w.run_id for w in asked],
-        "w_session_ids": [w.session_id for w in asked],
-        "w_before": [w.created_at for w in asked],
-        "w_history": [w.history for w in asked],
-        "w_known_after": [w.known_after for w in asked],
-        # Never NULL: the summary's join compares them, and a NULL would hide the part.
-        "w_known_summary_run": [w.known_summary[0] if w.known_summary else "" for w in asked],
-        "w_known_summary_index": [w.known_summary[1] if w.known_summary else -1 for w in asked],
-        "limit_runs": limit_runs,
-        "o_run_ids": [w.run_id for w in asked if w.own],
-    }
-    for row in await _INPUTS.all(conn, params):
+    rows = [
+        {
+            "run_id": w.run_id,
+            "session_id": w.session_id,
+            "before": w.created_at.isoformat(),
+            "history": w.history,
+            "own": w.own,
+            "known_after": None if w.known_after is None else w.known_after.isoformat(),
+            # Never NULL: the summary's join compares them, and a NULL would hide the part.
+            "known_summary_run": w.known_summary[0] if w.known_summary else "",
+            "known_summary_index": w.known_summary[1] if w.known_summary else -1,
+            "limit_runs": limit_runs,
+        }
+        for w in asked
+    ]
+    for row in await _INPUTS.all(conn, {"wanted": rows}):
         inputs = found[row.for_run]
         if row.row_kind == "own":
             inputs.own.append(read(row, row.for_run))
