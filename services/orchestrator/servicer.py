@@ -29,13 +29,13 @@ from tether.convert import (
     document_to_proto,
     event_to_proto,
     part_to_proto,
-    routing_to_proto,
     run_to_proto,
     status_from_proto,
     status_to_proto,
     turn_to_proto,
 )
 from tether.convert.catalog import cataloged_to_proto
+from tether.convert.configs import routing_to_proto
 from tether.convert.deliveries import delivery_to_proto
 from tether.domain import Run, RunRouting
 from tether.errors import InvalidArgument

@@ -12,7 +12,7 @@ import pytest
 
 from services.orchestrator import routing
 from tether import agent_spec
-from tether.convert import config_from_proto, config_to_proto
+from tether.convert.configs import config_from_proto, config_to_proto
 from tether.domain import AgentConfig, McpServer
 from tether.errors import InvalidArgument
 from tether.mcp_wire import offered_name, split_offered_name

@@ -18,7 +18,7 @@ from services.worker.delegation import (
     delegate_specs,
 )
 from tether.agent_spec import parse
-from tether.convert import config_from_proto, config_to_proto
+from tether.convert.configs import config_from_proto, config_to_proto
 from tether.domain import (
     AgentConfig,
     Delegation,

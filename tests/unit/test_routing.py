@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from services.orchestrator import routing
-from tether.convert import config_from_proto, config_to_proto, routing_to_proto
+from tether.convert.configs import config_from_proto, config_to_proto, routing_to_proto
 from tether.domain import AgentConfig, Bundle, RunRouting
 from tether.errors import InvalidArgument
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from google.protobuf import json_format
 
-from tether.convert import config_to_proto, work
+from tether.convert import work
+from tether.convert.configs import config_to_proto
 from tether.convert.work import MAX_CONFIG_MESSAGES, STAGES, config_message
 from tether.domain import AgentConfig
 from tether.domain.agents import Limits, SystemBlock

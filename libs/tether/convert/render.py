@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from tether.convert import config_from_proto, config_to_proto
+from tether.convert.configs import config_from_proto, config_to_proto
 from tether.domain import FoundDocument, Rendered, RenderJob
 from tether.v1 import orchestrator_pb2
 

@@ -22,8 +22,6 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from tether.convert import (
-    config_from_proto,
-    config_to_proto,
     error_from_proto,
     error_to_proto,
     event_from_wire,
@@ -34,6 +32,7 @@ from tether.convert import (
     status_to_proto,
     timestamp,
 )
+from tether.convert.configs import config_from_proto, config_to_proto
 from tether.domain import (
     CANCELLED_BY_CALLER,
     AgentConfig,
