@@ -50,6 +50,21 @@ async def _admit(engine: AsyncEngine, count: int, *, prefix: str = "e") -> list[
     ]
 
 
+async def _first_turn_answered(
+    execution: Execution, admitter: Admitter, conversation: str
+) -> tuple[str, Part]:
+    """A conversation's first message ("first"), leased and completed with one answer part:
+    its run id and that part."""
+    event = chat(f"{conversation}1", "first", conversation=conversation)
+    done_id = (await admitter.admit(event)).run.run_id
+    [done] = await execution.claims.claim_many("w", 1)
+    answer = Part(0, Role.ASSISTANT, Text("the first answer"), final=True)
+    await execution.attempts.complete(
+        done_id, done.run.lease_epoch, Completion(Completed("the first answer"), parts=[answer])
+    )
+    return done_id, answer
+
+
 async def _rows(engine: AsyncEngine, stmt: Any) -> list[Any]:
     async with engine.connect() as conn:
         return list((await conn.execute(stmt)).all())
@@ -113,12 +128,7 @@ async def test_history_and_own_parts_are_one_more_statement_for_the_whole_batch(
     execution = _execution(engine)
     admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
     # Conversation "h": a completed run, then a second message with that history.
-    done_id = (await admitter.admit(chat("h1", "first", conversation="h"))).run.run_id
-    [done] = await execution.claims.claim_many("w", 1)
-    answer = Part(0, Role.ASSISTANT, Text("the first answer"), final=True)
-    await execution.attempts.complete(
-        done_id, done.run.lease_epoch, Completion(Completed("the first answer"), parts=[answer])
-    )
+    done_id, answer = await _first_turn_answered(execution, admitter, "h")
     # Conversation "p": a run that wrote a part, then went back to the queue.
     parted_id = (await admitter.admit(chat("p1", conversation="p"))).run.run_id
     [parted] = await execution.claims.claim_many("w", 1)
@@ -317,12 +327,7 @@ async def test_the_history_statement_is_planned_once_per_connection_not_per_leas
     await _tenant(engine, "t1")
     execution = _execution(engine)
     admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
-    done_id = (await admitter.admit(chat("g1", "first", conversation="g"))).run.run_id
-    [done] = await execution.claims.claim_many("w", 1)
-    answer = Part(0, Role.ASSISTANT, Text("the first answer"), final=True)
-    await execution.attempts.complete(
-        done_id, done.run.lease_epoch, Completion(Completed("the first answer"), parts=[answer])
-    )
+    done_id, _ = await _first_turn_answered(execution, admitter, "g")
     later = await admitter.admit(chat("g2", "second", conversation="g"))
     [done_row] = await _rows(engine, select(runs.c.created_at).where(runs.c.run_id == done_id))
     [later_row] = await _rows(engine, select(runs).where(runs.c.run_id == later.run.run_id))
