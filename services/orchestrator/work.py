@@ -34,9 +34,9 @@ from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.orchestrator.claims import Claimed, Claims, Known
-from services.orchestrator.lease_histories import StreamHistories, known, stream_histories
+from services.orchestrator.lease_histories import StreamHistories, known
 from services.orchestrator.repositories import leases as lease_repo
-from tether.convert.catalog import announcements_from_proto
+from services.orchestrator.work_session import Session
 from tether.convert.render import render_job_to_proto, rendered_from_proto
 from tether.convert.work import WRITE_FIELDS, ends_lease
 from tether.domain import Rendered, RenderJob, ToolAnnouncement
@@ -73,55 +73,6 @@ def _known(histories: StreamHistories, session_id: str) -> Known:
     return known(histories.peek(session_id))
 
 
-class Session:
-    """One worker's stream: what it may still be given, what it holds, what goes out."""
-
-    def __init__(self, hello: orchestrator_pb2.WorkHello) -> None:
-        self.worker_id = hello.worker_id
-        self.tools = announcements_from_proto(hello.tools)
-        self.takes_batches = hello.takes_batches
-        self.outcome_returns_credit = hello.outcome_returns_credit
-        self.closed = False
-        self.leaving = False  # said goodbye: takes no more leases
-        self.credits = 0
-        # run id -> lease epoch, as last pushed or announced
-        self.held: dict[str, int] = {lease.run_id: lease.epoch for lease in hello.held}
-        # What the worker holds of its sessions' histories (None: it keeps none).
-        self.histories = stream_histories(hello)
-        self.heard_at = time.monotonic()  # the last message from the worker
-        self.probed_at: float | None = None  # asked whether it is there, and not answered yet
-        self.outbox: asyncio.Queue[orchestrator_pb2.WorkResponse] = asyncio.Queue()
-        self.writes: set[asyncio.Task[None]] = set()
-
-    def send(self, response: orchestrator_pb2.WorkResponse) -> None:
-        """Queue a message for the worker (never waits: the stream drains the queue)."""
-        self.outbox.put_nowait(response)
-
-    def end(self) -> None:
-        """Nothing more comes in: the stream sends what is queued and ends."""
-        self.outbox.put_nowait(_ENDED)
-
-    async def outgoing(self) -> AsyncIterator[orchestrator_pb2.WorkResponse]:
-        """What to write, as it is queued, until `end`: everything queued by the time the
-        stream can write goes together (one batch, for a worker that takes them)."""
-        while True:
-            queued = [await self.outbox.get()]
-            while not self.outbox.empty():
-                queued.append(self.outbox.get_nowait())
-            ends = [i for i, message in enumerate(queued) if message is _ENDED]
-            ended = bool(ends)
-            if ended:
-                queued = queued[: ends[0]]
-            if len(queued) > 1 and self.takes_batches:
-                responses = orchestrator_pb2.WorkResponses(responses=queued)
-                yield orchestrator_pb2.WorkResponse(batch=responses)
-            else:
-                for response in queued:
-                    yield response
-            if ended:
-                return
-
-
 async def _record_tools(announce: Announce, session: Session) -> None:
     """Record the tools the session's hello announced, beside the stream: a worker is leased
     to whether or not the catalog could be written."""
@@ -131,10 +82,6 @@ async def _record_tools(announce: Announce, session: Session) -> None:
         # PostgreSQL is down or restarting: the worker announces again at its next hello, and
         # its tools are very likely in the catalog from an earlier one.
         log.warning("recording the tools of %s deferred: %s", session.worker_id, exc)
-
-
-# Queued after the last message of a stream that ends.
-_ENDED = orchestrator_pb2.WorkResponse()
 
 
 class Work:

@@ -33,6 +33,8 @@ WIRE_EDGES = {
     "services/orchestrator/worker_edge.py": "the worker-facing calls, converted to domain types",
     "services/orchestrator/model_limit_edge.py": "the Work stream's model-limit writes",
     "services/orchestrator/work.py": "the Work stream, the orchestrator's end",
+    "services/orchestrator/work_session.py": "one Work stream's hello read and its messages "
+    "queued (the orchestrator's end, beside work.py)",
     "services/orchestrator/lease_histories.py": "a pushed lease told how its history stands "
     "to what the stream's worker holds (LeaseHistory)",
     "services/orchestrator/channel_statuses.py": "RecordChannelStatuses' request read into "
