@@ -26,7 +26,7 @@ from bench.common import bench_servers, emit
 from bench.hotpath_stage import stage
 from bench.model import model_server
 from bench.runs import saturate
-from tether.stack.postgres import _pgserver
+from tether.stack.postgres import binaries
 
 RUNS = 600  # the hot path's counted phase: per-run figures steady to a few bytes
 WARMUP_RUNS = 40  # connections, caches and the first pages of every table
@@ -57,8 +57,7 @@ def by_relation(dump: str, relations: dict[str, str]) -> tuple[Counter[str], Cou
 def _waldump(wal: Path, start: str, end: str) -> str:
     """`pg_waldump`'s records from `start` to `end` in the WAL folder `wal` (the binary the
     embedded server runs from: the same version as the WAL it reads)."""
-    bin_dir, _, _ = _pgserver()
-    command = [str(Path(bin_dir) / "pg_waldump"), "--path", str(wal), "--start", start]
+    command = [str(binaries() / "pg_waldump"), "--path", str(wal), "--start", start]
     return subprocess.run(
         [*command, "--end", end], capture_output=True, text=True, check=True
     ).stdout

@@ -41,6 +41,12 @@ def _pgserver() -> tuple[Path, ModuleType, type[Any]]:
     return _commands.POSTGRES_BIN_PATH, utils, postgres_server.PostgresServer
 
 
+def binaries() -> Path:
+    """The folder of the embedded server's programs (postgres, pg_waldump, ...): a tool that
+    reads the server's files uses the same version that wrote them."""
+    return _pgserver()[0]
+
+
 @dataclass
 class ChildPostgres:
     """PostgreSQL with its data in `data_dir`, reachable on a Unix socket, run as a child."""
