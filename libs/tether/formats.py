@@ -22,6 +22,12 @@ Formats:
   other payload is unchanged from 2, and is still written as 2. The orchestrator stores them
   whole, as 2, while a release before this one still runs (`TETHER_ORCHESTRATOR_STORED_FORMAT=2`
   during a rolling deploy from it).
+- 4: usage.updated stored without its `turn`, which its `usage_turns` row keeps (the row names
+  the event's seq, `usage_turns.event_seq`); it keeps the attempt's running `total`. A reader
+  fills the turn in from that row (`fill`). The release before this one reads 3 and would take
+  such a payload as whole, with its turn dropped, so it is a format of its own, which that
+  release refuses; the orchestrator writes it only once no replica of that release runs
+  (`TETHER_ORCHESTRATOR_STORED_FORMAT=3` during a rolling deploy from it).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 from tether.domain import (
     EventType,
     LoggedEvent,
+    ModelTurn,
     Part,
     PartKind,
     content_from_json,
@@ -43,7 +50,8 @@ from tether.errors import StoredFormatTooNew
 
 CURRENT = 2
 BY_REFERENCE = 3
-NEWEST = BY_REFERENCE
+USAGE_BY_REFERENCE = 4
+NEWEST = USAGE_BY_REFERENCE
 OLDEST = 1
 _READABLE = [OLDEST, NEWEST]
 
@@ -105,7 +113,7 @@ def read_event_payload(
                 part["superseded"] = True
             part["toolCall"] = call
             data["part"] = part
-    if format == BY_REFERENCE and written(type_, data) == BY_REFERENCE:
+    if format >= BY_REFERENCE and written(type_, data) > CURRENT:
         # A reader fills it in from its run's rows before it converts it (`fill`): reaching
         # here without them is this release's own mistake, never the stored row's.
         raise RuntimeError(f"{what} was read without the rows it refers to (formats.fill)")
@@ -118,22 +126,24 @@ def read_event_payload(
 
 
 # The events that may be stored by reference, each with the key its whole payload always has
-# and its stored-by-reference form never does (`tether.domain.stored_by_reference`).
-BY_REFERENCE_WITHOUT: dict[str, str] = {
-    EventType.RUN_COMPLETED: "resultText",
-    EventType.PART_ADDED: "part",
-    EventType.PART_UPDATED: "part",
+# and its stored-by-reference form never does (`tether.domain.stored_by_reference`), and the
+# format that form is stored in.
+BY_REFERENCE_WITHOUT: dict[str, tuple[str, int]] = {
+    EventType.RUN_COMPLETED: ("resultText", BY_REFERENCE),
+    EventType.PART_ADDED: ("part", BY_REFERENCE),
+    EventType.PART_UPDATED: ("part", BY_REFERENCE),
+    EventType.USAGE_UPDATED: ("turn", USAGE_BY_REFERENCE),
 }
 
 
 def written(type_: str, payload: Mapping[str, Any]) -> int:
     """The format an event is stored in: the oldest that reads it whole (see the module)."""
-    missing = BY_REFERENCE_WITHOUT.get(type_)
-    return BY_REFERENCE if missing is not None and missing not in payload else CURRENT
+    whole, by_reference = BY_REFERENCE_WITHOUT.get(type_, ("", CURRENT))
+    return by_reference if whole and whole not in payload else CURRENT
 
 
 def _by_reference(event: LoggedEvent) -> bool:
-    return event.format == BY_REFERENCE and written(event.type, event.payload) == BY_REFERENCE
+    return event.format >= BY_REFERENCE and written(event.type, event.payload) > CURRENT
 
 
 def referenced_parts(events: Sequence[LoggedEvent]) -> list[int]:
@@ -142,9 +152,15 @@ def referenced_parts(events: Sequence[LoggedEvent]) -> list[int]:
         {
             int(e.payload.get("partIndex", 0))
             for e in events
-            if e.type != EventType.RUN_COMPLETED and _by_reference(e)
+            if e.type in (EventType.PART_ADDED, EventType.PART_UPDATED) and _by_reference(e)
         }
     )
+
+
+def referenced_turns(events: Sequence[LoggedEvent]) -> list[int]:
+    """The seqs of the usage.updated events stored by reference among `events`: whose turns
+    (`usage_turns.event_seq`) `fill` needs."""
+    return [e.seq for e in events if e.type == EventType.USAGE_UPDATED and _by_reference(e)]
 
 
 def fill(
@@ -153,13 +169,20 @@ def fill(
     result_text: str | None,
     usage: Mapping[str, int],
     parts: Mapping[int, Part],
+    turns: Mapping[int, ModelTurn] | None = None,
 ) -> LoggedEvent:
-    """A stored event as its readers take it: one stored by reference (BY_REFERENCE) whole
-    again from its run's rows (`runs.result_text`, `runs.usage`, and `parts` by index, at
-    least those `referenced_parts` named); any other as it is."""
+    """A stored event as its readers take it: one stored by reference (BY_REFERENCE,
+    USAGE_BY_REFERENCE) whole again from its run's rows (`runs.result_text`, `runs.usage`,
+    `parts` by index, at least those `referenced_parts` named, and `turns` by their events'
+    seqs, at least those `referenced_turns` named); any other as it is."""
     if not _by_reference(event):
         return event
     payload = filled_by_reference(
-        event.type, event.payload, result_text=result_text, usage=usage, parts=parts
+        event.type,
+        event.payload,
+        result_text=result_text,
+        usage=usage,
+        parts=parts,
+        turn=(turns or {}).get(event.seq),
     )
     return replace(event, payload=payload)

@@ -29,7 +29,7 @@ from services.orchestrator.repositories.completion import (
     ending_warnings,
 )
 from services.orchestrator.repositories.transitions import NOW, Moved, apply
-from tether import states
+from tether import formats, states
 from tether.domain import (
     Batch,
     Cancelled,
@@ -76,10 +76,10 @@ class Attempts:
         *,
         lease_ttl_s: float,
         writers: int = 4,  # transactions the group committer keeps open at once (Committer)
-        by_reference: bool = True,  # events stored by reference (formats.BY_REFERENCE)
+        stored_format: int = formats.NEWEST,  # the newest its events are stored in
     ) -> None:
         self._engine = engine
-        self._by_reference = by_reference
+        self._stored_format = stored_format
         self._publisher = publisher
         self._prices = prices
         self._ttl = lease_ttl_s
@@ -155,7 +155,7 @@ class Attempts:
             batch.events,
             priced,
             batch=batch.number,
-            by_reference=self._by_reference,
+            stored_format=self._stored_format,
         )
 
     async def store_tool_output(self, run_id: str, epoch: int, ref: str, content: str) -> None:
@@ -222,7 +222,7 @@ class Attempts:
                 turns=await self._prices.priced(conn, run_id, done.turns),
                 stages=_worker_stages(done),
                 audit=audit,  # the usage is added by the statement, which totals it
-                by_reference=self._by_reference,
+                stored_format=self._stored_format,
             )
 
         ended = await self._committer.write(run_id, write)

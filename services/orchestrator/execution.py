@@ -71,7 +71,7 @@ class Execution:
             publisher,
             prices,
             lease_ttl_s=lease_ttl_s,
-            by_reference=stored_format >= formats.BY_REFERENCE,
+            stored_format=stored_format,
         )
         return cls(
             engine,

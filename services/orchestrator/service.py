@@ -15,7 +15,6 @@ from services.orchestrator.repositories import deliveries as deliveries_repo
 from services.orchestrator.repositories import fair
 from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories import runs as runs_repo
-from tether import formats
 from tether.bus import Bus
 from tether.domain import (
     Attempt,
@@ -168,11 +167,9 @@ class Runs:
             await conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             run = await runs_repo.visible_run(conn, viewer, run_id)
             stored = await runs_repo.read_events(conn, run_id, max(after_seq, 0), size + 1)
-            referred = await parts_repo.parts_at(conn, run_id, formats.referenced_parts(stored))
-            rows = [
-                formats.fill(e, result_text=run.result_text, usage=run.usage, parts=referred)
-                for e in stored
-            ]
+            rows = await runs_repo.filled_events(
+                conn, run_id, stored, result_text=run.result_text, usage=run.usage
+            )
             if include_state:
                 parts = await parts_repo.list_parts(conn, run_id, include_superseded=False)
                 delivery = await deliveries_repo.find_run_delivery(conn, run.tenant_id, run_id)

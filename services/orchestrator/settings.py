@@ -25,9 +25,10 @@ class OrchestratorSettings(RetainingSettings):
         ge=formats.CURRENT,
         le=formats.NEWEST,
         description="The newest stored format this replica writes (tether.formats). Set it to "
-        f"{formats.CURRENT} while replicas of the release before this one still run (a rolling "
-        "deploy from it: every event is then stored whole, as that release reads it), and "
-        "unset it once none does.",
+        f"{formats.BY_REFERENCE} while replicas of the release before this one still run (a "
+        "rolling deploy from it: usage.updated is then stored whole, as that release reads it; "
+        f"{formats.CURRENT} stores every event whole, for the release before that), and unset "
+        "it once none does.",
     )
     claim_pool_size: int = Field(
         2,

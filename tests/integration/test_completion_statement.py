@@ -5,6 +5,7 @@ lease writes nothing; and a one-turn run costs three statements from admission t
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,8 +16,8 @@ from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
 from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
-from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories import runs as runs_repo
+from services.orchestrator.repositories import webhook_dispatch
 from tests.integration.statements import counting
 from tests.integration.test_admission import _tenant, chat
 from tether import formats
@@ -39,6 +40,7 @@ from tether.domain import (
     usage_updated,
 )
 from tether.errors import StaleLease
+from tether.pricing import TOKEN_FIELDS, cost_micros
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -61,12 +63,16 @@ def _answer(text: str = "the answer") -> Completion:
     )
 
 
-def _tool_turn_then_answer() -> Completion:
+TOOL_TURN = ModelTurn(MODEL, 100, 20, cache_read_input_tokens=7)
+
+
+def _tool_turn_then_answer(cost_micros: int = 0) -> Completion:
     """A completion carrying its in-flight tool turn (a call and its result, their events and
-    the turn's usage), then the answer, with warnings and an event of its own."""
+    the turn's usage, priced at `cost_micros`), then the answer, with warnings and an event of
+    its own."""
     call = Part(0, Role.ASSISTANT, ToolCall("toolu_1", "get_time", {}), final=True)
     result = Part(1, Role.TOOL, ToolResult("toolu_1", "noon"), final=True)
-    turn = ModelTurn(MODEL, 100, 20, cache_read_input_tokens=7)
+    turn = replace(TOOL_TURN, cost_micros=cost_micros)
     flight = Batch(
         1,
         [call, result],
@@ -133,7 +139,7 @@ async def _stored(engine: AsyncEngine, run_id: str) -> dict[str, Any]:
             )
         ],
         "turns": [
-            tuple(t)[2:-1]
+            (t.model, *[t._mapping[k] for k in (*TOKEN_FIELDS, "cost_micros")], t.event_seq)
             for t in await _rows(
                 engine,
                 select(usage_turns)
@@ -292,33 +298,51 @@ async def _read_back(engine: AsyncEngine, run_id: str) -> list[LoggedEvent]:
     async with engine.connect() as conn:
         stored = await runs_repo.read_events(conn, run_id, 0, 100)
         run = await runs_repo.get_run(conn, "t1", run_id)
-        parts = await parts_repo.parts_at(conn, run_id, formats.referenced_parts(stored))
-    return [
-        formats.fill(e, result_text=run.result_text, usage=run.usage, parts=parts) for e in stored
-    ]
+        return await runs_repo.filled_events(
+            conn, run_id, stored, result_text=run.result_text, usage=run.usage
+        )
+
+
+async def _priced(engine: AsyncEngine, run_id: str, turn: ModelTurn) -> int:
+    """`turn`'s cost at the prices the run was routed with, as its worker prices it."""
+    async with engine.connect() as conn:
+        prices = await runs_repo.routed_prices(conn, run_id)
+    return cost_micros(turn.tokens(), prices.get(turn.model))
 
 
 async def test_a_completion_stores_each_record_once(engine: AsyncEngine) -> None:
     """Stored by reference (format 3): run.completed without the answer and the usage total,
     which the run keeps, and each part.added of a final part as its index, whose row holds it;
-    every other event whole, as format 2. Read back, each is what was published, whole. While
-    a release before this one runs (format 2), every event is stored whole."""
+    (format 4) usage.updated without its turn, whose row names the event; every other event
+    whole, as format 2. Read back, each is what was published, whole. While the release before
+    this one runs (format 3), usage.updated is stored whole; while the one before that runs
+    (format 2), every event is."""
     await _tenant(engine, "t1")
-    for stored_format in (formats.NEWEST, formats.CURRENT):
+    for stored_format in (formats.NEWEST, formats.BY_REFERENCE, formats.CURRENT):
         execution = _execution(engine, stored_format)
         admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
         conversation = f"c{stored_format}"
         await admitter.admit(chat(f"e{stored_format}", conversation=conversation))
         [claimed] = await _claim(execution)
         published = _recording(execution)
-        run = await execution.attempts.complete(claimed.run.run_id, 1, _tool_turn_then_answer())
-        stored = (await _stored(engine, run.run_id))["events"][2:]
-        if stored_format == formats.NEWEST:
+        cost = await _priced(engine, claimed.run.run_id, TOOL_TURN)
+        assert cost > 0
+        run = await execution.attempts.complete(claimed.run.run_id, 1, _tool_turn_then_answer(cost))
+        rows = await _stored(engine, run.run_id)
+        stored = rows["events"][2:]
+        # The in-flight turn names its usage.updated; the completion's own turn came without one.
+        assert [t[-1] for t in rows["turns"]] == [published[3][0], None]
+        usage = published[3][2]
+        if stored_format >= formats.BY_REFERENCE:
             assert [(kind, payload, format) for _, kind, payload, format in stored] == [
                 ("part.added", {"partIndex": 0}, 3),
                 ("tool.started", {"toolCallId": "toolu_1", "name": "get_time"}, 2),
                 ("tool.completed", {"toolCallId": "toolu_1", "name": "get_time"}, 2),
-                ("usage.updated", published[3][2], 2),
+                (
+                    ("usage.updated", {"total": usage["total"]}, 4)
+                    if stored_format == formats.USAGE_BY_REFERENCE
+                    else ("usage.updated", usage, 2)
+                ),
                 ("part.added", {"partIndex": 2}, 3),
                 ("run.completed", {"taskOutcome": "resolved", "warnings": ["max_steps_near"]}, 3),
             ]
@@ -327,6 +351,11 @@ async def test_a_completion_stores_each_record_once(engine: AsyncEngine) -> None
             assert {format for *_, format in stored} == {formats.CURRENT}
         read = await _read_back(engine, run.run_id)
         assert [(e.seq, e.type, dict(e.payload)) for e in read[2:]] == published
+        # A webhook delivery carries each one whole too, read on its own.
+        async with engine.connect() as conn:
+            for seq, kind, payload in published:
+                one = await webhook_dispatch.stored_event(conn, run.run_id, seq)
+                assert one is not None and (one.type, dict(one.payload)) == (kind, payload)
 
 
 async def test_a_batch_that_landed_already_is_not_written_again(engine: AsyncEngine) -> None:

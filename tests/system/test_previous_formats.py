@@ -3,9 +3,9 @@ before it stored: parts, events and pending interactions in format 1, kept as fi
 release (71abcdb) wrote on its own stack through its own CLI (`fixtures/format1_71abcdb.json`).
 Runs it left parked resume here and finish; a payload in a format newer than this release's is
 refused with a clear error, never read with a field dropped. And the other way: a run completed
-here stores its answer once (format 3, run.completed by reference) and streams whole, and while a
-release before this one still runs, the orchestrator pinned to its format stores nothing it
-cannot read."""
+here stores its answer once (format 3, run.completed by reference) and each model turn's usage
+once (format 4, usage.updated without its turn), and streams whole; while the release before
+this one still runs, the orchestrator pinned to its format (3) stores nothing it cannot read."""
 
 from __future__ import annotations
 
@@ -263,20 +263,49 @@ async def test_a_run_this_release_completes_stores_each_record_once_and_streams_
     assert (terminal.format, added.format) == (formats.BY_REFERENCE, formats.BY_REFERENCE)
     assert "resultText" not in terminal.payload and "usage" not in terminal.payload
     assert set(added.payload) == {"partIndex"}
+    # The turn the worker priced is the row the orchestrator priced: its event names it.
+    usage = by_type["usage.updated"]
+    assert (usage.format, set(usage.payload)) == (formats.USAGE_BY_REFERENCE, {"total"})
+    [turn] = await _turns(running.db_url, run_id)
+    assert turn.event_seq == usage.seq
     streamed = await _streamed(client, run_id)
     completed, part = streamed["run.completed"], streamed["part.added"].part
     assert completed.result_text == run.result_text == part.text.text and part.final
     assert completed.usage.output_tokens == run.usage["output_tokens"] > 0
+    streamed_turn = streamed["usage.updated"].turn
+    assert (streamed_turn.model, streamed_turn.output_tokens, streamed_turn.cost_micros) == (
+        turn.model,
+        turn.output_tokens,
+        turn.cost_micros,
+    )
+    assert streamed_turn.output_tokens > 0 and streamed_turn.cost_micros > 0
+
+
+async def _turns(db_url: str, run_id: str) -> list[Any]:
+    engine = create_engine(db_url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            turns = schema.usage_turns
+            return list(
+                (
+                    await conn.execute(
+                        select(turns).where(turns.c.run_id == run_id).order_by(turns.c.id)
+                    )
+                ).all()
+            )
+    finally:
+        await engine.dispose()
 
 
 async def test_while_a_release_before_runs_a_completion_is_stored_as_it_reads_it(
     pg_server_url: str, template_db: str, redis_url: str, tmp_path_factory: Any
 ) -> None:
-    """During a rolling deploy from the release before (TETHER_ORCHESTRATOR_STORED_FORMAT=2),
-    every event a run stores is in a format that release reads, whole: run.completed carries
-    its answer and usage, and part.added its part, as that release wrote them."""
+    """During a rolling deploy from the release before (TETHER_ORCHESTRATOR_STORED_FORMAT=3),
+    every event a run stores is in a format that release reads: usage.updated whole, with its
+    turn (its format, 4, that release refuses). A deploy from the release before that pins 2,
+    and every event is whole (test_completion_statement covers each pin)."""
     run_dir = Path(tmp_path_factory.mktemp("pinned-format"))
-    pinned = {"TETHER_ORCHESTRATOR_STORED_FORMAT": str(formats.CURRENT)}
+    pinned = {"TETHER_ORCHESTRATOR_STORED_FORMAT": str(formats.BY_REFERENCE)}
     async with exec_stack(
         pg_server_url, template_db, redis_url, run_dir, workers=1, extra_env=pinned
     ) as running:
@@ -286,10 +315,11 @@ async def test_while_a_release_before_runs_a_completion_is_stored_as_it_reads_it
             run_id = sent.run.run_id
             await wait_for_status(running.db_url, run_id, "completed")
             run, stored = await _stored(running.db_url, run_id)
-            assert {e.format for e in stored} == {formats.CURRENT}
-            by_type = {e.type: e.payload for e in stored}
-            assert by_type["run.completed"]["resultText"] == run.result_text
-            assert by_type["run.completed"]["usage"]["outputTokens"] == run.usage["output_tokens"]
-            assert by_type["part.added"]["part"]["text"]["text"] == run.result_text
+            assert {e.format for e in stored} == {formats.CURRENT, formats.BY_REFERENCE}
+            by_type = {e.type: e for e in stored}
+            usage = by_type["usage.updated"]
+            assert usage.format == formats.CURRENT
+            assert int(usage.payload["turn"]["outputTokens"]) == run.usage["output_tokens"]
             streamed = await _streamed(client, run_id)
             assert streamed["run.completed"].result_text == run.result_text
+            assert streamed["usage.updated"].turn.output_tokens == run.usage["output_tokens"]

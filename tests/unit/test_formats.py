@@ -15,6 +15,7 @@ from tether.domain import (
     Event,
     EventType,
     LoggedEvent,
+    ModelTurn,
     Part,
     Role,
     Text,
@@ -24,6 +25,7 @@ from tether.domain import (
     run_completed,
     run_queued,
     stored_by_reference,
+    usage_updated,
 )
 from tether.errors import StoredFormatTooNew
 from tether.hints import LiveMessage, decode_events, encode_events
@@ -125,3 +127,49 @@ def test_an_event_stored_by_reference_read_without_its_rows_is_this_releases_mis
     stored = stored_by_reference(run_completed(Completed("answer"), {}), set()).payload
     with pytest.raises(RuntimeError, match="without the rows it refers to"):
         event_to_proto("run_1", 9, "run.completed", stored, NOW, format=formats.BY_REFERENCE)
+
+
+TURN = ModelTurn("claude-sonnet-4-5", input_tokens=488, output_tokens=44, cost_micros=1416)
+
+
+def test_a_usage_updated_is_stored_without_the_turn_its_row_keeps_and_read_whole() -> None:
+    whole = usage_updated(TURN, {"input_tokens": 900, "output_tokens": 60, "cost_micros": 2300})
+    stored = _logged(stored_by_reference(whole, set(), turn=TURN), 7)
+    assert stored.payload == {"total": whole.payload["total"]}
+    # A format of its own: the release before this one reads 3, and would take it as whole.
+    assert stored.format == formats.USAGE_BY_REFERENCE > formats.BY_REFERENCE
+    assert formats.referenced_turns([stored]) == [7] and formats.referenced_parts([stored]) == []
+    filled = formats.fill(stored, result_text=None, usage={}, parts={}, turns={7: TURN})
+    assert filled.payload == whole.payload
+    event = event_to_proto("run_1", 7, filled.type, filled.payload, NOW, format=stored.format)
+    assert (event.usage_updated.turn.cost_micros, event.usage_updated.total.input_tokens) == (
+        1416,
+        900,
+    )
+    with pytest.raises(RuntimeError, match="without the rows it refers to"):
+        event_to_proto("run_1", 7, stored.type, stored.payload, NOW, format=stored.format)
+
+
+def test_a_usage_updated_is_whole_unless_it_carries_exactly_the_turn_its_row_keeps() -> None:
+    # Through the wire's JSON, a worker's counts arrive as the strings of int64s: the same turn.
+    wired = Event(
+        EventType.USAGE_UPDATED,
+        {
+            "turn": {
+                "model": TURN.model,
+                "inputTokens": "488",
+                "outputTokens": "44",
+                "costMicros": "1416",
+            },
+            "total": {"inputTokens": "488"},
+        },
+    )
+    assert stored_by_reference(wired, set(), turn=TURN).payload == {"total": {"inputTokens": "488"}}
+    for event, turn in (
+        (usage_updated(TURN, {}), None),  # no row of the same write names it
+        (usage_updated(replace(TURN, cost_micros=0), {}), TURN),  # priced otherwise than its row
+        (usage_updated(TURN, {}), replace(TURN, model="claude-haiku-4-5")),
+        (Event(EventType.USAGE_UPDATED, {"turn": {**wired.payload["turn"], "extra": 1}}), TURN),
+    ):
+        kept = stored_by_reference(event, set(), turn=turn)
+        assert kept == event and _logged(kept, 1).format == formats.CURRENT

@@ -105,8 +105,9 @@ def test_the_walk_flags_rows_and_untyped_runs(source: str, flagged: list[str]) -
         # through `routing_of`, never off the run.
         (Run, runs, {"config"}),
         (Attempt, attempts, set()),
-        # A turn is read with the attempt it belongs to; its id orders it and is not shown.
-        (PricedTurn, usage_turns, {"id", "run_id"}),
+        # A turn is read with the attempt it belongs to; its id orders it and is not shown, nor
+        # the seq of its usage.updated (which the event's reader fills the turn in by).
+        (PricedTurn, usage_turns, {"id", "run_id", "event_seq"}),
         (LoggedEvent, run_events, set()),
     ],
 )

@@ -71,6 +71,7 @@ from tether.domain.events import (
     tool_completed,
     tool_failed,
     tool_started,
+    turn_json,
     usage_updated,
 )
 from tether.domain.knowledge import Document
@@ -221,5 +222,6 @@ __all__ = [
     "tool_completed",
     "tool_failed",
     "tool_started",
+    "turn_json",
     "usage_updated",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Container, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from tether.domain.outcomes import Completed, ModelTurn, RunError
@@ -118,14 +118,22 @@ def run_completed(done: Completed, usage: Mapping[str, int]) -> Event:
     )
 
 
-def stored_by_reference(event: Event, written: Container[int]) -> Event:
+def stored_by_reference(
+    event: Event, written: Container[int], *, turn: ModelTurn | None = None
+) -> Event:
     """`event` as it is stored by reference (`tether.formats.BY_REFERENCE`), without what its
     run's rows keep whole: run.completed without the answer and the usage (`runs.result_text`,
     `runs.usage`); part.added and part.updated of a final part, not superseded, written as it is
     in the same statement (its index in `written`), as the part's index (its `run_parts` row,
-    which no later write changes but to mark it superseded). Any other event as it is. A reader
-    fills them in (`filled_by_reference`)."""
+    which no later write changes but to mark it superseded); usage.updated without its turn,
+    given the `turn` the same statement writes as a `usage_turns` row naming the event's seq
+    (`tether.formats.USAGE_BY_REFERENCE`), when the event carries exactly that turn. Any other
+    event as it is. A reader fills them in (`filled_by_reference`)."""
     payload = event.payload
+    if event.type == EventType.USAGE_UPDATED:
+        if turn is None or _carried_turn(payload.get("turn")) != turn:
+            return event
+        return Event(event.type, {k: v for k, v in payload.items() if k != "turn"})
     if event.type == EventType.RUN_COMPLETED:
         return Event(event.type, {k: v for k, v in payload.items() if k not in _RUN_KEEPS})
     if event.type in _PART_EVENTS:
@@ -143,10 +151,15 @@ def filled_by_reference(
     result_text: str | None,
     usage: Mapping[str, int],
     parts: Mapping[int, Part],
+    turn: ModelTurn | None = None,
 ) -> dict[str, Any]:
     """The payload `stored_by_reference` stored, whole again from its run's rows: its answer and
-    usage, and its parts by index (as they stood when the event was written: final, not yet
-    superseded)."""
+    usage, its parts by index (as they stood when the event was written: final, not yet
+    superseded), and a usage.updated's `turn` (its `usage_turns` row)."""
+    if type_ == EventType.USAGE_UPDATED:
+        if turn is None:
+            raise KeyError("usage.updated stored by reference was filled without its turn")
+        return {"turn": turn_json(turn), **stored}
     if type_ == EventType.RUN_COMPLETED:
         return {
             "resultText": result_text or "",
@@ -266,14 +279,29 @@ def usage_updated(turn: ModelTurn, total: Mapping[str, int]) -> Event:
     """One model turn's usage, and the attempt's total so far."""
     return Event(
         EventType.USAGE_UPDATED,
-        {
-            "turn": {
-                "model": turn.model,
-                **_usage_json({**turn.tokens(), "cost_micros": turn.cost_micros}),
-            },
-            "total": _usage_json(total),
-        },
+        {"turn": turn_json(turn), "total": _usage_json(total)},
     )
+
+
+def _carried_turn(carried: Any) -> ModelTurn | None:
+    """The turn a usage.updated carries (its counts as numbers or, through the wire's JSON, as
+    the strings of int64s); None when it is not one."""
+    if not isinstance(carried, Mapping) or set(carried) - _TURN_KEYS:
+        return None
+    try:
+        counts = {k: int(carried.get(camel(k), 0)) for k in _TURN_COUNTS}
+        return ModelTurn(str(carried.get("model", "")), **counts)
+    except (TypeError, ValueError):
+        return None
+
+
+_TURN_COUNTS = tuple(f.name for f in fields(ModelTurn) if f.name != "model")
+_TURN_KEYS = frozenset({"model", *map(camel, _TURN_COUNTS)})
+
+
+def turn_json(turn: ModelTurn) -> dict[str, Any]:
+    """A priced model turn as usage.updated carries it."""
+    return {"model": turn.model, **_usage_json({**turn.tokens(), "cost_micros": turn.cost_micros})}
 
 
 def context_compacted(part_index: int, summary: Summary) -> Event:

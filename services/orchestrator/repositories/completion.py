@@ -43,9 +43,9 @@ from services.orchestrator.repositories.transitions import (
     LOCK_SESSION,
     NOW,
     Moved,
-    event_params,
     move_statement,
     numbered,
+    stored_event_params,
 )
 from tether import formats, states
 from tether.db.direct import Direct
@@ -71,7 +71,7 @@ from tether.pricing import TOKEN_FIELDS
 
 FUNCTION = "tether_complete_run"
 # The key run.completed has whole and not stored by reference.
-_ANSWER = formats.BY_REFERENCE_WITHOUT[EventType.RUN_COMPLETED]
+_ANSWER, _ = formats.BY_REFERENCE_WITHOUT[EventType.RUN_COMPLETED]
 _COMPLETE = states.COMPLETE
 _USAGE_FIELDS = (*TOKEN_FIELDS, "cost_micros")
 
@@ -175,15 +175,15 @@ async def complete(
     turns: Sequence[ModelTurn],
     stages: Mapping[str, Any],
     audit: Mapping[str, Any],
-    by_reference: bool = True,
+    stored_format: int = formats.NEWEST,
 ) -> Ended | None:
     """Complete the run under lease `epoch` in ONE statement: the in-flight batch (`in_flight`,
     its turns priced) unless it landed already, `parts` and priced `turns`, the move to completed
     with `events` and run.completed (its usage totalled in the statement), the session handed
     to its next message, the attempt closed with `stages` and its audit record (`audit`, and
-    the usage). Its events are stored by reference where they may be (`formats.BY_REFERENCE`)
-    unless `by_reference` is False (whole, as a release before reads them). None when the lease
-    is stale: nothing was written."""
+    the usage). Its events are stored by reference where they may be, up to `stored_format`
+    (`tether.formats`; CURRENT stores them whole, as a release before reads them). None when
+    the lease is stale: nothing was written."""
     flight = in_flight or Batch(0)
     params = complete_params(
         run_id,
@@ -195,7 +195,7 @@ async def complete(
         turns=turns,
         stages=stages,
         audit=audit,
-        by_reference=by_reference,
+        stored_format=stored_format,
     )
     row = await COMPLETE.first(conn, params)
     if row is None:
@@ -220,17 +220,16 @@ def complete_params(
     turns: Sequence[ModelTurn],
     stages: Mapping[str, Any],
     audit: Mapping[str, Any],
-    by_reference: bool = True,
+    stored_format: int = formats.NEWEST,
 ) -> dict[str, Any]:
     """The values `COMPLETE` binds to complete the run `run_id` under lease `epoch` (see
     `complete`)."""
     # Whole, its usage is totalled, and filled in, by the function.
     terminal = run_completed(ending, {})
     # The parts its events may refer to when stored by reference: those the statement writes,
-    # the in-flight batch's (or landed already, with its events) and the completion's.
-    written = None
-    if by_reference:
-        written = frozenset(p.index for p in [*in_flight.parts, *parts])
+    # the in-flight batch's (or landed already, with its events) and the completion's; each
+    # batch's usage.updated, to its own turns.
+    written = [*in_flight.parts, *parts]
     reported = ending_values(ending)
     return {
         "r_run_id": run_id,
@@ -240,9 +239,14 @@ def complete_params(
             f"flight_{k}": v
             for k, v in progress.batch_params(in_flight.parts, in_flight.turns).items()
         },
-        **{f"flight_{k}": v for k, v in event_params(in_flight.events, referable=written).items()},
+        **{
+            f"flight_{k}": v
+            for k, v in stored_event_params(
+                in_flight.events, written, in_flight.turns, stored_format
+            ).items()
+        },
         **progress.batch_params(parts, turns),
-        **event_params([*events, terminal], referable=written),
+        **stored_event_params([*events, terminal], written, turns, stored_format),
         **{k: reported[k] for k in _REPORTED},
         "stages": dict(stages),
         "audit_detail": dict(audit),
@@ -285,10 +289,13 @@ def _type(type_: Any) -> str:
 
 
 def _batch(prefix: str) -> dict[str, str]:
-    """A checkpoint's parts and turns, as the function's `prefix`ed arrays."""
+    """A checkpoint's parts and turns, as the function's `prefix`ed arrays (its turns' events
+    take the seqs after `_seq_before`)."""
     return {
         "r_run_id": "_run_id",
         "held_epoch": "_held_epoch",
+        "e_types": f"_{prefix}e_types",
+        "seq_before": "_seq_before",
         **{k: f"_{prefix}{k}" for k, _ in progress.BATCH_ARRAYS},
     }
 
@@ -353,6 +360,7 @@ DECLARE
     _moved record;
     _session record;
     _next text;
+    _seq_before bigint;
 BEGIN
     IF NOT _proceed THEN
         -- A cancel was accepted first: nothing is written; the caller ends the run cancelled.
@@ -360,15 +368,21 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
+    -- The events take the seqs after the run's last: the in-flight batch's, then the
+    -- completion's. Each turn names its usage.updated's.
+    SELECT runs.last_seq INTO _seq_before FROM runs WHERE runs.run_id = _run_id;
     IF _flight_lands THEN
         -- The checkpoint the worker had no answer for, unless it landed already.
 {_sql(progress.PARTS, _batch("flight_"), depth=2)};
 {_sql(progress.TURNS, _batch("flight_"), depth=2)};
-        _e_types := _flight_e_types || _e_types;
-        _e_payloads := _flight_e_payloads || _e_payloads;
+        _seq_before := _seq_before + coalesce(cardinality(_flight_e_types), 0);
     END IF;
 {_sql(progress.PARTS, _batch(""))};
 {_sql(progress.TURNS, _batch(""))};
+    IF _flight_lands THEN
+        _e_types := _flight_e_types || _e_types;
+        _e_payloads := _flight_e_payloads || _e_payloads;
+    END IF;
 {_sql(progress.USAGE_TOTAL, {"run_id": "_run_id"})}
     INTO _total;
     _usage := jsonb_build_object({usage});

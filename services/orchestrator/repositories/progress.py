@@ -24,6 +24,7 @@ from sqlalchemy import (
     cast,
     func,
     literal,
+    literal_column,
     or_,
     select,
     true,
@@ -37,16 +38,17 @@ from sqlalchemy.types import Boolean
 from services.orchestrator.repositories.parts import rewriting
 from services.orchestrator.repositories.transitions import (
     EVENT_COUNT,
+    EVENT_TYPES,
     LEASE_EPOCH,
     LEASE_HELD,
     appended_events,
-    event_params,
     numbered,
+    stored_event_params,
 )
 from tether import formats
 from tether.db.direct import Direct
 from tether.db.schema import effects, run_parts, runs, tool_outputs, usage_turns
-from tether.domain import Event, ModelTurn, Part, StoredEvent, content_json
+from tether.domain import Event, EventType, ModelTurn, Part, StoredEvent, content_json
 from tether.pricing import TOKEN_FIELDS
 
 # The arrays a batch's parts and model turns are bound as, by name (one element per part or
@@ -104,27 +106,42 @@ def _new_parts(run_id: Any, fence: CTE | None = None) -> Any:
     )
 
 
-def _new_turns(run_id: Any, fence: CTE | None = None) -> Any:
-    """The insert of the bound priced model turns of run `run_id`; only when `fence` matched,
-    when given."""
+def _new_turns(run_id: Any, seq_before: Any, fence: CTE | None = None) -> Any:
+    """The insert of the bound priced model turns of run `run_id`, each naming the seq of its
+    usage.updated (`usage_turns.event_seq`): the k-th turn's is the k-th usage.updated among the
+    bound events (EVENT_TYPES), which take the seqs after `seq_before`; only when `fence`
+    matched, when given."""
     usage = (*TOKEN_FIELDS, "cost_micros")
     turn = (
         func.unnest(_ARRAYS["t_model"], *[_ARRAYS[f"t_{k}"] for k in usage])
-        .table_valued("model", *usage)
+        .table_valued("model", *usage, with_ordinality="k")
         .render_derived("t", with_types=False)
     )
+    event = (
+        func.unnest(EVENT_TYPES)
+        .table_valued("type", with_ordinality="ord")
+        .render_derived("e", with_types=False)
+    )
+    usage_events = (
+        select(event.c.ord, func.row_number().over(order_by=event.c.ord).label("k"))
+        .where(event.c.type == _USAGE_UPDATED)
+        .subquery("u")
+    )
     return usage_turns.insert().from_select(
-        ["run_id", "model", *usage],
-        select(run_id, turn.c.model, *[turn.c[k] for k in usage]).select_from(
-            turn if fence is None else fence.join(turn, true())
-        ),
+        ["run_id", "model", *usage, "event_seq"],
+        select(run_id, turn.c.model, *[turn.c[k] for k in usage], seq_before + usage_events.c.ord)
+        .select_from(turn if fence is None else fence.join(turn, true()))
+        .outerjoin(usage_events, usage_events.c.k == turn.c.k),
     )
 
 
+_USAGE_UPDATED = literal_column(f"'{EventType.USAGE_UPDATED}'", Text)
+
 # A batch's parts and turns, for a writer that holds the run under its lease already (the
-# completion, after its fence): binds r_run_id, held_epoch and BATCH_ARRAYS.
+# completion, after its fence): binds r_run_id, held_epoch, BATCH_ARRAYS, e_types (the events
+# the turns' usage.updated are among) and seq_before (the seq before the first of them).
 PARTS = _new_parts(_RUN_ID)
-TURNS = _new_turns(_RUN_ID)
+TURNS = _new_turns(_RUN_ID, bindparam("seq_before", type_=BigInteger))
 
 
 def _checkpoint_statement() -> Any:
@@ -161,7 +178,7 @@ def _checkpoint_statement() -> Any:
     ).add_cte(
         _new_parts(fence.c.run_id, fence).cte("new_parts"),
         appended_events(fence),
-        _new_turns(fence.c.run_id, fence).cte("new_turns"),
+        _new_turns(fence.c.run_id, fence.c.last_seq - EVENT_COUNT, fence).cte("new_turns"),
     )
 
 
@@ -190,19 +207,20 @@ async def checkpoint(
     turns: Sequence[ModelTurn],
     *,
     batch: int = 0,
-    by_reference: bool = False,
+    stored_format: int = formats.CURRENT,
 ) -> tuple[Checkpointed, list[StoredEvent]] | None:
     """Write parts, events and priced turns under the lease and extend it: what the fence
     returned of the run and the events with their seqs (as given: whole). None when the
     lease is stale or batch `batch` (> 0) of this lease already landed: nothing was written.
-    With `by_reference`, each event that may be is stored by reference (format 3)."""
+    Its events are stored by reference where they may be, up to `stored_format`
+    (`tether.formats`)."""
     params: dict[str, Any] = {
         "r_run_id": run_id,
         "held_epoch": epoch,
         "batch": batch,
         "lease_ttl": timedelta(seconds=ttl_s),
         **batch_params(parts, turns),
-        **event_params(events, referable=_indexes(parts) if by_reference else None),
+        **stored_event_params(events, parts, turns, stored_format),
     }
     row = await _CHECKPOINT.first(conn, params)
     if row is None:
@@ -211,10 +229,6 @@ async def checkpoint(
         row.run_id, row.last_seq, row.cancel_requested_at, row.tenant_id, row.owner_principal_id
     )
     return fenced, numbered(row.last_seq, events)
-
-
-def _indexes(parts: Sequence[Part]) -> frozenset[int]:
-    return frozenset(p.index for p in parts)
 
 
 _HOLD = (

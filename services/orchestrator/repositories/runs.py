@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     ColumnElement,
     and_,
     bindparam,
@@ -22,12 +23,14 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories.transitions import LEASE_HELD
+from tether import formats
 from tether.db.schema import attempts, routings, run_events, runs, usage_turns
-from tether.domain import Attempt, LoggedEvent, PricedTurn, Run, RunRouting
+from tether.domain import Attempt, LoggedEvent, ModelTurn, PricedTurn, Run, RunRouting
 from tether.errors import InvalidArgument, NotFound, StaleLease
 from tether.ids import is_identifier
 from tether.pricing import TOKEN_FIELDS, Price
@@ -177,6 +180,40 @@ async def read_events(
         .limit(limit)
     )
     return [LoggedEvent.from_row(row._mapping) for row in await conn.execute(stmt)]
+
+
+_TURNS_AT = select(usage_turns).where(
+    usage_turns.c.run_id == bindparam("run_id"),
+    usage_turns.c.event_seq == func.any(bindparam("seqs", type_=ARRAY(BigInteger))),
+)
+
+
+async def filled_events(
+    conn: AsyncConnection,
+    run_id: str,
+    events: Sequence[LoggedEvent],
+    *,
+    result_text: str | None,
+    usage: Mapping[str, int],
+) -> list[LoggedEvent]:
+    """Run `run_id`'s stored `events` as their readers take them (`formats.fill`): those stored
+    by reference filled in from the run's rows (its answer and `usage`, and what the run's
+    parts and turns hold, each read in one indexed query when one is named)."""
+    parts = await parts_repo.parts_at(conn, run_id, formats.referenced_parts(events))
+    turns: dict[int, ModelTurn] = {}
+    if seqs := formats.referenced_turns(events):
+        rows = await conn.execute(_TURNS_AT, {"run_id": run_id, "seqs": seqs})
+        turns = {row.event_seq: _turn(row._mapping) for row in rows}
+    return [
+        formats.fill(e, result_text=result_text, usage=usage, parts=parts, turns=turns)
+        for e in events
+    ]
+
+
+def _turn(row: Mapping[Any, Any]) -> ModelTurn:
+    return ModelTurn(
+        row["model"], **{k: row[k] for k in TOKEN_FIELDS}, cost_micros=row["cost_micros"]
+    )
 
 
 def encode_page_token(created_at: datetime, run_id: str) -> str:

@@ -30,7 +30,6 @@ from sqlalchemy import (
     insert,
     literal,
     null,
-    or_,
     select,
     true,
     update,
@@ -46,6 +45,9 @@ from tether.db.schema import run_events, runs, sessions
 from tether.domain import (
     Delivery,
     Event,
+    EventType,
+    ModelTurn,
+    Part,
     Run,
     StoredEvent,
     delivery_event,
@@ -71,10 +73,11 @@ LEASE_HELD = lease_held(LEASE_EPOCH)
 
 # -- the event append: a run's events take the seqs the statement that moved it reserved --------
 
-_E_TYPES = bindparam("e_types", type_=ARRAY(Text))
+# The types of the bound events, in order (a statement's turns find their usage.updated here).
+EVENT_TYPES = bindparam("e_types", type_=ARRAY(Text))
 _E_PAYLOADS = bindparam("e_payloads", type_=ARRAY(Text))
 # How many events the statement appends: what `last_seq` advances by.
-EVENT_COUNT = func.coalesce(func.cardinality(_E_TYPES), 0)
+EVENT_COUNT = func.coalesce(func.cardinality(EVENT_TYPES), 0)
 
 
 def event_count(computed: Sequence[Event] = ()) -> ColumnElement[Any]:
@@ -84,17 +87,41 @@ def event_count(computed: Sequence[Event] = ()) -> ColumnElement[Any]:
 
 
 def event_params(
-    events: Sequence[Event], *, referable: Container[int] | None = None
+    events: Sequence[Event],
+    *,
+    referable: Container[int] | None = None,
+    turns: Sequence[ModelTurn] | None = None,
 ) -> dict[str, Any]:
     """The bound values of `appended_events`: `events` whole, or, given the indexes of the parts
     the statement writes (`referable`), those that may be stored by reference so
-    (`stored_by_reference`, format 3)."""
+    (`stored_by_reference`, format 3); given the turns it writes too (`turns`), each
+    usage.updated without the turn its row keeps (format 4; `paired_turns`)."""
     if referable is not None:
-        events = [stored_by_reference(e, referable) for e in events]
+        paired = paired_turns(events, turns or ())
+        events = [
+            stored_by_reference(e, referable, turn=paired.get(i)) for i, e in enumerate(events)
+        ]
     return {
         "e_types": [str(e.type) for e in events],
         "e_payloads": [json.dumps(dict(e.payload)) for e in events],
     }
+
+
+def stored_event_params(
+    events: Sequence[Event],
+    parts: Sequence[Part],
+    turns: Sequence[ModelTurn],
+    stored_format: int,
+) -> dict[str, Any]:
+    """`event_params` of a batch that writes `parts` and `turns` with its `events`, each stored
+    by reference where it may be, up to `stored_format`: its parts' events (3) and its
+    usage.updated (4)."""
+    if stored_format < formats.BY_REFERENCE:
+        return event_params(events)
+    by_turn = stored_format >= formats.USAGE_BY_REFERENCE
+    return event_params(
+        events, referable={p.index for p in parts}, turns=turns if by_turn else None
+    )
 
 
 def appended_events(moved: CTE, computed: Sequence[Event] = ()) -> CTE:
@@ -107,7 +134,7 @@ def appended_events(moved: CTE, computed: Sequence[Event] = ()) -> CTE:
     and writes what it decided itself (a new lease's epoch): each row of `moved` gets them, with
     payloads whose values may be SQL expressions over `moved`'s columns (`computed_payload`),
     and its move advances `last_seq` by `event_count(computed)`."""
-    types: Any = _E_TYPES
+    types: Any = EVENT_TYPES
     payloads: Any = _E_PAYLOADS
     if computed:
         types = array([literal(str(e.type), Text) for e in computed])
@@ -130,20 +157,25 @@ def appended_events(moved: CTE, computed: Sequence[Event] = ()) -> CTE:
 
 
 def _stored_format(type_: Any, payload: Any) -> ColumnElement[Any]:
-    """The format an event is stored in, as `formats.written` says: BY_REFERENCE for an event
-    stored without the key only its whole form has, CURRENT for every other
+    """The format an event is stored in, as `formats.written` says: the by-reference format of
+    an event stored without the key only its whole form has, CURRENT for every other
     (test_completion_statement's test_a_completion_stores_each_record_once holds the two
     equal)."""
-    referenced = or_(
-        *[
-            (type_ == str(kind)) & ~payload.has_key(whole)
-            for kind, whole in formats.BY_REFERENCE_WITHOUT.items()
-        ]
-    )
     return case(
-        (referenced, literal(formats.BY_REFERENCE, SmallInteger)),
+        *[
+            ((type_ == str(kind)) & ~payload.has_key(whole), literal(stored, SmallInteger))
+            for kind, (whole, stored) in formats.BY_REFERENCE_WITHOUT.items()
+        ],
         else_=literal(formats.CURRENT, SmallInteger),
     )
+
+
+def paired_turns(events: Sequence[Event], turns: Sequence[ModelTurn]) -> dict[int, ModelTurn]:
+    """The turn of each usage.updated among a batch's `events`, by its place: its k-th
+    usage.updated is its k-th turn's, as the statement's `usage_turns.event_seq` records, when
+    there is one event for each turn (the worker records the two together); none otherwise."""
+    usage = [i for i, e in enumerate(events) if e.type == EventType.USAGE_UPDATED]
+    return dict(zip(usage, turns, strict=True)) if len(usage) == len(turns) else {}
 
 
 def computed_payload(event: Event) -> ColumnElement[Any]:

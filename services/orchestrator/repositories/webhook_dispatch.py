@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from services.orchestrator.repositories import parts as parts_repo
+from services.orchestrator.repositories import runs as runs_repo
 from services.orchestrator.repositories.webhooks import (
     WAITING,
     Claimed,
@@ -20,7 +20,6 @@ from services.orchestrator.repositories.webhooks import (
     delivery_of,
     subscription_of,
 )
-from tether import formats
 from tether.db.schema import run_events, runs, webhook_deliveries, webhook_subscriptions
 from tether.domain import LoggedEvent
 
@@ -207,8 +206,10 @@ async def stored_event(conn: AsyncConnection, run_id: str, seq: int) -> LoggedEv
     if row is None:
         return None
     event = LoggedEvent.from_row(row._mapping)
-    parts = await parts_repo.parts_at(conn, run_id, formats.referenced_parts([event]))
-    return formats.fill(event, result_text=row.result_text, usage=row.usage, parts=parts)
+    [filled] = await runs_repo.filled_events(
+        conn, run_id, [event], result_text=row.result_text, usage=row.usage
+    )
+    return filled
 
 
 async def _lock_subscription(conn: AsyncConnection, claimed: Delivery) -> None:

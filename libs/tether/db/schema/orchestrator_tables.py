@@ -259,6 +259,10 @@ usage_turns = Table(
     Column("cache_read_input_tokens", BigInteger, nullable=False),
     Column("cost_micros", BigInteger, nullable=False),
     _now(),
+    # The seq of the turn's usage.updated, which is stored without the turn (stored format 4,
+    # `tether.formats`); NULL for a turn written before 0043 or by a release before it, whose
+    # usage.updated carries the turn whole.
+    Column("event_seq", BigInteger),
 )
 Index("ix_usage_turns_run", usage_turns.c.run_id)
 
