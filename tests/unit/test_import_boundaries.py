@@ -20,8 +20,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CLIENT_SIDE = ("tether.client", "tether.watch", "tether.cli", "tether.stack", "tether.testing")
-CLIENT_FILES = ("libs/tether/client.py", "libs/tether/watch.py")
+CLIENT_SIDE = (
+    "tether.client",
+    "tether.client_agents",
+    "tether.watch",
+    "tether.cli",
+    "tether.stack",
+    "tether.testing",
+)
+CLIENT_FILES = ("libs/tether/client.py", "libs/tether/client_agents.py", "libs/tether/watch.py")
 CLIENT_DIRS = ("libs/tether/cli", "libs/tether/stack", "libs/tether/testing", "libs/tether/v1")
 
 # Where protobuf may appear under services/, each with why it is an edge.
