@@ -312,7 +312,9 @@ def function_ddl() -> str:
     arguments = ",\n    ".join(f"_{name} {_type(type_)}" for name, type_ in inputs)
     outputs = ",\n    ".join(f"{name} {_type(type_)}" for name, type_ in _OUTPUTS)
     totals = {k: f"_total.{k}" for k in _USAGE_FIELDS}
-    usage = ", ".join(f"{_literal(k)}, {v}" for k, v in totals.items())
+    # The run's total as it is stored (`runs.usage`, the attempt's record): its fields that are
+    # not 0, as `progress.usage_total` gives it (a reader takes a field left out as 0).
+    usage = ", ".join(f"{_literal(k)}, NULLIF({v}, 0)" for k, v in totals.items())
     # run.completed's usage: what `tether.domain.run_completed` writes (camelCase, zeros left
     # out); a test holds the two equal.
     usage_event = ", ".join(f"{_literal(camel(k))}, NULLIF({v}, 0)" for k, v in totals.items())
@@ -385,7 +387,7 @@ BEGIN
     END IF;
 {_sql(progress.USAGE_TOTAL, {"run_id": "_run_id"})}
     INTO _total;
-    _usage := jsonb_build_object({usage});
+    _usage := jsonb_strip_nulls(jsonb_build_object({usage}));
     IF _e_payloads[cardinality(_e_payloads)]::jsonb ? {_literal(_ANSWER)} THEN
         -- Stored whole (format {formats.CURRENT}): the total goes on it. Stored by reference
         -- (format {formats.BY_REFERENCE}), it carries neither the answer nor the total: the

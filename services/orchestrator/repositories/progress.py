@@ -265,11 +265,10 @@ USAGE_TOTAL = select(
 
 
 async def usage_total(conn: AsyncConnection, run_id: str) -> dict[str, int]:
-    """Sum of the run's priced turns."""
+    """Sum of the run's priced turns, as a run's total is stored (`runs.usage`): its fields
+    that are not 0 (every reader takes a field left out as 0, as protobuf's Usage does)."""
     row = (await conn.execute(USAGE_TOTAL, {"run_id": run_id})).one()
-    total = {k: int(v) for k, v in zip(TOKEN_FIELDS, row[:-1], strict=True)}
-    total["cost_micros"] = int(row[-1])
-    return total
+    return {k: int(v) for k, v in zip((*TOKEN_FIELDS, "cost_micros"), row, strict=True) if v}
 
 
 async def store_tool_output(conn: AsyncConnection, run_id: str, ref: str, content: str) -> None:

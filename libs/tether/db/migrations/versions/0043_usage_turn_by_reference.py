@@ -5,7 +5,9 @@ event. A turn's row now names the seq of its usage.updated (`usage_turns.event_s
 orchestrator stores that event without the turn (stored format 4, `tether.formats`): a reader
 fills it in from the row. The statements that write turns set the column: a checkpoint's, and
 the completion function's, made anew with the same arguments and result, so a release before
-this one calls it as before (its events are whole, and its turns are named all the same).
+this one calls it as before (its events are whole, and its turns are named all the same). The
+function also stores the run's total (`runs.usage`, the attempt's record) without its fields
+that are 0, as every release's readers take a field left out (protobuf's Usage, `.get`).
 
 Revision ID: 0043
 Revises: 0042
@@ -153,7 +155,7 @@ BEGIN
     FROM usage_turns
     WHERE usage_turns.run_id = _run_id
     INTO _total;
-    _usage := jsonb_build_object('input_tokens', _total.input_tokens, 'output_tokens', _total.output_tokens, 'cache_creation_input_tokens', _total.cache_creation_input_tokens, 'cache_read_input_tokens', _total.cache_read_input_tokens, 'cost_micros', _total.cost_micros);
+    _usage := jsonb_strip_nulls(jsonb_build_object('input_tokens', NULLIF(_total.input_tokens, 0), 'output_tokens', NULLIF(_total.output_tokens, 0), 'cache_creation_input_tokens', NULLIF(_total.cache_creation_input_tokens, 0), 'cache_read_input_tokens', NULLIF(_total.cache_read_input_tokens, 0), 'cost_micros', NULLIF(_total.cost_micros, 0)));
     IF _e_payloads[cardinality(_e_payloads)]::jsonb ? 'resultText' THEN
         -- Stored whole (format 2): the total goes on it. Stored by reference
         -- (format 3), it carries neither the answer nor the total: the
