@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import json
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,21 +86,8 @@ def event_count(computed: Sequence[Event] = ()) -> ColumnElement[Any]:
     return literal(len(computed), BigInteger) if computed else EVENT_COUNT
 
 
-def event_params(
-    events: Sequence[Event],
-    *,
-    referable: Container[int] | None = None,
-    turns: Sequence[ModelTurn] | None = None,
-) -> dict[str, Any]:
-    """The bound values of `appended_events`: `events` whole, or, given the indexes of the parts
-    the statement writes (`referable`), those that may be stored by reference so
-    (`stored_by_reference`, format 3); given the turns it writes too (`turns`), each
-    usage.updated without the turn its row keeps (format 4; `paired_turns`)."""
-    if referable is not None:
-        paired = paired_turns(events, turns or ())
-        events = [
-            stored_by_reference(e, referable, turn=paired.get(i)) for i, e in enumerate(events)
-        ]
+def event_params(events: Sequence[Event]) -> dict[str, Any]:
+    """The bound values of `appended_events`: `events` as given."""
     return {
         "e_types": [str(e.type) for e in events],
         "e_payloads": [json.dumps(dict(e.payload)) for e in events],
@@ -114,13 +101,14 @@ def stored_event_params(
     stored_format: int,
 ) -> dict[str, Any]:
     """`event_params` of a batch that writes `parts` and `turns` with its `events`, each stored
-    by reference where it may be, up to `stored_format`: its parts' events (3) and its
-    usage.updated (4)."""
+    by reference where it may be, up to `stored_format` (`stored_by_reference`): its parts'
+    events (3) and each usage.updated without the turn its row keeps (4; `paired_turns`)."""
     if stored_format < formats.BY_REFERENCE:
         return event_params(events)
-    by_turn = stored_format >= formats.USAGE_BY_REFERENCE
+    written = {p.index for p in parts}
+    paired = paired_turns(events, turns) if stored_format >= formats.USAGE_BY_REFERENCE else {}
     return event_params(
-        events, referable={p.index for p in parts}, turns=turns if by_turn else None
+        [stored_by_reference(e, written, turn=paired.get(i)) for i, e in enumerate(events)]
     )
 
 
