@@ -4,15 +4,18 @@ over OTLP, against the same stack with telemetry off, measured in the same invoc
 Two stacks of the runs group's shape (orchestrator, admission, interactions, gateway, two
 workers) on one PostgreSQL server, each with its own database and its own Redis (pub/sub
 channels are server-wide: one stack's wake-ups would make the other's dispatcher look), one
-with `OTEL_EXPORTER_OTLP_ENDPOINT` naming a collector process. Saturated blocks alternate
-off, on, off, on, ... so a drift in the machine's speed hits both alike; the figure is the ratio
-of their summed rates, with every block's rate printed beside it.
+with `OTEL_EXPORTER_OTLP_ENDPOINT` naming a collector process. Saturated blocks come in
+pairs, off, on, on, off, off, on, ... so a drift in the machine's speed through the bench hits
+both alike; the figure is the ratio of their summed rates, with every block's rate printed
+beside it.
 
 Beside it, its floor (`telemetry_span_floor_vs_off`): what the spans alone must cost with every
-run sampled, whatever else telemetry does. The OpenTelemetry SDK's CPU per span (started and
-ended with six attributes through the batch processor, then encoded for OTLP as its exporter
-does), measured in this process, times the spans per run the collector received, added to the
-machine's CPU per run with telemetry off (both cores over the off rate): off's CPU over that.
+run sampled, whatever else telemetry does. The CPU per span as the services record them
+(`tether.telemetry.recorder`: started and ended with six attributes through the batch
+processor, then encoded and serialised for OTLP as their exporter does), measured in this
+process, times the spans per run the collector received, added to the machine's CPU per run with
+telemetry off (both cores over the off rate): off's CPU over that. The OpenTelemetry SDK's own
+CPU per span is printed beside it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from bench.common import BenchStack, Servers, bench_database, bench_servers, emit, service_set
 from bench.model import Model, model_server
@@ -35,7 +39,7 @@ from tether.stack.embedded import EmbeddedRedis
 
 SPAN_SAMPLES = 4096  # spans timed for the floor
 WARM_RUNS = 50
-BLOCKS = 3
+BLOCKS = 4  # of each, in the order `block_order` gives
 BLOCK_RUNS = 600
 EXPORT_MS = 1000  # a batch of spans and the metrics every second, as a deployment might
 
@@ -103,22 +107,31 @@ async def _stack(
             await services.stop_all()
 
 
-def span_cpu_us() -> float:
-    """The SDK's CPU per span, in this process: started and ended with six attributes through a
-    batch processor, then encoded and serialised for OTLP as the exporter does."""
+def span_cpu_us(*, sdk: bool = False) -> float:
+    """CPU per span, in this process: started and ended with six attributes through the batch
+    processor, then encoded and serialised for OTLP as the exporter does; as the services
+    record spans (`tether.telemetry.recorder`), or with `sdk` as the OpenTelemetry SDK does."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-    ended: list[ReadableSpan] = []
+    from tether.telemetry import recorder
+
+    ended: list[Any] = []
 
     class Keep(SpanExporter):
-        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
             ended.extend(spans)
             return SpanExportResult.SUCCESS
 
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(Keep(), schedule_delay_millis=60_000))
+    resource = Resource.create({"service.name": "tether-bench"})
+    provider: Any
+    if sdk:
+        provider = TracerProvider(resource=resource)
+        provider.add_span_processor(BatchSpanProcessor(Keep(), schedule_delay_millis=60_000))
+    else:
+        provider = recorder.RecordingTracerProvider(resource, Keep())
     tracer = provider.get_tracer("bench")
     attributes = {
         "tether.run.id": "run_0123456789abcdef0123456789abcdef",
@@ -128,14 +141,34 @@ def span_cpu_us() -> float:
         "gen_ai.operation.name": "chat",
         "gen_ai.request.model": "claude-sonnet-5-5",
     }
-    started = time.process_time()
-    for _ in range(SPAN_SAMPLES):
-        tracer.start_span("tether.bench", attributes=attributes).end()
-    provider.force_flush()
-    encode_spans(ended).SerializeToString()
-    used = time.process_time() - started
+    exporter = recorder.RecordedSpanExporter(resource)
+
+    def spans(count: int) -> float:
+        ended.clear()
+        started = time.thread_time()
+        for _ in range(count):
+            tracer.start_span("tether.bench", attributes=attributes).end()
+        provider.force_flush()
+        if sdk:
+            encode_spans(ended).SerializeToString()
+        else:
+            exporter._translate_data(ended).SerializeToString()
+        return time.thread_time() - started
+
+    spans(SPAN_SAMPLES // 16)  # warm: the first spans pay for what they load
+    used = spans(SPAN_SAMPLES)
     provider.shutdown()
     return used * 1e6 / SPAN_SAMPLES
+
+
+def block_order(blocks: int) -> list[str]:
+    """`blocks` of each stack, paired as off, on, on, off, ...: a drift in the machine's speed
+    through the bench (a slower last block, say) weighs on both alike, which off, on, off, on
+    would not (its last block is always on)."""
+    order: list[str] = []
+    for pair in range(blocks):
+        order += ["off", "on"] if pair % 2 == 0 else ["on", "off"]
+    return order
 
 
 async def run() -> None:
@@ -160,17 +193,17 @@ async def run() -> None:
         }
         for stack, client in stacks.values():  # warm both: first runs pay for imports
             await saturate(stack.db_url, client, runs=WARM_RUNS, poll_s=POLL_S)
-        for _ in range(BLOCKS):
-            for name, (stack, client) in stacks.items():
-                result = await saturate(stack.db_url, client, runs=BLOCK_RUNS, poll_s=POLL_S)
-                if result.completed != BLOCK_RUNS:
-                    raise RuntimeError(f"telemetry {name}: {result.statuses} of {BLOCK_RUNS}")
-                rates[name].append(result.per_s)
+        for name in block_order(BLOCKS):
+            stack, client = stacks[name]
+            result = await saturate(stack.db_url, client, runs=BLOCK_RUNS, poll_s=POLL_S)
+            if result.completed != BLOCK_RUNS:
+                raise RuntimeError(f"telemetry {name}: {result.statuses} of {BLOCK_RUNS}")
+            rates[name].append(result.per_s)
     if received.span_batches == 0:
         raise RuntimeError(f"the collector received no spans: telemetry was not on ({received})")
     off, on = sum(rates["off"]) / BLOCKS, sum(rates["on"]) / BLOCKS
     spans_per_run = received.spans / (WARM_RUNS + BLOCKS * BLOCK_RUNS)
-    per_span_us = span_cpu_us()
+    per_span_us, sdk_per_span_us = span_cpu_us(), span_cpu_us(sdk=True)
     cpu_ms_off = (os.cpu_count() or 1) * 1000 / off
     span_floor = cpu_ms_off / (cpu_ms_off + spans_per_run * per_span_us / 1000)
     config = {
@@ -190,8 +223,11 @@ async def run() -> None:
         span_floor,
         "ratio",
         spans_per_run=round(spans_per_run, 2),
-        sdk_cpu_us_per_span=round(per_span_us, 1),
+        cpu_us_per_span=round(per_span_us, 1),
+        sdk_cpu_us_per_span=round(sdk_per_span_us, 1),
         cpu_ms_per_run_off=round(cpu_ms_off, 3),
-        meaning="the most telemetry_on_vs_off can be with every run sampled: the SDK's own CPU "
-        "for the spans a run has, added to the machine's CPU per run with telemetry off",
+        meaning="the most telemetry_on_vs_off can be with every run sampled: the CPU of the "
+        "spans a run has, recorded and encoded as the services do, added to the machine's CPU "
+        "per run with telemetry off (sdk_cpu_us_per_span: the OpenTelemetry SDK's own, which "
+        "the services used before)",
     )

@@ -6,6 +6,7 @@ is named (`OTEL_EXPORTER_OTLP_ENDPOINT`), and nothing at all otherwise.
 | `setup` | `configure(service, settings)`: the one setup each service's main calls |
 | `logs` | JSON lines carrying the tenant, run, attempt and trace ids of what they are about |
 | `tracing` | spans, and the W3C trace context on gRPC metadata, on Work messages and on the run |
+| `recorder` | spans recorded lean, sampled by `OTEL_TRACES_SAMPLER`, encoded off the request path |
 | `metrics` | the instruments, their bounded labels, and what records them |
 
 `on` is the one switch the hot path reads. It is False unless `configure` set up export, and

@@ -24,14 +24,12 @@ def configure(service: str, settings: PlatformSettings, *, instance: str = "") -
     from opentelemetry import metrics as metrics_api
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from tether.telemetry import metrics, tracing
+    from tether.telemetry.recorder import RecordingTracerProvider
 
     resource = Resource.create(
         {
@@ -40,8 +38,9 @@ def configure(service: str, settings: PlatformSettings, *, instance: str = "") -
             "service.instance.id": instance or f"{socket.gethostname()}-{os.getpid()}",
         }
     )
-    tracer_provider = TracerProvider(resource=resource)
-    tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    # Spans recorded lean and encoded off the request path (`recorder`), sampled as
+    # OTEL_TRACES_SAMPLER says.
+    tracer_provider = RecordingTracerProvider(resource)
     trace.set_tracer_provider(tracer_provider)
     reader = PeriodicExportingMetricReader(OTLPMetricExporter())
     meter_provider = MeterProvider(resource=resource, metric_readers=[reader])

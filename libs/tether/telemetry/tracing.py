@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -162,26 +161,55 @@ def traced_unary(
     return traced
 
 
-@contextmanager
-def server_span(method: str, traceparent: str) -> Iterator[Span]:
+def server_span(method: str, traceparent: str) -> Block:
     """A server span for one call of the RPC `method` (`service/name`), current inside the
     block, continuing the caller's trace context `traceparent`: the RPC's name and status code,
     never its request or its error message."""
     service, _, name = method.partition("/")
-    with tracer.start_as_current_span(
+    started = tracer.start_span(
         method,
         context=continuing(traceparent),
         kind=SpanKind.SERVER,
         attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": name},
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        try:
-            yield span
-        except Exception as exc:
-            failed(span, exc)
-            raise
-        span.set_attribute("rpc.grpc.status_code", 0)
+    )
+    return Block(started, ok={"rpc.grpc.status_code": 0})
+
+
+class Block:
+    """A started span, current inside a `with` block and ended by it. An exception escaping
+    the block is recorded by type (`failed`), unless it is one of the `expected` ones (a park:
+    how things go, not a failure), which is named in `tether.outcome`; a block that ends
+    without one sets the `ok` attributes. (A class, not a generator: a span's block is on
+    every run's path, and this is a third of the generator's cost.)"""
+
+    __slots__ = ("_expected", "_ok", "_span", "_token")
+
+    def __init__(
+        self,
+        started: Span,
+        expected: tuple[type[BaseException], ...] = (),
+        ok: dict[str, Any] | None = None,
+    ) -> None:
+        self._span = started
+        self._expected = expected
+        self._ok = ok
+        self._token: object = None
+
+    def __enter__(self) -> Span:
+        self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        return self._span
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: Any) -> None:
+        current = self._span
+        otel_context.detach(self._token)  # type: ignore[arg-type]  # what attach returned
+        if exc is None:
+            if self._ok:
+                current.set_attributes(self._ok)
+        elif isinstance(exc, self._expected):
+            current.set_attribute("tether.outcome", type(exc).__name__.lower())
+        else:
+            failed(current, exc)
+        current.end()
 
 
 def failed(span: Span, exc: BaseException) -> None:
@@ -198,7 +226,6 @@ def failed(span: Span, exc: BaseException) -> None:
     span.set_status(Status(StatusCode.ERROR, type(exc).__qualname__))
 
 
-@contextmanager
 def span(
     name: str,
     *,
@@ -209,13 +236,13 @@ def span(
     links: Sequence[Link] = (),
     start_time: int | None = None,
     expected: tuple[type[BaseException], ...] = (),
-) -> Iterator[Span]:
+) -> Block:
     """A span, current inside the block: a child of the trace context `parent` names (with
     `run_id`, of the run's root when it names none), else of the current span. An exception
     escaping the block is recorded by type (`failed`), unless it is one of the `expected` ones
     (a park: how things go, not a failure), which is named in `tether.outcome`."""
     context = run_context(parent, run_id) if run_id else continuing(parent)
-    with tracer.start_as_current_span(
+    started = tracer.start_span(
         name,
         context=context,
         kind=kind,
@@ -224,15 +251,8 @@ def span(
         start_time=start_time,
         record_exception=False,
         set_status_on_exception=False,
-    ) as current:
-        try:
-            yield current
-        except expected as exc:
-            current.set_attribute("tether.outcome", type(exc).__name__.lower())
-            raise
-        except BaseException as exc:
-            failed(current, exc)
-            raise
+    )
+    return Block(started, expected)
 
 
 def json_attribute(value: Any) -> str:
