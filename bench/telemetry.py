@@ -184,6 +184,7 @@ async def run() -> None:
         otel = {
             "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
             "OTEL_BSP_SCHEDULE_DELAY": str(EXPORT_MS),
+            "OTEL_TRACES_SAMPLER": "parentbased_always_on",  # every run sampled: the goal's terms
             "OTEL_METRIC_EXPORT_INTERVAL": str(EXPORT_MS),
         }
         chosen = {"off": (servers.redis_url, {}), "on": (on_redis, otel)}
