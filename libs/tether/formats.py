@@ -28,6 +28,15 @@ Formats:
   such a payload as whole, with its turn dropped, so it is a format of its own, which that
   release refuses; the orchestrator writes it only once no replica of that release runs
   (`TETHER_ORCHESTRATOR_STORED_FORMAT=3` during a rolling deploy from it).
+- 5: a completed run's answer stored once, as its parts: `runs.result_text` is NULL and
+  `runs.format` 5, and the answer is its text parts after its last part that is not the
+  assistant's (`services/orchestrator/repositories/answers.py`, the one rule the completion
+  checks and every reader reads by). The completion stores it so only when that rule gives the
+  worker's answer exactly (a run a limit stopped answers with every turn's text, and keeps it
+  whole). The release before reads `runs.result_text` and would show such a run with no
+  answer, so the row's format is 5, which that release refuses; the orchestrator stores the
+  answer whole while a replica of that release runs (`TETHER_ORCHESTRATOR_STORED_FORMAT=4`
+  during a rolling deploy from it).
 """
 
 from __future__ import annotations
@@ -51,7 +60,8 @@ from tether.errors import StoredFormatTooNew
 CURRENT = 2
 BY_REFERENCE = 3
 USAGE_BY_REFERENCE = 4
-NEWEST = USAGE_BY_REFERENCE
+ANSWER_BY_REFERENCE = 5
+NEWEST = ANSWER_BY_REFERENCE
 OLDEST = 1
 _READABLE = [OLDEST, NEWEST]
 

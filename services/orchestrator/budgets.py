@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import Text, bindparam, case, func, literal, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from services.orchestrator.repositories.answers import shown_result_text
 from tether.db.schema import attempts, runs, usage_turns
 from tether.domain import AgentConfig, EndedChild, Limits, Run, RunError
 from tether.errors import InvalidArgument
@@ -123,7 +124,7 @@ def _account(current: bool) -> Any:
     )
     # At a lease (not `current`), each child's end too: a resumed run's delegate calls are
     # answered from the lease.
-    ends = () if current else (_TOP.c.tree_call_id, _TOP.c.result_text, _TOP.c.error)
+    ends = () if current else (_TOP.c.tree_call_id, shown_result_text(_TOP), _TOP.c.error)
     return select(
         *_USED.c, _TOP.c.status, _TOP.c.tree_budget, *ends, ran.label("elapsed_s")
     ).select_from(_USED.outerjoin(_TOP, _TOP.c.run_id == _USED.c.top))

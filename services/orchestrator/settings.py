@@ -25,10 +25,10 @@ class OrchestratorSettings(RetainingSettings):
         ge=formats.CURRENT,
         le=formats.NEWEST,
         description="The newest stored format this replica writes (tether.formats). Set it to "
-        f"{formats.BY_REFERENCE} while replicas of the release before this one still run (a "
-        "rolling deploy from it: usage.updated is then stored whole, as that release reads it; "
-        f"{formats.CURRENT} stores every event whole, for the release before that), and unset "
-        "it once none does.",
+        f"{formats.USAGE_BY_REFERENCE} while replicas of the release before this one still run "
+        "(a rolling deploy from it: a completed run's answer is then stored whole, as that "
+        f"release reads it; {formats.BY_REFERENCE} stores usage.updated whole too, for the "
+        f"release before that, and {formats.CURRENT} every event), and unset it once none does.",
     )
     claim_pool_size: int = Field(
         2,

@@ -63,7 +63,10 @@ async def test_the_claim_leases_what_was_admitted_and_the_completion_ends_it(
         for run_id in leased:
             assert await conn.fetchrow(*kept.complete(run_id)) is not None
         ended = await conn.fetch(
-            "SELECT r.status, r.result_text <> '' AS answered, "
+            # Answered: whole, or (format 5) as its text part alone.
+            "SELECT r.status, coalesce(r.result_text, (SELECT p.payload ->> 'text' "
+            "FROM run_parts p WHERE p.run_id = r.run_id AND p.kind = 'text' AND r.format = 5)) "
+            "<> '' AS answered, "
             "(SELECT array_agg(type ORDER BY seq) FROM run_events e WHERE e.run_id = r.run_id) "
             "AS events, (SELECT count(*) FROM run_parts p WHERE p.run_id = r.run_id) AS parts, "
             "(SELECT count(*) FROM usage_turns u WHERE u.run_id = r.run_id) AS turns, "

@@ -111,6 +111,7 @@ async def _stored(engine: AsyncEngine, run_id: str) -> dict[str, Any]:
             for k in (
                 "status",
                 "result_text",
+                "format",
                 "task_outcome",
                 "warnings",
                 "error",
@@ -315,11 +316,17 @@ async def test_a_completion_stores_each_record_once(engine: AsyncEngine) -> None
     """Stored by reference (format 3): run.completed without the answer and the usage total,
     which the run keeps, and each part.added of a final part as its index, whose row holds it;
     (format 4) usage.updated without its turn, whose row names the event; every other event
-    whole, as format 2. Read back, each is what was published, whole. While the release before
-    this one runs (format 3), usage.updated is stored whole; while the one before that runs
-    (format 2), every event is."""
+    whole, as format 2; (format 5) the answer as its parts alone (`runs.result_text` NULL, the
+    row's format 5). Read back, each is what was published, whole, and the run shows its
+    answer. While the release before this one runs (format 4), the answer is stored whole; while
+    the one before that runs (format 3), usage.updated is too; before that (2), every event."""
     await _tenant(engine, "t1")
-    for stored_format in (formats.NEWEST, formats.BY_REFERENCE, formats.CURRENT):
+    for stored_format in (
+        formats.NEWEST,
+        formats.USAGE_BY_REFERENCE,
+        formats.BY_REFERENCE,
+        formats.CURRENT,
+    ):
         execution = _execution(engine, stored_format)
         admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
         conversation = f"c{stored_format}"
@@ -341,7 +348,7 @@ async def test_a_completion_stores_each_record_once(engine: AsyncEngine) -> None
                 ("tool.completed", {"toolCallId": "toolu_1", "name": "get_time"}, 2),
                 (
                     ("usage.updated", {"total": usage["total"]}, 4)
-                    if stored_format == formats.USAGE_BY_REFERENCE
+                    if stored_format >= formats.USAGE_BY_REFERENCE
                     else ("usage.updated", usage, 2)
                 ),
                 ("part.added", {"partIndex": 2}, 3),
@@ -350,6 +357,15 @@ async def test_a_completion_stores_each_record_once(engine: AsyncEngine) -> None
         else:
             assert [(seq, kind, payload) for seq, kind, payload, _ in stored] == published
             assert {format for *_, format in stored} == {formats.CURRENT}
+        # The answer: its part alone from format 5 on, else the run's column too.
+        whole = ("It is noon.", formats.CURRENT)
+        by_reference = (None, formats.ANSWER_BY_REFERENCE)
+        assert (rows["run"]["result_text"], rows["run"]["format"]) == (
+            by_reference if stored_format >= formats.ANSWER_BY_REFERENCE else whole
+        )
+        assert run.result_text == "It is noon."  # as the completion returned it
+        async with engine.connect() as conn:
+            assert (await runs_repo.get_run(conn, "t1", run.run_id)).result_text == "It is noon."
         read = await _read_back(engine, run.run_id)
         assert [(e.seq, e.type, dict(e.payload)) for e in read[2:]] == published
         # A webhook delivery carries each one whole too, read on its own.
@@ -357,6 +373,90 @@ async def test_a_completion_stores_each_record_once(engine: AsyncEngine) -> None
             for seq, kind, payload in published:
                 one = await webhook_dispatch.stored_event(conn, run.run_id, seq)
                 assert one is not None and (one.type, dict(one.payload)) == (kind, payload)
+
+
+async def test_an_answer_its_parts_do_not_hold_by_the_one_rule_is_stored_whole(
+    engine: AsyncEngine,
+) -> None:
+    """A run a limit stopped answers with the text of every turn (`final_text(0)`), which its
+    last turn's parts alone do not hold: the answer is stored whole, the row's format unchanged,
+    and shown as the worker gave it."""
+    await _tenant(engine, "t1")
+    execution = _execution(engine)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    run_id = (await admitter.admit(chat("e1", conversation="c1"))).run.run_id
+    await _claim(execution)
+    done = _tool_turn_then_answer()
+    assert done.in_flight is not None
+    said = Part(0, Role.ASSISTANT, Text("Let me look. "), final=True)
+    call = replace(done.in_flight.parts[0], index=1)
+    result = replace(done.in_flight.parts[1], index=2)
+    answer = replace(done.parts[0], index=3)
+    flight = replace(done.in_flight, parts=[said, call, result], events=[])
+    stopped = replace(
+        done,
+        ending=Completed("Let me look. It is noon.", "unresolved"),
+        in_flight=flight,
+        parts=[answer],
+        events=[],
+    )
+    await execution.attempts.complete(run_id, 1, stopped)
+    rows = await _stored(engine, run_id)
+    assert (rows["run"]["result_text"], rows["run"]["format"]) == (
+        "Let me look. It is noon.",
+        formats.CURRENT,
+    )
+    async with engine.connect() as conn:
+        shown = await runs_repo.get_run(conn, "t1", run_id)
+    assert shown.result_text == "Let me look. It is noon."
+
+
+def _ending_with(parts: list[Part], answer: str) -> Completion:
+    return Completion(
+        Completed(answer),
+        parts=parts,
+        turns=[ModelTurn(MODEL, 120, 30)],
+        stages={"attempt_ms": 20.0},
+        audit={"model": MODEL},
+    )
+
+
+async def test_each_run_shows_the_answer_its_own_parts_hold(engine: AsyncEngine) -> None:
+    """Runs of every shape, completed side by side (so that a rule reading another run's parts
+    would show): the answer is the assistant's text after the run's last part that is not the
+    assistant's, stored by reference when the worker's answer is exactly that; a run with no
+    answer stores none."""
+    await _tenant(engine, "t1")
+    execution = _execution(engine)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+
+    def call(index: int) -> Part:
+        return Part(index, Role.ASSISTANT, ToolCall(f"toolu_{index}", "get_time", {}), final=True)
+
+    def result(index: int) -> Part:
+        return Part(index, Role.TOOL, ToolResult(f"toolu_{index - 1}", "noon"), final=True)
+
+    def text(index: int, said: str) -> Part:
+        return Part(index, Role.ASSISTANT, Text(said), final=True)
+
+    shapes = {
+        "one text": ([text(0, "a")], "a"),
+        "tool, then two texts": ([call(0), result(1), text(2, "b1 "), text(3, "b2")], "b1 b2"),
+        "text, tool, text": ([text(0, "x "), call(1), result(2), text(3, "y")], "y"),
+        "no text": ([call(0), result(1)], ""),
+    }
+    ids = {}
+    for i, (name, (parts, answer)) in enumerate(shapes.items()):
+        ids[name] = (await admitter.admit(chat(f"s{i}", conversation=f"s{i}"))).run.run_id
+        await _claim(execution)
+        await execution.attempts.complete(ids[name], 1, _ending_with(parts, answer))
+    for name, (_, answer) in shapes.items():
+        stored = (await _stored(engine, ids[name]))["run"]
+        async with engine.connect() as conn:
+            shown = await runs_repo.get_run(conn, "t1", ids[name])
+        assert (shown.result_text or "") == answer, name
+        expected = (None, formats.ANSWER_BY_REFERENCE) if answer else (None, formats.CURRENT)
+        assert (stored["result_text"], stored["format"]) == expected, name
 
 
 async def test_a_batch_that_landed_already_is_not_written_again(engine: AsyncEngine) -> None:

@@ -15,6 +15,7 @@ import grpc
 from sqlalchemy import insert, select, update
 
 from services.interactions.sealing import Keyring
+from services.orchestrator.repositories.answers import READ_RUN
 from tests.conftest import clone_database, drop_database
 from tether import apikeys, credentials
 from tether.db.engine import create_engine
@@ -149,10 +150,12 @@ class Tenant:
 
 
 async def run_row(db_url: str, run_id: str) -> Any:
+    """The run's row as every reader takes it (`READ_RUN`: a completed run's answer from its
+    parts when they hold it, stored format 5)."""
     engine = create_engine(db_url, pool_size=1)
     try:
         async with engine.connect() as conn:
-            return (await conn.execute(select(runs).where(runs.c.run_id == run_id))).one()
+            return (await conn.execute(select(*READ_RUN).where(runs.c.run_id == run_id))).one()
     finally:
         await engine.dispose()
 

@@ -3,9 +3,10 @@ before it stored: parts, events and pending interactions in format 1, kept as fi
 release (71abcdb) wrote on its own stack through its own CLI (`fixtures/format1_71abcdb.json`).
 Runs it left parked resume here and finish; a payload in a format newer than this release's is
 refused with a clear error, never read with a field dropped. And the other way: a run completed
-here stores its answer once (format 3, run.completed by reference) and each model turn's usage
-once (format 4, usage.updated without its turn), and streams whole; while the release before
-this one still runs, the orchestrator pinned to its format (3) stores nothing it cannot read."""
+here stores its answer once (format 3, run.completed by reference; format 5, the answer as its
+parts alone) and each model turn's usage once (format 4, usage.updated without its turn), and
+streams and reads whole; while the release before this one still runs, the orchestrator pinned
+to its format (4) stores nothing it cannot read, nor pinned to the one before that's (3)."""
 
 from __future__ import annotations
 
@@ -257,7 +258,8 @@ async def test_a_run_this_release_completes_stores_each_record_once_and_streams_
     run_id = sent.run.run_id
     await wait_for_status(running.db_url, run_id, "completed")
     run, stored = await _stored(running.db_url, run_id)
-    assert run.result_text
+    # The answer is its part alone (format 5): the row keeps no copy.
+    assert (run.result_text, run.format) == (None, formats.ANSWER_BY_REFERENCE)
     by_type = {e.type: e for e in stored}
     terminal, added = by_type["run.completed"], by_type["part.added"]
     assert (terminal.format, added.format) == (formats.BY_REFERENCE, formats.BY_REFERENCE)
@@ -270,7 +272,11 @@ async def test_a_run_this_release_completes_stores_each_record_once_and_streams_
     assert turn.event_seq == usage.seq
     streamed = await _streamed(client, run_id)
     completed, part = streamed["run.completed"], streamed["part.added"].part
-    assert completed.result_text == run.result_text == part.text.text and part.final
+    assert completed.result_text == part.text.text and part.text.text and part.final
+    shown = (await client.get_run(run_id)).run
+    assert shown.result_text == part.text.text
+    listed = [r for r in (await client.list_runs()).runs if r.run_id == run_id]
+    assert [r.result_text for r in listed] == [part.text.text]
     assert completed.usage.output_tokens == run.usage["output_tokens"] > 0
     streamed_turn = streamed["usage.updated"].turn
     assert (streamed_turn.model, streamed_turn.output_tokens, streamed_turn.cost_micros) == (
@@ -297,15 +303,17 @@ async def _turns(db_url: str, run_id: str) -> list[Any]:
         await engine.dispose()
 
 
+@pytest.mark.parametrize("pin", [formats.USAGE_BY_REFERENCE, formats.BY_REFERENCE])
 async def test_while_a_release_before_runs_a_completion_is_stored_as_it_reads_it(
-    pg_server_url: str, template_db: str, redis_url: str, tmp_path_factory: Any
+    pg_server_url: str, template_db: str, redis_url: str, tmp_path_factory: Any, pin: int
 ) -> None:
-    """During a rolling deploy from the release before (TETHER_ORCHESTRATOR_STORED_FORMAT=3),
-    every event a run stores is in a format that release reads: usage.updated whole, with its
-    turn (its format, 4, that release refuses). A deploy from the release before that pins 2,
-    and every event is whole (test_completion_statement covers each pin)."""
+    """During a rolling deploy from the release before (TETHER_ORCHESTRATOR_STORED_FORMAT=4),
+    a run's answer is stored whole (`runs.result_text`; the row's format, 5, that release
+    refuses, is not written); from the one before that (3), usage.updated is whole too, with its
+    turn (format 4). A deploy from the release before those pins 2, and every event is whole
+    (test_completion_statement covers each pin)."""
     run_dir = Path(tmp_path_factory.mktemp("pinned-format"))
-    pinned = {"TETHER_ORCHESTRATOR_STORED_FORMAT": str(formats.BY_REFERENCE)}
+    pinned = {"TETHER_ORCHESTRATOR_STORED_FORMAT": str(pin)}
     async with exec_stack(
         pg_server_url, template_db, redis_url, run_dir, workers=1, extra_env=pinned
     ) as running:
@@ -315,11 +323,15 @@ async def test_while_a_release_before_runs_a_completion_is_stored_as_it_reads_it
             run_id = sent.run.run_id
             await wait_for_status(running.db_url, run_id, "completed")
             run, stored = await _stored(running.db_url, run_id)
-            assert {e.format for e in stored} == {formats.CURRENT, formats.BY_REFERENCE}
+            assert run.result_text and run.format == formats.CURRENT
             by_type = {e.type: e for e in stored}
             usage = by_type["usage.updated"]
-            assert usage.format == formats.CURRENT
-            assert int(usage.payload["turn"]["outputTokens"]) == run.usage["output_tokens"]
+            if pin == formats.BY_REFERENCE:
+                assert {e.format for e in stored} == {formats.CURRENT, formats.BY_REFERENCE}
+                assert usage.format == formats.CURRENT
+                assert int(usage.payload["turn"]["outputTokens"]) == run.usage["output_tokens"]
+            else:
+                assert usage.format == formats.USAGE_BY_REFERENCE
             streamed = await _streamed(client, run_id)
             assert streamed["run.completed"].result_text == run.result_text
             assert streamed["usage.updated"].turn.output_tokens == run.usage["output_tokens"]

@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.selectable import Alias
 
 from services.orchestrator.repositories.agents import published
+from services.orchestrator.repositories.answers import READ_RUN
 from services.orchestrator.repositories.transitions import (
     EVENT_COUNT,
     appended_events,
@@ -118,7 +119,7 @@ async def held_parent(
 
 _PARENT = runs.alias("parent")
 _STARTED = (
-    select(runs)
+    select(*READ_RUN)
     .join(_PARENT, _PARENT.c.run_id == runs.c.tree_parent_run_id)
     .where(
         _PARENT.c.run_id == bindparam("s_run_id"),
@@ -147,7 +148,7 @@ async def started_child(
 
 async def child(conn: AsyncConnection, run_id: str) -> Run:
     """A child run (one its parent's delegate call started)."""
-    row = (await conn.execute(select(runs).where(runs.c.run_id == run_id))).one()
+    row = (await conn.execute(select(*READ_RUN).where(runs.c.run_id == run_id))).one()
     return Run.from_row(row._mapping)
 
 

@@ -17,7 +17,7 @@ of those statements then needs a migration replacing the function).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import (
@@ -36,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import BindParameter
 
 from services.orchestrator.repositories import leases, progress
+from services.orchestrator.repositories.answers import answer_of
 from services.orchestrator.repositories.transitions import (
     HAND_OVER,
     LEASE_EPOCH,
@@ -122,6 +123,9 @@ _INPUTS: list[tuple[str, Any]] = [
     *[(k, runs.c[k].type) for k in _REPORTED],
     ("stages", JSONB()),
     ("audit_detail", JSONB()),
+    # Whether the answer may be stored as its parts alone (stored format 5): the release
+    # before calls the function without it, which PostgreSQL keeps beside this one (0044).
+    ("answer_by_reference", Boolean()),
 ]
 # Its outputs: what it did, whether the in-flight batch landed, the session's next head, and
 # the run as completed (NULL unless it did).
@@ -205,7 +209,9 @@ async def complete(
     completed = [*events, run_completed(ending, row.usage)]
     landed = list(flight.events) if row.flight_landed else []
     stored = numbered(row.last_seq, [*landed, *completed])
-    moved = Moved(Run.from_row(row._mapping), stored[len(landed) :], row.handed_over)
+    # The answer as the worker gave it, which the row holds or its parts do (format 5).
+    run = replace(Run.from_row(row._mapping), result_text=ending.result_text or None)
+    moved = Moved(run, stored[len(landed) :], row.handed_over)
     return Ended(moved, stored[: len(landed)])
 
 
@@ -250,6 +256,7 @@ def complete_params(
         **{k: reported[k] for k in _REPORTED},
         "stages": dict(stages),
         "audit_detail": dict(audit),
+        "answer_by_reference": stored_format >= formats.ANSWER_BY_REFERENCE,
     }
 
 
@@ -325,6 +332,7 @@ def function_ddl() -> str:
         "error": None,
         "finished_at": NOW,
         "usage": "bound",
+        "format": "bound",
     }
     move = _sql(
         move_statement(_COMPLETE, move_values),
@@ -334,9 +342,11 @@ def function_ddl() -> str:
             "e_types": "_e_types",
             "e_payloads": "_e_payloads",
             "v_usage": "_usage",
+            "v_format": "_run_format",
             **reported,
         },
     )
+    answer = _sql(select(answer_of(bindparam("a_run_id"))), {"a_run_id": "_run_id"}, depth=2)
     session = {"h_session_id": "_moved.session_id", "h_run_id": "_run_id"}
     end_attempt = _sql(
         leases.end_attempt_statement(),
@@ -363,6 +373,8 @@ DECLARE
     _session record;
     _next text;
     _seq_before bigint;
+    _run_format smallint;
+    _answer text;
 BEGIN
     IF NOT _proceed THEN
         -- A cancel was accepted first: nothing is written; the caller ends the run cancelled.
@@ -372,7 +384,8 @@ BEGIN
     END IF;
     -- The events take the seqs after the run's last: the in-flight batch's, then the
     -- completion's. Each turn names its usage.updated's.
-    SELECT runs.last_seq INTO _seq_before FROM runs WHERE runs.run_id = _run_id;
+    SELECT runs.last_seq, runs.format INTO _seq_before, _run_format
+    FROM runs WHERE runs.run_id = _run_id;
     IF _flight_lands THEN
         -- The checkpoint the worker had no answer for, unless it landed already.
 {_sql(progress.PARTS, _batch("flight_"), depth=2)};
@@ -384,6 +397,16 @@ BEGIN
     IF _flight_lands THEN
         _e_types := _flight_e_types || _e_types;
         _e_payloads := _flight_e_payloads || _e_payloads;
+    END IF;
+    IF _answer_by_reference AND _result_text IS NOT NULL THEN
+        -- The answer stored once, as its parts (format {formats.ANSWER_BY_REFERENCE}), when
+        -- they hold exactly the worker's (repositories/answers.py); else whole, as before.
+{answer}
+        INTO _answer;
+        IF _answer IS NOT DISTINCT FROM _result_text THEN
+            _result_text := NULL;
+            _run_format := greatest(_run_format, {formats.ANSWER_BY_REFERENCE});
+        END IF;
     END IF;
 {_sql(progress.USAGE_TOTAL, {"run_id": "_run_id"})}
     INTO _total;

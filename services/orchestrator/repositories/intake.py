@@ -31,6 +31,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from services.orchestrator.repositories.answers import READ_RUN
+
 # RACED and retag are admission's too (it may import the intake alone of the orchestrator).
 from services.orchestrator.repositories.fair_tags import CAPPED, QUEUE_ROW, START
 from services.orchestrator.repositories.fair_tags import RACED as RACED
@@ -273,7 +275,8 @@ async def create_child_run(
     return await retag(conn, run) if row.fair_raced else run
 
 
-_RUN_BY_ID = select(runs).where(runs.c.run_id == bindparam("run_id"))
+# A run as readers show it (its answer too when its parts hold it: `answers`).
+_RUN_BY_ID = select(*READ_RUN).where(runs.c.run_id == bindparam("run_id"))
 # FOR KEY SHARE: the run cannot be removed (retention) while a retry of it is inserted.
 _RUN_BY_ID_HELD = _RUN_BY_ID.with_for_update(read=True, key_share=True)
 
@@ -292,7 +295,9 @@ async def claimed_run(conn: AsyncConnection, run_id: str, *, hold: bool = False)
 async def visible_run(conn: AsyncConnection, viewer: Viewer, run_id: str) -> Run:
     """The run a caller names (to retry it), or NotFound when it is absent or not the
     viewer's to see (the same answer)."""
-    row = (await conn.execute(select(runs).where(runs.c.run_id == run_id, viewer.sees()))).first()
+    row = (
+        await conn.execute(select(*READ_RUN).where(runs.c.run_id == run_id, viewer.sees()))
+    ).first()
     if row is None:
         raise NotFound(f"run {run_id!r} not found")
     return Run.from_row(row._mapping)
@@ -311,7 +316,7 @@ _LINEAGE = _LINEAGE.union_all(
     )
 )
 _LATEST_RETRY = (
-    select(runs)
+    select(*READ_RUN)
     .join(_LINEAGE, _LINEAGE.c.run_id == runs.c.run_id)
     .order_by(_LINEAGE.c.depth.desc())
     .limit(1)

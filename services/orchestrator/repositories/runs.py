@@ -27,6 +27,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.orchestrator.repositories import parts as parts_repo
+from services.orchestrator.repositories.answers import READ_RUN
 from services.orchestrator.repositories.transitions import LEASE_HELD
 from tether import formats
 from tether.db.schema import attempts, routings, run_events, runs, usage_turns
@@ -54,8 +55,10 @@ _TURNS_SO_FAR = (
     .where(usage_turns.c.run_id == runs.c.run_id)
     .scalar_subquery()
 )
+# A run as readers show it (`READ_RUN`: its answer where it is stored, as its parts when it is
+# stored by reference), with its usage so far.
 SHOWN_RUN = (
-    *[c for c in runs.c if c.name != "usage"],
+    *[c for c in READ_RUN if c.name != "usage"],
     case((runs.c.usage == literal_column("'{}'::jsonb"), _TURNS_SO_FAR), else_=runs.c.usage).label(
         "usage"
     ),
@@ -83,7 +86,7 @@ async def _find_run(
 
 async def get_run(conn: AsyncConnection, tenant_id: str, run_id: str) -> Run:
     """The run, or NotFound when it is absent or another tenant's (the same answer)."""
-    return await _find_run(conn, run_id, runs.c.tenant_id == tenant_id)
+    return await _find_run(conn, run_id, runs.c.tenant_id == tenant_id, columns=READ_RUN)
 
 
 async def visible_run(
@@ -101,7 +104,7 @@ async def visible_run_facts(
     """The run and `lease_held`: whether it is running under `held_epoch` now, by the one lease
     fence (false when `held_epoch` is None); NotFound when it is absent or not the viewer's to
     see (the same answer)."""
-    stmt = select(runs, func.coalesce(LEASE_HELD, false()).label("lease_held")).where(
+    stmt = select(*READ_RUN, func.coalesce(LEASE_HELD, false()).label("lease_held")).where(
         runs.c.run_id == run_id, viewer.sees()
     )
     row = (await conn.execute(stmt, {"held_epoch": held_epoch})).first()
@@ -339,7 +342,7 @@ async def lineage_of(conn: AsyncConnection, viewer: Viewer, run: Run) -> list[Ru
         select(retry.c.run_id, chain.c.depth + 1).where(retry.c.parent_run_id == chain.c.run_id)
     )
     stmt = (
-        select(runs)
+        select(*READ_RUN)
         .join(chain, chain.c.run_id == runs.c.run_id)
         .where(viewer.sees())
         .order_by(chain.c.depth)

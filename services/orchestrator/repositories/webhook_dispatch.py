@@ -12,6 +12,7 @@ from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.orchestrator.repositories import runs as runs_repo
+from services.orchestrator.repositories.answers import shown_result_text
 from services.orchestrator.repositories.webhooks import (
     WAITING,
     Claimed,
@@ -198,7 +199,7 @@ async def stored_event(conn: AsyncConnection, run_id: str, seq: int) -> LoggedEv
     once retention removed its run."""
     row = (
         await conn.execute(
-            select(run_events, runs.c.result_text, runs.c.usage)
+            select(run_events, shown_result_text(runs), runs.c.usage)
             .join(runs, runs.c.run_id == run_events.c.run_id)
             .where(run_events.c.run_id == run_id, run_events.c.seq == seq)
         )
