@@ -17,6 +17,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import func, select
 
+from services.orchestrator.repositories.answers import READ_RUN
 from tests.system.execution_support import ExecStack, exec_stack
 from tests.system.streaming_support import transcript
 from tether.client import TetherClient
@@ -158,7 +159,8 @@ async def _outcomes(db_url: str, tenant_id: str) -> tuple[dict[str, Any], dict[s
     engine = create_engine(db_url, pool_size=1)
     try:
         async with engine.connect() as conn:
-            found = await conn.execute(select(runs).where(runs.c.tenant_id == tenant_id))
+            # As every reader takes a run (its answer from its parts, when they hold it).
+            found = await conn.execute(select(*READ_RUN).where(runs.c.tenant_id == tenant_id))
             rows = {row.run_id: row for row in found}
             counted = await conn.execute(
                 select(run_events.c.run_id, func.count())
