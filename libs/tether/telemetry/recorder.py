@@ -259,11 +259,20 @@ class RecordingTracerProvider(trace.TracerProvider):
     """The tracer provider of a service exporting its spans: `RecordingTracer`s sharing one
     batch processor, flushed when the process exits normally."""
 
-    def __init__(self, resource: Resource, exporter: SpanExporter | None = None) -> None:
+    def __init__(
+        self,
+        resource: Resource,
+        exporter: SpanExporter | None = None,
+        *,
+        max_queue_size: int | None = None,
+    ) -> None:
         # The SDK's provider reads the sampler from OTEL_TRACES_SAMPLER(_ARG) as it documents;
         # it is kept for that and for nothing else (it records no span).
         self.sampler: Sampler = SdkTracerProvider(resource=resource, shutdown_on_exit=False).sampler
-        self.processor = BatchSpanProcessor(exporter or RecordedSpanExporter(resource))
+        # The queue's bound: OTEL_BSP_MAX_QUEUE_SIZE (2048) unless given.
+        self.processor = BatchSpanProcessor(
+            exporter or RecordedSpanExporter(resource), max_queue_size=max_queue_size
+        )
         self._tracers: dict[str, RecordingTracer] = {}
         atexit.register(self.shutdown)
 
