@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from bench import hotpath_counts, hotpath_queue, hotpath_upkeep
+from bench import hotpath_counts, hotpath_queue, hotpath_upkeep, pg_users
 from bench.common import Servers, bench_servers, closed_loop, emit, percentile
 from bench.floors import FLOOR_EACH_RUN, floor_load
 from bench.hotpath_stage import NOT_THE_STACK, Stage, cpu_meter, ms_by_role, redis_pid, stage
@@ -169,11 +169,15 @@ async def saturated(servers: Servers, current: Stage, light: Light) -> None:
     loop's, saturated the same way and measured right after; and the topology floor's, with its
     light-load p50 (measured with the runs') over the floor loop's."""
     meter = cpu_meter(servers, current, await redis_pid(servers.redis_url))
+    pg_before = await pg_users.sample(current.db_url)
     before = meter.sample()
     result = await saturate(
         current.db_url, current.client, runs=SATURATED_RUNS, poll_s=SATURATED_POLL_S
     )
     used = meter.sample() - before
+    pg_used = pg_users.by_user(
+        pg_before, await pg_users.sample(current.db_url), used.by_role["postgres"]
+    )
     async with floor_load(
         current.model.base_url,
         current.services.addresses()["gateway"],
@@ -239,6 +243,7 @@ async def saturated(servers: Servers, current: Stage, light: Light) -> None:
         cpu_ms_per_run=round(cpu_ms, 3),
         floor_cpu_ms_per_iteration=round(floor_cpu_ms, 3),
         cpu_ms_per_run_by_process=ms_by_role(used.by_role, completed),
+        postgres_cpu_ms_per_run_by_user=ms_by_role(pg_used, completed),
         floor_cpu_ms_per_iteration_by_process=ms_by_role(floor_roles, floor.iterations),
         cores_busy=round(used.total / result.seconds, 3),
         floor_cores_busy=round(floor_cpu / floor.seconds, 3),
@@ -247,7 +252,7 @@ async def saturated(servers: Servers, current: Stage, light: Light) -> None:
         "process: the services, the workers, PostgreSQL (postmaster and backends, ended ones "
         "through the postmaster's reaped-children time), Redis, the model server and the bench "
         "(the load generator); the floor the same way over its timed loops, its own processes "
-        "included",
+        "included. PostgreSQL's by the application_name of each backend's pool (bench.pg_users)",
     )
 
 

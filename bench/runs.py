@@ -637,7 +637,7 @@ async def saturate(db_url: str, client: TetherClient, *, runs: int, poll_s: floa
     """Admit `runs` one-turn runs, each in its own conversation, from SUBMITTERS concurrent
     callers, and wait until all are terminal, polling the database every `poll_s`."""
     tag = uuid.uuid4().hex[:8]
-    db = await asyncpg.connect(db_url)
+    db = await asyncpg.connect(db_url, server_settings={"application_name": "bench"})
     since = await db.fetchval("SELECT clock_timestamp()")
     count_sql = (
         "SELECT status, count(*) FROM runs WHERE tenant_id = 'bench' AND created_at >= $1 "

@@ -44,7 +44,7 @@ async def amain(
     keyring: Keyring,
 ) -> None:
     """Run the interactions service until signalled."""
-    engine = create_engine(settings.database_url, pool_size=settings.pool_size)
+    engine = create_engine(settings.database_url, pool_size=settings.pool_size, user="interactions")
     channel = internal_channel(
         settings.orchestrator_addr, credential, service="orchestrator", tls=tls
     )

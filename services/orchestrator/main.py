@@ -62,9 +62,12 @@ async def amain(
     credential: str = "",
 ) -> None:
     """Run the orchestrator until signalled."""
-    engine = create_engine(settings.database_url, pool_size=settings.pool_size)
+    engine = create_engine(settings.database_url, pool_size=settings.pool_size, user="orchestrator")
     claim_engine = create_engine(
-        settings.database_url, pool_size=settings.claim_pool_size, planner=CLAIM_PLANNER
+        settings.database_url,
+        pool_size=settings.claim_pool_size,
+        planner=CLAIM_PLANNER,
+        user="orchestrator-claims",
     )
     bus = Bus(settings.redis_url)
     execution = Execution.build(

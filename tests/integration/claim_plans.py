@@ -1,5 +1,6 @@
 """What a claim statement reads: the claim a test makes, caught as it goes to PostgreSQL, made
-again under EXPLAIN ANALYZE in a transaction that is undone."""
+again under EXPLAIN ANALYZE in a transaction that is undone: planned afresh, or (`kept`) with
+the plan the connection that sent it keeps for it."""
 
 from __future__ import annotations
 
@@ -25,10 +26,14 @@ def rows_read(plan: dict[str, Any], tables: Collection[str]) -> int:
     return read
 
 
-async def claimed_and_explained(engine: AsyncEngine, claim: Awaitable[T]) -> tuple[T, Any]:
+async def claimed_and_explained(
+    engine: AsyncEngine, claim: Awaitable[T], *, kept: bool = False
+) -> tuple[T, Any]:
     """What `claim` returned, and the plan (EXPLAIN ANALYZE's root node) of the last claim
     statement it sent through `engine`, made again there on a connection of its own and undone
-    (so it leases what the next claim would)."""
+    (so it leases what the next claim would). `kept`: with the plan that connection keeps for
+    the statement (its prepared statement's, EXPLAIN EXECUTE), which is the one its claims run
+    with, not one made now; `engine` has one connection, the claim's."""
     sent: list[tuple[str, Any]] = []
 
     def caught(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> None:
@@ -47,9 +52,31 @@ async def claimed_and_explained(engine: AsyncEngine, claim: Awaitable[T]) -> tup
         undone = driver.transaction()
         await undone.start()
         try:
-            found = await driver.fetchval(
-                f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *parameters
-            )
+            if kept:
+                found = await driver.fetchval(await _executed(driver, statement, parameters))
+            else:
+                found = await driver.fetchval(
+                    f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *parameters
+                )
         finally:
             await undone.rollback()
     return result, (json.loads(found) if isinstance(found, str) else found)[0]["Plan"]
+
+
+async def _executed(driver: Any, statement: str, parameters: Any) -> str:
+    """EXPLAIN ANALYZE of EXECUTE of `statement`'s prepared statement on `driver`'s connection,
+    with `parameters`: EXECUTE takes no parameters of its own, so each value goes through a
+    setting local to the transaction, as text, cast back to the statement's type."""
+    name, types = await driver.fetchrow(
+        "SELECT name, parameter_types::text[] FROM pg_prepared_statements WHERE statement = $1",
+        statement,
+    )
+    arguments = []
+    for n, (type_, value) in enumerate(zip(types, parameters, strict=True), start=1):
+        if value is None:
+            arguments.append(f"NULL::{type_}")
+            continue
+        kept = f"SELECT set_config('claim_plan.p{n}', $1::{type_}::text, true)"
+        await driver.fetchval(kept, value)
+        arguments.append(f"current_setting('claim_plan.p{n}')::{type_}")
+    return f'EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE "{name}"({", ".join(arguments)})'

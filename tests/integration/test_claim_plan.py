@@ -73,3 +73,36 @@ async def test_the_claims_pool_walks_the_fair_index_past_a_burst_no_statistics_s
     assert len(leased) == 1
     read = rows_read(plan, {"runs"})
     assert read < 30, f"the claim read {read} runs rows, {BURST} queued"
+
+
+GROWN = 400
+
+
+async def test_the_claims_pool_keeps_reaching_runs_by_index_after_planning_on_a_tiny_table(
+    engine: AsyncEngine, db_url: str
+) -> None:
+    """A claims' pool connection plans its claim once (CLAIM_PLANNER) and keeps that plan, often
+    made on a table of a few runs (a fresh deployment, a replica started early): there, the
+    planner found a sequential scan of `runs` cheaper than a primary-key probe for each run it
+    leases, and every claim after read the whole table, however large it grew. The plan the
+    connection keeps reaches the runs by index."""
+    await _tenant(engine, "ttiny")
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    claim_engine = create_engine(db_url, pool_size=1, planner=CLAIM_PLANNER)
+    try:
+        replica = Execution.build(
+            engine, None, lease_ttl_s=30, claim_poll_s=60, claim_engine=claim_engine
+        )
+        await admitter.admit(chat("ttiny-first", tenant="ttiny", conversation="first"))
+        # Planned here, on a table of one run.
+        assert len(await replica.claims.claim_many("w-tiny", 1)) == 1
+        for n in range(GROWN):
+            await admitter.admit(chat(f"ttiny-{n}", tenant="ttiny", conversation=f"t-{n}"))
+        leased, plan = await claimed_and_explained(
+            claim_engine, replica.claims.claim_many("w-tiny", 1), kept=True
+        )
+    finally:
+        await claim_engine.dispose()
+    assert len(leased) == 1
+    read = rows_read(plan, {"runs"})
+    assert read < 30, f"the claim read {read} runs rows, {GROWN} queued"

@@ -21,6 +21,7 @@ import grpc
 import pytest
 import pytest_asyncio
 from sqlalchemy import func, select
+from sqlalchemy import text as text_sql
 
 from tests.conftest import drop_database
 from tests.system.execution_support import ExecStack, Tenant, exec_stack, wait_for_status
@@ -173,6 +174,29 @@ async def test_a_runs_attempts_turns_and_stages_are_read_and_hidden_as_every_run
         async with http.get(f"{base}/v1/runs/{run_id}/attempts", headers=headers) as response:
             assert response.status == 404
             assert (await response.json())["error"]["status"] == "NOT_FOUND"
+
+
+async def test_each_services_connections_say_whose_they_are(stack: ExecStack) -> None:
+    """An operator reading pg_stat_activity (a lock wait, a long statement) sees which service
+    a backend serves: each pool names itself (`tether.db.engine.application_name`)."""
+    tenant = await stack.tenant()
+    text = prompt("whose connection")
+    stack.model.script(text, [TextTurn("mine")])
+    await wait_for_status(stack.db_url, await send(tenant, text), "completed")
+    engine = create_engine(stack.db_url, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            found = await conn.execute(
+                text_sql(
+                    "SELECT DISTINCT application_name FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+            names = {row[0] for row in found}
+    finally:
+        await engine.dispose()
+    expected = {"admission", "orchestrator", "orchestrator-claims", "gateway"}
+    assert {f"tether-{service}" for service in expected} <= names, names
 
 
 # -- retry ---------------------------------------------------------------------------------------
