@@ -41,7 +41,8 @@ from bench.common import bench_database, bench_servers, emit
 from services.admission.adapters import normalise
 from services.admission.domain import FreshnessPolicy, InboundEvent
 from services.admission.service import Admitter
-from services.orchestrator.claims import CLAIM_PLANNER, Claims
+from services.orchestrator.claim_planner import CLAIM_PLANNER
+from services.orchestrator.claims import Claims
 from services.orchestrator.execution import Execution
 from tether import apikeys
 from tether.db.engine import create_engine

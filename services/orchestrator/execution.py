@@ -62,8 +62,8 @@ class Execution:
         stored_format: int = formats.NEWEST,
     ) -> Execution:
         """The rooms over one engine and bus (and the claims over `claim_engine`, if given: a
-        pool of their own, planned with `claims.CLAIM_PLANNER`); the lease's writes are stored in
-        `stored_format` (see `OrchestratorSettings.stored_format`)."""
+        pool of their own, planned with `claim_planner.CLAIM_PLANNER`); the lease's writes are
+        stored in `stored_format` (see `OrchestratorSettings.stored_format`)."""
         publisher = Publisher(bus)
         prices = Prices()
         attempts = Attempts(

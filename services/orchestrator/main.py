@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from services.orchestrator import observed
 from services.orchestrator.children import SCAN_EVERY_S
-from services.orchestrator.claims import CLAIM_PLANNER
+from services.orchestrator.claim_planner import CLAIM_PLANNER
 from services.orchestrator.execution import Execution
 from services.orchestrator.limit_store import LimitStore
 from services.orchestrator.maintenance import listen_for_hints

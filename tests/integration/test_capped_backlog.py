@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
 from services.orchestrator.caps import CapWatch
-from services.orchestrator.claims import CLAIM_PLANNER
+from services.orchestrator.claim_planner import CLAIM_PLANNER
 from services.orchestrator.execution import Execution
 from tests.integration.claim_plans import claimed_and_explained, rows_read
 from tests.integration.test_admission import _tenant, chat
