@@ -175,7 +175,7 @@ async def saturated(servers: Servers, current: Stage, light: Light) -> None:
         current.db_url, current.client, runs=SATURATED_RUNS, poll_s=SATURATED_POLL_S
     )
     used = meter.sample() - before
-    pg_used = pg_users.by_user(
+    pg_used = pg_users.by_application(
         pg_before, await pg_users.sample(current.db_url), used.by_role["postgres"]
     )
     async with floor_load(
@@ -243,7 +243,7 @@ async def saturated(servers: Servers, current: Stage, light: Light) -> None:
         cpu_ms_per_run=round(cpu_ms, 3),
         floor_cpu_ms_per_iteration=round(floor_cpu_ms, 3),
         cpu_ms_per_run_by_process=ms_by_role(used.by_role, completed),
-        postgres_cpu_ms_per_run_by_user=ms_by_role(pg_used, completed),
+        postgres_cpu_ms_per_run_by_application=ms_by_role(pg_used, completed),
         floor_cpu_ms_per_iteration_by_process=ms_by_role(floor_roles, floor.iterations),
         cores_busy=round(used.total / result.seconds, 3),
         floor_cores_busy=round(floor_cpu / floor.seconds, 3),

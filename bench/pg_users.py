@@ -31,7 +31,7 @@ async def sample(db_url: str) -> Sample:
     return {pid: (who or ENDED, cpu_s(pid)) for pid, who in rows}
 
 
-def by_user(before: Sample, after: Sample, server_s: float) -> dict[str, float]:
+def by_application(before: Sample, after: Sample, server_s: float) -> dict[str, float]:
     """CPU seconds between two samples by who the processes served; a process that started
     between them counts from 0. `server_s`: the whole server's CPU over the same window
     (bench.cpu.tree_cpu_s of the postmaster), whose share no live process holds is `ENDED`."""

@@ -25,7 +25,9 @@ async def amain(
     settings: AdmissionSettings, verifiers: dict[str, str], tls: MutualTls | None
 ) -> None:
     """Run the admission service until signalled."""
-    engine = create_engine(settings.database_url, pool_size=settings.pool_size, user="admission")
+    engine = create_engine(
+        settings.database_url, pool_size=settings.pool_size, application="admission"
+    )
     bus = Bus(settings.redis_url)
     admitter = Admitter(
         engine,

@@ -52,7 +52,9 @@ from tether.v1 import (
 
 async def amain(settings: GatewaySettings, credential: str, tls: MutualTls | None) -> None:
     """Run the gateway until signalled."""
-    engine = create_engine(settings.database_url, pool_size=settings.pool_size, user="gateway")
+    engine = create_engine(
+        settings.database_url, pool_size=settings.pool_size, application="gateway"
+    )
     admission = internal_channel(settings.admission_addr, credential, service="admission", tls=tls)
     orchestrator = internal_channel(
         settings.orchestrator_addr, credential, service="orchestrator", tls=tls

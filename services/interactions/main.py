@@ -44,7 +44,9 @@ async def amain(
     keyring: Keyring,
 ) -> None:
     """Run the interactions service until signalled."""
-    engine = create_engine(settings.database_url, pool_size=settings.pool_size, user="interactions")
+    engine = create_engine(
+        settings.database_url, pool_size=settings.pool_size, application="interactions"
+    )
     channel = internal_channel(
         settings.orchestrator_addr, credential, service="orchestrator", tls=tls
     )

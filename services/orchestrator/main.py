@@ -62,12 +62,14 @@ async def amain(
     credential: str = "",
 ) -> None:
     """Run the orchestrator until signalled."""
-    engine = create_engine(settings.database_url, pool_size=settings.pool_size, user="orchestrator")
+    engine = create_engine(
+        settings.database_url, pool_size=settings.pool_size, application="orchestrator"
+    )
     claim_engine = create_engine(
         settings.database_url,
         pool_size=settings.claim_pool_size,
         planner=CLAIM_PLANNER,
-        user="orchestrator-claims",
+        application="orchestrator-claims",
     )
     bus = Bus(settings.redis_url)
     execution = Execution.build(

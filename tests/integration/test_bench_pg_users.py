@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from bench.pg_users import ENDED, by_user, sample
+from bench.pg_users import ENDED, by_application, sample
 from tether.db.engine import create_engine
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -17,7 +17,7 @@ BURN = "SELECT count(*) FROM generate_series(1, 3000000)"
 
 
 async def test_a_pools_work_is_counted_under_its_name(db_url: str) -> None:
-    engine = create_engine(db_url, pool_size=1, user="probe")
+    engine = create_engine(db_url, pool_size=1, application="probe")
     try:
         async with engine.connect() as conn:
             await conn.execute(text("SELECT 1"))  # the backend is there before the first sample
@@ -29,7 +29,7 @@ async def test_a_pools_work_is_counted_under_its_name(db_url: str) -> None:
     live_s = sum(seconds - before.get(pid, ("", 0.0))[1] for pid, (_, seconds) in after.items())
     # The server's total as the postmaster's tree would give it, with a second more than the
     # live processes used: a backend that ended in between.
-    used = by_user(before, after, live_s + 1.0)
+    used = by_application(before, after, live_s + 1.0)
     # The kernel's per-process times are sampled by the tick: allow a few ticks.
     assert 0.1 <= used["tether-probe"] < 5.0, used
     assert abs(used[ENDED] - 1.0) < 0.05, used

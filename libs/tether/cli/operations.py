@@ -228,7 +228,7 @@ async def _database_checks(url: str) -> list[Check]:
     from tether.db.engine import create_engine
     from tether.db.migrate import SchemaState, applied_revisions, schema_state, shipped_revisions
 
-    engine = create_engine(url, pool_size=1, user="cli")
+    engine = create_engine(url, pool_size=1, application="cli")
     try:
         async with asyncio.timeout(PROBE_TIMEOUT_S):
             async with engine.connect() as conn:
@@ -365,7 +365,7 @@ async def cmd_migrate(args: argparse.Namespace, emit: Emit) -> int:
     url = _database_url(args)
 
     async def applied() -> str:
-        engine = create_engine(url, pool_size=1, user="cli")
+        engine = create_engine(url, pool_size=1, application="cli")
         try:
             return ", ".join(await applied_revisions(engine))
         finally:

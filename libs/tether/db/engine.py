@@ -75,11 +75,11 @@ def async_url(url: str) -> str:
     raise ValueError(f"not a PostgreSQL URL: {url!r}")
 
 
-def application_name(user: str | None) -> str:
+def application_name(application: str | None) -> str:
     """What a pool's connections call themselves on the server (pg_stat_activity's
-    application_name): `tether-<user>` for a service's pool (`tether-orchestrator`), `tether`
-    for a tool's or a test's."""
-    return "tether" if user is None else f"tether-{user}"
+    application_name): `tether-<application>` for a service's pool (`tether-orchestrator`),
+    `tether` for one that names none (a test's)."""
+    return "tether" if application is None else f"tether-{application}"
 
 
 def create_engine(
@@ -87,14 +87,14 @@ def create_engine(
     *,
     pool_size: int = 10,
     planner: Mapping[str, str] | None = None,
-    user: str | None = None,
+    application: str | None = None,
 ) -> AsyncEngine:
     """An engine with a bounded pool; statements are prepared and cached per connection.
     `planner`: settings every connection of the pool plans its statements with (for a pool
     that runs one statement whose plan must not depend on the statistics of the moment).
-    `user`: who uses the pool (`application_name`): an operator's pg_stat_activity, lock
-    waits and logs say which service a backend serves, and a bench can count PostgreSQL's
-    work by service.
+    `application`: what uses the pool (a service, a tool), as its connections' application_name:
+    an operator's pg_stat_activity, lock waits and logs say which service a backend serves,
+    and a bench can count PostgreSQL's work by service.
 
     A database outage raises `Unavailable` from every use of it (connecting, executing,
     committing), never the driver's own exception."""
@@ -110,7 +110,10 @@ def create_engine(
         # Every transaction here is short; a stuck one should fail, not hold locks for minutes.
         connect_args={
             "command_timeout": 30,
-            "server_settings": {"application_name": application_name(user), **(planner or {})},
+            "server_settings": {
+                "application_name": application_name(application),
+                **(planner or {}),
+            },
         },
         # A failed statement's parameters (message text, tool inputs) never reach an error
         # message, a log line or a span: the statement and the error say what went wrong.

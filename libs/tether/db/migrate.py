@@ -43,7 +43,7 @@ def _upgrade(conn: Connection, revision: str) -> None:
 
 async def upgrade(url: str, revision: str = "head") -> None:
     """Apply every migration up to `revision` on the database at `url`."""
-    engine = create_engine(url, pool_size=1, user="migrate")
+    engine = create_engine(url, pool_size=1, application="migrate")
     try:
         async with engine.begin() as conn:
             await conn.run_sync(_upgrade, revision)

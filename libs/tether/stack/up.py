@@ -90,7 +90,7 @@ def _secrets_key(path: Path) -> str:
 
 async def dev_key(db_url: str, previous: dict[str, Any]) -> str:
     """The development tenant's admin key: the previous one if still valid, else a new one."""
-    engine = create_engine(db_url, pool_size=1, user="stack")
+    engine = create_engine(db_url, pool_size=1, application="stack")
     try:
         async with engine.begin() as conn:
             old = previous.get("api_key")
