@@ -22,7 +22,7 @@ from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import completion, history, progress
 from services.orchestrator.repositories import leases as lease_repo
 from services.orchestrator.repositories import parts as parts_repo
-from services.orchestrator.repositories.committer import Committer
+from services.orchestrator.repositories.committer import Committer, Prepared
 from services.orchestrator.repositories.completion import (
     ending_error,
     ending_values,
@@ -202,21 +202,18 @@ class Attempts:
         self, run_id: str, epoch: int, done: Completion, ending: Completed
     ) -> Run | None:
         """A completed run's ending in one statement; None when a cancel came first."""
-        flight = done.in_flight
         # The attempt's stage durations are on its attempts row; the audit says what ended how.
         audit = {**done.audit, "warnings": list(ending.warnings)}
+        in_flight = done.in_flight or Batch(0)
 
-        async def write(conn: AsyncConnection) -> completion.Ended | None:
-            priced_flight = None
-            if flight is not None:
-                priced = await self._prices.priced(conn, run_id, flight.turns)
-                priced_flight = replace(flight, turns=priced)
-            return await completion.complete(
-                conn,
+        async def prepare(conn: AsyncConnection) -> Prepared[completion.Ended | None]:
+            priced = await self._prices.priced(conn, run_id, in_flight.turns)
+            flight = replace(in_flight, turns=priced)
+            params = completion.complete_params(
                 run_id,
                 epoch,
                 ending,
-                in_flight=priced_flight,
+                in_flight=flight,
                 parts=done.parts,
                 events=done.events,
                 turns=await self._prices.priced(conn, run_id, done.turns),
@@ -224,8 +221,11 @@ class Attempts:
                 audit=audit,  # the usage is added by the statement, which totals it
                 stored_format=self._stored_format,
             )
+            return Prepared(params, lambda row: completion.ended(row, ending, done.events, flight))
 
-        ended = await self._committer.write(run_id, write)
+        ended = await self._committer.write_statement(
+            run_id, completion.COMPLETE, prepare, matched_by=completion.FENCED
+        )
         if ended is None:
             raise _stale(run_id, epoch)
         if ended.moved is None:

@@ -23,6 +23,7 @@ from services.orchestrator.attempts import Attempts
 from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
 from services.orchestrator.prices import Prices
+from services.orchestrator.repositories import completion
 from services.orchestrator.repositories.committer import Committer
 from tests.integration.test_admission import _tenant, chat
 from tether.db.schema import runs
@@ -206,3 +207,87 @@ async def test_writes_arriving_in_one_turn_take_one_connection_and_one_transacti
         event.remove(engine.sync_engine.pool, "checkout", checked_out)
     assert len(set(written)) == 1, "one transaction for the three"
     assert len(checkouts) == 1
+
+
+@asynccontextmanager
+async def _round_trips(engine: AsyncEngine) -> AsyncIterator[list[tuple[int, str, Any]]]:
+    """What each checkout of a connection inside the block sends the server, one entry per
+    round trip, as (checkout, SQL, arguments): asyncpg logs a statement, a BEGIN or a COMMIT, or
+    a pipelined group (its arguments a list, one per execution), once each."""
+    sent: list[tuple[int, str, Any]] = []
+    logging: dict[int, Any] = {}
+
+    def log_to(dbapi: Any, *_: Any) -> None:
+        driver, checkout = dbapi.driver_connection, len(logging)
+
+        def logger(query: Any) -> None:
+            sent.append((checkout, query.query, query.args))
+
+        logging[checkout] = (driver, logger)
+        driver.add_query_logger(logger)
+
+    def unlog(dbapi: Any, *_: Any) -> None:
+        for driver, logger in logging.values():
+            if driver is dbapi.driver_connection:
+                driver.remove_query_logger(logger)  # a logger removed already is let be
+
+    event.listen(engine.sync_engine.pool, "checkout", log_to)
+    event.listen(engine.sync_engine.pool, "checkin", unlog)
+    try:
+        yield sent
+    finally:
+        event.remove(engine.sync_engine.pool, "checkout", log_to)
+        event.remove(engine.sync_engine.pool, "checkin", unlog)
+
+
+async def test_completions_that_arrive_together_are_one_round_trip_and_one_transaction(
+    engine: AsyncEngine,
+) -> None:
+    # A group of completions only is one statement run for each: sent together (one Sync), it
+    # is one transaction with no BEGIN or COMMIT, and each completion reads its own row back,
+    # whether its run completed, its lease was stale (no row) or a cancel came first (a row
+    # with no run, after which the run ends cancelled on its own).
+    execution, claimed = await _leased(engine, 5)
+    attempts = _one_writer(engine, execution)
+    blocker, *together, stale, cancelled = claimed
+    async with engine.begin() as conn:
+        await conn.execute(
+            runs.update()
+            .where(runs.c.run_id == cancelled.run.run_id)
+            .values(cancel_requested_at=text("now()"))
+        )
+    writes = [
+        *[attempts.complete(c.run.run_id, 1, _answer()) for c in together],
+        attempts.complete(stale.run.run_id, 2, _answer()),  # a lease it never held
+        attempts.complete(cancelled.run.run_id, 1, _answer()),
+    ]
+    async with _round_trips(engine) as sent:
+        async with _held(engine, blocker.run.run_id):
+            first, lined = await _start_behind_a_busy_writer(engine, attempts, blocker, writes)
+        assert (await first).status == "completed"
+        *completed, refused, cancel_won = await asyncio.gather(*lined, return_exceptions=True)
+    assert [row.status for row in completed] == ["completed"] * len(together)
+    assert isinstance(refused, StaleLease)
+    assert cancel_won.status == "cancelled"
+
+    complete_sql, _ = completion.COMPLETE.bound(engine.dialect, _every_bind(completion.COMPLETE))
+    completions = [(conn, args) for conn, sql, args in sent if sql == complete_sql]
+    assert len(completions) == 2, "the blocker's alone, then the group's"
+    group_conn, group_args = completions[1]
+    assert len(group_args) == len(writes), "every completion of the group in one round trip"
+    group_sent = [sql.split()[0].rstrip(";") for conn, sql, _ in sent if conn == group_conn]
+    assert not {"BEGIN", "COMMIT"} & set(group_sent), group_sent
+
+    landed = [c.run.run_id for c in together]
+    xmins = await _xmins(engine, [stale.run.run_id, *landed])
+    assert len({xmins[run_id] for run_id in landed}) == 1, "one transaction wrote them all"
+    async with engine.connect() as conn:
+        status = (
+            await conn.execute(select(runs.c.status).where(runs.c.run_id == stale.run.run_id))
+        ).scalar_one()
+    assert status == "running", "the stale completion wrote nothing"
+
+
+def _every_bind(statement: Any) -> dict[str, Any]:
+    compiled = statement.statement.compile()
+    return dict.fromkeys(compiled.binds)

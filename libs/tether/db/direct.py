@@ -96,6 +96,41 @@ class Direct:
             raise
         if heard is not None:
             heard.dispatch.after_cursor_execute(heard, None, sql, args, None, False)
+        return self._rows(records)
+
+    async def each(
+        self, conn: AsyncConnection, params: Sequence[Mapping[str, Any]]
+    ) -> list[Row[Any]]:
+        """The statement once for each of `params`, in that order, sent together in one round
+        trip (asyncpg's `fetchmany`: its binds and executions pipelined, then one Sync) and so
+        in one transaction of their own, with no BEGIN or COMMIT: every execution commits, or,
+        when one fails, none does and the error is raised. The rows of all of them, in order:
+        an execution that returns none adds none, so a caller that needs to know whose a row
+        is reads it from the row. On an autocommit `conn` outside a transaction only."""
+        if not params:
+            return []
+        raw = await _pooled(conn)
+        driver: asyncpg.Connection = raw.driver_connection
+        if driver.is_in_transaction() or not _autocommit(raw.dbapi_connection):
+            raise ValueError("statements sent together need an autocommit connection")
+        dialect = conn.dialect
+        bound = [self.bound(dialect, one) for one in params]
+        sql = bound[0][0]
+        args = [one_args for _, one_args in bound]
+        sync = conn.sync_connection
+        heard = sync if sync is not None and sync.dispatch.before_cursor_execute else None
+        if heard is not None:
+            heard.dispatch.before_cursor_execute(heard, None, sql, args, None, True)
+        try:
+            records = await driver.fetchmany(sql, args)
+        except Exception as exc:
+            await _raise_outage(conn, driver, exc)
+            raise
+        if heard is not None:
+            heard.dispatch.after_cursor_execute(heard, None, sql, args, None, True)
+        return self._rows(records)
+
+    def _rows(self, records: Sequence[asyncpg.Record]) -> list[Row[Any]]:
         if not records:
             return []
         if self._row is None:

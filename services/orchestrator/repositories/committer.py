@@ -9,6 +9,11 @@ and the next writer to finish takes the whole line in one transaction. Nothing i
 back for a timer. Within a group, writes run in key order (the run id), so two groups lock the
 runs they share in one order.
 
+A group whose writes are all the same one statement (`write_statement`: a completion) needs
+no transaction commands either: the statement is sent once for each, in key order, together in
+one round trip (`Direct.each`), which PostgreSQL runs as one transaction. A group of mixed
+writes is written in a transaction, BEGIN and COMMIT around its statements.
+
 One write's failure fails only that write: a stale lease is a result, not an error, and when a
 statement fails the group's transaction is rolled back and each of its writes is written again
 alone, so the one that fails fails by itself. A write is therefore written with no side effect
@@ -21,13 +26,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
+from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from tether.db import direct
+from tether.db.direct import Direct
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +45,32 @@ Write = Callable[[AsyncConnection], Awaitable[T]]
 
 
 @dataclass(frozen=True)
+class Prepared(Generic[T]):
+    """A write that is one `Direct` statement: the values it binds, and what the caller needs
+    from the row it returns (None when it returns none)."""
+
+    params: Mapping[str, Any]
+    read: Callable[[Row[Any] | None], T]
+
+
+# What makes a `Prepared` write, on the connection it will be written on (a read it needs first,
+# such as a run's prices, goes there).
+Prepare = Callable[[AsyncConnection], Awaitable[Prepared[T]]]
+
+
+@dataclass(frozen=True)
+class _Statement:
+    direct: Direct
+    matched_by: str  # the column of its rows that holds the write's key
+    prepare: Prepare[Any]
+
+
+@dataclass(frozen=True)
 class _Pending:
     key: str
     write: Write[Any]
     result: asyncio.Future[Any]
+    statement: _Statement | None = None
 
 
 class Committer:
@@ -65,8 +94,25 @@ class Committer:
     async def write(self, key: str, write: Write[T]) -> T:
         """`write`'s result once it is committed, with whatever else was waiting; `key` orders
         it within its group (the run it writes)."""
+        return await self._enqueue(key, write, None)
+
+    async def write_statement(
+        self, key: str, statement: Direct, prepare: Prepare[T], *, matched_by: str
+    ) -> T:
+        """As `write`, for a write that is one run of `statement` (`prepare` says with what, and
+        what comes of its row): a group of such writes, each with its own key, is sent in one
+        round trip with no transaction commands. Each row the statement returns names its
+        write's key in its column `matched_by`."""
+
+        async def alone(conn: AsyncConnection) -> T:
+            prepared = await prepare(conn)
+            return prepared.read(await statement.first(conn, prepared.params))
+
+        return await self._enqueue(key, alone, _Statement(statement, matched_by, prepare))
+
+    async def _enqueue(self, key: str, write: Write[T], statement: _Statement | None) -> T:
         result: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._line.append(_Pending(key, write, result))
+        self._line.append(_Pending(key, write, result, statement))
         if self._free:
             self._free -= 1
             task = asyncio.create_task(self._write_groups(), name="group-commit")
@@ -94,8 +140,12 @@ class Committer:
             await self._write_alone(group[0])
             return
         try:
-            async with self._autocommit.connect() as conn, direct.transaction(conn):
-                results = [await pending.write(conn) for pending in group]
+            async with self._autocommit.connect() as conn:
+                if _one_statement(group):
+                    results = await _together(conn, group)
+                else:
+                    async with direct.transaction(conn):
+                        results = [await pending.write(conn) for pending in group]
         except asyncio.CancelledError:
             _cancel(group)
             raise
@@ -122,6 +172,27 @@ class Committer:
         else:
             if not pending.result.done():
                 pending.result.set_result(result)
+
+
+def _one_statement(group: list[_Pending]) -> bool:
+    """Whether `group` is runs of one statement, each for its own key."""
+    first = group[0].statement
+    return (
+        first is not None
+        and all(p.statement is not None and p.statement.direct is first.direct for p in group)
+        and len({p.key for p in group}) == len(group)
+    )
+
+
+async def _together(conn: AsyncConnection, group: list[_Pending]) -> list[Any]:
+    """The group's statement sent once for each write, in one round trip; each write's result
+    from the row that names its key."""
+    statements = [p.statement for p in group if p.statement is not None]  # each has one
+    prepared = [await statement.prepare(conn) for statement in statements]
+    one = statements[0]
+    rows = await one.direct.each(conn, [p.params for p in prepared])
+    by_key = {str(row._mapping[one.matched_by]): row for row in rows}
+    return [p.read(by_key.get(pending.key)) for pending, p in zip(group, prepared, strict=True)]
 
 
 def _cancel(group: list[_Pending]) -> None:

@@ -32,6 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql.base import PGCompiler, PGDialect
+from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import BindParameter
 
@@ -153,8 +154,13 @@ _DONE = getattr(func, FUNCTION)(
     *[bindparam(name, type_=type_) for name, type_ in _INPUTS],
 ).table_valued(*[column(name, type_) for name, type_ in _OUTPUTS], name="done")
 # The completion (bench.topology_floor sends it bare, to measure what its records cost apart
-# from the service around it).
-COMPLETE = Direct(select(*_DONE.c).select_from(_FENCE.join(_DONE, true())))
+# from the service around it). A stale lease gets no row; a row names the run it fenced as
+# `fenced` (a cancel's row has no run): a group commit sends several completions at once and
+# reads each one's own row by it (`Committer.write_statement`).
+FENCED = "fenced"
+COMPLETE = Direct(
+    select(*_DONE.c, _FENCE.c.run_id.label(FENCED)).select_from(_FENCE.join(_DONE, true()))
+)
 
 
 @dataclass(frozen=True)
@@ -201,7 +207,13 @@ async def complete(
         audit=audit,
         stored_format=stored_format,
     )
-    row = await COMPLETE.first(conn, params)
+    return ended(await COMPLETE.first(conn, params), ending, events, flight)
+
+
+def ended(
+    row: Row[Any] | None, ending: Completed, events: Sequence[Event], flight: Batch
+) -> Ended | None:
+    """What `COMPLETE`'s row says of a completion (`complete`): None for no row, a stale lease."""
     if row is None:
         return None
     if row.outcome == CANCEL_REQUESTED:
