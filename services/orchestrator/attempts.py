@@ -107,12 +107,15 @@ class Attempts:
         """Persist parts, events and priced turns under the lease, in one statement (with the
         writes that arrive with it, in one transaction)."""
 
-        async def write(
+        async def prepare(
             conn: AsyncConnection,
-        ) -> tuple[progress.Checkpointed, list[StoredEvent]] | None:
-            return await self.write_batch(conn, run_id, epoch, batch)
+        ) -> Prepared[tuple[progress.Checkpointed, list[StoredEvent]] | None]:
+            params = await self._batch_params(conn, run_id, epoch, batch)
+            return Prepared(params, lambda row: progress.checkpointed(row, batch.events))
 
-        written = await self._committer.write(run_id, write)
+        written = await self._committer.write_statement(
+            run_id, progress.CHECKPOINT, prepare, matched_by="run_id"
+        )
         if written is None:
             # A numbered batch that landed already came with the completion, which ended the
             # lease: from here both cases are the same refusal.
@@ -145,9 +148,14 @@ class Attempts:
         """Write a checkpoint's batch under the lease on `conn` (its turns priced): the fence's
         row and the events appended, or None when the lease is stale (or a numbered batch
         landed already)."""
+        params = await self._batch_params(conn, run_id, epoch, batch)
+        return progress.checkpointed(await progress.CHECKPOINT.first(conn, params), batch.events)
+
+    async def _batch_params(
+        self, conn: AsyncConnection, run_id: str, epoch: int, batch: Batch
+    ) -> dict[str, Any]:
         priced = await self._prices.priced(conn, run_id, batch.turns)
-        return await progress.checkpoint(
-            conn,
+        return progress.checkpoint_params(
             run_id,
             epoch,
             self._ttl,

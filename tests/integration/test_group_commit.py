@@ -23,7 +23,7 @@ from services.orchestrator.attempts import Attempts
 from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
 from services.orchestrator.prices import Prices
-from services.orchestrator.repositories import completion
+from services.orchestrator.repositories import completion, progress
 from services.orchestrator.repositories.committer import Committer
 from tests.integration.test_admission import _tenant, chat
 from tether.db.schema import runs
@@ -286,6 +286,36 @@ async def test_completions_that_arrive_together_are_one_round_trip_and_one_trans
             await conn.execute(select(runs.c.status).where(runs.c.run_id == stale.run.run_id))
         ).scalar_one()
     assert status == "running", "the stale completion wrote nothing"
+
+
+async def test_checkpoints_that_arrive_together_are_one_round_trip_and_one_transaction(
+    engine: AsyncEngine,
+) -> None:
+    execution, claimed = await _leased(engine, 4)
+    attempts = _one_writer(engine, execution)
+    blocker, *together, stale = claimed
+    draft = Batch(1, [Part(0, Role.ASSISTANT, Text("so far"), final=False)])
+    writes = [
+        *[attempts.checkpoint(c.run.run_id, 1, draft) for c in together],
+        attempts.checkpoint(stale.run.run_id, 2, draft),  # a lease it never held
+    ]
+    async with _round_trips(engine) as sent:
+        async with _held(engine, blocker.run.run_id):
+            first, lined = await _start_behind_a_busy_writer(engine, attempts, blocker, writes)
+        await first
+        *checkpointed, refused = await asyncio.gather(*lined, return_exceptions=True)
+    assert [row.last_seq for row in checkpointed] == [2] * len(together)
+    assert isinstance(refused, StaleLease)
+
+    checkpoint_sql, _ = progress.CHECKPOINT.bound(engine.dialect, _every_bind(progress.CHECKPOINT))
+    [(group_conn, group_args)] = [(conn, args) for conn, sql, args in sent if sql == checkpoint_sql]
+    assert len(group_args) == len(writes), "every checkpoint of the group in one round trip"
+    group_sent = [sql.split()[0].rstrip(";") for conn, sql, _ in sent if conn == group_conn]
+    assert not {"BEGIN", "COMMIT"} & set(group_sent), group_sent
+    landed = [c.run.run_id for c in together]
+    xmins = await _xmins(engine, [stale.run.run_id, *landed])
+    assert len({xmins[run_id] for run_id in landed}) == 1, "one transaction wrote them all"
+    assert xmins[stale.run.run_id] not in {xmins[run_id] for run_id in landed}
 
 
 def _every_bind(statement: Any) -> dict[str, Any]:

@@ -19,7 +19,7 @@ DIALECT = asyncpg.dialect()
 
 def _statements() -> dict[str, Any]:
     found = {
-        "checkpoint": progress._CHECKPOINT.statement,
+        "checkpoint": progress.CHECKPOINT.statement,
         "hold_lease": progress._HOLD,
         "renew": leases._RENEW,
         "flag_cancel": runs._FLAG_CANCEL,

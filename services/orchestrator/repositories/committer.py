@@ -9,7 +9,8 @@ and the next writer to finish takes the whole line in one transaction. Nothing i
 back for a timer. Within a group, writes run in key order (the run id), so two groups lock the
 runs they share in one order.
 
-A group whose writes are all the same one statement (`write_statement`: a completion) needs
+A group whose writes are all the same one statement (`write_statement`: completions, or
+checkpoints) needs
 no transaction commands either: the statement is sent once for each, in key order, together in
 one round trip (`Direct.each`), which PostgreSQL runs as one transaction. A group of mixed
 writes is written in a transaction, BEGIN and COMMIT around its statements.

@@ -32,6 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Boolean
 
@@ -182,7 +183,7 @@ def _checkpoint_statement() -> Any:
     )
 
 
-_CHECKPOINT = Direct(_checkpoint_statement())
+CHECKPOINT = Direct(_checkpoint_statement())
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +215,25 @@ async def checkpoint(
     lease is stale or batch `batch` (> 0) of this lease already landed: nothing was written.
     Its events are stored by reference where they may be, up to `stored_format`
     (`tether.formats`)."""
-    params: dict[str, Any] = {
+    params = checkpoint_params(
+        run_id, epoch, ttl_s, parts, events, turns, batch=batch, stored_format=stored_format
+    )
+    return checkpointed(await CHECKPOINT.first(conn, params), events)
+
+
+def checkpoint_params(
+    run_id: str,
+    epoch: int,
+    ttl_s: float,
+    parts: Sequence[Part],
+    events: Sequence[Event],
+    turns: Sequence[ModelTurn],
+    *,
+    batch: int = 0,
+    stored_format: int = formats.CURRENT,
+) -> dict[str, Any]:
+    """The values `CHECKPOINT` binds (see `checkpoint`)."""
+    return {
         "r_run_id": run_id,
         "held_epoch": epoch,
         "batch": batch,
@@ -222,7 +241,12 @@ async def checkpoint(
         **batch_params(parts, turns),
         **stored_event_params(events, parts, turns, stored_format),
     }
-    row = await _CHECKPOINT.first(conn, params)
+
+
+def checkpointed(
+    row: Row[Any] | None, events: Sequence[Event]
+) -> tuple[Checkpointed, list[StoredEvent]] | None:
+    """What `CHECKPOINT`'s row says (`checkpoint`): None for no row (nothing was written)."""
     if row is None:
         return None
     fenced = Checkpointed(
