@@ -2,8 +2,8 @@
 that queues it (`intake.queued_run`): the later of its tenant's finish tag and the queue's
 virtual time, the tenant's finish tag moving on by 1 / weight, striped over STRIPES rows per
 tenant (`tenant_stripes`) so that a tenant's admissions at once do not wait for each other. A
-statement whose tag fell through (RACED) is retagged by one more (`retag`). The claim leases by
-these tags (`fair`)."""
+statement whose tag fell through (RACED: one of a tenant's first runs admitted at once) is
+retagged by one more (`retag`). The claim leases by these tags (`fair`)."""
 
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ _AS_READ = tenant_stripes.alias("stripe_as_read")
 #   its lock, is passed over as a held one is: its lock re-reads the row as it is now, and its
 #   tail no longer matches the snapshot's (`stripe_as_read`, whose row is not re-read). Taking
 #   it would take a tag a round of stripes on while a lower one may be free; retagging the run
-#   instead cost a statement more for one admission in twelve at saturation (issue 34);
+#   instead cost a statement more for one admission in six at eight at once (issue 34);
 _PICK = (
     select(tenant_stripes.c.tenant_id, tenant_stripes.c.stripe)
     .select_from(
