@@ -22,7 +22,6 @@ from services.orchestrator.publisher import Publisher
 from services.orchestrator.repositories import completion, history, progress
 from services.orchestrator.repositories import leases as lease_repo
 from services.orchestrator.repositories import parts as parts_repo
-from services.orchestrator.repositories.committer import Committer, Prepared
 from services.orchestrator.repositories.completion import (
     ending_error,
     ending_values,
@@ -30,6 +29,7 @@ from services.orchestrator.repositories.completion import (
 )
 from services.orchestrator.repositories.transitions import NOW, Moved, apply
 from tether import formats, states
+from tether.db.committer import Committer, Prepared
 from tether.domain import (
     Batch,
     Cancelled,

@@ -24,8 +24,8 @@ from services.orchestrator.claims import Claimed
 from services.orchestrator.execution import Execution
 from services.orchestrator.prices import Prices
 from services.orchestrator.repositories import completion, progress
-from services.orchestrator.repositories.committer import Committer
 from tests.integration.test_admission import _tenant, chat
+from tether.db.committer import Committer
 from tether.db.schema import runs
 from tether.domain import Batch, Completed, Completion, ModelTurn, Part, Role, Text
 from tether.errors import StaleLease

@@ -65,7 +65,7 @@ async def test_a_renewal_of_every_lease_held_is_a_hot_update_of_each_run(
 async def test_a_renewal_locks_its_runs_in_run_id_order_as_a_group_commit_does(
     engine: AsyncEngine,
 ) -> None:
-    """A group commit writes its runs in run-id order (repositories.committer). A renewal that
+    """A group commit writes its runs in run-id order (tether.db.committer). A renewal that
     locked the runs it renews in another order (the table's, from a hash join over a scan of
     runs) deadlocked with it: seen in the bench, PostgreSQL aborting a group of completions."""
     held = await _held(engine)

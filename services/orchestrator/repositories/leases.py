@@ -378,7 +378,7 @@ _HELD = (
     .render_derived("held", with_types=False)
 )
 # The held runs still leased under their epochs, locked in run-id order ("C": as Python sorts
-# them), the order a group commit writes them in (repositories.committer): the two never wait
+# them), the order a group commit writes them in (tether.db.committer): the two never wait
 # for each other in a cycle. Left to the plan, the runs were locked in the table's order (a hash
 # join over a scan), and a renewal deadlocked with a group of completions.
 _LOCKED = (

@@ -61,8 +61,9 @@ Prepare = Callable[[AsyncConnection], Awaitable[Prepared[T]]]
 @dataclass(frozen=True)
 class _Statement:
     direct: Direct
-    matched_by: str  # the column of its rows that holds the write's key
     prepare: Prepare[Any]
+    matched_by: str  # the column of its rows that names the write
+    match: str  # the value that column holds in this write's row
 
 
 @dataclass(frozen=True)
@@ -97,18 +98,26 @@ class Committer:
         return await self._enqueue(key, write, None)
 
     async def write_statement(
-        self, key: str, statement: Direct, prepare: Prepare[T], *, matched_by: str
+        self,
+        key: str,
+        statement: Direct,
+        prepare: Prepare[T],
+        *,
+        matched_by: str,
+        match: str | None = None,
     ) -> T:
         """As `write`, for a write that is one run of `statement` (`prepare` says with what, and
-        what comes of its row): a group of such writes, each with its own key, is sent in one
-        round trip with no transaction commands. Each row the statement returns names its
-        write's key in its column `matched_by`."""
+        what comes of its row): a group of such writes is sent in one round trip with no
+        transaction commands. The row a write's statement returns names it in its column
+        `matched_by`, by `match` (its key unless given); writes of a group that name the same
+        value go in a transaction instead."""
 
         async def alone(conn: AsyncConnection) -> T:
             prepared = await prepare(conn)
             return prepared.read(await statement.first(conn, prepared.params))
 
-        return await self._enqueue(key, alone, _Statement(statement, matched_by, prepare))
+        named = _Statement(statement, prepare, matched_by, key if match is None else match)
+        return await self._enqueue(key, alone, named)
 
     async def _enqueue(self, key: str, write: Write[T], statement: _Statement | None) -> T:
         result: asyncio.Future[T] = asyncio.get_running_loop().create_future()
@@ -175,24 +184,30 @@ class Committer:
 
 
 def _one_statement(group: list[_Pending]) -> bool:
-    """Whether `group` is runs of one statement, each for its own key."""
+    """Whether `group` is runs of one statement, each naming its row by a value of its own."""
     first = group[0].statement
-    return (
-        first is not None
-        and all(p.statement is not None and p.statement.direct is first.direct for p in group)
-        and len({p.key for p in group}) == len(group)
-    )
+    if first is None:
+        return False
+    matches = set()
+    for pending in group:
+        if pending.statement is None or pending.statement.direct is not first.direct:
+            return False
+        matches.add(pending.statement.match)
+    return len(matches) == len(group)
 
 
 async def _together(conn: AsyncConnection, group: list[_Pending]) -> list[Any]:
     """The group's statement sent once for each write, in one round trip; each write's result
-    from the row that names its key."""
+    from the row that names it."""
     statements = [p.statement for p in group if p.statement is not None]  # each has one
     prepared = [await statement.prepare(conn) for statement in statements]
     one = statements[0]
     rows = await one.direct.each(conn, [p.params for p in prepared])
-    by_key = {str(row._mapping[one.matched_by]): row for row in rows}
-    return [p.read(by_key.get(pending.key)) for pending, p in zip(group, prepared, strict=True)]
+    by_match = {str(row._mapping[one.matched_by]): row for row in rows}
+    return [
+        p.read(by_match.get(statement.match))
+        for statement, p in zip(statements, prepared, strict=True)
+    ]
 
 
 def _cancel(group: list[_Pending]) -> None:
