@@ -28,6 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.admission.domain import InboundEvent
@@ -153,11 +154,25 @@ async def admit_new(conn: AsyncConnection, params: Mapping[str, Any]) -> Run | N
     table); otherwise the queued run comes back. One round trip, atomic by construction.
     `params`: what `admit_params` gives.
     """
-    row = await ADMIT_NEW.first(conn, params)
+    found = queued(await ADMIT_NEW.first(conn, params))
+    if found is None:
+        return None
+    return await intake.retag(conn, found.run) if found.raced else found.run
+
+
+@dataclass(frozen=True)
+class Queued:
+    """The run `ADMIT_NEW` queued, and whether its start tag fell through (`intake.retag`)."""
+
+    run: Run
+    raced: bool
+
+
+def queued(row: Row[Any] | None) -> Queued | None:
+    """What `ADMIT_NEW`'s row says: None for no row (the claim conflicted; nothing written)."""
     if row is None:
         return None
-    run = Run.from_row(row._mapping)
-    return await intake.retag(conn, run) if row.fair_raced else run
+    return Queued(Run.from_row(row._mapping), bool(row.fair_raced))
 
 
 def admit_params(

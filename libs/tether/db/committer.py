@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -39,6 +40,9 @@ from tether.db.direct import Direct
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R")
+# What `_watched` gives back for writing stopped because a caller went away.
+_GONE: Any = object()
 
 # A write: one statement on the connection it is given, and what the caller needs from it.
 Write = Callable[[AsyncConnection], Awaitable[T]]
@@ -79,10 +83,11 @@ class Committer:
 
     # Enough writers that one write waiting on a row lock does not hold up the others; few
     # enough that writes arriving while they are busy queue up and share a commit.
-    def __init__(self, engine: AsyncEngine, *, writers: int = 4) -> None:
+    def __init__(self, engine: AsyncEngine, *, writers: int = 4, cancellable: bool = False) -> None:
         if writers < 1:
             raise ValueError("a committer needs at least one writer")
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._cancellable = cancellable
         self._line: collections.deque[_Pending] = collections.deque()
         self._free = writers
         self._writing: set[asyncio.Task[None]] = set()
@@ -127,6 +132,9 @@ class Committer:
             task = asyncio.create_task(self._write_groups(), name="group-commit")
             self._writing.add(task)
             task.add_done_callback(self._writing.discard)
+        if self._cancellable:
+            # The caller going away cancels `result`: the writer sees it (`_watched`).
+            return await result
         return await asyncio.shield(result)
 
     async def _write_groups(self) -> None:
@@ -138,9 +146,11 @@ class Committer:
                 await asyncio.sleep(0)
                 if not self._line:
                     break  # a writer started in the same turn took the line whole
-                group = sorted(self._line, key=lambda p: p.key)
+                # A write whose caller went away while it waited is not written.
+                group = sorted((p for p in self._line if not p.result.done()), key=_key)
                 self._line.clear()
-                await self._write_group(group)
+                if group:
+                    await self._write_group(group)
         finally:
             self._free += 1
 
@@ -148,13 +158,16 @@ class Committer:
         if len(group) == 1:
             await self._write_alone(group[0])
             return
-        try:
+
+        async def written() -> list[Any]:
             async with self._autocommit.connect() as conn:
                 if _one_statement(group):
-                    results = await _together(conn, group)
-                else:
-                    async with direct.transaction(conn):
-                        results = [await pending.write(conn) for pending in group]
+                    return await _together(conn, group)
+                async with direct.transaction(conn):
+                    return [await pending.write(conn) for pending in group]
+
+        try:
+            results = await self._watched(group, written)
         except asyncio.CancelledError:
             _cancel(group)
             raise
@@ -164,14 +177,23 @@ class Committer:
             log.info("a group of %d writes failed; writing each alone", len(group))
             await asyncio.gather(*(self._write_alone(pending) for pending in group))
             return
+        if results is _GONE:
+            # Stopped before it committed, for a caller that went away: the rest go again.
+            rest = [pending for pending in group if not pending.result.done()]
+            if rest:
+                await self._write_group(rest)
+            return
         for pending, result in zip(group, results, strict=True):
             if not pending.result.done():
                 pending.result.set_result(result)
 
     async def _write_alone(self, pending: _Pending) -> None:
-        try:
+        async def written() -> Any:
             async with self._autocommit.connect() as conn:
-                result = await pending.write(conn)
+                return await pending.write(conn)
+
+        try:
+            result = await self._watched([pending], written)
         except asyncio.CancelledError:
             _cancel([pending])
             raise
@@ -179,8 +201,42 @@ class Committer:
             if not pending.result.done():
                 pending.result.set_exception(exc)
         else:
-            if not pending.result.done():
+            if not pending.result.done() and result is not _GONE:
                 pending.result.set_result(result)
+
+    async def _watched(self, group: list[_Pending], written: Callable[[], Awaitable[R]]) -> R | Any:
+        """`written()`; in a cancellable committer, stopped when a caller of `group` goes away
+        before it ends (its statements cancelled and rolled back, unless they had committed):
+        then _GONE."""
+        if not self._cancellable:
+            return await written()
+        writing: asyncio.Future[Any] = asyncio.ensure_future(written())
+        gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def went(result: asyncio.Future[Any]) -> None:
+            if result.cancelled() and not gone.done():
+                gone.set_result(None)
+
+        for pending in group:
+            pending.result.add_done_callback(went)
+        try:
+            await asyncio.wait([writing, gone], return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            writing.cancel()
+            raise
+        finally:
+            for pending in group:
+                pending.result.remove_done_callback(went)
+        if writing.done():
+            return writing.result()
+        writing.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await writing
+        return _GONE
+
+
+def _key(pending: _Pending) -> str:
+    return pending.key
 
 
 def _one_statement(group: list[_Pending]) -> bool:
