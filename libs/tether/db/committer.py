@@ -1,16 +1,18 @@
-"""Group commit: the aggregate's writes that arrive together share one transaction, so one
-commit (one WAL flush) serves them all; a write that arrives alone is written at once.
+"""Group commit: writes that arrive together share one transaction, so one commit (one WAL
+flush) serves them all; a write that arrives alone is written at once. The run aggregate's
+checkpoints and completions go through one (`services.orchestrator.attempts`), admissions
+through another (`services.admission.service`).
 
 A write is one statement, so alone it needs no transaction of its own: it runs on an autocommit
 connection, with no BEGIN or COMMIT round trip. At most `writers` transactions are open at once;
 a write that finds one free starts writing at once, taking every write waiting then (those
 that arrived in the same turn of the event loop ride along); one that finds none waits in line,
 and the next writer to finish takes the whole line in one transaction. Nothing is ever held
-back for a timer. Within a group, writes run in key order (the run id), so two groups lock the
-runs they share in one order.
+back for a timer. Within a group, writes run in key order (the run id; an admission's session
+and claim), so two groups lock the rows they share in one order.
 
-A group whose writes are all the same one statement (`write_statement`: completions, or
-checkpoints) needs no transaction commands either: the statement is sent once for each, in key
+A group whose writes are all the same one statement (`write_statement`: completions,
+checkpoints, admissions) needs no transaction commands either: the statement is sent once for each, in key
 order, together in one round trip (`Direct.each`), which PostgreSQL runs as one transaction. A
 group of mixed writes is written in a transaction, BEGIN and COMMIT around its statements.
 
@@ -18,7 +20,10 @@ One write's failure fails only that write: a stale lease is a result, not an err
 statement fails the group's transaction is rolled back and each of its writes is written again
 alone, so the one that fails fails by itself. A write is therefore written with no side effect
 but its statement; its caller publishes once the result is in. Writes are shielded from their
-callers' cancellation: a group is written whole, whoever went away.
+callers' cancellation (a group is written whole, whoever went away), unless the committer is
+`cancellable`: then a write whose caller goes away before it commits is not written; a group
+it went with is stopped (its statements cancelled and rolled back) and written again without
+it.
 """
 
 from __future__ import annotations
