@@ -26,6 +26,7 @@ from services.orchestrator.prices import Prices
 from services.orchestrator.repositories import completion, progress
 from tests.integration.test_admission import _tenant, chat
 from tether.db.committer import Committer
+from tether.db.direct import Direct
 from tether.db.schema import runs
 from tether.domain import Batch, Completed, Completion, ModelTurn, Part, Role, Text
 from tether.errors import StaleLease
@@ -210,7 +211,7 @@ async def test_writes_arriving_in_one_turn_take_one_connection_and_one_transacti
 
 
 @asynccontextmanager
-async def _round_trips(engine: AsyncEngine) -> AsyncIterator[list[tuple[int, str, Any]]]:
+async def round_trips(engine: AsyncEngine) -> AsyncIterator[list[tuple[int, str, Any]]]:
     """What each checkout of a connection inside the block sends the server, one entry per
     round trip, as (checkout, SQL, arguments): asyncpg logs a statement, a BEGIN or a COMMIT, or
     a pipelined group (its arguments a list, one per execution), once each."""
@@ -261,7 +262,7 @@ async def test_completions_that_arrive_together_are_one_round_trip_and_one_trans
         attempts.complete(stale.run.run_id, 2, _answer()),  # a lease it never held
         attempts.complete(cancelled.run.run_id, 1, _answer()),
     ]
-    async with _round_trips(engine) as sent:
+    async with round_trips(engine) as sent:
         async with _held(engine, blocker.run.run_id):
             first, lined = await _start_behind_a_busy_writer(engine, attempts, blocker, writes)
         assert (await first).status == "completed"
@@ -270,13 +271,7 @@ async def test_completions_that_arrive_together_are_one_round_trip_and_one_trans
     assert isinstance(refused, StaleLease)
     assert cancel_won.status == "cancelled"
 
-    complete_sql, _ = completion.COMPLETE.bound(engine.dialect, _every_bind(completion.COMPLETE))
-    completions = [(conn, args) for conn, sql, args in sent if sql == complete_sql]
-    assert len(completions) == 2, "the blocker's alone, then the group's"
-    group_conn, group_args = completions[1]
-    assert len(group_args) == len(writes), "every completion of the group in one round trip"
-    group_sent = [sql.split()[0].rstrip(";") for conn, sql, _ in sent if conn == group_conn]
-    assert not {"BEGIN", "COMMIT"} & set(group_sent), group_sent
+    assert pipelined(engine, sent, completion.COMPLETE) == len(writes), "in one round trip"
 
     landed = [c.run.run_id for c in together]
     xmins = await _xmins(engine, [stale.run.run_id, *landed])
@@ -299,7 +294,7 @@ async def test_checkpoints_that_arrive_together_are_one_round_trip_and_one_trans
         *[attempts.checkpoint(c.run.run_id, 1, draft) for c in together],
         attempts.checkpoint(stale.run.run_id, 2, draft),  # a lease it never held
     ]
-    async with _round_trips(engine) as sent:
+    async with round_trips(engine) as sent:
         async with _held(engine, blocker.run.run_id):
             first, lined = await _start_behind_a_busy_writer(engine, attempts, blocker, writes)
         await first
@@ -307,17 +302,19 @@ async def test_checkpoints_that_arrive_together_are_one_round_trip_and_one_trans
     assert [row.last_seq for row in checkpointed] == [2] * len(together)
     assert isinstance(refused, StaleLease)
 
-    checkpoint_sql, _ = progress.CHECKPOINT.bound(engine.dialect, _every_bind(progress.CHECKPOINT))
-    [(group_conn, group_args)] = [(conn, args) for conn, sql, args in sent if sql == checkpoint_sql]
-    assert len(group_args) == len(writes), "every checkpoint of the group in one round trip"
-    group_sent = [sql.split()[0].rstrip(";") for conn, sql, _ in sent if conn == group_conn]
-    assert not {"BEGIN", "COMMIT"} & set(group_sent), group_sent
+    assert pipelined(engine, sent, progress.CHECKPOINT) == len(writes), "in one round trip"
     landed = [c.run.run_id for c in together]
     xmins = await _xmins(engine, [stale.run.run_id, *landed])
     assert len({xmins[run_id] for run_id in landed}) == 1, "one transaction wrote them all"
     assert xmins[stale.run.run_id] not in {xmins[run_id] for run_id in landed}
 
 
-def _every_bind(statement: Any) -> dict[str, Any]:
-    compiled = statement.statement.compile()
-    return dict.fromkeys(compiled.binds)
+def pipelined(engine: AsyncEngine, sent: list[tuple[int, str, Any]], statement: Direct) -> int:
+    """How many runs of `statement` the one checkout that sent it pipelined (`round_trips`:
+    its arguments a list, one per run) sent in that round trip; that checkout sent no BEGIN or
+    COMMIT."""
+    sql, _ = statement.bound(engine.dialect, dict.fromkeys(statement.statement.compile().binds))
+    [(checkout, runs_sent)] = [(c, a) for c, s, a in sent if s == sql and isinstance(a, list)]
+    commands = {s.split()[0].rstrip(";") for c, s, _ in sent if c == checkout}
+    assert not {"BEGIN", "COMMIT"} & commands, commands
+    return len(runs_sent)
