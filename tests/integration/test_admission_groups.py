@@ -21,7 +21,7 @@ from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter, Disposition
 from tests.integration.test_admission import _tenant, chat
 from tests.integration.test_fair_leases import _admit_uncommitted, _until_waiting
-from tests.integration.test_group_commit import round_trips, pipelined
+from tests.integration.test_group_commit import pipelined, round_trips
 from tether.db.schema import runs
 from tether.errors import AlreadyExists
 from tether.testing.eventually import eventually

@@ -12,9 +12,10 @@ back for a timer. Within a group, writes run in key order (the run id; an admiss
 and claim), so two groups lock the rows they share in one order.
 
 A group whose writes are all the same one statement (`write_statement`: completions,
-checkpoints, admissions) needs no transaction commands either: the statement is sent once for each, in key
-order, together in one round trip (`Direct.each`), which PostgreSQL runs as one transaction. A
-group of mixed writes is written in a transaction, BEGIN and COMMIT around its statements.
+checkpoints, admissions) needs no transaction commands either: the statement is sent once for
+each, in key order, together in one round trip (`Direct.each`), which PostgreSQL runs as one
+transaction. A group of mixed writes is written in a transaction, BEGIN and COMMIT around its
+statements.
 
 One write's failure fails only that write: a stale lease is a result, not an error, and when a
 statement fails the group's transaction is rolled back and each of its writes is written again
