@@ -10,6 +10,7 @@ holder commits."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -152,3 +153,44 @@ async def test_a_caller_gone_while_its_group_is_written_leaves_nothing_and_the_r
 
 async def _stopped(task: asyncio.Task[Any]) -> bool | None:
     return True if task.cancelled() else None
+
+
+async def test_a_burst_of_one_tenants_admissions_in_groups_never_deadlocks(
+    engine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Four times as many admissions of one tenant at once as it has stripes, written in
+    # groups: a group that holds one of the tenant's stripes takes its next runs' tags from
+    # its own when the others are held, and one that holds none waits holding nothing of the
+    # tenant (groups go in tenant order), so no two groups wait for each other. A group that
+    # failed (a deadlock PostgreSQL broke) would have been written again alone, and logged.
+    await _tenant(engine, "gb")
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    await admitter.admit(chat("gb-first", tenant="gb", conversation="gb-first"))
+    caplog.set_level(logging.INFO, logger="tether.db.committer")
+    calls = []
+    async with round_trips(engine) as sent:
+        for wave in range(4):
+            # Each wave is taken whole by the next free writer, while the waves before it are
+            # still being written.
+            calls += [
+                asyncio.create_task(
+                    admitter.admit(chat(f"gb-{i}", tenant="gb", conversation=f"gb-{i}"))
+                )
+                for i in range(wave * 16, wave * 16 + 16)
+            ]
+            await _taken(admitter)
+        admitted = await asyncio.gather(*calls)
+    assert {a.disposition for a in admitted} == {Disposition.CREATED}
+    assert not [r.message for r in caplog.records if "writing each alone" in r.message]
+    groups = [len(args) for _, sql, args in sent if isinstance(args, list)]
+    assert groups == [16] * 4, groups
+
+
+async def _taken(admitter: Admitter) -> None:
+    await asyncio.sleep(0)  # one turn: the wave's calls join the line (not a wait for time)
+    assert admitter.committer.waiting == 16, "the wave in line"
+
+    async def empty() -> bool | None:
+        return True if admitter.committer.waiting == 0 else None
+
+    await eventually(empty, what="the line taken by a writer")
