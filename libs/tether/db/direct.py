@@ -20,7 +20,7 @@ Only for statements that run many times a second; everything else goes through `
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -79,24 +79,15 @@ class Direct:
             # statement: let it, or this statement would commit alone.
             return list(await conn.execute(self._statement, params))
         sql, args = self.bound(conn.dialect, params)
-        sync = conn.sync_connection
-        heard = sync if sync is not None and sync.dispatch.before_cursor_execute else None
-        if heard is not None:
-            # What listens to the engine's statements (a count, a trace) hears these too,
-            # with no cursor or execution context: there is none.
-            heard.dispatch.before_cursor_execute(heard, None, sql, args, None, False)
-        try:
+
+        async def sent() -> Sequence[asyncpg.Record]:
             if many:
-                records: Sequence[asyncpg.Record] = await driver.fetch(sql, *args)
-            else:
-                record = await driver.fetchrow(sql, *args)
-                records = [] if record is None else [record]
-        except Exception as exc:
-            await _raise_outage(conn, driver, exc)
-            raise
-        if heard is not None:
-            heard.dispatch.after_cursor_execute(heard, None, sql, args, None, False)
-        return self._rows(records)
+                fetched: Sequence[asyncpg.Record] = await driver.fetch(sql, *args)
+                return fetched
+            record = await driver.fetchrow(sql, *args)
+            return [] if record is None else [record]
+
+        return self._rows(await _heard(conn, driver, sql, args, sent, together=False))
 
     async def each(
         self, conn: AsyncConnection, params: Sequence[Mapping[str, Any]]
@@ -117,18 +108,12 @@ class Direct:
         bound = [self.bound(dialect, one) for one in params]
         sql = bound[0][0]
         args = [one_args for _, one_args in bound]
-        sync = conn.sync_connection
-        heard = sync if sync is not None and sync.dispatch.before_cursor_execute else None
-        if heard is not None:
-            heard.dispatch.before_cursor_execute(heard, None, sql, args, None, True)
-        try:
-            records = await driver.fetchmany(sql, args)
-        except Exception as exc:
-            await _raise_outage(conn, driver, exc)
-            raise
-        if heard is not None:
-            heard.dispatch.after_cursor_execute(heard, None, sql, args, None, True)
-        return self._rows(records)
+
+        async def sent() -> Sequence[asyncpg.Record]:
+            fetched: Sequence[asyncpg.Record] = await driver.fetchmany(sql, args)
+            return fetched
+
+        return self._rows(await _heard(conn, driver, sql, args, sent, together=True))
 
     def _rows(self, records: Sequence[asyncpg.Record]) -> list[Row[Any]]:
         if not records:
@@ -203,6 +188,33 @@ async def transaction(conn: AsyncConnection) -> AsyncIterator[None]:
             # Its end never reached the server (cancelled while committing or rolling
             # back): the pool must not hand the open transaction to the next caller.
             await conn.invalidate()
+
+
+async def _heard(
+    conn: AsyncConnection,
+    driver: asyncpg.Connection,
+    sql: str,
+    args: list[Any],
+    sent: Callable[[], Awaitable[Sequence[asyncpg.Record]]],
+    *,
+    together: bool,
+) -> Sequence[asyncpg.Record]:
+    """`sent()`'s records, the statement heard by what listens to the engine's statements (a
+    count, a trace) as `execute`'s are, with no cursor or execution context (there is none;
+    `together`: one set of values per run, as an executemany); an outage raised as the
+    engine raises it."""
+    sync = conn.sync_connection
+    heard = sync if sync is not None and sync.dispatch.before_cursor_execute else None
+    if heard is not None:
+        heard.dispatch.before_cursor_execute(heard, None, sql, args, None, together)
+    try:
+        records = await sent()
+    except Exception as exc:
+        await _raise_outage(conn, driver, exc)
+        raise
+    if heard is not None:
+        heard.dispatch.after_cursor_execute(heard, None, sql, args, None, together)
+    return records
 
 
 async def _pooled(conn: AsyncConnection) -> PoolProxiedConnection:
