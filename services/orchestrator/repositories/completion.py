@@ -33,7 +33,6 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql.base import PGCompiler, PGDialect
 from sqlalchemy.engine import Row
-from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import BindParameter
 
 from services.orchestrator.repositories import leases, progress
@@ -173,47 +172,11 @@ class Ended:
     landed: list[StoredEvent]
 
 
-async def complete(
-    conn: AsyncConnection,
-    run_id: str,
-    epoch: int,
-    ending: Completed,
-    *,
-    in_flight: Batch | None,
-    parts: Sequence[Part],
-    events: Sequence[Event],
-    turns: Sequence[ModelTurn],
-    stages: Mapping[str, Any],
-    audit: Mapping[str, Any],
-    stored_format: int = formats.NEWEST,
-) -> Ended | None:
-    """Complete the run under lease `epoch` in ONE statement: the in-flight batch (`in_flight`,
-    its turns priced) unless it landed already, `parts` and priced `turns`, the move to completed
-    with `events` and run.completed (its usage totalled in the statement), the session handed
-    to its next message, the attempt closed with `stages` and its audit record (`audit`, and
-    the usage). Its events are stored by reference where they may be, up to `stored_format`
-    (`tether.formats`; CURRENT stores them whole, as a release before reads them). None when
-    the lease is stale: nothing was written."""
-    flight = in_flight or Batch(0)
-    params = complete_params(
-        run_id,
-        epoch,
-        ending,
-        in_flight=flight,
-        parts=parts,
-        events=events,
-        turns=turns,
-        stages=stages,
-        audit=audit,
-        stored_format=stored_format,
-    )
-    return ended(await COMPLETE.first(conn, params), ending, events, flight)
-
-
 def ended(
     row: Row[Any] | None, ending: Completed, events: Sequence[Event], flight: Batch
 ) -> Ended | None:
-    """What `COMPLETE`'s row says of a completion (`complete`): None for no row, a stale lease."""
+    """What `COMPLETE`'s row says of a completion (`complete_params`): None for no row (a stale
+    lease: nothing was written), an `Ended` with no move when a cancel came first."""
     if row is None:
         return None
     if row.outcome == CANCEL_REQUESTED:
@@ -240,8 +203,13 @@ def complete_params(
     audit: Mapping[str, Any],
     stored_format: int = formats.NEWEST,
 ) -> dict[str, Any]:
-    """The values `COMPLETE` binds to complete the run `run_id` under lease `epoch` (see
-    `complete`)."""
+    """The values `COMPLETE` binds to complete the run `run_id` under lease `epoch` in ONE
+    statement: the in-flight batch (`in_flight`, its turns priced) unless it landed already,
+    `parts` and priced `turns`, the move to completed with `events` and run.completed (its usage
+    totalled in the statement), the session handed to its next message, the attempt closed with
+    `stages` and its audit record (`audit`, and the usage). Its events are stored by reference
+    where they may be, up to `stored_format` (`tether.formats`; CURRENT stores them whole, as a
+    release before reads them). `ended` reads what its row says."""
     # Whole, its usage is totalled, and filled in, by the function.
     terminal = run_completed(ending, {})
     # The parts its events may refer to when stored by reference: those the statement writes,
