@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select, text
+from sqlalchemy import String, bindparam, event, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.admission.domain import FreshnessPolicy
@@ -25,7 +25,7 @@ from services.orchestrator.execution import Execution
 from services.orchestrator.prices import Prices
 from services.orchestrator.repositories import completion, progress
 from tests.integration.test_admission import _tenant, chat
-from tether.db.committer import Committer
+from tether.db.committer import Committer, Prepared
 from tether.db.direct import Direct
 from tether.db.schema import runs
 from tether.domain import Batch, Completed, Completion, ModelTurn, Part, Role, Text
@@ -198,16 +198,25 @@ async def test_writes_arriving_in_one_turn_take_one_connection_and_one_transacti
     def checked_out(*_: Any) -> None:
         checkouts.append(None)
 
-    async def write(conn: AsyncConnection) -> int:
-        return int((await conn.execute(text("SELECT txid_current()"))).scalar_one())
+    def write(key: str) -> Any:
+        async def prepare(_: AsyncConnection) -> Prepared[int]:
+            return Prepared({"k": key}, lambda row: int(row.xid) if row is not None else -1)
+
+        return committer.write_statement(key, _TRANSACTION, prepare, matched_by="k")
 
     event.listen(engine.sync_engine.pool, "checkout", checked_out)
     try:
-        written = await asyncio.gather(*(committer.write(f"run-{i}", write) for i in range(3)))
+        written = await asyncio.gather(*(write(f"run-{i}") for i in range(3)))
     finally:
         event.remove(engine.sync_engine.pool, "checkout", checked_out)
     assert len(set(written)) == 1, "one transaction for the three"
     assert len(checkouts) == 1
+
+
+# A write that says which transaction wrote it, named by its key.
+_TRANSACTION = Direct(
+    select(bindparam("k", type_=String).label("k"), func.txid_current().label("xid"))
+)
 
 
 @asynccontextmanager

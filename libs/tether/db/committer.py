@@ -50,9 +50,6 @@ R = TypeVar("R")
 # What `_watched` gives back for writing stopped because a caller went away.
 _GONE: Any = object()
 
-# A write: one statement on the connection it is given, and what the caller needs from it.
-Write = Callable[[AsyncConnection], Awaitable[T]]
-
 
 @dataclass(frozen=True)
 class Prepared(Generic[T]):
@@ -69,23 +66,22 @@ Prepare = Callable[[AsyncConnection], Awaitable[Prepared[T]]]
 
 
 @dataclass(frozen=True)
-class _Statement:
+class _Pending:
+    key: str  # its place in its group
     direct: Direct
     prepare: Prepare[Any]
-    matched_by: str  # the column of its rows that names the write
+    matched_by: str  # the column of its statement's rows that names the write
     match: str  # the value that column holds in this write's row
-
-
-@dataclass(frozen=True)
-class _Pending:
-    key: str
-    write: Write[Any]
     result: asyncio.Future[Any]
-    statement: _Statement | None = None
+
+    async def write(self, conn: AsyncConnection) -> Any:
+        """The write on its own on `conn` (alone, or in a group's transaction)."""
+        prepared = await self.prepare(conn)
+        return prepared.read(await self.direct.first(conn, prepared.params))
 
 
 class Committer:
-    """Writes the aggregate's statements, together when they arrive together."""
+    """Writes statements, together when they arrive together."""
 
     # Enough writers that one write waiting on a row lock does not hold up the others; few
     # enough that writes arriving while they are busy queue up and share a commit.
@@ -103,11 +99,6 @@ class Committer:
         """Writes in line for the next transaction."""
         return len(self._line)
 
-    async def write(self, key: str, write: Write[T]) -> T:
-        """`write`'s result once it is committed, with whatever else was waiting; `key` orders
-        it within its group (the run it writes)."""
-        return await self._enqueue(key, write, None)
-
     async def write_statement(
         self,
         key: str,
@@ -117,22 +108,15 @@ class Committer:
         matched_by: str,
         match: str | None = None,
     ) -> T:
-        """As `write`, for a write that is one run of `statement` (`prepare` says with what, and
-        what comes of its row): a group of such writes is sent in one round trip with no
-        transaction commands. The row a write's statement returns names it in its column
-        `matched_by`, by `match` (its key unless given); writes of a group that name the same
-        value go in a transaction instead."""
-
-        async def alone(conn: AsyncConnection) -> T:
-            prepared = await prepare(conn)
-            return prepared.read(await statement.first(conn, prepared.params))
-
-        named = _Statement(statement, prepare, matched_by, key if match is None else match)
-        return await self._enqueue(key, alone, named)
-
-    async def _enqueue(self, key: str, write: Write[T], statement: _Statement | None) -> T:
+        """The result of a write that is one run of `statement` (`prepare` says with what, and
+        what comes of its row), once it is committed with whatever else was waiting; `key`
+        orders it within its group (the run it writes). A group of writes of one statement is
+        sent in one round trip with no transaction commands. The row a write's statement
+        returns names it in its column `matched_by`, by `match` (its key unless given); writes
+        of a group that name the same value go in a transaction instead."""
         result: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._line.append(_Pending(key, write, result, statement))
+        named = key if match is None else match
+        self._line.append(_Pending(key, statement, prepare, matched_by, named, result))
         if self._free:
             self._free -= 1
             task = asyncio.create_task(self._write_groups(), name="group-commit")
@@ -247,29 +231,18 @@ def _key(pending: _Pending) -> str:
 
 def _one_statement(group: list[_Pending]) -> bool:
     """Whether `group` is runs of one statement, each naming its row by a value of its own."""
-    first = group[0].statement
-    if first is None:
-        return False
-    matches = set()
-    for pending in group:
-        if pending.statement is None or pending.statement.direct is not first.direct:
-            return False
-        matches.add(pending.statement.match)
-    return len(matches) == len(group)
+    first = group[0].direct
+    return all(p.direct is first for p in group) and len({p.match for p in group}) == len(group)
 
 
 async def _together(conn: AsyncConnection, group: list[_Pending]) -> list[Any]:
     """The group's statement sent once for each write, in one round trip; each write's result
     from the row that names it."""
-    statements = [p.statement for p in group if p.statement is not None]  # each has one
-    prepared = [await statement.prepare(conn) for statement in statements]
-    one = statements[0]
+    prepared = [await pending.prepare(conn) for pending in group]
+    one = group[0]
     rows = await one.direct.each(conn, [p.params for p in prepared])
     by_match = {str(row._mapping[one.matched_by]): row for row in rows}
-    return [
-        p.read(by_match.get(statement.match))
-        for statement, p in zip(statements, prepared, strict=True)
-    ]
+    return [p.read(by_match.get(pending.match)) for pending, p in zip(group, prepared, strict=True)]
 
 
 def _cancel(group: list[_Pending]) -> None:
