@@ -148,35 +148,23 @@ _CLOCK_READ = SimpleNamespace(
 )
 
 
-def _moved_on(source: Select[Any], name: str, *, unless_moved: bool = False) -> CTE:
+def _moved_on(source: Select[Any], name: str) -> CTE:
     """The stripe `source` selects (tenant_id, stripe, tail) moved on by one run: an upsert on
     the existing row (an UPDATE would take the admission's `tenant_id` parameter as a value
-    to SET), returning the run's start tag. `unless_moved`: only while its tail is still the
-    one `source` read (else nothing, and no row comes back)."""
+    to SET; `source`'s tail is not written), returning the run's start tag."""
     upsert = pg_insert(tenant_stripes).from_select(["tenant_id", "stripe", "tail"], source)
     return (
         upsert.on_conflict_do_update(
             index_elements=[tenant_stripes.c.tenant_id, tenant_stripes.c.stripe],
             set_={"tail": _offer(tenant_stripes, _CLOCK_READ) + _stride(_CLOCK_READ)},
-            where=(tenant_stripes.c.tail == upsert.excluded.tail) if unless_moved else None,
         )
         .returning((tenant_stripes.c.tail - _stride(_CLOCK_READ)).label("start"))
         .cte(name)
     )
 
 
-# The picked stripe's tail as this statement's snapshot has it: the pick passes over a stripe
-# that moved before its lock, and the stripe it locked stays as it is until this commits, so
-# this guard never fails today; it stays, the last word on a tag taken twice, and a statement
-# it stops is retagged (`retag`, a new snapshot).
-_TAIL_AS_READ = (
-    select(_AS_READ.c.tail)
-    .where(_AS_READ.c.tenant_id == _PICK.c.tenant_id, _AS_READ.c.stripe == _PICK.c.stripe)
-    .scalar_subquery()
-)
-_TAKEN = _moved_on(
-    select(_PICK.c.tenant_id, _PICK.c.stripe, _TAIL_AS_READ), "fair_taken", unless_moved=True
-)
+# The stripe the pick locked, as the snapshot read it: locked, it stays so until this commits.
+_TAKEN = _moved_on(select(_PICK.c.tenant_id, _PICK.c.stripe, literal(0.0, Double)), "fair_taken")
 # - when every stripe is held (more admissions of the tenant at once than STRIPES), the one
 #   with the least next tag, waiting for it;
 _LEAST = tenant_stripes.alias("least_stripe")
@@ -256,19 +244,13 @@ _RETAG = (
             select(_CLOCK.c.vt).scalar_subquery(),
         )
     )
-    .returning(runs.c.fair_key, _TOOK.label("took"))
+    .returning(runs.c.fair_key)
 )
-# How many times `retag` tries again when the stripe it picked moved before it locked it.
-RETAGS = 3
 
 
 async def retag(conn: AsyncConnection, run: Run) -> Run:
     """`run` (just queued, its statement RACED) with a start tag taken from its tenant's
-    stripes, now that the admission that made them committed."""
-    for _ in range(RETAGS):
-        row = (
-            await conn.execute(_RETAG, {"rt_run_id": run.run_id, "fq_tenant_id": run.tenant_id})
-        ).one()
-        if row.took:
-            break
-    return replace(run, fair_key=row.fair_key)
+    stripes, now that the admission that made them committed: a statement begun after that
+    commit sees them, and takes a free stripe's tag, or waits for the least held one's."""
+    found = await conn.execute(_RETAG, {"rt_run_id": run.run_id, "fq_tenant_id": run.tenant_id})
+    return replace(run, fair_key=found.scalar_one())
