@@ -34,7 +34,7 @@ from tether import apikeys
 from tether.client import TetherClient
 from tether.convert import status_to_proto, timestamp
 from tether.db.engine import create_engine
-from tether.db.schema import run_events, runs
+from tether.db.schema import run_event_log, runs
 from tether.domain import Assignment, RenderJob
 from tether.runtime.rpc import internal_channel
 from tether.states import RunStatus
@@ -219,9 +219,9 @@ async def _fired(engine: AsyncEngine, run_ids: list[str], due: datetime) -> list
     """Each run's lateness (ms) from `due` to its timer.fired, once every one has fired."""
     deadline = time.perf_counter() + (due - datetime.now(UTC)).total_seconds() + 60
     stmt = (
-        select(run_events.c.run_id, run_events.c.created_at)
-        .join(runs, runs.c.run_id == run_events.c.run_id)
-        .where(run_events.c.run_id.in_(run_ids), run_events.c.type == "timer.fired")
+        select(run_event_log.c.run_id, run_event_log.c.created_at)
+        .join(runs, runs.c.run_id == run_event_log.c.run_id)
+        .where(run_event_log.c.run_id.in_(run_ids), run_event_log.c.type == "timer.fired")
     )
     count = select(func.count()).select_from(stmt.subquery())
     async with engine.connect() as conn:

@@ -37,6 +37,15 @@ Formats:
   answer, so the row's format is 5, which that release refuses; the orchestrator stores the
   answer whole while a replica of that release runs (`TETHER_ORCHESTRATOR_STORED_FORMAT=4`
   during a rolling deploy from it).
+- 6: the events one write appends together stored as one row (`EVENTS_TOGETHER`), as a
+  broker stores a batch of records: `run_events.type` is `events`, `seq` the last of theirs,
+  and the payload the list of `[type, format, payload]` of each, in order, each in its own
+  format (2 to 5). The `run_event_log` view reads every row as the events it holds, each with
+  its own seq (`seq` less how many follow it), so a reader takes events from there and never
+  from `run_events`. A write of one event stores it in a row of its own, as before. The
+  release before reads `run_events` one row an event, and refuses a format-6 row; the
+  orchestrator stores one row an event while a replica of that release runs
+  (`TETHER_ORCHESTRATOR_STORED_FORMAT=5` during a rolling deploy from it).
 """
 
 from __future__ import annotations
@@ -61,7 +70,10 @@ CURRENT = 2
 BY_REFERENCE = 3
 USAGE_BY_REFERENCE = 4
 ANSWER_BY_REFERENCE = 5
-NEWEST = ANSWER_BY_REFERENCE
+EVENTS_TOGETHER = 6
+NEWEST = EVENTS_TOGETHER
+# `run_events.type` of a row that holds the events one write appended (EVENTS_TOGETHER).
+TOGETHER_TYPE = "events"
 OLDEST = 1
 _READABLE = [OLDEST, NEWEST]
 
@@ -113,6 +125,10 @@ def read_event_payload(
     """A stored or live event's payload (`what` names it for an error), upgraded to the current
     format: the JSON of its union member."""
     check(format, what)
+    if format == EVENTS_TOGETHER:
+        # Rows of events stored together are read as their events (`run_event_log`): reaching
+        # here with one is this release's own mistake, never the stored row's.
+        raise RuntimeError(f"{what} is a row of events, read without run_event_log")
     data = dict(payload)
     if format == 1 and type_ in (EventType.PART_ADDED, EventType.PART_UPDATED):
         part = dict(data.get("part") or {})

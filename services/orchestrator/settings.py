@@ -25,10 +25,11 @@ class OrchestratorSettings(RetainingSettings):
         ge=formats.CURRENT,
         le=formats.NEWEST,
         description="The newest stored format this replica writes (tether.formats). Set it to "
-        f"{formats.USAGE_BY_REFERENCE} while replicas of the release before this one still run "
-        "(a rolling deploy from it: a completed run's answer is then stored whole, as that "
-        f"release reads it; {formats.BY_REFERENCE} stores usage.updated whole too, for the "
-        f"release before that, and {formats.CURRENT} every event), and unset it once none does.",
+        f"{formats.ANSWER_BY_REFERENCE} while replicas of the release before this one still run "
+        "(a rolling deploy from it: the events one write appends are then stored one row each, "
+        f"as that release reads them; {formats.USAGE_BY_REFERENCE} stores a completed run's "
+        f"answer whole too, for the release before that, {formats.BY_REFERENCE} usage.updated "
+        f"whole, and {formats.CURRENT} every event), and unset it once none does.",
     )
     claim_pool_size: int = Field(
         2,

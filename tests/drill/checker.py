@@ -22,7 +22,7 @@ from tether.db.schema import (
     grants,
     interactions,
     messages,
-    run_events,
+    run_event_log,
     run_parts,
     runs,
 )
@@ -147,7 +147,7 @@ async def read_state_for(engine: AsyncEngine) -> DbState:
         for r in await conn.execute(select(run_parts).order_by(run_parts.c.part_index)):
             parts[r.run_id].append(dict(r._mapping))
         seqs: dict[str, set[int]] = defaultdict(set)
-        for r in await conn.execute(select(run_events.c.run_id, run_events.c.seq)):
+        for r in await conn.execute(select(run_event_log.c.run_id, run_event_log.c.seq)):
             seqs[r.run_id].add(int(r.seq))
         delivery_rows = {
             r.run_id: dict(r._mapping)
@@ -157,8 +157,8 @@ async def read_state_for(engine: AsyncEngine) -> DbState:
         }
         timer_events: dict[str, Counter[str]] = defaultdict(Counter)
         for r in await conn.execute(
-            select(run_events.c.run_id, run_events.c.type).where(
-                run_events.c.type.in_(("timer.set", "timer.fired"))
+            select(run_event_log.c.run_id, run_event_log.c.type).where(
+                run_event_log.c.type.in_(("timer.set", "timer.fired"))
             )
         ):
             timer_events[r.run_id][r.type] += 1

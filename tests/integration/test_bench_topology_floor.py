@@ -26,7 +26,7 @@ async def test_each_call_admits_a_new_run_with_its_records(
         runs = await conn.fetch(
             "SELECT r.status, r.tenant_id, m.message_id IS NOT NULL AS message, "
             "s.active_run_id = r.run_id AS head, c.run_id = r.run_id AS claimed, "
-            "(SELECT array_agg(type) FROM run_events e WHERE e.run_id = r.run_id) AS events "
+            "(SELECT array_agg(type) FROM run_event_log e WHERE e.run_id = r.run_id) AS events "
             "FROM runs r JOIN messages m ON m.message_id = r.message_id "
             "JOIN sessions s ON s.session_id = r.session_id "
             "JOIN event_claims c ON c.run_id = r.run_id WHERE r.run_id = ANY($1)",
@@ -67,7 +67,7 @@ async def test_the_claim_leases_what_was_admitted_and_the_completion_ends_it(
             "SELECT r.status, coalesce(r.result_text, (SELECT p.payload ->> 'text' "
             "FROM run_parts p WHERE p.run_id = r.run_id AND p.kind = 'text' AND r.format = 5)) "
             "<> '' AS answered, "
-            "(SELECT array_agg(type ORDER BY seq) FROM run_events e WHERE e.run_id = r.run_id) "
+            "(SELECT array_agg(type ORDER BY seq) FROM run_event_log e WHERE e.run_id = r.run_id) "
             "AS events, (SELECT count(*) FROM run_parts p WHERE p.run_id = r.run_id) AS parts, "
             "(SELECT count(*) FROM usage_turns u WHERE u.run_id = r.run_id) AS turns, "
             "(SELECT outcome FROM attempts a WHERE a.run_id = r.run_id) AS attempt, "

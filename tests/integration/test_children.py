@@ -25,7 +25,15 @@ from services.orchestrator.publisher import Publisher
 from tests.integration.test_admission import _tenant, chat
 from tests.integration.test_transitions import _claim
 from tether.db.engine import create_engine
-from tether.db.schema import attempts, routings, run_events, run_parts, runs, usage_turns
+from tether.db.schema import (
+    attempts,
+    routings,
+    run_event_log,
+    run_events,
+    run_parts,
+    runs,
+    usage_turns,
+)
 from tether.domain import (
     AgentConfig,
     Batch,
@@ -97,7 +105,7 @@ async def _count(engine: AsyncEngine, parent: str) -> int:
 async def _types(engine: AsyncEngine, run_id: str) -> list[str]:
     async with engine.connect() as conn:
         rows = await conn.execute(
-            select(run_events.c.type).where(run_events.c.run_id == run_id).order_by("seq")
+            select(run_event_log.c.type).where(run_event_log.c.run_id == run_id).order_by("seq")
         )
         return [r.type for r in rows]
 
@@ -214,9 +222,9 @@ async def test_wakers_racing_resume_a_parent_once_and_only_when_every_child_ende
     async with engine.connect() as conn:
         row = (await conn.execute(select(runs).where(runs.c.run_id == parent))).one()
         logged = await conn.execute(
-            select(run_events.c.seq, run_events.c.payload)
-            .where(run_events.c.run_id == parent)
-            .order_by(run_events.c.seq.desc())
+            select(run_event_log.c.seq, run_event_log.c.payload)
+            .where(run_event_log.c.run_id == parent)
+            .order_by(run_event_log.c.seq.desc())
             .limit(3)
         )
         tail = sorted(logged, key=lambda r: r.seq)
@@ -254,8 +262,8 @@ async def test_the_turns_last_delegate_call_parks_its_parent_with_its_child(
     async with engine.connect() as conn:
         row = (await conn.execute(select(runs).where(runs.c.run_id == parent))).one()
         waiting = await conn.scalar(
-            select(run_events.c.payload).where(
-                run_events.c.run_id == parent, run_events.c.type == "children.waiting"
+            select(run_event_log.c.payload).where(
+                run_event_log.c.run_id == parent, run_event_log.c.type == "children.waiting"
             )
         )
     assert (row.status, row.lease_owner, row.lease_expires_at) == (
@@ -287,8 +295,8 @@ async def test_a_last_call_whose_child_ended_parks_only_on_the_others(engine: As
     assert (parked.created, parked.parked) == (False, True)  # type: ignore[attr-defined]
     async with engine.connect() as conn:
         waiting = await conn.scalar(
-            select(run_events.c.payload).where(
-                run_events.c.run_id == parent, run_events.c.type == "children.waiting"
+            select(run_event_log.c.payload).where(
+                run_event_log.c.run_id == parent, run_event_log.c.type == "children.waiting"
             )
         )
     assert waiting["toolCallIds"] == ["toolu_b"]
@@ -331,7 +339,7 @@ async def test_a_delegate_call_carries_its_turn_into_the_childs_own_transaction(
         "children.waiting",
     ]
     async with engine.connect() as conn:
-        xmins = await conn.execute(
+        xmins = await conn.execute(  # the log's own rows: which transaction wrote each
             select(text("xmin::text"))
             .select_from(run_events)
             .where(run_events.c.run_id == parent)

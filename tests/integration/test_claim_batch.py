@@ -19,7 +19,7 @@ from services.orchestrator.repositories import history
 from services.orchestrator.repositories import runs as runs_repo
 from tests.integration.statements import counting
 from tests.integration.test_admission import _tenant, chat, messaging
-from tether.db.schema import attempts, run_events, runs, tenants
+from tether.db.schema import attempts, run_event_log, runs, tenants
 from tether.domain import (
     Batch,
     Completed,
@@ -106,9 +106,14 @@ async def test_a_claim_of_eight_runs_is_one_statement_and_leases_the_oldest_firs
         assert (event.seq, event.event) == (2, run_started(1, "w-8", 1))
     stored = await _rows(
         engine,
-        select(run_events.c.run_id, run_events.c.seq, run_events.c.type, run_events.c.payload)
-        .where(run_events.c.type == "run.started")
-        .order_by(run_events.c.run_id),
+        select(
+            run_event_log.c.run_id,
+            run_event_log.c.seq,
+            run_event_log.c.type,
+            run_event_log.c.payload,
+        )
+        .where(run_event_log.c.type == "run.started")
+        .order_by(run_event_log.c.run_id),
     )
     expected = {c.run.run_id: run_started(1, "w-8", 1) for c in claimed}
     for row in stored:
@@ -282,12 +287,16 @@ async def test_a_summary_is_stored_once_per_range_and_stands_in_for_the_runs_it_
     events = [part_added(part), context_compacted(0, summary)]
     epoch = leased.run.lease_epoch
     await execution.attempts.store_summary(current, epoch, part, events)
-    before = await _rows(engine, select(run_events.c.seq).where(run_events.c.run_id == current))
+    before = await _rows(
+        engine, select(run_event_log.c.seq).where(run_event_log.c.run_id == current)
+    )
     again = Part(1, Role.ASSISTANT, summary, final=True)
     with pytest.raises(FailedPrecondition) as twice:
         await execution.attempts.store_summary(current, epoch, again, [part_added(again)])
     assert twice.value.code == "summary_exists"
-    after = await _rows(engine, select(run_events.c.seq).where(run_events.c.run_id == current))
+    after = await _rows(
+        engine, select(run_event_log.c.seq).where(run_event_log.c.run_id == current)
+    )
     assert after == before, "a second summary of the range writes nothing"
     foreign = Summary("elsewhere", "run_x", "run_x")
     with pytest.raises(InvalidArgument):

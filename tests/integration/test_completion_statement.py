@@ -21,7 +21,16 @@ from services.orchestrator.repositories import webhook_dispatch
 from tests.integration.statements import counting
 from tests.integration.test_admission import _tenant, chat
 from tether import formats
-from tether.db.schema import attempts, audit_log, run_events, run_parts, runs, sessions, usage_turns
+from tether.db.schema import (
+    attempts,
+    audit_log,
+    run_event_log,
+    run_events,
+    run_parts,
+    runs,
+    sessions,
+    usage_turns,
+)
 from tether.domain import (
     Batch,
     Completed,
@@ -125,6 +134,16 @@ async def _stored(engine: AsyncEngine, run_id: str) -> dict[str, Any]:
         "finished": run.finished_at is not None,
         "events": [
             (e.seq, e.type, e.payload, e.format)
+            for e in await _rows(
+                engine,
+                select(run_event_log)
+                .where(run_event_log.c.run_id == run_id)
+                .order_by(run_event_log.c.seq),
+            )
+        ],
+        # The log's own rows: one an event, or one of the events a write appended together.
+        "rows": [
+            (e.seq, e.type, e.format)
             for e in await _rows(
                 engine,
                 select(run_events).where(run_events.c.run_id == run_id).order_by(run_events.c.seq),
@@ -317,12 +336,15 @@ async def test_a_completion_stores_each_record_once(engine: AsyncEngine) -> None
     which the run keeps, and each part.added of a final part as its index, whose row holds it;
     (format 4) usage.updated without its turn, whose row names the event; every other event
     whole, as format 2; (format 5) the answer as its parts alone (`runs.result_text` NULL, the
-    row's format 5). Read back, each is what was published, whole, and the run shows its
-    answer. While the release before this one runs (format 4), the answer is stored whole; while
-    the one before that runs (format 3), usage.updated is too; before that (2), every event."""
+    row's format 5); (format 6) the completion's events, with those of the batch in flight, in
+    one row. Read back, each is what was published, whole, and the run shows its answer. While
+    the release before this one runs (format 5), each event is a row of its own; while the one
+    before that runs (format 4), the answer is stored whole; before that (3), usage.updated is
+    too; before that (2), every event."""
     await _tenant(engine, "t1")
     for stored_format in (
         formats.NEWEST,
+        formats.ANSWER_BY_REFERENCE,
         formats.USAGE_BY_REFERENCE,
         formats.BY_REFERENCE,
         formats.CURRENT,
@@ -357,6 +379,14 @@ async def test_a_completion_stores_each_record_once(engine: AsyncEngine) -> None
         else:
             assert [(seq, kind, payload) for seq, kind, payload, _ in stored] == published
             assert {format for *_, format in stored} == {formats.CURRENT}
+        # The log's rows after the run's run.queued and run.started: one of them all from format
+        # 6 on, under the last one's seq; one an event before.
+        if stored_format >= formats.EVENTS_TOGETHER:
+            assert rows["rows"][2:] == [
+                (published[-1][0], formats.TOGETHER_TYPE, formats.EVENTS_TOGETHER)
+            ]
+        else:
+            assert rows["rows"][2:] == [(seq, kind, format) for seq, kind, _, format in stored]
         # The answer: its part alone from format 5 on, else the run's column too.
         whole = ("It is noon.", formats.CURRENT)
         by_reference = (None, formats.ANSWER_BY_REFERENCE)

@@ -15,7 +15,7 @@ from services.orchestrator.execution import Execution
 from services.orchestrator.service import Runs
 from tests.integration.test_admission import _tenant
 from tests.integration.test_channel_origin import channel_message
-from tether.db.schema import deliveries, run_events, runs
+from tether.db.schema import deliveries, run_event_log, runs
 from tether.domain import RunError, delivery_id
 from tether.errors import FailedPrecondition, StaleLease
 from tether.states import RunStatus
@@ -38,9 +38,9 @@ async def leased(engine: AsyncEngine, execution: Execution, event_id: str) -> Cl
 async def delivery_event_types(engine: AsyncEngine, run_id: str) -> list[str]:
     async with engine.connect() as conn:
         rows = await conn.execute(
-            select(run_events.c.type)
-            .where(run_events.c.run_id == run_id, run_events.c.type.like("delivery.%"))
-            .order_by(run_events.c.seq)
+            select(run_event_log.c.type)
+            .where(run_event_log.c.run_id == run_id, run_event_log.c.type.like("delivery.%"))
+            .order_by(run_event_log.c.seq)
         )
         return list(rows.scalars())
 
@@ -173,9 +173,9 @@ async def test_a_run_the_reaper_fails_leaves_its_delivery_unknown_not_open(
         types = list(
             (
                 await conn.execute(
-                    select(run_events.c.type)
-                    .where(run_events.c.run_id == run_id)
-                    .order_by(run_events.c.seq)
+                    select(run_event_log.c.type)
+                    .where(run_event_log.c.run_id == run_id)
+                    .order_by(run_event_log.c.seq)
                 )
             ).scalars()
         )

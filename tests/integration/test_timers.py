@@ -17,7 +17,7 @@ from services.orchestrator.timers import Timers
 from tests.integration.test_admission import _tenant, chat
 from tests.integration.test_transitions import _claim
 from tether.db.engine import create_engine
-from tether.db.schema import run_events, runs
+from tether.db.schema import run_event_log, runs
 from tether.errors import StaleLease
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -34,7 +34,7 @@ async def _leased_run(engine: AsyncEngine, event_id: str) -> str:
 async def _events(engine: AsyncEngine, run_id: str) -> list[str]:
     async with engine.connect() as conn:
         rows = await conn.execute(
-            select(run_events.c.type).where(run_events.c.run_id == run_id).order_by("seq")
+            select(run_event_log.c.type).where(run_event_log.c.run_id == run_id).order_by("seq")
         )
         return [r.type for r in rows]
 

@@ -14,7 +14,7 @@ from services.admission.service import Admitter
 from services.orchestrator.repositories.transitions import LEASE_UNTIL, NEXT_EPOCH, NOW, apply
 from tests.integration.test_admission import _tenant, chat
 from tether import states
-from tether.db.schema import run_events, runs
+from tether.db.schema import run_event_log, runs
 from tether.domain import Event, EventType, run_started
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -62,8 +62,8 @@ async def test_one_shape_binds_each_calls_values(engine: AsyncEngine) -> None:
         }
         started = (
             await conn.execute(
-                select(run_events.c.run_id, run_events.c.seq, run_events.c.payload).where(
-                    run_events.c.type == "run.started"
+                select(run_event_log.c.run_id, run_event_log.c.seq, run_event_log.c.payload).where(
+                    run_event_log.c.type == "run.started"
                 )
             )
         ).all()

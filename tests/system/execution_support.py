@@ -19,7 +19,7 @@ from services.orchestrator.repositories.answers import READ_RUN
 from tests.conftest import clone_database, drop_database
 from tether import apikeys, credentials
 from tether.db.engine import create_engine
-from tether.db.schema import grants, run_events, run_parts, runs, tenants
+from tether.db.schema import grants, run_event_log, run_parts, runs, tenants
 from tether.stack.embedded import database_url
 from tether.stack.processes import ServiceSet
 from tether.testing.eventually import eventually
@@ -166,9 +166,9 @@ async def events_of(db_url: str, run_id: str) -> list[tuple[int, str, dict[str, 
         async with engine.connect() as conn:
             rows = (
                 await conn.execute(
-                    select(run_events.c.seq, run_events.c.type, run_events.c.payload)
-                    .where(run_events.c.run_id == run_id)
-                    .order_by(run_events.c.seq)
+                    select(run_event_log.c.seq, run_event_log.c.type, run_event_log.c.payload)
+                    .where(run_event_log.c.run_id == run_id)
+                    .order_by(run_event_log.c.seq)
                 )
             ).all()
     finally:

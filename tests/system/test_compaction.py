@@ -25,7 +25,7 @@ from tests.system.execution_support import (
     wait_for_status,
 )
 from tether.db.engine import create_engine
-from tether.db.schema import context_summaries, run_events, run_parts, runs, tenants
+from tether.db.schema import context_summaries, run_event_log, run_parts, runs, tenants
 from tether.testing.eventually import eventually
 from tether.testing.model_script import KEY_TEXT_LIMIT
 from tether.testing.model_server import Stall, TextTurn
@@ -119,9 +119,9 @@ async def test_a_long_conversation_is_compacted_as_it_grows(stack: ExecStack) ->
             compacted = [
                 dict(row.payload)
                 for row in await conn.execute(
-                    select(run_events.c.payload).where(
-                        run_events.c.run_id.in_(run_ids),
-                        run_events.c.type == "context.compacted",
+                    select(run_event_log.c.payload).where(
+                        run_event_log.c.run_id.in_(run_ids),
+                        run_event_log.c.type == "context.compacted",
                     )
                 )
             ]
@@ -211,8 +211,8 @@ async def one_summary(stack: ExecStack, run_id: str) -> None:
     events = await count(
         stack,
         select(func.count())
-        .select_from(run_events)
-        .where(run_events.c.run_id == run_id, run_events.c.type == "context.compacted"),
+        .select_from(run_event_log)
+        .where(run_event_log.c.run_id == run_id, run_event_log.c.type == "context.compacted"),
     )
     assert (summaries, parts, events) == (1, 1, 1)
 

@@ -5,8 +5,9 @@ Runs it left parked resume here and finish; a payload in a format newer than thi
 refused with a clear error, never read with a field dropped. And the other way: a run completed
 here stores its answer once (format 3, run.completed by reference; format 5, the answer as its
 parts alone) and each model turn's usage once (format 4, usage.updated without its turn), and
-streams and reads whole; while the release before this one still runs, the orchestrator pinned
-to its format (4) stores nothing it cannot read, nor pinned to the one before that's (3)."""
+streams and reads whole, the events its completion appends in one row (format 6); while the
+release before this one still runs, the orchestrator pinned to its format (5) stores nothing it
+cannot read, nor pinned to the ones before that's (4, 3)."""
 
 from __future__ import annotations
 
@@ -217,21 +218,25 @@ async def test_a_part_in_a_newer_format_is_refused_not_read_with_a_field_dropped
         await engine.dispose()
 
 
-async def _stored(db_url: str, run_id: str) -> tuple[Any, list[Any]]:
-    """The run's row and its stored events, in order."""
+async def _stored(db_url: str, run_id: str) -> tuple[Any, list[Any], list[Any]]:
+    """The run's row, its stored events in order (as the log's readers take them), and the
+    log's own rows (one an event, or one of the events a write appended together)."""
     engine = create_engine(db_url, pool_size=1)
     try:
         async with engine.connect() as conn:
-            runs, events = schema.runs, schema.run_events
+            runs, events, rows = schema.runs, schema.run_event_log, schema.run_events
             run = (await conn.execute(select(runs).where(runs.c.run_id == run_id))).one()
             stored = (
                 await conn.execute(
                     select(events).where(events.c.run_id == run_id).order_by(events.c.seq)
                 )
             ).all()
+            logged = (
+                await conn.execute(select(rows).where(rows.c.run_id == run_id).order_by(rows.c.seq))
+            ).all()
     finally:
         await engine.dispose()
-    return run, list(stored)
+    return run, list(stored), list(logged)
 
 
 async def _streamed(client: TetherClient, run_id: str) -> dict[str, Any]:
@@ -257,9 +262,16 @@ async def test_a_run_this_release_completes_stores_each_record_once_and_streams_
     sent = await client.send("hello", conversation_id="stored-once", event_id="stored-once")
     run_id = sent.run.run_id
     await wait_for_status(running.db_url, run_id, "completed")
-    run, stored = await _stored(running.db_url, run_id)
+    run, stored, logged = await _stored(running.db_url, run_id)
     # The answer is its part alone (format 5): the row keeps no copy.
     assert (run.result_text, run.format) == (None, formats.ANSWER_BY_REFERENCE)
+    # The events one write appended are one row (format 6: the completion's, and a checkpoint's
+    # that landed before it), under the last one's seq; read, they are every seq in turn.
+    assert [(r.seq, r.type) for r in logged[:2]] == [(1, "run.queued"), (2, "run.started")]
+    together = [r for r in logged if r.format == formats.EVENTS_TOGETHER]
+    assert together and {r.type for r in together} == {formats.TOGETHER_TYPE}
+    assert logged[-1].seq == run.last_seq and len(logged) < len(stored)
+    assert [e.seq for e in stored] == list(range(1, run.last_seq + 1))
     by_type = {e.type: e for e in stored}
     terminal, added = by_type["run.completed"], by_type["part.added"]
     assert (terminal.format, added.format) == (formats.BY_REFERENCE, formats.BY_REFERENCE)
@@ -303,15 +315,18 @@ async def _turns(db_url: str, run_id: str) -> list[Any]:
         await engine.dispose()
 
 
-@pytest.mark.parametrize("pin", [formats.USAGE_BY_REFERENCE, formats.BY_REFERENCE])
+@pytest.mark.parametrize(
+    "pin", [formats.ANSWER_BY_REFERENCE, formats.USAGE_BY_REFERENCE, formats.BY_REFERENCE]
+)
 async def test_while_a_release_before_runs_a_completion_is_stored_as_it_reads_it(
     pg_server_url: str, template_db: str, redis_url: str, tmp_path_factory: Any, pin: int
 ) -> None:
-    """During a rolling deploy from the release before (TETHER_ORCHESTRATOR_STORED_FORMAT=4),
-    a run's answer is stored whole (`runs.result_text`; the row's format, 5, that release
-    refuses, is not written); from the one before that (3), usage.updated is whole too, with its
-    turn (format 4). A deploy from the release before those pins 2, and every event is whole
-    (test_completion_statement covers each pin)."""
+    """During a rolling deploy from the release before (TETHER_ORCHESTRATOR_STORED_FORMAT=5),
+    each event is a row of its own (a row of several, format 6, that release refuses, is not
+    written); from the one before that (4), a run's answer is stored whole too
+    (`runs.result_text`; the row's format, 5, is not written); from the one before that (3),
+    usage.updated is whole too, with its turn (format 4). A deploy from the release before those
+    pins 2, and every event is whole (test_completion_statement covers each pin)."""
     run_dir = Path(tmp_path_factory.mktemp("pinned-format"))
     pinned = {"TETHER_ORCHESTRATOR_STORED_FORMAT": str(pin)}
     async with exec_stack(
@@ -322,8 +337,14 @@ async def test_while_a_release_before_runs_a_completion_is_stored_as_it_reads_it
             sent = await client.send("hello", conversation_id="pinned", event_id="pinned")
             run_id = sent.run.run_id
             await wait_for_status(running.db_url, run_id, "completed")
-            run, stored = await _stored(running.db_url, run_id)
-            assert run.result_text and run.format == formats.CURRENT
+            run, stored, logged = await _stored(running.db_url, run_id)
+            assert [(r.seq, r.type, r.format) for r in logged] == [
+                (e.seq, e.type, e.format) for e in stored
+            ], "one row an event"
+            if pin == formats.ANSWER_BY_REFERENCE:
+                assert (run.result_text, run.format) == (None, formats.ANSWER_BY_REFERENCE)
+            else:
+                assert run.result_text and run.format == formats.CURRENT
             by_type = {e.type: e for e in stored}
             usage = by_type["usage.updated"]
             if pin == formats.BY_REFERENCE:
@@ -333,5 +354,6 @@ async def test_while_a_release_before_runs_a_completion_is_stored_as_it_reads_it
             else:
                 assert usage.format == formats.USAGE_BY_REFERENCE
             streamed = await _streamed(client, run_id)
-            assert streamed["run.completed"].result_text == run.result_text
+            answer = streamed["run.completed"].result_text
+            assert answer and answer == (run.result_text or streamed["part.added"].part.text.text)
             assert streamed["usage.updated"].turn.output_tokens == run.usage["output_tokens"]

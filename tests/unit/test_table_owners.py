@@ -16,6 +16,7 @@ OWNER = {
     # The run aggregate.
     "runs": "orchestrator",
     "run_events": "orchestrator",
+    "run_event_log": "orchestrator",
     "run_parts": "orchestrator",
     "attempts": "orchestrator",
     "effects": "orchestrator",
@@ -128,10 +129,14 @@ def test_a_module_names_only_tables_its_service_owns(path: Path) -> None:
     assert not wrong, f"{relative} names {wrong}, owned by {[OWNER[t] for t in wrong]}"
 
 
+# Views: read like tables, and owned like them, but made by a migration and not in `metadata`.
+VIEWS = {"run_event_log"}
+
+
 def test_every_table_of_the_schema_has_an_owner() -> None:
     from tether.db.schema import metadata
 
-    assert set(metadata.tables) == set(OWNER)
+    assert set(metadata.tables) == set(OWNER) - VIEWS
 
 
 def test_every_exception_is_still_needed() -> None:

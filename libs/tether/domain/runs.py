@@ -133,7 +133,7 @@ class PricedTurn:
 
 @dataclass(frozen=True, slots=True)
 class LoggedEvent:
-    """A `run_events` row: an event of a run's log, its payload in its stored format."""
+    """An event of a run's log, its payload in its stored format: a `run_event_log` row."""
 
     run_id: str
     seq: int
@@ -144,7 +144,7 @@ class LoggedEvent:
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Self:
-        """The event of a row carrying the `run_events` columns."""
+        """The event of a row carrying the `run_event_log` columns."""
         return cls(*_EVENT_COLUMNS(row))
 
 

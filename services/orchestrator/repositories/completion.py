@@ -123,9 +123,11 @@ _INPUTS: list[tuple[str, Any]] = [
     *[(k, runs.c[k].type) for k in _REPORTED],
     ("stages", JSONB()),
     ("audit_detail", JSONB()),
-    # Whether the answer may be stored as its parts alone (stored format 5): the release
-    # before calls the function without it, which PostgreSQL keeps beside this one (0044).
+    # Whether the answer may be stored as its parts alone (stored format 5).
     ("answer_by_reference", Boolean()),
+    # Whether its events go in one row (stored format 6): the release before calls the
+    # function without it, which PostgreSQL keeps beside this one (0045).
+    ("e_together", Boolean()),
 ]
 # Its outputs: what it did, whether the in-flight batch landed, the session's next head, and
 # the run as completed (NULL unless it did).
@@ -230,6 +232,7 @@ def complete_params(
             for k, v in stored_event_params(
                 in_flight.events, written, in_flight.turns, stored_format
             ).items()
+            if k != "e_together"  # the function appends them with the completion's, together
         },
         **progress.batch_params(parts, turns),
         **stored_event_params([*events, terminal], written, turns, stored_format),
@@ -321,6 +324,7 @@ def function_ddl() -> str:
             "held_epoch": "_held_epoch",
             "e_types": "_e_types",
             "e_payloads": "_e_payloads",
+            "e_together": "_e_together",
             "v_usage": "_usage",
             "v_format": "_run_format",
             **reported,

@@ -30,7 +30,7 @@ from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories.answers import READ_RUN
 from services.orchestrator.repositories.transitions import LEASE_HELD
 from tether import formats
-from tether.db.schema import attempts, routings, run_events, runs, usage_turns
+from tether.db.schema import attempts, routings, run_event_log, runs, usage_turns
 from tether.domain import Attempt, LoggedEvent, ModelTurn, PricedTurn, Run, RunRouting
 from tether.errors import InvalidArgument, NotFound, StaleLease
 from tether.ids import is_identifier
@@ -177,9 +177,13 @@ async def read_events(
 ) -> list[LoggedEvent]:
     """Up to `limit` events with seq > after_seq, in order."""
     stmt = (
-        select(run_events)
-        .where(run_events.c.run_id == run_id, run_events.c.seq > after_seq)
-        .order_by(run_events.c.seq)
+        select(run_event_log)
+        .where(
+            run_event_log.c.run_id == run_id,
+            run_event_log.c.seq > after_seq,
+            run_event_log.c.row_seq > after_seq,  # for the index (`run_event_log`)
+        )
+        .order_by(run_event_log.c.seq)
         .limit(limit)
     )
     return [LoggedEvent.from_row(row._mapping) for row in await conn.execute(stmt)]

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import (
     CTE,
     BigInteger,
+    Boolean,
     Executable,
     Interval,
     Select,
@@ -32,9 +33,10 @@ from sqlalchemy import (
     null,
     select,
     true,
+    type_coerce,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, array
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by, array
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import func
 from sqlalchemy.sql.elements import BindParameter, ClauseElement, ColumnElement
@@ -78,6 +80,9 @@ EVENT_TYPES = bindparam("e_types", type_=ARRAY(Text))
 _E_PAYLOADS = bindparam("e_payloads", type_=ARRAY(Text))
 # How many events the statement appends: what `last_seq` advances by.
 EVENT_COUNT = func.coalesce(func.cardinality(EVENT_TYPES), 0)
+# Whether the events a statement appends to a run go in one row (stored format 6,
+# `formats.EVENTS_TOGETHER`); unbound, each goes in a row of its own.
+_TOGETHER = bindparam("e_together", value=False, type_=Boolean)
 
 
 def event_count(computed: Sequence[Event] = ()) -> ColumnElement[Any]:
@@ -86,11 +91,13 @@ def event_count(computed: Sequence[Event] = ()) -> ColumnElement[Any]:
     return literal(len(computed), BigInteger) if computed else EVENT_COUNT
 
 
-def event_params(events: Sequence[Event]) -> dict[str, Any]:
-    """The bound values of `appended_events`: `events` as given."""
+def event_params(events: Sequence[Event], *, together: bool = False) -> dict[str, Any]:
+    """The bound values of `appended_events`: `events` as given, in one row when `together`
+    (stored format 6) and there are more than one."""
     return {
         "e_types": [str(e.type) for e in events],
         "e_payloads": [json.dumps(dict(e.payload)) for e in events],
+        "e_together": together,
     }
 
 
@@ -102,13 +109,15 @@ def stored_event_params(
 ) -> dict[str, Any]:
     """`event_params` of a batch that writes `parts` and `turns` with its `events`, each stored
     by reference where it may be, up to `stored_format` (`stored_by_reference`): its parts'
-    events (3) and each usage.updated without the turn its row keeps (4; `paired_turns`)."""
+    events (3) and each usage.updated without the turn its row keeps (4; `paired_turns`); and
+    together in one row (6)."""
     if stored_format < formats.BY_REFERENCE:
         return event_params(events)
     written = {p.index for p in parts}
     paired = paired_turns(events, turns) if stored_format >= formats.USAGE_BY_REFERENCE else {}
     return event_params(
-        [stored_by_reference(e, written, turn=paired.get(i)) for i, e in enumerate(events)]
+        [stored_by_reference(e, written, turn=paired.get(i)) for i, e in enumerate(events)],
+        together=stored_format >= formats.EVENTS_TOGETHER,
     )
 
 
@@ -116,7 +125,9 @@ def appended_events(moved: CTE, computed: Sequence[Event] = ()) -> CTE:
     """The insert of the events bound by `event_params` after `moved`, a CTE that returns the
     run's `run_id` and its `last_seq` already advanced by EVENT_COUNT: the events take the seqs
     it reserved, in order, in the current stored format, and none is written when it matched no
-    row. Every append to a run's log goes through here.
+    row. Each is a row of its own; bound `e_together` (stored format 6), a run's events are one
+    row when there are more than one, under the last one's seq. Every append to a run's log
+    goes through here.
 
     `computed` events take the place of the bound ones, for a statement that moves many runs
     and writes what it decided itself (a new lease's epoch): each row of `moved` gets them, with
@@ -133,13 +144,38 @@ def appended_events(moved: CTE, computed: Sequence[Event] = ()) -> CTE:
         .render_derived("e", with_types=False)
     )
     payload = cast(batch.c.payload, JSONB)
+    each = (
+        select(
+            moved.c.run_id,
+            (moved.c.last_seq - event_count(computed) + batch.c.ord).label("seq"),
+            batch.c.type,
+            payload.label("payload"),
+            _stored_format(batch.c.type, payload).label("format"),
+            batch.c.ord,
+        )
+        .select_from(moved.join(batch, true()))
+        .subquery("each_event")
+    )
+    # A run's events in one group when together, each in a group of its own otherwise; a group
+    # of one is its event's row, a larger one a row of them all (`formats.EVENTS_TOGETHER`).
+    alone = func.count() == 1
+    together = [
+        func.jsonb_build_array(each.c.type, each.c.format, each.c.payload),
+        each.c.ord,
+    ]
     rows = select(
-        moved.c.run_id,
-        moved.c.last_seq - event_count(computed) + batch.c.ord,
-        batch.c.type,
-        payload,
-        _stored_format(batch.c.type, payload),
-    ).select_from(moved.join(batch, true()))
+        each.c.run_id,
+        func.max(each.c.seq),
+        case((alone, func.min(each.c.type)), else_=literal(formats.TOGETHER_TYPE, Text)),
+        case(
+            (alone, type_coerce(func.jsonb_agg(each.c.payload).op("->")(0), JSONB)),
+            else_=func.jsonb_agg(aggregate_order_by(*together)),
+        ),
+        case(
+            (alone, func.min(each.c.format)),
+            else_=literal(formats.EVENTS_TOGETHER, SmallInteger),
+        ),
+    ).group_by(each.c.run_id, case((_TOGETHER, 0), else_=each.c.ord))
     insert_ = insert(run_events).from_select(["run_id", "seq", "type", "payload", "format"], rows)
     return insert_.cte(f"{moved.name}_events")
 

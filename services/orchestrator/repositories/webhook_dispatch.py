@@ -21,7 +21,7 @@ from services.orchestrator.repositories.webhooks import (
     delivery_of,
     subscription_of,
 )
-from tether.db.schema import run_events, runs, webhook_deliveries, webhook_subscriptions
+from tether.db.schema import run_event_log, runs, webhook_deliveries, webhook_subscriptions
 from tether.domain import LoggedEvent
 
 _S = webhook_subscriptions
@@ -54,7 +54,7 @@ WITH candidate AS ({candidates}
 INSERT INTO webhook_deliveries (tenant_id, delivery_id, subscription_id, run_id, seq, event_type)
 SELECT :tenant_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''), :subscription_id,
        e.run_id, e.seq, e.type
-FROM run_events e JOIN candidate c ON c.run_id = e.run_id
+FROM run_event_log e JOIN candidate c ON c.run_id = e.run_id
 WHERE e.type = ANY(CAST(:events AS text[])) AND e.created_at >= :since
 ORDER BY e.run_id, e.seq
 ON CONFLICT DO NOTHING
@@ -199,9 +199,13 @@ async def stored_event(conn: AsyncConnection, run_id: str, seq: int) -> LoggedEv
     once retention removed its run."""
     row = (
         await conn.execute(
-            select(run_events, shown_result_text(runs), runs.c.usage)
-            .join(runs, runs.c.run_id == run_events.c.run_id)
-            .where(run_events.c.run_id == run_id, run_events.c.seq == seq)
+            select(run_event_log, shown_result_text(runs), runs.c.usage)
+            .join(runs, runs.c.run_id == run_event_log.c.run_id)
+            .where(
+                run_event_log.c.run_id == run_id,
+                run_event_log.c.seq == seq,
+                run_event_log.c.row_seq >= seq,  # for the index (`run_event_log`)
+            )
         )
     ).first()
     if row is None:

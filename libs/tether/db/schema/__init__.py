@@ -5,7 +5,8 @@ service (README, "Who owns which table"):
 - `admission_tables`: sessions, messages, event_claims, schedules (admission creates the queued
   run, through the orchestrator's intake);
 - `orchestrator_tables`: the run aggregate (runs, run_events, run_parts, attempts, effects,
-  usage_turns, tool_outputs, routings, context_summaries, deliveries), documents and agents
+  usage_turns, tool_outputs, routings, context_summaries, deliveries; `run_event_log`, the view
+  every reader of a run's events reads), documents and agents
   (agents, agent_versions, agent_sets), the tool catalog (tool_catalog), what channel providers
   report of sent messages (channel_statuses) and run-event webhooks; `runs`' indexes are
   `run_indexes`;
@@ -43,6 +44,7 @@ from tether.db.schema.orchestrator_tables import (
     documents,
     effects,
     routings,
+    run_event_log,
     run_events,
     run_parts,
     runs,
@@ -76,6 +78,7 @@ __all__ = [
     "messages",
     "metadata",
     "routings",
+    "run_event_log",
     "run_events",
     "run_parts",
     "runs",

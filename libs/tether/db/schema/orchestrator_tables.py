@@ -21,7 +21,9 @@ from sqlalchemy import (
     SmallInteger,
     Table,
     Text,
+    column,
     func,
+    table,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR
@@ -151,6 +153,24 @@ run_events = Table(
     _now(),
     PrimaryKeyConstraint("run_id", "seq"),
 )
+
+# A run's log as its readers take it, one row an event: a `run_events` row of one event as it is,
+# and a row of the events one write appended together (stored format 6) taken apart, each with
+# its own seq and format. A view (migration 0045), so not in `metadata`; every reader of a run's
+# events reads here, never `run_events`. `row_seq` is the seq of the row that holds the event,
+# never below the event's: a read of the events after a seq bounds it too (`after`), so that
+# the log's index finds their rows.
+run_event_log = table(
+    "run_event_log",
+    column("run_id", Text),
+    column("seq", BigInteger),
+    column("type", Text),
+    column("payload", JSONB),
+    column("format", SmallInteger),
+    column("created_at", DateTime(timezone=True)),
+    column("row_seq", BigInteger),
+)
+
 
 run_parts = Table(
     "run_parts",
