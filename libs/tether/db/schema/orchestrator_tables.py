@@ -158,8 +158,8 @@ run_events = Table(
 # and a row of the events one write appended together (stored format 6) taken apart, each with
 # its own seq and format. A view (migration 0045), so not in `metadata`; every reader of a run's
 # events reads here, never `run_events`. `row_seq` is the seq of the row that holds the event,
-# never below the event's: a read of the events after a seq bounds it too (`after`), so that
-# the log's index finds their rows.
+# never below the event's: a read of the events after a seq bounds it too, so that the log's
+# index finds their rows.
 run_event_log = table(
     "run_event_log",
     column("run_id", Text),
