@@ -22,7 +22,7 @@ from tests.system.execution_support import ExecStack, exec_stack
 from tests.system.streaming_support import transcript
 from tether.client import TetherClient
 from tether.db.engine import create_engine
-from tether.db.schema import run_events, runs
+from tether.db.schema import run_event_log, runs
 from tether.testing.eventually import eventually
 from tether.testing.model_server import TextTurn
 from tether.transport import TERMINAL_TYPES
@@ -163,9 +163,9 @@ async def _outcomes(db_url: str, tenant_id: str) -> tuple[dict[str, Any], dict[s
             found = await conn.execute(select(*READ_RUN).where(runs.c.tenant_id == tenant_id))
             rows = {row.run_id: row for row in found}
             counted = await conn.execute(
-                select(run_events.c.run_id, func.count())
-                .where(run_events.c.run_id.in_(rows), run_events.c.type == "run.completed")
-                .group_by(run_events.c.run_id)
+                select(run_event_log.c.run_id, func.count())
+                .where(run_event_log.c.run_id.in_(rows), run_event_log.c.type == "run.completed")
+                .group_by(run_event_log.c.run_id)
             )
             return rows, {run_id: int(n) for run_id, n in counted}
     finally:

@@ -26,7 +26,7 @@ from tests.system.execution_support import (
 )
 from tether.client import TetherClient
 from tether.db.engine import create_engine
-from tether.db.schema import run_events
+from tether.db.schema import run_event_log
 from tether.testing.model_server import TextTurn, ToolUseTurn
 from tether.v1 import common_pb2
 
@@ -78,8 +78,8 @@ async def timer_events_committed_at(stack: ExecStack, run_id: str, kind: str) ->
     try:
         async with engine.connect() as conn:
             rows = await conn.execute(
-                select(run_events.c.created_at).where(
-                    run_events.c.run_id == run_id, run_events.c.type == kind
+                select(run_event_log.c.created_at).where(
+                    run_event_log.c.run_id == run_id, run_event_log.c.type == kind
                 )
             )
             return [r.created_at for r in rows]
