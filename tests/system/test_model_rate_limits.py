@@ -117,12 +117,15 @@ async def test_429s_that_still_arrive_shrink_the_bucket_to_what_they_said(
         template_db,
         redis_url,
         tmp_path,
-        workers=1,
+        workers=0,
         extra_env=limits_env("*:"),
         model_limits=RateLimits(requests=3, window=3.0),
     ) as stack:
         tenant = await stack.tenant(max_attempts=3)
         run_ids = await asyncio.gather(*(tenant.send(f"learn {i}") for i in range(12)))
+        # Every run queued before the worker comes: its first lease fills its 8 slots at once,
+        # so the first wave's requests go out together, before any answer could teach it.
+        await stack.start_worker()
         await all_completed(stack, list(run_ids), timeout=90)
         first = min(r.timestamp for r in stack.model.requests if r.served == "rate_limited")
         # The first wave (the worker's 8 slots at once) meets the limit; once its 429s are
