@@ -405,6 +405,36 @@ async def test_a_completion_stores_each_record_once(engine: AsyncEngine) -> None
                 assert one is not None and (one.type, dict(one.payload)) == (kind, payload)
 
 
+async def test_a_checkpoints_events_are_one_row_read_from_any_seq_within_it(
+    engine: AsyncEngine,
+) -> None:
+    """A checkpoint's events (format 6) are one row under the last one's seq, and a page of
+    the events after a seq inside that row starts at the next one; pinned to 5, each event is a
+    row of its own. Read back, they are what was published."""
+    await _tenant(engine, "t1")
+    for stored_format in (formats.NEWEST, formats.ANSWER_BY_REFERENCE):
+        execution = _execution(engine, stored_format)
+        admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+        event = chat(f"k{stored_format}", conversation=f"k{stored_format}")
+        run_id = (await admitter.admit(event)).run.run_id
+        await _claim(execution)
+        published = _recording(execution)
+        batch = _tool_turn_then_answer(await _priced(engine, run_id, TOOL_TURN)).in_flight
+        assert batch is not None and len(batch.events) == 4
+        await execution.attempts.checkpoint(run_id, 1, batch)
+        seqs = [seq for seq, *_ in published]
+        rows = (await _stored(engine, run_id))["rows"]
+        if stored_format >= formats.EVENTS_TOGETHER:
+            assert rows[2:] == [(seqs[-1], formats.TOGETHER_TYPE, formats.EVENTS_TOGETHER)]
+        else:
+            assert [seq for seq, *_ in rows[2:]] == seqs
+        read = await _read_back(engine, run_id)
+        assert [(e.seq, e.type, dict(e.payload)) for e in read[2:]] == published
+        async with engine.connect() as conn:
+            after_second = await runs_repo.read_events(conn, run_id, seqs[1], 100)
+        assert [e.seq for e in after_second] == seqs[2:]
+
+
 async def test_an_answer_its_parts_do_not_hold_by_the_one_rule_is_stored_whole(
     engine: AsyncEngine,
 ) -> None:
