@@ -11,6 +11,11 @@ It prints `wal_bytes_per_run_by_relation`: the per-run total as the server's WAL
 (the figure `hotpath` prints, on a stage without its statement log), with the largest
 (relation, kind) pairs beside it in bytes and records per run. It is the map for issue 34's
 `wal_bytes_per_run` goal: which record to take out next, and what a change took out.
+
+Then a second stage, alike but for the next release's schema: the lookup indexes of `runs` that
+`run_keys` replaced dropped before its first run (`MOVED_TO_RUN_KEYS`, the contract that
+release's migration makes), its runs measured the same way: `wal_bytes_per_run_contracted`, what
+a run writes once the expand-and-contract of migration 0046 is done.
 """
 
 from __future__ import annotations
@@ -18,14 +23,17 @@ from __future__ import annotations
 import re
 import subprocess
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
 from bench.common import bench_servers, emit
-from bench.hotpath_stage import stage
+from bench.hotpath_stage import Stage, stage
 from bench.model import model_server
 from bench.runs import saturate
+from tether.db.schema.run_indexes import MOVED_TO_RUN_KEYS
 from tether.stack.postgres import binaries
 
 RUNS = 600  # the hot path's counted phase: per-run figures steady to a few bytes
@@ -63,41 +71,43 @@ def _waldump(wal: Path, start: str, end: str) -> str:
     ).stdout
 
 
-async def run() -> None:
-    """Print wal_bytes_per_run_by_relation."""
-    async with (
-        bench_servers(embedded=True) as servers,
-        model_server() as model,
-        stage(servers, model) as current,
-    ):
-        assert servers.pg is not None, "embedded: pg_waldump reads the server's own WAL"
-        await saturate(current.db_url, current.client, runs=WARMUP_RUNS, poll_s=POLL_S)
-        db = await asyncpg.connect(current.db_url)
-        try:
-            await db.execute("CHECKPOINT")
-            start = await db.fetchval("SELECT pg_current_wal_insert_lsn()::text")
-            result = await saturate(current.db_url, current.client, runs=RUNS, poll_s=POLL_S)
-            end = await db.fetchval("SELECT pg_current_wal_insert_lsn()::text")
-            await db.execute("CHECKPOINT")  # the WAL up to `end` on disk, for pg_waldump
-            written = await db.fetchval(
-                "SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::float8", end, start
+async def _measured(current: Stage, wal: Path) -> tuple[int, float, Counter[str], Counter[str]]:
+    """RUNS runs at saturation after a CHECKPOINT: how many completed, the WAL they wrote (by
+    the server's positions), and its records' bytes and counts by relation and kind."""
+    db = await asyncpg.connect(current.db_url)
+    try:
+        await db.execute("CHECKPOINT")
+        start = await db.fetchval("SELECT pg_current_wal_insert_lsn()::text")
+        result = await saturate(current.db_url, current.client, runs=RUNS, poll_s=POLL_S)
+        end = await db.fetchval("SELECT pg_current_wal_insert_lsn()::text")
+        # The WAL up to `end` on disk, for pg_waldump: a switch to the next segment flushes it,
+        # and unlike a CHECKPOINT recycles none of the segments it reads.
+        await db.execute("SELECT pg_switch_wal()")
+        written = await db.fetchval(
+            "SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::float8", end, start
+        )
+        relations = {
+            str(node): name
+            for node, name in await db.fetch(
+                "SELECT relfilenode, relname FROM pg_class WHERE relfilenode <> 0"
             )
-            relations = {
-                str(node): name
-                for node, name in await db.fetch(
-                    "SELECT relfilenode, relname FROM pg_class WHERE relfilenode <> 0"
-                )
-            }
-        finally:
-            await db.close()
-        dump = _waldump(servers.pg.data_dir / "pg_wal", start, end)
-    sizes, counts = by_relation(dump, relations)
-    runs = max(result.completed, 1)
+        }
+    finally:
+        await db.close()
+    sizes, counts = by_relation(_waldump(wal, start, end), relations)
+    return result.completed, float(written), sizes, counts
+
+
+def _emit(
+    figure: str, measured: tuple[int, float, Counter[str], Counter[str]], **config: Any
+) -> None:
+    completed, written, sizes, counts = measured
+    runs = max(completed, 1)
     emit(
-        "wal_bytes_per_run_by_relation",
+        figure,
         written / runs,
         "bytes/run",
-        runs=result.completed,
+        runs=completed,
         dumped_bytes_per_run=round(sum(sizes.values()) / runs, 1),
         largest={
             key: {"bytes": round(size / runs, 1), "records": round(counts[key] / runs, 2)}
@@ -105,4 +115,35 @@ async def run() -> None:
         },
         measured="WAL between two server positions around RUNS one-turn runs at saturation, "
         "after a CHECKPOINT; pg_waldump's records summed by relation and kind",
+        **config,
     )
+
+
+async def _dropped(db_url: str, indexes: Sequence[str]) -> None:
+    db = await asyncpg.connect(db_url)
+    try:
+        for name in indexes:
+            await db.execute(f"DROP INDEX {name}")
+    finally:
+        await db.close()
+
+
+async def run() -> None:
+    """Print wal_bytes_per_run_by_relation, then wal_bytes_per_run_contracted."""
+    async with bench_servers(embedded=True) as servers, model_server() as model:
+        assert servers.pg is not None, "embedded: pg_waldump reads the server's own WAL"
+        wal = servers.pg.data_dir / "pg_wal"
+        async with stage(servers, model) as current:
+            await saturate(current.db_url, current.client, runs=WARMUP_RUNS, poll_s=POLL_S)
+            _emit("wal_bytes_per_run_by_relation", await _measured(current, wal))
+        async with stage(servers, model) as contracted:
+            await _dropped(contracted.db_url, MOVED_TO_RUN_KEYS)
+            await saturate(contracted.db_url, contracted.client, runs=WARMUP_RUNS, poll_s=POLL_S)
+            _emit(
+                "wal_bytes_per_run_contracted",
+                await _measured(contracted, wal),
+                dropped=list(MOVED_TO_RUN_KEYS),
+                meaning="the same, on a stage of its own made alike but for the next release's "
+                "contract: the lookup indexes of runs that run_keys replaced (migration 0046) "
+                "dropped before its first run",
+            )

@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass
 from typing import TypedDict
 
-from sqlalchemy import ColumnElement, and_
+from sqlalchemy import ColumnElement, FromClause, and_
 
 from tether.apikeys import RUNS_ALL, Principal
 from tether.db.schema import runs
@@ -45,13 +45,14 @@ class Viewer:
     principal_id: str
     all_runs: bool = False
 
-    def sees(self) -> ColumnElement[bool]:
-        """The condition on `runs` selecting exactly the runs this viewer may see."""
-        same_tenant = runs.c.tenant_id == self.tenant_id
+    def sees(self, table: FromClause = runs) -> ColumnElement[bool]:
+        """The condition on `runs` selecting exactly the runs this viewer may see (or on
+        `run_keys`, whose tenant and owner are the run's)."""
+        same_tenant = table.c.tenant_id == self.tenant_id
         if self.all_runs:
             return same_tenant
         # NULL owners (runs admitted before owners were recorded) match no principal.
-        return and_(same_tenant, runs.c.owner_principal_id == self.principal_id)
+        return and_(same_tenant, table.c.owner_principal_id == self.principal_id)
 
     def may_see(self, tenant_id: str, owner_principal_id: str) -> bool:
         """`sees`, for a run known by its tenant and owner ("" for none) instead of by row."""

@@ -231,3 +231,61 @@ async def test_a_stored_thread_or_task_session_goes_to_the_principal_of_its_firs
         assert await in_thread("bob", "e-2") not in stored
     finally:
         await engine.dispose()
+
+
+async def test_run_keys_are_backfilled_and_kept_in_step_with_runs(empty_db: str) -> None:
+    """0046: the runs stored before it have their keys in `run_keys`; a run a release before's
+    code inserts afterwards (a plain INSERT, as its admission's) gets them too, loses them when
+    it is deleted, and an UPDATE setting a key moves them."""
+    await upgrade(empty_db, "0045")
+    engine = create_engine(empty_db, pool_size=1)
+    run = (
+        "INSERT INTO runs (run_id, tenant_id, session_id, message_id, conversation_id, channel, "
+        "input_text, status, max_attempts, root_run_id, visibility, owner_principal_id) "
+        "VALUES (:r, 't', 's', 'm', 'c', 'chat', 'hi', 'completed', 3, :r, 'private', :owner)"
+    )
+    keys = (
+        "SELECT k.run_id, k.tenant_id, k.owner_principal_id, k.session_id, k.message_id, "
+        "k.created_at = r.created_at AS same_time FROM run_keys k JOIN runs r USING (run_id) "
+        "ORDER BY k.run_id"
+    )
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("INSERT INTO tenants (tenant_id, name) VALUES ('t', 't')"))
+            await conn.execute(
+                text(
+                    "INSERT INTO sessions (session_id, tenant_id, channel, conversation_id, "
+                    "actor_scope) VALUES ('s', 't', 'chat', 'c', 'p')"
+                )
+            )
+            await conn.execute(
+                text(
+                    "INSERT INTO messages (message_id, tenant_id, session_id, source, event_id, "
+                    "actor_type, actor_id, text) VALUES ('m', 't', 's', 'chat', 'e', 'user', "
+                    "'p', 'hi')"
+                )
+            )
+            await conn.execute(
+                text(run), [{"r": "r_old", "owner": "p"}, {"r": "r_none", "owner": None}]
+            )
+        await upgrade(empty_db)
+        async with engine.begin() as conn:
+            await conn.execute(text(run), {"r": "r_new", "owner": "q"})
+            found = [tuple(row) for row in await conn.execute(text(keys))]
+            await conn.execute(text("DELETE FROM runs WHERE run_id = 'r_old'"))
+            # An operator's UPDATE that sets a key moves it; the services' never set one.
+            await conn.execute(
+                text(
+                    "UPDATE runs SET owner_principal_id = 'p2', "
+                    "created_at = created_at - interval '1 hour' WHERE run_id = 'r_none'"
+                )
+            )
+            left = [tuple(row) for row in await conn.execute(text(keys))]
+    finally:
+        await engine.dispose()
+    assert found == [
+        ("r_new", "t", "q", "s", "m", True),
+        ("r_none", "t", None, "s", "m", True),
+        ("r_old", "t", "p", "s", "m", True),
+    ]
+    assert left == [("r_new", "t", "q", "s", "m", True), ("r_none", "t", "p2", "s", "m", True)]

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ORCHESTRATOR_PROTO = "protos/tether/v1/orchestrator.proto"
 BRIDGE_V1 = "services/gateway/http/bridge_v1.py"
 INTERACTIONS_TABLES = "libs/tether/db/schema/interactions_tables.py"
+RUN_INDEXES = "libs/tether/db/schema/run_indexes.py"
 
 
 def release(root: Path) -> Version:
@@ -72,11 +73,23 @@ def plaintext_token_column(root: Path) -> list[str]:
     return [INTERACTIONS_TABLES] if path.is_file() and '"access_token"' in path.read_text() else []
 
 
+def lookups_on_runs(root: Path) -> list[str]:
+    """Which of the lookup indexes of runs that run_keys replaced (0046) the schema still
+    declares: an `Index("name", ...)` of theirs in the indexes' module."""
+    path = root / RUN_INDEXES
+    text = path.read_text() if path.is_file() else ""
+    return re.findall(
+        r'Index\(\s*"(ix_runs_(?:tenant_created|tenant_owner_created|session_created|message))"',
+        text,
+    )
+
+
 REMOVALS = (
     Removal("bridge v1 (the /v1 HTTP routes)", Version("0.3.0"), v1_routes),
     Removal("the orchestrator's unary ClaimRun", Version("0.3.0"), rpc_still_served("ClaimRun")),
     Removal("the orchestrator's unary Heartbeat", Version("0.3.0"), rpc_still_served("Heartbeat")),
     Removal("connections.access_token (plaintext)", Version("0.3.0"), plaintext_token_column),
+    Removal("the lookup indexes of runs (0046 moved them)", Version("0.2.0"), lookups_on_runs),
 )
 
 
@@ -106,6 +119,16 @@ def test_the_check_sees_a_release_that_keeps_what_it_removes(tmp_path: Path) -> 
         "service OrchestratorService {\n  rpc ClaimRun(ClaimRunRequest) returns (R);\n}\n"
     )
     pyproject = tmp_path / "pyproject.toml"
+    (tmp_path / RUN_INDEXES).parent.mkdir(parents=True)
+    (tmp_path / RUN_INDEXES).write_text('Index(\n    "ix_runs_message", runs.c.message_id)\n')
+    pyproject.write_text('[project]\nversion = "0.1.9"\n')
+    assert overdue(tmp_path) == []
+    pyproject.write_text('[project]\nversion = "0.2.0"\n')
+    assert overdue(tmp_path) == [
+        "the lookup indexes of runs (0046 moved them) is removed in 0.2.0 but is still here: "
+        "['ix_runs_message']"
+    ]
+    (tmp_path / RUN_INDEXES).write_text('Index("ix_runs_parent", runs.c.parent_run_id)\n')
     pyproject.write_text('[project]\nversion = "0.2.9"\n')
     assert overdue(tmp_path) == []
     pyproject.write_text('[project]\nversion = "0.3.0rc1"\n')
@@ -135,8 +158,14 @@ def test_the_proto_says_when_a_deprecated_rpc_goes(rpc: str) -> None:
 @pytest.mark.parametrize("document", ["README.md", "buf.yaml"])
 def test_the_removals_are_announced(document: str) -> None:
     lines = (ROOT / document).read_text().splitlines()
-    names = ("bridge v1", "`ClaimRun`", "`Heartbeat`", "`connections.access_token`")
-    # A column is no API: buf.yaml announces only the surfaces a client calls.
+    names = (
+        "bridge v1",
+        "`ClaimRun`",
+        "`Heartbeat`",
+        "`connections.access_token`",
+        "`ix_runs_tenant_created`",
+    )
+    # A column or an index is no API: buf.yaml announces only the surfaces a client calls.
     announced = names if document == "README.md" else names[:3]
     for removal, named in zip(REMOVALS, announced, strict=document == "README.md"):
         version = str(removal.removed_in)

@@ -17,6 +17,7 @@ OWNER = {
     "runs": "orchestrator",
     "run_events": "orchestrator",
     "run_event_log": "orchestrator",
+    "run_keys": "orchestrator",
     "run_parts": "orchestrator",
     "attempts": "orchestrator",
     "effects": "orchestrator",

@@ -13,7 +13,15 @@ from sqlalchemy import Exists, and_, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from tether.db.schema import agent_sets, agent_versions, agents, routings, runs
+from tether.db.schema import (
+    agent_sets,
+    agent_versions,
+    agents,
+    keyed_runs,
+    routings,
+    run_keys,
+    runs,
+)
 from tether.domain import AGENT_VERSION
 from tether.states import RunStatus
 
@@ -265,14 +273,14 @@ async def pinned_runs(
     """Up to `limit` unfinished runs of the tenant pinned to a version of the agent."""
     rows = await conn.execute(
         select(runs.c.run_id)
-        .select_from(runs.join(routings, routings.c.routing_id == runs.c.routing_id))
+        .select_from(keyed_runs().join(routings, routings.c.routing_id == runs.c.routing_id))
         .where(
-            runs.c.tenant_id == tenant_id,
+            run_keys.c.tenant_id == tenant_id,
             runs.c.status.in_(UNFINISHED),
             routings.c.config["agent"].astext == name,
             routings.c.config.has_key(AGENT_VERSION),
         )
-        .order_by(runs.c.created_at)
+        .order_by(run_keys.c.created_at)
         .limit(limit)
     )
     return [row.run_id for row in rows]

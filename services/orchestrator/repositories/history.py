@@ -34,7 +34,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.orchestrator.repositories.parts import read
 from tether.db.direct import Direct
-from tether.db.schema import context_summaries, run_parts, runs, usage_turns
+from tether.db.schema import (
+    context_summaries,
+    keyed_runs,
+    run_keys,
+    run_parts,
+    runs,
+    usage_turns,
+)
 from tether.domain import Part, Summary
 from tether.errors import FailedPrecondition, InvalidArgument
 from tether.states import RunStatus
@@ -168,19 +175,21 @@ _LATEST_SUMMARY = (
     .lateral("summary")
 )
 _NEVER: Any = literal_column("'-infinity'::timestamptz")
+# The session's runs by their keys (`run_keys`, newest first), each then by its id.
 _RECENT_RUNS = (
-    select(runs.c.run_id, runs.c.input_text, runs.c.created_at)
+    select(runs.c.run_id, runs.c.input_text, run_keys.c.created_at)
+    .select_from(keyed_runs())
     .where(
         _WANTED.c.history,
-        runs.c.session_id == _WANTED.c.session_id,
+        run_keys.c.session_id == _WANTED.c.session_id,
         runs.c.status == _COMPLETED,
-        runs.c.created_at < _WANTED.c.before,
-        runs.c.created_at > func.coalesce(_LATEST_SUMMARY.c.through_created_at, _NEVER),
+        run_keys.c.created_at < _WANTED.c.before,
+        run_keys.c.created_at > func.coalesce(_LATEST_SUMMARY.c.through_created_at, _NEVER),
         # What the worker holds already (its newest run's created_at) is not read again: the
         # runs of a session complete in the order they were created (one head at a time).
-        runs.c.created_at > func.coalesce(_WANTED.c.known_after, _NEVER),
+        run_keys.c.created_at > func.coalesce(_WANTED.c.known_after, _NEVER),
     )
-    .order_by(runs.c.created_at.desc())
+    .order_by(run_keys.c.created_at.desc())
     .limit(_WANTED.c.limit_runs)
     .lateral("earlier")
 )
@@ -198,14 +207,16 @@ def read_as_history(run: FromClause) -> ColumnElement[bool]:
     the session's latest summary); retention keeps these while the conversation is live.
     Bounded: it reads at most `limit_runs` newer runs, and the summaries of one run."""
     newer = runs.alias("newer")
+    newer_keys = run_keys.alias("newer_keys")
     last_of_history = (
         select(newer.c.run_id)
+        .select_from(keyed_runs(newer, newer_keys))
         .where(
-            newer.c.session_id == run.c.session_id,
+            newer_keys.c.session_id == run.c.session_id,
             newer.c.status == RunStatus.COMPLETED.value,
-            newer.c.created_at > run.c.created_at,
+            newer_keys.c.created_at > run.c.created_at,
         )
-        .order_by(newer.c.created_at)
+        .order_by(newer_keys.c.created_at)
         .offset(bindparam("limit_runs") - 1)
         .limit(1)
     )
@@ -270,15 +281,17 @@ _SUMMARY_PART = (
     .where(_LATEST_SUMMARY.c.summary_run_id.is_not(None))
 )
 _PREVIOUS = runs.alias("previous")
+_PREVIOUS_KEYS = run_keys.alias("previous_keys")
 _PREVIOUS_RUN = (
     select(_PREVIOUS.c.run_id.label("previous_run_id"))
+    .select_from(keyed_runs(_PREVIOUS, _PREVIOUS_KEYS))
     .where(
         _WANTED.c.history,
-        _PREVIOUS.c.session_id == _WANTED.c.session_id,
+        _PREVIOUS_KEYS.c.session_id == _WANTED.c.session_id,
         _PREVIOUS.c.status == _COMPLETED,
-        _PREVIOUS.c.created_at < _WANTED.c.before,
+        _PREVIOUS_KEYS.c.created_at < _WANTED.c.before,
     )
-    .order_by(_PREVIOUS.c.created_at.desc())
+    .order_by(_PREVIOUS_KEYS.c.created_at.desc())
     .limit(_ONE)
     .lateral("previous_run")
 )

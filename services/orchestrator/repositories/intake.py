@@ -45,6 +45,7 @@ from services.orchestrator.repositories.transitions import (
 from tether import formats
 from tether.db.schema import (
     messages,
+    run_keys,
     runs,
     sessions,
 )
@@ -332,4 +333,4 @@ async def latest_retry(conn: AsyncConnection, run_id: str) -> Run:
 
 def message_has_run(message_id: ColumnElement[Any]) -> ColumnElement[bool]:
     """Whether a run names the message `message_id` (an expression): admission keeps it."""
-    return exists().where(runs.c.message_id == message_id)
+    return exists().where(run_keys.c.message_id == message_id)

@@ -40,7 +40,9 @@ from tether.db.schema import (
     attempts,
     deliveries,
     effects,
+    keyed_runs,
     run_events,
+    run_keys,
     run_parts,
     runs,
     sessions,
@@ -91,7 +93,7 @@ _RETRIED = exists().where(runs.alias("retry").c.parent_run_id == runs.c.run_id)
 def _conversation_live() -> Any:
     """The run's conversation is live: a run of it still to go (its session has a head), or
     one created within `conversations` (an interval)."""
-    latest = runs.alias("latest")
+    latest = run_keys.alias("latest")
     newest = (
         select(func.max(latest.c.created_at))
         .where(latest.c.session_id == runs.c.session_id)
@@ -157,12 +159,13 @@ def _removal(doomed: CTE) -> Select[Any]:
 _REMOVE_EXPIRED = _removal(_DOOMED_BY_POLICY)
 _REMOVE_DELETED = _removal(_DOOMED_BY_DELETION)
 
-# A tenant's runs to delete, leaves of the retry lineage first.
+# A tenant's runs to delete, leaves of the retry lineage first (by its keys, `run_keys`).
 _TENANT_RUNS = (
     select(runs.c.run_id)
-    .where(runs.c.tenant_id == bindparam("tenant_id"), ~_RETRIED)
+    .select_from(keyed_runs())
+    .where(run_keys.c.tenant_id == bindparam("tenant_id"), ~_RETRIED)
     .limit(bindparam("batch"))
-    .with_for_update(skip_locked=True)
+    .with_for_update(of=runs, skip_locked=True)
 )
 
 _TOOL_OUTPUTS_EXAMINED = _finished_before_cutoff().cte("examined")
@@ -256,5 +259,5 @@ async def delete_tenant_runs(conn: AsyncConnection, tenant_id: str, batch: int) 
 async def tenant_has_runs(conn: AsyncConnection, tenant_id: str) -> bool:
     """Whether any run of the tenant is left."""
     return bool(
-        (await conn.execute(select(exists().where(runs.c.tenant_id == tenant_id)))).scalar()
+        (await conn.execute(select(exists().where(run_keys.c.tenant_id == tenant_id)))).scalar()
     )

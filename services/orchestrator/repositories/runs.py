@@ -30,7 +30,15 @@ from services.orchestrator.repositories import parts as parts_repo
 from services.orchestrator.repositories.answers import READ_RUN
 from services.orchestrator.repositories.transitions import LEASE_HELD
 from tether import formats
-from tether.db.schema import attempts, routings, run_event_log, runs, usage_turns
+from tether.db.schema import (
+    attempts,
+    keyed_runs,
+    routings,
+    run_event_log,
+    run_keys,
+    runs,
+    usage_turns,
+)
 from tether.domain import Attempt, LoggedEvent, ModelTurn, PricedTurn, Run, RunRouting
 from tether.errors import InvalidArgument, NotFound, StaleLease
 from tether.ids import is_identifier
@@ -260,17 +268,19 @@ async def search_runs(
         *SHOWN_RUN,
         func.coalesce(routings.c.config, runs.c.config).label("routing_config"),
     ]
+    # By the run's keys (`run_keys`: the viewer's tenant, or tenant and owner, newest first),
+    # each run then by its id.
     stmt = (
         select(*columns)
-        .select_from(runs.outerjoin(routings, routings.c.routing_id == runs.c.routing_id))
-        .where(viewer.sees())
+        .select_from(keyed_runs().outerjoin(routings, routings.c.routing_id == runs.c.routing_id))
+        .where(viewer.sees(run_keys))
     )
     if statuses:
         stmt = stmt.where(runs.c.status.in_([s.value for s in statuses]))
     if conversation_id:
         stmt = stmt.where(runs.c.conversation_id == conversation_id)
     if created_after is not None:
-        stmt = stmt.where(runs.c.created_at >= created_after)
+        stmt = stmt.where(run_keys.c.created_at >= created_after)
     if tree_root_run_id:
         # The root (its own root, unrecorded) and every run below it (ix_runs_tree_root).
         stmt = stmt.where(
@@ -280,11 +290,13 @@ async def search_runs(
         created_at, run_id = decode_page_token(page_token)
         stmt = stmt.where(
             or_(
-                runs.c.created_at < created_at,
-                and_(runs.c.created_at == created_at, runs.c.run_id < run_id),
+                run_keys.c.created_at < created_at,
+                and_(run_keys.c.created_at == created_at, run_keys.c.run_id < run_id),
             )
         )
-    stmt = stmt.order_by(runs.c.created_at.desc(), runs.c.run_id.desc()).limit(page_size + 1)
+    stmt = stmt.order_by(run_keys.c.created_at.desc(), run_keys.c.run_id.desc()).limit(
+        page_size + 1
+    )
     rows = (await conn.execute(stmt)).all()
     found = [
         (Run.from_row(row._mapping), _routing(row.routing_id, row.routing_config)) for row in rows

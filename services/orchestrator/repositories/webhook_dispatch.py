@@ -43,11 +43,12 @@ async def lock_subscriptions_to_scan(conn: AsyncConnection, limit: int) -> list[
 _FINISHED = """
     SELECT run_id FROM runs
     WHERE tenant_id = :tenant_id AND finished_at >= :scan_from"""
-# Through the tenant's runs index: the dearer part (about 2 us a retained run of the tenant).
+# Through the tenant's keys (run_keys), each run then by its id: the dearer part (about 2 us a
+# retained run of the tenant).
 _WAITING = """
     UNION
-    SELECT run_id FROM runs
-    WHERE tenant_id = :tenant_id AND status = ANY(CAST(:waiting AS text[]))"""
+    SELECT k.run_id FROM run_keys k JOIN runs r ON r.run_id = k.run_id
+    WHERE k.tenant_id = :tenant_id AND r.status = ANY(CAST(:waiting AS text[]))"""
 _RECORD = """
 WITH candidate AS ({candidates}
 )

@@ -9,8 +9,16 @@ from __future__ import annotations
 
 from sqlalchemy import Index
 
-from tether.db.schema.orchestrator_tables import runs
+from tether.db.schema.orchestrator_tables import run_keys, runs
 
+# The lookups by key that `run_keys` serves now (migration 0046): the release after this one
+# drops these four from `runs` (contract), once no release that reads by them runs.
+MOVED_TO_RUN_KEYS = (
+    "ix_runs_tenant_created",
+    "ix_runs_tenant_owner_created",
+    "ix_runs_session_created",
+    "ix_runs_message",
+)
 Index("ix_runs_tenant_created", runs.c.tenant_id, runs.c.created_at.desc(), runs.c.run_id.desc())
 # A principal's runs, newest first (ListRuns of a key without runs:all).
 Index(
@@ -133,3 +141,15 @@ Index(
     runs.c.next_wake_at,
     postgresql_where=runs.c.status == "waiting-for-timer",
 )
+
+# The lookups by key, on `run_keys` (its primary key is the tenant's runs by created_at): a
+# principal's runs, a session's, a message's.
+Index(
+    "ix_run_keys_tenant_id_owner_principal_id_created_at_run_id",
+    run_keys.c.tenant_id,
+    run_keys.c.owner_principal_id,
+    run_keys.c.created_at,
+    run_keys.c.run_id,
+)
+Index("ix_run_keys_session_id_created_at", run_keys.c.session_id, run_keys.c.created_at)
+Index("ix_run_keys_message_id", run_keys.c.message_id)
