@@ -1,6 +1,6 @@
-"""The invariant checker: reads PostgreSQL (`read_state`), then judges it together with the
-ledger's records and what the clients saw (`evaluate`). Each invariant is a count that must
-be 0, with a few example ids beside it so a failure can be looked up."""
+"""The invariant checker: reads PostgreSQL (`read_state`, tests.drill.db_state), then judges it
+together with the ledger's records and what the clients saw (`evaluate`). Each invariant is a
+count that must be 0, with a few example ids beside it so a failure can be looked up."""
 
 from __future__ import annotations
 
@@ -12,21 +12,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncEngine
-
+from tests.drill.db_state import KEYS, DbState, read_state, read_state_for
 from tests.drill.tree_checks import tree_and_timer_counts, trees_and_timers
-from tether.db.engine import create_engine
-from tether.db.schema import (
-    deliveries,
-    grants,
-    interactions,
-    messages,
-    run_event_log,
-    run_parts,
-    runs,
-)
 from tether.testing.ledger import LedgerRecord
+
+__all__ = ["DbState", "Seen", "evaluate", "read_state", "read_state_for"]
 
 TERMINAL = ("completed", "failed", "cancelled")
 WAITING = ("waiting-for-question", "waiting-for-approval", "waiting-for-connection")
@@ -56,6 +46,7 @@ INVARIANTS = (
     "children_active_after_root_ended",
     "timers_fired_twice",
     "timers_lost",
+    "run_keys_out_of_step",
 )
 
 # The flood (tests.drill.flood_load): while the flooding tenant has at least FLOOD_BACKLOG runs
@@ -74,23 +65,6 @@ FLOOD_BACKLOG = 50
 
 # A channel answer's outcomes (`deliveries.state`): anything else is still on its way.
 DELIVERY_OUTCOMES = ("sent", "failed", "unknown", "denied")
-
-
-@dataclass
-class DbState:
-    """The rows the checker needs, read once after the soak settled."""
-
-    now: datetime
-    runs: list[dict[str, Any]]
-    messages: list[dict[str, Any]]
-    interactions: list[dict[str, Any]]
-    grants: list[dict[str, Any]]
-    parts: dict[str, list[dict[str, Any]]]
-    event_seqs: dict[str, set[int]]
-    # run id -> its channel answer's delivery record (state, provider message id)
-    deliveries: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # run id -> how many timer.set and timer.fired events its log holds
-    timer_events: dict[str, Counter[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -115,63 +89,14 @@ class Seen:
     flood_tenant: str | None = None
 
 
-async def read_state(db_url: str) -> DbState:
-    """Everything `evaluate` judges, from the soak's database."""
-    engine = create_engine(db_url, pool_size=1)
-    try:
-        return await read_state_for(engine)
-    finally:
-        await engine.dispose()
-
-
-async def read_state_for(engine: AsyncEngine) -> DbState:
-    """`read_state` on an engine the caller holds."""
-    async with engine.connect() as conn:
-        now = (await conn.execute(select(func.now()))).scalar_one()
-        run_rows = [dict(r._mapping) for r in await conn.execute(select(runs))]
-        message_rows = [
-            dict(r._mapping)
-            for r in await conn.execute(
-                select(
-                    messages.c.message_id,
-                    messages.c.tenant_id,
-                    messages.c.source,
-                    messages.c.event_id,
-                    messages.c.actor_id,
-                )
-            )
-        ]
-        interaction_rows = [dict(r._mapping) for r in await conn.execute(select(interactions))]
-        grant_rows = [dict(r._mapping) for r in await conn.execute(select(grants))]
-        parts: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for r in await conn.execute(select(run_parts).order_by(run_parts.c.part_index)):
-            parts[r.run_id].append(dict(r._mapping))
-        seqs: dict[str, set[int]] = defaultdict(set)
-        for r in await conn.execute(select(run_event_log.c.run_id, run_event_log.c.seq)):
-            seqs[r.run_id].add(int(r.seq))
-        delivery_rows = {
-            r.run_id: dict(r._mapping)
-            for r in await conn.execute(
-                select(deliveries.c.run_id, deliveries.c.state, deliveries.c.provider_message_id)
-            )
-        }
-        timer_events: dict[str, Counter[str]] = defaultdict(Counter)
-        for r in await conn.execute(
-            select(run_event_log.c.run_id, run_event_log.c.type).where(
-                run_event_log.c.type.in_(("timer.set", "timer.fired"))
-            )
-        ):
-            timer_events[r.run_id][r.type] += 1
-    return DbState(
-        now,
-        run_rows,
-        message_rows,
-        interaction_rows,
-        grant_rows,
-        parts,
-        seqs,
-        delivery_rows,
-        timer_events,
+def _keys_out_of_step(state: DbState) -> list[str]:
+    """Runs whose keys in `run_keys` are missing or not the run's own, and keys of no run: the
+    triggers on `runs` keep them in step through every kill and restart."""
+    expected = {r["run_id"]: tuple(r[k] for k in KEYS) for r in state.runs}
+    return sorted(
+        run_id
+        for run_id in expected.keys() | state.keys.keys()
+        if expected.get(run_id) != state.keys.get(run_id)
     )
 
 
@@ -205,6 +130,7 @@ def evaluate(state: DbState, ledger: Iterable[LedgerRecord], seen: Seen) -> dict
     flood = _quiet_waits(state, seen, found)
     found["conflicting_deliveries_accepted"] = list(seen.conflicts_accepted)
     found["decisions_accepted_twice"] = list(seen.decisions_accepted_twice)
+    found["run_keys_out_of_step"] = _keys_out_of_step(state)
 
     statuses = Counter(r["status"] for r in state.runs)
     failed = Counter(

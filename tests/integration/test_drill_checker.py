@@ -21,6 +21,7 @@ from tether.db.schema import (
     interactions,
     messages,
     run_events,
+    run_keys,
     run_parts,
     runs,
     sessions,
@@ -507,3 +508,23 @@ async def test_a_timer_fired_twice_or_left_unfired_past_its_due_time_is_counted(
     for seq, kind in enumerate(("timer.set", "timer.fired"), start=1):
         await world.add(run_events, run_id=waiting, seq=seq, type=kind, payload={})
     assert failing(await world.report()) == {"timers_fired_twice": 1, "timers_lost": 1}
+
+
+async def test_a_run_without_its_keys_and_keys_without_their_run_are_counted(world: World) -> None:
+    kept = await world.run()
+    unkeyed = await world.run()
+    async with world.engine.begin() as conn:
+        await conn.execute(run_keys.delete().where(run_keys.c.run_id == unkeyed))
+        await conn.execute(
+            insert(run_keys).values(
+                tenant_id=TENANT,
+                created_at=datetime.now(UTC),
+                run_id="run_gone",
+                session_id="ses_gone",
+                message_id="msg_gone",
+            )
+        )
+    report = await world.report()
+    assert failing(report) == {"run_keys_out_of_step": 2}
+    assert sorted(report["examples"]["run_keys_out_of_step"]) == sorted([unkeyed, "run_gone"])
+    assert kept not in report["examples"]["run_keys_out_of_step"]
