@@ -4,10 +4,11 @@ searches' tests read their plans from."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import event, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from tether import apikeys
 
@@ -107,3 +108,23 @@ async def generic_plan(
             await undone.rollback()
             await driver.execute("RESET plan_cache_mode")
         return "\n".join(row[0] for row in rows)
+
+
+async def statements_sent(
+    engine: AsyncEngine, search: Callable[[AsyncConnection], Awaitable[Any]]
+) -> list[tuple[str, Any]]:
+    """The statements `search` sends through `engine`, each with its parameters, as they go
+    to PostgreSQL (on a connection of its own, whose transaction is undone)."""
+    sent: list[tuple[str, Any]] = []
+
+    def caught(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> None:
+        sent.append((statement, parameters))
+
+    event.listen(engine.sync_engine, "before_cursor_execute", caught)
+    try:
+        async with engine.connect() as conn:
+            await search(conn)
+            await conn.rollback()
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", caught)
+    return sent

@@ -16,13 +16,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.admission import repository as admission_repo
 from services.orchestrator.repositories import agents, history, retention, webhook_dispatch
 from services.orchestrator.repositories.runs import search_runs
-from tests.integration.search_plans import finished_history, generic_plan
+from tests.integration.search_plans import finished_history, generic_plan, statements_sent
 from tether.db.schema.run_indexes import MOVED_TO_RUN_KEYS
 from tether.visibility import Viewer
 
@@ -86,18 +86,7 @@ async def test_a_read_by_key_searches_run_keys_and_reads_runs_by_id(
     engine: AsyncEngine, what: str, search: Search, index: str | tuple[str, ...]
 ) -> None:
     await finished_history(engine, tenants=TENANTS)
-    sent: list[tuple[str, Any]] = []
-
-    def caught(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> None:
-        sent.append((statement, parameters))
-
-    event.listen(engine.sync_engine, "before_cursor_execute", caught)
-    try:
-        async with engine.connect() as conn:
-            await search(conn)
-            await conn.rollback()
-    finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", caught)
+    sent = await statements_sent(engine, search)
     searches = [(sql, params) for sql, params in sent if "run_keys" in sql]
     assert len(searches) == 1, f"{what}: one statement on run_keys, sent {len(searches)}"
     sql, params = searches[0]

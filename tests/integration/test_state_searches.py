@@ -14,12 +14,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.interactions import repository as interactions_repo
 from services.orchestrator.repositories import leases, queue, transitions
-from tests.integration.search_plans import finished_history, generic_plan
+from tests.integration.search_plans import finished_history, generic_plan, statements_sent
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -97,18 +96,7 @@ async def test_a_search_by_state_uses_that_state_s_partial_index(
     engine: AsyncEngine, what: str, search: Search, table: str, index: str
 ) -> None:
     await finished_history(engine)
-    sent: list[tuple[str, Any]] = []
-
-    def caught(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> None:
-        sent.append((statement, parameters))
-
-    event.listen(engine.sync_engine, "before_cursor_execute", caught)
-    try:
-        async with engine.connect() as conn:
-            await search(conn)
-            await conn.rollback()
-    finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", caught)
+    sent = await statements_sent(engine, search)
     searches = [(sql, params) for sql, params in sent if table in sql]
     assert len(searches) == 1, f"{what}: one statement on {table}, sent {len(searches)}"
     sql, params = searches[0]

@@ -13,6 +13,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.admission.adapters import normalise
 from services.admission.domain import FreshnessPolicy
@@ -39,6 +40,23 @@ async def empty_db(pg_server_url: str) -> AsyncIterator[str]:
 def _diff(conn: Connection) -> list[Any]:
     context = MigrationContext.configure(conn, opts={"compare_type": True})
     return list(compare_metadata(context, metadata))
+
+
+async def _conversation(conn: AsyncConnection) -> None:
+    """Tenant `t`, its session `s` and the message `m` in it: what a run stored names."""
+    await conn.execute(text("INSERT INTO tenants (tenant_id, name) VALUES ('t', 't')"))
+    await conn.execute(
+        text(
+            "INSERT INTO sessions (session_id, tenant_id, channel, conversation_id, "
+            "actor_scope) VALUES ('s', 't', 'chat', 'c', 'p')"
+        )
+    )
+    await conn.execute(
+        text(
+            "INSERT INTO messages (message_id, tenant_id, session_id, source, event_id, "
+            "actor_type, actor_id, text) VALUES ('m', 't', 's', 'chat', 'e', 'user', 'p', 'hi')"
+        )
+    )
 
 
 async def test_every_migration_applied_yields_the_declared_schema(empty_db: str) -> None:
@@ -83,20 +101,7 @@ async def test_parts_stored_before_superseding_are_marked_where_a_retry_replaced
     ]
     try:
         async with engine.begin() as conn:
-            await conn.execute(text("INSERT INTO tenants (tenant_id, name) VALUES ('t', 't')"))
-            await conn.execute(
-                text(
-                    "INSERT INTO sessions (session_id, tenant_id, channel, conversation_id, "
-                    "actor_scope) VALUES ('s', 't', 'chat', 'c', 'p')"
-                )
-            )
-            await conn.execute(
-                text(
-                    "INSERT INTO messages (message_id, tenant_id, session_id, source, event_id, "
-                    "actor_type, actor_id, text) VALUES ('m', 't', 's', 'chat', 'e', 'user', "
-                    "'p', 'hi')"
-                )
-            )
+            await _conversation(conn)
             for run_id, status in (("run_done", "completed"), ("run_failed", "failed")):
                 await conn.execute(text(run), {"r": run_id, "status": status})
             for run_id, index, kind, payload, final in stored:
@@ -251,20 +256,7 @@ async def test_run_keys_are_backfilled_and_kept_in_step_with_runs(empty_db: str)
     )
     try:
         async with engine.begin() as conn:
-            await conn.execute(text("INSERT INTO tenants (tenant_id, name) VALUES ('t', 't')"))
-            await conn.execute(
-                text(
-                    "INSERT INTO sessions (session_id, tenant_id, channel, conversation_id, "
-                    "actor_scope) VALUES ('s', 't', 'chat', 'c', 'p')"
-                )
-            )
-            await conn.execute(
-                text(
-                    "INSERT INTO messages (message_id, tenant_id, session_id, source, event_id, "
-                    "actor_type, actor_id, text) VALUES ('m', 't', 's', 'chat', 'e', 'user', "
-                    "'p', 'hi')"
-                )
-            )
+            await _conversation(conn)
             await conn.execute(
                 text(run), [{"r": "r_old", "owner": "p"}, {"r": "r_none", "owner": None}]
             )
