@@ -5,11 +5,12 @@ service (README, "Who owns which table"):
 - `admission_tables`: sessions, messages, event_claims, schedules (admission creates the queued
   run, through the orchestrator's intake);
 - `orchestrator_tables`: the run aggregate (runs, run_events, run_parts, attempts, effects,
-  usage_turns, tool_outputs, routings, context_summaries, deliveries; `run_keys`, a run's lookup
-  keys; `run_event_log`, the view every reader of a run's events reads), documents and agents
-  (agents, agent_versions, agent_sets), the tool catalog (tool_catalog), what channel providers
-  report of sent messages (channel_statuses) and run-event webhooks; the indexes of `runs` and
-  `run_keys` are `run_indexes`;
+  usage_turns, tool_outputs, routings, context_summaries, deliveries; `run_event_log`, the view
+  every reader of a run's events reads), documents and agents (agents, agent_versions,
+  agent_sets), the tool catalog (tool_catalog), what channel providers report of sent messages
+  (channel_statuses) and run-event webhooks;
+- `run_indexes`: the indexes of `runs`, and `run_keys` (a run's lookup keys, off its row) with
+  its own;
 - `interactions_tables`: interactions, grants, connections, secrets,
   channel_connections;
 - `audit_tables`: audit_log, appended to by every service.
@@ -43,11 +44,9 @@ from tether.db.schema.orchestrator_tables import (
     deliveries,
     documents,
     effects,
-    keyed_runs,
     routings,
     run_event_log,
     run_events,
-    run_keys,
     run_parts,
     runs,
     tenant_queues,
@@ -56,6 +55,7 @@ from tether.db.schema.orchestrator_tables import (
     tool_outputs,
     usage_turns,
 )
+from tether.db.schema.run_indexes import keyed_runs, run_keys
 from tether.db.schema.webhook_tables import webhook_deliveries, webhook_subscriptions
 
 __all__ = [

@@ -14,16 +14,13 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     ForeignKeyConstraint,
-    FromClause,
     Identity,
     Index,
     Integer,
-    Join,
     PrimaryKeyConstraint,
     SmallInteger,
     Table,
     Text,
-    and_,
     column,
     func,
     table,
@@ -141,38 +138,6 @@ runs = Table(
     postgresql_with={"fillfactor": RUNS_FILLFACTOR},
 )
 # Its indexes: `run_indexes`.
-
-# A run's lookup keys, one row a run, written once (a trigger on `runs` adds and removes them,
-# migration 0046) and never updated: the reads of runs by tenant, owner, session and message
-# find them here, off the row whose two non-HOT updates would add an entry to each of their
-# indexes again (issue 34). Its primary key and `run_indexes` are those lookups.
-run_keys = Table(
-    "run_keys",
-    metadata,
-    Column("tenant_id", Text, nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    Column("run_id", Text, nullable=False),
-    Column("owner_principal_id", Text),
-    Column("session_id", Text, nullable=False),
-    Column("message_id", Text, nullable=False),
-    PrimaryKeyConstraint("tenant_id", "created_at", "run_id"),
-)
-
-
-def keyed_runs(run: FromClause = runs, keys: FromClause = run_keys) -> Join:
-    """`keys` joined to the runs they name (aliases of `runs` and `run_keys`, or the tables):
-    a read by a lookup key finds the keys in `run_keys`' indexes, then each run by its primary
-    key. Joined on the whole key, so that a read that finds its runs another way (a tree's, by
-    `ix_runs_tree_root`) finds each one's keys by their primary key too."""
-    return keys.join(
-        run,
-        and_(
-            run.c.run_id == keys.c.run_id,
-            run.c.tenant_id == keys.c.tenant_id,
-            run.c.created_at == keys.c.created_at,
-        ),
-    )
-
 
 run_events = Table(
     "run_events",

@@ -3,13 +3,57 @@ agents), the reads by tenant, owner, session and message, and the wakers' (the r
 timers, parents waiting for children). Each is a partial index where the state it serves is,
 so a search by state goes through `in_state`; every index of `runs` is one more entry per
 non-HOT update of a run's row (issue 34's WAL), so one is added here only for a read that needs
-it."""
+it. And `run_keys`, where the reads by tenant, owner, session and message find a run off its
+row (migration 0046), with its indexes."""
 
 from __future__ import annotations
 
-from sqlalchemy import Index
+from sqlalchemy import (
+    Column,
+    DateTime,
+    FromClause,
+    Index,
+    Join,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    and_,
+)
 
-from tether.db.schema.orchestrator_tables import run_keys, runs
+from tether.db.schema.base import metadata
+from tether.db.schema.orchestrator_tables import runs
+
+# A run's lookup keys, one row a run, written once (a trigger on `runs` adds and removes them,
+# migration 0046) and never updated: the reads of runs by tenant, owner, session and message
+# find them here, off the row whose two non-HOT updates would add an entry to each of their
+# indexes again (issue 34). Its primary key and its indexes (below) are those lookups.
+run_keys = Table(
+    "run_keys",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("owner_principal_id", Text),
+    Column("session_id", Text, nullable=False),
+    Column("message_id", Text, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "created_at", "run_id"),
+)
+
+
+def keyed_runs(run: FromClause = runs, keys: FromClause = run_keys) -> Join:
+    """`keys` joined to the runs they name (aliases of `runs` and `run_keys`, or the tables):
+    a read by a lookup key finds the keys in `run_keys`' indexes, then each run by its primary
+    key. Joined on the whole key, so that a read that finds its runs another way (a tree's, by
+    `ix_runs_tree_root`) finds each one's keys by their primary key too."""
+    return keys.join(
+        run,
+        and_(
+            run.c.run_id == keys.c.run_id,
+            run.c.tenant_id == keys.c.tenant_id,
+            run.c.created_at == keys.c.created_at,
+        ),
+    )
+
 
 # The lookups by key that `run_keys` serves now (migration 0046): the release after this one
 # drops these four from `runs` (contract), once no release that reads by them runs.
