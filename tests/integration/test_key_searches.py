@@ -142,3 +142,20 @@ async def test_run_keys_holds_the_keys_of_every_run_inserted_and_none_deleted(
     assert keys == rows
     assert len(rows) == before - of_t1
     assert "t1" not in {row.tenant_id for row in rows}
+
+
+async def test_list_runs_decides_who_sees_a_run_by_the_run_s_own_row(engine: AsyncEngine) -> None:
+    """`run_keys` finds a principal's runs; whether the viewer may see one is still decided on
+    the run's own row: keys that say another owner (written by hand, out of step) show nothing
+    the run itself does not grant."""
+    await finished_history(engine, tenants=TENANTS)
+    async with engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE run_keys SET owner_principal_id = 'alice' WHERE run_id = 'run-1'")
+        )
+        tenant = (
+            await conn.execute(text("SELECT tenant_id FROM runs WHERE run_id = 'run-1'"))
+        ).scalar_one()
+    async with engine.connect() as conn:
+        found, _ = await _listed(Viewer(tenant, "alice"))(conn)
+    assert found == []

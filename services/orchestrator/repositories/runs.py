@@ -269,11 +269,12 @@ async def search_runs(
         func.coalesce(routings.c.config, runs.c.config).label("routing_config"),
     ]
     # By the run's keys (`run_keys`: the viewer's tenant, or tenant and owner, newest first),
-    # each run then by its id.
+    # each run then by its id; who may see it is decided on the run's own row as well, not on
+    # a copy of its owner alone.
     stmt = (
         select(*columns)
         .select_from(keyed_runs().outerjoin(routings, routings.c.routing_id == runs.c.routing_id))
-        .where(viewer.sees(run_keys))
+        .where(viewer.sees(run_keys), viewer.sees())
     )
     if statuses:
         stmt = stmt.where(runs.c.status.in_([s.value for s in statuses]))
