@@ -55,8 +55,10 @@ from tether.db.schema import (
     attempts,
     documents,
     in_state,
+    keyed_runs,
     messages,
     routings,
+    run_keys,
     runs,
     tenants,
 )
@@ -170,13 +172,16 @@ _NEW_ATTEMPTS = insert(attempts).from_select(
     ),
 )
 _EARLIER = runs.alias("earlier")
-# Whether the run's session has an earlier completed run: its history is read only then.
+_EARLIER_KEYS = run_keys.alias("earlier_keys")
+# Whether the run's session has an earlier completed run: its history is read only then. The
+# session's earlier runs by their keys (`run_keys`: runs has no index by session), each by id.
 _HAS_HISTORY = (
     select(_EARLIER.c.run_id)
+    .select_from(keyed_runs(_EARLIER, _EARLIER_KEYS))
     .where(
-        _EARLIER.c.session_id == _LEASED.c.session_id,
+        _EARLIER_KEYS.c.session_id == _LEASED.c.session_id,
+        _EARLIER_KEYS.c.created_at < _LEASED.c.created_at,
         _EARLIER.c.status == RunStatus.COMPLETED.value,
-        _EARLIER.c.created_at < _LEASED.c.created_at,
     )
     .exists()
 )

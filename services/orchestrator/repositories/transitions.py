@@ -43,7 +43,7 @@ from sqlalchemy.sql.elements import BindParameter, ClauseElement, ColumnElement
 
 from services.orchestrator.repositories import deliveries as deliveries_repo
 from tether import formats
-from tether.db.schema import run_events, runs, sessions
+from tether.db.schema import in_state, run_events, runs, sessions
 from tether.domain import (
     Delivery,
     Event,
@@ -402,7 +402,9 @@ _NEXT_QUEUED = (
     select(runs.c.run_id)
     .where(
         runs.c.session_id == bindparam("h_session_id"),
-        runs.c.status == RunStatus.QUEUED.value,
+        # Written in: the session's queued runs are ix_runs_session_queued's, the one index of
+        # runs by session once the next release drops ix_runs_session_created (issue 34).
+        in_state(runs.c.status, RunStatus.QUEUED),
         runs.c.run_id != bindparam("h_run_id"),
     )
     .order_by(runs.c.created_at, runs.c.run_id)
