@@ -639,9 +639,10 @@ async def saturate(db_url: str, client: TetherClient, *, runs: int, poll_s: floa
     tag = uuid.uuid4().hex[:8]
     db = await asyncpg.connect(db_url, server_settings={"application_name": "bench"})
     since = await db.fetchval("SELECT clock_timestamp()")
+    # The tenant's runs since by their keys (run_keys: runs has no index by tenant), each by id.
     count_sql = (
-        "SELECT status, count(*) FROM runs WHERE tenant_id = 'bench' AND created_at >= $1 "
-        "GROUP BY status"
+        "SELECT r.status, count(*) FROM run_keys k JOIN runs r USING (run_id) "
+        "WHERE k.tenant_id = 'bench' AND k.created_at >= $1 GROUP BY r.status"
     )
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(runs):

@@ -11,11 +11,6 @@ It prints `wal_bytes_per_run_by_relation`: the per-run total as the server's WAL
 (the figure `hotpath` prints, on a stage without its statement log), with the largest
 (relation, kind) pairs beside it in bytes and records per run. It is the map for issue 34's
 `wal_bytes_per_run` goal: which record to take out next, and what a change took out.
-
-Then a second stage, alike but for the next release's schema: the lookup indexes of `runs` that
-`run_keys` replaced dropped before its first run (`MOVED_TO_RUN_KEYS`, the contract that
-release's migration makes), its runs measured the same way: `wal_bytes_per_run_contracted`, what
-a run writes once the expand-and-contract of migration 0046 is done.
 """
 
 from __future__ import annotations
@@ -23,7 +18,6 @@ from __future__ import annotations
 import re
 import subprocess
 from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +27,6 @@ from bench.common import bench_servers, emit
 from bench.hotpath_stage import Stage, stage
 from bench.model import model_server
 from bench.runs import saturate
-from tether.db.schema.run_indexes import MOVED_TO_RUN_KEYS
 from tether.stack.postgres import binaries
 
 RUNS = 600  # the hot path's counted phase: per-run figures steady to a few bytes
@@ -119,31 +112,11 @@ def _emit(
     )
 
 
-async def _dropped(db_url: str, indexes: Sequence[str]) -> None:
-    db = await asyncpg.connect(db_url)
-    try:
-        for name in indexes:
-            await db.execute(f"DROP INDEX {name}")
-    finally:
-        await db.close()
-
-
 async def run() -> None:
-    """Print wal_bytes_per_run_by_relation, then wal_bytes_per_run_contracted."""
+    """Print wal_bytes_per_run_by_relation."""
     async with bench_servers(embedded=True) as servers, model_server() as model:
         assert servers.pg is not None, "embedded: pg_waldump reads the server's own WAL"
         wal = servers.pg.data_dir / "pg_wal"
         async with stage(servers, model) as current:
             await saturate(current.db_url, current.client, runs=WARMUP_RUNS, poll_s=POLL_S)
             _emit("wal_bytes_per_run_by_relation", await _measured(current, wal))
-        async with stage(servers, model) as contracted:
-            await _dropped(contracted.db_url, MOVED_TO_RUN_KEYS)
-            await saturate(contracted.db_url, contracted.client, runs=WARMUP_RUNS, poll_s=POLL_S)
-            _emit(
-                "wal_bytes_per_run_contracted",
-                await _measured(contracted, wal),
-                dropped=list(MOVED_TO_RUN_KEYS),
-                meaning="the same, on a stage of its own made alike but for the next release's "
-                "contract: the lookup indexes of runs that run_keys replaced (migration 0046) "
-                "dropped before its first run",
-            )

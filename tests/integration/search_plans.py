@@ -4,7 +4,7 @@ searches' tests read their plans from."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sqlalchemy import event, text
@@ -85,27 +85,19 @@ async def finished_history(engine: AsyncEngine, *, tenants: int = 1) -> None:
             await conn.execute(text(f"ANALYZE {table}"))
 
 
-async def generic_plan(
-    engine: AsyncEngine, sql: str, params: int, *, schema: Sequence[str] = ()
-) -> str:
+async def generic_plan(engine: AsyncEngine, sql: str, params: int) -> str:
     """The plan PostgreSQL runs `sql` with once it keeps the prepared statement's generic plan
-    (forced here, as it may be chosen there after five runs), without running it; planned
-    after the DDL statements `schema`, in a transaction that is undone."""
+    (forced here, as it may be chosen there after five runs), without running it."""
     async with engine.connect() as conn:
         driver = (await conn.get_raw_connection()).driver_connection
         assert driver is not None
         await driver.execute("SET plan_cache_mode = force_generic_plan")
-        undone = driver.transaction()
-        await undone.start()
         try:
-            for ddl in schema:
-                await driver.execute(ddl)
             await driver.execute(f"PREPARE search AS {sql}")
             nulls = ", ".join(["NULL"] * params)
             rows = await driver.fetch(f"EXPLAIN EXECUTE search{f'({nulls})' if params else ''}")
             await driver.execute("DEALLOCATE search")
         finally:
-            await undone.rollback()
             await driver.execute("RESET plan_cache_mode")
         return "\n".join(row[0] for row in rows)
 

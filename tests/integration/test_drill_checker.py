@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import insert
+from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.drill import checker
@@ -515,13 +515,17 @@ async def test_a_run_without_its_keys_and_keys_without_their_run_are_counted(wor
     unkeyed = await world.run()
     async with world.engine.begin() as conn:
         await conn.execute(run_keys.delete().where(run_keys.c.run_id == unkeyed))
+        # Keys of a run that is not there, naming a session and a message that are (its keys
+        # refer to them).
+        named = (await conn.execute(select(runs.c.session_id, runs.c.message_id))).first()
+        assert named is not None
         await conn.execute(
             insert(run_keys).values(
                 tenant_id=TENANT,
                 created_at=datetime.now(UTC),
                 run_id="run_gone",
-                session_id="ses_gone",
-                message_id="msg_gone",
+                session_id=named.session_id,
+                message_id=named.message_id,
             )
         )
     report = await world.report()

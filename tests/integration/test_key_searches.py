@@ -1,12 +1,12 @@
-"""Reads of runs by their lookup keys (tenant, owner, session, message) find them in `run_keys`,
-so that the next release can drop the four lookup indexes of `runs` (issue 34: each of the
-run row's two non-HOT updates adds an entry to every index of `runs`, whose keys never change).
+"""Reads of runs by their lookup keys (tenant, owner, session, message) find them in `run_keys`:
+`runs` has no index by those keys since 0047 dropped its four (issue 34: each of the run row's
+two non-HOT updates adds an entry to every index of `runs`, whose keys never change).
 
 Each read is run for real on a database holding thousands of runs, its SQL caught as sent, and
-its generic plan read back with those four indexes dropped (the contract, in a transaction that
-is undone): it must search `run_keys` by the index of its key and read `runs` by id only, never
-scan either. And `run_keys` holds exactly the keys of the runs there are: a trigger adds them
-with every insert of runs and removes them with every delete, whichever release's code writes."""
+its generic plan read back: it must search `run_keys` by the index of its key and read `runs` by
+id only, never scan either. And `run_keys` holds exactly the keys of the runs there are: a
+trigger adds them with every insert of runs and removes them with every delete, whichever
+release's code writes."""
 
 from __future__ import annotations
 
@@ -23,13 +23,10 @@ from services.admission import repository as admission_repo
 from services.orchestrator.repositories import agents, history, retention, webhook_dispatch
 from services.orchestrator.repositories.runs import search_runs
 from tests.integration.search_plans import finished_history, generic_plan, statements_sent
-from tether.db.schema.run_indexes import MOVED_TO_RUN_KEYS
 from tether.visibility import Viewer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-# The next release's migration: what the reads below must do without.
-CONTRACT = [f"DROP INDEX {name}" for name in MOVED_TO_RUN_KEYS]
 BY_OWNER = "ix_run_keys_tenant_id_owner_principal_id_created_at_run_id"
 # A tenant's keys: its primary key's, or the owners' index (which the tenant leads too).
 BY_TENANT = ("pk_run_keys", BY_OWNER)
@@ -74,8 +71,8 @@ SEARCHES: list[tuple[str, Search, str | tuple[str, ...]]] = [
 ]
 
 
-async def _plan_without_the_lookup_indexes(engine: AsyncEngine, sql: str, params: int) -> str:
-    plan = await generic_plan(engine, sql, params, schema=CONTRACT)
+async def _plan_scanning_neither(engine: AsyncEngine, sql: str, params: int) -> str:
+    plan = await generic_plan(engine, sql, params)
     assert "Seq Scan on runs" not in plan, plan
     assert "Seq Scan on run_keys" not in plan, plan
     return plan
@@ -90,7 +87,7 @@ async def test_a_read_by_key_searches_run_keys_and_reads_runs_by_id(
     searches = [(sql, params) for sql, params in sent if "run_keys" in sql]
     assert len(searches) == 1, f"{what}: one statement on run_keys, sent {len(searches)}"
     sql, params = searches[0]
-    plan = await _plan_without_the_lookup_indexes(engine, sql, len(params or ()))
+    plan = await _plan_scanning_neither(engine, sql, len(params or ()))
     indexes = (index,) if isinstance(index, str) else index
     assert any(name in plan for name in indexes), f"{what} does not search {index}:\n{plan}"
 
@@ -101,7 +98,7 @@ async def test_a_webhook_s_look_at_the_runs_waiting_searches_the_tenant_s_keys(
     await finished_history(engine, tenants=TENANTS)
     statement = webhook_dispatch._RECORD_FINISHED_AND_WAITING
     sql = str(statement.compile(dialect=engine.dialect))
-    plan = await _plan_without_the_lookup_indexes(engine, sql, len(set(re.findall(r"\$\d+", sql))))
+    plan = await _plan_scanning_neither(engine, sql, len(set(re.findall(r"\$\d+", sql))))
     assert any(name in plan for name in BY_TENANT), plan
 
 

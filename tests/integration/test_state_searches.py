@@ -6,9 +6,7 @@ statement's generic plan, which is made without the parameters' values. A search
 is one of those parameters (`status = $1`) cannot use the partial index of that state: its
 generic plan reads the whole table. The claim did, once per claim, against every run ever
 admitted. Each search below is run for real on a database holding thousands of finished runs
-and resolved interactions, its SQL caught as sent, and its generic plan read back, planned
-without the lookup indexes of runs that run_keys replaced (the next release drops them, and
-this release's searches must not need them while it runs beside that one's schema)."""
+and resolved interactions, its SQL caught as sent, and its generic plan read back."""
 
 from __future__ import annotations
 
@@ -21,13 +19,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from services.interactions import repository as interactions_repo
 from services.orchestrator.repositories import leases, queue, transitions
 from tests.integration.search_plans import finished_history, generic_plan, statements_sent
-from tether.db.schema.run_indexes import MOVED_TO_RUN_KEYS
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 Search = Callable[[AsyncConnection], Awaitable[Any]]
-# The next release's contract (migration 0047), made in the transaction each plan is read in.
-CONTRACT = [f"DROP INDEX {name}" for name in MOVED_TO_RUN_KEYS]
 
 # (what it is, the search run for real, the table it searches, the partial index it must use)
 SEARCHES: list[tuple[str, Search, str, str]] = [
@@ -105,7 +100,7 @@ async def test_a_search_by_state_uses_that_state_s_partial_index(
     searches = [(sql, params) for sql, params in sent if table in sql]
     assert len(searches) == 1, f"{what}: one statement on {table}, sent {len(searches)}"
     sql, params = searches[0]
-    plan = await generic_plan(engine, sql, len(params or ()), schema=CONTRACT)
+    plan = await generic_plan(engine, sql, len(params or ()))
     assert f"Seq Scan on {table}" not in plan, f"{what} reads all of {table}:\n{plan}"
     assert "Seq Scan on run_keys" not in plan, f"{what} reads all of run_keys:\n{plan}"
     assert index in plan, f"{what} does not search {index}:\n{plan}"
@@ -119,5 +114,5 @@ async def test_a_session_s_next_queued_run_is_found_by_its_session(engine: Async
     keyed = transitions._NEXT_QUEUED.element.params(h_session_id=None, h_run_id=None)
     compiled = keyed.compile(dialect=engine.dialect, compile_kwargs={"render_postcompile": True})
     sql = str(compiled)
-    plan = await generic_plan(engine, sql, sql.count("$"), schema=CONTRACT)
+    plan = await generic_plan(engine, sql, sql.count("$"))
     assert "Seq Scan on runs" not in plan, plan

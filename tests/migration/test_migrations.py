@@ -281,3 +281,62 @@ async def test_run_keys_are_backfilled_and_kept_in_step_with_runs(empty_db: str)
         ("r_old", "t", "p", "s", "m", True),
     ]
     assert left == [("r_new", "t", "q", "s", "m", True), ("r_none", "t", "p2", "s", "m", True)]
+
+
+async def test_the_contract_keeps_what_names_a_session_or_a_message_found_without_scanning_runs(
+    empty_db: str,
+) -> None:
+    """0047 drops the four lookup indexes of runs that run_keys replaced. What referred to a
+    session or a message by them still holds: a run cannot name a session or a message that is
+    not there, a session or a message cannot go while a run names it, and removing one (as
+    retention does, once its runs are gone) checks that without reading all of runs."""
+    await upgrade(empty_db)
+    engine = create_engine(empty_db, pool_size=1)
+    run = (
+        "INSERT INTO runs (run_id, tenant_id, session_id, message_id, conversation_id, channel, "
+        "input_text, status, max_attempts, root_run_id, visibility) "
+        "VALUES (:r, 't', :s, :m, 'c', 'chat', 'hi', 'completed', 3, :r, 'private')"
+    )
+    scans = text(
+        "SELECT coalesce(sum(seq_scan), 0) FROM pg_stat_xact_user_tables "
+        "WHERE relname IN ('runs', 'run_keys')"
+    )
+    try:
+        async with engine.begin() as conn:
+            await _conversation(conn)
+            await conn.execute(text(run), {"r": "r_1", "s": "s", "m": "m"})
+        indexes = await _index_names(engine, "runs")
+        for missing in ({"s": "s_gone", "m": "m"}, {"s": "s", "m": "m_gone"}):
+            with pytest.raises(IntegrityError):
+                async with engine.begin() as conn:
+                    await conn.execute(text(run), {"r": "r_2", **missing})
+        for held in ("DELETE FROM messages WHERE message_id = 'm'", "DELETE FROM sessions"):
+            with pytest.raises(IntegrityError):
+                async with engine.begin() as conn:
+                    await conn.execute(text(held))
+        async with engine.begin() as conn:
+            await conn.execute(text("DELETE FROM runs"))
+        async with engine.begin() as conn:
+            before = (await conn.execute(scans)).scalar_one()
+            await conn.execute(text("DELETE FROM messages WHERE message_id = 'm'"))
+            await conn.execute(text("DELETE FROM sessions WHERE session_id = 's'"))
+            scanned = (await conn.execute(scans)).scalar_one() - before
+    finally:
+        await engine.dispose()
+    assert not indexes & {
+        "ix_runs_tenant_created",
+        "ix_runs_tenant_owner_created",
+        "ix_runs_session_created",
+        "ix_runs_message",
+    }
+    assert scanned == 0, (
+        f"removing a message and a session read all of runs or run_keys {scanned} times"
+    )
+
+
+async def _index_names(engine: Any, table: str) -> set[str]:
+    async with engine.connect() as conn:
+        found = await conn.execute(
+            text("SELECT indexname FROM pg_indexes WHERE tablename = :t"), {"t": table}
+        )
+        return {row[0] for row in found}

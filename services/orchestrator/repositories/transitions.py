@@ -403,7 +403,7 @@ _NEXT_QUEUED = (
     .where(
         runs.c.session_id == bindparam("h_session_id"),
         # Written in: the session's queued runs are ix_runs_session_queued's, the one index of
-        # runs by session once the next release drops ix_runs_session_created (issue 34).
+        # runs by session (0047 dropped ix_runs_session_created).
         in_state(runs.c.status, RunStatus.QUEUED),
         runs.c.run_id != bindparam("h_run_id"),
     )

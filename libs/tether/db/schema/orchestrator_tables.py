@@ -51,8 +51,10 @@ runs = Table(
     metadata,
     Column("run_id", Text, primary_key=True),
     Column("tenant_id", Text, nullable=False),
-    Column("session_id", Text, ForeignKey("sessions.session_id"), nullable=False),
-    Column("message_id", Text, ForeignKey("messages.message_id"), nullable=False),
+    # Its session and message are referred to from `run_keys` (migration 0047), whose indexes
+    # by them serve the check when one is removed.
+    Column("session_id", Text, nullable=False),
+    Column("message_id", Text, nullable=False),
     Column("conversation_id", Text, nullable=False),
     Column("channel", Text, nullable=False),
     Column("input_text", Text, nullable=False),

@@ -1,16 +1,18 @@
 """The indexes of `runs`: the claim's scans and probes (its fair slots, capped tenants and held
-agents), the reads by tenant, owner, session and message, and the wakers' (the reaper, retries,
-timers, parents waiting for children). Each is a partial index where the state it serves is,
-so a search by state goes through `in_state`; every index of `runs` is one more entry per
-non-HOT update of a run's row (issue 34's WAL), so one is added here only for a read that needs
-it. And `run_keys`, where the reads by tenant, owner, session and message find a run off its
-row (migration 0046), with its indexes."""
+agents), and the wakers' (the reaper, retries, timers, parents waiting for children). Each is a
+partial index where the state it serves is, so a search by state goes through `in_state`; every
+index of `runs` is one more entry per non-HOT update of a run's row (issue 34's WAL), so one is
+added here only for a read that needs it. And `run_keys`, where the reads by tenant, owner,
+session and message find a run off its row (migrations 0046 and 0047), with its indexes; it
+holds the references of a run to its session and its message, which those indexes serve when
+one is removed."""
 
 from __future__ import annotations
 
 from sqlalchemy import (
     Column,
     DateTime,
+    ForeignKey,
     FromClause,
     Index,
     Join,
@@ -26,7 +28,9 @@ from tether.db.schema.orchestrator_tables import runs
 # A run's lookup keys, one row a run, written once (a trigger on `runs` adds and removes them,
 # migration 0046) and never updated: the reads of runs by tenant, owner, session and message
 # find them here, off the row whose two non-HOT updates would add an entry to each of their
-# indexes again (issue 34). Its primary key and its indexes (below) are those lookups.
+# indexes again (issue 34). Its primary key and its indexes (below) are those lookups, and serve
+# its foreign keys (0047 moved them from runs): removing a session or a message checks here that
+# no run names it.
 run_keys = Table(
     "run_keys",
     metadata,
@@ -34,8 +38,8 @@ run_keys = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("run_id", Text, nullable=False),
     Column("owner_principal_id", Text),
-    Column("session_id", Text, nullable=False),
-    Column("message_id", Text, nullable=False),
+    Column("session_id", Text, ForeignKey("sessions.session_id"), nullable=False),
+    Column("message_id", Text, ForeignKey("messages.message_id"), nullable=False),
     PrimaryKeyConstraint("tenant_id", "created_at", "run_id"),
 )
 
@@ -55,24 +59,6 @@ def keyed_runs(run: FromClause = runs, keys: FromClause = run_keys) -> Join:
     )
 
 
-# The lookups by key that `run_keys` serves now (migration 0046): the release after this one
-# drops these four from `runs` (contract), once no release that reads by them runs.
-MOVED_TO_RUN_KEYS = (
-    "ix_runs_tenant_created",
-    "ix_runs_tenant_owner_created",
-    "ix_runs_session_created",
-    "ix_runs_message",
-)
-Index("ix_runs_tenant_created", runs.c.tenant_id, runs.c.created_at.desc(), runs.c.run_id.desc())
-# A principal's runs, newest first (ListRuns of a key without runs:all).
-Index(
-    "ix_runs_tenant_owner_created",
-    runs.c.tenant_id,
-    runs.c.owner_principal_id,
-    runs.c.created_at.desc(),
-    runs.c.run_id.desc(),
-)
-Index("ix_runs_session_created", runs.c.session_id, runs.c.created_at)
 # The claim's slots: claimable runs in start-tag order (whose turn it is, across tenants).
 Index(
     "ix_runs_fair",
@@ -142,8 +128,8 @@ Index(
 # (RUNS_FILLFACTOR): a new row version on the same page and no new index entries, instead of
 # one in every index of the table.
 Index("ix_runs_running", runs.c.started_at, postgresql_where=runs.c.status == "running")
-# Retention: a tenant's finished runs oldest first; whether a message still has a run; the runs
-# that retried a run (only retried runs have a parent).
+# Retention: a tenant's finished runs oldest first; the runs that retried a run (only retried
+# runs have a parent).
 Index(
     "ix_runs_tenant_finished",
     runs.c.tenant_id,
@@ -151,7 +137,6 @@ Index(
     runs.c.run_id,
     postgresql_where=runs.c.finished_at.is_not(None),
 )
-Index("ix_runs_message", runs.c.message_id)
 Index("ix_runs_parent", runs.c.parent_run_id, postgresql_where=runs.c.parent_run_id.is_not(None))
 Index(
     "ix_runs_retry_due",
