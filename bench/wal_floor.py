@@ -19,13 +19,15 @@ import asyncpg
 from bench.counters import pg_counters, wal_bytes
 
 # Every table a one-turn run writes a row to, with how its rows for a set of runs are found
-# ($1: the run ids). Admission writes the first four and the run's first event; the rest
-# belongs to its execution.
+# ($1: the run ids). Admission writes the first five (a run's keys, `run_keys`, with the run: a
+# trigger on `runs` writes them, which the copy of `runs` does not have, so the floor writes
+# them itself) and the run's first event; the rest belongs to its execution.
 _SOURCES: dict[str, str] = {
     "event_claims": "run_id = ANY($1)",
     "sessions": "session_id IN (SELECT session_id FROM runs WHERE run_id = ANY($1))",
     "messages": "message_id IN (SELECT message_id FROM runs WHERE run_id = ANY($1))",
     "runs": "run_id = ANY($1)",
+    "run_keys": "run_id = ANY($1)",
     "run_events": "run_id = ANY($1)",
     "attempts": "run_id = ANY($1)",
     "run_parts": "run_id = ANY($1)",
@@ -95,6 +97,7 @@ def _by_run(rows: dict[str, list[asyncpg.Record]]) -> dict[str, tuple[_Rows, _Ro
     """Each run's rows: those its admission writes, then the rest, in a run's own order. Each
     run is its own conversation, as in the counted phase: its session and message are its own."""
     runs = {r["run_id"]: r for r in rows["runs"]}
+    keys = {r["run_id"]: r for r in rows["run_keys"]}
     sessions = {r["session_id"]: r for r in rows["sessions"]}
     messages = {r["message_id"]: r for r in rows["messages"]}
     split: dict[str, tuple[_Rows, _Rows]] = {run_id: ([], []) for run_id in runs}
@@ -103,6 +106,7 @@ def _by_run(rows: dict[str, list[asyncpg.Record]]) -> dict[str, tuple[_Rows, _Ro
         admission.append(("sessions", sessions[run["session_id"]]))
         admission.append(("messages", messages[run["message_id"]]))
         admission.append(("runs", run))
+        admission.append(("run_keys", keys[run_id]))
     for claim in rows["event_claims"]:
         split[claim["run_id"]][0].insert(0, ("event_claims", claim))
     for record in sorted(rows["run_events"], key=lambda r: r["seq"]):

@@ -100,6 +100,7 @@ async def test_a_runs_admission_rows_come_first_and_the_rest_after(
             "sessions",
             "messages",
             "runs",
+            "run_keys",
             "run_events",
         ]
         assert admission[-1][1]["type"] == "run.queued"
