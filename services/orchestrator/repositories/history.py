@@ -15,6 +15,7 @@ from sqlalchemy import (
     Boolean,
     ColumnElement,
     DateTime,
+    Exists,
     FromClause,
     Integer,
     Text,
@@ -45,6 +46,24 @@ from tether.db.schema import (
 from tether.domain import Part, Summary
 from tether.errors import FailedPrecondition, InvalidArgument
 from tether.states import RunStatus
+
+
+def has_earlier_completed(session_id: ColumnElement[Any], created_at: ColumnElement[Any]) -> Exists:
+    """Whether the session `session_id` has a completed run created before `created_at` (the
+    claim asks it of each run it leases): its earlier runs found by their keys (`run_keys`: runs
+    has no index by session), each then by its id."""
+    earlier, keys = runs.alias("earlier"), run_keys.alias("earlier_keys")
+    return (
+        select(earlier.c.run_id)
+        .select_from(keyed_runs(earlier, keys))
+        .where(
+            keys.c.session_id == session_id,
+            keys.c.created_at < created_at,
+            earlier.c.status == RunStatus.COMPLETED.value,
+        )
+        .exists()
+    )
+
 
 _SUMMARISING = runs.alias("summarising")
 _THROUGH = runs.alias("through")

@@ -36,7 +36,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from services.orchestrator.repositories import agent_caps, fair
+from services.orchestrator.repositories import agent_caps, fair, history
 from services.orchestrator.repositories.picked import Picked, picked
 from services.orchestrator.repositories.transitions import (
     LEASE_UNTIL,
@@ -55,10 +55,8 @@ from tether.db.schema import (
     attempts,
     documents,
     in_state,
-    keyed_runs,
     messages,
     routings,
-    run_keys,
     runs,
     tenants,
 )
@@ -171,20 +169,8 @@ _NEW_ATTEMPTS = insert(attempts).from_select(
         func.jsonb_build_object("routing_ms", _LEASED.c.routing_ms),
     ),
 )
-_EARLIER = runs.alias("earlier")
-_EARLIER_KEYS = run_keys.alias("earlier_keys")
-# Whether the run's session has an earlier completed run: its history is read only then. The
-# session's earlier runs by their keys (`run_keys`: runs has no index by session), each by id.
-_HAS_HISTORY = (
-    select(_EARLIER.c.run_id)
-    .select_from(keyed_runs(_EARLIER, _EARLIER_KEYS))
-    .where(
-        _EARLIER_KEYS.c.session_id == _LEASED.c.session_id,
-        _EARLIER_KEYS.c.created_at < _LEASED.c.created_at,
-        _EARLIER.c.status == RunStatus.COMPLETED.value,
-    )
-    .exists()
-)
+# Whether the run's session has an earlier completed run: its history is read only then.
+_HAS_HISTORY = history.has_earlier_completed(_LEASED.c.session_id, _LEASED.c.created_at)
 # Whether the run's tenant has knowledge documents: only then does the worker ask for any.
 _HAS_DOCUMENTS = (
     select(documents.c.document_id).where(documents.c.tenant_id == _LEASED.c.tenant_id).exists()
