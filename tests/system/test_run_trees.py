@@ -42,7 +42,13 @@ async def stack(
     pg_server_url: str, template_db: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[ExecStack]:
     run_dir = Path(tmp_path_factory.mktemp("trees"))
-    async with exec_stack(pg_server_url, template_db, redis_url, run_dir, workers=0) as running:
+    # Leases of 6 s, not FAST's 1.5: a machine stalled past a lease's TTL (CI's, under load)
+    # lapses the parent's lease before the kill, its children then run in the slot it freed,
+    # and the kill tests would no longer test what they name.
+    slow_leases = {"TETHER_ORCHESTRATOR_LEASE_TTL_S": "6"}
+    async with exec_stack(
+        pg_server_url, template_db, redis_url, run_dir, workers=0, extra_env=slow_leases
+    ) as running:
         # One slot: a parent that held it while its children ran would never see them start.
         await running.start_worker(TETHER_WORKER_CONCURRENCY="1")
         yield running
@@ -302,8 +308,11 @@ async def test_a_worker_sigkilled_after_the_delegate_calls_leaves_exactly_two_ch
     else:
         await stack.services.stop(worker)  # it hands the parent's lease back, calls closed
     before = await children_of(stack, parent_id)
-    assert [c.status for c in before] == ["queued", "queued"], "no slot ran them yet"
+    killed = await run_row(stack.db_url, parent_id)
+    # The module's next tests need a worker whatever this one finds.
     await stack.start_worker(TETHER_WORKER_CONCURRENCY="1")
+    assert killed.attempt == 1, "the parent's first lease lapsed before the worker was stopped"
+    assert [c.status for c in before] == ["queued", "queued"], "no slot ran them yet"
 
     done = await wait_for_status(stack.db_url, parent_id, "completed", timeout=60)
     assert done.result_text == "Both topics are researched."
