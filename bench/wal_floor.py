@@ -21,7 +21,8 @@ from bench.counters import pg_counters, wal_bytes
 # Every table a one-turn run writes a row to, with how its rows for a set of runs are found
 # ($1: the run ids). Admission writes the first five (a run's keys, `run_keys`, with the run: a
 # trigger on `runs` writes them, which the copy of `runs` does not have, so the floor writes
-# them itself) and the run's first event; the rest belongs to its execution.
+# them itself; its run.queued is read from the run's row, 0048); the rest belongs to its
+# execution.
 _SOURCES: dict[str, str] = {
     "event_claims": "run_id = ANY($1)",
     "sessions": "session_id IN (SELECT session_id FROM runs WHERE run_id = ANY($1))",
@@ -110,8 +111,7 @@ def _by_run(rows: dict[str, list[asyncpg.Record]]) -> dict[str, tuple[_Rows, _Ro
     for claim in rows["event_claims"]:
         split[claim["run_id"]][0].insert(0, ("event_claims", claim))
     for record in sorted(rows["run_events"], key=lambda r: r["seq"]):
-        admitted = record["seq"] == 1  # its run.queued
-        split[record["run_id"]][0 if admitted else 1].append(("run_events", record))
+        split[record["run_id"]][1].append(("run_events", record))
     for table in ("attempts", "run_parts", "usage_turns", "audit_log"):
         for record in rows[table]:
             split[record["run_id"]][1].append((table, record))

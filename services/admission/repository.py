@@ -120,7 +120,7 @@ def _build_admit_new() -> Select[Any]:
         .returning(messages.c.message_id, messages.c.session_id)
         .cte("message")
     )
-    run, queued_event = intake.queued_run(
+    run = intake.queued_run(
         select(
             p("run_id"),
             p("tenant_id"),
@@ -138,7 +138,7 @@ def _build_admit_new() -> Select[Any]:
             p("visibility"),
         ).select_from(message.join(session, literal(True)))
     )
-    return select(run, intake.RACED).add_cte(queued_event)
+    return select(run, intake.RACED)
 
 
 # Admission's statement (bench.topology_floor sends it on a bare driver connection, to measure
@@ -211,7 +211,7 @@ def admit_params(
         "traceparent": traceparent,
         "owner_principal_id": event.principal_id,
         "visibility": event.visibility.value,
-        **intake.queued_params("admitted", event.tenant_id, event.priority),
+        **intake.queued_params(event.tenant_id, event.priority),
     }
 
 
@@ -314,7 +314,7 @@ async def insert_retry(conn: AsyncConnection, *, run_id: str, previous: Run) -> 
         "owner_principal_id": previous.owner_principal_id,
         "visibility": previous.visibility,
     }
-    return await intake.create_queued_run(conn, facts, reason="redelivered")
+    return await intake.create_queued_run(conn, facts)
 
 
 # -- retention -----------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from services.admission.adapters import normalise
 from services.admission.domain import FreshnessPolicy, InboundEvent
 from services.admission.service import Admitter, Disposition
 from tether import apikeys
-from tether.db.schema import event_claims, messages, run_events, runs, sessions
+from tether.db.schema import event_claims, messages, run_event_log, run_events, runs, sessions
+from tether.domain import run_queued
 from tether.errors import AlreadyExists, FailedPrecondition
 from tether.states import RunStatus
 from tether.v1 import admission_pb2
@@ -112,11 +113,16 @@ async def test_first_delivery_writes_claim_session_message_and_queued_run(
         "sessions": 1,
         "messages": 1,
         "runs": 1,
-        "run_events": 1,
+        "run_events": 0,  # its run.queued is read from the run's row (0048)
     }
     async with engine.connect() as conn:
-        event = (await conn.execute(select(run_events))).one()
-    assert (event.seq, event.type, event.payload["reason"]) == (1, "run.queued", "admitted")
+        event = (await conn.execute(select(run_event_log))).one()
+    assert (event.seq, event.type, event.payload) == (
+        1,
+        "run.queued",
+        run_queued(1, "admitted").payload,
+    )
+    assert event.created_at == outcome.run.created_at
 
 
 async def test_fifty_concurrent_deliveries_yield_one_run(

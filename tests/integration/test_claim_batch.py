@@ -19,7 +19,7 @@ from services.orchestrator.repositories import history
 from services.orchestrator.repositories import runs as runs_repo
 from tests.integration.statements import counting
 from tests.integration.test_admission import _tenant, chat, messaging
-from tether.db.schema import attempts, run_event_log, runs, tenants
+from tether.db.schema import attempts, run_event_log, run_events, runs, tenants
 from tether.domain import (
     Batch,
     Completed,
@@ -120,10 +120,21 @@ async def test_a_claim_of_eight_runs_is_one_statement_and_leases_the_oldest_firs
         if row.run_id in expected:
             assert (row.seq, row.type) == (2, "run.started")
             assert row.payload == dict(expected[row.run_id].payload)
+    assert sorted(r.run_id for r in stored if r.run_id in expected) == sorted(expected)
     recorded = await _rows(engine, select(attempts).where(attempts.c.worker_id == "w-8"))
     assert sorted(r.run_id for r in recorded) == sorted(expected)
     assert {(r.lease_epoch, r.attempt) for r in recorded} == {(1, 1)}
     assert all(set(r.stages) == {"routing_ms"} for r in recorded)
+    # Each run.started is read from its attempt's record (at the seq it holds), never stored
+    # as an event row of its own as well (0048).
+    assert {r.event_seq for r in recorded} == {2}
+    rows = await _rows(
+        engine,
+        select(run_events.c.run_id).where(
+            run_events.c.run_id.in_(list(expected)), run_events.c.type == "run.started"
+        ),
+    )
+    assert rows == []
 
 
 async def test_history_and_own_parts_are_one_more_statement_for_the_whole_batch(

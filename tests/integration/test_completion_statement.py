@@ -379,14 +379,14 @@ async def test_a_completion_stores_each_record_once(engine: AsyncEngine) -> None
         else:
             assert [(seq, kind, payload) for seq, kind, payload, _ in stored] == published
             assert {format for *_, format in stored} == {formats.CURRENT}
-        # The log's rows after the run's run.queued and run.started: one of them all from format
-        # 6 on, under the last one's seq; one an event before.
+        # The log's rows (its run.queued is the run's row, its run.started its attempt's, 0048):
+        # one of them all from format 6 on, under the last one's seq; one an event before.
         if stored_format >= formats.EVENTS_TOGETHER:
-            assert rows["rows"][2:] == [
+            assert rows["rows"] == [
                 (published[-1][0], formats.TOGETHER_TYPE, formats.EVENTS_TOGETHER)
             ]
         else:
-            assert rows["rows"][2:] == [(seq, kind, format) for seq, kind, _, format in stored]
+            assert rows["rows"] == [(seq, kind, format) for seq, kind, _, format in stored]
         # The answer: its part alone from format 5 on, else the run's column too.
         whole = ("It is noon.", formats.CURRENT)
         by_reference = (None, formats.ANSWER_BY_REFERENCE)
@@ -423,11 +423,12 @@ async def test_a_checkpoints_events_are_one_row_read_from_any_seq_within_it(
         assert batch is not None and len(batch.events) == 4
         await execution.attempts.checkpoint(run_id, 1, batch)
         seqs = [seq for seq, *_ in published]
+        # Its run.queued is the run's row, its run.started its attempt's (0048).
         rows = (await _stored(engine, run_id))["rows"]
         if stored_format >= formats.EVENTS_TOGETHER:
-            assert rows[2:] == [(seqs[-1], formats.TOGETHER_TYPE, formats.EVENTS_TOGETHER)]
+            assert rows == [(seqs[-1], formats.TOGETHER_TYPE, formats.EVENTS_TOGETHER)]
         else:
-            assert [seq for seq, *_ in rows[2:]] == seqs
+            assert [seq for seq, *_ in rows] == seqs
         read = await _read_back(engine, run_id)
         assert [(e.seq, e.type, dict(e.payload)) for e in read[2:]] == published
         async with engine.connect() as conn:

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.admission import repository as admission_repo
 from services.orchestrator.repositories import agents, history, retention, webhook_dispatch
+from services.orchestrator.repositories import runs as runs_repo
 from services.orchestrator.repositories.runs import search_runs
 from tests.integration.search_plans import finished_history, generic_plan, statements_sent
 from tether.visibility import Viewer
@@ -156,3 +157,30 @@ async def test_list_runs_decides_who_sees_a_run_by_the_run_s_own_row(engine: Asy
     async with engine.connect() as conn:
         found, _ = await _listed(Viewer(tenant, "alice"))(conn)
     assert found == []
+
+
+@pytest.mark.parametrize(
+    ("what", "read"),
+    [
+        ("a page of a run's events", lambda c: runs_repo.read_events(c, "run-1", 0, 100)),
+        (
+            "the event a webhook delivery carries",
+            lambda c: webhook_dispatch.stored_event(c, "run-1", 1),
+        ),
+    ],
+    ids=["events page", "delivered event"],
+)
+async def test_a_read_of_a_runs_log_finds_each_of_its_parts_by_the_run(
+    engine: AsyncEngine, what: str, read: Search
+) -> None:
+    """The log reads a run's run.queued from its row and each run.started from its attempt's
+    (0048): a read of one run's events finds every part of the view by that run's keys."""
+    await finished_history(engine, tenants=TENANTS)
+    [(sql, params)] = [
+        (sql, params)
+        for sql, params in await statements_sent(engine, read)
+        if "run_event_log" in sql
+    ]
+    plan = await generic_plan(engine, sql, len(params or ()))
+    for table in ("runs", "run_keys", "run_events", "attempts"):
+        assert f"Seq Scan on {table}" not in plan, f"{what}:\n{plan}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from tests.conftest import drop_database
 from tether.db.engine import create_engine
 from tether.db.migrate import alembic_config, upgrade
 from tether.db.schema import metadata
+from tether.domain import run_queued, run_started
 from tether.stack.embedded import database_url
 from tether.v1 import admission_pb2
 
@@ -340,3 +342,107 @@ async def _index_names(engine: Any, table: str) -> set[str]:
             text("SELECT indexname FROM pg_indexes WHERE tablename = :t"), {"t": table}
         )
         return {row[0] for row in found}
+
+
+def _downgrade(conn: Connection, revision: str) -> None:
+    from alembic import command
+
+    cfg = alembic_config()
+    cfg.attributes["connection"] = conn
+    command.downgrade(cfg, revision)
+
+
+async def test_queued_and_started_are_read_from_their_records_once_and_written_back_going_down(
+    empty_db: str,
+) -> None:
+    """0048: a run's run.queued is read from its row (why it was queued, by its lineage) and a
+    lease's run.started from its attempt's (its `event_seq`), as their constructors build them;
+    those the release before stored as `run_events` rows (a seq 1 row, an attempt without
+    `event_seq`) are read as before; none is read twice. On the way back to 0047, each one read
+    from a row is written into `run_events`: none is lost."""
+    await upgrade(empty_db, "0047")
+    engine = create_engine(empty_db, pool_size=1)
+    run = (
+        "INSERT INTO runs (run_id, tenant_id, session_id, message_id, conversation_id, channel, "
+        "input_text, status, max_attempts, root_run_id, visibility, last_seq, parent_run_id, "
+        "tree_parent_run_id) VALUES (:r, 't', 's', 'm', 'c', 'chat', 'hi', 'running', 3, :r, "
+        "'private', 2, :retried, :parent)"
+    )
+    event = (
+        "INSERT INTO run_events (run_id, seq, type, payload, format) "
+        "VALUES (:r, :seq, :type, CAST(:payload AS jsonb), 2)"
+    )
+    log = text("SELECT run_id, seq, type, payload, format FROM run_event_log ORDER BY run_id, seq")
+    started = dict(run_started(1, "w", 1).payload)
+
+    def queued(reason: str) -> dict[str, Any]:
+        return dict(run_queued(1, reason).payload)
+
+    try:
+        async with engine.begin() as conn:
+            await _conversation(conn)
+            # Admitted and leased by the release before: both events rows of the log.
+            await conn.execute(text(run), {"r": "r_before", "retried": None, "parent": None})
+            for seq, made in ((1, run_queued(1, "admitted")), (2, run_started(1, "w", 1))):
+                values = {"seq": seq, "type": str(made.type), "payload": json.dumps(made.payload)}
+                await conn.execute(text(event), {"r": "r_before", **values})
+            await conn.execute(
+                text(
+                    "INSERT INTO attempts (run_id, lease_epoch, attempt, worker_id) "
+                    "VALUES ('r_before', 1, 1, 'w')"
+                )
+            )
+        await upgrade(empty_db)
+        async with engine.begin() as conn:
+            # This release's: no event rows; a retry of r_before's delivery, a child of it, and
+            # a run admitted, whose attempt holds the seq of its run.started.
+            for run_id, retried, parent in (
+                ("r_now", None, None),
+                ("r_redelivered", "r_before", None),
+                ("r_child", None, "r_before"),
+            ):
+                await conn.execute(text(run), {"r": run_id, "retried": retried, "parent": parent})
+            await conn.execute(
+                text(
+                    "INSERT INTO attempts (run_id, lease_epoch, attempt, worker_id, event_seq) "
+                    "VALUES ('r_now', 1, 1, 'w', 2)"
+                )
+            )
+        async with engine.connect() as conn:
+            read = [tuple(row) for row in await conn.execute(log)]
+            rows = (
+                await conn.execute(
+                    text("SELECT count(*) FROM run_events WHERE run_id <> 'r_before'")
+                )
+            ).scalar_one()
+            times = (
+                await conn.execute(
+                    text(
+                        "SELECT e.type, e.created_at = CASE e.type WHEN 'run.queued' "
+                        "THEN r.created_at ELSE a.started_at END FROM run_event_log e "
+                        "JOIN runs r USING (run_id) JOIN attempts a USING (run_id) "
+                        "WHERE e.run_id = 'r_now' ORDER BY e.seq"
+                    )
+                )
+            ).all()
+        async with engine.begin() as conn:
+            await conn.run_sync(_downgrade, "0047")
+        async with engine.connect() as conn:
+            back = [tuple(row) for row in await conn.execute(log)]
+            stored = await conn.execute(text("SELECT count(*) FROM run_events"))
+            stored_rows = stored.scalar_one()
+    finally:
+        await engine.dispose()
+    expected = [
+        ("r_before", 1, "run.queued", queued("admitted"), 2),
+        ("r_before", 2, "run.started", started, 2),
+        ("r_child", 1, "run.queued", queued("delegated"), 2),
+        ("r_now", 1, "run.queued", queued("admitted"), 2),
+        ("r_now", 2, "run.started", started, 2),
+        ("r_redelivered", 1, "run.queued", queued("redelivered"), 2),
+    ]
+    assert read == expected
+    assert rows == 0, "this release stores neither event as a row"
+    assert [tuple(t) for t in times] == [("run.queued", True), ("run.started", True)]
+    assert back == expected
+    assert stored_rows == len(expected)

@@ -104,7 +104,8 @@ def test_the_walk_flags_rows_and_untyped_runs(source: str, flagged: list[str]) -
         # `config` is the routing decision whole, as releases before routings kept it: read
         # through `routing_of`, never off the run.
         (Run, runs, {"config"}),
-        (Attempt, attempts, set()),
+        # Nor the seq of its run.started, which the run's log reads from its row.
+        (Attempt, attempts, {"event_seq"}),
         # A turn is read with the attempt it belongs to; its id orders it and is not shown, nor
         # the seq of its usage.updated (which the event's reader fills the turn in by).
         (PricedTurn, usage_turns, {"id", "run_id", "event_seq"}),

@@ -1,6 +1,6 @@
-"""The run aggregate's intake: the one way a run enters it (a queued run with its run.queued
-event), and the reads admission needs of it: the run a claim points at (its duplicate table,
-a retry), the run a retry names, and whether a message still has a run (its retention).
+"""The run aggregate's intake: the one way a run enters it (a queued run, which its log reads as
+its run.queued), and the reads admission needs of it: the run a claim points at (its duplicate
+table, a retry), the run a retry names, and whether a message still has a run (its retention).
 
 This module is the sanctioned exception to "nothing outside the orchestrator writes the run
 aggregate": admission calls it inside its own statement or transaction, because the spec puts
@@ -37,11 +37,6 @@ from services.orchestrator.repositories.answers import READ_RUN
 from services.orchestrator.repositories.fair_tags import CAPPED, QUEUE_ROW, START
 from services.orchestrator.repositories.fair_tags import RACED as RACED
 from services.orchestrator.repositories.fair_tags import retag as retag
-from services.orchestrator.repositories.transitions import (
-    EVENT_COUNT,
-    appended_events,
-    event_params,
-)
 from tether import formats
 from tether.db.schema import (
     messages,
@@ -49,7 +44,7 @@ from tether.db.schema import (
     runs,
     sessions,
 )
-from tether.domain import Run, run_queued
+from tether.domain import Run
 from tether.domain.channels import pinned_channel
 from tether.errors import NotFound
 from tether.priorities import NORMAL, PRIORITIES
@@ -83,12 +78,16 @@ FACTS = (
 )
 
 
-def queued_run(source: Select[Any], more: tuple[str, ...] = ()) -> tuple[CTE, CTE]:
+def queued_run(source: Select[Any], more: tuple[str, ...] = ()) -> CTE:
     """The insert of a queued run whose facts `source` selects (FACTS, in order, then the
     columns `more` names), with its priority and its start tag among every tenant's runs (its
-    tenant's tags move on), and the insert of its run.queued event (seq 1): CTEs for one
-    statement. Bind `queued_params`."""
-    run = (
+    tenant's tags move on): a CTE for one statement. Bind `queued_params`.
+
+    Its run.queued (seq 1) is read from the row itself (`run_event_log`, migration 0048): the
+    attempt is 1 and the reason is what its lineage says (a delegate call's child: delegated;
+    a retried delivery, `parent_run_id`: redelivered; else admitted), so no event row is
+    written with it."""
+    return (
         insert(runs)
         .from_select(
             [
@@ -105,7 +104,7 @@ def queued_run(source: Select[Any], more: tuple[str, ...] = ()) -> tuple[CTE, CT
             source.add_columns(
                 literal(RunStatus.QUEUED.value, Text),
                 literal(1, Integer),
-                EVENT_COUNT.cast(BigInteger),
+                literal(1, BigInteger),  # its run.queued, read from this row
                 literal(formats.CURRENT, SmallInteger),
                 bindparam("fq_priority", type_=SmallInteger),
                 START,
@@ -116,19 +115,12 @@ def queued_run(source: Select[Any], more: tuple[str, ...] = ()) -> tuple[CTE, CT
         .add_cte(QUEUE_ROW)
         .cte("queued_run")
     )
-    return run, appended_events(run)
 
 
-def queued_params(
-    reason: str, tenant_id: str, priority: int = PRIORITIES[NORMAL]
-) -> dict[str, Any]:
-    """The bound values `queued_run` takes: its event's, and the tenant and priority (its rank)
-    its start tag is taken for."""
-    return {
-        **event_params([run_queued(1, reason)]),
-        "fq_tenant_id": tenant_id,
-        "fq_priority": priority,
-    }
+def queued_params(tenant_id: str, priority: int = PRIORITIES[NORMAL]) -> dict[str, Any]:
+    """The bound values `queued_run` takes: the tenant and priority (its rank) its start tag is
+    taken for."""
+    return {"fq_tenant_id": tenant_id, "fq_priority": priority}
 
 
 def _bound(name: str, type_: Any = Text) -> Any:
@@ -144,7 +136,7 @@ _SET_HEAD = (
     .returning(sessions.c.active_run_id)
     .cte("head")
 )
-_RUN, _QUEUED = queued_run(
+_RUN = queued_run(
     select(
         *[_bound(name) for name in FACTS[:7]],
         _bound("max_attempts", Integer),
@@ -153,16 +145,15 @@ _RUN, _QUEUED = queued_run(
         *[_bound(name) for name in FACTS[12:]],
     ).select_from(_SET_HEAD)
 )
-_CREATE = select(_RUN, RACED).add_cte(_QUEUED)
+_CREATE = select(_RUN, RACED)
 
 
-async def create_queued_run(conn: AsyncConnection, facts: dict[str, Any], *, reason: str) -> Run:
+async def create_queued_run(conn: AsyncConnection, facts: dict[str, Any]) -> Run:
     """Create a queued run of an existing session (`facts`: FACTS but `session_head`), heading
-    it when the session is idle, with its run.queued event; one statement, in the caller's
-    transaction."""
+    it when the session is idle; one statement, in the caller's transaction."""
     params = {
         **{f"q_{k}": v for k, v in facts.items()},
-        **queued_params(reason, facts["tenant_id"]),
+        **queued_params(facts["tenant_id"]),
     }
     row = (await conn.execute(_CREATE, params)).one()
     run = Run.from_row(row._mapping)
@@ -175,7 +166,7 @@ CHILD_CHANNEL = "delegate"
 
 
 # A child run, in one statement: its session (which it heads: a child's session is new), its
-# message, and the run with its place in the tree and its run.queued event.
+# message, and the run with its place in the tree.
 _TREE = ("tree_parent_run_id", "tree_call_id", "tree_root_run_id", "tree_depth", "tree_budget")
 _CHILD_SESSION = (
     insert(sessions)
@@ -205,7 +196,7 @@ _CHILD_MESSAGE = (
     .returning(messages.c.message_id)
     .cte("child_message")
 )
-_CHILD_RUN, _CHILD_QUEUED = queued_run(
+_CHILD_RUN = queued_run(
     select(
         *[_bound(name) for name in FACTS[:7]],
         _bound("max_attempts", Integer),
@@ -218,7 +209,7 @@ _CHILD_RUN, _CHILD_QUEUED = queued_run(
     ).select_from(_CHILD_SESSION.join(_CHILD_MESSAGE, literal(True))),
     more=_TREE,
 )
-_CREATE_CHILD = select(_CHILD_RUN, RACED).add_cte(_CHILD_QUEUED)
+_CREATE_CHILD = select(_CHILD_RUN, RACED)
 
 
 async def create_child_run(
@@ -269,7 +260,7 @@ async def create_child_run(
     }
     params = {
         **{f"q_{k}": v for k, v in facts.items()},
-        **queued_params("delegated", parent.tenant_id),
+        **queued_params(parent.tenant_id),
     }
     row = (await conn.execute(_CREATE_CHILD, params)).one()
     run = Run.from_row(row._mapping)

@@ -43,10 +43,7 @@ from services.orchestrator.repositories.transitions import (
     NEXT_EPOCH,
     NOW,
     STARTED_ONCE,
-    appended_events,
-    event_count,
     lease_held,
-    sql_value,
 )
 from tether import formats, states
 from tether.db.direct import Direct
@@ -60,7 +57,7 @@ from tether.db.schema import (
     runs,
     tenants,
 )
-from tether.domain import Event, Run, RunError, run_started
+from tether.domain import Run, RunError
 from tether.states import RunStatus
 
 # The routing the runs of each tenant, source and channel are leased with (`Route`).
@@ -117,13 +114,6 @@ _PINNED = runs.c.routing_id.is_not(None)
 _WORKER = bindparam("c_worker_id", type_=Text)
 
 
-def _started(moved: Any) -> list[Event]:
-    """run.started, built by its constructor from what the move decided (attempt and epoch)."""
-    return [
-        run_started(sql_value(moved.c.attempt), sql_value(_WORKER), sql_value(moved.c.lease_epoch))
-    ]
-
-
 _LEASED = (
     update(runs)
     .where(
@@ -139,8 +129,8 @@ _LEASED = (
     .values(
         status=states.CLAIM.target.value,
         updated_at=NOW,
-        # Built on the table's own columns: only how many events there are matters here.
-        last_seq=runs.c.last_seq + event_count(_started(runs)),
+        # One event: its run.started, read from the attempt's record (_NEW_ATTEMPTS).
+        last_seq=runs.c.last_seq + 1,
         lease_owner=_WORKER,
         lease_epoch=NEXT_EPOCH,
         lease_expires_at=LEASE_UNTIL,
@@ -159,14 +149,17 @@ _LEASED = (
 )
 
 
+# The attempt's record, which is its run.started too: the run's log reads the event from it, at
+# the seq the move gave it (`run_event_log`), so the claim appends no event row.
 _NEW_ATTEMPTS = insert(attempts).from_select(
-    ["run_id", "lease_epoch", "attempt", "worker_id", "stages"],
+    ["run_id", "lease_epoch", "attempt", "worker_id", "stages", "event_seq"],
     select(
         _LEASED.c.run_id,
         _LEASED.c.lease_epoch,
         _LEASED.c.attempt,
         _WORKER,
         func.jsonb_build_object("routing_ms", _LEASED.c.routing_ms),
+        _LEASED.c.last_seq,
     ),
 )
 # Whether the run's session has an earlier completed run: its history is read only then.
@@ -216,7 +209,6 @@ CLAIM = Direct(
         )
     )
     .add_cte(
-        appended_events(_LEASED, _started(_LEASED)),
         _NEW_ATTEMPTS.cte("new_attempts"),
         _NEW_ROUTINGS.cte("new_routings"),
         fair.swapped(_LEASED),
@@ -250,8 +242,8 @@ class Route:
 async def claim(conn: AsyncConnection, params: Mapping[str, Any]) -> Picked:
     """Lease up to `limit` claimable runs (queued session heads, oldest first, skipping those
     other claimers hold) to `worker_id` in ONE statement: each moves to running under a new
-    lease epoch with its run.started event, its routing pinned on it (unless an earlier lease
-    pinned one) and its attempt recorded. `params`: what `claim_params` gives.
+    lease epoch, its routing pinned on it (unless an earlier lease pinned one) and its attempt
+    recorded, which its log reads as its run.started. `params`: what `claim_params` gives.
 
     The runs picked: those leased, those left queued (`Unrouted`) because their tenant,
     source and channel have no route here or its agent changed since, and the agents whose

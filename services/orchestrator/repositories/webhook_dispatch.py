@@ -55,7 +55,12 @@ WITH candidate AS ({candidates}
 INSERT INTO webhook_deliveries (tenant_id, delivery_id, subscription_id, run_id, seq, event_type)
 SELECT :tenant_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''), :subscription_id,
        e.run_id, e.seq, e.type
-FROM run_event_log e JOIN candidate c ON c.run_id = e.run_id
+FROM candidate c CROSS JOIN LATERAL (
+    -- Each candidate's events by its id (OFFSET 0 keeps the search inside): the log reads a
+    -- run's run.queued from its row unless its log holds one (0048), a part of the view that
+    -- a plain join would read whole, every run of every tenant.
+    SELECT * FROM run_event_log WHERE run_event_log.run_id = c.run_id OFFSET 0
+) e
 WHERE e.type = ANY(CAST(:events AS text[])) AND e.created_at >= :since
 ORDER BY e.run_id, e.seq
 ON CONFLICT DO NOTHING

@@ -156,8 +156,9 @@ run_events = Table(
 )
 
 # A run's log as its readers take it, one row an event: a `run_events` row of one event as it is,
-# and a row of the events one write appended together (stored format 6) taken apart, each with
-# its own seq and format. A view (migration 0045), so not in `metadata`; every reader of a run's
+# a row of the events one write appended together (stored format 6) taken apart, each with its
+# own seq and format, and each attempt's run.started read from its `attempts` row (by its
+# `event_seq`, 0048). A view (migrations 0045, 0048), so not in `metadata`; every reader of a run's
 # events reads here, never `run_events`. `row_seq` is the seq of the row that holds the event,
 # never below the event's: a read of the events after a seq bounds it too, so that the log's
 # index finds their rows.
@@ -214,6 +215,10 @@ attempts = Table(
     # row, which keeps the acts of people and the operator). NULL for attempts closed without a
     # report, and for those closed before it was written (0038: their detail is in audit_log).
     Column("detail", JSONB),
+    # The seq of the attempt's run.started in its run's log, which reads the event from this
+    # row (`run_event_log`, migration 0048) instead of storing it again. NULL for an attempt
+    # whose run.started is a `run_events` row (leased before 0048, or by the release before).
+    Column("event_seq", BigInteger),
     PrimaryKeyConstraint("run_id", "lease_epoch"),
     # Half of each page kept for the rows' closes, which triple a row's size: a close is then a
     # HOT update on the same page, with no new primary-key entry (0042).
