@@ -4,7 +4,7 @@ searches' tests read their plans from."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from sqlalchemy import event, text
@@ -85,20 +85,26 @@ async def finished_history(engine: AsyncEngine, *, tenants: int = 1) -> None:
             await conn.execute(text(f"ANALYZE {table}"))
 
 
-async def generic_plan(engine: AsyncEngine, sql: str, params: int) -> str:
+async def generic_plan(
+    engine: AsyncEngine, sql: str, params: int, planner: Mapping[str, str] | None = None
+) -> str:
     """The plan PostgreSQL runs `sql` with once it keeps the prepared statement's generic plan
-    (forced here, as it may be chosen there after five runs), without running it."""
+    (forced here, as it may be chosen there after five runs), without running it; planned with
+    `planner`'s settings too, when given (a pool's, `create_engine(planner=...)`)."""
+    settings = {"plan_cache_mode": "force_generic_plan", **(planner or {})}
     async with engine.connect() as conn:
         driver = (await conn.get_raw_connection()).driver_connection
         assert driver is not None
-        await driver.execute("SET plan_cache_mode = force_generic_plan")
+        for name, value in settings.items():
+            await driver.execute(f"SET {name} = {value}")
         try:
             await driver.execute(f"PREPARE search AS {sql}")
             nulls = ", ".join(["NULL"] * params)
             rows = await driver.fetch(f"EXPLAIN EXECUTE search{f'({nulls})' if params else ''}")
             await driver.execute("DEALLOCATE search")
         finally:
-            await driver.execute("RESET plan_cache_mode")
+            for name in settings:
+                await driver.execute(f"RESET {name}")
         return "\n".join(row[0] for row in rows)
 
 

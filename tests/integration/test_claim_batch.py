@@ -14,9 +14,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission.domain import FreshnessPolicy
 from services.admission.service import Admitter
+from services.orchestrator.claim_planner import CLAIM_PLANNER
 from services.orchestrator.execution import Execution
 from services.orchestrator.repositories import history
 from services.orchestrator.repositories import runs as runs_repo
+from tests.integration.search_plans import finished_history, generic_plan
 from tests.integration.statements import counting
 from tests.integration.test_admission import _tenant, chat, messaging
 from tether.db.schema import attempts, run_event_log, run_events, runs, tenants
@@ -381,3 +383,17 @@ async def test_the_history_statement_is_planned_once_per_connection_not_per_leas
     assert planned, "the statement is prepared on the connection"
     [(generic, custom)] = planned
     assert custom <= 5 and generic == 12 - custom, planned
+
+
+async def test_the_history_is_read_by_key_alone_on_the_claims_plan(engine: AsyncEngine) -> None:
+    """The claims' pool reads the history too, planned as the claim is (CLAIM_PLANNER: one
+    generic plan a connection, made on whatever the tables hold then, with no bitmap or
+    sequential scans): each of its reads is a probe by key, none a hash of a table's rows,
+    however few a fresh database has (the summary's part, the last turn of two runs)."""
+    await finished_history(engine)
+    sql = str(history._INPUTS.statement.compile(dialect=engine.dialect))
+    plan = await generic_plan(engine, sql, 1, CLAIM_PLANNER)
+    for table in ("runs", "run_keys", "run_parts", "usage_turns", "context_summaries"):
+        assert f"Seq Scan on {table}" not in plan, plan
+    assert "Hash" not in plan, plan
+    assert "Index Scan using ix_usage_turns_run" in plan, plan

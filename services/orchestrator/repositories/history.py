@@ -24,7 +24,6 @@ from sqlalchemy import (
     func,
     literal_column,
     null,
-    or_,
     select,
     true,
     union_all,
@@ -274,6 +273,21 @@ _HISTORY = select(
         (run_parts.c.run_id == _RECENT_RUNS.c.run_id) & run_parts.c.superseded_at.is_(None),
     )
 )
+# The summary's part, unless it is the one the worker holds: found by its key alone (a lateral
+# probe, never a hash of every run's parts however few a fresh database has).
+_SUMMARY_ROW = (
+    select(*_PART_COLUMNS)
+    .where(
+        run_parts.c.run_id == _LATEST_SUMMARY.c.summary_run_id,
+        run_parts.c.part_index == _LATEST_SUMMARY.c.summary_part_index,
+        ~(
+            (_LATEST_SUMMARY.c.summary_run_id == _WANTED.c.known_summary_run)
+            & (_LATEST_SUMMARY.c.summary_part_index == _WANTED.c.known_summary_index)
+        ),
+    )
+    .limit(_ONE)  # one part by its key; and the planner keeps it a probe, not a join
+    .lateral("summary_part")
+)
 # The latest summary: which part it is and the run it ends at (`earlier_created_at`: that run's
 # created_at), with the part unless it is the one the worker holds (then its columns are NULL).
 _SUMMARY_PART = (
@@ -284,19 +298,9 @@ _SUMMARY_PART = (
         null().cast(Text).label("input_text"),
         _LATEST_SUMMARY.c.through_created_at.label("earlier_created_at"),
         _LATEST_SUMMARY.c.summary_part_index.cast(BigInteger).label("turn_tokens"),
-        *_PART_COLUMNS,
+        *[_SUMMARY_ROW.c[c.name] for c in _PART_COLUMNS],
     )
-    .select_from(
-        _WITH_SUMMARY.outerjoin(
-            run_parts,
-            (run_parts.c.run_id == _LATEST_SUMMARY.c.summary_run_id)
-            & (run_parts.c.part_index == _LATEST_SUMMARY.c.summary_part_index)
-            & ~(
-                (_LATEST_SUMMARY.c.summary_run_id == _WANTED.c.known_summary_run)
-                & (_LATEST_SUMMARY.c.summary_part_index == _WANTED.c.known_summary_index)
-            ),
-        )
-    )
+    .select_from(_WITH_SUMMARY.outerjoin(_SUMMARY_ROW, true()))
     .where(_LATEST_SUMMARY.c.summary_run_id.is_not(None))
 )
 _PREVIOUS = runs.alias("previous")
@@ -326,10 +330,9 @@ _LAST_TURN = (
         ).label("tokens"),
     )
     .where(
-        or_(
-            usage_turns.c.run_id == _WANTED.c.run_id,
-            usage_turns.c.run_id == _PREVIOUS_RUN.c.previous_run_id,
-        ),
+        # A list, not an OR: one probe of ix_usage_turns_run for both runs, with no bitmap scan
+        # (the claims' pool, which reads the history, plans without them: CLAIM_PLANNER).
+        usage_turns.c.run_id.in_([_WANTED.c.run_id, _PREVIOUS_RUN.c.previous_run_id]),
         usage_turns.c.created_at > func.coalesce(_LATEST_SUMMARY.c.summarised_at, _NEVER),
     )
     .order_by(usage_turns.c.id.desc())
