@@ -155,13 +155,10 @@ run_events = Table(
     PrimaryKeyConstraint("run_id", "seq"),
 )
 
-# A run's log as its readers take it, one row an event: a `run_events` row of one event as it is,
-# a row of the events one write appended together (stored format 6) taken apart, each with its
-# own seq and format, and each attempt's run.started read from its `attempts` row (by its
-# `event_seq`, 0048). A view (migrations 0045, 0048), so not in `metadata`; every reader of a run's
-# events reads here, never `run_events`. `row_seq` is the seq of the row that holds the event,
-# never below the event's: a read of the events after a seq bounds it too, so that the log's
-# index finds their rows.
+# A run's log as its readers take it, one row an event (a view, 0045 and 0048; every reader of a
+# run's events reads here): `run_events` rows, those of several (format 6) taken apart, a run's
+# run.queued read from its row, each run.started from its attempt's. `row_seq`: the seq of the row
+# holding the event, never below it (a read after a seq bounds it too, for the log's index).
 run_event_log = table(
     "run_event_log",
     column("run_id", Text),
@@ -215,9 +212,7 @@ attempts = Table(
     # row, which keeps the acts of people and the operator). NULL for attempts closed without a
     # report, and for those closed before it was written (0038: their detail is in audit_log).
     Column("detail", JSONB),
-    # The seq of the attempt's run.started in its run's log, which reads the event from this
-    # row (`run_event_log`, migration 0048) instead of storing it again. NULL for an attempt
-    # whose run.started is a `run_events` row (leased before 0048, or by the release before).
+    # Its run.started's seq: the log reads the event from here (0048); NULL when a row holds it.
     Column("event_seq", BigInteger),
     PrimaryKeyConstraint("run_id", "lease_epoch"),
     # Half of each page kept for the rows' closes, which triple a row's size: a close is then a
