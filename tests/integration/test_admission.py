@@ -190,6 +190,16 @@ async def test_stale_replay_reprocess_policy_creates_a_run_with_lineage(
     assert again.disposition is Disposition.RETRIED
     assert again.run.parent_run_id == first.run.run_id
     assert again.run.result_text is None
+    # Its run.queued, read from its row (0048): why it was queued, by its lineage.
+    async with engine.connect() as conn:
+        queued = (
+            await conn.execute(
+                select(run_event_log.c.payload).where(
+                    run_event_log.c.run_id == again.run.run_id, run_event_log.c.seq == 1
+                )
+            )
+        ).scalar_one()
+    assert queued == dict(run_queued(1, "redelivered").payload)
 
 
 async def test_running_duplicate_attaches_without_a_new_owner(

@@ -141,6 +141,16 @@ async def test_attempts_issuing_one_call_at_once_start_one_child(
     child = started[0].run  # type: ignore[attr-defined]
     assert (child.status, child.tree_depth, child.tree_root_run_id) == ("queued", 1, parent)
     assert child.channel == "delegate/researcher" and child.session_head
+    # Its run.queued, read from its row (0048): why it was queued, by its lineage.
+    async with engine.connect() as conn:
+        first = (
+            await conn.execute(
+                select(run_event_log.c.seq, run_event_log.c.payload).where(
+                    run_event_log.c.run_id == child.run_id
+                )
+            )
+        ).all()
+    assert [tuple(row) for row in first] == [(1, dict(run_queued(1, "delegated").payload))]
 
 
 async def test_a_refused_delegation_creates_nothing(engine: AsyncEngine) -> None:
