@@ -33,8 +33,9 @@ class OrchestratorSettings(RetainingSettings):
     )
     claim_pool_size: int = Field(
         2,
-        description="Database connections of the claims' own pool (the lease dispatcher "
-        "claims one worker's batch at a time; a unary ClaimRun takes the other).",
+        description="Database connections of the claims' own pool, which also reads the "
+        "leased runs' histories (the lease dispatcher claims one worker's batch at a time; a "
+        "unary ClaimRun takes the other).",
     )
     lease_ttl_s: float = Field(10.0, description="Lease lifetime; workers heartbeat well within.")
     claim_poll_s: float = Field(
