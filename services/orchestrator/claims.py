@@ -13,7 +13,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -225,6 +225,18 @@ class Claims:
             if claimable:
                 self.wakeups.wake([""] * claimable)
 
+    @contextlib.asynccontextmanager
+    async def _on_claims_pool(self, conn: AsyncConnection) -> AsyncIterator[AsyncConnection]:
+        """Where the claim statement and the history read after it run: on the claims' pool
+        (planned with `CLAIM_PLANNER`), or on `conn` itself when the claims have none of their
+        own (never a second connection of the pool `conn` holds one of). The configurations
+        and the rest plan as every other statement does, on `conn`."""
+        if self._claiming is self._engine:
+            yield conn
+            return
+        async with self._claiming_autocommit.connect() as claiming:
+            yield claiming
+
     async def _look(self, conn: AsyncConnection, params: dict[str, Any]) -> Picked:
         """One claim statement. While some tenant has a cap, in a transaction that locks the
         capped tenants first (`fair.lock_capped`), and while some route names a capped agent,
@@ -234,11 +246,7 @@ class Claims:
         capped = self.caps.capped
         agents = capped_agents(params["routes"])
         if not capped and not agents:
-            if self._claiming is self._engine:
-                return await lease_repo.claim(conn, lease_repo.claim_params(**params))
-            # The claim statement on the claims' pool (the history read after it too): the
-            # configurations and the rest plan as every other statement does.
-            async with self._claiming_autocommit.connect() as claiming:
+            async with self._on_claims_pool(conn) as claiming:
                 return await lease_repo.claim(claiming, lease_repo.claim_params(**params))
         async with self._claiming.connect() as held, held.begin():
             # Tenants first, then agents, each in order: every claim locks in one order.
@@ -308,7 +316,7 @@ class Claims:
             # 1 ms against 0.3 at a 50-run history), and there it runs on its one generic plan
             # from a connection's first lease, where the other pool planned it afresh for each
             # connection's first five (every lease of a fresh replica's first fifty).
-            async with self._claiming_autocommit.connect() as claiming:
+            async with self._on_claims_pool(conn) as claiming:
                 inputs = await history.attempt_inputs(
                     claiming,
                     [self._wanted(one, held) for one in leased],

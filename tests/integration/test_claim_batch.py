@@ -5,6 +5,7 @@ tenant whose routing is not known here yet costs one more claim statement, once.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import Any
 
@@ -21,6 +22,7 @@ from services.orchestrator.repositories import runs as runs_repo
 from tests.integration.search_plans import finished_history, generic_plan
 from tests.integration.statements import counting
 from tests.integration.test_admission import _tenant, chat, messaging
+from tether.db.engine import create_engine
 from tether.db.schema import attempts, run_event_log, run_events, runs, tenants
 from tether.domain import (
     Batch,
@@ -397,3 +399,21 @@ async def test_the_history_is_read_by_key_alone_on_the_claims_plan(engine: Async
         assert f"Seq Scan on {table}" not in plan, plan
     assert "Hash" not in plan, plan
     assert "Index Scan using ix_usage_turns_run" in plan, plan
+
+
+async def test_a_replica_without_a_claims_pool_claims_with_one_connection(db_url: str) -> None:
+    """Without a claims' pool of its own, the claim and the history read after it run on the
+    connection the claim holds: never a second one of the same pool, which a pool of one
+    connection (no overflow) would wait for forever."""
+    one = create_engine(db_url, pool_size=1)
+    try:
+        await _tenant(one, "t1")
+        execution = _execution(one)
+        admitter = Admitter(one, max_attempts=3, freshness=FreshnessPolicy())
+        done_id, answer = await _first_turn_answered(execution, admitter, "one")
+        await admitter.admit(chat("one2", "second", conversation="one"))
+        [claimed] = await asyncio.wait_for(execution.claims.claim_many("w", 1), timeout=10)
+    finally:
+        await one.dispose()
+    assert [run.run_id for run in claimed.earlier] == [done_id]
+    assert claimed.earlier[0].parts[-1] == answer
