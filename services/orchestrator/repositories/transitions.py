@@ -127,10 +127,11 @@ def appended_events(moved: CTE, computed: Sequence[Event] = ()) -> CTE:
     it reserved, in order, in the current stored format, and none is written when it matched no
     row. Each is a row of its own; bound `e_together` (stored format 6), a run's events are one
     row when there are more than one, under the last one's seq. Every append to a run's log
-    goes through here.
+    goes through here (a run's run.queued and each run.started are not appended: the log reads
+    them from the run's and the attempt's rows, migration 0048).
 
     `computed` events take the place of the bound ones, for a statement that moves many runs
-    and writes what it decided itself (a new lease's epoch): each row of `moved` gets them, with
+    and writes what it decided itself (a timer's due time): each row of `moved` gets them, with
     payloads whose values may be SQL expressions over `moved`'s columns (`computed_payload`),
     and its move advances `last_seq` by `event_count(computed)`."""
     types: Any = EVENT_TYPES
