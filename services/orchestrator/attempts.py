@@ -239,8 +239,8 @@ class Attempts:
         if ended.moved is None:
             return None
         self._prices.forget(run_id)
-        await self._publisher.publish(ended.moved.run, ended.landed)
-        await self._publisher.publish(ended.moved.run, ended.moved.events)
+        # One commit's events, the in-flight batch's and the ending's: one message.
+        await self._publisher.publish(ended.moved.run, [*ended.landed, *ended.moved.events])
         self._publisher.wake_next(ended.moved)  # the session's next message may now run
         return ended.moved.run
 
@@ -317,9 +317,8 @@ class Attempts:
                     },
                 )
         self._prices.forget(run_id)
-        if landed is not None:
-            await self._publisher.publish(moved.run, landed[1])
-        await self._publisher.publish(moved.run, moved.events)
+        flight = [] if landed is None else landed[1]
+        await self._publisher.publish(moved.run, [*flight, *moved.events])  # one commit's
         self._publisher.wake_next(moved)  # the session's next message may now run
         return moved.run
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+import redis.asyncio as redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -21,6 +22,7 @@ from services.orchestrator.repositories import webhook_dispatch
 from tests.integration.statements import counting
 from tests.integration.test_admission import _tenant, chat
 from tether import formats
+from tether.bus import Bus
 from tether.db.schema import (
     attempts,
     audit_log,
@@ -35,10 +37,12 @@ from tether.domain import (
     Batch,
     Completed,
     Completion,
+    Failed,
     LoggedEvent,
     ModelTurn,
     Part,
     Role,
+    RunError,
     Text,
     ToolCall,
     ToolResult,
@@ -49,6 +53,7 @@ from tether.domain import (
     usage_updated,
 )
 from tether.errors import StaleLease
+from tether.hints import decode_events, events_channel
 from tether.pricing import TOKEN_FIELDS, cost_micros
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -301,6 +306,45 @@ async def test_a_completion_publishes_what_it_stored(engine: AsyncEngine) -> Non
     await execution.attempts.complete(run_id, 1, _tool_turn_then_answer())
     read = await _read_back(engine, run_id)
     assert published == [(e.seq, e.type, dict(e.payload)) for e in read[2:]]
+
+
+@pytest.mark.parametrize("ending", [None, Failed(RunError("provider_error", "gone"))])
+async def test_an_ending_goes_out_as_one_message(
+    engine: AsyncEngine, redis_url: str, ending: Failed | None
+) -> None:
+    """The events one commit stored (the in-flight batch's and the ending's) reach the run's
+    channel together, in one message on real Redis, as the hints' format says: an answer (one
+    statement) and a failure (a transaction of a few)."""
+    await _tenant(engine, "t1")
+    bus = Bus(redis_url)
+    execution = Execution.build(engine, bus, lease_ttl_s=30, claim_poll_s=60)
+    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
+    run_id = (await admitter.admit(chat("e1", conversation="c1"))).run.run_id
+    await _claim(execution)
+    await bus.flush()  # run.started, published by the claim, went out before we listen
+    listener = redis.Redis.from_url(redis_url)
+    channel = listener.pubsub()
+    try:
+        await channel.subscribe(events_channel(run_id))
+        done = _tool_turn_then_answer()
+        await execution.attempts.complete(
+            run_id, 1, done if ending is None else replace(done, ending=ending)
+        )
+        bus.post(events_channel(run_id), "end")  # Redis keeps one connection's order
+        messages = []
+        async for message in channel.listen():
+            if message["type"] != "message":
+                continue
+            if message["data"] == b"end":
+                break
+            decoded = decode_events(message["data"])
+            messages.append([(m.seq, m.type, dict(m.payload)) for m in decoded])
+    finally:
+        await channel.aclose()
+        await listener.aclose()
+        await bus.close()
+    read = await _read_back(engine, run_id)
+    assert messages == [[(e.seq, e.type, dict(e.payload)) for e in read[2:]]]
 
 
 def _recording(execution: Execution) -> list[Any]:
