@@ -15,7 +15,8 @@ rounds.
 Figures: `e2e_vs_pgqueuer`, `e2e_vs_procrastinate` (completed runs/s over the queue's completed
 jobs/s), `cpu_per_run_vs_pgqueuer` (CPU ms per run over pgqueuer's per job) and
 `topology_floor_vs_pgqueuer` (the topology floor's runs/s over pgqueuer's), each with the goal
-issue 34 sets beside it.
+issue 34 sets beside it; beside `e2e_vs_procrastinate`, the floor's own ratio to procrastinate
+and whether the goal sits past it.
 """
 
 from __future__ import annotations
@@ -236,7 +237,17 @@ async def run() -> None:
         "ratio",
         goal=f">= min(1.0, 0.85 x topology_floor_vs_pgqueuer) = {min(1.0, 0.85 * floor_vs):.3f}",
     )
-    emit("e2e_vs_procrastinate", per_s["tether"] / per_s["procrastinate"], "ratio", goal=">= 1.3")
+    floor_vs_procrastinate = per_s["topology_floor"] / per_s["procrastinate"]
+    emit(
+        "e2e_vs_procrastinate",
+        per_s["tether"] / per_s["procrastinate"],
+        "ratio",
+        goal=">= 1.3",
+        # The topology floor does each hop's work only; a goal above its own ratio is past the
+        # floor measured in this run, out of reach of any change to the services' code alone.
+        topology_floor_vs_procrastinate=round(floor_vs_procrastinate, 3),
+        goal_past_the_floor=floor_vs_procrastinate < 1.3,
+    )
     emit(
         "cpu_per_run_vs_pgqueuer",
         cpu_ms["tether"] / cpu_ms["pgqueuer"],
