@@ -227,10 +227,9 @@ class Claims:
 
     @contextlib.asynccontextmanager
     async def _on_claims_pool(self, conn: AsyncConnection) -> AsyncIterator[AsyncConnection]:
-        """Where the claim statement and the history read after it run: on the claims' pool
-        (planned with `CLAIM_PLANNER`), or on `conn` itself when the claims have none of their
-        own (never a second connection of the pool `conn` holds one of). The configurations
-        and the rest plan as every other statement does, on `conn`."""
+        """Where the claim statement and the history read after it run: the claims' pool
+        (`CLAIM_PLANNER`), or `conn` itself when there is none (never a second connection of
+        the pool `conn` holds one of); the rest plan as every other statement does, on `conn`."""
         if self._claiming is self._engine:
             yield conn
             return
