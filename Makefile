@@ -10,6 +10,10 @@ BENCH ?=
 PROTO_BASE ?= 71abcdb46e9f71345835d02f1a91816ed7f7dce3
 MINUTES ?= 5
 SEED ?=
+# The suites start hundreds of service and CLI processes. Where the environment says not to write
+# bytecode (PYTHONDONTWRITEBYTECODE), each would compile the sources it imports again: they are
+# compiled once, before a suite runs, and every process reads them.
+COMPILE := $(BIN)/python -m compileall -q services libs bench tests examples/tools
 
 .PHONY: run test slow fuzz lint gen docs bench drill venv clean console browser node packages
 
@@ -41,18 +45,22 @@ run: venv $(CONSOLE_DIST)
 # slowest tests so the 15-minute budget stays in view.
 test: venv $(NODE_STAMP)
 	node_modules/.bin/vitest run --silent
+	@$(COMPILE) >/dev/null
 	$(BIN)/python -m pytest -q --durations=30
 
 # The slow checks, tens of seconds to minutes each, kept out of `make test` (.ci/run runs this
 # after it): the chaos soak's 60 seconds with a fixed seed, the image's install replayed from the
 # lock, `tether up` and its supervision, a rolling restart, the long growth checks, and the system
 # modules that start whole stacks or kill and restart processes (interactions, drills, streaming,
-# outages, timers, schedules, channels and webhooks end to end, ...).
+# outages, timers, schedules, channels and webhooks end to end, workers killed mid-stream, the
+# release before running beside this one, ...).
 slow: venv
+	@$(COMPILE) >/dev/null
 	$(BIN)/python -m pytest -q -m slow
 
 # The hostile-input suites at full size: 2,000 generated requests per surface.
 fuzz: venv
+	@$(COMPILE) >/dev/null
 	TETHER_FUZZ_REQUESTS=2000 $(BIN)/python -m pytest -q tests/system/test_fuzz_grpc.py tests/system/test_fuzz_http.py
 
 lint: venv $(NODE_STAMP)
@@ -82,6 +90,7 @@ $(CONSOLE_DIST): $(NODE_STAMP) $(CONSOLE_SOURCES)
 browser: venv $(CONSOLE_DIST)
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	node_modules/.bin/vite build web/examples/embed --logLevel warn
+	@$(COMPILE) >/dev/null
 	$(BIN)/python -m pytest -q -m browser tests/browser
 
 # @tether/client and @tether/react built and packed for npm: build/web/packages/*.tgz.

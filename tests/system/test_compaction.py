@@ -31,6 +31,9 @@ from tether.testing.model_script import KEY_TEXT_LIMIT
 from tether.testing.model_server import Stall, TextTurn
 from tether.v1 import gateway_pb2
 
+# Slow: workers SIGKILLed during and after a compaction (make slow).
+pytestmark = pytest.mark.slow
+
 TURNS = 300
 BUDGET = 2_500
 # The model server's script key of every summary request: its last block, the instruction.

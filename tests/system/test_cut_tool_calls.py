@@ -25,6 +25,9 @@ from tests.system.execution_support import (
 from tether.testing.eventually import eventually
 from tether.testing.model_server import MidStreamError, TextTurn, ToolUseTurn
 
+# Slow: a worker SIGKILLed while a call streams, attempts retried (make slow).
+pytestmark = pytest.mark.slow
+
 CHUNKS = ['{"te', 'xt": "We la', "unch to", 'day"}']
 
 

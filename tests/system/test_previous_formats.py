@@ -31,7 +31,8 @@ from tether.db import schema
 from tether.db.engine import create_engine
 from tether.v1 import gateway_pb2, interactions_pb2
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+# The release before runs as processes beside this one, a process per role (make slow).
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "format1_71abcdb.json").read_text())
 # Parents before children (foreign keys).

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import pytest_asyncio
 from sqlalchemy import select
 
@@ -22,6 +23,9 @@ from tether.db.schema import usage_turns
 from tether.testing.eventually import eventually
 from tether.testing.model_cache import blocks_of
 from tether.testing.model_server import MidStreamError, Stall, TextTurn, ToolUseTurn
+
+# Slow: a worker SIGKILLed mid-stream, a retry and a pause, in one run (make slow).
+pytestmark = pytest.mark.slow
 
 # Instructions long enough that the stable prefix is cacheable (1,024 tokens and more).
 PERSONA = {

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
+import pytest
 import pytest_asyncio
 from alembic.script import ScriptDirectory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -22,6 +23,9 @@ from tether.stack.embedded import database_url
 from tether.stack.processes import ServiceSet, wait_serving
 from tether.testing.eventually import eventually
 from tether.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+# Slow: services started a migration behind, then migrated under them (make slow).
+pytestmark = pytest.mark.slow
 
 # The services that read the database, each gated on its schema (the worker has none).
 GATED = ("orchestrator", "admission", "interactions", "gateway")

@@ -43,6 +43,9 @@ from tether.testing.model_server import (
 from tether.transport import apply_part_event
 from tether.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
+# Slow: a worker SIGKILLed mid-stream, attempts retried and recovered (make slow).
+pytestmark = pytest.mark.slow
+
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(
