@@ -296,25 +296,14 @@ async def test_a_completion_is_recorded_on_its_attempt_and_not_in_the_audit_log(
     }
 
 
-async def test_a_completion_publishes_what_it_stored(engine: AsyncEngine) -> None:
-    await _tenant(engine, "t1")
-    execution = _execution(engine)
-    admitter = Admitter(engine, max_attempts=3, freshness=FreshnessPolicy())
-    run_id = (await admitter.admit(chat("e1", conversation="c1"))).run.run_id
-    await _claim(execution)
-    published = _recording(execution)
-    await execution.attempts.complete(run_id, 1, _tool_turn_then_answer())
-    read = await _read_back(engine, run_id)
-    assert published == [(e.seq, e.type, dict(e.payload)) for e in read[2:]]
-
-
 @pytest.mark.parametrize("ending", [None, Failed(RunError("provider_error", "gone"))])
 async def test_an_ending_goes_out_as_one_message(
     engine: AsyncEngine, redis_url: str, ending: Failed | None
 ) -> None:
-    """The events one commit stored (the in-flight batch's and the ending's) reach the run's
-    channel together, in one message on real Redis, as the hints' format says: an answer (one
-    statement) and a failure (a transaction of a few)."""
+    """A completion publishes what it stored: the events one commit stored (the in-flight
+    batch's and the ending's) reach the run's channel together, in one message on real Redis,
+    as the hints' format says: an answer (one statement) and a failure (a transaction of a
+    few)."""
     await _tenant(engine, "t1")
     bus = Bus(redis_url)
     execution = Execution.build(engine, bus, lease_ttl_s=30, claim_poll_s=60)

@@ -31,7 +31,8 @@ from tether.testing.model_script import KEY_TEXT_LIMIT
 from tether.testing.model_server import Stall, TextTurn
 from tether.v1 import gateway_pb2
 
-# Slow: workers SIGKILLed during and after a compaction (make slow).
+# Slow: a conversation grown turn by turn past two compactions, and workers SIGKILLed during and
+# after a compaction (make slow).
 pytestmark = pytest.mark.slow
 
 TURNS = 300
@@ -102,7 +103,6 @@ async def count(stack: ExecStack, stmt: Any) -> int:
         await engine.dispose()
 
 
-@pytest.mark.slow  # a conversation grown turn by turn past two compactions
 async def test_a_long_conversation_is_compacted_as_it_grows(stack: ExecStack) -> None:
     await stack.start_worker()
     tenant = await stack.tenant(agent=agent(BUDGET))
