@@ -31,6 +31,9 @@ from tether.db.schema import (
 from tether.testing.eventually import eventually
 from tether.v1 import gateway_pb2, gateway_pb2_grpc
 
+# Slow: a stack of its own for expiry and retention under load (make slow).
+pytestmark = pytest.mark.slow
+
 # The sweeps of both owners, brisk: a round at least every second, a pass that kept something
 # (a run's message while its run is still there) looked at again half a second later.
 SWEEPS = {
@@ -84,7 +87,7 @@ async def send(tenant: Tenant, event_id: str, conversation: str) -> gateway_pb2.
     return response
 
 
-@pytest.mark.slow  # minutes of steady load compressed into a quarter of one
+# Minutes of steady load compressed into a quarter of one.
 async def test_under_a_steady_load_with_a_short_policy_the_tables_stop_growing(
     stack: ExecStack,
 ) -> None:

@@ -16,6 +16,9 @@ from tests.system.streaming_support import get_run, prompt
 from tether.testing.model_server import ErrorTurn, TextTurn, ToolUseTurn
 from tether.transport import part_to_json
 
+# Slow: a stack of its own and the CLI as processes, one per command (make slow).
+pytestmark = pytest.mark.slow
+
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(
